@@ -1,0 +1,31 @@
+package ids
+
+import (
+	"sort"
+	"testing"
+	"time"
+)
+
+func TestIDsSortByTimeAndAreUnique(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var got []string
+	seen := map[string]bool{}
+	for i := 0; i < 1000; i++ {
+		id := NewAt(Job, base.Add(time.Duration(i)*time.Millisecond))
+		if seen[id] {
+			t.Fatalf("duplicate id %s", id)
+		}
+		seen[id] = true
+		if !Valid(Job, id) {
+			t.Fatalf("%s is not valid", id)
+		}
+		got = append(got, id)
+	}
+	if !sort.StringsAreSorted(got) {
+		t.Fatal("ids made later do not sort later")
+	}
+	if Valid(Batch, got[0]) || Valid(Job, "job_short") || Valid(Job, "job_"+"IIIIIIIIIIIIIIIIIIIIIIIIII") {
+		t.Fatal("Valid accepted a malformed id")
+	}
+}

@@ -1,0 +1,102 @@
+// Package money holds USD amounts as integer micro-dollars and per-token
+// prices, so that spend, budgets and the ledger never round through floats.
+// It also ships the default price table that a policy's prices override.
+package money
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Micros is an amount of US dollars in millionths of a dollar.
+type Micros int64
+
+// PerDollar is the number of Micros in one dollar.
+const PerDollar Micros = 1_000_000
+
+// maxUSD bounds amounts read from configuration and clients: a billion dollars
+// is far beyond any daily budget, and keeps every product below int64 range.
+const maxUSD = 1e9
+
+// FromUSD converts a dollar amount to Micros, rounding to the nearest micro-dollar.
+// It refuses negative, non-finite and absurdly large amounts.
+func FromUSD(usd float64) (Micros, error) {
+	switch {
+	case math.IsNaN(usd) || math.IsInf(usd, 0):
+		return 0, fmt.Errorf("%v is not a number of dollars", usd)
+	case usd < 0:
+		return 0, fmt.Errorf("%v is negative", usd)
+	case usd > maxUSD:
+		return 0, fmt.Errorf("%v is more than %v dollars", usd, maxUSD)
+	}
+	return Micros(math.Round(usd * float64(PerDollar))), nil
+}
+
+// USD returns m in dollars, for display and JSON only.
+func (m Micros) USD() float64 { return float64(m) / float64(PerDollar) }
+
+// String formats m as dollars with six decimals, e.g. "1.234567".
+func (m Micros) String() string {
+	sign := ""
+	v := int64(m)
+	if v < 0 {
+		sign, v = "-", -v
+	}
+	return sign + strconv.FormatInt(v/1_000_000, 10) + "." + fmt.Sprintf("%06d", v%1_000_000)
+}
+
+// Price is what a model costs, in Micros per one million tokens.
+type Price struct {
+	InputPerMTok       Micros
+	OutputPerMTok      Micros
+	CachedInputPerMTok Micros // billed for cached prompt tokens; 0 means the input price
+}
+
+// Cost is the price of one call: prompt tokens (of which cached were served
+// from the provider's cache) and completion tokens. The exact product is
+// divided by one million and rounded up, so a job is never charged less than
+// it cost: cost = ceil((uncached*in + cached*cachedIn + completion*out) / 1e6).
+func (p Price) Cost(prompt, cached, completion int64) Micros {
+	if cached > prompt {
+		cached = prompt
+	}
+	if cached < 0 {
+		cached = 0
+	}
+	cachedPrice := p.CachedInputPerMTok
+	if cachedPrice == 0 {
+		cachedPrice = p.InputPerMTok
+	}
+	num := (prompt-cached)*int64(p.InputPerMTok) + cached*int64(cachedPrice) + completion*int64(p.OutputPerMTok)
+	if num <= 0 {
+		return 0
+	}
+	return Micros((num + 999_999) / 1_000_000)
+}
+
+// WorstCase is the most a call can cost: every prompt token uncached and
+// maxOutput completion tokens. Budgets reserve this before a call.
+func (p Price) WorstCase(prompt, maxOutput int64) Micros { return p.Cost(prompt, 0, maxOutput) }
+
+func usd(input, output, cached float64) Price {
+	m := func(f float64) Micros { v, _ := FromUSD(f); return v }
+	return Price{InputPerMTok: m(input), OutputPerMTok: m(output), CachedInputPerMTok: m(cached)}
+}
+
+// DefaultPrices are list prices (USD per 1M tokens) of common models, used for
+// a model whose policy entry gives no price. A policy price always wins.
+var DefaultPrices = map[string]Price{
+	"gpt-4o":                 usd(2.50, 10.00, 1.25),
+	"gpt-4o-mini":            usd(0.15, 0.60, 0.075),
+	"gpt-4.1":                usd(2.00, 8.00, 0.50),
+	"gpt-4.1-mini":           usd(0.40, 1.60, 0.10),
+	"gpt-4.1-nano":           usd(0.10, 0.40, 0.025),
+	"o3":                     usd(2.00, 8.00, 0.50),
+	"o3-mini":                usd(1.10, 4.40, 0.55),
+	"o4-mini":                usd(1.10, 4.40, 0.275),
+	"gpt-3.5-turbo":          usd(0.50, 1.50, 0),
+	"text-embedding-3-small": usd(0.02, 0, 0),
+	"text-embedding-3-large": usd(0.13, 0, 0),
+	"text-embedding-ada-002": usd(0.10, 0, 0),
+}

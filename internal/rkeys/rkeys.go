@@ -1,0 +1,106 @@
+// Package rkeys builds every Redis key llmq writes, outside asynq's own.
+//
+// Nobody else concatenates key strings. Each key carries a hash tag ({...}) so
+// that the keys one Lua script touches always live in one Redis Cluster slot:
+// the keys of one limiter scope share the scope's tag, and all budget keys
+// share the tag {budget} (a reservation checks a tenant's day, in the tier's
+// timezone, and the global day, in UTC, in one script).
+package rkeys
+
+import "strings"
+
+// DefaultPrefix is the prefix of every key when none is configured.
+const DefaultPrefix = "llmq"
+
+// Builder builds keys under one prefix. Tests give each package (or test) its
+// own prefix so they can share a Redis server. The zero value uses DefaultPrefix.
+type Builder struct {
+	prefix string
+}
+
+// New returns a Builder for prefix; an empty prefix means DefaultPrefix.
+func New(prefix string) Builder {
+	return Builder{prefix: strings.TrimSuffix(prefix, ":")}
+}
+
+// Prefix returns the prefix every key of b starts with (without the colon).
+func (b Builder) Prefix() string {
+	if b.prefix == "" {
+		return DefaultPrefix
+	}
+	return b.prefix
+}
+
+func (b Builder) key(parts ...string) string {
+	var sb strings.Builder
+	sb.WriteString(b.Prefix())
+	for _, p := range parts {
+		sb.WriteByte(':')
+		sb.WriteString(p)
+	}
+	return sb.String()
+}
+
+func tag(s string) string { return "{" + s + "}" }
+
+// LimiterScope is the hash holding every bucket, the penalty and the probe of
+// one token-bucket scope (e.g. one model at one provider).
+func (b Builder) LimiterScope(scope string) string { return b.key("tb", tag(scope)) }
+
+// LimiterReconciled marks one reservation of scope as reconciled, so that a
+// second Reconcile of it changes nothing.
+func (b Builder) LimiterReconciled(scope, reservationID string) string {
+	return b.key("tb", tag(scope), "rec", reservationID)
+}
+
+// FixedWindow is the counter of a fixed-window limiter.
+func (b Builder) FixedWindow(scope string) string { return b.key("fw", tag(scope)) }
+
+// SlidingLog is the sorted set of a sliding-window-log limiter.
+func (b Builder) SlidingLog(scope string) string { return b.key("swl", tag(scope)) }
+
+// SlidingLogTotal is the running cost total beside the sliding log's sorted set.
+func (b Builder) SlidingLogTotal(scope string) string { return b.key("swl", tag(scope), "total") }
+
+// SlidingCounter is the hash of a sliding-window-counter limiter.
+func (b Builder) SlidingCounter(scope string) string { return b.key("swc", tag(scope)) }
+
+// MultiWindow is the hash of a multi-window (second, minute, day) limiter.
+func (b Builder) MultiWindow(scope string) string { return b.key("mw", tag(scope)) }
+
+const budgetTag = "{budget}"
+
+// BudgetTenant is one tenant's spend and reservations for one budget day.
+func (b Builder) BudgetTenant(day, tenantID string) string {
+	return b.key(budgetTag, day, "t", tenantID)
+}
+
+// BudgetTenantReservations is the sorted set (by expiry) of one tenant's open
+// reservations for one budget day.
+func (b Builder) BudgetTenantReservations(day, tenantID string) string {
+	return b.key(budgetTag, day, "t", tenantID, "res")
+}
+
+// BudgetGlobal is the spend of all tenants together for one budget day (UTC).
+func (b Builder) BudgetGlobal(day string) string { return b.key(budgetTag, day, "global") }
+
+// BudgetGlobalReservations is the sorted set (by expiry) of all open
+// reservations counted against the global day.
+func (b Builder) BudgetGlobalReservations(day string) string {
+	return b.key(budgetTag, day, "global", "res")
+}
+
+// Lock is a named mutual-exclusion lock (e.g. the reconciler's).
+func (b Builder) Lock(name string) string { return b.key("lock", tag(name)) }
+
+// LearnedLimits holds the limits a provider announced for one scope.
+func (b Builder) LearnedLimits(scope string) string { return b.key("learned", tag(scope)) }
+
+// Breaker is the circuit-breaker state of one provider.
+func (b Builder) Breaker(provider string) string { return b.key("breaker", tag(provider)) }
+
+// PolicyVersion is the counter processes watch to reload the policy.
+func (b Builder) PolicyVersion() string { return b.key("policy", "version") }
+
+// Stats is a per-minute statistics hash for the dashboard's charts.
+func (b Builder) Stats(minute string) string { return b.key("stats", tag(minute)) }

@@ -1,0 +1,270 @@
+// Package testutil gives tests the real services they run against: a Redis
+// database number or key prefix of their own, a Postgres schema of their own,
+// and private redis-server processes (single node or a 3-node cluster) for
+// tests that restart, flush or shard Redis.
+//
+// Addresses come from TEST_REDIS_URL (default redis://127.0.0.1:6379/0) and
+// TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test?sslmode=disable).
+// Each package uses the Redis DB number listed in docs/ARCHITECTURE.md, so
+// packages can run in parallel.
+package testutil
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisURL is the Redis server tests use.
+func RedisURL() string {
+	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379/0"
+}
+
+// DatabaseURL is the Postgres database tests use.
+func DatabaseURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// RedisOptions returns options for the test Redis server, database db.
+func RedisOptions(tb testing.TB, db int) *redis.Options {
+	tb.Helper()
+	opt, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		tb.Fatalf("TEST_REDIS_URL: %v", err)
+	}
+	opt.DB = db
+	return opt
+}
+
+// RedisURLForDB is RedisURL with its database number replaced by db.
+func RedisURLForDB(tb testing.TB, db int) string {
+	tb.Helper()
+	u, err := url.Parse(RedisURL())
+	if err != nil {
+		tb.Fatalf("TEST_REDIS_URL: %v", err)
+	}
+	u.Path = "/" + strconv.Itoa(db)
+	return u.String()
+}
+
+// Redis returns a client of database db of the test Redis server, closed when
+// the test ends. It fails the test at once when Redis does not answer.
+func Redis(tb testing.TB, db int) *redis.Client {
+	tb.Helper()
+	c := redis.NewClient(RedisOptions(tb, db))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		tb.Fatalf("redis at %s does not answer (start it, or set TEST_REDIS_URL): %v", RedisURL(), err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// AsynqOpt returns asynq's connection options for database db of the test Redis.
+func AsynqOpt(tb testing.TB, db int) asynq.RedisClientOpt {
+	tb.Helper()
+	o := RedisOptions(tb, db)
+	return asynq.RedisClientOpt{Addr: o.Addr, Username: o.Username, Password: o.Password, DB: db}
+}
+
+// RandomHex returns n random bytes, hex-encoded.
+func RandomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Prefix returns a key prefix unique to this test run of tb.
+func Prefix(tb testing.TB) string {
+	name := strings.NewReplacer("/", "_", " ", "_", "{", "", "}", "").Replace(tb.Name())
+	return "test:" + name + ":" + RandomHex(4)
+}
+
+// Postgres creates a schema of its own for tb and returns a DSN whose
+// search_path is that schema. The schema is dropped when the test ends.
+func Postgres(tb testing.TB) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	base := DatabaseURL()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		tb.Fatalf("postgres at %s does not answer (start it, or set TEST_DATABASE_URL): %v", base, err)
+	}
+	defer conn.Close(ctx)
+	schema := "t_" + RandomHex(6)
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		tb.Fatalf("create schema: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			return
+		}
+		defer c.Close(ctx)
+		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+	})
+	return WithSearchPath(tb, base, schema)
+}
+
+// WithSearchPath returns dsn with its search_path set to schema.
+func WithSearchPath(tb testing.TB, dsn, schema string) string {
+	tb.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		tb.Fatalf("TEST_DATABASE_URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// RedisServer is a private redis-server process started for one test.
+type RedisServer struct {
+	Addr string
+	Dir  string
+	args []string
+	cmd  *exec.Cmd
+	tb   testing.TB
+}
+
+// StartRedis starts a redis-server of its own on a free port, with no
+// persistence unless extra arguments ask for it, and stops it when the test
+// ends. Tests that restart or flush Redis use it, never the shared server.
+func StartRedis(tb testing.TB, extra ...string) *RedisServer {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redis-server is not installed (apt-get install redis-server): %v", err)
+	}
+	port := FreePort(tb)
+	dir := tb.TempDir()
+	args := append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
+	}, extra...)
+	s := &RedisServer{Addr: fmt.Sprintf("127.0.0.1:%d", port), Dir: dir, args: append([]string{bin}, args...), tb: tb}
+	s.Start()
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// Start starts (or restarts) the server and waits until it answers.
+func (s *RedisServer) Start() {
+	s.tb.Helper()
+	s.cmd = exec.Command(s.args[0], s.args[1:]...)
+	if err := s.cmd.Start(); err != nil {
+		s.tb.Fatalf("start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.Ping(context.Background()).Err()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.tb.Fatalf("redis-server on %s did not answer: %v", s.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop kills the server (as a crash would) and waits for it to exit.
+func (s *RedisServer) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Client returns a client of s, closed when the test ends.
+func (s *RedisServer) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	s.tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// StartRedisCluster starts three redis-server processes in cluster mode on
+// free ports, joins them into one cluster (no replicas) and returns a cluster
+// client. Everything is stopped when the test ends.
+func StartRedisCluster(tb testing.TB) *redis.ClusterClient {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		tb.Fatalf("redis-cli is not installed (apt-get install redis-tools): %v", err)
+	}
+	var addrs []string
+	for i := 0; i < 3; i++ {
+		s := StartRedis(tb, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		addrs = append(addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.Command("redis-cli", args...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	tb.Cleanup(func() { _ = c.Close() })
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		info, err := c.ClusterInfo(context.Background()).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			// Every node must agree before scripts can be routed.
+			okAll := true
+			for _, a := range addrs {
+				n := redis.NewClient(&redis.Options{Addr: a})
+				ni, err := n.ClusterInfo(context.Background()).Result()
+				_ = n.Close()
+				if err != nil || !strings.Contains(ni, "cluster_state:ok") {
+					okAll = false
+				}
+			}
+			if okAll {
+				return c
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redis cluster did not become ready: %v %s", err, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
