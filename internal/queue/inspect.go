@@ -1,0 +1,106 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// Inspector reads queue state for dashboards, metrics and the reconciler.
+type Inspector struct {
+	in *asynq.Inspector
+	ns Namespace
+}
+
+// NewInspector returns an Inspector over an asynq inspector of namespace ns.
+// The caller keeps ownership of in.
+func NewInspector(in *asynq.Inspector, ns Namespace) *Inspector {
+	return &Inspector{in: in, ns: ns}
+}
+
+// QueueStat is the state of one queue.
+type QueueStat struct {
+	Name      string        `json:"name"` // llmq's name, without the namespace
+	Size      int           `json:"size"` // all tasks in the queue
+	Pending   int           `json:"pending"`
+	Active    int           `json:"active"`
+	Scheduled int           `json:"scheduled"`
+	Retry     int           `json:"retry"`
+	Archived  int           `json:"archived"`
+	Latency   time.Duration `json:"latency"` // age of the oldest pending task
+	Paused    bool          `json:"paused"`
+}
+
+// QueueStats returns the state of every llmq queue of the namespace, highest
+// weight first. A queue that never held a task shows as empty.
+func (i *Inspector) QueueStats(ctx context.Context) ([]QueueStat, error) {
+	existing, err := i.in.Queues()
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	known := make(map[string]bool, len(existing))
+	for _, q := range existing {
+		known[q] = true
+	}
+	var out []QueueStat
+	for _, q := range i.ns.Queues() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		name, _ := i.ns.Name(q)
+		if !known[q] {
+			out = append(out, QueueStat{Name: name})
+			continue
+		}
+		info, err := i.in.GetQueueInfo(q)
+		if err != nil {
+			return nil, fmt.Errorf("queue %s: %w", q, err)
+		}
+		out = append(out, QueueStat{
+			Name: name, Size: info.Size, Pending: info.Pending, Active: info.Active,
+			Scheduled: info.Scheduled, Retry: info.Retry, Archived: info.Archived,
+			Latency: info.Latency, Paused: info.Paused,
+		})
+	}
+	return out, nil
+}
+
+// TaskState is where a job's task is in asynq.
+type TaskState string
+
+// Task states; TaskMissing means Redis holds no task for the job.
+const (
+	TaskMissing   TaskState = "missing"
+	TaskPending   TaskState = "pending"
+	TaskActive    TaskState = "active"
+	TaskScheduled TaskState = "scheduled"
+	TaskRetry     TaskState = "retry"
+	TaskArchived  TaskState = "archived"
+	TaskCompleted TaskState = "completed"
+)
+
+// JobTaskState returns the state of the task of job id in the queue it was
+// enqueued to.
+func (i *Inspector) JobTaskState(ctx context.Context, queue, id string) (TaskState, error) {
+	info, err := i.in.GetTaskInfo(i.ns.Queue(queue), id)
+	switch {
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+		return TaskMissing, nil
+	case err != nil:
+		return "", fmt.Errorf("task %s in %s: %w", id, queue, err)
+	}
+	return TaskState(info.State.String()), nil
+}
+
+// DeleteArchivedJob removes the archived task of job id, so the job can be
+// enqueued again under its id.
+func (i *Inspector) DeleteArchivedJob(ctx context.Context, queue, id string) error {
+	err := i.in.DeleteTask(i.ns.Queue(queue), id)
+	if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
+		return fmt.Errorf("delete task %s in %s: %w", id, queue, err)
+	}
+	return nil
+}

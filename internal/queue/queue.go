@@ -1,0 +1,284 @@
+// Package queue owns llmq's use of asynq: the task types and their payloads,
+// the queue names and weights, enqueueing (idempotent by job id) and the
+// inspection of queues for dashboards and for the reconciler.
+//
+// A job's task carries only the job id; the request lives in the store, so
+// Redis memory stays small and a job survives the loss of Redis. The task id
+// is the job id, so enqueueing a job twice while its task exists is a no-op.
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// Task types.
+const (
+	TypeJob     = "llmq:job"
+	TypeWebhook = "llmq:webhook"
+)
+
+// Queue names, before the namespace. Critical, Default and Low are the
+// priorities a tier (or a job) chooses; Batch runs batch work below all
+// interactive work; Webhooks carries webhook deliveries.
+const (
+	Critical = "critical"
+	Default  = "default"
+	Low      = "low"
+	Batch    = "batch"
+	Webhooks = "webhooks"
+)
+
+// weights decide how often a worker picks each queue when all have work
+// (asynq's weighted priority): a premium tenant's critical jobs are picked
+// eight times as often as batch work, so no flood of lower work starves them.
+var weights = map[string]int{Critical: 8, Default: 4, Low: 2, Batch: 1, Webhooks: 3}
+
+// Priorities are the queue names a job may be enqueued to.
+var Priorities = []string{Critical, Default, Low, Batch}
+
+// ValidPriority reports whether p names a job queue.
+func ValidPriority(p string) bool {
+	for _, q := range Priorities {
+		if p == q {
+			return true
+		}
+	}
+	return false
+}
+
+// Namespace prefixes every queue name, so several installations (or tests)
+// can share one Redis database. The empty Namespace uses the bare names.
+type Namespace string
+
+// Queue returns the asynq queue name of the llmq queue name.
+func (ns Namespace) Queue(name string) string {
+	if ns == "" {
+		return name
+	}
+	return string(ns) + ":" + name
+}
+
+// Name returns the llmq queue name of an asynq queue name of ns, and whether
+// the asynq queue belongs to ns.
+func (ns Namespace) Name(asynqQueue string) (string, bool) {
+	if ns == "" {
+		_, known := weights[asynqQueue]
+		return asynqQueue, known
+	}
+	rest, ok := strings.CutPrefix(asynqQueue, string(ns)+":")
+	if !ok {
+		return "", false
+	}
+	_, known := weights[rest]
+	return rest, known
+}
+
+// Weights returns asynq's Config.Queues for a worker of ns.
+func (ns Namespace) Weights() map[string]int {
+	m := make(map[string]int, len(weights))
+	for q, w := range weights {
+		m[ns.Queue(q)] = w
+	}
+	return m
+}
+
+// Queues returns every asynq queue name of ns, highest weight first.
+func (ns Namespace) Queues() []string {
+	names := make([]string, 0, len(weights))
+	for q := range weights {
+		names = append(names, q)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if weights[names[i]] != weights[names[j]] {
+			return weights[names[i]] > weights[names[j]]
+		}
+		return names[i] < names[j]
+	})
+	for i, q := range names {
+		names[i] = ns.Queue(q)
+	}
+	return names
+}
+
+// JobPayload is the payload of a TypeJob task.
+type JobPayload struct {
+	JobID string `json:"job_id"`
+}
+
+// WebhookPayload is the payload of a TypeWebhook task: which object reached
+// a terminal state. The delivery reads the object from the store.
+type WebhookPayload struct {
+	Kind string `json:"kind"` // "job" or "batch"
+	ID   string `json:"id"`
+}
+
+// ParseJobPayload returns the job id of a TypeJob task.
+func ParseJobPayload(t *asynq.Task) (string, error) {
+	var p JobPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.JobID == "" {
+		return "", fmt.Errorf("task %s: payload is not a job reference: %q", t.Type(), t.Payload())
+	}
+	return p.JobID, nil
+}
+
+// ParseWebhookPayload returns the payload of a TypeWebhook task.
+func ParseWebhookPayload(t *asynq.Task) (*WebhookPayload, error) {
+	var p WebhookPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.ID == "" || (p.Kind != "job" && p.Kind != "batch") {
+		return nil, fmt.Errorf("task %s: payload is not a webhook reference: %q", t.Type(), t.Payload())
+	}
+	return &p, nil
+}
+
+// ClientOptions configures a Client.
+type ClientOptions struct {
+	// Namespace prefixes queue names. Defaults to none.
+	Namespace Namespace
+	// MaxRetry is how many failed attempts (5xx, timeouts) a job's task gets
+	// before asynq gives up on it. Rate-limit waits and budget deferrals do not
+	// count. Defaults to 8.
+	MaxRetry int
+	// WebhookMaxRetry is how many failed deliveries a webhook gets. Defaults to 12.
+	WebhookMaxRetry int
+	// EnqueueConcurrency bounds the parallel enqueues of EnqueueJobs. Defaults to 32.
+	EnqueueConcurrency int
+}
+
+// Client enqueues llmq's tasks.
+type Client struct {
+	ac   *asynq.Client
+	opts ClientOptions
+}
+
+// NewClient returns a Client over an asynq client. The caller keeps
+// ownership of ac (and closes it).
+func NewClient(ac *asynq.Client, opts ClientOptions) *Client {
+	if opts.MaxRetry <= 0 {
+		opts.MaxRetry = 8
+	}
+	if opts.WebhookMaxRetry <= 0 {
+		opts.WebhookMaxRetry = 12
+	}
+	if opts.EnqueueConcurrency <= 0 {
+		opts.EnqueueConcurrency = 32
+	}
+	return &Client{ac: ac, opts: opts}
+}
+
+// Namespace returns the client's queue namespace.
+func (c *Client) Namespace() Namespace { return c.opts.Namespace }
+
+// JobRef names a job to enqueue and its queue.
+type JobRef struct {
+	ID    string
+	Queue string        // one of Priorities
+	In    time.Duration // delay before the job may run; 0 = now
+}
+
+// EnqueueJob enqueues the task of one job. It reports enqueued=false, and no
+// error, when a task for the job already exists (queued, scheduled, running
+// or retrying): enqueueing is idempotent by job id.
+func (c *Client) EnqueueJob(ctx context.Context, ref JobRef) (enqueued bool, err error) {
+	if !ValidPriority(ref.Queue) {
+		return false, fmt.Errorf("enqueue %s: unknown queue %q", ref.ID, ref.Queue)
+	}
+	payload, err := json.Marshal(JobPayload{JobID: ref.ID})
+	if err != nil {
+		return false, err
+	}
+	opts := []asynq.Option{
+		asynq.TaskID(ref.ID),
+		asynq.Queue(c.opts.Namespace.Queue(ref.Queue)),
+		asynq.MaxRetry(c.opts.MaxRetry),
+		// The handler bounds each provider call itself; the task timeout only
+		// catches a handler that never returns.
+		asynq.Timeout(30 * time.Minute),
+	}
+	if ref.In > 0 {
+		opts = append(opts, asynq.ProcessIn(ref.In))
+	}
+	_, err = c.ac.EnqueueContext(ctx, asynq.NewTask(TypeJob, payload), opts...)
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("enqueue %s: %w", ref.ID, err)
+	}
+	return true, nil
+}
+
+// EnqueueJobs enqueues many jobs with bounded parallelism (asynq enqueues one
+// task per script call, so parallel calls are what keeps the pipe full). It
+// returns how many tasks were newly enqueued; on error some may have been.
+func (c *Client) EnqueueJobs(parent context.Context, refs []JobRef) (int, error) {
+	var (
+		mu       sync.Mutex
+		enqueued int
+		firstErr error
+		wg       sync.WaitGroup
+		next     = make(chan JobRef)
+	)
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	workers := min(c.opts.EnqueueConcurrency, len(refs))
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ref := range next {
+				ok, err := c.EnqueueJob(ctx, ref)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+					cancel()
+				}
+				if ok {
+					enqueued++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+feed:
+	for _, ref := range refs {
+		select {
+		case next <- ref:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if firstErr == nil {
+		firstErr = parent.Err()
+	}
+	return enqueued, firstErr
+}
+
+// EnqueueWebhook enqueues the delivery of a webhook for a job or batch that
+// reached a terminal state. Its task id makes a second enqueue a no-op.
+func (c *Client) EnqueueWebhook(ctx context.Context, p WebhookPayload) error {
+	payload, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	_, err = c.ac.EnqueueContext(ctx, asynq.NewTask(TypeWebhook, payload),
+		asynq.TaskID("webhook:"+p.Kind+":"+p.ID),
+		asynq.Queue(c.opts.Namespace.Queue(Webhooks)),
+		asynq.MaxRetry(c.opts.WebhookMaxRetry),
+		asynq.Timeout(time.Minute),
+	)
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("enqueue webhook for %s %s: %w", p.Kind, p.ID, err)
+	}
+	return nil
+}
