@@ -1,0 +1,398 @@
+// Package config owns everything an llmq process is told from outside: the
+// LLMQ_* environment (addresses, secrets, sizes, logging) and the policy file
+// (providers, models with their prices and rate limits, tenant tiers with
+// their daily budgets). It parses both strictly, refuses anything invalid with
+// one line naming the variable or field and why, and keeps the policy current
+// while the process runs: a PolicyHolder reloads it on SIGHUP or when the file
+// changes, keeps the old policy when the new one is invalid, and tells
+// subscribers what changed.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"github.com/redis/go-redis/v9"
+)
+
+// EnvPrefix starts the name of every environment variable llmq reads.
+const EnvPrefix = "LLMQ_"
+
+// Role is the kind of process whose environment is validated: each needs a
+// different part of it.
+type Role string
+
+// The roles Env.Validate knows.
+const (
+	// RoleDispatcher serves the HTTP API, the dashboard and /metrics.
+	RoleDispatcher Role = "dispatcher"
+	// RoleWorker runs jobs from the queues.
+	RoleWorker Role = "worker"
+	// RoleDev runs dispatcher and worker in one process for local use.
+	RoleDev Role = "dev"
+)
+
+// minAdminTokenLen keeps the admin token out of reach of guessing: it guards
+// tenant creation, keys and the asynq monitor.
+const minAdminTokenLen = 16
+
+// Env is the process configuration read from LLMQ_* environment variables.
+// Provider API keys are not here: each provider in the policy names the
+// variable that holds its key.
+type Env struct {
+	// RedisURL is the Redis server holding the queues, the limiter buckets and
+	// the live spend counters, as redis:// or rediss:// (TLS).
+	// Defaults to redis://127.0.0.1:6379/0.
+	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+
+	// DatabaseURL is the system of record: postgres:// or postgresql:// for
+	// Postgres, sqlite:// or file: for the embedded SQLite database.
+	// Defaults to postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable.
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"`
+
+	// ListenAddr is the host:port the HTTP server listens on.
+	// Defaults to :8080.
+	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080"`
+
+	// Policy is the path of the policy YAML (providers, models, tiers).
+	// Defaults to llmq.yaml.
+	Policy string `env:"POLICY" envDefault:"llmq.yaml"`
+
+	// AdminToken is the bearer token of the /admin API and the monitor. The
+	// dispatcher requires one of at least 16 characters; dev mode may leave it
+	// empty (the caller then makes one up and shows it).
+	// Defaults to empty.
+	AdminToken string `env:"ADMIN_TOKEN"`
+
+	// WorkerConcurrency is how many jobs one worker process runs at once.
+	// Defaults to 50.
+	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50"`
+
+	// LogLevel is the lowest level logged: debug, info, warn or error.
+	// Defaults to info.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+
+	// LogFormat is json (one object per line, for collectors) or text (for a
+	// terminal). Defaults to json.
+	LogFormat string `env:"LOG_FORMAT" envDefault:"json"`
+
+	// KeyPrefix starts every Redis key llmq writes (asynq's own keys aside),
+	// so several installations can share one Redis. Defaults to llmq.
+	KeyPrefix string `env:"KEY_PREFIX" envDefault:"llmq"`
+
+	// ShutdownTimeout bounds a graceful shutdown: in-flight requests and jobs
+	// get this long to finish. Defaults to 30s.
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+
+	// MonitoringReadOnly makes the asynq monitor at /monitoring/ read-only, so
+	// nobody deletes or reruns tasks behind the store's back. Defaults to true.
+	MonitoringReadOnly bool `env:"MONITORING_READONLY" envDefault:"true"`
+
+	// WebhookAllowPrivate lets webhooks reach loopback, private and link-local
+	// addresses. Off, a tenant cannot use webhooks to probe the internal
+	// network. Defaults to false.
+	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false"`
+
+	// MaxBodyBytes caps the size of a JSON request body, in bytes.
+	// Defaults to 1048576 (1 MiB).
+	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576"`
+
+	// MaxFileBytes caps the size of an uploaded batch file, in bytes.
+	// Defaults to 209715200 (200 MiB).
+	MaxFileBytes int64 `env:"MAX_FILE_BYTES" envDefault:"209715200"`
+
+	// MaxFileLines caps the number of requests in one batch file.
+	// Defaults to 50000.
+	MaxFileLines int `env:"MAX_FILE_LINES" envDefault:"50000"`
+
+	// QueueNamespace is put in front of every asynq queue name, so several
+	// installations (or tests) can share one Redis database: asynq's own keys
+	// have no prefix. Defaults to empty (no namespace).
+	QueueNamespace string `env:"QUEUE_NAMESPACE"`
+
+	// Unrecognized lists LLMQ_* variables that were set but that llmq does not
+	// read, by name only: usually a typo, which a caller should warn about.
+	Unrecognized []string
+}
+
+// EnvError is an invalid environment variable. Its message never holds the
+// value of a secret.
+type EnvError struct {
+	Var string // the full name, e.g. LLMQ_WORKER_CONCURRENCY
+	Msg string // why it is invalid
+}
+
+func (e *EnvError) Error() string { return e.Var + ": " + e.Msg }
+
+func envErrorf(field, format string, args ...any) error {
+	return &EnvError{Var: EnvPrefix + field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// LoadEnv reads the configuration from environ (KEY=value pairs, as from
+// os.Environ), applying defaults. An empty value means the default. It only
+// fails when a value cannot be read as its type; call Validate next.
+func LoadEnv(environ []string) (*Env, error) {
+	vars := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	var e Env
+	err := env.ParseWithOptions(&e, env.Options{Environment: vars, Prefix: EnvPrefix})
+	if err != nil {
+		return nil, translateEnvError(err, vars)
+	}
+	known := make(map[string]bool)
+	t := reflect.TypeFor[Env]()
+	for i := range t.NumField() {
+		if name := envName(t.Field(i)); name != "" {
+			known[EnvPrefix+name] = true
+		}
+	}
+	for k := range vars {
+		if strings.HasPrefix(k, EnvPrefix) && !known[k] {
+			e.Unrecognized = append(e.Unrecognized, k)
+		}
+	}
+	slices.Sort(e.Unrecognized)
+	return &e, nil
+}
+
+func envName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+	return name
+}
+
+// translateEnvError turns the env library's error, which names the Go field,
+// into one line naming the variable. Only numbers, booleans and durations can
+// fail to parse, and none of them is secret, so the value is shown.
+func translateEnvError(err error, vars map[string]string) error {
+	var pe env.ParseError
+	if !errors.As(err, &pe) {
+		return fmt.Errorf("environment: %w", err)
+	}
+	f, ok := reflect.TypeFor[Env]().FieldByName(pe.Name)
+	if !ok {
+		return fmt.Errorf("environment: %w", err)
+	}
+	name := envName(f)
+	got := vars[EnvPrefix+name]
+	switch f.Type {
+	case reflect.TypeFor[time.Duration]():
+		return envErrorf(name, "must be a duration such as 30s or 2m, got %q", got)
+	}
+	switch f.Type.Kind() {
+	case reflect.Bool:
+		return envErrorf(name, "must be true or false, got %q", got)
+	case reflect.Int, reflect.Int64:
+		return envErrorf(name, "must be a whole number, got %q", got)
+	}
+	return envErrorf(name, "cannot be read as %s", f.Type)
+}
+
+// Validate checks every variable role relies on and returns the first
+// problem, naming the variable. Secret values (the admin token, passwords in
+// URLs) never appear in the error.
+func (e *Env) Validate(role Role) error {
+	switch role {
+	case RoleDispatcher, RoleWorker, RoleDev:
+	default:
+		return fmt.Errorf("config: unknown role %q (want dispatcher, worker or dev)", role)
+	}
+	if err := validateRedisURL(e.RedisURL); err != nil {
+		return err
+	}
+	if err := validateDatabaseURL(e.DatabaseURL); err != nil {
+		return err
+	}
+	if role != RoleWorker || e.ListenAddr != "" {
+		if err := validateListenAddr(e.ListenAddr); err != nil {
+			return err
+		}
+	}
+	if strings.TrimSpace(e.Policy) == "" {
+		return envErrorf("POLICY", "must be the path of the policy file, got an empty value")
+	}
+	if err := validateAdminToken(e.AdminToken, role); err != nil {
+		return err
+	}
+	if e.WorkerConcurrency < 1 {
+		return envErrorf("WORKER_CONCURRENCY", "must be at least 1, got %d", e.WorkerConcurrency)
+	}
+	if _, ok := logLevels[strings.ToLower(e.LogLevel)]; !ok {
+		return envErrorf("LOG_LEVEL", "must be debug, info, warn or error, got %q", e.LogLevel)
+	}
+	switch strings.ToLower(e.LogFormat) {
+	case "json", "text":
+	default:
+		return envErrorf("LOG_FORMAT", "must be json or text, got %q", e.LogFormat)
+	}
+	if err := validateName("KEY_PREFIX", e.KeyPrefix, false); err != nil {
+		return err
+	}
+	if e.ShutdownTimeout <= 0 {
+		return envErrorf("SHUTDOWN_TIMEOUT", "must be more than 0, got %s", e.ShutdownTimeout)
+	}
+	if e.MaxBodyBytes < 1 {
+		return envErrorf("MAX_BODY_BYTES", "must be at least 1, got %d", e.MaxBodyBytes)
+	}
+	if e.MaxFileBytes < 1 {
+		return envErrorf("MAX_FILE_BYTES", "must be at least 1, got %d", e.MaxFileBytes)
+	}
+	if e.MaxFileLines < 1 {
+		return envErrorf("MAX_FILE_LINES", "must be at least 1, got %d", e.MaxFileLines)
+	}
+	return validateName("QUEUE_NAMESPACE", e.QueueNamespace, true)
+}
+
+// DatabaseDialect tells which store DatabaseURL selects: "postgres" or
+// "sqlite". It is only meaningful after Validate.
+func (e *Env) DatabaseDialect() string {
+	scheme, _, _ := strings.Cut(e.DatabaseURL, ":")
+	switch strings.ToLower(scheme) {
+	case "sqlite", "file":
+		return "sqlite"
+	}
+	return "postgres"
+}
+
+var logLevels = map[string]slog.Level{
+	"debug": slog.LevelDebug,
+	"info":  slog.LevelInfo,
+	"warn":  slog.LevelWarn,
+	"error": slog.LevelError,
+}
+
+// Logger builds the process logger writing to w, at LogLevel in LogFormat.
+// Values Validate would refuse fall back to info and json.
+func (e *Env) Logger(w io.Writer) *slog.Logger {
+	level, ok := logLevels[strings.ToLower(e.LogLevel)]
+	if !ok {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if strings.EqualFold(e.LogFormat, "text") {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// parseURL parses raw without ever echoing it: url.Parse's own error quotes
+// the whole URL, password included.
+func parseURL(field, raw string) (*url.URL, error) {
+	if raw == "" {
+		return nil, envErrorf(field, "must be set, got an empty value")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, envErrorf(field, "not a valid URL: %v", err)
+	}
+	return u, nil
+}
+
+func validateRedisURL(raw string) error {
+	u, err := parseURL("REDIS_URL", raw)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return envErrorf("REDIS_URL", "scheme must be redis or rediss, got %q", u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return envErrorf("REDIS_URL", "must name a host, as in redis://127.0.0.1:6379/0")
+	}
+	// go-redis reads the rest (database number, options); what it refuses
+	// here it would refuse at connect time. Its messages quote the path and
+	// option names, never the user info.
+	if _, err := redis.ParseURL(raw); err != nil {
+		return envErrorf("REDIS_URL", "%s", strings.TrimPrefix(err.Error(), "redis: "))
+	}
+	return nil
+}
+
+func validateDatabaseURL(raw string) error {
+	if strings.HasPrefix(raw, "file:") {
+		if len(raw) == len("file:") {
+			return envErrorf("DATABASE_URL", "file: must be followed by the path of the SQLite database")
+		}
+		return nil
+	}
+	u, err := parseURL("DATABASE_URL", raw)
+	if err != nil {
+		return err
+	}
+	switch u.Scheme {
+	case "postgres", "postgresql":
+		return nil
+	case "sqlite":
+		if u.Host == "" && u.Path == "" && u.Opaque == "" {
+			return envErrorf("DATABASE_URL", "sqlite:// must be followed by the path of the database")
+		}
+		return nil
+	}
+	return envErrorf("DATABASE_URL", "scheme must be postgres, postgresql, sqlite or file, got %q", u.Scheme)
+}
+
+func validateListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return envErrorf("LISTEN_ADDR", "must be host:port or :port, got %q", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return envErrorf("LISTEN_ADDR", "port must be a number from 0 to 65535, got %q", port)
+	}
+	return nil
+}
+
+func validateAdminToken(token string, role Role) error {
+	if token == "" && role == RoleDev {
+		return nil
+	}
+	if token == "" && role == RoleWorker {
+		return nil // workers serve no admin API
+	}
+	if n := len(token); n < minAdminTokenLen {
+		return envErrorf("ADMIN_TOKEN", "must be at least %d characters, got %d", minAdminTokenLen, n)
+	}
+	if strings.ContainsFunc(token, isSpaceOrControl) {
+		return envErrorf("ADMIN_TOKEN", "must not contain spaces or control characters")
+	}
+	return nil
+}
+
+// validateName checks a string that becomes part of Redis keys or queue
+// names: braces would change the Cluster hash slot, spaces and colons would
+// make keys ambiguous to read.
+func validateName(field, s string, mayBeEmpty bool) error {
+	if s == "" {
+		if mayBeEmpty {
+			return nil
+		}
+		return envErrorf(field, "must be set, got an empty value")
+	}
+	if len(s) > 64 {
+		return envErrorf(field, "must be at most 64 characters, got %d", len(s))
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return envErrorf(field, "may hold only letters, digits, '-', '_' and '.', got %q", s)
+		}
+	}
+	return nil
+}
+
+func isSpaceOrControl(r rune) bool { return r <= ' ' || r == 0x7f }

@@ -1,0 +1,256 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+const goodToken = "0123456789abcdef-admin"
+
+func loadEnv(t *testing.T, kv ...string) *Env {
+	t.Helper()
+	e, err := LoadEnv(kv)
+	if err != nil {
+		t.Fatalf("LoadEnv: %v", err)
+	}
+	return e
+}
+
+func TestLoadEnvDefaults(t *testing.T) {
+	t.Parallel()
+	// LoadEnv reads only what it is given, never the process environment.
+	e := loadEnv(t)
+	want := Env{
+		RedisURL:           "redis://127.0.0.1:6379/0",
+		DatabaseURL:        "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		ListenAddr:         ":8080",
+		Policy:             "llmq.yaml",
+		WorkerConcurrency:  50,
+		LogLevel:           "info",
+		LogFormat:          "json",
+		KeyPrefix:          "llmq",
+		ShutdownTimeout:    30 * time.Second,
+		MonitoringReadOnly: true,
+		MaxBodyBytes:       1 << 20,
+		MaxFileBytes:       200 << 20,
+		MaxFileLines:       50000,
+	}
+	if got := *e; !envEqual(got, want) {
+		t.Errorf("defaults:\n got %+v\nwant %+v", got, want)
+	}
+	if err := e.Validate(RoleWorker); err != nil {
+		t.Errorf("defaults are not valid for a worker: %v", err)
+	}
+	if err := e.Validate(RoleDev); err != nil {
+		t.Errorf("defaults are not valid for dev: %v", err)
+	}
+	// The dispatcher alone cannot run without an admin token.
+	if err := e.Validate(RoleDispatcher); err == nil || !strings.HasPrefix(err.Error(), "LLMQ_ADMIN_TOKEN: ") {
+		t.Errorf("dispatcher without token: error = %v", err)
+	}
+	if e.DatabaseDialect() != "postgres" {
+		t.Errorf("DatabaseDialect = %q", e.DatabaseDialect())
+	}
+}
+
+func envEqual(a, b Env) bool {
+	a.Unrecognized, b.Unrecognized = nil, nil
+	return reflect.DeepEqual(a, b)
+}
+
+func TestLoadEnvValues(t *testing.T) {
+	t.Parallel()
+	e := loadEnv(t,
+		"LLMQ_REDIS_URL=rediss://:pw@redis.internal:6380/3",
+		"LLMQ_DATABASE_URL=sqlite:///var/lib/llmq/llmq.db",
+		"LLMQ_LISTEN_ADDR=127.0.0.1:9090",
+		"LLMQ_POLICY=/etc/llmq/policy.yaml",
+		"LLMQ_ADMIN_TOKEN="+goodToken,
+		"LLMQ_WORKER_CONCURRENCY=8",
+		"LLMQ_LOG_LEVEL=debug",
+		"LLMQ_LOG_FORMAT=text",
+		"LLMQ_KEY_PREFIX=llmq-staging",
+		"LLMQ_SHUTDOWN_TIMEOUT=2m",
+		"LLMQ_MONITORING_READONLY=false",
+		"LLMQ_WEBHOOK_ALLOW_PRIVATE=true",
+		"LLMQ_MAX_BODY_BYTES=4096",
+		"LLMQ_MAX_FILE_BYTES=1048576",
+		"LLMQ_MAX_FILE_LINES=10",
+		"LLMQ_QUEUE_NAMESPACE=test_42",
+		"LLMQ_WORKER_CONCURENCY=9", // a typo
+		"LLMQ_EMPTY=",
+		"OPENAI_API_KEY=sk-not-ours",
+		"PATH=/usr/bin",
+	)
+	want := Env{
+		RedisURL:            "rediss://:pw@redis.internal:6380/3",
+		DatabaseURL:         "sqlite:///var/lib/llmq/llmq.db",
+		ListenAddr:          "127.0.0.1:9090",
+		Policy:              "/etc/llmq/policy.yaml",
+		AdminToken:          goodToken,
+		WorkerConcurrency:   8,
+		LogLevel:            "debug",
+		LogFormat:           "text",
+		KeyPrefix:           "llmq-staging",
+		ShutdownTimeout:     2 * time.Minute,
+		MonitoringReadOnly:  false,
+		WebhookAllowPrivate: true,
+		MaxBodyBytes:        4096,
+		MaxFileBytes:        1 << 20,
+		MaxFileLines:        10,
+		QueueNamespace:      "test_42",
+	}
+	if !envEqual(*e, want) {
+		t.Errorf("\n got %+v\nwant %+v", *e, want)
+	}
+	if got := strings.Join(e.Unrecognized, ","); got != "LLMQ_EMPTY,LLMQ_WORKER_CONCURENCY" {
+		t.Errorf("Unrecognized = %q", got)
+	}
+	for _, r := range []Role{RoleDispatcher, RoleWorker, RoleDev} {
+		if err := e.Validate(r); err != nil {
+			t.Errorf("Validate(%s): %v", r, err)
+		}
+	}
+	if e.DatabaseDialect() != "sqlite" {
+		t.Errorf("DatabaseDialect = %q, want sqlite", e.DatabaseDialect())
+	}
+}
+
+func TestLoadEnvEmptyMeansDefault(t *testing.T) {
+	t.Parallel()
+	e := loadEnv(t, "LLMQ_WORKER_CONCURRENCY=", "LLMQ_REDIS_URL=", "LLMQ_MONITORING_READONLY=")
+	if e.WorkerConcurrency != 50 || e.RedisURL != "redis://127.0.0.1:6379/0" || !e.MonitoringReadOnly {
+		t.Errorf("empty values did not take the defaults: %+v", e)
+	}
+}
+
+func TestLoadEnvParseErrors(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ kv, want string }{
+		{"LLMQ_WORKER_CONCURRENCY=lots", `LLMQ_WORKER_CONCURRENCY: must be a whole number, got "lots"`},
+		{"LLMQ_MAX_BODY_BYTES=1MiB", `LLMQ_MAX_BODY_BYTES: must be a whole number, got "1MiB"`},
+		{"LLMQ_MAX_FILE_LINES=1.5", `LLMQ_MAX_FILE_LINES: must be a whole number, got "1.5"`},
+		{"LLMQ_SHUTDOWN_TIMEOUT=30", `LLMQ_SHUTDOWN_TIMEOUT: must be a duration such as 30s or 2m, got "30"`},
+		{"LLMQ_MONITORING_READONLY=yes", `LLMQ_MONITORING_READONLY: must be true or false, got "yes"`},
+		{"LLMQ_WEBHOOK_ALLOW_PRIVATE=on", `LLMQ_WEBHOOK_ALLOW_PRIVATE: must be true or false, got "on"`},
+	} {
+		_, err := LoadEnv([]string{c.kv})
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%s: error = %v, want %s", c.kv, err, c.want)
+		}
+		var ee *EnvError
+		if !errors.As(err, &ee) {
+			t.Errorf("%s: error %T is not an *EnvError", c.kv, err)
+		}
+	}
+}
+
+// TestValidate holds one case per rule: the variable the error must name,
+// part of the reason, and secrets that must not appear in it.
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	const secret = "hunter2hunter2"
+	cases := []struct {
+		name   string
+		role   Role
+		kv     []string
+		varErr string // "" = valid
+		msg    string
+	}{
+		{"dispatcher with token", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken}, "", ""},
+		{"dispatcher without token", RoleDispatcher, nil, "LLMQ_ADMIN_TOKEN", "must be at least 16 characters, got 0"},
+		{"dispatcher short token", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + secret[:8]}, "LLMQ_ADMIN_TOKEN", "got 8"},
+		{"token with space", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + secret + " " + secret}, "LLMQ_ADMIN_TOKEN", "must not contain spaces"},
+		{"dev short token", RoleDev, []string{"LLMQ_ADMIN_TOKEN=" + secret[:8]}, "LLMQ_ADMIN_TOKEN", "at least 16"},
+		{"worker short token", RoleWorker, []string{"LLMQ_ADMIN_TOKEN=" + secret[:8]}, "LLMQ_ADMIN_TOKEN", "at least 16"},
+		{"unknown role", Role("scheduler"), nil, "", `unknown role "scheduler"`},
+
+		{"redis wrong scheme", RoleWorker, []string{"LLMQ_REDIS_URL=http://u:" + secret + "@h:6379"}, "LLMQ_REDIS_URL", `scheme must be redis or rediss, got "http"`},
+		{"redis unparsable", RoleWorker, []string{"LLMQ_REDIS_URL=redis://:" + secret + "@h:port/0"}, "LLMQ_REDIS_URL", "not a valid URL"},
+		{"redis no host", RoleWorker, []string{"LLMQ_REDIS_URL=redis:///0"}, "LLMQ_REDIS_URL", "must name a host"},
+		{"redis bad db", RoleWorker, []string{"LLMQ_REDIS_URL=redis://:" + secret + "@h:6379/zero"}, "LLMQ_REDIS_URL", "invalid database number"},
+		{"redis host only", RoleWorker, []string{"LLMQ_REDIS_URL=redis"}, "LLMQ_REDIS_URL", "scheme must be"},
+		{"rediss ok", RoleWorker, []string{"LLMQ_REDIS_URL=rediss://default:" + secret + "@cache.example.com:6380/2"}, "", ""},
+
+		{"database wrong scheme", RoleWorker, []string{"LLMQ_DATABASE_URL=mysql://u:" + secret + "@h/db"}, "LLMQ_DATABASE_URL", `got "mysql"`},
+		{"database unparsable", RoleWorker, []string{"LLMQ_DATABASE_URL=postgres://u:" + secret + "@h:port/db"}, "LLMQ_DATABASE_URL", "not a valid URL"},
+		{"postgresql ok", RoleWorker, []string{"LLMQ_DATABASE_URL=postgresql://u:" + secret + "@db.example.com/llmq"}, "", ""},
+		{"postgres socket ok", RoleWorker, []string{"LLMQ_DATABASE_URL=postgres:///llmq?host=/var/run/postgresql"}, "", ""},
+		{"sqlite ok", RoleDev, []string{"LLMQ_DATABASE_URL=sqlite://llmq.db"}, "", ""},
+		{"sqlite without path", RoleDev, []string{"LLMQ_DATABASE_URL=sqlite://"}, "LLMQ_DATABASE_URL", "path of the database"},
+		{"file ok", RoleDev, []string{"LLMQ_DATABASE_URL=file:llmq.db?_pragma=busy_timeout(5000)"}, "", ""},
+		{"file without path", RoleDev, []string{"LLMQ_DATABASE_URL=file:"}, "LLMQ_DATABASE_URL", "path of the SQLite database"},
+
+		{"listen addr no port", RoleDev, []string{"LLMQ_LISTEN_ADDR=localhost"}, "LLMQ_LISTEN_ADDR", `must be host:port or :port, got "localhost"`},
+		{"listen addr bad port", RoleDev, []string{"LLMQ_LISTEN_ADDR=:99999"}, "LLMQ_LISTEN_ADDR", `got "99999"`},
+		{"policy blank", RoleWorker, []string{"LLMQ_POLICY=  "}, "LLMQ_POLICY", "empty"},
+
+		{"concurrency zero", RoleWorker, []string{"LLMQ_WORKER_CONCURRENCY=0"}, "LLMQ_WORKER_CONCURRENCY", "must be at least 1, got 0"},
+		{"concurrency negative", RoleDev, []string{"LLMQ_WORKER_CONCURRENCY=-3"}, "LLMQ_WORKER_CONCURRENCY", "got -3"},
+		{"log level", RoleWorker, []string{"LLMQ_LOG_LEVEL=verbose"}, "LLMQ_LOG_LEVEL", `must be debug, info, warn or error, got "verbose"`},
+		{"log level any case", RoleWorker, []string{"LLMQ_LOG_LEVEL=WARN"}, "", ""},
+		{"log format", RoleWorker, []string{"LLMQ_LOG_FORMAT=logfmt"}, "LLMQ_LOG_FORMAT", `must be json or text, got "logfmt"`},
+		{"key prefix brace", RoleWorker, []string{"LLMQ_KEY_PREFIX={llmq}"}, "LLMQ_KEY_PREFIX", "may hold only"},
+		{"key prefix colon", RoleWorker, []string{"LLMQ_KEY_PREFIX=a:b"}, "LLMQ_KEY_PREFIX", "may hold only"},
+		{"key prefix long", RoleWorker, []string{"LLMQ_KEY_PREFIX=" + strings.Repeat("k", 65)}, "LLMQ_KEY_PREFIX", "at most 64"},
+		{"shutdown zero", RoleWorker, []string{"LLMQ_SHUTDOWN_TIMEOUT=0s"}, "LLMQ_SHUTDOWN_TIMEOUT", "must be more than 0"},
+		{"body bytes zero", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_MAX_BODY_BYTES=0"}, "LLMQ_MAX_BODY_BYTES", "must be at least 1, got 0"},
+		{"file bytes negative", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_MAX_FILE_BYTES=-1"}, "LLMQ_MAX_FILE_BYTES", "got -1"},
+		{"file lines zero", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_MAX_FILE_LINES=0"}, "LLMQ_MAX_FILE_LINES", "got 0"},
+		{"namespace space", RoleWorker, []string{"LLMQ_QUEUE_NAMESPACE=a b"}, "LLMQ_QUEUE_NAMESPACE", "may hold only"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := loadEnv(t, c.kv...)
+			err := e.Validate(c.role)
+			if c.msg == "" {
+				if err != nil {
+					t.Fatalf("Validate(%s) = %v, want nil", c.role, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate(%s) accepted it", c.role)
+			}
+			msg := err.Error()
+			if c.varErr != "" && !strings.HasPrefix(msg, c.varErr+": ") {
+				t.Errorf("error %q does not start with %q", msg, c.varErr+": ")
+			}
+			if !strings.Contains(msg, c.msg) {
+				t.Errorf("error %q does not contain %q", msg, c.msg)
+			}
+			if strings.Contains(msg, secret[:8]) || strings.Contains(msg, "\n") {
+				t.Errorf("error %q leaks a secret or spans lines", msg)
+			}
+		})
+	}
+}
+
+func TestLogger(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	e := loadEnv(t, "LLMQ_LOG_LEVEL=warn")
+	log := e.Logger(&buf)
+	log.Info("quiet")
+	log.Warn("loud", "n", 1)
+	var rec map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+		t.Fatalf("want exactly one JSON record, got %q: %v", buf.String(), err)
+	}
+	if rec["msg"] != "loud" || rec["level"] != "WARN" || rec["n"] != 1.0 {
+		t.Errorf("record = %v", rec)
+	}
+
+	buf.Reset()
+	e = loadEnv(t, "LLMQ_LOG_LEVEL=debug", "LLMQ_LOG_FORMAT=text")
+	e.Logger(&buf).Debug("details", "k", "v")
+	if got := buf.String(); !strings.Contains(got, "level=DEBUG") || !strings.Contains(got, "msg=details k=v") {
+		t.Errorf("text record = %q", got)
+	}
+}
