@@ -1,0 +1,656 @@
+package config
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	// Tier timezones must load the same on every host, including minimal
+	// container images that ship no zoneinfo.
+	_ "time/tzdata"
+
+	"github.com/llmq/llmq/internal/money"
+)
+
+// Model kinds: what endpoint a model serves and whether it produces output
+// tokens.
+const (
+	KindChat      = "chat"
+	KindEmbedding = "embedding"
+)
+
+// Tier priorities, which pick the tier's queue.
+const (
+	PriorityCritical = "critical"
+	PriorityDefault  = "default"
+	PriorityLow      = "low"
+)
+
+// What happens to a job of a tier whose daily budget is spent.
+const (
+	OnExhaustedDefer  = "defer"  // wait for the tier's next day
+	OnExhaustedReject = "reject" // fail at once
+)
+
+// Defaults of optional policy fields.
+const (
+	DefaultProviderTimeout = 60 * time.Second
+	DefaultMaxOutputTokens = 4096
+	DefaultSoftLimit       = 0.8
+)
+
+// encodings are the tokenizer encodings the token estimator knows (those of
+// github.com/tiktoken-go/tokenizer); a typo would otherwise surface only when
+// the first job of the model is estimated.
+var encodings = []string{"cl100k_base", "gpt2", "o200k_base", "p50k_base", "p50k_edit", "r50k_base"}
+
+// Policy is the validated policy file: who llmq calls, what each model costs
+// and may be sent, and what each tier of tenants may spend. A Policy is
+// shared by every goroutine once built and must never be modified; a reload
+// builds a new one.
+type Policy struct {
+	Providers []Provider
+	Models    []Model
+	Tiers     []Tier
+
+	// GlobalDailyBudget caps the spend of all tenants together per UTC day;
+	// 0 means no global cap.
+	GlobalDailyBudget money.Micros
+
+	// Digest is the hex SHA-256 of the YAML the policy was parsed from, to
+	// tell versions apart in logs and on the dashboard.
+	Digest string
+
+	providers map[string]*Provider
+	models    map[string]*Model
+	tiers     map[string]*Tier
+}
+
+// Provider is an OpenAI-compatible API that models are served by.
+type Provider struct {
+	Name      string
+	BaseURL   string        // e.g. https://api.openai.com/v1
+	APIKeyEnv string        // the environment variable holding the API key; empty for none
+	Timeout   time.Duration // of one call. Defaults to 60s.
+}
+
+// Model is a model clients may name in body.model.
+type Model struct {
+	Name     string // what clients send
+	Provider string // a Provider's name
+	Upstream string // the provider's id of the model. Defaults to Name.
+
+	// Kind is chat or embedding. Defaults to embedding when the name or the
+	// upstream name contains "embedding", else chat.
+	Kind string
+	// Encoding overrides the tokenizer encoding used to estimate prompt
+	// tokens; empty lets the estimator pick by model name.
+	Encoding string
+	// MaxOutputTokens is reserved for a chat request that gives no
+	// max_tokens. Defaults to 4096; always 0 for embedding models.
+	MaxOutputTokens int64
+
+	// Price is the policy's price, or else money.DefaultPrices of the
+	// upstream name (then of the name).
+	Price  money.Price
+	Limits Limits
+}
+
+// Limits are the provider's rate limits of one model; 0 means no such limit.
+type Limits struct {
+	RPS int64 // requests per second
+	RPM int64 // requests per minute
+	TPM int64 // tokens per minute
+	TPD int64 // tokens per day
+}
+
+// Tier is a class of tenants sharing a daily budget and a priority.
+type Tier struct {
+	Name string
+	// DailyBudget is what one tenant of the tier may spend per day (in
+	// Timezone). It is 0 exactly when Unlimited is set.
+	DailyBudget money.Micros
+	// Unlimited means no daily budget: only the global cap applies. It is
+	// never implied by a missing budget.
+	Unlimited bool
+	// SoftLimit is the fraction of DailyBudget past which a tenant is warned,
+	// in (0, 1]. Defaults to 0.8.
+	SoftLimit float64
+	// Priority is critical, default or low: the queue of the tier's jobs.
+	// Defaults to default.
+	Priority string
+	// OnExhausted is defer or reject: what happens to a job once the budget
+	// is spent. Defaults to defer.
+	OnExhausted string
+	// APIRPS is the per-key rate limit of the HTTP API, in requests per
+	// second; 0 only when APIExempt.
+	APIRPS int
+	// APIExempt skips the per-key API rate limit.
+	APIExempt bool
+	// Timezone is where the tier's day starts and ends. Defaults to UTC.
+	Timezone *time.Location
+}
+
+// Model returns the model clients call name.
+func (p *Policy) Model(name string) (*Model, bool) {
+	m, ok := p.models[name]
+	return m, ok
+}
+
+// Provider returns the provider called name.
+func (p *Policy) Provider(name string) (*Provider, bool) {
+	v, ok := p.providers[name]
+	return v, ok
+}
+
+// Tier returns the tier called name.
+func (p *Policy) Tier(name string) (*Tier, bool) {
+	t, ok := p.tiers[name]
+	return t, ok
+}
+
+// CheckAPIKeys reports the first provider serving a model whose API key
+// variable is unset or empty in lookup (pass os.LookupEnv). Workers call it at
+// start so a missing key fails the process, not every job. The key itself
+// never appears in the error.
+func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
+	used := map[string]bool{}
+	for _, m := range p.Models {
+		used[m.Provider] = true
+	}
+	for i, pr := range p.Providers {
+		if !used[pr.Name] || pr.APIKeyEnv == "" {
+			continue
+		}
+		if v, ok := lookup(pr.APIKeyEnv); !ok || v == "" {
+			return &PolicyError{
+				Field: fmt.Sprintf("providers[%d].api_key_env", i),
+				Msg:   fmt.Sprintf("environment variable %s is not set", pr.APIKeyEnv),
+			}
+		}
+	}
+	return nil
+}
+
+// LoadPolicy reads and validates the policy file at path.
+func LoadPolicy(path string) (*Policy, error) {
+	_, data, err := readPolicyFile(path)
+	if err != nil {
+		return nil, &PolicyError{File: path, Msg: "cannot read the file: " + err.Error()}
+	}
+	return parseFile(path, data)
+}
+
+// ParsePolicy parses and validates a policy document. Unknown fields are
+// errors, so a misspelt setting is never silently ignored; the error names
+// the field path, the value and its line.
+func ParsePolicy(data []byte) (*Policy, error) {
+	src, err := parseSource(data)
+	if err != nil {
+		return nil, err
+	}
+	var raw rawPolicy
+	if err := src.decode(&raw); err != nil {
+		return nil, err
+	}
+	p, err := raw.build(src)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(data)
+	p.Digest = hex.EncodeToString(sum[:])
+	return p, nil
+}
+
+// The raw* types mirror the YAML. Pointers mark fields whose absence differs
+// from their zero value.
+type rawPolicy struct {
+	Providers            []rawProvider `yaml:"providers"`
+	Models               []rawModel    `yaml:"models"`
+	Tiers                []rawTier     `yaml:"tiers"`
+	GlobalDailyBudgetUSD float64       `yaml:"global_daily_budget_usd"`
+}
+
+type rawProvider struct {
+	Name      string  `yaml:"name"`
+	BaseURL   string  `yaml:"base_url"`
+	APIKeyEnv string  `yaml:"api_key_env"`
+	Timeout   *string `yaml:"timeout"`
+}
+
+type rawModel struct {
+	Name            string    `yaml:"name"`
+	Provider        string    `yaml:"provider"`
+	Upstream        string    `yaml:"upstream"`
+	Kind            string    `yaml:"kind"`
+	Encoding        string    `yaml:"encoding"`
+	MaxOutputTokens *int64    `yaml:"max_output_tokens"`
+	Price           *rawPrice `yaml:"price"`
+	Limits          rawLimits `yaml:"limits"`
+}
+
+type rawPrice struct {
+	InputPerMTok       *float64 `yaml:"input_per_mtok"`
+	OutputPerMTok      *float64 `yaml:"output_per_mtok"`
+	CachedInputPerMTok *float64 `yaml:"cached_input_per_mtok"`
+}
+
+type rawLimits struct {
+	RPS int64 `yaml:"rps"`
+	RPM int64 `yaml:"rpm"`
+	TPM int64 `yaml:"tpm"`
+	TPD int64 `yaml:"tpd"`
+}
+
+type rawTier struct {
+	Name           string   `yaml:"name"`
+	DailyBudgetUSD *float64 `yaml:"daily_budget_usd"`
+	Unlimited      bool     `yaml:"unlimited"`
+	SoftLimit      *float64 `yaml:"soft_limit"`
+	Priority       string   `yaml:"priority"`
+	OnExhausted    string   `yaml:"on_exhausted"`
+	APIRPS         int      `yaml:"api_rps"`
+	APIExempt      bool     `yaml:"api_exempt"`
+	Timezone       string   `yaml:"timezone"`
+}
+
+func (raw *rawPolicy) build(src *source) (*Policy, error) {
+	p := &Policy{
+		providers: make(map[string]*Provider, len(raw.Providers)),
+		models:    make(map[string]*Model, len(raw.Models)),
+		tiers:     make(map[string]*Tier, len(raw.Tiers)),
+	}
+	for _, list := range []struct {
+		name string
+		n    int
+	}{{"providers", len(raw.Providers)}, {"models", len(raw.Models)}, {"tiers", len(raw.Tiers)}} {
+		if list.n == 0 {
+			return nil, src.errorAt(list.name, "must list at least one entry")
+		}
+	}
+
+	p.Providers = make([]Provider, len(raw.Providers))
+	seen := map[string]int{}
+	for i, rp := range raw.Providers {
+		path := fmt.Sprintf("providers[%d]", i)
+		pr, err := rp.build(src, path)
+		if err != nil {
+			return nil, err
+		}
+		if j, dup := seen[pr.Name]; dup {
+			return nil, src.errorAt(path+".name", "duplicate provider %q (also providers[%d])", pr.Name, j)
+		}
+		seen[pr.Name] = i
+		p.Providers[i] = pr
+	}
+	for i := range p.Providers {
+		p.providers[p.Providers[i].Name] = &p.Providers[i]
+	}
+
+	p.Models = make([]Model, len(raw.Models))
+	seen = map[string]int{}
+	upstreams := map[[2]string]int{}
+	for i, rm := range raw.Models {
+		path := fmt.Sprintf("models[%d]", i)
+		m, err := rm.build(src, path, p.providers)
+		if err != nil {
+			return nil, err
+		}
+		if j, dup := seen[m.Name]; dup {
+			return nil, src.errorAt(path+".name", "duplicate model %q (also models[%d])", m.Name, j)
+		}
+		seen[m.Name] = i
+		// Limits are the provider's, per upstream model: two entries for one
+		// upstream would each get the full limit and together exceed it.
+		key := [2]string{m.Provider, m.Upstream}
+		if j, dup := upstreams[key]; dup {
+			return nil, src.errorAt(path+".upstream",
+				"%q at provider %q is already models[%d]; two entries would each use the provider's whole rate limit",
+				m.Upstream, m.Provider, j)
+		}
+		upstreams[key] = i
+		p.Models[i] = m
+	}
+	for i := range p.Models {
+		p.models[p.Models[i].Name] = &p.Models[i]
+	}
+
+	p.Tiers = make([]Tier, len(raw.Tiers))
+	seen = map[string]int{}
+	for i, rt := range raw.Tiers {
+		path := fmt.Sprintf("tiers[%d]", i)
+		t, err := rt.build(src, path)
+		if err != nil {
+			return nil, err
+		}
+		if j, dup := seen[t.Name]; dup {
+			return nil, src.errorAt(path+".name", "duplicate tier %q (also tiers[%d])", t.Name, j)
+		}
+		seen[t.Name] = i
+		p.Tiers[i] = t
+	}
+	for i := range p.Tiers {
+		p.tiers[p.Tiers[i].Name] = &p.Tiers[i]
+	}
+
+	global, err := usd(src, "global_daily_budget_usd", raw.GlobalDailyBudgetUSD)
+	if err != nil {
+		return nil, err
+	}
+	p.GlobalDailyBudget = global
+	return p, nil
+}
+
+func (rp rawProvider) build(src *source, path string) (Provider, error) {
+	pr := Provider{Name: rp.Name, BaseURL: rp.BaseURL, APIKeyEnv: rp.APIKeyEnv, Timeout: DefaultProviderTimeout}
+	if err := checkIdent(src, path+".name", rp.Name); err != nil {
+		return pr, err
+	}
+	if rp.BaseURL == "" {
+		return pr, src.errorAt(path+".base_url", "required, e.g. https://api.openai.com/v1")
+	}
+	u, err := url.Parse(rp.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return pr, src.errorAt(path+".base_url", "must be an http or https URL, got %q", rp.BaseURL)
+	}
+	if u.User != nil {
+		// The policy is not a secret store; keys belong in api_key_env.
+		return pr, src.errorAt(path+".base_url", "must not hold credentials; name the key's variable in api_key_env")
+	}
+	if rp.APIKeyEnv != "" && !isEnvName(rp.APIKeyEnv) {
+		return pr, src.errorAt(path+".api_key_env",
+			"must be the name of an environment variable (letters, digits and _, not starting with a digit), got %q", rp.APIKeyEnv)
+	}
+	if rp.Timeout != nil {
+		d, err := time.ParseDuration(*rp.Timeout)
+		if err != nil {
+			return pr, src.errorAt(path+".timeout", "must be a duration such as 60s or 2m, got %q", *rp.Timeout)
+		}
+		if d <= 0 {
+			return pr, src.errorAt(path+".timeout", "must be more than 0, got %s", *rp.Timeout)
+		}
+		pr.Timeout = d
+	}
+	return pr, nil
+}
+
+func (rm rawModel) build(src *source, path string, providers map[string]*Provider) (Model, error) {
+	m := Model{Name: rm.Name, Provider: rm.Provider, Upstream: rm.Upstream, Kind: rm.Kind, Encoding: rm.Encoding}
+	if err := checkModelName(src, path+".name", rm.Name); err != nil {
+		return m, err
+	}
+	if rm.Provider == "" {
+		return m, src.errorAt(path+".provider", "required")
+	}
+	if _, ok := providers[rm.Provider]; !ok {
+		return m, src.errorAt(path+".provider", "unknown provider %q", rm.Provider)
+	}
+	if m.Upstream == "" {
+		m.Upstream = m.Name
+	} else if err := checkModelName(src, path+".upstream", rm.Upstream); err != nil {
+		return m, err
+	}
+
+	switch rm.Kind {
+	case "":
+		m.Kind = KindChat
+		if strings.Contains(m.Name, "embedding") || strings.Contains(m.Upstream, "embedding") {
+			m.Kind = KindEmbedding
+		}
+	case KindChat, KindEmbedding:
+	default:
+		return m, src.errorAt(path+".kind", "must be chat or embedding, got %q", rm.Kind)
+	}
+	if rm.Encoding != "" && !slices.Contains(encodings, rm.Encoding) {
+		return m, src.errorAt(path+".encoding", "must be one of %s, got %q", strings.Join(encodings, ", "), rm.Encoding)
+	}
+
+	switch {
+	case m.Kind == KindEmbedding && rm.MaxOutputTokens != nil:
+		return m, src.errorAt(path+".max_output_tokens", "must not be set on an embedding model, which produces no output tokens")
+	case m.Kind == KindEmbedding:
+		m.MaxOutputTokens = 0
+	case rm.MaxOutputTokens == nil:
+		m.MaxOutputTokens = DefaultMaxOutputTokens
+	case *rm.MaxOutputTokens < 1:
+		return m, src.errorAt(path+".max_output_tokens", "must be at least 1, got %d", *rm.MaxOutputTokens)
+	default:
+		m.MaxOutputTokens = *rm.MaxOutputTokens
+	}
+
+	price, err := rm.price(src, path, m)
+	if err != nil {
+		return m, err
+	}
+	m.Price = price
+
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{{"rps", rm.Limits.RPS}, {"rpm", rm.Limits.RPM}, {"tpm", rm.Limits.TPM}, {"tpd", rm.Limits.TPD}} {
+		if l.v < 0 {
+			return m, src.errorAt(path+".limits."+l.name, "must be 0 or more, got %d", l.v)
+		}
+	}
+	m.Limits = Limits(rm.Limits)
+	// A request reserves its max_tokens up front; one that cannot fit in a
+	// bucket would wait forever instead of failing.
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{{"tpm", m.Limits.TPM}, {"tpd", m.Limits.TPD}} {
+		if l.v > 0 && m.MaxOutputTokens > l.v {
+			return m, src.errorAt(path+".max_output_tokens",
+				"%d is more than limits.%s (%d), so a request without max_tokens could never run", m.MaxOutputTokens, l.name, l.v)
+		}
+	}
+	return m, nil
+}
+
+func (rm rawModel) price(src *source, path string, m Model) (money.Price, error) {
+	if rm.Price == nil {
+		if p, ok := money.DefaultPrices[m.Upstream]; ok {
+			return p, nil
+		}
+		if p, ok := money.DefaultPrices[m.Name]; ok {
+			return p, nil
+		}
+		return money.Price{}, src.errorAt(path+".price",
+			"required: llmq knows no default price for %q (give input_per_mtok and output_per_mtok in USD per 1M tokens)", m.Upstream)
+	}
+	path += ".price"
+	var p money.Price
+	var err error
+	if rm.Price.InputPerMTok == nil {
+		return p, src.errorAt(path+".input_per_mtok", "required (USD per 1M input tokens)")
+	}
+	if p.InputPerMTok, err = usd(src, path+".input_per_mtok", *rm.Price.InputPerMTok); err != nil {
+		return p, err
+	}
+	switch {
+	case rm.Price.OutputPerMTok != nil:
+		if p.OutputPerMTok, err = usd(src, path+".output_per_mtok", *rm.Price.OutputPerMTok); err != nil {
+			return p, err
+		}
+	case m.Kind == KindChat:
+		return p, src.errorAt(path+".output_per_mtok", "required for a chat model (USD per 1M output tokens)")
+	}
+	if rm.Price.CachedInputPerMTok != nil {
+		if p.CachedInputPerMTok, err = usd(src, path+".cached_input_per_mtok", *rm.Price.CachedInputPerMTok); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+func (rt rawTier) build(src *source, path string) (Tier, error) {
+	t := Tier{
+		Name:        rt.Name,
+		Unlimited:   rt.Unlimited,
+		SoftLimit:   DefaultSoftLimit,
+		Priority:    rt.Priority,
+		OnExhausted: rt.OnExhausted,
+		APIRPS:      rt.APIRPS,
+		APIExempt:   rt.APIExempt,
+		Timezone:    time.UTC,
+	}
+	if err := checkIdent(src, path+".name", rt.Name); err != nil {
+		return t, err
+	}
+	switch {
+	case rt.Unlimited && rt.DailyBudgetUSD != nil:
+		return t, src.errorAt(path+".daily_budget_usd", "must not be set together with unlimited: true")
+	case rt.Unlimited:
+	case rt.DailyBudgetUSD == nil:
+		return t, src.errorAt(path+".daily_budget_usd", "required (or unlimited: true for a tier without a budget)")
+	default:
+		b, err := usd(src, path+".daily_budget_usd", *rt.DailyBudgetUSD)
+		if err != nil {
+			return t, err
+		}
+		if b == 0 {
+			// Zero means "none" for the global cap; here it would mean
+			// "nothing", and either reading is a surprise to someone.
+			return t, src.errorAt(path+".daily_budget_usd", "must be more than 0, got %v (for no budget set unlimited: true)", *rt.DailyBudgetUSD)
+		}
+		t.DailyBudget = b
+	}
+	if rt.SoftLimit != nil {
+		s := *rt.SoftLimit
+		switch {
+		case rt.Unlimited:
+			return t, src.errorAt(path+".soft_limit", "has no effect on an unlimited tier; remove it")
+		case math.IsNaN(s) || s <= 0 || s > 1:
+			return t, src.errorAt(path+".soft_limit", "must be more than 0 and at most 1, got %v", s)
+		}
+		t.SoftLimit = s
+	}
+	switch rt.Priority {
+	case "":
+		t.Priority = PriorityDefault
+	case PriorityCritical, PriorityDefault, PriorityLow:
+	default:
+		return t, src.errorAt(path+".priority", "must be critical, default or low, got %q", rt.Priority)
+	}
+	switch rt.OnExhausted {
+	case "":
+		t.OnExhausted = OnExhaustedDefer
+	case OnExhaustedDefer, OnExhaustedReject:
+	default:
+		return t, src.errorAt(path+".on_exhausted", "must be defer or reject, got %q", rt.OnExhausted)
+	}
+	switch {
+	case rt.APIExempt && rt.APIRPS != 0:
+		return t, src.errorAt(path+".api_rps", "must not be set together with api_exempt: true, got %d", rt.APIRPS)
+	case rt.APIExempt:
+	case rt.APIRPS < 1:
+		return t, src.errorAt(path+".api_rps", "must be at least 1 (or api_exempt: true), got %d", rt.APIRPS)
+	}
+	if rt.Timezone != "" {
+		// "Local" would make the tier's day depend on each host's setting.
+		loc, err := time.LoadLocation(rt.Timezone)
+		if err != nil || rt.Timezone == "Local" {
+			return t, src.errorAt(path+".timezone", "must be an IANA time zone such as UTC or Europe/Paris, got %q", rt.Timezone)
+		}
+		t.Timezone = loc
+	}
+	return t, nil
+}
+
+// usd converts a dollar amount of the policy to Micros.
+func usd(src *source, path string, v float64) (money.Micros, error) {
+	if v < 0 {
+		return 0, src.errorAt(path, "must be 0 or more, got %v", v)
+	}
+	m, err := money.FromUSD(v)
+	if err != nil {
+		return 0, src.errorAt(path, "must be an amount of US dollars: %v", err)
+	}
+	return m, nil
+}
+
+// checkIdent checks a provider or tier name: it ends up in queue names,
+// Redis keys and metric labels.
+func checkIdent(src *source, path, s string) error {
+	if s == "" {
+		return src.errorAt(path, "required")
+	}
+	if len(s) > 64 {
+		return src.errorAt(path, "must be at most 64 characters, got %d", len(s))
+	}
+	for i, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || i > 0 && (r == '-' || r == '_')) {
+			return src.errorAt(path, "must be lower-case letters, digits, '-' and '_', starting with a letter or digit, got %q", s)
+		}
+	}
+	return nil
+}
+
+// checkModelName checks a model name or upstream id. Names such as
+// "meta-llama/Llama-3-70b" or "ft:gpt-4o-mini:org::id" are common, so only
+// what would break a Redis hash tag ({}) or a log line is refused.
+func checkModelName(src *source, path, s string) error {
+	if s == "" {
+		return src.errorAt(path, "required")
+	}
+	if len(s) > 256 {
+		return src.errorAt(path, "must be at most 256 characters, got %d", len(s))
+	}
+	if strings.ContainsFunc(s, func(r rune) bool { return isSpaceOrControl(r) || r == '{' || r == '}' }) {
+		return src.errorAt(path, "must not contain spaces, control characters or braces, got %q", s)
+	}
+	return nil
+}
+
+func isEnvName(s string) bool {
+	for i, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '_' || i > 0 && r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// readPolicyFile reads the file with its FileInfo, taken from the same open
+// file so a watcher compares against exactly what was parsed.
+func readPolicyFile(path string) (os.FileInfo, []byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, unwrapPathError(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, unwrapPathError(err)
+	}
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(f); err != nil {
+		return nil, nil, unwrapPathError(err)
+	}
+	return fi, buf.Bytes(), nil
+}
+
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// parseFile parses data read from path, naming path in its errors.
+func parseFile(path string, data []byte) (*Policy, error) {
+	p, err := ParsePolicy(data)
+	if pe := (*PolicyError)(nil); errors.As(err, &pe) {
+		pe.File = path
+	}
+	return p, err
+}

@@ -1,0 +1,399 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+)
+
+// PolicyError is an invalid policy: the field, where it is in the file, and
+// why. Its message is one line.
+type PolicyError struct {
+	File   string // the policy file, when it was read from one
+	Field  string // path of the field, e.g. "models[2].limits.tpm"; empty for the whole file
+	Line   int    // 1-based line of the field in the file; 0 when unknown
+	Column int    // 1-based column; 0 when unknown
+	Msg    string // why the value is refused
+}
+
+func (e *PolicyError) Error() string {
+	var b strings.Builder
+	b.WriteString("policy: ")
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	switch {
+	case e.File != "" && e.Line > 0:
+		fmt.Fprintf(&b, " (%s:%d:%d)", e.File, e.Line, e.Column)
+	case e.File != "":
+		fmt.Fprintf(&b, " (%s)", e.File)
+	case e.Line > 0:
+		fmt.Fprintf(&b, " (line %d:%d)", e.Line, e.Column)
+	}
+	return b.String()
+}
+
+type position struct{ line, col int }
+
+// source is a parsed policy document with an index from field paths to
+// positions and back, so that both the YAML library's errors (which carry a
+// token) and validation errors (which know a path) can name the field and
+// point at its line.
+type source struct {
+	body   ast.Node
+	byPath map[string]position
+	byPos  map[position]string
+}
+
+// parseSource parses data as exactly one YAML document.
+func parseSource(data []byte) (*source, error) {
+	// Duplicate keys are refused by checkKeys, which knows the field path.
+	file, err := parser.ParseBytes(data, 0, parser.AllowDuplicateMapKey())
+	if err != nil {
+		return nil, yamlError(err, nil)
+	}
+	var docs []ast.Node
+	for _, d := range file.Docs {
+		if d != nil && d.Body != nil {
+			docs = append(docs, d.Body)
+		}
+	}
+	switch len(docs) {
+	case 0:
+		return nil, &PolicyError{Msg: "the file is empty; it must list providers, models and tiers"}
+	case 1:
+	default:
+		return nil, &PolicyError{Msg: fmt.Sprintf("must be one YAML document, found %d", len(docs))}
+	}
+	s := &source{body: docs[0], byPath: map[string]position{}, byPos: map[position]string{}}
+	s.walk(s.body, "")
+	return s, nil
+}
+
+// decode checks the keys against the shape of v, then decodes strictly into v.
+func (s *source) decode(v any) error {
+	if err := s.checkKeys(s.body, reflect.TypeOf(v), ""); err != nil {
+		return err
+	}
+	// Strict decoding is the second line of defence: checkKeys cannot follow
+	// merge keys (<<: *anchor) into the mappings they pull in.
+	if err := yaml.NodeToValue(s.body, v, yaml.Strict()); err != nil {
+		return yamlError(err, s)
+	}
+	return nil
+}
+
+func unwrap(n ast.Node) ast.Node {
+	for {
+		switch t := n.(type) {
+		case *ast.AnchorNode:
+			n = t.Value
+		case *ast.TagNode:
+			n = t.Value
+		default:
+			return n
+		}
+	}
+}
+
+func posOf(n ast.Node) (position, bool) {
+	if n == nil {
+		return position{}, false
+	}
+	tk := n.GetToken()
+	if tk == nil || tk.Position == nil {
+		return position{}, false
+	}
+	return position{tk.Position.Line, tk.Position.Column}, true
+}
+
+func joinPath(parent, key string) string {
+	if parent == "" {
+		return key
+	}
+	return parent + "." + key
+}
+
+// pairs returns the key/value pairs of a mapping node, and false for any
+// other node.
+func pairs(n ast.Node) ([]*ast.MappingValueNode, bool) {
+	switch t := n.(type) {
+	case *ast.MappingNode:
+		return t.Values, true
+	case *ast.MappingValueNode:
+		return []*ast.MappingValueNode{t}, true
+	}
+	return nil, false
+}
+
+func keyString(k ast.MapKeyNode) string {
+	if tk := k.GetToken(); tk != nil {
+		return tk.Value
+	}
+	return k.String()
+}
+
+func (s *source) walk(n ast.Node, path string) {
+	n = unwrap(n)
+	if n == nil {
+		return
+	}
+	if p, ok := posOf(n); ok {
+		if _, seen := s.byPath[path]; !seen {
+			s.byPath[path] = p
+		}
+		if _, seen := s.byPos[p]; !seen {
+			s.byPos[p] = path
+		}
+	}
+	if ps, ok := pairs(n); ok {
+		for _, mv := range ps {
+			child := path // a merge key's fields belong to the mapping it is in
+			if !mv.Key.IsMergeKey() {
+				child = joinPath(path, keyString(mv.Key))
+			}
+			if p, ok := posOf(mv.Key); ok {
+				s.byPos[p] = child // an error on a key (unknown, duplicate) is about that field
+				if _, seen := s.byPath[child]; !seen {
+					s.byPath[child] = p
+				}
+			}
+			s.walkValue(mv.Value, child)
+		}
+		return
+	}
+	if seq, ok := n.(*ast.SequenceNode); ok {
+		for i, v := range seq.Values {
+			s.walk(v, fmt.Sprintf("%s[%d]", path, i))
+		}
+	}
+}
+
+// walkValue indexes a mapping value: its path points at the value rather
+// than the key, since that is what a validation error is about.
+func (s *source) walkValue(n ast.Node, path string) {
+	if v := unwrap(n); v != nil {
+		if p, ok := posOf(v); ok {
+			s.byPath[path] = p
+		}
+	}
+	s.walk(n, path)
+}
+
+// errorAt builds a validation error for path, pointing at the value of the
+// field or, when the field is absent, at the nearest enclosing one.
+func (s *source) errorAt(path, format string, args ...any) *PolicyError {
+	e := &PolicyError{Field: path, Msg: fmt.Sprintf(format, args...)}
+	if s == nil {
+		return e
+	}
+	for p := path; ; {
+		if pos, ok := s.byPath[p]; ok {
+			e.Line, e.Column = pos.line, pos.col
+			return e
+		}
+		i := strings.LastIndexAny(p, ".[")
+		if i < 0 {
+			return e
+		}
+		p = p[:i]
+	}
+}
+
+// checkKeys refuses mapping keys that are not fields of t, recursively, with
+// the path of the key and the nearest valid name.
+func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
+	n = unwrap(n)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		ps, ok := pairs(n)
+		if !ok {
+			return nil // not a mapping: decoding reports the type
+		}
+		seen := map[string]position{}
+		for _, mv := range ps {
+			if mv.Key.IsMergeKey() {
+				continue
+			}
+			key := keyString(mv.Key)
+			child := joinPath(path, key)
+			kp, _ := posOf(mv.Key)
+			fail := func(format string, args ...any) error {
+				return &PolicyError{Field: child, Msg: fmt.Sprintf(format, args...), Line: kp.line, Column: kp.col}
+			}
+			f, ok := fieldByYAMLName(t, key)
+			if !ok {
+				return fail("unknown field%s", suggest(key, yamlNames(t)))
+			}
+			if prev, dup := seen[key]; dup {
+				return fail("given twice (also at line %d:%d)", prev.line, prev.col)
+			}
+			seen[key] = kp
+			if err := s.checkKeys(mv.Value, f.Type, child); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice:
+		if seq, ok := n.(*ast.SequenceNode); ok {
+			for i, v := range seq.Values {
+				if err := s.checkKeys(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+					return err
+				}
+			}
+		}
+	case reflect.Int, reflect.Int64:
+		// The decoder would truncate 1.5 to 1; a limit is never fractional.
+		switch n.(type) {
+		case *ast.IntegerNode, *ast.NullNode, nil:
+		default:
+			return s.errorAt(path, "must be a whole number, got %q", n.GetToken().Value)
+		}
+	}
+	return nil
+}
+
+func yamlName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	return name
+}
+
+func fieldByYAMLName(t reflect.Type, key string) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		if f := t.Field(i); yamlName(f) == key {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+func yamlNames(t reflect.Type) []string {
+	names := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		if n := yamlName(t.Field(i)); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// suggest names the known field closest to key, for typos.
+func suggest(key string, known []string) string {
+	best, bestDist := "", 3 // more than two edits away is not a typo
+	for _, k := range known {
+		if d := editDistance(key, k); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	if best == "" {
+		return " (known fields: " + strings.Join(known, ", ") + ")"
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// yamlError turns an error of the YAML library, whose message spans several
+// lines and speaks of Go types, into one line naming the field.
+func yamlError(err error, s *source) error {
+	var ye yaml.Error
+	if !errors.As(err, &ye) {
+		msg, _, _ := strings.Cut(err.Error(), "\n")
+		return &PolicyError{Msg: msg}
+	}
+	e := &PolicyError{Msg: ye.GetMessage()}
+	tk := ye.GetToken()
+	if tk != nil && tk.Position != nil {
+		e.Line, e.Column = tk.Position.Line, tk.Position.Column
+		if s != nil {
+			e.Field = s.byPos[position{e.Line, e.Column}]
+		}
+	}
+	var te *yaml.TypeError
+	var oe *yaml.OverflowError
+	var ue *yaml.UnexpectedNodeTypeError
+	switch {
+	case errors.As(err, &ue):
+		e.Msg = fmt.Sprintf("must be %s, got %s", nodeTypeName(ue.Expected), nodeTypeName(ue.Actual))
+	case errors.As(err, &te):
+		got := ""
+		if tk != nil {
+			got = fmt.Sprintf(", got %q", tk.Value)
+		}
+		e.Msg = "must be " + describeType(te.DstType) + got
+	case errors.As(err, &oe):
+		e.Msg = fmt.Sprintf("%s is too large", oe.SrcNum)
+	}
+	e.Msg, _, _ = strings.Cut(e.Msg, "\n")
+	return e
+}
+
+func describeType(t reflect.Type) string {
+	if t == nil {
+		return "another type"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice:
+		return "a list"
+	case reflect.Struct, reflect.Map:
+		return "a mapping"
+	}
+	return "a " + t.String()
+}
+
+func nodeTypeName(t ast.NodeType) string {
+	switch t {
+	case ast.SequenceType:
+		return "a list"
+	case ast.MappingType, ast.MappingValueType:
+		return "a mapping"
+	case ast.IntegerType, ast.FloatType, ast.InfinityType, ast.NanType:
+		return "a number"
+	case ast.StringType, ast.LiteralType:
+		return "a string"
+	case ast.BoolType:
+		return "true or false"
+	case ast.NullType:
+		return "empty"
+	}
+	return t.YAMLName()
+}
