@@ -1,0 +1,334 @@
+// Package budget holds every tenant to the daily dollar budget of its tier,
+// and all tenants together to the optional global daily cap. It owns the live
+// spend counters in Redis: a job reserves its worst-case cost before the
+// provider call in one Lua script that checks spent + reserved + estimate
+// against the tenant's budget and the global cap together (so concurrent
+// workers can never overspend, unlike a check followed by a separate record),
+// then settles the reservation to the real cost or releases it. Budget days
+// come from Redis TIME in the tier's timezone, never from a worker's clock;
+// reservations of crashed workers expire; and when Redis has lost a day's
+// counters (restart without persistence, FLUSHALL) the spend is rebuilt from
+// the durable ledger, so a restart never resets a day's spend. Every key lives
+// under the {budget} hash tag so one script can touch the tenant's and the
+// global day on Redis Cluster; every key expires two days after its day ends.
+// Redis should run with maxmemory-policy noeviction: evicting a day hash
+// would be repaired from the ledger, but only up to the race documented on
+// Settle.
+package budget
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/rkeys"
+)
+
+// Ledger is the durable record the Redis counters are rebuilt from (the store
+// implements it). A charged job's ledger row must carry the days of its
+// Reservation (Day in the tenant's timezone, GlobalDay in UTC), so that the
+// sums below count it on the same days as the Redis counters did.
+type Ledger interface {
+	// UsageSumByTenantDay returns what tenantID was charged on its budget
+	// day (Reservation.Day, YYYY-MM-DD in the tenant's timezone).
+	UsageSumByTenantDay(ctx context.Context, tenantID, day string) (money.Micros, error)
+	// UsageSumByDay returns what all tenants were charged on the UTC day
+	// (Reservation.GlobalDay).
+	UsageSumByDay(ctx context.Context, day string) (money.Micros, error)
+}
+
+// Account is what one reservation is checked against: a tenant's budget as
+// its tier (or a per-tenant override) sets it, and the global cap.
+type Account struct {
+	TenantID string
+	// Budget is the tenant's daily budget. Zero with Unlimited unset means
+	// nothing may be spent.
+	Budget money.Micros
+	// Unlimited exempts the tenant from its own cap (its spend is still
+	// recorded for usage reports, and the global cap still applies). Only set
+	// it when the policy says so explicitly.
+	Unlimited bool
+	// SoftLimit is the fraction of Budget past which responses warn, e.g.
+	// 0.8; 0 turns the warning off.
+	SoftLimit float64
+	// Location is the tier's timezone, where its budget day starts at
+	// midnight. Defaults to UTC.
+	Location *time.Location
+	// Global is the daily cap across all tenants (the UTC day); 0 = none.
+	Global money.Micros
+}
+
+func (a Account) validate() error {
+	switch {
+	case a.TenantID == "":
+		return errors.New("budget: Account.TenantID is empty")
+	case a.Budget < 0:
+		return fmt.Errorf("budget: Account.Budget of tenant %s is negative (%s)", a.TenantID, a.Budget)
+	case math.IsNaN(a.SoftLimit) || a.SoftLimit < 0 || a.SoftLimit > 1:
+		return fmt.Errorf("budget: Account.SoftLimit of tenant %s is %v, want a fraction in [0, 1]", a.TenantID, a.SoftLimit)
+	case a.Global < 0:
+		return fmt.Errorf("budget: Account.Global is negative (%s)", a.Global)
+	}
+	return nil
+}
+
+// softThreshold is the spend (spent + reserved) at which the soft limit is
+// reached, computed once in Go so the script compares integers only; 0 = off.
+func (a Account) softThreshold() int64 {
+	if a.Unlimited || a.SoftLimit == 0 || a.Budget == 0 {
+		return 0
+	}
+	return int64(math.Ceil(a.SoftLimit * float64(a.Budget)))
+}
+
+func (a Account) location() *time.Location {
+	if a.Location == nil {
+		return time.UTC
+	}
+	return a.Location
+}
+
+// Options configure Budgets.
+type Options struct {
+	// Keys builds every key. Defaults to the zero Builder (prefix "llmq").
+	Keys rkeys.Builder
+	// Clock replaces Redis TIME as the source of "now": its time is passed to
+	// the scripts. Tests only, so they never sleep. Defaults to nil (Redis TIME).
+	Clock func() time.Time
+	// ReservationTTL is how long a reservation nobody settles (a crashed
+	// worker's) keeps counting before it expires. It must outlast the longest
+	// provider call. Defaults to 15m.
+	ReservationTTL time.Duration
+	// Logger receives the soft-limit crossing (once per tenant and day) and
+	// rebuilds from the ledger. Defaults to discarding.
+	Logger *slog.Logger
+}
+
+// DefaultReservationTTL is Options.ReservationTTL when unset.
+const DefaultReservationTTL = 15 * time.Minute
+
+// keySlack is how long day keys outlive their day, so late settlements and
+// usage reports of yesterday still find them.
+const keySlack = 48 * time.Hour
+
+// maxAttempts bounds the wrong-day and rebuild round trips of one call; two
+// are expected at most (one wrong guess of the day, one rebuild).
+const maxAttempts = 6
+
+// Budgets reserves and settles spend against daily budgets. It is safe for
+// concurrent use; any number of processes may share one Redis.
+type Budgets struct {
+	rdb    redis.UniversalClient
+	ledger Ledger
+	keys   rkeys.Builder
+	clock  func() time.Time
+	resTTL time.Duration
+	log    *slog.Logger
+
+	// offset is how far Redis's clock is ahead of ours (µs), learnt from
+	// wrong-day replies, so a skewed worker guesses the day right next time.
+	offset atomic.Int64
+	// guess replaces the first guess of the time (tests of the wrong-day path).
+	guess     func() time.Time
+	wrongDays atomic.Int64
+
+	mu      sync.Mutex
+	flights map[string]*flight
+}
+
+// New returns Budgets over rdb (single node, Sentinel or Cluster). ledger is
+// required: without it a Redis restart would reset the day's spend. New
+// panics on a nil rdb or ledger or a negative ReservationTTL, as those are
+// programming errors.
+func New(rdb redis.UniversalClient, ledger Ledger, opts Options) *Budgets {
+	switch {
+	case rdb == nil:
+		panic("budget.New: nil redis client")
+	case ledger == nil:
+		panic("budget.New: nil Ledger")
+	case opts.ReservationTTL < 0:
+		panic(fmt.Sprintf("budget.New: Options.ReservationTTL is negative (%v)", opts.ReservationTTL))
+	}
+	if opts.ReservationTTL == 0 {
+		opts.ReservationTTL = DefaultReservationTTL
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Budgets{
+		rdb: rdb, ledger: ledger, keys: opts.Keys, clock: opts.Clock,
+		resTTL: opts.ReservationTTL, log: opts.Logger, flights: map[string]*flight{},
+	}
+}
+
+// Decision is the state of a tenant's day after a Reserve (or at a Status).
+type Decision struct {
+	Allowed bool
+	// DeniedBy is "" when allowed, else "tenant" or "global": the cap that
+	// denied, or when both did, the one that resets later.
+	DeniedBy string
+	// TooLarge is set on a denial when the amount alone exceeds the denying
+	// cap: waiting for the reset will not help, so fail the job instead.
+	TooLarge bool
+	// Day is the tenant's budget day, YYYY-MM-DD in the account's timezone.
+	Day string
+	// Spent, Reserved, Budget and Remaining are the tenant's, after this
+	// call. Remaining is Budget − Spent − Reserved, never below zero. For an
+	// Unlimited account Budget and Remaining are 0.
+	Spent, Reserved, Budget, Remaining money.Micros
+	Unlimited                          bool
+	// SoftLimitReached: Spent + Reserved is at or past SoftLimit × Budget
+	// (reserved counts, so it agrees with Remaining).
+	SoftLimitReached bool
+	// SoftLimitCrossed is set on the one call per tenant and day that
+	// crossed the soft limit (count it, alert on it).
+	SoftLimitCrossed bool
+	// ResetsAt is the start of the next day: of the tenant's day when
+	// allowed, of the denying cap's day when denied.
+	ResetsAt time.Time
+	// RetryAfter is the time from Redis's now until ResetsAt when denied; 0
+	// when allowed.
+	RetryAfter time.Duration
+	// GlobalDay (UTC), GlobalSpent and GlobalReserved are all tenants'
+	// together, tracked whether or not a global cap is set.
+	GlobalDay                   string
+	GlobalSpent, GlobalReserved money.Micros
+}
+
+// Reservation is budget held for one job until Settle or Release.
+type Reservation struct {
+	ID        string // the job id
+	TenantID  string
+	Day       string // the tenant's budget day; the ledger row must carry it
+	GlobalDay string // the UTC day; the ledger row must carry it
+	Amount    money.Micros
+
+	// The generations of the day hashes the reservation was made in. A
+	// hand-built Reservation without them still settles (and charges once).
+	tenantGen, globalGen string
+}
+
+// span is one candidate budget day: the tenant's day in its timezone and the
+// UTC day, each as [start, end).
+type span struct {
+	day, gday              string
+	start, end, gstart, ge time.Time
+}
+
+func spanAt(now time.Time, loc *time.Location) span {
+	day, start, end := dayOf(now, loc)
+	gday, gstart, gend := dayOf(now, time.UTC)
+	return span{day: day, gday: gday, start: start, end: end, gstart: gstart, ge: gend}
+}
+
+// dayOf returns the local date of t in loc and the instants it starts and ends.
+func dayOf(t time.Time, loc *time.Location) (string, time.Time, time.Time) {
+	y, m, d := t.In(loc).Date()
+	return fmt.Sprintf("%04d-%02d-%02d", y, m, d), midnight(y, m, d, loc), midnight(y, m, d+1, loc)
+}
+
+// midnight is the first instant of the date in loc. Where a DST change skips
+// midnight (the day starts at 01:00), time.Date may answer an instant of the
+// previous date; the day then starts where that zone period ends.
+func midnight(y int, m time.Month, d int, loc *time.Location) time.Time {
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	if ty, tm, td := t.Date(); ty != y || tm != m || td != d {
+		want := time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+		if time.Date(ty, tm, td, 0, 0, 0, 0, time.UTC).Before(want) {
+			_, end := t.ZoneBounds()
+			return end
+		}
+	}
+	return t
+}
+
+func (b *Budgets) keysFor(tenantID, day, gday string) []string {
+	return []string{
+		b.keys.BudgetTenant(day, tenantID),
+		b.keys.BudgetTenantReservations(day, tenantID),
+		b.keys.BudgetGlobal(gday),
+		b.keys.BudgetGlobalReservations(gday),
+	}
+}
+
+// globalMember names a reservation among all tenants' in the global set.
+func globalMember(tenantID, id string) string { return tenantID + ":" + id }
+
+// now returns what the scripts take as the time ("" = read Redis TIME) and
+// a first guess of that time to pick the candidate day.
+func (b *Budgets) now() (arg string, guess time.Time) {
+	if b.clock != nil {
+		t := b.clock()
+		arg, guess = strconv.FormatInt(t.UnixMicro(), 10), t
+	} else {
+		guess = time.Now().Add(time.Duration(b.offset.Load()) * time.Microsecond)
+	}
+	if b.guess != nil {
+		guess = b.guess()
+	}
+	return arg, guess
+}
+
+func newToken() string {
+	var p [8]byte
+	_, _ = rand.Read(p[:])
+	return hex.EncodeToString(p[:])
+}
+
+func us(t time.Time) int64 { return t.UnixMicro() }
+
+// reply reads a script's array reply with checked assertions: a surprise is
+// an error, never a panic.
+type reply []any
+
+func (r reply) str(i int) (string, error) {
+	if i >= len(r) {
+		return "", fmt.Errorf("budget: script reply %v has no element %d", []any(r), i)
+	}
+	s, ok := r[i].(string)
+	if !ok {
+		return "", fmt.Errorf("budget: script reply element %d is %T, want a string", i, r[i])
+	}
+	return s, nil
+}
+
+func (r reply) int(i int) (int64, error) {
+	if i >= len(r) {
+		return 0, fmt.Errorf("budget: script reply %v has no element %d", []any(r), i)
+	}
+	switch v := r[i].(type) {
+	case int64:
+		return v, nil
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("budget: script reply element %d: %w", i, err)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("budget: script reply element %d is %T, want an integer", i, r[i])
+}
+
+// ints reads the integers at the given indexes, stopping at the first error.
+func (r reply) ints(idx ...int) ([]int64, error) {
+	out := make([]int64, len(idx))
+	for j, i := range idx {
+		n, err := r.int(i)
+		if err != nil {
+			return nil, err
+		}
+		out[j] = n
+	}
+	return out, nil
+}

@@ -1,0 +1,440 @@
+package budget_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/testutil"
+)
+
+// coreTests run against the shared Redis and against a Redis Cluster.
+var coreTests = []struct {
+	name string
+	fn   func(*testing.T, redis.UniversalClient)
+}{
+	{"ReserveSettleDeny", testReserveSettleDeny},
+	{"GlobalCapStopsTwoTenants", testGlobalCapStopsTwoTenants},
+	{"UnlimitedTenantGlobalCap", testUnlimitedTenantGlobalCap},
+	{"TimezoneDays", testTimezoneDays},
+	{"WrongDayRetry", testWrongDayRetry},
+	{"ReservationExpiry", testReservationExpiry},
+	{"Idempotent", testIdempotent},
+	{"SoftLimit", testSoftLimit},
+	{"RebuildFreshDayFromLedger", testRebuildFreshDay},
+	{"ConcurrentRebuildCountsOnce", testConcurrentRebuild},
+	{"EveryKeyHasTTL", testEveryKeyHasTTL},
+}
+
+func TestCore(t *testing.T) {
+	t.Parallel()
+	rdb := testutil.Redis(t, testDB)
+	for _, c := range coreTests {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, rdb)
+		})
+	}
+}
+
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	rdb := testutil.StartRedisCluster(t)
+	for _, c := range coreTests {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, rdb)
+		})
+	}
+}
+
+func testReserveSettleDeny(t *testing.T, rdb redis.UniversalClient) {
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	acct := budget.Account{TenantID: "ten_a", Budget: dollar, SoftLimit: 0.8}
+
+	res, d := e.reserve(acct, "job_1", 300_000)
+	if !d.Allowed || d.Reserved != 300_000 || d.Spent != 0 || d.Remaining != 700_000 || d.Budget != dollar {
+		t.Fatalf("first reservation: %+v", d)
+	}
+	if d.Day != "2025-06-10" || d.GlobalDay != "2025-06-10" || !d.ResetsAt.Equal(utc("2025-06-11T00:00:00Z")) || d.RetryAfter != 0 {
+		t.Fatalf("first reservation's day: %+v", d)
+	}
+	if res.ID != "job_1" || res.TenantID != "ten_a" || res.Day != "2025-06-10" || res.GlobalDay != "2025-06-10" || res.Amount != 300_000 {
+		t.Fatalf("reservation: %+v", res)
+	}
+	e.charge(res, 120_000)
+	d = e.wantSpend(acct, 120_000, 0)
+	if d.Remaining != 880_000 || d.GlobalSpent != 120_000 || d.GlobalReserved != 0 || !d.Allowed {
+		t.Fatalf("after settling: %+v", d)
+	}
+
+	// Exactly the budget fits; one micro-dollar more does not.
+	full := e.mustReserve(acct, "job_2", 880_000)
+	d = e.mustDeny(acct, "job_3", 1, "tenant")
+	if d.RetryAfter != 12*time.Hour || !d.ResetsAt.Equal(utc("2025-06-11T00:00:00Z")) || d.TooLarge || d.Remaining != 0 {
+		t.Fatalf("denial: %+v", d)
+	}
+	if d = e.status(acct); d.Allowed || d.DeniedBy != "tenant" || d.RetryAfter != 12*time.Hour {
+		t.Fatalf("status when full: %+v", d)
+	}
+	// More than the whole budget can never run: say so.
+	if d = e.mustDeny(acct, "job_4", dollar+1, "tenant"); !d.TooLarge {
+		t.Fatalf("an amount over the budget is not TooLarge: %+v", d)
+	}
+
+	if err := e.b.Release(e.ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	e.wantSpend(acct, 120_000, 0)
+	e.mustReserve(acct, "job_3", 1)
+}
+
+func testGlobalCapStopsTwoTenants(t *testing.T, rdb redis.UniversalClient) {
+	// 20:00 UTC is 16:00 in New York: the global (UTC) day ends four hours
+	// before tenant b's.
+	e := setup(t, rdb, utc("2025-06-10T20:00:00Z"))
+	ny := mustLoad(t, "America/New_York")
+	a := budget.Account{TenantID: "ten_a", Budget: 5 * dollar, Global: dollar}
+	b := budget.Account{TenantID: "ten_b", Budget: 5 * dollar, Global: dollar, Location: ny}
+
+	ra := e.mustReserve(a, "job_a1", 600_000)
+	e.mustReserve(b, "job_b1", 400_000)
+	for _, acct := range []budget.Account{a, b} {
+		d := e.mustDeny(acct, "job_more_"+acct.TenantID, 1, "global")
+		if d.RetryAfter != 4*time.Hour || !d.ResetsAt.Equal(utc("2025-06-11T00:00:00Z")) || d.GlobalReserved != dollar {
+			t.Fatalf("tenant %s: %+v", acct.TenantID, d)
+		}
+		// The tenant's own figures are untouched by the global cap.
+		if d.Remaining == 0 {
+			t.Fatalf("tenant %s: remaining 0 under a global denial: %+v", acct.TenantID, d)
+		}
+	}
+	if d := e.status(b); d.Allowed || d.DeniedBy != "global" || d.Day != "2025-06-10" || d.GlobalDay != "2025-06-10" {
+		t.Fatalf("status of b: %+v", d)
+	}
+
+	// Settling below the estimate frees global room for either tenant.
+	e.charge(ra, 100_000)
+	e.mustReserve(b, "job_b2", 500_000)
+	e.mustDeny(a, "job_a2", 1, "global")
+
+	// Both caps deny b: the tenant's New York day resets after the UTC one,
+	// so that is when b can run.
+	small := budget.Account{TenantID: "ten_b", Budget: 900_000, Global: dollar, Location: ny}
+	if d := e.mustDeny(small, "job_b3", 1, "tenant"); !d.ResetsAt.Equal(utc("2025-06-11T04:00:00Z")) || d.RetryAfter != 8*time.Hour {
+		t.Fatalf("both caps: %+v", d)
+	}
+
+	// Past UTC midnight the global day is new; b's New York day is not.
+	e.clock.Set(utc("2025-06-11T00:00:01Z"))
+	e.mustReserve(a, "job_a3", 600_000)
+	rb := e.mustReserve(b, "job_b4", 400_000)
+	if rb.Day != "2025-06-10" || rb.GlobalDay != "2025-06-11" {
+		t.Fatalf("reservation days after UTC midnight: %+v", rb)
+	}
+	// (b's earlier reservations, never settled, expired hours ago.)
+	if d := e.status(b); d.Reserved != 400_000 || d.GlobalReserved != dollar {
+		t.Fatalf("b after UTC midnight: %+v", d)
+	}
+}
+
+func testUnlimitedTenantGlobalCap(t *testing.T, rdb redis.UniversalClient) {
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	acct := budget.Account{TenantID: "ten_u", Unlimited: true, SoftLimit: 0.8, Global: 2 * dollar}
+
+	r1, d := e.reserve(acct, "job_1", 1_500_000)
+	if !d.Allowed || !d.Unlimited || d.Budget != 0 || d.Remaining != 0 || d.SoftLimitReached {
+		t.Fatalf("unlimited reservation: %+v", d)
+	}
+	e.mustDeny(acct, "job_2", 600_000, "global")
+	if d := e.mustDeny(acct, "job_big", 3*dollar, "global"); !d.TooLarge {
+		t.Fatalf("over the global cap is not TooLarge: %+v", d)
+	}
+	e.mustReserve(acct, "job_3", 500_000)
+	e.charge(r1, 1_400_000)
+	e.wantSpend(acct, 1_400_000, 500_000)
+
+	// Without a global cap nothing stops it, and its spend is still recorded.
+	free := budget.Account{TenantID: "ten_u", Unlimited: true}
+	r := e.mustReserve(free, "job_4", 1000*dollar)
+	e.charge(r, 900*dollar)
+	e.wantSpend(free, 901_400_000, 500_000)
+}
+
+func testTimezoneDays(t *testing.T, rdb redis.UniversalClient) {
+	ny := mustLoad(t, "America/New_York")
+	sp := mustLoad(t, "America/Sao_Paulo")
+	for _, c := range []struct {
+		name        string
+		loc         *time.Location
+		now         string
+		day, gday   string
+		resets      string
+		retryAfter  time.Duration
+		description string
+	}{
+		{"ny spring start", ny, "2025-03-09T05:30:00Z", "2025-03-09", "2025-03-09", "2025-03-10T04:00:00Z", 22*time.Hour + 30*time.Minute, "00:30 EST on a 23-hour day"},
+		{"ny spring end", ny, "2025-03-10T03:30:00Z", "2025-03-09", "2025-03-10", "2025-03-10T04:00:00Z", 30 * time.Minute, "23:30 EDT, already the next UTC day"},
+		{"ny fall", ny, "2025-11-02T04:30:00Z", "2025-11-02", "2025-11-02", "2025-11-03T05:00:00Z", 24*time.Hour + 30*time.Minute, "00:30 EDT on a 25-hour day"},
+		{"sao paulo before skipped midnight", sp, "2018-11-04T02:30:00Z", "2018-11-03", "2018-11-04", "2018-11-04T03:00:00Z", 30 * time.Minute, "23:30 -03; midnight never came, the next day starts at 01:00 -02"},
+		{"sao paulo day without midnight", sp, "2018-11-04T03:30:00Z", "2018-11-04", "2018-11-04", "2018-11-05T02:00:00Z", 22*time.Hour + 30*time.Minute, "01:30 -02 on a day that began at 01:00"},
+		{"utc", nil, "2025-06-10T23:59:59.999999Z", "2025-06-10", "2025-06-10", "2025-06-11T00:00:00Z", time.Microsecond, "the last micro-second"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := setup(t, rdb, utc(c.now))
+			acct := budget.Account{TenantID: "ten_tz", Budget: 0, Location: c.loc}
+			d := e.mustDeny(acct, "job_1", 1, "tenant")
+			if d.Day != c.day || d.GlobalDay != c.gday || !d.ResetsAt.Equal(utc(c.resets)) || d.RetryAfter != c.retryAfter {
+				t.Fatalf("%s: day %s global %s resets %s retry after %s, want %s %s %s %s",
+					c.description, d.Day, d.GlobalDay, d.ResetsAt.UTC(), d.RetryAfter, c.day, c.gday, c.resets, c.retryAfter)
+			}
+			acct.Budget = dollar
+			res := e.mustReserve(acct, "job_2", 10)
+			if res.Day != c.day || res.GlobalDay != c.gday {
+				t.Fatalf("reservation days %s %s, want %s %s", res.Day, res.GlobalDay, c.day, c.gday)
+			}
+			if n, err := e.rdb.Exists(e.ctx, e.keys.BudgetTenant(c.day, "ten_tz"), e.keys.BudgetGlobal(c.gday)).Result(); err != nil || n != 2 {
+				t.Fatalf("day keys of %s / %s: %d %v", c.day, c.gday, n, err)
+			}
+		})
+	}
+}
+
+func testWrongDayRetry(t *testing.T, rdb redis.UniversalClient) {
+	t.Run("injected clock", func(t *testing.T) {
+		e := setup(t, rdb, utc("2025-06-10T23:30:00Z"))
+		// This worker believes it is already tomorrow; the script's clock says otherwise.
+		budget.SetGuess(e.b, func() time.Time { return utc("2025-06-11T00:10:00Z") })
+		acct := budget.Account{TenantID: "ten_w", Budget: dollar}
+		res := e.mustReserve(acct, "job_1", 100)
+		if res.Day != "2025-06-10" || budget.WrongDays(e.b) != 1 {
+			t.Fatalf("day %s after %d wrong-day replies, want 2025-06-10 after 1", res.Day, budget.WrongDays(e.b))
+		}
+		for _, k := range e.scanKeys() {
+			if strings.Contains(k, "2025-06-11") {
+				t.Fatalf("the wrong guess wrote %s", k)
+			}
+		}
+	})
+	t.Run("redis time", func(t *testing.T) {
+		e := setup(t, rdb, time.Time{})
+		b := budget.New(rdb, e.ledger, budget.Options{Keys: e.keys}) // Redis TIME
+		budget.SetGuess(b, func() time.Time { return time.Now().Add(-72 * time.Hour) })
+		acct := budget.Account{TenantID: "ten_w", Budget: dollar}
+		before := time.Now().UTC()
+		res, d, err := b.Reserve(e.ctx, acct, "job_1", 100)
+		after := time.Now().UTC()
+		if err != nil || !d.Allowed {
+			t.Fatalf("Reserve: %v %+v", err, d)
+		}
+		if res.Day != before.Format(time.DateOnly) && res.Day != after.Format(time.DateOnly) {
+			t.Fatalf("day %s, want today (%s)", res.Day, before.Format(time.DateOnly))
+		}
+		if budget.WrongDays(b) != 1 {
+			t.Fatalf("%d wrong-day replies, want 1", budget.WrongDays(b))
+		}
+		if err := b.Settle(e.ctx, res, 50, true); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := b.Status(e.ctx, acct); err != nil || d.Spent != 50 {
+			t.Fatalf("status: %v %+v", err, d)
+		}
+	})
+}
+
+func testReservationExpiry(t *testing.T, rdb redis.UniversalClient) {
+	t0 := utc("2025-06-10T12:00:00Z")
+	e := setup(t, rdb, t0)
+	acct := budget.Account{TenantID: "ten_x", Budget: dollar, Global: 10 * dollar}
+
+	crashed := e.mustReserve(acct, "job_crashed", 900_000)
+	e.clock.Set(t0.Add(10 * time.Minute))
+	e.mustDeny(acct, "job_2", 200_000, "tenant")
+
+	// The holder never settled: after ReservationTTL it stops counting.
+	e.clock.Set(t0.Add(budget.DefaultReservationTTL))
+	e.mustReserve(acct, "job_2", 200_000)
+	if d := e.wantSpend(acct, 0, 200_000); d.GlobalReserved != 200_000 {
+		t.Fatalf("global reserved after expiry: %+v", d)
+	}
+
+	// A call that outlived its reservation is still charged, once.
+	e.charge(crashed, 500_000)
+	e.charge(crashed, 500_000)
+	if d := e.wantSpend(acct, 500_000, 200_000); d.GlobalSpent != 500_000 {
+		t.Fatalf("global spent after a late settlement: %+v", d)
+	}
+}
+
+func testIdempotent(t *testing.T, rdb redis.UniversalClient) {
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	acct := budget.Account{TenantID: "ten_i", Budget: dollar, Global: 10 * dollar}
+
+	r1 := e.mustReserve(acct, "job_1", 300_000)
+	again := e.mustReserve(acct, "job_1", 500_000)
+	if again.Amount != 300_000 {
+		t.Fatalf("second Reserve of the same id holds %s, want the first 0.300000", again.Amount)
+	}
+	if d := e.wantSpend(acct, 0, 300_000); d.GlobalReserved != 300_000 {
+		t.Fatalf("global after a repeated Reserve: %+v", d)
+	}
+
+	e.charge(r1, 200_000)
+	if err := e.b.Settle(e.ctx, again, 200_000, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.b.Release(e.ctx, r1); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.wantSpend(acct, 200_000, 0); d.GlobalSpent != 200_000 {
+		t.Fatalf("global after settling twice: %+v", d)
+	}
+
+	r2 := e.mustReserve(acct, "job_2", 400_000)
+	for range 2 {
+		if err := e.b.Release(e.ctx, r2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.wantSpend(acct, 200_000, 0)
+
+	// A retried job reserves again under its id after a release.
+	r2 = e.mustReserve(acct, "job_2", 400_000)
+	e.wantSpend(acct, 200_000, 400_000)
+	// charge=false: the ledger row existed, the job was charged before.
+	if err := e.b.Settle(e.ctx, r2, 350_000, false); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.wantSpend(acct, 200_000, 0); d.GlobalReserved != 0 || d.GlobalSpent != 200_000 {
+		t.Fatalf("global after charge=false: %+v", d)
+	}
+}
+
+func testSoftLimit(t *testing.T, rdb redis.UniversalClient) {
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	acct := budget.Account{TenantID: "ten_s", Budget: dollar, SoftLimit: 0.8}
+
+	if _, d := e.reserve(acct, "job_1", 500_000); d.SoftLimitReached || d.SoftLimitCrossed {
+		t.Fatalf("at 50%%: %+v", d)
+	}
+	if _, d := e.reserve(acct, "job_2", 300_000); !d.SoftLimitReached || !d.SoftLimitCrossed {
+		t.Fatalf("at 80%%: %+v", d)
+	}
+	if _, d := e.reserve(acct, "job_3", 100_000); !d.SoftLimitReached || d.SoftLimitCrossed {
+		t.Fatalf("at 90%%: %+v", d)
+	}
+	if d := e.status(acct); !d.SoftLimitReached || d.SoftLimitCrossed || d.Remaining != 100_000 {
+		t.Fatalf("status at 90%%: %+v", d)
+	}
+	if n := containsCount(e.logs.String(), "soft limit"); n != 1 {
+		t.Fatalf("%d soft-limit log lines, want 1:\n%s", n, e.logs.String())
+	}
+}
+
+func testRebuildFreshDay(t *testing.T, rdb redis.UniversalClient) {
+	// Redis has never seen this day (or lost it), the ledger has its spend.
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	e.ledger.add("ten_r", "2025-06-10", "2025-06-10", 700_000)
+	e.ledger.add("ten_other", "2025-06-10", "2025-06-10", 1_300_000)
+	acct := budget.Account{TenantID: "ten_r", Budget: dollar, Global: 2_500_000}
+
+	if d := e.wantSpend(acct, 700_000, 0); d.GlobalSpent != 2*dollar {
+		t.Fatalf("global spent not rebuilt: %+v", d)
+	}
+	e.mustDeny(acct, "job_1", 300_001, "tenant")
+	e.mustReserve(acct, "job_1", 300_000)
+	e.mustDeny(budget.Account{TenantID: "ten_other", Budget: 5 * dollar, Global: 2_500_000}, "job_2", 200_001, "global")
+	if n := e.ledger.reads.Load(); n != 3 {
+		t.Fatalf("%d ledger reads, want 3 (ten_r, the global day, ten_other)", n)
+	}
+	if !strings.Contains(e.logs.String(), "rebuilt") {
+		t.Fatalf("no log of the rebuild:\n%s", e.logs.String())
+	}
+}
+
+func testConcurrentRebuild(t *testing.T, rdb redis.UniversalClient) {
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	e.ledger.add("ten_c", "2025-06-10", "2025-06-10", 400_000)
+	acct := budget.Account{TenantID: "ten_c", Budget: dollar, Global: 100 * dollar}
+	workers := []*budget.Budgets{e.b, e.budgets(rdb), e.budgets(rdb), e.budgets(rdb)}
+	errs := make(chan error, 40)
+	for i := range 40 {
+		go func() {
+			_, _, err := workers[i%len(workers)].Reserve(e.ctx, acct, "job_"+string(rune('a'+i)), 10_000)
+			errs <- err
+		}()
+	}
+	for range 40 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := e.wantSpend(acct, 400_000, 400_000); d.GlobalSpent != 400_000 {
+		t.Fatalf("global spent %s, want 0.400000 once", d.GlobalSpent)
+	}
+}
+
+func testEveryKeyHasTTL(t *testing.T, rdb redis.UniversalClient) {
+	now := utc("2025-06-10T20:00:00Z")
+	e := setup(t, rdb, now)
+	ny := mustLoad(t, "America/New_York")
+	a := budget.Account{TenantID: "ten_a", Budget: dollar, SoftLimit: 0.5, Global: 10 * dollar}
+	b := budget.Account{TenantID: "ten_b", Budget: dollar, Location: ny}
+	ra := e.mustReserve(a, "job_1", 600_000)
+	e.charge(ra, 500_000)
+	e.mustReserve(a, "job_2", 100_000)
+	rb := e.mustReserve(b, "job_3", 100_000)
+	e.mustReserve(b, "job_4", 100_000)
+	if err := e.b.Release(e.ctx, rb); err != nil {
+		t.Fatal(err)
+	}
+	e.status(budget.Account{TenantID: "ten_c", Budget: dollar})
+
+	keys := e.scanKeys()
+	if len(keys) < 6 {
+		t.Fatalf("only %d keys: %v", len(keys), keys)
+	}
+	for _, k := range keys {
+		ttl, err := e.rdb.PTTL(e.ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// UTC days end in 4h, New York's in 8h; keys live 48h past that.
+		if ttl < 52*time.Hour-time.Minute || ttl > 56*time.Hour {
+			t.Errorf("key %s: TTL %v, want the day's end + 48h", k, ttl)
+		}
+	}
+}
+
+func TestValidation(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testutil.Redis(t, testDB), utc("2025-06-10T12:00:00Z"))
+	ok := budget.Account{TenantID: "ten_v", Budget: dollar}
+	for _, c := range []struct {
+		acct   budget.Account
+		id     string
+		amount money.Micros
+		want   string
+	}{
+		{budget.Account{Budget: dollar}, "job", 1, "TenantID"},
+		{budget.Account{TenantID: "t", Budget: -1}, "job", 1, "Budget"},
+		{budget.Account{TenantID: "t", Budget: 1, SoftLimit: 1.5}, "job", 1, "SoftLimit"},
+		{budget.Account{TenantID: "t", Budget: 1, Global: -1}, "job", 1, "Global"},
+		{ok, "", 1, "empty reservation id"},
+		{ok, "job", -1, "negative amount"},
+	} {
+		if _, _, err := e.b.Reserve(e.ctx, c.acct, c.id, c.amount); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Reserve(%+v, %q, %d) = %v, want an error naming %s", c.acct, c.id, c.amount, err, c.want)
+		}
+	}
+	if err := e.b.Settle(e.ctx, &budget.Reservation{ID: "job", TenantID: "t", Day: "d", GlobalDay: "d"}, -1, true); err == nil {
+		t.Error("Settle accepted a negative cost")
+	}
+	if err := e.b.Release(e.ctx, nil); err == nil {
+		t.Error("Release accepted a nil reservation")
+	}
+}

@@ -1,0 +1,99 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/money"
+)
+
+// finishRebuildScript adds the ledger's sum to a day hash created by luaDay
+// while it waits for it, once per incarnation: every caller that saw the
+// hash waiting read the ledger after it was created, so any of their sums
+// is right, and the first one wins.
+//
+// KEYS[1] -> a day hash (tenant or global)
+// ARGV[1] -> its generation token; ARGV[2] -> the ledger's sum (µ$)
+// Returns 1 if the sum was added, 0 if another caller got there first (or
+// the hash is gone or of another generation).
+var finishRebuildScript = redis.NewScript(`
+if redis.call("HGET", KEYS[1], "gen") ~= ARGV[1] then return 0 end
+if redis.call("HDEL", KEYS[1], "rb") == 0 then return 0 end
+redis.call("HINCRBY", KEYS[1], "spent", ARGV[2])
+return 1
+`)
+
+// rebuild fills the day hashes the script found waiting (a non-empty token)
+// with the spend the ledger holds. The script created them before this read,
+// so a settlement either landed before (and is in the ledger, having been
+// written first) or lands in the new hash: none is lost (see Settle).
+func (b *Budgets) rebuild(ctx context.Context, tenantID string, sp span, keys []string, ttok, gtok string) error {
+	if ttok != "" {
+		err := b.fill(ctx, keys[0], ttok, func() (money.Micros, error) {
+			return b.ledger.UsageSumByTenantDay(ctx, tenantID, sp.day)
+		}, "tenant", tenantID, "day", sp.day)
+		if err != nil {
+			return err
+		}
+	}
+	if gtok != "" {
+		return b.fill(ctx, keys[2], gtok, func() (money.Micros, error) {
+			return b.ledger.UsageSumByDay(ctx, sp.gday)
+		}, "global_day", sp.gday)
+	}
+	return nil
+}
+
+func (b *Budgets) fill(ctx context.Context, key, token string, sum func() (money.Micros, error), logArgs ...any) error {
+	// Callers of one process share one ledger read per hash incarnation.
+	return b.once(ctx, key+"\x00"+token, func() error {
+		s, err := sum()
+		if err != nil {
+			return fmt.Errorf("rebuilding spend from the ledger: %w", err)
+		}
+		if s < 0 {
+			return fmt.Errorf("rebuilding spend from the ledger: negative sum %s", s)
+		}
+		added, err := finishRebuildScript.Run(ctx, b.rdb, []string{key}, token, int64(s)).Int64()
+		if err != nil {
+			return err
+		}
+		// A new day starts from an empty ledger; a sum means Redis lost the day.
+		if added == 1 && s > 0 {
+			b.log.Warn("budget: rebuilt spend Redis had lost from the ledger", append(logArgs, "spent_usd", s.USD())...)
+		}
+		return nil
+	})
+}
+
+// flight is one in-process run of a function that callers share.
+type flight struct {
+	done chan struct{}
+	err  error
+}
+
+// once runs fn for key unless a run for key is already under way, in which
+// case it waits for that run's result.
+func (b *Budgets) once(ctx context.Context, key string, fn func() error) error {
+	b.mu.Lock()
+	if f, ok := b.flights[key]; ok {
+		b.mu.Unlock()
+		select {
+		case <-f.done:
+			return f.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	f := &flight{done: make(chan struct{})}
+	b.flights[key] = f
+	b.mu.Unlock()
+	f.err = fn()
+	b.mu.Lock()
+	delete(b.flights, key)
+	b.mu.Unlock()
+	close(f.done)
+	return f.err
+}

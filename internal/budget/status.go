@@ -1,0 +1,50 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/money"
+)
+
+// statusScript reads a day without reserving (dropping expired
+// reservations, and starting a rebuild when Redis lost the day).
+//
+// KEYS and ARGV[1..7] -> as in luaDay
+// Returns {"wrongday", now}, {"rebuild", tenant token, global token} as
+// reserveScript, else {"ok", now, spent, reserved, global spent, global reserved}.
+var statusScript = redis.NewScript(luaDay + `
+local t = redis.call("HMGET", KEYS[1], "spent", "reserved")
+local g = redis.call("HMGET", KEYS[3], "spent", "reserved")
+return {"ok", int(now), t[1], t[2], g[1], g[2]}
+`)
+
+// Status reports the tenant's day so far (GET /v1/usage, the dashboard):
+// spent, reserved, remaining, the soft limit and when the day resets,
+// without reserving. Allowed says whether both caps still have room; when
+// not, DeniedBy and RetryAfter say which and until when.
+func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
+	if err := acct.validate(); err != nil {
+		return nil, err
+	}
+	r, sp, err := b.eval(ctx, statusScript, acct, nil)
+	if err != nil {
+		return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
+	}
+	n, err := r.ints(1, 2, 3, 4, 5)
+	if err != nil {
+		return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
+	}
+	now := time.UnixMicro(n[0])
+	d := b.decision(acct, sp, now, money.Micros(n[1]), money.Micros(n[2]), money.Micros(n[3]), money.Micros(n[4]))
+	tfull := !acct.Unlimited && d.Spent+d.Reserved >= acct.Budget
+	gfull := acct.Global > 0 && d.GlobalSpent+d.GlobalReserved >= acct.Global
+	d.Allowed = !tfull && !gfull
+	if !d.Allowed {
+		b.deny(d, acct, sp, now, tfull, gfull, 0)
+	}
+	return d, nil
+}
