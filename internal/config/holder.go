@@ -1,0 +1,280 @@
+package config
+
+import (
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// HolderOptions tune a PolicyHolder. A nil *HolderOptions means the defaults.
+type HolderOptions struct {
+	// PollInterval is how often Watch looks at the policy file for changes.
+	// Defaults to 1s.
+	PollInterval time.Duration
+
+	// Signals, when set, replaces the SIGHUP subscription Watch makes: each
+	// value received asks for a reload. Tests use it so that no signal is
+	// sent to the process. Defaults to nil (SIGHUP).
+	Signals <-chan os.Signal
+}
+
+// PolicyHolder keeps the policy in force and swaps it when the file changes.
+// Readers call Current on every use and never keep the result beyond it, so
+// a reload takes effect for the next job or request. Its methods are safe
+// for concurrent use.
+type PolicyHolder struct {
+	path    string
+	poll    time.Duration
+	signals <-chan os.Signal
+	cur     atomic.Pointer[Policy]
+
+	// mu serialises reloads and their notifications, so subscribers see
+	// changes one at a time and in order. It guards the fields below.
+	mu          sync.Mutex
+	stat        os.FileInfo // of the file when last read
+	lastSeen    [32]byte    // hash of the content last tried, applied or refused
+	applied     [32]byte    // hash of the content in force
+	lastReadErr string      // so an unreadable file is logged once, not every poll
+
+	subsMu sync.Mutex
+	subs   []subscription // in order of subscription
+	nextID int
+
+	// afterPoll, when set, is called after each poll of the file, so tests
+	// can tell that polls happened without sleeping.
+	afterPoll func()
+}
+
+type subscription struct {
+	id int
+	fn func(old, new *Policy)
+}
+
+// NewPolicyHolder loads the policy at path and returns a holder for it. An
+// invalid policy is an error: a process must not start without one.
+func NewPolicyHolder(path string, opts *HolderOptions) (*PolicyHolder, error) {
+	if opts == nil {
+		opts = &HolderOptions{}
+	}
+	h := &PolicyHolder{path: path, poll: opts.PollInterval, signals: opts.Signals}
+	if h.poll <= 0 {
+		h.poll = time.Second
+	}
+	fi, data, err := readPolicyFile(path)
+	if err != nil {
+		return nil, h.readError(err)
+	}
+	p, err := parseFile(path, data)
+	if err != nil {
+		return nil, err
+	}
+	h.stat = fi
+	h.applied = sha256.Sum256(data)
+	h.lastSeen = h.applied
+	h.cur.Store(p)
+	return h, nil
+}
+
+// NewStaticPolicyHolder holds p, which comes from no file: Reload and Watch
+// have nothing to read. It serves built-in policies and tests; Set still
+// swaps the policy and notifies subscribers.
+func NewStaticPolicyHolder(p *Policy) *PolicyHolder {
+	h := &PolicyHolder{poll: time.Second}
+	h.cur.Store(p)
+	return h
+}
+
+// Current returns the policy in force.
+func (h *PolicyHolder) Current() *Policy { return h.cur.Load() }
+
+// Path returns the policy file's path; empty for a static holder.
+func (h *PolicyHolder) Path() string { return h.path }
+
+// OnChange subscribes fn to policy changes: after each swap, fn is called
+// with the old and the new policy, synchronously, one change at a time, in
+// order of subscription. fn must be quick and must not call Reload or Set.
+// The returned func ends the subscription.
+func (h *PolicyHolder) OnChange(fn func(old, new *Policy)) (cancel func()) {
+	h.subsMu.Lock()
+	defer h.subsMu.Unlock()
+	id := h.nextID
+	h.nextID++
+	h.subs = append(h.subs, subscription{id, fn})
+	return func() {
+		h.subsMu.Lock()
+		defer h.subsMu.Unlock()
+		h.subs = slices.DeleteFunc(h.subs, func(s subscription) bool { return s.id == id })
+	}
+}
+
+// Set puts p in force and notifies subscribers, bypassing the file. It is
+// for static holders and tests: p must come from ParsePolicy or LoadPolicy.
+func (h *PolicyHolder) Set(p *Policy) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.swap(p)
+}
+
+// Reload reads the policy file again and puts it in force. A policy that
+// fails to read or validate is refused and the one in force stays; the error
+// says why. An unchanged file changes nothing.
+func (h *PolicyHolder) Reload() error {
+	_, _, err := h.reload(true)
+	return err
+}
+
+type reloadResult int
+
+const (
+	unchanged reloadResult = iota
+	applied
+	refused    // the file holds an invalid policy
+	unreadable // the file cannot be read
+)
+
+// reload reads the file and applies it if its content differs from the
+// policy in force (force) or from the content last tried (a poll, which must
+// not log the same refusal every second).
+func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
+	if h.path == "" {
+		return unchanged, nil, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	fi, data, err := readPolicyFile(h.path)
+	if err != nil {
+		return unreadable, nil, h.readError(err)
+	}
+	h.stat = fi
+	sum := sha256.Sum256(data)
+	if sum == h.applied || (!force && sum == h.lastSeen) {
+		h.lastSeen = sum
+		return unchanged, nil, nil
+	}
+	h.lastSeen = sum
+	p, err := parseFile(h.path, data)
+	if err != nil {
+		return refused, nil, err
+	}
+	h.applied = sum
+	h.swap(p)
+	return applied, p, nil
+}
+
+func (h *PolicyHolder) readError(err error) error {
+	return &PolicyError{File: h.path, Msg: "cannot read the file: " + unwrapPathError(err).Error()}
+}
+
+// swap must be called with h.mu held.
+func (h *PolicyHolder) swap(p *Policy) {
+	old := h.cur.Swap(p)
+	h.subsMu.Lock()
+	subs := slices.Clone(h.subs)
+	h.subsMu.Unlock()
+	for _, s := range subs {
+		s.fn(old, p)
+	}
+}
+
+// changed tells whether the file looks different from when it was last
+// read: another file (an editor's rename, a ConfigMap's symlink swap), or a
+// new size or modification time. Only then is it read and hashed.
+func (h *PolicyHolder) changed() (bool, error) {
+	fi, err := os.Stat(h.path)
+	if err != nil {
+		return false, h.readError(err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	prev := h.stat
+	return prev == nil || !os.SameFile(prev, fi) || fi.Size() != prev.Size() || !fi.ModTime().Equal(prev.ModTime()), nil
+}
+
+// Watch keeps the policy current until ctx ends: it reloads on SIGHUP (or on
+// HolderOptions.Signals) and when the file changes, checked every
+// PollInterval. It logs one line per reload: info when applied, error when
+// refused (the old policy stays). It blocks; run it in its own goroutine.
+// The SIGHUP subscription lives only while Watch runs.
+func (h *PolicyHolder) Watch(ctx context.Context, logger *slog.Logger) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if h.path == "" {
+		<-ctx.Done()
+		return
+	}
+	sigs := h.signals
+	if sigs == nil {
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, syscall.SIGHUP)
+		defer signal.Stop(ch)
+		sigs = ch
+	}
+	tick := time.NewTicker(h.poll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sigs:
+			h.logReload(logger, "signal", true)
+		case <-tick.C:
+			if changed, err := h.changed(); err != nil {
+				h.logReadError(logger, err, false)
+			} else if changed {
+				h.logReload(logger, "file change", false)
+			}
+			if h.afterPoll != nil {
+				h.afterPoll()
+			}
+		}
+	}
+}
+
+func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool) {
+	res, p, err := h.reload(force)
+	switch res {
+	case applied:
+		h.setReadErr("")
+		logger.Info("policy reloaded", "path", h.path, "trigger", trigger, "digest", p.Digest[:12],
+			"providers", len(p.Providers), "models", len(p.Models), "tiers", len(p.Tiers))
+	case unreadable:
+		h.logReadError(logger, err, force)
+	case refused:
+		h.setReadErr("")
+		logger.Error("policy reload refused; the current policy stays in force", "path", h.path, "trigger", trigger, "err", err.Error())
+	case unchanged:
+		h.setReadErr("")
+		if force {
+			logger.Info("policy unchanged", "path", h.path, "trigger", trigger)
+		}
+	}
+}
+
+// logReadError logs a file that cannot be read once per distinct error: an
+// editor replacing the file makes it vanish for a moment, and a deleted file
+// would otherwise log every poll. A signal always gets its answer.
+func (h *PolicyHolder) logReadError(logger *slog.Logger, err error, force bool) {
+	if !h.setReadErr(err.Error()) && !force {
+		return
+	}
+	logger.Error("policy file unreadable; the current policy stays in force", "path", h.path, "err", err.Error())
+}
+
+// setReadErr records the last read error and tells whether it is new.
+func (h *PolicyHolder) setReadErr(msg string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lastReadErr == msg {
+		return false
+	}
+	h.lastReadErr = msg
+	return true
+}
