@@ -176,6 +176,26 @@ func TestParsePolicyOptionalFields(t *testing.T) {
 	}
 }
 
+// TestParsePolicyAnchors: anchors, aliases and merge keys are plain YAML
+// that operators use to share settings; strict checking must not refuse them.
+func TestParsePolicyAnchors(t *testing.T) {
+	t.Parallel()
+	yml := edit(t, "    limits: {rpm: 500, tpm: 200000, tpd: 0}\n", "    limits: &lim {rpm: &rpm 500, tpm: 200000, tpd: 0}\n")
+	yml = strings.Replace(yml, "    limits: {rps: 5}\n", "    limits: {rps: 5, rpm: *rpm}\n", 1)
+	yml = strings.Replace(yml, "    limits: {tpm: 1000000}\n", "    limits: *lim\n", 1)
+	yml = strings.Replace(yml, "  - name: internal\n    unlimited: true\n", "  - name: internal\n    <<: {unlimited: true, priority: low}\n", 1)
+	p := mustParse(t, yml)
+	if m, _ := p.Model("fast"); m.Limits.RPM != 500 {
+		t.Errorf("aliased rpm = %d, want 500", m.Limits.RPM)
+	}
+	if m, _ := p.Model("text-embedding-3-small"); m.Limits.TPM != 200000 {
+		t.Errorf("aliased limits = %+v", m.Limits)
+	}
+	if tr, _ := p.Tier("internal"); !tr.Unlimited || tr.Priority != PriorityLow {
+		t.Errorf("merged tier = %+v", tr)
+	}
+}
+
 func TestParsePolicyLookups(t *testing.T) {
 	t.Parallel()
 	p := mustParse(t, basePolicy)
@@ -231,6 +251,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		// Types.
 		{name: "limit not a number", old: "{rps: 5}", new: "{rps: fast}", field: "models[1].limits.rps", msg: `must be a whole number, got "fast"`},
 		{name: "fractional limit", old: "{rps: 5}", new: "{rps: 1.5}", field: "models[1].limits.rps", msg: `must be a whole number, got "1.5"`},
+		{name: "limit too large", old: "{rps: 5}", new: "{rps: 99999999999999999999}", field: "models[1].limits.rps", msg: "99999999999999999999 is too large"},
 		{name: "budget not a number", old: "daily_budget_usd: 50", new: "daily_budget_usd: fifty", field: "tiers[0].daily_budget_usd", msg: "must be a number"},
 		{name: "providers not a list", yml: "providers: {name: openai}\n", field: "providers", msg: "must be a list, got a mapping"},
 		{name: "document not a mapping", yml: "- providers\n", msg: "must be a mapping"},

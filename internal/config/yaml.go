@@ -254,9 +254,13 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 	case reflect.Int, reflect.Int64:
 		// The decoder would truncate 1.5 to 1; a limit is never fractional.
 		switch n.(type) {
-		case *ast.IntegerNode, *ast.NullNode, nil:
+		case *ast.IntegerNode, *ast.NullNode, *ast.AliasNode, nil:
 		default:
-			return s.errorAt(path, "must be a whole number, got %q", n.GetToken().Value)
+			v := n.GetToken().Value
+			if strings.Trim(strings.TrimPrefix(v, "-"), "0123456789") == "" && v != "" {
+				return s.errorAt(path, "%s is too large", v)
+			}
+			return s.errorAt(path, "must be a whole number, got %q", v)
 		}
 	}
 	return nil
