@@ -3,6 +3,7 @@ package budget_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
@@ -64,7 +65,11 @@ type ledger struct {
 	// when after is false and after it when true.
 	onRead func()
 	after  bool
+	// down makes every read fail, as a store that cannot be reached.
+	down atomic.Bool
 }
+
+var errLedgerDown = errors.New("ledger unreachable")
 
 func newLedger() *ledger {
 	return &ledger{byTenant: map[string]money.Micros{}, byDay: map[string]money.Micros{}}
@@ -72,6 +77,9 @@ func newLedger() *ledger {
 
 func (l *ledger) UsageSumByTenantDay(_ context.Context, tenantID, day string) (money.Micros, error) {
 	l.reads.Add(1)
+	if l.down.Load() {
+		return 0, errLedgerDown
+	}
 	l.mu.Lock()
 	hook, after := l.onRead, l.after
 	l.onRead = nil
@@ -90,6 +98,9 @@ func (l *ledger) UsageSumByTenantDay(_ context.Context, tenantID, day string) (m
 
 func (l *ledger) UsageSumByDay(_ context.Context, day string) (money.Micros, error) {
 	l.reads.Add(1)
+	if l.down.Load() {
+		return 0, errLedgerDown
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.byDay[day], nil

@@ -69,20 +69,19 @@ func (b *Budgets) fill(ctx context.Context, key, token string, sum func() (money
 }
 
 // flight is one in-process run of a function that callers share.
-type flight struct {
-	done chan struct{}
-	err  error
-}
+type flight struct{ done chan struct{} }
 
 // once runs fn for key unless a run for key is already under way, in which
-// case it waits for that run's result.
+// case it waits for that run to end and returns nil: the caller runs its
+// script again, which says whether the rebuild is done, and if the run
+// failed (another caller's context, a ledger error) it leads the next one.
 func (b *Budgets) once(ctx context.Context, key string, fn func() error) error {
 	b.mu.Lock()
 	if f, ok := b.flights[key]; ok {
 		b.mu.Unlock()
 		select {
 		case <-f.done:
-			return f.err
+			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -90,10 +89,11 @@ func (b *Budgets) once(ctx context.Context, key string, fn func() error) error {
 	f := &flight{done: make(chan struct{})}
 	b.flights[key] = f
 	b.mu.Unlock()
-	f.err = fn()
-	b.mu.Lock()
-	delete(b.flights, key)
-	b.mu.Unlock()
-	close(f.done)
-	return f.err
+	defer func() {
+		b.mu.Lock()
+		delete(b.flights, key)
+		b.mu.Unlock()
+		close(f.done)
+	}()
+	return fn()
 }
