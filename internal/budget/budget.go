@@ -214,22 +214,24 @@ type Reservation struct {
 	GlobalDay string // the UTC day; the ledger row must carry it
 	Amount    money.Micros
 
-	// The generations of the day hashes the reservation was made in. A
-	// hand-built Reservation without them still settles (and charges once).
+	// The incarnations of the day hashes the reservation was made in, which
+	// tell Settle a reservation already settled from one made before Redis
+	// lost the day. Only Reserve sets them: a hand-built Reservation settles
+	// an open reservation, but a repeated Settle of it would charge again.
 	tenantGen, globalGen string
 }
 
 // span is one candidate budget day: the tenant's day in its timezone and the
 // UTC day, each as [start, end).
 type span struct {
-	day, gday              string
-	start, end, gstart, ge time.Time
+	day, gday                string
+	start, end, gstart, gend time.Time
 }
 
 func spanAt(now time.Time, loc *time.Location) span {
 	day, start, end := dayOf(now, loc)
 	gday, gstart, gend := dayOf(now, time.UTC)
-	return span{day: day, gday: gday, start: start, end: end, gstart: gstart, ge: gend}
+	return span{day: day, gday: gday, start: start, end: end, gstart: gstart, gend: gend}
 }
 
 // dayOf returns the local date of t in loc and the instants it starts and ends.

@@ -178,7 +178,7 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
 	allowed, tdeny, gdeny, now := n[0] == 1, n[1] == 1, n[2] == 1, time.UnixMicro(n[3])
-	d := b.decision(acct, sp, now, money.Micros(n[4]), money.Micros(n[5]), money.Micros(n[8]), money.Micros(n[9]))
+	d := b.decision(acct, sp, money.Micros(n[4]), money.Micros(n[5]), money.Micros(n[8]), money.Micros(n[9]))
 	d.Allowed = allowed
 	d.SoftLimitCrossed = n[7] == 1
 	if !allowed {
@@ -196,7 +196,7 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 }
 
 // decision fills in what Reserve and Status report alike.
-func (b *Budgets) decision(acct Account, sp span, now time.Time, spent, reserved, gspent, greserved money.Micros) *Decision {
+func (b *Budgets) decision(acct Account, sp span, spent, reserved, gspent, greserved money.Micros) *Decision {
 	d := &Decision{
 		Day: sp.day, Spent: spent, Reserved: reserved, Unlimited: acct.Unlimited,
 		ResetsAt: sp.end, GlobalDay: sp.gday, GlobalSpent: gspent, GlobalReserved: greserved,
@@ -215,10 +215,10 @@ func (b *Budgets) decision(acct Account, sp span, now time.Time, spent, reserved
 // that resets later, since only then can the job run.
 func (b *Budgets) deny(d *Decision, acct Account, sp span, now time.Time, tdeny, gdeny bool, amount money.Micros) {
 	switch {
-	case tdeny && (!gdeny || !sp.ge.After(sp.end)):
+	case tdeny && (!gdeny || !sp.gend.After(sp.end)):
 		d.DeniedBy, d.ResetsAt = "tenant", sp.end
 	default:
-		d.DeniedBy, d.ResetsAt = "global", sp.ge
+		d.DeniedBy, d.ResetsAt = "global", sp.gend
 	}
 	d.RetryAfter = d.ResetsAt.Sub(now)
 	d.TooLarge = (tdeny && amount > acct.Budget) || (gdeny && amount > acct.Global)
@@ -234,7 +234,7 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, extra
 		arg, _ := b.now()
 		sp := spanAt(guess, loc)
 		keys := b.keysFor(acct.TenantID, sp.day, sp.gday)
-		args := append([]any{arg, us(sp.start), us(sp.end), us(sp.gstart), us(sp.ge), keySlack.Milliseconds(), newToken()}, extra...)
+		args := append([]any{arg, us(sp.start), us(sp.end), us(sp.gstart), us(sp.gend), keySlack.Milliseconds(), newToken()}, extra...)
 		v, err := s.Run(ctx, b.rdb, keys, args...).Slice()
 		if err != nil {
 			return nil, sp, err

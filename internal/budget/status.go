@@ -39,7 +39,7 @@ func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
 		return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
 	}
 	now := time.UnixMicro(n[0])
-	d := b.decision(acct, sp, now, money.Micros(n[1]), money.Micros(n[2]), money.Micros(n[3]), money.Micros(n[4]))
+	d := b.decision(acct, sp, money.Micros(n[1]), money.Micros(n[2]), money.Micros(n[3]), money.Micros(n[4]))
 	tfull := !acct.Unlimited && d.Spent+d.Reserved >= acct.Budget
 	gfull := acct.Global > 0 && d.GlobalSpent+d.GlobalReserved >= acct.Global
 	d.Allowed = !tfull && !gfull
