@@ -1,0 +1,151 @@
+package limiter
+
+import (
+	"cmp"
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// admission is one admitted cost at its Redis time.
+type admission struct {
+	at   int64 // µs
+	cost Cost
+}
+
+// testAdmissionProperty runs 64 to 128 goroutines over 4 to 6 clients,
+// Waiting with random costs on random limits for 10 s of real time, and
+// checks, on the Redis times of the admissions:
+//   - no window [a, b] of any bucket admits more than capacity + refill×(b-a)
+//     (zero overshoot);
+//   - demand above the limit gets at least 98% of what the binding bucket
+//     allows over the run.
+func testAdmissionProperty(t *testing.T, e *env) {
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 7))
+	maxCost := int64(10 + rng.IntN(90))
+	avg := float64(1+maxCost) / 2
+	perSec := 40 + rng.IntN(40) // admissions per second the binding bucket allows
+	pr := time.Duration(1+rng.IntN(4)) * time.Second
+	pt := time.Duration(1+rng.IntN(4)) * time.Second
+	longest := float64(max(pr, pt) / time.Second)
+	// The other bucket has three times the room.
+	reqs := int64(float64(perSec) * float64(pr/time.Second))
+	toks := int64(float64(perSec) * avg * float64(pt/time.Second))
+	binding := "requests"
+	if rng.IntN(2) == 0 {
+		binding = "tokens"
+		reqs = int64(3 * float64(perSec) * longest)
+	} else {
+		toks = int64(3 * float64(perSec) * avg * longest)
+	}
+	s := Scope{Name: "property", Buckets: []Bucket{
+		{Name: "requests", Unit: UnitRequests, Limit: reqs, Period: pr},
+		{Name: "tokens", Unit: UnitTokens, Limit: toks, Period: pt},
+	}}
+	workers, clients := 64+rng.IntN(65), 4+rng.IntN(3)
+	t.Logf("seed %d: %d workers on %d clients, %s binding, buckets %+v, costs 1..%d tokens",
+		seed, workers, clients, binding, s.Buckets, maxCost)
+
+	tbs := make([]*TokenBucket, clients)
+	for i := range tbs {
+		tbs[i] = NewTokenBucket(e.newClient(), e.realOpts())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t0 := e.rdb.Time(ctx).Val()
+	var (
+		mu   sync.Mutex
+		all  []admission
+		wg   sync.WaitGroup
+		errs = make(chan error, workers)
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(w)))
+			tb := tbs[w%clients]
+			var mine []admission
+			for ctx.Err() == nil {
+				c := Cost{Requests: 1, Tokens: 1 + r.Int64N(maxCost)}
+				res, err := tb.Wait(ctx, s, c)
+				if err != nil {
+					if ctx.Err() == nil && time.Until(deadline(ctx)) > time.Second {
+						errs <- err
+					}
+					break
+				}
+				mine = append(mine, admission{res.Time.UnixMicro(), c})
+			}
+			mu.Lock()
+			all = append(all, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	t1 := e.rdb.Time(context.Background()).Val()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Wait: %v", err)
+	}
+	slices.SortFunc(all, func(a, b admission) int { return cmp.Compare(a.at, b.at) })
+
+	run := t1.Sub(t0)
+	for _, b := range s.Buckets {
+		over, total := maxOvershoot(all, b)
+		allows := float64(b.Limit) + float64(b.Limit)*run.Seconds()/b.Period.Seconds()
+		t.Logf("bucket %s: admitted %d of %.0f allowed over %v (%.2f%%); worst window over capacity+refill by %.9f",
+			b.Name, total, allows, run, 100*float64(total)/allows, over)
+		if over > 1e-6*float64(b.Limit) {
+			t.Errorf("bucket %s: a window admitted %.6f more than capacity + refill", b.Name, over)
+		}
+		if b.Name == binding && float64(total) < 0.98*allows {
+			t.Errorf("bucket %s: admitted %d < 98%% of the %.0f the limit allows", b.Name, total, allows)
+		}
+	}
+}
+
+func deadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
+}
+
+// maxOvershoot returns, for admissions sorted by time, the largest amount by
+// which the admissions of one window [a, b] exceed the bucket's capacity +
+// refill×(b-a), over every window (negative when none does), and the total
+// admitted. Admissions at one time are grouped, so every window is covered.
+func maxOvershoot(adms []admission, b Bucket) (float64, int64) {
+	rate := float64(b.Limit) / float64(b.Period.Microseconds()) // per µs
+	var (
+		total int64
+		// best is max over window starts i <= j of rate×t_i - S_{i-1}.
+		best = -1e300
+		over = -1e300
+	)
+	for i := 0; i < len(adms); {
+		at := adms[i].at
+		start := rate*float64(at) - float64(total)
+		for ; i < len(adms) && adms[i].at == at; i++ {
+			total += adms[i].cost.Of(b.Unit)
+		}
+		best = max(best, start)
+		// sum of the window [t_start, at] - rate×(at - t_start) - capacity
+		over = max(over, float64(total)-rate*float64(at)+best-float64(b.Limit))
+	}
+	return over, total
+}
+
+// maxOvershoot finds the worst window, and only it.
+func TestMaxOvershoot(t *testing.T) {
+	t.Parallel()
+	b := Bucket{Name: "b", Unit: UnitTokens, Limit: 10, Period: 10 * time.Microsecond} // 1 per µs
+	adms := []admission{{0, Cost{Tokens: 10}}, {5, Cost{Tokens: 5}}, {5, Cost{Tokens: 1}}, {100, Cost{Tokens: 3}}}
+	// [0, 5]: 16 admitted, 10 + 5 allowed: 1 over.
+	if over, total := maxOvershoot(adms, b); over != 1 || total != 19 {
+		t.Fatalf("maxOvershoot = %v, %d; want 1, 19", over, total)
+	}
+}

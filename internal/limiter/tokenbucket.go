@@ -1,0 +1,447 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TokenBucket is the distributed, weighted token bucket over several buckets
+// at once. One hash per scope (rkeys.LimiterScope) holds, per bucket, the
+// tokens used and the time they were last counted, plus the penalty and the
+// probe. A bucket refills continuously at Limit/Period: the used amount
+// decays linearly and is never negative; it may exceed Limit (debt) after a
+// Reconcile took more than was reserved.
+//
+// Limits are passed on every call, so they may change at any time. The used
+// amount is kept as it is when they do: raising a limit frees capacity at
+// once, lowering it below what was used puts the bucket in debt, repaid at
+// the new rate. This matches what a provider does, which counts the tokens it
+// served, whatever the limit.
+//
+// The hash expires exactly when every bucket would be full again and no
+// penalty or probe is pending (plus one second), so an idle scope leaves
+// nothing behind.
+type TokenBucket struct {
+	rdb  redis.Scripter
+	opts Options
+	// probeTimeout, probeRetry and reconcileTTL as script arguments.
+	probeTimeout, probeRetry, reconcileTTL string
+}
+
+// NewTokenBucket returns a TokenBucket over rdb (any redis.UniversalClient
+// fits). It panics when opts has a negative duration.
+func NewTokenBucket(rdb redis.Scripter, opts Options) *TokenBucket {
+	o := opts.withDefaults()
+	return &TokenBucket{
+		rdb:          rdb,
+		opts:         o,
+		probeTimeout: strconv.FormatInt(o.ProbeTimeout.Microseconds(), 10),
+		probeRetry:   strconv.FormatInt(o.ProbeRetry.Microseconds(), 10),
+		reconcileTTL: strconv.FormatInt(max(o.ReconcileTTL.Milliseconds(), 1), 10),
+	}
+}
+
+// Reservation is what an allowed Reserve took. Pass it to Reconcile (the call
+// happened, with its real usage) or Release (it did not, or failed).
+type Reservation struct {
+	ID    string
+	Scope Scope
+	Cost  Cost
+	// Probe marks the single call admitted after a penalty. Until it is
+	// reconciled, released or times out, every other caller is denied.
+	Probe bool
+}
+
+// Reserve status codes of reserveScript.
+const (
+	statusDenied     = 0
+	statusAllowed    = 1
+	statusProbe      = 2
+	statusPenalty    = 3
+	statusProbeWait  = 4
+	modeReserve      = "r"
+	modeReserveLease = "l"
+	modeState        = "s"
+)
+
+// reserveScript checks every bucket of a scope, and the penalty and probe,
+// and takes the cost from all buckets or from none.
+//
+// KEYS[1] -> the scope's hash (rkeys.LimiterScope)
+// ARGV[1] -> now in µs, or "" for Redis TIME
+// ARGV[2] -> mode: "r" reserve, "l" reserve for a lease (never the probe), "s" state (no writes)
+// ARGV[3] -> reservation id (becomes the probe's id)
+// ARGV[4] -> probe timeout in µs
+// ARGV[5] -> longest retry while a probe is in flight, in µs
+// ARGV[6+4(i-1)] .. ARGV[9+4(i-1)] -> bucket i: name, limit, period in µs, cost
+// Returns {status, now, retry µs, then per bucket: remaining, retry µs, reset µs}
+// where status is 0 denied by a bucket, 1 allowed, 2 allowed as the probe,
+// 3 denied by a penalty, 4 denied while a probe is in flight.
+var reserveScript = redis.NewScript(`
+local key = KEYS[1]
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local mode = ARGV[2]
+local probe_timeout = tonumber(ARGV[4])
+local n = (#ARGV - 5) / 4
+
+local fields = {'pu', 'pid', 'pt'}
+for i = 1, n do
+  local name = ARGV[2 + 4 * i]
+  fields[2 * i + 2] = 'u:' .. name
+  fields[2 * i + 3] = 't:' .. name
+end
+local v = redis.call('HMGET', key, unpack(fields))
+local pu, pid, pt = tonumber(v[1]), v[2], tonumber(v[3])
+
+local status, retry = 1, 0
+local used, waits = {}, {}
+for i = 1, n do
+  local a = 2 + 4 * i
+  local limit, period, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local u, ts = tonumber(v[2 * i + 2]) or 0, tonumber(v[2 * i + 3]) or now
+  if now > ts then
+    u = u - (now - ts) * limit / period
+    if u < 0 then u = 0 end
+  end
+  used[i] = u
+  local w = 0
+  local need = u + cost - limit
+  -- a trillionth of the limit absorbs float rounding
+  if need > limit * 1e-12 then
+    w = math.ceil(need * period / limit)
+    status = 0
+    if w > retry then retry = w end
+  end
+  waits[i] = w
+end
+
+if pu then
+  if pu > now then
+    status = 3
+    if pu - now > retry then retry = pu - now end
+  elseif pid and pt and pt > now then
+    status = 4
+    local w = math.min(pt - now, tonumber(ARGV[5]))
+    if w > retry then retry = w end
+  elseif status == 1 and mode ~= 's' then
+    -- the penalty is over and no probe is in flight: this caller probes
+    if mode == 'l' then
+      status, retry = 4, tonumber(ARGV[5])
+    else
+      status, pid, pt = 2, ARGV[3], now + probe_timeout
+    end
+  end
+end
+
+local out = {status, now, retry}
+local allowed = status == 1 or status == 2
+local args, ttl = {}, 0
+for i = 1, n do
+  local a = 2 + 4 * i
+  local limit, period = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local u = used[i]
+  if allowed and mode ~= 's' then
+    u = u + tonumber(ARGV[a + 3])
+    args[#args + 1] = 'u:' .. ARGV[a]
+    args[#args + 1] = string.format('%.17g', u)
+    args[#args + 1] = 't:' .. ARGV[a]
+    args[#args + 1] = string.format('%.17g', now)
+  end
+  local full = u * period / limit
+  if full > ttl then ttl = full end
+  out[#out + 1] = math.floor(limit - u)
+  out[#out + 1] = waits[i]
+  out[#out + 1] = math.ceil(full)
+end
+if status == 2 then
+  args[#args + 1] = 'pid'
+  args[#args + 1] = pid
+  args[#args + 1] = 'pt'
+  args[#args + 1] = string.format('%.17g', pt)
+end
+if #args > 0 then
+  if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
+  if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
+  redis.call('HSET', key, unpack(args))
+  redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
+end
+return out
+`)
+
+// Reserve takes cost from every bucket of scope, or from none: allowed only
+// when every bucket can cover it and the scope is not penalized. A cost above
+// a bucket's capacity fails at once with ErrCostExceedsCapacity. When
+// allowed, pass Result.Reservation to Reconcile or Release after the call.
+func (tb *TokenBucket) Reserve(ctx context.Context, scope Scope, cost Cost) (*Result, error) {
+	return tb.reserve(ctx, modeReserve, scope, cost)
+}
+
+// State returns the levels of scope's buckets without taking anything:
+// Allowed tells whether a zero cost would pass now (no penalty, no debt).
+func (tb *TokenBucket) State(ctx context.Context, scope Scope) (*Result, error) {
+	return tb.reserve(ctx, modeState, scope, Cost{})
+}
+
+func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, cost Cost) (*Result, error) {
+	if err := scope.validate(cost); err != nil {
+		return nil, err
+	}
+	var id string
+	if mode != modeState {
+		id = newID()
+	}
+	args := make([]any, 0, 5+4*len(scope.Buckets))
+	args = append(args, nowArg(tb.opts.Clock), mode, id, tb.probeTimeout, tb.probeRetry)
+	for _, b := range scope.Buckets {
+		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), cost.Of(b.Unit))
+	}
+	v, err := reserveScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(scope.Name)}, args...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("limiter: reserve on scope %q: %w", scope.Name, err)
+	}
+	a, err := ints(v, 3+3*len(scope.Buckets))
+	if err != nil {
+		return nil, err
+	}
+	status := a[0]
+	res := &Result{
+		Allowed:    status == statusAllowed || status == statusProbe,
+		Penalized:  status == statusPenalty || status == statusProbeWait,
+		RetryAfter: us(a[2]),
+		Time:       time.UnixMicro(a[1]),
+		Buckets:    make([]BucketState, len(scope.Buckets)),
+	}
+	for i, b := range scope.Buckets {
+		x := a[3+3*i:]
+		res.Buckets[i] = BucketState{
+			Name: b.Name, Unit: b.Unit, Limit: b.Limit,
+			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2]),
+		}
+	}
+	res.fill()
+	switch {
+	case res.Allowed:
+		res.RetryAfter = 0
+		if mode != modeState {
+			res.Reservation = &Reservation{ID: id, Scope: scope, Cost: cost, Probe: status == statusProbe}
+		}
+	case status == statusProbeWait:
+		// Callers denied together while a probe is in flight spread out.
+		res.probeWait = true
+		res.RetryAfter = time.Duration(float64(res.RetryAfter) * (0.75 + 0.5*tb.opts.Rand()))
+	}
+	return res, nil
+}
+
+// reconcileScript gives back what a reservation took beyond its real cost, or
+// takes the extra, once per reservation.
+//
+// KEYS[1] -> the scope's hash (rkeys.LimiterScope)
+// KEYS[2] -> the reservation's reconciled marker (rkeys.LimiterReconciled),
+// absent when the caller guarantees a single reconcile (a lease)
+// ARGV[1] -> now in µs, or "" for Redis TIME
+// ARGV[2] -> how long the marker lives, in ms
+// ARGV[3] -> reservation id
+// ARGV[4] -> "1" when the reservation is the probe, else "0"
+// ARGV[5] -> probe timeout in µs
+// ARGV[6+4(i-1)] .. ARGV[9+4(i-1)] -> bucket i: name, limit, period in µs, actual - reserved
+// Returns 1 when applied, 0 when the reservation was already reconciled.
+var reconcileScript = redis.NewScript(`
+if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then return 0 end
+local key = KEYS[1]
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local probe_timeout = tonumber(ARGV[5])
+local n = (#ARGV - 5) / 4
+
+local fields = {'pu', 'pid', 'pt'}
+for i = 1, n do
+  local name = ARGV[2 + 4 * i]
+  fields[2 * i + 2] = 'u:' .. name
+  fields[2 * i + 3] = 't:' .. name
+end
+local v = redis.call('HMGET', key, unpack(fields))
+local pu, pid, pt = tonumber(v[1]), v[2], tonumber(v[3])
+
+local args, ttl = {}, 0
+for i = 1, n do
+  local a = 2 + 4 * i
+  local limit, period, delta = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local u, ts = tonumber(v[2 * i + 2]) or 0, tonumber(v[2 * i + 3]) or now
+  if now > ts then
+    u = u - (now - ts) * limit / period
+    if u < 0 then u = 0 end
+  end
+  if delta ~= 0 then
+    -- a refund never fills a bucket beyond its capacity; an extra may
+    -- put it in debt
+    u = math.max(u + delta, 0)
+    args[#args + 1] = 'u:' .. ARGV[a]
+    args[#args + 1] = string.format('%.17g', u)
+    args[#args + 1] = 't:' .. ARGV[a]
+    args[#args + 1] = string.format('%.17g', now)
+  end
+  ttl = math.max(ttl, u * period / limit)
+end
+if #args > 0 then redis.call('HSET', key, unpack(args)) end
+if ARGV[4] == '1' and pid == ARGV[3] then
+  redis.call('HDEL', key, 'pid', 'pt')
+  pt = nil
+  if pu and pu <= now then
+    redis.call('HDEL', key, 'pu')
+    pu = nil
+  end
+end
+if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
+if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
+redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
+return 1
+`)
+
+// Reconcile settles a reservation with the call's real cost: unused tokens
+// go back (a bucket never fills beyond its capacity), extra ones are taken
+// (a bucket may go into debt, which delays later callers). Reconciling the
+// probe ends the probe phase. It is idempotent: a reservation reconciled
+// again within Options.ReconcileTTL changes nothing. It uses the limits the
+// reservation was made with.
+func (tb *TokenBucket) Reconcile(ctx context.Context, r *Reservation, actual Cost) error {
+	return tb.reconcile(ctx, r, actual, true)
+}
+
+// reconcile is Reconcile; without marker, the caller guarantees that r is
+// reconciled once.
+func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cost, marker bool) error {
+	if r == nil {
+		return errors.New("limiter: Reconcile of a nil reservation")
+	}
+	if err := r.Scope.validate(Cost{}); err != nil {
+		return err
+	}
+	if actual.Requests < 0 || actual.Tokens < 0 {
+		return fmt.Errorf("limiter: scope %q: negative actual cost %+v", r.Scope.Name, actual)
+	}
+	probe := "0"
+	if r.Probe {
+		probe = "1"
+	}
+	args := make([]any, 0, 5+4*len(r.Scope.Buckets))
+	args = append(args, nowArg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout)
+	for _, b := range r.Scope.Buckets {
+		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), actual.Of(b.Unit)-r.Cost.Of(b.Unit))
+	}
+	keys := []string{tb.opts.Keys.LimiterScope(r.Scope.Name)}
+	if marker {
+		keys = append(keys, tb.opts.Keys.LimiterReconciled(r.Scope.Name, r.ID))
+	}
+	if err := reconcileScript.Run(ctx, tb.rdb, keys, args...).Err(); err != nil {
+		return fmt.Errorf("limiter: reconcile on scope %q: %w", r.Scope.Name, err)
+	}
+	return nil
+}
+
+// Release gives back everything a reservation took: the call never happened
+// or failed. It is Reconcile with a zero cost, and as idempotent. After a
+// 429, call Penalize before releasing the probe, so the scope stays blocked.
+func (tb *TokenBucket) Release(ctx context.Context, r *Reservation) error {
+	return tb.Reconcile(ctx, r, Cost{})
+}
+
+// penalizeScript blocks a scope until now + d, never shortening a penalty in
+// force, and cancels a probe in flight so that a new one follows.
+//
+// KEYS[1] -> the scope's hash (rkeys.LimiterScope)
+// ARGV[1] -> now in µs, or "" for Redis TIME
+// ARGV[2] -> the penalty in µs
+// ARGV[3] -> probe timeout in µs
+// Returns the end of the penalty in µs.
+var penalizeScript = redis.NewScript(`
+local key = KEYS[1]
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local untl = now + tonumber(ARGV[2])
+local pu = tonumber(redis.call('HGET', key, 'pu'))
+if pu and pu > untl then untl = pu end
+redis.call('HSET', key, 'pu', string.format('%.17g', untl))
+redis.call('HDEL', key, 'pid', 'pt')
+local ttl = math.ceil((untl - now + tonumber(ARGV[3])) / 1000) + 1000
+if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+return untl
+`)
+
+// Penalize blocks scope for every caller in every process until Redis's now
+// plus d, after a provider's 429. It takes a duration, not the wall-clock
+// time the provider announced, because limiter time is Redis TIME, never the
+// caller's clock: pass the provider's retry-after (or reset) as d. A shorter
+// penalty never shortens a longer one in force. When the penalty ends, the
+// first Reserve is admitted alone as the probe (Reservation.Probe); the rest
+// are denied until the probe is reconciled, released or times out. A new
+// Penalize while a probe is in flight blocks again and cancels that probe.
+func (tb *TokenBucket) Penalize(ctx context.Context, scope Scope, d time.Duration) error {
+	if err := scope.validate(Cost{}); err != nil {
+		return err
+	}
+	if d < 0 {
+		return fmt.Errorf("limiter: Penalize of scope %q: negative duration %v", scope.Name, d)
+	}
+	if d < time.Microsecond {
+		return nil
+	}
+	args := []any{nowArg(tb.opts.Clock), d.Microseconds(), tb.probeTimeout}
+	if err := penalizeScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(scope.Name)}, args...).Err(); err != nil {
+		return fmt.Errorf("limiter: penalize scope %q: %w", scope.Name, err)
+	}
+	return nil
+}
+
+// Wait reserves cost, sleeping each returned RetryAfter (plus up to
+// Options.Jitter) until it is admitted; it never polls on a fixed tick. It
+// ends with the context: when ctx is done it returns ctx.Err(), and when
+// ctx's deadline comes before the admission RetryAfter promises, it returns
+// at once, with the last Result (its RetryAfter tells how long remains) and
+// an error wrapping context.DeadlineExceeded. A cost above a bucket's
+// capacity fails at once with ErrCostExceedsCapacity. Wait sleeps real time:
+// with an injected Clock it advances only as that clock does.
+func (tb *TokenBucket) Wait(ctx context.Context, scope Scope, cost Cost) (*Result, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		res, err := tb.Reserve(ctx, scope, cost)
+		if err != nil || res.Allowed {
+			return res, err
+		}
+		if dl, ok := ctx.Deadline(); ok && !res.probeWait && time.Until(dl) < res.RetryAfter {
+			return res, fmt.Errorf("limiter: scope %q admits this cost in %v, after the context's deadline: %w",
+				scope.Name, res.RetryAfter, context.DeadlineExceeded)
+		}
+		d := res.RetryAfter + time.Duration(tb.opts.Rand()*float64(tb.opts.Jitter))
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-timer.C:
+		}
+	}
+}

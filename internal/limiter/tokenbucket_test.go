@@ -1,0 +1,529 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A denial by one bucket takes nothing from the others.
+func testAllOrNothing(t *testing.T, e *env) {
+	tb := NewTokenBucket(e.rdb, e.opts())
+	s := ModelScope("openai/gpt-4o-mini", 0, 10, 1000, 0)
+
+	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 900})
+	if !r.Allowed || r.Reservation == nil || r.Reservation.Probe {
+		t.Fatalf("first reserve: %+v", r)
+	}
+	if got := remaining(r); got["rpm"] != 9 || got["tpm"] != 100 {
+		t.Fatalf("remaining after the first reserve = %v, want rpm 9 tpm 100", got)
+	}
+
+	r = mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 200})
+	if r.Allowed || r.Penalized || r.Reservation != nil {
+		t.Fatalf("a reserve over the TPM was not denied: %+v", r)
+	}
+	// 100 tokens short at 1000 per minute: 6 s.
+	if r.RetryAfter != 6*time.Second || bucket(t, r, "tpm").RetryAfter != 6*time.Second || bucket(t, r, "rpm").RetryAfter != 0 {
+		t.Fatalf("RetryAfter = %v, buckets %+v; want 6s from tpm alone", r.RetryAfter, r.Buckets)
+	}
+	if r.Limit != 1000 || r.Remaining != 100 {
+		t.Fatalf("tightest bucket = %d/%d, want tpm 100/1000", r.Remaining, r.Limit)
+	}
+
+	st := mustState(t, tb, s)
+	if got := remaining(st); got["rpm"] != 9 || got["tpm"] != 100 {
+		t.Fatalf("after the TPM denial, remaining = %v; want RPM untouched at 9 and tpm 100", got)
+	}
+	// tpm: 900 used at 1000/min is full in 54 s; rpm: 1 used at 10/min in 6 s.
+	if st.ResetAfter != 54*time.Second || bucket(t, st, "rpm").ResetAfter != 6*time.Second {
+		t.Fatalf("ResetAfter = %v, buckets %+v", st.ResetAfter, st.Buckets)
+	}
+}
+
+// RetryAfter is the exact time until every bucket covers the cost: one
+// microsecond earlier is denied, at it the cost is admitted.
+func testRetryAfterExact(t *testing.T, e *env) {
+	tb := NewTokenBucket(e.rdb, e.opts())
+	s := Scope{Name: "odd", Buckets: []Bucket{
+		{Name: "r", Unit: UnitRequests, Limit: 7, Period: 3 * time.Second},
+		{Name: "t", Unit: UnitTokens, Limit: 1000, Period: 7 * time.Second},
+	}}
+	if r := mustReserve(t, tb, s, Cost{Requests: 7, Tokens: 990}); !r.Allowed {
+		t.Fatalf("full take denied: %+v", r)
+	}
+	e.clock.Add(time.Second)
+	r := mustReserve(t, tb, s, Cost{Requests: 5, Tokens: 500})
+	if r.Allowed {
+		t.Fatalf("allowed: %+v", r)
+	}
+	// r: after 1 s, 7/3 back; 5 need 15/7 s from empty, so 15/7 - 1 = 8/7 s.
+	// t: 990 - 1000/7 used; 500 need 490 + 1000/7 - 990 + ... exactly:
+	// used 990 - 142.857.. = 847.142..; need 847.142.. + 500 - 1000 = 347.142..
+	// at 1000/7 per second: 2.43 s.
+	wantR := 8 * time.Second / 7
+	wantT := time.Duration((990 - 1000.0/7 + 500 - 1000) / (1000.0 / 7) * float64(time.Second))
+	if d := bucket(t, r, "r").RetryAfter - wantR; d < 0 || d > time.Microsecond {
+		t.Fatalf("r RetryAfter = %v, want %v", bucket(t, r, "r").RetryAfter, wantR)
+	}
+	if d := bucket(t, r, "t").RetryAfter - wantT; d < 0 || d > time.Microsecond {
+		t.Fatalf("t RetryAfter = %v, want %v", bucket(t, r, "t").RetryAfter, wantT)
+	}
+	if r.RetryAfter != max(bucket(t, r, "r").RetryAfter, bucket(t, r, "t").RetryAfter) {
+		t.Fatalf("RetryAfter = %v, want the longest of %+v", r.RetryAfter, r.Buckets)
+	}
+
+	e.clock.Add(r.RetryAfter - 2*time.Microsecond)
+	if r2 := mustReserve(t, tb, s, Cost{Requests: 5, Tokens: 500}); r2.Allowed || r2.RetryAfter > 3*time.Microsecond {
+		t.Fatalf("2µs early: %+v", r2)
+	}
+	e.clock.Add(2 * time.Microsecond)
+	if r2 := mustReserve(t, tb, s, Cost{Requests: 5, Tokens: 500}); !r2.Allowed {
+		t.Fatalf("at RetryAfter: %+v", r2)
+	}
+}
+
+// On Redis TIME, RetryAfter is within 5 ms of the truth, computed from the
+// Redis times of the decisions.
+func testRetryAfterRedisTime(t *testing.T, e *env) {
+	tb := NewTokenBucket(e.rdb, e.realOpts())
+	s := Scope{Name: "real", Buckets: []Bucket{{Name: "tpm", Unit: UnitTokens, Limit: 6000, Period: time.Minute}}}
+	first := mustReserve(t, tb, s, Cost{Tokens: 6000})
+	if !first.Allowed {
+		t.Fatalf("full take denied: %+v", first)
+	}
+	r := mustReserve(t, tb, s, Cost{Tokens: 300})
+	if r.Allowed {
+		t.Fatalf("allowed: %+v", r)
+	}
+	// 100 tokens per second: 300 tokens take 3 s from the first take.
+	want := 3*time.Second - r.Time.Sub(first.Time)
+	if d := r.RetryAfter - want; d < -5*time.Millisecond || d > 5*time.Millisecond {
+		t.Fatalf("RetryAfter = %v, want %v ± 5ms", r.RetryAfter, want)
+	}
+}
+
+// A cost above a bucket's capacity fails at once, naming the bucket, and
+// never reaches Redis.
+func testCostExceedsCapacity(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := NewTokenBucket(e.rdb, e.opts())
+	s := ModelScope("big", 0, 10, 1000, 0)
+
+	_, err := tb.Reserve(ctx, s, Cost{Requests: 1, Tokens: 1001})
+	if !errors.Is(err, ErrCostExceedsCapacity) {
+		t.Fatalf("Reserve err = %v, want ErrCostExceedsCapacity", err)
+	}
+	for _, want := range []string{`"big"`, `"tpm"`, "1001", "1000"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	start := time.Now()
+	if _, err := tb.Wait(ctx, s, Cost{Requests: 11}); !errors.Is(err, ErrCostExceedsCapacity) || time.Since(start) > time.Second {
+		t.Fatalf("Wait err = %v after %v, want ErrCostExceedsCapacity at once", err, time.Since(start))
+	}
+	if n := e.rdb.Exists(ctx, e.keys.LimiterScope(s.Name)).Val(); n != 0 {
+		t.Fatalf("a refused cost created the scope's key")
+	}
+	lease := NewLease(tb, s, LeaseOptions{})
+	if _, err := lease.Take(ctx, Cost{Tokens: 5000}); !errors.Is(err, ErrCostExceedsCapacity) {
+		t.Fatalf("Lease.Take err = %v", err)
+	}
+	for name, allow := range map[string]func() error{
+		"fixed": func() error { _, err := NewFixedWindow(e.rdb, e.opts()).Allow(ctx, "k", 5, time.Second, 6); return err },
+		"log":   func() error { _, err := NewSlidingLog(e.rdb, e.opts()).Allow(ctx, "k", 5, time.Second, 6); return err },
+		"counter": func() error {
+			_, err := NewSlidingCounter(e.rdb, e.opts()).Allow(ctx, "k", 5, time.Second, 6)
+			return err
+		},
+		"multi": func() error {
+			_, err := NewMultiWindow(e.rdb, e.opts()).Allow(ctx, "k", []Window{{10, time.Second}, {5, time.Minute}}, 6)
+			return err
+		},
+	} {
+		if err := allow(); !errors.Is(err, ErrCostExceedsCapacity) {
+			t.Errorf("%s: err = %v, want ErrCostExceedsCapacity", name, err)
+		}
+	}
+}
+
+// Reconcile gives back unused tokens, never beyond capacity, and a second
+// reconcile of one reservation changes nothing.
+func testReconcileRefund(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := NewTokenBucket(e.rdb, e.opts())
+	s := ModelScope("refund", 0, 100, 1000, 0)
+
+	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 800})
+	if err := tb.Reconcile(ctx, r.Reservation, Cost{Requests: 1, Tokens: 300}); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(mustState(t, tb, s)); got["tpm"] != 700 || got["rpm"] != 99 {
+		t.Fatalf("after the refund, remaining = %v, want tpm 700 rpm 99", got)
+	}
+	if err := tb.Reconcile(ctx, r.Reservation, Cost{Requests: 1, Tokens: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.Release(ctx, r.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(mustState(t, tb, s)); got["tpm"] != 700 || got["rpm"] != 99 {
+		t.Fatalf("after reconciling again, remaining = %v, want unchanged tpm 700 rpm 99", got)
+	}
+
+	// Release gives back everything.
+	r = mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500})
+	if err := tb.Release(ctx, r.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(mustState(t, tb, s)); got["tpm"] != 700 || got["rpm"] != 99 {
+		t.Fatalf("after Release, remaining = %v, want tpm 700 rpm 99", got)
+	}
+
+	// A refund after the bucket refilled does not fill it beyond capacity.
+	r = mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500})
+	e.clock.Add(time.Minute)
+	if err := tb.Release(ctx, r.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(mustState(t, tb, s)); got["tpm"] != 1000 || got["rpm"] != 100 {
+		t.Fatalf("a late refund: remaining = %v, want the capacity (1000, 100)", got)
+	}
+}
+
+// Reconcile takes the extra: the bucket goes into debt and later callers
+// wait for it; a second reconcile takes nothing more.
+func testReconcileDebt(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := NewTokenBucket(e.rdb, e.opts())
+	s := ModelScope("debt", 0, 0, 1000, 0)
+
+	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500})
+	for range 2 {
+		if err := tb.Reconcile(ctx, r.Reservation, Cost{Requests: 1, Tokens: 1400}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := mustState(t, tb, s)
+	if b := bucket(t, st, "tpm"); b.Remaining != -400 || st.Remaining != 0 || st.Allowed {
+		t.Fatalf("in debt: %+v (Result.Remaining %d, Allowed %v); want -400, 0, false", b, st.Remaining, st.Allowed)
+	}
+	// 400 of debt plus 100 at 1000 per minute: 30 s.
+	d := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100})
+	if d.Allowed || d.RetryAfter != 30*time.Second {
+		t.Fatalf("after the debt: %+v, want denied for 30s", d)
+	}
+	e.clock.Add(30 * time.Second)
+	if d := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100}); !d.Allowed {
+		t.Fatalf("after the debt is repaid: %+v", d)
+	}
+}
+
+// Limits come with every call; the used amount is kept when they change.
+func testLimitChange(t *testing.T, e *env) {
+	tb := NewTokenBucket(e.rdb, e.opts())
+	mustReserve(t, tb, ModelScope("change", 0, 0, 1000, 0), Cost{Tokens: 600})
+	if got := remaining(mustState(t, tb, ModelScope("change", 0, 0, 2000, 0))); got["tpm"] != 1400 {
+		t.Fatalf("limit raised to 2000 with 600 used: remaining %v, want 1400", got)
+	}
+	r := mustReserve(t, tb, ModelScope("change", 0, 0, 500, 0), Cost{Tokens: 1})
+	// 600 used of 500: 101 over, repaid at 500 per minute: 12.12 s.
+	if r.Allowed || bucket(t, r, "tpm").Remaining != -100 || r.RetryAfter != 12120*time.Millisecond {
+		t.Fatalf("limit lowered to 500 with 600 used: %+v, want denied, -100, 12.12s", r)
+	}
+}
+
+// A penalty set through one client blocks the callers of another; a shorter
+// one never shortens it; when it ends a single probe goes first.
+func testPenalizeAcrossClients(t *testing.T, e *env) {
+	ctx := context.Background()
+	a := NewTokenBucket(e.rdb, e.opts())
+	b := NewTokenBucket(e.newClient(), e.opts())
+	s := ModelScope("penalized", 0, 100, 100000, 0)
+	cost := Cost{Requests: 1, Tokens: 10}
+
+	if err := a.Penalize(ctx, s, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r := mustReserve(t, b, s, cost)
+	if r.Allowed || !r.Penalized || r.RetryAfter != 10*time.Second {
+		t.Fatalf("penalized scope seen from another client: %+v, want denied for 10s", r)
+	}
+	if got := remaining(r); got["rpm"] != 100 {
+		t.Fatalf("a penalized denial took tokens: %v", got)
+	}
+	if err := b.Penalize(ctx, s, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Add(4 * time.Second)
+	if r := mustReserve(t, a, s, cost); r.Allowed || r.RetryAfter != 6*time.Second {
+		t.Fatalf("a shorter penalty shortened the longer one: %+v", r)
+	}
+
+	e.clock.Add(6 * time.Second)
+	probe := mustReserve(t, b, s, cost)
+	if !probe.Allowed || !probe.Reservation.Probe {
+		t.Fatalf("first caller after the penalty is not the probe: %+v", probe)
+	}
+	for _, tb := range []*TokenBucket{a, b} {
+		r := mustReserve(t, tb, s, cost)
+		if r.Allowed || !r.Penalized || r.RetryAfter <= 0 || r.RetryAfter > 625*time.Millisecond {
+			t.Fatalf("while the probe is in flight: %+v, want denied for at most 500ms±25%%", r)
+		}
+	}
+	e.clock.Add(time.Second)
+	if r := mustReserve(t, a, s, cost); r.Allowed || !r.Penalized {
+		t.Fatalf("1s into the probe: %+v, want denied", r)
+	}
+	if err := b.Reconcile(ctx, probe.Reservation, Cost{Requests: 1, Tokens: 8}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range []*TokenBucket{a, b} {
+		if r := mustReserve(t, tb, s, cost); !r.Allowed || r.Penalized || r.Reservation.Probe {
+			t.Fatalf("after the probe succeeded: %+v, want allowed, no probe", r)
+		}
+	}
+}
+
+// A probe that times out is replaced by the next caller; a penalty during a
+// probe blocks again, and the old probe's release does not lift it.
+func testProbeTimeoutAndRepenalize(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := NewTokenBucket(e.rdb, Options{Keys: e.keys, Clock: e.clock.Now, ProbeTimeout: 5 * time.Second})
+	s := ModelScope("probe", 0, 100, 0, 0)
+	one := Cost{Requests: 1}
+
+	if err := tb.Penalize(ctx, s, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Add(time.Second)
+	p1 := mustReserve(t, tb, s, one)
+	if !p1.Allowed || !p1.Reservation.Probe {
+		t.Fatalf("no probe: %+v", p1)
+	}
+	e.clock.Add(4 * time.Second)
+	if r := mustReserve(t, tb, s, one); r.Allowed || r.RetryAfter > 625*time.Millisecond {
+		t.Fatalf("before the probe times out: %+v", r)
+	}
+	e.clock.Add(time.Second)
+	p2 := mustReserve(t, tb, s, one)
+	if !p2.Allowed || !p2.Reservation.Probe {
+		t.Fatalf("after the probe timed out, the next caller is not the probe: %+v", p2)
+	}
+	if err := tb.Release(ctx, p1.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustReserve(t, tb, s, one); r.Allowed || !r.Penalized {
+		t.Fatalf("the stale probe's release ended the new probe: %+v", r)
+	}
+
+	// The probe gets a 429: penalize, then release it.
+	if err := tb.Penalize(ctx, s, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.Release(ctx, p2.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustReserve(t, tb, s, one); r.Allowed || !r.Penalized || r.RetryAfter != 3*time.Second {
+		t.Fatalf("penalized while probing, then released: %+v, want denied for 3s", r)
+	}
+	e.clock.Add(3 * time.Second)
+	p3 := mustReserve(t, tb, s, one)
+	if !p3.Allowed || !p3.Reservation.Probe {
+		t.Fatalf("after the second penalty: %+v, want a new probe", p3)
+	}
+	// A failed probe (5xx) is released: the probe phase ends.
+	if err := tb.Release(ctx, p3.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustReserve(t, tb, s, one); !r.Allowed || r.Reservation.Probe {
+		t.Fatalf("after the probe's release: %+v", r)
+	}
+}
+
+// countScripts counts the scripts run through a client.
+type countScripts struct {
+	n     atomic.Int64
+	first chan struct{} // closed after the first one returns
+}
+
+func (c *countScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *countScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (c *countScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			if c.n.Add(1) == 1 && c.first != nil {
+				close(c.first)
+			}
+		}
+		return err
+	}
+}
+
+// Wait sleeps the RetryAfter it gets instead of polling, and is admitted.
+func testWait(t *testing.T, e *env) {
+	ctx := context.Background()
+	rdb := e.newClient()
+	hook := &countScripts{}
+	rdb.AddHook(hook)
+	tb := NewTokenBucket(rdb, e.realOpts())
+	s := Scope{Name: "wait", Buckets: []Bucket{{Name: "tps", Unit: UnitTokens, Limit: 100, Period: time.Second}}}
+	first := mustReserve(t, tb, s, Cost{Tokens: 100})
+
+	r, err := tb.Wait(ctx, s, Cost{Tokens: 20})
+	if err != nil || !r.Allowed {
+		t.Fatalf("Wait = %+v, %v", r, err)
+	}
+	// 20 tokens at 100 per second come back 200 ms after the first take.
+	if got := r.Time.Sub(first.Time); got < 200*time.Millisecond || got > time.Second {
+		t.Fatalf("admitted %v after the bucket was emptied, want just after 200ms", got)
+	}
+	// One denial, one admission (and a spare for a late wake-up), not a poll.
+	if n := hook.n.Load(); n > 4 {
+		t.Fatalf("Wait ran %d scripts for one 200ms wait: it polls", n-1)
+	}
+}
+
+// Wait ends with its context: at once when the deadline comes before the
+// admission, and as soon as the context is cancelled.
+func testWaitEndsWithContext(t *testing.T, e *env) {
+	tb := NewTokenBucket(e.rdb, e.realOpts())
+	s := Scope{Name: "slow", Buckets: []Bucket{{Name: "rpm", Unit: UnitRequests, Limit: 1, Period: time.Hour}}}
+	mustReserve(t, tb, s, Cost{Requests: 1})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	r, err := tb.Wait(ctx, s, Cost{Requests: 1})
+	if !errors.Is(err, context.DeadlineExceeded) || r == nil || r.RetryAfter < 59*time.Minute || time.Since(start) > 5*time.Second {
+		t.Fatalf("Wait past the deadline = %+v, %v after %v; want DeadlineExceeded at once with RetryAfter ~1h",
+			r, err, time.Since(start))
+	}
+
+	rdb := e.newClient()
+	hook := &countScripts{first: make(chan struct{})}
+	rdb.AddHook(hook)
+	tb = NewTokenBucket(rdb, e.realOpts())
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() {
+		<-hook.first
+		cancel()
+	}()
+	start = time.Now()
+	if _, err := tb.Wait(ctx, s, Cost{Requests: 1}); !errors.Is(err, context.Canceled) || time.Since(start) > 5*time.Second {
+		t.Fatalf("cancelled Wait = %v after %v", err, time.Since(start))
+	}
+}
+
+// Every key has a TTL, and a scope's hash expires when every bucket would be
+// full again and no penalty or probe is pending.
+func testKeyTTLs(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := NewTokenBucket(e.rdb, e.opts())
+	s := ModelScope("ttl", 0, 10, 1000, 0)
+	key := e.keys.LimiterScope(s.Name)
+	near := func(what string, got, want time.Duration) {
+		t.Helper()
+		if got > want || got < want-2*time.Second {
+			t.Fatalf("%s: PTTL %v, want %v (less the test's run time)", what, got, want)
+		}
+	}
+
+	// tpm full in 30 s, rpm in 6 s.
+	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500})
+	near("after a reserve", e.rdb.PTTL(ctx, key).Val(), 31*time.Second)
+	if err := tb.Reconcile(ctx, r.Reservation, Cost{Requests: 1, Tokens: 100}); err != nil {
+		t.Fatal(err)
+	}
+	near("after a refund", e.rdb.PTTL(ctx, key).Val(), 7*time.Second)
+	near("reconciled marker", e.rdb.PTTL(ctx, e.keys.LimiterReconciled(s.Name, r.Reservation.ID)).Val(), time.Hour)
+	if err := tb.Penalize(ctx, s, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// The penalty, then the probe timeout (30 s) for the probe phase.
+	near("after a penalty", e.rdb.PTTL(ctx, key).Val(), 151*time.Second)
+	e.clock.Add(2 * time.Minute)
+	mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}) // the probe: 30 s + 30 s
+	near("with a probe in flight", e.rdb.PTTL(ctx, key).Val(), 61*time.Second)
+
+	// Every limiter's keys.
+	for i := range 3 {
+		NewFixedWindow(e.rdb, e.opts()).Allow(ctx, "fw", 10, time.Minute, 1)
+		NewSlidingLog(e.rdb, e.opts()).Allow(ctx, "sl", 10, time.Minute, 1)
+		NewSlidingCounter(e.rdb, e.opts()).Allow(ctx, "sc", 10, time.Minute, 1)
+		NewMultiWindow(e.rdb, e.opts()).Allow(ctx, "mw", []Window{{10, time.Second}, {100, time.Hour}}, 1)
+		l := NewLease(tb, ModelScope("lease", 0, 100, 0, 0), LeaseOptions{Size: Cost{Requests: 10}})
+		l.Take(ctx, Cost{Requests: 1 + int64(i)})
+		l.Close(ctx)
+	}
+	keys := scanKeys(t, e.rdb, e.keys.Prefix()+":*")
+	if len(keys) < 8 {
+		t.Fatalf("only %d keys: %v", len(keys), keys)
+	}
+	for _, k := range keys {
+		if ttl := e.rdb.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("key %s has no TTL (%v)", k, ttl)
+		}
+	}
+	// The keys of a scope share its hash tag.
+	if !strings.Contains(key, "{ttl}") || !strings.Contains(e.keys.LimiterReconciled(s.Name, "x"), "{ttl}") {
+		t.Fatalf("keys %s without the scope's hash tag", key)
+	}
+}
+
+// Bad scopes and costs fail with an error naming what is wrong.
+func testInvalidInput(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := NewTokenBucket(e.rdb, e.opts())
+	for _, c := range []struct {
+		s    Scope
+		cost Cost
+		want string
+	}{
+		{Scope{}, Cost{}, "Scope.Name"},
+		{Scope{Name: "x", Buckets: []Bucket{{Name: "", Limit: 1, Period: time.Second}}}, Cost{}, "Buckets[0].Name"},
+		{Scope{Name: "x", Buckets: []Bucket{{Name: "a", Limit: 0, Period: time.Second}}}, Cost{}, "Limit"},
+		{Scope{Name: "x", Buckets: []Bucket{{Name: "a", Limit: 1}}}, Cost{}, "Period"},
+		{Scope{Name: "x", Buckets: []Bucket{{Name: "a", Limit: 1, Period: time.Second}, {Name: "a", Limit: 1, Period: time.Second}}}, Cost{}, "twice"},
+		{ModelScope("x", 0, 1, 0, 0), Cost{Requests: -1}, "negative"},
+	} {
+		if _, err := tb.Reserve(ctx, c.s, c.cost); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Reserve(%+v, %+v) err = %v, want one naming %s", c.s, c.cost, err, c.want)
+		}
+	}
+	if err := tb.Penalize(ctx, ModelScope("x", 0, 1, 0, 0), -time.Second); err == nil {
+		t.Errorf("negative penalty accepted")
+	}
+	if _, err := NewMultiWindow(e.rdb, e.opts()).Allow(ctx, "k", []Window{{1, time.Second}, {2, time.Second}}, 1); err == nil {
+		t.Errorf("two windows of one period accepted")
+	}
+	defer func() {
+		if p := recover(); p == nil || !strings.Contains(p.(string), "ProbeTimeout") {
+			t.Errorf("negative ProbeTimeout: panic %v, want one naming it", p)
+		}
+	}()
+	NewTokenBucket(e.rdb, Options{ProbeTimeout: -1})
+}
+
+// A scope without buckets only carries penalties; ModelScope leaves out the
+// zero limits.
+func TestModelScope(t *testing.T) {
+	t.Parallel()
+	s := ModelScope("m", 5, 0, 1000, 0)
+	if len(s.Buckets) != 2 || s.Buckets[0] != (Bucket{"rps", UnitRequests, 5, time.Second}) ||
+		s.Buckets[1] != (Bucket{"tpm", UnitTokens, 1000, time.Minute}) {
+		t.Fatalf("ModelScope = %+v", s)
+	}
+	if s := ModelScope("m", 0, 0, 0, 0); len(s.Buckets) != 0 || s.validate(Cost{Requests: 1, Tokens: 1}) != nil {
+		t.Fatalf("ModelScope without limits = %+v", s)
+	}
+}
