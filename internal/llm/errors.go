@@ -1,0 +1,119 @@
+package llm
+
+import (
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Class says what a failed call means for the job that made it.
+type Class int
+
+const (
+	// ClassNone is the zero Class: Classify's answer for a status that is not
+	// an error.
+	ClassNone Class = iota
+	// ClassRateLimited is a 429: the provider's buckets are empty. Every worker
+	// should pause until the provider's reset; the attempt is not a failure.
+	ClassRateLimited
+	// ClassRetryable is a failure that may pass on another try: 5xx, 408, 409,
+	// timeouts and connection errors.
+	ClassRetryable
+	// ClassPermanent is a failure no retry can fix: the other 4xx, a request
+	// refused before it was sent, an exhausted account quota.
+	ClassPermanent
+)
+
+func (c Class) String() string {
+	switch c {
+	case ClassNone:
+		return "none"
+	case ClassRateLimited:
+		return "rate_limited"
+	case ClassRetryable:
+		return "retryable"
+	case ClassPermanent:
+		return "permanent"
+	}
+	return "Class(" + strconv.Itoa(int(c)) + ")"
+}
+
+// Classify maps an HTTP status of a provider's answer to a Class. 408 and 409
+// are retryable, as in OpenAI's own clients (409 is a transient conflict on
+// OpenAI's side); redirects and other unexpected statuses are permanent, since
+// they mean a misconfigured base URL rather than a passing fault.
+func Classify(status int) Class {
+	switch {
+	case status >= 200 && status < 300:
+		return ClassNone
+	case status == http.StatusTooManyRequests:
+		return ClassRateLimited
+	case status == http.StatusRequestTimeout, status == http.StatusConflict, status >= 500:
+		return ClassRetryable
+	default:
+		return ClassPermanent
+	}
+}
+
+// Error is a failed provider call. Its text never holds an API key.
+type Error struct {
+	Class Class
+	// Provider is the provider's name.
+	Provider string
+	// StatusCode is the provider's HTTP status; 0 when no answer came
+	// (timeouts, connection errors) or the request was refused before sending.
+	StatusCode int
+	// Message, Type, Code and Param are the provider's error object
+	// ({"error":{"message","type","code","param"}}), for the job's error.
+	Message, Type, Code, Param string
+	// RequestID is the provider's x-request-id, when it answered.
+	RequestID string
+	// RateLimit is what the error response's headers said; on a 429 its Delay
+	// is the provider's retry-after.
+	RateLimit RateLimit
+	// Err is the underlying error (network, context, decoding), if any.
+	Err error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.Provider != "" {
+		b.WriteString(e.Provider)
+		b.WriteString(": ")
+	}
+	if e.StatusCode != 0 {
+		b.WriteString(strconv.Itoa(e.StatusCode))
+		b.WriteByte(' ')
+	}
+	b.WriteString(e.Class.String())
+	if e.Code != "" {
+		b.WriteString(" (" + e.Code + ")")
+	} else if e.Type != "" {
+		b.WriteString(" (" + e.Type + ")")
+	}
+	if e.Message != "" {
+		b.WriteString(": ")
+		b.WriteString(redact(e.Message))
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(redact(e.Err.Error()))
+	}
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// keyPattern matches strings shaped like provider API keys (OpenAI's and
+// Anthropic's sk-...) that a provider might echo back in an error message.
+var keyPattern = regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{8,}`)
+
+// redact masks anything shaped like an API key. The provider also removes its
+// configured key before an Error is built; this is the second line.
+func redact(s string) string {
+	if !strings.Contains(s, "sk-") {
+		return s
+	}
+	return keyPattern.ReplaceAllString(s, "sk-[redacted]")
+}

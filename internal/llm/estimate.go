@@ -1,0 +1,369 @@
+package llm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/tiktoken-go/tokenizer"
+)
+
+// Token accounting constants. The message overheads are those of OpenAI's
+// cookbook ("How to count tokens with tiktoken"), which match the API's
+// prompt_tokens for gpt-3.5-turbo, gpt-4, gpt-4o and gpt-4o-mini.
+const (
+	tokensPerMessage = 3 // <|start|>{role}<|message|>...<|end|>
+	tokensPerName    = 1
+	tokensPerReply   = 3 // every reply is primed with <|start|>assistant<|message|>
+
+	// The cookbook's counts for function definitions ("Counting tokens for
+	// chat completions with tool calls").
+	toolPropInit = 3
+	toolPropKey  = 3
+	toolEnumInit = -3
+	toolEnumItem = 3
+	toolFuncEnd  = 12
+
+	// ImageTokens is the allowance for one image (or any non-text part) whose
+	// size llmq cannot know without fetching it: the most a high-detail image
+	// costs on gpt-4o (scaled into 768×2048, 8 tiles: 85 + 8×170 tokens).
+	ImageTokens = 1445
+	// ImageTokensLow is the cost of an image sent with detail "low".
+	ImageTokensLow = 85
+
+	// UnknownModelMarginPercent is added to the prompt estimate of a model no
+	// tokenizer is known for. Such models are counted with o200k_base, the
+	// encoding of current OpenAI models, whose large vocabulary is close to
+	// that of most current open models (Llama 3, Qwen); tokenizers with small
+	// vocabularies (32k, as Mistral's and Llama 2's) produce up to about a
+	// quarter more tokens for English text. An estimate that is too low lets
+	// the limiter overshoot the provider's TPM (429s) and the budget
+	// under-reserve, which cost more than a reservation a little too high,
+	// which is refunded when the call reports its usage.
+	UnknownModelMarginPercent = 25
+
+	// FallbackEncoding is the encoding of models no tokenizer is known for.
+	FallbackEncoding = "o200k_base"
+)
+
+// imageAllowance lists models that bill images far above gpt-4o's rates, per
+// OpenAI's vision pricing: gpt-4o-mini charges 2833 + 5667 per tile (so its
+// image costs match gpt-4o's dollars), the patch-based models a multiple of
+// 1536 patches. The first matching prefix wins.
+var imageAllowance = []struct {
+	prefix    string
+	high, low int64
+}{
+	{"gpt-4o-mini", 2833 + 8*5667, 2833},
+	{"gpt-4.1-nano", 3779, 3779}, // 1536 patches × 2.46
+	{"gpt-4.1-mini", 2489, 2489}, // × 1.62
+	{"o4-mini", 2642, 2642},      // × 1.72
+}
+
+// encodingPrefixes maps model-name prefixes to encodings, most specific first.
+var encodingPrefixes = []struct{ prefix, encoding string }{
+	{"gpt-4o", "o200k_base"},
+	{"chatgpt-4o", "o200k_base"},
+	{"gpt-4.1", "o200k_base"},
+	{"gpt-4.5", "o200k_base"},
+	{"gpt-5", "o200k_base"},
+	{"gpt-oss", "o200k_base"},
+	{"o1", "o200k_base"},
+	{"o3", "o200k_base"},
+	{"o4", "o200k_base"},
+	{"gpt-4", "cl100k_base"},
+	{"gpt-3.5", "cl100k_base"},
+	{"gpt-35", "cl100k_base"},
+	{"text-embedding-3", "cl100k_base"},
+	{"text-embedding-ada-002", "cl100k_base"},
+}
+
+// normalizeModel strips what does not change the tokenizer: case, a
+// fine-tune's "ft:" prefix and a router's "vendor/" prefix.
+func normalizeModel(model string) string {
+	m := strings.ToLower(strings.TrimSpace(model))
+	m = strings.TrimPrefix(m, "ft:")
+	if i := strings.LastIndexByte(m, '/'); i >= 0 {
+		m = m[i+1:]
+	}
+	return m
+}
+
+// EncodingForModel returns the tokenizer encoding of model, and whether the
+// model is known; unknown models get FallbackEncoding.
+func EncodingForModel(model string) (encoding string, known bool) {
+	m := normalizeModel(model)
+	for _, p := range encodingPrefixes {
+		if strings.HasPrefix(m, p.prefix) {
+			return p.encoding, true
+		}
+	}
+	return FallbackEncoding, false
+}
+
+// codecs caches one codec per encoding for the process: building one
+// compiles its split pattern and, the first time, loads a vocabulary of up to
+// 200k entries. Codecs are safe for concurrent use (read-only maps and a
+// regexp2 pattern, which pools its matchers).
+var codecs sync.Map // encoding name → *lazyCodec
+
+type lazyCodec struct {
+	once  sync.Once
+	codec tokenizer.Codec
+	err   error
+}
+
+func codecFor(encoding string) (tokenizer.Codec, error) {
+	v, ok := codecs.Load(encoding)
+	if !ok {
+		switch encoding {
+		case "o200k_base", "cl100k_base", "p50k_base", "r50k_base", "p50k_edit":
+		default:
+			return nil, fmt.Errorf("llm: unknown tokenizer encoding %q (want o200k_base, cl100k_base, p50k_base or r50k_base)", encoding)
+		}
+		v, _ = codecs.LoadOrStore(encoding, &lazyCodec{})
+	}
+	lc := v.(*lazyCodec)
+	lc.once.Do(func() { lc.codec, lc.err = tokenizer.Get(tokenizer.Encoding(encoding)) })
+	return lc.codec, lc.err
+}
+
+// Estimator counts the prompt tokens of request bodies. It is safe for
+// concurrent use; its tokenizers are shared by the whole process.
+//
+// Chat: the cookbook's count — for each message 3 tokens, plus the tokens of
+// its role and content (each text part; a flat allowance per image or other
+// media part: ImageTokensLow for detail "low", else ImageTokens, more for
+// models that bill images higher), plus the name's tokens and 1 when a name is
+// given; tool_call_id and tool call names and arguments are counted as text;
+// 3 tokens prime the reply; function definitions are counted by the
+// cookbook's formula (with nested schemas counted as their JSON text), and a
+// json_schema response format as its JSON text.
+//
+// Embeddings: the tokens of every input string, plus every token id given.
+//
+// The encoding comes from the model (EncodingForModel) unless overridden;
+// unknown models are counted with FallbackEncoding and their prompt estimate
+// is raised by UnknownModelMarginPercent.
+type Estimator struct{}
+
+// NewEstimator returns an Estimator.
+func NewEstimator() *Estimator { return &Estimator{} }
+
+var defaultEstimator = NewEstimator()
+
+// PromptTokens estimates the prompt tokens of body for endpoint. model picks
+// the tokenizer ("" uses body.model); encoding, when set, overrides it (and
+// no margin is added). Invalid bodies return an *InvalidRequestError.
+func (e *Estimator) PromptTokens(endpoint, model, encoding string, body []byte) (int64, error) {
+	p, err := e.Parse(endpoint, model, encoding, body)
+	if err != nil {
+		return 0, err
+	}
+	return p.PromptTokens, nil
+}
+
+// Parse validates body as ParseRequest does and counts it with the tokenizer
+// of model ("" uses body.model) or the given encoding.
+func (e *Estimator) Parse(endpoint, model, encoding string, body []byte) (*ParsedRequest, error) {
+	r, err := parseBody(endpoint, body)
+	if err != nil {
+		return nil, err
+	}
+	if model == "" {
+		model = r.model
+	}
+	known := true
+	if encoding == "" {
+		encoding, known = EncodingForModel(model)
+	}
+	codec, err := codecFor(encoding)
+	if err != nil {
+		return nil, err
+	}
+	c := counter{codec: codec}
+	content, overhead := c.request(r, normalizeModel(model))
+	prompt := content + overhead
+	if !known {
+		prompt += (prompt*UnknownModelMarginPercent + 99) / 100
+	}
+	return &ParsedRequest{
+		Model:         r.model,
+		MaxTokens:     r.maxTokens,
+		N:             r.n,
+		PromptTokens:  prompt,
+		ContentTokens: content,
+		Inputs:        r.nInputs,
+		Encoding:      encoding,
+		KnownModel:    known,
+	}, nil
+}
+
+type counter struct {
+	codec tokenizer.Codec
+}
+
+func (c counter) text(s string) int64 {
+	if s == "" {
+		return 0
+	}
+	// Count only fails on invalid UTF-8 in strict mode, which is not used;
+	// json.Unmarshal has already replaced invalid bytes anyway.
+	n, _ := c.codec.Count(s)
+	return int64(n)
+}
+
+// request returns the content tokens and the overhead llmq adds to them.
+func (c counter) request(r *request, model string) (content, overhead int64) {
+	if r.endpoint == EndpointEmbeddings {
+		for _, s := range r.inputs {
+			content += c.text(s)
+		}
+		return content + r.tokenIDs, 0
+	}
+	high, low := int64(ImageTokens), int64(ImageTokensLow)
+	for _, a := range imageAllowance {
+		if strings.HasPrefix(model, a.prefix) {
+			high, low = a.high, a.low
+			break
+		}
+	}
+	for i := range r.messages {
+		m := &r.messages[i]
+		for _, s := range m.texts {
+			content += c.text(s)
+		}
+		for _, detail := range m.media {
+			if detail == "low" {
+				content += low
+			} else {
+				content += high
+			}
+		}
+		overhead += tokensPerMessage + c.text(m.role)
+		if m.hasName {
+			overhead += c.text(m.name) + tokensPerName
+		}
+		for _, s := range m.extra {
+			overhead += c.text(s)
+		}
+	}
+	overhead += tokensPerReply
+	if len(r.tools) > 0 {
+		overhead += c.tools(r.tools, r.toolsKey == "functions")
+	}
+	if len(r.schema) > 0 {
+		overhead += c.json(r.schema)
+	}
+	return content, overhead
+}
+
+// json counts a JSON value as its compact text: a generous stand-in for the
+// provider's rendering of schemas, which is terser than JSON.
+func (c counter) json(raw json.RawMessage) int64 {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return c.text(string(raw))
+	}
+	return c.text(b.String())
+}
+
+type toolSpec struct {
+	Type     string       `json:"type"`
+	Function *functionDef `json:"function"`
+}
+
+type functionDef struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	Parameters  struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+	} `json:"parameters"`
+}
+
+// tools counts function definitions by the cookbook's formula. Definitions
+// that are not functions, or do not have its shape, count as their JSON text.
+func (c counter) tools(raw json.RawMessage, legacy bool) int64 {
+	var defs []*functionDef
+	var n int64
+	if legacy {
+		if json.Unmarshal(raw, &defs) != nil {
+			return c.json(raw)
+		}
+	} else {
+		var specs []json.RawMessage
+		if json.Unmarshal(raw, &specs) != nil {
+			return c.json(raw)
+		}
+		for _, s := range specs {
+			var t toolSpec
+			if json.Unmarshal(s, &t) != nil || t.Function == nil {
+				n += c.json(s)
+				continue
+			}
+			defs = append(defs, t.Function)
+		}
+	}
+	if len(defs) == 0 {
+		return n
+	}
+	funcInit := int64(10)
+	if c.codec.GetName() == "o200k_base" {
+		funcInit = 7
+	}
+	for _, f := range defs {
+		if f == nil {
+			continue
+		}
+		n += funcInit + c.text(f.Name+":"+strings.TrimSuffix(f.Description, "."))
+		if len(f.Parameters.Properties) == 0 {
+			continue
+		}
+		n += toolPropInit
+		for key, praw := range f.Parameters.Properties {
+			n += toolPropKey + c.property(key, praw)
+		}
+	}
+	return n + toolFuncEnd
+}
+
+func (c counter) property(key string, raw json.RawMessage) int64 {
+	var all map[string]json.RawMessage
+	if json.Unmarshal(raw, &all) != nil {
+		return c.text(key) + c.json(raw)
+	}
+	var n int64
+	typ, ok := jsonString(all["type"])
+	if !ok && !isNull(all["type"]) {
+		var b bytes.Buffer
+		_ = json.Compact(&b, all["type"])
+		typ = b.String()
+	}
+	desc, _ := jsonString(all["description"])
+	if enumRaw, ok := all["enum"]; ok {
+		var items []json.RawMessage
+		if json.Unmarshal(enumRaw, &items) == nil {
+			n += toolEnumInit
+			for _, it := range items {
+				s, ok := jsonString(it)
+				if !ok {
+					s = string(it)
+				}
+				n += toolEnumItem + c.text(s)
+			}
+		}
+	}
+	n += c.text(key + ":" + typ + ":" + strings.TrimSuffix(desc, "."))
+	// The cookbook's formula knows type, description and enum; anything else
+	// (nested properties, items, formats) is counted as its JSON text.
+	delete(all, "type")
+	delete(all, "description")
+	delete(all, "enum")
+	if len(all) > 0 {
+		rest, _ := json.Marshal(all)
+		n += c.text(string(rest))
+	}
+	return n
+}

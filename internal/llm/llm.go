@@ -1,0 +1,63 @@
+// Package llm owns llmq's one way of talking to an LLM provider: the Provider
+// interface and its OpenAI-compatible implementation (over go-openai), the
+// classification of provider errors into rate-limited, retryable and permanent,
+// the parsing of OpenAI's rate-limit headers, and the validation and token
+// estimation of client request bodies that the HTTP API, batch validation, the
+// limiter and the budget rely on. The simulated provider lives in llm/sim.
+package llm
+
+import (
+	"context"
+	"encoding/json"
+)
+
+// The endpoints llmq dispatches. They are the paths clients use in jobs and in
+// batch input lines; a provider's BaseURL already ends in "/v1".
+const (
+	EndpointChat       = "/v1/chat/completions"
+	EndpointEmbeddings = "/v1/embeddings"
+)
+
+// Request is one provider call.
+type Request struct {
+	// Endpoint is EndpointChat or EndpointEmbeddings.
+	Endpoint string
+	// Upstream is the provider's model id; it replaces body.model. Empty keeps
+	// the body's model.
+	Upstream string
+	// Body is the client's request body, as validated by ParseRequest.
+	Body json.RawMessage
+}
+
+// Usage is what the provider says a call consumed.
+type Usage struct {
+	PromptTokens     int64
+	CompletionTokens int64
+	TotalTokens      int64
+	// CachedTokens is the part of PromptTokens served from the provider's
+	// prompt cache (billed at the cached price).
+	CachedTokens int64
+}
+
+// Response is a provider's successful answer.
+type Response struct {
+	StatusCode int
+	// Body is the provider's response JSON, byte for byte as it was sent, so
+	// fields this code does not model (and base64 embeddings) reach clients.
+	Body json.RawMessage
+	// RequestID is the provider's x-request-id, for support tickets.
+	RequestID string
+	Usage     Usage
+	// RateLimit is what the response headers say about the provider's buckets.
+	RateLimit RateLimit
+}
+
+// Provider calls one LLM provider. Implementations are safe for concurrent use.
+type Provider interface {
+	// Name is the provider's name in the policy file, for logs and metrics.
+	Name() string
+	// Call sends one request and returns the provider's answer, or an *Error
+	// whose Class says whether and how to retry. It never waits longer than the
+	// provider's timeout, whatever ctx allows.
+	Call(ctx context.Context, req Request) (*Response, error)
+}

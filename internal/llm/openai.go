@@ -1,0 +1,379 @@
+package llm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	openai "github.com/sashabaranov/go-openai"
+)
+
+// OpenAIConfig configures a provider that speaks OpenAI's API.
+type OpenAIConfig struct {
+	// Name is the provider's name in the policy file. Defaults to "openai".
+	Name string
+	// BaseURL is the API root, ending in /v1, of OpenAI or any compatible
+	// server. Defaults to "https://api.openai.com/v1".
+	BaseURL string
+	// APIKey is sent as a bearer token. It never appears in errors.
+	APIKey string
+	// Timeout bounds every call, whatever the caller's context allows.
+	// Defaults to 60s.
+	Timeout time.Duration
+	// HTTPClient sends the requests. It is copied, never modified; its
+	// Transport is wrapped to capture response headers and bodies. Defaults to
+	// a client whose transport keeps up to 256 idle connections per host, so
+	// a busy worker does not reconnect for every call.
+	HTTPClient *http.Client
+}
+
+const (
+	defaultOpenAIBaseURL = "https://api.openai.com/v1"
+	defaultTimeout       = 60 * time.Second
+	// maxResponseBytes bounds a provider's answer held in memory: the largest
+	// legitimate one, 2048 embeddings of 3072 floats, is about 130 MB.
+	maxResponseBytes = 256 << 20
+	// maxErrorExcerpt bounds the part of a non-JSON error body (a proxy's
+	// HTML page) kept as the message.
+	maxErrorExcerpt = 200
+)
+
+// openAIProvider implements Provider over go-openai.
+//
+// What go-openai v1.43.0 would lose, and what is done about it:
+//   - Request fields. Its typed requests drop every field they do not model
+//     (modalities, audio, prompt_cache_key, web_search_options, vendor
+//     extensions such as top_k), drop zero values that are not defaults
+//     (temperature 0 and top_p 0 are omitted, so the provider would sample at
+//     temperature 1), keep only text and image_url content parts (the data of
+//     input_audio and file parts is lost), keep only the type and function of
+//     tools, and put only the fields they model in embeddings requests. So the
+//     body decoded into openai.ChatCompletionRequest / EmbeddingRequest is used
+//     for go-openai's own checks, the URL and the authentication, and the wire
+//     body is the client's own with "model" set to Upstream: the capturing
+//     transport swaps it in.
+//   - Response fields. The typed responses drop fields they do not model
+//     (message annotations and audio, usage details beyond cached tokens) and
+//     turn base64 embeddings (encoding_format "base64") into float arrays, so
+//     re-encoding them would change what the client asked for. Response.Body
+//     is the provider's bytes as captured by the transport; the typed response
+//     gives the usage.
+//   - Headers of errors. *openai.APIError carries none, so a 429's
+//     retry-after would be lost; the transport keeps the headers of every
+//     response.
+//   - Client-side checks. go-openai refuses max_tokens, n, temperature and
+//     tools for the reasoning models it knows; those checks are bypassed (see
+//     typedChatRequest) and the provider judges. Chat bodies its types cannot
+//     hold are sent all the same. Embeddings bodies it cannot decode (a
+//     dimensions that is not a number) are refused as permanent errors, since
+//     its decoding of the answer depends on the request's encoding_format.
+type openAIProvider struct {
+	name    string
+	apiKey  string
+	timeout time.Duration
+	client  *openai.Client
+}
+
+// NewOpenAI returns a Provider for OpenAI or any server compatible with its
+// chat completions and embeddings API.
+func NewOpenAI(cfg OpenAIConfig) Provider {
+	if cfg.Name == "" {
+		cfg.Name = "openai"
+	}
+	if cfg.BaseURL == "" {
+		cfg.BaseURL = defaultOpenAIBaseURL
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = defaultTimeout
+	}
+	var hc http.Client
+	if cfg.HTTPClient != nil {
+		hc = *cfg.HTTPClient
+	}
+	base := hc.Transport
+	if base == nil {
+		if cfg.HTTPClient != nil {
+			base = http.DefaultTransport
+		} else {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.MaxIdleConns = 1024
+			t.MaxIdleConnsPerHost = 256
+			base = t
+		}
+	}
+	hc.Transport = &captureTransport{base: base}
+	oc := openai.DefaultConfig(cfg.APIKey)
+	oc.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
+	oc.HTTPClient = &hc
+	return &openAIProvider{
+		name:    cfg.Name,
+		apiKey:  cfg.APIKey,
+		timeout: cfg.Timeout,
+		client:  openai.NewClientWithConfig(oc),
+	}
+}
+
+func (p *openAIProvider) Name() string { return p.name }
+
+func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, error) {
+	wire, err := wireBody(req)
+	if err != nil {
+		return nil, p.refuse(err)
+	}
+	c := &capture{wire: wire}
+	ctx, cancel := context.WithTimeoutCause(context.WithValue(ctx, captureKey{}, c), p.timeout, errTimeout)
+	defer cancel()
+
+	var usage openai.Usage
+	switch req.Endpoint {
+	case EndpointChat:
+		resp, cerr := p.client.CreateChatCompletion(ctx, typedChatRequest(wire))
+		err, usage = cerr, resp.Usage
+	case EndpointEmbeddings:
+		var er openai.EmbeddingRequest
+		if err := json.Unmarshal(wire, &er); err != nil {
+			return nil, p.refuse(fmt.Errorf("the request cannot be represented: %w", err))
+		}
+		resp, cerr := p.client.CreateEmbeddings(ctx, er)
+		err, usage = cerr, resp.Usage
+	default:
+		return nil, p.refuse(&InvalidRequestError{Param: "endpoint", Message: fmt.Sprintf("'endpoint' %q is not supported", req.Endpoint)})
+	}
+	if err != nil {
+		return nil, p.failure(ctx, c, err)
+	}
+	out := &Response{
+		StatusCode: c.status,
+		Body:       c.body,
+		RequestID:  c.header.Get("x-request-id"),
+		RateLimit:  ParseRateLimit(c.header),
+		Usage: Usage{
+			PromptTokens:     int64(usage.PromptTokens),
+			CompletionTokens: int64(usage.CompletionTokens),
+			TotalTokens:      int64(usage.TotalTokens),
+		},
+	}
+	if usage.PromptTokensDetails != nil {
+		out.Usage.CachedTokens = int64(usage.PromptTokensDetails.CachedTokens)
+	}
+	return out, nil
+}
+
+// wireBody is the client's body with model set to the upstream id.
+func wireBody(req Request) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(req.Body, &fields); err != nil || fields == nil {
+		return nil, &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
+	}
+	if req.Upstream != "" {
+		m, _ := json.Marshal(req.Upstream)
+		fields["model"] = m
+	}
+	if s, ok := fields["stream"]; ok && string(bytes.TrimSpace(s)) == "true" {
+		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is not supported"}
+	}
+	return json.Marshal(fields)
+}
+
+// typedChatRequest is the go-openai request for a wire body. Only its model
+// matters (for the URL and go-openai's model checks): the wire body is sent.
+// The fields go-openai's reasoning-model checks read are cleared, because
+// those checks are a library's snapshot of what models accepted when it was
+// written (no max_tokens, n or temperature for o1, o3, o4 and gpt-5); the
+// provider judges the parameters, and its 400 names them. A body the typed
+// request cannot hold (a stop given as a string, a metadata value that is not
+// a string) is still sent as it is.
+func typedChatRequest(wire []byte) openai.ChatCompletionRequest {
+	var cr openai.ChatCompletionRequest
+	if err := json.Unmarshal(wire, &cr); err != nil {
+		var m struct {
+			Model string `json:"model"`
+		}
+		_ = json.Unmarshal(wire, &m)
+		cr = openai.ChatCompletionRequest{Model: m.Model}
+	}
+	cr.Stream = false
+	cr.MaxTokens, cr.N, cr.Temperature, cr.TopP = 0, 0, 0, 0
+	cr.PresencePenalty, cr.FrequencyPenalty, cr.LogProbs, cr.TopLogProbs = 0, 0, false, 0
+	cr.ReasoningEffort, cr.Tools, cr.Functions, cr.ToolChoice, cr.FunctionCall = "", nil, nil, nil, nil
+	return cr
+}
+
+// refuse is a request that was never sent.
+func (p *openAIProvider) refuse(err error) *Error {
+	e := &Error{Class: ClassPermanent, Provider: p.name, Type: "invalid_request_error", Message: p.scrub(err.Error())}
+	var ir *InvalidRequestError
+	if errors.As(err, &ir) {
+		e.Param = ir.Param
+	}
+	return e
+}
+
+// failure turns go-openai's error into an *Error, with the headers the
+// transport captured.
+func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Error {
+	e := &Error{Provider: p.name, Err: err}
+	if c.header != nil {
+		e.RateLimit = ParseRateLimit(c.header)
+		e.RequestID = c.header.Get("x-request-id")
+	}
+	var apiErr *openai.APIError
+	var reqErr *openai.RequestError
+	switch {
+	case errors.As(err, &apiErr):
+		e.StatusCode = apiErr.HTTPStatusCode
+		e.Message = p.scrub(apiErr.Message)
+		e.Type = apiErr.Type
+		e.Code = codeString(apiErr.Code)
+		if apiErr.Param != nil {
+			e.Param = *apiErr.Param
+		}
+		e.Err = nil // the message is the error; go-openai's text repeats it
+	case errors.As(err, &reqErr):
+		e.StatusCode = reqErr.HTTPStatusCode
+		e.Message = p.scrub(excerpt(reqErr.Body))
+		if e.Message == "" {
+			e.Message = http.StatusText(reqErr.HTTPStatusCode)
+		}
+		e.Err = nil
+	case c.status >= 200 && c.status < 300:
+		// The provider said yes but its body did not decode: a truncated or
+		// mangled answer, worth another try.
+		e.StatusCode = c.status
+		e.Class = ClassRetryable
+		e.Message = "the provider's response could not be decoded"
+		return e
+	case !c.sent:
+		// Refused by go-openai's own checks before anything was sent.
+		e.Class = ClassPermanent
+		e.Type = "invalid_request_error"
+		e.Message = p.scrub(err.Error())
+		e.Err = nil
+		return e
+	default:
+		// No answer: a timeout, a cancellation or a connection error.
+		e.Class = ClassRetryable
+		switch {
+		case errors.Is(context.Cause(ctx), errTimeout):
+			e.Message = "no answer within " + p.timeout.String()
+		case errors.Is(err, context.Canceled):
+			e.Message = "the call was cancelled"
+		default:
+			e.Message = "the provider could not be reached"
+		}
+		e.Err = scrubbedError{err, p.scrub(err.Error())}
+		return e
+	}
+	e.Class = Classify(e.StatusCode)
+	// OpenAI answers 429 when the account's quota or credit is exhausted:
+	// waiting for a bucket to refill will not help, so it is permanent.
+	if e.Class == ClassRateLimited && (e.Code == "insufficient_quota" || e.Type == "insufficient_quota") {
+		e.Class = ClassPermanent
+	}
+	return e
+}
+
+// scrub removes the configured API key from text that may echo it.
+func (p *openAIProvider) scrub(s string) string {
+	if p.apiKey != "" && strings.Contains(s, p.apiKey) {
+		s = strings.ReplaceAll(s, p.apiKey, "[redacted]")
+	}
+	return redact(s)
+}
+
+// scrubbedError keeps the chain of an error (for errors.Is) under a text that
+// has been scrubbed.
+type scrubbedError struct {
+	err  error
+	text string
+}
+
+func (s scrubbedError) Error() string { return s.text }
+func (s scrubbedError) Unwrap() error { return s.err }
+
+func codeString(code any) string {
+	switch c := code.(type) {
+	case nil:
+		return ""
+	case string:
+		return c
+	case int:
+		return strconv.Itoa(c)
+	default:
+		return fmt.Sprint(c)
+	}
+}
+
+// excerpt keeps the start of a non-JSON error body on one line.
+func excerpt(body []byte) string {
+	s := strings.Join(strings.Fields(string(body)), " ")
+	if len(s) > maxErrorExcerpt {
+		s = s[:maxErrorExcerpt] + "…"
+	}
+	return s
+}
+
+// errTimeout is the cause of a call's own deadline, told apart from the
+// caller's; it is still a context.DeadlineExceeded for errors.Is.
+var errTimeout = fmt.Errorf("provider timeout: %w", context.DeadlineExceeded)
+
+type captureKey struct{}
+
+// capture is one call's view of its HTTP exchange. Each call has its own,
+// reached through the request's context, so one client serves concurrent
+// calls; the transport fills it on the caller's goroutine before go-openai
+// returns.
+type capture struct {
+	wire   []byte // the body to send instead of go-openai's
+	sent   bool
+	status int
+	header http.Header
+	body   []byte // a 2xx answer's body
+}
+
+// captureTransport sends the call's own body, and keeps the status, headers
+// and (for 2xx answers) the body of the response.
+type captureTransport struct {
+	base http.RoundTripper
+}
+
+func (t *captureTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	c, _ := req.Context().Value(captureKey{}).(*capture)
+	if c == nil {
+		return t.base.RoundTrip(req)
+	}
+	if c.wire != nil && req.Body != nil {
+		// RoundTrippers must not modify the request they are given.
+		wire := c.wire
+		req = req.Clone(req.Context())
+		req.Body = io.NopCloser(bytes.NewReader(wire))
+		req.ContentLength = int64(len(wire))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(wire)), nil }
+	}
+	c.sent = true
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	c.status, c.header = resp.StatusCode, resp.Header
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+		resp.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		if len(body) > maxResponseBytes {
+			return nil, fmt.Errorf("response body larger than %d bytes", maxResponseBytes)
+		}
+		c.body = body
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	return resp, nil
+}

@@ -1,0 +1,176 @@
+package llm
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RateLimitField names one value of a RateLimit, so that an absent header can
+// be told from a zero one.
+type RateLimitField uint8
+
+// The values a RateLimit may hold.
+const (
+	HasLimitRequests RateLimitField = 1 << iota
+	HasLimitTokens
+	HasRemainingRequests
+	HasRemainingTokens
+	HasResetRequests
+	HasResetTokens
+	HasRetryAfter
+)
+
+// RateLimit is what a provider's response headers say about its rate-limit
+// buckets. A value is meaningful only when its bit is set in Has: providers
+// omit headers, and some (Azure deployments) send -1 or 0 that mean nothing.
+type RateLimit struct {
+	LimitRequests     int64
+	LimitTokens       int64
+	RemainingRequests int64
+	RemainingTokens   int64
+	// ResetRequests and ResetTokens are OpenAI's x-ratelimit-reset-*: how long
+	// until the bucket has refilled (relative to when the response was sent).
+	ResetRequests time.Duration
+	ResetTokens   time.Duration
+	// RetryAfter is retry-after-ms, or else retry-after.
+	RetryAfter time.Duration
+	// Has records which of the fields above the headers gave.
+	Has RateLimitField
+}
+
+// Known reports whether the headers gave field f.
+func (r RateLimit) Known(f RateLimitField) bool { return r.Has&f != 0 }
+
+// Delay is how long the headers ask a client to wait before the next request:
+// RetryAfter when given, else the longest reset the headers gave (after a 429
+// without retry-after, the exhausted bucket is one of them, and waiting for the
+// longer one never sends a request the provider must refuse). ok is false when
+// the headers give no positive wait, so the caller falls back to its own backoff.
+func (r RateLimit) Delay() (d time.Duration, ok bool) {
+	if r.Known(HasRetryAfter) {
+		return r.RetryAfter, r.RetryAfter > 0
+	}
+	if r.Known(HasResetRequests) {
+		d = r.ResetRequests
+	}
+	if r.Known(HasResetTokens) {
+		d = max(d, r.ResetTokens)
+	}
+	return d, d > 0
+}
+
+// maxHint bounds the waits we believe. Token-per-day buckets reset within a
+// day; anything beyond a week is a provider sending something else (such as a
+// Unix timestamp) in a duration header, and is treated as absent.
+const maxHint = 7 * 24 * time.Hour
+
+// ParseRateLimit reads OpenAI's rate-limit headers:
+// x-ratelimit-limit-requests|tokens, x-ratelimit-remaining-requests|tokens,
+// x-ratelimit-reset-requests|tokens (Go duration strings such as "6m0s" and
+// "12ms", or plain seconds such as "1.5"), retry-after-ms (preferred) and
+// retry-after (seconds, or an HTTP date). Nonsense is treated as absent: limits
+// that are not positive integers, negative or unparsable values, remaining
+// counts whose limit header is nonsense or that exceed their limit, a
+// retry-after that asks for no wait at all, and waits longer than a week.
+func ParseRateLimit(h http.Header) RateLimit {
+	return parseRateLimit(h, time.Now())
+}
+
+func parseRateLimit(h http.Header, now time.Time) RateLimit {
+	var r RateLimit
+	if len(h) == 0 {
+		return r
+	}
+	parseFamily := func(kind string, limit, remaining *int64, reset *time.Duration, hasLimit, hasRemaining, hasReset RateLimitField) {
+		limitRaw := h.Get("x-ratelimit-limit-" + kind)
+		limitOK := false
+		if v, ok := parseInt(limitRaw); ok && v > 0 {
+			*limit, limitOK = v, true
+			r.Has |= hasLimit
+		}
+		// A remaining count is only believed beside a sane limit or no limit
+		// header at all: Azure's "limit: -1, remaining: 0" is not "exhausted".
+		if limitOK || limitRaw == "" {
+			if v, ok := parseInt(h.Get("x-ratelimit-remaining-" + kind)); ok && v >= 0 && (!limitOK || v <= *limit) {
+				*remaining = v
+				r.Has |= hasRemaining
+			}
+		}
+		if d, ok := parseDuration(h.Get("x-ratelimit-reset-" + kind)); ok {
+			*reset = d
+			r.Has |= hasReset
+		}
+	}
+	parseFamily("requests", &r.LimitRequests, &r.RemainingRequests, &r.ResetRequests, HasLimitRequests, HasRemainingRequests, HasResetRequests)
+	parseFamily("tokens", &r.LimitTokens, &r.RemainingTokens, &r.ResetTokens, HasLimitTokens, HasRemainingTokens, HasResetTokens)
+
+	if ms, ok := parseFloat(h.Get("retry-after-ms")); ok && ms > 0 {
+		if d := time.Duration(math.Ceil(ms * float64(time.Millisecond))); d <= maxHint {
+			r.RetryAfter = d
+			r.Has |= HasRetryAfter
+			return r
+		}
+	}
+	if v := strings.TrimSpace(h.Get("retry-after")); v != "" {
+		var d time.Duration
+		if s, ok := parseFloat(v); ok {
+			d = time.Duration(math.Ceil(s * float64(time.Second)))
+		} else if t, err := http.ParseTime(v); err == nil {
+			d = t.Sub(now)
+		}
+		if d > 0 && d <= maxHint {
+			r.RetryAfter = d
+			r.Has |= HasRetryAfter
+		}
+	}
+	return r
+}
+
+func parseInt(s string) (int64, bool) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	return v, err == nil
+}
+
+func parseFloat(s string) (float64, bool) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
+}
+
+// parseDuration reads a reset header: a Go duration ("6m0s", "12ms", "1s") or
+// plain seconds ("1.5"). Zero is a real value (the bucket is full).
+func parseDuration(s string) (time.Duration, bool) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, false
+	}
+	var d time.Duration
+	if f, ok := parseFloat(s); ok {
+		if f < 0 || f*float64(time.Second) > float64(maxHint) {
+			return 0, false
+		}
+		d = time.Duration(math.Ceil(f * float64(time.Second)))
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			return 0, false
+		}
+	}
+	if d < 0 || d > maxHint {
+		return 0, false
+	}
+	return d, true
+}

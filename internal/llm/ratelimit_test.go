@@ -1,0 +1,127 @@
+package llm
+
+import (
+	"net/http"
+	"testing"
+	"time"
+)
+
+func TestParseRateLimit(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	cases := []struct {
+		name    string
+		headers map[string]string
+		want    RateLimit
+	}{
+		{"none", nil, RateLimit{}},
+		{"openai success", map[string]string{
+			"x-ratelimit-limit-requests":     "500",
+			"x-ratelimit-limit-tokens":       "300000",
+			"x-ratelimit-remaining-requests": "499",
+			"x-ratelimit-remaining-tokens":   "299000",
+			"x-ratelimit-reset-requests":     "120ms",
+			"x-ratelimit-reset-tokens":       "6m0s",
+		}, RateLimit{
+			LimitRequests: 500, LimitTokens: 300000, RemainingRequests: 499, RemainingTokens: 299000,
+			ResetRequests: 120 * time.Millisecond, ResetTokens: 6 * time.Minute,
+			Has: HasLimitRequests | HasLimitTokens | HasRemainingRequests | HasRemainingTokens | HasResetRequests | HasResetTokens,
+		}},
+		{"reset 1s and compound", map[string]string{
+			"x-ratelimit-reset-requests": "1s",
+			"x-ratelimit-reset-tokens":   "1m30.5s",
+		}, RateLimit{ResetRequests: time.Second, ResetTokens: 90*time.Second + 500*time.Millisecond, Has: HasResetRequests | HasResetTokens}},
+		{"reset plain seconds", map[string]string{
+			"x-ratelimit-reset-requests": "1.5",
+			"x-ratelimit-reset-tokens":   "0",
+		}, RateLimit{ResetRequests: 1500 * time.Millisecond, ResetTokens: 0, Has: HasResetRequests | HasResetTokens}},
+		{"retry-after-ms preferred", map[string]string{
+			"retry-after-ms": "1500",
+			"retry-after":    "2",
+		}, RateLimit{RetryAfter: 1500 * time.Millisecond, Has: HasRetryAfter}},
+		{"retry-after-ms fractional rounds up", map[string]string{
+			"retry-after-ms": "12.3",
+		}, RateLimit{RetryAfter: 12300 * time.Microsecond, Has: HasRetryAfter}},
+		{"retry-after seconds", map[string]string{
+			"retry-after": "20",
+		}, RateLimit{RetryAfter: 20 * time.Second, Has: HasRetryAfter}},
+		{"retry-after HTTP date", map[string]string{
+			"retry-after": now.Add(90 * time.Second).Format(http.TimeFormat),
+		}, RateLimit{RetryAfter: 90 * time.Second, Has: HasRetryAfter}},
+		{"retry-after date in the past", map[string]string{
+			"retry-after": now.Add(-time.Minute).Format(http.TimeFormat),
+		}, RateLimit{}},
+		{"retry-after-ms nonsense falls back to retry-after", map[string]string{
+			"retry-after-ms": "soon",
+			"retry-after":    "3",
+		}, RateLimit{RetryAfter: 3 * time.Second, Has: HasRetryAfter}},
+		{"retry-after zero is no hint", map[string]string{
+			"retry-after-ms": "0",
+			"retry-after":    "0",
+		}, RateLimit{}},
+		{"azure -1 everywhere", map[string]string{
+			"x-ratelimit-limit-requests":     "-1",
+			"x-ratelimit-limit-tokens":       "-1",
+			"x-ratelimit-remaining-requests": "-1",
+			"x-ratelimit-remaining-tokens":   "-1",
+			"x-ratelimit-reset-requests":     "-1",
+			"x-ratelimit-reset-tokens":       "-1",
+			"retry-after":                    "-1",
+		}, RateLimit{}},
+		{"azure zero limits make remaining zero meaningless", map[string]string{
+			"x-ratelimit-limit-requests":     "0",
+			"x-ratelimit-limit-tokens":       "0",
+			"x-ratelimit-remaining-requests": "0",
+			"x-ratelimit-remaining-tokens":   "0",
+		}, RateLimit{}},
+		{"remaining zero under a real limit is exhausted", map[string]string{
+			"x-ratelimit-limit-tokens":     "1000",
+			"x-ratelimit-remaining-tokens": "0",
+		}, RateLimit{LimitTokens: 1000, RemainingTokens: 0, Has: HasLimitTokens | HasRemainingTokens}},
+		{"remaining above limit is nonsense", map[string]string{
+			"x-ratelimit-limit-requests":     "10",
+			"x-ratelimit-remaining-requests": "11",
+		}, RateLimit{LimitRequests: 10, Has: HasLimitRequests}},
+		{"unparsable", map[string]string{
+			"x-ratelimit-limit-requests": "lots",
+			"x-ratelimit-reset-tokens":   "6 minutes",
+			"retry-after":                "later",
+		}, RateLimit{}},
+		{"absurd waits", map[string]string{
+			"x-ratelimit-reset-tokens": "1717243200", // a Unix timestamp
+			"retry-after-ms":           "999999999999",
+		}, RateLimit{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h := http.Header{}
+			for k, v := range c.headers {
+				h.Set(k, v)
+			}
+			if got := parseRateLimit(h, now); got != c.want {
+				t.Errorf("got  %+v\nwant %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestRateLimitDelay(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		rl     RateLimit
+		want   time.Duration
+		wantOK bool
+	}{
+		{RateLimit{}, 0, false},
+		{RateLimit{RetryAfter: 2 * time.Second, ResetTokens: time.Minute, Has: HasRetryAfter | HasResetTokens}, 2 * time.Second, true},
+		{RateLimit{ResetRequests: time.Second, ResetTokens: 3 * time.Second, Has: HasResetRequests | HasResetTokens}, 3 * time.Second, true},
+		{RateLimit{ResetTokens: 0, Has: HasResetTokens}, 0, false},
+	}
+	for i, c := range cases {
+		got, ok := c.rl.Delay()
+		if got != c.want || ok != c.wantOK {
+			t.Errorf("case %d: Delay() = %v, %v; want %v, %v", i, got, ok, c.want, c.wantOK)
+		}
+	}
+}

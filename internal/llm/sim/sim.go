@@ -1,0 +1,386 @@
+// Package sim is a simulated OpenAI-compatible provider for tests, benchmarks
+// and llmq's embedded default. It serves chat completions, embeddings and the
+// model list with OpenAI's shapes, and enforces requests- and tokens-per-minute
+// (and optionally per-day) limits the way OpenAI does: continuously refilled
+// token buckets that charge prompt tokens plus max_tokens at admission and get
+// the unused part back when the call completes, 429s with OpenAI's error body
+// and rate-limit headers. Latency, spurious 429s, 500s and hung requests are
+// configurable and deterministic for a seed, and every request that reaches
+// the limiter is logged, so tests can check that a client never pushed the
+// provider past its limits and waited for the resets it was told.
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmq/llmq/internal/llm"
+)
+
+// Limits are one model's rate limits. 0 means no such limit.
+type Limits struct {
+	RPM int64 `json:"rpm"`
+	TPM int64 `json:"tpm"`
+	RPD int64 `json:"rpd"`
+	TPD int64 `json:"tpd"`
+}
+
+func (l Limits) isZero() bool { return l == Limits{} }
+
+// Model configures one model.
+type Model struct {
+	// Limits replace Config.Limits for this model when any of them is set.
+	Limits Limits
+	// DefaultMaxTokens replaces Config.DefaultMaxTokens when set.
+	DefaultMaxTokens int64
+}
+
+// Faults are the failures the simulator injects, each decided per request
+// from the seed before admission, so none of them consumes the buckets.
+type Faults struct {
+	// Rate429 is the fraction of requests answered with a 429 (with headers)
+	// even when the buckets would admit them. Defaults to 0.
+	Rate429 float64 `json:"rate_429"`
+	// Rate500 is the fraction answered with a 500 and OpenAI's error body.
+	// Defaults to 0.
+	Rate500 float64 `json:"rate_500"`
+	// RateHang is the fraction that get no answer until the client gives up
+	// or HangFor passes. Defaults to 0.
+	RateHang float64 `json:"rate_hang"`
+	// HangFor is how long a hung request waits before a 504; 0 waits until
+	// the client gives up or the server closes. Defaults to 0.
+	HangFor time.Duration `json:"hang_for"`
+	// RetryAfter429 is the retry-after of spurious 429s. Defaults to 1s.
+	RetryAfter429 time.Duration `json:"retry_after_429"`
+}
+
+func (f Faults) validate() error {
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"Rate429", f.Rate429}, {"Rate500", f.Rate500}, {"RateHang", f.RateHang}} {
+		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
+			return fmt.Errorf("sim: Faults.%s must be within [0, 1], got %v", r.name, r.v)
+		}
+	}
+	if s := f.Rate429 + f.Rate500 + f.RateHang; s > 1+1e-9 {
+		return fmt.Errorf("sim: Faults.Rate429 + Rate500 + RateHang must be at most 1, got %v", s)
+	}
+	if f.HangFor < 0 {
+		return fmt.Errorf("sim: Faults.HangFor must not be negative, got %v", f.HangFor)
+	}
+	if f.RetryAfter429 < 0 {
+		return fmt.Errorf("sim: Faults.RetryAfter429 must not be negative, got %v", f.RetryAfter429)
+	}
+	return nil
+}
+
+// Config configures a simulator.
+type Config struct {
+	// Limits apply to every model without limits of its own. Defaults to no
+	// limits.
+	Limits Limits
+	// Models configures models by name. Defaults to none.
+	Models map[string]Model
+	// SharedBuckets makes all models draw on one set of buckets, sized by
+	// Limits; by default each model has its own, as at OpenAI.
+	SharedBuckets bool
+	// OnlyKnownModels answers 404 model_not_found for models not in Models.
+	// Defaults to false: any model name is served.
+	OnlyKnownModels bool
+	// DefaultMaxTokens is what a chat request without max_tokens is charged
+	// per choice at admission. Defaults to 4096.
+	DefaultMaxTokens int64
+	// DisableRefund keeps the unused part of max_tokens charged when a call
+	// completes. Defaults to false: it is returned, as llmq's limiter does.
+	DisableRefund bool
+	// Latency is the base time to answer an admitted request. Defaults to 0.
+	Latency time.Duration
+	// Jitter adds a uniform [0, Jitter) to Latency. Defaults to 0.
+	Jitter time.Duration
+	// LatencyPerToken adds this much per completion token. Defaults to 0.
+	LatencyPerToken time.Duration
+	// LatencyDist, when set, replaces Latency and Jitter: it maps a uniform
+	// draw in [0, 1) to a latency, for any distribution. Defaults to nil.
+	LatencyDist func(u float64) time.Duration
+	// Faults are the injected failures. Defaults to none.
+	Faults Faults
+	// Seed makes faults, latencies, completion lengths and embeddings
+	// reproducible: the n-th request of a run draws the same numbers for the
+	// same seed. Defaults to 0 (itself a seed).
+	Seed uint64
+	// CompletionMin and CompletionMax bound completion_tokens as fractions
+	// of max_tokens: it is drawn uniformly between them and kept within
+	// [1, max_tokens]. Default to 0 and 1.
+	CompletionMin, CompletionMax float64
+	// EmbeddingDim is the length of embeddings when the request does not ask
+	// for dimensions. Defaults to 64.
+	EmbeddingDim int
+	// APIKey, when set, must be the bearer token of every request to /v1;
+	// others get a 401. Defaults to "" (any key, or none).
+	APIKey string
+	// Now is the clock of the buckets and the log; tests inject one so that
+	// refills need no sleeping. Defaults to time.Now.
+	Now func() time.Time
+	// Logger receives the simulator's few log lines (never request content).
+	// Defaults to discarding them.
+	Logger *slog.Logger
+	// LogSize is how many admission log entries are kept; older ones are
+	// dropped. Defaults to 100000.
+	LogSize int
+	// MaxBodyBytes bounds a request body. Defaults to 32 MiB.
+	MaxBodyBytes int64
+}
+
+// Validate reports the first invalid field of c, by name.
+func (c Config) Validate() error {
+	checkLimits := func(name string, l Limits) error {
+		if l.RPM < 0 || l.TPM < 0 || l.RPD < 0 || l.TPD < 0 {
+			return fmt.Errorf("sim: %s must not be negative, got %+v", name, l)
+		}
+		return nil
+	}
+	if err := checkLimits("Config.Limits", c.Limits); err != nil {
+		return err
+	}
+	for name, m := range c.Models {
+		if err := checkLimits("Config.Models["+name+"].Limits", m.Limits); err != nil {
+			return err
+		}
+		if m.DefaultMaxTokens < 0 {
+			return fmt.Errorf("sim: Config.Models[%s].DefaultMaxTokens must not be negative", name)
+		}
+	}
+	if err := c.Faults.validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.DefaultMaxTokens < 0:
+		return fmt.Errorf("sim: Config.DefaultMaxTokens must not be negative, got %d", c.DefaultMaxTokens)
+	case c.Latency < 0 || c.Jitter < 0 || c.LatencyPerToken < 0:
+		return errors.New("sim: Config.Latency, Jitter and LatencyPerToken must not be negative")
+	case c.CompletionMin < 0 || c.CompletionMin > 1 || c.CompletionMax < 0 || c.CompletionMax > 1 || c.CompletionMin > c.CompletionMax && c.CompletionMax != 0:
+		return fmt.Errorf("sim: Config.CompletionMin and CompletionMax must satisfy 0 ≤ min ≤ max ≤ 1, got %v and %v", c.CompletionMin, c.CompletionMax)
+	case c.EmbeddingDim < 0 || c.EmbeddingDim > maxEmbeddingDim:
+		return fmt.Errorf("sim: Config.EmbeddingDim must be within [1, %d], got %d", maxEmbeddingDim, c.EmbeddingDim)
+	case c.LogSize < 0:
+		return fmt.Errorf("sim: Config.LogSize must not be negative, got %d", c.LogSize)
+	case c.MaxBodyBytes < 0:
+		return fmt.Errorf("sim: Config.MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes)
+	}
+	return nil
+}
+
+const maxEmbeddingDim = 8192
+
+func (c *Config) setDefaults() {
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = 4096
+	}
+	if c.CompletionMax == 0 {
+		c.CompletionMax = 1
+	}
+	if c.EmbeddingDim == 0 {
+		c.EmbeddingDim = 64
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.LogSize == 0 {
+		c.LogSize = 100_000
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 32 << 20
+	}
+	if c.Faults.RetryAfter429 == 0 {
+		c.Faults.RetryAfter429 = time.Second
+	}
+}
+
+// Server is a simulated provider. Its methods are safe for concurrent use.
+type Server struct {
+	cfg     Config // fixed after New, except what the setters change under mu
+	est     *llm.Estimator
+	arrival atomic.Uint64 // numbers requests for the seeded draws
+	flight  atomic.Int64
+
+	closeOnce sync.Once
+	closed    chan struct{}
+
+	mu      sync.Mutex
+	limits  Limits
+	models  map[string]Model
+	faults  Faults
+	buckets map[string]*buckets // by model; "" when shared
+	log     *admissionLog
+	stats   Stats
+}
+
+// buckets are one model's (or, shared, every model's) limits.
+type buckets struct {
+	rpm, tpm, rpd, tpd bucket
+}
+
+// New returns a simulator. It panics, naming the field, if cfg is invalid;
+// call cfg.Validate first for configuration that comes from users.
+func New(cfg Config) *Server {
+	if err := cfg.Validate(); err != nil {
+		panic(err)
+	}
+	cfg.setDefaults()
+	models := make(map[string]Model, len(cfg.Models))
+	for k, v := range cfg.Models {
+		models[k] = v
+	}
+	return &Server{
+		cfg:     cfg,
+		est:     llm.NewEstimator(),
+		closed:  make(chan struct{}),
+		limits:  cfg.Limits,
+		models:  models,
+		faults:  cfg.Faults,
+		buckets: make(map[string]*buckets),
+		log:     newAdmissionLog(cfg.LogSize),
+	}
+}
+
+// Close ends hung and slow requests at once, so a server in front of the
+// handler can shut down. The handler answers 503 afterwards.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() { close(s.closed) })
+}
+
+// SetLimits sets the requests and tokens per minute of every model that has
+// no limits of its own (keeping per-day limits), effective at once: buckets
+// keep what they hold, up to their new capacity.
+func (s *Server) SetLimits(rpm, tpm int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.limits
+	l.RPM, l.TPM = max(rpm, 0), max(tpm, 0)
+	s.setLimitsLocked("", l)
+}
+
+// SetModelLimits sets the limits of one model ("" for the defaults of every
+// model without limits of its own).
+func (s *Server) SetModelLimits(model string, l Limits) error {
+	if l.RPM < 0 || l.TPM < 0 || l.RPD < 0 || l.TPD < 0 {
+		return fmt.Errorf("sim: limits must not be negative, got %+v", l)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.setLimitsLocked(model, l)
+	return nil
+}
+
+func (s *Server) setLimitsLocked(model string, l Limits) {
+	if model == "" {
+		s.limits = l
+	} else {
+		m := s.models[model]
+		m.Limits = l
+		s.models[model] = m
+	}
+	now := s.cfg.Now()
+	for name, b := range s.buckets {
+		if model != "" && name != model {
+			continue
+		}
+		nl := s.limitsLocked(name)
+		b.rpm.setLimit(nl.RPM, now)
+		b.tpm.setLimit(nl.TPM, now)
+		b.rpd.setLimit(nl.RPD, now)
+		b.tpd.setLimit(nl.TPD, now)
+	}
+}
+
+// SetFaults replaces the injected failures.
+func (s *Server) SetFaults(f Faults) error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	if f.RetryAfter429 == 0 {
+		f.RetryAfter429 = time.Second
+	}
+	s.mu.Lock()
+	s.faults = f
+	s.mu.Unlock()
+	return nil
+}
+
+// Limits returns the limits that apply to model.
+func (s *Server) Limits(model string) Limits {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limitsLocked(model)
+}
+
+func (s *Server) limitsLocked(model string) Limits {
+	if s.cfg.SharedBuckets {
+		return s.limits
+	}
+	if m, ok := s.models[model]; ok && !m.Limits.isZero() {
+		return m.Limits
+	}
+	return s.limits
+}
+
+// Stats returns the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	st := s.stats
+	st.LogDropped = s.log.dropped
+	s.mu.Unlock()
+	st.InFlight = s.flight.Load()
+	return st
+}
+
+// Admissions returns the admission log entries after seq after (0 for all
+// that are kept), oldest first.
+func (s *Server) Admissions(after int64) []Admission {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.log.since(after)
+}
+
+// Reset clears the counters and the log and refills every bucket.
+func (s *Server) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats = Stats{}
+	s.log = newAdmissionLog(s.cfg.LogSize)
+	s.buckets = make(map[string]*buckets)
+}
+
+// TestServer is a simulator listening on a loopback port.
+type TestServer struct {
+	*Server
+	// URL is the server's root, e.g. http://127.0.0.1:41234.
+	URL string
+	// BaseURL is URL + "/v1", the BaseURL of an OpenAI client.
+	BaseURL string
+	hs      *httptest.Server
+}
+
+// Start serves a new simulator on a loopback port. Close it when done.
+func Start(cfg Config) *TestServer {
+	s := New(cfg)
+	hs := httptest.NewServer(s.Handler())
+	return &TestServer{Server: s, URL: hs.URL, BaseURL: hs.URL + "/v1", hs: hs}
+}
+
+// Close ends hung requests and stops the listener.
+func (t *TestServer) Close() {
+	t.Server.Close()
+	t.hs.CloseClientConnections()
+	t.hs.Close()
+}

@@ -1,0 +1,205 @@
+package sim
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Outcome is what the simulator did with a request that reached it.
+type Outcome string
+
+// The outcomes of a request.
+const (
+	// Admitted: the request fitted the buckets, was charged, and answered 200.
+	Admitted Outcome = "admitted"
+	// RateLimited: the buckets could not hold it; 429, nothing charged.
+	RateLimited Outcome = "rate_limited"
+	// Spurious429: a configured fault; 429 although under the limits, nothing
+	// charged.
+	Spurious429 Outcome = "spurious_429"
+	// Error500: a configured fault; 500, nothing charged.
+	Error500 Outcome = "error_500"
+	// Hung: a configured fault; no answer until the client gave up (or
+	// HangFor passed, then 504), nothing charged.
+	Hung Outcome = "hung"
+)
+
+// Admission is one entry of the admission log: a valid request that reached
+// the rate limiter, whatever became of it.
+type Admission struct {
+	// Seq numbers requests in arrival order, from 1.
+	Seq   int64     `json:"seq"`
+	Time  time.Time `json:"time"`
+	Model string    `json:"model"`
+	// Requests is 1: the request counted against the request buckets if it
+	// was admitted.
+	Requests int64 `json:"requests"`
+	// Tokens is what the request asked of the token buckets: prompt tokens
+	// plus max_tokens for every choice. Charged only when admitted.
+	Tokens  int64   `json:"tokens"`
+	Outcome Outcome `json:"outcome"`
+	// RetryAfter is the wait a 429 announced (retry-after-ms); 0 otherwise,
+	// or when the request can never fit.
+	RetryAfter time.Duration `json:"retry_after_ns"`
+	// Refunded is the unused part of max_tokens returned to the token
+	// buckets when the call completed, at RefundedAt.
+	Refunded   int64     `json:"refunded"`
+	RefundedAt time.Time `json:"refunded_at,omitzero"`
+}
+
+// Stats counts what the simulator did since it started (or was reset).
+type Stats struct {
+	// Requests is every valid request on the two completion endpoints.
+	Requests    int64 `json:"requests"`
+	Admitted    int64 `json:"admitted"`
+	RateLimited int64 `json:"rate_limited"`
+	Spurious429 int64 `json:"spurious_429"`
+	Errors500   int64 `json:"errors_500"`
+	Hung        int64 `json:"hung"`
+	// BadRequests were refused with 400 (invalid body) or 404 (unknown model).
+	BadRequests int64 `json:"bad_requests"`
+	// Unauthorized were refused with 401 (missing or wrong API key).
+	Unauthorized int64 `json:"unauthorized"`
+	// TokensAdmitted is what admitted requests were charged at admission;
+	// TokensRefunded what came back when they completed.
+	TokensAdmitted   int64 `json:"tokens_admitted"`
+	TokensRefunded   int64 `json:"tokens_refunded"`
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	// InFlight is requests being answered now.
+	InFlight int64 `json:"in_flight"`
+	// LogDropped is log entries overwritten because the log was full.
+	LogDropped int64 `json:"log_dropped"`
+}
+
+// admissionLog is a ring of the most recent entries.
+type admissionLog struct {
+	size    int
+	entries []Admission
+	next    int64 // seq of the next entry
+	first   int64 // seq of the oldest entry kept
+	dropped int64
+}
+
+func newAdmissionLog(size int) *admissionLog {
+	return &admissionLog{size: size, entries: make([]Admission, 0, min(size, 4096)), next: 1, first: 1}
+}
+
+// add appends e (whose Seq it sets) and returns its seq.
+func (l *admissionLog) add(e Admission) int64 {
+	size := l.size
+	e.Seq = l.next
+	l.next++
+	if len(l.entries) < size {
+		l.entries = append(l.entries, e)
+		return e.Seq
+	}
+	l.entries[(e.Seq-1)%int64(size)] = e
+	l.first++
+	l.dropped++
+	return e.Seq
+}
+
+// get returns the entry seq if it is still kept.
+func (l *admissionLog) get(seq int64) *Admission {
+	size := l.size
+	if seq < l.first || seq >= l.next {
+		return nil
+	}
+	return &l.entries[(seq-1)%int64(size)]
+}
+
+// since returns a copy of the entries with Seq > after, oldest first.
+func (l *admissionLog) since(after int64) []Admission {
+	size := l.size
+	start := max(after+1, l.first)
+	if start >= l.next {
+		return nil
+	}
+	out := make([]Admission, 0, l.next-start)
+	for seq := start; seq < l.next; seq++ {
+		out = append(out, l.entries[(seq-1)%int64(size)])
+	}
+	return out
+}
+
+// WindowMax is the most that any window of one length held.
+type WindowMax struct {
+	Requests int64 `json:"requests"`
+	Tokens   int64 `json:"tokens"`
+}
+
+// MaxInWindow returns the most requests, and the most tokens net of refunds,
+// that the Admitted entries of log put into any window of length w (windows
+// are [s, s+w)). A token bucket of capacity C refilled at rate r can never
+// let more than C + r·w through any window of length w, refunds included, so
+// tests check the result against Limits.MaxAdmissible. Pass the entries of one
+// model when buckets are per model.
+func MaxInWindow(log []Admission, w time.Duration) WindowMax {
+	type event struct {
+		t time.Time
+		n int64
+	}
+	var reqs, toks []event
+	for _, a := range log {
+		if a.Outcome != Admitted {
+			continue
+		}
+		reqs = append(reqs, event{a.Time, a.Requests})
+		toks = append(toks, event{a.Time, a.Tokens})
+		if a.Refunded != 0 {
+			toks = append(toks, event{a.RefundedAt, -a.Refunded})
+		}
+	}
+	maxSum := func(ev []event) int64 {
+		if len(ev) == 0 {
+			return 0
+		}
+		sort.SliceStable(ev, func(i, j int) bool { return ev[i].t.Before(ev[j].t) })
+		prefix := make([]int64, len(ev)+1)
+		for i, e := range ev {
+			prefix[i+1] = prefix[i] + e.n
+		}
+		// The sum over [s, s+w) is constant between breakpoints and is
+		// reached with s at an event's time or at an event's time minus w.
+		starts := make([]time.Time, 0, 2*len(ev))
+		for _, e := range ev {
+			starts = append(starts, e.t, e.t.Add(-w))
+		}
+		best := int64(math.MinInt64)
+		for _, s := range starts {
+			lo := sort.Search(len(ev), func(i int) bool { return !ev[i].t.Before(s) })
+			end := s.Add(w)
+			hi := sort.Search(len(ev), func(i int) bool { return !ev[i].t.Before(end) })
+			best = max(best, prefix[hi]-prefix[lo])
+		}
+		return best
+	}
+	return WindowMax{Requests: maxSum(reqs), Tokens: maxSum(toks)}
+}
+
+// OfModel returns the entries of log for model.
+func OfModel(log []Admission, model string) []Admission {
+	return slices.DeleteFunc(slices.Clone(log), func(a Admission) bool { return a.Model != model })
+}
+
+// MaxAdmissible is the most the buckets of l can let through any window of
+// length w: for each limit, its capacity plus what it regains in w; the
+// smallest over the limits that are set. math.MaxInt64 where nothing limits.
+func (l Limits) MaxAdmissible(w time.Duration) WindowMax {
+	bound := func(perMin, perDay int64) int64 {
+		b := int64(math.MaxInt64)
+		for _, lim := range []struct {
+			n      int64
+			period time.Duration
+		}{{perMin, time.Minute}, {perDay, 24 * time.Hour}} {
+			if lim.n > 0 {
+				b = min(b, lim.n+int64(math.Ceil(float64(lim.n)*float64(w)/float64(lim.period))))
+			}
+		}
+		return b
+	}
+	return WindowMax{Requests: bound(l.RPM, l.RPD), Tokens: bound(l.TPM, l.TPD)}
+}
