@@ -68,9 +68,6 @@ func TestOpenAIChatAgainstSimulator(t *testing.T) {
 			Message      struct{ Role, Content string } `json:"message"`
 			FinishReason string                         `json:"finish_reason"`
 		} `json:"choices"`
-		Usage struct {
-			PromptTokens, CompletionTokens, TotalTokens int64
-		} `json:"usage"`
 	}
 	if err := json.Unmarshal(resp.Body, &out); err != nil {
 		t.Fatal(err)
