@@ -1,0 +1,103 @@
+// Command llmq-sim serves the simulated OpenAI-compatible provider of
+// internal/llm/sim on a local address, for integration tests, benchmarks and
+// trying llmq without a provider account. Point a provider's base_url at the
+// URL it prints; GET /sim/stats and GET /sim/admissions show what it admitted.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/llmq/llmq/internal/llm/sim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "llmq-sim:", err)
+		os.Exit(1)
+	}
+}
+
+// run serves the simulator until ctx ends. It prints the URL it listens on.
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("llmq-sim", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	var cfg sim.Config
+	addr := fs.String("addr", "127.0.0.1:8089", "address to listen on (port 0 picks a free one)")
+	fs.Int64Var(&cfg.Limits.RPM, "rpm", 0, "requests per minute per model (0: no limit)")
+	fs.Int64Var(&cfg.Limits.TPM, "tpm", 0, "tokens per minute per model, prompt + max_tokens at admission (0: no limit)")
+	fs.Int64Var(&cfg.Limits.RPD, "rpd", 0, "requests per day per model (0: no limit)")
+	fs.Int64Var(&cfg.Limits.TPD, "tpd", 0, "tokens per day per model (0: no limit)")
+	fs.BoolVar(&cfg.SharedBuckets, "shared", false, "one set of buckets for all models instead of one per model")
+	fs.Int64Var(&cfg.DefaultMaxTokens, "default-max-tokens", 4096, "tokens charged per choice when a request has no max_tokens")
+	fs.DurationVar(&cfg.Latency, "latency", 0, "base time to answer an admitted request")
+	fs.DurationVar(&cfg.Jitter, "jitter", 0, "uniform random time added to -latency")
+	fs.DurationVar(&cfg.LatencyPerToken, "latency-per-token", 0, "time added per completion token")
+	fs.Float64Var(&cfg.Faults.Rate429, "rate-429", 0, "fraction of requests answered 429 although under the limits")
+	fs.Float64Var(&cfg.Faults.Rate500, "rate-500", 0, "fraction of requests answered 500")
+	fs.Float64Var(&cfg.Faults.RateHang, "rate-hang", 0, "fraction of requests that hang")
+	fs.DurationVar(&cfg.Faults.HangFor, "hang-for", 0, "how long a hung request waits before a 504 (0: until the client gives up)")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of faults, latencies, completion lengths and embeddings")
+	fs.IntVar(&cfg.EmbeddingDim, "embedding-dim", 64, "length of embeddings when the request asks no dimensions")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "bearer token required of every request (default: any)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = logger
+
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("-addr: %w", err)
+	}
+	s := sim.New(cfg)
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	url := "http://" + ln.Addr().String()
+	fmt.Fprintf(stdout, "llmq-sim listening on %s (OpenAI base URL %s/v1)\n", url, url)
+	logger.Info("llmq-sim started", "addr", ln.Addr().String(), "rpm", cfg.Limits.RPM, "tpm", cfg.Limits.TPM)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// End hung and slow requests first, so shutdown does not wait for them.
+	s.Close()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestRunServesUntilCancelled(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-rpm", "1", "-tpm", "10000", "-seed", "3", "-embedding-dim", "4", "-log-level", "warn"}, pw)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	url := regexp.MustCompile(`http://127\.0\.0\.1:\d+`).FindString(line)
+	if url == "" {
+		t.Fatalf("no URL in %q", line)
+	}
+
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	defer client.CloseIdleConnections()
+	post := func(path, body string) *http.Response {
+		t.Helper()
+		resp, err := client.Post(url+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	chat := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`
+	if resp := post("/v1/chat/completions", chat); resp.StatusCode != 200 {
+		t.Errorf("first: %d", resp.StatusCode)
+	}
+	if resp := post("/v1/chat/completions", chat); resp.StatusCode != 429 || resp.Header.Get("retry-after") != "60" {
+		t.Errorf("second (rpm 1): %d retry-after %q", resp.StatusCode, resp.Header.Get("retry-after"))
+	}
+	resp := post("/v1/embeddings", `{"model":"e","input":"hi"}`)
+	var emb struct {
+		Data []struct{ Embedding []float64 }
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&emb); err != nil || len(emb.Data) != 1 || len(emb.Data[0].Embedding) != 4 {
+		t.Errorf("embeddings: %v %+v", err, emb)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
+
+func TestRunRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-rate-429", "2"},
+		{"-rpm", "-5"},
+		{"-log-level", "loud"},
+		{"-addr", "not an address"},
+		{"-nope"},
+		{"extra"},
+	} {
+		var out strings.Builder
+		if err := run(context.Background(), args, &out); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+	var out strings.Builder
+	if err := run(context.Background(), []string{"-h"}, &out); err != nil || !strings.Contains(out.String(), "-tpm") {
+		t.Errorf("-h: %v %q", err, out.String())
+	}
+}
