@@ -147,6 +147,11 @@ func codecFor(encoding string) (tokenizer.Codec, error) {
 // The encoding comes from the model (EncodingForModel) unless overridden;
 // unknown models are counted with FallbackEncoding and their prompt estimate
 // is raised by UnknownModelMarginPercent.
+//
+// The simulated provider (llm/sim) charges ContentTokens, counted by these
+// same rules, so llmq's PromptTokens is never below what it charges when
+// llmq's model name and the upstream name map to the same encoding, or
+// llmq's name is unknown and the upstream's encoding is o200k_base.
 type Estimator struct{}
 
 // NewEstimator returns an Estimator.

@@ -250,6 +250,13 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		e.Class = ClassRetryable
 		e.Message = "the provider's response could not be decoded"
 		return e
+	case c.status != 0:
+		// An answer go-openai took for success but could not decode: a
+		// redirect or another unexpected status, from a misconfigured base URL.
+		e.StatusCode = c.status
+		e.Class = Classify(c.status)
+		e.Message = "unexpected HTTP status " + strconv.Itoa(c.status)
+		return e
 	case !c.sent:
 		// Refused by go-openai's own checks before anything was sent.
 		e.Class = ClassPermanent

@@ -244,6 +244,7 @@ func TestOpenAIErrors(t *testing.T) {
 					t.Errorf("error %+v", e)
 				}
 			}},
+		{"unexpected status", 304, nil, "", llm.ClassPermanent, nil},
 		{"401 echoing the key", 401, nil, `{"error":{"message":"Incorrect API key provided: ` + testKey + `.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}`,
 			llm.ClassPermanent, func(t *testing.T, e *llm.Error) {
 				if strings.Contains(e.Message, testKey) {

@@ -124,7 +124,10 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.cfg.OnlyKnownModels {
-		if _, ok := s.cfg.Models[p.Model]; !ok {
+		s.mu.Lock()
+		_, ok := s.models[p.Model]
+		s.mu.Unlock()
+		if !ok {
 			s.count(func(st *Stats) { st.BadRequests++ })
 			apiError(w, http.StatusNotFound, "The model `"+p.Model+"` does not exist or you do not have access to it.", "invalid_request_error", "", "model_not_found")
 			return

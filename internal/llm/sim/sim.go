@@ -91,8 +91,9 @@ type Config struct {
 	// SharedBuckets makes all models draw on one set of buckets, sized by
 	// Limits; by default each model has its own, as at OpenAI.
 	SharedBuckets bool
-	// OnlyKnownModels answers 404 model_not_found for models not in Models.
-	// Defaults to false: any model name is served.
+	// OnlyKnownModels answers 404 model_not_found for models not in Models
+	// (or added since by SetModelLimits). Defaults to false: any model name
+	// is served.
 	OnlyKnownModels bool
 	// DefaultMaxTokens is what a chat request without max_tokens is charged
 	// per choice at admission. Defaults to 4096.
@@ -237,10 +238,12 @@ func New(cfg Config) *Server {
 		panic(err)
 	}
 	cfg.setDefaults()
+	// The caller keeps its map; the server's copy changes only under mu.
 	models := make(map[string]Model, len(cfg.Models))
 	for k, v := range cfg.Models {
 		models[k] = v
 	}
+	cfg.Models = nil
 	return &Server{
 		cfg:     cfg,
 		est:     llm.NewEstimator(),
