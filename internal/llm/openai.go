@@ -45,7 +45,16 @@ const (
 	maxErrorExcerpt = 200
 )
 
-// openAIProvider implements Provider over go-openai.
+// openAIProvider implements Provider over go-openai; see NewOpenAI.
+type openAIProvider struct {
+	name    string
+	apiKey  string
+	timeout time.Duration
+	client  *openai.Client
+}
+
+// NewOpenAI returns a Provider for OpenAI or any server compatible with its
+// chat completions and embeddings API, built on go-openai.
 //
 // What go-openai v1.43.0 would lose, and what is done about it:
 //   - Request fields. Its typed requests drop every field they do not model
@@ -55,8 +64,8 @@ const (
 //     temperature 1), keep only text and image_url content parts (the data of
 //     input_audio and file parts is lost), keep only the type and function of
 //     tools, and put only the fields they model in embeddings requests. So the
-//     body decoded into openai.ChatCompletionRequest / EmbeddingRequest is used
-//     for go-openai's own checks, the URL and the authentication, and the wire
+//     body decoded into openai.ChatCompletionRequest / EmbeddingRequest drives
+//     go-openai's URL, authentication and decoding of the answer, and the wire
 //     body is the client's own with "model" set to Upstream: the capturing
 //     transport swaps it in.
 //   - Response fields. The typed responses drop fields they do not model
@@ -69,20 +78,12 @@ const (
 //     retry-after would be lost; the transport keeps the headers of every
 //     response.
 //   - Client-side checks. go-openai refuses max_tokens, n, temperature and
-//     tools for the reasoning models it knows; those checks are bypassed (see
-//     typedChatRequest) and the provider judges. Chat bodies its types cannot
+//     tools for the reasoning models it knows; the fields those checks read
+//     are cleared in the typed request (the wire body keeps them), so the
+//     provider judges. Chat bodies its types cannot
 //     hold are sent all the same. Embeddings bodies it cannot decode (a
 //     dimensions that is not a number) are refused as permanent errors, since
 //     its decoding of the answer depends on the request's encoding_format.
-type openAIProvider struct {
-	name    string
-	apiKey  string
-	timeout time.Duration
-	client  *openai.Client
-}
-
-// NewOpenAI returns a Provider for OpenAI or any server compatible with its
-// chat completions and embeddings API.
 func NewOpenAI(cfg OpenAIConfig) Provider {
 	if cfg.Name == "" {
 		cfg.Name = "openai"

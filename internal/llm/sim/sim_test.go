@@ -559,6 +559,31 @@ func TestNeverPastLimits(t *testing.T) {
 	}
 }
 
+func TestEarlyArrivals(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	log := []sim.Admission{
+		{Seq: 1, Time: at(0), Model: "a", Outcome: sim.Admitted},
+		{Seq: 2, Time: at(1), Model: "a", Outcome: sim.RateLimited, RetryAfter: 10 * time.Second},
+		{Seq: 3, Time: at(2), Model: "b", Outcome: sim.Admitted},    // another model's buckets
+		{Seq: 4, Time: at(5), Model: "a", Outcome: sim.RateLimited}, // early, and announces nothing
+		{Seq: 5, Time: at(11), Model: "a", Outcome: sim.Admitted},   // at the reset
+		{Seq: 6, Time: at(12), Model: "a", Outcome: sim.Spurious429, RetryAfter: time.Second},
+		{Seq: 7, Time: at(12.5), Model: "a", Outcome: sim.Admitted},
+	}
+	var seqs []int64
+	for _, a := range sim.EarlyArrivals(log, false) {
+		seqs = append(seqs, a.Seq)
+	}
+	if fmt.Sprint(seqs) != "[4 7]" {
+		t.Errorf("early %v", seqs)
+	}
+	if n := len(sim.EarlyArrivals(log, true)); n != 3 {
+		t.Errorf("shared: %d early", n)
+	}
+}
+
 func TestAdmissionLogRing(t *testing.T) {
 	t.Parallel()
 	s := sim.New(sim.Config{LogSize: 3, Now: newClock().Now})

@@ -203,3 +203,28 @@ func (l Limits) MaxAdmissible(w time.Duration) WindowMax {
 	}
 	return WindowMax{Requests: bound(l.RPM, l.RPD), Tokens: bound(l.TPM, l.TPD)}
 }
+
+// EarlyArrivals returns the entries of log that arrived, for their model's
+// buckets, before the end of a wait announced by an earlier 429 (its Time plus
+// RetryAfter). A client that honours retry-after sends none, except requests
+// already on their way when the 429 was sent. Pass shared=true when the
+// simulator's buckets are shared by all models.
+func EarlyArrivals(log []Admission, shared bool) []Admission {
+	until := map[string]time.Time{}
+	var early []Admission
+	for _, a := range log {
+		key := a.Model
+		if shared {
+			key = ""
+		}
+		if a.Time.Before(until[key]) {
+			early = append(early, a)
+		}
+		if (a.Outcome == RateLimited || a.Outcome == Spurious429) && a.RetryAfter > 0 {
+			if end := a.Time.Add(a.RetryAfter); end.After(until[key]) {
+				until[key] = end
+			}
+		}
+	}
+	return early
+}
