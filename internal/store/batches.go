@@ -1,0 +1,293 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/llmq/llmq/internal/ids"
+)
+
+// BatchStatus is where a batch is in its life, as OpenAI names it.
+type BatchStatus string
+
+// Batch statuses.
+const (
+	BatchValidating BatchStatus = "validating"
+	BatchFailed     BatchStatus = "failed" // terminal: the input did not validate
+	BatchInProgress BatchStatus = "in_progress"
+	BatchFinalizing BatchStatus = "finalizing"
+	BatchCompleted  BatchStatus = "completed" // terminal
+	BatchExpired    BatchStatus = "expired"   // terminal
+	BatchCancelling BatchStatus = "cancelling"
+	BatchCancelled  BatchStatus = "cancelled" // terminal
+)
+
+// Terminal reports whether s is final.
+func (s BatchStatus) Terminal() bool {
+	return s == BatchFailed || s == BatchCompleted || s == BatchExpired || s == BatchCancelled
+}
+
+// stampColumn is the *_at column a move to s stamps ("" for validating,
+// which is created_at). Column names are constants, never values.
+func (s BatchStatus) stampColumn() (string, bool) {
+	switch s {
+	case BatchValidating:
+		return "", true
+	case BatchFailed:
+		return "failed_at", true
+	case BatchInProgress:
+		return "in_progress_at", true
+	case BatchFinalizing:
+		return "finalizing_at", true
+	case BatchCompleted:
+		return "completed_at", true
+	case BatchExpired:
+		return "expired_at", true
+	case BatchCancelling:
+		return "cancelling_at", true
+	case BatchCancelled:
+		return "cancelled_at", true
+	}
+	return "", false
+}
+
+// Valid reports whether s is a known status.
+func (s BatchStatus) Valid() bool { _, ok := s.stampColumn(); return ok }
+
+// activeBatchSQL is the literal predicate of the batches_active partial index.
+const activeBatchSQL = `status IN ('validating', 'in_progress', 'finalizing', 'cancelling')`
+
+// Batch is an OpenAI-style batch. Its request counts are not stored: they are
+// counted from its jobs (JobCountsByBatch).
+type Batch struct {
+	ID               string
+	TenantID         string
+	InputFileID      string
+	OutputFileID     string // "" until written
+	ErrorFileID      string // "" until written
+	Endpoint         string
+	CompletionWindow string
+	Status           BatchStatus
+	Metadata         json.RawMessage
+	Errors           json.RawMessage // validation errors, OpenAI's {"object":"list","data":[...]}
+	Total            int64           // input lines
+	CreatedAt        time.Time
+	ExpiresAt        *time.Time
+	InProgressAt     *time.Time
+	FinalizingAt     *time.Time
+	CompletedAt      *time.Time
+	FailedAt         *time.Time
+	ExpiredAt        *time.Time
+	CancellingAt     *time.Time
+	CancelledAt      *time.Time
+}
+
+const batchColumns = `id, tenant_id, input_file_id, output_file_id, error_file_id, endpoint, completion_window,
+	status, metadata, errors, total, created_at, expires_at, in_progress_at, finalizing_at, completed_at,
+	failed_at, expired_at, cancelling_at, cancelled_at`
+
+func scanBatch(r rowScanner) (*Batch, error) {
+	var (
+		b                 Batch
+		outputID, errorID sql.NullString
+	)
+	err := r.Scan(&b.ID, &b.TenantID, &b.InputFileID, &outputID, &errorID, &b.Endpoint, &b.CompletionWindow,
+		&b.Status, jsonCol{&b.Metadata}, jsonCol{&b.Errors}, &b.Total, timeCol{&b.CreatedAt}, nullTimeCol{&b.ExpiresAt},
+		nullTimeCol{&b.InProgressAt}, nullTimeCol{&b.FinalizingAt}, nullTimeCol{&b.CompletedAt},
+		nullTimeCol{&b.FailedAt}, nullTimeCol{&b.ExpiredAt}, nullTimeCol{&b.CancellingAt}, nullTimeCol{&b.CancelledAt})
+	if err != nil {
+		return nil, err
+	}
+	b.OutputFileID, b.ErrorFileID = outputID.String, errorID.String
+	return &b, nil
+}
+
+// BatchInsertParams describe a new batch; it starts validating.
+type BatchInsertParams struct {
+	ID               string // optional; a new ids.Batch id when empty
+	TenantID         string
+	InputFileID      string
+	Endpoint         string
+	CompletionWindow string
+	Metadata         json.RawMessage
+	ExpiresAt        time.Time // optional
+	Total            int64     // optional; known after validation
+}
+
+// BatchInsert creates a batch. An unknown input file is ErrNotFound.
+func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, error) {
+	err := errors.Join(required("BatchInsert", "TenantID", p.TenantID), required("BatchInsert", "InputFileID", p.InputFileID),
+		required("BatchInsert", "Endpoint", p.Endpoint), required("BatchInsert", "CompletionWindow", p.CompletionWindow))
+	if err != nil {
+		return nil, err
+	}
+	id := p.ID
+	if id == "" {
+		id = ids.New(ids.Batch)
+	}
+	b, err := scanBatch(db.rw.QueryRowContext(ctx, `
+		INSERT INTO batches (id, tenant_id, input_file_id, endpoint, completion_window, status, metadata, total, created_at, expires_at)
+		VALUES ($1, $2, $3, $4, $5, 'validating', $6, $7, $8, $9)
+		RETURNING `+batchColumns,
+		id, p.TenantID, p.InputFileID, p.Endpoint, p.CompletionWindow, nullJSON(p.Metadata), p.Total,
+		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt)))
+	return b, db.d.wrap(err)
+}
+
+// BatchGetByID returns the batch, or ErrNotFound.
+func (db *DB) BatchGetByID(ctx context.Context, id string) (*Batch, error) {
+	b, err := scanBatch(db.ro.QueryRowContext(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("batch", id)
+	}
+	return b, err
+}
+
+// BatchGetForTenant returns the tenant's batch; another tenant's is ErrNotFound.
+func (db *DB) BatchGetForTenant(ctx context.Context, tenantID, id string) (*Batch, error) {
+	b, err := scanBatch(db.ro.QueryRowContext(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1 AND tenant_id = $2`, id, tenantID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("batch", id)
+	}
+	return b, err
+}
+
+// BatchListParams select a page of a tenant's batches.
+type BatchListParams struct {
+	TenantID string
+	After    string // id of the last batch of the previous page
+	Limit    int    // default 20, at most 1000
+}
+
+// BatchList returns a page of the tenant's batches, newest first, and whether older ones remain.
+func (db *DB) BatchList(ctx context.Context, p *BatchListParams) ([]*Batch, bool, error) {
+	if err := required("BatchList", "TenantID", p.TenantID); err != nil {
+		return nil, false, err
+	}
+	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
+	q, a := batchListSQL(p, limit)
+	return db.batchPage(ctx, q, a, limit)
+}
+
+// batchListSQL reads batches_tenant.
+func batchListSQL(p *BatchListParams, limit int) (string, args) {
+	var a args
+	q := `SELECT ` + batchColumns + ` FROM batches WHERE tenant_id = ` + a.add(p.TenantID)
+	if p.After != "" {
+		q += ` AND id < ` + a.add(p.After)
+	}
+	return q + ` ORDER BY id DESC LIMIT ` + a.add(limit+1), a
+}
+
+func (db *DB) batchPage(ctx context.Context, q string, a args, limit int) ([]*Batch, bool, error) {
+	rows, err := db.ro.QueryContext(ctx, q, a...)
+	if err != nil {
+		return nil, false, err
+	}
+	bs, err := collect(rows, scanBatch)
+	if err != nil {
+		return nil, false, err
+	}
+	bs, more := trimPage(bs, limit)
+	return bs, more, nil
+}
+
+// BatchSetStatusParams describe a conditional batch status change.
+type BatchSetStatusParams struct {
+	ID       string
+	TenantID string        // optional: only the tenant's batch
+	From     []BatchStatus // the statuses it may be in; never terminal ones
+	To       BatchStatus
+	// Optional fields written with the change: empty or nil leaves them.
+	OutputFileID string
+	ErrorFileID  string
+	Errors       json.RawMessage
+	Total        *int64
+}
+
+// BatchSetStatus moves the batch to p.To if its status is one of p.From,
+// stamping the *_at column of p.To (the first time only), and reports whether
+// it did; either way it returns the batch as it now is.
+func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Batch, bool, error) {
+	if err := required("BatchSetStatus", "ID", p.ID); err != nil {
+		return nil, false, err
+	}
+	stamp, ok := p.To.stampColumn()
+	if !ok {
+		return nil, false, fmt.Errorf("store: BatchSetStatus: To %q is not a batch status", p.To)
+	}
+	if len(p.From) == 0 {
+		return nil, false, errors.New("store: BatchSetStatus: From is empty")
+	}
+	from := make([]any, len(p.From))
+	for i, s := range p.From {
+		if !s.Valid() || s.Terminal() {
+			return nil, false, fmt.Errorf("store: BatchSetStatus: From[%d] %q: only unfinished statuses can change", i, s)
+		}
+		from[i] = string(s)
+	}
+	var a args
+	q := `UPDATE batches SET status = ` + a.add(string(p.To))
+	if stamp != "" {
+		q += `, ` + stamp + ` = COALESCE(` + stamp + `, ` + a.add(db.d.ts(db.nowUTC())) + `)`
+	}
+	if p.OutputFileID != "" {
+		q += `, output_file_id = ` + a.add(p.OutputFileID)
+	}
+	if p.ErrorFileID != "" {
+		q += `, error_file_id = ` + a.add(p.ErrorFileID)
+	}
+	if len(p.Errors) > 0 {
+		q += `, errors = ` + a.add(nullJSON(p.Errors))
+	}
+	if p.Total != nil {
+		q += `, total = ` + a.add(*p.Total)
+	}
+	where := `id = ` + a.add(p.ID)
+	if p.TenantID != "" {
+		where += ` AND tenant_id = ` + a.add(p.TenantID)
+	}
+	q += ` WHERE ` + where + ` AND status IN (` + a.list(from...) + `) RETURNING ` + batchColumns
+	b, err := scanBatch(db.rw.QueryRowContext(ctx, q, a...))
+	if err == nil {
+		return b, true, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return nil, false, db.d.wrap(err)
+	}
+	if p.TenantID != "" {
+		b, err = db.BatchGetForTenant(ctx, p.TenantID, p.ID)
+	} else {
+		b, err = db.BatchGetByID(ctx, p.ID)
+	}
+	return b, false, err
+}
+
+// BatchListActiveParams select a page of unfinished batches.
+type BatchListActiveParams struct {
+	After string // id of the last batch of the previous page
+	Limit int    // default 1000, at most 10000
+}
+
+// BatchListActive returns a page of the batches not yet finished
+// (validating, in_progress, finalizing, cancelling), oldest first, for the
+// expiry and finalization sweeps, and whether more remain.
+func (db *DB) BatchListActive(ctx context.Context, p *BatchListActiveParams) ([]*Batch, bool, error) {
+	limit := pageLimit(p.Limit, 1000, 10000)
+	q, a := batchListActiveSQL(p, limit)
+	return db.batchPage(ctx, q, a, limit)
+}
+
+// batchListActiveSQL reads batches_active.
+func batchListActiveSQL(p *BatchListActiveParams, limit int) (string, args) {
+	var a args
+	q := `SELECT ` + batchColumns + ` FROM batches WHERE ` + activeBatchSQL
+	if p.After != "" {
+		q += ` AND id > ` + a.add(p.After)
+	}
+	return q + ` ORDER BY id LIMIT ` + a.add(limit+1), a
+}

@@ -1,0 +1,292 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/llmq/llmq/migrations"
+)
+
+// dialect is what differs between the backends. The SQL itself is shared:
+// both accept $N placeholders, RETURNING, ON CONFLICT with partial-index
+// targets and CAST(... AS BIGINT).
+type dialect struct {
+	name  string
+	goose goose.Dialect
+
+	// sqliteTimes: timestamps are TEXT in tsLayout on SQLite (fixed width,
+	// so text order is time order); Postgres takes time.Time for timestamptz.
+	sqliteTimes bool
+
+	// spoolUploads: FileInsert first copies a reader that is not already
+	// local (an io.ReaderAt, such as a multipart temp file) to a temp file,
+	// so SQLite's one writer is never held for the duration of a slow upload.
+	spoolUploads bool
+
+	// insertJobs writes JobInsertMany's rows: COPY on Postgres, multi-row
+	// INSERTs in one transaction on SQLite.
+	insertJobs func(ctx context.Context, db *DB, rows [][]any) error
+
+	// tryLock takes the named lock if free: a session advisory lock on
+	// Postgres, an in-process lock per database file on SQLite.
+	tryLock func(ctx context.Context, db *DB, name string) (unlock func(), ok bool, err error)
+
+	// errKind classifies a driver error as ErrConflict, ErrNotFound (a
+	// foreign key naming a missing row) or nil.
+	errKind func(err error) error
+}
+
+// tsLayout is how SQLite stores times: UTC, microseconds, fixed width.
+const tsLayout = "2006-01-02T15:04:05.000000Z"
+
+// ts encodes t for a timestamp column.
+func (d *dialect) ts(t time.Time) any {
+	t = normTime(t)
+	if d.sqliteTimes {
+		return t.Format(tsLayout)
+	}
+	return t
+}
+
+// tsOrNull encodes t, or NULL for a nil or zero time.
+func (d *dialect) tsOrNull(t *time.Time) any {
+	if t == nil || t.IsZero() {
+		return nil
+	}
+	return d.ts(*t)
+}
+
+// wrap classifies err: constraint violations gain ErrConflict or ErrNotFound
+// (keeping the driver's message, which names the constraint).
+func (d *dialect) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	if kind := d.errKind(err); kind != nil && !errors.Is(err, kind) {
+		return fmt.Errorf("%w: %w", kind, err)
+	}
+	return err
+}
+
+var postgresDialect = &dialect{
+	name:       "postgres",
+	goose:      goose.DialectPostgres,
+	insertJobs: copyJobs,
+	tryLock:    pgTryLock,
+	errKind: func(err error) error {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) {
+			switch pe.Code {
+			case "23505": // unique_violation
+				return ErrConflict
+			case "23503": // foreign_key_violation
+				return ErrNotFound
+			}
+		}
+		return nil
+	},
+}
+
+var sqliteDialect = &dialect{
+	name:         "sqlite",
+	goose:        goose.DialectSQLite3,
+	sqliteTimes:  true,
+	spoolUploads: true,
+	insertJobs:   multiRowInsertJobs,
+	tryLock:      processTryLock,
+	errKind: func(err error) error {
+		var se *sqlite.Error
+		if errors.As(err, &se) {
+			switch se.Code() {
+			case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+				return ErrConflict
+			case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
+				return ErrNotFound
+			}
+		}
+		return nil
+	},
+}
+
+// openPostgres opens a pool on dsn. pool_max_conns is ours (as in pgxpool);
+// every other parameter, search_path included, goes to pgx.
+func openPostgres(ctx context.Context, dsn string) (*DB, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, errors.New("store: database URL does not parse as a URL")
+	}
+	maxConns := 16
+	q := u.Query()
+	if v := q.Get("pool_max_conns"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("store: database URL: pool_max_conns %q is not a positive integer", v)
+		}
+		maxConns = n
+		q.Del("pool_max_conns")
+		u.RawQuery = q.Encode()
+	}
+	cfg, err := pgx.ParseConfig(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("store: database URL: %w", err)
+	}
+	sdb := stdlib.OpenDB(*cfg)
+	sdb.SetMaxOpenConns(maxConns)
+	sdb.SetMaxIdleConns(maxConns)
+	sdb.SetConnMaxIdleTime(5 * time.Minute)
+	var schema sql.NullString
+	if err := sdb.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		_ = sdb.Close()
+		return nil, fmt.Errorf("store: connect to postgres %s: %w", u.Redacted(), err)
+	}
+	if !schema.Valid {
+		_ = sdb.Close()
+		return nil, fmt.Errorf("store: postgres %s: no schema of the search_path exists", u.Redacted())
+	}
+	return &DB{rw: sdb, ro: sdb, d: postgresDialect, lockScope: schema.String}, nil
+}
+
+// openSQLite opens the file named by raw (sqlite://path or file:path): one
+// writer connection and a pool of read-only connections, all in WAL mode with
+// a busy timeout and foreign keys on. Writes take the lock at BEGIN
+// (IMMEDIATE), so a transaction never fails upgrading a read lock.
+func openSQLite(ctx context.Context, raw string) (*DB, error) {
+	rest, ok := strings.CutPrefix(raw, "sqlite://")
+	if !ok {
+		rest = strings.TrimPrefix(raw, "file:")
+	}
+	path, query, _ := strings.Cut(rest, "?")
+	if path == "" || strings.HasPrefix(path, ":memory:") || strings.Contains(query, "mode=memory") {
+		return nil, fmt.Errorf("store: database URL %q: SQLite needs a file path (in-memory databases are not shared between connections)", raw)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("store: database URL %q: %w", raw, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(abs), 0o750); err != nil {
+		return nil, fmt.Errorf("store: create directory of %s: %w", abs, err)
+	}
+	extra, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("store: database URL %q: query: %w", raw, err)
+	}
+	dsn := func(readOnly bool) string {
+		v := url.Values{}
+		v.Set("_busy_timeout", "10000")
+		v.Set("_foreign_keys", "1")
+		// FULL: a job acknowledged to a client survives a power cut too.
+		v.Set("_synchronous", "FULL")
+		if readOnly {
+			v.Set("_query_only", "1")
+		} else {
+			v.Set("_journal_mode", "WAL")
+			v.Set("_txlock", "immediate")
+		}
+		for k, vs := range extra {
+			v[k] = vs
+		}
+		return abs + "?" + v.Encode()
+	}
+	w, err := sql.Open("sqlite", dsn(false))
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxIdleTime(0)
+	w.SetConnMaxLifetime(0)
+	// The writer connects first: it creates the file and switches it to WAL
+	// before any reader opens it.
+	if err := w.PingContext(ctx); err != nil {
+		_ = w.Close()
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+	r, err := sql.Open("sqlite", dsn(true))
+	if err != nil {
+		_ = w.Close()
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+	readers := max(4, runtime.GOMAXPROCS(0))
+	r.SetMaxOpenConns(readers)
+	r.SetMaxIdleConns(readers)
+	if err := r.PingContext(ctx); err != nil {
+		_ = w.Close()
+		_ = r.Close()
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+	return &DB{rw: w, ro: r, d: sqliteDialect, lockScope: abs}, nil
+}
+
+// migrate applies the pending migrations. On Postgres an advisory lock per
+// schema keeps processes starting together from migrating at once; SQLite's
+// single writer connection already serialises them within a process, and
+// its busy timeout across processes.
+func (db *DB) migrate(ctx context.Context) error {
+	fsys := migrations.SQLite()
+	if db.d == postgresDialect {
+		fsys = migrations.Postgres()
+		conn, err := db.rw.Conn(ctx)
+		if err != nil {
+			return fmt.Errorf("store: migrate: %w", err)
+		}
+		defer conn.Close()
+		key := lockKey(db.lockScope, "llmq.migrate")
+		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+			return fmt.Errorf("store: migrate: lock: %w", err)
+		}
+		defer func() {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if _, err := conn.ExecContext(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+				// Never hand a connection holding the lock back to the pool.
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+		}()
+	}
+	p, err := goose.NewProvider(db.d.goose, db.rw, fsys, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	version, err := p.GetDBVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	level := slog.LevelDebug
+	if len(results) > 0 {
+		level = slog.LevelInfo
+	}
+	db.log.Log(ctx, level, "store: schema migrated", "dialect", db.d.name, "applied", len(results), "version", version)
+	return nil
+}
+
+// lockKey is the 64-bit advisory lock key of name within scope.
+func lockKey(scope, name string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(name))
+	return int64(h.Sum64())
+}

@@ -1,0 +1,308 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/llmq/llmq/internal/ids"
+)
+
+// FilePurpose is what a file is for, as OpenAI names it.
+type FilePurpose string
+
+// File purposes.
+const (
+	FilePurposeBatch       FilePurpose = "batch"        // a batch's input, uploaded by the client
+	FilePurposeBatchOutput FilePurpose = "batch_output" // a batch's results, written by llmq
+	FilePurposeBatchError  FilePurpose = "batch_error"  // a batch's failed lines, written by llmq
+)
+
+// Valid reports whether p is a known purpose.
+func (p FilePurpose) Valid() bool {
+	return p == FilePurposeBatch || p == FilePurposeBatchOutput || p == FilePurposeBatchError
+}
+
+// File is a stored file's description; its content is read with FileOpen.
+type File struct {
+	ID        string
+	TenantID  string
+	Purpose   FilePurpose
+	Filename  string
+	Bytes     int64
+	Lines     int64  // newline-terminated lines, plus a last one without a newline
+	BatchID   string // the batch of an output or error file
+	CreatedAt time.Time
+}
+
+const fileColumns = `id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at`
+
+func scanFile(r rowScanner) (*File, error) {
+	var (
+		f       File
+		batchID sql.NullString
+	)
+	if err := r.Scan(&f.ID, &f.TenantID, &f.Purpose, &f.Filename, &f.Bytes, &f.Lines, &batchID, timeCol{&f.CreatedAt}); err != nil {
+		return nil, err
+	}
+	f.BatchID = batchID.String
+	return &f, nil
+}
+
+// FileInsertParams describe a file to store.
+type FileInsertParams struct {
+	ID       string // optional; a new ids.File id when empty
+	TenantID string
+	Purpose  FilePurpose
+	Filename string
+	BatchID  string    // optional; the batch of an output or error file
+	Content  io.Reader // read to EOF; the caller bounds its size
+}
+
+// FileInsert stores p.Content in chunks of about 1 MiB, in one transaction,
+// never holding the whole file in memory, and returns the file with its size
+// and line count. A failed read stores nothing.
+//
+// On SQLite a Content that is not already local (not an io.ReaderAt, such as
+// a multipart temp file) is first copied to a temp file: the transaction
+// holds SQLite's one writer, which must not wait on a slow upload.
+func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error) {
+	if err := errors.Join(required("FileInsert", "TenantID", p.TenantID), required("FileInsert", "Filename", p.Filename)); err != nil {
+		return nil, err
+	}
+	if !p.Purpose.Valid() {
+		return nil, fmt.Errorf("store: FileInsert: Purpose %q: want batch, batch_output or batch_error", p.Purpose)
+	}
+	if p.Content == nil {
+		return nil, errors.New("store: FileInsert: Content is nil")
+	}
+	content := p.Content
+	if _, local := content.(io.ReaderAt); db.d.spoolUploads && !local {
+		spool, err := spoolToTemp(content)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			_ = spool.Close()
+			_ = os.Remove(spool.Name())
+		}()
+		content = spool
+	}
+	id := p.ID
+	if id == "" {
+		id = ids.New(ids.File)
+	}
+	var f *File
+	err := db.tx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
+			VALUES ($1, $2, $3, $4, 0, 0, $5, $6)`,
+			id, p.TenantID, string(p.Purpose), p.Filename, nullString(p.BatchID), db.d.ts(db.nowUTC()))
+		if err != nil {
+			return db.d.wrap(err)
+		}
+		ins, err := tx.PrepareContext(ctx, `INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)`)
+		if err != nil {
+			return err
+		}
+		defer ins.Close()
+		buf := make([]byte, db.chunkSize)
+		var (
+			size, lines int64
+			last        byte
+		)
+		for seq := 0; ; seq++ {
+			n, rerr := io.ReadFull(content, buf)
+			if n > 0 {
+				if _, err := ins.ExecContext(ctx, id, seq, buf[:n]); err != nil {
+					return err
+				}
+				size += int64(n)
+				lines += int64(bytes.Count(buf[:n], []byte{'\n'}))
+				last = buf[n-1]
+			}
+			if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+				break
+			}
+			if rerr != nil {
+				return fmt.Errorf("read content: %w", rerr)
+			}
+		}
+		if size > 0 && last != '\n' {
+			lines++
+		}
+		f, err = scanFile(tx.QueryRowContext(ctx, `UPDATE files SET bytes = $2, lines = $3 WHERE id = $1 RETURNING `+fileColumns,
+			id, size, lines))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: FileInsert: %w", err)
+	}
+	return f, nil
+}
+
+func spoolToTemp(r io.Reader) (*os.File, error) {
+	f, err := os.CreateTemp("", "llmq-upload-*")
+	if err != nil {
+		return nil, fmt.Errorf("store: FileInsert: spool: %w", err)
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		_ = f.Close()
+		_ = os.Remove(f.Name())
+		return nil, fmt.Errorf("store: FileInsert: read content: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		_ = f.Close()
+		_ = os.Remove(f.Name())
+		return nil, fmt.Errorf("store: FileInsert: spool: %w", err)
+	}
+	return f, nil
+}
+
+// FileGetByID returns the file, or ErrNotFound.
+func (db *DB) FileGetByID(ctx context.Context, id string) (*File, error) {
+	f, err := scanFile(db.ro.QueryRowContext(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("file", id)
+	}
+	return f, err
+}
+
+// FileGetForTenant returns the tenant's file; another tenant's is ErrNotFound.
+func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File, error) {
+	f, err := scanFile(db.ro.QueryRowContext(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1 AND tenant_id = $2`, id, tenantID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("file", id)
+	}
+	return f, err
+}
+
+// FileOpen returns the file's content, read one chunk per query as the reader
+// is consumed, so no connection is held between reads. ctx bounds every read.
+// Check the tenant with FileGetForTenant first.
+func (db *DB) FileOpen(ctx context.Context, id string) (io.ReadCloser, error) {
+	var one int
+	err := db.ro.QueryRowContext(ctx, `SELECT 1 FROM files WHERE id = $1`, id).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("file", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &chunkReader{ctx: ctx, db: db, id: id, seq: -1}, nil
+}
+
+// chunkReader reads a file's chunks in seq order.
+type chunkReader struct {
+	ctx    context.Context
+	db     *DB
+	id     string
+	seq    int // the last chunk fetched
+	buf    []byte
+	eof    bool
+	closed bool
+}
+
+// next fetches the chunk after r.seq into r.buf, or sets r.eof.
+func (r *chunkReader) next() error {
+	if r.closed {
+		return errors.New("store: read of a closed file")
+	}
+	var data []byte
+	err := r.db.ro.QueryRowContext(r.ctx, `SELECT seq, data FROM file_chunks WHERE file_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`,
+		r.id, r.seq).Scan(&r.seq, &data)
+	if errors.Is(err, sql.ErrNoRows) {
+		r.eof = true
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store: read file %s: %w", r.id, err)
+	}
+	r.buf = data
+	return nil
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if r.eof {
+			return 0, io.EOF
+		}
+		if err := r.next(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+// WriteTo lets io.Copy hand each chunk to w without another copy.
+func (r *chunkReader) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for {
+		if len(r.buf) == 0 {
+			if r.eof {
+				return total, nil
+			}
+			if err := r.next(); err != nil {
+				return total, err
+			}
+			continue
+		}
+		n, err := w.Write(r.buf)
+		total += int64(n)
+		r.buf = r.buf[n:]
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+func (r *chunkReader) Close() error {
+	r.closed, r.buf = true, nil
+	return nil
+}
+
+// FileListParams select a page of a tenant's files.
+type FileListParams struct {
+	TenantID string
+	Purpose  FilePurpose // optional
+	After    string      // id of the last file of the previous page
+	Limit    int         // default 20, at most 1000
+}
+
+// FileList returns a page of the tenant's files, newest first, and whether older ones remain.
+func (db *DB) FileList(ctx context.Context, p *FileListParams) ([]*File, bool, error) {
+	if err := required("FileList", "TenantID", p.TenantID); err != nil {
+		return nil, false, err
+	}
+	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
+	q, a := fileListSQL(p, limit)
+	rows, err := db.ro.QueryContext(ctx, q, a...)
+	if err != nil {
+		return nil, false, err
+	}
+	fs, err := collect(rows, scanFile)
+	if err != nil {
+		return nil, false, err
+	}
+	fs, more := trimPage(fs, limit)
+	return fs, more, nil
+}
+
+// fileListSQL reads files_tenant, or files_tenant_purpose with a purpose.
+func fileListSQL(p *FileListParams, limit int) (string, args) {
+	var a args
+	q := `SELECT ` + fileColumns + ` FROM files WHERE tenant_id = ` + a.add(p.TenantID)
+	if p.Purpose != "" {
+		q += ` AND purpose = ` + a.add(string(p.Purpose))
+	}
+	if p.After != "" {
+		q += ` AND id < ` + a.add(p.After)
+	}
+	return q + ` ORDER BY id DESC LIMIT ` + a.add(limit+1), a
+}

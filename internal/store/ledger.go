@@ -1,0 +1,119 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/llmq/llmq/internal/money"
+)
+
+// UsageEntry is a job's row in the usage ledger: what it cost, written once
+// by JobComplete and never updated.
+type UsageEntry struct {
+	JobID            string
+	TenantID         string
+	BatchID          string
+	Day              string // the budget day, "YYYY-MM-DD"
+	Model            string
+	PromptTokens     int64
+	CompletionTokens int64
+	CachedTokens     int64
+	Cost             money.Micros
+	CreatedAt        time.Time
+}
+
+// UsageGetByJob returns the job's ledger row, or ErrNotFound if it was never charged.
+func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, error) {
+	var (
+		e       UsageEntry
+		batchID sql.NullString
+	)
+	err := db.ro.QueryRowContext(ctx, `
+		SELECT job_id, tenant_id, batch_id, day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at
+		FROM usage_ledger WHERE job_id = $1`, jobID).
+		Scan(&e.JobID, &e.TenantID, &batchID, dayCol{&e.Day}, &e.Model, &e.PromptTokens, &e.CompletionTokens,
+			&e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("ledger row of job", jobID)
+	}
+	e.BatchID = batchID.String
+	return &e, err
+}
+
+// The ledger sums read usage_ledger_tenant_day and usage_ledger_day_model:
+// the budget is rebuilt from them, so they must never scan the ledger.
+const (
+	sqlUsageSumByTenantDay = `SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM usage_ledger WHERE tenant_id = $1 AND day = $2`
+	sqlUsageSumByDay       = `SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM usage_ledger WHERE day = $1`
+)
+
+// UsageSumByTenantDay is the tenant's spend on the budget day ("YYYY-MM-DD"),
+// from the index on (tenant_id, day).
+func (db *DB) UsageSumByTenantDay(ctx context.Context, tenantID, day string) (money.Micros, error) {
+	if err := validDay("UsageSumByTenantDay", day); err != nil {
+		return 0, err
+	}
+	var sum money.Micros
+	err := db.ro.QueryRowContext(ctx, sqlUsageSumByTenantDay, tenantID, day).Scan(&sum)
+	return sum, err
+}
+
+// UsageSumByDay is every tenant's spend on the budget day, for the global cap.
+func (db *DB) UsageSumByDay(ctx context.Context, day string) (money.Micros, error) {
+	if err := validDay("UsageSumByDay", day); err != nil {
+		return 0, err
+	}
+	var sum money.Micros
+	err := db.ro.QueryRowContext(ctx, sqlUsageSumByDay, day).Scan(&sum)
+	return sum, err
+}
+
+// UsageReportParams select a day's usage.
+type UsageReportParams struct {
+	Day      string // "YYYY-MM-DD"
+	TenantID string // optional: one tenant
+}
+
+// UsageReportRow is one tenant's use of one model on the day.
+type UsageReportRow struct {
+	TenantID         string
+	Model            string
+	Requests         int64
+	PromptTokens     int64
+	CompletionTokens int64
+	CachedTokens     int64
+	Cost             money.Micros
+}
+
+// UsageReport returns the day's usage grouped by tenant and model, ordered by
+// tenant id then model.
+func (db *DB) UsageReport(ctx context.Context, p *UsageReportParams) ([]*UsageReportRow, error) {
+	if err := validDay("UsageReport", p.Day); err != nil {
+		return nil, err
+	}
+	q, a := usageReportSQL(p)
+	rows, err := db.ro.QueryContext(ctx, q, a...)
+	if err != nil {
+		return nil, err
+	}
+	return collect(rows, func(r rowScanner) (*UsageReportRow, error) {
+		var u UsageReportRow
+		err := r.Scan(&u.TenantID, &u.Model, &u.Requests, &u.PromptTokens, &u.CompletionTokens, &u.CachedTokens, &u.Cost)
+		return &u, err
+	})
+}
+
+// usageReportSQL reads usage_ledger_day_model, or usage_ledger_tenant_day for one tenant.
+func usageReportSQL(p *UsageReportParams) (string, args) {
+	var a args
+	q := `SELECT tenant_id, model, count(*),
+			CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT),
+			CAST(SUM(cached_tokens) AS BIGINT), CAST(SUM(cost_micros) AS BIGINT)
+		FROM usage_ledger WHERE day = ` + a.add(p.Day)
+	if p.TenantID != "" {
+		q += ` AND tenant_id = ` + a.add(p.TenantID)
+	}
+	return q + ` GROUP BY tenant_id, model ORDER BY tenant_id, model`, a
+}

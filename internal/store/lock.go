@@ -1,0 +1,84 @@
+package store
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// TryLock takes the lock called name if nobody holds it, for work that must
+// run one at a time across every process on this database (the reconciler).
+// ok is false when another holder has it. unlock releases it; calling unlock
+// more than once is harmless.
+//
+// On Postgres it is a session advisory lock held on a connection kept out of
+// the pool until unlock; if that connection dies the lock is released, so
+// the work it guards must be safe to run again. On SQLite (one process) it is
+// an in-process lock per database file.
+func (db *DB) TryLock(ctx context.Context, name string) (unlock func(), ok bool, err error) {
+	if err := required("TryLock", "name", name); err != nil {
+		return nil, false, err
+	}
+	return db.d.tryLock(ctx, db, name)
+}
+
+func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
+	conn, err := db.rw.Conn(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: TryLock %q: %w", name, err)
+	}
+	key := lockKey(db.lockScope, name)
+	var ok bool
+	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil {
+		_ = conn.Close()
+		return nil, false, fmt.Errorf("store: TryLock %q: %w", name, err)
+	}
+	if !ok {
+		_ = conn.Close()
+		return nil, false, nil
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var released bool
+			err := conn.QueryRowContext(uctx, "SELECT pg_advisory_unlock($1)", key).Scan(&released)
+			if err != nil || !released {
+				db.log.Warn("store: advisory unlock failed; dropping the connection", "lock", name, "err", err)
+				// A connection that may still hold the lock must not go
+				// back to the pool: closing it releases the lock.
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+			_ = conn.Close()
+		})
+	}, true, nil
+}
+
+// processLocks are the SQLite locks held in this process, keyed by database
+// file and name. It is process-wide on purpose: two DBs opened on one file
+// must exclude each other, as two Postgres sessions do.
+var processLocks = struct {
+	sync.Mutex
+	held map[string]bool
+}{held: map[string]bool{}}
+
+func processTryLock(_ context.Context, db *DB, name string) (func(), bool, error) {
+	k := db.lockScope + "\x00" + name
+	processLocks.Lock()
+	defer processLocks.Unlock()
+	if processLocks.held[k] {
+		return nil, false, nil
+	}
+	processLocks.held[k] = true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			processLocks.Lock()
+			delete(processLocks.held, k)
+			processLocks.Unlock()
+		})
+	}, true, nil
+}

@@ -1,0 +1,181 @@
+package store
+
+import (
+	"bytes"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/llmq/llmq/internal/money"
+)
+
+// The scanners below read one column whichever backend wrote it: pgx hands
+// timestamptz and date as time.Time and jsonb as []byte; SQLite hands TEXT as
+// string. Bytes are copied, because drivers may reuse their buffers.
+
+// timeCol scans a NOT NULL timestamp into t, in UTC.
+type timeCol struct{ t *time.Time }
+
+func (c timeCol) Scan(src any) error {
+	t, ok, err := parseTimeSrc(src)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("store: NULL in a NOT NULL time column")
+	}
+	*c.t = t
+	return nil
+}
+
+// nullTimeCol scans a nullable timestamp into *t (nil for NULL).
+type nullTimeCol struct{ t **time.Time }
+
+func (c nullTimeCol) Scan(src any) error {
+	t, ok, err := parseTimeSrc(src)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		*c.t = nil
+		return nil
+	}
+	*c.t = &t
+	return nil
+}
+
+func parseTimeSrc(src any) (time.Time, bool, error) {
+	var s string
+	switch v := src.(type) {
+	case nil:
+		return time.Time{}, false, nil
+	case time.Time:
+		return v.UTC(), true, nil
+	case string:
+		s = v
+	case []byte:
+		s = string(v)
+	default:
+		return time.Time{}, false, fmt.Errorf("store: cannot read %T as a time", src)
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("store: time column: %w", err)
+	}
+	return t.UTC(), true, nil
+}
+
+// jsonCol scans a JSON column (nullable) into raw: nil for NULL.
+type jsonCol struct{ raw *json.RawMessage }
+
+func (c jsonCol) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		*c.raw = nil
+	case []byte:
+		*c.raw = bytes.Clone(v)
+	case string:
+		*c.raw = json.RawMessage(v)
+	default:
+		return fmt.Errorf("store: cannot read %T as JSON", src)
+	}
+	return nil
+}
+
+// dayCol scans a budget day (DATE on Postgres, TEXT on SQLite) as "YYYY-MM-DD".
+type dayCol struct{ s *string }
+
+func (c dayCol) Scan(src any) error {
+	switch v := src.(type) {
+	case time.Time:
+		*c.s = v.Format(time.DateOnly)
+	case string:
+		*c.s = v
+	case []byte:
+		*c.s = string(v)
+	default:
+		return fmt.Errorf("store: cannot read %T as a day", src)
+	}
+	return nil
+}
+
+// nullString is s, or NULL when s is empty: optional text columns hold NULL,
+// never "", so partial indexes and foreign keys skip them.
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// nullJSON is raw as text, or NULL when raw is empty or the JSON null. Text
+// suits both jsonb (pgx sends it as is) and SQLite's TEXT.
+func nullJSON(raw json.RawMessage) any {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || string(t) == "null" {
+		return nil
+	}
+	return string(withoutNUL(raw))
+}
+
+// withoutNUL replaces the escape \u0000 in JSON strings with \ufffd. Postgres
+// jsonb cannot hold NUL and refuses the whole document, which would leave a
+// job whose provider answered with one unable ever to complete; SQLite gets
+// the same text so both backends return the same JSON.
+func withoutNUL(raw []byte) []byte {
+	if !bytes.Contains(raw, []byte(`\u0000`)) {
+		return raw
+	}
+	out := make([]byte, 0, len(raw))
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' || i+1 == len(raw) {
+			out = append(out, c)
+			continue
+		}
+		// An escape: \u0000 is replaced, any other (\\ included) is kept whole,
+		// so an escaped backslash followed by "u0000" is left alone.
+		if raw[i+1] == 'u' && i+6 <= len(raw) && string(raw[i+2:i+6]) == "0000" {
+			out = append(out, `\ufffd`...)
+			i += 5
+			continue
+		}
+		out = append(out, c, raw[i+1])
+		i++
+	}
+	return out
+}
+
+// nullInt is v, or NULL when v is zero.
+func nullInt(v int64) any {
+	if v == 0 {
+		return nil
+	}
+	return v
+}
+
+// validDay checks a budget day "YYYY-MM-DD".
+func validDay(method, day string) error {
+	if _, err := time.Parse(time.DateOnly, day); err != nil || len(day) != len(time.DateOnly) {
+		return fmt.Errorf("store: %s: day %q is not YYYY-MM-DD", method, day)
+	}
+	return nil
+}
+
+// microsCol scans a nullable amount into *m (nil for NULL).
+type microsCol struct{ m **money.Micros }
+
+func (c microsCol) Scan(src any) error {
+	var n sql.NullInt64
+	if err := n.Scan(src); err != nil {
+		return err
+	}
+	if !n.Valid {
+		*c.m = nil
+		return nil
+	}
+	v := money.Micros(n.Int64)
+	*c.m = &v
+	return nil
+}

@@ -1,0 +1,229 @@
+// Package store owns llmq's durable state: tenants, API keys, jobs, batches,
+// files and the usage ledger, on PostgreSQL (pgx through database/sql, the
+// system of record in production) or on SQLite (modernc.org/sqlite, pure Go,
+// the embedded default). Both backends run the same SQL through one DB type;
+// a small dialect value holds what really differs (time encoding, bulk insert,
+// locks, error codes). asynq tasks carry only a job id, so everything needed
+// to run, recover or report a job is here, and the schema is migrated on Open
+// from the embedded migrations package.
+//
+// Conventions: methods are named NounVerb and take a *NounVerbParams when they
+// take more than identifiers. A missing row is ErrNotFound (another tenant's
+// row too, so existence never leaks), a unique key already taken is
+// ErrConflict. All times are UTC with microsecond precision. Lists shown to
+// tenants are newest first, as OpenAI's: ids are time-ordered, a page is the
+// rows with id < After in descending id order, and hasMore tells whether an
+// older page exists. Sweeps (JobListUnfinished, BatchListActive) go oldest
+// first with id > After.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Sentinel errors, checked with errors.Is. The wrapped error names the row.
+var (
+	// ErrNotFound: no such row, or it belongs to another tenant.
+	ErrNotFound = errors.New("store: not found")
+	// ErrConflict: a unique key (id, idempotency key, batch line, key hash) is taken.
+	ErrConflict = errors.New("store: conflict")
+)
+
+// Default and largest page sizes of the list methods.
+const (
+	defaultListLimit = 20
+	maxListLimit     = 1000
+)
+
+// DB is llmq's database. It is safe for concurrent use.
+type DB struct {
+	// rw takes every write. On SQLite it is a single connection, so writers
+	// queue in Go instead of failing with SQLITE_BUSY.
+	rw *sql.DB
+	// ro takes reads. On SQLite it is a separate pool of read-only
+	// connections, which WAL lets read while the writer writes; on
+	// Postgres it is rw.
+	ro  *sql.DB
+	d   *dialect
+	log *slog.Logger
+
+	// lockScope keeps TryLock names of different databases apart: the
+	// Postgres schema (advisory locks are per database, tests use a schema
+	// each) or the SQLite file's absolute path.
+	lockScope string
+
+	// Tunables; tests shrink them to exercise paging with few rows.
+	chunkSize   int // bytes per file chunk
+	streamBatch int // jobs per query of JobStreamByBatch
+
+	now func() time.Time
+}
+
+// Open connects to the database at url, applies the pending migrations and
+// returns the DB. The scheme picks the backend: postgres:// or postgresql://
+// for PostgreSQL (a search_path parameter is honoured; pool_max_conns sets the
+// pool size, default 16); sqlite://path or file:path for SQLite (the file and
+// its directory are created; extra query parameters go to the driver, e.g.
+// _synchronous=NORMAL). logger may be nil.
+func Open(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	var (
+		db  *DB
+		err error
+	)
+	switch {
+	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
+		db, err = openPostgres(ctx, url)
+	case strings.HasPrefix(url, "sqlite://"), strings.HasPrefix(url, "file:"):
+		db, err = openSQLite(ctx, url)
+	default:
+		scheme, _, _ := strings.Cut(url, ":")
+		return nil, fmt.Errorf("store: database URL scheme %q: want postgres://, postgresql://, sqlite:// or file:", scheme)
+	}
+	if err != nil {
+		return nil, err
+	}
+	db.log = logger
+	db.chunkSize = 1 << 20
+	db.streamBatch = 500
+	db.now = func() time.Time { return time.Now() }
+	if err := db.migrate(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// Dialect returns "postgres" or "sqlite".
+func (db *DB) Dialect() string { return db.d.name }
+
+// Ping checks that the database answers.
+func (db *DB) Ping(ctx context.Context) error {
+	if err := db.rw.PingContext(ctx); err != nil {
+		return fmt.Errorf("store: ping: %w", err)
+	}
+	if db.ro != db.rw {
+		if err := db.ro.PingContext(ctx); err != nil {
+			return fmt.Errorf("store: ping readers: %w", err)
+		}
+	}
+	return nil
+}
+
+// Close closes the connection pools. Locks taken with TryLock and not yet
+// released are released by the database when their connection closes.
+func (db *DB) Close() error {
+	var errRO error
+	if db.ro != db.rw {
+		errRO = db.ro.Close()
+	}
+	return errors.Join(db.rw.Close(), errRO)
+}
+
+// querier is what *sql.DB and *sql.Tx share, so helpers run in or out of a transaction.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// tx runs fn in a write transaction, committing if fn returns nil.
+func (db *DB) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := db.rw.BeginTx(ctx, nil)
+	if err != nil {
+		return db.d.wrap(err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return db.d.wrap(err)
+	}
+	return nil
+}
+
+// nowUTC is the time written by a call: UTC, at the microsecond precision both
+// backends keep, so what a method returns equals what a later read returns.
+func (db *DB) nowUTC() time.Time { return db.now().UTC().Truncate(time.Microsecond) }
+
+// normTime brings a caller's time to the stored precision and zone.
+func normTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
+
+// args accumulates query arguments and hands out their placeholders, so
+// queries with optional filters are built from fixed SQL fragments and values
+// never enter the SQL text. Both backends accept $N placeholders.
+type args []any
+
+func (a *args) add(v any) string {
+	*a = append(*a, v)
+	return "$" + strconv.Itoa(len(*a))
+}
+
+// list returns "$i, $j, ..." for vs.
+func (a *args) list(vs ...any) string {
+	var b strings.Builder
+	for i, v := range vs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(a.add(v))
+	}
+	return b.String()
+}
+
+// pageLimit applies the default and the ceiling of a list's page size.
+func pageLimit(limit, def, max int) int {
+	switch {
+	case limit <= 0:
+		return def
+	case limit > max:
+		return max
+	}
+	return limit
+}
+
+// rowScanner is *sql.Row or *sql.Rows.
+type rowScanner interface{ Scan(dest ...any) error }
+
+// collect scans every row of rows with scan.
+func collect[T any](rows *sql.Rows, scan func(rowScanner) (*T, error)) ([]*T, error) {
+	defer rows.Close()
+	var out []*T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// trimPage cuts a page fetched with limit+1 rows to limit and reports whether
+// there was more.
+func trimPage[T any](rows []*T, limit int) ([]*T, bool) {
+	if len(rows) > limit {
+		return rows[:limit], true
+	}
+	return rows, false
+}
+
+// notFound wraps ErrNotFound with what was missing.
+func notFound(what, id string) error { return fmt.Errorf("%w: %s %q", ErrNotFound, what, id) }
+
+func required(method, field, v string) error {
+	if v == "" {
+		return fmt.Errorf("store: %s: %s is empty", method, field)
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"time"
+
+	"github.com/llmq/llmq/internal/ids"
+	"github.com/llmq/llmq/internal/money"
+)
+
+// Tenant is a customer of llmq: its tier sets budget, priority and API rate.
+type Tenant struct {
+	ID   string
+	Name string
+	Tier string
+	// BudgetOverride replaces the tier's daily budget when set.
+	BudgetOverride *money.Micros
+	// APIExempt exempts the tenant's keys from the per-key API rate limit.
+	APIExempt bool
+	// WebhookSecret signs the tenant's webhooks. Never log it.
+	WebhookSecret string
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+const tenantColumns = `id, name, tier, budget_override_micros, api_exempt, webhook_secret, created_at, updated_at`
+
+func scanTenant(r rowScanner) (*Tenant, error) {
+	var t *Tenant
+	if err := r.Scan(tenantDest(&t)...); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// tenantDest returns scan destinations for tenantColumns that fill a new
+// *t, so a wider row (a key joined to its tenant) can scan a tenant too.
+func tenantDest(t **Tenant) []any {
+	v := &Tenant{}
+	*t = v
+	return []any{&v.ID, &v.Name, &v.Tier, microsCol{&v.BudgetOverride}, &v.APIExempt, &v.WebhookSecret,
+		timeCol{&v.CreatedAt}, timeCol{&v.UpdatedAt}}
+}
+
+// TenantInsertParams are the fields of a new tenant.
+type TenantInsertParams struct {
+	ID             string // optional; a new ids.Tenant id when empty
+	Name           string
+	Tier           string
+	BudgetOverride *money.Micros // nil: the tier's budget
+	APIExempt      bool
+}
+
+// TenantInsert creates a tenant with a fresh random webhook secret.
+func (db *DB) TenantInsert(ctx context.Context, p *TenantInsertParams) (*Tenant, error) {
+	if err := errors.Join(required("TenantInsert", "Name", p.Name), required("TenantInsert", "Tier", p.Tier)); err != nil {
+		return nil, err
+	}
+	id := p.ID
+	if id == "" {
+		id = ids.New(ids.Tenant)
+	}
+	var budget any
+	if p.BudgetOverride != nil {
+		budget = int64(*p.BudgetOverride)
+	}
+	now := db.d.ts(db.nowUTC())
+	t, err := scanTenant(db.rw.QueryRowContext(ctx, `
+		INSERT INTO tenants (id, name, tier, budget_override_micros, api_exempt, webhook_secret, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
+		RETURNING `+tenantColumns,
+		id, p.Name, p.Tier, budget, p.APIExempt, newWebhookSecret(), now))
+	return t, db.d.wrap(err)
+}
+
+// newWebhookSecret is 32 random bytes, hex, with Stripe's "whsec_" prefix so
+// a leaked one is recognisable.
+func newWebhookSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "whsec_" + hex.EncodeToString(b)
+}
+
+// TenantGetByID returns the tenant, or ErrNotFound.
+func (db *DB) TenantGetByID(ctx context.Context, id string) (*Tenant, error) {
+	t, err := scanTenant(db.ro.QueryRowContext(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE id = $1`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("tenant", id)
+	}
+	return t, err
+}
+
+// TenantListParams select a page of tenants.
+type TenantListParams struct {
+	After string // id of the last tenant of the previous page; "" for the first page
+	Limit int    // default 20, at most 1000
+}
+
+// TenantList returns a page of tenants, newest first, and whether older ones remain.
+func (db *DB) TenantList(ctx context.Context, p *TenantListParams) ([]*Tenant, bool, error) {
+	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
+	var a args
+	q := `SELECT ` + tenantColumns + ` FROM tenants`
+	if p.After != "" {
+		q += ` WHERE id < ` + a.add(p.After)
+	}
+	q += ` ORDER BY id DESC LIMIT ` + a.add(limit+1)
+	rows, err := db.ro.QueryContext(ctx, q, a...)
+	if err != nil {
+		return nil, false, err
+	}
+	ts, err := collect(rows, scanTenant)
+	if err != nil {
+		return nil, false, err
+	}
+	ts, more := trimPage(ts, limit)
+	return ts, more, nil
+}
+
+// TenantUpdateParams change a tenant; nil fields are left as they are.
+type TenantUpdateParams struct {
+	ID        string
+	Name      *string
+	Tier      *string
+	APIExempt *bool
+	// SetBudgetOverride writes BudgetOverride: a value sets the override,
+	// nil clears it (back to the tier's budget). False leaves it alone.
+	SetBudgetOverride bool
+	BudgetOverride    *money.Micros
+}
+
+// TenantUpdate applies p and returns the tenant, or ErrNotFound.
+func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant, error) {
+	if err := required("TenantUpdate", "ID", p.ID); err != nil {
+		return nil, err
+	}
+	var a args
+	q := `UPDATE tenants SET updated_at = ` + a.add(db.d.ts(db.nowUTC()))
+	if p.Name != nil {
+		if err := required("TenantUpdate", "Name", *p.Name); err != nil {
+			return nil, err
+		}
+		q += `, name = ` + a.add(*p.Name)
+	}
+	if p.Tier != nil {
+		if err := required("TenantUpdate", "Tier", *p.Tier); err != nil {
+			return nil, err
+		}
+		q += `, tier = ` + a.add(*p.Tier)
+	}
+	if p.APIExempt != nil {
+		q += `, api_exempt = ` + a.add(*p.APIExempt)
+	}
+	if p.SetBudgetOverride {
+		var budget any
+		if p.BudgetOverride != nil {
+			budget = int64(*p.BudgetOverride)
+		}
+		q += `, budget_override_micros = ` + a.add(budget)
+	}
+	q += ` WHERE id = ` + a.add(p.ID) + ` RETURNING ` + tenantColumns
+	t, err := scanTenant(db.rw.QueryRowContext(ctx, q, a...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("tenant", p.ID)
+	}
+	return t, db.d.wrap(err)
+}
