@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -236,12 +237,20 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 	return &DB{rw: w, ro: r, d: sqliteDialect, lockScope: abs}, nil
 }
 
+// sqliteMigrations serialises migrations per database file within the
+// process, where two DBs may be opened on one file at once (each has its own
+// writer connection). SQLite serves one process; see TryLock.
+var sqliteMigrations sync.Map // absolute path -> *sync.Mutex
+
 // migrate applies the pending migrations. On Postgres an advisory lock per
-// schema keeps processes starting together from migrating at once; SQLite's
-// single writer connection already serialises them within a process, and
-// its busy timeout across processes.
+// schema keeps processes starting together from migrating at once.
 func (db *DB) migrate(ctx context.Context) error {
 	fsys := migrations.SQLite()
+	if db.d == sqliteDialect {
+		mu, _ := sqliteMigrations.LoadOrStore(db.lockScope, new(sync.Mutex))
+		mu.(*sync.Mutex).Lock()
+		defer mu.(*sync.Mutex).Unlock()
+	}
 	if db.d == postgresDialect {
 		fsys = migrations.Postgres()
 		conn, err := db.rw.Conn(ctx)

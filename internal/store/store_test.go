@@ -85,6 +85,31 @@ func TestOpenReopensAndMigratesOnce(t *testing.T) {
 	}
 }
 
+// Processes starting together migrate one at a time: every Open succeeds.
+func TestOpenConcurrently(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"postgres": postgresURL(t), "sqlite": sqliteURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			errs := make(chan error, 4)
+			for i := 0; i < cap(errs); i++ {
+				go func() {
+					db, err := Open(t.Context(), url, nil)
+					if err == nil {
+						err = db.Close()
+					}
+					errs <- err
+				}()
+			}
+			for i := 0; i < cap(errs); i++ {
+				if err := <-errs; err != nil {
+					t.Errorf("concurrent Open: %v", err)
+				}
+			}
+		})
+	}
+}
+
 func TestOpenRejectsBadURLs(t *testing.T) {
 	t.Parallel()
 	for _, url := range []string{
