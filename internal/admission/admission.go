@@ -1,0 +1,180 @@
+// Package admission decides what a request costs and whether it can ever
+// run, from the request body and the policy in force: the model it names, its
+// estimated prompt and output tokens, its worst-case price, the limiter scope
+// it draws from and the budget account it is charged to. The HTTP API, batch
+// validation and the worker all ask it, so a request is judged the same way
+// at enqueue and at run time, and one that can never run is refused at once
+// instead of waiting forever.
+package admission
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// Error is a request that can never run, for the client: Param names the
+// offending field of the job's body ("model", "messages", "max_tokens"…).
+type Error struct {
+	Param   string
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Estimate is what one request will cost at most.
+type Estimate struct {
+	Model *config.Model
+	// PromptTokens is the estimate of the prompt as the provider counts it.
+	PromptTokens int64
+	// MaxTokens is the most output the request may produce: max_tokens (or
+	// the model's default) times the number of choices; 0 for embeddings.
+	MaxTokens int64
+	// Cost is what the limiter reserves: one request and every token.
+	Cost limiter.Cost
+	// WorstCase is the budget reservation: every prompt token uncached and
+	// MaxTokens of output, at the model's price.
+	WorstCase money.Micros
+}
+
+// Estimator judges requests. It is safe for concurrent use.
+type Estimator struct {
+	tokens *llm.Estimator
+}
+
+// New returns an Estimator.
+func New() *Estimator { return &Estimator{tokens: llm.NewEstimator()} }
+
+// Estimate validates body for endpoint under policy p and returns its
+// estimate, or an *Error saying why it can never run: an invalid body, an
+// unknown model, a model that does not serve the endpoint, or a cost above
+// the capacity of one of the model's token buckets.
+func (e *Estimator) Estimate(p *config.Policy, endpoint string, body []byte) (*Estimate, error) {
+	parsed, err := llm.ParseRequest(endpoint, body)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	m, ok := p.Model(parsed.Model)
+	if !ok {
+		return nil, &Error{Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("The model '%s' does not exist or is not served here.", parsed.Model)}
+	}
+	wantKind := config.KindChat
+	if endpoint == llm.EndpointEmbeddings {
+		wantKind = config.KindEmbedding
+	}
+	if m.Kind != wantKind {
+		return nil, &Error{Param: "model", Code: "model_not_supported",
+			Message: fmt.Sprintf("The model '%s' is a %s model and cannot serve %s.", m.Name, m.Kind, endpoint)}
+	}
+	// Count with the upstream's tokenizer: that is what the provider counts.
+	counted, err := e.tokens.Parse(endpoint, m.Upstream, m.Encoding, body)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	est := &Estimate{Model: m, PromptTokens: counted.PromptTokens}
+	if m.Kind == config.KindChat {
+		perChoice := counted.MaxTokens
+		if perChoice == 0 {
+			perChoice = m.MaxOutputTokens
+		}
+		est.MaxTokens = perChoice * max(counted.N, 1)
+	}
+	est.Cost = limiter.Cost{Requests: 1, Tokens: est.PromptTokens + est.MaxTokens}
+	est.WorstCase = m.Price.WorstCase(est.PromptTokens, est.MaxTokens)
+	if err := fits(m, est); err != nil {
+		return nil, err
+	}
+	return est, nil
+}
+
+// fits refuses a cost no bucket of the model can ever hold.
+func fits(m *config.Model, est *Estimate) error {
+	for _, b := range Scope(m).Buckets {
+		if b.Unit == limiter.UnitTokens && est.Cost.Tokens > b.Limit {
+			param := "max_tokens"
+			if est.PromptTokens > b.Limit || est.MaxTokens == 0 {
+				param = "messages"
+				if m.Kind == config.KindEmbedding {
+					param = "input"
+				}
+			}
+			return &Error{Param: param, Code: "tokens_exceed_capacity", Message: fmt.Sprintf(
+				"This request needs up to %d tokens (%d prompt + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower max_tokens or shorten the input.",
+				est.Cost.Tokens, est.PromptTokens, est.MaxTokens, b.Limit, periodName(b.Name), m.Name)}
+		}
+	}
+	return nil
+}
+
+func periodName(bucket string) string {
+	switch bucket {
+	case "tpd":
+		return "day"
+	case "tpm":
+		return "minute"
+	}
+	return bucket
+}
+
+func invalid(err error) error {
+	var ir *llm.InvalidRequestError
+	if errors.As(err, &ir) {
+		return &Error{Param: ir.Param, Code: "invalid_request", Message: ir.Message}
+	}
+	return &Error{Code: "invalid_request", Message: err.Error()}
+}
+
+// ScopeName is the limiter scope of a model: its provider's upstream model,
+// so every llmq model name that reaches the same upstream shares its limits.
+func ScopeName(m *config.Model) string { return m.Provider + "/" + m.Upstream }
+
+// Scope returns the limiter scope of m with the policy's limits.
+func Scope(m *config.Model) limiter.Scope {
+	return limiter.ModelScope(ScopeName(m), m.Limits.RPS, m.Limits.RPM, m.Limits.TPM, m.Limits.TPD)
+}
+
+// Account is the budget account of tenant t under policy p: the tier's
+// daily budget (or the tenant's override), soft limit, timezone and the
+// global cap. It fails when the tenant's tier is not in the policy.
+func Account(p *config.Policy, t *store.Tenant) (budget.Account, *config.Tier, error) {
+	tier, ok := p.Tier(t.Tier)
+	if !ok {
+		return budget.Account{}, nil, fmt.Errorf("tenant %s: tier %q is not in the policy", t.ID, t.Tier)
+	}
+	acct := budget.Account{
+		TenantID:  t.ID,
+		Budget:    tier.DailyBudget,
+		Unlimited: tier.Unlimited,
+		SoftLimit: tier.SoftLimit,
+		Location:  tier.Timezone,
+		Global:    p.GlobalDailyBudget,
+	}
+	if t.BudgetOverride != nil {
+		acct.Budget, acct.Unlimited = *t.BudgetOverride, false
+	}
+	return acct, tier, nil
+}
+
+// CheckBudget refuses a worst-case cost that exceeds the whole daily budget
+// of the account (or the global cap): no reset would ever let it run.
+func CheckBudget(acct budget.Account, worst money.Micros) error {
+	if !acct.Unlimited && worst > acct.Budget {
+		return &Error{Param: "max_tokens", Code: "budget_too_small", Message: fmt.Sprintf(
+			"This request may cost up to $%s, more than the whole daily budget of $%s; it could never run. Lower max_tokens.",
+			worst, acct.Budget)}
+	}
+	if acct.Global > 0 && worst > acct.Global {
+		return &Error{Param: "max_tokens", Code: "budget_too_small", Message: fmt.Sprintf(
+			"This request may cost up to $%s, more than the global daily cap of $%s; it could never run. Lower max_tokens.",
+			worst, acct.Global)}
+	}
+	return nil
+}

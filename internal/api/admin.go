@@ -1,0 +1,323 @@
+package api
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// tenantJSON is a tenant as the admin API shows it.
+type tenantJSON struct {
+	ID             string   `json:"id"`
+	Object         string   `json:"object"`
+	Name           string   `json:"name"`
+	Tier           string   `json:"tier"`
+	DailyBudgetUSD *float64 `json:"daily_budget_usd"` // the override; null = the tier's
+	APIExempt      bool     `json:"api_exempt"`
+	WebhookSecret  string   `json:"webhook_secret,omitempty"`
+	CreatedAt      int64    `json:"created_at"`
+	UpdatedAt      int64    `json:"updated_at"`
+}
+
+func renderTenant(t *store.Tenant, withSecret bool) tenantJSON {
+	out := tenantJSON{ID: t.ID, Object: "tenant", Name: t.Name, Tier: t.Tier, APIExempt: t.APIExempt,
+		CreatedAt: unix(t.CreatedAt), UpdatedAt: unix(t.UpdatedAt)}
+	if t.BudgetOverride != nil {
+		v := t.BudgetOverride.USD()
+		out.DailyBudgetUSD = &v
+	}
+	if withSecret {
+		out.WebhookSecret = t.WebhookSecret
+	}
+	return out
+}
+
+type createTenantRequest struct {
+	Name           string   `json:"name"`
+	Tier           string   `json:"tier"`
+	DailyBudgetUSD *float64 `json:"daily_budget_usd"`
+	APIExempt      bool     `json:"api_exempt"`
+}
+
+func (s *Server) checkTier(p *config.Policy, tier string) error {
+	if _, ok := p.Tier(tier); ok {
+		return nil
+	}
+	names := make([]string, len(p.Tiers))
+	for i, t := range p.Tiers {
+		names[i] = t.Name
+	}
+	return badRequest("tier", "unknown_tier", "Unknown tier '%s'; the policy has: %s.", tier, strings.Join(names, ", "))
+}
+
+func budgetOverride(v *float64) (*money.Micros, error) {
+	if v == nil {
+		return nil, nil
+	}
+	m, err := money.FromUSD(*v)
+	if err != nil || m == 0 {
+		return nil, badRequest("daily_budget_usd", "invalid_value", "daily_budget_usd must be a positive number of dollars, got %v.", *v)
+	}
+	return &m, nil
+}
+
+func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
+	var req createTenantRequest
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	req.Name = strings.TrimSpace(req.Name)
+	if req.Name == "" || len(req.Name) > 200 {
+		return badRequest("name", "invalid_value", "name is required (at most 200 characters).")
+	}
+	if err := s.checkTier(s.Policy.Current(), req.Tier); err != nil {
+		return err
+	}
+	override, err := budgetOverride(req.DailyBudgetUSD)
+	if err != nil {
+		return err
+	}
+	t, err := s.Store.TenantInsert(r.Context(), &store.TenantInsertParams{Name: req.Name, Tier: req.Tier,
+		BudgetOverride: override, APIExempt: req.APIExempt})
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("tenant created", "tenant", t.ID, "tier", t.Tier)
+	writeJSON(w, http.StatusCreated, renderTenant(t, true))
+	return nil
+}
+
+func (s *Server) tenantByPath(r *http.Request) (*store.Tenant, error) {
+	id := r.PathValue("id")
+	t, err := s.Store.TenantGetByID(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, notFound("tenant", id)
+	}
+	return t, err
+}
+
+func (s *Server) getTenant(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantByPath(r)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, renderTenant(t, true))
+	return nil
+}
+
+func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
+	limit, err := listLimit(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	ts, more, err := s.Store.TenantList(r.Context(), &store.TenantListParams{After: r.URL.Query().Get("after"), Limit: limit})
+	if err != nil {
+		return err
+	}
+	out := make([]tenantJSON, len(ts))
+	for i, t := range ts {
+		out[i] = renderTenant(t, false)
+	}
+	writeJSON(w, http.StatusOK, newList(out, more, func(t tenantJSON) string { return t.ID }))
+	return nil
+}
+
+func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Name           *string         `json:"name"`
+		Tier           *string         `json:"tier"`
+		DailyBudgetUSD json.RawMessage `json:"daily_budget_usd"` // a number sets, null clears
+		APIExempt      *bool           `json:"api_exempt"`
+	}
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	p := &store.TenantUpdateParams{ID: r.PathValue("id"), Name: req.Name, Tier: req.Tier, APIExempt: req.APIExempt}
+	if req.Name != nil && (strings.TrimSpace(*req.Name) == "" || len(*req.Name) > 200) {
+		return badRequest("name", "invalid_value", "name must not be empty (at most 200 characters).")
+	}
+	if req.Tier != nil {
+		if err := s.checkTier(s.Policy.Current(), *req.Tier); err != nil {
+			return err
+		}
+	}
+	if len(req.DailyBudgetUSD) > 0 {
+		p.SetBudgetOverride = true
+		if !bytes.Equal(req.DailyBudgetUSD, []byte("null")) {
+			var v float64
+			if err := json.Unmarshal(req.DailyBudgetUSD, &v); err != nil {
+				return badRequest("daily_budget_usd", "invalid_type", "daily_budget_usd must be a number of dollars or null.")
+			}
+			m, err := budgetOverride(&v)
+			if err != nil {
+				return err
+			}
+			p.BudgetOverride = m
+		}
+	}
+	t, err := s.Store.TenantUpdate(r.Context(), p)
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound("tenant", p.ID)
+	}
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("tenant updated", "tenant", t.ID, "tier", t.Tier)
+	writeJSON(w, http.StatusOK, renderTenant(t, false))
+	return nil
+}
+
+// keyJSON is an API key as the admin API shows it; Key is set only in the
+// answer that creates it.
+type keyJSON struct {
+	ID        string `json:"id"`
+	Object    string `json:"object"`
+	Key       string `json:"key,omitempty"`
+	Prefix    string `json:"prefix"`
+	TenantID  string `json:"tenant_id"`
+	CreatedAt int64  `json:"created_at"`
+	RevokedAt *int64 `json:"revoked_at"`
+}
+
+func renderKey(k *store.APIKey) keyJSON {
+	return keyJSON{ID: k.ID, Object: "api_key", Prefix: k.Prefix, TenantID: k.TenantID,
+		CreatedAt: unix(k.CreatedAt), RevokedAt: unixPtr(k.RevokedAt)}
+}
+
+const keyAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+// newKey returns a new tenant key: "llmq_" and 40 random base62 characters
+// (238 bits).
+func newKey() string {
+	b := make([]byte, 40)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = keyAlphabet[int(b[i])%len(keyAlphabet)]
+	}
+	return "llmq_" + string(b)
+}
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantByPath(r)
+	if err != nil {
+		return err
+	}
+	key := newKey()
+	sum := sha256.Sum256([]byte(key))
+	k, err := s.Store.APIKeyInsert(r.Context(), &store.APIKeyInsertParams{TenantID: t.ID, Prefix: key[:12], Hash: sum[:]})
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("api key created", "tenant", t.ID, "key", k.ID)
+	out := renderKey(k)
+	out.Key = key
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantByPath(r)
+	if err != nil {
+		return err
+	}
+	keys, err := s.Store.APIKeyListByTenant(r.Context(), t.ID)
+	if err != nil {
+		return err
+	}
+	out := make([]keyJSON, len(keys))
+	for i, k := range keys {
+		out[i] = renderKey(k)
+	}
+	writeJSON(w, http.StatusOK, newList(out, false, func(k keyJSON) string { return k.ID }))
+	return nil
+}
+
+func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	k, err := s.Store.APIKeyRevoke(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound("api key", id)
+	}
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("api key revoked", "key", k.ID)
+	writeJSON(w, http.StatusOK, renderKey(k))
+	return nil
+}
+
+// usageJSONFor renders a tenant's budget status (GET /v1/usage).
+type tenantUsageJSON struct {
+	Object       string   `json:"object"`
+	Tenant       string   `json:"tenant"`
+	Tier         string   `json:"tier"`
+	Day          string   `json:"day"`
+	SpentUSD     float64  `json:"spent_usd"`
+	ReservedUSD  float64  `json:"reserved_usd"`
+	BudgetUSD    *float64 `json:"budget_usd"` // null when unlimited
+	RemainingUSD *float64 `json:"remaining_usd"`
+	SoftLimit    bool     `json:"soft_limit_reached"`
+	ResetsAt     int64    `json:"resets_at"`
+}
+
+func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
+	c := callerOf(r)
+	acct, tier, err := admission.Account(s.Policy.Current(), c.tenant)
+	if err != nil {
+		return err
+	}
+	d, err := s.Budgets.Status(r.Context(), acct)
+	if err != nil {
+		return err
+	}
+	out := tenantUsageJSON{Object: "usage", Tenant: c.tenant.ID, Tier: tier.Name, Day: d.Day,
+		SpentUSD: d.Spent.USD(), ReservedUSD: d.Reserved.USD(), SoftLimit: d.SoftLimitReached, ResetsAt: unix(d.ResetsAt)}
+	if !d.Unlimited {
+		b, rem := d.Budget.USD(), d.Remaining.USD()
+		out.BudgetUSD, out.RemainingUSD = &b, &rem
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+type usageRowJSON struct {
+	TenantID         string  `json:"tenant_id"`
+	Model            string  `json:"model"`
+	Requests         int64   `json:"requests"`
+	PromptTokens     int64   `json:"prompt_tokens"`
+	CompletionTokens int64   `json:"completion_tokens"`
+	CostUSD          float64 `json:"cost_usd"`
+}
+
+func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
+	day := r.URL.Query().Get("day")
+	if day == "" {
+		day = s.opts.Now().UTC().Format(time.DateOnly)
+	}
+	if _, err := time.Parse(time.DateOnly, day); err != nil {
+		return badRequest("day", "invalid_value", "day must be a date as YYYY-MM-DD, got '%s'.", day)
+	}
+	rows, err := s.Store.UsageReport(r.Context(), &store.UsageReportParams{Day: day, TenantID: r.URL.Query().Get("tenant_id")})
+	if err != nil {
+		return err
+	}
+	out := make([]usageRowJSON, len(rows))
+	var total money.Micros
+	for i, u := range rows {
+		out[i] = usageRowJSON{TenantID: u.TenantID, Model: u.Model, Requests: u.Requests, PromptTokens: u.PromptTokens,
+			CompletionTokens: u.CompletionTokens, CostUSD: u.Cost.USD()}
+		total += u.Cost
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "usage_report", "day": day, "data": out, "total_cost_usd": total.USD()})
+	return nil
+}

@@ -1,0 +1,105 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Error types, as OpenAI names them, so the official SDKs map them to their
+// exception classes.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeAuthentication = "authentication_error"
+	TypePermission     = "permission_error"
+	TypeNotFound       = "not_found_error"
+	TypeRateLimit      = "rate_limit_error"
+	TypeBudget         = "budget_exceeded_error"
+	TypeServer         = "server_error"
+	TypeUnavailable    = "service_unavailable_error"
+)
+
+// Error is the one error every handler returns to a client. It is written as
+// OpenAI's {"error":{"message","type","code","param"}}.
+type Error struct {
+	Status     int
+	Type       string
+	Code       string
+	Param      string
+	Message    string
+	RetryAfter time.Duration // sets Retry-After when positive
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// errorf builds an Error; param and code may be empty.
+func errorf(status int, typ, code, param, format string, args ...any) *Error {
+	return &Error{Status: status, Type: typ, Code: code, Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+func badRequest(param, code, format string, args ...any) *Error {
+	return errorf(http.StatusBadRequest, TypeInvalidRequest, code, param, format, args...)
+}
+
+func notFound(what, id string) *Error {
+	return errorf(http.StatusNotFound, TypeNotFound, "not_found", "", "No %s found with id '%s'.", what, id)
+}
+
+var (
+	errUnauthorized = errorf(http.StatusUnauthorized, TypeAuthentication, "invalid_api_key", "",
+		"Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.")
+	errAdminUnauthorized = errorf(http.StatusUnauthorized, TypeAuthentication, "invalid_admin_token", "",
+		"Incorrect or missing admin token. Send it as 'Authorization: Bearer <token>'.")
+)
+
+type errorBody struct {
+	Error errorFields `json:"error"`
+}
+
+type errorFields struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Code    *string `json:"code"`
+	Param   *string `json:"param"`
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// writeError writes err to the client. An *Error is written as it is; any
+// other error is an internal failure: logged, and answered with a generic 500
+// that leaks nothing (no stack, no driver message, no secret).
+func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+	var e *Error
+	if !errors.As(err, &e) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			e = errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "request_too_large", "",
+				"Request body is larger than the limit of %d bytes.", mbe.Limit)
+		} else {
+			logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			e = errorf(http.StatusInternalServerError, TypeServer, "internal_error", "",
+				"The server had an error while processing your request. Retry later.")
+		}
+	}
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
+	}
+	writeJSON(w, e.Status, errorBody{Error: errorFields{Message: e.Message, Type: e.Type, Code: nullable(e.Code), Param: nullable(e.Param)}})
+}
+
+// writeJSON writes v as the response body with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,305 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// createJobRequest is the body of POST /v1/jobs.
+type createJobRequest struct {
+	CustomID   string            `json:"custom_id"`
+	Endpoint   string            `json:"endpoint"`
+	Body       json.RawMessage   `json:"body"`
+	Priority   string            `json:"priority"`
+	WebhookURL string            `json:"webhook_url"`
+	Metadata   map[string]string `json:"metadata"`
+}
+
+// queueRank orders the job queues; a job may ask for a lower priority than
+// its tier's, never a higher one.
+var queueRank = map[string]int{queue.Critical: 3, queue.Default: 2, queue.Low: 1, queue.Batch: 0}
+
+func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
+	c := callerOf(r)
+	var req createJobRequest
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	idemKey := r.Header.Get("Idempotency-Key")
+	if len(idemKey) > 255 {
+		return badRequest("Idempotency-Key", "invalid_header", "Idempotency-Key is longer than 255 characters.")
+	}
+	p := s.Policy.Current()
+	acct, tier, err := admission.Account(p, c.tenant)
+	if err != nil {
+		return err
+	}
+	in, err := s.validateJob(p, tier, &req)
+	if err != nil {
+		return err
+	}
+	est := in.est
+	if err := admission.CheckBudget(acct, est.WorstCase); err != nil {
+		return admissionError(err, "body.")
+	}
+	if tier.OnExhausted == config.OnExhaustedReject {
+		if err := s.checkBudgetNow(r, acct, est.WorstCase); err != nil {
+			return err
+		}
+	}
+	job, created, err := s.Store.JobInsert(r.Context(), &store.JobInsertParams{
+		TenantID: c.tenant.ID, CustomID: req.CustomID, Endpoint: in.endpoint, Model: est.Model.Name,
+		Request: req.Body, Queue: in.queue, EstPromptTokens: est.PromptTokens, EstMaxTokens: est.MaxTokens,
+		EstCost: est.WorstCase, WebhookURL: req.WebhookURL, Metadata: in.metadata, IdempotencyKey: idemKey,
+	})
+	if err != nil {
+		return err
+	}
+	if !created {
+		if !sameRequest(job, &req, in.endpoint) {
+			return errorf(http.StatusConflict, TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
+				"This Idempotency-Key was used for a different request (job %s).", job.ID)
+		}
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeJSON(w, http.StatusAccepted, renderJob(job))
+		return nil
+	}
+	// The row is committed: if Redis refuses the task now, the reconciler
+	// enqueues it later, so the client still gets its job.
+	if _, err := s.Queue.EnqueueJob(r.Context(), queue.JobRef{ID: job.ID, Queue: job.Queue}); err != nil {
+		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
+	}
+	writeJSON(w, http.StatusAccepted, renderJob(job))
+	return nil
+}
+
+// validatedJob is a create-job request that can run.
+type validatedJob struct {
+	endpoint string
+	queue    string
+	metadata json.RawMessage
+	est      *admission.Estimate
+}
+
+func (s *Server) validateJob(p *config.Policy, tier *config.Tier, req *createJobRequest) (*validatedJob, error) {
+	v := &validatedJob{endpoint: req.Endpoint, queue: tier.Priority}
+	if v.endpoint == "" {
+		v.endpoint = llm.EndpointChat
+	}
+	if v.endpoint != llm.EndpointChat && v.endpoint != llm.EndpointEmbeddings {
+		return nil, badRequest("endpoint", "invalid_endpoint",
+			"Unknown endpoint '%s'; use '%s' or '%s'.", v.endpoint, llm.EndpointChat, llm.EndpointEmbeddings)
+	}
+	if len(req.CustomID) > 512 || !utf8.ValidString(req.CustomID) {
+		return nil, badRequest("custom_id", "invalid_value", "custom_id must be valid UTF-8 of at most 512 bytes.")
+	}
+	if req.Priority != "" {
+		rank, ok := queueRank[req.Priority]
+		if !ok {
+			return nil, badRequest("priority", "invalid_value", "priority must be critical, default, low or batch, got '%s'.", req.Priority)
+		}
+		if rank > queueRank[tier.Priority] {
+			return nil, badRequest("priority", "priority_not_allowed",
+				"The %s tier runs at priority '%s'; a job may ask for that or lower, not '%s'.", tier.Name, tier.Priority, req.Priority)
+		}
+		v.queue = req.Priority
+	}
+	if err := validateWebhookURL(req.WebhookURL); err != nil {
+		return nil, err
+	}
+	if err := validateMetadata(req.Metadata); err != nil {
+		return nil, err
+	}
+	if req.Metadata != nil {
+		v.metadata, _ = json.Marshal(req.Metadata)
+	}
+	if len(bytes.TrimSpace(req.Body)) == 0 || bytes.Equal(bytes.TrimSpace(req.Body), []byte("null")) {
+		return nil, badRequest("body", "missing_body", "body is required: the request to send to %s.", v.endpoint)
+	}
+	est, err := s.Admission.Estimate(p, v.endpoint, req.Body)
+	if err != nil {
+		return nil, admissionError(err, "body.")
+	}
+	v.est = est
+	return v, nil
+}
+
+// admissionError turns an admission refusal into a 400 whose param is
+// prefixed (e.g. "body.messages").
+func admissionError(err error, prefix string) error {
+	var ae *admission.Error
+	if !errors.As(err, &ae) {
+		return err
+	}
+	param := ae.Param
+	if param != "" {
+		param = prefix + param
+	} else {
+		param = prefix[:len(prefix)-1]
+	}
+	return badRequest(param, ae.Code, "%s", ae.Message)
+}
+
+// checkBudgetNow refuses, for tiers that reject when exhausted, a job that
+// does not fit in what is left of today's budget.
+func (s *Server) checkBudgetNow(r *http.Request, acct budget.Account, worst money.Micros) error {
+	if s.Budgets == nil {
+		return nil
+	}
+	d, err := s.Budgets.Status(r.Context(), acct)
+	if err != nil {
+		return err
+	}
+	fits := d.Unlimited || int64(d.Spent)+int64(d.Reserved)+int64(worst) <= int64(d.Budget)
+	if acct.Global > 0 && int64(d.GlobalSpent)+int64(d.GlobalReserved)+int64(worst) > int64(acct.Global) {
+		fits = false
+	}
+	if fits {
+		return nil
+	}
+	e := errorf(http.StatusTooManyRequests, TypeBudget, "budget_exhausted", "",
+		"The daily budget is exhausted: $%s spent and $%s reserved of $%s; this job may cost up to $%s. It resets at %s.",
+		d.Spent, d.Reserved, d.Budget, worst, d.ResetsAt.UTC().Format("2006-01-02T15:04:05Z"))
+	e.RetryAfter = d.ResetsAt.Sub(s.opts.Now())
+	return e
+}
+
+// sameRequest reports whether an idempotent replay asks for the same job.
+func sameRequest(job *store.Job, req *createJobRequest, endpoint string) bool {
+	if job.CustomID != req.CustomID || job.Endpoint != endpoint {
+		return false
+	}
+	var a, b any
+	if json.Unmarshal(job.Request, &a) != nil || json.Unmarshal(req.Body, &b) != nil {
+		return false
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+func validateWebhookURL(raw string) error {
+	if raw == "" {
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(raw) > 2048 {
+		return badRequest("webhook_url", "invalid_url", "webhook_url must be an absolute http(s) URL of at most 2048 characters.")
+	}
+	if u.User != nil {
+		return badRequest("webhook_url", "invalid_url", "webhook_url must not carry credentials.")
+	}
+	return nil
+}
+
+// validateMetadata applies OpenAI's limits: 16 pairs, keys of at most 64
+// characters, values of at most 512.
+func validateMetadata(m map[string]string) error {
+	if len(m) > 16 {
+		return badRequest("metadata", "invalid_metadata", "metadata may have at most 16 keys, got %d.", len(m))
+	}
+	for k, v := range m {
+		if len(k) > 64 || len(v) > 512 {
+			return badRequest("metadata", "invalid_metadata", "metadata keys may have at most 64 characters and values at most 512 (key '%.64s').", k)
+		}
+	}
+	return nil
+}
+
+func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	job, err := s.Store.JobGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound("job", id)
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, renderJob(job))
+	return nil
+}
+
+func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	job, changed, err := s.Store.JobCancel(r.Context(), callerOf(r).tenant.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound("job", id)
+	}
+	if err != nil {
+		return err
+	}
+	if !changed && job.Status != store.JobCancelled {
+		return errorf(http.StatusConflict, TypeInvalidRequest, "job_finished", "",
+			"Job %s already %s and cannot be cancelled.", job.ID, job.Status)
+	}
+	writeJSON(w, http.StatusOK, renderJob(job))
+	return nil
+}
+
+func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	limit, err := listLimit(q)
+	if err != nil {
+		return err
+	}
+	p := &store.JobListParams{TenantID: callerOf(r).tenant.ID, BatchID: q.Get("batch_id"), After: q.Get("after"), Limit: limit}
+	if st := q.Get("status"); st != "" {
+		if !store.JobStatus(st).Valid() {
+			return badRequest("status", "invalid_value", "status must be one of queued, running, waiting, deferred, succeeded, failed, cancelled; got '%s'.", st)
+		}
+		p.Status = store.JobStatus(st)
+	}
+	jobs, more, err := s.Store.JobList(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	out := make([]jobJSON, len(jobs))
+	for i, j := range jobs {
+		out[i] = renderJob(j)
+	}
+	writeJSON(w, http.StatusOK, newList(out, more, func(j jobJSON) string { return j.ID }))
+	return nil
+}
+
+// listLimit reads ?limit=, 1..1000, default 20.
+func listLimit(q url.Values) (int, error) {
+	raw := q.Get("limit")
+	if raw == "" {
+		return 20, nil
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < 1 || n > 1000 {
+		return 0, badRequest("limit", "invalid_value", "limit must be a whole number from 1 to 1000, got '%s'.", raw)
+	}
+	return n, nil
+}
+
+// list is OpenAI's list shape.
+type list[T any] struct {
+	Object  string  `json:"object"`
+	Data    []T     `json:"data"`
+	FirstID *string `json:"first_id"`
+	LastID  *string `json:"last_id"`
+	HasMore bool    `json:"has_more"`
+}
+
+func newList[T any](data []T, more bool, id func(T) string) list[T] {
+	l := list[T]{Object: "list", Data: data, HasMore: more}
+	if len(data) > 0 {
+		first, last := id(data[0]), id(data[len(data)-1])
+		l.FirstID, l.LastID = &first, &last
+	}
+	return l
+}

@@ -1,0 +1,236 @@
+// Package api serves llmq's HTTP API: jobs, files and batches (OpenAI's
+// shapes), usage, the admin API for tenants and keys, and health checks. It
+// owns authentication (tenant keys, stored hashed; the admin token), the
+// per-key API rate limit with its X-RateLimit-* headers, request size limits,
+// and the one error shape every handler answers with.
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// Deps are what the API works with.
+type Deps struct {
+	Store     *store.DB
+	Policy    *config.PolicyHolder
+	Admission *admission.Estimator
+	Budgets   *budget.Budgets
+	Queue     *queue.Client
+	// APILimiter enforces each key's tier api_rps.
+	APILimiter *limiter.SlidingCounter
+	Logger     *slog.Logger
+	// Ready reports whether the services the API needs answer (for /readyz).
+	Ready func(ctx context.Context) error
+}
+
+// Options configure the API.
+type Options struct {
+	// AdminToken guards /admin/. Empty disables the admin API.
+	AdminToken string
+	// MaxBodyBytes caps JSON request bodies. Defaults to 1 MiB.
+	MaxBodyBytes int64
+	// Now is the clock for timestamps computed here. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Server is the HTTP API.
+type Server struct {
+	Deps
+	opts Options
+	mux  *http.ServeMux
+}
+
+// New returns the API server.
+func New(d Deps, opts Options) *Server {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 1 << 20
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Admission == nil {
+		d.Admission = admission.New()
+	}
+	s := &Server{Deps: d, opts: opts, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Mux returns the router, so the dispatcher can mount more handlers
+// (dashboard, metrics, monitoring) beside the API.
+func (s *Server) Mux() *http.ServeMux { return s.mux }
+
+// handlerFunc is a handler that returns its error; errors are written in
+// the one error shape.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *Server) routes() {
+	t := s.tenantRoute
+	s.mux.Handle("POST /v1/jobs", t(s.createJob))
+	s.mux.Handle("GET /v1/jobs", t(s.listJobs))
+	s.mux.Handle("GET /v1/jobs/{id}", t(s.getJob))
+	s.mux.Handle("DELETE /v1/jobs/{id}", t(s.cancelJob))
+	s.mux.Handle("GET /v1/usage", t(s.usage))
+
+	a := s.adminRoute
+	s.mux.Handle("POST /admin/v1/tenants", a(s.createTenant))
+	s.mux.Handle("GET /admin/v1/tenants", a(s.listTenants))
+	s.mux.Handle("GET /admin/v1/tenants/{id}", a(s.getTenant))
+	s.mux.Handle("PATCH /admin/v1/tenants/{id}", a(s.updateTenant))
+	s.mux.Handle("POST /admin/v1/tenants/{id}/keys", a(s.createKey))
+	s.mux.Handle("GET /admin/v1/tenants/{id}/keys", a(s.listKeys))
+	s.mux.Handle("DELETE /admin/v1/keys/{id}", a(s.revokeKey))
+	s.mux.Handle("GET /admin/v1/usage", a(s.adminUsage))
+
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.Handle("GET /readyz", s.plain(s.readyz))
+	// Anything else under the API prefixes is a JSON 404, not net/http's text.
+	notFoundRoute := s.plain(func(w http.ResponseWriter, r *http.Request) error {
+		return errorf(http.StatusNotFound, TypeNotFound, "unknown_url", "", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
+	})
+	s.mux.Handle("/v1/", notFoundRoute)
+	s.mux.Handle("/admin/", notFoundRoute)
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
+	if s.Ready != nil {
+		if err := s.Ready(r.Context()); err != nil {
+			s.Logger.Warn("not ready", "err", err)
+			return errorf(http.StatusServiceUnavailable, TypeUnavailable, "not_ready", "", "Not ready: a service llmq needs does not answer.")
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	return nil
+}
+
+// plain adapts a handlerFunc without authentication.
+func (s *Server) plain(h handlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			writeError(w, r, s.Logger, err)
+		}
+	})
+}
+
+// caller is the authenticated tenant of a request.
+type caller struct {
+	key    *store.APIKey
+	tenant *store.Tenant
+}
+
+type callerKey struct{}
+
+func callerOf(r *http.Request) *caller { c, _ := r.Context().Value(callerKey{}).(*caller); return c }
+
+// bearer returns the token of an "Authorization: Bearer <token>" header.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// tenantRoute authenticates a tenant key, applies the key's API rate limit
+// (with X-RateLimit-* headers on every response), then runs h.
+func (s *Server) tenantRoute(h handlerFunc) http.Handler {
+	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
+		token := bearer(r)
+		if token == "" || len(token) > 200 {
+			return errUnauthorized
+		}
+		sum := sha256.Sum256([]byte(token))
+		key, tenant, err := s.Store.APIKeyGetByHash(r.Context(), sum[:])
+		if errors.Is(err, store.ErrNotFound) {
+			return errUnauthorized
+		}
+		if err != nil {
+			return err
+		}
+		// The lookup was by hash; compare again in constant time so no code
+		// path depends on how much of the hash matched.
+		if subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
+			return errUnauthorized
+		}
+		if err := s.rateLimit(w, r, key, tenant); err != nil {
+			return err
+		}
+		ctx := context.WithValue(r.Context(), callerKey{}, &caller{key: key, tenant: tenant})
+		return h(w, r.WithContext(ctx))
+	})
+}
+
+// rateLimit applies the per-key limit of the tenant's tier: a sliding
+// window counter over one second, so there is no burst at window edges.
+func (s *Server) rateLimit(w http.ResponseWriter, r *http.Request, key *store.APIKey, t *store.Tenant) error {
+	tier, ok := s.Policy.Current().Tier(t.Tier)
+	if !ok || tier.APIExempt || t.APIExempt || s.APILimiter == nil {
+		return nil
+	}
+	res, err := s.APILimiter.Allow(r.Context(), "api:"+key.ID, int64(tier.APIRPS), time.Second, 1)
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Remaining, 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
+	if !res.Allowed {
+		e := errorf(http.StatusTooManyRequests, TypeRateLimit, "rate_limit_exceeded", "",
+			"Rate limit of %d requests per second for this API key reached. Retry after %v.", tier.APIRPS, res.RetryAfter.Round(time.Millisecond))
+		e.RetryAfter = res.RetryAfter
+		return e
+	}
+	return nil
+}
+
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+// adminRoute checks the admin token in constant time, then runs h.
+func (s *Server) adminRoute(h handlerFunc) http.Handler {
+	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
+		if !s.IsAdmin(r) {
+			return errAdminUnauthorized
+		}
+		return h(w, r)
+	})
+}
+
+// IsAdmin reports whether r carries the admin token. The dispatcher uses it
+// to guard the dashboard and monitoring UI too.
+func (s *Server) IsAdmin(r *http.Request) bool {
+	token := bearer(r)
+	if token == "" {
+		// Browsers reach the dashboard with basic auth (any user name).
+		_, token, _ = r.BasicAuth()
+	}
+	if s.opts.AdminToken == "" || token == "" {
+		return false
+	}
+	a := sha256.Sum256([]byte(token))
+	b := sha256.Sum256([]byte(s.opts.AdminToken))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+}

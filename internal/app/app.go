@@ -1,0 +1,196 @@
+// Package app assembles llmq's parts from its configuration — Redis, the
+// store, the policy, limiters, budgets, queues and providers — so that the
+// dispatcher, the worker and the embedded default are built the same way.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/rkeys"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// App is one process's set of llmq parts.
+type App struct {
+	Env    *config.Env
+	Logger *slog.Logger
+	Policy *config.PolicyHolder
+
+	Redis redis.UniversalClient
+	Store *store.DB
+	Keys  rkeys.Builder
+
+	Limiter    *limiter.TokenBucket
+	APILimiter *limiter.SlidingCounter
+	Budgets    *budget.Budgets
+	Admission  *admission.Estimator
+
+	Asynq     *asynq.Client
+	Inspector *queue.Inspector
+	Queue     *queue.Client
+	Providers *worker.Providers
+
+	closers []func() error
+}
+
+// Parts lets callers (the embedded default, tests) supply parts instead of
+// having Open build them from the environment.
+type Parts struct {
+	// Redis replaces the client made from Env.RedisURL.
+	Redis redis.UniversalClient
+	// Policy replaces the holder made from Env.Policy.
+	Policy *config.PolicyHolder
+	// Providers replaces the providers made from the policy.
+	Providers *worker.Providers
+	// LookupEnv reads provider API keys. Defaults to os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+}
+
+// Open connects to Redis and the store (applying migrations), loads the
+// policy and builds every part. Close releases them.
+func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts) (a *App, err error) {
+	a = &App{Env: env, Logger: logger, Keys: rkeys.New(env.KeyPrefix)}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if parts.LookupEnv == nil {
+		parts.LookupEnv = os.LookupEnv
+	}
+
+	a.Policy = parts.Policy
+	if a.Policy == nil {
+		if a.Policy, err = config.NewPolicyHolder(env.Policy, nil); err != nil {
+			return nil, err
+		}
+	}
+
+	a.Redis = parts.Redis
+	if a.Redis == nil {
+		opt, err := redis.ParseURL(env.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("LLMQ_REDIS_URL: %w", err)
+		}
+		c := redis.NewClient(opt)
+		a.closers = append(a.closers, c.Close)
+		a.Redis = c
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := a.Redis.Ping(pingCtx).Err(); err != nil {
+		return nil, fmt.Errorf("redis does not answer (LLMQ_REDIS_URL): %w", err)
+	}
+
+	if a.Store, err = store.Open(ctx, env.DatabaseURL, logger); err != nil {
+		return nil, fmt.Errorf("open store (LLMQ_DATABASE_URL): %w", err)
+	}
+	a.closers = append(a.closers, a.Store.Close)
+
+	lopts := limiter.Options{Keys: a.Keys}
+	a.Limiter = limiter.NewTokenBucket(a.Redis, lopts)
+	a.APILimiter = limiter.NewSlidingCounter(a.Redis, lopts)
+	a.Budgets = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger})
+	a.Admission = admission.New()
+
+	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
+	a.closers = append(a.closers, a.Asynq.Close)
+	ns := queue.Namespace(env.QueueNamespace)
+	a.Queue = queue.NewClient(a.Asynq, queue.ClientOptions{Namespace: ns})
+	in := asynq.NewInspectorFromRedisClient(a.Redis)
+	a.Inspector = queue.NewInspector(in, ns)
+
+	a.Providers = parts.Providers
+	if a.Providers == nil {
+		a.Providers = worker.NewProviders(a.Policy.Current(), parts.LookupEnv)
+	}
+	stop := a.Policy.OnChange(func(_, p *config.Policy) { a.Providers.Update(p) })
+	a.closers = append(a.closers, func() error { stop(); return nil })
+	return a, nil
+}
+
+// Close releases everything Open made, in reverse order.
+func (a *App) Close() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		_ = a.closers[i]()
+	}
+	a.closers = nil
+}
+
+// Ready reports whether Redis and the store answer.
+func (a *App) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return errors.Join(a.Redis.Ping(ctx).Err(), a.Store.Ping(ctx))
+}
+
+// API returns the HTTP API over the app's parts.
+func (a *App) API() *api.Server {
+	return api.New(api.Deps{
+		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
+		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready,
+	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes})
+}
+
+// JobHandler returns the handler of job tasks.
+func (a *App) JobHandler(opts worker.Options) *worker.Handler {
+	return worker.NewHandler(worker.Deps{
+		Store: a.Store, Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets,
+		Providers: a.Providers, Queue: a.Queue, Logger: a.Logger,
+	}, opts)
+}
+
+// WorkerServer returns the asynq server that runs jobs, and its mux.
+func (a *App) WorkerServer(opts worker.Options) (*asynq.Server, *asynq.ServeMux) {
+	srv := worker.NewServer(a.Redis, worker.ServerOptions{
+		Concurrency: a.Env.WorkerConcurrency, Namespace: queue.Namespace(a.Env.QueueNamespace),
+		ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
+	})
+	return srv, worker.Mux(a.JobHandler(opts), nil)
+}
+
+// LoadEnv reads and validates the LLMQ_* environment for role and builds the
+// process logger. Unknown LLMQ_* variables (usually typos) are warned about.
+func LoadEnv(environ []string, role config.Role, stderr io.Writer) (*config.Env, *slog.Logger, error) {
+	env, err := config.LoadEnv(environ)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := env.Validate(role); err != nil {
+		return nil, nil, err
+	}
+	logger := env.Logger(stderr)
+	for _, v := range env.Unrecognized {
+		logger.Warn("unknown environment variable ignored", "var", v)
+	}
+	return env, logger, nil
+}
+
+// LookupIn returns an os.LookupEnv over environ, so commands read provider
+// keys from the environment they were given (tests give their own).
+func LookupIn(environ []string) func(string) (string, bool) {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}

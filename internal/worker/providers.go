@@ -1,0 +1,61 @@
+package worker
+
+import (
+	"sync"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/llm"
+)
+
+// Providers holds one llm.Provider per provider of the policy in force and
+// rebuilds them when the policy changes. Provider API keys are read from the
+// environment variable each provider names.
+type Providers struct {
+	mu     sync.RWMutex
+	byName map[string]llm.Provider
+	digest string
+	build  func(config.Provider) llm.Provider
+}
+
+// NewProviders returns the providers of p. lookupEnv reads API keys
+// (os.LookupEnv in production).
+func NewProviders(p *config.Policy, lookupEnv func(string) (string, bool)) *Providers {
+	return NewProvidersWith(p, func(cp config.Provider) llm.Provider {
+		key := ""
+		if cp.APIKeyEnv != "" {
+			key, _ = lookupEnv(cp.APIKeyEnv)
+		}
+		return llm.NewOpenAI(llm.OpenAIConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Timeout: cp.Timeout})
+	})
+}
+
+// NewProvidersWith returns the providers of p made by build (tests use it
+// to put instrumented providers in place).
+func NewProvidersWith(p *config.Policy, build func(config.Provider) llm.Provider) *Providers {
+	ps := &Providers{build: build}
+	ps.Update(p)
+	return ps
+}
+
+// Update rebuilds the providers when p differs from the policy they were
+// built from.
+func (ps *Providers) Update(p *config.Policy) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.byName != nil && p.Digest != "" && p.Digest == ps.digest {
+		return
+	}
+	m := make(map[string]llm.Provider, len(p.Providers))
+	for _, cp := range p.Providers {
+		m[cp.Name] = ps.build(cp)
+	}
+	ps.byName, ps.digest = m, p.Digest
+}
+
+// Get returns the provider named name.
+func (ps *Providers) Get(name string) (llm.Provider, bool) {
+	ps.mu.RLock()
+	defer ps.mu.RUnlock()
+	p, ok := ps.byName[name]
+	return p, ok
+}

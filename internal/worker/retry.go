@@ -1,0 +1,67 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// requeue is returned by the handler to put a job's task back in its queue
+// for a while. Rate-limit waits, 429s and budget deferrals are not failures
+// (asynq's retry counter does not grow, so they never use up a job's
+// retries); provider faults are.
+type requeue struct {
+	reason  string
+	delay   time.Duration
+	failure bool
+	cause   error
+}
+
+func (e *requeue) Error() string {
+	if e.cause != nil {
+		return fmt.Sprintf("%s; again in %v: %v", e.reason, e.delay.Round(time.Millisecond), e.cause)
+	}
+	return fmt.Sprintf("%s; again in %v", e.reason, e.delay.Round(time.Millisecond))
+}
+
+func (e *requeue) Unwrap() error { return e.cause }
+
+// IsFailure is asynq's Config.IsFailure: only provider faults count.
+func IsFailure(err error) bool {
+	var r *requeue
+	if errors.As(err, &r) {
+		return r.failure
+	}
+	return err != nil
+}
+
+// RetryDelay is asynq's Config.RetryDelayFunc: the handler's own delay when it
+// gave one, else full-jitter exponential backoff on the failure count n.
+func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
+	var r *requeue
+	if errors.As(err, &r) && r.delay > 0 {
+		return r.delay
+	}
+	return FullJitter(n, time.Second, 5*time.Minute)
+}
+
+// FullJitter is exponential backoff with full jitter: a uniform random delay
+// in [0, min(limit, base·2ⁿ)], at least a tenth of base. Spreading retries over
+// the whole interval is what keeps many callers from retrying in step.
+func FullJitter(n int, base, limit time.Duration) time.Duration {
+	if n < 0 {
+		n = 0
+	}
+	ceil := limit
+	if n < 30 && base<<uint(n) < limit && base<<uint(n) > 0 {
+		ceil = base << uint(n)
+	}
+	d := time.Duration(rand.Int64N(int64(ceil) + 1))
+	if d < base/10 {
+		d = base / 10
+	}
+	return d
+}

@@ -1,0 +1,459 @@
+// Package worker runs llmq's jobs: it loads a job from the store, reserves
+// its worst-case cost from the tenant's budget, takes a permit from the
+// model's rate limiter, calls the provider, and settles all three with the
+// real usage — storing the result and the job's one ledger row.
+//
+// Rate-limit waits, 429s and budget deferrals put the task back in its queue
+// without counting a failure; provider faults are retried with backoff and
+// counted; a request the provider refuses for good fails at once. A task
+// delivered twice never calls the provider again once its job has finished.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// Options tune a Handler. The zero value is ready to use.
+type Options struct {
+	// MaxInlineWait is the longest limiter wait slept inside the handler;
+	// longer waits put the task back in its queue for that long (asynq's
+	// delays have whole-second resolution, so short waits are better slept).
+	// Defaults to 10s.
+	MaxInlineWait time.Duration
+	// MaxRateLimited is how many 429s a job may receive before it fails.
+	// Defaults to 25.
+	MaxRateLimited int
+	// MaxRateLimitWait caps the wait after one 429, whatever the provider
+	// announces. Defaults to 120s.
+	MaxRateLimitWait time.Duration
+	// TenantCacheTTL is how long a tenant row is reused between jobs, so a
+	// change of tier or budget applies within this time. Defaults to 5s.
+	TenantCacheTTL time.Duration
+	// Now is the clock for job timestamps the handler computes. Defaults to time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxInlineWait <= 0 {
+		o.MaxInlineWait = 10 * time.Second
+	}
+	if o.MaxRateLimited <= 0 {
+		o.MaxRateLimited = 25
+	}
+	if o.MaxRateLimitWait <= 0 {
+		o.MaxRateLimitWait = 120 * time.Second
+	}
+	if o.TenantCacheTTL <= 0 {
+		o.TenantCacheTTL = 5 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Deps are what a Handler works with.
+type Deps struct {
+	Store     *store.DB
+	Policy    *config.PolicyHolder
+	Limiter   *limiter.TokenBucket
+	Budgets   *budget.Budgets
+	Providers *Providers
+	Queue     *queue.Client // for webhook deliveries
+	Logger    *slog.Logger
+}
+
+// Handler processes TypeJob tasks.
+type Handler struct {
+	Deps
+	opts    Options
+	tenants tenantCache
+}
+
+// NewHandler returns a Handler.
+func NewHandler(d Deps, opts Options) *Handler {
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	o := opts.withDefaults()
+	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}}}
+}
+
+// ProcessTask implements asynq.Handler.
+func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	id, err := queue.ParseJobPayload(t)
+	if err != nil {
+		h.Logger.Error("dropping malformed task", "err", err)
+		return nil
+	}
+	return h.Run(ctx, id)
+}
+
+// run is one delivery of one job.
+type run struct {
+	h      *Handler
+	job    *store.Job
+	log    *slog.Logger
+	est    *admission.Estimate
+	scope  limiter.Scope
+	acct   budget.Account
+	bres   *budget.Reservation
+	permit *limiter.Reservation
+}
+
+// Run processes job id once. It returns nil when the task is done with (the
+// job reached a terminal state, or there is nothing to do), a *requeue error
+// to come back later, or another error for asynq to retry.
+func (h *Handler) Run(ctx context.Context, id string) error {
+	job, err := h.Store.JobGetByID(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		h.Logger.Warn("task for a job that does not exist", "job", id)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load job %s: %w", id, err)
+	}
+	if job.Status.Terminal() {
+		h.Logger.Debug("job already finished", "job", id, "status", job.Status)
+		return nil
+	}
+	r := &run{h: h, job: job, log: h.Logger.With("job", id, "model", job.Model)}
+	return r.do(ctx)
+}
+
+func (r *run) do(ctx context.Context) error {
+	h := r.h
+	p := h.Policy.Current()
+	m, ok := p.Model(r.job.Model)
+	if !ok {
+		return r.fail(ctx, store.JobError{Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)}, nil)
+	}
+	tenant, err := h.tenants.get(ctx, h.Store, r.job.TenantID)
+	if err != nil {
+		return fmt.Errorf("load tenant %s: %w", r.job.TenantID, err)
+	}
+	acct, _, err := admission.Account(p, tenant)
+	if err != nil {
+		return r.fail(ctx, store.JobError{Type: "server_error", Code: "tier_not_found", Message: err.Error()}, nil)
+	}
+	provider, ok := h.Providers.Get(m.Provider)
+	if !ok {
+		return r.fail(ctx, store.JobError{Type: "server_error", Code: "provider_not_found",
+			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", m.Provider, m.Name)}, nil)
+	}
+	// The estimate was made at enqueue; prices and limits come from the
+	// policy in force now.
+	r.acct = acct
+	r.scope = admission.Scope(m)
+	r.est = &admission.Estimate{
+		Model: m, PromptTokens: r.job.EstPromptTokens, MaxTokens: r.job.EstMaxTokens,
+		Cost:      limiter.Cost{Requests: 1, Tokens: r.job.EstPromptTokens + r.job.EstMaxTokens},
+		WorstCase: m.Price.WorstCase(r.job.EstPromptTokens, r.job.EstMaxTokens),
+	}
+
+	if done, err := r.reserveBudget(ctx); done {
+		return err
+	}
+	if done, err := r.takePermit(ctx); done {
+		r.releaseBudget(ctx)
+		return err
+	}
+	job, started, err := h.Store.JobStart(ctx, r.job.ID)
+	if err != nil {
+		r.releaseAll(ctx)
+		return fmt.Errorf("start job %s: %w", r.job.ID, err)
+	}
+	if !started { // cancelled (or finished by another delivery) meanwhile
+		r.releaseAll(ctx)
+		return nil
+	}
+	r.job = job
+	resp, err := provider.Call(ctx, llm.Request{Endpoint: job.Endpoint, Upstream: m.Upstream, Body: job.Request})
+	if err != nil {
+		return r.callFailed(ctx, err)
+	}
+	return r.succeeded(ctx, resp)
+}
+
+// reserveBudget reserves the worst-case cost. done is true when the run
+// must stop here (deferred, failed, or an error).
+func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
+	res, dec, err := r.h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.est.WorstCase)
+	if err != nil {
+		return true, fmt.Errorf("reserve budget: %w", err)
+	}
+	if dec.Allowed {
+		r.bres = res
+		return false, nil
+	}
+	if dec.TooLarge {
+		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_too_small",
+			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s daily budget; it can never run.", r.est.WorstCase, dec.DeniedBy)}, nil)
+	}
+	next := r.h.opts.Now().Add(dec.RetryAfter)
+	r.setStatus(ctx, store.JobDeferred, &next)
+	r.log.Debug("job deferred: over budget", "cap", dec.DeniedBy, "until", dec.ResetsAt)
+	// Spread the deferred jobs over a little while after the reset.
+	delay := dec.RetryAfter + time.Duration(rand.Int64N(int64(5*time.Second)))
+	return true, &requeue{reason: "over the " + dec.DeniedBy + " daily budget", delay: delay}
+}
+
+// takePermit takes one request and the estimated tokens from every bucket
+// of the model, sleeping short waits and requeueing for long ones.
+func (r *run) takePermit(ctx context.Context) (done bool, err error) {
+	for {
+		res, err := r.h.Limiter.Reserve(ctx, r.scope, r.est.Cost)
+		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
+			return true, r.fail(ctx, store.JobError{Type: "invalid_request_error", Code: "tokens_exceed_capacity", Param: "max_tokens",
+				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.est.Cost.Tokens, r.job.Model, err)}, nil)
+		}
+		if err != nil {
+			return true, fmt.Errorf("rate limiter: %w", err)
+		}
+		if res.Allowed {
+			r.permit = res.Reservation
+			return false, nil
+		}
+		if res.RetryAfter > r.h.opts.MaxInlineWait {
+			next := r.h.opts.Now().Add(res.RetryAfter)
+			r.setStatus(ctx, store.JobWaiting, &next)
+			return true, &requeue{reason: "waiting for the rate limit", delay: res.RetryAfter}
+		}
+		t := time.NewTimer(res.RetryAfter)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return true, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// succeeded settles a provider's answer: limiter, store (result and ledger
+// row, once), budget, webhook.
+func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
+	u := resp.Usage
+	actual := r.est.Cost
+	if u.TotalTokens > 0 {
+		actual.Tokens = u.TotalTokens
+	}
+	if err := r.h.Limiter.Reconcile(ctx, r.permit, actual); err != nil {
+		r.log.Warn("reconcile rate limiter", "err", err)
+	}
+	cost := r.est.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
+	res, err := r.h.Store.JobComplete(ctx, &store.JobCompleteParams{
+		ID: r.job.ID, Day: r.bres.Day, ResponseStatus: resp.StatusCode, ResponseBody: resp.Body,
+		ProviderRequestID: resp.RequestID, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost,
+	})
+	if err != nil {
+		r.releaseBudget(ctx)
+		return fmt.Errorf("store result of %s: %w", r.job.ID, err)
+	}
+	if err := r.h.Budgets.Settle(ctx, r.bres, cost, res.Charged); err != nil {
+		r.log.Warn("settle budget", "err", err)
+	}
+	r.log.Debug("job succeeded", "prompt_tokens", u.PromptTokens, "completion_tokens", u.CompletionTokens, "cost", cost)
+	if res.Completed {
+		r.notify(ctx)
+	}
+	return nil
+}
+
+// callFailed handles a provider error by its class.
+func (r *run) callFailed(ctx context.Context, callErr error) error {
+	r.releaseAll(ctx)
+	var pe *llm.Error
+	if !errors.As(callErr, &pe) {
+		pe = &llm.Error{Class: llm.ClassRetryable, Message: callErr.Error(), Err: callErr}
+	}
+	if ctx.Err() != nil { // shutting down: asynq puts the task back, not a failure
+		r.setStatus(ctx, store.JobQueued, nil)
+		return ctx.Err()
+	}
+	switch pe.Class {
+	case llm.ClassRateLimited:
+		return r.rateLimited(ctx, pe)
+	case llm.ClassPermanent:
+		return r.fail(ctx, providerError(pe), pe)
+	default:
+		return r.retry(ctx, pe)
+	}
+}
+
+// rateLimited pauses the whole scope until the provider's reset and puts
+// the job back without counting a failure, up to MaxRateLimited times.
+func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
+	n, err := r.h.Store.JobIncrRateLimited(ctx, r.job.ID)
+	if err != nil {
+		return fmt.Errorf("count 429 of %s: %w", r.job.ID, err)
+	}
+	wait, ok := pe.RateLimit.Delay()
+	if !ok {
+		wait = FullJitter(n, 500*time.Millisecond, 8*time.Second)
+	}
+	wait = min(wait, r.h.opts.MaxRateLimitWait)
+	if err := r.h.Limiter.Penalize(ctx, r.scope, wait); err != nil {
+		r.log.Warn("penalize scope", "err", err)
+	}
+	r.log.Debug("provider answered 429", "count", n, "wait", wait)
+	if n >= r.h.opts.MaxRateLimited {
+		e := providerError(pe)
+		e.Code = "rate_limit_exceeded"
+		e.Message = fmt.Sprintf("The provider answered 429 (rate limited) %d times; giving up. Last answer: %s", n, pe.Message)
+		return r.fail(ctx, e, pe)
+	}
+	next := r.h.opts.Now().Add(wait)
+	r.setStatus(ctx, store.JobWaiting, &next)
+	// Back after the reset; the limiter lets one probe through first.
+	return &requeue{reason: "rate limited by the provider", delay: wait}
+}
+
+// retry counts a provider fault and retries with backoff, or fails the job
+// when its retries are used up.
+func (r *run) retry(ctx context.Context, pe *llm.Error) error {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, ok := asynq.GetMaxRetry(ctx)
+	if ok && retried >= maxRetry {
+		e := providerError(pe)
+		e.Message = fmt.Sprintf("The provider call failed %d times; giving up. Last error: %s", retried+1, pe.Message)
+		return r.fail(ctx, e, pe)
+	}
+	r.log.Warn("provider call failed; will retry", "status", pe.StatusCode, "attempt", retried+1, "err", pe.Message)
+	r.setStatus(ctx, store.JobWaiting, nil)
+	return &requeue{reason: "provider error", failure: true, delay: FullJitter(retried, time.Second, 5*time.Minute), cause: pe}
+}
+
+// fail marks the job failed for good and acknowledges the task.
+func (r *run) fail(ctx context.Context, e store.JobError, pe *llm.Error) error {
+	p := &store.JobFailParams{ID: r.job.ID, Error: e}
+	if pe != nil && pe.StatusCode > 0 {
+		p.ResponseStatus = pe.StatusCode
+	}
+	_, applied, err := r.h.Store.JobFail(ctx, p)
+	if err != nil {
+		return fmt.Errorf("fail job %s: %w", r.job.ID, err)
+	}
+	r.log.Warn("job failed", "code", e.Code, "err", e.Message)
+	if applied {
+		r.notify(ctx)
+	}
+	return nil
+}
+
+// providerError is the job error of a provider's refusal, in OpenAI's shape.
+func providerError(pe *llm.Error) store.JobError {
+	e := store.JobError{Message: pe.Message, Type: pe.Type, Code: pe.Code, Param: pe.Param}
+	if e.Type == "" {
+		switch pe.Class {
+		case llm.ClassRateLimited:
+			e.Type = "rate_limit_error"
+		case llm.ClassPermanent:
+			e.Type = "invalid_request_error"
+		default:
+			e.Type = "server_error"
+		}
+	}
+	if e.Code == "" && pe.StatusCode > 0 {
+		e.Code = fmt.Sprintf("http_%d", pe.StatusCode)
+	}
+	if e.Message == "" {
+		e.Message = http.StatusText(pe.StatusCode)
+	}
+	return e
+}
+
+// setStatus records a non-terminal status; a failure to record it is
+// logged, not fatal: the task's own state is what brings the job back.
+func (r *run) setStatus(ctx context.Context, to store.JobStatus, next *time.Time) {
+	_, _, err := r.h.Store.JobSetStatus(context.WithoutCancel(ctx), &store.JobSetStatusParams{
+		ID: r.job.ID, From: []store.JobStatus{store.JobQueued, store.JobRunning, store.JobWaiting, store.JobDeferred},
+		To: to, NextRunAt: next,
+	})
+	if err != nil {
+		r.log.Warn("record job status", "status", to, "err", err)
+	}
+}
+
+func (r *run) releaseBudget(ctx context.Context) {
+	if r.bres == nil {
+		return
+	}
+	if err := r.h.Budgets.Release(context.WithoutCancel(ctx), r.bres); err != nil {
+		r.log.Warn("release budget", "err", err)
+	}
+	r.bres = nil
+}
+
+func (r *run) releaseAll(ctx context.Context) {
+	if r.permit != nil {
+		if err := r.h.Limiter.Release(context.WithoutCancel(ctx), r.permit); err != nil {
+			r.log.Warn("release rate limit", "err", err)
+		}
+		r.permit = nil
+	}
+	r.releaseBudget(ctx)
+}
+
+// notify enqueues the job's webhook when it has one.
+func (r *run) notify(ctx context.Context) {
+	if r.job.WebhookURL == "" || r.h.Queue == nil {
+		return
+	}
+	if err := r.h.Queue.EnqueueWebhook(context.WithoutCancel(ctx), queue.WebhookPayload{Kind: "job", ID: r.job.ID}); err != nil {
+		r.log.Warn("enqueue webhook", "err", err)
+	}
+}
+
+// tenantCache keeps tenant rows for a few seconds: every job needs its
+// tenant, and tenants change rarely.
+type tenantCache struct {
+	mu  sync.Mutex
+	ttl time.Duration
+	now func() time.Time
+	m   map[string]cachedTenant
+}
+
+type cachedTenant struct {
+	t  *store.Tenant
+	at time.Time
+}
+
+func (c *tenantCache) get(ctx context.Context, db *store.DB, id string) (*store.Tenant, error) {
+	now := c.now()
+	c.mu.Lock()
+	e, ok := c.m[id]
+	c.mu.Unlock()
+	if ok && now.Sub(e.at) < c.ttl {
+		return e.t, nil
+	}
+	t, err := db.TenantGetByID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.m) > 10_000 {
+		clear(c.m)
+	}
+	c.m[id] = cachedTenant{t: t, at: now}
+	c.mu.Unlock()
+	return t, nil
+}
