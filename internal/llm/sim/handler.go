@@ -177,7 +177,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {
 			completions[i] = s.completionTokens(maxTokens, s.draw(n, drawCompletion+uint64(i)))
 			completion += completions[i]
 		}
-		resp = s.chatResponse(n, now, p.Model, p.ContentTokens, maxTokens, completions)
+		resp = s.chatResponse(n, now, p.Model, p.ContentTokens, maxTokens, completions, s.echo(body))
 	} else {
 		resp = s.embeddingResponse(n, p, emb)
 	}
@@ -448,7 +448,19 @@ var words = strings.Fields(`the of and to in a is that for it as was with be by 
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-func (s *Server) chatResponse(n uint64, now time.Time, model string, prompt, maxTokens int64, completions []int64) []byte {
+// echo returns the request's "user" field when Config.Echo is set.
+func (s *Server) echo(body []byte) string {
+	if !s.cfg.Echo {
+		return ""
+	}
+	var r struct {
+		User string `json:"user"`
+	}
+	_ = json.Unmarshal(body, &r)
+	return r.User
+}
+
+func (s *Server) chatResponse(n uint64, now time.Time, model string, prompt, maxTokens int64, completions []int64, echo string) []byte {
 	b := bufPool.Get().(*bytes.Buffer)
 	defer bufPool.Put(b)
 	b.Reset()
@@ -467,7 +479,13 @@ func (s *Server) chatResponse(n uint64, now time.Time, model string, prompt, max
 		}
 		b.WriteString(`{"index":`)
 		b.WriteString(strconv.Itoa(i))
-		b.WriteString(`,"message":{"role":"assistant","content":"`)
+		b.WriteString(`,"message":{"role":"assistant","content":`)
+		if echo != "" {
+			t := strings.NewReplacer(`"`, "", `\`, "").Replace(echo) + " "
+			b.WriteString(`"` + t)
+		} else {
+			b.WriteByte('"')
+		}
 		s.writeText(b, n, uint64(i), c)
 		b.WriteString(`","refusal":null},"logprobs":null,"finish_reason":"`)
 		if c >= maxTokens {

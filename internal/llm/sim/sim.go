@@ -120,6 +120,10 @@ type Config struct {
 	// of max_tokens: it is drawn uniformly between them and kept within
 	// [1, max_tokens]. Default to 0 and 1.
 	CompletionMin, CompletionMax float64
+	// Echo starts every chat completion's content with the request's "user"
+	// field, so tests can tell which answer belongs to which request.
+	// Defaults to false.
+	Echo bool
 	// EmbeddingDim is the length of embeddings when the request does not ask
 	// for dimensions. Defaults to 64.
 	EmbeddingDim int

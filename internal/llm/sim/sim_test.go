@@ -760,3 +760,26 @@ func BenchmarkServeEmbeddings(b *testing.B) {
 		}
 	})
 }
+
+func TestEchoStartsContentWithUserField(t *testing.T) {
+	t.Parallel()
+	ts := sim.Start(sim.Config{Echo: true})
+	defer ts.Close()
+	body := `{"model":"gpt-4o-mini","user":"job-42","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+	resp, err := http.Post(ts.BaseURL+"/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Choices) != 1 || !strings.HasPrefix(out.Choices[0].Message.Content, "job-42 ") {
+		t.Fatalf("content = %+v, want it to start with the user field", out.Choices)
+	}
+}
