@@ -51,12 +51,29 @@ const (
 	pendingSQL    = `status IN ('queued', 'waiting', 'deferred')`
 )
 
-// JobError is a job's error in OpenAI's shape.
+// JobError is a job's error in OpenAI's shape. It marshals an empty Code or
+// Param as null, as OpenAI does, and reads null back as "".
 type JobError struct {
 	Message string `json:"message"`
 	Type    string `json:"type"`
 	Code    string `json:"code"`
 	Param   string `json:"param"`
+}
+
+// MarshalJSON writes {"message","type","code","param"} with null for an empty code or param.
+func (e JobError) MarshalJSON() ([]byte, error) {
+	orNull := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	return json.Marshal(struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Code    *string `json:"code"`
+		Param   *string `json:"param"`
+	}{e.Message, e.Type, orNull(e.Code), orNull(e.Param)})
 }
 
 // Job is one LLM request and everything that happened to it.
