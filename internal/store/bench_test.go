@@ -1,6 +1,8 @@
 package store
 
 import (
+	"bytes"
+	"io"
 	"strconv"
 	"testing"
 )
@@ -98,6 +100,35 @@ func BenchmarkJobComplete(b *testing.B) {
 					PromptTokens: 12, CompletionTokens: 30, Cost: 25})
 				if err != nil || !res.Charged {
 					b.Fatal(res, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkFileRoundTrip stores and reads back 32 MiB of JSONL per op
+// (uploads reach 200 MB); b.SetBytes makes the result a throughput.
+func BenchmarkFileRoundTrip32MiB(b *testing.B) {
+	line := []byte(`{"custom_id":"req-1","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Summarise the following text in one line."}]}}` + "\n")
+	content := bytes.Repeat(line, (32<<20)/len(line))
+	for _, be := range benchBackends {
+		b.Run(be.name, func(b *testing.B) {
+			db := openURL(b, be.url(b))
+			ten := mkTenant(b, db)
+			b.SetBytes(int64(len(content)))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				f, err := db.FileInsert(b.Context(), &FileInsertParams{TenantID: ten.ID, Purpose: FilePurposeBatch,
+					Filename: "in.jsonl", Content: bytes.NewReader(content)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				rc, err := db.FileOpen(b.Context(), f.ID)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n, err := io.Copy(io.Discard, rc); err != nil || n != int64(len(content)) {
+					b.Fatal(n, err)
 				}
 			}
 		})
