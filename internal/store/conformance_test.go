@@ -538,15 +538,16 @@ func testJobCounters(t *testing.T, db *DB) {
 			t.Fatalf("JobIncrRateLimited = %d, %v; want %d", n, err, want)
 		}
 	}
-	n, err := db.JobIncrAttempts(ctx, j.ID)
-	if err != nil || n != 1 {
-		t.Fatalf("JobIncrAttempts = %d, %v", n, err)
+	for i := 0; i < 2; i++ {
+		if _, started, err := db.JobStart(ctx, j.ID); err != nil || !started {
+			t.Fatalf("JobStart = %v, %v", started, err)
+		}
 	}
 	got, _ := db.JobGetByID(ctx, j.ID)
-	if got.RateLimited != 3 || got.Attempts != 1 {
-		t.Fatalf("counters = %d rate limited, %d attempts", got.RateLimited, got.Attempts)
+	if got.RateLimited != 3 || got.Attempts != 2 {
+		t.Fatalf("counters = %d rate limited, %d attempts; want 3 and 2 (one per start)", got.RateLimited, got.Attempts)
 	}
-	_, err = db.JobIncrAttempts(ctx, "job_missing")
+	_, err := db.JobIncrRateLimited(ctx, "job_missing")
 	wantErr(t, err, ErrNotFound)
 }
 
@@ -1197,6 +1198,21 @@ func testUsage(t *testing.T, db *DB) {
 	}
 	if got, _ := db.UsageSumByDay(ctx, "2026-01-01"); got != 0 {
 		t.Fatalf("UsageSumByDay of an empty day = %d", got)
+	}
+	// A tenant west of UTC: its day 03-02 ends on UTC's 03-03; the global
+	// cap counts the spend on the UTC day, the tenant's cap on its own.
+	late := mkJob(t, db, jobParams(b.ID))
+	if _, err := db.JobComplete(ctx, &JobCompleteParams{ID: late.ID, Day: "2026-03-02", GlobalDay: "2026-03-03", Cost: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := db.UsageSumByDay(ctx, "2026-03-03"); got != 9 {
+		t.Fatalf("UsageSumByDay(UTC 03-03) = %d, want 9", got)
+	}
+	if got, _ := db.UsageSumByTenantDay(ctx, b.ID, "2026-03-02"); got != 9 {
+		t.Fatalf("UsageSumByTenantDay(03-02) = %d, want 9", got)
+	}
+	if e, err := db.UsageGetByJob(ctx, late.ID); err != nil || e.Day != "2026-03-02" || e.GlobalDay != "2026-03-03" {
+		t.Fatalf("UsageGetByJob = %+v, %v", e, err)
 	}
 	rows, err := db.UsageReport(ctx, &UsageReportParams{Day: "2026-03-01"})
 	if err != nil {

@@ -89,7 +89,7 @@ type Job struct {
 	Queue    string
 	Status   JobStatus
 
-	Attempts    int // provider calls that counted toward the retry limit
+	Attempts    int // provider calls made: one per JobStart
 	RateLimited int // 429s seen; not failures, but capped
 
 	EstPromptTokens int64
@@ -403,13 +403,13 @@ func (db *DB) transition(ctx context.Context, q querier, update string, a args, 
 	return j, false, err
 }
 
-// JobStart marks a job running as a worker picks it up: from queued, waiting,
-// deferred or running (a redelivery after a crash), stamping started_at the
-// first time. A terminal job is returned unchanged with started=false: the
+// JobStart marks a job running as a worker is about to call the provider:
+// from queued, waiting, deferred or running (a redelivery after a crash),
+// counting the attempt and stamping started_at the first time. A terminal job is returned unchanged with started=false: the
 // worker acknowledges the task and does nothing else.
 func (db *DB) JobStart(ctx context.Context, id string) (job *Job, started bool, err error) {
 	var a args
-	q := `UPDATE jobs SET status = 'running', next_run_at = NULL, started_at = COALESCE(started_at, ` + a.add(db.d.ts(db.nowUTC())) +
+	q := `UPDATE jobs SET status = 'running', attempts = attempts + 1, next_run_at = NULL, started_at = COALESCE(started_at, ` + a.add(db.d.ts(db.nowUTC())) +
 		`), updated_at = $1 WHERE id = ` + a.add(id) + ` AND ` + unfinishedSQL
 	return db.transition(ctx, db.rw, q, a, id, "")
 }
@@ -467,12 +467,6 @@ func (db *DB) JobIncrRateLimited(ctx context.Context, id string) (int, error) {
 	return db.incr(ctx, "rate_limited", id)
 }
 
-// JobIncrAttempts counts a provider call that counts toward the retry limit
-// and returns the new count.
-func (db *DB) JobIncrAttempts(ctx context.Context, id string) (int, error) {
-	return db.incr(ctx, "attempts", id)
-}
-
 // incr adds one to a counter column (a constant of this file, not a value).
 func (db *DB) incr(ctx context.Context, col, id string) (int, error) {
 	var n int
@@ -489,7 +483,10 @@ type JobCompleteParams struct {
 	ID string
 	// Day is the budget day the spend belongs to, "YYYY-MM-DD", as the
 	// budget package reckons it (from Redis time, in the reset's zone).
-	Day               string
+	Day string
+	// GlobalDay is the UTC day the spend counts toward the global cap;
+	// defaults to Day (a tier on UTC).
+	GlobalDay         string
 	ResponseStatus    int // default 200
 	ResponseBody      json.RawMessage
 	ProviderRequestID string
@@ -525,6 +522,13 @@ func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 	if err := validDay("JobComplete", p.Day); err != nil {
 		return nil, err
 	}
+	globalDay := p.GlobalDay
+	if globalDay == "" {
+		globalDay = p.Day
+	}
+	if err := validDay("JobComplete", globalDay); err != nil {
+		return nil, err
+	}
 	if p.Cost < 0 || p.PromptTokens < 0 || p.CompletionTokens < 0 || p.CachedTokens < 0 {
 		return nil, errors.New("store: JobComplete: negative usage or cost")
 	}
@@ -556,11 +560,11 @@ func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 		}
 		res.Job, res.Completed = j, applied
 		r, err := tx.ExecContext(ctx, `
-			INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, model,
+			INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
 				prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 			ON CONFLICT (job_id) DO NOTHING`,
-			j.ID, j.TenantID, nullString(j.BatchID), p.Day, j.Model,
+			j.ID, j.TenantID, nullString(j.BatchID), p.Day, globalDay, j.Model,
 			p.PromptTokens, p.CompletionTokens, p.CachedTokens, int64(p.Cost), db.d.ts(db.nowUTC()))
 		if err != nil {
 			return db.d.wrap(err)

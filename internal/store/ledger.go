@@ -15,7 +15,8 @@ type UsageEntry struct {
 	JobID            string
 	TenantID         string
 	BatchID          string
-	Day              string // the budget day, "YYYY-MM-DD"
+	Day              string // the tenant's budget day, "YYYY-MM-DD"
+	GlobalDay        string // the UTC day of the global cap
 	Model            string
 	PromptTokens     int64
 	CompletionTokens int64
@@ -31,9 +32,9 @@ func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, err
 		batchID sql.NullString
 	)
 	err := db.ro.QueryRowContext(ctx, `
-		SELECT job_id, tenant_id, batch_id, day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at
+		SELECT job_id, tenant_id, batch_id, day, global_day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at
 		FROM usage_ledger WHERE job_id = $1`, jobID).
-		Scan(&e.JobID, &e.TenantID, &batchID, dayCol{&e.Day}, &e.Model, &e.PromptTokens, &e.CompletionTokens,
+		Scan(&e.JobID, &e.TenantID, &batchID, dayCol{&e.Day}, dayCol{&e.GlobalDay}, &e.Model, &e.PromptTokens, &e.CompletionTokens,
 			&e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("ledger row of job", jobID)
@@ -46,7 +47,7 @@ func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, err
 // the budget is rebuilt from them, so they must never scan the ledger.
 const (
 	sqlUsageSumByTenantDay = `SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM usage_ledger WHERE tenant_id = $1 AND day = $2`
-	sqlUsageSumByDay       = `SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM usage_ledger WHERE day = $1`
+	sqlUsageSumByDay       = `SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM usage_ledger WHERE global_day = $1`
 )
 
 // UsageSumByTenantDay is the tenant's spend on the budget day ("YYYY-MM-DD"),

@@ -260,7 +260,7 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
 	}
 	cost := r.est.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
 	res, err := r.h.Store.JobComplete(ctx, &store.JobCompleteParams{
-		ID: r.job.ID, Day: r.bres.Day, ResponseStatus: resp.StatusCode, ResponseBody: resp.Body,
+		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay, ResponseStatus: resp.StatusCode, ResponseBody: resp.Body,
 		ProviderRequestID: resp.RequestID, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
 		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost,
 	})

@@ -63,7 +63,8 @@ CREATE TABLE usage_ledger (
     job_id            text COLLATE "C" PRIMARY KEY REFERENCES jobs (id),
     tenant_id         text COLLATE "C" NOT NULL REFERENCES tenants (id),
     batch_id          text COLLATE "C",
-    day               date NOT NULL,
+    day               date NOT NULL, -- the tenant's budget day (its tier's timezone)
+    global_day        date NOT NULL, -- the UTC day of the global cap
     model             text NOT NULL,
     prompt_tokens     bigint NOT NULL DEFAULT 0,
     completion_tokens bigint NOT NULL DEFAULT 0,
@@ -73,8 +74,10 @@ CREATE TABLE usage_ledger (
 );
 -- UsageSumByTenantDay (budget rebuild) and UsageReport for one tenant.
 CREATE INDEX usage_ledger_tenant_day ON usage_ledger (tenant_id, day, model);
--- UsageSumByDay (global cap) and UsageReport across tenants, spend by day and model.
+-- UsageReport across tenants, spend by day and model.
 CREATE INDEX usage_ledger_day_model ON usage_ledger (day, model);
+-- UsageSumByDay (rebuilding the global cap's spend).
+CREATE INDEX usage_ledger_global_day ON usage_ledger (global_day);
 
 -- +goose Down
 DROP TABLE usage_ledger;

@@ -52,6 +52,7 @@ CREATE TABLE usage_ledger (
     tenant_id         TEXT NOT NULL REFERENCES tenants (id),
     batch_id          TEXT,
     day               TEXT NOT NULL CHECK (day GLOB '[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9]'),
+    global_day        TEXT NOT NULL CHECK (global_day GLOB '[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9]'),
     model             TEXT NOT NULL,
     prompt_tokens     INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
@@ -61,6 +62,7 @@ CREATE TABLE usage_ledger (
 ) STRICT;
 CREATE INDEX usage_ledger_tenant_day ON usage_ledger (tenant_id, day, model);
 CREATE INDEX usage_ledger_day_model ON usage_ledger (day, model);
+CREATE INDEX usage_ledger_global_day ON usage_ledger (global_day);
 
 -- +goose Down
 DROP TABLE usage_ledger;
