@@ -1,0 +1,296 @@
+// Package apptest builds a whole llmq for tests: the app over a Postgres
+// schema and a Redis database of the test's own, the HTTP API on a loopback
+// server, the simulated provider, and optionally in-process workers. Tests of
+// the API, the worker and the integration suite share it, so each test
+// writes only what it checks.
+package apptest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// AdminToken is the admin token of every test app.
+const AdminToken = "test-admin-token-0123456789"
+
+// PolicyYAML is a policy with one simulated provider (its base_url is
+// filled in), a chat and an embedding model, and tiers free (reject, low),
+// standard (defer, default) and premium (critical), plus internal
+// (unlimited, exempt from the API limit).
+const PolicyYAML = `
+providers:
+  - name: sim
+    base_url: {{SIM}}
+    api_key_env: SIM_API_KEY
+    timeout: 10s
+models:
+  - name: gpt-4o-mini
+    provider: sim
+    price: {input_per_mtok: 0.15, output_per_mtok: 0.60}
+    limits: {rpm: 3000, tpm: 300000}
+    max_output_tokens: 1024
+  - name: text-embedding-3-small
+    provider: sim
+    price: {input_per_mtok: 0.02}
+    limits: {rpm: 3000, tpm: 1000000}
+tiers:
+  - name: free
+    daily_budget_usd: 1
+    priority: low
+    on_exhausted: reject
+    api_rps: 5
+  - name: standard
+    daily_budget_usd: 50
+    priority: default
+    on_exhausted: defer
+    api_rps: 1000
+  - name: premium
+    daily_budget_usd: 500
+    priority: critical
+    on_exhausted: defer
+    api_rps: 1000
+  - name: internal
+    unlimited: true
+    priority: critical
+    api_exempt: true
+`
+
+// Options configure a test app.
+type Options struct {
+	// RedisDB is the package's Redis database (docs/ARCHITECTURE.md).
+	RedisDB int
+	// Policy is the policy YAML; "{{SIM}}" is replaced by the simulator's
+	// base URL. Defaults to PolicyYAML.
+	Policy string
+	// Sim configures the simulated provider. Defaults to 3,000 RPM, 300,000
+	// TPM and a default max_tokens of 1,024 (the policy's max_output_tokens),
+	// answering with Echo.
+	Sim *sim.Config
+	// Workers starts this many in-process workers. Defaults to none.
+	Workers int
+	// WorkerOptions configure the workers' handlers.
+	WorkerOptions worker.Options
+	// Env changes the environment before validation.
+	Env func(*config.Env)
+}
+
+// App is a running test llmq.
+type App struct {
+	*app.App
+	URL string
+	Sim *sim.TestServer
+	// Environ is the LLMQ_* environment of the app, for starting worker or
+	// dispatcher processes against the same services.
+	Environ []string
+	t       testing.TB
+}
+
+// Start builds and starts a test app; everything stops when the test ends.
+func Start(t testing.TB, o Options) *App {
+	t.Helper()
+	simCfg := sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true}
+	if o.Sim != nil {
+		simCfg = *o.Sim
+	}
+	ss := sim.Start(simCfg)
+	t.Cleanup(ss.Close)
+
+	policy := o.Policy
+	if policy == "" {
+		policy = PolicyYAML
+	}
+	policy = strings.ReplaceAll(policy, "{{SIM}}", ss.BaseURL)
+	dir := t.TempDir()
+	policyPath := dir + "/policy.yaml"
+	if err := os.WriteFile(policyPath, []byte(policy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	name := strings.NewReplacer("/", "-", "_", "-").Replace(t.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	ns := "t-" + name + "-" + testutil.RandomHex(3)
+	environ := []string{
+		"LLMQ_REDIS_URL=" + testutil.RedisURLForDB(t, o.RedisDB),
+		"LLMQ_DATABASE_URL=" + testutil.Postgres(t),
+		"LLMQ_POLICY=" + policyPath,
+		"LLMQ_ADMIN_TOKEN=" + AdminToken,
+		"LLMQ_KEY_PREFIX=" + ns,
+		"LLMQ_QUEUE_NAMESPACE=" + ns,
+		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
+		"LLMQ_LOG_LEVEL=warn",
+		"LLMQ_SHUTDOWN_TIMEOUT=5s",
+		"SIM_API_KEY=test",
+	}
+	env, err := config.LoadEnv(environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Env != nil {
+		o.Env(env)
+	}
+	if err := env.Validate(config.RoleDispatcher); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	holder, err := config.NewPolicyHolder(policyPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.Open(ctx, env, logger, app.Parts{Policy: holder, LookupEnv: app.LookupIn(environ)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	srv := httptest.NewServer(a.API())
+	t.Cleanup(srv.Close)
+	ta := &App{App: a, URL: srv.URL, Sim: ss, Environ: environ, t: t}
+	for i := 0; i < o.Workers; i++ {
+		ta.StartWorker(o.WorkerOptions)
+	}
+	t.Cleanup(func() { ta.cleanQueues() })
+	return ta
+}
+
+// StartWorker starts one more in-process worker.
+func (a *App) StartWorker(opts worker.Options) *asynq.Server {
+	srv, mux := a.WorkerServer(opts)
+	if err := srv.Start(mux); err != nil {
+		a.t.Fatal(err)
+	}
+	a.t.Cleanup(srv.Shutdown)
+	return srv
+}
+
+// cleanQueues deletes the test's queues so the shared Redis DB stays small.
+func (a *App) cleanQueues() {
+	in := asynq.NewInspectorFromRedisClient(a.Redis)
+	for _, q := range a.Queue.Namespace().Queues() {
+		_ = in.DeleteQueue(q, true)
+	}
+}
+
+// Response is an HTTP answer read whole.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// JSON decodes the body into v, failing the test when it is not JSON.
+func (r *Response) JSON(t testing.TB, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.Body, v); err != nil {
+		t.Fatalf("response (%d) is not JSON: %v\n%s", r.Status, err, r.Body)
+	}
+}
+
+// Map decodes the body as a JSON object.
+func (r *Response) Map(t testing.TB) map[string]any {
+	t.Helper()
+	var m map[string]any
+	r.JSON(t, &m)
+	return m
+}
+
+// Do sends a request with bearer token (may be empty) and body (a string or
+// []byte is sent as it is; anything else as JSON; nil sends none).
+func (a *App) Do(method, path, token string, body any) *Response {
+	a.t.Helper()
+	return Do(a.t, a.URL, method, path, token, body, nil)
+}
+
+// Do sends one request to base.
+func Do(t testing.TB, base, method, path, token string, body any, header http.Header) *Response {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		data, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequest(method, base+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Response{Status: resp.StatusCode, Header: resp.Header, Body: data}
+}
+
+// Tenant creates a tenant of tier with one key, and returns both.
+func (a *App) Tenant(tier string) (tenantID, key string) {
+	a.t.Helper()
+	r := a.Do("POST", "/admin/v1/tenants", AdminToken, map[string]any{"name": "tenant-" + testutil.RandomHex(3), "tier": tier})
+	if r.Status != http.StatusCreated {
+		a.t.Fatalf("create tenant: %d %s", r.Status, r.Body)
+	}
+	tenantID = r.Map(a.t)["id"].(string)
+	r = a.Do("POST", "/admin/v1/tenants/"+tenantID+"/keys", AdminToken, nil)
+	if r.Status != http.StatusCreated {
+		a.t.Fatalf("create key: %d %s", r.Status, r.Body)
+	}
+	return tenantID, r.Map(a.t)["key"].(string)
+}
+
+// ChatBody is a small chat request for model gpt-4o-mini; user is echoed
+// by the simulator when it runs with Echo.
+func ChatBody(content, user string, maxTokens int) map[string]any {
+	b := map[string]any{
+		"model":      "gpt-4o-mini",
+		"messages":   []map[string]any{{"role": "user", "content": content}},
+		"max_tokens": maxTokens,
+	}
+	if user != "" {
+		b["user"] = user
+	}
+	return b
+}
+
+// testWriter sends log lines to the test log.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
