@@ -1,0 +1,270 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+const redisDB = 4
+
+func start(t *testing.T, simCfg *sim.Config) *apptest.App {
+	t.Helper()
+	return apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: simCfg})
+}
+
+// submit creates a job over the API and returns its id.
+func submit(t *testing.T, a *apptest.App, key string, body map[string]any) string {
+	t.Helper()
+	r := a.Do("POST", "/v1/jobs", key, body)
+	if r.Status != 202 {
+		t.Fatalf("submit: %d %s", r.Status, r.Body)
+	}
+	return r.Map(t)["id"].(string)
+}
+
+func job(t *testing.T, a *apptest.App, id string) *store.Job {
+	t.Helper()
+	j, err := a.Store.JobGetByID(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+func TestChatAndEmbeddingJobsSucceedAndAreChargedExactly(t *testing.T) {
+	t.Parallel()
+	a := start(t, nil)
+	tenant, key := a.Tenant("standard")
+	h := a.JobHandler(worker.Options{})
+	ctx := context.Background()
+
+	chat := submit(t, a, key, map[string]any{"body": apptest.ChatBody("Write a haiku about queues.", "chat-1", 40)})
+	emb := submit(t, a, key, map[string]any{"endpoint": "/v1/embeddings",
+		"body": map[string]any{"model": "text-embedding-3-small", "input": []string{"alpha", "beta gamma"}}})
+	for _, id := range []string{chat, emb} {
+		if err := h.Run(ctx, id); err != nil {
+			t.Fatalf("run %s: %v", id, err)
+		}
+	}
+	p := a.Policy.Current()
+	var total money.Micros
+	for _, id := range []string{chat, emb} {
+		j := job(t, a, id)
+		if j.Status != store.JobSucceeded || j.Attempts != 1 || j.ResponseStatus != 200 || j.FinishedAt == nil {
+			t.Fatalf("job %s: status %s attempts %d response %d", id, j.Status, j.Attempts, j.ResponseStatus)
+		}
+		m, _ := p.Model(j.Model)
+		want := m.Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+		if j.Cost != want || j.Cost <= 0 {
+			t.Fatalf("job %s cost %d, want %d (= usage × price)", id, j.Cost, want)
+		}
+		e, err := a.Store.UsageGetByJob(ctx, id)
+		if err != nil || e.Cost != want || e.PromptTokens != j.PromptTokens || e.CompletionTokens != j.CompletionTokens {
+			t.Fatalf("ledger of %s = %+v, %v", id, e, err)
+		}
+		total += want
+	}
+	// The chat answer is the simulator's answer to this request.
+	var body struct {
+		Choices []struct{ Message struct{ Content string } } `json:"choices"`
+	}
+	if err := json.Unmarshal(job(t, a, chat).ResponseBody, &body); err != nil || !strings.HasPrefix(body.Choices[0].Message.Content, "chat-1 ") {
+		t.Fatalf("chat response = %s (%v)", job(t, a, chat).ResponseBody, err)
+	}
+	var embBody struct {
+		Data []struct{ Embedding []float64 } `json:"data"`
+	}
+	if err := json.Unmarshal(job(t, a, emb).ResponseBody, &embBody); err != nil || len(embBody.Data) != 2 || len(embBody.Data[0].Embedding) != 64 {
+		t.Fatalf("embedding response: %v, %d items", err, len(embBody.Data))
+	}
+	// The budget settled at the real cost, nothing left reserved.
+	acctTenant, err := a.Store.TenantGetByID(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := a.Do("GET", "/v1/usage", key, nil).Map(t)
+	if got := money.Micros(u["spent_usd"].(float64)*1e6 + 0.5); got != total || u["reserved_usd"].(float64) != 0 {
+		t.Fatalf("usage of %s = %v, want spent %d µ$", acctTenant.ID, u, total)
+	}
+}
+
+func TestRedeliveryAfterSuccessNeverCallsTheProviderAgain(t *testing.T) {
+	t.Parallel()
+	a := start(t, nil)
+	_, key := a.Tenant("standard")
+	h := a.JobHandler(worker.Options{})
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("once", "", 10)})
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if err := h.Run(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := a.Sim.Stats().Requests; n != 1 {
+		t.Fatalf("provider called %d times for one job delivered three times", n)
+	}
+	if j := job(t, a, id); j.Attempts != 1 {
+		t.Fatalf("attempts = %d", j.Attempts)
+	}
+}
+
+func TestPermanentProviderErrorFailsAtOnceWithItsMessage(t *testing.T) {
+	t.Parallel()
+	// The simulator knows no model, so it answers 404 model_not_found.
+	a := start(t, &sim.Config{OnlyKnownModels: true})
+	_, key := a.Tenant("standard")
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	if err := a.JobHandler(worker.Options{}).Run(context.Background(), id); err != nil {
+		t.Fatalf("a permanent error should ack the task, got %v", err)
+	}
+	j := job(t, a, id)
+	if j.Status != store.JobFailed || j.Error == nil || j.Error.Code != "model_not_found" || !strings.Contains(j.Error.Message, "does not exist") || j.ResponseStatus != 404 {
+		t.Fatalf("job = %s %+v (response %d)", j.Status, j.Error, j.ResponseStatus)
+	}
+	if _, err := a.Store.UsageGetByJob(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a failed job was charged: %v", err)
+	}
+	if u := a.Do("GET", "/v1/usage", key, nil).Map(t); u["reserved_usd"].(float64) != 0 || u["spent_usd"].(float64) != 0 {
+		t.Fatalf("budget after failure = %v", u)
+	}
+}
+
+func TestRateLimitedCallIsNotAFailureAndPausesTheScope(t *testing.T) {
+	t.Parallel()
+	a := start(t, &sim.Config{Faults: sim.Faults{Rate429: 1, RetryAfter429: 3 * time.Second}})
+	_, key := a.Tenant("standard")
+	h := a.JobHandler(worker.Options{MaxRateLimited: 2})
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	ctx := context.Background()
+
+	err := h.Run(ctx, id)
+	if err == nil || worker.IsFailure(err) {
+		t.Fatalf("a 429 must requeue without counting a failure, got %v", err)
+	}
+	if d := worker.RetryDelay(0, err, nil); d < 3*time.Second || d > 4*time.Second {
+		t.Fatalf("retry delay %v, want the provider's 3s", d)
+	}
+	j := job(t, a, id)
+	if j.Status != store.JobWaiting || j.RateLimited != 1 || j.NextRunAt == nil {
+		t.Fatalf("job = %s rate_limited %d next %v", j.Status, j.RateLimited, j.NextRunAt)
+	}
+	// The scope is penalized: nobody, in any process, calls until the reset.
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	res, err := a.Limiter.Reserve(ctx, scopeOf(m), costOne)
+	if err != nil || res.Allowed || !res.Penalized || res.RetryAfter < 2*time.Second {
+		t.Fatalf("reserve after 429 = %+v, %v", res, err)
+	}
+	// A second 429 hits the ceiling: the job fails, saying why.
+	clearPenalty(t, a)
+	if err := h.Run(ctx, id); err != nil {
+		t.Fatalf("run at the ceiling: %v", err)
+	}
+	j = job(t, a, id)
+	if j.Status != store.JobFailed || j.Error.Code != "rate_limit_exceeded" || !strings.Contains(j.Error.Message, "2 times") {
+		t.Fatalf("job at the ceiling = %s %+v", j.Status, j.Error)
+	}
+}
+
+func TestProviderFaultIsRetriedAsAFailure(t *testing.T) {
+	t.Parallel()
+	a := start(t, &sim.Config{Faults: sim.Faults{Rate500: 1}})
+	_, key := a.Tenant("standard")
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	err := a.JobHandler(worker.Options{}).Run(context.Background(), id)
+	if err == nil || !worker.IsFailure(err) {
+		t.Fatalf("a 500 must be a counted failure, got %v", err)
+	}
+	if j := job(t, a, id); j.Status != store.JobWaiting || j.Attempts != 1 {
+		t.Fatalf("job = %s attempts %d", j.Status, j.Attempts)
+	}
+	if u := a.Do("GET", "/v1/usage", key, nil).Map(t); u["reserved_usd"].(float64) != 0 {
+		t.Fatalf("reservation kept after a fault: %v", u)
+	}
+}
+
+func TestCancelledJobIsNeverCalled(t *testing.T) {
+	t.Parallel()
+	a := start(t, nil)
+	_, key := a.Tenant("standard")
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	if r := a.Do("DELETE", "/v1/jobs/"+id, key, nil); r.Status != 200 {
+		t.Fatalf("cancel: %d", r.Status)
+	}
+	if err := a.JobHandler(worker.Options{}).Run(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.Sim.Stats().Requests; n != 0 {
+		t.Fatalf("provider called %d times for a cancelled job", n)
+	}
+	if err := a.JobHandler(worker.Options{}).Run(context.Background(), "job_01doesnotexist000000000000"); err != nil {
+		t.Fatalf("a task for a missing job must be acked, got %v", err)
+	}
+}
+
+func TestLongLimiterWaitRequeuesTheJob(t *testing.T) {
+	t.Parallel()
+	a := start(t, nil)
+	_, key := a.Tenant("standard")
+	ctx := context.Background()
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	// Drain the request bucket: 3,000 RPM refills one request per 20 ms.
+	for {
+		res, err := a.Limiter.Reserve(ctx, scopeOf(m), limiterCost(300, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Allowed {
+			break
+		}
+	}
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	err := a.JobHandler(worker.Options{MaxInlineWait: time.Millisecond}).Run(ctx, id)
+	if err == nil || worker.IsFailure(err) || worker.RetryDelay(0, err, nil) <= 0 {
+		t.Fatalf("a long wait must requeue without failure, got %v", err)
+	}
+	if j := job(t, a, id); j.Status != store.JobWaiting || j.Attempts != 0 {
+		t.Fatalf("job = %s attempts %d", j.Status, j.Attempts)
+	}
+	if u := a.Do("GET", "/v1/usage", key, nil).Map(t); u["reserved_usd"].(float64) != 0 {
+		t.Fatalf("budget reservation kept while waiting: %v", u)
+	}
+	// With a generous inline wait the same job sleeps and runs.
+	if err := a.JobHandler(worker.Options{MaxInlineWait: 5 * time.Second}).Run(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if j := job(t, a, id); j.Status != store.JobSucceeded {
+		t.Fatalf("job = %s", j.Status)
+	}
+}
+
+func TestFullJitterStaysInBounds(t *testing.T) {
+	t.Parallel()
+	for n := 0; n < 40; n++ {
+		for i := 0; i < 50; i++ {
+			d := worker.FullJitter(n, time.Second, time.Minute)
+			if d < 100*time.Millisecond || d > time.Minute || (n < 5 && d > time.Second<<uint(n)) {
+				t.Fatalf("FullJitter(%d) = %v out of bounds", n, d)
+			}
+		}
+	}
+}
