@@ -57,6 +57,8 @@ var suite = []struct {
 	{"SlidingLogExact", testSlidingLogExact},
 	{"SlidingCounterNoBoundaryBurst", testSlidingCounterNoBoundaryBurst},
 	{"MultiWindowAllOrNothing", testMultiWindowAllOrNothing},
+	{"BatchedReserves", testBatchedReserves},
+	{"BatchedReserveCancelled", testBatchedReserveCancelled},
 	{"AdmissionProperty", testAdmissionProperty},
 }
 

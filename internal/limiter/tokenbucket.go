@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +34,8 @@ type TokenBucket struct {
 	opts Options
 	// probeTimeout, probeRetry and reconcileTTL as script arguments.
 	probeTimeout, probeRetry, reconcileTTL string
+	// batchers holds a *batcher per scope name.
+	batchers sync.Map
 }
 
 // NewTokenBucket returns a TokenBucket over rdb (any redis.UniversalClient
@@ -69,118 +74,159 @@ const (
 	modeState        = "s"
 )
 
-// reserveScript checks every bucket of a scope, and the penalty and probe,
-// and takes the cost from all buckets or from none.
+// reserveScript decides, in order, a batch of reservations on one scope: for
+// each, it checks every bucket, the penalty and the probe, and takes the cost
+// from all buckets or from none, as if each ran alone at the same instant.
 //
-// KEYS[1] -> the scope's hash (rkeys.LimiterScope)
+// KEYS[1] -> the scope's hash (rkeys.LimiterScope): per bucket u:<name> the
+// tokens used and t:<name> when (µs); pu penalty end, pid and pt the probe's
+// reservation id and deadline
 // ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> mode: "r" reserve, "l" reserve for a lease (never the probe), "s" state (no writes)
-// ARGV[3] -> reservation id (becomes the probe's id)
-// ARGV[4] -> probe timeout in µs
-// ARGV[5] -> longest retry while a probe is in flight, in µs
-// ARGV[6+4(i-1)] .. ARGV[9+4(i-1)] -> bucket i: name, limit, period in µs, cost
-// Returns {status, now, retry µs, then per bucket: remaining, retry µs, reset µs}
-// where status is 0 denied by a bucket, 1 allowed, 2 allowed as the probe,
-// 3 denied by a penalty, 4 denied while a probe is in flight.
+// ARGV[2] -> probe timeout in µs
+// ARGV[3] -> longest retry while a probe is in flight, in µs
+// ARGV[4] -> the number of bucket lists that follow, each: n, then n buckets
+// of name, limit, period in µs
+// then the reservations, each: its bucket list (1-based), mode ("r" reserve,
+// "l" reserve for a lease, never the probe, "s" state: no writes), id, and
+// its cost in each bucket of its list
+// Returns {now, then per reservation: status, retry µs, then per bucket:
+// remaining, retry µs, reset µs} where status is 0 denied by a bucket,
+// 1 allowed, 2 allowed as the probe, 3 denied by a penalty, 4 denied while a
+// probe is in flight.
 var reserveScript = redis.NewScript(`
+local tonumber, ceil, floor, max = tonumber, math.ceil, math.floor, math.max
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local mode = ARGV[2]
-local probe_timeout = tonumber(ARGV[4])
-local n = (#ARGV - 5) / 4
+local probe_timeout, probe_retry = tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local fields = {'pu', 'pid', 'pt'}
-for i = 1, n do
-  local name = ARGV[2 + 4 * i]
-  fields[2 * i + 2] = 'u:' .. name
-  fields[2 * i + 3] = 't:' .. name
-end
-local v = redis.call('HMGET', key, unpack(fields))
-local pu, pid, pt = tonumber(v[1]), v[2], tonumber(v[3])
+local h = redis.call('HGETALL', key)
+local st = {}
+for i = 1, #h, 2 do st[h[i]] = h[i + 1] end
+local pu, pid, pt = tonumber(st.pu), st.pid, tonumber(st.pt)
+local new_probe = false
 
-local status, retry = 1, 0
-local used, waits = {}, {}
-for i = 1, n do
-  local a = 2 + 4 * i
-  local limit, period, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local u, ts = tonumber(v[2 * i + 2]) or 0, tonumber(v[2 * i + 3]) or now
-  if now > ts then
-    u = u - (now - ts) * limit / period
-    if u < 0 then u = 0 end
-  end
-  used[i] = u
-  local w = 0
-  local need = u + cost - limit
-  -- a trillionth of the limit absorbs float rounding
-  if need > limit * 1e-12 then
-    w = math.ceil(need * period / limit)
-    status = 0
-    if w > retry then retry = w end
-  end
-  waits[i] = w
-end
-
-if pu then
-  if pu > now then
-    status = 3
-    if pu - now > retry then retry = pu - now end
-  elseif pid and pt and pt > now then
-    status = 4
-    local w = math.min(pt - now, tonumber(ARGV[5]))
-    if w > retry then retry = w end
-  elseif status == 1 and mode ~= 's' then
-    -- the penalty is over and no probe is in flight: this caller probes
-    if mode == 'l' then
-      status, retry = 4, tonumber(ARGV[5])
-    else
-      status, pid, pt = 2, ARGV[3], now + probe_timeout
+-- the bucket lists; used, lim and per hold each bucket's level now and the
+-- limit and period it refills with (those of the first list naming it)
+local lists, used, lim, per = {}, {}, {}, {}
+local a = 5
+for l = 1, tonumber(ARGV[4]) do
+  local n = tonumber(ARGV[a])
+  local names, limits, periods = {}, {}, {}
+  for i = 1, n do
+    local name, limit, period = ARGV[a + 3 * i - 2], tonumber(ARGV[a + 3 * i - 1]), tonumber(ARGV[a + 3 * i])
+    names[i], limits[i], periods[i] = name, limit, period
+    if not used[name] then
+      local u = tonumber(st['u:' .. name]) or 0
+      local ts = tonumber(st['t:' .. name]) or now
+      if now > ts and u > 0 then
+        u = u - (now - ts) * limit / period
+        if u < 0 then u = 0 end
+      end
+      used[name], lim[name], per[name] = u, limit, period
     end
   end
+  lists[l] = {n, names, limits, periods}
+  a = a + 1 + 3 * n
 end
 
-local out = {status, now, retry}
-local allowed = status == 1 or status == 2
-local args, ttl = {}, 0
-for i = 1, n do
-  local a = 2 + 4 * i
-  local limit, period = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local u = used[i]
-  if allowed and mode ~= 's' then
-    u = u + tonumber(ARGV[a + 3])
-    args[#args + 1] = 'u:' .. ARGV[a]
-    args[#args + 1] = string.format('%.17g', u)
-    args[#args + 1] = 't:' .. ARGV[a]
-    args[#args + 1] = string.format('%.17g', now)
+local dirty, take = {}, false
+local out, o = {now}, 1
+local waits = {}
+while a <= #ARGV do
+  local list, mode = lists[tonumber(ARGV[a])], ARGV[a + 1]
+  local n, names, limits, periods = list[1], list[2], list[3], list[4]
+  local c0 = a + 2
+  local status, retry = 1, 0
+  for i = 1, n do
+    local limit = limits[i]
+    local need = used[names[i]] + tonumber(ARGV[c0 + i]) - limit
+    -- a trillionth of the limit absorbs float rounding
+    if need > limit * 1e-12 then
+      local w = ceil(need * periods[i] / limit)
+      waits[i], status = w, 0
+      if w > retry then retry = w end
+    else
+      waits[i] = 0
+    end
   end
-  local full = u * period / limit
-  if full > ttl then ttl = full end
-  out[#out + 1] = math.floor(limit - u)
-  out[#out + 1] = waits[i]
-  out[#out + 1] = math.ceil(full)
+
+  if pu then
+    if pu > now then
+      status = 3
+      if pu - now > retry then retry = pu - now end
+    elseif pid and pt and pt > now then
+      status = 4
+      local w = math.min(pt - now, probe_retry)
+      if w > retry then retry = w end
+    elseif status == 1 and mode ~= 's' then
+      -- the penalty is over and no probe is in flight: this caller probes
+      if mode == 'l' then
+        status, retry = 4, probe_retry
+      else
+        status, pid, pt, new_probe = 2, ARGV[c0], now + probe_timeout, true
+      end
+    end
+  end
+
+  take = (status == 1 or status == 2) and mode ~= 's'
+  out[o + 1], out[o + 2] = status, retry
+  o = o + 2
+  for i = 1, n do
+    local name, limit = names[i], limits[i]
+    local u = used[name]
+    if take then
+      u = u + tonumber(ARGV[c0 + i])
+      used[name], dirty[name] = u, true
+    end
+    out[o + 1], out[o + 2], out[o + 3] = floor(limit - u), waits[i], ceil(u * periods[i] / limit)
+    o = o + 3
+  end
+  a = c0 + n + 1
 end
-if status == 2 then
+
+local args = {}
+for name in pairs(dirty) do
+  args[#args + 1] = 'u:' .. name
+  args[#args + 1] = used[name]
+  args[#args + 1] = 't:' .. name
+  args[#args + 1] = now
+end
+if new_probe then
   args[#args + 1] = 'pid'
   args[#args + 1] = pid
   args[#args + 1] = 'pt'
-  args[#args + 1] = string.format('%.17g', pt)
+  args[#args + 1] = pt
 end
 if #args > 0 then
-  if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
-  if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
+  -- the hash lives until every bucket is full and no penalty or probe is pending
+  local ttl = 0
+  for name, u in pairs(used) do ttl = max(ttl, u * per[name] / lim[name]) end
+  if pu then ttl = max(ttl, max(pu - now, 0) + probe_timeout) end
+  if pt then ttl = max(ttl, pt - now + probe_timeout) end
   redis.call('HSET', key, unpack(args))
-  redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
+  redis.call('PEXPIRE', key, ceil(ttl / 1000) + 1000)
 end
 return out
 `)
+
+// maxBatch bounds the reservations of one script run, so that one run never
+// blocks Redis for long.
+const maxBatch = 64
 
 // Reserve takes cost from every bucket of scope, or from none: allowed only
 // when every bucket can cover it and the scope is not penalized. A cost above
 // a bucket's capacity fails at once with ErrCostExceedsCapacity. When
 // allowed, pass Result.Reservation to Reconcile or Release after the call.
+//
+// Concurrent Reserves of one scope in one process share a script run and a
+// round trip: the first caller runs at once, and callers arriving meanwhile
+// go together in the next run, each decided alone, in arrival order. A caller
+// whose context ends while its run is in flight returns at once; what the run
+// reserved for it is released.
 func (tb *TokenBucket) Reserve(ctx context.Context, scope Scope, cost Cost) (*Result, error) {
 	return tb.reserve(ctx, modeReserve, scope, cost)
 }
@@ -191,37 +237,179 @@ func (tb *TokenBucket) State(ctx context.Context, scope Scope) (*Result, error) 
 	return tb.reserve(ctx, modeState, scope, Cost{})
 }
 
+// call is one reservation waiting for, or in, a script run.
+type call struct {
+	mode  string
+	scope Scope
+	cost  Cost
+	id    string
+	res   *Result
+	err   error
+	done  chan struct{} // closed when res and err are set; nil for a batch's first caller
+	state atomic.Int32  // callWaiting, callDelivered or callAbandoned
+}
+
+const (
+	callWaiting = iota
+	callDelivered
+	callAbandoned
+)
+
+// batcher queues the reservations of one scope while a run is in flight.
+type batcher struct {
+	key     string // the scope's hash
+	mu      sync.Mutex
+	queue   []*call
+	running bool
+}
+
 func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, cost Cost) (*Result, error) {
 	if err := scope.validate(cost); err != nil {
 		return nil, err
 	}
-	var id string
+	c := &call{mode: mode, scope: scope, cost: cost}
 	if mode != modeState {
-		id = newID()
+		c.id = newID()
 	}
-	args := make([]any, 0, 5+4*len(scope.Buckets))
-	args = append(args, nowArg(tb.opts.Clock), mode, id, tb.probeTimeout, tb.probeRetry)
-	for _, b := range scope.Buckets {
-		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), cost.Of(b.Unit))
+	bv, ok := tb.batchers.Load(scope.Name)
+	if !ok {
+		bv, _ = tb.batchers.LoadOrStore(scope.Name, &batcher{key: tb.opts.Keys.LimiterScope(scope.Name)})
 	}
-	v, err := reserveScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(scope.Name)}, args...).Result()
+	b := bv.(*batcher)
+
+	b.mu.Lock()
+	if !b.running {
+		// Nothing in flight: run now, alone, and hand what queued meanwhile
+		// to a flusher.
+		b.running = true
+		b.mu.Unlock()
+		tb.run(context.WithoutCancel(ctx), b.key, []*call{c})
+		b.mu.Lock()
+		if len(b.queue) > 0 {
+			go tb.flush(ctx, b)
+		} else {
+			b.running = false
+		}
+		b.mu.Unlock()
+		return c.res, c.err
+	}
+	c.done = make(chan struct{})
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	if i := slices.Index(b.queue, c); i >= 0 {
+		b.queue = slices.Delete(b.queue, i, i+1)
+		b.mu.Unlock()
+		return nil, ctx.Err()
+	}
+	b.mu.Unlock()
+	if c.state.CompareAndSwap(callWaiting, callAbandoned) {
+		return nil, ctx.Err()
+	}
+	<-c.done // delivered just now
+	return c.res, c.err
+}
+
+// flush runs the queued reservations of b, a batch at a time, until none is
+// left; it releases what it reserved for callers that stopped waiting.
+func (tb *TokenBucket) flush(ctx context.Context, b *batcher) {
+	ctx = context.WithoutCancel(ctx)
+	for {
+		b.mu.Lock()
+		n := min(len(b.queue), maxBatch)
+		if n == 0 {
+			b.running = false
+			b.mu.Unlock()
+			return
+		}
+		batch := slices.Clone(b.queue[:n])
+		b.queue = slices.Delete(b.queue, 0, n)
+		b.mu.Unlock()
+
+		tb.run(ctx, b.key, batch)
+		for _, c := range batch {
+			if c.state.CompareAndSwap(callWaiting, callDelivered) {
+				close(c.done)
+			} else if c.err == nil && c.res.Reservation != nil {
+				// Best effort: on failure the tokens stay counted as used,
+				// which only costs capacity until they refill.
+				_ = tb.Release(ctx, c.res.Reservation)
+			}
+		}
+	}
+}
+
+// run decides a batch of reservations of one scope in one script run, and
+// sets each call's res or err.
+func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
+	// The batch's distinct bucket lists go once; usually there is one.
+	var lists [][]Bucket
+	list := make([]int, len(batch))
+	size := 4
+	for i, c := range batch {
+		list[i] = slices.IndexFunc(lists, func(l []Bucket) bool { return slices.Equal(l, c.scope.Buckets) })
+		if list[i] < 0 {
+			list[i] = len(lists)
+			lists = append(lists, c.scope.Buckets)
+			size += 1 + 3*len(c.scope.Buckets)
+		}
+		size += 3 + len(c.scope.Buckets)
+	}
+	args := make([]any, 0, size)
+	args = append(args, nowArg(tb.opts.Clock), tb.probeTimeout, tb.probeRetry, len(lists))
+	for _, l := range lists {
+		args = append(args, len(l))
+		for _, b := range l {
+			args = append(args, b.Name, b.Limit, b.Period.Microseconds())
+		}
+	}
+	for i, c := range batch {
+		args = append(args, list[i]+1, c.mode, c.id)
+		for _, b := range c.scope.Buckets {
+			args = append(args, c.cost.Of(b.Unit))
+		}
+	}
+	v, err := reserveScript.Run(ctx, tb.rdb, []string{key}, args...).Result()
+	var a []int64
+	if err == nil {
+		a, err = ints(v, 1) // each call's part is checked below
+	}
 	if err != nil {
-		return nil, fmt.Errorf("limiter: reserve on scope %q: %w", scope.Name, err)
+		for _, c := range batch {
+			c.err = fmt.Errorf("limiter: reserve on scope %q: %w", c.scope.Name, err)
+		}
+		return
 	}
-	a, err := ints(v, 3+3*len(scope.Buckets))
-	if err != nil {
-		return nil, err
+	now, a := time.UnixMicro(a[0]), a[1:]
+	for _, c := range batch {
+		n := 2 + 3*len(c.scope.Buckets)
+		if len(a) < n {
+			c.err = fmt.Errorf("limiter: reserve on scope %q: short script reply", c.scope.Name)
+			continue
+		}
+		c.res = tb.result(c, now, a[:n])
+		a = a[n:]
 	}
+}
+
+// result reads one reservation's part of reserveScript's reply.
+func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 	status := a[0]
 	res := &Result{
 		Allowed:    status == statusAllowed || status == statusProbe,
 		Penalized:  status == statusPenalty || status == statusProbeWait,
-		RetryAfter: us(a[2]),
-		Time:       time.UnixMicro(a[1]),
-		Buckets:    make([]BucketState, len(scope.Buckets)),
+		RetryAfter: us(a[1]),
+		Time:       now,
+		Buckets:    make([]BucketState, len(c.scope.Buckets)),
 	}
-	for i, b := range scope.Buckets {
-		x := a[3+3*i:]
+	for i, b := range c.scope.Buckets {
+		x := a[2+3*i:]
 		res.Buckets[i] = BucketState{
 			Name: b.Name, Unit: b.Unit, Limit: b.Limit,
 			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2]),
@@ -231,15 +419,15 @@ func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, co
 	switch {
 	case res.Allowed:
 		res.RetryAfter = 0
-		if mode != modeState {
-			res.Reservation = &Reservation{ID: id, Scope: scope, Cost: cost, Probe: status == statusProbe}
+		if c.mode != modeState {
+			res.Reservation = &Reservation{ID: c.id, Scope: c.scope, Cost: c.cost, Probe: status == statusProbe}
 		}
 	case status == statusProbeWait:
 		// Callers denied together while a probe is in flight spread out.
 		res.probeWait = true
 		res.RetryAfter = time.Duration(float64(res.RetryAfter) * (0.75 + 0.5*tb.opts.Rand()))
 	}
-	return res, nil
+	return res
 }
 
 // reconcileScript gives back what a reservation took beyond its real cost, or
