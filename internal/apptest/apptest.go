@@ -76,6 +76,9 @@ tiers:
 type Options struct {
 	// RedisDB is the package's Redis database (docs/ARCHITECTURE.md).
 	RedisDB int
+	// RedisURL, when set, replaces the shared server (e.g. a private
+	// testutil.StartRedis server a test may flush or restart).
+	RedisURL string
 	// Policy is the policy YAML; "{{SIM}}" is replaced by the simulator's
 	// base URL. Defaults to PolicyYAML.
 	Policy string
@@ -127,8 +130,12 @@ func Start(t testing.TB, o Options) *App {
 		name = name[:40]
 	}
 	ns := "t-" + name + "-" + testutil.RandomHex(3)
+	redisURL := o.RedisURL
+	if redisURL == "" {
+		redisURL = testutil.RedisURLForDB(t, o.RedisDB)
+	}
 	environ := []string{
-		"LLMQ_REDIS_URL=" + testutil.RedisURLForDB(t, o.RedisDB),
+		"LLMQ_REDIS_URL=" + redisURL,
 		"LLMQ_DATABASE_URL=" + testutil.Postgres(t),
 		"LLMQ_POLICY=" + policyPath,
 		"LLMQ_ADMIN_TOKEN=" + AdminToken,

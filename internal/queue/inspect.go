@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 )
 
 // Inspector reads queue state for dashboards, metrics and the reconciler.
@@ -103,4 +104,21 @@ func (i *Inspector) DeleteArchivedJob(ctx context.Context, queue, id string) err
 		return fmt.Errorf("delete task %s in %s: %w", id, queue, err)
 	}
 	return nil
+}
+
+// allQueuesKey is asynq's own set of queue names (base.AllQueues), which its
+// inspector and dashboard list queues from.
+const allQueuesKey = "asynq:queues"
+
+// RegisterQueues adds every queue of the namespace to asynq's set of
+// queues. An asynq client registers a queue only on its first enqueue and
+// remembers it did, so after Redis loses its data the re-enqueued tasks sit
+// in queues that the inspector and the dashboard cannot see until this runs.
+func RegisterQueues(ctx context.Context, rdb redis.UniversalClient, ns Namespace) error {
+	qs := ns.Queues()
+	members := make([]any, len(qs))
+	for i, q := range qs {
+		members[i] = q
+	}
+	return rdb.SAdd(ctx, allQueuesKey, members...).Err()
 }

@@ -104,3 +104,8 @@ func (b Builder) PolicyVersion() string { return b.key("policy", "version") }
 
 // Stats is a per-minute statistics hash for the dashboard's charts.
 func (b Builder) Stats(minute string) string { return b.key("stats", tag(minute)) }
+
+// Epoch marks that Redis still holds llmq's state. It has no TTL on purpose:
+// its absence means Redis lost its data (a restart without persistence, a
+// flush), and the reconciler then rebuilds what lived only in Redis.
+func (b Builder) Epoch() string { return b.key("epoch") }

@@ -1,0 +1,241 @@
+// Package recovery keeps the store and Redis in agreement so no job is ever
+// lost: a reconciler re-enqueues every unfinished job whose task is missing
+// from Redis — after a Redis restart without persistence, a FLUSHALL, or an
+// enqueue that failed after the job's row was committed.
+//
+// What lived only in Redis is rebuilt or safely reset:
+//   - tasks: re-enqueued from the store (a job's task carries only its id);
+//   - budget counters: rebuilt from the ledger by the budget package the
+//     first time a tenant's day is touched;
+//   - rate-limit buckets: unknowable, so when jobs were in flight at the
+//     loss every model is paused for a minute (the provider's per-minute
+//     windows clear meanwhile) and starts full after; a tokens-per-day bucket
+//     starts full, so a day's limit may be overshot by what was spent before
+//     the loss. A fresh installation (no unfinished job) is not paused.
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/rkeys"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// Options tune a Reconciler.
+type Options struct {
+	// CheckInterval is how often the reconciler looks for a Redis loss (a
+	// cheap EXISTS). Defaults to 5s.
+	CheckInterval time.Duration
+	// FullInterval is how often every unfinished job is checked even when
+	// Redis lost nothing (an enqueue that failed after commit). Defaults to 1m.
+	FullInterval time.Duration
+	// MinAge skips jobs changed more recently than this: they are being
+	// enqueued or run right now. Defaults to 10s.
+	MinAge time.Duration
+	// LossPause is how long every model is paused after a Redis loss with
+	// jobs in flight. Defaults to 1m; negative disables the pause.
+	LossPause time.Duration
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.CheckInterval <= 0 {
+		o.CheckInterval = 5 * time.Second
+	}
+	if o.FullInterval <= 0 {
+		o.FullInterval = time.Minute
+	}
+	if o.MinAge <= 0 {
+		o.MinAge = 10 * time.Second
+	}
+	if o.LossPause == 0 {
+		o.LossPause = time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Reconciler re-enqueues jobs whose tasks are missing.
+type Reconciler struct {
+	Store     *store.DB
+	Redis     redis.UniversalClient
+	Keys      rkeys.Builder
+	Queue     *queue.Client
+	Inspector *queue.Inspector
+	Limiter   *limiter.TokenBucket
+	Policy    *config.PolicyHolder
+	Logger    *slog.Logger
+	opts      Options
+}
+
+// New returns a Reconciler; the fields may also be set directly.
+func New(r Reconciler, opts Options) *Reconciler {
+	r.opts = opts.withDefaults()
+	if r.Logger == nil {
+		r.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &r
+}
+
+// Report says what one pass did.
+type Report struct {
+	Scanned  int // unfinished jobs looked at
+	Requeued int // jobs whose task was missing and is enqueued again
+	Revived  int // jobs whose task was archived by asynq and is enqueued again
+}
+
+// Run reconciles until ctx ends: at once, then whenever Redis lost its data
+// and every FullInterval. Only one process reconciles at a time (a store
+// lock); the others wait their turn.
+func (r *Reconciler) Run(ctx context.Context) {
+	t := time.NewTicker(r.opts.CheckInterval)
+	defer t.Stop()
+	var last time.Time
+	for {
+		lost, err := r.lost(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.Logger.Warn("reconciler: cannot reach redis", "err", err)
+		}
+		if err == nil && (lost || r.opts.Now().Sub(last) >= r.opts.FullInterval) {
+			if rep, ran, err := r.locked(ctx, lost); err != nil && ctx.Err() == nil {
+				r.Logger.Warn("reconciler pass failed", "err", err)
+			} else if ran {
+				last = r.opts.Now()
+				if rep.Requeued+rep.Revived > 0 {
+					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived, "scanned", rep.Scanned)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// lost reports whether Redis lost llmq's state since the last pass.
+func (r *Reconciler) lost(ctx context.Context) (bool, error) {
+	n, err := r.Redis.Exists(ctx, r.Keys.Epoch()).Result()
+	return n == 0, err
+}
+
+// locked runs one pass if no other process is running one.
+func (r *Reconciler) locked(ctx context.Context, lost bool) (Report, bool, error) {
+	unlock, ok, err := r.Store.TryLock(ctx, "reconciler")
+	if err != nil || !ok {
+		return Report{}, false, err
+	}
+	defer unlock()
+	if lost {
+		// Checked again under the lock: another process may have handled it.
+		if lost, err = r.lost(ctx); err != nil {
+			return Report{}, false, err
+		}
+	}
+	if lost {
+		busy, _, err := r.Store.JobListUnfinished(ctx, &store.JobListUnfinishedParams{Limit: 1})
+		if err != nil {
+			return Report{}, false, err
+		}
+		if len(busy) > 0 {
+			r.Logger.Warn("redis lost llmq's state: re-enqueueing unfinished jobs and pausing every model", "pause", r.opts.LossPause)
+			r.pauseModels(ctx)
+		}
+	}
+	rep, err := r.RunOnce(ctx)
+	if err == nil && lost {
+		err = queue.RegisterQueues(ctx, r.Redis, r.Queue.Namespace())
+	}
+	if err == nil && lost {
+		err = r.Redis.Set(ctx, r.Keys.Epoch(), r.opts.Now().UTC().Format(time.RFC3339), 0).Err()
+	}
+	return rep, true, err
+}
+
+// pauseModels pauses every model of the policy after a loss of the
+// limiter's state, so the first minute after cannot burst past the
+// provider's limits.
+func (r *Reconciler) pauseModels(ctx context.Context) {
+	if r.Limiter == nil || r.Policy == nil || r.opts.LossPause < 0 {
+		return
+	}
+	for i := range r.Policy.Current().Models {
+		m := &r.Policy.Current().Models[i]
+		if err := r.Limiter.Penalize(ctx, admission.Scope(m), r.opts.LossPause); err != nil {
+			r.Logger.Warn("pause model after redis loss", "model", m.Name, "err", err)
+		}
+	}
+}
+
+// RunOnce checks every unfinished job older than MinAge and enqueues the
+// ones whose task is missing. A job due later (waiting, deferred) is
+// enqueued to run when due.
+func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
+	var rep Report
+	now := r.opts.Now()
+	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-r.opts.MinAge), Limit: 1000}
+	for {
+		jobs, more, err := r.Store.JobListUnfinished(ctx, p)
+		if err != nil {
+			return rep, err
+		}
+		for _, j := range jobs {
+			rep.Scanned++
+			if err := r.reconcile(ctx, j, now, &rep); err != nil {
+				return rep, err
+			}
+		}
+		if !more || len(jobs) == 0 {
+			return rep, nil
+		}
+		p.After = jobs[len(jobs)-1].ID
+	}
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time, rep *Report) error {
+	ref := queue.JobRef{ID: j.ID, Queue: j.Queue}
+	if j.NextRunAt != nil && j.NextRunAt.After(now) {
+		ref.In = j.NextRunAt.Sub(now)
+	}
+	enqueued, err := r.Queue.EnqueueJob(ctx, ref)
+	if err != nil {
+		return fmt.Errorf("re-enqueue %s: %w", j.ID, err)
+	}
+	if enqueued {
+		rep.Requeued++
+		r.Logger.Debug("job had no task; enqueued again", "job", j.ID, "status", j.Status)
+		return nil
+	}
+	// A task holds the id. If asynq archived it (retries used up while the
+	// store could not record the failure), it will never run: revive it.
+	st, err := r.Inspector.JobTaskState(ctx, j.Queue, j.ID)
+	if err != nil {
+		return err
+	}
+	if st != queue.TaskArchived {
+		return nil
+	}
+	if err := r.Inspector.DeleteArchivedJob(ctx, j.Queue, j.ID); err != nil {
+		return err
+	}
+	if enqueued, err = r.Queue.EnqueueJob(ctx, ref); err != nil {
+		return fmt.Errorf("revive %s: %w", j.ID, err)
+	}
+	if enqueued {
+		rep.Revived++
+	}
+	return nil
+}

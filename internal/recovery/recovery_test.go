@@ -1,0 +1,189 @@
+package recovery_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/recovery"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+const redisDB = 12
+
+func reconciler(a *apptest.App, now func() time.Time) *recovery.Reconciler {
+	return recovery.New(recovery.Reconciler{
+		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
+		Limiter: a.Limiter, Policy: a.Policy, Logger: a.Logger,
+	}, recovery.Options{Now: now, MinAge: time.Second, CheckInterval: 100 * time.Millisecond})
+}
+
+// insertJob stores a job the way the API does, but enqueues nothing: an
+// enqueue that failed after the row was committed.
+func insertJob(t *testing.T, a *apptest.App, tenant string, p *store.JobInsertParams) *store.Job {
+	t.Helper()
+	p.TenantID, p.Endpoint, p.Model = tenant, "/v1/chat/completions", "gpt-4o-mini"
+	p.Request = []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"x"}],"max_tokens":5}`)
+	p.EstPromptTokens, p.EstMaxTokens = 10, 5
+	if p.Queue == "" {
+		p.Queue = queue.Default
+	}
+	j, _, err := a.Store.JobInsert(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+func later() time.Time { return time.Now().Add(time.Minute) }
+
+func TestJobsWithoutTasksAreEnqueuedOnce(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	tenant, _ := a.Tenant("standard")
+	ctx := context.Background()
+	queued := insertJob(t, a, tenant, &store.JobInsertParams{})
+	due := later().Add(time.Hour)
+	waiting := insertJob(t, a, tenant, &store.JobInsertParams{Status: store.JobWaiting, NextRunAt: &due, Queue: queue.Low})
+	done := insertJob(t, a, tenant, &store.JobInsertParams{})
+	if _, _, err := a.Store.JobFail(ctx, &store.JobFailParams{ID: done.ID, Error: store.JobError{Message: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	r := reconciler(a, later)
+	rep, err := r.RunOnce(ctx)
+	if err != nil || rep.Requeued != 2 || rep.Scanned != 2 {
+		t.Fatalf("first pass = %+v, %v; want 2 requeued of 2 unfinished", rep, err)
+	}
+	if st, _ := a.Inspector.JobTaskState(ctx, queue.Default, queued.ID); st != queue.TaskPending {
+		t.Fatalf("queued job's task is %s", st)
+	}
+	// A job due later is enqueued to run when due, not now.
+	if st, _ := a.Inspector.JobTaskState(ctx, queue.Low, waiting.ID); st != queue.TaskScheduled {
+		t.Fatalf("waiting job's task is %s", st)
+	}
+	rep, err = r.RunOnce(ctx)
+	if err != nil || rep.Requeued != 0 {
+		t.Fatalf("second pass = %+v, %v; want nothing requeued", rep, err)
+	}
+	// Jobs changed in the last MinAge are in flight: left alone.
+	fresh := insertJob(t, a, tenant, &store.JobInsertParams{})
+	rep, _ = reconciler(a, time.Now).RunOnce(ctx)
+	if st, _ := a.Inspector.JobTaskState(ctx, queue.Default, fresh.ID); st != queue.TaskMissing || rep.Requeued != 0 {
+		t.Fatalf("a job created just now was touched: %s %+v", st, rep)
+	}
+}
+
+func TestArchivedTaskIsRevived(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	tenant, _ := a.Tenant("standard")
+	ctx := context.Background()
+	j := insertJob(t, a, tenant, &store.JobInsertParams{})
+	if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Queue: j.Queue, In: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	archive(t, a, j)
+	rep, err := reconciler(a, later).RunOnce(ctx)
+	if err != nil || rep.Revived != 1 {
+		t.Fatalf("pass = %+v, %v; want the archived job revived", rep, err)
+	}
+	if st, _ := a.Inspector.JobTaskState(ctx, j.Queue, j.ID); st != queue.TaskPending {
+		t.Fatalf("revived task is %s", st)
+	}
+}
+
+func TestRedisLossIsDetectedRequeuedAndModelsPaused(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	a := apptest.Start(t, apptest.Options{RedisURL: "redis://" + srv.Addr + "/0"})
+	tenant, _ := a.Tenant("standard")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var ids []string
+	for i := 0; i < 20; i++ {
+		j := insertJob(t, a, tenant, &store.JobInsertParams{})
+		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Queue: j.Queue}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, j.ID)
+	}
+	r := reconciler(a, later)
+	// First start: the marker is written; tasks are all present.
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	waitFor(t, func() bool { n, _ := a.Redis.Exists(ctx, a.Keys.Epoch()).Result(); return n == 1 })
+
+	if err := a.Redis.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		for _, id := range ids {
+			if st, _ := a.Inspector.JobTaskState(ctx, queue.Default, id); st != queue.TaskPending {
+				return false
+			}
+		}
+		n, _ := a.Redis.Exists(ctx, a.Keys.Epoch()).Result()
+		return n == 1
+	})
+	// Every model is paused: the limiter's state was lost with Redis.
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1})
+	if err != nil || res.Allowed || !res.Penalized || res.RetryAfter < 30*time.Second {
+		t.Fatalf("reserve after the loss = %+v, %v; want paused", res, err)
+	}
+	cancel()
+	<-done
+}
+
+func TestOneReconcilerAtATime(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	unlock, ok, err := a.Store.TryLock(context.Background(), "reconciler")
+	if err != nil || !ok {
+		t.Fatalf("TryLock = %v, %v", ok, err)
+	}
+	tenant, _ := a.Tenant("standard")
+	j := insertJob(t, a, tenant, &store.JobInsertParams{})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	reconciler(a, later).Run(ctx) // the lock is held elsewhere: nothing runs
+	if st, _ := a.Inspector.JobTaskState(context.Background(), j.Queue, j.ID); st != queue.TaskMissing {
+		t.Fatalf("a second reconciler ran while the first held the lock (task %s)", st)
+	}
+	unlock()
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	go reconciler(a, later).Run(ctx2)
+	waitFor(t, func() bool {
+		st, _ := a.Inspector.JobTaskState(context.Background(), j.Queue, j.ID)
+		return st == queue.TaskPending
+	})
+}
+
+// waitFor polls cond for up to 10 s: the reconciler works in its own
+// goroutine and signals nothing.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
