@@ -87,9 +87,9 @@ func runLLMQ(ctx context.Context, o *options, logger *slog.Logger) (e2e, api *me
 }
 
 // open starts everything and returns what stops it, in reverse order.
-func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (closeAll func(), err error) {
+func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err error) {
 	var closers []func()
-	closeAll = func() {
+	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}

@@ -18,9 +18,15 @@ func postgresSchema(ctx context.Context, base string) (dsn string, drop func(), 
 	if err != nil {
 		return "", nil, fmt.Errorf("-database: %w", err)
 	}
+	// pool_max_conns is llmq's own parameter (store.Open), unknown to pgx.
+	plain := *u
+	q := plain.Query()
+	q.Del("pool_max_conns")
+	plain.RawQuery = q.Encode()
+	admin := plain.String()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(cctx, base)
+	conn, err := pgx.Connect(cctx, admin)
 	if err != nil {
 		return "", nil, fmt.Errorf("postgres at %s does not answer: %w", u.Redacted(), err)
 	}
@@ -32,14 +38,14 @@ func postgresSchema(ctx context.Context, base string) (dsn string, drop func(), 
 	drop = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c, err := pgx.Connect(ctx, base)
+		c, err := pgx.Connect(ctx, admin)
 		if err != nil {
 			return
 		}
 		defer c.Close(ctx)
 		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 	}
-	q := u.Query()
+	q = u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String(), drop, nil
