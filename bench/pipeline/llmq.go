@@ -204,7 +204,7 @@ func (r *llmqRun) endToEnd(ctx context.Context) (*measurement, error) {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 
-	stopProfile, err := startProfiles(r.o.CPUProfile, r.o.Trace)
+	stopProfile, err := startProfiles(r.o.CPUProfile, r.o.Trace, r.o.MemProfile)
 	if err != nil {
 		return nil, err
 	}
@@ -365,10 +365,10 @@ func withRedisDB(rawURL string, db int) (string, error) {
 	return u.String(), nil
 }
 
-// startProfiles starts a CPU profile and an execution trace to the files
-// named (either may be ""), and returns what stops both; it may be called
-// more than once.
-func startProfiles(cpuPath, tracePath string) (stop func(), err error) {
+// startProfiles starts a CPU profile, an execution trace and an allocation
+// profile to the files named (any may be ""), and returns what stops them
+// and writes them; it may be called more than once.
+func startProfiles(cpuPath, tracePath, memPath string) (stop func(), err error) {
 	var stops []func()
 	stopAll := func() {
 		for _, s := range stops {
@@ -395,6 +395,14 @@ func startProfiles(cpuPath, tracePath string) (stop func(), err error) {
 		return nil, err
 	}
 	if err := start("-trace", tracePath, trace.Start, trace.Stop); err != nil {
+		stopAll()
+		return nil, err
+	}
+	// The allocs profile counts from the process start: the bare asynq
+	// run and the warm-ups are in it too, a few percent of the whole.
+	var mem io.Writer
+	if err := start("-memprofile", memPath, func(w io.Writer) error { mem = w; return nil },
+		func() { _ = pprof.Lookup("allocs").WriteTo(mem, 0) }); err != nil {
 		stopAll()
 		return nil, err
 	}

@@ -45,6 +45,7 @@ type options struct {
 	Timeout     time.Duration
 	CPUProfile  string
 	Trace       string
+	MemProfile  string
 }
 
 // pollInterval is llmq's worker poll interval (worker.ServerOptions'
@@ -67,6 +68,7 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 		"Postgres database; the run creates a schema of its own there and drops it at the end")
 	fs.DurationVar(&o.Timeout, "timeout", time.Minute, "longest wait for one measurement to finish")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the llmq end-to-end measurement to this file")
+	fs.StringVar(&o.MemProfile, "memprofile", "", "write an allocation profile, taken when the llmq end-to-end measurement ends, to this file")
 	fs.StringVar(&o.Trace, "trace", "", "write an execution trace of the llmq end-to-end measurement to this file (go tool trace)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
