@@ -225,7 +225,7 @@ const maxBatch = 64
 // Concurrent Reserves of one scope in one process share a script run and a
 // round trip: the first caller runs at once, and callers arriving meanwhile
 // go together in the next run, each decided alone, in arrival order. A caller
-// whose context ends while its run is in flight returns at once; what the run
+// whose context ends while it waits returns at once; what a shared run
 // reserved for it is released.
 func (tb *TokenBucket) Reserve(ctx context.Context, scope Scope, cost Cost) (*Result, error) {
 	return tb.reserve(ctx, modeReserve, scope, cost)
@@ -279,11 +279,11 @@ func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, co
 
 	b.mu.Lock()
 	if !b.running {
-		// Nothing in flight: run now, alone, and hand what queued meanwhile
-		// to a flusher.
+		// Nothing in flight: run now, alone (so on ctx, which concerns no
+		// other caller), and hand what queued meanwhile to a flusher.
 		b.running = true
 		b.mu.Unlock()
-		tb.run(context.WithoutCancel(ctx), b.key, []*call{c})
+		tb.run(ctx, b.key, []*call{c})
 		b.mu.Lock()
 		if len(b.queue) > 0 {
 			go tb.flush(ctx, b)
