@@ -219,6 +219,14 @@ type Options struct {
 	// probe is in flight (shorter when the probe times out sooner), jittered
 	// by ±25%. Defaults to 500ms.
 	ProbeRetry time.Duration
+	// HoldInFlight holds every reservation of the token bucket in flight
+	// until it is reconciled or released (see inflightGen): the bucket then
+	// never runs ahead of the provider it mirrors, whose charges arrive a
+	// little later and whose refunds a little earlier. Set it when every
+	// reservation is for one provider call and is always reconciled or
+	// released (llmq's workers); leave it off for plain permits. Defaults to
+	// false.
+	HoldInFlight bool
 	// ReconcileTTL is how long a reconciled reservation is remembered, so
 	// that reconciling it again changes nothing. Defaults to 1h.
 	ReconcileTTL time.Duration

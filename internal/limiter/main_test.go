@@ -43,6 +43,7 @@ var suite = []struct {
 	{"CostExceedsCapacity", testCostExceedsCapacity},
 	{"ReconcileRefund", testReconcileRefund},
 	{"ReconcileDebt", testReconcileDebt},
+	{"RefundKeepsOthersReserved", testRefundKeepsOthersReserved},
 	{"LimitChange", testLimitChange},
 	{"PenalizeAcrossClients", testPenalizeAcrossClients},
 	{"ProbeTimeoutAndRepenalize", testProbeTimeoutAndRepenalize},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,7 +61,31 @@ type Reservation struct {
 	// Probe marks the single call admitted after a penalty. Until it is
 	// reconciled, released or times out, every other caller is denied.
 	Probe bool
+
+	gen int64 // the in-flight generation the reservation is held in; -1 when not held
 }
+
+// inflightGen is the length of one in-flight generation. A bucket holds back,
+// from refill and refunds, what was reserved in the current and the previous
+// generation and is not yet reconciled ("in flight"), so it never runs ahead
+// of the provider's bucket:
+//
+// The provider charges a call when it arrives, a little after the
+// reservation here, and refunds its unused tokens when it completes, a
+// little before the reconcile here. If its bucket is full at those moments
+// it loses the refill or the refund that this bucket, which charged earlier
+// or refunds later, still gets. Both gaps only involve calls reserved and
+// not yet reconciled within the last moments, so with this floor on the
+// tokens used the provider's bucket always holds at least as much as this
+// one: a permit here is a call the provider admits, provided reservations
+// cover what the provider counts and llmq is the account's only user.
+//
+// Two generations cover between one and two lengths, which must exceed the
+// delay between a reservation and the call's arrival, and between the call's
+// completion and its reconcile. Calls in flight longer stop being held back,
+// so slow calls do not hold capacity, and a reservation never reconciled (a
+// crashed worker) lapses within two lengths.
+const inflightGen = 5 * time.Second
 
 // Reserve status codes of reserveScript.
 const (
@@ -70,6 +95,7 @@ const (
 	statusPenalty    = 3
 	statusProbeWait  = 4
 	modeReserve      = "r"
+	modeReserveHold  = "h"
 	modeReserveLease = "l"
 	modeState        = "s"
 )
@@ -79,21 +105,24 @@ const (
 // from all buckets or from none, as if each ran alone at the same instant.
 //
 // KEYS[1] -> the scope's hash (rkeys.LimiterScope): per bucket u:<name> the
-// tokens used and t:<name> when (µs); pu penalty end, pid and pt the probe's
-// reservation id and deadline
+// tokens used and t:<name> when (µs), f0:<name> and f1:<name> what is
+// reserved and not yet reconciled in the in-flight generation g:<name> and
+// the one before; pu penalty end, pid and pt the probe's reservation id and
+// deadline
 // ARGV[1] -> now in µs, or "" for Redis TIME
 // ARGV[2] -> probe timeout in µs
 // ARGV[3] -> longest retry while a probe is in flight, in µs
 // ARGV[4] -> the number of bucket lists that follow, each: n, then n buckets
 // of name, limit, period in µs
 // then the reservations, each: its bucket list (1-based), mode ("r" reserve,
+// "h" reserve and hold in flight until reconciled,
 // "l" reserve for a lease, never the probe, "s" state: no writes), id, and
 // its cost in each bucket of its list
 // Returns {now, then per reservation: status, retry µs, then per bucket:
 // remaining, retry µs, reset µs} where status is 0 denied by a bucket,
 // 1 allowed, 2 allowed as the probe, 3 denied by a penalty, 4 denied while a
 // probe is in flight.
-var reserveScript = redis.NewScript(`
+var reserveScript = redis.NewScript(withGen(`
 local tonumber, ceil, floor, max = tonumber, math.ceil, math.floor, math.max
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
@@ -108,10 +137,21 @@ local st = {}
 for i = 1, #h, 2 do st[h[i]] = h[i + 1] end
 local pu, pid, pt = tonumber(st.pu), st.pid, tonumber(st.pt)
 local new_probe = false
+local gen = floor(now / GEN)
+
+-- f0, f1: the bucket's in-flight amounts of generation g and g - 1, seen
+-- from generation gen (older generations have lapsed)
+local function inflight_of(name)
+  local g = tonumber(st['g:' .. name]) or gen
+  local f0, f1 = tonumber(st['f0:' .. name]) or 0, tonumber(st['f1:' .. name]) or 0
+  if gen == g + 1 then f0, f1 = 0, f0 elseif gen > g + 1 then f0, f1 = 0, 0 end
+  return {max(g, gen), f0, f1}
+end
 
 -- the bucket lists; used, lim and per hold each bucket's level now and the
--- limit and period it refills with (those of the first list naming it)
-local lists, used, lim, per = {}, {}, {}, {}
+-- limit and period it refills with (those of the first list naming it),
+-- fl its in-flight generations
+local lists, used, lim, per, fl = {}, {}, {}, {}, {}
 local a = 5
 for l = 1, tonumber(ARGV[4]) do
   local n = tonumber(ARGV[a])
@@ -122,11 +162,12 @@ for l = 1, tonumber(ARGV[4]) do
     if not used[name] then
       local u = tonumber(st['u:' .. name]) or 0
       local ts = tonumber(st['t:' .. name]) or now
-      if now > ts and u > 0 then
-        u = u - (now - ts) * limit / period
-        if u < 0 then u = 0 end
+      local f = inflight_of(name)
+      if now > ts then
+        -- refill, but never below what is in flight (see inflightGen)
+        u = max(u - (now - ts) * limit / period, f[2] + f[3], 0)
       end
-      used[name], lim[name], per[name] = u, limit, period
+      used[name], lim[name], per[name], fl[name] = u, limit, period, f
     end
   end
   lists[l] = {n, names, limits, periods}
@@ -179,8 +220,13 @@ while a <= #ARGV do
     local name, limit = names[i], limits[i]
     local u = used[name]
     if take then
-      u = u + tonumber(ARGV[c0 + i])
+      local cost = tonumber(ARGV[c0 + i])
+      u = u + cost
       used[name], dirty[name] = u, true
+      if mode == 'h' then
+        local f = fl[name]
+        if f[1] == gen then f[2] = f[2] + cost else f[3] = f[3] + cost end
+      end
     end
     out[o + 1], out[o + 2], out[o + 3] = floor(limit - u), waits[i], ceil(u * periods[i] / limit)
     o = o + 3
@@ -190,10 +236,17 @@ end
 
 local args = {}
 for name in pairs(dirty) do
+  local f = fl[name]
   args[#args + 1] = 'u:' .. name
-  args[#args + 1] = used[name]
+  args[#args + 1] = string.format('%.17g', used[name])
   args[#args + 1] = 't:' .. name
-  args[#args + 1] = now
+  args[#args + 1] = string.format('%d', now)
+  args[#args + 1] = 'g:' .. name
+  args[#args + 1] = string.format('%d', f[1])
+  args[#args + 1] = 'f0:' .. name
+  args[#args + 1] = string.format('%.17g', f[2])
+  args[#args + 1] = 'f1:' .. name
+  args[#args + 1] = string.format('%.17g', f[3])
 end
 if new_probe then
   args[#args + 1] = 'pid'
@@ -211,7 +264,7 @@ if #args > 0 then
   redis.call('PEXPIRE', key, ceil(ttl / 1000) + 1000)
 end
 return out
-`)
+`))
 
 // maxBatch bounds the reservations of one script run, so that one run never
 // blocks Redis for long.
@@ -228,7 +281,11 @@ const maxBatch = 64
 // whose context ends while it waits returns at once; what a shared run
 // reserved for it is released.
 func (tb *TokenBucket) Reserve(ctx context.Context, scope Scope, cost Cost) (*Result, error) {
-	return tb.reserve(ctx, modeReserve, scope, cost)
+	mode := modeReserve
+	if tb.opts.HoldInFlight {
+		mode = modeReserveHold
+	}
+	return tb.reserve(ctx, mode, scope, cost)
 }
 
 // State returns the levels of scope's buckets without taking anything:
@@ -420,7 +477,10 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 	case res.Allowed:
 		res.RetryAfter = 0
 		if c.mode != modeState {
-			res.Reservation = &Reservation{ID: c.id, Scope: c.scope, Cost: c.cost, Probe: status == statusProbe}
+			res.Reservation = &Reservation{ID: c.id, Scope: c.scope, Cost: c.cost, Probe: status == statusProbe, gen: -1}
+			if c.mode == modeReserveHold {
+				res.Reservation.gen = now.UnixMicro() / inflightGen.Microseconds()
+			}
 		}
 	case status == statusProbeWait:
 		// Callers denied together while a probe is in flight spread out.
@@ -441,9 +501,11 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 // ARGV[3] -> reservation id
 // ARGV[4] -> "1" when the reservation is the probe, else "0"
 // ARGV[5] -> probe timeout in µs
-// ARGV[6+4(i-1)] .. ARGV[9+4(i-1)] -> bucket i: name, limit, period in µs, actual - reserved
+// ARGV[6] -> the reservation's in-flight generation
+// ARGV[7+5(i-1)] .. ARGV[11+5(i-1)] -> bucket i: name, limit, period in µs,
+// actual - reserved, reserved
 // Returns 1 when applied, 0 when the reservation was already reconciled.
-var reconcileScript = redis.NewScript(`
+var reconcileScript = redis.NewScript(withGen(`
 if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then return 0 end
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
@@ -452,34 +514,48 @@ if not now then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local probe_timeout = tonumber(ARGV[5])
-local n = (#ARGV - 5) / 4
+local rgen = tonumber(ARGV[6])
+local gen = math.floor(now / GEN)
+local n = (#ARGV - 6) / 5
 
 local fields = {'pu', 'pid', 'pt'}
 for i = 1, n do
-  local name = ARGV[2 + 4 * i]
-  fields[2 * i + 2] = 'u:' .. name
-  fields[2 * i + 3] = 't:' .. name
+  local name = ARGV[2 + 5 * i]
+  for j, f in ipairs({'u:', 't:', 'g:', 'f0:', 'f1:'}) do fields[5 * i - 2 + j] = f .. name end
 end
 local v = redis.call('HMGET', key, unpack(fields))
 local pu, pid, pt = tonumber(v[1]), v[2], tonumber(v[3])
 
 local args, ttl = {}, 0
 for i = 1, n do
-  local a = 2 + 4 * i
-  local limit, period, delta = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local u, ts = tonumber(v[2 * i + 2]) or 0, tonumber(v[2 * i + 3]) or now
+  local a = 2 + 5 * i
+  local limit, period, delta, reserved = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local b = 5 * i - 1
+  local u, ts = tonumber(v[b]) or 0, tonumber(v[b + 1]) or now
+  local g = tonumber(v[b + 2]) or gen
+  local f0, f1 = tonumber(v[b + 3]) or 0, tonumber(v[b + 4]) or 0
+  if gen == g + 1 then f0, f1 = 0, f0 elseif gen > g + 1 then f0, f1 = 0, 0 end
+  g = math.max(g, gen)
   if now > ts then
-    u = u - (now - ts) * limit / period
-    if u < 0 then u = 0 end
+    -- refill, but never below what is in flight (see inflightGen)
+    u = math.max(u - (now - ts) * limit / period, f0 + f1, 0)
   end
-  if delta ~= 0 then
-    -- a refund never fills a bucket beyond its capacity; an extra may
-    -- put it in debt
-    u = math.max(u + delta, 0)
+  if delta ~= 0 or reserved ~= 0 then
+    -- The reservation is no longer in flight.
+    if rgen == g then f0 = math.max(f0 - reserved, 0) elseif rgen == g - 1 then f1 = math.max(f1 - reserved, 0) end
+    -- A refund never brings the tokens used below what other calls hold
+    -- in flight (see inflightGen); an extra may put the bucket in debt.
+    u = math.max(u + delta, f0 + f1, 0)
     args[#args + 1] = 'u:' .. ARGV[a]
     args[#args + 1] = string.format('%.17g', u)
     args[#args + 1] = 't:' .. ARGV[a]
-    args[#args + 1] = string.format('%.17g', now)
+    args[#args + 1] = string.format('%d', now)
+    args[#args + 1] = 'g:' .. ARGV[a]
+    args[#args + 1] = string.format('%d', g)
+    args[#args + 1] = 'f0:' .. ARGV[a]
+    args[#args + 1] = string.format('%.17g', f0)
+    args[#args + 1] = 'f1:' .. ARGV[a]
+    args[#args + 1] = string.format('%.17g', f1)
   end
   ttl = math.max(ttl, u * period / limit)
 end
@@ -496,7 +572,7 @@ if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
 if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
 redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
 return 1
-`)
+`))
 
 // Reconcile settles a reservation with the call's real cost: unused tokens
 // go back (a bucket never fills beyond its capacity), extra ones are taken
@@ -524,10 +600,10 @@ func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cos
 	if r.Probe {
 		probe = "1"
 	}
-	args := make([]any, 0, 5+4*len(r.Scope.Buckets))
-	args = append(args, nowArg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout)
+	args := make([]any, 0, 6+5*len(r.Scope.Buckets))
+	args = append(args, nowArg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout, r.gen)
 	for _, b := range r.Scope.Buckets {
-		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), actual.Of(b.Unit)-r.Cost.Of(b.Unit))
+		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), actual.Of(b.Unit)-r.Cost.Of(b.Unit), r.Cost.Of(b.Unit))
 	}
 	keys := []string{tb.opts.Keys.LimiterScope(r.Scope.Name)}
 	if marker {
@@ -632,4 +708,9 @@ func (tb *TokenBucket) Wait(ctx context.Context, scope Scope, cost Cost) (*Resul
 		case <-timer.C:
 		}
 	}
+}
+
+// withGen puts the in-flight generation length, in µs, into a script.
+func withGen(src string) string {
+	return strings.ReplaceAll(src, "GEN", strconv.FormatInt(inflightGen.Microseconds(), 10))
 }

@@ -527,3 +527,62 @@ func TestModelScope(t *testing.T) {
 		t.Fatalf("ModelScope without limits = %+v", s)
 	}
 }
+
+// A refund never lifts a bucket above its capacity less what other calls
+// still hold reserved: the provider refunds a round trip earlier and clips
+// what overflows its capacity, so giving the whole refund here once other
+// calls took the room would put this bucket ahead of the provider's.
+func testRefundKeepsOthersReserved(t *testing.T, e *env) {
+	ctx := context.Background()
+	o := e.opts()
+	o.HoldInFlight = true
+	tb := NewTokenBucket(e.rdb, o)
+	s := ModelScope("clip", 0, 0, 1200, 0) // 20 tokens a second
+
+	a := mustReserve(t, tb, s, Cost{Tokens: 420}).Reservation
+	e.clock.Add(21 * time.Second) // 420 refilled: the bucket is full again
+	b := mustReserve(t, tb, s, Cost{Tokens: 420}).Reservation
+	// a used 360 of its 420. The provider got the 60 back while it was full
+	// (clipped); here they come after b took 420, and must not be counted.
+	if err := tb.Reconcile(ctx, a, Cost{Tokens: 360}); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(mustState(t, tb, s))["tpm"]; got != 780 {
+		t.Fatalf("after a's refund with b in flight: remaining %d, want 780 (capacity less b's 420)", got)
+	}
+	// With nothing else in flight, b's own refund is given in full.
+	if err := tb.Reconcile(ctx, b, Cost{Tokens: 360}); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(mustState(t, tb, s))["tpm"]; got != 840 {
+		t.Fatalf("after b's refund: remaining %d, want 840", got)
+	}
+
+	// Nor does refill bring the tokens used below what is in flight: the
+	// provider starts refilling from the call's arrival, not from here.
+	e.clock.Add(time.Minute) // full again
+	c := mustReserve(t, tb, s, Cost{Tokens: 600}).Reservation
+	e.clock.Add(3 * time.Second)
+	if got := remaining(mustState(t, tb, s))["tpm"]; got != 600 {
+		t.Fatalf("refill while in flight: remaining %d, want 600 (held)", got)
+	}
+	if err := tb.Reconcile(ctx, c, Cost{Tokens: 600}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Add(3 * time.Second)
+	if got := remaining(mustState(t, tb, s))["tpm"]; got != 660 {
+		t.Fatalf("refill after the reconcile: remaining %d, want 660", got)
+	}
+
+	// A reservation never reconciled (its worker crashed) stops holding
+	// refill and refunds back after two in-flight generations.
+	mustReserve(t, tb, s, Cost{Tokens: 500})
+	e.clock.Add(2*inflightGen + time.Minute)
+	d := mustReserve(t, tb, s, Cost{Tokens: 100}).Reservation
+	if err := tb.Release(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(mustState(t, tb, s))["tpm"]; got != 1200 {
+		t.Fatalf("a crashed reservation still holds refunds back: remaining %d, want 1200", got)
+	}
+}
