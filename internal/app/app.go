@@ -104,9 +104,11 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	}
 	a.closers = append(a.closers, a.Store.Close)
 
-	lopts := limiter.Options{Keys: a.Keys}
-	a.Limiter = limiter.NewTokenBucket(a.Redis, lopts)
-	a.APILimiter = limiter.NewSlidingCounter(a.Redis, lopts)
+	// Every model reservation is one provider call, always reconciled or
+	// released: hold it in flight so the buckets never run ahead of the
+	// provider's.
+	a.Limiter = limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, HoldInFlight: true})
+	a.APILimiter = limiter.NewSlidingCounter(a.Redis, limiter.Options{Keys: a.Keys})
 	a.Budgets = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger})
 	a.Admission = admission.New()
 

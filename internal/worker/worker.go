@@ -116,6 +116,7 @@ type run struct {
 	acct   budget.Account
 	bres   *budget.Reservation
 	permit *limiter.Reservation
+	wait   time.Duration // the pause after a 429
 }
 
 // Run processes job id once. It returns nil when the task is done with (the
@@ -280,15 +281,21 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
 
 // callFailed handles a provider error by its class.
 func (r *run) callFailed(ctx context.Context, callErr error) error {
-	r.releaseAll(ctx)
 	var pe *llm.Error
 	if !errors.As(callErr, &pe) {
 		pe = &llm.Error{Class: llm.ClassRetryable, Message: callErr.Error(), Err: callErr}
 	}
 	if ctx.Err() != nil { // shutting down: asynq puts the task back, not a failure
+		r.releaseAll(ctx)
 		r.setStatus(ctx, store.JobQueued, nil)
 		return ctx.Err()
 	}
+	if pe.Class == llm.ClassRateLimited {
+		// Pause the scope first, then give the permit back: released first,
+		// it could go to another caller before the pause.
+		r.penalize(ctx, pe)
+	}
+	r.releaseAll(ctx)
 	switch pe.Class {
 	case llm.ClassRateLimited:
 		return r.rateLimited(ctx, pe)
@@ -306,14 +313,7 @@ func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
 	if err != nil {
 		return fmt.Errorf("count 429 of %s: %w", r.job.ID, err)
 	}
-	wait, ok := pe.RateLimit.Delay()
-	if !ok {
-		wait = FullJitter(n, 500*time.Millisecond, 8*time.Second)
-	}
-	wait = min(wait, r.h.opts.MaxRateLimitWait)
-	if err := r.h.Limiter.Penalize(ctx, r.scope, wait); err != nil {
-		r.log.Warn("penalize scope", "err", err)
-	}
+	wait := r.wait
 	r.log.Debug("provider answered 429", "count", n, "wait", wait)
 	if n >= r.h.opts.MaxRateLimited {
 		e := providerError(pe)
@@ -325,6 +325,19 @@ func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
 	r.setStatus(ctx, store.JobWaiting, &next)
 	// Back after the reset; the limiter lets one probe through first.
 	return &requeue{reason: "rate limited by the provider", delay: wait}
+}
+
+// penalize pauses the model's scope for every worker until the provider's
+// announced reset (capped), or a full-jitter backoff when it announced none.
+func (r *run) penalize(ctx context.Context, pe *llm.Error) {
+	wait, ok := pe.RateLimit.Delay()
+	if !ok {
+		wait = FullJitter(r.job.RateLimited, 500*time.Millisecond, 8*time.Second)
+	}
+	r.wait = min(wait, r.h.opts.MaxRateLimitWait)
+	if err := r.h.Limiter.Penalize(ctx, r.scope, r.wait); err != nil {
+		r.log.Warn("penalize scope", "err", err)
+	}
 }
 
 // retry counts a provider fault and retries with backoff, or fails the job
