@@ -78,6 +78,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusAccepted, renderJob(job))
 		return nil
 	}
+	s.Observer.JobState(tier.Name, job.Model, string(job.Status))
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
 	if _, err := s.Queue.EnqueueJob(r.Context(), queue.JobRef{ID: job.ID, Queue: job.Queue}); err != nil {
@@ -243,6 +244,9 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	if !changed && job.Status != store.JobCancelled {
 		return errorf(http.StatusConflict, TypeInvalidRequest, "job_finished", "",
 			"Job %s already %s and cannot be cancelled.", job.ID, job.Status)
+	}
+	if changed {
+		s.Observer.JobState(callerOf(r).tenant.Tier, job.Model, string(job.Status))
 	}
 	writeJSON(w, http.StatusOK, renderJob(job))
 	return nil

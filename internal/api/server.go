@@ -36,7 +36,21 @@ type Deps struct {
 	Logger     *slog.Logger
 	// Ready reports whether the services the API needs answer (for /readyz).
 	Ready func(ctx context.Context) error
+	// Observer is told of jobs created and cancelled, for metrics.
+	// Defaults to none.
+	Observer Observer
 }
+
+// Observer is told what the API does to jobs, for metrics; labels are
+// low-cardinality (tier, model, status).
+type Observer interface {
+	// JobState reports a job created ("queued") or cancelled ("cancelled").
+	JobState(tier, model, status string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) JobState(string, string, string) {}
 
 // Options configure the API.
 type Options struct {
@@ -68,6 +82,9 @@ func New(d Deps, opts Options) *Server {
 	}
 	if d.Admission == nil {
 		d.Admission = admission.New()
+	}
+	if d.Observer == nil {
+		d.Observer = nopObserver{}
 	}
 	s := &Server{Deps: d, opts: opts, mux: http.NewServeMux()}
 	s.routes()

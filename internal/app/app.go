@@ -46,6 +46,10 @@ type App struct {
 	Inspector *queue.Inspector
 	Queue     *queue.Client
 	Providers *worker.Providers
+	// Observer and APIObserver receive the workers' and the API's events
+	// for metrics. Default to none.
+	Observer    worker.Observer
+	APIObserver api.Observer
 
 	closers []func() error
 }
@@ -147,7 +151,7 @@ func (a *App) Ready(ctx context.Context) error {
 func (a *App) API() *api.Server {
 	return api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
-		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready,
+		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver,
 	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes})
 }
 
@@ -155,7 +159,7 @@ func (a *App) API() *api.Server {
 func (a *App) JobHandler(opts worker.Options) *worker.Handler {
 	return worker.NewHandler(worker.Deps{
 		Store: a.Store, Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets,
-		Providers: a.Providers, Queue: a.Queue, Logger: a.Logger,
+		Providers: a.Providers, Queue: a.Queue, Logger: a.Logger, Observer: a.Observer,
 	}, opts)
 }
 

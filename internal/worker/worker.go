@@ -78,6 +78,8 @@ type Deps struct {
 	Providers *Providers
 	Queue     *queue.Client // for webhook deliveries
 	Logger    *slog.Logger
+	// Observer is told what happens, for metrics. Defaults to none.
+	Observer Observer
 }
 
 // Handler processes TypeJob tasks.
@@ -91,6 +93,9 @@ type Handler struct {
 func NewHandler(d Deps, opts Options) *Handler {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Observer == nil {
+		d.Observer = nopObserver{}
 	}
 	o := opts.withDefaults()
 	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}}}
@@ -114,6 +119,7 @@ type run struct {
 	est    *admission.Estimate
 	scope  limiter.Scope
 	acct   budget.Account
+	tier   string
 	bres   *budget.Reservation
 	permit *limiter.Reservation
 	wait   time.Duration // the pause after a 429
@@ -151,10 +157,11 @@ func (r *run) do(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load tenant %s: %w", r.job.TenantID, err)
 	}
-	acct, _, err := admission.Account(p, tenant)
+	acct, tier, err := admission.Account(p, tenant)
 	if err != nil {
 		return r.fail(ctx, store.JobError{Type: "server_error", Code: "tier_not_found", Message: err.Error()}, nil)
 	}
+	r.tier = tier.Name
 	provider, ok := h.Providers.Get(m.Provider)
 	if !ok {
 		return r.fail(ctx, store.JobError{Type: "server_error", Code: "provider_not_found",
@@ -187,7 +194,17 @@ func (r *run) do(ctx context.Context) error {
 		return nil
 	}
 	r.job = job
+	began := time.Now()
 	resp, err := provider.Call(ctx, llm.Request{Endpoint: job.Endpoint, Upstream: m.Upstream, Body: job.Request})
+	status := 200
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	var pe *llm.Error
+	if errors.As(err, &pe) {
+		status = pe.StatusCode
+	}
+	h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
 	if err != nil {
 		return r.callFailed(ctx, err)
 	}
@@ -200,6 +217,11 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 	res, dec, err := r.h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.est.WorstCase)
 	if err != nil {
 		return true, fmt.Errorf("reserve budget: %w", err)
+	}
+	if dec.SoftLimitCrossed {
+		r.h.Observer.SoftLimitCrossed(r.acct.TenantID, r.tier)
+		r.log.Warn("tenant crossed the soft limit of its daily budget", "tenant", r.acct.TenantID,
+			"spent", dec.Spent.String(), "reserved", dec.Reserved.String(), "budget", dec.Budget.String())
 	}
 	if dec.Allowed {
 		r.bres = res
@@ -220,6 +242,7 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 // takePermit takes one request and the estimated tokens from every bucket
 // of the model, sleeping short waits and requeueing for long ones.
 func (r *run) takePermit(ctx context.Context) (done bool, err error) {
+	began := time.Now()
 	for {
 		res, err := r.h.Limiter.Reserve(ctx, r.scope, r.est.Cost)
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
@@ -231,10 +254,12 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 		}
 		if res.Allowed {
 			r.permit = res.Reservation
+			r.h.Observer.LimiterWait(r.job.Model, time.Since(began), false)
 			return false, nil
 		}
 		if res.RetryAfter > r.h.opts.MaxInlineWait {
 			next := r.h.opts.Now().Add(res.RetryAfter)
+			r.h.Observer.LimiterWait(r.job.Model, time.Since(began)+res.RetryAfter, true)
 			r.setStatus(ctx, store.JobWaiting, &next)
 			return true, &requeue{reason: "waiting for the rate limit", delay: res.RetryAfter}
 		}
@@ -274,6 +299,7 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
 	}
 	r.log.Debug("job succeeded", "prompt_tokens", u.PromptTokens, "completion_tokens", u.CompletionTokens, "cost", cost)
 	if res.Completed {
+		r.h.Observer.JobFinished(r.acct.TenantID, r.tier, r.job.Model, string(store.JobSucceeded), u.PromptTokens, u.CompletionTokens, int64(cost))
 		r.notify(ctx)
 	}
 	return nil
@@ -338,6 +364,7 @@ func (r *run) penalize(ctx context.Context, pe *llm.Error) {
 	if err := r.h.Limiter.Penalize(ctx, r.scope, r.wait); err != nil {
 		r.log.Warn("penalize scope", "err", err)
 	}
+	r.h.Observer.Penalized(r.job.Model, r.wait)
 }
 
 // retry counts a provider fault and retries with backoff, or fails the job
@@ -367,6 +394,7 @@ func (r *run) fail(ctx context.Context, e store.JobError, pe *llm.Error) error {
 	}
 	r.log.Warn("job failed", "code", e.Code, "err", e.Message)
 	if applied {
+		r.h.Observer.JobFinished(r.job.TenantID, r.tier, r.job.Model, string(store.JobFailed), 0, 0, 0)
 		r.notify(ctx)
 	}
 	return nil
@@ -404,6 +432,8 @@ func (r *run) setStatus(ctx context.Context, to store.JobStatus, next *time.Time
 	if err != nil {
 		r.log.Warn("record job status", "status", to, "err", err)
 	}
+	r.log.Debug("job state", "status", to)
+	r.h.Observer.JobState(r.tier, r.job.Model, string(to))
 }
 
 func (r *run) releaseBudget(ctx context.Context) {

@@ -1,0 +1,44 @@
+package worker
+
+import (
+	"time"
+)
+
+// Observer is told what the worker does, for metrics. Every method must be
+// cheap and safe for concurrent use; labels are low-cardinality (model,
+// tier, provider, status), never job ids.
+type Observer interface {
+	// ProviderCall reports one provider call: its status code (0 for a
+	// network error or timeout) and how long it took.
+	ProviderCall(provider, model string, status int, d time.Duration)
+	// JobFinished reports a job reaching a terminal state with its real
+	// usage and cost in micro-dollars (zero when it failed).
+	JobFinished(tenantID, tier, model, status string, promptTokens, completionTokens int64, costMicros int64)
+	// JobState reports a non-terminal state change (waiting, deferred).
+	JobState(tier, model, status string)
+	// LimiterWait reports how long a job waited for its rate-limit permit
+	// (slept inside the handler, or the delay it was requeued for).
+	LimiterWait(model string, d time.Duration, requeued bool)
+	// Penalized reports a 429 that paused a model's scope for d.
+	Penalized(model string, d time.Duration)
+	// BreakerState reports a provider's circuit breaker changing state
+	// ("closed", "open", "half-open").
+	BreakerState(provider, state string)
+	// LimitsLearned reports the limits a provider announced for a model that
+	// differ from the policy's (0 = the provider said nothing).
+	LimitsLearned(model string, rpm, tpm int64)
+	// SoftLimitCrossed reports a tenant crossing its budget's soft limit.
+	SoftLimitCrossed(tenantID, tier string)
+}
+
+// nopObserver observes nothing.
+type nopObserver struct{}
+
+func (nopObserver) ProviderCall(string, string, int, time.Duration)                 {}
+func (nopObserver) JobFinished(string, string, string, string, int64, int64, int64) {}
+func (nopObserver) JobState(string, string, string)                                 {}
+func (nopObserver) LimiterWait(string, time.Duration, bool)                         {}
+func (nopObserver) Penalized(string, time.Duration)                                 {}
+func (nopObserver) BreakerState(string, string)                                     {}
+func (nopObserver) LimitsLearned(string, int64, int64)                              {}
+func (nopObserver) SoftLimitCrossed(string, string)                                 {}
