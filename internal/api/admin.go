@@ -10,37 +10,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
 )
-
-// tenantJSON is a tenant as the admin API shows it.
-type tenantJSON struct {
-	ID             string   `json:"id"`
-	Object         string   `json:"object"`
-	Name           string   `json:"name"`
-	Tier           string   `json:"tier"`
-	DailyBudgetUSD *float64 `json:"daily_budget_usd"` // the override; null = the tier's
-	APIExempt      bool     `json:"api_exempt"`
-	WebhookSecret  string   `json:"webhook_secret,omitempty"`
-	CreatedAt      int64    `json:"created_at"`
-	UpdatedAt      int64    `json:"updated_at"`
-}
-
-func renderTenant(t *store.Tenant, withSecret bool) tenantJSON {
-	out := tenantJSON{ID: t.ID, Object: "tenant", Name: t.Name, Tier: t.Tier, APIExempt: t.APIExempt,
-		CreatedAt: unix(t.CreatedAt), UpdatedAt: unix(t.UpdatedAt)}
-	if t.BudgetOverride != nil {
-		v := t.BudgetOverride.USD()
-		out.DailyBudgetUSD = &v
-	}
-	if withSecret {
-		out.WebhookSecret = t.WebhookSecret
-	}
-	return out
-}
 
 type createTenantRequest struct {
 	Name           string   `json:"name"`
@@ -124,11 +99,11 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]tenantJSON, len(ts))
+	out := make([]client.Tenant, len(ts))
 	for i, t := range ts {
 		out[i] = renderTenant(t, false)
 	}
-	writeJSON(w, http.StatusOK, newList(out, more, func(t tenantJSON) string { return t.ID }))
+	writeJSON(w, http.StatusOK, client.NewList(out, more, func(t client.Tenant) string { return t.ID }))
 	return nil
 }
 
@@ -177,23 +152,6 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// keyJSON is an API key as the admin API shows it; Key is set only in the
-// answer that creates it.
-type keyJSON struct {
-	ID        string `json:"id"`
-	Object    string `json:"object"`
-	Key       string `json:"key,omitempty"`
-	Prefix    string `json:"prefix"`
-	TenantID  string `json:"tenant_id"`
-	CreatedAt int64  `json:"created_at"`
-	RevokedAt *int64 `json:"revoked_at"`
-}
-
-func renderKey(k *store.APIKey) keyJSON {
-	return keyJSON{ID: k.ID, Object: "api_key", Prefix: k.Prefix, TenantID: k.TenantID,
-		CreatedAt: unix(k.CreatedAt), RevokedAt: unixPtr(k.RevokedAt)}
-}
-
 const keyAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 // newKey returns a new tenant key: "llmq_" and 40 random base62 characters
@@ -234,11 +192,11 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]keyJSON, len(keys))
+	out := make([]client.APIKey, len(keys))
 	for i, k := range keys {
 		out[i] = renderKey(k)
 	}
-	writeJSON(w, http.StatusOK, newList(out, false, func(k keyJSON) string { return k.ID }))
+	writeJSON(w, http.StatusOK, client.NewList(out, false, func(k client.APIKey) string { return k.ID }))
 	return nil
 }
 
@@ -256,20 +214,6 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// usageJSONFor renders a tenant's budget status (GET /v1/usage).
-type tenantUsageJSON struct {
-	Object       string   `json:"object"`
-	Tenant       string   `json:"tenant"`
-	Tier         string   `json:"tier"`
-	Day          string   `json:"day"`
-	SpentUSD     float64  `json:"spent_usd"`
-	ReservedUSD  float64  `json:"reserved_usd"`
-	BudgetUSD    *float64 `json:"budget_usd"` // null when unlimited
-	RemainingUSD *float64 `json:"remaining_usd"`
-	SoftLimit    bool     `json:"soft_limit_reached"`
-	ResetsAt     int64    `json:"resets_at"`
-}
-
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	c := callerOf(r)
 	acct, tier, err := admission.Account(s.Policy.Current(), c.tenant)
@@ -280,23 +224,14 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := tenantUsageJSON{Object: "usage", Tenant: c.tenant.ID, Tier: tier.Name, Day: d.Day,
-		SpentUSD: d.Spent.USD(), ReservedUSD: d.Reserved.USD(), SoftLimit: d.SoftLimitReached, ResetsAt: unix(d.ResetsAt)}
+	out := client.Usage{Object: "usage", Tenant: c.tenant.ID, Tier: tier.Name, Day: d.Day,
+		SpentUSD: d.Spent.USD(), ReservedUSD: d.Reserved.USD(), SoftLimitReached: d.SoftLimitReached, ResetsAt: unix(d.ResetsAt)}
 	if !d.Unlimited {
 		b, rem := d.Budget.USD(), d.Remaining.USD()
 		out.BudgetUSD, out.RemainingUSD = &b, &rem
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
-}
-
-type usageRowJSON struct {
-	TenantID         string  `json:"tenant_id"`
-	Model            string  `json:"model"`
-	Requests         int64   `json:"requests"`
-	PromptTokens     int64   `json:"prompt_tokens"`
-	CompletionTokens int64   `json:"completion_tokens"`
-	CostUSD          float64 `json:"cost_usd"`
 }
 
 func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
@@ -311,13 +246,13 @@ func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]usageRowJSON, len(rows))
+	out := make([]client.UsageReportRow, len(rows))
 	var total money.Micros
 	for i, u := range rows {
-		out[i] = usageRowJSON{TenantID: u.TenantID, Model: u.Model, Requests: u.Requests, PromptTokens: u.PromptTokens,
+		out[i] = client.UsageReportRow{TenantID: u.TenantID, Model: u.Model, Requests: u.Requests, PromptTokens: u.PromptTokens,
 			CompletionTokens: u.CompletionTokens, CostUSD: u.Cost.USD()}
 		total += u.Cost
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "usage_report", "day": day, "data": out, "total_cost_usd": total.USD()})
+	writeJSON(w, http.StatusOK, client.UsageReport{Object: "usage_report", Day: day, Data: out, TotalCostUSD: total.USD()})
 	return nil
 }

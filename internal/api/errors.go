@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/llmq/llmq/client"
 )
 
 // Error types, as OpenAI names them, so the official SDKs map them to their
@@ -56,24 +58,6 @@ var (
 		"Incorrect or missing admin token. Send it as 'Authorization: Bearer <token>'.")
 )
 
-type errorBody struct {
-	Error errorFields `json:"error"`
-}
-
-type errorFields struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Code    *string `json:"code"`
-	Param   *string `json:"param"`
-}
-
-func nullable(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
 // writeError writes err to the client. An *Error is written as it is; any
 // other error is an internal failure: logged, and answered with a generic 500
 // that leaks nothing (no stack, no driver message, no secret).
@@ -93,7 +77,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
 	}
-	writeJSON(w, e.Status, errorBody{Error: errorFields{Message: e.Message, Type: e.Type, Code: nullable(e.Code), Param: nullable(e.Param)}})
+	writeJSON(w, e.Status, client.Error{ErrorObject: client.ErrorObject{Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}})
 }
 
 // writeJSON writes v as the response body with status.

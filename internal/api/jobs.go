@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
@@ -75,7 +76,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 				"This Idempotency-Key was used for a different request (job %s).", job.ID)
 		}
 		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusAccepted, renderJob(job))
+		writeJSON(w, http.StatusAccepted, RenderJob(job))
 		return nil
 	}
 	s.Observer.JobState(tier.Name, job.Model, string(job.Status))
@@ -84,7 +85,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.Queue.EnqueueJob(r.Context(), queue.JobRef{ID: job.ID, Queue: job.Queue}); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
-	writeJSON(w, http.StatusAccepted, renderJob(job))
+	writeJSON(w, http.StatusAccepted, RenderJob(job))
 	return nil
 }
 
@@ -228,7 +229,7 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, renderJob(job))
+	writeJSON(w, http.StatusOK, RenderJob(job))
 	return nil
 }
 
@@ -248,7 +249,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	if changed {
 		s.Observer.JobState(callerOf(r).tenant.Tier, job.Model, string(job.Status))
 	}
-	writeJSON(w, http.StatusOK, renderJob(job))
+	writeJSON(w, http.StatusOK, RenderJob(job))
 	return nil
 }
 
@@ -269,11 +270,11 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]jobJSON, len(jobs))
+	out := make([]client.Job, len(jobs))
 	for i, j := range jobs {
-		out[i] = renderJob(j)
+		out[i] = RenderJob(j)
 	}
-	writeJSON(w, http.StatusOK, newList(out, more, func(j jobJSON) string { return j.ID }))
+	writeJSON(w, http.StatusOK, client.NewList(out, more, func(j client.Job) string { return j.ID }))
 	return nil
 }
 
@@ -288,22 +289,4 @@ func listLimit(q url.Values) (int, error) {
 		return 0, badRequest("limit", "invalid_value", "limit must be a whole number from 1 to 1000, got '%s'.", raw)
 	}
 	return n, nil
-}
-
-// list is OpenAI's list shape.
-type list[T any] struct {
-	Object  string  `json:"object"`
-	Data    []T     `json:"data"`
-	FirstID *string `json:"first_id"`
-	LastID  *string `json:"last_id"`
-	HasMore bool    `json:"has_more"`
-}
-
-func newList[T any](data []T, more bool, id func(T) string) list[T] {
-	l := list[T]{Object: "list", Data: data, HasMore: more}
-	if len(data) > 0 {
-		first, last := id(data[0]), id(data[len(data)-1])
-		l.FirstID, l.LastID = &first, &last
-	}
-	return l
 }

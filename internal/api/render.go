@@ -4,53 +4,13 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
 )
 
-// jobJSON is a job as clients see it. Times are Unix seconds, as in
-// OpenAI's objects.
-type jobJSON struct {
-	ID          string          `json:"id"`
-	Object      string          `json:"object"`
-	CustomID    *string         `json:"custom_id"`
-	Endpoint    string          `json:"endpoint"`
-	Model       string          `json:"model"`
-	Status      string          `json:"status"`
-	Priority    string          `json:"priority"`
-	BatchID     *string         `json:"batch_id"`
-	Attempts    int             `json:"attempts"`
-	RateLimited int             `json:"rate_limited"`
-	CreatedAt   int64           `json:"created_at"`
-	StartedAt   *int64          `json:"started_at"`
-	FinishedAt  *int64          `json:"finished_at"`
-	NextRunAt   *int64          `json:"next_run_at"`
-	Response    *responseJSON   `json:"response"`
-	Error       *store.JobError `json:"error"`
-	Usage       *usageJSON      `json:"usage"`
-	CostUSD     float64         `json:"cost_usd"`
-	Estimate    estimateJSON    `json:"estimate"`
-	WebhookURL  *string         `json:"webhook_url"`
-	Metadata    json.RawMessage `json:"metadata"`
-}
-
-type responseJSON struct {
-	StatusCode int             `json:"status_code"`
-	RequestID  string          `json:"request_id"`
-	Body       json.RawMessage `json:"body"`
-}
-
-type usageJSON struct {
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CompletionTokens int64 `json:"completion_tokens"`
-	TotalTokens      int64 `json:"total_tokens"`
-}
-
-type estimateJSON struct {
-	PromptTokens int64   `json:"prompt_tokens"`
-	MaxTokens    int64   `json:"max_tokens"`
-	CostUSD      float64 `json:"cost_usd"`
-}
+// The server renders every answer into the wire types of package client, so
+// the Go client and the server share one definition of each shape.
 
 func unix(t time.Time) int64 { return t.Unix() }
 
@@ -69,26 +29,62 @@ func strPtr(s string) *string {
 	return &s
 }
 
-func renderJob(j *store.Job) jobJSON {
-	out := jobJSON{
+// metadataMap reads stored metadata (written from a map[string]string);
+// anything else renders as null rather than failing the whole answer.
+func metadataMap(raw json.RawMessage) map[string]string {
+	if len(raw) == 0 {
+		return nil
+	}
+	var m map[string]string
+	if json.Unmarshal(raw, &m) != nil {
+		return nil
+	}
+	return m
+}
+
+func renderJobError(e *store.JobError) *client.ErrorObject {
+	if e == nil {
+		return nil
+	}
+	return &client.ErrorObject{Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
+}
+
+// RenderJob is a job as clients see it; webhooks deliver the same object.
+func RenderJob(j *store.Job) client.Job {
+	out := client.Job{
 		ID: j.ID, Object: "job", CustomID: strPtr(j.CustomID), Endpoint: j.Endpoint, Model: j.Model,
 		Status: string(j.Status), Priority: j.Queue, BatchID: strPtr(j.BatchID), Attempts: j.Attempts,
 		RateLimited: j.RateLimited, CreatedAt: unix(j.CreatedAt), StartedAt: unixPtr(j.StartedAt),
-		FinishedAt: unixPtr(j.FinishedAt), NextRunAt: unixPtr(j.NextRunAt), Error: j.Error,
+		FinishedAt: unixPtr(j.FinishedAt), NextRunAt: unixPtr(j.NextRunAt), Error: renderJobError(j.Error),
 		CostUSD:    j.Cost.USD(),
-		Estimate:   estimateJSON{PromptTokens: j.EstPromptTokens, MaxTokens: j.EstMaxTokens, CostUSD: j.EstCost.USD()},
-		WebhookURL: strPtr(j.WebhookURL), Metadata: j.Metadata,
-	}
-	if len(out.Metadata) == 0 {
-		out.Metadata = json.RawMessage("null")
+		Estimate:   client.JobEstimate{PromptTokens: j.EstPromptTokens, MaxTokens: j.EstMaxTokens, CostUSD: j.EstCost.USD()},
+		WebhookURL: strPtr(j.WebhookURL), Metadata: metadataMap(j.Metadata),
 	}
 	if j.ResponseStatus != 0 && len(j.ResponseBody) > 0 {
-		out.Response = &responseJSON{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}
+		out.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}
 	}
 	if j.Status == store.JobSucceeded {
-		out.Usage = &usageJSON{PromptTokens: j.PromptTokens, CompletionTokens: j.CompletionTokens, TotalTokens: j.TotalTokens}
+		out.Usage = &client.JobUsage{PromptTokens: j.PromptTokens, CompletionTokens: j.CompletionTokens, TotalTokens: j.TotalTokens}
 	}
 	return out
+}
+
+func renderTenant(t *store.Tenant, withSecret bool) client.Tenant {
+	out := client.Tenant{ID: t.ID, Object: "tenant", Name: t.Name, Tier: t.Tier, APIExempt: t.APIExempt,
+		CreatedAt: unix(t.CreatedAt), UpdatedAt: unix(t.UpdatedAt)}
+	if t.BudgetOverride != nil {
+		v := t.BudgetOverride.USD()
+		out.DailyBudgetUSD = &v
+	}
+	if withSecret {
+		out.WebhookSecret = t.WebhookSecret
+	}
+	return out
+}
+
+func renderKey(k *store.APIKey) client.APIKey {
+	return client.APIKey{ID: k.ID, Object: "api_key", Prefix: k.Prefix, TenantID: k.TenantID,
+		CreatedAt: unix(k.CreatedAt), RevokedAt: unixPtr(k.RevokedAt)}
 }
 
 // usd renders an amount of money for JSON.
