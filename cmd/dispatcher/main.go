@@ -18,6 +18,7 @@ import (
 
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/recovery"
 )
 
 func main() {
@@ -62,6 +63,7 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 	}
 	defer a.Close()
 	go a.Policy.Watch(ctx, logger)
+	go a.Reconciler(recovery.Options{}).Run(ctx)
 
 	ln, err := net.Listen("tcp", env.ListenAddr)
 	if err != nil {

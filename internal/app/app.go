@@ -22,6 +22,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/recovery"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/worker"
@@ -155,11 +156,21 @@ func (a *App) API() *api.Server {
 	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes})
 }
 
+// Reconciler returns the reconciler that re-enqueues jobs whose task Redis
+// lost. Run it in the dispatcher; it takes a store lock so only one runs.
+func (a *App) Reconciler(opts recovery.Options) *recovery.Reconciler {
+	return recovery.New(recovery.Reconciler{
+		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
+		Limiter: a.Limiter, Policy: a.Policy, Logger: a.Logger,
+	}, opts)
+}
+
 // JobHandler returns the handler of job tasks.
 func (a *App) JobHandler(opts worker.Options) *worker.Handler {
 	return worker.NewHandler(worker.Deps{
 		Store: a.Store, Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets,
 		Providers: a.Providers, Queue: a.Queue, Logger: a.Logger, Observer: a.Observer,
+		Learned: worker.NewLearned(a.Redis, a.Keys, a.Logger, a.Observer),
 	}, opts)
 }
 

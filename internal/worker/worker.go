@@ -46,6 +46,8 @@ type Options struct {
 	// TenantCacheTTL is how long a tenant row is reused between jobs, so a
 	// change of tier or budget applies within this time. Defaults to 5s.
 	TenantCacheTTL time.Duration
+	// Breakers tune the per-provider circuit breakers.
+	Breakers BreakerOptions
 	// Now is the clock for job timestamps the handler computes. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -80,13 +82,17 @@ type Deps struct {
 	Logger    *slog.Logger
 	// Observer is told what happens, for metrics. Defaults to none.
 	Observer Observer
+	// Learned holds the limits providers announce. Defaults to none: the
+	// policy's limits alone.
+	Learned *Learned
 }
 
 // Handler processes TypeJob tasks.
 type Handler struct {
 	Deps
-	opts    Options
-	tenants tenantCache
+	opts     Options
+	tenants  tenantCache
+	breakers *Breakers
 }
 
 // NewHandler returns a Handler.
@@ -98,8 +104,13 @@ func NewHandler(d Deps, opts Options) *Handler {
 		d.Observer = nopObserver{}
 	}
 	o := opts.withDefaults()
-	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}}}
+	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}},
+		breakers: NewBreakers(o.Breakers, d.Observer, o.Now)}
 }
+
+// BreakerState returns the state of provider's circuit breaker in this
+// process.
+func (h *Handler) BreakerState(provider string) string { return h.breakers.State(provider) }
 
 // ProcessTask implements asynq.Handler.
 func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
@@ -171,6 +182,9 @@ func (r *run) do(ctx context.Context) error {
 	// policy in force now.
 	r.acct = acct
 	r.scope = admission.Scope(m)
+	if h.Learned != nil {
+		r.scope = h.Learned.Scope(ctx, m)
+	}
 	r.est = &admission.Estimate{
 		Model: m, PromptTokens: r.job.EstPromptTokens, MaxTokens: r.job.EstMaxTokens,
 		Cost:      limiter.Cost{Requests: 1, Tokens: r.job.EstPromptTokens + r.job.EstMaxTokens},
@@ -184,12 +198,22 @@ func (r *run) do(ctx context.Context) error {
 		r.releaseBudget(ctx)
 		return err
 	}
+	if ok, wait := h.breakers.Allow(m.Provider); !ok {
+		// The provider keeps failing: wait for the breaker instead of
+		// spending the job's retries.
+		r.releaseAll(ctx)
+		next := h.opts.Now().Add(wait)
+		r.setStatus(ctx, store.JobWaiting, &next)
+		return &requeue{reason: "the circuit of provider " + m.Provider + " is open", delay: wait}
+	}
 	job, started, err := h.Store.JobStart(ctx, r.job.ID)
 	if err != nil {
+		h.breakers.Done(m.Provider)
 		r.releaseAll(ctx)
 		return fmt.Errorf("start job %s: %w", r.job.ID, err)
 	}
 	if !started { // cancelled (or finished by another delivery) meanwhile
+		h.breakers.Done(m.Provider)
 		r.releaseAll(ctx)
 		return nil
 	}
@@ -205,10 +229,20 @@ func (r *run) do(ctx context.Context) error {
 		status = pe.StatusCode
 	}
 	h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
-	if err != nil {
-		return r.callFailed(ctx, err)
+	switch {
+	case err == nil:
+		h.breakers.Record(m.Provider, false)
+		r.learn(ctx, resp.RateLimit)
+		return r.succeeded(ctx, resp)
+	case ctx.Err() != nil || (pe != nil && pe.Class == llm.ClassRateLimited):
+		h.breakers.Done(m.Provider)
+	default:
+		h.breakers.Record(m.Provider, pe == nil || pe.Class == llm.ClassRetryable)
 	}
-	return r.succeeded(ctx, resp)
+	if pe != nil && pe.Class == llm.ClassRateLimited {
+		r.learn(ctx, pe.RateLimit)
+	}
+	return r.callFailed(ctx, err)
 }
 
 // reserveBudget reserves the worst-case cost. done is true when the run
@@ -351,6 +385,13 @@ func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
 	r.setStatus(ctx, store.JobWaiting, &next)
 	// Back after the reset; the limiter lets one probe through first.
 	return &requeue{reason: "rate limited by the provider", delay: wait}
+}
+
+// learn records the limits the provider announced.
+func (r *run) learn(ctx context.Context, rl llm.RateLimit) {
+	if r.h.Learned != nil {
+		r.h.Learned.Observe(ctx, r.est.Model, rl)
+	}
 }
 
 // penalize pauses the model's scope for every worker until the provider's

@@ -268,3 +268,77 @@ func TestFullJitterStaysInBounds(t *testing.T) {
 		}
 	}
 }
+
+func TestBreakerStopsCallingAFailingProvider(t *testing.T) {
+	t.Parallel()
+	a := start(t, &sim.Config{Faults: sim.Faults{Rate500: 1}})
+	_, key := a.Tenant("standard")
+	h := a.JobHandler(worker.Options{Breakers: worker.BreakerOptions{Failures: 3, Cooldown: time.Minute}})
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+		if err := h.Run(ctx, id); err == nil || !worker.IsFailure(err) {
+			t.Fatalf("fault %d: %v", i, err)
+		}
+	}
+	if st := h.BreakerState("sim"); st != worker.BreakerOpen {
+		t.Fatalf("breaker = %s after 3 straight 500s", st)
+	}
+	calls := a.Sim.Stats().Requests
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	err := h.Run(ctx, id)
+	if err == nil || worker.IsFailure(err) || worker.RetryDelay(0, err, nil) < 50*time.Second {
+		t.Fatalf("with the circuit open the job must wait without failing, got %v", err)
+	}
+	if a.Sim.Stats().Requests != calls {
+		t.Fatal("the provider was called with its circuit open")
+	}
+	if j := job(t, a, id); j.Status != store.JobWaiting || j.Attempts != 0 {
+		t.Fatalf("job = %s attempts %d", j.Status, j.Attempts)
+	}
+}
+
+func TestLearnedLimitsShrinkAndGrowBack(t *testing.T) {
+	t.Parallel()
+	// The policy says 3,000 RPM and 300,000 TPM; the account really has half.
+	a := start(t, &sim.Config{Limits: sim.Limits{RPM: 1500, TPM: 150000}, DefaultMaxTokens: 1024})
+	_, key := a.Tenant("standard")
+	h := a.JobHandler(worker.Options{})
+	ctx := context.Background()
+	learned := worker.NewLearned(a.Redis, a.Keys, nil, nil)
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	limits := func() map[string]int64 {
+		out := map[string]int64{}
+		for _, b := range learned.Scope(ctx, m).Buckets {
+			out[b.Name] = b.Limit
+		}
+		return out
+	}
+	if got := limits(); got["rpm"] != 3000 || got["tpm"] != 300000 {
+		t.Fatalf("before any answer: %v, want the policy's", got)
+	}
+	if err := h.Run(ctx, submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})); err != nil {
+		t.Fatal(err)
+	}
+	waitLearned := func(rpm, tpm int64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			got := limits()
+			if got["rpm"] == rpm && got["tpm"] == tpm {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("limits = %v, want rpm %d tpm %d", got, rpm, tpm)
+			}
+			time.Sleep(50 * time.Millisecond) // the learned limits are cached for a second
+		}
+	}
+	waitLearned(1500, 150000)
+	// The provider raises the account above the policy: back to the policy.
+	a.Sim.SetLimits(6000, 600000)
+	if err := h.Run(ctx, submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})); err != nil {
+		t.Fatal(err)
+	}
+	waitLearned(3000, 300000)
+}

@@ -1,0 +1,158 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/rkeys"
+)
+
+// Learned holds the limits providers announce in their x-ratelimit-limit-*
+// headers, shared by every worker through Redis. A model's buckets use the
+// lower of the policy's limit and the provider's, so a policy that promises
+// more than the account has is corrected by the first answer, and a limit the
+// provider raises again is followed back up to the policy's. A learned limit
+// lives for LearnedTTL after the provider last announced it; then the policy
+// alone applies again.
+//
+// OpenAI's x-ratelimit-limit-requests and -tokens are per minute; they are
+// mapped to the rpm and tpm buckets. The -remaining-* headers are read by the
+// llm package and reported, but the buckets do not follow them: the provider
+// counts them at another moment than the limiter, and following them would
+// throttle on every reordering of concurrent calls.
+type Learned struct {
+	rdb    redis.UniversalClient
+	keys   rkeys.Builder
+	logger *slog.Logger
+	obs    Observer
+	now    func() time.Time
+
+	mu    sync.Mutex
+	cache map[string]learnedEntry // by scope name
+}
+
+// LearnedTTL is how long an announced limit applies after it was last seen.
+const LearnedTTL = 10 * time.Minute
+
+// learnedRefresh is how long a worker reuses what it read from Redis.
+const learnedRefresh = time.Second
+
+type learnedEntry struct {
+	rpm, tpm int64 // 0 = not learned
+	read     time.Time
+	written  time.Time
+}
+
+// NewLearned returns the learned limits kept in rdb.
+func NewLearned(rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer) *Learned {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	return &Learned{rdb: rdb, keys: keys, logger: logger, obs: obs, now: time.Now, cache: map[string]learnedEntry{}}
+}
+
+// Scope returns m's limiter scope with the policy's limits lowered to what
+// the provider announced. A failure to read Redis keeps the policy's limits.
+func (l *Learned) Scope(ctx context.Context, m *config.Model) limiter.Scope {
+	e := l.entry(ctx, admission.ScopeName(m))
+	rpm, tpm := m.Limits.RPM, m.Limits.TPM
+	if e.rpm > 0 && (rpm == 0 || e.rpm < rpm) {
+		rpm = e.rpm
+	}
+	if e.tpm > 0 && (tpm == 0 || e.tpm < tpm) {
+		tpm = e.tpm
+	}
+	return limiter.ModelScope(admission.ScopeName(m), m.Limits.RPS, rpm, tpm, m.Limits.TPD)
+}
+
+func (l *Learned) entry(ctx context.Context, scope string) learnedEntry {
+	now := l.now()
+	l.mu.Lock()
+	e, ok := l.cache[scope]
+	l.mu.Unlock()
+	if ok && now.Sub(e.read) < learnedRefresh {
+		return e
+	}
+	vals, err := l.rdb.HMGet(ctx, l.keys.LearnedLimits(scope), "rpm", "tpm").Result()
+	if err != nil {
+		l.logger.Warn("read learned limits", "scope", scope, "err", err)
+		return e
+	}
+	e.rpm, e.tpm, e.read = parseLimit(vals[0]), parseLimit(vals[1]), now
+	l.mu.Lock()
+	if prev, ok := l.cache[scope]; ok {
+		e.written = prev.written
+	}
+	l.cache[scope] = e
+	l.mu.Unlock()
+	return e
+}
+
+func parseLimit(v any) int64 {
+	s, ok := v.(string)
+	if !ok {
+		return 0
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// Observe records the limits a provider announced in an answer for m. It
+// writes Redis only when they changed, or to keep them alive.
+func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit) {
+	rpm, tpm := int64(0), int64(0)
+	if rl.Known(llm.HasLimitRequests) {
+		rpm = rl.LimitRequests
+	}
+	if rl.Known(llm.HasLimitTokens) {
+		tpm = rl.LimitTokens
+	}
+	if rpm == 0 && tpm == 0 {
+		return
+	}
+	scope := admission.ScopeName(m)
+	e := l.entry(ctx, scope)
+	now := l.now()
+	same := e.rpm == rpm && e.tpm == tpm
+	if same && now.Sub(e.written) < LearnedTTL/4 {
+		return
+	}
+	key := l.keys.LearnedLimits(scope)
+	_, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, key, "rpm", rpm, "tpm", tpm)
+		p.PExpire(ctx, key, LearnedTTL)
+		return nil
+	})
+	if err != nil {
+		l.logger.Warn("record learned limits", "scope", scope, "err", err)
+		return
+	}
+	l.mu.Lock()
+	l.cache[scope] = learnedEntry{rpm: rpm, tpm: tpm, read: now, written: now}
+	l.mu.Unlock()
+	if !same && (lowers(rpm, m.Limits.RPM) || lowers(tpm, m.Limits.TPM) || lowers(e.rpm, m.Limits.RPM) || lowers(e.tpm, m.Limits.TPM)) {
+		l.logger.Warn("provider's limits differ from the policy's; the buckets follow the lower",
+			"model", m.Name, "policy_rpm", m.Limits.RPM, "provider_rpm", rpm, "policy_tpm", m.Limits.TPM, "provider_tpm", tpm)
+		l.obs.LimitsLearned(m.Name, rpm, tpm)
+	}
+}
+
+// lowers reports whether an announced limit is below the policy's.
+func lowers(announced, policy int64) bool {
+	return announced > 0 && (policy == 0 || announced < policy)
+}
