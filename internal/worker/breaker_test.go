@@ -10,7 +10,9 @@ type recordObserver struct {
 	states []string
 }
 
-func (r *recordObserver) BreakerState(provider, state string) { r.states = append(r.states, provider+":"+state) }
+func (r *recordObserver) BreakerState(provider, state string) {
+	r.states = append(r.states, provider+":"+state)
+}
 
 func TestBreakerOpensAfterStraightFaultsAndProbes(t *testing.T) {
 	t.Parallel()
