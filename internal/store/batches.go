@@ -75,6 +75,7 @@ type Batch struct {
 	Metadata         json.RawMessage
 	Errors           json.RawMessage // validation errors, OpenAI's {"object":"list","data":[...]}
 	Total            int64           // input lines
+	WebhookURL       string          // called on the terminal state; "" for none
 	CreatedAt        time.Time
 	ExpiresAt        *time.Time
 	InProgressAt     *time.Time
@@ -88,21 +89,21 @@ type Batch struct {
 
 const batchColumns = `id, tenant_id, input_file_id, output_file_id, error_file_id, endpoint, completion_window,
 	status, metadata, errors, total, created_at, expires_at, in_progress_at, finalizing_at, completed_at,
-	failed_at, expired_at, cancelling_at, cancelled_at`
+	failed_at, expired_at, cancelling_at, cancelled_at, webhook_url`
 
 func scanBatch(r rowScanner) (*Batch, error) {
 	var (
-		b                 Batch
-		outputID, errorID sql.NullString
+		b                             Batch
+		outputID, errorID, webhookURL sql.NullString
 	)
 	err := r.Scan(&b.ID, &b.TenantID, &b.InputFileID, &outputID, &errorID, &b.Endpoint, &b.CompletionWindow,
 		&b.Status, jsonCol{&b.Metadata}, jsonCol{&b.Errors}, &b.Total, timeCol{&b.CreatedAt}, nullTimeCol{&b.ExpiresAt},
 		nullTimeCol{&b.InProgressAt}, nullTimeCol{&b.FinalizingAt}, nullTimeCol{&b.CompletedAt},
-		nullTimeCol{&b.FailedAt}, nullTimeCol{&b.ExpiredAt}, nullTimeCol{&b.CancellingAt}, nullTimeCol{&b.CancelledAt})
+		nullTimeCol{&b.FailedAt}, nullTimeCol{&b.ExpiredAt}, nullTimeCol{&b.CancellingAt}, nullTimeCol{&b.CancelledAt}, &webhookURL)
 	if err != nil {
 		return nil, err
 	}
-	b.OutputFileID, b.ErrorFileID = outputID.String, errorID.String
+	b.OutputFileID, b.ErrorFileID, b.WebhookURL = outputID.String, errorID.String, webhookURL.String
 	return &b, nil
 }
 
@@ -116,6 +117,7 @@ type BatchInsertParams struct {
 	Metadata         json.RawMessage
 	ExpiresAt        time.Time // optional
 	Total            int64     // optional; known after validation
+	WebhookURL       string    // optional
 }
 
 // BatchInsert creates a batch. An unknown input file is ErrNotFound.
@@ -130,11 +132,11 @@ func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, er
 		id = ids.New(ids.Batch)
 	}
 	b, err := scanBatch(db.rw.QueryRowContext(ctx, `
-		INSERT INTO batches (id, tenant_id, input_file_id, endpoint, completion_window, status, metadata, total, created_at, expires_at)
-		VALUES ($1, $2, $3, $4, $5, 'validating', $6, $7, $8, $9)
+		INSERT INTO batches (id, tenant_id, input_file_id, endpoint, completion_window, status, metadata, total, created_at, expires_at, webhook_url)
+		VALUES ($1, $2, $3, $4, $5, 'validating', $6, $7, $8, $9, $10)
 		RETURNING `+batchColumns,
 		id, p.TenantID, p.InputFileID, p.Endpoint, p.CompletionWindow, nullJSON(p.Metadata), p.Total,
-		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt)))
+		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt), nullString(p.WebhookURL)))
 	return b, db.d.wrap(err)
 }
 

@@ -47,6 +47,7 @@ func runConformance(t *testing.T, open func(t *testing.T) *DB) {
 		{"Files", testFiles},
 		{"FileFailedReadStoresNothing", testFileFailedRead},
 		{"Batches", testBatches},
+		{"BatchRefusedLinesAndGeneratedFiles", testBatchRefusedLines},
 		{"Usage", testUsage},
 		{"TryLock", testTryLock},
 		{"TimesAreUTC", testTimesAreUTC},
@@ -1287,5 +1288,56 @@ func testTimesAreUTC(t *testing.T, db *DB) {
 		if !ts.Equal(want) || ts.Location() != time.UTC {
 			t.Fatalf("%s time = %v, want %v", name, ts, want)
 		}
+	}
+}
+
+// testBatchRefusedLines stores a batch's refused lines as failed jobs in the
+// same bulk insert as its valid ones, and its generated output file as a
+// description only.
+func testBatchRefusedLines(t *testing.T, db *DB) {
+	ctx := t.Context()
+	ten := mkTenant(t, db)
+	in := mkFile(t, db, ten.ID, "{}\nnot json\n")
+	b, err := db.BatchInsert(ctx, &BatchInsertParams{TenantID: ten.ID, InputFileID: in.ID, Endpoint: "/v1/chat/completions",
+		CompletionWindow: "24h", WebhookURL: "https://example.com/hook"})
+	if err != nil || b.WebhookURL != "https://example.com/hook" {
+		t.Fatalf("BatchInsert = %+v, %v", b, err)
+	}
+	ok := jobParams(ten.ID)
+	ok.BatchID, ok.LineNo, ok.Queue = b.ID, 1, "batch"
+	refusal := &JobError{Message: "Line 2 is not JSON.", Type: "invalid_request_error", Code: "invalid_json"}
+	refused := &JobInsertParams{TenantID: ten.ID, BatchID: b.ID, LineNo: 2, Endpoint: "/v1/chat/completions",
+		Queue: "batch", Status: JobFailed, Error: refusal}
+	ids, err := db.JobInsertMany(ctx, &JobInsertManyParams{Jobs: []*JobInsertParams{ok, refused}})
+	if err != nil {
+		t.Fatalf("JobInsertMany: %v", err)
+	}
+	j, err := db.JobGetByID(ctx, ids[1])
+	if err != nil || j.Status != JobFailed || j.FinishedAt == nil || j.Error == nil || *j.Error != *refusal || j.Model != "" {
+		t.Fatalf("refused line = %+v, %v", j, err)
+	}
+	if c, _ := db.JobCountsByBatch(ctx, b.ID); c.Queued != 1 || c.Failed != 1 {
+		t.Fatalf("counts = %+v", c)
+	}
+	// Only a failed job may carry an Error, and only failed is terminal at insert.
+	bad := jobParams(ten.ID)
+	bad.Error = refusal
+	if _, err := db.JobInsertMany(ctx, &JobInsertManyParams{Jobs: []*JobInsertParams{bad}}); err == nil {
+		t.Fatal("JobInsertMany accepted an Error on a queued job")
+	}
+	done := jobParams(ten.ID)
+	done.Status = JobSucceeded
+	if _, err := db.JobInsertMany(ctx, &JobInsertManyParams{Jobs: []*JobInsertParams{done}}); err == nil {
+		t.Fatal("JobInsertMany accepted a succeeded job")
+	}
+
+	out, err := db.FileInsert(ctx, &FileInsertParams{TenantID: ten.ID, Purpose: FilePurposeBatchOutput, Filename: "out.jsonl",
+		BatchID: b.ID, Generated: true, Bytes: 1234, Lines: 7})
+	if err != nil || out.Bytes != 1234 || out.Lines != 7 || out.BatchID != b.ID {
+		t.Fatalf("generated file = %+v, %v", out, err)
+	}
+	if _, err := db.FileInsert(ctx, &FileInsertParams{TenantID: ten.ID, Purpose: FilePurposeBatchOutput, Filename: "x",
+		Generated: true, Content: bytes.NewReader(nil)}); err == nil {
+		t.Fatal("FileInsert accepted content for a generated file")
 	}
 }

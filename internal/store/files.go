@@ -62,6 +62,12 @@ type FileInsertParams struct {
 	Filename string
 	BatchID  string    // optional; the batch of an output or error file
 	Content  io.Reader // read to EOF; the caller bounds its size
+	// Generated stores only the description of a file whose content is
+	// made on read (a batch's output and error files, rendered from its
+	// jobs, which are final by then): Content must be nil, and Bytes and
+	// Lines give the size the content will have.
+	Generated    bool
+	Bytes, Lines int64
 }
 
 // FileInsert stores p.Content in chunks of about 1 MiB, in one transaction,
@@ -77,6 +83,9 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 	}
 	if !p.Purpose.Valid() {
 		return nil, fmt.Errorf("store: FileInsert: Purpose %q: want batch, batch_output or batch_error", p.Purpose)
+	}
+	if p.Generated {
+		return db.fileInsertGenerated(ctx, p)
 	}
 	if p.Content == nil {
 		return nil, errors.New("store: FileInsert: Content is nil")
@@ -141,6 +150,23 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: FileInsert: %w", err)
+	}
+	return f, nil
+}
+
+func (db *DB) fileInsertGenerated(ctx context.Context, p *FileInsertParams) (*File, error) {
+	if p.Content != nil || p.Bytes < 0 || p.Lines < 0 {
+		return nil, errors.New("store: FileInsert: a generated file has no Content and a size of at least 0")
+	}
+	id := p.ID
+	if id == "" {
+		id = ids.New(ids.File)
+	}
+	f, err := scanFile(db.rw.QueryRowContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING `+fileColumns,
+		id, p.TenantID, string(p.Purpose), p.Filename, p.Bytes, p.Lines, nullString(p.BatchID), db.d.ts(db.nowUTC())))
+	if err != nil {
+		return nil, fmt.Errorf("store: FileInsert: %w", db.d.wrap(err))
 	}
 	return f, nil
 }

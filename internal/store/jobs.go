@@ -178,7 +178,12 @@ type JobInsertParams struct {
 	Model    string
 	Request  json.RawMessage // required, valid JSON
 	Queue    string
-	Status   JobStatus // queued when empty; never terminal
+	// Status is queued when empty. It is never terminal, except failed
+	// with an Error: a batch line refused at validation, stored finished so
+	// that a batch's counts, error file and line order all come from its jobs.
+	Status JobStatus
+	// Error is why a job inserted as failed was refused; only with Status failed.
+	Error *JobError
 
 	EstPromptTokens int64
 	EstMaxTokens    int64
@@ -194,19 +199,30 @@ type JobInsertParams struct {
 // order of (*JobInsertParams).values.
 var jobInsertColumns = []string{"id", "tenant_id", "batch_id", "line_no", "custom_id", "endpoint", "model",
 	"request", "queue", "status", "est_prompt_tokens", "est_max_tokens", "est_cost_micros",
-	"webhook_url", "metadata", "idempotency_key", "created_at", "updated_at", "next_run_at"}
+	"webhook_url", "metadata", "idempotency_key", "created_at", "updated_at", "next_run_at",
+	"error", "finished_at"}
 
 func (p *JobInsertParams) validate(method string) error {
+	refused := p.Status == JobFailed && p.Error != nil
 	err := errors.Join(required(method, "TenantID", p.TenantID), required(method, "Endpoint", p.Endpoint),
-		required(method, "Model", p.Model), required(method, "Queue", p.Queue))
+		required(method, "Queue", p.Queue))
 	if err != nil {
 		return err
 	}
-	if len(p.Request) == 0 {
-		return fmt.Errorf("store: %s: Request is empty", method)
+	// A refused line may name no model, or not even be JSON.
+	if !refused {
+		if err := required(method, "Model", p.Model); err != nil {
+			return err
+		}
+		if len(p.Request) == 0 {
+			return fmt.Errorf("store: %s: Request is empty", method)
+		}
 	}
-	if p.Status != "" && (!p.Status.Valid() || p.Status.Terminal()) {
+	if p.Status != "" && (!p.Status.Valid() || p.Status.Terminal()) && !refused {
 		return fmt.Errorf("store: %s: Status %q is not a status a new job can have", method, p.Status)
+	}
+	if p.Error != nil && !refused {
+		return fmt.Errorf("store: %s: Error is only for a job inserted as failed", method)
 	}
 	if p.LineNo < 0 || (p.BatchID == "" && p.LineNo != 0) {
 		return fmt.Errorf("store: %s: LineNo %d: want >= 0, and 0 without a BatchID", method, p.LineNo)
@@ -224,9 +240,18 @@ func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 	if status == "" {
 		status = JobQueued
 	}
+	request := p.Request
+	if len(request) == 0 {
+		request = json.RawMessage("null")
+	}
+	var finished any
+	if status.Terminal() {
+		finished = now
+	}
 	return []any{id, p.TenantID, nullString(p.BatchID), line, nullString(p.CustomID), p.Endpoint, p.Model,
-		string(withoutNUL(p.Request)), p.Queue, string(status), p.EstPromptTokens, p.EstMaxTokens, int64(p.EstCost),
-		nullString(p.WebhookURL), nullJSON(p.Metadata), nullString(p.IdempotencyKey), now, now, d.tsOrNull(p.NextRunAt)}
+		string(withoutNUL(request)), p.Queue, string(status), p.EstPromptTokens, p.EstMaxTokens, int64(p.EstCost),
+		nullString(p.WebhookURL), nullJSON(p.Metadata), nullString(p.IdempotencyKey), now, now, d.tsOrNull(p.NextRunAt),
+		errorJSON(p.Error), finished}
 }
 
 // JobInsert creates a job. With an IdempotencyKey, a second insert with the

@@ -31,7 +31,7 @@ func copyJobs(ctx context.Context, db *DB, rows [][]any) error {
 	})
 }
 
-// sqliteRowsPerInsert keeps a statement's parameters (19 per row) well under
+// sqliteRowsPerInsert keeps a statement's parameters (21 per row) well under
 // SQLite's limit of 32766.
 const sqliteRowsPerInsert = 500
 
