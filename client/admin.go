@@ -1,0 +1,190 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"iter"
+	"net/http"
+	"net/url"
+	"strconv"
+)
+
+// Usage returns the tenant's spend today: spent, reserved by jobs in
+// flight, the budget, what remains and when the day resets.
+func (c *Client) Usage(ctx context.Context) (*Usage, error) {
+	var u Usage
+	if err := c.do(ctx, &request{method: http.MethodGet, path: "/v1/usage"}, &u); err != nil {
+		return nil, err
+	}
+	return &u, nil
+}
+
+// AdminService calls the admin API (/admin/v1) with the admin token.
+type AdminService struct{ c *Client }
+
+// TenantCreateParams describe a new tenant.
+type TenantCreateParams struct {
+	Name string `json:"name"`
+	// Tier is a tier of the server's policy.
+	Tier string `json:"tier"`
+	// DailyBudgetUSD overrides the tier's daily budget. Defaults to the
+	// tier's.
+	DailyBudgetUSD *float64 `json:"daily_budget_usd,omitempty"`
+	// APIExempt frees the tenant's keys from the tier's API rate limit.
+	APIExempt bool `json:"api_exempt,omitempty"`
+}
+
+// CreateTenant creates a tenant. The answer carries the tenant's webhook
+// secret.
+func (s *AdminService) CreateTenant(ctx context.Context, p *TenantCreateParams) (*Tenant, error) {
+	var t Tenant
+	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/admin/v1/tenants", admin: true, json: p}, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// GetTenant returns a tenant, with its webhook secret.
+func (s *AdminService) GetTenant(ctx context.Context, id string) (*Tenant, error) {
+	var t Tenant
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/tenants/" + pathID(id), admin: true}, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// ListParams page a list: Limit is the page size (1 to 1000, the server's
+// default 20 when 0) and After the last id of the previous page.
+type ListParams struct {
+	Limit int
+	After string
+}
+
+func (p *ListParams) query() url.Values {
+	q := url.Values{}
+	if p == nil {
+		return q
+	}
+	set(q, "after", p.After)
+	if p.Limit > 0 {
+		q.Set("limit", strconv.Itoa(p.Limit))
+	}
+	return q
+}
+
+// ListTenants returns one page of tenants, newest first.
+func (s *AdminService) ListTenants(ctx context.Context, p *ListParams) (*List[Tenant], error) {
+	var l List[Tenant]
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/tenants", admin: true, query: p.query()}, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// AllTenants iterates over every tenant, page after page.
+func (s *AdminService) AllTenants(ctx context.Context, p *ListParams) iter.Seq2[*Tenant, error] {
+	q := ListParams{}
+	if p != nil {
+		q = *p
+	}
+	return pages(q.After, func(after string) (*List[Tenant], error) {
+		q.After = after
+		return s.ListTenants(ctx, &q)
+	})
+}
+
+// TenantUpdateParams change a tenant; nil fields stay as they are.
+type TenantUpdateParams struct {
+	Name *string
+	Tier *string
+	// DailyBudgetUSD sets the tenant's own daily budget.
+	DailyBudgetUSD *float64
+	// ClearDailyBudget returns the tenant to its tier's budget; it wins
+	// over DailyBudgetUSD.
+	ClearDailyBudget bool
+	APIExempt        *bool
+}
+
+// MarshalJSON writes the PATCH body: null for a cleared budget, absent for
+// an unchanged one.
+func (p TenantUpdateParams) MarshalJSON() ([]byte, error) {
+	m := map[string]any{}
+	if p.Name != nil {
+		m["name"] = *p.Name
+	}
+	if p.Tier != nil {
+		m["tier"] = *p.Tier
+	}
+	switch {
+	case p.ClearDailyBudget:
+		m["daily_budget_usd"] = nil
+	case p.DailyBudgetUSD != nil:
+		m["daily_budget_usd"] = *p.DailyBudgetUSD
+	}
+	if p.APIExempt != nil {
+		m["api_exempt"] = *p.APIExempt
+	}
+	return json.Marshal(m)
+}
+
+// UpdateTenant changes a tenant's name, tier, budget or API exemption.
+func (s *AdminService) UpdateTenant(ctx context.Context, id string, p *TenantUpdateParams) (*Tenant, error) {
+	var t Tenant
+	if err := s.c.do(ctx, &request{method: http.MethodPatch, path: "/admin/v1/tenants/" + pathID(id), admin: true, json: p}, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// CreateKey creates an API key of a tenant. Its Key, the plaintext, is in
+// this answer only: llmq keeps a hash.
+func (s *AdminService) CreateKey(ctx context.Context, tenantID string) (*APIKey, error) {
+	var k APIKey
+	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/admin/v1/tenants/" + pathID(tenantID) + "/keys", admin: true}, &k); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
+// ListKeys returns a tenant's keys, revoked ones included, without their
+// plaintext.
+func (s *AdminService) ListKeys(ctx context.Context, tenantID string) (*List[APIKey], error) {
+	var l List[APIKey]
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/tenants/" + pathID(tenantID) + "/keys", admin: true}, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// RevokeKey revokes a key at once; the key is refused from its next
+// request on.
+func (s *AdminService) RevokeKey(ctx context.Context, keyID string) (*APIKey, error) {
+	var k APIKey
+	if err := s.c.do(ctx, &request{method: http.MethodDelete, path: "/admin/v1/keys/" + pathID(keyID), admin: true}, &k); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
+// UsageReportParams select the usage report; zero fields are left out.
+type UsageReportParams struct {
+	// Day is YYYY-MM-DD. Defaults to today (UTC).
+	Day string
+	// TenantID limits the report to one tenant.
+	TenantID string
+}
+
+// UsageReport returns spend per tenant and model on one day, from the
+// ledger.
+func (s *AdminService) UsageReport(ctx context.Context, p *UsageReportParams) (*UsageReport, error) {
+	q := url.Values{}
+	if p != nil {
+		set(q, "day", p.Day)
+		set(q, "tenant_id", p.TenantID)
+	}
+	var r UsageReport
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/usage", admin: true, query: q}, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}

@@ -1,0 +1,121 @@
+package client
+
+import (
+	"context"
+	"iter"
+	"net/http"
+)
+
+// BatchesService calls /v1/batches: OpenAI-style batches, whose input is an
+// uploaded file of BatchRequest lines.
+type BatchesService struct{ c *Client }
+
+// BatchCreateParams describe a batch (POST /v1/batches).
+type BatchCreateParams struct {
+	// InputFileID is an uploaded file of purpose "batch".
+	InputFileID string `json:"input_file_id"`
+	// Endpoint is the url of every line: "/v1/chat/completions" or
+	// "/v1/embeddings".
+	Endpoint string `json:"endpoint"`
+	// CompletionWindow is how long the batch may run. Defaults to "24h".
+	CompletionWindow string            `json:"completion_window"`
+	Metadata         map[string]string `json:"metadata,omitempty"`
+}
+
+// Create creates a batch of an uploaded input file. It starts as
+// validating; lines are checked and enqueued as jobs.
+func (s *BatchesService) Create(ctx context.Context, p *BatchCreateParams) (*Batch, error) {
+	body := *p
+	if body.CompletionWindow == "" {
+		body.CompletionWindow = "24h"
+	}
+	var b Batch
+	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/v1/batches", json: &body}, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// Get returns a batch with its request counts.
+func (s *BatchesService) Get(ctx context.Context, id string) (*Batch, error) {
+	var b Batch
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/batches/" + pathID(id)}, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// Cancel asks a batch to stop: it is cancelling until its running requests
+// end, then cancelled, with the results so far in its files.
+func (s *BatchesService) Cancel(ctx context.Context, id string) (*Batch, error) {
+	var b Batch
+	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/v1/batches/" + pathID(id) + "/cancel"}, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// List returns one page of the tenant's batches, newest first.
+func (s *BatchesService) List(ctx context.Context, p *ListParams) (*List[Batch], error) {
+	var l List[Batch]
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/batches", query: p.query()}, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// All iterates over every batch of the tenant, page after page.
+func (s *BatchesService) All(ctx context.Context, p *ListParams) iter.Seq2[*Batch, error] {
+	q := ListParams{}
+	if p != nil {
+		q = *p
+	}
+	return pages(q.After, func(after string) (*List[Batch], error) {
+		q.After = after
+		return s.List(ctx, &q)
+	})
+}
+
+// Finished reports whether the batch has reached a final status:
+// completed, failed, expired or cancelled.
+func (b *Batch) Finished() bool {
+	switch b.Status {
+	case "completed", "failed", "expired", "cancelled":
+		return true
+	}
+	return false
+}
+
+// BatchWaitOptions set how Batches.Wait polls.
+type BatchWaitOptions struct {
+	WaitOptions
+	// OnPoll, when set, sees the batch after every poll, the last one
+	// included (to draw progress).
+	OnPoll func(*Batch)
+}
+
+// Wait polls a batch until it finishes and returns it in its final state.
+// On ctx's end it returns the last batch seen with ctx's error; the batch
+// itself runs on.
+func (s *BatchesService) Wait(ctx context.Context, id string, opts *BatchWaitOptions) (*Batch, error) {
+	var wo *WaitOptions
+	if opts != nil {
+		wo = &opts.WaitOptions
+	}
+	p := wo.poller()
+	for {
+		b, err := s.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if opts != nil && opts.OnPoll != nil {
+			opts.OnPoll(b)
+		}
+		if b.Finished() {
+			return b, nil
+		}
+		if err := p.wait(ctx); err != nil {
+			return b, err
+		}
+	}
+}

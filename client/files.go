@@ -1,0 +1,128 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"path/filepath"
+)
+
+// FilesService calls /v1/files: batch input files, and the output and error
+// files llmq writes for batches.
+type FilesService struct{ c *Client }
+
+// Upload stores content as a file of purpose ("batch" when empty) named
+// filename. The content is streamed as it is read, never held in memory
+// whole, so a file of any size the server accepts can be sent from disk or
+// a pipe. An upload refused with a 429 is retried (as the retry policy
+// allows) only when content is an io.Seeker, since a plain reader cannot
+// be read twice.
+func (s *FilesService) Upload(ctx context.Context, filename string, content io.Reader, purpose string) (*File, error) {
+	if purpose == "" {
+		purpose = "batch"
+	}
+	if filename == "" {
+		filename = "input.jsonl"
+	}
+	filename = filepath.Base(filename)
+	seeker, canSeek := content.(io.Seeker)
+	var start int64
+	if canSeek {
+		var err error
+		if start, err = seeker.Seek(0, io.SeekCurrent); err != nil {
+			canSeek = false
+		}
+	}
+	var prev *upload
+	body := func() (io.ReadCloser, string, bool, error) {
+		if prev != nil {
+			// The transport may still be reading the last attempt's
+			// pipe; end it and wait, so two writers never share content.
+			prev.stop()
+			if _, err := seeker.Seek(start, io.SeekStart); err != nil {
+				return nil, "", false, fmt.Errorf("llmq: upload %s: rewinding for a retry: %w", filename, err)
+			}
+		}
+		prev = startUpload(content, filename, purpose)
+		return prev.pr, prev.contentType, canSeek, nil
+	}
+	defer func() {
+		switch {
+		case prev == nil:
+		case canSeek:
+			prev.stop()
+		default:
+			// A pipe or a terminal may block in Read for ever: close the
+			// pipe, and the writer ends at its next write.
+			_ = prev.pr.CloseWithError(io.ErrClosedPipe)
+		}
+	}()
+	var f File
+	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/v1/files", body: body}, &f); err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+// upload is one attempt's multipart body, written by a goroutine into a
+// pipe that the HTTP transport reads.
+type upload struct {
+	pr          *io.PipeReader
+	contentType string
+	done        chan struct{}
+}
+
+func startUpload(content io.Reader, filename, purpose string) *upload {
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	u := &upload{pr: pr, contentType: mw.FormDataContentType(), done: make(chan struct{})}
+	go func() {
+		defer close(u.done)
+		pw.CloseWithError(writeUpload(mw, content, filename, purpose))
+	}()
+	return u
+}
+
+// writeUpload writes the parts OpenAI's files endpoint takes: purpose first,
+// so a server can check it before the content arrives, then the file.
+func writeUpload(mw *multipart.Writer, content io.Reader, filename, purpose string) error {
+	if err := mw.WriteField("purpose", purpose); err != nil {
+		return err
+	}
+	part, err := mw.CreateFormFile("file", filename)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(part, content); err != nil {
+		return err
+	}
+	return mw.Close()
+}
+
+// stop ends the attempt's writer (if the transport has not read it all) and
+// waits for it to return.
+func (u *upload) stop() {
+	_ = u.pr.CloseWithError(io.ErrClosedPipe)
+	<-u.done
+}
+
+// Get returns a file's description.
+func (s *FilesService) Get(ctx context.Context, id string) (*File, error) {
+	var f File
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/files/" + pathID(id)}, &f); err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+// Content returns a file's content as it arrives; the caller reads and
+// closes it. Batch output and error files are JSON lines of BatchResult.
+func (s *FilesService) Content(ctx context.Context, id string) (io.ReadCloser, error) {
+	resp, err := s.c.send(ctx, &request{method: http.MethodGet, path: "/v1/files/" + pathID(id) + "/content"})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
