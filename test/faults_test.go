@@ -256,3 +256,57 @@ func TestNoRequestBeforeTheAnnouncedReset(t *testing.T) {
 	}
 	t.Logf("%d requests, %d 429s announcing a wait; at most %d request arrived inside one of those waits", len(log), penalties, worst)
 }
+
+// TestSIGTERMGracePeriod: a worker told to stop lets its in-flight calls
+// finish within LLMQ_SHUTDOWN_TIMEOUT; calls still running after it go
+// back to the queue without counting as failures, and another worker
+// finishes them.
+func TestSIGTERMGracePeriod(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{
+		Limits: sim.Limits{RPM: 30000, TPM: 3000000}, DefaultMaxTokens: 1024, Echo: true,
+		Latency: 1500 * time.Millisecond,
+	}})
+	tenant, key := a.Tenant("standard")
+	ctx := context.Background()
+
+	// A generous grace period: the calls in flight finish, nothing is requeued.
+	graceful := startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=10", "LLMQ_SHUTDOWN_TIMEOUT=10s")
+	graceful.waitForOutput(t, "worker running")
+	first := submitAll(t, a, key, 10, 2, 20)
+	eventually(t, 20*time.Second, func() bool { return a.Sim.Stats().InFlight == 10 }, "10 calls in flight")
+	graceful.signal(syscall.SIGTERM)
+	<-graceful.done
+	for _, j := range allEnd(t, a, first, 5*time.Second) {
+		if j.Status != store.JobSucceeded || j.Attempts != 1 {
+			t.Fatalf("job %s in flight at SIGTERM: %s after %d attempts; want finished in the grace period", j.ID, j.Status, j.Attempts)
+		}
+	}
+
+	// A short grace period: the calls are abandoned and their jobs go back
+	// to the queue, not counted as failures; another worker runs them.
+	short := startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=10", "LLMQ_SHUTDOWN_TIMEOUT=200ms")
+	short.waitForOutput(t, "worker running")
+	second := submitAll(t, a, key, 10, 2, 20)
+	eventually(t, 20*time.Second, func() bool { return a.Sim.Stats().InFlight == 10 }, "10 calls in flight")
+	stopped := time.Now()
+	short.signal(syscall.SIGTERM)
+	<-short.done
+	if d := time.Since(stopped); d > 5*time.Second {
+		t.Fatalf("worker took %v to stop with a 200ms grace period", d)
+	}
+	for _, id := range second {
+		j, err := a.Store.JobGetByID(ctx, id)
+		if err != nil || j.Status.Terminal() {
+			t.Fatalf("job %s: %v %v; want it back in the queue", id, j.Status, err)
+		}
+	}
+	startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=10").waitForOutput(t, "worker running")
+	jobs := allEnd(t, a, second, time.Minute)
+	for _, j := range jobs {
+		if j.Status != store.JobSucceeded || j.Error != nil {
+			t.Fatalf("job %s requeued at shutdown ended %s: %+v", j.ID, j.Status, j.Error)
+		}
+	}
+	chargedOnce(t, a, tenant, append(allEnd(t, a, first, time.Second), jobs...))
+}
