@@ -1,0 +1,104 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// collectTimeout bounds the reads of one scrape.
+const collectTimeout = 10 * time.Second
+
+// stateCollector exports a State at scrape time. Register it in one process
+// per installation (the dispatcher): every worker would export the same
+// shared state again.
+type stateCollector struct {
+	st *State
+
+	remaining, limit, paused                           *prometheus.Desc
+	spent, reserved, budget, budgetLeft, soft, trunced *prometheus.Desc
+	workers                                            *prometheus.Desc
+}
+
+// Collector returns a prometheus.Collector of the State: bucket levels per
+// model, budgets per tenant (up to StateOptions.MaxTenants), live workers.
+func (s *State) Collector() prometheus.Collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
+	}
+	return &stateCollector{
+		st:        s,
+		remaining: d("limiter_bucket_remaining", "What a model's rate-limit bucket holds now (requests or tokens; negative while in debt).", "model", "bucket"),
+		limit:     d("limiter_bucket_limit", "The capacity of a model's rate-limit bucket, the policy's limit (requests or tokens).", "model", "bucket"),
+		paused:    d("limiter_paused", "1 while a provider 429 pauses the model for every worker.", "model"),
+		spent:     d("budget_spent_usd", "Dollars a tenant spent on its budget day so far.", "tenant", "tier"),
+		reserved:  d("budget_reserved_usd", "Dollars a tenant holds reserved for jobs in flight.", "tenant", "tier"),
+		budget:    d("budget_limit_usd", "A tenant's daily budget in dollars (absent when unlimited).", "tenant", "tier"),
+		budgetLeft: d("budget_remaining_usd",
+			"Dollars a tenant may still spend today: budget - spent - reserved (absent when unlimited).", "tenant", "tier"),
+		soft:    d("budget_soft_limit_usd", "A tenant's soft limit in dollars (absent when off or unlimited).", "tenant", "tier"),
+		trunced: d("budget_tenants_truncated", "1 when more tenants exist than the budget families carry (the cap of tenants read per scrape)."),
+		workers: d("workers", "Worker processes of this installation alive in Redis (asynq servers with a recent heartbeat)."),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.remaining, c.limit, c.paused, c.spent, c.reserved, c.budget, c.budgetLeft, c.soft, c.trunced, c.workers} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
+	defer cancel()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+
+	if models, err := c.st.Models(ctx); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.remaining, err)
+	} else {
+		for _, m := range models {
+			for _, b := range m.Buckets {
+				gauge(c.remaining, float64(b.Remaining), m.Model, b.Name)
+				gauge(c.limit, float64(b.Limit), m.Model, b.Name)
+			}
+			gauge(c.paused, boolFloat(m.Paused), m.Model)
+		}
+	}
+
+	if ts, err := c.st.Tenants(ctx); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.spent, err)
+	} else {
+		for _, t := range ts.List {
+			gauge(c.spent, t.Spent.USD(), t.ID, t.Tier)
+			gauge(c.reserved, t.Reserved.USD(), t.ID, t.Tier)
+			if !t.Unlimited {
+				gauge(c.budget, t.Budget.USD(), t.ID, t.Tier)
+				gauge(c.budgetLeft, t.Remaining.USD(), t.ID, t.Tier)
+			}
+			if t.SoftMark > 0 {
+				gauge(c.soft, t.SoftMark.USD(), t.ID, t.Tier)
+			}
+		}
+		gauge(c.trunced, boolFloat(ts.Truncated))
+	}
+
+	n, err := c.st.Workers(ctx)
+	switch {
+	case errors.Is(err, errNoInspector):
+	case err != nil:
+		ch <- prometheus.NewInvalidMetric(c.workers, err)
+	default:
+		gauge(c.workers, float64(n))
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,292 @@
+// Package metrics owns llmq's Prometheus metrics: a registry per process (no
+// global registry, so tests can run many apps in one process), a Recorder
+// that the worker, the API and the webhook sender report events to, the
+// collectors that read limiter buckets, tenant budgets and worker counts at
+// scrape time, and the per-minute counters in Redis behind the dashboard's
+// charts of the last hour.
+//
+// Every family is prefixed llmq_, counts in base units (seconds, dollars,
+// tokens) and ends in _total when it is a counter. Labels stay
+// low-cardinality: model, provider, tier, status, bucket, queue — and the
+// tenant id only on the cost and budget families. Job and batch ids never
+// become labels.
+package metrics
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/rkeys"
+)
+
+// Namespace starts the name of every llmq family.
+const Namespace = "llmq"
+
+// Breaker states, as BreakerState reports them.
+var breakerStates = []string{"closed", "open", "half-open"}
+
+// Options configure a Recorder.
+type Options struct {
+	// Redis receives the per-minute counters behind the dashboard's charts.
+	// Defaults to nil: no charts are fed from this process.
+	Redis redis.UniversalClient
+	// Keys builds the per-minute keys. Defaults to the zero Builder.
+	Keys rkeys.Builder
+	// FlushInterval is how often the per-minute counters are written to
+	// Redis (one pipeline per flush, not one round trip per event).
+	// Defaults to 5s.
+	FlushInterval time.Duration
+	// Now is the clock that files events under their minute. Charts do not
+	// need Redis TIME: a skewed clock only shifts a point by its skew.
+	// Defaults to time.Now.
+	Now func() time.Time
+	// Logger receives flush failures. Defaults to discarding.
+	Logger *slog.Logger
+	// NoProcessMetrics leaves out the Go runtime and process collectors
+	// (go_*, process_*). Defaults to false: they are registered.
+	NoProcessMetrics bool
+}
+
+// Recorder turns llmq's events into Prometheus metrics and per-minute
+// counters. It implements worker.Observer and api.Observer; every method is
+// cheap (no I/O) and safe for concurrent use.
+type Recorder struct {
+	reg   *prometheus.Registry
+	log   *slog.Logger
+	stats *statsBuffer
+
+	jobs            *prometheus.CounterVec
+	providerCalls   *prometheus.CounterVec
+	callDuration    *prometheus.HistogramVec
+	tokens          *prometheus.CounterVec
+	cost            *prometheus.CounterVec
+	limiterWait     *prometheus.HistogramVec
+	penalties       *prometheus.CounterVec
+	penaltySeconds  *prometheus.CounterVec
+	breakerState    *prometheus.GaugeVec
+	breakerChanges  *prometheus.CounterVec
+	learnedLimits   *prometheus.GaugeVec
+	softCrossings   *prometheus.CounterVec
+	webhookAttempts *prometheus.CounterVec
+	webhookFailures *prometheus.CounterVec
+
+	// webhookReasons bounds the failure reasons a webhook sender may use as
+	// label values, whatever it passes.
+	mu             sync.Mutex
+	webhookReasons map[string]bool
+}
+
+// maxWebhookReasons caps the distinct failure reasons; later ones count
+// as "other".
+const maxWebhookReasons = 16
+
+// New returns a Recorder with its own registry.
+func New(o Options) *Recorder {
+	if o.FlushInterval <= 0 {
+		o.FlushInterval = 5 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Recorder{reg: prometheus.NewRegistry(), log: o.Logger, webhookReasons: map[string]bool{}}
+	if o.Redis != nil {
+		r.stats = newStatsBuffer(o.Redis, o.Keys, o.Now, o.FlushInterval, o.Logger)
+	}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+		r.reg.MustRegister(c)
+		return c
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+		r.reg.MustRegister(g)
+		return g
+	}
+	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: buckets}, labels)
+		r.reg.MustRegister(h)
+		return h
+	}
+
+	r.jobs = counter("jobs_total",
+		"Job state changes: queued (created), waiting, deferred, succeeded, failed, cancelled.", "tier", "model", "status")
+	r.providerCalls = counter("provider_calls_total",
+		"Provider calls by HTTP status code; code 0 is no answer (network error or timeout).", "provider", "model", "code")
+	r.callDuration = histogram("provider_call_duration_seconds", "Duration of provider calls.",
+		[]float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120}, "provider", "model")
+	r.tokens = counter("tokens_total",
+		"Tokens of succeeded jobs as the provider counted them; direction is input (prompt) or output (completion).", "tier", "model", "direction")
+	r.cost = counter("cost_usd_total", "Dollars charged for succeeded jobs.", "tenant", "tier", "model")
+	r.limiterWait = histogram("limiter_wait_seconds",
+		"Time a job waited for its rate-limit permit; outcome is acquired (slept in the handler) or requeued (the delay it went back to the queue for).",
+		[]float64{0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}, "model", "outcome")
+	r.penalties = counter("limiter_penalties_total", "Provider 429s that paused a model for every worker.", "model")
+	r.penaltySeconds = counter("limiter_penalty_seconds_total", "Seconds of pause imposed on a model after 429s.", "model")
+	r.breakerState = gauge("circuit_breaker_state",
+		"1 for the state a provider's circuit breaker is in (closed, open, half-open) as this process last saw it, else 0.", "provider", "state")
+	r.breakerChanges = counter("circuit_breaker_transitions_total", "Circuit breaker changes into each state.", "provider", "state")
+	r.learnedLimits = gauge("limits_learned",
+		"Limits a provider announced for a model that differ from the policy's (0: none announced).", "model", "limit")
+	r.softCrossings = counter("budget_soft_limit_crossings_total", "Tenants crossing the soft limit of their daily budget.", "tenant", "tier")
+	r.webhookAttempts = counter("webhook_deliveries_total", "Webhook delivery attempts by outcome (delivered or failed).", "kind", "outcome")
+	r.webhookFailures = counter("webhook_failures_total", "Failed webhook delivery attempts by reason.", "kind", "reason")
+
+	if !o.NoProcessMetrics {
+		r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	return r
+}
+
+// Registry is the process's registry; collectors of state (Register)
+// join it.
+func (r *Recorder) Registry() *prometheus.Registry { return r.reg }
+
+// Register adds collectors to the registry.
+func (r *Recorder) Register(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := r.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Handler serves the registry in the Prometheus text format. A collector
+// that fails (Redis down) is logged and left out; the rest is served.
+func (r *Recorder) Handler() http.Handler {
+	return promhttp.InstrumentMetricHandler(r.reg, promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{
+		ErrorLog:      slogErrorLog{r.log},
+		ErrorHandling: promhttp.ContinueOnError,
+		Timeout:       10 * time.Second,
+	}))
+}
+
+// slogErrorLog is promhttp's error log over the process logger.
+type slogErrorLog struct{ l *slog.Logger }
+
+func (s slogErrorLog) Println(v ...any) { s.l.Warn("metrics: collect", "err", fmt.Sprint(v...)) }
+
+// ProviderCall implements worker.Observer.
+func (r *Recorder) ProviderCall(provider, model string, status int, d time.Duration) {
+	r.providerCalls.WithLabelValues(provider, model, strconv.Itoa(status)).Inc()
+	r.callDuration.WithLabelValues(provider, model).Observe(d.Seconds())
+	r.stats.add(FieldCalls, 1)
+	r.stats.add(FieldCalls+":"+model, 1)
+	if status == http.StatusTooManyRequests {
+		r.stats.add(FieldCalls429, 1)
+		r.stats.add(FieldCalls429+":"+model, 1)
+	}
+}
+
+// JobFinished implements worker.Observer.
+func (r *Recorder) JobFinished(tenantID, tier, model, status string, promptTokens, completionTokens, costMicros int64) {
+	r.jobs.WithLabelValues(tier, model, status).Inc()
+	if promptTokens > 0 {
+		r.tokens.WithLabelValues(tier, model, "input").Add(float64(promptTokens))
+	}
+	if completionTokens > 0 {
+		r.tokens.WithLabelValues(tier, model, "output").Add(float64(completionTokens))
+	}
+	if costMicros > 0 {
+		r.cost.WithLabelValues(tenantID, tier, model).Add(float64(costMicros) / 1e6)
+	}
+	r.stats.add(FieldJobs+status, 1)
+	r.stats.add(FieldTokensIn, promptTokens)
+	r.stats.add(FieldTokensOut, completionTokens)
+	r.stats.add(FieldCostMicros, costMicros)
+}
+
+// JobState implements worker.Observer and api.Observer.
+func (r *Recorder) JobState(tier, model, status string) {
+	r.jobs.WithLabelValues(tier, model, status).Inc()
+	r.stats.add(FieldJobs+status, 1)
+}
+
+// LimiterWait implements worker.Observer.
+func (r *Recorder) LimiterWait(model string, d time.Duration, requeued bool) {
+	outcome := "acquired"
+	if requeued {
+		outcome = "requeued"
+	}
+	r.limiterWait.WithLabelValues(model, outcome).Observe(d.Seconds())
+}
+
+// Penalized implements worker.Observer.
+func (r *Recorder) Penalized(model string, d time.Duration) {
+	r.penalties.WithLabelValues(model).Inc()
+	r.penaltySeconds.WithLabelValues(model).Add(d.Seconds())
+}
+
+// BreakerState implements worker.Observer: the gauge of the new state
+// becomes 1 and the others of the provider 0.
+func (r *Recorder) BreakerState(provider, state string) {
+	known := false
+	for _, s := range breakerStates {
+		v := 0.0
+		if s == state {
+			v, known = 1, true
+		}
+		r.breakerState.WithLabelValues(provider, s).Set(v)
+	}
+	if !known {
+		state = "unknown"
+		r.breakerState.WithLabelValues(provider, state).Set(1)
+	}
+	r.breakerChanges.WithLabelValues(provider, state).Inc()
+}
+
+// LimitsLearned implements worker.Observer.
+func (r *Recorder) LimitsLearned(model string, rpm, tpm int64) {
+	r.learnedLimits.WithLabelValues(model, "rpm").Set(float64(rpm))
+	r.learnedLimits.WithLabelValues(model, "tpm").Set(float64(tpm))
+}
+
+// SoftLimitCrossed implements worker.Observer.
+func (r *Recorder) SoftLimitCrossed(tenantID, tier string) {
+	r.softCrossings.WithLabelValues(tenantID, tier).Inc()
+}
+
+// WebhookDelivery counts one webhook delivery attempt of kind ("job",
+// "batch"). outcome is "delivered" for a 2xx answer; anything else is a
+// failure whose outcome names a reason from a small fixed set, such as
+// "http_4xx", "http_5xx", "timeout", "network", "refused" (address not
+// allowed) or "gave_up" (retries exhausted). Reasons past the sixteenth
+// distinct one count as "other", so a careless caller cannot blow up the
+// label set.
+func (r *Recorder) WebhookDelivery(kind, outcome string) {
+	if outcome == "delivered" {
+		r.webhookAttempts.WithLabelValues(kind, "delivered").Inc()
+		return
+	}
+	r.webhookAttempts.WithLabelValues(kind, "failed").Inc()
+	r.webhookFailures.WithLabelValues(kind, r.reason(outcome)).Inc()
+	r.stats.add(FieldWebhookFailures, 1)
+}
+
+func (r *Recorder) reason(s string) string {
+	if s == "" || len(s) > 32 {
+		return "other"
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.webhookReasons[s] {
+		return s
+	}
+	if len(r.webhookReasons) >= maxWebhookReasons {
+		return "other"
+	}
+	r.webhookReasons[s] = true
+	return s
+}

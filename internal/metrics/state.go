@@ -1,0 +1,283 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// StateDeps are what State reads.
+type StateDeps struct {
+	Policy  *config.PolicyHolder
+	Limiter *limiter.TokenBucket
+	Budgets *budget.Budgets
+	Store   *store.DB
+	// Asynq lists the worker servers; nil leaves the worker count out.
+	Asynq *asynq.Inspector
+	// Namespace tells this installation's workers from others sharing Redis.
+	Namespace queue.Namespace
+}
+
+// StateOptions configure State.
+type StateOptions struct {
+	// MaxTenants caps the tenants whose budgets are read per refresh (newest
+	// first): each is one Redis script run, and llmq_budget_* carries one
+	// series per tenant read. Past the cap, llmq_budget_tenants_truncated is
+	// 1 and the dashboard says how many were read. Defaults to 1000.
+	MaxTenants int
+	// CacheTTL is how long a read is reused, so a dashboard refresh and
+	// every Prometheus replica's scrape cost one read. Defaults to 5s.
+	CacheTTL time.Duration
+	// Concurrency is how many budget reads run at once. Defaults to 8.
+	Concurrency int
+	// Now is the clock of the cache. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// State reads what llmq's shared state holds now — bucket levels, tenants'
+// budgets, live workers — for the scrape (Collector) and the dashboard. It
+// is safe for concurrent use.
+type State struct {
+	d    StateDeps
+	o    StateOptions
+	mods cached[[]ModelLevel]
+	tens cached[*Tenants]
+	wrks cached[int]
+}
+
+// NewState returns a State over d.
+func NewState(d StateDeps, o StateOptions) *State {
+	if o.MaxTenants <= 0 {
+		o.MaxTenants = 1000
+	}
+	if o.CacheTTL <= 0 {
+		o.CacheTTL = 5 * time.Second
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &State{d: d, o: o}
+}
+
+// cached holds one read for a while; concurrent callers wait for the read
+// in progress instead of starting their own.
+type cached[T any] struct {
+	mu  sync.Mutex
+	at  time.Time
+	val T
+}
+
+func (c *cached[T]) get(ttl time.Duration, now func() time.Time, read func() (T, error)) (T, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && now().Sub(c.at) < ttl {
+		return c.val, nil
+	}
+	v, err := read()
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	c.val, c.at = v, now()
+	return v, nil
+}
+
+// ModelLevel is the state of one model's rate-limit buckets.
+type ModelLevel struct {
+	Model    string
+	Provider string
+	// Scope is the limiter scope, shared by models reaching the same upstream.
+	Scope   string
+	Buckets []limiter.BucketState
+	// Paused is set while a 429's penalty (or the probe after it) holds
+	// the model for every worker; PausedFor is how long it still does.
+	Paused    bool
+	PausedFor time.Duration
+}
+
+// Models returns the bucket levels of every model of the policy, in the
+// policy's order.
+func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
+	return s.mods.get(s.o.CacheTTL, s.o.Now, func() ([]ModelLevel, error) {
+		p := s.d.Policy.Current()
+		byScope := map[string]*limiter.Result{}
+		out := make([]ModelLevel, 0, len(p.Models))
+		for i := range p.Models {
+			m := &p.Models[i]
+			sc := admission.Scope(m)
+			res, ok := byScope[sc.Name]
+			if !ok {
+				var err error
+				if res, err = s.d.Limiter.State(ctx, sc); err != nil {
+					return nil, fmt.Errorf("limiter state of model %s: %w", m.Name, err)
+				}
+				byScope[sc.Name] = res
+			}
+			ml := ModelLevel{Model: m.Name, Provider: m.Provider, Scope: sc.Name, Buckets: res.Buckets, Paused: res.Penalized}
+			if res.Penalized {
+				ml.PausedFor = res.RetryAfter
+			}
+			out = append(out, ml)
+		}
+		return out, nil
+	})
+}
+
+// TenantBudget is one tenant's budget day so far.
+type TenantBudget struct {
+	ID, Name, Tier string
+	// Unlimited tenants have no Budget, Remaining or SoftMark.
+	Unlimited                          bool
+	Spent, Reserved, Budget, Remaining money.Micros
+	// SoftMark is the soft limit in dollars (SoftLimit × Budget); 0 when off.
+	SoftMark         money.Micros
+	SoftLimitReached bool
+	// Exhausted is set when the tenant's own cap denies new work.
+	Exhausted bool
+	ResetsAt  time.Time
+}
+
+// Used is the fraction of the budget spent or reserved; 0 when unlimited.
+func (t *TenantBudget) Used() float64 {
+	if t.Unlimited || t.Budget <= 0 {
+		return 0
+	}
+	return float64(t.Spent+t.Reserved) / float64(t.Budget)
+}
+
+// Tenants is a read of tenants' budgets.
+type Tenants struct {
+	// List is sorted by Used, highest first; unlimited tenants last, by spend.
+	List []TenantBudget
+	// Truncated is set when more tenants exist than StateOptions.MaxTenants.
+	Truncated bool
+	// Failed counts tenants whose budget could not be read (a tier missing
+	// from the policy, a Redis error).
+	Failed int
+}
+
+// Tenants returns the budget days of up to MaxTenants tenants.
+func (s *State) Tenants(ctx context.Context) (*Tenants, error) {
+	return s.tens.get(s.o.CacheTTL, s.o.Now, func() (*Tenants, error) { return s.readTenants(ctx) })
+}
+
+func (s *State) readTenants(ctx context.Context) (*Tenants, error) {
+	var (
+		all   []*store.Tenant
+		after string
+		out   = &Tenants{}
+	)
+	for len(all) < s.o.MaxTenants {
+		page, more, err := s.d.Store.TenantList(ctx, &store.TenantListParams{After: after, Limit: min(1000, s.o.MaxTenants-len(all))})
+		if err != nil {
+			return nil, fmt.Errorf("list tenants: %w", err)
+		}
+		all = append(all, page...)
+		if !more || len(page) == 0 {
+			break
+		}
+		after = page[len(page)-1].ID
+		out.Truncated = len(all) >= s.o.MaxTenants
+	}
+
+	p := s.d.Policy.Current()
+	results := make([]*TenantBudget, len(all))
+	errs := make([]error, len(all))
+	sem := make(chan struct{}, s.o.Concurrency)
+	var wg sync.WaitGroup
+	for i, t := range all {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			results[i], errs[i] = s.readBudget(ctx, p, t)
+		}()
+	}
+	wg.Wait()
+	var firstErr error
+	for i, r := range results {
+		if r == nil {
+			out.Failed++
+			if firstErr == nil {
+				firstErr = errs[i]
+			}
+			continue
+		}
+		out.List = append(out.List, *r)
+	}
+	if len(out.List) == 0 && firstErr != nil {
+		return nil, firstErr
+	}
+	sort.SliceStable(out.List, func(i, j int) bool {
+		a, b := &out.List[i], &out.List[j]
+		if a.Unlimited != b.Unlimited {
+			return !a.Unlimited
+		}
+		if ua, ub := a.Used(), b.Used(); ua != ub {
+			return ua > ub
+		}
+		return a.Spent > b.Spent
+	})
+	return out, nil
+}
+
+func (s *State) readBudget(ctx context.Context, p *config.Policy, t *store.Tenant) (*TenantBudget, error) {
+	acct, _, err := admission.Account(p, t)
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.d.Budgets.Status(ctx, acct)
+	if err != nil {
+		return nil, err
+	}
+	tb := &TenantBudget{
+		ID: t.ID, Name: t.Name, Tier: t.Tier, Unlimited: d.Unlimited,
+		Spent: d.Spent, Reserved: d.Reserved, Budget: d.Budget, Remaining: d.Remaining,
+		SoftLimitReached: d.SoftLimitReached, Exhausted: !d.Allowed && d.DeniedBy == "tenant", ResetsAt: d.ResetsAt,
+	}
+	if !d.Unlimited && acct.SoftLimit > 0 {
+		tb.SoftMark = money.Micros(acct.SoftLimit * float64(d.Budget))
+	}
+	return tb, nil
+}
+
+// errNoInspector is Workers' error when State has no asynq inspector.
+var errNoInspector = errors.New("metrics: no asynq inspector to count workers with")
+
+// Workers returns how many worker servers of this installation are alive
+// (asynq drops a server whose heartbeats stop).
+func (s *State) Workers(ctx context.Context) (int, error) {
+	if s.d.Asynq == nil {
+		return 0, errNoInspector
+	}
+	return s.wrks.get(s.o.CacheTTL, s.o.Now, func() (int, error) {
+		servers, err := s.d.Asynq.Servers()
+		if err != nil {
+			return 0, fmt.Errorf("list worker servers: %w", err)
+		}
+		ours := s.d.Namespace.Queue(queue.Default)
+		n := 0
+		for _, srv := range servers {
+			if _, ok := srv.Queues[ours]; ok {
+				n++
+			}
+		}
+		return n, nil
+	})
+}

@@ -1,0 +1,174 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/rkeys"
+)
+
+// The dashboard charts the last hour across every process. Prometheus is
+// optional and lives outside, so each Recorder also adds its events to one
+// Redis hash per minute (rkeys.Builder.Stats), written in one pipeline per
+// flush; the dashboard reads the last 60 hashes in one pipeline.
+
+// Fields of the per-minute hashes.
+const (
+	// FieldJobs + a job status counts the jobs that reached it
+	// ("jobs_queued" are the jobs created, "jobs_succeeded"...).
+	FieldJobs = "jobs_"
+	// FieldTokensIn and FieldTokensOut are the prompt and completion
+	// tokens of succeeded jobs.
+	FieldTokensIn  = "tokens_in"
+	FieldTokensOut = "tokens_out"
+	// FieldCostMicros is the spend of succeeded jobs in micro-dollars.
+	FieldCostMicros = "cost_micros"
+	// FieldCalls and FieldCalls429 count provider calls and their 429s;
+	// with ":" + model appended, those of one model.
+	FieldCalls    = "calls"
+	FieldCalls429 = "calls_429"
+	// FieldWebhookFailures counts failed webhook delivery attempts.
+	FieldWebhookFailures = "webhook_failures"
+)
+
+// StatsTTL is how long a minute's hash lives: the dashboard shows an hour;
+// the rest is margin for late flushes and skewed clocks.
+const StatsTTL = 2 * time.Hour
+
+// minuteID names the minute holding t, in UTC: "202611301205".
+func minuteID(t time.Time) string { return t.UTC().Format("200601021504") }
+
+// statsBuffer adds up events per minute in memory until the next flush. A
+// nil *statsBuffer ignores everything, so a Recorder without Redis needs no
+// checks.
+type statsBuffer struct {
+	rdb      redis.UniversalClient
+	keys     rkeys.Builder
+	now      func() time.Time
+	interval time.Duration
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	pending map[int64]map[string]int64 // Unix minute -> field -> count
+	failing bool                       // the last flush failed (log once per outage)
+}
+
+func newStatsBuffer(rdb redis.UniversalClient, keys rkeys.Builder, now func() time.Time, interval time.Duration, log *slog.Logger) *statsBuffer {
+	return &statsBuffer{rdb: rdb, keys: keys, now: now, interval: interval, log: log, pending: map[int64]map[string]int64{}}
+}
+
+func (b *statsBuffer) add(field string, n int64) {
+	if b == nil || n == 0 {
+		return
+	}
+	m := b.now().Unix() / 60
+	b.mu.Lock()
+	f := b.pending[m]
+	if f == nil {
+		f = map[string]int64{}
+		b.pending[m] = f
+	}
+	f[field] += n
+	b.mu.Unlock()
+}
+
+// flush writes what accumulated. On failure the counts are dropped, not
+// kept: a pipeline can fail half applied, and counting twice would be worse
+// for a chart than a gap of a few seconds.
+func (b *statsBuffer) flush(ctx context.Context) error {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	p := b.pending
+	b.pending = map[int64]map[string]int64{}
+	b.mu.Unlock()
+	if len(p) == 0 {
+		return nil
+	}
+	pipe := b.rdb.Pipeline()
+	for m, fields := range p {
+		key := b.keys.Stats(minuteID(time.Unix(m*60, 0)))
+		for f, n := range fields {
+			pipe.HIncrBy(ctx, key, f, n)
+		}
+		pipe.Expire(ctx, key, StatsTTL)
+	}
+	_, err := pipe.Exec(ctx)
+	b.mu.Lock()
+	wasFailing := b.failing
+	b.failing = err != nil
+	b.mu.Unlock()
+	if err != nil && !wasFailing {
+		b.log.Warn("metrics: write per-minute counters", "err", err)
+	}
+	return err
+}
+
+// Run writes the per-minute counters every FlushInterval until ctx ends,
+// then once more. Without Options.Redis it only waits for ctx.
+func (r *Recorder) Run(ctx context.Context) {
+	if r.stats == nil {
+		<-ctx.Done()
+		return
+	}
+	t := time.NewTicker(r.stats.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = r.stats.flush(fctx)
+			cancel()
+			return
+		case <-t.C:
+			_ = r.stats.flush(ctx)
+		}
+	}
+}
+
+// Flush writes the per-minute counters gathered so far.
+func (r *Recorder) Flush(ctx context.Context) error { return r.stats.flush(ctx) }
+
+// Minute is one minute of counters, summed over every process.
+type Minute struct {
+	Start  time.Time
+	Fields map[string]int64
+}
+
+// Get returns a field's count, 0 when nothing was counted.
+func (m Minute) Get(field string) int64 { return m.Fields[field] }
+
+// ReadMinutes returns the n minutes up to and including the one holding
+// now, oldest first; a minute nobody wrote to has no fields.
+func ReadMinutes(ctx context.Context, rdb redis.UniversalClient, keys rkeys.Builder, now time.Time, n int) ([]Minute, error) {
+	last := now.UTC().Truncate(time.Minute)
+	out := make([]Minute, n)
+	cmds := make([]*redis.MapStringStringCmd, n)
+	pipe := rdb.Pipeline()
+	for i := range out {
+		out[i].Start = last.Add(-time.Duration(n-1-i) * time.Minute)
+		cmds[i] = pipe.HGetAll(ctx, keys.Stats(minuteID(out[i].Start)))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("metrics: read per-minute counters: %w", err)
+	}
+	for i, c := range cmds {
+		raw := c.Val()
+		out[i].Fields = make(map[string]int64, len(raw))
+		for f, v := range raw {
+			x, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("metrics: per-minute counter %s of %s is %q, not a number", f, minuteID(out[i].Start), v)
+			}
+			out[i].Fields[f] = x
+		}
+	}
+	return out, nil
+}
