@@ -38,6 +38,10 @@ type dialect struct {
 	// so text order is time order); Postgres takes time.Time for timestamptz.
 	sqliteTimes bool
 
+	// dataModifyingCTE: UPDATE and INSERT may run inside one WITH
+	// statement (Postgres); SQLite runs them in a transaction instead.
+	dataModifyingCTE bool
+
 	// spoolUploads: FileInsert first copies a reader that is not already
 	// local (an io.ReaderAt, such as a multipart temp file) to a temp file,
 	// so SQLite's one writer is never held for the duration of a slow upload.
@@ -89,10 +93,11 @@ func (d *dialect) wrap(err error) error {
 }
 
 var postgresDialect = &dialect{
-	name:       "postgres",
-	goose:      goose.DialectPostgres,
-	insertJobs: copyJobs,
-	tryLock:    pgTryLock,
+	name:             "postgres",
+	dataModifyingCTE: true,
+	goose:            goose.DialectPostgres,
+	insertJobs:       copyJobs,
+	tryLock:          pgTryLock,
 	errKind: func(err error) error {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) {

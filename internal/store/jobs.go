@@ -89,7 +89,7 @@ type Job struct {
 	Queue    string
 	Status   JobStatus
 
-	Attempts    int // provider calls made: one per JobStart
+	Attempts    int // provider calls made (counted when their outcome is recorded)
 	RateLimited int // 429s seen; not failures, but capped
 
 	EstPromptTokens int64
@@ -428,13 +428,14 @@ func (db *DB) transition(ctx context.Context, q querier, update string, a args, 
 	return j, false, err
 }
 
-// JobStart marks a job running as a worker is about to call the provider:
-// from queued, waiting, deferred or running (a redelivery after a crash),
-// counting the attempt and stamping started_at the first time. A terminal job is returned unchanged with started=false: the
+// JobStart marks a job running as a worker picks it up: from queued,
+// waiting, deferred or running (a redelivery after a crash), stamping
+// started_at the first time, and returns it (the worker's one read of the
+// job). A terminal job is returned unchanged with started=false: the
 // worker acknowledges the task and does nothing else.
 func (db *DB) JobStart(ctx context.Context, id string) (job *Job, started bool, err error) {
 	var a args
-	q := `UPDATE jobs SET status = 'running', attempts = attempts + 1, next_run_at = NULL, started_at = COALESCE(started_at, ` + a.add(db.d.ts(db.nowUTC())) +
+	q := `UPDATE jobs SET status = 'running', next_run_at = NULL, started_at = COALESCE(started_at, ` + a.add(db.d.ts(db.nowUTC())) +
 		`), updated_at = $1 WHERE id = ` + a.add(id) + ` AND ` + unfinishedSQL
 	return db.transition(ctx, db.rw, q, a, id, "")
 }
@@ -449,6 +450,9 @@ type JobSetStatusParams struct {
 	NextRunAt *time.Time
 	// Error, when set, replaces the job's error; nil leaves it.
 	Error *JobError
+	// CountAttempt counts a provider call that ended this way (a 429 or a
+	// fault, before the job is retried).
+	CountAttempt bool
 }
 
 // JobSetStatus moves the job to p.To if its status is one of p.From, and
@@ -476,6 +480,9 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 	now := a.add(db.d.ts(db.nowUTC()))
 	q := `UPDATE jobs SET status = ` + a.add(string(p.To)) + `, updated_at = ` + now +
 		`, next_run_at = ` + a.add(db.d.tsOrNull(p.NextRunAt))
+	if p.CountAttempt {
+		q += `, attempts = attempts + 1`
+	}
 	if p.Error != nil {
 		q += `, error = ` + a.add(errorJSON(p.Error))
 	}
@@ -524,7 +531,6 @@ type JobCompleteParams struct {
 
 // JobCompleteResult says what JobComplete did.
 type JobCompleteResult struct {
-	Job *Job // the job as it now is
 	// Completed: this call moved the job to succeeded. False when the job
 	// was already terminal (a duplicate delivery, or cancelled mid-call);
 	// the terminal state is kept.
@@ -535,11 +541,12 @@ type JobCompleteResult struct {
 	Charged bool
 }
 
-// JobComplete stores a success and charges it, in one transaction: the job
-// becomes succeeded with its response, usage and cost (unless it is already
-// terminal), and the ledger gets the job's row unless it has one. However
-// many times and however concurrently a job completes, exactly one call
-// reports Charged.
+// JobComplete stores a success and charges it, atomically: the job becomes
+// succeeded with its response, usage and cost, and its attempt is counted
+// (unless it is already terminal), and the ledger gets the job's row unless
+// it has one. However many times and however concurrently a job completes,
+// exactly one call reports Charged. It is on every job's path, so on
+// Postgres it is one statement (one round trip, one commit).
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	if err := required("JobComplete", "ID", p.ID); err != nil {
 		return nil, err
@@ -564,42 +571,54 @@ func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 	if total == 0 {
 		total = p.PromptTokens + p.CompletionTokens
 	}
+	now := db.d.ts(db.nowUTC())
+	a := args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
+		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay}
+	const update = `UPDATE jobs SET status = 'succeeded', attempts = attempts + 1, error = NULL, next_run_at = NULL,
+		finished_at = $2, updated_at = $2, response_status = $3, response_body = $4, provider_request_id = $5,
+		prompt_tokens = $6, completion_tokens = $7, cached_tokens = $8, total_tokens = $9, cost_micros = $10
+		WHERE id = $1 AND ` + unfinishedSQL
+	// The ledger row copies the job's tenant, batch and model; on Postgres
+	// the SELECT sees the row as it was before the UPDATE beside it, which
+	// is the same for those columns.
+	const insert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
+		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at)
+		SELECT id, tenant_id, batch_id, $11, $12, model, $6, $7, $8, $10, $2 FROM jobs WHERE id = $1
+		ON CONFLICT (job_id) DO NOTHING`
 	res := &JobCompleteResult{}
-	err := db.tx(ctx, func(tx *sql.Tx) error {
-		var a args
-		now := a.add(db.d.ts(db.nowUTC()))
-		q := `UPDATE jobs SET status = 'succeeded', error = NULL, next_run_at = NULL, finished_at = ` + now +
-			`, updated_at = ` + now +
-			`, response_status = ` + a.add(status) +
-			`, response_body = ` + a.add(nullJSON(p.ResponseBody)) +
-			`, provider_request_id = ` + a.add(nullString(p.ProviderRequestID)) +
-			`, prompt_tokens = ` + a.add(p.PromptTokens) +
-			`, completion_tokens = ` + a.add(p.CompletionTokens) +
-			`, cached_tokens = ` + a.add(p.CachedTokens) +
-			`, total_tokens = ` + a.add(total) +
-			`, cost_micros = ` + a.add(int64(p.Cost)) +
-			` WHERE id = ` + a.add(p.ID) + ` AND ` + unfinishedSQL
-		j, applied, err := db.transition(ctx, tx, q, a, p.ID, "")
-		if err != nil {
-			return err
+	var err error
+	if db.d.dataModifyingCTE {
+		var completed, charged, exists int
+		err = db.rw.QueryRowContext(ctx, `WITH u AS (`+update+` RETURNING 1), l AS (`+insert+` RETURNING 1)
+			SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM l), (SELECT count(*) FROM jobs WHERE id = $1)`, a...).
+			Scan(&completed, &charged, &exists)
+		if err == nil && exists == 0 {
+			err = notFound("job", p.ID)
 		}
-		res.Job, res.Completed = j, applied
-		r, err := tx.ExecContext(ctx, `
-			INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
-				prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-			ON CONFLICT (job_id) DO NOTHING`,
-			j.ID, j.TenantID, nullString(j.BatchID), p.Day, globalDay, j.Model,
-			p.PromptTokens, p.CompletionTokens, p.CachedTokens, int64(p.Cost), db.d.ts(db.nowUTC()))
-		if err != nil {
-			return db.d.wrap(err)
-		}
-		n, err := r.RowsAffected()
-		res.Charged = n == 1
-		return err
-	})
+		res.Completed, res.Charged = completed == 1, charged == 1
+	} else {
+		err = db.tx(ctx, func(tx *sql.Tx) error {
+			u, err := tx.ExecContext(ctx, update, a...)
+			if err != nil {
+				return db.d.wrap(err)
+			}
+			l, err := tx.ExecContext(ctx, insert, a...)
+			if err != nil {
+				return db.d.wrap(err)
+			}
+			nu, _ := u.RowsAffected()
+			nl, _ := l.RowsAffected()
+			if nu == 0 && nl == 0 {
+				if _, err := getJob(ctx, tx, `id = $1`, p.ID); errors.Is(err, sql.ErrNoRows) {
+					return notFound("job", p.ID)
+				}
+			}
+			res.Completed, res.Charged = nu == 1, nl == 1
+			return nil
+		})
+	}
 	if err != nil {
-		return nil, fmt.Errorf("store: JobComplete %s: %w", p.ID, err)
+		return nil, fmt.Errorf("store: JobComplete %s: %w", p.ID, db.d.wrap(err))
 	}
 	return res, nil
 }
@@ -611,6 +630,8 @@ type JobFailParams struct {
 	// The provider's answer, when there was one (a 4xx that can never succeed).
 	ResponseStatus int
 	ResponseBody   json.RawMessage
+	// CountAttempt counts the provider call that ended in this failure.
+	CountAttempt bool
 }
 
 // JobFail marks the job failed unless it is already terminal, and reports
@@ -624,8 +645,11 @@ func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied 
 	q := `UPDATE jobs SET status = 'failed', next_run_at = NULL, finished_at = ` + now + `, updated_at = ` + now +
 		`, error = ` + a.add(errorJSON(&p.Error)) +
 		`, response_status = ` + a.add(nullInt(int64(p.ResponseStatus))) +
-		`, response_body = ` + a.add(nullJSON(p.ResponseBody)) +
-		` WHERE id = ` + a.add(p.ID) + ` AND ` + unfinishedSQL
+		`, response_body = ` + a.add(nullJSON(p.ResponseBody))
+	if p.CountAttempt {
+		q += `, attempts = attempts + 1`
+	}
+	q += ` WHERE id = ` + a.add(p.ID) + ` AND ` + unfinishedSQL
 	return db.transition(ctx, db.rw, q, a, p.ID, "")
 }
 

@@ -131,6 +131,7 @@ type run struct {
 	scope  limiter.Scope
 	acct   budget.Account
 	tier   string
+	reject bool // the tier rejects work once its budget is spent
 	bres   *budget.Reservation
 	permit *limiter.Reservation
 	wait   time.Duration // the pause after a 429
@@ -140,7 +141,8 @@ type run struct {
 // job reached a terminal state, or there is nothing to do), a *requeue error
 // to come back later, or another error for asynq to retry.
 func (h *Handler) Run(ctx context.Context, id string) error {
-	job, err := h.Store.JobGetByID(ctx, id)
+	// Loading the job marks it running (one round trip): a worker has it.
+	job, started, err := h.Store.JobStart(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		h.Logger.Warn("task for a job that does not exist", "job", id)
 		return nil
@@ -148,7 +150,7 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("load job %s: %w", id, err)
 	}
-	if job.Status.Terminal() {
+	if !started {
 		h.Logger.Debug("job already finished", "job", id, "status", job.Status)
 		return nil
 	}
@@ -172,7 +174,7 @@ func (r *run) do(ctx context.Context) error {
 	if err != nil {
 		return r.fail(ctx, store.JobError{Type: "server_error", Code: "tier_not_found", Message: err.Error()}, nil)
 	}
-	r.tier = tier.Name
+	r.tier, r.reject = tier.Name, tier.OnExhausted == config.OnExhaustedReject
 	provider, ok := h.Providers.Get(m.Provider)
 	if !ok {
 		return r.fail(ctx, store.JobError{Type: "server_error", Code: "provider_not_found",
@@ -203,23 +205,11 @@ func (r *run) do(ctx context.Context) error {
 		// spending the job's retries.
 		r.releaseAll(ctx)
 		next := h.opts.Now().Add(wait)
-		r.setStatus(ctx, store.JobWaiting, &next)
+		r.setStatus(ctx, store.JobWaiting, &next, false)
 		return &requeue{reason: "the circuit of provider " + m.Provider + " is open", delay: wait}
 	}
-	job, started, err := h.Store.JobStart(ctx, r.job.ID)
-	if err != nil {
-		h.breakers.Done(m.Provider)
-		r.releaseAll(ctx)
-		return fmt.Errorf("start job %s: %w", r.job.ID, err)
-	}
-	if !started { // cancelled (or finished by another delivery) meanwhile
-		h.breakers.Done(m.Provider)
-		r.releaseAll(ctx)
-		return nil
-	}
-	r.job = job
 	began := time.Now()
-	resp, err := provider.Call(ctx, llm.Request{Endpoint: job.Endpoint, Upstream: m.Upstream, Body: job.Request})
+	resp, err := provider.Call(ctx, llm.Request{Endpoint: r.job.Endpoint, Upstream: m.Upstream, Body: r.job.Request})
 	status := 200
 	if resp != nil {
 		status = resp.StatusCode
@@ -265,8 +255,17 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_too_small",
 			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s daily budget; it can never run.", r.est.WorstCase, dec.DeniedBy)}, nil)
 	}
+	if r.reject {
+		spent, reserved, limit := dec.Spent, dec.Reserved, dec.Budget
+		if dec.DeniedBy == "global" {
+			spent, reserved, limit = dec.GlobalSpent, dec.GlobalReserved, r.acct.Global
+		}
+		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_exhausted",
+			Message: fmt.Sprintf("The %s daily budget is spent ($%s spent, $%s reserved of $%s) and the %s tier rejects work until it resets at %s.",
+				dec.DeniedBy, spent, reserved, limit, r.tier, dec.ResetsAt.UTC().Format(time.RFC3339))}, nil)
+	}
 	next := r.h.opts.Now().Add(dec.RetryAfter)
-	r.setStatus(ctx, store.JobDeferred, &next)
+	r.setStatus(ctx, store.JobDeferred, &next, false)
 	r.log.Debug("job deferred: over budget", "cap", dec.DeniedBy, "until", dec.ResetsAt)
 	// Spread the deferred jobs over a little while after the reset.
 	delay := dec.RetryAfter + time.Duration(rand.Int64N(int64(5*time.Second)))
@@ -294,7 +293,7 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 		if res.RetryAfter > r.h.opts.MaxInlineWait {
 			next := r.h.opts.Now().Add(res.RetryAfter)
 			r.h.Observer.LimiterWait(r.job.Model, time.Since(began)+res.RetryAfter, true)
-			r.setStatus(ctx, store.JobWaiting, &next)
+			r.setStatus(ctx, store.JobWaiting, &next, false)
 			return true, &requeue{reason: "waiting for the rate limit", delay: res.RetryAfter}
 		}
 		t := time.NewTimer(res.RetryAfter)
@@ -347,7 +346,7 @@ func (r *run) callFailed(ctx context.Context, callErr error) error {
 	}
 	if ctx.Err() != nil { // shutting down: asynq puts the task back, not a failure
 		r.releaseAll(ctx)
-		r.setStatus(ctx, store.JobQueued, nil)
+		r.setStatus(ctx, store.JobQueued, nil, false)
 		return ctx.Err()
 	}
 	if pe.Class == llm.ClassRateLimited {
@@ -382,7 +381,7 @@ func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
 		return r.fail(ctx, e, pe)
 	}
 	next := r.h.opts.Now().Add(wait)
-	r.setStatus(ctx, store.JobWaiting, &next)
+	r.setStatus(ctx, store.JobWaiting, &next, true)
 	// Back after the reset; the limiter lets one probe through first.
 	return &requeue{reason: "rate limited by the provider", delay: wait}
 }
@@ -419,13 +418,13 @@ func (r *run) retry(ctx context.Context, pe *llm.Error) error {
 		return r.fail(ctx, e, pe)
 	}
 	r.log.Warn("provider call failed; will retry", "status", pe.StatusCode, "attempt", retried+1, "err", pe.Message)
-	r.setStatus(ctx, store.JobWaiting, nil)
+	r.setStatus(ctx, store.JobWaiting, nil, true)
 	return &requeue{reason: "provider error", failure: true, delay: FullJitter(retried, time.Second, 5*time.Minute), cause: pe}
 }
 
 // fail marks the job failed for good and acknowledges the task.
 func (r *run) fail(ctx context.Context, e store.JobError, pe *llm.Error) error {
-	p := &store.JobFailParams{ID: r.job.ID, Error: e}
+	p := &store.JobFailParams{ID: r.job.ID, Error: e, CountAttempt: pe != nil}
 	if pe != nil && pe.StatusCode > 0 {
 		p.ResponseStatus = pe.StatusCode
 	}
@@ -463,12 +462,13 @@ func providerError(pe *llm.Error) store.JobError {
 	return e
 }
 
-// setStatus records a non-terminal status; a failure to record it is
-// logged, not fatal: the task's own state is what brings the job back.
-func (r *run) setStatus(ctx context.Context, to store.JobStatus, next *time.Time) {
+// setStatus records a non-terminal status, counting the attempt when a
+// provider call ended this way; a failure to record it is logged, not
+// fatal: the task's own state is what brings the job back.
+func (r *run) setStatus(ctx context.Context, to store.JobStatus, next *time.Time, countAttempt bool) {
 	_, _, err := r.h.Store.JobSetStatus(context.WithoutCancel(ctx), &store.JobSetStatusParams{
 		ID: r.job.ID, From: []store.JobStatus{store.JobQueued, store.JobRunning, store.JobWaiting, store.JobDeferred},
-		To: to, NextRunAt: next,
+		To: to, NextRunAt: next, CountAttempt: countAttempt,
 	})
 	if err != nil {
 		r.log.Warn("record job status", "status", to, "err", err)
