@@ -1,0 +1,293 @@
+// Command llmq is the user's command line over llmq's HTTP API: submit a
+// batch file and watch it run with a progress bar, read jobs, batches,
+// files and the day's spend, and (with the admin token) manage tenants and
+// their keys. It is a thin layer over the Go client in package client.
+//
+// Configuration comes from LLMQ_URL (default http://127.0.0.1:8080),
+// LLMQ_API_KEY and LLMQ_ADMIN_TOKEN; the flags --url, --api-key and
+// --admin-token override them.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/llmq/llmq/client"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "llmq: "+message(err))
+		os.Exit(exitCode(err))
+	}
+}
+
+const defaultURL = "http://127.0.0.1:8080"
+
+const usage = `usage: llmq COMMAND [ARGUMENTS] [FLAGS]
+
+Jobs and batches (tenant key: LLMQ_API_KEY or --api-key):
+  submit FILE                 upload an OpenAI batch input file (JSON lines of
+                              custom_id, method, url, body; "-" reads stdin)
+                              and create a batch; prints its id
+      --wait                  poll it with a progress bar until it ends
+      --out FILE              when it ends, write the output file (implies --wait)
+      --errors FILE           when it ends, write the error file (implies --wait)
+      --jobs                  submit each line as a job instead of a batch
+      --concurrency N         jobs sent at once with --jobs (default 8)
+  batches [list]              list batches (--limit N, --all)
+  batches get ID              show a batch
+  batches cancel ID           cancel a batch
+  jobs list                   list jobs (--status S, --batch ID, --limit N, --all)
+  jobs get ID                 show a job with its response, usage and cost
+  jobs cancel ID              cancel a job that has not finished
+  jobs wait ID                wait until a job finishes, then show it
+  files upload FILE           upload a batch input file; prints its id
+  files get ID                show a file
+  files content ID            write a file's content to stdout (or --out FILE)
+  usage                       today's spend, reservations and budget
+
+Administration (admin token: LLMQ_ADMIN_TOKEN or --admin-token):
+  admin tenants create --name NAME --tier TIER [--budget USD] [--api-exempt]
+  admin tenants list | get ID
+  admin tenants update ID [--name NAME] [--tier TIER] [--budget USD|tier] [--api-exempt=BOOL]
+  admin keys create TENANT_ID  create a key; prints the key, shown only once
+  admin keys list TENANT_ID | revoke KEY_ID
+  admin usage [--day YYYY-MM-DD] [--tenant ID]
+
+Flags of every command:
+  --url URL            llmq's address (LLMQ_URL, default ` + defaultURL + `)
+  --api-key KEY        tenant key (LLMQ_API_KEY)
+  --admin-token TOKEN  admin token (LLMQ_ADMIN_TOKEN)
+  --json               print JSON instead of tables and summaries
+
+Exit status: 0 done; 1 failed; 2 bad usage; 3 the work ended but not all of
+it succeeded (a batch or job that failed, was cancelled or expired, or
+failed requests in a batch); 130 interrupted.`
+
+// Exit codes.
+const (
+	exitFailed      = 1
+	exitUsage       = 2
+	exitIncomplete  = 3
+	exitInterrupted = 130
+)
+
+// exitError carries an exit code other than 1.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func usageErrorf(format string, args ...any) error {
+	return &exitError{code: exitUsage, msg: fmt.Sprintf(format, args...)}
+}
+
+func incompletef(format string, args ...any) error {
+	return &exitError{code: exitIncomplete, msg: fmt.Sprintf(format, args...)}
+}
+
+func exitCode(err error) int {
+	var e *exitError
+	switch {
+	case errors.As(err, &e):
+		return e.code
+	case errors.Is(err, context.Canceled):
+		return exitInterrupted
+	}
+	return exitFailed
+}
+
+// message is the one line printed for err: what the server said, or why it
+// could not be reached, with a hint at the setting to check.
+func message(err error) string {
+	var apiErr *client.Error
+	var netErr *net.OpError
+	switch {
+	case errors.As(err, &apiErr):
+		msg := fmt.Sprintf("%d %s", apiErr.StatusCode, apiErr.Message)
+		switch apiErr.Code {
+		case "invalid_api_key":
+			msg += " (check LLMQ_API_KEY or --api-key)"
+		case "invalid_admin_token":
+			msg += " (check LLMQ_ADMIN_TOKEN or --admin-token)"
+		}
+		return msg
+	case errors.Is(err, context.Canceled):
+		return "interrupted"
+	case errors.As(err, &netErr):
+		return fmt.Sprintf("cannot reach llmq: %v (check LLMQ_URL or --url)", strings.TrimPrefix(err.Error(), "llmq: "))
+	}
+	return strings.TrimPrefix(err.Error(), "llmq: ")
+}
+
+// cli is one run of the command: its environment, streams and the flags
+// every command takes.
+type cli struct {
+	ctx    context.Context
+	env    map[string]string
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+
+	url, apiKey, adminToken string
+	json                    bool
+}
+
+// run runs the command line args with the environment environ (KEY=VALUE).
+func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	c := &cli{ctx: ctx, env: map[string]string{}, stdin: stdin, stdout: stdout, stderr: stderr}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			c.env[k] = v
+		}
+	}
+	// Common flags may come before the command too.
+	fs := c.flags("llmq")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stdout, usage)
+			return nil
+		}
+		return usageErrorf("%v\n%s", err, usage)
+	}
+	args = fs.Args()
+	if len(args) == 0 {
+		return usageErrorf("no command given\n%s", usage)
+	}
+	err := c.dispatch(args[0], args[1:])
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	return err
+}
+
+// errHelp ends a command whose help was asked for (and printed).
+var errHelp = errors.New("help shown")
+
+func (c *cli) dispatch(cmd string, args []string) error {
+	switch cmd {
+	case "submit":
+		return c.submit(args)
+	case "jobs":
+		return c.jobs(args)
+	case "batches":
+		return c.batches(args)
+	case "files":
+		return c.files(args)
+	case "usage":
+		return c.usage(args)
+	case "admin":
+		return c.admin(args)
+	case "help":
+		fmt.Fprintln(c.stdout, usage)
+		return nil
+	}
+	return usageErrorf("unknown command %q\n%s", cmd, usage)
+}
+
+// flags returns a flag set for one command with the common flags.
+func (c *cli) flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned, and help is the usage text
+	// No defaults here: help must never print a key taken from the
+	// environment. They are resolved in client().
+	fs.StringVar(&c.url, "url", c.url, "")
+	fs.StringVar(&c.apiKey, "api-key", c.apiKey, "")
+	fs.StringVar(&c.adminToken, "admin-token", c.adminToken, "")
+	fs.BoolVar(&c.json, "json", c.json, "")
+	return fs
+}
+
+// parse parses args, whose flags may come before, between or after the
+// positional arguments ("--" ends the flags), and checks that exactly the
+// named positional arguments are there.
+func (c *cli) parse(fs *flag.FlagSet, args []string, names ...string) ([]string, error) {
+	var pos, rest []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, rest = args[:i], args[i+1:]
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprintln(c.stdout, usage)
+				return nil, errHelp
+			}
+			return nil, usageErrorf("%s: %v", fs.Name(), err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	pos = append(pos, rest...)
+	if len(pos) != len(names) {
+		want := "no arguments"
+		if len(names) > 0 {
+			want = strings.Join(names, " ")
+		}
+		return nil, usageErrorf("%s takes %s, got %q (see llmq help)", fs.Name(), want, pos)
+	}
+	return pos, nil
+}
+
+// client returns a client of the tenant key.
+func (c *cli) client() (*client.Client, error) {
+	key := firstOf(c.apiKey, c.env["LLMQ_API_KEY"])
+	if key == "" {
+		return nil, usageErrorf("no API key: set LLMQ_API_KEY or pass --api-key")
+	}
+	return c.newClient(key)
+}
+
+// adminClient returns a client of the admin token.
+func (c *cli) adminClient() (*client.Client, error) {
+	token := firstOf(c.adminToken, c.env["LLMQ_ADMIN_TOKEN"])
+	if token == "" {
+		return nil, usageErrorf("no admin token: set LLMQ_ADMIN_TOKEN or pass --admin-token")
+	}
+	return c.newClient("", client.WithAdminToken(token))
+}
+
+func (c *cli) newClient(key string, opts ...client.Option) (*client.Client, error) {
+	u := firstOf(c.url, c.env["LLMQ_URL"], defaultURL)
+	cl, err := client.New(u, key, append(opts, client.WithUserAgent("llmq-cli"))...)
+	if err != nil {
+		return nil, usageErrorf("LLMQ_URL or --url: %q is not an http(s) URL", u)
+	}
+	return cl, nil
+}
+
+func firstOf(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// subcommand splits args into the subcommand and the rest, with def when
+// there is none (or the first argument is a flag).
+func subcommand(args []string, def string) (string, []string) {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return def, args
+	}
+	return args[0], args[1:]
+}
