@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
-	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
@@ -216,13 +215,9 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	c := callerOf(r)
-	acct, tier, err := admission.Account(s.Policy.Current(), c.tenant)
-	if err != nil {
-		return err
-	}
-	d, err := s.Budgets.Status(r.Context(), acct)
-	if err != nil {
-		return err
+	tier, d := c.tier, c.budget
+	if d == nil {
+		return errorf(http.StatusNotImplemented, TypeServer, "budgets_disabled", "", "Budgets are not configured on this server.")
 	}
 	out := client.Usage{Object: "usage", Tenant: c.tenant.ID, Tier: tier.Name, Day: d.Day,
 		SpentUSD: d.Spent.USD(), ReservedUSD: d.Reserved.USD(), SoftLimitReached: d.SoftLimitReached, ResetsAt: unix(d.ResetsAt)}

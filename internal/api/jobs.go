@@ -45,10 +45,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("Idempotency-Key", "invalid_header", "Idempotency-Key is longer than 255 characters.")
 	}
 	p := s.Policy.Current()
-	acct, tier, err := admission.Account(p, c.tenant)
-	if err != nil {
-		return err
-	}
+	acct, tier := c.acct, c.tier
 	in, err := s.validateJob(p, tier, &req)
 	if err != nil {
 		return err
@@ -58,7 +55,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 		return admissionError(err, "body.")
 	}
 	if tier.OnExhausted == config.OnExhaustedReject {
-		if err := s.checkBudgetNow(r, acct, est.WorstCase); err != nil {
+		if err := s.checkBudgetNow(c.budget, acct, est.WorstCase); err != nil {
 			return err
 		}
 	}
@@ -158,13 +155,9 @@ func admissionError(err error, prefix string) error {
 
 // checkBudgetNow refuses, for tiers that reject when exhausted, a job that
 // does not fit in what is left of today's budget.
-func (s *Server) checkBudgetNow(r *http.Request, acct budget.Account, worst money.Micros) error {
-	if s.Budgets == nil {
+func (s *Server) checkBudgetNow(d *budget.Decision, acct budget.Account, worst money.Micros) error {
+	if d == nil {
 		return nil
-	}
-	d, err := s.Budgets.Status(r.Context(), acct)
-	if err != nil {
-		return err
 	}
 	fits := d.Unlimited || int64(d.Spent)+int64(d.Reserved)+int64(worst) <= int64(d.Budget)
 	if acct.Global > 0 && int64(d.GlobalSpent)+int64(d.GlobalReserved)+int64(worst) > int64(acct.Global) {

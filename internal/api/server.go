@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -152,10 +153,43 @@ func (s *Server) plain(h handlerFunc) http.Handler {
 	})
 }
 
-// caller is the authenticated tenant of a request.
+// caller is the authenticated tenant of a request, with its budget
+// account and today's spend as of the request.
 type caller struct {
 	key    *store.APIKey
 	tenant *store.Tenant
+	acct   budget.Account
+	tier   *config.Tier
+	budget *budget.Decision // nil when the budget engine is not configured
+}
+
+// budgetHeaders sets X-Budget-Remaining on every tenant response (dollars
+// left today, or "unlimited") and X-Budget-Warning once spend and
+// reservations pass the tier's soft limit.
+func (s *Server) budgetHeaders(w http.ResponseWriter, r *http.Request, c *caller) error {
+	acct, tier, err := admission.Account(s.Policy.Current(), c.tenant)
+	if err != nil {
+		return err
+	}
+	c.acct, c.tier = acct, tier
+	if s.Budgets == nil {
+		return nil
+	}
+	d, err := s.Budgets.Status(r.Context(), acct)
+	if err != nil {
+		return err
+	}
+	c.budget = d
+	if d.Unlimited {
+		w.Header().Set("X-Budget-Remaining", "unlimited")
+		return nil
+	}
+	w.Header().Set("X-Budget-Remaining", d.Remaining.String())
+	if d.SoftLimitReached {
+		w.Header().Set("X-Budget-Warning", fmt.Sprintf("soft limit reached: $%s spent and $%s reserved of the $%s daily budget (soft limit %.0f%%)",
+			d.Spent, d.Reserved, d.Budget, acct.SoftLimit*100))
+	}
+	return nil
 }
 
 type callerKey struct{}
@@ -195,8 +229,11 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		if err := s.rateLimit(w, r, key, tenant); err != nil {
 			return err
 		}
-		ctx := context.WithValue(r.Context(), callerKey{}, &caller{key: key, tenant: tenant})
-		return h(w, r.WithContext(ctx))
+		c := &caller{key: key, tenant: tenant}
+		if err := s.budgetHeaders(w, r, c); err != nil {
+			return err
+		}
+		return h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/batch"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
@@ -25,6 +26,7 @@ import (
 	"github.com/llmq/llmq/internal/recovery"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/webhook"
 	"github.com/llmq/llmq/internal/worker"
 )
 
@@ -47,11 +49,15 @@ type App struct {
 	Inspector *queue.Inspector
 	Queue     *queue.Client
 	Providers *worker.Providers
+	// Batches validates batches and runs their lifecycle (its sweeper runs
+	// in the dispatcher).
+	Batches *batch.Service
 	// Observer and APIObserver receive the workers' and the API's events
 	// for metrics. Default to none.
 	Observer    worker.Observer
 	APIObserver api.Observer
 
+	clock   func() time.Time
 	closers []func() error
 }
 
@@ -66,12 +72,16 @@ type Parts struct {
 	Providers *worker.Providers
 	// LookupEnv reads provider API keys. Defaults to os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// Clock replaces Redis time for budget days, and the clock of the API's
+	// timestamps (tests simulate a daily reset with it). Defaults to none:
+	// Redis TIME.
+	Clock func() time.Time
 }
 
 // Open connects to Redis and the store (applying migrations), loads the
 // policy and builds every part. Close releases them.
 func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts) (a *App, err error) {
-	a = &App{Env: env, Logger: logger, Keys: rkeys.New(env.KeyPrefix)}
+	a = &App{Env: env, Logger: logger, Keys: rkeys.New(env.KeyPrefix), clock: parts.Clock}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -114,7 +124,7 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	// provider's.
 	a.Limiter = limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, HoldInFlight: true})
 	a.APILimiter = limiter.NewSlidingCounter(a.Redis, limiter.Options{Keys: a.Keys})
-	a.Budgets = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger})
+	a.Budgets = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock})
 	a.Admission = admission.New()
 
 	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
@@ -123,6 +133,9 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	a.Queue = queue.NewClient(a.Asynq, queue.ClientOptions{Namespace: ns})
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	a.Inspector = queue.NewInspector(in, ns)
+	a.Batches = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue, Logger: logger},
+		batch.Options{})
+	a.closers = append(a.closers, a.Batches.Close)
 
 	a.Providers = parts.Providers
 	if a.Providers == nil {
@@ -150,10 +163,12 @@ func (a *App) Ready(ctx context.Context) error {
 
 // API returns the HTTP API over the app's parts.
 func (a *App) API() *api.Server {
-	return api.New(api.Deps{
+	srv := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
 		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver,
-	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes})
+	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, Now: a.clock})
+	srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines})
+	return srv
 }
 
 // Reconciler returns the reconciler that re-enqueues jobs whose task Redis
@@ -167,11 +182,21 @@ func (a *App) Reconciler(opts recovery.Options) *recovery.Reconciler {
 
 // JobHandler returns the handler of job tasks.
 func (a *App) JobHandler(opts worker.Options) *worker.Handler {
+	if opts.Now == nil {
+		opts.Now = a.clock
+	}
 	return worker.NewHandler(worker.Deps{
 		Store: a.Store, Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets,
 		Providers: a.Providers, Queue: a.Queue, Logger: a.Logger, Observer: a.Observer,
 		Learned: worker.NewLearned(a.Redis, a.Keys, a.Logger, a.Observer),
 	}, opts)
+}
+
+// WebhookHandler returns the handler of webhook deliveries.
+func (a *App) WebhookHandler() *webhook.Handler {
+	obs, _ := a.Observer.(webhook.Observer) // the metrics recorder is one
+	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs},
+		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate})
 }
 
 // WorkerServer returns the asynq server that runs jobs, and its mux.
@@ -180,7 +205,7 @@ func (a *App) WorkerServer(opts worker.Options) (*asynq.Server, *asynq.ServeMux)
 		Concurrency: a.Env.WorkerConcurrency, Namespace: queue.Namespace(a.Env.QueueNamespace),
 		ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
 	})
-	return srv, worker.Mux(a.JobHandler(opts), nil)
+	return srv, worker.Mux(a.JobHandler(opts), a.WebhookHandler())
 }
 
 // LoadEnv reads and validates the LLMQ_* environment for role and builds the

@@ -92,6 +92,9 @@ type Options struct {
 	WorkerOptions worker.Options
 	// Env changes the environment before validation.
 	Env func(*config.Env)
+	// Clock replaces Redis time for budget days and the workers' clock.
+	// Defaults to none.
+	Clock func() time.Time
 }
 
 // App is a running test llmq.
@@ -163,7 +166,7 @@ func Start(t testing.TB, o Options) *App {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := app.Open(ctx, env, logger, app.Parts{Policy: holder, LookupEnv: app.LookupIn(environ)})
+	a, err := app.Open(ctx, env, logger, app.Parts{Policy: holder, LookupEnv: app.LookupIn(environ), Clock: o.Clock})
 	if err != nil {
 		t.Fatal(err)
 	}

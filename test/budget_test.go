@@ -1,0 +1,316 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// budgetPolicy has an expensive model, so that cents of budget go in a few
+// hundred small jobs, and tiers with a $1.00 daily budget.
+const budgetPolicy = `
+providers:
+  - {name: sim, base_url: "{{SIM}}", api_key_env: SIM_API_KEY, timeout: 10s}
+models:
+  - name: gpt-expensive
+    provider: sim
+    upstream: gpt-4o
+    price: {input_per_mtok: 60, output_per_mtok: 600}
+    limits: {rpm: 60000, tpm: 6000000}
+    max_output_tokens: 100
+tiers:
+  - {name: capped, daily_budget_usd: 1, priority: default, on_exhausted: defer, api_rps: 1000}
+  - {name: strict, daily_budget_usd: 1, priority: default, on_exhausted: reject, api_rps: 1000}
+  - {name: big, daily_budget_usd: 1000, priority: default, on_exhausted: defer, api_rps: 1000}
+%s
+`
+
+// fakeClock is the budgets' time: a test moves it past midnight to
+// simulate the daily reset.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func expensiveJob(i int) map[string]any {
+	return map[string]any{"custom_id": fmt.Sprintf("e%03d", i), "body": map[string]any{
+		"model": "gpt-expensive", "max_tokens": 25,
+		"messages": []map[string]any{{"role": "user", "content": fmt.Sprintf("Say %d.", i)}},
+	}}
+}
+
+func submitEach(t *testing.T, a *apptest.App, key string, n int, body func(int) map[string]any) []string {
+	t.Helper()
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for p := 0; p < 8; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			for i := p; i < n; i += 8 {
+				r := apptest.Do(t, a.URL, "POST", "/v1/jobs", key, body(i), nil)
+				if r.Status != 202 {
+					t.Errorf("job %d: %d %s", i, r.Status, r.Body)
+					return
+				}
+				ids[i] = r.Map(t)["id"].(string)
+			}
+		}(p)
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return ids
+}
+
+// settled waits until no job of ids is queued, running or waiting: each has
+// finished or is deferred to the next budget day.
+func settled(t *testing.T, a *apptest.App, ids []string) map[store.JobStatus][]*store.Job {
+	t.Helper()
+	var by map[store.JobStatus][]*store.Job
+	eventually(t, 2*time.Minute, func() bool {
+		by = map[store.JobStatus][]*store.Job{}
+		for _, id := range ids {
+			j, err := a.Store.JobGetByID(context.Background(), id)
+			if err != nil {
+				return false
+			}
+			if j.Status != store.JobDeferred && !j.Status.Terminal() {
+				return false
+			}
+			by[j.Status] = append(by[j.Status], j)
+		}
+		return true
+	}, "every job finished or deferred")
+	return by
+}
+
+// runDeferredNow moves the tasks of deferred jobs, scheduled for the
+// budget's reset, to run now (the time asynq would otherwise wait for),
+// and waits until the workers have taken them all.
+func runDeferredNow(t *testing.T, a *apptest.App) {
+	t.Helper()
+	in := asynq.NewInspectorFromRedisClient(a.Redis)
+	q := a.Queue.Namespace().Queue(queue.Default)
+	if _, err := in.RunAllRetryTasks(q); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, func() bool {
+		info, err := in.GetQueueInfo(q)
+		return err == nil && info.Pending == 0 && info.Active == 0
+	}, "the deferred jobs ran again")
+}
+
+// TestBudgetIsNeverOverspent: 200 concurrent jobs of one tenant whose
+// worst cases add up to $3.12 against a $1.00 budget, through three
+// workers: no day is charged more than $1.00, the rest is deferred, and
+// after each simulated reset the deferred jobs run, until all have.
+func TestBudgetIsNeverOverspent(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, ""), Clock: clock.Now, Workers: 3,
+		Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 3, Latency: 5 * time.Millisecond}})
+	tenant, key := a.Tenant("capped")
+	ids := submitEach(t, a, key, 200, expensiveJob)
+	ctx := context.Background()
+
+	var worst money.Micros
+	for _, id := range ids {
+		j, _ := a.Store.JobGetByID(ctx, id)
+		worst += j.EstCost
+	}
+	if worst < 3*money.PerDollar {
+		t.Fatalf("the jobs' worst cases add up to $%s; the test wants $3 or more", worst)
+	}
+	p := a.Policy.Current()
+	m, _ := p.Model("gpt-expensive")
+	done := 0
+	for day := 0; day < 6 && done < len(ids); day++ {
+		by := settled(t, a, ids)
+		spent, err := a.Store.UsageSumByTenantDay(ctx, tenant, clock.Now().Format(time.DateOnly))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if spent > money.PerDollar {
+			t.Fatalf("day %d: charged $%s against a $1.00 budget", day, spent)
+		}
+		done = len(by[store.JobSucceeded])
+		t.Logf("day %d: charged $%s; %d jobs done, %d deferred", day, spent, done, len(by[store.JobDeferred]))
+		if len(by[store.JobFailed]) > 0 {
+			t.Fatalf("jobs failed: %+v", by[store.JobFailed][0].Error)
+		}
+		if day == 0 && len(by[store.JobDeferred]) == 0 {
+			t.Fatal("nothing was deferred on the first day")
+		}
+		for _, j := range by[store.JobDeferred] {
+			if j.Attempts != 0 && j.NextRunAt == nil {
+				t.Fatalf("deferred job %s: attempts %d, next_run_at %v", j.ID, j.Attempts, j.NextRunAt)
+			}
+		}
+		clock.Add(24 * time.Hour)
+		runDeferredNow(t, a)
+	}
+	if done != len(ids) {
+		t.Fatalf("after the resets %d of %d jobs ran", done, len(ids))
+	}
+	// Each job's ledger row is exactly its usage at the model's price.
+	for _, id := range ids {
+		j, _ := a.Store.JobGetByID(ctx, id)
+		e, err := a.Store.UsageGetByJob(ctx, id)
+		if want := m.Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); err != nil || e.Cost != want || j.Cost != want {
+			t.Fatalf("job %s: ledger %+v (%v), job cost %d; want %d", id, e, err, j.Cost, want)
+		}
+	}
+}
+
+// TestRejectTierAndGlobalCap: a tier that rejects answers 429 at enqueue,
+// with Retry-After and an error naming the budget, once its day is spent;
+// the global cap stops two tenants at once.
+func TestRejectTierAndGlobalCap(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Date(2026, 6, 1, 22, 0, 0, 0, time.UTC)}
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, "global_daily_budget_usd: 0.5"),
+		Clock: clock.Now, Workers: 2, Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 4, CompletionMin: 1, CompletionMax: 1}})
+	ctx := context.Background()
+
+	// Two tenants of a big tier: the $0.50 global cap stops both.
+	t1, k1 := a.Tenant("big")
+	t2, k2 := a.Tenant("big")
+	ids := append(submitEach(t, a, k1, 40, expensiveJob), submitEach(t, a, k2, 40, expensiveJob)...)
+	by := settled(t, a, ids)
+	day := clock.Now().Format(time.DateOnly)
+	s1, _ := a.Store.UsageSumByTenantDay(ctx, t1, day)
+	s2, _ := a.Store.UsageSumByTenantDay(ctx, t2, day)
+	if s1+s2 > money.PerDollar/2 || s1+s2 < money.PerDollar/2-20_000 {
+		t.Fatalf("global cap $0.50: tenants charged $%s and $%s; want together just under $0.50", s1, s2)
+	}
+	deferredOf := map[string]int{}
+	for _, j := range by[store.JobDeferred] {
+		deferredOf[j.TenantID]++
+	}
+	if deferredOf[t1] == 0 || deferredOf[t2] == 0 {
+		t.Fatalf("deferred per tenant = %v; the global cap should stop both", deferredOf)
+	}
+
+	// A rejecting tier: once the global day is spent, enqueue answers 429
+	// with the time to the reset (2 h away on the fake clock).
+	_, ks := a.Tenant("strict")
+	r := apptest.Do(t, a.URL, "POST", "/v1/jobs", ks, expensiveJob(0), nil)
+	if r.Status != 429 || r.Header.Get("Retry-After") == "" || !strings.Contains(string(r.Body), "budget") {
+		t.Fatalf("reject tier past the cap: %d %v %s", r.Status, r.Header, r.Body)
+	}
+	if ra := r.Header.Get("Retry-After"); ra != "7200" {
+		t.Fatalf("Retry-After = %s, want 7200 (seconds to midnight UTC)", ra)
+	}
+	if r.Header.Get("X-Budget-Remaining") == "" {
+		t.Fatal("no X-Budget-Remaining header")
+	}
+}
+
+// TestSoftLimitHeaders: X-Budget-Remaining is on every tenant answer, and
+// X-Budget-Warning appears once spend passes the tier's soft limit.
+func TestSoftLimitHeaders(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, ""), Clock: clock.Now, Workers: 1,
+		Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 5, CompletionMin: 1, CompletionMax: 1}})
+	_, key := a.Tenant("capped")
+	r := a.Do("GET", "/v1/usage", key, nil)
+	if r.Header.Get("X-Budget-Remaining") != "1.000000" || r.Header.Get("X-Budget-Warning") != "" {
+		t.Fatalf("fresh tenant: remaining %q warning %q", r.Header.Get("X-Budget-Remaining"), r.Header.Get("X-Budget-Warning"))
+	}
+	// Each job costs about $0.0156: 60 of them pass 80% of $1.
+	settled(t, a, submitEach(t, a, key, 60, expensiveJob))
+	r = a.Do("GET", "/v1/jobs?limit=1", key, nil)
+	if w := r.Header.Get("X-Budget-Warning"); !strings.Contains(w, "soft limit") {
+		t.Fatalf("past the soft limit: warning %q, remaining %q", w, r.Header.Get("X-Budget-Remaining"))
+	}
+}
+
+// TestSpendSurvivesFlushAll: the day's spend is rebuilt from the ledger
+// when Redis loses it.
+func TestSpendSurvivesFlushAll(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	a := apptest.Start(t, apptest.Options{RedisURL: "redis://" + srv.Addr + "/0", Workers: 1})
+	_, key := a.Tenant("standard")
+	ids := submitAll(t, a, key, 30, 3, 50)
+	allEnd(t, a, ids, time.Minute)
+	before := a.Do("GET", "/v1/usage", key, nil).Map(t)
+	if before["spent_usd"].(float64) <= 0 {
+		t.Fatalf("nothing spent: %v", before)
+	}
+	if err := a.Redis.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	after := a.Do("GET", "/v1/usage", key, nil).Map(t)
+	if after["spent_usd"] != before["spent_usd"] {
+		t.Fatalf("spent after FLUSHALL = %v, before = %v", after["spent_usd"], before["spent_usd"])
+	}
+}
+
+// TestPremiumFlowsPastAFreeBacklog: with 10,000 jobs of a low-priority
+// tenant queued, a premium tenant's jobs still run at once.
+func TestPremiumFlowsPastAFreeBacklog(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{
+		Limits: sim.Limits{RPM: 1_000_000, TPM: 100_000_000}, DefaultMaxTokens: 1024, Latency: 50 * time.Millisecond}})
+	ctx := context.Background()
+	free, _ := a.Tenant("free") // priority low
+	// The backlog goes straight to the store and queue: 10,000 POSTs would
+	// only slow the test.
+	const backlog = 10000
+	params := make([]*store.JobInsertParams, backlog)
+	body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"x"}],"max_tokens":5}`)
+	for i := range params {
+		params[i] = &store.JobInsertParams{TenantID: free, CustomID: fmt.Sprintf("f%d", i),
+			Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini", Request: body, Queue: queue.Low,
+			EstPromptTokens: 10, EstMaxTokens: 5, EstCost: 1}
+	}
+	jobIDs, err := a.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs := make([]queue.JobRef, len(jobIDs))
+	for i, id := range jobIDs {
+		refs[i] = queue.JobRef{ID: id, Queue: queue.Low}
+	}
+	if _, err := a.Queue.EnqueueJobs(ctx, refs); err != nil {
+		t.Fatal(err)
+	}
+	a.StartWorker(worker.Options{})
+	_, premium := a.Tenant("premium") // priority critical
+	ids := submitAll(t, a, premium, 50, 5, 5)
+	start := time.Now()
+	allEnd(t, a, ids, time.Minute)
+	took := time.Since(start)
+	done, err := countStatus(ctx, a, free, store.JobSucceeded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done > backlog/10 {
+		t.Fatalf("the free backlog ran first: %d of its %d jobs ran before the 50 premium jobs finished", done, backlog)
+	}
+	t.Logf("50 premium jobs finished in %v while %d of the %d free jobs had run", took.Round(time.Millisecond), done, backlog)
+}
