@@ -1,0 +1,194 @@
+// Package dashboard serves what operators look at, behind the admin token:
+// /dashboard, a server-rendered page (html/template, embedded CSS, no build
+// step, refreshing itself) with each model's buckets against its limits and
+// its 429 rate, each tenant's spend against its budget with the soft and hard
+// marks, batches in progress, queue sizes and latency, and charts of the last
+// hour; /monitoring/, the asynq monitor (asynqmon), read-only unless
+// configured otherwise; and /metrics, the process's Prometheus registry with
+// the scrape-time collectors of shared state.
+package dashboard
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/hibiken/asynq"
+	asynqmetrics "github.com/hibiken/asynq/x/metrics"
+	"github.com/hibiken/asynqmon"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/metrics"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/rkeys"
+	"github.com/llmq/llmq/internal/store"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed assets
+var assetFS embed.FS
+
+// Deps are what the pages read.
+type Deps struct {
+	State  *metrics.State
+	Store  *store.DB
+	Policy *config.PolicyHolder
+	Queues *queue.Inspector
+	// Redis and Keys read the per-minute counters of the charts.
+	Redis redis.UniversalClient
+	Keys  rkeys.Builder
+	// Metrics serves /metrics; nil leaves /metrics unmounted.
+	Metrics *metrics.Recorder
+	// IsAdmin reports whether a request carries the admin token.
+	IsAdmin func(*http.Request) bool
+	Logger  *slog.Logger
+}
+
+// Options configure the pages.
+type Options struct {
+	// RedisURL is where asynqmon connects (it opens its own connections).
+	// Empty leaves /monitoring/ unmounted.
+	RedisURL string
+	// MonitoringReadOnly refuses every asynqmon request but GET, so nobody
+	// deletes or reruns tasks behind the store's back. Defaults to false;
+	// the dispatcher passes LLMQ_MONITORING_READONLY (default true).
+	MonitoringReadOnly bool
+	// Refresh is how often the dashboard reloads itself. Defaults to 10s.
+	Refresh time.Duration
+	// MaxTenants and MaxBatches cap the rows shown. Default to 50 and 20.
+	MaxTenants, MaxBatches int
+	// Now is the page's clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Server serves the dashboard.
+type Server struct {
+	d    Deps
+	o    Options
+	page *template.Template
+}
+
+// New returns the dashboard server.
+func New(d Deps, o Options) (*Server, error) {
+	if d.IsAdmin == nil {
+		return nil, errors.New("dashboard: Deps.IsAdmin is required: the pages are for admins only")
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Refresh <= 0 {
+		o.Refresh = 10 * time.Second
+	}
+	if o.MaxTenants <= 0 {
+		o.MaxTenants = 50
+	}
+	if o.MaxBatches <= 0 {
+		o.MaxBatches = 20
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	t, err := template.New("dashboard.html").Funcs(funcs).ParseFS(templateFS, "templates/dashboard.html")
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: parse template: %w", err)
+	}
+	return &Server{d: d, o: o, page: t}, nil
+}
+
+// Mount adds /dashboard, /monitoring/ and /metrics to mux. Close the
+// returned Closer when the server stops: it releases asynqmon's Redis
+// connections.
+func (s *Server) Mount(mux *http.ServeMux) (io.Closer, error) {
+	assets, err := fs.Sub(assetFS, "assets")
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("GET /dashboard", s.admin(http.HandlerFunc(s.serveDashboard)))
+	mux.Handle("GET /dashboard/", s.admin(http.RedirectHandler("/dashboard", http.StatusFound)))
+	mux.Handle("GET /dashboard/assets/", s.admin(http.StripPrefix("/dashboard/assets/", http.FileServerFS(assets))))
+	if s.d.Metrics != nil {
+		mux.Handle("GET /metrics", s.d.Metrics.Handler())
+	}
+	closer := io.Closer(nopCloser{})
+	if s.o.RedisURL != "" {
+		opt, err := asynq.ParseRedisURI(s.o.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("LLMQ_REDIS_URL: %w", err)
+		}
+		mon := asynqmon.New(asynqmon.Options{RootPath: "/monitoring", RedisConnOpt: opt, ReadOnly: s.o.MonitoringReadOnly})
+		mux.Handle("/monitoring/", s.admin(mon))
+		mux.Handle("GET /monitoring", s.admin(http.RedirectHandler("/monitoring/", http.StatusMovedPermanently)))
+		closer = mon
+	}
+	return closer, nil
+}
+
+type nopCloser struct{}
+
+func (nopCloser) Close() error { return nil }
+
+// admin lets through requests with the admin token (as a bearer token, or
+// as the basic-auth password so a browser can log in) and asks for it with
+// a basic-auth challenge otherwise.
+func (s *Server) admin(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.d.IsAdmin(r) {
+			w.Header().Set("WWW-Authenticate", `Basic realm="llmq", charset="UTF-8"`)
+			http.Error(w, "401 Unauthorized: log in with the admin token as the password (any user name).", http.StatusUnauthorized)
+			return
+		}
+		// Operator pages show tenants' spend: keep them out of shared caches.
+		w.Header().Set("Cache-Control", "no-store")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// MountApp builds the dashboard, the monitor and /metrics of a dispatcher
+// over app a, registers the scrape-time collectors (bucket levels, budgets,
+// workers, and asynq's queue collector) in rec, and mounts them beside the
+// API of srv. The monitor connects to LLMQ_REDIS_URL unless o.RedisURL says
+// otherwise, and is read-only as LLMQ_MONITORING_READONLY says.
+func MountApp(srv *api.Server, a *app.App, rec *metrics.Recorder, o Options) (io.Closer, error) {
+	// Sharing the app's client: this inspector is never closed (asynq
+	// refuses to close a shared connection; the app closes it).
+	in := asynq.NewInspectorFromRedisClient(a.Redis)
+	ns := queue.Namespace(a.Env.QueueNamespace)
+	st := metrics.NewState(metrics.StateDeps{
+		Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store, Asynq: in, Namespace: ns,
+	}, metrics.StateOptions{})
+	if err := rec.Register(st.Collector(), asynqmetrics.NewQueueMetricsCollector(in)); err != nil {
+		return nil, fmt.Errorf("register collectors: %w", err)
+	}
+	// asynq's inspector and asynqmon list queues from asynq's own set, which
+	// only learns a queue at its first enqueue; register them all so an idle
+	// installation shows its queues too.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := queue.RegisterQueues(ctx, a.Redis, ns); err != nil {
+		return nil, fmt.Errorf("register queues: %w", err)
+	}
+	if o.RedisURL == "" {
+		o.RedisURL = a.Env.RedisURL
+	}
+	o.MonitoringReadOnly = a.Env.MonitoringReadOnly
+	s, err := New(Deps{
+		State: st, Store: a.Store, Policy: a.Policy, Queues: a.Inspector, Redis: a.Redis, Keys: a.Keys,
+		Metrics: rec, IsAdmin: srv.IsAdmin, Logger: a.Logger,
+	}, o)
+	if err != nil {
+		return nil, err
+	}
+	return s.Mount(srv.Mux())
+}

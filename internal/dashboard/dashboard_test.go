@@ -1,0 +1,236 @@
+package dashboard_test
+
+import (
+	"context"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/dashboard"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/metrics"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// redisDB is the Redis database of the dashboard and metrics tests
+// (docs/ARCHITECTURE.md).
+const redisDB = 9
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Connection pools of the test apps' Redis and Postgres clients,
+		// and idle keep-alive connections, wind down after the tests.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		// asynqmon's and chromedp's connections end with the test's cleanup.
+		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
+	)
+}
+
+// policy is apptest's chat model with a daily token bucket, so a seeded
+// level barely moves (it refills 10M tokens a day: ~116 a second) while a
+// browser reads it.
+const policy = `
+providers:
+  - name: sim
+    base_url: {{SIM}}
+    api_key_env: SIM_API_KEY
+models:
+  - name: gpt-4o-mini
+    provider: sim
+    price: {input_per_mtok: 0.15, output_per_mtok: 0.60}
+    limits: {rpm: 3000, tpm: 5000000, tpd: 10000000}
+tiers:
+  - name: standard
+    daily_budget_usd: 50
+    priority: default
+    api_rps: 1000
+  - name: premium
+    daily_budget_usd: 500
+    priority: critical
+    api_rps: 1000
+`
+
+// fixture is a dispatcher (the API with the dashboard, the monitor and
+// /metrics mounted as the dispatcher mounts them) over a seeded scenario.
+type fixture struct {
+	a   *apptest.App
+	url string
+
+	acme, beta string // tenants: acme past its soft limit ($41.25 of $50), beta at $12.50 of $500
+	batch      string // 10 jobs: 6 succeeded, 1 failed, 3 queued
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy})
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
+	srv := a.API()
+	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{Refresh: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closer.Close() })
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	f := &fixture{a: a, url: hs.URL}
+
+	f.acme, _ = a.Tenant("standard")
+	f.beta, _ = a.Tenant("premium")
+	spend(t, a, f.acme, 41_250_000)
+	spend(t, a, f.beta, 12_500_000)
+
+	// 4,000,000 tokens of the model's 10,000,000 a day are taken.
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	if res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: 4_000_000}); err != nil || !res.Allowed {
+		t.Fatalf("reserve: %v %+v", err, res)
+	}
+
+	f.batch = seedBatch(t, a, f.acme)
+
+	// The last hour's charts: 4 jobs at $0.25 each, and 1 of 4 calls a 429.
+	for range 4 {
+		rec.JobFinished(f.acme, "standard", "gpt-4o-mini", string(store.JobSucceeded), 1000, 200, 250_000)
+	}
+	for _, code := range []int{200, 200, 200, 429} {
+		rec.ProviderCall("sim", "gpt-4o-mini", code, 100*time.Millisecond)
+	}
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// spend charges amount to the tenant's budget day, as a settled job would.
+func spend(t *testing.T, a *apptest.App, tenantID string, amount money.Micros) {
+	t.Helper()
+	ctx := context.Background()
+	tn, err := a.Store.TenantGetByID(ctx, tenantID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acct, _, err := admission.Account(a.Policy.Current(), tn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, dec, err := a.Budgets.Reserve(ctx, acct, "job_seed"+tenantID, amount)
+	if err != nil || !dec.Allowed {
+		t.Fatalf("reserve %s: %v, %+v", amount, err, dec)
+	}
+	if err := a.Budgets.Settle(ctx, res, amount, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// seedBatch inserts an in-progress batch of 10 jobs through the store: 6
+// succeeded, 1 failed and 3 still queued in the batch queue.
+func seedBatch(t *testing.T, a *apptest.App, tenantID string) string {
+	t.Helper()
+	ctx := context.Background()
+	file, err := a.Store.FileInsert(ctx, &store.FileInsertParams{
+		TenantID: tenantID, Purpose: store.FilePurposeBatch, Filename: "in.jsonl", Content: strings.NewReader("{}\n"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{
+		TenantID: tenantID, InputFileID: file.ID, Endpoint: "/v1/chat/completions", CompletionWindow: "24h", Total: 10,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{
+		ID: b.ID, From: []store.BatchStatus{store.BatchValidating}, To: store.BatchInProgress,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	jobs := make([]*store.JobInsertParams, 10)
+	for i := range jobs {
+		jobs[i] = &store.JobInsertParams{
+			TenantID: tenantID, BatchID: b.ID, LineNo: i, Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini",
+			Request: []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`), Queue: queue.Batch,
+		}
+	}
+	ids, err := a.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := time.Now().UTC().Format(time.DateOnly)
+	for _, id := range ids[:6] {
+		if _, err := a.Store.JobComplete(ctx, &store.JobCompleteParams{ID: id, Day: day, ResponseBody: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := a.Store.JobFail(ctx, &store.JobFailParams{ID: ids[6], Error: store.JobError{Message: "bad", Type: "invalid_request_error"}}); err != nil {
+		t.Fatal(err)
+	}
+	// No worker runs: the other three wait in the batch queue.
+	for _, id := range ids[7:] {
+		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: id, Queue: queue.Batch}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.ID
+}
+
+func basic(token string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:"+token))
+}
+
+func get(t *testing.T, method, url, auth string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+func TestAdminPagesNeedTheAdminToken(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for _, path := range []string{"/dashboard", "/dashboard/assets/dashboard.css", "/monitoring/", "/monitoring/api/queues", "/admin/v1/tenants"} {
+		for _, auth := range []string{"", basic("wrong-token-0123456789"), "Bearer wrong-token-0123456789"} {
+			if r := get(t, "GET", f.url+path, auth); r.StatusCode != http.StatusUnauthorized {
+				t.Errorf("GET %s with %q: %d, want 401", path, auth, r.StatusCode)
+			}
+		}
+		for _, auth := range []string{basic(apptest.AdminToken), "Bearer " + apptest.AdminToken} {
+			if r := get(t, "GET", f.url+path, auth); r.StatusCode != http.StatusOK {
+				t.Errorf("GET %s as admin (%.6s…): %d, want 200", path, auth, r.StatusCode)
+			}
+		}
+	}
+	// Browsers are asked to log in.
+	if r := get(t, "GET", f.url+"/dashboard", ""); !strings.HasPrefix(r.Header.Get("WWW-Authenticate"), `Basic realm="llmq"`) {
+		t.Errorf("WWW-Authenticate = %q", r.Header.Get("WWW-Authenticate"))
+	}
+	// The monitor is read-only by default (LLMQ_MONITORING_READONLY).
+	q := f.a.Queue.Namespace().Queue(queue.Batch)
+	if r := get(t, "POST", f.url+"/monitoring/api/queues/"+q+":pause", basic(apptest.AdminToken)); r.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST pause through the monitor: %d, want 405", r.StatusCode)
+	}
+	// Prometheus scrapes without credentials.
+	if r := get(t, "GET", f.url+"/metrics", ""); r.StatusCode != http.StatusOK {
+		t.Errorf("GET /metrics: %d, want 200", r.StatusCode)
+	}
+}

@@ -1,0 +1,373 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"html/template"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/metrics"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// chartMinutes is the span of the charts; rateMinutes that of the 429 rate.
+const (
+	chartMinutes = 60
+	rateMinutes  = 5
+)
+
+// view is what the template renders.
+type view struct {
+	Now          time.Time
+	Refresh      int // seconds
+	PolicyDigest string
+	Workers      int
+	WorkersKnown bool
+
+	Summary []tile
+	Charts  []chart
+	Models  []modelRow
+	Tenants tenantsView
+	Batches []batchRow
+	Queues  []queueRow
+	// Problems are sections that could not be read, said in one line each.
+	Problems []string
+}
+
+type tile struct{ Key, Label, Value, Note string }
+
+type modelRow struct {
+	Model, Provider string
+	Buckets         []bucketRow
+	Paused          bool
+	PausedFor       string
+	Calls, Calls429 int64
+	Rate429         string
+	Hot             bool // 429 share past 5%
+}
+
+type bucketRow struct {
+	Name, Unit       string
+	Limit, Remaining int64
+	UsedPct          float64
+	Text             string
+}
+
+type tenantsView struct {
+	Rows             []tenantRow
+	Read, Failed     int
+	Shown            int
+	Truncated, Empty bool
+}
+
+type tenantRow struct {
+	ID, Name, Tier                     string
+	Spent, Reserved, Budget, Remaining string
+	SpentPct, ReservedPct, SoftPct     float64
+	State                              string // ok, soft, exhausted, unlimited
+}
+
+type batchRow struct {
+	ID, TenantID, Status                        string
+	Total, Done, Succeeded, Failed, Outstanding int64
+	Pct                                         float64
+	Age                                         string
+}
+
+type queueRow struct {
+	Name                                              string
+	Size, Pending, Active, Scheduled, Retry, Archived int
+	Latency                                           string
+	Paused, Late                                      bool
+}
+
+func (s *Server) serveDashboard(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	v := s.build(ctx)
+	var buf bytes.Buffer
+	if err := s.page.Execute(&buf, v); err != nil {
+		s.d.Logger.Error("dashboard: render", "err", err)
+		http.Error(w, "500 Internal Server Error: the dashboard could not be rendered.", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write(buf.Bytes())
+}
+
+// build reads every section; a section that fails is named in Problems and
+// the rest of the page still shows.
+func (s *Server) build(ctx context.Context) *view {
+	now := s.o.Now()
+	v := &view{Now: now.UTC(), Refresh: int(s.o.Refresh / time.Second), PolicyDigest: shortDigest(s.d.Policy.Current().Digest)}
+	problem := func(section string, err error) {
+		s.d.Logger.Warn("dashboard: read "+section, "err", err)
+		v.Problems = append(v.Problems, fmt.Sprintf("%s could not be read: %v", section, err))
+	}
+
+	minutes, err := metrics.ReadMinutes(ctx, s.d.Redis, s.d.Keys, now, chartMinutes)
+	if err != nil {
+		problem("the charts", err)
+	}
+	v.Summary, v.Charts = summarize(minutes)
+
+	if n, err := s.d.State.Workers(ctx); err == nil {
+		v.Workers, v.WorkersKnown = n, true
+	}
+
+	if models, err := s.d.State.Models(ctx); err != nil {
+		problem("rate-limit buckets", err)
+	} else {
+		v.Models = modelRows(models, minutes)
+	}
+
+	if ts, err := s.d.State.Tenants(ctx); err != nil {
+		problem("budgets", err)
+	} else {
+		v.Tenants = tenantRows(ts, s.o.MaxTenants)
+	}
+
+	if rows, err := s.batchRows(ctx, now); err != nil {
+		problem("batches", err)
+	} else {
+		v.Batches = rows
+	}
+
+	if qs, err := s.d.Queues.QueueStats(ctx); err != nil {
+		problem("queues", err)
+	} else {
+		for _, q := range qs {
+			v.Queues = append(v.Queues, queueRow{
+				Name: q.Name, Size: q.Size, Pending: q.Pending, Active: q.Active, Scheduled: q.Scheduled,
+				Retry: q.Retry, Archived: q.Archived, Latency: duration(q.Latency), Paused: q.Paused,
+				Late: q.Latency > time.Minute,
+			})
+		}
+	}
+	return v
+}
+
+func shortDigest(d string) string {
+	if len(d) > 12 {
+		return d[:12]
+	}
+	return d
+}
+
+// summarize turns the per-minute counters into the summary tiles and charts.
+func summarize(ms []metrics.Minute) ([]tile, []chart) {
+	series := func(f func(m metrics.Minute) float64) []float64 {
+		out := make([]float64, len(ms))
+		for i, m := range ms {
+			out[i] = f(m)
+		}
+		return out
+	}
+	get := func(field string) []float64 {
+		return series(func(m metrics.Minute) float64 { return float64(m.Get(field)) })
+	}
+	succeeded := get(metrics.FieldJobs + string(store.JobSucceeded))
+	failed := get(metrics.FieldJobs + string(store.JobFailed))
+	created := get(metrics.FieldJobs + string(store.JobQueued))
+	in, out := get(metrics.FieldTokensIn), get(metrics.FieldTokensOut)
+	spend := series(func(m metrics.Minute) float64 { return money.Micros(m.Get(metrics.FieldCostMicros)).USD() })
+	calls, c429 := get(metrics.FieldCalls), get(metrics.FieldCalls429)
+
+	recent429, recentCalls := sum(c429[max(0, len(c429)-rateMinutes):]), sum(calls[max(0, len(calls)-rateMinutes):])
+	tiles := []tile{
+		{Key: "jobs", Label: "Jobs done, last hour", Value: group(int64(sum(succeeded))), Note: group(int64(sum(failed))) + " failed, " + group(int64(sum(created))) + " created"},
+		{Key: "tokens", Label: "Tokens, last hour", Value: group(int64(sum(in) + sum(out))), Note: group(int64(sum(in))) + " in, " + group(int64(sum(out))) + " out"},
+		{Key: "spend", Label: "Spend, last hour", Value: usd(sum(spend))},
+		{Key: "429", Label: "429 share, last 5 min", Value: percent(recent429, recentCalls), Note: group(int64(recent429)) + " of " + group(int64(recentCalls)) + " calls"},
+	}
+	charts := []chart{
+		newChart("Throughput (jobs/min)", "jobs", ms, []line{{"succeeded", "ok", succeeded}, {"failed", "bad", failed}, {"created", "muted", created}}),
+		newChart("Tokens (per min)", "tokens", ms, []line{{"input", "ok", in}, {"output", "alt", out}}),
+		newChart("Spend (USD/min)", "usd", ms, []line{{"spend", "alt", spend}}),
+		newChart("Provider calls (per min)", "calls", ms, []line{{"calls", "ok", calls}, {"429", "bad", c429}}),
+	}
+	return tiles, charts
+}
+
+func sum(xs []float64) float64 {
+	t := 0.0
+	for _, x := range xs {
+		t += x
+	}
+	return t
+}
+
+func modelRows(models []metrics.ModelLevel, ms []metrics.Minute) []modelRow {
+	recent := ms[max(0, len(ms)-rateMinutes):]
+	rows := make([]modelRow, 0, len(models))
+	for _, m := range models {
+		row := modelRow{Model: m.Model, Provider: m.Provider, Paused: m.Paused}
+		if m.Paused {
+			row.PausedFor = duration(m.PausedFor)
+		}
+		for _, mm := range recent {
+			row.Calls += mm.Get(metrics.FieldCalls + ":" + m.Model)
+			row.Calls429 += mm.Get(metrics.FieldCalls429 + ":" + m.Model)
+		}
+		row.Rate429 = percent(float64(row.Calls429), float64(row.Calls))
+		row.Hot = row.Calls > 0 && float64(row.Calls429)/float64(row.Calls) > 0.05
+		for _, b := range m.Buckets {
+			row.Buckets = append(row.Buckets, bucketRow{
+				Name: b.Name, Unit: unitName(b.Unit), Limit: b.Limit, Remaining: b.Remaining,
+				UsedPct: clampPct(float64(b.Limit-b.Remaining) / float64(b.Limit) * 100),
+				Text:    group(b.Remaining) + " / " + group(b.Limit),
+			})
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+func unitName(u limiter.Unit) string {
+	if u == limiter.UnitTokens {
+		return "tokens"
+	}
+	return "requests"
+}
+
+func tenantRows(ts *metrics.Tenants, maxRows int) tenantsView {
+	tv := tenantsView{Read: len(ts.List), Failed: ts.Failed, Truncated: ts.Truncated, Empty: len(ts.List) == 0}
+	for i := range ts.List {
+		if len(tv.Rows) == maxRows {
+			break
+		}
+		t := &ts.List[i]
+		row := tenantRow{ID: t.ID, Name: t.Name, Tier: t.Tier, Spent: money2(t.Spent), Reserved: money2(t.Reserved)}
+		switch {
+		case t.Unlimited:
+			row.State, row.Budget, row.Remaining = "unlimited", "unlimited", "—"
+		default:
+			row.Budget, row.Remaining = money2(t.Budget), money2(t.Remaining)
+			if t.Budget > 0 {
+				row.SpentPct = clampPct(float64(t.Spent) / float64(t.Budget) * 100)
+				row.ReservedPct = clampPct(float64(t.Reserved)/float64(t.Budget)*100+row.SpentPct) - row.SpentPct
+				row.SoftPct = clampPct(float64(t.SoftMark) / float64(t.Budget) * 100)
+			}
+			switch {
+			case t.Exhausted || t.Remaining == 0:
+				row.State = "exhausted"
+			case t.SoftLimitReached:
+				row.State = "soft"
+			default:
+				row.State = "ok"
+			}
+		}
+		tv.Rows = append(tv.Rows, row)
+	}
+	tv.Shown = len(tv.Rows)
+	return tv
+}
+
+// batchRows reads the unfinished batches, oldest first, with their jobs
+// counted by status.
+func (s *Server) batchRows(ctx context.Context, now time.Time) ([]batchRow, error) {
+	bs, _, err := s.d.Store.BatchListActive(ctx, &store.BatchListActiveParams{Limit: s.o.MaxBatches})
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]batchRow, 0, len(bs))
+	for _, b := range bs {
+		c, err := s.d.Store.JobCountsByBatch(ctx, b.ID)
+		if err != nil {
+			return nil, fmt.Errorf("batch %s: %w", b.ID, err)
+		}
+		total := max(b.Total, c.Total)
+		done := c.Succeeded + c.Failed + c.Cancelled
+		row := batchRow{
+			ID: b.ID, TenantID: b.TenantID, Status: string(b.Status), Total: total, Done: done,
+			Succeeded: c.Succeeded, Failed: c.Failed, Outstanding: total - done, Age: duration(now.Sub(b.CreatedAt)),
+		}
+		if total > 0 {
+			row.Pct = clampPct(float64(done) / float64(total) * 100)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func clampPct(p float64) float64 { return max(0, min(100, p)) }
+
+// group writes n with thousands separators: 1234567 -> "1,234,567".
+func group(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	if neg {
+		s = s[1:]
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// money2 formats dollars with cents, or with more digits for amounts below
+// a cent (a single cheap job costs millionths).
+func money2(m money.Micros) string { return usd(m.USD()) }
+
+func usd(v float64) string {
+	a := v
+	if a < 0 {
+		a = -a
+	}
+	switch {
+	case a == 0 || a >= 1:
+		return "$" + commaFloat(v, 2)
+	case a >= 0.01:
+		return "$" + strconv.FormatFloat(v, 'f', 4, 64)
+	}
+	return "$" + strconv.FormatFloat(v, 'f', 6, 64)
+}
+
+func commaFloat(v float64, prec int) string {
+	s := strconv.FormatFloat(v, 'f', prec, 64)
+	whole, frac, _ := strings.Cut(s, ".")
+	n, _ := strconv.ParseInt(whole, 10, 64)
+	out := group(n)
+	if frac != "" {
+		out += "." + frac
+	}
+	return out
+}
+
+func percent(part, whole float64) string {
+	if whole <= 0 {
+		return "—"
+	}
+	return strconv.FormatFloat(part/whole*100, 'f', 1, 64) + "%"
+}
+
+func duration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Minute).String()
+}
+
+var funcs = template.FuncMap{
+	"pct":   func(p float64) string { return strconv.FormatFloat(p, 'f', 1, 64) },
+	"group": group,
+	"time":  func(t time.Time) string { return t.Format("2006-01-02 15:04:05 UTC") },
+}
