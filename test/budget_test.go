@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -313,4 +314,83 @@ func TestPremiumFlowsPastAFreeBacklog(t *testing.T) {
 		t.Fatalf("the free backlog ran first: %d of its %d jobs ran before the 50 premium jobs finished", done, backlog)
 	}
 	t.Logf("50 premium jobs finished in %v while %d of the %d free jobs had run", took.Round(time.Millisecond), done, backlog)
+}
+
+// TestPolicyReloadInRunningWorker: a lower budget and a lower model limit
+// written to the policy file apply in a running worker process without a
+// restart; an invalid edit is refused with a log line and changes nothing.
+func TestPolicyReloadInRunningWorker(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, ""),
+		Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 6, CompletionMin: 1, CompletionMax: 1}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.Policy.Watch(ctx, a.Logger)
+	w := startProcess(t, a, "worker", "LLMQ_LOG_LEVEL=info", "LLMQ_WORKER_CONCURRENCY=5")
+	w.waitForOutput(t, "worker running")
+	tenant, key := a.Tenant("big")
+	path := a.Policy.Path()
+	original, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewrite := func(from, to string) {
+		t.Helper()
+		text := strings.Replace(string(original), from, to, 1)
+		if text == string(original) && from != to {
+			t.Fatalf("%q is not in the policy", from)
+		}
+		tmp := path + ".new"
+		if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reloads := func() int { return strings.Count(w.out.String(), "policy reloaded") }
+
+	allEnd(t, a, submitEach(t, a, key, 5, expensiveJob), time.Minute)
+	today := time.Now().UTC().Format(time.DateOnly)
+	before, _ := a.Store.UsageSumByTenantDay(context.Background(), tenant, today)
+
+	// The tier's budget drops from $1,000 to $0.05, less than was spent.
+	rewrite("name: big, daily_budget_usd: 1000", "name: big, daily_budget_usd: 0.05")
+	eventually(t, 10*time.Second, func() bool { return reloads() >= 1 }, "the worker reloads the policy")
+	by := settled(t, a, submitEach(t, a, key, 10, func(i int) map[string]any { return expensiveJob(100 + i) }))
+	after, _ := a.Store.UsageSumByTenantDay(context.Background(), tenant, today)
+	if len(by[store.JobDeferred]) != 10 || after != before || before <= 50_000 {
+		t.Fatalf("after lowering the budget below the $%s spent, the running worker deferred %d of 10 jobs and spent $%s more",
+			before, len(by[store.JobDeferred]), after-before)
+	}
+
+	// The model's RPM drops to 1 (and the budget comes back): one job runs,
+	// the others wait for the limiter.
+	original = []byte(strings.Replace(string(original), "rpm: 60000", "rpm: 1", 1))
+	rewrite("", "")
+	eventually(t, 10*time.Second, func() bool { return reloads() >= 2 }, "the worker reloads the policy again")
+	ids := submitEach(t, a, key, 3, func(i int) map[string]any { return expensiveJob(200 + i) })
+	eventually(t, 30*time.Second, func() bool {
+		n := map[store.JobStatus]int{}
+		for _, id := range ids {
+			j, _ := a.Store.JobGetByID(context.Background(), id)
+			n[j.Status]++
+		}
+		return n[store.JobSucceeded] == 1 && n[store.JobWaiting] == 2
+	}, "one job succeeds and two wait under 1 RPM")
+
+	// An invalid edit is refused; the policy in force stays.
+	if err := os.WriteFile(path+".new", []byte("models: [\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() bool { return strings.Contains(w.out.String(), "policy reload refused") }, "the worker refuses the invalid policy")
+	if r := a.Do("GET", "/readyz", "", nil); r.Status != 200 {
+		t.Fatalf("readyz after an invalid policy: %d", r.Status)
+	}
+	if m, ok := a.Policy.Current().Model("gpt-expensive"); !ok || m.Limits.RPM != 1 {
+		t.Fatal("the invalid policy replaced the one in force")
+	}
 }
