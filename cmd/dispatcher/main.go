@@ -18,6 +18,8 @@ import (
 
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/dashboard"
+	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/recovery"
 )
 
@@ -69,7 +71,22 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("LLMQ_LISTEN_ADDR: %w", err)
 	}
-	hs := &http.Server{Handler: a.API(), ReadHeaderTimeout: 10 * time.Second}
+	// One registry per process: the API's events, the shared state read at
+	// scrape time, and asynq's queues; /dashboard, /monitoring/ and
+	// /metrics sit beside the API.
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
+	a.Observer, a.APIObserver = rec, rec
+	rctx, stopRec := context.WithCancel(ctx)
+	recDone := make(chan struct{})
+	go func() { rec.Run(rctx); close(recDone) }()
+	defer func() { stopRec(); <-recDone }() // its last flush, before Redis closes
+	srv := a.API()
+	mon, err := dashboard.MountApp(srv, a, rec, dashboard.Options{})
+	if err != nil {
+		return err
+	}
+	defer mon.Close()
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	fmt.Fprintf(stdout, "llmq dispatcher listening on http://%s\n", ln.Addr())
