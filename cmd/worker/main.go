@@ -1,6 +1,6 @@
 // Command worker runs llmq's jobs: an asynq server that takes a rate-limit
 // permit and a budget reservation before every provider call. It serves
-// /healthz and /readyz on LLMQ_LISTEN_ADDR.
+// /healthz, /readyz and /metrics on LLMQ_LISTEN_ADDR.
 package main
 
 import (
@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/worker"
 )
 
@@ -50,6 +51,15 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	go a.Policy.Watch(ctx, logger)
+	// The worker's events go to a registry of its own, served on /metrics
+	// (Prometheus sums the workers). It records until the jobs finishing in
+	// the shutdown grace period are counted, and flushes before Redis closes.
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
+	a.Observer = rec
+	rctx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
+	recDone := make(chan struct{})
+	go func() { rec.Run(rctx); close(recDone) }()
+	defer func() { stopRec(); <-recDone }()
 
 	ln, err := net.Listen("tcp", env.ListenAddr)
 	if err != nil {
@@ -57,6 +67,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.Handle("GET /metrics", rec.Handler())
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if err := a.Ready(r.Context()); err != nil {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
