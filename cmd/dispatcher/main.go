@@ -76,10 +76,12 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 	// /metrics sit beside the API.
 	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
 	a.Observer, a.APIObserver = rec, rec
-	rctx, stopRec := context.WithCancel(ctx)
+	rctx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
 	recDone := make(chan struct{})
 	go func() { rec.Run(rctx); close(recDone) }()
-	defer func() { stopRec(); <-recDone }() // its last flush, before Redis closes
+	// It records until the drained requests are counted, and flushes
+	// before Redis closes.
+	defer func() { stopRec(); <-recDone }()
 	srv := a.API()
 	mon, err := dashboard.MountApp(srv, a, rec, dashboard.Options{})
 	if err != nil {
