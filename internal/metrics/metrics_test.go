@@ -424,6 +424,47 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 	if len(prom.RuleFiles) == 0 {
 		t.Error("prometheus.yml loads no rule files")
 	}
+
+	// docker-compose runs Prometheus and Grafana over these files, and the
+	// scrape targets are its services' listen addresses.
+	raw, err = os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Environment map[string]string `yaml:"environment"`
+			Volumes     []string          `yaml:"volumes"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &compose); err != nil {
+		t.Fatalf("docker-compose.yml is not YAML: %v", err)
+	}
+	mounts := func(service, file string) {
+		t.Helper()
+		for _, v := range compose.Services[service].Volumes {
+			if strings.HasPrefix(v, "./"+file+":") {
+				if _, err := os.Stat("../../" + file); err != nil {
+					t.Errorf("service %s mounts %s: %v", service, file, err)
+				}
+				return
+			}
+		}
+		t.Errorf("service %s does not mount %s (volumes %v)", service, file, compose.Services[service].Volumes)
+	}
+	mounts("prometheus", "deploy/prometheus/prometheus.yml")
+	mounts("prometheus", "deploy/prometheus/alerts.yml")
+	mounts("grafana", "deploy/grafana/provisioning")
+	mounts("grafana", "deploy/grafana/dashboards")
+	for _, target := range targets {
+		host, port, _ := strings.Cut(target, ":")
+		svc, ok := compose.Services[host]
+		if !ok {
+			t.Errorf("prometheus.yml scrapes %s, not a compose service", target)
+		} else if got := svc.Environment["LLMQ_LISTEN_ADDR"]; got != ":"+port {
+			t.Errorf("prometheus.yml scrapes %s, but the service listens on %q", target, got)
+		}
+	}
 }
 
 func TestPerMinuteCounters(t *testing.T) {
