@@ -297,10 +297,13 @@ type BatchResult struct {
 	Error    *BatchLineError `json:"error"`
 }
 
-// BatchLineError is the error of an output or error file line.
+// BatchLineError is the error of an error file line: OpenAI's code and
+// message, and the 1-based line of the input file it answers (an llmq
+// addition, as in BatchError).
 type BatchLineError struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	Line    int    `json:"line,omitempty"`
 }
 
 func nullable(s string) *string {

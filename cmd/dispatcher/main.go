@@ -65,6 +65,7 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 	}
 	defer a.Close()
 	go a.Policy.Watch(ctx, logger)
+	go a.Batches.Run(ctx)
 	go a.Reconciler(recovery.Options{}).Run(ctx)
 
 	ln, err := net.Listen("tcp", env.ListenAddr)

@@ -1,0 +1,224 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// BatchOptions configure the Files and Batch APIs.
+type BatchOptions struct {
+	// MaxFileBytes caps an uploaded file. Defaults to 200 MiB.
+	MaxFileBytes int64
+	// MaxFileLines caps the lines of an uploaded file. Defaults to 50,000.
+	MaxFileLines int
+}
+
+// batchAPI serves the Files and Batch APIs.
+type batchAPI struct {
+	*Server
+	batches *batch.Service
+	limits  BatchOptions
+}
+
+// EnableBatches serves OpenAI's Files and Batch APIs (/v1/files,
+// /v1/batches), validating and running batches with svc.
+func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) {
+	if opts.MaxFileBytes <= 0 {
+		opts.MaxFileBytes = 200 << 20
+	}
+	if opts.MaxFileLines <= 0 {
+		opts.MaxFileLines = 50_000
+	}
+	a := &batchAPI{Server: s, batches: svc, limits: opts}
+	t := s.tenantRoute
+	s.mux.Handle("POST /v1/files", t(a.uploadFile))
+	s.mux.Handle("GET /v1/files", t(a.listFiles))
+	s.mux.Handle("GET /v1/files/{id}", t(a.getFile))
+	s.mux.Handle("GET /v1/files/{id}/content", t(a.fileContent))
+	s.mux.Handle("POST /v1/batches", t(a.createBatch))
+	s.mux.Handle("GET /v1/batches", t(a.listBatches))
+	s.mux.Handle("GET /v1/batches/{id}", t(a.getBatch))
+	s.mux.Handle("POST /v1/batches/{id}/cancel", t(a.cancelBatch))
+}
+
+// createBatchRequest is the body of POST /v1/batches: OpenAI's fields, and
+// webhook_url, called once when the batch ends.
+type createBatchRequest struct {
+	InputFileID      string            `json:"input_file_id"`
+	Endpoint         string            `json:"endpoint"`
+	CompletionWindow string            `json:"completion_window"`
+	Metadata         map[string]string `json:"metadata"`
+	WebhookURL       string            `json:"webhook_url"`
+}
+
+// createBatch checks what can be checked at once (the file, the endpoint,
+// the window) and answers with the batch validating; its lines are checked
+// in the background, as at OpenAI.
+func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
+	c := callerOf(r)
+	var req createBatchRequest
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	switch {
+	case req.InputFileID == "":
+		return badRequest("input_file_id", "missing_required_parameter", "input_file_id is required: the id of a file uploaded with purpose 'batch'.")
+	case req.Endpoint == "":
+		return badRequest("endpoint", "missing_required_parameter", "endpoint is required: '%s' or '%s'.", llm.EndpointChat, llm.EndpointEmbeddings)
+	case req.Endpoint != llm.EndpointChat && req.Endpoint != llm.EndpointEmbeddings:
+		return badRequest("endpoint", "invalid_value", "endpoint must be '%s' or '%s', got '%.100s'.", llm.EndpointChat, llm.EndpointEmbeddings, req.Endpoint)
+	case req.CompletionWindow != batch.CompletionWindow:
+		return badRequest("completion_window", "invalid_value", "completion_window must be '%s', got '%.20s'.", batch.CompletionWindow, req.CompletionWindow)
+	}
+	if err := validateMetadata(req.Metadata); err != nil {
+		return err
+	}
+	if err := validateWebhookURL(req.WebhookURL); err != nil {
+		return err
+	}
+	if _, _, err := admission.Account(s.Policy.Current(), c.tenant); err != nil {
+		return err
+	}
+	f, err := s.Store.FileGetForTenant(r.Context(), c.tenant.ID, req.InputFileID)
+	if errors.Is(err, store.ErrNotFound) {
+		e := notFound("file", req.InputFileID)
+		e.Param = "input_file_id"
+		return e
+	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case f.Purpose != store.FilePurposeBatch:
+		return badRequest("input_file_id", "invalid_file_purpose", "File %s has purpose '%s'; a batch's input has purpose 'batch'.", f.ID, renderFile(f).Purpose)
+	case f.Bytes > s.limits.MaxFileBytes:
+		return badRequest("input_file_id", "file_too_large", "File %s has %d bytes, more than the limit of %d.", f.ID, f.Bytes, s.limits.MaxFileBytes)
+	case f.Lines > int64(s.limits.MaxFileLines):
+		return badRequest("input_file_id", "too_many_lines", "File %s has %d lines, more than the limit of %d.", f.ID, f.Lines, s.limits.MaxFileLines)
+	case f.Bytes == 0:
+		return badRequest("input_file_id", "empty_file", "File %s is empty.", f.ID)
+	}
+	var meta json.RawMessage
+	if req.Metadata != nil {
+		meta, _ = json.Marshal(req.Metadata)
+	}
+	b, err := s.Store.BatchInsert(r.Context(), &store.BatchInsertParams{TenantID: c.tenant.ID, InputFileID: f.ID,
+		Endpoint: req.Endpoint, CompletionWindow: req.CompletionWindow, Metadata: meta,
+		ExpiresAt: s.opts.Now().Add(batch.Window), WebhookURL: req.WebhookURL})
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("batch created", "tenant", c.tenant.ID, "batch", b.ID, "file", f.ID, "lines", f.Lines)
+	s.batches.Start(b.ID)
+	writeJSON(w, http.StatusOK, batch.Render(b, &store.JobCounts{}))
+	return nil
+}
+
+// renderBatch renders b with its live request counts.
+func (s *batchAPI) renderBatch(r *http.Request, b *store.Batch) (client.Batch, error) {
+	c, err := s.Store.JobCountsByBatch(r.Context(), b.ID)
+	if err != nil {
+		return client.Batch{}, err
+	}
+	return batch.Render(b, c), nil
+}
+
+func (s *batchAPI) batchByPath(r *http.Request) (*store.Batch, error) {
+	id := r.PathValue("id")
+	b, err := s.Store.BatchGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, notFound("batch", id)
+	}
+	return b, err
+}
+
+func (s *batchAPI) getBatch(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.batchByPath(r)
+	if err != nil {
+		return err
+	}
+	out, err := s.renderBatch(r, b)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// listBatches pages at most 100 batches, as OpenAI does: each one's counts
+// are one query.
+func (s *batchAPI) listBatches(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	limit, err := batchListLimit(q)
+	if err != nil {
+		return err
+	}
+	bs, more, err := s.Store.BatchList(r.Context(), &store.BatchListParams{TenantID: callerOf(r).tenant.ID, After: q.Get("after"), Limit: limit})
+	if err != nil {
+		return err
+	}
+	out := make([]client.Batch, len(bs))
+	for i, b := range bs {
+		if out[i], err = s.renderBatch(r, b); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, http.StatusOK, client.NewList(out, more, func(b client.Batch) string { return b.ID }))
+	return nil
+}
+
+func batchListLimit(q url.Values) (int, error) {
+	raw := q.Get("limit")
+	if raw == "" {
+		return 20, nil
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < 1 || n > 100 {
+		return 0, badRequest("limit", "invalid_value", "limit must be a whole number from 1 to 100, got '%s'.", raw)
+	}
+	return n, nil
+}
+
+// cancelBatch moves the batch to cancelling and cancels its pending jobs at
+// once; running ones finish, and the sweeper ends the batch as cancelled,
+// with the results of what ran. Cancelling twice is harmless.
+func (s *batchAPI) cancelBatch(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	tenantID := callerOf(r).tenant.ID
+	b, changed, err := s.Store.BatchSetStatus(r.Context(), &store.BatchSetStatusParams{ID: id, TenantID: tenantID,
+		From: []store.BatchStatus{store.BatchValidating, store.BatchInProgress}, To: store.BatchCancelling})
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound("batch", id)
+	}
+	if err != nil {
+		return err
+	}
+	if !changed && b.Status != store.BatchCancelling && b.Status != store.BatchCancelled {
+		return errorf(http.StatusConflict, TypeInvalidRequest, "batch_not_cancellable", "",
+			"Batch %s is %s and cannot be cancelled.", b.ID, b.Status)
+	}
+	if changed {
+		// The sweeper repeats this until the batch is cancelled; doing it
+		// now stops the pending jobs before the answer.
+		n, err := s.Store.JobCancelByBatch(r.Context(), b.ID)
+		if err != nil {
+			s.Logger.Warn("cancel batch jobs failed; the sweeper will retry", "batch", b.ID, "err", err)
+		}
+		s.Logger.Info("batch cancelling", "tenant", tenantID, "batch", b.ID, "jobs_cancelled", n)
+	}
+	out, err := s.renderBatch(r, b)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,284 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// renderFile is a file in OpenAI's shape. A batch's error file has purpose
+// "batch_output", as at OpenAI; llmq keeps the two apart inside.
+func renderFile(f *store.File) client.File {
+	purpose := string(f.Purpose)
+	if f.Purpose == store.FilePurposeBatchError {
+		purpose = string(store.FilePurposeBatchOutput)
+	}
+	return client.File{ID: f.ID, Object: "file", Bytes: f.Bytes, CreatedAt: unix(f.CreatedAt), Filename: f.Filename,
+		Purpose: purpose, Status: "processed"}
+}
+
+// uploadFile is POST /v1/files: multipart/form-data with the fields purpose
+// ("batch") and file. The file is streamed into the store as it arrives;
+// only when it comes before purpose is it spooled to a temporary file (on
+// disk, not in memory) until purpose is known. Other fields are ignored.
+func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
+	// The multipart envelope and the purpose field get a MiB beside the file.
+	r.Body = http.MaxBytesReader(w, r.Body, s.limits.MaxFileBytes+1<<20)
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return badRequest("", "invalid_content_type",
+			"Upload files as multipart/form-data with the fields purpose=batch and file.")
+	}
+	var (
+		purpose  string
+		gotPurp  bool
+		stored   *store.File
+		spool    *os.File
+		filename string
+	)
+	defer func() {
+		if spool != nil {
+			_ = spool.Close()
+			_ = os.Remove(spool.Name())
+		}
+	}()
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return multipartError(err)
+		}
+		switch part.FormName() {
+		case "purpose":
+			b, err := io.ReadAll(io.LimitReader(part, 64))
+			if err != nil {
+				return multipartError(err)
+			}
+			purpose, gotPurp = strings.TrimSpace(string(b)), true
+			if err := checkPurpose(purpose); err != nil {
+				return err
+			}
+		case "file":
+			if stored != nil || spool != nil {
+				return badRequest("file", "invalid_value", "Send one file per upload.")
+			}
+			filename = uploadName(part.FileName())
+			content := s.limitUpload(part)
+			if gotPurp {
+				if stored, err = s.storeUpload(r.Context(), callerOf(r).tenant.ID, filename, content); err != nil {
+					return err
+				}
+				continue
+			}
+			if spool, err = os.CreateTemp("", "llmq-upload-*"); err != nil {
+				return err
+			}
+			if _, err := io.Copy(spool, content); err != nil {
+				return multipartError(err)
+			}
+			if _, err := spool.Seek(0, io.SeekStart); err != nil {
+				return err
+			}
+		default:
+			if _, err := io.Copy(io.Discard, part); err != nil {
+				return multipartError(err)
+			}
+		}
+	}
+	if !gotPurp {
+		return badRequest("purpose", "missing_required_parameter", "purpose is required: 'batch'.")
+	}
+	if stored == nil && spool == nil {
+		return badRequest("file", "missing_required_parameter", "file is required: the JSONL input of a batch.")
+	}
+	if stored == nil {
+		if stored, err = s.storeUpload(r.Context(), callerOf(r).tenant.ID, filename, spool); err != nil {
+			return err
+		}
+	}
+	s.Logger.Info("file uploaded", "tenant", stored.TenantID, "file", stored.ID, "bytes", stored.Bytes, "lines", stored.Lines)
+	writeJSON(w, http.StatusOK, renderFile(stored))
+	return nil
+}
+
+func checkPurpose(p string) error {
+	if p != string(store.FilePurposeBatch) {
+		return badRequest("purpose", "invalid_value", "purpose must be 'batch' (the input of a batch), got '%.40s'.", p)
+	}
+	return nil
+}
+
+// uploadName is the file name to keep: its base name, at most 255 bytes.
+func uploadName(name string) string {
+	name = filepath.Base(strings.ReplaceAll(name, `\`, "/"))
+	if name == "." || name == "/" || name == "" || !utf8.ValidString(name) {
+		return "upload.jsonl"
+	}
+	for len(name) > 255 {
+		_, size := utf8.DecodeLastRuneInString(name)
+		name = name[:len(name)-size]
+	}
+	return name
+}
+
+func (s *batchAPI) storeUpload(ctx context.Context, tenantID, filename string, content io.Reader) (*store.File, error) {
+	f, err := s.Store.FileInsert(ctx, &store.FileInsertParams{TenantID: tenantID, Purpose: store.FilePurposeBatch,
+		Filename: filename, Content: content})
+	if err != nil {
+		return nil, multipartError(err)
+	}
+	return f, nil
+}
+
+// multipartError names what went wrong reading an upload: a limit (413),
+// or a malformed body (400). Other errors are the server's.
+func multipartError(err error) error {
+	var e *Error
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.As(err, &mbe):
+		return errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "file_too_large", "file",
+			"The upload is larger than the limit of %d bytes per file.", mbe.Limit-1<<20)
+	case errors.Is(err, io.ErrUnexpectedEOF), strings.Contains(err.Error(), "multipart"):
+		return badRequest("", "invalid_multipart", "The multipart body is malformed or truncated.")
+	}
+	return err
+}
+
+// limitUpload counts an upload's bytes and lines as it is read, failing
+// the read past MaxFileBytes or MaxFileLines: the store then keeps nothing.
+func (s *batchAPI) limitUpload(r io.Reader) io.Reader {
+	return &uploadLimit{r: r, maxBytes: s.limits.MaxFileBytes, maxLines: int64(s.limits.MaxFileLines)}
+}
+
+type uploadLimit struct {
+	r                  io.Reader
+	maxBytes, maxLines int64
+	n, newlines        int64
+	last               byte
+	err                error // sticky: a reader may drop an error that came with data
+}
+
+func (u *uploadLimit) Read(p []byte) (int, error) {
+	if u.err != nil {
+		return 0, u.err
+	}
+	n, err := u.r.Read(p)
+	if n > 0 {
+		u.n += int64(n)
+		u.newlines += int64(bytes.Count(p[:n], []byte{'\n'}))
+		u.last = p[n-1]
+	}
+	lines := u.newlines
+	if errors.Is(err, io.EOF) && u.n > 0 && u.last != '\n' {
+		lines++ // a last line without its newline
+	}
+	switch {
+	case u.n > u.maxBytes:
+		u.err = errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "file_too_large", "file",
+			"The file is larger than the limit of %d bytes.", u.maxBytes)
+	case lines > u.maxLines:
+		u.err = badRequest("file", "too_many_lines", "The file has more than the limit of %d lines.", u.maxLines)
+	default:
+		return n, err
+	}
+	return n, u.err
+}
+
+func (s *batchAPI) getFile(w http.ResponseWriter, r *http.Request) error {
+	f, err := s.fileByPath(r)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, renderFile(f))
+	return nil
+}
+
+func (s *batchAPI) fileByPath(r *http.Request) (*store.File, error) {
+	id := r.PathValue("id")
+	f, err := s.Store.FileGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, notFound("file", id)
+	}
+	return f, err
+}
+
+func (s *batchAPI) listFiles(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	limit, err := listLimit(q)
+	if err != nil {
+		return err
+	}
+	p := &store.FileListParams{TenantID: callerOf(r).tenant.ID, After: q.Get("after"), Limit: limit}
+	if pu := q.Get("purpose"); pu != "" {
+		if pu != string(store.FilePurposeBatch) && pu != string(store.FilePurposeBatchOutput) {
+			return badRequest("purpose", "invalid_value", "purpose must be batch or batch_output, got '%.40s'.", pu)
+		}
+		p.Purpose = store.FilePurpose(pu)
+	}
+	fs, more, err := s.Store.FileList(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	out := make([]client.File, len(fs))
+	for i, f := range fs {
+		out[i] = renderFile(f)
+	}
+	writeJSON(w, http.StatusOK, client.NewList(out, more, func(f client.File) string { return f.ID }))
+	return nil
+}
+
+// fileContent is GET /v1/files/{id}/content. An uploaded file is read from
+// its stored chunks; a batch's output or error file is rendered from the
+// batch's jobs. Either way it is streamed, never held whole.
+func (s *batchAPI) fileContent(w http.ResponseWriter, r *http.Request) error {
+	f, err := s.fileByPath(r)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+strings.ReplaceAll(f.Filename, `"`, "")+`"`)
+	if f.BatchID != "" && f.Purpose != store.FilePurposeBatch {
+		b, err := s.Store.BatchGetForTenant(r.Context(), f.TenantID, f.BatchID)
+		if err != nil {
+			return err
+		}
+		return s.streamed(r, batch.WriteFile(r.Context(), s.Store, w, b, f.Purpose))
+	}
+	rc, err := s.Store.FileOpen(r.Context(), f.ID)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Length", strconv.FormatInt(f.Bytes, 10))
+	_, err = io.Copy(w, rc)
+	return s.streamed(r, err)
+}
+
+// streamed handles the end of a streamed answer: once bytes are sent, an
+// error cannot become an error answer, so the connection is cut instead, and
+// the client sees a truncated download rather than a short file.
+func (s *batchAPI) streamed(r *http.Request, err error) error {
+	if err == nil {
+		return nil
+	}
+	if r.Context().Err() == nil {
+		s.Logger.Error("file download failed", "path", r.URL.Path, "err", err)
+	}
+	panic(http.ErrAbortHandler)
+}

@@ -1,0 +1,172 @@
+// Package batch runs OpenAI-style batches. It validates a batch's input file
+// line by line and turns it into jobs — valid lines queued at the lowest
+// priority, refused lines stored as failed jobs with their line number and
+// why — inserted in bulk and enqueued in pipelined groups. Its sweeper moves
+// batches through their lifecycle (in_progress → finalizing → completed,
+// cancelling → cancelled, expiry at the end of the completion window) and
+// calls their webhook on the terminal state. Output and error files are not
+// stored: they are rendered from the batch's jobs, streamed in input order,
+// whenever they are read, so one place (the jobs) holds the counts, the
+// results and their order.
+//
+// Every step is safe to repeat after a crash: a batch left validating is
+// validated again by the sweeper, skipping the lines already stored; a
+// finalization that stopped half way runs again and finds the files it made.
+// Work on one batch is serialized by a store lock per batch, so several
+// dispatchers can run side by side.
+package batch
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// CompletionWindow is the only completion window there is, as at OpenAI.
+const CompletionWindow = "24h"
+
+// Window is the length of CompletionWindow.
+const Window = 24 * time.Hour
+
+// Options tune a Service. The zero value is ready to use.
+type Options struct {
+	// GroupLines is how many lines are inserted (one COPY) and then enqueued
+	// together. Defaults to 5000.
+	GroupLines int
+	// GroupBytes flushes a group early once its request bodies reach this
+	// many bytes, so a file of large lines never sits in memory whole.
+	// Defaults to 8 MiB.
+	GroupBytes int
+	// MaxLineBytes is the longest line accepted; a longer one is refused
+	// (and skipped without being read into memory). Defaults to 1 MiB, the
+	// default request size of POST /v1/jobs.
+	MaxLineBytes int
+	// MaxValidations bounds the batches this process validates at once.
+	// Defaults to 2.
+	MaxValidations int
+	// SweepInterval is how often the sweeper looks at unfinished batches.
+	// Defaults to 1s.
+	SweepInterval time.Duration
+	// StopGrace is how long a cancelled or expired batch waits for its
+	// running jobs to finish; after it they are cancelled too (their results,
+	// if they come, are not kept). Defaults to 10m.
+	StopGrace time.Duration
+	// Now is the clock of expiry (a batch expires at created_at + 24h).
+	// Defaults to time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.GroupLines <= 0 {
+		o.GroupLines = 5000
+	}
+	if o.GroupBytes <= 0 {
+		o.GroupBytes = 8 << 20
+	}
+	if o.MaxLineBytes <= 0 {
+		o.MaxLineBytes = 1 << 20
+	}
+	if o.MaxValidations <= 0 {
+		o.MaxValidations = 2
+	}
+	if o.SweepInterval <= 0 {
+		o.SweepInterval = time.Second
+	}
+	if o.StopGrace <= 0 {
+		o.StopGrace = 10 * time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Deps are what a Service works with.
+type Deps struct {
+	Store     *store.DB
+	Policy    *config.PolicyHolder
+	Admission *admission.Estimator
+	Queue     *queue.Client
+	Logger    *slog.Logger
+}
+
+// Service validates batches and runs their lifecycle.
+type Service struct {
+	Deps
+	opts Options
+
+	// ctx bounds background validations; Close cancels it and waits.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sem    chan struct{}
+
+	mu         sync.Mutex
+	validating map[string]bool // batches this process is validating
+}
+
+// New returns a Service. Close it to stop its background work.
+func New(d Deps, opts Options) *Service {
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Admission == nil {
+		d.Admission = admission.New()
+	}
+	o := opts.withDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Service{Deps: d, opts: o, ctx: ctx, cancel: cancel, sem: make(chan struct{}, o.MaxValidations),
+		validating: map[string]bool{}}
+}
+
+// Close stops the validations running in the background and waits for
+// them; a batch left validating is picked up again by a sweeper.
+func (s *Service) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// Now is the service's clock.
+func (s *Service) Now() time.Time { return s.opts.Now() }
+
+// lockName is the store lock of one batch: whoever validates, finalizes or
+// ends a batch holds it.
+func lockName(batchID string) string { return "batch:" + batchID }
+
+// Start validates the batch in the background (a batch that is validating;
+// anything else is left alone). It returns at once; a batch already being
+// validated, here or in another process, is not validated twice.
+func (s *Service) Start(batchID string) {
+	s.mu.Lock()
+	if s.validating[batchID] || s.ctx.Err() != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.validating[batchID] = true
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.validating, batchID)
+			s.mu.Unlock()
+		}()
+		select {
+		case s.sem <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
+		defer func() { <-s.sem }()
+		if err := s.Validate(s.ctx, batchID); err != nil && s.ctx.Err() == nil {
+			s.Logger.Warn("batch validation failed; the sweeper will try again", "batch", batchID, "err", err)
+		}
+	}()
+}

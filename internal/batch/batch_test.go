@@ -1,0 +1,313 @@
+package batch_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// badLine is a kind of invalid input line, and the code its refusal has.
+type badLine struct {
+	code string
+	line func(i int) string
+}
+
+var badLines = []badLine{
+	{"invalid_json_line", func(i int) string { return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST",`, i) }},
+	{"duplicate_custom_id", func(int) string { return chatLine("req-0") }},
+	{"invalid_method", func(i int) string { return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"POST"`, `"GET"`, 1) }},
+	{"invalid_url", func(i int) string {
+		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"url":"/v1/chat/completions"`, `"url":"/v1/embeddings"`, 1)
+	}},
+	{"model_not_found", func(i int) string {
+		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), "gpt-4o-mini", "gpt-9", 1)
+	}},
+	{"tokens_exceed_capacity", func(i int) string {
+		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"max_tokens":20`, `"max_tokens":2000000000`, 1)
+	}},
+	{"missing_custom_id", func(int) string { return strings.Replace(chatLine("x"), `"custom_id":"x",`, "", 1) }},
+	{"missing_body", func(i int) string {
+		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions"}`, i)
+	}},
+	{"invalid_request", func(i int) string {
+		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[]}}`, i)
+	}},
+	{"unknown_field", func(i int) string {
+		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `{"custom_id"`, `{"extra":1,"custom_id"`, 1)
+	}},
+}
+
+// TestTenThousandLinesWithInvalidOnes runs a 10,000-line batch in which 3%
+// of the lines are invalid, of every kind: exact counts, the output in
+// input order with each answer matching its request, and every refused line
+// in the error file with its line number and reason.
+func TestTenThousandLinesWithInvalidOnes(t *testing.T) {
+	t.Parallel()
+	a := start(t, 4, nil)
+	_, key := a.Tenant("standard")
+	const n = 10_000
+	var (
+		in      strings.Builder
+		valid   []string           // custom ids of the valid lines, in order
+		refused = map[int]string{} // line -> code
+	)
+	for i := 0; i < n; i++ {
+		line := i + 1
+		if i%100 >= 97 && i > 0 { // 3 in every 100 lines, never the first (req-0 must be valid)
+			k := badLines[len(refused)%len(badLines)]
+			refused[line] = k.code
+			in.WriteString(k.line(i) + "\n")
+			continue
+		}
+		id := fmt.Sprintf("req-%d", i)
+		valid = append(valid, id)
+		in.WriteString(chatLine(id) + "\n")
+	}
+	fileID := upload(t, a, key, []byte(in.String()))
+	b := createBatch(t, a, key, fileID, map[string]any{"metadata": map[string]string{"run": "10k"}})
+	if b.Status != "validating" || b.Object != "batch" || b.Metadata["run"] != "10k" || b.ExpiresAt == nil ||
+		*b.ExpiresAt != b.CreatedAt+24*3600 {
+		t.Fatalf("created batch = %+v", b)
+	}
+
+	b = waitStatus(t, a, key, b.ID, "completed", 3*time.Minute)
+	want := client.BatchRequestCounts{Total: n, Completed: int64(len(valid)), Failed: int64(len(refused))}
+	if b.RequestCounts != want || len(refused) != 300 {
+		t.Fatalf("counts = %+v, want %+v", b.RequestCounts, want)
+	}
+	if b.OutputFileID == nil || b.ErrorFileID == nil || b.InProgressAt == nil || b.FinalizingAt == nil || b.CompletedAt == nil {
+		t.Fatalf("completed batch = %+v", b)
+	}
+	// The batch lists the first 100 refusals and counts the rest.
+	if b.Errors == nil || len(b.Errors.Data) != 101 || b.Errors.Data[100].Code != "more_errors" || *b.Errors.Data[0].Line != 98 {
+		t.Fatalf("errors = %+v", b.Errors)
+	}
+
+	out := results(t, a, key, *b.OutputFileID)
+	if len(out) != len(valid) {
+		t.Fatalf("output has %d lines, want %d", len(out), len(valid))
+	}
+	for i, r := range out {
+		if r.CustomID != valid[i] || r.Error != nil || r.Response == nil || r.Response.StatusCode != 200 ||
+			!strings.HasPrefix(r.ID, "batch_req_") || r.Response.RequestID == "" {
+			t.Fatalf("output line %d = %+v, want custom_id %s", i+1, r, valid[i])
+		}
+		if got := answerOf(t, r.Response.Body); !strings.HasPrefix(got, valid[i]) {
+			t.Fatalf("output line %d (%s) answers %q: not its own request", i+1, r.CustomID, got)
+		}
+	}
+	errs := results(t, a, key, *b.ErrorFileID)
+	if len(errs) != len(refused) {
+		t.Fatalf("error file has %d lines, want %d", len(errs), len(refused))
+	}
+	prev := 0
+	for _, r := range errs {
+		if r.Error == nil || r.Response != nil || r.Error.Line <= prev {
+			t.Fatalf("error line %+v is out of order or malformed", r)
+		}
+		prev = r.Error.Line
+		if code, ok := refused[r.Error.Line]; !ok || code != r.Error.Code ||
+			!strings.HasPrefix(r.Error.Message, fmt.Sprintf("Line %d: ", r.Error.Line)) {
+			t.Fatalf("error line for input line %d = %+v, want code %s", r.Error.Line, r.Error, code)
+		}
+	}
+	// Batch jobs ran in the batch queue.
+	jobs, _, err := a.Store.JobList(context.Background(), &store.JobListParams{TenantID: tenantOf(t, a, b.ID), BatchID: b.ID, Limit: 5})
+	if err != nil || len(jobs) == 0 || jobs[0].Queue != queue.Batch {
+		t.Fatalf("batch jobs = %v, %v", jobs, err)
+	}
+}
+
+func tenantOf(t *testing.T, a *apptest.App, batchID string) string {
+	t.Helper()
+	b, err := a.Store.BatchGetByID(context.Background(), batchID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.TenantID
+}
+
+// validated creates a batch of lines and validates it in the test's own
+// goroutine, so no worker or background pass races what the test does next.
+func validated(t *testing.T, a *apptest.App, key string, lines []string, extra map[string]any) client.Batch {
+	t.Helper()
+	fileID := upload(t, a, key, []byte(strings.Join(lines, "\n")+"\n"))
+	b := createBatch(t, a, key, fileID, extra)
+	// The API started a validation in the background; this one waits for
+	// the batch's lock when the other holds it.
+	deadline := time.Now().Add(time.Minute)
+	for getBatch(t, a, key, b.ID).Status == "validating" {
+		if err := a.Batches.Validate(context.Background(), b.ID); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("batch still validating after a minute")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return getBatch(t, a, key, b.ID)
+}
+
+// runJobs runs the batch's first n queued jobs through the worker's handler,
+// here, as a worker would.
+func runJobs(t *testing.T, a *apptest.App, batchID string, n int) []*store.Job {
+	t.Helper()
+	h := a.JobHandler(worker.Options{})
+	var ran []*store.Job
+	err := a.Store.JobStreamByBatch(context.Background(), batchID, []store.JobStatus{store.JobQueued}, func(j *store.Job) error {
+		if len(ran) == n {
+			return nil
+		}
+		ran = append(ran, j)
+		return h.Run(context.Background(), j.ID)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ran
+}
+
+func lines(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = chatLine(fmt.Sprintf("req-%d", i))
+	}
+	return out
+}
+
+// TestCancelMidRun cancels a batch with some jobs done, one in flight and
+// the rest pending: the pending ones never run, the one in flight finishes
+// and its result is kept, and counts and files agree.
+func TestCancelMidRun(t *testing.T) {
+	t.Parallel()
+	a := start(t, 0, nil)
+	_, key := a.Tenant("standard")
+	b := validated(t, a, key, lines(50), nil)
+	if b.Status != "in_progress" || b.RequestCounts.Total != 50 {
+		t.Fatalf("validated batch = %+v", b)
+	}
+	runJobs(t, a, b.ID, 10)
+	// One job is in flight: a worker has started it.
+	var inflight *store.Job
+	_ = a.Store.JobStreamByBatch(context.Background(), b.ID, []store.JobStatus{store.JobQueued}, func(j *store.Job) error {
+		if inflight == nil {
+			inflight = j
+		}
+		return nil
+	})
+	if _, started, err := a.Store.JobStart(context.Background(), inflight.ID); err != nil || !started {
+		t.Fatalf("JobStart: %v %v", started, err)
+	}
+	before := a.Sim.Stats().Requests
+
+	r := a.Do("POST", "/v1/batches/"+b.ID+"/cancel", key, nil)
+	var c client.Batch
+	r.JSON(t, &c)
+	if r.Status != 200 || c.Status != "cancelling" || c.CancellingAt == nil {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+	if want := (client.BatchRequestCounts{Total: 50, Completed: 10, Failed: 39}); c.RequestCounts != want {
+		t.Fatalf("counts after cancel = %+v, want %+v (pending jobs cancelled at once)", c.RequestCounts, want)
+	}
+	// A second cancel is harmless.
+	if r := a.Do("POST", "/v1/batches/"+b.ID+"/cancel", key, nil); r.Status != 200 {
+		t.Fatalf("second cancel: %d %s", r.Status, r.Body)
+	}
+	// While the job runs, the batch stays cancelling.
+	if err := a.Batches.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := getBatch(t, a, key, b.ID).Status; st != "cancelling" {
+		t.Fatalf("status with a job in flight = %s", st)
+	}
+	// The in-flight call finishes (its worker was mid-call); the tasks of
+	// the cancelled jobs, when a worker gets them, do nothing.
+	h := a.JobHandler(worker.Options{})
+	if err := h.Run(context.Background(), inflight.ID); err != nil {
+		t.Fatal(err)
+	}
+	runJobs(t, a, b.ID, 50) // finds no queued job
+	if got := a.Sim.Stats().Requests - before; got != 1 {
+		t.Fatalf("the provider got %d calls after the cancel, want 1 (the one in flight)", got)
+	}
+
+	b = waitStatus(t, a, key, b.ID, "cancelled", 10*time.Second)
+	if want := (client.BatchRequestCounts{Total: 50, Completed: 11, Failed: 39}); b.RequestCounts != want || b.CancelledAt == nil {
+		t.Fatalf("cancelled batch = %+v", b)
+	}
+	out := results(t, a, key, *b.OutputFileID)
+	errs := results(t, a, key, *b.ErrorFileID)
+	if len(out) != 11 || len(errs) != 39 {
+		t.Fatalf("files have %d and %d lines, want 11 and 39", len(out), len(errs))
+	}
+	for _, r := range errs {
+		if r.Error == nil || r.Error.Code != "batch_cancelled" || r.Response != nil {
+			t.Fatalf("error line = %+v", r)
+		}
+	}
+	// A finished batch cannot be cancelled.
+	if r := a.Do("POST", "/v1/batches/"+b.ID+"/cancel", key, nil); r.Status != 200 {
+		t.Fatalf("cancel of a cancelled batch: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestExpiry expires a batch at the end of its window (an injected clock):
+// pending jobs are cancelled, finished results are kept.
+func TestExpiry(t *testing.T) {
+	t.Parallel()
+	a := start(t, 0, nil)
+	_, key := a.Tenant("standard")
+	b := validated(t, a, key, lines(30), nil)
+	runJobs(t, a, b.ID, 7)
+
+	// Before the window ends, a sweep changes nothing.
+	late := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
+		Now: func() time.Time { return time.Unix(*b.ExpiresAt, 0).Add(-time.Second) }})
+	t.Cleanup(func() { _ = late.Close() })
+	if err := late.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := getBatch(t, a, key, b.ID).Status; st != "in_progress" {
+		t.Fatalf("status before expiry = %s", st)
+	}
+	expired := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
+		Now: func() time.Time { return time.Unix(*b.ExpiresAt, 0).Add(time.Second) }})
+	t.Cleanup(func() { _ = expired.Close() })
+	if err := expired.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b = getBatch(t, a, key, b.ID)
+	if want := (client.BatchRequestCounts{Total: 30, Completed: 7, Failed: 23}); b.Status != "expired" || b.ExpiredAt == nil || b.RequestCounts != want {
+		t.Fatalf("expired batch = %+v", b)
+	}
+	out := results(t, a, key, *b.OutputFileID)
+	errs := results(t, a, key, *b.ErrorFileID)
+	if len(out) != 7 || len(errs) != 23 {
+		t.Fatalf("files have %d and %d lines, want 7 and 23", len(out), len(errs))
+	}
+	for i, r := range out {
+		if r.CustomID != fmt.Sprintf("req-%d", i) {
+			t.Fatalf("output line %d = %s", i, r.CustomID)
+		}
+	}
+	for i, r := range errs {
+		if r.Error == nil || r.Error.Code != "batch_expired" || r.CustomID != fmt.Sprintf("req-%d", 7+i) || r.Error.Line != 8+i {
+			t.Fatalf("error line %d = %+v", i, r)
+		}
+	}
+	// Queued tasks of expired jobs do nothing when they run.
+	before := a.Sim.Stats().Requests
+	runJobs(t, a, b.ID, 30)
+	if a.Sim.Stats().Requests != before {
+		t.Fatal("an expired job called the provider")
+	}
+}

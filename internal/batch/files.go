@@ -1,0 +1,168 @@
+package batch
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/ids"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// The statuses of the jobs each generated file holds.
+var (
+	outputStatuses = []store.JobStatus{store.JobSucceeded}
+	errorStatuses  = []store.JobStatus{store.JobFailed, store.JobCancelled}
+)
+
+// WriteFile writes the content of a batch's output file (purpose
+// batch_output: one line per succeeded request) or error file (batch_error:
+// one line per refused, failed, cancelled or expired request) to w, in input
+// order, reading the jobs a page at a time: memory stays flat whatever the
+// batch's size. The batch must have ended; its jobs are final, so the content
+// is the same at every read.
+func WriteFile(ctx context.Context, db *store.DB, w io.Writer, b *store.Batch, purpose store.FilePurpose) error {
+	statuses := outputStatuses
+	if purpose == store.FilePurposeBatchError {
+		statuses = errorStatuses
+	}
+	bw := bufio.NewWriterSize(w, 64<<10)
+	enc := newLineEncoder(bw)
+	err := db.JobStreamByBatch(ctx, b.ID, statuses, func(j *store.Job) error {
+		return enc.Encode(Result(j, b.Status))
+	})
+	if err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// newLineEncoder writes one JSON value per line, leaving <, > and & as they
+// are (a provider's body is passed on unchanged).
+func newLineEncoder(w io.Writer) *json.Encoder {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc
+}
+
+// RequestID is the id of a batch request in the output and error files
+// ("batch_req_…"), made from its job's id.
+func RequestID(jobID string) string { return "batch_req_" + strings.TrimPrefix(jobID, ids.Job) }
+
+// Result is the output or error file line of a job of a batch that ended as
+// final: OpenAI's {"id","custom_id","response","error"}.
+func Result(j *store.Job, final store.BatchStatus) client.BatchResult {
+	r := client.BatchResult{ID: RequestID(j.ID), CustomID: j.CustomID}
+	if j.ResponseStatus != 0 {
+		r.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}
+		if len(j.ResponseBody) == 0 && j.Error != nil {
+			// The provider's error body is not kept; its error is, in
+			// the same shape as OpenAI's body {"error": {...}}.
+			body, _ := json.Marshal(struct {
+				Error client.ErrorObject `json:"error"`
+			}{client.ErrorObject{Message: j.Error.Message, Type: j.Error.Type, Code: j.Error.Code, Param: j.Error.Param}})
+			r.Response.Body = body
+		}
+	}
+	if j.Status != store.JobSucceeded {
+		r.Error = resultError(j, final)
+	}
+	return r
+}
+
+// resultError is why a request of the error file has no result.
+func resultError(j *store.Job, final store.BatchStatus) *client.BatchLineError {
+	e := &client.BatchLineError{Line: j.LineNo}
+	switch {
+	case j.Error != nil:
+		e.Code, e.Message = j.Error.Code, j.Error.Message
+		if e.Code == "" {
+			e.Code = j.Error.Type
+		}
+	case j.Status == store.JobCancelled && final == store.BatchExpired:
+		e.Code, e.Message = "batch_expired", "This request could not be executed before the completion window expired."
+	case j.Status == store.JobCancelled && final == store.BatchCancelled:
+		e.Code, e.Message = "batch_cancelled", "This request was not executed: the batch was cancelled."
+	case j.Status == store.JobCancelled:
+		e.Code, e.Message = "request_cancelled", "This request was cancelled."
+	default:
+		e.Code, e.Message = "not_finished", fmt.Sprintf("This request had not finished (%s).", j.Status)
+	}
+	if e.Code == "" {
+		e.Code = "request_failed"
+	}
+	return e
+}
+
+// size is the length of a generated file.
+type size struct{ bytes, lines int64 }
+
+// countingWriter counts what is written to it, and keeps nothing.
+type countingWriter struct{ n int64 }
+
+func (c *countingWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }
+
+// sizes renders both files once, keeping only their sizes, for the file
+// objects that announce them.
+func sizes(ctx context.Context, db *store.DB, b *store.Batch, final store.BatchStatus) (out, errs size, err error) {
+	var co, ce countingWriter
+	eo, ee := newLineEncoder(&co), newLineEncoder(&ce)
+	err = db.JobStreamByBatch(ctx, b.ID, nil, func(j *store.Job) error {
+		switch j.Status {
+		case store.JobSucceeded:
+			out.lines++
+			return eo.Encode(Result(j, final))
+		case store.JobFailed, store.JobCancelled:
+			errs.lines++
+			return ee.Encode(Result(j, final))
+		}
+		return fmt.Errorf("job %s of batch %s is still %s", j.ID, b.ID, j.Status)
+	})
+	out.bytes, errs.bytes = co.n, ce.n
+	return out, errs, err
+}
+
+// fileID is the id of a batch's output or error file. It is derived from
+// the batch id, so a finalization that stopped half way and runs again finds
+// the file it made instead of making a second one.
+func fileID(batchID string, purpose store.FilePurpose) string {
+	body := strings.TrimPrefix(batchID, ids.Batch)
+	last := "0"
+	if purpose == store.FilePurposeBatchError {
+		last = "1"
+	}
+	return ids.File + body[:len(body)-1] + last
+}
+
+// writeFiles creates the file objects of a batch ending as final: an output
+// file when a request succeeded, an error file when one did not.
+func (s *Service) writeFiles(ctx context.Context, b *store.Batch, final store.BatchStatus) (outputID, errorID string, err error) {
+	out, errs, err := sizes(ctx, s.Store, b, final)
+	if err != nil {
+		return "", "", err
+	}
+	mk := func(purpose store.FilePurpose, name string, sz size) (string, error) {
+		if sz.lines == 0 {
+			return "", nil
+		}
+		id := fileID(b.ID, purpose)
+		_, err := s.Store.FileInsert(ctx, &store.FileInsertParams{ID: id, TenantID: b.TenantID, Purpose: purpose,
+			Filename: name, BatchID: b.ID, Generated: true, Bytes: sz.bytes, Lines: sz.lines})
+		if errors.Is(err, store.ErrConflict) {
+			err = nil // made by an earlier, interrupted finalization
+		}
+		return id, err
+	}
+	if outputID, err = mk(store.FilePurposeBatchOutput, b.ID+"_output.jsonl", out); err != nil {
+		return "", "", err
+	}
+	if errorID, err = mk(store.FilePurposeBatchError, b.ID+"_error.jsonl", errs); err != nil {
+		return "", "", err
+	}
+	return outputID, errorID, nil
+}

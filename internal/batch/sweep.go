@@ -1,0 +1,167 @@
+package batch
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// sweeperLock keeps to one the processes sweeping at a time.
+const sweeperLock = "batch-sweeper"
+
+// Run sweeps the unfinished batches every SweepInterval until ctx ends.
+// Every dispatcher runs it; a store lock lets one sweep at a time.
+func (s *Service) Run(ctx context.Context) {
+	t := time.NewTicker(s.opts.SweepInterval)
+	defer t.Stop()
+	for {
+		if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.Logger.Warn("batch sweep failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Sweep looks once at every unfinished batch, unless another process is
+// sweeping: a batch left validating is validated (in the background); an
+// in_progress batch whose jobs have all finished is finalized (its files
+// made) and completed; one past its expiry is expired; a cancelling one is
+// cancelled once no job of it runs. A batch that another process holds is
+// left for the next sweep.
+func (s *Service) Sweep(ctx context.Context) error {
+	unlock, ok, err := s.Store.TryLock(ctx, sweeperLock)
+	if err != nil || !ok {
+		return err
+	}
+	defer unlock()
+	p := &store.BatchListActiveParams{Limit: 1000}
+	for {
+		bs, more, err := s.Store.BatchListActive(ctx, p)
+		if err != nil {
+			return err
+		}
+		for _, b := range bs {
+			if err := s.step(ctx, b); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				s.Logger.Warn("batch step failed; the next sweep tries again", "batch", b.ID, "status", b.Status, "err", err)
+			}
+		}
+		if !more || len(bs) == 0 {
+			return nil
+		}
+		p.After = bs[len(bs)-1].ID
+	}
+}
+
+// step moves one batch on, if it can.
+func (s *Service) step(ctx context.Context, b *store.Batch) error {
+	if b.Status == store.BatchValidating {
+		s.Start(b.ID)
+		return nil
+	}
+	unlock, ok, err := s.Store.TryLock(ctx, lockName(b.ID))
+	if err != nil || !ok {
+		return err
+	}
+	defer unlock()
+	if b, err = s.Store.BatchGetByID(ctx, b.ID); err != nil { // as it is under the lock
+		return err
+	}
+	now := s.opts.Now()
+	switch b.Status {
+	case store.BatchInProgress:
+		if b.ExpiresAt != nil && !now.Before(*b.ExpiresAt) {
+			return s.stop(ctx, b, store.BatchExpired, now.Sub(*b.ExpiresAt))
+		}
+		c, err := s.Store.JobCountsByBatch(ctx, b.ID)
+		if err != nil || c.Unfinished() > 0 {
+			return err
+		}
+		b, _, err = s.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: b.ID,
+			From: []store.BatchStatus{store.BatchInProgress}, To: store.BatchFinalizing})
+		if err != nil || b.Status != store.BatchFinalizing {
+			return err
+		}
+		return s.finish(ctx, b, store.BatchCompleted, nil, nil)
+	case store.BatchFinalizing: // a finalization that stopped half way
+		return s.finish(ctx, b, store.BatchCompleted, nil, nil)
+	case store.BatchCancelling:
+		since := time.Duration(0)
+		if b.CancellingAt != nil {
+			since = now.Sub(*b.CancellingAt)
+		}
+		return s.stop(ctx, b, store.BatchCancelled, since)
+	}
+	return nil
+}
+
+// stop ends a cancelled or expired batch: its pending jobs are cancelled at
+// once (again at every sweep: a running job may come back to waiting after
+// a 429); running ones may finish, for StopGrace after the stop, and are
+// then cancelled too. Once none runs, the batch ends as final, with the
+// results of what finished.
+func (s *Service) stop(ctx context.Context, b *store.Batch, final store.BatchStatus, since time.Duration) error {
+	if _, err := s.Store.JobCancelByBatch(ctx, b.ID); err != nil {
+		return err
+	}
+	c, err := s.Store.JobCountsByBatch(ctx, b.ID)
+	if err != nil {
+		return err
+	}
+	if c.Unfinished() > 0 {
+		if since < s.opts.StopGrace {
+			return nil
+		}
+		s.Logger.Warn("batch jobs still running after the grace period; cancelling them", "batch", b.ID, "running", c.Running)
+		err := s.Store.JobStreamByBatch(ctx, b.ID, []store.JobStatus{store.JobQueued, store.JobRunning, store.JobWaiting, store.JobDeferred},
+			func(j *store.Job) error {
+				_, _, err := s.Store.JobCancel(ctx, j.TenantID, j.ID)
+				return err
+			})
+		if err != nil {
+			return err
+		}
+	}
+	return s.finish(ctx, b, final, nil, nil)
+}
+
+// finish ends a batch as final: it makes its output and error files, and
+// enqueues its webhook first, so a crash between the two never loses the
+// call (the delivery waits for the terminal state, and enqueueing twice is
+// a no-op).
+func (s *Service) finish(ctx context.Context, b *store.Batch, final store.BatchStatus, total *int64, errs []client.BatchError) error {
+	outputID, errorID, err := s.writeFiles(ctx, b, final)
+	if err != nil {
+		return fmt.Errorf("make files: %w", err)
+	}
+	if b.WebhookURL != "" {
+		if err := s.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: "batch", ID: b.ID}); err != nil {
+			return err
+		}
+	}
+	p := &store.BatchSetStatusParams{ID: b.ID, From: []store.BatchStatus{b.Status}, To: final,
+		OutputFileID: outputID, ErrorFileID: errorID, Total: total}
+	if len(errs) > 0 {
+		p.Errors = errorsJSON(errs)
+	}
+	nb, applied, err := s.Store.BatchSetStatus(ctx, p)
+	if err != nil {
+		return err
+	}
+	if applied {
+		s.Logger.Info("batch ended", "batch", b.ID, "status", final)
+	} else {
+		s.Logger.Warn("batch changed while it was ending; the next sweep looks again", "batch", b.ID, "status", nb.Status)
+	}
+	return nil
+}

@@ -1,0 +1,327 @@
+// Package webhook delivers llmq's webhooks. When a job or a batch that named
+// a webhook_url reaches a terminal state, a task on the webhooks queue POSTs
+// the object — the same JSON GET /v1/jobs/{id} or GET /v1/batches/{id}
+// answers with — to that URL, signed with the tenant's webhook secret:
+//
+//	X-Llmq-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
+//
+// Network errors, timeouts and answers 408, 429 and 5xx are retried with
+// asynq's backoff; other answers (including redirects, which are not
+// followed) end the delivery. Targets are checked when each connection is
+// made, after DNS resolution, so neither a name that resolves to an internal
+// address (DNS rebinding included) nor a redirect reaches loopback, private,
+// link-local, CGNAT, multicast or other special addresses, unless the
+// operator allows them (LLMQ_WEBHOOK_ALLOW_PRIVATE).
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// Headers of a delivery.
+const (
+	// SignatureHeader carries t=<unix>,v1=<hex hmac>.
+	SignatureHeader = "X-Llmq-Signature"
+	// EventHeader names what happened: "job.succeeded", "batch.completed"…
+	EventHeader = "X-Llmq-Event"
+	// IDHeader is the same for every attempt of one delivery ("job:<id>",
+	// "batch:<id>"): deliveries are at least once, receivers dedupe by it.
+	IDHeader = "X-Llmq-Webhook-Id"
+)
+
+// Options tune a Handler. The zero value is ready to use.
+type Options struct {
+	// AllowPrivate lets deliveries reach loopback, private, link-local and
+	// other internal addresses. Defaults to false.
+	AllowPrivate bool
+	// Timeout bounds one delivery attempt, connection to last byte.
+	// Defaults to 10s.
+	Timeout time.Duration
+	// Now is the clock of signatures. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Deps are what a Handler works with.
+type Deps struct {
+	Store  *store.DB
+	Logger *slog.Logger
+	// Observer is told the outcome of every attempt, for metrics.
+	// Defaults to none.
+	Observer Observer
+}
+
+// Observer is told what deliveries do.
+type Observer interface {
+	// WebhookDelivery reports one attempt for a kind ("job", "batch"):
+	// outcome is "delivered", or a reason from a small fixed set:
+	// "http_3xx", "http_4xx", "http_5xx", "timeout", "network", "refused"
+	// (an internal address), "invalid_url", "gave_up" (retries used up).
+	WebhookDelivery(kind, outcome string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) WebhookDelivery(string, string) {}
+
+// Handler delivers TypeWebhook tasks.
+type Handler struct {
+	Deps
+	opts   Options
+	client *http.Client
+}
+
+// NewHandler returns a Handler with its own HTTP client: no proxy (a proxy
+// would dial the target itself, out of reach of the address check), no
+// redirects, the address check on every dial.
+func NewHandler(d Deps, opts Options) *Handler {
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Observer == nil {
+		d.Observer = nopObserver{}
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: Control(opts.AllowPrivate)}
+	tr := &http.Transport{
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          100,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   opts.Timeout,
+		ResponseHeaderTimeout: opts.Timeout,
+	}
+	return &Handler{Deps: d, opts: opts, client: &http.Client{
+		Transport:     tr,
+		Timeout:       opts.Timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+}
+
+// Close releases the handler's idle connections.
+func (h *Handler) Close() { h.client.CloseIdleConnections() }
+
+// delivery is one webhook to send.
+type delivery struct {
+	kind, id, event, url, tenantID string
+	body                           []byte
+}
+
+// errNotYet is a delivery enqueued just before its object's terminal state
+// was stored (the batch sweeper does that, so a crash cannot lose the
+// call): asynq retries it shortly.
+var errNotYet = errors.New("webhook: the object has not reached a terminal state yet")
+
+// ProcessTask implements asynq.Handler.
+func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	p, err := queue.ParseWebhookPayload(t)
+	if err != nil {
+		h.Logger.Error("dropping malformed webhook task", "err", err)
+		return nil
+	}
+	d, err := h.load(ctx, p)
+	if err != nil || d == nil {
+		return err
+	}
+	tenant, err := h.Store.TenantGetByID(ctx, d.tenantID)
+	if err != nil {
+		return fmt.Errorf("webhook %s: load tenant: %w", d.id, err)
+	}
+	outcome, err := h.deliver(ctx, d, tenant.WebhookSecret)
+	if err != nil && !errors.Is(err, asynq.SkipRetry) {
+		retried, _ := asynq.GetRetryCount(ctx)
+		if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && retried >= maxRetry {
+			outcome = "gave_up"
+			h.Logger.Warn("webhook retries used up; giving up", "webhook", d.id, "attempts", retried+1)
+		}
+	}
+	h.Observer.WebhookDelivery(d.kind, outcome)
+	return err
+}
+
+// load reads the object of a delivery; nil when there is nothing to send.
+func (h *Handler) load(ctx context.Context, p *queue.WebhookPayload) (*delivery, error) {
+	d := &delivery{kind: p.Kind, id: p.Kind + ":" + p.ID}
+	var obj any
+	switch p.Kind {
+	case "job":
+		j, err := h.Store.JobGetByID(ctx, p.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !j.Status.Terminal() {
+			return nil, errNotYet
+		}
+		d.url, d.tenantID, d.event, obj = j.WebhookURL, j.TenantID, "job."+string(j.Status), api.RenderJob(j)
+	case "batch":
+		b, err := h.Store.BatchGetByID(ctx, p.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !b.Status.Terminal() {
+			return nil, errNotYet
+		}
+		c, err := h.Store.JobCountsByBatch(ctx, b.ID)
+		if err != nil {
+			return nil, err
+		}
+		d.url, d.tenantID, d.event, obj = b.WebhookURL, b.TenantID, "batch."+string(b.Status), batch.Render(b, c)
+	}
+	if d.url == "" {
+		return nil, nil
+	}
+	body, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	d.body = body
+	return d, nil
+}
+
+// deliver makes one attempt and names its outcome. A nil error ends the
+// task; an error wrapping asynq.SkipRetry ends it as failed; any other error
+// is retried.
+func (h *Handler) deliver(ctx context.Context, d *delivery, secret string) (string, error) {
+	u, err := url.Parse(d.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		h.Logger.Warn("webhook not sent: not an http(s) URL", "webhook", d.id)
+		return "invalid_url", fmt.Errorf("webhook %s: invalid URL: %w", d.id, asynq.SkipRetry)
+	}
+	log := h.Logger.With("webhook", d.id, "host", u.Hostname()) // the host only: a URL may carry a token
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(d.body))
+	if err != nil {
+		return "invalid_url", fmt.Errorf("webhook %s: %v: %w", d.id, err, asynq.SkipRetry)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "llmq-webhook/1")
+	req.Header.Set(EventHeader, d.event)
+	req.Header.Set(IDHeader, d.id)
+	req.Header.Set(SignatureHeader, Sign(secret, h.opts.Now(), d.body))
+	resp, err := h.client.Do(req)
+	if err != nil {
+		var be *BlockedError
+		if errors.As(err, &be) {
+			log.Warn("webhook refused: its address is internal (LLMQ_WEBHOOK_ALLOW_PRIVATE allows it)", "addr", be.Addr.String())
+			return "refused", fmt.Errorf("webhook %s: %w: %w", d.id, be, asynq.SkipRetry)
+		}
+		outcome := "network"
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			outcome = "timeout"
+		}
+		log.Debug("webhook attempt failed; will retry", "err", err)
+		return outcome, fmt.Errorf("webhook %s: %w", d.id, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	switch st := resp.StatusCode; {
+	case st >= 200 && st < 300:
+		log.Debug("webhook delivered", "status", st)
+		return "delivered", nil
+	case st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || st >= 500:
+		log.Debug("webhook answered a retryable status; will retry", "status", st)
+		return "http_" + strconv.Itoa(st/100) + "xx", fmt.Errorf("webhook %s: answered %d", d.id, st)
+	default:
+		log.Warn("webhook refused by its receiver; not retried", "status", st)
+		return "http_" + strconv.Itoa(st/100) + "xx", fmt.Errorf("webhook %s: answered %d: %w", d.id, st, asynq.SkipRetry)
+	}
+}
+
+// Sign returns the X-Llmq-Signature value of body sent at time at.
+func Sign(secret string, at time.Time, body []byte) string {
+	t := strconv.FormatInt(at.Unix(), 10)
+	return "t=" + t + ",v1=" + hex.EncodeToString(mac(secret, t, body))
+}
+
+func mac(secret, t string, body []byte) []byte {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(t))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return m.Sum(nil)
+}
+
+// Verification errors.
+var (
+	ErrNoSignature  = errors.New("webhook: no valid t=…,v1=… signature header")
+	ErrBadSignature = errors.New("webhook: signature does not match")
+	ErrTooOld       = errors.New("webhook: signature timestamp outside the tolerance")
+)
+
+// Verify checks a delivery as a receiver should: header is the
+// X-Llmq-Signature value, body the raw request body (before any JSON
+// parsing), and t must be within tolerance of now, so a captured delivery
+// cannot be replayed later. Any v1 may match (several may be sent).
+func Verify(secret, header string, body []byte, tolerance time.Duration) error {
+	return verifyAt(secret, header, body, tolerance, time.Now())
+}
+
+func verifyAt(secret, header string, body []byte, tolerance time.Duration, now time.Time) error {
+	var (
+		t    string
+		sigs [][]byte
+	)
+	for _, part := range strings.Split(header, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "t":
+			t = v
+		case "v1":
+			if sig, err := hex.DecodeString(v); err == nil {
+				sigs = append(sigs, sig)
+			}
+		}
+	}
+	ts, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || len(sigs) == 0 {
+		return ErrNoSignature
+	}
+	want := mac(secret, t, body)
+	matched := false
+	for _, sig := range sigs {
+		matched = matched || hmac.Equal(sig, want)
+	}
+	if !matched {
+		return ErrBadSignature
+	}
+	if d := now.Sub(time.Unix(ts, 0)); d > tolerance || d < -tolerance {
+		return ErrTooOld
+	}
+	return nil
+}
