@@ -175,6 +175,9 @@ func (r *run) do(ctx context.Context) error {
 		return r.fail(ctx, store.JobError{Type: "server_error", Code: "tier_not_found", Message: err.Error()}, nil)
 	}
 	r.tier, r.reject = tier.Name, tier.OnExhausted == config.OnExhaustedReject
+	// JobStart moved the job to running; its tier is known from here.
+	r.log.Debug("job state", "status", store.JobRunning)
+	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
 	provider, ok := h.Providers.Get(m.Provider)
 	if !ok {
 		return r.fail(ctx, store.JobError{Type: "server_error", Code: "provider_not_found",
