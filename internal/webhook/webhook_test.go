@@ -1,0 +1,325 @@
+package webhook_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/webhook"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+// redisDB is this package's Redis database (docs/ARCHITECTURE.md).
+const redisDB = 8
+
+func TestSignAndVerify(t *testing.T) {
+	t.Parallel()
+	secret, body := "whsec_test", []byte(`{"id":"job_1","status":"succeeded"}`)
+	now := time.Now()
+	h := webhook.Sign(secret, now, body)
+	if !strings.HasPrefix(h, "t=") || !strings.Contains(h, ",v1=") {
+		t.Fatalf("header = %q", h)
+	}
+	if err := webhook.Verify(secret, h, body, 5*time.Minute); err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	cases := []struct {
+		name   string
+		secret string
+		header string
+		body   []byte
+		want   error
+	}{
+		{"other body", secret, h, []byte(`{"id":"job_1","status":"failed"}`), webhook.ErrBadSignature},
+		{"other secret", "whsec_other", h, body, webhook.ErrBadSignature},
+		{"too old", secret, webhook.Sign(secret, now.Add(-10*time.Minute), body), body, webhook.ErrTooOld},
+		{"from the future", secret, webhook.Sign(secret, now.Add(10*time.Minute), body), body, webhook.ErrTooOld},
+		{"no header", secret, "", body, webhook.ErrNoSignature},
+		{"no v1", secret, "t=123", body, webhook.ErrNoSignature},
+		{"timestamp moved", secret, strings.Replace(h, "t=", "t=1", 1), body, webhook.ErrBadSignature},
+	}
+	for _, c := range cases {
+		if err := webhook.Verify(c.secret, c.header, c.body, 5*time.Minute); !errors.Is(err, c.want) {
+			t.Errorf("%s: err = %v, want %v", c.name, err, c.want)
+		}
+	}
+	// A header with a rotated-out signature beside the current one passes.
+	rotated := h + ",v1=" + strings.Repeat("ab", 32)
+	if err := webhook.Verify(secret, rotated, body, 5*time.Minute); err != nil {
+		t.Fatalf("two signatures: %v", err)
+	}
+}
+
+func TestBlockedAddresses(t *testing.T) {
+	t.Parallel()
+	blocked := []string{"127.0.0.1", "127.8.9.1", "10.1.2.3", "172.16.0.1", "172.31.255.255", "192.168.1.1",
+		"169.254.169.254", "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "198.18.0.1",
+		"::1", "::", "fe80::1", "fc00::1", "fd12::1", "ff02::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1",
+		"64:ff9b::a00:1", "2002:a00:1::1", "2001::1", "2001:db8::1", "::127.0.0.1", "fe80::1%eth0"}
+	public := []string{"1.1.1.1", "8.8.8.8", "93.184.216.34", "172.32.0.1", "100.128.0.1", "2606:4700::1111", "2a00:1450::1"}
+	for _, s := range blocked {
+		if !webhook.Blocked(netip.MustParseAddr(s)) {
+			t.Errorf("%s is not blocked", s)
+		}
+	}
+	for _, s := range public {
+		if webhook.Blocked(netip.MustParseAddr(s)) {
+			t.Errorf("%s is blocked", s)
+		}
+	}
+}
+
+// receiver is a webhook endpoint recording what it gets.
+type receiver struct {
+	*httptest.Server
+	mu     sync.Mutex
+	got    []delivery
+	status int
+}
+
+type delivery struct {
+	header http.Header
+	body   []byte
+}
+
+func newReceiver(t *testing.T, status int) *receiver {
+	r := &receiver{status: status}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		r.mu.Lock()
+		r.got = append(r.got, delivery{req.Header.Clone(), b})
+		st := r.status
+		r.mu.Unlock()
+		if st == http.StatusFound {
+			http.Redirect(w, req, "http://169.254.169.254/latest/meta-data/", st)
+			return
+		}
+		w.WriteHeader(st)
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+func (r *receiver) deliveries() []delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]delivery(nil), r.got...)
+}
+
+// finishedJob creates a job with a webhook and runs it to success.
+func finishedJob(t *testing.T, a *apptest.App, key, hook string) *store.Job {
+	t.Helper()
+	r := a.Do("POST", "/v1/jobs", key, map[string]any{"webhook_url": hook, "body": apptest.ChatBody("hi", "", 5)})
+	if r.Status != 202 {
+		t.Fatalf("create job: %d %s", r.Status, r.Body)
+	}
+	id := r.Map(t)["id"].(string)
+	if err := a.JobHandler(worker.Options{}).Run(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	j, err := a.Store.JobGetByID(context.Background(), id)
+	if err != nil || j.Status != store.JobSucceeded {
+		t.Fatalf("job = %+v, %v", j, err)
+	}
+	return j
+}
+
+func secretOf(t *testing.T, a *apptest.App, tenantID string) string {
+	t.Helper()
+	var ten client.Tenant
+	a.Do("GET", "/admin/v1/tenants/"+tenantID, apptest.AdminToken, nil).JSON(t, &ten)
+	if !strings.HasPrefix(ten.WebhookSecret, "whsec_") {
+		t.Fatalf("tenant = %+v", ten)
+	}
+	return ten.WebhookSecret
+}
+
+func task(kind, id string) *asynq.Task {
+	b, _ := json.Marshal(queue.WebhookPayload{Kind: kind, ID: id})
+	return asynq.NewTask(queue.TypeWebhook, b)
+}
+
+// TestJobWebhookIsSignedAndVerifies delivers a job's webhook the way a worker
+// does, and checks it with the documented recipe.
+func TestJobWebhookIsSignedAndVerifies(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	tenantID, key := a.Tenant("standard")
+	rcv := newReceiver(t, http.StatusNoContent)
+	j := finishedJob(t, a, key, rcv.URL+"/hooks/llmq?token=abc")
+
+	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true})
+	t.Cleanup(h.Close)
+	if err := h.ProcessTask(context.Background(), task("job", j.ID)); err != nil {
+		t.Fatalf("deliver: %v", err)
+	}
+	got := rcv.deliveries()
+	if len(got) != 1 {
+		t.Fatalf("%d deliveries", len(got))
+	}
+	d := got[0]
+	if err := webhook.Verify(secretOf(t, a, tenantID), d.header.Get("X-Llmq-Signature"), d.body, 5*time.Minute); err != nil {
+		t.Fatalf("signature does not verify: %v", err)
+	}
+	if d.header.Get("X-Llmq-Event") != "job.succeeded" || d.header.Get("X-Llmq-Webhook-Id") != "job:"+j.ID ||
+		d.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("headers = %v", d.header)
+	}
+	// The body is the job as GET /v1/jobs/{id} shows it.
+	var sent, shown map[string]any
+	_ = json.Unmarshal(d.body, &sent)
+	shown = a.Do("GET", "/v1/jobs/"+j.ID, key, nil).Map(t)
+	if sent["id"] != j.ID || sent["status"] != "succeeded" || sent["response"] == nil || len(sent) != len(shown) {
+		t.Fatalf("delivered %v, API shows %v", sent, shown)
+	}
+}
+
+// TestPrivateTargetIsRefused refuses a webhook to a loopback address, by IP
+// and by a name that resolves to it, without sending anything, and without
+// retrying; redirects to internal addresses are not followed either.
+func TestPrivateTargetIsRefused(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	_, key := a.Tenant("standard")
+	rcv := newReceiver(t, http.StatusOK)
+	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{})
+	t.Cleanup(h.Close)
+	port := rcv.URL[strings.LastIndex(rcv.URL, ":"):]
+	for _, hook := range []string{rcv.URL + "/x", "http://localhost" + port + "/x"} {
+		j := finishedJob(t, a, key, hook)
+		err := h.ProcessTask(context.Background(), task("job", j.ID))
+		var be *webhook.BlockedError
+		if !errors.As(err, &be) || !errors.Is(err, asynq.SkipRetry) || !be.Addr.IsLoopback() {
+			t.Fatalf("%s: err = %v, want a blocked address that is not retried", hook, err)
+		}
+	}
+	if n := len(rcv.deliveries()); n != 0 {
+		t.Fatalf("the private receiver got %d requests", n)
+	}
+}
+
+// TestRetryClassification retries what may pass later (5xx, 408, 429,
+// network) and gives up at once on other answers, redirects included.
+func TestRetryClassification(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	_, key := a.Tenant("standard")
+	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true, Timeout: 2 * time.Second})
+	t.Cleanup(h.Close)
+	for _, c := range []struct {
+		status      int
+		ok, retried bool
+	}{
+		{200, true, false}, {202, true, false},
+		{500, false, true}, {503, false, true}, {408, false, true}, {429, false, true},
+		{400, false, false}, {404, false, false}, {410, false, false}, {http.StatusFound, false, false},
+	} {
+		rcv := newReceiver(t, c.status)
+		j := finishedJob(t, a, key, rcv.URL)
+		err := h.ProcessTask(context.Background(), task("job", j.ID))
+		if (err == nil) != c.ok || (err != nil && errors.Is(err, asynq.SkipRetry) == c.retried) {
+			t.Errorf("answer %d: err = %v, want ok=%v retried=%v", c.status, err, c.ok, c.retried)
+		}
+		if n := len(rcv.deliveries()); n != 1 {
+			t.Errorf("answer %d: %d requests (a redirect must not be followed)", c.status, n)
+		}
+	}
+	// Nobody listening: a network error, retried.
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	j := finishedJob(t, a, key, dead.URL)
+	if err := h.ProcessTask(context.Background(), task("job", j.ID)); err == nil || errors.Is(err, asynq.SkipRetry) {
+		t.Fatalf("closed port: err = %v, want a retried error", err)
+	}
+	// A job without a webhook, or not finished, or unknown: nothing to send,
+	// or later.
+	if err := h.ProcessTask(context.Background(), task("job", "job_01nosuchjob00000000000000")); err != nil {
+		t.Fatalf("unknown job: %v", err)
+	}
+	r := a.Do("POST", "/v1/jobs", key, map[string]any{"webhook_url": "https://example.com/h", "body": apptest.ChatBody("x", "", 5)})
+	if err := h.ProcessTask(context.Background(), task("job", r.Map(t)["id"].(string))); err == nil {
+		t.Fatal("a queued job's webhook was sent")
+	}
+}
+
+// TestWorkersDeliverBatchWebhooks runs a batch with a webhook through
+// workers (webhooks on their own queue) and receives the batch, signed, once
+// it completed.
+func TestWorkersDeliverBatchWebhooks(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Workers: 1,
+		Env: func(e *config.Env) { e.WebhookAllowPrivate = true }})
+	tenantID, key := a.Tenant("standard")
+	rcv := newReceiver(t, http.StatusOK)
+	in := `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}}
+{"custom_id":"b","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}}
+`
+	fileID := uploadFile(t, a, key, in)
+	r := a.Do("POST", "/v1/batches", key, map[string]any{"input_file_id": fileID, "endpoint": "/v1/chat/completions",
+		"completion_window": "24h", "webhook_url": rcv.URL + "/batch"})
+	if r.Status != 200 {
+		t.Fatalf("create batch: %d %s", r.Status, r.Body)
+	}
+	id := r.Map(t)["id"].(string)
+	// The sweeper runs in the dispatcher; here, in the test, until the
+	// workers delivered.
+	deadline := time.Now().Add(time.Minute)
+	for len(rcv.deliveries()) == 0 {
+		if err := a.Batches.Sweep(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no webhook after a minute; batch %s", a.Do("GET", "/v1/batches/"+id, key, nil).Body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	d := rcv.deliveries()[0]
+	if err := webhook.Verify(secretOf(t, a, tenantID), d.header.Get(webhook.SignatureHeader), d.body, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var b client.Batch
+	if err := json.Unmarshal(d.body, &b); err != nil || b.ID != id || b.Status != "completed" ||
+		b.RequestCounts != (client.BatchRequestCounts{Total: 2, Completed: 2}) || b.OutputFileID == nil {
+		t.Fatalf("delivered batch %+v (%v)", b, err)
+	}
+	if d.header.Get(webhook.EventHeader) != "batch.completed" {
+		t.Fatalf("event = %q", d.header.Get(webhook.EventHeader))
+	}
+}
+
+func uploadFile(t *testing.T, a *apptest.App, key, content string) string {
+	t.Helper()
+	const boundary = "llmqtestboundary"
+	body := "--" + boundary + "\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n" +
+		"--" + boundary + "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n" +
+		content + "\r\n--" + boundary + "--\r\n"
+	r := apptest.Do(t, a.URL, "POST", "/v1/files", key, body, http.Header{"Content-Type": {"multipart/form-data; boundary=" + boundary}})
+	if r.Status != 200 {
+		t.Fatalf("upload: %d %s", r.Status, r.Body)
+	}
+	return r.Map(t)["id"].(string)
+}
