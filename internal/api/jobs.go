@@ -77,6 +77,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	s.Observer.JobState(tier.Name, job.Model, string(job.Status))
+	s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
 	if _, err := s.Queue.EnqueueJob(r.Context(), queue.JobRef{ID: job.ID, Queue: job.Queue}); err != nil {
@@ -241,6 +242,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	}
 	if changed {
 		s.Observer.JobState(callerOf(r).tenant.Tier, job.Model, string(job.Status))
+		s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
 	}
 	writeJSON(w, http.StatusOK, RenderJob(job))
 	return nil
