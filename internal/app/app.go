@@ -82,9 +82,11 @@ type Parts struct {
 // policy and builds every part. Close releases them.
 func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts) (a *App, err error) {
 	a = &App{Env: env, Logger: logger, Keys: rkeys.New(env.KeyPrefix), clock: parts.Clock}
+	// "return nil, err" sets a to nil before this runs: close what was built.
+	built := a
 	defer func() {
 		if err != nil {
-			a.Close()
+			built.Close()
 		}
 	}()
 	if parts.LookupEnv == nil {
