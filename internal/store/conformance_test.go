@@ -1353,4 +1353,21 @@ func testBatchRefusedLines(t *testing.T, db *DB) {
 		Generated: true, Content: bytes.NewReader(nil)}); err == nil {
 		t.Fatal("FileInsert accepted content for a generated file")
 	}
+
+	// A file a batch uses cannot be deleted; another tenant's is not found;
+	// a free one goes with its content.
+	wantErr(t, db.FileDelete(ctx, ten.ID, in.ID), ErrConflict)
+	other := mkTenant(t, db)
+	free := mkFile(t, db, ten.ID, "{}\n")
+	wantErr(t, db.FileDelete(ctx, other.ID, free.ID), ErrNotFound)
+	if err := db.FileDelete(ctx, ten.ID, free.ID); err != nil {
+		t.Fatalf("FileDelete: %v", err)
+	}
+	_, err = db.FileGetByID(ctx, free.ID)
+	wantErr(t, err, ErrNotFound)
+	wantErr(t, db.FileDelete(ctx, ten.ID, free.ID), ErrNotFound)
+	var chunks int
+	if err := db.ro.QueryRowContext(ctx, `SELECT count(*) FROM file_chunks WHERE file_id = $1`, free.ID).Scan(&chunks); err != nil || chunks != 0 {
+		t.Fatalf("%d chunks left (%v)", chunks, err)
+	}
 }

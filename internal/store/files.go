@@ -293,6 +293,34 @@ func (r *chunkReader) Close() error {
 	return nil
 }
 
+// FileDelete deletes the tenant's file and its content. A file a batch
+// uses (as its input, output or error file) is ErrConflict; another
+// tenant's, or none, is ErrNotFound.
+func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
+	if err := errors.Join(required("FileDelete", "tenantID", tenantID), required("FileDelete", "id", id)); err != nil {
+		return err
+	}
+	return db.tx(ctx, func(tx *sql.Tx) error {
+		var used int
+		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM batches WHERE input_file_id = $1 OR output_file_id = $1 OR error_file_id = $1`,
+			id).Scan(&used)
+		if err != nil {
+			return err
+		}
+		if used > 0 {
+			return fmt.Errorf("%w: file %q is used by a batch", ErrConflict, id)
+		}
+		r, err := tx.ExecContext(ctx, `DELETE FROM files WHERE id = $1 AND tenant_id = $2`, id, tenantID)
+		if err != nil {
+			return db.d.wrap(err)
+		}
+		if n, err := r.RowsAffected(); err != nil || n == 0 {
+			return errors.Join(err, notFound("file", id))
+		}
+		return nil
+	})
+}
+
 // FileListParams select a page of a tenant's files.
 type FileListParams struct {
 	TenantID string
