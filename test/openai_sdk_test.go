@@ -1,0 +1,78 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/llm/sim"
+)
+
+// TestOpenAINodeSDK runs test/node/batch.mjs, the official OpenAI Node SDK
+// (npm "openai", pinned in test/node/package-lock.json), against a running
+// llmq: upload, batch, poll, output and error files, paging, cancel and
+// error classes. It is what proves the Batch API wire-compatible with the
+// SDKs, so a machine without Node fails it, with what to install.
+func TestOpenAINodeSDK(t *testing.T) {
+	t.Parallel()
+	node, npm := lookNode(t)
+	dir, err := filepath.Abs("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
+		// A clean clone: install the locked SDK version.
+		cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund", "--loglevel=error")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci in test/node: %v\n%s", err, out)
+		}
+	}
+
+	// The real binaries: a dispatcher (API and batch sweeper) and a worker.
+	// Answers take 100ms: the 200 requests of the batch the script cancels
+	// need a second on the worker's 20 slots, so the cancel finds it running.
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{
+		Limits: sim.Limits{RPM: 30000, TPM: 3000000}, DefaultMaxTokens: 1024, Echo: true, Latency: 100 * time.Millisecond,
+	}})
+	d := startProcess(t, a, "dispatcher", "LLMQ_LISTEN_ADDR=127.0.0.1:0")
+	d.waitForOutput(t, "listening")
+	m := regexp.MustCompile(`listening on (http://\S+)`).FindStringSubmatch(d.out.String())
+	if m == nil {
+		t.Fatalf("no URL in the dispatcher's output:\n%s", d.out.String())
+	}
+	startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=20").waitForOutput(t, "worker running")
+	_, key := a.Tenant("standard")
+
+	cmd := exec.CommandContext(ctx, node, "batch.mjs")
+	cmd.Dir = dir
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOME=" + t.TempDir(),
+		"LLMQ_BASE_URL=" + m[1] + "/v1",
+		"LLMQ_API_KEY=" + key,
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node batch.mjs: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}
+
+// lookNode finds node and npm, or fails the test saying what to install.
+func lookNode(t *testing.T) (node, npm string) {
+	t.Helper()
+	node, errNode := exec.LookPath("node")
+	npm, errNpm := exec.LookPath("npm")
+	if errNode != nil || errNpm != nil {
+		t.Fatal("the OpenAI SDK test needs Node.js (18 or newer) and npm: apt-get install nodejs npm (scripts/test does it)")
+	}
+	return node, npm
+}
