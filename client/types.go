@@ -227,6 +227,13 @@ type File struct {
 	Status string `json:"status"`
 }
 
+// FileDeleted answers DELETE /v1/files/{id}.
+type FileDeleted struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"` // "file"
+	Deleted bool   `json:"deleted"`
+}
+
 // Batch is an OpenAI-style batch.
 type Batch struct {
 	ID       string `json:"id"`

@@ -44,6 +44,7 @@ func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) {
 	s.mux.Handle("GET /v1/files", t(a.listFiles))
 	s.mux.Handle("GET /v1/files/{id}", t(a.getFile))
 	s.mux.Handle("GET /v1/files/{id}/content", t(a.fileContent))
+	s.mux.Handle("DELETE /v1/files/{id}", t(a.deleteFile))
 	s.mux.Handle("POST /v1/batches", t(a.createBatch))
 	s.mux.Handle("GET /v1/batches", t(a.listBatches))
 	s.mux.Handle("GET /v1/batches/{id}", t(a.getBatch))

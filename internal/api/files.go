@@ -32,7 +32,7 @@ func renderFile(f *store.File) client.File {
 // ("batch") and file. The file is streamed into the store as it arrives;
 // only when it comes before purpose is it spooled to a temporary file (on
 // disk, not in memory) until purpose is known. Other fields are ignored.
-func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
+func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) (err error) {
 	// The multipart envelope and the purpose field get a MiB beside the file.
 	r.Body = http.MaxBytesReader(w, r.Body, s.limits.MaxFileBytes+1<<20)
 	mr, err := r.MultipartReader()
@@ -51,6 +51,13 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 		if spool != nil {
 			_ = spool.Close()
 			_ = os.Remove(spool.Name())
+		}
+		// A file stored before the rest of the body was refused (a
+		// second file, a bad purpose after it) is not kept.
+		if err != nil && stored != nil {
+			if derr := s.Store.FileDelete(context.WithoutCancel(r.Context()), stored.TenantID, stored.ID); derr != nil {
+				s.Logger.Warn("delete the file of a refused upload", "file", stored.ID, "err", derr)
+			}
 		}
 	}()
 	for {
@@ -137,14 +144,25 @@ func uploadName(name string) string {
 func (s *batchAPI) storeUpload(ctx context.Context, tenantID, filename string, content io.Reader) (*store.File, error) {
 	f, err := s.Store.FileInsert(ctx, &store.FileInsertParams{TenantID: tenantID, Purpose: store.FilePurposeBatch,
 		Filename: filename, Content: content})
-	if err != nil {
-		return nil, multipartError(err)
+	var re *uploadReadError
+	switch {
+	case err == nil:
+		return f, nil
+	case errors.As(err, &re):
+		return nil, multipartError(re.err)
 	}
-	return f, nil
+	return nil, err // the store's
 }
 
-// multipartError names what went wrong reading an upload: a limit (413),
-// or a malformed body (400). Other errors are the server's.
+// uploadReadError is a failure to read the upload itself: the client's
+// doing (a limit, a malformed or cut body), not the store's.
+type uploadReadError struct{ err error }
+
+func (e *uploadReadError) Error() string { return e.err.Error() }
+func (e *uploadReadError) Unwrap() error { return e.err }
+
+// multipartError names what went wrong reading an upload: a limit (413 or
+// 400), or a malformed or truncated body (400).
 func multipartError(err error) error {
 	var e *Error
 	var mbe *http.MaxBytesError
@@ -154,10 +172,8 @@ func multipartError(err error) error {
 	case errors.As(err, &mbe):
 		return errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "file_too_large", "file",
 			"The upload is larger than the limit of %d bytes per file.", mbe.Limit-1<<20)
-	case errors.Is(err, io.ErrUnexpectedEOF), strings.Contains(err.Error(), "multipart"):
-		return badRequest("", "invalid_multipart", "The multipart body is malformed or truncated.")
 	}
-	return err
+	return badRequest("", "invalid_multipart", "The multipart body is malformed or truncated.")
 }
 
 // limitUpload counts an upload's bytes and lines as it is read, failing
@@ -179,6 +195,10 @@ func (u *uploadLimit) Read(p []byte) (int, error) {
 		return 0, u.err
 	}
 	n, err := u.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		u.err = &uploadReadError{err}
+		return n, u.err
+	}
 	if n > 0 {
 		u.n += int64(n)
 		u.newlines += int64(bytes.Count(p[:n], []byte{'\n'}))
@@ -190,14 +210,33 @@ func (u *uploadLimit) Read(p []byte) (int, error) {
 	}
 	switch {
 	case u.n > u.maxBytes:
-		u.err = errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "file_too_large", "file",
-			"The file is larger than the limit of %d bytes.", u.maxBytes)
+		u.err = &uploadReadError{errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "file_too_large", "file",
+			"The file is larger than the limit of %d bytes.", u.maxBytes)}
 	case lines > u.maxLines:
-		u.err = badRequest("file", "too_many_lines", "The file has more than the limit of %d lines.", u.maxLines)
+		u.err = &uploadReadError{badRequest("file", "too_many_lines", "The file has more than the limit of %d lines.", u.maxLines)}
 	default:
 		return n, err
 	}
 	return n, u.err
+}
+
+// deleteFile is DELETE /v1/files/{id}. A file a batch uses stays.
+func (s *batchAPI) deleteFile(w http.ResponseWriter, r *http.Request) error {
+	f, err := s.fileByPath(r)
+	if err != nil {
+		return err
+	}
+	err = s.Store.FileDelete(r.Context(), f.TenantID, f.ID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return notFound("file", f.ID)
+	case errors.Is(err, store.ErrConflict):
+		return errorf(http.StatusConflict, TypeInvalidRequest, "file_in_use", "", "File %s is the input, output or error file of a batch and cannot be deleted.", f.ID)
+	case err != nil:
+		return err
+	}
+	writeJSON(w, http.StatusOK, client.FileDeleted{ID: f.ID, Object: "file", Deleted: true})
+	return nil
 }
 
 func (s *batchAPI) getFile(w http.ResponseWriter, r *http.Request) error {
