@@ -53,8 +53,9 @@ func (s *AdminService) GetTenant(ctx context.Context, id string) (*Tenant, error
 	return &t, nil
 }
 
-// ListParams page a list: Limit is the page size (1 to 1000, the server's
-// default 20 when 0) and After the last id of the previous page.
+// ListParams page a list: Limit is the page size (1 to 1000 for tenants, 1
+// to 100 for batches; the server's default, 20, when 0) and After the last
+// id of the previous page.
 type ListParams struct {
 	Limit int
 	After string

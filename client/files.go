@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"iter"
 	"mime/multipart"
 	"net/http"
+	"net/url"
 	"path/filepath"
+	"strconv"
 )
 
 // FilesService calls /v1/files: batch input files, and the output and error
@@ -115,6 +118,51 @@ func (s *FilesService) Get(ctx context.Context, id string) (*File, error) {
 		return nil, err
 	}
 	return &f, nil
+}
+
+// FileListParams filter and page GET /v1/files. Zero fields are left out.
+type FileListParams struct {
+	// Purpose is "batch" (uploaded inputs) or "batch_output" (the output
+	// and error files of batches).
+	Purpose string
+	// Limit is the page size, 1 to 1000. Defaults to the server's (20).
+	Limit int
+	// After is the last id of the previous page.
+	After string
+}
+
+func (p *FileListParams) query() url.Values {
+	q := url.Values{}
+	if p == nil {
+		return q
+	}
+	set(q, "purpose", p.Purpose)
+	set(q, "after", p.After)
+	if p.Limit > 0 {
+		q.Set("limit", strconv.Itoa(p.Limit))
+	}
+	return q
+}
+
+// List returns one page of the tenant's files, newest first.
+func (s *FilesService) List(ctx context.Context, p *FileListParams) (*List[File], error) {
+	var l List[File]
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/files", query: p.query()}, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// All iterates over every file that p selects, page after page.
+func (s *FilesService) All(ctx context.Context, p *FileListParams) iter.Seq2[*File, error] {
+	q := FileListParams{}
+	if p != nil {
+		q = *p
+	}
+	return pages(q.After, func(after string) (*List[File], error) {
+		q.After = after
+		return s.List(ctx, &q)
+	})
 }
 
 // Content returns a file's content as it arrives; the caller reads and
