@@ -95,19 +95,24 @@ type BatchWaitOptions struct {
 }
 
 // Wait polls a batch until it finishes and returns it in its final state.
-// On ctx's end it returns the last batch seen with ctx's error; the batch
-// itself runs on.
+// On ctx's end it returns the last batch seen (nil if none was) with ctx's
+// error; the batch itself runs on.
 func (s *BatchesService) Wait(ctx context.Context, id string, opts *BatchWaitOptions) (*Batch, error) {
 	var wo *WaitOptions
 	if opts != nil {
 		wo = &opts.WaitOptions
 	}
 	p := wo.poller()
+	var last *Batch
 	for {
 		b, err := s.Get(ctx, id)
 		if err != nil {
+			if ctx.Err() != nil {
+				return last, err
+			}
 			return nil, err
 		}
+		last = b
 		if opts != nil && opts.OnPoll != nil {
 			opts.OnPoll(b)
 		}

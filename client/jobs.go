@@ -159,16 +159,22 @@ func (p *poller) wait(ctx context.Context) error {
 	return sleep(ctx, d)
 }
 
-// Wait polls a job until it finishes and returns it in its final state;
-// it returns early with ctx's error. A waiting or deferred job (rate limit,
-// budget) may take long: bound the wait with ctx.
+// Wait polls a job until it finishes and returns it in its final state. On
+// ctx's end it returns the last job seen (nil if none was) with ctx's
+// error. A waiting or deferred job (rate limit, budget) may take long: bound
+// the wait with ctx.
 func (s *JobsService) Wait(ctx context.Context, id string, opts *WaitOptions) (*Job, error) {
 	p := opts.poller()
+	var last *Job
 	for {
 		j, err := s.Get(ctx, id)
 		if err != nil {
+			if ctx.Err() != nil {
+				return last, err
+			}
 			return nil, err
 		}
+		last = j
 		if j.Finished() {
 			return j, nil
 		}

@@ -162,6 +162,32 @@ func (c *cli) files(args []string) error {
 		}
 		fmt.Fprintln(c.stdout, f.ID)
 		return nil
+	case "list":
+		fs := c.flags("files list")
+		p := client.FileListParams{}
+		fs.StringVar(&p.Purpose, "purpose", "", "")
+		fs.IntVar(&p.Limit, "limit", 0, "")
+		fs.StringVar(&p.After, "after", "", "")
+		all := fs.Bool("all", false, "")
+		if _, err := c.parse(fs, args); err != nil {
+			return err
+		}
+		cl, err := c.client()
+		if err != nil {
+			return err
+		}
+		var seq iter.Seq2[*client.File, error]
+		if *all {
+			if p.Limit == 0 {
+				p.Limit = 100 // fewer round trips than the default 20
+			}
+			seq = cl.Files.All(c.ctx, &p)
+		} else {
+			seq = onePage(c, func() (*client.List[client.File], error) { return cl.Files.List(c.ctx, &p) })
+		}
+		return printList(c, seq, "ID\tPURPOSE\tBYTES\tFILENAME\tCREATED", func(f *client.File) string {
+			return fmt.Sprintf("%s\t%s\t%d\t%s\t%s", f.ID, f.Purpose, f.Bytes, f.Filename, when(f.CreatedAt))
+		})
 	case "get":
 		fs := c.flags("files get")
 		pos, err := c.parse(fs, args, "ID")
@@ -191,7 +217,7 @@ func (c *cli) files(args []string) error {
 		_, err = c.download(cl, pos[0], *out)
 		return err
 	}
-	return usageErrorf("unknown command \"files %s\": use files upload, get or content", sub)
+	return usageErrorf("unknown command \"files %s\": use files upload, list, get or content", sub)
 }
 
 func (c *cli) usage(args []string) error {

@@ -42,10 +42,17 @@ Jobs and batches (tenant key: LLMQ_API_KEY or --api-key):
   submit FILE                 upload an OpenAI batch input file (JSON lines of
                               custom_id, method, url, body; "-" reads stdin)
                               and create a batch; prints its id
-      --wait                  poll it with a progress bar until it ends
-      --out FILE              when it ends, write the output file (implies --wait)
-      --errors FILE           when it ends, write the error file (implies --wait)
-      --jobs                  submit each line as a job instead of a batch
+      --wait                  follow it with a progress bar until it ends
+      --out FILE              then write the output file ("-": stdout; implies --wait)
+      --errors FILE           then write the error file (implies --wait)
+      --poll DURATION         how often --wait asks (default 1s)
+      --quiet                 no progress bar
+      --endpoint URL          the batch's endpoint (default: the first line's url)
+      --metadata KEY=VALUE    metadata of the batch (or jobs); repeatable
+      --jobs                  send each line as a job (POST /v1/jobs) instead;
+                              every line is checked before any is sent, and a
+                              line sent again returns its first job
+                              (--no-dedupe sends it anew)
       --concurrency N         jobs sent at once with --jobs (default 8)
   batches [list]              list batches (--limit N, --all)
   batches get ID              show a batch
@@ -55,6 +62,7 @@ Jobs and batches (tenant key: LLMQ_API_KEY or --api-key):
   jobs cancel ID              cancel a job that has not finished
   jobs wait ID                wait until a job finishes, then show it
   files upload FILE           upload a batch input file; prints its id
+  files list                  list files (--purpose batch|batch_output, --limit N, --all)
   files get ID                show a file
   files content ID            write a file's content to stdout (or --out FILE)
   usage                       today's spend, reservations and budget

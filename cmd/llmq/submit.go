@@ -140,15 +140,20 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(c.stdout, b.ID)
+	if o.out == "-" || o.errs == "-" {
+		// stdout carries the results.
+		fmt.Fprintf(c.stderr, "batch %s\n", b.ID)
+	} else {
+		fmt.Fprintln(c.stdout, b.ID)
+	}
 	if !o.wait {
 		fmt.Fprintf(c.stderr, "batch %s %s; follow it with: llmq batches get %s\n", b.ID, b.Status, b.ID)
 		return nil
 	}
 
-	start := time.Now()
+	start, id := time.Now(), b.ID
 	bar := c.newProgress(o.quiet)
-	b, err = cl.Batches.Wait(c.ctx, b.ID, &client.BatchWaitOptions{
+	b, err = cl.Batches.Wait(c.ctx, id, &client.BatchWaitOptions{
 		WaitOptions: client.WaitOptions{Interval: o.poll, MaxInterval: o.poll},
 		OnPoll: func(b *client.Batch) {
 			rc := b.RequestCounts
@@ -157,9 +162,7 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 	})
 	bar.finish()
 	if err != nil {
-		if b != nil {
-			fmt.Fprintf(c.stderr, "stopped waiting; batch %s runs on: llmq batches get %s\n", b.ID, b.ID)
-		}
+		fmt.Fprintf(c.stderr, "stopped waiting; batch %s runs on: llmq batches get %s\n", id, id)
 		return err
 	}
 	rc := b.RequestCounts
