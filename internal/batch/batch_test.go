@@ -311,3 +311,107 @@ func TestExpiry(t *testing.T) {
 		t.Fatal("an expired job called the provider")
 	}
 }
+
+// TestValidationResumesAfterACrash takes up a batch left validating by a
+// dispatcher that died after storing part of it, never enqueued: the
+// sweeper validates it again, skipping the stored lines, and every job ends
+// up queued exactly once.
+func TestValidationResumesAfterACrash(t *testing.T) {
+	t.Parallel()
+	a := start(t, 0, nil)
+	tenant, key := a.Tenant("standard")
+	fileID := upload(t, a, key, []byte(strings.Join(lines(35), "\n")+"\n"))
+	ctx := context.Background()
+	// The batch as the API stores it, its validation never started.
+	bt, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{TenantID: tenant, InputFileID: fileID,
+		Endpoint: "/v1/chat/completions", CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The dead pass stored lines 1-10, then stopped.
+	var stored []*store.JobInsertParams
+	for i := 0; i < 10; i++ {
+		stored = append(stored, &store.JobInsertParams{TenantID: tenant, BatchID: bt.ID, LineNo: i + 1,
+			CustomID: fmt.Sprintf("req-%d", i), Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini",
+			Request: []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":20}`), Queue: queue.Batch})
+	}
+	if _, err := a.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: stored}); err != nil {
+		t.Fatal(err)
+	}
+	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7})
+	t.Cleanup(func() { _ = svc.Close() })
+	deadline := time.Now().Add(30 * time.Second)
+	for getBatch(t, a, key, bt.ID).Status == "validating" {
+		if err := svc.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still validating")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b := getBatch(t, a, key, bt.ID)
+	c, err := a.Store.JobCountsByBatch(ctx, bt.ID)
+	if err != nil || b.Status != "in_progress" || b.RequestCounts.Total != 35 || c.Total != 35 || c.Queued != 35 {
+		t.Fatalf("resumed batch = %+v, jobs %+v (%v)", b, c, err)
+	}
+	lines := map[int]bool{}
+	_ = a.Store.JobStreamByBatch(ctx, bt.ID, nil, func(j *store.Job) error { lines[j.LineNo] = true; return nil })
+	stats, err := a.Inspector.QueueStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stats {
+		if s.Name == queue.Batch && s.Size != 35 {
+			t.Fatalf("batch queue holds %d tasks, want 35 (the dead pass's 10 too)", s.Size)
+		}
+	}
+	if len(lines) != 35 {
+		t.Fatalf("%d distinct lines stored", len(lines))
+	}
+	// Validating again changes nothing.
+	if err := svc.Validate(ctx, bt.ID); err != nil {
+		t.Fatal(err)
+	}
+	if c2, _ := a.Store.JobCountsByBatch(ctx, bt.ID); *c2 != *c {
+		t.Fatalf("a second validation changed the jobs: %+v", c2)
+	}
+}
+
+// TestNoValidLineFailsTheBatch fails a batch none of whose lines can run,
+// with the reasons in its errors and its error file; an empty file, and a
+// request that costs more than the whole daily budget, are refused too.
+func TestNoValidLineFailsTheBatch(t *testing.T) {
+	t.Parallel()
+	a := start(t, 0, nil)
+	_, key := a.Tenant("tiny") // a daily budget of $0.0001
+	b := validated(t, a, key, []string{
+		"not json",
+		"",
+		strings.Replace(chatLine("a"), `"max_tokens":20`, `"max_tokens":1000`, 1), // up to $0.0006
+		strings.Replace(chatLine("b"), "gpt-4o-mini", "gpt-9", 1),
+	}, nil)
+	if b.Status != "failed" || b.FailedAt == nil || b.InProgressAt != nil || b.OutputFileID != nil || b.ErrorFileID == nil {
+		t.Fatalf("batch = %+v", b)
+	}
+	if want := (client.BatchRequestCounts{Total: 3, Failed: 3}); b.RequestCounts != want {
+		t.Fatalf("counts = %+v, want %+v (the blank line is no request)", b.RequestCounts, want)
+	}
+	if b.Errors == nil || len(b.Errors.Data) != 3 {
+		t.Fatalf("errors = %+v", b.Errors)
+	}
+	wantLines := []int{1, 3, 4}
+	wantCodes := []string{"invalid_json_line", "budget_too_small", "model_not_found"}
+	for i, e := range b.Errors.Data {
+		if e.Line == nil || *e.Line != wantLines[i] || e.Code != wantCodes[i] {
+			t.Fatalf("errors[%d] = %+v, want line %d code %s", i, e, wantLines[i], wantCodes[i])
+		}
+	}
+	errs := results(t, a, key, *b.ErrorFileID)
+	if len(errs) != 3 || errs[1].CustomID != "a" || errs[1].Error.Code != "budget_too_small" || errs[0].CustomID != "" {
+		t.Fatalf("error file = %+v", errs)
+	}
+	if n := a.Sim.Stats().Requests; n != 0 {
+		t.Fatalf("the provider got %d calls", n)
+	}
+}

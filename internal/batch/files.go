@@ -128,13 +128,17 @@ func sizes(ctx context.Context, db *store.DB, b *store.Batch, final store.BatchS
 }
 
 // fileID is the id of a batch's output or error file. It is derived from
-// the batch id, so a finalization that stopped half way and runs again finds
-// the file it made instead of making a second one.
-func fileID(batchID string, purpose store.FilePurpose) string {
+// the batch id (its last, random character replaced), so a finalization
+// that stopped half way and runs again finds the file it made instead of
+// making a second one. The error file's content depends on how the batch
+// ended (a cancelled request reads "batch_expired" or "batch_cancelled"),
+// so its id does too: a file made for another end is never reused.
+func fileID(batchID string, purpose store.FilePurpose, final store.BatchStatus) string {
 	body := strings.TrimPrefix(batchID, ids.Batch)
 	last := "0"
 	if purpose == store.FilePurposeBatchError {
-		last = "1"
+		last = map[store.BatchStatus]string{store.BatchCompleted: "1", store.BatchFailed: "2",
+			store.BatchExpired: "3", store.BatchCancelled: "4"}[final]
 	}
 	return ids.File + body[:len(body)-1] + last
 }
@@ -150,11 +154,18 @@ func (s *Service) writeFiles(ctx context.Context, b *store.Batch, final store.Ba
 		if sz.lines == 0 {
 			return "", nil
 		}
-		id := fileID(b.ID, purpose)
+		id := fileID(b.ID, purpose, final)
 		_, err := s.Store.FileInsert(ctx, &store.FileInsertParams{ID: id, TenantID: b.TenantID, Purpose: purpose,
 			Filename: name, BatchID: b.ID, Generated: true, Bytes: sz.bytes, Lines: sz.lines})
-		if errors.Is(err, store.ErrConflict) {
-			err = nil // made by an earlier, interrupted finalization
+		if errors.Is(err, store.ErrConflict) { // made by an earlier, interrupted finalization?
+			f, gerr := s.Store.FileGetByID(ctx, id)
+			if gerr != nil {
+				return "", gerr
+			}
+			if f.BatchID != b.ID {
+				return "", fmt.Errorf("file id %s of batch %s is taken by another file", id, b.ID)
+			}
+			err = nil
 		}
 		return id, err
 	}

@@ -73,16 +73,22 @@ func start(t *testing.T, workers int, env func(*config.Env)) *apptest.App {
 	})
 }
 
-// upload stores content as a batch input file and returns its id.
-func upload(t *testing.T, a *apptest.App, key string, content []byte) string {
-	t.Helper()
+// multipartFile is the body of an upload of content, purpose batch.
+func multipartFile(content []byte) ([]byte, http.Header) {
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
 	_ = mw.WriteField("purpose", "batch")
 	fw, _ := mw.CreateFormFile("file", "input.jsonl")
 	_, _ = fw.Write(content)
 	_ = mw.Close()
-	r := apptest.Do(t, a.URL, "POST", "/v1/files", key, body.Bytes(), http.Header{"Content-Type": {mw.FormDataContentType()}})
+	return body.Bytes(), http.Header{"Content-Type": {mw.FormDataContentType()}}
+}
+
+// upload stores content as a batch input file and returns its id.
+func upload(t *testing.T, a *apptest.App, key string, content []byte) string {
+	t.Helper()
+	body, h := multipartFile(content)
+	r := apptest.Do(t, a.URL, "POST", "/v1/files", key, body, h)
 	if r.Status != http.StatusOK {
 		t.Fatalf("upload: %d %s", r.Status, r.Body)
 	}

@@ -237,10 +237,7 @@ func (v *validation) cancelled(ctx context.Context) error {
 	if _, err := v.s.Store.JobCancelByBatch(ctx, v.b.ID); err != nil {
 		return err
 	}
-	total := v.total
-	if !v.stopped {
-		total = max(total, int64(len(v.existing)))
-	}
+	total := v.total // the lines read before the cancel was seen
 	_, _, err := v.s.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: v.b.ID,
 		From: []store.BatchStatus{store.BatchCancelling}, To: store.BatchCancelling, Total: &total})
 	return err

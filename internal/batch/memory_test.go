@@ -1,0 +1,219 @@
+package batch_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", to fill the fixture in one statement
+
+	"github.com/llmq/llmq/client"
+)
+
+// maxDispatcherRSS is what the dispatcher may hold, at its peak, while
+// serving a 50,000-line output file.
+const maxDispatcherRSS = 200 << 20
+
+// TestStreamingA50kOutputKeepsTheDispatcherSmall serves the output file of a
+// 50,000-line batch (about 150 MB of results) from a real dispatcher
+// process, and reads that process's peak resident memory (VmHWM) from /proc:
+// the file is streamed from Postgres a page of jobs at a time, so the peak
+// stays far below the file's size. The lines arrive in input order.
+func TestStreamingA50kOutputKeepsTheDispatcherSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the dispatcher and writes 150 MB to Postgres")
+	}
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("needs /proc to read the dispatcher's memory")
+	}
+	t.Parallel()
+	bin := buildDispatcher(t)
+	a := start(t, 0, nil)
+	_, key := a.Tenant("standard")
+	const n = 50_000
+	b := validated(t, a, key, lines(n), nil)
+	if b.RequestCounts.Total != n {
+		t.Fatalf("validated batch = %+v", b)
+	}
+	// Every job succeeded with a 3 KB answer: written in one statement,
+	// since 50,000 provider calls are not what this test is about.
+	db, err := sql.Open("pgx", envValue(a.Environ, "LLMQ_DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_, err = db.ExecContext(context.Background(), `UPDATE jobs SET status = 'succeeded', response_status = 200,
+		provider_request_id = 'req_' || line_no, finished_at = now(), updated_at = now(),
+		response_body = jsonb_build_object('id', 'chatcmpl-' || line_no, 'object', 'chat.completion',
+			'choices', jsonb_build_array(jsonb_build_object('index', 0, 'finish_reason', 'stop',
+				'message', jsonb_build_object('role', 'assistant', 'content', custom_id || ' ' || repeat('lorem ipsum ', 250)))))
+		WHERE batch_id = $1`, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = waitStatus(t, a, key, b.ID, "completed", time.Minute)
+	var f client.File
+	a.Do("GET", "/v1/files/"+*b.OutputFileID, key, nil).JSON(t, &f)
+	if f.Bytes < 100<<20 {
+		t.Fatalf("output file is %d bytes; the test wants one well above the memory bound", f.Bytes)
+	}
+
+	p := startDispatcher(t, bin, a.Environ)
+	req, _ := http.NewRequest("GET", p.url+"/v1/files/"+f.ID+"/content", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("content: %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	var read int64
+	i := 0
+	for sc.Scan() {
+		read += int64(len(sc.Bytes())) + 1
+		var r struct {
+			CustomID string `json:"custom_id"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.CustomID != fmt.Sprintf("req-%d", i) {
+			t.Fatalf("line %d: custom_id %q (%v), want req-%d", i+1, r.CustomID, err, i)
+		}
+		i++
+	}
+	if err := sc.Err(); err != nil || i != n || read != f.Bytes {
+		t.Fatalf("read %d lines, %d bytes of %d (%v)", i, read, f.Bytes, err)
+	}
+	peak := p.peakRSS(t)
+	t.Logf("dispatcher peak RSS %.1f MiB while serving a %.1f MiB output file of %d lines", float64(peak)/(1<<20), float64(f.Bytes)/(1<<20), n)
+	if peak >= maxDispatcherRSS {
+		t.Fatalf("dispatcher peak RSS %d MiB, want under %d MiB", peak>>20, maxDispatcherRSS>>20)
+	}
+}
+
+func envValue(environ []string, name string) string {
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func buildDispatcher(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "github.com/llmq/llmq/cmd/dispatcher").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build dispatcher: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "dispatcher")
+}
+
+// dispatcher is a dispatcher process of the test.
+type dispatcher struct {
+	cmd *exec.Cmd
+	url string
+}
+
+var listening = regexp.MustCompile(`listening on (http://\S+)`)
+
+func startDispatcher(t *testing.T, bin string, environ []string) *dispatcher {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = append(append([]string{}, environ...), "LLMQ_LISTEN_ADDR=127.0.0.1:0", "PATH="+os.Getenv("PATH"))
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	urls := make(chan string, 1)
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
+				urls <- m[1]
+			}
+		}
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("dispatcher stderr:\n%s", stderr.String())
+		}
+	})
+	select {
+	case u := <-urls:
+		return &dispatcher{cmd: cmd, url: u}
+	case <-done:
+		t.Fatalf("dispatcher exited before listening:\n%s", stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("dispatcher not listening after 30s:\n%s", stderr.String())
+	}
+	return nil
+}
+
+// peakRSS is the process's peak resident set size (VmHWM), in bytes.
+func (d *dispatcher) peakRSS(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM in /proc status")
+	return 0
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
