@@ -124,8 +124,8 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 
 func TestDashboardInABrowser(t *testing.T) {
 	t.Parallel()
+	ctx := browser(t) // first: without a browser, fail before seeding anything
 	f := setup(t)
-	ctx := browser(t)
 
 	if err := chromedp.Do(ctx, chromedp.Navigate(f.url+"/dashboard"),
 		chromedp.WaitVisible(chromedp.CSS(`[data-tenant="`+f.acme+`"]`))); err != nil {
