@@ -44,10 +44,14 @@ func TestSubmitBatchWait(t *testing.T) {
 		"done 5, failed 1", "(6/6)", "100%",
 		"batch " + batchID + " completed: 5 done, 1 failed of 6",
 		"wrote results to " + out, "wrote errors to " + errs,
+		"'gpt-nope'", // why line 5 was refused
 	} {
 		if !strings.Contains(r.stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
 		}
+	}
+	if strings.Contains(r.stderr, "line 5: Line 5") {
+		t.Errorf("the line number is said twice:\n%s", r.stderr)
 	}
 	results := readResults(t, out)
 	if len(results) != 5 {

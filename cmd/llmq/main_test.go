@@ -463,3 +463,29 @@ func TestDescribe(t *testing.T) {
 		}
 	}
 }
+
+// TestRateWindow: after a first burst, the rate (and so the time left) is
+// that of the last 30 seconds.
+func TestRateWindow(t *testing.T) {
+	t.Parallel()
+	p := &progress{}
+	t0 := time.Unix(1_800_000_000, 0)
+	steps := []struct {
+		at         time.Duration
+		n, delta   int64
+		wantWindow time.Duration
+	}{
+		{0, 100, 0, 0}, // joined with 100 already done
+		{10 * time.Second, 600, 500, 10 * time.Second},
+		{20 * time.Second, 700, 600, 20 * time.Second},
+		{40 * time.Second, 900, 300, 30 * time.Second}, // the window starts at the 10s sample
+		{60 * time.Second, 1100, 400, 40 * time.Second},
+		{61 * time.Second, 1110, 410, 41 * time.Second}, // the anchor: the last sample before 31s
+	}
+	for _, s := range steps {
+		delta, elapsed := p.observe(t0.Add(s.at), s.n)
+		if delta != s.delta || elapsed != s.wantWindow {
+			t.Fatalf("at %v: %d in %v, want %d in %v", s.at, delta, elapsed, s.delta, s.wantWindow)
+		}
+	}
+}

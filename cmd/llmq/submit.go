@@ -169,13 +169,7 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 	fmt.Fprintf(c.stderr, "batch %s %s: %d done, %d failed of %d in %v\n",
 		b.ID, b.Status, rc.Completed, rc.Failed, rc.Total, time.Since(start).Round(100*time.Millisecond))
 	if b.Errors != nil {
-		for _, e := range b.Errors.Data {
-			if e.Line != nil {
-				fmt.Fprintf(c.stderr, "  line %d: %s\n", *e.Line, e.Message)
-			} else {
-				fmt.Fprintf(c.stderr, "  %s\n", e.Message)
-			}
-		}
+		c.printBatchErrors(b.Errors.Data, o.errs)
 	}
 	if err := c.saveResult(cl, b.OutputFileID, o.out, "results"); err != nil {
 		return err
@@ -190,6 +184,23 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 		return incompletef("%d of %d requests failed%s", rc.Failed, rc.Total, errorsHint(o.errs))
 	}
 	return nil
+}
+
+// printBatchErrors shows why a batch refused lines, the first few of them:
+// the error file has them all.
+func (c *cli) printBatchErrors(errs []client.BatchError, errFile string) {
+	const show = 5
+	for i, e := range errs {
+		if i == show {
+			fmt.Fprintf(c.stderr, "  … and %d more%s\n", len(errs)-show, errorsHint(errFile))
+			return
+		}
+		msg := e.Message
+		if e.Line != nil && !strings.HasPrefix(msg, fmt.Sprintf("Line %d", *e.Line)) {
+			msg = fmt.Sprintf("line %d: %s", *e.Line, msg)
+		}
+		fmt.Fprintf(c.stderr, "  %s\n", msg)
+	}
 }
 
 func errorsHint(errs string) string {
@@ -295,16 +306,23 @@ func lineURL(line []byte, n int) (string, error) {
 
 // progress draws a progress bar of requests on stderr with the done and
 // failed counts, the rate and the time left. It starts once the total is
-// known (a batch knows it after validating). The rate is measured from the
-// first count it saw, not from zero, so following a batch that is half done
-// does not report the first half as done in an instant.
+// known (a batch knows it after validating). The rate is measured over the
+// last rateWindow of counts it saw, not from zero: following a batch that is
+// half done does not count the first half as done in an instant, and once the
+// rate limiter paces the work after a first burst, the time left says so.
 type progress struct {
-	w     io.Writer
-	quiet bool
-	bar   *progressbar.ProgressBar
-	t0    time.Time // when the first count was seen
-	n0    int64     // the first count
+	w       io.Writer
+	quiet   bool
+	bar     *progressbar.ProgressBar
+	samples []sample // counts seen, oldest first, within rateWindow but one
 }
+
+type sample struct {
+	at time.Time
+	n  int64
+}
+
+const rateWindow = 30 * time.Second
 
 func (c *cli) newProgress(quiet bool) *progress { return &progress{w: c.stderr, quiet: quiet} }
 
@@ -313,8 +331,8 @@ func (p *progress) update(done, failed, total int64) {
 		return
 	}
 	n := min(done+failed, total)
+	delta, elapsed := p.observe(time.Now(), n)
 	if p.bar == nil {
-		p.t0, p.n0 = time.Now(), n
 		p.bar = progressbar.NewOptions64(total,
 			progressbar.OptionSetWriter(p.w),
 			progressbar.OptionSetWidth(30),
@@ -327,8 +345,20 @@ func (p *progress) update(done, failed, total int64) {
 	} else if p.bar.GetMax64() != total {
 		p.bar.ChangeMax64(total)
 	}
-	p.bar.Describe(describe(done, failed, total, n-p.n0, time.Since(p.t0)))
+	p.bar.Describe(describe(done, failed, total, delta, elapsed))
 	_ = p.bar.Set64(n)
+}
+
+// observe records count n seen at now and returns the requests finished
+// over the last rateWindow and the time they took.
+func (p *progress) observe(now time.Time, n int64) (delta int64, elapsed time.Duration) {
+	p.samples = append(p.samples, sample{now, n})
+	// Keep one sample at or before the window's start, as its anchor.
+	for len(p.samples) > 2 && now.Sub(p.samples[1].at) >= rateWindow {
+		p.samples = p.samples[1:]
+	}
+	first := p.samples[0]
+	return n - first.n, now.Sub(first.at)
 }
 
 // describe is the text beside the bar: "done 120, failed 3, 12.5 req/s,
