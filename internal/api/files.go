@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -29,10 +28,12 @@ func renderFile(f *store.File) client.File {
 }
 
 // uploadFile is POST /v1/files: multipart/form-data with the fields purpose
-// ("batch") and file. The file is streamed into the store as it arrives;
-// only when it comes before purpose is it spooled to a temporary file (on
-// disk, not in memory) until purpose is known. Other fields are ignored.
-func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) (err error) {
+// ("batch") and file; other fields are ignored. The file is streamed to a
+// temporary file on disk (never held in memory), counted against the limits
+// as it arrives, and stored once the whole body has been read and accepted:
+// a slow client holds no database connection, and a refused upload stores
+// nothing.
+func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 	// The multipart envelope and the purpose field get a MiB beside the file.
 	r.Body = http.MaxBytesReader(w, r.Body, s.limits.MaxFileBytes+1<<20)
 	mr, err := r.MultipartReader()
@@ -43,7 +44,6 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) (err error
 	var (
 		purpose  string
 		gotPurp  bool
-		stored   *store.File
 		spool    *os.File
 		filename string
 	)
@@ -51,13 +51,6 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) (err error
 		if spool != nil {
 			_ = spool.Close()
 			_ = os.Remove(spool.Name())
-		}
-		// A file stored before the rest of the body was refused (a
-		// second file, a bad purpose after it) is not kept.
-		if err != nil && stored != nil {
-			if derr := s.Store.FileDelete(context.WithoutCancel(r.Context()), stored.TenantID, stored.ID); derr != nil {
-				s.Logger.Warn("delete the file of a refused upload", "file", stored.ID, "err", derr)
-			}
 		}
 	}()
 	for {
@@ -79,25 +72,19 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) (err error
 				return err
 			}
 		case "file":
-			if stored != nil || spool != nil {
+			if spool != nil {
 				return badRequest("file", "invalid_value", "Send one file per upload.")
 			}
 			filename = uploadName(part.FileName())
-			content := s.limitUpload(part)
-			if gotPurp {
-				if stored, err = s.storeUpload(r.Context(), callerOf(r).tenant.ID, filename, content); err != nil {
-					return err
-				}
-				continue
-			}
 			if spool, err = os.CreateTemp("", "llmq-upload-*"); err != nil {
 				return err
 			}
-			if _, err := io.Copy(spool, content); err != nil {
-				return multipartError(err)
-			}
-			if _, err := spool.Seek(0, io.SeekStart); err != nil {
-				return err
+			if _, err := io.Copy(spool, s.limitUpload(part)); err != nil {
+				var re *uploadReadError
+				if errors.As(err, &re) {
+					return multipartError(re.err)
+				}
+				return err // the disk's
 			}
 		default:
 			if _, err := io.Copy(io.Discard, part); err != nil {
@@ -108,16 +95,19 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) (err error
 	if !gotPurp {
 		return badRequest("purpose", "missing_required_parameter", "purpose is required: 'batch'.")
 	}
-	if stored == nil && spool == nil {
+	if spool == nil {
 		return badRequest("file", "missing_required_parameter", "file is required: the JSONL input of a batch.")
 	}
-	if stored == nil {
-		if stored, err = s.storeUpload(r.Context(), callerOf(r).tenant.ID, filename, spool); err != nil {
-			return err
-		}
+	if _, err := spool.Seek(0, io.SeekStart); err != nil {
+		return err
 	}
-	s.Logger.Info("file uploaded", "tenant", stored.TenantID, "file", stored.ID, "bytes", stored.Bytes, "lines", stored.Lines)
-	writeJSON(w, http.StatusOK, renderFile(stored))
+	f, err := s.Store.FileInsert(r.Context(), &store.FileInsertParams{TenantID: callerOf(r).tenant.ID,
+		Purpose: store.FilePurposeBatch, Filename: filename, Content: spool})
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("file uploaded", "tenant", f.TenantID, "file", f.ID, "bytes", f.Bytes, "lines", f.Lines)
+	writeJSON(w, http.StatusOK, renderFile(f))
 	return nil
 }
 
@@ -139,19 +129,6 @@ func uploadName(name string) string {
 		name = name[:len(name)-size]
 	}
 	return name
-}
-
-func (s *batchAPI) storeUpload(ctx context.Context, tenantID, filename string, content io.Reader) (*store.File, error) {
-	f, err := s.Store.FileInsert(ctx, &store.FileInsertParams{TenantID: tenantID, Purpose: store.FilePurposeBatch,
-		Filename: filename, Content: content})
-	var re *uploadReadError
-	switch {
-	case err == nil:
-		return f, nil
-	case errors.As(err, &re):
-		return nil, multipartError(re.err)
-	}
-	return nil, err // the store's
 }
 
 // uploadReadError is a failure to read the upload itself: the client's

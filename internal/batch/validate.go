@@ -55,7 +55,9 @@ func (s *Service) Validate(ctx context.Context, batchID string) error {
 	p := s.Policy.Current()
 	acct, _, err := admission.Account(p, tenant)
 	if err != nil {
-		return err
+		// The tenant's tier has left the policy: no line can be judged, and
+		// trying again every sweep would only log the same error.
+		return s.finish(ctx, b, store.BatchFailed, nil, []client.BatchError{{Code: "tier_not_found", Message: err.Error()}})
 	}
 	v := &validation{s: s, b: b, policy: p, acct: acct, seen: map[[16]byte]int{}}
 	if err := v.loadExisting(ctx); err != nil {
