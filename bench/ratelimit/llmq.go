@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// adminToken satisfies the configuration; no API is served.
+const adminToken = "bench-admin-token-0123456789"
+
+// policyYAML has one simulated provider (base_url filled in), the one model
+// with the scenario's limits, and a tier whose budget never binds (the
+// budget is still reserved and settled for every job, as always).
+const policyYAML = `
+providers:
+  - name: sim
+    base_url: {{SIM}}
+    api_key_env: SIM_API_KEY
+    timeout: 30s
+models:
+  - name: gpt-4o-mini
+    provider: sim
+    price: {input_per_mtok: 0.15, output_per_mtok: 0.60}
+    limits: {rpm: {{RPM}}, tpm: {{TPM}}}
+    max_output_tokens: 1024
+tiers:
+  - name: bench
+    daily_budget_usd: 1000000
+    priority: default
+    on_exhausted: defer
+    api_rps: 1000000
+`
+
+// runLLMQ runs one llmq scenario: a fresh simulator, schema and Redis
+// namespace, a policy at factor times the provider's limits, Processes
+// worker processes of Concurrency each, and a producer keeping the queue
+// full, for Duration.
+func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64, logger *slog.Logger) (_ *result, err error) {
+	srv := startSim(o)
+	defer srv.Close()
+
+	dsn, drop, err := postgresSchema(ctx, o.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	rdb, redisURL, err := newRedis(ctx, o.RedisURL, o.RedisDB)
+	if err != nil {
+		return nil, err
+	}
+	defer rdb.Close()
+
+	dir, err := os.MkdirTemp("", "llmq-bench-rl-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	policy := strings.NewReplacer("{{SIM}}", srv.BaseURL,
+		"{{RPM}}", strconv.FormatInt(factor*o.RPM, 10), "{{TPM}}", strconv.FormatInt(factor*o.TPM, 10)).Replace(policyYAML)
+	policyPath := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policyPath, []byte(policy), 0o600); err != nil {
+		return nil, err
+	}
+	ns := "bench-rl-" + randomHex(4)
+	environ := []string{
+		"LLMQ_REDIS_URL=" + redisURL,
+		"LLMQ_DATABASE_URL=" + dsn,
+		"LLMQ_POLICY=" + policyPath,
+		"LLMQ_ADMIN_TOKEN=" + adminToken,
+		"LLMQ_KEY_PREFIX=" + ns,
+		"LLMQ_QUEUE_NAMESPACE=" + ns,
+		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
+		"LLMQ_WORKER_CONCURRENCY=" + strconv.Itoa(o.Concurrency),
+		"LLMQ_SHUTDOWN_TIMEOUT=5s",
+		"LLMQ_LOG_LEVEL=warn",
+		"LLMQ_LOG_FORMAT=text",
+		"SIM_API_KEY=bench",
+	}
+	env, err := config.LoadEnv(environ)
+	if err != nil {
+		return nil, err
+	}
+	if err := env.Validate(config.RoleDispatcher); err != nil {
+		return nil, err
+	}
+	holder, err := config.NewPolicyHolder(policyPath, nil)
+	if err != nil {
+		return nil, err
+	}
+	a, err := app.Open(ctx, env, logger, app.Parts{Redis: rdb, Policy: holder, LookupEnv: app.LookupIn(environ)})
+	if err != nil {
+		return nil, err
+	}
+	defer a.Close()
+	defer cleanQueues(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix())
+
+	tenant, err := a.Store.TenantInsert(ctx, &store.TenantInsertParams{Name: "bench", Tier: "bench"})
+	if err != nil {
+		return nil, err
+	}
+	p := &producer{app: a, mix: mix, tenant: tenant.ID, target: 2 * o.Processes * o.Concurrency,
+		in: asynq.NewInspectorFromRedisClient(rdb), qname: a.Queue.Namespace().Queue(queue.Default)}
+	// The first jobs are stored before the workers start and enqueued once
+	// they all run, so the scenario's clock starts with every worker idle
+	// and the queue full at once.
+	first, err := p.insert(ctx, p.target)
+	if err != nil {
+		return nil, err
+	}
+
+	var procs []*process
+	defer func() {
+		var wg sync.WaitGroup
+		for _, pr := range procs {
+			wg.Go(pr.stop)
+		}
+		wg.Wait()
+	}()
+	for range o.Processes {
+		pr, err := startProcess(ctx, bin, environ, "worker running")
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, pr)
+	}
+
+	smp := startSampler(srv)
+	if _, err := a.Queue.EnqueueJobs(ctx, first); err != nil {
+		return nil, fmt.Errorf("enqueue: %w", err)
+	}
+	pctx, stopProducer := context.WithCancel(ctx)
+	perr := make(chan error, 1)
+	go func() { perr <- p.keepFull(pctx) }()
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	levels := make(chan []levelSample, 1)
+	scope := admissionScope(a)
+	go func() {
+		levels <- watchLimiter(wctx, rdb, a.Keys.LimiterScope(scope), o.TPM, smp.start, 250*time.Millisecond)
+	}()
+
+	timer := time.NewTimer(o.Duration)
+	select {
+	case <-ctx.Done():
+		timer.Stop()
+		stopProducer()
+		<-perr
+		return nil, ctx.Err()
+	case err := <-perr:
+		timer.Stop()
+		stopProducer()
+		return nil, fmt.Errorf("producer: %w", err)
+	case <-timer.C:
+	}
+	res := &result{start: smp.start, duration: o.Duration, samples: smp.finish()}
+	stopWatch()
+	res.llmqLevels = <-levels
+	stopProducer()
+	if err := <-perr; err != nil && !errors.Is(err, context.Canceled) {
+		return nil, fmt.Errorf("producer: %w", err)
+	}
+	var wg sync.WaitGroup
+	for _, pr := range procs {
+		wg.Go(pr.stop)
+	}
+	wg.Wait()
+	for i, pr := range procs {
+		if notes := workerNotes(pr.out.String()); notes != "" {
+			res.notes = append(res.notes, fmt.Sprintf("worker %d logged: %s", i+1, notes))
+		}
+	}
+	procs = nil
+
+	if err := countJobs(ctx, dsn, smp.start, res); err != nil {
+		return nil, err
+	}
+	res.log = srv.Admissions(0)
+	res.dropped = srv.Stats().LogDropped
+	res.notes = append(res.notes, fmt.Sprintf("%d jobs enqueued, queue kept at >= %d pending", p.next, p.target))
+	return res, nil
+}
+
+// admissionScope is the limiter scope of the run's one model.
+func admissionScope(a *app.App) string {
+	m, _ := a.Policy.Current().Model(model)
+	return admission.ScopeName(m)
+}
+
+// producer keeps the scenario's queue full: jobs are stored and enqueued
+// the way the API does it (store row with llmq's estimate, then the task),
+// in bulk, so producing never limits the workers.
+type producer struct {
+	app    *app.App
+	mix    *mix
+	tenant string
+	target int
+	in     *asynq.Inspector
+	qname  string
+	next   int // the next request of the mix
+}
+
+// insert stores the next n requests of the mix as jobs and returns their
+// refs, not yet enqueued.
+func (p *producer) insert(ctx context.Context, n int) ([]queue.JobRef, error) {
+	pol := p.app.Policy.Current()
+	jobs := make([]*store.JobInsertParams, n)
+	for i := range jobs {
+		r, err := p.mix.request(p.next)
+		if err != nil {
+			return nil, err
+		}
+		est, err := p.app.Admission.Estimate(pol, llm.EndpointChat, r.body)
+		if err != nil {
+			return nil, fmt.Errorf("request %d: %w", p.next, err)
+		}
+		jobs[i] = &store.JobInsertParams{
+			TenantID: p.tenant, CustomID: strconv.Itoa(p.next), Endpoint: llm.EndpointChat, Model: est.Model.Name,
+			Request: r.body, Queue: queue.Default, EstPromptTokens: est.PromptTokens, EstMaxTokens: est.MaxTokens,
+			EstCost: est.WorstCase,
+		}
+		p.next++
+	}
+	ids, err := p.app.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: jobs})
+	if err != nil {
+		return nil, fmt.Errorf("insert jobs: %w", err)
+	}
+	refs := make([]queue.JobRef, len(ids))
+	for i, id := range ids {
+		refs[i] = queue.JobRef{ID: id, Queue: queue.Default}
+	}
+	return refs, nil
+}
+
+// keepFull tops the queue up to target pending tasks four times a second
+// until ctx ends.
+func (p *producer) keepFull(ctx context.Context) error {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		info, err := p.in.GetQueueInfo(p.qname)
+		if err != nil {
+			return fmt.Errorf("queue info: %w", err)
+		}
+		if n := p.target - info.Pending; n > 0 {
+			refs, err := p.insert(ctx, n)
+			if err != nil {
+				return err
+			}
+			if _, err := p.app.Queue.EnqueueJobs(ctx, refs); err != nil {
+				return fmt.Errorf("enqueue: %w", err)
+			}
+		}
+	}
+}
+
+// countJobs reads, from the scenario's schema, when jobs succeeded, how many
+// failed, how many received a 429 and the most 429s one job received.
+func countJobs(ctx context.Context, dsn string, start time.Time, res *result) error {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, withoutPoolParams(u))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT finished_at FROM jobs WHERE status = 'succeeded'`)
+	if err != nil {
+		return err
+	}
+	finished, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		return err
+	}
+	for _, f := range finished {
+		res.completions = append(res.completions, f.Sub(start))
+	}
+	slices.Sort(res.completions)
+	return conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'failed'), count(*) FILTER (WHERE rate_limited > 0),
+		coalesce(max(rate_limited), 0) FROM jobs`).Scan(&res.failed, &res.with429, &res.most429)
+}
+
+var jobID = regexp.MustCompile(`job_[0-9a-z]+`)
+
+// workerNotes summarises a worker's log: each distinct message with how
+// often it came.
+func workerNotes(out string) string {
+	counts := map[string]int{}
+	var order []string
+	for line := range strings.Lines(out) {
+		_, msg, ok := strings.Cut(line, "msg=")
+		if !ok {
+			continue
+		}
+		if m, err := strconv.QuotedPrefix(msg); err == nil {
+			msg = m
+		} else {
+			msg, _, _ = strings.Cut(msg, " ")
+		}
+		// Shutdown lines name each task; counted together they say how
+		// many jobs went back to the queue.
+		msg = jobID.ReplaceAllString(msg, "job_…")
+		if counts[msg] == 0 {
+			order = append(order, msg)
+		}
+		counts[msg]++
+	}
+	parts := make([]string, len(order))
+	for i, m := range order {
+		parts[i] = fmt.Sprintf("%s x%d", m, counts[m])
+	}
+	return strings.Join(parts, "; ")
+}
+
+// levelSample is llmq's own TPM bucket for the model at one moment.
+type levelSample struct {
+	at    time.Duration // since the scenario's start, by Redis TIME
+	level float64       // tokens it holds, counted at the provider's TPM
+}
+
+// watchLimiter reads llmq's TPM bucket of scope from Redis every period
+// until ctx ends, so the run can set it beside the provider's bucket at the
+// same moments: a bucket that holds more than the provider's lets calls
+// through that the provider must refuse. The level is the provider's TPM
+// minus the tokens used, refilled to the moment of reading at that TPM (the
+// rate llmq refills at once it follows the provider's limit).
+func watchLimiter(ctx context.Context, rdb redis.UniversalClient, key string, tpm int64, start time.Time, period time.Duration) []levelSample {
+	var out []levelSample
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return out
+		case <-t.C:
+		}
+		var now *redis.TimeCmd
+		var h *redis.SliceCmd
+		_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			now = p.Time(ctx)
+			h = p.HMGet(ctx, key, "u:tpm", "t:tpm")
+			return nil
+		})
+		if err != nil {
+			continue
+		}
+		level := float64(tpm)
+		vals := h.Val()
+		u, uerr := strconv.ParseFloat(fmt.Sprint(vals[0]), 64)
+		ts, terr := strconv.ParseInt(fmt.Sprint(vals[1]), 10, 64)
+		if uerr == nil && terr == nil {
+			refill := float64(now.Val().UnixMicro()-ts) * float64(tpm) / float64(time.Minute.Microseconds())
+			level = float64(tpm) - max(u-max(refill, 0), 0)
+		}
+		out = append(out, levelSample{at: now.Val().Sub(start), level: level})
+	}
+}
