@@ -2,6 +2,7 @@
 // its dashboard and metrics.
 //
 //	dispatcher [serve]   the API, configured by LLMQ_* variables
+//	dispatcher dev       everything in one process on a bare machine
 package main
 
 import (
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -32,8 +34,9 @@ func main() {
 	}
 }
 
-const usage = `usage: dispatcher [serve]
-  serve   serve the HTTP API (the default), configured by LLMQ_* variables`
+const usage = `usage: dispatcher [serve|dev]
+  serve   serve the HTTP API (the default), configured by LLMQ_* variables
+  dev     run all of llmq in one process on a bare machine (dispatcher dev -h)`
 
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cmd := "serve"
@@ -46,6 +49,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			return fmt.Errorf("serve takes no arguments, got %q\n%s", args, usage)
 		}
 		return serve(ctx, environ, stdout, stderr)
+	case "dev":
+		return dev(ctx, args, environ, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -64,35 +69,58 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer a.Close()
-	go a.Policy.Watch(ctx, logger)
-	go a.Batches.Run(ctx)
-	go a.Reconciler(recovery.Options{}).Run(ctx)
-
 	ln, err := net.Listen("tcp", env.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("LLMQ_LISTEN_ADDR: %w", err)
 	}
-	// One registry per process: the API's events, the shared state read at
-	// scrape time, and asynq's queues; /dashboard, /monitoring/ and
-	// /metrics sit beside the API.
-	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
+	rec, stopRec := startRecorder(ctx, a, logger)
+	defer stopRec()
+	fmt.Fprintf(stdout, "llmq dispatcher listening on http://%s\n", ln.Addr())
+	return serveApp(ctx, a, rec, ln, logger, serveOptions{})
+}
+
+// startRecorder makes the process's metrics recorder (one registry per
+// process) and sets it as the observer of the app's API and workers, so it
+// must run before any worker is built. stop flushes it: call it after the
+// workers and the HTTP server have stopped, before the app closes Redis.
+func startRecorder(ctx context.Context, a *app.App, logger *slog.Logger) (rec *metrics.Recorder, stop func()) {
+	rec = metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
 	a.Observer, a.APIObserver = rec, rec
-	rctx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
-	recDone := make(chan struct{})
-	go func() { rec.Run(rctx); close(recDone) }()
-	// It records until the drained requests are counted, and flushes
-	// before Redis closes.
-	defer func() { stopRec(); <-recDone }()
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { rec.Run(rctx); close(done) }()
+	return rec, func() { cancel(); <-done }
+}
+
+// serveOptions are what the dispatcher and the embedded default serve
+// differently.
+type serveOptions struct {
+	// reconciler tunes the reconciler of jobs Redis lost.
+	reconciler recovery.Options
+	// mount adds handlers beside the API (the embedded simulator).
+	mount func(mux *http.ServeMux)
+}
+
+// serveApp serves a's API, /dashboard, /monitoring/ and /metrics on ln, and
+// runs the policy watcher, the batch sweeper and the reconciler, until ctx
+// ends; then it drains in-flight requests for LLMQ_SHUTDOWN_TIMEOUT.
+func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Listener, logger *slog.Logger, o serveOptions) error {
+	go a.Policy.Watch(ctx, logger)
+	go a.Batches.Run(ctx)
+	go a.Reconciler(o.reconciler).Run(ctx)
+
 	srv := a.API()
 	mon, err := dashboard.MountApp(srv, a, rec, dashboard.Options{})
 	if err != nil {
 		return err
 	}
 	defer mon.Close()
+	if o.mount != nil {
+		o.mount(srv.Mux())
+	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	fmt.Fprintf(stdout, "llmq dispatcher listening on http://%s\n", ln.Addr())
 	logger.Info("dispatcher started", "addr", ln.Addr().String())
 
 	select {
@@ -100,7 +128,7 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 		return err
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), env.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), a.Env.ShutdownTimeout)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
@@ -153,15 +154,23 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 
 const keyAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
-// newKey returns a new tenant key: "llmq_" and 40 random base62 characters
-// (238 bits).
-func newKey() string {
+// CreateKey makes a new key for tenant t and stores it hashed, returning
+// the plaintext, which is never stored and shown only once: "llmq_" and 40
+// random base62 characters (238 bits). The admin API and the embedded
+// default's first start both make keys this way.
+func CreateKey(ctx context.Context, db *store.DB, tenantID string) (*store.APIKey, string, error) {
 	b := make([]byte, 40)
 	_, _ = rand.Read(b)
 	for i := range b {
 		b[i] = keyAlphabet[int(b[i])%len(keyAlphabet)]
 	}
-	return "llmq_" + string(b)
+	key := "llmq_" + string(b)
+	sum := sha256.Sum256([]byte(key))
+	k, err := db.APIKeyInsert(ctx, &store.APIKeyInsertParams{TenantID: tenantID, Prefix: key[:12], Hash: sum[:]})
+	if err != nil {
+		return nil, "", err
+	}
+	return k, key, nil
 }
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
@@ -169,9 +178,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	key := newKey()
-	sum := sha256.Sum256([]byte(key))
-	k, err := s.Store.APIKeyInsert(r.Context(), &store.APIKeyInsertParams{TenantID: t.ID, Prefix: key[:12], Hash: sum[:]})
+	k, key, err := CreateKey(r.Context(), s.Store, t.ID)
 	if err != nil {
 		return err
 	}

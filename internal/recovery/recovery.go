@@ -155,7 +155,13 @@ func (r *Reconciler) locked(ctx context.Context, lost bool) (Report, bool, error
 			r.pauseModels(ctx)
 		}
 	}
-	rep, err := r.RunOnce(ctx)
+	minAge := r.opts.MinAge
+	if lost {
+		// Redis holds no task at all: even a job created a moment ago may
+		// have lost its, and enqueueing one twice is a no-op.
+		minAge = 0
+	}
+	rep, err := r.reconcileAll(ctx, minAge)
 	if err == nil && lost {
 		err = queue.RegisterQueues(ctx, r.Redis, r.Queue.Namespace())
 	}
@@ -184,9 +190,13 @@ func (r *Reconciler) pauseModels(ctx context.Context) {
 // ones whose task is missing. A job due later (waiting, deferred) is
 // enqueued to run when due.
 func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
+	return r.reconcileAll(ctx, r.opts.MinAge)
+}
+
+func (r *Reconciler) reconcileAll(ctx context.Context, minAge time.Duration) (Report, error) {
 	var rep Report
 	now := r.opts.Now()
-	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-r.opts.MinAge), Limit: 1000}
+	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), Limit: 1000}
 	for {
 		jobs, more, err := r.Store.JobListUnfinished(ctx, p)
 		if err != nil {

@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/recovery"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+//go:embed dev-policy.yaml
+var devPolicy string
+
+const devUsage = `usage: dispatcher dev [flags]
+  Runs all of llmq in one process, with nothing installed but Go: an
+  embedded Redis, SQLite under --dir, the simulated provider (or a real one
+  with --provider-url), a worker, the API, the dashboard and /monitoring/.`
+
+// devOptions are the flags of dispatcher dev.
+type devOptions struct {
+	dir         string
+	addr        string
+	demo        int
+	providerURL string
+	providerKey string
+	concurrency int
+}
+
+func parseDev(args []string, stderr io.Writer) (*devOptions, error) {
+	o := &devOptions{}
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintln(stderr, devUsage); fs.PrintDefaults() }
+	fs.StringVar(&o.dir, "dir", "llmq-dev", "where the state lives (SQLite database, tenant key, admin token)")
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address of the API, dashboard and simulated provider")
+	fs.IntVar(&o.demo, "demo", 0, "submit this many sample jobs and a small batch, so the dashboard moves")
+	fs.StringVar(&o.providerURL, "provider-url", "", "OpenAI-compatible base URL of a real provider (default: the simulator)")
+	fs.StringVar(&o.providerKey, "provider-key-env", "OPENAI_API_KEY", "environment variable holding the real provider's API key")
+	fs.IntVar(&o.concurrency, "concurrency", 10, "jobs the embedded worker runs at once")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("dev takes flags only, got %q", fs.Args())
+	}
+	if o.demo < 0 || o.concurrency < 1 {
+		return nil, errors.New("-demo must be 0 or more and -concurrency at least 1")
+	}
+	if o.providerURL != "" && !strings.HasPrefix(o.providerURL, "http://") && !strings.HasPrefix(o.providerURL, "https://") {
+		return nil, fmt.Errorf("-provider-url must be an http(s) URL, got %q", o.providerURL)
+	}
+	return o, nil
+}
+
+// dev runs the embedded default until ctx ends.
+func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	o, err := parseDev(args, stderr)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.dir, 0o700); err != nil {
+		return fmt.Errorf("-dir: %w", err)
+	}
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("-addr: %w (is another llmq running? pick another with -addr)", err)
+	}
+	base := "http://" + ln.Addr().String()
+
+	lookup := app.LookupIn(environ)
+	env, err := devEnv(o, environ, base)
+	if err != nil {
+		return err
+	}
+	logger := env.Logger(stderr)
+
+	// The embedded Redis lives as long as the process: the SQLite store is
+	// the record, and the reconciler re-enqueues its unfinished jobs.
+	var rdb redis.UniversalClient
+	if _, set := lookup("LLMQ_REDIS_URL"); !set {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+			return fmt.Errorf("start the embedded redis: %w", err)
+		}
+		defer mr.Close()
+		env.RedisURL = "redis://" + mr.Addr() + "/0"
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		defer c.Close()
+		rdb = c
+	}
+
+	providerKeyEnv := "LLMQ_DEV_SIM_KEY"
+	providerURL := base + "/sim/v1"
+	var simulator *sim.Server
+	if o.providerURL != "" {
+		providerURL, providerKeyEnv = strings.TrimSuffix(o.providerURL, "/"), o.providerKey
+		if k, ok := lookup(providerKeyEnv); !ok || k == "" {
+			return fmt.Errorf("-provider-url needs the provider's API key in %s", providerKeyEnv)
+		}
+	} else {
+		// Limits like a modest OpenAI account, and a few hundred ms per call,
+		// so the dashboard has something to show.
+		simulator = sim.New(sim.Config{Limits: sim.Limits{RPM: 500, TPM: 200000}, DefaultMaxTokens: 1024,
+			Latency: 300 * time.Millisecond, Jitter: 700 * time.Millisecond})
+		defer simulator.Close()
+		lookup = withEnv(lookup, providerKeyEnv, "dev")
+	}
+	policyPath := filepath.Join(o.dir, "policy.yaml")
+	policy := strings.NewReplacer("{{BASE_URL}}", providerURL, "{{API_KEY_ENV}}", providerKeyEnv).Replace(devPolicy)
+	if err := os.WriteFile(policyPath, []byte(policy), 0o600); err != nil {
+		return err
+	}
+	env.Policy = policyPath
+
+	a, err := app.Open(ctx, env, logger, app.Parts{Redis: rdb, LookupEnv: lookup})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	rec, stopRec := startRecorder(ctx, a, logger)
+	defer stopRec()
+
+	srv, handlers := a.WorkerServer(worker.Options{})
+	if err := srv.Start(handlers); err != nil {
+		return fmt.Errorf("start the embedded worker: %w", err)
+	}
+	defer srv.Shutdown()
+
+	tenantID, key, err := devTenant(ctx, a, o.dir)
+	if err != nil {
+		return err
+	}
+	if o.demo > 0 {
+		go runDemo(ctx, base, key, o.demo, logger)
+	}
+	banner(stdout, base, env.AdminToken, tenantID, key, o)
+
+	// With the simulator, a fresh embedded Redis has nothing to fear from
+	// the provider's windows: no pause after the "loss" at every start.
+	pause := time.Duration(0)
+	if simulator != nil {
+		pause = -1
+	}
+	return serveApp(ctx, a, rec, ln, logger, serveOptions{
+		reconciler: recovery.Options{LossPause: pause},
+		mount: func(mux *http.ServeMux) {
+			if simulator != nil {
+				mux.Handle("/sim/", http.StripPrefix("/sim", simulator.Handler()))
+			}
+		},
+	})
+}
+
+// devEnv is the environment of the embedded default: the caller's LLMQ_*
+// variables where set, else SQLite under dir, text logs, and an admin token
+// kept in dir so it survives restarts.
+func devEnv(o *devOptions, environ []string, base string) (*config.Env, error) {
+	lookup := app.LookupIn(environ)
+	var extra []string
+	if _, ok := lookup("LLMQ_DATABASE_URL"); !ok {
+		extra = append(extra, "LLMQ_DATABASE_URL=sqlite://"+filepath.Join(o.dir, "llmq.db"))
+	}
+	if _, ok := lookup("LLMQ_LOG_FORMAT"); !ok {
+		extra = append(extra, "LLMQ_LOG_FORMAT=text")
+	}
+	if _, ok := lookup("LLMQ_LOG_LEVEL"); !ok {
+		extra = append(extra, "LLMQ_LOG_LEVEL=warn")
+	}
+	if _, ok := lookup("LLMQ_ADMIN_TOKEN"); !ok {
+		token, err := keptSecret(filepath.Join(o.dir, "admin-token"), func() string {
+			b := make([]byte, 12)
+			_, _ = rand.Read(b)
+			return "dev-admin-" + hex.EncodeToString(b)
+		})
+		if err != nil {
+			return nil, err
+		}
+		extra = append(extra, "LLMQ_ADMIN_TOKEN="+token)
+	}
+	extra = append(extra, "LLMQ_LISTEN_ADDR="+strings.TrimPrefix(base, "http://"))
+	env, err := config.LoadEnv(append(append([]string{}, environ...), extra...))
+	if err != nil {
+		return nil, err
+	}
+	env.WorkerConcurrency = o.concurrency
+	if err := env.Validate(config.RoleDev); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+// keptSecret returns the secret stored at path, making and storing one
+// with mk the first time.
+func keptSecret(path string, mk func() string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	}
+	s := mk()
+	if err := os.WriteFile(path, []byte(s+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return s, nil
+}
+
+// devTenantFile keeps the default tenant and its key (shown only once by
+// the admin API) so a restart prints the same key.
+type devTenantFile struct {
+	TenantID string `json:"tenant_id"`
+	Key      string `json:"key"`
+}
+
+// devTenant returns the default tenant and a key of it, creating both the
+// first time (or when the database was replaced).
+func devTenant(ctx context.Context, a *app.App, dir string) (string, string, error) {
+	path := filepath.Join(dir, "tenant.json")
+	var f devTenantFile
+	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &f) == nil && f.Key != "" {
+		if _, err := a.Store.TenantGetByID(ctx, f.TenantID); err == nil {
+			return f.TenantID, f.Key, nil
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return "", "", err
+		}
+	}
+	t, err := a.Store.TenantInsert(ctx, &store.TenantInsertParams{Name: "dev", Tier: "standard"})
+	if err != nil {
+		return "", "", fmt.Errorf("create the default tenant: %w", err)
+	}
+	_, key, err := api.CreateKey(ctx, a.Store, t.ID)
+	if err != nil {
+		return "", "", err
+	}
+	f = devTenantFile{TenantID: t.ID, Key: key}
+	b, _ := json.MarshalIndent(f, "", "  ")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return "", "", err
+	}
+	return f.TenantID, f.Key, nil
+}
+
+func banner(w io.Writer, base, admin, tenant, key string, o *devOptions) {
+	provider := "the simulated provider (" + base + "/sim/v1)"
+	if o.providerURL != "" {
+		provider = o.providerURL
+	}
+	fmt.Fprintf(w, `llmq is running at %s (state in %s/, provider: %s)
+
+  tenant:      %s (tier standard)
+  key:         %s
+  dashboard:   %s/dashboard  (user: admin, password: %s)
+  monitoring:  %s/monitoring/
+
+Send a job and read it back:
+
+  curl -s -X POST %s/v1/jobs -H "Authorization: Bearer %s" -d '{"body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":50}}'
+  curl -s %s/v1/jobs -H "Authorization: Bearer %s"
+
+Or with the CLI:
+
+  export LLMQ_URL=%s LLMQ_API_KEY=%s
+  go run ./cmd/llmq jobs list
+  go run ./cmd/llmq usage
+
+Ctrl-C stops llmq; its state stays in %s/.
+`, base, o.dir, provider, tenant, key, base, admin, base, base, key, base, key, base, key, o.dir)
+}
+
+// withEnv returns lookup with one more variable.
+func withEnv(lookup func(string) (string, bool), k, v string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		if name == k {
+			return v, true
+		}
+		return lookup(name)
+	}
+}
