@@ -20,6 +20,8 @@ type BatchCreateParams struct {
 	// CompletionWindow is how long the batch may run. Defaults to "24h".
 	CompletionWindow string            `json:"completion_window"`
 	Metadata         map[string]string `json:"metadata,omitempty"`
+	// WebhookURL (an llmq addition) receives the batch once it ends.
+	WebhookURL string `json:"webhook_url,omitempty"`
 }
 
 // Create creates a batch of an uploaded input file. It starts as

@@ -192,6 +192,21 @@ func TestFilesAndBatches(t *testing.T) {
 		t.Fatalf("Files.List(batch) = %+v, %v", l, err)
 	}
 
+	// A batch's input cannot be deleted; a file no batch uses can.
+	if _, err := c.Files.Delete(ctx, f.ID); !errors.As(err, &apiErr) || apiErr.StatusCode != 409 {
+		t.Fatalf("delete of a batch's input: %v", err)
+	}
+	spare, err := c.Files.Upload(ctx, "spare.jsonl", strings.NewReader(content), "batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := c.Files.Delete(ctx, spare.ID); err != nil || !d.Deleted || d.ID != spare.ID {
+		t.Fatalf("Files.Delete = %+v, %v", d, err)
+	}
+	if _, err := c.Files.Get(ctx, spare.ID); !client.IsNotFound(err) {
+		t.Fatalf("deleted file: %v", err)
+	}
+
 	// Errors of the batch API are *Error too.
 	if _, err := c.Batches.Get(ctx, "batch_nope"); !client.IsNotFound(err) {
 		t.Fatalf("unknown batch: %v", err)

@@ -120,6 +120,16 @@ func (s *FilesService) Get(ctx context.Context, id string) (*File, error) {
 	return &f, nil
 }
 
+// Delete deletes an uploaded file that no batch uses; a batch's input,
+// output or error file is refused with a 409.
+func (s *FilesService) Delete(ctx context.Context, id string) (*FileDeleted, error) {
+	var d FileDeleted
+	if err := s.c.do(ctx, &request{method: http.MethodDelete, path: "/v1/files/" + pathID(id)}, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
 // FileListParams filter and page GET /v1/files. Zero fields are left out.
 type FileListParams struct {
 	// Purpose is "batch" (uploaded inputs) or "batch_output" (the output

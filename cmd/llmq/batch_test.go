@@ -170,4 +170,10 @@ func TestFilesCommands(t *testing.T) {
 	if r := e.run(t, "files", "get", "file-nope"); !strings.Contains(message(r.err), "404") {
 		t.Fatalf("unknown file: %v", r)
 	}
+	if r := e.ok(t, "files", "delete", id); r.stdout != id+" deleted\n" {
+		t.Fatalf("files delete: %v", r)
+	}
+	if r := e.run(t, "files", "get", id); !strings.Contains(message(r.err), "404") {
+		t.Fatalf("deleted file: %v", r)
+	}
 }

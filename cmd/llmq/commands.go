@@ -203,6 +203,25 @@ func (c *cli) files(args []string) error {
 			return err
 		}
 		return c.printJSON(f)
+	case "delete":
+		fs := c.flags("files delete")
+		pos, err := c.parse(fs, args, "ID")
+		if err != nil {
+			return err
+		}
+		cl, err := c.client()
+		if err != nil {
+			return err
+		}
+		d, err := cl.Files.Delete(c.ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(d)
+		}
+		fmt.Fprintf(c.stdout, "%s deleted\n", d.ID)
+		return nil
 	case "content":
 		fs := c.flags("files content")
 		out := fs.String("out", "-", "")
@@ -217,7 +236,7 @@ func (c *cli) files(args []string) error {
 		_, err = c.download(cl, pos[0], *out)
 		return err
 	}
-	return usageErrorf("unknown command \"files %s\": use files upload, list, get or content", sub)
+	return usageErrorf("unknown command \"files %s\": use files upload, list, get, content or delete", sub)
 }
 
 func (c *cli) usage(args []string) error {

@@ -65,6 +65,7 @@ Jobs and batches (tenant key: LLMQ_API_KEY or --api-key):
   files list                  list files (--purpose batch|batch_output, --limit N, --all)
   files get ID                show a file
   files content ID            write a file's content to stdout (or --out FILE)
+  files delete ID             delete an uploaded file no batch uses
   usage                       today's spend, reservations and budget
 
 Administration (admin token: LLMQ_ADMIN_TOKEN or --admin-token):
