@@ -180,6 +180,10 @@ func TestUsageCommand(t *testing.T) {
 	if u.Tenant != e.tenantID || *u.BudgetUSD != 50 {
 		t.Fatalf("usage --json = %+v", u)
 	}
+	// The common flags may come before the command too.
+	if u := decode[client.Usage](t, e.ok(t, "--json", "usage").stdout); u.Tenant != e.tenantID {
+		t.Fatalf("--json usage = %+v", u)
+	}
 }
 
 func TestJobsCommands(t *testing.T) {
