@@ -62,6 +62,8 @@ tiers:
 `
 
 // start runs a test llmq with fast limits and workers in-process workers.
+// Its pool keeps to 8 Postgres connections: the packages' tests run beside
+// each other against one server.
 func start(t *testing.T, workers int, env func(*config.Env)) *apptest.App {
 	t.Helper()
 	return apptest.Start(t, apptest.Options{
@@ -69,7 +71,12 @@ func start(t *testing.T, workers int, env func(*config.Env)) *apptest.App {
 		Policy:  fastPolicy,
 		Sim:     &sim.Config{DefaultMaxTokens: 1024, Echo: true, CompletionMin: 0.01, CompletionMax: 0.05},
 		Workers: workers,
-		Env:     env,
+		Env: func(e *config.Env) {
+			e.DatabaseURL += "&pool_max_conns=8"
+			if env != nil {
+				env(e)
+			}
+		},
 	})
 }
 

@@ -136,7 +136,8 @@ var listening = regexp.MustCompile(`listening on (http://\S+)`)
 func startDispatcher(t *testing.T, bin string, environ []string) *dispatcher {
 	t.Helper()
 	cmd := exec.Command(bin)
-	cmd.Env = append(append([]string{}, environ...), "LLMQ_LISTEN_ADDR=127.0.0.1:0", "PATH="+os.Getenv("PATH"))
+	cmd.Env = append(append([]string{}, environ...), "LLMQ_LISTEN_ADDR=127.0.0.1:0", "PATH="+os.Getenv("PATH"),
+		"LLMQ_DATABASE_URL="+envValue(environ, "LLMQ_DATABASE_URL")+"&pool_max_conns=4")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
