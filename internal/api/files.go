@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"mime"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -268,7 +269,9 @@ func (s *batchAPI) fileContent(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", `attachment; filename="`+strings.ReplaceAll(f.Filename, `"`, "")+`"`)
+	if cd := mime.FormatMediaType("attachment", map[string]string{"filename": f.Filename}); cd != "" {
+		w.Header().Set("Content-Disposition", cd) // quoted, or RFC 2231-encoded when not ASCII
+	}
 	if f.BatchID != "" && f.Purpose != store.FilePurposeBatch {
 		b, err := s.Store.BatchGetForTenant(r.Context(), f.TenantID, f.BatchID)
 		if err != nil {
