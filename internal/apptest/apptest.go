@@ -139,7 +139,10 @@ func Start(t testing.TB, o Options) *App {
 	}
 	environ := []string{
 		"LLMQ_REDIS_URL=" + redisURL,
-		"LLMQ_DATABASE_URL=" + testutil.Postgres(t),
+		// Many tests, and the worker processes some of them start, each
+		// open a pool: keep them small so a parallel run stays well inside
+		// Postgres's default 100 connections.
+		"LLMQ_DATABASE_URL=" + testutil.Postgres(t) + "&pool_max_conns=6",
 		"LLMQ_POLICY=" + policyPath,
 		"LLMQ_ADMIN_TOKEN=" + AdminToken,
 		"LLMQ_KEY_PREFIX=" + ns,

@@ -415,3 +415,64 @@ func TestNoValidLineFailsTheBatch(t *testing.T) {
 		t.Fatalf("the provider got %d calls", n)
 	}
 }
+
+// TestCancelWhileValidating cancels a batch while its lines are being
+// checked and stored, some already stored and enqueued, others not yet
+// read: the cancelled batch's counts agree with its files (total =
+// completed + failed, each file holding its count of lines).
+func TestCancelWhileValidating(t *testing.T) {
+	t.Parallel()
+	a := start(t, 0, nil)
+	tenant, key := a.Tenant("standard")
+	fileID := upload(t, a, key, []byte(strings.Join(lines(3000), "\n")+"\n"))
+	ctx := context.Background()
+	// The batch as the API stores it; this test's own service validates it
+	// in small groups, so the cancel lands part way.
+	bt, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{TenantID: tenant, InputFileID: fileID,
+		Endpoint: "/v1/chat/completions", CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7})
+	t.Cleanup(func() { _ = svc.Close() })
+	validated := make(chan error, 1)
+	go func() { validated <- svc.Validate(ctx, bt.ID) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := a.Store.JobCountsByBatch(ctx, bt.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Total >= 50 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("validation stored nothing within 30s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if r := a.Do("POST", "/v1/batches/"+bt.ID+"/cancel", key, nil); r.Status != 200 {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+	if err := <-validated; err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := waitStatus(t, a, key, bt.ID, "cancelled", 10*time.Second)
+	rc := b.RequestCounts
+	if rc.Completed+rc.Failed != rc.Total || rc.Total < 50 || rc.Total >= 3000 {
+		t.Fatalf("batch cancelled part way through validation: counts %+v; want completed + failed = total, between 50 and 3000", rc)
+	}
+	var out, errs int
+	if b.OutputFileID != nil {
+		out = len(results(t, a, key, *b.OutputFileID))
+	}
+	if b.ErrorFileID != nil {
+		errs = len(results(t, a, key, *b.ErrorFileID))
+	}
+	if int64(out) != rc.Completed || int64(errs) != rc.Failed {
+		t.Fatalf("counts %+v but files of %d and %d lines", rc, out, errs)
+	}
+}

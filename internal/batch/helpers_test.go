@@ -62,8 +62,6 @@ tiers:
 `
 
 // start runs a test llmq with fast limits and workers in-process workers.
-// Its pool keeps to 8 Postgres connections: the packages' tests run beside
-// each other against one server.
 func start(t *testing.T, workers int, env func(*config.Env)) *apptest.App {
 	t.Helper()
 	return apptest.Start(t, apptest.Options{
@@ -72,7 +70,6 @@ func start(t *testing.T, workers int, env func(*config.Env)) *apptest.App {
 		Sim:     &sim.Config{DefaultMaxTokens: 1024, Echo: true, CompletionMin: 0.01, CompletionMax: 0.05},
 		Workers: workers,
 		Env: func(e *config.Env) {
-			e.DatabaseURL += "&pool_max_conns=8"
 			if env != nil {
 				env(e)
 			}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,7 +51,7 @@ func TestStreamingA50kOutputKeepsTheDispatcherSmall(t *testing.T) {
 	}
 	// Every job succeeded with a 3 KB answer: written in one statement,
 	// since 50,000 provider calls are not what this test is about.
-	db, err := sql.Open("pgx", envValue(a.Environ, "LLMQ_DATABASE_URL"))
+	db, err := sql.Open("pgx", plainDSN(t, envValue(a.Environ, "LLMQ_DATABASE_URL")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,8 +137,7 @@ var listening = regexp.MustCompile(`listening on (http://\S+)`)
 func startDispatcher(t *testing.T, bin string, environ []string) *dispatcher {
 	t.Helper()
 	cmd := exec.Command(bin)
-	cmd.Env = append(append([]string{}, environ...), "LLMQ_LISTEN_ADDR=127.0.0.1:0", "PATH="+os.Getenv("PATH"),
-		"LLMQ_DATABASE_URL="+envValue(environ, "LLMQ_DATABASE_URL")+"&pool_max_conns=4")
+	cmd.Env = append(append([]string{}, environ...), "LLMQ_LISTEN_ADDR=127.0.0.1:0", "PATH="+os.Getenv("PATH"))
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -217,4 +217,18 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// plainDSN drops the store's own URL parameters (pool_max_conns), which
+// pgx would send to the server as settings.
+func plainDSN(t *testing.T, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Del("pool_max_conns")
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -234,13 +234,19 @@ func (v *validation) conclude(ctx context.Context) error {
 }
 
 // cancelled ends a validation whose batch was cancelled: whatever it queued
-// is cancelled, and the batch keeps its line count for its request counts.
+// is cancelled, and the batch's total is the requests it stored, so its
+// request counts agree with its output and error files (lines read but not
+// yet stored when the cancel was seen are in neither).
 func (v *validation) cancelled(ctx context.Context) error {
 	if _, err := v.s.Store.JobCancelByBatch(ctx, v.b.ID); err != nil {
 		return err
 	}
-	total := v.total // the lines read before the cancel was seen
-	_, _, err := v.s.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: v.b.ID,
+	c, err := v.s.Store.JobCountsByBatch(ctx, v.b.ID)
+	if err != nil {
+		return err
+	}
+	total := c.Total
+	_, _, err = v.s.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: v.b.ID,
 		From: []store.BatchStatus{store.BatchCancelling}, To: store.BatchCancelling, Total: &total})
 	return err
 }

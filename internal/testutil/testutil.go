@@ -127,17 +127,7 @@ func Postgres(tb testing.TB) string {
 		defer c.Close(ctx)
 		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 	})
-	dsn := WithSearchPath(tb, base, schema)
-	// Many tests, and the worker processes some of them start, each open
-	// a pool: keep them small so a parallel run stays well inside
-	// Postgres's default 100 connections.
-	u, _ := url.Parse(dsn)
-	q := u.Query()
-	if q.Get("pool_max_conns") == "" {
-		q.Set("pool_max_conns", "6")
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
+	return WithSearchPath(tb, base, schema)
 }
 
 // WithSearchPath returns dsn with its search_path set to schema.
