@@ -104,8 +104,14 @@ func TestThousandJobsTwoWorkerProcesses(t *testing.T) {
 	if st.RateLimited != 0 || st.Spurious429 != 0 {
 		t.Fatalf("provider answered 429 %d times", st.RateLimited)
 	}
-	if st.Admitted != producers*perProducer {
+	// Delivery is at least once: under a starved CPU a call can time out
+	// after the provider admitted it, and run again. The ledger above holds
+	// one row per job whatever the provider saw.
+	if st.Admitted < producers*perProducer {
 		t.Fatalf("provider admitted %d requests for %d jobs", st.Admitted, producers*perProducer)
+	}
+	if dup := st.Admitted - producers*perProducer; dup > 0 {
+		t.Logf("%d calls ran twice (timed out, then retried)", dup)
 	}
 	log := a.Sim.Admissions(0)
 	for _, w := range []time.Duration{time.Second, 10 * time.Second, time.Minute} {
