@@ -4,13 +4,12 @@
 package integration
 
 import (
-	"bytes"
 	"fmt"
+	"github.com/llmq/llmq/internal/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -43,7 +42,7 @@ func TestMain(m *testing.M) {
 // process is an llmq binary running for one test.
 type process struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testutil.SyncBuffer
 	done chan struct{}
 }
 
@@ -53,7 +52,7 @@ func startProcess(t *testing.T, a *apptest.App, name string, extra ...string) *p
 	t.Helper()
 	cmd := exec.Command(filepath.Join(bin, name))
 	cmd.Env = append(append(append([]string{}, a.Environ...), "PATH="+os.Getenv("PATH")), extra...)
-	p := &process{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &process{cmd: cmd, out: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -101,21 +100,4 @@ func eventually(t *testing.T, timeout time.Duration, cond func() bool, format st
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

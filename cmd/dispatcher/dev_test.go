@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,25 +9,11 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/llmq/llmq/internal/testutil"
 )
-
-// syncBuffer is an io.Writer a running command writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // bareEnviron is this process's environment without any LLMQ_* or TEST_*
 // variable: what a newcomer's shell has.
@@ -44,7 +29,7 @@ func bareEnviron() []string {
 
 // devRun is one run of `dispatcher dev`.
 type devRun struct {
-	out, errOut syncBuffer
+	out, errOut testutil.SyncBuffer
 	cancel      context.CancelFunc
 	done        chan error
 }

@@ -1,7 +1,6 @@
 package budget_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -124,24 +123,6 @@ func (l *ledger) tenant(tenantID, day string) money.Micros {
 	return l.byTenant[tenantID+" "+day]
 }
 
-// syncBuffer collects log output from concurrent callers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // env is what one test needs: Budgets over rdb under a prefix of its own,
 // with an injected clock and an in-memory ledger.
 type env struct {
@@ -151,7 +132,7 @@ type env struct {
 	keys   rkeys.Builder
 	clock  *clock
 	ledger *ledger
-	logs   *syncBuffer
+	logs   *testutil.SyncBuffer
 	b      *budget.Budgets
 }
 
@@ -159,7 +140,7 @@ func setup(t *testing.T, rdb redis.UniversalClient, start time.Time) *env {
 	t.Helper()
 	e := &env{
 		t: t, ctx: t.Context(), rdb: rdb, keys: rkeys.New(testutil.Prefix(t)),
-		clock: newClock(start), ledger: newLedger(), logs: &syncBuffer{},
+		clock: newClock(start), ledger: newLedger(), logs: &testutil.SyncBuffer{},
 	}
 	e.b = e.budgets(rdb)
 	return e
