@@ -96,7 +96,7 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 	fs.DurationVar(&o.Jitter, "jitter", 500*time.Millisecond, "uniform random latency added to -latency")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the request mix and of the simulator's latencies and completion lengths")
 	scenarios := fs.String("scenarios", allScenario, "comma-separated scenarios to run, of "+allScenario)
-	fs.DurationVar(&o.Interval, "interval", 15*time.Second, "width of the per-scenario timeline's rows")
+	fs.DurationVar(&o.Interval, "interval", 15*time.Second, "width of the per-scenario timeline's rows (at least 1s)")
 	fs.StringVar(&o.RedisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis server (its database number is replaced by -redis-db)")
 	fs.IntVar(&o.RedisDB, "redis-db", 10, "Redis database (10 is bench/'s, docs/ARCHITECTURE.md)")
 	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
@@ -146,8 +146,9 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-rpm must be at least 1, got %d", o.RPM)
 	case o.Latency < 0 || o.Jitter < 0:
 		return nil, errors.New("-latency and -jitter must not be negative")
-	case o.Interval <= 0:
-		return nil, fmt.Errorf("-interval must be positive, got %v", o.Interval)
+	case o.Interval < time.Second:
+		// The simulator's counters are sampled once a second.
+		return nil, fmt.Errorf("-interval must be at least 1s, got %v", o.Interval)
 	case o.RedisDB < 0:
 		return nil, fmt.Errorf("-redis-db must not be negative, got %d", o.RedisDB)
 	}

@@ -35,7 +35,7 @@ func TestRun(t *testing.T) {
 
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"-duration", "0"}, {"-warmup", "5m"}, {"-processes", "0"},
-		{"-tpm", "100"}, {"-scenarios", "llmq,nope"}, {"extra"}} {
+		{"-tpm", "100"}, {"-interval", "500ms"}, {"-scenarios", "llmq,nope"}, {"extra"}} {
 		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
 			t.Errorf("run %q: no error", args)
 		}
