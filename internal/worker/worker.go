@@ -280,6 +280,10 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 	began := time.Now()
 	for {
+		if r.h.Learned != nil {
+			// Limits learned while this job waited apply to its next try.
+			r.scope = r.h.Learned.Scope(ctx, r.est.Model)
+		}
 		res, err := r.h.Limiter.Reserve(ctx, r.scope, r.est.Cost)
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
 			return true, r.fail(ctx, store.JobError{Type: "invalid_request_error", Code: "tokens_exceed_capacity", Param: "max_tokens",
@@ -353,9 +357,16 @@ func (r *run) callFailed(ctx context.Context, callErr error) error {
 		return ctx.Err()
 	}
 	if pe.Class == llm.ClassRateLimited {
-		// Pause the scope first, then give the permit back: released first,
-		// it could go to another caller before the pause.
+		// Pause the scope first: a permit given back before the pause could
+		// go to another caller. And keep the refused call's tokens charged:
+		// the 429 shows the buckets are ahead of the provider's, and giving
+		// them back would keep them ahead by as much, drawing a 429 after
+		// every pause.
 		r.penalize(ctx, pe)
+		if err := r.h.Limiter.Reconcile(context.WithoutCancel(ctx), r.permit, r.permit.Cost); err != nil {
+			r.log.Warn("keep the refused call's permit", "err", err)
+		}
+		r.permit = nil
 	}
 	r.releaseAll(ctx)
 	switch pe.Class {

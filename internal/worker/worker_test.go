@@ -154,7 +154,7 @@ func TestRateLimitedCallIsNotAFailureAndPausesTheScope(t *testing.T) {
 	a := start(t, &sim.Config{Faults: sim.Faults{Rate429: 1, RetryAfter429: 3 * time.Second}})
 	_, key := a.Tenant("standard")
 	h := a.JobHandler(worker.Options{MaxRateLimited: 2})
-	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 1000)})
 	ctx := context.Background()
 
 	err := h.Run(ctx, id)
@@ -173,6 +173,14 @@ func TestRateLimitedCallIsNotAFailureAndPausesTheScope(t *testing.T) {
 	res, err := a.Limiter.Reserve(ctx, scopeOf(m), costOne)
 	if err != nil || res.Allowed || !res.Penalized || res.RetryAfter < 2*time.Second {
 		t.Fatalf("reserve after 429 = %+v, %v", res, err)
+	}
+	// The refused call's tokens stay charged: the 429 showed the buckets
+	// were ahead of the provider's.
+	for _, b := range res.Buckets {
+		// About 1,000 tokens, which take 200 ms to refill at 300,000 TPM.
+		if b.Name == "tpm" && b.Remaining > 300000-(j.EstPromptTokens+j.EstMaxTokens)/2 {
+			t.Fatalf("tpm remaining %d after a 429: the refused call's %d tokens were given back", b.Remaining, j.EstPromptTokens+j.EstMaxTokens)
+		}
 	}
 	// A second 429 hits the ceiling: the job fails, saying why.
 	clearPenalty(t, a)
