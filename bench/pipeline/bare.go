@@ -8,8 +8,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/llmq/llmq/internal/testutil"
+
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/queue"
@@ -28,8 +29,8 @@ func runBare(ctx context.Context, o *options, logger *slog.Logger) (*measurement
 		return nil, err
 	}
 	defer rdb.Close()
-	qname := "bench-" + randomHex(4) + ":default"
-	defer cleanQueues(rdb, []string{qname}, "")
+	qname := "bench-" + testutil.RandomHex(4) + ":default"
+	defer testutil.PurgeRedis(rdb, []string{qname}, "")
 
 	var fin finishes
 	mux := asynq.NewServeMux()
@@ -86,36 +87,6 @@ func runBare(ctx context.Context, o *options, logger *slog.Logger) (*measurement
 	m.busy = time.Duration(f.busy.Load())
 	m.usage = mt.since(ctx, u)
 	return m, nil
-}
-
-// cleanQueues deletes the run's asynq queues, then every key left under
-// asynq's keys of those queues (the processed and failed counters) and,
-// when prefix is set, llmq's keys under it, so DB 10 does not grow from
-// run to run.
-func cleanQueues(rdb redis.UniversalClient, qnames []string, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	in := asynq.NewInspectorFromRedisClient(rdb)
-	patterns := []string{}
-	for _, q := range qnames {
-		_ = in.DeleteQueue(q, true)
-		patterns = append(patterns, "asynq:{"+q+"}:*")
-	}
-	if prefix != "" {
-		patterns = append(patterns, prefix+":*")
-	}
-	for _, p := range patterns {
-		iter := rdb.Scan(ctx, 0, p, 1000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		for len(keys) > 0 {
-			n := min(len(keys), 500)
-			_ = rdb.Del(ctx, keys[:n]...).Err()
-			keys = keys[n:]
-		}
-	}
 }
 
 // asynqLogger sends asynq's log lines to slog.

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmq/llmq/internal/testutil"
+
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -100,7 +102,7 @@ func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err 
 		}
 	}()
 
-	dsn, drop, err := postgresSchema(ctx, r.o.DatabaseURL)
+	dsn, drop, err := testutil.NewSchema(ctx, r.o.DatabaseURL, "bench_")
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +132,7 @@ func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err 
 	if err != nil {
 		return nil, err
 	}
-	ns := "bench-" + randomHex(4)
+	ns := "bench-" + testutil.RandomHex(4)
 	environ := []string{
 		"LLMQ_REDIS_URL=" + redisURL,
 		"LLMQ_DATABASE_URL=" + dsn,
@@ -159,7 +161,7 @@ func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err 
 		return nil, err
 	}
 	closers = append(closers, a.Close)
-	closers = append(closers, func() { cleanQueues(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
+	closers = append(closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
 	r.app = a
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

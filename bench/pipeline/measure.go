@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"runtime"
@@ -212,10 +210,4 @@ func (l latencies) sorted() latencies {
 	s := slices.Clone(l)
 	slices.Sort(s)
 	return s
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

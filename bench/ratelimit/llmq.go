@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmq/llmq/internal/testutil"
+
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
@@ -61,7 +63,7 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 	srv := startSim(o)
 	defer srv.Close()
 
-	dsn, drop, err := postgresSchema(ctx, o.DatabaseURL)
+	dsn, drop, err := testutil.NewSchema(ctx, o.DatabaseURL, "bench_rl_")
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +85,7 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 	if err := os.WriteFile(policyPath, []byte(policy), 0o600); err != nil {
 		return nil, err
 	}
-	ns := "bench-rl-" + randomHex(4)
+	ns := "bench-rl-" + testutil.RandomHex(4)
 	environ := []string{
 		"LLMQ_REDIS_URL=" + redisURL,
 		"LLMQ_DATABASE_URL=" + dsn,
@@ -114,7 +116,7 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 		return nil, err
 	}
 	defer a.Close()
-	defer cleanQueues(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix())
+	defer testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix())
 
 	tenant, err := a.Store.TenantInsert(ctx, &store.TenantInsertParams{Name: "bench", Tier: "bench"})
 	if err != nil {
@@ -287,7 +289,7 @@ func countJobs(ctx context.Context, dsn string, start time.Time, res *result) er
 	if err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, withoutPoolParams(u))
+	conn, err := pgx.Connect(ctx, testutil.PlainDSN(u.String()))
 	if err != nil {
 		return err
 	}

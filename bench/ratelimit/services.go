@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/url"
 	"os"
@@ -12,61 +9,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5"
+	"github.com/llmq/llmq/internal/testutil"
+
 	"github.com/redis/go-redis/v9"
 )
-
-// postgresSchema creates a schema of the scenario's own in the database at
-// base and returns a DSN whose search_path is that schema, and what drops
-// it (bench/pipeline does the same; a fresh schema per scenario keeps one
-// scenario's rows from slowing the next).
-func postgresSchema(ctx context.Context, base string) (dsn string, drop func(), err error) {
-	u, err := url.Parse(base)
-	if err != nil {
-		return "", nil, fmt.Errorf("-database: %w", err)
-	}
-	admin := withoutPoolParams(u)
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(cctx, admin)
-	if err != nil {
-		return "", nil, fmt.Errorf("postgres at %s does not answer: %w", u.Redacted(), err)
-	}
-	defer conn.Close(context.Background())
-	schema := "bench_rl_" + randomHex(6)
-	if _, err := conn.Exec(cctx, "CREATE SCHEMA "+schema); err != nil {
-		return "", nil, fmt.Errorf("create schema: %w", err)
-	}
-	drop = func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			return
-		}
-		defer c.Close(ctx)
-		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String(), drop, nil
-}
-
-// withoutPoolParams drops pool_max_conns, llmq's own parameter (store.Open),
-// which pgx does not know.
-func withoutPoolParams(u *url.URL) string {
-	plain := *u
-	q := plain.Query()
-	q.Del("pool_max_conns")
-	plain.RawQuery = q.Encode()
-	return plain.String()
-}
 
 // newRedis returns a client of database db of the server at rawURL, and
 // that URL with the database number replaced, for the worker processes.
@@ -90,41 +39,6 @@ func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, string
 	}
 	u.Path = "/" + strconv.Itoa(db)
 	return c, u.String(), nil
-}
-
-// cleanQueues deletes the scenario's asynq queues and every key left under
-// them, and llmq's keys under prefix, so DB 10 does not grow from run to
-// run.
-func cleanQueues(rdb redis.UniversalClient, qnames []string, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	in := asynq.NewInspectorFromRedisClient(rdb)
-	var patterns []string
-	for _, q := range qnames {
-		_ = in.DeleteQueue(q, true)
-		patterns = append(patterns, "asynq:{"+q+"}:*")
-	}
-	if prefix != "" {
-		patterns = append(patterns, prefix+":*")
-	}
-	for _, p := range patterns {
-		iter := rdb.Scan(ctx, 0, p, 1000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		for len(keys) > 0 {
-			n := min(len(keys), 500)
-			_ = rdb.Del(ctx, keys[:n]...).Err()
-			keys = keys[n:]
-		}
-	}
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // workerBinary returns the worker binary to run: path when given, else one
@@ -153,7 +67,7 @@ func workerBinary(ctx context.Context, path string) (bin string, cleanup func(),
 // process is a worker process of a scenario.
 type process struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testutil.SyncBuffer
 	done chan struct{}
 }
 
@@ -162,7 +76,7 @@ type process struct {
 func startProcess(ctx context.Context, bin string, environ []string, ready string) (*process, error) {
 	cmd := exec.Command(bin)
 	cmd.Env = append(append([]string{}, environ...), "PATH="+os.Getenv("PATH"), "HOME="+os.Getenv("HOME"))
-	p := &process{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &process{cmd: cmd, out: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -196,21 +110,4 @@ func (p *process) stop() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -6,9 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"github.com/llmq/llmq/internal/testutil"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/llmq/llmq/internal/testutil"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", to fill the fixture in one statement
 
@@ -51,7 +51,7 @@ func TestStreamingA50kOutputKeepsTheDispatcherSmall(t *testing.T) {
 	}
 	// Every job succeeded with a 3 KB answer: written in one statement,
 	// since 50,000 provider calls are not what this test is about.
-	db, err := sql.Open("pgx", plainDSN(t, envValue(a.Environ, "LLMQ_DATABASE_URL")))
+	db, err := sql.Open("pgx", testutil.PlainDSN(envValue(a.Environ, "LLMQ_DATABASE_URL")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,18 +200,4 @@ func (d *dispatcher) peakRSS(t *testing.T) int64 {
 	}
 	t.Fatal("no VmHWM in /proc status")
 	return 0
-}
-
-// plainDSN drops the store's own URL parameters (pool_max_conns), which
-// pgx would send to the server as settings.
-func plainDSN(t *testing.T, dsn string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Del("pool_max_conns")
-	u.RawQuery = q.Encode()
-	return u.String()
 }

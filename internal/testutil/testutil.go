@@ -109,27 +109,90 @@ func Postgres(tb testing.TB) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	base := DatabaseURL()
-	conn, err := pgx.Connect(ctx, base)
+	dsn, drop, err := NewSchema(ctx, DatabaseURL(), "t_")
 	if err != nil {
-		tb.Fatalf("postgres at %s does not answer (start it, or set TEST_DATABASE_URL): %v", base, err)
+		tb.Fatalf("%v (start it, or set TEST_DATABASE_URL)", err)
 	}
-	defer conn.Close(ctx)
-	schema := "t_" + RandomHex(6)
+	tb.Cleanup(drop)
+	return dsn
+}
+
+// NewSchema creates a schema named prefix and random hex in the database at
+// base, and returns a DSN whose search_path is that schema and what drops
+// it. Tests use it through Postgres; benchmark programs, which have no
+// testing.TB, call it directly so each run migrates a fresh schema.
+func NewSchema(ctx context.Context, base, prefix string) (dsn string, drop func(), err error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", nil, fmt.Errorf("database URL: %w", err)
+	}
+	admin := PlainDSN(base)
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return "", nil, fmt.Errorf("postgres at %s does not answer: %w", u.Redacted(), err)
+	}
+	defer conn.Close(context.Background())
+	schema := prefix + RandomHex(6)
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		tb.Fatalf("create schema: %v", err)
+		return "", nil, fmt.Errorf("create schema: %w", err)
 	}
-	tb.Cleanup(func() {
+	drop = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c, err := pgx.Connect(ctx, base)
+		c, err := pgx.Connect(ctx, admin)
 		if err != nil {
 			return
 		}
 		defer c.Close(ctx)
 		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-	})
-	return WithSearchPath(tb, base, schema)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), drop, nil
+}
+
+// PlainDSN drops llmq's own URL parameters (pool_max_conns, read by
+// store.Open) from dsn, which pgx would otherwise send to the server as
+// settings.
+func PlainDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return dsn
+	}
+	q := u.Query()
+	q.Del("pool_max_conns")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// PurgeRedis deletes asynq queues and every key left under them, and every
+// key under prefix (none when prefix is empty), so a test or benchmark run
+// leaves its Redis database as it found it.
+func PurgeRedis(rdb redis.UniversalClient, qnames []string, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	in := asynq.NewInspectorFromRedisClient(rdb)
+	var patterns []string
+	for _, q := range qnames {
+		_ = in.DeleteQueue(q, true)
+		patterns = append(patterns, "asynq:{"+q+"}:*")
+	}
+	if prefix != "" {
+		patterns = append(patterns, prefix+":*")
+	}
+	for _, p := range patterns {
+		iter := rdb.Scan(ctx, 0, p, 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		for len(keys) > 0 {
+			n := min(len(keys), 500)
+			_ = rdb.Del(ctx, keys[:n]...).Err()
+			keys = keys[n:]
+		}
+	}
 }
 
 // WithSearchPath returns dsn with its search_path set to schema.
