@@ -13,32 +13,16 @@ func (c *cli) jobs(args []string) error {
 	sub, args := subcommand(args, "list")
 	switch sub {
 	case "list":
-		fs := c.flags("jobs list")
 		p := client.JobListParams{}
-		fs.StringVar(&p.Status, "status", "", "")
-		fs.StringVar(&p.BatchID, "batch", "", "")
-		fs.StringVar(&p.After, "after", "", "")
-		fs.IntVar(&p.Limit, "limit", 0, "")
-		all := fs.Bool("all", false, "")
-		if _, err := c.parse(fs, args); err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		var seq iter.Seq2[*client.Job, error]
-		if *all {
-			if p.Limit == 0 {
-				p.Limit = 100 // fewer round trips than the default 20
-			}
-			seq = cl.Jobs.All(c.ctx, &p)
-		} else {
-			seq = onePage(c, func() (*client.List[client.Job], error) { return cl.Jobs.List(c.ctx, &p) })
-		}
-		return printList(c, seq, "ID\tSTATUS\tMODEL\tCUSTOM_ID\tATTEMPTS\tCOST_USD\tCREATED", func(j *client.Job) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", j.ID, j.Status, j.Model, deref(j.CustomID), j.Attempts, dollars(j.CostUSD), when(j.CreatedAt))
-		})
+		return listCmd(c, "jobs list", args, &p.Limit, &p.After, func(fs *flag.FlagSet) {
+			fs.StringVar(&p.Status, "status", "", "")
+			fs.StringVar(&p.BatchID, "batch", "", "")
+		}, c.client,
+			func(cl *client.Client) (*client.List[client.Job], error) { return cl.Jobs.List(c.ctx, &p) },
+			func(cl *client.Client) iter.Seq2[*client.Job, error] { return cl.Jobs.All(c.ctx, &p) },
+			"ID\tSTATUS\tMODEL\tCUSTOM_ID\tATTEMPTS\tCOST_USD\tCREATED", func(j *client.Job) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", j.ID, j.Status, j.Model, deref(j.CustomID), j.Attempts, dollars(j.CostUSD), when(j.CreatedAt))
+			})
 	case "get", "cancel", "wait":
 		fs := c.flags("jobs " + sub)
 		pos, err := c.parse(fs, args, "ID")
@@ -79,31 +63,14 @@ func (c *cli) batches(args []string) error {
 	sub, args := subcommand(args, "list")
 	switch sub {
 	case "list":
-		fs := c.flags("batches list")
 		p := client.ListParams{}
-		fs.IntVar(&p.Limit, "limit", 0, "")
-		fs.StringVar(&p.After, "after", "", "")
-		all := fs.Bool("all", false, "")
-		if _, err := c.parse(fs, args); err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		var seq iter.Seq2[*client.Batch, error]
-		if *all {
-			if p.Limit == 0 {
-				p.Limit = 100 // fewer round trips than the default 20
-			}
-			seq = cl.Batches.All(c.ctx, &p)
-		} else {
-			seq = onePage(c, func() (*client.List[client.Batch], error) { return cl.Batches.List(c.ctx, &p) })
-		}
-		return printList(c, seq, "ID\tSTATUS\tDONE\tFAILED\tTOTAL\tENDPOINT\tCREATED", func(b *client.Batch) string {
-			rc := b.RequestCounts
-			return fmt.Sprintf("%s\t%s\t%d\t%d\t%d\t%s\t%s", b.ID, b.Status, rc.Completed, rc.Failed, rc.Total, b.Endpoint, when(b.CreatedAt))
-		})
+		return listCmd(c, "batches list", args, &p.Limit, &p.After, nil, c.client,
+			func(cl *client.Client) (*client.List[client.Batch], error) { return cl.Batches.List(c.ctx, &p) },
+			func(cl *client.Client) iter.Seq2[*client.Batch, error] { return cl.Batches.All(c.ctx, &p) },
+			"ID\tSTATUS\tDONE\tFAILED\tTOTAL\tENDPOINT\tCREATED", func(b *client.Batch) string {
+				rc := b.RequestCounts
+				return fmt.Sprintf("%s\t%s\t%d\t%d\t%d\t%s\t%s", b.ID, b.Status, rc.Completed, rc.Failed, rc.Total, b.Endpoint, when(b.CreatedAt))
+			})
 	case "get", "cancel":
 		fs := c.flags("batches " + sub)
 		pos, err := c.parse(fs, args, "ID")
@@ -163,31 +130,15 @@ func (c *cli) files(args []string) error {
 		fmt.Fprintln(c.stdout, f.ID)
 		return nil
 	case "list":
-		fs := c.flags("files list")
 		p := client.FileListParams{}
-		fs.StringVar(&p.Purpose, "purpose", "", "")
-		fs.IntVar(&p.Limit, "limit", 0, "")
-		fs.StringVar(&p.After, "after", "", "")
-		all := fs.Bool("all", false, "")
-		if _, err := c.parse(fs, args); err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		var seq iter.Seq2[*client.File, error]
-		if *all {
-			if p.Limit == 0 {
-				p.Limit = 100 // fewer round trips than the default 20
-			}
-			seq = cl.Files.All(c.ctx, &p)
-		} else {
-			seq = onePage(c, func() (*client.List[client.File], error) { return cl.Files.List(c.ctx, &p) })
-		}
-		return printList(c, seq, "ID\tPURPOSE\tBYTES\tFILENAME\tCREATED", func(f *client.File) string {
-			return fmt.Sprintf("%s\t%s\t%d\t%s\t%s", f.ID, f.Purpose, f.Bytes, f.Filename, when(f.CreatedAt))
-		})
+		return listCmd(c, "files list", args, &p.Limit, &p.After, func(fs *flag.FlagSet) {
+			fs.StringVar(&p.Purpose, "purpose", "", "")
+		}, c.client,
+			func(cl *client.Client) (*client.List[client.File], error) { return cl.Files.List(c.ctx, &p) },
+			func(cl *client.Client) iter.Seq2[*client.File, error] { return cl.Files.All(c.ctx, &p) },
+			"ID\tPURPOSE\tBYTES\tFILENAME\tCREATED", func(f *client.File) string {
+				return fmt.Sprintf("%s\t%s\t%d\t%s\t%s", f.ID, f.Purpose, f.Bytes, f.Filename, when(f.CreatedAt))
+			})
 	case "get":
 		fs := c.flags("files get")
 		pos, err := c.parse(fs, args, "ID")
@@ -345,34 +296,17 @@ func (c *cli) adminTenants(args []string) error {
 		fmt.Fprintln(c.stdout, t.ID)
 		return nil
 	case "list":
-		fs := c.flags("admin tenants list")
 		p := client.ListParams{}
-		fs.IntVar(&p.Limit, "limit", 0, "")
-		fs.StringVar(&p.After, "after", "", "")
-		all := fs.Bool("all", false, "")
-		if _, err := c.parse(fs, args); err != nil {
-			return err
-		}
-		cl, err := c.adminClient()
-		if err != nil {
-			return err
-		}
-		var seq iter.Seq2[*client.Tenant, error]
-		if *all {
-			if p.Limit == 0 {
-				p.Limit = 100 // fewer round trips than the default 20
-			}
-			seq = cl.Admin.AllTenants(c.ctx, &p)
-		} else {
-			seq = onePage(c, func() (*client.List[client.Tenant], error) { return cl.Admin.ListTenants(c.ctx, &p) })
-		}
-		return printList(c, seq, "ID\tNAME\tTIER\tBUDGET_USD\tCREATED", func(t *client.Tenant) string {
-			b := "tier's"
-			if t.DailyBudgetUSD != nil {
-				b = dollars(*t.DailyBudgetUSD)
-			}
-			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", t.ID, t.Name, t.Tier, b, when(t.CreatedAt))
-		})
+		return listCmd(c, "admin tenants list", args, &p.Limit, &p.After, nil, c.adminClient,
+			func(cl *client.Client) (*client.List[client.Tenant], error) { return cl.Admin.ListTenants(c.ctx, &p) },
+			func(cl *client.Client) iter.Seq2[*client.Tenant, error] { return cl.Admin.AllTenants(c.ctx, &p) },
+			"ID\tNAME\tTIER\tBUDGET_USD\tCREATED", func(t *client.Tenant) string {
+				b := "tier's"
+				if t.DailyBudgetUSD != nil {
+					b = dollars(*t.DailyBudgetUSD)
+				}
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", t.ID, t.Name, t.Tier, b, when(t.CreatedAt))
+			})
 	case "get":
 		fs := c.flags("admin tenants get")
 		pos, err := c.parse(fs, args, "ID")
@@ -503,6 +437,36 @@ func (c *cli) adminKeys(args []string) error {
 
 // onePage is the sequence of one page's items; after the last it says on
 // stderr how to see more, when there is more.
+// listCmd runs a list command: the command's own flags (extra), --limit,
+// --after and --all (every page, 100 a request), printed as a table of
+// header and row, or as JSON lines.
+func listCmd[T any](c *cli, name string, args []string, limit *int, after *string, extra func(*flag.FlagSet),
+	connect func() (*client.Client, error), page func(*client.Client) (*client.List[T], error),
+	all func(*client.Client) iter.Seq2[*T, error], header string, row func(*T) string) error {
+	fs := c.flags(name)
+	if extra != nil {
+		extra(fs)
+	}
+	fs.IntVar(limit, "limit", 0, "")
+	fs.StringVar(after, "after", "", "")
+	every := fs.Bool("all", false, "")
+	if _, err := c.parse(fs, args); err != nil {
+		return err
+	}
+	cl, err := connect()
+	if err != nil {
+		return err
+	}
+	seq := onePage(c, func() (*client.List[T], error) { return page(cl) })
+	if *every {
+		if *limit == 0 {
+			*limit = 100 // fewer round trips than the default 20
+		}
+		seq = all(cl)
+	}
+	return printList(c, seq, header, row)
+}
+
 func onePage[T any](c *cli, page func() (*client.List[T], error)) iter.Seq2[*T, error] {
 	return func(yield func(*T, error) bool) {
 		l, err := page()
