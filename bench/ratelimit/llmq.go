@@ -100,18 +100,7 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 		"LLMQ_LOG_FORMAT=text",
 		"SIM_API_KEY=bench",
 	}
-	env, err := config.LoadEnv(environ)
-	if err != nil {
-		return nil, err
-	}
-	if err := env.Validate(config.RoleDispatcher); err != nil {
-		return nil, err
-	}
-	holder, err := config.NewPolicyHolder(policyPath, nil)
-	if err != nil {
-		return nil, err
-	}
-	a, err := app.Open(ctx, env, logger, app.Parts{Redis: rdb, Policy: holder, LookupEnv: app.LookupIn(environ)})
+	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
 	if err != nil {
 		return nil, err
 	}
