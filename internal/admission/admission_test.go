@@ -1,0 +1,114 @@
+package admission
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
+)
+
+const policyYAML = `
+providers:
+  - {name: openai, base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY}
+models:
+  - name: gpt-4o-mini
+    provider: openai
+    price: {input_per_mtok: 0.15, output_per_mtok: 0.60}
+    limits: {rpm: 500, tpm: 10000, tpd: 20000}
+    max_output_tokens: 1000
+  - name: text-embedding-3-small
+    provider: openai
+    limits: {rpm: 500, tpm: 100000}
+tiers:
+  - {name: standard, daily_budget_usd: 1, priority: default, on_exhausted: defer, api_rps: 10}
+  - {name: internal, unlimited: true, priority: critical, api_exempt: true}
+global_daily_budget_usd: 5
+`
+
+func policy(t *testing.T) *config.Policy {
+	t.Helper()
+	p, err := config.ParsePolicy([]byte(policyYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestEstimate(t *testing.T) {
+	t.Parallel()
+	e, p := New(), policy(t)
+	est, err := e.Estimate(p, "/v1/chat/completions",
+		[]byte(`{"model":"gpt-4o-mini","n":2,"messages":[{"role":"user","content":"Say hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No max_tokens: the model's max_output_tokens, for each of the 2 choices.
+	if est.MaxTokens != 2000 || est.PromptTokens < 5 || est.Cost.Requests != 1 || est.Cost.Tokens != est.PromptTokens+2000 {
+		t.Fatalf("estimate = %+v", est)
+	}
+	m, _ := p.Model("gpt-4o-mini")
+	if est.WorstCase != m.Price.WorstCase(est.PromptTokens, 2000) || est.WorstCase == 0 {
+		t.Fatalf("worst case %d", est.WorstCase)
+	}
+	emb, err := e.Estimate(p, "/v1/embeddings", []byte(`{"model":"text-embedding-3-small","input":["a b c","d"]}`))
+	if err != nil || emb.MaxTokens != 0 || emb.Cost.Tokens != emb.PromptTokens || emb.PromptTokens < 2 {
+		t.Fatalf("embedding estimate = %+v, %v", emb, err)
+	}
+}
+
+func TestEstimateRefusesWhatCanNeverRun(t *testing.T) {
+	t.Parallel()
+	e, p := New(), policy(t)
+	for _, c := range []struct {
+		name, endpoint, body, param, code string
+	}{
+		{"unknown model", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}`, "model", "model_not_found"},
+		{"chat model on embeddings", "/v1/embeddings", `{"model":"gpt-4o-mini","input":"x"}`, "model", "model_not_supported"},
+		{"embedding model on chat", "/v1/chat/completions", `{"model":"text-embedding-3-small","messages":[{"role":"user","content":"x"}]}`, "model", "model_not_supported"},
+		{"max_tokens over the TPM bucket", "/v1/chat/completions", `{"model":"gpt-4o-mini","max_tokens":10001,"messages":[{"role":"user","content":"x"}]}`, "max_tokens", "tokens_exceed_capacity"},
+		{"prompt over the TPM bucket", "/v1/chat/completions", `{"model":"gpt-4o-mini","max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 12000) + `"}]}`, "messages", "tokens_exceed_capacity"},
+		{"no messages", "/v1/chat/completions", `{"model":"gpt-4o-mini"}`, "messages", "invalid_request"},
+		{"not JSON", "/v1/chat/completions", `{"model":`, "", "invalid_request"},
+	} {
+		_, err := e.Estimate(p, c.endpoint, []byte(c.body))
+		var ae *Error
+		if !errors.As(err, &ae) || ae.Code != c.code || (c.param != "" && ae.Param != c.param) || ae.Message == "" {
+			t.Errorf("%s: err = %#v, want code %s param %s", c.name, err, c.code, c.param)
+		}
+	}
+}
+
+func TestAccountAndCheckBudget(t *testing.T) {
+	t.Parallel()
+	p := policy(t)
+	acct, tier, err := Account(p, &store.Tenant{ID: "ten_a", Tier: "standard"})
+	if err != nil || tier.Name != "standard" || acct.Budget != money.PerDollar || acct.Unlimited || acct.Global != 5*money.PerDollar {
+		t.Fatalf("account = %+v, %v", acct, err)
+	}
+	override := 3 * money.PerDollar
+	acct, _, _ = Account(p, &store.Tenant{ID: "ten_b", Tier: "internal", BudgetOverride: &override})
+	if acct.Unlimited || acct.Budget != override {
+		t.Fatalf("a tenant's override must replace even an unlimited tier's budget: %+v", acct)
+	}
+	if _, _, err := Account(p, &store.Tenant{ID: "ten_c", Tier: "gold"}); err == nil {
+		t.Fatal("a tier missing from the policy was accepted")
+	}
+	std, _, _ := Account(p, &store.Tenant{ID: "ten_a", Tier: "standard"})
+	if err := CheckBudget(std, money.PerDollar); err != nil {
+		t.Fatalf("a worst case equal to the budget was refused: %v", err)
+	}
+	var ae *Error
+	if err := CheckBudget(std, money.PerDollar+1); !errors.As(err, &ae) || ae.Code != "budget_too_small" {
+		t.Fatalf("a worst case above the budget: %v", err)
+	}
+	unl, _, _ := Account(p, &store.Tenant{ID: "ten_d", Tier: "internal"})
+	if err := CheckBudget(unl, 4*money.PerDollar); err != nil {
+		t.Fatalf("unlimited tier under the global cap: %v", err)
+	}
+	if err := CheckBudget(unl, 6*money.PerDollar); !errors.As(err, &ae) || !strings.Contains(ae.Message, "global") {
+		t.Fatalf("unlimited tier above the global cap: %v", err)
+	}
+}
