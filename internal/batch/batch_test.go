@@ -417,9 +417,9 @@ func TestNoValidLineFailsTheBatch(t *testing.T) {
 }
 
 // TestCancelWhileValidating cancels a batch while its lines are being
-// checked and stored, some already stored and enqueued, others not yet
-// read: the cancelled batch's counts agree with its files (total =
-// completed + failed, each file holding its count of lines).
+// checked and stored, some already stored, others not yet read: nothing of
+// it was ever enqueued, and the cancelled batch's counts agree with its
+// files (total = completed + failed, each file holding its count of lines).
 func TestCancelWhileValidating(t *testing.T) {
 	t.Parallel()
 	a := start(t, 0, nil)
@@ -457,6 +457,9 @@ func TestCancelWhileValidating(t *testing.T) {
 	if err := <-validated; err != nil {
 		t.Fatal(err)
 	}
+	if n := taskCount(t, a); n != 0 {
+		t.Fatalf("%d tasks in Redis for a batch cancelled before its validation ended", n)
+	}
 	if err := svc.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -475,4 +478,91 @@ func TestCancelWhileValidating(t *testing.T) {
 	if int64(out) != rc.Completed || int64(errs) != rc.Failed {
 		t.Fatalf("counts %+v but files of %d and %d lines", rc, out, errs)
 	}
+}
+
+// TestNoTaskBeforeValidationEnds validates a batch in small groups, first
+// in a pass that dies part way (its context ends, as in a crash), then in a
+// pass that finishes, and looks at Redis all along: jobs are stored group
+// by group, but no task exists while the batch is validating; once it is
+// in_progress every valid line has its task.
+func TestNoTaskBeforeValidationEnds(t *testing.T) {
+	t.Parallel()
+	a := start(t, 0, nil)
+	tenant, key := a.Tenant("standard")
+	const n = 3000
+	fileID := upload(t, a, key, []byte(strings.Join(lines(n), "\n")+"\n"))
+	ctx := context.Background()
+	bt, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{TenantID: tenant, InputFileID: fileID,
+		Endpoint: "/v1/chat/completions", CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7})
+	t.Cleanup(func() { _ = svc.Close() })
+	// look reads Redis before the batch: tasks counted while the batch was
+	// still validating when read after existed before it left validating.
+	look := func() (stored int64, validating bool) {
+		t.Helper()
+		tasks := taskCount(t, a)
+		b, err := a.Store.BatchGetByID(ctx, bt.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := a.Store.JobCountsByBatch(ctx, bt.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Status == store.BatchValidating && tasks > 0 {
+			t.Fatalf("%d tasks in Redis while the batch is validating (%d of %d lines stored)", tasks, c.Total, n)
+		}
+		return c.Total, b.Status == store.BatchValidating
+	}
+	poll := func(what string, done func(stored int64, validating bool) bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !done(look()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s within 30s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+
+	dying, die := context.WithCancel(ctx)
+	passed := make(chan error, 1)
+	go func() { passed <- svc.Validate(dying, bt.ID) }()
+	poll("50 stored lines", func(stored int64, _ bool) bool { return stored >= 50 })
+	die()
+	<-passed // the context's error, or none if it ended between two steps
+	stored, validating := look()
+	if !validating || stored < 50 || stored >= n {
+		t.Fatalf("after the dead pass: %d lines stored, validating %v; want part of %d, validating", stored, validating, n)
+	}
+
+	go func() { passed <- svc.Validate(ctx, bt.ID) }()
+	poll("end of validation", func(_ int64, validating bool) bool { return !validating })
+	if err := <-passed; err != nil {
+		t.Fatal(err)
+	}
+	c, err := a.Store.JobCountsByBatch(ctx, bt.ID)
+	if err != nil || c.Total != n || c.Queued != n {
+		t.Fatalf("jobs after validation = %+v, %v; want %d queued", c, err, n)
+	}
+	if got := taskCount(t, a); got != n {
+		t.Fatalf("%d tasks in Redis after validation, want %d", got, n)
+	}
+}
+
+// taskCount is the number of tasks, in any state, in the test app's queues.
+func taskCount(t *testing.T, a *apptest.App) int {
+	t.Helper()
+	stats, err := a.Inspector.QueueStats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, s := range stats {
+		n += s.Size
+	}
+	return n
 }

@@ -3,6 +3,7 @@ package batch
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/llmq/llmq/client"
@@ -24,17 +26,22 @@ import (
 // "errors"; the error file has every one.
 const maxListedErrors = 100
 
+// enqueueGroupsInFlight is how many groups of a validated batch are being
+// enqueued at once (each one by several concurrent enqueues of its own).
+const enqueueGroupsInFlight = 2
+
 // Validate checks every line of a validating batch's input file and turns
 // the file into jobs: valid lines are queued in the batch queue, refused
 // lines are stored as failed jobs with the line number and the reason. Lines
-// go in groups (one bulk insert each) that are enqueued while the next group
-// is checked. At the end the batch is in_progress, or failed when no line is
-// valid.
+// are stored in groups (one bulk insert each) as they are checked, but no
+// task reaches Redis before the last line is checked: then the batch becomes
+// in_progress and its jobs are enqueued, in concurrent groups. A file with
+// no valid line fails the batch instead, and nothing of it ever runs.
 //
 // It returns at once when another process holds the batch, and does nothing
 // to a batch that is not validating. Run again after a crash, it skips the
 // lines already stored. Cancelled meanwhile, it stops inserting, cancels
-// what it queued and leaves the batch cancelling.
+// what it stored and leaves the batch cancelling.
 func (s *Service) Validate(ctx context.Context, batchID string) error {
 	unlock, ok, err := s.Store.TryLock(ctx, lockName(batchID))
 	if err != nil || !ok {
@@ -84,8 +91,8 @@ type validation struct {
 
 	group      []*store.JobInsertParams
 	groupBytes int
-	enqueue    chan []queue.JobRef
-	stopped    bool // the batch left validating (it was cancelled)
+	queued     [][]queue.JobRef // the queued jobs this pass stored, group by group
+	stopped    bool             // the batch left validating (it was cancelled)
 }
 
 // loadExisting finds the lines an interrupted pass stored already.
@@ -97,36 +104,18 @@ func (v *validation) loadExisting(ctx context.Context) error {
 	})
 }
 
-// run reads the input file, checking each line, inserting and enqueueing
-// group by group.
+// run reads the input file, checking each line and inserting group by
+// group.
 func (v *validation) run(ctx context.Context) error {
 	f, err := v.s.Store.FileOpen(ctx, v.b.InputFileID)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-
-	v.enqueue = make(chan []queue.JobRef, 2)
-	enqueued := make(chan struct{})
-	go func() {
-		defer close(enqueued)
-		warned := false
-		for refs := range v.enqueue {
-			// A failure here loses nothing: the jobs are stored, and the
-			// reconciler enqueues stored jobs that have no task.
-			if _, err := v.s.Queue.EnqueueJobs(ctx, refs); err != nil && !warned && ctx.Err() == nil {
-				warned = true
-				v.s.Logger.Warn("enqueue batch jobs failed; the reconciler will retry", "batch", v.b.ID, "err", err)
-			}
-		}
-	}()
-	err = v.read(ctx, f)
-	if err == nil {
-		err = v.flush(ctx)
+	if err := v.read(ctx, f); err != nil {
+		return err
 	}
-	close(v.enqueue)
-	<-enqueued
-	return err
+	return v.flush(ctx)
 }
 
 func (v *validation) read(ctx context.Context, f io.Reader) error {
@@ -163,8 +152,8 @@ func (v *validation) read(ctx context.Context, f io.Reader) error {
 	return nil
 }
 
-// flush inserts the group (one COPY) and hands its queued jobs to the
-// enqueuer, unless the batch was cancelled meanwhile.
+// flush inserts the group (one COPY) and keeps its queued jobs for the
+// enqueue at the end, unless the batch was cancelled meanwhile.
 func (v *validation) flush(ctx context.Context) error {
 	if len(v.group) == 0 {
 		return nil
@@ -189,11 +178,7 @@ func (v *validation) flush(ctx context.Context) error {
 	}
 	v.group, v.groupBytes = nil, 0
 	if len(refs) > 0 {
-		select {
-		case v.enqueue <- refs:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		v.queued = append(v.queued, refs)
 	}
 	return nil
 }
@@ -203,12 +188,6 @@ func (v *validation) conclude(ctx context.Context) error {
 	s, b := v.s, v.b
 	if v.stopped {
 		return v.cancelled(ctx)
-	}
-	if len(v.existing) > 0 {
-		// The interrupted pass may have stored jobs it never enqueued.
-		if err := v.enqueueStored(ctx); err != nil {
-			return err
-		}
 	}
 	total := v.total
 	errs := v.errorList()
@@ -226,11 +205,60 @@ func (v *validation) conclude(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !applied && nb.Status == store.BatchCancelling {
-		return v.cancelled(ctx)
+	if !applied {
+		if nb.Status == store.BatchCancelling {
+			return v.cancelled(ctx)
+		}
+		return nil
 	}
 	s.Logger.Info("batch validated", "batch", b.ID, "lines", v.total, "valid", v.valid, "refused", v.refused)
+	v.enqueue(ctx)
 	return nil
+}
+
+// enqueue hands the validated batch's queued jobs to the queue, groups at a
+// time. A failure loses nothing, so it is only logged: the jobs are stored,
+// and the reconciler enqueues stored jobs that have no task, as it does when
+// a crash comes between the batch's move to in_progress and this.
+func (v *validation) enqueue(ctx context.Context) {
+	groups := v.queued
+	if len(v.existing) > 0 {
+		// The interrupted pass stored lines this one skipped: take every
+		// queued job of the batch from the store.
+		var err error
+		if groups, err = v.storedGroups(ctx); err != nil {
+			v.enqueueFailed(ctx, err)
+			return
+		}
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+		slots    = make(chan struct{}, enqueueGroupsInFlight)
+	)
+	for _, refs := range groups {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			if _, err := v.s.Queue.EnqueueJobs(ctx, refs); err != nil {
+				mu.Lock()
+				firstErr = cmp.Or(firstErr, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		v.enqueueFailed(ctx, firstErr)
+	}
+}
+
+func (v *validation) enqueueFailed(ctx context.Context, err error) {
+	if ctx.Err() == nil {
+		v.s.Logger.Warn("enqueue batch jobs failed; the reconciler will enqueue them", "batch", v.b.ID, "err", err)
+	}
 }
 
 // cancelled ends a validation whose batch was cancelled: whatever it queued
@@ -251,29 +279,22 @@ func (v *validation) cancelled(ctx context.Context) error {
 	return err
 }
 
-// enqueueStored enqueues every queued job of the batch (idempotent: a job
-// whose task exists is skipped).
-func (v *validation) enqueueStored(ctx context.Context) error {
+// storedGroups is every queued job of the batch in the store, in groups
+// (enqueueing one whose task exists already is a no-op).
+func (v *validation) storedGroups(ctx context.Context) ([][]queue.JobRef, error) {
+	var groups [][]queue.JobRef
 	var refs []queue.JobRef
-	send := func() error {
-		if len(refs) == 0 {
-			return nil
-		}
-		_, err := v.s.Queue.EnqueueJobs(ctx, refs)
-		refs = refs[:0]
-		return err
-	}
 	err := v.s.Store.JobStreamByBatch(ctx, v.b.ID, []store.JobStatus{store.JobQueued}, func(j *store.Job) error {
 		refs = append(refs, queue.JobRef{ID: j.ID, Queue: j.Queue})
 		if len(refs) >= v.s.opts.GroupLines {
-			return send()
+			groups, refs = append(groups, refs), nil
 		}
 		return nil
 	})
-	if err != nil {
-		return err
+	if len(refs) > 0 {
+		groups = append(groups, refs)
 	}
-	return send()
+	return groups, err
 }
 
 // errorList is the batch's "errors": the first refused lines, and a last
