@@ -2,12 +2,16 @@ package webhook_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -158,6 +162,59 @@ func secretOf(t *testing.T, a *apptest.App, tenantID string) string {
 	return ten.WebhookSecret
 }
 
+// readmeVerify is the README's recipe, line by line, written apart from
+// the package (which signs and verifies with shared code): split the header
+// on commas, each part on its first "="; t is the first "t"; the signature
+// is hex(HMAC-SHA256(secret, t + "." + body)), compared with every "v1".
+func readmeVerify(secret, header string, body []byte, now time.Time, tolerance time.Duration) bool {
+	var parts [][2]string
+	for _, p := range strings.Split(header, ",") {
+		if k, v, ok := strings.Cut(p, "="); ok {
+			parts = append(parts, [2]string{k, v})
+		}
+	}
+	ts := ""
+	for _, p := range parts {
+		if p[0] == "t" {
+			ts = p[1]
+			break
+		}
+	}
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil || now.Sub(time.Unix(sec, 0)).Abs() > tolerance {
+		return false
+	}
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(ts + "." + string(body)))
+	want := hex.EncodeToString(mac.Sum(nil))
+	for _, p := range parts {
+		if p[0] == "v1" && hmac.Equal([]byte(p[1]), []byte(want)) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkReadmeRecipe verifies a delivered request, its one signature header
+// and its raw body, with the README's recipe, and checks that the recipe
+// refuses the same header over another body or with another secret.
+func checkReadmeRecipe(t *testing.T, secret string, d delivery) {
+	t.Helper()
+	hs := d.header.Values("X-Llmq-Signature")
+	if len(hs) != 1 || !strings.HasPrefix(hs[0], "t=") || !strings.Contains(hs[0], ",v1=") {
+		t.Fatalf("X-Llmq-Signature = %q, want one t=<unix>,v1=<hex>", hs)
+	}
+	now := time.Now()
+	if !readmeVerify(secret, hs[0], d.body, now, 5*time.Minute) {
+		t.Fatalf("the README's recipe refuses the delivery: header %q, body %s", hs[0], d.body)
+	}
+	tampered := append([]byte(nil), d.body...)
+	tampered[len(tampered)-1] ^= 1
+	if readmeVerify(secret, hs[0], tampered, now, 5*time.Minute) || readmeVerify(secret+"x", hs[0], d.body, now, 5*time.Minute) {
+		t.Fatal("the README's recipe accepts another body or secret: it checks nothing")
+	}
+}
+
 func task(kind, id string) *asynq.Task {
 	b, _ := json.Marshal(queue.WebhookPayload{Kind: kind, ID: id})
 	return asynq.NewTask(queue.TypeWebhook, b)
@@ -182,9 +239,11 @@ func TestJobWebhookIsSignedAndVerifies(t *testing.T) {
 		t.Fatalf("%d deliveries", len(got))
 	}
 	d := got[0]
-	if err := webhook.Verify(secretOf(t, a, tenantID), d.header.Get("X-Llmq-Signature"), d.body, 5*time.Minute); err != nil {
+	secret := secretOf(t, a, tenantID)
+	if err := webhook.Verify(secret, d.header.Get("X-Llmq-Signature"), d.body, 5*time.Minute); err != nil {
 		t.Fatalf("signature does not verify: %v", err)
 	}
+	checkReadmeRecipe(t, secret, d)
 	if d.header.Get("X-Llmq-Event") != "job.succeeded" || d.header.Get("X-Llmq-Webhook-Id") != "job:"+j.ID ||
 		d.header.Get("Content-Type") != "application/json" {
 		t.Fatalf("headers = %v", d.header)
@@ -298,9 +357,11 @@ func TestWorkersDeliverBatchWebhooks(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	d := rcv.deliveries()[0]
-	if err := webhook.Verify(secretOf(t, a, tenantID), d.header.Get(webhook.SignatureHeader), d.body, time.Minute); err != nil {
+	secret := secretOf(t, a, tenantID)
+	if err := webhook.Verify(secret, d.header.Get(webhook.SignatureHeader), d.body, time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	checkReadmeRecipe(t, secret, d)
 	var b client.Batch
 	if err := json.Unmarshal(d.body, &b); err != nil || b.ID != id || b.Status != "completed" ||
 		b.RequestCounts != (client.BatchRequestCounts{Total: 2, Completed: 2}) || b.OutputFileID == nil {
