@@ -25,8 +25,8 @@ func NewSlidingLog(rdb redis.Scripter, opts Options) *SlidingLog {
 	return &SlidingLog{rdb: rdb, opts: opts.withDefaults()}
 }
 
-// slidingLogScript drops the entries older than the window, and adds one
-// for cost when the rest leave room.
+// slidingLogScript drops the entries older than the window (and their costs
+// from the total), and adds one for cost when the rest leave room.
 //
 // KEYS[1] -> the log (rkeys.SlidingLog): members "<id>:<cost>" scored by time in µs
 // KEYS[2] -> the sum of the costs in the log (rkeys.SlidingLogTotal)
@@ -48,6 +48,7 @@ local function cost_of(m) return tonumber(string.match(m, ':(%d+)$')) end
 -- an entry at t counts while t > now - window
 local cutoff = string.format('%.17g', now - window)
 local total = tonumber(redis.call('GET', KEYS[2]))
+local stored = total ~= nil
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
@@ -61,6 +62,15 @@ if total and redis.call('ZCARD', KEYS[1]) == 0 then
 elseif not total then
   total = 0
   for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do total = total + cost_of(m) end
+end
+-- The stored total loses the dropped costs whatever the decision, and keeps
+-- the log's expiry (a missing one is counted again from the log next time).
+if #gone > 0 and stored and not (cost > 0 and total + cost <= limit) then
+  if total > 0 then
+    redis.call('SET', KEYS[2], total, 'KEEPTTL')
+  else
+    redis.call('DEL', KEYS[2])
+  end
 end
 
 if total + cost <= limit then

@@ -71,8 +71,11 @@ func testSlidingLogNoBoundaryBurst(t *testing.T, e *env) {
 	}
 }
 
-// Under random weighted traffic, no window of the sliding log, wherever it
-// starts, holds more than the limit, and the log admits up to it.
+// Under random weighted traffic every decision of the sliding log is the one
+// the live entries call for: a cost is admitted exactly when it fits beside
+// the costs admitted in the last window, and Remaining is what they leave.
+// So no window, wherever it starts, holds more than the limit, and the log
+// admits up to it, also after denials that dropped expired entries.
 func testSlidingLogExact(t *testing.T, e *env) {
 	ctx := context.Background()
 	sl := NewSlidingLog(e.rdb, e.opts())
@@ -83,25 +86,38 @@ func testSlidingLogExact(t *testing.T, e *env) {
 		cost int64
 	}
 	var got []adm
-	full := 0
-	for range 400 {
+	full, reached := 0, false
+	for i := range 400 {
 		e.clock.Add(time.Duration(rng.IntN(20_000)) * time.Microsecond)
 		cost := int64(1 + rng.IntN(8))
+		now := e.clock.Now()
+		var live int64 // an entry at t counts while t > now - window
+		for _, a := range got {
+			if a.at.After(now.Add(-window)) {
+				live += a.cost
+			}
+		}
 		r, err := sl.Allow(ctx, "exact", limit, window, cost)
 		if err != nil {
 			t.Fatal(err)
 		}
+		want := live+cost <= limit
+		if r.Allowed != want {
+			t.Fatalf("decision %d: cost %d beside %d live of %d: allowed %v, want %v (%+v)", i, cost, live, limit, r.Allowed, want, r)
+		}
 		if r.Allowed {
 			got = append(got, adm{r.Time, cost})
+			live += cost
+			reached = reached || live == limit
 		} else {
 			full++
-			if r.Remaining >= cost {
-				t.Fatalf("denied with room: %+v", r)
-			}
+		}
+		if r.Remaining != limit-live {
+			t.Fatalf("decision %d: Remaining %d, want %d (limit less %d live)", i, r.Remaining, limit-live, live)
 		}
 	}
-	if full == 0 {
-		t.Fatal("the traffic never reached the limit")
+	if full == 0 || !reached {
+		t.Fatalf("the traffic never reached the limit (%d denials, exactly full %v)", full, reached)
 	}
 	for i := range got {
 		var sum int64
