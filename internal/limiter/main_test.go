@@ -44,6 +44,7 @@ var suite = []struct {
 	{"ReconcileRefund", testReconcileRefund},
 	{"ReconcileDebt", testReconcileDebt},
 	{"RefundKeepsOthersReserved", testRefundKeepsOthersReserved},
+	{"ReconcileAfterScriptError", testReconcileAfterScriptError},
 	{"LimitChange", testLimitChange},
 	{"PenalizeAcrossClients", testPenalizeAcrossClients},
 	{"ProbeTimeoutAndRepenalize", testProbeTimeoutAndRepenalize},

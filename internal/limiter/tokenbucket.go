@@ -505,8 +505,12 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 // ARGV[7+5(i-1)] .. ARGV[11+5(i-1)] -> bucket i: name, limit, period in µs,
 // actual - reserved, reserved
 // Returns 1 when applied, 0 when the reservation was already reconciled.
+//
+// Redis keeps what a script wrote before a runtime error, so the script
+// reads and computes everything first, and writes the marker last: a failed
+// run leaves no marker, and its retry applies.
 var reconcileScript = redis.NewScript(withGen(`
-if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then return 0 end
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 if not now then
@@ -559,18 +563,21 @@ for i = 1, n do
   end
   ttl = math.max(ttl, u * period / limit)
 end
-if #args > 0 then redis.call('HSET', key, unpack(args)) end
+-- the probe's reconcile ends the probe phase, and a penalty that is over
+local del = {}
 if ARGV[4] == '1' and pid == ARGV[3] then
-  redis.call('HDEL', key, 'pid', 'pt')
-  pt = nil
+  del, pt = {'pid', 'pt'}, nil
   if pu and pu <= now then
-    redis.call('HDEL', key, 'pu')
-    pu = nil
+    del[3], pu = 'pu', nil
   end
 end
 if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
 if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
+
+if #args > 0 then redis.call('HSET', key, unpack(args)) end
+if #del > 0 then redis.call('HDEL', key, unpack(del)) end
 redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
+if KEYS[2] then redis.call('SET', KEYS[2], '1', 'PX', ARGV[2]) end
 return 1
 `))
 

@@ -586,3 +586,39 @@ func testRefundKeepsOthersReserved(t *testing.T, e *env) {
 		t.Fatalf("a crashed reservation still holds refunds back: remaining %d, want 1200", got)
 	}
 }
+
+// A reconcile that fails inside its script leaves nothing behind: retried, it
+// applies (Redis keeps what a failing script wrote, so a reconciled marker
+// written before the failure would turn the retry into a no-op and lose the
+// refund), and a reconcile after that one still changes nothing.
+func testReconcileAfterScriptError(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := NewTokenBucket(e.rdb, e.opts())
+	s := ModelScope("reconcile-error", 0, 0, 1000, 0)
+	key := e.keys.LimiterScope(s.Name)
+	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 800}).Reservation
+
+	// The scope's hash turns into a string for a moment: the script fails on
+	// its first read.
+	saved := e.rdb.HGetAll(ctx, key).Val()
+	e.rdb.Del(ctx, key)
+	e.rdb.Set(ctx, key, "not a hash", time.Minute)
+	if err := tb.Reconcile(ctx, r, Cost{Requests: 1, Tokens: 300}); err == nil {
+		t.Fatal("Reconcile on a broken hash succeeded")
+	}
+	if n := e.rdb.Exists(ctx, e.keys.LimiterReconciled(s.Name, r.ID)).Val(); n != 0 {
+		t.Fatal("a failed Reconcile left the reconciled marker")
+	}
+	e.rdb.Del(ctx, key)
+	e.rdb.HSet(ctx, key, saved)
+	e.rdb.Expire(ctx, key, time.Minute)
+
+	for range 2 {
+		if err := tb.Reconcile(ctx, r, Cost{Requests: 1, Tokens: 300}); err != nil {
+			t.Fatal(err)
+		}
+		if got := remaining(mustState(t, tb, s))["tpm"]; got != 700 {
+			t.Fatalf("after the retried reconcile: remaining %d, want 700 (the refund applied once)", got)
+		}
+	}
+}
