@@ -293,6 +293,10 @@ func (r *chunkReader) Close() error {
 	return nil
 }
 
+// sqlFileUsedByBatches counts the batches using file $1 as their input,
+// output or error file, one index each (migration 005).
+const sqlFileUsedByBatches = `SELECT count(*) FROM batches WHERE input_file_id = $1 OR output_file_id = $1 OR error_file_id = $1`
+
 // FileDelete deletes the tenant's file and its content. A file a batch
 // uses (as its input, output or error file) is ErrConflict; another
 // tenant's, or none, is ErrNotFound.
@@ -302,8 +306,7 @@ func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
 	}
 	return db.tx(ctx, func(tx *sql.Tx) error {
 		var used int
-		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM batches WHERE input_file_id = $1 OR output_file_id = $1 OR error_file_id = $1`,
-			id).Scan(&used)
+		err := tx.QueryRowContext(ctx, sqlFileUsedByBatches, id).Scan(&used)
 		if err != nil {
 			return err
 		}

@@ -70,6 +70,7 @@ func checkPlans(t *testing.T, db *DB) {
 	add("FileList", true, q, a)
 	q, a = fileListSQL(&FileListParams{TenantID: "t", Purpose: FilePurposeBatch, After: "file-x"}, 20)
 	add("FileList purpose", true, q, a)
+	add("FileDelete used by batches", false, sqlFileUsedByBatches, args{"file-x"})
 
 	for _, q := range qs {
 		plan := explain(t, db, q.sql, q.args)
