@@ -51,6 +51,7 @@ var suite = []struct {
 	{"Wait", testWait},
 	{"WaitEndsWithContext", testWaitEndsWithContext},
 	{"KeyTTLs", testKeyTTLs},
+	{"KeyTTLCoversAllBuckets", testKeyTTLCoversAllBuckets},
 	{"InvalidInput", testInvalidInput},
 	{"Lease", testLease},
 	{"LeaseOvershootBound", testLeaseOvershootBound},

@@ -27,9 +27,12 @@ import (
 // the new rate. This matches what a provider does, which counts the tokens it
 // served, whatever the limit.
 //
-// The hash expires exactly when every bucket would be full again and no
-// penalty or probe is pending (plus one second), so an idle scope leaves
-// nothing behind.
+// The hash expires once every bucket would be full again, no reservation is
+// held in flight and no penalty or probe is pending (plus one second), so an
+// idle scope leaves nothing behind. A call only knows the buckets it names,
+// and a scope's bucket list may change (learned limits), so a call extends
+// the expiry and never shortens it: after a refund the hash may outlive its
+// usage by up to its longest bucket's period.
 type TokenBucket struct {
 	rdb  redis.Scripter
 	opts Options
@@ -255,13 +258,20 @@ if new_probe then
   args[#args + 1] = pt
 end
 if #args > 0 then
-  -- the hash lives until every bucket is full and no penalty or probe is pending
+  -- the hash lives until every bucket is full, nothing is held in flight and
+  -- no penalty or probe is pending, and never less than it would already:
+  -- the other bucket lists of the scope may have used it
   local ttl = 0
-  for name, u in pairs(used) do ttl = max(ttl, u * per[name] / lim[name]) end
+  for name, u in pairs(used) do
+    local f = fl[name]
+    ttl = max(ttl, u * per[name] / lim[name])
+    if f[2] > 0 then ttl = max(ttl, (f[1] + 2) * GEN - now) elseif f[3] > 0 then ttl = max(ttl, (f[1] + 1) * GEN - now) end
+  end
   if pu then ttl = max(ttl, max(pu - now, 0) + probe_timeout) end
   if pt then ttl = max(ttl, pt - now + probe_timeout) end
   redis.call('HSET', key, unpack(args))
-  redis.call('PEXPIRE', key, ceil(ttl / 1000) + 1000)
+  ttl = ceil(ttl / 1000) + 1000
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 return out
 `))
@@ -561,7 +571,9 @@ for i = 1, n do
     args[#args + 1] = 'f1:' .. ARGV[a]
     args[#args + 1] = string.format('%.17g', f1)
   end
+  -- the hash lives until the bucket is full and nothing is held in flight
   ttl = math.max(ttl, u * period / limit)
+  if f0 > 0 then ttl = math.max(ttl, (g + 2) * GEN - now) elseif f1 > 0 then ttl = math.max(ttl, (g + 1) * GEN - now) end
 end
 -- the probe's reconcile ends the probe phase, and a penalty that is over
 local del = {}
@@ -576,7 +588,10 @@ if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
 
 if #args > 0 then redis.call('HSET', key, unpack(args)) end
 if #del > 0 then redis.call('HDEL', key, unpack(del)) end
-redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
+-- never shorter than it would already: the other bucket lists of the scope
+-- may have used the hash
+ttl = math.ceil(ttl / 1000) + 1000
+if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 if KEYS[2] then redis.call('SET', KEYS[2], '1', 'PX', ARGV[2]) end
 return 1
 `))

@@ -424,36 +424,46 @@ func testWaitEndsWithContext(t *testing.T, e *env) {
 	}
 }
 
-// Every key has a TTL, and a scope's hash expires when every bucket would be
-// full again and no penalty or probe is pending.
+// nearTTL fails t unless got, a PTTL, is want less at most the test's run
+// time.
+func nearTTL(t *testing.T, what string, got, want time.Duration) {
+	t.Helper()
+	if got > want || got < want-2*time.Second {
+		t.Fatalf("%s: PTTL %v, want %v (less the test's run time)", what, got, want)
+	}
+}
+
+// Every key has a TTL, and a scope's hash lives until every bucket would be
+// full again and no penalty or probe is pending; no call shortens it.
 func testKeyTTLs(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := NewTokenBucket(e.rdb, e.opts())
 	s := ModelScope("ttl", 0, 10, 1000, 0)
 	key := e.keys.LimiterScope(s.Name)
-	near := func(what string, got, want time.Duration) {
-		t.Helper()
-		if got > want || got < want-2*time.Second {
-			t.Fatalf("%s: PTTL %v, want %v (less the test's run time)", what, got, want)
-		}
-	}
+	pttl := func(k string) time.Duration { return e.rdb.PTTL(ctx, k).Val() }
 
 	// tpm full in 30 s, rpm in 6 s.
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500})
-	near("after a reserve", e.rdb.PTTL(ctx, key).Val(), 31*time.Second)
+	nearTTL(t, "after a reserve", pttl(key), 31*time.Second)
 	if err := tb.Reconcile(ctx, r.Reservation, Cost{Requests: 1, Tokens: 100}); err != nil {
 		t.Fatal(err)
 	}
-	near("after a refund", e.rdb.PTTL(ctx, key).Val(), 7*time.Second)
-	near("reconciled marker", e.rdb.PTTL(ctx, e.keys.LimiterReconciled(s.Name, r.Reservation.ID)).Val(), time.Hour)
+	nearTTL(t, "after a refund, which does not shorten it", pttl(key), 31*time.Second)
+	nearTTL(t, "reconciled marker", pttl(e.keys.LimiterReconciled(s.Name, r.Reservation.ID)), time.Hour)
 	if err := tb.Penalize(ctx, s, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	// The penalty, then the probe timeout (30 s) for the probe phase.
-	near("after a penalty", e.rdb.PTTL(ctx, key).Val(), 151*time.Second)
-	e.clock.Add(2 * time.Minute)
-	mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}) // the probe: 30 s + 30 s
-	near("with a probe in flight", e.rdb.PTTL(ctx, key).Val(), 61*time.Second)
+	nearTTL(t, "after a penalty", pttl(key), 151*time.Second)
+
+	p := ModelScope("ttl-probe", 0, 10, 1000, 0)
+	if err := tb.Penalize(ctx, p, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	nearTTL(t, "after a short penalty", pttl(e.keys.LimiterScope(p.Name)), 32*time.Second)
+	e.clock.Add(time.Second)
+	mustReserve(t, tb, p, Cost{Requests: 1, Tokens: 10}) // the probe: 30 s + 30 s
+	nearTTL(t, "with a probe in flight", pttl(e.keys.LimiterScope(p.Name)), 61*time.Second)
 
 	// Every limiter's keys.
 	for i := range 3 {
@@ -621,4 +631,41 @@ func testReconcileAfterScriptError(t *testing.T, e *env) {
 			t.Fatalf("after the retried reconcile: remaining %d, want 700 (the refund applied once)", got)
 		}
 	}
+}
+
+// A scope's bucket list may change (learned limits): a call naming fewer or
+// shorter buckets never shortens the expiry of a hash that holds the others'
+// usage. Under HoldInFlight the hash lives as long as a reservation holds
+// capacity back, however little it took.
+func testKeyTTLCoversAllBuckets(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := NewTokenBucket(e.rdb, e.opts())
+	withDay := ModelScope("learned", 0, 10, 0, 1_000_000)
+	without := ModelScope("learned", 0, 10, 0, 0)
+	key := e.keys.LimiterScope(withDay.Name)
+	pttl := func() time.Duration { return e.rdb.PTTL(ctx, key).Val() }
+
+	mustReserve(t, tb, withDay, Cost{Requests: 1, Tokens: 500_000}) // tpd full in 12 h
+	nearTTL(t, "after a reserve on the day bucket", pttl(), 12*time.Hour+time.Second)
+	r := mustReserve(t, tb, without, Cost{Requests: 1}) // rpm full in 12 s
+	nearTTL(t, "after a reserve without the day bucket", pttl(), 12*time.Hour+time.Second)
+	if err := tb.Release(ctx, r.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	nearTTL(t, "after a release without the day bucket", pttl(), 12*time.Hour+time.Second)
+	if got := remaining(mustState(t, tb, withDay))["tpd"]; got != 500_000 {
+		t.Fatalf("the day bucket holds %d, want 500000", got)
+	}
+
+	o := e.opts()
+	o.HoldInFlight = true
+	hold := NewTokenBucket(e.rdb, o)
+	s := ModelScope("held-ttl", 0, 0, 1_000_000, 0)
+	// 2,000 tokens refill in 120 ms, but stay held until the end of the next
+	// in-flight generation: the clock starts at a generation's start.
+	if e.clock.Now().UnixMicro()%inflightGen.Microseconds() != 0 {
+		t.Fatalf("the clock %v is not at the start of an in-flight generation", e.clock.Now())
+	}
+	mustReserve(t, hold, s, Cost{Tokens: 2000})
+	nearTTL(t, "with a reservation held in flight", e.rdb.PTTL(ctx, e.keys.LimiterScope(s.Name)).Val(), 2*inflightGen+time.Second)
 }
