@@ -1,0 +1,118 @@
+package api_test
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/testutil"
+)
+
+// An unknown path under /v1/ is a 404 in OpenAI's error shape even with a
+// valid key and a body that would make a good job: nothing is stored or
+// enqueued.
+func TestUnknownPathIsNotFoundAndChangesNothing(t *testing.T) {
+	t.Parallel()
+	a := start(t)
+	tenant, key := a.Tenant("standard")
+	job := map[string]any{"body": apptest.ChatBody("hello", "", 5)}
+	for _, path := range []string{
+		"/v1/nope",
+		"/v1/chat/completions", // the provider's endpoint, not llmq's
+		"/v1/job",
+		"/v1/jobs/job_x/retry",
+	} {
+		t.Run(path, func(t *testing.T) {
+			e := checkError(t, a.Do("POST", path, key, job), 404, "unknown_url", "")
+			if e.Error.Type != api.TypeNotFound {
+				t.Fatalf("type = %q, want %s", e.Error.Type, api.TypeNotFound)
+			}
+		})
+	}
+	nothingQueued(t, a, tenant)
+}
+
+// Another tenant's job id is a 404 for GET and DELETE, and the owner's job
+// is untouched: the same row in the store, its task still in the queue.
+func TestAnotherTenantsJobIdChangesNothing(t *testing.T) {
+	t.Parallel()
+	a := start(t)
+	ctx := context.Background()
+	_, keyA := a.Tenant("standard")
+	tenantB, keyB := a.Tenant("standard")
+	r := a.Do("POST", "/v1/jobs", keyA, map[string]any{"body": apptest.ChatBody("mine", "", 5)})
+	if r.Status != 202 {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	id := r.Map(t)["id"].(string)
+	before, err := a.Store.JobGetByID(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizeBefore := queueSize(t, a)
+	if state, err := a.Inspector.JobTaskState(ctx, before.Queue, id); err != nil || state != queue.TaskPending {
+		t.Fatalf("task of the new job: %q (%v), want pending", state, err)
+	}
+
+	for _, method := range []string{"GET", "DELETE"} {
+		e := checkError(t, a.Do(method, "/v1/jobs/"+id, keyB, nil), 404, "not_found", "")
+		if e.Error.Type != api.TypeNotFound {
+			t.Fatalf("%s: type = %q, want %s", method, e.Error.Type, api.TypeNotFound)
+		}
+	}
+
+	after, err := a.Store.JobGetByID(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(before, after) {
+		t.Fatalf("tenant B's requests changed A's job:\nbefore %+v\nafter  %+v", before, after)
+	}
+	if got := queueSize(t, a); got != sizeBefore {
+		t.Fatalf("queued tasks: %d before tenant B's requests, %d after", sizeBefore, got)
+	}
+	if state, err := a.Inspector.JobTaskState(ctx, before.Queue, id); err != nil || state != queue.TaskPending {
+		t.Fatalf("task of A's job after B's cancel: %q (%v), want pending", state, err)
+	}
+	nothingQueuedFor(t, a, tenantB)
+}
+
+// queueSize is the number of tasks in all of the app's queues.
+func queueSize(t *testing.T, a *apptest.App) int {
+	t.Helper()
+	stats, err := a.Inspector.QueueStats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, s := range stats {
+		n += s.Size
+	}
+	return n
+}
+
+// /readyz answers 503 in the error shape while Redis is down, and 200 again
+// once it is back; /healthz, which says only that the process runs, stays
+// 200 throughout.
+func TestReadyzIsUnavailableWhileRedisIsDown(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	a := apptest.Start(t, apptest.Options{RedisURL: "redis://" + srv.Addr + "/0"})
+	if r := a.Do("GET", "/readyz", "", nil); r.Status != 200 {
+		t.Fatalf("readyz with Redis up: %d %s", r.Status, r.Body)
+	}
+
+	srv.Stop()
+	checkError(t, a.Do("GET", "/readyz", "", nil), 503, "not_ready", "")
+	if r := a.Do("GET", "/healthz", "", nil); r.Status != 200 {
+		t.Fatalf("healthz with Redis down: %d %s", r.Status, r.Body)
+	}
+
+	srv.Start()
+	if r := a.Do("GET", "/readyz", "", nil); r.Status != 200 || r.Map(t)["status"] != "ready" {
+		t.Fatalf("readyz once Redis is back: %d %s", r.Status, r.Body)
+	}
+}
