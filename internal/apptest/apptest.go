@@ -95,6 +95,12 @@ type Options struct {
 	// Clock replaces Redis time for budget days and the workers' clock.
 	// Defaults to none.
 	Clock func() time.Time
+	// Logs receives the app's log records, at the levels it enables.
+	// Defaults to warnings and errors in the test log.
+	Logs slog.Handler
+	// Environ adds variables to the app's environment, such as the key of a
+	// provider the policy names. Defaults to none.
+	Environ []string
 }
 
 // App is a running test llmq.
@@ -152,6 +158,7 @@ func Start(t testing.TB, o Options) *App {
 		"LLMQ_SHUTDOWN_TIMEOUT=5s",
 		"SIM_API_KEY=test",
 	}
+	environ = append(environ, o.Environ...)
 	env, err := config.LoadEnv(environ)
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +169,11 @@ func Start(t testing.TB, o Options) *App {
 	if err := env.Validate(config.RoleDispatcher); err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logs := o.Logs
+	if logs == nil {
+		logs = slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})
+	}
+	logger := slog.New(logs)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	holder, err := config.NewPolicyHolder(policyPath, nil)
