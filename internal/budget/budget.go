@@ -6,7 +6,9 @@
 // workers can never overspend, unlike a check followed by a separate record),
 // then settles the reservation to the real cost or releases it. Budget days
 // come from Redis TIME in the tier's timezone, never from a worker's clock;
-// reservations of crashed workers expire; and when Redis has lost a day's
+// a settlement charges a job once per day however often it is repeated;
+// reservations of crashed workers expire, while a live holder extends its
+// own for as long as its call runs; and when Redis has lost a day's
 // counters (restart without persistence, FLUSHALL) the spend is rebuilt from
 // the durable ledger, so a restart never resets a day's spend. Every key lives
 // under the {budget} hash tag so one script can touch the tenant's and the
@@ -106,9 +108,10 @@ type Options struct {
 	// Clock replaces Redis TIME as the source of "now": its time is passed to
 	// the scripts. Tests only, so they never sleep. Defaults to nil (Redis TIME).
 	Clock func() time.Time
-	// ReservationTTL is how long a reservation nobody settles (a crashed
-	// worker's) keeps counting before it expires. It must outlast the longest
-	// provider call. Defaults to 15m.
+	// ReservationTTL is how long a reservation keeps counting after it was
+	// made or last extended, so that one nobody settles (a crashed worker's)
+	// expires. A holder whose job may run longer extends it (Extend) well
+	// within this time. Defaults to 15m.
 	ReservationTTL time.Duration
 	// Logger receives the soft-limit crossing (once per tenant and day) and
 	// rebuilds from the ledger. Defaults to discarding.
@@ -172,11 +175,20 @@ func New(rdb redis.UniversalClient, ledger Ledger, opts Options) *Budgets {
 	}
 }
 
+// ReservationTTL is how long a reservation counts unless extended.
+func (b *Budgets) ReservationTTL() time.Duration { return b.resTTL }
+
+// The caps a Decision or a Denial names.
+const (
+	DeniedByTenant = "tenant"
+	DeniedByGlobal = "global"
+)
+
 // Decision is the state of a tenant's day after a Reserve (or at a Status).
 type Decision struct {
 	Allowed bool
-	// DeniedBy is "" when allowed, else "tenant" or "global": the cap that
-	// denied, or when both did, the one that resets later.
+	// DeniedBy is "" when allowed, else DeniedByTenant or DeniedByGlobal: the
+	// cap that denied, or when both did, the one that resets later.
 	DeniedBy string
 	// TooLarge is set on a denial when the amount alone exceeds the denying
 	// cap: waiting for the reset will not help, so fail the job instead.
@@ -204,21 +216,49 @@ type Decision struct {
 	// together, tracked whether or not a global cap is set.
 	GlobalDay                   string
 	GlobalSpent, GlobalReserved money.Micros
+	// GlobalBudget is the global cap the decision was made against; 0 = none.
+	GlobalBudget money.Micros
+
+	// now is Redis's time at the decision; tenantEnd and globalEnd end the
+	// tenant's and the UTC day.
+	now, tenantEnd, globalEnd time.Time
 }
 
-// Reservation is budget held for one job until Settle or Release.
+// Denial is why an amount does not fit: the cap that refuses it, with that
+// cap's own numbers as of the decision and its own reset.
+type Denial struct {
+	// By is DeniedByTenant or DeniedByGlobal.
+	By string
+	// Spent, Reserved and Budget are the tenant's against its budget, or all
+	// tenants' together against the global cap.
+	Spent, Reserved, Budget money.Micros
+	// ResetsAt starts the refusing cap's next day (the tenant's day in its
+	// timezone, or the UTC day); RetryAfter is the time from Redis's now
+	// until then.
+	ResetsAt   time.Time
+	RetryAfter time.Duration
+	// TooLarge: the amount alone exceeds a refusing cap; waiting for the
+	// reset will not help.
+	TooLarge bool
+}
+
+// Name is how messages name the refusing budget.
+func (n *Denial) Name() string {
+	if n.By == DeniedByGlobal {
+		return "global daily budget (all tenants)"
+	}
+	return "tenant's daily budget"
+}
+
+// Reservation is budget held for one job until Settle or Release. Settling
+// goes by the job's id and days alone, so one built from a job's ledger row
+// (a redelivery of a job whose worker died before Settle) settles it too.
 type Reservation struct {
 	ID        string // the job id
 	TenantID  string
 	Day       string // the tenant's budget day; the ledger row must carry it
 	GlobalDay string // the UTC day; the ledger row must carry it
 	Amount    money.Micros
-
-	// The incarnations of the day hashes the reservation was made in, which
-	// tell Settle a reservation already settled from one made before Redis
-	// lost the day. Only Reserve sets them: a hand-built Reservation settles
-	// an open reservation, but a repeated Settle of it would charge again.
-	tenantGen, globalGen string
 }
 
 // span is one candidate budget day: the tenant's day in its timezone and the

@@ -14,7 +14,7 @@ import (
 // luaDay is shared by the scripts that read or write a day (Reserve and
 // Status). The four keys and the first seven arguments are the same for both:
 //
-// KEYS[1] -> tenant day hash: gen, rb, spent, reserved, soft, r:<id>, x:<id>, s:<id>
+// KEYS[1] -> tenant day hash: gen, rb, spent, reserved, soft, r:<id>, c:<id>
 // KEYS[2] -> tenant reservations: sorted set of ids, scored by expiry (Unix µs)
 // KEYS[3] -> global day hash: the same fields, for the members <tenant>:<id>
 // KEYS[4] -> global reservations: sorted set of <tenant>:<id> by expiry
@@ -26,8 +26,8 @@ import (
 //
 // Hash fields: gen names this incarnation of the hash (a new one after Redis
 // lost it); rb is set while spent still waits for the ledger's sum; r:<id> is
-// an open reservation's amount; x:<id> marks one that expired unsettled;
-// s:<id> marks a reservation of a lost incarnation that was charged here.
+// an open reservation's amount; c:<id> marks a job whose cost spent counts,
+// so that however often a job settles it is charged once (see Settle).
 //
 // Lua numbers are doubles: every amount and time stays an integer below 2^53,
 // and numbers handed back to Redis go through int(), because Redis would
@@ -62,8 +62,9 @@ local function ensure(h, ttl)
   return ""
 end
 
--- expire drops reservations whose holder never settled (a crashed worker),
--- at most 100 a call; any left over count until a later call: the safe side.
+-- expire drops reservations whose holder stopped extending them (a crashed
+-- worker), at most 100 a call; any left over count until a later call: the
+-- safe side. A late Settle of one still charges it (no c:<id> yet).
 local function expire(h, z)
   local gone = redis.call("ZRANGEBYSCORE", z, "-inf", int(now), "LIMIT", 0, 100)
   for _, m in ipairs(gone) do
@@ -71,7 +72,6 @@ local function expire(h, z)
     if a then
       redis.call("HDEL", h, "r:" .. m)
       redis.call("HINCRBY", h, "reserved", int(-tonumber(a)))
-      redis.call("HSET", h, "x:" .. m, "1")
     end
     redis.call("ZREM", z, m)
   end
@@ -96,20 +96,20 @@ expire(KEYS[3], KEYS[4])
 // Returns {"wrongday", now} when now is outside either day,
 // {"rebuild", tenant token, global token} when a day hash (token not "")
 // waits for the ledger, else {"ok", allowed, tenant denied, global denied,
-// now, spent, reserved, amount held, soft crossed, tenant gen, global gen,
-// global spent, global reserved}, all after the call.
+// now, spent, reserved, amount held, soft crossed, global spent, global
+// reserved}, all after the call.
 var reserveScript = redis.NewScript(luaDay + `
 local id, member, amount = ARGV[8], ARGV[9], tonumber(ARGV[10])
 local budget, cap, soft = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local exp = int(now + tonumber(ARGV[14]))
-local t = redis.call("HMGET", KEYS[1], "spent", "reserved", "gen", "r:" .. id)
-local g = redis.call("HMGET", KEYS[3], "spent", "reserved", "gen")
+local t = redis.call("HMGET", KEYS[1], "spent", "reserved", "r:" .. id)
+local g = redis.call("HMGET", KEYS[3], "spent", "reserved")
 local spent, reserved = tonumber(t[1]), tonumber(t[2])
 local gspent, greserved = tonumber(g[1]), tonumber(g[2])
 local allowed, tdeny, gdeny, crossed = 1, 0, 0, 0
-if t[4] then
+if t[3] then
   -- The same id again (a redelivered job): hold what it holds, a while longer.
-  amount = tonumber(t[4])
+  amount = tonumber(t[3])
   redis.call("ZADD", KEYS[2], "XX", exp, id)
   redis.call("ZADD", KEYS[4], "XX", exp, member)
 else
@@ -121,12 +121,10 @@ else
     redis.call("ZADD", KEYS[2], exp, id)
     redis.call("PEXPIRE", KEYS[2], tttl)
     redis.call("HSET", KEYS[1], "r:" .. id, ARGV[10])
-    redis.call("HDEL", KEYS[1], "x:" .. id)
     redis.call("HINCRBY", KEYS[1], "reserved", ARGV[10])
     redis.call("ZADD", KEYS[4], exp, member)
     redis.call("PEXPIRE", KEYS[4], gttl)
     redis.call("HSET", KEYS[3], "r:" .. member, ARGV[10])
-    redis.call("HDEL", KEYS[3], "x:" .. member)
     redis.call("HINCRBY", KEYS[3], "reserved", ARGV[10])
     reserved, greserved = reserved + amount, greserved + amount
     if soft > 0 and spent + reserved >= soft then
@@ -135,7 +133,7 @@ else
   end
 end
 return {"ok", allowed, tdeny, gdeny, int(now), int(spent), int(reserved), int(amount), crossed,
-  t[3], g[3], int(gspent), int(greserved)}
+  int(gspent), int(greserved)}
 `)
 
 // Reserve holds amount (the job's worst-case cost) for reservation id (the
@@ -144,7 +142,8 @@ return {"ok", allowed, tdeny, gdeny, int(now), int(spent), int(reserved), int(am
 // when denied it returns a nil Reservation and a Decision saying which cap
 // denied and when it resets (defer the job until then, or fail it when
 // TooLarge). Reserving an id that already holds a reservation today returns
-// that reservation, with its first amount, and does not hold more.
+// that reservation, with its first amount, and does not hold more. The
+// reservation lapses after ReservationTTL unless its holder calls Extend.
 func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount money.Micros) (*Reservation, *Decision, error) {
 	if err := acct.validate(); err != nil {
 		return nil, nil, err
@@ -165,41 +164,31 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	if err != nil {
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
-	n, err := r.ints(1, 2, 3, 4, 5, 6, 7, 8, 11, 12)
-	if err != nil {
-		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
-	}
-	tgen, err := r.str(9)
-	if err != nil {
-		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
-	}
-	ggen, err := r.str(10)
+	n, err := r.ints(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 	if err != nil {
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
 	allowed, tdeny, gdeny, now := n[0] == 1, n[1] == 1, n[2] == 1, time.UnixMicro(n[3])
-	d := b.decision(acct, sp, money.Micros(n[4]), money.Micros(n[5]), money.Micros(n[8]), money.Micros(n[9]))
+	d := b.decision(acct, sp, now, money.Micros(n[4]), money.Micros(n[5]), money.Micros(n[8]), money.Micros(n[9]))
 	d.Allowed = allowed
 	d.SoftLimitCrossed = n[7] == 1
 	if !allowed {
-		b.deny(d, acct, sp, now, tdeny, gdeny, amount)
+		d.deny(tdeny, gdeny, amount)
 		return nil, d, nil
 	}
 	if d.SoftLimitCrossed {
 		b.log.Warn("budget: tenant passed its soft limit", "tenant", acct.TenantID, "day", sp.day,
 			"spent_usd", d.Spent.USD(), "reserved_usd", d.Reserved.USD(), "budget_usd", acct.Budget.USD())
 	}
-	return &Reservation{
-		ID: id, TenantID: acct.TenantID, Day: sp.day, GlobalDay: sp.gday, Amount: money.Micros(n[6]),
-		tenantGen: tgen, globalGen: ggen,
-	}, d, nil
+	return &Reservation{ID: id, TenantID: acct.TenantID, Day: sp.day, GlobalDay: sp.gday, Amount: money.Micros(n[6])}, d, nil
 }
 
 // decision fills in what Reserve and Status report alike.
-func (b *Budgets) decision(acct Account, sp span, spent, reserved, gspent, greserved money.Micros) *Decision {
+func (b *Budgets) decision(acct Account, sp span, now time.Time, spent, reserved, gspent, greserved money.Micros) *Decision {
 	d := &Decision{
 		Day: sp.day, Spent: spent, Reserved: reserved, Unlimited: acct.Unlimited,
-		ResetsAt: sp.end, GlobalDay: sp.gday, GlobalSpent: gspent, GlobalReserved: greserved,
+		ResetsAt: sp.end, GlobalDay: sp.gday, GlobalSpent: gspent, GlobalReserved: greserved, GlobalBudget: acct.Global,
+		now: now, tenantEnd: sp.end, globalEnd: sp.gend,
 	}
 	if !acct.Unlimited {
 		d.Budget = acct.Budget
@@ -211,17 +200,46 @@ func (b *Budgets) decision(acct Account, sp span, spent, reserved, gspent, grese
 	return d
 }
 
-// deny says which cap denied and when to come back: when both did, the one
-// that resets later, since only then can the job run.
-func (b *Budgets) deny(d *Decision, acct Account, sp span, now time.Time, tdeny, gdeny bool, amount money.Micros) {
-	switch {
-	case tdeny && (!gdeny || !sp.gend.After(sp.end)):
-		d.DeniedBy, d.ResetsAt = "tenant", sp.end
-	default:
-		d.DeniedBy, d.ResetsAt = "global", sp.gend
+// deny records a denial in d: which cap denied and when to come back.
+func (d *Decision) deny(tdeny, gdeny bool, amount money.Micros) {
+	n := d.refusal(tdeny, gdeny, amount)
+	d.DeniedBy, d.ResetsAt, d.RetryAfter, d.TooLarge = n.By, n.ResetsAt, n.RetryAfter, n.TooLarge
+}
+
+// refusal is the Denial of the caps that refuse amount: when both do, the
+// one that resets later, since only then can the job run.
+func (d *Decision) refusal(tdeny, gdeny bool, amount money.Micros) *Denial {
+	n := &Denial{By: DeniedByGlobal, Spent: d.GlobalSpent, Reserved: d.GlobalReserved, Budget: d.GlobalBudget, ResetsAt: d.globalEnd}
+	if tdeny && (!gdeny || !d.globalEnd.After(d.tenantEnd)) {
+		n = &Denial{By: DeniedByTenant, Spent: d.Spent, Reserved: d.Reserved, Budget: d.Budget, ResetsAt: d.tenantEnd}
 	}
-	d.RetryAfter = d.ResetsAt.Sub(now)
-	d.TooLarge = (tdeny && amount > acct.Budget) || (gdeny && amount > acct.Global)
+	n.RetryAfter = n.ResetsAt.Sub(d.now)
+	n.TooLarge = (tdeny && amount > d.Budget) || (gdeny && amount > d.GlobalBudget)
+	return n
+}
+
+// Denial returns the cap that denied a Reserve or Status, with its own
+// numbers and reset; nil when allowed.
+func (d *Decision) Denial() *Denial {
+	if d.Allowed || d.DeniedBy == "" {
+		return nil
+	}
+	n := d.refusal(d.DeniedBy == DeniedByTenant, d.DeniedBy == DeniedByGlobal, 0)
+	n.TooLarge = d.TooLarge
+	return n
+}
+
+// Check says whether amount would fit in what both caps have left as of d
+// (a Status), without reserving it: nil when it fits, else the cap that
+// refuses it. An API that rejects work answers with it at enqueue; only
+// Reserve holds the room.
+func (d *Decision) Check(amount money.Micros) *Denial {
+	tdeny := !d.Unlimited && d.Spent+d.Reserved+amount > d.Budget
+	gdeny := d.GlobalBudget > 0 && d.GlobalSpent+d.GlobalReserved+amount > d.GlobalBudget
+	if !tdeny && !gdeny {
+		return nil
+	}
+	return d.refusal(tdeny, gdeny, amount)
 }
 
 // eval runs a day script (luaDay + script) until it answers "ok": it moves

@@ -25,7 +25,8 @@ return {"ok", int(now), t[1], t[2], g[1], g[2]}
 // Status reports the tenant's day so far (GET /v1/usage, the dashboard):
 // spent, reserved, remaining, the soft limit and when the day resets,
 // without reserving. Allowed says whether both caps still have room; when
-// not, DeniedBy and RetryAfter say which and until when.
+// not, DeniedBy and RetryAfter say which and until when; Check says whether
+// an amount would still fit.
 func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
 	if err := acct.validate(); err != nil {
 		return nil, err
@@ -39,12 +40,12 @@ func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
 		return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
 	}
 	now := time.UnixMicro(n[0])
-	d := b.decision(acct, sp, money.Micros(n[1]), money.Micros(n[2]), money.Micros(n[3]), money.Micros(n[4]))
+	d := b.decision(acct, sp, now, money.Micros(n[1]), money.Micros(n[2]), money.Micros(n[3]), money.Micros(n[4]))
 	tfull := !acct.Unlimited && d.Spent+d.Reserved >= acct.Budget
 	gfull := acct.Global > 0 && d.GlobalSpent+d.GlobalReserved >= acct.Global
 	d.Allowed = !tfull && !gfull
 	if !d.Allowed {
-		b.deny(d, acct, sp, now, tfull, gfull, 0)
+		d.deny(tfull, gfull, 0)
 	}
 	return d, nil
 }
