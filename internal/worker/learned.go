@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -22,7 +23,8 @@ import (
 // more than the account has is corrected by the first answer, and a limit the
 // provider raises again is followed back up to the policy's. A learned limit
 // lives for LearnedTTL after the provider last announced it; then the policy
-// alone applies again.
+// alone applies again. Where provider and policy disagree, a log line and
+// the observer say so, once per change.
 //
 // OpenAI's x-ratelimit-limit-requests and -tokens are per minute; they are
 // mapped to the rpm and tpm buckets. The -remaining-* headers are read by the
@@ -113,7 +115,10 @@ func parseLimit(v any) int64 {
 }
 
 // Observe records the limits a provider announced in an answer for m. It
-// writes Redis only when they changed, or to keep them alive.
+// writes Redis only when they changed, or to keep them alive. When the
+// announced limits change and differ from the policy's (or stop differing),
+// it logs one line and tells the observer: once per change for the whole
+// fleet, since only the caller whose write changed Redis does.
 func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit) {
 	rpm, tpm := int64(0), int64(0)
 	if rl.Known(llm.HasLimitRequests) {
@@ -128,16 +133,14 @@ func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit
 	scope := admission.ScopeName(m)
 	e := l.entry(ctx, scope)
 	now := l.now()
-	same := e.rpm == rpm && e.tpm == tpm
-	if same && now.Sub(e.written) < LearnedTTL/4 {
+	if e.rpm == rpm && e.tpm == tpm && now.Sub(e.written) < LearnedTTL/4 {
 		return
 	}
-	key := l.keys.LearnedLimits(scope)
-	_, err := l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, key, "rpm", rpm, "tpm", tpm)
-		p.PExpire(ctx, key, LearnedTTL)
-		return nil
-	})
+	vals, err := recordLearnedScript.Run(ctx, l.rdb, []string{l.keys.LearnedLimits(scope)},
+		strconv.FormatInt(rpm, 10), strconv.FormatInt(tpm, 10), LearnedTTL.Milliseconds()).Slice()
+	if err == nil && len(vals) != 2 {
+		err = fmt.Errorf("unexpected reply %v", vals)
+	}
 	if err != nil {
 		l.logger.Warn("record learned limits", "scope", scope, "err", err)
 		return
@@ -145,14 +148,53 @@ func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit
 	l.mu.Lock()
 	l.cache[scope] = learnedEntry{rpm: rpm, tpm: tpm, read: now, written: now}
 	l.mu.Unlock()
-	if !same && (lowers(rpm, m.Limits.RPM) || lowers(tpm, m.Limits.TPM) || lowers(e.rpm, m.Limits.RPM) || lowers(e.tpm, m.Limits.TPM)) {
-		l.logger.Warn("provider's limits differ from the policy's; the buckets follow the lower",
-			"model", m.Name, "policy_rpm", m.Limits.RPM, "provider_rpm", rpm, "policy_tpm", m.Limits.TPM, "provider_tpm", tpm)
-		l.obs.LimitsLearned(m.Name, rpm, tpm)
+	prevRPM, prevTPM := parseLimit(vals[0]), parseLimit(vals[1])
+	if prevRPM == rpm && prevTPM == tpm {
+		return // another caller recorded this change first, or nothing changed
 	}
+	lower := lowers(rpm, m.Limits.RPM) || lowers(tpm, m.Limits.TPM)
+	higher := raises(rpm, m.Limits.RPM) || raises(tpm, m.Limits.TPM)
+	differed := lowers(prevRPM, m.Limits.RPM) || lowers(prevTPM, m.Limits.TPM) ||
+		raises(prevRPM, m.Limits.RPM) || raises(prevTPM, m.Limits.TPM)
+	args := []any{"model", m.Name, "policy_rpm", m.Limits.RPM, "provider_rpm", rpm, "policy_tpm", m.Limits.TPM, "provider_tpm", tpm}
+	switch {
+	case lower:
+		// The policy promises more than the account has: the buckets shrink.
+		l.logger.Warn("provider's limits are lower than the policy's; the buckets follow the provider's", args...)
+	case higher:
+		// Capacity the policy leaves unused; nothing is at risk.
+		l.logger.Info("provider's limits are higher than the policy's; the policy's apply", args...)
+	case differed:
+		l.logger.Info("provider's limits agree with the policy's again", args...)
+	default:
+		return
+	}
+	l.obs.LimitsLearned(m.Name, rpm, tpm)
 }
+
+// recordLearnedScript stores the limits a provider announced for one scope
+// and returns the ones stored before, so that of all the workers seeing a
+// change only the one that records it first reports it.
+//
+// KEYS[1] -> the scope's learned limits (rkeys.LearnedLimits)
+// ARGV[1] -> announced requests per minute (0 = not announced)
+// ARGV[2] -> announced tokens per minute (0 = not announced)
+// ARGV[3] -> TTL in ms (LearnedTTL)
+// Returns {previous rpm, previous tpm}, each "" when there was none.
+var recordLearnedScript = redis.NewScript(`
+local old = redis.call("HMGET", KEYS[1], "rpm", "tpm")
+redis.call("HSET", KEYS[1], "rpm", ARGV[1], "tpm", ARGV[2])
+redis.call("PEXPIRE", KEYS[1], ARGV[3])
+return {old[1] or "", old[2] or ""}
+`)
 
 // lowers reports whether an announced limit is below the policy's.
 func lowers(announced, policy int64) bool {
 	return announced > 0 && (policy == 0 || announced < policy)
+}
+
+// raises reports whether an announced limit is above the policy's (a policy
+// without the limit is never below an announced one).
+func raises(announced, policy int64) bool {
+	return announced > 0 && policy > 0 && announced > policy
 }
