@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -111,7 +113,7 @@ func TestChatAndEmbeddingJobsSucceedAndAreChargedExactly(t *testing.T) {
 func TestRedeliveryAfterSuccessNeverCallsTheProviderAgain(t *testing.T) {
 	t.Parallel()
 	a := start(t, nil)
-	_, key := a.Tenant("standard")
+	tenant, key := a.Tenant("standard")
 	h := a.JobHandler(worker.Options{})
 	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("once", "", 10)})
 	ctx := context.Background()
@@ -123,8 +125,30 @@ func TestRedeliveryAfterSuccessNeverCallsTheProviderAgain(t *testing.T) {
 	if n := a.Sim.Stats().Requests; n != 1 {
 		t.Fatalf("provider called %d times for one job delivered three times", n)
 	}
-	if j := job(t, a, id); j.Attempts != 1 {
-		t.Fatalf("attempts = %d", j.Attempts)
+	j := job(t, a, id)
+	if j.Status != store.JobSucceeded || j.Attempts != 1 || j.Cost <= 0 {
+		t.Fatalf("job = %s attempts %d cost %d", j.Status, j.Attempts, j.Cost)
+	}
+	// One ledger row, at the job's cost, and the day's spend is that cost.
+	e, err := a.Store.UsageGetByJob(ctx, id)
+	if err != nil || e.Cost != j.Cost {
+		t.Fatalf("ledger row of the job = %+v, %v; want its cost %d", e, err, j.Cost)
+	}
+	rows, err := a.Store.UsageReport(ctx, &store.UsageReportParams{Day: e.Day, TenantID: tenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var requests int64
+	var cost money.Micros
+	for _, r := range rows {
+		requests, cost = requests+r.Requests, cost+r.Cost
+	}
+	if requests != 1 || cost != j.Cost {
+		t.Fatalf("the tenant's ledger holds %d rows costing %d; want one row costing %d", requests, cost, j.Cost)
+	}
+	u := a.Do("GET", "/v1/usage", key, nil).Map(t)
+	if spent := money.Micros(u["spent_usd"].(float64)*1e6 + 0.5); spent != j.Cost || u["reserved_usd"].(float64) != 0 {
+		t.Fatalf("usage after three deliveries = %v; want spent %d µ$ (the job's cost) and nothing reserved", u, j.Cost)
 	}
 }
 
@@ -190,6 +214,95 @@ func TestRateLimitedCallIsNotAFailureAndPausesTheScope(t *testing.T) {
 	j = job(t, a, id)
 	if j.Status != store.JobFailed || j.Error.Code != "rate_limit_exceeded" || !strings.Contains(j.Error.Message, "2 times") {
 		t.Fatalf("job at the ceiling = %s %+v", j.Status, j.Error)
+	}
+}
+
+// startRefusing starts a test app whose only provider answers every call
+// with a 429 carrying header (and nothing else), and returns it.
+func startRefusing(t *testing.T, header http.Header) *apptest.App {
+	t.Helper()
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		for k, v := range header {
+			w.Header()[k] = v
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(`{"error":{"message":"Rate limit reached.","type":"requests","code":"rate_limit_exceeded"}}`))
+	}))
+	t.Cleanup(provider.Close)
+	return apptest.Start(t, apptest.Options{RedisDB: redisDB,
+		Policy: strings.Replace(apptest.PolicyYAML, "{{SIM}}", provider.URL+"/v1", 1)})
+}
+
+// rateLimitedOnce runs a new job into the provider's 429 and returns the
+// wait the job was put back for and the pause left on the model's scope.
+func rateLimitedOnce(t *testing.T, a *apptest.App, h *worker.Handler, id string) (delay, pause time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	runErr := h.Run(ctx, id)
+	if runErr == nil || worker.IsFailure(runErr) {
+		t.Fatalf("a 429 must requeue without counting a failure, got %v", runErr)
+	}
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	st, err := a.Limiter.State(ctx, scopeOf(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Penalized {
+		t.Fatalf("scope not paused after a 429: %+v", st)
+	}
+	return worker.RetryDelay(0, runErr, nil), st.RetryAfter
+}
+
+func TestRateLimitResetHeadersSetThePenalty(t *testing.T) {
+	t.Parallel()
+	// No retry-after: the longer of the two resets is the wait.
+	a := startRefusing(t, http.Header{"X-Ratelimit-Reset-Requests": {"7s"}, "X-Ratelimit-Reset-Tokens": {"2.5s"}})
+	_, key := a.Tenant("standard")
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	delay, pause := rateLimitedOnce(t, a, a.JobHandler(worker.Options{}), id)
+	if delay != 7*time.Second || pause > 7*time.Second || pause < 6*time.Second {
+		t.Fatalf("requeued for %v, scope paused for %v; want both the announced 7s reset", delay, pause)
+	}
+	if j := job(t, a, id); j.Status != store.JobWaiting || j.RateLimited != 1 || j.NextRunAt == nil {
+		t.Fatalf("job = %s rate_limited %d next %v", j.Status, j.RateLimited, j.NextRunAt)
+	}
+}
+
+func TestRateLimitWaitIsCapped(t *testing.T) {
+	t.Parallel()
+	a := startRefusing(t, http.Header{"Retry-After": {"600"}, "X-Ratelimit-Reset-Requests": {"10m0s"}})
+	_, key := a.Tenant("standard")
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	delay, pause := rateLimitedOnce(t, a, a.JobHandler(worker.Options{}), id)
+	if delay != 120*time.Second || pause > 120*time.Second || pause < 119*time.Second {
+		t.Fatalf("requeued for %v, scope paused for %v; want MaxRateLimitWait's 120s, not the announced 10m", delay, pause)
+	}
+}
+
+func TestRateLimitWithoutHeadersBacksOffWithFullJitter(t *testing.T) {
+	t.Parallel()
+	a := startRefusing(t, nil)
+	_, key := a.Tenant("standard")
+	h := a.JobHandler(worker.Options{})
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	// The n-th 429 of a job (from 0) waits uniformly up to 500ms·2ⁿ
+	// (capped at 8s), and at least 50ms.
+	var waits []time.Duration
+	for n := 0; n < 6; n++ {
+		delay, pause := rateLimitedOnce(t, a, h, id)
+		ceil := min(500*time.Millisecond<<n, 8*time.Second)
+		if delay < 50*time.Millisecond || delay > ceil || pause > delay {
+			t.Fatalf("429 number %d: requeued for %v, scope paused for %v; want one wait within [50ms, %v]", n+1, delay, pause, ceil)
+		}
+		if j := job(t, a, id); j.Status != store.JobWaiting || j.RateLimited != n+1 {
+			t.Fatalf("after 429 number %d: %s, rate_limited %d", n+1, j.Status, j.RateLimited)
+		}
+		waits = append(waits, delay)
+		clearPenalty(t, a)
+	}
+	if waits[0] == waits[1] && waits[1] == waits[2] {
+		t.Fatalf("waits %v: not jittered", waits)
 	}
 }
 
