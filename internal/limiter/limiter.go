@@ -157,6 +157,9 @@ type Result struct {
 	Limit, Remaining int64
 	// RetryAfter is 0 when allowed; else the time until every bucket (and
 	// any penalty) can cover the cost, assuming nobody else takes meanwhile.
+	// While a probe or reservations in flight hold the cost back (see
+	// Penalized and HeldInFlight), whose end nobody knows in advance, it is
+	// a time to check again instead.
 	RetryAfter time.Duration
 	// ResetAfter is the time until every bucket is full again.
 	ResetAfter time.Duration
@@ -165,6 +168,13 @@ type Result struct {
 	// Penalized is true when the caller was denied because of Penalize, or
 	// because a probe is in flight after a penalty.
 	Penalized bool
+	// HeldInFlight is true when the caller was denied because reservations
+	// in flight (Options.HoldInFlight) hold back what the cost needs. Their
+	// holds lapse only seconds later, but a Reconcile or Release of one of
+	// them may admit the cost at any moment: RetryAfter is then when to
+	// check again, at most Options.HoldRetry, and each bucket's RetryAfter is
+	// when it covers the cost if nothing is reconciled or taken meanwhile.
+	HeldInFlight bool
 	// Reservation is what Reconcile and Release take; non-nil when a token
 	// bucket allowed.
 	Reservation *Reservation
@@ -227,6 +237,12 @@ type Options struct {
 	// released (llmq's workers); leave it off for plain permits. Defaults to
 	// false.
 	HoldInFlight bool
+	// HoldRetry is the longest RetryAfter given to callers denied because
+	// reservations in flight hold back what they need (Result.HeldInFlight),
+	// jittered by ±25%: a reconcile may free it at any moment, while the
+	// holds themselves lapse only 5 to 10 s after their reservation.
+	// Defaults to 100ms.
+	HoldRetry time.Duration
 	// ReconcileTTL is how long a reconciled reservation is remembered, so
 	// that reconciling it again changes nothing. Defaults to 1h.
 	ReconcileTTL time.Duration
@@ -244,7 +260,7 @@ type Options struct {
 // limiter configured wrongly must not start.
 func (o Options) withDefaults() Options {
 	for name, d := range map[string]time.Duration{
-		"ProbeTimeout": o.ProbeTimeout, "ProbeRetry": o.ProbeRetry,
+		"ProbeTimeout": o.ProbeTimeout, "ProbeRetry": o.ProbeRetry, "HoldRetry": o.HoldRetry,
 		"ReconcileTTL": o.ReconcileTTL, "Jitter": o.Jitter,
 	} {
 		if d < 0 {
@@ -256,6 +272,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ProbeRetry == 0 {
 		o.ProbeRetry = 500 * time.Millisecond
+	}
+	if o.HoldRetry == 0 {
+		o.HoldRetry = 100 * time.Millisecond
 	}
 	if o.ReconcileTTL == 0 {
 		o.ReconcileTTL = time.Hour

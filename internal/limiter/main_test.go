@@ -40,6 +40,7 @@ var suite = []struct {
 	{"AllOrNothing", testAllOrNothing},
 	{"RetryAfterExact", testRetryAfterExact},
 	{"RetryAfterRedisTime", testRetryAfterRedisTime},
+	{"RetryAfterHeldInFlight", testRetryAfterHeldInFlight},
 	{"CostExceedsCapacity", testCostExceedsCapacity},
 	{"ReconcileRefund", testReconcileRefund},
 	{"ReconcileDebt", testReconcileDebt},

@@ -24,7 +24,26 @@ type admission struct {
 //     (zero overshoot);
 //   - demand above the limit gets at least 98% of what the binding bucket
 //     allows over the run.
+//
+// It runs twice at once, on two scopes: with plain permits, and in the mode
+// llmq's workers use, HoldInFlight, where every admission is reconciled with
+// its cost as soon as it is made (the floor of what is in flight must never
+// let a window admit more, and its waits must cost no admissions).
 func testAdmissionProperty(t *testing.T, e *env) {
+	var wg sync.WaitGroup
+	for _, hold := range []bool{false, true} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			admissionProperty(t, e, hold)
+		}()
+	}
+	wg.Wait()
+}
+
+// admissionProperty is one run of testAdmissionProperty; it may run on
+// another goroutine than the test's.
+func admissionProperty(t *testing.T, e *env, hold bool) {
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 7))
 	maxCost := int64(10 + rng.IntN(90))
@@ -43,17 +62,23 @@ func testAdmissionProperty(t *testing.T, e *env) {
 	} else {
 		toks = int64(3 * float64(perSec) * avg * longest)
 	}
-	s := Scope{Name: "property", Buckets: []Bucket{
+	name := "property"
+	if hold {
+		name = "property-held"
+	}
+	s := Scope{Name: name, Buckets: []Bucket{
 		{Name: "requests", Unit: UnitRequests, Limit: reqs, Period: pr},
 		{Name: "tokens", Unit: UnitTokens, Limit: toks, Period: pt},
 	}}
 	workers, clients := 64+rng.IntN(65), 4+rng.IntN(3)
-	t.Logf("seed %d: %d workers on %d clients, %s binding, buckets %+v, costs 1..%d tokens",
-		seed, workers, clients, binding, s.Buckets, maxCost)
+	t.Logf("%s: seed %d: %d workers on %d clients, %s binding, buckets %+v, costs 1..%d tokens, held in flight %v",
+		s.Name, seed, workers, clients, binding, s.Buckets, maxCost, hold)
 
+	o := e.realOpts()
+	o.HoldInFlight = hold
 	tbs := make([]*TokenBucket, clients)
 	for i := range tbs {
-		tbs[i] = NewTokenBucket(e.newClient(), e.realOpts())
+		tbs[i] = NewTokenBucket(e.newClient(), o)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -82,6 +107,12 @@ func testAdmissionProperty(t *testing.T, e *env) {
 					break
 				}
 				mine = append(mine, admission{res.Time.UnixMicro(), c})
+				if hold {
+					if err := tb.Reconcile(context.WithoutCancel(ctx), res.Reservation, c); err != nil {
+						errs <- err
+						break
+					}
+				}
 			}
 			mu.Lock()
 			all = append(all, mine...)
@@ -92,7 +123,8 @@ func testAdmissionProperty(t *testing.T, e *env) {
 	t1 := e.rdb.Time(context.Background()).Val()
 	close(errs)
 	for err := range errs {
-		t.Fatalf("Wait: %v", err)
+		t.Errorf("%s: %v", s.Name, err)
+		return
 	}
 	slices.SortFunc(all, func(a, b admission) int { return cmp.Compare(a.at, b.at) })
 
@@ -100,13 +132,13 @@ func testAdmissionProperty(t *testing.T, e *env) {
 	for _, b := range s.Buckets {
 		over, total := maxOvershoot(all, b)
 		allows := float64(b.Limit) + float64(b.Limit)*run.Seconds()/b.Period.Seconds()
-		t.Logf("bucket %s: admitted %d of %.0f allowed over %v (%.2f%%); worst window over capacity+refill by %.9f",
-			b.Name, total, allows, run, 100*float64(total)/allows, over)
+		t.Logf("%s bucket %s: admitted %d of %.0f allowed over %v (%.2f%%); worst window over capacity+refill by %.9f",
+			s.Name, b.Name, total, allows, run, 100*float64(total)/allows, over)
 		if over > 1e-6*float64(b.Limit) {
-			t.Errorf("bucket %s: a window admitted %.6f more than capacity + refill", b.Name, over)
+			t.Errorf("%s bucket %s: a window admitted %.6f more than capacity + refill", s.Name, b.Name, over)
 		}
 		if b.Name == binding && float64(total) < 0.98*allows {
-			t.Errorf("bucket %s: admitted %d < 98%% of the %.0f the limit allows", b.Name, total, allows)
+			t.Errorf("%s bucket %s: admitted %d < 98%% of the %.0f the limit allows", s.Name, b.Name, total, allows)
 		}
 	}
 }

@@ -121,10 +121,14 @@ const (
 // "h" reserve and hold in flight until reconciled,
 // "l" reserve for a lease, never the probe, "s" state: no writes), id, and
 // its cost in each bucket of its list
-// Returns {now, then per reservation: status, retry µs, then per bucket:
-// remaining, retry µs, reset µs} where status is 0 denied by a bucket,
-// 1 allowed, 2 allowed as the probe, 3 denied by a penalty, 4 denied while a
-// probe is in flight.
+// Returns {now, then per reservation: status, retry µs, held, then per
+// bucket: remaining, retry µs, reset µs} where status is 0 denied by a
+// bucket, 1 allowed, 2 allowed as the probe, 3 denied by a penalty, 4 denied
+// while a probe is in flight; held is 1 when the retry is the time until
+// what reservations hold in flight lapses (which a reconcile may free
+// sooner), else 0. A bucket's retry is when it covers the cost if nothing is
+// taken or reconciled meanwhile: its refill, and the ends of the in-flight
+// generations holding it back.
 var reserveScript = redis.NewScript(withGen(`
 local tonumber, ceil, floor, max = tonumber, math.ceil, math.floor, math.max
 local key = KEYS[1]
@@ -153,8 +157,9 @@ end
 
 -- the bucket lists; used, lim and per hold each bucket's level now and the
 -- limit and period it refills with (those of the first list naming it),
--- fl its in-flight generations
-local lists, used, lim, per, fl = {}, {}, {}, {}, {}
+-- fl its in-flight generations, base the level it refills from without the
+-- floor of what is in flight (the level it is written with once taken from)
+local lists, used, lim, per, fl, base = {}, {}, {}, {}, {}, {}
 local a = 5
 for l = 1, tonumber(ARGV[4]) do
   local n = tonumber(ARGV[a])
@@ -166,11 +171,13 @@ for l = 1, tonumber(ARGV[4]) do
       local u = tonumber(st['u:' .. name]) or 0
       local ts = tonumber(st['t:' .. name]) or now
       local f = inflight_of(name)
+      local d = u
       if now > ts then
         -- refill, but never below what is in flight (see inflightGen)
-        u = max(u - (now - ts) * limit / period, f[2] + f[3], 0)
+        d = u - (now - ts) * limit / period
+        u = max(d, f[2] + f[3], 0)
       end
-      used[name], lim[name], per[name], fl[name] = u, limit, period, f
+      used[name], base[name], lim[name], per[name], fl[name] = u, d, limit, period, f
     end
   end
   lists[l] = {n, names, limits, periods}
@@ -184,28 +191,42 @@ while a <= #ARGV do
   local list, mode = lists[tonumber(ARGV[a])], ARGV[a + 1]
   local n, names, limits, periods = list[1], list[2], list[3], list[4]
   local c0 = a + 2
-  local status, retry = 1, 0
+  -- retry is the longest wait; held the longest set by what is in flight,
+  -- exact the longest set by refill
+  local status, retry, held, exact = 1, 0, 0, 0
   for i = 1, n do
-    local limit = limits[i]
-    local need = used[names[i]] + tonumber(ARGV[c0 + i]) - limit
+    local name, limit = names[i], limits[i]
+    local cost = tonumber(ARGV[c0 + i])
     -- a trillionth of the limit absorbs float rounding
-    if need > limit * 1e-12 then
-      local w = ceil(need * periods[i] / limit)
-      waits[i], status = w, 0
-      if w > retry then retry = w end
-    else
-      waits[i] = 0
+    local tol = limit * 1e-12
+    local w, need = 0, base[name] + cost - limit
+    if need > tol then w = ceil(need * periods[i] / limit) end
+    -- what is in flight stops holding the bucket back when its generation
+    -- and the next one are over
+    local f, wf = fl[name], 0
+    if f[2] + f[3] + cost - limit > tol then
+      wf = (f[1] + (f[2] + cost - limit > tol and 2 or 1)) * GEN - now
     end
+    if wf > w then
+      w = wf
+      if w > held then held = w end
+    elseif w > exact then
+      exact = w
+    end
+    if w > 0 then status = 0 end
+    if w > retry then retry = w end
+    waits[i] = w
   end
+  held = held > exact
 
   if pu then
     if pu > now then
       status = 3
-      if pu - now > retry then retry = pu - now end
+      if pu - now >= retry then retry, held = pu - now, false end
     elseif pid and pt and pt > now then
       status = 4
       local w = math.min(pt - now, probe_retry)
-      if w > retry then retry = w end
+      if w >= retry then retry, held = w, false end
     elseif status == 1 and mode ~= 's' then
       -- the penalty is over and no probe is in flight: this caller probes
       if mode == 'l' then
@@ -217,15 +238,15 @@ while a <= #ARGV do
   end
 
   take = (status == 1 or status == 2) and mode ~= 's'
-  out[o + 1], out[o + 2] = status, retry
-  o = o + 2
+  out[o + 1], out[o + 2], out[o + 3] = status, retry, held and 1 or 0
+  o = o + 3
   for i = 1, n do
     local name, limit = names[i], limits[i]
     local u = used[name]
     if take then
       local cost = tonumber(ARGV[c0 + i])
       u = u + cost
-      used[name], dirty[name] = u, true
+      used[name], base[name], dirty[name] = u, u, true
       if mode == 'h' then
         local f = fl[name]
         if f[1] == gen then f[2] = f[2] + cost else f[3] = f[3] + cost end
@@ -455,7 +476,7 @@ func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
 	}
 	now, a := time.UnixMicro(a[0]), a[1:]
 	for _, c := range batch {
-		n := 2 + 3*len(c.scope.Buckets)
+		n := 3 + 3*len(c.scope.Buckets)
 		if len(a) < n {
 			c.err = fmt.Errorf("limiter: reserve on scope %q: short script reply", c.scope.Name)
 			continue
@@ -476,7 +497,7 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 		Buckets:    make([]BucketState, len(c.scope.Buckets)),
 	}
 	for i, b := range c.scope.Buckets {
-		x := a[2+3*i:]
+		x := a[3+3*i:]
 		res.Buckets[i] = BucketState{
 			Name: b.Name, Unit: b.Unit, Limit: b.Limit,
 			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2]),
@@ -496,6 +517,12 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 		// Callers denied together while a probe is in flight spread out.
 		res.probeWait = true
 		res.RetryAfter = time.Duration(float64(res.RetryAfter) * (0.75 + 0.5*tb.opts.Rand()))
+	}
+	if !res.Allowed && a[2] == 1 {
+		// The holds lapse after seconds, but a reconcile may free them at
+		// any moment: check again soon, and not in lockstep.
+		res.HeldInFlight = true
+		res.RetryAfter = min(res.RetryAfter, time.Duration(float64(tb.opts.HoldRetry)*(0.75+0.5*tb.opts.Rand())))
 	}
 	return res
 }
@@ -714,7 +741,7 @@ func (tb *TokenBucket) Wait(ctx context.Context, scope Scope, cost Cost) (*Resul
 		if err != nil || res.Allowed {
 			return res, err
 		}
-		if dl, ok := ctx.Deadline(); ok && !res.probeWait && time.Until(dl) < res.RetryAfter {
+		if dl, ok := ctx.Deadline(); ok && !res.probeWait && !res.HeldInFlight && time.Until(dl) < res.RetryAfter {
 			return res, fmt.Errorf("limiter: scope %q admits this cost in %v, after the context's deadline: %w",
 				scope.Name, res.RetryAfter, context.DeadlineExceeded)
 		}

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -668,4 +669,96 @@ func testKeyTTLCoversAllBuckets(t *testing.T, e *env) {
 	}
 	mustReserve(t, hold, s, Cost{Tokens: 2000})
 	nearTTL(t, "with a reservation held in flight", e.rdb.PTTL(ctx, e.keys.LimiterScope(s.Name)).Val(), 2*inflightGen+time.Second)
+}
+
+// Under HoldInFlight a cost that only what is in flight holds back is told
+// so: each bucket's RetryAfter is exactly when the holds lapse (or refill
+// covers it, if that comes later), and RetryAfter, since a reconcile may
+// free the hold at any moment, is a check again within Options.HoldRetry;
+// never the refill-based guess that the floor makes meaningless.
+func testRetryAfterHeldInFlight(t *testing.T, e *env) {
+	ctx := context.Background()
+	o := e.opts()
+	o.HoldInFlight = true
+	tb := NewTokenBucket(e.rdb, o)
+	if e.clock.Now().UnixMicro()%inflightGen.Microseconds() != 0 {
+		t.Fatalf("the clock %v is not at the start of an in-flight generation", e.clock.Now())
+	}
+	const hold = 100 * time.Millisecond // the default HoldRetry
+	held := func(what string, r *Result, bucketWait time.Duration) {
+		t.Helper()
+		if r.Allowed || !r.HeldInFlight || r.Penalized {
+			t.Fatalf("%s: %+v, want denied, held in flight", what, r)
+		}
+		if got := bucket(t, r, "tpm").RetryAfter; got != bucketWait {
+			t.Fatalf("%s: the bucket's RetryAfter %v, want %v (when the holds lapse)", what, got, bucketWait)
+		}
+		if want := min(bucketWait, hold); r.RetryAfter < min(bucketWait, 3*hold/4) || r.RetryAfter > min(bucketWait, 5*hold/4) {
+			t.Fatalf("%s: RetryAfter %v, want about %v", what, r.RetryAfter, want)
+		}
+	}
+
+	// 999k of 1M TPM reserved and not reconciled; refill alone would admit
+	// 2,000 tokens in 60 ms and 1,001 in 60 µs, but the hold lasts until the
+	// end of the next generation, 10 s after the reservation.
+	s := ModelScope("held", 0, 0, 1_000_000, 0)
+	mustReserve(t, tb, s, Cost{Tokens: 999_000})
+	e.clock.Add(time.Second)
+	for _, c := range []int64{2000, 1001} {
+		held(fmt.Sprintf("cost %d", c), mustReserve(t, tb, s, Cost{Tokens: c}), 9*time.Second)
+	}
+	e.clock.Add(9*time.Second - time.Microsecond)
+	held("1µs before the hold lapses", mustReserve(t, tb, s, Cost{Tokens: 2000}), time.Microsecond)
+	e.clock.Add(time.Microsecond)
+	if r := mustReserve(t, tb, s, Cost{Tokens: 2000}); !r.Allowed {
+		t.Fatalf("when the hold lapses: %+v, want allowed", r)
+	}
+
+	// A reconcile frees the hold sooner: that is why RetryAfter is short.
+	s = ModelScope("held-reconciled", 0, 0, 1_000_000, 0)
+	a := mustReserve(t, tb, s, Cost{Tokens: 999_000}).Reservation
+	held("before the reconcile", mustReserve(t, tb, s, Cost{Tokens: 2000}), 10*time.Second)
+	if err := tb.Reconcile(ctx, a, Cost{Tokens: 500_000}); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustReserve(t, tb, s, Cost{Tokens: 2000}); !r.Allowed {
+		t.Fatalf("after the reconcile: %+v, want allowed", r)
+	}
+
+	// Two generations: 600k held since T, 300k since T+6s, now T+7s. The
+	// first hold lapses at T+10s, the second at T+15s; refill counts from
+	// the write at T+6s (900k) at 16,666.67 tokens a second.
+	e.clock.Set(time.Unix(1_900_000_100, 0))
+	one, two := ModelScope("held-one", 0, 0, 1_000_000, 0), ModelScope("held-two", 0, 0, 1_000_000, 0)
+	for _, s := range []Scope{one, two} {
+		mustReserve(t, tb, s, Cost{Tokens: 600_000})
+	}
+	e.clock.Add(6 * time.Second)
+	for _, s := range []Scope{one, two} {
+		mustReserve(t, tb, s, Cost{Tokens: 300_000})
+	}
+	e.clock.Add(time.Second)
+	// 150k fit once 850k are used: refill gets there at T+9s, the first
+	// hold lapses at T+10s.
+	held("150k behind the first hold", mustReserve(t, tb, one, Cost{Tokens: 150_000}), 3*time.Second)
+	// 200k fit once 800k are used: refill gets there at T+12s, after the
+	// first hold lapsed, so refill sets the time, exactly.
+	r := mustReserve(t, tb, two, Cost{Tokens: 200_000})
+	if r.Allowed || r.HeldInFlight || r.RetryAfter < 5*time.Second || r.RetryAfter > 5*time.Second+time.Microsecond {
+		t.Fatalf("200k after the first hold: %+v, want denied for 5s by refill, not held", r)
+	}
+	e.clock.Add(3*time.Second - time.Microsecond)
+	held("150k 1µs before the first hold lapses", mustReserve(t, tb, one, Cost{Tokens: 150_000}), time.Microsecond)
+	e.clock.Add(time.Microsecond)
+	if r := mustReserve(t, tb, one, Cost{Tokens: 150_000}); !r.Allowed {
+		t.Fatalf("150k when the first hold lapses: %+v, want allowed", r)
+	}
+	e.clock.Add(r.RetryAfter - 3*time.Second - 2*time.Microsecond)
+	if r := mustReserve(t, tb, two, Cost{Tokens: 200_000}); r.Allowed {
+		t.Fatalf("200k 2µs before its RetryAfter: %+v, want denied", r)
+	}
+	e.clock.Add(2 * time.Microsecond)
+	if r := mustReserve(t, tb, two, Cost{Tokens: 200_000}); !r.Allowed {
+		t.Fatalf("200k at its RetryAfter: %+v, want allowed", r)
+	}
 }
