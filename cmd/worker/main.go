@@ -41,15 +41,20 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	lookup := app.LookupIn(environ)
-	a, err := app.Open(ctx, env, logger, app.Parts{LookupEnv: lookup})
+	// A missing provider key stops the worker instead of failing every job,
+	// and is told before connecting to anything.
+	policy, err := config.NewPolicyHolder(env.Policy, nil)
+	if err != nil {
+		return err
+	}
+	if err := policy.Current().CheckAPIKeys(lookup); err != nil {
+		return err
+	}
+	a, err := app.Open(ctx, env, logger, app.Parts{Policy: policy, LookupEnv: lookup})
 	if err != nil {
 		return err
 	}
 	defer a.Close()
-	// A missing provider key stops the worker instead of failing every job.
-	if err := a.Policy.Current().CheckAPIKeys(lookup); err != nil {
-		return err
-	}
 	go a.Policy.Watch(ctx, logger)
 	// The worker's events go to a registry of its own, served on /metrics
 	// (Prometheus sums the workers). It records until the jobs finishing in

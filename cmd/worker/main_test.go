@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mainMarker) == "1" {
+		// A child of mainOutput: be the worker program.
+		os.Args = []string{"worker"}
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m,
+		// Connection pools of the store and of the shared HTTP client.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+// redisDB is the Redis database of cmd/worker's tests (docs/ARCHITECTURE.md).
+const redisDB = 6
+
+// mainMarker in a child's environment makes the test binary run main.
+const mainMarker = "WORKER_TEST_RUN_MAIN"
+
+// policy writes a policy file: the test apps' policy with edit applied,
+// its provider unreachable (no test here calls it).
+func policy(t *testing.T, edit func(string) string) string {
+	t.Helper()
+	p := strings.ReplaceAll(apptest.PolicyYAML, "{{SIM}}", "http://127.0.0.1:1/v1")
+	if edit != nil {
+		p = edit(p)
+	}
+	path := filepath.Join(t.TempDir(), "llmq.yaml")
+	if err := os.WriteFile(path, []byte(p), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// environ is a worker environment on the tests' Redis and a Postgres schema
+// of the test's own, with the provider's key set; extra overrides it.
+func environ(t *testing.T, policyPath string, extra ...string) []string {
+	t.Helper()
+	ns := "worker-" + testutil.RandomHex(4)
+	env := []string{
+		"LLMQ_REDIS_URL=" + testutil.RedisURLForDB(t, redisDB),
+		"LLMQ_DATABASE_URL=" + testutil.Postgres(t) + "&pool_max_conns=2",
+		"LLMQ_POLICY=" + policyPath,
+		"LLMQ_KEY_PREFIX=" + ns,
+		"LLMQ_QUEUE_NAMESPACE=" + ns,
+		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
+		"LLMQ_SHUTDOWN_TIMEOUT=2s",
+		"SIM_API_KEY=test",
+	}
+	return override(env, extra...)
+}
+
+// override sets or, given "NAME" without "=", removes variables of env.
+func override(env []string, extra ...string) []string {
+	out := env
+	for _, kv := range extra {
+		name, _, _ := strings.Cut(kv, "=")
+		kept := out[:0:0]
+		for _, old := range out {
+			if n, _, _ := strings.Cut(old, "="); n != name {
+				kept = append(kept, old)
+			}
+		}
+		out = kept
+		if strings.Contains(kv, "=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+type badConfig struct {
+	name   string
+	extra  []string            // environment changes
+	policy func(string) string // policy file changes
+	want   []string            // what the error must name
+}
+
+var badConfigs = []badConfig{
+	{name: "not a number", extra: []string{"LLMQ_WORKER_CONCURRENCY=lots"},
+		want: []string{"LLMQ_WORKER_CONCURRENCY", "whole number", `"lots"`}},
+	{name: "zero concurrency", extra: []string{"LLMQ_WORKER_CONCURRENCY=0"},
+		want: []string{"LLMQ_WORKER_CONCURRENCY", "at least 1"}},
+	{name: "not a duration", extra: []string{"LLMQ_SHUTDOWN_TIMEOUT=soon"},
+		want: []string{"LLMQ_SHUTDOWN_TIMEOUT", "duration"}},
+	{name: "wrong scheme", extra: []string{"LLMQ_REDIS_URL=http://127.0.0.1:6379"},
+		want: []string{"LLMQ_REDIS_URL", "scheme"}},
+	{name: "invalid policy field",
+		policy: func(p string) string { return strings.Replace(p, "on_exhausted: reject", "on_exhausted: later", 1) },
+		want:   []string{"tiers[0].on_exhausted", `"later"`, "llmq.yaml:"}},
+	{name: "unknown policy field",
+		policy: func(p string) string {
+			return strings.Replace(p, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpn: 3000, tpm: 300000}", 1)
+		},
+		want: []string{"models[0].limits.rpn"}},
+	{name: "no policy file", extra: []string{"LLMQ_POLICY=/nonexistent/llmq.yaml"},
+		want: []string{"/nonexistent/llmq.yaml", "cannot read"}},
+	{name: "missing provider key", extra: []string{"SIM_API_KEY"},
+		want: []string{"providers[0].api_key_env", "SIM_API_KEY", "not set"}},
+	{name: "empty provider key", extra: []string{"SIM_API_KEY="},
+		want: []string{"providers[0].api_key_env", "SIM_API_KEY", "not set"}},
+}
+
+// Bad configuration stops the worker before it takes any job, with one line
+// that names the variable or the policy field and why.
+func TestRunRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	for _, c := range badConfigs {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			env := environ(t, policy(t, c.policy), c.extra...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var stdout, stderr testutil.SyncBuffer
+			err := run(ctx, nil, env, &stdout, &stderr)
+			if err == nil {
+				t.Fatalf("run accepted the configuration; stdout:\n%s", stdout.String())
+			}
+			msg := err.Error()
+			if strings.Contains(msg, "\n") {
+				t.Errorf("error is more than one line: %q", msg)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q does not name %s", msg, w)
+				}
+			}
+			if strings.Contains(stdout.String(), "worker running") {
+				t.Errorf("the worker started: %s", stdout.String())
+			}
+		})
+	}
+	t.Run("arguments", func(t *testing.T) {
+		t.Parallel()
+		err := run(context.Background(), []string{"serve"}, nil, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "LLMQ_") {
+			t.Fatalf("run with arguments: %v", err)
+		}
+	})
+}
+
+// mainOutput runs main in a child process with env, and returns what it
+// wrote and its exit code.
+func mainOutput(t *testing.T, env []string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(env, mainMarker+"=1")
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// What a user sees from the program: exit status 1 and exactly one line,
+// "worker: " and the reason, whatever is wrong.
+func TestMainPrintsOneLine(t *testing.T) {
+	t.Parallel()
+	for _, c := range badConfigs {
+		switch c.name {
+		case "not a number", "invalid policy field", "missing provider key":
+		default:
+			continue // one of each kind is enough for the program
+		}
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := mainOutput(t, environ(t, policy(t, c.policy), c.extra...))
+			if code != 1 {
+				t.Errorf("exit code %d, want 1", code)
+			}
+			if stdout != "" {
+				t.Errorf("stdout: %q, want nothing", stdout)
+			}
+			if !strings.HasPrefix(stderr, "worker: ") || !strings.HasSuffix(stderr, "\n") || strings.Count(stderr, "\n") != 1 {
+				t.Fatalf("stderr is not one line starting with \"worker: \":\n%s", stderr)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("%q does not name %s", stderr, w)
+				}
+			}
+		})
+	}
+}
+
+// A running worker answers /healthz, and /readyz with 200 while Redis
+// answers and 503 while it does not; cancelling it shuts it down cleanly.
+func TestRunServesHealthAndReadiness(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	port := testutil.FreePort(t)
+	env := environ(t, policy(t, nil),
+		"LLMQ_REDIS_URL=redis://"+srv.Addr+"/0", fmt.Sprintf("LLMQ_LISTEN_ADDR=127.0.0.1:%d", port))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr testutil.SyncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, nil, env, &stdout, &stderr) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(stdout.String(), "worker running") {
+		select {
+		case err := <-done:
+			t.Fatalf("worker exited: %v\n%s", err, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker did not start within 30s:\n%s", stderr.String())
+		}
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	status := func(path string) int {
+		t.Helper()
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if h, r := status("/healthz"), status("/readyz"); h != 200 || r != 200 {
+		t.Fatalf("Redis up: healthz %d, readyz %d; want 200, 200", h, r)
+	}
+	srv.Stop()
+	if h, r := status("/healthz"), status("/readyz"); h != 200 || r != 503 {
+		t.Fatalf("Redis down: healthz %d, readyz %d; want 200, 503", h, r)
+	}
+	srv.Start()
+	if r := status("/readyz"); r != 200 {
+		t.Fatalf("Redis back: readyz %d, want 200", r)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker did not stop within 30s")
+	}
+}
