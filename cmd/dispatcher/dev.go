@@ -86,6 +86,9 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("-addr: %w (is another llmq running? pick another with -addr)", err)
 	}
+	// Serving closes ln at the end; a start that fails before must free the
+	// address too (a second close is harmless).
+	defer ln.Close()
 	base := "http://" + ln.Addr().String()
 
 	lookup := app.LookupIn(environ)

@@ -3,24 +3,27 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 )
 
 // bareEnviron is this process's environment without any LLMQ_* or TEST_*
-// variable: what a newcomer's shell has.
+// variable, nor a provider key: what a newcomer's shell has.
 func bareEnviron() []string {
 	var out []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "LLMQ_") && !strings.HasPrefix(kv, "TEST_") {
+		if !strings.HasPrefix(kv, "LLMQ_") && !strings.HasPrefix(kv, "TEST_") && !strings.HasPrefix(kv, "OPENAI_API_KEY=") {
 			out = append(out, kv)
 		}
 	}
@@ -29,17 +32,21 @@ func bareEnviron() []string {
 
 // devRun is one run of `dispatcher dev`.
 type devRun struct {
+	base        string // the URL it serves, from its banner
 	out, errOut testutil.SyncBuffer
 	cancel      context.CancelFunc
 	done        chan error
 }
 
-func startDev(t *testing.T, dir, addr string, extra ...string) *devRun {
+// startDev runs dev on a port the system picks (a port looked up free and
+// passed in could be taken meanwhile by a parallel test) until its banner
+// is printed.
+func startDev(t *testing.T, dir string, environ []string, extra ...string) *devRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &devRun{cancel: cancel, done: make(chan error, 1)}
-	args := append([]string{"dev", "-dir", dir, "-addr", addr}, extra...)
-	go func() { d.done <- run(ctx, args, bareEnviron(), &d.out, &d.errOut) }()
+	args := append([]string{"dev", "-dir", dir, "-addr", "127.0.0.1:0"}, extra...)
+	go func() { d.done <- run(ctx, args, environ, &d.out, &d.errOut) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(d.out.String(), "Ctrl-C stops llmq") {
 		select {
@@ -52,6 +59,11 @@ func startDev(t *testing.T, dir, addr string, extra ...string) *devRun {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	m := runningLine.FindStringSubmatch(d.out.String())
+	if m == nil {
+		t.Fatalf("the banner does not say where llmq runs:\n%s", d.out.String())
+	}
+	d.base = m[1]
 	return d
 }
 
@@ -69,43 +81,86 @@ func (d *devRun) stop(t *testing.T) {
 }
 
 var (
-	keyLine  = regexp.MustCompile(`(?m)^\s+key:\s+(llmq_\S+)$`)
-	curlPost = regexp.MustCompile(`(?m)^\s+(curl -s -X POST \S+/v1/jobs .*)$`)
+	runningLine = regexp.MustCompile(`^llmq is running at (http://127\.0\.0\.1:\d+) `)
+	keyLine     = regexp.MustCompile(`(?m)^\s+key:\s+(llmq_\S+)$`)
+	curlPost    = regexp.MustCompile(`(?m)^\s+(curl -s -X POST \S+/v1/jobs .*)$`)
+	adminLine   = regexp.MustCompile(`(?m)^\s+dashboard:\s+(\S+)/dashboard\s+\(user: admin, password: (\S+)\)$`)
+	exportLine  = regexp.MustCompile(`(?m)^\s+export (LLMQ_URL=\S+) (LLMQ_API_KEY=\S+)$`)
+	llmqLine    = regexp.MustCompile(`(?m)^\s+go run \./cmd/llmq (.+)$`)
 )
 
-func getJob(t *testing.T, base, key, id string) map[string]any {
+// keyOf is the tenant key dev printed.
+func keyOf(t *testing.T, d *devRun) string {
 	t.Helper()
-	req, _ := http.NewRequest("GET", base+"/v1/jobs/"+id, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
+	m := keyLine.FindStringSubmatch(d.out.String())
+	if m == nil {
+		t.Fatalf("the banner shows no key:\n%s", d.out.String())
+	}
+	return m[1]
+}
+
+func devClient(t *testing.T, base, key string) *client.Client {
+	t.Helper()
+	c, err := client.New(base, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var j map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&j); err != nil {
-		t.Fatal(err)
+	return c
+}
+
+// waitJobs waits until every job succeeded.
+func waitJobs(t *testing.T, c *client.Client, ids ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, id := range ids {
+		j, err := c.Jobs.Wait(ctx, id, &client.WaitOptions{Interval: 50 * time.Millisecond, MaxInterval: 200 * time.Millisecond})
+		if err != nil || j.Status != "succeeded" || j.Response == nil {
+			t.Fatalf("job %s = %+v, %v; want succeeded within 30s", id, j, err)
+		}
 	}
-	return j
+}
+
+// buildLLMQ builds the CLI the banner's llmq lines run, in the background.
+func buildLLMQ(t *testing.T) <-chan string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "llmq")
+	done := make(chan string, 1)
+	go func() {
+		out, err := exec.Command("go", "build", "-o", bin, "github.com/llmq/llmq/cmd/llmq").CombinedOutput()
+		if err != nil {
+			bin = "build failed: " + err.Error() + "\n" + string(out)
+		}
+		done <- bin
+	}()
+	return done
 }
 
 // TestDevRunsOnABareMachine: with no LLMQ_* variable set, `dispatcher dev`
 // starts with an embedded Redis, SQLite and the simulated provider; the
-// curl line it prints enqueues a job that succeeds within 30 s; after a
-// restart the job, the key and unfinished jobs are all still there.
+// curl and llmq lines it prints work, and the dashboard and the queue
+// monitor open with the admin password it prints. Stopped with jobs still
+// unfinished, it starts again with the same key, the finished job, the
+// day's spend and the batch, and its reconciler runs the unfinished jobs
+// whose tasks the fresh embedded Redis never had.
 func TestDevRunsOnABareMachine(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("curl is not installed (apt-get install curl): the test runs the printed curl line")
 	}
+	llmqBin := buildLLMQ(t)
 	dir := t.TempDir() + "/llmq-dev"
-	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	base := "http://" + addr
+	ctx := context.Background()
 
-	d := startDev(t, dir, addr)
-	key := keyLine.FindStringSubmatch(d.out.String())
-	curl := curlPost.FindStringSubmatch(d.out.String())
-	if key == nil || curl == nil {
-		t.Fatalf("the banner lacks the key or the curl line:\n%s", d.out.String())
+	// One job at a time, so that jobs are still waiting when dev stops.
+	d := startDev(t, dir, bareEnviron(), "-concurrency", "1")
+	base, banner := d.base, d.out.String()
+	key := keyOf(t, d)
+	curl := curlPost.FindStringSubmatch(banner)
+	admin := adminLine.FindStringSubmatch(banner)
+	export := exportLine.FindStringSubmatch(banner)
+	if curl == nil || admin == nil || export == nil || admin[1] != base {
+		t.Fatalf("the banner lacks the curl, dashboard or export line:\n%s", banner)
 	}
 	out, err := exec.Command("sh", "-c", curl[1]).CombinedOutput()
 	if err != nil {
@@ -116,44 +171,188 @@ func TestDevRunsOnABareMachine(t *testing.T) {
 		t.Fatalf("the printed curl line answered %s", out)
 	}
 	id := created["id"].(string)
-	deadline := time.Now().Add(30 * time.Second)
-	for getJob(t, base, key[1], id)["status"] != "succeeded" {
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s did not succeed within 30s: %v", id, getJob(t, base, key[1], id))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	// Leave work unfinished: the simulator takes 0.3–1 s a call.
-	var pending []string
-	for i := 0; i < 5; i++ {
-		out, err := exec.Command("sh", "-c", curl[1]).CombinedOutput()
+	c := devClient(t, base, key)
+	waitJobs(t, c, id)
+
+	for _, path := range []string{"/dashboard", "/monitoring/api/queues"} {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		req.SetBasicAuth("admin", admin[2])
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var j map[string]any
-		if err := json.Unmarshal(out, &j); err != nil {
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s with the printed admin password: %d", path, resp.StatusCode)
+		}
+	}
+
+	// The llmq lines, run as printed (the CLI built rather than go run).
+	bin := <-llmqBin
+	if strings.HasPrefix(bin, "build failed") {
+		t.Fatal(bin)
+	}
+	cmds := llmqLine.FindAllStringSubmatch(banner, -1)
+	if len(cmds) < 2 {
+		t.Fatalf("the banner shows %d llmq lines, want at least 2:\n%s", len(cmds), banner)
+	}
+	for _, m := range cmds {
+		cmd := exec.Command(bin, strings.Fields(m[1])...)
+		cmd.Env = append(bareEnviron(), export[1], export[2])
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("llmq %s: %v\n%s", m[1], err, out)
+		}
+		if m[1] == "jobs list" && !strings.Contains(string(out), id) || m[1] == "usage" && !strings.Contains(string(out), "spent") {
+			t.Fatalf("llmq %s printed:\n%s", m[1], out)
+		}
+	}
+
+	u, err := c.Usage(ctx)
+	if err != nil || u.SpentUSD <= 0 {
+		t.Fatalf("usage after a job = %+v, %v; want some spend", u, err)
+	}
+	f, err := c.Files.Upload(ctx, "in.jsonl", strings.NewReader(
+		`{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}}`+"\n"), "batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Batches.Create(ctx, &client.BatchCreateParams{InputFileID: f.ID, Endpoint: "/v1/chat/completions", CompletionWindow: "24h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Leave work unfinished: five jobs for one worker slot, the simulator
+	// taking 0.3–1 s a call.
+	var pending []string
+	for i := 0; i < 5; i++ {
+		j, err := c.Jobs.Create(ctx, &client.JobCreateParams{Body: map[string]any{"model": "gpt-4o-mini", "max_tokens": 5,
+			"messages": []map[string]string{{"role": "user", "content": "hi"}}}})
+		if err != nil {
 			t.Fatal(err)
 		}
-		pending = append(pending, j["id"].(string))
+		pending = append(pending, j.ID)
 	}
 	d.stop(t)
 
-	d = startDev(t, dir, addr)
-	defer d.stop(t)
-	if again := keyLine.FindStringSubmatch(d.out.String()); again == nil || again[1] != key[1] {
-		t.Fatalf("the restart printed another key: %v", again)
+	db, err := store.Open(ctx, "sqlite://"+filepath.Join(dir, "llmq.db"), nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if j := getJob(t, base, key[1], id); j["status"] != "succeeded" || j["response"] == nil {
-		t.Fatalf("after the restart the job is %v", j)
+	unfinished, _, err := db.JobListUnfinished(ctx, &store.JobListUnfinishedParams{})
+	_ = db.Close()
+	if err != nil || len(unfinished) == 0 {
+		t.Fatalf("no job was unfinished when dev stopped (%v): the restart would not need the reconciler", err)
+	}
+
+	d = startDev(t, dir, bareEnviron())
+	defer d.stop(t)
+	if again := keyOf(t, d); again != key {
+		t.Fatalf("the restart printed another key: %s", again)
+	}
+	c = devClient(t, d.base, key)
+	if j, err := c.Jobs.Get(ctx, id); err != nil || j.Status != "succeeded" || j.Response == nil {
+		t.Fatalf("after the restart the job is %+v, %v", j, err)
+	}
+	if u2, err := c.Usage(ctx); err != nil || u2.SpentUSD < u.SpentUSD {
+		t.Fatalf("usage after the restart = %+v, %v; want at least the $%v spent before", u2, err, u.SpentUSD)
+	}
+	if got, err := c.Batches.Get(ctx, b.ID); err != nil || got.ID != b.ID {
+		t.Fatalf("after the restart the batch is %+v, %v", got, err)
 	}
 	// The fresh embedded Redis lost the unfinished jobs' tasks; the
 	// reconciler enqueues them again from SQLite.
-	for _, p := range pending {
-		for getJob(t, base, key[1], p)["status"] != "succeeded" {
-			if time.Now().After(deadline.Add(30 * time.Second)) {
-				t.Fatalf("unfinished job %s did not run after the restart: %v", p, getJob(t, base, key[1], p))
-			}
-			time.Sleep(100 * time.Millisecond)
+	waitJobs(t, c, pending...)
+}
+
+// TestDevDemo: -demo N submits N sample jobs and a small batch.
+func TestDevDemo(t *testing.T) {
+	t.Parallel()
+	d := startDev(t, t.TempDir(), bareEnviron(), "-demo", "3")
+	defer d.stop(t)
+	c := devClient(t, d.base, keyOf(t, d))
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		bs, err := c.Batches.List(ctx, &client.ListParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The demo submits its jobs first, then the batch.
+		if len(bs.Data) == 1 && bs.Data[0].RequestCounts.Total > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no validated demo batch within 30s: %+v", bs.Data)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var demo int
+	for j, err := range c.Jobs.All(ctx, &client.JobListParams{}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.BatchID == nil {
+			demo++
+		}
+	}
+	if demo != 3 {
+		t.Fatalf("-demo 3 submitted %d jobs", demo)
+	}
+}
+
+// TestDevProviderURL: -provider-url sends the jobs to that provider with
+// the key from the variable -provider-key-env names, and without the key
+// dev stops at once with one line that says where the key goes.
+func TestDevProviderURL(t *testing.T) {
+	t.Parallel()
+	providerKey := "sk-real-" + testutil.RandomHex(8)
+	provider := sim.Start(sim.Config{APIKey: providerKey, DefaultMaxTokens: 1024})
+	t.Cleanup(provider.Close)
+
+	var out, errOut testutil.SyncBuffer
+	err := run(context.Background(), []string{"dev", "-dir", t.TempDir(), "-addr", "127.0.0.1:0", "-provider-url", provider.BaseURL},
+		bareEnviron(), &out, &errOut)
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "OPENAI_API_KEY") ||
+		!strings.Contains(err.Error(), "-provider-url") || out.String() != "" {
+		t.Fatalf("dev without the provider's key: %v (stdout %q); want one line naming -provider-url and OPENAI_API_KEY", err, out.String())
+	}
+
+	d := startDev(t, t.TempDir(), append(bareEnviron(), "DEV_TEST_PROVIDER_KEY="+providerKey),
+		"-provider-url", provider.BaseURL, "-provider-key-env", "DEV_TEST_PROVIDER_KEY")
+	defer d.stop(t)
+	if !strings.Contains(d.out.String(), "provider: "+provider.BaseURL) {
+		t.Fatalf("the banner does not name the provider:\n%s", d.out.String())
+	}
+	c := devClient(t, d.base, keyOf(t, d))
+	j, err := c.Jobs.Create(context.Background(), &client.JobCreateParams{Body: map[string]any{"model": "gpt-4o-mini", "max_tokens": 5,
+		"messages": []map[string]string{{"role": "user", "content": "hi"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitJobs(t, c, j.ID)
+	if st := provider.Stats(); st.Requests != 1 {
+		t.Fatalf("the provider at -provider-url got %d requests, want 1 (stats %+v)", st.Requests, st)
+	}
+}
+
+// TestDevLogsText: dev logs text lines unless LLMQ_LOG_FORMAT says
+// otherwise (a production process logs JSON by default).
+func TestDevLogsText(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		environ []string
+		json    bool
+	}{{nil, false}, {[]string{"LLMQ_LOG_FORMAT=json"}, true}} {
+		env, err := devEnv(&devOptions{dir: t.TempDir(), concurrency: 1}, c.environ, "http://127.0.0.1:8080")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf strings.Builder
+		env.Logger(&buf).Warn("hello", "k", "v")
+		line := buf.String()
+		if isJSON := json.Valid([]byte(line)); isJSON != c.json ||
+			!c.json && (!strings.Contains(line, "level=WARN msg=hello k=v") || strings.Count(line, "\n") != 1) {
+			t.Fatalf("dev with %v logs %q, want JSON %v", c.environ, line, c.json)
 		}
 	}
 }
