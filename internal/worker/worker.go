@@ -26,6 +26,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -133,6 +134,7 @@ type run struct {
 	tier   string
 	reject bool // the tier rejects work once its budget is spent
 	bres   *budget.Reservation
+	keep   func() // stops extending bres
 	permit *limiter.Reservation
 	wait   time.Duration // the pause after a 429
 }
@@ -152,11 +154,39 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 	}
 	if !started {
 		h.Logger.Debug("job already finished", "job", id, "status", job.Status)
-		return nil
+		return h.settleFinished(ctx, job)
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", id, "model", job.Model)}
 	return r.do(ctx)
 }
+
+// settleFinished makes sure a finished job's charge is in its day's spend.
+// A worker that died between storing the result and settling the budget
+// (or whose Settle kept failing) left the reservation open, or to expire
+// unsettled, and Redis's spend below the ledger: this delivery settles it
+// from the job's ledger row. Settle charges a job once, so a job settled
+// before costs nothing more.
+func (h *Handler) settleFinished(ctx context.Context, job *store.Job) error {
+	if job.StartedAt == nil {
+		return nil // never called the provider: nothing was charged
+	}
+	e, err := h.Store.UsageGetByJob(ctx, job.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("ledger row of %s: %w", job.ID, err)
+	}
+	res := &budget.Reservation{ID: job.ID, TenantID: e.TenantID, Day: e.Day, GlobalDay: e.GlobalDay}
+	if err := h.Budgets.Settle(ctx, res, e.Cost, true); err != nil {
+		return &requeue{reason: "settle the budget of a finished job", delay: settleRetryDelay, cause: err}
+	}
+	return nil
+}
+
+// settleRetryDelay is how soon a job whose settlement failed comes back to
+// settle again.
+const settleRetryDelay = 5 * time.Second
 
 func (r *run) do(ctx context.Context) error {
 	h := r.h
@@ -199,6 +229,8 @@ func (r *run) do(ctx context.Context) error {
 	if done, err := r.reserveBudget(ctx); done {
 		return err
 	}
+	r.keep = r.keepReservation(ctx)
+	defer r.keep()
 	if done, err := r.takePermit(ctx); done {
 		r.releaseBudget(ctx)
 		return err
@@ -246,26 +278,22 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 		return true, fmt.Errorf("reserve budget: %w", err)
 	}
 	if dec.SoftLimitCrossed {
+		// Budgets logs the crossing; the observer counts it.
 		r.h.Observer.SoftLimitCrossed(r.acct.TenantID, r.tier)
-		r.log.Warn("tenant crossed the soft limit of its daily budget", "tenant", r.acct.TenantID,
-			"spent", dec.Spent.String(), "reserved", dec.Reserved.String(), "budget", dec.Budget.String())
 	}
 	if dec.Allowed {
 		r.bres = res
 		return false, nil
 	}
-	if dec.TooLarge {
+	n := dec.Denial()
+	if n.TooLarge {
 		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_too_small",
-			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s daily budget; it can never run.", r.est.WorstCase, dec.DeniedBy)}, nil)
+			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", r.est.WorstCase, n.Name(), n.Budget)}, nil)
 	}
 	if r.reject {
-		spent, reserved, limit := dec.Spent, dec.Reserved, dec.Budget
-		if dec.DeniedBy == "global" {
-			spent, reserved, limit = dec.GlobalSpent, dec.GlobalReserved, r.acct.Global
-		}
 		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_exhausted",
-			Message: fmt.Sprintf("The %s daily budget is spent ($%s spent, $%s reserved of $%s) and the %s tier rejects work until it resets at %s.",
-				dec.DeniedBy, spent, reserved, limit, r.tier, dec.ResetsAt.UTC().Format(time.RFC3339))}, nil)
+			Message: fmt.Sprintf("The %s is exhausted ($%s spent and $%s reserved of $%s; this job may cost up to $%s) and the %s tier rejects work until it resets at %s.",
+				n.Name(), n.Spent, n.Reserved, n.Budget, r.est.WorstCase, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
 	}
 	next := r.h.opts.Now().Add(dec.RetryAfter)
 	r.setStatus(ctx, store.JobDeferred, &next, false)
@@ -331,18 +359,94 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
 		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost,
 	})
 	if err != nil {
-		r.releaseBudget(ctx)
+		// The result may have been stored all the same: keep the
+		// reservation, so the next delivery settles it (the job finished)
+		// or runs under it again (it did not).
+		r.stopKeeping()
 		return fmt.Errorf("store result of %s: %w", r.job.ID, err)
 	}
-	if err := r.h.Budgets.Settle(ctx, r.bres, cost, res.Charged); err != nil {
-		r.log.Warn("settle budget", "err", err)
-	}
+	settleErr := r.settle(ctx, cost, res.Charged)
 	r.log.Debug("job succeeded", "prompt_tokens", u.PromptTokens, "completion_tokens", u.CompletionTokens, "cost", cost)
 	if res.Completed {
 		r.h.Observer.JobFinished(r.acct.TenantID, r.tier, r.job.Model, string(store.JobSucceeded), u.PromptTokens, u.CompletionTokens, int64(cost))
 		r.notify(ctx)
 	}
+	if settleErr != nil {
+		// The ledger has the charge; the next delivery of the finished job
+		// settles it (settleFinished), before the reservation lapses.
+		r.log.Warn("settle budget; the job comes back to settle", "err", settleErr)
+		return &requeue{reason: "settle the budget", delay: settleRetryDelay, cause: settleErr}
+	}
 	return nil
+}
+
+// settle charges the job's cost to its budget day, retrying a few times:
+// until it lands, Redis's spend is below the ledger's. When another
+// delivery of the job wrote the ledger row (charged is false), the cost
+// charged is the row's: Settle charges a job once, whichever delivery
+// settles first.
+func (r *run) settle(ctx context.Context, cost money.Micros, charged bool) error {
+	r.stopKeeping()
+	ctx = context.WithoutCancel(ctx)
+	if !charged {
+		e, err := r.h.Store.UsageGetByJob(ctx, r.job.ID)
+		if err != nil {
+			return fmt.Errorf("ledger row of %s: %w", r.job.ID, err)
+		}
+		cost = e.Cost
+	}
+	var err error
+	for attempt := range 3 {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
+		}
+		if err = r.h.Budgets.Settle(ctx, r.bres, cost, true); err == nil {
+			r.bres = nil
+			return nil
+		}
+	}
+	return err
+}
+
+// keepReservation extends the budget reservation every third of its TTL
+// while the run holds it, so that no limiter wait or provider call, however
+// long, outlives it: a lapsed reservation's room could go to another job
+// while this one still spends. The returned func stops it and waits.
+func (r *run) keepReservation(ctx context.Context) (stop func()) {
+	res, every := r.bres, r.h.Budgets.ReservationTTL()/3
+	kctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-kctx.Done():
+				return
+			case <-t.C:
+			}
+			held, err := r.h.Budgets.Extend(kctx, res)
+			switch {
+			case kctx.Err() != nil:
+				return
+			case err != nil:
+				r.log.Warn("extend budget reservation", "err", err)
+			case !held:
+				r.log.Warn("budget reservation lapsed while the job ran", "day", res.Day)
+				return
+			}
+		}
+	}()
+	return sync.OnceFunc(func() { cancel(); <-done })
+}
+
+// stopKeeping stops extending the reservation (before it is settled or
+// released, so no extension races the end of the hold).
+func (r *run) stopKeeping() {
+	if r.keep != nil {
+		r.keep()
+	}
 }
 
 // callFailed handles a provider error by its class.
@@ -495,6 +599,7 @@ func (r *run) releaseBudget(ctx context.Context) {
 	if r.bres == nil {
 		return
 	}
+	r.stopKeeping()
 	if err := r.h.Budgets.Release(context.WithoutCancel(ctx), r.bres); err != nil {
 		r.log.Warn("release budget", "err", err)
 	}

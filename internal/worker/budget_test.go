@@ -1,0 +1,271 @@
+package worker_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/metrics"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// testClock is the budgets' (and the handlers') time, moved by hand.
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// accountOf is the budget account of a tenant under the policy in force.
+func accountOf(t *testing.T, a *apptest.App, tenantID string) budget.Account {
+	t.Helper()
+	tn, err := a.Store.TenantGetByID(context.Background(), tenantID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acct, _, err := admission.Account(a.Policy.Current(), tn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return acct
+}
+
+func status(t *testing.T, a *apptest.App, acct budget.Account) *budget.Decision {
+	t.Helper()
+	d, err := a.Budgets.Status(context.Background(), acct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// A worker that dies between storing a job's result (and ledger row) and
+// settling its budget leaves Redis's spend below the ledger; the job's
+// redelivery settles it, whether its reservation is still open or has
+// expired, and however often the job is redelivered or settled it is
+// charged once.
+func TestRedeliveryAfterACrashBeforeSettleChargesOnce(t *testing.T) {
+	t.Parallel()
+	clk := &testClock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now})
+	tenant, key := a.Tenant("standard")
+	acct := accountOf(t, a, tenant)
+	ctx := context.Background()
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+
+	// What the worker does up to the crash, done by hand.
+	crash := func(content string, prompt, completion int64) (*budget.Reservation, string, money.Micros) {
+		t.Helper()
+		id := submit(t, a, key, map[string]any{"body": apptest.ChatBody(content, "", 50)})
+		j, started, err := a.Store.JobStart(ctx, id)
+		if err != nil || !started {
+			t.Fatalf("start %s: %v %v", id, started, err)
+		}
+		res, d, err := a.Budgets.Reserve(ctx, acct, id, j.EstCost)
+		if err != nil || !d.Allowed {
+			t.Fatalf("reserve %s: %v %+v", id, err, d)
+		}
+		cost := m.Price.Cost(prompt, 0, completion)
+		if _, err := a.Store.JobComplete(ctx, &store.JobCompleteParams{ID: id, Day: res.Day, GlobalDay: res.GlobalDay,
+			PromptTokens: prompt, CompletionTokens: completion, Cost: cost}); err != nil {
+			t.Fatal(err)
+		}
+		return res, id, cost
+	}
+	open, openID, c1 := crash("open", 12, 30)
+	if d := status(t, a, acct); d.Spent != 0 || d.Reserved == 0 {
+		t.Fatalf("after the crash: %+v", d)
+	}
+	// The second job's reservation expires before its task comes back.
+	_, lapsedID, c2 := crash("lapsed", 9, 41)
+	clk.Add(budget.DefaultReservationTTL + time.Second)
+
+	h := a.JobHandler(worker.Options{})
+	for range 2 {
+		for _, id := range []string{openID, lapsedID} {
+			if err := h.Run(ctx, id); err != nil {
+				t.Fatalf("redeliver %s: %v", id, err)
+			}
+		}
+	}
+	// A repeated Settle of the first run's reservation charges nothing more.
+	if err := a.Budgets.Settle(ctx, open, c1, true); err != nil {
+		t.Fatal(err)
+	}
+	ledger, err := a.Store.UsageSumByTenantDay(ctx, tenant, open.Day)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := status(t, a, acct)
+	if d.Spent != ledger || ledger != c1+c2 || d.Reserved != 0 || d.GlobalSpent != ledger {
+		t.Fatalf("spent %s (global %s), reserved %s; ledger %s, want %s", d.Spent, d.GlobalSpent, d.Reserved, ledger, c1+c2)
+	}
+	if n := a.Sim.Stats().Requests; n != 0 {
+		t.Fatalf("the redeliveries called the provider %d times", n)
+	}
+}
+
+// A job of a rejecting tier that no longer fits when a worker reserves it
+// fails with budget_exhausted, naming the tenant's budget with its numbers
+// and reset, without counting an attempt.
+func TestRejectTierJobFailsWhenItsBudgetIsSpent(t *testing.T) {
+	t.Parallel()
+	clk := &testClock{t: time.Date(2026, 6, 1, 22, 0, 0, 0, time.UTC)}
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now})
+	tenant, key := a.Tenant("free") // $1, on_exhausted: reject
+	acct := accountOf(t, a, tenant)
+	ctx := context.Background()
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("late", "", 20)})
+	// Another job of the tenant takes what is left, minus a micro-dollar.
+	worst := job(t, a, id).EstCost
+	if _, d, err := a.Budgets.Reserve(ctx, acct, "job_other", money.PerDollar-worst+1); err != nil || !d.Allowed {
+		t.Fatalf("reserve the rest: %v %+v", err, d)
+	}
+	if err := a.JobHandler(worker.Options{}).Run(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	j := job(t, a, id)
+	if j.Status != store.JobFailed || j.Error == nil || j.Error.Code != "budget_exhausted" || j.Error.Type != "budget_exceeded_error" || j.Attempts != 0 {
+		t.Fatalf("job: status %s attempts %d error %+v", j.Status, j.Attempts, j.Error)
+	}
+	for _, want := range []string{"tenant's daily budget", "$0.000000 spent and $" + (money.PerDollar - worst + 1).String() + " reserved of $1.000000",
+		"free tier", "2026-06-02T00:00:00Z"} {
+		if !strings.Contains(j.Error.Message, want) {
+			t.Fatalf("error %q does not say %q", j.Error.Message, want)
+		}
+	}
+	if n := a.Sim.Stats().Requests; n != 0 {
+		t.Fatalf("provider called %d times", n)
+	}
+}
+
+// The job that takes a tenant past its soft limit is counted once in the
+// worker's metric; the jobs after it are not.
+func TestSoftLimitCrossingIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	a := start(t, nil)
+	tenant, key := a.Tenant("standard") // $50, soft limit 80%
+	acct := accountOf(t, a, tenant)
+	ctx := context.Background()
+	rec := metrics.New(metrics.Options{NoProcessMetrics: true})
+	a.Observer = rec
+	h := a.JobHandler(worker.Options{})
+
+	ids := []string{
+		submit(t, a, key, map[string]any{"body": apptest.ChatBody("one", "", 20)}),
+		submit(t, a, key, map[string]any{"body": apptest.ChatBody("two", "", 20)}),
+	}
+	// Up to just below the soft limit: the first job's hold crosses it.
+	worst := job(t, a, ids[0]).EstCost
+	if _, d, err := a.Budgets.Reserve(ctx, acct, "job_filler", 40*money.PerDollar-worst); err != nil || !d.Allowed || d.SoftLimitReached {
+		t.Fatalf("filler: %v %+v", err, d)
+	}
+	crossings := func() float64 {
+		fams, err := rec.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() != "llmq_budget_soft_limit_crossings_total" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "tenant" && l.GetValue() == tenant {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return 0
+	}
+	for i, id := range ids {
+		if err := h.Run(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if got := crossings(); got != 1 {
+			t.Fatalf("after job %d: %v soft-limit crossings counted, want 1", i+1, got)
+		}
+	}
+}
+
+// A provider call that outlives the budget reservation's TTL keeps its
+// room: the worker extends the reservation while the call runs, so another
+// job cannot reserve the same dollars meanwhile.
+func TestReservationOutlivesALongCall(t *testing.T) {
+	t.Parallel()
+	a := start(t, &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Latency: 2 * time.Second})
+	tenant, key := a.Tenant("standard")
+	acct := accountOf(t, a, tenant)
+	ctx := context.Background()
+	const ttl = 600 * time.Millisecond
+	logs := &testutil.SyncBuffer{}
+	h := worker.NewHandler(worker.Deps{
+		Store: a.Store, Policy: a.Policy, Limiter: a.Limiter, Providers: a.Providers,
+		Budgets: budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, ReservationTTL: ttl}),
+		Logger:  slog.New(slog.NewTextHandler(logs, nil)),
+	}, worker.Options{})
+
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("slow", "", 20)})
+	worst := job(t, a, id).EstCost
+	// Leave room for this job and not quite another of its size.
+	filler := acct.Budget - 2*worst + 1
+	if _, d, err := a.Budgets.Reserve(ctx, acct, "job_filler", filler); err != nil || !d.Allowed {
+		t.Fatalf("filler: %v %+v", err, d)
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx, id) }()
+	var held time.Time
+	probes := 0
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			if held.IsZero() || time.Since(held) < 2*ttl || probes == 0 {
+				t.Fatalf("the call ran %v after its reservation (%d probes); the test needs more than %v", time.Since(held), probes, 2*ttl)
+			}
+			if j := job(t, a, id); j.Status != store.JobSucceeded {
+				t.Fatalf("job %s", j.Status)
+			}
+			if d := status(t, a, acct); d.Reserved != filler || d.Spent != job(t, a, id).Cost {
+				t.Fatalf("after the call: %+v", d)
+			}
+			if strings.Contains(logs.String(), "lapsed") {
+				t.Fatalf("the reservation lapsed:\n%s", logs.String())
+			}
+			return
+		case <-tick.C:
+		}
+		if held.IsZero() {
+			if status(t, a, acct).Reserved == filler+worst {
+				held = time.Now()
+			}
+			continue
+		}
+		// Another job of the same size must not fit while the call runs.
+		probes++
+		if _, d, err := a.Budgets.Reserve(ctx, acct, "job_probe", worst); err != nil || d.Allowed {
+			t.Fatalf("%v into the call (TTL %v), another job reserved its room: %v %+v", time.Since(held), ttl, err, d)
+		}
+	}
+}
