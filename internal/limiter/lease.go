@@ -32,12 +32,14 @@ type LeaseOptions struct {
 // Overshoot bound: Redis counts a slice as used when it is leased, not when
 // it is spent, so the tokens spent in any window of length T are at most
 // capacity + refill×T + U, where U is the total leased and still unspent, over
-// all processes, at the window's start. With N processes and slices of at
-// most S (Size, or one Take's cost when larger), U ≤ N×S. With a single
-// process, or with Size equal to each Take's cost, the bound is the token
-// bucket's own: no overshoot. The same holds for penalties: a lease never
-// becomes the probe and leases nothing while a scope is penalized, but it
-// spends what it already holds, for at most MaxAge.
+// all leases, at the window's start. With N leases (say one per process) and
+// slices of at most S (Size, or one Take's cost when larger), U ≤ N×S. A
+// single lease overshoots too, by its unspent part, once the bucket refilled
+// while it held it. With Size equal to each Take's cost nothing stays
+// unspent, and the bound is the token bucket's own: no overshoot. The same
+// holds for penalties: a lease never becomes the probe and leases nothing
+// while a scope is penalized, but it spends what it already holds, for at
+// most MaxAge.
 type Lease struct {
 	tb     *TokenBucket
 	scope  Scope

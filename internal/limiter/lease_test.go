@@ -134,6 +134,26 @@ func testLeaseOvershootBound(t *testing.T, e *env) {
 		}
 	}
 
+	// One lease alone is no exception: 19 tokens unspent while the bucket
+	// refills, then 19 + 100 spent in one instant.
+	l := NewLease(tb, Scope{Name: "bound-one", Buckets: s.Buckets}, LeaseOptions{Size: Cost{Tokens: 20}, MaxAge: time.Hour})
+	for i := range 81 {
+		if !take(l, 1) {
+			t.Fatalf("take %d of the first 81 denied", i)
+		}
+	}
+	e.clock.Add(period)
+	spent = 0
+	for take(l, 1) {
+		spent++
+	}
+	if spent != capacity+19 {
+		t.Fatalf("one lease spent %d in one instant, want capacity + the 19 leased and unspent", spent)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	// Random bursts and idle spells: the bound holds for every window.
 	e.clock.Add(period)
 	leases = newLeases(3 * time.Second)
