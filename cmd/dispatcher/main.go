@@ -1,8 +1,9 @@
 // Command dispatcher serves llmq's HTTP API (jobs, batches, usage, admin),
 // its dashboard and metrics.
 //
-//	dispatcher [serve]   the API, configured by LLMQ_* variables
-//	dispatcher dev       everything in one process on a bare machine
+//	dispatcher [serve]      the API, configured by LLMQ_* variables
+//	dispatcher dev          everything in one process on a bare machine
+//	dispatcher healthcheck  exit 0 if the server on LLMQ_LISTEN_ADDR is ready
 package main
 
 import (
@@ -34,9 +35,10 @@ func main() {
 	}
 }
 
-const usage = `usage: dispatcher [serve|dev]
-  serve   serve the HTTP API (the default), configured by LLMQ_* variables
-  dev     run all of llmq in one process on a bare machine (dispatcher dev -h)`
+const usage = `usage: dispatcher [serve|dev|healthcheck]
+  serve        serve the HTTP API (the default), configured by LLMQ_* variables
+  dev          run all of llmq in one process on a bare machine (dispatcher dev -h)
+  healthcheck  exit 0 if the dispatcher or worker on LLMQ_LISTEN_ADDR answers /readyz`
 
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cmd := "serve"
@@ -51,6 +53,11 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return serve(ctx, environ, stdout, stderr)
 	case "dev":
 		return dev(ctx, args, environ, stdout, stderr)
+	case "healthcheck":
+		if len(args) > 0 {
+			return fmt.Errorf("healthcheck takes no arguments, got %q\n%s", args, usage)
+		}
+		return healthcheck(ctx, environ, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/llmq/llmq/internal/config"
+)
+
+// healthcheckTimeout bounds one probe; container healthchecks give up on
+// their own timeout after it.
+const healthcheckTimeout = 3 * time.Second
+
+// healthcheck asks the llmq process listening on LLMQ_LISTEN_ADDR (this
+// machine's dispatcher or worker) whether it is ready, and fails unless
+// GET /readyz answers 200. It is the container healthcheck of images that
+// have no shell and no curl: `dispatcher healthcheck` in a worker's
+// container probes the worker, whose environment names its address.
+func healthcheck(ctx context.Context, environ []string, stdout io.Writer) error {
+	env, err := config.LoadEnv(environ)
+	if err != nil {
+		return err
+	}
+	url, err := readyzURL(env.ListenAddr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, healthcheckTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthcheck: GET %s answered %s", url, resp.Status)
+	}
+	fmt.Fprintln(stdout, "ready")
+	return nil
+}
+
+// readyzURL is the /readyz URL of a server listening on addr: a wildcard
+// or missing host is probed on loopback.
+func readyzURL(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("LLMQ_LISTEN_ADDR: must be host:port, got %q", addr)
+	}
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "::":
+		host = "::1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/readyz", nil
+}
