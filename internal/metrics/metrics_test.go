@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -272,6 +273,173 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 	}
 }
 
+// PromQL, read coarsely (no parser: the deploy files' expressions are
+// plain): selectors with their matchers, grouping clauses, and the labels
+// a legend or an annotation template shows.
+var (
+	promSelector  = regexp.MustCompile(`\b((?:llmq|asynq)_[a-zA-Z0-9_]+|llmq:[a-zA-Z0-9_:]+|up)\b(\{[^}]*\})?`)
+	promMatcher   = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"`)
+	promGrouping  = regexp.MustCompile(`\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)`)
+	templateLabel = regexp.MustCompile(`\{\{\s*(?:\$labels\.)?([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}`)
+	upJob         = regexp.MustCompile(`\bup\{[^}]*\bjob\s*=\s*"([^"]*)"`)
+)
+
+// labelSets are the label names of each family of a scrape, of each
+// recording rule (its grouping labels) and of Prometheus's own up.
+type labelSets map[string]map[string]bool
+
+func labelSetsOf(got map[string]*familyView) labelSets {
+	ls := labelSets{"up": {"job": true, "instance": true}}
+	for name, f := range got {
+		for _, smp := range f.Samples {
+			if ls[name] == nil {
+				ls[name] = map[string]bool{}
+			}
+			for l := range smp.Labels {
+				ls[name][l] = true
+			}
+		}
+	}
+	return ls
+}
+
+// record adds a recording rule: its series carry the labels it groups by.
+func (ls labelSets) record(name, expr string) {
+	ls[name] = map[string]bool{}
+	for _, g := range promGrouping.FindAllStringSubmatch(expr, -1) {
+		if g[1] == "by" {
+			for _, l := range splitLabels(g[2]) {
+				ls[name][l] = true
+			}
+		}
+	}
+}
+
+// of returns the labels of a series name: a family, a histogram's
+// _bucket (with le), _sum or _count, or a recording rule.
+func (ls labelSets) of(name string) (map[string]bool, bool) {
+	if l, ok := ls[name]; ok {
+		return l, true
+	}
+	for _, suf := range []string{"_bucket", "_sum", "_count"} {
+		if l, ok := ls[strings.TrimSuffix(name, suf)]; ok && strings.HasSuffix(name, suf) {
+			if suf != "_bucket" {
+				return l, true
+			}
+			withLe := map[string]bool{"le": true}
+			for k := range l {
+				withLe[k] = true
+			}
+			return withLe, true
+		}
+	}
+	return nil, false
+}
+
+// check returns what is wrong with the labels expr and its templates use:
+// a matcher on a label its metric lacks, an aggregation by a label some
+// metric it aggregates lacks, a join on a label no metric has, a template
+// showing a label the result cannot have.
+func (ls labelSets) check(expr string, templates ...string) []string {
+	var problems []string
+	metricsIn := func(part string) (all []map[string]bool) {
+		for _, m := range promSelector.FindAllStringSubmatch(part, -1) {
+			if labels, ok := ls.of(m[1]); ok {
+				all = append(all, labels)
+			}
+		}
+		return all
+	}
+	for _, m := range promSelector.FindAllStringSubmatch(expr, -1) {
+		labels, ok := ls.of(m[1])
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%s has no series in the scrape to read its labels from", m[1]))
+			continue
+		}
+		for _, mm := range promMatcher.FindAllStringSubmatch(m[2], -1) {
+			if !labels[mm[1]] {
+				problems = append(problems, fmt.Sprintf("%s%s: %s has no label %q", m[1], m[2], m[1], mm[1]))
+			}
+		}
+	}
+	all := metricsIn(expr)
+	var grouped map[string]bool // the labels of by clauses, when there are any
+	for _, idx := range promGrouping.FindAllStringSubmatchIndex(expr, -1) {
+		kind, list := expr[idx[2]:idx[3]], expr[idx[4]:idx[5]]
+		// An aggregation's argument is the group after its clause; a join
+		// (on, ignoring, group_*) may name a label of either side.
+		scope, every := all, false
+		if kind == "by" || kind == "without" {
+			if arg, ok := groupAfter(expr, idx[1]); ok {
+				scope, every = metricsIn(arg), true
+			}
+		}
+		for _, l := range splitLabels(list) {
+			n := 0
+			for _, labels := range scope {
+				if labels[l] {
+					n++
+				}
+			}
+			if n == 0 || every && n < len(scope) {
+				problems = append(problems, fmt.Sprintf("%s (%s): label %q is not on every metric it applies to", kind, list, l))
+			}
+			if kind == "by" {
+				if grouped == nil {
+					grouped = map[string]bool{}
+				}
+				grouped[l] = true
+			}
+		}
+	}
+	for _, tpl := range templates {
+		for _, m := range templateLabel.FindAllStringSubmatch(tpl, -1) {
+			onSome := false
+			for _, labels := range all {
+				onSome = onSome || labels[m[1]]
+			}
+			if !onSome || grouped != nil && !grouped[m[1]] {
+				problems = append(problems, fmt.Sprintf("%q shows label %q, which the result of %q does not have", tpl, m[1], expr))
+			}
+		}
+	}
+	return problems
+}
+
+// groupAfter returns the parenthesized group that starts at or after i
+// (spaces skipped), without its parentheses.
+func groupAfter(s string, i int) (string, bool) {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t') {
+		i++
+	}
+	if i >= len(s) || s[i] != '(' {
+		return "", false
+	}
+	depth := 0
+	for j := i; j < len(s); j++ {
+		switch s[j] {
+		case '(':
+			depth++
+		case ')':
+			depth--
+			if depth == 0 {
+				return s[i+1 : j], true
+			}
+		}
+	}
+	return "", false
+}
+
+func splitLabels(list string) []string {
+	var out []string
+	for _, l := range strings.Split(list, ",") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // identifiers finds metric names in PromQL, coarsely: anything shaped like
 // an llmq or asynq family name.
 var identifiers = regexp.MustCompile(`\b(?:llmq|asynq)_[a-zA-Z0-9_]+`)
@@ -306,7 +474,8 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 		Panels []struct {
 			Title   string `json:"title"`
 			Targets []struct {
-				Expr string `json:"expr"`
+				Expr         string `json:"expr"`
+				LegendFormat string `json:"legendFormat"`
 			} `json:"targets"`
 		} `json:"panels"`
 	}
@@ -317,6 +486,7 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 		t.Fatalf("llmq.json: uid %q, %d panels; want a uid and a panel per part of the issue", dash.UID, len(dash.Panels))
 	}
 	var exprs int
+	ls := labelSetsOf(got)
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
 			exprs++
@@ -328,6 +498,9 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 				if !known(got, n) {
 					t.Errorf("panel %q uses %s, which /metrics does not carry", p.Title, n)
 				}
+			}
+			for _, problem := range ls.check(tg.Expr, tg.LegendFormat) {
+				t.Errorf("panel %q: %s", p.Title, problem)
 			}
 		}
 	}
@@ -345,11 +518,12 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 		Groups []struct {
 			Name  string `yaml:"name"`
 			Rules []struct {
-				Alert  string            `yaml:"alert"`
-				Record string            `yaml:"record"`
-				Expr   string            `yaml:"expr"`
-				For    string            `yaml:"for"`
-				Labels map[string]string `yaml:"labels"`
+				Alert       string            `yaml:"alert"`
+				Record      string            `yaml:"record"`
+				Expr        string            `yaml:"expr"`
+				For         string            `yaml:"for"`
+				Labels      map[string]string `yaml:"labels"`
+				Annotations map[string]string `yaml:"annotations"`
 			} `yaml:"rules"`
 		} `yaml:"groups"`
 	}
@@ -357,11 +531,12 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 		t.Fatalf("alerts.yml is not YAML: %v", err)
 	}
 	records := map[string]bool{}
-	var alerts []string
+	var alerts, upJobs []string
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
 			if r.Record != "" {
 				records[r.Record] = true
+				ls.record(r.Record, r.Expr)
 			}
 		}
 	}
@@ -378,6 +553,16 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 				if !known(got, n) {
 					t.Errorf("rule %s%s uses %s, which /metrics does not carry", r.Alert, r.Record, n)
 				}
+			}
+			var templates []string
+			for _, a := range r.Annotations {
+				templates = append(templates, a)
+			}
+			for _, problem := range ls.check(r.Expr, templates...) {
+				t.Errorf("rule %s%s: %s", r.Alert, r.Record, problem)
+			}
+			for _, m := range upJob.FindAllStringSubmatch(r.Expr, -1) {
+				upJobs = append(upJobs, m[1])
 			}
 			for _, n := range recordRef.FindAllString(r.Expr, -1) {
 				if !records[n] {
@@ -410,10 +595,17 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 	if err := yaml.Unmarshal(raw, &prom); err != nil {
 		t.Fatalf("prometheus.yml is not YAML: %v", err)
 	}
-	var targets []string
+	var targets, jobs []string
 	for _, sc := range prom.ScrapeConfigs {
+		jobs = append(jobs, sc.JobName)
 		for _, st := range sc.StaticConfigs {
 			targets = append(targets, st.Targets...)
+		}
+	}
+	// up's job label is a scrape job's name.
+	for _, j := range upJobs {
+		if !slices.Contains(jobs, j) {
+			t.Errorf("alerts.yml reads up{job=%q}, which prometheus.yml does not scrape (jobs %v)", j, jobs)
 		}
 	}
 	for _, want := range []string{"dispatcher:8080", "worker-1:9100", "worker-2:9100"} {
