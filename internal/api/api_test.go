@@ -295,6 +295,10 @@ func TestPerKeyRateLimitHeaders(t *testing.T) {
 		if r.Header.Get("X-RateLimit-Limit") != "5" || r.Header.Get("X-RateLimit-Remaining") == "" || r.Header.Get("X-RateLimit-Reset") == "" {
 			t.Fatalf("response %d lacks X-RateLimit-* headers: %v", i, r.Header)
 		}
+		// The budget header is on every tenant response, the 429 included.
+		if r.Header.Get("X-Budget-Remaining") != "1.000000" {
+			t.Fatalf("response %d (%d): X-Budget-Remaining = %q", i, r.Status, r.Header.Get("X-Budget-Remaining"))
+		}
 		if r.Status == 429 {
 			limited = r
 			break

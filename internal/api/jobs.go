@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"reflect"
 	"strconv"
+	"time"
 	"unicode/utf8"
 
 	"github.com/llmq/llmq/client"
@@ -55,7 +56,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 		return admissionError(err, "body.")
 	}
 	if tier.OnExhausted == config.OnExhaustedReject {
-		if err := s.checkBudgetNow(c.budget, acct, est.WorstCase); err != nil {
+		if err := s.checkBudgetNow(c.budget, est.WorstCase); err != nil {
 			return err
 		}
 	}
@@ -155,22 +156,21 @@ func admissionError(err error, prefix string) error {
 }
 
 // checkBudgetNow refuses, for tiers that reject when exhausted, a job that
-// does not fit in what is left of today's budget.
-func (s *Server) checkBudgetNow(d *budget.Decision, acct budget.Account, worst money.Micros) error {
+// does not fit in what is left of today's budget or of the global cap: the
+// 429 names the budget that ran out, with its own numbers, and Retry-After
+// counts to its reset as the budget engine reckons it from Redis time.
+func (s *Server) checkBudgetNow(d *budget.Decision, worst money.Micros) error {
 	if d == nil {
 		return nil
 	}
-	fits := d.Unlimited || int64(d.Spent)+int64(d.Reserved)+int64(worst) <= int64(d.Budget)
-	if acct.Global > 0 && int64(d.GlobalSpent)+int64(d.GlobalReserved)+int64(worst) > int64(acct.Global) {
-		fits = false
-	}
-	if fits {
+	n := d.Check(worst)
+	if n == nil {
 		return nil
 	}
 	e := errorf(http.StatusTooManyRequests, TypeBudget, "budget_exhausted", "",
-		"The daily budget is exhausted: $%s spent and $%s reserved of $%s; this job may cost up to $%s. It resets at %s.",
-		d.Spent, d.Reserved, d.Budget, worst, d.ResetsAt.UTC().Format("2006-01-02T15:04:05Z"))
-	e.RetryAfter = d.ResetsAt.Sub(s.opts.Now())
+		"The %s is exhausted: $%s spent and $%s reserved of $%s; this job may cost up to $%s. It resets at %s.",
+		n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))
+	e.RetryAfter = n.RetryAfter
 	return e
 }
 

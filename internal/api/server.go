@@ -125,12 +125,14 @@ func (s *Server) routes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.Handle("GET /readyz", s.plain(s.readyz))
-	// Anything else under the API prefixes is a JSON 404, not net/http's text.
-	notFoundRoute := s.plain(func(w http.ResponseWriter, r *http.Request) error {
+	// Anything else under the API prefixes is a JSON 404, not net/http's
+	// text; under /admin/ only for the admin, so that without the token no
+	// path says whether it exists.
+	unknownURL := func(w http.ResponseWriter, r *http.Request) error {
 		return errorf(http.StatusNotFound, TypeNotFound, "unknown_url", "", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
-	})
-	s.mux.Handle("/v1/", notFoundRoute)
-	s.mux.Handle("/admin/", notFoundRoute)
+	}
+	s.mux.Handle("/v1/", s.plain(unknownURL))
+	s.mux.Handle("/admin/", a(unknownURL))
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
@@ -206,7 +208,8 @@ func bearer(r *http.Request) string {
 }
 
 // tenantRoute authenticates a tenant key, applies the key's API rate limit
-// (with X-RateLimit-* headers on every response), then runs h.
+// (with X-RateLimit-* headers on every response) and sets the budget
+// headers (on every response too, a rate-limited one included), then runs h.
 func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
 		token := bearer(r)
@@ -226,12 +229,13 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		if subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
 			return errUnauthorized
 		}
-		if err := s.rateLimit(w, r, key, tenant); err != nil {
+		limited := s.rateLimit(w, r, key, tenant)
+		c := &caller{key: key, tenant: tenant}
+		if err := s.budgetHeaders(w, r, c); err != nil && limited == nil {
 			return err
 		}
-		c := &caller{key: key, tenant: tenant}
-		if err := s.budgetHeaders(w, r, c); err != nil {
-			return err
+		if limited != nil {
+			return limited
 		}
 		return h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})

@@ -218,6 +218,17 @@ func TestAdminPagesNeedTheAdminToken(t *testing.T) {
 			}
 		}
 	}
+	// Unknown admin paths say nothing without the token: 401, not 404.
+	for _, path := range []string{"/admin/", "/admin/v1/nope"} {
+		for _, auth := range []string{"", basic("wrong-token-0123456789"), "Bearer wrong-token-0123456789"} {
+			if r := get(t, "GET", f.url+path, auth); r.StatusCode != http.StatusUnauthorized {
+				t.Errorf("GET %s with %q: %d, want 401", path, auth, r.StatusCode)
+			}
+		}
+		if r := get(t, "GET", f.url+path, "Bearer "+apptest.AdminToken); r.StatusCode != http.StatusNotFound {
+			t.Errorf("GET %s as admin: %d, want 404", path, r.StatusCode)
+		}
+	}
 	// Browsers are asked to log in.
 	if r := get(t, "GET", f.url+"/dashboard", ""); !strings.HasPrefix(r.Header.Get("WWW-Authenticate"), `Basic realm="llmq"`) {
 		t.Errorf("WWW-Authenticate = %q", r.Header.Get("WWW-Authenticate"))
