@@ -196,7 +196,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
 func (r *Reconciler) reconcileAll(ctx context.Context, minAge time.Duration) (Report, error) {
 	var rep Report
 	now := r.opts.Now()
-	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), Limit: 1000}
+	// A batch's jobs wait for its validation to end, which enqueues them
+	// (a validation cut short resumes and enqueues them too).
+	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, Limit: 1000}
 	for {
 		jobs, more, err := r.Store.JobListUnfinished(ctx, p)
 		if err != nil {

@@ -2,6 +2,7 @@ package recovery_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,5 +186,43 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A batch's jobs are its validation's to enqueue, once the whole file is
+// checked: the reconciler leaves them alone while the batch validates.
+func TestValidatingBatchesAreLeftToTheirValidation(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	tenant, _ := a.Tenant("standard")
+	ctx := context.Background()
+	f, err := a.Store.FileInsert(ctx, &store.FileInsertParams{TenantID: tenant, Purpose: store.FilePurposeBatch,
+		Filename: "in.jsonl", Content: strings.NewReader("{}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{TenantID: tenant, InputFileID: f.ID,
+		Endpoint: "/v1/chat/completions", CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := insertJob(t, a, tenant, &store.JobInsertParams{BatchID: b.ID, LineNo: 1, Queue: queue.Batch})
+	r := reconciler(a, later)
+	if rep, err := r.RunOnce(ctx); err != nil || rep.Requeued != 0 {
+		t.Fatalf("while validating: %+v, %v; want nothing requeued", rep, err)
+	}
+	if st, _ := a.Inspector.JobTaskState(ctx, queue.Batch, j.ID); st != queue.TaskMissing {
+		t.Fatalf("a validating batch's job has a task: %s", st)
+	}
+	if _, applied, err := a.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: b.ID,
+		From: []store.BatchStatus{store.BatchValidating}, To: store.BatchInProgress}); err != nil || !applied {
+		t.Fatalf("batch to in_progress: %v %v", applied, err)
+	}
+	// In progress, a job without its task is the reconciler's again.
+	if rep, err := r.RunOnce(ctx); err != nil || rep.Requeued != 1 {
+		t.Fatalf("in progress: %+v, %v; want its job requeued", rep, err)
+	}
+	if st, _ := a.Inspector.JobTaskState(ctx, queue.Batch, j.ID); st != queue.TaskPending {
+		t.Fatalf("the job's task is %s, want pending", st)
 	}
 }

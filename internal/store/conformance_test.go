@@ -10,6 +10,7 @@ import (
 	"io"
 	mathrand "math/rand/v2"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -823,6 +824,30 @@ func testJobListUnfinished(t *testing.T, db *DB) {
 	}
 	if _, _, err := db.JobListUnfinished(ctx, &JobListUnfinishedParams{Statuses: []JobStatus{JobSucceeded}}); err == nil {
 		t.Fatal("a terminal status filter was accepted")
+	}
+
+	// The jobs of a batch still validating are its validation's to enqueue.
+	b := mkBatch(t, db, ten.ID)
+	p := jobParams(ten.ID)
+	p.BatchID, p.LineNo = b.ID, 1
+	inBatch := mkJob(t, db, p)
+	listed := func(skip bool) bool {
+		t.Helper()
+		js, _, err := db.JobListUnfinished(ctx, &JobListUnfinishedParams{SkipValidating: skip, Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(js) < len(unfinished) {
+			t.Fatalf("SkipValidating=%v lists %d jobs, want at least the %d outside batches", skip, len(js), len(unfinished))
+		}
+		return slices.ContainsFunc(js, func(j *Job) bool { return j.ID == inBatch.ID })
+	}
+	if !listed(false) || listed(true) {
+		t.Fatalf("a validating batch's job: listed=%v, with SkipValidating=%v; want true, false", listed(false), listed(true))
+	}
+	setBatch(t, db, b.ID, BatchValidating, BatchInProgress)
+	if !listed(true) {
+		t.Fatal("a batch in progress: its job is skipped")
 	}
 }
 

@@ -690,8 +690,11 @@ type JobListUnfinishedParams struct {
 	Statuses []JobStatus
 	// UpdatedBefore, when set, skips jobs touched since (in flight right now).
 	UpdatedBefore time.Time
-	After         string // id of the last job of the previous page
-	Limit         int    // default 1000, at most 10000
+	// SkipValidating skips the jobs of batches still validating: their
+	// validation enqueues them once the whole file is checked.
+	SkipValidating bool
+	After          string // id of the last job of the previous page
+	Limit          int    // default 1000, at most 10000
 }
 
 // JobListUnfinished returns a page of unfinished jobs in ascending id order
@@ -731,6 +734,9 @@ func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (st
 	}
 	if !p.UpdatedBefore.IsZero() {
 		q += ` AND updated_at < ` + a.add(d.ts(p.UpdatedBefore))
+	}
+	if p.SkipValidating {
+		q += ` AND (batch_id IS NULL OR NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = jobs.batch_id AND b.status = 'validating'))`
 	}
 	if p.After != "" {
 		q += ` AND id > ` + a.add(p.After)
