@@ -4,11 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -153,8 +162,15 @@ func TestFaultsEveryJobEnds(t *testing.T) {
 }
 
 // TestSIGKILLWorkerMidRun: one of two worker processes is killed with
-// SIGKILL while calls are in flight. Its jobs come back (asynq's lease
-// recovery) and every job succeeds, charged once.
+// SIGKILL while calls are in flight, and restarted at once (as a restart
+// policy would). Its jobs come back (asynq's lease recovery) and every job
+// succeeds, charged once. The test measures how long the killed worker's
+// jobs stay away: asynq hands a task out again only once its lease (30 s,
+// renewed by a 5 s heartbeat) has been expired for 30 s, at the next run of
+// a server's recoverer (at its start, then once a minute): 55 s to 2 min
+// after the kill, and at most a minute after the restart (the restarted
+// worker's first run after its start finds them). The redelivery counts as
+// one of the task's retries.
 func TestSIGKILLWorkerMidRun(t *testing.T) {
 	t.Parallel()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{
@@ -166,11 +182,61 @@ func TestSIGKILLWorkerMidRun(t *testing.T) {
 	startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=20").waitForOutput(t, "worker running")
 	tenant, key := a.Tenant("standard")
 	ids := submitAll(t, a, key, 300, 5, 20)
+	ctx := context.Background()
 	// Kill once both workers have calls in flight.
 	eventually(t, 30*time.Second, func() bool { return a.Sim.Stats().InFlight >= 30 }, "calls are in flight")
 	victim.signal(syscall.SIGKILL)
 	<-victim.done
 	killed := time.Now()
+	startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=20").waitForOutput(t, "worker running")
+
+	// Follow the jobs running at the kill until each is picked up again or
+	// ends: a job's updated_at moves when a worker starts it and when it
+	// ends. The survivor's calls take under a second; the victim's jobs
+	// cannot move until asynq recovers their tasks.
+	atKill, _, err := a.Store.JobList(ctx, &store.JobListParams{TenantID: tenant, Status: store.JobRunning, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inspector := asynq.NewInspectorFromRedisClient(a.Redis)
+	moved := map[string]time.Time{}
+	var retried []int
+	eventually(t, 3*time.Minute, func() bool {
+		for _, j := range atKill {
+			if _, ok := moved[j.ID]; ok {
+				continue
+			}
+			now, err := a.Store.JobGetByID(ctx, j.ID)
+			if err != nil || !now.UpdatedAt.After(killed) {
+				continue
+			}
+			moved[j.ID] = now.UpdatedAt
+			if now.UpdatedAt.Sub(killed) < 10*time.Second {
+				continue // the survivor's
+			}
+			// A recovered task counts the lost delivery as a failed one.
+			if info, err := inspector.GetTaskInfo(a.Queue.Namespace().Queue(now.Queue), now.ID); err == nil {
+				retried = append(retried, info.Retried)
+			}
+		}
+		return len(moved) == len(atKill)
+	}, "the jobs running at the SIGKILL run again")
+	var back []time.Duration
+	for _, at := range moved {
+		if d := at.Sub(killed); d >= 10*time.Second {
+			back = append(back, d)
+		}
+	}
+	if len(back) == 0 {
+		t.Fatalf("none of the %d jobs running at the kill was the killed worker's", len(atKill))
+	}
+	slices.Sort(back)
+	for _, n := range retried {
+		if n != 1 {
+			t.Fatalf("a task recovered after the SIGKILL has retried %d times, want 1 (the lost delivery)", n)
+		}
+	}
+
 	jobs := allEnd(t, a, ids, 3*time.Minute)
 	for _, j := range jobs {
 		if j.Status != store.JobSucceeded {
@@ -178,7 +244,9 @@ func TestSIGKILLWorkerMidRun(t *testing.T) {
 		}
 	}
 	chargedOnce(t, a, tenant, jobs)
-	t.Logf("all 300 jobs succeeded %v after the SIGKILL; the provider saw %d calls for 300 jobs",
+	t.Logf("SIGKILL recovery: the killed worker's %d jobs ran again %v to %v after the kill (%d seen with asynq's retry count at 1); "+
+		"all 300 jobs succeeded %v after it; the provider saw %d calls for 300 jobs",
+		len(back), back[0].Round(100*time.Millisecond), back[len(back)-1].Round(100*time.Millisecond), len(retried),
 		time.Since(killed).Round(time.Second), a.Sim.Stats().Admitted)
 }
 
@@ -211,19 +279,99 @@ func TestFLUSHALLMidRun(t *testing.T) {
 	t.Logf("all 300 jobs succeeded %v after FLUSHALL", time.Since(flushed).Round(time.Second))
 }
 
+// sentRequest is one request a recordingProxy passed on.
+type sentRequest struct {
+	sent     time.Time     // when it reached the proxy: when a worker sent it
+	answered time.Time     // when the provider's answer reached the proxy
+	status   int           // the provider's status code
+	wait     time.Duration // the retry-after-ms of a 429
+}
+
+// recordingProxy stands between the workers and the simulated provider and
+// records when each request was sent and when its answer came back. On
+// loopback a request reaches the proxy as it is sent, so these are send
+// times, which the simulator (it logs a request once its body is read and
+// its tokens counted) does not have.
+type recordingProxy struct {
+	srv    *httptest.Server
+	target atomic.Pointer[httputil.ReverseProxy]
+	mu     sync.Mutex
+	log    []sentRequest
+}
+
+func startRecordingProxy(t *testing.T) *recordingProxy {
+	t.Helper()
+	p := &recordingProxy{}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rw := &recordingWriter{ResponseWriter: w, req: sentRequest{sent: time.Now()}}
+		p.target.Load().ServeHTTP(rw, r)
+		p.mu.Lock()
+		p.log = append(p.log, rw.req)
+		p.mu.Unlock()
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+// forward sends every request to the provider at base.
+func (p *recordingProxy) forward(t *testing.T, base string) {
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 200}
+	p.target.Store(rp)
+}
+
+// requests returns what was recorded, in the order the requests were sent.
+func (p *recordingProxy) requests() []sentRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := append([]sentRequest(nil), p.log...)
+	slices.SortFunc(out, func(a, b sentRequest) int { return a.sent.Compare(b.sent) })
+	return out
+}
+
+type recordingWriter struct {
+	http.ResponseWriter
+	req sentRequest
+}
+
+func (w *recordingWriter) WriteHeader(code int) {
+	w.req.answered, w.req.status = time.Now(), code
+	if ms, err := strconv.ParseInt(w.Header().Get("Retry-After-Ms"), 10, 64); err == nil {
+		w.req.wait = time.Duration(ms) * time.Millisecond
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// inFlightSlack is how long after a 429 left the provider a request may
+// still be sent without llmq being at fault: the worker that receives the
+// 429 must read it and pause the model in Redis (one loopback answer and
+// one script run, a few milliseconds), and a request whose permit was taken
+// just before the pause landed is sent a moment later. Measured by send
+// time, such requests came at most 0–18 ms after the 429 (the test logs
+// the latest); the margin is for a CPU shared with the rest of the suite.
+const inFlightSlack = 50 * time.Millisecond
+
 // TestNoRequestBeforeTheAnnouncedReset: the policy promises twice the
 // account's real limits and the provider also answers 3% spurious 429s that
 // announce a 1 s wait. After each 429, no worker sends anything on that
-// model until the announced reset, but the single probe. Requests already on
-// their way when the 429 was sent (arriving within slack of it) are not
-// held against the workers.
+// model until the reset the 429 announced; then a single probe goes alone,
+// and nothing else is sent until its answer is back. Only requests sent
+// before the 429 could reach llmq (inFlightSlack) are not held against it.
 func TestNoRequestBeforeTheAnnouncedReset(t *testing.T) {
 	t.Parallel()
-	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{
-		Limits: sim.Limits{RPM: 1500, TPM: 150000}, DefaultMaxTokens: 1024, Echo: true, Seed: 5,
-		Latency: 20 * time.Millisecond, Jitter: 20 * time.Millisecond,
-		Faults: sim.Faults{Rate429: 0.03, RetryAfter429: time.Second},
-	}})
+	proxy := startRecordingProxy(t)
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB,
+		Policy: strings.Replace(apptest.PolicyYAML, "{{SIM}}", proxy.srv.URL+"/v1", 1),
+		Sim: &sim.Config{
+			Limits: sim.Limits{RPM: 1500, TPM: 150000}, DefaultMaxTokens: 1024, Echo: true, Seed: 5,
+			Latency: 20 * time.Millisecond, Jitter: 20 * time.Millisecond,
+			Faults: sim.Faults{Rate429: 0.03, RetryAfter429: time.Second},
+		}})
+	proxy.forward(t, a.Sim.URL)
 	for i := 0; i < 2; i++ {
 		startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=25").waitForOutput(t, "worker running")
 	}
@@ -231,30 +379,56 @@ func TestNoRequestBeforeTheAnnouncedReset(t *testing.T) {
 	ids := submitAll(t, a, key, 400, 10, 200)
 	allEnd(t, a, ids, 3*time.Minute)
 
-	const slack = 100 * time.Millisecond
-	log := a.Sim.Admissions(0)
-	penalties, worst := 0, 0
-	for i, e := range log {
-		if e.Outcome != sim.RateLimited && e.Outcome != sim.Spurious429 || e.RetryAfter < 2*slack {
+	log := proxy.requests()
+	var checked, short, probes, racing int
+	var latest time.Duration // the latest send after a 429 left, before its reset
+	for _, r := range log {
+		if r.status != http.StatusTooManyRequests {
 			continue
 		}
-		penalties++
-		from, until := e.Time.Add(slack), e.Time.Add(e.RetryAfter)
-		inside := 0
-		for _, later := range log[i+1:] {
-			if !later.Time.Before(from) && later.Time.Before(until) {
-				inside++
+		// The reset as the proxy sees it: a little after the provider's, so
+		// the window is, if anything, too long.
+		from, reset := r.answered.Add(inFlightSlack), r.answered.Add(r.wait)
+		if !from.Before(reset) {
+			// The announced wait is shorter than a request takes to be told
+			// apart from one already on its way: nothing to check.
+			short++
+			continue
+		}
+		checked++
+		var probe *sentRequest
+		for i := range log {
+			q := &log[i]
+			switch {
+			case q.sent.After(r.answered) && q.sent.Before(reset):
+				latest = max(latest, q.sent.Sub(r.answered))
+				if q.sent.Before(from) {
+					racing++
+					continue
+				}
+				t.Fatalf("a request was sent %v after a 429 that announced %v (at most %v after it is in flight)",
+					q.sent.Sub(r.answered).Round(time.Millisecond), r.wait, inFlightSlack)
+			case probe == nil && !q.sent.Before(reset):
+				probe = q
 			}
 		}
-		worst = max(worst, inside)
+		if probe == nil {
+			continue
+		}
+		probes++
+		for _, q := range log {
+			if q.sent.After(probe.sent) && q.sent.Before(probe.answered) {
+				t.Fatalf("after a 429's reset, a request was sent %v after the probe, before the probe's answer (%v after it)",
+					q.sent.Sub(probe.sent).Round(time.Millisecond), probe.answered.Sub(probe.sent).Round(time.Millisecond))
+			}
+		}
 	}
-	if penalties == 0 {
+	if checked == 0 {
 		t.Fatal("the provider never answered a 429 announcing a wait: nothing was tested")
 	}
-	if worst > 1 {
-		t.Fatalf("after a 429, %d requests arrived before the announced reset; at most the one probe may", worst)
-	}
-	t.Logf("%d requests, %d 429s announcing a wait; at most %d request arrived inside one of those waits", len(log), penalties, worst)
+	t.Logf("%d requests; %d 429s announcing a wait longer than %v, each followed by no request before its reset and one probe alone (%d probes); "+
+		"%d 429s announced less; %d requests sent after a 429 left but before it could reach llmq, the latest %v after it",
+		len(log), checked, inFlightSlack, probes, short, racing, latest.Round(time.Millisecond))
 }
 
 // TestSIGTERMGracePeriod: a worker told to stop lets its in-flight calls
@@ -295,17 +469,24 @@ func TestSIGTERMGracePeriod(t *testing.T) {
 	if d := time.Since(stopped); d > 5*time.Second {
 		t.Fatalf("worker took %v to stop with a 200ms grace period", d)
 	}
+	// Back in the queue, and not counted as a failure anywhere: no attempt
+	// on the job, no retry on its task.
+	inspector := asynq.NewInspectorFromRedisClient(a.Redis)
 	for _, id := range second {
 		j, err := a.Store.JobGetByID(ctx, id)
-		if err != nil || j.Status.Terminal() {
-			t.Fatalf("job %s: %v %v; want it back in the queue", id, j.Status, err)
+		if err != nil || j.Status.Terminal() || j.Attempts != 0 || j.Error != nil {
+			t.Fatalf("job %s after SIGTERM: %v, %d attempts, error %+v (%v); want it back in the queue, no attempt counted", id, j.Status, j.Attempts, j.Error, err)
+		}
+		info, err := inspector.GetTaskInfo(a.Queue.Namespace().Queue(j.Queue), id)
+		if err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
+			t.Fatalf("task of job %s after SIGTERM: %+v, %v; want it pending with no retry counted", id, info, err)
 		}
 	}
 	startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=10").waitForOutput(t, "worker running")
 	jobs := allEnd(t, a, second, time.Minute)
 	for _, j := range jobs {
-		if j.Status != store.JobSucceeded || j.Error != nil {
-			t.Fatalf("job %s requeued at shutdown ended %s: %+v", j.ID, j.Status, j.Error)
+		if j.Status != store.JobSucceeded || j.Error != nil || j.Attempts != 1 {
+			t.Fatalf("job %s requeued at shutdown ended %s after %d attempts: %+v; want succeeded at its first counted attempt", j.ID, j.Status, j.Attempts, j.Error)
 		}
 	}
 	chargedOnce(t, a, tenant, append(allEnd(t, a, first, time.Second), jobs...))
