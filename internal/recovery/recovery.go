@@ -1,17 +1,27 @@
 // Package recovery keeps the store and Redis in agreement so no job is ever
 // lost: a reconciler re-enqueues every unfinished job whose task is missing
 // from Redis — after a Redis restart without persistence, a FLUSHALL, or an
-// enqueue that failed after the job's row was committed.
+// enqueue that failed after the job's row was committed. It notices a loss
+// by the epoch key's absence, within CheckInterval.
 //
 // What lived only in Redis is rebuilt or safely reset:
-//   - tasks: re-enqueued from the store (a job's task carries only its id);
-//   - budget counters: rebuilt from the ledger by the budget package the
-//     first time a tenant's day is touched;
-//   - rate-limit buckets: unknowable, so when jobs were in flight at the
-//     loss every model is paused for a minute (the provider's per-minute
-//     windows clear meanwhile) and starts full after; a tokens-per-day bucket
-//     starts full, so a day's limit may be overshot by what was spent before
-//     the loss. A fresh installation (no unfinished job) is not paused.
+//   - tasks: re-enqueued from the store (a job's task carries only its id),
+//     waiting and deferred jobs at their next_run_at;
+//   - budget spend: rebuilt from the ledger by the budget package at the
+//     first reservation on a tenant's (and the global) day; reservations
+//     open at the loss are dropped, and their calls charged once as they
+//     settle;
+//   - rate-limit buckets, 429 penalties and probes: unknowable, so when any
+//     job is unfinished at the loss every model is paused for LossPause (the
+//     provider's per-minute windows clear meanwhile) and starts full after;
+//     a tokens-per-day bucket starts full, so a day's limit may be overshot
+//     by what was spent before the loss. A fresh installation (no
+//     unfinished job) is not paused;
+//   - learned limits: dropped; the policy's limits apply until a provider's
+//     next answer announces them again;
+//   - API keys' rate-limit windows: reset, each key starts a fresh window;
+//   - webhook deliveries still queued: lost (the store does not track them);
+//   - circuit breakers: not in Redis; each worker keeps its own.
 package recovery
 
 import (
