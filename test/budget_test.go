@@ -133,7 +133,7 @@ type shiftedClock struct {
 	offset time.Duration
 }
 
-func (c *shiftedClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return time.Now().Add(c.offset) }
+func (c *shiftedClock) Now() time.Time { return time.Now().Add(c.Offset()) }
 func (c *shiftedClock) Offset() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
