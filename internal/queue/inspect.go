@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -86,14 +87,43 @@ const (
 // JobTaskState returns the state of the task of job id in the queue it was
 // enqueued to.
 func (i *Inspector) JobTaskState(ctx context.Context, queue, id string) (TaskState, error) {
+	t, err := i.JobTask(ctx, queue, id)
+	if err != nil {
+		return "", err
+	}
+	return t.State, nil
+}
+
+// Task is what asynq holds of a job's task.
+type Task struct {
+	State TaskState
+	// Retried is how many deliveries failed and were retried (asynq's
+	// retry count); a task archived after its last delivery failed has
+	// Retried == MaxRetry.
+	Retried  int
+	MaxRetry int
+	// LastErr is the error of the last failed delivery, "" when none.
+	LastErr string
+}
+
+// DiedWithWorker reports whether the task's last delivery ended because its
+// worker stopped (killed or crashed) while running it: asynq's lease on the
+// task expired.
+func (t *Task) DiedWithWorker() bool {
+	return strings.Contains(t.LastErr, asynq.ErrLeaseExpired.Error())
+}
+
+// JobTask returns the task of job id in the queue it was enqueued to, with
+// State TaskMissing when Redis holds none.
+func (i *Inspector) JobTask(ctx context.Context, queue, id string) (*Task, error) {
 	info, err := i.in.GetTaskInfo(i.ns.Queue(queue), id)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
-		return TaskMissing, nil
+		return &Task{State: TaskMissing}, nil
 	case err != nil:
-		return "", fmt.Errorf("task %s in %s: %w", id, queue, err)
+		return nil, fmt.Errorf("task %s in %s: %w", id, queue, err)
 	}
-	return TaskState(info.State.String()), nil
+	return &Task{State: TaskState(info.State.String()), Retried: info.Retried, MaxRetry: info.MaxRetry, LastErr: info.LastErr}, nil
 }
 
 // DeleteArchivedJob removes the archived task of job id, so the job can be

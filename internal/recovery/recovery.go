@@ -2,7 +2,9 @@
 // lost: a reconciler re-enqueues every unfinished job whose task is missing
 // from Redis — after a Redis restart without persistence, a FLUSHALL, or an
 // enqueue that failed after the job's row was committed. It notices a loss
-// by the epoch key's absence, within CheckInterval.
+// by the epoch key's absence, within CheckInterval. A job whose task asynq
+// archived is revived, unless its worker died during its last delivery:
+// then the job may be what kills its workers, and it fails (worker_lost).
 //
 // What lived only in Redis is rebuilt or safely reset:
 //   - tasks: re-enqueued from the store (a job's task carries only its id),
@@ -104,6 +106,7 @@ type Report struct {
 	Scanned  int // unfinished jobs looked at
 	Requeued int // jobs whose task was missing and is enqueued again
 	Revived  int // jobs whose task was archived by asynq and is enqueued again
+	Failed   int // jobs failed because their worker stopped during their last delivery
 }
 
 // Run reconciles until ctx ends: at once, then whenever Redis lost its data
@@ -123,8 +126,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 				r.Logger.Warn("reconciler pass failed", "err", err)
 			} else if ran {
 				last = r.opts.Now()
-				if rep.Requeued+rep.Revived > 0 {
-					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived, "scanned", rep.Scanned)
+				if rep.Requeued+rep.Revived+rep.Failed > 0 {
+					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
+						"failed", rep.Failed, "scanned", rep.Scanned)
 				}
 			}
 		}
@@ -241,15 +245,22 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 		r.Logger.Debug("job had no task; enqueued again", "job", j.ID, "status", j.Status)
 		return nil
 	}
-	// A task holds the id. If asynq archived it (retries used up while the
-	// store could not record the failure), it will never run: revive it.
-	st, err := r.Inspector.JobTaskState(ctx, j.Queue, j.ID)
+	// A task holds the id. If asynq archived it, it will never run.
+	task, err := r.Inspector.JobTask(ctx, j.Queue, j.ID)
 	if err != nil {
 		return err
 	}
-	if st != queue.TaskArchived {
+	if task.State != queue.TaskArchived {
 		return nil
 	}
+	if task.DiedWithWorker() {
+		// Its worker stopped while running it, on the last of its
+		// deliveries at least: the job may be what kills its workers, and
+		// reviving it would let it do so forever.
+		return r.failWorkerLost(ctx, j, task, rep)
+	}
+	// Its retries were used up while the store could not record the
+	// failure (the database was down): revive it.
 	if err := r.Inspector.DeleteArchivedJob(ctx, j.Queue, j.ID); err != nil {
 		return err
 	}
@@ -258,6 +269,30 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 	}
 	if enqueued {
 		rep.Revived++
+	}
+	return nil
+}
+
+// failWorkerLost fails a job whose task asynq archived after its worker
+// stopped mid-delivery, and sends its webhook.
+func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, task *queue.Task, rep *Report) error {
+	_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
+		Type: "server_error", Code: "worker_lost",
+		Message: fmt.Sprintf("The worker running this job stopped (killed or crashed) during its last delivery, "+
+			"after %d deliveries; giving up, so that a job that crashes its worker cannot run forever.", task.Retried+1),
+	}})
+	if err != nil {
+		return fmt.Errorf("fail %s: %w", j.ID, err)
+	}
+	if !applied {
+		return nil
+	}
+	rep.Failed++
+	r.Logger.Warn("job failed: its worker stopped during each of its last deliveries", "job", j.ID, "deliveries", task.Retried+1)
+	if j.WebhookURL != "" {
+		if err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: "job", ID: j.ID}); err != nil {
+			r.Logger.Warn("enqueue webhook", "job", j.ID, "err", err)
+		}
 	}
 	return nil
 }

@@ -108,6 +108,38 @@ func TestArchivedTaskIsRevived(t *testing.T) {
 	}
 }
 
+// A job whose worker died during its last delivery may be what kills its
+// workers: it fails, saying so, instead of being revived forever.
+func TestJobWhoseWorkerDiedIsFailedNotRevived(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	tenant, _ := a.Tenant("standard")
+	ctx := context.Background()
+	j := insertJob(t, a, tenant, &store.JobInsertParams{})
+	if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Queue: j.Queue}); err != nil {
+		t.Fatal(err)
+	}
+	archiveAsWorkerLost(t, a, j)
+	rep, err := reconciler(a, later).RunOnce(ctx)
+	if err != nil || rep.Failed != 1 || rep.Revived != 0 {
+		t.Fatalf("pass = %+v, %v; want the job failed, not revived", rep, err)
+	}
+	got, err := a.Store.JobGetByID(ctx, j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != store.JobFailed || got.Error == nil || got.Error.Code != "worker_lost" ||
+		!strings.Contains(got.Error.Message, "stopped (killed or crashed)") {
+		t.Fatalf("job = %s, error %+v; want failed with worker_lost", got.Status, got.Error)
+	}
+	if st, _ := a.Inspector.JobTaskState(ctx, j.Queue, j.ID); st != queue.TaskArchived {
+		t.Fatalf("task is %s; want it kept in the archive", st)
+	}
+	if rep, err := reconciler(a, later).RunOnce(ctx); err != nil || rep.Scanned != 0 {
+		t.Fatalf("second pass = %+v, %v; want nothing left to look at", rep, err)
+	}
+}
+
 func TestRedisLossIsDetectedRequeuedAndModelsPaused(t *testing.T) {
 	t.Parallel()
 	srv := testutil.StartRedis(t)
