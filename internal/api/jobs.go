@@ -243,6 +243,13 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	if changed {
 		s.Observer.JobState(callerOf(r).tenant.Tier, job.Model, string(job.Status))
 		s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
+		if job.WebhookURL != "" {
+			// Should this fail, the reconciler enqueues it: the job's
+			// delivery has not ended.
+			if _, err := s.Queue.EnqueueWebhook(r.Context(), queue.WebhookPayload{Kind: store.WebhookJob, ID: job.ID}); err != nil {
+				s.Logger.Warn("enqueue webhook failed; the reconciler will retry", "job", job.ID, "err", err)
+			}
+		}
 	}
 	writeJSON(w, http.StatusOK, RenderJob(job))
 	return nil

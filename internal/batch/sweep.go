@@ -145,7 +145,7 @@ func (s *Service) finish(ctx context.Context, b *store.Batch, final store.BatchS
 		return fmt.Errorf("make files: %w", err)
 	}
 	if b.WebhookURL != "" {
-		if err := s.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: "batch", ID: b.ID}); err != nil {
+		if _, err := s.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: store.WebhookBatch, ID: b.ID}); err != nil {
 			return err
 		}
 	}

@@ -265,11 +265,12 @@ feed:
 }
 
 // EnqueueWebhook enqueues the delivery of a webhook for a job or batch that
-// reached a terminal state. Its task id makes a second enqueue a no-op.
-func (c *Client) EnqueueWebhook(ctx context.Context, p WebhookPayload) error {
+// reached a terminal state. Its task id makes a second enqueue a no-op:
+// enqueued is false when the delivery's task already exists.
+func (c *Client) EnqueueWebhook(ctx context.Context, p WebhookPayload) (enqueued bool, err error) {
 	payload, err := json.Marshal(p)
 	if err != nil {
-		return err
+		return false, err
 	}
 	_, err = c.ac.EnqueueContext(ctx, asynq.NewTask(TypeWebhook, payload),
 		asynq.TaskID("webhook:"+p.Kind+":"+p.ID),
@@ -277,8 +278,11 @@ func (c *Client) EnqueueWebhook(ctx context.Context, p WebhookPayload) error {
 		asynq.MaxRetry(c.opts.WebhookMaxRetry),
 		asynq.Timeout(time.Minute),
 	)
-	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("enqueue webhook for %s %s: %w", p.Kind, p.ID, err)
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("enqueue webhook for %s %s: %w", p.Kind, p.ID, err)
 	}
-	return nil
+	return true, nil
 }

@@ -22,7 +22,9 @@
 //   - learned limits: dropped; the policy's limits apply until a provider's
 //     next answer announces them again;
 //   - API keys' rate-limit windows: reset, each key starts a fresh window;
-//   - webhook deliveries still queued: lost (the store does not track them);
+//   - webhook deliveries not yet ended: enqueued again from the store (a
+//     job or batch records when its delivery ended), so a receiver may get
+//     a delivery twice and dedupes by its X-Llmq-Webhook-Id;
 //   - circuit breakers: not in Redis; each worker keeps its own.
 package recovery
 
@@ -107,6 +109,7 @@ type Report struct {
 	Requeued int // jobs whose task was missing and is enqueued again
 	Revived  int // jobs whose task was archived by asynq and is enqueued again
 	Failed   int // jobs failed because their worker stopped during their last delivery
+	Webhooks int // webhook deliveries of finished jobs and batches enqueued again
 }
 
 // Run reconciles until ctx ends: at once, then whenever Redis lost its data
@@ -126,9 +129,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 				r.Logger.Warn("reconciler pass failed", "err", err)
 			} else if ran {
 				last = r.opts.Now()
-				if rep.Requeued+rep.Revived+rep.Failed > 0 {
+				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks > 0 {
 					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
-						"failed", rep.Failed, "scanned", rep.Scanned)
+						"failed", rep.Failed, "webhooks", rep.Webhooks, "scanned", rep.Scanned)
 				}
 			}
 		}
@@ -210,22 +213,62 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
 func (r *Reconciler) reconcileAll(ctx context.Context, minAge time.Duration) (Report, error) {
 	var rep Report
 	now := r.opts.Now()
+	if err := r.reconcileJobs(ctx, now, minAge, &rep); err != nil {
+		return rep, err
+	}
+	for _, kind := range []string{store.WebhookJob, store.WebhookBatch} {
+		if err := r.reconcileWebhooks(ctx, kind, now, minAge, &rep); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// reconcileWebhooks enqueues the deliveries of finished jobs' or batches'
+// webhooks that have not ended and whose task is missing: Redis lost it,
+// or the enqueue after the terminal state failed.
+func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now time.Time, minAge time.Duration, rep *Report) error {
+	p := &store.WebhookListPendingParams{Kind: kind, FinishedBefore: now.Add(-minAge), Limit: 1000}
+	for {
+		refs, more, err := r.Store.WebhookListPending(ctx, p)
+		if err != nil {
+			return err
+		}
+		for _, ref := range refs {
+			enqueued, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: ref.Kind, ID: ref.ID})
+			if err != nil {
+				return err
+			}
+			if enqueued {
+				rep.Webhooks++
+				r.Logger.Debug("webhook delivery had no task; enqueued again", "webhook", ref.Kind+":"+ref.ID)
+			}
+		}
+		if !more || len(refs) == 0 {
+			return nil
+		}
+		p.After = refs[len(refs)-1].ID
+	}
+}
+
+// reconcileJobs enqueues the unfinished jobs whose task is missing.
+func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge time.Duration, rep *Report) error {
 	// A batch's jobs wait for its validation to end, which enqueues them
 	// (a validation cut short resumes and enqueues them too).
 	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, Limit: 1000}
 	for {
 		jobs, more, err := r.Store.JobListUnfinished(ctx, p)
 		if err != nil {
-			return rep, err
+			return err
 		}
 		for _, j := range jobs {
 			rep.Scanned++
-			if err := r.reconcile(ctx, j, now, &rep); err != nil {
-				return rep, err
+			if err := r.reconcile(ctx, j, now, rep); err != nil {
+				return err
 			}
 		}
 		if !more || len(jobs) == 0 {
-			return rep, nil
+			return nil
 		}
 		p.After = jobs[len(jobs)-1].ID
 	}
@@ -290,7 +333,7 @@ func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, task *que
 	rep.Failed++
 	r.Logger.Warn("job failed: its worker stopped during each of its last deliveries", "job", j.ID, "deliveries", task.Retried+1)
 	if j.WebhookURL != "" {
-		if err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: "job", ID: j.ID}); err != nil {
+		if _, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: store.WebhookJob, ID: j.ID}); err != nil {
 			r.Logger.Warn("enqueue webhook", "job", j.ID, "err", err)
 		}
 	}

@@ -258,3 +258,47 @@ func TestValidatingBatchesAreLeftToTheirValidation(t *testing.T) {
 		t.Fatalf("the job's task is %s, want pending", st)
 	}
 }
+
+// A finished job's webhook whose delivery has not ended is enqueued again
+// when its task is missing (Redis lost it), once; a delivery that ended is
+// left alone.
+func TestPendingWebhooksAreEnqueuedAgain(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	tenant, _ := a.Tenant("standard")
+	ctx := context.Background()
+	hooked := func() *store.Job {
+		j := insertJob(t, a, tenant, &store.JobInsertParams{WebhookURL: "https://example.com/hook"})
+		if _, _, err := a.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{Message: "x"}}); err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	pending, delivered := hooked(), hooked()
+	if err := a.Store.WebhookDone(ctx, store.WebhookRef{Kind: store.WebhookJob, ID: delivered.ID}); err != nil {
+		t.Fatal(err)
+	}
+	task := func(j *store.Job) queue.TaskState {
+		st, err := a.Inspector.JobTaskState(ctx, queue.Webhooks, "webhook:job:"+j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	r := reconciler(a, later)
+	rep, err := r.RunOnce(ctx)
+	if err != nil || rep.Webhooks != 1 {
+		t.Fatalf("first pass = %+v, %v; want one webhook enqueued", rep, err)
+	}
+	if task(pending) != queue.TaskPending || task(delivered) != queue.TaskMissing {
+		t.Fatalf("webhook tasks: pending job's %s, delivered job's %s", task(pending), task(delivered))
+	}
+	if rep, err := r.RunOnce(ctx); err != nil || rep.Webhooks != 0 {
+		t.Fatalf("second pass = %+v, %v; want nothing enqueued (the task exists)", rep, err)
+	}
+	// Finished within MinAge: its worker is enqueueing the delivery now.
+	fresh := hooked()
+	if rep, _ := reconciler(a, time.Now).RunOnce(ctx); rep.Webhooks != 0 || task(fresh) != queue.TaskMissing {
+		t.Fatalf("a job finished just now: %+v, task %s", rep, task(fresh))
+	}
+}

@@ -52,6 +52,7 @@ func runConformance(t *testing.T, open func(t *testing.T) *DB) {
 		{"Usage", testUsage},
 		{"TryLock", testTryLock},
 		{"TimesAreUTC", testTimesAreUTC},
+		{"WebhooksPendingUntilDone", testWebhooksPending},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -1394,5 +1395,93 @@ func testBatchRefusedLines(t *testing.T, db *DB) {
 	var chunks int
 	if err := db.ro.QueryRowContext(ctx, `SELECT count(*) FROM file_chunks WHERE file_id = $1`, free.ID).Scan(&chunks); err != nil || chunks != 0 {
 		t.Fatalf("%d chunks left (%v)", chunks, err)
+	}
+}
+
+// --- webhooks ---
+
+func testWebhooksPending(t *testing.T, db *DB) {
+	ctx := t.Context()
+	ten := mkTenant(t, db)
+	hooked := func() *Job {
+		p := jobParams(ten.ID)
+		p.WebhookURL = "https://example.com/hook"
+		return mkJob(t, db, p)
+	}
+	pending := func(kind string, before time.Time) []string {
+		t.Helper()
+		var ids []string
+		for after := ""; ; {
+			refs, more, err := db.WebhookListPending(ctx, &WebhookListPendingParams{Kind: kind, FinishedBefore: before, After: after, Limit: 2})
+			if err != nil {
+				t.Fatalf("WebhookListPending %s: %v", kind, err)
+			}
+			for _, r := range refs {
+				if r.Kind != kind {
+					t.Fatalf("ref %+v has kind %q", r, r.Kind)
+				}
+				ids = append(ids, r.ID)
+			}
+			if !more {
+				return ids
+			}
+			after = refs[len(refs)-1].ID
+		}
+	}
+	unfinished := hooked()
+	succeeded, failed, cancelled := hooked(), hooked(), hooked()
+	if _, err := db.JobComplete(ctx, &JobCompleteParams{ID: succeeded.ID, Day: "2026-03-01"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.JobFail(ctx, &JobFailParams{ID: failed.ID, Error: JobError{Message: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.JobCancel(ctx, ten.ID, cancelled.ID); err != nil {
+		t.Fatal(err)
+	}
+	plain := mkJob(t, db, jobParams(ten.ID)) // no webhook
+	if _, err := db.JobComplete(ctx, &JobCompleteParams{ID: plain.ID, Day: "2026-03-01"}); err != nil {
+		t.Fatal(err)
+	}
+	soon := time.Now().Add(time.Hour)
+	want := sortedCopy([]string{succeeded.ID, failed.ID, cancelled.ID})
+	if got := pending(WebhookJob, soon); !slices.Equal(got, want) {
+		t.Fatalf("pending job webhooks = %v, want the three finished ones %v (not %s, unfinished)", got, want, unfinished.ID)
+	}
+	if got := pending(WebhookJob, time.Now().Add(-time.Hour)); len(got) != 0 {
+		t.Fatalf("finished before an hour ago: %v", got)
+	}
+	if err := db.WebhookDone(ctx, WebhookRef{Kind: WebhookJob, ID: failed.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.WebhookDone(ctx, WebhookRef{Kind: WebhookJob, ID: failed.ID}); err != nil {
+		t.Fatalf("done twice: %v", err)
+	}
+	if got := pending(WebhookJob, soon); !slices.Equal(got, sortedCopy([]string{succeeded.ID, cancelled.ID})) {
+		t.Fatalf("after one is done: %v", got)
+	}
+	wantErr(t, db.WebhookDone(ctx, WebhookRef{Kind: WebhookJob, ID: "job_nope"}), ErrNotFound)
+	if err := db.WebhookDone(ctx, WebhookRef{Kind: "file", ID: failed.ID}); err == nil {
+		t.Fatal("an unknown kind was accepted")
+	}
+
+	f := mkFile(t, db, ten.ID, "{}\n")
+	b, err := db.BatchInsert(ctx, &BatchInsertParams{TenantID: ten.ID, InputFileID: f.ID, Endpoint: "/v1/chat/completions",
+		CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour), WebhookURL: "https://example.com/b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pending(WebhookBatch, soon); len(got) != 0 {
+		t.Fatalf("a validating batch's webhook is pending: %v", got)
+	}
+	setBatch(t, db, b.ID, BatchValidating, BatchFailed)
+	if got := pending(WebhookBatch, soon); !slices.Equal(got, []string{b.ID}) {
+		t.Fatalf("pending batch webhooks = %v, want %s", got, b.ID)
+	}
+	if err := db.WebhookDone(ctx, WebhookRef{Kind: WebhookBatch, ID: b.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if got := pending(WebhookBatch, soon); len(got) != 0 {
+		t.Fatalf("a done batch webhook is pending: %v", got)
 	}
 }

@@ -49,6 +49,13 @@ func checkPlans(t *testing.T, db *DB) {
 		t.Fatal(err)
 	}
 	add("JobListUnfinished", true, q, a)
+	for _, kind := range []string{WebhookJob, WebhookBatch} {
+		q, a, err := webhookListPendingSQL(db.d, &WebhookListPendingParams{Kind: kind, After: "x", FinishedBefore: time.Now()}, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		add("WebhookListPending "+kind, true, q, a)
+	}
 	q, a = jobStreamSQL("b", 10, []any{"succeeded"}, 500)
 	add("JobStreamByBatch", true, q, a)
 	add("JobCountsByBatch", false, sqlJobCountsByBatch, args{"b"})

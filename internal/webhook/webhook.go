@@ -155,14 +155,22 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return fmt.Errorf("webhook %s: load tenant: %w", d.id, err)
 	}
 	outcome, err := h.deliver(ctx, d, tenant.WebhookSecret)
-	if err != nil && !errors.Is(err, asynq.SkipRetry) {
+	ended := err == nil || errors.Is(err, asynq.SkipRetry)
+	if !ended {
 		retried, _ := asynq.GetRetryCount(ctx)
 		if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && retried >= maxRetry {
-			outcome = "gave_up"
+			outcome, ended = "gave_up", true
 			h.Logger.Warn("webhook retries used up; giving up", "webhook", d.id, "attempts", retried+1)
 		}
 	}
 	h.Observer.WebhookDelivery(d.kind, outcome)
+	if ended {
+		// The delivery is over: the reconciler must not send it again. Should
+		// this fail, it may be sent once more (receivers dedupe by IDHeader).
+		if derr := h.Store.WebhookDone(context.WithoutCancel(ctx), store.WebhookRef{Kind: p.Kind, ID: p.ID}); derr != nil {
+			h.Logger.Warn("record webhook delivery", "webhook", d.id, "err", derr)
+		}
+	}
 	return err
 }
 
@@ -171,7 +179,7 @@ func (h *Handler) load(ctx context.Context, p *queue.WebhookPayload) (*delivery,
 	d := &delivery{kind: p.Kind, id: p.Kind + ":" + p.ID}
 	var obj any
 	switch p.Kind {
-	case "job":
+	case store.WebhookJob:
 		j, err := h.Store.JobGetByID(ctx, p.ID)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil
@@ -183,7 +191,7 @@ func (h *Handler) load(ctx context.Context, p *queue.WebhookPayload) (*delivery,
 			return nil, errNotYet
 		}
 		d.url, d.tenantID, d.event, obj = j.WebhookURL, j.TenantID, "job."+string(j.Status), api.RenderJob(j)
-	case "batch":
+	case store.WebhookBatch:
 		b, err := h.Store.BatchGetByID(ctx, p.ID)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil

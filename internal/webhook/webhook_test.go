@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -279,6 +280,22 @@ func TestPrivateTargetIsRefused(t *testing.T) {
 	if n := len(rcv.deliveries()); n != 0 {
 		t.Fatalf("the private receiver got %d requests", n)
 	}
+	if refs, _, err := a.Store.WebhookListPending(context.Background(), &store.WebhookListPendingParams{Kind: store.WebhookJob,
+		FinishedBefore: time.Now().Add(time.Hour)}); err != nil || len(refs) != 0 {
+		t.Fatalf("refused deliveries still pending: %v %v", refs, err)
+	}
+}
+
+// webhookPending reports whether the store still holds job id's webhook as
+// not yet ended.
+func webhookPending(t *testing.T, a *apptest.App, id string) bool {
+	t.Helper()
+	refs, _, err := a.Store.WebhookListPending(context.Background(), &store.WebhookListPendingParams{Kind: store.WebhookJob,
+		FinishedBefore: time.Now().Add(time.Hour), Limit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.ContainsFunc(refs, func(r *store.WebhookRef) bool { return r.ID == id })
 }
 
 // TestRetryClassification retries what may pass later (5xx, 408, 429,
@@ -305,6 +322,11 @@ func TestRetryClassification(t *testing.T) {
 		}
 		if n := len(rcv.deliveries()); n != 1 {
 			t.Errorf("answer %d: %d requests (a redirect must not be followed)", c.status, n)
+		}
+		// A delivery that ended is recorded, so the reconciler never sends
+		// it again; one to be retried is still pending.
+		if p := webhookPending(t, a, j.ID); p != c.retried {
+			t.Errorf("answer %d: pending = %v, want %v", c.status, p, c.retried)
 		}
 	}
 	// Nobody listening: a network error, retried.

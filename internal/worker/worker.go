@@ -621,7 +621,7 @@ func (r *run) notify(ctx context.Context) {
 	if r.job.WebhookURL == "" || r.h.Queue == nil {
 		return
 	}
-	if err := r.h.Queue.EnqueueWebhook(context.WithoutCancel(ctx), queue.WebhookPayload{Kind: "job", ID: r.job.ID}); err != nil {
+	if _, err := r.h.Queue.EnqueueWebhook(context.WithoutCancel(ctx), queue.WebhookPayload{Kind: store.WebhookJob, ID: r.job.ID}); err != nil {
 		r.log.Warn("enqueue webhook", "err", err)
 	}
 }

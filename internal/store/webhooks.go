@@ -1,0 +1,115 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Webhook kinds: what a webhook reports on.
+const (
+	WebhookJob   = "job"
+	WebhookBatch = "batch"
+)
+
+// WebhookRef names the object of a webhook delivery.
+type WebhookRef struct {
+	Kind string // WebhookJob or WebhookBatch
+	ID   string
+}
+
+// The pending-webhook predicates, repeated literally from the partial
+// indexes jobs_webhook_pending and batches_webhook_pending so the planner
+// uses them.
+const (
+	jobWebhookPendingSQL   = `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled')`
+	batchWebhookPendingSQL = `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('completed', 'failed', 'expired', 'cancelled')`
+)
+
+// WebhookDone records that the webhook of the job or batch needs no further
+// delivery: it was delivered, refused for good, or retried until given up.
+// Recording it twice keeps the first time. An unknown object is ErrNotFound.
+func (db *DB) WebhookDone(ctx context.Context, ref WebhookRef) error {
+	table, err := webhookTable("WebhookDone", ref.Kind)
+	if err != nil {
+		return err
+	}
+	res, err := db.rw.ExecContext(ctx, `UPDATE `+table+` SET webhook_done_at = COALESCE(webhook_done_at, $2) WHERE id = $1`,
+		ref.ID, db.d.ts(db.nowUTC()))
+	if err != nil {
+		return db.d.wrap(err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return notFound(ref.Kind, ref.ID)
+	}
+	return nil
+}
+
+// WebhookListPendingParams select a page of pending webhooks.
+type WebhookListPendingParams struct {
+	Kind string // WebhookJob or WebhookBatch
+	// FinishedBefore skips objects that finished since: their delivery is
+	// being enqueued right now.
+	FinishedBefore time.Time
+	After          string // id of the last object of the previous page
+	Limit          int    // default 1000, at most 10000
+}
+
+// WebhookListPending returns, in ascending id order, the finished jobs or
+// batches that name a webhook whose delivery has not ended, and whether
+// more follow.
+func (db *DB) WebhookListPending(ctx context.Context, p *WebhookListPendingParams) ([]*WebhookRef, bool, error) {
+	limit := pageLimit(p.Limit, 1000, 10000)
+	q, a, err := webhookListPendingSQL(db.d, p, limit)
+	if err != nil {
+		return nil, false, err
+	}
+	rows, err := db.ro.QueryContext(ctx, q, a...)
+	if err != nil {
+		return nil, false, db.d.wrap(err)
+	}
+	refs, err := collect(rows, func(r rowScanner) (*WebhookRef, error) {
+		ref := &WebhookRef{Kind: p.Kind}
+		return ref, r.Scan(&ref.ID)
+	})
+	if err != nil {
+		return nil, false, db.d.wrap(err)
+	}
+	refs, more := trimPage(refs, limit)
+	return refs, more, nil
+}
+
+func webhookListPendingSQL(d *dialect, p *WebhookListPendingParams, limit int) (string, args, error) {
+	table, err := webhookTable("WebhookListPending", p.Kind)
+	if err != nil {
+		return "", nil, err
+	}
+	var a args
+	q := `SELECT id FROM ` + table + ` WHERE `
+	if table == "jobs" {
+		q += jobWebhookPendingSQL
+		if !p.FinishedBefore.IsZero() {
+			q += ` AND finished_at < ` + a.add(d.ts(p.FinishedBefore))
+		}
+	} else {
+		q += batchWebhookPendingSQL
+		if !p.FinishedBefore.IsZero() {
+			q += ` AND COALESCE(completed_at, failed_at, expired_at, cancelled_at) < ` + a.add(d.ts(p.FinishedBefore))
+		}
+	}
+	if p.After != "" {
+		q += ` AND id > ` + a.add(p.After)
+	}
+	return q + ` ORDER BY id LIMIT ` + a.add(limit+1), a, nil
+}
+
+// webhookTable is the table of a webhook kind.
+func webhookTable(method, kind string) (string, error) {
+	switch kind {
+	case WebhookJob:
+		return "jobs", nil
+	case WebhookBatch:
+		return "batches", nil
+	}
+	return "", fmt.Errorf("store: %s: Kind %q: want %q or %q", method, kind, WebhookJob, WebhookBatch)
+}
