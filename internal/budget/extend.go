@@ -3,9 +3,10 @@ package budget
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
 // extendScript keeps an open reservation from expiring: its expiry moves to
@@ -17,14 +18,7 @@ import (
 // ARGV[4] -> reservation TTL in µs
 // Returns 1 if the reservation is still held (and now expires later), 0 if
 // it is not (settled, released, expired, or its day lost).
-var extendScript = redis.NewScript(`
-local now
-if ARGV[1] ~= "" then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+var extendScript = redis.NewScript(redisclock.Lua + `
 if redis.call("HEXISTS", KEYS[1], "r:" .. ARGV[2]) == 0 then return 0 end
 local exp = string.format("%d", now + tonumber(ARGV[4]))
 redis.call("ZADD", KEYS[2], "XX", exp, ARGV[2])
@@ -43,10 +37,7 @@ func (b *Budgets) Extend(ctx context.Context, res *Reservation) (held bool, err 
 	if res == nil {
 		return false, fmt.Errorf("budget: Extend: nil reservation")
 	}
-	arg := ""
-	if b.clock != nil {
-		arg = strconv.FormatInt(b.clock().UnixMicro(), 10)
-	}
+	arg := redisclock.Arg(b.clock)
 	keys := b.keysFor(res.TenantID, res.Day, res.GlobalDay)
 	n, err := extendScript.Run(ctx, b.rdb, keys, arg, res.ID, globalMember(res.TenantID, res.ID), b.resTTL.Microseconds()).Int64()
 	if err != nil {

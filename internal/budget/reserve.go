@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
 // luaDay is shared by the scripts that read or write a day (Reserve and
@@ -32,16 +33,9 @@ import (
 // Lua numbers are doubles: every amount and time stays an integer below 2^53,
 // and numbers handed back to Redis go through int(), because Redis would
 // format them with only 14 significant digits.
-const luaDay = `
+const luaDay = redisclock.Lua + `
 local function int(n) return string.format("%d", n) end
 
-local now
-if ARGV[1] ~= "" then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 if now < tonumber(ARGV[2]) or now >= tonumber(ARGV[3]) or now < tonumber(ARGV[4]) or now >= tonumber(ARGV[5]) then
   return {"wrongday", int(now)}
 end

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
 // FixedWindow is the fixed window counter: at most limit per window, the
@@ -34,13 +36,8 @@ func NewFixedWindow(rdb redis.Scripter, opts Options) *FixedWindow {
 // ARGV[3] -> window in µs
 // ARGV[4] -> cost
 // Returns {allowed (1 or 0), now, count, µs until the window ends}.
-var fixedWindowScript = redis.NewScript(`
+var fixedWindowScript = redis.NewScript(redisclock.Lua + `
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local limit, window, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local start = now - now % window
 local v = redis.call('HMGET', key, 'w', 'n')
@@ -65,7 +62,7 @@ func (fw *FixedWindow) Allow(ctx context.Context, key string, limit int64, windo
 	if err := checkWindow(key, Window{Limit: limit, Period: window}, cost); err != nil {
 		return nil, err
 	}
-	args := []any{nowArg(fw.opts.Clock), limit, window.Microseconds(), cost}
+	args := []any{redisclock.Arg(fw.opts.Clock), limit, window.Microseconds(), cost}
 	v, err := fixedWindowScript.Run(ctx, fw.rdb, []string{fw.opts.Keys.FixedWindow(key)}, args...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("limiter: fixed window %q: %w", key, err)

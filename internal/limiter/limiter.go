@@ -288,15 +288,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// nowArg is the scripts' time argument: the injected clock in µs, or ""
-// for Redis TIME.
-func nowArg(clock func() time.Time) string {
-	if clock == nil {
-		return ""
-	}
-	return strconv.FormatInt(clock().UnixMicro(), 10)
-}
-
 // ints reads a script's reply of at least n integers.
 func ints(v any, n int) ([]int64, error) {
 	a, ok := v.([]any)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
 // SlidingCounter is the sliding window counter: the count of the current
@@ -82,13 +84,8 @@ func (mw *MultiWindow) Allow(ctx context.Context, key string, windows []Window, 
 // ARGV[2] -> cost
 // ARGV[3+2(i-1)], ARGV[4+2(i-1)] -> window i: limit, period in µs
 // Returns {allowed (1 or 0), now, then per window: remaining, retry µs, reset µs}.
-var slidingCounterScript = redis.NewScript(`
+var slidingCounterScript = redis.NewScript(redisclock.Lua + `
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local cost = tonumber(ARGV[2])
 local n = (#ARGV - 2) / 2
 local fields = {}
@@ -163,7 +160,7 @@ return out
 
 func runSlidingCounter(ctx context.Context, rdb redis.Scripter, opts Options, rkey, key string, windows []Window, cost int64) (*Result, error) {
 	args := make([]any, 0, 2+2*len(windows))
-	args = append(args, nowArg(opts.Clock), cost)
+	args = append(args, redisclock.Arg(opts.Clock), cost)
 	for _, w := range windows {
 		args = append(args, w.Limit, w.Period.Microseconds())
 	}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
 // SlidingLog is the sliding window log: every admission is an entry of a
@@ -36,12 +38,7 @@ func NewSlidingLog(rdb redis.Scripter, opts Options) *SlidingLog {
 // ARGV[4] -> cost
 // ARGV[5] -> entry id
 // Returns {allowed (1 or 0), now, total in the window, retry µs, reset µs}.
-var slidingLogScript = redis.NewScript(`
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+var slidingLogScript = redis.NewScript(redisclock.Lua + `
 local limit, window, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local function cost_of(m) return tonumber(string.match(m, ':(%d+)$')) end
 
@@ -111,7 +108,7 @@ func (sl *SlidingLog) Allow(ctx context.Context, key string, limit int64, window
 		return nil, err
 	}
 	keys := []string{sl.opts.Keys.SlidingLog(key), sl.opts.Keys.SlidingLogTotal(key)}
-	args := []any{nowArg(sl.opts.Clock), limit, window.Microseconds(), cost, newID()}
+	args := []any{redisclock.Arg(sl.opts.Clock), limit, window.Microseconds(), cost, newID()}
 	v, err := slidingLogScript.Run(ctx, sl.rdb, keys, args...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("limiter: sliding log %q: %w", key, err)

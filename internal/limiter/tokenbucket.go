@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
 // TokenBucket is the distributed, weighted token bucket over several buckets
@@ -129,14 +131,9 @@ const (
 // sooner), else 0. A bucket's retry is when it covers the cost if nothing is
 // taken or reconciled meanwhile: its refill, and the ends of the in-flight
 // generations holding it back.
-var reserveScript = redis.NewScript(withGen(`
+var reserveScript = redis.NewScript(withGen(redisclock.Lua + `
 local tonumber, ceil, floor, max = tonumber, math.ceil, math.floor, math.max
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local probe_timeout, probe_retry = tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local h = redis.call('HGETALL', key)
@@ -450,7 +447,7 @@ func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
 		size += 3 + len(c.scope.Buckets)
 	}
 	args := make([]any, 0, size)
-	args = append(args, nowArg(tb.opts.Clock), tb.probeTimeout, tb.probeRetry, len(lists))
+	args = append(args, redisclock.Arg(tb.opts.Clock), tb.probeTimeout, tb.probeRetry, len(lists))
 	for _, l := range lists {
 		args = append(args, len(l))
 		for _, b := range l {
@@ -546,14 +543,9 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 // Redis keeps what a script wrote before a runtime error, so the script
 // reads and computes everything first, and writes the marker last: a failed
 // run leaves no marker, and its retry applies.
-var reconcileScript = redis.NewScript(withGen(`
+var reconcileScript = redis.NewScript(withGen(redisclock.Lua + `
 if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local probe_timeout = tonumber(ARGV[5])
 local rgen = tonumber(ARGV[6])
 local gen = math.floor(now / GEN)
@@ -650,7 +642,7 @@ func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cos
 		probe = "1"
 	}
 	args := make([]any, 0, 6+5*len(r.Scope.Buckets))
-	args = append(args, nowArg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout, r.gen)
+	args = append(args, redisclock.Arg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout, r.gen)
 	for _, b := range r.Scope.Buckets {
 		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), actual.Of(b.Unit)-r.Cost.Of(b.Unit), r.Cost.Of(b.Unit))
 	}
@@ -679,13 +671,8 @@ func (tb *TokenBucket) Release(ctx context.Context, r *Reservation) error {
 // ARGV[2] -> the penalty in µs
 // ARGV[3] -> probe timeout in µs
 // Returns the end of the penalty in µs.
-var penalizeScript = redis.NewScript(`
+var penalizeScript = redis.NewScript(redisclock.Lua + `
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 local untl = now + tonumber(ARGV[2])
 local pu = tonumber(redis.call('HGET', key, 'pu'))
 if pu and pu > untl then untl = pu end
@@ -714,7 +701,7 @@ func (tb *TokenBucket) Penalize(ctx context.Context, scope Scope, d time.Duratio
 	if d < time.Microsecond {
 		return nil
 	}
-	args := []any{nowArg(tb.opts.Clock), d.Microseconds(), tb.probeTimeout}
+	args := []any{redisclock.Arg(tb.opts.Clock), d.Microseconds(), tb.probeTimeout}
 	if err := penalizeScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(scope.Name)}, args...).Err(); err != nil {
 		return fmt.Errorf("limiter: penalize scope %q: %w", scope.Name, err)
 	}
