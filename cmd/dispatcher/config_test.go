@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -18,34 +17,13 @@ import (
 	"github.com/llmq/llmq/internal/testutil"
 )
 
-// mainMarker in a child's environment makes TestMainProcess run main.
+// mainMarker in a child's environment makes the test binary run main.
 const mainMarker = "DISPATCHER_TEST_RUN_MAIN"
 
-// TestMainProcess is the program itself when mainOutput runs the test
-// binary as a child; otherwise it does nothing.
-func TestMainProcess(t *testing.T) {
-	if os.Getenv(mainMarker) != "1" {
-		return
-	}
-	os.Args = append([]string{"dispatcher"}, strings.Fields(os.Getenv(mainMarker+"_ARGS"))...)
-	main()
-}
-
-// mainOutput runs main with args in a child process with env, and returns
-// what it wrote and its exit code.
-func mainOutput(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMainProcess$")
-	cmd.Env = append(env, mainMarker+"=1", mainMarker+"_ARGS="+strings.Join(args, " "))
-	var out, errOut strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errOut.String(), code
+func TestMain(m *testing.M) {
+	// A child of testutil.MainOutput is the dispatcher program.
+	testutil.RunMainIfChild(mainMarker, "dispatcher", main)
+	os.Exit(m.Run())
 }
 
 // serveEnviron is a dispatcher environment whose policy file is the test
@@ -146,21 +124,8 @@ func TestMainPrintsOneLineOnBadConfig(t *testing.T) {
 		}
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			stdout, stderr, code := mainOutput(t, serveEnviron(t, c.policy, c.extra...))
-			if code != 1 {
-				t.Errorf("exit code %d, want 1", code)
-			}
-			if stdout != "" {
-				t.Errorf("stdout: %q, want nothing", stdout)
-			}
-			if !strings.HasPrefix(stderr, "dispatcher: ") || strings.Count(stderr, "\n") != 1 || !strings.HasSuffix(stderr, "\n") {
-				t.Fatalf("stderr is not one line starting with \"dispatcher: \":\n%s", stderr)
-			}
-			for _, w := range c.want {
-				if !strings.Contains(stderr, w) {
-					t.Errorf("%q does not name %s", stderr, w)
-				}
-			}
+			stdout, stderr, code := testutil.MainOutput(t, mainMarker, serveEnviron(t, c.policy, c.extra...))
+			testutil.CheckOneLineFailure(t, "dispatcher", stdout, stderr, code, c.want...)
 		})
 	}
 }
@@ -195,7 +160,7 @@ func TestHealthcheck(t *testing.T) {
 	if got := paths.Load(); got != "GET /readyz" {
 		t.Errorf("probed %v, want GET /readyz", got)
 	}
-	if _, _, code := mainOutput(t, []string{"LLMQ_LISTEN_ADDR=:" + port}, "healthcheck"); code != 0 {
+	if _, _, code := testutil.MainOutput(t, mainMarker, []string{"LLMQ_LISTEN_ADDR=:" + port}, "healthcheck"); code != 0 {
 		t.Errorf("ready: exit code %d, want 0", code)
 	}
 
@@ -203,7 +168,7 @@ func TestHealthcheck(t *testing.T) {
 	if err := check(":" + port); err == nil || !strings.Contains(err.Error(), "503") {
 		t.Errorf("not ready: %v, want an error naming 503", err)
 	}
-	if _, stderr, code := mainOutput(t, []string{"LLMQ_LISTEN_ADDR=:" + port}, "healthcheck"); code != 1 || strings.Count(stderr, "\n") != 1 {
+	if _, stderr, code := testutil.MainOutput(t, mainMarker, []string{"LLMQ_LISTEN_ADDR=:" + port}, "healthcheck"); code != 1 || strings.Count(stderr, "\n") != 1 {
 		t.Errorf("not ready: exit code %d, stderr %q; want 1 and one line", code, stderr)
 	}
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,12 +18,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(mainMarker) == "1" {
-		// A child of mainOutput: be the worker program.
-		os.Args = []string{"worker"}
-		main()
-		os.Exit(0)
-	}
+	// A child of testutil.MainOutput is the worker program.
+	testutil.RunMainIfChild(mainMarker, "worker", main)
 	goleak.VerifyTestMain(m,
 		// Connection pools of the store and of the shared HTTP client.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
@@ -161,23 +156,6 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	})
 }
 
-// mainOutput runs main in a child process with env, and returns what it
-// wrote and its exit code.
-func mainOutput(t *testing.T, env []string) (stdout, stderr string, code int) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(env, mainMarker+"=1")
-	var out, errOut strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errOut.String(), code
-}
-
 // What a user sees from the program: exit status 1 and exactly one line,
 // "worker: " and the reason, whatever is wrong.
 func TestMainPrintsOneLine(t *testing.T) {
@@ -190,21 +168,8 @@ func TestMainPrintsOneLine(t *testing.T) {
 		}
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			stdout, stderr, code := mainOutput(t, environ(t, policy(t, c.policy), c.extra...))
-			if code != 1 {
-				t.Errorf("exit code %d, want 1", code)
-			}
-			if stdout != "" {
-				t.Errorf("stdout: %q, want nothing", stdout)
-			}
-			if !strings.HasPrefix(stderr, "worker: ") || !strings.HasSuffix(stderr, "\n") || strings.Count(stderr, "\n") != 1 {
-				t.Fatalf("stderr is not one line starting with \"worker: \":\n%s", stderr)
-			}
-			for _, w := range c.want {
-				if !strings.Contains(stderr, w) {
-					t.Errorf("%q does not name %s", stderr, w)
-				}
-			}
+			stdout, stderr, code := testutil.MainOutput(t, mainMarker, environ(t, policy(t, c.policy), c.extra...))
+			testutil.CheckOneLineFailure(t, "worker", stdout, stderr, code, c.want...)
 		})
 	}
 }

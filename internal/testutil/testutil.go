@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -353,4 +354,58 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// RunMainIfChild makes a test binary be its program: when the environment
+// carries marker (set by MainOutput), it sets os.Args to name and the
+// arguments MainOutput passed, runs main and exits 0 (main exits itself on
+// failure). Call it first in TestMain.
+func RunMainIfChild(marker, name string, main func()) {
+	if os.Getenv(marker) != "1" {
+		return
+	}
+	os.Args = append([]string{name}, strings.Fields(os.Getenv(marker+"_ARGS"))...)
+	main()
+	os.Exit(0)
+}
+
+// MainOutput runs the test binary again as its program (see
+// RunMainIfChild) with env and args, and returns what it wrote and its exit
+// status.
+func MainOutput(tb testing.TB, marker string, env []string, args ...string) (stdout, stderr string, code int) {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(env, marker+"=1", marker+"_ARGS="+strings.Join(args, " "))
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		tb.Fatal(err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// CheckOneLineFailure checks what a program printed when it refused to
+// start: exit status 1, nothing on stdout, and on stderr exactly one line
+// that starts with "<name>: " and contains each of want.
+func CheckOneLineFailure(tb testing.TB, name, stdout, stderr string, code int, want ...string) {
+	tb.Helper()
+	if code != 1 {
+		tb.Errorf("exit code %d, want 1", code)
+	}
+	if stdout != "" {
+		tb.Errorf("stdout: %q, want nothing", stdout)
+	}
+	if !strings.HasPrefix(stderr, name+": ") || !strings.HasSuffix(stderr, "\n") || strings.Count(stderr, "\n") != 1 {
+		tb.Fatalf("stderr is not one line starting with %q:\n%s", name+": ", stderr)
+	}
+	for _, w := range want {
+		if !strings.Contains(stderr, w) {
+			tb.Errorf("%q does not name %s", stderr, w)
+		}
+	}
 }
