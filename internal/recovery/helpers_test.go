@@ -11,6 +11,7 @@ import (
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // archive moves the job's task to asynq's archive, as asynq does when a
@@ -39,7 +40,7 @@ func archiveAsWorkerLost(t *testing.T, a *apptest.App, j *store.Job) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	waitFor(t, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		st, _ := a.Inspector.JobTaskState(t.Context(), j.Queue, j.ID)
 		return st == queue.TaskArchived
 	})

@@ -159,12 +159,12 @@ func TestRedisLossIsDetectedRequeuedAndModelsPaused(t *testing.T) {
 	// First start: the marker is written; tasks are all present.
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
-	waitFor(t, func() bool { n, _ := a.Redis.Exists(ctx, a.Keys.Epoch()).Result(); return n == 1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { n, _ := a.Redis.Exists(ctx, a.Keys.Epoch()).Result(); return n == 1 })
 
 	if err := a.Redis.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		for _, id := range ids {
 			if st, _ := a.Inspector.JobTaskState(ctx, queue.Default, id); st != queue.TaskPending {
 				return false
@@ -202,23 +202,10 @@ func TestOneReconcilerAtATime(t *testing.T) {
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	defer cancel2()
 	go reconciler(a, later).Run(ctx2)
-	waitFor(t, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		st, _ := a.Inspector.JobTaskState(context.Background(), j.Queue, j.ID)
 		return st == queue.TaskPending
 	})
-}
-
-// waitFor polls cond for up to 10 s: the reconciler works in its own
-// goroutine and signals nothing.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // A batch's jobs are its validation's to enqueue, once the whole file is

@@ -409,3 +409,16 @@ func CheckOneLineFailure(tb testing.TB, name, stdout, stderr string, code int, w
 		}
 	}
 }
+
+// Eventually waits until cond holds, checking every 10 ms, and fails the
+// test when it still does not after timeout.
+func Eventually(tb testing.TB, timeout time.Duration, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("condition not met within %v", timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -269,3 +269,53 @@ func TestReservationOutlivesALongCall(t *testing.T) {
 		}
 	}
 }
+
+// Two deliveries of one job on either side of midnight: the first reserved
+// and stored the result (and its ledger row) on day one, the second
+// reserved on day two and lost the race to store it. The job is charged
+// once, on the ledger's day, and the second delivery's reservation on day
+// two is given back.
+func TestDeliveryThatLostTheRaceChargesTheLedgersDay(t *testing.T) {
+	t.Parallel()
+	clk := &testClock{t: time.Date(2026, 6, 1, 23, 59, 50, 0, time.UTC)}
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now,
+		Sim: &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true, Latency: 300 * time.Millisecond}})
+	tenant, key := a.Tenant("standard")
+	acct := accountOf(t, a, tenant)
+	ctx := context.Background()
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("midnight", "", 50)})
+
+	// The first delivery, by hand: started and reserved on day one.
+	first, d, err := a.Budgets.Reserve(ctx, acct, id, job(t, a, id).EstCost)
+	if err != nil || !d.Allowed || first.Day != "2026-06-01" {
+		t.Fatalf("reserve on day one: %+v %+v %v", first, d, err)
+	}
+	// The second, a real run, past midnight: it reserves on day two and
+	// calls the provider, while the first stores its result.
+	clk.Add(20 * time.Second)
+	done := make(chan error, 1)
+	go func() { done <- a.JobHandler(worker.Options{}).Run(ctx, id) }()
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.Sim.Stats().Requests == 1 })
+	cost := m.Price.Cost(10, 0, 20)
+	if _, err := a.Store.JobComplete(ctx, &store.JobCompleteParams{ID: id, Day: first.Day, GlobalDay: first.GlobalDay,
+		PromptTokens: 10, CompletionTokens: 20, Cost: cost}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("second delivery: %v", err)
+	}
+	// The first delivery settles too, late: nothing more is charged.
+	if err := a.Budgets.Settle(ctx, first, cost, true); err != nil {
+		t.Fatal(err)
+	}
+	day2 := status(t, a, acct)
+	if day2.Spent != 0 || day2.Reserved != 0 || day2.GlobalSpent != 0 {
+		t.Fatalf("day two: spent %s (global %s), reserved %s; want nothing", day2.Spent, day2.GlobalSpent, day2.Reserved)
+	}
+	clk.Add(-20 * time.Second)
+	day1 := status(t, a, acct)
+	if day1.Spent != cost || day1.GlobalSpent != cost || day1.Reserved != 0 {
+		t.Fatalf("day one: spent %s (global %s), reserved %s; want %s charged once", day1.Spent, day1.GlobalSpent, day1.Reserved, cost)
+	}
+}

@@ -383,24 +383,31 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
 // settle charges the job's cost to its budget day, retrying a few times:
 // until it lands, Redis's spend is below the ledger's. When another
 // delivery of the job wrote the ledger row (charged is false), the cost
-// charged is the row's: Settle charges a job once, whichever delivery
-// settles first.
+// charged is the row's, on the row's days: Settle charges a job once per
+// day, whichever delivery settles first, so the days must be the ones the
+// ledger counts it on (this delivery may have reserved on the next day,
+// past midnight); this delivery's own reservation is then given back.
 func (r *run) settle(ctx context.Context, cost money.Micros, charged bool) error {
 	r.stopKeeping()
 	ctx = context.WithoutCancel(ctx)
+	res := r.bres
 	if !charged {
 		e, err := r.h.Store.UsageGetByJob(ctx, r.job.ID)
 		if err != nil {
 			return fmt.Errorf("ledger row of %s: %w", r.job.ID, err)
 		}
 		cost = e.Cost
+		if e.Day != res.Day || e.GlobalDay != res.GlobalDay {
+			r.releaseBudget(ctx)
+			res = &budget.Reservation{ID: r.job.ID, TenantID: e.TenantID, Day: e.Day, GlobalDay: e.GlobalDay}
+		}
 	}
 	var err error
 	for attempt := range 3 {
 		if attempt > 0 {
 			time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
 		}
-		if err = r.h.Budgets.Settle(ctx, r.bres, cost, true); err == nil {
+		if err = r.h.Budgets.Settle(ctx, res, cost, true); err == nil {
 			r.bres = nil
 			return nil
 		}
