@@ -126,6 +126,32 @@ func (i *Inspector) JobTask(ctx context.Context, queue, id string) (*Task, error
 	return &Task{State: TaskState(info.State.String()), Retried: info.Retried, MaxRetry: info.MaxRetry, LastErr: info.LastErr}, nil
 }
 
+// ArchivedJobIDs returns the ids of the jobs whose task asynq archived in
+// the job queue (Critical, Default, Low or Batch), oldest first. The archive
+// holds what asynq gave up on, so it is small; max bounds the answer.
+func (i *Inspector) ArchivedJobIDs(ctx context.Context, queue string, max int) ([]string, error) {
+	const pageSize = 100
+	var ids []string
+	for page := 1; len(ids) < max; page++ {
+		tasks, err := i.in.ListArchivedTasks(i.ns.Queue(queue), asynq.Page(page), asynq.PageSize(pageSize))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			return ids, nil
+		}
+		if err != nil {
+			return ids, fmt.Errorf("archived tasks of %s: %w", queue, err)
+		}
+		for _, t := range tasks {
+			if t.Type == TypeJob && len(ids) < max {
+				ids = append(ids, t.ID)
+			}
+		}
+		if len(tasks) < pageSize {
+			return ids, nil
+		}
+	}
+	return ids, nil
+}
+
 // DeleteArchivedJob removes the archived task of job id, so the job can be
 // enqueued again under its id.
 func (i *Inspector) DeleteArchivedJob(ctx context.Context, queue, id string) error {

@@ -145,13 +145,16 @@ type ClientOptions struct {
 	Namespace Namespace
 	// MaxRetry is how many failed attempts (5xx, timeouts) a job's task gets
 	// before asynq gives up on it. Rate-limit waits and budget deferrals do not
-	// count. Defaults to 8.
+	// count. Defaults to DefaultMaxRetry.
 	MaxRetry int
 	// WebhookMaxRetry is how many failed deliveries a webhook gets. Defaults to 12.
 	WebhookMaxRetry int
 	// EnqueueConcurrency bounds the parallel enqueues of EnqueueJobs. Defaults to 32.
 	EnqueueConcurrency int
 }
+
+// DefaultMaxRetry is ClientOptions.MaxRetry when unset.
+const DefaultMaxRetry = 8
 
 // Client enqueues llmq's tasks.
 type Client struct {
@@ -163,7 +166,7 @@ type Client struct {
 // ownership of ac (and closes it).
 func NewClient(ac *asynq.Client, opts ClientOptions) *Client {
 	if opts.MaxRetry <= 0 {
-		opts.MaxRetry = 8
+		opts.MaxRetry = DefaultMaxRetry
 	}
 	if opts.WebhookMaxRetry <= 0 {
 		opts.WebhookMaxRetry = 12

@@ -3,8 +3,10 @@
 // from Redis — after a Redis restart without persistence, a FLUSHALL, or an
 // enqueue that failed after the job's row was committed. It notices a loss
 // by the epoch key's absence, within CheckInterval. A job whose task asynq
-// archived is revived, unless its worker died during its last delivery:
-// then the job may be what kills its workers, and it fails (worker_lost).
+// archived is revived, unless its worker was gone at the end of its last
+// delivery: then the job may be what kills its workers, and it fails
+// (worker_lost). The archived task of a finished job is sent back so that a
+// worker settles its charge, or dropped when there is nothing to settle.
 //
 // What lived only in Redis is rebuilt or safely reset:
 //   - tasks: re-enqueued from the store (a job's task carries only its id),
@@ -30,6 +32,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -108,8 +111,10 @@ type Report struct {
 	Scanned  int // unfinished jobs looked at
 	Requeued int // jobs whose task was missing and is enqueued again
 	Revived  int // jobs whose task was archived by asynq and is enqueued again
-	Failed   int // jobs failed because their worker stopped during their last delivery
+	Failed   int // jobs failed because their worker was gone at the end of their last delivery
 	Webhooks int // webhook deliveries of finished jobs and batches enqueued again
+	Resent   int // archived tasks of succeeded or cancelled jobs sent back to settle their charge
+	Dropped  int // archived tasks of failed or deleted jobs dropped
 }
 
 // Run reconciles until ctx ends: at once, then whenever Redis lost its data
@@ -129,9 +134,10 @@ func (r *Reconciler) Run(ctx context.Context) {
 				r.Logger.Warn("reconciler pass failed", "err", err)
 			} else if ran {
 				last = r.opts.Now()
-				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks > 0 {
+				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped > 0 {
 					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
-						"failed", rep.Failed, "webhooks", rep.Webhooks, "scanned", rep.Scanned)
+						"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped,
+						"scanned", rep.Scanned)
 				}
 			}
 		}
@@ -216,12 +222,59 @@ func (r *Reconciler) reconcileAll(ctx context.Context, minAge time.Duration) (Re
 	if err := r.reconcileJobs(ctx, now, minAge, &rep); err != nil {
 		return rep, err
 	}
+	if err := r.reconcileArchive(ctx, &rep); err != nil {
+		return rep, err
+	}
 	for _, kind := range []string{store.WebhookJob, store.WebhookBatch} {
 		if err := r.reconcileWebhooks(ctx, kind, now, minAge, &rep); err != nil {
 			return rep, err
 		}
 	}
 	return rep, nil
+}
+
+// archiveMax bounds the archived tasks one pass looks at per queue; the
+// archive holds only what asynq gave up on, and each pass empties it.
+const archiveMax = 10000
+
+// reconcileArchive empties the job queues' archives of finished jobs'
+// tasks (the unfinished ones are reconcileJobs'). asynq archives a task
+// whose delivery failed, or came back, after its retries were used up —
+// among them a delivery that stored the job's result and died before
+// settling its budget, or whose settlement kept failing: such a task is
+// sent back, so that a worker settles the job's charge from its ledger row
+// (charged once however often it settles). The task of a failed job, or of
+// a job that no longer exists, has nothing left to do and is dropped.
+func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
+	for _, q := range queue.Priorities {
+		ids, err := r.Inspector.ArchivedJobIDs(ctx, q, archiveMax)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			j, err := r.Store.JobGetByID(ctx, id)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+			case err != nil:
+				return err
+			case !j.Status.Terminal():
+				continue
+			}
+			if err := r.Inspector.DeleteArchivedJob(ctx, q, id); err != nil {
+				return err
+			}
+			if j == nil || j.Status == store.JobFailed {
+				rep.Dropped++
+				continue
+			}
+			if _, err := r.Queue.EnqueueJob(ctx, queue.JobRef{ID: id, Queue: q}); err != nil {
+				return fmt.Errorf("send back %s to settle: %w", id, err)
+			}
+			rep.Resent++
+			r.Logger.Debug("finished job's archived task sent back to settle its charge", "job", id, "status", j.Status)
+		}
+	}
+	return nil
 }
 
 // reconcileWebhooks enqueues the deliveries of finished jobs' or batches'
@@ -316,22 +369,25 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 	return nil
 }
 
-// failWorkerLost fails a job whose task asynq archived after its worker
-// stopped mid-delivery, and sends its webhook.
+// failWorkerLost fails a job whose task asynq archived when the lease of
+// its last delivery expired, drops the task, and sends the job's webhook.
 func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, task *queue.Task, rep *Report) error {
 	_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
 		Type: "server_error", Code: "worker_lost",
-		Message: fmt.Sprintf("The worker running this job stopped (killed or crashed) during its last delivery, "+
-			"after %d deliveries; giving up, so that a job that crashes its worker cannot run forever.", task.Retried+1),
+		Message: fmt.Sprintf("The job's last delivery ended with its worker gone (killed, crashed or cut off from Redis), "+
+			"after %d failed deliveries; giving up, so that a job that kills its workers cannot run forever.", task.Retried+1),
 	}})
 	if err != nil {
 		return fmt.Errorf("fail %s: %w", j.ID, err)
+	}
+	if err := r.Inspector.DeleteArchivedJob(ctx, j.Queue, j.ID); err != nil {
+		return err
 	}
 	if !applied {
 		return nil
 	}
 	rep.Failed++
-	r.Logger.Warn("job failed: its worker stopped during each of its last deliveries", "job", j.ID, "deliveries", task.Retried+1)
+	r.Logger.Warn("job failed: its worker was gone at the end of its last delivery", "job", j.ID, "failed_deliveries", task.Retried+1)
 	if j.WebhookURL != "" {
 		if _, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: store.WebhookJob, ID: j.ID}); err != nil {
 			r.Logger.Warn("enqueue webhook", "job", j.ID, "err", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/llmq/llmq/internal/recovery"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/worker"
 )
 
 func TestMain(m *testing.M) {
@@ -129,11 +130,11 @@ func TestJobWhoseWorkerDiedIsFailedNotRevived(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.Status != store.JobFailed || got.Error == nil || got.Error.Code != "worker_lost" ||
-		!strings.Contains(got.Error.Message, "stopped (killed or crashed)") {
+		!strings.Contains(got.Error.Message, "worker gone (killed, crashed or cut off from Redis)") {
 		t.Fatalf("job = %s, error %+v; want failed with worker_lost", got.Status, got.Error)
 	}
-	if st, _ := a.Inspector.JobTaskState(ctx, j.Queue, j.ID); st != queue.TaskArchived {
-		t.Fatalf("task is %s; want it kept in the archive", st)
+	if st, _ := a.Inspector.JobTaskState(ctx, j.Queue, j.ID); st != queue.TaskMissing {
+		t.Fatalf("task is %s; want it dropped: the job records why it failed", st)
 	}
 	if rep, err := reconciler(a, later).RunOnce(ctx); err != nil || rep.Scanned != 0 {
 		t.Fatalf("second pass = %+v, %v; want nothing left to look at", rep, err)
@@ -287,5 +288,74 @@ func TestPendingWebhooksAreEnqueuedAgain(t *testing.T) {
 	fresh := hooked()
 	if rep, _ := reconciler(a, time.Now).RunOnce(ctx); rep.Webhooks != 0 || task(fresh) != queue.TaskMissing {
 		t.Fatalf("a job finished just now: %+v, task %s", rep, task(fresh))
+	}
+}
+
+// asynq archives a task whose delivery came back after its retries were
+// used up, such as one that stored its job's result and died before
+// settling the budget. The reconciler sends a finished job's archived task
+// back, and its delivery settles the charge from the ledger; a failed
+// job's archived task is dropped.
+func TestFinishedJobsArchivedTasksAreSentBackToSettle(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	tenant, _ := a.Tenant("standard")
+	ctx := context.Background()
+	tn, err := a.Store.TenantGetByID(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acct, _, err := admission.Account(a.Policy.Current(), tn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A delivery that stored the result and died before Settle, on its
+	// last retry: the job succeeded, its task is archived.
+	done := insertJob(t, a, tenant, &store.JobInsertParams{})
+	if _, _, err := a.Store.JobStart(ctx, done.ID); err != nil {
+		t.Fatal(err)
+	}
+	res, d, err := a.Budgets.Reserve(ctx, acct, done.ID, 1000)
+	if err != nil || !d.Allowed {
+		t.Fatalf("reserve: %v %+v", err, d)
+	}
+	const cost = 420
+	if _, err := a.Store.JobComplete(ctx, &store.JobCompleteParams{ID: done.ID, Day: res.Day, GlobalDay: res.GlobalDay,
+		PromptTokens: 10, CompletionTokens: 5, Cost: cost}); err != nil {
+		t.Fatal(err)
+	}
+	failed := insertJob(t, a, tenant, &store.JobInsertParams{})
+	for _, j := range []*store.Job{done, failed} {
+		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Queue: j.Queue, In: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		archive(t, a, j)
+	}
+	if _, _, err := a.Store.JobFail(ctx, &store.JobFailParams{ID: failed.ID, Error: store.JobError{Message: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := reconciler(a, later).RunOnce(ctx)
+	if err != nil || rep.Resent != 1 || rep.Dropped != 1 {
+		t.Fatalf("pass = %+v, %v; want one task sent back and one dropped", rep, err)
+	}
+	if st, _ := a.Inspector.JobTaskState(ctx, done.Queue, done.ID); st != queue.TaskPending {
+		t.Fatalf("the succeeded job's task is %s, want pending", st)
+	}
+	if st, _ := a.Inspector.JobTaskState(ctx, failed.Queue, failed.ID); st != queue.TaskMissing {
+		t.Fatalf("the failed job's task is %s, want dropped", st)
+	}
+	// Its delivery settles the charge the dead worker left open.
+	if err := a.JobHandler(worker.Options{}).Run(ctx, done.ID); err != nil {
+		t.Fatal(err)
+	}
+	st, err := a.Budgets.Status(ctx, acct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Spent != cost || st.Reserved != 0 {
+		t.Fatalf("spent %s, reserved %s; want %d spent and nothing reserved", st.Spent, st.Reserved, cost)
+	}
+	if rep, err := reconciler(a, later).RunOnce(ctx); err != nil || rep.Resent+rep.Dropped != 0 {
+		t.Fatalf("second pass = %+v, %v; want an empty archive", rep, err)
 	}
 }

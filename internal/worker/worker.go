@@ -6,7 +6,10 @@
 // Rate-limit waits, 429s and budget deferrals put the task back in its queue
 // without counting a failure; provider faults are retried with backoff and
 // counted; a request the provider refuses for good fails at once. A task
-// delivered twice never calls the provider again once its job has finished.
+// delivered twice never calls the provider again once its job has finished:
+// it only makes sure the finished job's charge is in its day's spend (a
+// delivery that died between storing the result and settling left it out),
+// settling it from the ledger row, which charges a job once.
 package worker
 
 import (
@@ -535,16 +538,23 @@ func (r *run) penalize(ctx context.Context, pe *llm.Error) {
 // retry counts a provider fault and retries with backoff, or fails the job
 // when its retries are used up.
 func (r *run) retry(ctx context.Context, pe *llm.Error) error {
-	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, ok := asynq.GetMaxRetry(ctx)
-	if ok && retried >= maxRetry {
+	if !ok {
+		maxRetry = queue.DefaultMaxRetry
+	}
+	// asynq's count of failed deliveries starts again when the reconciler
+	// revives an archived task; the job's own count of the provider's faults
+	// (its attempts that were not 429s) does not, so the ceiling holds.
+	retried, _ := asynq.GetRetryCount(ctx)
+	faults := max(retried, r.job.Attempts-r.job.RateLimited)
+	if faults >= maxRetry {
 		e := providerError(pe)
-		e.Message = fmt.Sprintf("The provider call failed %d times; giving up. Last error: %s", retried+1, pe.Message)
+		e.Message = fmt.Sprintf("The provider call failed %d times; giving up. Last error: %s", faults+1, pe.Message)
 		return r.fail(ctx, e, pe)
 	}
-	r.log.Warn("provider call failed; will retry", "status", pe.StatusCode, "attempt", retried+1, "err", pe.Message)
+	r.log.Warn("provider call failed; will retry", "status", pe.StatusCode, "attempt", faults+1, "err", pe.Message)
 	r.setStatus(ctx, store.JobWaiting, nil, true)
-	return &requeue{reason: "provider error", failure: true, delay: FullJitter(retried, time.Second, 5*time.Minute), cause: pe}
+	return &requeue{reason: "provider error", failure: true, delay: FullJitter(faults, time.Second, 5*time.Minute), cause: pe}
 }
 
 // fail marks the job failed for good and acknowledges the task.

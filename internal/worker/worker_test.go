@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/worker"
 )
@@ -320,6 +322,49 @@ func TestProviderFaultIsRetriedAsAFailure(t *testing.T) {
 	}
 	if u := a.Do("GET", "/v1/usage", key, nil).Map(t); u["reserved_usd"].(float64) != 0 {
 		t.Fatalf("reservation kept after a fault: %v", u)
+	}
+}
+
+// The ceiling on provider faults is the job's own count, not only asynq's
+// count of the task's failed deliveries, which starts again when the
+// reconciler revives an archived task: a job whose attempts (429s aside)
+// already reached it fails at its next fault, on a fresh task.
+func TestFaultCeilingCountsTheJobsAttempts(t *testing.T) {
+	t.Parallel()
+	a := start(t, &sim.Config{Faults: sim.Faults{Rate500: 1}})
+	_, key := a.Tenant("standard")
+	ctx := context.Background()
+	count := func(id string, n int) {
+		t.Helper()
+		for range n {
+			if _, _, err := a.Store.JobSetStatus(ctx, &store.JobSetStatusParams{ID: id,
+				From: []store.JobStatus{store.JobQueued, store.JobWaiting}, To: store.JobWaiting, CountAttempt: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	spent := submit(t, a, key, map[string]any{"body": apptest.ChatBody("spent", "", 5)})
+	count(spent, queue.DefaultMaxRetry)
+	room := submit(t, a, key, map[string]any{"body": apptest.ChatBody("room", "", 5)})
+	count(room, queue.DefaultMaxRetry+2)
+	for range 3 {
+		if _, err := a.Store.JobIncrRateLimited(ctx, room); err != nil { // three of its attempts were 429s
+			t.Fatal(err)
+		}
+	}
+	h := a.JobHandler(worker.Options{})
+	if err := h.Run(ctx, spent); err != nil {
+		t.Fatalf("the fault past the ceiling: %v, want the job failed and the task acked", err)
+	}
+	if j := job(t, a, spent); j.Status != store.JobFailed || j.Error == nil ||
+		!strings.Contains(j.Error.Message, fmt.Sprintf("failed %d times; giving up", queue.DefaultMaxRetry+1)) {
+		t.Fatalf("job = %s, error %+v", j.Status, j.Error)
+	}
+	if err := h.Run(ctx, room); err == nil || !worker.IsFailure(err) {
+		t.Fatalf("a fault under the ceiling must be retried as a failure, got %v", err)
+	}
+	if j := job(t, a, room); j.Status != store.JobWaiting {
+		t.Fatalf("job under the ceiling = %s", j.Status)
 	}
 }
 
