@@ -1,0 +1,75 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pressly/goose/v3"
+
+	"github.com/llmq/llmq/migrations"
+)
+
+// Migration 006 records when webhook deliveries ended. What finished before
+// it was delivered by the version before: its backfill marks those done, so
+// the reconciler does not send them all again; what finishes after it is
+// pending until delivered. Its Down section undoes it cleanly.
+func TestWebhookDoneMigrationBackfills(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"postgres": postgresURL(t), "sqlite": sqliteURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			db := openURL(t, url)
+			ten := mkTenant(t, db)
+			hooked := func() *Job {
+				p := jobParams(ten.ID)
+				p.WebhookURL = "https://example.com/hook"
+				return mkJob(t, db, p)
+			}
+			before, unfinished := hooked(), hooked()
+			if _, _, err := db.JobFail(ctx, &JobFailParams{ID: before.ID, Error: JobError{Message: "x"}}); err != nil {
+				t.Fatal(err)
+			}
+
+			fsys := migrations.Postgres()
+			if db.d == sqliteDialect {
+				fsys = migrations.SQLite()
+			}
+			p, err := goose.NewProvider(db.d.goose, db.rw, fsys, goose.WithDisableGlobalRegistry(true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Back to the schema before 006, then forward again: the
+			// failed job stands for one finished under the version before.
+			if _, err := p.DownTo(ctx, 5); err != nil {
+				t.Fatalf("down to 5: %v", err)
+			}
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatalf("up: %v", err)
+			}
+			pending := func() []string {
+				t.Helper()
+				refs, _, err := db.WebhookListPending(context.Background(), &WebhookListPendingParams{Kind: WebhookJob,
+					FinishedBefore: time.Now().Add(time.Hour)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for _, r := range refs {
+					ids = append(ids, r.ID)
+				}
+				return ids
+			}
+			if got := pending(); len(got) != 0 {
+				t.Fatalf("after the migration %v are pending; want the job finished before it marked done", got)
+			}
+			if _, _, err := db.JobFail(ctx, &JobFailParams{ID: unfinished.ID, Error: JobError{Message: "x"}}); err != nil {
+				t.Fatal(err)
+			}
+			if got := pending(); len(got) != 1 || got[0] != unfinished.ID {
+				t.Fatalf("a job finished after the migration: pending %v, want [%s]", got, unfinished.ID)
+			}
+		})
+	}
+}
