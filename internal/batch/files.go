@@ -88,6 +88,8 @@ func resultError(j *store.Job, final store.BatchStatus) *client.BatchLineError {
 		e.Code, e.Message = "batch_expired", "This request could not be executed before the completion window expired."
 	case j.Status == store.JobCancelled && final == store.BatchCancelled:
 		e.Code, e.Message = "batch_cancelled", "This request was not executed: the batch was cancelled."
+	case j.Status == store.JobCancelled && final == store.BatchFailed:
+		e.Code, e.Message = "batch_failed", "This request was not executed: the batch failed before it ran (see the batch's errors)."
 	case j.Status == store.JobCancelled:
 		e.Code, e.Message = "request_cancelled", "This request was cancelled."
 	default:

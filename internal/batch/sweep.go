@@ -33,9 +33,9 @@ func (s *Service) Run(ctx context.Context) {
 // Sweep looks once at every unfinished batch, unless another process is
 // sweeping: a batch left validating is validated (in the background); an
 // in_progress batch whose jobs have all finished is finalized (its files
-// made) and completed; one past its expiry is expired; a cancelling one is
-// cancelled once no job of it runs. A batch that another process holds is
-// left for the next sweep.
+// made) and completed; a validating or in_progress one past its expiry is
+// expired; a cancelling one is cancelled once no job of it runs. A batch
+// that another process holds is left for the next sweep.
 func (s *Service) Sweep(ctx context.Context) error {
 	unlock, ok, err := s.Store.TryLock(ctx, sweeperLock)
 	if err != nil || !ok {
@@ -65,7 +65,7 @@ func (s *Service) Sweep(ctx context.Context) error {
 
 // step moves one batch on, if it can.
 func (s *Service) step(ctx context.Context, b *store.Batch) error {
-	if b.Status == store.BatchValidating {
+	if b.Status == store.BatchValidating && !s.expired(b) {
 		s.Start(b.ID)
 		return nil
 	}
@@ -79,8 +79,12 @@ func (s *Service) step(ctx context.Context, b *store.Batch) error {
 	}
 	now := s.opts.Now()
 	switch b.Status {
+	case store.BatchValidating: // past its expiry, its validation not running
+		if s.expired(b) {
+			return s.expireValidating(ctx, b)
+		}
 	case store.BatchInProgress:
-		if b.ExpiresAt != nil && !now.Before(*b.ExpiresAt) {
+		if s.expired(b) {
 			return s.stop(ctx, b, store.BatchExpired, now.Sub(*b.ExpiresAt))
 		}
 		c, err := s.Store.JobCountsByBatch(ctx, b.ID)
@@ -103,6 +107,29 @@ func (s *Service) step(ctx context.Context, b *store.Batch) error {
 		return s.stop(ctx, b, store.BatchCancelled, since)
 	}
 	return nil
+}
+
+// expired reports whether the batch's completion window has ended.
+func (s *Service) expired(b *store.Batch) bool {
+	return b.ExpiresAt != nil && !s.opts.Now().Before(*b.ExpiresAt)
+}
+
+// expireValidating expires a batch whose window ended before its
+// validation did (one that kept failing, say): nothing of it was enqueued,
+// so the jobs it stored are cancelled at once, and its total is what it
+// stored, as when a batch is cancelled while validating, so its counts agree
+// with its error file. The caller holds the batch's lock.
+func (s *Service) expireValidating(ctx context.Context, b *store.Batch) error {
+	if _, err := s.Store.JobCancelByBatch(ctx, b.ID); err != nil {
+		return err
+	}
+	c, err := s.Store.JobCountsByBatch(ctx, b.ID)
+	if err != nil {
+		return err
+	}
+	total := c.Total
+	return s.finish(ctx, b, store.BatchExpired, &total, []client.BatchError{{Code: "batch_expired",
+		Message: "The completion window ended before the input file was validated; no request of the batch ran."}})
 }
 
 // stop ends a cancelled or expired batch: its pending jobs are cancelled at

@@ -12,7 +12,6 @@ import (
 	"io"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
@@ -55,6 +54,9 @@ func (s *Service) Validate(ctx context.Context, batchID string) error {
 	if b.Status != store.BatchValidating {
 		return nil
 	}
+	if s.expired(b) {
+		return s.expireValidating(ctx, b)
+	}
 	tenant, err := s.Store.TenantGetByID(ctx, b.TenantID)
 	if err != nil {
 		return err
@@ -71,7 +73,10 @@ func (s *Service) Validate(ctx context.Context, batchID string) error {
 		return err
 	}
 	if err := v.run(ctx); err != nil {
-		return err
+		if ctx.Err() != nil || !permanent(err) {
+			return err
+		}
+		return v.failed(ctx, err)
 	}
 	return v.conclude(ctx)
 }
@@ -168,7 +173,7 @@ func (v *validation) flush(ctx context.Context) error {
 	}
 	ids, err := v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: v.group})
 	if err != nil {
-		return err
+		return &groupError{first: v.group[0].LineNo, last: v.group[len(v.group)-1].LineNo, err: err}
 	}
 	refs := make([]queue.JobRef, 0, len(v.group))
 	for i, j := range v.group {
@@ -279,6 +284,43 @@ func (v *validation) cancelled(ctx context.Context) error {
 	return err
 }
 
+// failed ends a validation that the database refuses for good (see
+// permanent): retried, it would fail the same way at every sweep, and the
+// file's valid lines would never run. Nothing of the batch was enqueued;
+// what it stored is cancelled, and the batch fails with the database's
+// reason, its total the requests it stored, so its counts agree with its
+// error file.
+func (v *validation) failed(ctx context.Context, cause error) error {
+	s := v.s
+	s.Logger.Warn("batch lines cannot be stored; the batch fails", "batch", v.b.ID, "err", cause)
+	if _, err := s.Store.JobCancelByBatch(ctx, v.b.ID); err != nil {
+		return err
+	}
+	c, err := s.Store.JobCountsByBatch(ctx, v.b.ID)
+	if err != nil {
+		return err
+	}
+	total := c.Total
+	msg := "The input file could not be read or stored"
+	var ge *groupError
+	if errors.As(cause, &ge) {
+		msg = fmt.Sprintf("Lines %d to %d could not be stored", ge.first, ge.last)
+	}
+	msg += fmt.Sprintf(", and trying again would not help: %s. No request of the batch ran.", databaseReason(cause))
+	return s.finish(ctx, v.b, store.BatchFailed, &total, []client.BatchError{{Code: "validation_failed", Message: msg}})
+}
+
+// groupError is a failed insert of the lines first to last.
+type groupError struct {
+	first, last int
+	err         error
+}
+
+func (e *groupError) Error() string {
+	return fmt.Sprintf("store lines %d to %d: %v", e.first, e.last, e.err)
+}
+func (e *groupError) Unwrap() error { return e.err }
+
 // storedGroups is every queued job of the batch in the store, in groups
 // (enqueueing one whose task exists already is a no-op).
 func (v *validation) storedGroups(ctx context.Context) ([][]queue.JobRef, error) {
@@ -334,7 +376,7 @@ func (v *validation) check(no int, line []byte, tooLong bool) *store.JobInsertPa
 	var req requestLine
 	le := v.parse(no, line, tooLong, &req)
 	if req.CustomID != nil {
-		job.CustomID = *req.CustomID
+		job.CustomID = *req.CustomID // parse dropped one that cannot be stored
 	}
 	if le == nil {
 		var est *admission.Estimate
@@ -349,7 +391,7 @@ func (v *validation) check(no int, line []byte, tooLong bool) *store.JobInsertPa
 	var named struct {
 		Model string `json:"model"`
 	}
-	if json.Unmarshal(req.Body, &named) == nil && len(named.Model) <= 256 {
+	if json.Unmarshal(req.Body, &named) == nil && len(named.Model) <= 256 && !strings.ContainsRune(named.Model, 0) {
 		job.Model = named.Model
 	}
 	msg := fmt.Sprintf("Line %d: %s", no, le.msg)
@@ -362,10 +404,14 @@ func (v *validation) check(no int, line []byte, tooLong bool) *store.JobInsertPa
 	return job
 }
 
-// parse reads the line's JSON and checks custom_id, method and url.
+// parse reads the line's JSON and checks that the store can hold it, then
+// custom_id, method and url.
 func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) *lineError {
 	if tooLong {
 		return &lineError{code: "line_too_long", msg: fmt.Sprintf("the line is longer than %d bytes.", v.s.opts.MaxLineBytes)}
+	}
+	if msg := encodingProblem(line); msg != "" {
+		return &lineError{code: "invalid_encoding", msg: msg}
 	}
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
@@ -375,11 +421,17 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 	if dec.More() {
 		return &lineError{code: "invalid_json_line", msg: "the line holds more than one JSON value."}
 	}
+	if le := unstorableField(line); le != nil {
+		if le.param == "custom_id" {
+			req.CustomID = nil // neither stored nor echoed
+		}
+		return le
+	}
 	switch {
 	case req.CustomID == nil || *req.CustomID == "":
 		return &lineError{code: "missing_custom_id", param: "custom_id", msg: "custom_id is required: a non-empty string, unique within the file."}
-	case len(*req.CustomID) > 512 || !utf8.ValidString(*req.CustomID):
-		return &lineError{code: "invalid_custom_id", param: "custom_id", msg: "custom_id must be valid UTF-8 of at most 512 bytes."}
+	case len(*req.CustomID) > 512:
+		return &lineError{code: "invalid_custom_id", param: "custom_id", msg: "custom_id must be at most 512 bytes."}
 	}
 	key := customIDKey(*req.CustomID)
 	if first, dup := v.seen[key]; dup {
@@ -397,6 +449,34 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 		return &lineError{code: "missing_body", param: "body", msg: fmt.Sprintf("body is required: the request to send to %s.", v.b.Endpoint)}
 	}
 	return nil
+}
+
+// unstorableField refuses a decoded line holding what Postgres cannot store
+// (see jsonProblem), naming the field that holds it. The store would turn an
+// escaped NUL of the body into U+FFFD (as it does in a provider's answer),
+// and Go's decoder an unpaired surrogate into U+FFFD: a request is refused
+// instead of being sent other than it was written.
+func unstorableField(line []byte) *lineError {
+	code, what := jsonProblem(line)
+	if code == "" {
+		return nil
+	}
+	var fields struct {
+		CustomID json.RawMessage `json:"custom_id"`
+		Method   json.RawMessage `json:"method"`
+		URL      json.RawMessage `json:"url"`
+		Body     json.RawMessage `json:"body"`
+	}
+	_ = json.Unmarshal(line, &fields) // it decoded into requestLine already
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"custom_id", fields.CustomID}, {"body", fields.Body}, {"method", fields.Method}, {"url", fields.URL}} {
+		if c, w := jsonProblem(f.raw); c != "" {
+			return &lineError{code: c, param: f.name, msg: fmt.Sprintf("%s holds %s, which cannot be stored.", f.name, w)}
+		}
+	}
+	return &lineError{code: code, msg: fmt.Sprintf("the line holds %s, which cannot be stored.", what)}
 }
 
 // admit asks admission whether the body can ever run, and whether its

@@ -1,0 +1,80 @@
+package batch
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", to ask Postgres itself
+
+	"github.com/llmq/llmq/internal/testutil"
+)
+
+// TestJSONProblemAgreesWithPostgres checks, value by value, that what
+// jsonProblem lets through Postgres stores as jsonb, and what it refuses
+// Postgres refuses: numbers at and past numeric's limits, NUL and surrogate
+// escapes, and escapes that only look like them. The database's errors are
+// classified too: a refused value is permanent, a lost connection is not.
+func TestJSONProblemAgreesWithPostgres(t *testing.T) {
+	t.Parallel()
+	db, err := sql.Open("pgx", testutil.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	digits := func(n int) string { return strings.Repeat("0", n) }
+	docs := []string{
+		`[0]`, `[-0]`, `[1.5e10]`, `[1E+2]`, `[-12.25e-3]`,
+		`[9.99e131071]`, `[1e131072]`, `[0.5e131072]`, `[1000e131068]`, `[1000e131069]`,
+		`[1e-16383]`, `[1e-16384]`, `[1.00000e-16378]`, `[1.00000e-16379]`,
+		`[0.` + digits(16382) + `1]`, `[0.` + digits(16383) + `1]`, `[1.` + digits(16384) + `]`,
+		`[0e1000000]`, `[0e-16383]`, `[0e-16384]`, `[0e1073741822]`, `[0e1073741823]`, `[1e99999999999999999999]`,
+		`["a\u0000b"]`, `["a\\u0000b"]`, `["\\\u0000"]`, `["\u0001\u007f\uffff"]`,
+		`["\ud83d\ude00"]`, `["\uD83D\uDE00"]`, `["\ud83d"]`, `["\ud83d\u0041"]`, `["\ude00"]`, `["x\ud83d\ud83d\ude00"]`,
+		`{"k\u0000":1}`, `{"\"":[1e131072]}`, `["\"1e131072"]`,
+	}
+	for _, doc := range docs {
+		code, what := jsonProblem([]byte(doc))
+		var n int
+		dbErr := db.QueryRowContext(ctx, `SELECT length($1::text::jsonb::text)`, doc).Scan(&n)
+		short := doc
+		if len(short) > 40 {
+			short = short[:40] + "…"
+		}
+		if (code == "") != (dbErr == nil) {
+			t.Errorf("%s: jsonProblem = %q %q, Postgres: %v", short, code, what, dbErr)
+		}
+		if dbErr != nil && !permanent(dbErr) {
+			t.Errorf("%s: Postgres's refusal %v is not permanent", short, dbErr)
+		}
+	}
+	for _, line := range []string{"caf\xe9", "a\x00b", "\xc3"} {
+		if encodingProblem([]byte(line)) == "" {
+			t.Errorf("encodingProblem(%q) found nothing", line)
+		}
+		if err := db.QueryRowContext(ctx, `SELECT $1::text`, line).Scan(new(string)); err == nil || !permanent(err) {
+			t.Errorf("Postgres took %q as text, or its refusal is not permanent: %v", line, err)
+		}
+	}
+	if p := encodingProblem([]byte("café ☕ \U0001F600")); p != "" {
+		t.Errorf("encodingProblem of UTF-8 text = %q", p)
+	}
+
+	// Errors retrying can fix are not permanent.
+	gone, err := sql.Open("pgx", "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	if err := gone.PingContext(ctx); err == nil || permanent(err) {
+		t.Errorf("a refused connection: err = %v, permanent = %v", err, err != nil && permanent(err))
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := db.ExecContext(short, `SELECT pg_sleep(5)`); err == nil || permanent(err) {
+		t.Errorf("a timed-out query: err = %v, permanent = %v", err, err != nil && permanent(err))
+	}
+}
