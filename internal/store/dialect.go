@@ -56,7 +56,8 @@ type dialect struct {
 	tryLock func(ctx context.Context, db *DB, name string) (unlock func(), ok bool, err error)
 
 	// errKind classifies a driver error as ErrConflict, ErrNotFound (a
-	// foreign key naming a missing row) or nil.
+	// foreign key naming a missing row), ErrInvalidValue (a value the
+	// database cannot hold) or nil.
 	errKind func(err error) error
 }
 
@@ -81,7 +82,8 @@ func (d *dialect) tsOrNull(t *time.Time) any {
 }
 
 // wrap classifies err: constraint violations gain ErrConflict or ErrNotFound
-// (keeping the driver's message, which names the constraint).
+// (keeping the driver's message, which names the constraint), refused values
+// ErrInvalidValue.
 func (d *dialect) wrap(err error) error {
 	if err == nil {
 		return nil
@@ -91,6 +93,13 @@ func (d *dialect) wrap(err error) error {
 	}
 	return err
 }
+
+// Classify gives err the sentinel of its kind (ErrConflict, ErrNotFound,
+// ErrInvalidValue), as the writing methods do. Reads return the driver's
+// error as it is; a caller that answers every error, such as the HTTP API,
+// classifies them once, so a value it forgot to check is the caller's
+// mistake and not a failure of the database.
+func (db *DB) Classify(err error) error { return db.d.wrap(err) }
 
 var postgresDialect = &dialect{
 	name:             "postgres",
@@ -106,6 +115,12 @@ var postgresDialect = &dialect{
 				return ErrConflict
 			case "23503": // foreign_key_violation
 				return ErrNotFound
+			}
+			// Class 22, data exception: invalid byte sequence (22021), NUL
+			// or a lone surrogate in jsonb (22P05, 22P02), a value too
+			// long or out of range.
+			if strings.HasPrefix(pe.Code, "22") {
+				return ErrInvalidValue
 			}
 		}
 		return nil
@@ -127,6 +142,8 @@ var sqliteDialect = &dialect{
 				return ErrConflict
 			case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
 				return ErrNotFound
+			case sqlite3.SQLITE_TOOBIG: // a string or blob over SQLite's limit; its TEXT takes any bytes, NUL included
+				return ErrInvalidValue
 			}
 		}
 		return nil

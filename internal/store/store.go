@@ -34,6 +34,10 @@ var (
 	ErrNotFound = errors.New("store: not found")
 	// ErrConflict: a unique key (id, idempotency key, batch line, key hash) is taken.
 	ErrConflict = errors.New("store: conflict")
+	// ErrInvalidValue: the database refused a value it cannot hold (a NUL or
+	// invalid UTF-8 in text, a number out of range): the caller's data, not
+	// the database's failure.
+	ErrInvalidValue = errors.New("store: invalid value")
 )
 
 // Default and largest page sizes of the list methods.

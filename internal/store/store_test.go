@@ -2,12 +2,15 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/testutil"
@@ -146,7 +149,56 @@ func TestOpenSQLiteCreatesDirectoryWithFileScheme(t *testing.T) {
 
 func TestErrorsAreClassified(t *testing.T) {
 	t.Parallel()
-	if err := postgresDialect.wrap(errors.New("plain")); errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
+	if err := postgresDialect.wrap(errors.New("plain")); errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidValue) {
 		t.Fatalf("a plain error was classified: %v", err)
+	}
+	for code, want := range map[string]error{
+		"23505": ErrConflict, "23503": ErrNotFound,
+		"22021": ErrInvalidValue, "22P05": ErrInvalidValue, "22P02": ErrInvalidValue, "22001": ErrInvalidValue, "22003": ErrInvalidValue,
+		"40001": nil, "53300": nil, "42P01": nil,
+	} {
+		err := postgresDialect.wrap(fmt.Errorf("query: %w", &pgconn.PgError{Code: code}))
+		for _, kind := range []error{ErrConflict, ErrNotFound, ErrInvalidValue} {
+			if errors.Is(err, kind) != (kind == want) {
+				t.Errorf("SQLSTATE %s: errors.Is(%v, %v) = %v", code, err, kind, !(kind == want))
+			}
+		}
+	}
+}
+
+// What Postgres refuses in a value (a NUL or invalid UTF-8 in text, a lone
+// surrogate in jsonb) is ErrInvalidValue, from the writing methods and from
+// Classify over a read's error, so that callers tell it from a failure.
+func TestRefusedValuesAreInvalidValue(t *testing.T) {
+	t.Parallel()
+	db := openURL(t, postgresURL(t))
+	ctx := t.Context()
+	for _, name := range []string{"a\x00b", "a\xffb"} {
+		_, err := db.TenantInsert(ctx, &TenantInsertParams{Name: name, Tier: "standard"})
+		if !errors.Is(err, ErrInvalidValue) {
+			t.Errorf("TenantInsert(name %q): err = %v, want ErrInvalidValue", name, err)
+		}
+	}
+	ten, err := db.TenantInsert(ctx, &TenantInsertParams{Name: "a", Tier: "standard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = db.JobInsert(ctx, &JobInsertParams{TenantID: ten.ID, Endpoint: "/v1/chat/completions", Model: "m",
+		Queue: "default", Request: json.RawMessage(`{"messages":[{"content":"\ud800"}]}`)})
+	if !errors.Is(err, ErrInvalidValue) {
+		t.Errorf("JobInsert with a lone surrogate: err = %v, want ErrInvalidValue", err)
+	}
+	_, err = db.JobGetForTenant(ctx, ten.ID, "job_\x00")
+	if err == nil || errors.Is(err, ErrNotFound) {
+		t.Fatalf("JobGetForTenant(NUL id): err = %v, want the driver's refusal", err)
+	}
+	if err := db.Classify(err); !errors.Is(err, ErrInvalidValue) {
+		t.Errorf("Classify(%v) is not ErrInvalidValue", err)
+	}
+	if jobs, _, err := db.JobList(ctx, &JobListParams{TenantID: ten.ID}); err != nil || len(jobs) != 0 {
+		t.Fatalf("jobs stored: %d (%v)", len(jobs), err)
+	}
+	if err := db.Classify(nil); err != nil {
+		t.Fatalf("Classify(nil) = %v", err)
 	}
 }
