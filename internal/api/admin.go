@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -73,7 +74,10 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) tenantByPath(r *http.Request) (*store.Tenant, error) {
-	id := r.PathValue("id")
+	id, err := pathID(r, ids.Tenant, "tenant")
+	if err != nil {
+		return nil, err
+	}
 	t, err := s.Store.TenantGetByID(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("tenant", id)
@@ -95,7 +99,11 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ts, more, err := s.Store.TenantList(r.Context(), &store.TenantListParams{After: r.URL.Query().Get("after"), Limit: limit})
+	after, err := queryID(r.URL.Query(), "after", ids.Tenant, "tenant")
+	if err != nil {
+		return err
+	}
+	ts, more, err := s.Store.TenantList(r.Context(), &store.TenantListParams{After: after, Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -108,6 +116,10 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r, ids.Tenant, "tenant")
+	if err != nil {
+		return err
+	}
 	var req struct {
 		Name           *string         `json:"name"`
 		Tier           *string         `json:"tier"`
@@ -117,7 +129,7 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
-	p := &store.TenantUpdateParams{ID: r.PathValue("id"), Name: req.Name, Tier: req.Tier, APIExempt: req.APIExempt}
+	p := &store.TenantUpdateParams{ID: id, Name: req.Name, Tier: req.Tier, APIExempt: req.APIExempt}
 	if req.Name != nil && (strings.TrimSpace(*req.Name) == "" || len(*req.Name) > 200) {
 		return badRequest("name", "invalid_value", "name must not be empty (at most 200 characters).")
 	}
@@ -207,7 +219,10 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
+	id, err := pathID(r, ids.Key, "api key")
+	if err != nil {
+		return err
+	}
 	k, err := s.Store.APIKeyRevoke(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
 		return notFound("api key", id)
@@ -244,7 +259,11 @@ func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
 	if _, err := time.Parse(time.DateOnly, day); err != nil {
 		return badRequest("day", "invalid_value", "day must be a date as YYYY-MM-DD, got '%s'.", day)
 	}
-	rows, err := s.Store.UsageReport(r.Context(), &store.UsageReportParams{Day: day, TenantID: r.URL.Query().Get("tenant_id")})
+	tenantID, err := queryID(r.URL.Query(), "tenant_id", ids.Tenant, "tenant")
+	if err != nil {
+		return err
+	}
+	rows, err := s.Store.UsageReport(r.Context(), &store.UsageReportParams{Day: day, TenantID: tenantID})
 	if err != nil {
 		return err
 	}

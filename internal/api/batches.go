@@ -10,6 +10,7 @@ import (
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -89,11 +90,14 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if _, _, err := admission.Account(s.Policy.Current(), c.tenant); err != nil {
 		return err
 	}
+	missing := notFound("file", req.InputFileID)
+	missing.Param = "input_file_id"
+	if !ids.Valid(ids.File, req.InputFileID) {
+		return missing
+	}
 	f, err := s.Store.FileGetForTenant(r.Context(), c.tenant.ID, req.InputFileID)
 	if errors.Is(err, store.ErrNotFound) {
-		e := notFound("file", req.InputFileID)
-		e.Param = "input_file_id"
-		return e
+		return missing
 	}
 	if err != nil {
 		return err
@@ -134,7 +138,10 @@ func (s *batchAPI) renderBatch(r *http.Request, b *store.Batch) (client.Batch, e
 }
 
 func (s *batchAPI) batchByPath(r *http.Request) (*store.Batch, error) {
-	id := r.PathValue("id")
+	id, err := pathID(r, ids.Batch, "batch")
+	if err != nil {
+		return nil, err
+	}
 	b, err := s.Store.BatchGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("batch", id)
@@ -163,7 +170,11 @@ func (s *batchAPI) listBatches(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	bs, more, err := s.Store.BatchList(r.Context(), &store.BatchListParams{TenantID: callerOf(r).tenant.ID, After: q.Get("after"), Limit: limit})
+	after, err := queryID(q, "after", ids.Batch, "batch")
+	if err != nil {
+		return err
+	}
+	bs, more, err := s.Store.BatchList(r.Context(), &store.BatchListParams{TenantID: callerOf(r).tenant.ID, After: after, Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -193,7 +204,10 @@ func batchListLimit(q url.Values) (int, error) {
 // once; running ones finish, and the sweeper ends the batch as cancelled,
 // with the results of what ran. Cancelling twice is harmless.
 func (s *batchAPI) cancelBatch(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
+	id, err := pathID(r, ids.Batch, "batch")
+	if err != nil {
+		return err
+	}
 	tenantID := callerOf(r).tenant.ID
 	b, changed, err := s.Store.BatchSetStatus(r.Context(), &store.BatchSetStatusParams{ID: id, TenantID: tenantID,
 		From: []store.BatchStatus{store.BatchValidating, store.BatchInProgress}, To: store.BatchCancelling})

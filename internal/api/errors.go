@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/store"
 )
 
 // Error types, as OpenAI names them, so the official SDKs map them to their
@@ -48,7 +49,7 @@ func badRequest(param, code, format string, args ...any) *Error {
 }
 
 func notFound(what, id string) *Error {
-	return errorf(http.StatusNotFound, TypeNotFound, "not_found", "", "No %s found with id '%s'.", what, id)
+	return errorf(http.StatusNotFound, TypeNotFound, "not_found", "", "No %s found with id '%.100s'.", what, id)
 }
 
 var (
@@ -68,6 +69,12 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		if errors.As(err, &mbe) {
 			e = errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "request_too_large", "",
 				"Request body is larger than the limit of %d bytes.", mbe.Limit)
+		} else if errors.Is(err, store.ErrInvalidValue) {
+			// The backstop of the checks that name the param: logged, as
+			// each one is a check to add.
+			logger.WarnContext(r.Context(), "request refused by the database", "method", r.Method, "path", r.URL.Path, "err", err)
+			e = errorf(http.StatusBadRequest, TypeInvalidRequest, "invalid_value", "",
+				"The request holds a value that cannot be stored (such as a NUL character or text that is not UTF-8).")
 		} else {
 			logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			e = errorf(http.StatusInternalServerError, TypeServer, "internal_error", "",

@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -119,10 +120,11 @@ func checkPurpose(p string) error {
 	return nil
 }
 
-// uploadName is the file name to keep: its base name, at most 255 bytes.
+// uploadName is the file name to keep: its base name, at most 255 bytes; a
+// name that is not UTF-8 text (or holds a NUL) becomes "upload.jsonl".
 func uploadName(name string) string {
 	name = filepath.Base(strings.ReplaceAll(name, `\`, "/"))
-	if name == "." || name == "/" || name == "" || !utf8.ValidString(name) {
+	if name == "." || name == "/" || name == "" || !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0 {
 		return "upload.jsonl"
 	}
 	for len(name) > 255 {
@@ -227,7 +229,10 @@ func (s *batchAPI) getFile(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *batchAPI) fileByPath(r *http.Request) (*store.File, error) {
-	id := r.PathValue("id")
+	id, err := pathID(r, ids.File, "file")
+	if err != nil {
+		return nil, err
+	}
 	f, err := s.Store.FileGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("file", id)
@@ -241,7 +246,11 @@ func (s *batchAPI) listFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p := &store.FileListParams{TenantID: callerOf(r).tenant.ID, After: q.Get("after"), Limit: limit}
+	after, err := queryID(q, "after", ids.File, "file")
+	if err != nil {
+		return err
+	}
+	p := &store.FileListParams{TenantID: callerOf(r).tenant.ID, After: after, Limit: limit}
 	if pu := q.Get("purpose"); pu != "" {
 		if pu != string(store.FilePurposeBatch) && pu != string(store.FilePurposeBatchOutput) {
 			return badRequest("purpose", "invalid_value", "purpose must be batch or batch_output, got '%.40s'.", pu)

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
@@ -44,6 +46,9 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	idemKey := r.Header.Get("Idempotency-Key")
 	if len(idemKey) > 255 {
 		return badRequest("Idempotency-Key", "invalid_header", "Idempotency-Key is longer than 255 characters.")
+	}
+	if !utf8.ValidString(idemKey) || strings.IndexByte(idemKey, 0) >= 0 {
+		return badRequest("Idempotency-Key", "invalid_encoding", "Idempotency-Key must be UTF-8 text without NUL characters.")
 	}
 	p := s.Policy.Current()
 	acct, tier := c.acct, c.tier
@@ -215,7 +220,10 @@ func validateMetadata(m map[string]string) error {
 }
 
 func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
+	id, err := pathID(r, ids.Job, "job")
+	if err != nil {
+		return err
+	}
 	job, err := s.Store.JobGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return notFound("job", id)
@@ -228,7 +236,10 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
+	id, err := pathID(r, ids.Job, "job")
+	if err != nil {
+		return err
+	}
 	job, changed, err := s.Store.JobCancel(r.Context(), callerOf(r).tenant.ID, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return notFound("job", id)
@@ -261,7 +272,15 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p := &store.JobListParams{TenantID: callerOf(r).tenant.ID, BatchID: q.Get("batch_id"), After: q.Get("after"), Limit: limit}
+	after, err := queryID(q, "after", ids.Job, "job")
+	if err != nil {
+		return err
+	}
+	batchID, err := queryID(q, "batch_id", ids.Batch, "batch")
+	if err != nil {
+		return err
+	}
+	p := &store.JobListParams{TenantID: callerOf(r).tenant.ID, BatchID: batchID, After: after, Limit: limit}
 	if st := q.Get("status"); st != "" {
 		if !store.JobStatus(st).Valid() {
 			return badRequest("status", "invalid_value", "status must be one of queued, running, waiting, deferred, succeeded, failed, cancelled; got '%s'.", st)

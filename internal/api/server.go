@@ -146,10 +146,15 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// plain adapts a handlerFunc without authentication.
+// plain adapts a handlerFunc without authentication. Errors are classified
+// by the store first (its reads return the driver's error as it is), so a
+// value the database refuses is a 400 even where no check caught it.
 func (s *Server) plain(h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
+			if s.Store != nil {
+				err = s.Store.Classify(err)
+			}
 			writeError(w, r, s.Logger, err)
 		}
 	})
