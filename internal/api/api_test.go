@@ -49,11 +49,17 @@ func checkError(t *testing.T, r *apptest.Response, status int, code, param strin
 	if e.Error.Message == "" || e.Error.Type == "" {
 		t.Fatalf("error without message or type: %s", r.Body)
 	}
-	if code != "" && (e.Error.Code == nil || *e.Error.Code != code) {
-		t.Fatalf("code = %v, want %q: %s", e.Error.Code, code, r.Body)
+	deref := func(p *string) string {
+		if p == nil {
+			return "<null>"
+		}
+		return *p
 	}
-	if param != "" && (e.Error.Param == nil || *e.Error.Param != param) {
-		t.Fatalf("param = %v, want %q: %s", e.Error.Param, param, r.Body)
+	if code != "" && deref(e.Error.Code) != code {
+		t.Fatalf("code = %s, want %q: %s", deref(e.Error.Code), code, r.Body)
+	}
+	if param != "" && deref(e.Error.Param) != param {
+		t.Fatalf("param = %s, want %q: %s", deref(e.Error.Param), param, r.Body)
 	}
 	if strings.Contains(string(r.Body), "goroutine") || strings.Contains(string(r.Body), ".go:") {
 		t.Fatalf("error leaks internals: %s", r.Body)

@@ -8,11 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/llmq/llmq/internal/ids"
+	"github.com/llmq/llmq/internal/jsontext"
 )
 
 // decodeJSON reads a JSON object of at most limit bytes from r's body into
@@ -32,8 +31,8 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, badRequest("", "invalid_json", "Request body is empty; expected a JSON object.")
 	}
-	if off := invalidUTF8(body); off >= 0 {
-		return nil, encodingError(body, off, "is not valid UTF-8")
+	if p := jsontext.Unstorable(body); p != nil {
+		return nil, encodingError(body, p)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -43,134 +42,17 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 	if dec.More() {
 		return nil, badRequest("", "invalid_json", "Request body has data after the JSON object.")
 	}
-	if off, what := unstorableEscape(body); off >= 0 {
-		return nil, encodingError(body, off, "holds "+what+", which cannot be stored")
-	}
 	return body, nil
 }
 
-// encodingError is the 400 of a body that holds at byte off what cannot be
-// stored; it names the field whose value holds it when the body is JSON
-// that far.
-func encodingError(body []byte, off int, what string) *Error {
-	param := jsonPathAt(body, off)
+// encodingError is the 400 of a body holding what the database cannot
+// store; it names the field whose value holds it when the body is JSON.
+func encodingError(body []byte, p *jsontext.Problem) *Error {
+	param := jsontext.PathAt(body, p.Offset)
 	if param == "" {
-		return badRequest("", "invalid_encoding", "Request body %s (at byte %d).", what, off)
+		return badRequest("", p.Code, "Request body holds %s at byte %d, which cannot be stored.", p.What, p.Offset)
 	}
-	return badRequest(param, "invalid_encoding", "'%s' %s (at byte %d of the request body).", param, what, off)
-}
-
-// invalidUTF8 is the offset of the first byte of b that is not UTF-8, or -1.
-func invalidUTF8(b []byte) int {
-	for i := 0; i < len(b); {
-		r, size := utf8.DecodeRune(b[i:])
-		if r == utf8.RuneError && size == 1 {
-			return i
-		}
-		i += size
-	}
-	return -1
-}
-
-// unstorableEscape is the offset in the valid JSON text b of the first
-// escape Postgres refuses (NUL, or half of a surrogate pair without its
-// other half) and what it is, or -1.
-func unstorableEscape(b []byte) (int, string) {
-	hex4 := func(i int) rune {
-		if i+6 > len(b) || b[i] != '\\' || b[i+1] != 'u' {
-			return -1
-		}
-		v, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
-		if err != nil {
-			return -1
-		}
-		return rune(v)
-	}
-	for i := 0; i < len(b); i++ {
-		if b[i] != '\\' {
-			continue
-		}
-		// Valid JSON: a backslash is in a string and starts an escape.
-		switch r := hex4(i); {
-		case r == 0:
-			return i, `the character U+0000 (NUL, \u0000)`
-		case r >= 0xd800 && r < 0xdc00:
-			if lo := hex4(i + 6); lo < 0xdc00 || lo > 0xdfff {
-				return i, fmt.Sprintf(`the unpaired surrogate escape \u%04x (a high surrogate must be followed by a low one)`, r)
-			}
-			i += 11
-		case r >= 0xdc00 && r <= 0xdfff:
-			return i, fmt.Sprintf(`the unpaired surrogate escape \u%04x (a low surrogate must follow a high one)`, r)
-		default:
-			i++ // the escaped character, so an escaped backslash is not read again
-		}
-	}
-	return -1, ""
-}
-
-// jsonPathAt is the param ("body.messages[0].content") of the value of the
-// JSON document doc that holds byte off; for a byte inside a member's name,
-// the object's. It is "" for the top level, or where doc does not parse.
-func jsonPathAt(doc []byte, off int) string {
-	type frame struct {
-		array   bool
-		key     string // an object's member being read
-		index   int    // an array's element being read
-		wantKey bool
-	}
-	var stack []frame
-	path := func(fs []frame) string {
-		var p strings.Builder
-		for _, f := range fs {
-			if f.array {
-				fmt.Fprintf(&p, "[%d]", f.index)
-				continue
-			}
-			if p.Len() > 0 {
-				p.WriteByte('.')
-			}
-			p.WriteString(f.key)
-		}
-		return p.String()
-	}
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return ""
-		}
-		end := int(dec.InputOffset())
-		if n := len(stack); n > 0 {
-			top := &stack[n-1]
-			if key, ok := tok.(string); ok && !top.array && top.wantKey {
-				if off < end {
-					return path(stack[:n-1])
-				}
-				top.key, top.wantKey = key, false
-				continue
-			}
-			if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
-				stack = stack[:n-1]
-				if n > 1 && !stack[n-2].array {
-					stack[n-2].wantKey = true
-				}
-				continue
-			}
-			if top.array {
-				top.index++
-			}
-		}
-		if d, ok := tok.(json.Delim); ok { // '{' or '['
-			stack = append(stack, frame{array: d == '[', index: -1, wantKey: d == '{'})
-			continue
-		}
-		if off < end {
-			return path(stack)
-		}
-		if n := len(stack); n > 0 && !stack[n-1].array {
-			stack[n-1].wantKey = true
-		}
-	}
+	return badRequest(param, p.Code, "'%s' holds %s (at byte %d of the request body), which cannot be stored.", param, p.What, p.Offset)
 }
 
 // pathID is the {id} of r's path when it is an id of prefix's type (the ids

@@ -64,10 +64,9 @@ func TestJobFieldsThatCannotBeStoredAreRefused(t *testing.T) {
 	if e.Error.Param != nil {
 		t.Fatalf("param = %q for a byte outside any value", *e.Error.Param)
 	}
-	// What no check of the API names is still a 400 (the store's backstop):
-	// here a number Postgres's numeric cannot hold, which Go reads as 0.
+	// A number Postgres's numeric cannot hold, which Go reads as 0.
 	tiny := `{"body":{"model":"gpt-4o-mini","temperature":0.` + strings.Repeat("0", 16384) + `1,"messages":[{"role":"user","content":"x"}]}}`
-	checkError(t, a.Do("POST", "/v1/jobs", key, tiny), 400, "invalid_value", "")
+	checkError(t, a.Do("POST", "/v1/jobs", key, tiny), 400, "number_out_of_range", "body.temperature")
 	// The header is stored too. (net/http itself refuses a NUL in a header.)
 	h := http.Header{"Idempotency-Key": {"order-\xff"}}
 	checkError(t, apptest.Do(t, a.URL, "POST", "/v1/jobs", key, chatWith("hi", ""), h), 400, "invalid_encoding", "Idempotency-Key")

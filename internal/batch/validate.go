@@ -17,6 +17,7 @@ import (
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/jsontext"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -73,7 +74,7 @@ func (s *Service) Validate(ctx context.Context, batchID string) error {
 		return err
 	}
 	if err := v.run(ctx); err != nil {
-		if ctx.Err() != nil || !permanent(err) {
+		if ctx.Err() != nil || !s.Store.IsPermanent(err) {
 			return err
 		}
 		return v.failed(ctx, err)
@@ -306,7 +307,7 @@ func (v *validation) failed(ctx context.Context, cause error) error {
 	if errors.As(cause, &ge) {
 		msg = fmt.Sprintf("Lines %d to %d could not be stored", ge.first, ge.last)
 	}
-	msg += fmt.Sprintf(", and trying again would not help: %s. No request of the batch ran.", databaseReason(cause))
+	msg += fmt.Sprintf(", and trying again would not help: %s. No request of the batch ran.", store.Reason(cause))
 	return s.finish(ctx, v.b, store.BatchFailed, &total, []client.BatchError{{Code: "validation_failed", Message: msg}})
 }
 
@@ -410,8 +411,12 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 	if tooLong {
 		return &lineError{code: "line_too_long", msg: fmt.Sprintf("the line is longer than %d bytes.", v.s.opts.MaxLineBytes)}
 	}
-	if msg := encodingProblem(line); msg != "" {
-		return &lineError{code: "invalid_encoding", msg: msg}
+	// Checked before decoding, which would replace bytes that are not
+	// UTF-8 and take what Postgres refuses.
+	unstorable := jsontext.Unstorable(line)
+	if unstorable != nil && unstorable.Raw {
+		return &lineError{code: unstorable.Code, msg: fmt.Sprintf("the line holds %s at byte %d, which cannot be stored; a batch input file must be UTF-8 text.",
+			unstorable.What, unstorable.Offset+1)}
 	}
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
@@ -421,7 +426,8 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 	if dec.More() {
 		return &lineError{code: "invalid_json_line", msg: "the line holds more than one JSON value."}
 	}
-	if le := unstorableField(line); le != nil {
+	if unstorable != nil {
+		le := unstorableField(line, unstorable)
 		if le.param == "custom_id" {
 			req.CustomID = nil // neither stored nor echoed
 		}
@@ -451,32 +457,17 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 	return nil
 }
 
-// unstorableField refuses a decoded line holding what Postgres cannot store
-// (see jsonProblem), naming the field that holds it. The store would turn an
-// escaped NUL of the body into U+FFFD (as it does in a provider's answer),
-// and Go's decoder an unpaired surrogate into U+FFFD: a request is refused
-// instead of being sent other than it was written.
-func unstorableField(line []byte) *lineError {
-	code, what := jsonProblem(line)
-	if code == "" {
-		return nil
+// unstorableField is the refusal of a decoded line holding p, something
+// Postgres cannot store, naming the field (custom_id, body, method, url)
+// that holds it. The store would turn an escaped NUL of the body into
+// U+FFFD (as it does in a provider's answer), and Go's decoder an unpaired
+// surrogate into U+FFFD: a request is refused instead of being sent other
+// than it was written.
+func unstorableField(line []byte, p *jsontext.Problem) *lineError {
+	if field := jsontext.Field(jsontext.PathAt(line, p.Offset)); field != "" {
+		return &lineError{code: p.Code, param: field, msg: fmt.Sprintf("%s holds %s, which cannot be stored.", field, p.What)}
 	}
-	var fields struct {
-		CustomID json.RawMessage `json:"custom_id"`
-		Method   json.RawMessage `json:"method"`
-		URL      json.RawMessage `json:"url"`
-		Body     json.RawMessage `json:"body"`
-	}
-	_ = json.Unmarshal(line, &fields) // it decoded into requestLine already
-	for _, f := range []struct {
-		name string
-		raw  json.RawMessage
-	}{{"custom_id", fields.CustomID}, {"body", fields.Body}, {"method", fields.Method}, {"url", fields.URL}} {
-		if c, w := jsonProblem(f.raw); c != "" {
-			return &lineError{code: c, param: f.name, msg: fmt.Sprintf("%s holds %s, which cannot be stored.", f.name, w)}
-		}
-	}
-	return &lineError{code: code, msg: fmt.Sprintf("the line holds %s, which cannot be stored.", what)}
+	return &lineError{code: p.Code, msg: fmt.Sprintf("the line holds %s, which cannot be stored.", p.What)}
 }
 
 // admit asks admission whether the body can ever run, and whether its

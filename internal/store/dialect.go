@@ -101,6 +101,28 @@ func (d *dialect) wrap(err error) error {
 // mistake and not a failure of the database.
 func (db *DB) Classify(err error) error { return db.d.wrap(err) }
 
+// IsPermanent reports whether err, from a store method, is about the data
+// itself (ErrConflict, ErrNotFound, ErrInvalidValue): trying again fails
+// again. A lost connection, a timeout or a busy database is not.
+func (db *DB) IsPermanent(err error) bool {
+	err = db.Classify(err)
+	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidValue)
+}
+
+// Reason is the database's own words for err — its message and code —
+// without llmq's wrapping, or err's text when no database error is in it.
+func Reason(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		return se.Error()
+	}
+	return err.Error()
+}
+
 var postgresDialect = &dialect{
 	name:             "postgres",
 	dataModifyingCTE: true,
@@ -118,8 +140,11 @@ var postgresDialect = &dialect{
 			}
 			// Class 22, data exception: invalid byte sequence (22021), NUL
 			// or a lone surrogate in jsonb (22P05, 22P02), a value too
-			// long or out of range.
-			if strings.HasPrefix(pe.Code, "22") {
+			// long or out of range; class 23, the other integrity
+			// constraints (not null, check); class 54, a program limit
+			// exceeded (a row or an array too large).
+			switch pe.Code[:min(2, len(pe.Code))] {
+			case "22", "23", "54":
 				return ErrInvalidValue
 			}
 		}
@@ -143,6 +168,10 @@ var sqliteDialect = &dialect{
 			case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
 				return ErrNotFound
 			case sqlite3.SQLITE_TOOBIG: // a string or blob over SQLite's limit; its TEXT takes any bytes, NUL included
+				return ErrInvalidValue
+			}
+			switch se.Code() & 0xff {
+			case sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_RANGE: // not null, check; a wrong type
 				return ErrInvalidValue
 			}
 		}

@@ -35,8 +35,9 @@ var (
 	// ErrConflict: a unique key (id, idempotency key, batch line, key hash) is taken.
 	ErrConflict = errors.New("store: conflict")
 	// ErrInvalidValue: the database refused a value it cannot hold (a NUL or
-	// invalid UTF-8 in text, a number out of range): the caller's data, not
-	// the database's failure.
+	// invalid UTF-8 in text, a number out of range, a constraint other than
+	// a unique key or a reference, a row too large): the caller's data, not
+	// the database's failure; trying again fails again.
 	ErrInvalidValue = errors.New("store: invalid value")
 )
 

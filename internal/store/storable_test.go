@@ -1,4 +1,4 @@
-package batch
+package store
 
 import (
 	"context"
@@ -7,23 +7,20 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", to ask Postgres itself
-
-	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/jsontext"
 )
 
-// TestJSONProblemAgreesWithPostgres checks, value by value, that what
-// jsonProblem lets through Postgres stores as jsonb, and what it refuses
-// Postgres refuses: numbers at and past numeric's limits, NUL and surrogate
-// escapes, and escapes that only look like them. The database's errors are
-// classified too: a refused value is permanent, a lost connection is not.
-func TestJSONProblemAgreesWithPostgres(t *testing.T) {
+// TestUnstorableAgreesWithPostgres checks, value by value, that what
+// jsontext.Unstorable lets through Postgres stores as jsonb, and what it
+// refuses Postgres refuses: numbers at and past numeric's limits, NUL and
+// surrogate escapes, and escapes that only look like them. The database's
+// errors are classified too: a refused value is permanent, a lost
+// connection is not.
+func TestUnstorableAgreesWithPostgres(t *testing.T) {
 	t.Parallel()
-	db, err := sql.Open("pgx", testutil.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	sdb := openURL(t, postgresURL(t))
+	db := sdb.rw
+	permanent := sdb.IsPermanent
 	ctx := context.Background()
 	digits := func(n int) string { return strings.Repeat("0", n) }
 	docs := []string{
@@ -37,30 +34,30 @@ func TestJSONProblemAgreesWithPostgres(t *testing.T) {
 		`{"k\u0000":1}`, `{"\"":[1e131072]}`, `["\"1e131072"]`,
 	}
 	for _, doc := range docs {
-		code, what := jsonProblem([]byte(doc))
+		p := jsontext.Unstorable([]byte(doc))
 		var n int
 		dbErr := db.QueryRowContext(ctx, `SELECT length($1::text::jsonb::text)`, doc).Scan(&n)
 		short := doc
 		if len(short) > 40 {
 			short = short[:40] + "…"
 		}
-		if (code == "") != (dbErr == nil) {
-			t.Errorf("%s: jsonProblem = %q %q, Postgres: %v", short, code, what, dbErr)
+		if (p == nil) != (dbErr == nil) {
+			t.Errorf("%s: Unstorable = %+v, Postgres: %v", short, p, dbErr)
 		}
 		if dbErr != nil && !permanent(dbErr) {
 			t.Errorf("%s: Postgres's refusal %v is not permanent", short, dbErr)
 		}
 	}
 	for _, line := range []string{"caf\xe9", "a\x00b", "\xc3"} {
-		if encodingProblem([]byte(line)) == "" {
-			t.Errorf("encodingProblem(%q) found nothing", line)
+		if p := jsontext.Unstorable([]byte(line)); p == nil || !p.Raw {
+			t.Errorf("Unstorable(%q) = %+v, want a problem of the bytes", line, p)
 		}
 		if err := db.QueryRowContext(ctx, `SELECT $1::text`, line).Scan(new(string)); err == nil || !permanent(err) {
 			t.Errorf("Postgres took %q as text, or its refusal is not permanent: %v", line, err)
 		}
 	}
-	if p := encodingProblem([]byte("café ☕ \U0001F600")); p != "" {
-		t.Errorf("encodingProblem of UTF-8 text = %q", p)
+	if p := jsontext.Unstorable([]byte("café ☕ \U0001F600")); p != nil {
+		t.Errorf("Unstorable of UTF-8 text = %+v", p)
 	}
 
 	// Errors retrying can fix are not permanent.

@@ -1,0 +1,250 @@
+// Package jsontext checks JSON texts as they arrive, before llmq decodes or
+// stores them: what the database cannot store, and which field a byte of
+// the text belongs to, so that the API and batch validation refuse the same
+// requests with errors that name the field. Postgres's text and jsonb hold
+// UTF-8 without NUL, pairs of UTF-16 surrogates only, and numbers that its
+// numeric holds; Go's decoder takes what breaks those rules (replacing bad
+// bytes and lone surrogates with U+FFFD, reading a NUL escape as U+0000, a
+// huge number as 0 or an error far later), so the raw text is what is
+// checked.
+package jsontext
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Problem codes.
+const (
+	// CodeInvalidEncoding: a NUL byte, bytes that are not UTF-8, the escape
+	// of NUL, or the escape of half a surrogate pair.
+	CodeInvalidEncoding = "invalid_encoding"
+	// CodeNumberOutOfRange: a number Postgres's numeric cannot hold.
+	CodeNumberOutOfRange = "number_out_of_range"
+)
+
+// What Postgres's numeric, which holds jsonb's numbers, can hold: digits up
+// to 10^131071 (a weight of 32767 in base 10000), 16383 after the decimal
+// point, and an exponent its parser reads (below INT_MAX/2).
+const (
+	pgNumericMaxWeight = 131071
+	pgNumericMaxScale  = 16383
+	pgNumericMaxExp    = 1<<30 - 1
+)
+
+// Problem is something in a text that the database cannot store.
+type Problem struct {
+	Offset int    // where it starts, in bytes from the start of the text
+	Code   string // CodeInvalidEncoding or CodeNumberOutOfRange
+	What   string // what it is, for a message: "a NUL byte", "the number 1e999999 (…)"
+	// Raw: the bytes themselves are the problem (a NUL byte, bytes that are
+	// not UTF-8), not an escape or a number: the text is not text.
+	Raw bool
+}
+
+// Unstorable returns the first thing in the text doc that the database
+// cannot store, or nil. doc is meant to be JSON; in a text that is not, the
+// bytes are still checked, and strings and numbers as far as they can be
+// told apart.
+func Unstorable(doc []byte) *Problem {
+	if p := badBytes(doc); p != nil {
+		return p
+	}
+	for i := 0; i < len(doc); i++ {
+		switch c := doc[i]; {
+		case c == '"':
+			end, p := scanString(doc, i+1)
+			if p != nil {
+				return p
+			}
+			i = end
+		case c == '-' || '0' <= c && c <= '9':
+			j := i + 1
+			for j < len(doc) && isNumberByte(doc[j]) {
+				j++
+			}
+			if !numberStorable(string(doc[i:j])) {
+				return &Problem{Offset: i, Code: CodeNumberOutOfRange,
+					What: fmt.Sprintf("the number %.40s (a number may have at most %d digits before the decimal point and %d after)",
+						doc[i:j], pgNumericMaxWeight+1, pgNumericMaxScale)}
+			}
+			i = j - 1
+		}
+	}
+	return nil
+}
+
+// badBytes finds a NUL byte or bytes that are not UTF-8.
+func badBytes(doc []byte) *Problem {
+	for i := 0; i < len(doc); {
+		c := doc[i]
+		if c == 0 {
+			return &Problem{Offset: i, Code: CodeInvalidEncoding, What: "a NUL byte (U+0000 cannot be stored, raw or escaped)", Raw: true}
+		}
+		if c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(doc[i:])
+		if r == utf8.RuneError && size == 1 {
+			return &Problem{Offset: i, Code: CodeInvalidEncoding, What: fmt.Sprintf("bytes that are not UTF-8 (0x%02X)", c), Raw: true}
+		}
+		i += size
+	}
+	return nil
+}
+
+// scanString reads the JSON string whose content starts at doc[i] and
+// returns the index of its closing quote, or the escape in it that cannot
+// be stored.
+func scanString(doc []byte, i int) (end int, p *Problem) {
+	for ; i < len(doc); i++ {
+		switch doc[i] {
+		case '"':
+			return i, nil
+		case '\\':
+			if i+1 < len(doc) && doc[i+1] == 'u' {
+				r, ok := hex4(doc, i+2)
+				switch {
+				case !ok:
+				case r == 0:
+					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding, What: `the character U+0000 (NUL, \u0000)`}
+				case 0xD800 <= r && r < 0xDC00: // a high surrogate: its low one must follow
+					if lo, ok := hex4(doc, i+8); ok && i+7 < len(doc) && doc[i+6] == '\\' && doc[i+7] == 'u' && 0xDC00 <= lo && lo < 0xE000 {
+						i += 6
+						break
+					}
+					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding,
+						What: fmt.Sprintf(`the unpaired surrogate escape \u%04x (a high surrogate must be followed by a low one)`, r)}
+				case 0xDC00 <= r && r < 0xE000:
+					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding,
+						What: fmt.Sprintf(`the unpaired surrogate escape \u%04x (a low surrogate must follow a high one)`, r)}
+				}
+			}
+			i++ // the escaped byte, so an escaped quote or backslash is not read again
+		}
+	}
+	return len(doc), nil
+}
+
+// hex4 reads the four hex digits at doc[i:i+4].
+func hex4(doc []byte, i int) (rune, bool) {
+	if i < 0 || i+4 > len(doc) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(doc[i:i+4]), 16, 16)
+	return rune(v), err == nil
+}
+
+func isNumberByte(c byte) bool {
+	return '0' <= c && c <= '9' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'
+}
+
+// numberStorable reports whether Postgres's numeric holds the JSON number
+// lit, as numeric_in judges it: an exponent it reads, at most
+// pgNumericMaxScale digits after the decimal point (trailing zeros count),
+// and a most significant digit at most pgNumericMaxWeight places before it.
+func numberStorable(lit string) bool {
+	s := strings.TrimPrefix(lit, "-")
+	mant, expPart := s, ""
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		mant, expPart = s[:i], s[i+1:]
+	}
+	var exp int64
+	if expPart != "" {
+		e, err := strconv.ParseInt(expPart, 10, 64)
+		if err != nil || e >= pgNumericMaxExp || e <= -pgNumericMaxExp {
+			return false
+		}
+		exp = e
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	if int64(len(frac))-exp > pgNumericMaxScale {
+		return false
+	}
+	digits := intPart + frac
+	for k := 0; k < len(digits); k++ {
+		if digits[k] != '0' {
+			return int64(len(intPart)-1-k)+exp <= pgNumericMaxWeight
+		}
+	}
+	return true // zero: any weight
+}
+
+// PathAt is the path ("body.messages[0].content") of the value of the JSON
+// document doc that holds byte off; for a byte inside a member's name, the
+// object's. It is "" for the top level, or where doc does not parse.
+func PathAt(doc []byte, off int) string {
+	type frame struct {
+		array   bool
+		key     string // an object's member being read
+		index   int    // an array's element being read
+		wantKey bool
+	}
+	var stack []frame
+	path := func(fs []frame) string {
+		var p strings.Builder
+		for _, f := range fs {
+			if f.array {
+				fmt.Fprintf(&p, "[%d]", f.index)
+				continue
+			}
+			if p.Len() > 0 {
+				p.WriteByte('.')
+			}
+			p.WriteString(f.key)
+		}
+		return p.String()
+	}
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber() // a number beyond float64 is still a token
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		end := int(dec.InputOffset())
+		if n := len(stack); n > 0 {
+			top := &stack[n-1]
+			if key, ok := tok.(string); ok && !top.array && top.wantKey {
+				if off < end {
+					return path(stack[:n-1])
+				}
+				top.key, top.wantKey = key, false
+				continue
+			}
+			if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+				stack = stack[:n-1]
+				if n > 1 && !stack[n-2].array {
+					stack[n-2].wantKey = true
+				}
+				continue
+			}
+			if top.array {
+				top.index++
+			}
+		}
+		if d, ok := tok.(json.Delim); ok { // '{' or '['
+			stack = append(stack, frame{array: d == '[', index: -1, wantKey: d == '{'})
+			continue
+		}
+		if off < end {
+			return path(stack)
+		}
+		if n := len(stack); n > 0 && !stack[n-1].array {
+			stack[n-1].wantKey = true
+		}
+	}
+}
+
+// Field is the top-level member of a path ("body" of "body.messages[0]").
+func Field(path string) string {
+	if i := strings.IndexAny(path, ".["); i >= 0 {
+		return path[:i]
+	}
+	return path
+}
