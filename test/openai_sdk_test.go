@@ -72,7 +72,7 @@ func lookNode(t *testing.T) (node, npm string) {
 	node, errNode := exec.LookPath("node")
 	npm, errNpm := exec.LookPath("npm")
 	if errNode != nil || errNpm != nil {
-		t.Fatal("the OpenAI SDK test needs Node.js (18 or newer) and npm: apt-get install nodejs npm (scripts/test does it)")
+		t.Fatal("the OpenAI SDK test needs Node.js (20 or newer) and npm on PATH: scripts/test gets them (apt-get install nodejs npm; Node.js 20 from the npm registry into .llmq-local/node when apt's is older)")
 	}
 	return node, npm
 }
