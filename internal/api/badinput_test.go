@@ -52,7 +52,7 @@ func TestAnotherTenantsJobIdChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sizeBefore := queueSize(t, a)
+	sizeBefore := a.TaskCount()
 	if state, err := a.Inspector.JobTaskState(ctx, before.Queue, id); err != nil || state != queue.TaskPending {
 		t.Fatalf("task of the new job: %q (%v), want pending", state, err)
 	}
@@ -71,27 +71,13 @@ func TestAnotherTenantsJobIdChangesNothing(t *testing.T) {
 	if !reflect.DeepEqual(before, after) {
 		t.Fatalf("tenant B's requests changed A's job:\nbefore %+v\nafter  %+v", before, after)
 	}
-	if got := queueSize(t, a); got != sizeBefore {
+	if got := a.TaskCount(); got != sizeBefore {
 		t.Fatalf("queued tasks: %d before tenant B's requests, %d after", sizeBefore, got)
 	}
 	if state, err := a.Inspector.JobTaskState(ctx, before.Queue, id); err != nil || state != queue.TaskPending {
 		t.Fatalf("task of A's job after B's cancel: %q (%v), want pending", state, err)
 	}
 	nothingQueuedFor(t, a, tenantB)
-}
-
-// queueSize is the number of tasks in all of the app's queues.
-func queueSize(t *testing.T, a *apptest.App) int {
-	t.Helper()
-	stats, err := a.Inspector.QueueStats(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, s := range stats {
-		n += s.Size
-	}
-	return n
 }
 
 // /readyz answers 503 in the error shape while Redis is down, and 200 again

@@ -318,3 +318,17 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TaskCount is the number of tasks, in any state, in the app's queues.
+func (a *App) TaskCount() int {
+	a.t.Helper()
+	stats, err := a.Inspector.QueueStats(context.Background())
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	n := 0
+	for _, s := range stats {
+		n += s.Size
+	}
+	return n
+}

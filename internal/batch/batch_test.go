@@ -322,22 +322,8 @@ func TestValidationResumesAfterACrash(t *testing.T) {
 	tenant, key := a.Tenant("standard")
 	fileID := upload(t, a, key, []byte(strings.Join(lines(35), "\n")+"\n"))
 	ctx := context.Background()
-	// The batch as the API stores it, its validation never started.
-	bt, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{TenantID: tenant, InputFileID: fileID,
-		Endpoint: "/v1/chat/completions", CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The dead pass stored lines 1-10, then stopped.
-	var stored []*store.JobInsertParams
-	for i := 0; i < 10; i++ {
-		stored = append(stored, &store.JobInsertParams{TenantID: tenant, BatchID: bt.ID, LineNo: i + 1,
-			CustomID: fmt.Sprintf("req-%d", i), Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini",
-			Request: []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":20}`), Queue: queue.Batch})
-	}
-	if _, err := a.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: stored}); err != nil {
-		t.Fatal(err)
-	}
+	bt := partlyValidated(t, a, tenant, fileID, 10)
 	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7})
 	t.Cleanup(func() { _ = svc.Close() })
 	deadline := time.Now().Add(30 * time.Second)
@@ -457,7 +443,7 @@ func TestCancelWhileValidating(t *testing.T) {
 	if err := <-validated; err != nil {
 		t.Fatal(err)
 	}
-	if n := taskCount(t, a); n != 0 {
+	if n := a.TaskCount(); n != 0 {
 		t.Fatalf("%d tasks in Redis for a batch cancelled before its validation ended", n)
 	}
 	if err := svc.Sweep(ctx); err != nil {
@@ -503,7 +489,7 @@ func TestNoTaskBeforeValidationEnds(t *testing.T) {
 	// still validating when read after existed before it left validating.
 	look := func() (stored int64, validating bool) {
 		t.Helper()
-		tasks := taskCount(t, a)
+		tasks := a.TaskCount()
 		b, err := a.Store.BatchGetByID(ctx, bt.ID)
 		if err != nil {
 			t.Fatal(err)
@@ -548,21 +534,7 @@ func TestNoTaskBeforeValidationEnds(t *testing.T) {
 	if err != nil || c.Total != n || c.Queued != n {
 		t.Fatalf("jobs after validation = %+v, %v; want %d queued", c, err, n)
 	}
-	if got := taskCount(t, a); got != n {
+	if got := a.TaskCount(); got != n {
 		t.Fatalf("%d tasks in Redis after validation, want %d", got, n)
 	}
-}
-
-// taskCount is the number of tasks, in any state, in the test app's queues.
-func taskCount(t *testing.T, a *apptest.App) int {
-	t.Helper()
-	stats, err := a.Inspector.QueueStats(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, s := range stats {
-		n += s.Size
-	}
-	return n
 }

@@ -3,7 +3,6 @@ package batch_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -117,21 +116,8 @@ func TestValidatingBatchExpires(t *testing.T) {
 	tenant, key := a.Tenant("standard")
 	fileID := upload(t, a, key, []byte(strings.Join(lines(20), "\n")+"\n"))
 	ctx := context.Background()
-	bt, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{TenantID: tenant, InputFileID: fileID,
-		Endpoint: "/v1/chat/completions", CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A pass stored lines 1-8, then stopped.
-	var stored []*store.JobInsertParams
-	for i := 0; i < 8; i++ {
-		stored = append(stored, &store.JobInsertParams{TenantID: tenant, BatchID: bt.ID, LineNo: i + 1,
-			CustomID: fmt.Sprintf("req-%d", i), Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini",
-			Request: []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":20}`), Queue: "batch"})
-	}
-	if _, err := a.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: stored}); err != nil {
-		t.Fatal(err)
-	}
+	bt := partlyValidated(t, a, tenant, fileID, 8)
 	late := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
 		Now: func() time.Time { return bt.ExpiresAt.Add(time.Second) }})
 	t.Cleanup(func() { _ = late.Close() })
@@ -165,7 +151,7 @@ func TestValidatingBatchExpires(t *testing.T) {
 	if again := getBatch(t, a, key, bt.ID); again.Status != "expired" || again.RequestCounts != b.RequestCounts {
 		t.Fatalf("batch after another sweep = %+v", again)
 	}
-	if n := taskCount(t, a); n != 0 {
+	if n := a.TaskCount(); n != 0 {
 		t.Fatalf("%d tasks in Redis for a batch that expired while validating", n)
 	}
 }
@@ -221,7 +207,7 @@ func TestUnstorableGroupFailsTheBatch(t *testing.T) {
 	if again := getBatch(t, a, key, bt.ID); again.Status != "failed" || again.RequestCounts != b.RequestCounts {
 		t.Fatalf("batch after a sweep = %+v", again)
 	}
-	if n := taskCount(t, a); n != 0 {
+	if n := a.TaskCount(); n != 0 {
 		t.Fatalf("%d tasks in Redis for a batch that failed validating", n)
 	}
 }

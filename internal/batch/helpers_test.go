@@ -17,6 +17,8 @@ import (
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
 )
 
 func TestMain(m *testing.M) {
@@ -195,4 +197,26 @@ func answerOf(t *testing.T, body json.RawMessage) string {
 		t.Fatalf("not a chat completion: %v %s", err, body)
 	}
 	return c.Choices[0].Message.Content
+}
+
+// partlyValidated is a batch of the input file fileID left validating by a
+// pass that stored its first n lines (never enqueued) and stopped.
+func partlyValidated(t *testing.T, a *apptest.App, tenant, fileID string, n int) *store.Batch {
+	t.Helper()
+	ctx := context.Background()
+	bt, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{TenantID: tenant, InputFileID: fileID,
+		Endpoint: "/v1/chat/completions", CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := make([]*store.JobInsertParams, n)
+	for i := range stored {
+		stored[i] = &store.JobInsertParams{TenantID: tenant, BatchID: bt.ID, LineNo: i + 1,
+			CustomID: fmt.Sprintf("req-%d", i), Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini",
+			Request: []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":20}`), Queue: queue.Batch}
+	}
+	if _, err := a.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: stored}); err != nil {
+		t.Fatal(err)
+	}
+	return bt
 }

@@ -422,3 +422,21 @@ func Eventually(tb testing.TB, timeout time.Duration, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// CheckOneLineError checks an error a program's run refused to start with:
+// not nil, one line, naming each of want.
+func CheckOneLineError(tb testing.TB, err error, want ...string) {
+	tb.Helper()
+	if err == nil {
+		tb.Fatal("the configuration was accepted")
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "\n") {
+		tb.Errorf("error is more than one line: %q", msg)
+	}
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			tb.Errorf("error %q does not name %s", msg, w)
+		}
+	}
+}
