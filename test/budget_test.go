@@ -41,20 +41,6 @@ tiers:
 %s
 `
 
-// fakeClock is the budgets' time: a test moves it past midnight to
-// simulate the daily reset.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 func expensiveJob(i int) map[string]any {
 	return map[string]any{"custom_id": fmt.Sprintf("e%03d", i), "body": map[string]any{
 		"model": "gpt-expensive", "max_tokens": 25,
@@ -272,7 +258,7 @@ func TestBudgetIsNeverOverspent(t *testing.T) {
 // the global cap stops two tenants at once.
 func TestRejectTierAndGlobalCap(t *testing.T) {
 	t.Parallel()
-	clock := &fakeClock{t: time.Date(2026, 6, 1, 22, 0, 0, 0, time.UTC)}
+	clock := testutil.NewClock(time.Date(2026, 6, 1, 22, 0, 0, 0, time.UTC))
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, "global_daily_budget_usd: 0.5"),
 		Clock: clock.Now, Workers: 2, Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 4, CompletionMin: 1, CompletionMax: 1}})
 	ctx := context.Background()
@@ -315,7 +301,7 @@ func TestRejectTierAndGlobalCap(t *testing.T) {
 // X-Budget-Warning appears once spend passes the tier's soft limit.
 func TestSoftLimitHeaders(t *testing.T) {
 	t.Parallel()
-	clock := &fakeClock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	clock := testutil.NewClock(time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC))
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, ""), Clock: clock.Now, Workers: 1,
 		Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 5, CompletionMin: 1, CompletionMax: 1}})
 	_, key := a.Tenant("capped")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // budgetPolicy adds to the test policy an expensive model, a rejecting tier
@@ -26,16 +26,9 @@ tiers:
   - {name: nyc, daily_budget_usd: 1, priority: default, on_exhausted: reject, api_rps: 1000, timezone: America/New_York}
 `, 1) + "global_daily_budget_usd: 5\n"
 
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
 func startBudget(t *testing.T, now time.Time) *apptest.App {
 	t.Helper()
-	clk := &testClock{t: now}
+	clk := testutil.NewClock(now)
 	return apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: budgetPolicy, Clock: clk.Now})
 }
 

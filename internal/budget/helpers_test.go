@@ -32,28 +32,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// clock is an injected clock tests move by hand.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock(t time.Time) *clock { return &clock{t: t} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-func (c *clock) Add(d time.Duration) { c.Set(c.Now().Add(d)) }
-
 // ledger is an in-memory Ledger: what the store's usage ledger answers.
 type ledger struct {
 	mu       sync.Mutex
@@ -130,7 +108,7 @@ type env struct {
 	ctx    context.Context
 	rdb    redis.UniversalClient
 	keys   rkeys.Builder
-	clock  *clock
+	clock  *testutil.Clock
 	ledger *ledger
 	logs   *testutil.SyncBuffer
 	b      *budget.Budgets
@@ -140,7 +118,7 @@ func setup(t *testing.T, rdb redis.UniversalClient, start time.Time) *env {
 	t.Helper()
 	e := &env{
 		t: t, ctx: t.Context(), rdb: rdb, keys: rkeys.New(testutil.Prefix(t)),
-		clock: newClock(start), ledger: newLedger(), logs: &testutil.SyncBuffer{},
+		clock: testutil.NewClock(start), ledger: newLedger(), logs: &testutil.SyncBuffer{},
 	}
 	e.b = e.budgets(rdb)
 	return e

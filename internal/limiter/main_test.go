@@ -23,7 +23,7 @@ type env struct {
 	rdb       redis.UniversalClient
 	newClient func() redis.UniversalClient // another connection pool to the same Redis
 	keys      rkeys.Builder
-	clock     *fakeClock
+	clock     *testutil.Clock
 }
 
 // opts are limiter options on the test's prefix and fake clock.
@@ -91,7 +91,7 @@ func runSuite(t *testing.T, rdb redis.UniversalClient, newClient func(*testing.T
 				rdb:       rdb,
 				newClient: func() redis.UniversalClient { return newClient(t) },
 				keys:      rkeys.New(testutil.Prefix(t)),
-				clock:     &fakeClock{t: time.Unix(1_900_000_000, 0)},
+				clock:     testutil.NewClock(time.Unix(1_900_000_000, 0)),
 			}
 			t.Cleanup(func() {
 				ctx := context.Background()
@@ -102,30 +102,6 @@ func runSuite(t *testing.T, rdb redis.UniversalClient, newClient func(*testing.T
 			tc.run(t, e)
 		})
 	}
-}
-
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
 }
 
 // scanKeys returns the keys matching pattern, on every master of a cluster.

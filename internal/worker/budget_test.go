@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,19 +17,6 @@ import (
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/worker"
 )
-
-// testClock is the budgets' (and the handlers') time, moved by hand.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *testClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // accountOf is the budget account of a tenant under the policy in force.
 func accountOf(t *testing.T, a *apptest.App, tenantID string) budget.Account {
@@ -62,7 +48,7 @@ func status(t *testing.T, a *apptest.App, acct budget.Account) *budget.Decision 
 // charged once.
 func TestRedeliveryAfterACrashBeforeSettleChargesOnce(t *testing.T) {
 	t.Parallel()
-	clk := &testClock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	clk := testutil.NewClock(time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC))
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now})
 	tenant, key := a.Tenant("standard")
 	acct := accountOf(t, a, tenant)
@@ -126,7 +112,7 @@ func TestRedeliveryAfterACrashBeforeSettleChargesOnce(t *testing.T) {
 // and reset, without counting an attempt.
 func TestRejectTierJobFailsWhenItsBudgetIsSpent(t *testing.T) {
 	t.Parallel()
-	clk := &testClock{t: time.Date(2026, 6, 1, 22, 0, 0, 0, time.UTC)}
+	clk := testutil.NewClock(time.Date(2026, 6, 1, 22, 0, 0, 0, time.UTC))
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now})
 	tenant, key := a.Tenant("free") // $1, on_exhausted: reject
 	acct := accountOf(t, a, tenant)
@@ -277,7 +263,7 @@ func TestReservationOutlivesALongCall(t *testing.T) {
 // two is given back.
 func TestDeliveryThatLostTheRaceChargesTheLedgersDay(t *testing.T) {
 	t.Parallel()
-	clk := &testClock{t: time.Date(2026, 6, 1, 23, 59, 50, 0, time.UTC)}
+	clk := testutil.NewClock(time.Date(2026, 6, 1, 23, 59, 50, 0, time.UTC))
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now,
 		Sim: &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true, Latency: 300 * time.Millisecond}})
 	tenant, key := a.Tenant("standard")

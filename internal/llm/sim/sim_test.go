@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,30 +17,14 @@ import (
 
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *testutil.Clock { return testutil.NewClock(time.Unix(1_700_000_000, 0)) }
 
 func post(t testing.TB, h http.Handler, endpoint, body string) *httptest.ResponseRecorder {
 	t.Helper()
@@ -120,11 +103,11 @@ func TestRequestsPerMinute(t *testing.T) {
 	if rl := llm.ParseRateLimit(rec.Header()); rl.RetryAfter != 12*time.Second {
 		t.Errorf("parsed %+v", rl)
 	}
-	c.Advance(12*time.Second - time.Millisecond)
+	c.Add(12*time.Second - time.Millisecond)
 	if rec := post(t, h, llm.EndpointChat, chat("m", 10)); rec.Code != 429 || header(rec, "retry-after-ms") != "1" || header(rec, "retry-after") != "1" {
 		t.Errorf("before the reset: %d retry-after-ms %s", rec.Code, header(rec, "retry-after-ms"))
 	}
-	c.Advance(time.Millisecond)
+	c.Add(time.Millisecond)
 	if rec := post(t, h, llm.EndpointChat, chat("m", 10)); rec.Code != 200 {
 		t.Errorf("at the reset: %d", rec.Code)
 	}
@@ -197,7 +180,7 @@ func TestTokens429IsConsistentWithBucket(t *testing.T) {
 		t.Errorf("headers %v", rec.Header())
 	}
 	// The announced wait is exactly enough.
-	c.Advance(10 * time.Second)
+	c.Add(10 * time.Second)
 	if rec := post(t, h, llm.EndpointChat, chat("m", 198)); rec.Code != 200 {
 		t.Errorf("after the announced wait: %d", rec.Code)
 	}
@@ -541,7 +524,7 @@ func TestNeverPastLimits(t *testing.T) {
 	h := s.Handler()
 	r := rand.New(rand.NewPCG(7, 8))
 	for range 3000 {
-		c.Advance(time.Duration(r.IntN(400)) * time.Millisecond)
+		c.Add(time.Duration(r.IntN(400)) * time.Millisecond)
 		post(t, h, llm.EndpointChat, chat([]string{"a", "b"}[r.IntN(2)], 1+r.IntN(150)))
 	}
 	log := s.Admissions(0)
