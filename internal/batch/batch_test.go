@@ -532,7 +532,8 @@ func TestNoTaskBeforeValidationEnds(t *testing.T) {
 	}
 	c, err := a.Store.JobCountsByBatch(ctx, bt.ID)
 	if err != nil || c.Total != n || c.Queued != n {
-		t.Fatalf("jobs after validation = %+v, %v; want %d queued", c, err, n)
+		b, _ := a.Store.BatchGetByID(ctx, bt.ID)
+		t.Fatalf("jobs after validation = %+v, %v; want %d queued (batch %s, errors %s)", c, err, n, b.Status, b.Errors)
 	}
 	if got := a.TaskCount(); got != n {
 		t.Fatalf("%d tasks in Redis after validation, want %d", got, n)

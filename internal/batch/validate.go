@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 
@@ -173,6 +174,22 @@ func (v *validation) flush(ctx context.Context) error {
 		return nil
 	}
 	ids, err := v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: v.group})
+	if errors.Is(err, store.ErrConflict) {
+		// Lines of this group are stored already: an earlier pass that gave
+		// up while inserting them (its insert committed after it stopped
+		// waiting). Keep what it stored, insert the rest.
+		v.s.Logger.Debug("batch lines already stored by an earlier pass; inserting the rest", "batch", v.b.ID,
+			"first", v.group[0].LineNo, "last", v.group[len(v.group)-1].LineNo)
+		if err := v.loadExisting(ctx); err != nil {
+			return err
+		}
+		v.group = slices.DeleteFunc(v.group, func(j *store.JobInsertParams) bool { return v.existing[j.LineNo] })
+		if len(v.group) == 0 {
+			v.groupBytes = 0
+			return nil
+		}
+		ids, err = v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: v.group})
+	}
 	if err != nil {
 		return &groupError{first: v.group[0].LineNo, last: v.group[len(v.group)-1].LineNo, err: err}
 	}
