@@ -1,9 +1,10 @@
 // Package batch runs OpenAI-style batches. It validates a batch's input file
 // line by line and turns it into jobs — valid lines queued at the lowest
 // priority, refused lines stored as failed jobs with their line number and
-// why — inserted in bulk and enqueued in pipelined groups. Its sweeper moves
-// batches through their lifecycle (in_progress → finalizing → completed,
-// cancelling → cancelled, expiry at the end of the completion window) and
+// why — inserted in bulk, and enqueued, many at once, when the whole file
+// is checked. Its sweeper moves batches through their lifecycle
+// (in_progress → finalizing → completed, cancelling → cancelled, expiry at
+// the end of the completion window) and
 // calls their webhook on the terminal state. Output and error files are not
 // stored: they are rendered from the batch's jobs, streamed in input order,
 // whenever they are read, so one place (the jobs) holds the counts, the
@@ -36,8 +37,8 @@ const Window = 24 * time.Hour
 
 // Options tune a Service. The zero value is ready to use.
 type Options struct {
-	// GroupLines is how many lines are inserted (one COPY) and then enqueued
-	// together. Defaults to 5000.
+	// GroupLines is how many lines are inserted together (one COPY).
+	// Defaults to 5000.
 	GroupLines int
 	// GroupBytes flushes a group early once its request bodies reach this
 	// many bytes, so a file of large lines never sits in memory whole.

@@ -3,7 +3,6 @@ package batch
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -12,7 +11,6 @@ import (
 	"io"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
@@ -27,16 +25,12 @@ import (
 // "errors"; the error file has every one.
 const maxListedErrors = 100
 
-// enqueueGroupsInFlight is how many groups of a validated batch are being
-// enqueued at once (each one by several concurrent enqueues of its own).
-const enqueueGroupsInFlight = 2
-
 // Validate checks every line of a validating batch's input file and turns
 // the file into jobs: valid lines are queued in the batch queue, refused
 // lines are stored as failed jobs with the line number and the reason. Lines
 // are stored in groups (one bulk insert each) as they are checked, but no
 // task reaches Redis before the last line is checked: then the batch becomes
-// in_progress and its jobs are enqueued, in concurrent groups. A file with
+// in_progress and its jobs are enqueued, many at once. A file with
 // no valid line fails the batch instead, and nothing of it ever runs.
 //
 // It returns at once when another process holds the batch, and does nothing
@@ -98,8 +92,8 @@ type validation struct {
 
 	group      []*store.JobInsertParams
 	groupBytes int
-	queued     [][]queue.JobRef // the queued jobs this pass stored, group by group
-	stopped    bool             // the batch left validating (it was cancelled)
+	queued     []queue.JobRef // the queued jobs this pass stored
+	stopped    bool           // the batch left validating (it was cancelled)
 }
 
 // loadExisting finds the lines an interrupted pass stored already.
@@ -193,16 +187,12 @@ func (v *validation) flush(ctx context.Context) error {
 	if err != nil {
 		return &groupError{first: v.group[0].LineNo, last: v.group[len(v.group)-1].LineNo, err: err}
 	}
-	refs := make([]queue.JobRef, 0, len(v.group))
 	for i, j := range v.group {
 		if j.Status != store.JobFailed {
-			refs = append(refs, queue.JobRef{ID: ids[i], Queue: queue.Batch})
+			v.queued = append(v.queued, queue.JobRef{ID: ids[i], Queue: queue.Batch})
 		}
 	}
 	v.group, v.groupBytes = nil, 0
-	if len(refs) > 0 {
-		v.queued = append(v.queued, refs)
-	}
 	return nil
 }
 
@@ -239,42 +229,23 @@ func (v *validation) conclude(ctx context.Context) error {
 	return nil
 }
 
-// enqueue hands the validated batch's queued jobs to the queue, groups at a
-// time. A failure loses nothing, so it is only logged: the jobs are stored,
-// and the reconciler enqueues stored jobs that have no task, as it does when
-// a crash comes between the batch's move to in_progress and this.
+// enqueue hands the validated batch's queued jobs to the queue. A failure
+// loses nothing, so it is only logged: the jobs are stored, and the
+// reconciler enqueues stored jobs that have no task, as it does when a crash
+// comes between the batch's move to in_progress and this.
 func (v *validation) enqueue(ctx context.Context) {
-	groups := v.queued
+	refs := v.queued
 	if len(v.existing) > 0 {
 		// The interrupted pass stored lines this one skipped: take every
 		// queued job of the batch from the store.
 		var err error
-		if groups, err = v.storedGroups(ctx); err != nil {
+		if refs, err = v.storedRefs(ctx); err != nil {
 			v.enqueueFailed(ctx, err)
 			return
 		}
 	}
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
-		slots    = make(chan struct{}, enqueueGroupsInFlight)
-	)
-	for _, refs := range groups {
-		slots <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-slots; wg.Done() }()
-			if _, err := v.s.Queue.EnqueueJobs(ctx, refs); err != nil {
-				mu.Lock()
-				firstErr = cmp.Or(firstErr, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if firstErr != nil {
-		v.enqueueFailed(ctx, firstErr)
+	if _, err := v.s.Queue.EnqueueJobs(ctx, refs); err != nil {
+		v.enqueueFailed(ctx, err)
 	}
 }
 
@@ -339,22 +310,15 @@ func (e *groupError) Error() string {
 }
 func (e *groupError) Unwrap() error { return e.err }
 
-// storedGroups is every queued job of the batch in the store, in groups
-// (enqueueing one whose task exists already is a no-op).
-func (v *validation) storedGroups(ctx context.Context) ([][]queue.JobRef, error) {
-	var groups [][]queue.JobRef
+// storedRefs is every queued job of the batch in the store (enqueueing one
+// whose task exists already is a no-op).
+func (v *validation) storedRefs(ctx context.Context) ([]queue.JobRef, error) {
 	var refs []queue.JobRef
 	err := v.s.Store.JobStreamByBatch(ctx, v.b.ID, []store.JobStatus{store.JobQueued}, func(j *store.Job) error {
 		refs = append(refs, queue.JobRef{ID: j.ID, Queue: j.Queue})
-		if len(refs) >= v.s.opts.GroupLines {
-			groups, refs = append(groups, refs), nil
-		}
 		return nil
 	})
-	if len(refs) > 0 {
-		groups = append(groups, refs)
-	}
-	return groups, err
+	return refs, err
 }
 
 // errorList is the batch's "errors": the first refused lines, and a last
