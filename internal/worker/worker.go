@@ -421,34 +421,51 @@ func (r *run) settle(ctx context.Context, cost money.Micros, charged bool) error
 // keepReservation extends the budget reservation every third of its TTL
 // while the run holds it, so that no limiter wait or provider call, however
 // long, outlives it: a lapsed reservation's room could go to another job
-// while this one still spends. The returned func stops it and waits.
+// while this one still spends. It is a timer, not a goroutine: most jobs end
+// long before the first extension is due. The returned func stops it and
+// waits for an extension under way.
 func (r *run) keepReservation(ctx context.Context) (stop func()) {
 	res, every := r.bres, r.h.Budgets.ReservationTTL()/3
-	kctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-kctx.Done():
-				return
-			case <-t.C:
-			}
-			held, err := r.h.Budgets.Extend(kctx, res)
-			switch {
-			case kctx.Err() != nil:
-				return
-			case err != nil:
-				r.log.Warn("extend budget reservation", "err", err)
-			case !held:
-				r.log.Warn("budget reservation lapsed while the job ran", "day", res.Day)
-				return
-			}
+	ctx = context.WithoutCancel(ctx)
+	var (
+		mu      sync.Mutex
+		stopped bool
+		busy    sync.WaitGroup
+		t       *time.Timer
+	)
+	extend := func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
 		}
-	}()
-	return sync.OnceFunc(func() { cancel(); <-done })
+		busy.Add(1)
+		mu.Unlock()
+		defer busy.Done()
+		held, err := r.h.Budgets.Extend(ctx, res)
+		switch {
+		case err != nil:
+			r.log.Warn("extend budget reservation", "err", err)
+		case !held:
+			r.log.Warn("budget reservation lapsed while the job ran", "day", res.Day)
+			return
+		}
+		mu.Lock()
+		if !stopped {
+			t.Reset(every)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, extend)
+	mu.Unlock()
+	return sync.OnceFunc(func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+		busy.Wait()
+	})
 }
 
 // stopKeeping stops extending the reservation (before it is settled or
