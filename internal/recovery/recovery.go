@@ -253,11 +253,10 @@ func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
 		}
 		for _, id := range ids {
 			j, err := r.Store.JobGetByID(ctx, id)
-			switch {
-			case errors.Is(err, store.ErrNotFound):
-			case err != nil:
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
 				return err
-			case !j.Status.Terminal():
+			}
+			if j != nil && !j.Status.Terminal() {
 				continue
 			}
 			if err := r.Inspector.DeleteArchivedJob(ctx, q, id); err != nil {
@@ -282,26 +281,18 @@ func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
 // or the enqueue after the terminal state failed.
 func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now time.Time, minAge time.Duration, rep *Report) error {
 	p := &store.WebhookListPendingParams{Kind: kind, FinishedBefore: now.Add(-minAge), Limit: 1000}
-	for {
-		refs, more, err := r.Store.WebhookListPending(ctx, p)
-		if err != nil {
-			return err
-		}
-		for _, ref := range refs {
-			enqueued, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: ref.Kind, ID: ref.ID})
-			if err != nil {
-				return err
-			}
-			if enqueued {
-				rep.Webhooks++
-				r.Logger.Debug("webhook delivery had no task; enqueued again", "webhook", ref.Kind+":"+ref.ID)
-			}
-		}
-		if !more || len(refs) == 0 {
-			return nil
-		}
-		p.After = refs[len(refs)-1].ID
+	list := func(after string) ([]*store.WebhookRef, bool, error) {
+		p.After = after
+		return r.Store.WebhookListPending(ctx, p)
 	}
+	return eachPage(list, func(ref *store.WebhookRef) string { return ref.ID }, func(ref *store.WebhookRef) error {
+		enqueued, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: ref.Kind, ID: ref.ID})
+		if enqueued {
+			rep.Webhooks++
+			r.Logger.Debug("webhook delivery had no task; enqueued again", "webhook", ref.Kind+":"+ref.ID)
+		}
+		return err
+	})
 }
 
 // reconcileJobs enqueues the unfinished jobs whose task is missing.
@@ -309,21 +300,33 @@ func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge ti
 	// A batch's jobs wait for its validation to end, which enqueues them
 	// (a validation cut short resumes and enqueues them too).
 	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, Limit: 1000}
-	for {
-		jobs, more, err := r.Store.JobListUnfinished(ctx, p)
+	list := func(after string) ([]*store.Job, bool, error) {
+		p.After = after
+		return r.Store.JobListUnfinished(ctx, p)
+	}
+	return eachPage(list, func(j *store.Job) string { return j.ID }, func(j *store.Job) error {
+		rep.Scanned++
+		return r.reconcile(ctx, j, now, rep)
+	})
+}
+
+// eachPage calls fn on every item of every page list gives, from the first
+// page on, each page asked for after the last id of the one before.
+func eachPage[T any](list func(after string) ([]T, bool, error), id func(T) string, fn func(T) error) error {
+	for after := ""; ; {
+		items, more, err := list(after)
 		if err != nil {
 			return err
 		}
-		for _, j := range jobs {
-			rep.Scanned++
-			if err := r.reconcile(ctx, j, now, rep); err != nil {
+		for _, it := range items {
+			if err := fn(it); err != nil {
 				return err
 			}
 		}
-		if !more || len(jobs) == 0 {
+		if !more || len(items) == 0 {
 			return nil
 		}
-		p.After = jobs[len(jobs)-1].ID
+		after = id(items[len(items)-1])
 	}
 }
 
