@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/money"
@@ -35,14 +34,7 @@ func startBudget(t *testing.T, now time.Time) *apptest.App {
 // reserveFor holds amount of tenantID's budget under another job's id.
 func reserveFor(t *testing.T, a *apptest.App, tenantID, id string, amount money.Micros) *budget.Reservation {
 	t.Helper()
-	tn, err := a.Store.TenantGetByID(context.Background(), tenantID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acct, _, err := admission.Account(a.Policy.Current(), tn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	acct := a.Account(tenantID)
 	res, d, err := a.Budgets.Reserve(context.Background(), acct, id, amount)
 	if err != nil || !d.Allowed {
 		t.Fatalf("reserve %s for %s: %v %+v", amount, tenantID, err, d)

@@ -20,7 +20,9 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/testutil"
@@ -331,4 +333,18 @@ func (a *App) TaskCount() int {
 		n += s.Size
 	}
 	return n
+}
+
+// Account is the budget account of tenant id under the policy in force.
+func (a *App) Account(tenantID string) budget.Account {
+	a.t.Helper()
+	tn, err := a.Store.TenantGetByID(context.Background(), tenantID)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	acct, _, err := admission.Account(a.Policy.Current(), tn)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return acct
 }

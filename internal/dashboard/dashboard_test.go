@@ -114,14 +114,7 @@ func setup(t *testing.T) *fixture {
 func spend(t *testing.T, a *apptest.App, tenantID string, amount money.Micros) {
 	t.Helper()
 	ctx := context.Background()
-	tn, err := a.Store.TenantGetByID(ctx, tenantID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acct, _, err := admission.Account(a.Policy.Current(), tn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	acct := a.Account(tenantID)
 	res, dec, err := a.Budgets.Reserve(ctx, acct, "job_seed"+tenantID, amount)
 	if err != nil || !dec.Allowed {
 		t.Fatalf("reserve %s: %v, %+v", amount, err, dec)

@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
-	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/money"
@@ -126,14 +125,7 @@ func setup(t *testing.T) *scenario {
 func spend(t *testing.T, a *apptest.App, tenantID string, amount money.Micros) {
 	t.Helper()
 	ctx := context.Background()
-	tn, err := a.Store.TenantGetByID(ctx, tenantID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acct, _, err := admission.Account(a.Policy.Current(), tn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	acct := a.Account(tenantID)
 	res, dec, err := a.Budgets.Reserve(ctx, acct, "job_seed"+tenantID, amount)
 	if err != nil || !dec.Allowed {
 		t.Fatalf("reserve %s: %v, %+v", amount, err, dec)

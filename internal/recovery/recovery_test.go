@@ -301,14 +301,7 @@ func TestFinishedJobsArchivedTasksAreSentBackToSettle(t *testing.T) {
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
 	tenant, _ := a.Tenant("standard")
 	ctx := context.Background()
-	tn, err := a.Store.TenantGetByID(ctx, tenant)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acct, _, err := admission.Account(a.Policy.Current(), tn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	acct := a.Account(tenant)
 	// A delivery that stored the result and died before Settle, on its
 	// last retry: the job succeeded, its task is archived.
 	done := insertJob(t, a, tenant, &store.JobInsertParams{})

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -17,20 +16,6 @@ import (
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/worker"
 )
-
-// accountOf is the budget account of a tenant under the policy in force.
-func accountOf(t *testing.T, a *apptest.App, tenantID string) budget.Account {
-	t.Helper()
-	tn, err := a.Store.TenantGetByID(context.Background(), tenantID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acct, _, err := admission.Account(a.Policy.Current(), tn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return acct
-}
 
 func status(t *testing.T, a *apptest.App, acct budget.Account) *budget.Decision {
 	t.Helper()
@@ -51,7 +36,7 @@ func TestRedeliveryAfterACrashBeforeSettleChargesOnce(t *testing.T) {
 	clk := testutil.NewClock(time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC))
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now})
 	tenant, key := a.Tenant("standard")
-	acct := accountOf(t, a, tenant)
+	acct := a.Account(tenant)
 	ctx := context.Background()
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
 
@@ -115,7 +100,7 @@ func TestRejectTierJobFailsWhenItsBudgetIsSpent(t *testing.T) {
 	clk := testutil.NewClock(time.Date(2026, 6, 1, 22, 0, 0, 0, time.UTC))
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now})
 	tenant, key := a.Tenant("free") // $1, on_exhausted: reject
-	acct := accountOf(t, a, tenant)
+	acct := a.Account(tenant)
 	ctx := context.Background()
 	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("late", "", 20)})
 	// Another job of the tenant takes what is left, minus a micro-dollar.
@@ -147,7 +132,7 @@ func TestSoftLimitCrossingIsCountedOnce(t *testing.T) {
 	t.Parallel()
 	a := start(t, nil)
 	tenant, key := a.Tenant("standard") // $50, soft limit 80%
-	acct := accountOf(t, a, tenant)
+	acct := a.Account(tenant)
 	ctx := context.Background()
 	rec := metrics.New(metrics.Options{NoProcessMetrics: true})
 	a.Observer = rec
@@ -198,7 +183,7 @@ func TestReservationOutlivesALongCall(t *testing.T) {
 	t.Parallel()
 	a := start(t, &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Latency: 2 * time.Second})
 	tenant, key := a.Tenant("standard")
-	acct := accountOf(t, a, tenant)
+	acct := a.Account(tenant)
 	ctx := context.Background()
 	const ttl = 600 * time.Millisecond
 	logs := &testutil.SyncBuffer{}
@@ -267,7 +252,7 @@ func TestDeliveryThatLostTheRaceChargesTheLedgersDay(t *testing.T) {
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now,
 		Sim: &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true, Latency: 300 * time.Millisecond}})
 	tenant, key := a.Tenant("standard")
-	acct := accountOf(t, a, tenant)
+	acct := a.Account(tenant)
 	ctx := context.Background()
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
 	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("midnight", "", 50)})
