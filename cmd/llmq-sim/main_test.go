@@ -68,11 +68,73 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	}
 }
 
+// The provider modes are flags: a refund, another tokenizer, another
+// application on the account, and which headers are sent.
+func TestRunModeFlags(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-tpm", "60000", "-refund", "-prompt-factor", "2",
+			"-external-tpm", "6000", "-rate-headers", "limits", "-log-level", "warn"}, pw)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	url := regexp.MustCompile(`http://127\.0\.0\.1:\d+`).FindString(line)
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello world"}],"max_tokens":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Usage struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if err != nil || out.Usage.PromptTokens != 4 { // "hello world" is 2 tokens, counted twice
+		t.Errorf("usage %+v %v: -prompt-factor 2 not applied", out.Usage, err)
+	}
+	if resp.Header.Get("x-ratelimit-limit-tokens") != "60000" || resp.Header.Get("x-ratelimit-remaining-tokens") != "" {
+		t.Errorf("-rate-headers limits: headers %v", resp.Header)
+	}
+	resp, err = client.Get(url + "/sim/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		TokensAdmitted int64 `json:"tokens_admitted"`
+		TokensRefunded int64 `json:"tokens_refunded"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || st.TokensAdmitted != 104 || st.TokensRefunded != 100-out.Usage.CompletionTokens {
+		t.Errorf("stats %+v %v: -refund not applied", st, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
+
 func TestRunRejectsBadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"-rate-429", "2"},
 		{"-rpm", "-5"},
+		{"-headers-at", "later"},
+		{"-rate-headers", "some"},
+		{"-prompt-factor", "-1"},
 		{"-log-level", "loud"},
 		{"-addr", "not an address"},
 		{"-nope"},

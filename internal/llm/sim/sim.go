@@ -33,6 +33,24 @@ type Limits struct {
 
 func (l Limits) isZero() bool { return l == Limits{} }
 
+// External is an application outside the simulator's clients that uses the
+// same account: it sends calls of CallTokens tokens (one request each) at TPM
+// tokens per minute, ahead of anyone else whenever the buckets hold one.
+type External struct {
+	TPM int64 `json:"tpm"`
+	// CallTokens is the size of each of its calls. Defaults to 500.
+	CallTokens int64 `json:"call_tokens"`
+}
+
+// The values of Config.HeadersAt and Config.RateHeaders.
+const (
+	HeadersAtAdmission  = "admission"
+	HeadersAtCompletion = "completion"
+	HeadersAll          = "all"
+	HeadersLimitsOnly   = "limits"
+	HeadersNone         = "none"
+)
+
 // Model configures one model.
 type Model struct {
 	// Limits replace Config.Limits for this model when any of them is set.
@@ -98,9 +116,28 @@ type Config struct {
 	// DefaultMaxTokens is what a chat request without max_tokens is charged
 	// per choice at admission. Defaults to 4096.
 	DefaultMaxTokens int64
-	// DisableRefund keeps the unused part of max_tokens charged when a call
-	// completes. Defaults to false: it is returned, as llmq's limiter does.
-	DisableRefund bool
+	// Refund gives the unused part of max_tokens back to the token buckets
+	// RefundDelay after a call completes. Defaults to false: as OpenAI
+	// documents its limits, prompt + max_tokens stay charged.
+	Refund bool
+	// RefundDelay is how long after completion a refund comes. Defaults to 0.
+	RefundDelay time.Duration
+	// PromptFactor is how many tokens the provider counts, at admission and
+	// in usage, per prompt token of llmq's estimator: a model whose
+	// tokenizer is not tiktoken's. Defaults to 1.
+	PromptFactor float64
+	// External is another application drawing on the same account's
+	// limits. Defaults to none.
+	External External
+	// HeadersAt is when x-ratelimit-remaining-* and -reset-* are computed:
+	// HeadersAtAdmission (after the call is charged) or HeadersAtCompletion
+	// (when the answer is sent, after any refund). Defaults to admission.
+	HeadersAt string
+	// RateHeaders is which x-ratelimit-* headers are sent: HeadersAll,
+	// HeadersLimitsOnly (x-ratelimit-limit-* only) or HeadersNone, as some
+	// OpenAI-compatible servers do. retry-after is sent on 429s in every
+	// mode. Defaults to all.
+	RateHeaders string
 	// Latency is the base time to answer an admitted request. Defaults to 0.
 	Latency time.Duration
 	// Jitter adds a uniform [0, Jitter) to Latency. Defaults to 0.
@@ -178,6 +215,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: Config.LogSize must not be negative, got %d", c.LogSize)
 	case c.MaxBodyBytes < 0:
 		return fmt.Errorf("sim: Config.MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes)
+	case c.RefundDelay < 0:
+		return fmt.Errorf("sim: Config.RefundDelay must not be negative, got %v", c.RefundDelay)
+	case c.PromptFactor < 0 || math.IsNaN(c.PromptFactor) || c.PromptFactor > 100:
+		return fmt.Errorf("sim: Config.PromptFactor must be within (0, 100], got %v", c.PromptFactor)
+	case c.External.TPM < 0 || c.External.CallTokens < 0:
+		return fmt.Errorf("sim: Config.External must not be negative, got %+v", c.External)
+	case c.HeadersAt != "" && c.HeadersAt != HeadersAtAdmission && c.HeadersAt != HeadersAtCompletion:
+		return fmt.Errorf("sim: Config.HeadersAt must be %q or %q, got %q", HeadersAtAdmission, HeadersAtCompletion, c.HeadersAt)
+	case c.RateHeaders != "" && c.RateHeaders != HeadersAll && c.RateHeaders != HeadersLimitsOnly && c.RateHeaders != HeadersNone:
+		return fmt.Errorf("sim: Config.RateHeaders must be %q, %q or %q, got %q", HeadersAll, HeadersLimitsOnly, HeadersNone, c.RateHeaders)
 	}
 	return nil
 }
@@ -209,6 +256,18 @@ func (c *Config) setDefaults() {
 	if c.Faults.RetryAfter429 == 0 {
 		c.Faults.RetryAfter429 = time.Second
 	}
+	if c.PromptFactor == 0 {
+		c.PromptFactor = 1
+	}
+	if c.External.CallTokens == 0 {
+		c.External.CallTokens = 500
+	}
+	if c.HeadersAt == "" {
+		c.HeadersAt = HeadersAtAdmission
+	}
+	if c.RateHeaders == "" {
+		c.RateHeaders = HeadersAll
+	}
 }
 
 // Server is a simulated provider. Its methods are safe for concurrent use.
@@ -230,9 +289,12 @@ type Server struct {
 	stats   Stats
 }
 
-// buckets are one model's (or, shared, every model's) limits.
+// buckets are one model's (or, shared, every model's) limits, with the
+// refunds still to come and the external application's backlog.
 type buckets struct {
 	rpm, tpm, rpd, tpd bucket
+	refunds            []refund // by time
+	ext                externalState
 }
 
 // New returns a simulator. It panics, naming the field, if cfg is invalid;
@@ -344,6 +406,12 @@ func (s *Server) limitsLocked(model string) Limits {
 // Stats returns the counters.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
+	// Refunds and the external application's calls that are due by now
+	// count, as the buckets would show them.
+	now := s.cfg.Now()
+	for _, b := range s.buckets {
+		s.advanceLocked(b, now)
+	}
 	st := s.stats
 	st.LogDropped = s.log.dropped
 	s.mu.Unlock()

@@ -123,7 +123,7 @@ func TestTokensPerMinuteChargesMaxTokensAndRefunds(t *testing.T) {
 		t.Run(fmt.Sprint("refund=", refund), func(t *testing.T) {
 			t.Parallel()
 			c := newClock()
-			s := sim.New(sim.Config{Limits: sim.Limits{TPM: 1000}, Now: c.Now, DisableRefund: !refund, Seed: 1})
+			s := sim.New(sim.Config{Limits: sim.Limits{TPM: 1000}, Now: c.Now, Refund: refund, Seed: 1})
 			h := s.Handler()
 			// "hello world" is 2 tokens: the request asks 2 + 300.
 			rec := post(t, h, llm.EndpointChat, chat("m", 300))
@@ -161,7 +161,7 @@ func TestTokensPerMinuteChargesMaxTokensAndRefunds(t *testing.T) {
 func TestTokens429IsConsistentWithBucket(t *testing.T) {
 	t.Parallel()
 	c := newClock()
-	s := sim.New(sim.Config{Limits: sim.Limits{TPM: 600}, Now: c.Now, DisableRefund: true})
+	s := sim.New(sim.Config{Limits: sim.Limits{TPM: 600}, Now: c.Now})
 	h := s.Handler()
 	if rec := post(t, h, llm.EndpointChat, chat("m", 498)); rec.Code != 200 { // 500 tokens
 		t.Fatal(rec.Code)

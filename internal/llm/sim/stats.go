@@ -68,6 +68,10 @@ type Stats struct {
 	TokensRefunded   int64 `json:"tokens_refunded"`
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
+	// ExternalRequests and ExternalTokens are what the external application
+	// (Config.External) was admitted; they are in no other counter.
+	ExternalRequests int64 `json:"external_requests"`
+	ExternalTokens   int64 `json:"external_tokens"`
 	// InFlight is requests being answered now.
 	InFlight int64 `json:"in_flight"`
 	// LogDropped is log entries overwritten because the log was full.

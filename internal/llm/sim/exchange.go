@@ -1,0 +1,228 @@
+package sim
+
+import (
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/llmq/llmq/internal/llm"
+)
+
+// Exchange is one request's passage through the simulator, split at its two
+// moments: Begin decides it (a fault, a 429, or admission, which charges the
+// buckets) and Finish completes it (the refund, when Config.Refund, and the
+// answer). The HTTP handler sleeps the call's latency between them; tests on
+// a simulated clock call them at the moments they choose.
+type Exchange struct {
+	s       *Server
+	status  int
+	header  http.Header
+	body    []byte
+	latency time.Duration
+	// hang is set for a hung request (a fault): no answer until the client
+	// gives up, or hangFor passes.
+	hang     bool
+	hangFor  time.Duration
+	admitted bool
+	model    string
+	seq      int64 // the admission log entry
+	unused   int64 // what a refund gives back
+	n        uint64
+	finished bool
+}
+
+// Latency is how long the call takes between Begin and Finish; 0 for a
+// request answered at once (refused, failed).
+func (x *Exchange) Latency() time.Duration { return x.latency }
+
+// Admitted reports whether the buckets admitted the request.
+func (x *Exchange) Admitted() bool { return x.admitted }
+
+// Finish completes the exchange at the simulator's now and returns the
+// answer: the refund of the unused tokens is due now (or RefundDelay after),
+// and with HeadersAtCompletion the rate-limit headers are computed now. A
+// second Finish returns the same answer and changes nothing.
+func (x *Exchange) Finish() (status int, header http.Header, body []byte) {
+	if x.admitted && !x.finished {
+		s := x.s
+		now := s.cfg.Now()
+		s.mu.Lock()
+		b := s.bucketsLocked(x.model, now)
+		s.advanceLocked(b, now)
+		if s.cfg.Refund && x.unused > 0 {
+			s.refundLocked(b, refund{at: now.Add(s.cfg.RefundDelay), tokens: x.unused, seq: x.seq}, now)
+		}
+		if s.cfg.HeadersAt == HeadersAtCompletion {
+			v := verdict{outcome: Admitted}
+			v.snapshot(b, 1, 0)
+			s.setRateHeaders(x.header, &v, x.n)
+		}
+		s.mu.Unlock()
+	}
+	x.finished = true
+	return x.status, x.header, x.body
+}
+
+// answer fills the exchange with an error in OpenAI's shape.
+func (x *Exchange) answer(status int, message, typ, param, code string) *Exchange {
+	x.status, x.body = status, errorBody(message, typ, param, code)
+	x.header.Set("Content-Type", "application/json")
+	return x
+}
+
+// Begin decides a request to endpoint (llm.EndpointChat or
+// llm.EndpointEmbeddings) with body at the simulator's now: a 400 or 404 for
+// a body it refuses, a fault, a 429, or admission, which charges the buckets
+// and draws the answer and the latency.
+func (s *Server) Begin(endpoint string, body []byte) *Exchange {
+	x := &Exchange{s: s, header: http.Header{}}
+	p, err := s.est.Parse(endpoint, "", "", body)
+	if err != nil {
+		s.count(func(st *Stats) { st.BadRequests++ })
+		var ir *llm.InvalidRequestError
+		if errors.As(err, &ir) {
+			return x.answer(http.StatusBadRequest, ir.Message, "invalid_request_error", ir.Param, "")
+		}
+		return x.answer(http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
+	}
+	if s.cfg.OnlyKnownModels {
+		s.mu.Lock()
+		_, ok := s.models[p.Model]
+		s.mu.Unlock()
+		if !ok {
+			s.count(func(st *Stats) { st.BadRequests++ })
+			return x.answer(http.StatusNotFound, "The model `"+p.Model+"` does not exist or you do not have access to it.", "invalid_request_error", "", "model_not_found")
+		}
+	}
+	var emb embeddingOptions
+	if endpoint == llm.EndpointEmbeddings {
+		if emb, err = s.embeddingOptions(body); err != nil {
+			s.count(func(st *Stats) { st.BadRequests++ })
+			return x.answer(http.StatusBadRequest, err.Error(), "invalid_request_error", "dimensions", "")
+		}
+	}
+
+	n := s.arrival.Add(1)
+	x.n, x.model = n, p.Model
+	// The provider counts the prompt with its own tokenizer.
+	prompt := int64(math.Ceil(float64(p.ContentTokens) * s.cfg.PromptFactor))
+	tokens := prompt
+	maxTokens := int64(0)
+	if endpoint == llm.EndpointChat {
+		maxTokens = p.MaxTokens
+		if maxTokens == 0 {
+			maxTokens = s.defaultMaxTokens(p.Model)
+		}
+		tokens += maxTokens * p.N
+	}
+	now := s.cfg.Now()
+	v := s.admit(p.Model, tokens, now, s.draw(n, drawFault))
+	x.seq = v.seq
+	s.setRateHeaders(x.header, &v, n)
+	switch v.outcome {
+	case RateLimited, Spurious429:
+		return x.answer(http.StatusTooManyRequests, v.message, v.kind, "", "rate_limit_exceeded")
+	case Error500:
+		return x.answer(http.StatusInternalServerError, "The server had an error while processing your request. Sorry about that!", "server_error", "", "")
+	case Hung:
+		x.hang, x.hangFor = true, v.hangFor
+		return x
+	}
+
+	// Admitted: draw the answer and the time it takes.
+	x.admitted, x.status = true, http.StatusOK
+	var completion int64
+	if endpoint == llm.EndpointChat {
+		completions := make([]int64, p.N)
+		for i := range completions {
+			completions[i] = s.completionTokens(maxTokens, s.draw(n, drawCompletion+uint64(i)))
+			completion += completions[i]
+		}
+		x.body = s.chatResponse(n, now, p.Model, prompt, maxTokens, completions, s.echo(body))
+	} else {
+		x.body = s.embeddingResponse(n, p, prompt, emb)
+	}
+	x.unused = tokens - prompt - completion
+	x.latency = s.latency(n, completion)
+	x.header.Set("Content-Type", "application/json")
+	x.header.Set("Content-Length", strconv.Itoa(len(x.body)))
+	return x
+}
+
+// refund is unused tokens due back to a model's token buckets at a moment.
+type refund struct {
+	at     time.Time
+	tokens int64
+	seq    int64 // the admission log entry
+}
+
+// externalState is the external application's backlog: the tokens it has
+// wanted since last, and whether it started.
+type externalState struct {
+	last    time.Time
+	pending float64
+}
+
+// refundLocked gives r back now, or queues it until r.at.
+func (s *Server) refundLocked(b *buckets, r refund, now time.Time) {
+	if r.at.After(now) {
+		b.refunds = append(b.refunds, r) // Finish runs in time order: refunds are sorted
+		return
+	}
+	b.tpm.give(r.tokens, r.at)
+	b.tpd.give(r.tokens, r.at)
+	s.stats.TokensRefunded += r.tokens
+	if e := s.log.get(r.seq); e != nil {
+		e.Refunded, e.RefundedAt = r.tokens, r.at
+	}
+}
+
+// advanceLocked brings b to now: refunds that fell due, in time order, each
+// at its moment, then the external application's calls, then the refill.
+func (s *Server) advanceLocked(b *buckets, now time.Time) {
+	for len(b.refunds) > 0 && !b.refunds[0].at.After(now) {
+		r := b.refunds[0]
+		b.refunds = b.refunds[1:]
+		s.refundLocked(b, r, r.at)
+	}
+	for _, bk := range []*bucket{&b.rpm, &b.tpm, &b.rpd, &b.tpd} {
+		bk.refill(now)
+	}
+	s.externalLocked(b, now)
+}
+
+// externalLocked lets the external application send the calls it wanted
+// since its last turn, as far as the buckets hold them. A backlog of more
+// than five seconds of its calls is dropped, as an application would give up.
+func (s *Server) externalLocked(b *buckets, now time.Time) {
+	e := s.cfg.External
+	if e.TPM <= 0 {
+		return
+	}
+	if b.ext.last.IsZero() {
+		b.ext.last = now
+		return
+	}
+	if d := now.Sub(b.ext.last); d > 0 {
+		b.ext.pending = min(b.ext.pending+float64(e.TPM)*float64(d)/float64(time.Minute), float64(e.TPM)/12)
+		b.ext.last = now
+	}
+	call := e.CallTokens
+	for b.ext.pending >= float64(call) && fits(&b.tpm, call) && fits(&b.tpd, call) && fits(&b.rpm, 1) && fits(&b.rpd, 1) {
+		b.tpm.take(call)
+		b.tpd.take(call)
+		b.rpm.take(1)
+		b.rpd.take(1)
+		b.ext.pending -= float64(call)
+		s.stats.ExternalRequests++
+		s.stats.ExternalTokens += call
+	}
+}
+
+// fits reports whether bucket b holds cost now.
+func fits(b *bucket, cost int64) bool {
+	d, ok := b.wait(cost)
+	return ok && d == 0
+}
