@@ -3,6 +3,7 @@ package sim_test
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -220,10 +221,9 @@ func TestModeConfigValidate(t *testing.T) {
 		{sim.Config{HeadersAt: "later"}, "HeadersAt"},
 		{sim.Config{RateHeaders: "some"}, "RateHeaders"},
 	} {
-		if err := c.cfg.Validate(); err == nil || !contains(err.Error(), c.want) {
+		if err := c.cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error naming %s", c.cfg, err, c.want)
 		}
 	}
 }
 
-func contains(s, sub string) bool { return len(sub) == 0 || (len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub))) }
