@@ -226,4 +226,3 @@ func TestModeConfigValidate(t *testing.T) {
 		}
 	}
 }
-
