@@ -64,6 +64,14 @@ var suite = []struct {
 	{"BatchedReserves", testBatchedReserves},
 	{"BatchedReserveCancelled", testBatchedReserveCancelled},
 	{"AdmissionProperty", testAdmissionProperty},
+	{"SettleNeverRefunds", testSettleNeverRefunds},
+	{"SettleFollowsProvider", testSettleFollowsProvider},
+	{"SettleWithoutHeaders", testSettleWithoutHeaders},
+	{"SettleLearnsDrain", testSettleLearnsDrain},
+	{"SettleEvidence", testSettleEvidence},
+	{"SettleDistrust", testSettleDistrust},
+	{"SettleCalibration", testSettleCalibration},
+	{"SettleLearnedTTL", testSettleLearnedTTL},
 }
 
 func TestSingleNode(t *testing.T) {

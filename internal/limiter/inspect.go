@@ -1,0 +1,122 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
+)
+
+// ScopeLearning is a scope's buckets now and what they learned from the
+// provider's answers, for metrics and the dashboard.
+type ScopeLearning struct {
+	// Time is the Redis time (or the injected clock's) of the reading.
+	Time    time.Time
+	Buckets []BucketLearning
+	// Calibration is the scope's prompt-token correction.
+	Calibration Calibration
+	// Distrusted is true while repeated unpredicted 429s keep the
+	// provider's counts from lowering the buckets, until DistrustedUntil.
+	Distrusted      bool
+	DistrustedUntil time.Time
+}
+
+// BucketLearning is one bucket now.
+type BucketLearning struct {
+	Name  string
+	Limit int64
+	// Capacity is the limit times Factor; Remaining the room it holds now.
+	Capacity, Remaining int64
+	// Drain is the share of the refill others take; Factor the share of the
+	// limit it may use after unpredicted 429s.
+	Drain, Factor float64
+	// Refund is the share of their unused tokens the provider's counts
+	// showed it gives back to calls; -1 until enough was seen.
+	Refund float64
+	// ProviderRemaining is what the provider last said the bucket holds,
+	// at ProviderSeen; -1 when it never said.
+	ProviderRemaining int64
+	ProviderSeen      time.Time
+}
+
+// inspectScript reads a scope's buckets and what they learned, writing
+// nothing.
+//
+// KEYS[1] -> the scope's hash (rkeys.LimiterScope)
+// ARGV[1] -> now in µs, or "" for Redis TIME
+// ARGV[2..] -> per bucket: name, limit, period in µs
+// Returns {now, distrusted until (0 when not), calibration in millionths,
+// its samples, then per bucket: capacity, remaining, drain and factor in
+// millionths, refund sum, unused sum, provider remaining (-1 when none),
+// when it was seen (µs, 0 when never)}.
+var inspectScript = redis.NewScript(withConstants(redisclock.Lua + bucketLua + `
+local h = redis.call('HGETALL', KEYS[1])
+local st = {}
+for i = 1, #h, 2 do st[h[i]] = h[i + 1] end
+local hd = tonumber(st.hd) or 0
+if hd <= now then hd = 0 end
+local out = {now, hd, math.floor((tonumber(st.qm) or 1) * 1e6), tonumber(st.qn) or 0}
+for i = 2, #ARGV, 3 do
+  local name = ARGV[i]
+  local b = load_bucket(st, name, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+  local k = #out
+  out[k + 1], out[k + 2] = math.floor(b.cap), math.floor(b.cap - b.u)
+  out[k + 3] = math.floor((tonumber(st['e:' .. name]) or 0) * 1e6)
+  out[k + 4] = math.floor(factor_of(st, name) * 1e6)
+  out[k + 5], out[k + 6] = math.floor(tonumber(st['n:' .. name]) or 0), math.floor(tonumber(st['w:' .. name]) or 0)
+  out[k + 7], out[k + 8] = tonumber(st['pr:' .. name]) or -1, tonumber(st['prt:' .. name]) or 0
+end
+return out
+`))
+
+// minRefundEvidence is how many unused tokens, as a share of a bucket's
+// limit, its refund estimate needs before it is shown.
+const minRefundEvidence = 0.05
+
+// Inspect returns scope's buckets now and what they learned.
+func (tb *TokenBucket) Inspect(ctx context.Context, scope Scope) (*ScopeLearning, error) {
+	if err := scope.validate(Cost{}); err != nil {
+		return nil, err
+	}
+	args := []any{redisclock.Arg(tb.opts.Clock)}
+	for _, b := range scope.Buckets {
+		args = append(args, b.Name, b.Limit, b.Period.Microseconds())
+	}
+	v, err := inspectScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(scope.Name)}, args...).Result()
+	var a []int64
+	if err == nil {
+		a, err = ints(v, 4+8*len(scope.Buckets))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("limiter: inspect scope %q: %w", scope.Name, err)
+	}
+	li := &ScopeLearning{Time: time.UnixMicro(a[0]), Calibration: calibration(a[2], a[3])}
+	if a[1] > 0 {
+		li.Distrusted, li.DistrustedUntil = true, time.UnixMicro(a[1])
+	}
+	for i, b := range scope.Buckets {
+		x := a[4+8*i:]
+		bl := BucketLearning{Name: b.Name, Limit: b.Limit, Capacity: x[0], Remaining: x[1],
+			Drain: float64(x[2]) / 1e6, Factor: float64(x[3]) / 1e6, Refund: -1, ProviderRemaining: x[6]}
+		if w := float64(x[5]); w >= minRefundEvidence*float64(b.Limit) {
+			bl.Refund = min(max(-float64(x[4])/w, 0), 1)
+		}
+		if x[7] > 0 {
+			bl.ProviderSeen = time.UnixMicro(x[7])
+		}
+		li.Buckets = append(li.Buckets, bl)
+	}
+	return li, nil
+}
+
+// Calibration returns the prompt-token correction of the scope named scope.
+func (tb *TokenBucket) Calibration(ctx context.Context, scope string) (Calibration, error) {
+	li, err := tb.Inspect(ctx, Scope{Name: scope})
+	if err != nil {
+		return Calibration{Factor: 1}, err
+	}
+	return li.Calibration, nil
+}

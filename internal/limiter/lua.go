@@ -1,0 +1,137 @@
+package limiter
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// lagDelay is how far back the total a bucket took is read for a
+// reservation (lagLua): reservations made up to this long before a call may
+// reach the provider after it, and Settle counts them as possibly missing
+// from the provider's answer.
+const lagDelay = 250 * time.Millisecond
+
+// learnTTL is how long a scope's hash outlives its last use once it holds
+// what the scope learned (drain, limit factor, calibration): a scope idle
+// overnight starts the morning with what it knew.
+const learnTTL = 24 * time.Hour
+
+// factorRecovery is how fast a limit factor lowered by unpredicted 429s
+// comes back, as a fraction of the limit per minute.
+const factorRecovery = 0.05
+
+// bucketLua holds the functions the token bucket's scripts share. st is the
+// scope's hash as a table; now and gen are the script's time and in-flight
+// generation.
+//
+// What a bucket learned from the provider's answers (Settle) changes how it
+// refills: x:<name> is the factor of its limit it may use after unpredicted
+// 429s (regained at RECOVER per µs since xt:<name>), and e:<name> the part of
+// its refill that others drain (another application on the account), so it
+// refills at limit × factor × (1 - e) per period and holds at most limit ×
+// factor.
+const bucketLua = `
+local gen = math.floor(now / GEN)
+
+local function put(args, k, v)
+  args[#args + 1] = k
+  if type(v) == 'number' then args[#args + 1] = string.format('%.17g', v) else args[#args + 1] = v end
+end
+
+-- the bucket's in-flight amounts of generation g and g - 1, seen from
+-- generation gen (older generations have lapsed): {g, f0, f1}
+local function inflight_of(st, name)
+  local g = tonumber(st['g:' .. name]) or gen
+  local f0, f1 = tonumber(st['f0:' .. name]) or 0, tonumber(st['f1:' .. name]) or 0
+  if gen == g + 1 then f0, f1 = 0, f0 elseif gen > g + 1 then f0, f1 = 0, 0 end
+  return {math.max(g, gen), f0, f1}
+end
+
+local function factor_of(st, name)
+  local x = tonumber(st['x:' .. name])
+  if not x then return 1 end
+  local xt = tonumber(st['xt:' .. name]) or now
+  return math.min(1, x + math.max(now - xt, 0) * RECOVER)
+end
+
+-- the bucket now: u its level (refilled, never below what is in flight, see
+-- inflightGen), d the level refilled without that floor, cap and rate (per
+-- µs) as learned, f its in-flight generations, c all it ever took
+local function load_bucket(st, name, limit, period)
+  local cap = limit * factor_of(st, name)
+  local rate = cap * (1 - (tonumber(st['e:' .. name]) or 0)) / period
+  local u = tonumber(st['u:' .. name]) or 0
+  local ts = tonumber(st['t:' .. name]) or now
+  local f = inflight_of(st, name)
+  local d = u
+  if now > ts then
+    d = u - (now - ts) * rate
+    u = math.max(d, f[2] + f[3], 0)
+  end
+  return {u = u, d = d, cap = cap, rate = rate, f = f, c = tonumber(st['c:' .. name]) or 0}
+end
+
+-- lagLua: what a bucket had taken at least LAG ago, for a reservation now:
+-- the newest of two checkpoints (k older, kn newer; each the total taken
+-- when a run ended) that is that old, or 0 in a scope's first moments. A
+-- run that takes moves them forward at most every LAG (put_lag).
+local lines = {}
+local function lag_of(st, name)
+  local k, kt, kn, knt = tonumber(st['k:' .. name]), tonumber(st['kt:' .. name]), tonumber(st['kn:' .. name]), tonumber(st['knt:' .. name])
+  local line = {first = not knt, shift = knt and now - knt >= LAG, kn = kn, knt = knt}
+  lines[name] = line
+  if line.shift then return kn end
+  if kt and now - kt >= LAG then return k end
+  return 0
+end
+local function put_lag(args, name, c)
+  local l = lines[name]
+  if l and (l.first or l.shift) then
+    if l.shift then
+      put(args, 'k:' .. name, l.kn)
+      put(args, 'kt:' .. name, l.knt)
+    end
+    put(args, 'kn:' .. name, c)
+    put(args, 'knt:' .. name, now)
+  end
+end
+
+-- how long until a bucket at level u is full and holds nothing in flight
+local function idle_after(u, rate, f)
+  local ttl = u / rate
+  if f[2] > 0 then ttl = math.max(ttl, (f[1] + 2) * GEN - now) elseif f[3] > 0 then ttl = math.max(ttl, (f[1] + 1) * GEN - now) end
+  return ttl
+end
+
+-- extends the hash's expiry to ttl µs (plus a second), at least LEARN_TTL
+-- once it holds what the scope learned, and never shortens it
+local function extend_ttl(key, st, ttl)
+  if st.l then ttl = math.max(ttl, LEARN_TTL) end
+  ttl = math.ceil(ttl / 1000) + 1000
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+`
+
+// withConstants puts the package's constants into a script.
+func withConstants(src string) string {
+	us := func(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	return strings.NewReplacer(
+		"GEN", us(inflightGen),
+		"LAG", us(lagDelay),
+		"LEARN_TTL", us(learnTTL),
+		"RECOVER", f(factorRecovery/float64(time.Minute.Microseconds())),
+		"COOLDOWN", us(factorCooldown),
+		"DECREASE", f(factorDecrease),
+		"FLOOR", f(factorFloor),
+		"GAIN", f(drainGain),
+		"EMAX", f(drainMax),
+		"BUSY", f(busyShare),
+		"GAP", us(learnGap),
+		"RHO_TAU", us(refundWindow),
+		"DISTRUST_AFTER", strconv.Itoa(distrustAfter),
+		"DISTRUST_FOR", us(distrustFor),
+		"QSIZE", strconv.Itoa(calibrationSamples),
+	).Replace(src)
+}

@@ -1,0 +1,442 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
+)
+
+// What Settle learns, and how fast (docs/ARCHITECTURE.md, "What the limiter
+// learns from the provider").
+const (
+	// factorDecrease multiplies a bucket's limit factor on an unpredicted
+	// 429, at most once per factorCooldown, down to factorFloor.
+	factorDecrease = 0.85
+	factorCooldown = 5 * time.Second
+	factorFloor    = 0.1
+	// drainGain is how much of a sync's difference (in limits) the drain
+	// estimate takes: with a minute's bucket it closes a gap in ~30 s.
+	drainGain = 2.0
+	// drainMax bounds the share of the refill others may be thought to take.
+	drainMax = 0.9
+	// busyShare: the provider's bucket is busy (its counts say something
+	// about the others' use) while less than this share of it is free.
+	busyShare = 0.5
+	// learnGap: syncs further apart than this do not measure a drift.
+	learnGap = 10 * time.Second
+	// refundWindow is the memory of the refund estimate.
+	refundWindow = 2 * time.Minute
+	// distrustAfter unpredicted 429s within a minute stop the
+	// provider's counts from lowering the buckets for distrustFor.
+	distrustAfter = 3
+	distrustFor   = 10 * time.Minute
+	// calibrationSamples is how many prompt ratios the calibration keeps.
+	calibrationSamples = 31
+)
+
+// Feedback is what a provider's answer says about one call, for Settle.
+type Feedback struct {
+	// Charged is what the provider most likely charged the call: its own
+	// count of the prompt plus max_tokens, as OpenAI counts at admission.
+	// What it charged beyond the reservation is taken too; what it charged
+	// less is not given back (a provider that refunds shows it in its
+	// counts). Zero fields mean the reservation's.
+	Charged Cost
+	// Unused is the part of max_tokens the call left unused: what a
+	// provider that refunds gives back, for the refund estimate.
+	Unused Cost
+	// Observed are the provider's own views of some of the scope's buckets,
+	// from its x-ratelimit-* headers.
+	Observed []Observed
+	// Evidence names the buckets a 429 showed to be ahead of the
+	// provider's: it refused a call they admitted.
+	Evidence []string
+	// PromptRatio is the provider's count of the prompt over llmq's
+	// estimate, for the calibration; 0 when unknown.
+	PromptRatio float64
+}
+
+// Observed is the provider's view of one bucket when it answered.
+type Observed struct {
+	// Bucket is the scope's bucket it concerns ("rpm", "tpm").
+	Bucket string
+	// Remaining is what the provider said it still held.
+	Remaining int64
+	// Limit is the provider's limit for the bucket; 0 when it did not say.
+	Limit int64
+}
+
+// Settlement is what a Settle applied and what the scope has learned.
+type Settlement struct {
+	// Applied is false when the reservation was settled before.
+	Applied bool
+	// Calibration is the scope's prompt-token correction after this call.
+	Calibration Calibration
+	// Buckets has one entry per bucket of the reservation's scope.
+	Buckets []BucketSettlement
+}
+
+// BucketSettlement is one bucket after a Settle.
+type BucketSettlement struct {
+	Name string
+	// Model is the level the bucket's own counting gave, Level the level
+	// it holds after following the provider's view (tokens used).
+	Model, Level int64
+	// ProviderBound is the most the provider can have used by now, from
+	// its answer; -1 when it said nothing about this bucket.
+	ProviderBound int64
+	// Drain is the share of the refill others take; Factor the share of
+	// the limit the bucket may use after unpredicted 429s.
+	Drain, Factor float64
+}
+
+// Calibration is a scope's correction of llmq's prompt-token estimates: the
+// median of the provider's counts over llmq's in its last calls.
+type Calibration struct {
+	// Factor multiplies prompt estimates; 1 until enough calls were seen.
+	Factor float64
+	// Samples is how many calls the median is of.
+	Samples int
+}
+
+// minCalibrationSamples is how many calls a correction needs before it
+// applies; calibrationBounds the correction applied.
+const minCalibrationSamples = 3
+
+var calibrationBounds = [2]float64{0.25, 4}
+
+func calibration(micros, n int64) Calibration {
+	c := Calibration{Factor: 1, Samples: int(n)}
+	if n >= minCalibrationSamples && micros > 0 {
+		c.Factor = min(max(float64(micros)/1e6, calibrationBounds[0]), calibrationBounds[1])
+	}
+	return c
+}
+
+// settleScript settles a reservation once: what the call was charged, what
+// the provider's answer says of its buckets, what it teaches the scope.
+//
+// KEYS[1] -> the scope's hash (rkeys.LimiterScope; fields as reserveScript,
+// plus s:<name> the lag of the freshest answer followed, pr:<name> and
+// prt:<name> the provider's last remaining count and when, ls:<name>,
+// wa:<name>, n:<name> and w:<name> the refund estimate's sums, hd and hn
+// the distrust of the provider's counts, q, qm and qn the calibration, l set
+// once it learned anything)
+// KEYS[2] -> the reservation's settled marker (rkeys.LimiterReconciled),
+// absent when the caller guarantees a single settle (a lease)
+// ARGV[1] -> now in µs, or "" for Redis TIME
+// ARGV[2] -> how long the marker lives, in ms
+// ARGV[3] -> reservation id
+// ARGV[4] -> "1" when the reservation is the probe, else "0"
+// ARGV[5] -> probe timeout in µs
+// ARGV[6] -> the reservation's in-flight generation
+// ARGV[7] -> "r" to refund down to the charge (Reconcile), "s" to settle a
+// provider call (never refunds)
+// ARGV[8] -> the prompt ratio for the calibration, or ""
+// ARGV[9+10(i-1)] .. ARGV[18+10(i-1)] -> bucket i: name, limit, period in µs,
+// reserved, charged, unused, taken before the reservation (its lag), the
+// provider's limit and remaining (or ""), "1" when a 429 is evidence against it
+// Returns {1, calibration in millionths, its samples, then per bucket: the
+// level as counted, the level after following the provider, the provider's
+// bound (-1 when none), drain and factor in millionths}, or {0} when the
+// reservation was settled before.
+//
+// Redis keeps what a script wrote before a runtime error, so the script
+// reads and computes everything first, and writes the marker last: a failed
+// run leaves no marker, and its retry applies.
+var settleScript = redis.NewScript(withConstants(redisclock.Lua + bucketLua + `
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return {0} end
+local key = KEYS[1]
+local probe_timeout = tonumber(ARGV[5])
+local rgen = tonumber(ARGV[6])
+local refund = ARGV[7] == 'r'
+local sample = tonumber(ARGV[8])
+local nb = (#ARGV - 8) / 10
+
+local h = redis.call('HGETALL', key)
+local st = {}
+for i = 1, #h, 2 do st[h[i]] = h[i + 1] end
+local pu, pid, pt = tonumber(st.pu), st.pid, tonumber(st.pt)
+local hd = tonumber(st.hd)
+local distrust = hd and hd > now
+
+local args, out, ttl, learned, evidence = {}, {1, 0, 0}, 0, false, false
+for i = 1, nb do
+  local a = 8 + 10 * (i - 1)
+  local name, limit, period = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local reserved, charged, unused, clag = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  local olimit, oremain = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+
+  -- an unpredicted 429 lowers the bucket's limit factor, once per cooldown
+  -- (the 429s of calls admitted together are one piece of evidence)
+  if ARGV[a + 10] == '1' then
+    local xt = tonumber(st['xt:' .. name])
+    if not xt or now - xt >= COOLDOWN then
+      evidence = true
+      local x = math.max(factor_of(st, name) * DECREASE, FLOOR)
+      st['x:' .. name], st['xt:' .. name] = x, now
+      put(args, 'x:' .. name, x)
+      put(args, 'xt:' .. name, now)
+      learned = true
+    end
+  end
+
+  local b = load_bucket(st, name, limit, period)
+  local u, f, c = b.u, b.f, b.c
+  -- the reservation is no longer in flight
+  if rgen == f[1] then f[2] = math.max(f[2] - reserved, 0) elseif rgen == f[1] - 1 then f[3] = math.max(f[3] - reserved, 0) end
+  local held = f[2] + f[3]
+  local delta = charged - reserved
+  if refund then
+    -- a refund never brings the level below what other calls hold in
+    -- flight (see inflightGen)
+    u = math.max(u + delta, held, 0)
+  elseif delta > 0 then
+    u = u + delta
+  end
+  if delta > 0 then c = c + delta end
+  local model, bound = u, -1
+
+  if olimit and oremain then
+    -- The provider had used at most cap - remaining when it answered, and
+    -- since then at most what was taken here from a moment before this
+    -- call on (calls sent just before it may have reached it after it).
+    bound = (b.cap - oremain) + (c - clag)
+    local fresh = clag >= (tonumber(st['s:' .. name]) or -1)
+    if distrust then
+      u = math.max(u, bound)
+    elseif fresh then
+      u = math.max(bound, held, 0)
+      put(args, 's:' .. name, clag)
+    else
+      -- an older answer than one followed already only ever lowers
+      u = math.min(u, math.max(bound, held, 0))
+    end
+    put(args, 'pr:' .. name, oremain)
+    put(args, 'prt:' .. name, now)
+
+    -- While the provider's bucket is busy, what it counts beyond this
+    -- bucket's model is drained by others: the drain follows it, and the
+    -- refund estimate sums it against the tokens calls left unused.
+    local wa = (tonumber(st['wa:' .. name]) or 0) + unused
+    if fresh and not distrust and oremain < BUSY * olimit then
+      local ls = tonumber(st['ls:' .. name])
+      if ls and now - ls <= GAP then
+        local dt = now - ls
+        local e = tonumber(st['e:' .. name]) or 0
+        local diff = bound - model
+        local dec = math.exp(-dt / RHO_TAU)
+        st['e:' .. name] = math.min(math.max(e + GAIN * diff / b.cap, 0), EMAX)
+        put(args, 'e:' .. name, st['e:' .. name])
+        put(args, 'n:' .. name, (tonumber(st['n:' .. name]) or 0) * dec + diff + e * b.cap * dt / period)
+        put(args, 'w:' .. name, (tonumber(st['w:' .. name]) or 0) * dec + wa)
+        wa = 0
+      end
+      put(args, 'ls:' .. name, now)
+      learned = true
+    end
+    put(args, 'wa:' .. name, wa)
+  end
+
+  put(args, 'u:' .. name, u)
+  put(args, 't:' .. name, now)
+  put(args, 'g:' .. name, f[1])
+  put(args, 'f0:' .. name, f[2])
+  put(args, 'f1:' .. name, f[3])
+  put(args, 'c:' .. name, c)
+  ttl = math.max(ttl, idle_after(u, b.rate, f))
+  local k = #out
+  out[k + 1], out[k + 2], out[k + 3] = math.floor(model), math.floor(u), math.floor(bound)
+  out[k + 4] = math.floor((tonumber(st['e:' .. name]) or 0) * 1e6)
+  out[k + 5] = math.floor(factor_of(st, name) * 1e6)
+end
+
+-- repeated unpredicted 429s (counted in windows of a minute from the
+-- first): the provider's counts stop lowering the buckets
+if evidence then
+  local hn, hnt = tonumber(st.hn) or 0, tonumber(st.hnt)
+  if not hnt or now - hnt > 60000000 then hn, hnt = 0, now end
+  hn = hn + 1
+  if hn >= DISTRUST_AFTER then
+    put(args, 'hd', now + DISTRUST_FOR)
+    hn, hnt = 0, now
+  end
+  put(args, 'hn', hn)
+  put(args, 'hnt', hnt)
+  learned = true
+end
+
+-- the calibration: the median of the last prompt ratios
+local qm, qn = tonumber(st.qm), tonumber(st.qn) or 0
+if sample then
+  local q = {}
+  for v in string.gmatch(st.q or '', '[^,]+') do q[#q + 1] = v end
+  q[#q + 1] = string.format('%.4f', math.min(math.max(sample, 0.1), 10))
+  while #q > QSIZE do table.remove(q, 1) end
+  local sorted = {}
+  for j, v in ipairs(q) do sorted[j] = tonumber(v) end
+  table.sort(sorted)
+  qn = #sorted
+  if qn % 2 == 1 then qm = sorted[(qn + 1) / 2] else qm = (sorted[qn / 2] + sorted[qn / 2 + 1]) / 2 end
+  put(args, 'q', table.concat(q, ','))
+  put(args, 'qm', qm)
+  put(args, 'qn', qn)
+  learned = true
+end
+out[2], out[3] = math.floor((qm or 1) * 1e6), qn
+
+-- the probe's settle ends the probe phase, and a penalty that is over
+local del = {}
+if ARGV[4] == '1' and pid == ARGV[3] then
+  del, pt = {'pid', 'pt'}, nil
+  if pu and pu <= now then
+    del[3], pu = 'pu', nil
+  end
+end
+if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
+if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
+if learned then
+  put(args, 'l', '1')
+  st.l = '1'
+end
+
+if #args > 0 then redis.call('HSET', key, unpack(args)) end
+if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+extend_ttl(key, st, ttl)
+if KEYS[2] then redis.call('SET', KEYS[2], '1', 'PX', ARGV[2]) end
+return out
+`))
+
+// Settle settles a provider call's reservation with what the provider
+// answered (see Feedback): what it charged beyond the reservation is taken,
+// nothing is given back on llmq's own say; each bucket the provider
+// reported on then follows the provider's view, never holding more room
+// than it, and the scope learns from the difference (the drain others cause,
+// the refunds the provider makes, unpredicted 429s, the prompt calibration).
+// Settling the probe ends the probe phase. It is idempotent: a reservation
+// settled again within Options.ReconcileTTL changes nothing.
+func (tb *TokenBucket) Settle(ctx context.Context, r *Reservation, fb Feedback) (*Settlement, error) {
+	if r == nil {
+		return nil, errors.New("limiter: Settle of a nil reservation")
+	}
+	if err := r.Scope.validate(Cost{}); err != nil {
+		return nil, err
+	}
+	if fb.Charged.Requests < 0 || fb.Charged.Tokens < 0 || fb.Unused.Requests < 0 || fb.Unused.Tokens < 0 {
+		return nil, fmt.Errorf("limiter: scope %q: negative feedback %+v", r.Scope.Name, fb)
+	}
+	if fb.PromptRatio < 0 || math.IsNaN(fb.PromptRatio) || math.IsInf(fb.PromptRatio, 0) {
+		return nil, fmt.Errorf("limiter: scope %q: invalid prompt ratio %v", r.Scope.Name, fb.PromptRatio)
+	}
+	charged := fb.Charged
+	if charged.Requests == 0 {
+		charged.Requests = r.Cost.Requests
+	}
+	if charged.Tokens == 0 {
+		charged.Tokens = r.Cost.Tokens
+	}
+	sample := ""
+	if fb.PromptRatio > 0 {
+		sample = strconv.FormatFloat(fb.PromptRatio, 'f', 6, 64)
+	}
+	return tb.settle(ctx, r, "s", charged, fb, sample, true)
+}
+
+// Reconcile settles a reservation with the call's real cost: unused tokens
+// go back (a bucket never fills beyond its capacity), extra ones are taken
+// (a bucket may go into debt, which delays later callers). It is for
+// permits whose cost is known exactly (leases, plain permits); a provider
+// call is settled with Settle, which never assumes a refund. Reconciling the
+// probe ends the probe phase. It is idempotent: a reservation reconciled
+// again within Options.ReconcileTTL changes nothing. It uses the limits the
+// reservation was made with.
+func (tb *TokenBucket) Reconcile(ctx context.Context, r *Reservation, actual Cost) error {
+	return tb.reconcile(ctx, r, actual, true)
+}
+
+// reconcile is Reconcile; without marker, the caller guarantees that r is
+// reconciled once.
+func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cost, marker bool) error {
+	if r == nil {
+		return errors.New("limiter: Reconcile of a nil reservation")
+	}
+	if err := r.Scope.validate(Cost{}); err != nil {
+		return err
+	}
+	if actual.Requests < 0 || actual.Tokens < 0 {
+		return fmt.Errorf("limiter: scope %q: negative actual cost %+v", r.Scope.Name, actual)
+	}
+	_, err := tb.settle(ctx, r, "r", actual, Feedback{}, "", marker)
+	return err
+}
+
+// Release gives back everything a reservation took: the call never reached
+// the provider. It is Reconcile with a zero cost, and as idempotent. After a
+// 429, call Penalize before releasing the probe, so the scope stays blocked.
+func (tb *TokenBucket) Release(ctx context.Context, r *Reservation) error {
+	return tb.Reconcile(ctx, r, Cost{})
+}
+
+func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, charged Cost, fb Feedback, sample string, marker bool) (*Settlement, error) {
+	probe := "0"
+	if r.Probe {
+		probe = "1"
+	}
+	args := make([]any, 0, 8+10*len(r.Scope.Buckets))
+	args = append(args, redisclock.Arg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout, r.gen, mode, sample)
+	for i, b := range r.Scope.Buckets {
+		var lag int64
+		if i < len(r.lag) {
+			lag = r.lag[i]
+		}
+		olimit, oremain := "", ""
+		if j := slices.IndexFunc(fb.Observed, func(o Observed) bool { return o.Bucket == b.Name }); j >= 0 {
+			o := fb.Observed[j]
+			oremain = strconv.FormatInt(max(o.Remaining, 0), 10)
+			olimit = strconv.FormatInt(b.Limit, 10)
+			if o.Limit > 0 {
+				olimit = strconv.FormatInt(o.Limit, 10)
+			}
+		}
+		evidence := "0"
+		if slices.Contains(fb.Evidence, b.Name) {
+			evidence = "1"
+		}
+		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), r.Cost.Of(b.Unit), charged.Of(b.Unit),
+			fb.Unused.Of(b.Unit), lag, olimit, oremain, evidence)
+	}
+	keys := []string{tb.opts.Keys.LimiterScope(r.Scope.Name)}
+	if marker {
+		keys = append(keys, tb.opts.Keys.LimiterReconciled(r.Scope.Name, r.ID))
+	}
+	v, err := settleScript.Run(ctx, tb.rdb, keys, args...).Result()
+	var a []int64
+	if err == nil {
+		a, err = ints(v, 1)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("limiter: settle on scope %q: %w", r.Scope.Name, err)
+	}
+	s := &Settlement{Applied: a[0] == 1}
+	if !s.Applied {
+		return s, nil
+	}
+	if len(a) != 3+5*len(r.Scope.Buckets) {
+		return nil, fmt.Errorf("limiter: settle on scope %q: unexpected reply %v", r.Scope.Name, a)
+	}
+	s.Calibration = calibration(a[1], a[2])
+	for i, b := range r.Scope.Buckets {
+		x := a[3+5*i:]
+		s.Buckets = append(s.Buckets, BucketSettlement{Name: b.Name, Model: x[0], Level: x[1], ProviderBound: x[2],
+			Drain: float64(x[3]) / 1e6, Factor: float64(x[4]) / 1e6})
+	}
+	return s, nil
+}
