@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -22,6 +23,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/recovery"
 	"github.com/llmq/llmq/internal/rkeys"
@@ -57,8 +59,10 @@ type App struct {
 	Observer    worker.Observer
 	APIObserver api.Observer
 
-	clock   func() time.Time
-	closers []func() error
+	clock     func() time.Time
+	closers   []func() error
+	pacerOnce sync.Once
+	pacer     *pacer.Pacer
 }
 
 // Parts lets callers (the embedded default, tests) supply parts instead of
@@ -182,15 +186,27 @@ func (a *App) Reconciler(opts recovery.Options) *recovery.Reconciler {
 	}, opts)
 }
 
+// Pacer returns the process's pacer of provider calls, made on first use
+// (after Observer is set), so every handler shares what it caches.
+func (a *App) Pacer() *pacer.Pacer {
+	a.pacerOnce.Do(func() {
+		var obs pacer.Observer
+		if a.Observer != nil {
+			obs = a.Observer
+		}
+		a.pacer = pacer.Must(pacer.New(a.Limiter, a.Redis, a.Keys, a.Logger, obs, pacer.Options{}))
+	})
+	return a.pacer
+}
+
 // JobHandler returns the handler of job tasks.
 func (a *App) JobHandler(opts worker.Options) *worker.Handler {
 	if opts.Now == nil {
 		opts.Now = a.clock
 	}
 	return worker.NewHandler(worker.Deps{
-		Store: a.Store, Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets,
+		Store: a.Store, Policy: a.Policy, Pacer: a.Pacer(), Budgets: a.Budgets,
 		Providers: a.Providers, Queue: a.Queue, Logger: a.Logger, Observer: a.Observer,
-		Learned: worker.NewLearned(a.Redis, a.Keys, a.Logger, a.Observer),
 	}, opts)
 }
 

@@ -10,7 +10,7 @@ import (
 // reservation (lagLua): reservations made up to this long before a call may
 // reach the provider after it, and Settle counts them as possibly missing
 // from the provider's answer.
-const lagDelay = 250 * time.Millisecond
+const lagDelay = 50 * time.Millisecond
 
 // learnTTL is how long a scope's hash outlives its last use once it holds
 // what the scope learned (drain, limit factor, calibration): a scope idle
@@ -73,28 +73,33 @@ local function load_bucket(st, name, limit, period)
 end
 
 -- lagLua: what a bucket had taken at least LAG ago, for a reservation now:
--- the newest of two checkpoints (k older, kn newer; each the total taken
--- when a run ended) that is that old, or 0 in a scope's first moments. A
--- run that takes moves them forward at most every LAG (put_lag).
+-- the newest that old of the total after its latest run (cl) and two
+-- checkpoints of it (k older, kn newer, at least LAG apart), or 0 in a
+-- scope's first moments. A run that takes moves them (put_lag).
 local lines = {}
 local function lag_of(st, name)
-  local k, kt, kn, knt = tonumber(st['k:' .. name]), tonumber(st['kt:' .. name]), tonumber(st['kn:' .. name]), tonumber(st['knt:' .. name])
-  local line = {first = not knt, shift = knt and now - knt >= LAG, kn = kn, knt = knt}
+  local line = {kn = tonumber(st['kn:' .. name]), knt = tonumber(st['knt:' .. name])}
+  line.shift = not line.knt or now - line.knt >= LAG
   lines[name] = line
-  if line.shift then return kn end
-  if kt and now - kt >= LAG then return k end
+  for _, f in ipairs({'cl', 'kn', 'k'}) do
+    local t = tonumber(st[f .. 't:' .. name])
+    if t and now - t >= LAG then return tonumber(st[f .. ':' .. name]) or 0 end
+  end
   return 0
 end
 local function put_lag(args, name, c)
   local l = lines[name]
-  if l and (l.first or l.shift) then
-    if l.shift then
+  if not l then return end
+  if l.shift then
+    if l.knt then
       put(args, 'k:' .. name, l.kn)
       put(args, 'kt:' .. name, l.knt)
     end
     put(args, 'kn:' .. name, c)
     put(args, 'knt:' .. name, now)
   end
+  put(args, 'cl:' .. name, c)
+  put(args, 'clt:' .. name, now)
 end
 
 -- how long until a bucket at level u is full and holds nothing in flight
@@ -125,13 +130,14 @@ func withConstants(src string) string {
 		"COOLDOWN", us(factorCooldown),
 		"DECREASE", f(factorDecrease),
 		"FLOOR", f(factorFloor),
-		"GAIN", f(drainGain),
+		"MIN_SPAN", us(drainMinSpan),
 		"EMAX", f(drainMax),
 		"BUSY", f(busyShare),
-		"GAP", us(learnGap),
 		"RHO_TAU", us(refundWindow),
 		"DISTRUST_AFTER", strconv.Itoa(distrustAfter),
 		"DISTRUST_FOR", us(distrustFor),
 		"QSIZE", strconv.Itoa(calibrationSamples),
+		"RF_KEEP", strconv.Itoa(refusalsKept),
+		"MIN_SAMPLES", strconv.Itoa(minCalibrationSamples),
 	).Replace(src)
 }

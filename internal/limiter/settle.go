@@ -22,17 +22,15 @@ const (
 	factorDecrease = 0.85
 	factorCooldown = 5 * time.Second
 	factorFloor    = 0.1
-	// drainGain is how much of a sync's difference (in limits) the drain
-	// estimate takes: with a minute's bucket it closes a gap in ~30 s.
-	drainGain = 2.0
+	// drainMinSpan is how long the provider's bucket must have been seen
+	// busy before a drain is assumed.
+	drainMinSpan = 15 * time.Second
 	// drainMax bounds the share of the refill others may be thought to take.
 	drainMax = 0.9
 	// busyShare: the provider's bucket is busy (its counts say something
 	// about the others' use) while less than this share of it is free.
 	busyShare = 0.5
-	// learnGap: syncs further apart than this do not measure a drift.
-	learnGap = 10 * time.Second
-	// refundWindow is the memory of the refund estimate.
+	// refundWindow is the memory of the drain and refund estimates.
 	refundWindow = 2 * time.Minute
 	// distrustAfter unpredicted 429s within a minute stop the
 	// provider's counts from lowering the buckets for distrustFor.
@@ -40,6 +38,9 @@ const (
 	distrustFor   = 10 * time.Minute
 	// calibrationSamples is how many prompt ratios the calibration keeps.
 	calibrationSamples = 31
+	// refusalsKept is how many refused calls a bucket remembers, so the
+	// provider's answers are not read as if it had charged them.
+	refusalsKept = 64
 )
 
 // Feedback is what a provider's answer says about one call, for Settle.
@@ -62,6 +63,11 @@ type Feedback struct {
 	// PromptRatio is the provider's count of the prompt over llmq's
 	// estimate, for the calibration; 0 when unknown.
 	PromptRatio float64
+	// Refused is set when the provider refused the call (a 429): it
+	// charged nothing. Buckets it reported on then give the call back
+	// before following its view; the others keep it, since the 429 shows
+	// them ahead of the provider.
+	Refused bool
 }
 
 // Observed is the provider's view of one bucket when it answered.
@@ -127,7 +133,8 @@ func calibration(micros, n int64) Calibration {
 // KEYS[1] -> the scope's hash (rkeys.LimiterScope; fields as reserveScript,
 // plus s:<name> the lag of the freshest answer followed, pr:<name> and
 // prt:<name> the provider's last remaining count and when, ls:<name>,
-// wa:<name>, n:<name> and w:<name> the refund estimate's sums, hd and hn
+// wa:<name>, n:<name>, tw:<name> and w:<name> the drain and refund sums,
+// rf:<name> the last calls the provider refused (place:cost,...), hd and hn
 // the distrust of the provider's counts, q, qm and qn the calibration, l set
 // once it learned anything)
 // KEYS[2] -> the reservation's settled marker (rkeys.LimiterReconciled),
@@ -141,9 +148,11 @@ func calibration(micros, n int64) Calibration {
 // ARGV[7] -> "r" to refund down to the charge (Reconcile), "s" to settle a
 // provider call (never refunds)
 // ARGV[8] -> the prompt ratio for the calibration, or ""
-// ARGV[9+10(i-1)] .. ARGV[18+10(i-1)] -> bucket i: name, limit, period in µs,
-// reserved, charged, unused, taken before the reservation (its lag), the
-// provider's limit and remaining (or ""), "1" when a 429 is evidence against it
+// ARGV[9] -> "1" when the provider refused the call (a 429), else "0"
+// ARGV[10+11(i-1)] .. ARGV[20+11(i-1)] -> bucket i: name, limit, period in µs,
+// reserved, charged, unused, taken a moment before the reservation (its lag)
+// and just before it (its place), the provider's limit and remaining (or
+// ""), "1" when a 429 is evidence against it
 // Returns {1, calibration in millionths, its samples, then per bucket: the
 // level as counted, the level after following the provider, the provider's
 // bound (-1 when none), drain and factor in millionths}, or {0} when the
@@ -159,7 +168,8 @@ local probe_timeout = tonumber(ARGV[5])
 local rgen = tonumber(ARGV[6])
 local refund = ARGV[7] == 'r'
 local sample = tonumber(ARGV[8])
-local nb = (#ARGV - 8) / 10
+local refused = ARGV[9] == '1'
+local nb = (#ARGV - 9) / 11
 
 local h = redis.call('HGETALL', key)
 local st = {}
@@ -169,15 +179,37 @@ local hd = tonumber(st.hd)
 local distrust = hd and hd > now
 
 local args, out, ttl, learned, evidence = {}, {1, 0, 0}, 0, false, false
+
+-- the calibration: the median of the last prompt ratios
+local qm, qn = tonumber(st.qm), tonumber(st.qn) or 0
+local recalibrated = false
+if sample then
+  local was = qn >= MIN_SAMPLES and qm or 1
+  local q = {}
+  for v in string.gmatch(st.q or '', '[^,]+') do q[#q + 1] = v end
+  q[#q + 1] = string.format('%.4f', math.min(math.max(sample, 0.1), 10))
+  while #q > QSIZE do table.remove(q, 1) end
+  local sorted = {}
+  for j, v in ipairs(q) do sorted[j] = tonumber(v) end
+  table.sort(sorted)
+  qn = #sorted
+  if qn % 2 == 1 then qm = sorted[(qn + 1) / 2] else qm = (sorted[qn / 2] + sorted[qn / 2 + 1]) / 2 end
+  local is = qn >= MIN_SAMPLES and qm or 1
+  recalibrated = math.abs(is / was - 1) > 0.05
+  put(args, 'q', table.concat(q, ','))
+  put(args, 'qm', qm)
+  put(args, 'qn', qn)
+  learned = true
+end
 for i = 1, nb do
-  local a = 8 + 10 * (i - 1)
+  local a = 9 + 11 * (i - 1)
   local name, limit, period = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local reserved, charged, unused, clag = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-  local olimit, oremain = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+  local reserved, charged, unused, clag, cpos = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
+  local olimit, oremain = tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10])
 
   -- an unpredicted 429 lowers the bucket's limit factor, once per cooldown
   -- (the 429s of calls admitted together are one piece of evidence)
-  if ARGV[a + 10] == '1' then
+  if ARGV[a + 11] == '1' then
     local xt = tonumber(st['xt:' .. name])
     if not xt or now - xt >= COOLDOWN then
       evidence = true
@@ -205,11 +237,28 @@ for i = 1, nb do
   if delta > 0 then c = c + delta end
   local model, bound = u, -1
 
+  -- The calls the provider refused, by their place in the total taken,
+  -- among the last few: it never charged them.
+  local rf, kept = {}, {}
+  for p, v in string.gmatch(st['rf:' .. name] or '', '([^:,]+):([^,]+)') do
+    rf[#rf + 1] = {tonumber(p), tonumber(v)}
+  end
   if olimit and oremain then
+    if refused then
+      -- what the provider says it holds includes no charge for this call
+      u = math.max(u - reserved, held, 0)
+      model = u
+      rf[#rf + 1] = {cpos, reserved}
+    end
     -- The provider had used at most cap - remaining when it answered, and
     -- since then at most what was taken here from a moment before this
-    -- call on (calls sent just before it may have reached it after it).
-    bound = (b.cap - oremain) + (c - clag)
+    -- call on (calls sent just before it may have reached it after it),
+    -- less the calls it refused.
+    local since = c - clag
+    for _, r in ipairs(rf) do
+      if r[1] >= clag then since = since - r[2] end
+    end
+    bound = (b.cap - oremain) + math.max(since, 0)
     local fresh = clag >= (tonumber(st['s:' .. name]) or -1)
     if distrust then
       u = math.max(u, bound)
@@ -223,29 +272,50 @@ for i = 1, nb do
     put(args, 'pr:' .. name, oremain)
     put(args, 'prt:' .. name, now)
 
-    -- While the provider's bucket is busy, what it counts beyond this
-    -- bucket's model is drained by others: the drain follows it, and the
-    -- refund estimate sums it against the tokens calls left unused.
+    -- While the provider's bucket is busy, the corrections its answers
+    -- make to this bucket's own count (plus the drain it already assumed)
+    -- sum to what others take from the account, less what the provider
+    -- refunds: the answers' own lags cancel out over time. The drain is
+    -- that sum's rate, when positive; the refund estimate sets it against
+    -- the tokens calls left unused.
+    -- A change of the limit or of the calibration makes the corrections
+    -- before it say nothing about others: the sums start again.
     local wa = (tonumber(st['wa:' .. name]) or 0) + unused
-    if fresh and not distrust and oremain < BUSY * olimit then
-      local ls = tonumber(st['ls:' .. name])
-      if ls and now - ls <= GAP then
-        local dt = now - ls
-        local e = tonumber(st['e:' .. name]) or 0
-        local diff = bound - model
-        local dec = math.exp(-dt / RHO_TAU)
-        st['e:' .. name] = math.min(math.max(e + GAIN * diff / b.cap, 0), EMAX)
+    local ls = tonumber(st['ls:' .. name])
+    if tonumber(st['lim:' .. name]) ~= limit or recalibrated then
+      ls = nil
+      put(args, 'lim:' .. name, limit)
+      for _, f in ipairs({'n:', 'tw:', 'w:', 'e:'}) do st[f .. name] = nil; put(args, f .. name, 0) end
+    end
+    -- The sums run over consecutive answers of a busy bucket only: an
+    -- idle one is full on both sides and its corrections say nothing.
+    local busy = oremain < BUSY * olimit
+    if busy and not distrust and ls and st['lb:' .. name] == '1' then
+      local dt = now - ls
+      local dec = math.exp(-dt / RHO_TAU)
+      local e = tonumber(st['e:' .. name]) or 0
+      local n = (tonumber(st['n:' .. name]) or 0) * dec + (u - model) + e * b.cap * dt / period
+      local tw = (tonumber(st['tw:' .. name]) or 0) * dec + dt
+      if tw >= MIN_SPAN then
+        st['e:' .. name] = math.min(math.max(n / tw * period / b.cap, 0), EMAX)
         put(args, 'e:' .. name, st['e:' .. name])
-        put(args, 'n:' .. name, (tonumber(st['n:' .. name]) or 0) * dec + diff + e * b.cap * dt / period)
-        put(args, 'w:' .. name, (tonumber(st['w:' .. name]) or 0) * dec + wa)
-        wa = 0
       end
-      put(args, 'ls:' .. name, now)
+      put(args, 'n:' .. name, n)
+      put(args, 'tw:' .. name, tw)
+      put(args, 'w:' .. name, (tonumber(st['w:' .. name]) or 0) * dec + wa)
+      wa = 0
       learned = true
     end
+    put(args, 'ls:' .. name, now)
+    put(args, 'lb:' .. name, busy and not distrust and '1' or '0')
     put(args, 'wa:' .. name, wa)
   end
 
+  if refused and olimit and oremain then
+    local from = math.max(#rf - RF_KEEP + 1, 1)
+    for j = from, #rf do kept[#kept + 1] = string.format('%d:%d', rf[j][1], rf[j][2]) end
+    put(args, 'rf:' .. name, table.concat(kept, ','))
+  end
   put(args, 'u:' .. name, u)
   put(args, 't:' .. name, now)
   put(args, 'g:' .. name, f[1])
@@ -274,23 +344,6 @@ if evidence then
   learned = true
 end
 
--- the calibration: the median of the last prompt ratios
-local qm, qn = tonumber(st.qm), tonumber(st.qn) or 0
-if sample then
-  local q = {}
-  for v in string.gmatch(st.q or '', '[^,]+') do q[#q + 1] = v end
-  q[#q + 1] = string.format('%.4f', math.min(math.max(sample, 0.1), 10))
-  while #q > QSIZE do table.remove(q, 1) end
-  local sorted = {}
-  for j, v in ipairs(q) do sorted[j] = tonumber(v) end
-  table.sort(sorted)
-  qn = #sorted
-  if qn % 2 == 1 then qm = sorted[(qn + 1) / 2] else qm = (sorted[qn / 2] + sorted[qn / 2 + 1]) / 2 end
-  put(args, 'q', table.concat(q, ','))
-  put(args, 'qm', qm)
-  put(args, 'qn', qn)
-  learned = true
-end
 out[2], out[3] = math.floor((qm or 1) * 1e6), qn
 
 -- the probe's settle ends the probe phase, and a penalty that is over
@@ -390,12 +443,16 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 	if r.Probe {
 		probe = "1"
 	}
-	args := make([]any, 0, 8+10*len(r.Scope.Buckets))
-	args = append(args, redisclock.Arg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout, r.gen, mode, sample)
+	refused := "0"
+	if fb.Refused {
+		refused = "1"
+	}
+	args := make([]any, 0, 9+11*len(r.Scope.Buckets))
+	args = append(args, redisclock.Arg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout, r.gen, mode, sample, refused)
 	for i, b := range r.Scope.Buckets {
-		var lag int64
+		var lag, pos int64
 		if i < len(r.lag) {
-			lag = r.lag[i]
+			lag, pos = r.lag[i], r.pos[i]
 		}
 		olimit, oremain := "", ""
 		if j := slices.IndexFunc(fb.Observed, func(o Observed) bool { return o.Bucket == b.Name }); j >= 0 {
@@ -411,7 +468,7 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 			evidence = "1"
 		}
 		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), r.Cost.Of(b.Unit), charged.Of(b.Unit),
-			fb.Unused.Of(b.Unit), lag, olimit, oremain, evidence)
+			fb.Unused.Of(b.Unit), lag, pos, olimit, oremain, evidence)
 	}
 	keys := []string{tb.opts.Keys.LimiterScope(r.Scope.Name)}
 	if marker {

@@ -66,6 +66,7 @@ type Reservation struct {
 
 	gen int64   // the in-flight generation the reservation is held in; -1 when not held
 	lag []int64 // per bucket, what it had taken a moment before (see lagDelay)
+	pos []int64 // per bucket, what it had taken just before this reservation
 }
 
 // inflightGen is the length of one in-flight generation. A bucket holds back,
@@ -125,12 +126,13 @@ const (
 // "l" reserve for a lease, never the probe, "s" state: no writes), id, and
 // its cost in each bucket of its list
 // Returns {now, then per reservation: status, retry µs, held, then per
-// bucket: remaining, retry µs, reset µs, taken before} where status is 0
+// bucket: remaining, retry µs, reset µs, taken a moment before, taken just
+// before} where status is 0
 // denied by a bucket, 1 allowed, 2 allowed as the probe, 3 denied by a
 // penalty, 4 denied while a probe is in flight; held is 1 when the retry is
 // the time until what reservations hold in flight lapses (which a reconcile
-// may free sooner), else 0; taken before is the bucket's total taken a
-// moment before the reservation, for Settle. A bucket's retry is when it
+// may free sooner), else 0; the totals taken (a moment before the
+// reservation, and just before it) are for Settle. A bucket's retry is when it
 // covers the cost if nothing is taken or reconciled meanwhile: its refill,
 // and the ends of the in-flight generations holding it back.
 var reserveScript = redis.NewScript(withConstants(redisclock.Lua + bucketLua + `
@@ -229,6 +231,7 @@ while a <= #ARGV do
   for i = 1, n do
     local name = names[i]
     local u = used[name]
+    local pos = tk[name]
     if take then
       local cost = tonumber(ARGV[c0 + i])
       u = u + cost
@@ -239,8 +242,8 @@ while a <= #ARGV do
         if f[1] == gen then f[2] = f[2] + cost else f[3] = f[3] + cost end
       end
     end
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = floor(cap[name] - u), waits[i], ceil(u / rate[name]), lag[name]
-    o = o + 4
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = floor(cap[name] - u), waits[i], ceil(u / rate[name]), lag[name], pos
+    o = o + 5
   end
   a = c0 + n + 1
 end
@@ -341,7 +344,7 @@ func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
 	}
 	now, a := time.UnixMicro(a[0]), a[1:]
 	for _, c := range batch {
-		n := 3 + 4*len(c.scope.Buckets)
+		n := 3 + 5*len(c.scope.Buckets)
 		if len(a) < n {
 			c.err = fmt.Errorf("limiter: reserve on scope %q: short script reply", c.scope.Name)
 			continue
@@ -361,10 +364,10 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 		Time:       now,
 		Buckets:    make([]BucketState, len(c.scope.Buckets)),
 	}
-	lag := make([]int64, len(c.scope.Buckets))
+	lag, pos := make([]int64, len(c.scope.Buckets)), make([]int64, len(c.scope.Buckets))
 	for i, b := range c.scope.Buckets {
-		x := a[3+4*i:]
-		lag[i] = x[3]
+		x := a[3+5*i:]
+		lag[i], pos[i] = x[3], x[4]
 		res.Buckets[i] = BucketState{
 			Name: b.Name, Unit: b.Unit, Limit: b.Limit,
 			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2]),
@@ -375,7 +378,7 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 	case res.Allowed:
 		res.RetryAfter = 0
 		if c.mode != modeState {
-			res.Reservation = &Reservation{ID: c.id, Scope: c.scope, Cost: c.cost, Probe: status == statusProbe, gen: -1, lag: lag}
+			res.Reservation = &Reservation{ID: c.id, Scope: c.scope, Cost: c.cost, Probe: status == statusProbe, gen: -1, lag: lag, pos: pos}
 			if c.mode == modeReserveHold {
 				res.Reservation.gen = now.UnixMicro() / inflightGen.Microseconds()
 			}

@@ -75,6 +75,7 @@ type Recorder struct {
 	breakerState    *prometheus.GaugeVec
 	breakerChanges  *prometheus.CounterVec
 	learnedLimits   *prometheus.GaugeVec
+	unpredicted429s *prometheus.CounterVec
 	softCrossings   *prometheus.CounterVec
 	webhookAttempts *prometheus.CounterVec
 	webhookFailures *prometheus.CounterVec
@@ -139,6 +140,8 @@ func New(o Options) *Recorder {
 	r.breakerChanges = counter("circuit_breaker_transitions_total", "Circuit breaker changes into each state.", "provider", "state")
 	r.learnedLimits = gauge("limits_learned",
 		"Limits a provider announced for a model that differ from the policy's (0: none announced).", "model", "limit")
+	r.unpredicted429s = counter("limiter_unpredicted_429s_total",
+		"Provider 429s on calls a model's buckets admitted, by the bucket the provider showed exhausted (every bucket when it did not say): each lowers the bucket's limit factor.", "model", "bucket")
 	r.softCrossings = counter("budget_soft_limit_crossings_total", "Tenants crossing the soft limit of their daily budget.", "tenant", "tier")
 	r.webhookAttempts = counter("webhook_deliveries_total", "Webhook delivery attempts by outcome (delivered or failed).", "kind", "outcome")
 	r.webhookFailures = counter("webhook_failures_total", "Failed webhook delivery attempts by reason.", "kind", "reason")
@@ -251,6 +254,13 @@ func (r *Recorder) BreakerState(provider, state string) {
 func (r *Recorder) LimitsLearned(model string, rpm, tpm int64) {
 	r.learnedLimits.WithLabelValues(model, "rpm").Set(float64(rpm))
 	r.learnedLimits.WithLabelValues(model, "tpm").Set(float64(tpm))
+}
+
+// UnpredictedRateLimit implements worker.Observer.
+func (r *Recorder) UnpredictedRateLimit(model string, buckets []string) {
+	for _, b := range buckets {
+		r.unpredicted429s.WithLabelValues(model, b).Inc()
+	}
 }
 
 // SoftLimitCrossed implements worker.Observer.

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/testutil"
-	"github.com/llmq/llmq/internal/worker"
 )
 
 // learnedObserver records LimitsLearned calls; it observes nothing else.
@@ -40,6 +40,7 @@ func (*learnedObserver) LimiterWait(string, time.Duration, bool)                
 func (*learnedObserver) Penalized(string, time.Duration)                                 {}
 func (*learnedObserver) BreakerState(string, string)                                     {}
 func (*learnedObserver) SoftLimitCrossed(string, string)                                 {}
+func (*learnedObserver) UnpredictedRateLimit(string, []string)                           {}
 
 // logLines decodes the JSON log lines written to buf.
 func logLines(t *testing.T, buf *testutil.SyncBuffer) []map[string]any {
@@ -66,14 +67,14 @@ func TestLearnedLimitsDisagreementIsLoggedOncePerChange(t *testing.T) {
 	ctx := context.Background()
 	m, _ := a.Policy.Current().Model("gpt-4o-mini") // policy: 3,000 RPM, 300,000 TPM
 	type proc struct {
-		l   *worker.Learned
+		l   *pacer.Learned
 		log *testutil.SyncBuffer
 		obs *learnedObserver
 	}
 	newWorker := func() proc {
 		w := proc{log: &testutil.SyncBuffer{}, obs: &learnedObserver{}}
 		logger := slog.New(slog.NewJSONHandler(w.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		w.l = worker.NewLearned(a.Redis, a.Keys, logger, w.obs)
+		w.l = pacer.NewLearned(a.Redis, a.Keys, logger, w.obs)
 		return w
 	}
 	one, other := newWorker(), newWorker()

@@ -2,12 +2,15 @@ package worker
 
 import (
 	"time"
+
+	"github.com/llmq/llmq/internal/pacer"
 )
 
 // Observer is told what the worker does, for metrics. Every method must be
 // cheap and safe for concurrent use; labels are low-cardinality (model,
 // tier, provider, status), never job ids.
 type Observer interface {
+	pacer.Observer
 	// ProviderCall reports one provider call: its status code (0 for a
 	// network error or timeout) and how long it took.
 	ProviderCall(provider, model string, status int, d time.Duration)
@@ -19,14 +22,9 @@ type Observer interface {
 	// LimiterWait reports how long a job waited for its rate-limit permit
 	// (slept inside the handler, or the delay it was requeued for).
 	LimiterWait(model string, d time.Duration, requeued bool)
-	// Penalized reports a 429 that paused a model's scope for d.
-	Penalized(model string, d time.Duration)
 	// BreakerState reports a provider's circuit breaker changing state
 	// ("closed", "open", "half-open").
 	BreakerState(provider, state string)
-	// LimitsLearned reports the limits a provider announced for a model that
-	// differ from the policy's (0 = the provider said nothing).
-	LimitsLearned(model string, rpm, tpm int64)
 	// SoftLimitCrossed reports a tenant crossing its budget's soft limit.
 	SoftLimitCrossed(tenantID, tier string)
 }
@@ -41,4 +39,5 @@ func (nopObserver) LimiterWait(string, time.Duration, bool)                     
 func (nopObserver) Penalized(string, time.Duration)                                 {}
 func (nopObserver) BreakerState(string, string)                                     {}
 func (nopObserver) LimitsLearned(string, int64, int64)                              {}
+func (nopObserver) UnpredictedRateLimit(string, []string)                           {}
 func (nopObserver) SoftLimitCrossed(string, string)                                 {}

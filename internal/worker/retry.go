@@ -3,10 +3,11 @@ package worker
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/pacer"
 )
 
 // requeue is returned by the handler to put a job's task back in its queue
@@ -45,23 +46,5 @@ func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
 	if errors.As(err, &r) && r.delay > 0 {
 		return r.delay
 	}
-	return FullJitter(n, time.Second, 5*time.Minute)
-}
-
-// FullJitter is exponential backoff with full jitter: a uniform random delay
-// in [0, min(limit, base·2ⁿ)], at least a tenth of base. Spreading retries over
-// the whole interval is what keeps many callers from retrying in step.
-func FullJitter(n int, base, limit time.Duration) time.Duration {
-	if n < 0 {
-		n = 0
-	}
-	ceil := limit
-	if n < 30 && base<<uint(n) < limit && base<<uint(n) > 0 {
-		ceil = base << uint(n)
-	}
-	d := time.Duration(rand.Int64N(int64(ceil) + 1))
-	if d < base/10 {
-		d = base / 10
-	}
-	return d
+	return pacer.FullJitter(n, time.Second, 5*time.Minute)
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -44,9 +45,6 @@ type Options struct {
 	// MaxRateLimited is how many 429s a job may receive before it fails.
 	// Defaults to 25.
 	MaxRateLimited int
-	// MaxRateLimitWait caps the wait after one 429, whatever the provider
-	// announces. Defaults to 120s.
-	MaxRateLimitWait time.Duration
 	// TenantCacheTTL is how long a tenant row is reused between jobs, so a
 	// change of tier or budget applies within this time. Defaults to 5s.
 	TenantCacheTTL time.Duration
@@ -63,9 +61,6 @@ func (o Options) withDefaults() Options {
 	if o.MaxRateLimited <= 0 {
 		o.MaxRateLimited = 25
 	}
-	if o.MaxRateLimitWait <= 0 {
-		o.MaxRateLimitWait = 120 * time.Second
-	}
 	if o.TenantCacheTTL <= 0 {
 		o.TenantCacheTTL = 5 * time.Second
 	}
@@ -77,18 +72,16 @@ func (o Options) withDefaults() Options {
 
 // Deps are what a Handler works with.
 type Deps struct {
-	Store     *store.DB
-	Policy    *config.PolicyHolder
-	Limiter   *limiter.TokenBucket
+	Store  *store.DB
+	Policy *config.PolicyHolder
+	// Pacer takes and settles the rate-limit permit of every provider call.
+	Pacer     *pacer.Pacer
 	Budgets   *budget.Budgets
 	Providers *Providers
 	Queue     *queue.Client // for webhook deliveries
 	Logger    *slog.Logger
 	// Observer is told what happens, for metrics. Defaults to none.
 	Observer Observer
-	// Learned holds the limits providers announce. Defaults to none: the
-	// policy's limits alone.
-	Learned *Learned
 }
 
 // Handler processes TypeJob tasks.
@@ -131,8 +124,7 @@ type run struct {
 	h      *Handler
 	job    *store.Job
 	log    *slog.Logger
-	est    *admission.Estimate
-	scope  limiter.Scope
+	call   *pacer.Call
 	acct   budget.Account
 	tier   string
 	reject bool // the tier rejects work once its budget is spent
@@ -216,18 +208,10 @@ func (r *run) do(ctx context.Context) error {
 		return r.fail(ctx, store.JobError{Type: "server_error", Code: "provider_not_found",
 			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", m.Provider, m.Name)}, nil)
 	}
-	// The estimate was made at enqueue; prices and limits come from the
-	// policy in force now.
+	// The estimate was made at enqueue; prices, limits and the prompt's
+	// calibration come from what is in force now.
 	r.acct = acct
-	r.scope = admission.Scope(m)
-	if h.Learned != nil {
-		r.scope = h.Learned.Scope(ctx, m)
-	}
-	r.est = &admission.Estimate{
-		Model: m, PromptTokens: r.job.EstPromptTokens, MaxTokens: r.job.EstMaxTokens,
-		Cost:      limiter.Cost{Requests: 1, Tokens: r.job.EstPromptTokens + r.job.EstMaxTokens},
-		WorstCase: m.Price.WorstCase(r.job.EstPromptTokens, r.job.EstMaxTokens),
-	}
+	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
 
 	if done, err := r.reserveBudget(ctx); done {
 		return err
@@ -257,18 +241,16 @@ func (r *run) do(ctx context.Context) error {
 		status = pe.StatusCode
 	}
 	h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
+	after := h.Pacer.Done(ctx, r.call, r.permit, pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited})
+	r.permit, r.wait = nil, after.Wait
 	switch {
 	case err == nil:
 		h.breakers.Record(m.Provider, false)
-		r.learn(ctx, resp.RateLimit)
 		return r.succeeded(ctx, resp)
 	case ctx.Err() != nil || (pe != nil && pe.Class == llm.ClassRateLimited):
 		h.breakers.Done(m.Provider)
 	default:
 		h.breakers.Record(m.Provider, pe == nil || pe.Class == llm.ClassRetryable)
-	}
-	if pe != nil && pe.Class == llm.ClassRateLimited {
-		r.learn(ctx, pe.RateLimit)
 	}
 	return r.callFailed(ctx, err)
 }
@@ -276,7 +258,7 @@ func (r *run) do(ctx context.Context) error {
 // reserveBudget reserves the worst-case cost. done is true when the run
 // must stop here (deferred, failed, or an error).
 func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
-	res, dec, err := r.h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.est.WorstCase)
+	res, dec, err := r.h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.call.WorstCase)
 	if err != nil {
 		return true, fmt.Errorf("reserve budget: %w", err)
 	}
@@ -291,12 +273,12 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 	n := dec.Denial()
 	if n.TooLarge {
 		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_too_small",
-			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", r.est.WorstCase, n.Name(), n.Budget)}, nil)
+			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", r.call.WorstCase, n.Name(), n.Budget)}, nil)
 	}
 	if r.reject {
 		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_exhausted",
 			Message: fmt.Sprintf("The %s is exhausted ($%s spent and $%s reserved of $%s; this job may cost up to $%s) and the %s tier rejects work until it resets at %s.",
-				n.Name(), n.Spent, n.Reserved, n.Budget, r.est.WorstCase, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
+				n.Name(), n.Spent, n.Reserved, n.Budget, r.call.WorstCase, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
 	}
 	next := r.h.opts.Now().Add(dec.RetryAfter)
 	r.setStatus(ctx, store.JobDeferred, &next, false)
@@ -311,14 +293,10 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 	began := time.Now()
 	for {
-		if r.h.Learned != nil {
-			// Limits learned while this job waited apply to its next try.
-			r.scope = r.h.Learned.Scope(ctx, r.est.Model)
-		}
-		res, err := r.h.Limiter.Reserve(ctx, r.scope, r.est.Cost)
+		res, err := r.h.Pacer.Reserve(ctx, r.call)
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
 			return true, r.fail(ctx, store.JobError{Type: "invalid_request_error", Code: "tokens_exceed_capacity", Param: "max_tokens",
-				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.est.Cost.Tokens, r.job.Model, err)}, nil)
+				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)}, nil)
 		}
 		if err != nil {
 			return true, fmt.Errorf("rate limiter: %w", err)
@@ -348,14 +326,7 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 // row, once), budget, webhook.
 func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
 	u := resp.Usage
-	actual := r.est.Cost
-	if u.TotalTokens > 0 {
-		actual.Tokens = u.TotalTokens
-	}
-	if err := r.h.Limiter.Reconcile(ctx, r.permit, actual); err != nil {
-		r.log.Warn("reconcile rate limiter", "err", err)
-	}
-	cost := r.est.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
+	cost := r.call.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
 	res, err := r.h.Store.JobComplete(ctx, &store.JobCompleteParams{
 		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay, ResponseStatus: resp.StatusCode, ResponseBody: resp.Body,
 		ProviderRequestID: resp.RequestID, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
@@ -482,22 +453,12 @@ func (r *run) callFailed(ctx context.Context, callErr error) error {
 	if !errors.As(callErr, &pe) {
 		pe = &llm.Error{Class: llm.ClassRetryable, Message: callErr.Error(), Err: callErr}
 	}
+	// The permit was settled by the pacer (which paused the scope after a
+	// 429); the budget reservation goes back.
 	if ctx.Err() != nil { // shutting down: asynq puts the task back, not a failure
 		r.releaseAll(ctx)
 		r.setStatus(ctx, store.JobQueued, nil, false)
 		return ctx.Err()
-	}
-	if pe.Class == llm.ClassRateLimited {
-		// Pause the scope first: a permit given back before the pause could
-		// go to another caller. And keep the refused call's tokens charged:
-		// the 429 shows the buckets are ahead of the provider's, and giving
-		// them back would keep them ahead by as much, drawing a 429 after
-		// every pause.
-		r.penalize(ctx, pe)
-		if err := r.h.Limiter.Reconcile(context.WithoutCancel(ctx), r.permit, r.permit.Cost); err != nil {
-			r.log.Warn("keep the refused call's permit", "err", err)
-		}
-		r.permit = nil
 	}
 	r.releaseAll(ctx)
 	switch pe.Class {
@@ -531,27 +492,6 @@ func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
 	return &requeue{reason: "rate limited by the provider", delay: wait}
 }
 
-// learn records the limits the provider announced.
-func (r *run) learn(ctx context.Context, rl llm.RateLimit) {
-	if r.h.Learned != nil {
-		r.h.Learned.Observe(ctx, r.est.Model, rl)
-	}
-}
-
-// penalize pauses the model's scope for every worker until the provider's
-// announced reset (capped), or a full-jitter backoff when it announced none.
-func (r *run) penalize(ctx context.Context, pe *llm.Error) {
-	wait, ok := pe.RateLimit.Delay()
-	if !ok {
-		wait = FullJitter(r.job.RateLimited, 500*time.Millisecond, 8*time.Second)
-	}
-	r.wait = min(wait, r.h.opts.MaxRateLimitWait)
-	if err := r.h.Limiter.Penalize(ctx, r.scope, r.wait); err != nil {
-		r.log.Warn("penalize scope", "err", err)
-	}
-	r.h.Observer.Penalized(r.job.Model, r.wait)
-}
-
 // retry counts a provider fault and retries with backoff, or fails the job
 // when its retries are used up.
 func (r *run) retry(ctx context.Context, pe *llm.Error) error {
@@ -571,7 +511,7 @@ func (r *run) retry(ctx context.Context, pe *llm.Error) error {
 	}
 	r.log.Warn("provider call failed; will retry", "status", pe.StatusCode, "attempt", faults+1, "err", pe.Message)
 	r.setStatus(ctx, store.JobWaiting, nil, true)
-	return &requeue{reason: "provider error", failure: true, delay: FullJitter(faults, time.Second, 5*time.Minute), cause: pe}
+	return &requeue{reason: "provider error", failure: true, delay: pacer.FullJitter(faults, time.Second, 5*time.Minute), cause: pe}
 }
 
 // fail marks the job failed for good and acknowledges the task.
@@ -642,7 +582,7 @@ func (r *run) releaseBudget(ctx context.Context) {
 
 func (r *run) releaseAll(ctx context.Context) {
 	if r.permit != nil {
-		if err := r.h.Limiter.Release(context.WithoutCancel(ctx), r.permit); err != nil {
+		if err := r.h.Pacer.Release(ctx, r.permit); err != nil {
 			r.log.Warn("release rate limit", "err", err)
 		}
 		r.permit = nil

@@ -16,6 +16,7 @@ import (
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/worker"
@@ -427,7 +428,7 @@ func TestFullJitterStaysInBounds(t *testing.T) {
 	t.Parallel()
 	for n := 0; n < 40; n++ {
 		for i := 0; i < 50; i++ {
-			d := worker.FullJitter(n, time.Second, time.Minute)
+			d := pacer.FullJitter(n, time.Second, time.Minute)
 			if d < 100*time.Millisecond || d > time.Minute || (n < 5 && d > time.Second<<uint(n)) {
 				t.Fatalf("FullJitter(%d) = %v out of bounds", n, d)
 			}
@@ -471,7 +472,7 @@ func TestLearnedLimitsShrinkAndGrowBack(t *testing.T) {
 	_, key := a.Tenant("standard")
 	h := a.JobHandler(worker.Options{})
 	ctx := context.Background()
-	learned := worker.NewLearned(a.Redis, a.Keys, nil, nil)
+	learned := pacer.NewLearned(a.Redis, a.Keys, nil, nil)
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
 	limits := func() map[string]int64 {
 		out := map[string]int64{}

@@ -1,0 +1,366 @@
+// Package pacer paces llmq's provider calls: it takes each call's permit
+// from its model's rate-limit scope, with the limits the provider announced
+// and the prompt estimate calibrated against the provider's own counts, and
+// settles the permit with what the provider answered (its usage, its
+// x-ratelimit-* headers, its 429s), so that llmq's buckets stay at or under
+// the provider's view whatever its arithmetic: whether it refunds unused
+// tokens, how its tokenizer counts, who else draws on the account. The
+// worker calls it around every provider call; docs/ARCHITECTURE.md says
+// what it learns and how.
+package pacer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/rkeys"
+)
+
+// Observer is told what the pacer learns, for metrics. Methods must be
+// cheap and safe for concurrent use.
+type Observer interface {
+	// Penalized reports a 429 that paused a model's scope for d.
+	Penalized(model string, d time.Duration)
+	// LimitsLearned reports the limits a provider announced for a model that
+	// differ from the policy's (0 = the provider said nothing).
+	LimitsLearned(model string, rpm, tpm int64)
+	// UnpredictedRateLimit reports a 429 on a call the model's buckets
+	// admitted, in buckets the provider showed exhausted (all, when it did
+	// not say which).
+	UnpredictedRateLimit(model string, buckets []string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Penalized(string, time.Duration)       {}
+func (nopObserver) LimitsLearned(string, int64, int64)    {}
+func (nopObserver) UnpredictedRateLimit(string, []string) {}
+
+// Options tune a Pacer. The zero value is ready to use.
+type Options struct {
+	// MaxRateLimitWait caps the pause after one 429, whatever the provider
+	// announces. Defaults to 120s.
+	MaxRateLimitWait time.Duration
+	// CalibrationRefresh is how long a process reuses a scope's prompt
+	// calibration before reading it again (every settle refreshes it too).
+	// Defaults to 1s.
+	CalibrationRefresh time.Duration
+	// Now is the clock of what the pacer caches (the calibration, learned
+	// limits); tests on a simulated clock inject theirs. Defaults to
+	// time.Now.
+	Now func() time.Time
+}
+
+func (o Options) validate() error {
+	if o.MaxRateLimitWait < 0 {
+		return fmt.Errorf("pacer: Options.MaxRateLimitWait must not be negative, got %v", o.MaxRateLimitWait)
+	}
+	if o.CalibrationRefresh < 0 {
+		return fmt.Errorf("pacer: Options.CalibrationRefresh must not be negative, got %v", o.CalibrationRefresh)
+	}
+	return nil
+}
+
+// Pacer paces the provider calls of one process. It is safe for concurrent
+// use.
+type Pacer struct {
+	limiter *limiter.TokenBucket
+	learned *Learned
+	obs     Observer
+	logger  *slog.Logger
+	opts    Options
+
+	mu    sync.Mutex
+	calib map[string]cachedCalibration // by scope
+}
+
+type cachedCalibration struct {
+	c  limiter.Calibration
+	at time.Time
+}
+
+// New returns a Pacer over tb, sharing what it learns through rdb. logger
+// and obs may be nil.
+func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer, opts Options) (*Pacer, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if opts.MaxRateLimitWait == 0 {
+		opts.MaxRateLimitWait = 120 * time.Second
+	}
+	if opts.CalibrationRefresh == 0 {
+		opts.CalibrationRefresh = time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	learned := NewLearned(rdb, keys, logger, obs)
+	learned.now = opts.Now
+	return &Pacer{limiter: tb, learned: learned, obs: obs, logger: logger, opts: opts,
+		calib: map[string]cachedCalibration{}}, nil
+}
+
+// Must returns p, or panics with err: for options that are code.
+func Must(p *Pacer, err error) *Pacer {
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// Limiter is the token bucket the pacer takes permits from.
+func (p *Pacer) Limiter() *limiter.TokenBucket { return p.limiter }
+
+// Call is one provider call as the pacer counts it.
+type Call struct {
+	Model *config.Model
+	// Scope is the model's scope with the limits the provider announced.
+	Scope limiter.Scope
+	// PromptTokens is llmq's estimate of the prompt, MaxTokens the most
+	// output (max_tokens times choices; 0 for embeddings).
+	PromptTokens, MaxTokens int64
+	// Calibration is the scope's prompt correction applied to Cost and
+	// WorstCase.
+	Calibration limiter.Calibration
+	// Cost is what the permit takes: one request, the calibrated prompt and
+	// MaxTokens.
+	Cost limiter.Cost
+	// WorstCase is the budget reservation: every prompt token (calibrated)
+	// uncached and MaxTokens of output, at the model's price.
+	WorstCase money.Micros
+}
+
+// Plan returns the call a request of model m with llmq's estimate of
+// promptTokens and maxTokens makes now.
+func (p *Pacer) Plan(ctx context.Context, m *config.Model, promptTokens, maxTokens int64) *Call {
+	scope := p.learned.Scope(ctx, m)
+	c := &Call{Model: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens,
+		Calibration: p.Calibration(ctx, scope.Name)}
+	prompt := Calibrated(promptTokens, c.Calibration)
+	c.Cost = limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}
+	c.WorstCase = m.Price.WorstCase(prompt, maxTokens)
+	return c
+}
+
+// Calibrated is a prompt estimate corrected by c, rounded up.
+func Calibrated(promptTokens int64, c limiter.Calibration) int64 {
+	if c.Factor == 1 || c.Factor <= 0 {
+		return promptTokens
+	}
+	return int64(math.Ceil(float64(promptTokens) * c.Factor))
+}
+
+// Calibration returns the prompt correction of scope, read at most every
+// Options.CalibrationRefresh. When Redis cannot be read it is the last one
+// read, or none.
+func (p *Pacer) Calibration(ctx context.Context, scope string) limiter.Calibration {
+	now := p.opts.Now()
+	p.mu.Lock()
+	e, ok := p.calib[scope]
+	p.mu.Unlock()
+	if ok && now.Sub(e.at) < p.opts.CalibrationRefresh {
+		return e.c
+	}
+	c, err := p.limiter.Calibration(ctx, scope)
+	if err != nil {
+		p.logger.Warn("read the prompt calibration", "scope", scope, "err", err)
+		if !ok {
+			return limiter.Calibration{Factor: 1}
+		}
+		return e.c
+	}
+	p.remember(scope, c)
+	return c
+}
+
+func (p *Pacer) remember(scope string, c limiter.Calibration) {
+	p.mu.Lock()
+	if len(p.calib) > 10_000 {
+		clear(p.calib)
+	}
+	p.calib[scope] = cachedCalibration{c: c, at: p.opts.Now()}
+	p.mu.Unlock()
+}
+
+// Reserve takes the call's permit, refreshing its scope first: limits
+// learned while it waited apply to this try.
+func (p *Pacer) Reserve(ctx context.Context, c *Call) (*limiter.Result, error) {
+	c.Scope = p.learned.Scope(ctx, c.Model)
+	return p.limiter.Reserve(ctx, c.Scope, c.Cost)
+}
+
+// Outcome is how a provider call ended.
+type Outcome struct {
+	// Response is the provider's answer when the call succeeded.
+	Response *llm.Response
+	// Err is the call's error otherwise: an *llm.Error, or another error
+	// (a network failure, a timeout).
+	Err error
+	// RateLimitedBefore is how many 429s the job received before, for the
+	// backoff of a 429 that names no wait.
+	RateLimitedBefore int
+}
+
+// After is what Done made of a call's end.
+type After struct {
+	// Wait is the pause of the model's scope after a 429, for every caller;
+	// 0 otherwise.
+	Wait time.Duration
+	// Settlement is what settling the permit learned; nil when it failed
+	// (logged).
+	Settlement *limiter.Settlement
+}
+
+// Done settles the permit of a call that reached the provider. After a 429
+// it first pauses the scope for every caller until the provider's reset
+// (capped at Options.MaxRateLimitWait), or a full-jitter backoff when the
+// provider named no wait, then settles. The call's tokens stay charged
+// whatever its end: a provider may keep what it charged at admission even
+// when the call failed, and its own counts, when it sends them, correct the
+// buckets either way.
+func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, o Outcome) After {
+	ctx = context.WithoutCancel(ctx)
+	var after After
+	var rl llm.RateLimit
+	fb := limiter.Feedback{}
+	var pe *llm.Error
+	switch {
+	case o.Err == nil && o.Response != nil:
+		rl = o.Response.RateLimit
+		u := o.Response.Usage
+		if u.PromptTokens > 0 {
+			// What the provider charged at admission, as OpenAI counts:
+			// its count of the prompt, and max_tokens.
+			fb.Charged = limiter.Cost{Requests: 1, Tokens: u.PromptTokens + c.MaxTokens}
+			if c.PromptTokens > 0 {
+				fb.PromptRatio = float64(u.PromptTokens) / float64(c.PromptTokens)
+			}
+		}
+		if c.MaxTokens > 0 {
+			fb.Unused.Tokens = max(c.MaxTokens-u.CompletionTokens, 0)
+		}
+	case errors.As(o.Err, &pe):
+		rl = pe.RateLimit
+	}
+	if rl.Has != 0 {
+		p.learned.Observe(ctx, c.Model, rl)
+	}
+	fb.Observed = observed(c.Scope, rl)
+	if pe != nil && pe.Class == llm.ClassRateLimited {
+		after.Wait = p.penalize(ctx, c, pe, o.RateLimitedBefore)
+		fb.Refused = true
+		fb.Evidence = evidence(c, rl)
+		if len(fb.Evidence) > 0 {
+			p.obs.UnpredictedRateLimit(c.Model.Name, fb.Evidence)
+		}
+	}
+	s, err := p.limiter.Settle(ctx, permit, fb)
+	if err != nil {
+		p.logger.Warn("settle rate limit", "model", c.Model.Name, "err", err)
+		return after
+	}
+	after.Settlement = s
+	if s.Applied && fb.PromptRatio > 0 {
+		p.remember(c.Scope.Name, s.Calibration)
+	}
+	return after
+}
+
+// Release gives a permit back: its call never reached the provider.
+func (p *Pacer) Release(ctx context.Context, permit *limiter.Reservation) error {
+	return p.limiter.Release(context.WithoutCancel(ctx), permit)
+}
+
+// penalize pauses c's scope after a 429 and returns the pause.
+func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int) time.Duration {
+	wait, ok := pe.RateLimit.Delay()
+	if !ok {
+		wait = FullJitter(before, 500*time.Millisecond, 8*time.Second)
+	}
+	wait = min(wait, p.opts.MaxRateLimitWait)
+	if err := p.limiter.Penalize(ctx, c.Scope, wait); err != nil {
+		p.logger.Warn("penalize scope", "model", c.Model.Name, "err", err)
+	}
+	p.obs.Penalized(c.Model.Name, wait)
+	return wait
+}
+
+// observed maps OpenAI's per-minute x-ratelimit-remaining-* to the scope's
+// rpm and tpm buckets.
+func observed(s limiter.Scope, rl llm.RateLimit) []limiter.Observed {
+	var out []limiter.Observed
+	for _, b := range s.Buckets {
+		switch {
+		case b.Name == "rpm" && rl.Known(llm.HasRemainingRequests):
+			o := limiter.Observed{Bucket: b.Name, Remaining: rl.RemainingRequests}
+			if rl.Known(llm.HasLimitRequests) {
+				o.Limit = rl.LimitRequests
+			}
+			out = append(out, o)
+		case b.Name == "tpm" && rl.Known(llm.HasRemainingTokens):
+			o := limiter.Observed{Bucket: b.Name, Remaining: rl.RemainingTokens}
+			if rl.Known(llm.HasLimitTokens) {
+				o.Limit = rl.LimitTokens
+			}
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// evidence names the buckets a 429 on c shows to be ahead of the
+// provider's: those the provider's counts show without room for the call,
+// or, when it sent none, every bucket the provider can be limiting. A 429
+// whose counts show room everywhere limits something else (an overloaded
+// model, a spurious refusal) and teaches nothing about the buckets.
+func evidence(c *Call, rl llm.RateLimit) []string {
+	known := rl.Known(llm.HasRemainingRequests) || rl.Known(llm.HasRemainingTokens)
+	var out []string
+	for _, b := range c.Scope.Buckets {
+		switch {
+		case !known:
+			out = append(out, b.Name)
+		case b.Name == "rpm" && rl.Known(llm.HasRemainingRequests) && rl.RemainingRequests < c.Cost.Requests:
+			out = append(out, b.Name)
+		case b.Name == "tpm" && rl.Known(llm.HasRemainingTokens) && rl.RemainingTokens < c.Cost.Tokens:
+			out = append(out, b.Name)
+		}
+	}
+	return out
+}
+
+// FullJitter is exponential backoff with full jitter: a uniform random delay
+// in [0, min(limit, base·2ⁿ)], at least a tenth of base. Spreading retries over
+// the whole interval is what keeps many callers from retrying in step.
+func FullJitter(n int, base, limit time.Duration) time.Duration {
+	if n < 0 {
+		n = 0
+	}
+	ceil := limit
+	if n < 30 && base<<uint(n) < limit && base<<uint(n) > 0 {
+		ceil = base << uint(n)
+	}
+	d := time.Duration(rand.Int64N(int64(ceil) + 1))
+	if d < base/10 {
+		d = base / 10
+	}
+	return d
+}
