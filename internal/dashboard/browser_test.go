@@ -158,11 +158,22 @@ func TestDashboardInABrowser(t *testing.T) {
 	bucket := text(t, ctx, `[data-model="gpt-4o-mini"] [data-bucket="tpd"] .remaining`)
 	rem, lim, ok := strings.Cut(bucket, " / ")
 	n, err := strconv.ParseInt(strings.ReplaceAll(rem, ",", ""), 10, 64)
-	if !ok || err != nil || lim != "10,000,000" || n < 6_000_000 || n > 6_020_000 {
+	if !ok || err != nil || lim != "10,000,000" || n < 5_999_800 || n > 6_020_000 {
 		t.Errorf("tpd bucket shows %q; want about 6,000,000 / 10,000,000", bucket)
 	}
 	if got := text(t, ctx, `[data-model="gpt-4o-mini"] .rate429`); !strings.HasPrefix(got, "25.0%") {
 		t.Errorf("429 rate shows %q, want 25.0%% (1 of 4 calls)", got)
+	}
+	// What the buckets learned from the provider's answers.
+	for sel, want := range map[string]string{
+		`[data-model="gpt-4o-mini"] [data-bucket="tpm"] .provider`: "provider: 4,900,000 left",
+		`[data-model="gpt-4o-mini"] [data-learned="calibration"]`:  "prompts counted ×1.25 (median of 3 calls)",
+		`[data-model="gpt-4o-mini"] [data-learned="refund:tpm"]`:   "tpm: refunds not seen yet",
+		`[data-model="gpt-4o-mini"] .unpredicted`:                  "1 unpredicted",
+	} {
+		if got := text(t, ctx, sel); !strings.HasPrefix(got, want) {
+			t.Errorf("%s = %q, want it to start %q", sel, got, want)
+		}
 	}
 
 	// Batch progress.

@@ -89,11 +89,25 @@ func setup(t *testing.T) *fixture {
 	spend(t, a, f.acme, 41_250_000)
 	spend(t, a, f.beta, 12_500_000)
 
-	// 4,000,000 tokens of the model's 10,000,000 a day are taken.
+	// 4,000,000 tokens of the model's 10,000,000 a day are taken (and 200).
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
-	if res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: 4_000_000}); err != nil || !res.Allowed {
-		t.Fatalf("reserve: %v %+v", err, res)
+	// Its provider's answers: 4,900,000 tokens left this minute, and
+	// prompts counted a quarter more than llmq's estimate.
+	for i := range 3 {
+		tokens := int64(4_000_000)
+		if i > 0 {
+			tokens = 100
+		}
+		res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: tokens})
+		if err != nil || !res.Allowed {
+			t.Fatalf("reserve: %v %+v", err, res)
+		}
+		if _, err := a.Limiter.Settle(ctx, res.Reservation, limiter.Feedback{PromptRatio: 1.25,
+			Observed: []limiter.Observed{{Bucket: "tpm", Remaining: 4_900_000}}}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	rec.UnpredictedRateLimit("gpt-4o-mini", []string{"tpm"})
 
 	f.batch = seedBatch(t, a, f.acme)
 

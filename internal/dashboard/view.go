@@ -45,11 +45,13 @@ type tile struct{ Key, Label, Value, Note string }
 type modelRow struct {
 	Model, Provider string
 	Buckets         []bucketRow
-	Paused          bool
-	PausedFor       string
-	Calls, Calls429 int64
-	Rate429         string
-	Hot             bool // 429 share past 5%
+	// Learned says what the buckets learned from the provider's answers.
+	Learned                         []learnedLine
+	Paused                          bool
+	PausedFor                       string
+	Calls, Calls429, Unpredicted429 int64
+	Rate429                         string
+	Hot                             bool // 429 share past 5%
 }
 
 type bucketRow struct {
@@ -57,7 +59,11 @@ type bucketRow struct {
 	Limit, Remaining int64
 	UsedPct          float64
 	Text             string
+	// Provider is what the provider last said the bucket holds, and when.
+	Provider string
 }
+
+type learnedLine struct{ Key, Text string }
 
 type tenantsView struct {
 	Rows             []tenantRow
@@ -214,19 +220,78 @@ func modelRows(models []metrics.ModelLevel, ms []metrics.Minute) []modelRow {
 		for _, mm := range recent {
 			row.Calls += mm.Get(metrics.FieldCalls + ":" + m.Model)
 			row.Calls429 += mm.Get(metrics.FieldCalls429 + ":" + m.Model)
+			row.Unpredicted429 += mm.Get(metrics.FieldUnpredicted429 + ":" + m.Model)
 		}
 		row.Rate429 = percent(float64(row.Calls429), float64(row.Calls))
 		row.Hot = row.Calls > 0 && float64(row.Calls429)/float64(row.Calls) > 0.05
 		for _, b := range m.Buckets {
-			row.Buckets = append(row.Buckets, bucketRow{
+			br := bucketRow{
 				Name: b.Name, Unit: unitName(b.Unit), Limit: b.Limit, Remaining: b.Remaining,
 				UsedPct: clampPct(float64(b.Limit-b.Remaining) / float64(b.Limit) * 100),
 				Text:    group(b.Remaining) + " / " + group(b.Limit),
-			})
+			}
+			if l := learnedBucket(m.Learned, b.Name); l != nil && l.ProviderRemaining >= 0 {
+				br.Provider = group(l.ProviderRemaining) + " left, " + duration(m.Learned.Time.Sub(l.ProviderSeen)) + " ago"
+			}
+			row.Buckets = append(row.Buckets, br)
 		}
+		row.Learned = learnedLines(m.Learned)
 		rows = append(rows, row)
 	}
 	return rows
+}
+
+func learnedBucket(l *limiter.ScopeLearning, name string) *limiter.BucketLearning {
+	if l == nil {
+		return nil
+	}
+	for i := range l.Buckets {
+		if l.Buckets[i].Name == name {
+			return &l.Buckets[i]
+		}
+	}
+	return nil
+}
+
+// learnedLines says, for an operator, what a model's buckets learned: the
+// refunds the provider's counts show, the share others drain, the limit
+// factor after unpredicted 429s, the prompt calibration.
+func learnedLines(l *limiter.ScopeLearning) []learnedLine {
+	if l == nil {
+		return nil
+	}
+	var out []learnedLine
+	add := func(key, format string, args ...any) {
+		out = append(out, learnedLine{Key: key, Text: fmt.Sprintf(format, args...)})
+	}
+	for _, b := range l.Buckets {
+		if b.ProviderRemaining < 0 {
+			continue // the provider says nothing of this bucket
+		}
+		switch {
+		case b.Refund < 0:
+			add("refund:"+b.Name, "%s: refunds not seen yet (unused max_tokens stay counted)", b.Name)
+		case b.Refund < 0.1:
+			add("refund:"+b.Name, "%s: keeps max_tokens charged", b.Name)
+		default:
+			add("refund:"+b.Name, "%s: gives back ~%s of unused tokens", b.Name, percent(b.Refund, 1))
+		}
+		if b.Drain > 0.01 {
+			add("drain:"+b.Name, "%s: others use ~%s of the refill", b.Name, percent(b.Drain, 1))
+		}
+	}
+	for _, b := range l.Buckets {
+		if b.Factor < 0.999 {
+			add("factor:"+b.Name, "%s: %s of the limit after unpredicted 429s", b.Name, percent(b.Factor, 1))
+		}
+	}
+	if l.Calibration.Samples > 0 {
+		add("calibration", "prompts counted ×%.2f (median of %d calls)", l.Calibration.Factor, l.Calibration.Samples)
+	}
+	if l.Distrusted {
+		add("distrusted", "remaining counts distrusted until %s", l.DistrustedUntil.UTC().Format(time.TimeOnly))
+	}
+	return out
 }
 
 func unitName(u limiter.Unit) string {

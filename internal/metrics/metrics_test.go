@@ -20,7 +20,9 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
@@ -44,36 +46,45 @@ func TestMain(m *testing.M) {
 // families are the families /metrics must carry, with their types: what the
 // issue asks for, and asynq's queue collector.
 var families = map[string]string{
-	"llmq_jobs_total":                        "COUNTER",
-	"llmq_provider_calls_total":              "COUNTER",
-	"llmq_provider_call_duration_seconds":    "HISTOGRAM",
-	"llmq_tokens_total":                      "COUNTER",
-	"llmq_cost_usd_total":                    "COUNTER",
-	"llmq_limiter_wait_seconds":              "HISTOGRAM",
-	"llmq_limiter_bucket_remaining":          "GAUGE",
-	"llmq_limiter_bucket_limit":              "GAUGE",
-	"llmq_limiter_paused":                    "GAUGE",
-	"llmq_limiter_penalties_total":           "COUNTER",
-	"llmq_limiter_penalty_seconds_total":     "COUNTER",
-	"llmq_limits_learned":                    "GAUGE",
-	"llmq_budget_spent_usd":                  "GAUGE",
-	"llmq_budget_reserved_usd":               "GAUGE",
-	"llmq_budget_limit_usd":                  "GAUGE",
-	"llmq_budget_remaining_usd":              "GAUGE",
-	"llmq_budget_soft_limit_usd":             "GAUGE",
-	"llmq_budget_tenants_truncated":          "GAUGE",
-	"llmq_budget_soft_limit_crossings_total": "COUNTER",
-	"llmq_circuit_breaker_state":             "GAUGE",
-	"llmq_circuit_breaker_transitions_total": "COUNTER",
-	"llmq_webhook_deliveries_total":          "COUNTER",
-	"llmq_webhook_failures_total":            "COUNTER",
-	"llmq_workers":                           "GAUGE",
-	"asynq_queue_size":                       "GAUGE",
-	"asynq_queue_latency_seconds":            "GAUGE",
-	"asynq_tasks_enqueued_total":             "GAUGE",
-	"asynq_tasks_processed_total":            "COUNTER",
-	"asynq_tasks_failed_total":               "COUNTER",
-	"asynq_queue_paused_total":               "GAUGE",
+	"llmq_jobs_total":                             "COUNTER",
+	"llmq_provider_calls_total":                   "COUNTER",
+	"llmq_provider_call_duration_seconds":         "HISTOGRAM",
+	"llmq_tokens_total":                           "COUNTER",
+	"llmq_cost_usd_total":                         "COUNTER",
+	"llmq_limiter_wait_seconds":                   "HISTOGRAM",
+	"llmq_limiter_bucket_remaining":               "GAUGE",
+	"llmq_limiter_bucket_limit":                   "GAUGE",
+	"llmq_limiter_paused":                         "GAUGE",
+	"llmq_limiter_penalties_total":                "COUNTER",
+	"llmq_limiter_penalty_seconds_total":          "COUNTER",
+	"llmq_limits_learned":                         "GAUGE",
+	"llmq_limiter_unpredicted_429s_total":         "COUNTER",
+	"llmq_limiter_bucket_capacity":                "GAUGE",
+	"llmq_limiter_provider_remaining":             "GAUGE",
+	"llmq_limiter_provider_remaining_age_seconds": "GAUGE",
+	"llmq_limiter_drain_ratio":                    "GAUGE",
+	"llmq_limiter_limit_factor":                   "GAUGE",
+	"llmq_limiter_prompt_calibration":             "GAUGE",
+	"llmq_limiter_prompt_calibration_samples":     "GAUGE",
+	"llmq_limiter_provider_counts_distrusted":     "GAUGE",
+	"llmq_budget_spent_usd":                       "GAUGE",
+	"llmq_budget_reserved_usd":                    "GAUGE",
+	"llmq_budget_limit_usd":                       "GAUGE",
+	"llmq_budget_remaining_usd":                   "GAUGE",
+	"llmq_budget_soft_limit_usd":                  "GAUGE",
+	"llmq_budget_tenants_truncated":               "GAUGE",
+	"llmq_budget_soft_limit_crossings_total":      "COUNTER",
+	"llmq_circuit_breaker_state":                  "GAUGE",
+	"llmq_circuit_breaker_transitions_total":      "COUNTER",
+	"llmq_webhook_deliveries_total":               "COUNTER",
+	"llmq_webhook_failures_total":                 "COUNTER",
+	"llmq_workers":                                "GAUGE",
+	"asynq_queue_size":                            "GAUGE",
+	"asynq_queue_latency_seconds":                 "GAUGE",
+	"asynq_tasks_enqueued_total":                  "GAUGE",
+	"asynq_tasks_processed_total":                 "COUNTER",
+	"asynq_tasks_failed_total":                    "COUNTER",
+	"asynq_queue_paused_total":                    "GAUGE",
 }
 
 // scenario is a test app with a Recorder over it, a tenant that spent
@@ -115,6 +126,20 @@ func setup(t *testing.T) *scenario {
 	rec.SoftLimitCrossed(tenant, "standard")
 	rec.WebhookDelivery("job", "delivered")
 	rec.WebhookDelivery("job", "http_5xx")
+	rec.UnpredictedRateLimit("gpt-4o-mini", []string{"tpm"})
+	// Three answers of the provider: its remaining tokens, and prompts it
+	// counted a quarter more than llmq.
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	for range 3 {
+		res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: 1000})
+		if err != nil || !res.Allowed {
+			t.Fatalf("reserve: %v %+v", err, res)
+		}
+		if _, err := a.Limiter.Settle(ctx, res.Reservation, limiter.Feedback{PromptRatio: 1.25,
+			Observed: []limiter.Observed{{Bucket: "tpm", Remaining: 250_000, Limit: 300_000}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	srv := httptest.NewServer(rec.Handler())
 	t.Cleanup(srv.Close)
@@ -229,8 +254,15 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 		{"llmq_limiter_wait_seconds", map[string]string{"outcome": "requeued"}, 1},
 		{"llmq_limiter_penalty_seconds_total", map[string]string{"model": "gpt-4o-mini"}, 2},
 		{"llmq_limiter_bucket_limit", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 300000},
-		{"llmq_limiter_bucket_remaining", map[string]string{"model": "gpt-4o-mini", "bucket": "rpm"}, 3000},
 		{"llmq_limiter_paused", map[string]string{"model": "gpt-4o-mini"}, 0},
+		{"llmq_limiter_unpredicted_429s_total", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 1},
+		{"llmq_limiter_bucket_capacity", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 300000},
+		{"llmq_limiter_provider_remaining", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 250000},
+		{"llmq_limiter_limit_factor", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 1},
+		{"llmq_limiter_drain_ratio", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 0},
+		{"llmq_limiter_prompt_calibration", map[string]string{"model": "gpt-4o-mini"}, 1.25},
+		{"llmq_limiter_prompt_calibration_samples", map[string]string{"model": "gpt-4o-mini"}, 3},
+		{"llmq_limiter_provider_counts_distrusted", map[string]string{"model": "gpt-4o-mini"}, 0},
 		{"llmq_budget_spent_usd", map[string]string{"tenant": s.tenant, "tier": "standard"}, 41.25},
 		{"llmq_budget_limit_usd", map[string]string{"tenant": s.tenant}, 50},
 		{"llmq_budget_remaining_usd", map[string]string{"tenant": s.tenant}, 8.75},
@@ -248,6 +280,11 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 		if v := got[c.name].value(t, c.name, c.labels); v < c.want-1e-9 || v > c.want+1e-9 {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
 		}
+	}
+
+	// Three requests were taken, refilling at 50 a second.
+	if v := got["llmq_limiter_bucket_remaining"].value(t, "remaining", map[string]string{"model": "gpt-4o-mini", "bucket": "rpm"}); v < 2997 || v > 3000 {
+		t.Errorf("llmq_limiter_bucket_remaining{rpm} = %v, want 2997-3000", v)
 	}
 
 	// No high-cardinality labels; tenant ids only on cost and budget families.

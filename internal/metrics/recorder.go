@@ -261,6 +261,8 @@ func (r *Recorder) UnpredictedRateLimit(model string, buckets []string) {
 	for _, b := range buckets {
 		r.unpredicted429s.WithLabelValues(model, b).Inc()
 	}
+	r.stats.add(FieldUnpredicted429, 1)
+	r.stats.add(FieldUnpredicted429+":"+model, 1)
 }
 
 // SoftLimitCrossed implements worker.Observer.

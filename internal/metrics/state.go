@@ -29,6 +29,10 @@ type StateDeps struct {
 	Asynq *asynq.Inspector
 	// Namespace tells this installation's workers from others sharing Redis.
 	Namespace queue.Namespace
+	// Scope is a model's limiter scope as the workers take permits from it
+	// (with the limits the provider announced). Defaults to the policy's
+	// (admission.Scope).
+	Scope func(ctx context.Context, m *config.Model) limiter.Scope
 }
 
 // StateOptions configure State.
@@ -109,6 +113,10 @@ type ModelLevel struct {
 	// the model for every worker; PausedFor is how long it still does.
 	Paused    bool
 	PausedFor time.Duration
+	// Learned is what the buckets learned from the provider's answers
+	// (its remaining counts, refunds, others' drain, the prompt
+	// calibration); nil when it could not be read.
+	Learned *limiter.ScopeLearning
 }
 
 // Models returns the bucket levels of every model of the policy, in the
@@ -116,20 +124,30 @@ type ModelLevel struct {
 func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 	return s.mods.get(s.o.CacheTTL, s.o.Now, func() ([]ModelLevel, error) {
 		p := s.d.Policy.Current()
-		byScope := map[string]*limiter.Result{}
+		type read struct {
+			res     *limiter.Result
+			learned *limiter.ScopeLearning
+		}
+		byScope := map[string]read{}
 		out := make([]ModelLevel, 0, len(p.Models))
 		for i := range p.Models {
 			m := &p.Models[i]
 			sc := admission.Scope(m)
-			res, ok := byScope[sc.Name]
+			if s.d.Scope != nil {
+				sc = s.d.Scope(ctx, m)
+			}
+			rd, ok := byScope[sc.Name]
 			if !ok {
 				var err error
-				if res, err = s.d.Limiter.State(ctx, sc); err != nil {
+				if rd.res, err = s.d.Limiter.State(ctx, sc); err != nil {
 					return nil, fmt.Errorf("limiter state of model %s: %w", m.Name, err)
 				}
-				byScope[sc.Name] = res
+				// What the buckets learned is shown when it can be read.
+				rd.learned, _ = s.d.Limiter.Inspect(ctx, sc)
+				byScope[sc.Name] = rd
 			}
-			ml := ModelLevel{Model: m.Name, Provider: m.Provider, Scope: sc.Name, Buckets: res.Buckets, Paused: res.Penalized}
+			res := rd.res
+			ml := ModelLevel{Model: m.Name, Provider: m.Provider, Scope: sc.Name, Buckets: res.Buckets, Paused: res.Penalized, Learned: rd.learned}
 			if res.Penalized {
 				ml.PausedFor = res.RetryAfter
 			}

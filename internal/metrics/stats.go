@@ -33,6 +33,9 @@ const (
 	// with ":" + model appended, those of one model.
 	FieldCalls    = "calls"
 	FieldCalls429 = "calls_429"
+	// FieldUnpredicted429 counts the 429s on calls the buckets admitted
+	// (limiter_unpredicted_429s_total), overall and per model.
+	FieldUnpredicted429 = "unpredicted_429"
 	// FieldWebhookFailures counts failed webhook delivery attempts.
 	FieldWebhookFailures = "webhook_failures"
 )

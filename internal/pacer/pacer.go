@@ -160,6 +160,9 @@ func (p *Pacer) Plan(ctx context.Context, m *config.Model, promptTokens, maxToke
 	return c
 }
 
+// Scope returns m's limiter scope with the limits the provider announced.
+func (p *Pacer) Scope(ctx context.Context, m *config.Model) limiter.Scope { return p.learned.Scope(ctx, m) }
+
 // Calibrated is a prompt estimate corrected by c, rounded up.
 func Calibrated(promptTokens int64, c limiter.Calibration) int64 {
 	if c.Factor == 1 || c.Factor <= 0 {
