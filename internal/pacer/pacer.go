@@ -161,7 +161,9 @@ func (p *Pacer) Plan(ctx context.Context, m *config.Model, promptTokens, maxToke
 }
 
 // Scope returns m's limiter scope with the limits the provider announced.
-func (p *Pacer) Scope(ctx context.Context, m *config.Model) limiter.Scope { return p.learned.Scope(ctx, m) }
+func (p *Pacer) Scope(ctx context.Context, m *config.Model) limiter.Scope {
+	return p.learned.Scope(ctx, m)
+}
 
 // Calibrated is a prompt estimate corrected by c, rounded up.
 func Calibrated(promptTokens int64, c limiter.Calibration) int64 {
