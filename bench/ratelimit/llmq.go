@@ -222,7 +222,7 @@ func (p *producer) insert(ctx context.Context, n int) ([]queue.JobRef, error) {
 		if err != nil {
 			return nil, err
 		}
-		est, err := p.app.Admission.Estimate(pol, llm.EndpointChat, r.body)
+		est, err := p.app.Admission.Estimate(ctx, pol, llm.EndpointChat, r.body)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", p.next, err)
 		}

@@ -8,6 +8,7 @@
 package admission
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -37,26 +38,39 @@ type Estimate struct {
 	// MaxTokens is the most output the request may produce: max_tokens (or
 	// the model's default) times the number of choices; 0 for embeddings.
 	MaxTokens int64
-	// Cost is what the limiter reserves: one request and every token.
+	// Calibration is the model's prompt correction (the provider's counts
+	// over llmq's) that Cost and WorstCase apply.
+	Calibration limiter.Calibration
+	// Cost is what the limiter reserves: one request and every token, the
+	// prompt calibrated.
 	Cost limiter.Cost
-	// WorstCase is the budget reservation: every prompt token uncached and
-	// MaxTokens of output, at the model's price.
+	// WorstCase is the budget reservation: every prompt token (calibrated)
+	// uncached and MaxTokens of output, at the model's price.
 	WorstCase money.Micros
+}
+
+// Calibrations gives a limiter scope's prompt correction, learned from the
+// provider's usage (the pacer's).
+type Calibrations interface {
+	Calibration(ctx context.Context, scope string) limiter.Calibration
 }
 
 // Estimator judges requests. It is safe for concurrent use.
 type Estimator struct {
 	tokens *llm.Estimator
+	calib  Calibrations
 }
 
-// New returns an Estimator.
-func New() *Estimator { return &Estimator{tokens: llm.NewEstimator()} }
+// New returns an Estimator; with c, prompt estimates are corrected as the
+// provider is known to count them, for the capacity check and the worst
+// case alike.
+func New(c Calibrations) *Estimator { return &Estimator{tokens: llm.NewEstimator(), calib: c} }
 
 // Estimate validates body for endpoint under policy p and returns its
 // estimate, or an *Error saying why it can never run: an invalid body, an
 // unknown model, a model that does not serve the endpoint, or a cost above
 // the capacity of one of the model's token buckets.
-func (e *Estimator) Estimate(p *config.Policy, endpoint string, body []byte) (*Estimate, error) {
+func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint string, body []byte) (*Estimate, error) {
 	parsed, err := llm.ParseRequest(endpoint, body)
 	if err != nil {
 		return nil, invalid(err)
@@ -87,8 +101,13 @@ func (e *Estimator) Estimate(p *config.Policy, endpoint string, body []byte) (*E
 		}
 		est.MaxTokens = perChoice * max(counted.N, 1)
 	}
-	est.Cost = limiter.Cost{Requests: 1, Tokens: est.PromptTokens + est.MaxTokens}
-	est.WorstCase = m.Price.WorstCase(est.PromptTokens, est.MaxTokens)
+	est.Calibration = limiter.Calibration{Factor: 1}
+	if e.calib != nil {
+		est.Calibration = e.calib.Calibration(ctx, ScopeName(m))
+	}
+	prompt := est.Calibration.Apply(est.PromptTokens)
+	est.Cost = limiter.Cost{Requests: 1, Tokens: prompt + est.MaxTokens}
+	est.WorstCase = m.Price.WorstCase(prompt, est.MaxTokens)
 	if err := fits(m, est); err != nil {
 		return nil, err
 	}
@@ -100,18 +119,27 @@ func fits(m *config.Model, est *Estimate) error {
 	for _, b := range Scope(m).Buckets {
 		if b.Unit == limiter.UnitTokens && est.Cost.Tokens > b.Limit {
 			param := "max_tokens"
-			if est.PromptTokens > b.Limit || est.MaxTokens == 0 {
+			if est.Cost.Tokens-est.MaxTokens > b.Limit || est.MaxTokens == 0 {
 				param = "messages"
 				if m.Kind == config.KindEmbedding {
 					param = "input"
 				}
 			}
 			return &Error{Param: param, Code: "tokens_exceed_capacity", Message: fmt.Sprintf(
-				"This request needs up to %d tokens (%d prompt + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower max_tokens or shorten the input.",
-				est.Cost.Tokens, est.PromptTokens, est.MaxTokens, b.Limit, periodName(b.Name), m.Name)}
+				"This request needs up to %d tokens (%d prompt%s + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower max_tokens or shorten the input.",
+				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Name)}
 		}
 	}
 	return nil
+}
+
+// calibrationNote says when the prompt count is llmq's estimate corrected
+// by what the provider was seen to count.
+func calibrationNote(c limiter.Calibration) string {
+	if c.Factor == 1 {
+		return ""
+	}
+	return fmt.Sprintf(", as the provider counts: %.2f× llmq's estimate", c.Factor)
 }
 
 func periodName(bucket string) string {

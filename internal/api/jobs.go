@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -52,7 +53,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	}
 	p := s.Policy.Current()
 	acct, tier := c.acct, c.tier
-	in, err := s.validateJob(p, tier, &req)
+	in, err := s.validateJob(r.Context(), p, tier, &req)
 	if err != nil {
 		return err
 	}
@@ -101,7 +102,7 @@ type validatedJob struct {
 	est      *admission.Estimate
 }
 
-func (s *Server) validateJob(p *config.Policy, tier *config.Tier, req *createJobRequest) (*validatedJob, error) {
+func (s *Server) validateJob(ctx context.Context, p *config.Policy, tier *config.Tier, req *createJobRequest) (*validatedJob, error) {
 	v := &validatedJob{endpoint: req.Endpoint, queue: tier.Priority}
 	if v.endpoint == "" {
 		v.endpoint = llm.EndpointChat
@@ -136,7 +137,7 @@ func (s *Server) validateJob(p *config.Policy, tier *config.Tier, req *createJob
 	if len(bytes.TrimSpace(req.Body)) == 0 || bytes.Equal(bytes.TrimSpace(req.Body), []byte("null")) {
 		return nil, badRequest("body", "missing_body", "body is required: the request to send to %s.", v.endpoint)
 	}
-	est, err := s.Admission.Estimate(p, v.endpoint, req.Body)
+	est, err := s.Admission.Estimate(ctx, p, v.endpoint, req.Body)
 	if err != nil {
 		return nil, admissionError(err, "body.")
 	}

@@ -82,7 +82,7 @@ func New(d Deps, opts Options) *Server {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
 	if d.Admission == nil {
-		d.Admission = admission.New()
+		d.Admission = admission.New(nil)
 	}
 	if d.Observer == nil {
 		d.Observer = nopObserver{}

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -59,10 +58,12 @@ type App struct {
 	Observer    worker.Observer
 	APIObserver api.Observer
 
-	clock     func() time.Time
-	closers   []func() error
-	pacerOnce sync.Once
-	pacer     *pacer.Pacer
+	// Pacer takes and settles the permit of every provider call; its
+	// calibration also corrects the API's estimates.
+	Pacer *pacer.Pacer
+
+	clock   func() time.Time
+	closers []func() error
 }
 
 // Parts lets callers (the embedded default, tests) supply parts instead of
@@ -131,7 +132,8 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	a.Limiter = limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, HoldInFlight: true})
 	a.APILimiter = limiter.NewSlidingCounter(a.Redis, limiter.Options{Keys: a.Keys})
 	a.Budgets = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock})
-	a.Admission = admission.New()
+	a.Pacer = pacer.Must(pacer.New(a.Limiter, a.Redis, a.Keys, logger, appObserver{a}, pacer.Options{}))
+	a.Admission = admission.New(a.Pacer)
 
 	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
 	a.closers = append(a.closers, a.Asynq.Close)
@@ -186,17 +188,26 @@ func (a *App) Reconciler(opts recovery.Options) *recovery.Reconciler {
 	}, opts)
 }
 
-// Pacer returns the process's pacer of provider calls, made on first use
-// (after Observer is set), so every handler shares what it caches.
-func (a *App) Pacer() *pacer.Pacer {
-	a.pacerOnce.Do(func() {
-		var obs pacer.Observer
-		if a.Observer != nil {
-			obs = a.Observer
-		}
-		a.pacer = pacer.Must(pacer.New(a.Limiter, a.Redis, a.Keys, a.Logger, obs, pacer.Options{}))
-	})
-	return a.pacer
+// appObserver tells the pacer's events to the app's Observer, which callers
+// set after Open.
+type appObserver struct{ a *App }
+
+func (o appObserver) Penalized(model string, d time.Duration) {
+	if o.a.Observer != nil {
+		o.a.Observer.Penalized(model, d)
+	}
+}
+
+func (o appObserver) LimitsLearned(model string, rpm, tpm int64) {
+	if o.a.Observer != nil {
+		o.a.Observer.LimitsLearned(model, rpm, tpm)
+	}
+}
+
+func (o appObserver) UnpredictedRateLimit(model string, buckets []string) {
+	if o.a.Observer != nil {
+		o.a.Observer.UnpredictedRateLimit(model, buckets)
+	}
 }
 
 // JobHandler returns the handler of job tasks.
@@ -205,7 +216,7 @@ func (a *App) JobHandler(opts worker.Options) *worker.Handler {
 		opts.Now = a.clock
 	}
 	return worker.NewHandler(worker.Deps{
-		Store: a.Store, Policy: a.Policy, Pacer: a.Pacer(), Budgets: a.Budgets,
+		Store: a.Store, Policy: a.Policy, Pacer: a.Pacer, Budgets: a.Budgets,
 		Providers: a.Providers, Queue: a.Queue, Logger: a.Logger, Observer: a.Observer,
 	}, opts)
 }

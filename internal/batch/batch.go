@@ -118,7 +118,7 @@ func New(d Deps, opts Options) *Service {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
 	if d.Admission == nil {
-		d.Admission = admission.New()
+		d.Admission = admission.New(nil)
 	}
 	o := opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -133,7 +133,7 @@ func (v *validation) read(ctx context.Context, f io.Reader) error {
 			continue // blank lines are not requests
 		}
 		v.total++
-		job := v.check(no, line, tooLong)
+		job := v.check(ctx, no, line, tooLong)
 		if job.Status == store.JobFailed {
 			v.refused++
 		} else {
@@ -352,7 +352,7 @@ type lineError struct {
 
 // check judges one line and returns the job it becomes: queued, or failed
 // with the reason.
-func (v *validation) check(no int, line []byte, tooLong bool) *store.JobInsertParams {
+func (v *validation) check(ctx context.Context, no int, line []byte, tooLong bool) *store.JobInsertParams {
 	b := v.b
 	job := &store.JobInsertParams{TenantID: b.TenantID, BatchID: b.ID, LineNo: no, Endpoint: b.Endpoint, Queue: queue.Batch}
 	var req requestLine
@@ -362,7 +362,7 @@ func (v *validation) check(no int, line []byte, tooLong bool) *store.JobInsertPa
 	}
 	if le == nil {
 		var est *admission.Estimate
-		est, le = v.admit(req.Body)
+		est, le = v.admit(ctx, req.Body)
 		if le == nil {
 			job.Model, job.Request = est.Model.Name, req.Body
 			job.EstPromptTokens, job.EstMaxTokens, job.EstCost = est.PromptTokens, est.MaxTokens, est.WorstCase
@@ -453,8 +453,8 @@ func unstorableField(line []byte, p *jsontext.Problem) *lineError {
 
 // admit asks admission whether the body can ever run, and whether its
 // worst case fits the tenant's whole daily budget.
-func (v *validation) admit(body json.RawMessage) (*admission.Estimate, *lineError) {
-	est, err := v.s.Admission.Estimate(v.policy, v.b.Endpoint, body)
+func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Estimate, *lineError) {
+	est, err := v.s.Admission.Estimate(ctx, v.policy, v.b.Endpoint, body)
 	if err == nil {
 		err = admission.CheckBudget(v.acct, est.WorstCase)
 	}

@@ -113,6 +113,14 @@ type Calibration struct {
 	Samples int
 }
 
+// Apply returns a prompt estimate corrected by c, rounded up.
+func (c Calibration) Apply(promptTokens int64) int64 {
+	if c.Factor == 1 || c.Factor <= 0 {
+		return promptTokens
+	}
+	return int64(math.Ceil(float64(promptTokens) * c.Factor))
+}
+
 // minCalibrationSamples is how many calls a correction needs before it
 // applies; calibrationBounds the correction applied.
 const minCalibrationSamples = 3

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -154,7 +153,7 @@ func (p *Pacer) Plan(ctx context.Context, m *config.Model, promptTokens, maxToke
 	scope := p.learned.Scope(ctx, m)
 	c := &Call{Model: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens,
 		Calibration: p.Calibration(ctx, scope.Name)}
-	prompt := Calibrated(promptTokens, c.Calibration)
+	prompt := c.Calibration.Apply(promptTokens)
 	c.Cost = limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}
 	c.WorstCase = m.Price.WorstCase(prompt, maxTokens)
 	return c
@@ -163,14 +162,6 @@ func (p *Pacer) Plan(ctx context.Context, m *config.Model, promptTokens, maxToke
 // Scope returns m's limiter scope with the limits the provider announced.
 func (p *Pacer) Scope(ctx context.Context, m *config.Model) limiter.Scope {
 	return p.learned.Scope(ctx, m)
-}
-
-// Calibrated is a prompt estimate corrected by c, rounded up.
-func Calibrated(promptTokens int64, c limiter.Calibration) int64 {
-	if c.Factor == 1 || c.Factor <= 0 {
-		return promptTokens
-	}
-	return int64(math.Ceil(float64(promptTokens) * c.Factor))
 }
 
 // Calibration returns the prompt correction of scope, read at most every

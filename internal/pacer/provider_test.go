@@ -227,6 +227,12 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 	}
 
 	var atMeasure sim.Stats
+	reserves := 0
+	defer func() {
+		if testing.Verbose() {
+			fmt.Printf("%s: %d reserves\n", m.name, reserves)
+		}
+	}()
 	measured := false
 	for q.Len() > 0 {
 		ev := heap.Pop(&q).(event)
@@ -242,6 +248,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 		now := clock.Now()
 		switch {
 		case w.x == nil: // take a permit, and send the call when granted
+			reserves++
 			res, err := p.Reserve(ctx, w.call)
 			if err != nil {
 				t.Fatalf("reserve: %v", err)
