@@ -44,8 +44,9 @@ type Estimate struct {
 	// Cost is what the limiter reserves: one request and every token, the
 	// prompt calibrated.
 	Cost limiter.Cost
-	// WorstCase is the budget reservation: every prompt token (calibrated)
-	// uncached and MaxTokens of output, at the model's price.
+	// WorstCase is the budget reservation: every prompt token uncached (the
+	// estimate, or the calibrated one when higher) and MaxTokens of output,
+	// at the model's price.
 	WorstCase money.Micros
 }
 
@@ -107,7 +108,8 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 	}
 	prompt := est.Calibration.Apply(est.PromptTokens)
 	est.Cost = limiter.Cost{Requests: 1, Tokens: prompt + est.MaxTokens}
-	est.WorstCase = m.Price.WorstCase(prompt, est.MaxTokens)
+	// A calibration below 1 never lowers the dollars held (see pacer.Plan).
+	est.WorstCase = m.Price.WorstCase(max(prompt, est.PromptTokens), est.MaxTokens)
 	if err := fits(m, est); err != nil {
 		return nil, err
 	}

@@ -141,6 +141,11 @@ func TestEstimateAppliesTheCalibration(t *testing.T) {
 	if est.PromptTokens != raw.PromptTokens || est.Cost.Tokens != prompt+100 || est.WorstCase != est.Model.Price.WorstCase(prompt, 100) {
 		t.Errorf("calibrated %+v, raw %+v: want the prompt counted 1.5x in Cost and WorstCase only", est, raw)
 	}
+	// Counted half, the permit is smaller but the dollars held are not.
+	low, err := New(fixedCalibration(0.5)).Estimate(context.Background(), p, "/v1/chat/completions", []byte(body))
+	if err != nil || low.Cost.Tokens != (raw.PromptTokens+1)/2+100 || low.WorstCase != raw.WorstCase {
+		t.Errorf("calibrated 0.5: %+v, %v; want half the prompt in Cost and the raw WorstCase %s", low, err, raw.WorstCase)
+	}
 	// Counted 2.5x, the same prompt no longer fits the 10,000-token bucket.
 	_, err = New(fixedCalibration(2.5)).Estimate(context.Background(), p, "/v1/chat/completions", []byte(body))
 	var ae *Error

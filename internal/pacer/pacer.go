@@ -142,8 +142,9 @@ type Call struct {
 	// Cost is what the permit takes: one request, the calibrated prompt and
 	// MaxTokens.
 	Cost limiter.Cost
-	// WorstCase is the budget reservation: every prompt token (calibrated)
-	// uncached and MaxTokens of output, at the model's price.
+	// WorstCase is the budget reservation: every prompt token uncached (the
+	// estimate, or the calibrated one when higher) and MaxTokens of output,
+	// at the model's price.
 	WorstCase money.Micros
 }
 
@@ -155,7 +156,10 @@ func (p *Pacer) Plan(ctx context.Context, m *config.Model, promptTokens, maxToke
 		Calibration: p.Calibration(ctx, scope.Name)}
 	prompt := c.Calibration.Apply(promptTokens)
 	c.Cost = limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}
-	c.WorstCase = m.Price.WorstCase(prompt, maxTokens)
+	// The budget's worst case only ever errs high: a calibration below 1
+	// lowers the permit (the provider's counts correct the buckets), never
+	// the dollars held.
+	c.WorstCase = m.Price.WorstCase(max(prompt, promptTokens), maxTokens)
 	return c
 }
 
