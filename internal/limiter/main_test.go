@@ -72,6 +72,7 @@ var suite = []struct {
 	{"SettleDistrust", testSettleDistrust},
 	{"SettleCalibration", testSettleCalibration},
 	{"SettleLearnedTTL", testSettleLearnedTTL},
+	{"SettleBelowTheProvidersLimit", testSettleBelowTheProvidersLimit},
 }
 
 func TestSingleNode(t *testing.T) {

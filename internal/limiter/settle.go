@@ -268,7 +268,11 @@ for i = 1, nb do
     end
     bound = (b.cap - oremain) + math.max(since, 0)
     local fresh = clag >= (tonumber(st['s:' .. name]) or -1)
-    if distrust then
+    -- Only a bucket that mirrors the provider's (the same limit) follows it
+    -- down: one set below the provider's keeps its own count, or the
+    -- provider's larger room would take it past its limit.
+    local mirror = math.abs(olimit - limit) <= limit / 100
+    if distrust or not mirror then
       u = math.max(u, bound)
     elseif fresh then
       u = math.max(bound, held, 0)

@@ -248,3 +248,22 @@ func mustInspect(t *testing.T, tb *TokenBucket, s Scope) *ScopeLearning {
 	}
 	return li
 }
+
+// A bucket whose limit is below the provider's (a policy that keeps room for
+// others) keeps its own count: the provider's larger room never takes it
+// past its limit; a provider that has used more still raises it.
+func testSettleBelowTheProvidersLimit(t *testing.T, e *env) {
+	tb := NewTokenBucket(e.rdb, e.opts())
+	s := ModelScope("below", 0, 0, 10_000, 0)
+	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 6000}).Reservation
+	b := tpmOf(mustSettle(t, tb, r, Feedback{Observed: []Observed{{Bucket: "tpm", Remaining: 50_000, Limit: 60_000}}}))
+	if b.Level != 6000 {
+		t.Fatalf("with the provider at 60,000 and 50,000 left: %+v, want the bucket's own 6000", b)
+	}
+	e.clock.Add(time.Second)
+	r = mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100}).Reservation
+	b = tpmOf(mustSettle(t, tb, r, Feedback{Observed: []Observed{{Bucket: "tpm", Remaining: 1000, Limit: 60_000}}}))
+	if b.Level <= b.Model {
+		t.Fatalf("the provider used more than the bucket counts: %+v, want it raised", b)
+	}
+}
