@@ -59,6 +59,9 @@ type Options struct {
 	AdminToken string
 	// MaxBodyBytes caps JSON request bodies. Defaults to 1 MiB.
 	MaxBodyBytes int64
+	// WebhookAllowPrivate accepts webhook URLs whose host is an internal
+	// address (LLMQ_WEBHOOK_ALLOW_PRIVATE). Defaults to false.
+	WebhookAllowPrivate bool
 	// Now is the clock for timestamps computed here. Defaults to time.Now.
 	Now func() time.Time
 }
