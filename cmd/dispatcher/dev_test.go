@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -353,6 +354,26 @@ func TestDevLogsText(t *testing.T) {
 		if isJSON := json.Valid([]byte(line)); isJSON != c.json ||
 			!c.json && (!strings.Contains(line, "level=WARN msg=hello k=v") || strings.Count(line, "\n") != 1) {
 			t.Fatalf("dev with %v logs %q, want JSON %v", c.environ, line, c.json)
+		}
+	}
+}
+
+// -addr defaults to LLMQ_LISTEN_ADDR, and the flag wins over it; before,
+// dev ignored the variable.
+func TestDevAddrFollowsListenAddr(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args    []string
+		environ []string
+		want    string
+	}{
+		{nil, nil, "127.0.0.1:8080"},
+		{nil, []string{"LLMQ_LISTEN_ADDR=127.0.0.1:9999"}, "127.0.0.1:9999"},
+		{[]string{"-addr", "127.0.0.1:7777"}, []string{"LLMQ_LISTEN_ADDR=127.0.0.1:9999"}, "127.0.0.1:7777"},
+	} {
+		o, err := parseDev(c.args, c.environ, io.Discard)
+		if err != nil || o.addr != c.want {
+			t.Errorf("dev %v with %v: addr %v, %v; want %s", c.args, c.environ, o, err, c.want)
 		}
 	}
 }
