@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/api"
@@ -35,7 +34,7 @@ var devPolicy string
 
 const devUsage = `usage: dispatcher dev [FLAGS]
   Runs all of llmq in one process, with nothing installed but Go: an
-  embedded Redis, SQLite under -dir, the
+  embedded Redis (its state saved under -dir), SQLite under -dir, the
   simulated provider (or a real one with -provider-url), a worker, the API,
   the dashboard and /monitoring/. It prints the URL, a tenant's key and the
   admin token, with lines to paste. LLMQ_* variables that are set are used
@@ -66,7 +65,7 @@ func parseDev(args, environ []string, stdout io.Writer) (*devOptions, error) {
 		addr = v
 	}
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	fs.StringVar(&o.dir, "dir", "llmq-dev", "where the state lives (SQLite database, tenant key, admin token)")
+	fs.StringVar(&o.dir, "dir", "llmq-dev", "where the state lives (SQLite database, embedded Redis snapshot, tenant key, admin token)")
 	fs.StringVar(&o.addr, "addr", addr, "address of the API, dashboard and simulated provider (default: LLMQ_LISTEN_ADDR, else "+devAddr+")")
 	fs.IntVar(&o.demo, "demo", 0, "submit this many sample jobs and a small batch, so the dashboard moves")
 	fs.StringVar(&o.providerURL, "provider-url", "", "OpenAI-compatible base URL of a real provider (default: the simulator)")
@@ -116,15 +115,19 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	logger := env.Logger(stderr)
 
-	// The embedded Redis lives as long as the process: the SQLite store is
-	// the record, and the reconciler re-enqueues its unfinished jobs.
+	// The embedded Redis keeps its keys in dir across restarts; SQLite is
+	// the record, and the reconciler re-enqueues what a snapshot missed.
 	var rdb redis.UniversalClient
 	if _, set := lookup("LLMQ_REDIS_URL"); !set {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
-			return fmt.Errorf("start the embedded redis: %w", err)
+		mr, err := startDevRedis(filepath.Join(o.dir, "redis.json"), logger)
+		if err != nil {
+			return err
 		}
-		defer mr.Close()
+		defer mr.stop() // last: after the worker and the server stopped
+		rctx, stopTicks := context.WithCancel(ctx)
+		ticking := make(chan struct{})
+		go func() { mr.run(rctx); close(ticking) }()
+		defer func() { stopTicks(); <-ticking }()
 		env.RedisURL = "redis://" + mr.Addr() + "/0"
 		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		defer c.Close()
@@ -296,22 +299,24 @@ func banner(w io.Writer, base, admin, tenant, key string, o *devOptions) {
 
   tenant:      %s (tier standard)
   key:         %s
-  dashboard:   %s/dashboard  (user: admin, password: %s)
-  monitoring:  %s/monitoring/
+  admin token: %s
+  dashboard:   %s/dashboard  (user: admin, password: %s, the admin token)
+  monitoring:  %s/monitoring/  (the same login)
 
 Send a job and read it back:
 
   curl -s -X POST %s/v1/jobs -H "Authorization: Bearer %s" -d '{"body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":50}}'
   curl -s %s/v1/jobs -H "Authorization: Bearer %s"
 
-Or with the CLI:
+Or with the CLI (go build -o bin/ ./cmd/llmq once, then bin/llmq starts at once):
 
-  export LLMQ_URL=%s LLMQ_API_KEY=%s
+  export LLMQ_URL=%s LLMQ_API_KEY=%s LLMQ_ADMIN_TOKEN=%s
   go run ./cmd/llmq jobs list
   go run ./cmd/llmq usage
+  go run ./cmd/llmq admin tenants list
 
 Ctrl-C stops llmq; its state stays in %s/.
-`, base, o.dir, provider, tenant, key, base, admin, base, base, key, base, key, base, key, o.dir)
+`, base, o.dir, provider, tenant, key, admin, base, admin, base, base, key, base, key, base, key, admin, o.dir)
 }
 
 // withEnv returns lookup with one more variable.
