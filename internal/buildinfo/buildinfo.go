@@ -47,7 +47,7 @@ func format(program string, bi *debug.BuildInfo) string {
 			b.WriteString(" (" + at + ")")
 		}
 	} else if version == "(devel)" {
-		b.WriteString(", built from a checkout without version control information")
+		b.WriteString(" (built without version control information)")
 	}
 	if bi.GoVersion != "" {
 		b.WriteString(", " + bi.GoVersion)

@@ -21,7 +21,7 @@ func TestFormat(t *testing.T) {
 		{debug.BuildInfo{Main: debug.Module{Version: "v0.0.0-20261201100000-0123456789ab"}, Settings: []debug.BuildSetting{
 			{Key: "vcs.revision", Value: "0123456789abcdef0123"}}},
 			"llmq v0.0.0-20261201100000-0123456789ab"},
-		{debug.BuildInfo{Main: debug.Module{}}, "llmq (devel), built from a checkout without version control information"},
+		{debug.BuildInfo{Main: debug.Module{}}, "llmq (devel) (built without version control information)"},
 	} {
 		if got := format("llmq", &c.bi); got != c.want {
 			t.Errorf("format(%+v) = %q, want %q", c.bi, got, c.want)
