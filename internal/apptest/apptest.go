@@ -156,6 +156,7 @@ func Start(t testing.TB, o Options) *App {
 		"LLMQ_KEY_PREFIX=" + ns,
 		"LLMQ_QUEUE_NAMESPACE=" + ns,
 		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
+		"LLMQ_METRICS_ADDR=127.0.0.1:0", // processes started from Environ run side by side
 		"LLMQ_LOG_LEVEL=warn",
 		"LLMQ_SHUTDOWN_TIMEOUT=5s",
 		"SIM_API_KEY=test",
