@@ -15,10 +15,8 @@ import (
 // writes must be JSON, which no plain form or cross-site fetch can send
 // without a CORS preflight llmq never grants.
 
-var (
-	errCrossSite = errorf(http.StatusForbidden, TypePermission, "cross_site_request", "",
-		"Cross-site request refused: the admin API, the dashboard and the monitor answer requests from their own pages and from programs, not from other sites' pages.")
-)
+var errCrossSite = errorf(http.StatusForbidden, TypePermission, "cross_site_request", "",
+	"Cross-site request refused: the admin API, the dashboard and the monitor answer requests from their own pages and from programs, not from other sites' pages.")
 
 // IsCrossSite reports whether a browser sent r for a page of another site
 // (or another origin of the same site). A top-level navigation that only
