@@ -14,5 +14,5 @@ COPY --from=build /out/ /usr/local/bin/
 COPY llmq.example.yaml /etc/llmq/llmq.yaml
 ENV LLMQ_POLICY=/etc/llmq/llmq.yaml
 USER nonroot:nonroot
-EXPOSE 8080
+EXPOSE 8080 9464
 ENTRYPOINT ["/usr/local/bin/dispatcher"]

@@ -20,6 +20,7 @@ import (
 
 	"github.com/llmq/llmq/internal/testutil"
 
+	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -157,7 +158,7 @@ func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err 
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Handler: a.API(), ReadHeaderTimeout: 10 * time.Second}
+	hs := api.NewHTTPServer(a.API(), api.ServerOptions{}) // the dispatcher's server and limits
 	go func() { _ = hs.Serve(ln) }()
 	closers = append(closers, func() { _ = hs.Close() })
 	r.url = "http://" + ln.Addr().String()

@@ -94,6 +94,7 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 		"LLMQ_KEY_PREFIX=" + ns,
 		"LLMQ_QUEUE_NAMESPACE=" + ns,
 		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
+		"LLMQ_METRICS_ADDR=127.0.0.1:0", // several worker processes on one host
 		"LLMQ_WORKER_CONCURRENCY=" + strconv.Itoa(o.Concurrency),
 		"LLMQ_SHUTDOWN_TIMEOUT=5s",
 		"LLMQ_LOG_LEVEL=warn",

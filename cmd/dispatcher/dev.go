@@ -17,11 +17,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/recovery"
@@ -32,10 +32,21 @@ import (
 //go:embed dev-policy.yaml
 var devPolicy string
 
-const devUsage = `usage: dispatcher dev [flags]
+const devUsage = `usage: dispatcher dev [FLAGS]
   Runs all of llmq in one process, with nothing installed but Go: an
-  embedded Redis, SQLite under --dir, the simulated provider (or a real one
-  with --provider-url), a worker, the API, the dashboard and /monitoring/.`
+  embedded Redis (its state saved under -dir), SQLite under -dir, the
+  simulated provider (or a real one with -provider-url), a worker, the API,
+  the dashboard and /monitoring/. It prints the URL, a tenant's key and the
+  admin token, with lines to paste. LLMQ_* variables that are set are used
+  (dispatcher serve -h lists them): LLMQ_REDIS_URL and LLMQ_DATABASE_URL
+  replace the embedded Redis and SQLite, LLMQ_LISTEN_ADDR is -addr's default.
+
+Flags:
+`
+
+// devAddr is where dev listens unless -addr or LLMQ_LISTEN_ADDR says
+// otherwise: loopback, since dev mode has a known tenant key.
+const devAddr = "127.0.0.1:8080"
 
 // devOptions are the flags of dispatcher dev.
 type devOptions struct {
@@ -47,35 +58,41 @@ type devOptions struct {
 	concurrency int
 }
 
-func parseDev(args []string, stderr io.Writer) (*devOptions, error) {
+func parseDev(args, environ []string, stdout io.Writer) (*devOptions, error) {
 	o := &devOptions{}
+	addr := devAddr
+	if v, ok := app.LookupIn(environ)("LLMQ_LISTEN_ADDR"); ok && v != "" {
+		addr = v
+	}
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintln(stderr, devUsage); fs.PrintDefaults() }
-	fs.StringVar(&o.dir, "dir", "llmq-dev", "where the state lives (SQLite database, tenant key, admin token)")
-	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address of the API, dashboard and simulated provider")
+	fs.StringVar(&o.dir, "dir", "llmq-dev", "where the state lives (SQLite database, embedded Redis snapshot, tenant key, admin token)")
+	fs.StringVar(&o.addr, "addr", addr, "address of the API, dashboard and simulated provider (default: LLMQ_LISTEN_ADDR, else "+devAddr+")")
 	fs.IntVar(&o.demo, "demo", 0, "submit this many sample jobs and a small batch, so the dashboard moves")
 	fs.StringVar(&o.providerURL, "provider-url", "", "OpenAI-compatible base URL of a real provider (default: the simulator)")
 	fs.StringVar(&o.providerKey, "provider-key-env", "OPENAI_API_KEY", "environment variable holding the real provider's API key")
 	fs.IntVar(&o.concurrency, "concurrency", 10, "jobs the embedded worker runs at once")
-	if err := fs.Parse(args); err != nil {
+	var help strings.Builder
+	help.WriteString(devUsage)
+	fs.SetOutput(&help)
+	fs.PrintDefaults()
+	if err := cmdline.Parse(fs, args, stdout, help.String()); err != nil {
 		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("dev takes flags only, got %q", fs.Args())
+	if o.demo < 0 {
+		return nil, cmdline.Usagef("-demo must be 0 or more, got %d", o.demo)
 	}
-	if o.demo < 0 || o.concurrency < 1 {
-		return nil, errors.New("-demo must be 0 or more and -concurrency at least 1")
+	if o.concurrency < 1 {
+		return nil, cmdline.Usagef("-concurrency must be at least 1, got %d", o.concurrency)
 	}
 	if o.providerURL != "" && !strings.HasPrefix(o.providerURL, "http://") && !strings.HasPrefix(o.providerURL, "https://") {
-		return nil, fmt.Errorf("-provider-url must be an http(s) URL, got %q", o.providerURL)
+		return nil, cmdline.Usagef("-provider-url must be an http(s) URL, got %q", o.providerURL)
 	}
 	return o, nil
 }
 
 // dev runs the embedded default until ctx ends.
 func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	o, err := parseDev(args, stderr)
+	o, err := parseDev(args, environ, stdout)
 	if err != nil {
 		return err
 	}
@@ -98,15 +115,19 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	logger := env.Logger(stderr)
 
-	// The embedded Redis lives as long as the process: the SQLite store is
-	// the record, and the reconciler re-enqueues its unfinished jobs.
+	// The embedded Redis keeps its keys in dir across restarts; SQLite is
+	// the record, and the reconciler re-enqueues what a snapshot missed.
 	var rdb redis.UniversalClient
 	if _, set := lookup("LLMQ_REDIS_URL"); !set {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
-			return fmt.Errorf("start the embedded redis: %w", err)
+		mr, err := startDevRedis(filepath.Join(o.dir, "redis.json"), logger)
+		if err != nil {
+			return err
 		}
-		defer mr.Close()
+		defer mr.stop() // last: after the worker and the server stopped
+		rctx, stopTicks := context.WithCancel(ctx)
+		ticking := make(chan struct{})
+		go func() { mr.run(rctx); close(ticking) }()
+		defer func() { stopTicks(); <-ticking }()
 		env.RedisURL = "redis://" + mr.Addr() + "/0"
 		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		defer c.Close()
@@ -165,7 +186,15 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if simulator != nil {
 		pause = -1
 	}
+	var mln net.Listener
+	if env.MetricsAddr != "" {
+		if mln, err = net.Listen("tcp", env.MetricsAddr); err != nil {
+			return fmt.Errorf("LLMQ_METRICS_ADDR: %w", err)
+		}
+		defer mln.Close()
+	}
 	return serveApp(ctx, a, rec, ln, logger, serveOptions{
+		metrics:    mln,
 		reconciler: recovery.Options{LossPause: pause},
 		mount: func(mux *http.ServeMux) {
 			if simulator != nil {
@@ -270,22 +299,24 @@ func banner(w io.Writer, base, admin, tenant, key string, o *devOptions) {
 
   tenant:      %s (tier standard)
   key:         %s
-  dashboard:   %s/dashboard  (user: admin, password: %s)
-  monitoring:  %s/monitoring/
+  admin token: %s
+  dashboard:   %s/dashboard  (user: admin, password: %s, the admin token)
+  monitoring:  %s/monitoring/  (the same login)
 
 Send a job and read it back:
 
   curl -s -X POST %s/v1/jobs -H "Authorization: Bearer %s" -d '{"body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":50}}'
   curl -s %s/v1/jobs -H "Authorization: Bearer %s"
 
-Or with the CLI:
+Or with the CLI (go build -o bin/ ./cmd/llmq once, then bin/llmq starts at once):
 
-  export LLMQ_URL=%s LLMQ_API_KEY=%s
+  export LLMQ_URL=%s LLMQ_API_KEY=%s LLMQ_ADMIN_TOKEN=%s
   go run ./cmd/llmq jobs list
   go run ./cmd/llmq usage
+  go run ./cmd/llmq admin tenants list
 
 Ctrl-C stops llmq; its state stays in %s/.
-`, base, o.dir, provider, tenant, key, base, admin, base, base, key, base, key, base, key, o.dir)
+`, base, o.dir, provider, tenant, key, admin, base, admin, base, base, key, base, key, base, key, admin, o.dir)
 }
 
 // withEnv returns lookup with one more variable.

@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -84,8 +86,9 @@ var (
 	runningLine = regexp.MustCompile(`^llmq is running at (http://127\.0\.0\.1:\d+) `)
 	keyLine     = regexp.MustCompile(`(?m)^\s+key:\s+(llmq_\S+)$`)
 	curlPost    = regexp.MustCompile(`(?m)^\s+(curl -s -X POST \S+/v1/jobs .*)$`)
-	adminLine   = regexp.MustCompile(`(?m)^\s+dashboard:\s+(\S+)/dashboard\s+\(user: admin, password: (\S+)\)$`)
-	exportLine  = regexp.MustCompile(`(?m)^\s+export (LLMQ_URL=\S+) (LLMQ_API_KEY=\S+)$`)
+	tokenLine   = regexp.MustCompile(`(?m)^\s+admin token:\s+(\S+)$`)
+	adminLine   = regexp.MustCompile(`(?m)^\s+dashboard:\s+(\S+)/dashboard\s+\(user: admin, password: (\S+), the admin token\)$`)
+	exportLine  = regexp.MustCompile(`(?m)^\s+export (LLMQ_URL=\S+) (LLMQ_API_KEY=\S+) LLMQ_ADMIN_TOKEN=(\S+)$`)
 	llmqLine    = regexp.MustCompile(`(?m)^\s+go run \./cmd/llmq (.+)$`)
 )
 
@@ -141,8 +144,9 @@ func buildLLMQ(t *testing.T) <-chan string {
 // curl and llmq lines it prints work, and the dashboard and the queue
 // monitor open with the admin password it prints. Stopped with jobs still
 // unfinished, it starts again with the same key, the finished job, the
-// day's spend and the batch, and its reconciler runs the unfinished jobs
-// whose tasks the fresh embedded Redis never had.
+// day's spend and the batch; the embedded Redis's snapshot brings back the
+// unfinished jobs' tasks and the dashboard's last hour, so nothing is
+// rebuilt or re-enqueued, and nothing is logged.
 func TestDevRunsOnABareMachine(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("curl"); err != nil {
@@ -159,8 +163,13 @@ func TestDevRunsOnABareMachine(t *testing.T) {
 	curl := curlPost.FindStringSubmatch(banner)
 	admin := adminLine.FindStringSubmatch(banner)
 	export := exportLine.FindStringSubmatch(banner)
-	if curl == nil || admin == nil || export == nil || admin[1] != base {
-		t.Fatalf("the banner lacks the curl, dashboard or export line:\n%s", banner)
+	token := tokenLine.FindStringSubmatch(banner)
+	if curl == nil || admin == nil || export == nil || token == nil || admin[1] != base {
+		t.Fatalf("the banner lacks the curl, admin token, dashboard or export line:\n%s", banner)
+	}
+	// One admin token: the dashboard's password is the one the CLI exports.
+	if admin[2] != token[1] || export[3] != token[1] {
+		t.Fatalf("admin token %q, dashboard password %q, exported %q: want one token\n%s", token[1], admin[2], export[3], banner)
 	}
 	out, err := exec.Command("sh", "-c", curl[1]).CombinedOutput()
 	if err != nil {
@@ -193,17 +202,18 @@ func TestDevRunsOnABareMachine(t *testing.T) {
 		t.Fatal(bin)
 	}
 	cmds := llmqLine.FindAllStringSubmatch(banner, -1)
-	if len(cmds) < 2 {
-		t.Fatalf("the banner shows %d llmq lines, want at least 2:\n%s", len(cmds), banner)
+	if len(cmds) < 3 {
+		t.Fatalf("the banner shows %d llmq lines, want at least 3:\n%s", len(cmds), banner)
 	}
 	for _, m := range cmds {
 		cmd := exec.Command(bin, strings.Fields(m[1])...)
-		cmd.Env = append(bareEnviron(), export[1], export[2])
+		cmd.Env = append(bareEnviron(), export[1], export[2], "LLMQ_ADMIN_TOKEN="+export[3])
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("llmq %s: %v\n%s", m[1], err, out)
 		}
-		if m[1] == "jobs list" && !strings.Contains(string(out), id) || m[1] == "usage" && !strings.Contains(string(out), "spent") {
+		if m[1] == "jobs list" && !strings.Contains(string(out), id) || m[1] == "usage" && !strings.Contains(string(out), "spent") ||
+			m[1] == "admin tenants list" && !strings.Contains(string(out), "dev") {
 			t.Fatalf("llmq %s printed:\n%s", m[1], out)
 		}
 	}
@@ -244,6 +254,10 @@ func TestDevRunsOnABareMachine(t *testing.T) {
 		t.Fatalf("no job was unfinished when dev stopped (%v): the restart would not need the reconciler", err)
 	}
 
+	if _, err := os.Stat(filepath.Join(dir, "redis.json")); err != nil {
+		t.Fatalf("no snapshot of the embedded redis: %v", err)
+	}
+
 	d = startDev(t, dir, bareEnviron())
 	defer d.stop(t)
 	if again := keyOf(t, d); again != key {
@@ -259,9 +273,73 @@ func TestDevRunsOnABareMachine(t *testing.T) {
 	if got, err := c.Batches.Get(ctx, b.ID); err != nil || got.ID != b.ID {
 		t.Fatalf("after the restart the batch is %+v, %v", got, err)
 	}
-	// The fresh embedded Redis lost the unfinished jobs' tasks; the
-	// reconciler enqueues them again from SQLite.
+	// The snapshot kept the unfinished jobs' tasks.
 	waitJobs(t, c, pending...)
+
+	// The last hour counts every job done, before the restart too: once the
+	// recorder has flushed, the tile shows every succeeded job (before, the
+	// restart left only those done since).
+	succeeded := 0
+	for _, err := range c.Jobs.All(ctx, &client.JobListParams{Status: "succeeded"}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		succeeded++
+	}
+	var tile string
+	deadline := time.Now().Add(20 * time.Second)
+	for tile != strconv.Itoa(succeeded) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the restart the jobs tile shows %s done in the last hour; %d jobs succeeded", tile, succeeded)
+		}
+		time.Sleep(200 * time.Millisecond)
+		tile = jobsTile(t, d.base, admin[2])
+	}
+	for _, line := range []string{"rebuilt spend", "redis lost", "WARN", "ERROR"} {
+		if strings.Contains(d.errOut.String(), line) {
+			t.Errorf("the restart logged %q:\n%s", line, d.errOut.String())
+		}
+	}
+}
+
+var jobsTileValue = regexp.MustCompile(`data-tile="jobs"><div class="label">[^<]*</div><div class="value">([0-9,]+)</div>`)
+
+// jobsTile is the value of the dashboard's "Jobs done, last hour" tile.
+func jobsTile(t *testing.T, base, password string) string {
+	t.Helper()
+	req, _ := http.NewRequest("GET", base+"/dashboard", nil)
+	req.SetBasicAuth("admin", password)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	m := jobsTileValue.FindSubmatch(page)
+	if m == nil {
+		t.Fatalf("no jobs tile on the dashboard (%d):\n%.2000s", resp.StatusCode, page)
+	}
+	return strings.ReplaceAll(string(m[1]), ",", "")
+}
+
+// -addr defaults to LLMQ_LISTEN_ADDR, and the flag wins over it; before,
+// dev ignored the variable.
+func TestDevAddrFollowsListenAddr(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args    []string
+		environ []string
+		want    string
+	}{
+		{nil, nil, "127.0.0.1:8080"},
+		{nil, []string{"LLMQ_LISTEN_ADDR=127.0.0.1:9999"}, "127.0.0.1:9999"},
+		{[]string{"-addr", "127.0.0.1:7777"}, []string{"LLMQ_LISTEN_ADDR=127.0.0.1:9999"}, "127.0.0.1:7777"},
+	} {
+		o, err := parseDev(c.args, c.environ, io.Discard)
+		if err != nil || o.addr != c.want {
+			t.Errorf("dev %v with %v: addr %v, %v; want %s", c.args, c.environ, o, err, c.want)
+		}
+	}
 }
 
 // TestDevDemo: -demo N submits N sample jobs and a small batch.

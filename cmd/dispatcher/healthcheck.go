@@ -2,14 +2,23 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/config"
 )
+
+const healthcheckUsage = `usage: dispatcher healthcheck [-worker]
+  Asks the llmq process on this machine's LLMQ_LISTEN_ADDR whether it is
+  ready (GET /readyz) and exits 0 if it is, 1 if not: the container
+  healthcheck of an image with no shell. Without LLMQ_LISTEN_ADDR it probes
+  the dispatcher's default address (:8080), or with -worker the worker's
+  (:8081).`
 
 // healthcheckTimeout bounds one probe; container healthchecks give up on
 // their own timeout after it.
@@ -20,12 +29,25 @@ const healthcheckTimeout = 3 * time.Second
 // GET /readyz answers 200. It is the container healthcheck of images that
 // have no shell and no curl: `dispatcher healthcheck` in a worker's
 // container probes the worker, whose environment names its address.
-func healthcheck(ctx context.Context, environ []string, stdout io.Writer) error {
+func healthcheck(ctx context.Context, args, environ []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
+	worker := fs.Bool("worker", false, "")
+	if err := cmdline.Parse(fs, args, stdout, healthcheckUsage); err != nil {
+		return err
+	}
 	env, err := config.LoadEnv(environ)
 	if err != nil {
 		return err
 	}
-	url, err := readyzURL(env.ListenAddr)
+	addr := env.ListenAddr
+	if addr == "" {
+		role := config.RoleDispatcher
+		if *worker {
+			role = config.RoleWorker
+		}
+		addr = config.DefaultListenAddr(role)
+	}
+	url, err := readyzURL(addr)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,10 +17,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
-	"time"
 
+	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/dashboard"
 	"github.com/llmq/llmq/internal/metrics"
@@ -28,41 +31,66 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "dispatcher:", err)
-		os.Exit(1)
-	}
+	app.QuietRedis(os.Environ(), os.Stderr)
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	stop()
+	cmdline.Exit("dispatcher", err)
 }
 
-const usage = `usage: dispatcher [serve|dev|healthcheck]
-  serve        serve the HTTP API (the default), configured by LLMQ_* variables
+const usage = `usage: dispatcher [COMMAND] [FLAGS]
+  serve        serve the HTTP API, dashboard and /metrics (the default),
+               configured by LLMQ_* variables (dispatcher serve -h lists them)
   dev          run all of llmq in one process on a bare machine (dispatcher dev -h)
-  healthcheck  exit 0 if the dispatcher or worker on LLMQ_LISTEN_ADDR answers /readyz`
+  healthcheck  exit 0 if the dispatcher (or, with -worker, the worker) on
+               LLMQ_LISTEN_ADDR answers /readyz
+  version      print the version (also --version)
+  help         print this help (also -h, --help)
+
+Exit status: 0 done, 1 failed (one line on stderr says why), 2 bad usage.`
+
+func serveUsage() string {
+	return `usage: dispatcher serve
+  Serves llmq's HTTP API, /dashboard and /monitoring/ on LLMQ_LISTEN_ADDR,
+  /metrics for Prometheus on LLMQ_METRICS_ADDR, and runs the reconciler and
+  the batch sweeper, until SIGINT or SIGTERM. It takes no flags.
+
+` + config.EnvHelp(config.RoleDispatcher) + `
+
+Provider API keys come from the variables the policy's providers name
+(api_key_env); the dispatcher reads them only through the policy.`
+}
 
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cmd := "serve"
-	if len(args) > 0 {
+	if len(args) > 0 && (!strings.HasPrefix(args[0], "-") || cmdline.IsHelp(args[0]) || cmdline.IsVersion(args[0])) {
 		cmd, args = args[0], args[1:]
 	}
-	switch cmd {
-	case "serve":
-		if len(args) > 0 {
-			return fmt.Errorf("serve takes no arguments, got %q\n%s", args, usage)
+	var err error
+	switch {
+	case cmd == "serve":
+		if err = cmdline.Parse(flag.NewFlagSet("serve", flag.ContinueOnError), args, stdout, serveUsage()); err == nil {
+			return serve(ctx, environ, stdout, stderr)
 		}
-		return serve(ctx, environ, stdout, stderr)
-	case "dev":
-		return dev(ctx, args, environ, stdout, stderr)
-	case "healthcheck":
-		if len(args) > 0 {
-			return fmt.Errorf("healthcheck takes no arguments, got %q\n%s", args, usage)
+	case cmd == "dev":
+		err = dev(ctx, args, environ, stdout, stderr)
+	case cmd == "healthcheck":
+		err = healthcheck(ctx, args, environ, stdout)
+	case cmdline.IsHelp(cmd):
+		if len(args) > 0 && !cmdline.IsHelp(args[0]) { // help COMMAND
+			return run(ctx, []string{args[0], "-h"}, environ, stdout, stderr)
 		}
-		return healthcheck(ctx, environ, stdout)
-	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil
+	case cmdline.IsVersion(cmd):
+		cmdline.PrintVersion(stdout, "llmq dispatcher")
+		return nil
+	default:
+		return cmdline.Usagef("unknown command %q (dispatcher help lists the commands)", cmd)
 	}
-	return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	if errors.Is(err, cmdline.ErrHelpShown) {
+		return nil
+	}
+	return err
 }
 
 // serve runs the API until ctx ends, then drains in-flight requests.
@@ -80,10 +108,16 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("LLMQ_LISTEN_ADDR: %w", err)
 	}
+	defer ln.Close()
+	mln, err := net.Listen("tcp", env.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("LLMQ_METRICS_ADDR: %w", err)
+	}
+	defer mln.Close()
 	rec, stopRec := startRecorder(ctx, a, logger)
 	defer stopRec()
-	fmt.Fprintf(stdout, "llmq dispatcher listening on http://%s\n", ln.Addr())
-	return serveApp(ctx, a, rec, ln, logger, serveOptions{})
+	fmt.Fprintf(stdout, "llmq dispatcher listening on http://%s (metrics on http://%s/metrics)\n", ln.Addr(), mln.Addr())
+	return serveApp(ctx, a, rec, ln, logger, serveOptions{metrics: mln})
 }
 
 // startRecorder makes the process's metrics recorder (one registry per
@@ -106,6 +140,11 @@ type serveOptions struct {
 	reconciler recovery.Options
 	// mount adds handlers beside the API (the embedded simulator).
 	mount func(mux *http.ServeMux)
+	// metrics, when set, serves /metrics without credentials
+	// (LLMQ_METRICS_ADDR); on the API's address it takes the admin token.
+	metrics net.Listener
+	// http replaces the API server's connection limits (tests).
+	http api.ServerOptions
 }
 
 // serveApp serves a's API, /dashboard, /monitoring/ and /metrics on ln, and
@@ -125,9 +164,14 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	if o.mount != nil {
 		o.mount(srv.Mux())
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
+	hs := api.NewHTTPServer(srv, o.http)
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
+	if o.metrics != nil {
+		ms := app.MetricsServer(rec.Handler())
+		go func() { errc <- ms.Serve(o.metrics) }()
+		defer ms.Close()
+	}
 	logger.Info("dispatcher started", "addr", ln.Addr().String())
 
 	select {

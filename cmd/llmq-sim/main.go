@@ -15,25 +15,28 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/llm/sim"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "llmq-sim:", err)
-		os.Exit(1)
-	}
+	err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	cmdline.Exit("llmq-sim", err)
 }
 
 // run serves the simulator until ctx ends. It prints the URL it listens on.
 func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) > 0 && cmdline.IsVersion(args[0]) {
+		cmdline.PrintVersion(stdout, "llmq-sim")
+		return nil
+	}
 	fs := flag.NewFlagSet("llmq-sim", flag.ContinueOnError)
-	fs.SetOutput(stdout)
 	var cfg sim.Config
 	addr := fs.String("addr", "127.0.0.1:8089", "address to listen on (port 0 picks a free one)")
 	fs.Int64Var(&cfg.Limits.RPM, "rpm", 0, "requests per minute per model (0: no limit)")
@@ -61,18 +64,19 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&cfg.EmbeddingDim, "embedding-dim", 64, "length of embeddings when the request asks no dimensions")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "bearer token required of every request (default: any)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	var help strings.Builder
+	help.WriteString("usage: llmq-sim [FLAGS]\n  Serves the simulated OpenAI-compatible provider until SIGINT or SIGTERM.\n\nFlags:\n")
+	fs.SetOutput(&help)
+	fs.PrintDefaults()
+	if err := cmdline.Parse(fs, args, stdout, help.String()); err != nil {
+		if errors.Is(err, cmdline.ErrHelpShown) {
 			return nil
 		}
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("-log-level: %w", err)
+		return cmdline.Usagef("-log-level: %v", err)
 	}
 	if err := cfg.Validate(); err != nil {
 		return err

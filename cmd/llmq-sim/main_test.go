@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/cmdline"
 )
 
 func TestMain(m *testing.M) {
@@ -145,8 +147,20 @@ func TestRunRejectsBadFlags(t *testing.T) {
 			t.Errorf("%v accepted", args)
 		}
 	}
+	// A flag that does not exist, or an argument, is bad usage: exit 2.
+	for _, args := range [][]string{{"-nope"}, {"extra"}, {"-log-level", "loud"}} {
+		if err := run(context.Background(), args, io.Discard); cmdline.ExitCode(err) != cmdline.ExitUsage {
+			t.Errorf("%v: %v exits %d, want %d", args, err, cmdline.ExitCode(err), cmdline.ExitUsage)
+		}
+	}
+	for _, h := range []string{"-h", "--help", "help"} {
+		var out strings.Builder
+		if err := run(context.Background(), []string{h}, &out); err != nil || !strings.HasPrefix(out.String(), "usage: llmq-sim") || !strings.Contains(out.String(), "-tpm") {
+			t.Errorf("%s: %v %q", h, err, out.String())
+		}
+	}
 	var out strings.Builder
-	if err := run(context.Background(), []string{"-h"}, &out); err != nil || !strings.Contains(out.String(), "-tpm") {
-		t.Errorf("-h: %v %q", err, out.String())
+	if err := run(context.Background(), []string{"--version"}, &out); err != nil || !strings.HasPrefix(out.String(), "llmq-sim ") {
+		t.Errorf("--version: %v %q", err, out.String())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"iter"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/llmq/llmq/client"
@@ -56,7 +57,7 @@ func (c *cli) jobs(args []string) error {
 		}
 		return nil
 	}
-	return usageErrorf("unknown command \"jobs %s\": use jobs list, get, cancel or wait", sub)
+	return unknownSub("jobs", sub, "list, get, cancel or wait")
 }
 
 func (c *cli) batches(args []string) error {
@@ -98,7 +99,7 @@ func (c *cli) batches(args []string) error {
 		fmt.Fprintf(c.stdout, "%s %s\n", b.ID, b.Status)
 		return nil
 	}
-	return usageErrorf("unknown command \"batches %s\": use batches list, get or cancel", sub)
+	return unknownSub("batches", sub, "list, get or cancel")
 }
 
 func (c *cli) files(args []string) error {
@@ -187,7 +188,7 @@ func (c *cli) files(args []string) error {
 		_, err = c.download(cl, pos[0], *out)
 		return err
 	}
-	return usageErrorf("unknown command \"files %s\": use files upload, list, get, content or delete", sub)
+	return unknownSub("files", sub, "upload, list, get, content or delete")
 }
 
 func (c *cli) usage(args []string) error {
@@ -256,7 +257,7 @@ func (c *cli) admin(args []string) error {
 		fmt.Fprintf(tw, "total %s\t\t\t\t\t%s\n", r.Day, dollars(r.TotalCostUSD))
 		return tw.Flush()
 	}
-	return usageErrorf("unknown command \"admin %s\": use admin tenants, keys or usage", what)
+	return unknownSub("admin", what, "tenants, keys or usage")
 }
 
 func (c *cli) adminTenants(args []string) error {
@@ -368,7 +369,7 @@ func (c *cli) adminTenants(args []string) error {
 		}
 		return c.printJSON(t)
 	}
-	return usageErrorf("unknown command \"admin tenants %s\": use create, list, get or update", sub)
+	return unknownSub("admin tenants", sub, "create, list, get or update")
 }
 
 func (c *cli) adminKeys(args []string) error {
@@ -376,7 +377,7 @@ func (c *cli) adminKeys(args []string) error {
 	switch sub {
 	case "create", "list", "revoke":
 	default:
-		return usageErrorf("unknown command \"admin keys %s\": use create, list or revoke", sub)
+		return unknownSub("admin keys", sub, "create, list or revoke")
 	}
 	fs := c.flags("admin keys " + sub)
 	arg := "TENANT_ID"
@@ -435,8 +436,16 @@ func (c *cli) adminKeys(args []string) error {
 	}
 }
 
-// onePage is the sequence of one page's items; after the last it says on
-// stderr how to see more, when there is more.
+// unknownSub is the usage error of a command whose subcommand is missing
+// or unknown.
+func unknownSub(cmd, sub, subs string) error {
+	top, _, _ := strings.Cut(cmd, " ")
+	if sub == "" {
+		return usageErrorf("%s needs a subcommand: %s (llmq %s -h)", cmd, subs, top)
+	}
+	return usageErrorf("unknown command \"%s %s\": use %s (llmq %s -h)", cmd, sub, subs, top)
+}
+
 // listCmd runs a list command: the command's own flags (extra), --limit,
 // --after and --all (every page, 100 a request), printed as a table of
 // header and row, or as JSON lines.
@@ -467,6 +476,8 @@ func listCmd[T any](c *cli, name string, args []string, limit *int, after *strin
 	return printList(c, seq, header, row)
 }
 
+// onePage is the sequence of one page's items; after the last it says on
+// stderr how to see more, when there is more.
 func onePage[T any](c *cli, page func() (*client.List[T], error)) iter.Seq2[*T, error] {
 	return func(yield func(*T, error) bool) {
 		l, err := page()

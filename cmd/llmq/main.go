@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/buildinfo"
 )
 
 func main() {
@@ -54,15 +55,17 @@ Jobs and batches (tenant key: LLMQ_API_KEY or --api-key):
                               line sent again returns its first job
                               (--no-dedupe sends it anew)
       --concurrency N         jobs sent at once with --jobs (default 8)
-  batches [list]              list batches (--limit N, --all)
+  batches [list]              list batches (--limit N, --after ID, --all)
   batches get ID              show a batch
   batches cancel ID           cancel a batch
-  jobs list                   list jobs (--status S, --batch ID, --limit N, --all)
+  jobs list                   list jobs (--status S, --batch ID, --limit N,
+                              --after ID for the next page, --all)
   jobs get ID                 show a job with its response, usage and cost
   jobs cancel ID              cancel a job that has not finished
   jobs wait ID                wait until a job finishes, then show it
   files upload FILE           upload a batch input file; prints its id
-  files list                  list files (--purpose batch|batch_output, --limit N, --all)
+  files list                  list files (--purpose batch|batch_output,
+                              --limit N, --after ID, --all)
   files get ID                show a file
   files content ID            write a file's content to stdout (or --out FILE)
   files delete ID             delete an uploaded file no batch uses
@@ -70,11 +73,15 @@ Jobs and batches (tenant key: LLMQ_API_KEY or --api-key):
 
 Administration (admin token: LLMQ_ADMIN_TOKEN or --admin-token):
   admin tenants create --name NAME --tier TIER [--budget USD] [--api-exempt]
-  admin tenants list | get ID
+  admin tenants list [--limit N, --after ID, --all] | get ID
   admin tenants update ID [--name NAME] [--tier TIER] [--budget USD|tier] [--api-exempt=BOOL]
   admin keys create TENANT_ID  create a key; prints the key, shown only once
   admin keys list TENANT_ID | revoke KEY_ID
   admin usage [--day YYYY-MM-DD] [--tenant ID]
+
+Other commands:
+  help [COMMAND]              this help, or one command's (also COMMAND -h)
+  version                     llmq's version (also --version)
 
 Flags of every command:
   --url URL            llmq's address (LLMQ_URL, default ` + defaultURL + `)
@@ -167,16 +174,21 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 	}
 	// Common flags may come before the command too.
 	fs := c.flags("llmq")
+	version := fs.Bool("version", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, usage)
 			return nil
 		}
-		return usageErrorf("%v\n%s", err, usage)
+		return usageErrorf("%v (llmq help lists the commands and flags)", err)
+	}
+	if *version {
+		fmt.Fprintln(stdout, buildinfo.String("llmq"))
+		return nil
 	}
 	args = fs.Args()
 	if len(args) == 0 {
-		return usageErrorf("no command given\n%s", usage)
+		return usageErrorf("no command given (llmq help lists them)")
 	}
 	err := c.dispatch(args[0], args[1:])
 	if errors.Is(err, errHelp) {
@@ -189,6 +201,10 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 var errHelp = errors.New("help shown")
 
 func (c *cli) dispatch(cmd string, args []string) error {
+	if wantsHelp(cmd, args) {
+		fmt.Fprintln(c.stdout, helpFor(cmd))
+		return nil
+	}
 	switch cmd {
 	case "submit":
 		return c.submit(args)
@@ -203,10 +219,58 @@ func (c *cli) dispatch(cmd string, args []string) error {
 	case "admin":
 		return c.admin(args)
 	case "help":
+		if len(args) > 0 {
+			fmt.Fprintln(c.stdout, helpFor(args[0]))
+			return nil
+		}
 		fmt.Fprintln(c.stdout, usage)
 		return nil
+	case "version":
+		fmt.Fprintln(c.stdout, buildinfo.String("llmq"))
+		return nil
 	}
-	return usageErrorf("unknown command %q\n%s", cmd, usage)
+	return usageErrorf("unknown command %q (llmq help lists the commands)", cmd)
+}
+
+// wantsHelp reports whether args ask for cmd's help: -h or --help anywhere
+// before "--", or help where a subcommand goes (llmq jobs help, llmq admin
+// keys help); a help elsewhere may be a value (--name help).
+func wantsHelp(cmd string, args []string) bool {
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return false
+		case a == "-h" || a == "-help" || a == "--help":
+			return true
+		case a == "help" && (i == 0 || i == 1 && cmd == "admin"):
+			return true
+		}
+	}
+	return false
+}
+
+// helpFor is the usage of one command: its lines of the usage text, and
+// the flags every command takes. An unknown command gets the whole text.
+func helpFor(cmd string) string {
+	var lines []string
+	in := false
+	for _, l := range strings.Split(usage, "\n") {
+		indent := len(l) - len(strings.TrimLeft(l, " "))
+		switch {
+		case indent == 2 && !strings.HasPrefix(strings.TrimSpace(l), "--"):
+			in = strings.Fields(l)[0] == cmd
+		case indent < 2:
+			in = false
+		}
+		if in {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		return usage
+	}
+	common := usage[strings.Index(usage, "Flags of every command:"):]
+	return "usage: llmq " + cmd + " ...\n" + strings.Join(lines, "\n") + "\n\n" + common
 }
 
 // flags returns a flag set for one command with the common flags.
@@ -233,7 +297,8 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, names ...string) ([]string,
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprintln(c.stdout, usage)
+				cmd, _, _ := strings.Cut(fs.Name(), " ")
+				fmt.Fprintln(c.stdout, helpFor(cmd))
 				return nil, errHelp
 			}
 			return nil, usageErrorf("%s: %v", fs.Name(), err)

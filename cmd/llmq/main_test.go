@@ -144,6 +144,27 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// A list that fails (a wrong key) prints nothing on stdout: before, the
+// table's header came first, then the error.
+func TestFailedListPrintsNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	for _, args := range [][]string{{"jobs", "list"}, {"batches"}, {"files", "list"}, {"jobs", "list", "--all"}} {
+		r := runWith(t, []string{"LLMQ_URL=" + e.app.URL, "LLMQ_API_KEY=llmq_wrong"}, "", args...)
+		if r.code() != exitFailed || r.stdout != "" || !strings.Contains(message(r.err), "401") {
+			t.Errorf("llmq %s with a wrong key: %v; want exit 1 and nothing on stdout", strings.Join(args, " "), r)
+		}
+	}
+	r := runWith(t, []string{"LLMQ_URL=" + e.app.URL, "LLMQ_ADMIN_TOKEN=wrong-admin-token-0123"}, "", "admin", "tenants", "list")
+	if r.code() != exitFailed || r.stdout != "" {
+		t.Errorf("admin tenants list with a wrong token: %v", r)
+	}
+	// An empty list is still a table, with its header.
+	if r := e.ok(t, "jobs", "list"); !strings.HasPrefix(r.stdout, "ID ") {
+		t.Errorf("empty list: %q", r.stdout)
+	}
+}
+
 func TestServerErrors(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 0)
@@ -386,9 +407,23 @@ func TestSubmitJobs(t *testing.T) {
 	if r.code() != exitIncomplete || message(r.err) != "1 of 6 requests failed (see "+errs+")" {
 		t.Fatalf("submit --jobs: %v", r)
 	}
-	for _, want := range []string{"done 5, failed 1", "6/6", "6 jobs: 5 done, 1 failed", "wrote results to " + out} {
+	// Two phases, each with its own bar and rate: sending the lines, then
+	// waiting for the jobs; the total time counts both.
+	for _, want := range []string{"sending", "sent 5, refused 1", "sent 6 lines in ", ": 5 jobs, 1 refused\n",
+		"done 5, failed 1", "6/6", "6 jobs: 5 done, 1 failed in ", " sending, ", " waiting)", "wrote results to " + out} {
 		if !strings.Contains(r.stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	// The waiting bar's first frame has no rate yet: what finished while
+	// the lines were being sent is no instant burst of req/s.
+	_, waiting, _ := strings.Cut(r.stderr, "1 refused\n")
+	for _, frame := range strings.Split(waiting, "\r") {
+		if strings.Contains(frame, "done ") {
+			if !strings.Contains(frame, "ETA -") && !strings.Contains(frame, "done 5, failed 1") {
+				t.Errorf("the first waiting frame is %q; want no rate yet", frame)
+			}
+			break
 		}
 	}
 	results := readResults(t, out)
@@ -424,6 +459,9 @@ func TestSubmitJobs(t *testing.T) {
 	}
 	if !strings.Contains(r.stderr, "line 3 (req-2)") {
 		t.Fatalf("refusal not named:\n%s", r.stderr)
+	}
+	if !strings.Contains(r.stderr, "; 5 had already finished (sent before)") {
+		t.Fatalf("the re-sent lines are not said to have run already:\n%s", r.stderr)
 	}
 }
 
@@ -462,7 +500,8 @@ func TestDescribe(t *testing.T) {
 		{60, 0, 100, 10, 20 * time.Second, "done 60, failed 0, 30.0 req/min, ETA 1m20s"},
 		{99, 1, 100, 100, time.Second, "done 99, failed 1"},
 	} {
-		if got := describe(tc.done, tc.failed, tc.total, tc.delta, tc.elapsed); got != tc.want {
+		head := fmt.Sprintf("done %d, failed %d", tc.done, tc.failed)
+		if got := describe(head, tc.done+tc.failed, tc.total, tc.delta, tc.elapsed); got != tc.want {
 			t.Errorf("describe(%d, %d, %d, %d, %v) = %q, want %q", tc.done, tc.failed, tc.total, tc.delta, tc.elapsed, got, tc.want)
 		}
 	}

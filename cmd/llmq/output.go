@@ -24,7 +24,9 @@ func (c *cli) printJSON(v any) error {
 }
 
 // printList prints the items of seq as a table under header, one row per
-// item, or with --json as JSON lines (so --all streams).
+// item, or with --json as JSON lines (so --all streams). Nothing reaches
+// stdout before the first page is known to be good: an error there (a
+// wrong key) prints no table header.
 func printList[T any](c *cli, seq iter.Seq2[*T, error], header string, row func(*T) string) error {
 	if c.json {
 		enc := json.NewEncoder(c.stdout)
@@ -39,13 +41,22 @@ func printList[T any](c *cli, seq iter.Seq2[*T, error], header string, row func(
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, header)
+	rows := 0
 	for item, err := range seq {
 		if err != nil {
-			tw.Flush()
+			if rows > 0 {
+				tw.Flush() // the rows of the pages that came are good
+			}
 			return err
 		}
+		if rows == 0 {
+			fmt.Fprintln(tw, header)
+		}
+		rows++
 		fmt.Fprintln(tw, row(item))
+	}
+	if rows == 0 {
+		fmt.Fprintln(tw, header)
 	}
 	return tw.Flush()
 }

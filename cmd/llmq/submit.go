@@ -15,8 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
-
 	"github.com/llmq/llmq/client"
 )
 
@@ -304,96 +302,14 @@ func lineURL(line []byte, n int) (string, error) {
 	return l.URL, nil
 }
 
-// progress draws a progress bar of requests on stderr with the done and
-// failed counts, the rate and the time left. It starts once the total is
-// known (a batch knows it after validating). The rate is measured over the
-// last rateWindow of counts it saw, not from zero: following a batch that is
-// half done does not count the first half as done in an instant, and once the
-// rate limiter paces the work after a first burst, the time left says so.
-type progress struct {
-	w       io.Writer
-	quiet   bool
-	bar     *progressbar.ProgressBar
-	samples []sample // counts seen, oldest first, within rateWindow but one
-}
-
-type sample struct {
-	at time.Time
-	n  int64
-}
-
-const rateWindow = 30 * time.Second
-
-func (c *cli) newProgress(quiet bool) *progress { return &progress{w: c.stderr, quiet: quiet} }
-
-func (p *progress) update(done, failed, total int64) {
-	if p.quiet || total <= 0 {
-		return
-	}
-	n := min(done+failed, total)
-	delta, elapsed := p.observe(time.Now(), n)
-	if p.bar == nil {
-		p.bar = progressbar.NewOptions64(total,
-			progressbar.OptionSetWriter(p.w),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetPredictTime(false),
-			progressbar.OptionSetElapsedTime(true),
-			progressbar.OptionShowElapsedTimeOnFinish(),
-			progressbar.OptionShowDescriptionAtLineEnd(),
-		)
-	} else if p.bar.GetMax64() != total {
-		p.bar.ChangeMax64(total)
-	}
-	p.bar.Describe(describe(done, failed, total, delta, elapsed))
-	_ = p.bar.Set64(n)
-}
-
-// observe records count n seen at now and returns the requests finished
-// over the last rateWindow and the time they took.
-func (p *progress) observe(now time.Time, n int64) (delta int64, elapsed time.Duration) {
-	p.samples = append(p.samples, sample{now, n})
-	// Keep one sample at or before the window's start, as its anchor.
-	for len(p.samples) > 2 && now.Sub(p.samples[1].at) >= rateWindow {
-		p.samples = p.samples[1:]
-	}
-	first := p.samples[0]
-	return n - first.n, now.Sub(first.at)
-}
-
-// describe is the text beside the bar: "done 120, failed 3, 12.5 req/s,
-// ETA 1m20s", where the rate is delta requests in elapsed.
-func describe(done, failed, total, delta int64, elapsed time.Duration) string {
-	s := fmt.Sprintf("done %d, failed %d", done, failed)
-	if done+failed >= total {
-		return s
-	}
-	if delta <= 0 || elapsed <= 0 {
-		return s + ", ETA -"
-	}
-	rate := float64(delta) / elapsed.Seconds()
-	eta := time.Duration(float64(total-done-failed) / rate * float64(time.Second)).Round(time.Second)
-	if rate >= 1 {
-		return fmt.Sprintf("%s, %.1f req/s, ETA %v", s, rate, eta)
-	}
-	return fmt.Sprintf("%s, %.1f req/min, ETA %v", s, rate*60, eta)
-}
-
-// finish ends the bar's line, so what follows starts on its own.
-func (p *progress) finish() {
-	if p.bar != nil {
-		_ = p.bar.Exit()
-		fmt.Fprintln(p.w)
-	}
-}
-
 // jobLine is one line of a --jobs submission and what became of it.
 type jobLine struct {
-	n      int // 1-based line number
-	params client.JobCreateParams
-	jobID  string
-	result *client.BatchResult // set when the job (or its refusal) is final
-	failed bool
+	n        int // 1-based line number
+	params   client.JobCreateParams
+	jobID    string
+	result   *client.BatchResult // set when the job (or its refusal) is final
+	failed   bool
+	finished bool // the job had already finished when it was sent (sent before)
 }
 
 // submitJobs sends every line as a job (POST /v1/jobs), a few at a time;
@@ -414,25 +330,39 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 		return fmt.Errorf("%s: no requests", o.path)
 	}
 
-	bar := c.newProgress(o.quiet || !o.wait)
-	if err := c.sendJobs(cl, lines, o.concurrency); err != nil {
+	start := time.Now()
+	sendBar := c.newSendProgress(o.quiet)
+	err = c.sendJobs(cl, lines, o.concurrency, func(sent, refused int64) { sendBar.update(sent-refused, refused, int64(len(lines))) })
+	sendBar.finish()
+	if err != nil {
 		return err
 	}
-	refused := 0
+	sent := time.Since(start)
+	refused, finished := 0, 0
 	for _, l := range lines {
-		if l.result != nil {
+		switch {
+		case l.result != nil:
 			refused++
+		case l.finished:
+			finished++
 		}
 	}
+	fmt.Fprintf(c.stderr, "sent %d lines in %v (%s): %d jobs, %d refused", len(lines), roundDuration(sent),
+		perSecond(len(lines), sent), len(lines)-refused, refused)
+	if finished > 0 {
+		// Idempotency keys return the job a line made before: it is not
+		// run or paid for again.
+		fmt.Fprintf(c.stderr, "; %d had already finished (sent before)", finished)
+	}
+	fmt.Fprintln(c.stderr)
 	if !o.wait {
 		for _, l := range lines {
 			if l.jobID != "" {
 				fmt.Fprintf(c.stdout, "%s\t%s\n", l.jobID, l.params.CustomID)
 			}
 		}
-		fmt.Fprintf(c.stderr, "submitted %d jobs", len(lines)-refused)
 		if refused > 0 {
-			fmt.Fprintf(c.stderr, "; %d refused:\n", refused)
+			fmt.Fprintf(c.stderr, "%d refused:\n", refused)
 			for _, l := range lines {
 				if l.result != nil {
 					fmt.Fprintf(c.stderr, "  line %d (%s): %s\n", l.n, l.params.CustomID, l.result.Error.Message)
@@ -440,11 +370,11 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 			}
 			return incompletef("%d of %d requests refused", refused, len(lines))
 		}
-		fmt.Fprintln(c.stderr)
 		return nil
 	}
 
-	start := time.Now()
+	waitStart := time.Now()
+	bar := c.newProgress(o.quiet)
 	err = c.waitJobs(cl, lines, o.poll, bar)
 	bar.finish()
 	if err != nil {
@@ -467,7 +397,8 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 		}
 		dst.Write(append(line, '\n'))
 	}
-	fmt.Fprintf(c.stderr, "%d jobs: %d done, %d failed in %v\n", len(lines), done, failed, time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(c.stderr, "%d jobs: %d done, %d failed in %v (%v sending, %v waiting)\n", len(lines), done, failed,
+		roundDuration(time.Since(start)), roundDuration(waitStart.Sub(start)), roundDuration(time.Since(waitStart)))
 	for _, w := range []struct {
 		path, what string
 		data       *bytes.Buffer
@@ -543,16 +474,18 @@ func readJobLines(r io.Reader, o *submitOptions) ([]*jobLine, error) {
 	return lines, nil
 }
 
-// sendJobs creates the jobs of lines with at most n requests at once. A
-// line the server refuses (a 4xx: unknown model, too large) is recorded as
-// failed and the others go on; anything else (the server unreachable, the
-// key refused) stops the submission.
-func (c *cli) sendJobs(cl *client.Client, lines []*jobLine, n int) error {
+// sendJobs creates the jobs of lines with at most n requests at once,
+// telling sent the lines answered so far and how many of them were refused.
+// A line the server refuses (a 4xx: unknown model, too large) is recorded
+// as failed and the others go on; anything else (the server unreachable,
+// the key refused) stops the submission.
+func (c *cli) sendJobs(cl *client.Client, lines []*jobLine, n int, sent func(sent, refused int64)) error {
 	work := make(chan *jobLine)
 	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
+		wg                 sync.WaitGroup
+		mu                 sync.Mutex
+		firstErr           error
+		answered, nRefused int64
 	)
 	stop := make(chan struct{})
 	for range n {
@@ -562,7 +495,7 @@ func (c *cli) sendJobs(cl *client.Client, lines []*jobLine, n int) error {
 				var apiErr *client.Error
 				switch {
 				case err == nil:
-					l.jobID = j.ID
+					l.jobID, l.finished = j.ID, j.Finished()
 				case errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 &&
 					apiErr.StatusCode != 401 && apiErr.StatusCode != 403 && apiErr.StatusCode != 429:
 					l.failed = true
@@ -575,7 +508,16 @@ func (c *cli) sendJobs(cl *client.Client, lines []*jobLine, n int) error {
 						close(stop)
 					}
 					mu.Unlock()
+					continue
 				}
+				mu.Lock()
+				answered++
+				if l.failed {
+					nRefused++
+				}
+				a, r := answered, nRefused
+				mu.Unlock()
+				sent(a, r)
 			}
 		})
 	}
@@ -608,7 +550,8 @@ func (c *cli) waitJobs(cl *client.Client, lines []*jobLine, poll time.Duration, 
 		}
 	}
 	total := int64(len(lines))
-	bar.update(done, failed, total)
+	// The bar's first count is the first round's: jobs that finished while
+	// the file was being sent are not counted as finished at once.
 	for len(pending) > 0 {
 		oldest := ""
 		for id := range pending {
@@ -649,6 +592,23 @@ func (c *cli) waitJobs(cl *client.Client, lines []*jobLine, poll time.Duration, 
 		}
 	}
 	return nil
+}
+
+// roundDuration shows d to a tenth of a second, or to the millisecond
+// below a second (a re-sent file that only de-duplicates takes that long).
+func roundDuration(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
+}
+
+// perSecond is n in d as a rate.
+func perSecond(n int, d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f/s", float64(n)/d.Seconds())
 }
 
 func sleepCtx(c *cli, d time.Duration) error {

@@ -1,10 +1,13 @@
 // Command worker runs llmq's jobs: an asynq server that takes a rate-limit
 // permit and a budget reservation before every provider call. It serves
-// /healthz, /readyz and /metrics on LLMQ_LISTEN_ADDR.
+// /healthz and /readyz on LLMQ_LISTEN_ADDR, and /metrics on
+// LLMQ_METRICS_ADDR.
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +18,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/worker"
@@ -22,19 +26,40 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
-	}
+	app.QuietRedis(os.Environ(), os.Stderr)
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	stop()
+	cmdline.Exit("worker", err)
+}
+
+func usage() string {
+	return `usage: worker [-h | --version]
+  Runs llmq's jobs from the queues until SIGINT or SIGTERM, then gives the
+  calls in flight LLMQ_SHUTDOWN_TIMEOUT. Serves /healthz and /readyz on
+  LLMQ_LISTEN_ADDR and /metrics on LLMQ_METRICS_ADDR. It takes no flags:
+  it is configured by its environment.
+
+` + config.EnvHelp(config.RoleWorker) + `
+
+Provider API keys come from the variables the policy's providers name
+(api_key_env); a missing one stops the worker before it takes a job.
+
+Exit status: 0 stopped, 1 failed (one line on stderr says why), 2 bad usage.`
 }
 
 // run starts a worker and blocks until ctx ends, then shuts down: in-flight
 // jobs get LLMQ_SHUTDOWN_TIMEOUT to finish; the rest go back to their queue
 // without counting as failures.
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 {
-		return fmt.Errorf("unexpected arguments %q; the worker is configured by LLMQ_* variables", args)
+	if len(args) > 0 && cmdline.IsVersion(args[0]) {
+		cmdline.PrintVersion(stdout, "llmq worker")
+		return nil
+	}
+	if err := cmdline.Parse(flag.NewFlagSet("worker", flag.ContinueOnError), args, stdout, usage()); err != nil {
+		if errors.Is(err, cmdline.ErrHelpShown) {
+			return nil
+		}
+		return err
 	}
 	env, logger, err := app.LoadEnv(environ, config.RoleWorker, stderr)
 	if err != nil {
@@ -70,9 +95,16 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("LLMQ_LISTEN_ADDR: %w", err)
 	}
+	defer ln.Close()
+	mln, err := net.Listen("tcp", env.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("LLMQ_METRICS_ADDR: %w", err)
+	}
+	ms := app.MetricsServer(rec.Handler())
+	go func() { _ = ms.Serve(mln) }()
+	defer ms.Close()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	mux.Handle("GET /metrics", rec.Handler())
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if err := a.Ready(r.Context()); err != nil {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
@@ -80,7 +112,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	go func() { _ = hs.Serve(ln) }()
 	defer hs.Close()
 
@@ -88,7 +121,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err := srv.Start(handlers); err != nil {
 		return fmt.Errorf("start worker: %w", err)
 	}
-	fmt.Fprintf(stdout, "worker running (concurrency %d, health on http://%s)\n", env.WorkerConcurrency, ln.Addr())
+	fmt.Fprintf(stdout, "worker running (concurrency %d, health on http://%s, metrics on http://%s/metrics)\n",
+		env.WorkerConcurrency, ln.Addr(), mln.Addr())
 	logger.Info("worker started", "concurrency", env.WorkerConcurrency)
 	<-ctx.Done()
 	logger.Info("worker stopping", "grace", env.ShutdownTimeout)

@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/testutil"
 )
 
@@ -27,6 +28,8 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 	)
 }
+
+var metricsAt = regexp.MustCompile(`metrics on (http://\S+/metrics)`)
 
 // redisDB is the Redis database of cmd/worker's tests (docs/ARCHITECTURE.md).
 const redisDB = 6
@@ -61,6 +64,7 @@ func environ(t *testing.T, policyPath string, extra ...string) []string {
 		"LLMQ_KEY_PREFIX=" + ns,
 		"LLMQ_QUEUE_NAMESPACE=" + ns,
 		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
+		"LLMQ_METRICS_ADDR=127.0.0.1:0",
 		"LLMQ_SHUTDOWN_TIMEOUT=2s",
 		"SIM_API_KEY=test",
 	}
@@ -111,7 +115,9 @@ var badConfigs = []badConfig{
 		},
 		want: []string{"models[0].limits.rpn"}},
 	{name: "no policy file", extra: []string{"LLMQ_POLICY=/nonexistent/llmq.yaml"},
-		want: []string{"/nonexistent/llmq.yaml", "cannot read"}},
+		want: []string{"/nonexistent/llmq.yaml", "cannot read", "LLMQ_POLICY", "llmq.example.yaml"}},
+	{name: "redis down", extra: []string{"LLMQ_REDIS_URL=redis://127.0.0.1:1/0"},
+		want: []string{"LLMQ_REDIS_URL", "redis does not answer"}},
 	{name: "missing provider key", extra: []string{"SIM_API_KEY"},
 		want: []string{"providers[0].api_key_env", "SIM_API_KEY", "not set"}},
 	{name: "empty provider key", extra: []string{"SIM_API_KEY="},
@@ -136,13 +142,41 @@ func TestRunRefusesBadConfig(t *testing.T) {
 			}
 		})
 	}
-	t.Run("arguments", func(t *testing.T) {
-		t.Parallel()
-		err := run(context.Background(), []string{"serve"}, nil, io.Discard, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "LLMQ_") {
-			t.Fatalf("run with arguments: %v", err)
+}
+
+// Help exits 0 and lists every LLMQ_* variable the worker reads, with its
+// default; bad usage exits 2 with one line; --version prints the module's
+// version. Before, `worker -h` exited 1 ("unexpected arguments").
+func TestCommandLine(t *testing.T) {
+	t.Parallel()
+	for _, args := range []string{"-h", "--help", "help", "-help"} {
+		stdout, stderr, code := testutil.MainOutput(t, mainMarker, nil, args)
+		if code != 0 || stderr != "" || !strings.HasPrefix(stdout, "usage: worker") {
+			t.Fatalf("worker %s: exit %d, stderr %q, stdout %q", args, code, stderr, stdout)
 		}
-	})
+		for _, v := range config.EnvVars(config.RoleWorker) {
+			want := v.Name
+			if v.Default != "" {
+				want += " (default " + v.Default + ")"
+			}
+			if !strings.Contains(stdout, want) {
+				t.Errorf("worker %s does not list %q", args, want)
+			}
+		}
+		if !strings.Contains(stdout, "LLMQ_LISTEN_ADDR (default :8081)") || strings.Contains(stdout, "LLMQ_ADMIN_TOKEN") {
+			t.Errorf("worker %s: the worker's own defaults, and only its variables:\n%s", args, stdout)
+		}
+	}
+	for _, args := range []string{"serve", "-concurrency 5", "--nosuchflag"} {
+		stdout, stderr, code := testutil.MainOutput(t, mainMarker, nil, strings.Fields(args)...)
+		if code != 2 || stdout != "" || !strings.HasPrefix(stderr, "worker: ") || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("worker %s: exit %d, stdout %q, stderr %q; want 2 and one line", args, code, stdout, stderr)
+		}
+	}
+	stdout, stderr, code := testutil.MainOutput(t, mainMarker, nil, "--version")
+	if code != 0 || stderr != "" || !strings.HasPrefix(stdout, "llmq worker ") {
+		t.Errorf("worker --version: exit %d, %q %q", code, stdout, stderr)
+	}
 }
 
 // What a user sees from the program: exit status 1 and exactly one line,
@@ -151,7 +185,8 @@ func TestMainPrintsOneLine(t *testing.T) {
 	t.Parallel()
 	for _, c := range badConfigs {
 		switch c.name {
-		case "not a number", "invalid policy field", "missing provider key":
+		case "not a number", "invalid policy field", "missing provider key", "no policy file",
+			"redis down": // go-redis's own logger must not write to the terminal
 		default:
 			continue // one of each kind is enough for the program
 		}
@@ -164,7 +199,8 @@ func TestMainPrintsOneLine(t *testing.T) {
 }
 
 // A running worker answers /healthz, and /readyz with 200 while Redis
-// answers and 503 while it does not; cancelling it shuts it down cleanly.
+// answers and 503 while it does not, and /metrics on LLMQ_METRICS_ADDR
+// only; cancelling it shuts it down cleanly.
 func TestRunServesHealthAndReadiness(t *testing.T) {
 	t.Parallel()
 	srv := testutil.StartRedis(t)
@@ -199,6 +235,18 @@ func TestRunServesHealthAndReadiness(t *testing.T) {
 	}
 	if h, r := status("/healthz"), status("/readyz"); h != 200 || r != 200 {
 		t.Fatalf("Redis up: healthz %d, readyz %d; want 200, 200", h, r)
+	}
+	m := metricsAt.FindStringSubmatch(stdout.String())
+	if m == nil {
+		t.Fatalf("the worker does not say where its metrics are: %s", stdout.String())
+	}
+	if resp, err := client.Get(m[1]); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %v %v", m[1], resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if s := status("/metrics"); s != 404 {
+		t.Fatalf("/metrics on the health address: %d, want 404", s)
 	}
 	srv.Stop()
 	if h, r := status("/healthz"), status("/readyz"); h != 200 || r != 503 {

@@ -84,7 +84,7 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if err := validateMetadata(req.Metadata); err != nil {
 		return err
 	}
-	if err := validateWebhookURL(req.WebhookURL); err != nil {
+	if err := s.validateWebhookURL(req.WebhookURL); err != nil {
 		return err
 	}
 	if _, _, err := admission.Account(s.Policy.Current(), c.tenant); err != nil {

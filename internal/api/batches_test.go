@@ -198,6 +198,7 @@ func TestBatchRefusalsChangeNothing(t *testing.T) {
 		{"empty file", ok(map[string]any{"input_file_id": empty}), 400, "empty_file", "input_file_id"},
 		{"too much metadata", ok(map[string]any{"metadata": manyKeys(17)}), 400, "invalid_metadata", "metadata"},
 		{"bad webhook", ok(map[string]any{"webhook_url": "ftp://x"}), 400, "invalid_url", "webhook_url"},
+		{"internal webhook", ok(map[string]any{"webhook_url": "http://169.254.169.254/latest/meta-data/"}), 400, "webhook_url_internal", "webhook_url"},
 		{"not JSON", `{"input_file_id":`, 400, "invalid_json", ""},
 	}
 	for _, c := range cases {

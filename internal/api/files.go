@@ -286,7 +286,7 @@ func (s *batchAPI) fileContent(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		return s.streamed(r, batch.WriteFile(r.Context(), s.Store, w, b, f.Purpose))
+		return s.streamed(r, batch.WriteFile(r.Context(), s.Store, streamTo(w, r), b, f.Purpose))
 	}
 	rc, err := s.Store.FileOpen(r.Context(), f.ID)
 	if err != nil {
@@ -294,7 +294,7 @@ func (s *batchAPI) fileContent(w http.ResponseWriter, r *http.Request) error {
 	}
 	defer rc.Close()
 	w.Header().Set("Content-Length", strconv.FormatInt(f.Bytes, 10))
-	_, err = io.Copy(w, rc)
+	_, err = io.Copy(streamTo(w, r), rc)
 	return s.streamed(r, err)
 }
 

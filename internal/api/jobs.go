@@ -125,7 +125,7 @@ func (s *Server) validateJob(ctx context.Context, p *config.Policy, tier *config
 		}
 		v.queue = req.Priority
 	}
-	if err := validateWebhookURL(req.WebhookURL); err != nil {
+	if err := s.validateWebhookURL(req.WebhookURL); err != nil {
 		return nil, err
 	}
 	if err := validateMetadata(req.Metadata); err != nil {
@@ -190,20 +190,6 @@ func sameRequest(job *store.Job, req *createJobRequest, endpoint string) bool {
 		return false
 	}
 	return reflect.DeepEqual(a, b)
-}
-
-func validateWebhookURL(raw string) error {
-	if raw == "" {
-		return nil
-	}
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(raw) > 2048 {
-		return badRequest("webhook_url", "invalid_url", "webhook_url must be an absolute http(s) URL of at most 2048 characters.")
-	}
-	if u.User != nil {
-		return badRequest("webhook_url", "invalid_url", "webhook_url must not carry credentials.")
-	}
-	return nil
 }
 
 // validateMetadata applies OpenAI's limits: 16 pairs, keys of at most 64

@@ -59,6 +59,9 @@ type Options struct {
 	AdminToken string
 	// MaxBodyBytes caps JSON request bodies. Defaults to 1 MiB.
 	MaxBodyBytes int64
+	// WebhookAllowPrivate accepts webhook URLs whose host is an internal
+	// address (LLMQ_WEBHOOK_ALLOW_PRIVATE). Defaults to false.
+	WebhookAllowPrivate bool
 	// Now is the clock for timestamps computed here. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -272,11 +275,15 @@ func (s *Server) rateLimit(w http.ResponseWriter, r *http.Request, key *store.AP
 
 func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
-// adminRoute checks the admin token in constant time, then runs h.
+// adminRoute checks the admin token in constant time and refuses what a
+// browser sends from another site (checkAdminRequest), then runs h.
 func (s *Server) adminRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
 		if !s.IsAdmin(r) {
 			return errAdminUnauthorized
+		}
+		if err := checkAdminRequest(r); err != nil {
+			return err
 		}
 		return h(w, r)
 	})

@@ -174,7 +174,7 @@ func (a *App) API() *api.Server {
 	srv := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
 		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver,
-	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, Now: a.clock})
+	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate, Now: a.clock})
 	srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines})
 	return srv
 }

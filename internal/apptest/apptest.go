@@ -156,6 +156,7 @@ func Start(t testing.TB, o Options) *App {
 		"LLMQ_KEY_PREFIX=" + ns,
 		"LLMQ_QUEUE_NAMESPACE=" + ns,
 		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
+		"LLMQ_METRICS_ADDR=127.0.0.1:0", // processes started from Environ run side by side
 		"LLMQ_LOG_LEVEL=warn",
 		"LLMQ_SHUTDOWN_TIMEOUT=5s",
 		"SIM_API_KEY=test",
@@ -239,7 +240,8 @@ func (r *Response) Map(t testing.TB) map[string]any {
 }
 
 // Do sends a request with bearer token (may be empty) and body (a string or
-// []byte is sent as it is; anything else as JSON; nil sends none).
+// []byte is sent as it is; anything else as JSON; nil sends none), typed
+// application/json.
 func (a *App) Do(method, path, token string, body any) *Response {
 	a.t.Helper()
 	return Do(a.t, a.URL, method, path, token, body, nil)
@@ -265,6 +267,9 @@ func Do(t testing.TB, base, method, path, token string, body any, header http.He
 	req, err := http.NewRequest(method, base+path, rd)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json") // header may say otherwise
 	}
 	for k, vs := range header {
 		req.Header[k] = vs

@@ -196,7 +196,12 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 				t.Errorf("the %s refuses its environment: %v", role, err)
 			}
 			if s.Environment["LLMQ_LISTEN_ADDR"] == "" {
-				t.Error("LLMQ_LISTEN_ADDR is not set: its health and metrics address would be the default")
+				t.Error("LLMQ_LISTEN_ADDR is not set: the healthcheck probes the address it names")
+			}
+			// Prometheus runs in a container of its own: loopback, the
+			// default, is out of its reach.
+			if host, _, err := net.SplitHostPort(env.MetricsAddr); err != nil || host != "" && host != "0.0.0.0" {
+				t.Errorf("LLMQ_METRICS_ADDR %q: Prometheus cannot reach it from its container; want :PORT", env.MetricsAddr)
 			}
 			if s.Healthcheck == nil || !slices.Equal(s.Healthcheck.Test, []string{"CMD", "/usr/local/bin/dispatcher", "healthcheck"}) {
 				t.Errorf("healthcheck %+v, want the dispatcher's healthcheck command", s.Healthcheck)

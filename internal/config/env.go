@@ -53,72 +53,81 @@ type Env struct {
 	// RedisURL is the Redis server holding the queues, the limiter buckets and
 	// the live spend counters, as redis:// or rediss:// (TLS).
 	// Defaults to redis://127.0.0.1:6379/0.
-	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0" help:"Redis: queues, limiter buckets, live spend"`
 
 	// DatabaseURL is the system of record: postgres:// or postgresql:// for
 	// Postgres, sqlite:// or file: for the embedded SQLite database.
 	// Defaults to postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable.
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"`
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" help:"the system of record: postgres://… or sqlite://path"`
 
-	// ListenAddr is the host:port the HTTP server listens on.
-	// Defaults to :8080.
-	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080"`
+	// ListenAddr is the host:port the HTTP server listens on: the API of the
+	// dispatcher, /healthz and /readyz of a worker. Validate fills in the
+	// role's default, so a dispatcher and a worker run on one host as they
+	// are. Defaults to :8080 (dispatcher, dev) or :8081 (worker).
+	ListenAddr string `env:"LISTEN_ADDR" help:"HTTP address: the dispatcher's API, the worker's /healthz and /readyz"`
+
+	// MetricsAddr is the host:port of a listener that serves only /metrics,
+	// without credentials, for Prometheus: keep it on an internal network.
+	// On the dispatcher's own address /metrics takes the admin token.
+	// Defaults to 127.0.0.1:9464 (dispatcher) or 127.0.0.1:9465 (worker);
+	// dev mode opens it only when set.
+	MetricsAddr string `env:"METRICS_ADDR" help:"address of the unauthenticated /metrics listener for Prometheus (keep it internal)"`
 
 	// Policy is the path of the policy YAML (providers, models, tiers).
 	// Defaults to llmq.yaml.
-	Policy string `env:"POLICY" envDefault:"llmq.yaml"`
+	Policy string `env:"POLICY" envDefault:"llmq.yaml" help:"the policy file: providers, models, tiers (llmq.example.yaml is a commented example)"`
 
 	// AdminToken is the bearer token of the /admin API and the monitor. The
 	// dispatcher requires one of at least 16 characters; dev mode may leave it
 	// empty (the caller then makes one up and shows it).
 	// Defaults to empty.
-	AdminToken string `env:"ADMIN_TOKEN"`
+	AdminToken string `env:"ADMIN_TOKEN" help:"guards /admin/, /dashboard, /monitoring/ (16+ characters; required by the dispatcher)" role:"dispatcher"`
 
 	// WorkerConcurrency is how many jobs one worker process runs at once.
 	// Defaults to 50.
-	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50"`
+	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50" help:"jobs a worker runs at once" role:"worker"`
 
 	// LogLevel is the lowest level logged: debug, info, warn or error.
 	// Defaults to info.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 
 	// LogFormat is json (one object per line, for collectors) or text (for a
 	// terminal). Defaults to json.
-	LogFormat string `env:"LOG_FORMAT" envDefault:"json"`
+	LogFormat string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
 
 	// KeyPrefix starts every Redis key llmq writes (asynq's own keys aside),
 	// so several installations can share one Redis. Defaults to llmq.
-	KeyPrefix string `env:"KEY_PREFIX" envDefault:"llmq"`
+	KeyPrefix string `env:"KEY_PREFIX" envDefault:"llmq" help:"start of every llmq Redis key (to share one Redis)"`
 
 	// ShutdownTimeout bounds a graceful shutdown: in-flight requests and jobs
 	// get this long to finish. Defaults to 30s.
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"grace period of in-flight requests and jobs on SIGTERM"`
 
 	// MonitoringReadOnly makes the asynq monitor at /monitoring/ read-only, so
 	// nobody deletes or reruns tasks behind the store's back. Defaults to true.
-	MonitoringReadOnly bool `env:"MONITORING_READONLY" envDefault:"true"`
+	MonitoringReadOnly bool `env:"MONITORING_READONLY" envDefault:"true" help:"/monitoring/ refuses everything but GET" role:"dispatcher"`
 
 	// WebhookAllowPrivate lets webhooks reach loopback, private and link-local
 	// addresses. Off, a tenant cannot use webhooks to probe the internal
 	// network. Defaults to false.
-	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false"`
+	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
 
 	// MaxBodyBytes caps the size of a JSON request body, in bytes.
 	// Defaults to 1048576 (1 MiB).
-	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576"`
+	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
 
 	// MaxFileBytes caps the size of an uploaded batch file, in bytes.
 	// Defaults to 209715200 (200 MiB).
-	MaxFileBytes int64 `env:"MAX_FILE_BYTES" envDefault:"209715200"`
+	MaxFileBytes int64 `env:"MAX_FILE_BYTES" envDefault:"209715200" help:"largest batch input file" role:"dispatcher"`
 
 	// MaxFileLines caps the number of requests in one batch file.
 	// Defaults to 50000.
-	MaxFileLines int `env:"MAX_FILE_LINES" envDefault:"50000"`
+	MaxFileLines int `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
 
 	// QueueNamespace is put in front of every asynq queue name, so several
 	// installations (or tests) can share one Redis database: asynq's own keys
 	// have no prefix. Defaults to empty (no namespace).
-	QueueNamespace string `env:"QUEUE_NAMESPACE"`
+	QueueNamespace string `env:"QUEUE_NAMESPACE" help:"prefix of every asynq queue name (to share one Redis)"`
 
 	// Unrecognized lists LLMQ_* variables that were set but that llmq does not
 	// read, by name only: usually a typo, which a caller should warn about.
@@ -200,9 +209,32 @@ func translateEnvError(err error, vars map[string]string) error {
 	return envErrorf(name, "cannot be read as %s", f.Type)
 }
 
+// DefaultListenAddr is LLMQ_LISTEN_ADDR when unset: the worker's differs
+// from the dispatcher's, so both run on one host without configuration.
+func DefaultListenAddr(role Role) string {
+	if role == RoleWorker {
+		return ":8081"
+	}
+	return ":8080"
+}
+
+// DefaultMetricsAddr is LLMQ_METRICS_ADDR when unset: loopback, so tenant
+// ids and spend are not served to the network unless an operator says so.
+// Dev mode serves /metrics on its one address, behind the admin token.
+func DefaultMetricsAddr(role Role) string {
+	switch role {
+	case RoleDispatcher:
+		return "127.0.0.1:9464"
+	case RoleWorker:
+		return "127.0.0.1:9465"
+	}
+	return ""
+}
+
 // Validate checks every variable role relies on and returns the first
-// problem, naming the variable. Secret values (the admin token, passwords in
-// URLs) never appear in the error.
+// problem, naming the variable, after filling in the defaults that depend
+// on the role (LLMQ_LISTEN_ADDR, LLMQ_METRICS_ADDR). Secret values (the
+// admin token, passwords in URLs) never appear in the error.
 func (e *Env) Validate(role Role) error {
 	switch role {
 	case RoleDispatcher, RoleWorker, RoleDev:
@@ -215,9 +247,21 @@ func (e *Env) Validate(role Role) error {
 	if err := validateDatabaseURL(e.DatabaseURL); err != nil {
 		return err
 	}
-	if role != RoleWorker || e.ListenAddr != "" {
-		if err := validateListenAddr(e.ListenAddr); err != nil {
+	if e.ListenAddr == "" {
+		e.ListenAddr = DefaultListenAddr(role)
+	}
+	if err := validateAddr("LISTEN_ADDR", e.ListenAddr); err != nil {
+		return err
+	}
+	if e.MetricsAddr == "" {
+		e.MetricsAddr = DefaultMetricsAddr(role)
+	}
+	if e.MetricsAddr != "" {
+		if err := validateAddr("METRICS_ADDR", e.MetricsAddr); err != nil {
 			return err
+		}
+		if e.MetricsAddr == e.ListenAddr && !strings.HasSuffix(e.ListenAddr, ":0") {
+			return envErrorf("METRICS_ADDR", "must differ from LLMQ_LISTEN_ADDR (%s): /metrics has a listener of its own", e.ListenAddr)
 		}
 	}
 	if strings.TrimSpace(e.Policy) == "" {
@@ -347,13 +391,13 @@ func validateDatabaseURL(raw string) error {
 	return envErrorf("DATABASE_URL", "scheme must be postgres, postgresql, sqlite or file, got %q", u.Scheme)
 }
 
-func validateListenAddr(addr string) error {
+func validateAddr(field, addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return envErrorf("LISTEN_ADDR", "must be host:port or :port, got %q", addr)
+		return envErrorf(field, "must be host:port or :port, got %q", addr)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return envErrorf("LISTEN_ADDR", "port must be a number from 0 to 65535, got %q", port)
+		return envErrorf(field, "port must be a number from 0 to 65535, got %q", port)
 	}
 	return nil
 }
@@ -364,6 +408,10 @@ func validateAdminToken(token string, role Role) error {
 	}
 	if token == "" && role == RoleWorker {
 		return nil // workers serve no admin API
+	}
+	if token == "" {
+		return envErrorf("ADMIN_TOKEN", "is not set: the dispatcher needs an admin token of at least %d characters "+
+			"(for example from `openssl rand -hex 24`); `dispatcher dev` runs llmq without one", minAdminTokenLen)
 	}
 	if n := len(token); n < minAdminTokenLen {
 		return envErrorf("ADMIN_TOKEN", "must be at least %d characters, got %d", minAdminTokenLen, n)

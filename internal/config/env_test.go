@@ -28,7 +28,6 @@ func TestLoadEnvDefaults(t *testing.T) {
 	want := Env{
 		RedisURL:           "redis://127.0.0.1:6379/0",
 		DatabaseURL:        "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		ListenAddr:         ":8080",
 		Policy:             "llmq.yaml",
 		WorkerConcurrency:  50,
 		LogLevel:           "info",
@@ -43,14 +42,26 @@ func TestLoadEnvDefaults(t *testing.T) {
 	if got := *e; !envEqual(got, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", got, want)
 	}
-	if err := e.Validate(RoleWorker); err != nil {
-		t.Errorf("defaults are not valid for a worker: %v", err)
+	// The addresses depend on the role: a dispatcher and a worker started
+	// on one host without configuration do not collide.
+	for _, c := range []struct {
+		role            Role
+		listen, metrics string
+	}{{RoleWorker, ":8081", "127.0.0.1:9465"}, {RoleDev, ":8080", ""}} {
+		e := loadEnv(t)
+		if err := e.Validate(c.role); err != nil {
+			t.Errorf("defaults are not valid for %s: %v", c.role, err)
+		}
+		if e.ListenAddr != c.listen || e.MetricsAddr != c.metrics {
+			t.Errorf("%s: LLMQ_LISTEN_ADDR %q, LLMQ_METRICS_ADDR %q; want %q, %q", c.role, e.ListenAddr, e.MetricsAddr, c.listen, c.metrics)
+		}
 	}
-	if err := e.Validate(RoleDev); err != nil {
-		t.Errorf("defaults are not valid for dev: %v", err)
+	e = loadEnv(t, "LLMQ_ADMIN_TOKEN="+goodToken)
+	if err := e.Validate(RoleDispatcher); err != nil || e.ListenAddr != ":8080" || e.MetricsAddr != "127.0.0.1:9464" {
+		t.Errorf("dispatcher: %v, LLMQ_LISTEN_ADDR %q, LLMQ_METRICS_ADDR %q; want :8080, 127.0.0.1:9464", err, e.ListenAddr, e.MetricsAddr)
 	}
 	// The dispatcher alone cannot run without an admin token.
-	if err := e.Validate(RoleDispatcher); err == nil || !strings.HasPrefix(err.Error(), "LLMQ_ADMIN_TOKEN: ") {
+	if err := loadEnv(t).Validate(RoleDispatcher); err == nil || !strings.HasPrefix(err.Error(), "LLMQ_ADMIN_TOKEN: ") {
 		t.Errorf("dispatcher without token: error = %v", err)
 	}
 	if e.DatabaseDialect() != "postgres" {
@@ -69,6 +80,7 @@ func TestLoadEnvValues(t *testing.T) {
 		"LLMQ_REDIS_URL=rediss://:pw@redis.internal:6380/3",
 		"LLMQ_DATABASE_URL=sqlite:///var/lib/llmq/llmq.db",
 		"LLMQ_LISTEN_ADDR=127.0.0.1:9090",
+		"LLMQ_METRICS_ADDR=10.0.0.2:9464",
 		"LLMQ_POLICY=/etc/llmq/policy.yaml",
 		"LLMQ_ADMIN_TOKEN="+goodToken,
 		"LLMQ_WORKER_CONCURRENCY=8",
@@ -91,6 +103,7 @@ func TestLoadEnvValues(t *testing.T) {
 		RedisURL:            "rediss://:pw@redis.internal:6380/3",
 		DatabaseURL:         "sqlite:///var/lib/llmq/llmq.db",
 		ListenAddr:          "127.0.0.1:9090",
+		MetricsAddr:         "10.0.0.2:9464",
 		Policy:              "/etc/llmq/policy.yaml",
 		AdminToken:          goodToken,
 		WorkerConcurrency:   8,
@@ -163,7 +176,8 @@ func TestValidate(t *testing.T) {
 		msg    string
 	}{
 		{"dispatcher with token", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken}, "", ""},
-		{"dispatcher without token", RoleDispatcher, nil, "LLMQ_ADMIN_TOKEN", "must be at least 16 characters, got 0"},
+		{"dispatcher without token", RoleDispatcher, nil, "LLMQ_ADMIN_TOKEN", "is not set"},
+		{"dispatcher empty token", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN="}, "LLMQ_ADMIN_TOKEN", "`dispatcher dev` runs llmq without one"},
 		{"dispatcher short token", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + secret[:8]}, "LLMQ_ADMIN_TOKEN", "got 8"},
 		{"token with space", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + secret + " " + secret}, "LLMQ_ADMIN_TOKEN", "must not contain spaces"},
 		{"dev short token", RoleDev, []string{"LLMQ_ADMIN_TOKEN=" + secret[:8]}, "LLMQ_ADMIN_TOKEN", "at least 16"},
@@ -188,6 +202,9 @@ func TestValidate(t *testing.T) {
 
 		{"listen addr no port", RoleDev, []string{"LLMQ_LISTEN_ADDR=localhost"}, "LLMQ_LISTEN_ADDR", `must be host:port or :port, got "localhost"`},
 		{"listen addr bad port", RoleDev, []string{"LLMQ_LISTEN_ADDR=:99999"}, "LLMQ_LISTEN_ADDR", `got "99999"`},
+		{"metrics addr no port", RoleWorker, []string{"LLMQ_METRICS_ADDR=metrics"}, "LLMQ_METRICS_ADDR", `must be host:port or :port, got "metrics"`},
+		{"metrics addr is the listen addr", RoleWorker, []string{"LLMQ_METRICS_ADDR=:9100", "LLMQ_LISTEN_ADDR=:9100"}, "LLMQ_METRICS_ADDR", "must differ from LLMQ_LISTEN_ADDR"},
+		{"dev metrics addr", RoleDev, []string{"LLMQ_METRICS_ADDR=127.0.0.1:9464"}, "", ""},
 		{"policy blank", RoleWorker, []string{"LLMQ_POLICY=  "}, "LLMQ_POLICY", "empty"},
 
 		{"concurrency zero", RoleWorker, []string{"LLMQ_WORKER_CONCURRENCY=0"}, "LLMQ_WORKER_CONCURRENCY", "must be at least 1, got 0"},
@@ -252,5 +269,60 @@ func TestLogger(t *testing.T) {
 	e.Logger(&buf).Debug("details", "k", "v")
 	if got := buf.String(); !strings.Contains(got, "level=DEBUG") || !strings.Contains(got, "msg=details k=v") {
 		t.Errorf("text record = %q", got)
+	}
+}
+
+// Help lists every variable a role reads, with the role's default, and
+// none it does not read.
+func TestEnvHelp(t *testing.T) {
+	t.Parallel()
+	t.Run("worker", func(t *testing.T) {
+		t.Parallel()
+		help := EnvHelp(RoleWorker)
+		for _, want := range []string{
+			"LLMQ_REDIS_URL (default redis://127.0.0.1:6379/0)",
+			"LLMQ_LISTEN_ADDR (default :8081)",
+			"LLMQ_METRICS_ADDR (default 127.0.0.1:9465)",
+			"LLMQ_POLICY (default llmq.yaml)",
+			"LLMQ_WORKER_CONCURRENCY (default 50)",
+			"LLMQ_SHUTDOWN_TIMEOUT (default 30s)",
+			"LLMQ_QUEUE_NAMESPACE\n",
+		} {
+			if !strings.Contains(help, want) {
+				t.Errorf("worker help lacks %q:\n%s", want, help)
+			}
+		}
+		for _, not := range []string{"LLMQ_ADMIN_TOKEN", "LLMQ_MAX_BODY_BYTES", "LLMQ_MONITORING_READONLY"} {
+			if strings.Contains(help, not) {
+				t.Errorf("worker help lists %s, which the worker does not read", not)
+			}
+		}
+	})
+	t.Run("dispatcher", func(t *testing.T) {
+		t.Parallel()
+		help := EnvHelp(RoleDispatcher)
+		for _, want := range []string{"LLMQ_LISTEN_ADDR (default :8080)", "LLMQ_METRICS_ADDR (default 127.0.0.1:9464)",
+			"LLMQ_ADMIN_TOKEN\n", "LLMQ_MAX_FILE_BYTES (default 209715200)"} {
+			if !strings.Contains(help, want) {
+				t.Errorf("dispatcher help lacks %q:\n%s", want, help)
+			}
+		}
+		if strings.Contains(help, "LLMQ_WORKER_CONCURRENCY") {
+			t.Error("dispatcher help lists LLMQ_WORKER_CONCURRENCY")
+		}
+	})
+	// Every variable LoadEnv reads is listed, with a description.
+	all := map[string]bool{}
+	for _, v := range append(EnvVars(RoleDispatcher), EnvVars(RoleWorker)...) {
+		all[v.Name] = true
+		if v.Help == "" {
+			t.Errorf("%s has no help", v.Name)
+		}
+	}
+	typ := reflect.TypeFor[Env]()
+	for i := range typ.NumField() {
+		if name := envName(typ.Field(i)); name != "" && !all[EnvPrefix+name] {
+			t.Errorf("%s%s is read but no role's help lists it", EnvPrefix, name)
+		}
 	}
 }

@@ -3,6 +3,8 @@ package config
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -168,8 +170,16 @@ func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
 	return applied, p, nil
 }
 
-func (h *PolicyHolder) readError(err error) error {
-	return &PolicyError{File: h.path, Msg: "cannot read the file: " + unwrapPathError(err).Error()}
+func (h *PolicyHolder) readError(err error) error { return policyReadError(h.path, err) }
+
+// policyReadError is the error of a policy file that cannot be read; a
+// missing one says which variable names it and where to start from.
+func policyReadError(path string, err error) error {
+	msg := "cannot read the file: " + unwrapPathError(err).Error()
+	if errors.Is(err, fs.ErrNotExist) {
+		msg += "; set LLMQ_POLICY to the path of the policy file (llmq.example.yaml is a commented example to copy)"
+	}
+	return &PolicyError{File: path, Msg: msg}
 }
 
 // swap must be called with h.mu held.

@@ -184,7 +184,7 @@ func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 func LoadPolicy(path string) (*Policy, error) {
 	_, data, err := readPolicyFile(path)
 	if err != nil {
-		return nil, &PolicyError{File: path, Msg: "cannot read the file: " + err.Error()}
+		return nil, policyReadError(path, err)
 	}
 	return parseFile(path, data)
 }

@@ -199,6 +199,40 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Errorf("%d chart lines, %v; want the charts drawn", n, err)
 	}
 
+	// The labels say what they count and since when: "created" names the
+	// jobs it counts, a model no 429 pauses is "running" (an operator reads
+	// "open" as a tripped breaker), spend is "last hour" in the tiles and
+	// "today" in the tenants' table, with the time base said once.
+	if got := text(t, ctx, `[data-tile="jobs"] .note`); got != "0 failed, 0 via POST /v1/jobs (batch lines not counted)" {
+		t.Errorf("jobs tile note %q", got)
+	}
+	if got := text(t, ctx, `[data-model="gpt-4o-mini"] .state`); got != "running" {
+		t.Errorf("model state %q, want running", got)
+	}
+	if got := text(t, ctx, `.timebase`); !strings.Contains(got, "last 60 minutes") || !strings.Contains(got, "Tenants: today") {
+		t.Errorf("time base line %q", got)
+	}
+	if got := text(t, ctx, `[data-tile="spend"] .label`); got != "Spend, last hour" {
+		t.Errorf("spend tile label %q", got)
+	}
+	headers, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#tenants th")].map(th => th.innerText.trim())`))
+	if err != nil || len(headers) < 6 || headers[2] != "Spent today" || headers[4] != "Daily budget" {
+		t.Errorf("tenant table headers %q, %v", headers, err)
+	}
+	// Numbers and their headers are aligned alike, to the right.
+	misaligned, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table")].flatMap(tb => {
+		const ths = [...tb.querySelectorAll("thead th")];
+		return [...tb.querySelectorAll("tbody tr")].flatMap(tr => [...tr.children].map((td, i) =>
+			td.classList.contains("num") && ths[i] && getComputedStyle(ths[i]).textAlign !== getComputedStyle(td).textAlign
+				? ths[i].innerText.trim() : null)).filter(x => x);
+	})`))
+	if err != nil || len(misaligned) > 0 {
+		t.Errorf("headers not aligned with their numbers: %q, %v", misaligned, err)
+	}
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#queues th.num").length`)); err != nil || n != 7 {
+		t.Errorf("%d right-aligned queue headers, %v; want 7", n, err)
+	}
+
 	// asynqmon loads its UI under the prefix and lists the queues.
 	q := f.a.Queue.Namespace().Queue(queue.Batch)
 	if err := chromedp.Do(ctx, chromedp.Navigate(f.url+"/monitoring/")); err != nil {

@@ -119,7 +119,9 @@ func (s *Server) Mount(mux *http.ServeMux) (io.Closer, error) {
 	mux.Handle("GET /dashboard/", s.admin(http.RedirectHandler("/dashboard", http.StatusFound)))
 	mux.Handle("GET /dashboard/assets/", s.admin(http.StripPrefix("/dashboard/assets/", http.FileServerFS(assets))))
 	if s.d.Metrics != nil {
-		mux.Handle("GET /metrics", s.d.Metrics.Handler())
+		// It lists every tenant's id and spend: on the API's address it takes
+		// the admin token; Prometheus scrapes LLMQ_METRICS_ADDR instead.
+		mux.Handle("GET /metrics", s.admin(s.d.Metrics.Handler()))
 	}
 	closer := io.Closer(nopCloser{})
 	if s.o.RedisURL != "" {
@@ -141,7 +143,10 @@ func (nopCloser) Close() error { return nil }
 
 // admin lets through requests with the admin token (as a bearer token, or
 // as the basic-auth password so a browser can log in) and asks for it with
-// a basic-auth challenge otherwise.
+// a basic-auth challenge otherwise. The browser resends that password by
+// itself, so what it sends for another site's page is refused
+// (api.IsCrossSite), and no other site may frame the pages (a writable
+// asynqmon's buttons, clicked through a frame, would be same-origin).
 func (s *Server) admin(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.d.IsAdmin(r) {
@@ -149,8 +154,14 @@ func (s *Server) admin(h http.Handler) http.Handler {
 			http.Error(w, "401 Unauthorized: log in with the admin token as the password (any user name).", http.StatusUnauthorized)
 			return
 		}
+		if api.IsCrossSite(r) {
+			http.Error(w, "403 Forbidden: cross-site request refused; open llmq's pages from llmq itself.", http.StatusForbidden)
+			return
+		}
 		// Operator pages show tenants' spend: keep them out of shared caches.
 		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Frame-Options", "DENY")
+		w.Header().Set("Content-Security-Policy", "frame-ancestors 'none'")
 		h.ServeHTTP(w, r)
 	})
 }

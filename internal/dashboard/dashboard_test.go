@@ -213,7 +213,7 @@ func get(t *testing.T, method, url, auth string) *http.Response {
 func TestAdminPagesNeedTheAdminToken(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	for _, path := range []string{"/dashboard", "/dashboard/assets/dashboard.css", "/monitoring/", "/monitoring/api/queues", "/admin/v1/tenants"} {
+	for _, path := range []string{"/dashboard", "/dashboard/assets/dashboard.css", "/monitoring/", "/monitoring/api/queues", "/admin/v1/tenants", "/metrics"} {
 		for _, auth := range []string{"", basic("wrong-token-0123456789"), "Bearer wrong-token-0123456789"} {
 			if r := get(t, "GET", f.url+path, auth); r.StatusCode != http.StatusUnauthorized {
 				t.Errorf("GET %s with %q: %d, want 401", path, auth, r.StatusCode)
@@ -245,8 +245,43 @@ func TestAdminPagesNeedTheAdminToken(t *testing.T) {
 	if r := get(t, "POST", f.url+"/monitoring/api/queues/"+q+":pause", basic(apptest.AdminToken)); r.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST pause through the monitor: %d, want 405", r.StatusCode)
 	}
-	// Prometheus scrapes without credentials.
-	if r := get(t, "GET", f.url+"/metrics", ""); r.StatusCode != http.StatusOK {
-		t.Errorf("GET /metrics: %d, want 200", r.StatusCode)
+}
+
+// What a browser sends for another site's page, with the basic-auth
+// password it remembers, is refused on every page the admin token opens; a
+// link followed from elsewhere opens the dashboard, which no site may frame.
+func TestAdminPagesRefuseCrossSiteRequests(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	do := func(method, path string, h http.Header) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(method, f.url+path, nil)
+		req.Header = h
+		req.Header.Set("Authorization", basic(apptest.AdminToken))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	script := http.Header{"Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"cors"}, "Sec-Fetch-Dest": {"empty"}}
+	frame := http.Header{"Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"navigate"}, "Sec-Fetch-Dest": {"iframe"}}
+	for _, path := range []string{"/dashboard", "/monitoring/", "/monitoring/api/queues", "/metrics"} {
+		for name, h := range map[string]http.Header{"a script": script, "a frame": frame, "an Origin": {"Origin": {"https://evil.example"}}} {
+			if r := do("GET", path, h.Clone()); r.StatusCode != http.StatusForbidden {
+				t.Errorf("GET %s from %s of another site: %d, want 403", path, name, r.StatusCode)
+			}
+		}
+	}
+	link := http.Header{"Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"navigate"}, "Sec-Fetch-Dest": {"document"}}
+	r := do("GET", "/dashboard", link)
+	if r.StatusCode != http.StatusOK || r.Header.Get("X-Frame-Options") != "DENY" ||
+		r.Header.Get("Content-Security-Policy") != "frame-ancestors 'none'" {
+		t.Errorf("a link to /dashboard: %d, X-Frame-Options %q, CSP %q; want 200, DENY, frame-ancestors 'none'",
+			r.StatusCode, r.Header.Get("X-Frame-Options"), r.Header.Get("Content-Security-Policy"))
+	}
+	if r := do("GET", "/dashboard", http.Header{"Sec-Fetch-Site": {"same-origin"}}); r.StatusCode != http.StatusOK {
+		t.Errorf("same-origin: %d", r.StatusCode)
 	}
 }

@@ -48,7 +48,8 @@ type modelRow struct {
 	// Learned says what the buckets learned from the provider's answers.
 	Learned                         []learnedLine
 	Paused                          bool
-	PausedFor                       string
+	PausedFor                       string // how long the 429 pause still holds
+	PausedUntil                     string // when it ends, UTC
 	Calls, Calls429, Unpredicted429 int64
 	Rate429                         string
 	Hot                             bool // 429 share past 5%
@@ -130,7 +131,7 @@ func (s *Server) build(ctx context.Context) *view {
 	if models, err := s.d.State.Models(ctx); err != nil {
 		problem("rate-limit buckets", err)
 	} else {
-		v.Models = modelRows(models, minutes)
+		v.Models = modelRows(models, minutes, now)
 	}
 
 	if ts, err := s.d.State.Tenants(ctx); err != nil {
@@ -187,13 +188,15 @@ func summarize(ms []metrics.Minute) ([]tile, []chart) {
 
 	recent429, recentCalls := sum(c429[max(0, len(c429)-rateMinutes):]), sum(calls[max(0, len(calls)-rateMinutes):])
 	tiles := []tile{
-		{Key: "jobs", Label: "Jobs done, last hour", Value: group(int64(sum(succeeded))), Note: group(int64(sum(failed))) + " failed, " + group(int64(sum(created))) + " created"},
+		// Jobs created through POST /v1/jobs: a batch's lines become jobs without it.
+		{Key: "jobs", Label: "Jobs done, last hour", Value: group(int64(sum(succeeded))),
+			Note: group(int64(sum(failed))) + " failed, " + group(int64(sum(created))) + " via POST /v1/jobs (batch lines not counted)"},
 		{Key: "tokens", Label: "Tokens, last hour", Value: group(int64(sum(in) + sum(out))), Note: group(int64(sum(in))) + " in, " + group(int64(sum(out))) + " out"},
 		{Key: "spend", Label: "Spend, last hour", Value: usd(sum(spend))},
 		{Key: "429", Label: "429 share, last 5 min", Value: percent(recent429, recentCalls), Note: group(int64(recent429)) + " of " + group(int64(recentCalls)) + " calls"},
 	}
 	charts := []chart{
-		newChart("Throughput (jobs/min)", "jobs", ms, []line{{"succeeded", "ok", succeeded}, {"failed", "bad", failed}, {"created", "muted", created}}),
+		newChart("Throughput (jobs/min)", "jobs", ms, []line{{"succeeded", "ok", succeeded}, {"failed", "bad", failed}, {"via /v1/jobs", "muted", created}}),
 		newChart("Tokens (per min)", "tokens", ms, []line{{"input", "ok", in}, {"output", "alt", out}}),
 		newChart("Spend (USD/min)", "usd", ms, []line{{"spend", "alt", spend}}),
 		newChart("Provider calls (per min)", "calls", ms, []line{{"calls", "ok", calls}, {"429", "bad", c429}}),
@@ -209,13 +212,14 @@ func sum(xs []float64) float64 {
 	return t
 }
 
-func modelRows(models []metrics.ModelLevel, ms []metrics.Minute) []modelRow {
+func modelRows(models []metrics.ModelLevel, ms []metrics.Minute, now time.Time) []modelRow {
 	recent := ms[max(0, len(ms)-rateMinutes):]
 	rows := make([]modelRow, 0, len(models))
 	for _, m := range models {
 		row := modelRow{Model: m.Model, Provider: m.Provider, Paused: m.Paused}
 		if m.Paused {
 			row.PausedFor = duration(m.PausedFor)
+			row.PausedUntil = now.Add(m.PausedFor).UTC().Format("15:04:05") + " UTC"
 		}
 		for _, mm := range recent {
 			row.Calls += mm.Get(metrics.FieldCalls + ":" + m.Model)

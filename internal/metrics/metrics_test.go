@@ -637,7 +637,7 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 			t.Errorf("alerts.yml reads up{job=%q}, which prometheus.yml does not scrape (jobs %v)", j, jobs)
 		}
 	}
-	for _, want := range []string{"dispatcher:8080", "worker-1:9100", "worker-2:9100"} {
+	for _, want := range []string{"dispatcher:9464", "worker-1:9464", "worker-2:9464"} {
 		if !slices.Contains(targets, want) {
 			t.Errorf("prometheus.yml does not scrape %s (targets %v)", want, targets)
 		}
@@ -647,7 +647,7 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 	}
 
 	// docker-compose runs Prometheus and Grafana over these files, and the
-	// scrape targets are its services' listen addresses.
+	// scrape targets are its services' metrics addresses.
 	raw, err = os.ReadFile("../../docker-compose.yml")
 	if err != nil {
 		t.Fatal(err)
@@ -682,8 +682,8 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 		svc, ok := compose.Services[host]
 		if !ok {
 			t.Errorf("prometheus.yml scrapes %s, not a compose service", target)
-		} else if got := svc.Environment["LLMQ_LISTEN_ADDR"]; got != ":"+port {
-			t.Errorf("prometheus.yml scrapes %s, but the service listens on %q", target, got)
+		} else if got := svc.Environment["LLMQ_METRICS_ADDR"]; got != ":"+port {
+			t.Errorf("prometheus.yml scrapes %s, but the service serves /metrics on LLMQ_METRICS_ADDR %q", target, got)
 		}
 	}
 }

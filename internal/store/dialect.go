@@ -214,8 +214,20 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 		_ = sdb.Close()
 		return nil, fmt.Errorf("store: postgres %s: no schema of the search_path exists", u.Redacted())
 	}
-	return &DB{rw: sdb, ro: sdb, d: postgresDialect, lockScope: schema.String}, nil
+	// Advisory locks hold their session's connection until released: they
+	// get a pool of their own, so the work done under a lock (the
+	// reconciler's, the sweeper's, a batch's validation) never waits for a
+	// connection the locks themselves hold, however small pool_max_conns.
+	locks := stdlib.OpenDB(*cfg)
+	locks.SetMaxOpenConns(maxLockConns)
+	locks.SetMaxIdleConns(1)
+	locks.SetConnMaxIdleTime(time.Minute)
+	return &DB{rw: sdb, ro: sdb, locks: locks, d: postgresDialect, lockScope: schema.String}, nil
 }
+
+// maxLockConns bounds the connections advisory locks hold at once; a
+// TryLock past it waits for one to be released (or its context to end).
+const maxLockConns = 16
 
 // openSQLite opens the file named by raw (sqlite://path or file:path): one
 // writer connection and a pool of read-only connections, all in WAL mode with

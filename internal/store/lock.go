@@ -13,9 +13,10 @@ import (
 // ok is false when another holder has it. unlock releases it; calling unlock
 // more than once is harmless.
 //
-// On Postgres it is a session advisory lock held on a connection kept out of
-// the pool until unlock; if that connection dies the lock is released, so
-// the work it guards must be safe to run again. On SQLite (one process) it is
+// On Postgres it is a session advisory lock held on a connection of a pool
+// of its own (never one the guarded work needs) until unlock; if that
+// connection dies the lock is released, so the work it guards must be safe
+// to run again. On SQLite (one process) it is
 // an in-process lock per database file.
 func (db *DB) TryLock(ctx context.Context, name string) (unlock func(), ok bool, err error) {
 	if err := required("TryLock", "name", name); err != nil {
@@ -25,7 +26,7 @@ func (db *DB) TryLock(ctx context.Context, name string) (unlock func(), ok bool,
 }
 
 func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
-	conn, err := db.rw.Conn(ctx)
+	conn, err := db.locks.Conn(ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("store: TryLock %q: %w", name, err)
 	}

@@ -55,9 +55,12 @@ type DB struct {
 	// ro takes reads. On SQLite it is a separate pool of read-only
 	// connections, which WAL lets read while the writer writes; on
 	// Postgres it is rw.
-	ro  *sql.DB
-	d   *dialect
-	log *slog.Logger
+	ro *sql.DB
+	// locks holds the connections of TryLock's advisory locks on Postgres,
+	// apart from rw and ro; nil on SQLite (in-process locks).
+	locks *sql.DB
+	d     *dialect
+	log   *slog.Logger
 
 	// lockScope keeps TryLock names of different databases apart: the
 	// Postgres schema (advisory locks are per database, tests use a schema
@@ -131,7 +134,11 @@ func (db *DB) Close() error {
 	if db.ro != db.rw {
 		errRO = db.ro.Close()
 	}
-	return errors.Join(db.rw.Close(), errRO)
+	var errLocks error
+	if db.locks != nil {
+		errLocks = db.locks.Close()
+	}
+	return errors.Join(db.rw.Close(), errRO, errLocks)
 }
 
 // querier is what *sql.DB and *sql.Tx share, so helpers run in or out of a transaction.

@@ -202,3 +202,22 @@ func TestRefusedValuesAreInvalidValue(t *testing.T) {
 		t.Fatalf("Classify(nil) = %v", err)
 	}
 }
+
+// Locks never take the connections the work under them needs: with a pool
+// of two, three locks are held and a query under them still runs.
+func TestLocksDoNotStarveThePool(t *testing.T) {
+	t.Parallel()
+	db := openURL(t, postgresURL(t)+"&pool_max_conns=2")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, name := range []string{"reconciler", "batch-sweeper", "batch_1"} {
+		unlock, ok, err := db.TryLock(ctx, name)
+		if err != nil || !ok {
+			t.Fatalf("TryLock %s = %v, %v", name, ok, err)
+		}
+		defer unlock()
+	}
+	if _, _, err := db.TenantList(ctx, &TenantListParams{Limit: 10}); err != nil {
+		t.Fatalf("a query under three locks with a pool of two: %v", err)
+	}
+}

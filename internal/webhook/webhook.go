@@ -231,7 +231,8 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secret string) (stri
 	log := h.Logger.With("webhook", d.id, "host", u.Hostname()) // the host only: a URL may carry a token
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(d.body))
 	if err != nil {
-		return "invalid_url", fmt.Errorf("webhook %s: %v: %w", d.id, err, asynq.SkipRetry)
+		log.Warn("webhook not sent: its URL cannot be requested")
+		return "invalid_url", fmt.Errorf("webhook %s: invalid URL: %w", d.id, asynq.SkipRetry)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "llmq-webhook/1")
@@ -240,6 +241,13 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secret string) (stri
 	req.Header.Set(SignatureHeader, Sign(secret, h.opts.Now(), d.body))
 	resp, err := h.client.Do(req)
 	if err != nil {
+		// net/http's error quotes the whole URL, whose path may hold the
+		// receiver's secret: keep what it wraps (the dial's host:port and
+		// why), for the log and for the task's last error alike.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		var be *BlockedError
 		if errors.As(err, &be) {
 			log.Warn("webhook refused: its address is internal (LLMQ_WEBHOOK_ALLOW_PRIVATE allows it)", "addr", be.Addr.String())

@@ -1,0 +1,17 @@
+package app
+
+import (
+	"net/http"
+	"time"
+)
+
+// MetricsServer is the server of LLMQ_METRICS_ADDR: GET /metrics of the
+// process's registry h and nothing else, without credentials, for
+// Prometheus on an internal network. Scrapes are small and bodiless, so
+// plain timeouts bound them.
+func MetricsServer(h http.Handler) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h)
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+}

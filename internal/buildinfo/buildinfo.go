@@ -1,0 +1,56 @@
+// Package buildinfo says which llmq a program is: the module version it
+// was built from and, for a build from a checkout, the commit, so that
+// `--version` answers what a bug report needs.
+package buildinfo
+
+import (
+	"runtime/debug"
+	"strings"
+)
+
+// String is the version line of program: "llmq dispatcher v1.2.0 (go1.26.0)"
+// for a released module, or "(devel)" with the commit and its time for a
+// build from a checkout, "+dirty" when the checkout had changes.
+func String(program string) string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return program + " (unknown version: built without module information)"
+	}
+	return format(program, bi)
+}
+
+func format(program string, bi *debug.BuildInfo) string {
+	version := bi.Main.Version
+	if version == "" {
+		version = "(devel)"
+	}
+	var rev, at string
+	dirty := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	var b strings.Builder
+	b.WriteString(program + " " + version)
+	if rev != "" && !strings.Contains(version, rev[:min(12, len(rev))]) {
+		b.WriteString(" commit " + rev[:min(12, len(rev))])
+		if dirty {
+			b.WriteString("+dirty")
+		}
+		if at != "" {
+			b.WriteString(" (" + at + ")")
+		}
+	} else if version == "(devel)" {
+		b.WriteString(" (built without version control information)")
+	}
+	if bi.GoVersion != "" {
+		b.WriteString(", " + bi.GoVersion)
+	}
+	return b.String()
+}

@@ -1,0 +1,55 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+)
+
+// EnvVar is one LLMQ_* variable as help shows it.
+type EnvVar struct {
+	Name    string // the full name, e.g. LLMQ_REDIS_URL
+	Default string // what an unset variable means for the role; empty when none
+	Help    string // what it sets, in a few words
+}
+
+// EnvVars lists the variables a process of role reads, in the order of
+// Env's fields, with the role's defaults. It is read from Env's tags, so
+// help never lists a variable the code does not read, or a stale default.
+func EnvVars(role Role) []EnvVar {
+	var out []EnvVar
+	t := reflect.TypeFor[Env]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := envName(f)
+		if name == "" {
+			continue
+		}
+		if only := f.Tag.Get("role"); only != "" && role != RoleDev && Role(only) != role {
+			continue
+		}
+		def := f.Tag.Get("envDefault")
+		switch name {
+		case "LISTEN_ADDR":
+			def = DefaultListenAddr(role)
+		case "METRICS_ADDR":
+			def = DefaultMetricsAddr(role)
+		}
+		out = append(out, EnvVar{Name: EnvPrefix + name, Default: def, Help: f.Tag.Get("help")})
+	}
+	return out
+}
+
+// EnvHelp is the "Environment" part of a command's help: every variable
+// role reads, its default and what it sets.
+func EnvHelp(role Role) string {
+	var b strings.Builder
+	b.WriteString("Environment (an empty value means the default):\n")
+	for _, v := range EnvVars(role) {
+		b.WriteString("  " + v.Name)
+		if v.Default != "" {
+			b.WriteString(" (default " + v.Default + ")")
+		}
+		b.WriteString("\n      " + v.Help + "\n")
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}

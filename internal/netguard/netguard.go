@@ -1,0 +1,131 @@
+// Package netguard knows which network addresses a URL a tenant gives
+// (a webhook's) may not reach: loopback, private, link-local, cloud
+// metadata and every other range that is not the public internet. The API
+// refuses such a URL at submit when its host is an address written out,
+// in any of the forms a resolver accepts (127.1, 0x7f000001, 2130706433);
+// the webhook dialer checks every address a name resolves to.
+package netguard
+
+import (
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// blocked are the address ranges webhooks may not reach by default: every
+// range that is not the public internet, and the IPv6 ranges that embed or
+// translate to IPv4 addresses (NAT64, 6to4, Teredo), which could reach
+// the IPv4 ones.
+var blocked = prefixes(
+	"0.0.0.0/8",          // "this network"
+	"10.0.0.0/8",         // private
+	"100.64.0.0/10",      // carrier-grade NAT
+	"127.0.0.0/8",        // loopback
+	"169.254.0.0/16",     // link-local, cloud metadata (169.254.169.254)
+	"172.16.0.0/12",      // private
+	"192.0.0.0/24",       // IETF protocol assignments
+	"192.0.2.0/24",       // documentation
+	"192.88.99.0/24",     // 6to4 relay anycast
+	"192.168.0.0/16",     // private
+	"198.18.0.0/15",      // benchmarking
+	"198.51.100.0/24",    // documentation
+	"203.0.113.0/24",     // documentation
+	"224.0.0.0/4",        // multicast
+	"240.0.0.0/4",        // reserved
+	"255.255.255.255/32", // limited broadcast
+	"64:ff9b::/96",       // NAT64
+	"64:ff9b:1::/48",     // local-use NAT64
+	"100::/64",           // discard
+	"2001::/23",          // IETF protocol assignments, Teredo among them
+	"2001:db8::/32",      // documentation
+	"2002::/16",          // 6to4
+	"3fff::/20",          // documentation
+	"fc00::/7",           // unique local
+	"fec0::/10",          // site-local (deprecated)
+	"fe80::/10",          // link-local
+	"ff00::/8",           // multicast
+)
+
+// globalUnicast is where every public IPv6 address is.
+var globalUnicast = netip.MustParsePrefix("2000::/3")
+
+func prefixes(ss ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}
+
+// Blocked reports whether ip is an address webhooks may not reach unless
+// the operator allows internal targets.
+func Blocked(ip netip.Addr) bool {
+	ip = ip.WithZone("").Unmap() // an IPv4-mapped IPv6 address is its IPv4 address
+	if !ip.IsValid() || ip.IsLoopback() || ip.IsPrivate() || ip.IsUnspecified() || ip.IsMulticast() ||
+		ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() {
+		return true
+	}
+	if ip.Is6() && !globalUnicast.Contains(ip) {
+		return true // IPv4-compatible, reserved and unassigned IPv6 space
+	}
+	for _, p := range blocked {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// Literal returns the address a URL host names without DNS: an IP address
+// in the usual notation (brackets and a zone allowed for IPv6), or an IPv4
+// address in any form inet_aton reads (one to four parts, each decimal,
+// octal with a leading 0, or hex with 0x), which resolvers and browsers
+// accept: 2130706433, 0x7f.1 and 017700000001 are all 127.0.0.1.
+func Literal(host string) (netip.Addr, bool) {
+	h := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if a, err := netip.ParseAddr(h); err == nil {
+		return a, true
+	}
+	parts := strings.Split(strings.TrimSuffix(h, "."), ".")
+	if len(parts) > 4 {
+		return netip.Addr{}, false
+	}
+	vals := make([]uint64, len(parts))
+	for i, p := range parts {
+		v, err := parsePart(p)
+		if err != nil {
+			return netip.Addr{}, false
+		}
+		vals[i] = v
+	}
+	// The last part fills the bytes the others leave: a.b.c.d, a.b.cd,
+	// a.bcd, abcd.
+	last := vals[len(vals)-1]
+	if last >= 1<<(8*(5-len(vals))) {
+		return netip.Addr{}, false
+	}
+	var n uint64
+	for _, v := range vals[:len(vals)-1] {
+		if v > 255 {
+			return netip.Addr{}, false
+		}
+		n = n<<8 | v
+	}
+	n = n<<(8*(5-len(vals))) | last
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}), true
+}
+
+func parsePart(p string) (uint64, error) {
+	switch {
+	case p == "":
+		return 0, strconv.ErrSyntax
+	case strings.HasPrefix(p, "0x") || strings.HasPrefix(p, "0X"):
+		if len(p) == 2 {
+			return 0, nil // "0x" alone is 0 to inet_aton
+		}
+		return strconv.ParseUint(p[2:], 16, 32)
+	case len(p) > 1 && p[0] == '0':
+		return strconv.ParseUint(p[1:], 8, 32)
+	}
+	return strconv.ParseUint(p, 10, 32)
+}
