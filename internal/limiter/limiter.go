@@ -189,24 +189,12 @@ type Result struct {
 
 // fill sets Limit, Remaining, RetryAfter and ResetAfter of r from r.Buckets.
 func (r *Result) fill() {
-	tight := -1
-	for i, b := range r.Buckets {
+	for _, b := range r.Buckets {
 		if b.ResetAfter > r.ResetAfter {
 			r.ResetAfter = b.ResetAfter
 		}
-		if tight < 0 {
-			tight = i
-			continue
-		}
-		t := r.Buckets[tight]
-		// The bucket that makes the caller wait longest, or else the one with
-		// the smallest fraction left.
-		if b.RetryAfter > t.RetryAfter ||
-			(b.RetryAfter == t.RetryAfter && float64(b.Remaining)/float64(b.Limit) < float64(t.Remaining)/float64(t.Limit)) {
-			tight = i
-		}
 	}
-	if tight >= 0 {
+	if tight := r.Tightest(); tight >= 0 {
 		r.Limit = r.Buckets[tight].Limit
 		r.Remaining = max(r.Buckets[tight].Remaining, 0)
 	}
