@@ -253,7 +253,7 @@ func (s *Server) rateLimit(w http.ResponseWriter, r *http.Request, key *store.AP
 	if !ok || tier.APIExempt || t.APIExempt || s.APILimiter == nil {
 		return nil
 	}
-	res, err := s.APILimiter.Allow(r.Context(), "api:"+key.ID, int64(tier.APIRPS), time.Second, 1)
+	res, err := s.APILimiter.Allow(r.Context(), "api:"+key.ID, tier.APILimits.Second, time.Second, 1)
 	if err != nil {
 		return err
 	}
@@ -263,7 +263,7 @@ func (s *Server) rateLimit(w http.ResponseWriter, r *http.Request, key *store.AP
 	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
 	if !res.Allowed {
 		e := errorf(http.StatusTooManyRequests, TypeRateLimit, "rate_limit_exceeded", "",
-			"Rate limit of %d requests per second for this API key reached. Retry after %v.", tier.APIRPS, res.RetryAfter.Round(time.Millisecond))
+			"Rate limit of %d requests per second for this API key reached. Retry after %v.", tier.APILimits.Second, res.RetryAfter.Round(time.Millisecond))
 		e.RetryAfter = res.RetryAfter
 		return e
 	}
