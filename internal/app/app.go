@@ -41,7 +41,7 @@ type App struct {
 	Keys  rkeys.Builder
 
 	Limiter    *limiter.TokenBucket
-	APILimiter *limiter.SlidingCounter
+	APILimiter *limiter.Windows
 	Budgets    *budget.Budgets
 	Admission  *admission.Estimator
 
@@ -125,7 +125,9 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	// released: hold it in flight so the buckets never run ahead of the
 	// provider's.
 	a.Limiter = limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, HoldInFlight: true})
-	a.APILimiter = limiter.NewSlidingCounter(a.Redis, limiter.Options{Keys: a.Keys})
+	// The API's windows follow the test clock too, so tests move through
+	// them without sleeping.
+	a.APILimiter = limiter.NewWindows(a.Redis, limiter.Options{Keys: a.Keys, Clock: parts.Clock})
 	a.Budgets = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock})
 	a.Admission = admission.New()
 
@@ -165,10 +167,12 @@ func (a *App) Ready(ctx context.Context) error {
 
 // API returns the HTTP API over the app's parts.
 func (a *App) API() *api.Server {
+	// Validate has parsed them already.
+	proxies, _ := a.Env.TrustedProxyPrefixes()
 	srv := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
 		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver,
-	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, Now: a.clock})
+	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, Now: a.clock, TrustedProxies: proxies})
 	srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines})
 	return srv
 }
