@@ -201,7 +201,10 @@ func (a *App) JobHandler(opts worker.Options) *worker.Handler {
 // WebhookHandler returns the handler of webhook deliveries.
 func (a *App) WebhookHandler() *webhook.Handler {
 	obs, _ := a.Observer.(webhook.Observer) // the metrics recorder is one
-	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs},
+	// Deliveries are slept for and sent in real time: the pacer keeps Redis
+	// time even under a test clock.
+	pacer := limiter.NewPacer(a.Redis, limiter.Options{Keys: a.Keys})
+	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs, Pacer: pacer, Policy: a.Policy},
 		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate})
 }
 
