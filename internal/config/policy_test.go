@@ -595,6 +595,13 @@ func TestExamplePolicy(t *testing.T) {
 	if prem, _ := p.Tier("premium"); prem.Timezone.String() != "America/New_York" {
 		t.Errorf("premium timezone = %v", prem.Timezone)
 	}
+	std, _ := p.Tier("standard")
+	prem, _ := p.Tier("premium")
+	if std.APILimits != (APILimits{Second: 50, Day: 200000}) || std.APIEndpointLimits["files.create"] != (APILimits{Minute: 10}) ||
+		prem.APIAlgorithm != limiter.AlgTokenBucket || prem.APILease != 20 || p.AuthFailureLimits != DefaultAuthFailureLimits {
+		t.Errorf("the example's API limits: standard %+v %v, premium %s lease %d, auth failures %+v",
+			std.APILimits, std.APIEndpointLimits, prem.APIAlgorithm, prem.APILease, p.AuthFailureLimits)
+	}
 	if p.GlobalDailyBudget != 0 {
 		t.Errorf("GlobalDailyBudget = %v, want 0 (the example leaves the cap commented out)", p.GlobalDailyBudget)
 	}
