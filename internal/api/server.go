@@ -1,8 +1,9 @@
 // Package api serves llmq's HTTP API: jobs, files and batches (OpenAI's
 // shapes), usage, the admin API for tenants and keys, and health checks. It
-// owns authentication (tenant keys, stored hashed; the admin token), the
-// per-key API rate limit with its X-RateLimit-* headers, request size limits,
-// and the one error shape every handler answers with.
+// owns authentication (tenant keys, stored hashed; the admin token) with
+// its limit of failures per client address, the per-key API limits (a
+// tier's windows and endpoint limits) with their X-RateLimit-* headers,
+// request size limits, and the one error shape every handler answers with.
 package api
 
 import (
