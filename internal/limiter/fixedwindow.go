@@ -47,12 +47,14 @@ for i = 1, n do
   fields[2 * i] = 'n' .. ARGV[3 * i]
 end
 local v = redis.call('HMGET', key, unpack(fields))
-local allowed, st = 1, {}
+-- A window's expiry need (its end) moves only when it starts anew: only
+-- then is the expiry extended.
+local allowed, st, fresh = 1, {}, false
 for i = 1, n do
   local limit, P = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local start = now - now % P
   local c = 0
-  if tonumber(v[2 * i - 1]) == start then c = tonumber(v[2 * i]) or 0 end
+  if tonumber(v[2 * i - 1]) == start then c = tonumber(v[2 * i]) or 0 else fresh = true end
   if c + cost > limit then allowed = 0 end
   st[i] = {start, c, start + P - now}
 end
@@ -73,7 +75,7 @@ for i = 1, n do
 end
 if #args > 0 then
   redis.call('HSET', key, unpack(args))
-  extend(key, math.ceil(ttl / 1000) + 1000)
+  if fresh then extend(key, math.ceil(ttl / 1000) + 1000) end
 end
 return out
 `)

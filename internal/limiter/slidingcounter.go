@@ -106,10 +106,14 @@ local v = redis.call('HMGET', key, unpack(fields))
 
 local allowed = 1
 local st = {}
+-- A window's expiry need (its start + 2P) moves only when it starts anew:
+-- only then is the expiry extended.
+local fresh = false
 for i = 1, n do
   local limit, P = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local start = now - now % P
   local w, c, p = tonumber(v[3 * i - 2]), tonumber(v[3 * i - 1]) or 0, tonumber(v[3 * i]) or 0
+  if not w or start > w then fresh = true end
   if not w then
     c, p = 0, 0
   elseif start > w then
@@ -160,7 +164,7 @@ for i = 1, n do
 end
 if allowed == 1 and cost > 0 then
   redis.call('HSET', key, unpack(args))
-  extend(key, math.ceil(ttl / 1000) + 1000)
+  if fresh then extend(key, math.ceil(ttl / 1000) + 1000) end
 end
 return out
 `)
