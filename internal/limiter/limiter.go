@@ -1,9 +1,11 @@
 // Package limiter owns llmq's Redis rate limiters: the multi-bucket weighted
 // token bucket that guards every provider call (reserve, reconcile with the
 // real usage, penalize after a 429 with a single probe afterwards, wait), its
-// lease mode for hot paths, and the window limiters (fixed window, sliding
-// window log, sliding window counter, multi-window) used for per-key API
-// limits. Every check-and-take is one Lua script and one round trip, time is
+// lease mode for hot paths, the window limiters (fixed window, sliding
+// window log, sliding window counter, multi-window) and the window sets
+// built on them for the API's per-key limits (Windows, any algorithm, with
+// their lease mode, WindowLease), and the Pacer that spaces webhook
+// deliveries. Every check-and-take is one Lua script and one round trip, time is
 // Redis TIME (or an injected clock in tests), every key comes from
 // rkeys.Builder with the scope's hash tag and expires once idle, and every
 // limiter takes a redis.Scripter, so single node, Sentinel and Cluster fit.
