@@ -325,6 +325,9 @@ func testWindowSetTTLs(t *testing.T, e *env) {
 	}
 	for _, k := range keys {
 		ttl := e.rdb.PTTL(ctx, k).Val()
+		if ttl == -2 {
+			continue // expired since the scan: a second's keys may, on a slow machine
+		}
 		if ttl <= 0 {
 			t.Errorf("key %s has no TTL (%v)", k, ttl)
 		}
