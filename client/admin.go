@@ -157,6 +157,23 @@ func (s *AdminService) ListKeys(ctx context.Context, tenantID string) (*List[API
 	return &l, nil
 }
 
+// KeyUpdateParams change a key; nil fields stay as they are.
+type KeyUpdateParams struct {
+	// APIExempt frees the key from its tier's API rate limit (an internal
+	// service's key), or puts it back under it.
+	APIExempt *bool `json:"api_exempt,omitempty"`
+}
+
+// UpdateKey changes a key's settings; it applies from the key's next
+// request.
+func (s *AdminService) UpdateKey(ctx context.Context, keyID string, p *KeyUpdateParams) (*APIKey, error) {
+	var k APIKey
+	if err := s.c.do(ctx, &request{method: http.MethodPatch, path: "/admin/v1/keys/" + pathID(keyID), admin: true, json: p}, &k); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
 // RevokeKey revokes a key at once; the key is refused from its next
 // request on.
 func (s *AdminService) RevokeKey(ctx context.Context, keyID string) (*APIKey, error) {

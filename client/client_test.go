@@ -395,9 +395,16 @@ func TestAdmin(t *testing.T) {
 	if err != nil || !strings.HasPrefix(k.Key, "llmq_") || k.TenantID != ten.ID || !strings.HasPrefix(k.Key, k.Prefix) {
 		t.Fatalf("CreateKey = %+v, %v", k, err)
 	}
+	exempt := true
+	if up, err := admin.Admin.UpdateKey(ctx, k.ID, &client.KeyUpdateParams{APIExempt: &exempt}); err != nil || !up.APIExempt || up.Key != "" {
+		t.Fatalf("UpdateKey(exempt) = %+v, %v", up, err)
+	}
 	keys, err := admin.Admin.ListKeys(ctx, ten.ID)
-	if err != nil || len(keys.Data) != 1 || keys.Data[0].ID != k.ID || keys.Data[0].Key != "" {
+	if err != nil || len(keys.Data) != 1 || keys.Data[0].ID != k.ID || keys.Data[0].Key != "" || !keys.Data[0].APIExempt {
 		t.Fatalf("ListKeys = %+v, %v", keys, err)
+	}
+	if _, err := admin.Admin.UpdateKey(ctx, "key_nope", &client.KeyUpdateParams{APIExempt: &exempt}); !client.IsNotFound(err) {
+		t.Fatalf("UpdateKey of an unknown key: %v", err)
 	}
 
 	// The new key works, and a job it runs appears in the usage report.

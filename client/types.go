@@ -91,11 +91,14 @@ type Tenant struct {
 // APIKey is a tenant's API key. Key, the plaintext, is only in the answer
 // that creates it: llmq stores a hash.
 type APIKey struct {
-	ID        string `json:"id"`
-	Object    string `json:"object"` // "api_key"
-	Key       string `json:"key,omitempty"`
-	Prefix    string `json:"prefix"`
-	TenantID  string `json:"tenant_id"`
+	ID       string `json:"id"`
+	Object   string `json:"object"` // "api_key"
+	Key      string `json:"key,omitempty"`
+	Prefix   string `json:"prefix"`
+	TenantID string `json:"tenant_id"`
+	// APIExempt frees the key from its tier's API rate limit, whatever its
+	// tenant's setting.
+	APIExempt bool   `json:"api_exempt"`
 	CreatedAt int64  `json:"created_at"`
 	RevokedAt *int64 `json:"revoked_at"`
 }

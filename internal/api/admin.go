@@ -171,6 +171,12 @@ const keyAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456
 // random base62 characters (238 bits). The admin API and the embedded
 // default's first start both make keys this way.
 func CreateKey(ctx context.Context, db *store.DB, tenantID string) (*store.APIKey, string, error) {
+	return createKey(ctx, db, &store.APIKeyInsertParams{TenantID: tenantID})
+}
+
+// createKey is CreateKey with p's other settings; p's Prefix and Hash are
+// set here.
+func createKey(ctx context.Context, db *store.DB, p *store.APIKeyInsertParams) (*store.APIKey, string, error) {
 	b := make([]byte, 40)
 	_, _ = rand.Read(b)
 	for i := range b {
@@ -178,7 +184,8 @@ func CreateKey(ctx context.Context, db *store.DB, tenantID string) (*store.APIKe
 	}
 	key := "llmq_" + string(b)
 	sum := sha256.Sum256([]byte(key))
-	k, err := db.APIKeyInsert(ctx, &store.APIKeyInsertParams{TenantID: tenantID, Prefix: key[:12], Hash: sum[:]})
+	p.Prefix, p.Hash = key[:12], sum[:]
+	k, err := db.APIKeyInsert(ctx, p)
 	if err != nil {
 		return nil, "", err
 	}
@@ -190,11 +197,15 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	k, key, err := CreateKey(r.Context(), s.Store, t.ID)
+	o, err := s.decodeKeyOptions(w, r)
 	if err != nil {
 		return err
 	}
-	s.Logger.Info("api key created", "tenant", t.ID, "key", k.ID)
+	k, key, err := createKey(r.Context(), s.Store, &store.APIKeyInsertParams{TenantID: t.ID, APIExempt: o.APIExempt != nil && *o.APIExempt})
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("api key created", "tenant", t.ID, "key", k.ID, "api_exempt", k.APIExempt)
 	out := renderKey(k)
 	out.Key = key
 	writeJSON(w, http.StatusCreated, out)

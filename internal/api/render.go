@@ -83,7 +83,7 @@ func renderTenant(t *store.Tenant, withSecret bool) client.Tenant {
 }
 
 func renderKey(k *store.APIKey) client.APIKey {
-	return client.APIKey{ID: k.ID, Object: "api_key", Prefix: k.Prefix, TenantID: k.TenantID,
+	return client.APIKey{ID: k.ID, Object: "api_key", Prefix: k.Prefix, TenantID: k.TenantID, APIExempt: k.APIExempt,
 		CreatedAt: unix(k.CreatedAt), RevokedAt: unixPtr(k.RevokedAt)}
 }
 

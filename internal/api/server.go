@@ -1,8 +1,9 @@
 // Package api serves llmq's HTTP API: jobs, files and batches (OpenAI's
 // shapes), usage, the admin API for tenants and keys, and health checks. It
-// owns authentication (tenant keys, stored hashed; the admin token), the
-// per-key API rate limit with its X-RateLimit-* headers, request size limits,
-// and the one error shape every handler answers with.
+// owns authentication (tenant keys, stored hashed; the admin token) with
+// its limit of failures per client address, the per-key API limits (a
+// tier's windows and endpoint limits) with their X-RateLimit-* headers,
+// request size limits, and the one error shape every handler answers with.
 package api
 
 import (
@@ -13,7 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -32,8 +33,9 @@ type Deps struct {
 	Admission *admission.Estimator
 	Budgets   *budget.Budgets
 	Queue     *queue.Client
-	// APILimiter enforces each key's tier api_rps.
-	APILimiter *limiter.SlidingCounter
+	// APILimiter enforces each key's tier api_limits and the per-address
+	// limit of failed authentications. Nil turns both off.
+	APILimiter *limiter.Windows
 	Logger     *slog.Logger
 	// Ready reports whether the services the API needs answer (for /readyz).
 	Ready func(ctx context.Context) error
@@ -64,13 +66,18 @@ type Options struct {
 	WebhookAllowPrivate bool
 	// Now is the clock for timestamps computed here. Defaults to time.Now.
 	Now func() time.Time
+	// TrustedProxies are the proxies whose X-Forwarded-For names the client
+	// (LLMQ_TRUSTED_PROXIES). Defaults to none: the connection's address.
+	TrustedProxies []netip.Prefix
 }
 
 // Server is the HTTP API.
 type Server struct {
 	Deps
-	opts Options
-	mux  *http.ServeMux
+	opts      Options
+	mux       *http.ServeMux
+	leases    leases
+	authFails authFailures
 }
 
 // New returns the API server.
@@ -121,6 +128,7 @@ func (s *Server) routes() {
 	s.mux.Handle("PATCH /admin/v1/tenants/{id}", a(s.updateTenant))
 	s.mux.Handle("POST /admin/v1/tenants/{id}/keys", a(s.createKey))
 	s.mux.Handle("GET /admin/v1/tenants/{id}/keys", a(s.listKeys))
+	s.mux.Handle("PATCH /admin/v1/keys/{id}", a(s.updateKey))
 	s.mux.Handle("DELETE /admin/v1/keys/{id}", a(s.revokeKey))
 	s.mux.Handle("GET /admin/v1/usage", a(s.adminUsage))
 
@@ -215,19 +223,23 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
-// tenantRoute authenticates a tenant key, applies the key's API rate limit
+// tenantRoute authenticates a tenant key (a missing or wrong one counts
+// against the client address's failures), applies the key's API rate limit
 // (with X-RateLimit-* headers on every response) and sets the budget
 // headers (on every response too, a rate-limited one included), then runs h.
 func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.authBlocked(w, r); err != nil {
+			return err
+		}
 		token := bearer(r)
 		if token == "" || len(token) > 200 {
-			return errUnauthorized
+			return s.authFailed(w, r, errUnauthorized)
 		}
 		sum := sha256.Sum256([]byte(token))
 		key, tenant, err := s.Store.APIKeyGetByHash(r.Context(), sum[:])
 		if errors.Is(err, store.ErrNotFound) {
-			return errUnauthorized
+			return s.authFailed(w, r, errUnauthorized)
 		}
 		if err != nil {
 			return err
@@ -235,7 +247,7 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		// The lookup was by hash; compare again in constant time so no code
 		// path depends on how much of the hash matched.
 		if subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
-			return errUnauthorized
+			return s.authFailed(w, r, errUnauthorized)
 		}
 		limited := s.rateLimit(w, r, key, tenant)
 		c := &caller{key: key, tenant: tenant}
@@ -249,38 +261,16 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 	})
 }
 
-// rateLimit applies the per-key limit of the tenant's tier: a sliding
-// window counter over one second, so there is no burst at window edges.
-func (s *Server) rateLimit(w http.ResponseWriter, r *http.Request, key *store.APIKey, t *store.Tenant) error {
-	tier, ok := s.Policy.Current().Tier(t.Tier)
-	if !ok || tier.APIExempt || t.APIExempt || s.APILimiter == nil {
-		return nil
-	}
-	res, err := s.APILimiter.Allow(r.Context(), "api:"+key.ID, int64(tier.APIRPS), time.Second, 1)
-	if err != nil {
-		return err
-	}
-	h := w.Header()
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Remaining, 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(res.ResetAfter), 10))
-	if !res.Allowed {
-		e := errorf(http.StatusTooManyRequests, TypeRateLimit, "rate_limit_exceeded", "",
-			"Rate limit of %d requests per second for this API key reached. Retry after %v.", tier.APIRPS, res.RetryAfter.Round(time.Millisecond))
-		e.RetryAfter = res.RetryAfter
-		return e
-	}
-	return nil
-}
-
-func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
-
-// adminRoute checks the admin token in constant time and refuses what a
-// browser sends from another site (checkAdminRequest), then runs h.
+// adminRoute checks the admin token in constant time (counting failures per
+// client address) and refuses what a browser sends from another site
+// (checkAdminRequest), then runs h.
 func (s *Server) adminRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.authBlocked(w, r); err != nil {
+			return err
+		}
 		if !s.IsAdmin(r) {
-			return errAdminUnauthorized
+			return s.authFailed(w, r, errAdminUnauthorized)
 		}
 		if err := checkAdminRequest(r); err != nil {
 			return err

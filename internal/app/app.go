@@ -42,7 +42,7 @@ type App struct {
 	Keys  rkeys.Builder
 
 	Limiter    *limiter.TokenBucket
-	APILimiter *limiter.SlidingCounter
+	APILimiter *limiter.Windows
 	Budgets    *budget.Budgets
 	Admission  *admission.Estimator
 
@@ -130,7 +130,9 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	// released: hold it in flight so the buckets never run ahead of the
 	// provider's.
 	a.Limiter = limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, HoldInFlight: true})
-	a.APILimiter = limiter.NewSlidingCounter(a.Redis, limiter.Options{Keys: a.Keys})
+	// The API's windows follow the test clock too, so tests move through
+	// them without sleeping.
+	a.APILimiter = limiter.NewWindows(a.Redis, limiter.Options{Keys: a.Keys, Clock: parts.Clock})
 	a.Budgets = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock})
 	a.Pacer = pacer.Must(pacer.New(a.Limiter, a.Redis, a.Keys, logger, appObserver{a}, pacer.Options{}))
 	a.Admission = admission.New(a.Pacer)
@@ -171,10 +173,13 @@ func (a *App) Ready(ctx context.Context) error {
 
 // API returns the HTTP API over the app's parts.
 func (a *App) API() *api.Server {
+	// Validate has parsed them already.
+	proxies, _ := a.Env.TrustedProxyPrefixes()
 	srv := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
 		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver,
-	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate, Now: a.clock})
+	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
+		Now: a.clock, TrustedProxies: proxies})
 	srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines})
 	return srv
 }
@@ -224,7 +229,10 @@ func (a *App) JobHandler(opts worker.Options) *worker.Handler {
 // WebhookHandler returns the handler of webhook deliveries.
 func (a *App) WebhookHandler() *webhook.Handler {
 	obs, _ := a.Observer.(webhook.Observer) // the metrics recorder is one
-	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs},
+	// Deliveries are slept for and sent in real time: the spacer keeps
+	// Redis time even under a test clock.
+	spacer := limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys})
+	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs, Spacer: spacer, Policy: a.Policy},
 		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate})
 }
 

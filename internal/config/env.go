@@ -1,7 +1,7 @@
 // Package config owns everything an llmq process is told from outside: the
 // LLMQ_* environment (addresses, secrets, sizes, logging) and the policy file
 // (providers, models with their prices and rate limits, tenant tiers with
-// their daily budgets). It parses both strictly, refuses anything invalid with
+// their daily budgets and API limits). It parses both strictly, refuses anything invalid with
 // one line naming the variable or field and why, and keeps the policy current
 // while the process runs: a PolicyHolder reloads it on SIGHUP or when the file
 // changes, keeps the old policy when the new one is invalid, and tells
@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"reflect"
 	"slices"
@@ -123,6 +124,14 @@ type Env struct {
 	// MaxFileLines caps the number of requests in one batch file.
 	// Defaults to 50000.
 	MaxFileLines int `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
+
+	// TrustedProxies lists the reverse proxies (addresses or CIDR ranges,
+	// separated by commas) whose X-Forwarded-For the API believes: a
+	// request from one of them is attributed to the right-most address of
+	// that header that is not itself a trusted proxy. Unset, the client's
+	// address is the connection's. It matters for the limit of failed
+	// authentications per address. Defaults to none.
+	TrustedProxies string `env:"TRUSTED_PROXIES" help:"reverse proxies (addresses or CIDR ranges, comma-separated) whose X-Forwarded-For names the client"`
 
 	// QueueNamespace is put in front of every asynq queue name, so several
 	// installations (or tests) can share one Redis database: asynq's own keys
@@ -296,7 +305,34 @@ func (e *Env) Validate(role Role) error {
 	if e.MaxFileLines < 1 {
 		return envErrorf("MAX_FILE_LINES", "must be at least 1, got %d", e.MaxFileLines)
 	}
+	if _, err := e.TrustedProxyPrefixes(); err != nil {
+		return err
+	}
 	return validateName("QUEUE_NAMESPACE", e.QueueNamespace, true)
+}
+
+// TrustedProxyPrefixes parses TrustedProxies: each entry an address (a
+// one-address prefix) or a CIDR range, masked to its network.
+func (e *Env) TrustedProxyPrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	n := 0
+	for _, f := range strings.FieldsFunc(e.TrustedProxies, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' }) {
+		n++
+		if strings.Contains(f, "/") {
+			p, err := netip.ParsePrefix(f)
+			if err != nil {
+				return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not a CIDR range such as 10.0.0.0/8 or fd00::/8", n, f)
+			}
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil || a.Zone() != "" {
+			return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not an IP address or CIDR range (such as 192.168.1.10 or 10.0.0.0/8)", n, f)
+		}
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out, nil
 }
 
 // DatabaseDialect tells which store DatabaseURL selects: "postgres" or

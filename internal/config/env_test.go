@@ -220,6 +220,13 @@ func TestValidate(t *testing.T) {
 		{"file bytes negative", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_MAX_FILE_BYTES=-1"}, "LLMQ_MAX_FILE_BYTES", "got -1"},
 		{"file lines zero", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_MAX_FILE_LINES=0"}, "LLMQ_MAX_FILE_LINES", "got 0"},
 		{"namespace space", RoleWorker, []string{"LLMQ_QUEUE_NAMESPACE=a b"}, "LLMQ_QUEUE_NAMESPACE", "may hold only"},
+		{"trusted proxies ok", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_TRUSTED_PROXIES=10.0.0.0/8, 192.168.1.10,fd00::/8,"}, "", ""},
+		{"trusted proxy not an address", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_TRUSTED_PROXIES=10.0.0.1,10.0.0.300"},
+			"LLMQ_TRUSTED_PROXIES", `entry 2, "10.0.0.300", is not an IP address or CIDR range`},
+		{"trusted proxy bad CIDR", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_TRUSTED_PROXIES=10.0.0.0/33"},
+			"LLMQ_TRUSTED_PROXIES", `entry 1, "10.0.0.0/33", is not a CIDR range`},
+		{"trusted proxy host name", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_TRUSTED_PROXIES=lb.internal"},
+			"LLMQ_TRUSTED_PROXIES", `"lb.internal", is not an IP address`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -246,6 +253,27 @@ func TestValidate(t *testing.T) {
 				t.Errorf("error %q leaks a secret or spans lines", msg)
 			}
 		})
+	}
+}
+
+// Trusted proxies are read as ranges: an address is a range of one, a
+// range is masked to its network, an IPv4-mapped address is IPv4.
+func TestTrustedProxyPrefixes(t *testing.T) {
+	t.Parallel()
+	e := loadEnv(t, "LLMQ_TRUSTED_PROXIES=10.1.2.3/8 ::ffff:192.168.1.10, 2001:db8::1")
+	ps, err := e.TrustedProxyPrefixes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range ps {
+		got = append(got, p.String())
+	}
+	if strings.Join(got, " ") != "10.0.0.0/8 192.168.1.10/32 2001:db8::1/128" {
+		t.Fatalf("prefixes = %v", got)
+	}
+	if ps, err := loadEnv(t).TrustedProxyPrefixes(); err != nil || len(ps) != 0 {
+		t.Fatalf("unset: %v, %v; want none", ps, err)
 	}
 }
 

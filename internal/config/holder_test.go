@@ -24,7 +24,7 @@ func policyWithRPS(t *testing.T, rps int) string {
 
 func standardRPS(p *Policy) int {
 	tr, _ := p.Tier("standard")
-	return tr.APIRPS
+	return int(tr.APILimits.Second)
 }
 
 // writePolicy replaces the file by renaming a new one over it, as editors

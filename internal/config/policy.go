@@ -17,6 +17,7 @@ import (
 	// container images that ship no zoneinfo.
 	_ "time/tzdata"
 
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/money"
 )
 
@@ -64,6 +65,12 @@ type Policy struct {
 	// GlobalDailyBudget caps the spend of all tenants together per UTC day;
 	// 0 means no global cap.
 	GlobalDailyBudget money.Micros
+
+	// AuthFailureLimits are the requests with a missing or wrong key (or
+	// admin token) one client address may make per window; past them its
+	// requests are refused until the window frees. No window set means no
+	// limit. Defaults to DefaultAuthFailureLimits, 20 a minute.
+	AuthFailureLimits APILimits
 
 	// Digest is the hex SHA-256 of the YAML the policy was parsed from, to
 	// tell versions apart in logs and on the dashboard.
@@ -130,11 +137,28 @@ type Tier struct {
 	// OnExhausted is defer or reject: what happens to a job once the budget
 	// is spent. Defaults to defer.
 	OnExhausted string
-	// APIRPS is the per-key rate limit of the HTTP API, in requests per
-	// second; 0 only when APIExempt.
-	APIRPS int
+	// APILimits are each API key's limits of the HTTP API, per window; at
+	// least one is set unless APIExempt. api_rps: N is short for
+	// api_limits: {second: N}.
+	APILimits APILimits
+	// APIAlgorithm counts them. Defaults to sliding_window.
+	APIAlgorithm limiter.Algorithm
+	// APISoftLimit is the fraction of a window past which responses carry
+	// X-RateLimit-Warning, in (0, 1]. Defaults to 0.8.
+	APISoftLimit float64
+	// APIEndpointLimits are lower limits of the endpoints they name (see
+	// APIEndpoints), per key and endpoint, on top of APILimits. Defaults to
+	// none.
+	APIEndpointLimits map[string]APILimits
+	// APILease is the slice of a key's windows a dispatcher leases at a
+	// time instead of a round trip per request; 0 checks every request in
+	// Redis. Defaults to 0.
+	APILease int64
 	// APIExempt skips the per-key API rate limit.
 	APIExempt bool
+	// WebhookHostRPS is how many webhook deliveries per second a tenant of
+	// the tier sends to one host at most. Defaults to 10.
+	WebhookHostRPS float64
 	// Timezone is where the tier's day starts and ends. Defaults to UTC.
 	Timezone *time.Location
 }
@@ -217,6 +241,7 @@ type rawPolicy struct {
 	Models               []rawModel    `yaml:"models"`
 	Tiers                []rawTier     `yaml:"tiers"`
 	GlobalDailyBudgetUSD float64       `yaml:"global_daily_budget_usd"`
+	AuthFailureLimits    *rawAPILimits `yaml:"auth_failure_limits"`
 }
 
 type rawProvider struct {
@@ -260,6 +285,13 @@ type rawTier struct {
 	APIRPS         int      `yaml:"api_rps"`
 	APIExempt      bool     `yaml:"api_exempt"`
 	Timezone       string   `yaml:"timezone"`
+
+	APILimits         *rawAPILimits           `yaml:"api_limits"`
+	APIAlgorithm      string                  `yaml:"api_algorithm"`
+	APISoftLimit      *float64                `yaml:"api_soft_limit"`
+	APIEndpointLimits map[string]rawAPILimits `yaml:"api_endpoint_limits"`
+	APILease          int64                   `yaml:"api_lease"`
+	WebhookHostRPS    *float64                `yaml:"webhook_host_rps"`
 }
 
 func (raw *rawPolicy) build(src *source) (*Policy, error) {
@@ -346,6 +378,9 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		return nil, err
 	}
 	p.GlobalDailyBudget = global
+	if p.AuthFailureLimits, err = buildAuthFailures(src, raw.AuthFailureLimits); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -498,7 +533,6 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		SoftLimit:   DefaultSoftLimit,
 		Priority:    rt.Priority,
 		OnExhausted: rt.OnExhausted,
-		APIRPS:      rt.APIRPS,
 		APIExempt:   rt.APIExempt,
 		Timezone:    time.UTC,
 	}
@@ -547,12 +581,8 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 	default:
 		return t, src.errorAt(path+".on_exhausted", "must be defer or reject, got %q", rt.OnExhausted)
 	}
-	switch {
-	case rt.APIExempt && rt.APIRPS != 0:
-		return t, src.errorAt(path+".api_rps", "must not be set together with api_exempt: true, got %d", rt.APIRPS)
-	case rt.APIExempt:
-	case rt.APIRPS < 1:
-		return t, src.errorAt(path+".api_rps", "must be at least 1 (or api_exempt: true), got %d", rt.APIRPS)
+	if err := rt.buildAPI(src, path, &t); err != nil {
+		return t, err
 	}
 	if rt.Timezone != "" {
 		// "Local" would make the tier's day depend on each host's setting.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/money"
 )
 
@@ -122,12 +123,20 @@ func TestParsePolicyDefaults(t *testing.T) {
 	}
 
 	std, _ := p.Tier("standard")
-	if std.DailyBudget != 50*money.PerDollar || std.Unlimited || std.Timezone != time.UTC || std.APIRPS != 50 {
+	if std.DailyBudget != 50*money.PerDollar || std.Unlimited || std.Timezone != time.UTC || std.APILimits != (APILimits{Second: 50}) {
 		t.Errorf("standard = %+v", std)
 	}
 	in, _ := p.Tier("internal")
-	if !in.Unlimited || in.DailyBudget != 0 || !in.APIExempt || in.APIRPS != 0 {
+	if !in.Unlimited || in.DailyBudget != 0 || !in.APIExempt || !in.APILimits.IsZero() {
 		t.Errorf("internal = %+v; want unlimited, exempt", in)
+	}
+	if std.APIAlgorithm != limiter.AlgSlidingWindow || std.APISoftLimit != DefaultAPISoftLimit || std.APILease != 0 ||
+		std.APIEndpointLimits != nil || std.WebhookHostRPS != DefaultWebhookHostRPS || in.WebhookHostRPS != DefaultWebhookHostRPS {
+		t.Errorf("standard's API defaults: %s, soft %v, lease %d, endpoints %v, webhooks %v/s",
+			std.APIAlgorithm, std.APISoftLimit, std.APILease, std.APIEndpointLimits, std.WebhookHostRPS)
+	}
+	if p.AuthFailureLimits != DefaultAuthFailureLimits || DefaultAuthFailureLimits != (APILimits{Minute: 20}) {
+		t.Errorf("AuthFailureLimits = %+v, want 20 a minute", p.AuthFailureLimits)
 	}
 	if in.SoftLimit != DefaultSoftLimit || in.Priority != PriorityDefault || in.OnExhausted != OnExhaustedDefer || in.Timezone != time.UTC {
 		t.Errorf("internal defaults: soft %v, priority %q, on_exhausted %q, tz %v",
@@ -173,6 +182,47 @@ func TestParsePolicyOptionalFields(t *testing.T) {
 	p = mustParse(t, edit(t, "    upstream: llama-3-8b\n", "    upstream: nomic-embedding-v1\n"))
 	if m, _ := p.Model("fast"); m.Kind != KindEmbedding {
 		t.Errorf("kind from upstream = %q, want embedding", m.Kind)
+	}
+}
+
+// The API's limits: windows per tier with their algorithm, soft limit,
+// lease and per-endpoint limits, the webhook pace, and the per-address
+// limit of failed authentications.
+func TestParsePolicyAPILimits(t *testing.T) {
+	t.Parallel()
+	p := mustParse(t, edit(t, "    api_rps: 50\n", `    api_limits: {second: 50, minute: 0, hour: 0, day: 200000}
+    api_algorithm: fixed_window
+    api_soft_limit: 0.9
+    api_lease: 10
+    api_endpoint_limits:
+      files.create: {minute: 10}
+      batches.create: {second: 2, day: 100}
+    webhook_host_rps: 2.5
+`)+"auth_failure_limits: {minute: 5, hour: 50}\n")
+	std, _ := p.Tier("standard")
+	if std.APILimits != (APILimits{Second: 50, Day: 200000}) || std.APIAlgorithm != limiter.AlgFixedWindow ||
+		std.APISoftLimit != 0.9 || std.APILease != 10 || std.WebhookHostRPS != 2.5 {
+		t.Fatalf("standard = %+v", std)
+	}
+	if len(std.APIEndpointLimits) != 2 || std.APIEndpointLimits["files.create"] != (APILimits{Minute: 10}) ||
+		std.APIEndpointLimits["batches.create"] != (APILimits{Second: 2, Day: 100}) {
+		t.Fatalf("endpoint limits = %v", std.APIEndpointLimits)
+	}
+	if p.AuthFailureLimits != (APILimits{Minute: 5, Hour: 50}) {
+		t.Fatalf("auth_failure_limits = %+v", p.AuthFailureLimits)
+	}
+	ws := std.APIEndpointLimits["batches.create"].Windows("batches.create:")
+	if len(ws) != 2 || ws[0].Name != "batches.create:second" || ws[0].Limit != 2 || ws[0].Period != time.Second ||
+		ws[1].Name != "batches.create:day" || ws[1].Period != 24*time.Hour {
+		t.Fatalf("windows = %+v", ws)
+	}
+	if s := std.APILimits.String(); s != "50/second, 200000/day" {
+		t.Fatalf("String = %q", s)
+	}
+	// No window at all turns the per-address limit off.
+	p = mustParse(t, basePolicy+"auth_failure_limits: {minute: 0}\n")
+	if !p.AuthFailureLimits.IsZero() {
+		t.Fatalf("auth_failure_limits {minute: 0} = %+v, want none", p.AuthFailureLimits)
 	}
 }
 
@@ -328,9 +378,43 @@ func TestParsePolicyErrors(t *testing.T) {
 		{name: "soft_limit on unlimited", old: "    unlimited: true\n", new: "    unlimited: true\n    soft_limit: 0.5\n", field: "tiers[1].soft_limit", msg: "no effect on an unlimited tier"},
 		{name: "unknown priority", old: "priority: default", new: "priority: urgent", field: "tiers[0].priority", msg: `must be critical, default or low, got "urgent"`},
 		{name: "unknown on_exhausted", old: "on_exhausted: defer", new: "on_exhausted: wait", field: "tiers[0].on_exhausted", msg: `must be defer or reject, got "wait"`},
-		{name: "api_rps missing", old: "    api_rps: 50\n", new: "", field: "tiers[0].api_rps", msg: "must be at least 1 (or api_exempt: true), got 0"},
-		{name: "api_rps negative", old: "api_rps: 50", new: "api_rps: -1", field: "tiers[0].api_rps", msg: "must be at least 1"},
+		{name: "api_rps missing", old: "    api_rps: 50\n", new: "", field: "tiers[0].api_limits", msg: "required: at least one window above 0"},
+		{name: "api_rps negative", old: "api_rps: 50", new: "api_rps: -1", field: "tiers[0].api_rps", msg: "must be at least 1, got -1"},
 		{name: "api_rps and api_exempt", old: "    api_exempt: true\n", new: "    api_exempt: true\n    api_rps: 10\n", field: "tiers[1].api_rps", msg: "must not be set together with api_exempt: true"},
+		{name: "api_limits and api_exempt", old: "    api_exempt: true\n", new: "    api_exempt: true\n    api_limits: {day: 10}\n", field: "tiers[1].api_limits", msg: "must not be set together with api_exempt: true"},
+		{name: "api_lease and api_exempt", old: "    api_exempt: true\n", new: "    api_exempt: true\n    api_lease: 5\n", field: "tiers[1].api_lease", msg: "must not be set together with api_exempt: true"},
+		{name: "api_rps and api_limits.second", old: "api_rps: 50", new: "api_rps: 50\n    api_limits: {second: 10}", field: "tiers[0].api_rps", msg: "is short for api_limits.second, which is set too"},
+		{name: "api_limits all zero", old: "api_rps: 50", new: "api_limits: {second: 0, day: 0}", field: "tiers[0].api_limits", msg: "required: at least one window above 0"},
+		{name: "api_limits negative", old: "api_rps: 50", new: "api_limits: {second: 5, hour: -2}", field: "tiers[0].api_limits.hour", msg: "must be 0 or more (0 = no such window), got -2"},
+		{name: "api_limits unknown window", old: "api_rps: 50", new: "api_limits: {second: 5, minut: 9}", field: "tiers[0].api_limits.minut", msg: `unknown field (did you mean "minute"?)`},
+		{name: "api_limits fraction", old: "api_rps: 50", new: "api_limits: {second: 5.5}", field: "tiers[0].api_limits.second", msg: "must be a whole number"},
+		{name: "api_algorithm unknown", old: "api_rps: 50", new: "api_rps: 50\n    api_algorithm: sliding_windw", field: "tiers[0].api_algorithm",
+			msg: `must be sliding_window, fixed_window, sliding_log or token_bucket, got "sliding_windw" (did you mean "sliding_window"?)`},
+		{name: "api_algorithm leaky", old: "api_rps: 50", new: "api_rps: 50\n    api_algorithm: leaky_bucket", field: "tiers[0].api_algorithm", msg: `got "leaky_bucket"`},
+		{name: "sliding_log too large", old: "api_rps: 50", new: "api_limits: {second: 50, day: 200000}\n    api_algorithm: sliding_log", field: "tiers[0].api_limits.day",
+			msg: "200000 is more than sliding_log allows (10000)"},
+		{name: "api_soft_limit zero", old: "api_rps: 50", new: "api_rps: 50\n    api_soft_limit: 0", field: "tiers[0].api_soft_limit", msg: "must be more than 0 and at most 1, got 0"},
+		{name: "api_soft_limit over 1", old: "api_rps: 50", new: "api_rps: 50\n    api_soft_limit: 1.5", field: "tiers[0].api_soft_limit", msg: "got 1.5"},
+		{name: "api_lease negative", old: "api_rps: 50", new: "api_rps: 50\n    api_lease: -1", field: "tiers[0].api_lease", msg: "must be from 0"},
+		{name: "api_lease above a window", old: "api_rps: 50", new: "api_limits: {second: 50, minute: 20}\n    api_lease: 30", field: "tiers[0].api_lease",
+			msg: "to the smallest api_limits window, 20, got 30"},
+		{name: "unknown endpoint", old: "api_rps: 50", new: "api_rps: 50\n    api_endpoint_limits: {file.create: {minute: 5}}", field: "tiers[0].api_endpoint_limits.file.create",
+			msg: `unknown endpoint (did you mean "files.create"?)`},
+		{name: "unknown endpoint far off", old: "api_rps: 50", new: "api_rps: 50\n    api_endpoint_limits: {uploads: {minute: 5}}", field: "tiers[0].api_endpoint_limits.uploads",
+			msg: "unknown endpoint (known endpoints: jobs.create,"},
+		{name: "endpoint above the key's limit", old: "api_rps: 50", new: "api_rps: 50\n    api_endpoint_limits: {files.create: {second: 60}}",
+			field: "tiers[0].api_endpoint_limits.files.create.second", msg: "60 is more than api_limits.second (50): a request counts against both"},
+		{name: "endpoint without windows", old: "api_rps: 50", new: "api_rps: 50\n    api_endpoint_limits: {files.create: {}}",
+			field: "tiers[0].api_endpoint_limits.files.create", msg: "must set at least one window above 0"},
+		{name: "endpoint unknown window", old: "api_rps: 50", new: "api_rps: 50\n    api_endpoint_limits: {files.create: {mintue: 5}}",
+			field: "tiers[0].api_endpoint_limits.files.create.mintue", msg: `unknown field (did you mean "minute"?)`},
+		{name: "endpoint negative", old: "api_rps: 50", new: "api_rps: 50\n    api_endpoint_limits: {files.create: {minute: -5}}",
+			field: "tiers[0].api_endpoint_limits.files.create.minute", msg: "must be 0 or more"},
+		{name: "webhook_host_rps zero", old: "api_rps: 50", new: "api_rps: 50\n    webhook_host_rps: 0", field: "tiers[0].webhook_host_rps", msg: "must be more than 0 and at most 100000 deliveries per second, got 0"},
+		{name: "auth_failure_limits negative", old: "global_daily_budget_usd: 100", new: "global_daily_budget_usd: 100\nauth_failure_limits: {minute: -1}",
+			field: "auth_failure_limits.minute", msg: "must be 0 or more"},
+		{name: "auth_failure_limits unknown", old: "global_daily_budget_usd: 100", new: "global_daily_budget_usd: 100\nauth_failure_limits: {per_minute: 3}",
+			field: "auth_failure_limits.per_minute", msg: "unknown field"},
 		{name: "unknown timezone", old: "    api_rps: 50\n", new: "    api_rps: 50\n    timezone: Mars/Olympus\n", field: "tiers[0].timezone", msg: `got "Mars/Olympus"`},
 		{name: "Local timezone", old: "    api_rps: 50\n", new: "    api_rps: 50\n    timezone: Local\n", field: "tiers[0].timezone", msg: `got "Local"`},
 
@@ -388,6 +472,8 @@ func TestPolicyErrorText(t *testing.T) {
 		{"  - name: internal\n    unlimited: true\n", "  - name: internal\n    unlimited: true\n    priority: urgent\n",
 			`policy: tiers[1].priority: must be critical, default or low, got "urgent" (line 30:15)`},
 		{"    daily_budget_usd: 50", "    daly_budget_usd: 50", `policy: tiers[0].daly_budget_usd: unknown field (did you mean "daily_budget_usd"?) (line 23:5)`},
+		{"    api_rps: 50\n", "    api_rps: 50\n    api_endpoint_limits:\n      files.create: {minute: 60, second: 51}\n",
+			`policy: tiers[0].api_endpoint_limits.files.create.second: 51 is more than api_limits.second (50): a request counts against both, so it would never bind (line 29:42)`},
 	} {
 		_, err := ParsePolicy([]byte(edit(t, c.old, c.new)))
 		if err == nil || err.Error() != c.want {
@@ -486,7 +572,7 @@ func TestExamplePolicy(t *testing.T) {
 		budget   money.Micros
 		priority string
 		onExh    string
-		rps      int
+		rps      int64
 	}{
 		"free":     {1 * money.PerDollar, PriorityLow, OnExhaustedReject, 2},
 		"standard": {50 * money.PerDollar, PriorityDefault, OnExhaustedDefer, 50},
@@ -498,7 +584,7 @@ func TestExamplePolicy(t *testing.T) {
 			t.Errorf("tier %s missing", name)
 			continue
 		}
-		if tr.DailyBudget != w.budget || tr.Priority != w.priority || tr.OnExhausted != w.onExh || tr.APIRPS != w.rps || tr.Unlimited {
+		if tr.DailyBudget != w.budget || tr.Priority != w.priority || tr.OnExhausted != w.onExh || tr.APILimits.Second != w.rps || tr.Unlimited {
 			t.Errorf("tier %s = %+v", name, tr)
 		}
 	}
@@ -508,6 +594,13 @@ func TestExamplePolicy(t *testing.T) {
 	}
 	if prem, _ := p.Tier("premium"); prem.Timezone.String() != "America/New_York" {
 		t.Errorf("premium timezone = %v", prem.Timezone)
+	}
+	std, _ := p.Tier("standard")
+	prem, _ := p.Tier("premium")
+	if std.APILimits != (APILimits{Second: 50, Day: 200000}) || std.APIEndpointLimits["files.create"] != (APILimits{Minute: 10}) ||
+		prem.APIAlgorithm != limiter.AlgTokenBucket || prem.APILease != 20 || p.AuthFailureLimits != DefaultAuthFailureLimits {
+		t.Errorf("the example's API limits: standard %+v %v, premium %s lease %d, auth failures %+v",
+			std.APILimits, std.APIEndpointLimits, prem.APIAlgorithm, prem.APILease, p.AuthFailureLimits)
 	}
 	if p.GlobalDailyBudget != 0 {
 		t.Errorf("GlobalDailyBudget = %v, want 0 (the example leaves the cap commented out)", p.GlobalDailyBudget)

@@ -233,13 +233,25 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 			}
 			f, ok := fieldByYAMLName(t, key)
 			if !ok {
-				return fail("unknown field%s", suggest(key, yamlNames(t)))
+				return fail("unknown field%s", suggest(key, yamlNames(t), "fields"))
 			}
 			if prev, dup := seen[key]; dup {
 				return fail("given twice (also at line %d:%d)", prev.line, prev.col)
 			}
 			seen[key] = kp
 			if err := s.checkKeys(mv.Value, f.Type, child); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		// Keys are names the caller checks (endpoints); values are checked
+		// against the element type.
+		ps, _ := pairs(n)
+		for _, mv := range ps {
+			if mv.Key.IsMergeKey() {
+				continue
+			}
+			if err := s.checkKeys(mv.Value, t.Elem(), joinPath(path, keyString(mv.Key))); err != nil {
 				return err
 			}
 		}
@@ -290,8 +302,9 @@ func yamlNames(t reflect.Type) []string {
 	return names
 }
 
-// suggest names the known field closest to key, for typos.
-func suggest(key string, known []string) string {
+// suggest names the known name (of a field, an endpoint: noun) closest to
+// key, for typos, or else lists them all.
+func suggest(key string, known []string, noun string) string {
 	best, bestDist := "", 3 // more than two edits away is not a typo
 	for _, k := range known {
 		if d := editDistance(key, k); d < bestDist {
@@ -299,7 +312,7 @@ func suggest(key string, known []string) string {
 		}
 	}
 	if best == "" {
-		return " (known fields: " + strings.Join(known, ", ") + ")"
+		return " (known " + noun + ": " + strings.Join(known, ", ") + ")"
 	}
 	return fmt.Sprintf(" (did you mean %q?)", best)
 }

@@ -3,6 +3,7 @@ package dashboard_test
 import (
 	"context"
 	"encoding/base64"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -283,5 +284,62 @@ func TestAdminPagesRefuseCrossSiteRequests(t *testing.T) {
 	}
 	if r := do("GET", "/dashboard", http.Header{"Sec-Fetch-Site": {"same-origin"}}); r.StatusCode != http.StatusOK {
 		t.Errorf("same-origin: %d", r.StatusCode)
+	}
+}
+
+// The dashboard shows each tier's API limits and who is exempt from them:
+// exempt tiers, tenants and keys (by id and prefix, never the key).
+func TestDashboardShowsAPILimitsAndExemptions(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy + `  - name: metered
+    daily_budget_usd: 5
+    api_limits: {second: 50, day: 200000}
+    api_algorithm: token_bucket
+    api_lease: 10
+    api_endpoint_limits:
+      files.create: {minute: 10}
+    webhook_host_rps: 2
+  - name: internal
+    unlimited: true
+    api_exempt: true
+`})
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
+	srv := a.API()
+	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closer.Close() })
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+
+	r := a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "billing-service", "tier": "metered", "api_exempt": true})
+	exemptTenant := r.Map(t)["id"].(string)
+	other, _ := a.Tenant("metered")
+	k := a.Do("POST", "/admin/v1/tenants/"+other+"/keys", apptest.AdminToken, map[string]any{"api_exempt": true}).Map(t)
+	keyID, plain, prefix := k["id"].(string), k["key"].(string), k["prefix"].(string)
+
+	req, _ := http.NewRequest("GET", hs.URL+"/dashboard", nil)
+	req.Header.Set("Authorization", basic(apptest.AdminToken))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(body)
+	for _, want := range []string{
+		`data-api-tier="metered"`, `<td class="limits">50/second, 200000/day</td><td>token_bucket</td><td>80%</td><td>slices of 10</td>`,
+		`files.create 10/minute`, `2/s per host`, `<td class="limits">1000/second</td><td>sliding_window</td>`,
+		`data-api-tier="internal"`, `exempt</span>`,
+		`data-exempt-tenant="` + exemptTenant + `"`, `billing-service`,
+		`data-exempt-key="` + keyID + `"`, prefix + `…`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the dashboard lacks %q", want)
+		}
+	}
+	if strings.Contains(page, plain) || strings.Contains(page, "could not be read") {
+		t.Fatal("the dashboard shows a key, or a section failed")
 	}
 }

@@ -36,6 +36,7 @@ type view struct {
 	Tenants tenantsView
 	Batches []batchRow
 	Queues  []queueRow
+	API     apiLimitsView
 	// Problems are sections that could not be read, said in one line each.
 	Problems []string
 }
@@ -144,6 +145,12 @@ func (s *Server) build(ctx context.Context) *view {
 		problem("batches", err)
 	} else {
 		v.Batches = rows
+	}
+
+	if api, err := s.apiLimits(ctx); err != nil {
+		problem("API exemptions", err)
+	} else {
+		v.API = api
 	}
 
 	if qs, err := s.d.Queues.QueueStats(ctx); err != nil {
@@ -438,5 +445,6 @@ func duration(d time.Duration) string {
 var funcs = template.FuncMap{
 	"pct":   func(p float64) string { return strconv.FormatFloat(p, 'f', 1, 64) },
 	"group": group,
+	"join":  endpointList,
 	"time":  func(t time.Time) string { return t.Format("2006-01-02 15:04:05 UTC") },
 }

@@ -131,3 +131,110 @@ func BenchmarkReserveLatency(b *testing.B) {
 		b.ReportMetric(float64(d[j][len(d[j])*99/100].Microseconds()), name+"-p99-µs")
 	}
 }
+
+// benchWindows are an API key's windows in the benchmarks: limits so large
+// that every call is an admission.
+var benchWindows = []NamedWindow{
+	{Name: "second", Window: Window{Limit: 1e12, Period: time.Second}},
+	{Name: "day", Window: Window{Limit: 1e14, Period: 24 * time.Hour}},
+}
+
+// BenchmarkWindowsVsRedisRate compares admissions per second, with 50
+// concurrent callers on one key in one process (the API's per-key check),
+// of redis_rate's AllowN on one bucket, Windows.Allow (a round trip per
+// request) on a second window and on second + day windows, for every
+// algorithm, and a WindowLease (slices of 100) on second + day.
+func BenchmarkWindowsVsRedisRate(b *testing.B) {
+	rdb := testutil.Redis(b, 1)
+	ctx := context.Background()
+	run := func(b *testing.B, take func() (bool, error)) {
+		b.SetParallelism(max(1, benchCallers/runtime.GOMAXPROCS(0)))
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if ok, err := take(); err != nil || !ok {
+					b.Errorf("take: %v, %v", ok, err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "permits/s")
+	}
+	b.Run("redis_rate_AllowN", func(b *testing.B) {
+		lim := redis_rate.NewLimiter(rdb)
+		limit := redis_rate.Limit{Rate: 1 << 40, Burst: 1 << 40, Period: time.Second}
+		key := testutil.Prefix(b)
+		run(b, func() (bool, error) {
+			r, err := lim.AllowN(ctx, key, limit, 1)
+			return err == nil && r.Allowed == 1, err
+		})
+	})
+	for _, alg := range Algorithms {
+		for _, ws := range [][]NamedWindow{benchWindows[:1], benchWindows} {
+			name := "Allow_" + string(alg) + "_" + ws[len(ws)-1].Name
+			if alg == AlgSlidingLog && len(ws) > 1 {
+				continue // a day's log of every admission: not what the log is for
+			}
+			b.Run(name, func(b *testing.B) {
+				w := NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
+				s := WindowSet{Algorithm: alg, Scope: "api:bench", Windows: ws}
+				run(b, func() (bool, error) {
+					r, err := w.Allow(ctx, s, 1)
+					return err == nil && r.Allowed, err
+				})
+			})
+		}
+		if alg == AlgSlidingLog {
+			continue
+		}
+		b.Run("Lease_"+string(alg)+"_day", func(b *testing.B) {
+			w := NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
+			l := w.NewLease(WindowSet{Algorithm: alg, Scope: "api:bench", Windows: benchWindows}, WindowLeaseOptions{Size: 100})
+			defer l.Close(ctx)
+			run(b, func() (bool, error) {
+				r, err := l.Take(ctx, 1)
+				return err == nil && r.Allowed, err
+			})
+		})
+	}
+}
+
+// BenchmarkWindowsLatency reports the p50 and p99 latency of an uncontended
+// Windows.Allow on second + day windows (sliding window, the default) and,
+// alternating with it call by call, of redis_rate's AllowN on one bucket.
+func BenchmarkWindowsLatency(b *testing.B) {
+	rdb := testutil.Redis(b, 1)
+	ctx := context.Background()
+	w := NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
+	s := WindowSet{Algorithm: AlgSlidingWindow, Scope: "api:bench", Windows: benchWindows}
+	lim := redis_rate.NewLimiter(rdb)
+	limit := redis_rate.Limit{Rate: 1 << 40, Burst: 1 << 40, Period: time.Second}
+	key := testutil.Prefix(b)
+	calls := []func() error{
+		func() error { _, err := w.Allow(ctx, s, 1); return err },
+		func() error { _, err := lim.AllowN(ctx, key, limit, 1); return err },
+	}
+	d := [2][]time.Duration{make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)}
+	for _, f := range calls { // loads the scripts
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		for j := range calls {
+			j = (i + j) % 2
+			start := time.Now()
+			if err := calls[j](); err != nil {
+				b.Fatal(err)
+			}
+			d[j] = append(d[j], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	for j, name := range []string{"Allow", "redis_rate"} {
+		slices.Sort(d[j])
+		b.ReportMetric(float64(d[j][len(d[j])/2].Microseconds()), name+"-p50-µs")
+		b.ReportMetric(float64(d[j][len(d[j])*99/100].Microseconds()), name+"-p99-µs")
+	}
+}

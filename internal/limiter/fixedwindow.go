@@ -27,32 +27,81 @@ func NewFixedWindow(rdb redis.Scripter, opts Options) *FixedWindow {
 	return &FixedWindow{rdb: rdb, opts: opts.withDefaults()}
 }
 
-// fixedWindowScript counts cost in the current window unless it would pass
-// the limit: HINCRBY, and PEXPIRE at the window's first hit.
+// fixedWindowScript counts cost in the current window of every window
+// given, or in none when one of them would pass its limit.
 //
-// KEYS[1] -> the counter's hash (rkeys.FixedWindow): w window start in µs, n count
+// KEYS[1] -> the counters' hash (rkeys.FixedWindow): per window of field
+// suffix s, w<s> its current window's start in µs and n<s> its count
 // ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> limit
-// ARGV[3] -> window in µs
-// ARGV[4] -> cost
-// Returns {allowed (1 or 0), now, count, µs until the window ends}.
-var fixedWindowScript = redis.NewScript(redisclock.Lua + `
-local key = KEYS[1]
-local limit, window, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local start = now - now % window
-local v = redis.call('HMGET', key, 'w', 'n')
-local n = 0
-if tonumber(v[1]) == start then n = tonumber(v[2]) or 0 end
-local left = start + window - now
-if n + cost > limit then return {0, now, n, left} end
-if n == 0 then
-  -- first hit of this window
-  redis.call('HSET', key, 'w', string.format('%.17g', start), 'n', cost)
-  redis.call('PEXPIRE', key, math.ceil(left / 1000) + 1000)
-elseif cost > 0 then
-  redis.call('HINCRBY', key, 'n', cost)
+// ARGV[2] -> cost
+// ARGV[3+3(i-1)], ARGV[4+3(i-1)], ARGV[5+3(i-1)] -> window i: field suffix,
+// limit, length in µs
+// Returns {allowed (1 or 0), now, then per window: count, µs until the
+// window ends, the window's start in µs}.
+var fixedWindowScript = redis.NewScript(redisclock.Lua + luaExtend + `
+local key, cost = KEYS[1], tonumber(ARGV[2])
+local n = (#ARGV - 2) / 3
+local fields = {}
+for i = 1, n do
+  fields[2 * i - 1] = 'w' .. ARGV[3 * i]
+  fields[2 * i] = 'n' .. ARGV[3 * i]
 end
-return {1, now, n + cost, left}
+local v = redis.call('HMGET', key, unpack(fields))
+-- A window's expiry need (its end) moves only when it starts anew: only
+-- then is the expiry extended.
+local allowed, st, fresh = 1, {}, false
+for i = 1, n do
+  local limit, P = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+  local start = now - now % P
+  local c = 0
+  if tonumber(v[2 * i - 1]) == start then c = tonumber(v[2 * i]) or 0 else fresh = true end
+  if c + cost > limit then allowed = 0 end
+  st[i] = {start, c, start + P - now}
+end
+local out, args, ttl = {allowed, now}, {}, 0
+for i = 1, n do
+  local start, c, left = st[i][1], st[i][2], st[i][3]
+  if allowed == 1 and cost > 0 then
+    c = c + cost
+    args[#args + 1] = fields[2 * i - 1]
+    args[#args + 1] = string.format('%.17g', start)
+    args[#args + 1] = fields[2 * i]
+    args[#args + 1] = c
+    if left > ttl then ttl = left end
+  end
+  out[#out + 1] = c
+  out[#out + 1] = left
+  out[#out + 1] = start
+end
+if #args > 0 then
+  redis.call('HSET', key, unpack(args))
+  if fresh then extend(key, math.ceil(ttl / 1000) + 1000) end
+end
+return out
+`)
+
+// fixedWindowGiveBackScript takes back what a lease counted and did not
+// spend, from each window it was counted in that has not ended since.
+//
+// KEYS[1] -> the counters' hash (rkeys.FixedWindow)
+// ARGV[1] -> now in µs, or "" for Redis TIME (unused: the window starts say
+// which windows are still current)
+// ARGV[2] -> the amount to take back
+// ARGV[3+2(i-1)], ARGV[4+2(i-1)] -> window i: field suffix, its start in µs
+// when counted
+// Returns the number of windows taken back from.
+var fixedWindowGiveBackScript = redis.NewScript(redisclock.Lua + `
+local key, amount = KEYS[1], tonumber(ARGV[2])
+local done = 0
+for i = 1, (#ARGV - 2) / 2 do
+  local s = ARGV[1 + 2 * i]
+  local v = redis.call('HMGET', key, 'w' .. s, 'n' .. s)
+  if tonumber(v[1]) == tonumber(ARGV[2 + 2 * i]) and v[2] then
+    redis.call('HSET', key, 'n' .. s, math.max(tonumber(v[2]) - amount, 0))
+    done = done + 1
+  end
+end
+return done
 `)
 
 // Allow counts cost against key's limit per window, or denies without
@@ -62,20 +111,43 @@ func (fw *FixedWindow) Allow(ctx context.Context, key string, limit int64, windo
 	if err := checkWindow(key, Window{Limit: limit, Period: window}, cost); err != nil {
 		return nil, err
 	}
-	args := []any{redisclock.Arg(fw.opts.Clock), limit, window.Microseconds(), cost}
-	v, err := fixedWindowScript.Run(ctx, fw.rdb, []string{fw.opts.Keys.FixedWindow(key)}, args...).Result()
+	res, _, err := runFixedWindow(ctx, fw.rdb, fw.opts, fw.opts.Keys.FixedWindow(key), key,
+		[]NamedWindow{{Name: window.String(), Window: Window{limit, window}}}, []string{""}, cost)
+	return res, err
+}
+
+// runFixedWindow runs fixedWindowScript on windows (field suffixes
+// suffixes) and returns the decision and each window's start.
+func runFixedWindow(ctx context.Context, rdb redis.Scripter, opts Options, rkey, key string,
+	windows []NamedWindow, suffixes []string, cost int64) (*Result, []int64, error) {
+	args := make([]any, 0, 2+3*len(windows))
+	args = append(args, redisclock.Arg(opts.Clock), cost)
+	for i, w := range windows {
+		args = append(args, suffixes[i], w.Limit, w.Period.Microseconds())
+	}
+	v, err := fixedWindowScript.Run(ctx, rdb, []string{rkey}, args...).Result()
 	if err != nil {
-		return nil, fmt.Errorf("limiter: fixed window %q: %w", key, err)
+		return nil, nil, fmt.Errorf("limiter: fixed window %q: %w", key, err)
 	}
-	a, err := ints(v, 4)
+	a, err := ints(v, 2+3*len(windows))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	b := BucketState{Name: window.String(), Unit: UnitRequests, Limit: limit, Remaining: limit - a[2], ResetAfter: us(a[3])}
-	if a[0] == 0 {
-		b.RetryAfter = us(a[3])
+	allowed := a[0] == 1
+	bs := make([]BucketState, len(windows))
+	starts := make([]int64, len(windows))
+	for i, w := range windows {
+		n, left := a[2+3*i], us(a[3+3*i])
+		starts[i] = a[4+3*i]
+		bs[i] = BucketState{Name: w.Name, Unit: UnitRequests, Limit: w.Limit, Remaining: w.Limit - n}
+		if n > 0 {
+			bs[i].ResetAfter = left
+		}
+		if !allowed && n+cost > w.Limit {
+			bs[i].RetryAfter = left
+		}
 	}
-	return windowResult(a[0] == 1, a[1], []BucketState{b}), nil
+	return windowResult(allowed, a[1], bs), starts, nil
 }
 
 // Window is one window of a window limiter: at most Limit per Period.

@@ -1,9 +1,11 @@
 // Package limiter owns llmq's Redis rate limiters: the multi-bucket weighted
 // token bucket that guards every provider call (reserve, reconcile with the
 // real usage, penalize after a 429 with a single probe afterwards, wait), its
-// lease mode for hot paths, and the window limiters (fixed window, sliding
-// window log, sliding window counter, multi-window) used for per-key API
-// limits. Every check-and-take is one Lua script and one round trip, time is
+// lease mode for hot paths, the window limiters (fixed window, sliding
+// window log, sliding window counter, multi-window) and the window sets
+// built on them for the API's per-key limits (Windows, any algorithm, with
+// their lease mode, WindowLease), and the Spacer that spaces webhook
+// deliveries. Every check-and-take is one Lua script and one round trip, time is
 // Redis TIME (or an injected clock in tests), every key comes from
 // rkeys.Builder with the scope's hash tag and expires once idle, and every
 // limiter takes a redis.Scripter, so single node, Sentinel and Cluster fit.
@@ -189,24 +191,12 @@ type Result struct {
 
 // fill sets Limit, Remaining, RetryAfter and ResetAfter of r from r.Buckets.
 func (r *Result) fill() {
-	tight := -1
-	for i, b := range r.Buckets {
+	for _, b := range r.Buckets {
 		if b.ResetAfter > r.ResetAfter {
 			r.ResetAfter = b.ResetAfter
 		}
-		if tight < 0 {
-			tight = i
-			continue
-		}
-		t := r.Buckets[tight]
-		// The bucket that makes the caller wait longest, or else the one with
-		// the smallest fraction left.
-		if b.RetryAfter > t.RetryAfter ||
-			(b.RetryAfter == t.RetryAfter && float64(b.Remaining)/float64(b.Limit) < float64(t.Remaining)/float64(t.Limit)) {
-			tight = i
-		}
 	}
-	if tight >= 0 {
+	if tight := r.Tightest(); tight >= 0 {
 		r.Limit = r.Buckets[tight].Limit
 		r.Remaining = max(r.Buckets[tight].Remaining, 0)
 	}

@@ -14,6 +14,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testutil.RunMainIfChild(childMarker, "limiter-child", windowsChild)
 	goleak.VerifyTestMain(m)
 }
 
@@ -61,6 +62,13 @@ var suite = []struct {
 	{"SlidingLogExact", testSlidingLogExact},
 	{"SlidingCounterNoBoundaryBurst", testSlidingCounterNoBoundaryBurst},
 	{"MultiWindowAllOrNothing", testMultiWindowAllOrNothing},
+	{"WindowSetAllOrNothing", testWindowSetAllOrNothing},
+	{"WindowSetEndpoint", testWindowSetEndpoint},
+	{"WindowLeaseGiveBack", testWindowLeaseGiveBack},
+	{"WindowLeaseBound", testWindowLeaseBound},
+	{"WindowSetInvalid", testWindowSetInvalid},
+	{"WindowSetTTLs", testWindowSetTTLs},
+	{"Spacer", testSpacer},
 	{"BatchedReserves", testBatchedReserves},
 	{"BatchedReserveCancelled", testBatchedReserveCancelled},
 	{"AdmissionProperty", testAdmissionProperty},

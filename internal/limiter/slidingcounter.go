@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,7 +37,9 @@ func (sc *SlidingCounter) Allow(ctx context.Context, key string, limit int64, wi
 	if err := checkWindow(key, Window{Limit: limit, Period: window}, cost); err != nil {
 		return nil, err
 	}
-	return runSlidingCounter(ctx, sc.rdb, sc.opts, sc.opts.Keys.SlidingCounter(key), key, []Window{{limit, window}}, cost)
+	nws, sfx := periodSuffixes([]Window{{limit, window}})
+	res, _, err := runSlidingCounter(ctx, sc.rdb, sc.opts, sc.opts.Keys.SlidingCounter(key), key, nws, sfx, cost)
+	return res, err
 }
 
 // MultiWindow is several sliding window counters over one key (e.g. per
@@ -71,38 +74,46 @@ func (mw *MultiWindow) Allow(ctx context.Context, key string, windows []Window, 
 			}
 		}
 	}
-	return runSlidingCounter(ctx, mw.rdb, mw.opts, mw.opts.Keys.MultiWindow(key), key, windows, cost)
+	nws, sfx := periodSuffixes(windows)
+	res, _, err := runSlidingCounter(ctx, mw.rdb, mw.opts, mw.opts.Keys.MultiWindow(key), key, nws, sfx, cost)
+	return res, err
 }
 
 // slidingCounterScript checks cost against every window and counts it in
 // all of them, or in none.
 //
-// KEYS[1] -> the hash (rkeys.SlidingCounter or rkeys.MultiWindow); per window
-// of period P in µs: w:P its current window's start in µs, c:P that window's
-// count, p:P the previous window's count
+// KEYS[1] -> the hash (rkeys.SlidingCounter or rkeys.MultiWindow); per
+// window of field suffix s: w<s> its current window's start in µs, c<s>
+// that window's count, p<s> the previous window's count
 // ARGV[1] -> now in µs, or "" for Redis TIME
 // ARGV[2] -> cost
-// ARGV[3+2(i-1)], ARGV[4+2(i-1)] -> window i: limit, period in µs
-// Returns {allowed (1 or 0), now, then per window: remaining, retry µs, reset µs}.
-var slidingCounterScript = redis.NewScript(redisclock.Lua + `
+// ARGV[3+3(i-1)], ARGV[4+3(i-1)], ARGV[5+3(i-1)] -> window i: field suffix,
+// limit, period in µs
+// Returns {allowed (1 or 0), now, then per window: remaining, retry µs,
+// reset µs, its current window's start in µs}.
+var slidingCounterScript = redis.NewScript(redisclock.Lua + luaExtend + `
 local key = KEYS[1]
 local cost = tonumber(ARGV[2])
-local n = (#ARGV - 2) / 2
+local n = (#ARGV - 2) / 3
 local fields = {}
 for i = 1, n do
-  local p = ARGV[2 + 2 * i]
-  fields[3 * i - 2] = 'w:' .. p
-  fields[3 * i - 1] = 'c:' .. p
-  fields[3 * i] = 'p:' .. p
+  local s = ARGV[3 * i]
+  fields[3 * i - 2] = 'w' .. s
+  fields[3 * i - 1] = 'c' .. s
+  fields[3 * i] = 'p' .. s
 end
 local v = redis.call('HMGET', key, unpack(fields))
 
 local allowed = 1
 local st = {}
+-- A window's expiry need (its start + 2P) moves only when it starts anew:
+-- only then is the expiry extended.
+local fresh = false
 for i = 1, n do
-  local limit, P = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  local limit, P = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local start = now - now % P
   local w, c, p = tonumber(v[3 * i - 2]), tonumber(v[3 * i - 1]) or 0, tonumber(v[3 * i]) or 0
+  if not w or start > w then fresh = true end
   if not w then
     c, p = 0, 0
   elseif start > w then
@@ -136,12 +147,11 @@ for i = 1, n do
   local limit, P, start, c, p, x, est, retry = unpack(st[i])
   if allowed == 1 then
     c, est = c + cost, est + cost
-    local f = ARGV[2 + 2 * i]
-    args[#args + 1] = 'w:' .. f
+    args[#args + 1] = fields[3 * i - 2]
     args[#args + 1] = string.format('%.17g', start)
-    args[#args + 1] = 'c:' .. f
+    args[#args + 1] = fields[3 * i - 1]
     args[#args + 1] = c
-    args[#args + 1] = 'p:' .. f
+    args[#args + 1] = fields[3 * i]
     args[#args + 1] = p
   end
   local reset = 0
@@ -150,33 +160,79 @@ for i = 1, n do
   out[#out + 1] = math.floor(limit - est)
   out[#out + 1] = retry
   out[#out + 1] = reset
+  out[#out + 1] = start
 end
 if allowed == 1 and cost > 0 then
   redis.call('HSET', key, unpack(args))
-  redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
+  if fresh then extend(key, math.ceil(ttl / 1000) + 1000) end
 end
 return out
 `)
 
-func runSlidingCounter(ctx context.Context, rdb redis.Scripter, opts Options, rkey, key string, windows []Window, cost int64) (*Result, error) {
-	args := make([]any, 0, 2+2*len(windows))
+// slidingCounterGiveBackScript takes back what a lease counted and did not
+// spend: from the window it was counted in while that is current, or from
+// the previous-window count once it has become that.
+//
+// KEYS[1] -> the hash (rkeys.SlidingCounter)
+// ARGV[1] -> now in µs, or "" for Redis TIME (unused: the window starts say
+// where the count went)
+// ARGV[2] -> the amount to take back
+// ARGV[3+3(i-1)], ARGV[4+3(i-1)], ARGV[5+3(i-1)] -> window i: field suffix,
+// period in µs, its window's start in µs when counted
+// Returns the number of windows taken back from.
+var slidingCounterGiveBackScript = redis.NewScript(redisclock.Lua + `
+local key, amount = KEYS[1], tonumber(ARGV[2])
+local done = 0
+for i = 1, (#ARGV - 2) / 3 do
+  local s, P, start = ARGV[3 * i], tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+  local v = redis.call('HMGET', key, 'w' .. s, 'c' .. s, 'p' .. s)
+  local w = tonumber(v[1])
+  local f, n = nil, nil
+  if w == start then f, n = 'c' .. s, tonumber(v[2]) elseif w == start + P then f, n = 'p' .. s, tonumber(v[3]) end
+  if f and n then
+    redis.call('HSET', key, f, math.max(n - amount, 0))
+    done = done + 1
+  end
+end
+return done
+`)
+
+// periodSuffixes are the field suffixes of SlidingCounter and MultiWindow:
+// each window's period in µs.
+func periodSuffixes(windows []Window) ([]NamedWindow, []string) {
+	nws := make([]NamedWindow, len(windows))
+	sfx := make([]string, len(windows))
+	for i, w := range windows {
+		nws[i] = NamedWindow{Name: w.Period.String(), Window: w}
+		sfx[i] = ":" + strconv.FormatInt(w.Period.Microseconds(), 10)
+	}
+	return nws, sfx
+}
+
+// runSlidingCounter runs slidingCounterScript on windows (field suffixes
+// suffixes) and returns the decision and each window's start.
+func runSlidingCounter(ctx context.Context, rdb redis.Scripter, opts Options, rkey, key string,
+	windows []NamedWindow, suffixes []string, cost int64) (*Result, []int64, error) {
+	args := make([]any, 0, 2+3*len(windows))
 	args = append(args, redisclock.Arg(opts.Clock), cost)
-	for _, w := range windows {
-		args = append(args, w.Limit, w.Period.Microseconds())
+	for i, w := range windows {
+		args = append(args, suffixes[i], w.Limit, w.Period.Microseconds())
 	}
 	v, err := slidingCounterScript.Run(ctx, rdb, []string{rkey}, args...).Result()
 	if err != nil {
-		return nil, fmt.Errorf("limiter: sliding counter %q: %w", key, err)
+		return nil, nil, fmt.Errorf("limiter: sliding counter %q: %w", key, err)
 	}
-	a, err := ints(v, 2+3*len(windows))
+	a, err := ints(v, 2+4*len(windows))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	bs := make([]BucketState, len(windows))
+	starts := make([]int64, len(windows))
 	for i, w := range windows {
-		x := a[2+3*i:]
-		bs[i] = BucketState{Name: w.Period.String(), Unit: UnitRequests, Limit: w.Limit,
+		x := a[2+4*i:]
+		bs[i] = BucketState{Name: w.Name, Unit: UnitRequests, Limit: w.Limit,
 			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2])}
+		starts[i] = x[3]
 	}
-	return windowResult(a[0] == 1, a[1], bs), nil
+	return windowResult(a[0] == 1, a[1], bs), starts, nil
 }

@@ -62,11 +62,29 @@ func (b Builder) SlidingLog(scope string) string { return b.key("swl", tag(scope
 // SlidingLogTotal is the running cost total beside the sliding log's sorted set.
 func (b Builder) SlidingLogTotal(scope string) string { return b.key("swl", tag(scope), "total") }
 
+// SlidingLogWindow is the sorted set of one named window of a scope's
+// sliding-window-log set (limiter.Windows).
+func (b Builder) SlidingLogWindow(scope, window string) string {
+	return b.key("swl", tag(scope), "w", window)
+}
+
+// SlidingLogWindowTotal is the running cost total beside SlidingLogWindow.
+func (b Builder) SlidingLogWindowTotal(scope, window string) string {
+	return b.key("swl", tag(scope), "w", window, "total")
+}
+
 // SlidingCounter is the hash of a sliding-window-counter limiter.
 func (b Builder) SlidingCounter(scope string) string { return b.key("swc", tag(scope)) }
 
 // MultiWindow is the hash of a multi-window (second, minute, day) limiter.
 func (b Builder) MultiWindow(scope string) string { return b.key("mw", tag(scope)) }
+
+// SpacerNext is the next free slot of a limiter.Spacer scope (the webhook
+// deliveries of one tenant to one host).
+func (b Builder) SpacerNext(scope string) string { return b.key("pace", tag(scope)) }
+
+// SpacerSlot is the slot one event of a Pacer scope holds.
+func (b Builder) SpacerSlot(scope, id string) string { return b.key("pace", tag(scope), "slot", id) }
 
 const budgetTag = "{budget}"
 

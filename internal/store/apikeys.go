@@ -13,19 +13,27 @@ import (
 // APIKey is a tenant's API key. Only its SHA-256 hash is stored; the
 // plaintext is shown once, when the key is made.
 type APIKey struct {
-	ID        string
-	TenantID  string
-	Prefix    string // the first characters of the key, for display
-	Hash      []byte // SHA-256 of the key, 32 bytes
+	ID       string
+	TenantID string
+	Prefix   string // the first characters of the key, for display
+	Hash     []byte // SHA-256 of the key, 32 bytes
+	// APIExempt frees the key from its tier's API rate limit, whatever its
+	// tenant's setting (an internal service's key).
+	APIExempt bool
 	CreatedAt time.Time
 	RevokedAt *time.Time
 }
 
-const apiKeyColumns = `id, tenant_id, prefix, hash, created_at, revoked_at`
+const apiKeyColumns = `id, tenant_id, prefix, hash, api_exempt, created_at, revoked_at`
+
+// apiKeyDest returns scan destinations for apiKeyColumns into k.
+func apiKeyDest(k *APIKey) []any {
+	return []any{&k.ID, &k.TenantID, &k.Prefix, &k.Hash, &k.APIExempt, timeCol{&k.CreatedAt}, nullTimeCol{&k.RevokedAt}}
+}
 
 func scanAPIKey(r rowScanner) (*APIKey, error) {
 	var k APIKey
-	if err := r.Scan(&k.ID, &k.TenantID, &k.Prefix, &k.Hash, timeCol{&k.CreatedAt}, nullTimeCol{&k.RevokedAt}); err != nil {
+	if err := r.Scan(apiKeyDest(&k)...); err != nil {
 		return nil, err
 	}
 	return &k, nil
@@ -37,6 +45,8 @@ type APIKeyInsertParams struct {
 	TenantID string
 	Prefix   string
 	Hash     []byte // SHA-256 of the key
+	// APIExempt frees the key from its tier's API rate limit.
+	APIExempt bool
 }
 
 // APIKeyInsert stores a key. A hash already stored is ErrConflict; an unknown
@@ -53,15 +63,15 @@ func (db *DB) APIKeyInsert(ctx context.Context, p *APIKeyInsertParams) (*APIKey,
 		id = ids.New(ids.Key)
 	}
 	k, err := scanAPIKey(db.rw.QueryRowContext(ctx, `
-		INSERT INTO api_keys (id, tenant_id, prefix, hash, created_at) VALUES ($1, $2, $3, $4, $5)
+		INSERT INTO api_keys (id, tenant_id, prefix, hash, api_exempt, created_at) VALUES ($1, $2, $3, $4, $5, $6)
 		RETURNING `+apiKeyColumns,
-		id, p.TenantID, p.Prefix, p.Hash, db.d.ts(db.nowUTC())))
+		id, p.TenantID, p.Prefix, p.Hash, p.APIExempt, db.d.ts(db.nowUTC())))
 	return k, db.d.wrap(err)
 }
 
 // sqlAPIKeyGetByHash reads api_keys_hash and the tenants primary key.
 const sqlAPIKeyGetByHash = `
-	SELECT k.id, k.tenant_id, k.prefix, k.hash, k.created_at, k.revoked_at,
+	SELECT k.id, k.tenant_id, k.prefix, k.hash, k.api_exempt, k.created_at, k.revoked_at,
 	       t.id, t.name, t.tier, t.budget_override_micros, t.api_exempt, t.webhook_secret, t.created_at, t.updated_at
 	FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
 	WHERE k.hash = $1 AND k.revoked_at IS NULL`
@@ -74,8 +84,7 @@ func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenan
 		k APIKey
 		t *Tenant
 	)
-	dest := append([]any{&k.ID, &k.TenantID, &k.Prefix, &k.Hash, timeCol{&k.CreatedAt}, nullTimeCol{&k.RevokedAt}},
-		tenantDest(&t)...)
+	dest := append(apiKeyDest(&k), tenantDest(&t)...)
 	err := row.Scan(dest...)
 	if errors.Is(err, sql.ErrNoRows) {
 		// The hash is a secret's digest: not worth naming.
@@ -107,4 +116,55 @@ func (db *DB) APIKeyListByTenant(ctx context.Context, tenantID string) ([]*APIKe
 		return nil, err
 	}
 	return collect(rows, scanAPIKey)
+}
+
+// APIKeyUpdateParams change a key; nil fields are left as they are.
+type APIKeyUpdateParams struct {
+	ID        string
+	APIExempt *bool
+}
+
+// APIKeyUpdate applies p and returns the key, revoked or not, or
+// ErrNotFound.
+func (db *DB) APIKeyUpdate(ctx context.Context, p *APIKeyUpdateParams) (*APIKey, error) {
+	if err := required("APIKeyUpdate", "ID", p.ID); err != nil {
+		return nil, err
+	}
+	if p.APIExempt == nil {
+		// Nothing to change: read it, so the answer is the same either way.
+		k, err := scanAPIKey(db.ro.QueryRowContext(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, p.ID))
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, notFound("api key", p.ID)
+		}
+		return k, err
+	}
+	k, err := scanAPIKey(db.rw.QueryRowContext(ctx, `UPDATE api_keys SET api_exempt = $2 WHERE id = $1 RETURNING `+apiKeyColumns,
+		p.ID, *p.APIExempt))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("api key", p.ID)
+	}
+	return k, db.d.wrap(err)
+}
+
+// APIKeyListExemptParams select exempt keys.
+type APIKeyListExemptParams struct {
+	Limit int // default 20, at most 1000
+}
+
+// APIKeyListExempt returns the unrevoked keys exempt from their tier's API
+// rate limit, newest first, and whether more remain.
+func (db *DB) APIKeyListExempt(ctx context.Context, p *APIKeyListExemptParams) ([]*APIKey, bool, error) {
+	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
+	// The predicate is api_keys_exempt's, literally.
+	rows, err := db.ro.QueryContext(ctx, `SELECT `+apiKeyColumns+` FROM api_keys
+		WHERE api_exempt = TRUE AND revoked_at IS NULL ORDER BY id DESC LIMIT $1`, limit+1)
+	if err != nil {
+		return nil, false, err
+	}
+	keys, err := collect(rows, scanAPIKey)
+	if err != nil {
+		return nil, false, err
+	}
+	keys, more := trimPage(keys, limit)
+	return keys, more, nil
 }

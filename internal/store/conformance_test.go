@@ -31,6 +31,7 @@ func runConformance(t *testing.T, open func(t *testing.T) *DB) {
 		{"Tenants", testTenants},
 		{"TenantListPages", testTenantListPages},
 		{"APIKeys", testAPIKeys},
+		{"APIKeyExempt", testAPIKeyExempt},
 		{"JobInsertRoundTrip", testJobInsertRoundTrip},
 		{"JobInsertIdempotent", testJobInsertIdempotent},
 		{"JobInsertIdempotentConcurrent", testJobInsertIdempotentConcurrent},
@@ -304,6 +305,80 @@ func testAPIKeys(t *testing.T, db *DB) {
 	}
 	if keys, _ := db.APIKeyListByTenant(ctx, mkTenant(t, db).ID); len(keys) != 0 {
 		t.Fatalf("another tenant lists %d keys", len(keys))
+	}
+}
+
+// A key is exempt from the API limit on its own: set at insert or by
+// APIKeyUpdate, read back by authentication and listings, and listed among
+// the exempt keys while unrevoked; exempt tenants are listed apart.
+func testAPIKeyExempt(t *testing.T, db *DB) {
+	ctx := t.Context()
+	ten := mkTenant(t, db)
+	mk := func(secret string, exempt bool) (*APIKey, []byte) {
+		t.Helper()
+		h := sha256.Sum256([]byte(secret))
+		k, err := db.APIKeyInsert(ctx, &APIKeyInsertParams{TenantID: ten.ID, Prefix: secret[:6], Hash: h[:], APIExempt: exempt})
+		if err != nil || k.APIExempt != exempt {
+			t.Fatalf("APIKeyInsert(exempt %v) = %+v, %v", exempt, k, err)
+		}
+		return k, h[:]
+	}
+	plain, ph := mk("plain-key", false)
+	service, sh := mk("service-key", true)
+	if k, _, err := db.APIKeyGetByHash(ctx, sh); err != nil || !k.APIExempt {
+		t.Fatalf("APIKeyGetByHash of the exempt key = %+v, %v", k, err)
+	}
+	yes, no := true, false
+	up, err := db.APIKeyUpdate(ctx, &APIKeyUpdateParams{ID: plain.ID, APIExempt: &yes})
+	if err != nil || !up.APIExempt || up.ID != plain.ID || !bytes.Equal(up.Hash, ph) || up.RevokedAt != nil {
+		t.Fatalf("APIKeyUpdate exempt = %+v, %v", up, err)
+	}
+	if k, _, _ := db.APIKeyGetByHash(ctx, ph); !k.APIExempt {
+		t.Fatal("authentication does not see the exemption")
+	}
+	if got, err := db.APIKeyUpdate(ctx, &APIKeyUpdateParams{ID: plain.ID}); err != nil || !got.APIExempt {
+		t.Fatalf("APIKeyUpdate changing nothing = %+v, %v", got, err)
+	}
+	list := func() []string {
+		t.Helper()
+		keys, more, err := db.APIKeyListExempt(ctx, &APIKeyListExemptParams{})
+		if err != nil || more {
+			t.Fatalf("APIKeyListExempt: %v, more %v", err, more)
+		}
+		var ids []string
+		for _, k := range keys {
+			ids = append(ids, k.ID)
+		}
+		return ids
+	}
+	if got := list(); len(got) != 2 || got[0] != service.ID || got[1] != plain.ID {
+		t.Fatalf("exempt keys = %v, want [%s %s] newest first", got, service.ID, plain.ID)
+	}
+	if _, err := db.APIKeyRevoke(ctx, service.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.APIKeyUpdate(ctx, &APIKeyUpdateParams{ID: plain.ID, APIExempt: &no}); err != nil {
+		t.Fatal(err)
+	}
+	if got := list(); len(got) != 0 {
+		t.Fatalf("exempt keys after a revoke and an update = %v, want none", got)
+	}
+	keys, err := db.APIKeyListByTenant(ctx, ten.ID)
+	if err != nil || len(keys) != 2 || !keys[0].APIExempt || keys[1].APIExempt {
+		t.Fatalf("APIKeyListByTenant = %+v, %v; want the revoked exempt key and the plain one", keys, err)
+	}
+	_, err = db.APIKeyUpdate(ctx, &APIKeyUpdateParams{ID: "key_missing", APIExempt: &yes})
+	wantErr(t, err, ErrNotFound)
+	_, err = db.APIKeyUpdate(ctx, &APIKeyUpdateParams{ID: "key_missing"})
+	wantErr(t, err, ErrNotFound)
+
+	exempt, err := db.TenantInsert(ctx, &TenantInsertParams{Name: "svc", Tier: "t", APIExempt: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, more, err := db.TenantList(ctx, &TenantListParams{APIExempt: true})
+	if err != nil || more || len(ts) != 1 || ts[0].ID != exempt.ID {
+		t.Fatalf("exempt tenants = %+v, %v", ts, err)
 	}
 }
 

@@ -73,3 +73,43 @@ func TestWebhookDoneMigrationBackfills(t *testing.T) {
 		})
 	}
 }
+
+// Migration 007 makes keys exempt on their own: keys made before it are not,
+// and its Down section removes the column cleanly.
+func TestKeyExemptMigration(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"postgres": postgresURL(t), "sqlite": sqliteURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			db := openURL(t, url)
+			fsys := migrations.Postgres()
+			if db.d == sqliteDialect {
+				fsys = migrations.SQLite()
+			}
+			p, err := goose.NewProvider(db.d.goose, db.rw, fsys, goose.WithDisableGlobalRegistry(true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.DownTo(ctx, 6); err != nil {
+				t.Fatalf("down to 6: %v", err)
+			}
+			ten := mkTenant(t, db)
+			// A key as the version before 007 stored it.
+			if _, err := db.rw.ExecContext(ctx, `INSERT INTO api_keys (id, tenant_id, prefix, hash, created_at) VALUES ($1, $2, $3, $4, $5)`,
+				"key_old", ten.ID, "llmq_old", make([]byte, 32), db.d.ts(db.nowUTC())); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatalf("up: %v", err)
+			}
+			keys, err := db.APIKeyListByTenant(ctx, ten.ID)
+			if err != nil || len(keys) != 1 || keys[0].APIExempt {
+				t.Fatalf("the key made before 007 = %+v, %v; want it not exempt", keys, err)
+			}
+			if exempt, _, err := db.APIKeyListExempt(ctx, &APIKeyListExemptParams{}); err != nil || len(exempt) != 0 {
+				t.Fatalf("exempt keys = %v, %v", exempt, err)
+			}
+		})
+	}
+}

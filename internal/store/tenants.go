@@ -98,15 +98,20 @@ func (db *DB) TenantGetByID(ctx context.Context, id string) (*Tenant, error) {
 type TenantListParams struct {
 	After string // id of the last tenant of the previous page; "" for the first page
 	Limit int    // default 20, at most 1000
+	// APIExempt lists only the tenants exempt from the API rate limit.
+	APIExempt bool
 }
 
 // TenantList returns a page of tenants, newest first, and whether older ones remain.
 func (db *DB) TenantList(ctx context.Context, p *TenantListParams) ([]*Tenant, bool, error) {
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	var a args
-	q := `SELECT ` + tenantColumns + ` FROM tenants`
+	q := `SELECT ` + tenantColumns + ` FROM tenants WHERE TRUE`
 	if p.After != "" {
-		q += ` WHERE id < ` + a.add(p.After)
+		q += ` AND id < ` + a.add(p.After)
+	}
+	if p.APIExempt {
+		q += ` AND api_exempt = TRUE`
 	}
 	q += ` ORDER BY id DESC LIMIT ` + a.add(limit+1)
 	rows, err := db.ro.QueryContext(ctx, q, a...)

@@ -11,7 +11,9 @@
 // made, after DNS resolution, so neither a name that resolves to an internal
 // address (DNS rebinding included) nor a redirect reaches loopback, private,
 // link-local, CGNAT, multicast or other special addresses, unless the
-// operator allows them (LLMQ_WEBHOOK_ALLOW_PRIVATE).
+// operator allows them (LLMQ_WEBHOOK_ALLOW_PRIVATE). Deliveries of a tenant
+// to one host are paced at its tier's webhook_host_rps, in the order they
+// were first attempted, so a batch finishing does not flood its receiver.
 package webhook
 
 import (
@@ -36,6 +38,8 @@ import (
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -61,6 +65,10 @@ type Options struct {
 	Timeout time.Duration
 	// Now is the clock of signatures. Defaults to time.Now.
 	Now func() time.Time
+	// MaxInlineWait is the longest wait for a delivery's slot at its host
+	// slept inside the handler; a longer one puts the task back in its
+	// queue until then. Defaults to 1s.
+	MaxInlineWait time.Duration
 }
 
 // Deps are what a Handler works with.
@@ -70,6 +78,10 @@ type Deps struct {
 	// Observer is told the outcome of every attempt, for metrics.
 	// Defaults to none.
 	Observer Observer
+	// Spacer and Policy pace deliveries per tenant and destination host at
+	// the tier's webhook_host_rps. Default to none: no pacing.
+	Spacer *limiter.Spacer
+	Policy *config.PolicyHolder
 }
 
 // Observer is told what deliveries do.
@@ -107,6 +119,9 @@ func NewHandler(d Deps, opts Options) *Handler {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.MaxInlineWait <= 0 {
+		opts.MaxInlineWait = time.Second
 	}
 	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: Control(opts.AllowPrivate)}
 	tr := &http.Transport{
@@ -154,7 +169,12 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return fmt.Errorf("webhook %s: load tenant: %w", d.id, err)
 	}
+	scope, err := h.pace(ctx, d, tenant)
+	if err != nil {
+		return err
+	}
 	outcome, err := h.deliver(ctx, d, tenant.WebhookSecret)
+	h.done(ctx, scope, d)
 	ended := err == nil || errors.Is(err, asynq.SkipRetry)
 	if !ended {
 		retried, _ := asynq.GetRetryCount(ctx)

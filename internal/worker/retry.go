@@ -30,6 +30,12 @@ func (e *requeue) Error() string {
 
 func (e *requeue) Unwrap() error { return e.cause }
 
+// Requeue returns the error a task handler returns to run its task again
+// after delay without counting a failure (a webhook waiting for its slot).
+func Requeue(reason string, delay time.Duration) error {
+	return &requeue{reason: reason, delay: delay}
+}
+
 // IsFailure is asynq's Config.IsFailure: only provider faults count.
 func IsFailure(err error) bool {
 	var r *requeue

@@ -1,0 +1,60 @@
+package api
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/llmq/llmq/internal/ids"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// keyOptions are the settings of a key the admin API may set: at creation
+// (POST /admin/v1/tenants/{id}/keys, body optional) and later (PATCH
+// /admin/v1/keys/{id}).
+type keyOptions struct {
+	// APIExempt frees the key from its tier's API rate limit (an internal
+	// service's key), whatever its tenant's setting.
+	APIExempt *bool `json:"api_exempt"`
+}
+
+// decodeKeyOptions reads keyOptions from r's body, which may be empty.
+func (s *Server) decodeKeyOptions(w http.ResponseWriter, r *http.Request) (*keyOptions, error) {
+	var o keyOptions
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return &o, nil
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// updateKey changes a key's settings: PATCH /admin/v1/keys/{id}
+// {"api_exempt": true}.
+func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r, ids.Key, "api key")
+	if err != nil {
+		return err
+	}
+	o, err := s.decodeKeyOptions(w, r)
+	if err != nil {
+		return err
+	}
+	k, err := s.Store.APIKeyUpdate(r.Context(), &store.APIKeyUpdateParams{ID: id, APIExempt: o.APIExempt})
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound("api key", id)
+	}
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("api key updated", "key", k.ID, "api_exempt", k.APIExempt)
+	writeJSON(w, http.StatusOK, renderKey(k))
+	return nil
+}

@@ -1,0 +1,182 @@
+package api
+
+import (
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmq/llmq/internal/limiter"
+)
+
+// clientAddr is the address a request comes from: the connection's, unless
+// that is a trusted proxy, whose X-Forwarded-For is then read from the
+// right (the hop the proxy itself appended) past every trusted proxy, to the
+// first address that is not one. Entries further left were written by the
+// client and prove nothing. An entry that is not an address ends the walk
+// at the proxy that passed it on. IPv6 clients are counted by their /64,
+// which one host or home usually holds whole.
+func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Prefix {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Prefix{}
+	}
+	addr := ap.Addr().Unmap()
+	if isTrusted(addr, trusted) {
+		hops := forwardedHops(r.Header.Values("X-Forwarded-For"))
+		for i := len(hops) - 1; i >= 0; i-- {
+			h, ok := parseHop(hops[i])
+			if !ok {
+				break
+			}
+			addr = h
+			if !isTrusted(h, trusted) {
+				break
+			}
+		}
+	}
+	if addr.Is6() {
+		p, _ := addr.Prefix(64)
+		return p
+	}
+	return netip.PrefixFrom(addr, 32)
+}
+
+func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
+	for _, p := range trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardedHops are the entries of every X-Forwarded-For header, in order.
+func forwardedHops(values []string) []string {
+	var hops []string
+	for _, v := range values {
+		for _, h := range strings.Split(v, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				hops = append(hops, h)
+			}
+		}
+	}
+	return hops
+}
+
+// parseHop reads one X-Forwarded-For entry: an address, bracketed or with a
+// port as some proxies write it.
+func parseHop(h string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil && a.Zone() == "" {
+		return a.Unmap(), true
+	}
+	if ap, err := netip.ParseAddrPort(h); err == nil && ap.Addr().Zone() == "" {
+		return ap.Addr().Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// maxBlocked caps the addresses a dispatcher remembers as blocked: past it,
+// new ones are refused by Redis's count at their next failure instead.
+const maxBlocked = 10000
+
+// authFailures limits requests with a missing or wrong key or admin token
+// per client address (the policy's auth_failure_limits), so keys and the
+// admin token cannot be guessed at speed. Failures are counted in Redis, for
+// every dispatcher together; an address whose failures reached the limit is
+// also remembered here until its window frees, so its requests are refused
+// before any key is looked up, and good traffic costs no round trip.
+type authFailures struct {
+	mu      sync.Mutex
+	blocked map[netip.Prefix]time.Time // until when
+}
+
+// blockedFor returns how long addr stays refused here; 0 when it is not.
+func (f *authFailures) blockedFor(addr netip.Prefix, now time.Time) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	until, ok := f.blocked[addr]
+	if !ok {
+		return 0
+	}
+	if !now.Before(until) {
+		delete(f.blocked, addr)
+		return 0
+	}
+	return until.Sub(now)
+}
+
+func (f *authFailures) block(addr netip.Prefix, until, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.blocked == nil {
+		f.blocked = map[netip.Prefix]time.Time{}
+	}
+	if len(f.blocked) >= maxBlocked {
+		for a, u := range f.blocked {
+			if !now.Before(u) {
+				delete(f.blocked, a)
+			}
+		}
+		if len(f.blocked) >= maxBlocked {
+			return
+		}
+	}
+	f.blocked[addr] = until
+}
+
+// authBlocked refuses, with 429, a request from an address that used up its
+// failed authentications, before its credentials are looked at.
+func (s *Server) authBlocked(w http.ResponseWriter, r *http.Request) error {
+	addr := clientAddr(r, s.opts.TrustedProxies)
+	if d := s.authFails.blockedFor(addr, s.opts.Now()); d > 0 {
+		return tooManyFailures(w, d, nil)
+	}
+	return nil
+}
+
+// authFailed counts a failed authentication of the request's address and
+// returns e (the 401), or a 429 once the address has used up its failures.
+// When the count cannot be made the 401 stands: a client's mistake is never
+// a 500.
+func (s *Server) authFailed(w http.ResponseWriter, r *http.Request, e *Error) error {
+	lim := s.Policy.Current().AuthFailureLimits
+	if s.APILimiter == nil || lim.IsZero() {
+		return e
+	}
+	addr := clientAddr(r, s.opts.TrustedProxies)
+	set := limiter.WindowSet{Algorithm: limiter.AlgSlidingWindow, Scope: "auth:" + addr.String(), Windows: lim.Windows("")}
+	res, err := s.APILimiter.Allow(r.Context(), set, 1)
+	if err != nil {
+		s.Logger.WarnContext(r.Context(), "count a failed authentication", "err", err)
+		return e
+	}
+	if res.Allowed {
+		return e
+	}
+	s.authFails.block(addr, s.opts.Now().Add(res.RetryAfter), s.opts.Now())
+	s.Logger.WarnContext(r.Context(), "client address refused after too many failed authentications",
+		"addr", addr.String(), "retry_after", res.RetryAfter.Round(time.Second))
+	return tooManyFailures(w, res.RetryAfter, res)
+}
+
+// tooManyFailures is the 429 of an address that used up its failed
+// authentications, with the refusing window's X-RateLimit-* when known.
+func tooManyFailures(w http.ResponseWriter, retry time.Duration, res *limiter.Result) error {
+	if res != nil {
+		if i := res.Tightest(); i >= 0 {
+			b := res.Buckets[i]
+			h := w.Header()
+			h.Set("X-RateLimit-Limit", strconv.FormatInt(b.Limit, 10))
+			h.Set("X-RateLimit-Remaining", "0")
+			h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(b.ResetAfter), 10))
+			h.Set("X-RateLimit-Window", "auth_failures:"+b.Name)
+		}
+	}
+	e := errorf(http.StatusTooManyRequests, TypeRateLimit, "too_many_auth_failures", "",
+		"Too many requests with a missing or wrong key from this address. Retry after %v.", retry.Round(time.Millisecond))
+	e.RetryAfter = retry
+	return e
+}

@@ -1,0 +1,175 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// endpointNames names each tenant route (its mux pattern) as a tier's
+// api_endpoint_limits does (config.APIEndpoints).
+var endpointNames = map[string]string{
+	"POST /v1/jobs":                "jobs.create",
+	"GET /v1/jobs":                 "jobs.list",
+	"GET /v1/jobs/{id}":            "jobs.retrieve",
+	"DELETE /v1/jobs/{id}":         "jobs.cancel",
+	"POST /v1/files":               "files.create",
+	"GET /v1/files":                "files.list",
+	"GET /v1/files/{id}":           "files.retrieve",
+	"GET /v1/files/{id}/content":   "files.content",
+	"DELETE /v1/files/{id}":        "files.delete",
+	"POST /v1/batches":             "batches.create",
+	"GET /v1/batches":              "batches.list",
+	"GET /v1/batches/{id}":         "batches.retrieve",
+	"POST /v1/batches/{id}/cancel": "batches.cancel",
+	"GET /v1/usage":                "usage.retrieve",
+}
+
+// keyLimits is the set of windows one request of key counts in: the key's
+// own (the tier's api_limits) and, for an endpoint with its own limits,
+// that endpoint's, all in the key's scope so one script counts them
+// together. Both are read from the policy in force, so a reload applies to
+// the next request.
+func keyLimits(tier *config.Tier, keyID, endpoint string) (limiter.WindowSet, bool) {
+	set := limiter.WindowSet{Algorithm: tier.APIAlgorithm, Scope: "api:" + keyID, Windows: tier.APILimits.Windows("")}
+	el, ok := tier.APIEndpointLimits[endpoint]
+	if ok {
+		set.Windows = append(set.Windows, el.Windows(endpoint+":")...)
+	}
+	return set, ok
+}
+
+// rateLimit applies the API limits of the key's tier (unless the tier, the
+// tenant or the key is exempt) and sets X-RateLimit-* on the response: on
+// success those of the tightest window, on a 429 those of the window that
+// refused (the one that frees last), with X-RateLimit-Window naming it, and
+// X-RateLimit-Warning once a window passes the tier's api_soft_limit.
+func (s *Server) rateLimit(w http.ResponseWriter, r *http.Request, key *store.APIKey, t *store.Tenant) error {
+	tier, ok := s.Policy.Current().Tier(t.Tier)
+	if !ok || tier.APIExempt || t.APIExempt || key.APIExempt || s.APILimiter == nil {
+		return nil
+	}
+	endpoint := endpointNames[r.Pattern]
+	set, own := keyLimits(tier, key.ID, endpoint)
+	var res *limiter.Result
+	var err error
+	if tier.APILease > 0 && !own {
+		// Endpoints with limits of their own are the costly, rarely called
+		// ones: they are counted per request.
+		res, err = s.leases.take(r.Context(), s.APILimiter, key.ID, set, tier.APILease)
+	} else {
+		res, err = s.APILimiter.Allow(r.Context(), set, 1)
+	}
+	if err != nil {
+		return err
+	}
+	i := res.Tightest()
+	if i < 0 {
+		return nil
+	}
+	b := res.Buckets[i]
+	h := w.Header()
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(b.Limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(max(b.Remaining, 0), 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(b.ResetAfter), 10))
+	h.Set("X-RateLimit-Window", b.Name)
+	if warn := softWarning(res, tier.APISoftLimit); warn != "" {
+		h.Set("X-RateLimit-Warning", warn)
+	}
+	if !res.Allowed {
+		e := errorf(http.StatusTooManyRequests, TypeRateLimit, "rate_limit_exceeded", "",
+			"Rate limit of %s for this API key reached. Retry after %v.", describeWindow(b), res.RetryAfter.Round(time.Millisecond))
+		e.RetryAfter = res.RetryAfter
+		return e
+	}
+	return nil
+}
+
+// softWarning names every window past the soft fraction of its limit, e.g.
+// "minute: 41 of 50 used (82%, soft limit 80%)"; empty when none is.
+func softWarning(res *limiter.Result, soft float64) string {
+	var parts []string
+	for _, b := range res.Buckets {
+		used := b.Limit - max(b.Remaining, 0)
+		if float64(used) >= soft*float64(b.Limit) {
+			parts = append(parts, fmt.Sprintf("%s: %d of %d used (%.0f%%, soft limit %.0f%%)",
+				b.Name, used, b.Limit, 100*float64(used)/float64(b.Limit), 100*soft))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// describeWindow says what a window limits: "50 requests per minute", or
+// "10 requests per minute to files.create".
+func describeWindow(b limiter.BucketState) string {
+	endpoint, window, ok := strings.Cut(b.Name, ":")
+	if !ok {
+		return fmt.Sprintf("%d requests per %s", b.Limit, b.Name)
+	}
+	return fmt.Sprintf("%d requests per %s to %s", b.Limit, window, endpoint)
+}
+
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+// leases holds a dispatcher's leases of its keys' windows (a tier's
+// api_lease), one per key, replaced when the policy changes the key's
+// windows or slice. A key's lease gives back its unspent part at its next
+// request after MaxAge (1 s), so an idle key keeps at most one slice
+// counted in its windows meanwhile.
+type leases struct {
+	mu sync.Mutex
+	m  map[string]*keyLease
+}
+
+type keyLease struct {
+	lease *limiter.WindowLease
+	size  int64
+}
+
+func (ls *leases) take(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) (*limiter.Result, error) {
+	res, err := ls.lease(ctx, w, keyID, set, size).Take(ctx, 1)
+	if errors.Is(err, limiter.ErrLeaseClosed) {
+		// Replaced by a request that saw a newer policy meanwhile.
+		res, err = ls.lease(ctx, w, keyID, set, size).Take(ctx, 1)
+	}
+	return res, err
+}
+
+// lease returns key's lease of set with slices of size, replacing one of
+// other windows or slices.
+func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) *limiter.WindowLease {
+	ls.mu.Lock()
+	if ls.m == nil {
+		ls.m = map[string]*keyLease{}
+	}
+	kl := ls.m[keyID]
+	var old *limiter.WindowLease
+	if kl != nil && (kl.size != size || !sameSet(kl.lease.Set(), set)) {
+		old, kl = kl.lease, nil
+	}
+	if kl == nil {
+		kl = &keyLease{lease: w.NewLease(set, limiter.WindowLeaseOptions{Size: size}), size: size}
+		ls.m[keyID] = kl
+	}
+	ls.mu.Unlock()
+	if old != nil {
+		// Best effort: what it cannot give back stays counted until its
+		// windows pass.
+		_ = old.Close(context.WithoutCancel(ctx))
+	}
+	return kl.lease
+}
+
+func sameSet(a, b limiter.WindowSet) bool {
+	return a.Algorithm == b.Algorithm && a.Scope == b.Scope && slices.Equal(a.Windows, b.Windows)
+}

@@ -1,0 +1,253 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/internal/limiter"
+)
+
+// Defaults of the API's limits.
+const (
+	DefaultAPISoftLimit   = 0.8
+	DefaultWebhookHostRPS = 10
+	// MaxSlidingLogLimit caps a sliding_log window: the log keeps an entry
+	// per request (about 60 bytes) for the whole window.
+	MaxSlidingLogLimit = 10000
+	// maxWebhookHostRPS keeps the interval between deliveries at least 1µs.
+	maxWebhookHostRPS = 100000
+)
+
+// DefaultAuthFailureLimits are the failed authentications a client address
+// may make before its requests are refused for the rest of the window.
+var DefaultAuthFailureLimits = APILimits{Minute: 20}
+
+// APIEndpoints are the names of the tenant endpoints of the HTTP API, for
+// a tier's api_endpoint_limits. They follow the official SDKs' method
+// names (files.create is POST /v1/files).
+var APIEndpoints = []string{
+	"jobs.create", "jobs.list", "jobs.retrieve", "jobs.cancel",
+	"files.create", "files.list", "files.retrieve", "files.content", "files.delete",
+	"batches.create", "batches.list", "batches.retrieve", "batches.cancel",
+	"usage.retrieve",
+}
+
+// APILimits are request limits per window; 0 means no such window.
+type APILimits struct {
+	Second, Minute, Hour, Day int64
+}
+
+// apiWindowNames are the windows of APILimits, in order.
+var apiWindowNames = [4]string{"second", "minute", "hour", "day"}
+
+var apiWindowPeriods = [4]time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour}
+
+func (l APILimits) values() [4]int64 { return [4]int64{l.Second, l.Minute, l.Hour, l.Day} }
+
+// IsZero reports whether no window is set.
+func (l APILimits) IsZero() bool { return l == APILimits{} }
+
+// Windows returns the windows that are set, from second to day, each named
+// prefix followed by its window ("minute", "files.create:minute").
+func (l APILimits) Windows(prefix string) []limiter.NamedWindow {
+	var ws []limiter.NamedWindow
+	for i, v := range l.values() {
+		if v > 0 {
+			ws = append(ws, limiter.NamedWindow{Name: prefix + apiWindowNames[i],
+				Window: limiter.Window{Limit: v, Period: apiWindowPeriods[i]}})
+		}
+	}
+	return ws
+}
+
+// smallest is the lowest limit set; 0 when none is.
+func (l APILimits) smallest() int64 {
+	var s int64
+	for _, v := range l.values() {
+		if v > 0 && (s == 0 || v < s) {
+			s = v
+		}
+	}
+	return s
+}
+
+type rawAPILimits struct {
+	Second int64 `yaml:"second"`
+	Minute int64 `yaml:"minute"`
+	Hour   int64 `yaml:"hour"`
+	Day    int64 `yaml:"day"`
+}
+
+// build checks raw limits at path: every window 0 or more.
+func (r *rawAPILimits) build(src *source, path string) (APILimits, error) {
+	if r == nil {
+		return APILimits{}, nil
+	}
+	l := APILimits(*r)
+	for i, v := range l.values() {
+		if v < 0 {
+			return l, src.errorAt(path+"."+apiWindowNames[i], "must be 0 or more (0 = no such window), got %d", v)
+		}
+	}
+	return l, nil
+}
+
+// checkLogCap refuses, for a sliding_log tier, windows larger than the log
+// is meant to hold.
+func checkLogCap(src *source, path string, l APILimits, alg limiter.Algorithm) error {
+	if alg != limiter.AlgSlidingLog {
+		return nil
+	}
+	for i, v := range l.values() {
+		if v > MaxSlidingLogLimit {
+			return src.errorAt(path+"."+apiWindowNames[i],
+				"%d is more than sliding_log allows (%d): it keeps an entry per request for the whole window; use sliding_window or token_bucket for larger limits",
+				v, MaxSlidingLogLimit)
+		}
+	}
+	return nil
+}
+
+// buildAPI reads the tier's API and webhook limits into t.
+func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
+	t.APIAlgorithm = limiter.AlgSlidingWindow
+	t.APISoftLimit = DefaultAPISoftLimit
+	t.WebhookHostRPS = DefaultWebhookHostRPS
+	if rt.WebhookHostRPS != nil {
+		v := *rt.WebhookHostRPS
+		if math.IsNaN(v) || v <= 0 || v > maxWebhookHostRPS {
+			return src.errorAt(path+".webhook_host_rps", "must be more than 0 and at most %d deliveries per second, got %v", maxWebhookHostRPS, v)
+		}
+		t.WebhookHostRPS = v
+	}
+	if rt.APIExempt {
+		for _, f := range []struct {
+			name string
+			set  bool
+			got  any
+		}{
+			{"api_rps", rt.APIRPS != 0, rt.APIRPS}, {"api_limits", rt.APILimits != nil, "a mapping"},
+			{"api_algorithm", rt.APIAlgorithm != "", rt.APIAlgorithm}, {"api_soft_limit", rt.APISoftLimit != nil, "a fraction"},
+			{"api_endpoint_limits", rt.APIEndpointLimits != nil, "a mapping"}, {"api_lease", rt.APILease != 0, rt.APILease},
+		} {
+			if f.set {
+				return src.errorAt(path+"."+f.name, "must not be set together with api_exempt: true, got %v", f.got)
+			}
+		}
+		return nil
+	}
+
+	if rt.APIAlgorithm != "" {
+		t.APIAlgorithm = limiter.Algorithm(rt.APIAlgorithm)
+		if !slices.Contains(limiter.Algorithms, t.APIAlgorithm) {
+			names := make([]string, len(limiter.Algorithms))
+			for i, a := range limiter.Algorithms {
+				names[i] = string(a)
+			}
+			hint := suggest(rt.APIAlgorithm, names, "")
+			if !strings.Contains(hint, "did you mean") {
+				hint = ""
+			}
+			return src.errorAt(path+".api_algorithm", "must be sliding_window, fixed_window, sliding_log or token_bucket, got %q%s", rt.APIAlgorithm, hint)
+		}
+	}
+	limits, err := rt.APILimits.build(src, path+".api_limits")
+	if err != nil {
+		return err
+	}
+	switch {
+	case rt.APIRPS < 0:
+		return src.errorAt(path+".api_rps", "must be at least 1, got %d", rt.APIRPS)
+	case rt.APIRPS > 0 && limits.Second > 0:
+		return src.errorAt(path+".api_rps", "is short for api_limits.second, which is set too; give only one")
+	case rt.APIRPS > 0:
+		limits.Second = int64(rt.APIRPS)
+	}
+	if limits.IsZero() {
+		return src.errorAt(path+".api_limits",
+			"required: at least one window above 0, such as {second: 50, day: 100000} (api_rps: 50 is short for {second: 50}), or api_exempt: true")
+	}
+	lp := path + ".api_limits"
+	if rt.APILimits == nil {
+		lp = path + ".api_rps"
+	}
+	if err := checkLogCap(src, lp, limits, t.APIAlgorithm); err != nil {
+		return err
+	}
+	t.APILimits = limits
+
+	if rt.APISoftLimit != nil {
+		s := *rt.APISoftLimit
+		if math.IsNaN(s) || s <= 0 || s > 1 {
+			return src.errorAt(path+".api_soft_limit", "must be more than 0 and at most 1, got %v", s)
+		}
+		t.APISoftLimit = s
+	}
+
+	if rt.APILease < 0 || rt.APILease > limits.smallest() {
+		return src.errorAt(path+".api_lease", "must be from 0 (no lease: a round trip per request) to the smallest api_limits window, %d, got %d",
+			limits.smallest(), rt.APILease)
+	}
+	t.APILease = rt.APILease
+
+	names := make([]string, 0, len(rt.APIEndpointLimits))
+	for name := range rt.APIEndpointLimits {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		ep := path + ".api_endpoint_limits." + name
+		if !slices.Contains(APIEndpoints, name) {
+			return src.errorAt(ep, "unknown endpoint%s", suggest(name, APIEndpoints, "endpoints"))
+		}
+		raw := rt.APIEndpointLimits[name]
+		el, err := raw.build(src, ep)
+		if err != nil {
+			return err
+		}
+		if el.IsZero() {
+			return src.errorAt(ep, "must set at least one window above 0, such as {minute: 10}")
+		}
+		own := limits.values()
+		for i, v := range el.values() {
+			if v > 0 && own[i] > 0 && v > own[i] {
+				return src.errorAt(ep+"."+apiWindowNames[i],
+					"%d is more than api_limits.%s (%d): a request counts against both, so it would never bind", v, apiWindowNames[i], own[i])
+			}
+		}
+		if err := checkLogCap(src, ep, el, t.APIAlgorithm); err != nil {
+			return err
+		}
+		if t.APIEndpointLimits == nil {
+			t.APIEndpointLimits = map[string]APILimits{}
+		}
+		t.APIEndpointLimits[name] = el
+	}
+	return nil
+}
+
+// buildAuthFailures reads auth_failure_limits.
+func buildAuthFailures(src *source, raw *rawAPILimits) (APILimits, error) {
+	if raw == nil {
+		return DefaultAuthFailureLimits, nil
+	}
+	return raw.build(src, "auth_failure_limits")
+}
+
+// String renders limits as "50/second, 200000/day"; "none" when no window
+// is set.
+func (l APILimits) String() string {
+	if l.IsZero() {
+		return "none"
+	}
+	var parts []string
+	for i, v := range l.values() {
+		if v > 0 {
+			parts = append(parts, fmt.Sprintf("%d/%s", v, apiWindowNames[i]))
+		}
+	}
+	return strings.Join(parts, ", ")
+}

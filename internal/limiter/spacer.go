@@ -1,0 +1,90 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
+)
+
+// Spacer spaces the events of a scope (the webhook deliveries of one tenant
+// to one host) at least an interval apart, in the order they first ask: the
+// leaky bucket as a queue. Each event gets a slot, the time it may go, and
+// keeps it when it asks again (a task woken at its slot), so an event
+// deferred is never overtaken by one that asked after it. Unlike a window
+// limiter it never refuses: it says when.
+type Spacer struct {
+	rdb  SpacerClient
+	opts Options
+}
+
+// SpacerClient is what a Spacer needs of Redis; every redis.UniversalClient
+// fits.
+type SpacerClient interface {
+	redis.Scripter
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+}
+
+// NewSpacer returns a Spacer over rdb. Of opts, it uses Keys and Clock.
+func NewSpacer(rdb SpacerClient, opts Options) *Spacer {
+	return &Spacer{rdb: rdb, opts: opts.withDefaults()}
+}
+
+// slotHold is how long an event's slot is kept after it falls due, for the
+// event to come back and take it (asynq may run a deferred task late).
+const slotHold = 10 * time.Minute
+
+// pacerSlotScript gives an event its slot: the one it holds, or the
+// scope's next free one, at least now.
+//
+// KEYS[1] -> the scope's next free slot in µs (rkeys.SpacerNext)
+// KEYS[2] -> the event's slot in µs (rkeys.SpacerSlot)
+// ARGV[1] -> now in µs, or "" for Redis TIME
+// ARGV[2] -> the interval in µs
+// ARGV[3] -> how long a slot is held after it falls due, in ms
+// Returns {now, the event's slot}.
+var pacerSlotScript = redis.NewScript(redisclock.Lua + `
+local slot = tonumber(redis.call('GET', KEYS[2]))
+if not slot then
+  slot = math.max(now, tonumber(redis.call('GET', KEYS[1])) or 0)
+  local nxt = slot + tonumber(ARGV[2])
+  redis.call('SET', KEYS[1], string.format('%.17g', nxt), 'PX', math.ceil((nxt - now) / 1000) + 1000)
+  redis.call('SET', KEYS[2], string.format('%.17g', slot), 'PX', math.ceil((slot - now) / 1000) + tonumber(ARGV[3]))
+end
+return {now, slot}
+`)
+
+// Slot returns how long event id of scope must wait for its slot (0 when it
+// may go now), giving it the scope's next free slot unless it holds one.
+// Call Done once the event went, so that a retry of it later takes a new
+// slot behind those given meanwhile.
+func (p *Spacer) Slot(ctx context.Context, scope, id string, interval time.Duration) (time.Duration, error) {
+	switch {
+	case scope == "" || id == "":
+		return 0, errors.New("limiter: pacer scope and event id must not be empty")
+	case interval < time.Microsecond:
+		return 0, fmt.Errorf("limiter: pacer scope %q: interval %v must be at least 1µs", scope, interval)
+	}
+	keys := []string{p.opts.Keys.SpacerNext(scope), p.opts.Keys.SpacerSlot(scope, id)}
+	v, err := pacerSlotScript.Run(ctx, p.rdb, keys, redisclock.Arg(p.opts.Clock), interval.Microseconds(), slotHold.Milliseconds()).Result()
+	if err != nil {
+		return 0, fmt.Errorf("limiter: pacer scope %q: %w", scope, err)
+	}
+	a, err := ints(v, 2)
+	if err != nil {
+		return 0, err
+	}
+	return us(max(a[1]-a[0], 0)), nil
+}
+
+// Done forgets event id's slot.
+func (p *Spacer) Done(ctx context.Context, scope, id string) error {
+	if err := p.rdb.Del(ctx, p.opts.Keys.SpacerSlot(scope, id)).Err(); err != nil {
+		return fmt.Errorf("limiter: pacer scope %q: %w", scope, err)
+	}
+	return nil
+}
