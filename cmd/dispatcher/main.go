@@ -154,6 +154,7 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	go a.Policy.Watch(ctx, logger)
 	go a.Batches.Run(ctx)
 	go a.Reconciler(o.reconciler).Run(ctx)
+	go a.Scheduler().Run(ctx)
 
 	srv := a.API()
 	mon, err := dashboard.MountApp(srv, a, rec, dashboard.Options{})

@@ -121,6 +121,12 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err := srv.Start(handlers); err != nil {
 		return fmt.Errorf("start worker: %w", err)
 	}
+	// Every worker can release the jobs waiting in the fair queue: one at a
+	// time does, so jobs flow whichever processes run.
+	sctx, stopScheduler := context.WithCancel(context.WithoutCancel(ctx))
+	schedDone := make(chan struct{})
+	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
+	defer func() { stopScheduler(); <-schedDone }()
 	fmt.Fprintf(stdout, "worker running (concurrency %d, health on http://%s, metrics on http://%s/metrics)\n",
 		env.WorkerConcurrency, ln.Addr(), mln.Addr())
 	logger.Info("worker started", "concurrency", env.WorkerConcurrency)

@@ -17,6 +17,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -160,6 +161,24 @@ func invalid(err error) error {
 		return &Error{Param: ir.Param, Code: "invalid_request", Message: ir.Message}
 	}
 	return &Error{Code: "invalid_request", Message: err.Error()}
+}
+
+// JobRef is the queue reference of a stored job: its model's scope, its
+// estimated tokens and its tenant place it in the fair queue. share is the
+// tenant's tier's share; 0 keeps what the fair queue knows of the tenant. A
+// job whose model the policy no longer serves goes to asynq directly, for
+// its worker to fail.
+func JobRef(p *config.Policy, j *store.Job, share float64) queue.JobRef {
+	return Ref(p, j.ID, j.Queue, j.TenantID, j.Model, j.EstPromptTokens+j.EstMaxTokens, share)
+}
+
+// Ref is JobRef of a job known by its fields.
+func Ref(p *config.Policy, id, q, tenantID, model string, cost int64, share float64) queue.JobRef {
+	ref := queue.JobRef{ID: id, Queue: q, TenantID: tenantID, Cost: cost, Share: share}
+	if m, ok := p.Model(model); ok {
+		ref.Scope = ScopeName(m)
+	}
+	return ref
 }
 
 // ScopeName is the limiter scope of a model: its provider's upstream model,

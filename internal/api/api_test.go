@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -221,16 +223,20 @@ func TestCreateGetListCancel(t *testing.T) {
 		}
 		ids = append(ids, j["id"].(string))
 	}
-	// The task of each job is queued under the job's id.
-	stats, err := a.Inspector.QueueStats(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range stats {
-		if (s.Name == "default") != (s.Size == 5) {
-			t.Fatalf("queue %s holds %d tasks", s.Name, s.Size)
+	// Each job waits in its fair queue, then the scheduler queues its task
+	// under the job's id in its tier's queue.
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		stats, err := a.Inspector.QueueStats(context.Background())
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		for _, s := range stats {
+			if (s.Name == "default") != (s.Size == 5) {
+				return false
+			}
+		}
+		return true
+	})
 	// Pages of two, newest first, no gaps or repeats.
 	var seen []string
 	after := ""

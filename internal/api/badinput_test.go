@@ -7,7 +7,6 @@ import (
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/apptest"
-	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/testutil"
 )
 
@@ -39,7 +38,8 @@ func TestUnknownPathIsNotFoundAndChangesNothing(t *testing.T) {
 // is untouched: the same row in the store, its task still in the queue.
 func TestAnotherTenantsJobIdChangesNothing(t *testing.T) {
 	t.Parallel()
-	a := start(t)
+	// No scheduler: the job stays where the API put it.
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, NoScheduler: true})
 	ctx := context.Background()
 	_, keyA := a.Tenant("standard")
 	tenantB, keyB := a.Tenant("standard")
@@ -53,8 +53,8 @@ func TestAnotherTenantsJobIdChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	sizeBefore := a.TaskCount()
-	if state, err := a.Inspector.JobTaskState(ctx, before.Queue, id); err != nil || state != queue.TaskPending {
-		t.Fatalf("task of the new job: %q (%v), want pending", state, err)
+	if p := a.Placement(id); p != "waiting" {
+		t.Fatalf("the new job is %q, want waiting in its fair queue", p)
 	}
 
 	for _, method := range []string{"GET", "DELETE"} {
@@ -74,8 +74,8 @@ func TestAnotherTenantsJobIdChangesNothing(t *testing.T) {
 	if got := a.TaskCount(); got != sizeBefore {
 		t.Fatalf("queued tasks: %d before tenant B's requests, %d after", sizeBefore, got)
 	}
-	if state, err := a.Inspector.JobTaskState(ctx, before.Queue, id); err != nil || state != queue.TaskPending {
-		t.Fatalf("task of A's job after B's cancel: %q (%v), want pending", state, err)
+	if p := a.Placement(id); p != "waiting" {
+		t.Fatalf("A's job after B's cancel is %q, want waiting in its fair queue", p)
 	}
 	nothingQueuedFor(t, a, tenantB)
 }

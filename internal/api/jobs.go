@@ -87,7 +87,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
-	if _, err := s.Queue.EnqueueJob(r.Context(), queue.JobRef{ID: job.ID, Queue: job.Queue}); err != nil {
+	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(p, job, tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
 	writeJSON(w, http.StatusAccepted, RenderJob(job))

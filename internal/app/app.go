@@ -26,6 +26,7 @@ import (
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/recovery"
 	"github.com/llmq/llmq/internal/rkeys"
+	"github.com/llmq/llmq/internal/scheduler"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/webhook"
 	"github.com/llmq/llmq/internal/worker"
@@ -140,7 +141,7 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
 	a.closers = append(a.closers, a.Asynq.Close)
 	ns := queue.Namespace(env.QueueNamespace)
-	a.Queue = queue.NewClient(a.Asynq, queue.ClientOptions{Namespace: ns})
+	a.Queue = queue.NewClient(a.Asynq, queue.ClientOptions{Namespace: ns, Redis: a.Redis, Keys: a.Keys})
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	a.Inspector = queue.NewInspector(in, ns)
 	a.Batches = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue, Logger: logger},
@@ -234,6 +235,19 @@ func (a *App) WebhookHandler() *webhook.Handler {
 	spacer := limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys})
 	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs, Spacer: spacer, Policy: a.Policy},
 		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate})
+}
+
+// Scheduler returns the scheduler that releases waiting jobs into asynq's
+// queues; every dispatcher and worker runs one (Run), and one at a time
+// holds the lease.
+func (a *App) Scheduler() *scheduler.Scheduler {
+	obs, _ := a.Observer.(scheduler.Observer) // the metrics recorder is one
+	s, err := scheduler.New(scheduler.Deps{Queue: a.Queue, Pacer: a.Pacer, Policy: a.Policy, Redis: a.Redis, Keys: a.Keys,
+		Logger: a.Logger, Observer: obs}, scheduler.Options{})
+	if err != nil {
+		panic(err) // the options are code
+	}
+	return s
 }
 
 // WorkerServer returns the asynq server that runs jobs, and its mux.

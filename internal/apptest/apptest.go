@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -90,6 +91,10 @@ type Options struct {
 	Sim *sim.Config
 	// Workers starts this many in-process workers. Defaults to none.
 	Workers int
+	// NoScheduler leaves the jobs the API queues in their fair queue: no
+	// scheduler releases them into asynq's queues. Defaults to false: one
+	// runs, as in every dispatcher and worker.
+	NoScheduler bool
 	// WorkerOptions configure the workers' handlers.
 	WorkerOptions worker.Options
 	// Env changes the environment before validation.
@@ -191,6 +196,12 @@ func Start(t testing.TB, o Options) *App {
 	srv := httptest.NewServer(a.API())
 	t.Cleanup(srv.Close)
 	ta := &App{App: a, URL: srv.URL, Sim: ss, Environ: environ, t: t}
+	if !o.NoScheduler {
+		sctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { a.Scheduler().Run(sctx); close(done) }()
+		t.Cleanup(func() { stop(); <-done })
+	}
 	for i := 0; i < o.Workers; i++ {
 		ta.StartWorker(o.WorkerOptions)
 	}
@@ -326,18 +337,70 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TaskCount is the number of tasks, in any state, in the app's queues.
-func (a *App) TaskCount() int {
+// Placement says where job id is: "waiting" or "released" in its model's
+// fair queue, else its asynq task's state ("pending", "scheduled",
+// "active", "retry", "archived", "missing"...).
+func (a *App) Placement(id string) string {
 	a.t.Helper()
-	stats, err := a.Inspector.QueueStats(context.Background())
+	ctx := context.Background()
+	j, err := a.Store.JobGetByID(ctx, id)
+	if err != nil {
+		a.t.Fatalf("job %s: %v", id, err)
+	}
+	if m, ok := a.Policy.Current().Model(j.Model); ok {
+		p, err := a.Queue.Placement(ctx, admission.ScopeName(m), id)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		if p != "" {
+			return p
+		}
+	}
+	st, err := a.Inspector.JobTaskState(ctx, j.Queue, id)
 	if err != nil {
 		a.t.Fatal(err)
 	}
-	n := 0
-	for _, s := range stats {
-		n += s.Size
+	return string(st)
+}
+
+// TaskCount is the number of jobs and deliveries enqueued: tasks, in any
+// state, in the app's queues, and jobs waiting in a fair queue, each once.
+func (a *App) TaskCount() int {
+	a.t.Helper()
+	ctx := context.Background()
+	ids := map[string]bool{}
+	in := asynq.NewInspectorFromRedisClient(a.Redis)
+	for _, q := range a.Queue.Namespace().Queues() {
+		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+			in.ListPendingTasks, in.ListActiveTasks, in.ListScheduledTasks, in.ListRetryTasks, in.ListArchivedTasks,
+		} {
+			for page := 1; ; page++ {
+				tasks, err := list(q, asynq.Page(page), asynq.PageSize(1000))
+				if errors.Is(err, asynq.ErrQueueNotFound) {
+					break
+				}
+				if err != nil {
+					a.t.Fatal(err)
+				}
+				for _, t := range tasks {
+					ids[t.ID] = true
+				}
+				if len(tasks) < 1000 {
+					break
+				}
+			}
+		}
 	}
-	return n
+	for i := range a.Policy.Current().Models {
+		members, err := a.Redis.SMembers(ctx, a.Keys.FairMembers(admission.ScopeName(&a.Policy.Current().Models[i]))).Result()
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		for _, id := range members {
+			ids[id] = true
+		}
+	}
+	return len(ids)
 }
 
 // Account is the budget account of tenant id under the policy in force.

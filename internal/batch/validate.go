@@ -58,13 +58,13 @@ func (s *Service) Validate(ctx context.Context, batchID string) error {
 		return err
 	}
 	p := s.Policy.Current()
-	acct, _, err := admission.Account(p, tenant)
+	acct, tier, err := admission.Account(p, tenant)
 	if err != nil {
 		// The tenant's tier has left the policy: no line can be judged, and
 		// trying again every sweep would only log the same error.
 		return s.finish(ctx, b, store.BatchFailed, nil, []client.BatchError{{Code: "tier_not_found", Message: err.Error()}})
 	}
-	v := &validation{s: s, b: b, policy: p, acct: acct, seen: map[[16]byte]int{}}
+	v := &validation{s: s, b: b, policy: p, acct: acct, share: tier.Share, seen: map[[16]byte]int{}}
 	if err := v.loadExisting(ctx); err != nil {
 		return err
 	}
@@ -83,6 +83,7 @@ type validation struct {
 	b      *store.Batch
 	policy *config.Policy
 	acct   budget.Account
+	share  float64 // the tenant's tier's, for the fair queue
 
 	existing map[int]bool     // lines stored by an earlier, interrupted pass
 	seen     map[[16]byte]int // sha-256 prefix of each custom_id -> its first line
@@ -189,7 +190,7 @@ func (v *validation) flush(ctx context.Context) error {
 	}
 	for i, j := range v.group {
 		if j.Status != store.JobFailed {
-			v.queued = append(v.queued, queue.JobRef{ID: ids[i], Queue: queue.Batch})
+			v.queued = append(v.queued, admission.Ref(v.policy, ids[i], queue.Batch, v.b.TenantID, j.Model, j.EstPromptTokens+j.EstMaxTokens, v.share))
 		}
 	}
 	v.group, v.groupBytes = nil, 0
@@ -315,7 +316,7 @@ func (e *groupError) Unwrap() error { return e.err }
 func (v *validation) storedRefs(ctx context.Context) ([]queue.JobRef, error) {
 	var refs []queue.JobRef
 	err := v.s.Store.JobStreamByBatch(ctx, v.b.ID, []store.JobStatus{store.JobQueued}, func(j *store.Job) error {
-		refs = append(refs, queue.JobRef{ID: j.ID, Queue: j.Queue})
+		refs = append(refs, admission.JobRef(v.policy, j, v.share))
 		return nil
 	})
 	return refs, err

@@ -159,9 +159,16 @@ type Tier struct {
 	// WebhookHostRPS is how many webhook deliveries per second a tenant of
 	// the tier sends to one host at most. Defaults to 10.
 	WebhookHostRPS float64
+	// Share is a tenant's weight when tenants of one priority wait for the
+	// same model: their throughput splits in proportion, counted in tokens.
+	// Defaults to 1.
+	Share float64
 	// Timezone is where the tier's day starts and ends. Defaults to UTC.
 	Timezone *time.Location
 }
+
+// MaxShare bounds a tier's share: a million to one is fairness enough.
+const MaxShare = 1_000_000
 
 // Model returns the model clients call name.
 func (p *Policy) Model(name string) (*Model, bool) {
@@ -292,6 +299,7 @@ type rawTier struct {
 	APIEndpointLimits map[string]rawAPILimits `yaml:"api_endpoint_limits"`
 	APILease          int64                   `yaml:"api_lease"`
 	WebhookHostRPS    *float64                `yaml:"webhook_host_rps"`
+	Share             *float64                `yaml:"share"`
 }
 
 func (raw *rawPolicy) build(src *source) (*Policy, error) {
@@ -534,6 +542,7 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		Priority:    rt.Priority,
 		OnExhausted: rt.OnExhausted,
 		APIExempt:   rt.APIExempt,
+		Share:       1,
 		Timezone:    time.UTC,
 	}
 	if err := checkIdent(src, path+".name", rt.Name); err != nil {
@@ -583,6 +592,12 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 	}
 	if err := rt.buildAPI(src, path, &t); err != nil {
 		return t, err
+	}
+	if rt.Share != nil {
+		if v := *rt.Share; math.IsNaN(v) || v <= 0 || v > MaxShare {
+			return t, src.errorAt(path+".share", "must be more than 0 and at most %d (a weight against the other tiers' shares), got %v", MaxShare, v)
+		}
+		t.Share = *rt.Share
 	}
 	if rt.Timezone != "" {
 		// "Local" would make the tier's day depend on each host's setting.

@@ -198,10 +198,11 @@ func TestParsePolicyAPILimits(t *testing.T) {
       files.create: {minute: 10}
       batches.create: {second: 2, day: 100}
     webhook_host_rps: 2.5
+    share: 3
 `)+"auth_failure_limits: {minute: 5, hour: 50}\n")
 	std, _ := p.Tier("standard")
 	if std.APILimits != (APILimits{Second: 50, Day: 200000}) || std.APIAlgorithm != limiter.AlgFixedWindow ||
-		std.APISoftLimit != 0.9 || std.APILease != 10 || std.WebhookHostRPS != 2.5 {
+		std.APISoftLimit != 0.9 || std.APILease != 10 || std.WebhookHostRPS != 2.5 || std.Share != 3 {
 		t.Fatalf("standard = %+v", std)
 	}
 	if len(std.APIEndpointLimits) != 2 || std.APIEndpointLimits["files.create"] != (APILimits{Minute: 10}) ||
@@ -410,6 +411,8 @@ func TestParsePolicyErrors(t *testing.T) {
 			field: "tiers[0].api_endpoint_limits.files.create.mintue", msg: `unknown field (did you mean "minute"?)`},
 		{name: "endpoint negative", old: "api_rps: 50", new: "api_rps: 50\n    api_endpoint_limits: {files.create: {minute: -5}}",
 			field: "tiers[0].api_endpoint_limits.files.create.minute", msg: "must be 0 or more"},
+		{name: "share zero", old: "api_rps: 50", new: "api_rps: 50\n    share: 0", field: "tiers[0].share", msg: "must be more than 0 and at most 1000000"},
+		{name: "share negative", old: "api_rps: 50", new: "api_rps: 50\n    share: -2", field: "tiers[0].share", msg: "got -2"},
 		{name: "webhook_host_rps zero", old: "api_rps: 50", new: "api_rps: 50\n    webhook_host_rps: 0", field: "tiers[0].webhook_host_rps", msg: "must be more than 0 and at most 100000 deliveries per second, got 0"},
 		{name: "auth_failure_limits negative", old: "global_daily_budget_usd: 100", new: "global_daily_budget_usd: 100\nauth_failure_limits: {minute: -1}",
 			field: "auth_failure_limits.minute", msg: "must be 0 or more"},

@@ -181,7 +181,9 @@ func (p *Pacer) Calibration(ctx context.Context, scope string) limiter.Calibrati
 	}
 	c, err := p.limiter.Calibration(ctx, scope)
 	if err != nil {
-		p.logger.Warn("read the prompt calibration", "scope", scope, "err", err)
+		if ctx.Err() == nil {
+			p.logger.Warn("read the prompt calibration", "scope", scope, "err", err)
+		}
 		if !ok {
 			return limiter.Calibration{Factor: 1}
 		}

@@ -18,6 +18,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/rkeys"
 )
 
 // Task types.
@@ -151,6 +154,12 @@ type ClientOptions struct {
 	WebhookMaxRetry int
 	// EnqueueConcurrency bounds the parallel enqueues of EnqueueJobs. Defaults to 32.
 	EnqueueConcurrency int
+	// Redis holds the fair queue (jobs waiting for their model, released
+	// fairly between tenants by the scheduler). Defaults to nil: every job
+	// goes to asynq's queues at once, in arrival order.
+	Redis redis.UniversalClient
+	// Keys builds the fair queue's keys. Defaults to rkeys.New("").
+	Keys rkeys.Builder
 }
 
 // DefaultMaxRetry is ClientOptions.MaxRetry when unset.
@@ -160,6 +169,7 @@ const DefaultMaxRetry = 8
 type Client struct {
 	ac   *asynq.Client
 	opts ClientOptions
+	fair *fair
 }
 
 // NewClient returns a Client over an asynq client. The caller keeps
@@ -174,7 +184,11 @@ func NewClient(ac *asynq.Client, opts ClientOptions) *Client {
 	if opts.EnqueueConcurrency <= 0 {
 		opts.EnqueueConcurrency = 32
 	}
-	return &Client{ac: ac, opts: opts}
+	c := &Client{ac: ac, opts: opts}
+	if opts.Redis != nil {
+		c.fair = &fair{rdb: opts.Redis, keys: opts.Keys}
+	}
+	return c
 }
 
 // Namespace returns the client's queue namespace.
@@ -185,12 +199,37 @@ type JobRef struct {
 	ID    string
 	Queue string        // one of Priorities
 	In    time.Duration // delay before the job may run; 0 = now
+	// Scope is the limiter scope of the job's model; with it, a job to run
+	// now waits in the fair queue until the scheduler releases it. Empty
+	// sends it to asynq at once.
+	Scope string
+	// TenantID, Cost (estimated tokens: prompt + max_tokens) and Share (the
+	// tenant's tier's share; 0 keeps the one known, else 1) place it among
+	// the tenants waiting.
+	TenantID string
+	Cost     int64
+	Share    float64
 }
 
-// EnqueueJob enqueues the task of one job. It reports enqueued=false, and no
-// error, when a task for the job already exists (queued, scheduled, running
-// or retrying): enqueueing is idempotent by job id.
+// EnqueueJob enqueues one job: into its scope's fair queue when it has one
+// and runs now, else as an asynq task. It reports enqueued=false, and no
+// error, when the job already waits in the fair queue or its task exists
+// (queued, scheduled, running or retrying): enqueueing is idempotent by job
+// id. (A job waiting in the fair queue whose task asynq also holds is
+// released once and dropped then.)
 func (c *Client) EnqueueJob(ctx context.Context, ref JobRef) (enqueued bool, err error) {
+	if !ValidPriority(ref.Queue) {
+		return false, fmt.Errorf("enqueue %s: unknown queue %q", ref.ID, ref.Queue)
+	}
+	if c.fairRef(ref) {
+		n, err := c.fair.push(ctx, ref.Scope, []JobRef{ref})
+		return n > 0, err
+	}
+	return c.enqueueTask(ctx, ref)
+}
+
+// enqueueTask enqueues the asynq task of a job.
+func (c *Client) enqueueTask(ctx context.Context, ref JobRef) (enqueued bool, err error) {
 	if !ValidPriority(ref.Queue) {
 		return false, fmt.Errorf("enqueue %s: unknown queue %q", ref.ID, ref.Queue)
 	}
@@ -219,10 +258,47 @@ func (c *Client) EnqueueJob(ctx context.Context, ref JobRef) (enqueued bool, err
 	return true, nil
 }
 
-// EnqueueJobs enqueues many jobs with bounded parallelism (asynq enqueues one
-// task per script call, so parallel calls are what keeps the pipe full). It
-// returns how many tasks were newly enqueued; on error some may have been.
+// EnqueueJobs enqueues many jobs: those for the fair queue in a few script
+// runs per scope, the others as tasks with bounded parallelism (asynq
+// enqueues one task per script call, so parallel calls are what keeps the
+// pipe full). It returns how many jobs were newly enqueued; on error some
+// may have been.
 func (c *Client) EnqueueJobs(parent context.Context, refs []JobRef) (int, error) {
+	for _, r := range refs {
+		if !ValidPriority(r.Queue) {
+			return 0, fmt.Errorf("enqueue %s: unknown queue %q", r.ID, r.Queue)
+		}
+	}
+	enqueued := 0
+	byScope := map[string][]JobRef{}
+	var order []string
+	direct := refs[:0:0]
+	for _, r := range refs {
+		if !c.fairRef(r) {
+			direct = append(direct, r)
+			continue
+		}
+		if _, ok := byScope[r.Scope]; !ok {
+			order = append(order, r.Scope)
+		}
+		byScope[r.Scope] = append(byScope[r.Scope], r)
+	}
+	for _, scope := range order {
+		n, err := c.fair.push(parent, scope, byScope[scope])
+		enqueued += n
+		if err != nil {
+			return enqueued, err
+		}
+	}
+	n, err := c.enqueueTasks(parent, direct)
+	return enqueued + n, err
+}
+
+// enqueueTasks enqueues the asynq tasks of refs with bounded parallelism.
+func (c *Client) enqueueTasks(parent context.Context, refs []JobRef) (int, error) {
+	if len(refs) == 0 {
+		return 0, nil
+	}
 	var (
 		mu       sync.Mutex
 		enqueued int
@@ -238,7 +314,7 @@ func (c *Client) EnqueueJobs(parent context.Context, refs []JobRef) (int, error)
 		go func() {
 			defer wg.Done()
 			for ref := range next {
-				ok, err := c.EnqueueJob(ctx, ref)
+				ok, err := c.enqueueTask(ctx, ref)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err

@@ -331,24 +331,32 @@ func eachPage[T any](list func(after string) ([]T, bool, error), id func(T) stri
 }
 
 func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time, rep *Report) error {
+	// The reference carries no share: the fair queue keeps the tenant's.
 	ref := queue.JobRef{ID: j.ID, Queue: j.Queue}
+	if r.Policy != nil {
+		ref = admission.JobRef(r.Policy.Current(), j, 0)
+	}
 	if j.NextRunAt != nil && j.NextRunAt.After(now) {
 		ref.In = j.NextRunAt.Sub(now)
 	}
-	enqueued, err := r.Queue.EnqueueJob(ctx, ref)
-	if err != nil {
-		return fmt.Errorf("re-enqueue %s: %w", j.ID, err)
-	}
-	if enqueued {
-		rep.Requeued++
-		r.Logger.Debug("job had no task; enqueued again", "job", j.ID, "status", j.Status)
-		return nil
-	}
-	// A task holds the id. If asynq archived it, it will never run.
 	task, err := r.Inspector.JobTask(ctx, j.Queue, j.ID)
 	if err != nil {
 		return err
 	}
+	if task.State == queue.TaskMissing {
+		// No task: the job waits in its fair queue (enqueueing is then a
+		// no-op), or Redis lost it.
+		enqueued, err := r.Queue.EnqueueJob(ctx, ref)
+		if err != nil {
+			return fmt.Errorf("re-enqueue %s: %w", j.ID, err)
+		}
+		if enqueued {
+			rep.Requeued++
+			r.Logger.Debug("job had no task; enqueued again", "job", j.ID, "status", j.Status)
+		}
+		return nil
+	}
+	// A task holds the id. If asynq archived it, it will never run.
 	if task.State != queue.TaskArchived {
 		return nil
 	}
@@ -363,7 +371,8 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 	if err := r.Inspector.DeleteArchivedJob(ctx, j.Queue, j.ID); err != nil {
 		return err
 	}
-	if enqueued, err = r.Queue.EnqueueJob(ctx, ref); err != nil {
+	enqueued, err := r.Queue.EnqueueJob(ctx, ref)
+	if err != nil {
 		return fmt.Errorf("revive %s: %w", j.ID, err)
 	}
 	if enqueued {

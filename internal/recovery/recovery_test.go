@@ -35,6 +35,12 @@ func reconciler(a *apptest.App, now func() time.Time) *recovery.Reconciler {
 	}, recovery.Options{Now: now, MinAge: time.Second, CheckInterval: 100 * time.Millisecond})
 }
 
+// queuedAgain reports whether a placement (apptest.App.Placement) is a job
+// queued to run now: waiting in its fair queue, or released as a task.
+func queuedAgain(p string) bool {
+	return p == "waiting" || p == "released" || p == string(queue.TaskPending) || p == string(queue.TaskActive)
+}
+
 // insertJob stores a job the way the API does, but enqueues nothing: an
 // enqueue that failed after the row was committed.
 func insertJob(t *testing.T, a *apptest.App, tenant string, p *store.JobInsertParams) *store.Job {
@@ -71,8 +77,8 @@ func TestJobsWithoutTasksAreEnqueuedOnce(t *testing.T) {
 	if err != nil || rep.Requeued != 2 || rep.Scanned != 2 {
 		t.Fatalf("first pass = %+v, %v; want 2 requeued of 2 unfinished", rep, err)
 	}
-	if st, _ := a.Inspector.JobTaskState(ctx, queue.Default, queued.ID); st != queue.TaskPending {
-		t.Fatalf("queued job's task is %s", st)
+	if p := a.Placement(queued.ID); !queuedAgain(p) {
+		t.Fatalf("queued job is %s", p)
 	}
 	// A job due later is enqueued to run when due, not now.
 	if st, _ := a.Inspector.JobTaskState(ctx, queue.Low, waiting.ID); st != queue.TaskScheduled {
@@ -85,8 +91,8 @@ func TestJobsWithoutTasksAreEnqueuedOnce(t *testing.T) {
 	// Jobs changed in the last MinAge are in flight: left alone.
 	fresh := insertJob(t, a, tenant, &store.JobInsertParams{})
 	rep, _ = reconciler(a, time.Now).RunOnce(ctx)
-	if st, _ := a.Inspector.JobTaskState(ctx, queue.Default, fresh.ID); st != queue.TaskMissing || rep.Requeued != 0 {
-		t.Fatalf("a job created just now was touched: %s %+v", st, rep)
+	if p := a.Placement(fresh.ID); p != string(queue.TaskMissing) || rep.Requeued != 0 {
+		t.Fatalf("a job created just now was touched: %s %+v", p, rep)
 	}
 }
 
@@ -104,8 +110,8 @@ func TestArchivedTaskIsRevived(t *testing.T) {
 	if err != nil || rep.Revived != 1 {
 		t.Fatalf("pass = %+v, %v; want the archived job revived", rep, err)
 	}
-	if st, _ := a.Inspector.JobTaskState(ctx, j.Queue, j.ID); st != queue.TaskPending {
-		t.Fatalf("revived task is %s", st)
+	if p := a.Placement(j.ID); !queuedAgain(p) {
+		t.Fatalf("revived job is %s", p)
 	}
 }
 
@@ -165,9 +171,11 @@ func TestRedisLossIsDetectedRequeuedAndModelsPaused(t *testing.T) {
 	if err := a.Redis.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// Every job is queued again; the models' pause keeps them in their fair
+	// queue rather than sending them to workers that could not run them.
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		for _, id := range ids {
-			if st, _ := a.Inspector.JobTaskState(ctx, queue.Default, id); st != queue.TaskPending {
+			if p := a.Placement(id); p != "waiting" {
 				return false
 			}
 		}
@@ -196,16 +204,18 @@ func TestOneReconcilerAtATime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	reconciler(a, later).Run(ctx) // the lock is held elsewhere: nothing runs
-	if st, _ := a.Inspector.JobTaskState(context.Background(), j.Queue, j.ID); st != queue.TaskMissing {
-		t.Fatalf("a second reconciler ran while the first held the lock (task %s)", st)
+	if p := a.Placement(j.ID); p != string(queue.TaskMissing) {
+		t.Fatalf("a second reconciler ran while the first held the lock (the job is %s)", p)
 	}
 	unlock()
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	defer cancel2()
 	go reconciler(a, later).Run(ctx2)
+	// Queued again: in its fair queue (while the first pass's pause holds
+	// the models), or released as a task.
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		st, _ := a.Inspector.JobTaskState(context.Background(), j.Queue, j.ID)
-		return st == queue.TaskPending
+		p := a.Placement(j.ID)
+		return p == "waiting" || p == "released" || p == string(queue.TaskPending)
 	})
 }
 
@@ -231,8 +241,8 @@ func TestValidatingBatchesAreLeftToTheirValidation(t *testing.T) {
 	if rep, err := r.RunOnce(ctx); err != nil || rep.Requeued != 0 {
 		t.Fatalf("while validating: %+v, %v; want nothing requeued", rep, err)
 	}
-	if st, _ := a.Inspector.JobTaskState(ctx, queue.Batch, j.ID); st != queue.TaskMissing {
-		t.Fatalf("a validating batch's job has a task: %s", st)
+	if p := a.Placement(j.ID); p != string(queue.TaskMissing) {
+		t.Fatalf("a validating batch's job is queued: %s", p)
 	}
 	if _, applied, err := a.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: b.ID,
 		From: []store.BatchStatus{store.BatchValidating}, To: store.BatchInProgress}); err != nil || !applied {
@@ -242,8 +252,8 @@ func TestValidatingBatchesAreLeftToTheirValidation(t *testing.T) {
 	if rep, err := r.RunOnce(ctx); err != nil || rep.Requeued != 1 {
 		t.Fatalf("in progress: %+v, %v; want its job requeued", rep, err)
 	}
-	if st, _ := a.Inspector.JobTaskState(ctx, queue.Batch, j.ID); st != queue.TaskPending {
-		t.Fatalf("the job's task is %s, want pending", st)
+	if p := a.Placement(j.ID); !queuedAgain(p) {
+		t.Fatalf("the job is %s, want queued again", p)
 	}
 }
 

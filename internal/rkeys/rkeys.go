@@ -53,6 +53,32 @@ func (b Builder) LimiterReconciled(scope, reservationID string) string {
 	return b.key("tb", tag(scope), "rec", reservationID)
 }
 
+// FairQueue is the prefix of the keys of one scope's fair queue (the jobs
+// waiting for a model, per priority and tenant), with the scope's hash tag,
+// the limiter's own. The fair queue's scripts build from it the keys of
+// each priority's tenants ("tenants:<priority>", a sorted set by start tag)
+// and of each tenant's jobs ("list:<priority>:<tenant>", FIFO); the fixed
+// keys have builders below. They live while jobs wait, and 7 days after.
+func (b Builder) FairQueue(scope string) string { return b.key("fq", tag(scope)) + ":" }
+
+// FairState is the hash of a scope's fair queue: virtual times, finish tags,
+// tenants' shares, counts, what is released and not yet started.
+func (b Builder) FairState(scope string) string { return b.FairQueue(scope) + "state" }
+
+// FairClasses is the sorted set of a scope's priorities with waiting jobs.
+func (b Builder) FairClasses(scope string) string { return b.FairQueue(scope) + "classes" }
+
+// FairMembers is the set of a scope's job ids waiting or released.
+func (b Builder) FairMembers(scope string) string { return b.FairQueue(scope) + "members" }
+
+// FairOut is the sorted set (by release time) of a scope's jobs released to
+// asynq and not yet started by a worker.
+func (b Builder) FairOut(scope string) string { return b.FairQueue(scope) + "out" }
+
+// FairScopes is the set of scopes whose fair queue holds jobs, for the
+// scheduler. It has no TTL: a scope leaves it when its queue empties.
+func (b Builder) FairScopes() string { return b.key("fq", "scopes") }
+
 // FixedWindow is the counter of a fixed-window limiter.
 func (b Builder) FixedWindow(scope string) string { return b.key("fw", tag(scope)) }
 

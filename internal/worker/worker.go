@@ -78,7 +78,7 @@ type Deps struct {
 	Pacer     *pacer.Pacer
 	Budgets   *budget.Budgets
 	Providers *Providers
-	Queue     *queue.Client // for webhook deliveries
+	Queue     *queue.Client // for webhook deliveries, and the fair queue
 	Logger    *slog.Logger
 	// Observer is told what happens, for metrics. Defaults to none.
 	Observer Observer
@@ -132,6 +132,15 @@ type run struct {
 	keep   func() // stops extending bres
 	permit *limiter.Reservation
 	wait   time.Duration // the pause after a 429
+	left   bool          // the fair queue was told (leave)
+}
+
+// leave tells the fair queue, once, that the job is past its permit.
+func (r *run) leave(ctx context.Context) {
+	if !r.left {
+		r.left = true
+		r.h.leftFairQueue(ctx, r.job)
+	}
 }
 
 // Run processes job id once. It returns nil when the task is done with (the
@@ -148,11 +157,27 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 		return fmt.Errorf("load job %s: %w", id, err)
 	}
 	if !started {
+		h.leftFairQueue(ctx, job)
 		h.Logger.Debug("job already finished", "job", id, "status", job.Status)
 		return h.settleFinished(ctx, job)
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", id, "model", job.Model)}
 	return r.do(ctx)
+}
+
+// leftFairQueue tells the fair queue that job has its permit (or will not
+// wait for one here): it no longer counts as released, so the scheduler
+// releases the next jobs as the limiter admits them. A failure only delays
+// the next releases of its model until the scheduler's stale check.
+func (h *Handler) leftFairQueue(ctx context.Context, job *store.Job) {
+	if h.Queue == nil {
+		return
+	}
+	if m, ok := h.Policy.Current().Model(job.Model); ok {
+		if err := h.Queue.Started(ctx, admission.ScopeName(m), job.ID); err != nil {
+			h.Logger.Warn("fair queue", "job", job.ID, "err", err)
+		}
+	}
 }
 
 // settleFinished makes sure a finished job's charge is in its day's spend.
@@ -184,6 +209,7 @@ func (h *Handler) settleFinished(ctx context.Context, job *store.Job) error {
 const settleRetryDelay = 5 * time.Second
 
 func (r *run) do(ctx context.Context) error {
+	defer r.leave(ctx)
 	h := r.h
 	p := h.Policy.Current()
 	m, ok := p.Model(r.job.Model)
@@ -218,7 +244,9 @@ func (r *run) do(ctx context.Context) error {
 	}
 	r.keep = r.keepReservation(ctx)
 	defer r.keep()
-	if done, err := r.takePermit(ctx); done {
+	done, err := r.takePermit(ctx)
+	r.leave(ctx)
+	if done {
 		r.releaseBudget(ctx)
 		return err
 	}

@@ -1,0 +1,465 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/rkeys"
+)
+
+// The fair queue holds the jobs waiting for a model (a limiter scope), one
+// FIFO list per priority and tenant, until the scheduler releases them into
+// asynq's queues, as fast as the model's limits admit them. Between
+// tenants of one priority it is start-time fair queuing counted in tokens:
+// each tenant's next job carries a start tag, its last finish tag or the
+// priority's virtual time if later, and the job with the lowest tag goes
+// first; a job advances its tenant's tag by its cost over the tenant's
+// share. Between priorities the same, weighted by the queues' weights, so
+// priorities keep the proportions asynq gives them. A tenant that starts
+// waiting starts at the virtual time: it neither waits behind another's
+// backlog nor gets credit for the time it was idle. docs/ARCHITECTURE.md
+// says why it is built this way.
+
+// fairTTL is how long a scope's fair-queue state outlives its last job.
+// The lists and sets delete themselves when they empty; while jobs wait
+// nothing expires.
+const fairTTL = 7 * 24 * time.Hour
+
+// fairWeights are the priorities' weights as the scripts read them.
+var fairWeights = func() string {
+	parts := make([]string, 0, len(Priorities))
+	for _, p := range Priorities {
+		parts = append(parts, p+"="+strconv.Itoa(weights[p]))
+	}
+	return strings.Join(parts, ",")
+}()
+
+// fairPushScript adds jobs to a scope's fair queue, each once.
+//
+// KEYS[1] -> the scope's state (rkeys.FairState)
+// KEYS[2] -> its priorities with work (rkeys.FairClasses)
+// KEYS[3] -> its job ids waiting or released (rkeys.FairMembers)
+// ARGV[1] -> the prefix of its per-priority and per-tenant keys (rkeys.FairQueue)
+// ARGV[2] -> now in ms
+// ARGV[3] -> the state's TTL in ms
+// then per job: id, priority, tenant, cost in tokens, the tenant's share
+// ("" keeps the one known)
+// Returns how many jobs were added (one already waiting or released is not).
+var fairPushScript = redis.NewScript(`
+local st, classes, members, prefix, now = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
+local added = 0
+for i = 4, #ARGV, 5 do
+  local id, class, tenant, cost, share = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  if redis.call('SADD', members, id) == 1 then
+    added = added + 1
+    local list, tenants = prefix .. 'list:' .. class .. ':' .. tenant, prefix .. 'tenants:' .. class
+    redis.call('RPUSH', list, id .. '|' .. cost .. '|' .. now)
+    if share ~= '' then redis.call('HSET', st, 's:' .. tenant, share) end
+    redis.call('HINCRBY', st, 'n:' .. class .. ':' .. tenant, 1)
+    -- a tenant (or priority) that starts waiting starts at the virtual
+    -- time, or after its last finish if that is later
+    if not redis.call('ZSCORE', tenants, tenant) then
+      local v = tonumber(redis.call('HGET', st, 'v:' .. class)) or 0
+      local f = tonumber(redis.call('HGET', st, 'f:' .. class .. ':' .. tenant)) or 0
+      redis.call('ZADD', tenants, math.max(v, f), tenant)
+    end
+    if not redis.call('ZSCORE', classes, class) then
+      local v = tonumber(redis.call('HGET', st, 'vc')) or 0
+      local f = tonumber(redis.call('HGET', st, 'fc:' .. class)) or 0
+      redis.call('ZADD', classes, math.max(v, f), class)
+    end
+  end
+end
+redis.call('PEXPIRE', st, ARGV[3])
+return added
+`)
+
+// fairReleaseScript takes from a scope's fair queue, in fair order, the jobs
+// the scope's limits have room for, and counts them released.
+//
+// KEYS[1] -> the scope's state (rkeys.FairState)
+// KEYS[2] -> its priorities with work (rkeys.FairClasses)
+// KEYS[3] -> its job ids waiting or released (rkeys.FairMembers)
+// KEYS[4] -> its released jobs not yet started (rkeys.FairOut)
+// ARGV[1] -> the prefix of its per-priority and per-tenant keys
+// ARGV[2] -> now in ms
+// ARGV[3] -> the state's TTL in ms
+// ARGV[4] -> the tokens the limits have room for (before what is released
+// and not yet started), or "inf"
+// ARGV[5] -> the requests they have room for, likewise
+// ARGV[6] -> the most jobs released and not yet started
+// ARGV[7] -> what the limiter counts per token of a job's cost (its prompt
+// calibration, roughly)
+// ARGV[8] -> "1" to release the next job even if it does not fit, when none
+// is released and not started (a job larger than the room there can be)
+// ARGV[9] -> the priorities' weights, "name=w,..."
+// Returns {1 when no job waits any more, else 0, then per released job: id,
+// priority, tenant, cost, ms it waited}.
+var fairReleaseScript = redis.NewScript(`
+local st, classes, members, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, now = ARGV[1], tonumber(ARGV[2])
+local tokens, reqs = tonumber(ARGV[4]) or math.huge, tonumber(ARGV[5]) or math.huge
+local maxout, factor, force = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
+local weights = {}
+for name, w in string.gmatch(ARGV[9], '([^=,]+)=([^,]+)') do weights[name] = tonumber(w) end
+
+local outn = redis.call('ZCARD', out)
+tokens = tokens - (tonumber(redis.call('HGET', st, 'outsum')) or 0)
+reqs = reqs - outn
+local res = {0}
+-- cancelled jobs are dropped as they come up, at most this many a call
+local budget = 1000
+while budget > 0 and outn < maxout do
+  budget = budget - 1
+  local c = redis.call('ZRANGE', classes, 0, 0, 'WITHSCORES')
+  if #c == 0 then break end
+  local class, ctag = c[1], tonumber(c[2])
+  local tenants = prefix .. 'tenants:' .. class
+  local t = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
+  if #t == 0 then
+    redis.call('ZREM', classes, class)
+  else
+    local tenant, ttag = t[1], tonumber(t[2])
+    local list = prefix .. 'list:' .. class .. ':' .. tenant
+    local head = redis.call('LINDEX', list, 0)
+    local id, cost, at
+    if head then
+      local a, b = string.find(head, '|', 1, true)
+      local c2 = string.find(head, '|', b + 1, true)
+      id, cost, at = string.sub(head, 1, a - 1), tonumber(string.sub(head, b + 1, c2 - 1)), tonumber(string.sub(head, c2 + 1))
+    end
+    local member = id and redis.call('SISMEMBER', members, id) == 1
+    if member and (cost * factor > tokens or reqs < 1) and not (force and outn == 0) then break end
+    if head then redis.call('LPOP', list) end
+    if member then
+      tokens, reqs, outn = tokens - cost * factor, reqs - 1, outn + 1
+      local share = tonumber(redis.call('HGET', st, 's:' .. tenant)) or 1
+      local f = ttag + cost / share
+      redis.call('HSET', st, 'v:' .. class, ttag, 'f:' .. class .. ':' .. tenant, f)
+      local fc = ctag + cost / (weights[class] or 1)
+      redis.call('HSET', st, 'vc', ctag, 'fc:' .. class, fc, 'o:' .. id, (cost * factor) .. '|' .. class)
+      redis.call('HINCRBYFLOAT', st, 'outsum', cost * factor)
+      redis.call('ZADD', out, now, id)
+      res[#res + 1], res[#res + 2], res[#res + 3], res[#res + 4], res[#res + 5] = id, class, tenant, cost, now - at
+      -- the next job of the tenant, and of the priority, start where this one finishes
+      if redis.call('LLEN', list) > 0 then redis.call('ZADD', tenants, f, tenant) end
+      ctag = fc
+    end
+    if head then redis.call('HINCRBY', st, 'n:' .. class .. ':' .. tenant, -1) end
+    if redis.call('LLEN', list) == 0 then redis.call('ZREM', tenants, tenant) end
+    if redis.call('ZCARD', tenants) == 0 then
+      redis.call('ZREM', classes, class)
+    else
+      redis.call('ZADD', classes, ctag, class)
+    end
+  end
+end
+if redis.call('ZCARD', classes) == 0 then res[1] = 1 end
+redis.call('PEXPIRE', st, ARGV[3])
+return res
+`)
+
+// fairStartedScript forgets a job a worker started: it no longer waits nor
+// counts as released.
+//
+// KEYS[1] -> the scope's state
+// KEYS[2] -> its job ids waiting or released
+// KEYS[3] -> its released jobs not yet started
+// ARGV[1] -> the job id
+// Returns 1 when the job was released and not yet started, else 0.
+var fairStartedScript = redis.NewScript(`
+redis.call('SREM', KEYS[2], ARGV[1])
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then return 0 end
+local o = redis.call('HGET', KEYS[1], 'o:' .. ARGV[1])
+if o then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'outsum', -tonumber(string.match(o, '^[^|]+')))
+  redis.call('HDEL', KEYS[1], 'o:' .. ARGV[1])
+end
+return 1
+`)
+
+// fairWaitingScript reads what waits in a scope's fair queue.
+//
+// KEYS[1] -> the scope's state
+// KEYS[2] -> its priorities with work
+// KEYS[3] -> its released jobs not yet started
+// ARGV[1] -> the prefix of its per-priority and per-tenant keys
+// Returns {released and not started, then per priority and tenant with
+// work: priority, tenant, jobs waiting, when the oldest was queued (ms)}.
+var fairWaitingScript = redis.NewScript(`
+local out = {redis.call('ZCARD', KEYS[3])}
+for _, class in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  for _, tenant in ipairs(redis.call('ZRANGE', ARGV[1] .. 'tenants:' .. class, 0, -1)) do
+    local head = redis.call('LINDEX', ARGV[1] .. 'list:' .. class .. ':' .. tenant, 0)
+    local at = 0
+    if head then at = tonumber(string.match(head, '([^|]+)$')) end
+    local k = #out
+    out[k + 1], out[k + 2], out[k + 4] = class, tenant, at
+    out[k + 3] = tonumber(redis.call('HGET', KEYS[1], 'n:' .. class .. ':' .. tenant)) or 0
+  end
+end
+return out
+`)
+
+// fair is a Client's fair queue; nil when the client has no Redis client.
+type fair struct {
+	rdb  redis.UniversalClient
+	keys rkeys.Builder
+}
+
+// fairRef reports whether ref goes to the fair queue: a job to run now,
+// whose model is known.
+func (c *Client) fairRef(ref JobRef) bool {
+	return c.fair != nil && ref.In <= 0 && ref.Scope != ""
+}
+
+// push adds refs, all of one scope, to the fair queue.
+func (f *fair) push(ctx context.Context, scope string, refs []JobRef) (int, error) {
+	added := 0
+	for len(refs) > 0 {
+		n := min(len(refs), 500)
+		args := make([]any, 0, 3+5*n)
+		args = append(args, f.keys.FairQueue(scope), time.Now().UnixMilli(), fairTTL.Milliseconds())
+		for _, r := range refs[:n] {
+			share := ""
+			if r.Share > 0 {
+				share = strconv.FormatFloat(r.Share, 'g', -1, 64)
+			}
+			args = append(args, r.ID, r.Queue, r.TenantID, max(r.Cost, 1), share)
+		}
+		v, err := fairPushScript.Run(ctx, f.rdb, []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope)}, args...).Int()
+		if err != nil {
+			return added, fmt.Errorf("fair queue of %s: %w", scope, err)
+		}
+		added += v
+		refs = refs[n:]
+	}
+	// The scope is listed after its jobs are in: the scheduler that takes it
+	// off when empty looks again (Release).
+	if err := f.rdb.SAdd(ctx, f.keys.FairScopes(), scope).Err(); err != nil {
+		return added, fmt.Errorf("fair queue scopes: %w", err)
+	}
+	return added, nil
+}
+
+// Room is what a scope's limits admit now, for Release: tokens and requests
+// (math.Inf(1) for none), before what is released and not yet started.
+type Room struct {
+	Tokens, Requests float64
+	// Factor is what the limiter counts per token of a job's estimate.
+	// Defaults to 1.
+	Factor float64
+	// MaxOutstanding bounds the jobs released and not yet started.
+	MaxOutstanding int
+	// Force releases the next job even if it does not fit, when nothing is
+	// outstanding: a job larger than the room the limits ever show.
+	Force bool
+}
+
+// Released is a job the fair queue released into asynq's queue.
+type Released struct {
+	ID, Queue, TenantID string
+	Cost                int64
+	// Waited is how long it waited in the fair queue.
+	Waited time.Duration
+}
+
+// Scopes returns the scopes whose fair queue holds jobs.
+func (c *Client) Scopes(ctx context.Context) ([]string, error) {
+	if c.fair == nil {
+		return nil, nil
+	}
+	return c.fair.rdb.SMembers(ctx, c.fair.keys.FairScopes()).Result()
+}
+
+// Release takes from scope's fair queue the jobs room has space for, in
+// fair order, and enqueues their tasks. A job whose task already exists
+// (a worker runs it) is forgotten at once. empty reports that nothing
+// waits any more; the scope then leaves Scopes until a job comes.
+func (c *Client) Release(ctx context.Context, scope string, room Room) (released []Released, empty bool, err error) {
+	if c.fair == nil {
+		return nil, true, nil
+	}
+	f := c.fair
+	if room.Factor <= 0 {
+		room.Factor = 1
+	}
+	num := func(v float64) string {
+		if v > 1e15 {
+			return "inf"
+		}
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	}
+	force := "0"
+	if room.Force {
+		force = "1"
+	}
+	keys := []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
+	v, err := fairReleaseScript.Run(ctx, f.rdb, keys, f.keys.FairQueue(scope), time.Now().UnixMilli(), fairTTL.Milliseconds(),
+		num(room.Tokens), num(room.Requests), max(room.MaxOutstanding, 1), strconv.FormatFloat(room.Factor, 'g', -1, 64), force, fairWeights).Slice()
+	if err != nil {
+		return nil, false, fmt.Errorf("release the fair queue of %s: %w", scope, err)
+	}
+	if len(v) == 0 || (len(v)-1)%5 != 0 {
+		return nil, false, fmt.Errorf("release the fair queue of %s: unexpected reply %v", scope, v)
+	}
+	empty = v[0] == int64(1)
+	for i := 1; i+4 < len(v); i += 5 {
+		id, _ := v[i].(string)
+		q, _ := v[i+1].(string)
+		tenant, _ := v[i+2].(string)
+		cost, _ := v[i+3].(int64)
+		waited, _ := v[i+4].(int64)
+		released = append(released, Released{ID: id, Queue: q, TenantID: tenant, Cost: cost, Waited: time.Duration(waited) * time.Millisecond})
+	}
+	for _, r := range released {
+		enqueued, err := c.enqueueTask(ctx, JobRef{ID: r.ID, Queue: r.Queue})
+		if err != nil {
+			// Left released: RequeueStale enqueues it again.
+			return released, false, err
+		}
+		if !enqueued {
+			if err := c.Started(ctx, scope, r.ID); err != nil {
+				return released, false, err
+			}
+		}
+	}
+	if empty {
+		if err := f.rdb.SRem(ctx, f.keys.FairScopes(), scope).Err(); err != nil {
+			return released, empty, fmt.Errorf("fair queue scopes: %w", err)
+		}
+		// A job pushed meanwhile listed the scope before this took it off:
+		// look again.
+		if n, err := f.rdb.ZCard(ctx, f.keys.FairClasses(scope)).Result(); err == nil && n > 0 {
+			err = f.rdb.SAdd(ctx, f.keys.FairScopes(), scope).Err()
+			empty = false
+			if err != nil {
+				return released, empty, err
+			}
+		}
+	}
+	return released, empty, nil
+}
+
+// Started forgets job id of scope in the fair queue: a worker has it. It
+// is a no-op for a job that never went through it.
+func (c *Client) Started(ctx context.Context, scope, id string) error {
+	if c.fair == nil || scope == "" {
+		return nil
+	}
+	f := c.fair
+	keys := []string{f.keys.FairState(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
+	if err := fairStartedScript.Run(ctx, f.rdb, keys, id).Err(); err != nil {
+		return fmt.Errorf("fair queue of %s: started %s: %w", scope, id, err)
+	}
+	return nil
+}
+
+// Placement says where job id of scope is in the fair queue: "waiting",
+// "released" (its task enqueued or about to be, no worker has it yet), or
+// "" when it is in neither (a worker has it, or it never went through).
+func (c *Client) Placement(ctx context.Context, scope, id string) (string, error) {
+	if c.fair == nil || scope == "" {
+		return "", nil
+	}
+	f := c.fair
+	member, err := f.rdb.SIsMember(ctx, f.keys.FairMembers(scope), id).Result()
+	if err != nil || !member {
+		return "", err
+	}
+	if err := f.rdb.ZScore(ctx, f.keys.FairOut(scope), id).Err(); err == nil {
+		return "released", nil
+	} else if !errors.Is(err, redis.Nil) {
+		return "", err
+	}
+	return "waiting", nil
+}
+
+// Dequeue takes job id out of scope's fair queue (it was cancelled): it
+// will not be released; its place in the list is dropped when it comes up.
+func (c *Client) Dequeue(ctx context.Context, scope, id string) error {
+	if c.fair == nil || scope == "" {
+		return nil
+	}
+	return c.fair.rdb.SRem(ctx, c.fair.keys.FairMembers(scope), id).Err()
+}
+
+// RequeueStale enqueues again the tasks of jobs released longer than age
+// ago and not yet started (the scheduler stopped between taking them and
+// enqueueing their task), and returns how many it looked at.
+func (c *Client) RequeueStale(ctx context.Context, scope string, age time.Duration) (int, error) {
+	if c.fair == nil {
+		return 0, nil
+	}
+	f := c.fair
+	ids, err := f.rdb.ZRangeByScore(ctx, f.keys.FairOut(scope), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(time.Now().Add(-age).UnixMilli(), 10), Count: 100}).Result()
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	fields := make([]string, len(ids))
+	for i, id := range ids {
+		fields[i] = "o:" + id
+	}
+	vals, err := f.rdb.HMGet(ctx, f.keys.FairState(scope), fields...).Result()
+	if err != nil {
+		return 0, err
+	}
+	for i, id := range ids {
+		o, _ := vals[i].(string)
+		_, q, ok := strings.Cut(o, "|")
+		if !ok || !ValidPriority(q) {
+			q = Default
+		}
+		if _, err := c.enqueueTask(ctx, JobRef{ID: id, Queue: q}); err != nil {
+			return i, err
+		}
+		// The task exists now: the job counts as started, whatever the
+		// worker says later.
+		if err := c.Started(ctx, scope, id); err != nil {
+			return i, err
+		}
+	}
+	return len(ids), nil
+}
+
+// TenantWaiting is what one tenant has waiting for a model at a priority.
+type TenantWaiting struct {
+	Queue, TenantID string
+	Jobs            int64
+	// Oldest is when its oldest waiting job was queued.
+	Oldest time.Time
+}
+
+// Waiting returns what waits in scope's fair queue, per priority and
+// tenant, and how many jobs are released and not yet started.
+func (c *Client) Waiting(ctx context.Context, scope string) ([]TenantWaiting, int64, error) {
+	if c.fair == nil {
+		return nil, 0, nil
+	}
+	f := c.fair
+	v, err := fairWaitingScript.Run(ctx, f.rdb, []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairOut(scope)},
+		f.keys.FairQueue(scope)).Slice()
+	if err != nil {
+		return nil, 0, fmt.Errorf("fair queue of %s: %w", scope, err)
+	}
+	if len(v) == 0 || (len(v)-1)%4 != 0 {
+		return nil, 0, errors.New("fair queue: unexpected waiting reply")
+	}
+	out, _ := v[0].(int64)
+	var ws []TenantWaiting
+	for i := 1; i+3 < len(v); i += 4 {
+		q, _ := v[i].(string)
+		tenant, _ := v[i+1].(string)
+		n, _ := v[i+2].(int64)
+		at, _ := v[i+3].(int64)
+		ws = append(ws, TenantWaiting{Queue: q, TenantID: tenant, Jobs: n, Oldest: time.UnixMilli(at)})
+	}
+	return ws, out, nil
+}

@@ -1,0 +1,279 @@
+// Package scheduler releases the jobs waiting in the fair queue (see
+// internal/queue) into asynq's queues: fairly between tenants (their
+// tiers' shares, counted in tokens) and priorities, and per model only as
+// fast as the model's rate limits admit them, so asynq's queues stay short,
+// a tenant's backlog never holds another's work back, and jobs for a model
+// at its limits neither hold up other models nor spin through the workers.
+// One process of the installation schedules at a time (a Redis lease);
+// every dispatcher and worker runs a Scheduler, so one takes over when the
+// holder stops.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/pacer"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/rkeys"
+)
+
+// Observer is told what the scheduler releases, for metrics.
+type Observer interface {
+	// Released reports a job that waited d in the fair queue at priority q.
+	Released(q string, d time.Duration)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Released(string, time.Duration) {}
+
+// Options tune a Scheduler. The zero value is ready to use.
+type Options struct {
+	// Tick is how often the holder looks at the scopes with waiting jobs.
+	// Defaults to 10ms.
+	Tick time.Duration
+	// Lookahead is how much of the limits' refill a release counts on: jobs
+	// are released this long before the limiter has room for them, so a
+	// worker has one in hand when it does. Defaults to 1s.
+	Lookahead time.Duration
+	// MaxOutstanding bounds a scope's jobs released and not yet started.
+	// Defaults to 256.
+	MaxOutstanding int
+	// LeaseTTL is how long the holder's lease lives unrenewed; another
+	// process takes over within it when the holder stops. Defaults to 5s.
+	LeaseTTL time.Duration
+	// StaleAfter is how long a released job may stay unstarted before its
+	// task is enqueued again (the holder stopped between taking it and
+	// enqueueing it). Defaults to 30s.
+	StaleAfter time.Duration
+}
+
+func (o *Options) validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"Tick", o.Tick}, {"Lookahead", o.Lookahead}, {"LeaseTTL", o.LeaseTTL}, {"StaleAfter", o.StaleAfter}} {
+		if f.d < 0 {
+			return fmt.Errorf("scheduler: Options.%s must not be negative, got %v", f.name, f.d)
+		}
+	}
+	if o.MaxOutstanding < 0 {
+		return fmt.Errorf("scheduler: Options.MaxOutstanding must not be negative, got %d", o.MaxOutstanding)
+	}
+	if o.Tick == 0 {
+		o.Tick = 10 * time.Millisecond
+	}
+	if o.Lookahead == 0 {
+		o.Lookahead = time.Second
+	}
+	if o.MaxOutstanding == 0 {
+		o.MaxOutstanding = 256
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = 5 * time.Second
+	}
+	if o.StaleAfter == 0 {
+		o.StaleAfter = 30 * time.Second
+	}
+	return nil
+}
+
+// Deps are what a Scheduler works with.
+type Deps struct {
+	Queue  *queue.Client
+	Pacer  *pacer.Pacer
+	Policy *config.PolicyHolder
+	Redis  redis.UniversalClient
+	Keys   rkeys.Builder
+	Logger *slog.Logger
+	// Observer defaults to none.
+	Observer Observer
+}
+
+// Scheduler releases waiting jobs while it holds the installation's lease.
+type Scheduler struct {
+	d  Deps
+	o  Options
+	id string // this process's lease value
+}
+
+// New returns a Scheduler.
+func New(d Deps, o Options) (*Scheduler, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if d.Queue == nil || d.Pacer == nil || d.Policy == nil || d.Redis == nil {
+		return nil, errors.New("scheduler: Deps.Queue, Pacer, Policy and Redis are required")
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Observer == nil {
+		d.Observer = nopObserver{}
+	}
+	return &Scheduler{d: d, o: o, id: strconv.FormatUint(rand.Uint64(), 36)}, nil
+}
+
+// renewScript renews the scheduler's lease if this process holds it.
+//
+// KEYS[1] -> the lease (rkeys.Lock("scheduler"))
+// ARGV[1] -> this process's lease value
+// ARGV[2] -> the lease's TTL in ms
+// Returns 1 when this process holds the lease now, else 0.
+var renewScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+`)
+
+// releaseScript gives the lease up if this process holds it.
+//
+// KEYS[1] -> the lease
+// ARGV[1] -> this process's lease value
+// Returns 1 when it was released.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
+// Run schedules until ctx ends: it takes the lease when free and, while it
+// holds it, releases jobs every Tick. It gives the lease up on return.
+func (s *Scheduler) Run(ctx context.Context) {
+	lease := s.d.Keys.Lock("scheduler")
+	defer func() {
+		_ = releaseScript.Run(context.WithoutCancel(ctx), s.d.Redis, []string{lease}, s.id).Err()
+	}()
+	var renewed time.Time
+	holder := false
+	lastStale := time.Now()
+	for {
+		if time.Since(renewed) >= s.o.LeaseTTL/5 || !holder {
+			ok, err := renewScript.Run(ctx, s.d.Redis, []string{lease}, s.id, s.o.LeaseTTL.Milliseconds()).Bool()
+			if err != nil && ctx.Err() == nil {
+				s.d.Logger.Warn("scheduler: lease", "err", err)
+			}
+			if ok && !holder {
+				s.d.Logger.Debug("scheduler: holding the lease")
+			}
+			holder, renewed = ok && err == nil, time.Now()
+		}
+		if holder {
+			stale := time.Since(lastStale) >= s.o.StaleAfter/3
+			if stale {
+				lastStale = time.Now()
+			}
+			if err := s.Tick(ctx, stale); err != nil && ctx.Err() == nil {
+				s.d.Logger.Warn("scheduler: release", "err", err)
+			}
+		}
+		wait := s.o.Tick
+		if !holder {
+			wait = s.o.LeaseTTL / 5
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+	}
+}
+
+// Tick releases, for every scope with waiting jobs, those its limits have
+// room for; with stale, it first enqueues again the tasks of jobs released
+// long ago and never started. Run calls it; tests call it to step.
+func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
+	scopes, err := s.d.Queue.Scopes(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, scope := range scopes {
+		if stale {
+			if _, err := s.d.Queue.RequeueStale(ctx, scope, s.o.StaleAfter); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		room, err := s.room(ctx, scope)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		released, _, err := s.d.Queue.Release(ctx, scope, room)
+		for _, r := range released {
+			s.d.Observer.Released(r.Queue, r.Waited)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// room is what scope's buckets admit now and within Lookahead: the least
+// over its token buckets of what each holds plus its refill in Lookahead,
+// and likewise for requests; none while a 429 pauses the scope. A scope no
+// model of the policy names any more releases everything: its workers fail
+// the jobs, saying so.
+func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) {
+	room := queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: s.o.MaxOutstanding}
+	m := modelOf(s.d.Policy.Current(), scope)
+	if m == nil {
+		return room, nil
+	}
+	sc := s.d.Pacer.Scope(ctx, m)
+	st, err := s.d.Pacer.Limiter().State(ctx, sc)
+	if err != nil {
+		return room, err
+	}
+	room.Factor = s.d.Pacer.Calibration(ctx, sc.Name).Factor
+	if st.Penalized {
+		room.Tokens, room.Requests = 0, 0
+		return room, nil
+	}
+	full := true
+	for i, b := range st.Buckets {
+		lim := sc.Buckets[i]
+		ahead := float64(b.Remaining) + float64(lim.Limit)*float64(s.o.Lookahead)/float64(lim.Period)
+		if b.Unit == limiter.UnitTokens {
+			room.Tokens = min(room.Tokens, ahead)
+			full = full && b.Remaining >= lim.Limit/2
+		} else {
+			room.Requests = min(room.Requests, ahead)
+		}
+	}
+	// A job larger than what the buckets ever hold at once still goes, one
+	// at a time, once they are mostly free.
+	room.Force = full
+	return room, nil
+}
+
+// modelOf returns the first model of p whose scope is scope.
+func modelOf(p *config.Policy, scope string) *config.Model {
+	for i := range p.Models {
+		if admission.ScopeName(&p.Models[i]) == scope {
+			return &p.Models[i]
+		}
+	}
+	return nil
+}
