@@ -178,7 +178,7 @@ func MountApp(srv *api.Server, a *app.App, rec *metrics.Recorder, o Options) (io
 	ns := queue.Namespace(a.Env.QueueNamespace)
 	st := metrics.NewState(metrics.StateDeps{
 		Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store, Asynq: in, Namespace: ns,
-		Scope: a.Pacer.Scope,
+		Scope: a.Pacer.Scope, Queue: a.Queue,
 	}, metrics.StateOptions{})
 	if err := rec.Register(st.Collector(), asynqmetrics.NewQueueMetricsCollector(in)); err != nil {
 		return nil, fmt.Errorf("register collectors: %w", err)

@@ -343,3 +343,37 @@ func TestDashboardShowsAPILimitsAndExemptions(t *testing.T) {
 		t.Fatal("the dashboard shows a key, or a section failed")
 	}
 }
+
+// The jobs waiting in the fair queues show per tenant, priority and model,
+// with how long the oldest has waited.
+func TestDashboardShowsWaitingJobs(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy, NoScheduler: true})
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
+	srv := a.API()
+	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closer.Close() })
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	tenant, key := a.Tenant("standard")
+	for range 3 {
+		if r := a.Do("POST", "/v1/jobs", key, map[string]any{"body": apptest.ChatBody("hi", "", 5)}); r.Status != 202 {
+			t.Fatalf("create: %d %s", r.Status, r.Body)
+		}
+	}
+	req, _ := http.NewRequest("GET", hs.URL+"/dashboard", nil)
+	req.Header.Set("Authorization", basic(apptest.AdminToken))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	row := `<tr data-waiting="` + tenant + `:default:gpt-4o-mini">`
+	if !strings.Contains(string(body), row) || !strings.Contains(string(body), `<td class="num jobs">3</td>`) {
+		t.Fatalf("the page lacks the waiting row %s with 3 jobs:\n%s", row, body)
+	}
+}

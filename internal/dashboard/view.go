@@ -36,6 +36,8 @@ type view struct {
 	Tenants tenantsView
 	Batches []batchRow
 	Queues  []queueRow
+	// Waiting is what tenants have waiting in the fair queues (50 rows).
+	Waiting []waitingRow
 	API     apiLimitsView
 	// Problems are sections that could not be read, said in one line each.
 	Problems []string
@@ -86,6 +88,12 @@ type batchRow struct {
 	Total, Done, Succeeded, Failed, Outstanding int64
 	Pct                                         float64
 	Age                                         string
+}
+
+type waitingRow struct {
+	TenantID, Queue, Model string
+	Jobs                   int64
+	Oldest                 string
 }
 
 type queueRow struct {
@@ -151,6 +159,14 @@ func (s *Server) build(ctx context.Context) *view {
 		problem("API exemptions", err)
 	} else {
 		v.API = api
+	}
+
+	if ws, err := s.d.State.Waiting(ctx); err != nil {
+		problem("the fair queues", err)
+	} else {
+		for _, w := range ws[:min(len(ws), 50)] {
+			v.Waiting = append(v.Waiting, waitingRow{TenantID: w.TenantID, Queue: w.Queue, Model: w.Model, Jobs: w.Jobs, Oldest: duration(w.OldestWait)})
+		}
 	}
 
 	if qs, err := s.d.Queues.QueueStats(ctx); err != nil {
@@ -279,13 +295,17 @@ func learnedLines(l *limiter.ScopeLearning) []learnedLine {
 		if b.ProviderRemaining < 0 {
 			continue // the provider says nothing of this bucket
 		}
+		// The estimate comes from counts that calls in flight blur: say
+		// what it is clear about.
 		switch {
 		case b.Refund < 0:
 			add("refund:"+b.Name, "%s: refunds not seen yet (unused max_tokens stay counted)", b.Name)
-		case b.Refund < 0.1:
-			add("refund:"+b.Name, "%s: keeps max_tokens charged", b.Name)
+		case b.Refund < 0.25:
+			add("refund:"+b.Name, "%s: keeps max_tokens charged (~%s of unused tokens back)", b.Name, percent(b.Refund, 1))
+		case b.Refund > 0.75:
+			add("refund:"+b.Name, "%s: gives back unused tokens (~%s)", b.Name, percent(b.Refund, 1))
 		default:
-			add("refund:"+b.Name, "%s: gives back ~%s of unused tokens", b.Name, percent(b.Refund, 1))
+			add("refund:"+b.Name, "%s: gives back some unused tokens (~%s, not clear yet)", b.Name, percent(b.Refund, 1))
 		}
 		if b.Drain > 0.01 {
 			add("drain:"+b.Name, "%s: others use ~%s of the refill", b.Name, percent(b.Drain, 1))

@@ -17,6 +17,15 @@ const lagDelay = 50 * time.Millisecond
 // overnight starts the morning with what it knew.
 const learnTTL = 24 * time.Hour
 
+// providerLimitTTL is how long a lower limit a provider announced applies
+// inside the bucket's scripts after its last answer saying so (the pacer's
+// learned limits hold it longer, for every call it plans).
+const providerLimitTTL = 10 * time.Minute
+
+// drainBelief is how long after the provider's last answer the drain it
+// showed is assumed to go on.
+const drainBelief = 3 * time.Second
+
 // factorRecovery is how fast a limit factor lowered by unpredicted 429s
 // comes back, as a fraction of the limit per minute.
 const factorRecovery = 0.05
@@ -59,17 +68,30 @@ end
 -- inflightGen), d the level refilled without that floor, cap and rate (per
 -- µs) as learned, f its in-flight generations, c all it ever took
 local function load_bucket(st, name, limit, period)
+  -- a lower limit the provider announced applies at once
+  local pl, plt = tonumber(st['pl:' .. name]), tonumber(st['plt:' .. name])
+  if pl and plt and now - plt <= PL_TTL and pl < limit then limit = pl end
   local cap = limit * factor_of(st, name)
-  local rate = cap * (1 - (tonumber(st['e:' .. name]) or 0)) / period
+  local full = cap / period
+  local rate = full * (1 - (tonumber(st['e:' .. name]) or 0))
   local u = tonumber(st['u:' .. name]) or 0
   local ts = tonumber(st['t:' .. name]) or now
   local f = inflight_of(st, name)
   local d = u
   if now > ts then
-    d = u - (now - ts) * rate
+    -- others' drain is believed only near the answers that showed it:
+    -- STALL after the last one the bucket refills at its full rate again,
+    -- so an overestimated drain never stalls a scope nobody answers for
+    local ls = tonumber(st['ls:' .. name])
+    local cut = ls and math.max(ls + STALL, ts) or ts
+    if rate == full or cut >= now then
+      d = u - (now - ts) * rate
+    else
+      d = u - (cut - ts) * rate - (now - cut) * full
+    end
     u = math.max(d, f[2] + f[3], 0)
   end
-  return {u = u, d = d, cap = cap, rate = rate, f = f, c = tonumber(st['c:' .. name]) or 0}
+  return {u = u, d = d, cap = cap, rate = rate, f = f, c = tonumber(st['c:' .. name]) or 0, limit = limit}
 end
 
 -- lagLua: what a bucket had taken at least LAG ago, for a reservation now:
@@ -137,6 +159,8 @@ func withConstants(src string) string {
 		"DISTRUST_AFTER", strconv.Itoa(distrustAfter),
 		"DISTRUST_FOR", us(distrustFor),
 		"QSIZE", strconv.Itoa(calibrationSamples),
+		"PL_TTL", us(providerLimitTTL),
+		"STALL", us(drainBelief),
 		"RF_KEEP", strconv.Itoa(refusalsKept),
 		"MIN_SAMPLES", strconv.Itoa(minCalibrationSamples),
 	).Replace(src)

@@ -229,6 +229,13 @@ for i = 1, nb do
     end
   end
 
+  -- a lower limit the provider announced applies at once, to this bucket
+  -- as the next reservations see it (load_bucket)
+  if olimit and oremain and olimit < limit then
+    st['pl:' .. name], st['plt:' .. name] = olimit, now
+    put(args, 'pl:' .. name, olimit)
+    put(args, 'plt:' .. name, now)
+  end
   local b = load_bucket(st, name, limit, period)
   local u, f, c = b.u, b.f, b.c
   -- the reservation is no longer in flight
@@ -271,7 +278,7 @@ for i = 1, nb do
     -- Only a bucket that mirrors the provider's (the same limit) follows it
     -- down: one set below the provider's keeps its own count, or the
     -- provider's larger room would take it past its limit.
-    local mirror = math.abs(olimit - limit) <= limit / 100
+    local mirror = math.abs(olimit - b.limit) <= b.limit / 100
     if distrust or not mirror then
       u = math.max(u, bound)
     elseif fresh then
@@ -301,7 +308,9 @@ for i = 1, nb do
     end
     -- The sums run over consecutive answers of a busy bucket only: an
     -- idle one is full on both sides and its corrections say nothing.
-    local busy = oremain < BUSY * olimit
+    -- (an answer whose call had no lag yet, in a scope's first moments,
+    -- counts everything taken so far as since: it starts no chain)
+    local busy = oremain < BUSY * olimit and clag > 0
     if busy and not distrust and ls and st['lb:' .. name] == '1' then
       local dt = now - ls
       local dec = math.exp(-dt / RHO_TAU)

@@ -22,6 +22,7 @@ type stateCollector struct {
 	refund, calibration, calibSamples, distrusted      *prometheus.Desc
 	spent, reserved, budget, budgetLeft, soft, trunced *prometheus.Desc
 	workers                                            *prometheus.Desc
+	queued, queuedAge                                  *prometheus.Desc
 }
 
 // Collector returns a prometheus.Collector of the State: bucket levels per
@@ -59,12 +60,17 @@ func (s *State) Collector() prometheus.Collector {
 		soft:    d("budget_soft_limit_usd", "A tenant's soft limit in dollars (absent when off or unlimited).", "tenant", "tier"),
 		trunced: d("budget_tenants_truncated", "1 when more tenants exist than the budget families carry (the cap of tenants read per scrape)."),
 		workers: d("workers", "Worker processes of this installation alive in Redis (asynq servers with a recent heartbeat)."),
+		queued: d("tenant_queued_jobs",
+			"Jobs a tenant has waiting in the fair queue of a model at a priority, not yet released to the workers.", "tenant", "priority", "model"),
+		queuedAge: d("tenant_queue_oldest_seconds",
+			"How long the oldest of them has waited.", "tenant", "priority", "model"),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.remaining, c.limit, c.paused, c.capacity, c.provRemaining, c.provAge, c.drain, c.factor,
-		c.refund, c.calibration, c.calibSamples, c.distrusted, c.spent, c.reserved, c.budget, c.budgetLeft, c.soft, c.trunced, c.workers} {
+		c.refund, c.calibration, c.calibSamples, c.distrusted, c.spent, c.reserved, c.budget, c.budgetLeft, c.soft, c.trunced, c.workers,
+		c.queued, c.queuedAge} {
 		ch <- d
 	}
 }
@@ -129,6 +135,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.workers, err)
 	default:
 		gauge(c.workers, float64(n))
+	}
+
+	if ws, err := c.st.Waiting(ctx); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.queued, err)
+	} else {
+		for _, w := range ws {
+			gauge(c.queued, float64(w.Jobs), w.TenantID, w.Queue, w.Model)
+			gauge(c.queuedAge, w.OldestWait.Seconds(), w.TenantID, w.Queue, w.Model)
+		}
 	}
 }
 

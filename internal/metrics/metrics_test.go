@@ -99,11 +99,13 @@ type scenario struct {
 func setup(t *testing.T) *scenario {
 	t.Helper()
 	ctx := context.Background()
-	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
+	// No scheduler: the jobs queued below stay waiting.
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, NoScheduler: true})
 	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys})
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	st := metrics.NewState(metrics.StateDeps{
 		Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store, Asynq: in, Namespace: a.Queue.Namespace(),
+		Queue: a.Queue,
 	}, metrics.StateOptions{})
 	if err := rec.Register(st.Collector(), asynqmetrics.NewQueueMetricsCollector(in)); err != nil {
 		t.Fatal(err)
@@ -127,6 +129,7 @@ func setup(t *testing.T) *scenario {
 	rec.WebhookDelivery("job", "delivered")
 	rec.WebhookDelivery("job", "http_5xx")
 	rec.UnpredictedRateLimit("gpt-4o-mini", []string{"tpm"})
+	rec.Released("default", 3*time.Second)
 	// Three answers of the provider: its remaining tokens, and prompts it
 	// counted a quarter more than llmq.
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
@@ -137,6 +140,14 @@ func setup(t *testing.T) *scenario {
 		}
 		if _, err := a.Limiter.Settle(ctx, res.Reservation, limiter.Feedback{PromptRatio: 1.25,
 			Observed: []limiter.Observed{{Bucket: "tpm", Remaining: 250_000, Limit: 300_000}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Two jobs of the tenant wait in the model's fair queue.
+	for i := range 2 {
+		ref := queue.JobRef{ID: fmt.Sprintf("job_waiting%d", i), Queue: queue.Default, Scope: admission.ScopeName(m), TenantID: tenant, Cost: 100}
+		if _, err := a.Queue.EnqueueJob(ctx, ref); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -263,6 +274,8 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 		{"llmq_limiter_prompt_calibration", map[string]string{"model": "gpt-4o-mini"}, 1.25},
 		{"llmq_limiter_prompt_calibration_samples", map[string]string{"model": "gpt-4o-mini"}, 3},
 		{"llmq_limiter_provider_counts_distrusted", map[string]string{"model": "gpt-4o-mini"}, 0},
+		{"llmq_tenant_queued_jobs", map[string]string{"tenant": s.tenant, "priority": "default", "model": "gpt-4o-mini"}, 2},
+		{"llmq_queue_wait_seconds", map[string]string{"priority": "default"}, 1},
 		{"llmq_budget_spent_usd", map[string]string{"tenant": s.tenant, "tier": "standard"}, 41.25},
 		{"llmq_budget_limit_usd", map[string]string{"tenant": s.tenant}, 50},
 		{"llmq_budget_remaining_usd", map[string]string{"tenant": s.tenant}, 8.75},
@@ -294,8 +307,9 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 				switch {
 				case strings.Contains(l, "job") || strings.Contains(l, "batch") || l == "id":
 					t.Errorf("%s has label %q: job and batch ids must never be labels", name, l)
-				case l == "tenant" && !strings.HasPrefix(name, "llmq_cost_") && !strings.HasPrefix(name, "llmq_budget_"):
-					t.Errorf("%s has a tenant label; only cost and budget families may", name)
+				case l == "tenant" && !strings.HasPrefix(name, "llmq_cost_") && !strings.HasPrefix(name, "llmq_budget_") &&
+					!strings.HasPrefix(name, "llmq_tenant_"):
+					t.Errorf("%s has a tenant label; only cost, budget and tenant queue families may", name)
 				}
 			}
 		}

@@ -76,6 +76,7 @@ type Recorder struct {
 	breakerChanges  *prometheus.CounterVec
 	learnedLimits   *prometheus.GaugeVec
 	unpredicted429s *prometheus.CounterVec
+	queueWait       *prometheus.HistogramVec
 	softCrossings   *prometheus.CounterVec
 	webhookAttempts *prometheus.CounterVec
 	webhookFailures *prometheus.CounterVec
@@ -142,6 +143,9 @@ func New(o Options) *Recorder {
 		"Limits a provider announced for a model that differ from the policy's (0: none announced).", "model", "limit")
 	r.unpredicted429s = counter("limiter_unpredicted_429s_total",
 		"Provider 429s on calls a model's buckets admitted, by the bucket the provider showed exhausted (every bucket when it did not say): each lowers the bucket's limit factor.", "model", "bucket")
+	r.queueWait = histogram("queue_wait_seconds",
+		"Time a job waited in the fair queue of its model before the scheduler released it to the workers.",
+		[]float64{0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800, 3600}, "priority")
 	r.softCrossings = counter("budget_soft_limit_crossings_total", "Tenants crossing the soft limit of their daily budget.", "tenant", "tier")
 	r.webhookAttempts = counter("webhook_deliveries_total", "Webhook delivery attempts by outcome (delivered or failed).", "kind", "outcome")
 	r.webhookFailures = counter("webhook_failures_total", "Failed webhook delivery attempts by reason.", "kind", "reason")
@@ -263,6 +267,11 @@ func (r *Recorder) UnpredictedRateLimit(model string, buckets []string) {
 	}
 	r.stats.add(FieldUnpredicted429, 1)
 	r.stats.add(FieldUnpredicted429+":"+model, 1)
+}
+
+// Released implements scheduler.Observer.
+func (r *Recorder) Released(priority string, waited time.Duration) {
+	r.queueWait.WithLabelValues(priority).Observe(waited.Seconds())
 }
 
 // SoftLimitCrossed implements worker.Observer.

@@ -29,6 +29,9 @@ type StateDeps struct {
 	Asynq *asynq.Inspector
 	// Namespace tells this installation's workers from others sharing Redis.
 	Namespace queue.Namespace
+	// Queue reads the fair queues: the jobs waiting per tenant. Defaults to
+	// nil: no waiting jobs are shown.
+	Queue *queue.Client
 	// Scope is a model's limiter scope as the workers take permits from it
 	// (with the limits the provider announced). Defaults to the policy's
 	// (admission.Scope).
@@ -58,6 +61,7 @@ type State struct {
 	d    StateDeps
 	o    StateOptions
 	mods cached[[]ModelLevel]
+	wait cached[[]Waiting]
 	tens cached[*Tenants]
 	wrks cached[int]
 }
@@ -273,6 +277,51 @@ func (s *State) readBudget(ctx context.Context, p *config.Policy, t *store.Tenan
 		tb.SoftMark = money.Micros(acct.SoftLimit * float64(d.Budget))
 	}
 	return tb, nil
+}
+
+// Waiting is what one tenant has waiting for a model at a priority in the
+// fair queue.
+type Waiting struct {
+	TenantID, Queue, Model string
+	Jobs                   int64
+	// OldestWait is how long its oldest waiting job has waited.
+	OldestWait time.Duration
+}
+
+// Waiting returns the jobs waiting in the fair queues per tenant, priority
+// and model (the first model of the policy for each limiter scope), most
+// waiting first.
+func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
+	if s.d.Queue == nil {
+		return nil, nil
+	}
+	return s.wait.get(s.o.CacheTTL, s.o.Now, func() ([]Waiting, error) {
+		scopes, err := s.d.Queue.Scopes(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("fair queues: %w", err)
+		}
+		p := s.d.Policy.Current()
+		now := time.Now()
+		var out []Waiting
+		for _, scope := range scopes {
+			model := scope
+			for i := range p.Models {
+				if admission.ScopeName(&p.Models[i]) == scope {
+					model = p.Models[i].Name
+					break
+				}
+			}
+			ws, _, err := s.d.Queue.Waiting(ctx, scope)
+			if err != nil {
+				return nil, err
+			}
+			for _, w := range ws {
+				out = append(out, Waiting{TenantID: w.TenantID, Queue: w.Queue, Model: model, Jobs: w.Jobs, OldestWait: max(now.Sub(w.Oldest), 0)})
+			}
+		}
+		sort.SliceStable(out, func(i, j int) bool { return out[i].Jobs > out[j].Jobs })
+		return out, nil
+	})
 }
 
 // errNoInspector is Workers' error when State has no asynq inspector.

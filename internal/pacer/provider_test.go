@@ -154,9 +154,24 @@ type worker struct {
 	permit      *limiter.Reservation
 	x           *sim.Exchange
 	rateLimited int
+	// p is the worker's process's pacer; sending is set between the permit
+	// and the call's arrival at the provider; since is when it began waiting
+	// for its permit.
+	p       *pacer.Pacer
+	sending bool
+	since   time.Time
 }
 
-var loopWorkers, loopSeed = envInt("PACER_LOOP_WORKERS", 16), uint64(envInt("PACER_LOOP_SEED", 7))
+var (
+	loopWorkers, loopSeed = envInt("PACER_LOOP_WORKERS", 16), uint64(envInt("PACER_LOOP_SEED", 7))
+	// loopProcesses, loopTransit (the most a call takes from its permit to
+	// the provider) and loopInlineWait (the longest wait a worker sleeps
+	// before it puts the job back) bring the loop closer to worker
+	// processes on a loaded machine.
+	loopProcesses  = envInt("PACER_LOOP_PROCESSES", 4)
+	loopTransit    = time.Duration(envInt("PACER_LOOP_TRANSIT_MS", 20)) * time.Millisecond
+	loopInlineWait = time.Duration(envInt("PACER_LOOP_INLINE_WAIT_S", 10)) * time.Second
+)
 
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
@@ -184,7 +199,13 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 	rdb := testutil.Redis(t, redisDB)
 	keys := rkeys.New(testutil.Prefix(t))
 	tb := limiter.NewTokenBucket(rdb, limiter.Options{Keys: keys, Clock: clock.Now, HoldInFlight: true})
-	p := pacer.Must(pacer.New(tb, rdb, keys, nil, nil, pacer.Options{Now: clock.Now}))
+	// Workers in loopProcesses processes, each with its own limiter client
+	// and pacer (its own caches), as worker processes are.
+	pacers := make([]*pacer.Pacer, loopProcesses)
+	for i := range pacers {
+		ptb := limiter.NewTokenBucket(rdb, limiter.Options{Keys: keys, Clock: clock.Now, HoldInFlight: true})
+		pacers[i] = pacer.Must(pacer.New(ptb, rdb, keys, nil, nil, pacer.Options{Now: clock.Now}))
+	}
 	canned := &cannedTransport{}
 	client := llm.NewOpenAI(llm.OpenAIConfig{Name: "sim", BaseURL: "http://sim.invalid/v1", APIKey: "k",
 		HTTPClient: &http.Client{Transport: canned}})
@@ -217,11 +238,11 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 		if err != nil {
 			t.Fatal(err)
 		}
-		*w = worker{body: body, prompt: parsed.PromptTokens, max: maxTokens}
-		w.call = p.Plan(ctx, model, w.prompt, w.max)
+		*w = worker{body: body, prompt: parsed.PromptTokens, max: maxTokens, p: w.p, since: clock.Now()}
+		w.call = w.p.Plan(ctx, model, w.prompt, w.max)
 	}
 	for i := range workers {
-		workers[i] = &worker{}
+		workers[i] = &worker{p: pacers[i%len(pacers)]}
 		newJob(workers[i])
 		schedule(i, start)
 	}
@@ -247,17 +268,33 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 		w := workers[ev.worker]
 		now := clock.Now()
 		switch {
+		case w.sending: // the call reaches the provider
+			w.sending = false
+			w.x = provider.Begin(llm.EndpointChat, w.body)
+			schedule(ev.worker, now.Add(w.x.Latency()+time.Millisecond))
 		case w.x == nil: // take a permit, and send the call when granted
 			reserves++
-			res, err := p.Reserve(ctx, w.call)
+			res, err := w.p.Reserve(ctx, w.call)
 			if err != nil {
 				t.Fatalf("reserve: %v", err)
 			}
 			if !res.Allowed {
+				if loopInlineWait > 0 && now.Add(res.RetryAfter).Sub(w.since) > loopInlineWait {
+					// A worker puts the job back in its queue; it is planned
+					// again when it comes back.
+					schedule(ev.worker, now.Add(max(res.RetryAfter, time.Second)))
+					w.call, w.since = w.p.Plan(ctx, model, w.prompt, w.max), now.Add(max(res.RetryAfter, time.Second))
+					continue
+				}
 				schedule(ev.worker, now.Add(max(res.RetryAfter, time.Millisecond)))
 				continue
 			}
 			w.permit = res.Reservation
+			if loopTransit > 0 {
+				w.sending = true
+				schedule(ev.worker, now.Add(time.Duration(rng.Int64N(int64(loopTransit)))))
+				continue
+			}
 			w.x = provider.Begin(llm.EndpointChat, w.body)
 			schedule(ev.worker, now.Add(w.x.Latency()+time.Millisecond))
 		default: // the answer arrives
@@ -265,7 +302,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 			canned.resp = &http.Response{StatusCode: status, Header: header, Body: io.NopCloser(bytes.NewReader(body)),
 				ContentLength: int64(len(body))}
 			resp, err := client.Call(ctx, llm.Request{Endpoint: llm.EndpointChat, Upstream: model.Upstream, Body: w.body})
-			after := p.Done(ctx, w.call, w.permit, pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: w.rateLimited})
+			after := w.p.Done(ctx, w.call, w.permit, pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: w.rateLimited})
 			w.x, w.permit = nil, nil
 			if debugLoop != "" && m.name == debugLoop && after.Settlement != nil {
 				for _, b := range after.Settlement.Buckets {
@@ -280,7 +317,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 				}
 				// The job comes back after the pause, and plans again.
 				w.rateLimited++
-				w.call = p.Plan(ctx, model, w.prompt, w.max)
+				w.call, w.since = w.p.Plan(ctx, model, w.prompt, w.max), now.Add(after.Wait)
 				schedule(ev.worker, now.Add(after.Wait))
 				continue
 			}

@@ -181,11 +181,11 @@ func TestSoftLimitCrossingIsCountedOnce(t *testing.T) {
 // job cannot reserve the same dollars meanwhile.
 func TestReservationOutlivesALongCall(t *testing.T) {
 	t.Parallel()
-	a := start(t, &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Latency: 2 * time.Second})
+	a := start(t, &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Latency: 5 * time.Second})
 	tenant, key := a.Tenant("standard")
 	acct := a.Account(tenant)
 	ctx := context.Background()
-	const ttl = 600 * time.Millisecond
+	const ttl = 1500 * time.Millisecond
 	logs := &testutil.SyncBuffer{}
 	h := worker.NewHandler(worker.Deps{
 		Store: a.Store, Policy: a.Policy, Pacer: a.Pacer, Providers: a.Providers,
