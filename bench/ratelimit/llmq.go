@@ -231,11 +231,17 @@ func (p *producer) insert(ctx context.Context, n int) ([]queue.JobRef, error) {
 	pol := p.app.Policy.Current()
 	jobs := make([]*store.JobInsertParams, n)
 	for i := range jobs {
+		// The end of the run stops the producer between two jobs: the
+		// estimate's read of the calibration is not cut off (the pacer
+		// would log each cancelled read).
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		r, err := p.mix.request(p.next)
 		if err != nil {
 			return nil, err
 		}
-		est, err := p.app.Admission.Estimate(ctx, pol, llm.EndpointChat, r.body)
+		est, err := p.app.Admission.Estimate(context.WithoutCancel(ctx), pol, llm.EndpointChat, r.body)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", p.next, err)
 		}
