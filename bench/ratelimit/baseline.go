@@ -17,14 +17,16 @@ import (
 )
 
 // runBaseline runs Processes groups of Concurrency callers against a fresh
-// simulator for Duration. Each group models one process: its own HTTP
-// connections and, when local is set, its own in-memory token bucket with
-// the provider's full limits; nothing is shared between groups. Every
-// caller sends the next request of the mix, and on a 429 sleeps the
-// provider's retry-after and sends it again, until it succeeds.
-func runBaseline(ctx context.Context, o *options, mix *mix, local bool) (*result, error) {
-	srv := startSim(o)
+// simulator in the scenario's mode for Duration. Each group models one
+// process: its own HTTP connections and, for the local baseline, its own
+// in-memory token bucket with the provider's full limits; nothing is shared
+// between groups. Every caller sends the next request of the mix, and on a
+// 429 sleeps the provider's retry-after and sends it again, until it
+// succeeds.
+func runBaseline(ctx context.Context, o *options, sc scenario, mix *mix) (*result, error) {
+	srv := startSim(o, sc)
 	defer srv.Close()
+	local := sc.caller == callerLocal
 
 	var (
 		next   atomic.Int64
@@ -43,7 +45,7 @@ func runBaseline(ctx context.Context, o *options, mix *mix, local bool) (*result
 	for range o.Processes {
 		tr := &http.Transport{MaxIdleConns: o.Concurrency, MaxIdleConnsPerHost: o.Concurrency}
 		defer tr.CloseIdleConnections()
-		c := &caller{url: srv.BaseURL + "/chat/completions", client: &http.Client{Transport: tr, Timeout: time.Minute}}
+		c := &client{url: srv.BaseURL + "/chat/completions", client: &http.Client{Transport: tr, Timeout: time.Minute}}
 		if local {
 			c.bucket = newLocalBucket(o.RPM, o.TPM)
 		}
@@ -102,8 +104,8 @@ func runBaseline(ctx context.Context, o *options, mix *mix, local bool) (*result
 	return res, nil
 }
 
-// caller is what the callers of one modelled process share.
-type caller struct {
+// client is what the callers of one modelled process share.
+type client struct {
 	url    string
 	client *http.Client
 	bucket *localBucket // nil: no limiter
@@ -111,7 +113,7 @@ type caller struct {
 
 // do sends r until the provider answers 200 and returns how many 429s it
 // took; ok is false when ctx ended first.
-func (c *caller) do(ctx context.Context, r *request, errs *atomic.Int64) (n429 int, ok bool) {
+func (c *client) do(ctx context.Context, r *request, errs *atomic.Int64) (n429 int, ok bool) {
 	for {
 		if c.bucket != nil && !c.bucket.take(ctx, r.cost) {
 			return n429, false
@@ -153,7 +155,7 @@ func (c *caller) do(ctx context.Context, r *request, errs *atomic.Int64) (n429 i
 
 // call sends one chat completion and returns the status, the rate-limit
 // headers and, on success, the usage's total tokens.
-func (c *caller) call(ctx context.Context, body []byte) (status int, rl llm.RateLimit, total int64, err error) {
+func (c *client) call(ctx context.Context, body []byte) (status int, rl llm.RateLimit, total int64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {
 		return 0, rl, 0, err
@@ -198,8 +200,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // localBucket is what a single-process script enforces: the provider's RPM
 // and TPM as two continuously refilled buckets in memory, full at start.
 // A call reserves one request and prompt + max_tokens; the unused tokens
-// come back when it completes (as llmq's limiter does, so that the only
-// difference from llmq is that each process counts alone).
+// come back when it completes, as such scripts assume.
 type localBucket struct {
 	mu       sync.Mutex
 	req, tok float64

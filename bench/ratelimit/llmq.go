@@ -12,18 +12,16 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/llmq/llmq/internal/testutil"
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
@@ -55,12 +53,12 @@ tiers:
     api_rps: 1000000
 `
 
-// runLLMQ runs one llmq scenario: a fresh simulator, schema and Redis
-// namespace, a policy at factor times the provider's limits, Processes
-// worker processes of Concurrency each, and a producer keeping the queue
-// full, for Duration.
-func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64, logger *slog.Logger) (_ *result, err error) {
-	srv := startSim(o)
+// runLLMQ runs one llmq scenario: a fresh simulator in the scenario's
+// mode, schema and Redis namespace, a policy at sc.policy times the
+// provider's limits, Processes worker processes of Concurrency each, and a
+// producer keeping the queue full, for Duration.
+func runLLMQ(ctx context.Context, o *options, sc scenario, mix *mix, bin string, logger *slog.Logger) (_ *result, err error) {
+	srv := startSim(o, sc)
 	defer srv.Close()
 
 	dsn, drop, err := testutil.NewSchema(ctx, o.DatabaseURL, "bench_rl_")
@@ -80,7 +78,7 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 	}
 	defer os.RemoveAll(dir)
 	policy := strings.NewReplacer("{{SIM}}", srv.BaseURL,
-		"{{RPM}}", strconv.FormatInt(factor*o.RPM, 10), "{{TPM}}", strconv.FormatInt(factor*o.TPM, 10)).Replace(policyYAML)
+		"{{RPM}}", strconv.FormatInt(sc.policy*o.RPM, 10), "{{TPM}}", strconv.FormatInt(sc.policy*o.TPM, 10)).Replace(policyYAML)
 	policyPath := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(policyPath, []byte(policy), 0o600); err != nil {
 		return nil, err
@@ -96,7 +94,9 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
 		"LLMQ_METRICS_ADDR=127.0.0.1:0", // several worker processes on one host
 		"LLMQ_WORKER_CONCURRENCY=" + strconv.Itoa(o.Concurrency),
-		"LLMQ_SHUTDOWN_TIMEOUT=5s",
+		// The scenario is measured by then: jobs still waiting for a permit
+		// need not keep the next one waiting.
+		"LLMQ_SHUTDOWN_TIMEOUT=2s",
 		"LLMQ_LOG_LEVEL=warn",
 		"LLMQ_LOG_FORMAT=text",
 		"SIM_API_KEY=bench",
@@ -122,20 +122,10 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 		return nil, err
 	}
 
-	var procs []*process
-	defer func() {
-		var wg sync.WaitGroup
-		for _, pr := range procs {
-			wg.Go(pr.stop)
-		}
-		wg.Wait()
-	}()
-	for range o.Processes {
-		pr, err := startProcess(ctx, bin, environ, "worker running")
-		if err != nil {
-			return nil, err
-		}
-		procs = append(procs, pr)
+	procs, err := startProcesses(ctx, o.Processes, bin, environ, "worker running")
+	defer func() { stopProcesses(procs) }()
+	if err != nil {
+		return nil, err
 	}
 
 	smp := startSampler(srv)
@@ -143,14 +133,15 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 		return nil, fmt.Errorf("enqueue: %w", err)
 	}
 	pctx, stopProducer := context.WithCancel(ctx)
+	defer stopProducer()
 	perr := make(chan error, 1)
 	go func() { perr <- p.keepFull(pctx) }()
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	levels := make(chan []levelSample, 1)
-	scope := admissionScope(a)
+	m, _ := a.Policy.Current().Model(model)
 	go func() {
-		levels <- watchLimiter(wctx, rdb, a.Keys.LimiterScope(scope), o.TPM, smp.start, 250*time.Millisecond)
+		levels <- watchLimiter(wctx, a, m, smp.start, 250*time.Millisecond)
 	}()
 
 	timer := time.NewTimer(o.Duration)
@@ -169,15 +160,15 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 	res := &result{start: smp.start, duration: o.Duration, samples: smp.finish()}
 	stopWatch()
 	res.llmqLevels = <-levels
+	// What the scope learned, as the workers left it at the end.
+	if res.learned, err = inspectScope(ctx, a, m); err != nil {
+		return nil, err
+	}
 	stopProducer()
 	if err := <-perr; err != nil && !errors.Is(err, context.Canceled) {
 		return nil, fmt.Errorf("producer: %w", err)
 	}
-	var wg sync.WaitGroup
-	for _, pr := range procs {
-		wg.Go(pr.stop)
-	}
-	wg.Wait()
+	stopProcesses(procs)
 	for i, pr := range procs {
 		if notes := workerNotes(pr.out.String()); notes != "" {
 			res.notes = append(res.notes, fmt.Sprintf("worker %d logged: %s", i+1, notes))
@@ -194,10 +185,32 @@ func runLLMQ(ctx context.Context, o *options, mix *mix, bin string, factor int64
 	return res, nil
 }
 
-// admissionScope is the limiter scope of the run's one model.
-func admissionScope(a *app.App) string {
-	m, _ := a.Policy.Current().Model(model)
-	return admission.ScopeName(m)
+// learned is what llmq's scope for the model learned from the provider's
+// answers, read with the limiter's Inspect.
+type learned struct {
+	policy      config.Limits // the policy's limits of the model
+	tpm, rpm    *limiter.BucketLearning
+	calibration limiter.Calibration
+	distrusted  bool
+}
+
+// inspectScope reads what the model's scope learned, with the limits the
+// provider announced.
+func inspectScope(ctx context.Context, a *app.App, m *config.Model) (*learned, error) {
+	li, err := a.Limiter.Inspect(ctx, a.Pacer.Scope(ctx, m))
+	if err != nil {
+		return nil, err
+	}
+	l := &learned{policy: m.Limits, calibration: li.Calibration, distrusted: li.Distrusted}
+	for i := range li.Buckets {
+		switch b := &li.Buckets[i]; b.Name {
+		case "tpm":
+			l.tpm = b
+		case "rpm":
+			l.rpm = b
+		}
+	}
+	return l, nil
 }
 
 // producer keeps the scenario's queue full: jobs are stored and enqueued
@@ -219,11 +232,17 @@ func (p *producer) insert(ctx context.Context, n int) ([]queue.JobRef, error) {
 	pol := p.app.Policy.Current()
 	jobs := make([]*store.JobInsertParams, n)
 	for i := range jobs {
+		// The end of the run stops the producer between two jobs: the
+		// estimate's read of the calibration is not cut off (the pacer
+		// would log each cancelled read).
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		r, err := p.mix.request(p.next)
 		if err != nil {
 			return nil, err
 		}
-		est, err := p.app.Admission.Estimate(ctx, pol, llm.EndpointChat, r.body)
+		est, err := p.app.Admission.Estimate(context.WithoutCancel(ctx), pol, llm.EndpointChat, r.body)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", p.next, err)
 		}
@@ -335,16 +354,15 @@ func workerNotes(out string) string {
 // levelSample is llmq's own TPM bucket for the model at one moment.
 type levelSample struct {
 	at    time.Duration // since the scenario's start, by Redis TIME
-	level float64       // tokens it holds, counted at the provider's TPM
+	level float64       // tokens it holds (the room it sees)
 }
 
-// watchLimiter reads llmq's TPM bucket of scope from Redis every period
-// until ctx ends, so the run can set it beside the provider's bucket at the
-// same moments: a bucket that holds more than the provider's lets calls
-// through that the provider must refuse. The level is the provider's TPM
-// minus the tokens used, refilled to the moment of reading at that TPM (the
-// rate llmq refills at once it follows the provider's limit).
-func watchLimiter(ctx context.Context, rdb redis.UniversalClient, key string, tpm int64, start time.Time, period time.Duration) []levelSample {
+// watchLimiter reads llmq's TPM bucket of model m every period until ctx
+// ends, as the limiter itself sees it (Inspect: its learned capacity,
+// refill and the calls in flight), so the run can set it beside the
+// provider's bucket at the same moments: a bucket that holds more than the
+// provider's lets calls through that the provider must refuse.
+func watchLimiter(ctx context.Context, a *app.App, m *config.Model, start time.Time, period time.Duration) []levelSample {
 	var out []levelSample
 	t := time.NewTicker(period)
 	defer t.Stop()
@@ -354,24 +372,17 @@ func watchLimiter(ctx context.Context, rdb redis.UniversalClient, key string, tp
 			return out
 		case <-t.C:
 		}
-		var now *redis.TimeCmd
-		var h *redis.SliceCmd
-		_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			now = p.Time(ctx)
-			h = p.HMGet(ctx, key, "u:tpm", "t:tpm")
-			return nil
-		})
+		// A reading is short: the end of the run need not cut one off
+		// (the pacer would log the cancelled read of the learned limits).
+		rctx := context.WithoutCancel(ctx)
+		li, err := a.Limiter.Inspect(rctx, a.Pacer.Scope(rctx, m))
 		if err != nil {
 			continue
 		}
-		level := float64(tpm)
-		vals := h.Val()
-		u, uerr := strconv.ParseFloat(fmt.Sprint(vals[0]), 64)
-		ts, terr := strconv.ParseInt(fmt.Sprint(vals[1]), 10, 64)
-		if uerr == nil && terr == nil {
-			refill := float64(now.Val().UnixMicro()-ts) * float64(tpm) / float64(time.Minute.Microseconds())
-			level = float64(tpm) - max(u-max(refill, 0), 0)
+		for _, b := range li.Buckets {
+			if b.Name == "tpm" {
+				out = append(out, levelSample{at: li.Time.Sub(start), level: float64(b.Remaining)})
+			}
 		}
-		out = append(out, levelSample{at: now.Val().Sub(start), level: level})
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -18,26 +19,187 @@ func TestMain(m *testing.M) {
 }
 
 // TestRun runs every scenario for a few seconds with few callers: worker
-// processes, producers, baselines, the timelines and the table.
+// processes, producers, baselines, the timelines and the table. Two runs of
+// half the scenarios each run at once, most of their time being waits.
 func TestRun(t *testing.T) {
+	t.Parallel()
+	for _, half := range [][]string{{"keep", "refund", "tokens-1.6x", "retry"}, {"2x-keep", "2x-refund", "shared", "local"}} {
+		t.Run(strings.Join(half, ","), func(t *testing.T) {
+			t.Parallel()
+			testRun(t, half)
+		})
+	}
+}
+
+func testRun(t *testing.T, names []string) {
 	var out bytes.Buffer
-	args := []string{"-duration", "4s", "-warmup", "2s", "-interval", "2s", "-processes", "2", "-concurrency", "3"}
+	args := []string{"-duration", "2s", "-warmup", "1s", "-interval", "1s", "-processes", "2", "-concurrency", "3",
+		"-scenarios", strings.Join(names, ",")}
 	if err := run(t.Context(), args, &out); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"llmq, policy = provider limits", "llmq, policy = 2x provider limits",
-		"baseline: retry after retry-after", "baseline: a local token bucket", "steady state: TPM used", "llmq bucket - provider's"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+	got := out.String()
+	var want []string
+	llmq := 0
+	for _, name := range names {
+		sc, _ := findScenario(name)
+		want = append(want, sc.name+": "+sc.title()+" ...")
+		if sc.caller == callerLLMQ {
+			llmq++
+			want = append(want, sc.name+": llmq learned: tpm limit 60000")
+		}
+		switch {
+		case sc.name == "tokens-1.6x":
+			want = append(want, "request mix of tokens-1.6x: prompt 800-1600 words", "as the provider counts it (1.6x)")
+		case sc.name == "shared":
+			want = append(want, "by the external app", "no bucket replay: the external application's calls are not in the simulator's admission log")
+		case sc.caller == callerLLMQ:
+			want = append(want, "llmq bucket - provider's")
+		}
+	}
+	want = append(want, "llmq's targets in the steady state: ", fmt.Sprintf(" of %d met", llmq))
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("output lacks %q:\n%s", w, got)
+		}
+	}
+	// The table has a first-minute and a steady-state line per scenario,
+	// the latter with the target of each of llmq's.
+	table := tableOf(got)
+	for _, name := range names {
+		sc, _ := findScenario(name)
+		line := tableLine(table, sc.name)
+		if line == "" {
+			t.Errorf("no line for %s in the table:\n%s", sc.name, table)
+			continue
+		}
+		if !strings.Contains(line, sc.provider) || !strings.Contains(line, "0-1s") {
+			t.Errorf("line of %s lacks its provider or first window: %q", sc.name, line)
+		}
+	}
+	if n := strings.Count(table, "1-2s"); n != len(names) {
+		t.Errorf("%d steady-state lines, want %d:\n%s", n, len(names), table)
+	}
+	if n := strings.Count(table, " met\n") + strings.Count(table, " MISSED\n"); n != llmq {
+		t.Errorf("%d verdicts, want %d (one per llmq scenario):\n%s", n, llmq, table)
+	}
+}
+
+// tableOf is the final table of out: from its header to the next blank line.
+func tableOf(out string) string {
+	var b strings.Builder
+	in := false
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		switch {
+		case !in && len(f) > 2 && f[0] == "scenario" && f[1] == "provider":
+			in = true
+		case in && len(f) == 0:
+			return b.String()
+		case in:
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// tableLine is the line of table whose first column is name.
+func tableLine(table, name string) string {
+	for line := range strings.Lines(table) {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == name {
+			return line
+		}
+	}
+	return ""
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"-duration", "0"}, "-duration"},
+		{[]string{"-warmup", "5m"}, "-warmup"},
+		{[]string{"-processes", "0"}, "-processes"},
+		{[]string{"-concurrency", "0"}, "-concurrency"},
+		{[]string{"-rpm", "0"}, "-rpm"},
+		{[]string{"-tpm", "100"}, "-tpm"},
+		// The long mix's largest request, as the provider counts it, needs more.
+		{[]string{"-tpm", "4000", "-scenarios", "tokens-1.6x"}, "tokens-1.6x"},
+		// The external application's calls must fit its backlog.
+		{[]string{"-tpm", "10000", "-scenarios", "shared"}, "shared"},
+		{[]string{"-latency", "-1s"}, "-latency"},
+		{[]string{"-interval", "500ms"}, "-interval"},
+		{[]string{"-redis-db", "-1"}, "-redis-db"},
+		{[]string{"-scenarios", "keep,nope"}, `-scenarios: unknown scenario "nope"`},
+		{[]string{"-duration", "soon"}, "-duration"},
+		{[]string{"extra"}, "extra"},
+	} {
+		var out bytes.Buffer
+		err := run(t.Context(), c.args, &out)
+		if err == nil || !strings.Contains(err.Error()+out.String(), c.flag) {
+			t.Errorf("run %q: error %v, output %q; want one naming %s", c.args, err, out.String(), c.flag)
 		}
 	}
 }
 
-func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-duration", "0"}, {"-warmup", "5m"}, {"-processes", "0"},
-		{"-tpm", "100"}, {"-interval", "500ms"}, {"-scenarios", "llmq,nope"}, {"extra"}} {
-		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
-			t.Errorf("run %q: no error", args)
+// The scenarios' names as they were before the provider's modes still run
+// what they ran; -scenarios keeps its order and drops repeats.
+func TestScenarioNames(t *testing.T) {
+	o, err := parseOptions([]string{"-scenarios", "llmq-2x, llmq,keep,shared"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, sc := range o.Scenarios {
+		names = append(names, sc.name)
+	}
+	if got := strings.Join(names, ","); got != "2x-keep,keep,shared" {
+		t.Errorf("scenarios %s, want 2x-keep,keep,shared", got)
+	}
+	if o.Duration != 150*time.Second || o.Warmup != 90*time.Second || o.RPM != 600 || o.TPM != 60_000 || o.Processes != 4 || o.Concurrency != 50 {
+		t.Errorf("defaults %+v, want the issue's", o)
+	}
+	o, err = parseOptions([]string{"-quick"}, &bytes.Buffer{})
+	if err != nil || o.Duration != 30*time.Second || o.Warmup != 10*time.Second || len(o.Scenarios) != len(scenarios) {
+		t.Errorf("-quick: %+v, %v", o, err)
+	}
+}
+
+// Each scenario's simulator is in the mode of its row of the issue.
+func TestScenarioModes(t *testing.T) {
+	o, err := parseOptions(nil, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range o.Scenarios {
+		c := sc.simConfig(o)
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", sc.name, err)
+		}
+		if c.Limits != (sim.Limits{RPM: 600, TPM: 60_000}) || c.Latency != 200*time.Millisecond || c.Jitter != 600*time.Millisecond {
+			t.Errorf("%s: limits %+v, latency %v + %v", sc.name, c.Limits, c.Latency, c.Jitter)
+		}
+		switch sc.name {
+		case "refund", "2x-refund":
+			if !c.Refund || c.PromptFactor != 0 || c.External.TPM != 0 {
+				t.Errorf("%s: %+v", sc.name, c)
+			}
+		case "tokens-1.6x":
+			if c.Refund || c.PromptFactor != 1.6 || sc.shape != longShape {
+				t.Errorf("%s: %+v", sc.name, c)
+			}
+		case "shared":
+			if c.Refund || c.External != (sim.External{TPM: 18_000, CallTokens: 500}) || sc.replayable() || !sc.target.account {
+				t.Errorf("%s: %+v", sc.name, c)
+			}
+		default:
+			if c.Refund || c.PromptFactor != 0 || c.External.TPM != 0 || !sc.replayable() {
+				t.Errorf("%s: %+v", sc.name, c)
+			}
+		}
+		if want := int64(1 + strings.Count(sc.name, "2x")); sc.caller == callerLLMQ && sc.policy != want {
+			t.Errorf("%s: policy %dx, want %dx", sc.name, sc.policy, want)
 		}
 	}
 }
@@ -81,20 +243,50 @@ func TestBetween(t *testing.T) {
 	r := &result{
 		samples: []sample{
 			{at: 0, st: sim.Stats{}},
-			{at: time.Minute, st: sim.Stats{Requests: 100, Admitted: 90, RateLimited: 10, TokensAdmitted: 200_000, TokensRefunded: 20_000}},
-			{at: 2 * time.Minute, st: sim.Stats{Requests: 300, Admitted: 240, RateLimited: 60, TokensAdmitted: 400_000, TokensRefunded: 70_000}},
+			{at: time.Minute, st: sim.Stats{Requests: 100, Admitted: 90, RateLimited: 10, TokensAdmitted: 200_000, TokensRefunded: 20_000,
+				ExternalTokens: 10_000}},
+			{at: 2 * time.Minute, st: sim.Stats{Requests: 300, Admitted: 240, RateLimited: 60, TokensAdmitted: 400_000, TokensRefunded: 70_000,
+				ExternalTokens: 55_000, ExternalRequests: 90}},
 		},
 		completions: []time.Duration{time.Second, 61 * time.Second, 90 * time.Second},
 	}
 	w := r.between(time.Minute+100*time.Millisecond, 2*time.Minute)
-	if w.from != time.Minute || w.used != 150_000 || w.calls != 200 || w.limited != 50 || w.completions != 2 {
+	// The external application's calls count apart, never as calls.
+	if w.from != time.Minute || w.used != 150_000 || w.external != 45_000 || w.calls != 200 || w.limited != 50 || w.completions != 2 {
 		t.Fatalf("window = %+v", w)
 	}
 	if got := w.usedShare(150_000); math.Abs(got-1) > 1e-9 {
 		t.Errorf("usedShare = %v, want 1", got)
 	}
+	if got := w.externalShare(150_000); math.Abs(got-0.3) > 1e-9 {
+		t.Errorf("externalShare = %v, want 0.3", got)
+	}
+	if got := w.accountShare(150_000); math.Abs(got-1.3) > 1e-9 {
+		t.Errorf("accountShare = %v, want 1.3", got)
+	}
 	if got := w.limitedShare(); got != 0.25 {
 		t.Errorf("limitedShare = %v, want 0.25", got)
+	}
+}
+
+// A target is met only with both figures on the right side of its bounds,
+// the account's tokens counting where the row says so.
+func TestTargetMet(t *testing.T) {
+	win := window{from: 0, to: time.Minute, used: 57_000, external: 18_000, calls: 1000, limited: 4}
+	for _, c := range []struct {
+		t    target
+		tpm  int64
+		want bool
+	}{
+		{target{used: 0.95, limited: 0.005}, 60_000, true},
+		{target{used: 0.95, limited: 0.004}, 60_000, false}, // 0.4% is not under 0.4%
+		{target{used: 0.96, limited: 0.005}, 60_000, false},
+		{target{used: 0.90, limited: 0.01}, 80_000, false},               // llmq's 71%
+		{target{used: 0.90, limited: 0.01, account: true}, 80_000, true}, // the account's 94%
+	} {
+		if got := c.t.met(c.tpm, win); got != c.want {
+			t.Errorf("%v at %d TPM: met %v, want %v", c.t, c.tpm, got, c.want)
+		}
 	}
 }
 
@@ -117,18 +309,21 @@ func TestLocalBucket(t *testing.T) {
 }
 
 func TestMixIsDeterministic(t *testing.T) {
-	a, b := newMix(7), newMix(7)
-	for i := range 20 {
-		ra, err := a.request(i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rb, _ := b.request(i)
-		if !bytes.Equal(ra.body, rb.body) || ra.cost != rb.cost {
-			t.Fatalf("request %d differs between two mixes of one seed", i)
-		}
-		if ra.cost > maxRequestTokens || ra.maxTokens < maxTokensMin || ra.maxTokens > maxTokensMax {
-			t.Fatalf("request %d out of the mix's bounds: %+v", i, ra)
+	for _, sh := range []shape{usualShape, longShape} {
+		a, b := newMix(7, sh), newMix(7, sh)
+		for i := range 20 {
+			ra, err := a.request(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rb, _ := b.request(i)
+			if !bytes.Equal(ra.body, rb.body) || ra.cost != rb.cost {
+				t.Fatalf("request %d differs between two mixes of one seed", i)
+			}
+			if ra.cost > sh.maxRequest(1) || ra.maxTokens < int64(sh.MaxMin) || ra.maxTokens > int64(sh.MaxMax) ||
+				ra.promptTokens < int64(sh.PromptMin) || ra.contentTokens >= ra.promptTokens {
+				t.Fatalf("request %d out of the mix's bounds %+v: %+v", i, sh, ra)
+			}
 		}
 	}
 }

@@ -15,22 +15,8 @@ import (
 )
 
 // logSize is the simulator's admission log: enough for the retry baseline's
-// 429 storm of three minutes (~1,000 calls/s on two cores), ~120 bytes each.
+// 429 storm of a few minutes (~1,000 calls/s on two cores), ~120 bytes each.
 const logSize = 1_500_000
-
-// startSim starts a fresh simulated provider with the run's limits, latency
-// and completion lengths.
-func startSim(o *options) *sim.TestServer {
-	return sim.Start(sim.Config{
-		Limits:        sim.Limits{RPM: o.RPM, TPM: o.TPM},
-		Latency:       o.Latency,
-		Jitter:        o.Jitter,
-		Seed:          o.Seed,
-		CompletionMin: completionMin,
-		CompletionMax: completionMax,
-		LogSize:       logSize,
-	})
-}
 
 // sample is the simulator's counters at one moment of a scenario.
 type sample struct {
@@ -40,8 +26,9 @@ type sample struct {
 
 // sampler reads the simulator's counters once a second. Counters sampled
 // at the edges of a window give what the provider's buckets kept in it:
-// tokens charged at admission minus those refunded at completion, each
-// counted when it happened, exactly as the bucket counts them.
+// tokens charged at admission minus those refunded, each counted when it
+// happened, exactly as the bucket counts them, and apart the external
+// application's.
 type sampler struct {
 	srv   *sim.TestServer
 	start time.Time
@@ -94,7 +81,7 @@ func (s *sampler) finish() []sample {
 
 // result is what one scenario measured.
 type result struct {
-	scenario string
+	scenario scenario
 	start    time.Time // when the simulator was reset: the scenario's 0
 	duration time.Duration
 	samples  []sample
@@ -107,20 +94,24 @@ type result struct {
 	with429, most429 int
 	log              []sim.Admission
 	dropped          int64 // log entries the simulator did not keep
-	// llmqLevels is llmq's own TPM bucket, read from Redis during the run
-	// (llmq scenarios only).
+	// llmqLevels is llmq's own TPM bucket, read from Redis during the run,
+	// and learned what its scope learned by the end (llmq scenarios only).
 	llmqLevels []levelSample
+	learned    *learned
 	notes      []string
 }
 
 // window is what a scenario measured between two moments.
 type window struct {
-	from, to    time.Duration // as sampled
-	used        int64         // tokens the provider's TPM bucket kept
-	calls       int64         // requests that reached the provider's limiter
-	admitted    int64
-	limited     int64 // answered 429
-	completions int
+	from, to time.Duration // as sampled
+	// used is the tokens the provider's TPM bucket kept of the calls that
+	// reached it (llmq's or the baseline's), external those of the
+	// external application.
+	used, external int64
+	calls          int64 // requests that reached the provider's limiter
+	admitted       int64
+	limited        int64 // answered 429
+	completions    int
 }
 
 // between measures [from, to): the counters' difference between the
@@ -143,6 +134,7 @@ func (r *result) between(from, to time.Duration) window {
 		calls:    b.st.Requests - a.st.Requests,
 		admitted: b.st.Admitted - a.st.Admitted,
 		limited:  (b.st.RateLimited + b.st.Spurious429) - (a.st.RateLimited + a.st.Spurious429),
+		external: b.st.ExternalTokens - a.st.ExternalTokens,
 	}
 	lo, _ := slices.BinarySearch(r.completions, a.at)
 	hi, _ := slices.BinarySearch(r.completions, b.at)
@@ -162,10 +154,20 @@ func cmpDur(a, b time.Duration) int {
 
 func (w window) seconds() float64 { return (w.to - w.from).Seconds() }
 
-// usedShare is the tokens kept as a share of what the TPM allows in the
-// window. It may pass 1 in a window that starts with the bucket full.
-func (w window) usedShare(tpm int64) float64 {
-	return float64(w.used) / (float64(tpm) * (w.to - w.from).Minutes())
+// usedShare is the tokens kept of the callers' calls as a share of what the
+// TPM allows in the window. It may pass 1 in a window that starts with the
+// bucket full.
+func (w window) usedShare(tpm int64) float64 { return w.share(w.used, tpm) }
+
+// externalShare is the external application's tokens, accountShare both.
+func (w window) externalShare(tpm int64) float64 { return w.share(w.external, tpm) }
+func (w window) accountShare(tpm int64) float64  { return w.share(w.used+w.external, tpm) }
+
+func (w window) share(tokens, tpm int64) float64 {
+	if w.to <= w.from {
+		return 0
+	}
+	return float64(tokens) / (float64(tpm) * (w.to - w.from).Minutes())
 }
 
 func (w window) limitedShare() float64 {
@@ -190,7 +192,9 @@ type bucketBin struct {
 
 // replayTPM replays the provider's TPM bucket (capacity limit, refilled at
 // limit per minute, full at start) from the admission log: admitted
-// requests take their tokens at admission, refunds come back at completion.
+// requests take their tokens at admission, refunds come back when the log
+// says. The external application's calls are not in the log: do not replay
+// a scenario that has one (scenario.replayable).
 // edges are the intervals' bounds since start, from 0 up; it returns one bin
 // per interval. It is the simulator's own arithmetic, so it says where
 // capacity went unused: a bucket that never fills loses nothing, whatever

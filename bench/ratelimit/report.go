@@ -4,60 +4,87 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
-)
 
-// The targets for llmq: TPM used and 429 share in the steady state
-// with the policy at the provider's limits, and after the first minute with
-// the policy at twice them.
-const (
-	targetUsed, targetLimited     = 0.95, 0.005
-	targetUsed2x, targetLimited2x = 0.90, 0.02
+	"github.com/llmq/llmq/internal/limiter"
 )
 
 // timeline prints a scenario's intervals: what the provider kept and
-// refused, and its TPM bucket replayed from the admission log.
+// refused, and where the admission log holds every change of the
+// provider's TPM bucket, that bucket replayed and set beside llmq's.
 func timeline(w io.Writer, o *options, r *result) {
+	sc := r.scenario
 	var edges []time.Duration
 	for t := time.Duration(0); t < r.duration; t += o.Interval {
 		edges = append(edges, t)
 	}
 	edges = append(edges, r.duration)
+	replay := sc.replayable() && r.dropped == 0 && len(r.samples) > 0
 	var bins []bucketBin
-	if r.dropped == 0 && len(r.samples) > 0 {
+	var ahead []string
+	if replay {
 		bins = replayTPM(r.log, o.TPM, r.start, edges)
+		ahead = aheadOf(o, r, edges)
 	}
-	ahead := aheadOf(o, r, edges)
+	external := sc.external(o.TPM) > 0
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "  interval\tTPM used\tcalls\t429s\t429 share\tjobs done\tprovider bucket: mean free\tfull for\tlost (full)\t")
-	if ahead != nil {
-		fmt.Fprint(tw, "llmq bucket - provider's\t")
+	cols := []string{"  interval", "TPM used"}
+	if external {
+		cols = append(cols, "by llmq", "by the external app")
 	}
-	fmt.Fprintln(tw)
+	cols = append(cols, "calls", "429s", "429 share", "jobs done")
+	if bins != nil {
+		cols = append(cols, "provider bucket: mean free", "full for", "lost (full)")
+	}
+	if ahead != nil {
+		cols = append(cols, "llmq bucket - provider's")
+	}
+	fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t")
 	for i := 0; i+1 < len(edges); i++ {
 		win := r.between(edges[i], edges[i+1])
-		free, full, lost := "-", "-", "-"
+		row := []string{"  " + span(win.from, win.to), pct(win.accountShare(o.TPM))}
+		if external {
+			row = append(row, pct(win.usedShare(o.TPM)), pct(win.externalShare(o.TPM)))
+		}
+		row = append(row, fmt.Sprint(win.calls), fmt.Sprint(win.limited), pct2(win.limitedShare()), fmt.Sprint(win.completions))
 		if bins != nil {
 			b := bins[i]
-			free = fmt.Sprintf("%.0f", b.levelSeconds/(edges[i+1]-edges[i]).Seconds())
-			full = b.full.Round(10 * time.Millisecond).String()
-			lost = fmt.Sprintf("%.0f", b.lost)
+			row = append(row, fmt.Sprintf("%.0f", b.levelSeconds/(edges[i+1]-edges[i]).Seconds()),
+				b.full.Round(10*time.Millisecond).String(), fmt.Sprintf("%.0f", b.lost))
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\t%s\t", span(win.from, win.to), pct(win.usedShare(o.TPM)),
-			win.calls, win.limited, pct2(win.limitedShare()), win.completions, free, full, lost)
 		if ahead != nil {
-			fmt.Fprintf(tw, "%s\t", ahead[i])
+			row = append(row, ahead[i])
 		}
-		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	_ = tw.Flush()
 	whole := r.between(0, r.duration)
-	fmt.Fprintf(w, "  %d jobs completed, %d failed; %d jobs received a 429, at most %d each", whole.completions, r.failed, r.with429, r.most429)
-	if r.dropped > 0 {
-		fmt.Fprintf(w, "; the admission log dropped %d entries (no bucket replay)", r.dropped)
+	what := "jobs"
+	if sc.caller != callerLLMQ {
+		what = "requests"
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  %d %s completed, %d failed; %d %s received a 429, at most %d each\n", whole.completions, what, r.failed, r.with429, what, r.most429)
+	switch {
+	case !sc.replayable():
+		fmt.Fprintln(w, "  no bucket replay: the external application's calls are not in the simulator's admission log")
+	case r.dropped > 0:
+		fmt.Fprintf(w, "  no bucket replay: the admission log dropped %d entries\n", r.dropped)
+	case len(r.samples) > 0:
+		steadyEdges := []time.Duration{0, o.Warmup, r.duration}
+		sb := replayTPM(r.log, o.TPM, r.start, steadyEdges)
+		steady := r.between(o.Warmup, r.duration)
+		fmt.Fprintf(w, "  steady state %s: the provider's bucket was full for %v, losing %s of its TPM",
+			span(steady.from, steady.to), sb[1].full.Round(10*time.Millisecond), pct(sb[1].lost/(float64(o.TPM)*(r.duration-o.Warmup).Minutes())))
+		if a := aheadOf(o, r, steadyEdges); a != nil {
+			fmt.Fprintf(w, "; llmq's bucket held %s tokens beside the provider's on average", a[1])
+		}
+		fmt.Fprintln(w)
+	}
+	if r.learned != nil {
+		fmt.Fprintf(w, "  llmq learned: %s\n", r.learned.describe())
+	}
 	for _, n := range r.notes {
 		fmt.Fprintf(w, "  %s\n", n)
 	}
@@ -66,10 +93,10 @@ func timeline(w io.Writer, o *options, r *result) {
 
 // aheadOf returns, per interval of edges, how many tokens llmq's own bucket
 // held beyond the provider's on average ("+225"): while positive, llmq
-// admits calls the provider refuses. nil when not known (baselines, or a
-// log that dropped entries).
+// admits calls the provider refuses. nil when not known (baselines, a log
+// that dropped entries, a provider bucket the log cannot replay).
 func aheadOf(o *options, r *result, edges []time.Duration) []string {
-	if r.dropped != 0 || len(r.llmqLevels) == 0 {
+	if r.dropped != 0 || len(r.llmqLevels) == 0 || !r.scenario.replayable() {
 		return nil
 	}
 	times := make([]time.Duration, len(r.llmqLevels))
@@ -98,50 +125,117 @@ func aheadOf(o *options, r *result, edges []time.Duration) []string {
 	return out
 }
 
-// report prints the scenarios side by side and the verdicts on the targets.
+// describe says what the scope learned: per bucket its limit (the policy's
+// or the provider's, whichever is lower), the factor of it that unpredicted
+// 429s left, the drain others cause and the refunds seen; the prompt
+// calibration.
+func (l *learned) describe() string {
+	var parts []string
+	bucket := func(name string, policy int64, b *limiter.BucketLearning) {
+		if b == nil {
+			return
+		}
+		s := fmt.Sprintf("%s limit %d", name, b.Limit)
+		if b.Limit != policy {
+			s += fmt.Sprintf(" (policy %d)", policy)
+		}
+		s += fmt.Sprintf(", limit factor %.2f, drain %.2f", b.Factor, b.Drain)
+		if name == "tpm" {
+			if b.Refund < 0 {
+				s += ", refund not known yet"
+			} else {
+				s += fmt.Sprintf(", refund %.2f", b.Refund)
+			}
+		}
+		parts = append(parts, s)
+	}
+	bucket("tpm", l.policy.TPM, l.tpm)
+	bucket("rpm", l.policy.RPM, l.rpm)
+	parts = append(parts, fmt.Sprintf("prompt calibration %.2f (%d calls)", l.calibration.Factor, l.calibration.Samples))
+	if l.distrusted {
+		parts = append(parts, "the provider's counts distrusted after repeated unpredicted 429s")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// report prints the scenarios side by side, each against its target, and
+// what llmq learned in each.
 func report(w io.Writer, o *options, results []*result) {
-	fmt.Fprintf(w, "TPM used: tokens the provider's TPM bucket kept (prompt + completion of admitted calls: charged prompt + max_tokens at admission, unused part refunded at completion), as a share of %d per minute; steady state = after %v.\n\n", o.TPM, o.Warmup)
+	first := firstWindow(o)
+	fmt.Fprintf(w, "TPM used: the tokens the provider's TPM bucket kept, net of what it gave back (prompt + max_tokens as it counts them when it keeps max_tokens charged, prompt + completion when it refunds), with the external application's where the account is shared, as a share of %d per minute. 429 share: of the calls llmq (or the baseline) sent. Steady state = %s.\n\n",
+		o.TPM, span(o.Warmup, o.Duration))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\twindow\tTPM used\t429 share\tcalls/s\tjobs/s\tjobs completed\tunused, provider bucket full\tllmq bucket - provider's\t")
+	fmt.Fprintln(tw, "scenario\tprovider\tpolicy\twindow\tTPM used\tby llmq\tby the external app\t429 share\tcalls/s\tjobs/s\ttarget\tresult\t")
+	var met, targets int
+	var missed []string
 	for _, r := range results {
-		first, steady := r.between(0, o.Warmup), r.between(o.Warmup, r.duration)
-		edges := []time.Duration{0, o.Warmup, r.duration}
-		var bins []bucketBin
-		if r.dropped == 0 {
-			bins = replayTPM(r.log, o.TPM, r.start, edges)
+		sc := r.scenario
+		windows := []window{r.between(o.Warmup, r.duration)}
+		if first > 0 {
+			windows = []window{r.between(0, first), windows[0]}
 		}
-		ahead := aheadOf(o, r, edges)
-		if ahead == nil {
-			ahead = []string{"-", "-"}
-		}
-		for i, win := range []window{first, steady} {
-			name := scenarioTitle(r.scenario)
+		for i, win := range windows {
+			steady := i == len(windows)-1
+			name, provider, policy := sc.name, sc.provider, sc.policyName()
 			if i > 0 {
-				name = ""
+				name, provider, policy = "", "", ""
 			}
-			lost := "-"
-			if bins != nil {
-				lost = pct(bins[i].lost / (float64(o.TPM) * (win.to - win.from).Minutes()))
+			by, ext := pct(win.usedShare(o.TPM)), "-"
+			if sc.caller != callerLLMQ {
+				by = "-"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2f\t%.2f\t%d\t%s\t%s\t\n", name, span(win.from, win.to), pct(win.usedShare(o.TPM)),
-				pct2(win.limitedShare()), float64(win.calls)/win.seconds(), float64(win.completions)/win.seconds(), win.completions, lost, ahead[i])
+			if sc.external(o.TPM) > 0 {
+				ext = pct(win.externalShare(o.TPM))
+			}
+			tgt, res := "", ""
+			if steady && !sc.target.isZero() {
+				tgt = sc.target.String()
+				ok := sc.target.met(o.TPM, win)
+				res = verdict(ok)
+				targets++
+				if ok {
+					met++
+				} else {
+					missed = append(missed, sc.name)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t\n", name, provider, policy, span(win.from, win.to),
+				pct(win.accountShare(o.TPM)), by, ext, pct2(win.limitedShare()), float64(win.calls)/win.seconds(),
+				float64(win.completions)/win.seconds(), tgt, res)
 		}
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
 	for _, r := range results {
-		steady := r.between(o.Warmup, r.duration)
-		switch r.scenario {
-		case scLLMQ:
-			fmt.Fprintf(w, "%s, steady state: TPM used %s (target >= %s: %s), 429 share %s (target < %s: %s)\n",
-				scenarioTitle(r.scenario), pct(steady.usedShare(o.TPM)), pct(targetUsed), verdict(steady.usedShare(o.TPM) >= targetUsed),
-				pct2(steady.limitedShare()), pct2(targetLimited), verdict(steady.limitedShare() < targetLimited))
-		case scLLMQ2x:
-			fmt.Fprintf(w, "%s, after the first %v: TPM used %s (target >= %s: %s), 429 share %s (target < %s: %s)\n",
-				scenarioTitle(r.scenario), o.Warmup, pct(steady.usedShare(o.TPM)), pct(targetUsed2x), verdict(steady.usedShare(o.TPM) >= targetUsed2x),
-				pct2(steady.limitedShare()), pct2(targetLimited2x), verdict(steady.limitedShare() < targetLimited2x))
+		if r.learned != nil {
+			fmt.Fprintf(w, "%s: llmq learned: %s\n", r.scenario.name, r.learned.describe())
 		}
 	}
+	if targets > 0 {
+		fmt.Fprintf(w, "\nllmq's targets in the steady state: %d of %d met", met, targets)
+		if len(missed) > 0 {
+			fmt.Fprintf(w, "; MISSED: %s", strings.Join(missed, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// String is the target as the table shows it.
+func (t target) String() string {
+	what := "TPM"
+	if t.account {
+		what = "account TPM"
+	}
+	return fmt.Sprintf("%s >= %s, 429 < %s", what, pct0(t.used), pct(t.limited))
+}
+
+// met reports whether the steady state win reaches the target.
+func (t target) met(tpm int64, win window) bool {
+	used := win.usedShare(tpm)
+	if t.account {
+		used = win.accountShare(tpm)
+	}
+	return used >= t.used && win.limitedShare() < t.limited
 }
 
 func verdict(ok bool) string {
@@ -155,5 +249,6 @@ func span(from, to time.Duration) string {
 	return fmt.Sprintf("%.0f-%.0fs", from.Seconds(), to.Seconds())
 }
 
+func pct0(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) }
 func pct(f float64) string  { return fmt.Sprintf("%.1f%%", 100*f) }
 func pct2(f float64) string { return fmt.Sprintf("%.2f%%", 100*f) }

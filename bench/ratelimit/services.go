@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -98,6 +101,29 @@ func startProcess(ctx context.Context, bin string, environ []string, ready strin
 		}
 	}
 	return p, nil
+}
+
+// startProcesses starts n processes of bin at once and waits until each
+// is ready. It returns those it started, to stop, even when one failed.
+func startProcesses(ctx context.Context, n int, bin string, environ []string, ready string) ([]*process, error) {
+	procs := make([]*process, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { procs[i], errs[i] = startProcess(ctx, bin, environ, ready) })
+	}
+	wg.Wait()
+	procs = slices.DeleteFunc(procs, func(p *process) bool { return p == nil })
+	return procs, errors.Join(errs...)
+}
+
+// stopProcesses stops procs at once.
+func stopProcesses(procs []*process) {
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		wg.Go(p.stop)
+	}
+	wg.Wait()
 }
 
 // stop sends SIGTERM (the worker's graceful shutdown), then SIGKILL if it
