@@ -226,6 +226,10 @@ func (r *Recorder) LimiterWait(model string, d time.Duration, requeued bool) {
 	outcome := "acquired"
 	if requeued {
 		outcome = "requeued"
+		// A job dequeued only to go back: the fair queue is there to keep
+		// this near zero.
+		r.stats.add(FieldLimiterRequeued, 1)
+		r.stats.add(FieldLimiterRequeued+":"+model, 1)
 	}
 	r.limiterWait.WithLabelValues(model, outcome).Observe(d.Seconds())
 }

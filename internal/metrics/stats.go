@@ -36,6 +36,10 @@ const (
 	// FieldUnpredicted429 counts the 429s on calls the buckets admitted
 	// (limiter_unpredicted_429s_total), overall and per model.
 	FieldUnpredicted429 = "unpredicted_429"
+	// FieldLimiterRequeued counts jobs a worker put back in their queue
+	// because their permit was more than its inline wait away, overall and
+	// per model.
+	FieldLimiterRequeued = "limiter_requeued"
 	// FieldWebhookFailures counts failed webhook delivery attempts.
 	FieldWebhookFailures = "webhook_failures"
 )
