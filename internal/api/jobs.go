@@ -239,6 +239,13 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 			"Job %s already %s and cannot be cancelled.", job.ID, job.Status)
 	}
 	if changed {
+		// Out of its fair queue at once (the count per tenant drops); a task
+		// already released finds the job cancelled and does nothing.
+		if ref := admission.JobRef(s.Policy.Current(), job, 0); ref.Scope != "" {
+			if err := s.Queue.Dequeue(r.Context(), ref.Scope, job.ID); err != nil {
+				s.Logger.Warn("take a cancelled job out of its fair queue", "job", job.ID, "err", err)
+			}
+		}
 		s.Observer.JobState(callerOf(r).tenant.Tier, job.Model, string(job.Status))
 		s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
 		if job.WebhookURL != "" {

@@ -62,6 +62,7 @@ for i = 4, #ARGV, 5 do
     redis.call('RPUSH', list, id .. '|' .. cost .. '|' .. now)
     if share ~= '' then redis.call('HSET', st, 's:' .. tenant, share) end
     redis.call('HINCRBY', st, 'n:' .. class .. ':' .. tenant, 1)
+    redis.call('HSET', st, 'w:' .. id, class .. ':' .. tenant)
     -- a tenant (or priority) that starts waiting starts at the virtual
     -- time, or after its last finish if that is later
     if not redis.call('ZSCORE', tenants, tenant) then
@@ -138,6 +139,8 @@ while budget > 0 and outn < maxout do
     if member and (cost * factor > tokens or reqs < 1) and not (force and outn == 0) then break end
     if head then redis.call('LPOP', list) end
     if member then
+      redis.call('HDEL', st, 'w:' .. id)
+      redis.call('HINCRBY', st, 'n:' .. class .. ':' .. tenant, -1)
       tokens, reqs, outn = tokens - cost * factor, reqs - 1, outn + 1
       local share = tonumber(redis.call('HGET', st, 's:' .. tenant)) or 1
       local f = ttag + cost / share
@@ -151,7 +154,6 @@ while budget > 0 and outn < maxout do
       if redis.call('LLEN', list) > 0 then redis.call('ZADD', tenants, f, tenant) end
       ctag = fc
     end
-    if head then redis.call('HINCRBY', st, 'n:' .. class .. ':' .. tenant, -1) end
     if redis.call('LLEN', list) == 0 then redis.call('ZREM', tenants, tenant) end
     if redis.call('ZCARD', tenants) == 0 then
       redis.call('ZREM', classes, class)
@@ -165,21 +167,30 @@ redis.call('PEXPIRE', st, ARGV[3])
 return res
 `)
 
-// fairStartedScript forgets a job a worker started: it no longer waits nor
-// counts as released.
+// fairForgetScript forgets a job: a worker has its permit, or it was
+// cancelled. A waiting job is dropped from its tenant's count at once (its
+// place in the list when its turn comes); a released one stops counting as
+// released.
 //
 // KEYS[1] -> the scope's state
 // KEYS[2] -> its job ids waiting or released
 // KEYS[3] -> its released jobs not yet started
 // ARGV[1] -> the job id
 // Returns 1 when the job was released and not yet started, else 0.
-var fairStartedScript = redis.NewScript(`
-redis.call('SREM', KEYS[2], ARGV[1])
-if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then return 0 end
-local o = redis.call('HGET', KEYS[1], 'o:' .. ARGV[1])
+var fairForgetScript = redis.NewScript(`
+local st, id = KEYS[1], ARGV[1]
+if redis.call('SREM', KEYS[2], id) == 1 then
+  local w = redis.call('HGET', st, 'w:' .. id)
+  if w then
+    redis.call('HINCRBY', st, 'n:' .. w, -1)
+    redis.call('HDEL', st, 'w:' .. id)
+  end
+end
+if redis.call('ZREM', KEYS[3], id) == 0 then return 0 end
+local o = redis.call('HGET', st, 'o:' .. id)
 if o then
-  redis.call('HINCRBYFLOAT', KEYS[1], 'outsum', -tonumber(string.match(o, '^[^|]+')))
-  redis.call('HDEL', KEYS[1], 'o:' .. ARGV[1])
+  redis.call('HINCRBYFLOAT', st, 'outsum', -tonumber(string.match(o, '^[^|]+')))
+  redis.call('HDEL', st, 'o:' .. id)
 end
 return 1
 `)
@@ -354,9 +365,13 @@ func (c *Client) Started(ctx context.Context, scope, id string) error {
 		return nil
 	}
 	f := c.fair
+	return f.forget(ctx, scope, id)
+}
+
+func (f *fair) forget(ctx context.Context, scope, id string) error {
 	keys := []string{f.keys.FairState(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
-	if err := fairStartedScript.Run(ctx, f.rdb, keys, id).Err(); err != nil {
-		return fmt.Errorf("fair queue of %s: started %s: %w", scope, id, err)
+	if err := fairForgetScript.Run(ctx, f.rdb, keys, id).Err(); err != nil {
+		return fmt.Errorf("fair queue of %s: forget %s: %w", scope, id, err)
 	}
 	return nil
 }
@@ -382,12 +397,13 @@ func (c *Client) Placement(ctx context.Context, scope, id string) (string, error
 }
 
 // Dequeue takes job id out of scope's fair queue (it was cancelled): it
-// will not be released; its place in the list is dropped when it comes up.
+// no longer counts as waiting and will not be released; its place in the
+// list is dropped when it comes up.
 func (c *Client) Dequeue(ctx context.Context, scope, id string) error {
 	if c.fair == nil || scope == "" {
 		return nil
 	}
-	return c.fair.rdb.SRem(ctx, c.fair.keys.FairMembers(scope), id).Err()
+	return c.fair.forget(ctx, scope, id)
 }
 
 // RequeueStale enqueues again the tasks of jobs released longer than age
