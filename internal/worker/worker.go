@@ -174,8 +174,11 @@ func (h *Handler) leftFairQueue(ctx context.Context, job *store.Job) {
 		return
 	}
 	if m, ok := h.Policy.Current().Model(job.Model); ok {
+		// A task cancelled at shutdown still has left the fair queue.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
 		if err := h.Queue.Started(ctx, admission.ScopeName(m), job.ID); err != nil {
-			h.Logger.Warn("fair queue", "job", job.ID, "err", err)
+			h.Logger.Warn("mark a job started in its fair queue", "job", job.ID, "err", err)
 		}
 	}
 }
