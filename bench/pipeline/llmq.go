@@ -154,6 +154,13 @@ func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err 
 	closers = append(closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
 	r.app = a
 
+	// The dispatcher runs the scheduler that releases jobs from the fair
+	// queue into asynq's queues; llmq's stack is not whole without it.
+	sctx, stopScheduler := context.WithCancel(context.Background())
+	schedDone := make(chan struct{})
+	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
+	closers = append(closers, func() { stopScheduler(); <-schedDone })
+
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
