@@ -22,4 +22,6 @@ func (h quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
 	return quietHandler{h.Handler.WithAttrs(as)}
 }
 
-func (h quietHandler) WithGroup(name string) slog.Handler { return quietHandler{h.Handler.WithGroup(name)} }
+func (h quietHandler) WithGroup(name string) slog.Handler {
+	return quietHandler{h.Handler.WithGroup(name)}
+}
