@@ -53,8 +53,10 @@ type latencyResult struct {
 	Ahead int
 	Rate  float64
 	// Requeued and Dequeues are the limiter's requeues of the flooded
-	// model and every job task dequeued, over the scenario.
+	// model and every job task dequeued, over the scenario (Elapsed);
+	// Slept the workers' time asleep for the flooded model's permits.
 	Requeued, Dequeues, Succeeded int64
+	Slept, Elapsed                time.Duration
 }
 
 func summarize(d []time.Duration) (done int, p50, worst time.Duration) {
@@ -196,6 +198,7 @@ func acrossModels(ctx context.Context, o *options, s *stack) (*latencyResult, er
 	}
 	perSec := float64(o.TPM) / 60 / float64(long.Prompt+long.MaxTokens)
 	n := int(perSec*(o.Settle+o.Cap).Seconds()) + int(float64(o.TPM)/float64(long.Prompt+long.MaxTokens)) + 2*o.Concurrency
+	began := time.Now()
 	if _, err := s.post(ctx, long.of(a, modelA).times(n)); err != nil {
 		return nil, err
 	}
@@ -215,7 +218,8 @@ func acrossModels(ctx context.Context, o *options, s *stack) (*latencyResult, er
 		return nil, err
 	}
 	r.Done, r.P50, r.Max = summarize(d)
-	r.Requeued, r.Dequeues = s.obs.requeuedOf(modelA), s.obs.dequeues.Load()
+	r.Requeued, r.Slept = s.obs.waitsOf(modelA)
+	r.Dequeues, r.Elapsed = s.obs.dequeues.Load(), time.Since(began)
 	s.obs.mu.Lock()
 	r.Succeeded = int64(len(s.obs.finishes))
 	s.obs.mu.Unlock()
@@ -245,11 +249,12 @@ type shareResult struct {
 	// Weights are the expected proportions; Worst the windows' fractions
 	// (one per name) of the window that strays furthest from them, and
 	// WorstDev that window's largest relative deviation.
-	Weights  []float64
-	Mean     []float64
-	Worst    []float64
-	WorstDev float64
-	Windows  int
+	Weights   []float64
+	Mean      []float64
+	Worst     []float64
+	WorstDev  float64
+	Windows   int
+	WindowLen time.Duration
 	// TPMUsed is the tokens per minute all tenants got over the measured
 	// part, as a fraction of the model's TPM.
 	TPMUsed float64
@@ -270,7 +275,7 @@ func measureShares(o *options, s *stack, from, to time.Time, names []string, wei
 		return func(f finish) bool { return slices.Contains(ids, f.Tenant) }
 	}
 	ws := slidingWindows(from, to, time.Minute, 5*time.Second)
-	r.Windows = len(ws)
+	r.Windows, r.WindowLen = len(ws), ws[0].To.Sub(ws[0].From)
 	for _, w := range ws {
 		fr := make([]float64, len(names))
 		total := 0.0

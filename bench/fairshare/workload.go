@@ -119,18 +119,22 @@ type finish struct {
 	Tokens int64 // prompt + completion: what the provider charged
 }
 
-// observer is the workers' observer: every success with its tokens, and
-// the limiter's requeues (a job dequeued, refused a permit for longer
-// than the worker sleeps, and put back in its queue).
+// observer is the workers' observer: every success with its tokens, the
+// limiter's requeues (a job dequeued, refused a permit for longer than the
+// worker sleeps, and put back in its queue) and the workers' sleeps for
+// permits.
 type observer struct {
 	mu       sync.Mutex
 	finishes []finish
 	requeued map[string]int64
+	slept    map[string]time.Duration
 	dequeues atomic.Int64
 	released atomic.Int64
 }
 
-func newObserver() *observer { return &observer{requeued: map[string]int64{}} }
+func newObserver() *observer {
+	return &observer{requeued: map[string]int64{}, slept: map[string]time.Duration{}}
+}
 
 func (o *observer) JobFinished(tenantID, _, model, status string, prompt, completion, _ int64) {
 	if status != "succeeded" {
@@ -141,11 +145,13 @@ func (o *observer) JobFinished(tenantID, _, model, status string, prompt, comple
 	o.mu.Unlock()
 }
 
-func (o *observer) LimiterWait(model string, _ time.Duration, requeued bool) {
+func (o *observer) LimiterWait(model string, d time.Duration, requeued bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	if requeued {
-		o.mu.Lock()
 		o.requeued[model]++
-		o.mu.Unlock()
+	} else {
+		o.slept[model] += d
 	}
 }
 
@@ -160,11 +166,12 @@ func (o *observer) Penalized(string, time.Duration)                 {}
 func (o *observer) LimitsLearned(string, int64, int64)              {}
 func (o *observer) UnpredictedRateLimit(string, []string)           {}
 
-// requeuedOf is how many jobs of model were put back for the limiter.
-func (o *observer) requeuedOf(model string) int64 {
+// waitsOf is how many jobs of model were put back for the limiter, and
+// how long the workers slept for its permits (waits that ended).
+func (o *observer) waitsOf(model string) (int64, time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.requeued[model]
+	return o.requeued[model], o.slept[model]
 }
 
 // tokens sums the tokens of the successes from..to that keep says to.
