@@ -8,8 +8,8 @@
 // the issue, the fair stack's figure, the baseline's, and whether the
 // target was met. The numbers and the command are in docs/BENCHMARKS.md.
 //
-//	go run ./bench/fairshare             # ~8 minutes
-//	go run ./bench/fairshare -quick      # ~2 minutes, smaller backlogs and windows
+//	go run ./bench/fairshare             # ~10 minutes
+//	go run ./bench/fairshare -quick      # ~5 minutes, smaller backlogs and windows (too short for the targets of share and priorities)
 package main
 
 import (
@@ -89,9 +89,9 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		quick := map[string]func(){
-			"backlog": func() { o.Backlog = 600 }, "batch-a": func() { o.BatchA = 1000 }, "batch-b": func() { o.BatchB = 20 },
+			"backlog": func() { o.Backlog = 1500 }, "batch-a": func() { o.BatchA = 2000 }, "batch-b": func() { o.BatchB = 20 },
 			"settle": func() { o.Settle = 10 * time.Second }, "cap": func() { o.Cap = 30 * time.Second },
-			"share-window": func() { o.ShareWindow = 30 * time.Second }, "conserve-window": func() { o.ConserveWindow = 15 * time.Second },
+			"share-window": func() { o.ShareWindow = 30 * time.Second }, "conserve-window": func() { o.ConserveWindow = 20 * time.Second },
 		}
 		for name, f := range quick {
 			if !set[name] {
