@@ -82,6 +82,10 @@ type Parts struct {
 	// timestamps (tests simulate a daily reset with it). Defaults to none:
 	// Redis TIME.
 	Clock func() time.Time
+	// SingleQueue leaves the fair queue out: every job goes to asynq's
+	// queues the moment it is queued, in arrival order, as before fair share
+	// between tenants (the benchmark's baseline). Defaults to false.
+	SingleQueue bool
 }
 
 // Open connects to Redis and the store (applying migrations), loads the
@@ -141,7 +145,11 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
 	a.closers = append(a.closers, a.Asynq.Close)
 	ns := queue.Namespace(env.QueueNamespace)
-	a.Queue = queue.NewClient(a.Asynq, queue.ClientOptions{Namespace: ns, Redis: a.Redis, Keys: a.Keys})
+	qo := queue.ClientOptions{Namespace: ns, Redis: a.Redis, Keys: a.Keys}
+	if parts.SingleQueue {
+		qo.Redis = nil
+	}
+	a.Queue = queue.NewClient(a.Asynq, qo)
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	a.Inspector = queue.NewInspector(in, ns)
 	a.Batches = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue, Logger: logger},
