@@ -10,18 +10,15 @@ import (
 	"mime/multipart"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
@@ -36,9 +33,6 @@ const (
 	modeFair   = "fair"     // the fair queue and its scheduler
 	modeSingle = "baseline" // app.Parts.SingleQueue: every job to asynq at once, in arrival order
 )
-
-// adminToken guards each stack's admin API, which only the run reaches.
-const adminToken = "bench-admin-token-0123456789"
 
 // The models: modelA is the one every scenario floods; modelB is the
 // second model of the scenario across models.
@@ -116,7 +110,7 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 	}
 	s.closes = append(s.closes, drop)
 
-	rdb, redisURL, err := newRedis(ctx, o.RedisURL, o.RedisDB)
+	rdb, redisURL, err := benchenv.Redis(ctx, o.RedisURL, o.RedisDB)
 	if err != nil {
 		return nil, err
 	}
@@ -139,25 +133,13 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 		return nil, err
 	}
 	s.closes = append(s.closes, func() { _ = os.RemoveAll(dir) })
-	policy := strings.NewReplacer("{{SIM}}", s.sim.BaseURL, "{{RPM}}", strconv.FormatInt(o.RPM, 10),
-		"{{TPM}}", strconv.FormatInt(o.TPM, 10)).Replace(policyYAML)
-	policyPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(policy), 0o600); err != nil {
+	policyPath, err := benchenv.WritePolicy(dir, policyYAML, s.sim.BaseURL, o.RPM, o.TPM)
+	if err != nil {
 		return nil, err
 	}
 	ns := "fair-" + testutil.RandomHex(4)
-	environ := []string{
-		"LLMQ_REDIS_URL=" + redisURL,
-		"LLMQ_DATABASE_URL=" + dsn,
-		"LLMQ_POLICY=" + policyPath,
-		"LLMQ_ADMIN_TOKEN=" + adminToken,
-		"LLMQ_KEY_PREFIX=" + ns,
-		"LLMQ_QUEUE_NAMESPACE=" + ns,
-		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
-		"LLMQ_WORKER_CONCURRENCY=" + strconv.Itoa(o.Concurrency),
-		"LLMQ_SHUTDOWN_TIMEOUT=3s",
-		"SIM_API_KEY=bench",
-	}
+	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
+		Concurrency: o.Concurrency, ShutdownTimeout: 3 * time.Second}.List()
 	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger,
 		app.Parts{Redis: rdb, SingleQueue: mode == modeSingle})
 	if err != nil {
@@ -226,7 +208,7 @@ type tenant struct {
 // newTenant creates a tenant of tier with one key, through the admin API.
 func (s *stack) newTenant(ctx context.Context, name, tier string) (*tenant, error) {
 	body, _ := json.Marshal(map[string]string{"name": name, "tier": tier})
-	status, resp, err := s.do(ctx, "POST", "/admin/v1/tenants", adminToken, "application/json", body)
+	status, resp, err := s.do(ctx, "POST", "/admin/v1/tenants", benchenv.AdminToken, "application/json", body)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +218,7 @@ func (s *stack) newTenant(ctx context.Context, name, tier string) (*tenant, erro
 	if status != http.StatusCreated || json.Unmarshal(resp, &t) != nil {
 		return nil, fmt.Errorf("create tenant: %d %s", status, resp)
 	}
-	status, resp, err = s.do(ctx, "POST", "/admin/v1/tenants/"+t.ID+"/keys", adminToken, "application/json", nil)
+	status, resp, err = s.do(ctx, "POST", "/admin/v1/tenants/"+t.ID+"/keys", benchenv.AdminToken, "application/json", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -435,30 +417,6 @@ func (s *stack) batch(ctx context.Context, t *tenant, id string) (*batchState, e
 		return nil, fmt.Errorf("get batch: %d %s", status, resp)
 	}
 	return &b, nil
-}
-
-// newRedis connects to the run's Redis database and returns the client
-// and its URL.
-func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, string, error) {
-	opt, err := redis.ParseURL(rawURL)
-	if err != nil {
-		return nil, "", fmt.Errorf("-redis: %w", err)
-	}
-	opt.DB = db
-	c := redis.NewClient(opt)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		_ = c.Close()
-		return nil, "", fmt.Errorf("redis at %s does not answer: %w", opt.Addr, err)
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		_ = c.Close()
-		return nil, "", fmt.Errorf("-redis: %w", err)
-	}
-	u.Path = "/" + strconv.Itoa(db)
-	return c, u.String(), nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
