@@ -156,13 +156,14 @@ func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *round
 // measurement is one pipeline's run of n jobs.
 type measurement struct {
 	jobs    int
-	elapsed time.Duration // first enqueue or POST to last handler return
+	elapsed time.Duration // first enqueue or POST to the last handler return (bare) or the last job seen succeeded
 	busy    time.Duration // handlers' running time, summed
 	usage
 	// post are the POST /v1/jobs round trips and postSpan the time from
 	// the first POST sent to the last answer read; none for bare asynq.
 	post     latencies
 	postSpan time.Duration
+	gets     int64 // the client's polls
 }
 
 func (m *measurement) rate() float64 { return float64(m.jobs) / m.elapsed.Seconds() }
