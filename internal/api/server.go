@@ -42,6 +42,9 @@ type Deps struct {
 	// Observer is told of jobs created and cancelled, for metrics.
 	// Defaults to none.
 	Observer Observer
+	// KeyCache keeps authenticated keys, and is told of the admin API's
+	// changes to keys and tenants. Nil reads the store at every request.
+	KeyCache *KeyCache
 }
 
 // Observer is told what the API does to jobs, for metrics; labels are
@@ -237,7 +240,7 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 			return s.authFailed(w, r, errUnauthorized)
 		}
 		sum := sha256.Sum256([]byte(token))
-		key, tenant, err := s.Store.APIKeyGetByHash(r.Context(), sum[:])
+		key, tenant, err := s.authenticate(r.Context(), sum)
 		if errors.Is(err, store.ErrNotFound) {
 			return s.authFailed(w, r, errUnauthorized)
 		}
@@ -259,6 +262,36 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		}
 		return h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
+}
+
+// authenticate returns the unrevoked key whose hash is sum and its tenant,
+// from the key cache or else the store.
+func (s *Server) authenticate(ctx context.Context, sum [32]byte) (*store.APIKey, *store.Tenant, error) {
+	if s.KeyCache == nil {
+		return s.Store.APIKeyGetByHash(ctx, sum[:])
+	}
+	key, tenant, gen, ok := s.KeyCache.get(sum)
+	if ok {
+		return key, tenant, nil
+	}
+	key, tenant, err := s.Store.APIKeyGetByHash(ctx, sum[:])
+	if err != nil {
+		return nil, nil, err
+	}
+	s.KeyCache.put(sum, key, tenant, gen)
+	return key, tenant, nil
+}
+
+// keysChanged tells every dispatcher's key cache that a key or a tenant
+// changed. The change is committed already: a failed announcement is
+// logged, and the other caches forget the entry within their TTL.
+func (s *Server) keysChanged(ctx context.Context) {
+	if s.KeyCache == nil {
+		return
+	}
+	if err := s.KeyCache.Changed(ctx); err != nil {
+		s.Logger.Error("key cache: change not announced; other dispatchers see it within the cache's TTL", "err", err)
+	}
 }
 
 // adminRoute checks the admin token in constant time (counting failures per
