@@ -23,6 +23,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -187,7 +188,7 @@ type caller struct {
 // budgetHeaders sets X-Budget-Remaining on every tenant response (dollars
 // left today, or "unlimited") and X-Budget-Warning once spend and
 // reservations pass the tier's soft limit.
-func (s *Server) budgetHeaders(w http.ResponseWriter, r *http.Request, c *caller) error {
+func (s *Server) budgetHeaders(ctx context.Context, h http.Header, c *caller) error {
 	acct, tier, err := admission.Account(s.Policy.Current(), c.tenant)
 	if err != nil {
 		return err
@@ -196,18 +197,18 @@ func (s *Server) budgetHeaders(w http.ResponseWriter, r *http.Request, c *caller
 	if s.Budgets == nil {
 		return nil
 	}
-	d, err := s.Budgets.Status(r.Context(), acct)
+	d, err := s.Budgets.Status(ctx, acct)
 	if err != nil {
 		return err
 	}
 	c.budget = d
 	if d.Unlimited {
-		w.Header().Set("X-Budget-Remaining", "unlimited")
+		h.Set("X-Budget-Remaining", "unlimited")
 		return nil
 	}
-	w.Header().Set("X-Budget-Remaining", d.Remaining.String())
+	h.Set("X-Budget-Remaining", d.Remaining.String())
 	if d.SoftLimitReached {
-		w.Header().Set("X-Budget-Warning", fmt.Sprintf("soft limit reached: $%s spent and $%s reserved of the $%s daily budget (soft limit %.0f%%)",
+		h.Set("X-Budget-Warning", fmt.Sprintf("soft limit reached: $%s spent and $%s reserved of the $%s daily budget (soft limit %.0f%%)",
 			d.Spent, d.Reserved, d.Budget, acct.SoftLimit*100))
 	}
 	return nil
@@ -252,10 +253,23 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		if subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
 			return s.authFailed(w, r, errUnauthorized)
 		}
-		limited := s.rateLimit(w, r, key, tenant)
+		// The API limit and the budget's status are independent: their
+		// scripts go to Redis in one round trip, each writing headers of
+		// its own, copied to the response once both are done.
 		c := &caller{key: key, tenant: tenant}
-		if err := s.budgetHeaders(w, r, c); err != nil && limited == nil {
-			return err
+		var limited, budgetErr error
+		limitHeaders, budgetHdrs := http.Header{}, http.Header{}
+		redisbatch.Run(r.Context(),
+			func(ctx context.Context) { limited = s.rateLimit(ctx, limitHeaders, r.Pattern, key, tenant) },
+			func(ctx context.Context) { budgetErr = s.budgetHeaders(ctx, budgetHdrs, c) })
+		out := w.Header()
+		for _, src := range []http.Header{limitHeaders, budgetHdrs} {
+			for k, v := range src {
+				out[k] = v
+			}
+		}
+		if budgetErr != nil && limited == nil {
+			return budgetErr
 		}
 		if limited != nil {
 			return limited
