@@ -270,10 +270,10 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 	vals := a.list(p.values(db.d, id, db.d.ts(db.nowUTC()))...)
 	// The conflict target names the partial unique index, so only an
 	// idempotency key is absorbed; any other conflict is an error.
-	j, err := scanJob(db.rw.QueryRowContext(ctx, `
+	j, err := db.queryJob(ctx, db.rw, `
 		INSERT INTO jobs (`+strings.Join(jobInsertColumns, ", ")+`) VALUES (`+vals+`)
 		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-		RETURNING `+jobColumns, a...))
+		RETURNING `+jobColumns, a...)
 	if err == nil {
 		return j, true, nil
 	}
@@ -342,7 +342,7 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 
 // JobGetByID returns the job, or ErrNotFound.
 func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
-	j, err := getJob(ctx, db.ro, `id = $1`, id)
+	j, err := db.queryJob(ctx, db.ro, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("job", id)
 	}
@@ -351,7 +351,7 @@ func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
 
 // JobGetForTenant returns the tenant's job; another tenant's is ErrNotFound.
 func (db *DB) JobGetForTenant(ctx context.Context, tenantID, id string) (*Job, error) {
-	j, err := getJob(ctx, db.ro, `id = $1 AND tenant_id = $2`, id, tenantID)
+	j, err := db.queryJob(ctx, db.ro, `SELECT `+jobColumns+` FROM jobs WHERE id = $1 AND tenant_id = $2`, id, tenantID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("job", id)
 	}
@@ -410,7 +410,7 @@ func jobListSQL(p *JobListParams, limit int) (string, args) {
 // matches no row it returns the job as it is, with applied=false, or
 // ErrNotFound when there is no such job (for the tenant, when tenantID is set).
 func (db *DB) transition(ctx context.Context, q querier, update string, a args, id, tenantID string) (*Job, bool, error) {
-	j, err := scanJob(q.QueryRowContext(ctx, update+` RETURNING `+jobColumns, a...))
+	j, err := db.queryJob(ctx, q, update+` RETURNING `+jobColumns, a...)
 	if err == nil {
 		return j, true, nil
 	}
