@@ -27,24 +27,34 @@ func (db *DB) queryJob(ctx context.Context, q querier, query string, a ...any) (
 	if !ok || db.d.name != "postgres" {
 		return scanJob(q.QueryRowContext(ctx, query, a...))
 	}
-	conn, err := pool.Conn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
 	var j *Job
-	err = conn.Raw(func(dc any) error {
-		c, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("store: a postgres connection of type %T", dc)
-		}
-		j, err = scanJobPgx(c.Conn().QueryRow(ctx, query, a...))
+	err := pgxOn(ctx, pool, func(c *pgx.Conn) error {
+		var err error
+		j, err = scanJobPgx(c.QueryRow(ctx, query, a...))
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, sql.ErrNoRows
 	}
 	return j, err
+}
+
+// withPgx runs fn on a connection of the write pool (Postgres only).
+func (db *DB) withPgx(ctx context.Context, fn func(*pgx.Conn) error) error { return pgxOn(ctx, db.rw, fn) }
+
+func pgxOn(ctx context.Context, pool *sql.DB, fn func(*pgx.Conn) error) error {
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		c, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("store: a postgres connection of type %T", dc)
+		}
+		return fn(c.Conn())
+	})
 }
 
 // scanJobPgx is scanJob for a pgx row of jobColumns.
