@@ -40,7 +40,9 @@ func (db *DB) queryJob(ctx context.Context, q querier, query string, a ...any) (
 }
 
 // withPgx runs fn on a connection of the write pool (Postgres only).
-func (db *DB) withPgx(ctx context.Context, fn func(*pgx.Conn) error) error { return pgxOn(ctx, db.rw, fn) }
+func (db *DB) withPgx(ctx context.Context, fn func(*pgx.Conn) error) error {
+	return pgxOn(ctx, db.rw, fn)
+}
 
 func pgxOn(ctx context.Context, pool *sql.DB, fn func(*pgx.Conn) error) error {
 	conn, err := pool.Conn(ctx)
