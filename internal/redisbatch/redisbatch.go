@@ -65,32 +65,39 @@ func Run(ctx context.Context, steps ...func(ctx context.Context)) {
 	wg.Wait()
 }
 
-// stepDone counts a step that returned; it may complete the batch.
+// stepDone counts a step that returned; it may complete the batch, which
+// this goroutine then sends.
 func (b *batch) stepDone() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.flushed {
-		return
+	var send []*held
+	if !b.flushed {
+		b.steps--
+		send = b.completeLocked()
 	}
-	b.steps--
-	b.maybeFlushLocked()
+	b.mu.Unlock()
+	b.send(send)
 }
 
-func (b *batch) maybeFlushLocked() {
-	if b.steps == 0 && len(b.held) > 0 {
-		b.flushLocked()
+// completeLocked takes what is held once every step has sent a command or
+// returned; the caller sends it, outside the lock.
+func (b *batch) completeLocked() []*held {
+	if b.steps > 0 || len(b.held) == 0 {
+		return nil
 	}
+	return b.takeLocked()
 }
 
-// flushLocked sends what is held as one pipeline, outside the lock.
-func (b *batch) flushLocked() {
+func (b *batch) takeLocked() []*held {
 	b.flushed = true
 	held := b.held
 	b.held = nil
-	go b.send(held)
+	return held
 }
 
 func (b *batch) send(held []*held) {
+	if len(held) == 0 {
+		return
+	}
 	if len(held) == 1 {
 		h := held[0]
 		_ = h.next(h.ctx, h.cmd)
@@ -111,28 +118,33 @@ func (b *batch) send(held []*held) {
 }
 
 // hold queues cmd to be sent with the others' first commands, and reports
-// false when the batch has been sent already (cmd goes on its own).
+// false when the batch has been sent already (cmd goes on its own). When cmd
+// completes the batch, this goroutine sends it before hold returns.
 func (b *batch) hold(ctx context.Context, rdb redis.UniversalClient, cmd redis.Cmder, next redis.ProcessHook) (*held, bool) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.flushed || (b.rdb != nil && b.rdb != rdb) {
+		b.mu.Unlock()
 		return nil, false
 	}
 	b.rdb = rdb
 	h := &held{ctx: context.WithoutCancel(ctx), cmd: cmd, next: next, done: make(chan struct{})}
 	b.held = append(b.held, h)
 	b.steps--
-	b.maybeFlushLocked()
+	send := b.completeLocked()
+	b.mu.Unlock()
+	b.send(send)
 	return h, true
 }
 
 // expire sends what is held when a step waited maxHold for the others.
 func (b *batch) expire() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	var send []*held
 	if !b.flushed && len(b.held) > 0 {
-		b.flushLocked()
+		send = b.takeLocked()
 	}
+	b.mu.Unlock()
+	b.send(send)
 }
 
 // Attach adds to rdb the hook that holds the commands of a Run's steps for
