@@ -10,12 +10,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
 	"strconv"
-	"strings"
+	"time"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/internal/testutil"
 
 	"github.com/llmq/llmq/internal/api"
@@ -23,9 +23,6 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/worker"
 )
-
-// adminToken guards the run's admin API, which only the run itself reaches.
-const adminToken = "bench-admin-token-0123456789"
 
 // policyYAML has one simulated provider (base_url filled in) and one model
 // and tier whose limits are far above what two cores can push: the run
@@ -94,8 +91,8 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 		return nil, err
 	}
 	closers = append(closers, func() { _ = os.RemoveAll(dir) })
-	policyPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(strings.ReplaceAll(policyYAML, "{{SIM}}", simURL)), 0o600); err != nil {
+	policyPath, err := benchenv.WritePolicy(dir, policyYAML, simURL, 0, 0) // its limits never bind
+	if err != nil {
 		return nil, err
 	}
 
@@ -104,18 +101,8 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 		return nil, err
 	}
 	ns := "bench-" + testutil.RandomHex(4)
-	environ := []string{
-		"LLMQ_REDIS_URL=" + redisURL,
-		"LLMQ_DATABASE_URL=" + dsn,
-		"LLMQ_POLICY=" + policyPath,
-		"LLMQ_ADMIN_TOKEN=" + adminToken,
-		"LLMQ_KEY_PREFIX=" + ns,
-		"LLMQ_QUEUE_NAMESPACE=" + ns,
-		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
-		"LLMQ_WORKER_CONCURRENCY=" + strconv.Itoa(r.o.perServer()),
-		"LLMQ_SHUTDOWN_TIMEOUT=5s",
-		"SIM_API_KEY=bench",
-	}
+	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
+		Concurrency: r.o.perServer(), ShutdownTimeout: 5 * time.Second}.List()
 	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
 	if err != nil {
 		return nil, err
@@ -139,7 +126,7 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 	go func() { _ = hs.Serve(ln) }()
 	closers = append(closers, func() { _ = hs.Close() })
 
-	r.target = newTarget("http://"+ln.Addr().String(), adminToken, 2*r.o.Producers)
+	r.target = newTarget("http://"+ln.Addr().String(), benchenv.AdminToken, 2*r.o.Producers)
 	closers = append(closers, r.target.close)
 
 	if err := r.createTenant(ctx); err != nil {
