@@ -176,7 +176,10 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 // startWorkers starts the stack's worker (one asynq server of the run's
 // concurrency), counting every job task it dequeues.
 func (s *stack) startWorkers() error {
-	srv, mux := s.app.WorkerServer(worker.Options{})
+	srv, mux, err := s.app.WorkerServer(worker.Options{})
+	if err != nil {
+		return err
+	}
 	mux.Use(func(h asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			if t.Type() == "llmq:job" {

@@ -133,7 +133,10 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 		return nil, err
 	}
 	for range r.o.Servers {
-		srv, mux := a.WorkerServer(worker.Options{})
+		srv, mux, err := a.WorkerServer(worker.Options{})
+		if err != nil {
+			return nil, err
+		}
 		if err := srv.Start(mux); err != nil {
 			return nil, err
 		}

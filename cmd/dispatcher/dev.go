@@ -165,7 +165,10 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	rec, stopRec := startRecorder(ctx, a, logger)
 	defer stopRec()
 
-	srv, handlers := a.WorkerServer(worker.Options{})
+	srv, handlers, err := a.WorkerServer(worker.Options{})
+	if err != nil {
+		return err
+	}
 	if err := srv.Start(handlers); err != nil {
 		return fmt.Errorf("start the embedded worker: %w", err)
 	}

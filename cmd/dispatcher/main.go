@@ -151,9 +151,13 @@ type serveOptions struct {
 // runs the policy watcher, the batch sweeper and the reconciler, until ctx
 // ends; then it drains in-flight requests for LLMQ_SHUTDOWN_TIMEOUT.
 func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Listener, logger *slog.Logger, o serveOptions) error {
+	rc, err := a.Reconciler(o.reconciler)
+	if err != nil {
+		return err
+	}
 	go a.Policy.Watch(ctx, logger)
 	go a.Batches.Run(ctx)
-	go a.Reconciler(o.reconciler).Run(ctx)
+	go rc.Run(ctx)
 	go a.Scheduler().Run(ctx)
 
 	srv := a.API()

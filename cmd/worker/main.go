@@ -117,7 +117,10 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	go func() { _ = hs.Serve(ln) }()
 	defer hs.Close()
 
-	srv, handlers := a.WorkerServer(worker.Options{})
+	srv, handlers, err := a.WorkerServer(worker.Options{})
+	if err != nil {
+		return err
+	}
 	if err := srv.Start(handlers); err != nil {
 		return fmt.Errorf("start worker: %w", err)
 	}

@@ -42,16 +42,19 @@ type TokenBucket struct {
 }
 
 // NewTokenBucket returns a TokenBucket over rdb (any redis.UniversalClient
-// fits). It panics when opts has a negative duration.
-func NewTokenBucket(rdb redis.Scripter, opts Options) *TokenBucket {
-	o := opts.withDefaults()
+// fits), or an error naming a field of opts that is invalid.
+func NewTokenBucket(rdb redis.Scripter, opts Options) (*TokenBucket, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	return &TokenBucket{
 		rdb:          rdb,
 		opts:         o,
 		probeTimeout: strconv.FormatInt(o.ProbeTimeout.Microseconds(), 10),
 		probeRetry:   strconv.FormatInt(o.ProbeRetry.Microseconds(), 10),
 		reconcileTTL: strconv.FormatInt(max(o.ReconcileTTL.Milliseconds(), 1), 10),
-	}
+	}, nil
 }
 
 // Reservation is what an allowed Reserve took. Pass it to Reconcile (the call

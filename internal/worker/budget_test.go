@@ -189,7 +189,7 @@ func TestReservationOutlivesALongCall(t *testing.T) {
 	logs := &testutil.SyncBuffer{}
 	h := worker.NewHandler(worker.Deps{
 		Store: a.Store, Policy: a.Policy, Pacer: a.Pacer, Providers: a.Providers,
-		Budgets: budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, ReservationTTL: ttl}),
+		Budgets: testutil.Must(budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, ReservationTTL: ttl})),
 		Logger:  slog.New(slog.NewTextHandler(logs, nil)),
 	}, worker.Options{})
 
