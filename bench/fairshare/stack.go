@@ -163,7 +163,10 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	hs := api.NewHTTPServer(a.API(), api.ServerOptions{})
+	hs, err := api.NewHTTPServer(a.API(), api.ServerOptions{})
+	if err != nil {
+		return nil, err
+	}
 	go func() { _ = hs.Serve(ln) }()
 	s.closes = append(s.closes, func() { _ = hs.Close() })
 	s.url = "http://" + ln.Addr().String()

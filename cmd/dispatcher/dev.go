@@ -162,7 +162,10 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer a.Close()
-	rec, stopRec := startRecorder(ctx, a, logger)
+	rec, stopRec, err := startRecorder(ctx, a, logger)
+	if err != nil {
+		return err
+	}
 	defer stopRec()
 
 	srv, handlers, err := a.WorkerServer(worker.Options{})

@@ -294,10 +294,13 @@ func (a *App) Scheduler() *scheduler.Scheduler {
 
 // WorkerServer returns the asynq server that runs jobs, and its mux.
 func (a *App) WorkerServer(opts worker.Options) (*asynq.Server, *asynq.ServeMux, error) {
-	srv := worker.NewServer(a.Redis, worker.ServerOptions{
+	srv, err := worker.NewServer(a.Redis, worker.ServerOptions{
 		Concurrency: a.Env.WorkerConcurrency, Namespace: queue.Namespace(a.Env.QueueNamespace),
 		ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
 	})
+	if err != nil {
+		return nil, nil, err
+	}
 	wh, err := a.WebhookHandler()
 	if err != nil {
 		return nil, nil, err
