@@ -1,0 +1,88 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
+)
+
+// A synchronous request that finds its model's buckets empty holds the room
+// it needs in the scope's fair queue: the scheduler releases no async job
+// into that room, so the request gets the next permit the buckets can give
+// ahead of every async job still waiting (docs/ARCHITECTURE.md).
+
+// holdScript records (or renews) a hold.
+//
+// KEYS[1] -> the scope's holds (rkeys.FairHeld)
+// ARGV[1] -> now (redisclock.Arg)
+// ARGV[2] -> the hold's id
+// ARGV[3] -> its TTL in ms
+// ARGV[4] -> tokens, ARGV[5] -> requests
+// Returns 1.
+var holdScript = redis.NewScript(redisclock.Lua + `
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[2], string.format('%d %s %s', math.floor(now / 1000) + ttl, ARGV[4], ARGV[5]))
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return 1
+`)
+
+// heldScript sums the holds in force, dropping the expired ones.
+//
+// KEYS[1] -> the scope's holds (rkeys.FairHeld)
+// ARGV[1] -> now (redisclock.Arg)
+// Returns {tokens, requests} held, as strings.
+var heldScript = redis.NewScript(redisclock.Lua + `
+local h = redis.call('HGETALL', KEYS[1])
+local tokens, requests, ms = 0, 0, math.floor(now / 1000)
+for i = 1, #h, 2 do
+  local exp, t, r = string.match(h[i + 1], '^(%d+) (%d+) (%d+)$')
+  if exp == nil or tonumber(exp) <= ms then
+    redis.call('HDEL', KEYS[1], h[i])
+  else
+    tokens, requests = tokens + tonumber(t), requests + tonumber(r)
+  end
+end
+return {tostring(tokens), tostring(requests)}
+`)
+
+// Hold keeps tokens and requests of scope's room for the synchronous request
+// id for ttl (renew it before then), until Unhold.
+func (c *Client) Hold(ctx context.Context, scope, id string, tokens, requests int64, ttl time.Duration) error {
+	if c.fair == nil {
+		return nil
+	}
+	return holdScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)},
+		redisclock.Arg(nil), id, ttl.Milliseconds(), tokens, requests).Err()
+}
+
+// Unhold gives a hold's room back to the scope's async jobs.
+func (c *Client) Unhold(ctx context.Context, scope, id string) error {
+	if c.fair == nil {
+		return nil
+	}
+	return c.fair.rdb.HDel(ctx, c.fair.keys.FairHeld(scope), id).Err()
+}
+
+// Held returns the room scope's synchronous requests hold.
+func (c *Client) Held(ctx context.Context, scope string) (tokens, requests float64, err error) {
+	if c.fair == nil {
+		return 0, 0, nil
+	}
+	v, err := heldScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)}, redisclock.Arg(nil)).StringSlice()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(v) != 2 {
+		return 0, 0, fmt.Errorf("queue: held room: %d values, want 2", len(v))
+	}
+	if _, err := fmt.Sscan(v[0]+" "+v[1], &tokens, &requests); err != nil {
+		return 0, 0, fmt.Errorf("queue: held room: %w", err)
+	}
+	return tokens, requests, nil
+}
