@@ -128,6 +128,11 @@ func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) 
 		relay = &sseRelay{w: w, out: streamTo(w, r), rc: http.NewResponseController(w), includeUsage: includeUsage}
 		call.Stream = relay.send
 	}
+	answered := false
+	call.Answer = func(resp *llm.Response) {
+		answered = true
+		a.answer(w, resp, relay)
+	}
 	res, err := a.runner.RunSync(r.Context(), call)
 	var refusal *worker.SyncRefusal
 	switch {
@@ -147,19 +152,30 @@ func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) 
 		}
 		return providerAnswer(pe)
 	}
-	resp := res.Response
-	if resp.RequestID != "" {
-		w.Header().Set("X-Request-Id", resp.RequestID)
+	if !answered {
+		a.answer(w, res.Response, relay)
 	}
+	return nil
+}
+
+// answer writes the provider's answer: the rest of a stream, or the whole
+// body, flushed at once (the job is settled and stored after).
+func (a *syncAPI) answer(w http.ResponseWriter, resp *llm.Response, relay *sseRelay) {
 	if relay != nil {
 		relay.done()
-		return nil
+		return
 	}
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(time.Minute))
-	w.Header().Set("Content-Type", "application/json")
+	h := w.Header()
+	if resp.RequestID != "" {
+		h.Set("X-Request-Id", resp.RequestID)
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(time.Minute))
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(resp.Body)
-	return nil
+	_ = rc.Flush()
 }
 
 // maxWait is the request's wait: MaxWait, or less when MaxWaitHeader asks.

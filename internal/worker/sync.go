@@ -29,6 +29,10 @@ type SyncCall struct {
 	// it must not fail when the client has gone: the call is finished and
 	// charged all the same.
 	Stream func(data []byte) error
+	// Answer, when set, is given the provider's answer as soon as it has
+	// come, before it is settled and stored, so the client does not wait for
+	// the bookkeeping. Defaults to none.
+	Answer func(*llm.Response)
 }
 
 // SyncRefusal is a synchronous request answered without the provider's
@@ -151,6 +155,9 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		if err == nil && c.Stream != nil && resp.Usage.TotalTokens == 0 {
 			// A stream that sent no usage is charged as reserved.
 			resp.Usage = llm.Usage{PromptTokens: r.call.Cost.Tokens - r.call.MaxTokens, CompletionTokens: r.call.MaxTokens, TotalTokens: r.call.Cost.Tokens}
+		}
+		if err == nil && c.Answer != nil {
+			c.Answer(resp)
 		}
 		after := h.Pacer.Done(callCtx, r.call, r.permit, pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited})
 		r.permit, r.wait = nil, after.Wait
