@@ -71,7 +71,9 @@ const streamParts = 8
 // streams a chat completion: the first chunk (the role) after the call's
 // base latency, the content in up to streamParts chunks over the time its
 // tokens take, the finish reasons, the usage chunk when asked, then [DONE].
-// The exchange finishes (its refund) when the last content is sent.
+// The exchange finishes (its refund) when the last content is sent. The
+// headers go with the first chunk, so under HeadersAtCompletion a stream's
+// counts are those of its start: they lack its own refund, never more.
 func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange, includeUsage bool) {
 	var c chunkedCompletion
 	if err := json.Unmarshal(x.body, &c); err != nil {
