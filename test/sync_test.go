@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -232,4 +233,67 @@ func sameJSON(a, b []byte) bool {
 	xa, _ := json.Marshal(x)
 	ya, _ := json.Marshal(y)
 	return bytes.Equal(xa, ya)
+}
+
+// postCancelled sends a chat request and gives up on it after d.
+func postCancelled(t *testing.T, url, key string, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(chatBody("")))
+	req.Header.Set("Authorization", "Bearer "+key)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("answered %d before the client left", resp.StatusCode)
+	}
+}
+
+// waitJob polls the tenant's newest job until it is in status want.
+func waitJob(t *testing.T, a *apptest.App, key, want string) client.Job {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var list client.List[client.Job]
+		a.Do("GET", "/v1/jobs?limit=1", key, nil).JSON(t, &list)
+		if len(list.Data) == 1 && list.Data[0].Status == want {
+			return list.Data[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("newest job %+v, want status %s", list.Data, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A client that leaves while its request waits for the rate limit cancels
+// it: no call, no charge. One that leaves mid-call leaves it to finish, and
+// it is charged once.
+func TestSyncDisconnect(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024,
+		Latency: 400 * time.Millisecond},
+		Policy: strings.Replace(apptest.PolicyYAML, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpm: 1, tpm: 300000}", 1)})
+	_, key := a.Tenant("standard")
+	// Load the tokenizer first (a job that never runs: no workers), so the
+	// call below starts within the client's patience.
+	if r := a.Do("POST", "/v1/jobs", key, map[string]any{"body": json.RawMessage(chatBody(""))}); r.Status != 202 {
+		t.Fatalf("warm-up: %d %s", r.Status, r.Body)
+	}
+	postCancelled(t, a.URL, key, 200*time.Millisecond) // mid-call
+	done := waitJob(t, a, key, "succeeded")
+	if done.CostUSD <= 0 || done.Attempts != 1 {
+		t.Fatalf("mid-call: %+v", done)
+	}
+	postCancelled(t, a.URL, key, 300*time.Millisecond) // waiting for the next minute's request
+	cancelled := waitJob(t, a, key, "cancelled")
+	if cancelled.CostUSD != 0 || cancelled.Attempts != 0 {
+		t.Fatalf("before the call: %+v", cancelled)
+	}
+	if n := a.Sim.Stats().Requests; n != 1 {
+		t.Fatalf("provider saw %d requests, want 1", n)
+	}
+	var usage client.Usage
+	a.Do("GET", "/v1/usage", key, nil).JSON(t, &usage)
+	if usage.SpentUSD != done.CostUSD || usage.ReservedUSD != 0 {
+		t.Fatalf("usage %+v, want %v spent and nothing reserved", usage, done.CostUSD)
+	}
 }

@@ -65,6 +65,7 @@ const syncRetryBase = 200 * time.Millisecond
 func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	job, started, err := h.Store.JobStart(ctx, c.JobID)
 	if err != nil {
+		h.endSync(ctx, &store.Job{ID: c.JobID}, "", err)
 		return nil, fmt.Errorf("start job %s: %w", c.JobID, err)
 	}
 	if !started {
@@ -73,17 +74,41 @@ func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) 
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", job.ID, "model", job.Model, "sync", true), left: true}
 	res, err := r.sync(ctx, c)
-	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-		// The client left before the call: no call, no charge.
+	var refusal *SyncRefusal
+	if err != nil && !errors.As(err, &refusal) {
 		r.releaseAll(ctx)
-		bg := context.WithoutCancel(ctx)
-		if _, changed, cerr := h.Store.JobCancel(bg, job.TenantID, job.ID); cerr != nil {
-			r.log.Warn("cancel a synchronous job whose client left", "err", cerr)
-		} else if changed {
-			h.Observer.JobFinished(job.TenantID, r.tier, job.Model, string(store.JobCancelled), 0, 0, 0)
-		}
+		h.endSync(ctx, job, r.tier, err)
 	}
 	return res, err
+}
+
+// endSync ends the job of a synchronous request that stopped before the
+// provider answered: cancelled when its client left (no call, no charge),
+// failed when llmq could not run it, so that no sync job stays unfinished.
+func (h *Handler) endSync(ctx context.Context, job *store.Job, tier string, cause error) {
+	bg := context.WithoutCancel(ctx)
+	if ctx.Err() != nil {
+		var err error
+		if job.TenantID == "" { // not started: read the row for its tenant
+			job, err = h.Store.JobGetByID(bg, job.ID)
+		}
+		var j *store.Job
+		changed := false
+		if err == nil {
+			j, changed, err = h.Store.JobCancel(bg, job.TenantID, job.ID)
+		}
+		if err != nil {
+			h.Logger.Warn("cancel a synchronous job whose client left", "job", job.ID, "err", err)
+		} else if changed {
+			h.Observer.JobFinished(j.TenantID, tier, j.Model, string(store.JobCancelled), 0, 0, 0)
+		}
+		return
+	}
+	if _, _, err := h.Store.JobFail(bg, &store.JobFailParams{ID: job.ID, Error: store.JobError{Type: "server_error", Code: "internal_error",
+		Message: "llmq could not run the request."}}); err != nil {
+		h.Logger.Warn("fail a synchronous job", "job", job.ID, "err", err)
+	}
+	h.Logger.Warn("synchronous request failed", "job", job.ID, "err", cause)
 }
 
 func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
