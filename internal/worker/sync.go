@@ -88,14 +88,17 @@ func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) 
 func (h *Handler) endSync(ctx context.Context, job *store.Job, tier string, cause error) {
 	bg := context.WithoutCancel(ctx)
 	if ctx.Err() != nil {
-		var err error
-		if job.TenantID == "" { // not started: read the row for its tenant
-			job, err = h.Store.JobGetByID(bg, job.ID)
+		tenant, err := job.TenantID, error(nil)
+		if tenant == "" { // not started: read the row for its tenant
+			var row *store.Job
+			if row, err = h.Store.JobGetByID(bg, job.ID); err == nil {
+				tenant = row.TenantID
+			}
 		}
 		var j *store.Job
 		changed := false
 		if err == nil {
-			j, changed, err = h.Store.JobCancel(bg, job.TenantID, job.ID)
+			j, changed, err = h.Store.JobCancel(bg, tenant, job.ID)
 		}
 		if err != nil {
 			h.Logger.Warn("cancel a synchronous job whose client left", "job", job.ID, "err", err)
