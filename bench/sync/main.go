@@ -72,7 +72,9 @@ func main() {
 }
 
 type options struct {
-	n                     int
+	n, clients, rpm, backlog int
+	loadFor                  time.Duration
+
 	latency, perToken     time.Duration
 	redisURL, databaseURL string
 }
@@ -84,6 +86,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.n, "n", 300, "calls per path and kind")
 	fs.DurationVar(&o.latency, "latency", 20*time.Millisecond, "the simulator's latency before the first token")
 	fs.DurationVar(&o.perToken, "per-token", 500*time.Microsecond, "the simulator's time per completion token")
+	fs.IntVar(&o.clients, "load-clients", 200, "synchronous clients of the under-load row; 0 skips it")
+	fs.DurationVar(&o.loadFor, "load-for", 20*time.Second, "how long the under-load row runs")
+	fs.IntVar(&o.rpm, "load-rpm", 6000, "the model's requests per minute in the under-load row (the simulator's and the policy's)")
+	fs.IntVar(&o.backlog, "load-backlog", 3000, "async jobs queued before the under-load row starts")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -96,7 +102,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	ss := sim.Start(sim.Config{Limits: sim.Limits{RPM: 10_000_000, TPM: 10_000_000_000}, DefaultMaxTokens: 1024,
 		Latency: o.latency, LatencyPerToken: o.perToken, CompletionMin: 1, CompletionMax: 1})
 	defer ss.Close()
-	llmqURL, key, stop, err := startLLMQ(ctx, o, ss.BaseURL)
+	llmqURL, key, _, stop, err := startLLMQ(ctx, o, ss.BaseURL, policyYAML)
 	if err != nil {
 		return err
 	}
@@ -144,6 +150,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	row("non-streamed call, p99", whole, 0.99)
 	row("first streamed chunk, p50", first, 0.5)
 	row("first streamed chunk, p99", first, 0.99)
+	if o.clients > 0 {
+		return underLoad(ctx, o, stdout)
+	}
 	return nil
 }
 
@@ -199,7 +208,7 @@ func call(ctx context.Context, hc *http.Client, t target, body []byte, stream bo
 
 // startLLMQ runs llmq's dispatcher in this process (API, scheduler, the
 // synchronous path) over a fresh schema and key prefix.
-func startLLMQ(ctx context.Context, o options, simURL string) (base, key string, stop func(), err error) {
+func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key string, a *app.App, stop func(), err error) {
 	var closers []func()
 	stop = func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -213,23 +222,23 @@ func startLLMQ(ctx context.Context, o options, simURL string) (base, key string,
 	}()
 	dsn, drop, err := testutil.NewSchema(ctx, o.databaseURL, "bench_")
 	if err != nil {
-		return "", "", nil, err
+		return "", "", nil, nil, err
 	}
 	closers = append(closers, drop)
 	opt, err := redis.ParseURL(o.redisURL)
 	if err != nil {
-		return "", "", nil, err
+		return "", "", nil, nil, err
 	}
 	rdb := redis.NewClient(opt)
 	closers = append(closers, func() { _ = rdb.Close() })
 	dir, err := os.MkdirTemp("", "llmq-bench-sync-")
 	if err != nil {
-		return "", "", nil, err
+		return "", "", nil, nil, err
 	}
 	closers = append(closers, func() { _ = os.RemoveAll(dir) })
 	policyPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(strings.ReplaceAll(policyYAML, "{{SIM}}", simURL)), 0o600); err != nil {
-		return "", "", nil, err
+	if err := os.WriteFile(policyPath, []byte(strings.ReplaceAll(policy, "{{SIM}}", simURL)), 0o600); err != nil {
+		return "", "", nil, nil, err
 	}
 	ns := "bench-" + testutil.RandomHex(4)
 	environ := []string{
@@ -238,22 +247,28 @@ func startLLMQ(ctx context.Context, o options, simURL string) (base, key string,
 		"LLMQ_LISTEN_ADDR=127.0.0.1:0", "LLMQ_SHUTDOWN_TIMEOUT=5s", "SIM_API_KEY=bench", "LLMQ_LOG_LEVEL=error",
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
+	a, err = app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
 	if err != nil {
-		return "", "", nil, err
+		return "", "", nil, nil, err
 	}
 	closers = append(closers, a.Close)
 	closers = append(closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", "", nil, err
+		return "", "", nil, nil, err
 	}
 	hs := api.NewHTTPServer(a.API(), api.ServerOptions{})
 	go func() { _ = hs.Serve(ln) }()
 	closers = append(closers, func() { _ = hs.Close() })
 	base = "http://" + ln.Addr().String()
+	// The scheduler releases async jobs from the fair queue, as in every
+	// dispatcher.
+	sctx, stopScheduler := context.WithCancel(context.Background())
+	schedDone := make(chan struct{})
+	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
+	closers = append(closers, func() { stopScheduler(); <-schedDone })
 	key, err = createKey(ctx, base)
-	return base, key, stop, err
+	return base, key, a, stop, err
 }
 
 func createKey(ctx context.Context, base string) (string, error) {
