@@ -67,11 +67,24 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 			return fmt.Errorf("%d async jobs not accepted", failed.Load())
 		}
 	}
-	// Let the backlog reach the model's limit.
-	time.Sleep(5 * time.Second)
+	// Let the backlog drain the model's buckets: async jobs then finish at
+	// the model's limit, and only about a second of them is released ahead.
+	perSecond := o.rpm / 60
 	asyncBefore, err := succeeded(ctx, hc, base, key)
 	if err != nil {
 		return err
+	}
+	for range 60 {
+		time.Sleep(time.Second)
+		n, err := succeeded(ctx, hc, base, key)
+		if err != nil {
+			return err
+		}
+		steady := n-asyncBefore <= perSecond*3/2 && n > 0
+		asyncBefore = n
+		if steady {
+			break
+		}
 	}
 	before := ss.Stats()
 	via := target{url: base + "/v1", auth: "Bearer " + key}
@@ -119,9 +132,9 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 	async := asyncAfter - asyncBefore
 	fmt.Fprintf(stdout, "\nunder load: %d synchronous clients for %s against a model at %d RPM, with %d async jobs queued first\n\n",
 		o.clients, o.loadFor, o.rpm, o.backlog)
-	fmt.Fprintf(stdout, "| provider calls | provider 429s | sync answered | sync refused (429, wait over) | async jobs done meanwhile | sync p50 | sync p99 |\n|---|---|---|---|---|---|---|\n")
-	fmt.Fprintf(stdout, "| %d | %d (%.2f%%) | %d | %d | %d | %s | %s |\n", calls, limited, 100*float64(limited)/float64(max(calls, 1)),
-		len(lat), refused.Load(), async, ms(lat.percentile(0.5)), ms(lat.percentile(0.99)))
+	fmt.Fprintf(stdout, "| provider calls | provider 429s | sync answered | sync refused (429, wait over) | async jobs done meanwhile | sync share of calls | sync p50 | sync p99 |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(stdout, "| %d | %d (%.2f%%) | %d | %d | %d | %.1f%% | %s | %s |\n", calls, limited, 100*float64(limited)/float64(max(calls, 1)),
+		len(lat), refused.Load(), async, 100*float64(len(lat))/float64(max(int64(len(lat))+int64(async), 1)), ms(lat.percentile(0.5)), ms(lat.percentile(0.99)))
 	return nil
 }
 
