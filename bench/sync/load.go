@@ -123,6 +123,9 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if waiting := o.backlog - asyncAfter; waiting <= 0 {
+		return fmt.Errorf("the async backlog ran out during the row (%d jobs): raise -load-backlog", o.backlog)
+	}
 	if errs.Load() > 0 {
 		return fmt.Errorf("%d synchronous calls failed, first: %v", errs.Load(), firstErr.Load())
 	}

@@ -88,8 +88,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.perToken, "per-token", 500*time.Microsecond, "the simulator's time per completion token")
 	fs.IntVar(&o.clients, "load-clients", 200, "synchronous clients of the under-load row; 0 skips it")
 	fs.DurationVar(&o.loadFor, "load-for", 20*time.Second, "how long the under-load row runs")
-	fs.IntVar(&o.rpm, "load-rpm", 6000, "the model's requests per minute in the under-load row (the simulator's and the policy's)")
-	fs.IntVar(&o.backlog, "load-backlog", 3000, "async jobs queued before the under-load row starts")
+	fs.IntVar(&o.rpm, "load-rpm", 1200, "the model's requests per minute in the under-load row (the simulator's and the policy's)")
+	fs.IntVar(&o.backlog, "load-backlog", 5000, "async jobs queued before the under-load row starts")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

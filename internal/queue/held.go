@@ -86,3 +86,14 @@ func (c *Client) Held(ctx context.Context, scope string) (tokens, requests float
 	}
 	return tokens, requests, nil
 }
+
+// Holding reports whether scope has holds (one EXISTS: the worker asks it
+// before every permit it keeps). A hold that expired counts until the
+// scheduler's next look at the scope drops it, a few seconds at most.
+func (c *Client) Holding(ctx context.Context, scope string) (bool, error) {
+	if c.fair == nil {
+		return false, nil
+	}
+	n, err := c.fair.rdb.Exists(ctx, c.fair.keys.FairHeld(scope)).Result()
+	return n > 0, err
+}

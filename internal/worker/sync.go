@@ -317,3 +317,25 @@ func (r *run) releasePermit(ctx context.Context) {
 		r.permit = nil
 	}
 }
+
+// syncYield is how long a job whose permit went to a waiting synchronous
+// request waits before it asks again.
+const syncYield = 50 * time.Millisecond
+
+// syncWaiting gives permit back when synchronous requests hold room in the
+// job's scope: they go first (docs/ARCHITECTURE.md). A job released before
+// they came would otherwise race them for every refill.
+func (r *run) syncWaiting(ctx context.Context, permit *limiter.Reservation) bool {
+	if r.h.Queue == nil {
+		return false
+	}
+	held, err := r.h.Queue.Holding(ctx, admission.ScopeName(r.call.Model))
+	if err != nil || !held {
+		return false
+	}
+	if err := r.h.Pacer.Release(ctx, permit); err != nil {
+		r.log.Warn("give a permit back to a synchronous request", "err", err)
+		return false // keep it: it is taken
+	}
+	return true
+}
