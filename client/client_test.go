@@ -11,23 +11,16 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // redisDB is the Redis database of client tests (docs/ARCHITECTURE.md).
 const redisDB = 13
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// Connection pools of the test apps' Redis and Postgres clients,
-		// and idle keep-alive connections, wind down after the tests.
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-	)
+	testutil.VerifyNoLeaks(m)
 }
 
 // setup starts a test llmq (with workers when workers > 0) and returns it

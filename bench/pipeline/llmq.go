@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,25 +10,19 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/internal/testutil"
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/llm/sim"
-	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/worker"
 )
-
-// adminToken guards the run's admin API, which only the run itself reaches.
-const adminToken = "bench-admin-token-0123456789"
 
 // policyYAML has one simulated provider (base_url filled in) and one model
 // and tier whose limits are far above what two cores can push: the run
@@ -55,42 +48,19 @@ tiers:
     api_rps: 1000000
 `
 
-// jobBody is what every producer POSTs: a small chat request.
-var jobBody = []byte(`{"body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the pipeline."}],"max_tokens":16}}`)
-
 // llmqRun is one llmq over a schema and a Redis namespace of its own, its
-// API on a loopback listener, and the simulated provider.
+// API on a loopback listener and its workers running, calling the
+// simulator.
 type llmqRun struct {
 	o      *options
 	app    *app.App
 	meter  *meter
-	url    string
-	client *http.Client
-	key    string
+	target *target
 	tenant string
 }
 
-// runLLMQ measures llmq end to end (POSTs to the last job succeeded, with
-// workers running), then POSTs alone with no workers.
-func runLLMQ(ctx context.Context, o *options, logger *slog.Logger) (e2e, api *measurement, err error) {
-	r := &llmqRun{o: o}
-	closeAll, err := r.open(ctx, logger)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer closeAll()
-
-	if e2e, err = r.endToEnd(ctx); err != nil {
-		return nil, nil, err
-	}
-	if api, err = r.apiAlone(ctx); err != nil {
-		return nil, nil, err
-	}
-	return e2e, api, nil
-}
-
 // open starts everything and returns what stops it, in reverse order.
-func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err error) {
+func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) (_ func(), err error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -116,16 +86,13 @@ func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err 
 	closers = append(closers, func() { _ = rdb.Close() })
 	r.meter = &meter{rt: rt, cpu: newCPUReader(rdb, r.o.DatabaseURL)}
 
-	ss := sim.Start(sim.Config{Limits: sim.Limits{RPM: 10_000_000, TPM: 10_000_000_000}, DefaultMaxTokens: 1024})
-	closers = append(closers, ss.Close)
-
 	dir, err := os.MkdirTemp("", "llmq-bench-")
 	if err != nil {
 		return nil, err
 	}
 	closers = append(closers, func() { _ = os.RemoveAll(dir) })
-	policyPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(strings.ReplaceAll(policyYAML, "{{SIM}}", ss.BaseURL)), 0o600); err != nil {
+	policyPath, err := benchenv.WritePolicy(dir, policyYAML, simURL, 0, 0) // its limits never bind
+	if err != nil {
 		return nil, err
 	}
 
@@ -134,18 +101,8 @@ func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err 
 		return nil, err
 	}
 	ns := "bench-" + testutil.RandomHex(4)
-	environ := []string{
-		"LLMQ_REDIS_URL=" + redisURL,
-		"LLMQ_DATABASE_URL=" + dsn,
-		"LLMQ_POLICY=" + policyPath,
-		"LLMQ_ADMIN_TOKEN=" + adminToken,
-		"LLMQ_KEY_PREFIX=" + ns,
-		"LLMQ_QUEUE_NAMESPACE=" + ns,
-		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
-		"LLMQ_WORKER_CONCURRENCY=" + strconv.Itoa(r.o.perServer()),
-		"LLMQ_SHUTDOWN_TIMEOUT=5s",
-		"SIM_API_KEY=bench",
-	}
+	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
+		Concurrency: r.o.perServer(), ShutdownTimeout: 5 * time.Second}.List()
 	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
 	if err != nil {
 		return nil, err
@@ -168,132 +125,26 @@ func (r *llmqRun) open(ctx context.Context, logger *slog.Logger) (_ func(), err 
 	hs := api.NewHTTPServer(a.API(), api.ServerOptions{}) // the dispatcher's server and limits
 	go func() { _ = hs.Serve(ln) }()
 	closers = append(closers, func() { _ = hs.Close() })
-	r.url = "http://" + ln.Addr().String()
 
-	// Go's default keeps 2 idle connections per host: the other producers
-	// would dial a new connection for every POST.
-	tr := &http.Transport{MaxIdleConns: r.o.Producers, MaxIdleConnsPerHost: r.o.Producers}
-	closers = append(closers, tr.CloseIdleConnections)
-	r.client = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	r.target = newTarget("http://"+ln.Addr().String(), benchenv.AdminToken, 2*r.o.Producers)
+	closers = append(closers, r.target.close)
 
 	if err := r.createTenant(ctx); err != nil {
 		return nil, err
 	}
-	return closeAll, nil
-}
-
-// endToEnd runs the warm-up, then Jobs jobs from the first POST to the last
-// success, and checks that every one succeeded.
-func (r *llmqRun) endToEnd(ctx context.Context) (*measurement, error) {
-	var fin finishes
 	for range r.o.Servers {
-		srv, mux := r.app.WorkerServer(worker.Options{})
-		mux.Use(fin.middleware)
+		srv, mux := a.WorkerServer(worker.Options{})
 		if err := srv.Start(mux); err != nil {
 			return nil, err
 		}
-		defer srv.Shutdown()
+		closers = append(closers, srv.Shutdown)
 	}
-
-	warm := fin.start(r.o.Warmup)
-	if _, err := r.post(ctx, r.o.Warmup); err != nil {
-		return nil, fmt.Errorf("warm-up: %w", err)
-	}
-	if err := warm.wait(ctx, r.o.Timeout); err != nil {
-		return nil, fmt.Errorf("warm-up: %w", err)
-	}
-
-	stopProfile, err := startProfiles(r.o.CPUProfile, r.o.Trace, r.o.MemProfile)
-	if err != nil {
-		return nil, err
-	}
-	defer stopProfile()
-	u := r.meter.read(ctx)
-	f := fin.start(r.o.Jobs)
-	start := time.Now()
-	res, err := r.post(ctx, r.o.Jobs)
-	if err != nil {
-		return nil, err
-	}
-	if err := f.wait(ctx, r.o.Timeout); err != nil {
-		return nil, err
-	}
-	m := &measurement{jobs: r.o.Jobs, elapsed: f.at.Sub(start), post: res.lat, postSpan: res.span}
-	m.usage = r.meter.since(ctx, u)
-	m.busy = time.Duration(f.busy.Load())
-	stopProfile()
-	if err := r.verify(ctx, res.ids); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
-// apiAlone POSTs Jobs jobs with no worker running: the API's own latency.
-// The jobs stay queued; the run's queues are deleted at the end.
-func (r *llmqRun) apiAlone(ctx context.Context) (*measurement, error) {
-	u := r.meter.read(ctx)
-	res, err := r.post(ctx, r.o.Jobs)
-	if err != nil {
-		return nil, err
-	}
-	m := &measurement{jobs: r.o.Jobs, elapsed: res.span, post: res.lat, postSpan: res.span}
-	m.usage = r.meter.since(ctx, u)
-	return m, nil
-}
-
-// posted is what a round of POSTs returned.
-type posted struct {
-	ids  []string
-	lat  latencies
-	span time.Duration // first POST sent to last answer read
-}
-
-// post POSTs n jobs from the producers, timing each round trip.
-func (r *llmqRun) post(ctx context.Context, n int) (*posted, error) {
-	res := &posted{ids: make([]string, n), lat: make(latencies, n)}
-	start := time.Now()
-	defer func() { res.span = time.Since(start) }()
-	err := produce(ctx, n, r.o.Producers, func(ctx context.Context, i int) error {
-		t0 := time.Now()
-		status, body, err := r.do(ctx, "POST", "/v1/jobs", "Bearer "+r.key, jobBody)
-		res.lat[i] = time.Since(t0)
-		if err != nil {
-			return err
-		}
-		if status != http.StatusAccepted {
-			return fmt.Errorf("POST /v1/jobs: %d %s", status, body)
-		}
-		var job struct {
-			ID string `json:"id"`
-		}
-		if err := json.Unmarshal(body, &job); err != nil || job.ID == "" {
-			return fmt.Errorf("POST /v1/jobs: no job id in %s", body)
-		}
-		res.ids[i] = job.ID
-		return nil
-	})
-	return res, err
-}
-
-func (r *llmqRun) do(ctx context.Context, method, path, auth string, body []byte) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, r.url+path, bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Authorization", auth)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := r.client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, data, err
+	return closeAll, nil
 }
 
 // createTenant makes the run's tenant and its key through the admin API.
 func (r *llmqRun) createTenant(ctx context.Context) error {
-	status, body, err := r.do(ctx, "POST", "/admin/v1/tenants", "Bearer "+adminToken, []byte(`{"name":"bench","tier":"bench"}`))
+	status, body, err := r.target.do(ctx, "POST", "/admin/v1/tenants", []byte(`{"name":"bench","tier":"bench"}`))
 	if err != nil {
 		return err
 	}
@@ -303,7 +154,7 @@ func (r *llmqRun) createTenant(ctx context.Context) error {
 	if status != http.StatusCreated || json.Unmarshal(body, &t) != nil {
 		return fmt.Errorf("create tenant: %d %s", status, body)
 	}
-	status, body, err = r.do(ctx, "POST", "/admin/v1/tenants/"+t.ID+"/keys", "Bearer "+adminToken, nil)
+	status, body, err = r.target.do(ctx, "POST", "/admin/v1/tenants/"+t.ID+"/keys", nil)
 	if err != nil {
 		return err
 	}
@@ -313,44 +164,7 @@ func (r *llmqRun) createTenant(ctx context.Context) error {
 	if status != http.StatusCreated || json.Unmarshal(body, &k) != nil || k.Key == "" {
 		return fmt.Errorf("create key: %d %s", status, body)
 	}
-	r.tenant, r.key = t.ID, k.Key
-	return nil
-}
-
-// verify checks that every job of ids succeeded, reading the tenant's
-// succeeded jobs a thousand at a time once the run is over.
-func (r *llmqRun) verify(ctx context.Context, ids []string) error {
-	succeeded := make(map[string]bool, len(ids)+r.o.Warmup)
-	after := ""
-	for {
-		page, more, err := r.app.Store.JobList(ctx, &store.JobListParams{
-			TenantID: r.tenant, Status: store.JobSucceeded, After: after, Limit: 1000})
-		if err != nil {
-			return fmt.Errorf("verify: %w", err)
-		}
-		for _, j := range page {
-			succeeded[j.ID] = true
-		}
-		if !more || len(page) == 0 {
-			break
-		}
-		after = page[len(page)-1].ID
-	}
-	missing := 0
-	example := ""
-	for _, id := range ids {
-		if !succeeded[id] {
-			missing++
-			example = id
-		}
-	}
-	if missing > 0 {
-		j, err := r.app.Store.JobGetByID(ctx, example)
-		if err != nil {
-			return fmt.Errorf("verify: %d of %d jobs did not succeed; job %s: %w", missing, len(ids), example, err)
-		}
-		return fmt.Errorf("verify: %d of %d jobs did not succeed; job %s is %s (error %v)", missing, len(ids), example, j.Status, j.Error)
-	}
+	r.tenant, r.target.key = t.ID, k.Key
 	return nil
 }
 

@@ -12,6 +12,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisbatch"
 )
 
 // finishLine counts tasks whose handler returned nil and notes when the
@@ -134,7 +136,8 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // newRedis returns a client of database db of the server at rawURL, with
-// its round trips counted.
+// its round trips counted. The commands llmq's API sends in one pipeline
+// (redisbatch) count once: the counter sees what goes to the server.
 func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *roundTrips, error) {
 	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
@@ -148,6 +151,7 @@ func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *round
 		_ = c.Close()
 		return nil, nil, fmt.Errorf("redis at %s does not answer: %w", opt.Addr, err)
 	}
+	redisbatch.Attach(c)
 	rt := &roundTrips{}
 	c.AddHook(rt)
 	return c, rt, nil
@@ -156,13 +160,14 @@ func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *round
 // measurement is one pipeline's run of n jobs.
 type measurement struct {
 	jobs    int
-	elapsed time.Duration // first enqueue or POST to last handler return
+	elapsed time.Duration // first enqueue or POST to the last handler return (bare) or the last job seen succeeded
 	busy    time.Duration // handlers' running time, summed
 	usage
 	// post are the POST /v1/jobs round trips and postSpan the time from
 	// the first POST sent to the last answer read; none for bare asynq.
 	post     latencies
 	postSpan time.Duration
+	gets     int64 // the client's polls
 }
 
 func (m *measurement) rate() float64 { return float64(m.jobs) / m.elapsed.Seconds() }

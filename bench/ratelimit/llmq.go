@@ -7,13 +7,13 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/internal/testutil"
 
 	"github.com/hibiken/asynq"
@@ -26,9 +26,6 @@ import (
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
-
-// adminToken satisfies the configuration; no API is served.
-const adminToken = "bench-admin-token-0123456789"
 
 // policyYAML has one simulated provider (base_url filled in), the one model
 // with the scenario's limits, and a tier whose budget never binds (the
@@ -66,7 +63,7 @@ func runLLMQ(ctx context.Context, o *options, sc scenario, mix *mix, bin string,
 		return nil, err
 	}
 	defer drop()
-	rdb, redisURL, err := newRedis(ctx, o.RedisURL, o.RedisDB)
+	rdb, redisURL, err := benchenv.Redis(ctx, o.RedisURL, o.RedisDB)
 	if err != nil {
 		return nil, err
 	}
@@ -77,30 +74,18 @@ func runLLMQ(ctx context.Context, o *options, sc scenario, mix *mix, bin string,
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	policy := strings.NewReplacer("{{SIM}}", srv.BaseURL,
-		"{{RPM}}", strconv.FormatInt(sc.policy*o.RPM, 10), "{{TPM}}", strconv.FormatInt(sc.policy*o.TPM, 10)).Replace(policyYAML)
-	policyPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(policy), 0o600); err != nil {
+	policyPath, err := benchenv.WritePolicy(dir, policyYAML, srv.BaseURL, sc.policy*o.RPM, sc.policy*o.TPM)
+	if err != nil {
 		return nil, err
 	}
 	ns := "bench-rl-" + testutil.RandomHex(4)
-	environ := []string{
-		"LLMQ_REDIS_URL=" + redisURL,
-		"LLMQ_DATABASE_URL=" + dsn,
-		"LLMQ_POLICY=" + policyPath,
-		"LLMQ_ADMIN_TOKEN=" + adminToken,
-		"LLMQ_KEY_PREFIX=" + ns,
-		"LLMQ_QUEUE_NAMESPACE=" + ns,
-		"LLMQ_LISTEN_ADDR=127.0.0.1:0",
-		"LLMQ_METRICS_ADDR=127.0.0.1:0", // several worker processes on one host
-		"LLMQ_WORKER_CONCURRENCY=" + strconv.Itoa(o.Concurrency),
+	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
+		Concurrency: o.Concurrency,
 		// The scenario is measured by then: jobs still waiting for a permit
 		// need not keep the next one waiting.
-		"LLMQ_SHUTDOWN_TIMEOUT=2s",
-		"LLMQ_LOG_LEVEL=warn",
-		"LLMQ_LOG_FORMAT=text",
-		"SIM_API_KEY=bench",
-	}
+		ShutdownTimeout: 2 * time.Second,
+		Extra:           []string{"LLMQ_LOG_LEVEL=warn", "LLMQ_LOG_FORMAT=text"},
+	}.List()
 	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
 	if err != nil {
 		return nil, err

@@ -4,45 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/llmq/llmq/internal/testutil"
-
-	"github.com/redis/go-redis/v9"
 )
-
-// newRedis returns a client of database db of the server at rawURL, and
-// that URL with the database number replaced, for the worker processes.
-func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, string, error) {
-	opt, err := redis.ParseURL(rawURL)
-	if err != nil {
-		return nil, "", fmt.Errorf("-redis: %w", err)
-	}
-	opt.DB = db
-	c := redis.NewClient(opt)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		_ = c.Close()
-		return nil, "", fmt.Errorf("redis at %s does not answer: %w", opt.Addr, err)
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		_ = c.Close()
-		return nil, "", fmt.Errorf("-redis: %w", err)
-	}
-	u.Path = "/" + strconv.Itoa(db)
-	return c, u.String(), nil
-}
 
 // workerBinary returns the worker binary to run: path when given, else one
 // built now from ./cmd/worker into a temporary directory (removed by

@@ -8,7 +8,7 @@
 // Usage: go run ./bench/sync [-n 300] [-latency 20ms]
 //
 // It needs Redis and PostgreSQL (LLMQ_BENCH_REDIS_URL, LLMQ_BENCH_DATABASE_URL,
-// defaulting to the local test services) and uses Redis DB 10.
+// defaulting to the local test services) and uses Redis DB 10 of it.
 package main
 
 import (
@@ -25,13 +25,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
@@ -39,7 +37,8 @@ import (
 	"github.com/llmq/llmq/internal/testutil"
 )
 
-const adminToken = "bench-admin-token-0123456789"
+// redisDB is bench/'s Redis database (docs/ARCHITECTURE.md).
+const redisDB = 10
 
 const policyYAML = `
 providers:
@@ -96,7 +95,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 || o.n < 1 {
 		return errors.New("usage: sync [-n N>0] [-latency D] [-per-token D]")
 	}
-	o.redisURL = envOr("LLMQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
+	o.redisURL = envOr("LLMQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379")
 	o.databaseURL = envOr("LLMQ_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 
 	ss := sim.Start(sim.Config{Limits: sim.Limits{RPM: 10_000_000, TPM: 10_000_000_000}, DefaultMaxTokens: 1024,
@@ -225,27 +224,22 @@ func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key
 		return "", "", nil, nil, err
 	}
 	closers = append(closers, drop)
-	opt, err := redis.ParseURL(o.redisURL)
+	rdb, redisURL, err := benchenv.Redis(ctx, o.redisURL, redisDB)
 	if err != nil {
 		return "", "", nil, nil, err
 	}
-	rdb := redis.NewClient(opt)
 	closers = append(closers, func() { _ = rdb.Close() })
 	dir, err := os.MkdirTemp("", "llmq-bench-sync-")
 	if err != nil {
 		return "", "", nil, nil, err
 	}
 	closers = append(closers, func() { _ = os.RemoveAll(dir) })
-	policyPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(strings.ReplaceAll(policy, "{{SIM}}", simURL)), 0o600); err != nil {
+	policyPath, err := benchenv.WritePolicy(dir, policy, simURL, 0, 0)
+	if err != nil {
 		return "", "", nil, nil, err
 	}
-	ns := "bench-" + testutil.RandomHex(4)
-	environ := []string{
-		"LLMQ_REDIS_URL=" + o.redisURL, "LLMQ_DATABASE_URL=" + dsn, "LLMQ_POLICY=" + policyPath,
-		"LLMQ_ADMIN_TOKEN=" + adminToken, "LLMQ_KEY_PREFIX=" + ns, "LLMQ_QUEUE_NAMESPACE=" + ns,
-		"LLMQ_LISTEN_ADDR=127.0.0.1:0", "LLMQ_SHUTDOWN_TIMEOUT=5s", "SIM_API_KEY=bench", "LLMQ_LOG_LEVEL=error",
-	}
+	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: "bench-" + testutil.RandomHex(4),
+		Concurrency: 50, ShutdownTimeout: 5 * time.Second, Extra: []string{"LLMQ_LOG_LEVEL=error"}}.List()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	a, err = app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
 	if err != nil {
@@ -274,7 +268,7 @@ func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key
 func createKey(ctx context.Context, base string) (string, error) {
 	post := func(path, body string, out any) error {
 		req, _ := http.NewRequestWithContext(ctx, "POST", base+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+adminToken)
+		req.Header.Set("Authorization", "Bearer "+benchenv.AdminToken)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -11,21 +11,16 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // redisDB is the Redis database of the command's tests (docs/ARCHITECTURE.md).
 const redisDB = 13
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-	)
+	testutil.VerifyNoLeaks(m)
 }
 
 // env is a test llmq and the environment that points llmq at it.

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/testutil"
@@ -21,12 +19,7 @@ import (
 func TestMain(m *testing.M) {
 	// A child of testutil.MainOutput is the worker program.
 	testutil.RunMainIfChild(mainMarker, "worker", main)
-	goleak.VerifyTestMain(m,
-		// Connection pools of the store and of the shared HTTP client.
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-	)
+	testutil.VerifyNoLeaks(m)
 }
 
 var metricsAt = regexp.MustCompile(`metrics on (http://\S+/metrics)`)

@@ -159,6 +159,7 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	s.keysChanged(r.Context())
 	s.Logger.Info("tenant updated", "tenant", t.ID, "tier", t.Tier)
 	writeJSON(w, http.StatusOK, renderTenant(t, false))
 	return nil
@@ -241,6 +242,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	s.keysChanged(r.Context())
 	s.Logger.Info("api key revoked", "key", k.ID)
 	writeJSON(w, http.StatusOK, renderKey(k))
 	return nil

@@ -54,6 +54,7 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	s.keysChanged(r.Context())
 	s.Logger.Info("api key updated", "key", k.ID, "api_exempt", k.APIExempt)
 	writeJSON(w, http.StatusOK, renderKey(k))
 	return nil

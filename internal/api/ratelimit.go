@@ -54,21 +54,21 @@ func keyLimits(tier *config.Tier, keyID, endpoint string) (limiter.WindowSet, bo
 // success those of the tightest window, on a 429 those of the window that
 // refused (the one that frees last), with X-RateLimit-Window naming it, and
 // X-RateLimit-Warning once a window passes the tier's api_soft_limit.
-func (s *Server) rateLimit(w http.ResponseWriter, r *http.Request, key *store.APIKey, t *store.Tenant) error {
+func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, key *store.APIKey, t *store.Tenant) error {
 	tier, ok := s.Policy.Current().Tier(t.Tier)
 	if !ok || tier.APIExempt || t.APIExempt || key.APIExempt || s.APILimiter == nil {
 		return nil
 	}
-	endpoint := endpointNames[r.Pattern]
+	endpoint := endpointNames[pattern]
 	set, own := keyLimits(tier, key.ID, endpoint)
 	var res *limiter.Result
 	var err error
 	if tier.APILease > 0 && !own {
 		// Endpoints with limits of their own are the costly, rarely called
 		// ones: they are counted per request.
-		res, err = s.leases.take(r.Context(), s.APILimiter, key.ID, set, tier.APILease)
+		res, err = s.leases.take(ctx, s.APILimiter, key.ID, set, tier.APILease)
 	} else {
-		res, err = s.APILimiter.Allow(r.Context(), set, 1)
+		res, err = s.APILimiter.Allow(ctx, set, 1)
 	}
 	if err != nil {
 		return err
@@ -78,7 +78,6 @@ func (s *Server) rateLimit(w http.ResponseWriter, r *http.Request, key *store.AP
 		return nil
 	}
 	b := res.Buckets[i]
-	h := w.Header()
 	h.Set("X-RateLimit-Limit", strconv.FormatInt(b.Limit, 10))
 	h.Set("X-RateLimit-Remaining", strconv.FormatInt(max(b.Remaining, 0), 10))
 	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(b.ResetAfter), 10))

@@ -23,6 +23,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -42,6 +43,9 @@ type Deps struct {
 	// Observer is told of jobs created and cancelled, for metrics.
 	// Defaults to none.
 	Observer Observer
+	// KeyCache keeps authenticated keys, and is told of the admin API's
+	// changes to keys and tenants. Nil reads the store at every request.
+	KeyCache *KeyCache
 }
 
 // Observer is told what the API does to jobs, for metrics; labels are
@@ -184,7 +188,7 @@ type caller struct {
 // budgetHeaders sets X-Budget-Remaining on every tenant response (dollars
 // left today, or "unlimited") and X-Budget-Warning once spend and
 // reservations pass the tier's soft limit.
-func (s *Server) budgetHeaders(w http.ResponseWriter, r *http.Request, c *caller) error {
+func (s *Server) budgetHeaders(ctx context.Context, h http.Header, c *caller) error {
 	acct, tier, err := admission.Account(s.Policy.Current(), c.tenant)
 	if err != nil {
 		return err
@@ -193,18 +197,18 @@ func (s *Server) budgetHeaders(w http.ResponseWriter, r *http.Request, c *caller
 	if s.Budgets == nil {
 		return nil
 	}
-	d, err := s.Budgets.Status(r.Context(), acct)
+	d, err := s.Budgets.Status(ctx, acct)
 	if err != nil {
 		return err
 	}
 	c.budget = d
 	if d.Unlimited {
-		w.Header().Set("X-Budget-Remaining", "unlimited")
+		h.Set("X-Budget-Remaining", "unlimited")
 		return nil
 	}
-	w.Header().Set("X-Budget-Remaining", d.Remaining.String())
+	h.Set("X-Budget-Remaining", d.Remaining.String())
 	if d.SoftLimitReached {
-		w.Header().Set("X-Budget-Warning", fmt.Sprintf("soft limit reached: $%s spent and $%s reserved of the $%s daily budget (soft limit %.0f%%)",
+		h.Set("X-Budget-Warning", fmt.Sprintf("soft limit reached: $%s spent and $%s reserved of the $%s daily budget (soft limit %.0f%%)",
 			d.Spent, d.Reserved, d.Budget, acct.SoftLimit*100))
 	}
 	return nil
@@ -237,7 +241,7 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 			return s.authFailed(w, r, errUnauthorized)
 		}
 		sum := sha256.Sum256([]byte(token))
-		key, tenant, err := s.Store.APIKeyGetByHash(r.Context(), sum[:])
+		key, tenant, err := s.authenticate(r.Context(), sum)
 		if errors.Is(err, store.ErrNotFound) {
 			return s.authFailed(w, r, errUnauthorized)
 		}
@@ -249,16 +253,59 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		if subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
 			return s.authFailed(w, r, errUnauthorized)
 		}
-		limited := s.rateLimit(w, r, key, tenant)
+		// The API limit and the budget's status are independent: their
+		// scripts go to Redis in one round trip, each writing headers of
+		// its own, copied to the response once both are done.
 		c := &caller{key: key, tenant: tenant}
-		if err := s.budgetHeaders(w, r, c); err != nil && limited == nil {
-			return err
+		var limited, budgetErr error
+		limitHeaders, budgetHdrs := http.Header{}, http.Header{}
+		redisbatch.Run(r.Context(),
+			func(ctx context.Context) { limited = s.rateLimit(ctx, limitHeaders, r.Pattern, key, tenant) },
+			func(ctx context.Context) { budgetErr = s.budgetHeaders(ctx, budgetHdrs, c) })
+		out := w.Header()
+		for _, src := range []http.Header{limitHeaders, budgetHdrs} {
+			for k, v := range src {
+				out[k] = v
+			}
+		}
+		if budgetErr != nil && limited == nil {
+			return budgetErr
 		}
 		if limited != nil {
 			return limited
 		}
 		return h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
+}
+
+// authenticate returns the unrevoked key whose hash is sum and its tenant,
+// from the key cache or else the store.
+func (s *Server) authenticate(ctx context.Context, sum [32]byte) (*store.APIKey, *store.Tenant, error) {
+	if s.KeyCache == nil {
+		return s.Store.APIKeyGetByHash(ctx, sum[:])
+	}
+	key, tenant, gen, ok := s.KeyCache.get(sum)
+	if ok {
+		return key, tenant, nil
+	}
+	key, tenant, err := s.Store.APIKeyGetByHash(ctx, sum[:])
+	if err != nil {
+		return nil, nil, err
+	}
+	s.KeyCache.put(sum, key, tenant, gen)
+	return key, tenant, nil
+}
+
+// keysChanged tells every dispatcher's key cache that a key or a tenant
+// changed. The change is committed already: a failed announcement is
+// logged, and the other caches forget the entry within their TTL.
+func (s *Server) keysChanged(ctx context.Context) {
+	if s.KeyCache == nil {
+		return
+	}
+	if err := s.KeyCache.Changed(ctx); err != nil {
+		s.Logger.Error("key cache: change not announced; other dispatchers see it within the cache's TTL", "err", err)
+	}
 }
 
 // adminRoute checks the admin token in constant time (counting failures per

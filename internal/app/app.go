@@ -25,6 +25,7 @@ import (
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/recovery"
+	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/scheduler"
 	"github.com/llmq/llmq/internal/store"
@@ -63,8 +64,10 @@ type App struct {
 	// calibration also corrects the API's estimates.
 	Pacer *pacer.Pacer
 
-	clock   func() time.Time
-	closers []func() error
+	clock func() time.Time
+	// keyCache is the API's, made by the first call of API.
+	keyCache *api.KeyCache
+	closers  []func() error
 }
 
 // Parts lets callers (the embedded default, tests) supply parts instead of
@@ -82,6 +85,10 @@ type Parts struct {
 	// timestamps (tests simulate a daily reset with it). Defaults to none:
 	// Redis TIME.
 	Clock func() time.Time
+	// SingleQueue leaves the fair queue out: every job goes to asynq's
+	// queues the moment it is queued, in arrival order, as before fair share
+	// between tenants (the benchmark's baseline). Defaults to false.
+	SingleQueue bool
 }
 
 // Open connects to Redis and the store (applying migrations), loads the
@@ -116,6 +123,8 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 		a.closers = append(a.closers, c.Close)
 		a.Redis = c
 	}
+	// The API's independent steps of a request share a round trip.
+	redisbatch.Attach(a.Redis)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := a.Redis.Ping(pingCtx).Err(); err != nil {
@@ -141,7 +150,11 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
 	a.closers = append(a.closers, a.Asynq.Close)
 	ns := queue.Namespace(env.QueueNamespace)
-	a.Queue = queue.NewClient(a.Asynq, queue.ClientOptions{Namespace: ns, Redis: a.Redis, Keys: a.Keys})
+	qo := queue.ClientOptions{Namespace: ns, Redis: a.Redis, Keys: a.Keys}
+	if parts.SingleQueue {
+		qo.Redis = nil
+	}
+	a.Queue = queue.NewClient(a.Asynq, qo)
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	a.Inspector = queue.NewInspector(in, ns)
 	a.Batches = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue, Logger: logger},
@@ -172,13 +185,26 @@ func (a *App) Ready(ctx context.Context) error {
 	return errors.Join(a.Redis.Ping(ctx).Err(), a.Store.Ping(ctx))
 }
 
-// API returns the HTTP API over the app's parts.
+// API returns the HTTP API over the app's parts. The first call subscribes
+// the app's key cache to the announcements of key changes (closed by Close);
+// if Redis refuses, the API reads the store for every key.
 func (a *App) API() *api.Server {
+	if a.keyCache == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		kc, err := api.NewKeyCache(ctx, a.Redis, a.Keys.KeyChanges(), api.KeyCacheOptions{Now: a.clock, Logger: a.Logger})
+		cancel()
+		if err != nil {
+			a.Logger.Warn("key cache off: every request reads its key from the store", "err", err)
+		} else {
+			a.keyCache = kc
+			a.closers = append(a.closers, kc.Close)
+		}
+	}
 	// Validate has parsed them already.
 	proxies, _ := a.Env.TrustedProxyPrefixes()
 	srv := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
-		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver,
+		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver, KeyCache: a.keyCache,
 	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
 		Now: a.clock, TrustedProxies: proxies})
 	srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines})

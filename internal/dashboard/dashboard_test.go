@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/dashboard"
@@ -20,6 +18,7 @@ import (
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // redisDB is the Redis database of the dashboard and metrics tests
@@ -27,13 +26,7 @@ import (
 const redisDB = 9
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// Connection pools of the test apps' Redis and Postgres clients,
-		// and idle keep-alive connections, wind down after the tests.
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-	)
+	testutil.VerifyNoLeaks(m)
 }
 
 // policy is apptest's chat model with a daily token bucket, so a seeded

@@ -129,6 +129,13 @@ func admissionProperty(t *testing.T, e *env, hold bool) {
 	slices.SortFunc(all, func(a, b admission) int { return cmp.Compare(a.at, b.at) })
 
 	run := t1.Sub(t0)
+	// Held in flight, a refill is counted only once the calls before it
+	// have reconciled: each reconcile's round trip, longer on a starved
+	// CPU, is room left unused.
+	minShare := 0.98
+	if hold {
+		minShare = 0.97
+	}
 	for _, b := range s.Buckets {
 		over, total := maxOvershoot(all, b)
 		allows := float64(b.Limit) + float64(b.Limit)*run.Seconds()/b.Period.Seconds()
@@ -137,8 +144,8 @@ func admissionProperty(t *testing.T, e *env, hold bool) {
 		if over > 1e-6*float64(b.Limit) {
 			t.Errorf("%s bucket %s: a window admitted %.6f more than capacity + refill", s.Name, b.Name, over)
 		}
-		if b.Name == binding && float64(total) < 0.98*allows {
-			t.Errorf("%s bucket %s: admitted %d < 98%% of the %.0f the limit allows", s.Name, b.Name, total, allows)
+		if b.Name == binding && float64(total) < minShare*allows {
+			t.Errorf("%s bucket %s: admitted %d < %.0f%% of the %.0f the limit allows", s.Name, b.Name, total, 100*minShare, allows)
 		}
 	}
 }

@@ -158,3 +158,7 @@ func (b Builder) Stats(minute string) string { return b.key("stats", tag(minute)
 // its absence means Redis lost its data (a restart without persistence, a
 // flush), and the reconciler then rebuilds what lived only in Redis.
 func (b Builder) Epoch() string { return b.key("epoch") }
+
+// KeyChanges is the Pub/Sub channel on which a change to a tenant key or a
+// tenant is announced, so every dispatcher's key cache forgets what it holds.
+func (b Builder) KeyChanges() string { return b.key("keychanges") }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
@@ -20,11 +19,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-	)
+	testutil.VerifyNoLeaks(m)
 }
 
 // redisDB is internal/queue's (docs/ARCHITECTURE.md); each test has its own

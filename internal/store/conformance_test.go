@@ -41,6 +41,7 @@ func runConformance(t *testing.T, open func(t *testing.T) *DB) {
 		{"JobCompleteChargesOnceConcurrently", testJobCompleteChargesOnce},
 		{"JobCompleteAfterCancelStillCharges", testJobCompleteAfterCancel},
 		{"JobCompleteWithNUL", testJobCompleteWithNUL},
+		{"JobCompleteMany", testJobCompleteMany},
 		{"CrossTenantIsolation", testCrossTenant},
 		{"JobListPages", testJobListPages},
 		{"JobListUnfinished", testJobListUnfinished},
@@ -702,6 +703,51 @@ func testJobCompleteChargesOnce(t *testing.T, db *DB) {
 	wantErr(t, err, ErrNotFound)
 	if _, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "03/01/2026"}); err == nil {
 		t.Fatal("a malformed day was accepted")
+	}
+}
+
+// JobCompleteMany: each job's outcome is its own (completed and charged, a
+// missing job's ErrNotFound, a bad day's error), a second call charges none,
+// and a job the transaction cannot hold (a NUL) does not fail the others.
+func testJobCompleteMany(t *testing.T, db *DB) {
+	ctx := t.Context()
+	ten := mkTenant(t, db)
+	a, b := mkJob(t, db, jobParams(ten.ID)), mkJob(t, db, jobParams(ten.ID))
+	body := json.RawMessage(`{"id":"chatcmpl-1","choices":[]}`)
+	ps := &JobCompleteManyParams{Jobs: []*JobCompleteParams{
+		{ID: a.ID, Day: "2026-03-01", ResponseBody: body, PromptTokens: 3, CompletionTokens: 4, Cost: 10},
+		{ID: "job_missing", Day: "2026-03-01"},
+		{ID: b.ID, Day: "2026-03-01", ResponseBody: body, Cost: 20},
+		{ID: b.ID, Day: "03/01/2026"},
+	}}
+	res, errs := db.JobCompleteMany(ctx, ps)
+	if errs[0] != nil || !res[0].Completed || !res[0].Charged || errs[2] != nil || !res[2].Completed || !res[2].Charged {
+		t.Fatalf("JobCompleteMany: %+v %+v, %v %v", res[0], res[2], errs[0], errs[2])
+	}
+	wantErr(t, errs[1], ErrNotFound)
+	if errs[3] == nil {
+		t.Fatal("a malformed day was accepted")
+	}
+	got, err := db.JobGetByID(ctx, a.ID)
+	if err != nil || got.Status != JobSucceeded || got.TotalTokens != 7 || got.Cost != 10 {
+		t.Fatalf("completed job = %+v, %v", got, err)
+	}
+	if sum, err := db.UsageSumByTenantDay(ctx, ten.ID, "2026-03-01"); err != nil || sum != 30 {
+		t.Fatalf("spend = %d, %v; want 30", sum, err)
+	}
+	res, errs = db.JobCompleteMany(ctx, &JobCompleteManyParams{Jobs: ps.Jobs[:3:3]})
+	if errs[0] != nil || res[0].Completed || res[0].Charged || errs[2] != nil || res[2].Charged {
+		t.Fatalf("a second JobCompleteMany: %+v %+v, %v %v", res[0], res[2], errs[0], errs[2])
+	}
+	c, d := mkJob(t, db, jobParams(ten.ID)), mkJob(t, db, jobParams(ten.ID))
+	res, errs = db.JobCompleteMany(ctx, &JobCompleteManyParams{Jobs: []*JobCompleteParams{
+		{ID: c.ID, Day: "2026-03-01", ResponseBody: json.RawMessage(`{"content":"a\u0000b"}`)},
+		{ID: d.ID, Day: "2026-03-01", ResponseBody: body},
+	}})
+	for i := range res {
+		if errs[i] != nil || !res[i].Completed {
+			t.Fatalf("JobCompleteMany beside a NUL: job %d: %+v, %v", i, res[i], errs[i])
+		}
 	}
 }
 

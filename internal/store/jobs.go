@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/money"
 )
@@ -276,10 +278,10 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 	vals := a.list(p.values(db.d, id, db.d.ts(db.nowUTC()))...)
 	// The conflict target names the partial unique index, so only an
 	// idempotency key is absorbed; any other conflict is an error.
-	j, err := scanJob(db.rw.QueryRowContext(ctx, `
+	j, err := db.queryJob(ctx, db.rw, `
 		INSERT INTO jobs (`+strings.Join(jobInsertColumns, ", ")+`) VALUES (`+vals+`)
 		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-		RETURNING `+jobColumns, a...))
+		RETURNING `+jobColumns, a...)
 	if err == nil {
 		return j, true, nil
 	}
@@ -348,7 +350,7 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 
 // JobGetByID returns the job, or ErrNotFound.
 func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
-	j, err := getJob(ctx, db.ro, `id = $1`, id)
+	j, err := db.queryJob(ctx, db.ro, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("job", id)
 	}
@@ -357,7 +359,7 @@ func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
 
 // JobGetForTenant returns the tenant's job; another tenant's is ErrNotFound.
 func (db *DB) JobGetForTenant(ctx context.Context, tenantID, id string) (*Job, error) {
-	j, err := getJob(ctx, db.ro, `id = $1 AND tenant_id = $2`, id, tenantID)
+	j, err := db.queryJob(ctx, db.ro, `SELECT `+jobColumns+` FROM jobs WHERE id = $1 AND tenant_id = $2`, id, tenantID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("job", id)
 	}
@@ -416,7 +418,7 @@ func jobListSQL(p *JobListParams, limit int) (string, args) {
 // matches no row it returns the job as it is, with applied=false, or
 // ErrNotFound when there is no such job (for the tenant, when tenantID is set).
 func (db *DB) transition(ctx context.Context, q querier, update string, a args, id, tenantID string) (*Job, bool, error) {
-	j, err := scanJob(q.QueryRowContext(ctx, update+` RETURNING `+jobColumns, a...))
+	j, err := db.queryJob(ctx, q, update+` RETURNING `+jobColumns, a...)
 	if err == nil {
 		return j, true, nil
 	}
@@ -554,6 +556,48 @@ type JobCompleteResult struct {
 // exactly one call reports Charged. It is on every job's path, so on
 // Postgres it is one statement (one round trip, one commit).
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
+	a, err := db.completeArgs(p)
+	if err != nil {
+		return nil, err
+	}
+	res := &JobCompleteResult{}
+	if db.d.dataModifyingCTE {
+		var completed, charged, exists int
+		err = db.rw.QueryRowContext(ctx, sqlJobComplete, a...).Scan(&completed, &charged, &exists)
+		if err == nil && exists == 0 {
+			err = notFound("job", p.ID)
+		}
+		res.Completed, res.Charged = completed == 1, charged == 1
+	} else {
+		err = db.tx(ctx, func(tx *sql.Tx) error {
+			u, err := tx.ExecContext(ctx, sqlJobCompleteUpdate, a...)
+			if err != nil {
+				return db.d.wrap(err)
+			}
+			l, err := tx.ExecContext(ctx, sqlJobCompleteInsert, a...)
+			if err != nil {
+				return db.d.wrap(err)
+			}
+			nu, _ := u.RowsAffected()
+			nl, _ := l.RowsAffected()
+			if nu == 0 && nl == 0 {
+				if _, err := getJob(ctx, tx, `id = $1`, p.ID); errors.Is(err, sql.ErrNoRows) {
+					return notFound("job", p.ID)
+				}
+			}
+			res.Completed, res.Charged = nu == 1, nl == 1
+			return nil
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: JobComplete %s: %w", p.ID, db.d.wrap(err))
+	}
+	return res, nil
+}
+
+// completeArgs checks p and returns the arguments of the JobComplete
+// statements.
+func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	if err := required("JobComplete", "ID", p.ID); err != nil {
 		return nil, err
 	}
@@ -578,55 +622,89 @@ func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 		total = p.PromptTokens + p.CompletionTokens
 	}
 	now := db.d.ts(db.nowUTC())
-	a := args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
-		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay}
-	const update = `UPDATE jobs SET status = 'succeeded', attempts = attempts + 1, error = NULL, next_run_at = NULL,
+	return args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
+		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay}, nil
+}
+
+const (
+	sqlJobCompleteUpdate = `UPDATE jobs SET status = 'succeeded', attempts = attempts + 1, error = NULL, next_run_at = NULL,
 		finished_at = $2, updated_at = $2, response_status = $3, response_body = $4, provider_request_id = $5,
 		prompt_tokens = $6, completion_tokens = $7, cached_tokens = $8, total_tokens = $9, cost_micros = $10
 		WHERE id = $1 AND ` + unfinishedSQL
 	// The ledger row copies the job's tenant, batch and model; on Postgres
 	// the SELECT sees the row as it was before the UPDATE beside it, which
 	// is the same for those columns.
-	const insert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
+	sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
 		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at)
 		SELECT id, tenant_id, batch_id, $11, $12, model, $6, $7, $8, $10, $2 FROM jobs WHERE id = $1
 		ON CONFLICT (job_id) DO NOTHING`
-	res := &JobCompleteResult{}
-	var err error
-	if db.d.dataModifyingCTE {
-		var completed, charged, exists int
-		err = db.rw.QueryRowContext(ctx, `WITH u AS (`+update+` RETURNING 1), l AS (`+insert+` RETURNING 1)
-			SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM l), (SELECT count(*) FROM jobs WHERE id = $1)`, a...).
-			Scan(&completed, &charged, &exists)
-		if err == nil && exists == 0 {
-			err = notFound("job", p.ID)
+	// sqlJobComplete is both in one statement (Postgres): whether it
+	// completed the job, charged it, and whether the job exists.
+	sqlJobComplete = `WITH u AS (` + sqlJobCompleteUpdate + ` RETURNING 1), l AS (` + sqlJobCompleteInsert + ` RETURNING 1)
+		SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM l), (SELECT count(*) FROM jobs WHERE id = $1)`
+)
+
+// JobCompleteManyParams are the successes JobCompleteMany stores together.
+type JobCompleteManyParams struct {
+	Jobs []*JobCompleteParams
+}
+
+// JobCompleteMany is JobComplete for many jobs in one transaction, so that
+// the results of jobs finishing together share one commit. Each job's
+// outcome is its own: results[i] and errs[i] are what JobComplete of
+// p.Jobs[i] would have returned. When the transaction as a whole fails (one
+// job's value refused aborts it), every job is completed on its own
+// instead. On Postgres the transaction is one round trip (a pgx batch).
+func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (results []*JobCompleteResult, errs []error) {
+	n := len(p.Jobs)
+	results, errs = make([]*JobCompleteResult, n), make([]error, n)
+	if n == 1 || !db.d.dataModifyingCTE {
+		for i, jp := range p.Jobs {
+			results[i], errs[i] = db.JobComplete(ctx, jp)
 		}
-		res.Completed, res.Charged = completed == 1, charged == 1
-	} else {
-		err = db.tx(ctx, func(tx *sql.Tx) error {
-			u, err := tx.ExecContext(ctx, update, a...)
-			if err != nil {
-				return db.d.wrap(err)
-			}
-			l, err := tx.ExecContext(ctx, insert, a...)
-			if err != nil {
-				return db.d.wrap(err)
-			}
-			nu, _ := u.RowsAffected()
-			nl, _ := l.RowsAffected()
-			if nu == 0 && nl == 0 {
-				if _, err := getJob(ctx, tx, `id = $1`, p.ID); errors.Is(err, sql.ErrNoRows) {
-					return notFound("job", p.ID)
-				}
-			}
-			res.Completed, res.Charged = nu == 1, nl == 1
-			return nil
-		})
+		return results, errs
 	}
+	all := make([]args, 0, n)
+	idx := make([]int, 0, n)
+	for i, jp := range p.Jobs {
+		a, err := db.completeArgs(jp)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		all, idx = append(all, a), append(idx, i)
+	}
+	counts := make([][3]int, len(all))
+	err := db.withPgx(ctx, func(c *pgx.Conn) error {
+		b := &pgx.Batch{}
+		for _, a := range all {
+			b.Queue(sqlJobComplete, a...)
+		}
+		// A batch without transaction statements runs as one implicit
+		// transaction: one commit for all.
+		br := c.SendBatch(ctx, b)
+		for k := range all {
+			if err := br.QueryRow().Scan(&counts[k][0], &counts[k][1], &counts[k][2]); err != nil {
+				_ = br.Close()
+				return err
+			}
+		}
+		return br.Close()
+	})
 	if err != nil {
-		return nil, fmt.Errorf("store: JobComplete %s: %w", p.ID, db.d.wrap(err))
+		for _, i := range idx {
+			results[i], errs[i] = db.JobComplete(ctx, p.Jobs[i])
+		}
+		return results, errs
 	}
-	return res, nil
+	for k, i := range idx {
+		if counts[k][2] == 0 {
+			errs[i] = fmt.Errorf("store: JobComplete %s: %w", p.Jobs[i].ID, notFound("job", p.Jobs[i].ID))
+			continue
+		}
+		results[i] = &JobCompleteResult{Completed: counts[k][0] == 1, Charged: counts[k][1] == 1}
+	}
+	return results, errs
 }
 
 // JobFailParams are why a job failed for good.

@@ -30,6 +30,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // RedisURL is the Redis server tests use.
@@ -470,4 +471,16 @@ func (c *Clock) Set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.t = t
+}
+
+// VerifyNoLeaks runs a package's tests (as its TestMain) and fails them when
+// goroutines outlive them, except those of connection pools that wind down
+// on their own after the tests: Redis and Postgres clients' sockets,
+// database/sql's opener and idle HTTP keep-alives.
+func VerifyNoLeaks(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
 }

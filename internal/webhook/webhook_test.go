@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
@@ -32,11 +31,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-	)
+	testutil.VerifyNoLeaks(m)
 }
 
 // redisDB is this package's Redis database (docs/ARCHITECTURE.md).

@@ -90,6 +90,7 @@ type Handler struct {
 	opts     Options
 	tenants  tenantCache
 	breakers *Breakers
+	commits  commits
 }
 
 // NewHandler returns a Handler.
@@ -102,7 +103,7 @@ func NewHandler(d Deps, opts Options) *Handler {
 	}
 	o := opts.withDefaults()
 	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}},
-		breakers: NewBreakers(o.Breakers, d.Observer, o.Now)}
+		breakers: NewBreakers(o.Breakers, d.Observer, o.Now), commits: commits{db: d.Store}}
 }
 
 // BreakerState returns the state of provider's circuit breaker in this
@@ -361,7 +362,7 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
 	u := resp.Usage
 	cost := r.call.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
-	res, err := r.h.Store.JobComplete(ctx, &store.JobCompleteParams{
+	res, err := r.h.commits.complete(ctx, &store.JobCompleteParams{
 		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay, ResponseStatus: resp.StatusCode, ResponseBody: resp.Body,
 		ProviderRequestID: resp.RequestID, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
 		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost,

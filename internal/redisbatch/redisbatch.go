@@ -1,0 +1,193 @@
+// Package redisbatch sends the Redis commands of independent steps of one
+// request in one round trip. Run starts each step in its own goroutine with
+// a context that marks them as one batch; the hook Attach adds to the
+// client they use holds each step's first command until every step has sent one or
+// returned, then sends the commands held as one pipeline. What a step sends
+// after that (a script loaded after NOSCRIPT, a second call) goes on its own,
+// as without a batch. The steps' code stays as it is: they need not know
+// they were batched.
+package redisbatch
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxHold bounds how long a step's command waits for the others: a step
+// stuck on something other than Redis does not hold the rest past it.
+const maxHold = 20 * time.Millisecond
+
+type ctxKey struct{}
+
+// batch is the state of one Run.
+type batch struct {
+	rdb redis.UniversalClient // the client of the first command held
+
+	mu      sync.Mutex
+	steps   int // steps that have neither sent a command nor returned
+	held    []*held
+	flushed bool
+}
+
+type held struct {
+	ctx  context.Context
+	cmd  redis.Cmder
+	next redis.ProcessHook // the rest of the client's hooks
+	done chan struct{}
+}
+
+// Run calls every step concurrently, each with a context whose first Redis
+// command (on a client Attach was given) is sent in one pipeline with the
+// others', and returns when all have returned. One step runs in the calling
+// goroutine.
+func Run(ctx context.Context, steps ...func(ctx context.Context)) {
+	if len(steps) == 1 {
+		steps[0](ctx)
+		return
+	}
+	b := &batch{steps: len(steps)}
+	bctx := context.WithValue(ctx, ctxKey{}, b)
+	var wg sync.WaitGroup
+	for _, step := range steps[1:] {
+		wg.Go(func() {
+			defer b.stepDone()
+			step(bctx)
+		})
+	}
+	func() {
+		defer b.stepDone()
+		steps[0](bctx)
+	}()
+	wg.Wait()
+}
+
+// stepDone counts a step that returned; it may complete the batch, which
+// this goroutine then sends.
+func (b *batch) stepDone() {
+	b.mu.Lock()
+	var send []*held
+	if !b.flushed {
+		b.steps--
+		send = b.completeLocked()
+	}
+	b.mu.Unlock()
+	b.send(send)
+}
+
+// completeLocked takes what is held once every step has sent a command or
+// returned; the caller sends it, outside the lock.
+func (b *batch) completeLocked() []*held {
+	if b.steps > 0 || len(b.held) == 0 {
+		return nil
+	}
+	return b.takeLocked()
+}
+
+func (b *batch) takeLocked() []*held {
+	b.flushed = true
+	held := b.held
+	b.held = nil
+	return held
+}
+
+func (b *batch) send(held []*held) {
+	if len(held) == 0 {
+		return
+	}
+	if len(held) == 1 {
+		h := held[0]
+		_ = h.next(h.ctx, h.cmd)
+		close(h.done)
+		return
+	}
+	// Each command's own context is cancelled when its step gives up;
+	// the pipeline runs under the first one's, as they share a request.
+	_, _ = b.rdb.Pipelined(held[0].ctx, func(p redis.Pipeliner) error {
+		for _, h := range held {
+			_ = p.Process(h.ctx, h.cmd)
+		}
+		return nil
+	})
+	for _, h := range held {
+		close(h.done)
+	}
+}
+
+// hold queues cmd to be sent with the others' first commands, and reports
+// false when the batch has been sent already (cmd goes on its own). When cmd
+// completes the batch, this goroutine sends it before hold returns.
+func (b *batch) hold(ctx context.Context, rdb redis.UniversalClient, cmd redis.Cmder, next redis.ProcessHook) (*held, bool) {
+	b.mu.Lock()
+	if b.flushed || (b.rdb != nil && b.rdb != rdb) {
+		b.mu.Unlock()
+		return nil, false
+	}
+	b.rdb = rdb
+	h := &held{ctx: context.WithoutCancel(ctx), cmd: cmd, next: next, done: make(chan struct{})}
+	b.held = append(b.held, h)
+	b.steps--
+	send := b.completeLocked()
+	b.mu.Unlock()
+	b.send(send)
+	return h, true
+}
+
+// expire sends what is held when a step waited maxHold for the others.
+func (b *batch) expire() {
+	b.mu.Lock()
+	var send []*held
+	if !b.flushed && len(b.held) > 0 {
+		send = b.takeLocked()
+	}
+	b.mu.Unlock()
+	b.send(send)
+}
+
+// Attach adds to rdb the hook that holds the commands of a Run's steps for
+// their pipeline; commands outside a Run pass through it untouched. A
+// client attached already is left as it is.
+func Attach(rdb redis.UniversalClient) {
+	if _, dup := attached.LoadOrStore(rdb, true); !dup {
+		rdb.AddHook(hook{rdb: rdb})
+	}
+}
+
+// attached holds the clients Attach hooked. It keeps a closed client's
+// entry: a process makes a handful of clients.
+var attached sync.Map
+
+type hook struct{ rdb redis.UniversalClient }
+
+func (hook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) { return next(ctx, network, addr) }
+}
+
+func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		b, ok := ctx.Value(ctxKey{}).(*batch)
+		if !ok {
+			return next(ctx, cmd)
+		}
+		h, ok := b.hold(ctx, k.rdb, cmd, next)
+		if !ok {
+			return next(ctx, cmd)
+		}
+		t := time.NewTimer(maxHold)
+		defer t.Stop()
+		select {
+		case <-h.done:
+		case <-t.C:
+			b.expire()
+			<-h.done
+		}
+		return cmd.Err()
+	}
+}
+
+func (hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
