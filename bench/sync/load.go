@@ -87,9 +87,16 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 		}
 	}
 	before := ss.Stats()
-	via := target{url: base + "/v1", auth: "Bearer " + key}
+	critical, err := createKey(ctx, base, "bench-critical")
+	if err != nil {
+		return err
+	}
+	// Half the callers are of a critical tenant, half of the backlog's
+	// (default priority): the critical ones go first.
+	vias := [2]target{{url: base + "/v1", auth: "Bearer " + key}, {url: base + "/v1", auth: "Bearer " + critical}}
 	var (
 		mu       sync.Mutex
+		byPrio   [2]latencies
 		lat      latencies
 		refused  atomic.Int64
 		errs     atomic.Int64
@@ -97,12 +104,12 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 	)
 	end := time.Now().Add(o.loadFor)
 	var wg sync.WaitGroup
-	for range o.clients {
+	for i := range o.clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(end) {
-				d, status, err := syncCall(ctx, hc, via)
+				d, status, err := syncCall(ctx, hc, vias[i%2])
 				switch {
 				case err != nil:
 					errs.Add(1)
@@ -112,6 +119,7 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 				default:
 					mu.Lock()
 					lat = append(lat, d)
+					byPrio[i%2] = append(byPrio[i%2], d)
 					mu.Unlock()
 				}
 			}
@@ -130,6 +138,8 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 		return fmt.Errorf("%d synchronous calls failed, first: %v", errs.Load(), firstErr.Load())
 	}
 	slices.Sort(lat)
+	slices.Sort(byPrio[0])
+	slices.Sort(byPrio[1])
 	calls := after.Requests - before.Requests
 	limited := after.RateLimited - before.RateLimited
 	async := asyncAfter - asyncBefore
@@ -138,6 +148,10 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "| provider calls | provider 429s | sync answered | sync refused (429, wait over) | async jobs done meanwhile | sync share of calls | sync p50 | sync p99 |\n|---|---|---|---|---|---|---|---|\n")
 	fmt.Fprintf(stdout, "| %d | %d (%.2f%%) | %d | %d | %d | %.1f%% | %s | %s |\n", calls, limited, 100*float64(limited)/float64(max(calls, 1)),
 		len(lat), refused.Load(), async, 100*float64(len(lat))/float64(max(int64(len(lat))+int64(async), 1)), ms(lat.percentile(0.5)), ms(lat.percentile(0.99)))
+	fmt.Fprintf(stdout, "\n| callers' priority | answered | p50 | p99 |\n|---|---|---|---|\n")
+	for k, name := range []string{"default (the backlog's)", "critical"} {
+		fmt.Fprintf(stdout, "| %s | %d | %s | %s |\n", name, len(byPrio[k]), ms(byPrio[k].percentile(0.5)), ms(byPrio[k].percentile(0.99)))
+	}
 	return nil
 }
 

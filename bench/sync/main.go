@@ -58,6 +58,11 @@ tiers:
     priority: default
     on_exhausted: defer
     api_rps: 1000000
+  - name: bench-critical
+    daily_budget_usd: 1000000
+    priority: critical
+    on_exhausted: defer
+    api_rps: 1000000
 `
 
 var chatBody = []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16}`)
@@ -261,11 +266,11 @@ func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key
 	schedDone := make(chan struct{})
 	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
 	closers = append(closers, func() { stopScheduler(); <-schedDone })
-	key, err = createKey(ctx, base)
+	key, err = createKey(ctx, base, "bench")
 	return base, key, a, stop, err
 }
 
-func createKey(ctx context.Context, base string) (string, error) {
+func createKey(ctx context.Context, base, tier string) (string, error) {
 	post := func(path, body string, out any) error {
 		req, _ := http.NewRequestWithContext(ctx, "POST", base+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+benchenv.AdminToken)
@@ -282,7 +287,7 @@ func createKey(ctx context.Context, base string) (string, error) {
 		return json.Unmarshal(b, out)
 	}
 	var t struct{ ID string }
-	if err := post("/admin/v1/tenants", `{"name":"bench","tier":"bench"}`, &t); err != nil {
+	if err := post("/admin/v1/tenants", `{"name":"bench-`+tier+`","tier":"`+tier+`"}`, &t); err != nil {
 		return "", err
 	}
 	var k struct{ Key string }
@@ -296,6 +301,9 @@ type latencies []time.Duration
 
 // percentile of sorted latencies, nearest rank.
 func (l latencies) percentile(q float64) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
 	i := int(q*float64(len(l))+0.999999) - 1
 	return l[min(max(i, 0), len(l)-1)]
 }

@@ -21,11 +21,12 @@ import (
 // ARGV[1] -> now (redisclock.Arg)
 // ARGV[2] -> the hold's id
 // ARGV[3] -> its TTL in ms
-// ARGV[4] -> tokens, ARGV[5] -> requests
+// ARGV[4] -> tokens, ARGV[5] -> requests, ARGV[6] -> the request's priority
+// weight (a higher one goes first)
 // Returns 1.
 var holdScript = redis.NewScript(redisclock.Lua + `
 local ttl = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[2], string.format('%d %s %s', math.floor(now / 1000) + ttl, ARGV[4], ARGV[5]))
+redis.call('HSET', KEYS[1], ARGV[2], string.format('%d %s %s %s', math.floor(now / 1000) + ttl, ARGV[4], ARGV[5], ARGV[6]))
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
@@ -41,7 +42,7 @@ var heldScript = redis.NewScript(redisclock.Lua + `
 local h = redis.call('HGETALL', KEYS[1])
 local tokens, requests, ms = 0, 0, math.floor(now / 1000)
 for i = 1, #h, 2 do
-  local exp, t, r = string.match(h[i + 1], '^(%d+) (%d+) (%d+)$')
+  local exp, t, r = string.match(h[i + 1], '^(%d+) (%d+) (%d+) %d+$')
   if exp == nil or tonumber(exp) <= ms then
     redis.call('HDEL', KEYS[1], h[i])
   else
@@ -51,14 +52,42 @@ end
 return {tostring(tokens), tostring(requests)}
 `)
 
+// aboveScript reports whether a hold in force outranks a priority.
+//
+// KEYS[1] -> the scope's holds (rkeys.FairHeld)
+// ARGV[1] -> now (redisclock.Arg)
+// ARGV[2] -> a priority's weight
+// Returns 1 if a hold in force has a higher weight, else 0.
+var aboveScript = redis.NewScript(redisclock.Lua + `
+local h = redis.call('HVALS', KEYS[1])
+local ms, w = math.floor(now / 1000), tonumber(ARGV[2])
+for i = 1, #h do
+  local exp, pw = string.match(h[i], '^(%d+) %d+ %d+ (%d+)$')
+  if exp ~= nil and tonumber(exp) > ms and tonumber(pw) > w then
+    return 1
+  end
+end
+return 0
+`)
+
 // Hold keeps tokens and requests of scope's room for the synchronous request
-// id for ttl (renew it before then), until Unhold.
-func (c *Client) Hold(ctx context.Context, scope, id string, tokens, requests int64, ttl time.Duration) error {
+// id of priority (a queue name) for ttl, until Unhold.
+func (c *Client) Hold(ctx context.Context, scope, id, priority string, tokens, requests int64, ttl time.Duration) error {
 	if c.fair == nil {
 		return nil
 	}
 	return holdScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)},
-		redisclock.Arg(nil), id, ttl.Milliseconds(), tokens, requests).Err()
+		redisclock.Arg(nil), id, ttl.Milliseconds(), tokens, requests, weights[priority]).Err()
+}
+
+// HeldAbove reports whether a synchronous request of a higher priority than
+// priority holds room in scope: a permit a lower one got goes to it.
+func (c *Client) HeldAbove(ctx context.Context, scope, priority string) (bool, error) {
+	if c.fair == nil {
+		return false, nil
+	}
+	n, err := aboveScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)}, redisclock.Arg(nil), weights[priority]).Int()
+	return n == 1, err
 }
 
 // Unhold gives a hold's room back to the scope's async jobs.

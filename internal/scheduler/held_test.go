@@ -22,11 +22,19 @@ func TestHeldRoomGoesFirst(t *testing.T) {
 	m, _ := w.a.Policy.Current().Model("gpt-4o-mini")
 	scope := admission.ScopeName(m)
 	ctx := context.Background()
-	if err := w.a.Queue.Hold(ctx, scope, "sync-1", 250, 1, time.Minute); err != nil {
+	if err := w.a.Queue.Hold(ctx, scope, "sync-1", queue.Default, 250, 1, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if tok, req, err := w.a.Queue.Held(ctx, scope); err != nil || tok != 250 || req != 1 {
 		t.Fatalf("held %v %v %v", tok, req, err)
+	}
+	for _, c := range []struct {
+		priority string
+		above    bool
+	}{{queue.Critical, false}, {queue.Default, false}, {queue.Low, true}, {queue.Batch, true}} {
+		if above, err := w.a.Queue.HeldAbove(ctx, scope, c.priority); err != nil || above != c.above {
+			t.Errorf("HeldAbove(%s) = %v, %v; want %v", c.priority, above, err, c.above)
+		}
 	}
 	outstanding := int64(len(w.held))
 	before := w.tokens["a"]

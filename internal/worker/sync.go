@@ -258,6 +258,9 @@ func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
 		if err != nil {
 			return fmt.Errorf("rate limiter: %w", err)
 		}
+		if res.Allowed && r.outranked(ctx, scope, res.Reservation) {
+			res.Allowed, res.RetryAfter = false, syncYield
+		}
 		if res.Allowed {
 			r.permit = res.Reservation
 			h.Observer.LimiterWait(r.job.Model, time.Since(began), false)
@@ -265,7 +268,7 @@ func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
 		}
 		if !held && h.Queue != nil && time.Now().Add(res.RetryAfter).Before(deadline) {
 			ttl := time.Until(deadline) + 5*time.Second
-			if err := h.Queue.Hold(ctx, scope, r.job.ID, r.call.Cost.Tokens, r.call.Cost.Requests, ttl); err != nil {
+			if err := h.Queue.Hold(ctx, scope, r.job.ID, r.job.Queue, r.call.Cost.Tokens, r.call.Cost.Requests, ttl); err != nil {
 				r.log.Warn("hold a synchronous request's room", "err", err)
 			} else {
 				held = true
@@ -336,6 +339,23 @@ func (r *run) syncWaiting(ctx context.Context, permit *limiter.Reservation) bool
 	if err := r.h.Pacer.Release(ctx, permit); err != nil {
 		r.log.Warn("give a permit back to a synchronous request", "err", err)
 		return false // keep it: it is taken
+	}
+	return true
+}
+
+// outranked gives permit back when a synchronous request of a higher
+// priority waits for the scope: synchronous requests go in priority order.
+func (r *run) outranked(ctx context.Context, scope string, permit *limiter.Reservation) bool {
+	if r.h.Queue == nil {
+		return false
+	}
+	above, err := r.h.Queue.HeldAbove(ctx, scope, r.job.Queue)
+	if err != nil || !above {
+		return false
+	}
+	if err := r.h.Pacer.Release(ctx, permit); err != nil {
+		r.log.Warn("give a permit back to a synchronous request of a higher priority", "err", err)
+		return false
 	}
 	return true
 }
