@@ -118,13 +118,17 @@ type Job struct {
 	FinishedAt *time.Time // when it became terminal
 	UpdatedAt  time.Time
 	NextRunAt  *time.Time // when a waiting or deferred job is due
+
+	// Sync is a request answered on its connection (POST
+	// /v1/chat/completions, /v1/embeddings): it never has an asynq task.
+	Sync bool
 }
 
 const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model, request, queue, status,
 	attempts, rate_limited, est_prompt_tokens, est_max_tokens, est_cost_micros,
 	response_status, response_body, provider_request_id, error,
 	prompt_tokens, completion_tokens, cached_tokens, total_tokens, cost_micros,
-	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at`
+	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync`
 
 func scanJob(r rowScanner) (*Job, error) {
 	var (
@@ -139,7 +143,7 @@ func scanJob(r rowScanner) (*Job, error) {
 		&responseStatus, jsonCol{&j.ResponseBody}, &providerRequestID, jsonCol{&errJSON},
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &j.Cost,
 		&webhookURL, jsonCol{&j.Metadata}, &idempotencyKey,
-		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt})
+		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt}, &j.Sync)
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +199,8 @@ type JobInsertParams struct {
 	Metadata       json.RawMessage
 	IdempotencyKey string     // optional; unique per tenant (JobInsert only)
 	NextRunAt      *time.Time // optional: when a waiting or deferred job is due
+	// Sync marks a request answered on its connection; it gets no task.
+	Sync bool
 }
 
 // jobInsertColumns are the columns JobInsert and JobInsertMany write, in the
@@ -202,7 +208,7 @@ type JobInsertParams struct {
 var jobInsertColumns = []string{"id", "tenant_id", "batch_id", "line_no", "custom_id", "endpoint", "model",
 	"request", "queue", "status", "est_prompt_tokens", "est_max_tokens", "est_cost_micros",
 	"webhook_url", "metadata", "idempotency_key", "created_at", "updated_at", "next_run_at",
-	"error", "finished_at"}
+	"error", "finished_at", "sync"}
 
 func (p *JobInsertParams) validate(method string) error {
 	refused := p.Status == JobFailed && p.Error != nil
@@ -253,7 +259,7 @@ func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 	return []any{id, p.TenantID, nullString(p.BatchID), line, nullString(p.CustomID), p.Endpoint, p.Model,
 		string(withoutNUL(request)), p.Queue, string(status), p.EstPromptTokens, p.EstMaxTokens, int64(p.EstCost),
 		nullString(p.WebhookURL), nullJSON(p.Metadata), nullString(p.IdempotencyKey), now, now, d.tsOrNull(p.NextRunAt),
-		errorJSON(p.Error), finished}
+		errorJSON(p.Error), finished, p.Sync}
 }
 
 // JobInsert creates a job. With an IdempotencyKey, a second insert with the
