@@ -9,13 +9,8 @@ import (
 // lagDelay is how far back the total a bucket took is read for a
 // reservation (lagLua): reservations made up to this long before a call may
 // reach the provider after it, and Settle counts them as possibly missing
-// from the provider's answer. Calls overtake one another by more than a
-// loopback's moment: one that opens a TLS connection arrives a few round
-// trips after one sent meanwhile on a kept-alive connection, and a starved
-// process sends late. The price is a bucket up to lagDelay's share of its
-// period below the provider's (0.4% of a minute's limit), which costs only
-// the burst a full bucket could start.
-const lagDelay = 250 * time.Millisecond
+// from the provider's answer.
+const lagDelay = 50 * time.Millisecond
 
 // learnTTL is how long a scope's hash outlives its last use once it holds
 // what the scope learned (drain, limit factor, calibration): a scope idle
