@@ -46,6 +46,9 @@ type Job struct {
 	Estimate   JobEstimate       `json:"estimate"`
 	WebhookURL *string           `json:"webhook_url"`
 	Metadata   map[string]string `json:"metadata"`
+	// Sync is true for a request answered on its connection
+	// (POST /v1/chat/completions or /v1/embeddings).
+	Sync bool `json:"sync"`
 }
 
 // JobResponse is a provider's HTTP answer to a job: the same object as the

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,14 +28,7 @@ func TestOpenAINodeSDK(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
-		// A clean clone: install the locked SDK version.
-		cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund", "--loglevel=error")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm ci in test/node: %v\n%s", err, out)
-		}
-	}
+	installNodeSDK(ctx, t, npm, dir)
 
 	// The real binaries: a dispatcher (API and batch sweeper) and a worker.
 	// Answers take 100ms: the 200 requests of the batch the script cancels
@@ -64,6 +58,25 @@ func TestOpenAINodeSDK(t *testing.T) {
 		t.Fatalf("node batch.mjs: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// nodeInstall runs npm ci once per test process, for the tests that share
+// test/node.
+var nodeInstall sync.Mutex
+
+// installNodeSDK installs the locked SDK version into dir on a clean clone.
+func installNodeSDK(ctx context.Context, t *testing.T, npm, dir string) {
+	t.Helper()
+	nodeInstall.Lock()
+	defer nodeInstall.Unlock()
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err == nil {
+		return
+	}
+	cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund", "--loglevel=error")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci in test/node: %v\n%s", err, out)
+	}
 }
 
 // lookNode finds node and npm, or fails the test saying what to install.

@@ -20,7 +20,7 @@ func TestUnknownPathIsNotFoundAndChangesNothing(t *testing.T) {
 	job := map[string]any{"body": apptest.ChatBody("hello", "", 5)}
 	for _, path := range []string{
 		"/v1/nope",
-		"/v1/chat/completions", // the provider's endpoint, not llmq's
+		"/v1/completions", // OpenAI's legacy endpoint, not served
 		"/v1/job",
 		"/v1/jobs/job_x/retry",
 	} {

@@ -39,59 +39,83 @@ type createJobRequest struct {
 var queueRank = map[string]int{queue.Critical: 3, queue.Default: 2, queue.Low: 1, queue.Batch: 0}
 
 func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
-	c := callerOf(r)
 	var req createJobRequest
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
-	idemKey := r.Header.Get("Idempotency-Key")
-	if len(idemKey) > 255 {
-		return badRequest("Idempotency-Key", "invalid_header", "Idempotency-Key is longer than 255 characters.")
-	}
-	if !utf8.ValidString(idemKey) || strings.IndexByte(idemKey, 0) >= 0 {
-		return badRequest("Idempotency-Key", "invalid_encoding", "Idempotency-Key must be UTF-8 text without NUL characters.")
-	}
-	p := s.Policy.Current()
-	acct, tier := c.acct, c.tier
-	in, err := s.validateJob(r.Context(), p, tier, &req)
+	idemKey, err := idempotencyKey(r)
 	if err != nil {
 		return err
 	}
-	est := in.est
-	if err := admission.CheckBudget(acct, est.WorstCase); err != nil {
-		return admissionError(err, "body.")
-	}
-	if tier.OnExhausted == config.OnExhaustedReject {
-		if err := s.checkBudgetNow(c.budget, est.WorstCase); err != nil {
-			return err
-		}
-	}
-	job, created, err := s.Store.JobInsert(r.Context(), &store.JobInsertParams{
-		TenantID: c.tenant.ID, CustomID: req.CustomID, Endpoint: in.endpoint, Model: est.Model.Name,
-		Request: req.Body, Queue: in.queue, EstPromptTokens: est.PromptTokens, EstMaxTokens: est.MaxTokens,
-		EstCost: est.WorstCase, WebhookURL: req.WebhookURL, Metadata: in.metadata, IdempotencyKey: idemKey,
-	})
+	job, created, err := s.admitJob(r.Context(), callerOf(r), &req, idemKey, false)
 	if err != nil {
 		return err
 	}
 	if !created {
-		if !sameRequest(job, &req, in.endpoint) {
-			return errorf(http.StatusConflict, TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
-				"This Idempotency-Key was used for a different request (job %s).", job.ID)
-		}
 		w.Header().Set("Idempotent-Replayed", "true")
 		writeJSON(w, http.StatusAccepted, RenderJob(job))
 		return nil
 	}
-	s.Observer.JobState(tier.Name, job.Model, string(job.Status))
-	s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
-	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(p, job, tier.Share)); err != nil {
+	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(s.Policy.Current(), job, callerOf(r).tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
 	writeJSON(w, http.StatusAccepted, RenderJob(job))
 	return nil
+}
+
+// idempotencyKey reads the Idempotency-Key header.
+func idempotencyKey(r *http.Request) (string, error) {
+	idemKey := r.Header.Get("Idempotency-Key")
+	if len(idemKey) > 255 {
+		return "", badRequest("Idempotency-Key", "invalid_header", "Idempotency-Key is longer than 255 characters.")
+	}
+	if !utf8.ValidString(idemKey) || strings.IndexByte(idemKey, 0) >= 0 {
+		return "", badRequest("Idempotency-Key", "invalid_encoding", "Idempotency-Key must be UTF-8 text without NUL characters.")
+	}
+	return idemKey, nil
+}
+
+// admitJob admits a job of the caller, as every job the API creates is
+// admitted (POST /v1/jobs, and the synchronous OpenAI endpoints): it
+// validates the request, estimates it, refuses what can never run or what a
+// rejecting tier's budget cannot hold now, and inserts the row. created is
+// false for an idempotent replay of the same request (the first job).
+func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest, idemKey string, sync bool) (job *store.Job, created bool, err error) {
+	p := s.Policy.Current()
+	acct, tier := c.acct, c.tier
+	in, err := s.validateJob(ctx, p, tier, req)
+	if err != nil {
+		return nil, false, err
+	}
+	est := in.est
+	if err := admission.CheckBudget(acct, est.WorstCase); err != nil {
+		return nil, false, admissionError(err, "body.")
+	}
+	if tier.OnExhausted == config.OnExhaustedReject {
+		if err := s.checkBudgetNow(c.budget, est.WorstCase); err != nil {
+			return nil, false, err
+		}
+	}
+	job, created, err = s.Store.JobInsert(ctx, &store.JobInsertParams{
+		TenantID: c.tenant.ID, CustomID: req.CustomID, Endpoint: in.endpoint, Model: est.Model.Name,
+		Request: req.Body, Queue: in.queue, EstPromptTokens: est.PromptTokens, EstMaxTokens: est.MaxTokens,
+		EstCost: est.WorstCase, WebhookURL: req.WebhookURL, Metadata: in.metadata, IdempotencyKey: idemKey, Sync: sync,
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	if !created {
+		if !sameRequest(job, req, in.endpoint) {
+			return nil, false, errorf(http.StatusConflict, TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
+				"This Idempotency-Key was used for a different request (job %s).", job.ID)
+		}
+		return job, false, nil
+	}
+	s.Observer.JobState(tier.Name, job.Model, string(job.Status))
+	s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
+	return job, true, nil
 }
 
 // validatedJob is a create-job request that can run.

@@ -58,7 +58,7 @@ func RenderJob(j *store.Job) client.Job {
 		FinishedAt: unixPtr(j.FinishedAt), NextRunAt: unixPtr(j.NextRunAt), Error: renderJobError(j.Error),
 		CostUSD:    j.Cost.USD(),
 		Estimate:   client.JobEstimate{PromptTokens: j.EstPromptTokens, MaxTokens: j.EstMaxTokens, CostUSD: j.EstCost.USD()},
-		WebhookURL: strPtr(j.WebhookURL), Metadata: metadataMap(j.Metadata),
+		WebhookURL: strPtr(j.WebhookURL), Metadata: metadataMap(j.Metadata), Sync: j.Sync,
 	}
 	if j.ResponseStatus != 0 && len(j.ResponseBody) > 0 {
 		out.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}

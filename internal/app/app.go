@@ -226,6 +226,9 @@ func (a *App) API() *api.Server {
 	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
 		Now: a.clock, TrustedProxies: proxies})
 	srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines})
+	// Synchronous requests run in the API's process, through the same
+	// handler as a worker's jobs.
+	srv.EnableSync(a.JobHandler(worker.Options{}), api.SyncOptions{MaxWait: a.Env.SyncMaxWait})
 	return srv
 }
 

@@ -113,6 +113,11 @@ type Env struct {
 	// network. Defaults to false.
 	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
 
+	// SyncMaxWait is the longest a synchronous request (POST
+	// /v1/chat/completions, /v1/embeddings) waits for its budget and rate
+	// limit before it is answered 429; a request's X-Llmq-Max-Wait header
+	// may lower it. Defaults to 60s.
+	SyncMaxWait time.Duration `env:"SYNC_MAX_WAIT" envDefault:"60s" help:"longest wait of a synchronous request before its 429" role:"dispatcher"`
 	// MaxBodyBytes caps the size of a JSON request body, in bytes.
 	// Defaults to 1048576 (1 MiB).
 	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
@@ -295,6 +300,9 @@ func (e *Env) Validate(role Role) error {
 	}
 	if e.ShutdownTimeout <= 0 {
 		return envErrorf("SHUTDOWN_TIMEOUT", "must be more than 0, got %s", e.ShutdownTimeout)
+	}
+	if e.SyncMaxWait <= 0 {
+		return envErrorf("SYNC_MAX_WAIT", "must be more than 0, got %s", e.SyncMaxWait)
 	}
 	if e.MaxBodyBytes < 1 {
 		return envErrorf("MAX_BODY_BYTES", "must be at least 1, got %d", e.MaxBodyBytes)

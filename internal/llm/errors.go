@@ -74,6 +74,9 @@ type Error struct {
 	RateLimit RateLimit
 	// Err is the underlying error (network, context, decoding), if any.
 	Err error
+	// Relayed is how many events a stream had relayed when it failed: a
+	// stream that relayed any cannot be sent again to the same client.
+	Relayed int
 }
 
 func (e *Error) Error() string {

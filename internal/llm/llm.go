@@ -27,6 +27,12 @@ type Request struct {
 	Upstream string
 	// Body is the client's request body, as validated by ParseRequest.
 	Body json.RawMessage
+	// Stream, when set, asks for a chat completion as Server-Sent Events
+	// ("stream": true, with stream_options.include_usage, so the usage
+	// always comes) and is given the data of each event as it arrives, the
+	// usage chunk included, "[DONE]" not. Call returns when the stream ends;
+	// an error from Stream ends the call with that error.
+	Stream func(data []byte) error
 }
 
 // Usage is what the provider says a call consumed.
@@ -50,6 +56,8 @@ type Response struct {
 	Usage     Usage
 	// RateLimit is what the response headers say about the provider's buckets.
 	RateLimit RateLimit
+	// Chunks counts the events a streamed answer relayed; 0 unstreamed.
+	Chunks int
 }
 
 // Provider calls one LLM provider. Implementations are safe for concurrent use.

@@ -49,8 +49,10 @@ const (
 type openAIProvider struct {
 	name    string
 	apiKey  string
+	baseURL string
 	timeout time.Duration
 	client  *openai.Client
+	http    *http.Client // for streams, which go-openai's typed chunks would rewrite
 }
 
 // NewOpenAI returns a Provider for OpenAI or any server compatible with its
@@ -116,14 +118,19 @@ func NewOpenAI(cfg OpenAIConfig) Provider {
 	return &openAIProvider{
 		name:    cfg.Name,
 		apiKey:  cfg.APIKey,
+		baseURL: oc.BaseURL,
 		timeout: cfg.Timeout,
 		client:  openai.NewClientWithConfig(oc),
+		http:    &hc,
 	}
 }
 
 func (p *openAIProvider) Name() string { return p.name }
 
 func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, error) {
+	if req.Stream != nil {
+		return p.stream(ctx, req)
+	}
 	wire, err := wireBody(req)
 	if err != nil {
 		return nil, p.refuse(err)
@@ -279,13 +286,18 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		e.Err = scrubbedError{err, p.scrub(err.Error())}
 		return e
 	}
+	classifyAnswer(e)
+	return e
+}
+
+// classifyAnswer sets the class of an error the provider answered.
+func classifyAnswer(e *Error) {
 	e.Class = Classify(e.StatusCode)
 	// OpenAI answers 429 when the account's quota or credit is exhausted:
 	// waiting for a bucket to refill will not help, so it is permanent.
 	if e.Class == ClassRateLimited && (e.Code == "insufficient_quota" || e.Type == "insufficient_quota") {
 		e.Class = ClassPermanent
 	}
-	return e
 }
 
 // scrub removes the configured API key from text that may echo it.

@@ -349,7 +349,27 @@ func eachPage[T any](list func(after string) ([]T, bool, error), id func(T) stri
 	}
 }
 
+// syncAbandonedAfter is how long a synchronous job may go unchanged before
+// it is taken for one whose process stopped: far longer than a request's
+// wait and provider call.
+const syncAbandonedAfter = 15 * time.Minute
+
 func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time, rep *Report) error {
+	if j.Sync {
+		// Its client waits on a connection, never on a task: a stopped
+		// process leaves nobody to answer, so the job only ends.
+		if now.Sub(j.UpdatedAt) < syncAbandonedAfter {
+			return nil
+		}
+		_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
+			Type: "server_error", Code: "sync_abandoned",
+			Message: "The synchronous request's process stopped before it answered.",
+		}})
+		if err == nil && applied {
+			rep.Failed++
+		}
+		return err
+	}
 	// The reference carries no share: the fair queue keeps the tenant's.
 	ref := queue.JobRef{ID: j.ID, Queue: j.Queue}
 	if r.Policy != nil {

@@ -75,6 +75,11 @@ func (b Builder) FairMembers(scope string) string { return b.FairQueue(scope) + 
 // asynq and not yet started by a worker.
 func (b Builder) FairOut(scope string) string { return b.FairQueue(scope) + "out" }
 
+// FairHeld is the hash of the room a scope's synchronous requests wait for
+// (id -> expiry, tokens, requests): the scheduler releases no async job into
+// it. Each hold expires on its own; the key expires with the last.
+func (b Builder) FairHeld(scope string) string { return b.FairQueue(scope) + "held" }
+
 // FairScopes is the set of scopes whose fair queue holds jobs, for the
 // scheduler. It has no TTL: a scope leaves it when its queue empties.
 func (b Builder) FairScopes() string { return b.key("fq", "scopes") }

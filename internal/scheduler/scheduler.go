@@ -265,6 +265,16 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 	// A job larger than what the buckets ever hold at once still goes, one
 	// at a time, once they are mostly free.
 	room.Force = full
+	// Synchronous requests waiting for this scope go first: their room is
+	// not released to async jobs.
+	tokens, requests, err := s.d.Queue.Held(ctx, scope)
+	if err != nil {
+		return room, err
+	}
+	if tokens > 0 || requests > 0 {
+		room.Tokens, room.Requests = max(room.Tokens-tokens, 0), max(room.Requests-requests, 0)
+		room.Force = false
+	}
 	return room, nil
 }
 

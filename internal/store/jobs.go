@@ -112,13 +112,17 @@ type Job struct {
 	FinishedAt *time.Time // when it became terminal
 	UpdatedAt  time.Time
 	NextRunAt  *time.Time // when a waiting or deferred job is due
+
+	// Sync is a request answered on its connection (POST
+	// /v1/chat/completions, /v1/embeddings): it never has an asynq task.
+	Sync bool
 }
 
 const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model, request, queue, status,
 	attempts, rate_limited, est_prompt_tokens, est_max_tokens, est_cost_micros,
 	response_status, response_body, provider_request_id, error,
 	prompt_tokens, completion_tokens, cached_tokens, total_tokens, cost_micros,
-	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at`
+	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync`
 
 func scanJob(r rowScanner) (*Job, error) {
 	var (
@@ -133,7 +137,7 @@ func scanJob(r rowScanner) (*Job, error) {
 		&responseStatus, jsonCol{&j.ResponseBody}, &providerRequestID, jsonCol{&errJSON},
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &j.Cost,
 		&webhookURL, jsonCol{&j.Metadata}, &idempotencyKey,
-		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt})
+		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt}, &j.Sync)
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,8 @@ type JobInsertParams struct {
 	Metadata       json.RawMessage
 	IdempotencyKey string     // optional; unique per tenant (JobInsert only)
 	NextRunAt      *time.Time // optional: when a waiting or deferred job is due
+	// Sync marks a request answered on its connection; it gets no task.
+	Sync bool
 }
 
 // jobInsertColumns are the columns JobInsert and JobInsertMany write, in the
@@ -49,7 +51,7 @@ type JobInsertParams struct {
 var jobInsertColumns = []string{"id", "tenant_id", "batch_id", "line_no", "custom_id", "endpoint", "model",
 	"request", "queue", "status", "est_prompt_tokens", "est_max_tokens", "est_cost_micros",
 	"webhook_url", "metadata", "idempotency_key", "created_at", "updated_at", "next_run_at",
-	"error", "finished_at"}
+	"error", "finished_at", "sync"}
 
 func (p *JobInsertParams) validate(method string) error {
 	refused := p.Status == JobFailed && p.Error != nil
@@ -100,7 +102,7 @@ func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 	return []any{id, p.TenantID, nullString(p.BatchID), line, nullString(p.CustomID), p.Endpoint, p.Model,
 		string(withoutNUL(request)), p.Queue, string(status), p.EstPromptTokens, p.EstMaxTokens, int64(p.EstCost),
 		nullString(p.WebhookURL), nullJSON(p.Metadata), nullString(p.IdempotencyKey), now, now, d.tsOrNull(p.NextRunAt),
-		errorJSON(p.Error), finished}
+		errorJSON(p.Error), finished, p.Sync}
 }
 
 // JobInsert creates a job. With an IdempotencyKey, a second insert with the

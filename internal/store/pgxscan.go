@@ -77,7 +77,7 @@ func scanJobPgx(r pgx.Row) (*Job, error) {
 		&responseStatus, &responseBody, &providerRequestID, &errJSON,
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &cost,
 		&webhookURL, &meta, &idempotencyKey,
-		&createdAt, &startedAt, &finishedAt, &updatedAt, &nextRunAt)
+		&createdAt, &startedAt, &finishedAt, &updatedAt, &nextRunAt, &j.Sync)
 	if err != nil {
 		return nil, err
 	}

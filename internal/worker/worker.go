@@ -333,6 +333,9 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 		if err != nil {
 			return true, fmt.Errorf("rate limiter: %w", err)
 		}
+		if res.Allowed && r.syncWaiting(ctx, res.Reservation) {
+			res.Allowed, res.RetryAfter = false, syncYield
+		}
 		if res.Allowed {
 			r.permit = res.Reservation
 			r.h.Observer.LimiterWait(r.job.Model, time.Since(began), false)

@@ -29,8 +29,10 @@ type Exchange struct {
 	model    string
 	seq      int64 // the admission log entry
 	unused   int64 // what a refund gives back
-	n        uint64
-	finished bool
+	// completion is the output tokens of an admitted request.
+	completion int64
+	n          uint64
+	finished   bool
 }
 
 // Latency is how long the call takes between Begin and Finish; 0 for a
@@ -145,6 +147,7 @@ func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 		x.body = s.embeddingResponse(n, p, prompt, emb)
 	}
 	x.unused = tokens - prompt - completion
+	x.completion = completion
 	x.latency = s.latency(n, completion)
 	x.header.Set("Content-Type", "application/json")
 	x.header.Set("Content-Length", strconv.Itoa(len(x.body)))

@@ -110,7 +110,17 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "The request body could not be read: "+err.Error(), "invalid_request_error", "", "")
 		return
 	}
+	body, stream, includeUsage, err := streamRequest(r.URL.Path, body)
+	if err != nil {
+		s.count(func(st *Stats) { st.BadRequests++ })
+		apiError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "stream", "")
+		return
+	}
 	x := s.Begin(r.URL.Path, body)
+	if stream && x.admitted {
+		s.serveStream(w, r, x, includeUsage)
+		return
+	}
 	if x.hang {
 		for k, v := range x.header {
 			w.Header()[k] = v

@@ -1,0 +1,374 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// SyncRunner runs synchronous requests: the worker's handler.
+type SyncRunner interface {
+	// RunSync runs the job of a synchronous request (worker.Handler.RunSync).
+	RunSync(ctx context.Context, c worker.SyncCall) (*worker.SyncResult, error)
+}
+
+// SyncOptions configure the synchronous OpenAI endpoints.
+type SyncOptions struct {
+	// MaxWait is the longest a request waits for its budget and rate limit
+	// (LLMQ_SYNC_MAX_WAIT); the MaxWaitHeader of a request may lower it.
+	// Defaults to 60s.
+	MaxWait time.Duration
+}
+
+// MaxWaitHeader lowers a synchronous request's wait: seconds ("2.5") or a
+// duration ("500ms").
+const MaxWaitHeader = "X-Llmq-Max-Wait"
+
+// JobIDHeader names the job of a synchronous request in its answer.
+const JobIDHeader = "X-Llmq-Job-Id"
+
+type syncAPI struct {
+	*Server
+	runner SyncRunner
+	opts   SyncOptions
+}
+
+// EnableSync serves OpenAI's own endpoints on tenant keys, so the official
+// SDKs reach llmq with base_url <llmq>/v1: POST /v1/chat/completions
+// (streamed too), POST /v1/embeddings, GET /v1/models. Each request is a
+// job of its tenant, admitted as POST /v1/jobs admits one, run by runner.
+func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) {
+	if opts.MaxWait <= 0 {
+		opts.MaxWait = 60 * time.Second
+	}
+	a := &syncAPI{Server: s, runner: runner, opts: opts}
+	t := s.tenantRoute
+	s.mux.Handle("POST "+llm.EndpointChat, t(func(w http.ResponseWriter, r *http.Request) error { return a.call(w, r, llm.EndpointChat) }))
+	s.mux.Handle("POST "+llm.EndpointEmbeddings, t(func(w http.ResponseWriter, r *http.Request) error { return a.call(w, r, llm.EndpointEmbeddings) }))
+	s.mux.Handle("GET /v1/models", t(a.listModels))
+	s.mux.Handle("GET /v1/models/{id}", t(a.getModel))
+}
+
+// model is OpenAI's model object.
+type model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (a *syncAPI) listModels(w http.ResponseWriter, r *http.Request) error {
+	p := a.Policy.Current()
+	out := make([]model, 0, len(p.Models))
+	for _, m := range p.Models {
+		out = append(out, model{ID: m.Name, Object: "model", OwnedBy: m.Provider})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	writeJSON(w, http.StatusOK, struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", out})
+	return nil
+}
+
+func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	m, ok := a.Policy.Current().Model(id)
+	if !ok {
+		return errorf(http.StatusNotFound, TypeInvalidRequest, "model_not_found", "model",
+			"The model '%.100s' does not exist or is not served here.", id)
+	}
+	writeJSON(w, http.StatusOK, model{ID: m.Name, Object: "model", OwnedBy: m.Provider})
+	return nil
+}
+
+// call serves one synchronous request to endpoint.
+func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) error {
+	var raw json.RawMessage
+	body, err := decodeJSON(w, r, a.Server.opts.MaxBodyBytes, &raw)
+	if err != nil {
+		return err
+	}
+	body, stream, includeUsage, err := streamFields(endpoint, body)
+	if err != nil {
+		return err
+	}
+	idemKey := ""
+	if !stream {
+		if idemKey, err = idempotencyKey(r); err != nil {
+			return err
+		}
+	}
+	wait, err := a.maxWait(r)
+	if err != nil {
+		return err
+	}
+	c := callerOf(r)
+	job, created, err := a.admitJob(r.Context(), c, &createJobRequest{Endpoint: endpoint, Body: body}, idemKey, true)
+	if err != nil {
+		return openAIError(err)
+	}
+	w.Header().Set(JobIDHeader, job.ID)
+	if !created {
+		return a.replay(w, job)
+	}
+	call := worker.SyncCall{JobID: job.ID, Deadline: time.Now().Add(wait)}
+	var relay *sseRelay
+	if stream {
+		relay = &sseRelay{w: w, out: streamTo(w, r), rc: http.NewResponseController(w), includeUsage: includeUsage}
+		call.Stream = relay.send
+	}
+	answered := false
+	call.Answer = func(resp *llm.Response) {
+		answered = true
+		a.answer(w, resp, relay)
+	}
+	res, err := a.runner.RunSync(r.Context(), call)
+	var refusal *worker.SyncRefusal
+	switch {
+	case errors.As(err, &refusal):
+		return &Error{Status: refusal.Status, Type: refusal.Type, Code: refusal.Code, Param: refusal.Param,
+			Message: refusal.Message, RetryAfter: refusal.RetryAfter}
+	case err != nil && r.Context().Err() != nil:
+		return nil // the client left before the call: nobody to answer
+	case err != nil:
+		return err
+	}
+	if res.ProviderError != nil {
+		pe := res.ProviderError
+		if relay != nil && relay.started {
+			relay.fail(pe)
+			return nil
+		}
+		return providerAnswer(pe)
+	}
+	if !answered {
+		a.answer(w, res.Response, relay)
+	}
+	return nil
+}
+
+// answer writes the provider's answer: the rest of a stream, or the whole
+// body, flushed at once (the job is settled and stored after).
+func (a *syncAPI) answer(w http.ResponseWriter, resp *llm.Response, relay *sseRelay) {
+	if relay != nil {
+		relay.done()
+		return
+	}
+	h := w.Header()
+	if resp.RequestID != "" {
+		h.Set("X-Request-Id", resp.RequestID)
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(time.Minute))
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(resp.Body)
+	_ = rc.Flush()
+}
+
+// maxWait is the request's wait: MaxWait, or less when MaxWaitHeader asks.
+func (a *syncAPI) maxWait(r *http.Request) (time.Duration, error) {
+	v := strings.TrimSpace(r.Header.Get(MaxWaitHeader))
+	if v == "" {
+		return a.opts.MaxWait, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		f, ferr := strconv.ParseFloat(v, 64)
+		if ferr != nil || f != f {
+			return 0, badRequest(MaxWaitHeader, "invalid_header", "%s must be seconds (\"2.5\") or a duration (\"500ms\"), got '%.50s'.", MaxWaitHeader, v)
+		}
+		d = time.Duration(f * float64(time.Second))
+	}
+	if d < 0 {
+		return 0, badRequest(MaxWaitHeader, "invalid_header", "%s must not be negative, got '%.50s'.", MaxWaitHeader, v)
+	}
+	return min(d, a.opts.MaxWait), nil
+}
+
+// streamFields reads a chat body's stream and stream_options and returns the
+// body without them: the job is the request unstreamed, admitted and stored
+// as POST /v1/jobs would (which refuses stream), and the call asks the
+// provider for the stream with its usage.
+func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsage bool, err error) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil || fields == nil {
+		return body, false, false, nil // admission names what is wrong
+	}
+	raw, has := fields["stream"]
+	opts, hasOpts := fields["stream_options"]
+	if !has && !hasOpts {
+		return body, false, false, nil
+	}
+	switch strings.TrimSpace(string(raw)) {
+	case "true":
+		stream = true
+	case "false", "null", "":
+	default:
+		return nil, false, false, badRequest("stream", "invalid_value", "'stream' must be a boolean.")
+	}
+	if stream && endpoint != llm.EndpointChat {
+		return nil, false, false, badRequest("stream", "invalid_value", "'stream' is only supported on %s.", llm.EndpointChat)
+	}
+	if hasOpts && strings.TrimSpace(string(opts)) != "null" {
+		if !stream {
+			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.")
+		}
+		var o struct {
+			IncludeUsage *bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(opts, &o); err != nil {
+			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' must be an object with a boolean include_usage.")
+		}
+		includeUsage = o.IncludeUsage != nil && *o.IncludeUsage
+	}
+	delete(fields, "stream")
+	delete(fields, "stream_options")
+	rest, err = json.Marshal(fields)
+	return rest, stream, includeUsage, err
+}
+
+// openAIError is an admission refusal as the OpenAI endpoints name it: the
+// body is the request, so a param is named without POST /v1/jobs's "body."
+// prefix, and an exhausted budget is OpenAI's insufficient_quota.
+func openAIError(err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	out := *e
+	out.Param = strings.TrimPrefix(out.Param, "body.")
+	if out.Param == "body" {
+		out.Param = ""
+	}
+	if out.Code == "budget_exhausted" && out.Status == http.StatusTooManyRequests {
+		out.Type, out.Code = "insufficient_quota", "insufficient_quota"
+	}
+	return &out
+}
+
+// replay answers an idempotent retry with the first request's answer.
+func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
+	if !job.Sync {
+		return errorf(http.StatusConflict, TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
+			"This Idempotency-Key was used for job %s, submitted to POST /v1/jobs.", job.ID)
+	}
+	w.Header().Set("Idempotent-Replayed", "true")
+	switch {
+	case job.Status == store.JobSucceeded:
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(job.ResponseStatus)
+		_, _ = w.Write(job.ResponseBody)
+		return nil
+	case job.Status.Terminal() && job.Error != nil:
+		status := job.ResponseStatus
+		if status == 0 {
+			status = http.StatusTooManyRequests
+			if job.Error.Type == TypeInvalidRequest {
+				status = http.StatusBadRequest
+			}
+		}
+		return &Error{Status: status, Type: job.Error.Type, Code: job.Error.Code, Param: job.Error.Param, Message: job.Error.Message}
+	case job.Status.Terminal():
+		return errorf(http.StatusConflict, TypeInvalidRequest, "request_cancelled", "Idempotency-Key",
+			"The request with this Idempotency-Key (job %s) was %s.", job.ID, job.Status)
+	default:
+		return &Error{Status: http.StatusConflict, Type: TypeInvalidRequest, Code: "request_in_progress", Param: "Idempotency-Key",
+			Message: "The request with this Idempotency-Key (job " + job.ID + ") is still running; retry later.", RetryAfter: time.Second}
+	}
+}
+
+// providerAnswer is the provider's refusal, with its status, as the client's
+// answer.
+func providerAnswer(pe *llm.Error) *Error {
+	e := &Error{Status: pe.StatusCode, Type: pe.Type, Code: pe.Code, Param: pe.Param, Message: pe.Message}
+	if d, ok := pe.RateLimit.Delay(); ok {
+		e.RetryAfter = d
+	}
+	if e.Status == 0 {
+		e.Status = http.StatusBadGateway
+	}
+	if e.Type == "" {
+		e.Type = TypeServer
+		if e.Status == http.StatusTooManyRequests {
+			e.Type = TypeRateLimit
+		} else if e.Status < 500 {
+			e.Type = TypeInvalidRequest
+		}
+	}
+	if e.Message == "" {
+		e.Message = http.StatusText(e.Status)
+	}
+	return e
+}
+
+// sseRelay writes a streamed answer's events to the client as they come.
+// A client that has gone is written to no more, and the call goes on: it is
+// charged once, when it ends.
+type sseRelay struct {
+	w            http.ResponseWriter
+	out          interface{ Write([]byte) (int, error) }
+	rc           *http.ResponseController
+	includeUsage bool
+	started      bool
+	gone         bool
+}
+
+func (s *sseRelay) send(data []byte) error {
+	if s.gone || (!s.includeUsage && llm.StripUsageChunk(data)) {
+		return nil
+	}
+	if !s.started {
+		s.started = true
+		h := s.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		s.w.WriteHeader(http.StatusOK)
+	}
+	buf := make([]byte, 0, len(data)+8)
+	buf = append(append(append(buf, "data: "...), data...), "\n\n"...)
+	s.write(buf)
+	return nil
+}
+
+func (s *sseRelay) write(b []byte) {
+	if s.gone {
+		return
+	}
+	if _, err := s.out.Write(b); err != nil {
+		s.gone = true
+		return
+	}
+	if err := s.rc.Flush(); err != nil {
+		s.gone = true
+	}
+}
+
+// done ends the stream; a stream that sent nothing still starts and ends.
+func (s *sseRelay) done() {
+	if !s.started {
+		s.started = true
+		s.w.Header().Set("Content-Type", "text/event-stream")
+		s.w.WriteHeader(http.StatusOK)
+	}
+	s.write([]byte("data: [DONE]\n\n"))
+}
+
+// fail ends a started stream with an error event.
+func (s *sseRelay) fail(pe *llm.Error) {
+	e := providerAnswer(pe)
+	b, _ := json.Marshal(client.Error{ErrorObject: client.ErrorObject{Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}})
+	s.write(append(append([]byte("data: "), b...), "\n\n"...))
+}

@@ -1,0 +1,169 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/internal/llm"
+)
+
+// streamRequest reads a chat body's stream and stream_options, as OpenAI
+// does, and returns the body without them: the exchange admits a stream
+// exactly as the same request unstreamed, in every counting mode.
+func streamRequest(endpoint string, body []byte) (rest []byte, stream, includeUsage bool, err error) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return body, false, false, nil // Begin refuses it
+	}
+	raw, ok := fields["stream"]
+	if !ok || string(raw) == "null" || string(raw) == "false" {
+		if so, ok := fields["stream_options"]; ok && string(so) != "null" {
+			return nil, false, false, errors.New("The 'stream_options' parameter is only allowed when 'stream' is enabled.")
+		}
+		return body, false, false, nil
+	}
+	if string(raw) != "true" {
+		return nil, false, false, errors.New("'stream' must be a boolean")
+	}
+	if endpoint != llm.EndpointChat {
+		return nil, false, false, errors.New("'stream' is not supported on " + endpoint)
+	}
+	if so, ok := fields["stream_options"]; ok && string(so) != "null" {
+		var o struct {
+			IncludeUsage *bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(so, &o); err != nil {
+			return nil, false, false, errors.New("'stream_options' must be an object with a boolean include_usage")
+		}
+		includeUsage = o.IncludeUsage != nil && *o.IncludeUsage
+	}
+	delete(fields, "stream")
+	delete(fields, "stream_options")
+	rest, _ = json.Marshal(fields)
+	return rest, true, includeUsage, nil
+}
+
+// chunkedCompletion is the part of a chat completion a stream is cut from.
+type chunkedCompletion struct {
+	ID                string          `json:"id"`
+	Created           int64           `json:"created"`
+	Model             string          `json:"model"`
+	SystemFingerprint string          `json:"system_fingerprint"`
+	Usage             json.RawMessage `json:"usage"`
+	Choices           []struct {
+		Index   int `json:"index"`
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+}
+
+// streamParts is how many content chunks each choice is sent in, at most.
+const streamParts = 8
+
+// serveStream answers an admitted exchange as Server-Sent Events, as OpenAI
+// streams a chat completion: the first chunk (the role) after the call's
+// base latency, the content in up to streamParts chunks over the time its
+// tokens take, the finish reasons, the usage chunk when asked, then [DONE].
+// The exchange finishes (its refund) when the last content is sent. The
+// headers go with the first chunk, so under HeadersAtCompletion a stream's
+// counts are those of its start: they lack its own refund, never more.
+func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange, includeUsage bool) {
+	var c chunkedCompletion
+	if err := json.Unmarshal(x.body, &c); err != nil {
+		x.Finish()
+		apiError(w, http.StatusInternalServerError, "The simulator could not cut its answer into chunks.", "server_error", "", "")
+		return
+	}
+	perToken := time.Duration(x.completion) * s.cfg.LatencyPerToken
+	if !s.wait(r, x.latency-perToken) {
+		x.Finish()
+		return
+	}
+	for k, v := range x.header {
+		w.Header()[k] = v
+	}
+	w.Header().Del("Content-Length")
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	usageField := ""
+	if includeUsage {
+		usageField = `,"usage":null`
+	}
+	send := func(choices string, extra string) bool {
+		var b bytes.Buffer
+		fmt.Fprintf(&b, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":%q,"choices":[%s]%s}`+"\n\n",
+			c.ID, c.Created, c.Model, c.SystemFingerprint, choices, extra)
+		if _, err := w.Write(b.Bytes()); err != nil {
+			return false
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return true
+	}
+	choice := func(i int, delta, finish string) string {
+		return fmt.Sprintf(`{"index":%d,"delta":%s,"logprobs":null,"finish_reason":%s}`, i, delta, finish)
+	}
+	for _, ch := range c.Choices {
+		if !send(choice(ch.Index, `{"role":"assistant","content":"","refusal":null}`, "null"), usageField) {
+			x.Finish()
+			return
+		}
+	}
+	parts := make([][]string, len(c.Choices))
+	for i, ch := range c.Choices {
+		parts[i] = split(ch.Message.Content, streamParts)
+	}
+	for k := range streamParts {
+		if !s.wait(r, perToken/streamParts) {
+			x.Finish()
+			return
+		}
+		for i, ch := range c.Choices {
+			if k >= len(parts[i]) {
+				continue
+			}
+			text, _ := json.Marshal(parts[i][k])
+			if !send(choice(ch.Index, `{"content":`+string(text)+`}`, "null"), usageField) {
+				x.Finish()
+				return
+			}
+		}
+	}
+	x.Finish()
+	for _, ch := range c.Choices {
+		finish, _ := json.Marshal(ch.FinishReason)
+		if !send(choice(ch.Index, `{}`, string(finish)), usageField) {
+			return
+		}
+	}
+	if includeUsage && !send("", `,"usage":`+string(bytes.TrimSpace(c.Usage))) {
+		return
+	}
+	_, _ = w.Write([]byte("data: [DONE]\n\n"))
+	if flusher != nil {
+		flusher.Flush()
+	}
+}
+
+// split cuts text at spaces into at most n parts that join back into it.
+func split(text string, n int) []string {
+	words := strings.SplitAfter(text, " ")
+	per := (len(words) + n - 1) / n
+	var out []string
+	for len(words) > 0 {
+		k := min(per, len(words))
+		out = append(out, strings.Join(words[:k], ""))
+		words = words[k:]
+	}
+	return out
+}

@@ -1,0 +1,189 @@
+package llm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// maxEventBytes bounds one Server-Sent Event's line.
+const maxEventBytes = 4 << 20
+
+// streamWireBody is the client's chat body with model set to the upstream
+// id, asking for a stream whose last chunk carries the usage.
+func streamWireBody(req Request) ([]byte, error) {
+	if req.Endpoint != EndpointChat {
+		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is only supported for " + EndpointChat}
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(req.Body, &fields); err != nil || fields == nil {
+		return nil, &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
+	}
+	if req.Upstream != "" {
+		m, _ := json.Marshal(req.Upstream)
+		fields["model"] = m
+	}
+	fields["stream"] = json.RawMessage("true")
+	fields["stream_options"] = json.RawMessage(`{"include_usage":true}`)
+	return json.Marshal(fields)
+}
+
+// streamChunk is what llmq reads of a chunk: its usage, or an error event.
+type streamChunk struct {
+	Usage *struct {
+		PromptTokens        int64 `json:"prompt_tokens"`
+		CompletionTokens    int64 `json:"completion_tokens"`
+		TotalTokens         int64 `json:"total_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int64 `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error *apiErrorObject `json:"error"`
+}
+
+// apiErrorObject is OpenAI's error object; code may be a string or a number.
+type apiErrorObject struct {
+	Message string          `json:"message"`
+	Type    string          `json:"type"`
+	Param   *string         `json:"param"`
+	Code    json.RawMessage `json:"code"`
+}
+
+func (o *apiErrorObject) fill(e *Error) {
+	e.Message, e.Type = o.Message, o.Type
+	if o.Param != nil {
+		e.Param = *o.Param
+	}
+	var code any
+	if json.Unmarshal(o.Code, &code) == nil {
+		if f, ok := code.(float64); ok {
+			code = int(f)
+		}
+		e.Code = codeString(code)
+	}
+}
+
+// stream sends a streaming chat completion over plain HTTP: go-openai's
+// typed chunks would drop the fields it does not model, and the client is
+// relayed the provider's bytes.
+func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, error) {
+	wire, err := streamWireBody(req)
+	if err != nil {
+		return nil, p.refuse(err)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
+	defer cancel()
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, p.baseURL+EndpointChat[len("/v1"):], bytes.NewReader(wire))
+	if err != nil {
+		return nil, p.refuse(err)
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("Accept", "text/event-stream")
+	if p.apiKey != "" {
+		hr.Header.Set("Authorization", "Bearer "+p.apiKey)
+	}
+	resp, err := p.http.Do(hr)
+	if err != nil {
+		return nil, p.noAnswer(ctx, err, 0)
+	}
+	defer resp.Body.Close()
+	e := &Error{Provider: p.name, StatusCode: resp.StatusCode, RateLimit: ParseRateLimit(resp.Header),
+		RequestID: resp.Header.Get("x-request-id")}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var eb struct {
+			Error *apiErrorObject `json:"error"`
+		}
+		if json.Unmarshal(body, &eb) == nil && eb.Error != nil {
+			eb.Error.fill(e)
+			e.Message = p.scrub(e.Message)
+		} else if e.Message = p.scrub(excerpt(body)); e.Message == "" {
+			e.Message = http.StatusText(resp.StatusCode)
+		}
+		classifyAnswer(e)
+		return nil, e
+	}
+	out := &Response{StatusCode: resp.StatusCode, RequestID: e.RequestID, RateLimit: e.RateLimit}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), maxEventBytes)
+	done := false
+	for !done && sc.Scan() {
+		line := sc.Bytes()
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue // comments, event names, blank separators
+		}
+		data = bytes.TrimSpace(data)
+		if string(data) == "[DONE]" {
+			done = true
+			break
+		}
+		var c streamChunk
+		if err := json.Unmarshal(data, &c); err != nil {
+			e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream sent an event that is not JSON", out.Chunks
+			return nil, e
+		}
+		if c.Error != nil {
+			c.Error.fill(e)
+			e.Message, e.Class, e.Relayed = p.scrub(e.Message), ClassRetryable, out.Chunks
+			return nil, e
+		}
+		if c.Usage != nil {
+			out.Usage = Usage{PromptTokens: c.Usage.PromptTokens, CompletionTokens: c.Usage.CompletionTokens, TotalTokens: c.Usage.TotalTokens}
+			if c.Usage.PromptTokensDetails != nil {
+				out.Usage.CachedTokens = c.Usage.PromptTokensDetails.CachedTokens
+			}
+			out.Body = bytes.Clone(data)
+		}
+		if err := req.Stream(data); err != nil {
+			return nil, &Error{Class: ClassRetryable, Provider: p.name, StatusCode: resp.StatusCode, Message: "the stream's reader stopped",
+				Err: err, Relayed: out.Chunks}
+		}
+		out.Chunks++
+	}
+	if !done {
+		ne := p.noAnswer(ctx, sc.Err(), out.Chunks)
+		if sc.Err() == nil {
+			ne.Message = "the provider's stream ended before [DONE]"
+		}
+		return nil, ne
+	}
+	return out, nil
+}
+
+// noAnswer is a call that got no (whole) answer: a timeout, a cancellation
+// or a connection error, after relayed events.
+func (p *openAIProvider) noAnswer(ctx context.Context, err error, relayed int) *Error {
+	e := &Error{Class: ClassRetryable, Provider: p.name, Relayed: relayed}
+	switch {
+	case errors.Is(context.Cause(ctx), errTimeout):
+		e.Message = "no answer within " + p.timeout.String()
+	case errors.Is(err, context.Canceled):
+		e.Message = "the call was cancelled"
+	default:
+		e.Message = "the provider could not be reached"
+	}
+	if err != nil {
+		e.Err = scrubbedError{err, p.scrub(err.Error())}
+	}
+	return e
+}
+
+// StripUsageChunk reports whether a stream's chunk is the usage chunk that
+// include_usage adds (no choices, a usage), which a client that did not ask
+// for it must not see.
+func StripUsageChunk(data []byte) bool {
+	if !bytes.Contains(data, []byte(`"usage"`)) {
+		return false
+	}
+	var c struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   json.RawMessage   `json:"usage"`
+	}
+	return json.Unmarshal(data, &c) == nil && len(c.Choices) == 0 && len(c.Usage) > 0 && !strings.EqualFold(string(c.Usage), "null")
+}

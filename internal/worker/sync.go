@@ -1,0 +1,361 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/pacer"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// SyncCall is a synchronous request: a job (inserted with Sync) answered on
+// its connection. It runs the steps of every job — budget, permit, breaker,
+// provider, settlement, ledger — but waits inside the call where a job
+// would go back to its queue, until Deadline.
+type SyncCall struct {
+	// JobID is the job, inserted and not yet started.
+	JobID string
+	// Deadline is the latest moment the provider call may start; a wait or
+	// a retry that would pass it ends the request with a 429.
+	Deadline time.Time
+	// Stream relays a streamed chat completion's events (llm.Request.Stream);
+	// it must not fail when the client has gone: the call is finished and
+	// charged all the same.
+	Stream func(data []byte) error
+	// Answer, when set, is given the provider's answer as soon as it has
+	// come, before it is settled and stored, so the client does not wait for
+	// the bookkeeping. Defaults to none.
+	Answer func(*llm.Response)
+}
+
+// SyncRefusal is a synchronous request answered without the provider's
+// answer (nothing charged), in OpenAI's error shape.
+type SyncRefusal struct {
+	Status                     int
+	Type, Code, Param, Message string
+	// RetryAfter is when trying again may succeed; 0 for none.
+	RetryAfter time.Duration
+}
+
+func (e *SyncRefusal) Error() string { return e.Message }
+
+// SyncResult is how a synchronous request reached the provider: its answer,
+// or the refusal that retrying could not help (ProviderError, with the
+// provider's status).
+type SyncResult struct {
+	Response      *llm.Response
+	ProviderError *llm.Error
+}
+
+// syncRetryBase is the first backoff of a synchronous request after a
+// provider fault; it doubles (with full jitter) up to the deadline.
+const syncRetryBase = 200 * time.Millisecond
+
+// RunSync runs a synchronous request. It returns a *SyncRefusal when the
+// request cannot be sent in time or over budget, ctx's error when the client
+// left before the call started (the job is cancelled, nothing charged), or
+// the provider's answer. Once the call starts, ctx no longer cancels it.
+func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) {
+	job, started, err := h.Store.JobStart(ctx, c.JobID)
+	if err != nil {
+		h.endSync(ctx, &store.Job{ID: c.JobID}, "", err)
+		return nil, fmt.Errorf("start job %s: %w", c.JobID, err)
+	}
+	if !started {
+		return nil, &SyncRefusal{Status: http.StatusConflict, Type: "invalid_request_error", Code: "job_finished",
+			Message: fmt.Sprintf("Job %s already %s.", job.ID, job.Status)}
+	}
+	r := &run{h: h, job: job, log: h.Logger.With("job", job.ID, "model", job.Model, "sync", true), left: true}
+	res, err := r.sync(ctx, c)
+	var refusal *SyncRefusal
+	if err != nil && !errors.As(err, &refusal) {
+		r.releaseAll(ctx)
+		h.endSync(ctx, job, r.tier, err)
+	}
+	return res, err
+}
+
+// endSync ends the job of a synchronous request that stopped before the
+// provider answered: cancelled when its client left (no call, no charge),
+// failed when llmq could not run it, so that no sync job stays unfinished.
+func (h *Handler) endSync(ctx context.Context, job *store.Job, tier string, cause error) {
+	bg := context.WithoutCancel(ctx)
+	if ctx.Err() != nil {
+		tenant, err := job.TenantID, error(nil)
+		if tenant == "" { // not started: read the row for its tenant
+			var row *store.Job
+			if row, err = h.Store.JobGetByID(bg, job.ID); err == nil {
+				tenant = row.TenantID
+			}
+		}
+		var j *store.Job
+		changed := false
+		if err == nil {
+			j, changed, err = h.Store.JobCancel(bg, tenant, job.ID)
+		}
+		if err != nil {
+			h.Logger.Warn("cancel a synchronous job whose client left", "job", job.ID, "err", err)
+		} else if changed {
+			h.Observer.JobFinished(j.TenantID, tier, j.Model, string(store.JobCancelled), 0, 0, 0)
+		}
+		return
+	}
+	if _, _, err := h.Store.JobFail(bg, &store.JobFailParams{ID: job.ID, Error: store.JobError{Type: "server_error", Code: "internal_error",
+		Message: "llmq could not run the request."}}); err != nil {
+		h.Logger.Warn("fail a synchronous job", "job", job.ID, "err", err)
+	}
+	h.Logger.Warn("synchronous request failed", "job", job.ID, "err", cause)
+}
+
+func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
+	h := r.h
+	p := h.Policy.Current()
+	m, ok := p.Model(r.job.Model)
+	if !ok {
+		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)})
+	}
+	tenant, err := h.tenants.get(ctx, h.Store, r.job.TenantID)
+	if err != nil {
+		return nil, fmt.Errorf("load tenant %s: %w", r.job.TenantID, err)
+	}
+	acct, tier, err := admission.Account(p, tenant)
+	if err != nil {
+		return nil, err
+	}
+	r.acct, r.tier = acct, tier.Name
+	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
+	provider, ok := h.Providers.Get(m.Provider)
+	if !ok {
+		return nil, fmt.Errorf("the provider '%s' of model '%s' is not configured", m.Provider, m.Name)
+	}
+	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
+
+	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.call.WorstCase)
+	if err != nil {
+		return nil, fmt.Errorf("reserve budget: %w", err)
+	}
+	if dec.SoftLimitCrossed {
+		h.Observer.SoftLimitCrossed(r.acct.TenantID, r.tier)
+	}
+	if !dec.Allowed {
+		n := dec.Denial()
+		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+			RetryAfter: dec.RetryAfter,
+			Message: fmt.Sprintf("The %s is exhausted: $%s spent and $%s reserved of $%s; this request may cost up to $%s. It resets at %s.",
+				n.Name(), n.Spent, n.Reserved, n.Budget, r.call.WorstCase, n.ResetsAt.UTC().Format(time.RFC3339))})
+	}
+	r.bres = bres
+	r.keep = r.keepReservation(ctx)
+	defer r.keep()
+
+	faults := 0
+	for {
+		if err := r.syncPermit(ctx, c.Deadline); err != nil {
+			return nil, err
+		}
+		if ok, wait := h.breakers.Allow(m.Provider); !ok {
+			r.releasePermit(ctx)
+			if err := r.syncSleep(ctx, wait, c.Deadline, "The circuit of provider "+m.Provider+" is open: it keeps failing."); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// From here the call is the client's whether or not it stays.
+		callCtx := context.WithoutCancel(ctx)
+		began := time.Now()
+		resp, err := provider.Call(callCtx, llm.Request{Endpoint: r.job.Endpoint, Upstream: m.Upstream, Body: r.job.Request, Stream: c.Stream})
+		status := 200
+		var pe *llm.Error
+		if errors.As(err, &pe) {
+			status = pe.StatusCode
+		} else if err != nil {
+			pe = &llm.Error{Class: llm.ClassRetryable, Message: err.Error(), Err: err}
+		}
+		h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
+		if err == nil && c.Stream != nil && resp.Usage.TotalTokens == 0 {
+			// A stream that sent no usage is charged as reserved.
+			resp.Usage = llm.Usage{PromptTokens: r.call.Cost.Tokens - r.call.MaxTokens, CompletionTokens: r.call.MaxTokens, TotalTokens: r.call.Cost.Tokens}
+		}
+		if err == nil && c.Answer != nil {
+			c.Answer(resp)
+		}
+		after := h.Pacer.Done(callCtx, r.call, r.permit, pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited})
+		r.permit, r.wait = nil, after.Wait
+		if err == nil {
+			h.breakers.Record(m.Provider, false)
+			if err := r.succeeded(callCtx, resp); err != nil {
+				r.log.Warn("store a synchronous answer; the reconciler settles it", "err", err)
+			}
+			return &SyncResult{Response: resp}, nil
+		}
+		switch pe.Class {
+		case llm.ClassRateLimited:
+			h.breakers.Done(m.Provider)
+			n, err := h.Store.JobIncrRateLimited(callCtx, r.job.ID)
+			if err != nil {
+				return nil, fmt.Errorf("count 429 of %s: %w", r.job.ID, err)
+			}
+			r.job.RateLimited = n
+			if pe.Relayed == 0 && n < h.opts.MaxRateLimited && time.Now().Add(r.wait).Before(c.Deadline) {
+				if err := r.syncSleep(ctx, r.wait, c.Deadline, ""); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		case llm.ClassRetryable:
+			h.breakers.Record(m.Provider, true)
+			faults++
+			wait := pacer.FullJitter(faults-1, syncRetryBase, 10*time.Second)
+			if pe.Relayed == 0 && faults <= queue.DefaultMaxRetry && time.Now().Add(wait).Before(c.Deadline) {
+				r.setStatus(callCtx, store.JobRunning, nil, true)
+				if err := r.syncSleep(ctx, wait, c.Deadline, ""); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		default:
+			h.breakers.Record(m.Provider, false)
+		}
+		// Retrying cannot help (or no time is left): the provider's answer
+		// is the client's.
+		r.releaseAll(callCtx)
+		if err := r.fail(callCtx, providerError(pe), pe); err != nil {
+			r.log.Warn("record a synchronous failure", "err", err)
+		}
+		return &SyncResult{ProviderError: pe}, nil
+	}
+}
+
+// syncPermit takes the call's permit, waiting for it until deadline. While
+// it waits, it holds the room it needs in the scope's fair queue, so the
+// scheduler releases no async job ahead of it.
+func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
+	h := r.h
+	began := time.Now()
+	scope := admission.ScopeName(r.call.Model)
+	held := false
+	defer func() {
+		if held && h.Queue != nil {
+			if err := h.Queue.Unhold(context.WithoutCancel(ctx), scope, r.job.ID); err != nil {
+				r.log.Warn("give back a synchronous request's room", "err", err)
+			}
+		}
+	}()
+	for {
+		res, err := h.Pacer.Reserve(ctx, r.call)
+		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
+			return r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "tokens_exceed_capacity", Param: "max_tokens",
+				Message: fmt.Sprintf("This request needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)})
+		}
+		if err != nil {
+			return fmt.Errorf("rate limiter: %w", err)
+		}
+		if res.Allowed && r.outranked(ctx, scope, res.Reservation) {
+			res.Allowed, res.RetryAfter = false, syncYield
+		}
+		if res.Allowed {
+			r.permit = res.Reservation
+			h.Observer.LimiterWait(r.job.Model, time.Since(began), false)
+			return nil
+		}
+		if !held && h.Queue != nil && time.Now().Add(res.RetryAfter).Before(deadline) {
+			ttl := time.Until(deadline) + 5*time.Second
+			if err := h.Queue.Hold(ctx, scope, r.job.ID, r.job.Queue, r.call.Cost.Tokens, r.call.Cost.Requests, ttl); err != nil {
+				r.log.Warn("hold a synchronous request's room", "err", err)
+			} else {
+				held = true
+			}
+		}
+		if err := r.syncSleep(ctx, res.RetryAfter, deadline, ""); err != nil {
+			return err
+		}
+	}
+}
+
+// syncSleep waits d, or refuses the request (429, nothing charged) when d
+// ends past deadline; why, when set, is the refusal's message.
+func (r *run) syncSleep(ctx context.Context, d time.Duration, deadline time.Time, why string) error {
+	if time.Now().Add(d).After(deadline) {
+		if why == "" {
+			why = fmt.Sprintf("Rate limit of model '%s' reached: the request could not start within its wait.", r.job.Model)
+		}
+		return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
+			Message: why, RetryAfter: max(d, time.Second)})
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// refuse ends a synchronous request before the provider answered it: what
+// it holds goes back, and the job fails with the refusal.
+func (r *run) refuse(ctx context.Context, e *SyncRefusal) error {
+	bg := context.WithoutCancel(ctx)
+	r.releaseAll(bg)
+	if err := r.fail(bg, store.JobError{Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message}, nil); err != nil {
+		r.log.Warn("record a synchronous refusal", "err", err)
+	}
+	return e
+}
+
+// releasePermit gives the permit back unused.
+func (r *run) releasePermit(ctx context.Context) {
+	if r.permit != nil {
+		if err := r.h.Pacer.Release(ctx, r.permit); err != nil {
+			r.log.Warn("release rate limit", "err", err)
+		}
+		r.permit = nil
+	}
+}
+
+// syncYield is how long a job whose permit went to a waiting synchronous
+// request waits before it asks again.
+const syncYield = 50 * time.Millisecond
+
+// syncWaiting gives permit back when synchronous requests hold room in the
+// job's scope: they go first (docs/ARCHITECTURE.md). A job released before
+// they came would otherwise race them for every refill.
+func (r *run) syncWaiting(ctx context.Context, permit *limiter.Reservation) bool {
+	if r.h.Queue == nil {
+		return false
+	}
+	held, err := r.h.Queue.Holding(ctx, admission.ScopeName(r.call.Model))
+	if err != nil || !held {
+		return false
+	}
+	if err := r.h.Pacer.Release(ctx, permit); err != nil {
+		r.log.Warn("give a permit back to a synchronous request", "err", err)
+		return false // keep it: it is taken
+	}
+	return true
+}
+
+// outranked gives permit back when a synchronous request of a higher
+// priority waits for the scope: synchronous requests go in priority order.
+func (r *run) outranked(ctx context.Context, scope string, permit *limiter.Reservation) bool {
+	if r.h.Queue == nil {
+		return false
+	}
+	above, err := r.h.Queue.HeldAbove(ctx, scope, r.job.Queue)
+	if err != nil || !above {
+		return false
+	}
+	if err := r.h.Pacer.Release(ctx, permit); err != nil {
+		r.log.Warn("give a permit back to a synchronous request of a higher priority", "err", err)
+		return false
+	}
+	return true
+}
