@@ -163,7 +163,10 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	hs := api.NewHTTPServer(a.API(), api.ServerOptions{})
+	hs, err := api.NewHTTPServer(a.API(), api.ServerOptions{})
+	if err != nil {
+		return nil, err
+	}
 	go func() { _ = hs.Serve(ln) }()
 	s.closes = append(s.closes, func() { _ = hs.Close() })
 	s.url = "http://" + ln.Addr().String()
@@ -176,7 +179,10 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 // startWorkers starts the stack's worker (one asynq server of the run's
 // concurrency), counting every job task it dequeues.
 func (s *stack) startWorkers() error {
-	srv, mux := s.app.WorkerServer(worker.Options{})
+	srv, mux, err := s.app.WorkerServer(worker.Options{})
+	if err != nil {
+		return err
+	}
 	mux.Use(func(h asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			if t.Type() == "llmq:job" {

@@ -122,7 +122,10 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	hs := api.NewHTTPServer(a.API(), api.ServerOptions{}) // the dispatcher's server and limits
+	hs, err := api.NewHTTPServer(a.API(), api.ServerOptions{}) // the dispatcher's server and limits
+	if err != nil {
+		return nil, err
+	}
 	go func() { _ = hs.Serve(ln) }()
 	closers = append(closers, func() { _ = hs.Close() })
 
@@ -133,7 +136,10 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 		return nil, err
 	}
 	for range r.o.Servers {
-		srv, mux := a.WorkerServer(worker.Options{})
+		srv, mux, err := a.WorkerServer(worker.Options{})
+		if err != nil {
+			return nil, err
+		}
 		if err := srv.Start(mux); err != nil {
 			return nil, err
 		}

@@ -33,7 +33,10 @@ func underLoad(ctx context.Context, o options, stdout io.Writer) error {
 		return err
 	}
 	defer stop()
-	srv, mux := a.WorkerServer(worker.Options{})
+	srv, mux, err := a.WorkerServer(worker.Options{})
+	if err != nil {
+		return err
+	}
 	if err := srv.Start(mux); err != nil {
 		return err
 	}

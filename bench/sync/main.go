@@ -256,7 +256,11 @@ func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key
 	if err != nil {
 		return "", "", nil, nil, err
 	}
-	hs := api.NewHTTPServer(a.API(), api.ServerOptions{})
+	hs, err := api.NewHTTPServer(a.API(), api.ServerOptions{})
+	if err != nil {
+		_ = ln.Close()
+		return "", "", nil, nil, err
+	}
 	go func() { _ = hs.Serve(ln) }()
 	closers = append(closers, func() { _ = hs.Close() })
 	base = "http://" + ln.Addr().String()

@@ -162,10 +162,16 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer a.Close()
-	rec, stopRec := startRecorder(ctx, a, logger)
+	rec, stopRec, err := startRecorder(ctx, a, logger)
+	if err != nil {
+		return err
+	}
 	defer stopRec()
 
-	srv, handlers := a.WorkerServer(worker.Options{})
+	srv, handlers, err := a.WorkerServer(worker.Options{})
+	if err != nil {
+		return err
+	}
 	if err := srv.Start(handlers); err != nil {
 		return fmt.Errorf("start the embedded worker: %w", err)
 	}

@@ -114,7 +114,10 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("LLMQ_METRICS_ADDR: %w", err)
 	}
 	defer mln.Close()
-	rec, stopRec := startRecorder(ctx, a, logger)
+	rec, stopRec, err := startRecorder(ctx, a, logger)
+	if err != nil {
+		return err
+	}
 	defer stopRec()
 	fmt.Fprintf(stdout, "llmq dispatcher listening on http://%s (metrics on http://%s/metrics)\n", ln.Addr(), mln.Addr())
 	return serveApp(ctx, a, rec, ln, logger, serveOptions{metrics: mln})
@@ -124,13 +127,15 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 // process) and sets it as the observer of the app's API and workers, so it
 // must run before any worker is built. stop flushes it: call it after the
 // workers and the HTTP server have stopped, before the app closes Redis.
-func startRecorder(ctx context.Context, a *app.App, logger *slog.Logger) (rec *metrics.Recorder, stop func()) {
-	rec = metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
+func startRecorder(ctx context.Context, a *app.App, logger *slog.Logger) (rec *metrics.Recorder, stop func(), err error) {
+	if rec, err = metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger}); err != nil {
+		return nil, nil, err
+	}
 	a.Observer, a.APIObserver = rec, rec
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() { rec.Run(rctx); close(done) }()
-	return rec, func() { cancel(); <-done }
+	return rec, func() { cancel(); <-done }, nil
 }
 
 // serveOptions are what the dispatcher and the embedded default serve
@@ -151,9 +156,13 @@ type serveOptions struct {
 // runs the policy watcher, the batch sweeper and the reconciler, until ctx
 // ends; then it drains in-flight requests for LLMQ_SHUTDOWN_TIMEOUT.
 func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Listener, logger *slog.Logger, o serveOptions) error {
+	rc, err := a.Reconciler(o.reconciler)
+	if err != nil {
+		return err
+	}
 	go a.Policy.Watch(ctx, logger)
 	go a.Batches.Run(ctx)
-	go a.Reconciler(o.reconciler).Run(ctx)
+	go rc.Run(ctx)
 	go a.Scheduler().Run(ctx)
 
 	srv := a.API()
@@ -165,7 +174,10 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	if o.mount != nil {
 		o.mount(srv.Mux())
 	}
-	hs := api.NewHTTPServer(srv, o.http)
+	hs, err := api.NewHTTPServer(srv, o.http)
+	if err != nil {
+		return err
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
 	if o.metrics != nil {

@@ -113,3 +113,20 @@ func (p *progress) finish() {
 		fmt.Fprintln(p.w)
 	}
 }
+
+// roundDuration shows d to a tenth of a second, or to the millisecond
+// below a second (a re-sent file that only de-duplicates takes that long).
+func roundDuration(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
+}
+
+// perSecond is n in d as a rate.
+func perSecond(n int, d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f/s", float64(n)/d.Seconds())
+}

@@ -84,7 +84,10 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	// The worker's events go to a registry of its own, served on /metrics
 	// (Prometheus sums the workers). It records until the jobs finishing in
 	// the shutdown grace period are counted, and flushes before Redis closes.
-	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
+	rec, err := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
+	if err != nil {
+		return err
+	}
 	a.Observer = rec
 	rctx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
 	recDone := make(chan struct{})
@@ -117,7 +120,10 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	go func() { _ = hs.Serve(ln) }()
 	defer hs.Close()
 
-	srv, handlers := a.WorkerServer(worker.Options{})
+	srv, handlers, err := a.WorkerServer(worker.Options{})
+	if err != nil {
+		return err
+	}
 	if err := srv.Start(handlers); err != nil {
 		return fmt.Errorf("start worker: %w", err)
 	}

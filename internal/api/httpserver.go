@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -35,9 +36,33 @@ type ServerOptions struct {
 	BodyStall time.Duration
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o ServerOptions) validate() error {
+	if o.ReadHeaderTimeout < 0 {
+		return fmt.Errorf("api: ServerOptions.ReadHeaderTimeout must not be negative, got %v", o.ReadHeaderTimeout)
+	}
+	if o.IdleTimeout < 0 {
+		return fmt.Errorf("api: ServerOptions.IdleTimeout must not be negative, got %v", o.IdleTimeout)
+	}
+	if o.WriteTimeout < 0 {
+		return fmt.Errorf("api: ServerOptions.WriteTimeout must not be negative, got %v", o.WriteTimeout)
+	}
+	if o.BodyMinRate < 0 {
+		return fmt.Errorf("api: ServerOptions.BodyMinRate must not be negative, got %d", o.BodyMinRate)
+	}
+	if o.BodyGrace < 0 {
+		return fmt.Errorf("api: ServerOptions.BodyGrace must not be negative, got %v", o.BodyGrace)
+	}
+	if o.BodyStall < 0 {
+		return fmt.Errorf("api: ServerOptions.BodyStall must not be negative, got %v", o.BodyStall)
+	}
+	return nil
+}
+
 func (o *ServerOptions) withDefaults() {
 	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
+		if *d == 0 {
 			*d = v
 		}
 	}
@@ -46,21 +71,25 @@ func (o *ServerOptions) withDefaults() {
 	def(&o.WriteTimeout, 60*time.Second)
 	def(&o.BodyGrace, 10*time.Second)
 	def(&o.BodyStall, 30*time.Second)
-	if o.BodyMinRate <= 0 {
+	if o.BodyMinRate == 0 {
 		o.BodyMinRate = 1024
 	}
 }
 
 // NewHTTPServer returns the http.Server that serves h with o's limits
-// (zero fields take their defaults).
-func NewHTTPServer(h http.Handler, o ServerOptions) *http.Server {
+// (zero fields take their defaults), or an error naming an option that is
+// invalid.
+func NewHTTPServer(h http.Handler, o ServerOptions) (*http.Server, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
 	o.withDefaults()
 	return &http.Server{
 		Handler:           o.deadlines(h),
 		ReadHeaderTimeout: o.ReadHeaderTimeout,
 		IdleTimeout:       o.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
-	}
+	}, nil
 }
 
 type serverOptionsKey struct{}

@@ -136,17 +136,24 @@ type keyLease struct {
 }
 
 func (ls *leases) take(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) (*limiter.Result, error) {
-	res, err := ls.lease(ctx, w, keyID, set, size).Take(ctx, 1)
+	l, err := ls.lease(ctx, w, keyID, set, size)
+	if err != nil {
+		return nil, err
+	}
+	res, err := l.Take(ctx, 1)
 	if errors.Is(err, limiter.ErrLeaseClosed) {
 		// Replaced by a request that saw a newer policy meanwhile.
-		res, err = ls.lease(ctx, w, keyID, set, size).Take(ctx, 1)
+		if l, err = ls.lease(ctx, w, keyID, set, size); err != nil {
+			return nil, err
+		}
+		res, err = l.Take(ctx, 1)
 	}
 	return res, err
 }
 
 // lease returns key's lease of set with slices of size, replacing one of
 // other windows or slices.
-func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) *limiter.WindowLease {
+func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) (*limiter.WindowLease, error) {
 	ls.mu.Lock()
 	if ls.m == nil {
 		ls.m = map[string]*keyLease{}
@@ -157,7 +164,12 @@ func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, s
 		old, kl = kl.lease, nil
 	}
 	if kl == nil {
-		kl = &keyLease{lease: w.NewLease(set, limiter.WindowLeaseOptions{Size: size}), size: size}
+		l, err := w.NewLease(set, limiter.WindowLeaseOptions{Size: size})
+		if err != nil {
+			ls.mu.Unlock()
+			return nil, err
+		}
+		kl = &keyLease{lease: l, size: size}
 		ls.m[keyID] = kl
 	}
 	ls.mu.Unlock()
@@ -166,7 +178,7 @@ func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, s
 		// windows pass.
 		_ = old.Close(context.WithoutCancel(ctx))
 	}
-	return kl.lease
+	return kl.lease, nil
 }
 
 func sameSet(a, b limiter.WindowSet) bool {

@@ -68,6 +68,7 @@ type App struct {
 	// keyCache is the API's, made by the first call of API.
 	keyCache *api.KeyCache
 	closers  []func() error
+	spacer   *limiter.Spacer // paces webhook deliveries
 }
 
 // Parts lets callers (the embedded default, tests) supply parts instead of
@@ -139,12 +140,25 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	// Every model reservation is one provider call, always reconciled or
 	// released: hold it in flight so the buckets never run ahead of the
 	// provider's.
-	a.Limiter = limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, HoldInFlight: true})
+	if a.Limiter, err = limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, HoldInFlight: true}); err != nil {
+		return nil, err
+	}
 	// The API's windows follow the test clock too, so tests move through
 	// them without sleeping.
-	a.APILimiter = limiter.NewWindows(a.Redis, limiter.Options{Keys: a.Keys, Clock: parts.Clock})
-	a.Budgets = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock})
-	a.Pacer = pacer.Must(pacer.New(a.Limiter, a.Redis, a.Keys, logger, appObserver{a}, pacer.Options{}))
+	if a.APILimiter, err = limiter.NewWindows(a.Redis, limiter.Options{Keys: a.Keys, Clock: parts.Clock}); err != nil {
+		return nil, err
+	}
+	// Deliveries are slept for and sent in real time: the spacer keeps
+	// Redis time even under a test clock.
+	if a.spacer, err = limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys}); err != nil {
+		return nil, err
+	}
+	if a.Budgets, err = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock}); err != nil {
+		return nil, err
+	}
+	if a.Pacer, err = pacer.New(a.Limiter, a.Redis, a.Keys, logger, appObserver{a}, pacer.Options{}); err != nil {
+		return nil, err
+	}
 	a.Admission = admission.New(a.Pacer)
 
 	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
@@ -154,11 +168,15 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	if parts.SingleQueue {
 		qo.Redis = nil
 	}
-	a.Queue = queue.NewClient(a.Asynq, qo)
+	if a.Queue, err = queue.NewClient(a.Asynq, qo); err != nil {
+		return nil, err
+	}
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	a.Inspector = queue.NewInspector(in, ns)
-	a.Batches = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue, Logger: logger},
-		batch.Options{})
+	if a.Batches, err = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue, Logger: logger},
+		batch.Options{}); err != nil {
+		return nil, err
+	}
 	a.closers = append(a.closers, a.Batches.Close)
 
 	a.Providers = parts.Providers
@@ -215,8 +233,9 @@ func (a *App) API() *api.Server {
 }
 
 // Reconciler returns the reconciler that re-enqueues jobs whose task Redis
-// lost. Run it in the dispatcher; it takes a store lock so only one runs.
-func (a *App) Reconciler(opts recovery.Options) *recovery.Reconciler {
+// lost, or an error naming an option that is invalid. Run it in the
+// dispatcher; it takes a store lock so only one runs.
+func (a *App) Reconciler(opts recovery.Options) (*recovery.Reconciler, error) {
 	return recovery.New(recovery.Reconciler{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
 		Limiter: a.Limiter, Policy: a.Policy, Logger: a.Logger,
@@ -257,12 +276,9 @@ func (a *App) JobHandler(opts worker.Options) *worker.Handler {
 }
 
 // WebhookHandler returns the handler of webhook deliveries.
-func (a *App) WebhookHandler() *webhook.Handler {
+func (a *App) WebhookHandler() (*webhook.Handler, error) {
 	obs, _ := a.Observer.(webhook.Observer) // the metrics recorder is one
-	// Deliveries are slept for and sent in real time: the spacer keeps
-	// Redis time even under a test clock.
-	spacer := limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys})
-	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs, Spacer: spacer, Policy: a.Policy},
+	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs, Spacer: a.spacer, Policy: a.Policy},
 		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate})
 }
 
@@ -280,12 +296,19 @@ func (a *App) Scheduler() *scheduler.Scheduler {
 }
 
 // WorkerServer returns the asynq server that runs jobs, and its mux.
-func (a *App) WorkerServer(opts worker.Options) (*asynq.Server, *asynq.ServeMux) {
-	srv := worker.NewServer(a.Redis, worker.ServerOptions{
+func (a *App) WorkerServer(opts worker.Options) (*asynq.Server, *asynq.ServeMux, error) {
+	srv, err := worker.NewServer(a.Redis, worker.ServerOptions{
 		Concurrency: a.Env.WorkerConcurrency, Namespace: queue.Namespace(a.Env.QueueNamespace),
 		ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
 	})
-	return srv, worker.Mux(a.JobHandler(opts), a.WebhookHandler())
+	if err != nil {
+		return nil, nil, err
+	}
+	wh, err := a.WebhookHandler()
+	if err != nil {
+		return nil, nil, err
+	}
+	return srv, worker.Mux(a.JobHandler(opts), wh), nil
 }
 
 // LoadEnv reads and validates the LLMQ_* environment for role and builds the

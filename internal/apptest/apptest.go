@@ -211,7 +211,10 @@ func Start(t testing.TB, o Options) *App {
 
 // StartWorker starts one more in-process worker.
 func (a *App) StartWorker(opts worker.Options) *asynq.Server {
-	srv, mux := a.WorkerServer(opts)
+	srv, mux, err := a.WorkerServer(opts)
+	if err != nil {
+		a.t.Fatal(err)
+	}
 	if err := srv.Start(mux); err != nil {
 		a.t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/llmq/llmq/internal/batch"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // BenchmarkValidateAndEnqueue50k validates a 50,000-line input file (every
@@ -29,7 +30,7 @@ func BenchmarkValidateAndEnqueue50k(b *testing.B) {
 	uploadTime := time.Since(began)
 	// The service of the benchmark only, so no background pass of the API's
 	// runs beside it.
-	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{})
+	svc := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{}))
 	b.Cleanup(func() { _ = svc.Close() })
 	ctx := context.Background()
 	enqueued := 0

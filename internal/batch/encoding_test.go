@@ -118,8 +118,8 @@ func TestValidatingBatchExpires(t *testing.T) {
 	ctx := context.Background()
 	// A pass stored lines 1-8, then stopped.
 	bt := partlyValidated(t, a, tenant, fileID, 8)
-	late := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
-		Now: func() time.Time { return bt.ExpiresAt.Add(time.Second) }})
+	late := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
+		Now: func() time.Time { return bt.ExpiresAt.Add(time.Second) }}))
 	t.Cleanup(func() { _ = late.Close() })
 	if err := late.Sweep(ctx); err != nil {
 		t.Fatal(err)
@@ -181,7 +181,7 @@ func TestUnstorableGroupFailsTheBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 2})
+	svc := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 2}))
 	t.Cleanup(func() { _ = svc.Close() })
 	if err := svc.Validate(ctx, bt.ID); err != nil {
 		t.Fatalf("Validate = %v, want the batch failed and no error", err)

@@ -193,7 +193,7 @@ func runChild() int {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	clk := testutil.NewClock(s.Now)
-	b := budget.New(rdb, newLedger(), budget.Options{Keys: rkeys.New(s.Prefix), Clock: clk.Now})
+	b := testutil.Must(budget.New(rdb, newLedger(), budget.Options{Keys: rkeys.New(s.Prefix), Clock: clk.Now}))
 	out := runJobs(context.Background(), []*budget.Budgets{b}, newLedger(), s.Account, s.Jobs)
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 		fmt.Fprintln(os.Stderr, "child output:", err)

@@ -27,7 +27,7 @@ func BenchmarkReserveSettle(b *testing.B) {
 
 func benchReserveSettle(b *testing.B, callers, tenants int) {
 	rdb := testutil.Redis(b, testDB)
-	bud := budget.New(rdb, newLedger(), budget.Options{Keys: rkeys.New(testutil.Prefix(b))})
+	bud := testutil.Must(budget.New(rdb, newLedger(), budget.Options{Keys: rkeys.New(testutil.Prefix(b))}))
 	accts := make([]budget.Account, tenants)
 	for i := range accts {
 		accts[i] = budget.Account{TenantID: fmt.Sprintf("ten_%02d", i), Budget: 1e6 * dollar, SoftLimit: 0.8, Global: 1e8 * dollar}

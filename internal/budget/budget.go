@@ -150,18 +150,26 @@ type Budgets struct {
 	flights map[string]*flight
 }
 
+// validate reports, naming the field, an option that is invalid.
+func (o Options) validate() error {
+	if o.ReservationTTL < 0 {
+		return fmt.Errorf("budget: Options.ReservationTTL must not be negative, got %v", o.ReservationTTL)
+	}
+	return nil
+}
+
 // New returns Budgets over rdb (single node, Sentinel or Cluster). ledger is
-// required: without it a Redis restart would reset the day's spend. New
-// panics on a nil rdb or ledger or a negative ReservationTTL, as those are
-// programming errors.
-func New(rdb redis.UniversalClient, ledger Ledger, opts Options) *Budgets {
+// required: without it a Redis restart would reset the day's spend. A nil
+// rdb or ledger, or an invalid option, is an error naming it.
+func New(rdb redis.UniversalClient, ledger Ledger, opts Options) (*Budgets, error) {
 	switch {
 	case rdb == nil:
-		panic("budget.New: nil redis client")
+		return nil, errors.New("budget: the Redis client is required")
 	case ledger == nil:
-		panic("budget.New: nil Ledger")
-	case opts.ReservationTTL < 0:
-		panic(fmt.Sprintf("budget.New: Options.ReservationTTL is negative (%v)", opts.ReservationTTL))
+		return nil, errors.New("budget: the Ledger is required")
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	if opts.ReservationTTL == 0 {
 		opts.ReservationTTL = DefaultReservationTTL
@@ -172,7 +180,7 @@ func New(rdb redis.UniversalClient, ledger Ledger, opts Options) *Budgets {
 	return &Budgets{
 		rdb: rdb, ledger: ledger, keys: opts.Keys, clock: opts.Clock,
 		resTTL: opts.ReservationTTL, log: opts.Logger, flights: map[string]*flight{},
-	}
+	}, nil
 }
 
 // ReservationTTL is how long a reservation counts unless extended.

@@ -222,7 +222,7 @@ func testWrongDayRetry(t *testing.T, rdb redis.UniversalClient) {
 	})
 	t.Run("redis time", func(t *testing.T) {
 		e := setup(t, rdb, time.Time{})
-		b := budget.New(rdb, e.ledger, budget.Options{Keys: e.keys}) // Redis TIME
+		b := testutil.Must(budget.New(rdb, e.ledger, budget.Options{Keys: e.keys})) // Redis TIME
 		budget.SetGuess(b, func() time.Time { return time.Now().Add(-72 * time.Hour) })
 		acct := budget.Account{TenantID: "ten_w", Budget: dollar}
 		before := time.Now().UTC()
@@ -438,5 +438,19 @@ func TestValidation(t *testing.T) {
 	}
 	if err := e.b.Release(e.ctx, nil); err == nil {
 		t.Error("Release accepted a nil reservation")
+	}
+}
+
+// A bad option is an error naming the field, and no Budgets.
+func TestOptionsValidate(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
+	defer rdb.Close()
+	b, err := budget.New(rdb, newLedger(), budget.Options{ReservationTTL: -time.Second})
+	if err == nil || b != nil || !strings.Contains(err.Error(), "Options.ReservationTTL") {
+		t.Fatalf("New: %v, %v; want an error naming Options.ReservationTTL", b, err)
+	}
+	if _, err := budget.New(rdb, nil, budget.Options{}); err == nil {
+		t.Fatal("New without a Ledger: no error")
 	}
 }

@@ -128,7 +128,7 @@ func setup(t *testing.T, rdb redis.UniversalClient, start time.Time) *env {
 // (another worker process, in effect).
 func (e *env) budgets(rdb redis.UniversalClient) *budget.Budgets {
 	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	return budget.New(rdb, e.ledger, budget.Options{Keys: e.keys, Clock: e.clock.Now, Logger: log})
+	return testutil.Must(budget.New(rdb, e.ledger, budget.Options{Keys: e.keys, Clock: e.clock.Now, Logger: log}))
 }
 
 func (e *env) reserve(acct budget.Account, id string, amount money.Micros) (*budget.Reservation, *budget.Decision) {

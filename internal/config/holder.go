@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -25,6 +26,15 @@ type HolderOptions struct {
 	// value received asks for a reload. Tests use it so that no signal is
 	// sent to the process. Defaults to nil (SIGHUP).
 	Signals <-chan os.Signal
+}
+
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o HolderOptions) validate() error {
+	if o.PollInterval < 0 {
+		return fmt.Errorf("config: HolderOptions.PollInterval must not be negative, got %v", o.PollInterval)
+	}
+	return nil
 }
 
 // PolicyHolder keeps the policy in force and swaps it when the file changes.
@@ -65,8 +75,11 @@ func NewPolicyHolder(path string, opts *HolderOptions) (*PolicyHolder, error) {
 	if opts == nil {
 		opts = &HolderOptions{}
 	}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	h := &PolicyHolder{path: path, poll: opts.PollInterval, signals: opts.Signals}
-	if h.poll <= 0 {
+	if h.poll == 0 {
 		h.poll = time.Second
 	}
 	fi, data, err := readPolicyFile(path)

@@ -73,6 +73,21 @@ type Options struct {
 	Now func() time.Time
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o Options) validate() error {
+	if o.Refresh < 0 {
+		return fmt.Errorf("dashboard: Options.Refresh must not be negative, got %v", o.Refresh)
+	}
+	if o.MaxTenants < 0 {
+		return fmt.Errorf("dashboard: Options.MaxTenants must not be negative, got %d", o.MaxTenants)
+	}
+	if o.MaxBatches < 0 {
+		return fmt.Errorf("dashboard: Options.MaxBatches must not be negative, got %d", o.MaxBatches)
+	}
+	return nil
+}
+
 // Server serves the dashboard.
 type Server struct {
 	d    Deps
@@ -88,13 +103,16 @@ func New(d Deps, o Options) (*Server, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.Refresh <= 0 {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if o.Refresh == 0 {
 		o.Refresh = 10 * time.Second
 	}
-	if o.MaxTenants <= 0 {
+	if o.MaxTenants == 0 {
 		o.MaxTenants = 50
 	}
-	if o.MaxBatches <= 0 {
+	if o.MaxBatches == 0 {
 		o.MaxBatches = 20
 	}
 	if o.Now == nil {
@@ -176,10 +194,13 @@ func MountApp(srv *api.Server, a *app.App, rec *metrics.Recorder, o Options) (io
 	// refuses to close a shared connection; the app closes it).
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	ns := queue.Namespace(a.Env.QueueNamespace)
-	st := metrics.NewState(metrics.StateDeps{
+	st, err := metrics.NewState(metrics.StateDeps{
 		Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store, Asynq: in, Namespace: ns,
 		Scope: a.Pacer.Scope, Queue: a.Queue,
 	}, metrics.StateOptions{})
+	if err != nil {
+		return nil, err
+	}
 	if err := rec.Register(st.Collector(), asynqmetrics.NewQueueMetricsCollector(in)); err != nil {
 		return nil, fmt.Errorf("register collectors: %w", err)
 	}

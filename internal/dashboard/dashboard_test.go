@@ -67,7 +67,7 @@ func setup(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy})
-	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
+	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
 	srv := a.API()
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{Refresh: time.Minute})
 	if err != nil {
@@ -296,7 +296,7 @@ func TestDashboardShowsAPILimitsAndExemptions(t *testing.T) {
     unlimited: true
     api_exempt: true
 `})
-	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
+	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
 	srv := a.API()
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{})
 	if err != nil {
@@ -342,7 +342,7 @@ func TestDashboardShowsAPILimitsAndExemptions(t *testing.T) {
 func TestDashboardShowsWaitingJobs(t *testing.T) {
 	t.Parallel()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy, NoScheduler: true})
-	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
+	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
 	srv := a.API()
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{})
 	if err != nil {

@@ -2,9 +2,13 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
 // maxBatch bounds the reservations of one script run, so that one run never
@@ -116,5 +120,58 @@ func (tb *TokenBucket) flush(ctx context.Context, b *batcher) {
 				_ = tb.Release(ctx, c.res.Reservation)
 			}
 		}
+	}
+}
+
+// run decides a batch of reservations of one scope in one script run, and
+// sets each call's res or err.
+func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
+	// The batch's distinct bucket lists go once; usually there is one.
+	var lists [][]Bucket
+	list := make([]int, len(batch))
+	size := 4
+	for i, c := range batch {
+		list[i] = slices.IndexFunc(lists, func(l []Bucket) bool { return slices.Equal(l, c.scope.Buckets) })
+		if list[i] < 0 {
+			list[i] = len(lists)
+			lists = append(lists, c.scope.Buckets)
+			size += 1 + 3*len(c.scope.Buckets)
+		}
+		size += 3 + len(c.scope.Buckets)
+	}
+	args := make([]any, 0, size)
+	args = append(args, redisclock.Arg(tb.opts.Clock), tb.probeTimeout, tb.probeRetry, len(lists))
+	for _, l := range lists {
+		args = append(args, len(l))
+		for _, b := range l {
+			args = append(args, b.Name, b.Limit, b.Period.Microseconds())
+		}
+	}
+	for i, c := range batch {
+		args = append(args, list[i]+1, c.mode, c.id)
+		for _, b := range c.scope.Buckets {
+			args = append(args, c.cost.Of(b.Unit))
+		}
+	}
+	v, err := reserveScript.Run(ctx, tb.rdb, []string{key}, args...).Result()
+	var a []int64
+	if err == nil {
+		a, err = ints(v, 1) // each call's part is checked below
+	}
+	if err != nil {
+		for _, c := range batch {
+			c.err = fmt.Errorf("limiter: reserve on scope %q: %w", c.scope.Name, err)
+		}
+		return
+	}
+	now, a := time.UnixMicro(a[0]), a[1:]
+	for _, c := range batch {
+		n := 3 + 5*len(c.scope.Buckets)
+		if len(a) < n {
+			c.err = fmt.Errorf("limiter: reserve on scope %q: short script reply", c.scope.Name)
+			continue
+		}
+		c.res = tb.result(c, now, a[:n])
+		a = a[n:]
 	}
 }

@@ -79,7 +79,7 @@ func testBatchedReserves(t *testing.T, e *env) {
 	rdb := e.newClient()
 	gate := newGateHook()
 	rdb.AddHook(gate)
-	tb := NewTokenBucket(rdb, e.opts())
+	tb := must(NewTokenBucket(rdb, e.opts()))
 	s := ModelScope("batched", 0, 100, 10, 0)
 	ctx := context.Background()
 
@@ -123,7 +123,7 @@ func testBatchedReserveCancelled(t *testing.T, e *env) {
 	rdb := e.newClient()
 	gate := newGateHook()
 	rdb.AddHook(gate)
-	tb := NewTokenBucket(rdb, e.opts())
+	tb := must(NewTokenBucket(rdb, e.opts()))
 	s := ModelScope("cancelled", 0, 100, 0, 0)
 	one := Cost{Requests: 1}
 

@@ -57,7 +57,7 @@ func BenchmarkReserveVsRedisRate(b *testing.B) {
 		}))
 	})
 	b.Run("Reserve_RPM_TPM", func(b *testing.B) {
-		tb := NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
+		tb := must(NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
 		run(b, shared(func() (bool, error) {
 			r, err := tb.Reserve(ctx, benchScope, Cost{Requests: 1, Tokens: 100})
 			return err == nil && r.Allowed, err
@@ -68,7 +68,7 @@ func BenchmarkReserveVsRedisRate(b *testing.B) {
 	b.Run("Reserve_RPM_TPM_unbatched", func(b *testing.B) {
 		keys := rkeys.New(testutil.Prefix(b))
 		run(b, func() func() (bool, error) {
-			tb := NewTokenBucket(rdb, Options{Keys: keys})
+			tb := must(NewTokenBucket(rdb, Options{Keys: keys}))
 			return func() (bool, error) {
 				r, err := tb.Reserve(ctx, benchScope, Cost{Requests: 1, Tokens: 100})
 				return err == nil && r.Allowed, err
@@ -76,8 +76,8 @@ func BenchmarkReserveVsRedisRate(b *testing.B) {
 		})
 	})
 	b.Run("Lease", func(b *testing.B) {
-		tb := NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
-		l := NewLease(tb, benchScope, LeaseOptions{Size: Cost{Requests: 100, Tokens: 10000}})
+		tb := must(NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
+		l := must(NewLease(tb, benchScope, LeaseOptions{Size: Cost{Requests: 100, Tokens: 10000}}))
 		defer l.Close(ctx)
 		run(b, shared(func() (bool, error) {
 			r, err := l.Take(ctx, Cost{Requests: 1, Tokens: 100})
@@ -93,7 +93,7 @@ func BenchmarkReserveVsRedisRate(b *testing.B) {
 func BenchmarkReserveLatency(b *testing.B) {
 	rdb := testutil.Redis(b, 1)
 	ctx := context.Background()
-	tb := NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
+	tb := must(NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
 	lim := redis_rate.NewLimiter(rdb)
 	limit := redis_rate.Limit{Rate: 1 << 40, Burst: 1 << 40, Period: time.Second}
 	key := testutil.Prefix(b)
@@ -176,7 +176,7 @@ func BenchmarkWindowsVsRedisRate(b *testing.B) {
 				continue // a day's log of every admission: not what the log is for
 			}
 			b.Run(name, func(b *testing.B) {
-				w := NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
+				w := must(NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
 				s := WindowSet{Algorithm: alg, Scope: "api:bench", Windows: ws}
 				run(b, func() (bool, error) {
 					r, err := w.Allow(ctx, s, 1)
@@ -188,8 +188,8 @@ func BenchmarkWindowsVsRedisRate(b *testing.B) {
 			continue
 		}
 		b.Run("Lease_"+string(alg)+"_day", func(b *testing.B) {
-			w := NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
-			l := w.NewLease(WindowSet{Algorithm: alg, Scope: "api:bench", Windows: benchWindows}, WindowLeaseOptions{Size: 100})
+			w := must(NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
+			l := must(w.NewLease(WindowSet{Algorithm: alg, Scope: "api:bench", Windows: benchWindows}, WindowLeaseOptions{Size: 100}))
 			defer l.Close(ctx)
 			run(b, func() (bool, error) {
 				r, err := l.Take(ctx, 1)
@@ -205,7 +205,7 @@ func BenchmarkWindowsVsRedisRate(b *testing.B) {
 func BenchmarkWindowsLatency(b *testing.B) {
 	rdb := testutil.Redis(b, 1)
 	ctx := context.Background()
-	w := NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))})
+	w := must(NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
 	s := WindowSet{Algorithm: AlgSlidingWindow, Scope: "api:bench", Windows: benchWindows}
 	lim := redis_rate.NewLimiter(rdb)
 	limit := redis_rate.Limit{Rate: 1 << 40, Burst: 1 << 40, Period: time.Second}

@@ -23,8 +23,12 @@ type FixedWindow struct {
 
 // NewFixedWindow returns a FixedWindow over rdb. Of opts, it uses Keys and
 // Clock.
-func NewFixedWindow(rdb redis.Scripter, opts Options) *FixedWindow {
-	return &FixedWindow{rdb: rdb, opts: opts.withDefaults()}
+func NewFixedWindow(rdb redis.Scripter, opts Options) (*FixedWindow, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &FixedWindow{rdb: rdb, opts: o}, nil
 }
 
 // fixedWindowScript counts cost in the current window of every window

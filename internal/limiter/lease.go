@@ -45,7 +45,6 @@ type Lease struct {
 	scope  Scope
 	size   Cost
 	maxAge time.Duration
-	err    error // a size that can never be leased
 
 	// sem guards everything below; a channel so waiting honours ctx.
 	sem    chan struct{}
@@ -58,22 +57,30 @@ type Lease struct {
 	closed bool
 }
 
-// NewLease returns a lease on scope from tb. It panics when opts.MaxAge is
-// negative; an invalid scope or size is reported by Take.
-func NewLease(tb *TokenBucket, scope Scope, opts LeaseOptions) *Lease {
-	if opts.MaxAge < 0 {
-		panic(fmt.Sprintf("limiter: LeaseOptions.MaxAge is negative (%v)", opts.MaxAge))
+// validate reports, naming the field, a negative size or age.
+func (o LeaseOptions) validate() error {
+	switch {
+	case o.MaxAge < 0:
+		return fmt.Errorf("limiter: LeaseOptions.MaxAge must not be negative, got %v", o.MaxAge)
+	case o.Size.Requests < 0 || o.Size.Tokens < 0:
+		return fmt.Errorf("limiter: LeaseOptions.Size must not be negative, got %+v", o.Size)
+	}
+	return nil
+}
+
+// NewLease returns a lease on scope from tb, or an error naming a field of
+// opts that is invalid; an invalid scope or size is reported by Take.
+func NewLease(tb *TokenBucket, scope Scope, opts LeaseOptions) (*Lease, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	if opts.MaxAge == 0 {
 		opts.MaxAge = time.Second
 	}
 	l := &Lease{tb: tb, scope: scope, maxAge: opts.MaxAge, sem: make(chan struct{}, 1)}
-	if opts.Size.Requests < 0 || opts.Size.Tokens < 0 {
-		l.err = fmt.Errorf("limiter: lease on scope %q: negative LeaseOptions.Size %+v", scope.Name, opts.Size)
-	}
 	l.size.Requests = leaseSize(scope, UnitRequests, opts.Size.Requests)
 	l.size.Tokens = leaseSize(scope, UnitTokens, opts.Size.Tokens)
-	return l
+	return l, nil
 }
 
 // leaseSize is the slice of unit u: want (or 1% of the smallest capacity),
@@ -98,9 +105,6 @@ func leaseSize(s Scope, u Unit, want int64) int64 {
 // ErrCostExceedsCapacity. For a local take, Limit and Remaining are those of
 // the tightest bucket at the last lease, and Time is zero.
 func (l *Lease) Take(ctx context.Context, cost Cost) (*Result, error) {
-	if l.err != nil {
-		return nil, l.err
-	}
 	if err := l.scope.validate(cost); err != nil {
 		return nil, err
 	}

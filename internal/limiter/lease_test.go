@@ -12,7 +12,7 @@ import (
 // part, respects penalties and never probes.
 func testLease(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	// Periods so long that nothing refills during the test.
 	s := Scope{Name: "lease", Buckets: []Bucket{
 		{Name: "r", Unit: UnitRequests, Limit: 100, Period: 1000 * time.Hour},
@@ -25,7 +25,7 @@ func testLease(t *testing.T, e *env) {
 		}
 	}
 
-	l := NewLease(tb, s, LeaseOptions{Size: Cost{Requests: 10, Tokens: 1000}})
+	l := must(NewLease(tb, s, LeaseOptions{Size: Cost{Requests: 10, Tokens: 1000}}))
 	for i := range 5 {
 		if r, err := l.Take(ctx, Cost{Requests: 1, Tokens: 100}); err != nil || !r.Allowed {
 			t.Fatalf("take %d: %+v, %v", i, r, err)
@@ -45,7 +45,7 @@ func testLease(t *testing.T, e *env) {
 
 	// A take larger than the slice leases what it needs; an old slice is
 	// given back before a new one is leased.
-	l = NewLease(tb, s, LeaseOptions{Size: Cost{Requests: 10, Tokens: 1000}, MaxAge: time.Second})
+	l = must(NewLease(tb, s, LeaseOptions{Size: Cost{Requests: 10, Tokens: 1000}, MaxAge: time.Second}))
 	defer l.Close(ctx)
 	if r, err := l.Take(ctx, Cost{Requests: 1, Tokens: 3000}); err != nil || !r.Allowed {
 		t.Fatalf("large take: %+v, %v", r, err)
@@ -90,13 +90,13 @@ func testLease(t *testing.T, e *env) {
 // start, and that bound is reached.
 func testLeaseOvershootBound(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	const capacity, period = 100, 10 * time.Second
 	s := Scope{Name: "bound", Buckets: []Bucket{{Name: "t", Unit: UnitTokens, Limit: capacity, Period: period}}}
 	newLeases := func(maxAge time.Duration) []*Lease {
 		ls := make([]*Lease, 3)
 		for i := range ls {
-			ls[i] = NewLease(tb, s, LeaseOptions{Size: Cost{Tokens: 20}, MaxAge: maxAge})
+			ls[i] = must(NewLease(tb, s, LeaseOptions{Size: Cost{Tokens: 20}, MaxAge: maxAge}))
 		}
 		return ls
 	}
@@ -136,7 +136,7 @@ func testLeaseOvershootBound(t *testing.T, e *env) {
 
 	// One lease alone is no exception: 19 tokens unspent while the bucket
 	// refills, then 19 + 100 spent in one instant.
-	l := NewLease(tb, Scope{Name: "bound-one", Buckets: s.Buckets}, LeaseOptions{Size: Cost{Tokens: 20}, MaxAge: time.Hour})
+	l := must(NewLease(tb, Scope{Name: "bound-one", Buckets: s.Buckets}, LeaseOptions{Size: Cost{Tokens: 20}, MaxAge: time.Hour}))
 	for i := range 81 {
 		if !take(l, 1) {
 			t.Fatalf("take %d of the first 81 denied", i)

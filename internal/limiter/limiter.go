@@ -245,17 +245,27 @@ type Options struct {
 	Rand func() float64
 }
 
-// withDefaults returns o with its zero fields set to their defaults. It
-// panics, naming the field, on a negative duration: options are code, and a
-// limiter configured wrongly must not start.
-func (o Options) withDefaults() Options {
-	for name, d := range map[string]time.Duration{
-		"ProbeTimeout": o.ProbeTimeout, "ProbeRetry": o.ProbeRetry, "HoldRetry": o.HoldRetry,
-		"ReconcileTTL": o.ReconcileTTL, "Jitter": o.Jitter,
+// validate reports, naming the field, a negative duration.
+func (o Options) validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"ProbeTimeout", o.ProbeTimeout}, {"ProbeRetry", o.ProbeRetry}, {"HoldRetry", o.HoldRetry},
+		{"ReconcileTTL", o.ReconcileTTL}, {"Jitter", o.Jitter},
 	} {
-		if d < 0 {
-			panic(fmt.Sprintf("limiter: Options.%s is negative (%v)", name, d))
+		if f.d < 0 {
+			return fmt.Errorf("limiter: Options.%s must not be negative, got %v", f.name, f.d)
 		}
+	}
+	return nil
+}
+
+// withDefaults validates o and returns it with its zero fields set to their
+// defaults.
+func (o Options) withDefaults() (Options, error) {
+	if err := o.validate(); err != nil {
+		return o, err
 	}
 	if o.ProbeTimeout == 0 {
 		o.ProbeTimeout = 30 * time.Second
@@ -275,7 +285,7 @@ func (o Options) withDefaults() Options {
 	if o.Rand == nil {
 		o.Rand = rand.Float64
 	}
-	return o
+	return o, nil
 }
 
 // ints reads a script's reply of at least n integers.

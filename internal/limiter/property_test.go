@@ -78,7 +78,7 @@ func admissionProperty(t *testing.T, e *env, hold bool) {
 	o.HoldInFlight = hold
 	tbs := make([]*TokenBucket, clients)
 	for i := range tbs {
-		tbs[i] = NewTokenBucket(e.newClient(), o)
+		tbs[i] = must(NewTokenBucket(e.newClient(), o))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -30,7 +30,7 @@ func tpmOf(s *Settlement) BucketSettlement {
 // provider charged beyond the reservation is taken. Reconcile, for permits
 // whose cost is exact, still refunds.
 func testSettleNeverRefunds(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("keep", 0, 100, 10_000, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}) // 200 prompt + 800 max_tokens
 	st := mustSettle(t, tb, r.Reservation, Feedback{Unused: Cost{Tokens: 700}})
@@ -60,7 +60,7 @@ func testSettleNeverRefunds(t *testing.T, e *env) {
 // (it refunded), counting what was reserved here since a moment before the
 // call, which the provider's answer may not show yet.
 func testSettleFollowsProvider(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("follow", 0, 0, 10_000, 0)
 	x := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}).Reservation
 	e.clock.Add(time.Second) // past the lag: what follows is after x
@@ -91,7 +91,7 @@ func testSettleFollowsProvider(t *testing.T, e *env) {
 // Without an answer about a bucket (no headers, a per-day bucket), the
 // bucket keeps its own count.
 func testSettleWithoutHeaders(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("noheaders", 0, 100, 10_000, 1_000_000)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}).Reservation
 	st := mustSettle(t, tb, r, Feedback{Observed: []Observed{{Bucket: "tpm", Remaining: 9500}}})
@@ -113,7 +113,7 @@ func testSettleWithoutHeaders(t *testing.T, e *env) {
 // this bucket's (another application on the account) is learned as a drain:
 // the bucket refills that much slower, and the next answers agree with it.
 func testSettleLearnsDrain(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	const limit = 60_000 // 1,000 tokens a second
 	s := ModelScope("drain", 0, 0, limit, 0)
 	// The provider's bucket, with another application taking 300 tokens a
@@ -146,7 +146,7 @@ func testSettleLearnsDrain(t *testing.T, e *env) {
 // An unpredicted 429 lowers the bucket's limit factor (once per cooldown),
 // which comes back slowly.
 func testSettleEvidence(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("evidence", 0, 0, 10_000, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100}).Reservation
 	if f := tpmOf(mustSettle(t, tb, r, Feedback{Evidence: []string{"tpm"}})).Factor; math.Abs(f-factorDecrease) > 1e-6 {
@@ -174,7 +174,7 @@ func testSettleEvidence(t *testing.T, e *env) {
 // Repeated unpredicted 429s mean the provider's counts cannot be believed:
 // they no longer lower the buckets, only raise them.
 func testSettleDistrust(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("distrust", 0, 0, 10_000, 0)
 	for range distrustAfter {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100}).Reservation
@@ -194,7 +194,7 @@ func testSettleDistrust(t *testing.T, e *env) {
 // The calibration is the median of the last prompt ratios: a few outliers
 // do not move it; it applies from three calls on, within its bounds.
 func testSettleCalibration(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("calib", 0, 0, 1_000_000, 0)
 	settle := func(ratio float64) Calibration {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
@@ -230,7 +230,7 @@ func testSettleCalibration(t *testing.T, e *env) {
 // use, so an idle scope remembers.
 func testSettleLearnedTTL(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("ttl", 0, 0, 1000, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
 	mustSettle(t, tb, r, Feedback{PromptRatio: 1.2})
@@ -253,7 +253,7 @@ func mustInspect(t *testing.T, tb *TokenBucket, s Scope) *ScopeLearning {
 // others) keeps its own count: the provider's larger room never takes it
 // past its limit; a provider that has used more still raises it.
 func testSettleBelowTheProvidersLimit(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("below", 0, 0, 10_000, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 6000}).Reservation
 	b := tpmOf(mustSettle(t, tb, r, Feedback{Observed: []Observed{{Bucket: "tpm", Remaining: 50_000, Limit: 60_000}}}))

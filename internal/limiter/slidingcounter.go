@@ -26,8 +26,12 @@ type SlidingCounter struct {
 
 // NewSlidingCounter returns a SlidingCounter over rdb. Of opts, it uses Keys
 // and Clock.
-func NewSlidingCounter(rdb redis.Scripter, opts Options) *SlidingCounter {
-	return &SlidingCounter{rdb: rdb, opts: opts.withDefaults()}
+func NewSlidingCounter(rdb redis.Scripter, opts Options) (*SlidingCounter, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &SlidingCounter{rdb: rdb, opts: o}, nil
 }
 
 // Allow counts cost against key's limit per sliding window, or denies
@@ -53,8 +57,12 @@ type MultiWindow struct {
 
 // NewMultiWindow returns a MultiWindow over rdb. Of opts, it uses Keys and
 // Clock.
-func NewMultiWindow(rdb redis.Scripter, opts Options) *MultiWindow {
-	return &MultiWindow{rdb: rdb, opts: opts.withDefaults()}
+func NewMultiWindow(rdb redis.Scripter, opts Options) (*MultiWindow, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &MultiWindow{rdb: rdb, opts: o}, nil
 }
 
 // Allow counts cost in every window of key, or in none. Result.Buckets has

@@ -23,8 +23,12 @@ type SlidingLog struct {
 
 // NewSlidingLog returns a SlidingLog over rdb. Of opts, it uses Keys and
 // Clock.
-func NewSlidingLog(rdb redis.Scripter, opts Options) *SlidingLog {
-	return &SlidingLog{rdb: rdb, opts: opts.withDefaults()}
+func NewSlidingLog(rdb redis.Scripter, opts Options) (*SlidingLog, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &SlidingLog{rdb: rdb, opts: o}, nil
 }
 
 // slidingLogScript drops, from the log of every window given, the entries

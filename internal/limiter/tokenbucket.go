@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -42,16 +41,19 @@ type TokenBucket struct {
 }
 
 // NewTokenBucket returns a TokenBucket over rdb (any redis.UniversalClient
-// fits). It panics when opts has a negative duration.
-func NewTokenBucket(rdb redis.Scripter, opts Options) *TokenBucket {
-	o := opts.withDefaults()
+// fits), or an error naming a field of opts that is invalid.
+func NewTokenBucket(rdb redis.Scripter, opts Options) (*TokenBucket, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	return &TokenBucket{
 		rdb:          rdb,
 		opts:         o,
 		probeTimeout: strconv.FormatInt(o.ProbeTimeout.Microseconds(), 10),
 		probeRetry:   strconv.FormatInt(o.ProbeRetry.Microseconds(), 10),
 		reconcileTTL: strconv.FormatInt(max(o.ReconcileTTL.Milliseconds(), 1), 10),
-	}
+	}, nil
 }
 
 // Reservation is what an allowed Reserve took. Pass it to Reconcile (the call
@@ -299,59 +301,6 @@ func (tb *TokenBucket) Reserve(ctx context.Context, scope Scope, cost Cost) (*Re
 // Allowed tells whether a zero cost would pass now (no penalty, no debt).
 func (tb *TokenBucket) State(ctx context.Context, scope Scope) (*Result, error) {
 	return tb.reserve(ctx, modeState, scope, Cost{})
-}
-
-// run decides a batch of reservations of one scope in one script run, and
-// sets each call's res or err.
-func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
-	// The batch's distinct bucket lists go once; usually there is one.
-	var lists [][]Bucket
-	list := make([]int, len(batch))
-	size := 4
-	for i, c := range batch {
-		list[i] = slices.IndexFunc(lists, func(l []Bucket) bool { return slices.Equal(l, c.scope.Buckets) })
-		if list[i] < 0 {
-			list[i] = len(lists)
-			lists = append(lists, c.scope.Buckets)
-			size += 1 + 3*len(c.scope.Buckets)
-		}
-		size += 3 + len(c.scope.Buckets)
-	}
-	args := make([]any, 0, size)
-	args = append(args, redisclock.Arg(tb.opts.Clock), tb.probeTimeout, tb.probeRetry, len(lists))
-	for _, l := range lists {
-		args = append(args, len(l))
-		for _, b := range l {
-			args = append(args, b.Name, b.Limit, b.Period.Microseconds())
-		}
-	}
-	for i, c := range batch {
-		args = append(args, list[i]+1, c.mode, c.id)
-		for _, b := range c.scope.Buckets {
-			args = append(args, c.cost.Of(b.Unit))
-		}
-	}
-	v, err := reserveScript.Run(ctx, tb.rdb, []string{key}, args...).Result()
-	var a []int64
-	if err == nil {
-		a, err = ints(v, 1) // each call's part is checked below
-	}
-	if err != nil {
-		for _, c := range batch {
-			c.err = fmt.Errorf("limiter: reserve on scope %q: %w", c.scope.Name, err)
-		}
-		return
-	}
-	now, a := time.UnixMicro(a[0]), a[1:]
-	for _, c := range batch {
-		n := 3 + 5*len(c.scope.Buckets)
-		if len(a) < n {
-			c.err = fmt.Errorf("limiter: reserve on scope %q: short script reply", c.scope.Name)
-			continue
-		}
-		c.res = tb.result(c, now, a[:n])
-		a = a[n:]
-	}
 }
 
 // result reads one reservation's part of reserveScript's reply.

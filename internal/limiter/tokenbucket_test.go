@@ -14,7 +14,7 @@ import (
 
 // A denial by one bucket takes nothing from the others.
 func testAllOrNothing(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("openai/gpt-4o-mini", 0, 10, 1000, 0)
 
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 900})
@@ -50,7 +50,7 @@ func testAllOrNothing(t *testing.T, e *env) {
 // RetryAfter is the exact time until every bucket covers the cost: one
 // microsecond earlier is denied, at it the cost is admitted.
 func testRetryAfterExact(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := Scope{Name: "odd", Buckets: []Bucket{
 		{Name: "r", Unit: UnitRequests, Limit: 7, Period: 3 * time.Second},
 		{Name: "t", Unit: UnitTokens, Limit: 1000, Period: 7 * time.Second},
@@ -92,7 +92,7 @@ func testRetryAfterExact(t *testing.T, e *env) {
 // On Redis TIME, RetryAfter is within 5 ms of the truth, computed from the
 // Redis times of the decisions.
 func testRetryAfterRedisTime(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.realOpts())
+	tb := must(NewTokenBucket(e.rdb, e.realOpts()))
 	s := Scope{Name: "real", Buckets: []Bucket{{Name: "tpm", Unit: UnitTokens, Limit: 6000, Period: time.Minute}}}
 	first := mustReserve(t, tb, s, Cost{Tokens: 6000})
 	if !first.Allowed {
@@ -113,7 +113,7 @@ func testRetryAfterRedisTime(t *testing.T, e *env) {
 // never reaches Redis.
 func testCostExceedsCapacity(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("big", 0, 10, 1000, 0)
 
 	_, err := tb.Reserve(ctx, s, Cost{Requests: 1, Tokens: 1001})
@@ -132,19 +132,25 @@ func testCostExceedsCapacity(t *testing.T, e *env) {
 	if n := e.rdb.Exists(ctx, e.keys.LimiterScope(s.Name)).Val(); n != 0 {
 		t.Fatalf("a refused cost created the scope's key")
 	}
-	lease := NewLease(tb, s, LeaseOptions{})
+	lease := must(NewLease(tb, s, LeaseOptions{}))
 	if _, err := lease.Take(ctx, Cost{Tokens: 5000}); !errors.Is(err, ErrCostExceedsCapacity) {
 		t.Fatalf("Lease.Take err = %v", err)
 	}
 	for name, allow := range map[string]func() error{
-		"fixed": func() error { _, err := NewFixedWindow(e.rdb, e.opts()).Allow(ctx, "k", 5, time.Second, 6); return err },
-		"log":   func() error { _, err := NewSlidingLog(e.rdb, e.opts()).Allow(ctx, "k", 5, time.Second, 6); return err },
+		"fixed": func() error {
+			_, err := must(NewFixedWindow(e.rdb, e.opts())).Allow(ctx, "k", 5, time.Second, 6)
+			return err
+		},
+		"log": func() error {
+			_, err := must(NewSlidingLog(e.rdb, e.opts())).Allow(ctx, "k", 5, time.Second, 6)
+			return err
+		},
 		"counter": func() error {
-			_, err := NewSlidingCounter(e.rdb, e.opts()).Allow(ctx, "k", 5, time.Second, 6)
+			_, err := must(NewSlidingCounter(e.rdb, e.opts())).Allow(ctx, "k", 5, time.Second, 6)
 			return err
 		},
 		"multi": func() error {
-			_, err := NewMultiWindow(e.rdb, e.opts()).Allow(ctx, "k", []Window{{10, time.Second}, {5, time.Minute}}, 6)
+			_, err := must(NewMultiWindow(e.rdb, e.opts())).Allow(ctx, "k", []Window{{10, time.Second}, {5, time.Minute}}, 6)
 			return err
 		},
 	} {
@@ -158,7 +164,7 @@ func testCostExceedsCapacity(t *testing.T, e *env) {
 // reconcile of one reservation changes nothing.
 func testReconcileRefund(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("refund", 0, 100, 1000, 0)
 
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 800})
@@ -202,7 +208,7 @@ func testReconcileRefund(t *testing.T, e *env) {
 // wait for it; a second reconcile takes nothing more.
 func testReconcileDebt(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("debt", 0, 0, 1000, 0)
 
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500})
@@ -228,7 +234,7 @@ func testReconcileDebt(t *testing.T, e *env) {
 
 // Limits come with every call; the used amount is kept when they change.
 func testLimitChange(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	mustReserve(t, tb, ModelScope("change", 0, 0, 1000, 0), Cost{Tokens: 600})
 	if got := remaining(mustState(t, tb, ModelScope("change", 0, 0, 2000, 0))); got["tpm"] != 1400 {
 		t.Fatalf("limit raised to 2000 with 600 used: remaining %v, want 1400", got)
@@ -244,8 +250,8 @@ func testLimitChange(t *testing.T, e *env) {
 // one never shortens it; when it ends a single probe goes first.
 func testPenalizeAcrossClients(t *testing.T, e *env) {
 	ctx := context.Background()
-	a := NewTokenBucket(e.rdb, e.opts())
-	b := NewTokenBucket(e.newClient(), e.opts())
+	a := must(NewTokenBucket(e.rdb, e.opts()))
+	b := must(NewTokenBucket(e.newClient(), e.opts()))
 	s := ModelScope("penalized", 0, 100, 100000, 0)
 	cost := Cost{Requests: 1, Tokens: 10}
 
@@ -296,7 +302,7 @@ func testPenalizeAcrossClients(t *testing.T, e *env) {
 // probe blocks again, and the old probe's release does not lift it.
 func testProbeTimeoutAndRepenalize(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, Options{Keys: e.keys, Clock: e.clock.Now, ProbeTimeout: 5 * time.Second})
+	tb := must(NewTokenBucket(e.rdb, Options{Keys: e.keys, Clock: e.clock.Now, ProbeTimeout: 5 * time.Second}))
 	s := ModelScope("probe", 0, 100, 0, 0)
 	one := Cost{Requests: 1}
 
@@ -376,7 +382,7 @@ func testWait(t *testing.T, e *env) {
 	rdb := e.newClient()
 	hook := &countScripts{}
 	rdb.AddHook(hook)
-	tb := NewTokenBucket(rdb, e.realOpts())
+	tb := must(NewTokenBucket(rdb, e.realOpts()))
 	s := Scope{Name: "wait", Buckets: []Bucket{{Name: "tps", Unit: UnitTokens, Limit: 100, Period: time.Second}}}
 	first := mustReserve(t, tb, s, Cost{Tokens: 100})
 
@@ -397,7 +403,7 @@ func testWait(t *testing.T, e *env) {
 // Wait ends with its context: at once when the deadline comes before the
 // admission, and as soon as the context is cancelled.
 func testWaitEndsWithContext(t *testing.T, e *env) {
-	tb := NewTokenBucket(e.rdb, e.realOpts())
+	tb := must(NewTokenBucket(e.rdb, e.realOpts()))
 	s := Scope{Name: "slow", Buckets: []Bucket{{Name: "rpm", Unit: UnitRequests, Limit: 1, Period: time.Hour}}}
 	mustReserve(t, tb, s, Cost{Requests: 1})
 
@@ -413,7 +419,7 @@ func testWaitEndsWithContext(t *testing.T, e *env) {
 	rdb := e.newClient()
 	hook := &countScripts{first: make(chan struct{})}
 	rdb.AddHook(hook)
-	tb = NewTokenBucket(rdb, e.realOpts())
+	tb = must(NewTokenBucket(rdb, e.realOpts()))
 	ctx, cancel = context.WithCancel(context.Background())
 	go func() {
 		<-hook.first
@@ -438,7 +444,7 @@ func nearTTL(t *testing.T, what string, got, want time.Duration) {
 // full again and no penalty or probe is pending; no call shortens it.
 func testKeyTTLs(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("ttl", 0, 10, 1000, 0)
 	key := e.keys.LimiterScope(s.Name)
 	pttl := func(k string) time.Duration { return e.rdb.PTTL(ctx, k).Val() }
@@ -468,11 +474,11 @@ func testKeyTTLs(t *testing.T, e *env) {
 
 	// Every limiter's keys.
 	for i := range 3 {
-		NewFixedWindow(e.rdb, e.opts()).Allow(ctx, "fw", 10, time.Minute, 1)
-		NewSlidingLog(e.rdb, e.opts()).Allow(ctx, "sl", 10, time.Minute, 1)
-		NewSlidingCounter(e.rdb, e.opts()).Allow(ctx, "sc", 10, time.Minute, 1)
-		NewMultiWindow(e.rdb, e.opts()).Allow(ctx, "mw", []Window{{10, time.Second}, {100, time.Hour}}, 1)
-		l := NewLease(tb, ModelScope("lease", 0, 100, 0, 0), LeaseOptions{Size: Cost{Requests: 10}})
+		must(NewFixedWindow(e.rdb, e.opts())).Allow(ctx, "fw", 10, time.Minute, 1)
+		must(NewSlidingLog(e.rdb, e.opts())).Allow(ctx, "sl", 10, time.Minute, 1)
+		must(NewSlidingCounter(e.rdb, e.opts())).Allow(ctx, "sc", 10, time.Minute, 1)
+		must(NewMultiWindow(e.rdb, e.opts())).Allow(ctx, "mw", []Window{{10, time.Second}, {100, time.Hour}}, 1)
+		l := must(NewLease(tb, ModelScope("lease", 0, 100, 0, 0), LeaseOptions{Size: Cost{Requests: 10}}))
 		l.Take(ctx, Cost{Requests: 1 + int64(i)})
 		l.Close(ctx)
 	}
@@ -494,7 +500,7 @@ func testKeyTTLs(t *testing.T, e *env) {
 // Bad scopes and costs fail with an error naming what is wrong.
 func testInvalidInput(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	for _, c := range []struct {
 		s    Scope
 		cost Cost
@@ -514,15 +520,12 @@ func testInvalidInput(t *testing.T, e *env) {
 	if err := tb.Penalize(ctx, ModelScope("x", 0, 1, 0, 0), -time.Second); err == nil {
 		t.Errorf("negative penalty accepted")
 	}
-	if _, err := NewMultiWindow(e.rdb, e.opts()).Allow(ctx, "k", []Window{{1, time.Second}, {2, time.Second}}, 1); err == nil {
+	if _, err := must(NewMultiWindow(e.rdb, e.opts())).Allow(ctx, "k", []Window{{1, time.Second}, {2, time.Second}}, 1); err == nil {
 		t.Errorf("two windows of one period accepted")
 	}
-	defer func() {
-		if p := recover(); p == nil || !strings.Contains(p.(string), "ProbeTimeout") {
-			t.Errorf("negative ProbeTimeout: panic %v, want one naming it", p)
-		}
-	}()
-	NewTokenBucket(e.rdb, Options{ProbeTimeout: -1})
+	if _, err := NewTokenBucket(e.rdb, Options{ProbeTimeout: -1}); err == nil || !strings.Contains(err.Error(), "ProbeTimeout") {
+		t.Errorf("negative ProbeTimeout: %v, want an error naming it", err)
+	}
 }
 
 // A scope without buckets only carries penalties; ModelScope leaves out the
@@ -547,7 +550,7 @@ func testRefundKeepsOthersReserved(t *testing.T, e *env) {
 	ctx := context.Background()
 	o := e.opts()
 	o.HoldInFlight = true
-	tb := NewTokenBucket(e.rdb, o)
+	tb := must(NewTokenBucket(e.rdb, o))
 	s := ModelScope("clip", 0, 0, 1200, 0) // 20 tokens a second
 
 	a := mustReserve(t, tb, s, Cost{Tokens: 420}).Reservation
@@ -604,7 +607,7 @@ func testRefundKeepsOthersReserved(t *testing.T, e *env) {
 // refund), and a reconcile after that one still changes nothing.
 func testReconcileAfterScriptError(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	s := ModelScope("reconcile-error", 0, 0, 1000, 0)
 	key := e.keys.LimiterScope(s.Name)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 800}).Reservation
@@ -640,7 +643,7 @@ func testReconcileAfterScriptError(t *testing.T, e *env) {
 // capacity back, however little it took.
 func testKeyTTLCoversAllBuckets(t *testing.T, e *env) {
 	ctx := context.Background()
-	tb := NewTokenBucket(e.rdb, e.opts())
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	withDay := ModelScope("learned", 0, 10, 0, 1_000_000)
 	without := ModelScope("learned", 0, 10, 0, 0)
 	key := e.keys.LimiterScope(withDay.Name)
@@ -660,7 +663,7 @@ func testKeyTTLCoversAllBuckets(t *testing.T, e *env) {
 
 	o := e.opts()
 	o.HoldInFlight = true
-	hold := NewTokenBucket(e.rdb, o)
+	hold := must(NewTokenBucket(e.rdb, o))
 	s := ModelScope("held-ttl", 0, 0, 1_000_000, 0)
 	// 2,000 tokens refill in 120 ms, but stay held until the end of the next
 	// in-flight generation: the clock starts at a generation's start.
@@ -680,7 +683,7 @@ func testRetryAfterHeldInFlight(t *testing.T, e *env) {
 	ctx := context.Background()
 	o := e.opts()
 	o.HoldInFlight = true
-	tb := NewTokenBucket(e.rdb, o)
+	tb := must(NewTokenBucket(e.rdb, o))
 	if e.clock.Now().UnixMicro()%inflightGen.Microseconds() != 0 {
 		t.Fatalf("the clock %v is not at the start of an in-flight generation", e.clock.Now())
 	}

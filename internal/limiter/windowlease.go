@@ -48,11 +48,22 @@ type WindowLease struct {
 	closed bool
 }
 
-// NewLease returns a lease on set. It panics when opts has a negative field;
-// an invalid set is reported by Take.
-func (w *Windows) NewLease(set WindowSet, opts WindowLeaseOptions) *WindowLease {
-	if opts.MaxAge < 0 || opts.Size < 0 {
-		panic(fmt.Sprintf("limiter: negative WindowLeaseOptions %+v", opts))
+// validate reports, naming the field, a negative size or age.
+func (o WindowLeaseOptions) validate() error {
+	switch {
+	case o.MaxAge < 0:
+		return fmt.Errorf("limiter: WindowLeaseOptions.MaxAge must not be negative, got %v", o.MaxAge)
+	case o.Size < 0:
+		return fmt.Errorf("limiter: WindowLeaseOptions.Size must not be negative, got %d", o.Size)
+	}
+	return nil
+}
+
+// NewLease returns a lease on set, or an error naming a field of opts that
+// is invalid; an invalid set is reported by Take.
+func (w *Windows) NewLease(set WindowSet, opts WindowLeaseOptions) (*WindowLease, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	if opts.MaxAge == 0 {
 		opts.MaxAge = time.Second
@@ -67,7 +78,7 @@ func (w *Windows) NewLease(set WindowSet, opts WindowLeaseOptions) *WindowLease 
 		opts.Size = max(smallest/100, 1)
 	}
 	return &WindowLease{w: w, set: set, size: max(min(opts.Size, smallest), 1), maxAge: opts.MaxAge,
-		sem: make(chan struct{}, 1)}
+		sem: make(chan struct{}, 1)}, nil
 }
 
 // Set returns the set the lease takes from.

@@ -112,11 +112,18 @@ type Windows struct {
 }
 
 // NewWindows returns Windows over rdb. Of opts, it uses Keys and Clock.
-func NewWindows(rdb redis.Scripter, opts Options) *Windows {
-	opts = opts.withDefaults()
+func NewWindows(rdb redis.Scripter, opts Options) (*Windows, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	tbOpts := opts
 	tbOpts.HoldInFlight = false
-	return &Windows{rdb: rdb, opts: opts, tb: NewTokenBucket(rdb, tbOpts)}
+	tb, err := NewTokenBucket(rdb, tbOpts)
+	if err != nil {
+		return nil, err
+	}
+	return &Windows{rdb: rdb, opts: opts, tb: tb}, nil
 }
 
 // Allow counts cost in every window of set, or in none. Result.Buckets has

@@ -38,7 +38,7 @@ func burstAtBoundary(t *testing.T, e *env, allow allowFunc) (int, *Result) {
 
 // The fixed window admits twice its limit across a boundary, in 2 ms.
 func testFixedWindowBoundaryBurst(t *testing.T, e *env) {
-	fw := NewFixedWindow(e.rdb, e.opts())
+	fw := must(NewFixedWindow(e.rdb, e.opts()))
 	n, denied := burstAtBoundary(t, e, fw.Allow)
 	if n != 20 {
 		t.Fatalf("fixed window admitted %d in the 2 ms around a boundary, want 20 (the boundary burst)", n)
@@ -52,7 +52,7 @@ func testFixedWindowBoundaryBurst(t *testing.T, e *env) {
 // The sliding log admits only its limit across a boundary, and its
 // RetryAfter is when the oldest entry leaves the window.
 func testSlidingLogNoBoundaryBurst(t *testing.T, e *env) {
-	sl := NewSlidingLog(e.rdb, e.opts())
+	sl := must(NewSlidingLog(e.rdb, e.opts()))
 	n, denied := burstAtBoundary(t, e, sl.Allow)
 	if n != 10 {
 		t.Fatalf("sliding log admitted %d in the 2 ms around a boundary, want 10", n)
@@ -78,7 +78,7 @@ func testSlidingLogNoBoundaryBurst(t *testing.T, e *env) {
 // admits up to it, also after denials that dropped expired entries.
 func testSlidingLogExact(t *testing.T, e *env) {
 	ctx := context.Background()
-	sl := NewSlidingLog(e.rdb, e.opts())
+	sl := must(NewSlidingLog(e.rdb, e.opts()))
 	rng := rand.New(rand.NewPCG(1, 2))
 	const limit, window = 50, time.Second
 	type adm struct {
@@ -133,7 +133,7 @@ func testSlidingLogExact(t *testing.T, e *env) {
 // The sliding counter has no boundary burst: the previous window still
 // weighs almost fully, and RetryAfter is when its weight leaves room.
 func testSlidingCounterNoBoundaryBurst(t *testing.T, e *env) {
-	sc := NewSlidingCounter(e.rdb, e.opts())
+	sc := must(NewSlidingCounter(e.rdb, e.opts()))
 	n, denied := burstAtBoundary(t, e, sc.Allow)
 	if n != 10 {
 		t.Fatalf("sliding counter admitted %d in the 2 ms around a boundary, want 10", n)
@@ -172,7 +172,7 @@ func testSlidingCounterNoBoundaryBurst(t *testing.T, e *env) {
 // day window leaves the second and minute windows untouched.
 func testMultiWindowAllOrNothing(t *testing.T, e *env) {
 	ctx := context.Background()
-	mw := NewMultiWindow(e.rdb, e.opts())
+	mw := must(NewMultiWindow(e.rdb, e.opts()))
 	e.clock.Set(time.Unix(1_900_000_000-1_900_000_000%86400, 0).Add(time.Hour))
 	ws := []Window{{Limit: 5, Period: time.Second}, {Limit: 20, Period: time.Minute}, {Limit: 3, Period: 24 * time.Hour}}
 	for i := range 3 {

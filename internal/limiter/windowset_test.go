@@ -57,7 +57,7 @@ func left(t *testing.T, w *Windows, s WindowSet) map[string]int64 {
 // window takes nothing from the second and minute windows, and the denial
 // names the window that frees last.
 func testWindowSetAllOrNothing(t *testing.T, e *env) {
-	w := NewWindows(e.rdb, e.opts())
+	w := must(NewWindows(e.rdb, e.opts()))
 	e.clock.Set(midWindow)
 	for _, alg := range Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
@@ -99,7 +99,7 @@ func testWindowSetAllOrNothing(t *testing.T, e *env) {
 // counted together when a request names both, and apart otherwise: the
 // endpoint's denial takes nothing from the key's windows.
 func testWindowSetEndpoint(t *testing.T, e *env) {
-	w := NewWindows(e.rdb, e.opts())
+	w := must(NewWindows(e.rdb, e.opts()))
 	e.clock.Set(midWindow)
 	for _, alg := range Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
@@ -131,12 +131,12 @@ func testWindowSetEndpoint(t *testing.T, e *env) {
 // ended since is not taken from the next one.
 func testWindowLeaseGiveBack(t *testing.T, e *env) {
 	ctx := context.Background()
-	w := NewWindows(e.rdb, e.opts())
+	w := must(NewWindows(e.rdb, e.opts()))
 	for _, alg := range Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			e.clock.Set(midWindow)
 			s := set(alg, "give-"+string(alg), nw("minute", 100, time.Minute), nw("day", 1000, 24*time.Hour))
-			l := w.NewLease(s, WindowLeaseOptions{Size: 10})
+			l := must(w.NewLease(s, WindowLeaseOptions{Size: 10}))
 			for i := range 3 {
 				r, err := l.Take(ctx, 1)
 				if err != nil || !r.Allowed {
@@ -166,7 +166,7 @@ func testWindowLeaseGiveBack(t *testing.T, e *env) {
 				return // they have no window boundaries
 			}
 			e.clock.Set(midWindow.Add(29*time.Second + 400*time.Millisecond)) // 12:30:59.9
-			l = w.NewLease(s, WindowLeaseOptions{Size: 10, MaxAge: time.Hour})
+			l = must(w.NewLease(s, WindowLeaseOptions{Size: 10, MaxAge: time.Hour}))
 			if r, err := l.Take(ctx, 1); err != nil || !r.Allowed {
 				t.Fatalf("take: %+v, %v", r, err)
 			}
@@ -202,7 +202,7 @@ func testWindowLeaseGiveBack(t *testing.T, e *env) {
 // reached.
 func testWindowLeaseBound(t *testing.T, e *env) {
 	ctx := context.Background()
-	w := NewWindows(e.rdb, e.opts())
+	w := must(NewWindows(e.rdb, e.opts()))
 	take := func(l *WindowLease) bool {
 		t.Helper()
 		r, err := l.Take(ctx, 1)
@@ -215,7 +215,7 @@ func testWindowLeaseBound(t *testing.T, e *env) {
 		t.Run(string(alg), func(t *testing.T) {
 			e.clock.Set(midWindow)
 			s := set(alg, "bound-"+string(alg), nw("minute", 20, time.Minute))
-			ls := []*WindowLease{w.NewLease(s, WindowLeaseOptions{Size: 6}), w.NewLease(s, WindowLeaseOptions{Size: 6}), w.NewLease(s, WindowLeaseOptions{Size: 6})}
+			ls := []*WindowLease{must(w.NewLease(s, WindowLeaseOptions{Size: 6})), must(w.NewLease(s, WindowLeaseOptions{Size: 6})), must(w.NewLease(s, WindowLeaseOptions{Size: 6}))}
 			spent := 0
 			for range 10 {
 				for _, l := range ls {
@@ -240,7 +240,7 @@ func testWindowLeaseBound(t *testing.T, e *env) {
 	s := set(AlgFixedWindow, "bound-edge", nw("minute", 20, time.Minute))
 	ls := []*WindowLease{}
 	for range 3 {
-		l := w.NewLease(s, WindowLeaseOptions{Size: 6, MaxAge: time.Hour})
+		l := must(w.NewLease(s, WindowLeaseOptions{Size: 6, MaxAge: time.Hour}))
 		take(l)
 		ls = append(ls, l)
 	}
@@ -266,7 +266,7 @@ func testWindowLeaseBound(t *testing.T, e *env) {
 // Bad sets and costs fail with an error naming what is wrong, and write
 // nothing.
 func testWindowSetInvalid(t *testing.T, e *env) {
-	w := NewWindows(e.rdb, e.opts())
+	w := must(NewWindows(e.rdb, e.opts()))
 	for _, c := range []struct {
 		s    WindowSet
 		cost int64
@@ -299,16 +299,16 @@ func testWindowSetInvalid(t *testing.T, e *env) {
 // share the scope's hash tag.
 func testWindowSetTTLs(t *testing.T, e *env) {
 	ctx := context.Background()
-	w := NewWindows(e.rdb, e.opts())
+	w := must(NewWindows(e.rdb, e.opts()))
 	e.clock.Set(midWindow)
-	pacer := NewSpacer(e.rdb, e.opts())
+	pacer := must(NewSpacer(e.rdb, e.opts()))
 	for _, alg := range Algorithms {
 		scope := "ttl-" + string(alg)
 		long := set(alg, scope, nw("second", 10, time.Second), nw("files.create:hour", 10, time.Hour))
 		short := set(alg, scope, nw("second", 10, time.Second))
 		mustAllow(t, w, long, 1)
 		mustAllow(t, w, short, 1)
-		l := w.NewLease(short, WindowLeaseOptions{Size: 3})
+		l := must(w.NewLease(short, WindowLeaseOptions{Size: 3}))
 		if _, err := l.Take(ctx, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -356,7 +356,7 @@ func testWindowSetTTLs(t *testing.T, e *env) {
 // Done; scopes are paced apart.
 func testSpacer(t *testing.T, e *env) {
 	ctx := context.Background()
-	p := NewSpacer(e.rdb, e.opts())
+	p := must(NewSpacer(e.rdb, e.opts()))
 	e.clock.Set(midWindow)
 	const interval = 100 * time.Millisecond
 	slot := func(scope, id string) time.Duration {
@@ -394,7 +394,7 @@ func testSpacer(t *testing.T, e *env) {
 	got := map[time.Duration]bool{}
 	var wg sync.WaitGroup
 	for c := range 3 {
-		pc := NewSpacer(e.newClient(), e.opts())
+		pc := must(NewSpacer(e.newClient(), e.opts()))
 		for g := range 4 {
 			wg.Add(1)
 			go func() {
@@ -436,7 +436,7 @@ func windowsChild() {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	at, _ := strconv.ParseInt(os.Args[3], 10, 64)
-	w := NewWindows(rdb, Options{Keys: rkeys.New(os.Args[2]), Clock: func() time.Time { return time.UnixMicro(at) }})
+	w := must(NewWindows(rdb, Options{Keys: rkeys.New(os.Args[2]), Clock: func() time.Time { return time.UnixMicro(at) }}))
 	var mu sync.Mutex
 	admitted := map[string]int{}
 	var wg sync.WaitGroup

@@ -87,13 +87,26 @@ type Recorder struct {
 	webhookReasons map[string]bool
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o Options) validate() error {
+	if o.FlushInterval < 0 {
+		return fmt.Errorf("metrics: Options.FlushInterval must not be negative, got %v", o.FlushInterval)
+	}
+	return nil
+}
+
 // maxWebhookReasons caps the distinct failure reasons; later ones count
 // as "other".
 const maxWebhookReasons = 16
 
-// New returns a Recorder with its own registry.
-func New(o Options) *Recorder {
-	if o.FlushInterval <= 0 {
+// New returns a Recorder with its own registry, or an error naming an
+// option that is invalid.
+func New(o Options) (*Recorder, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if o.FlushInterval == 0 {
 		o.FlushInterval = 5 * time.Second
 	}
 	if o.Now == nil {
@@ -153,7 +166,7 @@ func New(o Options) *Recorder {
 	if !o.NoProcessMetrics {
 		r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	return r
+	return r, nil
 }
 
 // Registry is the process's registry; collectors of state (Register)

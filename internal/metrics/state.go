@@ -66,21 +66,40 @@ type State struct {
 	wrks cached[int]
 }
 
-// NewState returns a State over d.
-func NewState(d StateDeps, o StateOptions) *State {
-	if o.MaxTenants <= 0 {
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o StateOptions) validate() error {
+	if o.MaxTenants < 0 {
+		return fmt.Errorf("metrics: StateOptions.MaxTenants must not be negative, got %d", o.MaxTenants)
+	}
+	if o.CacheTTL < 0 {
+		return fmt.Errorf("metrics: StateOptions.CacheTTL must not be negative, got %v", o.CacheTTL)
+	}
+	if o.Concurrency < 0 {
+		return fmt.Errorf("metrics: StateOptions.Concurrency must not be negative, got %d", o.Concurrency)
+	}
+	return nil
+}
+
+// NewState returns a State over d, or an error naming an option that is
+// invalid.
+func NewState(d StateDeps, o StateOptions) (*State, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if o.MaxTenants == 0 {
 		o.MaxTenants = 1000
 	}
-	if o.CacheTTL <= 0 {
+	if o.CacheTTL == 0 {
 		o.CacheTTL = 5 * time.Second
 	}
-	if o.Concurrency <= 0 {
+	if o.Concurrency == 0 {
 		o.Concurrency = 8
 	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &State{d: d, o: o}
+	return &State{d: d, o: o}, nil
 }
 
 // cached holds one read for a while; concurrent callers wait for the read

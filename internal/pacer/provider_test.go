@@ -198,12 +198,12 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 		Limits: config.Limits{RPM: factor * providerRPM, TPM: factor * providerTPM}}
 	rdb := testutil.Redis(t, redisDB)
 	keys := rkeys.New(testutil.Prefix(t))
-	tb := limiter.NewTokenBucket(rdb, limiter.Options{Keys: keys, Clock: clock.Now, HoldInFlight: true})
+	tb := testutil.Must(limiter.NewTokenBucket(rdb, limiter.Options{Keys: keys, Clock: clock.Now, HoldInFlight: true}))
 	// Workers in loopProcesses processes, each with its own limiter client
 	// and pacer (its own caches), as worker processes are.
 	pacers := make([]*pacer.Pacer, loopProcesses)
 	for i := range pacers {
-		ptb := limiter.NewTokenBucket(rdb, limiter.Options{Keys: keys, Clock: clock.Now, HoldInFlight: true})
+		ptb := testutil.Must(limiter.NewTokenBucket(rdb, limiter.Options{Keys: keys, Clock: clock.Now, HoldInFlight: true}))
 		pacers[i] = pacer.Must(pacer.New(ptb, rdb, keys, nil, nil, pacer.Options{Now: clock.Now}))
 	}
 	canned := &cannedTransport{}

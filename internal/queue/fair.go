@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/redisclock"
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
@@ -45,21 +46,22 @@ var fairWeights = func() string {
 // KEYS[1] -> the scope's state (rkeys.FairState)
 // KEYS[2] -> its priorities with work (rkeys.FairClasses)
 // KEYS[3] -> its job ids waiting or released (rkeys.FairMembers)
-// ARGV[1] -> the prefix of its per-priority and per-tenant keys (rkeys.FairQueue)
-// ARGV[2] -> now in ms
+// ARGV[1] -> now (redisclock.Arg)
+// ARGV[2] -> the prefix of its per-priority and per-tenant keys (rkeys.FairQueue)
 // ARGV[3] -> the state's TTL in ms
 // then per job: id, priority, tenant, cost in tokens, the tenant's share
 // ("" keeps the one known)
 // Returns how many jobs were added (one already waiting or released is not).
-var fairPushScript = redis.NewScript(`
-local st, classes, members, prefix, now = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
+var fairPushScript = redis.NewScript(redisclock.Lua + `
+local st, classes, members, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[2]
+local at = string.format('%d', math.floor(now / 1000))
 local added = 0
 for i = 4, #ARGV, 5 do
   local id, class, tenant, cost, share = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   if redis.call('SADD', members, id) == 1 then
     added = added + 1
     local list, tenants = prefix .. 'list:' .. class .. ':' .. tenant, prefix .. 'tenants:' .. class
-    redis.call('RPUSH', list, id .. '|' .. cost .. '|' .. now)
+    redis.call('RPUSH', list, id .. '|' .. cost .. '|' .. at)
     if share ~= '' then redis.call('HSET', st, 's:' .. tenant, share) end
     redis.call('HINCRBY', st, 'n:' .. class .. ':' .. tenant, 1)
     redis.call('HSET', st, 'w:' .. id, class .. ':' .. tenant)
@@ -88,8 +90,8 @@ return added
 // KEYS[2] -> its priorities with work (rkeys.FairClasses)
 // KEYS[3] -> its job ids waiting or released (rkeys.FairMembers)
 // KEYS[4] -> its released jobs not yet started (rkeys.FairOut)
-// ARGV[1] -> the prefix of its per-priority and per-tenant keys
-// ARGV[2] -> now in ms
+// ARGV[1] -> now (redisclock.Arg)
+// ARGV[2] -> the prefix of its per-priority and per-tenant keys
 // ARGV[3] -> the state's TTL in ms
 // ARGV[4] -> the tokens the limits have room for (before what is released
 // and not yet started), or "inf"
@@ -102,9 +104,9 @@ return added
 // ARGV[9] -> the priorities' weights, "name=w,..."
 // Returns {1 when no job waits any more, else 0, then per released job: id,
 // priority, tenant, cost, ms it waited}.
-var fairReleaseScript = redis.NewScript(`
+var fairReleaseScript = redis.NewScript(redisclock.Lua + `
 local st, classes, members, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local prefix, now = ARGV[1], tonumber(ARGV[2])
+local prefix, nowms = ARGV[2], math.floor(now / 1000)
 local tokens, reqs = tonumber(ARGV[4]) or math.huge, tonumber(ARGV[5]) or math.huge
 local maxout, factor, force = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
 local weights = {}
@@ -148,8 +150,8 @@ while budget > 0 and outn < maxout do
       local fc = ctag + cost / (weights[class] or 1)
       redis.call('HSET', st, 'vc', ctag, 'fc:' .. class, fc, 'o:' .. id, (cost * factor) .. '|' .. class)
       redis.call('HINCRBYFLOAT', st, 'outsum', cost * factor)
-      redis.call('ZADD', out, now, id)
-      res[#res + 1], res[#res + 2], res[#res + 3], res[#res + 4], res[#res + 5] = id, class, tenant, cost, now - at
+      redis.call('ZADD', out, nowms, id)
+      res[#res + 1], res[#res + 2], res[#res + 3], res[#res + 4], res[#res + 5] = id, class, tenant, cost, nowms - at
       -- the next job of the tenant, and of the priority, start where this one finishes
       if redis.call('LLEN', list) > 0 then redis.call('ZADD', tenants, f, tenant) end
       ctag = fc
@@ -195,6 +197,23 @@ end
 return 1
 `)
 
+// fairStaleScript lists the jobs released long ago and not yet started.
+//
+// KEYS[1] -> the scope's state
+// KEYS[2] -> its released jobs not yet started
+// ARGV[1] -> now (redisclock.Arg)
+// ARGV[2] -> how long ago in ms a job was released at the latest
+// ARGV[3] -> the most jobs to list
+// Returns {per job: id, its state's o: field or ""}, oldest first.
+var fairStaleScript = redis.NewScript(redisclock.Lua + `
+local max = string.format('%d', math.floor(now / 1000) - tonumber(ARGV[2]))
+local res = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', max, 'LIMIT', 0, tonumber(ARGV[3]))) do
+  res[#res + 1], res[#res + 2] = id, redis.call('HGET', KEYS[1], 'o:' .. id) or ''
+end
+return res
+`)
+
 // fairWaitingScript reads what waits in a scope's fair queue.
 //
 // KEYS[1] -> the scope's state
@@ -222,6 +241,8 @@ return out
 type fair struct {
 	rdb  redis.UniversalClient
 	keys rkeys.Builder
+	// clock, when set (tests), is the scripts' time instead of Redis TIME.
+	clock func() time.Time
 }
 
 // fairRef reports whether ref goes to the fair queue: a job to run now,
@@ -236,7 +257,7 @@ func (f *fair) push(ctx context.Context, scope string, refs []JobRef) (int, erro
 	for len(refs) > 0 {
 		n := min(len(refs), 500)
 		args := make([]any, 0, 3+5*n)
-		args = append(args, f.keys.FairQueue(scope), time.Now().UnixMilli(), fairTTL.Milliseconds())
+		args = append(args, redisclock.Arg(f.clock), f.keys.FairQueue(scope), fairTTL.Milliseconds())
 		for _, r := range refs[:n] {
 			share := ""
 			if r.Share > 0 {
@@ -312,7 +333,7 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		force = "1"
 	}
 	keys := []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
-	v, err := fairReleaseScript.Run(ctx, f.rdb, keys, f.keys.FairQueue(scope), time.Now().UnixMilli(), fairTTL.Milliseconds(),
+	v, err := fairReleaseScript.Run(ctx, f.rdb, keys, redisclock.Arg(f.clock), f.keys.FairQueue(scope), fairTTL.Milliseconds(),
 		num(room.Tokens), num(room.Requests), max(room.MaxOutstanding, 1), strconv.FormatFloat(room.Factor, 'g', -1, 64), force, fairWeights).Slice()
 	if err != nil {
 		return nil, false, fmt.Errorf("release the fair queue of %s: %w", scope, err)
@@ -414,35 +435,30 @@ func (c *Client) RequeueStale(ctx context.Context, scope string, age time.Durati
 		return 0, nil
 	}
 	f := c.fair
-	ids, err := f.rdb.ZRangeByScore(ctx, f.keys.FairOut(scope), &redis.ZRangeBy{
-		Min: "-inf", Max: strconv.FormatInt(time.Now().Add(-age).UnixMilli(), 10), Count: 100}).Result()
-	if err != nil || len(ids) == 0 {
-		return 0, err
-	}
-	fields := make([]string, len(ids))
-	for i, id := range ids {
-		fields[i] = "o:" + id
-	}
-	vals, err := f.rdb.HMGet(ctx, f.keys.FairState(scope), fields...).Result()
+	v, err := fairStaleScript.Run(ctx, f.rdb, []string{f.keys.FairState(scope), f.keys.FairOut(scope)},
+		redisclock.Arg(f.clock), age.Milliseconds(), 100).StringSlice()
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("fair queue of %s: stale jobs: %w", scope, err)
 	}
-	for i, id := range ids {
-		o, _ := vals[i].(string)
+	if len(v)%2 != 0 {
+		return 0, fmt.Errorf("fair queue of %s: unexpected stale reply %v", scope, v)
+	}
+	for i := 0; i+1 < len(v); i += 2 {
+		id, o := v[i], v[i+1]
 		_, q, ok := strings.Cut(o, "|")
 		if !ok || !ValidPriority(q) {
 			q = Default
 		}
 		if _, err := c.enqueueTask(ctx, JobRef{ID: id, Queue: q}); err != nil {
-			return i, err
+			return i / 2, err
 		}
 		// The task exists now: the job counts as started, whatever the
 		// worker says later.
 		if err := c.Started(ctx, scope, id); err != nil {
-			return i, err
+			return i / 2, err
 		}
 	}
-	return len(ids), nil
+	return len(v) / 2, nil
 }
 
 // TenantWaiting is what one tenant has waiting for a model at a priority.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/internal/redisclock"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -33,7 +34,7 @@ func fairSetup(t *testing.T) (*Client, *Inspector) {
 		_ = ac.Close()
 		_ = in.Close()
 	})
-	return NewClient(ac, ClientOptions{Namespace: ns, Redis: rdb, Keys: keys}), NewInspector(in, ns)
+	return testutil.Must(NewClient(ac, ClientOptions{Namespace: ns, Redis: rdb, Keys: keys})), NewInspector(in, ns)
 }
 
 const scope = "sim/m"
@@ -261,6 +262,42 @@ func TestFairQueueWaitingAndStale(t *testing.T) {
 	}
 }
 
+// The fair queue's time is its scripts' (redisclock): an injected clock
+// decides how long a job waited, when it was queued and when a released
+// job is stale.
+func TestFairQueueClock(t *testing.T) {
+	t.Parallel()
+	c, in := fairSetup(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	now := t0
+	c.fair.clock = func() time.Time { return now }
+	push(t, c, "a", Default, 1, 100, 1)
+	ws, _, err := c.Waiting(ctx, scope)
+	if err != nil || len(ws) != 1 || !ws[0].Oldest.Equal(t0) {
+		t.Fatalf("waiting %+v, %v; want queued at %v", ws, err, t0)
+	}
+	now = t0.Add(3 * time.Second)
+	rel := release(t, c, unlimited)
+	if len(rel) != 1 || rel[0].Waited != 3*time.Second {
+		t.Fatalf("released %+v, want one that waited 3s", rel)
+	}
+	if err := in.in.DeleteTask(c.Namespace().Queue(rel[0].Queue), rel[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(29 * time.Second)
+	if n, err := c.RequeueStale(ctx, scope, 30*time.Second); err != nil || n != 0 {
+		t.Fatalf("RequeueStale after 29s = %d, %v; want 0", n, err)
+	}
+	now = now.Add(2 * time.Second)
+	if n, err := c.RequeueStale(ctx, scope, 30*time.Second); err != nil || n != 1 {
+		t.Fatalf("RequeueStale after 31s = %d, %v; want 1", n, err)
+	}
+	if st, _ := in.JobTaskState(ctx, rel[0].Queue, rel[0].ID); st != TaskPending {
+		t.Fatalf("stale job's task is %s, want pending again", st)
+	}
+}
+
 // The fair queue's scripts keep to one Cluster slot: every key they touch,
 // the per-tenant lists too, carries the scope's hash tag.
 func TestFairQueueOnACluster(t *testing.T) {
@@ -276,7 +313,7 @@ func TestFairQueueOnACluster(t *testing.T) {
 		t.Fatalf("push on a cluster: %d, %v", n, err)
 	}
 	keys := []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
-	v, err := fairReleaseScript.Run(ctx, cc, keys, f.keys.FairQueue(scope), time.Now().UnixMilli(), fairTTL.Milliseconds(),
+	v, err := fairReleaseScript.Run(ctx, cc, keys, redisclock.Arg(nil), f.keys.FairQueue(scope), fairTTL.Milliseconds(),
 		"inf", "inf", 100, "1", "0", fairWeights).Slice()
 	if err != nil || len(v) != 1+5*20 || v[0] != int64(1) {
 		t.Fatalf("release on a cluster: %d values, %v", len(v), err)

@@ -162,6 +162,21 @@ type ClientOptions struct {
 	Keys rkeys.Builder
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o ClientOptions) validate() error {
+	if o.MaxRetry < 0 {
+		return fmt.Errorf("queue: ClientOptions.MaxRetry must not be negative, got %d", o.MaxRetry)
+	}
+	if o.WebhookMaxRetry < 0 {
+		return fmt.Errorf("queue: ClientOptions.WebhookMaxRetry must not be negative, got %d", o.WebhookMaxRetry)
+	}
+	if o.EnqueueConcurrency < 0 {
+		return fmt.Errorf("queue: ClientOptions.EnqueueConcurrency must not be negative, got %d", o.EnqueueConcurrency)
+	}
+	return nil
+}
+
 // DefaultMaxRetry is ClientOptions.MaxRetry when unset.
 const DefaultMaxRetry = 8
 
@@ -172,23 +187,26 @@ type Client struct {
 	fair *fair
 }
 
-// NewClient returns a Client over an asynq client. The caller keeps
-// ownership of ac (and closes it).
-func NewClient(ac *asynq.Client, opts ClientOptions) *Client {
-	if opts.MaxRetry <= 0 {
+// NewClient returns a Client over an asynq client, or an error naming an
+// option that is invalid. The caller keeps ownership of ac (and closes it).
+func NewClient(ac *asynq.Client, opts ClientOptions) (*Client, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if opts.MaxRetry == 0 {
 		opts.MaxRetry = DefaultMaxRetry
 	}
-	if opts.WebhookMaxRetry <= 0 {
+	if opts.WebhookMaxRetry == 0 {
 		opts.WebhookMaxRetry = 12
 	}
-	if opts.EnqueueConcurrency <= 0 {
+	if opts.EnqueueConcurrency == 0 {
 		opts.EnqueueConcurrency = 32
 	}
 	c := &Client{ac: ac, opts: opts}
 	if opts.Redis != nil {
 		c.fair = &fair{rdb: opts.Redis, keys: opts.Keys}
 	}
-	return c
+	return c, nil
 }
 
 // Namespace returns the client's queue namespace.

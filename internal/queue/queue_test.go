@@ -29,7 +29,7 @@ func setup(t *testing.T) (*Client, *Inspector) {
 		_ = ac.Close()
 		_ = in.Close()
 	})
-	return NewClient(ac, ClientOptions{Namespace: ns}), NewInspector(in, ns)
+	return testutil.Must(NewClient(ac, ClientOptions{Namespace: ns})), NewInspector(in, ns)
 }
 
 func TestEnqueueJobIsIdempotentByJobID(t *testing.T) {

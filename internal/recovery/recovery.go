@@ -65,14 +65,29 @@ type Options struct {
 	Now func() time.Time
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o Options) validate() error {
+	if o.CheckInterval < 0 {
+		return fmt.Errorf("recovery: Options.CheckInterval must not be negative, got %v", o.CheckInterval)
+	}
+	if o.FullInterval < 0 {
+		return fmt.Errorf("recovery: Options.FullInterval must not be negative, got %v", o.FullInterval)
+	}
+	if o.MinAge < 0 {
+		return fmt.Errorf("recovery: Options.MinAge must not be negative, got %v", o.MinAge)
+	}
+	return nil
+}
+
 func (o Options) withDefaults() Options {
-	if o.CheckInterval <= 0 {
+	if o.CheckInterval == 0 {
 		o.CheckInterval = 5 * time.Second
 	}
-	if o.FullInterval <= 0 {
+	if o.FullInterval == 0 {
 		o.FullInterval = time.Minute
 	}
-	if o.MinAge <= 0 {
+	if o.MinAge == 0 {
 		o.MinAge = 10 * time.Second
 	}
 	if o.LossPause == 0 {
@@ -97,13 +112,17 @@ type Reconciler struct {
 	opts      Options
 }
 
-// New returns a Reconciler; the fields may also be set directly.
-func New(r Reconciler, opts Options) *Reconciler {
+// New returns a Reconciler, or an error naming an option that is invalid;
+// the fields may also be set directly.
+func New(r Reconciler, opts Options) (*Reconciler, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	r.opts = opts.withDefaults()
 	if r.Logger == nil {
 		r.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &r
+	return &r, nil
 }
 
 // Report says what one pass did.

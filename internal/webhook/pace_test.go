@@ -40,9 +40,9 @@ func TestWebhooksPacedPerHost(t *testing.T) {
 		t.Fatalf("webhook_host_rps = %v", tr.WebhookHostRPS)
 	}
 	clock := testutil.NewClock(time.Now())
-	h := webhook.NewHandler(webhook.Deps{Store: a.Store, Policy: a.Policy,
-		Spacer: limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys, Clock: clock.Now})},
-		webhook.Options{AllowPrivate: true, MaxInlineWait: time.Nanosecond})
+	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store, Policy: a.Policy,
+		Spacer: testutil.Must(limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys, Clock: clock.Now}))},
+		webhook.Options{AllowPrivate: true, MaxInlineWait: time.Nanosecond}))
 	t.Cleanup(h.Close)
 	rcvA, rcvB := newReceiver(t, http.StatusOK), newReceiver(t, http.StatusServiceUnavailable)
 	portB := rcvB.URL[strings.LastIndex(rcvB.URL, ":"):]

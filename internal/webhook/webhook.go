@@ -71,6 +71,18 @@ type Options struct {
 	MaxInlineWait time.Duration
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o Options) validate() error {
+	if o.Timeout < 0 {
+		return fmt.Errorf("webhook: Options.Timeout must not be negative, got %v", o.Timeout)
+	}
+	if o.MaxInlineWait < 0 {
+		return fmt.Errorf("webhook: Options.MaxInlineWait must not be negative, got %v", o.MaxInlineWait)
+	}
+	return nil
+}
+
 // Deps are what a Handler works with.
 type Deps struct {
 	Store  *store.DB
@@ -104,23 +116,27 @@ type Handler struct {
 	client *http.Client
 }
 
-// NewHandler returns a Handler with its own HTTP client: no proxy (a proxy
-// would dial the target itself, out of reach of the address check), no
-// redirects, the address check on every dial.
-func NewHandler(d Deps, opts Options) *Handler {
+// NewHandler returns a Handler with its own HTTP client (no proxy: a proxy
+// would dial the target itself, out of reach of the address check; no
+// redirects; the address check on every dial), or an error naming an option
+// that is invalid.
+func NewHandler(d Deps, opts Options) (*Handler, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
 	}
-	if opts.Timeout <= 0 {
+	if opts.Timeout == 0 {
 		opts.Timeout = 10 * time.Second
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.MaxInlineWait <= 0 {
+	if opts.MaxInlineWait == 0 {
 		opts.MaxInlineWait = time.Second
 	}
 	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: Control(opts.AllowPrivate)}
@@ -137,7 +153,7 @@ func NewHandler(d Deps, opts Options) *Handler {
 		Transport:     tr,
 		Timeout:       opts.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	}}, nil
 }
 
 // Close releases the handler's idle connections.

@@ -212,7 +212,7 @@ func TestJobWebhookIsSignedAndVerifies(t *testing.T) {
 	rcv := newReceiver(t, http.StatusNoContent)
 	j := finishedJob(t, a, key, rcv.URL+"/hooks/llmq?token=abc")
 
-	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true})
+	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true}))
 	t.Cleanup(h.Close)
 	if err := h.ProcessTask(context.Background(), task("job", j.ID)); err != nil {
 		t.Fatalf("deliver: %v", err)
@@ -248,7 +248,7 @@ func TestPrivateTargetIsRefused(t *testing.T) {
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Env: allowPrivate})
 	_, key := a.Tenant("standard")
 	rcv := newReceiver(t, http.StatusOK)
-	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{})
+	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{}))
 	t.Cleanup(h.Close)
 	port := rcv.URL[strings.LastIndex(rcv.URL, ":"):]
 	for _, hook := range []string{rcv.URL + "/x", "http://localhost" + port + "/x"} {
@@ -286,7 +286,7 @@ func TestRetryClassification(t *testing.T) {
 	t.Parallel()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Env: allowPrivate})
 	_, key := a.Tenant("standard")
-	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true, Timeout: 2 * time.Second})
+	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true, Timeout: 2 * time.Second}))
 	t.Cleanup(h.Close)
 	for _, c := range []struct {
 		status      int
@@ -399,7 +399,7 @@ func TestWebhookURLPathIsNeverLogged(t *testing.T) {
 	_, key := a.Tenant("standard")
 	var logs testutil.SyncBuffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	h := webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: logger}, webhook.Options{AllowPrivate: true, Timeout: 200 * time.Millisecond})
+	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: logger}, webhook.Options{AllowPrivate: true, Timeout: 200 * time.Millisecond}))
 	t.Cleanup(h.Close)
 
 	dead := httptest.NewServer(http.NotFoundHandler())

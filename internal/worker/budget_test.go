@@ -134,7 +134,7 @@ func TestSoftLimitCrossingIsCountedOnce(t *testing.T) {
 	tenant, key := a.Tenant("standard") // $50, soft limit 80%
 	acct := a.Account(tenant)
 	ctx := context.Background()
-	rec := metrics.New(metrics.Options{NoProcessMetrics: true})
+	rec := testutil.Must(metrics.New(metrics.Options{NoProcessMetrics: true}))
 	a.Observer = rec
 	h := a.JobHandler(worker.Options{})
 
@@ -189,7 +189,7 @@ func TestReservationOutlivesALongCall(t *testing.T) {
 	logs := &testutil.SyncBuffer{}
 	h := worker.NewHandler(worker.Deps{
 		Store: a.Store, Policy: a.Policy, Pacer: a.Pacer, Providers: a.Providers,
-		Budgets: budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, ReservationTTL: ttl}),
+		Budgets: testutil.Must(budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, ReservationTTL: ttl})),
 		Logger:  slog.New(slog.NewTextHandler(logs, nil)),
 	}, worker.Options{})
 

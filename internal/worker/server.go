@@ -32,17 +32,36 @@ type ServerOptions struct {
 	Logger *slog.Logger
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o ServerOptions) validate() error {
+	if o.Concurrency < 0 {
+		return fmt.Errorf("worker: ServerOptions.Concurrency must not be negative, got %d", o.Concurrency)
+	}
+	if o.ShutdownTimeout < 0 {
+		return fmt.Errorf("worker: ServerOptions.ShutdownTimeout must not be negative, got %v", o.ShutdownTimeout)
+	}
+	if o.PollInterval < 0 {
+		return fmt.Errorf("worker: ServerOptions.PollInterval must not be negative, got %v", o.PollInterval)
+	}
+	return nil
+}
+
 // NewServer returns an asynq server over rdb configured for llmq: weighted
-// queues, 429s and waits that are not failures, short polling. Run it with
-// Mux. The caller keeps ownership of rdb.
-func NewServer(rdb redis.UniversalClient, opts ServerOptions) *asynq.Server {
-	if opts.Concurrency <= 0 {
+// queues, 429s and waits that are not failures, short polling; or an error
+// naming an option that is invalid. Run it with Mux. The caller keeps
+// ownership of rdb.
+func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*asynq.Server, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if opts.Concurrency == 0 {
 		opts.Concurrency = 50
 	}
-	if opts.ShutdownTimeout <= 0 {
+	if opts.ShutdownTimeout == 0 {
 		opts.ShutdownTimeout = 30 * time.Second
 	}
-	if opts.PollInterval <= 0 {
+	if opts.PollInterval == 0 {
 		opts.PollInterval = 200 * time.Millisecond
 	}
 	if opts.Logger == nil {
@@ -58,7 +77,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *asynq.Server {
 		DelayedTaskCheckInterval: opts.PollInterval,
 		Logger:                   asynqLogger{opts.Logger},
 		LogLevel:                 asynq.WarnLevel,
-	})
+	}), nil
 }
 
 // Mux routes llmq's task types to their handlers; webhooks may be nil.

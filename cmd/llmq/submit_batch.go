@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/client"
+)
+
+// submitBatch uploads the file, creates a batch of it, and with --wait
+// follows it to its end and downloads its files.
+func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
+	in, name, err := c.open(o.path)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	var content io.Reader = in
+	endpoint := o.endpoint
+	if endpoint == "" {
+		// The batch's endpoint is the url of its lines: read it from the
+		// first line. A file is read again from the start; a pipe is
+		// peeked, so what was looked at is still sent.
+		if f, ok := in.(*os.File); ok {
+			if _, err := f.Seek(0, io.SeekCurrent); err == nil {
+				endpoint, err = firstURL(bufio.NewReader(f))
+				if err != nil {
+					return fmt.Errorf("%s: %w", o.path, err)
+				}
+				if _, err := f.Seek(0, io.SeekStart); err != nil {
+					return fmt.Errorf("%s: %w", o.path, err)
+				}
+			}
+		}
+		if endpoint == "" {
+			br := bufio.NewReaderSize(in, 1<<20)
+			endpoint, err = peekURL(br)
+			if err != nil {
+				return fmt.Errorf("%s: %w", o.path, err)
+			}
+			content = br
+		}
+	}
+	file, err := cl.Files.Upload(c.ctx, name, content, "batch")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stderr, "uploaded %s as %s (%d bytes)\n", name, file.ID, file.Bytes)
+	p := &client.BatchCreateParams{InputFileID: file.ID, Endpoint: endpoint, CompletionWindow: o.window}
+	if len(o.metadata) > 0 {
+		p.Metadata = o.metadata
+	}
+	b, err := cl.Batches.Create(c.ctx, p)
+	if err != nil {
+		return err
+	}
+	if o.out == "-" || o.errs == "-" {
+		// stdout carries the results.
+		fmt.Fprintf(c.stderr, "batch %s\n", b.ID)
+	} else {
+		fmt.Fprintln(c.stdout, b.ID)
+	}
+	if !o.wait {
+		fmt.Fprintf(c.stderr, "batch %s %s; follow it with: llmq batches get %s\n", b.ID, b.Status, b.ID)
+		return nil
+	}
+
+	start, id := time.Now(), b.ID
+	bar := c.newProgress(o.quiet)
+	b, err = cl.Batches.Wait(c.ctx, id, &client.BatchWaitOptions{
+		WaitOptions: client.WaitOptions{Interval: o.poll, MaxInterval: o.poll},
+		OnPoll: func(b *client.Batch) {
+			rc := b.RequestCounts
+			bar.update(rc.Completed, rc.Failed, rc.Total)
+		},
+	})
+	bar.finish()
+	if err != nil {
+		fmt.Fprintf(c.stderr, "stopped waiting; batch %s runs on: llmq batches get %s\n", id, id)
+		return err
+	}
+	rc := b.RequestCounts
+	fmt.Fprintf(c.stderr, "batch %s %s: %d done, %d failed of %d in %v\n",
+		b.ID, b.Status, rc.Completed, rc.Failed, rc.Total, time.Since(start).Round(100*time.Millisecond))
+	if b.Errors != nil {
+		c.printBatchErrors(b.Errors.Data, o.errs)
+	}
+	if err := c.saveResult(cl, b.OutputFileID, o.out, "results"); err != nil {
+		return err
+	}
+	if err := c.saveResult(cl, b.ErrorFileID, o.errs, "errors"); err != nil {
+		return err
+	}
+	if b.Status != "completed" {
+		return incompletef("batch %s %s", b.ID, b.Status)
+	}
+	if rc.Failed > 0 {
+		return incompletef("%d of %d requests failed%s", rc.Failed, rc.Total, errorsHint(o.errs))
+	}
+	return nil
+}
+
+// printBatchErrors shows why a batch refused lines, the first few of them:
+// the error file has them all.
+func (c *cli) printBatchErrors(errs []client.BatchError, errFile string) {
+	const show = 5
+	for i, e := range errs {
+		if i == show {
+			fmt.Fprintf(c.stderr, "  … and %d more%s\n", len(errs)-show, errorsHint(errFile))
+			return
+		}
+		msg := e.Message
+		if e.Line != nil && !strings.HasPrefix(msg, fmt.Sprintf("Line %d", *e.Line)) {
+			msg = fmt.Sprintf("line %d: %s", *e.Line, msg)
+		}
+		fmt.Fprintf(c.stderr, "  %s\n", msg)
+	}
+}
+
+func errorsHint(errs string) string {
+	if errs == "" {
+		return " (--errors FILE writes them)"
+	}
+	if errs == "-" {
+		return ""
+	}
+	return " (see " + errs + ")"
+}
+
+// saveResult downloads a batch's output or error file to path; a batch
+// without that file gives an empty one, so what follows in a pipeline finds
+// the file it expects.
+func (c *cli) saveResult(cl *client.Client, fileID *string, path, what string) error {
+	if path == "" {
+		return nil
+	}
+	if fileID == nil || *fileID == "" {
+		if path == "-" {
+			return nil
+		}
+		if _, err := writeFile(path, strings.NewReader("")); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stderr, "no %s: wrote an empty %s\n", what, path)
+		return nil
+	}
+	n, err := c.download(cl, *fileID, path)
+	if err != nil {
+		return err
+	}
+	if path != "-" {
+		fmt.Fprintf(c.stderr, "wrote %s to %s (%d bytes)\n", what, path, n)
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// JobGetByID returns the job, or ErrNotFound.
+func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
+	j, err := db.queryJob(ctx, db.ro, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("job", id)
+	}
+	return j, err
+}
+
+// JobGetForTenant returns the tenant's job; another tenant's is ErrNotFound.
+func (db *DB) JobGetForTenant(ctx context.Context, tenantID, id string) (*Job, error) {
+	j, err := db.queryJob(ctx, db.ro, `SELECT `+jobColumns+` FROM jobs WHERE id = $1 AND tenant_id = $2`, id, tenantID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("job", id)
+	}
+	return j, err
+}
+
+// JobListParams select a page of a tenant's jobs.
+type JobListParams struct {
+	TenantID string
+	Status   JobStatus // optional
+	BatchID  string    // optional
+	After    string    // id of the last job of the previous page; "" for the first page
+	Limit    int       // default 20, at most 1000
+}
+
+// JobList returns a page of the tenant's jobs, newest first (OpenAI's list
+// order), and whether older ones remain.
+func (db *DB) JobList(ctx context.Context, p *JobListParams) ([]*Job, bool, error) {
+	if err := required("JobList", "TenantID", p.TenantID); err != nil {
+		return nil, false, err
+	}
+	if p.Status != "" && !p.Status.Valid() {
+		return nil, false, fmt.Errorf("store: JobList: Status %q is not a job status", p.Status)
+	}
+	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
+	q, a := jobListSQL(p, limit)
+	rows, err := db.ro.QueryContext(ctx, q, a...)
+	if err != nil {
+		return nil, false, err
+	}
+	js, err := collect(rows, scanJob)
+	if err != nil {
+		return nil, false, err
+	}
+	js, more := trimPage(js, limit)
+	return js, more, nil
+}
+
+// jobListSQL reads jobs_tenant, jobs_tenant_status, jobs_batch or jobs_batch_status.
+func jobListSQL(p *JobListParams, limit int) (string, args) {
+	var a args
+	q := `SELECT ` + jobColumns + ` FROM jobs WHERE tenant_id = ` + a.add(p.TenantID)
+	if p.Status != "" {
+		q += ` AND status = ` + a.add(string(p.Status))
+	}
+	if p.BatchID != "" {
+		q += ` AND batch_id = ` + a.add(p.BatchID)
+	}
+	if p.After != "" {
+		q += ` AND id < ` + a.add(p.After)
+	}
+	return q + ` ORDER BY id DESC LIMIT ` + a.add(limit+1), a
+}
+
+// JobListUnfinishedParams select a page of unfinished jobs.
+type JobListUnfinishedParams struct {
+	// Statuses narrows the scan to some of queued, running, waiting,
+	// deferred. Defaults to all four.
+	Statuses []JobStatus
+	// UpdatedBefore, when set, skips jobs touched since (in flight right now).
+	UpdatedBefore time.Time
+	// SkipValidating skips the jobs of batches still validating: their
+	// validation enqueues them once the whole file is checked.
+	SkipValidating bool
+	After          string // id of the last job of the previous page
+	Limit          int    // default 1000, at most 10000
+}
+
+// JobListUnfinished returns a page of unfinished jobs in ascending id order
+// (oldest first, the order a reconciler wants), and whether more remain. It
+// reads a partial index holding only unfinished jobs.
+func (db *DB) JobListUnfinished(ctx context.Context, p *JobListUnfinishedParams) ([]*Job, bool, error) {
+	limit := pageLimit(p.Limit, 1000, 10000)
+	q, a, err := jobListUnfinishedSQL(db.d, p, limit)
+	if err != nil {
+		return nil, false, err
+	}
+	rows, err := db.ro.QueryContext(ctx, q, a...)
+	if err != nil {
+		return nil, false, err
+	}
+	js, err := collect(rows, scanJob)
+	if err != nil {
+		return nil, false, err
+	}
+	js, more := trimPage(js, limit)
+	return js, more, nil
+}
+
+// jobListUnfinishedSQL reads jobs_unfinished.
+func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (string, args, error) {
+	var a args
+	q := `SELECT ` + jobColumns + ` FROM jobs WHERE ` + unfinishedSQL
+	if len(p.Statuses) > 0 {
+		st := make([]any, len(p.Statuses))
+		for i, s := range p.Statuses {
+			if !s.Valid() || s.Terminal() {
+				return "", nil, fmt.Errorf("store: JobListUnfinished: Statuses[%d] %q is not an unfinished status", i, s)
+			}
+			st[i] = string(s)
+		}
+		q += ` AND status IN (` + a.list(st...) + `)`
+	}
+	if !p.UpdatedBefore.IsZero() {
+		q += ` AND updated_at < ` + a.add(d.ts(p.UpdatedBefore))
+	}
+	if p.SkipValidating {
+		q += ` AND (batch_id IS NULL OR NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = jobs.batch_id AND b.status = 'validating'))`
+	}
+	if p.After != "" {
+		q += ` AND id > ` + a.add(p.After)
+	}
+	return q + ` ORDER BY id LIMIT ` + a.add(limit+1), a, nil
+}
+
+// JobStreamByBatch calls fn with each job of the batch whose status is one
+// of statuses (all when empty), in line order. It reads a few hundred jobs
+// per query and holds no connection while fn runs, so a 50,000-line batch is
+// never in memory at once and fn may use the store. fn's error stops the
+// stream and is returned.
+func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []JobStatus, fn func(*Job) error) error {
+	if err := required("JobStreamByBatch", "batchID", batchID); err != nil {
+		return err
+	}
+	st := make([]any, len(statuses))
+	for i, s := range statuses {
+		if !s.Valid() {
+			return fmt.Errorf("store: JobStreamByBatch: statuses[%d] %q is not a job status", i, s)
+		}
+		st[i] = string(s)
+	}
+	after := -1
+	for {
+		q, a := jobStreamSQL(batchID, after, st, db.streamBatch)
+		rows, err := db.ro.QueryContext(ctx, q, a...)
+		if err != nil {
+			return err
+		}
+		js, err := collect(rows, scanJob)
+		if err != nil {
+			return err
+		}
+		for _, j := range js {
+			if err := fn(j); err != nil {
+				return err
+			}
+		}
+		if len(js) < db.streamBatch {
+			return nil
+		}
+		after = js[len(js)-1].LineNo
+	}
+}
+
+// jobStreamSQL reads jobs_batch_line, in line order.
+func jobStreamSQL(batchID string, after int, statuses []any, limit int) (string, args) {
+	var a args
+	q := `SELECT ` + jobColumns + ` FROM jobs WHERE batch_id = ` + a.add(batchID) + ` AND line_no > ` + a.add(after)
+	if len(statuses) > 0 {
+		q += ` AND status IN (` + a.list(statuses...) + `)`
+	}
+	return q + ` ORDER BY line_no LIMIT ` + a.add(limit), a
+}
+
+// JobCounts are a batch's jobs by status.
+type JobCounts struct {
+	Queued, Running, Waiting, Deferred int64
+	Succeeded, Failed, Cancelled       int64
+	Total                              int64
+}
+
+// Unfinished is how many jobs are not yet terminal.
+func (c *JobCounts) Unfinished() int64 { return c.Queued + c.Running + c.Waiting + c.Deferred }
+
+// sqlJobCountsByBatch reads jobs_batch_status, the index alone on Postgres.
+const sqlJobCountsByBatch = `SELECT status, count(*) FROM jobs WHERE batch_id = $1 GROUP BY status`
+
+// JobCountsByBatch counts the batch's jobs by status, from the index on
+// (batch_id, status): no counter row is updated as jobs finish.
+func (db *DB) JobCountsByBatch(ctx context.Context, batchID string) (*JobCounts, error) {
+	rows, err := db.ro.QueryContext(ctx, sqlJobCountsByBatch, batchID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	c := &JobCounts{}
+	for rows.Next() {
+		var (
+			s JobStatus
+			n int64
+		)
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, err
+		}
+		switch s {
+		case JobQueued:
+			c.Queued = n
+		case JobRunning:
+			c.Running = n
+		case JobWaiting:
+			c.Waiting = n
+		case JobDeferred:
+			c.Deferred = n
+		case JobSucceeded:
+			c.Succeeded = n
+		case JobFailed:
+			c.Failed = n
+		case JobCancelled:
+			c.Cancelled = n
+		}
+		c.Total += n
+	}
+	return c, rows.Err()
+}

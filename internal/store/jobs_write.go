@@ -1,0 +1,545 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/llmq/llmq/internal/ids"
+	"github.com/llmq/llmq/internal/money"
+)
+
+// JobInsertParams are the fields of a new job.
+type JobInsertParams struct {
+	ID       string // optional; a new ids.Job id when empty
+	TenantID string
+	BatchID  string // optional
+	LineNo   int    // with BatchID: the input line, unique within the batch, >= 0
+	CustomID string
+	Endpoint string
+	Model    string
+	Request  json.RawMessage // required, valid JSON
+	Queue    string
+	// Status is queued when empty. It is never terminal, except failed
+	// with an Error: a batch line refused at validation, stored finished so
+	// that a batch's counts, error file and line order all come from its jobs.
+	Status JobStatus
+	// Error is why a job inserted as failed was refused; only with Status failed.
+	Error *JobError
+
+	EstPromptTokens int64
+	EstMaxTokens    int64
+	EstCost         money.Micros
+
+	WebhookURL     string
+	Metadata       json.RawMessage
+	IdempotencyKey string     // optional; unique per tenant (JobInsert only)
+	NextRunAt      *time.Time // optional: when a waiting or deferred job is due
+	// Sync marks a request answered on its connection; it gets no task.
+	Sync bool
+}
+
+// jobInsertColumns are the columns JobInsert and JobInsertMany write, in the
+// order of (*JobInsertParams).values.
+var jobInsertColumns = []string{"id", "tenant_id", "batch_id", "line_no", "custom_id", "endpoint", "model",
+	"request", "queue", "status", "est_prompt_tokens", "est_max_tokens", "est_cost_micros",
+	"webhook_url", "metadata", "idempotency_key", "created_at", "updated_at", "next_run_at",
+	"error", "finished_at", "sync"}
+
+func (p *JobInsertParams) validate(method string) error {
+	refused := p.Status == JobFailed && p.Error != nil
+	err := errors.Join(required(method, "TenantID", p.TenantID), required(method, "Endpoint", p.Endpoint),
+		required(method, "Queue", p.Queue))
+	if err != nil {
+		return err
+	}
+	// A refused line may name no model, or not even be JSON.
+	if !refused {
+		if err := required(method, "Model", p.Model); err != nil {
+			return err
+		}
+		if len(p.Request) == 0 {
+			return fmt.Errorf("store: %s: Request is empty", method)
+		}
+	}
+	if p.Status != "" && (!p.Status.Valid() || p.Status.Terminal()) && !refused {
+		return fmt.Errorf("store: %s: Status %q is not a status a new job can have", method, p.Status)
+	}
+	if p.Error != nil && !refused {
+		return fmt.Errorf("store: %s: Error is only for a job inserted as failed", method)
+	}
+	if p.LineNo < 0 || (p.BatchID == "" && p.LineNo != 0) {
+		return fmt.Errorf("store: %s: LineNo %d: want >= 0, and 0 without a BatchID", method, p.LineNo)
+	}
+	return nil
+}
+
+// values are the column values of jobInsertColumns.
+func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
+	var line any
+	if p.BatchID != "" {
+		line = int64(p.LineNo)
+	}
+	status := p.Status
+	if status == "" {
+		status = JobQueued
+	}
+	request := p.Request
+	if len(request) == 0 {
+		request = json.RawMessage("null")
+	}
+	var finished any
+	if status.Terminal() {
+		finished = now
+	}
+	return []any{id, p.TenantID, nullString(p.BatchID), line, nullString(p.CustomID), p.Endpoint, p.Model,
+		string(withoutNUL(request)), p.Queue, string(status), p.EstPromptTokens, p.EstMaxTokens, int64(p.EstCost),
+		nullString(p.WebhookURL), nullJSON(p.Metadata), nullString(p.IdempotencyKey), now, now, d.tsOrNull(p.NextRunAt),
+		errorJSON(p.Error), finished, p.Sync}
+}
+
+// JobInsert creates a job. With an IdempotencyKey, a second insert with the
+// same (tenant, key) returns the first job and created=false: never an error,
+// never a duplicate. An id already taken is ErrConflict; an unknown tenant or
+// batch is ErrNotFound.
+func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, created bool, err error) {
+	if err := p.validate("JobInsert"); err != nil {
+		return nil, false, err
+	}
+	id := p.ID
+	if id == "" {
+		id = ids.New(ids.Job)
+	}
+	var a args
+	vals := a.list(p.values(db.d, id, db.d.ts(db.nowUTC()))...)
+	// The conflict target names the partial unique index, so only an
+	// idempotency key is absorbed; any other conflict is an error.
+	j, err := db.queryJob(ctx, db.rw, `
+		INSERT INTO jobs (`+strings.Join(jobInsertColumns, ", ")+`) VALUES (`+vals+`)
+		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+		RETURNING `+jobColumns, a...)
+	if err == nil {
+		return j, true, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return nil, false, db.d.wrap(err)
+	}
+	// The key was taken (the conflicting insert has committed: both
+	// backends wait for it before reporting the conflict).
+	j, err = getJob(ctx, db.rw, whereIdempotencyKey, p.TenantID, p.IdempotencyKey)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: JobInsert: read the job of idempotency key: %w", err)
+	}
+	return j, false, nil
+}
+
+// whereIdempotencyKey finds a job by key, through jobs_tenant_idempotency.
+const whereIdempotencyKey = `tenant_id = $1 AND idempotency_key = $2 AND idempotency_key IS NOT NULL`
+
+// JobInsertManyParams are the jobs of one bulk insert.
+type JobInsertManyParams struct {
+	Jobs []*JobInsertParams
+}
+
+// JobInsertMany creates many jobs at once (a batch's lines): COPY on
+// Postgres, multi-row INSERTs in one transaction on SQLite. All or nothing.
+// It returns the ids in the order of p.Jobs. Ids it makes are handed out in
+// ascending order, so within one call id order is input order. Idempotency
+// keys are not supported here; a batch line already inserted (same BatchID
+// and LineNo) is ErrConflict, so a retried insert never duplicates.
+func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]string, error) {
+	if len(p.Jobs) == 0 {
+		return nil, nil
+	}
+	missing := 0
+	for i, j := range p.Jobs {
+		if err := j.validate(fmt.Sprintf("JobInsertMany: Jobs[%d]", i)); err != nil {
+			return nil, err
+		}
+		if j.IdempotencyKey != "" {
+			return nil, fmt.Errorf("store: JobInsertMany: Jobs[%d]: IdempotencyKey is not supported in bulk", i)
+		}
+		if j.ID == "" {
+			missing++
+		}
+	}
+	fresh := make([]string, missing)
+	for i := range fresh {
+		fresh[i] = ids.New(ids.Job)
+	}
+	slices.Sort(fresh)
+	out := make([]string, len(p.Jobs))
+	now := db.d.ts(db.nowUTC())
+	rows := make([][]any, len(p.Jobs))
+	for i, j := range p.Jobs {
+		out[i] = j.ID
+		if out[i] == "" {
+			out[i], fresh = fresh[0], fresh[1:]
+		}
+		rows[i] = j.values(db.d, out[i], now)
+	}
+	if err := db.d.insertJobs(ctx, db, rows); err != nil {
+		return nil, fmt.Errorf("store: JobInsertMany: %w", db.d.wrap(err))
+	}
+	return out, nil
+}
+
+// transition runs a conditional UPDATE ... RETURNING on one job. When it
+// matches no row it returns the job as it is, with applied=false, or
+// ErrNotFound when there is no such job (for the tenant, when tenantID is set).
+func (db *DB) transition(ctx context.Context, q querier, update string, a args, id, tenantID string) (*Job, bool, error) {
+	j, err := db.queryJob(ctx, q, update+` RETURNING `+jobColumns, a...)
+	if err == nil {
+		return j, true, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return nil, false, db.d.wrap(err)
+	}
+	if tenantID != "" {
+		j, err = getJob(ctx, q, `id = $1 AND tenant_id = $2`, id, tenantID)
+	} else {
+		j, err = getJob(ctx, q, `id = $1`, id)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, false, notFound("job", id)
+	}
+	return j, false, err
+}
+
+// JobStart marks a job running as a worker picks it up: from queued,
+// waiting, deferred or running (a redelivery after a crash), stamping
+// started_at the first time, and returns it (the worker's one read of the
+// job). A terminal job is returned unchanged with started=false: the
+// worker acknowledges the task and does nothing else.
+func (db *DB) JobStart(ctx context.Context, id string) (job *Job, started bool, err error) {
+	var a args
+	q := `UPDATE jobs SET status = 'running', next_run_at = NULL, started_at = COALESCE(started_at, ` + a.add(db.d.ts(db.nowUTC())) +
+		`), updated_at = $1 WHERE id = ` + a.add(id) + ` AND ` + unfinishedSQL
+	return db.transition(ctx, db.rw, q, a, id, "")
+}
+
+// JobSetStatusParams describe a conditional status change.
+type JobSetStatusParams struct {
+	ID   string
+	From []JobStatus // the statuses the job may be in; never terminal ones
+	To   JobStatus
+	// NextRunAt is written as given: when a waiting or deferred job is due,
+	// nil to clear it.
+	NextRunAt *time.Time
+	// Error, when set, replaces the job's error; nil leaves it.
+	Error *JobError
+	// CountAttempt counts a provider call that ended this way (a 429 or a
+	// fault, before the job is retried).
+	CountAttempt bool
+}
+
+// JobSetStatus moves the job to p.To if its status is one of p.From, and
+// reports whether it did; either way it returns the job as it now is. A move
+// to a terminal status stamps finished_at. Terminal statuses cannot be in
+// From, so a finished job is never overwritten.
+func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job, applied bool, err error) {
+	if err := required("JobSetStatus", "ID", p.ID); err != nil {
+		return nil, false, err
+	}
+	if !p.To.Valid() {
+		return nil, false, fmt.Errorf("store: JobSetStatus: To %q is not a job status", p.To)
+	}
+	if len(p.From) == 0 {
+		return nil, false, errors.New("store: JobSetStatus: From is empty")
+	}
+	from := make([]any, len(p.From))
+	for i, s := range p.From {
+		if !s.Valid() || s.Terminal() {
+			return nil, false, fmt.Errorf("store: JobSetStatus: From[%d] %q: only unfinished statuses can change", i, s)
+		}
+		from[i] = string(s)
+	}
+	var a args
+	now := a.add(db.d.ts(db.nowUTC()))
+	q := `UPDATE jobs SET status = ` + a.add(string(p.To)) + `, updated_at = ` + now +
+		`, next_run_at = ` + a.add(db.d.tsOrNull(p.NextRunAt))
+	if p.CountAttempt {
+		q += `, attempts = attempts + 1`
+	}
+	if p.Error != nil {
+		q += `, error = ` + a.add(errorJSON(p.Error))
+	}
+	if p.To.Terminal() {
+		q += `, finished_at = ` + now
+	}
+	q += ` WHERE id = ` + a.add(p.ID) + ` AND status IN (` + a.list(from...) + `)`
+	return db.transition(ctx, db.rw, q, a, p.ID, "")
+}
+
+// JobIncrRateLimited counts a 429 against the job and returns the new count.
+// asynq does not count these as failures, so this counter is what caps them.
+func (db *DB) JobIncrRateLimited(ctx context.Context, id string) (int, error) {
+	return db.incr(ctx, "rate_limited", id)
+}
+
+// incr adds one to a counter column (a constant of this file, not a value).
+func (db *DB) incr(ctx context.Context, col, id string) (int, error) {
+	var n int
+	err := db.rw.QueryRowContext(ctx, `UPDATE jobs SET `+col+` = `+col+` + 1, updated_at = $2 WHERE id = $1 RETURNING `+col,
+		id, db.d.ts(db.nowUTC())).Scan(&n)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, notFound("job", id)
+	}
+	return n, db.d.wrap(err)
+}
+
+// JobCompleteParams are a provider's successful answer to a job.
+type JobCompleteParams struct {
+	ID string
+	// Day is the budget day the spend belongs to, "YYYY-MM-DD", as the
+	// budget package reckons it (from Redis time, in the reset's zone).
+	Day string
+	// GlobalDay is the UTC day the spend counts toward the global cap;
+	// defaults to Day (a tier on UTC).
+	GlobalDay         string
+	ResponseStatus    int // default 200
+	ResponseBody      json.RawMessage
+	ProviderRequestID string
+	PromptTokens      int64
+	CompletionTokens  int64
+	CachedTokens      int64
+	TotalTokens       int64 // default PromptTokens + CompletionTokens
+	Cost              money.Micros
+}
+
+// JobCompleteResult says what JobComplete did.
+type JobCompleteResult struct {
+	// Completed: this call moved the job to succeeded. False when the job
+	// was already terminal (a duplicate delivery, or cancelled mid-call);
+	// the terminal state is kept.
+	Completed bool
+	// Charged: this call inserted the job's ledger row, so this caller, and
+	// only this one, settles the budget. The row is written even when the
+	// job was cancelled mid-call: the provider charged for the call.
+	Charged bool
+}
+
+// JobComplete stores a success and charges it, atomically: the job becomes
+// succeeded with its response, usage and cost, and its attempt is counted
+// (unless it is already terminal), and the ledger gets the job's row unless
+// it has one. However many times and however concurrently a job completes,
+// exactly one call reports Charged. It is on every job's path, so on
+// Postgres it is one statement (one round trip, one commit).
+func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
+	a, err := db.completeArgs(p)
+	if err != nil {
+		return nil, err
+	}
+	res := &JobCompleteResult{}
+	if db.d.dataModifyingCTE {
+		var completed, charged, exists int
+		err = db.rw.QueryRowContext(ctx, sqlJobComplete, a...).Scan(&completed, &charged, &exists)
+		if err == nil && exists == 0 {
+			err = notFound("job", p.ID)
+		}
+		res.Completed, res.Charged = completed == 1, charged == 1
+	} else {
+		err = db.tx(ctx, func(tx *sql.Tx) error {
+			u, err := tx.ExecContext(ctx, sqlJobCompleteUpdate, a...)
+			if err != nil {
+				return db.d.wrap(err)
+			}
+			l, err := tx.ExecContext(ctx, sqlJobCompleteInsert, a...)
+			if err != nil {
+				return db.d.wrap(err)
+			}
+			nu, _ := u.RowsAffected()
+			nl, _ := l.RowsAffected()
+			if nu == 0 && nl == 0 {
+				if _, err := getJob(ctx, tx, `id = $1`, p.ID); errors.Is(err, sql.ErrNoRows) {
+					return notFound("job", p.ID)
+				}
+			}
+			res.Completed, res.Charged = nu == 1, nl == 1
+			return nil
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: JobComplete %s: %w", p.ID, db.d.wrap(err))
+	}
+	return res, nil
+}
+
+// completeArgs checks p and returns the arguments of the JobComplete
+// statements.
+func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
+	if err := required("JobComplete", "ID", p.ID); err != nil {
+		return nil, err
+	}
+	if err := validDay("JobComplete", p.Day); err != nil {
+		return nil, err
+	}
+	globalDay := p.GlobalDay
+	if globalDay == "" {
+		globalDay = p.Day
+	}
+	if err := validDay("JobComplete", globalDay); err != nil {
+		return nil, err
+	}
+	if p.Cost < 0 || p.PromptTokens < 0 || p.CompletionTokens < 0 || p.CachedTokens < 0 {
+		return nil, errors.New("store: JobComplete: negative usage or cost")
+	}
+	status, total := p.ResponseStatus, p.TotalTokens
+	if status == 0 {
+		status = 200
+	}
+	if total == 0 {
+		total = p.PromptTokens + p.CompletionTokens
+	}
+	now := db.d.ts(db.nowUTC())
+	return args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
+		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay}, nil
+}
+
+const (
+	sqlJobCompleteUpdate = `UPDATE jobs SET status = 'succeeded', attempts = attempts + 1, error = NULL, next_run_at = NULL,
+		finished_at = $2, updated_at = $2, response_status = $3, response_body = $4, provider_request_id = $5,
+		prompt_tokens = $6, completion_tokens = $7, cached_tokens = $8, total_tokens = $9, cost_micros = $10
+		WHERE id = $1 AND ` + unfinishedSQL
+	// The ledger row copies the job's tenant, batch and model; on Postgres
+	// the SELECT sees the row as it was before the UPDATE beside it, which
+	// is the same for those columns.
+	sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
+		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at)
+		SELECT id, tenant_id, batch_id, $11, $12, model, $6, $7, $8, $10, $2 FROM jobs WHERE id = $1
+		ON CONFLICT (job_id) DO NOTHING`
+	// sqlJobComplete is both in one statement (Postgres): whether it
+	// completed the job, charged it, and whether the job exists.
+	sqlJobComplete = `WITH u AS (` + sqlJobCompleteUpdate + ` RETURNING 1), l AS (` + sqlJobCompleteInsert + ` RETURNING 1)
+		SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM l), (SELECT count(*) FROM jobs WHERE id = $1)`
+)
+
+// JobCompleteManyParams are the successes JobCompleteMany stores together.
+type JobCompleteManyParams struct {
+	Jobs []*JobCompleteParams
+}
+
+// JobCompleteMany is JobComplete for many jobs in one transaction, so that
+// the results of jobs finishing together share one commit. Each job's
+// outcome is its own: results[i] and errs[i] are what JobComplete of
+// p.Jobs[i] would have returned. When the transaction as a whole fails (one
+// job's value refused aborts it), every job is completed on its own
+// instead. On Postgres the transaction is one round trip (a pgx batch).
+func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (results []*JobCompleteResult, errs []error) {
+	n := len(p.Jobs)
+	results, errs = make([]*JobCompleteResult, n), make([]error, n)
+	if n == 1 || !db.d.dataModifyingCTE {
+		for i, jp := range p.Jobs {
+			results[i], errs[i] = db.JobComplete(ctx, jp)
+		}
+		return results, errs
+	}
+	all := make([]args, 0, n)
+	idx := make([]int, 0, n)
+	for i, jp := range p.Jobs {
+		a, err := db.completeArgs(jp)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		all, idx = append(all, a), append(idx, i)
+	}
+	counts := make([][3]int, len(all))
+	err := db.withPgx(ctx, func(c *pgx.Conn) error {
+		b := &pgx.Batch{}
+		for _, a := range all {
+			b.Queue(sqlJobComplete, a...)
+		}
+		// A batch without transaction statements runs as one implicit
+		// transaction: one commit for all.
+		br := c.SendBatch(ctx, b)
+		for k := range all {
+			if err := br.QueryRow().Scan(&counts[k][0], &counts[k][1], &counts[k][2]); err != nil {
+				_ = br.Close()
+				return err
+			}
+		}
+		return br.Close()
+	})
+	if err != nil {
+		for _, i := range idx {
+			results[i], errs[i] = db.JobComplete(ctx, p.Jobs[i])
+		}
+		return results, errs
+	}
+	for k, i := range idx {
+		if counts[k][2] == 0 {
+			errs[i] = fmt.Errorf("store: JobComplete %s: %w", p.Jobs[i].ID, notFound("job", p.Jobs[i].ID))
+			continue
+		}
+		results[i] = &JobCompleteResult{Completed: counts[k][0] == 1, Charged: counts[k][1] == 1}
+	}
+	return results, errs
+}
+
+// JobFailParams are why a job failed for good.
+type JobFailParams struct {
+	ID    string
+	Error JobError
+	// The provider's answer, when there was one (a 4xx that can never succeed).
+	ResponseStatus int
+	ResponseBody   json.RawMessage
+	// CountAttempt counts the provider call that ended in this failure.
+	CountAttempt bool
+}
+
+// JobFail marks the job failed unless it is already terminal, and reports
+// whether it did; either way it returns the job as it now is.
+func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied bool, err error) {
+	if err := errors.Join(required("JobFail", "ID", p.ID), required("JobFail", "Error.Message", p.Error.Message)); err != nil {
+		return nil, false, err
+	}
+	var a args
+	now := a.add(db.d.ts(db.nowUTC()))
+	q := `UPDATE jobs SET status = 'failed', next_run_at = NULL, finished_at = ` + now + `, updated_at = ` + now +
+		`, error = ` + a.add(errorJSON(&p.Error)) +
+		`, response_status = ` + a.add(nullInt(int64(p.ResponseStatus))) +
+		`, response_body = ` + a.add(nullJSON(p.ResponseBody))
+	if p.CountAttempt {
+		q += `, attempts = attempts + 1`
+	}
+	q += ` WHERE id = ` + a.add(p.ID) + ` AND ` + unfinishedSQL
+	return db.transition(ctx, db.rw, q, a, p.ID, "")
+}
+
+// JobCancel cancels the tenant's job unless it is already terminal, and
+// reports whether it did. A running job is cancelled too: its worker's
+// result is then not stored (but its spend is, see JobCompleteResult).
+// Another tenant's job is ErrNotFound.
+func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, changed bool, err error) {
+	if err := errors.Join(required("JobCancel", "tenantID", tenantID), required("JobCancel", "id", id)); err != nil {
+		return nil, false, err
+	}
+	q := `UPDATE jobs SET status = 'cancelled', next_run_at = NULL, finished_at = $3, updated_at = $3
+		WHERE id = $1 AND tenant_id = $2 AND ` + unfinishedSQL
+	return db.transition(ctx, db.rw, q, args{id, tenantID, db.d.ts(db.nowUTC())}, id, tenantID)
+}
+
+// JobCancelByBatch cancels every pending (queued, waiting, deferred) job of
+// the batch and returns how many; running jobs are left to finish.
+func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, error) {
+	if err := required("JobCancelByBatch", "batchID", batchID); err != nil {
+		return 0, err
+	}
+	r, err := db.rw.ExecContext(ctx, sqlJobCancelByBatch, batchID, db.d.ts(db.nowUTC()))
+	if err != nil {
+		return 0, db.d.wrap(err)
+	}
+	return r.RowsAffected()
+}
+
+// sqlJobCancelByBatch reads jobs_batch_status.
+const sqlJobCancelByBatch = `UPDATE jobs SET status = 'cancelled', next_run_at = NULL, finished_at = $2, updated_at = $2
+	WHERE batch_id = $1 AND ` + pendingSQL
