@@ -326,7 +326,7 @@ func TestSpendSurvivesFlushAll(t *testing.T) {
 	_, key := a.Tenant("standard")
 	ids := submitAll(t, a, key, 30, 3, 50)
 	allEnd(t, a, ids, time.Minute)
-	before := a.Do("GET", "/v1/usage", key, nil).Map(t)
+	before := settledUsage(t, a, key)
 	if before["spent_usd"].(float64) <= 0 {
 		t.Fatalf("nothing spent: %v", before)
 	}
@@ -518,7 +518,7 @@ func TestInFlightJobsSurviveAPolicyReload(t *testing.T) {
 	if n := a.Sim.Stats().Requests; n != 5 {
 		t.Fatalf("provider called %d times for 5 jobs", n)
 	}
-	u := a.Do("GET", "/v1/usage", key, nil).Map(t)
+	u := settledUsage(t, a, key)
 	if got := money.Micros(math.Round(u["spent_usd"].(float64) * 1e6)); got != ledger {
 		t.Fatalf("spent $%s, ledger $%s", got, ledger)
 	}

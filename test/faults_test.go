@@ -87,6 +87,21 @@ func allEnd(t *testing.T, a *apptest.App, ids []string, timeout time.Duration) [
 	return jobs
 }
 
+// settledUsage returns the key's GET /v1/usage once nothing is reserved: a
+// job's row shows it ended a moment before its worker settles its spend in
+// the budget (the result is committed first, so a crash in between charges
+// it from the ledger).
+func settledUsage(t *testing.T, a *apptest.App, key string) map[string]any {
+	t.Helper()
+	var u map[string]any
+	eventually(t, 10*time.Second, func() bool {
+		u = a.Do("GET", "/v1/usage", key, nil).Map(t)
+		r, _ := u["reserved_usd"].(float64)
+		return r == 0
+	}, "the ended jobs' reservations are settled")
+	return u
+}
+
 // chargedOnce checks that every succeeded job has exactly its own ledger
 // row at its own cost and that no other job was charged.
 func chargedOnce(t *testing.T, a *apptest.App, tenant string, jobs []*store.Job) money.Micros {
