@@ -223,7 +223,7 @@ func TestBudgetIsNeverOverspent(t *testing.T) {
 		}
 		checkDeferred(t, a, by[store.JobDeferred], clock.Offset())
 		// Redis's spend of the day is the ledger's.
-		u := a.Do("GET", "/v1/usage", key, nil).Map(t)
+		u := settledUsage(t, a, key)
 		if got := money.Micros(math.Round(u["spent_usd"].(float64) * 1e6)); got != perDay[u["day"].(string)] || u["reserved_usd"].(float64) != 0 {
 			t.Fatalf("usage of %v: spent $%s reserved %v, ledger $%s", u["day"], got, u["reserved_usd"], perDay[u["day"].(string)])
 		}

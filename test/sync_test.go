@@ -53,10 +53,9 @@ func TestSyncChatIsAJob(t *testing.T) {
 	if len(list.Data) != 1 || list.Data[0].ID != id {
 		t.Fatalf("list %+v", list)
 	}
-	var usage client.Usage
-	a.Do("GET", "/v1/usage", key, nil).JSON(t, &usage)
-	if usage.SpentUSD <= 0 {
-		t.Fatalf("usage %+v", usage)
+	// The answer is written before its spend is settled.
+	if u := settledUsage(t, a, key); u["spent_usd"].(float64) <= 0 {
+		t.Fatalf("usage %+v", u)
 	}
 
 	// Idempotency-Key: the retry gets the first answer, and no second call.
@@ -291,9 +290,7 @@ func TestSyncDisconnect(t *testing.T) {
 	if n := a.Sim.Stats().Requests; n != 1 {
 		t.Fatalf("provider saw %d requests, want 1", n)
 	}
-	var usage client.Usage
-	a.Do("GET", "/v1/usage", key, nil).JSON(t, &usage)
-	if usage.SpentUSD != done.CostUSD || usage.ReservedUSD != 0 {
-		t.Fatalf("usage %+v, want %v spent and nothing reserved", usage, done.CostUSD)
+	if u := settledUsage(t, a, key); u["spent_usd"].(float64) != done.CostUSD {
+		t.Fatalf("usage %+v, want %v spent and nothing reserved", u, done.CostUSD)
 	}
 }
