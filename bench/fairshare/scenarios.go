@@ -103,14 +103,22 @@ func isolation(ctx context.Context, o *options, s *stack) (*latencyResult, error
 	if _, err := s.post(ctx, small.of(a, modelA).times(o.Backlog)); err != nil {
 		return nil, err
 	}
+	return lateArrival(ctx, o, s, a, small.of(b, modelA).times(o.BJobs))
+}
+
+// lateArrival lets the flooder's backlog settle, measures its rate and how
+// many of its jobs are queued, then posts the late tenant's jobs and times
+// each from its POST to its success, waiting at most o.Cap.
+func lateArrival(ctx context.Context, o *options, s *stack, flooder *tenant, late []jobSpec) (*latencyResult, error) {
 	if err := sleep(ctx, o.Settle); err != nil {
 		return nil, err
 	}
-	r := &latencyResult{Total: o.BJobs, Rate: floodRate(s, a.ID, 5*time.Second)}
-	if r.Ahead, err = s.countQueued(ctx, a.ID); err != nil {
+	r := &latencyResult{Total: len(late), Rate: floodRate(s, flooder.ID, 5*time.Second)}
+	var err error
+	if r.Ahead, err = s.countQueued(ctx, flooder.ID); err != nil {
 		return nil, err
 	}
-	subs, err := s.post(ctx, small.of(b, modelA).times(o.BJobs))
+	subs, err := s.post(ctx, late)
 	if err != nil {
 		return nil, err
 	}
@@ -202,22 +210,10 @@ func acrossModels(ctx context.Context, o *options, s *stack) (*latencyResult, er
 	if _, err := s.post(ctx, long.of(a, modelA).times(n)); err != nil {
 		return nil, err
 	}
-	if err := sleep(ctx, o.Settle); err != nil {
-		return nil, err
-	}
-	r := &latencyResult{Total: o.BJobs, Rate: floodRate(s, a.ID, 5*time.Second)}
-	if r.Ahead, err = s.countQueued(ctx, a.ID); err != nil {
-		return nil, err
-	}
-	subs, err := s.post(ctx, small.of(b, modelB).times(o.BJobs))
+	r, err := lateArrival(ctx, o, s, a, small.of(b, modelB).times(o.BJobs))
 	if err != nil {
 		return nil, err
 	}
-	d, _, err := s.waitSucceeded(ctx, subs, o.Cap)
-	if err != nil {
-		return nil, err
-	}
-	r.Done, r.P50, r.Max = summarize(d)
 	r.Requeued, r.Slept = s.obs.waitsOf(modelA)
 	r.Dequeues, r.Elapsed = s.obs.dequeues.Load(), time.Since(began)
 	s.obs.mu.Lock()
