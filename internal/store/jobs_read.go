@@ -46,6 +46,12 @@ func (db *DB) JobList(ctx context.Context, p *JobListParams) ([]*Job, bool, erro
 	}
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	q, a := jobListSQL(p, limit)
+	return db.jobPage(ctx, q, a, limit)
+}
+
+// jobPage runs q, which selects up to limit+1 jobs, and returns the first
+// limit of them and whether there were more.
+func (db *DB) jobPage(ctx context.Context, q string, a args, limit int) ([]*Job, bool, error) {
 	rows, err := db.ro.QueryContext(ctx, q, a...)
 	if err != nil {
 		return nil, false, err
@@ -97,16 +103,7 @@ func (db *DB) JobListUnfinished(ctx context.Context, p *JobListUnfinishedParams)
 	if err != nil {
 		return nil, false, err
 	}
-	rows, err := db.ro.QueryContext(ctx, q, a...)
-	if err != nil {
-		return nil, false, err
-	}
-	js, err := collect(rows, scanJob)
-	if err != nil {
-		return nil, false, err
-	}
-	js, more := trimPage(js, limit)
-	return js, more, nil
+	return db.jobPage(ctx, q, a, limit)
 }
 
 // jobListUnfinishedSQL reads jobs_unfinished.
