@@ -163,7 +163,12 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	go a.Policy.Watch(ctx, logger)
 	go a.Batches.Run(ctx)
 	go rc.Run(ctx)
-	go a.Scheduler().Run(ctx)
+	schedCtx, stopScheduler := context.WithCancel(ctx)
+	schedDone := make(chan struct{})
+	go func() { a.Scheduler().Run(schedCtx); close(schedDone) }()
+	// The scheduler's last release is enqueued before the app closes (and,
+	// in dev mode, before the embedded Redis is saved).
+	defer func() { stopScheduler(); <-schedDone }()
 
 	srv := a.API()
 	mon, err := dashboard.MountApp(srv, a, rec, dashboard.Options{})

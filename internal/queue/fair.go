@@ -350,14 +350,19 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		waited, _ := v[i+4].(int64)
 		released = append(released, Released{ID: id, Queue: q, TenantID: tenant, Cost: cost, Waited: time.Duration(waited) * time.Millisecond})
 	}
+	// The script took these jobs: their tasks are enqueued even when the
+	// caller stops meanwhile (a process shutting down), or they would wait
+	// for RequeueStale.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
 	for _, r := range released {
-		enqueued, err := c.enqueueTask(ctx, JobRef{ID: r.ID, Queue: r.Queue})
+		enqueued, err := c.enqueueTask(ectx, JobRef{ID: r.ID, Queue: r.Queue})
 		if err != nil {
 			// Left released: RequeueStale enqueues it again.
 			return released, false, err
 		}
 		if !enqueued {
-			if err := c.Started(ctx, scope, r.ID); err != nil {
+			if err := c.Started(ectx, scope, r.ID); err != nil {
 				return released, false, err
 			}
 		}
