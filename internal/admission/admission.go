@@ -68,19 +68,65 @@ type Estimator struct {
 // case alike.
 func New(c Calibrations) *Estimator { return &Estimator{tokens: llm.NewEstimator(), calib: c} }
 
+// Request is an admitted request: what admission decided about one body,
+// decided once (one policy snapshot, one parse, one count) and carried by
+// every later step of its admission: the API's job row, a batch line's job,
+// the fair queue's reference.
+type Request struct {
+	Estimate
+	// Endpoint is the endpoint the body is for.
+	Endpoint string
+	// Body is the request body as the client sent it; it goes to the
+	// provider untouched.
+	Body []byte
+	// Scope is the model's limiter scope (ScopeName).
+	Scope string
+	// Account is the tenant's budget account the worst case was checked
+	// against.
+	Account budget.Account
+}
+
+// Admit judges body for endpoint, for a tenant whose budget account is
+// acct, under policy p: Estimate, then CheckBudget. Errors are as theirs.
+func (e *Estimator) Admit(ctx context.Context, p *config.Policy, acct budget.Account, endpoint string, body []byte) (*Request, error) {
+	est, err := e.Estimate(ctx, p, endpoint, body)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckBudget(acct, est.WorstCase); err != nil {
+		return nil, err
+	}
+	return &Request{Estimate: *est, Endpoint: endpoint, Body: body, Scope: ScopeName(est.Model), Account: acct}, nil
+}
+
+// Fill writes what admission decided into the job's insert params: the
+// endpoint, model and body, and the estimates the worker plans with.
+func (r *Request) Fill(j *store.JobInsertParams) {
+	j.Endpoint, j.Model, j.Request = r.Endpoint, r.Model.Name, r.Body
+	j.EstPromptTokens, j.EstMaxTokens, j.EstCost = r.PromptTokens, r.MaxTokens, r.WorstCase
+}
+
+// Ref is the fair queue's reference of the job stored as id in queue q; share
+// is the tenant's tier's share (see JobRef).
+func (r *Request) Ref(id, q string, share float64) queue.JobRef {
+	return queue.JobRef{ID: id, Queue: q, TenantID: r.Account.TenantID, Cost: r.PromptTokens + r.MaxTokens, Share: share, Scope: r.Scope}
+}
+
 // Estimate validates body for endpoint under policy p and returns its
 // estimate, or an *Error saying why it can never run: an invalid body, an
 // unknown model, a model that does not serve the endpoint, or a cost above
-// the capacity of one of the model's token buckets.
+// the capacity of one of the model's token buckets. The body is decoded
+// once and counted once, with the tokenizer of the model's upstream: what
+// the provider counts.
 func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint string, body []byte) (*Estimate, error) {
-	parsed, err := llm.ParseRequest(endpoint, body)
+	decoded, err := llm.Decode(endpoint, body)
 	if err != nil {
 		return nil, invalid(err)
 	}
-	m, ok := p.Model(parsed.Model)
+	m, ok := p.Model(decoded.Model())
 	if !ok {
 		return nil, &Error{Param: "model", Code: "model_not_found",
-			Message: fmt.Sprintf("The model '%s' does not exist or is not served here.", parsed.Model)}
+			Message: fmt.Sprintf("The model '%s' does not exist or is not served here.", decoded.Model())}
 	}
 	wantKind := config.KindChat
 	if endpoint == llm.EndpointEmbeddings {
@@ -90,8 +136,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 		return nil, &Error{Param: "model", Code: "model_not_supported",
 			Message: fmt.Sprintf("The model '%s' is a %s model and cannot serve %s.", m.Name, m.Kind, endpoint)}
 	}
-	// Count with the upstream's tokenizer: that is what the provider counts.
-	counted, err := e.tokens.Parse(endpoint, m.Upstream, m.Encoding, body)
+	counted, err := e.tokens.Count(decoded, m.Upstream, m.Encoding)
 	if err != nil {
 		return nil, invalid(err)
 	}
@@ -107,14 +152,23 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 	if e.calib != nil {
 		est.Calibration = e.calib.Calibration(ctx, ScopeName(m))
 	}
-	prompt := est.Calibration.Apply(est.PromptTokens)
-	est.Cost = limiter.Cost{Requests: 1, Tokens: prompt + est.MaxTokens}
-	// A calibration below 1 never lowers the dollars held (see pacer.Plan).
-	est.WorstCase = m.Price.WorstCase(max(prompt, est.PromptTokens), est.MaxTokens)
+	est.Cost, est.WorstCase = Charge(m, est.Calibration, est.PromptTokens, est.MaxTokens)
 	if err := fits(m, est); err != nil {
 		return nil, err
 	}
 	return est, nil
+}
+
+// Charge is what a request of m with these estimates takes: the limiter's
+// cost (one request and every token, the prompt calibrated) and the
+// budget's worst case (every prompt token uncached, the estimate or the
+// calibrated one when higher, and maxTokens of output, at m's price). A
+// calibration below 1 lowers the permit (the provider's counts correct the
+// buckets), never the dollars held. Admission and the worker's plan both
+// price with it.
+func Charge(m *config.Model, c limiter.Calibration, promptTokens, maxTokens int64) (limiter.Cost, money.Micros) {
+	prompt := c.Apply(promptTokens)
+	return limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}, m.Price.WorstCase(max(prompt, promptTokens), maxTokens)
 }
 
 // fits refuses a cost no bucket of the model can ever hold.

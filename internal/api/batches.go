@@ -87,7 +87,7 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if err := s.validateWebhookURL(req.WebhookURL); err != nil {
 		return err
 	}
-	if _, _, err := admission.Account(s.Policy.Current(), c.tenant); err != nil {
+	if _, _, err := admission.Account(c.policy, c.tenant); err != nil {
 		return err
 	}
 	missing := notFound("file", req.InputFileID)

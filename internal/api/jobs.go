@@ -47,18 +47,18 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	job, created, err := s.admitJob(r.Context(), callerOf(r), &req, idemKey, false)
+	job, admitted, err := s.admitJob(r.Context(), callerOf(r), &req, idemKey, false)
 	if err != nil {
 		return err
 	}
-	if !created {
+	if admitted == nil {
 		w.Header().Set("Idempotent-Replayed", "true")
 		writeJSON(w, http.StatusAccepted, RenderJob(job))
 		return nil
 	}
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
-	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(s.Policy.Current(), job, callerOf(r).tier.Share)); err != nil {
+	if _, err := s.Queue.EnqueueJob(r.Context(), admitted.Ref(job.ID, job.Queue, callerOf(r).tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
 	writeJSON(w, http.StatusAccepted, RenderJob(job))
@@ -80,60 +80,57 @@ func idempotencyKey(r *http.Request) (string, error) {
 // admitJob admits a job of the caller, as every job the API creates is
 // admitted (POST /v1/jobs, and the synchronous OpenAI endpoints): it
 // validates the request, estimates it, refuses what can never run or what a
-// rejecting tier's budget cannot hold now, and inserts the row. created is
-// false for an idempotent replay of the same request (the first job).
-func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest, idemKey string, sync bool) (job *store.Job, created bool, err error) {
-	p := s.Policy.Current()
-	acct, tier := c.acct, c.tier
-	in, err := s.validateJob(ctx, p, tier, req)
+// rejecting tier's budget cannot hold now, and inserts the row. admitted is
+// the admitted request of a new job; nil for an idempotent replay of the
+// same request (job is the first one).
+func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest, idemKey string, sync bool) (job *store.Job, admitted *admission.Request, err error) {
+	in, err := s.validateJob(ctx, c, req)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, err
 	}
-	est := in.est
-	if err := admission.CheckBudget(acct, est.WorstCase); err != nil {
-		return nil, false, admissionError(err, "body.")
-	}
-	if tier.OnExhausted == config.OnExhaustedReject {
-		if err := s.checkBudgetNow(c.budget, est.WorstCase); err != nil {
-			return nil, false, err
+	if c.tier.OnExhausted == config.OnExhaustedReject {
+		if err := s.checkBudgetNow(c.budget, in.admitted.WorstCase); err != nil {
+			return nil, nil, err
 		}
 	}
-	job, created, err = s.Store.JobInsert(ctx, &store.JobInsertParams{
-		TenantID: c.tenant.ID, CustomID: req.CustomID, Endpoint: in.endpoint, Model: est.Model.Name,
-		Request: req.Body, Queue: in.queue, EstPromptTokens: est.PromptTokens, EstMaxTokens: est.MaxTokens,
-		EstCost: est.WorstCase, WebhookURL: req.WebhookURL, Metadata: in.metadata, IdempotencyKey: idemKey, Sync: sync,
-	})
+	ins := &store.JobInsertParams{TenantID: c.tenant.ID, CustomID: req.CustomID, Queue: in.queue,
+		WebhookURL: req.WebhookURL, Metadata: in.metadata, IdempotencyKey: idemKey, Sync: sync}
+	in.admitted.Fill(ins)
+	job, created, err := s.Store.JobInsert(ctx, ins)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, err
 	}
 	if !created {
-		if !sameRequest(job, req, in.endpoint) {
-			return nil, false, errorf(http.StatusConflict, TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
+		if !sameRequest(job, req, in.admitted.Endpoint) {
+			return nil, nil, errorf(http.StatusConflict, TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
 				"This Idempotency-Key was used for a different request (job %s).", job.ID)
 		}
-		return job, false, nil
+		return job, nil, nil
 	}
-	s.Observer.JobState(tier.Name, job.Model, string(job.Status))
+	s.Observer.JobState(c.tier.Name, job.Model, string(job.Status))
 	s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
-	return job, true, nil
+	return job, in.admitted, nil
 }
 
 // validatedJob is a create-job request that can run.
 type validatedJob struct {
-	endpoint string
 	queue    string
 	metadata json.RawMessage
-	est      *admission.Estimate
+	admitted *admission.Request
 }
 
-func (s *Server) validateJob(ctx context.Context, p *config.Policy, tier *config.Tier, req *createJobRequest) (*validatedJob, error) {
-	v := &validatedJob{endpoint: req.Endpoint, queue: tier.Priority}
-	if v.endpoint == "" {
-		v.endpoint = llm.EndpointChat
+// validateJob checks the request's own fields and admits its body under
+// the caller's policy snapshot and budget account.
+func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobRequest) (*validatedJob, error) {
+	tier := c.tier
+	endpoint := req.Endpoint
+	v := &validatedJob{queue: tier.Priority}
+	if endpoint == "" {
+		endpoint = llm.EndpointChat
 	}
-	if v.endpoint != llm.EndpointChat && v.endpoint != llm.EndpointEmbeddings {
+	if endpoint != llm.EndpointChat && endpoint != llm.EndpointEmbeddings {
 		return nil, badRequest("endpoint", "invalid_endpoint",
-			"Unknown endpoint '%s'; use '%s' or '%s'.", v.endpoint, llm.EndpointChat, llm.EndpointEmbeddings)
+			"Unknown endpoint '%s'; use '%s' or '%s'.", endpoint, llm.EndpointChat, llm.EndpointEmbeddings)
 	}
 	if len(req.CustomID) > 512 || !utf8.ValidString(req.CustomID) {
 		return nil, badRequest("custom_id", "invalid_value", "custom_id must be valid UTF-8 of at most 512 bytes.")
@@ -159,13 +156,13 @@ func (s *Server) validateJob(ctx context.Context, p *config.Policy, tier *config
 		v.metadata, _ = json.Marshal(req.Metadata)
 	}
 	if len(bytes.TrimSpace(req.Body)) == 0 || bytes.Equal(bytes.TrimSpace(req.Body), []byte("null")) {
-		return nil, badRequest("body", "missing_body", "body is required: the request to send to %s.", v.endpoint)
+		return nil, badRequest("body", "missing_body", "body is required: the request to send to %s.", endpoint)
 	}
-	est, err := s.Admission.Estimate(ctx, p, v.endpoint, req.Body)
+	admitted, err := s.Admission.Admit(ctx, c.policy, c.acct, endpoint, req.Body)
 	if err != nil {
 		return nil, admissionError(err, "body.")
 	}
-	v.est = est
+	v.admitted = admitted
 	return v, nil
 }
 
@@ -265,7 +262,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	if changed {
 		// Out of its fair queue at once (the count per tenant drops); a task
 		// already released finds the job cancelled and does nothing.
-		if ref := admission.JobRef(s.Policy.Current(), job, 0); ref.Scope != "" {
+		if ref := admission.JobRef(callerOf(r).policy, job, 0); ref.Scope != "" {
 			if err := s.Queue.Dequeue(r.Context(), ref.Scope, job.ID); err != nil {
 				s.Logger.Warn("take a cancelled job out of its fair queue", "job", job.ID, "err", err)
 			}

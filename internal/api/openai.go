@@ -114,12 +114,12 @@ func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) 
 		return err
 	}
 	c := callerOf(r)
-	job, created, err := a.admitJob(r.Context(), c, &createJobRequest{Endpoint: endpoint, Body: body}, idemKey, true)
+	job, admitted, err := a.admitJob(r.Context(), c, &createJobRequest{Endpoint: endpoint, Body: body}, idemKey, true)
 	if err != nil {
 		return openAIError(err)
 	}
 	w.Header().Set(JobIDHeader, job.ID)
-	if !created {
+	if admitted == nil {
 		return a.replay(w, job)
 	}
 	call := worker.SyncCall{JobID: job.ID, Deadline: time.Now().Add(wait)}

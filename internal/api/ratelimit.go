@@ -13,7 +13,6 @@ import (
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
-	"github.com/llmq/llmq/internal/store"
 )
 
 // endpointNames names each tenant route (its mux pattern) as a tier's
@@ -54,9 +53,9 @@ func keyLimits(tier *config.Tier, keyID, endpoint string) (limiter.WindowSet, bo
 // success those of the tightest window, on a 429 those of the window that
 // refused (the one that frees last), with X-RateLimit-Window naming it, and
 // X-RateLimit-Warning once a window passes the tier's api_soft_limit.
-func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, key *store.APIKey, t *store.Tenant) error {
-	tier, ok := s.Policy.Current().Tier(t.Tier)
-	if !ok || tier.APIExempt || t.APIExempt || key.APIExempt || s.APILimiter == nil {
+func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, c *caller) error {
+	tier, key := c.tier, c.key
+	if tier == nil || tier.APIExempt || c.tenant.APIExempt || key.APIExempt || s.APILimiter == nil {
 		return nil
 	}
 	endpoint := endpointNames[pattern]

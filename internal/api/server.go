@@ -180,6 +180,10 @@ func (s *Server) plain(h handlerFunc) http.Handler {
 type caller struct {
 	key    *store.APIKey
 	tenant *store.Tenant
+	// policy is the snapshot the whole request is judged by: its tier,
+	// limits and admission (a reload in between cannot give one request two
+	// tiers).
+	policy *config.Policy
 	acct   budget.Account
 	tier   *config.Tier
 	budget *budget.Decision // nil when the budget engine is not configured
@@ -189,11 +193,7 @@ type caller struct {
 // left today, or "unlimited") and X-Budget-Warning once spend and
 // reservations pass the tier's soft limit.
 func (s *Server) budgetHeaders(ctx context.Context, h http.Header, c *caller) error {
-	acct, tier, err := admission.Account(s.Policy.Current(), c.tenant)
-	if err != nil {
-		return err
-	}
-	c.acct, c.tier = acct, tier
+	acct := c.acct
 	if s.Budgets == nil {
 		return nil
 	}
@@ -256,12 +256,18 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		// The API limit and the budget's status are independent: their
 		// scripts go to Redis in one round trip, each writing headers of
 		// its own, copied to the response once both are done.
-		c := &caller{key: key, tenant: tenant}
+		c := &caller{key: key, tenant: tenant, policy: s.Policy.Current()}
+		acct, tier, tierErr := admission.Account(c.policy, tenant)
+		c.acct, c.tier = acct, tier
 		var limited, budgetErr error
 		limitHeaders, budgetHdrs := http.Header{}, http.Header{}
 		redisbatch.Run(r.Context(),
-			func(ctx context.Context) { limited = s.rateLimit(ctx, limitHeaders, r.Pattern, key, tenant) },
-			func(ctx context.Context) { budgetErr = s.budgetHeaders(ctx, budgetHdrs, c) })
+			func(ctx context.Context) { limited = s.rateLimit(ctx, limitHeaders, r.Pattern, c) },
+			func(ctx context.Context) {
+				if budgetErr = tierErr; budgetErr == nil {
+					budgetErr = s.budgetHeaders(ctx, budgetHdrs, c)
+				}
+			})
 		out := w.Header()
 		for _, src := range []http.Header{limitHeaders, budgetHdrs} {
 			for k, v := range src {

@@ -362,11 +362,10 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 		job.CustomID = *req.CustomID // parse dropped one that cannot be stored
 	}
 	if le == nil {
-		var est *admission.Estimate
-		est, le = v.admit(ctx, req.Body)
+		var admitted *admission.Request
+		admitted, le = v.admit(ctx, req.Body)
 		if le == nil {
-			job.Model, job.Request = est.Model.Name, req.Body
-			job.EstPromptTokens, job.EstMaxTokens, job.EstCost = est.PromptTokens, est.MaxTokens, est.WorstCase
+			admitted.Fill(job)
 			return job
 		}
 	}
@@ -454,13 +453,10 @@ func unstorableField(line []byte, p *jsontext.Problem) *lineError {
 
 // admit asks admission whether the body can ever run, and whether its
 // worst case fits the tenant's whole daily budget.
-func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Estimate, *lineError) {
-	est, err := v.s.Admission.Estimate(ctx, v.policy, v.b.Endpoint, body)
+func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Request, *lineError) {
+	admitted, err := v.s.Admission.Admit(ctx, v.policy, v.acct, v.b.Endpoint, body)
 	if err == nil {
-		err = admission.CheckBudget(v.acct, est.WorstCase)
-	}
-	if err == nil {
-		return est, nil
+		return admitted, nil
 	}
 	var ae *admission.Error
 	if !errors.As(err, &ae) {

@@ -173,10 +173,36 @@ func (e *Estimator) PromptTokens(endpoint, model, encoding string, body []byte) 
 // Parse validates body as ParseRequest does and counts it with the tokenizer
 // of model ("" uses body.model) or the given encoding.
 func (e *Estimator) Parse(endpoint, model, encoding string, body []byte) (*ParsedRequest, error) {
+	b, err := Decode(endpoint, body)
+	if err != nil {
+		return nil, err
+	}
+	return e.Count(b, model, encoding)
+}
+
+// Body is a request body validated for its endpoint (see ParseRequest),
+// decoded once and ready to be counted with whichever tokenizer turns out to
+// be the right one: admission learns the model from it, then counts it as the
+// model's upstream does.
+type Body struct{ r *request }
+
+// Decode validates body for endpoint as ParseRequest does, without counting
+// it. Errors are *InvalidRequestError.
+func Decode(endpoint string, body []byte) (*Body, error) {
 	r, err := parseBody(endpoint, body)
 	if err != nil {
 		return nil, err
 	}
+	return &Body{r: r}, nil
+}
+
+// Model is body.model: the name the client asked for.
+func (b *Body) Model() string { return b.r.model }
+
+// Count counts b with the tokenizer of model ("" uses body.model) or the
+// given encoding (which then adds no margin).
+func (e *Estimator) Count(b *Body, model, encoding string) (*ParsedRequest, error) {
+	r := b.r
 	if model == "" {
 		model = r.model
 	}

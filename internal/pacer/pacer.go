@@ -20,6 +20,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -154,12 +155,7 @@ func (p *Pacer) Plan(ctx context.Context, m *config.Model, promptTokens, maxToke
 	scope := p.learned.Scope(ctx, m)
 	c := &Call{Model: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens,
 		Calibration: p.Calibration(ctx, scope.Name)}
-	prompt := c.Calibration.Apply(promptTokens)
-	c.Cost = limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}
-	// The budget's worst case only ever errs high: a calibration below 1
-	// lowers the permit (the provider's counts correct the buckets), never
-	// the dollars held.
-	c.WorstCase = m.Price.WorstCase(max(prompt, promptTokens), maxTokens)
+	c.Cost, c.WorstCase = admission.Charge(m, c.Calibration, promptTokens, maxTokens)
 	return c
 }
 

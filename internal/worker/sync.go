@@ -240,7 +240,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
 	h := r.h
 	began := time.Now()
-	scope := admission.ScopeName(r.call.Model)
+	scope := r.call.Scope.Name
 	held := false
 	defer func() {
 		if held && h.Queue != nil {
@@ -332,7 +332,7 @@ func (r *run) syncWaiting(ctx context.Context, permit *limiter.Reservation) bool
 	if r.h.Queue == nil {
 		return false
 	}
-	held, err := r.h.Queue.Holding(ctx, admission.ScopeName(r.call.Model))
+	held, err := r.h.Queue.Holding(ctx, r.call.Scope.Name)
 	if err != nil || !held {
 		return false
 	}

@@ -126,6 +126,7 @@ type run struct {
 	job    *store.Job
 	log    *slog.Logger
 	call   *pacer.Call
+	scope  string // the model's limiter scope; "" when the policy no longer serves it
 	acct   budget.Account
 	tier   string
 	reject bool // the tier rejects work once its budget is spent
@@ -140,7 +141,9 @@ type run struct {
 func (r *run) leave(ctx context.Context) {
 	if !r.left {
 		r.left = true
-		r.h.leftFairQueue(ctx, r.job)
+		if r.scope != "" {
+			r.h.leftFairQueue(ctx, r.scope, r.job.ID)
+		}
 	}
 }
 
@@ -158,7 +161,9 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 		return fmt.Errorf("load job %s: %w", id, err)
 	}
 	if !started {
-		h.leftFairQueue(ctx, job)
+		if m, ok := h.Policy.Current().Model(job.Model); ok {
+			h.leftFairQueue(ctx, admission.ScopeName(m), job.ID)
+		}
 		h.Logger.Debug("job already finished", "job", id, "status", job.Status)
 		return h.settleFinished(ctx, job)
 	}
@@ -166,21 +171,20 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 	return r.do(ctx)
 }
 
-// leftFairQueue tells the fair queue that job has its permit (or will not
-// wait for one here): it no longer counts as released, so the scheduler
-// releases the next jobs as the limiter admits them. A failure only delays
-// the next releases of its model until the scheduler's stale check.
-func (h *Handler) leftFairQueue(ctx context.Context, job *store.Job) {
+// leftFairQueue tells the fair queue of scope that job id has its permit
+// (or will not wait for one here): it no longer counts as released, so the
+// scheduler releases the next jobs as the limiter admits them. A failure
+// only delays the next releases of its model until the scheduler's stale
+// check.
+func (h *Handler) leftFairQueue(ctx context.Context, scope, id string) {
 	if h.Queue == nil {
 		return
 	}
-	if m, ok := h.Policy.Current().Model(job.Model); ok {
-		// A task cancelled at shutdown still has left the fair queue.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		if err := h.Queue.Started(ctx, admission.ScopeName(m), job.ID); err != nil {
-			h.Logger.Warn("mark a job started in its fair queue", "job", job.ID, "err", err)
-		}
+	// A task cancelled at shutdown still has left the fair queue.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := h.Queue.Started(ctx, scope, id); err != nil {
+		h.Logger.Warn("mark a job started in its fair queue", "job", id, "err", err)
 	}
 }
 
@@ -221,6 +225,7 @@ func (r *run) do(ctx context.Context) error {
 		return r.fail(ctx, store.JobError{Type: "invalid_request_error", Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)}, nil)
 	}
+	r.scope = admission.ScopeName(m)
 	tenant, err := h.tenants.get(ctx, h.Store, r.job.TenantID)
 	if err != nil {
 		return fmt.Errorf("load tenant %s: %w", r.job.TenantID, err)
