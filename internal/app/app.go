@@ -296,7 +296,7 @@ func (a *App) Scheduler() *scheduler.Scheduler {
 }
 
 // WorkerServer returns the asynq server that runs jobs, and its mux.
-func (a *App) WorkerServer(opts worker.Options) (*asynq.Server, *asynq.ServeMux, error) {
+func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux, error) {
 	srv, err := worker.NewServer(a.Redis, worker.ServerOptions{
 		Concurrency: a.Env.WorkerConcurrency, Namespace: queue.Namespace(a.Env.QueueNamespace),
 		ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,

@@ -210,7 +210,7 @@ func Start(t testing.TB, o Options) *App {
 }
 
 // StartWorker starts one more in-process worker.
-func (a *App) StartWorker(opts worker.Options) *asynq.Server {
+func (a *App) StartWorker(opts worker.Options) *worker.Server {
 	srv, mux, err := a.WorkerServer(opts)
 	if err != nil {
 		a.t.Fatal(err)

@@ -346,8 +346,9 @@ func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 // errNoInspector is Workers' error when State has no asynq inspector.
 var errNoInspector = errors.New("metrics: no asynq inspector to count workers with")
 
-// Workers returns how many worker servers of this installation are alive
-// (asynq drops a server whose heartbeats stop).
+// Workers returns how many worker processes of this installation are alive
+// (asynq drops a server whose heartbeats stop). A process runs several
+// asynq servers (worker.ServerOptions.Dequeuers): they count once.
 func (s *State) Workers(ctx context.Context) (int, error) {
 	if s.d.Asynq == nil {
 		return 0, errNoInspector
@@ -358,12 +359,16 @@ func (s *State) Workers(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("list worker servers: %w", err)
 		}
 		ours := s.d.Namespace.Queue(queue.Default)
-		n := 0
+		type process struct {
+			host string
+			pid  int
+		}
+		alive := map[process]bool{}
 		for _, srv := range servers {
 			if _, ok := srv.Queues[ours]; ok {
-				n++
+				alive[process{srv.Host, srv.PID}] = true
 			}
 		}
-		return n, nil
+		return len(alive), nil
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -13,10 +14,19 @@ import (
 	"github.com/llmq/llmq/internal/queue"
 )
 
-// ServerOptions configure the asynq server that runs jobs.
+// ServerOptions configure the asynq servers that run jobs.
 type ServerOptions struct {
-	// Concurrency is how many jobs run at once. Defaults to 50.
+	// Concurrency is how many jobs run at once, over all the dequeuers.
+	// Defaults to 50.
 	Concurrency int
+	// Dequeuers is how many asynq servers share Concurrency, each with its
+	// own dequeue loop. asynq's processor takes one task at a time and tries
+	// the queues in weighted random order, one Redis round trip for each
+	// empty queue on the way (about 2.6 for a task of the default queue
+	// among llmq's five), so one loop, not the workers, bounds how fast
+	// tasks start on a busy machine. More than Concurrency is Concurrency.
+	// Defaults to one per 16 of Concurrency, at least one.
+	Dequeuers int
 	// Namespace prefixes queue names. Defaults to none.
 	Namespace queue.Namespace
 	// ShutdownTimeout is the grace period in-flight calls get on SIGTERM;
@@ -26,7 +36,8 @@ type ServerOptions struct {
 	// PollInterval is how often an idle server looks for new tasks and moves
 	// due delayed tasks (asynq's TaskCheckInterval and
 	// DelayedTaskCheckInterval; its defaults, 1s and 5s, add up to seconds of
-	// latency). Defaults to 200ms.
+	// latency). Only the first dequeuer moves delayed tasks that often; the
+	// others keep asynq's 5s, as a backstop. Defaults to 200ms.
 	PollInterval time.Duration
 	// Logger receives asynq's own log lines (warn and above). Defaults to discarding them.
 	Logger *slog.Logger
@@ -38,6 +49,9 @@ func (o ServerOptions) validate() error {
 	if o.Concurrency < 0 {
 		return fmt.Errorf("worker: ServerOptions.Concurrency must not be negative, got %d", o.Concurrency)
 	}
+	if o.Dequeuers < 0 {
+		return fmt.Errorf("worker: ServerOptions.Dequeuers must not be negative, got %d", o.Dequeuers)
+	}
 	if o.ShutdownTimeout < 0 {
 		return fmt.Errorf("worker: ServerOptions.ShutdownTimeout must not be negative, got %v", o.ShutdownTimeout)
 	}
@@ -47,17 +61,31 @@ func (o ServerOptions) validate() error {
 	return nil
 }
 
-// NewServer returns an asynq server over rdb configured for llmq: weighted
+// Server is the asynq servers of one worker process, started and stopped
+// together: Concurrency split between Dequeuers of them.
+type Server struct {
+	servers []*asynq.Server
+}
+
+// backstopDelayedCheck is how often a dequeuer other than the first moves
+// due delayed tasks (asynq's default).
+const backstopDelayedCheck = 5 * time.Second
+
+// NewServer returns the asynq servers over rdb configured for llmq: weighted
 // queues, 429s and waits that are not failures, short polling; or an error
 // naming an option that is invalid. Run it with Mux. The caller keeps
 // ownership of rdb.
-func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*asynq.Server, error) {
+func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
 	if opts.Concurrency == 0 {
 		opts.Concurrency = 50
 	}
+	if opts.Dequeuers == 0 {
+		opts.Dequeuers = max(1, opts.Concurrency/16)
+	}
+	opts.Dequeuers = min(opts.Dequeuers, opts.Concurrency)
 	if opts.ShutdownTimeout == 0 {
 		opts.ShutdownTimeout = 30 * time.Second
 	}
@@ -67,17 +95,65 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*asynq.Server, er
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		Concurrency:              opts.Concurrency,
-		Queues:                   opts.Namespace.Weights(),
-		IsFailure:                IsFailure,
-		RetryDelayFunc:           RetryDelay,
-		ShutdownTimeout:          opts.ShutdownTimeout,
-		TaskCheckInterval:        opts.PollInterval,
-		DelayedTaskCheckInterval: opts.PollInterval,
-		Logger:                   asynqLogger{opts.Logger},
-		LogLevel:                 asynq.WarnLevel,
-	}), nil
+	s := &Server{}
+	for i := range opts.Dequeuers {
+		// Concurrency spread as evenly as it divides: 50 over 3 is 17, 17, 16.
+		n := opts.Concurrency / opts.Dequeuers
+		if i < opts.Concurrency%opts.Dequeuers {
+			n++
+		}
+		delayed := opts.PollInterval
+		if i > 0 {
+			delayed = max(delayed, backstopDelayedCheck)
+		}
+		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, asynq.Config{
+			Concurrency:              n,
+			Queues:                   opts.Namespace.Weights(),
+			IsFailure:                IsFailure,
+			RetryDelayFunc:           RetryDelay,
+			ShutdownTimeout:          opts.ShutdownTimeout,
+			TaskCheckInterval:        opts.PollInterval,
+			DelayedTaskCheckInterval: delayed,
+			Logger:                   asynqLogger{opts.Logger},
+			LogLevel:                 asynq.WarnLevel,
+		}))
+	}
+	return s, nil
+}
+
+// Dequeuers is how many asynq servers s runs.
+func (s *Server) Dequeuers() int { return len(s.servers) }
+
+// Start starts every dequeuer with handler h. Should one fail to start, the
+// ones started are shut down and the error returned.
+func (s *Server) Start(h asynq.Handler) error {
+	for i, srv := range s.servers {
+		if err := srv.Start(h); err != nil {
+			for _, started := range s.servers[:i] {
+				started.Shutdown()
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// Shutdown stops every dequeuer, in parallel, each giving its in-flight
+// jobs the grace period (asynq's Shutdown).
+func (s *Server) Shutdown() {
+	var wg sync.WaitGroup
+	for _, srv := range s.servers {
+		wg.Go(srv.Shutdown)
+	}
+	wg.Wait()
+}
+
+// Stop makes every dequeuer stop taking new tasks (asynq's Stop); Shutdown
+// then ends them.
+func (s *Server) Stop() {
+	for _, srv := range s.servers {
+		srv.Stop()
+	}
 }
 
 // Mux routes llmq's task types to their handlers; webhooks may be nil.
