@@ -325,17 +325,20 @@ func (r *run) releasePermit(ctx context.Context) {
 // request waits before it asks again.
 const syncYield = 50 * time.Millisecond
 
-// syncWaiting gives permit back when synchronous requests hold room in the
-// job's scope: they go first (docs/ARCHITECTURE.md). A job released before
-// they came would otherwise race them for every refill.
-func (r *run) syncWaiting(ctx context.Context, permit *limiter.Reservation) bool {
+// syncHolding reports whether synchronous requests hold room in the job's
+// scope: they go first (docs/ARCHITECTURE.md), and a job released before
+// they came would otherwise race them for every refill (yieldPermit).
+func (r *run) syncHolding(ctx context.Context) bool {
 	if r.h.Queue == nil {
 		return false
 	}
-	held, err := r.h.Queue.Holding(ctx, r.call.Scope.Name)
-	if err != nil || !held {
-		return false
-	}
+	held, err := r.h.Queue.Holding(ctx, r.scope)
+	return err == nil && held
+}
+
+// yieldPermit gives permit back to the synchronous requests that hold room
+// in the job's scope; false when it could not (the permit stays taken).
+func (r *run) yieldPermit(ctx context.Context, permit *limiter.Reservation) bool {
 	if err := r.h.Pacer.Release(ctx, permit); err != nil {
 		r.log.Warn("give a permit back to a synchronous request", "err", err)
 		return false // keep it: it is taken

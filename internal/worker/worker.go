@@ -32,6 +32,7 @@ import (
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -330,7 +331,15 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 	began := time.Now()
 	for {
-		res, err := r.h.Pacer.Reserve(ctx, r.call)
+		// Whether synchronous requests hold room in the scope is asked in
+		// the same round trip as the permit: they are rare, the question
+		// is not.
+		var res *limiter.Result
+		var err error
+		held := false
+		redisbatch.Run(ctx,
+			func(ctx context.Context) { res, err = r.h.Pacer.Reserve(ctx, r.call) },
+			func(ctx context.Context) { held = r.syncHolding(ctx) })
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
 			return true, r.fail(ctx, store.JobError{Type: "invalid_request_error", Code: "tokens_exceed_capacity", Param: "max_tokens",
 				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)}, nil)
@@ -338,7 +347,7 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 		if err != nil {
 			return true, fmt.Errorf("rate limiter: %w", err)
 		}
-		if res.Allowed && r.syncWaiting(ctx, res.Reservation) {
+		if res.Allowed && held && r.yieldPermit(ctx, res.Reservation) {
 			res.Allowed, res.RetryAfter = false, syncYield
 		}
 		if res.Allowed {
