@@ -22,16 +22,15 @@ import (
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
-// createJobRequest is the body of POST /v1/jobs.
+// createJobRequest is the body of POST /v1/jobs: the client's params, with
+// the provider's body kept as the bytes that came (the client's Body is any
+// value that encodes to it).
 type createJobRequest struct {
-	CustomID   string            `json:"custom_id"`
-	Endpoint   string            `json:"endpoint"`
-	Body       json.RawMessage   `json:"body"`
-	Priority   string            `json:"priority"`
-	WebhookURL string            `json:"webhook_url"`
-	Metadata   map[string]string `json:"metadata"`
+	client.JobCreateParams
+	Body json.RawMessage `json:"body"`
 }
 
 // queueRank orders the job queues; a job may ask for a lower priority than
@@ -53,7 +52,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	}
 	if !created {
 		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusAccepted, RenderJob(job))
+		writeJSON(w, http.StatusAccepted, wire.Job(job))
 		return nil
 	}
 	// The row is committed: if Redis refuses the task now, the reconciler
@@ -61,7 +60,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(s.Policy.Current(), job, callerOf(r).tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
-	writeJSON(w, http.StatusAccepted, RenderJob(job))
+	writeJSON(w, http.StatusAccepted, wire.Job(job))
 	return nil
 }
 
@@ -242,7 +241,7 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, RenderJob(job))
+	writeJSON(w, http.StatusOK, wire.Job(job))
 	return nil
 }
 
@@ -280,7 +279,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, RenderJob(job))
+	writeJSON(w, http.StatusOK, wire.Job(job))
 	return nil
 }
 
@@ -311,7 +310,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]client.Job, len(jobs))
 	for i, j := range jobs {
-		out[i] = RenderJob(j)
+		out[i] = wire.Job(j)
 	}
 	writeJSON(w, http.StatusOK, client.NewList(out, more, func(j client.Job) string { return j.ID }))
 	return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 	"github.com/llmq/llmq/internal/worker"
 )
 
@@ -114,7 +115,7 @@ func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) 
 		return err
 	}
 	c := callerOf(r)
-	job, created, err := a.admitJob(r.Context(), c, &createJobRequest{Endpoint: endpoint, Body: body}, idemKey, true)
+	job, created, err := a.admitJob(r.Context(), c, &createJobRequest{JobCreateParams: client.JobCreateParams{Endpoint: endpoint}, Body: body}, idemKey, true)
 	if err != nil {
 		return openAIError(err)
 	}
@@ -369,6 +370,5 @@ func (s *sseRelay) done() {
 // fail ends a started stream with an error event.
 func (s *sseRelay) fail(pe *llm.Error) {
 	e := providerAnswer(pe)
-	b, _ := json.Marshal(client.Error{ErrorObject: client.ErrorObject{Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}})
-	s.write(append(append([]byte("data: "), b...), "\n\n"...))
+	s.write(append(append([]byte("data: "), wire.ErrorBody(e.object())...), "\n\n"...))
 }
