@@ -25,12 +25,18 @@ import (
 	"github.com/llmq/llmq/internal/wire"
 )
 
-// createJobRequest is the body of POST /v1/jobs: the client's params, with
-// the provider's body kept as the bytes that came (the client's Body is any
-// value that encodes to it).
+// createJobRequest is the body of POST /v1/jobs: client.JobCreateParams as
+// it arrives. It is a type of its own since the client's Body is any value
+// that encodes to the provider's body, and the server keeps the bytes that
+// came; embedding the client's type would name a field of a refused value
+// "JobCreateParams.priority" rather than "priority".
 type createJobRequest struct {
-	client.JobCreateParams
-	Body json.RawMessage `json:"body"`
+	CustomID   string            `json:"custom_id"`
+	Endpoint   string            `json:"endpoint"`
+	Body       json.RawMessage   `json:"body"`
+	Priority   string            `json:"priority"`
+	WebhookURL string            `json:"webhook_url"`
+	Metadata   map[string]string `json:"metadata"`
 }
 
 // queueRank orders the job queues; a job may ask for a lower priority than

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
@@ -115,7 +114,7 @@ func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) 
 		return err
 	}
 	c := callerOf(r)
-	job, created, err := a.admitJob(r.Context(), c, &createJobRequest{JobCreateParams: client.JobCreateParams{Endpoint: endpoint}, Body: body}, idemKey, true)
+	job, created, err := a.admitJob(r.Context(), c, &createJobRequest{Endpoint: endpoint, Body: body}, idemKey, true)
 	if err != nil {
 		return openAIError(err)
 	}
