@@ -11,6 +11,7 @@ package client
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -163,7 +164,8 @@ func NewList[T any](data []T, hasMore bool, id func(T) string) List[T] {
 }
 
 // ErrorObject is OpenAI's error object. An empty Code or Param is sent as
-// null, as OpenAI does, and null reads back as "".
+// null, as OpenAI does, and null reads back as "". A code sent as a number
+// (some OpenAI-compatible servers do) reads as its digits.
 type ErrorObject struct {
 	Message string `json:"message"`
 	Type    string `json:"type"`
@@ -180,6 +182,47 @@ func (e ErrorObject) MarshalJSON() ([]byte, error) {
 		Code    *string `json:"code"`
 		Param   *string `json:"param"`
 	}{e.Message, e.Type, nullable(e.Code), nullable(e.Param)})
+}
+
+// UnmarshalJSON reads {"message","type","code","param"}; code may be a
+// string, a number or null.
+func (e *ErrorObject) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var o struct {
+		Message string          `json:"message"`
+		Type    string          `json:"type"`
+		Code    json.RawMessage `json:"code"`
+		Param   *string         `json:"param"`
+	}
+	if err := json.Unmarshal(b, &o); err != nil {
+		return err
+	}
+	*e = ErrorObject{Message: o.Message, Type: o.Type, Code: codeText(o.Code)}
+	if o.Param != nil {
+		e.Param = *o.Param
+	}
+	return nil
+}
+
+// codeText is an error code as text: "" for null or none, a number's
+// integer digits, anything else as fmt prints it.
+func codeText(raw json.RawMessage) string {
+	var code any
+	if json.Unmarshal(raw, &code) != nil {
+		return ""
+	}
+	switch c := code.(type) {
+	case nil:
+		return ""
+	case string:
+		return c
+	case float64:
+		return strconv.Itoa(int(c))
+	default:
+		return fmt.Sprint(c)
+	}
 }
 
 // Error is an error answer of the API: {"error":{"message","type","code","param"}}

@@ -16,14 +16,8 @@ import (
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
-
-type createTenantRequest struct {
-	Name           string   `json:"name"`
-	Tier           string   `json:"tier"`
-	DailyBudgetUSD *float64 `json:"daily_budget_usd"`
-	APIExempt      bool     `json:"api_exempt"`
-}
 
 func (s *Server) checkTier(p *config.Policy, tier string) error {
 	if _, ok := p.Tier(tier); ok {
@@ -48,7 +42,7 @@ func budgetOverride(v *float64) (*money.Micros, error) {
 }
 
 func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
-	var req createTenantRequest
+	var req client.TenantCreateParams
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
@@ -69,7 +63,7 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.Logger.Info("tenant created", "tenant", t.ID, "tier", t.Tier)
-	writeJSON(w, http.StatusCreated, renderTenant(t, true))
+	writeJSON(w, http.StatusCreated, wire.Tenant(t, true))
 	return nil
 }
 
@@ -90,7 +84,7 @@ func (s *Server) getTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, renderTenant(t, true))
+	writeJSON(w, http.StatusOK, wire.Tenant(t, true))
 	return nil
 }
 
@@ -109,7 +103,7 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]client.Tenant, len(ts))
 	for i, t := range ts {
-		out[i] = renderTenant(t, false)
+		out[i] = wire.Tenant(t, false)
 	}
 	writeJSON(w, http.StatusOK, client.NewList(out, more, func(t client.Tenant) string { return t.ID }))
 	return nil
@@ -161,7 +155,7 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("tenant updated", "tenant", t.ID, "tier", t.Tier)
-	writeJSON(w, http.StatusOK, renderTenant(t, false))
+	writeJSON(w, http.StatusOK, wire.Tenant(t, false))
 	return nil
 }
 
@@ -207,7 +201,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.Logger.Info("api key created", "tenant", t.ID, "key", k.ID, "api_exempt", k.APIExempt)
-	out := renderKey(k)
+	out := wire.APIKey(k)
 	out.Key = key
 	writeJSON(w, http.StatusCreated, out)
 	return nil
@@ -224,7 +218,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]client.APIKey, len(keys))
 	for i, k := range keys {
-		out[i] = renderKey(k)
+		out[i] = wire.APIKey(k)
 	}
 	writeJSON(w, http.StatusOK, client.NewList(out, false, func(k client.APIKey) string { return k.ID }))
 	return nil
@@ -244,7 +238,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("api key revoked", "key", k.ID)
-	writeJSON(w, http.StatusOK, renderKey(k))
+	writeJSON(w, http.StatusOK, wire.APIKey(k))
 	return nil
 }
 
@@ -254,13 +248,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	if d == nil {
 		return errorf(http.StatusNotImplemented, TypeServer, "budgets_disabled", "", "Budgets are not configured on this server.")
 	}
-	out := client.Usage{Object: "usage", Tenant: c.tenant.ID, Tier: tier.Name, Day: d.Day,
-		SpentUSD: d.Spent.USD(), ReservedUSD: d.Reserved.USD(), SoftLimitReached: d.SoftLimitReached, ResetsAt: unix(d.ResetsAt)}
-	if !d.Unlimited {
-		b, rem := d.Budget.USD(), d.Remaining.USD()
-		out.BudgetUSD, out.RemainingUSD = &b, &rem
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, wire.Usage(c.tenant.ID, tier.Name, d))
 	return nil
 }
 
@@ -280,13 +268,6 @@ func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]client.UsageReportRow, len(rows))
-	var total money.Micros
-	for i, u := range rows {
-		out[i] = client.UsageReportRow{TenantID: u.TenantID, Model: u.Model, Requests: u.Requests, PromptTokens: u.PromptTokens,
-			CompletionTokens: u.CompletionTokens, CostUSD: u.Cost.USD()}
-		total += u.Cost
-	}
-	writeJSON(w, http.StatusOK, client.UsageReport{Object: "usage_report", Day: day, Data: out, TotalCostUSD: total.USD()})
+	writeJSON(w, http.StatusOK, wire.UsageReport(day, rows))
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // keyOptions are the settings of a key the admin API may set: at creation
@@ -56,6 +57,6 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("api key updated", "key", k.ID, "api_exempt", k.APIExempt)
-	writeJSON(w, http.StatusOK, renderKey(k))
+	writeJSON(w, http.StatusOK, wire.APIKey(k))
 	return nil
 }

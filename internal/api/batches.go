@@ -13,6 +13,7 @@ import (
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // BatchOptions configure the Files and Batch APIs.
@@ -52,22 +53,12 @@ func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) {
 	s.mux.Handle("POST /v1/batches/{id}/cancel", t(a.cancelBatch))
 }
 
-// createBatchRequest is the body of POST /v1/batches: OpenAI's fields, and
-// webhook_url, called once when the batch ends.
-type createBatchRequest struct {
-	InputFileID      string            `json:"input_file_id"`
-	Endpoint         string            `json:"endpoint"`
-	CompletionWindow string            `json:"completion_window"`
-	Metadata         map[string]string `json:"metadata"`
-	WebhookURL       string            `json:"webhook_url"`
-}
-
 // createBatch checks what can be checked at once (the file, the endpoint,
 // the window) and answers with the batch validating; its lines are checked
 // in the background, as at OpenAI.
 func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	c := callerOf(r)
-	var req createBatchRequest
+	var req client.BatchCreateParams // OpenAI's fields, and webhook_url, called once when the batch ends
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
@@ -104,7 +95,7 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch {
 	case f.Purpose != store.FilePurposeBatch:
-		return badRequest("input_file_id", "invalid_file_purpose", "File %s has purpose '%s'; a batch's input has purpose 'batch'.", f.ID, renderFile(f).Purpose)
+		return badRequest("input_file_id", "invalid_file_purpose", "File %s has purpose '%s'; a batch's input has purpose 'batch'.", f.ID, wire.File(f).Purpose)
 	case f.Bytes > s.limits.MaxFileBytes:
 		return badRequest("input_file_id", "file_too_large", "File %s has %d bytes, more than the limit of %d.", f.ID, f.Bytes, s.limits.MaxFileBytes)
 	case f.Lines > int64(s.limits.MaxFileLines):
@@ -124,7 +115,7 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.Logger.Info("batch created", "tenant", c.tenant.ID, "batch", b.ID, "file", f.ID, "lines", f.Lines)
 	s.batches.Start(b.ID)
-	writeJSON(w, http.StatusOK, batch.Render(b, &store.JobCounts{}))
+	writeJSON(w, http.StatusOK, wire.Batch(b, &store.JobCounts{}))
 	return nil
 }
 
@@ -134,7 +125,7 @@ func (s *batchAPI) renderBatch(r *http.Request, b *store.Batch) (client.Batch, e
 	if err != nil {
 		return client.Batch{}, err
 	}
-	return batch.Render(b, c), nil
+	return wire.Batch(b, c), nil
 }
 
 func (s *batchAPI) batchByPath(r *http.Request) (*store.Batch, error) {

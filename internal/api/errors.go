@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"time"
 
-	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // Error types, as OpenAI names them, so the official SDKs map them to their
@@ -27,7 +26,7 @@ const (
 )
 
 // Error is the one error every handler returns to a client. It is written as
-// OpenAI's {"error":{"message","type","code","param"}}.
+// OpenAI's {"error":{"message","type","code","param"}} (wire.WriteError).
 type Error struct {
 	Status     int
 	Type       string
@@ -81,10 +80,12 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 				"The server had an error while processing your request. Retry later.")
 		}
 	}
-	if e.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
-	}
-	writeJSON(w, e.Status, client.Error{ErrorObject: client.ErrorObject{Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}})
+	wire.WriteError(w, &wire.Error{StatusCode: e.Status, RetryAfter: e.RetryAfter, ErrorObject: e.object()})
+}
+
+// object is e's error object, as the body carries it.
+func (e *Error) object() wire.ErrorObject {
+	return wire.ErrorObject{Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 }
 
 // writeJSON writes v as the response body with status.

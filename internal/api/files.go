@@ -16,18 +16,8 @@ import (
 	"github.com/llmq/llmq/internal/batch"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
-
-// renderFile is a file in OpenAI's shape. A batch's error file has purpose
-// "batch_output", as at OpenAI; llmq keeps the two apart inside.
-func renderFile(f *store.File) client.File {
-	purpose := string(f.Purpose)
-	if f.Purpose == store.FilePurposeBatchError {
-		purpose = string(store.FilePurposeBatchOutput)
-	}
-	return client.File{ID: f.ID, Object: "file", Bytes: f.Bytes, CreatedAt: unix(f.CreatedAt), Filename: f.Filename,
-		Purpose: purpose, Status: "processed"}
-}
 
 // uploadFile is POST /v1/files: multipart/form-data with the fields purpose
 // ("batch") and file; other fields are ignored. The file is streamed to a
@@ -109,7 +99,7 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.Logger.Info("file uploaded", "tenant", f.TenantID, "file", f.ID, "bytes", f.Bytes, "lines", f.Lines)
-	writeJSON(w, http.StatusOK, renderFile(f))
+	writeJSON(w, http.StatusOK, wire.File(f))
 	return nil
 }
 
@@ -215,7 +205,7 @@ func (s *batchAPI) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return err
 	}
-	writeJSON(w, http.StatusOK, client.FileDeleted{ID: f.ID, Object: "file", Deleted: true})
+	writeJSON(w, http.StatusOK, wire.FileDeleted(f))
 	return nil
 }
 
@@ -224,7 +214,7 @@ func (s *batchAPI) getFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, renderFile(f))
+	writeJSON(w, http.StatusOK, wire.File(f))
 	return nil
 }
 
@@ -263,7 +253,7 @@ func (s *batchAPI) listFiles(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]client.File, len(fs))
 	for i, f := range fs {
-		out[i] = renderFile(f)
+		out[i] = wire.File(f)
 	}
 	writeJSON(w, http.StatusOK, client.NewList(out, more, func(f client.File) string { return f.ID }))
 	return nil

@@ -22,9 +22,14 @@ import (
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
-// createJobRequest is the body of POST /v1/jobs.
+// createJobRequest is the body of POST /v1/jobs: client.JobCreateParams as
+// it arrives. It is a type of its own since the client's Body is any value
+// that encodes to the provider's body, and the server keeps the bytes that
+// came; embedding the client's type would name a field of a refused value
+// "JobCreateParams.priority" rather than "priority".
 type createJobRequest struct {
 	CustomID   string            `json:"custom_id"`
 	Endpoint   string            `json:"endpoint"`
@@ -53,7 +58,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	}
 	if admitted == nil {
 		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusAccepted, RenderJob(job))
+		writeJSON(w, http.StatusAccepted, wire.Job(job))
 		return nil
 	}
 	// The row is committed: if Redis refuses the task now, the reconciler
@@ -61,7 +66,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.Queue.EnqueueJob(r.Context(), admitted.Ref(job.ID, job.Queue, callerOf(r).tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
-	writeJSON(w, http.StatusAccepted, RenderJob(job))
+	writeJSON(w, http.StatusAccepted, wire.Job(job))
 	return nil
 }
 
@@ -239,7 +244,7 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, RenderJob(job))
+	writeJSON(w, http.StatusOK, wire.Job(job))
 	return nil
 }
 
@@ -277,7 +282,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, RenderJob(job))
+	writeJSON(w, http.StatusOK, wire.Job(job))
 	return nil
 }
 
@@ -308,7 +313,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]client.Job, len(jobs))
 	for i, j := range jobs {
-		out[i] = RenderJob(j)
+		out[i] = wire.Job(j)
 	}
 	writeJSON(w, http.StatusOK, client.NewList(out, more, func(j client.Job) string { return j.ID }))
 	return nil

@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 	"github.com/llmq/llmq/internal/worker"
 )
 
@@ -369,6 +369,5 @@ func (s *sseRelay) done() {
 // fail ends a started stream with an error event.
 func (s *sseRelay) fail(pe *llm.Error) {
 	e := providerAnswer(pe)
-	b, _ := json.Marshal(client.Error{ErrorObject: client.ErrorObject{Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}})
-	s.write(append(append([]byte("data: "), b...), "\n\n"...))
+	s.write(append(append([]byte("data: "), wire.ErrorBody(e.object())...), "\n\n"...))
 }

@@ -9,9 +9,9 @@ import (
 	"io"
 	"strings"
 
-	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // The statuses of the jobs each generated file holds.
@@ -34,7 +34,7 @@ func WriteFile(ctx context.Context, db *store.DB, w io.Writer, b *store.Batch, p
 	bw := bufio.NewWriterSize(w, 64<<10)
 	enc := newLineEncoder(bw)
 	err := db.JobStreamByBatch(ctx, b.ID, statuses, func(j *store.Job) error {
-		return enc.Encode(Result(j, b.Status))
+		return enc.Encode(wire.BatchResult(j, b.Status))
 	})
 	if err != nil {
 		return err
@@ -48,57 +48,6 @@ func newLineEncoder(w io.Writer) *json.Encoder {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc
-}
-
-// RequestID is the id of a batch request in the output and error files
-// ("batch_req_…"), made from its job's id.
-func RequestID(jobID string) string { return "batch_req_" + strings.TrimPrefix(jobID, ids.Job) }
-
-// Result is the output or error file line of a job of a batch that ended as
-// final: OpenAI's {"id","custom_id","response","error"}.
-func Result(j *store.Job, final store.BatchStatus) client.BatchResult {
-	r := client.BatchResult{ID: RequestID(j.ID), CustomID: j.CustomID}
-	if j.ResponseStatus != 0 {
-		r.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}
-		if len(j.ResponseBody) == 0 && j.Error != nil {
-			// The provider's error body is not kept; its error is, in
-			// the same shape as OpenAI's body {"error": {...}}.
-			body, _ := json.Marshal(struct {
-				Error client.ErrorObject `json:"error"`
-			}{client.ErrorObject{Message: j.Error.Message, Type: j.Error.Type, Code: j.Error.Code, Param: j.Error.Param}})
-			r.Response.Body = body
-		}
-	}
-	if j.Status != store.JobSucceeded {
-		r.Error = resultError(j, final)
-	}
-	return r
-}
-
-// resultError is why a request of the error file has no result.
-func resultError(j *store.Job, final store.BatchStatus) *client.BatchLineError {
-	e := &client.BatchLineError{Line: j.LineNo}
-	switch {
-	case j.Error != nil:
-		e.Code, e.Message = j.Error.Code, j.Error.Message
-		if e.Code == "" {
-			e.Code = j.Error.Type
-		}
-	case j.Status == store.JobCancelled && final == store.BatchExpired:
-		e.Code, e.Message = "batch_expired", "This request could not be executed before the completion window expired."
-	case j.Status == store.JobCancelled && final == store.BatchCancelled:
-		e.Code, e.Message = "batch_cancelled", "This request was not executed: the batch was cancelled."
-	case j.Status == store.JobCancelled && final == store.BatchFailed:
-		e.Code, e.Message = "batch_failed", "This request was not executed: the batch failed before it ran (see the batch's errors)."
-	case j.Status == store.JobCancelled:
-		e.Code, e.Message = "request_cancelled", "This request was cancelled."
-	default:
-		e.Code, e.Message = "not_finished", fmt.Sprintf("This request had not finished (%s).", j.Status)
-	}
-	if e.Code == "" {
-		e.Code = "request_failed"
-	}
-	return e
 }
 
 // size is the length of a generated file.
@@ -118,10 +67,10 @@ func sizes(ctx context.Context, db *store.DB, b *store.Batch, final store.BatchS
 		switch j.Status {
 		case store.JobSucceeded:
 			out.lines++
-			return eo.Encode(Result(j, final))
+			return eo.Encode(wire.BatchResult(j, final))
 		case store.JobFailed, store.JobCancelled:
 			errs.lines++
-			return ee.Encode(Result(j, final))
+			return ee.Encode(wire.BatchResult(j, final))
 		}
 		return fmt.Errorf("job %s of batch %s is still %s", j.ID, b.ID, j.Status)
 	})

@@ -19,6 +19,7 @@ import (
 
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // Model kinds: what endpoint a model serves and whether it produces output
@@ -26,13 +27,6 @@ import (
 const (
 	KindChat      = "chat"
 	KindEmbedding = "embedding"
-)
-
-// Tier priorities, which pick the tier's queue.
-const (
-	PriorityCritical = "critical"
-	PriorityDefault  = "default"
-	PriorityLow      = "low"
 )
 
 // What happens to a job of a tier whose daily budget is spent.
@@ -578,8 +572,8 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 	}
 	switch rt.Priority {
 	case "":
-		t.Priority = PriorityDefault
-	case PriorityCritical, PriorityDefault, PriorityLow:
+		t.Priority = wire.PriorityDefault
+	case wire.PriorityCritical, wire.PriorityDefault, wire.PriorityLow:
 	default:
 		return t, src.errorAt(path+".priority", "must be critical, default or low, got %q", rt.Priority)
 	}

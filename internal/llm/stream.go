@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/llmq/llmq/client"
 )
 
 // maxEventBytes bounds one Server-Sent Event's line.
@@ -43,29 +45,12 @@ type streamChunk struct {
 			CachedTokens int64 `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
-	Error *apiErrorObject `json:"error"`
+	Error *client.ErrorObject `json:"error"`
 }
 
-// apiErrorObject is OpenAI's error object; code may be a string or a number.
-type apiErrorObject struct {
-	Message string          `json:"message"`
-	Type    string          `json:"type"`
-	Param   *string         `json:"param"`
-	Code    json.RawMessage `json:"code"`
-}
-
-func (o *apiErrorObject) fill(e *Error) {
-	e.Message, e.Type = o.Message, o.Type
-	if o.Param != nil {
-		e.Param = *o.Param
-	}
-	var code any
-	if json.Unmarshal(o.Code, &code) == nil {
-		if f, ok := code.(float64); ok {
-			code = int(f)
-		}
-		e.Code = codeString(code)
-	}
+// fill sets e's provider error fields from the error object o.
+func fill(e *Error, o *client.ErrorObject) {
+	e.Message, e.Type, e.Code, e.Param = o.Message, o.Type, o.Code, o.Param
 }
 
 // stream sends a streaming chat completion over plain HTTP: go-openai's
@@ -97,10 +82,10 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		var eb struct {
-			Error *apiErrorObject `json:"error"`
+			Error *client.ErrorObject `json:"error"`
 		}
 		if json.Unmarshal(body, &eb) == nil && eb.Error != nil {
-			eb.Error.fill(e)
+			fill(e, eb.Error)
 			e.Message = p.scrub(e.Message)
 		} else if e.Message = p.scrub(excerpt(body)); e.Message == "" {
 			e.Message = http.StatusText(resp.StatusCode)
@@ -129,7 +114,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 			return nil, e
 		}
 		if c.Error != nil {
-			c.Error.fill(e)
+			fill(e, c.Error)
 			e.Message, e.Class, e.Relayed = p.scrub(e.Message), ClassRetryable, out.Chunks
 			return nil, e
 		}

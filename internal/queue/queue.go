@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/rkeys"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // Task types.
@@ -29,14 +30,15 @@ const (
 	TypeWebhook = "llmq:webhook"
 )
 
-// Queue names, before the namespace. Critical, Default and Low are the
+// Queue names, before the namespace. The job queues are named for the
+// priorities (package wire names them): Critical, Default and Low are the
 // priorities a tier (or a job) chooses; Batch runs batch work below all
-// interactive work; Webhooks carries webhook deliveries.
+// interactive work. Webhooks carries webhook deliveries.
 const (
-	Critical = "critical"
-	Default  = "default"
-	Low      = "low"
-	Batch    = "batch"
+	Critical = wire.PriorityCritical
+	Default  = wire.PriorityDefault
+	Low      = wire.PriorityLow
+	Batch    = wire.PriorityBatch
 	Webhooks = "webhooks"
 )
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/money"
 )
 
@@ -47,30 +48,10 @@ const (
 	pendingSQL    = `status IN ('queued', 'waiting', 'deferred')`
 )
 
-// JobError is a job's error in OpenAI's shape. It marshals an empty Code or
-// Param as null, as OpenAI does, and reads null back as "".
-type JobError struct {
-	Message string `json:"message"`
-	Type    string `json:"type"`
-	Code    string `json:"code"`
-	Param   string `json:"param"`
-}
-
-// MarshalJSON writes {"message","type","code","param"} with null for an empty code or param.
-func (e JobError) MarshalJSON() ([]byte, error) {
-	orNull := func(s string) *string {
-		if s == "" {
-			return nil
-		}
-		return &s
-	}
-	return json.Marshal(struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Code    *string `json:"code"`
-		Param   *string `json:"param"`
-	}{e.Message, e.Type, orNull(e.Code), orNull(e.Param)})
-}
+// JobError is a job's error in OpenAI's shape: the API's error object
+// (client.ErrorObject), stored as the API writes it, with null for an empty
+// code or param, read back as "".
+type JobError = client.ErrorObject
 
 // Job is one LLM request and everything that happened to it.
 type Job struct {

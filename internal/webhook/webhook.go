@@ -36,12 +36,11 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/llmq/llmq/internal/api"
-	"github.com/llmq/llmq/internal/batch"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // Headers of a delivery.
@@ -226,7 +225,7 @@ func (h *Handler) load(ctx context.Context, p *queue.WebhookPayload) (*delivery,
 		if !j.Status.Terminal() {
 			return nil, errNotYet
 		}
-		d.url, d.tenantID, d.event, obj = j.WebhookURL, j.TenantID, "job."+string(j.Status), api.RenderJob(j)
+		d.url, d.tenantID, d.event, obj = j.WebhookURL, j.TenantID, "job."+string(j.Status), wire.Job(j)
 	case store.WebhookBatch:
 		b, err := h.Store.BatchGetByID(ctx, p.ID)
 		if errors.Is(err, store.ErrNotFound) {
@@ -242,7 +241,7 @@ func (h *Handler) load(ctx context.Context, p *queue.WebhookPayload) (*delivery,
 		if err != nil {
 			return nil, err
 		}
-		d.url, d.tenantID, d.event, obj = b.WebhookURL, b.TenantID, "batch."+string(b.Status), batch.Render(b, c)
+		d.url, d.tenantID, d.event, obj = b.WebhookURL, b.TenantID, "batch."+string(b.Status), wire.Batch(b, c)
 	}
 	if d.url == "" {
 		return nil, nil

@@ -1,0 +1,77 @@
+package wire_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
+)
+
+func TestWriteError(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	wire.WriteError(rec, &wire.Error{StatusCode: http.StatusTooManyRequests, RetryAfter: 1500 * time.Millisecond,
+		ErrorObject: wire.ErrorObject{Message: "Slow <down> & wait.", Type: "rate_limit_error", Code: "rate_limit_exceeded"}})
+	const want = `{"error":{"message":"Slow \u003cdown\u003e \u0026 wait.","type":"rate_limit_error","code":"rate_limit_exceeded","param":null}}` + "\n"
+	if got := rec.Body.String(); got != want {
+		t.Errorf("body = %s, want %s", got, want)
+	}
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "2" || rec.Header().Get("Content-Type") != "application/json" {
+		t.Errorf("status %d, headers %v", rec.Code, rec.Header())
+	}
+
+	// No Retry-After without a delay; an empty code and param are null.
+	rec = httptest.NewRecorder()
+	wire.WriteError(rec, &wire.Error{StatusCode: http.StatusBadRequest, ErrorObject: wire.ErrorObject{Message: "m", Type: "invalid_request_error", Param: "model"}})
+	if got, want := rec.Body.String(), `{"error":{"message":"m","type":"invalid_request_error","code":null,"param":"model"}}`+"\n"; got != want {
+		t.Errorf("body = %s, want %s", got, want)
+	}
+	if _, ok := rec.Header()["Retry-After"]; ok {
+		t.Errorf("Retry-After set without a delay: %v", rec.Header())
+	}
+}
+
+func TestJob(t *testing.T) {
+	t.Parallel()
+	created, finished := time.Unix(1700000000, 0), time.Unix(1700000060, 0)
+	j := &store.Job{
+		ID: "job_01", Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini", Queue: wire.PriorityLow,
+		Status: store.JobFailed, Attempts: 2, RateLimited: 1, EstPromptTokens: 10, EstMaxTokens: 20,
+		EstCost: 1500, CreatedAt: created, FinishedAt: &finished,
+		Error:    &store.JobError{Message: "bad", Type: "invalid_request_error", Code: "invalid_value"},
+		Metadata: json.RawMessage(`{"k":"v"}`),
+	}
+	b, err := json.Marshal(wire.Job(j))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"id":"job_01","object":"job","custom_id":null,"endpoint":"/v1/chat/completions","model":"gpt-4o-mini",` +
+		`"status":"failed","priority":"low","batch_id":null,"attempts":2,"rate_limited":1,"created_at":1700000000,` +
+		`"started_at":null,"finished_at":1700000060,"next_run_at":null,"response":null,` +
+		`"error":{"message":"bad","type":"invalid_request_error","code":"invalid_value","param":null},"usage":null,` +
+		`"cost_usd":0,"estimate":{"prompt_tokens":10,"max_tokens":20,"cost_usd":0.0015},"webhook_url":null,` +
+		`"metadata":{"k":"v"},"sync":false}`
+	if string(b) != want {
+		t.Errorf("job =\n%s\nwant\n%s", b, want)
+	}
+}
+
+func TestBatchResultErrorBody(t *testing.T) {
+	t.Parallel()
+	j := &store.Job{ID: "job_01abc", CustomID: "r-1", Status: store.JobFailed, ResponseStatus: 400, ProviderRequestID: "req_1", LineNo: 3,
+		Error: &store.JobError{Message: "bad", Type: "invalid_request_error", Param: "messages"}}
+	b, err := json.Marshal(wire.BatchResult(j, store.BatchCompleted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"id":"batch_req_01abc","custom_id":"r-1","response":{"status_code":400,"request_id":"req_1",` +
+		`"body":{"error":{"message":"bad","type":"invalid_request_error","code":null,"param":"messages"}}},` +
+		`"error":{"code":"invalid_request_error","message":"bad","line":3}}`
+	if string(b) != want {
+		t.Errorf("result =\n%s\nwant\n%s", b, want)
+	}
+}
