@@ -193,7 +193,11 @@ func Start(t testing.TB, o Options) *App {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
-	srv := httptest.NewServer(a.API())
+	apiSrv, err := a.API()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(apiSrv)
 	t.Cleanup(srv.Close)
 	ta := &App{App: a, URL: srv.URL, Sim: ss, Environ: environ, t: t}
 	if !o.NoScheduler {
