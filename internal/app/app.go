@@ -234,7 +234,11 @@ func (a *App) API() (*api.Server, error) {
 	}
 	// Synchronous requests run in the API's process, through the same
 	// handler as a worker's jobs.
-	srv.EnableSync(a.JobHandler(worker.Options{}), api.SyncOptions{MaxWait: a.Env.SyncMaxWait})
+	h, err := a.JobHandler(worker.Options{})
+	if err != nil {
+		return nil, err
+	}
+	srv.EnableSync(h, api.SyncOptions{MaxWait: a.Env.SyncMaxWait})
 	return srv, nil
 }
 
@@ -270,8 +274,9 @@ func (o appObserver) UnpredictedRateLimit(model string, buckets []string) {
 	}
 }
 
-// JobHandler returns the handler of job tasks.
-func (a *App) JobHandler(opts worker.Options) *worker.Handler {
+// JobHandler returns the handler of job tasks, or an error naming an
+// option that is invalid.
+func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {
 	if opts.Now == nil {
 		opts.Now = a.clock
 	}
@@ -301,8 +306,13 @@ func (a *App) Scheduler() *scheduler.Scheduler {
 	return s
 }
 
-// WorkerServer returns the asynq server that runs jobs, and its mux.
+// WorkerServer returns the asynq server that runs jobs, and its mux; or an
+// error naming an option that is invalid.
 func (a *App) WorkerServer(opts worker.Options) (*asynq.Server, *asynq.ServeMux, error) {
+	h, err := a.JobHandler(opts)
+	if err != nil {
+		return nil, nil, err
+	}
 	srv, err := worker.NewServer(a.Redis, worker.ServerOptions{
 		Concurrency: a.Env.WorkerConcurrency, Namespace: queue.Namespace(a.Env.QueueNamespace),
 		ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
@@ -314,7 +324,7 @@ func (a *App) WorkerServer(opts worker.Options) (*asynq.Server, *asynq.ServeMux,
 	if err != nil {
 		return nil, nil, err
 	}
-	return srv, worker.Mux(a.JobHandler(opts), wh), nil
+	return srv, worker.Mux(h, wh), nil
 }
 
 // LoadEnv reads and validates the LLMQ_* environment for role and builds the

@@ -226,6 +226,16 @@ func (a *App) StartWorker(opts worker.Options) *asynq.Server {
 	return srv
 }
 
+// JobHandler is the app's handler of job tasks, failing the test on an
+// option that is invalid.
+func (a *App) JobHandler(opts worker.Options) *worker.Handler {
+	h, err := a.App.JobHandler(opts)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return h
+}
+
 // cleanQueues deletes the test's queues so the shared Redis DB stays small.
 func (a *App) cleanQueues() {
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
