@@ -8,14 +8,17 @@ import (
 	"github.com/llmq/llmq/internal/api"
 )
 
+// badOption is options with one field negative, and the field's name.
+type badOption[O any] struct {
+	field string
+	opts  O
+}
+
 // A negative option is an error naming the field, and no Server; the zero
 // value builds one.
 func TestOptionsValidate(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		field string
-		opts  api.Options
-	}{
+	for _, tc := range []badOption[api.Options]{
 		{"Options.MaxBodyBytes", api.Options{MaxBodyBytes: -1}},
 	} {
 		s, err := api.New(api.Deps{}, tc.opts)
@@ -28,42 +31,53 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
-// A negative option is an error naming the field, and no Files or Batch
-// API: its paths stay unknown URLs; the zero value serves them.
-func TestBatchOptionsValidate(t *testing.T) {
-	t.Parallel()
-	const files = "GET /v1/files"
-	pattern := func(s *api.Server) string {
-		_, p := s.Mux().Handler(httptest.NewRequest("GET", "/v1/files", nil))
-		return p
-	}
-	for _, tc := range []struct {
-		field string
-		opts  api.BatchOptions
-	}{
-		{"BatchOptions.MaxFileBytes", api.BatchOptions{MaxFileBytes: -1}},
-		{"BatchOptions.MaxFileLines", api.BatchOptions{MaxFileLines: -1}},
-	} {
+// enableRefuses checks that enable, given each bad option, returns an
+// error naming its field and leaves pattern unserved, and that given the
+// zero options it serves pattern.
+func enableRefuses[O any](t *testing.T, enable func(*api.Server, O) error, pattern string, bad []badOption[O]) {
+	t.Helper()
+	method, path, _ := strings.Cut(pattern, " ")
+	try := func(opts O) (served string, err error) {
 		s, err := api.New(api.Deps{}, api.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = s.EnableBatches(nil, tc.opts)
+		err = enable(s, opts)
+		_, served = s.Mux().Handler(httptest.NewRequest(method, path, nil))
+		return served, err
+	}
+	for _, tc := range bad {
+		served, err := try(tc.opts)
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("EnableBatches: %v; want an error naming %s", err, tc.field)
+			t.Errorf("%s: %v; want an error naming %s", tc.field, err, tc.field)
 		}
-		if got := pattern(s); got == files {
-			t.Errorf("EnableBatches failed and serves %s", files)
+		if served == pattern {
+			t.Errorf("%s: refused, and serves %s", tc.field, pattern)
 		}
 	}
-	s, err := api.New(api.Deps{}, api.Options{})
-	if err != nil {
-		t.Fatal(err)
+	var zero O
+	if served, err := try(zero); err != nil || served != pattern {
+		t.Errorf("zero options: %v, and %s is served by %q", err, pattern, served)
 	}
-	if err := s.EnableBatches(nil, api.BatchOptions{}); err != nil {
-		t.Fatalf("EnableBatches with the zero BatchOptions: %v", err)
-	}
-	if got := pattern(s); got != files {
-		t.Errorf("GET /v1/files is served by %q, want %q", got, files)
-	}
+}
+
+// A negative option is an error naming the field, and no Files or Batch
+// API: its paths stay unknown URLs.
+func TestBatchOptionsValidate(t *testing.T) {
+	t.Parallel()
+	enableRefuses(t, func(s *api.Server, o api.BatchOptions) error { return s.EnableBatches(nil, o) }, "GET /v1/files",
+		[]badOption[api.BatchOptions]{
+			{"BatchOptions.MaxFileBytes", api.BatchOptions{MaxFileBytes: -1}},
+			{"BatchOptions.MaxFileLines", api.BatchOptions{MaxFileLines: -1}},
+		})
+}
+
+// A negative option is an error naming the field, and no synchronous
+// endpoints.
+func TestSyncOptionsValidate(t *testing.T) {
+	t.Parallel()
+	enableRefuses(t, func(s *api.Server, o api.SyncOptions) error { return s.EnableSync(nil, o) }, "GET /v1/models",
+		[]badOption[api.SyncOptions]{
+			{"SyncOptions.MaxWait", api.SyncOptions{MaxWait: -1}},
+		})
 }

@@ -238,7 +238,9 @@ func (a *App) API() (*api.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv.EnableSync(h, api.SyncOptions{MaxWait: a.Env.SyncMaxWait})
+	if err := srv.EnableSync(h, api.SyncOptions{MaxWait: a.Env.SyncMaxWait}); err != nil {
+		return nil, err
+	}
 	return srv, nil
 }
 
