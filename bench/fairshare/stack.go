@@ -159,11 +159,15 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 	go func() { defer wg.Done(); a.Batches.Run(bg) }()
 	s.closes = append(s.closes, func() { stopBG(); wg.Wait() })
 
+	srv, err := a.API()
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	hs, err := api.NewHTTPServer(a.API(), api.ServerOptions{})
+	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
 	if err != nil {
 		return nil, err
 	}

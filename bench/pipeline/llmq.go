@@ -118,11 +118,15 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
 	closers = append(closers, func() { stopScheduler(); <-schedDone })
 
+	srv, err := a.API()
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	hs, err := api.NewHTTPServer(a.API(), api.ServerOptions{}) // the dispatcher's server and limits
+	hs, err := api.NewHTTPServer(srv, api.ServerOptions{}) // the dispatcher's server and limits
 	if err != nil {
 		return nil, err
 	}

@@ -252,11 +252,15 @@ func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key
 	}
 	closers = append(closers, a.Close)
 	closers = append(closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
+	srv, err := a.API()
+	if err != nil {
+		return "", "", nil, nil, err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", "", nil, nil, err
 	}
-	hs, err := api.NewHTTPServer(a.API(), api.ServerOptions{})
+	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
 	if err != nil {
 		_ = ln.Close()
 		return "", "", nil, nil, err

@@ -170,7 +170,10 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	// in dev mode, before the embedded Redis is saved).
 	defer func() { stopScheduler(); <-schedDone }()
 
-	srv := a.API()
+	srv, err := a.API()
+	if err != nil {
+		return err
+	}
 	mon, err := dashboard.MountApp(srv, a, rec, dashboard.Options{})
 	if err != nil {
 		return err

@@ -21,7 +21,10 @@ func TestValueTheDatabaseRefusesIsBadRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	s := New(Deps{Store: db}, Options{})
+	s, err := New(Deps{Store: db}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := s.plain(func(w http.ResponseWriter, r *http.Request) error {
 		_, err := s.Store.JobGetForTenant(r.Context(), "ten_x", "job_\x00")
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // secondDispatcher opens another app over a's database, Redis namespace and
@@ -26,7 +27,7 @@ func secondDispatcher(t *testing.T, a *apptest.App, clock func() time.Time) stri
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
-	srv := httptest.NewServer(b.API())
+	srv := httptest.NewServer(testutil.Must(b.API()))
 	t.Cleanup(srv.Close)
 	return srv.URL
 }

@@ -61,7 +61,8 @@ func (nopObserver) JobState(string, string, string) {}
 
 // Options configure the API.
 type Options struct {
-	// AdminToken guards /admin/. Empty disables the admin API.
+	// AdminToken guards /admin/. Defaults to empty, which disables the
+	// admin API.
 	AdminToken string
 	// MaxBodyBytes caps JSON request bodies. Defaults to 1 MiB.
 	MaxBodyBytes int64
@@ -84,9 +85,22 @@ type Server struct {
 	authFails authFailures
 }
 
-// New returns the API server.
-func New(d Deps, opts Options) *Server {
-	if opts.MaxBodyBytes <= 0 {
+// validate reports, naming the field, an option that is invalid: a
+// negative size (zero means the default).
+func (o Options) validate() error {
+	if o.MaxBodyBytes < 0 {
+		return fmt.Errorf("api: Options.MaxBodyBytes must not be negative, got %d", o.MaxBodyBytes)
+	}
+	return nil
+}
+
+// New returns the API server, or an error naming an option that is
+// invalid.
+func New(d Deps, opts Options) (*Server, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 1 << 20
 	}
 	if opts.Now == nil {
@@ -103,7 +117,7 @@ func New(d Deps, opts Options) *Server {
 	}
 	s := &Server{Deps: d, opts: opts, mux: http.NewServeMux()}
 	s.routes()
-	return s
+	return s, nil
 }
 
 // ServeHTTP implements http.Handler.

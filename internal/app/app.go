@@ -203,10 +203,11 @@ func (a *App) Ready(ctx context.Context) error {
 	return errors.Join(a.Redis.Ping(ctx).Err(), a.Store.Ping(ctx))
 }
 
-// API returns the HTTP API over the app's parts. The first call subscribes
-// the app's key cache to the announcements of key changes (closed by Close);
-// if Redis refuses, the API reads the store for every key.
-func (a *App) API() *api.Server {
+// API returns the HTTP API over the app's parts, or an error naming an
+// option that is invalid. The first call subscribes the app's key cache to
+// the announcements of key changes (closed by Close); if Redis refuses, the
+// API reads the store for every key.
+func (a *App) API() (*api.Server, error) {
 	if a.keyCache == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		kc, err := api.NewKeyCache(ctx, a.Redis, a.Keys.KeyChanges(), api.KeyCacheOptions{Now: a.clock, Logger: a.Logger})
@@ -220,16 +221,27 @@ func (a *App) API() *api.Server {
 	}
 	// Validate has parsed them already.
 	proxies, _ := a.Env.TrustedProxyPrefixes()
-	srv := api.New(api.Deps{
+	srv, err := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
 		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver, KeyCache: a.keyCache,
 	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
 		Now: a.clock, TrustedProxies: proxies})
-	srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines})
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines}); err != nil {
+		return nil, err
+	}
 	// Synchronous requests run in the API's process, through the same
 	// handler as a worker's jobs.
-	srv.EnableSync(a.JobHandler(worker.Options{}), api.SyncOptions{MaxWait: a.Env.SyncMaxWait})
-	return srv
+	h, err := a.JobHandler(worker.Options{})
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.EnableSync(h, api.SyncOptions{MaxWait: a.Env.SyncMaxWait}); err != nil {
+		return nil, err
+	}
+	return srv, nil
 }
 
 // Reconciler returns the reconciler that re-enqueues jobs whose task Redis
@@ -264,8 +276,9 @@ func (o appObserver) UnpredictedRateLimit(model string, buckets []string) {
 	}
 }
 
-// JobHandler returns the handler of job tasks.
-func (a *App) JobHandler(opts worker.Options) *worker.Handler {
+// JobHandler returns the handler of job tasks, or an error naming an
+// option that is invalid.
+func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {
 	if opts.Now == nil {
 		opts.Now = a.clock
 	}
@@ -295,8 +308,13 @@ func (a *App) Scheduler() *scheduler.Scheduler {
 	return s
 }
 
-// WorkerServer returns the asynq server that runs jobs, and its mux.
+// WorkerServer returns the asynq servers that run jobs, and their mux; or
+// an error naming an option that is invalid.
 func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux, error) {
+	h, err := a.JobHandler(opts)
+	if err != nil {
+		return nil, nil, err
+	}
 	srv, err := worker.NewServer(a.Redis, worker.ServerOptions{
 		Concurrency: a.Env.WorkerConcurrency, Namespace: queue.Namespace(a.Env.QueueNamespace),
 		ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
@@ -308,7 +326,7 @@ func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux
 	if err != nil {
 		return nil, nil, err
 	}
-	return srv, worker.Mux(a.JobHandler(opts), wh), nil
+	return srv, worker.Mux(h, wh), nil
 }
 
 // LoadEnv reads and validates the LLMQ_* environment for role and builds the

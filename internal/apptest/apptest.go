@@ -193,7 +193,11 @@ func Start(t testing.TB, o Options) *App {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.Close)
-	srv := httptest.NewServer(a.API())
+	apiSrv, err := a.API()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(apiSrv)
 	t.Cleanup(srv.Close)
 	ta := &App{App: a, URL: srv.URL, Sim: ss, Environ: environ, t: t}
 	if !o.NoScheduler {
@@ -220,6 +224,16 @@ func (a *App) StartWorker(opts worker.Options) *worker.Server {
 	}
 	a.t.Cleanup(srv.Shutdown)
 	return srv
+}
+
+// JobHandler is the app's handler of job tasks, failing the test on an
+// option that is invalid.
+func (a *App) JobHandler(opts worker.Options) *worker.Handler {
+	h, err := a.App.JobHandler(opts)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return h
 }
 
 // cleanQueues deletes the test's queues so the shared Redis DB stays small.

@@ -68,7 +68,7 @@ func setup(t *testing.T) *fixture {
 	ctx := context.Background()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy})
 	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
-	srv := a.API()
+	srv := testutil.Must(a.API())
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{Refresh: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -297,7 +297,7 @@ func TestDashboardShowsAPILimitsAndExemptions(t *testing.T) {
     api_exempt: true
 `})
 	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
-	srv := a.API()
+	srv := testutil.Must(a.API())
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -343,7 +343,7 @@ func TestDashboardShowsWaitingJobs(t *testing.T) {
 	t.Parallel()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy, NoScheduler: true})
 	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
-	srv := a.API()
+	srv := testutil.Must(a.API())
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{})
 	if err != nil {
 		t.Fatal(err)

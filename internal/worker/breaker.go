@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -24,14 +25,29 @@ type BreakerOptions struct {
 	MaxCooldown time.Duration
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o BreakerOptions) validate() error {
+	if o.Failures < 0 {
+		return fmt.Errorf("worker: BreakerOptions.Failures must not be negative, got %d", o.Failures)
+	}
+	if o.Cooldown < 0 {
+		return fmt.Errorf("worker: BreakerOptions.Cooldown must not be negative, got %v", o.Cooldown)
+	}
+	if o.MaxCooldown < 0 {
+		return fmt.Errorf("worker: BreakerOptions.MaxCooldown must not be negative, got %v", o.MaxCooldown)
+	}
+	return nil
+}
+
 func (o BreakerOptions) withDefaults() BreakerOptions {
-	if o.Failures <= 0 {
+	if o.Failures == 0 {
 		o.Failures = 5
 	}
-	if o.Cooldown <= 0 {
+	if o.Cooldown == 0 {
 		o.Cooldown = 5 * time.Second
 	}
-	if o.MaxCooldown <= 0 {
+	if o.MaxCooldown == 0 {
 		o.MaxCooldown = 2 * time.Minute
 	}
 	return o
@@ -59,15 +75,19 @@ type breaker struct {
 	probing  bool // half-open: the probe is out
 }
 
-// NewBreakers returns the breakers of one process.
-func NewBreakers(opts BreakerOptions, obs Observer, now func() time.Time) *Breakers {
+// NewBreakers returns the breakers of one process, or an error naming an
+// option that is invalid.
+func NewBreakers(opts BreakerOptions, obs Observer, now func() time.Time) (*Breakers, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	if obs == nil {
 		obs = nopObserver{}
 	}
 	if now == nil {
 		now = time.Now
 	}
-	return &Breakers{opts: opts.withDefaults(), obs: obs, now: now, m: map[string]*breaker{}}
+	return &Breakers{opts: opts.withDefaults(), obs: obs, now: now, m: map[string]*breaker{}}, nil
 }
 
 func (bs *Breakers) get(provider string) *breaker {

@@ -49,20 +49,36 @@ type Options struct {
 	// TenantCacheTTL is how long a tenant row is reused between jobs, so a
 	// change of tier or budget applies within this time. Defaults to 5s.
 	TenantCacheTTL time.Duration
-	// Breakers tune the per-provider circuit breakers.
+	// Breakers tune the per-provider circuit breakers. Defaults to
+	// BreakerOptions' defaults.
 	Breakers BreakerOptions
 	// Now is the clock for job timestamps the handler computes. Defaults to time.Now.
 	Now func() time.Time
 }
 
+// validate reports, naming the field, an option that is invalid: a
+// negative count or duration (zero means the default).
+func (o Options) validate() error {
+	if o.MaxInlineWait < 0 {
+		return fmt.Errorf("worker: Options.MaxInlineWait must not be negative, got %v", o.MaxInlineWait)
+	}
+	if o.MaxRateLimited < 0 {
+		return fmt.Errorf("worker: Options.MaxRateLimited must not be negative, got %d", o.MaxRateLimited)
+	}
+	if o.TenantCacheTTL < 0 {
+		return fmt.Errorf("worker: Options.TenantCacheTTL must not be negative, got %v", o.TenantCacheTTL)
+	}
+	return o.Breakers.validate()
+}
+
 func (o Options) withDefaults() Options {
-	if o.MaxInlineWait <= 0 {
+	if o.MaxInlineWait == 0 {
 		o.MaxInlineWait = 10 * time.Second
 	}
-	if o.MaxRateLimited <= 0 {
+	if o.MaxRateLimited == 0 {
 		o.MaxRateLimited = 25
 	}
-	if o.TenantCacheTTL <= 0 {
+	if o.TenantCacheTTL == 0 {
 		o.TenantCacheTTL = 5 * time.Second
 	}
 	if o.Now == nil {
@@ -94,8 +110,12 @@ type Handler struct {
 	commits  commits
 }
 
-// NewHandler returns a Handler.
-func NewHandler(d Deps, opts Options) *Handler {
+// NewHandler returns a Handler, or an error naming an option that is
+// invalid.
+func NewHandler(d Deps, opts Options) (*Handler, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -103,8 +123,12 @@ func NewHandler(d Deps, opts Options) *Handler {
 		d.Observer = nopObserver{}
 	}
 	o := opts.withDefaults()
+	breakers, err := NewBreakers(o.Breakers, d.Observer, o.Now)
+	if err != nil {
+		return nil, err
+	}
 	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}},
-		breakers: NewBreakers(o.Breakers, d.Observer, o.Now), commits: commits{db: d.Store}}
+		breakers: breakers, commits: commits{db: d.Store}}, nil
 }
 
 // BreakerState returns the state of provider's circuit breaker in this
