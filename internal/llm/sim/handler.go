@@ -48,7 +48,10 @@ func apiError(w http.ResponseWriter, status int, message, typ, param, code strin
 	_, _ = w.Write(errorBody(message, typ, param, code))
 }
 
-// errorBody is OpenAI's error shape; param and code are null when empty.
+// errorBody is OpenAI's error shape as OpenAI writes it, "param" before
+// "code", param and code null when empty. It is the provider's bytes, not
+// llmq's answer (wire owns that, with code first): a simulator that wrote
+// llmq's order would test llmq's parsing against itself.
 func errorBody(message, typ, param, code string) []byte {
 	var b bytes.Buffer
 	b.WriteString(`{"error":{"message":`)
