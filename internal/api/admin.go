@@ -246,7 +246,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	c := callerOf(r)
 	tier, d := c.tier, c.budget
 	if d == nil {
-		return errorf(http.StatusNotImplemented, TypeServer, "budgets_disabled", "", "Budgets are not configured on this server.")
+		return errorf(http.StatusNotImplemented, wire.TypeServer, "budgets_disabled", "", "Budgets are not configured on this server.")
 	}
 	writeJSON(w, http.StatusOK, wire.Usage(c.tenant.ID, tier.Name, d))
 	return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // clientAddr is the address a request comes from: the connection's, unless
@@ -175,7 +176,7 @@ func tooManyFailures(w http.ResponseWriter, retry time.Duration, res *limiter.Re
 			h.Set("X-RateLimit-Window", "auth_failures:"+b.Name)
 		}
 	}
-	e := errorf(http.StatusTooManyRequests, TypeRateLimit, "too_many_auth_failures", "",
+	e := errorf(http.StatusTooManyRequests, wire.TypeRateLimit, "too_many_auth_failures", "",
 		"Too many requests with a missing or wrong key from this address. Retry after %v.", retry.Round(time.Millisecond))
 	e.RetryAfter = retry
 	return e

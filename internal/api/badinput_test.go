@@ -5,9 +5,9 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // An unknown path under /v1/ is a 404 in OpenAI's error shape even with a
@@ -26,8 +26,8 @@ func TestUnknownPathIsNotFoundAndChangesNothing(t *testing.T) {
 	} {
 		t.Run(path, func(t *testing.T) {
 			e := checkError(t, a.Do("POST", path, key, job), 404, "unknown_url", "")
-			if e.Error.Type != api.TypeNotFound {
-				t.Fatalf("type = %q, want %s", e.Error.Type, api.TypeNotFound)
+			if e.Error.Type != wire.TypeNotFound {
+				t.Fatalf("type = %q, want %s", e.Error.Type, wire.TypeNotFound)
 			}
 		})
 	}
@@ -59,8 +59,8 @@ func TestAnotherTenantsJobIdChangesNothing(t *testing.T) {
 
 	for _, method := range []string{"GET", "DELETE"} {
 		e := checkError(t, a.Do(method, "/v1/jobs/"+id, keyB, nil), 404, "not_found", "")
-		if e.Error.Type != api.TypeNotFound {
-			t.Fatalf("%s: type = %q, want %s", method, e.Error.Type, api.TypeNotFound)
+		if e.Error.Type != wire.TypeNotFound {
+			t.Fatalf("%s: type = %q, want %s", method, e.Error.Type, wire.TypeNotFound)
 		}
 	}
 

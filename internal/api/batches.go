@@ -227,7 +227,7 @@ func (s *batchAPI) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !changed && b.Status != store.BatchCancelling && b.Status != store.BatchCancelled {
-		return errorf(http.StatusConflict, TypeInvalidRequest, "batch_not_cancellable", "",
+		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "batch_not_cancellable", "",
 			"Batch %s is %s and cannot be cancelled.", b.ID, b.Status)
 	}
 	if changed {

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // What the database cannot store (a NUL, bytes that are not UTF-8, a lone
@@ -120,8 +120,8 @@ func TestMalformedPathIDsAreNotFound(t *testing.T) {
 	} {
 		t.Run(c.method+" "+c.path, func(t *testing.T) {
 			e := checkError(t, a.Do(c.method, c.path, key, nil), 404, "not_found", "")
-			if e.Error.Type != api.TypeNotFound {
-				t.Fatalf("type = %q, want %s", e.Error.Type, api.TypeNotFound)
+			if e.Error.Type != wire.TypeNotFound {
+				t.Fatalf("type = %q, want %s", e.Error.Type, wire.TypeNotFound)
 			}
 		})
 	}

@@ -12,19 +12,6 @@ import (
 	"github.com/llmq/llmq/internal/wire"
 )
 
-// Error types, as OpenAI names them, so the official SDKs map them to their
-// exception classes.
-const (
-	TypeInvalidRequest = "invalid_request_error"
-	TypeAuthentication = "authentication_error"
-	TypePermission     = "permission_error"
-	TypeNotFound       = "not_found_error"
-	TypeRateLimit      = "rate_limit_error"
-	TypeBudget         = "budget_exceeded_error"
-	TypeServer         = "server_error"
-	TypeUnavailable    = "service_unavailable_error"
-)
-
 // Error is the one error every handler returns to a client. It is written as
 // OpenAI's {"error":{"message","type","code","param"}} (wire.WriteError).
 type Error struct {
@@ -44,17 +31,17 @@ func errorf(status int, typ, code, param, format string, args ...any) *Error {
 }
 
 func badRequest(param, code, format string, args ...any) *Error {
-	return errorf(http.StatusBadRequest, TypeInvalidRequest, code, param, format, args...)
+	return errorf(http.StatusBadRequest, wire.TypeInvalidRequest, code, param, format, args...)
 }
 
 func notFound(what, id string) *Error {
-	return errorf(http.StatusNotFound, TypeNotFound, "not_found", "", "No %s found with id '%.100s'.", what, id)
+	return errorf(http.StatusNotFound, wire.TypeNotFound, "not_found", "", "No %s found with id '%.100s'.", what, id)
 }
 
 var (
-	errUnauthorized = errorf(http.StatusUnauthorized, TypeAuthentication, "invalid_api_key", "",
+	errUnauthorized = errorf(http.StatusUnauthorized, wire.TypeAuthentication, "invalid_api_key", "",
 		"Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.")
-	errAdminUnauthorized = errorf(http.StatusUnauthorized, TypeAuthentication, "invalid_admin_token", "",
+	errAdminUnauthorized = errorf(http.StatusUnauthorized, wire.TypeAuthentication, "invalid_admin_token", "",
 		"Incorrect or missing admin token. Send it as 'Authorization: Bearer <token>'.")
 )
 
@@ -66,17 +53,17 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	if !errors.As(err, &e) {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			e = errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "request_too_large", "",
+			e = errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, "request_too_large", "",
 				"Request body is larger than the limit of %d bytes.", mbe.Limit)
 		} else if errors.Is(err, store.ErrInvalidValue) {
 			// The backstop of the checks that name the param: logged, as
 			// each one is a check to add.
 			logger.WarnContext(r.Context(), "request refused by the database", "method", r.Method, "path", r.URL.Path, "err", err)
-			e = errorf(http.StatusBadRequest, TypeInvalidRequest, "invalid_value", "",
+			e = errorf(http.StatusBadRequest, wire.TypeInvalidRequest, "invalid_value", "",
 				"The request holds a value that cannot be stored (such as a NUL character or text that is not UTF-8).")
 		} else {
 			logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-			e = errorf(http.StatusInternalServerError, TypeServer, "internal_error", "",
+			e = errorf(http.StatusInternalServerError, wire.TypeServer, "internal_error", "",
 				"The server had an error while processing your request. Retry later.")
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // The backstop of the checks that name the param: a value that reached
@@ -35,7 +36,7 @@ func TestValueTheDatabaseRefusesIsBadRequest(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
 		t.Fatalf("%d %s: %v", rec.Code, rec.Body, err)
 	}
-	if rec.Code != http.StatusBadRequest || e.ErrorObject.Type != TypeInvalidRequest || e.ErrorObject.Code != "invalid_value" || e.ErrorObject.Message == "" {
+	if rec.Code != http.StatusBadRequest || e.ErrorObject.Type != wire.TypeInvalidRequest || e.ErrorObject.Code != "invalid_value" || e.ErrorObject.Message == "" {
 		t.Fatalf("answer: %d %s", rec.Code, rec.Body)
 	}
 }

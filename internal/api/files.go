@@ -140,7 +140,7 @@ func multipartError(err error) error {
 	case errors.As(err, &e):
 		return e
 	case errors.As(err, &mbe):
-		return errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "file_too_large", "file",
+		return errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, "file_too_large", "file",
 			"The upload is larger than the limit of %d bytes per file.", mbe.Limit-1<<20)
 	}
 	return badRequest("", "invalid_multipart", "The multipart body is malformed or truncated.")
@@ -180,7 +180,7 @@ func (u *uploadLimit) Read(p []byte) (int, error) {
 	}
 	switch {
 	case u.n > u.maxBytes:
-		u.err = &uploadReadError{errorf(http.StatusRequestEntityTooLarge, TypeInvalidRequest, "file_too_large", "file",
+		u.err = &uploadReadError{errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, "file_too_large", "file",
 			"The file is larger than the limit of %d bytes.", u.maxBytes)}
 	case lines > u.maxLines:
 		u.err = &uploadReadError{badRequest("file", "too_many_lines", "The file has more than the limit of %d lines.", u.maxLines)}
@@ -201,7 +201,7 @@ func (s *batchAPI) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	case errors.Is(err, store.ErrNotFound):
 		return notFound("file", f.ID)
 	case errors.Is(err, store.ErrConflict):
-		return errorf(http.StatusConflict, TypeInvalidRequest, "file_in_use", "", "File %s is the input, output or error file of a batch and cannot be deleted.", f.ID)
+		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "file_in_use", "", "File %s is the input, output or error file of a batch and cannot be deleted.", f.ID)
 	case err != nil:
 		return err
 	}

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"time"
+
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // ServerOptions are the connection limits of the HTTP server in front of the
@@ -113,7 +115,7 @@ func (o ServerOptions) deadlines(h http.Handler) http.Handler {
 }
 
 // errSlowBody is the answer to a body that arrives below the minimum rate.
-var errSlowBody = errorf(http.StatusRequestTimeout, TypeInvalidRequest, "request_timeout", "",
+var errSlowBody = errorf(http.StatusRequestTimeout, wire.TypeInvalidRequest, "request_timeout", "",
 	"The request body arrived too slowly and was cut off; send it faster or retry.")
 
 // rateBody is a request body that must keep arriving at BodyMinRate: before

@@ -107,7 +107,7 @@ func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest,
 	}
 	if !created {
 		if !sameRequest(job, req, in.admitted.Endpoint) {
-			return nil, nil, errorf(http.StatusConflict, TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
+			return nil, nil, errorf(http.StatusConflict, wire.TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
 				"This Idempotency-Key was used for a different request (job %s).", job.ID)
 		}
 		return job, nil, nil
@@ -199,7 +199,7 @@ func (s *Server) checkBudgetNow(d *budget.Decision, worst money.Micros) error {
 	if n == nil {
 		return nil
 	}
-	e := errorf(http.StatusTooManyRequests, TypeBudget, "budget_exhausted", "",
+	e := errorf(http.StatusTooManyRequests, wire.TypeBudget, "budget_exhausted", "",
 		"The %s is exhausted: $%s spent and $%s reserved of $%s; this job may cost up to $%s. It resets at %s.",
 		n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))
 	e.RetryAfter = n.RetryAfter
@@ -261,7 +261,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !changed && job.Status != store.JobCancelled {
-		return errorf(http.StatusConflict, TypeInvalidRequest, "job_finished", "",
+		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "job_finished", "",
 			"Job %s already %s and cannot be cancelled.", job.ID, job.Status)
 	}
 	if changed {

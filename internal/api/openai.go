@@ -101,7 +101,7 @@ func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	m, ok := a.Policy.Current().Model(id)
 	if !ok {
-		return errorf(http.StatusNotFound, TypeInvalidRequest, "model_not_found", "model",
+		return errorf(http.StatusNotFound, wire.TypeInvalidRequest, "model_not_found", "model",
 			"The model '%.100s' does not exist or is not served here.", id)
 	}
 	writeJSON(w, http.StatusOK, model{ID: m.Name, Object: "model", OwnedBy: m.Provider})
@@ -278,7 +278,7 @@ func openAIError(err error) error {
 // replay answers an idempotent retry with the first request's answer.
 func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 	if !job.Sync {
-		return errorf(http.StatusConflict, TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
+		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
 			"This Idempotency-Key was used for job %s, submitted to POST /v1/jobs.", job.ID)
 	}
 	w.Header().Set("Idempotent-Replayed", "true")
@@ -292,16 +292,16 @@ func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 		status := job.ResponseStatus
 		if status == 0 {
 			status = http.StatusTooManyRequests
-			if job.Error.Type == TypeInvalidRequest {
+			if job.Error.Type == wire.TypeInvalidRequest {
 				status = http.StatusBadRequest
 			}
 		}
 		return &Error{Status: status, Type: job.Error.Type, Code: job.Error.Code, Param: job.Error.Param, Message: job.Error.Message}
 	case job.Status.Terminal():
-		return errorf(http.StatusConflict, TypeInvalidRequest, "request_cancelled", "Idempotency-Key",
+		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "request_cancelled", "Idempotency-Key",
 			"The request with this Idempotency-Key (job %s) was %s.", job.ID, job.Status)
 	default:
-		return &Error{Status: http.StatusConflict, Type: TypeInvalidRequest, Code: "request_in_progress", Param: "Idempotency-Key",
+		return &Error{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: "request_in_progress", Param: "Idempotency-Key",
 			Message: "The request with this Idempotency-Key (job " + job.ID + ") is still running; retry later.", RetryAfter: time.Second}
 	}
 }
@@ -317,11 +317,11 @@ func providerAnswer(pe *llm.Error) *Error {
 		e.Status = http.StatusBadGateway
 	}
 	if e.Type == "" {
-		e.Type = TypeServer
+		e.Type = wire.TypeServer
 		if e.Status == http.StatusTooManyRequests {
-			e.Type = TypeRateLimit
+			e.Type = wire.TypeRateLimit
 		} else if e.Status < 500 {
-			e.Type = TypeInvalidRequest
+			e.Type = wire.TypeInvalidRequest
 		}
 	}
 	if e.Message == "" {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // endpointNames names each tenant route (its mux pattern) as a tier's
@@ -85,7 +86,7 @@ func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, c
 		h.Set("X-RateLimit-Warning", warn)
 	}
 	if !res.Allowed {
-		e := errorf(http.StatusTooManyRequests, TypeRateLimit, "rate_limit_exceeded", "",
+		e := errorf(http.StatusTooManyRequests, wire.TypeRateLimit, "rate_limit_exceeded", "",
 			"Rate limit of %s for this API key reached. Retry after %v.", describeWindow(b), res.RetryAfter.Round(time.Millisecond))
 		e.RetryAfter = res.RetryAfter
 		return e

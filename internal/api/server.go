@@ -25,6 +25,7 @@ import (
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // Deps are what the API works with.
@@ -158,7 +159,7 @@ func (s *Server) routes() {
 	// text; under /admin/ only for the admin, so that without the token no
 	// path says whether it exists.
 	unknownURL := func(w http.ResponseWriter, r *http.Request) error {
-		return errorf(http.StatusNotFound, TypeNotFound, "unknown_url", "", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
+		return errorf(http.StatusNotFound, wire.TypeNotFound, "unknown_url", "", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
 	}
 	s.mux.Handle("/v1/", s.plain(unknownURL))
 	s.mux.Handle("/admin/", a(unknownURL))
@@ -168,7 +169,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	if s.Ready != nil {
 		if err := s.Ready(r.Context()); err != nil {
 			s.Logger.Warn("not ready", "err", err)
-			return errorf(http.StatusServiceUnavailable, TypeUnavailable, "not_ready", "", "Not ready: a service llmq needs does not answer.")
+			return errorf(http.StatusServiceUnavailable, wire.TypeUnavailable, "not_ready", "", "Not ready: a service llmq needs does not answer.")
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -19,6 +19,7 @@ import (
 	"github.com/llmq/llmq/internal/jsontext"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // maxListedErrors is how many refused lines the batch object lists in its
@@ -378,7 +379,7 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 	}
 	msg := fmt.Sprintf("Line %d: %s", no, le.msg)
 	job.Status = store.JobFailed
-	job.Error = &store.JobError{Message: msg, Type: "invalid_request_error", Code: le.code, Param: le.param}
+	job.Error = &store.JobError{Message: msg, Type: wire.TypeInvalidRequest, Code: le.code, Param: le.param}
 	if len(v.errs) < maxListedErrors {
 		line := no
 		v.errs = append(v.errs, client.BatchError{Code: le.code, Message: msg, Param: nullable(le.param), Line: &line})

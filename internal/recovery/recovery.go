@@ -45,6 +45,7 @@ import (
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // Options tune a Reconciler.
@@ -362,7 +363,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 			return nil
 		}
 		_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
-			Type: "server_error", Code: "sync_abandoned",
+			Type: wire.TypeServer, Code: "sync_abandoned",
 			Message: "The synchronous request's process stopped before it answered.",
 		}})
 		if err == nil && applied {
@@ -424,7 +425,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 // its last delivery expired, drops the task, and sends the job's webhook.
 func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, task *queue.Task, rep *Report) error {
 	_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
-		Type: "server_error", Code: "worker_lost",
+		Type: wire.TypeServer, Code: "worker_lost",
 		Message: fmt.Sprintf("The job's last delivery ended with its worker gone (killed, crashed or cut off from Redis), "+
 			"after %d failed deliveries; giving up, so that a job that kills its workers cannot run forever.", task.Retried+1),
 	}})

@@ -9,6 +9,19 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
+// Error types, as OpenAI names them, so the official SDKs map them to their
+// exception classes: every error llmq answers or stores has one of these.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeAuthentication = "authentication_error"
+	TypePermission     = "permission_error"
+	TypeNotFound       = "not_found_error"
+	TypeRateLimit      = "rate_limit_error"
+	TypeBudget         = "budget_exceeded_error"
+	TypeServer         = "server_error"
+	TypeUnavailable    = "service_unavailable_error"
+)
+
 // ErrorObject is OpenAI's error object, {"message","type","code","param"}
 // with null for an empty code or param. It is client.ErrorObject, and the
 // store keeps a job's error as the same type (store.JobError).

@@ -13,6 +13,7 @@ import (
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // SyncCall is a synchronous request: a job (inserted with Sync) answered on
@@ -69,7 +70,7 @@ func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) 
 		return nil, fmt.Errorf("start job %s: %w", c.JobID, err)
 	}
 	if !started {
-		return nil, &SyncRefusal{Status: http.StatusConflict, Type: "invalid_request_error", Code: "job_finished",
+		return nil, &SyncRefusal{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: "job_finished",
 			Message: fmt.Sprintf("Job %s already %s.", job.ID, job.Status)}
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", job.ID, "model", job.Model, "sync", true), left: true}
@@ -107,7 +108,7 @@ func (h *Handler) endSync(ctx context.Context, job *store.Job, tier string, caus
 		}
 		return
 	}
-	if _, _, err := h.Store.JobFail(bg, &store.JobFailParams{ID: job.ID, Error: store.JobError{Type: "server_error", Code: "internal_error",
+	if _, _, err := h.Store.JobFail(bg, &store.JobFailParams{ID: job.ID, Error: store.JobError{Type: wire.TypeServer, Code: "internal_error",
 		Message: "llmq could not run the request."}}); err != nil {
 		h.Logger.Warn("fail a synchronous job", "job", job.ID, "err", err)
 	}
@@ -119,7 +120,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	p := h.Policy.Current()
 	m, ok := p.Model(r.job.Model)
 	if !ok {
-		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusNotFound, Type: wire.TypeInvalidRequest, Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)})
 	}
 	tenant, err := h.tenants.get(ctx, h.Store, r.job.TenantID)
@@ -252,7 +253,7 @@ func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
 	for {
 		res, err := h.Pacer.Reserve(ctx, r.call)
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
-			return r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "tokens_exceed_capacity", Param: "max_tokens",
+			return r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
 				Message: fmt.Sprintf("This request needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)})
 		}
 		if err != nil {
@@ -287,7 +288,7 @@ func (r *run) syncSleep(ctx context.Context, d time.Duration, deadline time.Time
 		if why == "" {
 			why = fmt.Sprintf("Rate limit of model '%s' reached: the request could not start within its wait.", r.job.Model)
 		}
-		return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
+		return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: wire.TypeRateLimit, Code: "rate_limit_exceeded",
 			Message: why, RetryAfter: max(d, time.Second)})
 	}
 	t := time.NewTimer(d)

@@ -34,6 +34,7 @@ import (
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // Options tune a Handler. The zero value is ready to use.
@@ -247,7 +248,7 @@ func (r *run) do(ctx context.Context) error {
 	p := h.Policy.Current()
 	m, ok := p.Model(r.job.Model)
 	if !ok {
-		return r.fail(ctx, store.JobError{Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+		return r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)}, nil)
 	}
 	r.scope = admission.ScopeName(m)
@@ -257,7 +258,7 @@ func (r *run) do(ctx context.Context) error {
 	}
 	acct, tier, err := admission.Account(p, tenant)
 	if err != nil {
-		return r.fail(ctx, store.JobError{Type: "server_error", Code: "tier_not_found", Message: err.Error()}, nil)
+		return r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "tier_not_found", Message: err.Error()}, nil)
 	}
 	r.tier, r.reject = tier.Name, tier.OnExhausted == config.OnExhaustedReject
 	// JobStart moved the job to running; its tier is known from here.
@@ -265,7 +266,7 @@ func (r *run) do(ctx context.Context) error {
 	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
 	provider, ok := h.Providers.Get(m.Provider)
 	if !ok {
-		return r.fail(ctx, store.JobError{Type: "server_error", Code: "provider_not_found",
+		return r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
 			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", m.Provider, m.Name)}, nil)
 	}
 	// The estimate was made at enqueue; prices, limits and the prompt's
@@ -334,11 +335,11 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 	}
 	n := dec.Denial()
 	if n.TooLarge {
-		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_too_small",
+		return true, r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_too_small",
 			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", r.call.WorstCase, n.Name(), n.Budget)}, nil)
 	}
 	if r.reject {
-		return true, r.fail(ctx, store.JobError{Type: "budget_exceeded_error", Code: "budget_exhausted",
+		return true, r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_exhausted",
 			Message: fmt.Sprintf("The %s is exhausted ($%s spent and $%s reserved of $%s; this job may cost up to $%s) and the %s tier rejects work until it resets at %s.",
 				n.Name(), n.Spent, n.Reserved, n.Budget, r.call.WorstCase, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
 	}
@@ -365,7 +366,7 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 			func(ctx context.Context) { res, err = r.h.Pacer.Reserve(ctx, r.call) },
 			func(ctx context.Context) { held = r.syncHolding(ctx) })
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
-			return true, r.fail(ctx, store.JobError{Type: "invalid_request_error", Code: "tokens_exceed_capacity", Param: "max_tokens",
+			return true, r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
 				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)}, nil)
 		}
 		if err != nil {
@@ -611,11 +612,11 @@ func providerError(pe *llm.Error) store.JobError {
 	if e.Type == "" {
 		switch pe.Class {
 		case llm.ClassRateLimited:
-			e.Type = "rate_limit_error"
+			e.Type = wire.TypeRateLimit
 		case llm.ClassPermanent:
-			e.Type = "invalid_request_error"
+			e.Type = wire.TypeInvalidRequest
 		default:
-			e.Type = "server_error"
+			e.Type = wire.TypeServer
 		}
 	}
 	if e.Code == "" && pe.StatusCode > 0 {
