@@ -36,8 +36,11 @@ type ServerOptions struct {
 	// PollInterval is how often an idle server looks for new tasks and moves
 	// due delayed tasks (asynq's TaskCheckInterval and
 	// DelayedTaskCheckInterval; its defaults, 1s and 5s, add up to seconds of
-	// latency). Only the first dequeuer moves delayed tasks that often; the
-	// others keep asynq's 5s, as a backstop. Defaults to 200ms.
+	// latency). Only the first dequeuer polls that often; the others look
+	// for new tasks every second when idle (when the queues have work none
+	// of them waits) and move delayed tasks every 5s, as a backstop, so an
+	// idle worker costs Redis about what one server does. Defaults to
+	// 200ms.
 	PollInterval time.Duration
 	// Logger receives asynq's own log lines (warn and above). Defaults to discarding them.
 	Logger *slog.Logger
@@ -67,9 +70,12 @@ type Server struct {
 	servers []*asynq.Server
 }
 
-// backstopDelayedCheck is how often a dequeuer other than the first moves
-// due delayed tasks (asynq's default).
-const backstopDelayedCheck = 5 * time.Second
+// How often a dequeuer other than the first looks for new tasks when idle
+// and moves due delayed tasks (asynq's defaults).
+const (
+	backstopTaskCheck    = time.Second
+	backstopDelayedCheck = 5 * time.Second
+)
 
 // NewServer returns the asynq servers over rdb configured for llmq: weighted
 // queues, 429s and waits that are not failures, short polling; or an error
@@ -102,9 +108,9 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 		if i < opts.Concurrency%opts.Dequeuers {
 			n++
 		}
-		delayed := opts.PollInterval
+		poll, delayed := opts.PollInterval, opts.PollInterval
 		if i > 0 {
-			delayed = max(delayed, backstopDelayedCheck)
+			poll, delayed = max(poll, backstopTaskCheck), max(delayed, backstopDelayedCheck)
 		}
 		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, asynq.Config{
 			Concurrency:              n,
@@ -112,7 +118,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 			IsFailure:                IsFailure,
 			RetryDelayFunc:           RetryDelay,
 			ShutdownTimeout:          opts.ShutdownTimeout,
-			TaskCheckInterval:        opts.PollInterval,
+			TaskCheckInterval:        poll,
 			DelayedTaskCheckInterval: delayed,
 			Logger:                   asynqLogger{opts.Logger},
 			LogLevel:                 asynq.WarnLevel,
