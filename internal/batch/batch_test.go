@@ -80,7 +80,10 @@ func TestTenThousandLinesWithInvalidOnes(t *testing.T) {
 		t.Fatalf("created batch = %+v", b)
 	}
 
-	b = waitStatus(t, a, key, b.ID, "completed", 3*time.Minute)
+	// A bound for a loaded machine under -race (10,000 jobs through the
+	// whole pipeline beside the rest of the suite), not a speed target: the
+	// batch benchmarks measure speed.
+	b = waitStatus(t, a, key, b.ID, "completed", 5*time.Minute)
 	want := client.BatchRequestCounts{Total: n, Completed: int64(len(valid)), Failed: int64(len(refused))}
 	if b.RequestCounts != want || len(refused) != 300 {
 		t.Fatalf("counts = %+v, want %+v", b.RequestCounts, want)
