@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/money"
@@ -304,5 +305,50 @@ func TestDeliveryThatLostTheRaceChargesTheLedgersDay(t *testing.T) {
 	day1 := status(t, a, acct)
 	if day1.Spent != cost || day1.GlobalSpent != cost || day1.Reserved != 0 {
 		t.Fatalf("day one: spent %s (global %s), reserved %s; want %s charged once", day1.Spent, day1.GlobalSpent, day1.Reserved, cost)
+	}
+}
+
+// The budget's reservation and the permit's first try go to Redis
+// together: a job the budget defers gives its permit back, so the model's
+// one request a minute is still there for the job once the budget has room.
+func TestBudgetDeferralGivesThePermitBack(t *testing.T) {
+	t.Parallel()
+	policy := strings.Replace(apptest.PolicyYAML, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpm: 1, tpm: 300000}", 1)
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy})
+	tenant, key := a.Tenant("standard") // $50, on_exhausted: defer
+	acct := a.Account(tenant)
+	ctx := context.Background()
+	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("deferred", "", 20)})
+	worst := job(t, a, id).EstCost
+	other, d, err := a.Budgets.Reserve(ctx, acct, "job_other", 50*money.PerDollar-worst+1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("reserve the rest: %v %+v", err, d)
+	}
+	h := a.JobHandler(worker.Options{MaxInlineWait: time.Millisecond})
+	err = h.Run(ctx, id)
+	if err == nil || worker.IsFailure(err) {
+		t.Fatalf("over budget: want a requeue without failure, got %v", err)
+	}
+	if j := job(t, a, id); j.Status != store.JobDeferred {
+		t.Fatalf("job = %s, want deferred", j.Status)
+	}
+	m, _ := a.Policy.Current().Model("gpt-4o-mini")
+	st, err := a.Limiter.State(ctx, scopeOf(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range st.Buckets {
+		if b.Unit == limiter.UnitRequests && b.Remaining != 1 {
+			t.Fatalf("requests bucket holds %d of %d after the deferral: the permit was kept", b.Remaining, b.Limit)
+		}
+	}
+	if err := a.Budgets.Release(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Run(ctx, id); err != nil {
+		t.Fatalf("with room in the budget: %v", err)
+	}
+	if j := job(t, a, id); j.Status != store.JobSucceeded {
+		t.Fatalf("job = %s, want succeeded", j.Status)
 	}
 }

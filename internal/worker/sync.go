@@ -188,15 +188,15 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		if err == nil && c.Answer != nil {
 			c.Answer(resp)
 		}
-		after := h.Pacer.Done(callCtx, r.call, r.permit, pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited})
-		r.permit, r.wait = nil, after.Wait
+		outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 		if err == nil {
 			h.breakers.Record(m.Provider, false)
-			if err := r.succeeded(callCtx, resp); err != nil {
+			if err := r.succeeded(callCtx, resp, outcome); err != nil {
 				r.log.Warn("store a synchronous answer; the reconciler settles it", "err", err)
 			}
 			return &SyncResult{Response: resp}, nil
 		}
+		r.settlePermit(callCtx, outcome)
 		switch pe.Class {
 		case llm.ClassRateLimited:
 			h.breakers.Done(m.Provider)

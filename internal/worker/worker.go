@@ -274,12 +274,29 @@ func (r *run) do(ctx context.Context) error {
 	r.acct = acct
 	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
 
-	if done, err := r.reserveBudget(ctx); done {
+	// The budget's reservation and the permit's first try are independent
+	// scripts: they go to Redis in one round trip. A permit taken for a job
+	// the budget refuses goes back (rare: a deferral lasts to the reset).
+	var (
+		bres *budget.Reservation
+		dec  *budget.Decision
+		bErr error
+	)
+	first := r.tryPermit(ctx, func(ctx context.Context) {
+		bres, dec, bErr = h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.call.WorstCase)
+	})
+	if done, err := r.budgetDecided(ctx, bres, dec, bErr); done {
+		if first.err == nil && first.res.Allowed {
+			if err := h.Pacer.Release(ctx, first.res.Reservation); err != nil {
+				r.log.Warn("release rate limit", "err", err)
+			}
+		}
+		r.leave(ctx)
 		return err
 	}
 	r.keep = r.keepReservation(ctx)
 	defer r.keep()
-	done, err := r.takePermit(ctx)
+	done, err := r.takePermit(ctx, first)
 	r.leave(ctx)
 	if done {
 		r.releaseBudget(ctx)
@@ -304,12 +321,13 @@ func (r *run) do(ctx context.Context) error {
 		status = pe.StatusCode
 	}
 	h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
-	after := h.Pacer.Done(ctx, r.call, r.permit, pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited})
-	r.permit, r.wait = nil, after.Wait
-	switch {
-	case err == nil:
+	outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
+	if err == nil {
 		h.breakers.Record(m.Provider, false)
-		return r.succeeded(ctx, resp)
+		return r.succeeded(ctx, resp, outcome)
+	}
+	r.settlePermit(ctx, outcome)
+	switch {
 	case ctx.Err() != nil || (pe != nil && pe.Class == llm.ClassRateLimited):
 		h.breakers.Done(m.Provider)
 	default:
@@ -318,10 +336,9 @@ func (r *run) do(ctx context.Context) error {
 	return r.callFailed(ctx, err)
 }
 
-// reserveBudget reserves the worst-case cost. done is true when the run
-// must stop here (deferred, failed, or an error).
-func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
-	res, dec, err := r.h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.call.WorstCase)
+// budgetDecided acts on the reservation of the worst-case cost. done is
+// true when the run must stop here (deferred, failed, or an error).
+func (r *run) budgetDecided(ctx context.Context, res *budget.Reservation, dec *budget.Decision, err error) (done bool, _ error) {
 	if err != nil {
 		return true, fmt.Errorf("reserve budget: %w", err)
 	}
@@ -351,20 +368,32 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 	return true, &requeue{reason: "over the " + dec.DeniedBy + " daily budget", delay: delay}
 }
 
+// permitTry is one try for the permit: the limiter's answer, and whether
+// synchronous requests hold room in the scope.
+type permitTry struct {
+	res  *limiter.Result
+	err  error
+	held bool
+}
+
+// tryPermit asks for the permit. Whether synchronous requests hold room in
+// the scope is asked in the same round trip (they are rare, the question
+// is not), and so are the steps of also.
+func (r *run) tryPermit(ctx context.Context, also ...func(context.Context)) (t permitTry) {
+	redisbatch.Run(ctx, append([]func(context.Context){
+		func(ctx context.Context) { t.res, t.err = r.h.Pacer.Reserve(ctx, r.call) },
+		func(ctx context.Context) { t.held = r.syncHolding(ctx) },
+	}, also...)...)
+	return t
+}
+
 // takePermit takes one request and the estimated tokens from every bucket
-// of the model, sleeping short waits and requeueing for long ones.
-func (r *run) takePermit(ctx context.Context) (done bool, err error) {
+// of the model, starting from the first try's answer, sleeping short waits
+// and requeueing for long ones.
+func (r *run) takePermit(ctx context.Context, try permitTry) (done bool, err error) {
 	began := time.Now()
-	for {
-		// Whether synchronous requests hold room in the scope is asked in
-		// the same round trip as the permit: they are rare, the question
-		// is not.
-		var res *limiter.Result
-		var err error
-		held := false
-		redisbatch.Run(ctx,
-			func(ctx context.Context) { res, err = r.h.Pacer.Reserve(ctx, r.call) },
-			func(ctx context.Context) { held = r.syncHolding(ctx) })
+	for ; ; try = r.tryPermit(ctx) {
+		res, err, held := try.res, try.err, try.held
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
 			return true, r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
 				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)}, nil)
@@ -396,9 +425,18 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 	}
 }
 
-// succeeded settles a provider's answer: limiter, store (result and ledger
-// row, once), budget, webhook.
-func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
+// settlePermit settles the permit of the call that ended as o (the pacer
+// learns from its answer, and after a 429 pauses the scope).
+func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
+	after := r.h.Pacer.Done(ctx, r.call, r.permit, o)
+	r.permit, r.wait = nil, after.Wait
+}
+
+// succeeded settles a provider's answer: store (result and ledger row,
+// once), then limiter and budget together, then the webhook. The permit
+// is settled after the commit, in the budget's round trip: its correction
+// waits the few milliseconds of the commit.
+func (r *run) succeeded(ctx context.Context, resp *llm.Response, o pacer.Outcome) error {
 	u := resp.Usage
 	cost := r.call.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
 	res, err := r.h.commits.complete(ctx, &store.JobCompleteParams{
@@ -411,9 +449,19 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response) error {
 		// reservation, so the next delivery settles it (the job finished)
 		// or runs under it again (it did not).
 		r.stopKeeping()
+		r.settlePermit(ctx, o)
 		return fmt.Errorf("store result of %s: %w", r.job.ID, err)
 	}
-	settleErr := r.settle(ctx, cost, res.Charged)
+	var settleErr error
+	if res.Charged {
+		redisbatch.Run(ctx,
+			func(ctx context.Context) { r.settlePermit(ctx, o) },
+			func(ctx context.Context) { settleErr = r.settle(ctx, cost, true) })
+	} else {
+		// The ledger row is read first: the permit does not wait for it.
+		r.settlePermit(ctx, o)
+		settleErr = r.settle(ctx, cost, false)
+	}
 	r.log.Debug("job succeeded", "prompt_tokens", u.PromptTokens, "completion_tokens", u.CompletionTokens, "cost", cost)
 	if res.Completed {
 		r.h.Observer.JobFinished(r.acct.TenantID, r.tier, r.job.Model, string(store.JobSucceeded), u.PromptTokens, u.CompletionTokens, int64(cost))
