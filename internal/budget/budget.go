@@ -148,6 +148,8 @@ type Budgets struct {
 
 	mu      sync.Mutex
 	flights map[string]*flight
+
+	statuses statusReads
 }
 
 // validate reports, naming the field, an option that is invalid.

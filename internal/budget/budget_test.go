@@ -1,7 +1,10 @@
 package budget_test
 
 import (
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -452,5 +455,57 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	if _, err := budget.New(rdb, nil, budget.Options{}); err == nil {
 		t.Fatal("New without a Ledger: no error")
+	}
+}
+
+// Concurrent Status calls of one account share reads, and each still sees
+// what was done before it was made: here, its own goroutine's reservation.
+func TestConcurrentStatusSharesReadsAndSeesEarlierWrites(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testutil.Redis(t, testDB), utc("2025-06-10T12:00:00Z"))
+	acct := budget.Account{TenantID: "ten_a", Budget: 1000 * dollar}
+	const workers, rounds = 50, 10
+	var wg sync.WaitGroup
+	var calls atomic.Int64
+	errs := make(chan error, workers)
+	start := make(chan struct{})
+	for w := range workers {
+		wg.Go(func() {
+			<-start
+			var mine money.Micros
+			for i := range rounds {
+				_, d, err := e.b.Reserve(e.ctx, acct, fmt.Sprintf("job_%d_%d", w, i), 1000)
+				if err != nil || !d.Allowed {
+					errs <- fmt.Errorf("reserve: %v %+v", err, d)
+					return
+				}
+				mine += 1000
+				// Everyone's reservations so far include this goroutine's.
+				for range 3 {
+					calls.Add(1)
+					s, err := e.b.Status(e.ctx, acct)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if s.Reserved < mine {
+						errs <- fmt.Errorf("status after reserving %s shows %s reserved", mine, s.Reserved)
+						return
+					}
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	e.wantSpend(acct, 0, workers*rounds*1000)
+	reads := budget.StatusReads(e.b)
+	t.Logf("%d Status calls, %d reads", calls.Load(), reads)
+	if int64(reads) >= calls.Load() {
+		t.Fatalf("%d Status calls made %d reads: concurrent calls share none", calls.Load(), reads)
 	}
 }

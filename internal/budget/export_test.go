@@ -8,3 +8,10 @@ func SetGuess(b *Budgets, f func() time.Time) { b.guess = f }
 
 // WrongDays counts the wrong-day replies b has had.
 func WrongDays(b *Budgets) int64 { return b.wrongDays.Load() }
+
+// StatusReads counts the reads b's Status calls made.
+func StatusReads(b *Budgets) int {
+	b.statuses.mu.Lock()
+	defer b.statuses.mu.Unlock()
+	return b.statuses.reads
+}
