@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/redisbatch"
 )
 
 // statusScript reads a day without reserving (dropping expired
@@ -109,6 +110,9 @@ func (g *statusReads) do(ctx context.Context, acct Account, read func(context.Co
 	r.callers++
 	prev := s.running
 	g.mu.Unlock()
+	// This call waits for another's read: the commands sent with it in one
+	// round trip (redisbatch) must not wait for this one.
+	redisbatch.Leave(ctx)
 	if lead {
 		// The read under way began before this call: the next one is this
 		// call's to make, for every call that joins it meanwhile, so it is

@@ -5,7 +5,9 @@
 // returned, then sends the commands held as one pipeline. What a step sends
 // after that (a script loaded after NOSCRIPT, a second call) goes on its own,
 // as without a batch. The steps' code stays as it is: they need not know
-// they were batched.
+// they were batched, except code that waits for another goroutine's round
+// trip (a read shared by concurrent callers), which calls Leave first so
+// that the others' commands do not wait for it.
 package redisbatch
 
 import (
@@ -50,27 +52,45 @@ func Run(ctx context.Context, steps ...func(ctx context.Context)) {
 		return
 	}
 	b := &batch{steps: len(steps)}
-	bctx := context.WithValue(ctx, ctxKey{}, b)
 	var wg sync.WaitGroup
 	for _, step := range steps[1:] {
+		st := &stepState{b: b}
 		wg.Go(func() {
-			defer b.stepDone()
-			step(bctx)
+			defer b.stepDone(st)
+			step(context.WithValue(ctx, ctxKey{}, st))
 		})
 	}
+	st := &stepState{b: b}
 	func() {
-		defer b.stepDone()
-		steps[0](bctx)
+		defer b.stepDone(st)
+		steps[0](context.WithValue(ctx, ctxKey{}, st))
 	}()
 	wg.Wait()
 }
 
-// stepDone counts a step that returned; it may complete the batch, which
-// this goroutine then sends.
-func (b *batch) stepDone() {
+// stepState is one step of a batch, the value of its context.
+type stepState struct {
+	b       *batch
+	counted bool // it sent its first command, left, or returned; under b.mu
+}
+
+// Leave tells the Run of ctx, if any, that the calling step sends no first
+// command now (it waits for another goroutine's round trip, say): the
+// other steps' commands go without waiting for it, and its own go on their
+// own.
+func Leave(ctx context.Context) {
+	if st, ok := ctx.Value(ctxKey{}).(*stepState); ok {
+		st.b.stepDone(st)
+	}
+}
+
+// stepDone counts a step that returned or left, once; it may complete the
+// batch, which this goroutine then sends.
+func (b *batch) stepDone(st *stepState) {
 	b.mu.Lock()
 	var send []*held
-	if !b.flushed {
+	if !b.flushed && !st.counted {
+		st.counted = true
 		b.steps--
 		send = b.completeLocked()
 	}
@@ -120,15 +140,16 @@ func (b *batch) send(held []*held) {
 // hold queues cmd to be sent with the others' first commands, and reports
 // false when the batch has been sent already (cmd goes on its own). When cmd
 // completes the batch, this goroutine sends it before hold returns.
-func (b *batch) hold(ctx context.Context, rdb redis.UniversalClient, cmd redis.Cmder, next redis.ProcessHook) (*held, bool) {
+func (b *batch) hold(ctx context.Context, st *stepState, rdb redis.UniversalClient, cmd redis.Cmder, next redis.ProcessHook) (*held, bool) {
 	b.mu.Lock()
-	if b.flushed || (b.rdb != nil && b.rdb != rdb) {
+	if b.flushed || st.counted || (b.rdb != nil && b.rdb != rdb) {
 		b.mu.Unlock()
 		return nil, false
 	}
 	b.rdb = rdb
 	h := &held{ctx: context.WithoutCancel(ctx), cmd: cmd, next: next, done: make(chan struct{})}
 	b.held = append(b.held, h)
+	st.counted = true
 	b.steps--
 	send := b.completeLocked()
 	b.mu.Unlock()
@@ -168,11 +189,12 @@ func (hook) DialHook(next redis.DialHook) redis.DialHook {
 
 func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		b, ok := ctx.Value(ctxKey{}).(*batch)
+		st, ok := ctx.Value(ctxKey{}).(*stepState)
 		if !ok {
 			return next(ctx, cmd)
 		}
-		h, ok := b.hold(ctx, k.rdb, cmd, next)
+		b := st.b
+		h, ok := b.hold(ctx, st, k.rdb, cmd, next)
 		if !ok {
 			return next(ctx, cmd)
 		}

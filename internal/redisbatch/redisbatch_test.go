@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -92,5 +93,34 @@ func TestOutsideRun(t *testing.T) {
 	echo(t.Context(), t, rdb, "plain")
 	if p, s := c.pipelines.Load(), c.single.Load(); p != 0 || s != 1 {
 		t.Fatalf("%d pipelines and %d single commands, want 0 and 1", p, s)
+	}
+}
+
+// TestLeave: a step that leaves while it waits for something else does not
+// hold the others' first commands, which go in one pipeline at once (the
+// step waits for them here: were they held for it, they would wait the
+// whole hold); what it sends afterwards goes on its own.
+func TestLeave(t *testing.T) {
+	t.Parallel()
+	rdb, c := setup(t)
+	sent := make(chan struct{}, 2)
+	other := func(name string) func(context.Context) {
+		return func(ctx context.Context) {
+			echo(ctx, t, rdb, name)
+			sent <- struct{}{}
+		}
+	}
+	began := time.Now()
+	redisbatch.Run(t.Context(), func(ctx context.Context) {
+		redisbatch.Leave(ctx)
+		<-sent
+		<-sent
+		echo(ctx, t, rdb, "after")
+	}, other("a"), other("b"))
+	if p, s := c.pipelines.Load(), c.single.Load(); p != 1 || s != 1 {
+		t.Fatalf("%d pipelines and %d single commands, want 1 and 1", p, s)
+	}
+	if d := time.Since(began); d >= 20*time.Millisecond {
+		t.Fatalf("the others waited %v for the step that left", d)
 	}
 }
