@@ -65,11 +65,11 @@ type openAIProvider struct {
 //     (temperature 0 and top_p 0 are omitted, so the provider would sample at
 //     temperature 1), keep only text and image_url content parts (the data of
 //     input_audio and file parts is lost), keep only the type and function of
-//     tools, and put only the fields they model in embeddings requests. So the
-//     body decoded into openai.ChatCompletionRequest / EmbeddingRequest drives
-//     go-openai's URL, authentication and decoding of the answer, and the wire
-//     body is the client's own with "model" set to Upstream: the capturing
-//     transport swaps it in.
+//     tools, and put only the fields they model in embeddings requests. So a
+//     chat request holding only the model (an embeddings request decoded from
+//     the body) drives go-openai's URL, authentication and decoding of the
+//     answer, and the wire body is the client's own with "model" set to
+//     Upstream: the capturing transport swaps it in.
 //   - Response fields. The typed responses drop fields they do not model
 //     (message annotations and audio, usage details beyond cached tokens) and
 //     turn base64 embeddings (encoding_format "base64") into float arrays, so
@@ -131,7 +131,7 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 	if req.Stream != nil {
 		return p.stream(ctx, req)
 	}
-	wire, err := wireBody(req)
+	wire, model, err := wireBody(req)
 	if err != nil {
 		return nil, p.refuse(err)
 	}
@@ -142,7 +142,7 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 	var usage openai.Usage
 	switch req.Endpoint {
 	case EndpointChat:
-		resp, cerr := p.client.CreateChatCompletion(ctx, typedChatRequest(wire))
+		resp, cerr := p.client.CreateChatCompletion(ctx, openai.ChatCompletionRequest{Model: model})
 		err, usage = cerr, resp.Usage
 	case EndpointEmbeddings:
 		var er openai.EmbeddingRequest
@@ -174,44 +174,37 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 	return out, nil
 }
 
-// wireBody is the client's body with model set to the upstream id.
-func wireBody(req Request) ([]byte, error) {
+// wireBody is the client's body with model set to the upstream id, and
+// that model. The body is sent as it is when its model is already the
+// upstream's (re-encoded only to set it).
+//
+// go-openai is handed a request that holds only the model (for the URL and
+// its model checks): the wire body is what is sent (the capture transport
+// puts it in). Its typed request is never filled from the body: a body the
+// typed request cannot hold (a stop given as a string, a metadata value that
+// is not a string) is still sent as it is, and go-openai's reasoning-model
+// checks, a library's snapshot of what models accepted when it was written
+// (no max_tokens, n or temperature for o1, o3, o4 and gpt-5), see no
+// parameters: the provider judges them, and its 400 names them.
+func wireBody(req Request) (wire []byte, model string, err error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(req.Body, &fields); err != nil || fields == nil {
-		return nil, &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
-	}
-	if req.Upstream != "" {
-		m, _ := json.Marshal(req.Upstream)
-		fields["model"] = m
+		return nil, "", &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
 	}
 	if s, ok := fields["stream"]; ok && string(bytes.TrimSpace(s)) == "true" {
-		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is not supported"}
+		return nil, "", &InvalidRequestError{Param: "stream", Message: "'stream' is not supported"}
 	}
-	return json.Marshal(fields)
-}
-
-// typedChatRequest is the go-openai request for a wire body. Only its model
-// matters (for the URL and go-openai's model checks): the wire body is sent.
-// The fields go-openai's reasoning-model checks read are cleared, because
-// those checks are a library's snapshot of what models accepted when it was
-// written (no max_tokens, n or temperature for o1, o3, o4 and gpt-5); the
-// provider judges the parameters, and its 400 names them. A body the typed
-// request cannot hold (a stop given as a string, a metadata value that is not
-// a string) is still sent as it is.
-func typedChatRequest(wire []byte) openai.ChatCompletionRequest {
-	var cr openai.ChatCompletionRequest
-	if err := json.Unmarshal(wire, &cr); err != nil {
-		var m struct {
-			Model string `json:"model"`
-		}
-		_ = json.Unmarshal(wire, &m)
-		cr = openai.ChatCompletionRequest{Model: m.Model}
+	if req.Upstream == "" {
+		_ = json.Unmarshal(fields["model"], &model)
+		return req.Body, model, nil
 	}
-	cr.Stream = false
-	cr.MaxTokens, cr.N, cr.Temperature, cr.TopP = 0, 0, 0, 0
-	cr.PresencePenalty, cr.FrequencyPenalty, cr.LogProbs, cr.TopLogProbs = 0, 0, false, 0
-	cr.ReasoningEffort, cr.Tools, cr.Functions, cr.ToolChoice, cr.FunctionCall = "", nil, nil, nil, nil
-	return cr
+	m, _ := json.Marshal(req.Upstream)
+	if bytes.Equal(bytes.TrimSpace(fields["model"]), m) {
+		return req.Body, req.Upstream, nil
+	}
+	fields["model"] = m
+	wire, err = json.Marshal(fields)
+	return wire, req.Upstream, err
 }
 
 // refuse is a request that was never sent.
