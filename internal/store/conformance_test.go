@@ -796,10 +796,21 @@ func testCrossTenant(t *testing.T, db *DB) {
 	a, b := mkTenant(t, db), mkTenant(t, db)
 	j := mkJob(t, db, jobParams(a.ID))
 	batch := mkBatch(t, db, a.ID)
-	if _, err := db.JobGetForTenant(ctx, a.ID, j.ID); err != nil {
+	// The tenant's own reads are the stored job but for the body it sent.
+	got, err := db.JobGetForTenant(ctx, a.ID, j.ID)
+	if err != nil {
 		t.Fatal(err)
 	}
-	_, err := db.JobGetForTenant(ctx, b.ID, j.ID)
+	page, _, err := db.JobList(ctx, &JobListParams{TenantID: a.ID})
+	if err != nil || len(page) != 1 {
+		t.Fatalf("JobList = %d jobs, %v", len(page), err)
+	}
+	want := *j
+	want.Request = nil
+	if !reflect.DeepEqual(got, &want) || !reflect.DeepEqual(page[0], &want) {
+		t.Fatalf("JobGetForTenant = %+v\nJobList[0] = %+v\nwant %+v", got, page[0], &want)
+	}
+	_, err = db.JobGetForTenant(ctx, b.ID, j.ID)
 	wantErr(t, err, ErrNotFound)
 	_, _, err = db.JobCancel(ctx, b.ID, j.ID)
 	wantErr(t, err, ErrNotFound)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/llmq/llmq/client"
@@ -104,6 +105,12 @@ const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model
 	response_status, response_body, provider_request_id, error,
 	prompt_tokens, completion_tokens, cached_tokens, total_tokens, cost_micros,
 	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync`
+
+// jobViewColumns are jobColumns without the request body, which a client
+// sent and the API never renders (wire.Job): the tenant's reads (one job, a
+// page of jobs), polled far more often than jobs change, leave it in the
+// table. Their Job's Request is nil.
+var jobViewColumns = strings.Replace(jobColumns, " request,", " NULL AS request,", 1)
 
 func scanJob(r rowScanner) (*Job, error) {
 	var (

@@ -17,9 +17,10 @@ func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
 	return j, err
 }
 
-// JobGetForTenant returns the tenant's job; another tenant's is ErrNotFound.
+// JobGetForTenant returns the tenant's job without its Request (the
+// body the tenant sent); another tenant's is ErrNotFound.
 func (db *DB) JobGetForTenant(ctx context.Context, tenantID, id string) (*Job, error) {
-	j, err := db.queryJob(ctx, db.ro, `SELECT `+jobColumns+` FROM jobs WHERE id = $1 AND tenant_id = $2`, id, tenantID)
+	j, err := db.queryJob(ctx, db.ro, `SELECT `+jobViewColumns+` FROM jobs WHERE id = $1 AND tenant_id = $2`, id, tenantID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("job", id)
 	}
@@ -36,7 +37,7 @@ type JobListParams struct {
 }
 
 // JobList returns a page of the tenant's jobs, newest first (OpenAI's list
-// order), and whether older ones remain.
+// order), without their Request, and whether older ones remain.
 func (db *DB) JobList(ctx context.Context, p *JobListParams) ([]*Job, bool, error) {
 	if err := required("JobList", "TenantID", p.TenantID); err != nil {
 		return nil, false, err
@@ -67,7 +68,7 @@ func (db *DB) jobPage(ctx context.Context, q string, a args, limit int) ([]*Job,
 // jobListSQL reads jobs_tenant, jobs_tenant_status, jobs_batch or jobs_batch_status.
 func jobListSQL(p *JobListParams, limit int) (string, args) {
 	var a args
-	q := `SELECT ` + jobColumns + ` FROM jobs WHERE tenant_id = ` + a.add(p.TenantID)
+	q := `SELECT ` + jobViewColumns + ` FROM jobs WHERE tenant_id = ` + a.add(p.TenantID)
 	if p.Status != "" {
 		q += ` AND status = ` + a.add(string(p.Status))
 	}
