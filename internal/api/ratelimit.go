@@ -68,7 +68,7 @@ func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, c
 		// ones: they are counted per request.
 		res, err = s.leases.take(ctx, s.APILimiter, key.ID, set, tier.APILease)
 	} else {
-		res, err = s.APILimiter.Allow(ctx, set, 1)
+		res, err = s.count(ctx, windowKey{tier: tier, keyID: key.ID, endpoint: endpoint}, set)
 	}
 	if err != nil {
 		return err
@@ -92,6 +92,43 @@ func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, c
 		return e
 	}
 	return nil
+}
+
+// windowKey names a key's windows for one endpoint under one policy
+// snapshot (its tier): requests of one key share a count only when they
+// count in the same windows.
+type windowKey struct {
+	tier            *config.Tier
+	keyID, endpoint string
+}
+
+// windowCount is one count of a key's windows, shared by the requests it
+// counts.
+type windowCount struct {
+	res *limiter.Result
+	err error
+}
+
+// count counts one request in set. The key's requests that come while
+// another's count is under way are counted together, n at once, in the
+// next count: all of them or none, so a denial of the group (a window
+// without room for all n, or smaller than n) is counted again request by
+// request, each
+// allowed or refused on its own. Either way each request is counted once,
+// and in a count made after it came.
+func (s *Server) count(ctx context.Context, key windowKey, set limiter.WindowSet) (*limiter.Result, error) {
+	c, n, err := s.counts.Do(ctx, key, func(ctx context.Context, n int) windowCount {
+		res, err := s.APILimiter.Allow(ctx, set, int64(n))
+		return windowCount{res, err}
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case n > 1 && (errors.Is(c.err, limiter.ErrCostExceedsCapacity) || c.err == nil && !c.res.Allowed):
+		// More than a window holds, or more than it has room for now.
+		return s.APILimiter.Allow(ctx, set, 1)
+	}
+	return c.res, c.err
 }
 
 // softWarning names every window past the soft fraction of its limit, e.g.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -448,4 +449,39 @@ func TestAuthFailuresPerAddress(t *testing.T) {
 		checkError(t, apptest.Do(t, b.URL, "GET", "/v1/jobs", "llmq_wrong", nil, from("203.0.113."+strconv.Itoa(i))), want, code, "")
 	}
 	checkError(t, apptest.Do(t, b.URL, "GET", "/v1/jobs", good, nil, from("192.0.2.1")), 429, "too_many_auth_failures", "")
+}
+
+// Concurrent requests of one key are counted together when they come while
+// another's count is under way; a group the windows cannot hold whole is
+// counted again request by request. However they are grouped, exactly the
+// windows' room is allowed, and the refused take nothing.
+func TestConcurrentRequestsOfAKeyAreCountedExactly(t *testing.T) {
+	t.Parallel()
+	a, clock := startLimits(t, "", apptest.Options{})
+	_, key := a.Tenant("windows") // 5 a second, 8 a minute
+	const n = 40
+	statuses := make(chan int, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() { statuses <- a.Do("GET", "/v1/jobs", key, nil).Status })
+	}
+	wg.Wait()
+	close(statuses)
+	count := map[int]int{}
+	for s := range statuses {
+		count[s]++
+	}
+	if count[200] != 5 || count[429] != n-5 {
+		t.Fatalf("%d concurrent requests against 5 a second: %v, want 5 allowed and the rest refused", n, count)
+	}
+	// Two seconds on, the minute has 3 left: the refused requests took none.
+	clock.Add(2 * time.Second)
+	for i := range 4 {
+		r := a.Do("GET", "/v1/jobs", key, nil)
+		if want := 200; i == 3 {
+			checkError(t, r, 429, "rate_limit_exceeded", "")
+		} else if h := rateHeaders(r); h.status != want || h.window != "minute" || h.remaining != strconv.Itoa(2-i) {
+			t.Fatalf("request %d two seconds on: %+v, want 200 with %d left of the minute's 8", i, h, 2-i)
+		}
+	}
 }

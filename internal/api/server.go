@@ -20,6 +20,7 @@ import (
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/coalesce"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
@@ -80,9 +81,12 @@ type Options struct {
 // Server is the HTTP API.
 type Server struct {
 	Deps
-	opts      Options
-	mux       *http.ServeMux
-	leases    leases
+	opts   Options
+	mux    *http.ServeMux
+	leases leases
+	// counts shares one count of a key's windows among its concurrent
+	// requests (rateLimit).
+	counts    coalesce.Group[windowKey, windowCount]
 	authFails authFailures
 }
 

@@ -33,6 +33,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/coalesce"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/rkeys"
 )
@@ -149,7 +150,7 @@ type Budgets struct {
 	mu      sync.Mutex
 	flights map[string]*flight
 
-	statuses statusReads
+	statuses coalesce.Group[Account, statusRead]
 }
 
 // validate reports, naming the field, an option that is invalid.

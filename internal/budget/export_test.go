@@ -10,8 +10,4 @@ func SetGuess(b *Budgets, f func() time.Time) { b.guess = f }
 func WrongDays(b *Budgets) int64 { return b.wrongDays.Load() }
 
 // StatusReads counts the reads b's Status calls made.
-func StatusReads(b *Budgets) int {
-	b.statuses.mu.Lock()
-	defer b.statuses.mu.Unlock()
-	return b.statuses.reads
-}
+func StatusReads(b *Budgets) int { return b.statuses.Calls() }

@@ -3,13 +3,11 @@ package budget
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/money"
-	"github.com/llmq/llmq/internal/redisbatch"
 )
 
 // statusScript reads a day without reserving (dropping expired
@@ -38,7 +36,24 @@ func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
 	if err := acct.validate(); err != nil {
 		return nil, err
 	}
-	return b.statuses.do(ctx, acct, b.readStatus)
+	r, _, err := b.statuses.Do(ctx, acct, func(ctx context.Context, _ int) statusRead {
+		d, err := b.readStatus(ctx, acct)
+		return statusRead{d, err}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	d := *r.d // each caller its own copy
+	return &d, nil
+}
+
+// statusRead is one read's answer, shared by the calls it answers.
+type statusRead struct {
+	d   *Decision
+	err error
 }
 
 // readStatus is one read of the account's day.
@@ -60,94 +75,4 @@ func (b *Budgets) readStatus(ctx context.Context, acct Account) (*Decision, erro
 		d.deny(tfull, gfull, 0)
 	}
 	return d, nil
-}
-
-// statusReads coalesces the Status calls of each account: while one read
-// is under way, the calls that come meanwhile wait for the next read, which
-// starts when it ends and answers them all.
-type statusReads struct {
-	mu    sync.Mutex
-	slots map[Account]*statusSlot
-	reads int // reads made, for tests; under mu
-}
-
-type statusSlot struct {
-	running *statusRead // the read under way
-	next    *statusRead // the read that starts when it ends; nil when none waits
-}
-
-type statusRead struct {
-	done    chan struct{} // closed once d and err are set
-	d       *Decision
-	err     error
-	callers int // the calls it answers; under statusReads.mu
-}
-
-func (g *statusReads) do(ctx context.Context, acct Account, read func(context.Context, Account) (*Decision, error)) (*Decision, error) {
-	g.mu.Lock()
-	if g.slots == nil {
-		g.slots = map[Account]*statusSlot{}
-	}
-	s := g.slots[acct]
-	if s == nil {
-		s = &statusSlot{}
-		g.slots[acct] = s
-	}
-	if s.running == nil {
-		// Nothing under way: read now, alone, on ctx (it concerns no other
-		// caller).
-		r := &statusRead{done: make(chan struct{})}
-		s.running = r
-		g.mu.Unlock()
-		g.run(ctx, acct, s, r, read)
-		return r.result()
-	}
-	r, lead := s.next, s.next == nil
-	if lead {
-		r = &statusRead{done: make(chan struct{})}
-		s.next = r
-	}
-	r.callers++
-	prev := s.running
-	g.mu.Unlock()
-	// This call waits for another's read: the commands sent with it in one
-	// round trip (redisbatch) must not wait for this one.
-	redisbatch.Leave(ctx)
-	if lead {
-		// The read under way began before this call: the next one is this
-		// call's to make, for every call that joins it meanwhile, so it is
-		// not cut short by this call's cancellation.
-		<-prev.done
-		g.run(context.WithoutCancel(ctx), acct, s, r, read)
-		return r.result()
-	}
-	select {
-	case <-r.done:
-		return r.result()
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// run makes read r, then hands the slot to the next read (whose leader
-// waits for r to end) or frees it.
-func (g *statusReads) run(ctx context.Context, acct Account, s *statusSlot, r *statusRead, read func(context.Context, Account) (*Decision, error)) {
-	r.d, r.err = read(ctx, acct)
-	g.mu.Lock()
-	g.reads++
-	s.running, s.next = s.next, nil
-	if s.running == nil {
-		delete(g.slots, acct)
-	}
-	g.mu.Unlock()
-	close(r.done)
-}
-
-// result is the read's answer, a copy of its Decision for each caller.
-func (r *statusRead) result() (*Decision, error) {
-	if r.err != nil {
-		return nil, r.err
-	}
-	d := *r.d
-	return &d, nil
 }
