@@ -120,7 +120,11 @@ func (b *batch) send(held []*held) {
 	}
 	if len(held) == 1 {
 		h := held[0]
-		_ = h.next(h.ctx, h.cmd)
+		// The hooks return a command's error; the client sets it on the
+		// command only at the top of its chain, above this hook.
+		if err := h.next(h.ctx, h.cmd); err != nil {
+			h.cmd.SetErr(err)
+		}
 		close(h.done)
 		return
 	}

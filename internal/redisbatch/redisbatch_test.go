@@ -3,6 +3,7 @@ package redisbatch_test
 import (
 	"context"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,5 +123,34 @@ func TestLeave(t *testing.T) {
 	}
 	if d := time.Since(began); d >= 20*time.Millisecond {
 		t.Fatalf("the others waited %v for the step that left", d)
+	}
+}
+
+// TestErrorOfACommandSentAlone: a held command sent alone (the other step
+// left or returned) carries its error back, so a script not yet loaded
+// falls back from EVALSHA to EVAL, and a command Redis refuses fails.
+func TestErrorOfACommandSentAlone(t *testing.T) {
+	t.Parallel()
+	rdb, _ := setup(t)
+	ctx := t.Context()
+	key := testutil.Prefix(t) + "str"
+	if err := rdb.Set(ctx, key, "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	word := "never-loaded-" + testutil.RandomHex(8)
+	script := redis.NewScript("return '" + word + "'")
+	var got string
+	var scriptErr, incrErr error
+	redisbatch.Run(ctx,
+		func(ctx context.Context) { redisbatch.Leave(ctx) },
+		func(ctx context.Context) { got, scriptErr = script.Run(ctx, rdb, nil).Text() })
+	redisbatch.Run(ctx,
+		func(context.Context) {},
+		func(ctx context.Context) { incrErr = rdb.Incr(ctx, key).Err() })
+	if scriptErr != nil || got != word {
+		t.Fatalf("script sent alone = %q, %v; want %q (EVALSHA's NOSCRIPT, then EVAL)", got, scriptErr, word)
+	}
+	if incrErr == nil || !strings.Contains(incrErr.Error(), "not an integer") {
+		t.Fatalf("INCR of a string sent alone: err = %v, want Redis's refusal", incrErr)
 	}
 }
