@@ -198,10 +198,12 @@ func (db *DB) FileGetByID(ctx context.Context, id string) (*File, error) {
 	return f, err
 }
 
-// FileGetForTenant returns the tenant's file; another tenant's is ErrNotFound.
+// FileGetForTenant returns the tenant's file; another tenant's is
+// ErrNotFound. It finds the row by its primary key alone, as
+// JobGetForTenant does, and for the same reason.
 func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File, error) {
-	f, err := scanFile(db.ro.QueryRowContext(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1 AND tenant_id = $2`, id, tenantID))
-	if errors.Is(err, sql.ErrNoRows) {
+	f, err := scanFile(db.ro.QueryRowContext(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id))
+	if errors.Is(err, sql.ErrNoRows) || err == nil && f.TenantID != tenantID {
 		return nil, notFound("file", id)
 	}
 	return f, err

@@ -202,12 +202,10 @@ func (db *DB) transition(ctx context.Context, q querier, update string, a args, 
 	if !errors.Is(err, sql.ErrNoRows) {
 		return nil, false, db.d.wrap(err)
 	}
-	if tenantID != "" {
-		j, err = getJob(ctx, q, `id = $1 AND tenant_id = $2`, id, tenantID)
-	} else {
-		j, err = getJob(ctx, q, `id = $1`, id)
-	}
-	if errors.Is(err, sql.ErrNoRows) {
+	// By the primary key alone, the tenant compared here (JobGetForTenant
+	// says why).
+	j, err = getJob(ctx, q, `id = $1`, id)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && tenantID != "" && j.TenantID != tenantID {
 		return nil, false, notFound("job", id)
 	}
 	return j, false, err
