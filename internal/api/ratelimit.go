@@ -113,9 +113,8 @@ type windowCount struct {
 // another's count is under way are counted together, n at once, in the
 // next count: all of them or none, so a denial of the group (a window
 // without room for all n, or smaller than n) is counted again request by
-// request, each
-// allowed or refused on its own. Either way each request is counted once,
-// and in a count made after it came.
+// request, each allowed or refused on its own. Either way each request is
+// counted once, and in a count made after it came.
 func (s *Server) count(ctx context.Context, key windowKey, set limiter.WindowSet) (*limiter.Result, error) {
 	c, n, err := s.counts.Do(ctx, key, func(ctx context.Context, n int) windowCount {
 		res, err := s.APILimiter.Allow(ctx, set, int64(n))

@@ -287,11 +287,9 @@ func (r *run) do(ctx context.Context) error {
 	})
 	if done, err := r.budgetDecided(ctx, bres, dec, bErr); done {
 		if first.err == nil && first.res.Allowed {
-			if err := h.Pacer.Release(ctx, first.res.Reservation); err != nil {
-				r.log.Warn("release rate limit", "err", err)
-			}
+			r.permit = first.res.Reservation
+			r.releaseAll(ctx)
 		}
-		r.leave(ctx)
 		return err
 	}
 	r.keep = r.keepReservation(ctx)
