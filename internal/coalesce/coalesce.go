@@ -1,11 +1,13 @@
-// Package coalesce shares one call among the concurrent callers of a key,
-// the way a database groups commits: a caller that finds no call for its
-// key under way makes one at once, alone; callers that come while one is
-// under way wait for the next, which starts when it ends and is made once
-// for all of them, told how many it answers. No caller is answered by a
-// call begun before it came, so what each sees is as fresh as a call of
-// its own. llmq uses it where every API request makes the same Redis call
-// for its tenant or key: the budget's status and the key's window count.
+// Package coalesce makes one call for the concurrent callers of a key, the
+// way a database groups commits: a caller that finds no call for its key
+// under way makes one at once, alone; callers that come while one is under
+// way wait for the next, which starts when it ends and is made once for all
+// of them. Group shares one call's result among callers asking the same
+// thing (no caller is answered by a call begun before it came, so what each
+// sees is as fresh as a call of its own): llmq's API uses it for the Redis
+// reads every request of a tenant or key makes, the budget's status and the
+// key's window count. Batch gathers the callers' inputs into one call that
+// answers each: llmq uses it for the writes every job makes.
 package coalesce
 
 import (

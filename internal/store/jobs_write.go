@@ -121,10 +121,10 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 	vals := a.list(p.values(db.d, id, db.d.ts(db.nowUTC()))...)
 	// The conflict target names the partial unique index, so only an
 	// idempotency key is absorbed; any other conflict is an error.
-	j, err := db.queryJob(ctx, db.rw, `
+	j, err := db.queryJobGrouped(ctx, "insert", `
 		INSERT INTO jobs (`+strings.Join(jobInsertColumns, ", ")+`) VALUES (`+vals+`)
 		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-		RETURNING `+jobColumns, a...)
+		RETURNING `+jobColumns, a)
 	if err == nil {
 		return j, true, nil
 	}
@@ -191,11 +191,20 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 	return out, nil
 }
 
-// transition runs a conditional UPDATE ... RETURNING on one job. When it
+// transition runs a conditional UPDATE ... RETURNING on one job, grouped
+// with the updates of its kind when kind is set (groups.go). When it
 // matches no row it returns the job as it is, with applied=false, or
 // ErrNotFound when there is no such job (for the tenant, when tenantID is set).
-func (db *DB) transition(ctx context.Context, q querier, update string, a args, id, tenantID string) (*Job, bool, error) {
-	j, err := db.queryJob(ctx, q, update+` RETURNING `+jobColumns, a...)
+func (db *DB) transition(ctx context.Context, kind, update string, a args, id, tenantID string) (*Job, bool, error) {
+	var (
+		j   *Job
+		err error
+	)
+	if kind != "" {
+		j, err = db.queryJobGrouped(ctx, kind, update+` RETURNING `+jobColumns, a)
+	} else {
+		j, err = db.queryJob(ctx, db.rw, update+` RETURNING `+jobColumns, a...)
+	}
 	if err == nil {
 		return j, true, nil
 	}
@@ -204,7 +213,7 @@ func (db *DB) transition(ctx context.Context, q querier, update string, a args, 
 	}
 	// By the primary key alone, the tenant compared here (JobGetForTenant
 	// says why).
-	j, err = getJob(ctx, q, `id = $1`, id)
+	j, err = getJob(ctx, db.rw, `id = $1`, id)
 	if errors.Is(err, sql.ErrNoRows) || err == nil && tenantID != "" && j.TenantID != tenantID {
 		return nil, false, notFound("job", id)
 	}
@@ -220,7 +229,7 @@ func (db *DB) JobStart(ctx context.Context, id string) (job *Job, started bool, 
 	var a args
 	q := `UPDATE jobs SET status = 'running', next_run_at = NULL, started_at = COALESCE(started_at, ` + a.add(db.d.ts(db.nowUTC())) +
 		`), updated_at = $1 WHERE id = ` + a.add(id) + ` AND ` + unfinishedSQL
-	return db.transition(ctx, db.rw, q, a, id, "")
+	return db.transition(ctx, "start", q, a, id, "")
 }
 
 // JobSetStatusParams describe a conditional status change.
@@ -273,7 +282,7 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 		q += `, finished_at = ` + now
 	}
 	q += ` WHERE id = ` + a.add(p.ID) + ` AND status IN (` + a.list(from...) + `)`
-	return db.transition(ctx, db.rw, q, a, p.ID, "")
+	return db.transition(ctx, "", q, a, p.ID, "")
 }
 
 // JobIncrRateLimited counts a 429 against the job and returns the new count.
@@ -329,8 +338,17 @@ type JobCompleteResult struct {
 // (unless it is already terminal), and the ledger gets the job's row unless
 // it has one. However many times and however concurrently a job completes,
 // exactly one call reports Charged. It is on every job's path, so on
-// Postgres it is one statement (one round trip, one commit).
+// Postgres it is one statement, grouped with the results stored meanwhile
+// (groups.go).
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
+	if db.d.name == "postgres" {
+		return db.groups.complete.Do(ctx, struct{}{}, p)
+	}
+	return db.jobComplete(ctx, p)
+}
+
+// jobComplete is JobComplete on its own.
+func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	a, err := db.completeArgs(p)
 	if err != nil {
 		return nil, err
@@ -435,7 +453,7 @@ func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (re
 	results, errs = make([]*JobCompleteResult, n), make([]error, n)
 	if n == 1 || !db.d.dataModifyingCTE {
 		for i, jp := range p.Jobs {
-			results[i], errs[i] = db.JobComplete(ctx, jp)
+			results[i], errs[i] = db.jobComplete(ctx, jp)
 		}
 		return results, errs
 	}
@@ -468,7 +486,7 @@ func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (re
 	})
 	if err != nil {
 		for _, i := range idx {
-			results[i], errs[i] = db.JobComplete(ctx, p.Jobs[i])
+			results[i], errs[i] = db.jobComplete(ctx, p.Jobs[i])
 		}
 		return results, errs
 	}
@@ -509,7 +527,7 @@ func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied 
 		q += `, attempts = attempts + 1`
 	}
 	q += ` WHERE id = ` + a.add(p.ID) + ` AND ` + unfinishedSQL
-	return db.transition(ctx, db.rw, q, a, p.ID, "")
+	return db.transition(ctx, "", q, a, p.ID, "")
 }
 
 // JobCancel cancels the tenant's job unless it is already terminal, and
@@ -522,7 +540,7 @@ func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, cha
 	}
 	q := `UPDATE jobs SET status = 'cancelled', next_run_at = NULL, finished_at = $3, updated_at = $3
 		WHERE id = $1 AND tenant_id = $2 AND ` + unfinishedSQL
-	return db.transition(ctx, db.rw, q, args{id, tenantID, db.d.ts(db.nowUTC())}, id, tenantID)
+	return db.transition(ctx, "", q, args{id, tenantID, db.d.ts(db.nowUTC())}, id, tenantID)
 }
 
 // JobCancelByBatch cancels every pending (queued, waiting, deferred) job of

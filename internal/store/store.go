@@ -61,6 +61,8 @@ type DB struct {
 	locks *sql.DB
 	d     *dialect
 	log   *slog.Logger
+	// groups groups the writes every job makes (groups.go).
+	groups groups
 
 	// lockScope keeps TryLock names of different databases apart: the
 	// Postgres schema (advisory locks are per database, tests use a schema
@@ -104,6 +106,7 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
 	db.chunkSize = 1 << 20
 	db.streamBatch = 500
 	db.now = func() time.Time { return time.Now() }
+	db.initGroups()
 	if err := db.migrate(ctx); err != nil {
 		_ = db.Close()
 		return nil, err

@@ -108,7 +108,6 @@ type Handler struct {
 	opts     Options
 	tenants  tenantCache
 	breakers *Breakers
-	commits  commits
 }
 
 // NewHandler returns a Handler, or an error naming an option that is
@@ -129,7 +128,7 @@ func NewHandler(d Deps, opts Options) (*Handler, error) {
 		return nil, err
 	}
 	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}},
-		breakers: breakers, commits: commits{db: d.Store}}, nil
+		breakers: breakers}, nil
 }
 
 // BreakerState returns the state of provider's circuit breaker in this
@@ -437,7 +436,7 @@ func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
 func (r *run) succeeded(ctx context.Context, resp *llm.Response, o pacer.Outcome) error {
 	u := resp.Usage
 	cost := r.call.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
-	res, err := r.h.commits.complete(ctx, &store.JobCompleteParams{
+	res, err := r.h.Store.JobComplete(ctx, &store.JobCompleteParams{
 		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay, ResponseStatus: resp.StatusCode, ResponseBody: resp.Body,
 		ProviderRequestID: resp.RequestID, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
 		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost,
