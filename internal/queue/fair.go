@@ -10,6 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/coalesce"
+	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/redisclock"
 	"github.com/llmq/llmq/internal/rkeys"
 )
@@ -51,15 +53,17 @@ var fairWeights = func() string {
 // ARGV[3] -> the state's TTL in ms
 // then per job: id, priority, tenant, cost in tokens, the tenant's share
 // ("" keeps the one known)
-// Returns how many jobs were added (one already waiting or released is not).
+// Returns per job 1 when it was added, 0 when it was already waiting or
+// released.
 var fairPushScript = redis.NewScript(redisclock.Lua + `
 local st, classes, members, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[2]
 local at = string.format('%d', math.floor(now / 1000))
-local added = 0
+local added = {}
 for i = 4, #ARGV, 5 do
   local id, class, tenant, cost, share = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  added[#added + 1] = 0
   if redis.call('SADD', members, id) == 1 then
-    added = added + 1
+    added[#added] = 1
     local list, tenants = prefix .. 'list:' .. class .. ':' .. tenant, prefix .. 'tenants:' .. class
     redis.call('RPUSH', list, id .. '|' .. cost .. '|' .. at)
     if share ~= '' then redis.call('HSET', st, 's:' .. tenant, share) end
@@ -177,24 +181,28 @@ return res
 // KEYS[1] -> the scope's state
 // KEYS[2] -> its job ids waiting or released
 // KEYS[3] -> its released jobs not yet started
-// ARGV[1] -> the job id
-// Returns 1 when the job was released and not yet started, else 0.
+// ARGV[i] -> the job ids
+// Returns how many of them were released and not yet started.
 var fairForgetScript = redis.NewScript(`
-local st, id = KEYS[1], ARGV[1]
-if redis.call('SREM', KEYS[2], id) == 1 then
-  local w = redis.call('HGET', st, 'w:' .. id)
-  if w then
-    redis.call('HINCRBY', st, 'n:' .. w, -1)
-    redis.call('HDEL', st, 'w:' .. id)
+local st, n = KEYS[1], 0
+for _, id in ipairs(ARGV) do
+  if redis.call('SREM', KEYS[2], id) == 1 then
+    local w = redis.call('HGET', st, 'w:' .. id)
+    if w then
+      redis.call('HINCRBY', st, 'n:' .. w, -1)
+      redis.call('HDEL', st, 'w:' .. id)
+    end
+  end
+  if redis.call('ZREM', KEYS[3], id) == 1 then
+    n = n + 1
+    local o = redis.call('HGET', st, 'o:' .. id)
+    if o then
+      redis.call('HINCRBYFLOAT', st, 'outsum', -tonumber(string.match(o, '^[^|]+')))
+      redis.call('HDEL', st, 'o:' .. id)
+    end
   end
 end
-if redis.call('ZREM', KEYS[3], id) == 0 then return 0 end
-local o = redis.call('HGET', st, 'o:' .. id)
-if o then
-  redis.call('HINCRBYFLOAT', st, 'outsum', -tonumber(string.match(o, '^[^|]+')))
-  redis.call('HDEL', st, 'o:' .. id)
-end
-return 1
+return n
 `)
 
 // fairStaleScript lists the jobs released long ago and not yet started.
@@ -243,6 +251,43 @@ type fair struct {
 	keys rkeys.Builder
 	// clock, when set (tests), is the scripts' time instead of Redis TIME.
 	clock func() time.Time
+
+	// The pushes of single jobs and the forgets of one scope made while
+	// another is under way go together in the next script run.
+	pushes  coalesce.Batch[string, JobRef, bool]
+	forgets coalesce.Batch[string, string, struct{}]
+}
+
+// groupTimeout bounds a grouped script run: it is everyone's, so no
+// caller's context cancels it.
+const groupTimeout = 10 * time.Second
+
+func newFair(rdb redis.UniversalClient, keys rkeys.Builder) *fair {
+	f := &fair{rdb: rdb, keys: keys}
+	f.pushes.Fn = func(ctx context.Context, scope string, refs []JobRef) ([]bool, []error) {
+		ctx, cancel := context.WithTimeout(ctx, groupTimeout)
+		defer cancel()
+		added, err := f.pushAll(ctx, scope, refs)
+		return added, sameErr(len(refs), err)
+	}
+	f.forgets.Fn = func(ctx context.Context, scope string, ids []string) ([]struct{}, []error) {
+		ctx, cancel := context.WithTimeout(ctx, groupTimeout)
+		defer cancel()
+		return nil, sameErr(len(ids), f.forgetAll(ctx, scope, ids))
+	}
+	return f
+}
+
+// sameErr is err for each of n inputs, nil when err is.
+func sameErr(n int, err error) []error {
+	if err == nil {
+		return nil
+	}
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
 }
 
 // fairRef reports whether ref goes to the fair queue: a job to run now,
@@ -251,9 +296,35 @@ func (c *Client) fairRef(ref JobRef) bool {
 	return c.fair != nil && ref.In <= 0 && ref.Scope != ""
 }
 
-// push adds refs, all of one scope, to the fair queue.
+// push adds refs, all of one scope, to the fair queue, and returns how
+// many it added.
 func (f *fair) push(ctx context.Context, scope string, refs []JobRef) (int, error) {
-	added := 0
+	if len(refs) == 1 {
+		added, err := f.pushes.Do(ctx, scope, refs[0])
+		if added {
+			return 1, err
+		}
+		return 0, err
+	}
+	added, err := f.pushAll(ctx, scope, refs)
+	n := 0
+	for _, a := range added {
+		if a {
+			n++
+		}
+	}
+	return n, err
+}
+
+// pushAll adds refs, all of one scope, to the fair queue, and says which
+// it added. Then the scope is listed, after its jobs are in: the
+// scheduler that takes it off when empty looks again (Release). On one
+// Redis server the last script run and the listing go in one pipeline,
+// which the server runs in order.
+func (f *fair) pushAll(ctx context.Context, scope string, refs []JobRef) ([]bool, error) {
+	added := make([]bool, 0, len(refs))
+	_, cluster := f.rdb.(*redis.ClusterClient)
+	keys := []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope)}
 	for len(refs) > 0 {
 		n := min(len(refs), 500)
 		args := make([]any, 0, 3+5*n)
@@ -265,19 +336,62 @@ func (f *fair) push(ctx context.Context, scope string, refs []JobRef) (int, erro
 			}
 			args = append(args, r.ID, r.Queue, r.TenantID, max(r.Cost, 1), share)
 		}
-		v, err := fairPushScript.Run(ctx, f.rdb, []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope)}, args...).Int()
+		refs = refs[n:]
+		var (
+			v   []int64
+			err error
+		)
+		if len(refs) == 0 && !cluster {
+			v, err = f.pushAndList(ctx, scope, keys, args)
+			if err == nil {
+				return appendAdded(added, v), nil
+			}
+		} else {
+			v, err = fairPushScript.Run(ctx, f.rdb, keys, args...).Int64Slice()
+		}
 		if err != nil {
 			return added, fmt.Errorf("fair queue of %s: %w", scope, err)
 		}
-		added += v
-		refs = refs[n:]
+		added = appendAdded(added, v)
 	}
-	// The scope is listed after its jobs are in: the scheduler that takes it
-	// off when empty looks again (Release).
 	if err := f.rdb.SAdd(ctx, f.keys.FairScopes(), scope).Err(); err != nil {
 		return added, fmt.Errorf("fair queue scopes: %w", err)
 	}
 	return added, nil
+}
+
+// pushAndList runs the push script and lists the scope in one pipeline.
+// A server that does not have the script yet lists the scope before the
+// push: the script is run again, loading it, and the scope listed again.
+func (f *fair) pushAndList(ctx context.Context, scope string, keys []string, args []any) ([]int64, error) {
+	var push *redis.Cmd
+	var list *redis.IntCmd
+	_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		push = fairPushScript.EvalSha(ctx, p, keys, args...)
+		list = p.SAdd(ctx, f.keys.FairScopes(), scope)
+		return nil
+	})
+	if err != nil && redis.HasErrorPrefix(push.Err(), "NOSCRIPT") {
+		v, err := fairPushScript.Run(ctx, f.rdb, keys, args...).Int64Slice()
+		if err != nil {
+			return nil, err
+		}
+		return v, f.rdb.SAdd(ctx, f.keys.FairScopes(), scope).Err()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := list.Err(); err != nil {
+		return nil, err
+	}
+	return push.Int64Slice()
+}
+
+func appendAdded(added []bool, v []int64) []bool {
+	for _, x := range v {
+		added = append(added, x == 1)
+	}
+	return added
 }
 
 // Room is what a scope's limits admit now, for Release: tokens and requests
@@ -355,13 +469,19 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 	// for RequeueStale.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	for _, r := range released {
-		enqueued, err := c.enqueueTask(ectx, JobRef{ID: r.ID, Queue: r.Queue})
-		if err != nil {
-			// Left released: RequeueStale enqueues it again.
-			return released, false, err
-		}
-		if !enqueued {
+	// The tasks are independent: their enqueues go in one round trip.
+	enqueued, errs := make([]bool, len(released)), make([]error, len(released))
+	steps := make([]func(context.Context), len(released))
+	for i, r := range released {
+		steps[i] = func(ctx context.Context) { enqueued[i], errs[i] = c.enqueueTask(ctx, JobRef{ID: r.ID, Queue: r.Queue}) }
+	}
+	redisbatch.Run(ectx, steps...)
+	if err := errors.Join(errs...); err != nil {
+		// Those left released are enqueued again by RequeueStale.
+		return released, false, err
+	}
+	for i, r := range released {
+		if !enqueued[i] {
 			if err := c.Started(ectx, scope, r.ID); err != nil {
 				return released, false, err
 			}
@@ -390,16 +510,25 @@ func (c *Client) Started(ctx context.Context, scope, id string) error {
 	if c.fair == nil || scope == "" {
 		return nil
 	}
-	f := c.fair
-	return f.forget(ctx, scope, id)
+	return c.fair.forget(ctx, scope, id)
 }
 
+// forget forgets job id of scope, in one script run with the forgets of
+// the scope made meanwhile.
 func (f *fair) forget(ctx context.Context, scope, id string) error {
-	keys := []string{f.keys.FairState(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
-	if err := fairForgetScript.Run(ctx, f.rdb, keys, id).Err(); err != nil {
+	if _, err := f.forgets.Do(ctx, scope, id); err != nil {
 		return fmt.Errorf("fair queue of %s: forget %s: %w", scope, id, err)
 	}
 	return nil
+}
+
+func (f *fair) forgetAll(ctx context.Context, scope string, ids []string) error {
+	keys := []string{f.keys.FairState(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	return fairForgetScript.Run(ctx, f.rdb, keys, args...).Err()
 }
 
 // Placement says where job id of scope is in the fair queue: "waiting",

@@ -303,7 +303,7 @@ func TestFairQueueClock(t *testing.T) {
 func TestFairQueueOnACluster(t *testing.T) {
 	t.Parallel()
 	cc := testutil.StartRedisCluster(t)
-	f := &fair{rdb: cc, keys: rkeys.New("cl")}
+	f := newFair(cc, rkeys.New("cl"))
 	ctx := context.Background()
 	var refs []JobRef
 	for i := range 20 {

@@ -206,7 +206,7 @@ func NewClient(ac *asynq.Client, opts ClientOptions) (*Client, error) {
 	}
 	c := &Client{ac: ac, opts: opts}
 	if opts.Redis != nil {
-		c.fair = &fair{rdb: opts.Redis, keys: opts.Keys}
+		c.fair = newFair(opts.Redis, opts.Keys)
 	}
 	return c, nil
 }

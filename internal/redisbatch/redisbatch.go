@@ -45,8 +45,11 @@ type held struct {
 // Run calls every step concurrently, each with a context whose first Redis
 // command (on a client Attach was given) is sent in one pipeline with the
 // others', and returns when all have returned. One step runs in the calling
-// goroutine.
+// goroutine; no steps, nothing.
 func Run(ctx context.Context, steps ...func(ctx context.Context)) {
+	if len(steps) == 0 {
+		return
+	}
 	if len(steps) == 1 {
 		steps[0](ctx)
 		return
