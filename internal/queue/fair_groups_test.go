@@ -134,7 +134,7 @@ func TestFairQueueGroupsItsRoundTrips(t *testing.T) {
 			}
 		})
 	}
-	waitUntil(t, func() bool { return c.fair.pushes.Queued(scope) == n })
+	testutil.Eventually(t, 10*time.Second, func() bool { return c.fair.pushes.Queued(scope) == n })
 	close(open)
 	wg.Wait()
 	if got := c.fair.pushes.Calls() - calls; got != 1 {
@@ -183,7 +183,7 @@ func TestFairQueueGroupsItsRoundTrips(t *testing.T) {
 			}
 		})
 	}
-	waitUntil(t, func() bool { return c.fair.forgets.Queued(scope) == len(rel)-1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return c.fair.forgets.Queued(scope) == len(rel)-1 })
 	close(open)
 	wg.Wait()
 	if got := c.fair.forgets.Calls() - calls; got != 1 {
@@ -214,16 +214,5 @@ func TestFairPushWithoutTheScriptLoaded(t *testing.T) {
 	}
 	if p, err := c.Placement(ctx, scope, "job_noscript"); p != "waiting" || err != nil {
 		t.Fatalf("placement: %q, %v", p, err)
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

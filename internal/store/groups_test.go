@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // holdRow locks a row FOR UPDATE in a transaction of its own until the
@@ -24,17 +26,6 @@ func holdRow(t *testing.T, db *DB, table, id string) (release func()) {
 	release = func() { once.Do(func() { _ = tx.Rollback() }) }
 	t.Cleanup(release)
 	return release
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached in 10s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // TestJobWritesAreGrouped: inserts, starts and results made while another
@@ -55,7 +46,7 @@ func TestJobWritesAreGrouped(t *testing.T) {
 	release := holdRow(t, db, "tenants", ten.ID)
 	first := make(chan error, 1)
 	go func() { _, _, err := db.JobInsert(ctx, jobParams(ten.ID)); first <- err }()
-	waitUntil(t, "the first insert", func() bool { return db.groups.jobRows.Calls() == calls+1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return db.groups.jobRows.Calls() == calls+1 })
 	const n = 20
 	type outcome struct {
 		job     *Job
@@ -80,7 +71,7 @@ func TestJobWritesAreGrouped(t *testing.T) {
 			out[i] = outcome{j, created, err}
 		})
 	}
-	waitUntil(t, "the inserts to queue", func() bool { return db.groups.jobRows.Queued("insert") == n })
+	testutil.Eventually(t, 10*time.Second, func() bool { return db.groups.jobRows.Queued("insert") == n })
 	release()
 	wg.Wait()
 	if err := <-first; err != nil {
@@ -150,7 +141,7 @@ func TestJobWritesAreGrouped(t *testing.T) {
 		errs := make([]error, len(ids))
 		firstDone := make(chan error, 1)
 		go func() { firstDone <- step.do(ids[0]) }()
-		waitUntil(t, "the first "+step.kind, func() bool { return step.calls() == before+1 })
+		testutil.Eventually(t, 10*time.Second, func() bool { return step.calls() == before+1 })
 		var wg sync.WaitGroup
 		for i := 1; i < len(ids); i++ {
 			wg.Go(func() { errs[i] = step.do(ids[i]) })
@@ -161,7 +152,7 @@ func TestJobWritesAreGrouped(t *testing.T) {
 			}
 			return db.groups.complete.Queued(struct{}{})
 		}
-		waitUntil(t, step.kind+"s to queue", func() bool { return queued() == len(ids)-1 })
+		testutil.Eventually(t, 10*time.Second, func() bool { return queued() == len(ids)-1 })
 		release()
 		wg.Wait()
 		errs[0] = <-firstDone
