@@ -1,6 +1,6 @@
 // Package redisbatch sends the Redis commands of independent steps of one
-// request in one round trip. Run starts each step in its own goroutine with
-// a context that marks them as one batch; the hook Attach adds to the
+// request in one round trip. Run runs each step in a goroutine of its own
+// (kept between Runs) with a context that marks them as one batch; the hook Attach adds to the
 // client they use holds each step's first command until every step has sent one or
 // returned, then sends the commands held as one pipeline. What a step sends
 // after that (a script loaded after NOSCRIPT, a second call) goes on its own,
@@ -13,6 +13,7 @@ package redisbatch
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -56,9 +57,11 @@ func Run(ctx context.Context, steps ...func(ctx context.Context)) {
 	}
 	b := &batch{steps: len(steps)}
 	var wg sync.WaitGroup
+	wg.Add(len(steps) - 1)
 	for _, step := range steps[1:] {
 		st := &stepState{b: b}
-		wg.Go(func() {
+		goStep(func() {
+			defer wg.Done()
 			defer b.stepDone(st)
 			step(context.WithValue(ctx, ctxKey{}, st))
 		})
@@ -69,6 +72,70 @@ func Run(ctx context.Context, steps ...func(ctx context.Context)) {
 		steps[0](context.WithValue(ctx, ctxKey{}, st))
 	}()
 	wg.Wait()
+}
+
+// Steps other than the first run in goroutines kept from earlier Runs: a
+// new goroutine's stack grows, copied each time, as its step goes down
+// go-redis's call chain, and a kept one has grown already. An idle one ends
+// after stepIdle, so a quiet process keeps none; at most maxIdleSteps wait.
+const (
+	stepIdle     = 200 * time.Millisecond
+	maxIdleSteps = 64
+)
+
+// stepRunner is a kept goroutine; it takes its next step from next.
+type stepRunner struct{ next chan func() }
+
+var idleSteps struct {
+	mu      sync.Mutex
+	runners []*stepRunner // the most recently idle last
+}
+
+// goStep runs f in an idle kept goroutine, or else in a new one.
+func goStep(f func()) {
+	idleSteps.mu.Lock()
+	if n := len(idleSteps.runners); n > 0 {
+		r := idleSteps.runners[n-1]
+		idleSteps.runners = idleSteps.runners[:n-1]
+		idleSteps.mu.Unlock()
+		r.next <- f // buffered: the runner takes it when it is ready
+		return
+	}
+	idleSteps.mu.Unlock()
+	go runSteps(&stepRunner{next: make(chan func(), 1)}, f)
+}
+
+// runSteps runs f, then the steps handed to r, until r idles for stepIdle.
+// The most recently idle runner is taken first, so the others idle out
+// when fewer are needed.
+func runSteps(r *stepRunner, f func()) {
+	idle := time.NewTimer(stepIdle)
+	defer idle.Stop()
+	for {
+		f()
+		idleSteps.mu.Lock()
+		if len(idleSteps.runners) >= maxIdleSteps {
+			idleSteps.mu.Unlock()
+			return
+		}
+		idleSteps.runners = append(idleSteps.runners, r)
+		idleSteps.mu.Unlock()
+		idle.Reset(stepIdle)
+		select {
+		case f = <-r.next:
+			idle.Stop()
+		case <-idle.C:
+			idleSteps.mu.Lock()
+			if i := slices.Index(idleSteps.runners, r); i >= 0 {
+				idleSteps.runners = slices.Delete(idleSteps.runners, i, i+1)
+				idleSteps.mu.Unlock()
+				return
+			}
+			idleSteps.mu.Unlock()
+			// taken as the timer fired: its step is on the way
+			f = <-r.next
+		}
+	}
 }
 
 // stepState is one step of a batch, the value of its context.
