@@ -80,7 +80,7 @@ func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*J
 		// transaction: its rows are committed together or not at all.
 		br := c.SendBatch(ctx, b)
 		for i := range sts {
-			jobs[i], errs[i] = scanJobPgx(br.QueryRow())
+			jobs[i], errs[i] = readJobPgx(br.Query())
 			if errors.Is(errs[i], pgx.ErrNoRows) {
 				errs[i] = sql.ErrNoRows
 			} else if errs[i] != nil {
