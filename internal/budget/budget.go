@@ -151,6 +151,10 @@ type Budgets struct {
 	flights map[string]*flight
 
 	statuses coalesce.Group[Account, statusRead]
+
+	// spans holds the last span computed per location (*time.Location →
+	// *span): every call of a day falls in it.
+	spans sync.Map
 }
 
 // validate reports, naming the field, an option that is invalid.
@@ -277,6 +281,24 @@ type Reservation struct {
 type span struct {
 	day, gday                string
 	start, end, gstart, gend time.Time
+}
+
+// spanAt returns the span of the day of now in loc, from the last one
+// computed for loc while now falls in it.
+func (b *Budgets) spanAt(now time.Time, loc *time.Location) span {
+	if v, ok := b.spans.Load(loc); ok {
+		if sp := v.(*span); sp.holds(now) {
+			return *sp
+		}
+	}
+	sp := spanAt(now, loc)
+	b.spans.Store(loc, &sp)
+	return sp
+}
+
+// holds reports whether t falls in both of the span's days.
+func (sp *span) holds(t time.Time) bool {
+	return !t.Before(sp.start) && t.Before(sp.end) && !t.Before(sp.gstart) && t.Before(sp.gend)
 }
 
 func spanAt(now time.Time, loc *time.Location) span {

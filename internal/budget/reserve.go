@@ -244,7 +244,7 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, extra
 	_, guess := b.now()
 	for range maxAttempts {
 		arg, _ := b.now()
-		sp := spanAt(guess, loc)
+		sp := b.spanAt(guess, loc)
 		keys := b.keysFor(acct.TenantID, sp.day, sp.gday)
 		args := append([]any{arg, us(sp.start), us(sp.end), us(sp.gstart), us(sp.gend), keySlack.Milliseconds(), newToken()}, extra...)
 		v, err := s.Run(ctx, b.rdb, keys, args...).Slice()
