@@ -1,13 +1,13 @@
 // Package redisbatch sends the Redis commands of independent steps of one
-// request in one round trip. Run runs each step in a goroutine of its own
-// (kept between Runs) with a context that marks them as one batch; the hook Attach adds to the
-// client they use holds each step's first command until every step has sent one or
-// returned, then sends the commands held as one pipeline. What a step sends
-// after that (a script loaded after NOSCRIPT, a second call) goes on its own,
-// as without a batch. The steps' code stays as it is: they need not know
-// they were batched, except code that waits for another goroutine's round
-// trip (a read shared by concurrent callers), which calls Leave first so
-// that the others' commands do not wait for it.
+// request in one round trip. Run runs the steps concurrently (the first in
+// the caller, the others in goroutines kept between Runs), each with a
+// context that marks them as one batch; the hook Attach adds to the client they use holds each step's first command until
+// every step has sent one or returned, then sends the commands held as one
+// pipeline. What a step sends after that (a script loaded after NOSCRIPT, a
+// second call) goes on its own, as without a batch. The steps' code stays
+// as it is: they need not know they were batched, except code that waits
+// for another goroutine's round trip (a read shared by concurrent callers),
+// which calls Leave first so that the others' commands do not wait for it.
 package redisbatch
 
 import (

@@ -69,8 +69,9 @@ func pgxOn(ctx context.Context, pool *sql.DB, fn func(*pgx.Conn) error) error {
 
 // readJobPgx reads the one job row of rows (jobColumns), as pgx's QueryRow
 // would: no row is pgx.ErrNoRows, and an error the server sends after the
-// row is returned. The row is decoded from its binary form by decodeJobRaw,
-// or, should a column come in another form, by scanJobPgx.
+// row is returned. The row is decoded from the bytes Postgres sent by
+// decodeJobRaw or, should a column come in a form it does not read, by
+// scanJobPgx.
 func readJobPgx(rows pgx.Rows, err error) (*Job, error) {
 	if err != nil {
 		return nil, err
