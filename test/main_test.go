@@ -5,7 +5,6 @@ package integration
 
 import (
 	"fmt"
-	"github.com/llmq/llmq/internal/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 const redisDB = 7

@@ -43,8 +43,9 @@ func TestSyncChatIsAJob(t *testing.T) {
 	if id == "" || resp.Header.Get("X-RateLimit-Limit") == "" {
 		t.Fatalf("headers %v", resp.Header)
 	}
-	var job client.Job
-	a.Do("GET", "/v1/jobs/"+id, key, nil).JSON(t, &job)
+	// The answer is flushed before the job's result is committed: the job
+	// is succeeded a moment after it.
+	job := waitJob(t, a, key, id, "succeeded")
 	if !job.Sync || job.Status != "succeeded" || job.CostUSD <= 0 || job.Usage == nil || job.Usage.TotalTokens != cc.Usage.TotalTokens {
 		t.Fatalf("job %+v", job)
 	}
@@ -122,9 +123,9 @@ func TestSyncStream(t *testing.T) {
 		if sawUsage != withUsage || text.Len() == 0 {
 			t.Fatalf("include_usage %v: usage chunk seen %v, text %q", withUsage, sawUsage, text.String())
 		}
-		var job client.Job
-		a.Do("GET", "/v1/jobs/"+resp.Header.Get("X-Llmq-Job-Id"), key, nil).JSON(t, &job)
-		if job.Status != "succeeded" || job.Usage == nil || job.Usage.CompletionTokens == 0 || job.CostUSD <= 0 {
+		// the job's result is committed just after the stream ends
+		job := waitJob(t, a, key, resp.Header.Get("X-Llmq-Job-Id"), "succeeded")
+		if job.Usage == nil || job.Usage.CompletionTokens == 0 || job.CostUSD <= 0 {
 			t.Fatalf("job %+v", job)
 		}
 	}
@@ -247,17 +248,26 @@ func postCancelled(t *testing.T, url, key string, d time.Duration) {
 	}
 }
 
-// waitJob polls the tenant's newest job until it is in status want.
-func waitJob(t *testing.T, a *apptest.App, key, want string) client.Job {
+// waitJob polls the tenant's job id (its newest job when id is "") until
+// it is in status want.
+func waitJob(t *testing.T, a *apptest.App, key, id, want string) client.Job {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		var list client.List[client.Job]
-		a.Do("GET", "/v1/jobs?limit=1", key, nil).JSON(t, &list)
-		if len(list.Data) == 1 && list.Data[0].Status == want {
-			return list.Data[0]
+		var job client.Job
+		if id == "" {
+			var list client.List[client.Job]
+			a.Do("GET", "/v1/jobs?limit=1", key, nil).JSON(t, &list)
+			if len(list.Data) == 1 {
+				job = list.Data[0]
+			}
+		} else {
+			a.Do("GET", "/v1/jobs/"+id, key, nil).JSON(t, &job)
+		}
+		if job.Status == want {
+			return job
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("newest job %+v, want status %s", list.Data, want)
+			t.Fatalf("job %q is %+v, want status %s", id, job, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -278,12 +288,12 @@ func TestSyncDisconnect(t *testing.T) {
 		t.Fatalf("warm-up: %d %s", r.Status, r.Body)
 	}
 	postCancelled(t, a.URL, key, 200*time.Millisecond) // mid-call
-	done := waitJob(t, a, key, "succeeded")
+	done := waitJob(t, a, key, "", "succeeded")
 	if done.CostUSD <= 0 || done.Attempts != 1 {
 		t.Fatalf("mid-call: %+v", done)
 	}
 	postCancelled(t, a.URL, key, 300*time.Millisecond) // waiting for the next minute's request
-	cancelled := waitJob(t, a, key, "cancelled")
+	cancelled := waitJob(t, a, key, "", "cancelled")
 	if cancelled.CostUSD != 0 || cancelled.Attempts != 0 {
 		t.Fatalf("before the call: %+v", cancelled)
 	}

@@ -437,6 +437,17 @@ func windowsChild() {
 	defer rdb.Close()
 	at, _ := strconv.ParseInt(os.Args[3], 10, 64)
 	w := must(NewWindows(rdb, Options{Keys: rkeys.New(os.Args[2]), Clock: func() time.Time { return time.UnixMicro(at) }}))
+	// Start together: the window of a second, at the stopped clock's
+	// instant, lives 1.5 s in Redis's time, and processes started under
+	// load may begin further apart than that.
+	ready, start := childBarrier(os.Args[2])
+	ctx := context.Background()
+	if err := rdb.Incr(ctx, ready).Err(); err != nil {
+		panic(err)
+	}
+	if err := rdb.BLPop(ctx, time.Minute, start).Err(); err != nil {
+		panic(err)
+	}
 	var mu sync.Mutex
 	admitted := map[string]int{}
 	var wg sync.WaitGroup
@@ -466,6 +477,12 @@ func windowsChild() {
 	_ = json.NewEncoder(os.Stdout).Encode(admitted)
 }
 
+// childBarrier names the keys the children of prefix count themselves
+// ready in and wait on to start.
+func childBarrier(prefix string) (ready, start string) {
+	return prefix + ":test:ready", prefix + ":test:start"
+}
+
 // Each algorithm admits exactly its limit in each window (second, minute,
 // hour, day) when four processes of three goroutines each try seven times
 // the limit at once.
@@ -480,6 +497,7 @@ func TestWindowsExactAcrossProcesses(t *testing.T) {
 	})
 	const procs = 4
 	outs := make([]map[string]int, procs)
+	ready, start := childBarrier(prefix)
 	var wg sync.WaitGroup
 	for i := range procs {
 		wg.Add(1)
@@ -495,6 +513,13 @@ func TestWindowsExactAcrossProcesses(t *testing.T) {
 				t.Errorf("child %d: %v: %q", i, err, stdout)
 			}
 		}()
+	}
+	testutil.Eventually(t, time.Minute, func() bool {
+		n, _ := rdb.Get(context.Background(), ready).Int()
+		return n == procs || t.Failed()
+	})
+	for range procs {
+		rdb.RPush(context.Background(), start, "1")
 	}
 	wg.Wait()
 	if t.Failed() {
