@@ -45,7 +45,14 @@ local gen = math.floor(now / GEN)
 
 local function put(args, k, v)
   args[#args + 1] = k
-  if type(v) == 'number' then args[#args + 1] = string.format('%.17g', v) else args[#args + 1] = v end
+  if type(v) ~= 'number' then
+    args[#args + 1] = v
+  elseif v == math.floor(v) and v > -9007199254740992 and v < 9007199254740992 then
+    -- an integer (most are): exact, and a third of the cost of %.17g
+    args[#args + 1] = string.format('%d', v)
+  else
+    args[#args + 1] = string.format('%.17g', v)
+  end
 end
 
 -- the bucket's in-flight amounts of generation g and g - 1, seen from

@@ -79,6 +79,7 @@ var suite = []struct {
 	{"SettleEvidence", testSettleEvidence},
 	{"SettleDistrust", testSettleDistrust},
 	{"SettleCalibration", testSettleCalibration},
+	{"SettleCalibrationMedian", testSettleCalibrationMedian},
 	{"SettleLearnedTTL", testSettleLearnedTTL},
 	{"SettleBelowTheProvidersLimit", testSettleBelowTheProvidersLimit},
 }

@@ -143,7 +143,8 @@ func calibration(micros, n int64) Calibration {
 // prt:<name> the provider's last remaining count and when, ls:<name>,
 // wa:<name>, n:<name>, tw:<name> and w:<name> the drain and refund sums,
 // rf:<name> the last calls the provider refused (place:cost,...), hd and hn
-// the distrust of the provider's counts, q, qm and qn the calibration, l set
+// the distrust of the provider's counts, q, qs, qm and qn the calibration
+// (the samples in arrival order and sorted, their median and count), l set
 // once it learned anything)
 // KEYS[2] -> the reservation's settled marker (rkeys.LimiterReconciled),
 // absent when the caller guarantees a single settle (a lease)
@@ -188,23 +189,55 @@ local distrust = hd and hd > now
 
 local args, out, ttl, learned, evidence = {}, {1, 0, 0}, 0, false, false
 
--- the calibration: the median of the last prompt ratios
+-- the calibration: the median of the last prompt ratios. They are kept as
+-- records of one width, whose order as strings is their order as numbers
+-- q in the order they came, qs sorted, so that a
+-- sample moves two records instead of sorting them all.
 local qm, qn = tonumber(st.qm), tonumber(st.qn) or 0
 local recalibrated = false
 if sample then
   local was = qn >= MIN_SAMPLES and qm or 1
-  local q = {}
-  for v in string.gmatch(st.q or '', '[^,]+') do q[#q + 1] = v end
-  q[#q + 1] = string.format('%.4f', math.min(math.max(sample, 0.1), 10))
-  while #q > QSIZE do table.remove(q, 1) end
-  local sorted = {}
-  for j, v in ipairs(q) do sorted[j] = tonumber(v) end
-  table.sort(sorted)
-  qn = #sorted
-  if qn % 2 == 1 then qm = sorted[(qn + 1) / 2] else qm = (sorted[qn / 2] + sorted[qn / 2 + 1]) / 2 end
+  local q, qs = st.q or '', st.qs
+  if not qs then
+    -- records written before qs existed: written again, and sorted once
+    local vs = {}
+    for v in string.gmatch(q, '[^,]+') do vs[#vs + 1] = string.format('%07.4f', tonumber(v)) end
+    q = table.concat(vs, ',')
+    table.sort(vs)
+    qs = table.concat(vs, ',')
+  end
+  local function count(s) if s == '' then return 0 end return (#s + 1) / 8 end
+  local function rec(s, j) return string.sub(s, 8 * j - 7, 8 * j - 1) end
+  local r = string.format('%07.4f', math.min(math.max(sample, 0.1), 10))
+  if q == '' then q = r else q = q .. ',' .. r end
+  if count(q) > QSIZE then
+    -- the oldest goes; a record found in qs is a whole one, since every
+    -- stretch of its width across two holds a comma
+    local old = string.sub(q, 1, 7)
+    q = string.sub(q, 9)
+    local p = string.find(qs, old, 1, true)
+    if p == 1 then qs = string.sub(qs, 9) else qs = string.sub(qs, 1, p - 2) .. string.sub(qs, p + 7) end
+  end
+  -- the new one goes before the first record above it
+  local m = count(qs)
+  local lo, hi = 1, m + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if rec(qs, mid) > r then hi = mid else lo = mid + 1 end
+  end
+  if m == 0 then
+    qs = r
+  elseif lo > m then
+    qs = qs .. ',' .. r
+  else
+    qs = string.sub(qs, 1, 8 * lo - 8) .. r .. ',' .. string.sub(qs, 8 * lo - 7)
+  end
+  qn = m + 1
+  if qn % 2 == 1 then qm = tonumber(rec(qs, (qn + 1) / 2)) else qm = (tonumber(rec(qs, qn / 2)) + tonumber(rec(qs, qn / 2 + 1))) / 2 end
   local is = qn >= MIN_SAMPLES and qm or 1
   recalibrated = math.abs(is / was - 1) > 0.05
-  put(args, 'q', table.concat(q, ','))
+  put(args, 'q', q)
+  put(args, 'qs', qs)
   put(args, 'qm', qm)
   put(args, 'qn', qn)
   learned = true

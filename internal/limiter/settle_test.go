@@ -3,6 +3,9 @@ package limiter
 import (
 	"context"
 	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -223,6 +226,49 @@ func testSettleCalibration(t *testing.T, e *env) {
 	}
 	if c := settle(20); c.Factor != calibrationBounds[1] || c.Samples != calibrationSamples {
 		t.Fatalf("%+v, want the upper bound %v over %d samples", c, calibrationBounds[1], calibrationSamples)
+	}
+}
+
+// The calibration's median is that of the last calibrationSamples ratios
+// (clamped, to four decimals) whatever their order, also when the scope's
+// hash holds samples in the form written before the sorted copy existed.
+func testSettleCalibrationMedian(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
+	s := ModelScope("median", 0, 0, 1_000_000, 0)
+	key := e.keys.LimiterScope(s.Name)
+	// three samples in the older form: unpadded, unsorted, no qs
+	if err := e.rdb.HSet(ctx, key, "q", "1.2500,0.5000,3.0000", "qm", "1.25", "qn", "3").Err(); err != nil {
+		t.Fatal(err)
+	}
+	kept := []float64{1.25, 0.5, 3}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 100 {
+		ratio := max(math.Round(rng.Float64()*12*1e4)/1e4, 0.0001) // some beyond the clamp
+		if i%9 == 0 {
+			ratio = kept[len(kept)-1] // repeats
+		}
+		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
+		c := mustSettle(t, tb, r, Feedback{PromptRatio: ratio}).Calibration
+		kept = append(kept, math.Round(min(max(ratio, 0.1), 10)*1e4)/1e4)
+		if len(kept) > calibrationSamples {
+			kept = kept[1:]
+		}
+		sorted := slices.Sorted(slices.Values(kept))
+		n := len(sorted)
+		want := sorted[n/2]
+		if n%2 == 0 {
+			want = (sorted[n/2-1] + sorted[n/2]) / 2
+		}
+		want = min(max(want, calibrationBounds[0]), calibrationBounds[1])
+		if c.Samples != n || math.Abs(c.Factor-want) > 1e-6 {
+			t.Fatalf("settle %d (ratio %v): %+v, want the median %v of %d samples", i, ratio, c, want, n)
+		}
+	}
+	h := e.rdb.HMGet(ctx, key, "q", "qs").Val()
+	q, qs := strings.Split(h[0].(string), ","), strings.Split(h[1].(string), ",")
+	if len(q) != calibrationSamples || !slices.Equal(slices.Sorted(slices.Values(q)), qs) {
+		t.Fatalf("q %v and qs %v disagree", q, qs)
 	}
 }
 
