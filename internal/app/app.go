@@ -316,8 +316,8 @@ func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux
 		return nil, nil, err
 	}
 	srv, err := worker.NewServer(a.Redis, worker.ServerOptions{
-		Concurrency: a.Env.WorkerConcurrency, Namespace: queue.Namespace(a.Env.QueueNamespace),
-		ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
+		Concurrency: a.Env.WorkerConcurrency, WebhookConcurrency: a.Env.WebhookConcurrency,
+		Namespace: queue.Namespace(a.Env.QueueNamespace), ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -88,6 +88,11 @@ type Env struct {
 	// Defaults to 50.
 	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50" help:"jobs a worker runs at once" role:"worker"`
 
+	// WebhookConcurrency is how many webhook deliveries one worker process
+	// makes at once, apart from its jobs (a slow receiver never holds a
+	// job's slot). Defaults to 10.
+	WebhookConcurrency int `env:"WEBHOOK_CONCURRENCY" envDefault:"10" help:"webhook deliveries a worker makes at once, apart from its jobs" role:"worker"`
+
 	// LogLevel is the lowest level logged: debug, info, warn or error.
 	// Defaults to info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
@@ -286,6 +291,9 @@ func (e *Env) Validate(role Role) error {
 	}
 	if e.WorkerConcurrency < 1 {
 		return envErrorf("WORKER_CONCURRENCY", "must be at least 1, got %d", e.WorkerConcurrency)
+	}
+	if e.WebhookConcurrency < 1 {
+		return envErrorf("WEBHOOK_CONCURRENCY", "must be at least 1, got %d", e.WebhookConcurrency)
 	}
 	if _, ok := logLevels[strings.ToLower(e.LogLevel)]; !ok {
 		return envErrorf("LOG_LEVEL", "must be debug, info, warn or error, got %q", e.LogLevel)

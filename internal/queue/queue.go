@@ -42,9 +42,12 @@ const (
 	Webhooks = "webhooks"
 )
 
-// weights decide how often a worker picks each queue when all have work
-// (asynq's weighted priority): a premium tenant's critical jobs are picked
-// eight times as often as batch work, so no flood of lower work starves them.
+// weights decide how often a worker's job dequeuers pick each job queue when
+// all have work (asynq's weighted priority): a premium tenant's critical jobs
+// are picked eight times as often as batch work, so no flood of lower work
+// starves them. Webhooks have a server of their own (worker.ServerOptions);
+// their weight only places their queue among the others where they are
+// listed (Queues).
 var weights = map[string]int{Critical: 8, Default: 4, Low: 2, Batch: 1, Webhooks: 3}
 
 // Priorities are the queue names a job may be enqueued to.
@@ -87,11 +90,12 @@ func (ns Namespace) Name(asynqQueue string) (string, bool) {
 	return rest, known
 }
 
-// Weights returns asynq's Config.Queues for a worker of ns.
-func (ns Namespace) Weights() map[string]int {
-	m := make(map[string]int, len(weights))
-	for q, w := range weights {
-		m[ns.Queue(q)] = w
+// JobWeights returns asynq's Config.Queues for the job dequeuers of a
+// worker of ns: the priorities' queues (webhooks have a server of their own).
+func (ns Namespace) JobWeights() map[string]int {
+	m := make(map[string]int, len(Priorities))
+	for _, q := range Priorities {
+		m[ns.Queue(q)] = weights[q]
 	}
 	return m
 }

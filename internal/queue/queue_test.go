@@ -123,9 +123,12 @@ func TestNamespaceNamesAndWeights(t *testing.T) {
 	if _, ok := ns.Name("other:batch"); ok {
 		t.Fatal("Name accepted another namespace")
 	}
-	w := ns.Weights()
+	w := ns.JobWeights()
 	if w["acme:critical"] <= w["acme:default"] || w["acme:default"] <= w["acme:low"] || w["acme:low"] <= w["acme:batch"] {
 		t.Fatalf("weights do not put interactive work above batch: %v", w)
+	}
+	if _, ok := w["acme:webhooks"]; ok || len(w) != len(Priorities) {
+		t.Fatalf("job weights %v, want the priorities' queues only (webhooks have a server of their own)", w)
 	}
 	if q := Namespace("").Queues(); q[0] != Critical {
 		t.Fatalf("Queues()[0] = %q, want critical first", q[0])

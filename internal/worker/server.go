@@ -14,7 +14,8 @@ import (
 	"github.com/llmq/llmq/internal/queue"
 )
 
-// ServerOptions configure the asynq servers that run jobs.
+// ServerOptions configure the asynq servers that run jobs and deliver
+// webhooks.
 type ServerOptions struct {
 	// Concurrency is how many jobs run at once, over all the dequeuers.
 	// Defaults to 50.
@@ -22,11 +23,16 @@ type ServerOptions struct {
 	// Dequeuers is how many asynq servers share Concurrency, each with its
 	// own dequeue loop. asynq's processor takes one task at a time and tries
 	// the queues in weighted random order, one Redis round trip for each
-	// empty queue on the way (about 2.6 for a task of the default queue
-	// among llmq's five), so one loop, not the workers, bounds how fast
-	// tasks start on a busy machine. More than Concurrency is Concurrency.
-	// Defaults to one per 16 of Concurrency, at least one.
+	// empty queue on the way (about 2.2 for a task of the default queue
+	// among the four job queues), so one loop, not the workers, bounds how
+	// fast tasks start on a busy machine. More than Concurrency is
+	// Concurrency. Defaults to one per 16 of Concurrency, at least one.
 	Dequeuers int
+	// WebhookConcurrency is how many webhook deliveries run at once, in an
+	// asynq server of their own that serves only the webhooks queue: a slow
+	// receiver never holds a job's slot, and the job dequeuers never try
+	// the webhooks queue. Defaults to 10.
+	WebhookConcurrency int
 	// Namespace prefixes queue names. Defaults to none.
 	Namespace queue.Namespace
 	// ShutdownTimeout is the grace period in-flight calls get on SIGTERM;
@@ -55,6 +61,9 @@ func (o ServerOptions) validate() error {
 	if o.Dequeuers < 0 {
 		return fmt.Errorf("worker: ServerOptions.Dequeuers must not be negative, got %d", o.Dequeuers)
 	}
+	if o.WebhookConcurrency < 0 {
+		return fmt.Errorf("worker: ServerOptions.WebhookConcurrency must not be negative, got %d", o.WebhookConcurrency)
+	}
 	if o.ShutdownTimeout < 0 {
 		return fmt.Errorf("worker: ServerOptions.ShutdownTimeout must not be negative, got %v", o.ShutdownTimeout)
 	}
@@ -65,9 +74,11 @@ func (o ServerOptions) validate() error {
 }
 
 // Server is the asynq servers of one worker process, started and stopped
-// together: Concurrency split between Dequeuers of them.
+// together: Concurrency split between Dequeuers of them for the job queues,
+// and one for the webhooks queue.
 type Server struct {
-	servers []*asynq.Server
+	servers []*asynq.Server // the job dequeuers, then the webhook server
+	jobs    int             // how many of servers are job dequeuers
 }
 
 // How often a dequeuer other than the first looks for new tasks when idle
@@ -78,7 +89,8 @@ const (
 )
 
 // NewServer returns the asynq servers over rdb configured for llmq: weighted
-// queues, 429s and waits that are not failures, short polling; or an error
+// job queues, a webhook server apart, 429s and waits that are not failures,
+// short polling; or an error
 // naming an option that is invalid. Run it with Mux. The caller keeps
 // ownership of rdb.
 func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
@@ -92,6 +104,9 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 		opts.Dequeuers = max(1, opts.Concurrency/16)
 	}
 	opts.Dequeuers = min(opts.Dequeuers, opts.Concurrency)
+	if opts.WebhookConcurrency == 0 {
+		opts.WebhookConcurrency = 10
+	}
 	if opts.ShutdownTimeout == 0 {
 		opts.ShutdownTimeout = 30 * time.Second
 	}
@@ -101,7 +116,20 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{}
+	s := &Server{jobs: opts.Dequeuers}
+	config := func(concurrency int, queues map[string]int, poll, delayed time.Duration) asynq.Config {
+		return asynq.Config{
+			Concurrency:              concurrency,
+			Queues:                   queues,
+			IsFailure:                IsFailure,
+			RetryDelayFunc:           RetryDelay,
+			ShutdownTimeout:          opts.ShutdownTimeout,
+			TaskCheckInterval:        poll,
+			DelayedTaskCheckInterval: delayed,
+			Logger:                   asynqLogger{opts.Logger},
+			LogLevel:                 asynq.WarnLevel,
+		}
+	}
 	for i := range opts.Dequeuers {
 		// Concurrency spread as evenly as it divides: 50 over 3 is 17, 17, 16.
 		n := opts.Concurrency / opts.Dequeuers
@@ -112,23 +140,18 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 		if i > 0 {
 			poll, delayed = max(poll, backstopTaskCheck), max(delayed, backstopDelayedCheck)
 		}
-		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, asynq.Config{
-			Concurrency:              n,
-			Queues:                   opts.Namespace.Weights(),
-			IsFailure:                IsFailure,
-			RetryDelayFunc:           RetryDelay,
-			ShutdownTimeout:          opts.ShutdownTimeout,
-			TaskCheckInterval:        poll,
-			DelayedTaskCheckInterval: delayed,
-			Logger:                   asynqLogger{opts.Logger},
-			LogLevel:                 asynq.WarnLevel,
-		}))
+		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, config(n, opts.Namespace.JobWeights(), poll, delayed)))
 	}
+	// A delivery starts within PollInterval of its task; its retries wait
+	// seconds anyway, so they are moved at the backstop's pace.
+	s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, config(opts.WebhookConcurrency,
+		map[string]int{opts.Namespace.Queue(queue.Webhooks): 1}, opts.PollInterval, max(opts.PollInterval, backstopDelayedCheck))))
 	return s, nil
 }
 
-// Dequeuers is how many asynq servers s runs.
-func (s *Server) Dequeuers() int { return len(s.servers) }
+// Dequeuers is how many asynq servers s runs for the job queues (the
+// webhook server aside).
+func (s *Server) Dequeuers() int { return s.jobs }
 
 // Start starts every dequeuer with handler h. Should one fail to start, the
 // ones started are shut down and the error returned.
