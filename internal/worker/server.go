@@ -90,9 +90,8 @@ const (
 
 // NewServer returns the asynq servers over rdb configured for llmq: weighted
 // job queues, a webhook server apart, 429s and waits that are not failures,
-// short polling; or an error
-// naming an option that is invalid. Run it with Mux. The caller keeps
-// ownership of rdb.
+// short polling; or an error naming an option that is invalid. Run it with
+// Mux. The caller keeps ownership of rdb.
 func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
