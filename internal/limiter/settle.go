@@ -190,22 +190,25 @@ local distrust = hd and hd > now
 local args, out, ttl, learned, evidence = {}, {1, 0, 0}, 0, false, false
 
 -- the calibration: the median of the last prompt ratios. They are kept as
--- records of one width, whose order as strings is their order as numbers
--- q in the order they came, qs sorted, so that a
--- sample moves two records instead of sorting them all.
+-- records of one width, whose order as strings is their order as numbers:
+-- q in the order they came, qs sorted, so that a sample moves two records
+-- instead of sorting them all.
 local qm, qn = tonumber(st.qm), tonumber(st.qn) or 0
 local recalibrated = false
 if sample then
   local was = qn >= MIN_SAMPLES and qm or 1
   local q, qs = st.q or '', st.qs
-  if not qs then
-    -- records written before qs existed: written again, and sorted once
+  -- q written again in records of one width, and qs sorted from it: for a
+  -- hash written before qs existed, or by a process that still writes q
+  -- alone (q and qs then differ in length)
+  local function rewrite()
     local vs = {}
     for v in string.gmatch(q, '[^,]+') do vs[#vs + 1] = string.format('%07.4f', tonumber(v)) end
     q = table.concat(vs, ',')
     table.sort(vs)
     qs = table.concat(vs, ',')
   end
+  if not qs or #qs ~= #q then rewrite() end
   local function count(s) if s == '' then return 0 end return (#s + 1) / 8 end
   local function rec(s, j) return string.sub(s, 8 * j - 7, 8 * j - 1) end
   local r = string.format('%07.4f', math.min(math.max(sample, 0.1), 10))
@@ -216,7 +219,13 @@ if sample then
     local old = string.sub(q, 1, 7)
     q = string.sub(q, 9)
     local p = string.find(qs, old, 1, true)
-    if p == 1 then qs = string.sub(qs, 9) else qs = string.sub(qs, 1, p - 2) .. string.sub(qs, p + 7) end
+    if not p then
+      rewrite()
+    elseif p == 1 then
+      qs = string.sub(qs, 9)
+    else
+      qs = string.sub(qs, 1, p - 2) .. string.sub(qs, p + 7)
+    end
   end
   -- the new one goes before the first record above it
   local m = count(qs)

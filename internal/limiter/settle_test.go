@@ -243,9 +243,12 @@ func testSettleCalibrationMedian(t *testing.T, e *env) {
 	}
 	kept := []float64{1.25, 0.5, 3}
 	rng := rand.New(rand.NewPCG(1, 2))
+	inside := 0 // medians within the bounds, so that the factor tells them apart
 	for i := range 100 {
-		ratio := max(math.Round(rng.Float64()*12*1e4)/1e4, 0.0001) // some beyond the clamp
-		if i%9 == 0 {
+		ratio := max(math.Round(rng.Float64()*3*1e4)/1e4, 0.0001) // the median within the bounds
+		if i%13 == 0 {
+			ratio = 12 // beyond the clamp
+		} else if i%9 == 0 {
 			ratio = kept[len(kept)-1] // repeats
 		}
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
@@ -260,12 +263,32 @@ func testSettleCalibrationMedian(t *testing.T, e *env) {
 		if n%2 == 0 {
 			want = (sorted[n/2-1] + sorted[n/2]) / 2
 		}
+		if want > calibrationBounds[0] && want < calibrationBounds[1] {
+			inside++
+		}
 		want = min(max(want, calibrationBounds[0]), calibrationBounds[1])
 		if c.Samples != n || math.Abs(c.Factor-want) > 1e-6 {
 			t.Fatalf("settle %d (ratio %v): %+v, want the median %v of %d samples", i, ratio, c, want, n)
 		}
 	}
-	h := e.rdb.HMGet(ctx, key, "q", "qs").Val()
+	if inside < 90 {
+		t.Fatalf("only %d medians within the bounds: the test tells little", inside)
+	}
+	// A process of the older form settles meanwhile: it writes q alone,
+	// its own sample unpadded, and leaves qs as it was.
+	h := e.rdb.HMGet(ctx, key, "q").Val()
+	if err := e.rdb.HSet(ctx, key, "q", h[0].(string)[8:]+",2.0000").Err(); err != nil {
+		t.Fatal(err)
+	}
+	kept = append(kept[1:], 2)
+	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
+	c := mustSettle(t, tb, r, Feedback{PromptRatio: 0.75}).Calibration
+	kept = append(kept[1:], 0.75)
+	sorted := slices.Sorted(slices.Values(kept))
+	if want := min(max(sorted[len(sorted)/2], calibrationBounds[0]), calibrationBounds[1]); c.Samples != calibrationSamples || math.Abs(c.Factor-want) > 1e-6 {
+		t.Fatalf("after an older process's write: %+v, want the median %v of %d samples", c, want, calibrationSamples)
+	}
+	h = e.rdb.HMGet(ctx, key, "q", "qs").Val()
 	q, qs := strings.Split(h[0].(string), ","), strings.Split(h[1].(string), ",")
 	if len(q) != calibrationSamples || !slices.Equal(slices.Sorted(slices.Values(q)), qs) {
 		t.Fatalf("q %v and qs %v disagree", q, qs)
