@@ -11,6 +11,7 @@
 package redisbatch
 
 import (
+	"cmp"
 	"context"
 	"net"
 	"slices"
@@ -89,6 +90,7 @@ type stepRunner struct{ next chan func() }
 var idleSteps struct {
 	mu      sync.Mutex
 	runners []*stepRunner // the most recently idle last
+	after   time.Duration // how long a runner idles before it ends; stepIdle unless a test lengthens it
 }
 
 // goStep runs f in an idle kept goroutine, or else in a new one.
@@ -109,7 +111,7 @@ func goStep(f func()) {
 // The most recently idle runner is taken first, so the others idle out
 // when fewer are needed.
 func runSteps(r *stepRunner, f func()) {
-	idle := time.NewTimer(stepIdle)
+	idle := time.NewTimer(time.Hour)
 	defer idle.Stop()
 	for {
 		f()
@@ -119,8 +121,9 @@ func runSteps(r *stepRunner, f func()) {
 			return
 		}
 		idleSteps.runners = append(idleSteps.runners, r)
+		after := cmp.Or(idleSteps.after, stepIdle)
 		idleSteps.mu.Unlock()
-		idle.Reset(stepIdle)
+		idle.Reset(after)
 		select {
 		case f = <-r.next:
 			idle.Stop()
