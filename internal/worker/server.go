@@ -21,12 +21,11 @@ type ServerOptions struct {
 	// Defaults to 50.
 	Concurrency int
 	// Dequeuers is how many asynq servers share Concurrency, each with its
-	// own dequeue loop. asynq's processor takes one task at a time and tries
-	// the queues in weighted random order, one Redis round trip for each
-	// empty queue on the way (about 2.2 for a task of the default queue
-	// among the four job queues), so one loop, not the workers, bounds how
-	// fast tasks start on a busy machine. More than Concurrency is
-	// Concurrency. Defaults to one per 16 of Concurrency, at least one.
+	// own dequeue loop. asynq's processor takes one task at a time (one
+	// Redis round trip, queue.Namespace.DequeueClient), so one loop, not
+	// the workers, bounds how fast tasks start on a busy machine. More than
+	// Concurrency is Concurrency. Defaults to one per 16 of Concurrency, at
+	// least one.
 	Dequeuers int
 	// WebhookConcurrency is how many webhook deliveries run at once, in an
 	// asynq server of their own that serves only the webhooks queue: a slow
@@ -139,7 +138,10 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 		if i > 0 {
 			poll, delayed = max(poll, backstopTaskCheck), max(delayed, backstopDelayedCheck)
 		}
-		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, config(n, opts.Namespace.JobWeights(), poll, delayed)))
+		// Each dequeuer's client takes a task in one round trip, whichever
+		// job queue holds it (queue.Namespace.DequeueClient).
+		s.servers = append(s.servers, asynq.NewServerFromRedisClient(opts.Namespace.DequeueClient(rdb),
+			config(n, opts.Namespace.JobWeights(), poll, delayed)))
 	}
 	// A delivery starts within PollInterval of its task; its retries wait
 	// seconds anyway, so they are moved at the backstop's pace.
