@@ -130,10 +130,45 @@ type WebhookPayload struct {
 	ID   string `json:"id"`
 }
 
+// jobPayloadHead and jobPayloadTail frame a job payload whose id needs no
+// escaping in JSON: every job id llmq makes (store ids are letters, digits
+// and '_'). Such payloads are written and read without encoding/json, a
+// task's one decode on the worker's path; any other form is decoded by it.
+const (
+	jobPayloadHead = `{"job_id":"`
+	jobPayloadTail = `"}`
+)
+
+// plainID reports whether id is written in JSON as it is, without escapes.
+func plainID(id string) bool {
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return id != ""
+}
+
+// jobPayload returns the payload of the job's task.
+func jobPayload(id string) ([]byte, error) {
+	if plainID(id) {
+		return []byte(jobPayloadHead + id + jobPayloadTail), nil
+	}
+	return json.Marshal(JobPayload{JobID: id})
+}
+
 // ParseJobPayload returns the job id of a TypeJob task.
 func ParseJobPayload(t *asynq.Task) (string, error) {
+	b := t.Payload()
+	if len(b) > len(jobPayloadHead)+len(jobPayloadTail) && string(b[:len(jobPayloadHead)]) == jobPayloadHead &&
+		string(b[len(b)-len(jobPayloadTail):]) == jobPayloadTail {
+		if id := string(b[len(jobPayloadHead) : len(b)-len(jobPayloadTail)]); plainID(id) {
+			return id, nil
+		}
+	}
 	var p JobPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.JobID == "" {
+	if err := json.Unmarshal(b, &p); err != nil || p.JobID == "" {
 		return "", fmt.Errorf("task %s: payload is not a job reference: %q", t.Type(), t.Payload())
 	}
 	return p.JobID, nil
@@ -257,7 +292,7 @@ func (c *Client) enqueueTask(ctx context.Context, ref JobRef) (enqueued bool, er
 	if !ValidPriority(ref.Queue) {
 		return false, fmt.Errorf("enqueue %s: unknown queue %q", ref.ID, ref.Queue)
 	}
-	payload, err := json.Marshal(JobPayload{JobID: ref.ID})
+	payload, err := jobPayload(ref.ID)
 	if err != nil {
 		return false, err
 	}

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -143,6 +144,32 @@ func TestPayloadParsing(t *testing.T) {
 	id, err := ParseJobPayload(asynq.NewTask(TypeJob, []byte(`{"job_id":"job_x"}`)))
 	if err != nil || id != "job_x" {
 		t.Fatalf("ParseJobPayload = %q, %v", id, err)
+	}
+	// Written without encoding/json for plain ids, byte for byte what it
+	// writes; read back whatever wrote it, escapes and spacing included.
+	for _, id := range []string{"job_01m8ydcff8t0ny6wgwa154xyze", "a", `job_"quoted"`, "job_é", `job_\x`, "job_</script>"} {
+		b, err := jobPayload(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := json.Marshal(JobPayload{JobID: id}); string(b) != string(want) {
+			t.Errorf("payload of %q = %s, want %s", id, b, want)
+		}
+		if got, err := ParseJobPayload(asynq.NewTask(TypeJob, b)); err != nil || got != id {
+			t.Errorf("ParseJobPayload(%s) = %q, %v; want %q", b, got, err, id)
+		}
+	}
+	for payload, want := range map[string]string{
+		`{ "job_id" : "job_x" }`: "job_x", `{"job_id":"job\u005fx"}`: "job_x", `{"job_id":"job_x","extra":1}`: "job_x",
+	} {
+		if got, err := ParseJobPayload(asynq.NewTask(TypeJob, []byte(payload))); err != nil || got != want {
+			t.Errorf("ParseJobPayload(%s) = %q, %v; want %q", payload, got, err, want)
+		}
+	}
+	for _, payload := range []string{`{"job_id":""}`, `{"job_id":"x"`, `{"job_id":"a"}}`, `"x"`} {
+		if got, err := ParseJobPayload(asynq.NewTask(TypeJob, []byte(payload))); err == nil {
+			t.Errorf("ParseJobPayload(%s) = %q, want an error", payload, got)
+		}
 	}
 	if _, err := ParseWebhookPayload(asynq.NewTask(TypeWebhook, []byte(`{"kind":"user","id":"x"}`))); err == nil {
 		t.Fatal("webhook payload of unknown kind accepted")
