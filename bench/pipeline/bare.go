@@ -41,7 +41,7 @@ func runBare(ctx context.Context, o *options, logger *slog.Logger) (*measurement
 			Concurrency:              o.perServer(),
 			Queues:                   map[string]int{qname: 1},
 			TaskCheckInterval:        pollInterval,
-			DelayedTaskCheckInterval: pollInterval,
+			DelayedTaskCheckInterval: delayedInterval,
 			ShutdownTimeout:          5 * time.Second,
 			Logger:                   asynqLogger{logger},
 			LogLevel:                 asynq.WarnLevel,

@@ -134,7 +134,7 @@ func openHandWired(ctx context.Context, o *options, baseURL string, logger *slog
 			Concurrency:              o.perServer(),
 			Queues:                   map[string]int{h.qname: 1},
 			TaskCheckInterval:        pollInterval,
-			DelayedTaskCheckInterval: pollInterval,
+			DelayedTaskCheckInterval: delayedInterval,
 			ShutdownTimeout:          5 * time.Second,
 			Logger:                   asynqLogger{logger},
 			LogLevel:                 asynq.WarnLevel,

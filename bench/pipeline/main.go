@@ -56,10 +56,14 @@ type options struct {
 	MemProfile  string
 }
 
-// pollInterval is llmq's worker poll interval (worker.ServerOptions'
-// default), given to the bare asynq server too so that both find new work
-// equally fast.
-const pollInterval = 200 * time.Millisecond
+// pollInterval and delayedInterval are llmq's worker's intervals
+// (worker.ServerOptions' PollInterval default, and how often its first
+// dequeuer moves delayed tasks), given to the hand-wired stack and the bare
+// asynq server too so that all find new work equally fast.
+const (
+	pollInterval    = 50 * time.Millisecond
+	delayedInterval = 200 * time.Millisecond
+)
 
 func parseOptions(args []string, stdout io.Writer) (*options, error) {
 	o := &options{}
