@@ -223,51 +223,85 @@ func FreePort(tb testing.TB) int {
 
 // RedisServer is a private redis-server process started for one test.
 type RedisServer struct {
-	Addr string
-	Dir  string
-	args []string
-	cmd  *exec.Cmd
-	tb   testing.TB
+	Addr   string
+	Dir    string
+	args   []string
+	cmd    *exec.Cmd
+	exited chan error // receives cmd.Wait's result once the process ends
+	tb     testing.TB
 }
 
 // StartRedis starts a redis-server of its own on a free port, with no
 // persistence unless extra arguments ask for it, and stops it when the test
 // ends. Tests that restart or flush Redis use it, never the shared server.
+// A port taken between being found free and the server binding it (another
+// test's connection can take it as its local port) makes the server exit at
+// once: another port is tried.
 func StartRedis(tb testing.TB, extra ...string) *RedisServer {
 	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		tb.Fatalf("redis-server is not installed (apt-get install redis-server): %v", err)
 	}
-	port := FreePort(tb)
-	dir := tb.TempDir()
-	args := append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
-	}, extra...)
-	s := &RedisServer{Addr: fmt.Sprintf("127.0.0.1:%d", port), Dir: dir, args: append([]string{bin}, args...), tb: tb}
-	s.Start()
+	s := &RedisServer{tb: tb}
 	tb.Cleanup(s.Stop)
-	return s
+	for attempt := 1; ; attempt++ {
+		port := FreePort(tb)
+		dir := tb.TempDir() // each try its own, so no nodes.conf names a port it lost
+		s.Dir = dir
+		s.Addr = fmt.Sprintf("127.0.0.1:%d", port)
+		s.args = append([]string{
+			bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
+		}, extra...)
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if attempt == 5 {
+			tb.Fatalf("redis-server: %v", err)
+		}
+	}
 }
 
-// Start starts (or restarts) the server and waits until it answers.
+// Start starts (or restarts) the server on its port and waits until it
+// answers.
 func (s *RedisServer) Start() {
 	s.tb.Helper()
-	s.cmd = exec.Command(s.args[0], s.args[1:]...)
-	if err := s.cmd.Start(); err != nil {
-		s.tb.Fatalf("start redis-server: %v", err)
+	if err := s.start(); err != nil {
+		s.tb.Fatalf("redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+}
+
+func (s *RedisServer) start() error {
+	cmd := exec.Command(s.args[0], s.args[1:]...)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	s.cmd, s.exited = cmd, exited
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		err := c.Ping(context.Background()).Err()
 		if err == nil {
-			return
+			return nil
+		}
+		select {
+		case werr := <-exited:
+			s.cmd, s.exited = nil, nil
+			logTail, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+			if len(logTail) > 2000 {
+				logTail = logTail[len(logTail)-2000:]
+			}
+			return fmt.Errorf("on %s exited before answering (%v):\n%s", s.Addr, werr, logTail)
+		default:
 		}
 		if time.Now().After(deadline) {
-			s.tb.Fatalf("redis-server on %s did not answer: %v", s.Addr, err)
+			s.Stop()
+			return fmt.Errorf("on %s did not answer: %v", s.Addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -279,8 +313,8 @@ func (s *RedisServer) Stop() {
 		return
 	}
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
+	<-s.exited
+	s.cmd, s.exited = nil, nil
 }
 
 // Client returns a client of s, closed when the test ends.
