@@ -58,31 +58,45 @@ var fairWeights = func() string {
 var fairPushScript = redis.NewScript(redisclock.Lua + `
 local st, classes, members, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[2]
 local at = string.format('%d', math.floor(now / 1000))
-local added = {}
+-- what the jobs add is gathered and written once a list, count and field
+local added, lists, order, counts, fields, seenT, seenC = {}, {}, {}, {}, {}, {}, {}
 for i = 4, #ARGV, 5 do
   local id, class, tenant, cost, share = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   added[#added + 1] = 0
   if redis.call('SADD', members, id) == 1 then
     added[#added] = 1
-    local list, tenants = prefix .. 'list:' .. class .. ':' .. tenant, prefix .. 'tenants:' .. class
-    redis.call('RPUSH', list, id .. '|' .. cost .. '|' .. at)
-    if share ~= '' then redis.call('HSET', st, 's:' .. tenant, share) end
-    redis.call('HINCRBY', st, 'n:' .. class .. ':' .. tenant, 1)
-    redis.call('HSET', st, 'w:' .. id, class .. ':' .. tenant)
+    local ct = class .. ':' .. tenant
+    local list = prefix .. 'list:' .. ct
+    if not lists[list] then lists[list] = {}; order[#order + 1] = list end
+    local l = lists[list]
+    l[#l + 1] = id .. '|' .. cost .. '|' .. at
+    if share ~= '' then fields['s:' .. tenant] = share end
+    counts['n:' .. ct] = (counts['n:' .. ct] or 0) + 1
+    fields['w:' .. id] = ct
     -- a tenant (or priority) that starts waiting starts at the virtual
     -- time, or after its last finish if that is later
-    if not redis.call('ZSCORE', tenants, tenant) then
-      local v = tonumber(redis.call('HGET', st, 'v:' .. class)) or 0
-      local f = tonumber(redis.call('HGET', st, 'f:' .. class .. ':' .. tenant)) or 0
-      redis.call('ZADD', tenants, math.max(v, f), tenant)
+    if not seenT[ct] then
+      seenT[ct] = true
+      local tenants = prefix .. 'tenants:' .. class
+      if not redis.call('ZSCORE', tenants, tenant) then
+        local vf = redis.call('HMGET', st, 'v:' .. class, 'f:' .. ct)
+        redis.call('ZADD', tenants, math.max(tonumber(vf[1]) or 0, tonumber(vf[2]) or 0), tenant)
+      end
     end
-    if not redis.call('ZSCORE', classes, class) then
-      local v = tonumber(redis.call('HGET', st, 'vc')) or 0
-      local f = tonumber(redis.call('HGET', st, 'fc:' .. class)) or 0
-      redis.call('ZADD', classes, math.max(v, f), class)
+    if not seenC[class] then
+      seenC[class] = true
+      if not redis.call('ZSCORE', classes, class) then
+        local vf = redis.call('HMGET', st, 'vc', 'fc:' .. class)
+        redis.call('ZADD', classes, math.max(tonumber(vf[1]) or 0, tonumber(vf[2]) or 0), class)
+      end
     end
   end
 end
+for _, list in ipairs(order) do redis.call('RPUSH', list, unpack(lists[list])) end
+for k, n in pairs(counts) do redis.call('HINCRBY', st, k, n) end
+local args = {}
+for k, v in pairs(fields) do local n = #args; args[n + 1], args[n + 2] = k, v end
+if #args > 0 then redis.call('HSET', st, unpack(args)) end
 redis.call('PEXPIRE', st, ARGV[3])
 return added
 `)
@@ -120,54 +134,111 @@ local outn = redis.call('ZCARD', out)
 tokens = tokens - (tonumber(redis.call('HGET', st, 'outsum')) or 0)
 reqs = reqs - outn
 local res = {0}
--- cancelled jobs are dropped as they come up, at most this many a call
+
+-- What the released jobs change is gathered and written at the end: the
+-- loop reads none of it. fields are the state's fields set (the last
+-- value of each), counts the waiting counts' decrements.
+local fields, counts, gone, outs, outsum = {}, {}, {}, {}, 0
+local function flush()
+  local args = {}
+  for k, v in pairs(fields) do local n = #args; args[n + 1], args[n + 2] = k, v end
+  if #args > 0 then redis.call('HSET', st, unpack(args)) end
+  for k, n in pairs(counts) do redis.call('HINCRBY', st, k, -n) end
+  if #gone > 0 then redis.call('HDEL', st, unpack(gone)) end
+  if #outs > 0 then redis.call('ZADD', out, unpack(outs)) end
+  if outsum ~= 0 then redis.call('HINCRBYFLOAT', st, 'outsum', outsum) end
+  fields, counts, gone, outs, outsum = {}, {}, {}, {}, 0
+end
+
+-- The job with the lowest tag goes first: that of the head of the lowest
+-- tenant of the lowest priority (both sorted sets order equal tags by
+-- name). A run takes the jobs of one tenant in a row while its tag and
+-- its priority's stay below the next tenant's and the next priority's;
+-- the sets are written when it ends, the list trimmed by what it took.
+-- at most this many entries a call (released, or cancelled jobs dropped
+-- as they come up): the writes stay within what unpack takes
 local budget = 1000
-while budget > 0 and outn < maxout do
-  budget = budget - 1
-  local c = redis.call('ZRANGE', classes, 0, 0, 'WITHSCORES')
+local chunk = 64
+local stop = false
+while not stop and budget > 0 and outn < maxout do
+  local c = redis.call('ZRANGE', classes, 0, 1, 'WITHSCORES')
   if #c == 0 then break end
   local class, ctag = c[1], tonumber(c[2])
+  local cnext = tonumber(c[4])
   local tenants = prefix .. 'tenants:' .. class
-  local t = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
+  local t = redis.call('ZRANGE', tenants, 0, 1, 'WITHSCORES')
   if #t == 0 then
     redis.call('ZREM', classes, class)
   else
     local tenant, ttag = t[1], tonumber(t[2])
-    local list = prefix .. 'list:' .. class .. ':' .. tenant
-    local head = redis.call('LINDEX', list, 0)
-    local id, cost, at
-    if head then
-      local a, b = string.find(head, '|', 1, true)
-      local c2 = string.find(head, '|', b + 1, true)
-      id, cost, at = string.sub(head, 1, a - 1), tonumber(string.sub(head, b + 1, c2 - 1)), tonumber(string.sub(head, c2 + 1))
+    local tnext = tonumber(t[4])
+    local ct = class .. ':' .. tenant
+    local list = prefix .. 'list:' .. ct
+    local share = tonumber(redis.call('HGET', st, 's:' .. tenant)) or 1
+    local weight = weights[class] or 1
+    -- taken: entries of the list the run took (released, or cancelled and
+    -- dropped); fetched: entries read; short: the last read was its end
+    local taken, fetched, short, released = 0, 0, false, false
+    local run = true
+    while run do
+      local heads = redis.call('LRANGE', list, fetched, fetched + chunk - 1)
+      fetched, short = fetched + #heads, #heads < chunk
+      if short then run = false end
+      for k = 1, #heads do
+        if budget <= 0 or outn >= maxout then run, stop = false, true; break end
+        budget = budget - 1
+        local head = heads[k]
+        local a, b = string.find(head, '|', 1, true)
+        local c2 = string.find(head, '|', b + 1, true)
+        local id, cost, at = string.sub(head, 1, a - 1), tonumber(string.sub(head, b + 1, c2 - 1)), tonumber(string.sub(head, c2 + 1))
+        local member = redis.call('SISMEMBER', members, id) == 1
+        if member and (cost * factor > tokens or reqs < 1) and not (force and outn == 0) then
+          run, stop = false, true
+          break
+        end
+        taken = taken + 1
+        if member then
+          gone[#gone + 1] = 'w:' .. id
+          counts['n:' .. ct] = (counts['n:' .. ct] or 0) + 1
+          tokens, reqs, outn = tokens - cost * factor, reqs - 1, outn + 1
+          local f = ttag + cost / share
+          local fc = ctag + cost / weight
+          fields['v:' .. class], fields['f:' .. ct] = ttag, f
+          fields['vc'], fields['fc:' .. class] = ctag, fc
+          fields['o:' .. id] = (cost * factor) .. '|' .. class
+          outsum = outsum + cost * factor
+          local n = #outs
+          outs[n + 1], outs[n + 2] = nowms, id
+          n = #res
+          res[n + 1], res[n + 2], res[n + 3], res[n + 4], res[n + 5] = id, class, tenant, cost, nowms - at
+          -- the next job of the tenant, and of the priority, start where
+          -- this one finishes
+          ttag, ctag, released = f, fc, true
+          -- another tenant or priority is next: the run ends
+          if (tnext and ttag >= tnext) or (cnext and ctag >= cnext) then
+            run = false
+            break
+          end
+        end
+      end
     end
-    local member = id and redis.call('SISMEMBER', members, id) == 1
-    if member and (cost * factor > tokens or reqs < 1) and not (force and outn == 0) then break end
-    if head then redis.call('LPOP', list) end
-    if member then
-      redis.call('HDEL', st, 'w:' .. id)
-      redis.call('HINCRBY', st, 'n:' .. class .. ':' .. tenant, -1)
-      tokens, reqs, outn = tokens - cost * factor, reqs - 1, outn + 1
-      local share = tonumber(redis.call('HGET', st, 's:' .. tenant)) or 1
-      local f = ttag + cost / share
-      redis.call('HSET', st, 'v:' .. class, ttag, 'f:' .. class .. ':' .. tenant, f)
-      local fc = ctag + cost / (weights[class] or 1)
-      redis.call('HSET', st, 'vc', ctag, 'fc:' .. class, fc, 'o:' .. id, (cost * factor) .. '|' .. class)
-      redis.call('HINCRBYFLOAT', st, 'outsum', cost * factor)
-      redis.call('ZADD', out, nowms, id)
-      res[#res + 1], res[#res + 2], res[#res + 3], res[#res + 4], res[#res + 5] = id, class, tenant, cost, nowms - at
-      -- the next job of the tenant, and of the priority, start where this one finishes
-      if redis.call('LLEN', list) > 0 then redis.call('ZADD', tenants, f, tenant) end
-      ctag = fc
+    -- the list is empty when the run took all it read, and read its end
+    -- (or nothing follows)
+    local empty = taken == fetched and (short or redis.call('LLEN', list) == taken)
+    if taken > 0 then redis.call('LTRIM', list, taken, -1) end
+    if empty then
+      redis.call('ZREM', tenants, tenant)
+    elseif released then
+      redis.call('ZADD', tenants, ttag, tenant)
     end
-    if redis.call('LLEN', list) == 0 then redis.call('ZREM', tenants, tenant) end
-    if redis.call('ZCARD', tenants) == 0 then
+    if empty and not tnext then
       redis.call('ZREM', classes, class)
     else
       redis.call('ZADD', classes, ctag, class)
     end
   end
 end
+flush()
 if redis.call('ZCARD', classes) == 0 then res[1] = 1 end
 redis.call('PEXPIRE', st, ARGV[3])
 return res
@@ -185,23 +256,31 @@ return res
 // Returns how many of them were released and not yet started.
 var fairForgetScript = redis.NewScript(`
 local st, n = KEYS[1], 0
-for _, id in ipairs(ARGV) do
+-- the ids' fields, read at once; the state's changes written at once
+local f = {}
+for i, id in ipairs(ARGV) do f[2 * i - 1], f[2 * i] = 'w:' .. id, 'o:' .. id end
+local v = redis.call('HMGET', st, unpack(f))
+local counts, gone, outsum = {}, {}, 0
+for i, id in ipairs(ARGV) do
   if redis.call('SREM', KEYS[2], id) == 1 then
-    local w = redis.call('HGET', st, 'w:' .. id)
+    local w = v[2 * i - 1]
     if w then
-      redis.call('HINCRBY', st, 'n:' .. w, -1)
-      redis.call('HDEL', st, 'w:' .. id)
+      counts[w] = (counts[w] or 0) + 1
+      gone[#gone + 1] = 'w:' .. id
     end
   end
   if redis.call('ZREM', KEYS[3], id) == 1 then
     n = n + 1
-    local o = redis.call('HGET', st, 'o:' .. id)
+    local o = v[2 * i]
     if o then
-      redis.call('HINCRBYFLOAT', st, 'outsum', -tonumber(string.match(o, '^[^|]+')))
-      redis.call('HDEL', st, 'o:' .. id)
+      outsum = outsum + tonumber(string.match(o, '^[^|]+'))
+      gone[#gone + 1] = 'o:' .. id
     end
   end
 end
+for w, c in pairs(counts) do redis.call('HINCRBY', st, 'n:' .. w, -c) end
+if #gone > 0 then redis.call('HDEL', st, unpack(gone)) end
+if outsum ~= 0 then redis.call('HINCRBYFLOAT', st, 'outsum', -outsum) end
 return n
 `)
 
@@ -257,6 +336,10 @@ type fair struct {
 	pushes  coalesce.Batch[string, JobRef, bool]
 	forgets coalesce.Batch[string, string, struct{}]
 }
+
+// fairChunk is the most jobs one push or forget script run takes: the
+// scripts write them with one command each, within what Lua's unpack takes.
+const fairChunk = 500
 
 // groupTimeout bounds a grouped script run: it is everyone's, so no
 // caller's context cancels it.
@@ -326,7 +409,7 @@ func (f *fair) pushAll(ctx context.Context, scope string, refs []JobRef) ([]bool
 	_, cluster := f.rdb.(*redis.ClusterClient)
 	keys := []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope)}
 	for len(refs) > 0 {
-		n := min(len(refs), 500)
+		n := min(len(refs), fairChunk)
 		args := make([]any, 0, 3+5*n)
 		args = append(args, redisclock.Arg(f.clock), f.keys.FairQueue(scope), fairTTL.Milliseconds())
 		for _, r := range refs[:n] {
@@ -522,13 +605,22 @@ func (f *fair) forget(ctx context.Context, scope, id string) error {
 	return nil
 }
 
+// forgetAll forgets ids of scope, at most fairChunk a script run (the
+// script reads all their fields in one command).
 func (f *fair) forgetAll(ctx context.Context, scope string, ids []string) error {
 	keys := []string{f.keys.FairState(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
+	for len(ids) > 0 {
+		n := min(len(ids), fairChunk)
+		args := make([]any, n)
+		for i, id := range ids[:n] {
+			args[i] = id
+		}
+		if err := fairForgetScript.Run(ctx, f.rdb, keys, args...).Err(); err != nil {
+			return err
+		}
+		ids = ids[n:]
 	}
-	return fairForgetScript.Run(ctx, f.rdb, keys, args...).Err()
+	return nil
 }
 
 // Placement says where job id of scope is in the fair queue: "waiting",
