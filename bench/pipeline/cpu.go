@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // cpuTimes are the CPU times a measurement divides by its jobs to say
@@ -39,7 +41,7 @@ func newCPUReader(rdb *redis.Client, databaseURL string) *cpuReader {
 
 func (c *cpuReader) read(ctx context.Context) cpuTimes {
 	t := cpuTimes{self: selfCPU(), redis: -1, postgres: -1}
-	if d, ok := redisCPU(ctx, c.rdb); ok {
+	if d, ok := testutil.RedisCPU(ctx, c.rdb); ok {
 		t.redis = d
 	}
 	if c.localPG {
@@ -67,29 +69,6 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// redisCPU is the server's used_cpu_user + used_cpu_sys (INFO cpu).
-func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, bool) {
-	info, err := rdb.Info(ctx, "cpu").Result()
-	if err != nil {
-		return 0, false
-	}
-	var total float64
-	found := 0
-	for line := range strings.SplitSeq(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (k != "used_cpu_user" && k != "used_cpu_sys") {
-			continue
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return 0, false
-		}
-		total += f
-		found++
-	}
-	return time.Duration(total * float64(time.Second)), found == 2
 }
 
 // clockTick is Linux's USER_HZ, the unit of /proc/<pid>/stat times; it is

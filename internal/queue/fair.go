@@ -139,16 +139,6 @@ local res = {0}
 -- loop reads none of it. fields are the state's fields set (the last
 -- value of each), counts the waiting counts' decrements.
 local fields, counts, gone, outs, outsum = {}, {}, {}, {}, 0
-local function flush()
-  local args = {}
-  for k, v in pairs(fields) do local n = #args; args[n + 1], args[n + 2] = k, v end
-  if #args > 0 then redis.call('HSET', st, unpack(args)) end
-  for k, n in pairs(counts) do redis.call('HINCRBY', st, k, -n) end
-  if #gone > 0 then redis.call('HDEL', st, unpack(gone)) end
-  if #outs > 0 then redis.call('ZADD', out, unpack(outs)) end
-  if outsum ~= 0 then redis.call('HINCRBYFLOAT', st, 'outsum', outsum) end
-  fields, counts, gone, outs, outsum = {}, {}, {}, {}, 0
-end
 
 -- The job with the lowest tag goes first: that of the head of the lowest
 -- tenant of the lowest priority (both sorted sets order equal tags by
@@ -238,7 +228,13 @@ while not stop and budget > 0 and outn < maxout do
     end
   end
 end
-flush()
+local args = {}
+for k, v in pairs(fields) do local n = #args; args[n + 1], args[n + 2] = k, v end
+if #args > 0 then redis.call('HSET', st, unpack(args)) end
+for k, n in pairs(counts) do redis.call('HINCRBY', st, k, -n) end
+if #gone > 0 then redis.call('HDEL', st, unpack(gone)) end
+if #outs > 0 then redis.call('ZADD', out, unpack(outs)) end
+if outsum ~= 0 then redis.call('HINCRBYFLOAT', st, 'outsum', outsum) end
 if redis.call('ZCARD', classes) == 0 then res[1] = 1 end
 redis.call('PEXPIRE', st, ARGV[3])
 return res

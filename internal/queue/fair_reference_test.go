@@ -311,22 +311,14 @@ func TestFairScriptsMatchTheReference(t *testing.T) {
 	}
 }
 
-// redisCPU is the server's used_cpu_user + used_cpu_sys (INFO cpu).
-func redisCPU(tb testing.TB, rdb redis.UniversalClient) time.Duration {
-	tb.Helper()
-	info, err := rdb.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		tb.Fatal(err)
+// redisCPU is testutil.RedisCPU, failing b when INFO does not say.
+func redisCPU(b *testing.B, rdb redis.UniversalClient) time.Duration {
+	b.Helper()
+	d, ok := testutil.RedisCPU(context.Background(), rdb)
+	if !ok {
+		b.Fatal("INFO cpu: no used_cpu_user and used_cpu_sys")
 	}
-	var total float64
-	for line := range strings.SplitSeq(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
-			f, _ := strconv.ParseFloat(v, 64)
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second))
+	return d
 }
 
 // BenchmarkFairQueueCycle takes 50 jobs of one tenant, or of four, through the fair

@@ -518,3 +518,26 @@ func VerifyNoLeaks(m *testing.M) {
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 	)
 }
+
+// RedisCPU is the server's used_cpu_user + used_cpu_sys (INFO cpu).
+func RedisCPU(ctx context.Context, rdb redis.UniversalClient) (time.Duration, bool) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, false
+	}
+	var total float64
+	found := 0
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (k != "used_cpu_user" && k != "used_cpu_sys") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, false
+		}
+		total += f
+		found++
+	}
+	return time.Duration(total * float64(time.Second)), found == 2
+}
