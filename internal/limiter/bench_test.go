@@ -2,8 +2,10 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -237,4 +239,64 @@ func BenchmarkWindowsLatency(b *testing.B) {
 		b.ReportMetric(float64(d[j][len(d[j])/2].Microseconds()), name+"-p50-µs")
 		b.ReportMetric(float64(d[j][len(d[j])*99/100].Microseconds()), name+"-p99-µs")
 	}
+}
+
+// BenchmarkScriptTime reports the time Redis spends running the reserve and
+// settle scripts (INFO commandstats, EVALSHA's usec per call: the script's
+// own work, without the network) for a model scope of an RPM and a TPM
+// bucket settled as a worker settles a provider call: the provider's
+// remaining counts for both buckets, a prompt ratio, what it charged.
+// Reservations are made 50 at a time, then settled one by one.
+//
+//	go test -run '^$' -bench ScriptTime ./internal/limiter
+func BenchmarkScriptTime(b *testing.B) {
+	rdb := testutil.Redis(b, 1)
+	ctx := context.Background()
+	tb := must(NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
+	scope := ModelScope("bench/script-time", 0, 1e6, 1e9, 0)
+	evalsha := func() (calls, usec int64) {
+		info := rdb.Info(ctx, "commandstats").Val()
+		for line := range strings.SplitSeq(info, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:"); ok {
+				_, _ = fmt.Sscanf(rest, "calls=%d,usec=%d", &calls, &usec)
+			}
+		}
+		return calls, usec
+	}
+	var reserveN, reserveUS, settleN, settleUS int64
+	const batch = 50
+	b.ResetTimer()
+	for i := 0; i < b.N; i += batch {
+		rs := make([]*Reservation, 0, batch)
+		n0, u0 := evalsha()
+		for range min(batch, b.N-i) {
+			res, err := tb.Reserve(ctx, scope, Cost{Requests: 1, Tokens: 40})
+			if err != nil || !res.Allowed {
+				b.Fatalf("reserve: %v %+v", err, res)
+			}
+			rs = append(rs, res.Reservation)
+		}
+		n1, u1 := evalsha()
+		for j, r := range rs {
+			_, err := tb.Settle(ctx, r, Feedback{
+				Charged: Cost{Requests: 1, Tokens: 40},
+				Unused:  Cost{Tokens: 10},
+				Observed: []Observed{
+					{Bucket: "rpm", Remaining: 1e6 - int64(j) - 1, Limit: 1e6},
+					{Bucket: "tpm", Remaining: 1e9 - 40*int64(j) - 40, Limit: 1e9},
+				},
+				PromptRatio: 1 + float64(j%7)/100,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		n2, u2 := evalsha()
+		// each INFO is a command of its own, not an EVALSHA
+		reserveN, reserveUS = reserveN+n1-n0, reserveUS+u1-u0
+		settleN, settleUS = settleN+n2-n1, settleUS+u2-u1
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(reserveUS)/float64(reserveN), "reserve-µs/call")
+	b.ReportMetric(float64(settleUS)/float64(settleN), "settle-µs/call")
 }

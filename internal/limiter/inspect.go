@@ -53,9 +53,7 @@ type BucketLearning struct {
 // millionths, refund sum, unused sum, provider remaining (-1 when none),
 // when it was seen (µs, 0 when never)}.
 var inspectScript = redis.NewScript(withConstants(redisclock.Lua + bucketLua + `
-local h = redis.call('HGETALL', KEYS[1])
-local st = {}
-for i = 1, #h, 2 do st[h[i]] = h[i + 1] end
+local st = load_state(KEYS[1])
 local hd = tonumber(st.hd) or 0
 if hd <= now then hd = 0 end
 local out = {now, hd, math.floor((tonumber(st.qm) or 1) * 1e6), tonumber(st.qn) or 0}

@@ -30,6 +30,41 @@ const drainBelief = 3 * time.Second
 // comes back, as a fraction of the limit per minute.
 const factorRecovery = 0.05
 
+// stateLua reads and writes a scope's state (rkeys.LimiterScope). The state
+// is a table of named values (the fields the scripts' comments list), kept
+// in the one field m of the scope's hash as a MessagePack map (cmsgpack, a
+// library of Redis's Lua): a run reads it and writes it once, and its numbers
+// stay numbers, exact. A field per value cost a Lua string for each name and
+// value read and a number formatted for each written: half of the reserve
+// script's time in Redis (docs/BENCHMARKS.md, "The limiter's state in one
+// field"). A hash of the older form, a field per value, is read as it is and
+// rewritten in this form, its fields dropped, by the first run that writes.
+//
+// load_state returns the state and, for a hash of the older form, its
+// fields; save_state writes st with the changes args (name, value pairs, see
+// put) and del (names) made.
+const stateLua = `
+local function load_state(key)
+  local raw = redis.call('HGET', key, 'm')
+  if raw then return cmsgpack.unpack(raw), nil end
+  local h = redis.call('HGETALL', key)
+  local st, old = {}, {}
+  for i = 1, #h, 2 do
+    st[h[i]] = h[i + 1]
+    old[#old + 1] = h[i]
+  end
+  return st, old
+end
+
+local function save_state(key, st, old, args, del)
+  for i = 1, #args, 2 do st[args[i]] = args[i + 1] end
+  for _, k in ipairs(del) do st[k] = nil end
+  -- m first: a hash emptied by the HDEL would go, and its expiry with it
+  redis.call('HSET', key, 'm', cmsgpack.pack(st))
+  if old and #old > 0 then redis.call('HDEL', key, unpack(old)) end
+end
+`
+
 // bucketLua holds the functions the token bucket's scripts share. st is the
 // scope's hash as a table; now and gen are the script's time and in-flight
 // generation.
@@ -40,19 +75,13 @@ const factorRecovery = 0.05
 // its refill that others drain (another application on the account), so it
 // refills at limit × factor × (1 - e) per period and holds at most limit ×
 // factor.
-const bucketLua = `
+const bucketLua = stateLua + `
 local gen = math.floor(now / GEN)
 
+-- put notes a change of the state, for save_state
 local function put(args, k, v)
   args[#args + 1] = k
-  if type(v) ~= 'number' then
-    args[#args + 1] = v
-  elseif v == math.floor(v) and v > -9007199254740992 and v < 9007199254740992 then
-    -- an integer (most are): exact, and a third of the cost of %.17g
-    args[#args + 1] = string.format('%d', v)
-  else
-    args[#args + 1] = string.format('%.17g', v)
-  end
+  args[#args + 1] = v
 end
 
 -- the bucket's in-flight amounts of generation g and g - 1, seen from

@@ -53,6 +53,7 @@ var suite = []struct {
 	{"Wait", testWait},
 	{"WaitEndsWithContext", testWaitEndsWithContext},
 	{"KeyTTLs", testKeyTTLs},
+	{"OlderFormState", testOlderFormState},
 	{"KeyTTLCoversAllBuckets", testKeyTTLCoversAllBuckets},
 	{"InvalidInput", testInvalidInput},
 	{"Lease", testLease},

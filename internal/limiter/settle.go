@@ -138,7 +138,7 @@ func calibration(micros, n int64) Calibration {
 // settleScript settles a reservation once: what the call was charged, what
 // the provider's answer says of its buckets, what it teaches the scope.
 //
-// KEYS[1] -> the scope's hash (rkeys.LimiterScope; fields as reserveScript,
+// KEYS[1] -> the scope's hash (rkeys.LimiterScope; its state as reserveScript's,
 // plus s:<name> the lag of the freshest answer followed, pr:<name> and
 // prt:<name> the provider's last remaining count and when, ls:<name>,
 // wa:<name>, n:<name>, tw:<name> and w:<name> the drain and refund sums,
@@ -180,9 +180,7 @@ local sample = tonumber(ARGV[8])
 local refused = ARGV[9] == '1'
 local nb = (#ARGV - 9) / 11
 
-local h = redis.call('HGETALL', key)
-local st = {}
-for i = 1, #h, 2 do st[h[i]] = h[i + 1] end
+local st, old = load_state(key)
 local pu, pid, pt = tonumber(st.pu), st.pid, tonumber(st.pt)
 local hd = tonumber(st.hd)
 local distrust = hd and hd > now
@@ -424,8 +422,7 @@ if learned then
   st.l = '1'
 end
 
-if #args > 0 then redis.call('HSET', key, unpack(args)) end
-if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+if #args > 0 or #del > 0 then save_state(key, st, old, args, del) end
 extend_ttl(key, st, ttl)
 if KEYS[2] then redis.call('SET', KEYS[2], '1', 'PX', ARGV[2]) end
 return out

@@ -111,7 +111,8 @@ const (
 // from all buckets or from none, as if each ran alone at the same instant.
 // Buckets refill at their learned rate (see bucketLua).
 //
-// KEYS[1] -> the scope's hash (rkeys.LimiterScope): per bucket u:<name> the
+// KEYS[1] -> the scope's hash (rkeys.LimiterScope), whose state (stateLua)
+// holds per bucket u:<name> the
 // tokens used and t:<name> when (µs), f0:<name> and f1:<name> what is
 // reserved and not yet reconciled in the in-flight generation g:<name> and
 // the one before, c:<name> all it ever took and k*:<name> that total a
@@ -142,9 +143,7 @@ local ceil, floor = math.ceil, math.floor
 local key = KEYS[1]
 local probe_timeout, probe_retry = tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local h = redis.call('HGETALL', key)
-local st = {}
-for i = 1, #h, 2 do st[h[i]] = h[i + 1] end
+local st, old = load_state(key)
 local pu, pid, pt = tonumber(st.pu), st.pid, tonumber(st.pt)
 local new_probe = false
 
@@ -273,7 +272,7 @@ if #args > 0 then
   for name, u in pairs(used) do ttl = math.max(ttl, idle_after(u, rate[name], fl[name])) end
   if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
   if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
-  redis.call('HSET', key, unpack(args))
+  save_state(key, st, old, args, {})
   extend_ttl(key, st, ttl)
 end
 return out
@@ -354,13 +353,13 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 // ARGV[2] -> the penalty in µs
 // ARGV[3] -> probe timeout in µs
 // Returns the end of the penalty in µs.
-var penalizeScript = redis.NewScript(redisclock.Lua + `
+var penalizeScript = redis.NewScript(redisclock.Lua + stateLua + `
 local key = KEYS[1]
+local st, old = load_state(key)
 local untl = now + tonumber(ARGV[2])
-local pu = tonumber(redis.call('HGET', key, 'pu'))
+local pu = tonumber(st.pu)
 if pu and pu > untl then untl = pu end
-redis.call('HSET', key, 'pu', string.format('%.17g', untl))
-redis.call('HDEL', key, 'pid', 'pt')
+save_state(key, st, old, {'pu', untl}, {'pid', 'pt'})
 local ttl = math.ceil((untl - now + tonumber(ARGV[3])) / 1000) + 1000
 if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 return untl

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -763,5 +765,33 @@ func testRetryAfterHeldInFlight(t *testing.T, e *env) {
 	e.clock.Add(2 * time.Microsecond)
 	if r := mustReserve(t, tb, two, Cost{Tokens: 200_000}); !r.Allowed {
 		t.Fatalf("200k at its RetryAfter: %+v, want allowed", r)
+	}
+}
+
+// A scope's hash of the older form, a field per value, is read as it is,
+// and the first run that writes keeps its state in the one field m: the
+// level it held carries over, the older fields go, the expiry stays.
+func testOlderFormState(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
+	s := ModelScope("older-form", 0, 0, 1000, 0)
+	key := e.keys.LimiterScope(s.Name)
+	now := strconv.FormatInt(e.clock.Now().UnixMicro(), 10)
+	if err := e.rdb.HSet(ctx, key, "u:tpm", "600", "t:tpm", now, "c:tpm", "600").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.rdb.PExpire(ctx, key, time.Hour)
+	if st := mustState(t, tb, s); st.Buckets[0].Remaining != 400 {
+		t.Fatalf("state of the older form: remaining %d, want 400", st.Buckets[0].Remaining)
+	}
+	if r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 300}); !r.Allowed || r.Buckets[0].Remaining != 100 {
+		t.Fatalf("reserve 300 of the 400 left: %+v", r)
+	}
+	if fields := e.rdb.HKeys(ctx, key).Val(); !slices.Equal(fields, []string{"m"}) {
+		t.Fatalf("after a reserve the hash holds %q, want only m", fields)
+	}
+	nearTTL(t, "the older hash's expiry", e.rdb.PTTL(ctx, key).Val(), time.Hour)
+	if r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 200}); r.Allowed {
+		t.Fatalf("reserve 200 of the 100 left allowed: %+v", r)
 	}
 }
