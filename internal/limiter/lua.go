@@ -40,13 +40,22 @@ const factorRecovery = 0.05
 // field"). A hash of the older form, a field per value, is read as it is and
 // rewritten in this form, its fields dropped, by the first run that writes.
 //
+// Where Redis has no cmsgpack (dev mode's embedded Redis, miniredis), the
+// state is JSON (cjson), exact there too: that Redis encodes a number as Go
+// does, in its shortest exact form. A Redis has one or the other, so a hash
+// is never read in the form it was not written in.
+//
 // load_state returns the state and, for a hash of the older form, its
 // fields; save_state writes st with the changes args (name, value pairs, see
 // put) and del (names) made.
 const stateLua = `
+local msgpack = rawget(_G, 'cmsgpack')
+local pack_state = msgpack and msgpack.pack or cjson.encode
+local unpack_state = msgpack and msgpack.unpack or cjson.decode
+
 local function load_state(key)
   local raw = redis.call('HGET', key, 'm')
-  if raw then return cmsgpack.unpack(raw), nil end
+  if raw then return unpack_state(raw), nil end
   local h = redis.call('HGETALL', key)
   local st, old = {}, {}
   for i = 1, #h, 2 do
@@ -60,7 +69,7 @@ local function save_state(key, st, old, args, del)
   for i = 1, #args, 2 do st[args[i]] = args[i + 1] end
   for _, k in ipairs(del) do st[k] = nil end
   -- m first: a hash emptied by the HDEL would go, and its expiry with it
-  redis.call('HSET', key, 'm', cmsgpack.pack(st))
+  redis.call('HSET', key, 'm', pack_state(st))
   if old and #old > 0 then redis.call('HDEL', key, unpack(old)) end
 end
 `
