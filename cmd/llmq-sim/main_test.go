@@ -70,27 +70,39 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	}
 }
 
-// The provider modes are flags: a refund, another tokenizer, another
-// application on the account, and which headers are sent.
-func TestRunModeFlags(t *testing.T) {
-	t.Parallel()
+// serve runs the simulator with args on a free port until the test ends,
+// and returns its URL and a client.
+func serve(t *testing.T, args ...string) (string, *http.Client) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-tpm", "60000", "-refund", "-prompt-factor", "2",
-			"-external-tpm", "6000", "-rate-headers", "limits", "-log-level", "warn"}, pw)
+		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-log-level", "warn"}, args...), pw)
 		pw.Close()
 	}()
 	line, err := bufio.NewReader(pr).ReadString('\n')
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	go func() { _, _ = io.Copy(io.Discard, pr) }()
-	url := regexp.MustCompile(`http://127\.0\.0\.1:\d+`).FindString(line)
 	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
-	defer client.CloseIdleConnections()
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return regexp.MustCompile(`http://127\.0\.0\.1:\d+`).FindString(line), client
+}
+
+// The provider modes are flags: a refund, another tokenizer, another
+// application on the account, and which headers are sent.
+func TestRunModeFlags(t *testing.T) {
+	t.Parallel()
+	url, client := serve(t, "-tpm", "60000", "-refund", "-prompt-factor", "2", "-external-tpm", "6000", "-rate-headers", "limits")
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello world"}],"max_tokens":100}`))
 	if err != nil {
@@ -123,9 +135,30 @@ func TestRunModeFlags(t *testing.T) {
 	if err != nil || st.TokensAdmitted != 104 || st.TokensRefunded != 100-out.Usage.CompletionTokens {
 		t.Errorf("stats %+v %v: -refund not applied", st, err)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("run: %v", err)
+}
+
+// A short window, Azure's headers and a wait in seconds are flags too.
+func TestRunWindowFlags(t *testing.T) {
+	t.Parallel()
+	url, client := serve(t, "-rpm", "600", "-window", "10s", "-window-kind", "fixed", "-rate-headers", "azure", "-retry-after", "seconds")
+	var last *http.Response
+	for range 201 { // 100 a fixed window of 10 s at 600 RPM; an edge may fall among them
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		last = resp
+		if resp.StatusCode == http.StatusTooManyRequests {
+			break
+		}
+	}
+	h := last.Header
+	if last.StatusCode != http.StatusTooManyRequests || h.Get("retry-after") == "" || h.Get("retry-after-ms") != "" ||
+		h.Get("x-ratelimit-remaining-requests") == "" || h.Get("x-ratelimit-limit-requests") != "" {
+		t.Errorf("past 100 requests in a window of 10 s: %d %v", last.StatusCode, h)
 	}
 }
 
@@ -136,6 +169,11 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"-rpm", "-5"},
 		{"-headers-at", "later"},
 		{"-rate-headers", "some"},
+		{"-header-noise", "2"},
+		{"-retry-after", "soon"},
+		{"-window", "-1s"},
+		{"-window", "1s", "-window-kind", "round"},
+		{"-ramp", "-1"},
 		{"-prompt-factor", "-1"},
 		{"-log-level", "loud"},
 		{"-addr", "not an address"},

@@ -70,6 +70,14 @@ func (b *bucket) give(n int64, now time.Time) {
 	}
 }
 
+// untilFull is how long until the bucket is full again.
+func (b *bucket) untilFull() time.Duration {
+	if b.limit == 0 {
+		return 0
+	}
+	return ceilMS(time.Duration(math.Ceil(max(float64(b.limit)-b.level, 0) / b.rate())))
+}
+
 func (b *bucket) remaining() int64 {
 	return max(0, int64(math.Floor(b.level)))
 }

@@ -58,7 +58,7 @@ func (x *Exchange) Finish() (status int, header http.Header, body []byte) {
 		}
 		if s.cfg.HeadersAt == HeadersAtCompletion {
 			v := verdict{outcome: Admitted}
-			v.snapshot(b, 1, 0)
+			v.snapshot(b, 1, 0, now)
 			s.setRateHeaders(x.header, &v, x.n)
 		}
 		s.mu.Unlock()

@@ -99,6 +99,10 @@ const (
 	drawCompletion // + choice index
 )
 
+// drawNoise and drawNoise + 1 are the draws of the header noise, apart from
+// the completions' (one per choice).
+const drawNoise = 1 << 20
+
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	s.flight.Add(1)
 	defer s.flight.Add(-1)

@@ -188,7 +188,7 @@ func TestHeadersAtCompletion(t *testing.T) {
 }
 
 // RateHeaders leaves out what some OpenAI-compatible servers do not send;
-// retry-after stays on 429s.
+// retry-after stays on 429s (TestRateHeaderShapes has the other shapes).
 func TestRateHeaderModes(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{sim.HeadersAll, sim.HeadersLimitsOnly, sim.HeadersNone} {
@@ -220,6 +220,12 @@ func TestModeConfigValidate(t *testing.T) {
 		{sim.Config{External: sim.External{TPM: -5}}, "External"},
 		{sim.Config{HeadersAt: "later"}, "HeadersAt"},
 		{sim.Config{RateHeaders: "some"}, "RateHeaders"},
+		{sim.Config{HeaderNoise: 1.5}, "HeaderNoise"},
+		{sim.Config{RetryAfter: "soon"}, "RetryAfter"},
+		{sim.Config{ShortWindow: sim.ShortWindow{Period: -time.Second}}, "ShortWindow.Period"},
+		{sim.Config{ShortWindow: sim.ShortWindow{Period: 2 * time.Minute}}, "ShortWindow.Period"},
+		{sim.Config{ShortWindow: sim.ShortWindow{Period: time.Second, Kind: "round"}}, "ShortWindow.Kind"},
+		{sim.Config{Ramp: sim.Ramp{Growth: -1}}, "Ramp"},
 	} {
 		if err := c.cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error naming %s", c.cfg, err, c.want)

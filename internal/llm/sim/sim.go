@@ -16,6 +16,8 @@ import (
 	"log/slog"
 	"math"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,14 +44,58 @@ type External struct {
 	CallTokens int64 `json:"call_tokens"`
 }
 
-// The values of Config.HeadersAt and Config.RateHeaders.
+// The values of Config.HeadersAt, Config.RateHeaders and Config.RetryAfter.
 const (
 	HeadersAtAdmission  = "admission"
 	HeadersAtCompletion = "completion"
-	HeadersAll          = "all"
-	HeadersLimitsOnly   = "limits"
-	HeadersNone         = "none"
+
+	// HeadersAll is OpenAI's full set: x-ratelimit-limit-, -remaining- and
+	// -reset-requests|tokens.
+	HeadersAll = "all"
+	// HeadersLimitsOnly sends x-ratelimit-limit-* only.
+	HeadersLimitsOnly = "limits"
+	// HeadersNone sends no rate-limit header at all.
+	HeadersNone = "none"
+	// HeadersAzure is Azure OpenAI's pay-as-you-go set:
+	// x-ratelimit-remaining-requests and -tokens only, no limit, no reset.
+	HeadersAzure = "azure"
+	// HeadersAzurePTU is a provisioned Azure deployment's:
+	// azure-openai-deployment-utilization (the share of the token bucket in
+	// use, in percent) and x-ratelimit-remaining-requests.
+	HeadersAzurePTU = "azure-ptu"
+	// HeadersAnthropic is Anthropic's set:
+	// anthropic-ratelimit-requests|tokens-limit|remaining|reset, the
+	// remaining tokens rounded down to the thousand, the reset an RFC 3339
+	// time.
+	HeadersAnthropic = "anthropic"
+
+	// RetryAfterMS sends retry-after-ms and retry-after (whole seconds,
+	// rounded up) on a 429, as OpenAI does; with HeadersAzure and
+	// HeadersAzurePTU, x-ms-retry-after-ms too.
+	RetryAfterMS = "ms"
+	// RetryAfterSeconds sends retry-after in whole seconds only.
+	RetryAfterSeconds = "seconds"
+	// RetryAfterDate sends retry-after as an HTTP date only.
+	RetryAfterDate = "date"
+	// RetryAfterNone sends no wait at all.
+	RetryAfterNone = "none"
 )
+
+// Ramp limits how fast a provider lets usage grow (Anthropic's
+// "acceleration limits" on sharp increases): in each 10 s window of its
+// clock it admits at most Growth times the tokens it admitted in the window
+// before, and never less than Floor of the TPM's share of 10 s.
+type Ramp struct {
+	// Growth is the most one window's tokens may be of the previous one's.
+	// 0 means no ramp limit.
+	Growth float64 `json:"growth"`
+	// Floor is the share of a window's tokens always admitted, however
+	// quiet the window before. Defaults to 0.25.
+	Floor float64 `json:"floor"`
+}
+
+// rampWindow is the window of Ramp.
+const rampWindow = 10 * time.Second
 
 // Model configures one model.
 type Model struct {
@@ -133,11 +179,22 @@ type Config struct {
 	// HeadersAtAdmission (after the call is charged) or HeadersAtCompletion
 	// (when the answer is sent, after any refund). Defaults to admission.
 	HeadersAt string
-	// RateHeaders is which x-ratelimit-* headers are sent: HeadersAll,
-	// HeadersLimitsOnly (x-ratelimit-limit-* only) or HeadersNone, as some
-	// OpenAI-compatible servers do. retry-after is sent on 429s in every
-	// mode. Defaults to all.
+	// RateHeaders is which rate-limit headers are sent: HeadersAll,
+	// HeadersLimitsOnly, HeadersNone, HeadersAzure, HeadersAzurePTU or
+	// HeadersAnthropic. Defaults to all.
 	RateHeaders string
+	// HeaderNoise is the share of answers whose rate-limit headers say
+	// nothing meaningful, as some Azure deployments send: each remaining
+	// count is "-1" or "0" beside a limit of "-1". Defaults to 0.
+	HeaderNoise float64
+	// RetryAfter is how a 429 says when to try again: RetryAfterMS,
+	// RetryAfterSeconds, RetryAfterDate or RetryAfterNone. Defaults to ms.
+	RetryAfter string
+	// ShortWindow enforces the per-minute limits over a shorter window too.
+	// Defaults to none.
+	ShortWindow ShortWindow
+	// Ramp limits how fast usage may grow. Defaults to none.
+	Ramp Ramp
 	// Latency is the base time to answer an admitted request. Defaults to 0.
 	Latency time.Duration
 	// Jitter adds a uniform [0, Jitter) to Latency. Defaults to 0.
@@ -223,13 +280,24 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: Config.External must not be negative, got %+v", c.External)
 	case c.HeadersAt != "" && c.HeadersAt != HeadersAtAdmission && c.HeadersAt != HeadersAtCompletion:
 		return fmt.Errorf("sim: Config.HeadersAt must be %q or %q, got %q", HeadersAtAdmission, HeadersAtCompletion, c.HeadersAt)
-	case c.RateHeaders != "" && c.RateHeaders != HeadersAll && c.RateHeaders != HeadersLimitsOnly && c.RateHeaders != HeadersNone:
-		return fmt.Errorf("sim: Config.RateHeaders must be %q, %q or %q, got %q", HeadersAll, HeadersLimitsOnly, HeadersNone, c.RateHeaders)
+	case c.RateHeaders != "" && !slices.Contains(rateHeaderModes, c.RateHeaders):
+		return fmt.Errorf("sim: Config.RateHeaders must be one of %s, got %q", strings.Join(rateHeaderModes, ", "), c.RateHeaders)
+	case c.HeaderNoise < 0 || c.HeaderNoise > 1 || math.IsNaN(c.HeaderNoise):
+		return fmt.Errorf("sim: Config.HeaderNoise must be within [0, 1], got %v", c.HeaderNoise)
+	case c.RetryAfter != "" && !slices.Contains(retryAfterForms, c.RetryAfter):
+		return fmt.Errorf("sim: Config.RetryAfter must be one of %s, got %q", strings.Join(retryAfterForms, ", "), c.RetryAfter)
+	case c.Ramp.Growth < 0 || math.IsNaN(c.Ramp.Growth) || c.Ramp.Floor < 0 || c.Ramp.Floor > 1 || math.IsNaN(c.Ramp.Floor):
+		return fmt.Errorf("sim: Config.Ramp must have Growth ≥ 0 and Floor within [0, 1], got %+v", c.Ramp)
 	}
-	return nil
+	return c.ShortWindow.validate()
 }
 
 const maxEmbeddingDim = 8192
+
+var (
+	rateHeaderModes = []string{HeadersAll, HeadersLimitsOnly, HeadersNone, HeadersAzure, HeadersAzurePTU, HeadersAnthropic}
+	retryAfterForms = []string{RetryAfterMS, RetryAfterSeconds, RetryAfterDate, RetryAfterNone}
+)
 
 func (c *Config) setDefaults() {
 	if c.DefaultMaxTokens == 0 {
@@ -268,6 +336,12 @@ func (c *Config) setDefaults() {
 	if c.RateHeaders == "" {
 		c.RateHeaders = HeadersAll
 	}
+	if c.RetryAfter == "" {
+		c.RetryAfter = RetryAfterMS
+	}
+	if c.Ramp.Growth > 0 && c.Ramp.Floor == 0 {
+		c.Ramp.Floor = 0.25
+	}
 }
 
 // Server is a simulated provider. Its methods are safe for concurrent use.
@@ -293,8 +367,19 @@ type Server struct {
 // refunds still to come and the external application's backlog.
 type buckets struct {
 	rpm, tpm, rpd, tpd bucket
+	// shortReq and shortTok count the per-minute limits over
+	// Config.ShortWindow; nil when there is none.
+	shortReq, shortTok *window
+	ramp               rampState
 	refunds            []refund // by time
 	ext                externalState
+}
+
+// rampState counts the tokens admitted in Ramp's current window and the one
+// before.
+type rampState struct {
+	index     int64
+	now, prev float64
 }
 
 // New returns a simulator. It panics, naming the field, if cfg is invalid;
@@ -369,6 +454,7 @@ func (s *Server) setLimitsLocked(model string, l Limits) {
 		b.tpm.setLimit(nl.TPM, now)
 		b.rpd.setLimit(nl.RPD, now)
 		b.tpd.setLimit(nl.TPD, now)
+		b.shortReq, b.shortTok = s.shortWindows(nl, now)
 	}
 }
 

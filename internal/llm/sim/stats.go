@@ -55,9 +55,12 @@ type Stats struct {
 	Requests    int64 `json:"requests"`
 	Admitted    int64 `json:"admitted"`
 	RateLimited int64 `json:"rate_limited"`
-	Spurious429 int64 `json:"spurious_429"`
-	Errors500   int64 `json:"errors_500"`
-	Hung        int64 `json:"hung"`
+	// RateLimitedShort is the part of RateLimited that the minute's
+	// buckets admitted and the short window or the ramp refused.
+	RateLimitedShort int64 `json:"rate_limited_short"`
+	Spurious429      int64 `json:"spurious_429"`
+	Errors500        int64 `json:"errors_500"`
+	Hung             int64 `json:"hung"`
 	// BadRequests were refused with 400 (invalid body) or 404 (unknown model).
 	BadRequests int64 `json:"bad_requests"`
 	// Unauthorized were refused with 401 (missing or wrong API key).
