@@ -21,6 +21,7 @@ const (
 	HasResetRequests
 	HasResetTokens
 	HasRetryAfter
+	HasUtilization
 )
 
 // RateLimit is what a provider's response headers say about its rate-limit
@@ -35,8 +36,13 @@ type RateLimit struct {
 	// until the bucket has refilled (relative to when the response was sent).
 	ResetRequests time.Duration
 	ResetTokens   time.Duration
-	// RetryAfter is retry-after-ms, or else retry-after.
+	// RetryAfter is retry-after-ms (or Azure's x-ms-retry-after-ms), or else
+	// retry-after.
 	RetryAfter time.Duration
+	// Utilization is a provisioned Azure deployment's
+	// azure-openai-deployment-utilization: the share of its capacity in
+	// use, in percent (over 100 when it refuses calls).
+	Utilization float64
 	// Has records which of the fields above the headers gave.
 	Has RateLimitField
 }
@@ -67,14 +73,24 @@ func (r RateLimit) Delay() (d time.Duration, ok bool) {
 // Unix timestamp) in a duration header, and is treated as absent.
 const maxHint = 7 * 24 * time.Hour
 
-// ParseRateLimit reads OpenAI's rate-limit headers:
-// x-ratelimit-limit-requests|tokens, x-ratelimit-remaining-requests|tokens,
-// x-ratelimit-reset-requests|tokens (Go duration strings such as "6m0s" and
-// "12ms", or plain seconds such as "1.5"), retry-after-ms (preferred) and
-// retry-after (seconds, or an HTTP date). Nonsense is treated as absent: limits
-// that are not positive integers, negative or unparsable values, remaining
-// counts whose limit header is nonsense or that exceed their limit, a
-// retry-after that asks for no wait at all, and waits longer than a week.
+// ParseRateLimit reads a provider's rate-limit headers, in every shape
+// llmq knows, into one RateLimit:
+//
+//   - OpenAI's x-ratelimit-limit|remaining|reset-requests|tokens (resets as
+//     Go durations such as "6m0s" and "12ms", or plain seconds such as "1.5");
+//   - Azure OpenAI's subset of them (often only the remaining counts, some
+//     deployments sending -1 or 0 that mean nothing) and a provisioned
+//     deployment's azure-openai-deployment-utilization;
+//   - Anthropic's anthropic-ratelimit-requests|tokens-limit|remaining|reset
+//     (resets as RFC 3339 times), when no x-ratelimit-* header gives the
+//     same value;
+//   - the wait of a 429: retry-after-ms or x-ms-retry-after-ms (milliseconds,
+//     preferred), else retry-after (seconds, or an HTTP date).
+//
+// Nonsense is treated as absent: limits that are not positive integers,
+// negative or unparsable values, remaining counts beside a nonsense limit,
+// above their limit, or 0 with no limit at all (an Azure deployment's "0"
+// that means nothing), a wait of zero, and waits or resets beyond a week.
 func ParseRateLimit(h http.Header) RateLimit {
 	return parseRateLimit(h, time.Now())
 }
@@ -84,34 +100,57 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 	if len(h) == 0 {
 		return r
 	}
-	parseFamily := func(kind string, limit, remaining *int64, reset *time.Duration, hasLimit, hasRemaining, hasReset RateLimitField) {
-		limitRaw := h.Get("x-ratelimit-limit-" + kind)
+	// family reads the limit, remaining and reset of one kind from the
+	// first of the shapes that gives each.
+	family := func(kind string, limit, remaining *int64, reset *time.Duration, hasLimit, hasRemaining, hasReset RateLimitField) {
+		limitRaw := firstHeader(h, "x-ratelimit-limit-"+kind, "anthropic-ratelimit-"+kind+"-limit")
 		limitOK := false
 		if v, ok := parseInt(limitRaw); ok && v > 0 {
 			*limit, limitOK = v, true
 			r.Has |= hasLimit
 		}
 		// A remaining count is only believed beside a sane limit or no limit
-		// header at all: Azure's "limit: -1, remaining: 0" is not "exhausted".
+		// header at all: Azure's "limit: -1, remaining: 0" is not
+		// "exhausted", nor is its bare "remaining: 0".
 		if limitOK || limitRaw == "" {
-			if v, ok := parseInt(h.Get("x-ratelimit-remaining-" + kind)); ok && v >= 0 && (!limitOK || v <= *limit) {
-				*remaining = v
+			rem, ok := parseInt(h.Get("x-ratelimit-remaining-" + kind))
+			if !ok {
+				if rem, ok = parseInt(h.Get("anthropic-ratelimit-" + kind + "-remaining")); ok && kind == "tokens" {
+					// Anthropic rounds its remaining tokens to the thousand:
+					// believe half a thousand less, never more than it has.
+					rem = max(rem-500, 0)
+				}
+			}
+			if ok && rem >= 0 && (limitOK && rem <= *limit || !limitOK && rem > 0) {
+				*remaining = rem
 				r.Has |= hasRemaining
 			}
 		}
 		if d, ok := parseDuration(h.Get("x-ratelimit-reset-" + kind)); ok {
 			*reset = d
 			r.Has |= hasReset
+		} else if t, err := time.Parse(time.RFC3339, strings.TrimSpace(h.Get("anthropic-ratelimit-"+kind+"-reset"))); err == nil {
+			if d := t.Sub(now); d >= 0 && d <= maxHint {
+				*reset = d
+				r.Has |= hasReset
+			}
 		}
 	}
-	parseFamily("requests", &r.LimitRequests, &r.RemainingRequests, &r.ResetRequests, HasLimitRequests, HasRemainingRequests, HasResetRequests)
-	parseFamily("tokens", &r.LimitTokens, &r.RemainingTokens, &r.ResetTokens, HasLimitTokens, HasRemainingTokens, HasResetTokens)
+	family("requests", &r.LimitRequests, &r.RemainingRequests, &r.ResetRequests, HasLimitRequests, HasRemainingRequests, HasResetRequests)
+	family("tokens", &r.LimitTokens, &r.RemainingTokens, &r.ResetTokens, HasLimitTokens, HasRemainingTokens, HasResetTokens)
 
-	if ms, ok := parseFloat(h.Get("retry-after-ms")); ok && ms > 0 {
-		if d := time.Duration(math.Ceil(ms * float64(time.Millisecond))); d <= maxHint {
-			r.RetryAfter = d
-			r.Has |= HasRetryAfter
-			return r
+	if u, ok := parseFloat(strings.TrimSuffix(strings.TrimSpace(h.Get("azure-openai-deployment-utilization")), "%")); ok && u >= 0 && u <= 1000 {
+		r.Utilization = u
+		r.Has |= HasUtilization
+	}
+
+	for _, name := range []string{"retry-after-ms", "x-ms-retry-after-ms"} {
+		if ms, ok := parseFloat(h.Get(name)); ok && ms > 0 {
+			if d := time.Duration(math.Ceil(ms * float64(time.Millisecond))); d <= maxHint {
+				r.RetryAfter = d
+				r.Has |= HasRetryAfter
+				return r
+			}
 		}
 	}
 	if v := strings.TrimSpace(h.Get("retry-after")); v != "" {
@@ -127,6 +166,16 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 		}
 	}
 	return r
+}
+
+// firstHeader returns the value of the first of names that h holds.
+func firstHeader(h http.Header, names ...string) string {
+	for _, n := range names {
+		if v := h.Get(n); v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 func parseInt(s string) (int64, bool) {

@@ -74,6 +74,40 @@ func TestParseRateLimit(t *testing.T) {
 			"x-ratelimit-remaining-requests": "0",
 			"x-ratelimit-remaining-tokens":   "0",
 		}, RateLimit{}},
+		{"azure remaining counts only", map[string]string{
+			"x-ratelimit-remaining-requests": "119",
+			"x-ratelimit-remaining-tokens":   "19000",
+		}, RateLimit{RemainingRequests: 119, RemainingTokens: 19000, Has: HasRemainingRequests | HasRemainingTokens}},
+		{"azure bare zero means nothing", map[string]string{
+			"x-ratelimit-remaining-requests": "0",
+			"x-ratelimit-remaining-tokens":   "-1",
+		}, RateLimit{}},
+		{"azure x-ms-retry-after-ms", map[string]string{
+			"x-ms-retry-after-ms": "250",
+			"retry-after":         "1",
+		}, RateLimit{RetryAfter: 250 * time.Millisecond, Has: HasRetryAfter}},
+		{"azure provisioned utilization", map[string]string{
+			"azure-openai-deployment-utilization": "87.5%",
+			"x-ratelimit-remaining-requests":      "40",
+		}, RateLimit{Utilization: 87.5, RemainingRequests: 40, Has: HasUtilization | HasRemainingRequests}},
+		{"azure utilization nonsense", map[string]string{
+			"azure-openai-deployment-utilization": "-1%",
+		}, RateLimit{}},
+		{"anthropic", map[string]string{
+			"anthropic-ratelimit-requests-limit":     "50",
+			"anthropic-ratelimit-requests-remaining": "49",
+			"anthropic-ratelimit-requests-reset":     now.Add(2 * time.Second).Format(time.RFC3339),
+			"anthropic-ratelimit-tokens-limit":       "40000",
+			"anthropic-ratelimit-tokens-remaining":   "39000",
+			"anthropic-ratelimit-tokens-reset":       now.Add(90 * time.Second).Format(time.RFC3339),
+			"retry-after":                            "3",
+		}, RateLimit{LimitRequests: 50, RemainingRequests: 49, ResetRequests: 2 * time.Second,
+			LimitTokens: 40000, RemainingTokens: 38500, ResetTokens: 90 * time.Second, RetryAfter: 3 * time.Second,
+			Has: HasLimitRequests | HasRemainingRequests | HasResetRequests | HasLimitTokens | HasRemainingTokens | HasResetTokens | HasRetryAfter}},
+		{"anthropic reset in the past or unreadable", map[string]string{
+			"anthropic-ratelimit-requests-reset": now.Add(-time.Second).Format(time.RFC3339),
+			"anthropic-ratelimit-tokens-reset":   "tomorrow",
+		}, RateLimit{}},
 		{"remaining zero under a real limit is exhausted", map[string]string{
 			"x-ratelimit-limit-tokens":     "1000",
 			"x-ratelimit-remaining-tokens": "0",
