@@ -241,7 +241,7 @@ func ScopeName(m *config.Model) string { return m.Provider + "/" + m.Upstream }
 
 // Scope returns the limiter scope of m with the policy's limits.
 func Scope(m *config.Model) limiter.Scope {
-	return limiter.ModelScope(ScopeName(m), m.Limits.RPS, m.Limits.RPM, m.Limits.TPM, m.Limits.TPD)
+	return limiter.ModelScope(ScopeName(m), m.Limits.RPS, m.Limits.RPM, m.Limits.TPM, m.Limits.TPD, m.Limits.Burst)
 }
 
 // Account is the budget account of tenant t under policy p: the tier's

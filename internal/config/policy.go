@@ -111,7 +111,20 @@ type Limits struct {
 	RPM int64 // requests per minute
 	TPM int64 // tokens per minute
 	TPD int64 // tokens per day
+	// Burst is the most of a request or token limit (rps, rpm, tpm) sent at
+	// once, as a time of its refill: however long the model was idle, llmq
+	// sends at most Burst's share of the limit together (or one call, when
+	// it costs more), then the rest at the limit's pace. Providers may
+	// enforce a per-minute limit over a second or ten; a provider known to
+	// take a whole minute's worth at once can be given burst: 1m. Defaults
+	// to DefaultBurst.
+	Burst time.Duration
 }
+
+// DefaultBurst is the burst of a model's limits when the policy names none:
+// half a second of refill, within the shortest window a provider documents
+// (a second) with room for the calls' transit and jitter.
+const DefaultBurst = 500 * time.Millisecond
 
 // Tier is a class of tenants sharing a daily budget and a priority.
 type Tier struct {
@@ -270,10 +283,11 @@ type rawPrice struct {
 }
 
 type rawLimits struct {
-	RPS int64 `yaml:"rps"`
-	RPM int64 `yaml:"rpm"`
-	TPM int64 `yaml:"tpm"`
-	TPD int64 `yaml:"tpd"`
+	RPS   int64   `yaml:"rps"`
+	RPM   int64   `yaml:"rpm"`
+	TPM   int64   `yaml:"tpm"`
+	TPD   int64   `yaml:"tpd"`
+	Burst *string `yaml:"burst"`
 }
 
 type rawTier struct {
@@ -477,7 +491,17 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 			return m, src.errorAt(path+".limits."+l.name, "must be 0 or more, got %d", l.v)
 		}
 	}
-	m.Limits = Limits(rm.Limits)
+	m.Limits = Limits{RPS: rm.Limits.RPS, RPM: rm.Limits.RPM, TPM: rm.Limits.TPM, TPD: rm.Limits.TPD, Burst: DefaultBurst}
+	if b := rm.Limits.Burst; b != nil {
+		d, err := time.ParseDuration(*b)
+		if err != nil {
+			return m, src.errorAt(path+".limits.burst", "must be a duration such as 500ms or 10s, got %q", *b)
+		}
+		if d < time.Millisecond || d > time.Minute {
+			return m, src.errorAt(path+".limits.burst", "must be within 1ms and 1m (a whole minute's limit at once), got %s", *b)
+		}
+		m.Limits.Burst = d
+	}
 	// A request reserves its max_tokens up front; one that cannot fit in a
 	// bucket would wait forever instead of failing.
 	for _, l := range []struct {

@@ -82,7 +82,7 @@ func TestParsePolicyValid(t *testing.T) {
 	if m.Price != wantPrice {
 		t.Errorf("gpt-4o-mini price = %+v, want %+v", m.Price, wantPrice)
 	}
-	if m.Limits != (Limits{RPM: 500, TPM: 200000}) {
+	if m.Limits != (Limits{RPM: 500, TPM: 200000, Burst: DefaultBurst}) {
 		t.Errorf("gpt-4o-mini limits = %+v", m.Limits)
 	}
 	if pr, _ := p.Provider("openai"); pr.Timeout != 30*time.Second || pr.APIKeyEnv != "OPENAI_API_KEY" {
@@ -152,7 +152,7 @@ func TestParsePolicyDefaults(t *testing.T) {
 
 func TestParsePolicyOptionalFields(t *testing.T) {
 	t.Parallel()
-	yml := edit(t, "    limits: {rpm: 500, tpm: 200000, tpd: 0}\n", `    limits: {rps: 10, rpm: 500, tpm: 200000, tpd: 0}
+	yml := edit(t, "    limits: {rpm: 500, tpm: 200000, tpd: 0}\n", `    limits: {rps: 10, rpm: 500, tpm: 200000, tpd: 0, burst: 10s}
     kind: chat
     encoding: o200k_base
     max_output_tokens: 1000
@@ -163,7 +163,7 @@ func TestParsePolicyOptionalFields(t *testing.T) {
 	p := mustParse(t, yml)
 
 	m, _ := p.Model("gpt-4o-mini")
-	if m.Limits.RPS != 10 || m.Kind != KindChat || m.Encoding != "o200k_base" || m.MaxOutputTokens != 1000 {
+	if m.Limits.RPS != 10 || m.Limits.Burst != 10*time.Second || m.Kind != KindChat || m.Encoding != "o200k_base" || m.MaxOutputTokens != 1000 {
 		t.Errorf("model = %+v", m)
 	}
 	if m.Price.CachedInputPerMTok != 75_000 {
@@ -363,6 +363,9 @@ func TestParsePolicyErrors(t *testing.T) {
 		{name: "negative rpm", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: -500, tpm: 200000, tpd: 0}", field: "models[0].limits.rpm", msg: "must be 0 or more, got -500"},
 		{name: "negative tpm", old: "{tpm: 1000000}", new: "{tpm: -5}", field: "models[2].limits.tpm", msg: "must be 0 or more, got -5"},
 		{name: "negative tpd", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: 500, tpm: 200000, tpd: -1}", field: "models[0].limits.tpd", msg: "must be 0 or more, got -1"},
+		{name: "burst not a duration", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: 500, tpm: 200000, burst: 10}", field: "models[0].limits.burst", msg: "must be a duration such as 500ms or 10s"},
+		{name: "burst too short", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: 500, tpm: 200000, burst: 0s}", field: "models[0].limits.burst", msg: "within 1ms and 1m"},
+		{name: "burst too long", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: 500, tpm: 200000, burst: 2m}", field: "models[0].limits.burst", msg: "within 1ms and 1m"},
 
 		// Tiers.
 		{name: "tier name empty", old: "  - name: internal\n", new: "  - name: ''\n", field: "tiers[1].name", msg: "required"},

@@ -139,7 +139,7 @@ func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
 		if list[i] < 0 {
 			list[i] = len(lists)
 			lists = append(lists, c.scope.Buckets)
-			size += 1 + 3*len(c.scope.Buckets)
+			size += 1 + 4*len(c.scope.Buckets)
 		}
 		size += 3 + len(c.scope.Buckets)
 	}
@@ -148,7 +148,7 @@ func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
 	for _, l := range lists {
 		args = append(args, len(l))
 		for _, b := range l {
-			args = append(args, b.Name, b.Limit, b.Period.Microseconds())
+			args = append(args, b.Name, b.Limit, b.Period.Microseconds(), b.Burst.Microseconds())
 		}
 	}
 	for i, c := range batch {
@@ -170,7 +170,7 @@ func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
 	}
 	now, a := time.UnixMicro(a[0]), a[1:]
 	for _, c := range batch {
-		n := 3 + 5*len(c.scope.Buckets)
+		n := 3 + 6*len(c.scope.Buckets)
 		if len(a) < n {
 			c.err = fmt.Errorf("limiter: reserve on scope %q: short script reply", c.scope.Name)
 			continue

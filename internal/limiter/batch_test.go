@@ -80,7 +80,7 @@ func testBatchedReserves(t *testing.T, e *env) {
 	gate := newGateHook()
 	rdb.AddHook(gate)
 	tb := must(NewTokenBucket(rdb, e.opts()))
-	s := ModelScope("batched", 0, 100, 10, 0)
+	s := ModelScope("batched", 0, 100, 10, 0, 0)
 	ctx := context.Background()
 
 	a := goReserve(ctx, tb, s, Cost{Requests: 1, Tokens: 4})
@@ -124,7 +124,7 @@ func testBatchedReserveCancelled(t *testing.T, e *env) {
 	gate := newGateHook()
 	rdb.AddHook(gate)
 	tb := must(NewTokenBucket(rdb, e.opts()))
-	s := ModelScope("cancelled", 0, 100, 0, 0)
+	s := ModelScope("cancelled", 0, 100, 0, 0, 0)
 	one := Cost{Requests: 1}
 
 	// Cancelled while queued: never sent.

@@ -33,6 +33,18 @@ type BucketLearning struct {
 	// Drain is the share of the refill others take; Factor the share of the
 	// limit it may use after unpredicted 429s.
 	Drain, Factor float64
+	// Burst is the most the bucket lets out at once now (-1: no bound but
+	// its capacity): its refill over BurstWindow, Bucket.Burst times
+	// BurstFactor, which 429s that showed a shorter window than the
+	// limit's period lowered (0: one call at a time).
+	Burst       int64
+	BurstWindow time.Duration
+	BurstFactor float64
+	// PaceFactor is how much faster than its rate the bucket lets its
+	// refill out, grown while the provider's counts showed it more room
+	// than that (it refunds unused tokens), 1 again after a 429 the
+	// buckets did not predict.
+	PaceFactor float64
 	// Refund is the share of their unused tokens the provider's counts
 	// showed it gives back to calls; -1 until enough was seen.
 	Refund float64
@@ -47,25 +59,28 @@ type BucketLearning struct {
 //
 // KEYS[1] -> the scope's hash (rkeys.LimiterScope)
 // ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2..] -> per bucket: name, limit, period in µs
+// ARGV[2..] -> per bucket: name, limit, period in µs, burst window in µs
 // Returns {now, distrusted until (0 when not), calibration in millionths,
 // its samples, then per bucket: capacity, remaining, drain and factor in
 // millionths, refund sum, unused sum, provider remaining (-1 when none),
-// when it was seen (µs, 0 when never)}.
+// when it was seen (µs, 0 when never), burst factor in millionths, burst
+// (-1 when none), pace factor in millionths}.
 var inspectScript = redis.NewScript(withConstants(redisclock.Lua + bucketLua + `
 local st = load_state(KEYS[1])
 local hd = tonumber(st.hd) or 0
 if hd <= now then hd = 0 end
 local out = {now, hd, math.floor((tonumber(st.qm) or 1) * 1e6), tonumber(st.qn) or 0}
-for i = 2, #ARGV, 3 do
+for i = 2, #ARGV, 4 do
   local name = ARGV[i]
-  local b = load_bucket(st, name, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+  local b = load_bucket(st, name, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]))
   local k = #out
   out[k + 1], out[k + 2] = math.floor(b.cap), math.floor(b.cap - b.u)
   out[k + 3] = math.floor((tonumber(st['e:' .. name]) or 0) * 1e6)
   out[k + 4] = math.floor(factor_of(st, name) * 1e6)
   out[k + 5], out[k + 6] = math.floor(tonumber(st['n:' .. name]) or 0), math.floor(tonumber(st['w:' .. name]) or 0)
   out[k + 7], out[k + 8] = tonumber(st['pr:' .. name]) or -1, tonumber(st['prt:' .. name]) or 0
+  out[k + 9], out[k + 10] = math.floor(burst_factor_of(st, name) * 1e6), b.burst and math.floor(b.burst) or -1
+  out[k + 11] = math.floor((tonumber(st['pace_m:' .. name]) or 1) * 1e6)
 end
 return out
 `))
@@ -81,12 +96,12 @@ func (tb *TokenBucket) Inspect(ctx context.Context, scope Scope) (*ScopeLearning
 	}
 	args := []any{redisclock.Arg(tb.opts.Clock)}
 	for _, b := range scope.Buckets {
-		args = append(args, b.Name, b.Limit, b.Period.Microseconds())
+		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), b.Burst.Microseconds())
 	}
 	v, err := inspectScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(scope.Name)}, args...).Result()
 	var a []int64
 	if err == nil {
-		a, err = ints(v, 4+8*len(scope.Buckets))
+		a, err = ints(v, 4+11*len(scope.Buckets))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("limiter: inspect scope %q: %w", scope.Name, err)
@@ -96,9 +111,11 @@ func (tb *TokenBucket) Inspect(ctx context.Context, scope Scope) (*ScopeLearning
 		li.Distrusted, li.DistrustedUntil = true, time.UnixMicro(a[1])
 	}
 	for i, b := range scope.Buckets {
-		x := a[4+8*i:]
+		x := a[4+11*i:]
 		bl := BucketLearning{Name: b.Name, Limit: b.Limit, Capacity: x[0], Remaining: x[1],
-			Drain: float64(x[2]) / 1e6, Factor: float64(x[3]) / 1e6, Refund: -1, ProviderRemaining: x[6]}
+			Drain: float64(x[2]) / 1e6, Factor: float64(x[3]) / 1e6, Refund: -1, ProviderRemaining: x[6],
+			BurstFactor: float64(x[8]) / 1e6, Burst: x[9], BurstWindow: time.Duration(float64(b.Burst) * float64(x[8]) / 1e6),
+			PaceFactor: float64(x[10]) / 1e6}
 		if w := float64(x[5]); w >= minRefundEvidence*float64(b.Limit) {
 			bl.Refund = min(max(-float64(x[4])/w, 0), 1)
 		}

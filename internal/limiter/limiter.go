@@ -61,6 +61,13 @@ type Bucket struct {
 	Limit int64
 	// Period is the time the bucket takes to refill from empty to full.
 	Period time.Duration
+	// Burst bounds what the bucket lets out at once to its refill over
+	// Burst (or one call's cost, when more), however much it holds: a full
+	// bucket does not send a minute's worth of calls together, which a
+	// provider counting over a shorter window than its limit's period would
+	// refuse. 0 means no bound but the capacity. 429s that show a shorter
+	// window lower it (see Settle), for a while.
+	Burst time.Duration
 }
 
 // Scope is a set of buckets taken from together, e.g. one model at one
@@ -76,17 +83,19 @@ type Scope struct {
 // ModelScope returns the scope of one model with its request and token
 // limits; 0 means no such bucket. rps is a request bucket refilling per
 // second, rpm per minute, tpm and tpd token buckets per minute and per day.
-func ModelScope(name string, rps, rpm, tpm, tpd int64) Scope {
+// burst bounds what the rps, rpm and tpm buckets let out at once (see
+// Bucket.Burst); the day's bucket is a quota, not a pace, and has none.
+func ModelScope(name string, rps, rpm, tpm, tpd int64, burst time.Duration) Scope {
 	s := Scope{Name: name}
-	add := func(n string, u Unit, limit int64, period time.Duration) {
+	add := func(n string, u Unit, limit int64, period, burst time.Duration) {
 		if limit > 0 {
-			s.Buckets = append(s.Buckets, Bucket{Name: n, Unit: u, Limit: limit, Period: period})
+			s.Buckets = append(s.Buckets, Bucket{Name: n, Unit: u, Limit: limit, Period: period, Burst: burst})
 		}
 	}
-	add("rps", UnitRequests, rps, time.Second)
-	add("rpm", UnitRequests, rpm, time.Minute)
-	add("tpm", UnitTokens, tpm, time.Minute)
-	add("tpd", UnitTokens, tpd, 24*time.Hour)
+	add("rps", UnitRequests, rps, time.Second, burst)
+	add("rpm", UnitRequests, rpm, time.Minute, burst)
+	add("tpm", UnitTokens, tpm, time.Minute, burst)
+	add("tpd", UnitTokens, tpd, 24*time.Hour, 0)
 	return s
 }
 
@@ -121,6 +130,8 @@ func (s Scope) validate(c Cost) error {
 			return fmt.Errorf("limiter: scope %q bucket %q: Limit %d must be positive", s.Name, b.Name, b.Limit)
 		case b.Period < time.Microsecond:
 			return fmt.Errorf("limiter: scope %q bucket %q: Period %v must be at least 1µs", s.Name, b.Name, b.Period)
+		case b.Burst < 0:
+			return fmt.Errorf("limiter: scope %q bucket %q: Burst %v must not be negative", s.Name, b.Name, b.Burst)
 		}
 		for _, o := range s.Buckets[:i] {
 			if o.Name == b.Name {
@@ -148,6 +159,11 @@ type BucketState struct {
 	RetryAfter time.Duration
 	// ResetAfter is the time until this bucket is full again.
 	ResetAfter time.Duration
+	// Burst is what the bucket lets out at once now, however much it holds
+	// (Remaining): at most Bucket.Burst's refill, as 429s lowered it; a
+	// call costing more goes alone once this is whole. -1 when only its
+	// capacity bounds it.
+	Burst int64
 }
 
 // Result is the decision of every limiter of this package.

@@ -30,6 +30,10 @@ const drainBelief = 3 * time.Second
 // comes back, as a fraction of the limit per minute.
 const factorRecovery = 0.05
 
+// burstRecovery is how fast a burst lowered by 429s that showed a shorter
+// window comes back, as a fraction of the burst window per minute.
+const burstRecovery = 0.1
+
 // stateLua reads and writes a scope's state (rkeys.LimiterScope). The state
 // is a table of named values (the fields the scripts' comments list), kept
 // in the one field m of the scope's hash as a MessagePack map (cmsgpack, a
@@ -109,13 +113,32 @@ local function factor_of(st, name)
   return math.min(1, x + math.max(now - xt, 0) * RECOVER)
 end
 
+-- the share of its burst window a bucket lets out at once, lowered by 429s
+-- that showed a shorter window (bf:<name>, at bt:<name>), regained at
+-- BURST_RECOVER per µs
+local function burst_factor_of(st, name)
+  local bf = tonumber(st['bf:' .. name])
+  if not bf then return 1 end
+  local bt = tonumber(st['bt:' .. name]) or now
+  return math.min(1, bf + math.max(now - bt, 0) * BURST_RECOVER)
+end
+
+-- the bucket's limit: the one given, or a lower one the provider announced
+-- (pl:<name>, at plt:<name>), which applies at once
+local function limit_of(st, name, limit)
+  local pl, plt = tonumber(st['pl:' .. name]), tonumber(st['plt:' .. name])
+  if pl and plt and now - plt <= PL_TTL and pl < limit then return pl end
+  return limit
+end
+
 -- the bucket now: u its level (refilled, never below what is in flight, see
 -- inflightGen), d the level refilled without that floor, cap and rate (per
--- µs) as learned, f its in-flight generations, c all it ever took
-local function load_bucket(st, name, limit, period)
-  -- a lower limit the provider announced applies at once
-  local pl, plt = tonumber(st['pl:' .. name]), tonumber(st['plt:' .. name])
-  if pl and plt and now - plt <= PL_TTL and pl < limit then limit = pl end
+-- µs) as learned, f its in-flight generations, c all it ever took, burst
+-- the most it lets out at once (its full refill over burst_window µs, times
+-- what 429s taught; nil when burst_window is 0: no bound but its capacity)
+-- and pace what it lets out now (see pace_of)
+local function load_bucket(st, name, limit, period, burst_window)
+  limit = limit_of(st, name, limit)
   local cap = limit * factor_of(st, name)
   local full = cap / period
   local rate = full * (1 - (tonumber(st['e:' .. name]) or 0))
@@ -136,7 +159,23 @@ local function load_bucket(st, name, limit, period)
     end
     u = math.max(d, f[2] + f[3], 0)
   end
-  return {u = u, d = d, cap = cap, rate = rate, f = f, c = tonumber(st['c:' .. name]) or 0, limit = limit}
+  local b = {u = u, d = d, cap = cap, rate = rate, f = f, c = tonumber(st['c:' .. name]) or 0, limit = limit}
+  if burst_window and burst_window > 0 then
+    b.burst = math.min(full * burst_window * burst_factor_of(st, name), cap)
+    -- the pace: a second bucket of the burst's size, refilled as this one
+    -- (pace:<name> what it held at pace_t:<name>), from which every call
+    -- takes too, so what this one holds goes out at its rate, not at once.
+    -- It starts full: the first calls go at once.
+    local p, pt = tonumber(st['pace:' .. name]), tonumber(st['pace_t:' .. name])
+    b.pace_rate = rate * (tonumber(st['pace_m:' .. name]) or 1)
+    if not p then
+      p = b.burst
+    elseif pt and now > pt then
+      p = p + (now - pt) * b.pace_rate
+    end
+    b.pace = math.min(p, b.burst)
+  end
+  return b
 end
 
 -- lagLua: what a bucket had taken at least LAG ago, for a reservation now:
@@ -193,8 +232,20 @@ func withConstants(src string) string {
 		"GEN", us(inflightGen),
 		"LAG", us(lagDelay),
 		"LEARN_TTL", us(learnTTL),
+		"BURST_RECOVER", f(burstRecovery/float64(time.Minute.Microseconds())),
 		"RECOVER", f(factorRecovery/float64(time.Minute.Microseconds())),
 		"COOLDOWN", us(factorCooldown),
+		"PACE_MAX", f(paceMax),
+		"PACE_MIN", f(paceMin),
+		"PACE_SPARE", f(paceSpare),
+		"PACE_STEP", us(paceStep),
+		"PACE_GROW", f(paceGrowth/float64(time.Second.Microseconds())),
+		"PACE_HOLD", us(paceHold),
+		"BURST_DECREASE", f(burstDecrease),
+		"BURST_MIN", f(burstMin),
+		"SHORT_DECREASE", f(shortDecrease),
+		"EST_MIN", us(estimateMin),
+		"EST_SAFETY", f(estimateSafety),
 		"DECREASE", f(factorDecrease),
 		"FLOOR", f(factorFloor),
 		"MIN_SPAN", us(drainMinSpan),

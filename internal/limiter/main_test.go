@@ -83,6 +83,11 @@ var suite = []struct {
 	{"SettleCalibrationMedian", testSettleCalibrationMedian},
 	{"SettleLearnedTTL", testSettleLearnedTTL},
 	{"SettleBelowTheProvidersLimit", testSettleBelowTheProvidersLimit},
+	{"PaceBoundsBursts", testPaceBoundsBursts},
+	{"PaceReleaseAndRefusal", testPaceReleaseAndRefusal},
+	{"PaceLearnsShortWindows", testPaceLearnsShortWindows},
+	{"PaceRateEstimate", testPaceRateEstimate},
+	{"PaceGrowsWhileTheProviderShowsRoom", testPaceGrowsWhileTheProviderShowsRoom},
 }
 
 func TestSingleNode(t *testing.T) {

@@ -41,6 +41,29 @@ const (
 	// refusalsKept is how many refused calls a bucket remembers, so the
 	// provider's answers are not read as if it had charged them.
 	refusalsKept = 64
+	// burstDecrease multiplies a bucket's burst on a 429 that showed a
+	// shorter window; shortDecrease multiplies its pace's rate instead when
+	// the burst is below burstMin of its window already.
+	burstDecrease = 0.25
+	burstMin      = 0.5
+	shortDecrease = 0.95
+	// Two unpredicted 429s at least estimateMin and at most the bucket's
+	// period apart bound the provider's rate by what was let through
+	// between them (it had no room at either), taken at estimateSafety of
+	// it.
+	estimateMin    = 2 * time.Second
+	estimateSafety = 0.95
+	// A bucket's pace lets its refill out at paceMax times its rate at
+	// most, and paceMin at least: it grows by paceGrowth of the rate a second (counted over at
+	// most paceStep between answers) while the provider's counts show at
+	// least paceSpare of its bucket free, and goes back to the rate, for
+	// paceHold, after a 429 the buckets did not predict.
+	paceMax    = 2.0
+	paceMin    = 0.5
+	paceSpare  = 0.5
+	paceStep   = time.Second
+	paceGrowth = 0.01
+	paceHold   = 10 * time.Minute
 )
 
 // Feedback is what a provider's answer says about one call, for Settle.
@@ -58,8 +81,19 @@ type Feedback struct {
 	// from its x-ratelimit-* headers.
 	Observed []Observed
 	// Evidence names the buckets a 429 showed to be ahead of the
-	// provider's: it refused a call they admitted.
+	// provider's: it refused a call they admitted while its counts showed
+	// them without room (or it sent no counts).
 	Evidence []string
+	// ShortWindow names the buckets a 429 showed to be counted by the
+	// provider over a shorter window than their period: it refused a call
+	// they admitted while its counts showed room for it. Their burst is
+	// lowered (see Bucket.Burst).
+	ShortWindow []string
+	// BlockWindow names those of ShortWindow whose window the provider's
+	// wait showed to free in a block (a fixed window: the wait is longer
+	// than the call's cost takes to refill): their pace is lowered too,
+	// since the calls crossing the window's edge count in it together.
+	BlockWindow []string
 	// PromptRatio is the provider's count of the prompt over llmq's
 	// estimate, for the calibration; 0 when unknown.
 	PromptRatio float64
@@ -100,8 +134,10 @@ type BucketSettlement struct {
 	// its answer; -1 when it said nothing about this bucket.
 	ProviderBound int64
 	// Drain is the share of the refill others take; Factor the share of
-	// the limit the bucket may use after unpredicted 429s.
-	Drain, Factor float64
+	// the limit the bucket may use after unpredicted 429s; BurstFactor the
+	// share of its burst it lets out at once after 429s that showed a
+	// shorter window.
+	Drain, Factor, BurstFactor float64
 }
 
 // Calibration is a scope's correction of llmq's prompt-token estimates: the
@@ -158,14 +194,17 @@ func calibration(micros, n int64) Calibration {
 // provider call (never refunds)
 // ARGV[8] -> the prompt ratio for the calibration, or ""
 // ARGV[9] -> "1" when the provider refused the call (a 429), else "0"
-// ARGV[10+11(i-1)] .. ARGV[20+11(i-1)] -> bucket i: name, limit, period in µs,
-// reserved, charged, unused, taken a moment before the reservation (its lag)
-// and just before it (its place), the provider's limit and remaining (or
-// ""), "1" when a 429 is evidence against it
+// ARGV[10+12(i-1)] .. ARGV[21+12(i-1)] -> bucket i: name, limit, period in µs,
+// burst window in µs (0: none), reserved, charged, unused, taken a moment
+// before the reservation (its lag) and just before it (its place), the
+// provider's limit and remaining (or ""), and what a 429 showed of it: ""
+// nothing, "r" its rate ahead of the provider's, "s" a shorter window than
+// its period ("sb" one that frees in a block, as a fixed window does),
+// "rs" either
 // Returns {1, calibration in millionths, its samples, then per bucket: the
 // level as counted, the level after following the provider, the provider's
-// bound (-1 when none), drain and factor in millionths}, or {0} when the
-// reservation was settled before.
+// bound (-1 when none), drain, factor and burst factor in millionths}, or
+// {0} when the reservation was settled before.
 //
 // Redis keeps what a script wrote before a runtime error, so the script
 // reads and computes everything first, and writes the marker last: a failed
@@ -178,7 +217,7 @@ local rgen = tonumber(ARGV[6])
 local refund = ARGV[7] == 'r'
 local sample = tonumber(ARGV[8])
 local refused = ARGV[9] == '1'
-local nb = (#ARGV - 9) / 11
+local nb = (#ARGV - 9) / 12
 
 local st, old = load_state(key)
 local pu, pid, pt = tonumber(st.pu), st.pid, tonumber(st.pt)
@@ -250,21 +289,69 @@ if sample then
   learned = true
 end
 for i = 1, nb do
-  local a = 9 + 11 * (i - 1)
-  local name, limit, period = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local reserved, charged, unused, clag, cpos = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
-  local olimit, oremain = tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10])
+  local a = 9 + 12 * (i - 1)
+  local name, limit, period, bw = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local reserved, charged, unused, clag, cpos = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+  local olimit, oremain = tonumber(ARGV[a + 10]), tonumber(ARGV[a + 11])
+  local ev = ARGV[a + 12]
+  local rate_ev, short_ev = string.find(ev, 'r', 1, true) ~= nil, string.find(ev, 's', 1, true) ~= nil and bw > 0
+  local block = string.find(ev, 'b', 1, true) ~= nil
+  local slow = false
 
-  -- an unpredicted 429 lowers the bucket's limit factor, once per cooldown
-  -- (the 429s of calls admitted together are one piece of evidence)
-  if ARGV[a + 11] == '1' then
+  -- A 429 that showed a shorter window than the limit's lowers the
+  -- bucket's burst, once per cooldown (the 429s of calls admitted together
+  -- are one piece of evidence): from 1 to BURST_DECREASE. Once it is below
+  -- BURST_MIN, a short burst did not help: the window counts the pace
+  -- itself (a fixed window takes what crosses its edge), and the pace goes
+  -- a little below the rate instead (see below); so it does at once when
+  -- the provider's wait showed a window that frees in a block ("b").
+  if short_ev then
+    local bt = tonumber(st['bt:' .. name])
+    if not bt or now - bt >= COOLDOWN then
+      local bf = burst_factor_of(st, name)
+      slow = block or bf < BURST_MIN
+      if bf >= BURST_MIN then
+        bf = bf * BURST_DECREASE
+        st['bf:' .. name], st['bt:' .. name] = bf, now
+        put(args, 'bf:' .. name, bf)
+        put(args, 'bt:' .. name, now)
+        learned = true
+      end
+    end
+  end
+
+  -- a refused call's tokens, all told (rr:<name>), for the rate estimate
+  local rr = tonumber(st['rr:' .. name]) or 0
+  if refused then
+    rr = rr + reserved
+    put(args, 'rr:' .. name, rr)
+  end
+
+  -- An unpredicted 429 lowers the bucket's limit factor, once per
+  -- cooldown: to DECREASE times what it was or, when the previous one came
+  -- within the bucket's period (zt:<name>), to what the bucket let through
+  -- between the two, if less: the provider had no room at either, and its
+  -- bucket, which holds a period's refill, could not fill up in between, so
+  -- what it admitted meanwhile was its refill (less what others took).
+  if rate_ev then
     local xt = tonumber(st['xt:' .. name])
     if not xt or now - xt >= COOLDOWN then
       evidence = true
-      local x = math.max(factor_of(st, name) * DECREASE, FLOOR)
+      local x = factor_of(st, name)
+      local lowered = x * DECREASE
+      local zt, zc, zr = tonumber(st['zt:' .. name]), tonumber(st['zc:' .. name]), tonumber(st['zr:' .. name])
+      local c = tonumber(st['c:' .. name]) or 0
+      if zt and zc and zr and now - zt >= EST_MIN and now - zt <= period then
+        local through = (c - zc) - (rr - zr)
+        lowered = math.min(lowered, through / (now - zt) * period / limit_of(st, name, limit) * EST_SAFETY)
+      end
+      x = math.max(lowered, FLOOR)
       st['x:' .. name], st['xt:' .. name] = x, now
       put(args, 'x:' .. name, x)
       put(args, 'xt:' .. name, now)
+      put(args, 'zt:' .. name, now)
+      put(args, 'zc:' .. name, c)
+      put(args, 'zr:' .. name, rr)
       learned = true
     end
   end
@@ -276,7 +363,7 @@ for i = 1, nb do
     put(args, 'pl:' .. name, olimit)
     put(args, 'plt:' .. name, now)
   end
-  local b = load_bucket(st, name, limit, period)
+  local b = load_bucket(st, name, limit, period, bw)
   local u, f, c = b.u, b.f, b.c
   -- the reservation is no longer in flight
   if rgen == f[1] then f[2] = math.max(f[2] - reserved, 0) elseif rgen == f[1] - 1 then f[3] = math.max(f[3] - reserved, 0) end
@@ -383,11 +470,39 @@ for i = 1, nb do
   put(args, 'f0:' .. name, f[2])
   put(args, 'f1:' .. name, f[3])
   put(args, 'c:' .. name, c)
+  -- The pace gets back what a call did not cost (a refund, a release) and
+  -- gives what the provider charged beyond the reservation. A 429 the
+  -- buckets did not predict empties it: the provider's window is empty
+  -- now, whatever the pace held, and its rate goes back to the bucket's
+  -- for PACE_HOLD (pace_hold:<name>), or SHORT_DECREASE below it (at least
+  -- PACE_MIN of it) when the burst is one call already. While the
+  -- provider's counts show half its bucket free and no hold is on, it has
+  -- more room than the pace lets out (it refunds, or nobody else draws on
+  -- it): the pace's rate grows, up to PACE_MAX times the bucket's.
+  if b.pace then
+    local p = b.pace
+    if refund or delta > 0 then p = p - delta end
+    if rate_ev or short_ev then p = math.min(p, 0) end
+    put(args, 'pace:' .. name, math.min(p, b.burst))
+    put(args, 'pace_t:' .. name, now)
+    local pm, pmt = tonumber(st['pace_m:' .. name]) or 1, tonumber(st['pace_mt:' .. name]) or now
+    local hold = tonumber(st['pace_hold:' .. name]) or 0
+    if rate_ev or short_ev then
+      pm, hold = math.min(pm, 1), now + PACE_HOLD
+      if slow then pm = math.max(pm * SHORT_DECREASE, PACE_MIN) end
+      put(args, 'pace_hold:' .. name, hold)
+    elseif olimit and oremain and oremain >= PACE_SPARE * olimit and not refused and hold <= now then
+      pm = math.min(pm + math.min(now - pmt, PACE_STEP) * PACE_GROW, PACE_MAX)
+    end
+    put(args, 'pace_m:' .. name, pm)
+    put(args, 'pace_mt:' .. name, now)
+  end
   ttl = math.max(ttl, idle_after(u, b.rate, f))
   local k = #out
   out[k + 1], out[k + 2], out[k + 3] = math.floor(model), math.floor(u), math.floor(bound)
   out[k + 4] = math.floor((tonumber(st['e:' .. name]) or 0) * 1e6)
   out[k + 5] = math.floor(factor_of(st, name) * 1e6)
+  out[k + 6] = math.floor(burst_factor_of(st, name) * 1e6)
 end
 
 -- repeated unpredicted 429s (counted in windows of a minute from the
@@ -507,7 +622,7 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 	if fb.Refused {
 		refused = "1"
 	}
-	args := make([]any, 0, 9+11*len(r.Scope.Buckets))
+	args := make([]any, 0, 9+12*len(r.Scope.Buckets))
 	args = append(args, redisclock.Arg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout, r.gen, mode, sample, refused)
 	for i, b := range r.Scope.Buckets {
 		var lag, pos int64
@@ -523,11 +638,17 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 				olimit = strconv.FormatInt(o.Limit, 10)
 			}
 		}
-		evidence := "0"
+		evidence := ""
 		if slices.Contains(fb.Evidence, b.Name) {
-			evidence = "1"
+			evidence += "r"
 		}
-		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), r.Cost.Of(b.Unit), charged.Of(b.Unit),
+		if slices.Contains(fb.ShortWindow, b.Name) {
+			evidence += "s"
+			if slices.Contains(fb.BlockWindow, b.Name) {
+				evidence += "b"
+			}
+		}
+		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), b.Burst.Microseconds(), r.Cost.Of(b.Unit), charged.Of(b.Unit),
 			fb.Unused.Of(b.Unit), lag, pos, olimit, oremain, evidence)
 	}
 	keys := []string{tb.opts.Keys.LimiterScope(r.Scope.Name)}
@@ -546,14 +667,14 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 	if !s.Applied {
 		return s, nil
 	}
-	if len(a) != 3+5*len(r.Scope.Buckets) {
+	if len(a) != 3+6*len(r.Scope.Buckets) {
 		return nil, fmt.Errorf("limiter: settle on scope %q: unexpected reply %v", r.Scope.Name, a)
 	}
 	s.Calibration = calibration(a[1], a[2])
 	for i, b := range r.Scope.Buckets {
-		x := a[3+5*i:]
+		x := a[3+6*i:]
 		s.Buckets = append(s.Buckets, BucketSettlement{Name: b.Name, Model: x[0], Level: x[1], ProviderBound: x[2],
-			Drain: float64(x[3]) / 1e6, Factor: float64(x[4]) / 1e6})
+			Drain: float64(x[3]) / 1e6, Factor: float64(x[4]) / 1e6, BurstFactor: float64(x[5]) / 1e6})
 	}
 	return s, nil
 }

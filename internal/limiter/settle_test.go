@@ -34,7 +34,7 @@ func tpmOf(s *Settlement) BucketSettlement {
 // whose cost is exact, still refunds.
 func testSettleNeverRefunds(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("keep", 0, 100, 10_000, 0)
+	s := ModelScope("keep", 0, 100, 10_000, 0, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}) // 200 prompt + 800 max_tokens
 	st := mustSettle(t, tb, r.Reservation, Feedback{Unused: Cost{Tokens: 700}})
 	if !st.Applied || tpmOf(st).Level != 1000 {
@@ -64,7 +64,7 @@ func testSettleNeverRefunds(t *testing.T, e *env) {
 // call, which the provider's answer may not show yet.
 func testSettleFollowsProvider(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("follow", 0, 0, 10_000, 0)
+	s := ModelScope("follow", 0, 0, 10_000, 0, 0)
 	x := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}).Reservation
 	e.clock.Add(time.Second) // past the lag: what follows is after x
 	y := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500}).Reservation
@@ -95,7 +95,7 @@ func testSettleFollowsProvider(t *testing.T, e *env) {
 // bucket keeps its own count.
 func testSettleWithoutHeaders(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("noheaders", 0, 100, 10_000, 1_000_000)
+	s := ModelScope("noheaders", 0, 100, 10_000, 1_000_000, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}).Reservation
 	st := mustSettle(t, tb, r, Feedback{Observed: []Observed{{Bucket: "tpm", Remaining: 9500}}})
 	for _, b := range st.Buckets {
@@ -118,7 +118,7 @@ func testSettleWithoutHeaders(t *testing.T, e *env) {
 func testSettleLearnsDrain(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	const limit = 60_000 // 1,000 tokens a second
-	s := ModelScope("drain", 0, 0, limit, 0)
+	s := ModelScope("drain", 0, 0, limit, 0, 0)
 	// The provider's bucket, with another application taking 300 tokens a
 	// second, and llmq calls of 500 tokens twice a second.
 	prov := float64(limit)
@@ -150,7 +150,7 @@ func testSettleLearnsDrain(t *testing.T, e *env) {
 // which comes back slowly.
 func testSettleEvidence(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("evidence", 0, 0, 10_000, 0)
+	s := ModelScope("evidence", 0, 0, 10_000, 0, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100}).Reservation
 	if f := tpmOf(mustSettle(t, tb, r, Feedback{Evidence: []string{"tpm"}})).Factor; math.Abs(f-factorDecrease) > 1e-6 {
 		t.Fatalf("factor %v after a 429, want %v", f, factorDecrease)
@@ -178,7 +178,7 @@ func testSettleEvidence(t *testing.T, e *env) {
 // they no longer lower the buckets, only raise them.
 func testSettleDistrust(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("distrust", 0, 0, 10_000, 0)
+	s := ModelScope("distrust", 0, 0, 10_000, 0, 0)
 	for range distrustAfter {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100}).Reservation
 		mustSettle(t, tb, r, Feedback{Evidence: []string{"tpm"}})
@@ -198,7 +198,7 @@ func testSettleDistrust(t *testing.T, e *env) {
 // do not move it; it applies from three calls on, within its bounds.
 func testSettleCalibration(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("calib", 0, 0, 1_000_000, 0)
+	s := ModelScope("calib", 0, 0, 1_000_000, 0, 0)
 	settle := func(ratio float64) Calibration {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
 		return mustSettle(t, tb, r, Feedback{PromptRatio: ratio}).Calibration
@@ -235,7 +235,7 @@ func testSettleCalibration(t *testing.T, e *env) {
 func testSettleCalibrationMedian(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("median", 0, 0, 1_000_000, 0)
+	s := ModelScope("median", 0, 0, 1_000_000, 0, 0)
 	key := e.keys.LimiterScope(s.Name)
 	// three samples in the older form: unpadded, unsorted, no qs
 	if err := e.rdb.HSet(ctx, key, "q", "1.2500,0.5000,3.0000", "qm", "1.25", "qn", "3").Err(); err != nil {
@@ -294,7 +294,7 @@ func testSettleCalibrationMedian(t *testing.T, e *env) {
 func testSettleLearnedTTL(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("ttl", 0, 0, 1000, 0)
+	s := ModelScope("ttl", 0, 0, 1000, 0, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
 	mustSettle(t, tb, r, Feedback{PromptRatio: 1.2})
 	ttl, err := e.rdb.PTTL(ctx, e.keys.LimiterScope(s.Name)).Result()
@@ -317,7 +317,7 @@ func mustInspect(t *testing.T, tb *TokenBucket, s Scope) *ScopeLearning {
 // past its limit; a provider that has used more still raises it.
 func testSettleBelowTheProvidersLimit(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("below", 0, 0, 10_000, 0)
+	s := ModelScope("below", 0, 0, 10_000, 0, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 6000}).Reservation
 	b := tpmOf(mustSettle(t, tb, r, Feedback{Observed: []Observed{{Bucket: "tpm", Remaining: 50_000, Limit: 60_000}}}))
 	if b.Level != 6000 {

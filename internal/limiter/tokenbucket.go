@@ -123,14 +123,15 @@ const (
 // ARGV[2] -> probe timeout in µs
 // ARGV[3] -> longest retry while a probe is in flight, in µs
 // ARGV[4] -> the number of bucket lists that follow, each: n, then n buckets
-// of name, limit, period in µs
+// of name, limit, period in µs, burst window in µs (0: none)
 // then the reservations, each: its bucket list (1-based), mode ("r" reserve,
 // "h" reserve and hold in flight until reconciled,
 // "l" reserve for a lease, never the probe, "s" state: no writes), id, and
 // its cost in each bucket of its list
 // Returns {now, then per reservation: status, retry µs, held, then per
 // bucket: remaining, retry µs, reset µs, taken a moment before, taken just
-// before} where status is 0
+// before, what its pace lets out now (-1 when no burst bounds it)} where
+// status is 0
 // denied by a bucket, 1 allowed, 2 allowed as the probe, 3 denied by a
 // penalty, 4 denied while a probe is in flight; held is 1 when the retry is
 // the time until what reservations hold in flight lapses (which a reconcile
@@ -152,22 +153,24 @@ local new_probe = false
 -- fl its in-flight generations, base the level it refills from without the
 -- floor of what is in flight (the level it is written with once taken from),
 -- tk its total taken and lag that total a moment ago
-local lists, used, cap, rate, fl, base, tk, lag = {}, {}, {}, {}, {}, {}, {}, {}
+-- burst the most it lets out at once and pace what it lets out now (nil:
+-- no bound but its capacity)
+local lists, used, cap, rate, fl, base, tk, lag, burst, pace, prate = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 local a = 5
 for l = 1, tonumber(ARGV[4]) do
   local n = tonumber(ARGV[a])
   local names = {}
   for i = 1, n do
-    local name, limit, period = ARGV[a + 3 * i - 2], tonumber(ARGV[a + 3 * i - 1]), tonumber(ARGV[a + 3 * i])
+    local name, limit, period, bw = ARGV[a + 4 * i - 3], tonumber(ARGV[a + 4 * i - 2]), tonumber(ARGV[a + 4 * i - 1]), tonumber(ARGV[a + 4 * i])
     names[i] = name
     if not used[name] then
-      local b = load_bucket(st, name, limit, period)
+      local b = load_bucket(st, name, limit, period, bw)
       used[name], base[name], cap[name], rate[name], fl[name] = b.u, b.d, b.cap, b.rate, b.f
-      tk[name], lag[name] = b.c, lag_of(st, name)
+      tk[name], lag[name], burst[name], pace[name], prate[name] = b.c, lag_of(st, name), b.burst, b.pace, b.pace_rate
     end
   end
   lists[l] = {n, names}
-  a = a + 1 + 3 * n
+  a = a + 1 + 4 * n
 end
 
 local dirty, take = {}, false
@@ -195,6 +198,12 @@ while a <= #ARGV do
     local f, wf = fl[name], 0
     if f[2] + f[3] + cost - capa > tol then
       wf = (f[1] + (f[2] + cost - capa > tol and 2 or 1)) * GEN - now
+    end
+    -- the pace holds the cost, or its whole burst for a cost above it
+    local p = pace[name]
+    if p then
+      local pneed = math.min(tonumber(ARGV[c0 + i]), burst[name]) - p
+      if pneed > tol then w = math.max(w, ceil(pneed / prate[name])) end
     end
     if wf > w then
       w = wf
@@ -235,6 +244,7 @@ while a <= #ARGV do
     local pos = tk[name]
     if take then
       local cost = tonumber(ARGV[c0 + i])
+      if pace[name] then pace[name] = pace[name] - cost end
       u = u + cost
       used[name], base[name], dirty[name] = u, u, true
       tk[name] = tk[name] + cost
@@ -244,7 +254,8 @@ while a <= #ARGV do
       end
     end
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = floor(cap[name] - u), waits[i], ceil(u / rate[name]), lag[name], pos
-    o = o + 5
+    out[o + 6] = pace[name] and math.max(floor(pace[name]), 0) or -1
+    o = o + 6
   end
   a = c0 + n + 1
 end
@@ -259,6 +270,10 @@ for name in pairs(dirty) do
   put(args, 'f1:' .. name, f[3])
   put(args, 'c:' .. name, tk[name])
   put_lag(args, name, tk[name])
+  if pace[name] then
+    put(args, 'pace:' .. name, pace[name])
+    put(args, 'pace_t:' .. name, now)
+  end
 end
 if new_probe then
   put(args, 'pid', pid)
@@ -314,11 +329,11 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 	}
 	lag, pos := make([]int64, len(c.scope.Buckets)), make([]int64, len(c.scope.Buckets))
 	for i, b := range c.scope.Buckets {
-		x := a[3+5*i:]
+		x := a[3+6*i:]
 		lag[i], pos[i] = x[3], x[4]
 		res.Buckets[i] = BucketState{
 			Name: b.Name, Unit: b.Unit, Limit: b.Limit,
-			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2]),
+			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2]), Burst: x[5],
 		}
 	}
 	res.fill()

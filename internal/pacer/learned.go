@@ -76,7 +76,7 @@ func (l *Learned) Scope(ctx context.Context, m *config.Model) limiter.Scope {
 	if e.tpm > 0 && (tpm == 0 || e.tpm < tpm) {
 		tpm = e.tpm
 	}
-	return limiter.ModelScope(admission.ScopeName(m), m.Limits.RPS, rpm, tpm, m.Limits.TPD)
+	return limiter.ModelScope(admission.ScopeName(m), m.Limits.RPS, rpm, tpm, m.Limits.TPD, m.Limits.Burst)
 }
 
 func (l *Learned) entry(ctx context.Context, scope string) learnedEntry {

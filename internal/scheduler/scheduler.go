@@ -231,8 +231,9 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 }
 
 // room is what scope's buckets admit now and within Lookahead: the least
-// over its token buckets of what each holds plus its refill in Lookahead,
-// and likewise for requests; none while a 429 pauses the scope. A scope no
+// over its token buckets of what each lets out now (what it holds, bounded
+// by its burst) plus its refill in Lookahead, and likewise for requests;
+// none while a 429 pauses the scope. A scope no
 // model of the policy names any more releases everything: its workers fail
 // the jobs, saying so.
 func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) {
@@ -254,7 +255,11 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 	full := true
 	for i, b := range st.Buckets {
 		lim := sc.Buckets[i]
-		ahead := float64(b.Remaining) + float64(lim.Limit)*float64(s.o.Lookahead)/float64(lim.Period)
+		now := b.Remaining
+		if b.Burst >= 0 {
+			now = min(now, b.Burst)
+		}
+		ahead := float64(now) + float64(lim.Limit)*float64(s.o.Lookahead)/float64(lim.Period)
 		if b.Unit == limiter.UnitTokens {
 			room.Tokens = min(room.Tokens, ahead)
 			full = full && b.Remaining >= lim.Limit/2

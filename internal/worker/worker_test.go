@@ -396,17 +396,12 @@ func TestLongLimiterWaitRequeuesTheJob(t *testing.T) {
 	_, key := a.Tenant("standard")
 	ctx := context.Background()
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
-	// Drain the request bucket: 3,000 RPM refills one request per 20 ms.
-	for {
-		res, err := a.Limiter.Reserve(ctx, scopeOf(m), limiterCost(300, 0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !res.Allowed {
-			break
-		}
-	}
 	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
+	// 35 requests at once, more than the request bucket's burst (half a
+	// second of 3,000 RPM, 25): its pace is 10 in debt, 200 ms of refill.
+	if res, err := a.Limiter.Reserve(ctx, scopeOf(m), limiterCost(35, 0)); err != nil || !res.Allowed {
+		t.Fatalf("reserve: %v %+v", err, res)
+	}
 	err := a.JobHandler(worker.Options{MaxInlineWait: time.Millisecond}).Run(ctx, id)
 	if err == nil || worker.IsFailure(err) || worker.RetryDelay(0, err, nil) <= 0 {
 		t.Fatalf("a long wait must requeue without failure, got %v", err)
