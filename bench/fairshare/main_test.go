@@ -21,7 +21,7 @@ func TestRun(t *testing.T) {
 	var out bytes.Buffer
 	args := []string{"-scenarios", "isolation,batch,share,models", "-latency", "20ms", "-jitter", "20ms", "-concurrency", "10",
 		"-backlog", "100", "-b-jobs", "2", "-batch-a", "100", "-batch-b", "3",
-		"-settle", "1s", "-cap", "4s", "-share-window", "3s"}
+		"-settle", "1s", "-cap", "8s", "-share-window", "3s"}
 	if err := run(t.Context(), args, &out); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}

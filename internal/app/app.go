@@ -276,6 +276,12 @@ func (o appObserver) UnpredictedRateLimit(model string, buckets []string) {
 	}
 }
 
+func (o appObserver) ShortWindowRateLimit(model string, buckets []string) {
+	if o.a.Observer != nil {
+		o.a.Observer.ShortWindowRateLimit(model, buckets)
+	}
+}
+
 // JobHandler returns the handler of job tasks, or an error naming an
 // option that is invalid.
 func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {

@@ -169,6 +169,7 @@ func TestDashboardInABrowser(t *testing.T) {
 		`[data-model="gpt-4o-mini"] [data-bucket="tpm"] .provider`: "provider: 4,900,000 left",
 		`[data-model="gpt-4o-mini"] [data-learned="calibration"]`:  "prompts counted ×1.25 (median of 3 calls)",
 		`[data-model="gpt-4o-mini"] [data-learned="refund:tpm"]`:   "tpm: refunds not seen yet",
+		`[data-model="gpt-4o-mini"] [data-learned="burst:tpm"]`:    "tpm: at most 1m0s of refill at once",
 		`[data-model="gpt-4o-mini"] .unpredicted`:                  "1 unpredicted",
 	} {
 		if got := text(t, ctx, sel); !strings.HasPrefix(got, want) {

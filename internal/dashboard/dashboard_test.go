@@ -41,7 +41,7 @@ models:
   - name: gpt-4o-mini
     provider: sim
     price: {input_per_mtok: 0.15, output_per_mtok: 0.60}
-    limits: {rpm: 3000, tpm: 5000000, tpd: 10000000}
+    limits: {rpm: 3000, tpm: 5000000, tpd: 10000000, burst: 1m}
 tiers:
   - name: standard
     daily_budget_usd: 50

@@ -282,7 +282,8 @@ func learnedBucket(l *limiter.ScopeLearning, name string) *limiter.BucketLearnin
 
 // learnedLines says, for an operator, what a model's buckets learned: the
 // refunds the provider's counts show, the share others drain, the limit
-// factor after unpredicted 429s, the prompt calibration.
+// factor after unpredicted 429s, the burst and pace after 429s that showed
+// a shorter window, the prompt calibration.
 func learnedLines(l *limiter.ScopeLearning) []learnedLine {
 	if l == nil {
 		return nil
@@ -314,6 +315,21 @@ func learnedLines(l *limiter.ScopeLearning) []learnedLine {
 	for _, b := range l.Buckets {
 		if b.Factor < 0.999 {
 			add("factor:"+b.Name, "%s: %s of the limit after unpredicted 429s", b.Name, percent(b.Factor, 1))
+		}
+		switch {
+		case b.Burst < 0:
+		case b.BurstFactor < 0.999:
+			add("burst:"+b.Name, "%s: enforced over a shorter window than its period (429s with room shown): at most %s of refill at once",
+				b.Name, b.BurstWindow.Round(time.Millisecond))
+		default:
+			add("burst:"+b.Name, "%s: at most %s of refill at once", b.Name, b.BurstWindow.Round(time.Millisecond))
+		}
+		switch {
+		case b.Burst < 0:
+		case b.PaceFactor < 0.999:
+			add("pace:"+b.Name, "%s: paced at %s of the limit (the provider's window frees in blocks)", b.Name, percent(b.PaceFactor, 1))
+		case b.PaceFactor > 1.001:
+			add("pace:"+b.Name, "%s: paced up to ×%.2f the limit while the provider shows room", b.Name, b.PaceFactor)
 		}
 	}
 	if l.Calibration.Samples > 0 {

@@ -19,6 +19,7 @@ type stateCollector struct {
 
 	remaining, limit, paused                           *prometheus.Desc
 	capacity, provRemaining, provAge, drain, factor    *prometheus.Desc
+	burst                                              *prometheus.Desc
 	refund, calibration, calibSamples, distrusted      *prometheus.Desc
 	spent, reserved, budget, budgetLeft, soft, trunced *prometheus.Desc
 	workers                                            *prometheus.Desc
@@ -45,6 +46,8 @@ func (s *State) Collector() prometheus.Collector {
 			"The share of a bucket's refill the provider's counts show others (other applications on the account) take.", "model", "bucket"),
 		factor: d("limiter_limit_factor",
 			"The share of its limit a bucket uses after unpredicted 429s (1 = all; regained slowly).", "model", "bucket"),
+		burst: d("limiter_burst_seconds",
+			"The most of its refill a model's bucket lets out at once, in seconds (the policy's limits.burst, lowered after 429s that showed the provider counting over a shorter window; 0 = one call at a time, regained slowly).", "model", "bucket"),
 		refund: d("limiter_refund_ratio",
 			"The share of their unused max_tokens the provider's counts show it gives back to calls (absent until enough was seen; llmq never assumes one).", "model", "bucket"),
 		calibration: d("limiter_prompt_calibration",
@@ -69,7 +72,7 @@ func (s *State) Collector() prometheus.Collector {
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.remaining, c.limit, c.paused, c.capacity, c.provRemaining, c.provAge, c.drain, c.factor,
-		c.refund, c.calibration, c.calibSamples, c.distrusted, c.spent, c.reserved, c.budget, c.budgetLeft, c.soft, c.trunced, c.workers,
+		c.burst, c.refund, c.calibration, c.calibSamples, c.distrusted, c.spent, c.reserved, c.budget, c.budgetLeft, c.soft, c.trunced, c.workers,
 		c.queued, c.queuedAge} {
 		ch <- d
 	}
@@ -96,6 +99,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 					gauge(c.capacity, float64(b.Capacity), m.Model, b.Name)
 					gauge(c.drain, b.Drain, m.Model, b.Name)
 					gauge(c.factor, b.Factor, m.Model, b.Name)
+					if b.Burst >= 0 {
+						gauge(c.burst, b.BurstWindow.Seconds(), m.Model, b.Name)
+					}
 					if b.Refund >= 0 {
 						gauge(c.refund, b.Refund, m.Model, b.Name)
 					}

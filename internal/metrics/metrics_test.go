@@ -53,6 +53,8 @@ var families = map[string]string{
 	"llmq_limiter_penalty_seconds_total":          "COUNTER",
 	"llmq_limits_learned":                         "GAUGE",
 	"llmq_limiter_unpredicted_429s_total":         "COUNTER",
+	"llmq_limiter_short_window_429s_total":        "COUNTER",
+	"llmq_limiter_burst_seconds":                  "GAUGE",
 	"llmq_limiter_bucket_capacity":                "GAUGE",
 	"llmq_limiter_provider_remaining":             "GAUGE",
 	"llmq_limiter_provider_remaining_age_seconds": "GAUGE",
@@ -123,12 +125,13 @@ func setup(t *testing.T) *scenario {
 	rec.WebhookDelivery("job", "delivered")
 	rec.WebhookDelivery("job", "http_5xx")
 	rec.UnpredictedRateLimit("gpt-4o-mini", []string{"tpm"})
+	rec.ShortWindowRateLimit("gpt-4o-mini", []string{"rpm", "tpm"})
 	rec.Released("default", 3*time.Second)
 	// Three answers of the provider: its remaining tokens, and prompts it
 	// counted a quarter more than llmq.
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
 	for range 3 {
-		res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: 1000})
+		res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: 500})
 		if err != nil || !res.Allowed {
 			t.Fatalf("reserve: %v %+v", err, res)
 		}
@@ -274,6 +277,8 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 		{"llmq_limiter_bucket_capacity", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 300000},
 		{"llmq_limiter_provider_remaining", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 250000},
 		{"llmq_limiter_limit_factor", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 1},
+		{"llmq_limiter_burst_seconds", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 0.5},
+		{"llmq_limiter_short_window_429s_total", map[string]string{"model": "gpt-4o-mini", "bucket": "rpm"}, 1},
 		{"llmq_limiter_drain_ratio", map[string]string{"model": "gpt-4o-mini", "bucket": "tpm"}, 0},
 		{"llmq_limiter_prompt_calibration", map[string]string{"model": "gpt-4o-mini"}, 1.25},
 		{"llmq_limiter_prompt_calibration_samples", map[string]string{"model": "gpt-4o-mini"}, 3},

@@ -76,6 +76,7 @@ type Recorder struct {
 	breakerChanges  *prometheus.CounterVec
 	learnedLimits   *prometheus.GaugeVec
 	unpredicted429s *prometheus.CounterVec
+	shortWindow429s *prometheus.CounterVec
 	queueWait       *prometheus.HistogramVec
 	softCrossings   *prometheus.CounterVec
 	webhookAttempts *prometheus.CounterVec
@@ -156,6 +157,8 @@ func New(o Options) (*Recorder, error) {
 		"Limits a provider announced for a model that differ from the policy's (0: none announced).", "model", "limit")
 	r.unpredicted429s = counter("limiter_unpredicted_429s_total",
 		"Provider 429s on calls a model's buckets admitted, by the bucket the provider showed exhausted (every bucket when it did not say): each lowers the bucket's limit factor.", "model", "bucket")
+	r.shortWindow429s = counter("limiter_short_window_429s_total",
+		"Provider 429s on calls a model's buckets admitted while the provider's counts showed room, by bucket: the provider counts the limit over a shorter window than its period, and the bucket's burst is lowered.", "model", "bucket")
 	r.queueWait = histogram("queue_wait_seconds",
 		"Time a job waited in the fair queue of its model before the scheduler released it to the workers.",
 		[]float64{0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800, 3600}, "priority")
@@ -284,6 +287,13 @@ func (r *Recorder) UnpredictedRateLimit(model string, buckets []string) {
 	}
 	r.stats.add(FieldUnpredicted429, 1)
 	r.stats.add(FieldUnpredicted429+":"+model, 1)
+}
+
+// ShortWindowRateLimit implements worker.Observer.
+func (r *Recorder) ShortWindowRateLimit(model string, buckets []string) {
+	for _, b := range buckets {
+		r.shortWindow429s.WithLabelValues(model, b).Inc()
+	}
 }
 
 // Released implements scheduler.Observer.

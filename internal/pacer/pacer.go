@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -40,6 +41,10 @@ type Observer interface {
 	// admitted, in buckets the provider showed exhausted (all, when it did
 	// not say which).
 	UnpredictedRateLimit(model string, buckets []string)
+	// ShortWindowRateLimit reports a 429 on a call the model's buckets
+	// admitted while the provider's counts showed room: it counts these
+	// buckets over a shorter window than their period.
+	ShortWindowRateLimit(model string, buckets []string)
 }
 
 type nopObserver struct{}
@@ -47,6 +52,7 @@ type nopObserver struct{}
 func (nopObserver) Penalized(string, time.Duration)       {}
 func (nopObserver) LimitsLearned(string, int64, int64)    {}
 func (nopObserver) UnpredictedRateLimit(string, []string) {}
+func (nopObserver) ShortWindowRateLimit(string, []string) {}
 
 // Options tune a Pacer. The zero value is ready to use.
 type Options struct {
@@ -265,9 +271,13 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 	if pe != nil && pe.Class == llm.ClassRateLimited {
 		after.Wait = p.penalize(ctx, c, pe, o.RateLimitedBefore)
 		fb.Refused = true
-		fb.Evidence = evidence(c, rl)
+		fb.Evidence, fb.ShortWindow = evidence(c, pe, rl)
+		fb.BlockWindow = blockWindows(c, rl, fb.ShortWindow)
 		if len(fb.Evidence) > 0 {
 			p.obs.UnpredictedRateLimit(c.Model.Name, fb.Evidence)
+		}
+		if len(fb.ShortWindow) > 0 {
+			p.obs.ShortWindowRateLimit(c.Model.Name, fb.ShortWindow)
 		}
 	}
 	s, err := p.limiter.Settle(ctx, permit, fb)
@@ -301,8 +311,9 @@ func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int
 	return wait
 }
 
-// observed maps OpenAI's per-minute x-ratelimit-remaining-* to the scope's
-// rpm and tpm buckets.
+// observed maps the provider's per-minute counts to the scope's rpm and tpm
+// buckets: x-ratelimit-remaining-* (or Anthropic's), and a provisioned Azure
+// deployment's utilization as the share of the tpm bucket in use.
 func observed(s limiter.Scope, rl llm.RateLimit) []limiter.Observed {
 	var out []limiter.Observed
 	for _, b := range s.Buckets {
@@ -319,26 +330,75 @@ func observed(s limiter.Scope, rl llm.RateLimit) []limiter.Observed {
 				o.Limit = rl.LimitTokens
 			}
 			out = append(out, o)
+		case b.Name == "tpm" && rl.Known(llm.HasUtilization):
+			out = append(out, limiter.Observed{Bucket: b.Name,
+				Remaining: int64(float64(b.Limit) * max(1-rl.Utilization/100, 0))})
 		}
 	}
 	return out
 }
 
-// evidence names the buckets a 429 on c shows to be ahead of the
-// provider's: those the provider's counts show without room for the call,
-// or, when it sent none, every bucket the provider can be limiting. A 429
-// whose counts show room everywhere limits something else (an overloaded
-// model, a spurious refusal) and teaches nothing about the buckets.
-func evidence(c *Call, rl llm.RateLimit) []string {
-	known := rl.Known(llm.HasRemainingRequests) || rl.Known(llm.HasRemainingTokens)
+// evidence reads what a 429 on c, which the scope's buckets admitted, shows
+// of them. rate names the buckets it shows ahead of the provider's over
+// their period: the provider's counts show no room for the call in them, or
+// it sent no counts at all, so any may be. short names the buckets the
+// provider counts over a shorter window than their period: its counts show
+// room for the call in every bucket it reports, and yet it refused (or it
+// sent no counts: then either may be true). A 429 that names its kind
+// ("requests" or "tokens", as OpenAI's error type does) concerns only the
+// buckets of that unit.
+func evidence(c *Call, pe *llm.Error, rl llm.RateLimit) (rate, short []string) {
+	counts := map[string]bool{} // bucket → the provider's count showed room
+	if rl.Known(llm.HasRemainingRequests) {
+		counts["rpm"] = rl.RemainingRequests >= c.Cost.Requests
+	}
+	if rl.Known(llm.HasRemainingTokens) {
+		counts["tpm"] = rl.RemainingTokens >= c.Cost.Tokens
+	} else if rl.Known(llm.HasUtilization) {
+		counts["tpm"] = rl.Utilization < 100
+	}
+	room := len(counts) > 0
+	for _, r := range counts {
+		room = room && r
+	}
+	for _, b := range c.Scope.Buckets {
+		if pe.Type == "requests" && b.Unit != limiter.UnitRequests || pe.Type == "tokens" && b.Unit != limiter.UnitTokens {
+			continue
+		}
+		showed, reported := counts[b.Name]
+		switch {
+		case len(counts) == 0:
+			rate, short = append(rate, b.Name), append(short, b.Name)
+		case reported && !showed:
+			rate = append(rate, b.Name)
+		case room && b.Burst > 0:
+			short = append(short, b.Name)
+		}
+	}
+	return rate, short
+}
+
+// blockWindows names the buckets of short whose window the 429's wait shows
+// to free in a block: the provider asks for a wait more than twice as long
+// as its limit takes to refill the call's cost (plus a second's rounding,
+// for a wait in whole seconds). A window refilled continuously asks for
+// about that refill; a fixed window, for the time to its end.
+func blockWindows(c *Call, rl llm.RateLimit, short []string) []string {
+	wait, ok := rl.Delay()
+	if !ok {
+		return nil
+	}
 	var out []string
 	for _, b := range c.Scope.Buckets {
-		switch {
-		case !known:
-			out = append(out, b.Name)
-		case b.Name == "rpm" && rl.Known(llm.HasRemainingRequests) && rl.RemainingRequests < c.Cost.Requests:
-			out = append(out, b.Name)
-		case b.Name == "tpm" && rl.Known(llm.HasRemainingTokens) && rl.RemainingTokens < c.Cost.Tokens:
+		if !slices.Contains(short, b.Name) {
+			continue
+		}
+		refill := time.Duration(float64(c.Cost.Of(b.Unit)) / float64(b.Limit) * float64(b.Period))
+		slack := 100 * time.Millisecond
+		if !rl.Known(llm.HasRetryAfter) || wait%time.Second == 0 {
+			slack = time.Second
+		}
+		if wait > 2*refill+slack {
 			out = append(out, b.Name)
 		}
 	}

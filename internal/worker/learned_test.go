@@ -41,6 +41,7 @@ func (*learnedObserver) Penalized(string, time.Duration)                        
 func (*learnedObserver) BreakerState(string, string)                                     {}
 func (*learnedObserver) SoftLimitCrossed(string, string)                                 {}
 func (*learnedObserver) UnpredictedRateLimit(string, []string)                           {}
+func (*learnedObserver) ShortWindowRateLimit(string, []string)                           {}
 
 // logLines decodes the JSON log lines written to buf.
 func logLines(t *testing.T, buf *testutil.SyncBuffer) []map[string]any {

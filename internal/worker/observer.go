@@ -40,4 +40,5 @@ func (nopObserver) Penalized(string, time.Duration)                             
 func (nopObserver) BreakerState(string, string)                                     {}
 func (nopObserver) LimitsLearned(string, int64, int64)                              {}
 func (nopObserver) UnpredictedRateLimit(string, []string)                           {}
+func (nopObserver) ShortWindowRateLimit(string, []string)                           {}
 func (nopObserver) SoftLimitCrossed(string, string)                                 {}

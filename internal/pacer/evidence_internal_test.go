@@ -1,0 +1,59 @@
+package pacer
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+)
+
+// What a 429 teaches depends on what the provider's counts showed: no room
+// in a bucket (its rate), room everywhere (a shorter window), nothing (either);
+// a wait far longer than the call's refill shows a window that frees in a
+// block.
+func TestEvidenceOfA429(t *testing.T) {
+	t.Parallel()
+	c := &Call{Scope: limiter.ModelScope("m", 0, 600, 60_000, 0, 500*time.Millisecond), Cost: limiter.Cost{Requests: 1, Tokens: 500}}
+	counts := func(req, tok int64) llm.RateLimit {
+		return llm.RateLimit{RemainingRequests: req, RemainingTokens: tok, Has: llm.HasRemainingRequests | llm.HasRemainingTokens}
+	}
+	for _, tc := range []struct {
+		name        string
+		typ         string
+		rl          llm.RateLimit
+		rate, short []string
+	}{
+		{"no counts", "", llm.RateLimit{}, []string{"rpm", "tpm"}, []string{"rpm", "tpm"}},
+		{"tokens exhausted", "", counts(100, 20), []string{"tpm"}, nil},
+		{"room everywhere", "", counts(100, 20_000), nil, []string{"rpm", "tpm"}},
+		{"room everywhere, tokens named", "tokens", counts(100, 20_000), nil, []string{"tpm"}},
+		{"no counts, requests named", "requests", llm.RateLimit{}, []string{"rpm"}, []string{"rpm"}},
+		{"provisioned, over capacity", "", llm.RateLimit{Utilization: 104, Has: llm.HasUtilization}, []string{"tpm"}, nil},
+		{"provisioned, room", "", llm.RateLimit{Utilization: 40, Has: llm.HasUtilization}, nil, []string{"rpm", "tpm"}},
+	} {
+		rate, short := evidence(c, &llm.Error{Type: tc.typ}, tc.rl)
+		if !slices.Equal(rate, tc.rate) || !slices.Equal(short, tc.short) {
+			t.Errorf("%s: rate %v short %v, want %v and %v", tc.name, rate, short, tc.rate, tc.short)
+		}
+	}
+
+	// 500 tokens refill in 500 ms at 60,000 a minute; one request in 100 ms.
+	wait := func(d time.Duration) llm.RateLimit { return llm.RateLimit{RetryAfter: d, Has: llm.HasRetryAfter} }
+	both := []string{"rpm", "tpm"}
+	for _, tc := range []struct {
+		rl   llm.RateLimit
+		want []string
+	}{
+		{wait(350 * time.Millisecond), []string{"rpm"}},
+		{wait(1500 * time.Millisecond), both},
+		{wait(time.Second), nil},                        // whole seconds: rounded up, told apart from a second on
+		{wait(3 * time.Second), []string{"rpm", "tpm"}}, // beyond the rounding
+		{llm.RateLimit{}, nil},
+	} {
+		if got := blockWindows(c, tc.rl, both); !slices.Equal(got, tc.want) {
+			t.Errorf("wait %v: %v, want %v", tc.rl.RetryAfter, got, tc.want)
+		}
+	}
+}
