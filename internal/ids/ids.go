@@ -7,6 +7,7 @@ package ids
 import (
 	"crypto/rand"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -21,19 +22,50 @@ const (
 
 const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
 
-// New returns a new id of the type prefix, stamped with the current time.
-func New(prefix string) string { return NewAt(prefix, time.Now()) }
+// last is the newest id New made in this process, so that ids made within
+// one millisecond still sort in the order they were made: the next takes
+// the same time and its random part plus one.
+var last struct {
+	sync.Mutex
+	ms  uint64
+	rnd [10]byte
+}
+
+// New returns a new id of the type prefix, stamped with the current time,
+// after every id New made before in this process.
+func New(prefix string) string {
+	ms := uint64(time.Now().UnixMilli())
+	last.Lock()
+	if ms <= last.ms {
+		ms = last.ms
+		for i := len(last.rnd) - 1; i >= 0; i-- {
+			last.rnd[i]++
+			if last.rnd[i] != 0 {
+				break
+			}
+		}
+	} else {
+		last.ms = ms
+		_, _ = rand.Read(last.rnd[:])
+	}
+	rnd := last.rnd
+	last.Unlock()
+	return encode(prefix, ms, rnd)
+}
 
 // NewAt returns a new id of the type prefix stamped with t.
 func NewAt(prefix string, t time.Time) string {
+	var rnd [10]byte
+	_, _ = rand.Read(rnd[:])
+	return encode(prefix, uint64(t.UnixMilli()), rnd)
+}
+
+func encode(prefix string, ms uint64, rnd [10]byte) string {
 	var out [26]byte
-	ms := uint64(t.UnixMilli())
 	for i := 9; i >= 0; i-- {
 		out[i] = alphabet[ms&31]
 		ms >>= 5
 	}
-	var rnd [10]byte
-	_, _ = rand.Read(rnd[:])
 	// 80 random bits -> 16 base32 characters.
 	var acc uint64
 	bits := 0

@@ -29,3 +29,17 @@ func TestIDsSortByTimeAndAreUnique(t *testing.T) {
 		t.Fatal("Valid accepted a malformed id")
 	}
 }
+
+// Ids made in one process sort in the order they were made, within a
+// millisecond too.
+func TestNewIsMonotonic(t *testing.T) {
+	t.Parallel()
+	prev := New(Key)
+	for range 10_000 {
+		id := New(Key)
+		if id <= prev {
+			t.Fatalf("%s made after %s sorts before it", id, prev)
+		}
+		prev = id
+	}
+}
