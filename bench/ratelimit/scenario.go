@@ -21,10 +21,17 @@ type scenario struct {
 	policy int64
 	// The simulator's mode (sim.Config): unused tokens refunded at
 	// completion, prompts counted promptFactor times (1: as llmq does),
-	// another application on the account using externalShare of its TPM.
+	// another application on the account using externalShare of its TPM,
+	// the limits enforced over a shorter window too, the rate-limit headers
+	// it sends (with headerNoise of them nonsense) and the form of a 429's
+	// wait.
 	refund        bool
 	promptFactor  float64
 	externalShare float64
+	window        sim.ShortWindow
+	headers       string
+	headerNoise   float64
+	retryAfter    string
 	// shape is the request mix.
 	shape shape
 	// target is the issue's row for llmq; zero for the baselines.
@@ -39,9 +46,10 @@ const (
 	callerLocal        // an in-memory token bucket per process
 )
 
-// target is what the steady state must show: at least used of the
-// provider's TPM (with account, the external application's tokens count
-// too) and fewer than limited of llmq's calls answered 429.
+// target is what a scenario must show: at least used of the provider's TPM
+// in the steady state (with account, the external application's tokens
+// count too) and fewer than limited of llmq's calls answered 429 over the
+// whole run, its first seconds included.
 type target struct {
 	used, limited float64
 	account       bool
@@ -53,8 +61,10 @@ func (t target) isZero() bool { return t == target{} }
 const externalCallTokens = 500
 
 // scenarios are every scenario, in the order they run: the rows of issue
-// 12's table, then the two baselines against the provider that keeps
-// max_tokens charged (OpenAI's documented admission).
+// 12's table, those of issue 30's (limits also enforced over shorter
+// windows, Azure's headers, no headers at all), then the two baselines
+// against the provider that keeps max_tokens charged (OpenAI's documented
+// admission).
 var scenarios = []scenario{
 	{name: "keep", provider: "keeps max_tokens charged", policy: 1, shape: usualShape,
 		target: target{used: 0.95, limited: 0.005}},
@@ -67,7 +77,18 @@ var scenarios = []scenario{
 	{name: "2x-refund", provider: "refunds unused tokens", policy: 2, refund: true, shape: usualShape,
 		target: target{used: 0.90, limited: 0.02}},
 	{name: "shared", provider: "keeps max_tokens; 30% used elsewhere", policy: 1, externalShare: 0.3, shape: usualShape,
-		target: target{used: 0.90, limited: 0.01, account: true}},
+		target: target{used: 0.90, limited: 0.005, account: true}},
+	{name: "window-10s", provider: "keeps max_tokens; limits also over 10 s", policy: 1, shape: usualShape,
+		window: sim.ShortWindow{Period: 10 * time.Second}, target: target{used: 0.90, limited: 0.01}},
+	{name: "window-1s", provider: "keeps max_tokens; limits also over 1 s", policy: 1, shape: usualShape,
+		window: sim.ShortWindow{Period: time.Second}, target: target{used: 0.90, limited: 0.01}},
+	{name: "azure-10s", provider: "Azure's headers (10% nonsense); limits also over fixed 10 s windows", policy: 1, shape: usualShape,
+		window: sim.ShortWindow{Period: 10 * time.Second, Kind: sim.WindowFixed}, headers: sim.HeadersAzure, headerNoise: 0.1,
+		target: target{used: 0.90, limited: 0.01}},
+	{name: "no-headers", provider: "no rate-limit headers; a 429 says retry-after in seconds", policy: 1, shape: usualShape,
+		headers: sim.HeadersNone, retryAfter: sim.RetryAfterSeconds, target: target{used: 0.95, limited: 0.005}},
+	{name: "no-headers-2x", provider: "no rate-limit headers; a 429 says retry-after in seconds", policy: 2, shape: usualShape,
+		headers: sim.HeadersNone, retryAfter: sim.RetryAfterSeconds, target: target{used: 0.85, limited: 0.02}},
 	{name: "retry", provider: "keeps max_tokens charged", caller: callerRetry, shape: usualShape},
 	{name: "local", provider: "keeps max_tokens charged", caller: callerLocal, shape: usualShape},
 }
@@ -145,6 +166,10 @@ func (s scenario) simConfig(o *options) sim.Config {
 		LogSize:       logSize,
 		Refund:        s.refund,
 		PromptFactor:  s.promptFactor,
+		ShortWindow:   s.window,
+		RateHeaders:   s.headers,
+		HeaderNoise:   s.headerNoise,
+		RetryAfter:    s.retryAfter,
 	}
 	if x := s.external(o.TPM); x > 0 {
 		c.External = sim.External{TPM: x, CallTokens: externalCallTokens}
