@@ -18,14 +18,47 @@ import (
 	"github.com/llmq/llmq/internal/worker"
 )
 
-// underLoad runs the under-load row: a backlog of async jobs with workers
-// draining it, then clients synchronous callers in a loop, all against one
-// model held at its limit (the simulator's limits are the policy's). It
-// reports the provider's 429s, the callers' latency, and who got the
-// model's calls while the callers ran.
+type loadProvider struct {
+	name, what string
+	mode       func(*sim.Config)
+}
+
+// loadProviders are the providers of the under-load rows: one that counts
+// over the minute only, and two of issue 30's, which also count over a
+// shorter window.
+var loadProviders = []loadProvider{
+	{"minute", "counting over the minute", func(*sim.Config) {}},
+	{"window-1s", "also counting over 1 s windows", func(c *sim.Config) { c.ShortWindow = sim.ShortWindow{Period: time.Second} }},
+	{"azure-10s", "with Azure's headers (10% nonsense) and fixed 10 s windows", func(c *sim.Config) {
+		c.ShortWindow = sim.ShortWindow{Period: 10 * time.Second, Kind: sim.WindowFixed}
+		c.RateHeaders, c.HeaderNoise = sim.HeadersAzure, 0.1
+	}},
+}
+
+// underLoad runs the under-load row against each provider of
+// loadProviders: a backlog of async jobs with workers draining it, then
+// clients synchronous callers in a loop, all against one model held at its
+// limit (the simulator's limits are the policy's). It reports the
+// provider's 429s, the callers' latency, and who got the model's calls
+// while the callers ran.
 func underLoad(ctx context.Context, o options, stdout io.Writer) error {
-	ss := sim.Start(sim.Config{Limits: sim.Limits{RPM: int64(o.rpm), TPM: 10_000_000_000}, DefaultMaxTokens: 1024,
-		Latency: o.latency, LatencyPerToken: o.perToken, CompletionMin: 1, CompletionMax: 1})
+	for _, p := range loadProviders {
+		if !slices.Contains(o.providers, p.name) {
+			continue
+		}
+		cfg := sim.Config{Limits: sim.Limits{RPM: int64(o.rpm), TPM: 10_000_000_000}, DefaultMaxTokens: 1024,
+			Latency: o.latency, LatencyPerToken: o.perToken, CompletionMin: 1, CompletionMax: 1}
+		p.mode(&cfg)
+		fmt.Fprintf(stdout, "\nunder load, a provider %s:\n", p.what)
+		if err := underLoadOne(ctx, o, cfg, stdout); err != nil {
+			return fmt.Errorf("under load, %s: %w", p.name, err)
+		}
+	}
+	return nil
+}
+
+func underLoadOne(ctx context.Context, o options, cfg sim.Config, stdout io.Writer) error {
+	ss := sim.Start(cfg)
 	defer ss.Close()
 	policy := strings.Replace(policyYAML, "rpm: 10000000,", "rpm: "+strconv.Itoa(o.rpm)+",", 1)
 	base, key, a, stop, err := startLLMQ(ctx, o, ss.BaseURL, policy)

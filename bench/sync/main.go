@@ -78,6 +78,7 @@ func main() {
 type options struct {
 	n, clients, rpm, backlog int
 	loadFor                  time.Duration
+	providers                []string
 
 	latency, perToken     time.Duration
 	redisURL, databaseURL string
@@ -94,11 +95,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.loadFor, "load-for", 20*time.Second, "how long the under-load row runs")
 	fs.IntVar(&o.rpm, "load-rpm", 1200, "the model's requests per minute in the under-load row (the simulator's and the policy's)")
 	fs.IntVar(&o.backlog, "load-backlog", 5000, "async jobs queued before the under-load row starts")
+	providers := fs.String("load-providers", "minute,window-1s,azure-10s", "the under-load rows' providers, of minute, window-1s, azure-10s")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 || o.n < 1 {
 		return errors.New("usage: sync [-n N>0] [-latency D] [-per-token D]")
+	}
+	for _, p := range strings.Split(*providers, ",") {
+		if !slices.ContainsFunc(loadProviders, func(l loadProvider) bool { return l.name == p }) {
+			return fmt.Errorf("-load-providers: unknown provider %q", p)
+		}
+		o.providers = append(o.providers, p)
 	}
 	o.redisURL = envOr("LLMQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379")
 	o.databaseURL = envOr("LLMQ_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")

@@ -106,21 +106,24 @@ local function inflight_of(st, name)
   return {math.max(g, gen), f0, f1}
 end
 
+-- a factor that 429s lowered to st[field] at st[since], regained at per_us
+-- since, up to 1
+local function regained(st, field, since, per_us)
+  local v = tonumber(st[field])
+  if not v then return 1 end
+  local t = tonumber(st[since]) or now
+  return math.min(1, v + math.max(now - t, 0) * per_us)
+end
+
+-- the share of its limit a bucket may use (x:<name>, at xt:<name>)
 local function factor_of(st, name)
-  local x = tonumber(st['x:' .. name])
-  if not x then return 1 end
-  local xt = tonumber(st['xt:' .. name]) or now
-  return math.min(1, x + math.max(now - xt, 0) * RECOVER)
+  return regained(st, 'x:' .. name, 'xt:' .. name, RECOVER)
 end
 
 -- the share of its burst window a bucket lets out at once, lowered by 429s
--- that showed a shorter window (bf:<name>, at bt:<name>), regained at
--- BURST_RECOVER per µs
+-- that showed a shorter window (bf:<name>, at bt:<name>)
 local function burst_factor_of(st, name)
-  local bf = tonumber(st['bf:' .. name])
-  if not bf then return 1 end
-  local bt = tonumber(st['bt:' .. name]) or now
-  return math.min(1, bf + math.max(now - bt, 0) * BURST_RECOVER)
+  return regained(st, 'bf:' .. name, 'bt:' .. name, BURST_RECOVER)
 end
 
 -- the bucket's limit: the one given, or a lower one the provider announced
