@@ -85,10 +85,13 @@ const maxBlocked = 10000
 
 // authFailures limits requests with a missing or wrong key or admin token
 // per client address (the policy's auth_failure_limits), so keys and the
-// admin token cannot be guessed at speed. Failures are counted in Redis, for
-// every dispatcher together; an address whose failures reached the limit is
-// also remembered here until its window frees, so its requests are refused
-// before any key is looked up, and good traffic costs no round trip.
+// admin token cannot be guessed at speed. The credential is always checked
+// first: a valid one passes, whatever its address did, so an attacker
+// behind the same NAT or proxy as real clients locks out only its own
+// guesses. Failures are counted in Redis, for every dispatcher together; an
+// address whose failures reached the limit is also remembered here until
+// its window frees, so its further failures are refused without a round
+// trip, and good traffic costs none.
 type authFailures struct {
 	mu      sync.Mutex
 	blocked map[netip.Prefix]time.Time // until when
@@ -128,18 +131,9 @@ func (f *authFailures) block(addr netip.Prefix, until, now time.Time) {
 	f.blocked[addr] = until
 }
 
-// authBlocked refuses, with 429, a request from an address that used up its
-// failed authentications, before its credentials are looked at.
-func (s *Server) authBlocked(w http.ResponseWriter, r *http.Request) error {
-	addr := clientAddr(r, s.opts.TrustedProxies)
-	if d := s.authFails.blockedFor(addr, s.opts.Now()); d > 0 {
-		return tooManyFailures(w, d, nil)
-	}
-	return nil
-}
-
 // authFailed counts a failed authentication of the request's address and
-// returns e (the 401), or a 429 once the address has used up its failures.
+// returns e (the 401), or a 429 once the address has used up its failures
+// (at once, without counting, while this dispatcher remembers it blocked).
 // When the count cannot be made the 401 stands: a client's mistake is never
 // a 500.
 func (s *Server) authFailed(w http.ResponseWriter, r *http.Request, e *Error) error {
@@ -148,6 +142,9 @@ func (s *Server) authFailed(w http.ResponseWriter, r *http.Request, e *Error) er
 		return e
 	}
 	addr := clientAddr(r, s.opts.TrustedProxies)
+	if d := s.authFails.blockedFor(addr, s.opts.Now()); d > 0 {
+		return tooManyFailures(w, d, nil)
+	}
 	set := limiter.WindowSet{Algorithm: limiter.AlgSlidingWindow, Scope: "auth:" + addr.String(), Windows: lim.Windows("")}
 	res, err := s.APILimiter.Allow(r.Context(), set, 1)
 	if err != nil {

@@ -387,9 +387,11 @@ func TestKeyExemption(t *testing.T) {
 
 // Requests with a missing or wrong key are limited per client address:
 // past auth_failure_limits they are refused with 429 until the window
-// frees, a good key from that address too, while other addresses are not.
-// The address is the connection's; X-Forwarded-For counts only from a
-// trusted proxy, read from the right.
+// frees, while a good key or the admin token from that very address still
+// passes (an attacker behind a shared NAT or proxy locks out only its own
+// guesses), and other addresses are not affected. The address is the
+// connection's; X-Forwarded-For counts only from a trusted proxy, read from
+// the right.
 func TestAuthFailuresPerAddress(t *testing.T) {
 	t.Parallel()
 	const limits = "auth_failure_limits: {minute: 3}\n"
@@ -416,12 +418,19 @@ func TestAuthFailuresPerAddress(t *testing.T) {
 		t.Fatalf("429 headers: %+v", h)
 	}
 	// The same client behind another proxy hop, or claiming another origin
-	// further left, is the same address; a good key from it waits too.
+	// further left, is the same address: its guesses stay refused, its
+	// good key passes.
 	for _, h := range []http.Header{from("198.51.100.9, 203.0.113.7"), from("198.51.100.9", "203.0.113.7, 10.1.2.3"), attacker} {
-		checkError(t, do(good, h), 429, "too_many_auth_failures", "")
+		checkError(t, do("llmq_wrong3", h), 429, "too_many_auth_failures", "")
+		if r := do(good, h); r.Status != 200 {
+			t.Fatalf("a good key from a blocked address: %d %s", r.Status, r.Body)
+		}
 	}
-	// The admin token is guessed the same way.
+	// The admin token is guessed the same way, and passes the same way.
 	checkError(t, apptest.Do(t, a.URL, "GET", "/admin/v1/tenants", "not-the-token", nil, attacker), 429, "too_many_auth_failures", "")
+	if r := apptest.Do(t, a.URL, "GET", "/admin/v1/tenants", apptest.AdminToken, nil, attacker); r.Status != 200 {
+		t.Fatalf("the admin token from a blocked address: %d %s", r.Status, r.Body)
+	}
 	// Other addresses are not affected.
 	if r := do(good, from("203.0.113.8")); r.Status != 200 {
 		t.Fatalf("another address with a good key: %d %s", r.Status, r.Body)
@@ -448,7 +457,10 @@ func TestAuthFailuresPerAddress(t *testing.T) {
 		}
 		checkError(t, apptest.Do(t, b.URL, "GET", "/v1/jobs", "llmq_wrong", nil, from("203.0.113."+strconv.Itoa(i))), want, code, "")
 	}
-	checkError(t, apptest.Do(t, b.URL, "GET", "/v1/jobs", good, nil, from("192.0.2.1")), 429, "too_many_auth_failures", "")
+	checkError(t, apptest.Do(t, b.URL, "GET", "/v1/jobs", "llmq_wrong", nil, from("192.0.2.1")), 429, "too_many_auth_failures", "")
+	if r := apptest.Do(t, b.URL, "GET", "/v1/jobs", good, nil, from("192.0.2.1")); r.Status != 200 {
+		t.Fatalf("a good key from the blocked connection: %d %s", r.Status, r.Body)
+	}
 }
 
 // Concurrent requests of one key are counted together when they come while

@@ -247,14 +247,12 @@ func bearer(r *http.Request) string {
 }
 
 // tenantRoute authenticates a tenant key (a missing or wrong one counts
-// against the client address's failures), applies the key's API rate limit
+// against the client address's failures; a valid one passes whatever the
+// address did before), applies the key's API rate limit
 // (with X-RateLimit-* headers on every response) and sets the budget
 // headers (on every response too, a rate-limited one included), then runs h.
 func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
-		if err := s.authBlocked(w, r); err != nil {
-			return err
-		}
 		token := bearer(r)
 		if token == "" || len(token) > 200 {
 			return s.authFailed(w, r, errUnauthorized)
@@ -334,13 +332,11 @@ func (s *Server) keysChanged(ctx context.Context) {
 }
 
 // adminRoute checks the admin token in constant time (counting failures per
-// client address) and refuses what a browser sends from another site
-// (checkAdminRequest), then runs h.
+// client address; the token passes whatever the address did before) and
+// refuses what a browser sends from another site (checkAdminRequest), then
+// runs h.
 func (s *Server) adminRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
-		if err := s.authBlocked(w, r); err != nil {
-			return err
-		}
 		if !s.IsAdmin(r) {
 			return s.authFailed(w, r, errAdminUnauthorized)
 		}
