@@ -31,6 +31,15 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
+// ParamIn is Param as a path within the request's field ("body.messages"):
+// the field itself when Param is empty or names the whole body.
+func (e *Error) ParamIn(field string) string {
+	if e.Param == "" || e.Param == "body" {
+		return field
+	}
+	return field + "." + e.Param
+}
+
 // Estimate is what one request will cost at most.
 type Estimate struct {
 	Model *config.Model

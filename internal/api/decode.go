@@ -22,7 +22,10 @@ import (
 // jsonb: bytes that are not UTF-8, and the escapes of NUL (\u0000) and of
 // unpaired UTF-16 surrogates, which Go's decoder would take (as U+0000 and
 // U+FFFD). A prompt holding one is refused too, as a batch's line is: a
-// request is never sent other than it was written.
+// request is never sent other than it was written. So is a member named
+// twice in one object, which Go's decoder reads as its last and a provider
+// may read as its first (llmq would price one model and run another), and
+// nesting past jsontext.MaxDepth, which a database refuses.
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
@@ -32,6 +35,9 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 		return nil, badRequest("", "invalid_json", "Request body is empty; expected a JSON object.")
 	}
 	if p := jsontext.Unstorable(body); p != nil {
+		return nil, encodingError(body, p)
+	}
+	if p := jsontext.Structure(body); p != nil {
 		return nil, encodingError(body, p)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -46,13 +52,14 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 }
 
 // encodingError is the 400 of a body holding what the database cannot
-// store; it names the field whose value holds it when the body is JSON.
+// store or what readers may take apart differently; it names the field whose
+// value holds it when the body is JSON.
 func encodingError(body []byte, p *jsontext.Problem) *Error {
 	param := jsontext.PathAt(body, p.Offset)
 	if param == "" {
-		return badRequest("", p.Code, "Request body holds %s at byte %d, which cannot be stored.", p.What, p.Offset)
+		return badRequest("", p.Code, "Request body holds %s at byte %d, %s.", p.What, p.Offset, p.Why())
 	}
-	return badRequest(param, p.Code, "'%s' holds %s (at byte %d of the request body), which cannot be stored.", param, p.What, p.Offset)
+	return badRequest(param, p.Code, "'%s' holds %s (at byte %d of the request body), %s.", param, p.What, p.Offset, p.Why())
 }
 
 // pathID is the {id} of r's path when it is an id of prefix's type (the ids

@@ -165,26 +165,20 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 	}
 	admitted, err := s.Admission.Admit(ctx, c.policy, c.acct, endpoint, req.Body)
 	if err != nil {
-		return nil, admissionError(err, "body.")
+		return nil, admissionError(err, "body")
 	}
 	v.admitted = admitted
 	return v, nil
 }
 
-// admissionError turns an admission refusal into a 400 whose param is
-// prefixed (e.g. "body.messages").
-func admissionError(err error, prefix string) error {
+// admissionError turns an admission refusal into a 400 whose param is a
+// path within field (e.g. "body.messages").
+func admissionError(err error, field string) error {
 	var ae *admission.Error
 	if !errors.As(err, &ae) {
 		return err
 	}
-	param := ae.Param
-	if param != "" {
-		param = prefix + param
-	} else {
-		param = prefix[:len(prefix)-1]
-	}
-	return badRequest(param, ae.Code, "%s", ae.Message)
+	return badRequest(ae.ParamIn(field), ae.Code, "%s", ae.Message)
 }
 
 // checkBudgetNow refuses, for tiers that reject when exhausted, a job that

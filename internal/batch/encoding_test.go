@@ -55,16 +55,22 @@ func testUnstorableLinesAreRefused(t *testing.T, a *apptest.App) {
 		// What must pass: an escaped backslash before "u0000", a surrogate
 		// pair, and text that is UTF-8 beyond ASCII.
 		withPrompt("ok-3", `C:\\u0000 \ud83d\ude00 café`),
+		// A member named twice, and nesting deeper than any store takes
+		// (SQLite refuses past 1,000; this is 2,000).
+		strings.Replace(chatLine("twice"), `"max_tokens":20`, `"max_tokens":100000,"max_tokens":20`, 1),                                            // 11
+		strings.Replace(chatLine("deep"), `"max_tokens":20`, `"max_tokens":20,"metadata":`+strings.Repeat("[", 2000)+strings.Repeat("]", 2000), 1), // 12
 	}
 	type refusal struct{ code, param, customID string }
 	want := map[int]refusal{
-		2: {"invalid_encoding", "", ""},
-		3: {"invalid_encoding", "custom_id", ""},
-		5: {"invalid_encoding", "body", "nul-body"},
-		6: {"invalid_encoding", "body", "lone-high"},
-		7: {"number_out_of_range", "body", "huge"},
-		8: {"invalid_encoding", "", ""},
-		9: {"invalid_encoding", "custom_id", ""},
+		2:  {"invalid_encoding", "", ""},
+		3:  {"invalid_encoding", "custom_id", ""},
+		5:  {"invalid_encoding", "body", "nul-body"},
+		6:  {"invalid_encoding", "body", "lone-high"},
+		7:  {"number_out_of_range", "body", "huge"},
+		8:  {"invalid_encoding", "", ""},
+		9:  {"invalid_encoding", "custom_id", ""},
+		11: {"duplicate_key", "body", "twice"},
+		12: {"too_deep", "body", "deep"},
 	}
 	b := validated(t, a, key, in, nil)
 	if b.Status != "in_progress" || b.RequestCounts.Total != int64(len(in)) {
@@ -72,7 +78,7 @@ func testUnstorableLinesAreRefused(t *testing.T, a *apptest.App) {
 	}
 	runJobs(t, a, b.ID, len(in))
 	b = waitStatus(t, a, key, b.ID, "completed", 10*time.Second)
-	if wantCounts := (client.BatchRequestCounts{Total: 10, Completed: 3, Failed: 7}); b.RequestCounts != wantCounts {
+	if wantCounts := (client.BatchRequestCounts{Total: 12, Completed: 3, Failed: 9}); b.RequestCounts != wantCounts {
 		t.Fatalf("counts = %+v, want %+v", b.RequestCounts, wantCounts)
 	}
 	out := results(t, a, key, *b.OutputFileID)
@@ -91,7 +97,8 @@ func testUnstorableLinesAreRefused(t *testing.T, a *apptest.App) {
 	for _, r := range errs {
 		w, ok := want[r.Error.Line]
 		if !ok || r.Error.Code != w.code || r.CustomID != w.customID || !strings.HasPrefix(r.Error.Message, "Line ") ||
-			!strings.Contains(r.Error.Message, "cannot be stored") && !strings.Contains(r.Error.Message, "must be UTF-8") {
+			!strings.Contains(r.Error.Message, "cannot be stored") && !strings.Contains(r.Error.Message, "must be UTF-8") &&
+				!strings.Contains(r.Error.Message, "may be named once") && !strings.Contains(r.Error.Message, "does not take") {
 			t.Fatalf("error line for input line %d = %+v (custom_id %q), want %+v", r.Error.Line, r.Error, r.CustomID, w)
 		}
 	}
@@ -156,12 +163,11 @@ func TestValidatingBatchExpires(t *testing.T) {
 	}
 }
 
-// TestUnstorableGroupFailsTheBatch makes the database refuse a group of
-// lines for good (a CHECK constraint: SQLSTATE 23514): the batch fails with
-// the database's reason instead of being validated again at every sweep,
-// what it stored is cancelled, and nothing runs.
-func TestUnstorableGroupFailsTheBatch(t *testing.T) {
-	t.Parallel()
+// unstorableBatch validates a batch of six lines, in groups of two, after
+// adding constraint to the jobs table: the database refuses some line for
+// good (SQLSTATE 23514), as it refuses a value it cannot hold.
+func unstorableBatch(t *testing.T, constraint string, in []string) (*apptest.App, string, *client.Batch, *batch.Service) {
+	t.Helper()
 	a := start(t, 0, nil)
 	tenant, key := a.Tenant("standard")
 	db, err := sql.Open("pgx", testutil.PlainDSN(envValue(a.Environ, "LLMQ_DATABASE_URL")))
@@ -170,11 +176,9 @@ func TestUnstorableGroupFailsTheBatch(t *testing.T) {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, `ALTER TABLE jobs ADD CONSTRAINT no_poison CHECK (custom_id IS DISTINCT FROM 'poison')`); err != nil {
+	if _, err := db.ExecContext(ctx, `ALTER TABLE jobs ADD CONSTRAINT unstorable CHECK (`+constraint+`)`); err != nil {
 		t.Fatal(err)
 	}
-	in := lines(6)
-	in[3] = chatLine("poison") // line 4, in the second group of two
 	fileID := upload(t, a, key, []byte(strings.Join(in, "\n")+"\n"))
 	bt, err := a.Store.BatchInsert(ctx, &store.BatchInsertParams{TenantID: tenant, InputFileID: fileID,
 		Endpoint: "/v1/chat/completions", CompletionWindow: "24h", ExpiresAt: time.Now().Add(24 * time.Hour)})
@@ -184,27 +188,64 @@ func TestUnstorableGroupFailsTheBatch(t *testing.T) {
 	svc := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 2}))
 	t.Cleanup(func() { _ = svc.Close() })
 	if err := svc.Validate(ctx, bt.ID); err != nil {
-		t.Fatalf("Validate = %v, want the batch failed and no error", err)
+		t.Fatalf("Validate = %v, want no error", err)
 	}
 	b := getBatch(t, a, key, bt.ID)
-	if want := (client.BatchRequestCounts{Total: 2, Failed: 2}); b.Status != "failed" || b.FailedAt == nil || b.RequestCounts != want ||
+	for _, e := range b.Errors.Data {
+		if strings.Contains(e.Message, "SQLSTATE") || strings.Contains(e.Message, "violates") {
+			t.Fatalf("the database's words reached the tenant: %+v", e)
+		}
+	}
+	return a, key, &b, svc
+}
+
+// A line the database refuses for good fails alone, in llmq's words: the
+// rest of the batch runs.
+func TestUnstorableLineFailsAlone(t *testing.T) {
+	t.Parallel()
+	in := lines(6)
+	in[3] = chatLine("poison") // line 4, in the second group of two
+	a, key, b, _ := unstorableBatch(t, "custom_id IS DISTINCT FROM 'poison'", in)
+	if want := (client.BatchRequestCounts{Total: 6, Failed: 1}); b.Status != "in_progress" || b.RequestCounts != want {
+		t.Fatalf("batch = %+v, want in progress with counts %+v", b, want)
+	}
+	if b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "line_unstorable" || b.Errors.Data[0].Line == nil ||
+		*b.Errors.Data[0].Line != 4 {
+		t.Fatalf("errors = %+v, want line 4's alone", b.Errors)
+	}
+	var page struct {
+		Data []client.Job `json:"data"`
+	}
+	a.Do("GET", "/v1/jobs?status=queued&batch_id="+b.ID, key, nil).JSON(t, &page)
+	if len(page.Data) != 5 {
+		t.Fatalf("%d queued jobs, want the 5 good lines", len(page.Data))
+	}
+}
+
+// When even a line's failure cannot be stored, the batch fails, in llmq's
+// words: what it stored is cancelled, nothing runs, and the sweeper leaves
+// it alone.
+func TestUnstorableGroupFailsTheBatch(t *testing.T) {
+	t.Parallel()
+	a, key, b, svc := unstorableBatch(t, "line_no IS DISTINCT FROM 4", lines(6))
+	ctx := context.Background()
+	// lines 1 and 2 stored, then line 3 alone before line 4 failed for good
+	if want := (client.BatchRequestCounts{Total: 3, Failed: 3}); b.Status != "failed" || b.FailedAt == nil || b.RequestCounts != want ||
 		b.InProgressAt != nil || b.ErrorFileID == nil {
 		t.Fatalf("batch = %+v, want failed with counts %+v", b, want)
 	}
 	if b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "validation_failed" ||
-		!strings.Contains(b.Errors.Data[0].Message, "Lines 3 to 4 could not be stored") ||
-		!strings.Contains(b.Errors.Data[0].Message, "SQLSTATE 23514") {
+		!strings.Contains(b.Errors.Data[0].Message, "Lines 3 to 4 could not be stored") {
 		t.Fatalf("errors = %+v", b.Errors)
 	}
 	errs := results(t, a, key, *b.ErrorFileID)
-	if len(errs) != 2 || errs[0].Error.Code != "batch_failed" || errs[0].Error.Line != 1 || errs[1].Error.Line != 2 {
+	if len(errs) != 3 || errs[0].Error.Code != "batch_failed" || errs[0].Error.Line != 1 || errs[2].Error.Line != 3 {
 		t.Fatalf("error file = %+v", errs)
 	}
-	// The sweeper leaves the failed batch alone.
 	if err := svc.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if again := getBatch(t, a, key, bt.ID); again.Status != "failed" || again.RequestCounts != b.RequestCounts {
+	if again := getBatch(t, a, key, b.ID); again.Status != "failed" || again.RequestCounts != b.RequestCounts {
 		t.Fatalf("batch after a sweep = %+v", again)
 	}
 	if n := a.TaskCount(); n != 0 {

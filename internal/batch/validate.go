@@ -186,6 +186,11 @@ func (v *validation) flush(ctx context.Context) error {
 		}
 		ids, err = v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: v.group})
 	}
+	if err != nil && ctx.Err() == nil && v.s.Store.IsPermanent(err) && !errors.Is(err, store.ErrConflict) {
+		// The store refuses something in the group: each line goes on its
+		// own, and a line it refuses is that line's failure, not the batch's.
+		ids, err = v.insertOneByOne(ctx)
+	}
 	if err != nil {
 		return &groupError{first: v.group[0].LineNo, last: v.group[len(v.group)-1].LineNo, err: err}
 	}
@@ -297,8 +302,49 @@ func (v *validation) failed(ctx context.Context, cause error) error {
 	if errors.As(cause, &ge) {
 		msg = fmt.Sprintf("Lines %d to %d could not be stored", ge.first, ge.last)
 	}
-	msg += fmt.Sprintf(", and trying again would not help: %s. No request of the batch ran.", store.Reason(cause))
+	msg += ", and trying again would not help. No request of the batch ran."
 	return s.finish(ctx, v.b, store.BatchFailed, &total, []client.BatchError{{Code: "validation_failed", Message: msg}})
+}
+
+// insertOneByOne inserts the group's lines one at a time. A line the store
+// refuses is stored failed in its place, without its body, with an error
+// that says so in llmq's words (never the database's).
+func (v *validation) insertOneByOne(ctx context.Context) ([]string, error) {
+	ids := make([]string, len(v.group))
+	for i, j := range v.group {
+		got, err := v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: []*store.JobInsertParams{j}})
+		if err == nil {
+			ids[i] = got[0]
+			continue
+		}
+		if ctx.Err() != nil || !v.s.Store.IsPermanent(err) {
+			return nil, err
+		}
+		v.s.Logger.Warn("a batch line cannot be stored; it fails alone", "batch", v.b.ID, "line", j.LineNo, "err", err)
+		if j.Status != store.JobFailed {
+			v.valid--
+			v.refused++
+		}
+		msg := fmt.Sprintf("Line %d: the line could not be stored (the database refused a value in it).", j.LineNo)
+		failed := &store.JobInsertParams{TenantID: j.TenantID, BatchID: j.BatchID, LineNo: j.LineNo, CustomID: j.CustomID,
+			Endpoint: j.Endpoint, Model: j.Model, Queue: j.Queue, Status: store.JobFailed,
+			Error: &store.JobError{Message: msg, Type: wire.TypeInvalidRequest, Code: "line_unstorable"}}
+		if len(v.errs) < maxListedErrors {
+			line := j.LineNo
+			v.errs = append(v.errs, client.BatchError{Code: "line_unstorable", Message: msg, Line: &line})
+		}
+		got, err = v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: []*store.JobInsertParams{failed}})
+		if err != nil && ctx.Err() == nil && v.s.Store.IsPermanent(err) {
+			// its custom_id may be what the store refuses
+			failed.CustomID, failed.Model = "", ""
+			got, err = v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: []*store.JobInsertParams{failed}})
+		}
+		if err != nil {
+			return nil, err
+		}
+		ids[i], v.group[i] = got[0], failed
+	}
+	return ids, nil
 }
 
 // groupError is a failed insert of the lines first to last.
@@ -396,6 +442,9 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 	// Checked before decoding, which would replace bytes that are not
 	// UTF-8 and take what Postgres refuses.
 	unstorable := jsontext.Unstorable(line)
+	if unstorable == nil {
+		unstorable = jsontext.Structure(line)
+	}
 	if unstorable != nil && unstorable.Raw {
 		return &lineError{code: unstorable.Code, msg: fmt.Sprintf("the line holds %s at byte %d, which cannot be stored; a batch input file must be UTF-8 text.",
 			unstorable.What, unstorable.Offset+1)}
@@ -447,9 +496,9 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 // than it was written.
 func unstorableField(line []byte, p *jsontext.Problem) *lineError {
 	if field := jsontext.Field(jsontext.PathAt(line, p.Offset)); field != "" {
-		return &lineError{code: p.Code, param: field, msg: fmt.Sprintf("%s holds %s, which cannot be stored.", field, p.What)}
+		return &lineError{code: p.Code, param: field, msg: fmt.Sprintf("%s holds %s, %s.", field, p.What, p.Why())}
 	}
-	return &lineError{code: p.Code, msg: fmt.Sprintf("the line holds %s, which cannot be stored.", p.What)}
+	return &lineError{code: p.Code, msg: fmt.Sprintf("the line holds %s, %s.", p.What, p.Why())}
 }
 
 // admit asks admission whether the body can ever run, and whether its
@@ -463,11 +512,7 @@ func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admissio
 	if !errors.As(err, &ae) {
 		return nil, &lineError{code: "invalid_request", param: "body", msg: err.Error()}
 	}
-	param := "body"
-	if ae.Param != "" {
-		param = "body." + ae.Param
-	}
-	return nil, &lineError{code: ae.Code, param: param, msg: ae.Message}
+	return nil, &lineError{code: ae.Code, param: ae.ParamIn("body"), msg: ae.Message}
 }
 
 // decodeError names what is wrong with a line's JSON.

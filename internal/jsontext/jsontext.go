@@ -1,7 +1,8 @@
 // Package jsontext checks JSON texts as they arrive, before llmq decodes or
-// stores them: what the database cannot store, and which field a byte of
-// the text belongs to, so that the API and batch validation refuse the same
-// requests with errors that name the field. Postgres's text and jsonb hold
+// stores them: what the database cannot store, what two readers may take
+// apart differently (a member named twice) or nested too deep, and which
+// field a byte of the text belongs to, so that the API and batch validation
+// refuse the same requests with errors that name the field. Postgres's text and jsonb hold
 // UTF-8 without NUL, pairs of UTF-16 surrogates only, and numbers that its
 // numeric holds; Go's decoder takes what breaks those rules (replacing bad
 // bytes and lone surrogates with U+FFFD, reading a NUL escape as U+0000, a
@@ -25,7 +26,16 @@ const (
 	CodeInvalidEncoding = "invalid_encoding"
 	// CodeNumberOutOfRange: a number Postgres's numeric cannot hold.
 	CodeNumberOutOfRange = "number_out_of_range"
+	// CodeDuplicateKey: an object names a member twice.
+	CodeDuplicateKey = "duplicate_key"
+	// CodeTooDeep: objects and arrays nested deeper than MaxDepth.
+	CodeTooDeep = "too_deep"
 )
+
+// MaxDepth is how deep objects and arrays may nest in a text llmq takes.
+// SQLite's JSON functions refuse past 1,000 levels, Postgres's parser past
+// its stack; no request to a model needs more than a few dozen.
+const MaxDepth = 128
 
 // What Postgres's numeric, which holds jsonb's numbers, can hold: digits up
 // to 10^131071 (a weight of 32767 in base 10000), 16383 after the decimal
@@ -44,6 +54,17 @@ type Problem struct {
 	// Raw: the bytes themselves are the problem (a NUL byte, bytes that are
 	// not UTF-8), not an escape or a number: the text is not text.
 	Raw bool
+}
+
+// Why says, for a message after What, why the problem refuses the text.
+func (p *Problem) Why() string {
+	switch p.Code {
+	case CodeDuplicateKey:
+		return "and a member may be named once: the provider could read the other one"
+	case CodeTooDeep:
+		return "which llmq does not take"
+	}
+	return "which cannot be stored"
 }
 
 // Unstorable returns the first thing in the text doc that the database
@@ -175,6 +196,70 @@ func numberStorable(lit string) bool {
 	return true // zero: any weight
 }
 
+// Structure returns the first thing in the JSON text doc that two readers
+// may take apart differently or a database refuses, or nil: a member named
+// twice in one object (Go's decoder keeps the last, others the first: the
+// provider might run another model or another max_tokens than llmq
+// priced), or nesting deeper than MaxDepth. A text that is not JSON has no
+// such problem here; the decoder says what is wrong with it.
+func Structure(doc []byte) *Problem {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	type object struct {
+		keys    map[string]bool
+		wantKey bool
+	}
+	var stack []*object // nil for an array
+	var opened []int    // where each container of stack starts
+	for {
+		start := int(dec.InputOffset())
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		n := len(stack)
+		if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				if n == MaxDepth {
+					// at the third container, whose path names the field
+					// ("body.metadata") without a hundred indexes
+					return &Problem{Offset: opened[min(2, n-1)], Code: CodeTooDeep,
+						What: fmt.Sprintf("objects and arrays nested more than %d deep", MaxDepth)}
+				}
+				opened = append(opened, start+bytes.IndexByte(doc[start:], byte(d)))
+				if n > 0 && stack[n-1] != nil {
+					stack[n-1].wantKey = true
+				}
+				if d == '{' {
+					stack = append(stack, &object{keys: map[string]bool{}, wantKey: true})
+				} else {
+					stack = append(stack, nil)
+				}
+			default:
+				stack, opened = stack[:n-1], opened[:n-1]
+			}
+			continue
+		}
+		if n == 0 || stack[n-1] == nil {
+			continue
+		}
+		top := stack[n-1]
+		if !top.wantKey {
+			top.wantKey = true // a member's value
+			continue
+		}
+		key := tok.(string)
+		if top.keys[key] {
+			// the offset of the name itself, past the separator before it
+			off := start + bytes.IndexByte(doc[start:], '"')
+			return &Problem{Offset: off, Code: CodeDuplicateKey, What: fmt.Sprintf("the member %q a second time", key)}
+		}
+		top.keys[key] = true
+		top.wantKey = false
+	}
+}
+
 // PathAt is the path ("body.messages[0].content") of the value of the JSON
 // document doc that holds byte off; for a byte inside a member's name, the
 // object's. It is "" for the top level, or where doc does not parse.
@@ -229,6 +314,9 @@ func PathAt(doc []byte, off int) string {
 			}
 		}
 		if d, ok := tok.(json.Delim); ok { // '{' or '['
+			if off < end {
+				return path(stack) // the value this opens
+			}
 			stack = append(stack, frame{array: d == '[', index: -1, wantKey: d == '{'})
 			continue
 		}

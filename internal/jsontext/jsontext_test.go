@@ -2,6 +2,7 @@ package jsontext
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -60,5 +61,36 @@ func TestPathAt(t *testing.T) {
 	}
 	if got := PathAt([]byte(`{"a":`), 3); got != "" {
 		t.Errorf("a document that does not parse: %q", got)
+	}
+}
+
+// A member named twice, at any depth, and nesting past MaxDepth are found,
+// with the path of the object that holds them.
+func TestStructure(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		doc, code, path string
+	}{
+		{`{"model":"o3","model":"cap-raw","max_tokens":5}`, CodeDuplicateKey, ""},
+		{`{"body":{"messages":[{"role":"user","content":"a","content":"b"}]}}`, CodeDuplicateKey, "body.messages[0]"},
+		{`{"a":{"x":1},"b":{"x":1},"c":[{"x":1},{"x":2}]}`, "", ""},
+		{`{"a":"\"a\"","b":1}`, "", ""},
+		{strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth), "", ""},
+		{`{"body":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}`, CodeTooDeep, "body[0]"},
+		{`{"body":{"metadata":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}}`, CodeTooDeep, "body.metadata"},
+		{`not json {"a":1,"a":2}`, "", ""},
+	} {
+		p := Structure([]byte(c.doc))
+		switch {
+		case c.code == "" && p != nil:
+			t.Errorf("%.60s: %+v, want none", c.doc, p)
+		case c.code != "" && (p == nil || p.Code != c.code):
+			t.Errorf("%.60s: %+v, want %s", c.doc, p, c.code)
+		case c.code != "" && PathAt([]byte(c.doc), p.Offset) != c.path:
+			t.Errorf("%.60s: %s at %q, want %q", c.doc, p.Code, PathAt([]byte(c.doc), p.Offset), c.path)
+		}
+	}
+	if p := Structure([]byte(`{"model":"o3","model":"x"}`)); p == nil || p.What != `the member "model" a second time` {
+		t.Errorf("what: %+v", p)
 	}
 }
