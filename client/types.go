@@ -66,6 +66,10 @@ type JobUsage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
+	// Estimated is set when the provider's answer said nothing of its
+	// usage, or nothing believable: these are llmq's worst case (the
+	// prompt as estimated, max_tokens of output), and so is the cost.
+	Estimated bool `json:"estimated,omitempty"`
 }
 
 // JobEstimate is what llmq reckoned a job may cost at most when it was

@@ -170,11 +170,22 @@ func checkDeferred(t *testing.T, a *apptest.App, deferred []*store.Job, offset t
 // processes: no day is charged more than $1.00, the rest is deferred, each
 // job scheduled for the reset; after each simulated reset (in-process
 // workers on a clock a day ahead) the deferred jobs run, until all have.
+// The same holds when the provider leaves the usage out of a fifth of its
+// answers: those jobs are charged their worst case, and say so.
 func TestBudgetIsNeverOverspent(t *testing.T) {
 	t.Parallel()
+	for _, omit := range []float64{0, 0.2} {
+		t.Run(fmt.Sprintf("usage omitted from %.0f%% of answers", 100*omit), func(t *testing.T) {
+			t.Parallel()
+			budgetNeverOverspent(t, omit)
+		})
+	}
+}
+
+func budgetNeverOverspent(t *testing.T, omitUsage float64) {
 	clock := &shiftedClock{}
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, ""), Clock: clock.Now,
-		Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 3, Latency: 5 * time.Millisecond}})
+		Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 3, Latency: 5 * time.Millisecond, Faults: sim.Faults{OmitUsage: omitUsage}}})
 	procs := []*process{
 		startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=10"),
 		startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=10"),
@@ -243,13 +254,24 @@ func TestBudgetIsNeverOverspent(t *testing.T) {
 	if done != len(ids) {
 		t.Fatalf("after the resets %d of %d jobs ran", done, len(ids))
 	}
-	// Each job's ledger row is exactly its usage at the model's price.
+	// Each job's ledger row is exactly its usage at the model's price; a
+	// job whose answer had no usage is charged its worst case, and says so.
+	estimated := 0
 	for _, id := range ids {
 		j, _ := a.Store.JobGetByID(ctx, id)
 		e, err := a.Store.UsageGetByJob(ctx, id)
 		if want := m.Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); err != nil || e.Cost != want || j.Cost != want {
 			t.Fatalf("job %s: ledger %+v (%v), job cost %d; want %d", id, e, err, j.Cost, want)
 		}
+		if j.UsageEstimated {
+			estimated++
+			if j.Cost != j.EstCost {
+				t.Fatalf("job %s without usage charged %d, want its worst case %d", id, j.Cost, j.EstCost)
+			}
+		}
+	}
+	if lo, hi := int(omitUsage*150), int(omitUsage*250); estimated < lo || estimated > hi {
+		t.Fatalf("%d of 200 jobs charged as estimated, want about %.0f", estimated, omitUsage*200)
 	}
 }
 

@@ -166,6 +166,7 @@ func (o *observer) Penalized(string, time.Duration)                 {}
 func (o *observer) LimitsLearned(string, int64, int64)              {}
 func (o *observer) UnpredictedRateLimit(string, []string)           {}
 func (o *observer) ShortWindowRateLimit(string, []string)           {}
+func (o *observer) UsageUnbelieved(string, string)                  {}
 
 // waitsOf is how many jobs of model were put back for the limiter, and
 // how long the workers slept for its permits (waits that ended).

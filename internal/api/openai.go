@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
 	"strconv"
@@ -200,16 +201,25 @@ func (a *syncAPI) maxWait(r *http.Request) (time.Duration, error) {
 	if v == "" {
 		return a.opts.MaxWait, nil
 	}
+	invalid := badRequest(MaxWaitHeader, "invalid_header", "%s must be seconds (\"2.5\") or a duration (\"500ms\"), got '%.50s'.", MaxWaitHeader, v)
+	negative := badRequest(MaxWaitHeader, "invalid_header", "%s must not be negative, got '%.50s'.", MaxWaitHeader, v)
 	d, err := time.ParseDuration(v)
 	if err != nil {
+		// Plain seconds; a wait longer than any duration is the longest
+		// one: the server's LLMQ_SYNC_MAX_WAIT bounds it anyway.
 		f, ferr := strconv.ParseFloat(v, 64)
-		if ferr != nil || f != f {
-			return 0, badRequest(MaxWaitHeader, "invalid_header", "%s must be seconds (\"2.5\") or a duration (\"500ms\"), got '%.50s'.", MaxWaitHeader, v)
+		switch {
+		case errors.Is(ferr, strconv.ErrRange) && f > 0, ferr == nil && f >= a.opts.MaxWait.Seconds():
+			return a.opts.MaxWait, nil
+		case errors.Is(ferr, strconv.ErrRange) && f < 0, ferr == nil && f < 0:
+			return 0, negative
+		case ferr != nil || math.IsNaN(f) || math.IsInf(f, 0):
+			return 0, invalid
 		}
 		d = time.Duration(f * float64(time.Second))
 	}
 	if d < 0 {
-		return 0, badRequest(MaxWaitHeader, "invalid_header", "%s must not be negative, got '%.50s'.", MaxWaitHeader, v)
+		return 0, negative
 	}
 	return min(d, a.opts.MaxWait), nil
 }
@@ -307,13 +317,15 @@ func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 }
 
 // providerAnswer is the provider's refusal, with its status, as the client's
-// answer.
+// answer. A call without an answer, or with a 2xx answer llmq could not
+// read or take (truncated, too large), is a 502: an SDK must never take it
+// for a success.
 func providerAnswer(pe *llm.Error) *Error {
 	e := &Error{Status: pe.StatusCode, Type: pe.Type, Code: pe.Code, Param: pe.Param, Message: pe.Message}
 	if d, ok := pe.RateLimit.Delay(); ok {
 		e.RetryAfter = d
 	}
-	if e.Status == 0 {
+	if e.Status < 400 {
 		e.Status = http.StatusBadGateway
 	}
 	if e.Type == "" {

@@ -81,7 +81,15 @@ type Provider struct {
 	BaseURL   string        // e.g. https://api.openai.com/v1
 	APIKeyEnv string        // the environment variable holding the API key; empty for none
 	Timeout   time.Duration // of one call. Defaults to 60s.
+	// MaxResponseBytes bounds one answer's body (a stream's, all its
+	// events): past it the call fails with provider_response_too_large,
+	// and nothing of it is stored. Defaults to 16 MiB.
+	MaxResponseBytes int64
 }
+
+// DefaultMaxResponseBytes is a provider's MaxResponseBytes when the policy
+// names none.
+const DefaultMaxResponseBytes = 16 << 20
 
 // Model is a model clients may name in body.model.
 type Model struct {
@@ -259,10 +267,11 @@ type rawPolicy struct {
 }
 
 type rawProvider struct {
-	Name      string  `yaml:"name"`
-	BaseURL   string  `yaml:"base_url"`
-	APIKeyEnv string  `yaml:"api_key_env"`
-	Timeout   *string `yaml:"timeout"`
+	Name             string  `yaml:"name"`
+	BaseURL          string  `yaml:"base_url"`
+	APIKeyEnv        string  `yaml:"api_key_env"`
+	Timeout          *string `yaml:"timeout"`
+	MaxResponseBytes *int64  `yaml:"max_response_bytes"`
 }
 
 type rawModel struct {
@@ -429,6 +438,13 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 			return pr, src.errorAt(path+".timeout", "must be more than 0, got %s", *rp.Timeout)
 		}
 		pr.Timeout = d
+	}
+	pr.MaxResponseBytes = DefaultMaxResponseBytes
+	if b := rp.MaxResponseBytes; b != nil {
+		if *b < 1<<10 || *b > 1<<30 {
+			return pr, src.errorAt(path+".max_response_bytes", "must be within 1024 (1 KiB) and 1073741824 (1 GiB), got %d", *b)
+		}
+		pr.MaxResponseBytes = *b
 	}
 	return pr, nil
 }

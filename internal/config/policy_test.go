@@ -85,7 +85,7 @@ func TestParsePolicyValid(t *testing.T) {
 	if m.Limits != (Limits{RPM: 500, TPM: 200000, Burst: DefaultBurst}) {
 		t.Errorf("gpt-4o-mini limits = %+v", m.Limits)
 	}
-	if pr, _ := p.Provider("openai"); pr.Timeout != 30*time.Second || pr.APIKeyEnv != "OPENAI_API_KEY" {
+	if pr, _ := p.Provider("openai"); pr.Timeout != 30*time.Second || pr.APIKeyEnv != "OPENAI_API_KEY" || pr.MaxResponseBytes != DefaultMaxResponseBytes {
 		t.Errorf("openai = %+v", pr)
 	}
 	fast, _ := p.Model("fast")
@@ -363,6 +363,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		{name: "negative rpm", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: -500, tpm: 200000, tpd: 0}", field: "models[0].limits.rpm", msg: "must be 0 or more, got -500"},
 		{name: "negative tpm", old: "{tpm: 1000000}", new: "{tpm: -5}", field: "models[2].limits.tpm", msg: "must be 0 or more, got -5"},
 		{name: "negative tpd", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: 500, tpm: 200000, tpd: -1}", field: "models[0].limits.tpd", msg: "must be 0 or more, got -1"},
+		{name: "max_response_bytes too small", old: "    timeout: 30s\n", new: "    timeout: 30s\n    max_response_bytes: 10\n", field: "providers[0].max_response_bytes", msg: "within 1024"},
 		{name: "burst not a duration", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: 500, tpm: 200000, burst: 10}", field: "models[0].limits.burst", msg: "must be a duration such as 500ms or 10s"},
 		{name: "burst too short", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: 500, tpm: 200000, burst: 0s}", field: "models[0].limits.burst", msg: "within 1ms and 1m"},
 		{name: "burst too long", old: "{rpm: 500, tpm: 200000, tpd: 0}", new: "{rpm: 500, tpm: 200000, burst: 2m}", field: "models[0].limits.burst", msg: "within 1ms and 1m"},

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Class says what a failed call means for the job that made it.
@@ -109,14 +110,67 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // keyPattern matches strings shaped like provider API keys (OpenAI's and
-// Anthropic's sk-...) that a provider might echo back in an error message.
-var keyPattern = regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{8,}`)
+// Anthropic's sk-...) that a provider might echo back in an error message;
+// credentialPattern the user and password of a URL (a database's DSN in a
+// traceback).
+var (
+	keyPattern        = regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{8,}`)
+	credentialPattern = regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/@]+@`)
+)
 
-// redact masks anything shaped like an API key. The provider also removes its
-// configured key before an Error is built; this is the second line.
+// redact masks anything shaped like an API key or a URL's credentials. The
+// provider also removes its configured key before an Error is built; this
+// is the second line.
 func redact(s string) string {
-	if !strings.Contains(s, "sk-") {
-		return s
+	if strings.Contains(s, "sk-") {
+		s = keyPattern.ReplaceAllString(s, "sk-[redacted]")
 	}
-	return keyPattern.ReplaceAllString(s, "sk-[redacted]")
+	if strings.Contains(s, "@") {
+		s = credentialPattern.ReplaceAllString(s, "${1}[redacted]@")
+	}
+	return s
+}
+
+// maxErrorMessage bounds, in bytes, the provider's message an Error keeps.
+const maxErrorMessage = 1000
+
+// answerMessage is what llmq tells of a provider's error answer of status:
+// the message of its OpenAI error object, scrubbed and bounded, or, for a
+// body that is none (a proxy's HTML page) or a message that is a stack trace
+// (a server's internals, a DSN in them), a plain sentence naming the status.
+func answerMessage(status int, msg string, isErrorObject bool, scrub func(string) string) string {
+	msg = strings.TrimSpace(msg)
+	if !isErrorObject || msg == "" || looksLikeTrace(msg) {
+		text := http.StatusText(status)
+		if text == "" {
+			text = "an unexpected status"
+		}
+		if isErrorObject {
+			return "The provider answered " + strconv.Itoa(status) + " " + text + "."
+		}
+		return "The provider answered " + strconv.Itoa(status) + " " + text + " without an error it explains (not OpenAI's error shape)."
+	}
+	msg = scrub(msg)
+	if len(msg) > maxErrorMessage {
+		cut := maxErrorMessage
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "…"
+	}
+	return msg
+}
+
+// looksLikeTrace reports whether a message is a stack trace or a server's
+// page rather than a sentence for a client.
+func looksLikeTrace(msg string) bool {
+	if strings.Count(msg, "\n") >= 3 {
+		return true
+	}
+	for _, mark := range []string{"Traceback (most recent call last)", "\tat ", "goroutine ", "<html", "<!DOCTYPE", "Exception in thread"} {
+		if strings.Contains(msg, mark) {
+			return true
+		}
+	}
+	return false
 }

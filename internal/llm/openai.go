@@ -27,6 +27,10 @@ type OpenAIConfig struct {
 	// Timeout bounds every call, whatever the caller's context allows.
 	// Defaults to 60s.
 	Timeout time.Duration
+	// MaxResponseBytes bounds an answer's body (a stream's, all its events
+	// together): past it the call fails with CodeResponseTooLarge. Defaults
+	// to DefaultMaxResponseBytes.
+	MaxResponseBytes int64
 	// HTTPClient sends the requests. It is copied, never modified; its
 	// Transport is wrapped to capture response headers and bodies. Defaults to
 	// a client whose transport keeps up to 256 idle connections per host, so
@@ -37,22 +41,39 @@ type OpenAIConfig struct {
 const (
 	defaultOpenAIBaseURL = "https://api.openai.com/v1"
 	defaultTimeout       = 60 * time.Second
-	// maxResponseBytes bounds a provider's answer held in memory: the largest
-	// legitimate one, 2048 embeddings of 3072 floats, is about 130 MB.
-	maxResponseBytes = 256 << 20
-	// maxErrorExcerpt bounds the part of a non-JSON error body (a proxy's
-	// HTML page) kept as the message.
-	maxErrorExcerpt = 200
+	// DefaultMaxResponseBytes bounds a provider's answer when its
+	// configuration names no bound: a chat completion of 100,000 tokens is
+	// under 1 MiB, 2048 embeddings of 1536 floats as JSON about 35 MiB (as
+	// base64, 12 MiB).
+	DefaultMaxResponseBytes = 16 << 20
 )
+
+// The codes of an Error that llmq gives a provider's answer it cannot use.
+const (
+	// CodeResponseTooLarge: the answer passed the provider's
+	// max_response_bytes.
+	CodeResponseTooLarge = "provider_response_too_large"
+	// CodeUnreadableResponse: a 2xx answer that is not JSON (truncated,
+	// mangled).
+	CodeUnreadableResponse = "provider_response_unreadable"
+	// CodeInvalidResponse: a 2xx answer that is JSON but not of the shape
+	// of an OpenAI answer.
+	CodeInvalidResponse = "provider_response_invalid"
+)
+
+// errResponseTooLarge is the transport's refusal of an answer past the
+// provider's bound.
+var errResponseTooLarge = errors.New("the provider's answer is larger than its max_response_bytes")
 
 // openAIProvider implements Provider over go-openai; see NewOpenAI.
 type openAIProvider struct {
-	name    string
-	apiKey  string
-	baseURL string
-	timeout time.Duration
-	client  *openai.Client
-	http    *http.Client // for streams, which go-openai's typed chunks would rewrite
+	name        string
+	apiKey      string
+	baseURL     string
+	timeout     time.Duration
+	maxResponse int64
+	client      *openai.Client
+	http        *http.Client // for streams, which go-openai's typed chunks would rewrite
 }
 
 // NewOpenAI returns a Provider for OpenAI or any server compatible with its
@@ -96,6 +117,9 @@ func NewOpenAI(cfg OpenAIConfig) Provider {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
 	}
+	if cfg.MaxResponseBytes <= 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
 	var hc http.Client
 	if cfg.HTTPClient != nil {
 		hc = *cfg.HTTPClient
@@ -116,12 +140,13 @@ func NewOpenAI(cfg OpenAIConfig) Provider {
 	oc.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
 	oc.HTTPClient = &hc
 	return &openAIProvider{
-		name:    cfg.Name,
-		apiKey:  cfg.APIKey,
-		baseURL: oc.BaseURL,
-		timeout: cfg.Timeout,
-		client:  openai.NewClientWithConfig(oc),
-		http:    &hc,
+		name:        cfg.Name,
+		apiKey:      cfg.APIKey,
+		baseURL:     oc.BaseURL,
+		timeout:     cfg.Timeout,
+		maxResponse: cfg.MaxResponseBytes,
+		client:      openai.NewClientWithConfig(oc),
+		http:        &hc,
 	}
 }
 
@@ -135,7 +160,7 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 	if err != nil {
 		return nil, p.refuse(err)
 	}
-	c := &capture{wire: wire}
+	c := &capture{wire: wire, limit: p.maxResponse}
 	ctx, cancel := context.WithTimeoutCause(context.WithValue(ctx, captureKey{}, c), p.timeout, errTimeout)
 	defer cancel()
 
@@ -228,9 +253,15 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 	var apiErr *openai.APIError
 	var reqErr *openai.RequestError
 	switch {
+	case errors.Is(err, errResponseTooLarge):
+		e.StatusCode = c.status
+		e.Class, e.Code, e.Type = ClassPermanent, CodeResponseTooLarge, "server_error"
+		e.Message = fmt.Sprintf("The provider's answer is larger than its max_response_bytes (%d bytes).", p.maxResponse)
+		e.Err = nil
+		return e
 	case errors.As(err, &apiErr):
 		e.StatusCode = apiErr.HTTPStatusCode
-		e.Message = p.scrub(apiErr.Message)
+		e.Message = answerMessage(apiErr.HTTPStatusCode, apiErr.Message, true, p.scrub)
 		e.Type = apiErr.Type
 		e.Code = codeString(apiErr.Code)
 		if apiErr.Param != nil {
@@ -239,17 +270,23 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		e.Err = nil // the message is the error; go-openai's text repeats it
 	case errors.As(err, &reqErr):
 		e.StatusCode = reqErr.HTTPStatusCode
-		e.Message = p.scrub(excerpt(reqErr.Body))
-		if e.Message == "" {
-			e.Message = http.StatusText(reqErr.HTTPStatusCode)
-		}
+		e.Message = answerMessage(reqErr.HTTPStatusCode, "", false, p.scrub)
 		e.Err = nil
+	case c.status >= 200 && c.status < 300 && json.Valid(c.body):
+		// JSON, but not of an OpenAI answer's shape (a usage of 1.5
+		// tokens): the provider answered and bills it; another try would
+		// get the same.
+		e.StatusCode = c.status
+		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
+		e.Message = answerMessage(c.status, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub)
+		e.Err = nil
+		return e
 	case c.status >= 200 && c.status < 300:
 		// The provider said yes but its body did not decode: a truncated or
 		// mangled answer, worth another try.
 		e.StatusCode = c.status
-		e.Class = ClassRetryable
-		e.Message = "the provider's response could not be decoded"
+		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
+		e.Message = "The provider's answer could not be read (truncated or not JSON)."
 		return e
 	case c.status != 0:
 		// An answer go-openai took for success but could not decode: a
@@ -324,15 +361,6 @@ func codeString(code any) string {
 	}
 }
 
-// excerpt keeps the start of a non-JSON error body on one line.
-func excerpt(body []byte) string {
-	s := strings.Join(strings.Fields(string(body)), " ")
-	if len(s) > maxErrorExcerpt {
-		s = s[:maxErrorExcerpt] + "…"
-	}
-	return s
-}
-
 // errTimeout is the cause of a call's own deadline, told apart from the
 // caller's; it is still a context.DeadlineExceeded for errors.Is.
 var errTimeout = fmt.Errorf("provider timeout: %w", context.DeadlineExceeded)
@@ -345,6 +373,7 @@ type captureKey struct{}
 // returns.
 type capture struct {
 	wire   []byte // the body to send instead of go-openai's
+	limit  int64  // the most an answer's body may hold
 	sent   bool
 	status int
 	header http.Header
@@ -377,13 +406,13 @@ func (t *captureTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	}
 	c.status, c.header = resp.StatusCode, resp.Header
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+		body, err := io.ReadAll(io.LimitReader(resp.Body, c.limit+1))
 		resp.Body.Close()
 		if err != nil {
 			return nil, err
 		}
-		if len(body) > maxResponseBytes {
-			return nil, fmt.Errorf("response body larger than %d bytes", maxResponseBytes)
+		if int64(len(body)) > c.limit {
+			return nil, errResponseTooLarge
 		}
 		c.body = body
 		resp.Body = io.NopCloser(bytes.NewReader(body))

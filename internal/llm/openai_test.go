@@ -234,10 +234,51 @@ func TestOpenAIErrors(t *testing.T) {
 				}
 			}},
 		{"502 html", 502, nil, "<html><body>\n<h1>502 Bad Gateway</h1>\n</body></html>", llm.ClassRetryable, func(t *testing.T, e *llm.Error) {
-			if !strings.Contains(e.Message, "502 Bad Gateway") || strings.Contains(e.Message, "\n") {
+			if e.Message != "The provider answered 502 Bad Gateway without an error it explains (not OpenAI's error shape)." {
 				t.Errorf("message %q", e.Message)
 			}
 		}},
+		// The outside probe's: a server's traceback with a DSN in it never
+		// reaches the tenant, as HTML or inside an error object.
+		{"500 traceback", 500, nil, "<html><pre>Traceback (most recent call last):\n  File \"app.py\", line 3\npsycopg2.OperationalError: postgres://app:s3cret@db:5432/prod</pre></html>",
+			llm.ClassRetryable, func(t *testing.T, e *llm.Error) {
+				if strings.Contains(e.Message, "s3cret") || strings.Contains(e.Message, "Traceback") || !strings.Contains(e.Message, "500 Internal Server Error") {
+					t.Errorf("message %q", e.Message)
+				}
+			}},
+		{"500 traceback in an error object", 500, nil,
+			`{"error":{"message":"Traceback (most recent call last):\n  File \"x\"\n    db.connect()\nOperationalError: postgres://app:s3cret@db/prod","type":"server_error","param":null,"code":null}}`,
+			llm.ClassRetryable, func(t *testing.T, e *llm.Error) {
+				if e.Message != "The provider answered 500 Internal Server Error." {
+					t.Errorf("message %q", e.Message)
+				}
+			}},
+		{"503 with a DSN in one line", 503, nil, `{"error":{"message":"cannot reach postgres://app:s3cret@db/prod","type":"server_error","param":null,"code":null}}`,
+			llm.ClassRetryable, func(t *testing.T, e *llm.Error) {
+				if e.Message != "cannot reach postgres://[redacted]@db/prod" {
+					t.Errorf("message %q", e.Message)
+				}
+			}},
+		{"500 with a huge message", 500, nil, `{"error":{"message":"` + strings.Repeat("é", 3000) + `","type":"server_error","param":null,"code":null}}`,
+			llm.ClassRetryable, func(t *testing.T, e *llm.Error) {
+				if len(e.Message) > 1010 || !strings.HasSuffix(e.Message, "é…") {
+					t.Errorf("message of %d bytes ending %q", len(e.Message), e.Message[len(e.Message)-10:])
+				}
+			}},
+		// A 200 the provider cut short is worth another call; one that is
+		// JSON but not an answer's shape (a usage of 1.5 tokens) is not.
+		{"200 truncated", 200, nil, `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"mess`,
+			llm.ClassRetryable, func(t *testing.T, e *llm.Error) {
+				if e.Code != llm.CodeUnreadableResponse {
+					t.Errorf("error %+v", e)
+				}
+			}},
+		{"200 with a usage of 1.5 tokens", 200, nil, `{"id":"chatcmpl-1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1.5,"completion_tokens":2,"total_tokens":3.5}}`,
+			llm.ClassPermanent, func(t *testing.T, e *llm.Error) {
+				if e.Code != llm.CodeInvalidResponse {
+					t.Errorf("error %+v", e)
+				}
+			}},
 		{"400", 400, nil, `{"error":{"message":"Invalid value for 'temperature': must be at most 2.","type":"invalid_request_error","param":"temperature","code":"invalid_value"}}`,
 			llm.ClassPermanent, func(t *testing.T, e *llm.Error) {
 				if e.Param != "temperature" || e.Code != "invalid_value" || e.StatusCode != 400 {
@@ -422,5 +463,31 @@ func TestOpenAIConcurrent(t *testing.T) {
 	wg.Wait()
 	if ok.Load()+limited.Load() != 200 || limited.Load() == 0 || ok.Load() == 0 {
 		t.Errorf("ok %d, limited %d", ok.Load(), limited.Load())
+	}
+}
+
+// An answer past the provider's max_response_bytes fails the call with a
+// code that says so, unstreamed and streamed; nothing of it is kept.
+func TestOpenAIResponseBound(t *testing.T) {
+	t.Parallel()
+	ts := startSim(t, sim.Config{Seed: 1, CompletionMin: 1, CompletionMax: 1})
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	p := llm.NewOpenAI(llm.OpenAIConfig{Name: "test", BaseURL: ts.BaseURL, HTTPClient: &http.Client{Transport: tr}, MaxResponseBytes: 2048})
+	body := json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2000}`)
+	_, err := p.Call(context.Background(), llm.Request{Endpoint: llm.EndpointChat, Body: body})
+	if e := asError(t, err); e.Code != llm.CodeResponseTooLarge || e.Class != llm.ClassPermanent || e.StatusCode != 200 {
+		t.Fatalf("unstreamed: %+v", e)
+	}
+	chunks := 0
+	_, err = p.Call(context.Background(), llm.Request{Endpoint: llm.EndpointChat, Body: body,
+		Stream: func([]byte) error { chunks++; return nil }})
+	if e := asError(t, err); e.Code != llm.CodeResponseTooLarge || e.Relayed != chunks {
+		t.Fatalf("streamed: %+v after %d chunks", e, chunks)
+	}
+	// Within the bound all is well.
+	small := json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`)
+	if _, err := p.Call(context.Background(), llm.Request{Endpoint: llm.EndpointChat, Body: small}); err != nil {
+		t.Fatal(err)
 	}
 }

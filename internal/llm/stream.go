@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -84,12 +85,11 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		var eb struct {
 			Error *client.ErrorObject `json:"error"`
 		}
-		if json.Unmarshal(body, &eb) == nil && eb.Error != nil {
+		isErrorObject := json.Unmarshal(body, &eb) == nil && eb.Error != nil
+		if isErrorObject {
 			fill(e, eb.Error)
-			e.Message = p.scrub(e.Message)
-		} else if e.Message = p.scrub(excerpt(body)); e.Message == "" {
-			e.Message = http.StatusText(resp.StatusCode)
 		}
+		e.Message = answerMessage(resp.StatusCode, e.Message, isErrorObject, p.scrub)
 		classifyAnswer(e)
 		return nil, e
 	}
@@ -97,8 +97,14 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), maxEventBytes)
 	done := false
+	var read int64
 	for !done && sc.Scan() {
 		line := sc.Bytes()
+		if read += int64(len(line)) + 1; read > p.maxResponse {
+			e.Class, e.Code, e.Type, e.Relayed = ClassPermanent, CodeResponseTooLarge, "server_error", out.Chunks
+			e.Message = fmt.Sprintf("The provider's stream is larger than its max_response_bytes (%d bytes).", p.maxResponse)
+			return nil, e
+		}
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
 			continue // comments, event names, blank separators
@@ -115,7 +121,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		}
 		if c.Error != nil {
 			fill(e, c.Error)
-			e.Message, e.Class, e.Relayed = p.scrub(e.Message), ClassRetryable, out.Chunks
+			e.Message, e.Class, e.Relayed = answerMessage(resp.StatusCode, e.Message, true, p.scrub), ClassRetryable, out.Chunks
 			return nil, e
 		}
 		if c.Usage != nil {

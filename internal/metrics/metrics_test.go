@@ -55,6 +55,7 @@ var families = map[string]string{
 	"llmq_limiter_unpredicted_429s_total":         "COUNTER",
 	"llmq_limiter_short_window_429s_total":        "COUNTER",
 	"llmq_limiter_burst_seconds":                  "GAUGE",
+	"llmq_provider_usage_unbelieved_total":        "COUNTER",
 	"llmq_limiter_bucket_capacity":                "GAUGE",
 	"llmq_limiter_provider_remaining":             "GAUGE",
 	"llmq_limiter_provider_remaining_age_seconds": "GAUGE",
@@ -126,6 +127,7 @@ func setup(t *testing.T) *scenario {
 	rec.WebhookDelivery("job", "http_5xx")
 	rec.UnpredictedRateLimit("gpt-4o-mini", []string{"tpm"})
 	rec.ShortWindowRateLimit("gpt-4o-mini", []string{"rpm", "tpm"})
+	rec.UsageUnbelieved("gpt-4o-mini", "missing")
 	rec.Released("default", 3*time.Second)
 	// Three answers of the provider: its remaining tokens, and prompts it
 	// counted a quarter more than llmq.

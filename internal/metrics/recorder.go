@@ -77,6 +77,7 @@ type Recorder struct {
 	learnedLimits   *prometheus.GaugeVec
 	unpredicted429s *prometheus.CounterVec
 	shortWindow429s *prometheus.CounterVec
+	usageUnbelieved *prometheus.CounterVec
 	queueWait       *prometheus.HistogramVec
 	softCrossings   *prometheus.CounterVec
 	webhookAttempts *prometheus.CounterVec
@@ -159,6 +160,8 @@ func New(o Options) (*Recorder, error) {
 		"Provider 429s on calls a model's buckets admitted, by the bucket the provider showed exhausted (every bucket when it did not say): each lowers the bucket's limit factor.", "model", "bucket")
 	r.shortWindow429s = counter("limiter_short_window_429s_total",
 		"Provider 429s on calls a model's buckets admitted while the provider's counts showed room, by bucket: the provider counts the limit over a shorter window than its period, and the bucket's burst is lowered.", "model", "bucket")
+	r.usageUnbelieved = counter("provider_usage_unbelieved_total",
+		"Provider answers whose usage llmq did not take, by reason: missing (the job is charged its worst case and its usage says estimated) or invalid (negative or beyond the request: the job fails, charged its worst case).", "model", "reason")
 	r.queueWait = histogram("queue_wait_seconds",
 		"Time a job waited in the fair queue of its model before the scheduler released it to the workers.",
 		[]float64{0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800, 3600}, "priority")
@@ -287,6 +290,11 @@ func (r *Recorder) UnpredictedRateLimit(model string, buckets []string) {
 	}
 	r.stats.add(FieldUnpredicted429, 1)
 	r.stats.add(FieldUnpredicted429+":"+model, 1)
+}
+
+// UsageUnbelieved implements worker.Observer.
+func (r *Recorder) UsageUnbelieved(model, reason string) {
+	r.usageUnbelieved.WithLabelValues(model, reason).Inc()
 }
 
 // ShortWindowRateLimit implements worker.Observer.

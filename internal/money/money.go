@@ -6,6 +6,7 @@ package money
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 )
 
@@ -68,11 +69,33 @@ func (p Price) Cost(prompt, cached, completion int64) Micros {
 	if cachedPrice == 0 {
 		cachedPrice = p.InputPerMTok
 	}
-	num := (prompt-cached)*int64(p.InputPerMTok) + cached*int64(cachedPrice) + completion*int64(p.OutputPerMTok)
+	num, ok := mulAdd(0, prompt-cached, int64(p.InputPerMTok))
+	if ok {
+		num, ok = mulAdd(num, cached, int64(cachedPrice))
+	}
+	if ok {
+		num, ok = mulAdd(num, completion, int64(p.OutputPerMTok))
+	}
+	if !ok {
+		return math.MaxInt64 // no budget holds it: whatever asked for it is refused
+	}
 	if num <= 0 {
 		return 0
 	}
-	return Micros((num + 999_999) / 1_000_000)
+	return Micros(num/1_000_000 + min(num%1_000_000, 1))
+}
+
+// mulAdd is acc + n×price for non-negative terms (a negative one counts as
+// 0), and false when the sum passes what an int64 holds.
+func mulAdd(acc, n, price int64) (int64, bool) {
+	if n <= 0 || price <= 0 {
+		return acc, true
+	}
+	hi, lo := bits.Mul64(uint64(n), uint64(price))
+	if hi != 0 || lo > math.MaxInt64 || int64(lo) > math.MaxInt64-acc {
+		return 0, false
+	}
+	return acc + int64(lo), true
 }
 
 // WorstCase is the most a call can cost: every prompt token uncached and

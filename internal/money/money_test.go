@@ -1,6 +1,9 @@
 package money
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 func TestFromUSDAndString(t *testing.T) {
 	t.Parallel()
@@ -49,5 +52,24 @@ func TestCostRoundsUpExactly(t *testing.T) {
 	}
 	if got := (Price{InputPerMTok: 1}).Cost(0, 0, 0); got != 0 {
 		t.Fatalf("zero tokens cost %d", got)
+	}
+}
+
+// A cost never overflows: tokens no budget could pay for cost the most
+// Micros holds, never a wrapped-around negative or zero.
+func TestCostSaturates(t *testing.T) {
+	t.Parallel()
+	p := Price{InputPerMTok: 2_500_000, OutputPerMTok: 10_000_000}
+	if got := p.Cost(1_000_000_000_000_000, 0, 0); got != math.MaxInt64 {
+		t.Errorf("1e15 prompt tokens cost %d, want MaxInt64", got)
+	}
+	if got := p.Cost(10, 0, math.MaxInt64); got != math.MaxInt64 {
+		t.Errorf("MaxInt64 completion tokens cost %d, want MaxInt64", got)
+	}
+	if got := p.Cost(1_000_000, 0, 1_000_000); got != 12_500_000 {
+		t.Errorf("1M + 1M tokens cost %d, want 12,500,000 micros", got)
+	}
+	if got := p.Cost(1, 0, 0); got != 3 {
+		t.Errorf("1 prompt token costs %d micros, want 3 (2.5 rounded up)", got)
 	}
 }

@@ -98,13 +98,17 @@ type Job struct {
 	// Sync is a request answered on its connection (POST
 	// /v1/chat/completions, /v1/embeddings): it never has an asynq task.
 	Sync bool
+	// UsageEstimated is set when the provider's answer said nothing of its
+	// usage (or nothing llmq could believe): the usage and cost are the
+	// reservation's worst case, llmq's estimate.
+	UsageEstimated bool
 }
 
 const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model, request, queue, status,
 	attempts, rate_limited, est_prompt_tokens, est_max_tokens, est_cost_micros,
 	response_status, response_body, provider_request_id, error,
 	prompt_tokens, completion_tokens, cached_tokens, total_tokens, cost_micros,
-	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync`
+	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync, usage_estimated`
 
 // jobViewColumns are jobColumns without the request body, which a client
 // sent and the API never renders (wire.Job): the tenant's reads (one job, a
@@ -125,7 +129,8 @@ func scanJob(r rowScanner) (*Job, error) {
 		&responseStatus, jsonCol{&j.ResponseBody}, &providerRequestID, jsonCol{&errJSON},
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &j.Cost,
 		&webhookURL, jsonCol{&j.Metadata}, &idempotencyKey,
-		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt}, &j.Sync)
+		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt}, &j.Sync,
+		&j.UsageEstimated)
 	if err != nil {
 		return nil, err
 	}

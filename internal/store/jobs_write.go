@@ -319,6 +319,13 @@ type JobCompleteParams struct {
 	CachedTokens      int64
 	TotalTokens       int64 // default PromptTokens + CompletionTokens
 	Cost              money.Micros
+	// UsageEstimated marks usage and cost as llmq's estimate: the
+	// provider's answer said nothing of its usage, or nothing believable.
+	UsageEstimated bool
+	// Failed, when set, makes the job failed with this error instead of
+	// succeeded, still charged: the provider answered (and bills the
+	// call), but its answer cannot be taken (its usage is nonsense).
+	Failed *JobError
 }
 
 // JobCompleteResult says what JobComplete did.
@@ -334,7 +341,8 @@ type JobCompleteResult struct {
 }
 
 // JobComplete stores a success and charges it, atomically: the job becomes
-// succeeded with its response, usage and cost, and its attempt is counted
+// succeeded (or, with Failed, failed: an answer the provider bills but llmq
+// cannot take) with its response, usage and cost, and its attempt is counted
 // (unless it is already terminal), and the ledger gets the job's row unless
 // it has one. However many times and however concurrently a job completes,
 // exactly one call reports Charged. It is on every job's path, so on
@@ -415,14 +423,20 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 		total = p.PromptTokens + p.CompletionTokens
 	}
 	now := db.d.ts(db.nowUTC())
+	state := string(JobSucceeded)
+	if p.Failed != nil {
+		state = string(JobFailed)
+	}
 	return args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
-		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay}, nil
+		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay,
+		state, errorJSON(p.Failed), p.UsageEstimated}, nil
 }
 
 const (
-	sqlJobCompleteUpdate = `UPDATE jobs SET status = 'succeeded', attempts = attempts + 1, error = NULL, next_run_at = NULL,
+	sqlJobCompleteUpdate = `UPDATE jobs SET status = $13, attempts = attempts + 1, error = $14, next_run_at = NULL,
 		finished_at = $2, updated_at = $2, response_status = $3, response_body = $4, provider_request_id = $5,
-		prompt_tokens = $6, completion_tokens = $7, cached_tokens = $8, total_tokens = $9, cost_micros = $10
+		prompt_tokens = $6, completion_tokens = $7, cached_tokens = $8, total_tokens = $9, cost_micros = $10,
+		usage_estimated = $15
 		WHERE id = $1 AND ` + unfinishedSQL
 	// The ledger row copies the job's tenant, batch and model; on Postgres
 	// the SELECT sees the row as it was before the UPDATE beside it, which

@@ -98,7 +98,7 @@ func readJobPgx(rows pgx.Rows, err error) (*Job, error) {
 // when every column is of its type in the schema and came in the form pgx
 // asks for (text for text and jsonb, binary for the others) or the binary
 // one; ok is false, and nothing decoded, when one did not. pgx would plan
-// the scan of each of the 33 columns again for every row it reads (its
+// the scan of each of the 34 columns again for every row it reads (its
 // plans live in one Rows), which cost more than the decoding itself.
 func decodeJobRaw(fds []pgconn.FieldDescription, vals [][]byte) (j *Job, ok bool, err error) {
 	if len(fds) != jobColumnCount || len(vals) != jobColumnCount {
@@ -124,7 +124,7 @@ func decodeJobRaw(fds []pgconn.FieldDescription, vals [][]byte) (j *Job, ok bool
 	j.IdempotencyKey = r.text()
 	var created, updated *time.Time
 	created, j.StartedAt, j.FinishedAt, updated, j.NextRunAt = r.time(), r.time(), r.time(), r.time(), r.time()
-	j.Sync = r.bool()
+	j.Sync, j.UsageEstimated = r.bool(), r.bool()
 	if r.unsupported || created == nil || updated == nil {
 		return nil, false, nil
 	}
@@ -250,7 +250,7 @@ func scanJobPgx(r pgx.Row) (*Job, error) {
 		&responseStatus, &responseBody, &providerRequestID, &errJSON,
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &cost,
 		&webhookURL, &meta, &idempotencyKey,
-		&createdAt, &startedAt, &finishedAt, &updatedAt, &nextRunAt, &j.Sync)
+		&createdAt, &startedAt, &finishedAt, &updatedAt, &nextRunAt, &j.Sync, &j.UsageEstimated)
 	if err != nil {
 		return nil, err
 	}

@@ -27,8 +27,9 @@ func Job(j *store.Job) client.Job {
 	if j.ResponseStatus != 0 && len(j.ResponseBody) > 0 {
 		out.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}
 	}
-	if j.Status == store.JobSucceeded {
-		out.Usage = &client.JobUsage{PromptTokens: j.PromptTokens, CompletionTokens: j.CompletionTokens, TotalTokens: j.TotalTokens}
+	if j.Status == store.JobSucceeded || j.Cost > 0 {
+		out.Usage = &client.JobUsage{PromptTokens: j.PromptTokens, CompletionTokens: j.CompletionTokens, TotalTokens: j.TotalTokens,
+			Estimated: j.UsageEstimated}
 	}
 	return out
 }

@@ -42,6 +42,7 @@ func (*learnedObserver) BreakerState(string, string)                            
 func (*learnedObserver) SoftLimitCrossed(string, string)                                 {}
 func (*learnedObserver) UnpredictedRateLimit(string, []string)                           {}
 func (*learnedObserver) ShortWindowRateLimit(string, []string)                           {}
+func (*learnedObserver) UsageUnbelieved(string, string)                                  {}
 
 // logLines decodes the JSON log lines written to buf.
 func logLines(t *testing.T, buf *testutil.SyncBuffer) []map[string]any {

@@ -27,6 +27,10 @@ type Observer interface {
 	BreakerState(provider, state string)
 	// SoftLimitCrossed reports a tenant crossing its budget's soft limit.
 	SoftLimitCrossed(tenantID, tier string)
+	// UsageUnbelieved reports a provider's answer whose usage llmq did not
+	// take ("missing": charged its worst case; "invalid": failed, charged
+	// its worst case).
+	UsageUnbelieved(model, reason string)
 }
 
 // nopObserver observes nothing.
@@ -42,3 +46,4 @@ func (nopObserver) LimitsLearned(string, int64, int64)                          
 func (nopObserver) UnpredictedRateLimit(string, []string)                           {}
 func (nopObserver) ShortWindowRateLimit(string, []string)                           {}
 func (nopObserver) SoftLimitCrossed(string, string)                                 {}
+func (nopObserver) UsageUnbelieved(string, string)                                  {}

@@ -25,7 +25,8 @@ func NewProviders(p *config.Policy, lookupEnv func(string) (string, bool)) *Prov
 		if cp.APIKeyEnv != "" {
 			key, _ = lookupEnv(cp.APIKeyEnv)
 		}
-		return llm.NewOpenAI(llm.OpenAIConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Timeout: cp.Timeout})
+		return llm.NewOpenAI(llm.OpenAIConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Timeout: cp.Timeout,
+			MaxResponseBytes: cp.MaxResponseBytes})
 	})
 }
 

@@ -181,18 +181,22 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 			pe = &llm.Error{Class: llm.ClassRetryable, Message: err.Error(), Err: err}
 		}
 		h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
-		if err == nil && c.Stream != nil && resp.Usage.TotalTokens == 0 {
-			// A stream that sent no usage is charged as reserved.
-			resp.Usage = llm.Usage{PromptTokens: r.call.Cost.Tokens - r.call.MaxTokens, CompletionTokens: r.call.MaxTokens, TotalTokens: r.call.Cost.Tokens}
-		}
-		if err == nil && c.Answer != nil {
-			c.Answer(resp)
-		}
 		outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
-		if err == nil {
+		if err == nil || answered2xx(pe) {
+			// An answer without usage (a stream without its usage chunk
+			// too) is charged its worst case; one that cannot be taken is
+			// the client's 502, never a 200.
+			v := r.judge(resp, pe)
+			if v.failed == nil && c.Answer != nil {
+				c.Answer(resp)
+			}
 			h.breakers.Record(m.Provider, false)
-			if err := r.succeeded(callCtx, resp, outcome); err != nil {
+			if err := r.succeeded(callCtx, resp, v, outcome); err != nil {
 				r.log.Warn("store a synchronous answer; the reconciler settles it", "err", err)
+			}
+			if v.failed != nil {
+				return &SyncResult{ProviderError: &llm.Error{Class: llm.ClassPermanent, Provider: m.Provider, StatusCode: http.StatusBadGateway,
+					Type: v.failed.Type, Code: v.failed.Code, Message: v.failed.Message, Relayed: relayed(resp, pe)}}, nil
 			}
 			return &SyncResult{Response: resp}, nil
 		}

@@ -319,9 +319,9 @@ func (r *run) do(ctx context.Context) error {
 	}
 	h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
 	outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
-	if err == nil {
+	if err == nil || answered2xx(pe) {
 		h.breakers.Record(m.Provider, false)
-		return r.succeeded(ctx, resp, outcome)
+		return r.succeeded(ctx, resp, r.judge(resp, pe), outcome)
 	}
 	r.settlePermit(ctx, outcome)
 	switch {
@@ -429,18 +429,32 @@ func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
 	r.permit, r.wait = nil, after.Wait
 }
 
-// succeeded settles a provider's answer: store (result and ledger row,
-// once), then limiter and budget together, then the webhook. The permit
-// is settled after the commit, in the budget's round trip: its correction
-// waits the few milliseconds of the commit.
-func (r *run) succeeded(ctx context.Context, resp *llm.Response, o pacer.Outcome) error {
-	u := resp.Usage
-	cost := r.call.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
-	res, err := r.h.Store.JobComplete(ctx, &store.JobCompleteParams{
-		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay, ResponseStatus: resp.StatusCode, ResponseBody: resp.Body,
-		ProviderRequestID: resp.RequestID, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
-		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost,
-	})
+// succeeded settles a provider's 2xx answer as v judged it: store (result
+// and ledger row, once; a failure when the answer cannot be taken, charged
+// all the same), then limiter and budget together, then the webhook. The
+// permit is settled after the commit, in the budget's round trip: its
+// correction waits the few milliseconds of the commit.
+func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pacer.Outcome) error {
+	u, cost := v.usage, v.cost
+	p := &store.JobCompleteParams{
+		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay,
+		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost, UsageEstimated: v.estimated, Failed: v.failed,
+	}
+	if resp != nil {
+		p.ResponseStatus, p.ResponseBody, p.ProviderRequestID = resp.StatusCode, resp.Body, resp.RequestID
+	}
+	if v.failed != nil {
+		// The answer is not the client's: it stays out of the job.
+		p.ResponseStatus, p.ResponseBody = http.StatusBadGateway, nil
+	}
+	if v.estimated && resp != nil {
+		// Nothing the provider said of its usage teaches the pacer.
+		quiet := *resp
+		quiet.Usage = llm.Usage{}
+		o.Response = &quiet
+	}
+	res, err := r.h.Store.JobComplete(ctx, p)
 	if err != nil {
 		// The result may have been stored all the same: keep the
 		// reservation, so the next delivery settles it (the job finished)
@@ -459,9 +473,15 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, o pacer.Outcome
 		r.settlePermit(ctx, o)
 		settleErr = r.settle(ctx, cost, false)
 	}
-	r.log.Debug("job succeeded", "prompt_tokens", u.PromptTokens, "completion_tokens", u.CompletionTokens, "cost", cost)
+	status := store.JobSucceeded
+	if v.failed != nil {
+		status = store.JobFailed
+		r.log.Warn("job failed, charged", "code", v.failed.Code, "err", v.failed.Message)
+	}
+	r.log.Debug("job "+string(status), "prompt_tokens", u.PromptTokens, "completion_tokens", u.CompletionTokens, "cost", cost,
+		"usage_estimated", v.estimated)
 	if res.Completed {
-		r.h.Observer.JobFinished(r.acct.TenantID, r.tier, r.job.Model, string(store.JobSucceeded), u.PromptTokens, u.CompletionTokens, int64(cost))
+		r.h.Observer.JobFinished(r.acct.TenantID, r.tier, r.job.Model, string(status), u.PromptTokens, u.CompletionTokens, int64(cost))
 		r.notify(ctx)
 	}
 	if settleErr != nil {
@@ -636,8 +656,12 @@ func (r *run) retry(ctx context.Context, pe *llm.Error) error {
 // fail marks the job failed for good and acknowledges the task.
 func (r *run) fail(ctx context.Context, e store.JobError, pe *llm.Error) error {
 	p := &store.JobFailParams{ID: r.job.ID, Error: e, CountAttempt: pe != nil}
-	if pe != nil && pe.StatusCode > 0 {
+	switch {
+	case pe != nil && pe.StatusCode >= 400:
 		p.ResponseStatus = pe.StatusCode
+	case pe != nil && pe.StatusCode > 0:
+		// a 2xx answer llmq could not read or take: failed, never a success
+		p.ResponseStatus = http.StatusBadGateway
 	}
 	_, applied, err := r.h.Store.JobFail(ctx, p)
 	if err != nil {

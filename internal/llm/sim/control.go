@@ -123,14 +123,15 @@ func (s *Server) serveSetFaults(w http.ResponseWriter, r *http.Request) {
 		Rate429       float64 `json:"rate_429"`
 		Rate500       float64 `json:"rate_500"`
 		RateHang      float64 `json:"rate_hang"`
+		OmitUsage     float64 `json:"omit_usage"`
 		HangFor       string  `json:"hang_for"`
 		RetryAfter429 string  `json:"retry_after_429"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		apiError(w, http.StatusBadRequest, "the body must be {\"rate_429\", \"rate_500\", \"rate_hang\", \"hang_for\", \"retry_after_429\"}: "+err.Error(), "invalid_request_error", "", "")
+		apiError(w, http.StatusBadRequest, "the body must be {\"rate_429\", \"rate_500\", \"rate_hang\", \"omit_usage\", \"hang_for\", \"retry_after_429\"}: "+err.Error(), "invalid_request_error", "", "")
 		return
 	}
-	f := Faults{Rate429: req.Rate429, Rate500: req.Rate500, RateHang: req.RateHang}
+	f := Faults{Rate429: req.Rate429, Rate500: req.Rate500, RateHang: req.RateHang, OmitUsage: req.OmitUsage}
 	for _, d := range []struct {
 		name string
 		s    string

@@ -21,7 +21,7 @@ import (
 //	                              that length and the most the limits allow
 //	GET  /sim/admissions[?after=N] the admission log after entry N
 //	POST /sim/limits  {"model"?, "rpm", "tpm", "rpd", "tpd"}
-//	POST /sim/faults  {"rate_429", "rate_500", "rate_hang", "hang_for": "5s", "retry_after_429": "1s"}
+//	POST /sim/faults  {"rate_429", "rate_500", "rate_hang", "omit_usage", "hang_for": "5s", "retry_after_429": "1s"}
 //	POST /sim/reset   clears stats and log, refills buckets
 //
 // The control API has no authentication: the simulator is for loopback use.
@@ -99,8 +99,9 @@ const (
 	drawCompletion // + choice index
 )
 
-// drawNoise and drawNoise + 1 are the draws of the header noise, apart from
-// the completions' (one per choice).
+// drawNoise and drawNoise + 1 are the draws of the header noise, and
+// drawNoise + 2 whether the usage is left out, apart from the completions'
+// (one per choice).
 const drawNoise = 1 << 20
 
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {

@@ -68,19 +68,32 @@ func (s *Server) chatResponse(n uint64, now time.Time, model string, prompt, max
 		}
 		b.WriteString(`"}`)
 	}
-	b.WriteString(`],"usage":{"prompt_tokens":`)
-	b.WriteString(itoa(prompt))
-	b.WriteString(`,"completion_tokens":`)
-	b.WriteString(itoa(total))
-	b.WriteString(`,"total_tokens":`)
-	b.WriteString(itoa(prompt + total))
-	b.WriteString(`,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_llmqsim"}`)
+	b.WriteString(`]`)
+	if !s.omitsUsage(n) {
+		b.WriteString(`,"usage":{"prompt_tokens":`)
+		b.WriteString(itoa(prompt))
+		b.WriteString(`,"completion_tokens":`)
+		b.WriteString(itoa(total))
+		b.WriteString(`,"total_tokens":`)
+		b.WriteString(itoa(prompt + total))
+		b.WriteString(`,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}`)
+	}
+	b.WriteString(`,"service_tier":"default","system_fingerprint":"fp_llmqsim"}`)
 	b.WriteByte('\n')
 	s.count(func(st *Stats) {
 		st.PromptTokens += prompt
 		st.CompletionTokens += total
 	})
 	return bytes.Clone(b.Bytes())
+}
+
+// omitsUsage reports whether request n's answer leaves its usage out
+// (Faults.OmitUsage), drawn from the seed.
+func (s *Server) omitsUsage(n uint64) bool {
+	s.mu.Lock()
+	share := s.faults.OmitUsage
+	s.mu.Unlock()
+	return share > 0 && s.draw(n, drawNoise+2) < share
 }
 
 // writeText writes about k tokens of sentence-like text.
@@ -171,11 +184,14 @@ func (s *Server) embeddingResponse(n uint64, p *llm.ParsedRequest, prompt int64,
 	}
 	b.WriteString(`],"model":`)
 	appendJSONString(b, p.Model)
-	b.WriteString(`,"usage":{"prompt_tokens":`)
-	b.WriteString(itoa(prompt))
-	b.WriteString(`,"total_tokens":`)
-	b.WriteString(itoa(prompt))
-	b.WriteString("}}\n")
+	if !s.omitsUsage(n) {
+		b.WriteString(`,"usage":{"prompt_tokens":`)
+		b.WriteString(itoa(prompt))
+		b.WriteString(`,"total_tokens":`)
+		b.WriteString(itoa(prompt))
+		b.WriteString("}")
+	}
+	b.WriteString("}\n")
 	s.count(func(st *Stats) { st.PromptTokens += prompt })
 	return bytes.Clone(b.Bytes())
 }

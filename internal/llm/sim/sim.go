@@ -122,13 +122,16 @@ type Faults struct {
 	HangFor time.Duration `json:"hang_for"`
 	// RetryAfter429 is the retry-after of spurious 429s. Defaults to 1s.
 	RetryAfter429 time.Duration `json:"retry_after_429"`
+	// OmitUsage is the fraction of admitted answers that carry no usage (a
+	// stream's, no usage chunk). Defaults to 0.
+	OmitUsage float64 `json:"omit_usage"`
 }
 
 func (f Faults) validate() error {
 	for _, r := range []struct {
 		name string
 		v    float64
-	}{{"Rate429", f.Rate429}, {"Rate500", f.Rate500}, {"RateHang", f.RateHang}} {
+	}{{"Rate429", f.Rate429}, {"Rate500", f.Rate500}, {"RateHang", f.RateHang}, {"OmitUsage", f.OmitUsage}} {
 		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
 			return fmt.Errorf("sim: Faults.%s must be within [0, 1], got %v", r.name, r.v)
 		}

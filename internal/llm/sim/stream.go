@@ -146,7 +146,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange
 			return
 		}
 	}
-	if includeUsage && !send("", `,"usage":`+string(bytes.TrimSpace(c.Usage))) {
+	if includeUsage && len(c.Usage) > 0 && !send("", `,"usage":`+string(bytes.TrimSpace(c.Usage))) {
 		return
 	}
 	_, _ = w.Write([]byte("data: [DONE]\n\n"))

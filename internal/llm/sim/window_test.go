@@ -3,6 +3,7 @@ package sim_test
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -215,5 +216,27 @@ func TestRamp(t *testing.T) {
 	}
 	if st := s.Stats(); st.RateLimitedShort != st.RateLimited || st.RateLimited == 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// OmitUsage leaves the usage out of that share of answers, streamed or
+// not, drawn from the seed.
+func TestOmitUsage(t *testing.T) {
+	t.Parallel()
+	s := sim.New(sim.Config{Now: newClock().Now, Faults: sim.Faults{OmitUsage: 0.2}, Seed: 3})
+	without := 0
+	for range 500 {
+		_, _, body := s.Begin(llm.EndpointChat, []byte(chat("m", 5))).Finish()
+		if !strings.Contains(string(body), `"usage"`) {
+			without++
+		}
+	}
+	if without < 70 || without > 130 {
+		t.Errorf("%d of 500 answers without usage, want about 100", without)
+	}
+	all := sim.New(sim.Config{Now: newClock().Now, Faults: sim.Faults{OmitUsage: 1}})
+	rec := post(t, all.Handler(), llm.EndpointChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`)
+	if strings.Contains(rec.Body.String(), `"usage":{`) || !strings.Contains(rec.Body.String(), "[DONE]") {
+		t.Errorf("stream without usage: %s", rec.Body.String())
 	}
 }
