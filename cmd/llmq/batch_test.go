@@ -177,3 +177,20 @@ func TestFilesCommands(t *testing.T) {
 		t.Fatalf("deleted file: %v", r)
 	}
 }
+
+// A row holding control or invisible formatting characters (a tenant name
+// stored before the API refused them) is printed with them written out;
+// the table's tabs stay.
+func TestPrintableRows(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"ten_1\tacme\r\nX\tstandard": `ten_1` + "\t" + `acme\u000d\u000aX` + "\t" + `standard`,
+		"evil\x1b[31m":               `evil\u001b[31m`,
+		"file\u202egnp.exe":          `file\u202egnp.exe`,
+		"café\t€":                    "café\t€",
+	} {
+		if got := printable(in); got != want {
+			t.Errorf("printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

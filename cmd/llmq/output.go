@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/llmq/llmq/client"
 )
@@ -53,12 +54,28 @@ func printList[T any](c *cli, seq iter.Seq2[*T, error], header string, row func(
 			fmt.Fprintln(tw, header)
 		}
 		rows++
-		fmt.Fprintln(tw, row(item))
+		fmt.Fprintln(tw, printable(row(item)))
 	}
 	if rows == 0 {
 		fmt.Fprintln(tw, header)
 	}
 	return tw.Flush()
+}
+
+// printable writes out the control and invisible formatting characters of
+// a row (a tenant name with CR, ESC or U+202E, stored before the API
+// refused them) as escapes, so the terminal shows them instead of acting
+// on them. Tabs, the table's separators, stay.
+func printable(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r != '\t' && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r)) {
+			fmt.Fprintf(&b, "\\u%04x", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 func deref[T any](p *T) T {

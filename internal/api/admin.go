@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
@@ -41,14 +43,30 @@ func budgetOverride(v *float64) (*money.Micros, error) {
 	return &m, nil
 }
 
+// checkTenantName refuses a tenant name that is empty, longer than 200
+// bytes, or holds a control character (CR, LF, ESC: a terminal or a log
+// line would act on it) or a character that reorders or hides text
+// (U+202E, zero-width ones): operators read names in lists.
+func checkTenantName(name string) error {
+	if name == "" || len(name) > 200 {
+		return badRequest("name", "invalid_value", "name is required (at most 200 characters).")
+	}
+	for i, r := range name {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
+			return badRequest("name", "invalid_value", "name must not hold control or invisible formatting characters (U+%04X at byte %d).", r, i)
+		}
+	}
+	return nil
+}
+
 func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 	var req client.TenantCreateParams
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
 	req.Name = strings.TrimSpace(req.Name)
-	if req.Name == "" || len(req.Name) > 200 {
-		return badRequest("name", "invalid_value", "name is required (at most 200 characters).")
+	if err := checkTenantName(req.Name); err != nil {
+		return err
 	}
 	if err := s.checkTier(s.Policy.Current(), req.Tier); err != nil {
 		return err
@@ -124,8 +142,12 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	p := &store.TenantUpdateParams{ID: id, Name: req.Name, Tier: req.Tier, APIExempt: req.APIExempt}
-	if req.Name != nil && (strings.TrimSpace(*req.Name) == "" || len(*req.Name) > 200) {
-		return badRequest("name", "invalid_value", "name must not be empty (at most 200 characters).")
+	if req.Name != nil {
+		trimmed := strings.TrimSpace(*req.Name)
+		if err := checkTenantName(trimmed); err != nil {
+			return err
+		}
+		p.Name = &trimmed
 	}
 	if req.Tier != nil {
 		if err := s.checkTier(s.Policy.Current(), *req.Tier); err != nil {

@@ -135,13 +135,27 @@ func TestFilesRoundTripAndIsolation(t *testing.T) {
 		t.Fatalf("tenant B lists A's files: %+v", l)
 	}
 
-	// Delete: not another tenant's file, not a batch's input; then gone.
+	// Delete: not another tenant's file, not the input of a batch that has
+	// not ended; then gone.
 	checkError(t, a.Do("DELETE", "/v1/files/"+f.ID, keyB, nil), 404, "not_found", "")
 	small := uploadParts(t, a, keyA, part{"purpose", "", "batch"}, part{"file", "in.jsonl", jsonl(2)}).Map(t)["id"].(string)
-	if r := a.Do("POST", "/v1/batches", keyA, map[string]any{"input_file_id": small, "endpoint": "/v1/chat/completions", "completion_window": "24h"}); r.Status != 200 {
+	r = a.Do("POST", "/v1/batches", keyA, map[string]any{"input_file_id": small, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+	if r.Status != 200 {
 		t.Fatalf("create batch: %d %s", r.Status, r.Body)
 	}
+	batchID := r.Map(t)["id"].(string)
 	checkError(t, a.Do("DELETE", "/v1/files/"+small, keyA, nil), 409, "file_in_use", "")
+	// Once the batch has ended, its input file goes; the batch still names it.
+	if _, _, err := a.Store.BatchSetStatus(context.Background(), &store.BatchSetStatusParams{ID: batchID, From: []store.BatchStatus{store.BatchValidating},
+		To: store.BatchCancelled}); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.Do("DELETE", "/v1/files/"+small, keyA, nil); r.Status != 200 {
+		t.Fatalf("delete an ended batch's input file: %d %s", r.Status, r.Body)
+	}
+	if b := a.Do("GET", "/v1/batches/"+batchID, keyA, nil).Map(t); b["input_file_id"] != small || b["status"] != "cancelled" {
+		t.Fatalf("the batch after its input file went: %v", b)
+	}
 	var del client.FileDeleted
 	if r := a.Do("DELETE", "/v1/files/"+f.ID, keyA, nil); r.Status != 200 {
 		t.Fatalf("delete: %d %s", r.Status, r.Body)

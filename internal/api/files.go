@@ -190,7 +190,7 @@ func (u *uploadLimit) Read(p []byte) (int, error) {
 	return n, u.err
 }
 
-// deleteFile is DELETE /v1/files/{id}. A file a batch uses stays.
+// deleteFile is DELETE /v1/files/{id}. A file a running batch uses stays.
 func (s *batchAPI) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	f, err := s.fileByPath(r)
 	if err != nil {
@@ -201,7 +201,7 @@ func (s *batchAPI) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	case errors.Is(err, store.ErrNotFound):
 		return notFound("file", f.ID)
 	case errors.Is(err, store.ErrConflict):
-		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "file_in_use", "", "File %s is the input, output or error file of a batch and cannot be deleted.", f.ID)
+		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "file_in_use", "", "File %s is the input, output or error file of a batch that has not ended; it can be deleted once the batch ends.", f.ID)
 	case err != nil:
 		return err
 	}

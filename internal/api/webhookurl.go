@@ -2,15 +2,16 @@ package api
 
 import (
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/llmq/llmq/internal/netguard"
 )
 
 // validateWebhookURL refuses, naming webhook_url, a URL llmq could never
-// deliver to: not absolute http(s), too long, with credentials, or whose
-// host is an internal address written out (netguard.Literal: 10.0.0.5,
-// [::1], 2130706433) or localhost, unless LLMQ_WEBHOOK_ALLOW_PRIVATE. A
+// deliver to: not absolute http(s), too long, with credentials or a port
+// outside 1-65535, or whose host is an internal address written out
+// (netguard.Literal: 10.0.0.5, [::1], 2130706433) or localhost, unless LLMQ_WEBHOOK_ALLOW_PRIVATE. A
 // name is only resolved when the webhook is sent, and every address it
 // resolves to is checked then.
 func (s *Server) validateWebhookURL(raw string) error {
@@ -23,6 +24,11 @@ func (s *Server) validateWebhookURL(raw string) error {
 	}
 	if u.User != nil {
 		return badRequest("webhook_url", "invalid_url", "webhook_url must not carry credentials.")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return badRequest("webhook_url", "invalid_url", "webhook_url's port must be within 1 and 65535, got '%.10s'.", p)
+		}
 	}
 	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
 	if a, ok := netguard.Literal(host); ok {

@@ -131,12 +131,19 @@ func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, er
 	if id == "" {
 		id = ids.New(ids.Batch)
 	}
+	// The input file must exist (batches name their files without a
+	// foreign key, so that an ended batch's may be deleted). A file deleted
+	// in the instant after this read leaves the batch failing its
+	// validation: its input cannot be read.
 	b, err := scanBatch(db.rw.QueryRowContext(ctx, `
 		INSERT INTO batches (id, tenant_id, input_file_id, endpoint, completion_window, status, metadata, total, created_at, expires_at, webhook_url)
-		VALUES ($1, $2, $3, $4, $5, 'validating', $6, $7, $8, $9, $10)
+		SELECT $1, $2, id, $4, $5, 'validating', $6, $7, $8, $9, $10 FROM files WHERE id = $3
 		RETURNING `+batchColumns,
 		id, p.TenantID, p.InputFileID, p.Endpoint, p.CompletionWindow, nullJSON(p.Metadata), p.Total,
 		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt), nullString(p.WebhookURL)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("file", p.InputFileID)
+	}
 	return b, db.d.wrap(err)
 }
 

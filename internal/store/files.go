@@ -295,13 +295,15 @@ func (r *chunkReader) Close() error {
 	return nil
 }
 
-// sqlFileUsedByBatches counts the batches using file $1 as their input,
-// output or error file, one index each (migration 005).
-const sqlFileUsedByBatches = `SELECT count(*) FROM batches WHERE input_file_id = $1 OR output_file_id = $1 OR error_file_id = $1`
+// sqlFileUsedByBatches counts the batches that have not ended and use file
+// $1 as their input, output or error file, one index each (migration 005).
+const sqlFileUsedByBatches = `SELECT count(*) FROM batches WHERE (input_file_id = $1 OR output_file_id = $1 OR error_file_id = $1)
+	AND status NOT IN ('failed', 'completed', 'expired', 'cancelled')`
 
-// FileDelete deletes the tenant's file and its content. A file a batch
-// uses (as its input, output or error file) is ErrConflict; another
-// tenant's, or none, is ErrNotFound.
+// FileDelete deletes the tenant's file and its content. A file a batch that
+// has not ended uses (as its input, output or error file) is ErrConflict;
+// an ended batch keeps naming a file deleted since. Another tenant's file,
+// or none, is ErrNotFound.
 func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
 	if err := errors.Join(required("FileDelete", "tenantID", tenantID), required("FileDelete", "id", id)); err != nil {
 		return err
