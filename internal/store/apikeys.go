@@ -31,7 +31,7 @@ func apiKeyDest(k *APIKey) []any {
 	return []any{&k.ID, &k.TenantID, &k.Prefix, &k.Hash, &k.APIExempt, timeCol{&k.CreatedAt}, nullTimeCol{&k.RevokedAt}}
 }
 
-func scanAPIKey(r rowScanner) (*APIKey, error) {
+func scanAPIKey(r row) (*APIKey, error) {
 	var k APIKey
 	if err := r.Scan(apiKeyDest(&k)...); err != nil {
 		return nil, err
@@ -62,7 +62,7 @@ func (db *DB) APIKeyInsert(ctx context.Context, p *APIKeyInsertParams) (*APIKey,
 	if id == "" {
 		id = ids.New(ids.Key)
 	}
-	k, err := scanAPIKey(db.rw.QueryRowContext(ctx, `
+	k, err := scanAPIKey(db.rw.queryRow(ctx, `
 		INSERT INTO api_keys (id, tenant_id, prefix, hash, api_exempt, created_at) VALUES ($1, $2, $3, $4, $5, $6)
 		RETURNING `+apiKeyColumns,
 		id, p.TenantID, p.Prefix, p.Hash, p.APIExempt, db.d.ts(db.nowUTC())))
@@ -79,7 +79,7 @@ const sqlAPIKeyGetByHash = `
 // APIKeyGetByHash authenticates: it returns the unrevoked key with this hash
 // and its tenant, or ErrNotFound.
 func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenant, error) {
-	row := db.ro.QueryRowContext(ctx, sqlAPIKeyGetByHash, hash)
+	row := db.ro.queryRow(ctx, sqlAPIKeyGetByHash, hash)
 	var (
 		k APIKey
 		t *Tenant
@@ -99,7 +99,7 @@ func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenan
 // APIKeyRevoke revokes the key and returns it. Revoking a revoked key keeps
 // its first revocation time.
 func (db *DB) APIKeyRevoke(ctx context.Context, id string) (*APIKey, error) {
-	k, err := scanAPIKey(db.rw.QueryRowContext(ctx, `
+	k, err := scanAPIKey(db.rw.queryRow(ctx, `
 		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1
 		RETURNING `+apiKeyColumns, id, db.d.ts(db.nowUTC())))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -111,11 +111,7 @@ func (db *DB) APIKeyRevoke(ctx context.Context, id string) (*APIKey, error) {
 // APIKeyListByTenant returns every key of the tenant, revoked ones included,
 // newest first. A tenant has a handful of keys, so there is no paging.
 func (db *DB) APIKeyListByTenant(ctx context.Context, tenantID string) ([]*APIKey, error) {
-	rows, err := db.ro.QueryContext(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE tenant_id = $1 ORDER BY id DESC`, tenantID)
-	if err != nil {
-		return nil, err
-	}
-	return collect(rows, scanAPIKey)
+	return collect(ctx, db.ro, scanAPIKey, `SELECT `+apiKeyColumns+` FROM api_keys WHERE tenant_id = $1 ORDER BY id DESC`, tenantID)
 }
 
 // APIKeyUpdateParams change a key; nil fields are left as they are.
@@ -132,13 +128,13 @@ func (db *DB) APIKeyUpdate(ctx context.Context, p *APIKeyUpdateParams) (*APIKey,
 	}
 	if p.APIExempt == nil {
 		// Nothing to change: read it, so the answer is the same either way.
-		k, err := scanAPIKey(db.ro.QueryRowContext(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, p.ID))
+		k, err := scanAPIKey(db.ro.queryRow(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, p.ID))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, notFound("api key", p.ID)
 		}
 		return k, err
 	}
-	k, err := scanAPIKey(db.rw.QueryRowContext(ctx, `UPDATE api_keys SET api_exempt = $2 WHERE id = $1 RETURNING `+apiKeyColumns,
+	k, err := scanAPIKey(db.rw.queryRow(ctx, `UPDATE api_keys SET api_exempt = $2 WHERE id = $1 RETURNING `+apiKeyColumns,
 		p.ID, *p.APIExempt))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("api key", p.ID)
@@ -156,12 +152,8 @@ type APIKeyListExemptParams struct {
 func (db *DB) APIKeyListExempt(ctx context.Context, p *APIKeyListExemptParams) ([]*APIKey, bool, error) {
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	// The predicate is api_keys_exempt's, literally.
-	rows, err := db.ro.QueryContext(ctx, `SELECT `+apiKeyColumns+` FROM api_keys
+	keys, err := collect(ctx, db.ro, scanAPIKey, `SELECT `+apiKeyColumns+` FROM api_keys
 		WHERE api_exempt = TRUE AND revoked_at IS NULL ORDER BY id DESC LIMIT $1`, limit+1)
-	if err != nil {
-		return nil, false, err
-	}
-	keys, err := collect(rows, scanAPIKey)
 	if err != nil {
 		return nil, false, err
 	}

@@ -91,19 +91,16 @@ const batchColumns = `id, tenant_id, input_file_id, output_file_id, error_file_i
 	status, metadata, errors, total, created_at, expires_at, in_progress_at, finalizing_at, completed_at,
 	failed_at, expired_at, cancelling_at, cancelled_at, webhook_url`
 
-func scanBatch(r rowScanner) (*Batch, error) {
-	var (
-		b                             Batch
-		outputID, errorID, webhookURL sql.NullString
-	)
-	err := r.Scan(&b.ID, &b.TenantID, &b.InputFileID, &outputID, &errorID, &b.Endpoint, &b.CompletionWindow,
-		&b.Status, jsonCol{&b.Metadata}, jsonCol{&b.Errors}, &b.Total, timeCol{&b.CreatedAt}, nullTimeCol{&b.ExpiresAt},
-		nullTimeCol{&b.InProgressAt}, nullTimeCol{&b.FinalizingAt}, nullTimeCol{&b.CompletedAt},
-		nullTimeCol{&b.FailedAt}, nullTimeCol{&b.ExpiredAt}, nullTimeCol{&b.CancellingAt}, nullTimeCol{&b.CancelledAt}, &webhookURL)
+func scanBatch(r row) (*Batch, error) {
+	var b Batch
+	err := r.Scan(&b.ID, &b.TenantID, &b.InputFileID, orZero[string]{&b.OutputFileID}, orZero[string]{&b.ErrorFileID},
+		&b.Endpoint, &b.CompletionWindow, &b.Status, (*[]byte)(&b.Metadata), (*[]byte)(&b.Errors), &b.Total,
+		timeCol{&b.CreatedAt}, nullTimeCol{&b.ExpiresAt}, nullTimeCol{&b.InProgressAt}, nullTimeCol{&b.FinalizingAt},
+		nullTimeCol{&b.CompletedAt}, nullTimeCol{&b.FailedAt}, nullTimeCol{&b.ExpiredAt}, nullTimeCol{&b.CancellingAt},
+		nullTimeCol{&b.CancelledAt}, orZero[string]{&b.WebhookURL})
 	if err != nil {
 		return nil, err
 	}
-	b.OutputFileID, b.ErrorFileID, b.WebhookURL = outputID.String, errorID.String, webhookURL.String
 	return &b, nil
 }
 
@@ -135,7 +132,7 @@ func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, er
 	// foreign key, so that an ended batch's may be deleted). A file deleted
 	// in the instant after this read leaves the batch failing its
 	// validation: its input cannot be read.
-	b, err := scanBatch(db.rw.QueryRowContext(ctx, `
+	b, err := scanBatch(db.rw.queryRow(ctx, `
 		INSERT INTO batches (id, tenant_id, input_file_id, endpoint, completion_window, status, metadata, total, created_at, expires_at, webhook_url)
 		SELECT $1, $2, id, $4, $5, 'validating', $6, $7, $8, $9, $10 FROM files WHERE id = $3
 		RETURNING `+batchColumns,
@@ -149,7 +146,7 @@ func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, er
 
 // BatchGetByID returns the batch, or ErrNotFound.
 func (db *DB) BatchGetByID(ctx context.Context, id string) (*Batch, error) {
-	b, err := scanBatch(db.ro.QueryRowContext(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1`, id))
+	b, err := scanBatch(db.ro.queryRow(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("batch", id)
 	}
@@ -158,7 +155,7 @@ func (db *DB) BatchGetByID(ctx context.Context, id string) (*Batch, error) {
 
 // BatchGetForTenant returns the tenant's batch; another tenant's is ErrNotFound.
 func (db *DB) BatchGetForTenant(ctx context.Context, tenantID, id string) (*Batch, error) {
-	b, err := scanBatch(db.ro.QueryRowContext(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1 AND tenant_id = $2`, id, tenantID))
+	b, err := scanBatch(db.ro.queryRow(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1 AND tenant_id = $2`, id, tenantID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("batch", id)
 	}
@@ -193,11 +190,7 @@ func batchListSQL(p *BatchListParams, limit int) (string, args) {
 }
 
 func (db *DB) batchPage(ctx context.Context, q string, a args, limit int) ([]*Batch, bool, error) {
-	rows, err := db.ro.QueryContext(ctx, q, a...)
-	if err != nil {
-		return nil, false, err
-	}
-	bs, err := collect(rows, scanBatch)
+	bs, err := collect(ctx, db.ro, scanBatch, q, a...)
 	if err != nil {
 		return nil, false, err
 	}
@@ -261,7 +254,7 @@ func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Bat
 		where += ` AND tenant_id = ` + a.add(p.TenantID)
 	}
 	q += ` WHERE ` + where + ` AND status IN (` + a.list(from...) + `) RETURNING ` + batchColumns
-	b, err := scanBatch(db.rw.QueryRowContext(ctx, q, a...))
+	b, err := scanBatch(db.rw.queryRow(ctx, q, a...))
 	if err == nil {
 		return b, true, nil
 	}

@@ -1525,7 +1525,7 @@ func testBatchRefusedLines(t *testing.T, db *DB) {
 	wantErr(t, err, ErrNotFound)
 	wantErr(t, db.FileDelete(ctx, ten.ID, free.ID), ErrNotFound)
 	var chunks int
-	if err := db.ro.QueryRowContext(ctx, `SELECT count(*) FROM file_chunks WHERE file_id = $1`, free.ID).Scan(&chunks); err != nil || chunks != 0 {
+	if err := db.ro.queryRow(ctx, `SELECT count(*) FROM file_chunks WHERE file_id = $1`, free.ID).Scan(&chunks); err != nil || chunks != 0 {
 		t.Fatalf("%d chunks left (%v)", chunks, err)
 	}
 }

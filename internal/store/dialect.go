@@ -3,22 +3,20 @@ package store
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"modernc.org/sqlite"
@@ -27,25 +25,31 @@ import (
 	"github.com/llmq/llmq/migrations"
 )
 
-// dialect is what differs between the backends. The SQL itself is shared:
+// dialect is what differs between the databases; the SQL itself is shared:
 // both accept $N placeholders, RETURNING, ON CONFLICT with partial-index
 // targets and CAST(... AS BIGINT).
 type dialect struct {
-	name  string
-	goose goose.Dialect
+	name       string
+	goose      goose.Dialect
+	migrations fs.FS
 
 	// sqliteTimes: timestamps are TEXT in tsLayout on SQLite (fixed width,
 	// so text order is time order); Postgres takes time.Time for timestamptz.
 	sqliteTimes bool
 
-	// dataModifyingCTE: UPDATE and INSERT may run inside one WITH
-	// statement (Postgres); SQLite runs them in a transaction instead.
-	dataModifyingCTE bool
+	// groupWrites: the writes every job makes go in pgx batches
+	// (groups.go), and JobComplete is one statement, a data-modifying WITH.
+	// SQLite has one writer and no such WITH: each call runs alone, and
+	// JobComplete in a transaction.
+	groupWrites bool
 
 	// spoolUploads: FileInsert first copies a reader that is not already
 	// local (an io.ReaderAt, such as a multipart temp file) to a temp file,
 	// so SQLite's one writer is never held for the duration of a slow upload.
 	spoolUploads bool
+
+	// tx runs fn in a transaction of the writer.
+	tx func(ctx context.Context, db *DB, fn func(querier) error) error
 
 	// insertJobs writes JobInsertMany's rows: COPY on Postgres, multi-row
 	// INSERTs in one transaction on SQLite.
@@ -54,6 +58,11 @@ type dialect struct {
 	// tryLock takes the named lock if free: a session advisory lock on
 	// Postgres, an in-process lock per database file on SQLite.
 	tryLock func(ctx context.Context, db *DB, name string) (unlock func(), ok bool, err error)
+
+	// gooseDB is the database/sql handle goose migrates through, and what
+	// releases it: on Postgres one over the pool for the migration alone,
+	// since goose takes nothing else.
+	gooseDB func(db *DB) (*sql.DB, func() error)
 
 	// errKind classifies a driver error as ErrConflict, ErrNotFound (a
 	// foreign key naming a missing row), ErrInvalidValue (a value the
@@ -124,11 +133,17 @@ func Reason(err error) string {
 }
 
 var postgresDialect = &dialect{
-	name:             "postgres",
-	dataModifyingCTE: true,
-	goose:            goose.DialectPostgres,
-	insertJobs:       copyJobs,
-	tryLock:          pgTryLock,
+	name:        "postgres",
+	goose:       goose.DialectPostgres,
+	migrations:  migrations.Postgres(),
+	groupWrites: true,
+	tx:          pgxTx,
+	insertJobs:  copyJobs,
+	tryLock:     pgTryLock,
+	gooseDB: func(db *DB) (*sql.DB, func() error) {
+		s := stdlib.OpenDBFromPool(db.pool)
+		return s, s.Close
+	},
 	errKind: func(err error) error {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) {
@@ -155,10 +170,13 @@ var postgresDialect = &dialect{
 var sqliteDialect = &dialect{
 	name:         "sqlite",
 	goose:        goose.DialectSQLite3,
+	migrations:   migrations.SQLite(),
 	sqliteTimes:  true,
 	spoolUploads: true,
+	tx:           sqlTx,
 	insertJobs:   multiRowInsertJobs,
 	tryLock:      processTryLock,
+	gooseDB:      func(db *DB) (*sql.DB, func() error) { return db.writer, func() error { return nil } },
 	errKind: func(err error) error {
 		var se *sqlite.Error
 		if errors.As(err, &se) {
@@ -179,50 +197,49 @@ var sqliteDialect = &dialect{
 	},
 }
 
-// openPostgres opens a pool on dsn. pool_max_conns is ours (as in pgxpool);
-// every other parameter, search_path included, goes to pgx.
+// openPostgres opens a pool on dsn, and one for advisory locks. Every
+// parameter goes to pgxpool, search_path and pool_max_conns (default 16)
+// included.
 func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return nil, errors.New("store: database URL does not parse as a URL")
 	}
-	maxConns := 16
-	q := u.Query()
-	if v := q.Get("pool_max_conns"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("store: database URL: pool_max_conns %q is not a positive integer", v)
-		}
-		maxConns = n
-		q.Del("pool_max_conns")
-		u.RawQuery = q.Encode()
-	}
-	cfg, err := pgx.ParseConfig(u.String())
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("store: database URL: %w", err)
 	}
-	sdb := stdlib.OpenDB(*cfg)
-	sdb.SetMaxOpenConns(maxConns)
-	sdb.SetMaxIdleConns(maxConns)
-	sdb.SetConnMaxIdleTime(5 * time.Minute)
-	var schema sql.NullString
-	if err := sdb.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		_ = sdb.Close()
+	if !u.Query().Has("pool_max_conns") {
+		cfg.MaxConns = 16
+	}
+	cfg.MaxConnIdleTime = 5 * time.Minute
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: postgres %s: %w", u.Redacted(), err)
+	}
+	var schema *string
+	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		pool.Close()
 		return nil, fmt.Errorf("store: connect to postgres %s: %w", u.Redacted(), err)
 	}
-	if !schema.Valid {
-		_ = sdb.Close()
+	if schema == nil {
+		pool.Close()
 		return nil, fmt.Errorf("store: postgres %s: no schema of the search_path exists", u.Redacted())
 	}
 	// Advisory locks hold their session's connection until released: they
 	// get a pool of their own, so the work done under a lock (the
 	// reconciler's, the sweeper's, a batch's validation) never waits for a
 	// connection the locks themselves hold, however small pool_max_conns.
-	locks := stdlib.OpenDB(*cfg)
-	locks.SetMaxOpenConns(maxLockConns)
-	locks.SetMaxIdleConns(1)
-	locks.SetConnMaxIdleTime(time.Minute)
-	return &DB{rw: sdb, ro: sdb, locks: locks, d: postgresDialect, lockScope: schema.String}, nil
+	lcfg := cfg.Copy()
+	lcfg.MaxConns = maxLockConns
+	lcfg.MaxConnIdleTime = time.Minute
+	locks, err := pgxpool.NewWithConfig(ctx, lcfg)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store: postgres %s: %w", u.Redacted(), err)
+	}
+	q := pgxQuerier{pool}
+	return &DB{rw: q, ro: q, pool: pool, locks: locks, d: postgresDialect, lockScope: *schema}, nil
 }
 
 // maxLockConns bounds the connections advisory locks hold at once; a
@@ -297,47 +314,23 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 		_ = r.Close()
 		return nil, fmt.Errorf("store: open %s: %w", abs, err)
 	}
-	return &DB{rw: w, ro: r, d: sqliteDialect, lockScope: abs}, nil
+	return &DB{rw: sqlQuerier{w}, ro: sqlQuerier{r}, writer: w, readers: r, d: sqliteDialect, lockScope: abs}, nil
 }
 
-// sqliteMigrations serialises migrations per database file within the
-// process, where two DBs may be opened on one file at once (each has its own
-// writer connection). SQLite serves one process; see TryLock.
-var sqliteMigrations sync.Map // absolute path -> *sync.Mutex
-
-// migrate applies the pending migrations. On Postgres an advisory lock per
-// schema keeps processes starting together from migrating at once.
+// migrate applies the pending migrations. The lock "llmq.migrate" (TryLock,
+// tried again every 50ms) keeps DBs opened together on one database from
+// migrating at once.
 func (db *DB) migrate(ctx context.Context) error {
-	fsys := migrations.SQLite()
-	if db.d == sqliteDialect {
-		mu, _ := sqliteMigrations.LoadOrStore(db.lockScope, new(sync.Mutex))
-		mu.(*sync.Mutex).Lock()
-		defer mu.(*sync.Mutex).Unlock()
-	}
-	if db.d == postgresDialect {
-		fsys = migrations.Postgres()
-		conn, err := db.rw.Conn(ctx)
-		if err != nil {
-			return fmt.Errorf("store: migrate: %w", err)
-		}
-		defer conn.Close()
-		key := lockKey(db.lockScope, "llmq.migrate")
-		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
-			return fmt.Errorf("store: migrate: lock: %w", err)
-		}
-		defer func() {
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			if _, err := conn.ExecContext(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
-				// Never hand a connection holding the lock back to the pool.
-				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-			}
-		}()
-	}
-	p, err := goose.NewProvider(db.d.goose, db.rw, fsys, goose.WithDisableGlobalRegistry(true))
+	unlock, err := db.waitLock(ctx, "llmq.migrate")
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
+	defer unlock()
+	p, done, err := db.migrator()
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	defer func() { _ = done() }()
 	results, err := p.Up(ctx)
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
@@ -352,6 +345,18 @@ func (db *DB) migrate(ctx context.Context) error {
 	}
 	db.log.Log(ctx, level, "store: schema migrated", "dialect", db.d.name, "applied", len(results), "version", version)
 	return nil
+}
+
+// migrator is goose's provider of the embedded migrations on db, and what
+// releases it.
+func (db *DB) migrator() (*goose.Provider, func() error, error) {
+	sdb, done := db.d.gooseDB(db)
+	p, err := goose.NewProvider(db.d.goose, sdb, db.d.migrations, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		_ = done()
+		return nil, nil, err
+	}
+	return p, done, nil
 }
 
 // lockKey is the 64-bit advisory lock key of name within scope.

@@ -42,15 +42,12 @@ type File struct {
 
 const fileColumns = `id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at`
 
-func scanFile(r rowScanner) (*File, error) {
-	var (
-		f       File
-		batchID sql.NullString
-	)
-	if err := r.Scan(&f.ID, &f.TenantID, &f.Purpose, &f.Filename, &f.Bytes, &f.Lines, &batchID, timeCol{&f.CreatedAt}); err != nil {
+func scanFile(r row) (*File, error) {
+	var f File
+	err := r.Scan(&f.ID, &f.TenantID, &f.Purpose, &f.Filename, &f.Bytes, &f.Lines, orZero[string]{&f.BatchID}, timeCol{&f.CreatedAt})
+	if err != nil {
 		return nil, err
 	}
-	f.BatchID = batchID.String
 	return &f, nil
 }
 
@@ -107,18 +104,13 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 		id = ids.New(ids.File)
 	}
 	var f *File
-	err := db.tx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
+	err := db.tx(ctx, func(tx querier) error {
+		_, err := tx.exec(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
 			VALUES ($1, $2, $3, $4, 0, 0, $5, $6)`,
 			id, p.TenantID, string(p.Purpose), p.Filename, nullString(p.BatchID), db.d.ts(db.nowUTC()))
 		if err != nil {
-			return db.d.wrap(err)
-		}
-		ins, err := tx.PrepareContext(ctx, `INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)`)
-		if err != nil {
 			return err
 		}
-		defer ins.Close()
 		buf := make([]byte, db.chunkSize)
 		var (
 			size, lines int64
@@ -127,7 +119,7 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 		for seq := 0; ; seq++ {
 			n, rerr := io.ReadFull(content, buf)
 			if n > 0 {
-				if _, err := ins.ExecContext(ctx, id, seq, buf[:n]); err != nil {
+				if _, err := tx.exec(ctx, `INSERT INTO file_chunks (file_id, seq, data) VALUES ($1, $2, $3)`, id, seq, buf[:n]); err != nil {
 					return err
 				}
 				size += int64(n)
@@ -144,7 +136,7 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 		if size > 0 && last != '\n' {
 			lines++
 		}
-		f, err = scanFile(tx.QueryRowContext(ctx, `UPDATE files SET bytes = $2, lines = $3 WHERE id = $1 RETURNING `+fileColumns,
+		f, err = scanFile(tx.queryRow(ctx, `UPDATE files SET bytes = $2, lines = $3 WHERE id = $1 RETURNING `+fileColumns,
 			id, size, lines))
 		return err
 	})
@@ -162,7 +154,7 @@ func (db *DB) fileInsertGenerated(ctx context.Context, p *FileInsertParams) (*Fi
 	if id == "" {
 		id = ids.New(ids.File)
 	}
-	f, err := scanFile(db.rw.QueryRowContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
+	f, err := scanFile(db.rw.queryRow(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING `+fileColumns,
 		id, p.TenantID, string(p.Purpose), p.Filename, p.Bytes, p.Lines, nullString(p.BatchID), db.d.ts(db.nowUTC())))
 	if err != nil {
@@ -191,7 +183,7 @@ func spoolToTemp(r io.Reader) (*os.File, error) {
 
 // FileGetByID returns the file, or ErrNotFound.
 func (db *DB) FileGetByID(ctx context.Context, id string) (*File, error) {
-	f, err := scanFile(db.ro.QueryRowContext(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id))
+	f, err := scanFile(db.ro.queryRow(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("file", id)
 	}
@@ -202,7 +194,7 @@ func (db *DB) FileGetByID(ctx context.Context, id string) (*File, error) {
 // ErrNotFound. It finds the row by its primary key alone, as
 // JobGetForTenant does, and for the same reason.
 func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File, error) {
-	f, err := scanFile(db.ro.QueryRowContext(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id))
+	f, err := scanFile(db.ro.queryRow(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id))
 	if errors.Is(err, sql.ErrNoRows) || err == nil && f.TenantID != tenantID {
 		return nil, notFound("file", id)
 	}
@@ -214,7 +206,7 @@ func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File,
 // Check the tenant with FileGetForTenant first.
 func (db *DB) FileOpen(ctx context.Context, id string) (io.ReadCloser, error) {
 	var one int
-	err := db.ro.QueryRowContext(ctx, `SELECT 1 FROM files WHERE id = $1`, id).Scan(&one)
+	err := db.ro.queryRow(ctx, `SELECT 1 FROM files WHERE id = $1`, id).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("file", id)
 	}
@@ -241,7 +233,7 @@ func (r *chunkReader) next() error {
 		return errors.New("store: read of a closed file")
 	}
 	var data []byte
-	err := r.db.ro.QueryRowContext(r.ctx, `SELECT seq, data FROM file_chunks WHERE file_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`,
+	err := r.db.ro.queryRow(r.ctx, `SELECT seq, data FROM file_chunks WHERE file_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`,
 		r.id, r.seq).Scan(&r.seq, &data)
 	if errors.Is(err, sql.ErrNoRows) {
 		r.eof = true
@@ -308,21 +300,20 @@ func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
 	if err := errors.Join(required("FileDelete", "tenantID", tenantID), required("FileDelete", "id", id)); err != nil {
 		return err
 	}
-	return db.tx(ctx, func(tx *sql.Tx) error {
+	return db.tx(ctx, func(tx querier) error {
 		var used int
-		err := tx.QueryRowContext(ctx, sqlFileUsedByBatches, id).Scan(&used)
-		if err != nil {
+		if err := tx.queryRow(ctx, sqlFileUsedByBatches, id).Scan(&used); err != nil {
 			return err
 		}
 		if used > 0 {
 			return fmt.Errorf("%w: file %q is used by a batch", ErrConflict, id)
 		}
-		r, err := tx.ExecContext(ctx, `DELETE FROM files WHERE id = $1 AND tenant_id = $2`, id, tenantID)
+		n, err := tx.exec(ctx, `DELETE FROM files WHERE id = $1 AND tenant_id = $2`, id, tenantID)
 		if err != nil {
-			return db.d.wrap(err)
+			return err
 		}
-		if n, err := r.RowsAffected(); err != nil || n == 0 {
-			return errors.Join(err, notFound("file", id))
+		if n == 0 {
+			return notFound("file", id)
 		}
 		return nil
 	})
@@ -343,11 +334,7 @@ func (db *DB) FileList(ctx context.Context, p *FileListParams) ([]*File, bool, e
 	}
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	q, a := fileListSQL(p, limit)
-	rows, err := db.ro.QueryContext(ctx, q, a...)
-	if err != nil {
-		return nil, false, err
-	}
-	fs, err := collect(rows, scanFile)
+	fs, err := collect(ctx, db.ro, scanFile, q, a...)
 	if err != nil {
 		return nil, false, err
 	}

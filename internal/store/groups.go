@@ -17,10 +17,11 @@ import (
 // way go together in the next, one pgx batch run as one implicit
 // transaction, so that they share one round trip and one commit. A lone
 // call goes at once, alone. Each call returns only once its own statement
-// is committed, as without the group, and its outcome is its own: when a
-// group's transaction fails as a whole (one statement's error aborts it),
-// each statement runs again on its own. SQLite has one writer: it runs
-// every call on its own.
+// is committed, as without the group, and its outcome is its own: when the
+// server refuses one statement, which aborts the group's transaction, each
+// statement runs again on its own. The cost is a wait: a call made while
+// another of its kind runs waits for that one to end. SQLite has one
+// writer: it runs every call on its own.
 
 // maxGroup bounds the statements of one group.
 const maxGroup = 64
@@ -56,8 +57,8 @@ func (db *DB) initGroups() {
 // they group well) that returns one job row, in a group with the
 // statements of that kind made meanwhile; no row is sql.ErrNoRows.
 func (db *DB) queryJobGrouped(ctx context.Context, kind, query string, a args) (*Job, error) {
-	if db.d.name != "postgres" {
-		return db.queryJob(ctx, db.rw, query, a...)
+	if !db.d.groupWrites {
+		return scanJob(db.rw.queryRow(ctx, query, a...))
 	}
 	return db.groups.jobRows.Do(ctx, kind, jobStatement{query: query, args: a})
 }
@@ -67,38 +68,35 @@ func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*J
 	ctx, cancel := context.WithTimeout(ctx, groupTimeout)
 	defer cancel()
 	jobs, errs := make([]*Job, len(sts)), make([]error, len(sts))
-	if len(sts) == 1 {
-		jobs[0], errs[0] = db.queryJob(ctx, db.rw, sts[0].query, sts[0].args...)
+	alone := func() ([]*Job, []error) {
+		for i, st := range sts {
+			jobs[i], errs[i] = scanJob(db.rw.queryRow(ctx, st.query, st.args...))
+		}
 		return jobs, errs
 	}
-	err := db.withPgx(ctx, func(c *pgx.Conn) error {
-		b := &pgx.Batch{}
-		for _, st := range sts {
-			b.Queue(st.query, st.args...)
-		}
-		// A batch without transaction statements runs as one implicit
-		// transaction: its rows are committed together or not at all.
-		br := c.SendBatch(ctx, b)
-		for i := range sts {
-			jobs[i], errs[i] = readJobPgx(br.Query())
-			if errors.Is(errs[i], pgx.ErrNoRows) {
-				errs[i] = sql.ErrNoRows
-			} else if errs[i] != nil {
-				_ = br.Close()
-				return errs[i]
+	if len(sts) == 1 {
+		return alone()
+	}
+	b := &pgx.Batch{}
+	for i, st := range sts {
+		b.Queue(st.query, st.args...).QueryRow(func(r pgx.Row) error {
+			jobs[i], errs[i] = scanJob(r)
+			if errors.Is(errs[i], sql.ErrNoRows) {
+				return nil
 			}
-		}
-		return br.Close()
-	})
+			return errs[i]
+		})
+	}
+	// A batch without transaction statements runs as one implicit
+	// transaction: its rows are committed together or not at all.
+	err := db.pool.SendBatch(ctx, b).Close()
 	var refused *pgconn.PgError
 	switch {
 	case err == nil:
 	case errors.As(err, &refused):
 		// The server refused a statement, so it committed none: each
 		// runs again on its own, and the refused one fails alone.
-		for i, st := range sts {
-			jobs[i], errs[i] = db.queryJob(ctx, db.rw, st.query, st.args...)
-		}
+		return alone()
 	default:
 		// Whether the group committed is not known (the connection
 		// failed): every caller gets the error, as a lone statement's

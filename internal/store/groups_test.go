@@ -15,15 +15,15 @@ import (
 // returned function is called: a statement that needs the row waits.
 func holdRow(t *testing.T, db *DB, table, id string) (release func()) {
 	t.Helper()
-	tx, err := db.rw.BeginTx(t.Context(), nil)
+	tx, err := db.pool.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.ExecContext(t.Context(), `SELECT 1 FROM `+table+` WHERE id = $1 FOR UPDATE`, id); err != nil {
+	if _, err := tx.Exec(t.Context(), `SELECT 1 FROM `+table+` WHERE id = $1 FOR UPDATE`, id); err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	release = func() { once.Do(func() { _ = tx.Rollback() }) }
+	release = func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) }
 	t.Cleanup(release)
 	return release
 }

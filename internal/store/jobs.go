@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -116,27 +115,23 @@ const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model
 // table. Their Job's Request is nil.
 var jobViewColumns = strings.Replace(jobColumns, " request,", " NULL AS request,", 1)
 
-func scanJob(r rowScanner) (*Job, error) {
+// scanJob reads a row of jobColumns.
+func scanJob(r row) (*Job, error) {
 	var (
-		j                                    Job
-		batchID, customID, providerRequestID sql.NullString
-		webhookURL, idempotencyKey           sql.NullString
-		lineNo, responseStatus               sql.NullInt64
-		errJSON                              json.RawMessage
+		j       Job
+		errJSON []byte
 	)
-	err := r.Scan(&j.ID, &j.TenantID, &batchID, &lineNo, &customID, &j.Endpoint, &j.Model, jsonCol{&j.Request}, &j.Queue, &j.Status,
+	err := r.Scan(&j.ID, &j.TenantID, orZero[string]{&j.BatchID}, orZero[int]{&j.LineNo}, orZero[string]{&j.CustomID},
+		&j.Endpoint, &j.Model, (*[]byte)(&j.Request), &j.Queue, &j.Status,
 		&j.Attempts, &j.RateLimited, &j.EstPromptTokens, &j.EstMaxTokens, &j.EstCost,
-		&responseStatus, jsonCol{&j.ResponseBody}, &providerRequestID, jsonCol{&errJSON},
+		orZero[int]{&j.ResponseStatus}, (*[]byte)(&j.ResponseBody), orZero[string]{&j.ProviderRequestID}, &errJSON,
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &j.Cost,
-		&webhookURL, jsonCol{&j.Metadata}, &idempotencyKey,
-		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt}, &j.Sync,
-		&j.UsageEstimated)
+		orZero[string]{&j.WebhookURL}, (*[]byte)(&j.Metadata), orZero[string]{&j.IdempotencyKey},
+		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt},
+		&j.Sync, &j.UsageEstimated)
 	if err != nil {
 		return nil, err
 	}
-	j.BatchID, j.CustomID, j.ProviderRequestID = batchID.String, customID.String, providerRequestID.String
-	j.WebhookURL, j.IdempotencyKey = webhookURL.String, idempotencyKey.String
-	j.LineNo, j.ResponseStatus = int(lineNo.Int64), int(responseStatus.Int64)
 	if errJSON != nil {
 		j.Error = new(JobError)
 		if err := json.Unmarshal(errJSON, j.Error); err != nil {
@@ -157,5 +152,5 @@ func errorJSON(e *JobError) any {
 
 // getJob reads one job matching where (a fixed fragment with $1...).
 func getJob(ctx context.Context, q querier, where string, a ...any) (*Job, error) {
-	return scanJob(q.QueryRowContext(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+where, a...))
+	return scanJob(q.queryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+where, a...))
 }

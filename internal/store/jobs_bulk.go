@@ -2,49 +2,30 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// copyJobs writes rows with Postgres COPY on one connection of the pool. One
-// COPY is one statement, so it is all or nothing without a transaction.
+// copyJobs writes rows with Postgres COPY. One COPY is one statement, so it
+// is all or nothing without a transaction.
 func copyJobs(ctx context.Context, db *DB, rows [][]any) error {
-	conn, err := db.rw.Conn(ctx)
-	if err != nil {
-		return err
+	n, err := db.pool.CopyFrom(ctx, pgx.Identifier{"jobs"}, jobInsertColumns, pgx.CopyFromRows(rows))
+	if err == nil && n != int64(len(rows)) {
+		err = fmt.Errorf("COPY wrote %d of %d rows", n, len(rows))
 	}
-	defer conn.Close()
-	return conn.Raw(func(dc any) error {
-		c, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("postgres connection is a %T, not a pgx stdlib connection", dc)
-		}
-		n, err := c.Conn().CopyFrom(ctx, pgx.Identifier{"jobs"}, jobInsertColumns, pgx.CopyFromRows(rows))
-		if err == nil && n != int64(len(rows)) {
-			err = fmt.Errorf("COPY wrote %d of %d rows", n, len(rows))
-		}
-		return err
-	})
+	return err
 }
 
-// sqliteRowsPerInsert keeps a statement's parameters (21 per row) well under
+// sqliteRowsPerInsert keeps a statement's parameters (22 per row) well under
 // SQLite's limit of 32766.
 const sqliteRowsPerInsert = 500
 
 // multiRowInsertJobs writes rows as INSERTs of up to sqliteRowsPerInsert rows
-// each, in one transaction, reusing one prepared statement for the full ones.
+// each, in one transaction.
 func multiRowInsertJobs(ctx context.Context, db *DB, rows [][]any) error {
-	return db.tx(ctx, func(tx *sql.Tx) error {
-		var full *sql.Stmt
-		defer func() {
-			if full != nil {
-				_ = full.Close()
-			}
-		}()
+	return db.tx(ctx, func(tx querier) error {
 		flat := make([]any, 0, sqliteRowsPerInsert*len(jobInsertColumns))
 		for start := 0; start < len(rows); start += sqliteRowsPerInsert {
 			chunk := rows[start:min(start+sqliteRowsPerInsert, len(rows))]
@@ -52,19 +33,8 @@ func multiRowInsertJobs(ctx context.Context, db *DB, rows [][]any) error {
 			for _, r := range chunk {
 				flat = append(flat, r...)
 			}
-			var err error
-			if len(chunk) == sqliteRowsPerInsert {
-				if full == nil {
-					if full, err = tx.PrepareContext(ctx, multiRowInsertSQL(len(chunk))); err != nil {
-						return err
-					}
-				}
-				_, err = full.ExecContext(ctx, flat...)
-			} else {
-				_, err = tx.ExecContext(ctx, multiRowInsertSQL(len(chunk)), flat...)
-			}
-			if err != nil {
-				return db.d.wrap(err)
+			if _, err := tx.exec(ctx, multiRowInsertSQL(len(chunk)), flat...); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -77,13 +47,6 @@ func multiRowInsertJobs(ctx context.Context, db *DB, rows [][]any) error {
 // quadratic (ten seconds for 50,000 rows instead of one).
 func multiRowInsertSQL(n int) string {
 	row := "(" + strings.Repeat("?, ", len(jobInsertColumns)-1) + "?)"
-	var b strings.Builder
-	b.WriteString("INSERT INTO jobs (" + strings.Join(jobInsertColumns, ", ") + ") VALUES ")
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(row)
-	}
-	return b.String()
+	return "INSERT INTO jobs (" + strings.Join(jobInsertColumns, ", ") + ") VALUES " +
+		strings.Repeat(row+", ", n-1) + row
 }

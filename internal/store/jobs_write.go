@@ -203,7 +203,7 @@ func (db *DB) transition(ctx context.Context, kind, update string, a args, id, t
 	if kind != "" {
 		j, err = db.queryJobGrouped(ctx, kind, update+` RETURNING `+jobColumns, a)
 	} else {
-		j, err = db.queryJob(ctx, db.rw, update+` RETURNING `+jobColumns, a...)
+		j, err = scanJob(db.rw.queryRow(ctx, update+` RETURNING `+jobColumns, a...))
 	}
 	if err == nil {
 		return j, true, nil
@@ -294,7 +294,7 @@ func (db *DB) JobIncrRateLimited(ctx context.Context, id string) (int, error) {
 // incr adds one to a counter column (a constant of this file, not a value).
 func (db *DB) incr(ctx context.Context, col, id string) (int, error) {
 	var n int
-	err := db.rw.QueryRowContext(ctx, `UPDATE jobs SET `+col+` = `+col+` + 1, updated_at = $2 WHERE id = $1 RETURNING `+col,
+	err := db.rw.queryRow(ctx, `UPDATE jobs SET `+col+` = `+col+` + 1, updated_at = $2 WHERE id = $1 RETURNING `+col,
 		id, db.d.ts(db.nowUTC())).Scan(&n)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, notFound("job", id)
@@ -349,7 +349,7 @@ type JobCompleteResult struct {
 // Postgres it is one statement, grouped with the results stored meanwhile
 // (groups.go).
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
-	if db.d.name == "postgres" {
+	if db.d.groupWrites {
 		return db.groups.complete.Do(ctx, struct{}{}, p)
 	}
 	return db.jobComplete(ctx, p)
@@ -362,25 +362,22 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 		return nil, err
 	}
 	res := &JobCompleteResult{}
-	if db.d.dataModifyingCTE {
-		var completed, charged, exists int
-		err = db.rw.QueryRowContext(ctx, sqlJobComplete, a...).Scan(&completed, &charged, &exists)
-		if err == nil && exists == 0 {
+	if db.d.groupWrites {
+		var exists bool
+		err = db.rw.queryRow(ctx, sqlJobComplete, a...).Scan(&res.Completed, &res.Charged, &exists)
+		if err == nil && !exists {
 			err = notFound("job", p.ID)
 		}
-		res.Completed, res.Charged = completed == 1, charged == 1
 	} else {
-		err = db.tx(ctx, func(tx *sql.Tx) error {
-			u, err := tx.ExecContext(ctx, sqlJobCompleteUpdate, a...)
+		err = db.tx(ctx, func(tx querier) error {
+			nu, err := tx.exec(ctx, sqlJobCompleteUpdate, a...)
 			if err != nil {
-				return db.d.wrap(err)
+				return err
 			}
-			l, err := tx.ExecContext(ctx, sqlJobCompleteInsert, a...)
+			nl, err := tx.exec(ctx, sqlJobCompleteInsert, a...)
 			if err != nil {
-				return db.d.wrap(err)
+				return err
 			}
-			nu, _ := u.RowsAffected()
-			nl, _ := l.RowsAffected()
 			if nu == 0 && nl == 0 {
 				if _, err := getJob(ctx, tx, `id = $1`, p.ID); errors.Is(err, sql.ErrNoRows) {
 					return notFound("job", p.ID)
@@ -448,7 +445,7 @@ const (
 	// sqlJobComplete is both in one statement (Postgres): whether it
 	// completed the job, charged it, and whether the job exists.
 	sqlJobComplete = `WITH u AS (` + sqlJobCompleteUpdate + ` RETURNING 1), l AS (` + sqlJobCompleteInsert + ` RETURNING 1)
-		SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM l), (SELECT count(*) FROM jobs WHERE id = $1)`
+		SELECT EXISTS (SELECT 1 FROM u), EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM jobs WHERE id = $1)`
 )
 
 // JobCompleteManyParams are the successes JobCompleteMany stores together.
@@ -461,55 +458,45 @@ type JobCompleteManyParams struct {
 // outcome is its own: results[i] and errs[i] are what JobComplete of
 // p.Jobs[i] would have returned. When the transaction as a whole fails (one
 // job's value refused aborts it), every job is completed on its own
-// instead. On Postgres the transaction is one round trip (a pgx batch).
+// instead, which JobComplete's idempotence makes safe. On Postgres the
+// transaction is one round trip (a pgx batch); SQLite completes each alone.
 func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (results []*JobCompleteResult, errs []error) {
 	n := len(p.Jobs)
 	results, errs = make([]*JobCompleteResult, n), make([]error, n)
-	if n == 1 || !db.d.dataModifyingCTE {
+	alone := func() ([]*JobCompleteResult, []error) {
 		for i, jp := range p.Jobs {
 			results[i], errs[i] = db.jobComplete(ctx, jp)
 		}
 		return results, errs
 	}
-	all := make([]args, 0, n)
-	idx := make([]int, 0, n)
+	if n == 1 || !db.d.groupWrites {
+		return alone()
+	}
+	b := &pgx.Batch{}
 	for i, jp := range p.Jobs {
 		a, err := db.completeArgs(jp)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		all, idx = append(all, a), append(idx, i)
-	}
-	counts := make([][3]int, len(all))
-	err := db.withPgx(ctx, func(c *pgx.Conn) error {
-		b := &pgx.Batch{}
-		for _, a := range all {
-			b.Queue(sqlJobComplete, a...)
-		}
-		// A batch without transaction statements runs as one implicit
-		// transaction: one commit for all.
-		br := c.SendBatch(ctx, b)
-		for k := range all {
-			if err := br.QueryRow().Scan(&counts[k][0], &counts[k][1], &counts[k][2]); err != nil {
-				_ = br.Close()
+		b.Queue(sqlJobComplete, a...).QueryRow(func(r pgx.Row) error {
+			res := &JobCompleteResult{}
+			var exists bool
+			if err := r.Scan(&res.Completed, &res.Charged, &exists); err != nil {
 				return err
 			}
-		}
-		return br.Close()
-	})
-	if err != nil {
-		for _, i := range idx {
-			results[i], errs[i] = db.jobComplete(ctx, p.Jobs[i])
-		}
-		return results, errs
+			if exists {
+				results[i] = res
+			} else {
+				errs[i] = fmt.Errorf("store: JobComplete %s: %w", jp.ID, notFound("job", jp.ID))
+			}
+			return nil
+		})
 	}
-	for k, i := range idx {
-		if counts[k][2] == 0 {
-			errs[i] = fmt.Errorf("store: JobComplete %s: %w", p.Jobs[i].ID, notFound("job", p.Jobs[i].ID))
-			continue
-		}
-		results[i] = &JobCompleteResult{Completed: counts[k][0] == 1, Charged: counts[k][1] == 1}
+	// A batch without transaction statements runs as one implicit
+	// transaction: one commit for all.
+	if err := db.pool.SendBatch(ctx, b).Close(); err != nil {
+		return alone()
 	}
 	return results, errs
 }
@@ -563,11 +550,8 @@ func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, erro
 	if err := required("JobCancelByBatch", "batchID", batchID); err != nil {
 		return 0, err
 	}
-	r, err := db.rw.ExecContext(ctx, sqlJobCancelByBatch, batchID, db.d.ts(db.nowUTC()))
-	if err != nil {
-		return 0, db.d.wrap(err)
-	}
-	return r.RowsAffected()
+	n, err := db.rw.exec(ctx, sqlJobCancelByBatch, batchID, db.d.ts(db.nowUTC()))
+	return n, db.d.wrap(err)
 }
 
 // sqlJobCancelByBatch reads jobs_batch_status.

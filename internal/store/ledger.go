@@ -27,20 +27,19 @@ type UsageEntry struct {
 
 // UsageGetByJob returns the job's ledger row, or ErrNotFound if it was never charged.
 func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, error) {
-	var (
-		e       UsageEntry
-		batchID sql.NullString
-	)
-	err := db.ro.QueryRowContext(ctx, `
+	var e UsageEntry
+	err := db.ro.queryRow(ctx, `
 		SELECT job_id, tenant_id, batch_id, day, global_day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at
 		FROM usage_ledger WHERE job_id = $1`, jobID).
-		Scan(&e.JobID, &e.TenantID, &batchID, dayCol{&e.Day}, dayCol{&e.GlobalDay}, &e.Model, &e.PromptTokens, &e.CompletionTokens,
-			&e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt})
+		Scan(&e.JobID, &e.TenantID, orZero[string]{&e.BatchID}, dayCol{&e.Day}, dayCol{&e.GlobalDay}, &e.Model, &e.PromptTokens,
+			&e.CompletionTokens, &e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("ledger row of job", jobID)
 	}
-	e.BatchID = batchID.String
-	return &e, err
+	if err != nil {
+		return nil, err
+	}
+	return &e, nil
 }
 
 // The ledger sums read usage_ledger_tenant_day and usage_ledger_day_model:
@@ -57,7 +56,7 @@ func (db *DB) UsageSumByTenantDay(ctx context.Context, tenantID, day string) (mo
 		return 0, err
 	}
 	var sum money.Micros
-	err := db.ro.QueryRowContext(ctx, sqlUsageSumByTenantDay, tenantID, day).Scan(&sum)
+	err := db.ro.queryRow(ctx, sqlUsageSumByTenantDay, tenantID, day).Scan(&sum)
 	return sum, err
 }
 
@@ -67,7 +66,7 @@ func (db *DB) UsageSumByDay(ctx context.Context, day string) (money.Micros, erro
 		return 0, err
 	}
 	var sum money.Micros
-	err := db.ro.QueryRowContext(ctx, sqlUsageSumByDay, day).Scan(&sum)
+	err := db.ro.queryRow(ctx, sqlUsageSumByDay, day).Scan(&sum)
 	return sum, err
 }
 
@@ -95,15 +94,11 @@ func (db *DB) UsageReport(ctx context.Context, p *UsageReportParams) ([]*UsageRe
 		return nil, err
 	}
 	q, a := usageReportSQL(p)
-	rows, err := db.ro.QueryContext(ctx, q, a...)
-	if err != nil {
-		return nil, err
-	}
-	return collect(rows, func(r rowScanner) (*UsageReportRow, error) {
+	return collect(ctx, db.ro, func(r row) (*UsageReportRow, error) {
 		var u UsageReportRow
 		err := r.Scan(&u.TenantID, &u.Model, &u.Requests, &u.PromptTokens, &u.CompletionTokens, &u.CachedTokens, &u.Cost)
 		return &u, err
-	})
+	}, q, a...)
 }
 
 // usageReportSQL reads usage_ledger_day_model, or usage_ledger_tenant_day for one tenant.

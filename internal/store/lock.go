@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql/driver"
 	"fmt"
 	"sync"
 	"time"
@@ -25,19 +24,34 @@ func (db *DB) TryLock(ctx context.Context, name string) (unlock func(), ok bool,
 	return db.d.tryLock(ctx, db, name)
 }
 
+// waitLock takes the lock called name, trying again every 50ms until it is
+// free or ctx ends.
+func (db *DB) waitLock(ctx context.Context, name string) (unlock func(), err error) {
+	for {
+		unlock, ok, err := db.TryLock(ctx, name)
+		if err != nil || ok {
+			return unlock, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("store: lock %q: %w", name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
-	conn, err := db.locks.Conn(ctx)
+	conn, err := db.locks.Acquire(ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("store: TryLock %q: %w", name, err)
 	}
 	key := lockKey(db.lockScope, name)
 	var ok bool
-	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil {
-		_ = conn.Close()
-		return nil, false, fmt.Errorf("store: TryLock %q: %w", name, err)
-	}
-	if !ok {
-		_ = conn.Close()
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil || !ok {
+		conn.Release()
+		if err != nil {
+			return nil, false, fmt.Errorf("store: TryLock %q: %w", name, err)
+		}
 		return nil, false, nil
 	}
 	var once sync.Once
@@ -46,14 +60,15 @@ func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
 			uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			var released bool
-			err := conn.QueryRowContext(uctx, "SELECT pg_advisory_unlock($1)", key).Scan(&released)
-			if err != nil || !released {
-				db.log.Warn("store: advisory unlock failed; dropping the connection", "lock", name, "err", err)
-				// A connection that may still hold the lock must not go
-				// back to the pool: closing it releases the lock.
-				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			err := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", key).Scan(&released)
+			if err == nil && released {
+				conn.Release()
+				return
 			}
-			_ = conn.Close()
+			// A connection that may still hold the lock must not go back
+			// to the pool: closing it releases the lock.
+			db.log.Warn("store: advisory unlock failed; closing the connection", "lock", name, "err", err)
+			_ = conn.Hijack().Close(uctx)
 		})
 	}, true, nil
 }

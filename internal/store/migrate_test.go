@@ -4,10 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/pressly/goose/v3"
-
-	"github.com/llmq/llmq/migrations"
 )
 
 // Migration 006 records when webhook deliveries ended. What finished before
@@ -32,14 +28,11 @@ func TestWebhookDoneMigrationBackfills(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			fsys := migrations.Postgres()
-			if db.d == sqliteDialect {
-				fsys = migrations.SQLite()
-			}
-			p, err := goose.NewProvider(db.d.goose, db.rw, fsys, goose.WithDisableGlobalRegistry(true))
+			p, done, err := db.migrator()
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer func() { _ = done() }()
 			// Back to the schema before 006, then forward again: the
 			// failed job stands for one finished under the version before.
 			if _, err := p.DownTo(ctx, 5); err != nil {
@@ -83,20 +76,17 @@ func TestKeyExemptMigration(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
 			db := openURL(t, url)
-			fsys := migrations.Postgres()
-			if db.d == sqliteDialect {
-				fsys = migrations.SQLite()
-			}
-			p, err := goose.NewProvider(db.d.goose, db.rw, fsys, goose.WithDisableGlobalRegistry(true))
+			p, done, err := db.migrator()
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer func() { _ = done() }()
 			if _, err := p.DownTo(ctx, 6); err != nil {
 				t.Fatalf("down to 6: %v", err)
 			}
 			ten := mkTenant(t, db)
 			// A key as the version before 007 stored it.
-			if _, err := db.rw.ExecContext(ctx, `INSERT INTO api_keys (id, tenant_id, prefix, hash, created_at) VALUES ($1, $2, $3, $4, $5)`,
+			if _, err := db.rw.exec(ctx, `INSERT INTO api_keys (id, tenant_id, prefix, hash, created_at) VALUES ($1, $2, $3, $4, $5)`,
 				"key_old", ten.ID, "llmq_old", make([]byte, 32), db.d.ts(db.nowUTC())); err != nil {
 				t.Fatal(err)
 			}

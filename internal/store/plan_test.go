@@ -1,7 +1,6 @@
 package store
 
 import (
-	"database/sql"
 	"strings"
 	"testing"
 	"time"
@@ -106,41 +105,31 @@ func (s JobStatus) str() string { return string(s) }
 func explain(t *testing.T, db *DB, q string, a args) []string {
 	t.Helper()
 	ctx := t.Context()
-	tx, err := db.rw.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	var rows *sql.Rows
-	if db.Dialect() == "postgres" {
-		if _, err := tx.ExecContext(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
-			t.Fatal(err)
+	var plan []string
+	err := db.tx(ctx, func(tx querier) error {
+		if db.Dialect() == "postgres" {
+			if _, err := tx.exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+				return err
+			}
+			return tx.query(ctx, "EXPLAIN "+q, a, func(r row) error {
+				var line string
+				err := r.Scan(&line)
+				plan = append(plan, line)
+				return err
+			})
 		}
-		rows, err = tx.QueryContext(ctx, "EXPLAIN "+q, a...)
-	} else {
-		rows, err = tx.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q, a...)
-	}
+		return tx.query(ctx, "EXPLAIN QUERY PLAN "+q, a, func(r row) error {
+			var (
+				id, parent, notUsed int
+				detail              string
+			)
+			err := r.Scan(&id, &parent, &notUsed, &detail)
+			plan = append(plan, detail)
+			return err
+		})
+	})
 	if err != nil {
 		t.Fatalf("explain %s: %v", q, err)
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
-	var plan []string
-	for rows.Next() {
-		vals := make([]any, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			t.Fatal(err)
-		}
-		// Postgres: one column, the line; SQLite: (id, parent, notused, detail).
-		line, _ := vals[len(vals)-1].(string)
-		plan = append(plan, line)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return plan
 }

@@ -10,9 +10,10 @@ import (
 	"github.com/llmq/llmq/internal/money"
 )
 
-// The scanners below read one column whichever backend wrote it: pgx hands
-// timestamptz and date as time.Time and jsonb as []byte; SQLite hands TEXT as
-// string. Bytes are copied, because drivers may reuse their buffers.
+// The scan targets below read a column whichever driver hands it over: pgx
+// gives timestamptz and date as time.Time, SQLite's TEXT comes as a string.
+// JSON columns need none: both drivers scan jsonb and TEXT into a *[]byte,
+// NULL as nil.
 
 // timeCol scans a NOT NULL timestamp into t, in UTC.
 type timeCol struct{ t *time.Time }
@@ -66,21 +67,14 @@ func parseTimeSrc(src any) (time.Time, bool, error) {
 	return t.UTC(), true, nil
 }
 
-// jsonCol scans a JSON column (nullable) into raw: nil for NULL.
-type jsonCol struct{ raw *json.RawMessage }
+// orZero scans a nullable column into *p, the zero value for NULL.
+type orZero[T any] struct{ p *T }
 
-func (c jsonCol) Scan(src any) error {
-	switch v := src.(type) {
-	case nil:
-		*c.raw = nil
-	case []byte:
-		*c.raw = bytes.Clone(v)
-	case string:
-		*c.raw = json.RawMessage(v)
-	default:
-		return fmt.Errorf("store: cannot read %T as JSON", src)
-	}
-	return nil
+func (c orZero[T]) Scan(src any) error {
+	var n sql.Null[T]
+	err := n.Scan(src)
+	*c.p = n.V
+	return err
 }
 
 // dayCol scans a budget day (DATE on Postgres, TEXT on SQLite) as "YYYY-MM-DD".

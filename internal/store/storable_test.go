@@ -2,10 +2,11 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/llmq/llmq/internal/jsontext"
 )
@@ -36,7 +37,7 @@ func TestUnstorableAgreesWithPostgres(t *testing.T) {
 	for _, doc := range docs {
 		p := jsontext.Unstorable([]byte(doc))
 		var n int
-		dbErr := db.QueryRowContext(ctx, `SELECT length($1::text::jsonb::text)`, doc).Scan(&n)
+		dbErr := db.queryRow(ctx, `SELECT length($1::text::jsonb::text)`, doc).Scan(&n)
 		short := doc
 		if len(short) > 40 {
 			short = short[:40] + "…"
@@ -52,7 +53,7 @@ func TestUnstorableAgreesWithPostgres(t *testing.T) {
 		if p := jsontext.Unstorable([]byte(line)); p == nil || !p.Raw {
 			t.Errorf("Unstorable(%q) = %+v, want a problem of the bytes", line, p)
 		}
-		if err := db.QueryRowContext(ctx, `SELECT $1::text`, line).Scan(new(string)); err == nil || !permanent(err) {
+		if err := db.queryRow(ctx, `SELECT $1::text`, line).Scan(new(string)); err == nil || !permanent(err) {
 			t.Errorf("Postgres took %q as text, or its refusal is not permanent: %v", line, err)
 		}
 	}
@@ -61,17 +62,12 @@ func TestUnstorableAgreesWithPostgres(t *testing.T) {
 	}
 
 	// Errors retrying can fix are not permanent.
-	gone, err := sql.Open("pgx", "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gone.Close()
-	if err := gone.PingContext(ctx); err == nil || permanent(err) {
+	if _, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2"); err == nil || permanent(err) {
 		t.Errorf("a refused connection: err = %v, permanent = %v", err, err != nil && permanent(err))
 	}
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	if _, err := db.ExecContext(short, `SELECT pg_sleep(5)`); err == nil || permanent(err) {
+	if _, err := db.exec(short, `SELECT pg_sleep(5)`); err == nil || permanent(err) {
 		t.Errorf("a timed-out query: err = %v, permanent = %v", err, err != nil && permanent(err))
 	}
 }

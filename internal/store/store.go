@@ -1,11 +1,13 @@
 // Package store owns llmq's durable state: tenants, API keys, jobs, batches,
-// files and the usage ledger, on PostgreSQL (pgx through database/sql, the
-// system of record in production) or on SQLite (modernc.org/sqlite, pure Go,
-// the embedded default). Both backends run the same SQL through one DB type;
-// a small dialect value holds what really differs (time encoding, bulk insert,
-// locks, error codes). asynq tasks carry only a job id, so everything needed
-// to run, recover or report a job is here, and the schema is migrated on Open
-// from the embedded migrations package.
+// files and the usage ledger, on PostgreSQL (the system of record in
+// production) or SQLite (the embedded default). Each runs on its own driver:
+// Postgres on pgx's pool, natively, SQLite on database/sql with
+// modernc.org/sqlite, pure Go. Both run the same SQL through one querier
+// (querier.go) and read each row type with one scan function. A dialect
+// value (dialect.go) holds what really differs: time encoding, bulk insert,
+// locks, transactions and error codes. asynq tasks carry only a job id, so
+// everything needed to run, recover or report a job is here, and the schema
+// is migrated on Open from the embedded migrations package.
 //
 // Conventions: methods are named NounVerb and take a *NounVerbParams when they
 // take more than identifiers. A missing row is ErrNotFound (another tenant's
@@ -26,6 +28,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Sentinel errors, checked with errors.Is. The wrapped error names the row.
@@ -49,18 +53,19 @@ const (
 
 // DB is llmq's database. It is safe for concurrent use.
 type DB struct {
-	// rw takes every write. On SQLite it is a single connection, so writers
-	// queue in Go instead of failing with SQLITE_BUSY.
-	rw *sql.DB
-	// ro takes reads. On SQLite it is a separate pool of read-only
-	// connections, which WAL lets read while the writer writes; on
-	// Postgres it is rw.
-	ro *sql.DB
-	// locks holds the connections of TryLock's advisory locks on Postgres,
-	// apart from rw and ro; nil on SQLite (in-process locks).
-	locks *sql.DB
-	d     *dialect
-	log   *slog.Logger
+	// rw takes every write and ro the reads. On Postgres both are the
+	// pool. On SQLite rw is a single connection, so writers queue in Go
+	// instead of failing with SQLITE_BUSY, and ro a pool of read-only
+	// connections, which WAL lets read while the writer writes.
+	rw, ro querier
+	// pool is Postgres's, the one rw and ro run on; grouped writes and
+	// COPY use it directly. locks is a pool of its own for the connections
+	// advisory locks hold (lock.go). Both are nil on SQLite.
+	pool, locks *pgxpool.Pool
+	// writer and readers are SQLite's rw and ro; nil on Postgres.
+	writer, readers *sql.DB
+	d               *dialect
+	log             *slog.Logger
 	// groups groups the writes every job makes (groups.go).
 	groups groups
 
@@ -119,11 +124,12 @@ func (db *DB) Dialect() string { return db.d.name }
 
 // Ping checks that the database answers.
 func (db *DB) Ping(ctx context.Context) error {
-	if err := db.rw.PingContext(ctx); err != nil {
+	var one int
+	if err := db.rw.queryRow(ctx, "SELECT 1").Scan(&one); err != nil {
 		return fmt.Errorf("store: ping: %w", err)
 	}
 	if db.ro != db.rw {
-		if err := db.ro.PingContext(ctx); err != nil {
+		if err := db.ro.queryRow(ctx, "SELECT 1").Scan(&one); err != nil {
 			return fmt.Errorf("store: ping readers: %w", err)
 		}
 	}
@@ -133,38 +139,18 @@ func (db *DB) Ping(ctx context.Context) error {
 // Close closes the connection pools. Locks taken with TryLock and not yet
 // released are released by the database when their connection closes.
 func (db *DB) Close() error {
-	var errRO error
-	if db.ro != db.rw {
-		errRO = db.ro.Close()
+	var err error
+	for _, p := range []*pgxpool.Pool{db.pool, db.locks} {
+		if p != nil {
+			p.Close()
+		}
 	}
-	var errLocks error
-	if db.locks != nil {
-		errLocks = db.locks.Close()
+	for _, s := range []*sql.DB{db.writer, db.readers} {
+		if s != nil {
+			err = errors.Join(err, s.Close())
+		}
 	}
-	return errors.Join(db.rw.Close(), errRO, errLocks)
-}
-
-// querier is what *sql.DB and *sql.Tx share, so helpers run in or out of a transaction.
-type querier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// tx runs fn in a write transaction, committing if fn returns nil.
-func (db *DB) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := db.rw.BeginTx(ctx, nil)
-	if err != nil {
-		return db.d.wrap(err)
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return db.d.wrap(err)
-	}
-	return nil
+	return err
 }
 
 // nowUTC is the time written by a call: UTC, at the microsecond precision both
@@ -205,23 +191,6 @@ func pageLimit(limit, def, max int) int {
 		return max
 	}
 	return limit
-}
-
-// rowScanner is *sql.Row or *sql.Rows.
-type rowScanner interface{ Scan(dest ...any) error }
-
-// collect scans every row of rows with scan.
-func collect[T any](rows *sql.Rows, scan func(rowScanner) (*T, error)) ([]*T, error) {
-	defer rows.Close()
-	var out []*T
-	for rows.Next() {
-		v, err := scan(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
 }
 
 // trimPage cuts a page fetched with limit+1 rows to limit and reports whether

@@ -29,7 +29,7 @@ type Tenant struct {
 
 const tenantColumns = `id, name, tier, budget_override_micros, api_exempt, webhook_secret, created_at, updated_at`
 
-func scanTenant(r rowScanner) (*Tenant, error) {
+func scanTenant(r row) (*Tenant, error) {
 	var t *Tenant
 	if err := r.Scan(tenantDest(&t)...); err != nil {
 		return nil, err
@@ -69,7 +69,7 @@ func (db *DB) TenantInsert(ctx context.Context, p *TenantInsertParams) (*Tenant,
 		budget = int64(*p.BudgetOverride)
 	}
 	now := db.d.ts(db.nowUTC())
-	t, err := scanTenant(db.rw.QueryRowContext(ctx, `
+	t, err := scanTenant(db.rw.queryRow(ctx, `
 		INSERT INTO tenants (id, name, tier, budget_override_micros, api_exempt, webhook_secret, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
 		RETURNING `+tenantColumns,
@@ -87,7 +87,7 @@ func newWebhookSecret() string {
 
 // TenantGetByID returns the tenant, or ErrNotFound.
 func (db *DB) TenantGetByID(ctx context.Context, id string) (*Tenant, error) {
-	t, err := scanTenant(db.ro.QueryRowContext(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE id = $1`, id))
+	t, err := scanTenant(db.ro.queryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE id = $1`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("tenant", id)
 	}
@@ -114,11 +114,7 @@ func (db *DB) TenantList(ctx context.Context, p *TenantListParams) ([]*Tenant, b
 		q += ` AND api_exempt = TRUE`
 	}
 	q += ` ORDER BY id DESC LIMIT ` + a.add(limit+1)
-	rows, err := db.ro.QueryContext(ctx, q, a...)
-	if err != nil {
-		return nil, false, err
-	}
-	ts, err := collect(rows, scanTenant)
+	ts, err := collect(ctx, db.ro, scanTenant, q, a...)
 	if err != nil {
 		return nil, false, err
 	}
@@ -168,7 +164,7 @@ func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant,
 		q += `, budget_override_micros = ` + a.add(budget)
 	}
 	q += ` WHERE id = ` + a.add(p.ID) + ` RETURNING ` + tenantColumns
-	t, err := scanTenant(db.rw.QueryRowContext(ctx, q, a...))
+	t, err := scanTenant(db.rw.queryRow(ctx, q, a...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("tenant", p.ID)
 	}

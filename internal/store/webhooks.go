@@ -34,12 +34,12 @@ func (db *DB) WebhookDone(ctx context.Context, ref WebhookRef) error {
 	if err != nil {
 		return err
 	}
-	res, err := db.rw.ExecContext(ctx, `UPDATE `+table+` SET webhook_done_at = COALESCE(webhook_done_at, $2) WHERE id = $1`,
+	n, err := db.rw.exec(ctx, `UPDATE `+table+` SET webhook_done_at = COALESCE(webhook_done_at, $2) WHERE id = $1`,
 		ref.ID, db.d.ts(db.nowUTC()))
 	if err != nil {
 		return db.d.wrap(err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if n == 0 {
 		return notFound(ref.Kind, ref.ID)
 	}
 	return nil
@@ -64,14 +64,10 @@ func (db *DB) WebhookListPending(ctx context.Context, p *WebhookListPendingParam
 	if err != nil {
 		return nil, false, err
 	}
-	rows, err := db.ro.QueryContext(ctx, q, a...)
-	if err != nil {
-		return nil, false, db.d.wrap(err)
-	}
-	refs, err := collect(rows, func(r rowScanner) (*WebhookRef, error) {
+	refs, err := collect(ctx, db.ro, func(r row) (*WebhookRef, error) {
 		ref := &WebhookRef{Kind: p.Kind}
 		return ref, r.Scan(&ref.ID)
-	})
+	}, q, a...)
 	if err != nil {
 		return nil, false, db.d.wrap(err)
 	}
