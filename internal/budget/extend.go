@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	_ "embed" // the script's Lua
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -9,22 +10,12 @@ import (
 	"github.com/llmq/llmq/internal/redisclock"
 )
 
-// extendScript keeps an open reservation from expiring: its expiry moves to
-// now + the reservation TTL, on the tenant's day and on the global day.
+// extendScript moves an open reservation's expiry to now plus the
+// reservation TTL, on both days (extend.lua).
 //
-// KEYS[1..4] -> as in luaDay, for the reservation's days
-// ARGV[1] -> now in Unix µs, or "" to read Redis TIME
-// ARGV[2] -> reservation id; ARGV[3] -> its global member (<tenant>:<id>)
-// ARGV[4] -> reservation TTL in µs
-// Returns 1 if the reservation is still held (and now expires later), 0 if
-// it is not (settled, released, expired, or its day lost).
-var extendScript = redis.NewScript(redisclock.Lua + `
-if redis.call("HEXISTS", KEYS[1], "r:" .. ARGV[2]) == 0 then return 0 end
-local exp = string.format("%d", now + tonumber(ARGV[4]))
-redis.call("ZADD", KEYS[2], "XX", exp, ARGV[2])
-redis.call("ZADD", KEYS[4], "XX", exp, ARGV[3])
-return 1
-`)
+//go:embed extend.lua
+var extendLua string
+var extendScript = redis.NewScript(redisclock.Lua + extendLua)
 
 // Extend keeps the reservation for another ReservationTTL from now. A worker
 // calls it while the job waits for its rate-limit permit and its provider

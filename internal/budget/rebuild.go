@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	_ "embed" // the script's Lua
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -9,21 +10,12 @@ import (
 	"github.com/llmq/llmq/internal/money"
 )
 
-// finishRebuildScript adds the ledger's sum to a day hash created by luaDay
-// while it waits for it, once per incarnation: every caller that saw the
-// hash waiting read the ledger after it was created, so any of their sums
-// is right, and the first one wins.
+// finishRebuildScript adds the ledger's sum to a day hash that waits for
+// it, once per incarnation of the hash (finish_rebuild.lua).
 //
-// KEYS[1] -> a day hash (tenant or global)
-// ARGV[1] -> its generation token; ARGV[2] -> the ledger's sum (µ$)
-// Returns 1 if the sum was added, 0 if another caller got there first (or
-// the hash is gone or of another generation).
-var finishRebuildScript = redis.NewScript(`
-if redis.call("HGET", KEYS[1], "gen") ~= ARGV[1] then return 0 end
-if redis.call("HDEL", KEYS[1], "rb") == 0 then return 0 end
-redis.call("HINCRBY", KEYS[1], "spent", ARGV[2])
-return 1
-`)
+//go:embed finish_rebuild.lua
+var finishRebuildLua string
+var finishRebuildScript = redis.NewScript(finishRebuildLua)
 
 // rebuild fills the day hashes the script found waiting (a non-empty token)
 // with the spend the ledger holds. The script created them before this read,

@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	_ "embed" // the scripts' Lua
 	"errors"
 	"fmt"
 	"time"
@@ -12,123 +13,22 @@ import (
 	"github.com/llmq/llmq/internal/redisclock"
 )
 
-// luaDay is shared by the scripts that read or write a day (Reserve and
-// Status). The four keys and the first seven arguments are the same for both:
+// dayLua is the prelude of the scripts that read or write a day (Reserve
+// and Status), after the clock's (day.lua): it checks that now lies in the
+// tenant's day and the UTC day, creates a day hash Redis lost (its spend
+// then waits for the ledger's sum, see rebuild) and drops reservations
+// whose holders stopped extending them. Its header lists the four keys and
+// seven arguments both scripts share, and the day hash's fields.
 //
-// KEYS[1] -> tenant day hash: gen, rb, spent, reserved, soft, r:<id>, c:<id>
-// KEYS[2] -> tenant reservations: sorted set of ids, scored by expiry (Unix µs)
-// KEYS[3] -> global day hash: the same fields, for the members <tenant>:<id>
-// KEYS[4] -> global reservations: sorted set of <tenant>:<id> by expiry
-// ARGV[1] -> now in Unix µs, or "" to read Redis TIME
-// ARGV[2], ARGV[3] -> the tenant's day [start, end) in Unix µs
-// ARGV[4], ARGV[5] -> the UTC day [start, end) in Unix µs
-// ARGV[6] -> how long keys outlive their day, in ms
-// ARGV[7] -> a fresh generation token, for a day hash this call must create
+//go:embed day.lua
+var dayLua string
+
+// reserveScript holds an amount for one reservation id against the
+// tenant's day and the global day together, all or nothing (reserve.lua).
 //
-// Hash fields: gen names this incarnation of the hash (a new one after Redis
-// lost it); rb is set while spent still waits for the ledger's sum; r:<id> is
-// an open reservation's amount; c:<id> marks a job whose cost spent counts,
-// so that however often a job settles it is charged once (see Settle).
-//
-// Lua numbers are doubles: every amount and time stays an integer below 2^53,
-// and numbers handed back to Redis go through int(), because Redis would
-// format them with only 14 significant digits.
-const luaDay = redisclock.Lua + `
-local function int(n) return string.format("%d", n) end
-
-if now < tonumber(ARGV[2]) or now >= tonumber(ARGV[3]) or now < tonumber(ARGV[4]) or now >= tonumber(ARGV[5]) then
-  return {"wrongday", int(now)}
-end
-local tttl = int((tonumber(ARGV[3]) - now) / 1000 + tonumber(ARGV[6]))
-local gttl = int((tonumber(ARGV[5]) - now) / 1000 + tonumber(ARGV[6]))
-
--- ensure returns "" when the day hash is ready, else the generation token of
--- a hash whose spent still waits for the ledger (creating it when absent, so
--- settlements from now on count in it).
-local function ensure(h, ttl)
-  local f = redis.call("HMGET", h, "gen", "rb")
-  if not f[1] then
-    redis.call("HSET", h, "gen", ARGV[7], "rb", "1", "spent", "0", "reserved", "0")
-    redis.call("PEXPIRE", h, ttl)
-    return ARGV[7]
-  end
-  if f[2] then return f[1] end
-  return ""
-end
-
--- expire drops reservations whose holder stopped extending them (a crashed
--- worker), at most 100 a call; any left over count until a later call: the
--- safe side. A late Settle of one still charges it (no c:<id> yet).
-local function expire(h, z)
-  local gone = redis.call("ZRANGEBYSCORE", z, "-inf", int(now), "LIMIT", 0, 100)
-  for _, m in ipairs(gone) do
-    local a = redis.call("HGET", h, "r:" .. m)
-    if a then
-      redis.call("HDEL", h, "r:" .. m)
-      redis.call("HINCRBY", h, "reserved", int(-tonumber(a)))
-    end
-    redis.call("ZREM", z, m)
-  end
-end
-
-local tneed, gneed = ensure(KEYS[1], tttl), ensure(KEYS[3], gttl)
-if tneed ~= "" or gneed ~= "" then
-  return {"rebuild", tneed, gneed}
-end
-expire(KEYS[1], KEYS[2])
-expire(KEYS[3], KEYS[4])
-`
-
-// reserveScript holds an amount for one reservation id against the tenant's
-// day and the global day together, all or nothing.
-//
-// KEYS and ARGV[1..7] -> as in luaDay
-// ARGV[8] -> reservation id; ARGV[9] -> its global member (<tenant>:<id>)
-// ARGV[10] -> amount (µ$); ARGV[11] -> tenant budget, -1 = unlimited
-// ARGV[12] -> global cap, 0 = none; ARGV[13] -> soft-limit threshold, 0 = none
-// ARGV[14] -> reservation TTL in µs
-// Returns {"wrongday", now} when now is outside either day,
-// {"rebuild", tenant token, global token} when a day hash (token not "")
-// waits for the ledger, else {"ok", allowed, tenant denied, global denied,
-// now, spent, reserved, amount held, soft crossed, global spent, global
-// reserved}, all after the call.
-var reserveScript = redis.NewScript(luaDay + `
-local id, member, amount = ARGV[8], ARGV[9], tonumber(ARGV[10])
-local budget, cap, soft = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
-local exp = int(now + tonumber(ARGV[14]))
-local t = redis.call("HMGET", KEYS[1], "spent", "reserved", "r:" .. id)
-local g = redis.call("HMGET", KEYS[3], "spent", "reserved")
-local spent, reserved = tonumber(t[1]), tonumber(t[2])
-local gspent, greserved = tonumber(g[1]), tonumber(g[2])
-local allowed, tdeny, gdeny, crossed = 1, 0, 0, 0
-if t[3] then
-  -- The same id again (a redelivered job): hold what it holds, a while longer.
-  amount = tonumber(t[3])
-  redis.call("ZADD", KEYS[2], "XX", exp, id)
-  redis.call("ZADD", KEYS[4], "XX", exp, member)
-else
-  if budget >= 0 and spent + reserved + amount > budget then tdeny = 1 end
-  if cap > 0 and gspent + greserved + amount > cap then gdeny = 1 end
-  if tdeny == 1 or gdeny == 1 then
-    allowed = 0
-  else
-    redis.call("ZADD", KEYS[2], exp, id)
-    redis.call("PEXPIRE", KEYS[2], tttl)
-    redis.call("HSET", KEYS[1], "r:" .. id, ARGV[10])
-    redis.call("HINCRBY", KEYS[1], "reserved", ARGV[10])
-    redis.call("ZADD", KEYS[4], exp, member)
-    redis.call("PEXPIRE", KEYS[4], gttl)
-    redis.call("HSET", KEYS[3], "r:" .. member, ARGV[10])
-    redis.call("HINCRBY", KEYS[3], "reserved", ARGV[10])
-    reserved, greserved = reserved + amount, greserved + amount
-    if soft > 0 and spent + reserved >= soft then
-      crossed = redis.call("HSETNX", KEYS[1], "soft", "1")
-    end
-  end
-end
-return {"ok", allowed, tdeny, gdeny, int(now), int(spent), int(reserved), int(amount), crossed,
-  int(gspent), int(greserved)}
-`)
+//go:embed reserve.lua
+var reserveLua string
+var reserveScript = redis.NewScript(redisclock.Lua + dayLua + reserveLua)
 
 // Reserve holds amount (the job's worst-case cost) for reservation id (the
 // job id) against the tenant's budget and the global cap of today, all or
@@ -236,7 +136,7 @@ func (d *Decision) Check(amount money.Micros) *Denial {
 	return d.refusal(tdeny, gdeny, amount)
 }
 
-// eval runs a day script (luaDay + script) until it answers "ok": it moves
+// eval runs a day script (the clock and day preludes, then its own) until it answers "ok": it moves
 // to the day Redis's clock says when the guess was wrong, and rebuilds a
 // lost day from the ledger. extra is the script's ARGV from 8 on.
 func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, extra []any) (reply, span, error) {

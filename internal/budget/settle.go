@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	_ "embed" // the script's Lua
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -9,54 +10,13 @@ import (
 	"github.com/llmq/llmq/internal/money"
 )
 
-// settleScript turns one job's reservation into its real cost (or just
-// releases it), on the tenant's day and on the global day, charging each job
-// once: c:<id> marks a job whose cost spent counts. The global day marks a
-// job (c:<tenant>:<id>) only when the tenant's day hash was gone.
+// settleScript turns one job's reservation into its real cost, or just
+// releases it, on the tenant's day and the global day, charging each job
+// once (settle.lua).
 //
-// KEYS[1..4] -> as in luaDay, for the reservation's days
-// ARGV[1] -> job id; ARGV[2] -> its global member (<tenant>:<id>)
-// ARGV[3] -> real cost (µ$); ARGV[4] -> "1" to charge it, "0" to release only
-// Returns {tenant outcome, global outcome}, each
-//
-//	-1: the day hash is gone: nothing added (the ledger has the charge and
-//	    the rebuild counts it)
-//	 0: nothing charged (a release, or the job was charged before)
-//	 1: charged
-var settleScript = redis.NewScript(`
-local function int(n) return string.format("%d", n) end
-local id, member = ARGV[1], ARGV[2]
-local function drop(h, z, m)
-  local a = redis.call("HGET", h, "r:" .. m)
-  if a then
-    redis.call("HDEL", h, "r:" .. m)
-    redis.call("HINCRBY", h, "reserved", int(-tonumber(a)))
-  end
-  redis.call("ZREM", z, m)
-end
-drop(KEYS[1], KEYS[2], id)
-drop(KEYS[3], KEYS[4], member)
-local th, gh = redis.call("EXISTS", KEYS[1]) == 1, redis.call("EXISTS", KEYS[3]) == 1
-local tout, gout = -1, -1
-if th then tout = 0 end
-if gh then gout = 0 end
-if ARGV[4] ~= "1" then return {tout, gout} end
-if (th and redis.call("HEXISTS", KEYS[1], "c:" .. id) == 1) or
-   (gh and redis.call("HEXISTS", KEYS[3], "c:" .. member) == 1) then
-  return {tout, gout}
-end
-if th then
-  redis.call("HINCRBY", KEYS[1], "spent", ARGV[3])
-  redis.call("HSET", KEYS[1], "c:" .. id, "1")
-  tout = 1
-end
-if gh then
-  redis.call("HINCRBY", KEYS[3], "spent", ARGV[3])
-  if not th then redis.call("HSET", KEYS[3], "c:" .. member, "1") end
-  gout = 1
-end
-return {tout, gout}
-`)
+//go:embed settle.lua
+var settleLua string
+var settleScript = redis.NewScript(settleLua)
 
 // Settle turns the job's reservation into the real cost: the hold is
 // dropped and actual is added to the tenant's and the global spent, once

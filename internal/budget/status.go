@@ -2,25 +2,22 @@ package budget
 
 import (
 	"context"
+	_ "embed" // the script's Lua
 	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
-// statusScript reads a day without reserving (dropping expired
-// reservations, and starting a rebuild when Redis lost the day).
+// statusScript reads a day without reserving (status.lua), dropping
+// expired reservations and starting a rebuild when Redis lost the day.
 //
-// KEYS and ARGV[1..7] -> as in luaDay
-// Returns {"wrongday", now}, {"rebuild", tenant token, global token} as
-// reserveScript, else {"ok", now, spent, reserved, global spent, global reserved}.
-var statusScript = redis.NewScript(luaDay + `
-local t = redis.call("HMGET", KEYS[1], "spent", "reserved")
-local g = redis.call("HMGET", KEYS[3], "spent", "reserved")
-return {"ok", int(now), t[1], t[2], g[1], g[2]}
-`)
+//go:embed status.lua
+var statusLua string
+var statusScript = redis.NewScript(redisclock.Lua + dayLua + statusLua)
 
 // Status reports the tenant's day so far (GET /v1/usage, the dashboard):
 // spent, reserved, remaining, the soft limit and when the day resets,

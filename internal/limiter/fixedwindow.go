@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	_ "embed" // the scripts' Lua
 	"errors"
 	"fmt"
 	"time"
@@ -32,81 +33,20 @@ func NewFixedWindow(rdb redis.Scripter, opts Options) (*FixedWindow, error) {
 }
 
 // fixedWindowScript counts cost in the current window of every window
-// given, or in none when one of them would pass its limit.
+// given, or in none when one of them would pass its limit
+// (fixed_window.lua).
 //
-// KEYS[1] -> the counters' hash (rkeys.FixedWindow): per window of field
-// suffix s, w<s> its current window's start in µs and n<s> its count
-// ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> cost
-// ARGV[3+3(i-1)], ARGV[4+3(i-1)], ARGV[5+3(i-1)] -> window i: field suffix,
-// limit, length in µs
-// Returns {allowed (1 or 0), now, then per window: count, µs until the
-// window ends, the window's start in µs}.
-var fixedWindowScript = redis.NewScript(redisclock.Lua + luaExtend + `
-local key, cost = KEYS[1], tonumber(ARGV[2])
-local n = (#ARGV - 2) / 3
-local fields = {}
-for i = 1, n do
-  fields[2 * i - 1] = 'w' .. ARGV[3 * i]
-  fields[2 * i] = 'n' .. ARGV[3 * i]
-end
-local v = redis.call('HMGET', key, unpack(fields))
--- A window's expiry need (its end) moves only when it starts anew: only
--- then is the expiry extended.
-local allowed, st, fresh = 1, {}, false
-for i = 1, n do
-  local limit, P = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  local start = now - now % P
-  local c = 0
-  if tonumber(v[2 * i - 1]) == start then c = tonumber(v[2 * i]) or 0 else fresh = true end
-  if c + cost > limit then allowed = 0 end
-  st[i] = {start, c, start + P - now}
-end
-local out, args, ttl = {allowed, now}, {}, 0
-for i = 1, n do
-  local start, c, left = st[i][1], st[i][2], st[i][3]
-  if allowed == 1 and cost > 0 then
-    c = c + cost
-    args[#args + 1] = fields[2 * i - 1]
-    args[#args + 1] = string.format('%.17g', start)
-    args[#args + 1] = fields[2 * i]
-    args[#args + 1] = c
-    if left > ttl then ttl = left end
-  end
-  out[#out + 1] = c
-  out[#out + 1] = left
-  out[#out + 1] = start
-end
-if #args > 0 then
-  redis.call('HSET', key, unpack(args))
-  if fresh then extend(key, math.ceil(ttl / 1000) + 1000) end
-end
-return out
-`)
+//go:embed fixed_window.lua
+var fixedWindowLua string
+var fixedWindowScript = redis.NewScript(redisclock.Lua + windowExtendLua + fixedWindowLua)
 
 // fixedWindowGiveBackScript takes back what a lease counted and did not
-// spend, from each window it was counted in that has not ended since.
+// spend, from each window it was counted in that has not ended since
+// (fixed_window_give_back.lua).
 //
-// KEYS[1] -> the counters' hash (rkeys.FixedWindow)
-// ARGV[1] -> now in µs, or "" for Redis TIME (unused: the window starts say
-// which windows are still current)
-// ARGV[2] -> the amount to take back
-// ARGV[3+2(i-1)], ARGV[4+2(i-1)] -> window i: field suffix, its start in µs
-// when counted
-// Returns the number of windows taken back from.
-var fixedWindowGiveBackScript = redis.NewScript(redisclock.Lua + `
-local key, amount = KEYS[1], tonumber(ARGV[2])
-local done = 0
-for i = 1, (#ARGV - 2) / 2 do
-  local s = ARGV[1 + 2 * i]
-  local v = redis.call('HMGET', key, 'w' .. s, 'n' .. s)
-  if tonumber(v[1]) == tonumber(ARGV[2 + 2 * i]) and v[2] then
-    redis.call('HSET', key, 'n' .. s, math.max(tonumber(v[2]) - amount, 0))
-    done = done + 1
-  end
-end
-return done
-`)
+//go:embed fixed_window_give_back.lua
+var fixedWindowGiveBackLua string
+var fixedWindowGiveBackScript = redis.NewScript(redisclock.Lua + fixedWindowGiveBackLua)
 
 // Allow counts cost against key's limit per window, or denies without
 // counting. RetryAfter is the time until the window ends. A cost above

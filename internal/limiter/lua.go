@@ -1,15 +1,22 @@
 package limiter
 
 import (
+	_ "embed" // the scripts' Lua, in the .lua files beside their callers
+	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisclock"
 )
 
 // lagDelay is how far back the total a bucket took is read for a
-// reservation (lagLua): reservations made up to this long before a call may
-// reach the provider after it, and Settle counts them as possibly missing
-// from the provider's answer.
+// reservation (lag_of in bucket.lua): reservations made up to this long
+// before a call may reach the provider after it, and Settle counts them as
+// possibly missing from the provider's answer.
 const lagDelay = 50 * time.Millisecond
 
 // learnTTL is how long a scope's hash outlives its last use once it holds
@@ -34,233 +41,213 @@ const factorRecovery = 0.05
 // window comes back, as a fraction of the burst window per minute.
 const burstRecovery = 0.1
 
-// stateLua reads and writes a scope's state (rkeys.LimiterScope). The state
-// is a table of named values (the fields the scripts' comments list), kept
-// in the one field m of the scope's hash as a MessagePack map (cmsgpack, a
-// library of Redis's Lua): a run reads it and writes it once, and its numbers
-// stay numbers, exact. A field per value cost a Lua string for each name and
-// value read and a number formatted for each written: half of the reserve
-// script's time in Redis (docs/BENCHMARKS.md, "The limiter's state in one
-// field"). A hash of the older form, a field per value, is read as it is and
-// rewritten in this form, its fields dropped, by the first run that writes.
-//
-// Where Redis has no cmsgpack (dev mode's embedded Redis, miniredis), the
-// state is JSON (cjson), exact there too: that Redis encodes a number as Go
-// does, in its shortest exact form. A Redis has one or the other, so a hash
-// is never read in the form it was not written in.
-//
-// load_state returns the state and, for a hash of the older form, its
-// fields; save_state writes st with the changes args (name, value pairs, see
-// put) and del (names) made.
-const stateLua = `
-local msgpack = rawget(_G, 'cmsgpack')
-local pack_state = msgpack and msgpack.pack or cjson.encode
-local unpack_state = msgpack and msgpack.unpack or cjson.decode
-
-local function load_state(key)
-  local raw = redis.call('HGET', key, 'm')
-  if raw then return unpack_state(raw), nil end
-  local h = redis.call('HGETALL', key)
-  local st, old = {}, {}
-  for i = 1, #h, 2 do
-    st[h[i]] = h[i + 1]
-    old[#old + 1] = h[i]
-  end
-  return st, old
-end
-
-local function save_state(key, st, old, args, del)
-  for i = 1, #args, 2 do st[args[i]] = args[i + 1] end
-  for _, k in ipairs(del) do st[k] = nil end
-  -- m first: a hash emptied by the HDEL would go, and its expiry with it
-  redis.call('HSET', key, 'm', pack_state(st))
-  if old and #old > 0 then redis.call('HDEL', key, unpack(old)) end
-end
-`
-
-// bucketLua holds the functions the token bucket's scripts share. st is the
-// scope's hash as a table; now and gen are the script's time and in-flight
-// generation.
-//
-// What a bucket learned from the provider's answers (Settle) changes how it
-// refills: x:<name> is the factor of its limit it may use after unpredicted
-// 429s (regained at RECOVER per µs since xt:<name>), and e:<name> the part of
-// its refill that others drain (another application on the account), so it
-// refills at limit × factor × (1 - e) per period and holds at most limit ×
-// factor.
-const bucketLua = stateLua + `
-local gen = math.floor(now / GEN)
-
--- put notes a change of the state, for save_state
-local function put(args, k, v)
-  args[#args + 1] = k
-  args[#args + 1] = v
-end
-
--- the bucket's in-flight amounts of generation g and g - 1, seen from
--- generation gen (older generations have lapsed): {g, f0, f1}
-local function inflight_of(st, name)
-  local g = tonumber(st['g:' .. name]) or gen
-  local f0, f1 = tonumber(st['f0:' .. name]) or 0, tonumber(st['f1:' .. name]) or 0
-  if gen == g + 1 then f0, f1 = 0, f0 elseif gen > g + 1 then f0, f1 = 0, 0 end
-  return {math.max(g, gen), f0, f1}
-end
-
--- a factor that 429s lowered to st[field] at st[since], regained at per_us
--- since, up to 1
-local function regained(st, field, since, per_us)
-  local v = tonumber(st[field])
-  if not v then return 1 end
-  local t = tonumber(st[since]) or now
-  return math.min(1, v + math.max(now - t, 0) * per_us)
-end
-
--- the share of its limit a bucket may use (x:<name>, at xt:<name>)
-local function factor_of(st, name)
-  return regained(st, 'x:' .. name, 'xt:' .. name, RECOVER)
-end
-
--- the share of its burst window a bucket lets out at once, lowered by 429s
--- that showed a shorter window (bf:<name>, at bt:<name>)
-local function burst_factor_of(st, name)
-  return regained(st, 'bf:' .. name, 'bt:' .. name, BURST_RECOVER)
-end
-
--- the bucket's limit: the one given, or a lower one the provider announced
--- (pl:<name>, at plt:<name>), which applies at once
-local function limit_of(st, name, limit)
-  local pl, plt = tonumber(st['pl:' .. name]), tonumber(st['plt:' .. name])
-  if pl and plt and now - plt <= PL_TTL and pl < limit then return pl end
-  return limit
-end
-
--- the bucket now: u its level (refilled, never below what is in flight, see
--- inflightGen), d the level refilled without that floor, cap and rate (per
--- µs) as learned, f its in-flight generations, c all it ever took, burst
--- the most it lets out at once (its full refill over burst_window µs, times
--- what 429s taught; nil when burst_window is 0: no bound but its capacity)
--- and pace what it lets out now (see pace_of)
-local function load_bucket(st, name, limit, period, burst_window)
-  limit = limit_of(st, name, limit)
-  local cap = limit * factor_of(st, name)
-  local full = cap / period
-  local rate = full * (1 - (tonumber(st['e:' .. name]) or 0))
-  local u = tonumber(st['u:' .. name]) or 0
-  local ts = tonumber(st['t:' .. name]) or now
-  local f = inflight_of(st, name)
-  local d = u
-  if now > ts then
-    -- others' drain is believed only near the answers that showed it:
-    -- STALL after the last one the bucket refills at its full rate again,
-    -- so an overestimated drain never stalls a scope nobody answers for
-    local ls = tonumber(st['ls:' .. name])
-    local cut = ls and math.max(ls + STALL, ts) or ts
-    if rate == full or cut >= now then
-      d = u - (now - ts) * rate
-    else
-      d = u - (cut - ts) * rate - (now - cut) * full
-    end
-    u = math.max(d, f[2] + f[3], 0)
-  end
-  local b = {u = u, d = d, cap = cap, rate = rate, f = f, c = tonumber(st['c:' .. name]) or 0, limit = limit}
-  if burst_window and burst_window > 0 then
-    b.burst = math.min(full * burst_window * burst_factor_of(st, name), cap)
-    -- the pace: a second bucket of the burst's size, refilled as this one
-    -- (pace:<name> what it held at pace_t:<name>), from which every call
-    -- takes too, so what this one holds goes out at its rate, not at once.
-    -- It starts full: the first calls go at once.
-    local p, pt = tonumber(st['pace:' .. name]), tonumber(st['pace_t:' .. name])
-    b.pace_rate = rate * (tonumber(st['pace_m:' .. name]) or 1)
-    if not p then
-      p = b.burst
-    elseif pt and now > pt then
-      p = p + (now - pt) * b.pace_rate
-    end
-    b.pace = math.min(p, b.burst)
-  end
-  return b
-end
-
--- lagLua: what a bucket had taken at least LAG ago, for a reservation now:
--- the newest that old of the total after its latest run (cl) and two
--- checkpoints of it (k older, kn newer, at least LAG apart), or 0 in a
--- scope's first moments. A run that takes moves them (put_lag).
-local lines = {}
-local function lag_of(st, name)
-  local line = {kn = tonumber(st['kn:' .. name]), knt = tonumber(st['knt:' .. name])}
-  line.shift = not line.knt or now - line.knt >= LAG
-  lines[name] = line
-  for _, f in ipairs({'cl', 'kn', 'k'}) do
-    local t = tonumber(st[f .. 't:' .. name])
-    if t and now - t >= LAG then return tonumber(st[f .. ':' .. name]) or 0 end
-  end
-  return 0
-end
-local function put_lag(args, name, c)
-  local l = lines[name]
-  if not l then return end
-  if l.shift then
-    if l.knt then
-      put(args, 'k:' .. name, l.kn)
-      put(args, 'kt:' .. name, l.knt)
-    end
-    put(args, 'kn:' .. name, c)
-    put(args, 'knt:' .. name, now)
-  end
-  put(args, 'cl:' .. name, c)
-  put(args, 'clt:' .. name, now)
-end
-
--- how long until a bucket at level u is full and holds nothing in flight
-local function idle_after(u, rate, f)
-  local ttl = u / rate
-  if f[2] > 0 then ttl = math.max(ttl, (f[1] + 2) * GEN - now) elseif f[3] > 0 then ttl = math.max(ttl, (f[1] + 1) * GEN - now) end
-  return ttl
-end
-
--- extends the hash's expiry to ttl µs (plus a second), at least LEARN_TTL
--- once it holds what the scope learned, and never shortens it
-local function extend_ttl(key, st, ttl)
-  if st.l then ttl = math.max(ttl, LEARN_TTL) end
-  ttl = math.ceil(ttl / 1000) + 1000
-  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-end
-`
-
-// withConstants puts the package's constants into a script.
-func withConstants(src string) string {
-	us := func(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
-	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-	return strings.NewReplacer(
-		"GEN", us(inflightGen),
-		"LAG", us(lagDelay),
-		"LEARN_TTL", us(learnTTL),
-		"BURST_RECOVER", f(burstRecovery/float64(time.Minute.Microseconds())),
-		"RECOVER", f(factorRecovery/float64(time.Minute.Microseconds())),
-		"COOLDOWN", us(factorCooldown),
-		"PACE_MAX", f(paceMax),
-		"PACE_MIN", f(paceMin),
-		"PACE_SPARE", f(paceSpare),
-		"PACE_STEP", us(paceStep),
-		"PACE_GROW", f(paceGrowth/float64(time.Second.Microseconds())),
-		"PACE_HOLD", us(paceHold),
-		"BURST_DECREASE", f(burstDecrease),
-		"BURST_MIN", f(burstMin),
-		"SHORT_DECREASE", f(shortDecrease),
-		"EST_MIN", us(estimateMin),
-		"EST_SAFETY", f(estimateSafety),
-		"DECREASE", f(factorDecrease),
-		"FLOOR", f(factorFloor),
-		"MIN_SPAN", us(drainMinSpan),
-		"EMAX", f(drainMax),
-		"BUSY", f(busyShare),
-		"RHO_TAU", us(refundWindow),
-		"DISTRUST_AFTER", strconv.Itoa(distrustAfter),
-		"DISTRUST_FOR", us(distrustFor),
-		"QSIZE", strconv.Itoa(calibrationSamples),
-		"PL_TTL", us(providerLimitTTL),
-		"STALL", us(drainBelief),
-		"RF_KEEP", strconv.Itoa(refusalsKept),
-		"MIN_SAMPLES", strconv.Itoa(minCalibrationSamples),
-	).Replace(src)
+// The token bucket's scripts (reserve.lua, settle.lua, inspect.lua) are
+// their own Lua after four preludes, in this order: luaConstants, the clock
+// (redisclock.Lua, which sets now), stateLua and bucketLua.
+func bucketScript(body string) *redis.Script {
+	return redis.NewScript(luaConstants + redisclock.Lua + stateLua + bucketLua + body)
 }
+
+// luaConstants defines, as Lua locals, the package's constants the
+// token bucket's scripts use, so that each is defined once, here in Go.
+// Times are in µs, and the rates per µs.
+var luaConstants = luaPrelude([]luaConstant{
+	{"INFLIGHT_GEN", inflightGen},
+	{"LAG_DELAY", lagDelay},
+	{"LEARN_TTL", learnTTL},
+	{"PROVIDER_LIMIT_TTL", providerLimitTTL},
+	{"DRAIN_BELIEF", drainBelief},
+	{"FACTOR_RECOVERY", factorRecovery / float64(time.Minute.Microseconds())},
+	{"BURST_RECOVERY", burstRecovery / float64(time.Minute.Microseconds())},
+	{"FACTOR_DECREASE", factorDecrease},
+	{"FACTOR_COOLDOWN", factorCooldown},
+	{"FACTOR_FLOOR", factorFloor},
+	{"DRAIN_MIN_SPAN", drainMinSpan},
+	{"DRAIN_MAX", drainMax},
+	{"BUSY_SHARE", busyShare},
+	{"REFUND_WINDOW", refundWindow},
+	{"DISTRUST_AFTER", distrustAfter},
+	{"DISTRUST_WINDOW", distrustWindow},
+	{"DISTRUST_FOR", distrustFor},
+	{"CALIBRATION_SAMPLES", calibrationSamples},
+	{"MIN_CALIBRATION_SAMPLES", minCalibrationSamples},
+	{"SAMPLE_MIN", sampleBounds[0]},
+	{"SAMPLE_MAX", sampleBounds[1]},
+	{"RECALIBRATION", recalibration},
+	{"REFUSALS_KEPT", refusalsKept},
+	{"BURST_DECREASE", burstDecrease},
+	{"BURST_MIN", burstMin},
+	{"SHORT_DECREASE", shortDecrease},
+	{"ESTIMATE_MIN", estimateMin},
+	{"ESTIMATE_SAFETY", estimateSafety},
+	{"PACE_MAX", paceMax},
+	{"PACE_MIN", paceMin},
+	{"PACE_SPARE", paceSpare},
+	{"PACE_STEP", paceStep},
+	{"PACE_GROWTH", paceGrowth / float64(time.Second.Microseconds())},
+	{"PACE_HOLD", paceHold},
+	{"STATUS_DENIED", statusDenied},
+	{"STATUS_ALLOWED", statusAllowed},
+	{"STATUS_PROBE", statusProbe},
+	{"STATUS_PENALTY", statusPenalty},
+	{"STATUS_PROBE_WAIT", statusProbeWait},
+	{"MODE_HOLD", modeReserveHold},
+	{"MODE_LEASE", modeReserveLease},
+	{"MODE_STATE", modeState},
+})
+
+// luaConstant is one Go constant as a script sees it: the Lua local name.
+type luaConstant struct {
+	name  string
+	value any // a time.Duration (given in µs), float64, int or plain string
+}
+
+var (
+	luaName     = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+	plainString = regexp.MustCompile(`^[A-Za-z0-9_ ]*$`)
+)
+
+// luaPrelude returns a line `local NAME = value` per constant.
+func luaPrelude(cs []luaConstant) string {
+	var b strings.Builder
+	b.WriteString("-- the limiter's constants (lua.go); times in µs, rates per µs\n")
+	seen := map[string]bool{}
+	for _, c := range cs {
+		if !luaName.MatchString(c.name) || seen[c.name] {
+			panic(fmt.Sprintf("limiter: Lua constant name %q is invalid or given twice", c.name))
+		}
+		seen[c.name] = true
+		var v string
+		switch x := c.value.(type) {
+		case time.Duration:
+			v = strconv.FormatInt(x.Microseconds(), 10)
+		case float64:
+			v = strconv.FormatFloat(x, 'g', -1, 64)
+		case int:
+			v = strconv.Itoa(x)
+		case string:
+			if !plainString.MatchString(x) {
+				panic(fmt.Sprintf("limiter: Lua constant %s: string %q needs escaping", c.name, x))
+			}
+			v = "'" + x + "'"
+		default:
+			panic(fmt.Sprintf("limiter: Lua constant %s: unsupported type %T", c.name, x))
+		}
+		fmt.Fprintf(&b, "local %s = %s\n", c.name, v)
+	}
+	return b.String()
+}
+
+// stateLua reads and writes a scope's state (state.lua): load_state,
+// save_state and put. The state is a table of named values kept in the one
+// field m of the scope's hash (rkeys.LimiterScope), as MessagePack, or as
+// JSON where Redis has no cmsgpack. A run reads it and writes it once, and
+// its numbers stay numbers, exact. A field per value cost a Lua string for
+// each name and value read and a number formatted for each written: half of
+// the reserve script's time in Redis (docs/BENCHMARKS.md, "The limiter's
+// state in one field"). load_state reads the older forms (a field per
+// value; the calibration's samples as strings q and qs) as the current one,
+// and the first run that writes rewrites them.
+//
+// The state's fields, each named as Redis holds it (renaming one would lose
+// what existing scopes hold). Times are in µs since the epoch; <name> is a
+// bucket's name ("rpm", "tpm"); a factor or share is a fraction of 1.
+//
+// The penalty and the probe (Penalize, and the Reserve after it):
+//
+//	pu                  the end of the penalty
+//	pid, pt             the probe's reservation id, and its deadline
+//
+// A bucket's level (Reserve, Reconcile, Settle):
+//
+//	u:<name>, t:<name>  the tokens it holds used, and when they were counted
+//	g:<name>            its in-flight generation (see inflightGen)
+//	f0:<name>           what is reserved and not yet reconciled in generation g
+//	f1:<name>           the same in generation g - 1
+//	c:<name>            all it ever took
+//	cl:<name>, clt:<name>  c after the latest run that took, and when
+//	kn:<name>, knt:<name>  the newer checkpoint of c, and when
+//	k:<name>, kt:<name>    the older checkpoint, at least lagDelay before
+//	                    (the three give what it took lagDelay ago, see lagDelay)
+//	pace:<name>, pace_t:<name>  what its pace held, and when (see Bucket.Burst)
+//
+// What Settle learns from the provider's answers, so that the next runs
+// see it at once (it must change in the same run that settles):
+//
+// The provider's view of the bucket:
+//
+//	pr:<name>, prt:<name>  what the provider last said it holds, and when
+//	                    (BucketLearning.ProviderRemaining)
+//	s:<name>            the lag (see lagDelay) of the freshest answer followed:
+//	                    an older answer only ever lowers the level
+//	pl:<name>, plt:<name>  a lower limit the provider announced, and when
+//	                    (it applies for providerLimitTTL)
+//
+// Others' drain (BucketSettlement.Drain) and the refund estimate
+// (BucketLearning.Refund), from the corrections the provider's answers
+// make while its bucket is busy (busyShare):
+//
+//	e:<name>            the share of the refill others take, believed for
+//	                    drainBelief after the last answer (the drain)
+//	n:<name>            the corrections' sum, forgotten over refundWindow
+//	tw:<name>           the time that sum covers, forgotten alike
+//	w:<name>            the tokens calls left unused, forgotten alike
+//	wa:<name>           the unused tokens since the last answer added
+//	ls:<name>           when the last answer came
+//	lb:<name>           "1" when it showed the provider's bucket busy (and
+//	                    was trusted): the next answer adds to the sums
+//	lim:<name>          the limit the sums are of: they start again with a
+//	                    new one
+//
+// The limit factor after unpredicted 429s (BucketSettlement.Factor):
+//
+//	x:<name>, xt:<name> the share of its limit the bucket may use, and when
+//	                    a 429 lowered it (factorDecrease; it comes back at
+//	                    factorRecovery)
+//	zt:<name>           when the last 429 that lowered it came, and
+//	zc:<name>, zr:<name>  c and rr then: what was let through between two
+//	                    429s bounds the provider's rate (estimateMin)
+//	rr:<name>           the tokens of every call the provider refused
+//	rf:<name>           the last refusalsKept calls it refused, as
+//	                    "place:cost,...", place being c just before the call
+//
+// Short windows (BucketSettlement.BurstFactor, BucketLearning.PaceFactor):
+//
+//	bf:<name>, bt:<name>  the share of its burst window the bucket lets out
+//	                    at once, and when a 429 lowered it (burstDecrease;
+//	                    it comes back at burstRecovery)
+//	pace_m:<name>, pace_mt:<name>  the pace's rate over the bucket's, and
+//	                    when it last changed (paceGrowth, paceMax, paceMin)
+//	pace_hold:<name>    until when that factor stays at most 1 (paceHold)
+//
+// The distrust of the provider's counts (ScopeLearning.Distrusted):
+//
+//	hd                  until when its counts never lower the buckets
+//	hn, hnt             the unpredicted 429s counted, and since when
+//	                    (distrustAfter within distrustWindow)
+//
+// The calibration (Calibration):
+//
+//	qa                  the last calibrationSamples prompt ratios, in the
+//	                    order they came, clamped to sampleBounds and kept to
+//	                    four decimals
+//	qm, qn              their median, and how many there are
+//	q, qs               the older form of qa: fixed-width records ('%07.4f',
+//	                    comma separated), in arrival order and sorted; read
+//	                    once, and dropped by the first run that writes
+//
+// And:
+//
+//	l                   "1" once the scope learned anything: its hash then
+//	                    lives at least learnTTL
+//
+//go:embed state.lua
+var stateLua string
+
+// bucketLua holds the functions the token bucket's scripts share
+// (bucket.lua): a bucket's level, capacity and rate as learned
+// (load_bucket), its in-flight amounts, the totals it took a moment ago
+// (lag_of, put_lag) and the hash's expiry.
+//
+//go:embed bucket.lua
+var bucketLua string

@@ -81,6 +81,7 @@ var suite = []struct {
 	{"SettleDistrust", testSettleDistrust},
 	{"SettleCalibration", testSettleCalibration},
 	{"SettleCalibrationMedian", testSettleCalibrationMedian},
+	{"SettleCalibrationRecords", testSettleCalibrationRecords},
 	{"SettleLearnedTTL", testSettleLearnedTTL},
 	{"SettleBelowTheProvidersLimit", testSettleBelowTheProvidersLimit},
 	{"PaceBoundsBursts", testPaceBoundsBursts},

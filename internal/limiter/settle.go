@@ -2,14 +2,13 @@ package limiter
 
 import (
 	"context"
+	_ "embed" // the script's Lua
 	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/redisclock"
 )
@@ -32,12 +31,16 @@ const (
 	busyShare = 0.5
 	// refundWindow is the memory of the drain and refund estimates.
 	refundWindow = 2 * time.Minute
-	// distrustAfter unpredicted 429s within a minute stop the
+	// distrustAfter unpredicted 429s within distrustWindow stop the
 	// provider's counts from lowering the buckets for distrustFor.
-	distrustAfter = 3
-	distrustFor   = 10 * time.Minute
+	distrustAfter  = 3
+	distrustWindow = time.Minute
+	distrustFor    = 10 * time.Minute
 	// calibrationSamples is how many prompt ratios the calibration keeps.
 	calibrationSamples = 31
+	// recalibration is the change of the calibration that restarts the
+	// drain's sums: the corrections before it say nothing about others.
+	recalibration = 0.05
 	// refusalsKept is how many refused calls a bucket remembers, so the
 	// provider's answers are not read as if it had charged them.
 	refusalsKept = 64
@@ -158,10 +161,14 @@ func (c Calibration) Apply(promptTokens int64) int64 {
 }
 
 // minCalibrationSamples is how many calls a correction needs before it
-// applies; calibrationBounds the correction applied.
+// applies; calibrationBounds the correction applied; sampleBounds the
+// prompt ratios kept (an outlier beyond them counts as the bound).
 const minCalibrationSamples = 3
 
-var calibrationBounds = [2]float64{0.25, 4}
+var (
+	calibrationBounds = [2]float64{0.25, 4}
+	sampleBounds      = [2]float64{0.1, 10}
+)
 
 func calibration(micros, n int64) Calibration {
 	c := Calibration{Factor: 1, Samples: int(n)}
@@ -172,376 +179,14 @@ func calibration(micros, n int64) Calibration {
 }
 
 // settleScript settles a reservation once: what the call was charged, what
-// the provider's answer says of its buckets, what it teaches the scope.
+// the provider's answer says of its buckets, what it teaches the scope
+// (settle.lua). What it learns is kept in the scope's state (see stateLua
+// for every field), since the next run must see it at once. It writes the
+// settled marker last: a run that fails leaves none, and its retry applies.
 //
-// KEYS[1] -> the scope's hash (rkeys.LimiterScope; its state as reserveScript's,
-// plus s:<name> the lag of the freshest answer followed, pr:<name> and
-// prt:<name> the provider's last remaining count and when, ls:<name>,
-// wa:<name>, n:<name>, tw:<name> and w:<name> the drain and refund sums,
-// rf:<name> the last calls the provider refused (place:cost,...), hd and hn
-// the distrust of the provider's counts, q, qs, qm and qn the calibration
-// (the samples in arrival order and sorted, their median and count), l set
-// once it learned anything)
-// KEYS[2] -> the reservation's settled marker (rkeys.LimiterReconciled),
-// absent when the caller guarantees a single settle (a lease)
-// ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> how long the marker lives, in ms
-// ARGV[3] -> reservation id
-// ARGV[4] -> "1" when the reservation is the probe, else "0"
-// ARGV[5] -> probe timeout in µs
-// ARGV[6] -> the reservation's in-flight generation
-// ARGV[7] -> "r" to refund down to the charge (Reconcile), "s" to settle a
-// provider call (never refunds)
-// ARGV[8] -> the prompt ratio for the calibration, or ""
-// ARGV[9] -> "1" when the provider refused the call (a 429), else "0"
-// ARGV[10+12(i-1)] .. ARGV[21+12(i-1)] -> bucket i: name, limit, period in µs,
-// burst window in µs (0: none), reserved, charged, unused, taken a moment
-// before the reservation (its lag) and just before it (its place), the
-// provider's limit and remaining (or ""), and what a 429 showed of it: ""
-// nothing, "r" its rate ahead of the provider's, "s" a shorter window than
-// its period ("sb" one that frees in a block, as a fixed window does),
-// "rs" either
-// Returns {1, calibration in millionths, its samples, then per bucket: the
-// level as counted, the level after following the provider, the provider's
-// bound (-1 when none), drain, factor and burst factor in millionths}, or
-// {0} when the reservation was settled before.
-//
-// Redis keeps what a script wrote before a runtime error, so the script
-// reads and computes everything first, and writes the marker last: a failed
-// run leaves no marker, and its retry applies.
-var settleScript = redis.NewScript(withConstants(redisclock.Lua + bucketLua + `
-if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return {0} end
-local key = KEYS[1]
-local probe_timeout = tonumber(ARGV[5])
-local rgen = tonumber(ARGV[6])
-local refund = ARGV[7] == 'r'
-local sample = tonumber(ARGV[8])
-local refused = ARGV[9] == '1'
-local nb = (#ARGV - 9) / 12
-
-local st, old = load_state(key)
-local pu, pid, pt = tonumber(st.pu), st.pid, tonumber(st.pt)
-local hd = tonumber(st.hd)
-local distrust = hd and hd > now
-
-local args, out, ttl, learned, evidence = {}, {1, 0, 0}, 0, false, false
-
--- the calibration: the median of the last prompt ratios. They are kept as
--- records of one width, whose order as strings is their order as numbers:
--- q in the order they came, qs sorted, so that a sample moves two records
--- instead of sorting them all.
-local qm, qn = tonumber(st.qm), tonumber(st.qn) or 0
-local recalibrated = false
-if sample then
-  local was = qn >= MIN_SAMPLES and qm or 1
-  local q, qs = st.q or '', st.qs
-  -- q written again in records of one width, and qs sorted from it: for a
-  -- hash written before qs existed, or by a process that still writes q
-  -- alone (q and qs then differ in length)
-  local function rewrite()
-    local vs = {}
-    for v in string.gmatch(q, '[^,]+') do vs[#vs + 1] = string.format('%07.4f', tonumber(v)) end
-    q = table.concat(vs, ',')
-    table.sort(vs)
-    qs = table.concat(vs, ',')
-  end
-  if not qs or #qs ~= #q then rewrite() end
-  local function count(s) if s == '' then return 0 end return (#s + 1) / 8 end
-  local function rec(s, j) return string.sub(s, 8 * j - 7, 8 * j - 1) end
-  local r = string.format('%07.4f', math.min(math.max(sample, 0.1), 10))
-  if q == '' then q = r else q = q .. ',' .. r end
-  if count(q) > QSIZE then
-    -- the oldest goes; a record found in qs is a whole one, since every
-    -- stretch of its width across two holds a comma
-    local old = string.sub(q, 1, 7)
-    q = string.sub(q, 9)
-    local p = string.find(qs, old, 1, true)
-    if not p then
-      rewrite()
-    elseif p == 1 then
-      qs = string.sub(qs, 9)
-    else
-      qs = string.sub(qs, 1, p - 2) .. string.sub(qs, p + 7)
-    end
-  end
-  -- the new one goes before the first record above it
-  local m = count(qs)
-  local lo, hi = 1, m + 1
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if rec(qs, mid) > r then hi = mid else lo = mid + 1 end
-  end
-  if m == 0 then
-    qs = r
-  elseif lo > m then
-    qs = qs .. ',' .. r
-  else
-    qs = string.sub(qs, 1, 8 * lo - 8) .. r .. ',' .. string.sub(qs, 8 * lo - 7)
-  end
-  qn = m + 1
-  if qn % 2 == 1 then qm = tonumber(rec(qs, (qn + 1) / 2)) else qm = (tonumber(rec(qs, qn / 2)) + tonumber(rec(qs, qn / 2 + 1))) / 2 end
-  local is = qn >= MIN_SAMPLES and qm or 1
-  recalibrated = math.abs(is / was - 1) > 0.05
-  put(args, 'q', q)
-  put(args, 'qs', qs)
-  put(args, 'qm', qm)
-  put(args, 'qn', qn)
-  learned = true
-end
-for i = 1, nb do
-  local a = 9 + 12 * (i - 1)
-  local name, limit, period, bw = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local reserved, charged, unused, clag, cpos = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
-  local olimit, oremain = tonumber(ARGV[a + 10]), tonumber(ARGV[a + 11])
-  local ev = ARGV[a + 12]
-  local rate_ev, short_ev = string.find(ev, 'r', 1, true) ~= nil, string.find(ev, 's', 1, true) ~= nil and bw > 0
-  local block = string.find(ev, 'b', 1, true) ~= nil
-  local slow = false
-
-  -- A 429 that showed a shorter window than the limit's lowers the
-  -- bucket's burst, once per cooldown (the 429s of calls admitted together
-  -- are one piece of evidence): from 1 to BURST_DECREASE. Once it is below
-  -- BURST_MIN, a short burst did not help: the window counts the pace
-  -- itself (a fixed window takes what crosses its edge), and the pace goes
-  -- a little below the rate instead (see below); so it does at once when
-  -- the provider's wait showed a window that frees in a block ("b").
-  if short_ev then
-    local bt = tonumber(st['bt:' .. name])
-    if not bt or now - bt >= COOLDOWN then
-      local bf = burst_factor_of(st, name)
-      slow = block or bf < BURST_MIN
-      if bf >= BURST_MIN then
-        bf = bf * BURST_DECREASE
-        st['bf:' .. name], st['bt:' .. name] = bf, now
-        put(args, 'bf:' .. name, bf)
-        put(args, 'bt:' .. name, now)
-        learned = true
-      end
-    end
-  end
-
-  -- a refused call's tokens, all told (rr:<name>), for the rate estimate
-  local rr = tonumber(st['rr:' .. name]) or 0
-  if refused then
-    rr = rr + reserved
-    put(args, 'rr:' .. name, rr)
-  end
-
-  -- An unpredicted 429 lowers the bucket's limit factor, once per
-  -- cooldown: to DECREASE times what it was or, when the previous one came
-  -- within the bucket's period (zt:<name>), to what the bucket let through
-  -- between the two, if less: the provider had no room at either, and its
-  -- bucket, which holds a period's refill, could not fill up in between, so
-  -- what it admitted meanwhile was its refill (less what others took).
-  if rate_ev then
-    local xt = tonumber(st['xt:' .. name])
-    if not xt or now - xt >= COOLDOWN then
-      evidence = true
-      local x = factor_of(st, name)
-      local lowered = x * DECREASE
-      local zt, zc, zr = tonumber(st['zt:' .. name]), tonumber(st['zc:' .. name]), tonumber(st['zr:' .. name])
-      local c = tonumber(st['c:' .. name]) or 0
-      if zt and zc and zr and now - zt >= EST_MIN and now - zt <= period then
-        local through = (c - zc) - (rr - zr)
-        lowered = math.min(lowered, through / (now - zt) * period / limit_of(st, name, limit) * EST_SAFETY)
-      end
-      x = math.max(lowered, FLOOR)
-      st['x:' .. name], st['xt:' .. name] = x, now
-      put(args, 'x:' .. name, x)
-      put(args, 'xt:' .. name, now)
-      put(args, 'zt:' .. name, now)
-      put(args, 'zc:' .. name, c)
-      put(args, 'zr:' .. name, rr)
-      learned = true
-    end
-  end
-
-  -- a lower limit the provider announced applies at once, to this bucket
-  -- as the next reservations see it (load_bucket)
-  if olimit and oremain and olimit < limit then
-    st['pl:' .. name], st['plt:' .. name] = olimit, now
-    put(args, 'pl:' .. name, olimit)
-    put(args, 'plt:' .. name, now)
-  end
-  local b = load_bucket(st, name, limit, period, bw)
-  local u, f, c = b.u, b.f, b.c
-  -- the reservation is no longer in flight
-  if rgen == f[1] then f[2] = math.max(f[2] - reserved, 0) elseif rgen == f[1] - 1 then f[3] = math.max(f[3] - reserved, 0) end
-  local held = f[2] + f[3]
-  local delta = charged - reserved
-  if refund then
-    -- a refund never brings the level below what other calls hold in
-    -- flight (see inflightGen)
-    u = math.max(u + delta, held, 0)
-  elseif delta > 0 then
-    u = u + delta
-  end
-  if delta > 0 then c = c + delta end
-  local model, bound = u, -1
-
-  -- The calls the provider refused, by their place in the total taken,
-  -- among the last few: it never charged them.
-  local rf, kept = {}, {}
-  for p, v in string.gmatch(st['rf:' .. name] or '', '([^:,]+):([^,]+)') do
-    rf[#rf + 1] = {tonumber(p), tonumber(v)}
-  end
-  if olimit and oremain then
-    if refused then
-      -- what the provider says it holds includes no charge for this call
-      u = math.max(u - reserved, held, 0)
-      model = u
-      rf[#rf + 1] = {cpos, reserved}
-    end
-    -- The provider had used at most cap - remaining when it answered, and
-    -- since then at most what was taken here from a moment before this
-    -- call on (calls sent just before it may have reached it after it),
-    -- less the calls it refused.
-    local since = c - clag
-    for _, r in ipairs(rf) do
-      if r[1] >= clag then since = since - r[2] end
-    end
-    bound = (b.cap - oremain) + math.max(since, 0)
-    local fresh = clag >= (tonumber(st['s:' .. name]) or -1)
-    -- Only a bucket that mirrors the provider's (the same limit) follows it
-    -- down: one set below the provider's keeps its own count, or the
-    -- provider's larger room would take it past its limit.
-    local mirror = math.abs(olimit - b.limit) <= b.limit / 100
-    if distrust or not mirror then
-      u = math.max(u, bound)
-    elseif fresh then
-      u = math.max(bound, held, 0)
-      put(args, 's:' .. name, clag)
-    else
-      -- an older answer than one followed already only ever lowers
-      u = math.min(u, math.max(bound, held, 0))
-    end
-    put(args, 'pr:' .. name, oremain)
-    put(args, 'prt:' .. name, now)
-
-    -- While the provider's bucket is busy, the corrections its answers
-    -- make to this bucket's own count (plus the drain it already assumed)
-    -- sum to what others take from the account, less what the provider
-    -- refunds: the answers' own lags cancel out over time. The drain is
-    -- that sum's rate, when positive; the refund estimate sets it against
-    -- the tokens calls left unused.
-    -- A change of the limit or of the calibration makes the corrections
-    -- before it say nothing about others: the sums start again.
-    local wa = (tonumber(st['wa:' .. name]) or 0) + unused
-    local ls = tonumber(st['ls:' .. name])
-    if tonumber(st['lim:' .. name]) ~= limit or recalibrated then
-      ls = nil
-      put(args, 'lim:' .. name, limit)
-      for _, f in ipairs({'n:', 'tw:', 'w:', 'e:'}) do st[f .. name] = nil; put(args, f .. name, 0) end
-    end
-    -- The sums run over consecutive answers of a busy bucket only: an
-    -- idle one is full on both sides and its corrections say nothing.
-    -- (an answer whose call had no lag yet, in a scope's first moments,
-    -- counts everything taken so far as since: it starts no chain)
-    local busy = oremain < BUSY * olimit and clag > 0
-    if busy and not distrust and ls and st['lb:' .. name] == '1' then
-      local dt = now - ls
-      local dec = math.exp(-dt / RHO_TAU)
-      local e = tonumber(st['e:' .. name]) or 0
-      local n = (tonumber(st['n:' .. name]) or 0) * dec + (u - model) + e * b.cap * dt / period
-      local tw = (tonumber(st['tw:' .. name]) or 0) * dec + dt
-      if tw >= MIN_SPAN then
-        st['e:' .. name] = math.min(math.max(n / tw * period / b.cap, 0), EMAX)
-        put(args, 'e:' .. name, st['e:' .. name])
-      end
-      put(args, 'n:' .. name, n)
-      put(args, 'tw:' .. name, tw)
-      put(args, 'w:' .. name, (tonumber(st['w:' .. name]) or 0) * dec + wa)
-      wa = 0
-      learned = true
-    end
-    put(args, 'ls:' .. name, now)
-    put(args, 'lb:' .. name, busy and not distrust and '1' or '0')
-    put(args, 'wa:' .. name, wa)
-  end
-
-  if refused and olimit and oremain then
-    local from = math.max(#rf - RF_KEEP + 1, 1)
-    for j = from, #rf do kept[#kept + 1] = string.format('%d:%d', rf[j][1], rf[j][2]) end
-    put(args, 'rf:' .. name, table.concat(kept, ','))
-  end
-  put(args, 'u:' .. name, u)
-  put(args, 't:' .. name, now)
-  put(args, 'g:' .. name, f[1])
-  put(args, 'f0:' .. name, f[2])
-  put(args, 'f1:' .. name, f[3])
-  put(args, 'c:' .. name, c)
-  -- The pace gets back what a call did not cost (a refund, a release) and
-  -- gives what the provider charged beyond the reservation. A 429 the
-  -- buckets did not predict empties it: the provider's window is empty
-  -- now, whatever the pace held, and its rate goes back to the bucket's
-  -- for PACE_HOLD (pace_hold:<name>), or SHORT_DECREASE below it (at least
-  -- PACE_MIN of it) when the burst is one call already. While the
-  -- provider's counts show half its bucket free and no hold is on, it has
-  -- more room than the pace lets out (it refunds, or nobody else draws on
-  -- it): the pace's rate grows, up to PACE_MAX times the bucket's.
-  if b.pace then
-    local p = b.pace
-    if refund or delta > 0 then p = p - delta end
-    if rate_ev or short_ev then p = math.min(p, 0) end
-    put(args, 'pace:' .. name, math.min(p, b.burst))
-    put(args, 'pace_t:' .. name, now)
-    local pm, pmt = tonumber(st['pace_m:' .. name]) or 1, tonumber(st['pace_mt:' .. name]) or now
-    local hold = tonumber(st['pace_hold:' .. name]) or 0
-    if rate_ev or short_ev then
-      pm, hold = math.min(pm, 1), now + PACE_HOLD
-      if slow then pm = math.max(pm * SHORT_DECREASE, PACE_MIN) end
-      put(args, 'pace_hold:' .. name, hold)
-    elseif olimit and oremain and oremain >= PACE_SPARE * olimit and not refused and hold <= now then
-      pm = math.min(pm + math.min(now - pmt, PACE_STEP) * PACE_GROW, PACE_MAX)
-    end
-    put(args, 'pace_m:' .. name, pm)
-    put(args, 'pace_mt:' .. name, now)
-  end
-  ttl = math.max(ttl, idle_after(u, b.rate, f))
-  local k = #out
-  out[k + 1], out[k + 2], out[k + 3] = math.floor(model), math.floor(u), math.floor(bound)
-  out[k + 4] = math.floor((tonumber(st['e:' .. name]) or 0) * 1e6)
-  out[k + 5] = math.floor(factor_of(st, name) * 1e6)
-  out[k + 6] = math.floor(burst_factor_of(st, name) * 1e6)
-end
-
--- repeated unpredicted 429s (counted in windows of a minute from the
--- first): the provider's counts stop lowering the buckets
-if evidence then
-  local hn, hnt = tonumber(st.hn) or 0, tonumber(st.hnt)
-  if not hnt or now - hnt > 60000000 then hn, hnt = 0, now end
-  hn = hn + 1
-  if hn >= DISTRUST_AFTER then
-    put(args, 'hd', now + DISTRUST_FOR)
-    hn, hnt = 0, now
-  end
-  put(args, 'hn', hn)
-  put(args, 'hnt', hnt)
-  learned = true
-end
-
-out[2], out[3] = math.floor((qm or 1) * 1e6), qn
-
--- the probe's settle ends the probe phase, and a penalty that is over
-local del = {}
-if ARGV[4] == '1' and pid == ARGV[3] then
-  del, pt = {'pid', 'pt'}, nil
-  if pu and pu <= now then
-    del[3], pu = 'pu', nil
-  end
-end
-if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
-if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
-if learned then
-  put(args, 'l', '1')
-  st.l = '1'
-end
-
-if #args > 0 or #del > 0 then save_state(key, st, old, args, del) end
-extend_ttl(key, st, ttl)
-if KEYS[2] then redis.call('SET', KEYS[2], '1', 'PX', ARGV[2]) end
-return out
-`))
+//go:embed settle.lua
+var settleLua string
+var settleScript = bucketScript(settleLua)
 
 // Settle settles a provider call's reservation with what the provider
 // answered (see Feedback): what it charged beyond the reservation is taken,

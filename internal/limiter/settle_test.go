@@ -5,7 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -275,17 +275,69 @@ func testSettleCalibrationMedian(t *testing.T, e *env) {
 		t.Fatalf("only %d medians within the bounds: the test tells little", inside)
 	}
 	// The first settle rewrote the hash of the older form in one field, its
-	// fields dropped; the samples in arrival order and sorted agree.
+	// fields dropped; the samples are the last ones, in arrival order.
 	if fields := e.rdb.HKeys(ctx, key).Val(); !slices.Equal(fields, []string{"m"}) {
 		t.Fatalf("the scope's hash holds %q, want only its state m", fields)
 	}
-	h, err := e.rdb.Eval(ctx, `local st = cmsgpack.unpack(redis.call('HGET', KEYS[1], 'm')) return {st.q, st.qs}`, []string{key}).StringSlice()
+	if got := storedSamples(t, e, key); !slices.Equal(got, kept) {
+		t.Fatalf("the state keeps the samples %v, want %v", got, kept)
+	}
+}
+
+// storedSamples returns the calibration's samples the scope's state at key
+// holds (qa), and fails when the older form's q or qs is still there.
+func storedSamples(t *testing.T, e *env, key string) []float64 {
+	t.Helper()
+	v, err := e.rdb.Eval(context.Background(), `
+local msgpack = rawget(_G, 'cmsgpack')
+local st = (msgpack and msgpack.unpack or cjson.decode)(redis.call('HGET', KEYS[1], 'm'))
+if st.q or st.qs then return redis.error_reply('the older form q, qs is still there') end
+local out = {}
+for i, v in ipairs(st.qa or {}) do out[i] = string.format('%.4f', v) end
+return out`, []string{key}).StringSlice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, qs := strings.Split(h[0], ","), strings.Split(h[1], ",")
-	if len(q) != calibrationSamples || !slices.Equal(slices.Sorted(slices.Values(q)), qs) {
-		t.Fatalf("q %v and qs %v disagree", q, qs)
+	samples := make([]float64, len(v))
+	for i, s := range v {
+		if samples[i], err = strconv.ParseFloat(s, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return samples
+}
+
+// A state of one field whose calibration holds its samples as the fixed-width
+// records of the form before qa (q in arrival order, qs sorted) is read as
+// it was, and rewritten as qa by the first run that writes, a reserve here.
+func testSettleCalibrationRecords(t *testing.T, e *env) {
+	ctx := context.Background()
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
+	s := ModelScope("records", 0, 0, 1_000_000, 0, 0)
+	key := e.keys.LimiterScope(s.Name)
+	q := "01.2500,00.5000,03.0000,02.0000"
+	err := e.rdb.Eval(ctx, `
+local msgpack = rawget(_G, 'cmsgpack')
+local st = {q = ARGV[1], qs = ARGV[2], qm = 1.625, qn = 4}
+redis.call('HSET', KEYS[1], 'm', (msgpack and msgpack.pack or cjson.encode)(st))
+redis.call('PEXPIRE', KEYS[1], 3600000)
+return 1`, []string{key}, q, "00.5000,01.2500,02.0000,03.0000").Err()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := tb.Calibration(ctx, s.Name); err != nil || c.Factor != 1.625 || c.Samples != 4 {
+		t.Fatalf("the older records' calibration: %+v, %v; want 1.625 of 4", c, err)
+	}
+	mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10})
+	if got, want := storedSamples(t, e, key), []float64{1.25, 0.5, 3, 2}; !slices.Equal(got, want) {
+		t.Fatalf("after a reserve the state keeps the samples %v, want %v", got, want)
+	}
+	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
+	if c := mustSettle(t, tb, r, Feedback{PromptRatio: 2.5}).Calibration; c.Factor != 2 || c.Samples != 5 {
+		t.Fatalf("after a fifth sample %+v, want the median 2 of 5", c)
+	}
+	if got, want := storedSamples(t, e, key), []float64{1.25, 0.5, 3, 2, 2.5}; !slices.Equal(got, want) {
+		t.Fatalf("after a settle the state keeps the samples %v, want %v", got, want)
 	}
 }
 

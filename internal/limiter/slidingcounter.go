@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	_ "embed" // the scripts' Lua
 	"fmt"
 	"strconv"
 	"time"
@@ -88,122 +89,20 @@ func (mw *MultiWindow) Allow(ctx context.Context, key string, windows []Window, 
 }
 
 // slidingCounterScript checks cost against every window and counts it in
-// all of them, or in none.
+// all of them, or in none (sliding_counter.lua).
 //
-// KEYS[1] -> the hash (rkeys.SlidingCounter or rkeys.MultiWindow); per
-// window of field suffix s: w<s> its current window's start in µs, c<s>
-// that window's count, p<s> the previous window's count
-// ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> cost
-// ARGV[3+3(i-1)], ARGV[4+3(i-1)], ARGV[5+3(i-1)] -> window i: field suffix,
-// limit, period in µs
-// Returns {allowed (1 or 0), now, then per window: remaining, retry µs,
-// reset µs, its current window's start in µs}.
-var slidingCounterScript = redis.NewScript(redisclock.Lua + luaExtend + `
-local key = KEYS[1]
-local cost = tonumber(ARGV[2])
-local n = (#ARGV - 2) / 3
-local fields = {}
-for i = 1, n do
-  local s = ARGV[3 * i]
-  fields[3 * i - 2] = 'w' .. s
-  fields[3 * i - 1] = 'c' .. s
-  fields[3 * i] = 'p' .. s
-end
-local v = redis.call('HMGET', key, unpack(fields))
-
-local allowed = 1
-local st = {}
--- A window's expiry need (its start + 2P) moves only when it starts anew:
--- only then is the expiry extended.
-local fresh = false
-for i = 1, n do
-  local limit, P = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  local start = now - now % P
-  local w, c, p = tonumber(v[3 * i - 2]), tonumber(v[3 * i - 1]) or 0, tonumber(v[3 * i]) or 0
-  if not w or start > w then fresh = true end
-  if not w then
-    c, p = 0, 0
-  elseif start > w then
-    -- a later window: the current count becomes the previous one, or is
-    -- too old to weigh at all
-    if start - w == P then p = c else p = 0 end
-    c = 0
-  else
-    start = w
-  end
-  local x = math.max(now - start, 0)
-  local est = p * (P - x) / P + c
-  local retry = 0
-  if est + cost - limit > limit * 1e-12 then
-    allowed = 0
-    local room = limit - cost - c
-    if room >= 0 then
-      -- the previous window's weight must fall to room (p > 0 here)
-      retry = math.ceil(P * (p - room) / p - x)
-    else
-      -- only in the next window, once this window's weight falls enough
-      retry = (P - x) + math.ceil(P * (c - limit + cost) / c)
-    end
-  end
-  st[i] = {limit, P, start, c, p, x, est, retry}
-end
-
-local out = {allowed, now}
-local args, ttl = {}, 0
-for i = 1, n do
-  local limit, P, start, c, p, x, est, retry = unpack(st[i])
-  if allowed == 1 then
-    c, est = c + cost, est + cost
-    args[#args + 1] = fields[3 * i - 2]
-    args[#args + 1] = string.format('%.17g', start)
-    args[#args + 1] = fields[3 * i - 1]
-    args[#args + 1] = c
-    args[#args + 1] = fields[3 * i]
-    args[#args + 1] = p
-  end
-  local reset = 0
-  if c > 0 then reset = start + 2 * P - now elseif p > 0 then reset = start + P - now end
-  if reset > ttl then ttl = reset end
-  out[#out + 1] = math.floor(limit - est)
-  out[#out + 1] = retry
-  out[#out + 1] = reset
-  out[#out + 1] = start
-end
-if allowed == 1 and cost > 0 then
-  redis.call('HSET', key, unpack(args))
-  if fresh then extend(key, math.ceil(ttl / 1000) + 1000) end
-end
-return out
-`)
+//go:embed sliding_counter.lua
+var slidingCounterLua string
+var slidingCounterScript = redis.NewScript(redisclock.Lua + windowExtendLua + slidingCounterLua)
 
 // slidingCounterGiveBackScript takes back what a lease counted and did not
 // spend: from the window it was counted in while that is current, or from
-// the previous-window count once it has become that.
+// the previous-window count once it has become that
+// (sliding_counter_give_back.lua).
 //
-// KEYS[1] -> the hash (rkeys.SlidingCounter)
-// ARGV[1] -> now in µs, or "" for Redis TIME (unused: the window starts say
-// where the count went)
-// ARGV[2] -> the amount to take back
-// ARGV[3+3(i-1)], ARGV[4+3(i-1)], ARGV[5+3(i-1)] -> window i: field suffix,
-// period in µs, its window's start in µs when counted
-// Returns the number of windows taken back from.
-var slidingCounterGiveBackScript = redis.NewScript(redisclock.Lua + `
-local key, amount = KEYS[1], tonumber(ARGV[2])
-local done = 0
-for i = 1, (#ARGV - 2) / 3 do
-  local s, P, start = ARGV[3 * i], tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
-  local v = redis.call('HMGET', key, 'w' .. s, 'c' .. s, 'p' .. s)
-  local w = tonumber(v[1])
-  local f, n = nil, nil
-  if w == start then f, n = 'c' .. s, tonumber(v[2]) elseif w == start + P then f, n = 'p' .. s, tonumber(v[3]) end
-  if f and n then
-    redis.call('HSET', key, f, math.max(n - amount, 0))
-    done = done + 1
-  end
-end
-return done
-`)
+//go:embed sliding_counter_give_back.lua
+var slidingCounterGiveBackLua string
+var slidingCounterGiveBackScript = redis.NewScript(redisclock.Lua + slidingCounterGiveBackLua)
 
 // periodSuffixes are the field suffixes of SlidingCounter and MultiWindow:
 // each window's period in µs.

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	_ "embed" // the scripts' Lua
 	"fmt"
 	"time"
 
@@ -32,124 +33,20 @@ func NewSlidingLog(rdb redis.Scripter, opts Options) (*SlidingLog, error) {
 }
 
 // slidingLogScript drops, from the log of every window given, the entries
-// older than that window (and their costs from its total), and adds one for
-// cost to every log when each leaves room, or to none.
+// older than that window, and adds one for cost to every log when each
+// leaves room, or to none (sliding_log.lua).
 //
-// KEYS[2i-1] -> window i's log (rkeys.SlidingLog or rkeys.SlidingLogWindow):
-// members "<id>:<cost>" scored by time in µs
-// KEYS[2i] -> the sum of the costs in that log (rkeys.SlidingLogTotal or
-// rkeys.SlidingLogWindowTotal)
-// ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> cost
-// ARGV[3] -> entry id
-// ARGV[4+2(i-1)], ARGV[5+2(i-1)] -> window i: limit, length in µs
-// Returns {allowed (1 or 0), now, then per window: total in the window,
-// retry µs, reset µs}.
-var slidingLogScript = redis.NewScript(redisclock.Lua + `
-local cost, id = tonumber(ARGV[2]), ARGV[3]
-local n = #KEYS / 2
-local function cost_of(m) return tonumber(string.match(m, ':(%d+)$')) end
-
-local allowed, st = 1, {}
-for i = 1, n do
-  local log, tkey = KEYS[2 * i - 1], KEYS[2 * i]
-  local limit, window = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
-  -- an entry at t counts while t > now - window
-  local cutoff = string.format('%.17g', now - window)
-  local total = tonumber(redis.call('GET', tkey))
-  local stored = total ~= nil
-  local gone = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
-  if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-    if total then
-      for _, m in ipairs(gone) do total = total - cost_of(m) end
-    end
-  end
-  if total and redis.call('ZCARD', log) == 0 then
-    -- the log was evicted without its total
-    total = 0
-  elseif not total then
-    total = 0
-    for _, m in ipairs(redis.call('ZRANGE', log, 0, -1)) do total = total + cost_of(m) end
-  end
-  if total + cost > limit then allowed = 0 end
-  st[i] = {log, tkey, limit, window, total, stored and #gone > 0}
-end
-
-local out = {allowed, now}
-for i = 1, n do
-  local log, tkey, limit, window, total, dropped = unpack(st[i])
-  if allowed == 1 and cost > 0 then
-    total = total + cost
-    redis.call('ZADD', log, string.format('%.17g', now), id .. ':' .. cost)
-    local ttl = math.ceil(window / 1000) + 1000
-    redis.call('SET', tkey, total, 'PX', ttl)
-    redis.call('PEXPIRE', log, ttl)
-  elseif dropped then
-    -- The stored total loses the dropped costs whatever the decision, and
-    -- keeps the log's expiry (a missing one is counted again from the log
-    -- next time).
-    if total > 0 then
-      redis.call('SET', tkey, total, 'KEEPTTL')
-    else
-      redis.call('DEL', tkey)
-    end
-  end
-  local retry, reset = 0, 0
-  if total > 0 then
-    local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
-    reset = tonumber(last[2]) + window - now
-  end
-  if allowed == 0 and total + cost > limit then
-    -- wait until enough of the oldest entries leave the window
-    local e = redis.call('ZRANGE', log, 0, -1, 'WITHSCORES')
-    local freed = 0
-    for j = 1, #e, 2 do
-      freed = freed + cost_of(e[j])
-      if total - freed + cost <= limit then
-        retry = tonumber(e[j + 1]) + window - now
-        break
-      end
-    end
-  end
-  out[#out + 1] = total
-  out[#out + 1] = retry
-  out[#out + 1] = reset
-end
-return out
-`)
+//go:embed sliding_log.lua
+var slidingLogLua string
+var slidingLogScript = redis.NewScript(redisclock.Lua + slidingLogLua)
 
 // slidingLogGiveBackScript replaces a lease's entry, counted at its whole
-// slice, by one of what was spent of it (none when nothing was), in every
-// window's log that still holds it.
+// slice, by one of what was spent of it, in every window's log that still
+// holds it (sliding_log_give_back.lua).
 //
-// KEYS[2i-1], KEYS[2i] -> window i's log and total, as in slidingLogScript
-// ARGV[1] -> now in µs, or "" for Redis TIME (unused: an entry gone from a
-// log has left its window)
-// ARGV[2] -> the entry id; ARGV[3] -> its cost; ARGV[4] -> what was spent
-// ARGV[5] -> the entry's score
-// Returns the number of logs changed.
-var slidingLogGiveBackScript = redis.NewScript(redisclock.Lua + `
-local id, cost, spent = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local done = 0
-for i = 1, #KEYS / 2 do
-  local log, tkey = KEYS[2 * i - 1], KEYS[2 * i]
-  if redis.call('ZREM', log, id .. ':' .. cost) == 1 then
-    if spent > 0 then redis.call('ZADD', log, ARGV[5], id .. ':' .. spent) end
-    local total = tonumber(redis.call('GET', tkey))
-    if total then
-      total = total - (cost - spent)
-      if total > 0 and redis.call('ZCARD', log) > 0 then
-        redis.call('SET', tkey, total, 'KEEPTTL')
-      else
-        redis.call('DEL', tkey)
-      end
-    end
-    done = done + 1
-  end
-end
-return done
-`)
+//go:embed sliding_log_give_back.lua
+var slidingLogGiveBackLua string
+var slidingLogGiveBackScript = redis.NewScript(redisclock.Lua + slidingLogGiveBackLua)
 
 // Allow adds cost to key's log when the last window's entries leave room,
 // or denies without adding. RetryAfter is exact: the time until enough of

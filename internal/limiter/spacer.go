@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	_ "embed" // the script's Lua
 	"errors"
 	"fmt"
 	"time"
@@ -43,24 +44,11 @@ func NewSpacer(rdb SpacerClient, opts Options) (*Spacer, error) {
 const slotHold = 10 * time.Minute
 
 // pacerSlotScript gives an event its slot: the one it holds, or the
-// scope's next free one, at least now.
+// scope's next free one, at least now (spacer_slot.lua).
 //
-// KEYS[1] -> the scope's next free slot in µs (rkeys.SpacerNext)
-// KEYS[2] -> the event's slot in µs (rkeys.SpacerSlot)
-// ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> the interval in µs
-// ARGV[3] -> how long a slot is held after it falls due, in ms
-// Returns {now, the event's slot}.
-var pacerSlotScript = redis.NewScript(redisclock.Lua + `
-local slot = tonumber(redis.call('GET', KEYS[2]))
-if not slot then
-  slot = math.max(now, tonumber(redis.call('GET', KEYS[1])) or 0)
-  local nxt = slot + tonumber(ARGV[2])
-  redis.call('SET', KEYS[1], string.format('%.17g', nxt), 'PX', math.ceil((nxt - now) / 1000) + 1000)
-  redis.call('SET', KEYS[2], string.format('%.17g', slot), 'PX', math.ceil((slot - now) / 1000) + tonumber(ARGV[3]))
-end
-return {now, slot}
-`)
+//go:embed spacer_slot.lua
+var spacerSlotLua string
+var pacerSlotScript = redis.NewScript(redisclock.Lua + spacerSlotLua)
 
 // Slot returns how long event id of scope must wait for its slot (0 when it
 // may go now), giving it the scope's next free slot unless it holds one.

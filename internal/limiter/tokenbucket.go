@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	_ "embed" // the scripts' Lua
 	"fmt"
 	"strconv"
 	"sync"
@@ -93,7 +94,8 @@ type Reservation struct {
 // crashed worker) lapses within two lengths.
 const inflightGen = 5 * time.Second
 
-// Reserve status codes of reserveScript.
+// Reserve status codes and modes of reserveScript (STATUS_* and MODE_* in
+// its Lua, see luaConstants).
 const (
 	statusDenied     = 0
 	statusAllowed    = 1
@@ -106,192 +108,15 @@ const (
 	modeState        = "s"
 )
 
-// reserveScript decides, in order, a batch of reservations on one scope: for
-// each, it checks every bucket, the penalty and the probe, and takes the cost
-// from all buckets or from none, as if each ran alone at the same instant.
-// Buckets refill at their learned rate (see bucketLua).
+// reserveScript decides, in order, a batch of reservations on one scope:
+// for each, it checks every bucket, the penalty and the probe, and takes
+// the cost from all buckets or from none, as if each ran alone at the same
+// instant (reserve.lua). Buckets refill at their learned rate (see
+// bucketLua); the scope's state is as stateLua lists.
 //
-// KEYS[1] -> the scope's hash (rkeys.LimiterScope), whose state (stateLua)
-// holds per bucket u:<name> the
-// tokens used and t:<name> when (µs), f0:<name> and f1:<name> what is
-// reserved and not yet reconciled in the in-flight generation g:<name> and
-// the one before, c:<name> all it ever took and k*:<name> that total a
-// moment ago (see lagLua in bucketLua), e:<name>, x:<name> and xt:<name> what it learned
-// (see bucketLua); pu penalty end, pid and pt the probe's reservation id
-// and deadline
-// ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> probe timeout in µs
-// ARGV[3] -> longest retry while a probe is in flight, in µs
-// ARGV[4] -> the number of bucket lists that follow, each: n, then n buckets
-// of name, limit, period in µs, burst window in µs (0: none)
-// then the reservations, each: its bucket list (1-based), mode ("r" reserve,
-// "h" reserve and hold in flight until reconciled,
-// "l" reserve for a lease, never the probe, "s" state: no writes), id, and
-// its cost in each bucket of its list
-// Returns {now, then per reservation: status, retry µs, held, then per
-// bucket: remaining, retry µs, reset µs, taken a moment before, taken just
-// before, what its pace lets out now (-1 when no burst bounds it)} where
-// status is 0
-// denied by a bucket, 1 allowed, 2 allowed as the probe, 3 denied by a
-// penalty, 4 denied while a probe is in flight; held is 1 when the retry is
-// the time until what reservations hold in flight lapses (which a reconcile
-// may free sooner), else 0; the totals taken (a moment before the
-// reservation, and just before it) are for Settle. A bucket's retry is when it
-// covers the cost if nothing is taken or reconciled meanwhile: its refill,
-// and the ends of the in-flight generations holding it back.
-var reserveScript = redis.NewScript(withConstants(redisclock.Lua + bucketLua + `
-local ceil, floor = math.ceil, math.floor
-local key = KEYS[1]
-local probe_timeout, probe_retry = tonumber(ARGV[2]), tonumber(ARGV[3])
-
-local st, old = load_state(key)
-local pu, pid, pt = tonumber(st.pu), st.pid, tonumber(st.pt)
-local new_probe = false
-
--- the bucket lists; used, cap and rate hold each bucket's level now and the
--- capacity and rate it refills with (those of the first list naming it),
--- fl its in-flight generations, base the level it refills from without the
--- floor of what is in flight (the level it is written with once taken from),
--- tk its total taken and lag that total a moment ago
--- burst the most it lets out at once and pace what it lets out now (nil:
--- no bound but its capacity)
-local lists, used, cap, rate, fl, base, tk, lag, burst, pace, prate = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-local a = 5
-for l = 1, tonumber(ARGV[4]) do
-  local n = tonumber(ARGV[a])
-  local names = {}
-  for i = 1, n do
-    local name, limit, period, bw = ARGV[a + 4 * i - 3], tonumber(ARGV[a + 4 * i - 2]), tonumber(ARGV[a + 4 * i - 1]), tonumber(ARGV[a + 4 * i])
-    names[i] = name
-    if not used[name] then
-      local b = load_bucket(st, name, limit, period, bw)
-      used[name], base[name], cap[name], rate[name], fl[name] = b.u, b.d, b.cap, b.rate, b.f
-      tk[name], lag[name], burst[name], pace[name], prate[name] = b.c, lag_of(st, name), b.burst, b.pace, b.pace_rate
-    end
-  end
-  lists[l] = {n, names}
-  a = a + 1 + 4 * n
-end
-
-local dirty, take = {}, false
-local out, o = {now}, 1
-local waits = {}
-while a <= #ARGV do
-  local list, mode = lists[tonumber(ARGV[a])], ARGV[a + 1]
-  local n, names = list[1], list[2]
-  local c0 = a + 2
-  -- retry is the longest wait; held the longest set by what is in flight,
-  -- exact the longest set by refill
-  local status, retry, held, exact = 1, 0, 0, 0
-  for i = 1, n do
-    local name = names[i]
-    local capa = cap[name]
-    -- a cost above what the bucket holds now (it learned a lower limit)
-    -- needs it empty
-    local cost = math.min(tonumber(ARGV[c0 + i]), capa)
-    -- a trillionth of the capacity absorbs float rounding
-    local tol = capa * 1e-12
-    local w, need = 0, base[name] + cost - capa
-    if need > tol then w = ceil(need / rate[name]) end
-    -- what is in flight stops holding the bucket back when its generation
-    -- and the next one are over
-    local f, wf = fl[name], 0
-    if f[2] + f[3] + cost - capa > tol then
-      wf = (f[1] + (f[2] + cost - capa > tol and 2 or 1)) * GEN - now
-    end
-    -- the pace holds the cost, or its whole burst for a cost above it
-    local p = pace[name]
-    if p then
-      local pneed = math.min(tonumber(ARGV[c0 + i]), burst[name]) - p
-      if pneed > tol then w = math.max(w, ceil(pneed / prate[name])) end
-    end
-    if wf > w then
-      w = wf
-      if w > held then held = w end
-    elseif w > exact then
-      exact = w
-    end
-    if w > 0 then status = 0 end
-    if w > retry then retry = w end
-    waits[i] = w
-  end
-  held = held > exact
-
-  if pu then
-    if pu > now then
-      status = 3
-      if pu - now >= retry then retry, held = pu - now, false end
-    elseif pid and pt and pt > now then
-      status = 4
-      local w = math.min(pt - now, probe_retry)
-      if w >= retry then retry, held = w, false end
-    elseif status == 1 and mode ~= 's' then
-      -- the penalty is over and no probe is in flight: this caller probes
-      if mode == 'l' then
-        status, retry = 4, probe_retry
-      else
-        status, pid, pt, new_probe = 2, ARGV[c0], now + probe_timeout, true
-      end
-    end
-  end
-
-  take = (status == 1 or status == 2) and mode ~= 's'
-  out[o + 1], out[o + 2], out[o + 3] = status, retry, held and 1 or 0
-  o = o + 3
-  for i = 1, n do
-    local name = names[i]
-    local u = used[name]
-    local pos = tk[name]
-    if take then
-      local cost = tonumber(ARGV[c0 + i])
-      if pace[name] then pace[name] = pace[name] - cost end
-      u = u + cost
-      used[name], base[name], dirty[name] = u, u, true
-      tk[name] = tk[name] + cost
-      if mode == 'h' then
-        local f = fl[name]
-        if f[1] == gen then f[2] = f[2] + cost else f[3] = f[3] + cost end
-      end
-    end
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = floor(cap[name] - u), waits[i], ceil(u / rate[name]), lag[name], pos
-    out[o + 6] = pace[name] and math.max(floor(pace[name]), 0) or -1
-    o = o + 6
-  end
-  a = c0 + n + 1
-end
-
-local args = {}
-for name in pairs(dirty) do
-  local f = fl[name]
-  put(args, 'u:' .. name, used[name])
-  put(args, 't:' .. name, now)
-  put(args, 'g:' .. name, f[1])
-  put(args, 'f0:' .. name, f[2])
-  put(args, 'f1:' .. name, f[3])
-  put(args, 'c:' .. name, tk[name])
-  put_lag(args, name, tk[name])
-  if pace[name] then
-    put(args, 'pace:' .. name, pace[name])
-    put(args, 'pace_t:' .. name, now)
-  end
-end
-if new_probe then
-  put(args, 'pid', pid)
-  put(args, 'pt', pt)
-end
-if #args > 0 then
-  -- the hash lives until every bucket is full, nothing is held in flight and
-  -- no penalty or probe is pending, and never less than it would already:
-  -- the other bucket lists of the scope may have used it
-  local ttl = 0
-  for name, u in pairs(used) do ttl = math.max(ttl, idle_after(u, rate[name], fl[name])) end
-  if pu then ttl = math.max(ttl, math.max(pu - now, 0) + probe_timeout) end
-  if pt then ttl = math.max(ttl, pt - now + probe_timeout) end
-  save_state(key, st, old, args, {})
-  extend_ttl(key, st, ttl)
-end
-return out
-`))
+//go:embed reserve.lua
+var reserveLua string
+var reserveScript = bucketScript(reserveLua)
 
 // Reserve takes cost from every bucket of scope, or from none: allowed only
 // when every bucket can cover it and the scope is not penalized. A cost above
@@ -360,25 +185,13 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 	return res
 }
 
-// penalizeScript blocks a scope until now + d, never shortening a penalty in
-// force, and cancels a probe in flight so that a new one follows.
+// penalizeScript blocks a scope until now + d, never shortening a penalty
+// in force, and cancels a probe in flight so that a new one follows
+// (penalize.lua).
 //
-// KEYS[1] -> the scope's hash (rkeys.LimiterScope)
-// ARGV[1] -> now in µs, or "" for Redis TIME
-// ARGV[2] -> the penalty in µs
-// ARGV[3] -> probe timeout in µs
-// Returns the end of the penalty in µs.
-var penalizeScript = redis.NewScript(redisclock.Lua + stateLua + `
-local key = KEYS[1]
-local st, old = load_state(key)
-local untl = now + tonumber(ARGV[2])
-local pu = tonumber(st.pu)
-if pu and pu > untl then untl = pu end
-save_state(key, st, old, {'pu', untl}, {'pid', 'pt'})
-local ttl = math.ceil((untl - now + tonumber(ARGV[3])) / 1000) + 1000
-if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-return untl
-`)
+//go:embed penalize.lua
+var penalizeLua string
+var penalizeScript = redis.NewScript(redisclock.Lua + stateLua + penalizeLua)
 
 // Penalize blocks scope for every caller in every process until Redis's now
 // plus d, after a provider's 429. It takes a duration, not the wall-clock

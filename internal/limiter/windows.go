@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	_ "embed" // the windows' shared Lua
 	"errors"
 	"fmt"
 	"strings"
@@ -90,15 +91,13 @@ func isAlgorithm(a Algorithm) bool {
 	return false
 }
 
-// luaExtend defines extend(key, ms): it sets key's expiry to ms unless the
-// key already lives longer. Sets of one scope name different windows, so a
-// call knows only its own windows' needs and must never shorten the
-// expiry another call's windows need.
-const luaExtend = `
-local function extend(k, ms)
-  if redis.call('PTTL', k) < ms then redis.call('PEXPIRE', k, ms) end
-end
-`
+// windowExtendLua defines extend(key, ms), which sets key's expiry to ms
+// unless the key already lives longer (window_extend.lua): a call knows
+// only its own windows' needs, and must never shorten the expiry another
+// call's windows need.
+//
+//go:embed window_extend.lua
+var windowExtendLua string
 
 // Windows checks WindowSets with any Algorithm: one script run (one round
 // trip) per Allow, every window of the set counted or none, so a denial by

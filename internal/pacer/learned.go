@@ -2,6 +2,7 @@ package pacer
 
 import (
 	"context"
+	_ "embed" // the script's Lua
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -27,10 +28,11 @@ import (
 // the observer say so, once per change.
 //
 // OpenAI's x-ratelimit-limit-requests and -tokens are per minute; they are
-// mapped to the rpm and tpm buckets. The -remaining-* headers are read by the
-// llm package and reported, but the buckets do not follow them: the provider
-// counts them at another moment than the limiter, and following them would
-// throttle on every reordering of concurrent calls.
+// mapped to the rpm and tpm buckets. The -remaining-* headers are not kept
+// here: Settle hands them to the limiter, whose settle script brings each
+// bucket down to what the provider said it had left, minus the calls it had
+// not counted yet, and learns from them how fast others drain the account
+// and whether the provider refunds (limiter.BucketLearning names each).
 type Learned struct {
 	rdb    redis.UniversalClient
 	keys   rkeys.Builder
@@ -173,20 +175,12 @@ func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit
 }
 
 // recordLearnedScript stores the limits a provider announced for one scope
-// and returns the ones stored before, so that of all the workers seeing a
-// change only the one that records it first reports it.
+// and returns the ones stored before, so that only the first worker to see
+// a change reports it (record_learned.lua).
 //
-// KEYS[1] -> the scope's learned limits (rkeys.LearnedLimits)
-// ARGV[1] -> announced requests per minute (0 = not announced)
-// ARGV[2] -> announced tokens per minute (0 = not announced)
-// ARGV[3] -> TTL in ms (LearnedTTL)
-// Returns {previous rpm, previous tpm}, each "" when there was none.
-var recordLearnedScript = redis.NewScript(`
-local old = redis.call("HMGET", KEYS[1], "rpm", "tpm")
-redis.call("HSET", KEYS[1], "rpm", ARGV[1], "tpm", ARGV[2])
-redis.call("PEXPIRE", KEYS[1], ARGV[3])
-return {old[1] or "", old[2] or ""}
-`)
+//go:embed record_learned.lua
+var recordLearnedLua string
+var recordLearnedScript = redis.NewScript(recordLearnedLua)
 
 // lowers reports whether an announced limit is below the policy's.
 func lowers(announced, policy int64) bool {

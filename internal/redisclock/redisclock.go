@@ -5,18 +5,18 @@
 package redisclock
 
 import (
+	_ "embed" // the clock prelude, clock.lua
 	"strconv"
 	"time"
 )
 
-// Lua starts a script: it sets the local now, in µs since the Unix epoch,
-// from ARGV[1] when that is a number, else from Redis TIME.
-const Lua = `local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-`
+// Lua starts a script (clock.lua): it sets the local now, in µs since the
+// Unix epoch, from ARGV[1] when that is a number, else from Redis TIME.
+// A script begins with it (after any constants of its own) and takes its
+// arguments from ARGV[2] on.
+//
+//go:embed clock.lua
+var Lua string
 
 // Arg is a script's ARGV[1]: clock's time in µs, or "" (Redis TIME) when
 // clock is nil.
