@@ -22,6 +22,7 @@ require (
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/tiktoken-go/tokenizer v0.10.0
 	go.uber.org/goleak v1.3.0
+	golang.org/x/sync v0.25.0
 	modernc.org/sqlite v1.62.0
 )
 
@@ -57,7 +58,6 @@ require (
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
-	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/term v0.44.0 // indirect
 	golang.org/x/text v0.44.0 // indirect

@@ -101,7 +101,7 @@ func settled(t *testing.T, a *apptest.App, ids []string) map[store.JobStatus][]*
 func runDeferredNow(t *testing.T, a *apptest.App) {
 	t.Helper()
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
-	q := a.Queue.Namespace().Queue(queue.Default)
+	q := a.Queue.Namespace().Queue(queue.Jobs)
 	if _, err := in.RunAllRetryTasks(q); err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func (c *shiftedClock) Add(d time.Duration) {
 func checkDeferred(t *testing.T, a *apptest.App, deferred []*store.Job, offset time.Duration) {
 	t.Helper()
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
-	tasks, err := in.ListRetryTasks(a.Queue.Namespace().Queue(queue.Default), asynq.PageSize(1000))
+	tasks, err := in.ListRetryTasks(a.Queue.Namespace().Queue(queue.Jobs), asynq.PageSize(1000))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,7 @@ func TestPremiumFlowsPastAFreeBacklog(t *testing.T) {
 	}
 	refs := make([]queue.JobRef, len(jobIDs))
 	for i, id := range jobIDs {
-		refs[i] = queue.JobRef{ID: id, Queue: queue.Low}
+		refs[i] = queue.JobRef{ID: id, Priority: queue.Low}
 	}
 	if _, err := a.Queue.EnqueueJobs(ctx, refs); err != nil {
 		t.Fatal(err)

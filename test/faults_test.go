@@ -22,6 +22,7 @@ import (
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -501,7 +502,7 @@ func TestSIGTERMGracePeriod(t *testing.T) {
 		if err != nil || j.Status.Terminal() || j.Attempts != 0 || j.Error != nil {
 			t.Fatalf("job %s after SIGTERM: %v, %d attempts, error %+v (%v); want it back in the queue, no attempt counted", id, j.Status, j.Attempts, j.Error, err)
 		}
-		info, err := inspector.GetTaskInfo(a.Queue.Namespace().Queue(j.Queue), id)
+		info, err := inspector.GetTaskInfo(a.Queue.Namespace().Queue(queue.Jobs), id)
 		if err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
 			t.Fatalf("task of job %s after SIGTERM: %+v, %v; want it pending with no retry counted", id, info, err)
 		}

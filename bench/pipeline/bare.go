@@ -8,12 +8,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/llmq/llmq/internal/testutil"
-
 	"github.com/hibiken/asynq"
 
 	"github.com/llmq/llmq/internal/ids"
-	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // bareTaskType is the baseline's task type.
@@ -55,7 +53,7 @@ func runBare(ctx context.Context, o *options, logger *slog.Logger) (*measurement
 	client := asynq.NewClientFromRedisClient(rdb)
 	enqueue := func(ctx context.Context, _ int) error {
 		id := ids.New(ids.Job)
-		payload, err := json.Marshal(queue.JobPayload{JobID: id})
+		payload, err := json.Marshal(map[string]string{"job_id": id})
 		if err != nil {
 			return err
 		}

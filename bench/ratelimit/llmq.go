@@ -98,7 +98,7 @@ func runLLMQ(ctx context.Context, o *options, sc scenario, mix *mix, bin string,
 		return nil, err
 	}
 	p := &producer{app: a, mix: mix, tenant: tenant.ID, target: 2 * o.Processes * o.Concurrency,
-		in: asynq.NewInspectorFromRedisClient(rdb), qname: a.Queue.Namespace().Queue(queue.Default)}
+		in: asynq.NewInspectorFromRedisClient(rdb), qname: a.Queue.Namespace().Queue(queue.Jobs)}
 	// The first jobs are stored before the workers start and enqueued once
 	// they all run, so the scenario's clock starts with every worker idle
 	// and the queue full at once.
@@ -244,7 +244,7 @@ func (p *producer) insert(ctx context.Context, n int) ([]queue.JobRef, error) {
 	}
 	refs := make([]queue.JobRef, len(ids))
 	for i, id := range ids {
-		refs[i] = queue.JobRef{ID: id, Queue: queue.Default}
+		refs[i] = queue.JobRef{ID: id, Priority: queue.Default}
 	}
 	return refs, nil
 }

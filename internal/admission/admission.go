@@ -88,11 +88,6 @@ type Request struct {
 	// Body is the request body as the client sent it; it goes to the
 	// provider untouched.
 	Body []byte
-	// Scope is the model's limiter scope (ScopeName).
-	Scope string
-	// Account is the tenant's budget account the worst case was checked
-	// against.
-	Account budget.Account
 }
 
 // Admit judges body for endpoint, for a tenant whose budget account is
@@ -105,7 +100,7 @@ func (e *Estimator) Admit(ctx context.Context, p *config.Policy, acct budget.Acc
 	if err := CheckBudget(acct, est.WorstCase); err != nil {
 		return nil, err
 	}
-	return &Request{Estimate: *est, Endpoint: endpoint, Body: body, Scope: ScopeName(est.Model), Account: acct}, nil
+	return &Request{Estimate: *est, Endpoint: endpoint, Body: body}, nil
 }
 
 // Fill writes what admission decided into the job's insert params: the
@@ -113,12 +108,6 @@ func (e *Estimator) Admit(ctx context.Context, p *config.Policy, acct budget.Acc
 func (r *Request) Fill(j *store.JobInsertParams) {
 	j.Endpoint, j.Model, j.Request = r.Endpoint, r.Model.Name, r.Body
 	j.EstPromptTokens, j.EstMaxTokens, j.EstCost = r.PromptTokens, r.MaxTokens, r.WorstCase
-}
-
-// Ref is the fair queue's reference of the job stored as id in queue q; share
-// is the tenant's tier's share (see JobRef).
-func (r *Request) Ref(id, q string, share float64) queue.JobRef {
-	return queue.JobRef{ID: id, Queue: q, TenantID: r.Account.TenantID, Cost: r.PromptTokens + r.MaxTokens, Share: share, Scope: r.Scope}
 }
 
 // Estimate validates body for endpoint under policy p and returns its
@@ -235,9 +224,10 @@ func JobRef(p *config.Policy, j *store.Job, share float64) queue.JobRef {
 	return Ref(p, j.ID, j.Queue, j.TenantID, j.Model, j.EstPromptTokens+j.EstMaxTokens, share)
 }
 
-// Ref is JobRef of a job known by its fields.
-func Ref(p *config.Policy, id, q, tenantID, model string, cost int64, share float64) queue.JobRef {
-	ref := queue.JobRef{ID: id, Queue: q, TenantID: tenantID, Cost: cost, Share: share}
+// Ref is JobRef of a job known by its fields: its id, priority, tenant and
+// model, and its estimated tokens (prompt + max_tokens).
+func Ref(p *config.Policy, id, priority, tenantID, model string, cost int64, share float64) queue.JobRef {
+	ref := queue.JobRef{ID: id, Priority: priority, TenantID: tenantID, Cost: cost, Share: share}
 	if m, ok := p.Model(model); ok {
 		ref.Scope = ScopeName(m)
 	}

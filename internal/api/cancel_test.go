@@ -15,7 +15,7 @@ func TestCancelledJobSendsItsWebhook(t *testing.T) {
 	_, key := a.Tenant("standard")
 	ctx := context.Background()
 	webhookTask := func(id string) queue.TaskState {
-		st, err := a.Inspector.JobTaskState(ctx, queue.Webhooks, "webhook:job:"+id)
+		st, err := a.Inspector.WebhookTaskState(ctx, "job", id)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,10 +40,6 @@ type createJobRequest struct {
 	Metadata   map[string]string `json:"metadata"`
 }
 
-// queueRank orders the job queues; a job may ask for a lower priority than
-// its tier's, never a higher one.
-var queueRank = map[string]int{queue.Critical: 3, queue.Default: 2, queue.Low: 1, queue.Batch: 0}
-
 func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	var req createJobRequest
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
@@ -63,7 +60,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
-	if _, err := s.Queue.EnqueueJob(r.Context(), admitted.Ref(job.ID, job.Queue, callerOf(r).tier.Share)); err != nil {
+	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(callerOf(r).policy, job, callerOf(r).tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
 	writeJSON(w, http.StatusAccepted, wire.Job(job))
@@ -141,11 +138,13 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 		return nil, badRequest("custom_id", "invalid_value", "custom_id must be valid UTF-8 of at most 512 bytes.")
 	}
 	if req.Priority != "" {
-		rank, ok := queueRank[req.Priority]
-		if !ok {
+		// A job may ask for its tier's priority or a lower one (later in
+		// queue.Priorities), never a higher one.
+		rank := slices.Index(queue.Priorities, req.Priority)
+		if rank < 0 {
 			return nil, badRequest("priority", "invalid_value", "priority must be critical, default, low or batch, got '%s'.", req.Priority)
 		}
-		if rank > queueRank[tier.Priority] {
+		if rank < slices.Index(queue.Priorities, tier.Priority) {
 			return nil, badRequest("priority", "priority_not_allowed",
 				"The %s tier runs at priority '%s'; a job may ask for that or lower, not '%s'.", tier.Name, tier.Priority, req.Priority)
 		}

@@ -373,7 +373,7 @@ func (a *App) Placement(id string) string {
 			return p
 		}
 	}
-	st, err := a.Inspector.JobTaskState(ctx, j.Queue, id)
+	st, err := a.Inspector.JobTaskState(ctx, id)
 	if err != nil {
 		a.t.Fatal(err)
 	}

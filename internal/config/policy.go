@@ -19,7 +19,7 @@ import (
 
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/money"
-	"github.com/llmq/llmq/internal/wire"
+	"github.com/llmq/llmq/internal/queue"
 )
 
 // Model kinds: what endpoint a model serves and whether it produces output
@@ -612,8 +612,8 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 	}
 	switch rt.Priority {
 	case "":
-		t.Priority = wire.PriorityDefault
-	case wire.PriorityCritical, wire.PriorityDefault, wire.PriorityLow:
+		t.Priority = queue.Default
+	case queue.Critical, queue.Default, queue.Low:
 	default:
 		return t, src.errorAt(path+".priority", "must be critical, default or low, got %q", rt.Priority)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/money"
-	"github.com/llmq/llmq/internal/wire"
+	"github.com/llmq/llmq/internal/queue"
 )
 
 // basePolicy is valid; each error case below changes one thing in it.
@@ -139,7 +139,7 @@ func TestParsePolicyDefaults(t *testing.T) {
 	if p.AuthFailureLimits != DefaultAuthFailureLimits || DefaultAuthFailureLimits != (APILimits{Minute: 20}) {
 		t.Errorf("AuthFailureLimits = %+v, want 20 a minute", p.AuthFailureLimits)
 	}
-	if in.SoftLimit != DefaultSoftLimit || in.Priority != wire.PriorityDefault || in.OnExhausted != OnExhaustedDefer || in.Timezone != time.UTC {
+	if in.SoftLimit != DefaultSoftLimit || in.Priority != queue.Default || in.OnExhausted != OnExhaustedDefer || in.Timezone != time.UTC {
 		t.Errorf("internal defaults: soft %v, priority %q, on_exhausted %q, tz %v",
 			in.SoftLimit, in.Priority, in.OnExhausted, in.Timezone)
 	}
@@ -243,7 +243,7 @@ func TestParsePolicyAnchors(t *testing.T) {
 	if m, _ := p.Model("text-embedding-3-small"); m.Limits.TPM != 200000 {
 		t.Errorf("aliased limits = %+v", m.Limits)
 	}
-	if tr, _ := p.Tier("internal"); !tr.Unlimited || tr.Priority != wire.PriorityLow {
+	if tr, _ := p.Tier("internal"); !tr.Unlimited || tr.Priority != queue.Low {
 		t.Errorf("merged tier = %+v", tr)
 	}
 }
@@ -582,9 +582,9 @@ func TestExamplePolicy(t *testing.T) {
 		onExh    string
 		rps      int64
 	}{
-		"free":     {1 * money.PerDollar, wire.PriorityLow, OnExhaustedReject, 2},
-		"standard": {50 * money.PerDollar, wire.PriorityDefault, OnExhaustedDefer, 50},
-		"premium":  {500 * money.PerDollar, wire.PriorityCritical, OnExhaustedDefer, 200},
+		"free":     {1 * money.PerDollar, queue.Low, OnExhaustedReject, 2},
+		"standard": {50 * money.PerDollar, queue.Default, OnExhaustedDefer, 50},
+		"premium":  {500 * money.PerDollar, queue.Critical, OnExhaustedDefer, 200},
 	}
 	for name, w := range want {
 		tr, ok := p.Tier(name)

@@ -188,8 +188,8 @@ func TestDashboardInABrowser(t *testing.T) {
 	}
 
 	// Queues and the last hour.
-	if got := text(t, ctx, `[data-queue="batch"] .pending`); got != "3" {
-		t.Errorf("batch queue pending %q, want 3", got)
+	if got := text(t, ctx, `[data-queue="jobs"] .pending`); got != "3" {
+		t.Errorf("jobs queue pending %q, want 3", got)
 	}
 	for tile, want := range map[string]string{"jobs": "4", "tokens": "4,800", "spend": "$1.00", "429": "25.0%"} {
 		if got := text(t, ctx, `[data-tile="`+tile+`"] .value`); got != want {
@@ -235,7 +235,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	}
 
 	// asynqmon loads its UI under the prefix and lists the queues.
-	q := f.a.Queue.Namespace().Queue(queue.Batch)
+	q := f.a.Queue.Namespace().Queue(queue.Jobs)
 	if err := chromedp.Do(ctx, chromedp.Navigate(f.url+"/monitoring/")); err != nil {
 		t.Fatalf("load /monitoring/: %v", err)
 	}

@@ -176,7 +176,7 @@ func seedBatch(t *testing.T, a *apptest.App, tenantID string) string {
 	}
 	// No worker runs: the other three wait in the batch queue.
 	for _, id := range ids[7:] {
-		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: id, Queue: queue.Batch}); err != nil {
+		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: id, Priority: queue.Batch}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -235,7 +235,7 @@ func TestAdminPagesNeedTheAdminToken(t *testing.T) {
 		t.Errorf("WWW-Authenticate = %q", r.Header.Get("WWW-Authenticate"))
 	}
 	// The monitor is read-only by default (LLMQ_MONITORING_READONLY).
-	q := f.a.Queue.Namespace().Queue(queue.Batch)
+	q := f.a.Queue.Namespace().Queue(queue.Jobs)
 	if r := get(t, "POST", f.url+"/monitoring/api/queues/"+q+":pause", basic(apptest.AdminToken)); r.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST pause through the monitor: %d, want 405", r.StatusCode)
 	}

@@ -91,9 +91,9 @@ type batchRow struct {
 }
 
 type waitingRow struct {
-	TenantID, Queue, Model string
-	Jobs                   int64
-	Oldest                 string
+	TenantID, Priority, Model string
+	Jobs                      int64
+	Oldest                    string
 }
 
 type queueRow struct {
@@ -165,7 +165,7 @@ func (s *Server) build(ctx context.Context) *view {
 		problem("the fair queues", err)
 	} else {
 		for _, w := range ws[:min(len(ws), 50)] {
-			v.Waiting = append(v.Waiting, waitingRow{TenantID: w.TenantID, Queue: w.Queue, Model: w.Model, Jobs: w.Jobs, Oldest: duration(w.OldestWait)})
+			v.Waiting = append(v.Waiting, waitingRow{TenantID: w.TenantID, Priority: w.Priority, Model: w.Model, Jobs: w.Jobs, Oldest: duration(w.OldestWait)})
 		}
 	}
 

@@ -147,8 +147,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.queued, err)
 	} else {
 		for _, w := range ws {
-			gauge(c.queued, float64(w.Jobs), w.TenantID, w.Queue, w.Model)
-			gauge(c.queuedAge, w.OldestWait.Seconds(), w.TenantID, w.Queue, w.Model)
+			gauge(c.queued, float64(w.Jobs), w.TenantID, w.Priority, w.Model)
+			gauge(c.queuedAge, w.OldestWait.Seconds(), w.TenantID, w.Priority, w.Model)
 		}
 	}
 }

@@ -145,7 +145,7 @@ func setup(t *testing.T) *scenario {
 
 	// Two jobs of the tenant wait in the model's fair queue.
 	for i := range 2 {
-		ref := queue.JobRef{ID: fmt.Sprintf("job_waiting%d", i), Queue: queue.Default, Scope: admission.ScopeName(m), TenantID: tenant, Cost: 100}
+		ref := queue.JobRef{ID: fmt.Sprintf("job_waiting%d", i), Priority: queue.Default, Scope: admission.ScopeName(m), TenantID: tenant, Cost: 100}
 		if _, err := a.Queue.EnqueueJob(ctx, ref); err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +298,7 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 		{"llmq_webhook_failures_total", map[string]string{"kind": "job", "reason": "http_5xx"}, 1},
 		{"llmq_webhook_deliveries_total", map[string]string{"kind": "job", "outcome": "delivered"}, 1},
 		{"llmq_workers", nil, 0},
-		{"asynq_queue_size", map[string]string{"queue": s.a.Queue.Namespace().Queue(queue.Default)}, 0},
+		{"asynq_queue_size", map[string]string{"queue": s.a.Queue.Namespace().Queue(queue.Jobs)}, 0},
 	}
 	for _, c := range checks {
 		if v := got[c.name].value(t, c.name, c.labels); v < c.want-1e-9 || v > c.want+1e-9 {

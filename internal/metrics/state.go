@@ -301,8 +301,8 @@ func (s *State) readBudget(ctx context.Context, p *config.Policy, t *store.Tenan
 // Waiting is what one tenant has waiting for a model at a priority in the
 // fair queue.
 type Waiting struct {
-	TenantID, Queue, Model string
-	Jobs                   int64
+	TenantID, Priority, Model string
+	Jobs                      int64
 	// OldestWait is how long its oldest waiting job has waited.
 	OldestWait time.Duration
 }
@@ -335,7 +335,7 @@ func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 				return nil, err
 			}
 			for _, w := range ws {
-				out = append(out, Waiting{TenantID: w.TenantID, Queue: w.Queue, Model: model, Jobs: w.Jobs, OldestWait: max(now.Sub(w.Oldest), 0)})
+				out = append(out, Waiting{TenantID: w.TenantID, Priority: w.Priority, Model: model, Jobs: w.Jobs, OldestWait: max(now.Sub(w.Oldest), 0)})
 			}
 		}
 		sort.SliceStable(out, func(i, j int) bool { return out[i].Jobs > out[j].Jobs })
@@ -358,7 +358,7 @@ func (s *State) Workers(ctx context.Context) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("list worker servers: %w", err)
 		}
-		ours := s.d.Namespace.Queue(queue.Default)
+		ours := s.d.Namespace.Queue(queue.Jobs)
 		type process struct {
 			host string
 			pid  int

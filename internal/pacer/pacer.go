@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
@@ -301,7 +301,7 @@ func (p *Pacer) Release(ctx context.Context, permit *limiter.Reservation) error 
 func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int) time.Duration {
 	wait, ok := pe.RateLimit.Delay()
 	if !ok {
-		wait = FullJitter(before, 500*time.Millisecond, 8*time.Second)
+		wait = queue.FullJitter(before, 500*time.Millisecond, 8*time.Second)
 	}
 	wait = min(wait, p.opts.MaxRateLimitWait)
 	if err := p.limiter.Penalize(ctx, c.Scope, wait); err != nil {
@@ -403,22 +403,4 @@ func blockWindows(c *Call, rl llm.RateLimit, short []string) []string {
 		}
 	}
 	return out
-}
-
-// FullJitter is exponential backoff with full jitter: a uniform random delay
-// in [0, min(limit, base·2ⁿ)], at least a tenth of base. Spreading retries over
-// the whole interval is what keeps many callers from retrying in step.
-func FullJitter(n int, base, limit time.Duration) time.Duration {
-	if n < 0 {
-		n = 0
-	}
-	ceil := limit
-	if n < 30 && base<<uint(n) < limit && base<<uint(n) > 0 {
-		ceil = base << uint(n)
-	}
-	d := time.Duration(rand.Int64N(int64(ceil) + 1))
-	if d < base/10 {
-		d = base / 10
-	}
-	return d
 }

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	_ "embed" // the scripts' Lua
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,23 +12,23 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/coalesce"
-	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/redisclock"
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
 // The fair queue holds the jobs waiting for a model (a limiter scope), one
-// FIFO list per priority and tenant, until the scheduler releases them into
-// asynq's queues, as fast as the model's limits admit them. Between
-// tenants of one priority it is start-time fair queuing counted in tokens:
-// each tenant's next job carries a start tag, its last finish tag or the
-// priority's virtual time if later, and the job with the lowest tag goes
-// first; a job advances its tenant's tag by its cost over the tenant's
-// share. Between priorities the same, weighted by the queues' weights, so
-// priorities keep the proportions asynq gives them. A tenant that starts
-// waiting starts at the virtual time: it neither waits behind another's
-// backlog nor gets credit for the time it was idle. docs/ARCHITECTURE.md
-// says why it is built this way.
+// FIFO list per priority and tenant. The scheduler releases them into the
+// jobs queue as fast as the model's limits admit them.
+//
+// Between the tenants of one priority it is start-time fair queuing,
+// counted in tokens. Each tenant's next job carries a start tag: the
+// tenant's last finish tag, or the priority's virtual time if that is
+// later. The job with the lowest tag goes first. A job moves its tenant's
+// tag on by its cost over the tenant's share. Between priorities it is the
+// same, with the priorities' weights as their shares. A tenant that starts
+// waiting starts at the virtual time: it does not wait behind another's
+// backlog, and gets no credit for the time it was idle.
+// docs/ARCHITECTURE.md says why it is built this way.
 
 // fairTTL is how long a scope's fair-queue state outlives its last job.
 // The lists and sets delete themselves when they empty; while jobs wait
@@ -43,282 +44,28 @@ var fairWeights = func() string {
 	return strings.Join(parts, ",")
 }()
 
-// fairPushScript adds jobs to a scope's fair queue, each once.
-//
-// KEYS[1] -> the scope's state (rkeys.FairState)
-// KEYS[2] -> its priorities with work (rkeys.FairClasses)
-// KEYS[3] -> its job ids waiting or released (rkeys.FairMembers)
-// ARGV[1] -> now (redisclock.Arg)
-// ARGV[2] -> the prefix of its per-priority and per-tenant keys (rkeys.FairQueue)
-// ARGV[3] -> the state's TTL in ms
-// then per job: id, priority, tenant, cost in tokens, the tenant's share
-// ("" keeps the one known)
-// Returns per job 1 when it was added, 0 when it was already waiting or
-// released.
-var fairPushScript = redis.NewScript(redisclock.Lua + `
-local st, classes, members, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[2]
-local at = string.format('%d', math.floor(now / 1000))
--- what the jobs add is gathered and written once a list, count and field
-local added, lists, order, counts, fields, seenT, seenC = {}, {}, {}, {}, {}, {}, {}
-for i = 4, #ARGV, 5 do
-  local id, class, tenant, cost, share = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  added[#added + 1] = 0
-  if redis.call('SADD', members, id) == 1 then
-    added[#added] = 1
-    local ct = class .. ':' .. tenant
-    local list = prefix .. 'list:' .. ct
-    if not lists[list] then lists[list] = {}; order[#order + 1] = list end
-    local l = lists[list]
-    l[#l + 1] = id .. '|' .. cost .. '|' .. at
-    if share ~= '' then fields['s:' .. tenant] = share end
-    counts['n:' .. ct] = (counts['n:' .. ct] or 0) + 1
-    fields['w:' .. id] = ct
-    -- a tenant (or priority) that starts waiting starts at the virtual
-    -- time, or after its last finish if that is later
-    if not seenT[ct] then
-      seenT[ct] = true
-      local tenants = prefix .. 'tenants:' .. class
-      if not redis.call('ZSCORE', tenants, tenant) then
-        local vf = redis.call('HMGET', st, 'v:' .. class, 'f:' .. ct)
-        redis.call('ZADD', tenants, math.max(tonumber(vf[1]) or 0, tonumber(vf[2]) or 0), tenant)
-      end
-    end
-    if not seenC[class] then
-      seenC[class] = true
-      if not redis.call('ZSCORE', classes, class) then
-        local vf = redis.call('HMGET', st, 'vc', 'fc:' .. class)
-        redis.call('ZADD', classes, math.max(tonumber(vf[1]) or 0, tonumber(vf[2]) or 0), class)
-      end
-    end
-  end
-end
-for _, list in ipairs(order) do redis.call('RPUSH', list, unpack(lists[list])) end
-for k, n in pairs(counts) do redis.call('HINCRBY', st, k, n) end
-local args = {}
-for k, v in pairs(fields) do local n = #args; args[n + 1], args[n + 2] = k, v end
-if #args > 0 then redis.call('HSET', st, unpack(args)) end
-redis.call('PEXPIRE', st, ARGV[3])
-return added
-`)
+// The fair queue's scripts, each in its .lua file with its KEYS and ARGV.
+var (
+	//go:embed fair_push.lua
+	fairPushLua    string
+	fairPushScript = redis.NewScript(redisclock.Lua + fairPushLua)
 
-// fairReleaseScript takes from a scope's fair queue, in fair order, the jobs
-// the scope's limits have room for, and counts them released.
-//
-// KEYS[1] -> the scope's state (rkeys.FairState)
-// KEYS[2] -> its priorities with work (rkeys.FairClasses)
-// KEYS[3] -> its job ids waiting or released (rkeys.FairMembers)
-// KEYS[4] -> its released jobs not yet started (rkeys.FairOut)
-// ARGV[1] -> now (redisclock.Arg)
-// ARGV[2] -> the prefix of its per-priority and per-tenant keys
-// ARGV[3] -> the state's TTL in ms
-// ARGV[4] -> the tokens the limits have room for (before what is released
-// and not yet started), or "inf"
-// ARGV[5] -> the requests they have room for, likewise
-// ARGV[6] -> the most jobs released and not yet started
-// ARGV[7] -> what the limiter counts per token of a job's cost (its prompt
-// calibration, roughly)
-// ARGV[8] -> "1" to release the next job even if it does not fit, when none
-// is released and not started (a job larger than the room there can be)
-// ARGV[9] -> the priorities' weights, "name=w,..."
-// Returns {1 when no job waits any more, else 0, then per released job: id,
-// priority, tenant, cost, ms it waited}.
-var fairReleaseScript = redis.NewScript(redisclock.Lua + `
-local st, classes, members, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local prefix, nowms = ARGV[2], math.floor(now / 1000)
-local tokens, reqs = tonumber(ARGV[4]) or math.huge, tonumber(ARGV[5]) or math.huge
-local maxout, factor, force = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
-local weights = {}
-for name, w in string.gmatch(ARGV[9], '([^=,]+)=([^,]+)') do weights[name] = tonumber(w) end
+	//go:embed fair_release.lua
+	fairReleaseLua    string
+	fairReleaseScript = redis.NewScript(redisclock.Lua + fairReleaseLua)
 
-local outn = redis.call('ZCARD', out)
-tokens = tokens - (tonumber(redis.call('HGET', st, 'outsum')) or 0)
-reqs = reqs - outn
-local res = {0}
+	//go:embed fair_forget.lua
+	fairForgetLua    string
+	fairForgetScript = redis.NewScript(fairForgetLua)
 
--- What the released jobs change is gathered and written at the end: the
--- loop reads none of it. fields are the state's fields set (the last
--- value of each), counts the waiting counts' decrements.
-local fields, counts, gone, outs, outsum = {}, {}, {}, {}, 0
+	//go:embed fair_stale.lua
+	fairStaleLua    string
+	fairStaleScript = redis.NewScript(redisclock.Lua + fairStaleLua)
 
--- The job with the lowest tag goes first: that of the head of the lowest
--- tenant of the lowest priority (both sorted sets order equal tags by
--- name). A run takes the jobs of one tenant in a row while its tag and
--- its priority's stay below the next tenant's and the next priority's;
--- the sets are written when it ends, the list trimmed by what it took.
--- at most this many entries a call (released, or cancelled jobs dropped
--- as they come up): the writes stay within what unpack takes
-local budget = 1000
-local chunk = 64
-local stop = false
-while not stop and budget > 0 and outn < maxout do
-  local c = redis.call('ZRANGE', classes, 0, 1, 'WITHSCORES')
-  if #c == 0 then break end
-  local class, ctag = c[1], tonumber(c[2])
-  local cnext = tonumber(c[4])
-  local tenants = prefix .. 'tenants:' .. class
-  local t = redis.call('ZRANGE', tenants, 0, 1, 'WITHSCORES')
-  if #t == 0 then
-    redis.call('ZREM', classes, class)
-  else
-    local tenant, ttag = t[1], tonumber(t[2])
-    local tnext = tonumber(t[4])
-    local ct = class .. ':' .. tenant
-    local list = prefix .. 'list:' .. ct
-    local share = tonumber(redis.call('HGET', st, 's:' .. tenant)) or 1
-    local weight = weights[class] or 1
-    -- taken: entries of the list the run took (released, or cancelled and
-    -- dropped); fetched: entries read; short: the last read was its end
-    local taken, fetched, short, released = 0, 0, false, false
-    local run = true
-    while run do
-      local heads = redis.call('LRANGE', list, fetched, fetched + chunk - 1)
-      fetched, short = fetched + #heads, #heads < chunk
-      if short then run = false end
-      for k = 1, #heads do
-        if budget <= 0 or outn >= maxout then run, stop = false, true; break end
-        budget = budget - 1
-        local head = heads[k]
-        local a, b = string.find(head, '|', 1, true)
-        local c2 = string.find(head, '|', b + 1, true)
-        local id, cost, at = string.sub(head, 1, a - 1), tonumber(string.sub(head, b + 1, c2 - 1)), tonumber(string.sub(head, c2 + 1))
-        local member = redis.call('SISMEMBER', members, id) == 1
-        if member and (cost * factor > tokens or reqs < 1) and not (force and outn == 0) then
-          run, stop = false, true
-          break
-        end
-        taken = taken + 1
-        if member then
-          gone[#gone + 1] = 'w:' .. id
-          counts['n:' .. ct] = (counts['n:' .. ct] or 0) + 1
-          tokens, reqs, outn = tokens - cost * factor, reqs - 1, outn + 1
-          local f = ttag + cost / share
-          local fc = ctag + cost / weight
-          fields['v:' .. class], fields['f:' .. ct] = ttag, f
-          fields['vc'], fields['fc:' .. class] = ctag, fc
-          fields['o:' .. id] = (cost * factor) .. '|' .. class
-          outsum = outsum + cost * factor
-          local n = #outs
-          outs[n + 1], outs[n + 2] = nowms, id
-          n = #res
-          res[n + 1], res[n + 2], res[n + 3], res[n + 4], res[n + 5] = id, class, tenant, cost, nowms - at
-          -- the next job of the tenant, and of the priority, start where
-          -- this one finishes
-          ttag, ctag, released = f, fc, true
-          -- another tenant or priority is next: the run ends
-          if (tnext and ttag >= tnext) or (cnext and ctag >= cnext) then
-            run = false
-            break
-          end
-        end
-      end
-    end
-    -- the list is empty when the run took all it read, and read its end
-    -- (or nothing follows)
-    local empty = taken == fetched and (short or redis.call('LLEN', list) == taken)
-    if taken > 0 then redis.call('LTRIM', list, taken, -1) end
-    if empty then
-      redis.call('ZREM', tenants, tenant)
-    elseif released then
-      redis.call('ZADD', tenants, ttag, tenant)
-    end
-    if empty and not tnext then
-      redis.call('ZREM', classes, class)
-    else
-      redis.call('ZADD', classes, ctag, class)
-    end
-  end
-end
-local args = {}
-for k, v in pairs(fields) do local n = #args; args[n + 1], args[n + 2] = k, v end
-if #args > 0 then redis.call('HSET', st, unpack(args)) end
-for k, n in pairs(counts) do redis.call('HINCRBY', st, k, -n) end
-if #gone > 0 then redis.call('HDEL', st, unpack(gone)) end
-if #outs > 0 then redis.call('ZADD', out, unpack(outs)) end
-if outsum ~= 0 then redis.call('HINCRBYFLOAT', st, 'outsum', outsum) end
-if redis.call('ZCARD', classes) == 0 then res[1] = 1 end
-redis.call('PEXPIRE', st, ARGV[3])
-return res
-`)
-
-// fairForgetScript forgets a job: a worker has its permit, or it was
-// cancelled. A waiting job is dropped from its tenant's count at once (its
-// place in the list when its turn comes); a released one stops counting as
-// released.
-//
-// KEYS[1] -> the scope's state
-// KEYS[2] -> its job ids waiting or released
-// KEYS[3] -> its released jobs not yet started
-// ARGV[i] -> the job ids
-// Returns how many of them were released and not yet started.
-var fairForgetScript = redis.NewScript(`
-local st, n = KEYS[1], 0
--- the ids' fields, read at once; the state's changes written at once
-local f = {}
-for i, id in ipairs(ARGV) do f[2 * i - 1], f[2 * i] = 'w:' .. id, 'o:' .. id end
-local v = redis.call('HMGET', st, unpack(f))
-local counts, gone, outsum = {}, {}, 0
-for i, id in ipairs(ARGV) do
-  if redis.call('SREM', KEYS[2], id) == 1 then
-    local w = v[2 * i - 1]
-    if w then
-      counts[w] = (counts[w] or 0) + 1
-      gone[#gone + 1] = 'w:' .. id
-    end
-  end
-  if redis.call('ZREM', KEYS[3], id) == 1 then
-    n = n + 1
-    local o = v[2 * i]
-    if o then
-      outsum = outsum + tonumber(string.match(o, '^[^|]+'))
-      gone[#gone + 1] = 'o:' .. id
-    end
-  end
-end
-for w, c in pairs(counts) do redis.call('HINCRBY', st, 'n:' .. w, -c) end
-if #gone > 0 then redis.call('HDEL', st, unpack(gone)) end
-if outsum ~= 0 then redis.call('HINCRBYFLOAT', st, 'outsum', -outsum) end
-return n
-`)
-
-// fairStaleScript lists the jobs released long ago and not yet started.
-//
-// KEYS[1] -> the scope's state
-// KEYS[2] -> its released jobs not yet started
-// ARGV[1] -> now (redisclock.Arg)
-// ARGV[2] -> how long ago in ms a job was released at the latest
-// ARGV[3] -> the most jobs to list
-// Returns {per job: id, its state's o: field or ""}, oldest first.
-var fairStaleScript = redis.NewScript(redisclock.Lua + `
-local max = string.format('%d', math.floor(now / 1000) - tonumber(ARGV[2]))
-local res = {}
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', max, 'LIMIT', 0, tonumber(ARGV[3]))) do
-  res[#res + 1], res[#res + 2] = id, redis.call('HGET', KEYS[1], 'o:' .. id) or ''
-end
-return res
-`)
-
-// fairWaitingScript reads what waits in a scope's fair queue.
-//
-// KEYS[1] -> the scope's state
-// KEYS[2] -> its priorities with work
-// KEYS[3] -> its released jobs not yet started
-// ARGV[1] -> the prefix of its per-priority and per-tenant keys
-// Returns {released and not started, then per priority and tenant with
-// work: priority, tenant, jobs waiting, when the oldest was queued (ms)}.
-var fairWaitingScript = redis.NewScript(`
-local out = {redis.call('ZCARD', KEYS[3])}
-for _, class in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  for _, tenant in ipairs(redis.call('ZRANGE', ARGV[1] .. 'tenants:' .. class, 0, -1)) do
-    local head = redis.call('LINDEX', ARGV[1] .. 'list:' .. class .. ':' .. tenant, 0)
-    local at = 0
-    if head then at = tonumber(string.match(head, '([^|]+)$')) end
-    local k = #out
-    out[k + 1], out[k + 2], out[k + 4] = class, tenant, at
-    out[k + 3] = tonumber(redis.call('HGET', KEYS[1], 'n:' .. class .. ':' .. tenant)) or 0
-  end
-end
-return out
-`)
+	//go:embed fair_waiting.lua
+	fairWaitingLua    string
+	fairWaitingScript = redis.NewScript(fairWaitingLua)
+)
 
 // fair is a Client's fair queue; nil when the client has no Redis client.
 type fair struct {
@@ -413,7 +160,7 @@ func (f *fair) pushAll(ctx context.Context, scope string, refs []JobRef) ([]bool
 			if r.Share > 0 {
 				share = strconv.FormatFloat(r.Share, 'g', -1, 64)
 			}
-			args = append(args, r.ID, r.Queue, r.TenantID, max(r.Cost, 1), share)
+			args = append(args, r.ID, r.Priority, r.TenantID, max(r.Cost, 1), share)
 		}
 		refs = refs[n:]
 		var (
@@ -489,8 +236,8 @@ type Room struct {
 
 // Released is a job the fair queue released into asynq's queue.
 type Released struct {
-	ID, Queue, TenantID string
-	Cost                int64
+	ID, Priority, TenantID string
+	Cost                   int64
 	// Waited is how long it waited in the fair queue.
 	Waited time.Duration
 }
@@ -541,21 +288,19 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		tenant, _ := v[i+2].(string)
 		cost, _ := v[i+3].(int64)
 		waited, _ := v[i+4].(int64)
-		released = append(released, Released{ID: id, Queue: q, TenantID: tenant, Cost: cost, Waited: time.Duration(waited) * time.Millisecond})
+		released = append(released, Released{ID: id, Priority: q, TenantID: tenant, Cost: cost, Waited: time.Duration(waited) * time.Millisecond})
 	}
 	// The script took these jobs: their tasks are enqueued even when the
 	// caller stops meanwhile (a process shutting down), or they would wait
 	// for RequeueStale.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	// The tasks are independent: their enqueues go in one round trip.
-	enqueued, errs := make([]bool, len(released)), make([]error, len(released))
-	steps := make([]func(context.Context), len(released))
+	refs := make([]JobRef, len(released))
 	for i, r := range released {
-		steps[i] = func(ctx context.Context) { enqueued[i], errs[i] = c.enqueueTask(ctx, JobRef{ID: r.ID, Queue: r.Queue}) }
+		refs[i] = JobRef{ID: r.ID, Priority: r.Priority}
 	}
-	redisbatch.Run(ectx, steps...)
-	if err := errors.Join(errs...); err != nil {
+	enqueued, err := c.enqueueTasks(ectx, refs)
+	if err != nil {
 		// Those left released are enqueued again by RequeueStale.
 		return released, false, err
 	}
@@ -671,7 +416,7 @@ func (c *Client) RequeueStale(ctx context.Context, scope string, age time.Durati
 		if !ok || !ValidPriority(q) {
 			q = Default
 		}
-		if _, err := c.enqueueTask(ctx, JobRef{ID: id, Queue: q}); err != nil {
+		if _, err := c.enqueueTask(ctx, JobRef{ID: id, Priority: q}); err != nil {
 			return i / 2, err
 		}
 		// The task exists now: the job counts as started, whatever the
@@ -685,8 +430,8 @@ func (c *Client) RequeueStale(ctx context.Context, scope string, age time.Durati
 
 // TenantWaiting is what one tenant has waiting for a model at a priority.
 type TenantWaiting struct {
-	Queue, TenantID string
-	Jobs            int64
+	Priority, TenantID string
+	Jobs               int64
 	// Oldest is when its oldest waiting job was queued.
 	Oldest time.Time
 }
@@ -713,7 +458,7 @@ func (c *Client) Waiting(ctx context.Context, scope string) ([]TenantWaiting, in
 		tenant, _ := v[i+1].(string)
 		n, _ := v[i+2].(int64)
 		at, _ := v[i+3].(int64)
-		ws = append(ws, TenantWaiting{Queue: q, TenantID: tenant, Jobs: n, Oldest: time.UnixMilli(at)})
+		ws = append(ws, TenantWaiting{Priority: q, TenantID: tenant, Jobs: n, Oldest: time.UnixMilli(at)})
 	}
 	return ws, out, nil
 }

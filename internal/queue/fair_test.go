@@ -47,7 +47,7 @@ func push(t *testing.T, c *Client, tenant, q string, n int, cost int64, share fl
 	ids := make([]string, n)
 	for i := range refs {
 		ids[i] = fmt.Sprintf("job_%s_%s_%d", tenant, q, i)
-		refs[i] = JobRef{ID: ids[i], Queue: q, Scope: scope, TenantID: tenant, Cost: cost, Share: share}
+		refs[i] = JobRef{ID: ids[i], Priority: q, Scope: scope, TenantID: tenant, Cost: cost, Share: share}
 	}
 	added, err := c.EnqueueJobs(context.Background(), refs)
 	if err != nil || added != n {
@@ -104,7 +104,7 @@ func TestFairQueueIsolatesTenants(t *testing.T) {
 		t.Fatalf("B got %d of the next 10 releases, want all 5 of its jobs: %v", b, rel)
 	}
 	// Released jobs have their task; the rest wait.
-	if st, _ := in.JobTaskState(context.Background(), Default, "job_b_default_0"); st != TaskPending {
+	if st, _ := in.JobTaskState(context.Background(), "job_b_default_0"); st != TaskPending {
 		t.Fatalf("released job's task is %s", st)
 	}
 	if p, _ := c.Placement(context.Background(), scope, "job_a_default_199"); p != "waiting" {
@@ -151,7 +151,7 @@ func TestFairQueueWeighsPriorities(t *testing.T) {
 	push(t, c, "a", Low, 1000, 100, 1)
 	byQueue := map[string]int64{}
 	for _, r := range release(t, c, Room{Tokens: 50_000, Requests: math.Inf(1), MaxOutstanding: 1 << 20}) {
-		byQueue[r.Queue] += r.Cost
+		byQueue[r.Priority] += r.Cost
 	}
 	if r := float64(byQueue[Critical]) / float64(byQueue[Low]); math.Abs(r/4-1) > 0.05 {
 		t.Fatalf("released %v: critical/low = %.2f, want 4 (weights 8:2)", byQueue, r)
@@ -216,7 +216,7 @@ func TestFairQueueForceCancelAndOnce(t *testing.T) {
 	if len(rel) != 1 || rel[0].ID != "job_a_default_2" {
 		t.Fatalf("released %+v, want job_a_default_2 only (1 was cancelled)", rel)
 	}
-	if ok, err := c.EnqueueJob(ctx, JobRef{ID: "job_a_default_2", Queue: Default, Scope: scope, TenantID: "a", Cost: 1}); err != nil || ok {
+	if ok, err := c.EnqueueJob(ctx, JobRef{ID: "job_a_default_2", Priority: Default, Scope: scope, TenantID: "a", Cost: 1}); err != nil || ok {
 		t.Fatalf("a released job enqueued again: %v, %v", ok, err)
 	}
 	ws, out, err := c.Waiting(ctx, scope)
@@ -248,13 +248,13 @@ func TestFairQueueWaitingAndStale(t *testing.T) {
 		t.Fatalf("released %d", len(rel))
 	}
 	// The task was lost between the release and the enqueue.
-	if err := in.in.DeleteTask(c.Namespace().Queue(rel[0].Queue), rel[0].ID); err != nil {
+	if err := in.in.DeleteTask(c.Namespace().Queue(Jobs), rel[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := c.RequeueStale(ctx, scope, 0); err != nil || n != 1 {
 		t.Fatalf("RequeueStale = %d, %v", n, err)
 	}
-	if st, _ := in.JobTaskState(ctx, rel[0].Queue, rel[0].ID); st != TaskPending {
+	if st, _ := in.JobTaskState(ctx, rel[0].ID); st != TaskPending {
 		t.Fatalf("stale job's task is %s, want pending again", st)
 	}
 	if _, out, _ := c.Waiting(ctx, scope); out != 0 {
@@ -282,7 +282,7 @@ func TestFairQueueClock(t *testing.T) {
 	if len(rel) != 1 || rel[0].Waited != 3*time.Second {
 		t.Fatalf("released %+v, want one that waited 3s", rel)
 	}
-	if err := in.in.DeleteTask(c.Namespace().Queue(rel[0].Queue), rel[0].ID); err != nil {
+	if err := in.in.DeleteTask(c.Namespace().Queue(Jobs), rel[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(29 * time.Second)
@@ -293,7 +293,7 @@ func TestFairQueueClock(t *testing.T) {
 	if n, err := c.RequeueStale(ctx, scope, 30*time.Second); err != nil || n != 1 {
 		t.Fatalf("RequeueStale after 31s = %d, %v; want 1", n, err)
 	}
-	if st, _ := in.JobTaskState(ctx, rel[0].Queue, rel[0].ID); st != TaskPending {
+	if st, _ := in.JobTaskState(ctx, rel[0].ID); st != TaskPending {
 		t.Fatalf("stale job's task is %s, want pending again", st)
 	}
 }
@@ -307,7 +307,7 @@ func TestFairQueueOnACluster(t *testing.T) {
 	ctx := context.Background()
 	var refs []JobRef
 	for i := range 20 {
-		refs = append(refs, JobRef{ID: fmt.Sprintf("job_%d", i), Queue: Default, Scope: scope, TenantID: fmt.Sprintf("t%d", i%3), Cost: 10})
+		refs = append(refs, JobRef{ID: fmt.Sprintf("job_%d", i), Priority: Default, Scope: scope, TenantID: fmt.Sprintf("t%d", i%3), Cost: 10})
 	}
 	if n, err := f.push(ctx, scope, refs); err != nil || n != 20 {
 		t.Fatalf("push on a cluster: %d, %v", n, err)

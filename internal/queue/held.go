@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	_ "embed" // the scripts' Lua
 	"fmt"
 	"time"
 
@@ -15,60 +16,20 @@ import (
 // into that room, so the request gets the next permit the buckets can give
 // ahead of every async job still waiting (docs/ARCHITECTURE.md).
 
-// holdScript records (or renews) a hold.
-//
-// KEYS[1] -> the scope's holds (rkeys.FairHeld)
-// ARGV[1] -> now (redisclock.Arg)
-// ARGV[2] -> the hold's id
-// ARGV[3] -> its TTL in ms
-// ARGV[4] -> tokens, ARGV[5] -> requests, ARGV[6] -> the request's priority
-// weight (a higher one goes first)
-// Returns 1.
-var holdScript = redis.NewScript(redisclock.Lua + `
-local ttl = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[2], string.format('%d %s %s %s', math.floor(now / 1000) + ttl, ARGV[4], ARGV[5], ARGV[6]))
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-return 1
-`)
+// The holds' scripts, each in its .lua file with its KEYS and ARGV.
+var (
+	//go:embed hold.lua
+	holdLua    string
+	holdScript = redis.NewScript(redisclock.Lua + holdLua)
 
-// heldScript sums the holds in force, dropping the expired ones.
-//
-// KEYS[1] -> the scope's holds (rkeys.FairHeld)
-// ARGV[1] -> now (redisclock.Arg)
-// Returns {tokens, requests} held, as strings.
-var heldScript = redis.NewScript(redisclock.Lua + `
-local h = redis.call('HGETALL', KEYS[1])
-local tokens, requests, ms = 0, 0, math.floor(now / 1000)
-for i = 1, #h, 2 do
-  local exp, t, r = string.match(h[i + 1], '^(%d+) (%d+) (%d+) %d+$')
-  if exp == nil or tonumber(exp) <= ms then
-    redis.call('HDEL', KEYS[1], h[i])
-  else
-    tokens, requests = tokens + tonumber(t), requests + tonumber(r)
-  end
-end
-return {tostring(tokens), tostring(requests)}
-`)
+	//go:embed held.lua
+	heldLua    string
+	heldScript = redis.NewScript(redisclock.Lua + heldLua)
 
-// aboveScript reports whether a hold in force outranks a priority.
-//
-// KEYS[1] -> the scope's holds (rkeys.FairHeld)
-// ARGV[1] -> now (redisclock.Arg)
-// ARGV[2] -> a priority's weight
-// Returns 1 if a hold in force has a higher weight, else 0.
-var aboveScript = redis.NewScript(redisclock.Lua + `
-local h = redis.call('HVALS', KEYS[1])
-local ms, w = math.floor(now / 1000), tonumber(ARGV[2])
-for i = 1, #h do
-  local exp, pw = string.match(h[i], '^(%d+) %d+ %d+ (%d+)$')
-  if exp ~= nil and tonumber(exp) > ms and tonumber(pw) > w then
-    return 1
-  end
-end
-return 0
-`)
+	//go:embed held_above.lua
+	heldAboveLua    string
+	heldAboveScript = redis.NewScript(redisclock.Lua + heldAboveLua)
+)
 
 // Hold keeps tokens and requests of scope's room for the synchronous request
 // id of priority (a queue name) for ttl, until Unhold.
@@ -86,7 +47,7 @@ func (c *Client) HeldAbove(ctx context.Context, scope, priority string) (bool, e
 	if c.fair == nil {
 		return false, nil
 	}
-	n, err := aboveScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)}, redisclock.Arg(nil), weights[priority]).Int()
+	n, err := heldAboveScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)}, redisclock.Arg(nil), weights[priority]).Int()
 	return n == 1, err
 }
 

@@ -36,8 +36,8 @@ type QueueStat struct {
 	Paused    bool          `json:"paused"`
 }
 
-// QueueStats returns the state of every llmq queue of the namespace, highest
-// weight first. A queue that never held a task shows as empty.
+// QueueStats returns the state of every llmq queue of the namespace. A
+// queue that never held a task shows as empty.
 func (i *Inspector) QueueStats(ctx context.Context) ([]QueueStat, error) {
 	existing, err := i.in.Queues()
 	if err != nil {
@@ -48,11 +48,11 @@ func (i *Inspector) QueueStats(ctx context.Context) ([]QueueStat, error) {
 		known[q] = true
 	}
 	var out []QueueStat
-	for _, q := range i.ns.Queues() {
+	for _, name := range queueNames {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		name, _ := i.ns.Name(q)
+		q := i.ns.Queue(name)
 		if !known[q] {
 			out = append(out, QueueStat{Name: name})
 			continue
@@ -84,10 +84,19 @@ const (
 	TaskCompleted TaskState = "completed"
 )
 
-// JobTaskState returns the state of the task of job id in the queue it was
-// enqueued to.
-func (i *Inspector) JobTaskState(ctx context.Context, queue, id string) (TaskState, error) {
-	t, err := i.JobTask(ctx, queue, id)
+// JobTaskState returns the state of the task of job id.
+func (i *Inspector) JobTaskState(ctx context.Context, id string) (TaskState, error) {
+	t, err := i.task(Jobs, id)
+	if err != nil {
+		return "", err
+	}
+	return t.State, nil
+}
+
+// WebhookTaskState returns the state of the task delivering the webhook of
+// the job or batch (kind "job" or "batch") id.
+func (i *Inspector) WebhookTaskState(ctx context.Context, kind, id string) (TaskState, error) {
+	t, err := i.task(Webhooks, webhookTaskID(kind, id))
 	if err != nil {
 		return "", err
 	}
@@ -113,32 +122,37 @@ func (t *Task) DiedWithWorker() bool {
 	return strings.Contains(t.LastErr, asynq.ErrLeaseExpired.Error())
 }
 
-// JobTask returns the task of job id in the queue it was enqueued to, with
-// State TaskMissing when Redis holds none.
-func (i *Inspector) JobTask(ctx context.Context, queue, id string) (*Task, error) {
-	info, err := i.in.GetTaskInfo(i.ns.Queue(queue), id)
+// JobTask returns the task of job id, with State TaskMissing when Redis
+// holds none.
+func (i *Inspector) JobTask(ctx context.Context, id string) (*Task, error) {
+	return i.task(Jobs, id)
+}
+
+// task returns the task id of the llmq queue q.
+func (i *Inspector) task(q, id string) (*Task, error) {
+	info, err := i.in.GetTaskInfo(i.ns.Queue(q), id)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
 		return &Task{State: TaskMissing}, nil
 	case err != nil:
-		return nil, fmt.Errorf("task %s in %s: %w", id, queue, err)
+		return nil, fmt.Errorf("task %s: %w", id, err)
 	}
 	return &Task{State: TaskState(info.State.String()), Retried: info.Retried, MaxRetry: info.MaxRetry, LastErr: info.LastErr}, nil
 }
 
-// ArchivedJobIDs returns the ids of the jobs whose task asynq archived in
-// the job queue (Critical, Default, Low or Batch), oldest first. The archive
-// holds what asynq gave up on, so it is small; max bounds the answer.
-func (i *Inspector) ArchivedJobIDs(ctx context.Context, queue string, max int) ([]string, error) {
+// ArchivedJobIDs returns the ids of the jobs whose task asynq archived,
+// oldest first. The archive holds what asynq gave up on, so it is small;
+// max bounds the answer.
+func (i *Inspector) ArchivedJobIDs(ctx context.Context, max int) ([]string, error) {
 	const pageSize = 100
 	var ids []string
 	for page := 1; len(ids) < max; page++ {
-		tasks, err := i.in.ListArchivedTasks(i.ns.Queue(queue), asynq.Page(page), asynq.PageSize(pageSize))
+		tasks, err := i.in.ListArchivedTasks(i.ns.Queue(Jobs), asynq.Page(page), asynq.PageSize(pageSize))
 		if errors.Is(err, asynq.ErrQueueNotFound) {
 			return ids, nil
 		}
 		if err != nil {
-			return ids, fmt.Errorf("archived tasks of %s: %w", queue, err)
+			return ids, fmt.Errorf("archived tasks: %w", err)
 		}
 		for _, t := range tasks {
 			if t.Type == TypeJob && len(ids) < max {
@@ -154,12 +168,42 @@ func (i *Inspector) ArchivedJobIDs(ctx context.Context, queue string, max int) (
 
 // DeleteArchivedJob removes the archived task of job id, so the job can be
 // enqueued again under its id.
-func (i *Inspector) DeleteArchivedJob(ctx context.Context, queue, id string) error {
-	err := i.in.DeleteTask(i.ns.Queue(queue), id)
+func (i *Inspector) DeleteArchivedJob(ctx context.Context, id string) error {
+	err := i.in.DeleteTask(i.ns.Queue(Jobs), id)
 	if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
-		return fmt.Errorf("delete task %s in %s: %w", id, queue, err)
+		return fmt.Errorf("delete task %s: %w", id, err)
 	}
 	return nil
+}
+
+// DropPriorityQueues deletes the asynq queues named for the priorities, in
+// which versions before the one Jobs queue put job tasks, with their tasks,
+// and reports how many queues it found. No worker serves them any more; the
+// reconciler enqueues their unfinished jobs again in Jobs, as jobs whose
+// task Redis lost. A queue with a task running (an older worker still at
+// work) stays until a later call.
+func (i *Inspector) DropPriorityQueues(ctx context.Context) (int, error) {
+	existing, err := i.in.Queues()
+	if err != nil {
+		return 0, fmt.Errorf("list queues: %w", err)
+	}
+	dropped := 0
+	for _, q := range existing {
+		for _, p := range Priorities {
+			if q != i.ns.Queue(p) {
+				continue
+			}
+			err := i.in.DeleteQueue(q, true)
+			switch {
+			case errors.Is(err, asynq.ErrQueueNotEmpty), errors.Is(err, asynq.ErrQueueNotFound):
+				continue
+			case err != nil:
+				return dropped, fmt.Errorf("drop queue %s: %w", q, err)
+			}
+			dropped++
+		}
+	}
+	return dropped, nil
 }
 
 // allQueuesKey is asynq's own set of queue names (base.AllQueues), which its

@@ -1,10 +1,19 @@
-// Package queue owns llmq's use of asynq: the task types and their payloads,
-// the queue names and weights, enqueueing (idempotent by job id) and the
+// Package queue owns llmq's use of asynq and the order jobs run in: the
+// task types and their payloads, the priorities, the fair queue (jobs
+// waiting for their model, released fairly between tenants), enqueueing
+// (idempotent by job id), the retry semantics of a task's handler, and the
 // inspection of queues for dashboards and for the reconciler.
 //
 // A job's task carries only the job id; the request lives in the store, so
 // Redis memory stays small and a job survives the loss of Redis. The task id
 // is the job id, so enqueueing a job twice while its task exists is a no-op.
+//
+// Every job task goes to one asynq queue, Jobs: the fair queue releases a
+// model's jobs in their priorities' order and proportions already, so asynq
+// runs them in the order they come, and a worker takes a task in one
+// dequeue. What reaches asynq without the fair queue (a retry, a deferral, a
+// long wait) runs when due, in that order. Webhook deliveries have a queue
+// of their own, Webhooks, served by a server of their own.
 package queue
 
 import (
@@ -12,16 +21,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/llmq/llmq/internal/rkeys"
-	"github.com/llmq/llmq/internal/wire"
 )
 
 // Task types.
@@ -30,38 +36,14 @@ const (
 	TypeWebhook = "llmq:webhook"
 )
 
-// Queue names, before the namespace. The job queues are named for the
-// priorities (package wire names them): Critical, Default and Low are the
-// priorities a tier (or a job) chooses; Batch runs batch work below all
-// interactive work. Webhooks carries webhook deliveries.
+// The asynq queues, before the namespace.
 const (
-	Critical = wire.PriorityCritical
-	Default  = wire.PriorityDefault
-	Low      = wire.PriorityLow
-	Batch    = wire.PriorityBatch
+	Jobs     = "jobs"
 	Webhooks = "webhooks"
 )
 
-// weights decide how often a worker's job dequeuers pick each job queue when
-// all have work (asynq's weighted priority): a premium tenant's critical jobs
-// are picked eight times as often as batch work, so no flood of lower work
-// starves them. Webhooks have a server of their own (worker.ServerOptions);
-// their weight only places their queue among the others where they are
-// listed (Queues).
-var weights = map[string]int{Critical: 8, Default: 4, Low: 2, Batch: 1, Webhooks: 3}
-
-// Priorities are the queue names a job may be enqueued to.
-var Priorities = []string{Critical, Default, Low, Batch}
-
-// ValidPriority reports whether p names a job queue.
-func ValidPriority(p string) bool {
-	for _, q := range Priorities {
-		if p == q {
-			return true
-		}
-	}
-	return false
-}
+// queueNames are every asynq queue of llmq.
+var queueNames = []string{Jobs, Webhooks}
 
 // Namespace prefixes every queue name, so several installations (or tests)
 // can share one Redis database. The empty Namespace uses the bare names.
@@ -75,52 +57,13 @@ func (ns Namespace) Queue(name string) string {
 	return string(ns) + ":" + name
 }
 
-// Name returns the llmq queue name of an asynq queue name of ns, and whether
-// the asynq queue belongs to ns.
-func (ns Namespace) Name(asynqQueue string) (string, bool) {
-	if ns == "" {
-		_, known := weights[asynqQueue]
-		return asynqQueue, known
-	}
-	rest, ok := strings.CutPrefix(asynqQueue, string(ns)+":")
-	if !ok {
-		return "", false
-	}
-	_, known := weights[rest]
-	return rest, known
-}
-
-// JobWeights returns asynq's Config.Queues for the job dequeuers of a
-// worker of ns: the priorities' queues (webhooks have a server of their own).
-func (ns Namespace) JobWeights() map[string]int {
-	m := make(map[string]int, len(Priorities))
-	for _, q := range Priorities {
-		m[ns.Queue(q)] = weights[q]
-	}
-	return m
-}
-
-// Queues returns every asynq queue name of ns, highest weight first.
+// Queues returns every asynq queue name of ns.
 func (ns Namespace) Queues() []string {
-	names := make([]string, 0, len(weights))
-	for q := range weights {
-		names = append(names, q)
-	}
-	sort.Slice(names, func(i, j int) bool {
-		if weights[names[i]] != weights[names[j]] {
-			return weights[names[i]] > weights[names[j]]
-		}
-		return names[i] < names[j]
-	})
-	for i, q := range names {
+	names := make([]string, len(queueNames))
+	for i, q := range queueNames {
 		names[i] = ns.Queue(q)
 	}
 	return names
-}
-
-// JobPayload is the payload of a TypeJob task.
-type JobPayload struct {
-	JobID string `json:"job_id"`
 }
 
 // WebhookPayload is the payload of a TypeWebhook task: which object reached
@@ -130,45 +73,15 @@ type WebhookPayload struct {
 	ID   string `json:"id"`
 }
 
-// jobPayloadHead and jobPayloadTail frame a job payload whose id needs no
-// escaping in JSON: every job id llmq makes (store ids are letters, digits
-// and '_'). Such payloads are written and read without encoding/json, a
-// task's one decode on the worker's path; any other form is decoded by it.
-const (
-	jobPayloadHead = `{"job_id":"`
-	jobPayloadTail = `"}`
-)
-
-// plainID reports whether id is written in JSON as it is, without escapes.
-func plainID(id string) bool {
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return id != ""
-}
-
-// jobPayload returns the payload of the job's task.
-func jobPayload(id string) ([]byte, error) {
-	if plainID(id) {
-		return []byte(jobPayloadHead + id + jobPayloadTail), nil
-	}
-	return json.Marshal(JobPayload{JobID: id})
+// jobPayload is the payload of a TypeJob task: a JSON object naming the job.
+type jobPayload struct {
+	JobID string `json:"job_id"`
 }
 
 // ParseJobPayload returns the job id of a TypeJob task.
 func ParseJobPayload(t *asynq.Task) (string, error) {
-	b := t.Payload()
-	if len(b) > len(jobPayloadHead)+len(jobPayloadTail) && string(b[:len(jobPayloadHead)]) == jobPayloadHead &&
-		string(b[len(b)-len(jobPayloadTail):]) == jobPayloadTail {
-		if id := string(b[len(jobPayloadHead) : len(b)-len(jobPayloadTail)]); plainID(id) {
-			return id, nil
-		}
-	}
-	var p JobPayload
-	if err := json.Unmarshal(b, &p); err != nil || p.JobID == "" {
+	var p jobPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.JobID == "" {
 		return "", fmt.Errorf("task %s: payload is not a job reference: %q", t.Type(), t.Payload())
 	}
 	return p.JobID, nil
@@ -253,11 +166,11 @@ func NewClient(ac *asynq.Client, opts ClientOptions) (*Client, error) {
 // Namespace returns the client's queue namespace.
 func (c *Client) Namespace() Namespace { return c.opts.Namespace }
 
-// JobRef names a job to enqueue and its queue.
+// JobRef names a job to enqueue and its priority.
 type JobRef struct {
-	ID    string
-	Queue string        // one of Priorities
-	In    time.Duration // delay before the job may run; 0 = now
+	ID       string
+	Priority string        // one of Priorities
+	In       time.Duration // delay before the job may run; 0 = now
 	// Scope is the limiter scope of the job's model; with it, a job to run
 	// now waits in the fair queue until the scheduler releases it. Empty
 	// sends it to asynq at once.
@@ -277,8 +190,8 @@ type JobRef struct {
 // id. (A job waiting in the fair queue whose task asynq also holds is
 // released once and dropped then.)
 func (c *Client) EnqueueJob(ctx context.Context, ref JobRef) (enqueued bool, err error) {
-	if !ValidPriority(ref.Queue) {
-		return false, fmt.Errorf("enqueue %s: unknown queue %q", ref.ID, ref.Queue)
+	if !ValidPriority(ref.Priority) {
+		return false, fmt.Errorf("enqueue %s: unknown priority %q", ref.ID, ref.Priority)
 	}
 	if c.fairRef(ref) {
 		n, err := c.fair.push(ctx, ref.Scope, []JobRef{ref})
@@ -289,16 +202,16 @@ func (c *Client) EnqueueJob(ctx context.Context, ref JobRef) (enqueued bool, err
 
 // enqueueTask enqueues the asynq task of a job.
 func (c *Client) enqueueTask(ctx context.Context, ref JobRef) (enqueued bool, err error) {
-	if !ValidPriority(ref.Queue) {
-		return false, fmt.Errorf("enqueue %s: unknown queue %q", ref.ID, ref.Queue)
+	if !ValidPriority(ref.Priority) {
+		return false, fmt.Errorf("enqueue %s: unknown priority %q", ref.ID, ref.Priority)
 	}
-	payload, err := jobPayload(ref.ID)
+	payload, err := json.Marshal(jobPayload{JobID: ref.ID})
 	if err != nil {
 		return false, err
 	}
 	opts := []asynq.Option{
 		asynq.TaskID(ref.ID),
-		asynq.Queue(c.opts.Namespace.Queue(ref.Queue)),
+		asynq.Queue(c.opts.Namespace.Queue(Jobs)),
 		asynq.MaxRetry(c.opts.MaxRetry),
 		// The handler bounds each provider call itself; the task timeout only
 		// catches a handler that never returns.
@@ -324,8 +237,8 @@ func (c *Client) enqueueTask(ctx context.Context, ref JobRef) (enqueued bool, er
 // may have been.
 func (c *Client) EnqueueJobs(parent context.Context, refs []JobRef) (int, error) {
 	for _, r := range refs {
-		if !ValidPriority(r.Queue) {
-			return 0, fmt.Errorf("enqueue %s: unknown queue %q", r.ID, r.Queue)
+		if !ValidPriority(r.Priority) {
+			return 0, fmt.Errorf("enqueue %s: unknown priority %q", r.ID, r.Priority)
 		}
 	}
 	enqueued := 0
@@ -349,58 +262,34 @@ func (c *Client) EnqueueJobs(parent context.Context, refs []JobRef) (int, error)
 			return enqueued, err
 		}
 	}
-	n, err := c.enqueueTasks(parent, direct)
-	return enqueued + n, err
-}
-
-// enqueueTasks enqueues the asynq tasks of refs with bounded parallelism.
-func (c *Client) enqueueTasks(parent context.Context, refs []JobRef) (int, error) {
-	if len(refs) == 0 {
-		return 0, nil
-	}
-	var (
-		mu       sync.Mutex
-		enqueued int
-		firstErr error
-		wg       sync.WaitGroup
-		next     = make(chan JobRef)
-	)
-	ctx, cancel := context.WithCancel(parent)
-	defer cancel()
-	workers := min(c.opts.EnqueueConcurrency, len(refs))
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ref := range next {
-				ok, err := c.enqueueTask(ctx, ref)
-				mu.Lock()
-				if err != nil && firstErr == nil {
-					firstErr = err
-					cancel()
-				}
-				if ok {
-					enqueued++
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-feed:
-	for _, ref := range refs {
-		select {
-		case next <- ref:
-		case <-ctx.Done():
-			break feed
+	added, err := c.enqueueTasks(parent, direct)
+	for _, a := range added {
+		if a {
+			enqueued++
 		}
 	}
-	close(next)
-	wg.Wait()
-	if firstErr == nil {
-		firstErr = parent.Err()
-	}
-	return enqueued, firstErr
+	return enqueued, err
 }
+
+// enqueueTasks enqueues the asynq tasks of refs, EnqueueConcurrency at a
+// time (asynq enqueues one task a call), and says which it enqueued.
+func (c *Client) enqueueTasks(ctx context.Context, refs []JobRef) ([]bool, error) {
+	enqueued := make([]bool, len(refs))
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.opts.EnqueueConcurrency)
+	for i, ref := range refs {
+		g.Go(func() error {
+			var err error
+			enqueued[i], err = c.enqueueTask(ctx, ref)
+			return err
+		})
+	}
+	return enqueued, g.Wait()
+}
+
+// webhookTaskID is the task id of the webhook delivery for the job or
+// batch id.
+func webhookTaskID(kind, id string) string { return "webhook:" + kind + ":" + id }
 
 // EnqueueWebhook enqueues the delivery of a webhook for a job or batch that
 // reached a terminal state. Its task id makes a second enqueue a no-op:
@@ -411,7 +300,7 @@ func (c *Client) EnqueueWebhook(ctx context.Context, p WebhookPayload) (enqueued
 		return false, err
 	}
 	_, err = c.ac.EnqueueContext(ctx, asynq.NewTask(TypeWebhook, payload),
-		asynq.TaskID("webhook:"+p.Kind+":"+p.ID),
+		asynq.TaskID(webhookTaskID(p.Kind, p.ID)),
 		asynq.Queue(c.opts.Namespace.Queue(Webhooks)),
 		asynq.MaxRetry(c.opts.WebhookMaxRetry),
 		asynq.Timeout(time.Minute),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -37,23 +38,23 @@ func TestEnqueueJobIsIdempotentByJobID(t *testing.T) {
 	t.Parallel()
 	c, in := setup(t)
 	ctx := context.Background()
-	ok, err := c.EnqueueJob(ctx, JobRef{ID: "job_a", Queue: Default})
+	ok, err := c.EnqueueJob(ctx, JobRef{ID: "job_a", Priority: Default})
 	if err != nil || !ok {
 		t.Fatalf("first enqueue = %v, %v; want true, nil", ok, err)
 	}
-	ok, err = c.EnqueueJob(ctx, JobRef{ID: "job_a", Queue: Default})
+	ok, err = c.EnqueueJob(ctx, JobRef{ID: "job_a", Priority: Default})
 	if err != nil || ok {
 		t.Fatalf("second enqueue = %v, %v; want false, nil", ok, err)
 	}
-	st, err := in.JobTaskState(ctx, Default, "job_a")
+	st, err := in.JobTaskState(ctx, "job_a")
 	if err != nil || st != TaskPending {
 		t.Fatalf("state = %q, %v; want pending", st, err)
 	}
-	st, err = in.JobTaskState(ctx, Default, "job_missing")
+	st, err = in.JobTaskState(ctx, "job_missing")
 	if err != nil || st != TaskMissing {
 		t.Fatalf("state of unknown job = %q, %v; want missing", st, err)
 	}
-	if _, err := c.EnqueueJob(ctx, JobRef{ID: "job_b", Queue: "urgent"}); err == nil {
+	if _, err := c.EnqueueJob(ctx, JobRef{ID: "job_b", Priority: "urgent"}); err == nil {
 		t.Fatal("enqueue to an unknown queue succeeded")
 	}
 }
@@ -64,7 +65,7 @@ func TestEnqueueJobsCountsNewTasksOnly(t *testing.T) {
 	ctx := context.Background()
 	var refs []JobRef
 	for i := 0; i < 300; i++ {
-		refs = append(refs, JobRef{ID: fmt.Sprintf("job_%03d", i), Queue: Batch})
+		refs = append(refs, JobRef{ID: fmt.Sprintf("job_%03d", i), Priority: Batch})
 	}
 	n, err := c.EnqueueJobs(ctx, refs[:200])
 	if err != nil || n != 200 {
@@ -82,8 +83,8 @@ func TestEnqueueJobsCountsNewTasksOnly(t *testing.T) {
 	for _, s := range stats {
 		sizes[s.Name] = s.Size
 	}
-	if sizes[Batch] != 300 || sizes[Default] != 0 || len(stats) != 5 {
-		t.Fatalf("queue sizes = %v (%d queues); want batch=300, 5 queues", sizes, len(stats))
+	if sizes[Jobs] != 300 || sizes[Webhooks] != 0 || len(stats) != 2 {
+		t.Fatalf("queue sizes = %v (%d queues); want jobs=300 and the webhooks queue empty", sizes, len(stats))
 	}
 }
 
@@ -91,48 +92,34 @@ func TestScheduledJobAndArchivedDelete(t *testing.T) {
 	t.Parallel()
 	c, in := setup(t)
 	ctx := context.Background()
-	if _, err := c.EnqueueJob(ctx, JobRef{ID: "job_later", Queue: Low, In: time.Hour}); err != nil {
+	if _, err := c.EnqueueJob(ctx, JobRef{ID: "job_later", Priority: Low, In: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	st, err := in.JobTaskState(ctx, Low, "job_later")
+	st, err := in.JobTaskState(ctx, "job_later")
 	if err != nil || st != TaskScheduled {
 		t.Fatalf("state = %q, %v; want scheduled", st, err)
 	}
-	if err := in.in.ArchiveTask(c.Namespace().Queue(Low), "job_later"); err != nil {
+	if err := in.in.ArchiveTask(c.Namespace().Queue(Jobs), "job_later"); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := c.EnqueueJob(ctx, JobRef{ID: "job_later", Queue: Low}); ok {
+	if ok, _ := c.EnqueueJob(ctx, JobRef{ID: "job_later", Priority: Low}); ok {
 		t.Fatal("enqueue succeeded while the archived task holds the id")
 	}
-	if err := in.DeleteArchivedJob(ctx, Low, "job_later"); err != nil {
+	if err := in.DeleteArchivedJob(ctx, "job_later"); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := c.EnqueueJob(ctx, JobRef{ID: "job_later", Queue: Low}); !ok || err != nil {
+	if ok, err := c.EnqueueJob(ctx, JobRef{ID: "job_later", Priority: Low}); !ok || err != nil {
 		t.Fatalf("enqueue after deleting the archived task = %v, %v", ok, err)
 	}
 }
 
-func TestNamespaceNamesAndWeights(t *testing.T) {
+func TestNamespaceQueues(t *testing.T) {
 	t.Parallel()
-	ns := Namespace("acme")
-	if got := ns.Queue(Critical); got != "acme:critical" {
-		t.Fatalf("Queue = %q", got)
+	if got := Namespace("acme").Queues(); !slices.Equal(got, []string{"acme:jobs", "acme:webhooks"}) {
+		t.Fatalf("Queues = %q, want the jobs queue and the webhooks queue", got)
 	}
-	if name, ok := ns.Name("acme:batch"); !ok || name != Batch {
-		t.Fatalf("Name = %q, %v", name, ok)
-	}
-	if _, ok := ns.Name("other:batch"); ok {
-		t.Fatal("Name accepted another namespace")
-	}
-	w := ns.JobWeights()
-	if w["acme:critical"] <= w["acme:default"] || w["acme:default"] <= w["acme:low"] || w["acme:low"] <= w["acme:batch"] {
-		t.Fatalf("weights do not put interactive work above batch: %v", w)
-	}
-	if _, ok := w["acme:webhooks"]; ok || len(w) != len(Priorities) {
-		t.Fatalf("job weights %v, want the priorities' queues only (webhooks have a server of their own)", w)
-	}
-	if q := Namespace("").Queues(); q[0] != Critical {
-		t.Fatalf("Queues()[0] = %q, want critical first", q[0])
+	if got := Namespace("").Queue(Jobs); got != "jobs" {
+		t.Fatalf("Queue = %q, want the bare name without a namespace", got)
 	}
 }
 
@@ -145,16 +132,8 @@ func TestPayloadParsing(t *testing.T) {
 	if err != nil || id != "job_x" {
 		t.Fatalf("ParseJobPayload = %q, %v", id, err)
 	}
-	// Written without encoding/json for plain ids, byte for byte what it
-	// writes; read back whatever wrote it, escapes and spacing included.
-	for _, id := range []string{"job_01m8ydcff8t0ny6wgwa154xyze", "a", `job_"quoted"`, "job_é", `job_\x`, "job_</script>"} {
-		b, err := jobPayload(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want, _ := json.Marshal(JobPayload{JobID: id}); string(b) != string(want) {
-			t.Errorf("payload of %q = %s, want %s", id, b, want)
-		}
+	for _, id := range []string{"job_01m8ydcff8t0ny6wgwa154xyze", `job_"quoted"`, "job_é", "job_</script>"} {
+		b, _ := json.Marshal(jobPayload{JobID: id})
 		if got, err := ParseJobPayload(asynq.NewTask(TypeJob, b)); err != nil || got != id {
 			t.Errorf("ParseJobPayload(%s) = %q, %v; want %q", b, got, err, id)
 		}

@@ -19,7 +19,7 @@ import (
 func archive(t *testing.T, a *apptest.App, j *store.Job) {
 	t.Helper()
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
-	if err := in.ArchiveTask(a.Queue.Namespace().Queue(j.Queue), j.ID); err != nil {
+	if err := in.ArchiveTask(a.Queue.Namespace().Queue(queue.Jobs), j.ID); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -29,7 +29,7 @@ func archive(t *testing.T, a *apptest.App, j *store.Job) {
 // expired), archiving the task.
 func archiveAsWorkerLost(t *testing.T, a *apptest.App, j *store.Job) {
 	t.Helper()
-	q := a.Queue.Namespace().Queue(j.Queue)
+	q := a.Queue.Namespace().Queue(queue.Jobs)
 	srv := asynq.NewServerFromRedisClient(a.Redis, asynq.Config{Concurrency: 1, Queues: map[string]int{q: 1},
 		TaskCheckInterval: 20 * time.Millisecond, LogLevel: asynq.FatalLevel})
 	mux := asynq.NewServeMux()
@@ -41,7 +41,7 @@ func archiveAsWorkerLost(t *testing.T, a *apptest.App, j *store.Job) {
 	}
 	defer srv.Shutdown()
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		st, _ := a.Inspector.JobTaskState(t.Context(), j.Queue, j.ID)
+		st, _ := a.Inspector.JobTaskState(t.Context(), j.ID)
 		return st == queue.TaskArchived
 	})
 }

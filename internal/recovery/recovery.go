@@ -135,6 +135,10 @@ type Report struct {
 	Webhooks int // webhook deliveries of finished jobs and batches enqueued again
 	Resent   int // archived tasks of succeeded or cancelled jobs sent back to settle their charge
 	Dropped  int // archived tasks of failed or deleted jobs dropped
+	// LegacyQueues counts the per-priority asynq queues of versions before
+	// the one jobs queue, deleted with their tasks (their jobs are then
+	// enqueued again as jobs whose task is missing).
+	LegacyQueues int
 }
 
 // Run reconciles until ctx ends: at once, then whenever Redis lost its data
@@ -154,6 +158,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 				r.Logger.Warn("reconciler pass failed", "err", err)
 			} else if ran {
 				last = r.opts.Now()
+				if rep.LegacyQueues > 0 {
+					r.Logger.Info("reconciler deleted the per-priority queues of an older version", "queues", rep.LegacyQueues)
+				}
 				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped > 0 {
 					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
 						"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped,
@@ -239,6 +246,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
 func (r *Reconciler) reconcileAll(ctx context.Context, minAge time.Duration) (Report, error) {
 	var rep Report
 	now := r.opts.Now()
+	dropped, err := r.Inspector.DropPriorityQueues(ctx)
+	if err != nil {
+		return rep, err
+	}
+	rep.LegacyQueues = dropped
 	if err := r.reconcileJobs(ctx, now, minAge, &rep); err != nil {
 		return rep, err
 	}
@@ -253,11 +265,11 @@ func (r *Reconciler) reconcileAll(ctx context.Context, minAge time.Duration) (Re
 	return rep, nil
 }
 
-// archiveMax bounds the archived tasks one pass looks at per queue; the
+// archiveMax bounds the archived tasks one pass looks at; the
 // archive holds only what asynq gave up on, and each pass empties it.
 const archiveMax = 10000
 
-// reconcileArchive empties the job queues' archives of finished jobs'
+// reconcileArchive empties the job queue's archive of finished jobs'
 // tasks (the unfinished ones are reconcileJobs'). asynq archives a task
 // whose delivery failed, or came back, after its retries were used up —
 // among them a delivery that stored the job's result and died before
@@ -266,32 +278,30 @@ const archiveMax = 10000
 // (charged once however often it settles). The task of a failed job, or of
 // a job that no longer exists, has nothing left to do and is dropped.
 func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
-	for _, q := range queue.Priorities {
-		ids, err := r.Inspector.ArchivedJobIDs(ctx, q, archiveMax)
-		if err != nil {
+	ids, err := r.Inspector.ArchivedJobIDs(ctx, archiveMax)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		j, err := r.Store.JobGetByID(ctx, id)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-		for _, id := range ids {
-			j, err := r.Store.JobGetByID(ctx, id)
-			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				return err
-			}
-			if j != nil && !j.Status.Terminal() {
-				continue
-			}
-			if err := r.Inspector.DeleteArchivedJob(ctx, q, id); err != nil {
-				return err
-			}
-			if j == nil || j.Status == store.JobFailed {
-				rep.Dropped++
-				continue
-			}
-			if _, err := r.Queue.EnqueueJob(ctx, queue.JobRef{ID: id, Queue: q}); err != nil {
-				return fmt.Errorf("send back %s to settle: %w", id, err)
-			}
-			rep.Resent++
-			r.Logger.Debug("finished job's archived task sent back to settle its charge", "job", id, "status", j.Status)
+		if j != nil && !j.Status.Terminal() {
+			continue
 		}
+		if err := r.Inspector.DeleteArchivedJob(ctx, id); err != nil {
+			return err
+		}
+		if j == nil || j.Status == store.JobFailed {
+			rep.Dropped++
+			continue
+		}
+		if _, err := r.Queue.EnqueueJob(ctx, queue.JobRef{ID: id, Priority: j.Queue}); err != nil {
+			return fmt.Errorf("send back %s to settle: %w", id, err)
+		}
+		rep.Resent++
+		r.Logger.Debug("finished job's archived task sent back to settle its charge", "job", id, "status", j.Status)
 	}
 	return nil
 }
@@ -372,14 +382,14 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 		return err
 	}
 	// The reference carries no share: the fair queue keeps the tenant's.
-	ref := queue.JobRef{ID: j.ID, Queue: j.Queue}
+	ref := queue.JobRef{ID: j.ID, Priority: j.Queue}
 	if r.Policy != nil {
 		ref = admission.JobRef(r.Policy.Current(), j, 0)
 	}
 	if j.NextRunAt != nil && j.NextRunAt.After(now) {
 		ref.In = j.NextRunAt.Sub(now)
 	}
-	task, err := r.Inspector.JobTask(ctx, j.Queue, j.ID)
+	task, err := r.Inspector.JobTask(ctx, j.ID)
 	if err != nil {
 		return err
 	}
@@ -408,7 +418,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 	}
 	// Its retries were used up while the store could not record the
 	// failure (the database was down): revive it.
-	if err := r.Inspector.DeleteArchivedJob(ctx, j.Queue, j.ID); err != nil {
+	if err := r.Inspector.DeleteArchivedJob(ctx, j.ID); err != nil {
 		return err
 	}
 	enqueued, err := r.Queue.EnqueueJob(ctx, ref)
@@ -432,7 +442,7 @@ func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, task *que
 	if err != nil {
 		return fmt.Errorf("fail %s: %w", j.ID, err)
 	}
-	if err := r.Inspector.DeleteArchivedJob(ctx, j.Queue, j.ID); err != nil {
+	if err := r.Inspector.DeleteArchivedJob(ctx, j.ID); err != nil {
 		return err
 	}
 	if !applied {

@@ -75,7 +75,7 @@ func TestJobsWithoutTasksAreEnqueuedOnce(t *testing.T) {
 		t.Fatalf("queued job is %s", p)
 	}
 	// A job due later is enqueued to run when due, not now.
-	if st, _ := a.Inspector.JobTaskState(ctx, queue.Low, waiting.ID); st != queue.TaskScheduled {
+	if st, _ := a.Inspector.JobTaskState(ctx, waiting.ID); st != queue.TaskScheduled {
 		t.Fatalf("waiting job's task is %s", st)
 	}
 	rep, err = r.RunOnce(ctx)
@@ -96,7 +96,7 @@ func TestArchivedTaskIsRevived(t *testing.T) {
 	tenant, _ := a.Tenant("standard")
 	ctx := context.Background()
 	j := insertJob(t, a, tenant, &store.JobInsertParams{})
-	if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Queue: j.Queue, In: time.Hour}); err != nil {
+	if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Priority: j.Queue, In: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	archive(t, a, j)
@@ -117,7 +117,7 @@ func TestJobWhoseWorkerDiedIsFailedNotRevived(t *testing.T) {
 	tenant, _ := a.Tenant("standard")
 	ctx := context.Background()
 	j := insertJob(t, a, tenant, &store.JobInsertParams{})
-	if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Queue: j.Queue}); err != nil {
+	if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Priority: j.Queue}); err != nil {
 		t.Fatal(err)
 	}
 	archiveAsWorkerLost(t, a, j)
@@ -133,7 +133,7 @@ func TestJobWhoseWorkerDiedIsFailedNotRevived(t *testing.T) {
 		!strings.Contains(got.Error.Message, "worker gone (killed, crashed or cut off from Redis)") {
 		t.Fatalf("job = %s, error %+v; want failed with worker_lost", got.Status, got.Error)
 	}
-	if st, _ := a.Inspector.JobTaskState(ctx, j.Queue, j.ID); st != queue.TaskMissing {
+	if st, _ := a.Inspector.JobTaskState(ctx, j.ID); st != queue.TaskMissing {
 		t.Fatalf("task is %s; want it dropped: the job records why it failed", st)
 	}
 	if rep, err := reconciler(a, later).RunOnce(ctx); err != nil || rep.Scanned != 0 {
@@ -151,7 +151,7 @@ func TestRedisLossIsDetectedRequeuedAndModelsPaused(t *testing.T) {
 	var ids []string
 	for i := 0; i < 20; i++ {
 		j := insertJob(t, a, tenant, &store.JobInsertParams{})
-		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Queue: j.Queue}); err != nil {
+		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Priority: j.Queue}); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, j.ID)
@@ -271,7 +271,7 @@ func TestPendingWebhooksAreEnqueuedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	task := func(j *store.Job) queue.TaskState {
-		st, err := a.Inspector.JobTaskState(ctx, queue.Webhooks, "webhook:job:"+j.ID)
+		st, err := a.Inspector.WebhookTaskState(ctx, "job", j.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,7 +323,7 @@ func TestFinishedJobsArchivedTasksAreSentBackToSettle(t *testing.T) {
 	}
 	failed := insertJob(t, a, tenant, &store.JobInsertParams{})
 	for _, j := range []*store.Job{done, failed} {
-		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Queue: j.Queue, In: time.Hour}); err != nil {
+		if _, err := a.Queue.EnqueueJob(ctx, queue.JobRef{ID: j.ID, Priority: j.Queue, In: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		archive(t, a, j)
@@ -335,10 +335,10 @@ func TestFinishedJobsArchivedTasksAreSentBackToSettle(t *testing.T) {
 	if err != nil || rep.Resent != 1 || rep.Dropped != 1 {
 		t.Fatalf("pass = %+v, %v; want one task sent back and one dropped", rep, err)
 	}
-	if st, _ := a.Inspector.JobTaskState(ctx, done.Queue, done.ID); st != queue.TaskPending {
+	if st, _ := a.Inspector.JobTaskState(ctx, done.ID); st != queue.TaskPending {
 		t.Fatalf("the succeeded job's task is %s, want pending", st)
 	}
-	if st, _ := a.Inspector.JobTaskState(ctx, failed.Queue, failed.ID); st != queue.TaskMissing {
+	if st, _ := a.Inspector.JobTaskState(ctx, failed.ID); st != queue.TaskMissing {
 		t.Fatalf("the failed job's task is %s, want dropped", st)
 	}
 	// Its delivery settles the charge the dead worker left open.

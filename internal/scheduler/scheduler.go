@@ -11,6 +11,7 @@ package scheduler
 
 import (
 	"context"
+	_ "embed" // the lease's scripts
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,7 +33,7 @@ import (
 // Observer is told what the scheduler releases, for metrics.
 type Observer interface {
 	// Released reports a job that waited d in the fair queue at priority q.
-	Released(q string, d time.Duration)
+	Released(priority string, d time.Duration)
 }
 
 type nopObserver struct{}
@@ -126,34 +127,19 @@ func New(d Deps, o Options) (*Scheduler, error) {
 	return &Scheduler{d: d, o: o, id: strconv.FormatUint(rand.Uint64(), 36)}, nil
 }
 
-// renewScript renews the scheduler's lease if this process holds it.
+// renewScript renews the scheduler's lease if this process holds it, or
+// takes it when free (lease_renew.lua).
 //
-// KEYS[1] -> the lease (rkeys.Lock("scheduler"))
-// ARGV[1] -> this process's lease value
-// ARGV[2] -> the lease's TTL in ms
-// Returns 1 when this process holds the lease now, else 0.
-var renewScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-`)
+//go:embed lease_renew.lua
+var renewLua string
+var renewScript = redis.NewScript(renewLua)
 
-// releaseScript gives the lease up if this process holds it.
+// releaseScript gives the lease up if this process holds it
+// (lease_release.lua).
 //
-// KEYS[1] -> the lease
-// ARGV[1] -> this process's lease value
-// Returns 1 when it was released.
-var releaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-`)
+//go:embed lease_release.lua
+var releaseLua string
+var releaseScript = redis.NewScript(releaseLua)
 
 // Run schedules until ctx ends: it takes the lease when free and, while it
 // holds it, releases jobs every Tick. It gives the lease up on return.
@@ -221,7 +207,7 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 		}
 		released, _, err := s.d.Queue.Release(ctx, scope, room)
 		for _, r := range released {
-			s.d.Observer.Released(r.Queue, r.Waited)
+			s.d.Observer.Released(r.Priority, r.Waited)
 		}
 		if err != nil {
 			errs = append(errs, err)

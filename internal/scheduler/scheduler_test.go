@@ -102,7 +102,7 @@ func (w *world) submit(tenant, model, q string, n int, cost int64, share float64
 	ids := make([]string, n)
 	for i := range refs {
 		ids[i] = fmt.Sprintf("job_%s_%s_%d_%d", tenant, model, len(w.queuedAt), i)
-		refs[i] = queue.JobRef{ID: ids[i], Queue: q, Scope: admission.ScopeName(m), TenantID: tenant, Cost: cost, Share: share}
+		refs[i] = queue.JobRef{ID: ids[i], Priority: q, Scope: admission.ScopeName(m), TenantID: tenant, Cost: cost, Share: share}
 		w.queuedAt[ids[i]] = w.clock.Now()
 		w.tenantOf[ids[i]], w.modelOf[ids[i]], w.cost[ids[i]] = tenant, model, cost
 	}
@@ -121,19 +121,17 @@ func (w *world) run(d, step time.Duration) {
 		if err := w.s.Tick(ctx, false); err != nil {
 			w.t.Fatal(err)
 		}
-		for _, q := range queue.Priorities {
-			qname := w.a.Queue.Namespace().Queue(q)
-			tasks, err := w.in.ListPendingTasks(qname, asynq.PageSize(1000))
-			if err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
+		qname := w.a.Queue.Namespace().Queue(queue.Jobs)
+		tasks, err := w.in.ListPendingTasks(qname, asynq.PageSize(1000))
+		if err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
+			w.t.Fatal(err)
+		}
+		for _, task := range tasks {
+			if err := w.in.DeleteTask(qname, task.ID); err != nil {
 				w.t.Fatal(err)
 			}
-			for _, task := range tasks {
-				if err := w.in.DeleteTask(qname, task.ID); err != nil {
-					w.t.Fatal(err)
-				}
-				w.held = append(w.held, task.ID)
-				w.heldAt[task.ID] = w.clock.Now()
-			}
+			w.held = append(w.held, task.ID)
+			w.heldAt[task.ID] = w.clock.Now()
 		}
 		kept := w.held[:0]
 		for _, id := range w.held {
@@ -284,7 +282,7 @@ func TestOneSchedulerAtATime(t *testing.T) {
 	held := holder()
 	go func() { second.Run(ctx); close(done2) }()
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
-	ref := queue.JobRef{ID: "job_x", Queue: queue.Default, Scope: admission.ScopeName(m), TenantID: "a", Cost: 10}
+	ref := queue.JobRef{ID: "job_x", Priority: queue.Default, Scope: admission.ScopeName(m), TenantID: "a", Cost: 10}
 	if _, err := a.Queue.EnqueueJob(ctx, ref); err != nil {
 		t.Fatal(err)
 	}

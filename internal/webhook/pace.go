@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
-	"github.com/llmq/llmq/internal/worker"
 )
 
 // paceScope is the Pacer scope of a delivery: its tenant and destination
@@ -46,7 +46,7 @@ func (h *Handler) pace(ctx context.Context, d *delivery, tenant *store.Tenant) (
 		return "", err
 	}
 	if wait > h.opts.MaxInlineWait {
-		return "", worker.Requeue("waiting for its slot at the webhook's host", wait)
+		return "", queue.Requeue("waiting for its slot at the webhook's host", wait)
 	}
 	if wait > 0 {
 		t := time.NewTimer(wait)

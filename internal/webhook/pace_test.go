@@ -13,10 +13,10 @@ import (
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/webhook"
-	"github.com/llmq/llmq/internal/worker"
 )
 
 // pacedPolicy is apptest's policy with the standard tier's webhooks paced at
@@ -61,10 +61,10 @@ func TestWebhooksPacedPerHost(t *testing.T) {
 		if err == nil || errors.Is(err, asynq.SkipRetry) || !strings.Contains(err.Error(), "slot") {
 			return 0
 		}
-		if worker.IsFailure(err) {
+		if queue.IsFailure(err) {
 			t.Fatalf("waiting for a slot counts as a failure: %v", err)
 		}
-		return worker.RetryDelay(0, err, nil)
+		return queue.RetryDelay(0, err, nil)
 	}
 	for i, j := range toA {
 		if d := process(j); d != time.Duration(i)*200*time.Millisecond {

@@ -39,7 +39,7 @@ func TestJob(t *testing.T) {
 	t.Parallel()
 	created, finished := time.Unix(1700000000, 0), time.Unix(1700000060, 0)
 	j := &store.Job{
-		ID: "job_01", Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini", Queue: wire.PriorityLow,
+		ID: "job_01", Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini", Queue: "low",
 		Status: store.JobFailed, Attempts: 2, RateLimited: 1, EstPromptTokens: 10, EstMaxTokens: 20,
 		EstCost: 1500, CreatedAt: created, FinishedAt: &finished,
 		Error:    &store.JobError{Message: "bad", Type: "invalid_request_error", Code: "invalid_value"},

@@ -13,6 +13,7 @@ import (
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/worker"
@@ -326,7 +327,7 @@ func TestBudgetDeferralGivesThePermitBack(t *testing.T) {
 	}
 	h := a.JobHandler(worker.Options{MaxInlineWait: time.Millisecond})
 	err = h.Run(ctx, id)
-	if err == nil || worker.IsFailure(err) {
+	if err == nil || queue.IsFailure(err) {
 		t.Fatalf("over budget: want a requeue without failure, got %v", err)
 	}
 	if j := job(t, a, id); j.Status != store.JobDeferred {

@@ -22,15 +22,14 @@ type ServerOptions struct {
 	Concurrency int
 	// Dequeuers is how many asynq servers share Concurrency, each with its
 	// own dequeue loop. asynq's processor takes one task at a time (one
-	// Redis round trip, queue.Namespace.DequeueClient), so one loop, not
-	// the workers, bounds how fast tasks start on a busy machine. More than
-	// Concurrency is Concurrency. Defaults to one per 16 of Concurrency, at
-	// least one.
+	// Redis round trip), so one loop, not the workers, bounds how fast
+	// tasks start on a busy machine. More than Concurrency is Concurrency.
+	// Defaults to one per 16 of Concurrency, at least one.
 	Dequeuers int
 	// WebhookConcurrency is how many webhook deliveries run at once, in an
 	// asynq server of their own that serves only the webhooks queue: a slow
-	// receiver never holds a job's slot, and the job dequeuers never try
-	// the webhooks queue. Defaults to 10.
+	// receiver never holds a job's slot, and the job dequeuers serve the
+	// jobs queue alone. Defaults to 10.
 	WebhookConcurrency int
 	// Namespace prefixes queue names. Defaults to none.
 	Namespace queue.Namespace
@@ -44,13 +43,12 @@ type ServerOptions struct {
 	// and a half, then takes what came meanwhile at once: a long interval
 	// starts jobs in bursts that hold the CPU from the API's requests (at
 	// 100 POSTs/s, 200ms put POST's p99 at 25-36ms on two cores, 50ms at
-	// 8.5-12ms). An idle look is one round trip (queue.DequeueClient), so
-	// the default costs Redis what 200ms did before. Only the first
+	// 8.5-12ms). An idle look is one round trip. Only the first
 	// dequeuer polls that often; the others look every second when idle
 	// (when the queues have work none of them waits) and move delayed tasks
 	// every 5s, as a backstop, so an idle worker costs Redis about what one
 	// server does. The first moves due delayed tasks (asynq's
-	// DelayedTaskCheckInterval, a round trip per queue and kind) every
+	// DelayedTaskCheckInterval, a round trip per kind) every
 	// PollInterval or 200ms, whichever is longer, and the webhook server
 	// polls at that pace too. Defaults to 50ms.
 	PollInterval time.Duration
@@ -98,10 +96,10 @@ const (
 // moves due delayed tasks, and the webhook server looks for deliveries.
 const minDelayedCheck = 200 * time.Millisecond
 
-// NewServer returns the asynq servers over rdb configured for llmq: weighted
-// job queues, a webhook server apart, 429s and waits that are not failures,
-// short polling; or an error naming an option that is invalid. Run it with
-// Mux. The caller keeps ownership of rdb.
+// NewServer returns the asynq servers over rdb configured for llmq: the jobs
+// queue, a webhook server apart, 429s and waits that are not failures, short
+// polling; or an error naming an option that is invalid. Run it with Mux.
+// The caller keeps ownership of rdb.
 func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -130,8 +128,8 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 		return asynq.Config{
 			Concurrency:              concurrency,
 			Queues:                   queues,
-			IsFailure:                IsFailure,
-			RetryDelayFunc:           RetryDelay,
+			IsFailure:                queue.IsFailure,
+			RetryDelayFunc:           queue.RetryDelay,
 			ShutdownTimeout:          opts.ShutdownTimeout,
 			TaskCheckInterval:        poll,
 			DelayedTaskCheckInterval: delayed,
@@ -149,10 +147,8 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 		if i > 0 {
 			poll, delayed = max(poll, backstopTaskCheck), max(delayed, backstopDelayedCheck)
 		}
-		// Each dequeuer's client takes a task in one round trip, whichever
-		// job queue holds it (queue.Namespace.DequeueClient).
-		s.servers = append(s.servers, asynq.NewServerFromRedisClient(opts.Namespace.DequeueClient(rdb),
-			config(n, opts.Namespace.JobWeights(), poll, delayed)))
+		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb,
+			config(n, map[string]int{opts.Namespace.Queue(queue.Jobs): 1}, poll, delayed)))
 	}
 	// A delivery starts within minDelayedCheck of its task; its retries
 	// wait seconds anyway, so they are moved at the backstop's pace.

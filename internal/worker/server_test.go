@@ -62,7 +62,7 @@ func TestWebhooksDoNotHoldJobSlots(t *testing.T) {
 	// The delivery slot is held. A second delivery and a job come: the
 	// job runs; the delivery waits for the slot.
 	enqueue(queue.TypeWebhook, queue.Webhooks, "second")
-	enqueue(queue.TypeJob, queue.Default, "job")
+	enqueue(queue.TypeJob, queue.Jobs, `{"job_id":"job"}`)
 	select {
 	case <-ran:
 	case p := <-delivering:

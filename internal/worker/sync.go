@@ -218,7 +218,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		case llm.ClassRetryable:
 			h.breakers.Record(m.Provider, true)
 			faults++
-			wait := pacer.FullJitter(faults-1, syncRetryBase, 10*time.Second)
+			wait := queue.FullJitter(faults-1, syncRetryBase, 10*time.Second)
 			if pe.Relayed == 0 && faults <= queue.DefaultMaxRetry && time.Now().Add(wait).Before(c.Deadline) {
 				r.setStatus(callCtx, store.JobRunning, nil, true)
 				if err := r.syncSleep(ctx, wait, c.Deadline, ""); err != nil {

@@ -32,7 +32,6 @@ import (
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
-	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
 )
@@ -173,7 +172,7 @@ func (r *run) leave(ctx context.Context) {
 }
 
 // Run processes job id once. It returns nil when the task is done with (the
-// job reached a terminal state, or there is nothing to do), a *requeue error
+// job reached a terminal state, or there is nothing to do), a *queue.Retry error
 // to come back later, or another error for asynq to retry.
 func (h *Handler) Run(ctx context.Context, id string) error {
 	// Loading the job marks it running (one round trip): a worker has it.
@@ -232,7 +231,7 @@ func (h *Handler) settleFinished(ctx context.Context, job *store.Job) error {
 	}
 	res := &budget.Reservation{ID: job.ID, TenantID: e.TenantID, Day: e.Day, GlobalDay: e.GlobalDay}
 	if err := h.Budgets.Settle(ctx, res, e.Cost, true); err != nil {
-		return &requeue{reason: "settle the budget of a finished job", delay: settleRetryDelay, cause: err}
+		return &queue.Retry{Reason: "settle the budget of a finished job", Delay: settleRetryDelay, Cause: err}
 	}
 	return nil
 }
@@ -273,27 +272,14 @@ func (r *run) do(ctx context.Context) error {
 	r.acct = acct
 	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
 
-	// The budget's reservation and the permit's first try are independent
-	// scripts: they go to Redis in one round trip. A permit taken for a job
-	// the budget refuses goes back (rare: a deferral lasts to the reset).
-	var (
-		bres *budget.Reservation
-		dec  *budget.Decision
-		bErr error
-	)
-	first := r.tryPermit(ctx, func(ctx context.Context) {
-		bres, dec, bErr = h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.call.WorstCase)
-	})
-	if done, err := r.budgetDecided(ctx, bres, dec, bErr); done {
-		if first.err == nil && first.res.Allowed {
-			r.permit = first.res.Reservation
-			r.releaseAll(ctx)
-		}
+	// The budget first: a job it refuses takes no permit.
+	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.call.WorstCase)
+	if done, err := r.budgetDecided(ctx, bres, dec, err); done {
 		return err
 	}
 	r.keep = r.keepReservation(ctx)
 	defer r.keep()
-	done, err := r.takePermit(ctx, first)
+	done, err := r.takePermit(ctx)
 	r.leave(ctx)
 	if done {
 		r.releaseBudget(ctx)
@@ -305,7 +291,7 @@ func (r *run) do(ctx context.Context) error {
 		r.releaseAll(ctx)
 		next := h.opts.Now().Add(wait)
 		r.setStatus(ctx, store.JobWaiting, &next, false)
-		return &requeue{reason: "the circuit of provider " + m.Provider + " is open", delay: wait}
+		return &queue.Retry{Reason: "the circuit of provider " + m.Provider + " is open", Delay: wait}
 	}
 	began := time.Now()
 	resp, err := provider.Call(ctx, llm.Request{Endpoint: r.job.Endpoint, Upstream: m.Upstream, Body: r.job.Request})
@@ -362,35 +348,17 @@ func (r *run) budgetDecided(ctx context.Context, res *budget.Reservation, dec *b
 	r.log.Debug("job deferred: over budget", "cap", dec.DeniedBy, "until", dec.ResetsAt)
 	// Spread the deferred jobs over a little while after the reset.
 	delay := dec.RetryAfter + time.Duration(rand.Int64N(int64(5*time.Second)))
-	return true, &requeue{reason: "over the " + dec.DeniedBy + " daily budget", delay: delay}
-}
-
-// permitTry is one try for the permit: the limiter's answer, and whether
-// synchronous requests hold room in the scope.
-type permitTry struct {
-	res  *limiter.Result
-	err  error
-	held bool
-}
-
-// tryPermit asks for the permit. Whether synchronous requests hold room in
-// the scope is asked in the same round trip (they are rare, the question
-// is not), and so are the steps of also.
-func (r *run) tryPermit(ctx context.Context, also ...func(context.Context)) (t permitTry) {
-	redisbatch.Run(ctx, append([]func(context.Context){
-		func(ctx context.Context) { t.res, t.err = r.h.Pacer.Reserve(ctx, r.call) },
-		func(ctx context.Context) { t.held = r.syncHolding(ctx) },
-	}, also...)...)
-	return t
+	return true, &queue.Retry{Reason: "over the " + dec.DeniedBy + " daily budget", Delay: delay}
 }
 
 // takePermit takes one request and the estimated tokens from every bucket
-// of the model, starting from the first try's answer, sleeping short waits
-// and requeueing for long ones.
-func (r *run) takePermit(ctx context.Context, try permitTry) (done bool, err error) {
+// of the model, sleeping short waits and requeueing for long ones. A
+// permit goes back to the synchronous requests holding room in the scope,
+// if any.
+func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 	began := time.Now()
-	for ; ; try = r.tryPermit(ctx) {
-		res, err, held := try.res, try.err, try.held
+	for {
+		res, err := r.h.Pacer.Reserve(ctx, r.call)
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
 			return true, r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
 				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)}, nil)
@@ -398,7 +366,7 @@ func (r *run) takePermit(ctx context.Context, try permitTry) (done bool, err err
 		if err != nil {
 			return true, fmt.Errorf("rate limiter: %w", err)
 		}
-		if res.Allowed && held && r.yieldPermit(ctx, res.Reservation) {
+		if res.Allowed && r.syncHolding(ctx) && r.yieldPermit(ctx, res.Reservation) {
 			res.Allowed, res.RetryAfter = false, syncYield
 		}
 		if res.Allowed {
@@ -410,7 +378,7 @@ func (r *run) takePermit(ctx context.Context, try permitTry) (done bool, err err
 			next := r.h.opts.Now().Add(res.RetryAfter)
 			r.h.Observer.LimiterWait(r.job.Model, time.Since(began)+res.RetryAfter, true)
 			r.setStatus(ctx, store.JobWaiting, &next, false)
-			return true, &requeue{reason: "waiting for the rate limit", delay: res.RetryAfter}
+			return true, &queue.Retry{Reason: "waiting for the rate limit", Delay: res.RetryAfter}
 		}
 		t := time.NewTimer(res.RetryAfter)
 		select {
@@ -429,11 +397,10 @@ func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
 	r.permit, r.wait = nil, after.Wait
 }
 
-// succeeded settles a provider's 2xx answer as v judged it: store (result
-// and ledger row, once; a failure when the answer cannot be taken, charged
-// all the same), then limiter and budget together, then the webhook. The
-// permit is settled after the commit, in the budget's round trip: its
-// correction waits the few milliseconds of the commit.
+// succeeded settles a provider's 2xx answer as v judged it: it stores the
+// result and the ledger row, once (an answer that cannot be taken is a
+// failure, charged all the same), then settles the permit and the budget,
+// then sends the webhook.
 func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pacer.Outcome) error {
 	u, cost := v.usage, v.cost
 	p := &store.JobCompleteParams{
@@ -463,16 +430,8 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 		r.settlePermit(ctx, o)
 		return fmt.Errorf("store result of %s: %w", r.job.ID, err)
 	}
-	var settleErr error
-	if res.Charged {
-		redisbatch.Run(ctx,
-			func(ctx context.Context) { r.settlePermit(ctx, o) },
-			func(ctx context.Context) { settleErr = r.settle(ctx, cost, true) })
-	} else {
-		// The ledger row is read first: the permit does not wait for it.
-		r.settlePermit(ctx, o)
-		settleErr = r.settle(ctx, cost, false)
-	}
+	r.settlePermit(ctx, o)
+	settleErr := r.settle(ctx, cost, res.Charged)
 	status := store.JobSucceeded
 	if v.failed != nil {
 		status = store.JobFailed
@@ -488,7 +447,7 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 		// The ledger has the charge; the next delivery of the finished job
 		// settles it (settleFinished), before the reservation lapses.
 		r.log.Warn("settle budget; the job comes back to settle", "err", settleErr)
-		return &requeue{reason: "settle the budget", delay: settleRetryDelay, cause: settleErr}
+		return &queue.Retry{Reason: "settle the budget", Delay: settleRetryDelay, Cause: settleErr}
 	}
 	return nil
 }
@@ -628,7 +587,7 @@ func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
 	next := r.h.opts.Now().Add(wait)
 	r.setStatus(ctx, store.JobWaiting, &next, true)
 	// Back after the reset; the limiter lets one probe through first.
-	return &requeue{reason: "rate limited by the provider", delay: wait}
+	return &queue.Retry{Reason: "rate limited by the provider", Delay: wait}
 }
 
 // retry counts a provider fault and retries with backoff, or fails the job
@@ -650,7 +609,7 @@ func (r *run) retry(ctx context.Context, pe *llm.Error) error {
 	}
 	r.log.Warn("provider call failed; will retry", "status", pe.StatusCode, "attempt", faults+1, "err", pe.Message)
 	r.setStatus(ctx, store.JobWaiting, nil, true)
-	return &requeue{reason: "provider error", failure: true, delay: pacer.FullJitter(faults, time.Second, 5*time.Minute), cause: pe}
+	return &queue.Retry{Reason: "provider error", Failure: true, Delay: queue.FullJitter(faults, time.Second, 5*time.Minute), Cause: pe}
 }
 
 // fail marks the job failed for good and acknowledges the task.

@@ -180,10 +180,10 @@ func TestRateLimitedCallIsNotAFailureAndPausesTheScope(t *testing.T) {
 	ctx := context.Background()
 
 	err := h.Run(ctx, id)
-	if err == nil || worker.IsFailure(err) {
+	if err == nil || queue.IsFailure(err) {
 		t.Fatalf("a 429 must requeue without counting a failure, got %v", err)
 	}
-	if d := worker.RetryDelay(0, err, nil); d < 3*time.Second || d > 4*time.Second {
+	if d := queue.RetryDelay(0, err, nil); d < 3*time.Second || d > 4*time.Second {
 		t.Fatalf("retry delay %v, want the provider's 3s", d)
 	}
 	j := job(t, a, id)
@@ -239,10 +239,10 @@ func rateLimitedOnce(t *testing.T, a *apptest.App, h *worker.Handler, id string)
 	ctx := context.Background()
 	runErr := h.Run(ctx, id)
 	ran := time.Now()
-	if runErr == nil || worker.IsFailure(runErr) {
+	if runErr == nil || queue.IsFailure(runErr) {
 		t.Fatalf("a 429 must requeue without counting a failure, got %v", runErr)
 	}
-	delay = worker.RetryDelay(0, runErr, nil)
+	delay = queue.RetryDelay(0, runErr, nil)
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
 	st, err := a.Limiter.State(ctx, scopeOf(m))
 	if err != nil {
@@ -317,7 +317,7 @@ func TestProviderFaultIsRetriedAsAFailure(t *testing.T) {
 	_, key := a.Tenant("standard")
 	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
 	err := a.JobHandler(worker.Options{}).Run(context.Background(), id)
-	if err == nil || !worker.IsFailure(err) {
+	if err == nil || !queue.IsFailure(err) {
 		t.Fatalf("a 500 must be a counted failure, got %v", err)
 	}
 	if j := job(t, a, id); j.Status != store.JobWaiting || j.Attempts != 1 {
@@ -363,7 +363,7 @@ func TestFaultCeilingCountsTheJobsAttempts(t *testing.T) {
 		!strings.Contains(j.Error.Message, fmt.Sprintf("failed %d times; giving up", queue.DefaultMaxRetry+1)) {
 		t.Fatalf("job = %s, error %+v", j.Status, j.Error)
 	}
-	if err := h.Run(ctx, room); err == nil || !worker.IsFailure(err) {
+	if err := h.Run(ctx, room); err == nil || !queue.IsFailure(err) {
 		t.Fatalf("a fault under the ceiling must be retried as a failure, got %v", err)
 	}
 	if j := job(t, a, room); j.Status != store.JobWaiting {
@@ -403,7 +403,7 @@ func TestLongLimiterWaitRequeuesTheJob(t *testing.T) {
 		t.Fatalf("reserve: %v %+v", err, res)
 	}
 	err := a.JobHandler(worker.Options{MaxInlineWait: time.Millisecond}).Run(ctx, id)
-	if err == nil || worker.IsFailure(err) || worker.RetryDelay(0, err, nil) <= 0 {
+	if err == nil || queue.IsFailure(err) || queue.RetryDelay(0, err, nil) <= 0 {
 		t.Fatalf("a long wait must requeue without failure, got %v", err)
 	}
 	if j := job(t, a, id); j.Status != store.JobWaiting || j.Attempts != 0 {
@@ -425,7 +425,7 @@ func TestFullJitterStaysInBounds(t *testing.T) {
 	t.Parallel()
 	for n := 0; n < 40; n++ {
 		for i := 0; i < 50; i++ {
-			d := pacer.FullJitter(n, time.Second, time.Minute)
+			d := queue.FullJitter(n, time.Second, time.Minute)
 			if d < 100*time.Millisecond || d > time.Minute || (n < 5 && d > time.Second<<uint(n)) {
 				t.Fatalf("FullJitter(%d) = %v out of bounds", n, d)
 			}
@@ -441,7 +441,7 @@ func TestBreakerStopsCallingAFailingProvider(t *testing.T) {
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
 		id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
-		if err := h.Run(ctx, id); err == nil || !worker.IsFailure(err) {
+		if err := h.Run(ctx, id); err == nil || !queue.IsFailure(err) {
 			t.Fatalf("fault %d: %v", i, err)
 		}
 	}
@@ -451,7 +451,7 @@ func TestBreakerStopsCallingAFailingProvider(t *testing.T) {
 	calls := a.Sim.Stats().Requests
 	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("x", "", 5)})
 	err := h.Run(ctx, id)
-	if err == nil || worker.IsFailure(err) || worker.RetryDelay(0, err, nil) < 50*time.Second {
+	if err == nil || queue.IsFailure(err) || queue.RetryDelay(0, err, nil) < 50*time.Second {
 		t.Fatalf("with the circuit open the job must wait without failing, got %v", err)
 	}
 	if a.Sim.Stats().Requests != calls {

@@ -1,0 +1,74 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// Retry is what a task's handler returns to put its task back for a while.
+// Rate-limit waits, 429s and budget deferrals are not failures: asynq's
+// retry counter does not grow, so they never use up a task's retries.
+// Provider faults are (Failure).
+type Retry struct {
+	Reason  string
+	Delay   time.Duration
+	Failure bool
+	Cause   error
+}
+
+func (e *Retry) Error() string {
+	if e.Cause != nil {
+		return fmt.Sprintf("%s; again in %v: %v", e.Reason, e.Delay.Round(time.Millisecond), e.Cause)
+	}
+	return fmt.Sprintf("%s; again in %v", e.Reason, e.Delay.Round(time.Millisecond))
+}
+
+func (e *Retry) Unwrap() error { return e.Cause }
+
+// Requeue is a Retry that is not a failure: the task comes back after delay.
+func Requeue(reason string, delay time.Duration) error {
+	return &Retry{Reason: reason, Delay: delay}
+}
+
+// IsFailure is asynq's Config.IsFailure: a Retry counts only when it says
+// so; any other error counts.
+func IsFailure(err error) bool {
+	var r *Retry
+	if errors.As(err, &r) {
+		return r.Failure
+	}
+	return err != nil
+}
+
+// RetryDelay is asynq's Config.RetryDelayFunc: the handler's own delay when
+// it gave one, else full-jitter exponential backoff on the failure count n.
+func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
+	var r *Retry
+	if errors.As(err, &r) && r.Delay > 0 {
+		return r.Delay
+	}
+	return FullJitter(n, time.Second, 5*time.Minute)
+}
+
+// FullJitter is exponential backoff with full jitter: a uniform random
+// delay in [0, min(limit, base·2ⁿ)], at least a tenth of base. Spreading
+// retries over the whole interval is what keeps many callers from retrying
+// in step.
+func FullJitter(n int, base, limit time.Duration) time.Duration {
+	if n < 0 {
+		n = 0
+	}
+	ceil := limit
+	if n < 30 && base<<uint(n) < limit && base<<uint(n) > 0 {
+		ceil = base << uint(n)
+	}
+	d := time.Duration(rand.Int64N(int64(ceil) + 1))
+	if d < base/10 {
+		d = base / 10
+	}
+	return d
+}
