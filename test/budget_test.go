@@ -13,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
@@ -369,8 +370,8 @@ func TestPremiumFlowsPastAFreeBacklog(t *testing.T) {
 		Limits: sim.Limits{RPM: 1_000_000, TPM: 100_000_000}, DefaultMaxTokens: 1024, Latency: 50 * time.Millisecond}})
 	ctx := context.Background()
 	free, _ := a.Tenant("free") // priority low
-	// The backlog goes straight to the store and queue: 10,000 POSTs would
-	// only slow the test.
+	// The backlog goes straight to the store and the model's fair queue, as
+	// a POST would put it: 10,000 POSTs would only slow the test.
 	const backlog = 10000
 	params := make([]*store.JobInsertParams, backlog)
 	body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"x"}],"max_tokens":5}`)
@@ -385,7 +386,7 @@ func TestPremiumFlowsPastAFreeBacklog(t *testing.T) {
 	}
 	refs := make([]queue.JobRef, len(jobIDs))
 	for i, id := range jobIDs {
-		refs[i] = queue.JobRef{ID: id, Priority: queue.Low}
+		refs[i] = admission.Ref(a.Policy.Current(), id, queue.Low, free, "gpt-4o-mini", 15, 0)
 	}
 	if _, err := a.Queue.EnqueueJobs(ctx, refs); err != nil {
 		t.Fatal(err)
