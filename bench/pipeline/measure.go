@@ -12,8 +12,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/llmq/llmq/internal/redisbatch"
 )
 
 // finishLine counts tasks whose handler returned nil and notes when the
@@ -136,8 +134,7 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // newRedis returns a client of database db of the server at rawURL, with
-// its round trips counted. The commands llmq's API sends in one pipeline
-// (redisbatch) count once: the counter sees what goes to the server.
+// its round trips counted; a pipeline counts once.
 func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *roundTrips, error) {
 	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
@@ -151,7 +148,6 @@ func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *round
 		_ = c.Close()
 		return nil, nil, fmt.Errorf("redis at %s does not answer: %w", opt.Addr, err)
 	}
-	redisbatch.Attach(c)
 	rt := &roundTrips{}
 	c.AddHook(rt)
 	return c, rt, nil

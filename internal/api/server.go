@@ -24,7 +24,6 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
-	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
 )
@@ -270,32 +269,20 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		if subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
 			return s.authFailed(w, r, errUnauthorized)
 		}
-		// The API limit and the budget's status are independent: their
-		// scripts go to Redis in one round trip, each writing headers of
-		// its own, copied to the response once both are done.
+		// The API limit's headers, then the budget's, go on every answer.
 		c := &caller{key: key, tenant: tenant, policy: s.Policy.Current()}
 		acct, tier, tierErr := admission.Account(c.policy, tenant)
 		c.acct, c.tier = acct, tier
-		var limited, budgetErr error
-		limitHeaders, budgetHdrs := http.Header{}, http.Header{}
-		redisbatch.Run(r.Context(),
-			func(ctx context.Context) { limited = s.rateLimit(ctx, limitHeaders, r.Pattern, c) },
-			func(ctx context.Context) {
-				if budgetErr = tierErr; budgetErr == nil {
-					budgetErr = s.budgetHeaders(ctx, budgetHdrs, c)
-				}
-			})
-		out := w.Header()
-		for _, src := range []http.Header{limitHeaders, budgetHdrs} {
-			for k, v := range src {
-				out[k] = v
-			}
-		}
-		if budgetErr != nil && limited == nil {
-			return budgetErr
+		limited := s.rateLimit(r.Context(), w.Header(), r.Pattern, c)
+		budgetErr := tierErr
+		if budgetErr == nil {
+			budgetErr = s.budgetHeaders(r.Context(), w.Header(), c)
 		}
 		if limited != nil {
 			return limited
+		}
+		if budgetErr != nil {
+			return budgetErr
 		}
 		return h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})

@@ -25,7 +25,6 @@ import (
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/recovery"
-	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/scheduler"
 	"github.com/llmq/llmq/internal/store"
@@ -124,8 +123,6 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 		a.closers = append(a.closers, c.Close)
 		a.Redis = c
 	}
-	// The API's independent steps of a request share a round trip.
-	redisbatch.Attach(a.Redis)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := a.Redis.Ping(pingCtx).Err(); err != nil {

@@ -3,8 +3,6 @@ package coalesce
 import (
 	"context"
 	"sync"
-
-	"github.com/llmq/llmq/internal/redisbatch"
 )
 
 // Batch gathers the inputs of concurrent callers of a key into one call: a
@@ -62,7 +60,6 @@ func (b *Batch[K, P, R]) Do(ctx context.Context, key K, p P) (R, error) {
 	l.busy = true
 	b.mu.Unlock()
 	if !lead {
-		redisbatch.Leave(ctx)
 		<-e.wake
 		if e.done {
 			return e.res, e.err

@@ -13,8 +13,6 @@ package coalesce
 import (
 	"context"
 	"sync"
-
-	"github.com/llmq/llmq/internal/redisbatch"
 )
 
 // Group coalesces the calls of each key. The zero value is ready to use.
@@ -39,9 +37,7 @@ type call[R any] struct {
 // and how many callers that call answered (fn was told the same number).
 // A caller whose ctx ends while it waits gets ctx's error; the call it
 // waited for still answers the others. fn's context is ctx for a call made
-// at once, else one without cancellation (the call is everyone's). A caller
-// that waits leaves its redisbatch pipeline, so commands sent with it do
-// not wait for it.
+// at once, else one without cancellation (the call is everyone's).
 func (g *Group[K, R]) Do(ctx context.Context, key K, fn func(ctx context.Context, n int) R) (res R, n int, err error) {
 	g.mu.Lock()
 	if g.slots == nil {
@@ -67,7 +63,6 @@ func (g *Group[K, R]) Do(ctx context.Context, key K, fn func(ctx context.Context
 	c.n++
 	prev := s.running
 	g.mu.Unlock()
-	redisbatch.Leave(ctx)
 	if lead {
 		// The call under way began before this caller came: the next one
 		// is this caller's to make, for all who join it meanwhile.

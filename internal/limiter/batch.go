@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/llmq/llmq/internal/redisbatch"
 	"github.com/llmq/llmq/internal/redisclock"
 )
 
@@ -75,9 +74,6 @@ func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, co
 	c.done = make(chan struct{})
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
-	// The flusher sends this call's script: the commands sent with it in
-	// one round trip (redisbatch) must not wait for it.
-	redisbatch.Leave(ctx)
 
 	select {
 	case <-c.done:
