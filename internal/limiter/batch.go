@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/llmq/llmq/internal/redisclock"
@@ -15,7 +13,7 @@ import (
 // blocks Redis for long.
 const maxBatch = 64
 
-// call is one reservation waiting for, or in, a script run.
+// call is one reservation of a script run.
 type call struct {
 	mode  string
 	scope Scope
@@ -23,24 +21,15 @@ type call struct {
 	id    string
 	res   *Result
 	err   error
-	done  chan struct{} // closed when res and err are set; nil for a batch's first caller
-	state atomic.Int32  // callWaiting, callDelivered or callAbandoned
 }
 
-const (
-	callWaiting = iota
-	callDelivered
-	callAbandoned
-)
-
-// batcher queues the reservations of one scope while a run is in flight.
-type batcher struct {
-	key     string // the scope's hash
-	mu      sync.Mutex
-	queue   []*call
-	running bool
-}
-
+// reserve decides one reservation on scope. The reservations of one scope
+// that come while a script run of it is under way go together in the next
+// run (coalesce.Batch, at most maxBatch a run): a scope is one Redis key,
+// so its reservations run one after the other anyway, and a run for many
+// saves each its round trip. A lone reservation runs at once. A caller
+// whose context ends while it waits still gets its run's answer, which
+// comes within a Redis call's timeout.
 func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, cost Cost) (*Result, error) {
 	if err := scope.validate(cost); err != nil {
 		return nil, err
@@ -49,78 +38,18 @@ func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, co
 	if mode != modeState {
 		c.id = newID()
 	}
-	bv, ok := tb.batchers.Load(scope.Name)
-	if !ok {
-		bv, _ = tb.batchers.LoadOrStore(scope.Name, &batcher{key: tb.opts.Keys.LimiterScope(scope.Name)})
-	}
-	b := bv.(*batcher)
-
-	b.mu.Lock()
-	if !b.running {
-		// Nothing in flight: run now, alone (so on ctx, which concerns no
-		// other caller), and hand what queued meanwhile to a flusher.
-		b.running = true
-		b.mu.Unlock()
-		tb.run(ctx, b.key, []*call{c})
-		b.mu.Lock()
-		if len(b.queue) > 0 {
-			go tb.flush(ctx, b)
-		} else {
-			b.running = false
-		}
-		b.mu.Unlock()
-		return c.res, c.err
-	}
-	c.done = make(chan struct{})
-	b.queue = append(b.queue, c)
-	b.mu.Unlock()
-
-	select {
-	case <-c.done:
-		return c.res, c.err
-	case <-ctx.Done():
-	}
-	b.mu.Lock()
-	if i := slices.Index(b.queue, c); i >= 0 {
-		b.queue = slices.Delete(b.queue, i, i+1)
-		b.mu.Unlock()
-		return nil, ctx.Err()
-	}
-	b.mu.Unlock()
-	if c.state.CompareAndSwap(callWaiting, callAbandoned) {
-		return nil, ctx.Err()
-	}
-	<-c.done // delivered just now
-	return c.res, c.err
+	return tb.reserves.Do(ctx, scope.Name, c)
 }
 
-// flush runs the queued reservations of b, a batch at a time, until none is
-// left; it releases what it reserved for callers that stopped waiting.
-func (tb *TokenBucket) flush(ctx context.Context, b *batcher) {
-	ctx = context.WithoutCancel(ctx)
-	for {
-		b.mu.Lock()
-		n := min(len(b.queue), maxBatch)
-		if n == 0 {
-			b.running = false
-			b.mu.Unlock()
-			return
-		}
-		batch := slices.Clone(b.queue[:n])
-		b.queue = slices.Delete(b.queue, 0, n)
-		b.mu.Unlock()
-
-		tb.run(ctx, b.key, batch)
-		for _, c := range batch {
-			if c.state.CompareAndSwap(callWaiting, callDelivered) {
-				close(c.done)
-			} else if c.err == nil && c.res.Reservation != nil {
-				// Best effort: on failure the tokens stay counted as used,
-				// which only costs capacity until they refill.
-				_ = tb.Release(ctx, c.res.Reservation)
-			}
-		}
+// runReserves is tb.reserves' call: one script run for calls, all of the
+// scope called name.
+func (tb *TokenBucket) runReserves(ctx context.Context, name string, calls []*call) ([]*Result, []error) {
+	tb.run(ctx, tb.opts.Keys.LimiterScope(name), calls)
+	res, errs := make([]*Result, len(calls)), make([]error, len(calls))
+	for i, c := range calls {
+		res[i], errs[i] = c.res, c.err
 	}
+	return res, errs
 }
 
 // run decides a batch of reservations of one scope in one script run, and

@@ -5,11 +5,11 @@ import (
 	_ "embed" // the scripts' Lua
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/coalesce"
 	"github.com/llmq/llmq/internal/redisclock"
 )
 
@@ -37,8 +37,8 @@ type TokenBucket struct {
 	opts Options
 	// probeTimeout, probeRetry and reconcileTTL as script arguments.
 	probeTimeout, probeRetry, reconcileTTL string
-	// batchers holds a *batcher per scope name.
-	batchers sync.Map
+	// reserves groups the reservations of a scope (batch.go).
+	reserves coalesce.Batch[string, *call, *Result]
 }
 
 // NewTokenBucket returns a TokenBucket over rdb (any redis.UniversalClient
@@ -48,13 +48,15 @@ func NewTokenBucket(rdb redis.Scripter, opts Options) (*TokenBucket, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &TokenBucket{
+	tb := &TokenBucket{
 		rdb:          rdb,
 		opts:         o,
 		probeTimeout: strconv.FormatInt(o.ProbeTimeout.Microseconds(), 10),
 		probeRetry:   strconv.FormatInt(o.ProbeRetry.Microseconds(), 10),
 		reconcileTTL: strconv.FormatInt(max(o.ReconcileTTL.Milliseconds(), 1), 10),
-	}, nil
+	}
+	tb.reserves.Max, tb.reserves.Fn = maxBatch, tb.runReserves
+	return tb, nil
 }
 
 // Reservation is what an allowed Reserve took. Pass it to Reconcile (the call

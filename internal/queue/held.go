@@ -78,12 +78,27 @@ func (c *Client) Held(ctx context.Context, scope string) (tokens, requests float
 }
 
 // Holding reports whether scope has holds (one EXISTS: the worker asks it
-// before every permit it keeps). A hold that expired counts until the
-// scheduler's next look at the scope drops it, a few seconds at most.
+// before every permit it keeps). The workers of a process that ask while
+// an EXISTS of the scope is under way share the next one (coalesce.Group):
+// each answer is as fresh as a call of its own. A hold that expired counts
+// until the scheduler's next look at the scope drops it, a few seconds at
+// most.
 func (c *Client) Holding(ctx context.Context, scope string) (bool, error) {
 	if c.fair == nil {
 		return false, nil
 	}
-	n, err := c.fair.rdb.Exists(ctx, c.fair.keys.FairHeld(scope)).Result()
-	return n > 0, err
+	a, _, err := c.fair.holding.Do(ctx, scope, func(ctx context.Context, _ int) holdingAnswer {
+		n, err := c.fair.rdb.Exists(ctx, c.fair.keys.FairHeld(scope)).Result()
+		return holdingAnswer{n > 0, err}
+	})
+	if err != nil {
+		return false, err
+	}
+	return a.held, a.err
+}
+
+// holdingAnswer is one EXISTS of Holding.
+type holdingAnswer struct {
+	held bool
+	err  error
 }
