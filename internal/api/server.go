@@ -13,9 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/llmq/llmq/internal/admission"
@@ -269,15 +271,23 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 		if subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
 			return s.authFailed(w, r, errUnauthorized)
 		}
-		// The API limit's headers, then the budget's, go on every answer.
+		// The API limit and the budget's status are independent Redis
+		// reads: they go at the same time, each writing headers of its own,
+		// copied to the answer once both are done. One after the other,
+		// they cost a request one more Redis round trip of waiting.
 		c := &caller{key: key, tenant: tenant, policy: s.Policy.Current()}
 		acct, tier, tierErr := admission.Account(c.policy, tenant)
 		c.acct, c.tier = acct, tier
-		limited := s.rateLimit(r.Context(), w.Header(), r.Pattern, c)
-		budgetErr := tierErr
-		if budgetErr == nil {
-			budgetErr = s.budgetHeaders(r.Context(), w.Header(), c)
+		var limited, budgetErr error
+		limitHeaders, budgetHeaders := http.Header{}, http.Header{}
+		var steps sync.WaitGroup
+		steps.Go(func() { limited = s.rateLimit(r.Context(), limitHeaders, r.Pattern, c) })
+		if budgetErr = tierErr; budgetErr == nil {
+			budgetErr = s.budgetHeaders(r.Context(), budgetHeaders, c)
 		}
+		steps.Wait()
+		maps.Copy(w.Header(), limitHeaders)
+		maps.Copy(w.Header(), budgetHeaders)
 		if limited != nil {
 			return limited
 		}

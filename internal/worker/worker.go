@@ -430,8 +430,12 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 		r.settlePermit(ctx, o)
 		return fmt.Errorf("store result of %s: %w", r.job.ID, err)
 	}
-	r.settlePermit(ctx, o)
+	// The permit and the budget are settled at the same time: each is its
+	// own Redis script, and neither needs the other's answer.
+	var settled sync.WaitGroup
+	settled.Go(func() { r.settlePermit(ctx, o) })
 	settleErr := r.settle(ctx, cost, res.Charged)
+	settled.Wait()
 	status := store.JobSucceeded
 	if v.failed != nil {
 		status = store.JobFailed
