@@ -24,11 +24,7 @@
 --   r:<id>    an open reservation's amount, µ$
 --   c:<id>    marks a job whose cost spent counts, so that however often a
 --             job settles it is charged once (see Settle)
---
--- Lua numbers are doubles: every amount and time stays an integer below
--- 2^53. Numbers handed back to Redis go through int_str, because Redis
--- would format them with only 14 significant digits.
-local function int_str(n) return string.format("%d", n) end
+-- It runs after reservations.lua, whose int_str and drop it uses.
 
 local tenant_day_start, tenant_day_end = tonumber(ARGV[2]), tonumber(ARGV[3])
 local global_day_start, global_day_end = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -62,12 +58,7 @@ end
 local function expire(day, reservations)
   local lapsed = redis.call("ZRANGEBYSCORE", reservations, "-inf", int_str(now), "LIMIT", 0, 100)
   for _, id in ipairs(lapsed) do
-    local amount = redis.call("HGET", day, "r:" .. id)
-    if amount then
-      redis.call("HDEL", day, "r:" .. id)
-      redis.call("HINCRBY", day, "reserved", int_str(-tonumber(amount)))
-    end
-    redis.call("ZREM", reservations, id)
+    drop(day, reservations, id)
   end
 end
 

@@ -23,12 +23,18 @@ import (
 //go:embed day.lua
 var dayLua string
 
+// reservationsLua is the functions the scripts that touch a day share,
+// before dayLua or a script's own Lua.
+//
+//go:embed reservations.lua
+var reservationsLua string
+
 // reserveScript holds an amount for one reservation id against the
 // tenant's day and the global day together, all or nothing (reserve.lua).
 //
 //go:embed reserve.lua
 var reserveLua string
-var reserveScript = redis.NewScript(redisclock.Lua + dayLua + reserveLua)
+var reserveScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + reserveLua)
 
 // Reserve holds amount (the job's worst-case cost) for reservation id (the
 // job id) against the tenant's budget and the global cap of today, all or

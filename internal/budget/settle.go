@@ -16,7 +16,7 @@ import (
 //
 //go:embed settle.lua
 var settleLua string
-var settleScript = redis.NewScript(settleLua)
+var settleScript = redis.NewScript(reservationsLua + settleLua)
 
 // Settle turns the job's reservation into the real cost: the hold is
 // dropped and actual is added to the tenant's and the global spent, once

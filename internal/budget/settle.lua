@@ -14,17 +14,7 @@ local tenant_day, tenant_reservations = KEYS[1], KEYS[2]
 local global_day, global_reservations = KEYS[3], KEYS[4]
 local id, member, cost, charge = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
 
-local function int_str(n) return string.format("%d", n) end
-
--- drop takes a reservation out of a day, if it is still there
-local function drop(day, reservations, m)
-  local amount = redis.call("HGET", day, "r:" .. m)
-  if amount then
-    redis.call("HDEL", day, "r:" .. m)
-    redis.call("HINCRBY", day, "reserved", int_str(-tonumber(amount)))
-  end
-  redis.call("ZREM", reservations, m)
-end
+-- int_str and drop come from reservations.lua, run before this.
 drop(tenant_day, tenant_reservations, id)
 drop(global_day, global_reservations, member)
 

@@ -17,7 +17,7 @@ import (
 //
 //go:embed status.lua
 var statusLua string
-var statusScript = redis.NewScript(redisclock.Lua + dayLua + statusLua)
+var statusScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + statusLua)
 
 // Status reports the tenant's day so far (GET /v1/usage, the dashboard):
 // spent, reserved, remaining, the soft limit and when the day resets,

@@ -49,12 +49,7 @@ func (q pgxQuerier) query(ctx context.Context, query string, args []any, each fu
 		return err
 	}
 	defer rows.Close()
-	for rows.Next() {
-		if err := each(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
+	return eachRow(rows, each)
 }
 
 // sqlQuerier is a querier on a *sql.DB or a *sql.Tx.
@@ -84,6 +79,16 @@ func (q sqlQuerier) query(ctx context.Context, query string, args []any, each fu
 		return err
 	}
 	defer rows.Close()
+	return eachRow(rows, each)
+}
+
+// eachRow calls each with every row of rows (pgx.Rows or *sql.Rows) in
+// order; each's error stops it and is returned.
+func eachRow(rows interface {
+	row
+	Next() bool
+	Err() error
+}, each func(row) error) error {
 	for rows.Next() {
 		if err := each(rows); err != nil {
 			return err

@@ -78,7 +78,7 @@ func (o ServerOptions) validate() error {
 }
 
 // Server is the asynq servers of one worker process, started and stopped
-// together: Concurrency split between Dequeuers of them for the job queues,
+// together: Concurrency split between Dequeuers of them for the jobs queue,
 // and one for the webhooks queue.
 type Server struct {
 	servers []*asynq.Server // the job dequeuers, then the webhook server
@@ -157,7 +157,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 	return s, nil
 }
 
-// Dequeuers is how many asynq servers s runs for the job queues (the
+// Dequeuers is how many asynq servers s runs for the jobs queue (the
 // webhook server aside).
 func (s *Server) Dequeuers() int { return s.jobs }
 
