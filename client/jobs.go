@@ -22,7 +22,7 @@ type JobCreateParams struct {
 	// Body is the request for the provider: a json.RawMessage, a map or a
 	// struct that encodes to the JSON the endpoint takes.
 	Body any `json:"body"`
-	// Priority is critical, default, low or batch: the tier's queue or a
+	// Priority is critical, default, low or batch: the tier's priority or a
 	// lower one. Defaults to the tier's.
 	Priority string `json:"priority,omitempty"`
 	// WebhookURL receives the job when it finishes.
