@@ -401,7 +401,11 @@ func TestPremiumFlowsPastAFreeBacklog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if done > backlog/10 {
+	// Without priority the premium jobs would run after all 10,000. While
+	// their 50 POSTs go in, the workers keep running free jobs (the fair
+	// queue is work-conserving), more of them on a loaded machine: 248 on
+	// a quiet one, 1,048 once under a full test suite.
+	if done > backlog/5 {
 		t.Fatalf("the free backlog ran first: %d of its %d jobs ran before the 50 premium jobs finished", done, backlog)
 	}
 	t.Logf("50 premium jobs finished in %v while %d of the %d free jobs had run", took.Round(time.Millisecond), done, backlog)
