@@ -36,6 +36,7 @@ import (
 	"github.com/llmq/llmq/internal/coalesce"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/rkeys"
+	"github.com/llmq/llmq/internal/scripts"
 )
 
 // Ledger is the durable record the Redis counters are rebuilt from (the store
@@ -133,12 +134,15 @@ const maxAttempts = 6
 // Budgets reserves and settles spend against daily budgets. It is safe for
 // concurrent use; any number of processes may share one Redis.
 type Budgets struct {
-	rdb    redis.UniversalClient
-	ledger Ledger
-	keys   rkeys.Builder
-	clock  func() time.Time
-	resTTL time.Duration
-	log    *slog.Logger
+	rdb redis.UniversalClient
+	// scripts runs Reserve's, Status's and Settle's scripts, those of
+	// concurrent jobs in one pipeline.
+	scripts *scripts.Runner
+	ledger  Ledger
+	keys    rkeys.Builder
+	clock   func() time.Time
+	resTTL  time.Duration
+	log     *slog.Logger
 
 	// offset is how far Redis's clock is ahead of ours (µs), learnt from
 	// wrong-day replies, so a skewed worker guesses the day right next time.
@@ -185,7 +189,7 @@ func New(rdb redis.UniversalClient, ledger Ledger, opts Options) (*Budgets, erro
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Budgets{
-		rdb: rdb, ledger: ledger, keys: opts.Keys, clock: opts.Clock,
+		rdb: rdb, scripts: scripts.New(rdb), ledger: ledger, keys: opts.Keys, clock: opts.Clock,
 		resTTL: opts.ReservationTTL, log: opts.Logger, flights: map[string]*flight{},
 	}, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/redisclock"
+	"github.com/llmq/llmq/internal/scripts"
 )
 
 // dayLua is the prelude of the scripts that read or write a day (Reserve
@@ -153,7 +154,7 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, extra
 		sp := b.spanAt(guess, loc)
 		keys := b.keysFor(acct.TenantID, sp.day, sp.gday)
 		args := append([]any{arg, us(sp.start), us(sp.end), us(sp.gstart), us(sp.gend), keySlack.Milliseconds(), newToken()}, extra...)
-		v, err := s.Run(ctx, b.rdb, keys, args...).Slice()
+		v, err := b.scripts.Run(ctx, scripts.Call{Script: s, Keys: keys, Args: args}).Slice()
 		if err != nil {
 			return nil, sp, err
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/scripts"
 )
 
 // settleScript turns one job's reservation into its real cost, or just
@@ -72,7 +73,8 @@ func (b *Budgets) settle(ctx context.Context, op string, res *Reservation, actua
 		flag = "1"
 	}
 	keys := b.keysFor(res.TenantID, res.Day, res.GlobalDay)
-	v, err := settleScript.Run(ctx, b.rdb, keys, res.ID, globalMember(res.TenantID, res.ID), int64(actual), flag).Slice()
+	v, err := b.scripts.Run(ctx, scripts.Call{Script: settleScript, Keys: keys,
+		Args: []any{res.ID, globalMember(res.TenantID, res.ID), int64(actual), flag}}).Slice()
 	if err != nil {
 		return fmt.Errorf("budget: %s %s: %w", op, res.ID, err)
 	}

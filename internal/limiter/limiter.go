@@ -8,7 +8,8 @@
 // deliveries. Every check-and-take is one Lua script and one round trip, time is
 // Redis TIME (or an injected clock in tests), every key comes from
 // rkeys.Builder with the scope's hash tag and expires once idle, and every
-// limiter takes a redis.Scripter, so single node, Sentinel and Cluster fit.
+// limiter takes any go-redis client (a redis.Scripter; TokenBucket also
+// pipelines), so single node, Sentinel and Cluster fit.
 package limiter
 
 import (

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/redisclock"
+	"github.com/llmq/llmq/internal/scripts"
 )
 
 // What Settle learns, and how fast (docs/ARCHITECTURE.md, "What the limiter
@@ -300,7 +301,7 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 	if marker {
 		keys = append(keys, tb.opts.Keys.LimiterReconciled(r.Scope.Name, r.ID))
 	}
-	v, err := settleScript.Run(ctx, tb.rdb, keys, args...).Result()
+	v, err := tb.scripts.Run(ctx, scripts.Call{Script: settleScript, Keys: keys, Args: args}).Result()
 	var a []int64
 	if err == nil {
 		a, err = ints(v, 1)

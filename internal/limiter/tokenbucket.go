@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmq/llmq/internal/coalesce"
 	"github.com/llmq/llmq/internal/redisclock"
+	"github.com/llmq/llmq/internal/scripts"
 )
 
 // TokenBucket is the distributed, weighted token bucket over several buckets
@@ -35,6 +36,8 @@ import (
 type TokenBucket struct {
 	rdb  redis.Scripter
 	opts Options
+	// scripts runs the settles, those of concurrent calls in one pipeline.
+	scripts *scripts.Runner
 	// probeTimeout, probeRetry and reconcileTTL as script arguments.
 	probeTimeout, probeRetry, reconcileTTL string
 	// reserves groups the reservations of a scope (batch.go).
@@ -43,7 +46,7 @@ type TokenBucket struct {
 
 // NewTokenBucket returns a TokenBucket over rdb (any redis.UniversalClient
 // fits), or an error naming a field of opts that is invalid.
-func NewTokenBucket(rdb redis.Scripter, opts Options) (*TokenBucket, error) {
+func NewTokenBucket(rdb scripts.Client, opts Options) (*TokenBucket, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -51,6 +54,7 @@ func NewTokenBucket(rdb redis.Scripter, opts Options) (*TokenBucket, error) {
 	tb := &TokenBucket{
 		rdb:          rdb,
 		opts:         o,
+		scripts:      scripts.New(rdb),
 		probeTimeout: strconv.FormatInt(o.ProbeTimeout.Microseconds(), 10),
 		probeRetry:   strconv.FormatInt(o.ProbeRetry.Microseconds(), 10),
 		reconcileTTL: strconv.FormatInt(max(o.ReconcileTTL.Milliseconds(), 1), 10),

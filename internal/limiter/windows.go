@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/redisclock"
+	"github.com/llmq/llmq/internal/scripts"
 )
 
 // Algorithm is how a WindowSet counts.
@@ -111,7 +112,7 @@ type Windows struct {
 }
 
 // NewWindows returns Windows over rdb. Of opts, it uses Keys and Clock.
-func NewWindows(rdb redis.Scripter, opts Options) (*Windows, error) {
+func NewWindows(rdb scripts.Client, opts Options) (*Windows, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
