@@ -77,15 +77,30 @@ type Policy struct {
 
 // Provider is an OpenAI-compatible API that models are served by.
 type Provider struct {
-	Name      string
-	BaseURL   string        // e.g. https://api.openai.com/v1
-	APIKeyEnv string        // the environment variable holding the API key; empty for none
-	Timeout   time.Duration // of one call. Defaults to 60s.
+	Name string
+	// Kind is ProviderOpenAI (OpenAI or any server of its API, the
+	// default) or ProviderAzure (Azure OpenAI: the api-key header, and a
+	// model's upstream is the name of its deployment).
+	Kind string
+	// APIVersion is an Azure provider's api-version: with one, calls go to
+	// the deployment's path (/openai/deployments/<upstream>/…?api-version=);
+	// without, to Azure's v1 API (/openai/v1/…, the deployment named in
+	// the body's model).
+	APIVersion string
+	BaseURL    string        // e.g. https://api.openai.com/v1, or https://<resource>.openai.azure.com for Azure
+	APIKeyEnv  string        // the environment variable holding the API key; empty for none
+	Timeout    time.Duration // of one call. Defaults to 60s.
 	// MaxResponseBytes bounds one answer's body (a stream's, all its
 	// events): past it the call fails with provider_response_too_large,
 	// and nothing of it is stored. Defaults to 16 MiB.
 	MaxResponseBytes int64
 }
+
+// The kinds of provider.
+const (
+	ProviderOpenAI = "openai"
+	ProviderAzure  = "azure"
+)
 
 // DefaultMaxResponseBytes is a provider's MaxResponseBytes when the policy
 // names none.
@@ -268,6 +283,8 @@ type rawPolicy struct {
 
 type rawProvider struct {
 	Name             string  `yaml:"name"`
+	Kind             string  `yaml:"kind"`
+	APIVersion       string  `yaml:"api_version"`
 	BaseURL          string  `yaml:"base_url"`
 	APIKeyEnv        string  `yaml:"api_key_env"`
 	Timeout          *string `yaml:"timeout"`
@@ -410,9 +427,26 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 }
 
 func (rp rawProvider) build(src *source, path string) (Provider, error) {
-	pr := Provider{Name: rp.Name, BaseURL: rp.BaseURL, APIKeyEnv: rp.APIKeyEnv, Timeout: DefaultProviderTimeout}
+	pr := Provider{Name: rp.Name, Kind: rp.Kind, APIVersion: rp.APIVersion, BaseURL: rp.BaseURL, APIKeyEnv: rp.APIKeyEnv,
+		Timeout: DefaultProviderTimeout}
 	if err := checkIdent(src, path+".name", rp.Name); err != nil {
 		return pr, err
+	}
+	switch rp.Kind {
+	case "":
+		pr.Kind = ProviderOpenAI
+	case ProviderOpenAI, ProviderAzure:
+	default:
+		return pr, src.errorAt(path+".kind", "must be %q or %q, got %q", ProviderOpenAI, ProviderAzure, rp.Kind)
+	}
+	if rp.APIVersion != "" && pr.Kind != ProviderAzure {
+		return pr, src.errorAt(path+".api_version", "is for kind: %s only", ProviderAzure)
+	}
+	if rp.APIVersion != "" && !validAPIVersion(rp.APIVersion) {
+		return pr, src.errorAt(path+".api_version", "must be an Azure api-version such as 2024-10-21 or 2025-04-01-preview (leave it out for Azure's v1 API), got %q", rp.APIVersion)
+	}
+	if rp.BaseURL == "" && pr.Kind == ProviderAzure {
+		return pr, src.errorAt(path+".base_url", "required, the resource's endpoint, e.g. https://my-resource.openai.azure.com")
 	}
 	if rp.BaseURL == "" {
 		return pr, src.errorAt(path+".base_url", "required, e.g. https://api.openai.com/v1")
@@ -447,6 +481,16 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 		pr.MaxResponseBytes = *b
 	}
 	return pr, nil
+}
+
+// validAPIVersion says whether v has the form of an Azure api-version: a
+// date, optionally followed by a suffix such as -preview.
+func validAPIVersion(v string) bool {
+	date, suffix, _ := strings.Cut(v, "-preview")
+	if _, err := time.Parse(time.DateOnly, date); err != nil || len(v) > 32 {
+		return false
+	}
+	return suffix == ""
 }
 
 func (rm rawModel) build(src *source, path string, providers map[string]*Provider) (Model, error) {

@@ -184,6 +184,22 @@ func TestParsePolicyOptionalFields(t *testing.T) {
 	if m, _ := p.Model("fast"); m.Kind != KindEmbedding {
 		t.Errorf("kind from upstream = %q, want embedding", m.Kind)
 	}
+
+	// Providers are OpenAI's kind unless they say azure; an Azure one may
+	// name its api-version.
+	if pr, _ := p.Provider("openai"); pr.Kind != ProviderOpenAI || pr.APIVersion != "" {
+		t.Errorf("default provider kind %q, api-version %q", pr.Kind, pr.APIVersion)
+	}
+	for _, v := range []string{"2024-10-21", "2025-04-01-preview", ""} {
+		line := "    kind: azure\n"
+		if v != "" {
+			line += "    api_version: " + v + "\n"
+		}
+		p = mustParse(t, edit(t, "    base_url: http://127.0.0.1:9000/v1\n", "    base_url: https://east.openai.azure.com\n"+line))
+		if pr, _ := p.Provider("local"); pr.Kind != ProviderAzure || pr.APIVersion != v || pr.BaseURL != "https://east.openai.azure.com" {
+			t.Errorf("azure provider %+v, want api-version %q", pr, v)
+		}
+	}
 }
 
 // The API's limits: windows per tier with their algorithm, soft limit,
@@ -326,6 +342,14 @@ func TestParsePolicyErrors(t *testing.T) {
 		{name: "base_url without host", old: "http://127.0.0.1:9000/v1", new: "https:///v1", field: "providers[1].base_url", msg: "must be an http or https URL"},
 		{name: "base_url with credentials", old: "http://127.0.0.1:9000/v1", new: "https://user:pw@example.com/v1", field: "providers[1].base_url", msg: "must not hold credentials"},
 		{name: "api_key_env not a name", old: "OPENAI_API_KEY", new: "sk-abc123", field: "providers[0].api_key_env", msg: "must be the name of an environment variable"},
+		{name: "provider kind unknown", old: "  - name: local\n", new: "  - name: local\n    kind: anthropic\n", field: "providers[1].kind",
+			msg: `must be "openai" or "azure", got "anthropic"`},
+		{name: "api_version of an openai provider", old: "  - name: local\n", new: "  - name: local\n    api_version: 2024-10-21\n",
+			field: "providers[1].api_version", msg: "is for kind: azure only"},
+		{name: "api_version not a version", old: "  - name: local\n", new: "  - name: local\n    kind: azure\n    api_version: latest\n",
+			field: "providers[1].api_version", msg: `must be an Azure api-version such as 2024-10-21`},
+		{name: "azure without base_url", old: "  - name: local\n    base_url: http://127.0.0.1:9000/v1\n", new: "  - name: local\n    kind: azure\n",
+			field: "providers[1].base_url", msg: "the resource's endpoint"},
 		{name: "api_key_env starts with digit", old: "OPENAI_API_KEY", new: "1KEY", field: "providers[0].api_key_env", msg: "environment variable"},
 		{name: "timeout without unit", old: "timeout: 30s", new: "timeout: 30", field: "providers[0].timeout", msg: `must be a duration such as 60s or 2m, got "30"`},
 		{name: "timeout garbage", old: "timeout: 30s", new: "timeout: soon", field: "providers[0].timeout", msg: "must be a duration"},

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -22,8 +23,17 @@ type OpenAIConfig struct {
 	// BaseURL is the API root, ending in /v1, of OpenAI or any compatible
 	// server. Defaults to "https://api.openai.com/v1".
 	BaseURL string
-	// APIKey is sent as a bearer token. It never appears in errors.
+	// APIKey is sent as a bearer token (Azure: in the api-key header). It
+	// never appears in errors.
 	APIKey string
+	// Azure makes the provider Azure OpenAI: BaseURL is the resource's
+	// endpoint (https://<resource>.openai.azure.com), the key goes in the
+	// api-key header, and a request's Upstream is a deployment's name. With
+	// APIVersion, calls go to the deployment's path with that api-version;
+	// without, to Azure's v1 API (BaseURL/openai/v1, OpenAI's paths, the
+	// deployment named in the body's model).
+	Azure      bool
+	APIVersion string
 	// Timeout bounds every call, whatever the caller's context allows.
 	// Defaults to 60s.
 	Timeout time.Duration
@@ -69,7 +79,9 @@ var errResponseTooLarge = errors.New("the provider's answer is larger than its m
 type openAIProvider struct {
 	name        string
 	apiKey      string
-	baseURL     string
+	baseURL     string // OpenAI's paths go under it; for Azure with an api-version, /openai/deployments/… does
+	azure       bool
+	apiVersion  string // Azure's, or ""
 	timeout     time.Duration
 	maxResponse int64
 	client      *openai.Client
@@ -138,15 +150,60 @@ func NewOpenAI(cfg OpenAIConfig) Provider {
 	hc.Transport = &captureTransport{base: base}
 	oc := openai.DefaultConfig(cfg.APIKey)
 	oc.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
+	if cfg.Azure {
+		oc = azureConfig(cfg)
+	}
 	oc.HTTPClient = &hc
 	return &openAIProvider{
 		name:        cfg.Name,
 		apiKey:      cfg.APIKey,
 		baseURL:     oc.BaseURL,
+		azure:       cfg.Azure,
+		apiVersion:  oc.APIVersion,
 		timeout:     cfg.Timeout,
 		maxResponse: cfg.MaxResponseBytes,
 		client:      openai.NewClientWithConfig(oc),
 		http:        &hc,
+	}
+}
+
+// azureConfig is go-openai's configuration for Azure OpenAI. With an
+// api-version it is go-openai's Azure type, which puts the deployment in the
+// path. Azure's v1 API takes OpenAI's paths under /openai/v1 with the
+// api-key header and no api-version: go-openai's Cloudflare-Azure type is
+// the one that sends exactly that.
+func azureConfig(cfg OpenAIConfig) openai.ClientConfig {
+	base := strings.TrimRight(cfg.BaseURL, "/")
+	oc := openai.DefaultAzureConfig(cfg.APIKey, base)
+	// The deployment's name as the policy gives it (go-openai's default
+	// drops dots and colons from some names).
+	oc.AzureModelMapperFunc = func(model string) string { return model }
+	if cfg.APIVersion != "" {
+		oc.APIVersion = cfg.APIVersion
+		return oc
+	}
+	oc.APIType, oc.APIVersion, oc.BaseURL = openai.APITypeCloudflareAzure, "", base+"/openai/v1"
+	return oc
+}
+
+// chatURL is where a chat completion of upstream is sent (streams; go-openai
+// builds the same URLs for the other calls).
+func (p *openAIProvider) chatURL(upstream string) string {
+	if p.azure && p.apiVersion != "" {
+		return p.baseURL + "/openai/deployments/" + url.PathEscape(upstream) + "/chat/completions?api-version=" +
+			url.QueryEscape(p.apiVersion)
+	}
+	return p.baseURL + "/chat/completions"
+}
+
+// authorize puts the API key on h as the provider takes it.
+func (p *openAIProvider) authorize(h http.Header) {
+	switch {
+	case p.apiKey == "":
+	case p.azure:
+		h.Set(openai.AzureAPIKeyHeader, p.apiKey)
+	default:
+		h.Set("Authorization", "Bearer "+p.apiKey)
 	}
 }
 

@@ -64,15 +64,13 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, p.baseURL+EndpointChat[len("/v1"):], bytes.NewReader(wire))
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, p.chatURL(req.Upstream), bytes.NewReader(wire))
 	if err != nil {
 		return nil, p.refuse(err)
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("Accept", "text/event-stream")
-	if p.apiKey != "" {
-		hr.Header.Set("Authorization", "Bearer "+p.apiKey)
-	}
+	p.authorize(hr.Header)
 	resp, err := p.http.Do(hr)
 	if err != nil {
 		return nil, p.noAnswer(ctx, err, 0)

@@ -26,7 +26,7 @@ func NewProviders(p *config.Policy, lookupEnv func(string) (string, bool)) *Prov
 			key, _ = lookupEnv(cp.APIKeyEnv)
 		}
 		return llm.NewOpenAI(llm.OpenAIConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Timeout: cp.Timeout,
-			MaxResponseBytes: cp.MaxResponseBytes})
+			MaxResponseBytes: cp.MaxResponseBytes, Azure: cp.Kind == config.ProviderAzure, APIVersion: cp.APIVersion})
 	})
 }
 

@@ -14,7 +14,10 @@ import (
 )
 
 // Handler serves the OpenAI API (POST /v1/chat/completions, POST
-// /v1/embeddings, GET /v1/models) and the simulator's control API:
+// /v1/embeddings, GET /v1/models), the same calls as Azure OpenAI takes them
+// (POST /openai/deployments/{deployment}/chat/completions?api-version=…, the
+// deployment as the model, and POST /openai/v1/…), and the simulator's
+// control API:
 //
 //	GET  /sim/stats[?window=60s]  Stats; with window, per model the most
 //	                              requests and tokens admitted in any window of
@@ -30,6 +33,11 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST "+llm.EndpointChat, s.serveCompletion)
 	mux.HandleFunc("POST "+llm.EndpointEmbeddings, s.serveCompletion)
 	mux.HandleFunc("GET /v1/models", s.serveModels)
+	// Azure OpenAI: a deployment's paths, and the v1 API's.
+	mux.HandleFunc("POST /openai/deployments/{deployment}/chat/completions", s.serveAzureDeployment)
+	mux.HandleFunc("POST /openai/deployments/{deployment}/embeddings", s.serveAzureDeployment)
+	mux.HandleFunc("POST /openai/v1/chat/completions", s.serveAzureV1)
+	mux.HandleFunc("POST /openai/v1/embeddings", s.serveAzureV1)
 	mux.HandleFunc("GET /sim/stats", s.serveStats)
 	mux.HandleFunc("GET /sim/admissions", s.serveAdmissions)
 	mux.HandleFunc("POST /sim/limits", s.serveSetLimits)
@@ -150,11 +158,49 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(resp)
 }
 
+// serveAzureDeployment serves a call to an Azure OpenAI deployment's path
+// as the OpenAI call it is: the deployment's name is the model, whatever the
+// body says, and a call without an api-version is not found, as on Azure.
+func (s *Server) serveAzureDeployment(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("api-version") == "" {
+		apiError(w, http.StatusNotFound, "Resource not found", "", "", "404")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	var fields map[string]json.RawMessage
+	if err == nil {
+		err = json.Unmarshal(body, &fields)
+	}
+	if err != nil || fields == nil {
+		s.count(func(st *Stats) { st.BadRequests++ })
+		apiError(w, http.StatusBadRequest, "The request body is not a JSON object.", "invalid_request_error", "", "")
+		return
+	}
+	fields["model"], _ = json.Marshal(r.PathValue("deployment"))
+	body, _ = json.Marshal(fields)
+	r = r.Clone(r.Context())
+	r.URL.Path = "/v1" + strings.TrimPrefix(r.URL.Path, "/openai/deployments/"+r.PathValue("deployment"))
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	s.serveCompletion(w, r)
+}
+
+// serveAzureV1 serves Azure OpenAI's v1 API: OpenAI's calls under /openai.
+func (s *Server) serveAzureV1(w http.ResponseWriter, r *http.Request) {
+	r = r.Clone(r.Context())
+	r.URL.Path = strings.TrimPrefix(r.URL.Path, "/openai")
+	s.serveCompletion(w, r)
+}
+
+// authorized says whether r carries the key: as a bearer token (OpenAI,
+// Azure's v1 API) or in the api-key header (Azure).
 func (s *Server) authorized(r *http.Request) bool {
 	if s.cfg.APIKey == "" {
 		return true
 	}
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		got, ok = r.Header.Get("api-key"), r.Header.Get("api-key") != ""
+	}
 	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.APIKey)) == 1
 }
 
