@@ -397,6 +397,37 @@ func TestOpenAICancel(t *testing.T) {
 	}
 }
 
+// A simulated provider that goes down refuses the calls (a retryable
+// failure, no answer), and serves them again on the same URL when it comes
+// back.
+func TestOpenAIProviderDownAndBack(t *testing.T) {
+	t.Parallel()
+	ts := startSim(t, sim.Config{})
+	p := newProvider(t, ts.BaseURL, 5*time.Second)
+	call := func() error {
+		_, err := p.Call(context.Background(), llm.Request{Endpoint: llm.EndpointChat, Upstream: "m",
+			Body: json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`)})
+		return err
+	}
+	if err := call(); err != nil {
+		t.Fatalf("up: %v", err)
+	}
+	ts.Down()
+	e := asError(t, call())
+	if e.Class != llm.ClassRetryable || e.StatusCode != 0 {
+		t.Errorf("down: %+v, want a retryable failure with no answer", e)
+	}
+	if err := ts.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if err := call(); err != nil {
+		t.Fatalf("back up: %v", err)
+	}
+	if n := ts.Stats().Admitted; n != 2 {
+		t.Errorf("the provider admitted %d calls, want 2 (none while down)", n)
+	}
+}
+
 func TestOpenAIConnectionRefused(t *testing.T) {
 	t.Parallel()
 	hs := httptest.NewServer(http.NotFoundHandler())

@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -532,7 +534,9 @@ type TestServer struct {
 	URL string
 	// BaseURL is URL + "/v1", the BaseURL of an OpenAI client.
 	BaseURL string
-	hs      *httptest.Server
+
+	listening sync.Mutex
+	hs        *httptest.Server // nil while down
 }
 
 // Start serves a new simulator on a loopback port. Close it when done.
@@ -542,9 +546,37 @@ func Start(cfg Config) *TestServer {
 	return &TestServer{Server: s, URL: hs.URL, BaseURL: hs.URL + "/v1", hs: hs}
 }
 
+// Down makes the simulator a provider that went down: new connections are
+// refused and open ones dropped (their calls fail), until Up.
+func (t *TestServer) Down() {
+	t.listening.Lock()
+	defer t.listening.Unlock()
+	if t.hs != nil {
+		t.hs.CloseClientConnections()
+		t.hs.Close()
+		t.hs = nil
+	}
+}
+
+// Up serves again, on the address the simulator had, with what it had
+// counted and learned; it does nothing while it serves.
+func (t *TestServer) Up() error {
+	t.listening.Lock()
+	defer t.listening.Unlock()
+	if t.hs != nil {
+		return nil
+	}
+	l, err := net.Listen("tcp", strings.TrimPrefix(t.URL, "http://"))
+	if err != nil {
+		return fmt.Errorf("sim: listen again on %s: %w", t.URL, err)
+	}
+	t.hs = &httptest.Server{Listener: l, Config: &http.Server{Handler: t.Server.Handler()}}
+	t.hs.Start()
+	return nil
+}
+
 // Close ends hung requests and stops the listener.
 func (t *TestServer) Close() {
 	t.Server.Close()
-	t.hs.CloseClientConnections()
-	t.hs.Close()
+	t.Down()
 }
