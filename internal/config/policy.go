@@ -487,10 +487,8 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 // date, optionally followed by a suffix such as -preview.
 func validAPIVersion(v string) bool {
 	date, suffix, _ := strings.Cut(v, "-preview")
-	if _, err := time.Parse(time.DateOnly, date); err != nil || len(v) > 32 {
-		return false
-	}
-	return suffix == ""
+	_, err := time.Parse(time.DateOnly, date)
+	return err == nil && suffix == ""
 }
 
 func (rm rawModel) build(src *source, path string, providers map[string]*Provider) (Model, error) {

@@ -47,13 +47,11 @@ func New(rdb Client) *Runner {
 	return r
 }
 
-// Run runs c and returns its reply, as c.Script.Run would.
+// Run runs c and returns its reply, as c.Script.Run would. The call runs
+// to its end even when ctx ends first (its round trip may be other
+// callers' too): the client's read and write timeouts bound it.
 func (r *Runner) Run(ctx context.Context, c Call) *redis.Cmd {
-	cmd, err := r.calls.Do(ctx, struct{}{}, c)
-	if cmd == nil {
-		cmd = redis.NewCmd(ctx)
-		cmd.SetErr(err)
-	}
+	cmd, _ := r.calls.Do(ctx, struct{}{}, c) // pipeline answers every call with its own command
 	return cmd
 }
 

@@ -199,9 +199,9 @@ func (s *Server) authorized(r *http.Request) bool {
 	}
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
-		got, ok = r.Header.Get("api-key"), r.Header.Get("api-key") != ""
+		got = r.Header.Get("api-key")
 	}
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.APIKey)) == 1
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.APIKey)) == 1
 }
 
 func (s *Server) count(f func(*Stats)) {
