@@ -272,7 +272,7 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 	}
 	dsn := func(readOnly bool) string {
 		v := url.Values{}
-		v.Set("_busy_timeout", "10000")
+		v.Set("_busy_timeout", fmt.Sprint(sqliteBusyTimeout.Milliseconds()))
 		v.Set("_foreign_keys", "1")
 		// FULL: a job acknowledged to a client survives a power cut too.
 		v.Set("_synchronous", "FULL")
@@ -297,7 +297,7 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 	w.SetConnMaxLifetime(0)
 	// The writer connects first: it creates the file and switches it to WAL
 	// before any reader opens it.
-	if err := w.PingContext(ctx); err != nil {
+	if err := pingWriter(ctx, w); err != nil {
 		_ = w.Close()
 		return nil, fmt.Errorf("store: open %s: %w", abs, err)
 	}
@@ -315,6 +315,29 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 		return nil, fmt.Errorf("store: open %s: %w", abs, err)
 	}
 	return &DB{rw: sqlQuerier{w}, ro: sqlQuerier{r}, writer: w, readers: r, d: sqliteDialect, lockScope: abs}, nil
+}
+
+// sqliteBusyTimeout is how long a SQLite connection waits for another's lock.
+const sqliteBusyTimeout = 10 * time.Second
+
+// pingWriter connects the writer. Two processes creating one file switch it
+// to WAL at the same time, and SQLite answers one of them SQLITE_BUSY at
+// once, without waiting out the busy timeout (each holds the lock the
+// other needs): that one tries again, for as long as the busy timeout.
+func pingWriter(ctx context.Context, w *sql.DB) error {
+	deadline := time.Now().Add(sqliteBusyTimeout)
+	for {
+		err := w.PingContext(ctx)
+		var se *sqlite.Error
+		if err == nil || !errors.As(err, &se) || se.Code()&0xff != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // migrate applies the pending migrations. The lock "llmq.migrate" (TryLock,
