@@ -107,10 +107,16 @@ const (
 const DefaultMaxResponseBytes = 16 << 20
 
 // Model is a model clients may name in body.model.
+//
+// A model is served by one or more deployments (Deployments): each a
+// provider's upstream model (or Azure deployment) with its own limits. A
+// Model value describes one of them in Provider, Upstream, Price and Limits:
+// the policy's Model its first deployment, and each value of Routes its
+// own, so that what plans, limits and prices one call takes a *Model.
 type Model struct {
 	Name     string // what clients send
-	Provider string // a Provider's name
-	Upstream string // the provider's id of the model. Defaults to Name.
+	Provider string // a Provider's name: the deployment's
+	Upstream string // the provider's id of the model (an Azure deployment's name). Defaults to Name.
 
 	// Kind is chat or embedding. Defaults to embedding when the name or the
 	// upstream name contains "embedding", else chat.
@@ -122,10 +128,81 @@ type Model struct {
 	// max_tokens. Defaults to 4096; always 0 for embedding models.
 	MaxOutputTokens int64
 
-	// Price is the policy's price, or else money.DefaultPrices of the
-	// upstream name (then of the name).
+	// Price is the deployment's price: its own, else the model's, else
+	// money.DefaultPrices of the first deployment's upstream name (then of
+	// the name).
 	Price  money.Price
-	Limits Limits
+	Limits Limits // the deployment's
+
+	// Deployments are the model's deployments, at least one, in the
+	// policy's order; on a value of Routes, only its own.
+	Deployments []Deployment
+	// Fallbacks name the models a job of this one runs on when none of its
+	// deployments can take it (each paused or failing), or when the
+	// provider refuses the request for its context length. One level: a
+	// fallback's own fallbacks are not followed.
+	Fallbacks []string
+
+	routes []Model // one per deployment
+}
+
+// Deployment is one place a model is served: a provider's upstream model
+// with the provider's limits for it, under one limiter scope (Name).
+type Deployment struct {
+	Provider string
+	Upstream string
+	Limits   Limits
+	// Order ranks deployments: a job goes to the lowest order that can
+	// take it now, so a provisioned deployment fills before pay-as-you-go.
+	// Defaults to 0.
+	Order int
+	// Weight spreads jobs among deployments of the same order, in
+	// proportion. Defaults to 1.
+	Weight int
+	// Price is what a call on this deployment costs. Defaults to the
+	// model's.
+	Price money.Price
+}
+
+// Name is the deployment's limiter scope: its provider's upstream model.
+// Every model with a deployment of the same provider and upstream shares
+// its limits, breaker and pause.
+func (d *Deployment) Name() string { return d.Provider + "/" + d.Upstream }
+
+// Routes returns one Model per deployment, in the policy's order, each
+// describing that deployment.
+func (m *Model) Routes() []*Model {
+	out := make([]*Model, len(m.routes))
+	for i := range m.routes {
+		out[i] = &m.routes[i]
+	}
+	return out
+}
+
+// Route returns the route of m whose deployment is called name, if any.
+func (m *Model) Route(name string) (*Model, bool) {
+	for i := range m.routes {
+		if m.routes[i].Deployments[0].Name() == name {
+			return &m.routes[i], true
+		}
+	}
+	return nil, false
+}
+
+// withRoutes fills m's routes and its own deployment fields from
+// Deployments[0].
+func (m *Model) withRoutes() {
+	m.routes = make([]Model, len(m.Deployments))
+	for i := range m.Deployments {
+		r := *m
+		d := &m.Deployments[i]
+		r.Provider, r.Upstream, r.Limits, r.Price = d.Provider, d.Upstream, d.Limits, d.Price
+		r.Deployments, r.routes = m.Deployments[i:i+1:i+1], nil
+		r.routes = []Model{r}
+		m.routes[i] = r
+	}
+	first := m.routes[0]
+	m.Provider, m.Upstream, m.Limits, m.Price = first.Provider, first.Upstream, first.Limits, first.Price
 }
 
 // Limits are the provider's rate limits of one model; 0 means no such limit.
@@ -225,7 +302,9 @@ func (p *Policy) Tier(name string) (*Tier, bool) {
 func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 	used := map[string]bool{}
 	for _, m := range p.Models {
-		used[m.Provider] = true
+		for _, d := range m.Deployments {
+			used[d.Provider] = true
+		}
 	}
 	for i, pr := range p.Providers {
 		if !used[pr.Name] || pr.APIKeyEnv == "" {
@@ -292,14 +371,25 @@ type rawProvider struct {
 }
 
 type rawModel struct {
-	Name            string    `yaml:"name"`
-	Provider        string    `yaml:"provider"`
-	Upstream        string    `yaml:"upstream"`
-	Kind            string    `yaml:"kind"`
-	Encoding        string    `yaml:"encoding"`
-	MaxOutputTokens *int64    `yaml:"max_output_tokens"`
-	Price           *rawPrice `yaml:"price"`
-	Limits          rawLimits `yaml:"limits"`
+	Name            string          `yaml:"name"`
+	Provider        string          `yaml:"provider"`
+	Upstream        string          `yaml:"upstream"`
+	Kind            string          `yaml:"kind"`
+	Encoding        string          `yaml:"encoding"`
+	MaxOutputTokens *int64          `yaml:"max_output_tokens"`
+	Price           *rawPrice       `yaml:"price"`
+	Limits          rawLimits       `yaml:"limits"`
+	Deployments     []rawDeployment `yaml:"deployments"`
+	Fallbacks       []string        `yaml:"fallbacks"`
+}
+
+type rawDeployment struct {
+	Provider string    `yaml:"provider"`
+	Upstream string    `yaml:"upstream"`
+	Limits   rawLimits `yaml:"limits"`
+	Order    int       `yaml:"order"`
+	Weight   *int      `yaml:"weight"`
+	Price    *rawPrice `yaml:"price"`
 }
 
 type rawPrice struct {
@@ -371,7 +461,7 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 
 	p.Models = make([]Model, len(raw.Models))
 	seen = map[string]int{}
-	upstreams := map[[2]string]int{}
+	upstreams := map[[2]string]sharedDeployment{}
 	for i, rm := range raw.Models {
 		path := fmt.Sprintf("models[%d]", i)
 		m, err := rm.build(src, path, p.providers)
@@ -382,19 +472,28 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 			return nil, src.errorAt(path+".name", "duplicate model %q (also models[%d])", m.Name, j)
 		}
 		seen[m.Name] = i
-		// Limits are the provider's, per upstream model: two entries for one
-		// upstream would each get the full limit and together exceed it.
-		key := [2]string{m.Provider, m.Upstream}
-		if j, dup := upstreams[key]; dup {
-			return nil, src.errorAt(path+".upstream",
-				"%q at provider %q is already models[%d]; two entries would each use the provider's whole rate limit",
-				m.Upstream, m.Provider, j)
+		// Limits are the provider's, per upstream model: models sharing a
+		// deployment share its scope, so they must agree on its limits.
+		for k, d := range m.Deployments {
+			key := [2]string{d.Provider, d.Upstream}
+			if prev, dup := upstreams[key]; dup && prev.Limits != d.Limits {
+				at := fmt.Sprintf("%s.deployments[%d].limits", path, k)
+				if len(rm.Deployments) == 0 {
+					at = path + ".limits"
+				}
+				return nil, src.errorAt(at,
+					"%q at provider %q is also a deployment of models[%d] with other limits; the provider has one limit for it, so give both the same",
+					d.Upstream, d.Provider, prev.model)
+			}
+			upstreams[key] = sharedDeployment{model: i, Limits: d.Limits}
 		}
-		upstreams[key] = i
 		p.Models[i] = m
 	}
 	for i := range p.Models {
 		p.models[p.Models[i].Name] = &p.Models[i]
+	}
+	if err := p.checkFallbacks(src); err != nil {
+		return nil, err
 	}
 
 	p.Tiers = make([]Tier, len(raw.Tiers))
@@ -492,26 +591,31 @@ func validAPIVersion(v string) bool {
 }
 
 func (rm rawModel) build(src *source, path string, providers map[string]*Provider) (Model, error) {
-	m := Model{Name: rm.Name, Provider: rm.Provider, Upstream: rm.Upstream, Kind: rm.Kind, Encoding: rm.Encoding}
+	m := Model{Name: rm.Name, Kind: rm.Kind, Encoding: rm.Encoding, Fallbacks: rm.Fallbacks}
 	if err := checkModelName(src, path+".name", rm.Name); err != nil {
 		return m, err
 	}
-	if rm.Provider == "" {
-		return m, src.errorAt(path+".provider", "required")
+	raws := rm.Deployments
+	if len(raws) == 0 {
+		if rm.Provider == "" {
+			return m, src.errorAt(path+".provider", "required (or a list of deployments)")
+		}
+		// The short form: one deployment, the model's price.
+		raws = []rawDeployment{{Provider: rm.Provider, Upstream: rm.Upstream, Limits: rm.Limits}}
+	} else if rm.Provider != "" || rm.Upstream != "" || rm.Limits != (rawLimits{}) {
+		return m, src.errorAt(path+".deployments", "give either provider, upstream and limits or a list of deployments, not both")
 	}
-	if _, ok := providers[rm.Provider]; !ok {
-		return m, src.errorAt(path+".provider", "unknown provider %q", rm.Provider)
-	}
-	if m.Upstream == "" {
-		m.Upstream = m.Name
-	} else if err := checkModelName(src, path+".upstream", rm.Upstream); err != nil {
-		return m, err
+	// The first deployment's upstream names the model's kind and default
+	// price.
+	first := raws[0].Upstream
+	if first == "" {
+		first = m.Name
 	}
 
 	switch rm.Kind {
 	case "":
 		m.Kind = KindChat
-		if strings.Contains(m.Name, "embedding") || strings.Contains(m.Upstream, "embedding") {
+		if strings.Contains(m.Name, "embedding") || strings.Contains(first, "embedding") {
 			m.Kind = KindEmbedding
 		}
 	case KindChat, KindEmbedding:
@@ -535,75 +639,172 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		m.MaxOutputTokens = *rm.MaxOutputTokens
 	}
 
-	price, err := rm.price(src, path, m)
+	price, err := buildPrice(src, path+".price", rm.Price, m.Kind, first, m.Name)
 	if err != nil {
 		return m, err
 	}
-	m.Price = price
 
-	for _, l := range []struct {
-		name string
-		v    int64
-	}{{"rps", rm.Limits.RPS}, {"rpm", rm.Limits.RPM}, {"tpm", rm.Limits.TPM}, {"tpd", rm.Limits.TPD}} {
-		if l.v < 0 {
-			return m, src.errorAt(path+".limits."+l.name, "must be 0 or more, got %d", l.v)
+	seen := map[string]int{}
+	for i, rd := range raws {
+		dpath := fmt.Sprintf("%s.deployments[%d]", path, i)
+		if len(rm.Deployments) == 0 {
+			dpath = path // the short form's fields are the model's
 		}
-	}
-	m.Limits = Limits{RPS: rm.Limits.RPS, RPM: rm.Limits.RPM, TPM: rm.Limits.TPM, TPD: rm.Limits.TPD, Burst: DefaultBurst}
-	if b := rm.Limits.Burst; b != nil {
-		d, err := time.ParseDuration(*b)
+		d, err := rd.build(src, dpath, len(rm.Deployments) == 0, m, price, providers)
 		if err != nil {
-			return m, src.errorAt(path+".limits.burst", "must be a duration such as 500ms or 10s, got %q", *b)
+			return m, err
 		}
-		if d < time.Millisecond || d > time.Minute {
-			return m, src.errorAt(path+".limits.burst", "must be within 1ms and 1m (a whole minute's limit at once), got %s", *b)
+		if j, dup := seen[d.Name()]; dup {
+			return m, src.errorAt(dpath+".upstream", "%q at provider %q is already deployments[%d] of this model", d.Upstream, d.Provider, j)
 		}
-		m.Limits.Burst = d
+		seen[d.Name()] = i
+		m.Deployments = append(m.Deployments, d)
 	}
+	m.withRoutes()
+	return m, nil
+}
+
+// sharedDeployment is a deployment already named by a model of the policy.
+type sharedDeployment struct {
+	model  int
+	Limits Limits
+}
+
+// build checks one deployment of m (whose kind and output bound are set),
+// whose price defaults to price.
+// A short form's path is the model's.
+func (rd rawDeployment) build(src *source, path string, short bool, m Model, price money.Price, providers map[string]*Provider) (Deployment, error) {
+	d := Deployment{Provider: rd.Provider, Upstream: rd.Upstream, Order: rd.Order, Weight: 1, Price: price}
+	if rd.Provider == "" {
+		return d, src.errorAt(path+".provider", "required")
+	}
+	if _, ok := providers[rd.Provider]; !ok {
+		return d, src.errorAt(path+".provider", "unknown provider %q", rd.Provider)
+	}
+	if d.Upstream == "" {
+		d.Upstream = m.Name
+	} else if err := checkModelName(src, path+".upstream", rd.Upstream); err != nil {
+		return d, err
+	}
+	if rd.Order < 0 {
+		return d, src.errorAt(path+".order", "must be 0 or more, got %d", rd.Order)
+	}
+	if rd.Weight != nil {
+		if *rd.Weight < 1 || *rd.Weight > 1000 {
+			return d, src.errorAt(path+".weight", "must be within 1 and 1000, got %d", *rd.Weight)
+		}
+		d.Weight = *rd.Weight
+	}
+	if rd.Price != nil {
+		p, err := buildPrice(src, path+".price", rd.Price, m.Kind, d.Upstream, m.Name)
+		if err != nil {
+			return d, err
+		}
+		d.Price = p
+	}
+	l, err := rd.Limits.build(src, path+".limits")
+	if err != nil {
+		return d, err
+	}
+	d.Limits = l
 	// A request reserves its max_tokens up front; one that cannot fit in a
 	// bucket would wait forever instead of failing.
 	for _, l := range []struct {
 		name string
 		v    int64
-	}{{"tpm", m.Limits.TPM}, {"tpd", m.Limits.TPD}} {
+	}{{"tpm", d.Limits.TPM}, {"tpd", d.Limits.TPD}} {
 		if l.v > 0 && m.MaxOutputTokens > l.v {
-			return m, src.errorAt(path+".max_output_tokens",
-				"%d is more than limits.%s (%d), so a request without max_tokens could never run", m.MaxOutputTokens, l.name, l.v)
+			at := path + ".limits." + l.name
+			if short {
+				at = path + ".max_output_tokens"
+			}
+			return d, src.errorAt(at, "max_output_tokens %d is more than limits.%s (%d) of %s, so a request without max_tokens could never run there",
+				m.MaxOutputTokens, l.name, l.v, d.Name())
 		}
 	}
-	return m, nil
+	return d, nil
 }
 
-func (rm rawModel) price(src *source, path string, m Model) (money.Price, error) {
-	if rm.Price == nil {
-		if p, ok := money.DefaultPrices[m.Upstream]; ok {
-			return p, nil
+// build checks a model's or a deployment's limits.
+func (rl rawLimits) build(src *source, path string) (Limits, error) {
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{{"rps", rl.RPS}, {"rpm", rl.RPM}, {"tpm", rl.TPM}, {"tpd", rl.TPD}} {
+		if l.v < 0 {
+			return Limits{}, src.errorAt(path+"."+l.name, "must be 0 or more, got %d", l.v)
 		}
-		if p, ok := money.DefaultPrices[m.Name]; ok {
-			return p, nil
-		}
-		return money.Price{}, src.errorAt(path+".price",
-			"required: llmq knows no default price for %q (give input_per_mtok and output_per_mtok in USD per 1M tokens)", m.Upstream)
 	}
-	path += ".price"
+	out := Limits{RPS: rl.RPS, RPM: rl.RPM, TPM: rl.TPM, TPD: rl.TPD, Burst: DefaultBurst}
+	if b := rl.Burst; b != nil {
+		d, err := time.ParseDuration(*b)
+		if err != nil {
+			return out, src.errorAt(path+".burst", "must be a duration such as 500ms or 10s, got %q", *b)
+		}
+		if d < time.Millisecond || d > time.Minute {
+			return out, src.errorAt(path+".burst", "must be within 1ms and 1m (a whole minute's limit at once), got %s", *b)
+		}
+		out.Burst = d
+	}
+	return out, nil
+}
+
+// checkFallbacks checks each model's fallbacks: models of the policy, of the
+// same kind, not the model itself, each named once.
+func (p *Policy) checkFallbacks(src *source) error {
+	for i := range p.Models {
+		m := &p.Models[i]
+		seen := map[string]bool{}
+		for k, name := range m.Fallbacks {
+			path := fmt.Sprintf("models[%d].fallbacks[%d]", i, k)
+			f, ok := p.models[name]
+			switch {
+			case !ok:
+				return src.errorAt(path, "unknown model %q", name)
+			case name == m.Name:
+				return src.errorAt(path, "a model cannot be its own fallback")
+			case seen[name]:
+				return src.errorAt(path, "%q is named twice", name)
+			case f.Kind != m.Kind:
+				return src.errorAt(path, "%q is a %s model and %q a %s one", name, f.Kind, m.Name, m.Kind)
+			}
+			seen[name] = true
+		}
+	}
+	return nil
+}
+
+// buildPrice checks a price at path; none is money.DefaultPrices of
+// upstream, else of name.
+func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name string) (money.Price, error) {
+	if rp == nil {
+		if p, ok := money.DefaultPrices[upstream]; ok {
+			return p, nil
+		}
+		if p, ok := money.DefaultPrices[name]; ok {
+			return p, nil
+		}
+		return money.Price{}, src.errorAt(path,
+			"required: llmq knows no default price for %q (give input_per_mtok and output_per_mtok in USD per 1M tokens)", upstream)
+	}
 	var p money.Price
 	var err error
-	if rm.Price.InputPerMTok == nil {
+	if rp.InputPerMTok == nil {
 		return p, src.errorAt(path+".input_per_mtok", "required (USD per 1M input tokens)")
 	}
-	if p.InputPerMTok, err = usd(src, path+".input_per_mtok", *rm.Price.InputPerMTok); err != nil {
+	if p.InputPerMTok, err = usd(src, path+".input_per_mtok", *rp.InputPerMTok); err != nil {
 		return p, err
 	}
 	switch {
-	case rm.Price.OutputPerMTok != nil:
-		if p.OutputPerMTok, err = usd(src, path+".output_per_mtok", *rm.Price.OutputPerMTok); err != nil {
+	case rp.OutputPerMTok != nil:
+		if p.OutputPerMTok, err = usd(src, path+".output_per_mtok", *rp.OutputPerMTok); err != nil {
 			return p, err
 		}
-	case m.Kind == KindChat:
+	case kind == KindChat:
 		return p, src.errorAt(path+".output_per_mtok", "required for a chat model (USD per 1M output tokens)")
 	}
-	if rm.Price.CachedInputPerMTok != nil {
-		if p.CachedInputPerMTok, err = usd(src, path+".cached_input_per_mtok", *rm.Price.CachedInputPerMTok); err != nil {
+	if rp.CachedInputPerMTok != nil {
+		if p.CachedInputPerMTok, err = usd(src, path+".cached_input_per_mtok", *rp.CachedInputPerMTok); err != nil {
 			return p, err
 		}
 	}

@@ -365,7 +365,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		{name: "unknown provider", old: "    provider: local\n", new: "    provider: opnai\n", field: "models[1].provider", msg: `unknown provider "opnai"`},
 		{name: "upstream with space", old: "upstream: llama-3-8b", new: "upstream: 'llama 3'", field: "models[1].upstream", msg: "spaces"},
 		{name: "same upstream twice", old: "    provider: local\n    upstream: llama-3-8b\n", new: "    provider: openai\n    upstream: gpt-4o-mini\n",
-			field: "models[1].upstream", msg: `"gpt-4o-mini" at provider "openai" is already models[0]`},
+			field: "models[1].limits", msg: `"gpt-4o-mini" at provider "openai" is also a deployment of models[0] with other limits`},
 		{name: "unknown kind", old: "    upstream: llama-3-8b\n", new: "    upstream: llama-3-8b\n    kind: completion\n", field: "models[1].kind", msg: `must be chat or embedding, got "completion"`},
 		{name: "unknown encoding", old: "    upstream: llama-3-8b\n", new: "    upstream: llama-3-8b\n    encoding: cl100k\n", field: "models[1].encoding", msg: `got "cl100k"`},
 		{name: "max_output_tokens zero", old: "    upstream: llama-3-8b\n", new: "    upstream: llama-3-8b\n    max_output_tokens: 0\n", field: "models[1].max_output_tokens", msg: "must be at least 1, got 0"},
