@@ -161,6 +161,7 @@ func (o *observer) Released(string, time.Duration) { o.released.Add(1) }
 func (o *observer) ProviderCall(string, string, int, time.Duration) {}
 func (o *observer) JobState(string, string, string)                 {}
 func (o *observer) BreakerState(string, string)                     {}
+func (o *observer) Failover(string, string)                         {}
 func (o *observer) SoftLimitCrossed(string, string)                 {}
 func (o *observer) Penalized(string, time.Duration)                 {}
 func (o *observer) LimitsLearned(string, int64, int64)              {}

@@ -8,6 +8,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -150,11 +151,36 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 	if e.calib != nil {
 		est.Calibration = e.calib.Calibration(ctx, ScopeName(m))
 	}
-	est.Cost, est.WorstCase = Charge(m, est.Calibration, est.PromptTokens, est.MaxTokens)
+	est.Cost, _ = Charge(m, est.Calibration, est.PromptTokens, est.MaxTokens)
+	est.WorstCase = WorstCase(p, m, est.Calibration, est.PromptTokens, est.MaxTokens)
 	if err := fits(m, est); err != nil {
 		return nil, err
 	}
 	return est, nil
+}
+
+// Candidates are the routes a job of m may run on, in the order it tries
+// them when each can take it: m's deployments, then its fallbacks'.
+func Candidates(p *config.Policy, m *config.Model) []*config.Model {
+	out := m.Routes()
+	for _, name := range m.Fallbacks {
+		if f, ok := p.Model(name); ok {
+			out = append(out, f.Routes()...)
+		}
+	}
+	return out
+}
+
+// WorstCase is the budget's worst case of a request of m with these
+// estimates: the most Charge asks on any of its candidates, since the
+// budget is reserved before a route is chosen.
+func WorstCase(p *config.Policy, m *config.Model, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
+	var worst money.Micros
+	for _, r := range Candidates(p, m) {
+		_, w := Charge(r, c, promptTokens, maxTokens)
+		worst = max(worst, w)
+	}
+	return worst
 }
 
 // Charge is what a request of m with these estimates takes: the limiter's
@@ -169,8 +195,22 @@ func Charge(m *config.Model, c limiter.Calibration, promptTokens, maxTokens int6
 	return limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}, m.Price.WorstCase(max(prompt, promptTokens), maxTokens)
 }
 
-// fits refuses a cost no bucket of the model can ever hold.
+// fits refuses a cost no deployment of the model can ever hold: one whose
+// buckets are all large enough may run it.
 func fits(m *config.Model, est *Estimate) error {
+	var first error
+	for _, r := range m.Routes() {
+		err := fitsRoute(r, est)
+		if err == nil {
+			return nil
+		}
+		first = cmp.Or(first, err)
+	}
+	return first
+}
+
+// fitsRoute refuses a cost a bucket of route r can never hold.
+func fitsRoute(m *config.Model, est *Estimate) error {
 	for _, b := range Scope(m).Buckets {
 		if b.Unit == limiter.UnitTokens && est.Cost.Tokens > b.Limit {
 			param := "max_tokens"
@@ -229,13 +269,26 @@ func JobRef(p *config.Policy, j *store.Job, share float64) queue.JobRef {
 func Ref(p *config.Policy, id, priority, tenantID, model string, cost int64, share float64) queue.JobRef {
 	ref := queue.JobRef{ID: id, Priority: priority, TenantID: tenantID, Cost: cost, Share: share}
 	if m, ok := p.Model(model); ok {
-		ref.Scope = ScopeName(m)
+		ref.Scope = QueueName(m)
 	}
 	return ref
 }
 
-// ScopeName is the limiter scope of a model: its provider's upstream model,
-// so every llmq model name that reaches the same upstream shares its limits.
+// QueueName is the fair queue of m's jobs: the scope of its deployment when
+// it has one (every model on that deployment waits in one queue, as it
+// shares one limit), else one of its own, whose room is its deployments'
+// together.
+func QueueName(m *config.Model) string {
+	if len(m.Deployments) == 1 {
+		return m.Deployments[0].Name()
+	}
+	return "model:" + m.Name
+}
+
+// ScopeName is the limiter scope of a route (see config.Model.Routes): its
+// deployment, so every llmq model name that reaches the same provider's
+// upstream shares its limits. Of a model of the policy, it is its first
+// deployment's.
 func ScopeName(m *config.Model) string { return m.Provider + "/" + m.Upstream }
 
 // Scope returns the limiter scope of m with the policy's limits.

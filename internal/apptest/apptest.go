@@ -365,7 +365,7 @@ func (a *App) Placement(id string) string {
 		a.t.Fatalf("job %s: %v", id, err)
 	}
 	if m, ok := a.Policy.Current().Model(j.Model); ok {
-		p, err := a.Queue.Placement(ctx, admission.ScopeName(m), id)
+		p, err := a.Queue.Placement(ctx, admission.QueueName(m), id)
 		if err != nil {
 			a.t.Fatal(err)
 		}
@@ -409,7 +409,7 @@ func (a *App) TaskCount() int {
 		}
 	}
 	for i := range a.Policy.Current().Models {
-		members, err := a.Redis.SMembers(ctx, a.Keys.FairMembers(admission.ScopeName(&a.Policy.Current().Models[i]))).Result()
+		members, err := a.Redis.SMembers(ctx, a.Keys.FairMembers(admission.QueueName(&a.Policy.Current().Models[i]))).Result()
 		if err != nil {
 			a.t.Fatal(err)
 		}

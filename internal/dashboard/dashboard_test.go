@@ -110,7 +110,7 @@ func setup(t *testing.T) *fixture {
 		rec.JobFinished(f.acme, "standard", "gpt-4o-mini", string(store.JobSucceeded), 1000, 200, 250_000)
 	}
 	for _, code := range []int{200, 200, 200, 429} {
-		rec.ProviderCall("sim", "gpt-4o-mini", code, 100*time.Millisecond)
+		rec.ProviderCall("sim/gpt-4o-mini", "gpt-4o-mini", code, 100*time.Millisecond)
 	}
 	if err := rec.Flush(ctx); err != nil {
 		t.Fatal(err)

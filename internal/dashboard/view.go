@@ -46,8 +46,10 @@ type view struct {
 type tile struct{ Key, Label, Value, Note string }
 
 type modelRow struct {
-	Model, Provider string
-	Buckets         []bucketRow
+	// Deployment is the provider's upstream model (the limiter scope) the
+	// row is of: a model has one row per deployment.
+	Model, Deployment string
+	Buckets           []bucketRow
 	// Learned says what the buckets learned from the provider's answers.
 	Learned                         []learnedLine
 	Paused                          bool
@@ -239,14 +241,14 @@ func modelRows(models []metrics.ModelLevel, ms []metrics.Minute, now time.Time) 
 	recent := ms[max(0, len(ms)-rateMinutes):]
 	rows := make([]modelRow, 0, len(models))
 	for _, m := range models {
-		row := modelRow{Model: m.Model, Provider: m.Provider, Paused: m.Paused}
+		row := modelRow{Model: m.Model, Deployment: m.Scope, Paused: m.Paused}
 		if m.Paused {
 			row.PausedFor = duration(m.PausedFor)
 			row.PausedUntil = now.Add(m.PausedFor).UTC().Format("15:04:05") + " UTC"
 		}
 		for _, mm := range recent {
-			row.Calls += mm.Get(metrics.FieldCalls + ":" + m.Model)
-			row.Calls429 += mm.Get(metrics.FieldCalls429 + ":" + m.Model)
+			row.Calls += mm.Get(metrics.FieldCalls + ":" + m.Scope)
+			row.Calls429 += mm.Get(metrics.FieldCalls429 + ":" + m.Scope)
 			row.Unpredicted429 += mm.Get(metrics.FieldUnpredicted429 + ":" + m.Model)
 		}
 		row.Rate429 = percent(float64(row.Calls429), float64(row.Calls))

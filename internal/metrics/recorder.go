@@ -70,6 +70,7 @@ type Recorder struct {
 	tokens          *prometheus.CounterVec
 	cost            *prometheus.CounterVec
 	limiterWait     *prometheus.HistogramVec
+	failovers       *prometheus.CounterVec
 	penalties       *prometheus.CounterVec
 	penaltySeconds  *prometheus.CounterVec
 	breakerState    *prometheus.GaugeVec
@@ -140,9 +141,11 @@ func New(o Options) (*Recorder, error) {
 	r.jobs = counter("jobs_total",
 		"Job state changes: queued (created), waiting, deferred, succeeded, failed, cancelled.", "tier", "model", "status")
 	r.providerCalls = counter("provider_calls_total",
-		"Provider calls by HTTP status code; code 0 is no answer (network error or timeout).", "provider", "model", "code")
+		"Provider calls by deployment (provider/upstream) and HTTP status code; code 0 is no answer (network error or timeout).", "deployment", "model", "code")
 	r.callDuration = histogram("provider_call_duration_seconds", "Duration of provider calls.",
-		[]float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120}, "provider", "model")
+		[]float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120}, "deployment", "model")
+	r.failovers = counter("failovers_total",
+		"Jobs that left a deployment for another of their model (or a fallback's) after a fault or a 429 there, by the deployment left.", "model", "deployment")
 	r.tokens = counter("tokens_total",
 		"Tokens of succeeded jobs as the provider counted them; direction is input (prompt) or output (completion).", "tier", "model", "direction")
 	r.cost = counter("cost_usd_total", "Dollars charged for succeeded jobs.", "tenant", "tier", "model")
@@ -152,8 +155,8 @@ func New(o Options) (*Recorder, error) {
 	r.penalties = counter("limiter_penalties_total", "Provider 429s that paused a model for every worker.", "model")
 	r.penaltySeconds = counter("limiter_penalty_seconds_total", "Seconds of pause imposed on a model after 429s.", "model")
 	r.breakerState = gauge("circuit_breaker_state",
-		"1 for the state a provider's circuit breaker is in (closed, open, half-open) as this process last saw it, else 0.", "provider", "state")
-	r.breakerChanges = counter("circuit_breaker_transitions_total", "Circuit breaker changes into each state.", "provider", "state")
+		"1 for the state a deployment's circuit breaker is in (closed, open, half-open) as this process last saw it, else 0.", "deployment", "state")
+	r.breakerChanges = counter("circuit_breaker_transitions_total", "Circuit breaker changes into each state.", "deployment", "state")
 	r.learnedLimits = gauge("limits_learned",
 		"Limits a provider announced for a model that differ from the policy's (0: none announced).", "model", "limit")
 	r.unpredicted429s = counter("limiter_unpredicted_429s_total",
@@ -205,14 +208,14 @@ type slogErrorLog struct{ l *slog.Logger }
 func (s slogErrorLog) Println(v ...any) { s.l.Warn("metrics: collect", "err", fmt.Sprint(v...)) }
 
 // ProviderCall implements worker.Observer.
-func (r *Recorder) ProviderCall(provider, model string, status int, d time.Duration) {
-	r.providerCalls.WithLabelValues(provider, model, strconv.Itoa(status)).Inc()
-	r.callDuration.WithLabelValues(provider, model).Observe(d.Seconds())
+func (r *Recorder) ProviderCall(deployment, model string, status int, d time.Duration) {
+	r.providerCalls.WithLabelValues(deployment, model, strconv.Itoa(status)).Inc()
+	r.callDuration.WithLabelValues(deployment, model).Observe(d.Seconds())
 	r.stats.add(FieldCalls, 1)
-	r.stats.add(FieldCalls+":"+model, 1)
+	r.stats.add(FieldCalls+":"+deployment, 1)
 	if status == http.StatusTooManyRequests {
 		r.stats.add(FieldCalls429, 1)
-		r.stats.add(FieldCalls429+":"+model, 1)
+		r.stats.add(FieldCalls429+":"+deployment, 1)
 	}
 }
 
@@ -240,6 +243,11 @@ func (r *Recorder) JobState(tier, model, status string) {
 	r.stats.add(FieldJobs+status, 1)
 }
 
+// Failover implements worker.Observer.
+func (r *Recorder) Failover(model, deployment string) {
+	r.failovers.WithLabelValues(model, deployment).Inc()
+}
+
 // LimiterWait implements worker.Observer.
 func (r *Recorder) LimiterWait(model string, d time.Duration, requeued bool) {
 	outcome := "acquired"
@@ -260,21 +268,21 @@ func (r *Recorder) Penalized(model string, d time.Duration) {
 }
 
 // BreakerState implements worker.Observer: the gauge of the new state
-// becomes 1 and the others of the provider 0.
-func (r *Recorder) BreakerState(provider, state string) {
+// becomes 1 and the others of the deployment 0.
+func (r *Recorder) BreakerState(deployment, state string) {
 	known := false
 	for _, s := range breakerStates {
 		v := 0.0
 		if s == state {
 			v, known = 1, true
 		}
-		r.breakerState.WithLabelValues(provider, s).Set(v)
+		r.breakerState.WithLabelValues(deployment, s).Set(v)
 	}
 	if !known {
 		state = "unknown"
-		r.breakerState.WithLabelValues(provider, state).Set(1)
+		r.breakerState.WithLabelValues(deployment, state).Set(1)
 	}
-	r.breakerChanges.WithLabelValues(provider, state).Inc()
+	r.breakerChanges.WithLabelValues(deployment, state).Inc()
 }
 
 // LimitsLearned implements worker.Observer.

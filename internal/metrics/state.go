@@ -132,8 +132,9 @@ type ModelLevel struct {
 	// Scope is the limiter scope, shared by models reaching the same upstream.
 	Scope   string
 	Buckets []limiter.BucketState
-	// Paused is set while a 429's penalty (or the probe after it) holds
-	// the model for every worker; PausedFor is how long it still does.
+	// Paused is set while a 429's penalty or a fault's pause (or the probe
+	// after it) holds the deployment for every worker; PausedFor is how
+	// long it still does.
 	Paused    bool
 	PausedFor time.Duration
 	// Learned is what the buckets learned from the provider's answers
@@ -142,8 +143,8 @@ type ModelLevel struct {
 	Learned *limiter.ScopeLearning
 }
 
-// Models returns the bucket levels of every model of the policy, in the
-// policy's order.
+// Models returns the bucket levels of every deployment of every model of
+// the policy (one row each), in the policy's order.
 func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 	return s.mods.get(s.o.CacheTTL, s.o.Now, func() ([]ModelLevel, error) {
 		p := s.d.Policy.Current()
@@ -153,8 +154,7 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 		}
 		byScope := map[string]read{}
 		out := make([]ModelLevel, 0, len(p.Models))
-		for i := range p.Models {
-			m := &p.Models[i]
+		for _, m := range routes(p) {
 			sc := admission.Scope(m)
 			if s.d.Scope != nil {
 				sc = s.d.Scope(ctx, m)
@@ -178,6 +178,16 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 		}
 		return out, nil
 	})
+}
+
+// routes are the deployments of every model of p, a model's in the
+// policy's order.
+func routes(p *config.Policy) []*config.Model {
+	var out []*config.Model
+	for i := range p.Models {
+		out = append(out, p.Models[i].Routes()...)
+	}
+	return out
 }
 
 // TenantBudget is one tenant's budget day so far.
@@ -325,7 +335,7 @@ func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 		for _, scope := range scopes {
 			model := scope
 			for i := range p.Models {
-				if admission.ScopeName(&p.Models[i]) == scope {
+				if admission.QueueName(&p.Models[i]) == scope {
 					model = p.Models[i].Name
 					break
 				}

@@ -30,7 +30,8 @@ const (
 	// FieldCostMicros is the spend of succeeded jobs in micro-dollars.
 	FieldCostMicros = "cost_micros"
 	// FieldCalls and FieldCalls429 count provider calls and their 429s;
-	// with ":" + model appended, those of one model.
+	// with ":" + a deployment (provider/upstream) appended, those of one
+	// deployment.
 	FieldCalls    = "calls"
 	FieldCalls429 = "calls_429"
 	// FieldUnpredicted429 counts the 429s on calls the buckets admitted

@@ -63,6 +63,11 @@ type Options struct {
 	// calibration before reading it again (every settle refreshes it too).
 	// Defaults to 1s.
 	CalibrationRefresh time.Duration
+	// FaultPause is how long a deployment that failed a call (a 5xx, a
+	// timeout, a refused connection) gets no call from any worker when its
+	// jobs have another deployment to go to (PauseFault); then one probe
+	// call tries it. Defaults to 1s.
+	FaultPause time.Duration
 	// Now is the clock of what the pacer caches (the calibration, learned
 	// limits); tests on a simulated clock inject theirs. Defaults to
 	// time.Now.
@@ -75,6 +80,9 @@ func (o Options) validate() error {
 	}
 	if o.CalibrationRefresh < 0 {
 		return fmt.Errorf("pacer: Options.CalibrationRefresh must not be negative, got %v", o.CalibrationRefresh)
+	}
+	if o.FaultPause < 0 {
+		return fmt.Errorf("pacer: Options.FaultPause must not be negative, got %v", o.FaultPause)
 	}
 	return nil
 }
@@ -108,6 +116,9 @@ func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder,
 	}
 	if opts.CalibrationRefresh == 0 {
 		opts.CalibrationRefresh = time.Second
+	}
+	if opts.FaultPause == 0 {
+		opts.FaultPause = time.Second
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -295,6 +306,18 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 // Release gives a permit back: its call never reached the provider.
 func (p *Pacer) Release(ctx context.Context, permit *limiter.Reservation) error {
 	return p.limiter.Release(context.WithoutCancel(ctx), permit)
+}
+
+// PauseFault pauses c's scope for Options.FaultPause after the call failed
+// for a reason of the deployment, before its permit is settled: every
+// worker's next calls go to other deployments, and after the pause the
+// limiter lets one probe call through, whose success readmits the
+// deployment and whose failure pauses it again. A pause in force is never
+// shortened.
+func (p *Pacer) PauseFault(ctx context.Context, c *Call) {
+	if err := p.limiter.Penalize(context.WithoutCancel(ctx), c.Scope, p.opts.FaultPause); err != nil {
+		p.logger.Warn("pause a failing deployment", "scope", c.Scope.Name, "err", err)
+	}
 }
 
 // penalize pauses c's scope after a 429 and returns the pause.

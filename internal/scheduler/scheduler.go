@@ -216,18 +216,38 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 	return errors.Join(errs...)
 }
 
-// room is what scope's buckets admit now and within Lookahead: the least
-// over its token buckets of what each lets out now (what it holds, bounded
-// by its burst) plus its refill in Lookahead, and likewise for requests;
-// none while a 429 pauses the scope. A scope no
-// model of the policy names any more releases everything: its workers fail
-// the jobs, saying so.
+// room is what the routes of the fair queue scope's model admit now and
+// within Lookahead: the sum of each deployment's room (routeRoom). A queue
+// no model of the policy names any more releases everything: its workers
+// fail the jobs, saying so.
 func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) {
-	room := queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: s.o.MaxOutstanding}
 	m := modelOf(s.d.Policy.Current(), scope)
 	if m == nil {
-		return room, nil
+		return queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: s.o.MaxOutstanding}, nil
 	}
+	room := queue.Room{MaxOutstanding: s.o.MaxOutstanding}
+	for i, r := range m.Routes() {
+		rr, err := s.routeRoom(ctx, r)
+		if err != nil {
+			return room, err
+		}
+		if i == 0 {
+			room.Factor = rr.Factor
+		}
+		room.Tokens += rr.Tokens
+		room.Requests += rr.Requests
+		room.Force = room.Force || rr.Force
+	}
+	return room, nil
+}
+
+// routeRoom is what one deployment's buckets admit now and within
+// Lookahead: the least over its token buckets of what each lets out now
+// (what it holds, bounded by its burst) plus its refill in Lookahead, and
+// likewise for requests; none while a 429 or a fault pauses it. Room that
+// synchronous requests hold is not released to async jobs.
+func (s *Scheduler) routeRoom(ctx context.Context, m *config.Model) (queue.Room, error) {
+	room := queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1)}
 	sc := s.d.Pacer.Scope(ctx, m)
 	st, err := s.d.Pacer.Limiter().State(ctx, sc)
 	if err != nil {
@@ -258,7 +278,7 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 	room.Force = full
 	// Synchronous requests waiting for this scope go first: their room is
 	// not released to async jobs.
-	tokens, requests, err := s.d.Queue.Held(ctx, scope)
+	tokens, requests, err := s.d.Queue.Held(ctx, sc.Name)
 	if err != nil {
 		return room, err
 	}
@@ -269,10 +289,10 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 	return room, nil
 }
 
-// modelOf returns the first model of p whose scope is scope.
+// modelOf returns the first model of p whose fair queue is scope.
 func modelOf(p *config.Policy, scope string) *config.Model {
 	for i := range p.Models {
-		if admission.ScopeName(&p.Models[i]) == scope {
+		if admission.QueueName(&p.Models[i]) == scope {
 			return &p.Models[i]
 		}
 	}

@@ -11,9 +11,10 @@ import (
 // tier, provider, status), never job ids.
 type Observer interface {
 	pacer.Observer
-	// ProviderCall reports one provider call: its status code (0 for a
+	// ProviderCall reports one provider call on a deployment (a limiter
+	// scope, provider/upstream) for model: its status code (0 for a
 	// network error or timeout) and how long it took.
-	ProviderCall(provider, model string, status int, d time.Duration)
+	ProviderCall(deployment, model string, status int, d time.Duration)
 	// JobFinished reports a job reaching a terminal state with its real
 	// usage and cost in micro-dollars (zero when it failed).
 	JobFinished(tenantID, tier, model, status string, promptTokens, completionTokens int64, costMicros int64)
@@ -22,9 +23,12 @@ type Observer interface {
 	// LimiterWait reports how long a job waited for its rate-limit permit
 	// (slept inside the handler, or the delay it was requeued for).
 	LimiterWait(model string, d time.Duration, requeued bool)
-	// BreakerState reports a provider's circuit breaker changing state
+	// BreakerState reports a deployment's circuit breaker changing state
 	// ("closed", "open", "half-open").
-	BreakerState(provider, state string)
+	BreakerState(deployment, state string)
+	// Failover reports a job of model leaving deployment (a limiter scope)
+	// for another after a fault or a 429 there.
+	Failover(model, deployment string)
 	// SoftLimitCrossed reports a tenant crossing its budget's soft limit.
 	SoftLimitCrossed(tenantID, tier string)
 	// UsageUnbelieved reports a provider's answer whose usage llmq did not
@@ -40,6 +44,7 @@ func (nopObserver) ProviderCall(string, string, int, time.Duration)             
 func (nopObserver) JobFinished(string, string, string, string, int64, int64, int64) {}
 func (nopObserver) JobState(string, string, string)                                 {}
 func (nopObserver) LimiterWait(string, time.Duration, bool)                         {}
+func (nopObserver) Failover(string, string)                                         {}
 func (nopObserver) Penalized(string, time.Duration)                                 {}
 func (nopObserver) BreakerState(string, string)                                     {}
 func (nopObserver) LimitsLearned(string, int64, int64)                              {}

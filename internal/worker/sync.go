@@ -133,13 +133,11 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	}
 	r.acct, r.tier = acct, tier.Name
 	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
-	provider, ok := h.Providers.Get(m.Provider)
-	if !ok {
-		return nil, fmt.Errorf("the provider '%s' of model '%s' is not configured", m.Provider, m.Name)
-	}
+	r.routes = newRouter(p, m)
 	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	worst := admission.WorstCase(p, m, r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
 
-	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.call.WorstCase)
+	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
 	if err != nil {
 		return nil, fmt.Errorf("reserve budget: %w", err)
 	}
@@ -151,7 +149,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
 			RetryAfter: dec.RetryAfter,
 			Message: fmt.Sprintf("The %s is exhausted: $%s spent and $%s reserved of $%s; this request may cost up to $%s. It resets at %s.",
-				n.Name(), n.Spent, n.Reserved, n.Budget, r.call.WorstCase, n.ResetsAt.UTC().Format(time.RFC3339))})
+				n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))})
 	}
 	r.bres = bres
 	r.keep = r.keepReservation(ctx)
@@ -162,25 +160,22 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		if err := r.syncPermit(ctx, c.Deadline); err != nil {
 			return nil, err
 		}
-		if ok, wait := h.breakers.Allow(m.Provider); !ok {
-			r.releasePermit(ctx)
-			if err := r.syncSleep(ctx, wait, c.Deadline, "The circuit of provider "+m.Provider+" is open: it keeps failing."); err != nil {
-				return nil, err
-			}
-			continue
+		route := r.call.Model
+		name := r.call.Scope.Name
+		provider, ok := h.Providers.Get(route.Provider)
+		if !ok {
+			return nil, fmt.Errorf("the provider '%s' of model '%s' is not configured", route.Provider, route.Name)
 		}
 		// From here the call is the client's whether or not it stays.
 		callCtx := context.WithoutCancel(ctx)
 		began := time.Now()
-		resp, err := provider.Call(callCtx, llm.Request{Endpoint: r.job.Endpoint, Upstream: m.Upstream, Body: r.job.Request, Stream: c.Stream})
+		resp, err := provider.Call(callCtx, llm.Request{Endpoint: r.job.Endpoint, Upstream: route.Upstream, Body: r.job.Request, Stream: c.Stream})
 		status := 200
-		var pe *llm.Error
-		if errors.As(err, &pe) {
+		pe := asProviderError(err)
+		if pe != nil {
 			status = pe.StatusCode
-		} else if err != nil {
-			pe = &llm.Error{Class: llm.ClassRetryable, Message: err.Error(), Err: err}
 		}
-		h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
+		h.Observer.ProviderCall(name, route.Name, status, time.Since(began))
 		outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 		if err == nil || answered2xx(pe) {
 			// An answer without usage (a stream without its usage chunk
@@ -190,20 +185,26 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 			if v.failed == nil && c.Answer != nil {
 				c.Answer(resp)
 			}
-			h.breakers.Record(m.Provider, false)
+			h.breakers.Record(name, false)
 			if err := r.succeeded(callCtx, resp, v, outcome); err != nil {
 				r.log.Warn("store a synchronous answer; the reconciler settles it", "err", err)
 			}
 			if v.failed != nil {
-				return &SyncResult{ProviderError: &llm.Error{Class: llm.ClassPermanent, Provider: m.Provider, StatusCode: http.StatusBadGateway,
+				return &SyncResult{ProviderError: &llm.Error{Class: llm.ClassPermanent, Provider: route.Provider, StatusCode: http.StatusBadGateway,
 					Type: v.failed.Type, Code: v.failed.Code, Message: v.failed.Message, Relayed: relayed(resp, pe)}}, nil
 			}
 			return &SyncResult{Response: resp}, nil
 		}
+		// A stream that relayed some of its answer is the client's as it is.
+		if pe.Relayed == 0 && time.Now().Before(c.Deadline) && r.failover(callCtx, pe) {
+			r.settlePermit(callCtx, outcome)
+			h.breakers.Done(name)
+			continue
+		}
 		r.settlePermit(callCtx, outcome)
 		switch pe.Class {
 		case llm.ClassRateLimited:
-			h.breakers.Done(m.Provider)
+			h.breakers.Done(name)
 			n, err := h.Store.JobIncrRateLimited(callCtx, r.job.ID)
 			if err != nil {
 				return nil, fmt.Errorf("count 429 of %s: %w", r.job.ID, err)
@@ -216,7 +217,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 				continue
 			}
 		case llm.ClassRetryable:
-			h.breakers.Record(m.Provider, true)
+			h.breakers.Record(name, true)
 			faults++
 			wait := queue.FullJitter(faults-1, syncRetryBase, 10*time.Second)
 			if pe.Relayed == 0 && faults <= queue.DefaultMaxRetry && time.Now().Add(wait).Before(c.Deadline) {
@@ -227,7 +228,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 				continue
 			}
 		default:
-			h.breakers.Record(m.Provider, false)
+			h.breakers.Record(name, false)
 		}
 		// Retrying cannot help (or no time is left): the provider's answer
 		// is the client's.
@@ -239,47 +240,46 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	}
 }
 
-// syncPermit takes the call's permit, waiting for it until deadline. While
-// it waits, it holds the room it needs in the scope's fair queue, so the
+// syncPermit takes the call's permit on the first route that admits it
+// (see router), waiting for one until deadline. While it waits, it holds
+// the room it needs in the fair queue of the route it waits for, so the
 // scheduler releases no async job ahead of it.
 func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
 	h := r.h
 	began := time.Now()
-	scope := r.call.Scope.Name
-	held := false
+	held := ""
 	defer func() {
-		if held && h.Queue != nil {
-			if err := h.Queue.Unhold(context.WithoutCancel(ctx), scope, r.job.ID); err != nil {
+		if held != "" {
+			if err := h.Queue.Unhold(context.WithoutCancel(ctx), held, r.job.ID); err != nil {
 				r.log.Warn("give back a synchronous request's room", "err", err)
 			}
 		}
 	}()
 	for {
-		res, err := h.Pacer.Reserve(ctx, r.call)
-		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
-			return r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
-				Message: fmt.Sprintf("This request needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)})
-		}
+		granted, p, err := r.reservePass(ctx, r.outranked)
 		if err != nil {
-			return fmt.Errorf("rate limiter: %w", err)
+			return err
 		}
-		if res.Allowed && r.outranked(ctx, scope, res.Reservation) {
-			res.Allowed, res.RetryAfter = false, syncYield
-		}
-		if res.Allowed {
-			r.permit = res.Reservation
+		if granted {
 			h.Observer.LimiterWait(r.job.Model, time.Since(began), false)
 			return nil
 		}
-		if !held && h.Queue != nil && time.Now().Add(res.RetryAfter).Before(deadline) {
+		if p.tooLarge != nil {
+			return r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
+				Message: fmt.Sprintf("This request needs %d tokens, more than a bucket of model '%s' holds: %v", r.job.EstPromptTokens+r.job.EstMaxTokens, r.job.Model, p.tooLarge)})
+		}
+		if p.unavailable && r.routes.toFallbacks() {
+			continue
+		}
+		if held == "" && h.Queue != nil && p.held != nil && time.Now().Add(p.wait).Before(deadline) {
 			ttl := time.Until(deadline) + 5*time.Second
-			if err := h.Queue.Hold(ctx, scope, r.job.ID, r.job.Queue, r.call.Cost.Tokens, r.call.Cost.Requests, ttl); err != nil {
+			if err := h.Queue.Hold(ctx, p.held.Scope.Name, r.job.ID, r.job.Queue, p.held.Cost.Tokens, p.held.Cost.Requests, ttl); err != nil {
 				r.log.Warn("hold a synchronous request's room", "err", err)
 			} else {
-				held = true
+				held = p.held.Scope.Name
 			}
 		}
-		if err := r.syncSleep(ctx, res.RetryAfter, deadline, ""); err != nil {
+		if err := r.syncSleep(ctx, p.wait, deadline, ""); err != nil {
 			return err
 		}
 	}
@@ -333,11 +333,11 @@ const syncYield = 50 * time.Millisecond
 // syncHolding reports whether synchronous requests hold room in the job's
 // scope: they go first (docs/ARCHITECTURE.md), and a job released before
 // they came would otherwise race them for every refill (yieldPermit).
-func (r *run) syncHolding(ctx context.Context) bool {
+func (r *run) syncHolding(ctx context.Context, scope string) bool {
 	if r.h.Queue == nil {
 		return false
 	}
-	held, err := r.h.Queue.Holding(ctx, r.scope)
+	held, err := r.h.Queue.Holding(ctx, scope)
 	return err == nil && held
 }
 
@@ -353,7 +353,8 @@ func (r *run) yieldPermit(ctx context.Context, permit *limiter.Reservation) bool
 
 // outranked gives permit back when a synchronous request of a higher
 // priority waits for the scope: synchronous requests go in priority order.
-func (r *run) outranked(ctx context.Context, scope string, permit *limiter.Reservation) bool {
+func (r *run) outranked(ctx context.Context, scope string, res *limiter.Result) bool {
+	permit := res.Reservation
 	if r.h.Queue == nil {
 		return false
 	}

@@ -130,9 +130,9 @@ func NewHandler(d Deps, opts Options) (*Handler, error) {
 		breakers: breakers}, nil
 }
 
-// BreakerState returns the state of provider's circuit breaker in this
-// process.
-func (h *Handler) BreakerState(provider string) string { return h.breakers.State(provider) }
+// BreakerState returns the state of a deployment's circuit breaker (by its
+// limiter scope) in this process.
+func (h *Handler) BreakerState(deployment string) string { return h.breakers.State(deployment) }
 
 // ProcessTask implements asynq.Handler.
 func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
@@ -149,8 +149,9 @@ type run struct {
 	h      *Handler
 	job    *store.Job
 	log    *slog.Logger
-	call   *pacer.Call
-	scope  string // the model's limiter scope; "" when the policy no longer serves it
+	call   *pacer.Call // the call on the route the permit is for
+	routes *router
+	scope  string // the model's fair queue; "" when the policy no longer serves it
 	acct   budget.Account
 	tier   string
 	reject bool // the tier rejects work once its budget is spent
@@ -186,7 +187,7 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 	}
 	if !started {
 		if m, ok := h.Policy.Current().Model(job.Model); ok {
-			h.leftFairQueue(ctx, admission.ScopeName(m), job.ID)
+			h.leftFairQueue(ctx, admission.QueueName(m), job.ID)
 		}
 		h.Logger.Debug("job already finished", "job", id, "status", job.Status)
 		return h.settleFinished(ctx, job)
@@ -249,7 +250,7 @@ func (r *run) do(ctx context.Context) error {
 		return r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)}, nil)
 	}
-	r.scope = admission.ScopeName(m)
+	r.scope = admission.QueueName(m)
 	tenant, err := h.tenants.get(ctx, h.Store, r.job.TenantID)
 	if err != nil {
 		return fmt.Errorf("load tenant %s: %w", r.job.TenantID, err)
@@ -262,61 +263,89 @@ func (r *run) do(ctx context.Context) error {
 	// JobStart moved the job to running; its tier is known from here.
 	r.log.Debug("job state", "status", store.JobRunning)
 	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
-	provider, ok := h.Providers.Get(m.Provider)
-	if !ok {
-		return r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
-			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", m.Provider, m.Name)}, nil)
-	}
 	// The estimate was made at enqueue; prices, limits and the prompt's
 	// calibration come from what is in force now.
 	r.acct = acct
-	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	r.routes = newRouter(p, m)
 
-	// The budget first: a job it refuses takes no permit.
-	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.call.WorstCase)
+	// The budget first: a job it refuses takes no permit. It holds the
+	// worst case on the dearest route the job may take.
+	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	worst := admission.WorstCase(p, m, r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
 	if done, err := r.budgetDecided(ctx, bres, dec, err); done {
 		return err
 	}
 	r.keep = r.keepReservation(ctx)
 	defer r.keep()
-	done, err := r.takePermit(ctx)
-	r.leave(ctx)
-	if done {
-		r.releaseBudget(ctx)
-		return err
+	for {
+		done, err := r.takePermit(ctx)
+		r.leave(ctx)
+		if done {
+			r.releaseBudget(ctx)
+			return err
+		}
+		err, again := r.callRoute(ctx)
+		if !again {
+			return err
+		}
 	}
-	if ok, wait := h.breakers.Allow(m.Provider); !ok {
-		// The provider keeps failing: wait for the breaker instead of
-		// spending the job's retries.
+}
+
+// callRoute calls the provider on the route of the run's permit. again is
+// true when the run goes on to another route (failover) instead of ending
+// with err.
+func (r *run) callRoute(ctx context.Context) (err error, again bool) {
+	h := r.h
+	route := r.call.Model
+	name := r.call.Scope.Name
+	provider, ok := h.Providers.Get(route.Provider)
+	if !ok {
 		r.releaseAll(ctx)
-		next := h.opts.Now().Add(wait)
-		r.setStatus(ctx, store.JobWaiting, &next, false)
-		return &queue.Retry{Reason: "the circuit of provider " + m.Provider + " is open", Delay: wait}
+		return r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
+			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Name)}, nil), false
 	}
 	began := time.Now()
-	resp, err := provider.Call(ctx, llm.Request{Endpoint: r.job.Endpoint, Upstream: m.Upstream, Body: r.job.Request})
+	resp, err := provider.Call(ctx, llm.Request{Endpoint: r.job.Endpoint, Upstream: route.Upstream, Body: r.job.Request})
 	status := 200
 	if resp != nil {
 		status = resp.StatusCode
 	}
-	var pe *llm.Error
-	if errors.As(err, &pe) {
+	pe := asProviderError(err)
+	if pe != nil {
 		status = pe.StatusCode
 	}
-	h.Observer.ProviderCall(m.Provider, m.Name, status, time.Since(began))
+	h.Observer.ProviderCall(name, route.Name, status, time.Since(began))
 	outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 	if err == nil || answered2xx(pe) {
-		h.breakers.Record(m.Provider, false)
-		return r.succeeded(ctx, resp, r.judge(resp, pe), outcome)
+		h.breakers.Record(name, false)
+		return r.succeeded(ctx, resp, r.judge(resp, pe), outcome), false
 	}
+	again = r.failover(ctx, pe)
 	r.settlePermit(ctx, outcome)
 	switch {
-	case ctx.Err() != nil || (pe != nil && pe.Class == llm.ClassRateLimited):
-		h.breakers.Done(m.Provider)
+	case again || ctx.Err() != nil || pe.Class == llm.ClassRateLimited:
+		h.breakers.Done(name)
 	default:
-		h.breakers.Record(m.Provider, pe == nil || pe.Class == llm.ClassRetryable)
+		h.breakers.Record(name, pe.Class == llm.ClassRetryable)
 	}
-	return r.callFailed(ctx, err)
+	if again {
+		return nil, true
+	}
+	return r.callFailed(ctx, err), false
+}
+
+// asProviderError is err as an *llm.Error: a network failure or timeout is
+// a retryable one; nil stays nil.
+func asProviderError(err error) *llm.Error {
+	if err == nil {
+		return nil
+	}
+	var pe *llm.Error
+	if !errors.As(err, &pe) {
+		pe = &llm.Error{Class: llm.ClassRetryable, Message: err.Error(), Err: err}
+	}
+	return pe
 }
 
 // budgetDecided acts on the reservation of the worst-case cost. done is
@@ -352,35 +381,35 @@ func (r *run) budgetDecided(ctx context.Context, res *budget.Reservation, dec *b
 }
 
 // takePermit takes one request and the estimated tokens from every bucket
-// of the model, sleeping short waits and requeueing for long ones. A
-// permit goes back to the synchronous requests holding room in the scope,
-// if any.
+// of the first route that admits the job now (see router), sleeping short
+// waits and requeueing for long ones. When every deployment of the model is
+// paused or failing, the job goes to its fallbacks. A permit goes back to
+// the synchronous requests holding room in the scope, if any.
 func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 	began := time.Now()
 	for {
-		res, err := r.h.Pacer.Reserve(ctx, r.call)
-		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
-			return true, r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
-				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.call.Cost.Tokens, r.job.Model, err)}, nil)
-		}
+		granted, p, err := r.reservePass(ctx, r.yieldToSync)
 		if err != nil {
-			return true, fmt.Errorf("rate limiter: %w", err)
+			return true, err
 		}
-		if res.Allowed && r.syncHolding(ctx) && r.yieldPermit(ctx, res.Reservation) {
-			res.Allowed, res.RetryAfter = false, syncYield
-		}
-		if res.Allowed {
-			r.permit = res.Reservation
+		if granted {
 			r.h.Observer.LimiterWait(r.job.Model, time.Since(began), false)
 			return false, nil
 		}
-		if res.RetryAfter > r.h.opts.MaxInlineWait {
-			next := r.h.opts.Now().Add(res.RetryAfter)
-			r.h.Observer.LimiterWait(r.job.Model, time.Since(began)+res.RetryAfter, true)
-			r.setStatus(ctx, store.JobWaiting, &next, false)
-			return true, &queue.Retry{Reason: "waiting for the rate limit", Delay: res.RetryAfter}
+		if p.tooLarge != nil {
+			return true, r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
+				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.job.EstPromptTokens+r.job.EstMaxTokens, r.job.Model, p.tooLarge)}, nil)
 		}
-		t := time.NewTimer(res.RetryAfter)
+		if p.unavailable && r.routes.toFallbacks() {
+			continue
+		}
+		if p.wait > r.h.opts.MaxInlineWait {
+			next := r.h.opts.Now().Add(p.wait)
+			r.h.Observer.LimiterWait(r.job.Model, time.Since(began)+p.wait, true)
+			r.setStatus(ctx, store.JobWaiting, &next, false)
+			return true, &queue.Retry{Reason: "waiting for the rate limit", Delay: p.wait}
+		}
+		t := time.NewTimer(p.wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -388,6 +417,13 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 		case <-t.C:
 		}
 	}
+}
+
+// yieldToSync gives a granted permit back when synchronous requests hold
+// room in its scope: they go first (docs/ARCHITECTURE.md), and a job
+// released before they came would otherwise race them for every refill.
+func (r *run) yieldToSync(ctx context.Context, scope string, res *limiter.Result) bool {
+	return r.syncHolding(ctx, scope) && r.yieldPermit(ctx, res.Reservation)
 }
 
 // settlePermit settles the permit of the call that ended as o (the pacer

@@ -1,0 +1,210 @@
+package worker
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/pacer"
+)
+
+// router is the routes one run of a job may take: its model's deployments
+// in the order this run tries them (by order, then at random in proportion
+// to their weights), then its fallbacks' deployments, and the deployments
+// that failed it on this run.
+type router struct {
+	primary, fallbacks []*config.Model
+	failed             map[string]bool
+	// onFallback is set once the model's own deployments cannot serve the
+	// job: each unavailable, or the request too long for it.
+	onFallback bool
+}
+
+func newRouter(p *config.Policy, m *config.Model) *router {
+	rt := &router{primary: ordered(m.Routes()), failed: map[string]bool{}}
+	for _, name := range m.Fallbacks {
+		if f, ok := p.Model(name); ok {
+			rt.fallbacks = append(rt.fallbacks, ordered(f.Routes())...)
+		}
+	}
+	return rt
+}
+
+// ordered sorts routes by their deployment's order and, among equals, at
+// random with each deployment's weight as its odds of going first
+// (Efraimidis and Spirakis's weighted sampling: the key u^(1/w)).
+func ordered(routes []*config.Model) []*config.Model {
+	if len(routes) < 2 {
+		return routes
+	}
+	keys := make(map[*config.Model]float64, len(routes))
+	for _, r := range routes {
+		keys[r] = math.Pow(rand.Float64(), 1/float64(r.Deployments[0].Weight))
+	}
+	slices.SortStableFunc(routes, func(a, b *config.Model) int {
+		return cmp.Or(cmp.Compare(a.Deployments[0].Order, b.Deployments[0].Order), cmp.Compare(keys[b], keys[a]))
+	})
+	return routes
+}
+
+// candidates are the routes to try now: the model's deployments that have
+// not failed this run, or, when none is left or the run is on its
+// fallbacks, the fallbacks' that have not.
+func (rt *router) candidates() []*config.Model {
+	if !rt.onFallback {
+		if c := rt.usable(rt.primary); len(c) > 0 {
+			return c
+		}
+	}
+	return rt.usable(rt.fallbacks)
+}
+
+func (rt *router) usable(routes []*config.Model) []*config.Model {
+	out := make([]*config.Model, 0, len(routes))
+	for _, r := range routes {
+		if !rt.failed[admission.ScopeName(r)] {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// several reports whether the job has more than one route: a fault or a
+// 429 of one deployment then moves it to another instead of counting
+// against it.
+func (rt *router) several() bool { return len(rt.primary)+len(rt.fallbacks) > 1 }
+
+// fail marks route failed for this run and reports whether another route
+// is left to try.
+func (rt *router) fail(route *config.Model) bool {
+	rt.failed[admission.ScopeName(route)] = true
+	return len(rt.candidates()) > 0
+}
+
+// toFallbacks moves the run to its fallbacks, when it has any and is not
+// on them already.
+func (rt *router) toFallbacks() bool {
+	if rt.onFallback || len(rt.usable(rt.fallbacks)) == 0 {
+		return false
+	}
+	rt.onFallback = true
+	return true
+}
+
+// pass is what one pass over a run's routes for a permit found when no
+// route granted one.
+type pass struct {
+	// wait is the shortest RetryAfter of the routes asked, and held the
+	// call of that route (whose room a synchronous request holds while it
+	// waits).
+	wait time.Duration
+	held *pacer.Call
+	// unavailable: every route asked is paused (by a 429 or a fault, or
+	// probing after one) or has its breaker open.
+	unavailable bool
+	// tooLarge is set when every route asked refused the cost as more than
+	// its buckets ever hold.
+	tooLarge error
+}
+
+// reservePass asks each candidate route in order for the job's permit and
+// takes the first granted (r.call and r.permit are then set); yield, when
+// set, may give a granted permit back (to a synchronous request waiting
+// for the scope), and the pass goes on to the next route.
+func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, scope string, res *limiter.Result) bool) (granted bool, p pass, err error) {
+	p = pass{wait: time.Duration(math.MaxInt64), unavailable: true}
+	asked, large := 0, 0
+	for _, route := range r.routes.candidates() {
+		call := r.h.Pacer.Plan(ctx, route, r.job.EstPromptTokens, r.job.EstMaxTokens)
+		res, err := r.h.Pacer.Reserve(ctx, call)
+		asked++
+		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
+			large++
+			p.tooLarge = cmp.Or(p.tooLarge, err)
+			continue
+		}
+		if err != nil {
+			return false, p, fmt.Errorf("rate limiter of %s: %w", call.Scope.Name, err)
+		}
+		if res.Allowed && yield != nil && yield(ctx, call.Scope.Name, res) {
+			res.Allowed, res.RetryAfter = false, syncYield
+		}
+		if res.Allowed {
+			if ok, wait := r.h.breakers.Allow(call.Scope.Name); !ok {
+				// This process saw the deployment fail again and again.
+				if err := r.h.Pacer.Release(ctx, res.Reservation); err != nil {
+					r.log.Warn("release rate limit", "err", err)
+				}
+				res.Allowed, res.RetryAfter, res.Penalized = false, wait, true
+			}
+		}
+		if res.Allowed {
+			r.call, r.permit = call, res.Reservation
+			return true, p, nil
+		}
+		if !res.Penalized {
+			p.unavailable = false
+		}
+		if res.RetryAfter < p.wait {
+			p.wait, p.held = res.RetryAfter, call
+		}
+	}
+	if large < asked || asked == 0 {
+		p.tooLarge = nil
+	}
+	if p.held == nil {
+		p.wait = 0
+	}
+	return false, p, nil
+}
+
+// deploymentFault reports whether a call's end is the deployment's fault
+// (a 5xx, a timeout, a refused connection: not the request's), or its 429:
+// another deployment may well serve the job.
+func deploymentFault(pe *llm.Error) bool {
+	return pe.Class == llm.ClassRetryable || pe.Class == llm.ClassRateLimited
+}
+
+// contextTooLong reports a refusal of the request for the model's context
+// length, which a fallback with a longer one may serve.
+func contextTooLong(pe *llm.Error) bool {
+	return pe.Class == llm.ClassPermanent && pe.Code == "context_length_exceeded"
+}
+
+// failover decides, after a call on route r.call ended with pe (its permit
+// not yet settled), whether the run tries another route now instead of
+// counting the failure: it does for a fault or a 429 of a deployment when
+// another is left, and for a context-length refusal when the model has
+// fallbacks. A faulty deployment is paused for every worker first (the
+// limiter lets one probe through after the pause), so that no call goes to
+// it meanwhile.
+func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	route := r.call.Model
+	switch {
+	case contextTooLong(pe):
+		return r.routes.toFallbacks()
+	case !deploymentFault(pe) || !r.routes.several():
+		return false
+	}
+	if pe.Class == llm.ClassRetryable {
+		r.h.Pacer.PauseFault(ctx, r.call)
+	}
+	if !r.routes.fail(route) {
+		return false
+	}
+	r.log.Debug("failing over", "deployment", admission.ScopeName(route), "status", pe.StatusCode, "err", pe.Message)
+	r.h.Observer.Failover(route.Name, admission.ScopeName(route))
+	return true
+}
