@@ -23,6 +23,9 @@ type Job struct {
 	CustomID *string `json:"custom_id"`
 	Endpoint string  `json:"endpoint"` // "/v1/chat/completions" or "/v1/embeddings"
 	Model    string  `json:"model"`
+	// ServedBy says which deployment answered (provider/upstream) and of
+	// which model (Model's own, or a fallback's); null until one did.
+	ServedBy *JobServedBy `json:"served_by"`
 	// Status is queued, running, waiting, deferred, succeeded, failed or cancelled.
 	Status string `json:"status"`
 	// Priority is the queue the job runs in: critical, default, low or batch.
@@ -50,6 +53,12 @@ type Job struct {
 	// Sync is true for a request answered on its connection
 	// (POST /v1/chat/completions or /v1/embeddings).
 	Sync bool `json:"sync"`
+}
+
+// JobServedBy is where a job's answer came from.
+type JobServedBy struct {
+	Model      string `json:"model"`
+	Deployment string `json:"deployment"`
 }
 
 // JobResponse is a provider's HTTP answer to a job: the same object as the

@@ -20,7 +20,7 @@ func BenchmarkRecorderJob(b *testing.B) {
 		for pb.Next() {
 			rec.JobState("standard", "gpt-4o-mini", "running")
 			rec.LimiterWait("gpt-4o-mini", time.Millisecond, false)
-			rec.ProviderCall("openai", "gpt-4o-mini", 200, 300*time.Millisecond)
+			rec.ProviderCall("openai/gpt-4o-mini", "gpt-4o-mini", 200, 300*time.Millisecond)
 			rec.JobFinished("ten_01abc", "standard", "gpt-4o-mini", "succeeded", 120, 40, 42)
 		}
 	})

@@ -72,6 +72,7 @@ var families = map[string]string{
 	"llmq_budget_tenants_truncated":               "GAUGE",
 	"llmq_budget_soft_limit_crossings_total":      "COUNTER",
 	"llmq_circuit_breaker_state":                  "GAUGE",
+	"llmq_failovers_total":                        "COUNTER",
 	"llmq_circuit_breaker_transitions_total":      "COUNTER",
 	"llmq_webhook_deliveries_total":               "COUNTER",
 	"llmq_webhook_failures_total":                 "COUNTER",
@@ -114,13 +115,14 @@ func setup(t *testing.T) *scenario {
 	spend(t, a, tenant, 41_250_000)
 
 	rec.JobState("standard", "gpt-4o-mini", "queued")
-	rec.ProviderCall("sim", "gpt-4o-mini", 200, 300*time.Millisecond)
-	rec.ProviderCall("sim", "gpt-4o-mini", 429, 20*time.Millisecond)
+	rec.ProviderCall("sim/gpt-4o-mini", "gpt-4o-mini", 200, 300*time.Millisecond)
+	rec.ProviderCall("sim/gpt-4o-mini", "gpt-4o-mini", 429, 20*time.Millisecond)
+	rec.Failover("gpt-4o-mini", "sim/gpt-4o-mini")
 	rec.JobFinished(tenant, "standard", "gpt-4o-mini", "succeeded", 100, 20, 1234)
 	rec.LimiterWait("gpt-4o-mini", 20*time.Millisecond, false)
 	rec.LimiterWait("gpt-4o-mini", 3*time.Second, true)
 	rec.Penalized("gpt-4o-mini", 2*time.Second)
-	rec.BreakerState("sim", "open")
+	rec.BreakerState("sim/gpt-4o-mini", "open")
 	rec.LimitsLearned("gpt-4o-mini", 500, 200000)
 	rec.SoftLimitCrossed(tenant, "standard")
 	rec.WebhookDelivery("job", "delivered")
@@ -267,7 +269,8 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 	}{
 		{"llmq_jobs_total", map[string]string{"tier": "standard", "model": "gpt-4o-mini", "status": "queued"}, 1},
 		{"llmq_provider_calls_total", map[string]string{"model": "gpt-4o-mini", "code": "429"}, 1},
-		{"llmq_provider_call_duration_seconds", map[string]string{"provider": "sim", "model": "gpt-4o-mini"}, 2},
+		{"llmq_provider_call_duration_seconds", map[string]string{"deployment": "sim/gpt-4o-mini", "model": "gpt-4o-mini"}, 2},
+		{"llmq_failovers_total", map[string]string{"deployment": "sim/gpt-4o-mini", "model": "gpt-4o-mini"}, 1},
 		{"llmq_tokens_total", map[string]string{"direction": "input"}, 100},
 		{"llmq_tokens_total", map[string]string{"direction": "output"}, 20},
 		{"llmq_cost_usd_total", map[string]string{"tenant": s.tenant, "tier": "standard"}, 0.001234},
@@ -292,8 +295,8 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 		{"llmq_budget_remaining_usd", map[string]string{"tenant": s.tenant}, 8.75},
 		{"llmq_budget_soft_limit_usd", map[string]string{"tenant": s.tenant}, 40},
 		{"llmq_budget_tenants_truncated", nil, 0},
-		{"llmq_circuit_breaker_state", map[string]string{"provider": "sim", "state": "open"}, 1},
-		{"llmq_circuit_breaker_state", map[string]string{"provider": "sim", "state": "closed"}, 0},
+		{"llmq_circuit_breaker_state", map[string]string{"deployment": "sim/gpt-4o-mini", "state": "open"}, 1},
+		{"llmq_circuit_breaker_state", map[string]string{"deployment": "sim/gpt-4o-mini", "state": "closed"}, 0},
 		{"llmq_limits_learned", map[string]string{"model": "gpt-4o-mini", "limit": "tpm"}, 200000},
 		{"llmq_webhook_failures_total", map[string]string{"kind": "job", "reason": "http_5xx"}, 1},
 		{"llmq_webhook_deliveries_total", map[string]string{"kind": "job", "outcome": "delivered"}, 1},
@@ -722,7 +725,7 @@ func TestPerMinuteCounters(t *testing.T) {
 	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Now: clock, NoProcessMetrics: true}))
 
 	rec.JobFinished("ten_a", "standard", "gpt-4o-mini", string(store.JobSucceeded), 100, 20, 1500)
-	rec.ProviderCall("sim", "gpt-4o-mini", 429, time.Millisecond)
+	rec.ProviderCall("sim/gpt-4o-mini", "gpt-4o-mini", 429, time.Millisecond)
 	now = now.Add(time.Minute)
 	rec.JobFinished("ten_a", "standard", "gpt-4o-mini", string(store.JobSucceeded), 10, 2, 500)
 	rec.JobFinished("ten_a", "standard", "gpt-4o-mini", string(store.JobFailed), 0, 0, 0)
@@ -746,7 +749,7 @@ func TestPerMinuteCounters(t *testing.T) {
 	want := []map[string]int64{
 		{},
 		{"jobs_succeeded": 1, "tokens_in": 100, "tokens_out": 20, "cost_micros": 1500, "calls": 1, "calls_429": 1,
-			"calls:gpt-4o-mini": 1, "calls_429:gpt-4o-mini": 1},
+			"calls:sim/gpt-4o-mini": 1, "calls_429:sim/gpt-4o-mini": 1},
 		{"jobs_succeeded": 2, "jobs_failed": 1, "tokens_in": 11, "tokens_out": 3, "cost_micros": 501},
 	}
 	for i, w := range want {

@@ -101,13 +101,18 @@ type Job struct {
 	// usage (or nothing llmq could believe): the usage and cost are the
 	// reservation's worst case, llmq's estimate.
 	UsageEstimated bool
+	// Deployment is the deployment (provider/upstream) whose answer the
+	// job has, and ServedModel the model it was of: Model's, or a
+	// fallback's. Both "" until a provider answered.
+	Deployment, ServedModel string
 }
 
 const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model, request, queue, status,
 	attempts, rate_limited, est_prompt_tokens, est_max_tokens, est_cost_micros,
 	response_status, response_body, provider_request_id, error,
 	prompt_tokens, completion_tokens, cached_tokens, total_tokens, cost_micros,
-	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync, usage_estimated`
+	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync, usage_estimated,
+	deployment, served_model`
 
 // jobViewColumns are jobColumns without the request body, which a client
 // sent and the API never renders (wire.Job): the tenant's reads (one job, a
@@ -128,7 +133,7 @@ func scanJob(r row) (*Job, error) {
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &j.Cost,
 		orZero[string]{&j.WebhookURL}, (*[]byte)(&j.Metadata), orZero[string]{&j.IdempotencyKey},
 		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt},
-		&j.Sync, &j.UsageEstimated)
+		&j.Sync, &j.UsageEstimated, &j.Deployment, &j.ServedModel)
 	if err != nil {
 		return nil, err
 	}

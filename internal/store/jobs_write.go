@@ -322,6 +322,10 @@ type JobCompleteParams struct {
 	// UsageEstimated marks usage and cost as llmq's estimate: the
 	// provider's answer said nothing of its usage, or nothing believable.
 	UsageEstimated bool
+	// Deployment is the deployment (provider/upstream) that answered, and
+	// ServedModel the model it is of when not the job's own (a fallback):
+	// the ledger row charges that model. Both optional.
+	Deployment, ServedModel string
 	// Failed, when set, makes the job failed with this error instead of
 	// succeeded, still charged: the provider answered (and bills the
 	// call), but its answer cannot be taken (its usage is nonsense).
@@ -426,21 +430,21 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	}
 	return args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
 		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay,
-		state, errorJSON(p.Failed), p.UsageEstimated}, nil
+		state, errorJSON(p.Failed), p.UsageEstimated, p.Deployment, p.ServedModel}, nil
 }
 
 const (
 	sqlJobCompleteUpdate = `UPDATE jobs SET status = $13, attempts = attempts + 1, error = $14, next_run_at = NULL,
 		finished_at = $2, updated_at = $2, response_status = $3, response_body = $4, provider_request_id = $5,
 		prompt_tokens = $6, completion_tokens = $7, cached_tokens = $8, total_tokens = $9, cost_micros = $10,
-		usage_estimated = $15
+		usage_estimated = $15, deployment = $16, served_model = $17
 		WHERE id = $1 AND ` + unfinishedSQL
-	// The ledger row copies the job's tenant, batch and model; on Postgres
-	// the SELECT sees the row as it was before the UPDATE beside it, which
-	// is the same for those columns.
+	// The ledger row copies the job's tenant, batch and model (the served
+	// model instead, when given); on Postgres the SELECT sees the row as it
+	// was before the UPDATE beside it, which is the same for those columns.
 	sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
-		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at)
-		SELECT id, tenant_id, batch_id, $11, $12, model, $6, $7, $8, $10, $2 FROM jobs WHERE id = $1
+		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, deployment)
+		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16 FROM jobs WHERE id = $1
 		ON CONFLICT (job_id) DO NOTHING`
 	// sqlJobComplete is both in one statement (Postgres): whether it
 	// completed the job, charged it, and whether the job exists.

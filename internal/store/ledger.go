@@ -17,7 +17,8 @@ type UsageEntry struct {
 	BatchID          string
 	Day              string // the tenant's budget day, "YYYY-MM-DD"
 	GlobalDay        string // the UTC day of the global cap
-	Model            string
+	Model            string // the model charged: a fallback's when one answered
+	Deployment       string // the deployment that answered; "" on rows older than deployments
 	PromptTokens     int64
 	CompletionTokens int64
 	CachedTokens     int64
@@ -29,9 +30,9 @@ type UsageEntry struct {
 func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, error) {
 	var e UsageEntry
 	err := db.ro.queryRow(ctx, `
-		SELECT job_id, tenant_id, batch_id, day, global_day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at
+		SELECT job_id, tenant_id, batch_id, day, global_day, model, deployment, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at
 		FROM usage_ledger WHERE job_id = $1`, jobID).
-		Scan(&e.JobID, &e.TenantID, orZero[string]{&e.BatchID}, dayCol{&e.Day}, dayCol{&e.GlobalDay}, &e.Model, &e.PromptTokens,
+		Scan(&e.JobID, &e.TenantID, orZero[string]{&e.BatchID}, dayCol{&e.Day}, dayCol{&e.GlobalDay}, &e.Model, &e.Deployment, &e.PromptTokens,
 			&e.CompletionTokens, &e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("ledger row of job", jobID)

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -23,6 +24,9 @@ func Job(j *store.Job) client.Job {
 		CostUSD:    j.Cost.USD(),
 		Estimate:   client.JobEstimate{PromptTokens: j.EstPromptTokens, MaxTokens: j.EstMaxTokens, CostUSD: j.EstCost.USD()},
 		WebhookURL: strPtr(j.WebhookURL), Metadata: metadataMap(j.Metadata), Sync: j.Sync,
+	}
+	if j.Deployment != "" {
+		out.ServedBy = &client.JobServedBy{Model: cmp.Or(j.ServedModel, j.Model), Deployment: j.Deployment}
 	}
 	if j.ResponseStatus != 0 && len(j.ResponseBody) > 0 {
 		out.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}

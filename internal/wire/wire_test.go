@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"encoding/json"
+	"github.com/llmq/llmq/client"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -50,13 +51,22 @@ func TestJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	const want = `{"id":"job_01","object":"job","custom_id":null,"endpoint":"/v1/chat/completions","model":"gpt-4o-mini",` +
-		`"status":"failed","priority":"low","batch_id":null,"attempts":2,"rate_limited":1,"created_at":1700000000,` +
+		`"served_by":null,"status":"failed","priority":"low","batch_id":null,"attempts":2,"rate_limited":1,"created_at":1700000000,` +
 		`"started_at":null,"finished_at":1700000060,"next_run_at":null,"response":null,` +
 		`"error":{"message":"bad","type":"invalid_request_error","code":"invalid_value","param":null},"usage":null,` +
 		`"cost_usd":0,"estimate":{"prompt_tokens":10,"max_tokens":20,"cost_usd":0.0015},"webhook_url":null,` +
 		`"metadata":{"k":"v"},"sync":false}`
 	if string(b) != want {
 		t.Errorf("job =\n%s\nwant\n%s", b, want)
+	}
+	// A job a fallback's deployment answered names both.
+	j.Deployment, j.ServedModel = "azure-east/mini", "gpt-4o-mini-fallback"
+	if out := wire.Job(j); out.ServedBy == nil || *out.ServedBy != (client.JobServedBy{Model: "gpt-4o-mini-fallback", Deployment: "azure-east/mini"}) {
+		t.Errorf("served_by = %+v", out.ServedBy)
+	}
+	j.ServedModel = ""
+	if out := wire.Job(j); out.ServedBy.Model != "gpt-4o-mini" {
+		t.Errorf("served_by = %+v, want the job's own model", out.ServedBy)
 	}
 }
 

@@ -37,6 +37,7 @@ func (*learnedObserver) ProviderCall(string, string, int, time.Duration)        
 func (*learnedObserver) JobFinished(string, string, string, string, int64, int64, int64) {}
 func (*learnedObserver) JobState(string, string, string)                                 {}
 func (*learnedObserver) LimiterWait(string, time.Duration, bool)                         {}
+func (*learnedObserver) Failover(string, string)                                         {}
 func (*learnedObserver) Penalized(string, time.Duration)                                 {}
 func (*learnedObserver) BreakerState(string, string)                                     {}
 func (*learnedObserver) SoftLimitCrossed(string, string)                                 {}

@@ -443,6 +443,7 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay,
 		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
 		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost, UsageEstimated: v.estimated, Failed: v.failed,
+		Deployment: r.call.Scope.Name, ServedModel: r.call.Model.Name,
 	}
 	if resp != nil {
 		p.ResponseStatus, p.ResponseBody, p.ProviderRequestID = resp.StatusCode, resp.Body, resp.RequestID

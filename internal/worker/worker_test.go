@@ -445,7 +445,7 @@ func TestBreakerStopsCallingAFailingProvider(t *testing.T) {
 			t.Fatalf("fault %d: %v", i, err)
 		}
 	}
-	if st := h.BreakerState("sim"); st != worker.BreakerOpen {
+	if st := h.BreakerState("sim/gpt-4o-mini"); st != worker.BreakerOpen {
 		t.Fatalf("breaker = %s after 3 straight 500s", st)
 	}
 	calls := a.Sim.Stats().Requests
