@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -118,6 +119,12 @@ func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 			maxTokens = s.defaultMaxTokens(p.Model)
 		}
 		tokens += maxTokens * p.N
+		if window := s.contextWindow(p.Model); window > 0 && prompt+maxTokens > window {
+			// OpenAI's wording; nothing is counted against the limits.
+			s.count(func(st *Stats) { st.BadRequests++ })
+			return x.answer(http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+				window, prompt+maxTokens, prompt, maxTokens), "invalid_request_error", "messages", "context_length_exceeded")
+		}
 	}
 	now := s.cfg.Now()
 	v := s.admit(p.Model, tokens, now, s.draw(n, drawFault))

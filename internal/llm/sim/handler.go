@@ -210,6 +210,13 @@ func (s *Server) count(f func(*Stats)) {
 	s.mu.Unlock()
 }
 
+// contextWindow is the model's context length; 0 for none.
+func (s *Server) contextWindow(model string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.models[model].ContextWindow
+}
+
 func (s *Server) defaultMaxTokens(model string) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -105,6 +105,10 @@ type Model struct {
 	Limits Limits
 	// DefaultMaxTokens replaces Config.DefaultMaxTokens when set.
 	DefaultMaxTokens int64
+	// ContextWindow, when set, is the model's context length: a chat
+	// request whose prompt and max_tokens exceed it is refused with
+	// OpenAI's 400 context_length_exceeded, before admission.
+	ContextWindow int64
 }
 
 // Faults are the failures the simulator injects, each decided per request
@@ -438,6 +442,19 @@ func (s *Server) SetModelLimits(model string, l Limits) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.setLimitsLocked(model, l)
+	return nil
+}
+
+// SetContextWindow sets the context length of model (0: none).
+func (s *Server) SetContextWindow(model string, tokens int64) error {
+	if tokens < 0 {
+		return fmt.Errorf("sim: context window must not be negative, got %d", tokens)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.models[model]
+	m.ContextWindow = tokens
+	s.models[model] = m
 	return nil
 }
 
