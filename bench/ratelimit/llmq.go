@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
+	"github.com/llmq/llmq/bench/internal/procs"
 	"github.com/llmq/llmq/internal/testutil"
 
 	"github.com/hibiken/asynq"
@@ -107,8 +108,8 @@ func runLLMQ(ctx context.Context, o *options, sc scenario, mix *mix, bin string,
 		return nil, err
 	}
 
-	procs, err := startProcesses(ctx, o.Processes, bin, environ, "worker running")
-	defer func() { stopProcesses(procs) }()
+	workers, err := procs.StartN(ctx, o.Processes, bin, environ, "worker running")
+	defer func() { procs.StopAll(workers) }()
 	if err != nil {
 		return nil, err
 	}
@@ -153,13 +154,13 @@ func runLLMQ(ctx context.Context, o *options, sc scenario, mix *mix, bin string,
 	if err := <-perr; err != nil && !errors.Is(err, context.Canceled) {
 		return nil, fmt.Errorf("producer: %w", err)
 	}
-	stopProcesses(procs)
-	for i, pr := range procs {
-		if notes := workerNotes(pr.out.String()); notes != "" {
+	procs.StopAll(workers)
+	for i, pr := range workers {
+		if notes := workerNotes(pr.Out.String()); notes != "" {
 			res.notes = append(res.notes, fmt.Sprintf("worker %d logged: %s", i+1, notes))
 		}
 	}
-	procs = nil
+	workers = nil
 
 	if err := countJobs(ctx, dsn, smp.start, res); err != nil {
 		return nil, err

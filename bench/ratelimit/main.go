@@ -36,6 +36,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/llmq/llmq/bench/internal/procs"
 	"io"
 	"log/slog"
 	"os"
@@ -210,7 +211,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	var bin string
 	if slices.ContainsFunc(o.Scenarios, func(s scenario) bool { return s.caller == callerLLMQ }) {
 		var cleanup func()
-		bin, cleanup, err = workerBinary(ctx, o.WorkerBin)
+		bin, cleanup, err = procs.WorkerBinary(ctx, o.WorkerBin)
 		if err != nil {
 			return err
 		}
