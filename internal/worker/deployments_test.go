@@ -2,13 +2,16 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/worker"
 )
@@ -246,5 +249,41 @@ func TestSyncRequestFailsOver(t *testing.T) {
 	}
 	if n := d.b.Stats().Admitted; n != 3 {
 		t.Fatalf("deployment b answered %d requests, want 3", n)
+	}
+}
+
+// A job whose every deployment and fallback fail waits for one to come
+// back without counting a failure, for OutageWait from its creation; past
+// it, the faults count as a single provider's do.
+func TestEveryDeploymentDownWaits(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		wait    time.Duration
+		failure bool
+	}{{"within", 0, false}, {"past", time.Nanosecond, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			d := startDeployments(t, orderedShape)
+			for _, s := range []*sim.TestServer{d.a, d.b, d.c} {
+				if err := s.SetFaults(sim.Faults{Rate500: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, key := d.Tenant("standard")
+			id := submit(t, d.App, key, map[string]any{"body": apptest.ChatBody("hello there", "", 20)})
+			err := d.JobHandler(worker.Options{OutageWait: c.wait}).Run(context.Background(), id)
+			var retry *queue.Retry
+			if !errors.As(err, &retry) || retry.Failure != c.failure {
+				t.Fatalf("run: %v; want a retry, counted as a failure: %v", err, c.failure)
+			}
+			j := job(t, d.App, id)
+			if j.Status != store.JobWaiting {
+				t.Fatalf("job %s, want waiting", j.Status)
+			}
+			if calls := d.a.Stats().Errors500 + d.b.Stats().Errors500 + d.c.Stats().Errors500; calls != 3 {
+				t.Fatalf("%d calls, want one on each deployment", calls)
+			}
+		})
 	}
 }

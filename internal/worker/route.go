@@ -27,6 +27,9 @@ type router struct {
 	// onFallback is set once the model's own deployments cannot serve the
 	// job: each unavailable, or the request too long for it.
 	onFallback bool
+	// allDown is set when every route failed the job on this run for a
+	// reason of its deployment.
+	allDown bool
 }
 
 func newRouter(p *config.Policy, m *config.Model) *router {
@@ -202,6 +205,7 @@ func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
 		r.h.Pacer.PauseFault(ctx, r.call)
 	}
 	if !r.routes.fail(route) {
+		r.routes.allDown = true
 		return false
 	}
 	r.log.Debug("failing over", "deployment", admission.ScopeName(route), "status", pe.StatusCode, "err", pe.Message)

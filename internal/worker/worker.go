@@ -46,6 +46,11 @@ type Options struct {
 	// MaxRateLimited is how many 429s a job may receive before it fails.
 	// Defaults to 25.
 	MaxRateLimited int
+	// OutageWait is how long, from its creation, a job whose every
+	// deployment (and fallback) failed its call waits for one to come back
+	// without counting a failure; past it, such faults count toward its
+	// retries as a single provider's do. Defaults to 15m.
+	OutageWait time.Duration
 	// TenantCacheTTL is how long a tenant row is reused between jobs, so a
 	// change of tier or budget applies within this time. Defaults to 5s.
 	TenantCacheTTL time.Duration
@@ -62,6 +67,9 @@ func (o Options) validate() error {
 	if o.MaxInlineWait < 0 {
 		return fmt.Errorf("worker: Options.MaxInlineWait must not be negative, got %v", o.MaxInlineWait)
 	}
+	if o.OutageWait < 0 {
+		return fmt.Errorf("worker: Options.OutageWait must not be negative, got %v", o.OutageWait)
+	}
 	if o.MaxRateLimited < 0 {
 		return fmt.Errorf("worker: Options.MaxRateLimited must not be negative, got %d", o.MaxRateLimited)
 	}
@@ -74,6 +82,9 @@ func (o Options) validate() error {
 func (o Options) withDefaults() Options {
 	if o.MaxInlineWait == 0 {
 		o.MaxInlineWait = 10 * time.Second
+	}
+	if o.OutageWait == 0 {
+		o.OutageWait = 15 * time.Minute
 	}
 	if o.MaxRateLimited == 0 {
 		o.MaxRateLimited = 25
@@ -332,8 +343,21 @@ func (r *run) callRoute(ctx context.Context) (err error, again bool) {
 	if again {
 		return nil, true
 	}
+	if r.routes.allDown && ctx.Err() == nil && h.opts.Now().Sub(r.job.CreatedAt) < h.opts.OutageWait {
+		// Every deployment the job may use failed it: it waits for one to
+		// come back (their pauses let a probe through each second).
+		r.releaseAll(ctx)
+		delay := outageRetry + time.Duration(rand.Int64N(int64(outageRetry)))
+		next := h.opts.Now().Add(delay)
+		r.setStatus(ctx, store.JobWaiting, &next, false)
+		return &queue.Retry{Reason: "every deployment of model " + r.job.Model + " is failing", Delay: delay}, false
+	}
 	return r.callFailed(ctx, err), false
 }
+
+// outageRetry is about how soon a job whose every deployment failed comes
+// back (up to twice this, spread).
+const outageRetry = 2 * time.Second
 
 // asProviderError is err as an *llm.Error: a network failure or timeout is
 // a retryable one; nil stays nil.
