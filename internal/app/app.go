@@ -153,7 +153,7 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	if a.Budgets, err = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock}); err != nil {
 		return nil, err
 	}
-	if a.Pacer, err = pacer.New(a.Limiter, a.Redis, a.Keys, logger, appObserver{a}, pacer.Options{}); err != nil {
+	if a.Pacer, err = pacer.New(a.Limiter, a.Redis, a.Keys, logger, appObserver{a}, pacer.Options{FaultPause: a.Env.FaultPause}); err != nil {
 		return nil, err
 	}
 	a.Admission = admission.New(a.Pacer)

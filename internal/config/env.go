@@ -123,6 +123,11 @@ type Env struct {
 	// limit before it is answered 429; a request's X-Llmq-Max-Wait header
 	// may lower it. Defaults to 60s.
 	SyncMaxWait time.Duration `env:"SYNC_MAX_WAIT" envDefault:"60s" help:"longest wait of a synchronous request before its 429" role:"dispatcher"`
+	// FaultPause is how long a deployment that failed a call (a 5xx, a
+	// timeout, a refused connection) gets no calls from any worker, when
+	// its jobs have another deployment or a fallback to go to; then one
+	// probe call tries it. Defaults to 1s.
+	FaultPause time.Duration `env:"FAULT_PAUSE" envDefault:"1s" help:"how long a failing deployment gets no calls before one probe"`
 	// MaxBodyBytes caps the size of a JSON request body, in bytes.
 	// Defaults to 1048576 (1 MiB).
 	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
@@ -308,6 +313,9 @@ func (e *Env) Validate(role Role) error {
 	}
 	if e.ShutdownTimeout <= 0 {
 		return envErrorf("SHUTDOWN_TIMEOUT", "must be more than 0, got %s", e.ShutdownTimeout)
+	}
+	if e.FaultPause <= 0 {
+		return envErrorf("FAULT_PAUSE", "must be more than 0, got %s", e.FaultPause)
 	}
 	if e.SyncMaxWait <= 0 {
 		return envErrorf("SYNC_MAX_WAIT", "must be more than 0, got %s", e.SyncMaxWait)

@@ -53,7 +53,10 @@ models:
 		t.Cleanup((*srv).Close)
 		policy = strings.ReplaceAll(policy, mark, (*srv).BaseURL)
 	}
-	d.App = apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy})
+	// A failing deployment's pause outlasts the test: its calls are
+	// counted, whatever the machine's speed.
+	d.App = apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy,
+		Env: func(e *config.Env) { e.FaultPause = time.Minute }})
 	return d
 }
 
@@ -125,12 +128,12 @@ func TestDeploymentsSpreadByWeight(t *testing.T) {
 	t.Parallel()
 	d := startDeployments(t, `      - {provider: a, upstream: gpt-4o-mini, limits: {rpm: 6000, tpm: 600000}, weight: 1}
       - {provider: b, upstream: gpt-4o-mini, limits: {rpm: 6000, tpm: 600000}, weight: 3}`)
-	const n = 200
+	const n = 120
 	d.runJobs(t, d.JobHandler(worker.Options{}), n)
 	a, b := d.a.Stats().Requests, d.b.Stats().Requests
-	// 3 in 4 to b: 150 ± 6 (one standard deviation).
-	if a+b != n || b < 125 || b > 175 {
-		t.Fatalf("a %d, b %d calls; want %d in all, about 150 on b", a, b, n)
+	// 3 in 4 to b: 90 ± 4.7 (one standard deviation).
+	if a+b != n || b < 72 || b > 108 {
+		t.Fatalf("a %d, b %d calls; want %d in all, about 90 on b", a, b, n)
 	}
 }
 
