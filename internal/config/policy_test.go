@@ -572,6 +572,43 @@ func TestCheckAPIKeys(t *testing.T) {
 	}
 }
 
+// The example's commented providers and model of several deployments parse
+// once uncommented, as its comments tell a reader to do.
+func TestExamplePolicyDeployments(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../llmq.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A commented entry starts "  #- " and goes on with "  #  " lines.
+	var b strings.Builder
+	inEntry := false
+	for line := range strings.Lines(string(raw)) {
+		if rest, ok := strings.CutPrefix(line, "  #- "); ok {
+			line, inEntry = "  - "+rest, true
+		} else if rest, ok := strings.CutPrefix(line, "  #  "); ok && inEntry {
+			line = "    " + rest
+		} else {
+			inEntry = false
+		}
+		b.WriteString(line)
+	}
+	p := mustParse(t, b.String())
+	m, ok := p.Model("gpt-4o-multi")
+	if !ok || len(m.Deployments) != 3 || len(m.Fallbacks) != 1 {
+		t.Fatalf("gpt-4o-multi = %+v", m)
+	}
+	want := []string{"openai/gpt-4o-2024-11-20", "openai-b/gpt-4o-2024-11-20", "azure-east/my-gpt4o-deployment"}
+	for i, d := range m.Deployments {
+		if d.Name() != want[i] {
+			t.Errorf("deployments[%d] = %s, want %s", i, d.Name(), want[i])
+		}
+	}
+	if az, _ := p.Provider("azure-east"); az.Kind != ProviderAzure {
+		t.Errorf("azure-east = %+v", az)
+	}
+}
+
 func TestExamplePolicy(t *testing.T) {
 	t.Parallel()
 	p, err := LoadPolicy("../../llmq.example.yaml")

@@ -34,27 +34,27 @@ func (s *State) Collector() prometheus.Collector {
 	}
 	return &stateCollector{
 		st:        s,
-		remaining: d("limiter_bucket_remaining", "What a model's rate-limit bucket holds now (requests or tokens; negative while in debt).", "model", "bucket"),
-		limit:     d("limiter_bucket_limit", "The capacity of a model's rate-limit bucket, the policy's limit (requests or tokens).", "model", "bucket"),
-		paused:    d("limiter_paused", "1 while a provider 429 pauses the model for every worker.", "model"),
+		remaining: d("limiter_bucket_remaining", "What a model's rate-limit bucket holds now (requests or tokens; negative while in debt).", "model", "deployment", "bucket"),
+		limit:     d("limiter_bucket_limit", "The capacity of a model's rate-limit bucket, the policy's limit (requests or tokens).", "model", "deployment", "bucket"),
+		paused:    d("limiter_paused", "1 while a provider 429 pauses the model for every worker.", "model", "deployment"),
 		capacity: d("limiter_bucket_capacity",
-			"What a model's bucket may hold now: its limit (the policy's, or the lower one the provider announced) times its limit factor.", "model", "bucket"),
+			"What a model's bucket may hold now: its limit (the policy's, or the lower one the provider announced) times its limit factor.", "model", "deployment", "bucket"),
 		provRemaining: d("limiter_provider_remaining",
-			"What the provider last said the bucket holds (x-ratelimit-remaining-*), beside llmq's limiter_bucket_remaining.", "model", "bucket"),
-		provAge: d("limiter_provider_remaining_age_seconds", "How long ago the provider said so.", "model", "bucket"),
+			"What the provider last said the bucket holds (x-ratelimit-remaining-*), beside llmq's limiter_bucket_remaining.", "model", "deployment", "bucket"),
+		provAge: d("limiter_provider_remaining_age_seconds", "How long ago the provider said so.", "model", "deployment", "bucket"),
 		drain: d("limiter_drain_ratio",
-			"The share of a bucket's refill the provider's counts show others (other applications on the account) take.", "model", "bucket"),
+			"The share of a bucket's refill the provider's counts show others (other applications on the account) take.", "model", "deployment", "bucket"),
 		factor: d("limiter_limit_factor",
-			"The share of its limit a bucket uses after unpredicted 429s (1 = all; regained slowly).", "model", "bucket"),
+			"The share of its limit a bucket uses after unpredicted 429s (1 = all; regained slowly).", "model", "deployment", "bucket"),
 		burst: d("limiter_burst_seconds",
-			"The most of its refill a model's bucket lets out at once, in seconds (the policy's limits.burst, lowered after 429s that showed the provider counting over a shorter window; 0 = one call at a time, regained slowly).", "model", "bucket"),
+			"The most of its refill a model's bucket lets out at once, in seconds (the policy's limits.burst, lowered after 429s that showed the provider counting over a shorter window; 0 = one call at a time, regained slowly).", "model", "deployment", "bucket"),
 		refund: d("limiter_refund_ratio",
-			"The share of their unused max_tokens the provider's counts show it gives back to calls (absent until enough was seen; llmq never assumes one).", "model", "bucket"),
+			"The share of their unused max_tokens the provider's counts show it gives back to calls (absent until enough was seen; llmq never assumes one).", "model", "deployment", "bucket"),
 		calibration: d("limiter_prompt_calibration",
-			"The correction applied to llmq's prompt-token estimates: the median of the provider's usage.prompt_tokens over llmq's estimate.", "model"),
-		calibSamples: d("limiter_prompt_calibration_samples", "How many calls the prompt calibration is the median of.", "model"),
+			"The correction applied to llmq's prompt-token estimates: the median of the provider's usage.prompt_tokens over llmq's estimate.", "model", "deployment"),
+		calibSamples: d("limiter_prompt_calibration_samples", "How many calls the prompt calibration is the median of.", "model", "deployment"),
 		distrusted: d("limiter_provider_counts_distrusted",
-			"1 while repeated unpredicted 429s keep the provider's remaining counts from lowering the model's buckets.", "model"),
+			"1 while repeated unpredicted 429s keep the provider's remaining counts from lowering the model's buckets.", "model", "deployment"),
 		spent:    d("budget_spent_usd", "Dollars a tenant spent on its budget day so far.", "tenant", "tier"),
 		reserved: d("budget_reserved_usd", "Dollars a tenant holds reserved for jobs in flight.", "tenant", "tier"),
 		budget:   d("budget_limit_usd", "A tenant's daily budget in dollars (absent when unlimited).", "tenant", "tier"),
@@ -90,29 +90,29 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	} else {
 		for _, m := range models {
 			for _, b := range m.Buckets {
-				gauge(c.remaining, float64(b.Remaining), m.Model, b.Name)
-				gauge(c.limit, float64(b.Limit), m.Model, b.Name)
+				gauge(c.remaining, float64(b.Remaining), m.Model, m.Scope, b.Name)
+				gauge(c.limit, float64(b.Limit), m.Model, m.Scope, b.Name)
 			}
-			gauge(c.paused, boolFloat(m.Paused), m.Model)
+			gauge(c.paused, boolFloat(m.Paused), m.Model, m.Scope)
 			if l := m.Learned; l != nil {
 				for _, b := range l.Buckets {
-					gauge(c.capacity, float64(b.Capacity), m.Model, b.Name)
-					gauge(c.drain, b.Drain, m.Model, b.Name)
-					gauge(c.factor, b.Factor, m.Model, b.Name)
+					gauge(c.capacity, float64(b.Capacity), m.Model, m.Scope, b.Name)
+					gauge(c.drain, b.Drain, m.Model, m.Scope, b.Name)
+					gauge(c.factor, b.Factor, m.Model, m.Scope, b.Name)
 					if b.Burst >= 0 {
-						gauge(c.burst, b.BurstWindow.Seconds(), m.Model, b.Name)
+						gauge(c.burst, b.BurstWindow.Seconds(), m.Model, m.Scope, b.Name)
 					}
 					if b.Refund >= 0 {
-						gauge(c.refund, b.Refund, m.Model, b.Name)
+						gauge(c.refund, b.Refund, m.Model, m.Scope, b.Name)
 					}
 					if b.ProviderRemaining >= 0 {
-						gauge(c.provRemaining, float64(b.ProviderRemaining), m.Model, b.Name)
-						gauge(c.provAge, l.Time.Sub(b.ProviderSeen).Seconds(), m.Model, b.Name)
+						gauge(c.provRemaining, float64(b.ProviderRemaining), m.Model, m.Scope, b.Name)
+						gauge(c.provAge, l.Time.Sub(b.ProviderSeen).Seconds(), m.Model, m.Scope, b.Name)
 					}
 				}
-				gauge(c.calibration, l.Calibration.Factor, m.Model)
-				gauge(c.calibSamples, float64(l.Calibration.Samples), m.Model)
-				gauge(c.distrusted, boolFloat(l.Distrusted), m.Model)
+				gauge(c.calibration, l.Calibration.Factor, m.Model, m.Scope)
+				gauge(c.calibSamples, float64(l.Calibration.Samples), m.Model, m.Scope)
+				gauge(c.distrusted, boolFloat(l.Distrusted), m.Model, m.Scope)
 			}
 		}
 	}
