@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -65,15 +66,16 @@ func runScenario(ctx context.Context, o *options, name, bin string, logger *slog
 	return r, nil
 }
 
-// producing runs the producer until the returned stop is called.
+// producing runs the producer until the returned stop is called (once or
+// more).
 func (s *stack) producing(ctx context.Context, models []string, depth int64, rate float64, next *atomic.Int64) (stop func() error) {
 	pctx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() { errc <- s.produce(pctx, models, depth, rate, next) }()
-	return func() error {
+	return sync.OnceValue(func() error {
 		cancel()
 		return <-errc
-	}
+	})
 }
 
 // sleepUntil waits until t or ctx's end.
@@ -226,12 +228,14 @@ func (s *stack) fallback(ctx context.Context, r *report, start time.Time, next *
 	for _, d := range s.deps {
 		d.px.setDown(true)
 	}
+	spareBefore := s.spare.Stats().Admitted
 	if err := sleepUntil(ctx, time.Now().Add(s.o.Outage)); err != nil {
 		return err
 	}
 	for _, d := range s.deps {
 		d.px.setDown(false)
 	}
+	spareCalls := s.spare.Stats().Admitted - spareBefore
 	if err := sleepUntil(ctx, time.Now().Add(20*time.Second)); err != nil {
 		return err
 	}
@@ -253,7 +257,8 @@ func (s *stack) fallback(ctx context.Context, r *report, start time.Time, next *
 			return err
 		}
 	}
-	r.line("every deployment down for %v, then back", s.o.Outage)
+	r.line("every deployment down for %v, then back: the fallback answered %d calls meanwhile (%.1f a second)",
+		s.o.Outage, spareCalls, float64(spareCalls)/s.o.Outage.Seconds())
 	return nil
 }
 

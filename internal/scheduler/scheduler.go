@@ -217,19 +217,41 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 }
 
 // room is what the routes of the fair queue scope's model admit now and
-// within Lookahead: the sum of each deployment's room (routeRoom). A queue
-// no model of the policy names any more releases everything: its workers
-// fail the jobs, saying so.
+// within Lookahead: the sum of each deployment's room (routeRoom), or, when
+// every deployment is paused, the sum of its fallbacks' (where its jobs go
+// then). A queue no model of the policy names any more releases
+// everything: its workers fail the jobs, saying so.
 func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) {
-	m := modelOf(s.d.Policy.Current(), scope)
+	p := s.d.Policy.Current()
+	m := modelOf(p, scope)
 	if m == nil {
 		return queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: s.o.MaxOutstanding}, nil
 	}
-	room := queue.Room{MaxOutstanding: s.o.MaxOutstanding}
-	for i, r := range m.Routes() {
+	room, paused, err := s.sumRoom(ctx, m.Routes())
+	if err != nil || !paused {
+		return room, err
+	}
+	var fallbacks []*config.Model
+	for _, name := range m.Fallbacks {
+		if f, ok := p.Model(name); ok {
+			fallbacks = append(fallbacks, f.Routes()...)
+		}
+	}
+	if len(fallbacks) == 0 {
+		return room, nil
+	}
+	room, _, err = s.sumRoom(ctx, fallbacks)
+	return room, err
+}
+
+// sumRoom is the room of routes together; paused is true when every one of
+// them is paused.
+func (s *Scheduler) sumRoom(ctx context.Context, routes []*config.Model) (room queue.Room, paused bool, err error) {
+	room, paused = queue.Room{MaxOutstanding: s.o.MaxOutstanding}, true
+	for i, r := range routes {
 		rr, err := s.routeRoom(ctx, r)
 		if err != nil {
-			return room, err
+			return room, false, err
 		}
 		if i == 0 {
 			room.Factor = rr.Factor
@@ -237,8 +259,9 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 		room.Tokens += rr.Tokens
 		room.Requests += rr.Requests
 		room.Force = room.Force || rr.Force
+		paused = paused && rr.paused
 	}
-	return room, nil
+	return room, paused, nil
 }
 
 // routeRoom is what one deployment's buckets admit now and within
@@ -246,8 +269,8 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 // (what it holds, bounded by its burst) plus its refill in Lookahead, and
 // likewise for requests; none while a 429 or a fault pauses it. Room that
 // synchronous requests hold is not released to async jobs.
-func (s *Scheduler) routeRoom(ctx context.Context, m *config.Model) (queue.Room, error) {
-	room := queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1)}
+func (s *Scheduler) routeRoom(ctx context.Context, m *config.Model) (routeRoom, error) {
+	room := routeRoom{Room: queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1)}}
 	sc := s.d.Pacer.Scope(ctx, m)
 	st, err := s.d.Pacer.Limiter().State(ctx, sc)
 	if err != nil {
@@ -255,7 +278,7 @@ func (s *Scheduler) routeRoom(ctx context.Context, m *config.Model) (queue.Room,
 	}
 	room.Factor = s.d.Pacer.Calibration(ctx, sc.Name).Factor
 	if st.Penalized {
-		room.Tokens, room.Requests = 0, 0
+		room.Tokens, room.Requests, room.paused = 0, 0, true
 		return room, nil
 	}
 	full := true
@@ -287,6 +310,13 @@ func (s *Scheduler) routeRoom(ctx context.Context, m *config.Model) (queue.Room,
 		room.Force = false
 	}
 	return room, nil
+}
+
+// routeRoom is one deployment's room; paused while a 429 or a fault
+// pauses it.
+type routeRoom struct {
+	queue.Room
+	paused bool
 }
 
 // modelOf returns the first model of p whose fair queue is scope.

@@ -79,7 +79,10 @@ type world struct {
 	wasted int
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { t.Helper(); return newWorldOf(t, policy) }
+
+// newWorldOf is newWorld under another policy.
+func newWorldOf(t *testing.T, policy string) *world {
 	t.Helper()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy, NoScheduler: true})
 	clock := testutil.NewClock(time.Unix(1_900_000_000, 0))
@@ -102,7 +105,7 @@ func (w *world) submit(tenant, model, q string, n int, cost int64, share float64
 	ids := make([]string, n)
 	for i := range refs {
 		ids[i] = fmt.Sprintf("job_%s_%s_%d_%d", tenant, model, len(w.queuedAt), i)
-		refs[i] = queue.JobRef{ID: ids[i], Priority: q, Scope: admission.ScopeName(m), TenantID: tenant, Cost: cost, Share: share}
+		refs[i] = queue.JobRef{ID: ids[i], Priority: q, Scope: admission.QueueName(m), TenantID: tenant, Cost: cost, Share: share}
 		w.queuedAt[ids[i]] = w.clock.Now()
 		w.tenantOf[ids[i]], w.modelOf[ids[i]], w.cost[ids[i]] = tenant, model, cost
 	}
