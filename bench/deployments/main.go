@@ -30,7 +30,7 @@
 // its job at the price of the deployment (and model) that answered, to the
 // micro-dollar. The numbers and the command are in docs/BENCHMARKS.md.
 //
-//	go run ./bench/deployments            # about 17 minutes
+//	go run ./bench/deployments            # about 20 minutes
 //	go run ./bench/deployments -quick     # about 4 minutes
 package main
 
@@ -80,7 +80,7 @@ func parseOptions(args []string) (*options, error) {
 	fs := flag.NewFlagSet("deployments", flag.ContinueOnError)
 	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, comma-separated: "+strings.Join(allScenarios, ", "))
 	quick := fs.Bool("quick", false, "shorter windows: warmup 15s, measure 45s")
-	fs.DurationVar(&o.Warmup, "warmup", 30*time.Second, "time before the steady window")
+	fs.DurationVar(&o.Warmup, "warmup", 60*time.Second, "time before the steady window")
 	fs.DurationVar(&o.Measure, "measure", 2*time.Minute, "length of the steady window")
 	fs.DurationVar(&o.Outage, "outage", 30*time.Second, "how long deployments are down (outage, fallback)")
 	fs.IntVar(&o.Processes, "processes", 4, "worker processes")
