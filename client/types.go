@@ -26,6 +26,8 @@ type Job struct {
 	// ServedBy says which deployment answered (provider/upstream) and of
 	// which model (Model's own, or a fallback's); null until one did.
 	ServedBy *JobServedBy `json:"served_by"`
+	// Fallbacks are the job's own fallback models, when it named some.
+	Fallbacks []string `json:"fallbacks,omitempty"`
 	// Status is queued, running, waiting, deferred, succeeded, failed or cancelled.
 	Status string `json:"status"`
 	// Priority is the queue the job runs in: critical, default, low or batch.

@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
@@ -89,6 +91,27 @@ type Request struct {
 	// Body is the request body as the client sent it; it goes to the
 	// provider untouched.
 	Body []byte
+	// Fallbacks are the job's own fallback models (see WithFallbacks);
+	// none uses its model's.
+	Fallbacks []string
+}
+
+// WithFallbacks makes fallbacks the request's own, checked for tier
+// (CheckJobFallbacks), and its worst case theirs too, checked against
+// acct's budget; on error the request is unchanged.
+func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget.Account, fallbacks []string) error {
+	if len(fallbacks) == 0 {
+		return nil
+	}
+	if err := CheckJobFallbacks(p, tier, r.Model, fallbacks); err != nil {
+		return err
+	}
+	worst := WorstCase(p, r.Model, fallbacks, r.Calibration, r.PromptTokens, r.MaxTokens)
+	if err := CheckBudget(acct, worst); err != nil {
+		return err
+	}
+	r.WorstCase, r.Fallbacks = worst, fallbacks
+	return nil
 }
 
 // Admit judges body for endpoint, for a tenant whose budget account is
@@ -109,6 +132,7 @@ func (e *Estimator) Admit(ctx context.Context, p *config.Policy, acct budget.Acc
 func (r *Request) Fill(j *store.JobInsertParams) {
 	j.Endpoint, j.Model, j.Request = r.Endpoint, r.Model.Name, r.Body
 	j.EstPromptTokens, j.EstMaxTokens, j.EstCost = r.PromptTokens, r.MaxTokens, r.WorstCase
+	j.Fallbacks = r.Fallbacks
 }
 
 // Estimate validates body for endpoint under policy p and returns its
@@ -152,18 +176,27 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 		est.Calibration = e.calib.Calibration(ctx, ScopeName(m))
 	}
 	est.Cost, _ = Charge(m, est.Calibration, est.PromptTokens, est.MaxTokens)
-	est.WorstCase = WorstCase(p, m, est.Calibration, est.PromptTokens, est.MaxTokens)
+	est.WorstCase = WorstCase(p, m, m.Fallbacks, est.Calibration, est.PromptTokens, est.MaxTokens)
 	if err := fits(m, est); err != nil {
 		return nil, err
 	}
 	return est, nil
 }
 
-// Candidates are the routes a job of m may run on, in the order it tries
-// them when each can take it: m's deployments, then its fallbacks'.
-func Candidates(p *config.Policy, m *config.Model) []*config.Model {
+// Fallbacks are the models a job of m falls back to: its own, when it
+// names some, else m's.
+func Fallbacks(m *config.Model, own []string) []string {
+	if len(own) > 0 {
+		return own
+	}
+	return m.Fallbacks
+}
+
+// Candidates are the routes a job of m with fallbacks (see Fallbacks) may
+// run on: m's deployments, then its fallbacks'.
+func Candidates(p *config.Policy, m *config.Model, fallbacks []string) []*config.Model {
 	out := m.Routes()
-	for _, name := range m.Fallbacks {
+	for _, name := range fallbacks {
 		if f, ok := p.Model(name); ok {
 			out = append(out, f.Routes()...)
 		}
@@ -172,11 +205,11 @@ func Candidates(p *config.Policy, m *config.Model) []*config.Model {
 }
 
 // WorstCase is the budget's worst case of a request of m with these
-// estimates: the most Charge asks on any of its candidates, since the
-// budget is reserved before a route is chosen.
-func WorstCase(p *config.Policy, m *config.Model, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
+// estimates and fallbacks: the most Charge asks on any of its candidates,
+// since the budget is reserved before a route is chosen.
+func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
-	for _, r := range Candidates(p, m) {
+	for _, r := range Candidates(p, m, fallbacks) {
 		_, w := Charge(r, c, promptTokens, maxTokens)
 		worst = max(worst, w)
 	}
@@ -272,6 +305,45 @@ func Ref(p *config.Policy, id, priority, tenantID, model string, cost int64, sha
 		ref.Scope = QueueName(m)
 	}
 	return ref
+}
+
+// MaxJobFallbacks bounds the fallbacks one job may name.
+const MaxJobFallbacks = 4
+
+// CheckJobFallbacks refuses fallbacks a job of model m under tier may not
+// name: more than MaxJobFallbacks, a model the policy lacks or the tier
+// does not allow, m itself, one of another kind, or one named twice.
+func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fallbacks []string) error {
+	if len(fallbacks) > MaxJobFallbacks {
+		return &Error{Param: "fallbacks", Code: "invalid_value", Message: fmt.Sprintf(
+			"A job may name at most %d fallbacks, got %d.", MaxJobFallbacks, len(fallbacks))}
+	}
+	for i, name := range fallbacks {
+		f, ok := p.Model(name)
+		switch {
+		case !ok:
+			return &Error{Param: "fallbacks", Code: "model_not_found", Message: fmt.Sprintf("The fallback model '%s' does not exist or is not served here.", name)}
+		case !slices.Contains(tier.Fallbacks, name):
+			return &Error{Param: "fallbacks", Code: "fallback_not_allowed", Message: fmt.Sprintf(
+				"The %s tier does not allow '%s' as a fallback; it allows %s.", tier.Name, name, allowedList(tier.Fallbacks))}
+		case name == m.Name:
+			return &Error{Param: "fallbacks", Code: "invalid_value", Message: fmt.Sprintf("The model '%s' cannot be its own fallback.", name)}
+		case f.Kind != m.Kind:
+			return &Error{Param: "fallbacks", Code: "model_not_supported", Message: fmt.Sprintf(
+				"The fallback '%s' is a %s model and '%s' a %s one.", name, f.Kind, m.Name, m.Kind)}
+		case slices.Contains(fallbacks[:i], name):
+			return &Error{Param: "fallbacks", Code: "invalid_value", Message: fmt.Sprintf("The fallback '%s' is named twice.", name)}
+		}
+	}
+	return nil
+}
+
+// allowedList names the allowed fallbacks, or says there are none.
+func allowedList(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return "'" + strings.Join(names, "', '") + "'"
 }
 
 // QueueName is the fair queue of m's jobs: the scope of its deployment when

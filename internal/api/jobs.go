@@ -38,6 +38,9 @@ type createJobRequest struct {
 	Priority   string            `json:"priority"`
 	WebhookURL string            `json:"webhook_url"`
 	Metadata   map[string]string `json:"metadata"`
+	// Fallbacks are the job's own fallback models, from those its tier
+	// allows, in place of its model's.
+	Fallbacks []string `json:"fallbacks"`
 }
 
 func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
@@ -164,6 +167,13 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 	}
 	admitted, err := s.Admission.Admit(ctx, c.policy, c.acct, endpoint, req.Body)
 	if err != nil {
+		return nil, admissionError(err, "body")
+	}
+	if err := admitted.WithFallbacks(c.policy, tier, c.acct, req.Fallbacks); err != nil {
+		var ae *admission.Error
+		if errors.As(err, &ae) && ae.Param == "fallbacks" {
+			return nil, badRequest("fallbacks", ae.Code, "%s", ae.Message)
+		}
 		return nil, admissionError(err, "body")
 	}
 	v.admitted = admitted

@@ -40,6 +40,7 @@ tiers:
   - name: standard
     daily_budget_usd: 50
     api_rps: 50
+    fallbacks: [gpt-4o-mini, gpt-4o]
 `
 
 func TestParsePolicyDeployments(t *testing.T) {
@@ -89,6 +90,9 @@ func TestParsePolicyDeployments(t *testing.T) {
 	if len(m.Fallbacks) != 1 || m.Fallbacks[0] != "gpt-4o-mini" {
 		t.Errorf("fallbacks = %v", m.Fallbacks)
 	}
+	if tier, _ := p.Tier("standard"); len(tier.Fallbacks) != 2 || tier.Fallbacks[1] != "gpt-4o" {
+		t.Errorf("tier fallbacks = %v", tier.Fallbacks)
+	}
 	// The short form is one deployment.
 	mini, _ := p.Model("gpt-4o-mini")
 	if len(mini.Deployments) != 1 || mini.Deployments[0].Name() != "openai/gpt-4o-mini" || mini.Deployments[0].Weight != 1 ||
@@ -137,6 +141,7 @@ func TestParsePolicyDeploymentErrors(t *testing.T) {
 		{"unknown fallback", "fallbacks: [gpt-4o-mini]", "fallbacks: [gpt-5]", "models[0].fallbacks[0]", `unknown model "gpt-5"`},
 		{"own fallback", "fallbacks: [gpt-4o-mini]", "fallbacks: [gpt-4o]", "models[0].fallbacks[0]", "its own fallback"},
 		{"fallback twice", "fallbacks: [gpt-4o-mini]", "fallbacks: [gpt-4o-mini, gpt-4o-mini]", "models[0].fallbacks[1]", "named twice"},
+		{"tier fallback unknown", "fallbacks: [gpt-4o-mini, gpt-4o]", "fallbacks: [gpt-4o-mini, gpt-5]", "tiers[0].fallbacks[1]", `unknown model "gpt-5"`},
 		{"fallback of another kind", "    limits: {rpm: 500, tpm: 200000}\n", "    limits: {rpm: 500, tpm: 200000}\n    kind: embedding\n",
 			"models[0].fallbacks[0]", `"gpt-4o-mini" is a embedding model`},
 	}

@@ -263,6 +263,10 @@ type Tier struct {
 	APILease int64
 	// APIExempt skips the per-key API rate limit.
 	APIExempt bool
+	// Fallbacks are the models a job of the tier may name as its own
+	// fallbacks (POST /v1/jobs "fallbacks"), in place of its model's.
+	// Defaults to none: jobs use their model's.
+	Fallbacks []string
 	// WebhookHostRPS is how many webhook deliveries per second a tenant of
 	// the tier sends to one host at most. Defaults to 10.
 	WebhookHostRPS float64
@@ -424,6 +428,7 @@ type rawTier struct {
 	APILease          int64                   `yaml:"api_lease"`
 	WebhookHostRPS    *float64                `yaml:"webhook_host_rps"`
 	Share             *float64                `yaml:"share"`
+	Fallbacks         []string                `yaml:"fallbacks"`
 }
 
 func (raw *rawPolicy) build(src *source) (*Policy, error) {
@@ -492,10 +497,6 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 	for i := range p.Models {
 		p.models[p.Models[i].Name] = &p.Models[i]
 	}
-	if err := p.checkFallbacks(src); err != nil {
-		return nil, err
-	}
-
 	p.Tiers = make([]Tier, len(raw.Tiers))
 	seen = map[string]int{}
 	for i, rt := range raw.Tiers {
@@ -512,6 +513,9 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 	}
 	for i := range p.Tiers {
 		p.tiers[p.Tiers[i].Name] = &p.Tiers[i]
+	}
+	if err := p.checkFallbacks(src); err != nil {
+		return nil, err
 	}
 
 	global, err := usd(src, "global_daily_budget_usd", raw.GlobalDailyBudgetUSD)
@@ -749,8 +753,9 @@ func (rl rawLimits) build(src *source, path string) (Limits, error) {
 	return out, nil
 }
 
-// checkFallbacks checks each model's fallbacks: models of the policy, of the
-// same kind, not the model itself, each named once.
+// checkFallbacks checks each model's fallbacks (models of the policy, of
+// the same kind, not the model itself, each named once) and that each
+// tier's allowed fallbacks are models of the policy.
 func (p *Policy) checkFallbacks(src *source) error {
 	for i := range p.Models {
 		m := &p.Models[i]
@@ -769,6 +774,13 @@ func (p *Policy) checkFallbacks(src *source) error {
 				return src.errorAt(path, "%q is a %s model and %q a %s one", name, f.Kind, m.Name, m.Kind)
 			}
 			seen[name] = true
+		}
+	}
+	for i := range p.Tiers {
+		for k, name := range p.Tiers[i].Fallbacks {
+			if _, ok := p.models[name]; !ok {
+				return src.errorAt(fmt.Sprintf("tiers[%d].fallbacks[%d]", i, k), "unknown model %q", name)
+			}
 		}
 	}
 	return nil
@@ -819,6 +831,7 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		Priority:    rt.Priority,
 		OnExhausted: rt.OnExhausted,
 		APIExempt:   rt.APIExempt,
+		Fallbacks:   rt.Fallbacks,
 		Share:       1,
 		Timezone:    time.UTC,
 	}

@@ -105,6 +105,9 @@ type Job struct {
 	// job has, and ServedModel the model it was of: Model's, or a
 	// fallback's. Both "" until a provider answered.
 	Deployment, ServedModel string
+	// Fallbacks are the job's own fallback models, in place of its model's;
+	// none when it named none.
+	Fallbacks []string
 }
 
 const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model, request, queue, status,
@@ -112,7 +115,7 @@ const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model
 	response_status, response_body, provider_request_id, error,
 	prompt_tokens, completion_tokens, cached_tokens, total_tokens, cost_micros,
 	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync, usage_estimated,
-	deployment, served_model`
+	deployment, served_model, fallbacks`
 
 // jobViewColumns are jobColumns without the request body, which a client
 // sent and the API never renders (wire.Job): the tenant's reads (one job, a
@@ -123,8 +126,9 @@ var jobViewColumns = strings.Replace(jobColumns, " request,", " NULL AS request,
 // scanJob reads a row of jobColumns.
 func scanJob(r row) (*Job, error) {
 	var (
-		j       Job
-		errJSON []byte
+		j         Job
+		errJSON   []byte
+		fallbacks string
 	)
 	err := r.Scan(&j.ID, &j.TenantID, orZero[string]{&j.BatchID}, orZero[int]{&j.LineNo}, orZero[string]{&j.CustomID},
 		&j.Endpoint, &j.Model, (*[]byte)(&j.Request), &j.Queue, &j.Status,
@@ -133,7 +137,7 @@ func scanJob(r row) (*Job, error) {
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &j.Cost,
 		orZero[string]{&j.WebhookURL}, (*[]byte)(&j.Metadata), orZero[string]{&j.IdempotencyKey},
 		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt},
-		&j.Sync, &j.UsageEstimated, &j.Deployment, &j.ServedModel)
+		&j.Sync, &j.UsageEstimated, &j.Deployment, &j.ServedModel, &fallbacks)
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +146,10 @@ func scanJob(r row) (*Job, error) {
 		if err := json.Unmarshal(errJSON, j.Error); err != nil {
 			return nil, fmt.Errorf("store: job %s: error column: %w", j.ID, err)
 		}
+	}
+	if fallbacks != "" {
+		// Model names hold no spaces (config.checkModelName).
+		j.Fallbacks = strings.Fields(fallbacks)
 	}
 	return &j, nil
 }

@@ -44,6 +44,8 @@ type JobInsertParams struct {
 	NextRunAt      *time.Time // optional: when a waiting or deferred job is due
 	// Sync marks a request answered on its connection; it gets no task.
 	Sync bool
+	// Fallbacks are the job's own fallback models (checked by admission).
+	Fallbacks []string
 }
 
 // jobInsertColumns are the columns JobInsert and JobInsertMany write, in the
@@ -51,7 +53,7 @@ type JobInsertParams struct {
 var jobInsertColumns = []string{"id", "tenant_id", "batch_id", "line_no", "custom_id", "endpoint", "model",
 	"request", "queue", "status", "est_prompt_tokens", "est_max_tokens", "est_cost_micros",
 	"webhook_url", "metadata", "idempotency_key", "created_at", "updated_at", "next_run_at",
-	"error", "finished_at", "sync"}
+	"error", "finished_at", "sync", "fallbacks"}
 
 func (p *JobInsertParams) validate(method string) error {
 	refused := p.Status == JobFailed && p.Error != nil
@@ -102,7 +104,7 @@ func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 	return []any{id, p.TenantID, nullString(p.BatchID), line, nullString(p.CustomID), p.Endpoint, p.Model,
 		string(withoutNUL(request)), p.Queue, string(status), p.EstPromptTokens, p.EstMaxTokens, int64(p.EstCost),
 		nullString(p.WebhookURL), nullJSON(p.Metadata), nullString(p.IdempotencyKey), now, now, d.tsOrNull(p.NextRunAt),
-		errorJSON(p.Error), finished, p.Sync}
+		errorJSON(p.Error), finished, p.Sync, strings.Join(p.Fallbacks, " ")}
 }
 
 // JobInsert creates a job. With an IdempotencyKey, a second insert with the

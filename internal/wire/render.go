@@ -23,7 +23,7 @@ func Job(j *store.Job) client.Job {
 		FinishedAt: unixPtr(j.FinishedAt), NextRunAt: unixPtr(j.NextRunAt), Error: jobError(j.Error),
 		CostUSD:    j.Cost.USD(),
 		Estimate:   client.JobEstimate{PromptTokens: j.EstPromptTokens, MaxTokens: j.EstMaxTokens, CostUSD: j.EstCost.USD()},
-		WebhookURL: strPtr(j.WebhookURL), Metadata: metadataMap(j.Metadata), Sync: j.Sync,
+		WebhookURL: strPtr(j.WebhookURL), Metadata: metadataMap(j.Metadata), Sync: j.Sync, Fallbacks: j.Fallbacks,
 	}
 	if j.Deployment != "" {
 		out.ServedBy = &client.JobServedBy{Model: cmp.Or(j.ServedModel, j.Model), Deployment: j.Deployment}

@@ -47,7 +47,14 @@ models:
     price: {input_per_mtok: 1.00, output_per_mtok: 2.00}
     limits: {rpm: 3000, tpm: 300000}
     max_output_tokens: 1024
-` + apptest.PolicyYAML[strings.Index(apptest.PolicyYAML, "tiers:"):]
+  - name: other
+    provider: c
+    upstream: other-model
+    price: {input_per_mtok: 2.00, output_per_mtok: 4.00}
+    limits: {rpm: 3000, tpm: 300000}
+    max_output_tokens: 1024
+` + strings.Replace(apptest.PolicyYAML[strings.Index(apptest.PolicyYAML, "tiers:"):],
+		"  - name: standard\n", "  - name: standard\n    fallbacks: [other]\n", 1)
 	for mark, srv := range servers {
 		*srv = sim.Start(sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true})
 		t.Cleanup((*srv).Close)
@@ -219,6 +226,23 @@ func TestFallbackModel(t *testing.T) {
 	if a, b := d.a.Stats().Errors500, d.b.Stats().Errors500; a != 1 || b != 1 {
 		t.Fatalf("a and b answered %d and %d 500s, want one each: paused after it", a, b)
 	}
+}
+
+// A job's own fallbacks replace its model's.
+func TestJobOwnFallback(t *testing.T) {
+	t.Parallel()
+	d := startDeployments(t, orderedShape)
+	for _, s := range []*sim.TestServer{d.a, d.b} {
+		if err := s.SetFaults(sim.Faults{Rate500: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, key := d.Tenant("standard")
+	id := submit(t, d.App, key, map[string]any{"body": apptest.ChatBody("hello there", "", 20), "fallbacks": []string{"other"}})
+	if err := d.JobHandler(worker.Options{}).Run(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	checkServed(t, d, job(t, d.App, id), "other", "c/other-model", priceOf(t, d, "other", "c/other-model"))
 }
 
 func TestFallbackOnContextLength(t *testing.T) {

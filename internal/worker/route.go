@@ -32,9 +32,11 @@ type router struct {
 	allDown bool
 }
 
-func newRouter(p *config.Policy, m *config.Model) *router {
+// newRouter is the router of a job of m whose own fallbacks are own (none:
+// m's).
+func newRouter(p *config.Policy, m *config.Model, own []string) *router {
 	rt := &router{primary: ordered(m.Routes()), failed: map[string]bool{}}
-	for _, name := range m.Fallbacks {
+	for _, name := range admission.Fallbacks(m, own) {
 		if f, ok := p.Model(name); ok {
 			rt.fallbacks = append(rt.fallbacks, ordered(f.Routes())...)
 		}

@@ -133,9 +133,9 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	}
 	r.acct, r.tier = acct, tier.Name
 	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
-	r.routes = newRouter(p, m)
+	r.routes = newRouter(p, m, r.job.Fallbacks)
 	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
-	worst := admission.WorstCase(p, m, r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	worst := admission.WorstCase(p, m, admission.Fallbacks(m, r.job.Fallbacks), r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
 
 	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
 	if err != nil {

@@ -277,12 +277,12 @@ func (r *run) do(ctx context.Context) error {
 	// The estimate was made at enqueue; prices, limits and the prompt's
 	// calibration come from what is in force now.
 	r.acct = acct
-	r.routes = newRouter(p, m)
+	r.routes = newRouter(p, m, r.job.Fallbacks)
 
 	// The budget first: a job it refuses takes no permit. It holds the
 	// worst case on the dearest route the job may take.
 	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
-	worst := admission.WorstCase(p, m, r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	worst := admission.WorstCase(p, m, admission.Fallbacks(m, r.job.Fallbacks), r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
 	if done, err := r.budgetDecided(ctx, bres, dec, err); done {
 		return err
