@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -211,14 +212,15 @@ func TestCreateGetListCancel(t *testing.T) {
 		ids = append(ids, j["id"].(string))
 	}
 	// Each job waits in its fair queue, then the scheduler queues its task
-	// under the job's id in its tier's queue.
+	// under the job's id in asynq's jobs queue (and nothing in the
+	// webhooks queue).
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		stats, err := a.Inspector.QueueStats(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range stats {
-			if (s.Name == "default") != (s.Size == 5) {
+			if (s.Name == queue.Jobs) != (s.Size == 5) {
 				return false
 			}
 		}

@@ -296,7 +296,7 @@ func (r *run) do(ctx context.Context) error {
 			r.releaseBudget(ctx)
 			return err
 		}
-		err, again := r.callRoute(ctx)
+		again, err := r.callRoute(ctx)
 		if !again {
 			return err
 		}
@@ -306,15 +306,15 @@ func (r *run) do(ctx context.Context) error {
 // callRoute calls the provider on the route of the run's permit. again is
 // true when the run goes on to another route (failover) instead of ending
 // with err.
-func (r *run) callRoute(ctx context.Context) (err error, again bool) {
+func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	h := r.h
 	route := r.call.Model
 	name := r.call.Scope.Name
 	provider, ok := h.Providers.Get(route.Provider)
 	if !ok {
 		r.releaseAll(ctx)
-		return r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
-			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Name)}, nil), false
+		return false, r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
+			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Name)}, nil)
 	}
 	began := time.Now()
 	resp, err := provider.Call(ctx, llm.Request{Endpoint: r.job.Endpoint, Upstream: route.Upstream, Body: r.job.Request})
@@ -330,7 +330,7 @@ func (r *run) callRoute(ctx context.Context) (err error, again bool) {
 	outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 	if err == nil || answered2xx(pe) {
 		h.breakers.Record(name, false)
-		return r.succeeded(ctx, resp, r.judge(resp, pe), outcome), false
+		return false, r.succeeded(ctx, resp, r.judge(resp, pe), outcome)
 	}
 	again = r.failover(ctx, pe)
 	r.settlePermit(ctx, outcome)
@@ -341,7 +341,7 @@ func (r *run) callRoute(ctx context.Context) (err error, again bool) {
 		h.breakers.Record(name, pe.Class == llm.ClassRetryable)
 	}
 	if again {
-		return nil, true
+		return true, nil
 	}
 	if r.routes.allDown && ctx.Err() == nil && h.opts.Now().Sub(r.job.CreatedAt) < h.opts.OutageWait {
 		// Every deployment the job may use failed it: it waits for one to
@@ -350,9 +350,9 @@ func (r *run) callRoute(ctx context.Context) (err error, again bool) {
 		delay := outageRetry + time.Duration(rand.Int64N(int64(outageRetry)))
 		next := h.opts.Now().Add(delay)
 		r.setStatus(ctx, store.JobWaiting, &next, false)
-		return &queue.Retry{Reason: "every deployment of model " + r.job.Model + " is failing", Delay: delay}, false
+		return false, &queue.Retry{Reason: "every deployment of model " + r.job.Model + " is failing", Delay: delay}
 	}
-	return r.callFailed(ctx, err), false
+	return false, r.callFailed(ctx, err)
 }
 
 // outageRetry is about how soon a job whose every deployment failed comes
