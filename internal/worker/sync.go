@@ -210,8 +210,10 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 				return nil, fmt.Errorf("count 429 of %s: %w", r.job.ID, err)
 			}
 			r.job.RateLimited = n
+			// The wait is decided here, once: what the bookkeeping took
+			// since does not turn it into a refusal.
 			if pe.Relayed == 0 && n < h.opts.MaxRateLimited && time.Now().Add(r.wait).Before(c.Deadline) {
-				if err := r.syncSleep(ctx, r.wait, c.Deadline, ""); err != nil {
+				if err := sleep(ctx, r.wait); err != nil {
 					return nil, err
 				}
 				continue
@@ -222,7 +224,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 			wait := queue.FullJitter(faults-1, syncRetryBase, 10*time.Second)
 			if pe.Relayed == 0 && faults <= queue.DefaultMaxRetry && time.Now().Add(wait).Before(c.Deadline) {
 				r.setStatus(callCtx, store.JobRunning, nil, true)
-				if err := r.syncSleep(ctx, wait, c.Deadline, ""); err != nil {
+				if err := sleep(ctx, wait); err != nil {
 					return nil, err
 				}
 				continue
@@ -295,6 +297,11 @@ func (r *run) syncSleep(ctx context.Context, d time.Duration, deadline time.Time
 		return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: wire.TypeRateLimit, Code: "rate_limit_exceeded",
 			Message: why, RetryAfter: max(d, time.Second)})
 	}
+	return sleep(ctx, d)
+}
+
+// sleep waits d, or returns ctx's error when it ends first.
+func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

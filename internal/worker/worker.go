@@ -433,12 +433,8 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 			r.setStatus(ctx, store.JobWaiting, &next, false)
 			return true, &queue.Retry{Reason: "waiting for the rate limit", Delay: p.wait}
 		}
-		t := time.NewTimer(p.wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return true, ctx.Err()
-		case <-t.C:
+		if err := sleep(ctx, p.wait); err != nil {
+			return true, err
 		}
 	}
 }
