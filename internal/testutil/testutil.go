@@ -1,10 +1,13 @@
 // Package testutil gives tests the real services they run against: a Redis
 // database number or key prefix of their own, a Postgres schema of their own,
-// and private redis-server processes (single node or a 3-node cluster) for
-// tests that restart, flush or shard Redis.
+// the shared Redis Cluster and Sentinel group, and private redis-server
+// processes (a single node, a cluster, a Sentinel group) for tests that
+// restart, flush, shard or fail over Redis.
 //
-// Addresses come from TEST_REDIS_URL (default redis://127.0.0.1:6379/0) and
-// TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test?sslmode=disable).
+// Addresses come from TEST_REDIS_URL (default redis://127.0.0.1:6379/0),
+// TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test?sslmode=disable),
+// TEST_REDIS_CLUSTER_URL and TEST_REDIS_SENTINEL_URL (defaults: the groups
+// scripts/services starts; see ClusterURL and SentinelURL).
 // Each package uses the Redis DB number listed in docs/ARCHITECTURE.md, so
 // packages can run in parallel.
 package testutil
@@ -326,48 +329,17 @@ func (s *RedisServer) Client() *redis.Client {
 
 // StartRedisCluster starts three redis-server processes in cluster mode on
 // free ports, joins them into one cluster (no replicas) and returns a cluster
-// client. Everything is stopped when the test ends.
+// client. Everything is stopped when the test ends. StartRedisClusterURL
+// gives the same cluster as a URL and its nodes.
 func StartRedisCluster(tb testing.TB) *redis.ClusterClient {
 	tb.Helper()
-	if _, err := exec.LookPath("redis-cli"); err != nil {
-		tb.Fatalf("redis-cli is not installed (apt-get install redis-tools): %v", err)
-	}
 	var addrs []string
-	for i := 0; i < 3; i++ {
-		s := StartRedis(tb, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
-		addrs = append(addrs, s.Addr)
-	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	out, err := exec.Command("redis-cli", args...).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	for _, n := range startCluster(tb, 0) {
+		addrs = append(addrs, n.Addr)
 	}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	tb.Cleanup(func() { _ = c.Close() })
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		info, err := c.ClusterInfo(context.Background()).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
-			// Every node must agree before scripts can be routed.
-			okAll := true
-			for _, a := range addrs {
-				n := redis.NewClient(&redis.Options{Addr: a})
-				ni, err := n.ClusterInfo(context.Background()).Result()
-				_ = n.Close()
-				if err != nil || !strings.Contains(ni, "cluster_state:ok") {
-					okAll = false
-				}
-			}
-			if okAll {
-				return c
-			}
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("redis cluster did not become ready: %v %s", err, info)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return c
 }
 
 // SyncBuffer is an io.Writer that a running process or goroutines write
