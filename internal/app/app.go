@@ -25,6 +25,7 @@ import (
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/recovery"
+	"github.com/llmq/llmq/internal/redisconn"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/scheduler"
 	"github.com/llmq/llmq/internal/store"
@@ -115,11 +116,11 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 
 	a.Redis = parts.Redis
 	if a.Redis == nil {
-		opt, err := redis.ParseURL(env.RedisURL)
+		opt, err := redisconn.Parse(env.RedisURL)
 		if err != nil {
 			return nil, fmt.Errorf("LLMQ_REDIS_URL: %w", err)
 		}
-		c := redis.NewClient(opt)
+		c := opt.NewClient()
 		a.closers = append(a.closers, c.Close)
 		a.Redis = c
 	}

@@ -121,6 +121,18 @@ type App struct {
 	t       testing.TB
 }
 
+// AppRedisURL is the Redis of a test app of a package whose database is db:
+// TEST_APP_REDIS_URL when it is set (a redis+cluster:// or redis+sentinel://
+// URL: the end-to-end suite's main cases run again on a cluster with it;
+// each app's key prefix and queue namespace keep tests apart), else that
+// database of the test Redis.
+func AppRedisURL(t testing.TB, db int) string {
+	if u := os.Getenv("TEST_APP_REDIS_URL"); u != "" {
+		return u
+	}
+	return testutil.RedisURLForDB(t, db)
+}
+
 // Start builds and starts a test app; everything stops when the test ends.
 func Start(t testing.TB, o Options) *App {
 	t.Helper()
@@ -148,7 +160,7 @@ func Start(t testing.TB, o Options) *App {
 	ns := "t-" + name + "-" + testutil.RandomHex(3)
 	redisURL := o.RedisURL
 	if redisURL == "" {
-		redisURL = testutil.RedisURLForDB(t, o.RedisDB)
+		redisURL = AppRedisURL(t, o.RedisDB)
 	}
 	environ := []string{
 		"LLMQ_REDIS_URL=" + redisURL,

@@ -23,7 +23,8 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
-	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisconn"
 )
 
 // EnvPrefix starts the name of every environment variable llmq reads.
@@ -51,8 +52,10 @@ const minAdminTokenLen = 16
 // Provider API keys are not here: each provider in the policy names the
 // variable that holds its key.
 type Env struct {
-	// RedisURL is the Redis server holding the queues, the limiter buckets and
-	// the live spend counters, as redis:// or rediss:// (TLS).
+	// RedisURL is the Redis holding the queues, the limiter buckets and the
+	// live spend counters: one node (redis://, rediss:// for TLS), a Sentinel
+	// group (redis+sentinel://host:port,host:port/MASTER_NAME[/db]) or a
+	// Cluster (redis+cluster://host:port,host:port), read by redisconn.Parse.
 	// Defaults to redis://127.0.0.1:6379/0.
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0" help:"Redis: queues, limiter buckets, live spend"`
 
@@ -409,21 +412,8 @@ func parseURL(field, raw string) (*url.URL, error) {
 }
 
 func validateRedisURL(raw string) error {
-	u, err := parseURL("REDIS_URL", raw)
-	if err != nil {
-		return err
-	}
-	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return envErrorf("REDIS_URL", "scheme must be redis or rediss, got %q", u.Scheme)
-	}
-	if u.Hostname() == "" {
-		return envErrorf("REDIS_URL", "must name a host, as in redis://127.0.0.1:6379/0")
-	}
-	// go-redis reads the rest (database number, options); what it refuses
-	// here it would refuse at connect time. Its messages quote the path and
-	// option names, never the user info.
-	if _, err := redis.ParseURL(raw); err != nil {
-		return envErrorf("REDIS_URL", "%s", strings.TrimPrefix(err.Error(), "redis: "))
+	if _, err := redisconn.Parse(raw); err != nil {
+		return envErrorf("REDIS_URL", "%v", err)
 	}
 	return nil
 }

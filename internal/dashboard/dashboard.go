@@ -30,6 +30,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/redisconn"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -143,11 +144,11 @@ func (s *Server) Mount(mux *http.ServeMux) (io.Closer, error) {
 	}
 	closer := io.Closer(nopCloser{})
 	if s.o.RedisURL != "" {
-		opt, err := asynq.ParseRedisURI(s.o.RedisURL)
+		opt, err := redisconn.Parse(s.o.RedisURL)
 		if err != nil {
 			return nil, fmt.Errorf("LLMQ_REDIS_URL: %w", err)
 		}
-		mon := asynqmon.New(asynqmon.Options{RootPath: "/monitoring", RedisConnOpt: opt, ReadOnly: s.o.MonitoringReadOnly})
+		mon := asynqmon.New(asynqmon.Options{RootPath: "/monitoring", RedisConnOpt: opt.AsynqConnOpt(), ReadOnly: s.o.MonitoringReadOnly})
 		mux.Handle("/monitoring/", s.admin(mon))
 		mux.Handle("GET /monitoring", s.admin(http.RedirectHandler("/monitoring/", http.StatusMovedPermanently)))
 		closer = mon

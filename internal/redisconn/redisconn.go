@@ -1,0 +1,331 @@
+// Package redisconn turns LLMQ_REDIS_URL into Redis clients: one node
+// (redis://, rediss://), a Sentinel group (redis+sentinel://) or a Cluster
+// (redis+cluster://). Every part of llmq — asynq's client, servers and
+// inspector, the limiter, fair queue, budgets, the dashboard's asynqmon —
+// connects through it, so all of them follow a Sentinel failover and route
+// by slot on a Cluster.
+//
+// The forms:
+//
+//	redis://[user:pass@]host:port[/db][?options]
+//	rediss://…                                   (TLS)
+//	redis+sentinel://[user:pass@]host:port[,host:port…]/MASTER_NAME[/db][?sentinel_password=…&sentinel_username=…&options]
+//	redis+cluster://[user:pass@]host:port[,host:port…][?options]
+//
+// rediss+sentinel:// and rediss+cluster:// are the same over TLS. The user
+// and password are the Redis nodes' own; a Sentinel's own credentials go in
+// sentinel_username and sentinel_password. Options are go-redis's
+// (dial_timeout, read_timeout, pool_size, max_retries, …).
+package redisconn
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Kind is the shape of the Redis deployment a URL names.
+type Kind string
+
+const (
+	// Single is one Redis node.
+	Single Kind = "single"
+	// Sentinel is a master found through a group of sentinels, followed
+	// across failovers.
+	Sentinel Kind = "sentinel"
+	// Cluster is a Redis Cluster, commands routed by slot.
+	Cluster Kind = "cluster"
+)
+
+// Options is a parsed LLMQ_REDIS_URL. Exactly one of its option sets is
+// non-nil, the one of Kind.
+type Options struct {
+	Kind     Kind
+	single   *redis.Options
+	failover *redis.FailoverOptions
+	cluster  *redis.ClusterOptions
+}
+
+// Error is a URL that cannot be used, and why; its text never holds the
+// URL's password.
+type Error struct{ Reason string }
+
+func (e *Error) Error() string { return e.Reason }
+
+func errorf(format string, args ...any) error { return &Error{Reason: fmt.Sprintf(format, args...)} }
+
+// Parse reads a Redis URL in one of the package's forms.
+func Parse(raw string) (Options, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return Options{}, errorf("not a URL: want redis://host:port/db, redis+sentinel://host:port,host:port/master or redis+cluster://host:port,host:port")
+	}
+	base, topology, _ := strings.Cut(strings.ToLower(scheme), "+")
+	if base != "redis" && base != "rediss" {
+		return Options{}, errorf("scheme must be redis, rediss, redis+sentinel or redis+cluster, got %q", scheme)
+	}
+	switch topology {
+	case "":
+		return parseSingle(raw)
+	case "sentinel":
+		return parseSentinel(base, rest)
+	case "cluster":
+		return parseCluster(base, rest)
+	}
+	return Options{}, errorf("scheme must be redis, rediss, redis+sentinel or redis+cluster, got %q", scheme)
+}
+
+func parseSingle(raw string) (Options, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return Options{}, urlError(err)
+	}
+	if u.Hostname() == "" {
+		return Options{}, errorf("must name a host, as in redis://127.0.0.1:6379/0")
+	}
+	// go-redis reads the rest (database number, options); its messages quote
+	// the path and option names, never the user info.
+	o, err := redis.ParseURL(raw)
+	if err != nil {
+		return Options{}, goRedisError(err)
+	}
+	return Options{Kind: Single, single: o}, nil
+}
+
+// multiHost is a URL whose host part may list several host:port.
+type multiHost struct {
+	user     *url.Userinfo
+	addrs    []string
+	path     []string // non-empty path segments
+	rawQuery string
+}
+
+func splitMultiHost(rest string) (multiHost, error) {
+	var m multiHost
+	rest, m.rawQuery, _ = strings.Cut(rest, "?")
+	hosts, path, _ := strings.Cut(rest, "/")
+	if at := strings.LastIndex(hosts, "@"); at >= 0 {
+		// Parse the user info alone, so its escapes are undone as in any URL.
+		u, err := url.Parse("redis://" + hosts[:at+1] + "host")
+		if err != nil {
+			return m, errorf("the user and password are not valid in a URL (escape them)")
+		}
+		m.user, hosts = u.User, hosts[at+1:]
+	}
+	for _, h := range strings.Split(hosts, ",") {
+		if h == "" {
+			return m, errorf("empty address in the host list")
+		}
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			host, port = h, "6379"
+		}
+		if host == "" {
+			return m, errorf("address %q has no host", h)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return m, errorf("address %q has no valid port", h)
+		}
+		m.addrs = append(m.addrs, net.JoinHostPort(host, port))
+	}
+	for _, p := range strings.Split(path, "/") {
+		if p != "" {
+			m.path = append(m.path, p)
+		}
+	}
+	return m, nil
+}
+
+// optionsURL is a go-redis URL carrying only m's options (all but the
+// sentinel's credentials), so go-redis reads them as it does for one node.
+func (m multiHost) optionsURL(base string, drop ...string) (string, url.Values, error) {
+	q, err := url.ParseQuery(m.rawQuery)
+	if err != nil {
+		return "", nil, errorf("options: %v", err)
+	}
+	kept := url.Values{}
+	for k, v := range q {
+		kept[k] = v
+	}
+	for _, d := range drop {
+		delete(kept, d)
+	}
+	return base + "://" + m.addrs[0] + "/0?" + kept.Encode(), q, nil
+}
+
+func parseSentinel(base, rest string) (Options, error) {
+	m, err := splitMultiHost(rest)
+	if err != nil {
+		return Options{}, err
+	}
+	if len(m.path) == 0 {
+		return Options{}, errorf("must name the master after the sentinels, as in redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster")
+	}
+	if len(m.path) > 2 {
+		return Options{}, errorf("path must be /MASTER_NAME or /MASTER_NAME/db, got %d parts", len(m.path))
+	}
+	db := 0
+	if len(m.path) == 2 {
+		if db, err = strconv.Atoi(m.path[1]); err != nil || db < 0 {
+			return Options{}, errorf("database number %q is not a number", m.path[1])
+		}
+	}
+	ou, q, err := m.optionsURL(base, "sentinel_password", "sentinel_username")
+	if err != nil {
+		return Options{}, err
+	}
+	// A one-node URL with the same options, read by go-redis, then moved
+	// onto the failover options.
+	one, err := redis.ParseURL(ou)
+	if err != nil {
+		return Options{}, goRedisError(err)
+	}
+	master, err := url.PathUnescape(m.path[0])
+	if err != nil {
+		return Options{}, errorf("master name %q is not valid", m.path[0])
+	}
+	fo := &redis.FailoverOptions{
+		MasterName:       master,
+		SentinelAddrs:    m.addrs,
+		SentinelUsername: q.Get("sentinel_username"),
+		SentinelPassword: q.Get("sentinel_password"),
+		DB:               db,
+		ClientName:       one.ClientName,
+		Protocol:         one.Protocol,
+		MaxRetries:       one.MaxRetries,
+		MinRetryBackoff:  one.MinRetryBackoff,
+		MaxRetryBackoff:  one.MaxRetryBackoff,
+		DialTimeout:      one.DialTimeout,
+		ReadTimeout:      one.ReadTimeout,
+		WriteTimeout:     one.WriteTimeout,
+		PoolFIFO:         one.PoolFIFO,
+		PoolSize:         one.PoolSize,
+		PoolTimeout:      one.PoolTimeout,
+		MinIdleConns:     one.MinIdleConns,
+		MaxIdleConns:     one.MaxIdleConns,
+		MaxActiveConns:   one.MaxActiveConns,
+		ConnMaxIdleTime:  one.ConnMaxIdleTime,
+		ConnMaxLifetime:  one.ConnMaxLifetime,
+		TLSConfig:        tlsConfig(base, m.addrs[0]),
+	}
+	if m.user != nil {
+		fo.Username = m.user.Username()
+		fo.Password, _ = m.user.Password()
+	}
+	return Options{Kind: Sentinel, failover: fo}, nil
+}
+
+func parseCluster(base, rest string) (Options, error) {
+	m, err := splitMultiHost(rest)
+	if err != nil {
+		return Options{}, err
+	}
+	if len(m.path) > 1 || (len(m.path) == 1 && m.path[0] != "0") {
+		return Options{}, errorf("a cluster has only database 0; drop the path %q", "/"+strings.Join(m.path, "/"))
+	}
+	ou, _, err := m.optionsURL(base)
+	if err != nil {
+		return Options{}, err
+	}
+	for _, a := range m.addrs[1:] {
+		ou += "&addr=" + url.QueryEscape(a)
+	}
+	co, err := redis.ParseClusterURL(ou)
+	if err != nil {
+		return Options{}, goRedisError(err)
+	}
+	if m.user != nil {
+		co.Username = m.user.Username()
+		co.Password, _ = m.user.Password()
+	}
+	co.TLSConfig = tlsConfig(base, m.addrs[0])
+	if co.ClusterStateReloadInterval == 0 {
+		// go-redis reloads the slot map on a MOVED reply, and otherwise
+		// every minute by default: a master that crashed refuses
+		// connections without a MOVED, so its slots would stay on it for
+		// up to a minute after its replica took over (redis/go-redis#3979).
+		co.ClusterStateReloadInterval = clusterReload
+	}
+	return Options{Kind: Cluster, cluster: co}, nil
+}
+
+// clusterReload is how often a cluster client reloads the slot map when no
+// MOVED reply made it: one CLUSTER SLOTS a few seconds, against a failover
+// followed within that time.
+const clusterReload = 2 * time.Second
+
+func tlsConfig(base, addr string) *tls.Config {
+	if base != "rediss" {
+		return nil
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	return &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+}
+
+func urlError(err error) error {
+	if ue, ok := err.(*url.Error); ok {
+		err = ue.Err
+	}
+	return errorf("not a valid URL: %v", err)
+}
+
+func goRedisError(err error) error {
+	return errorf("%s", strings.TrimPrefix(err.Error(), "redis: "))
+}
+
+// NewClient returns a new client (its own connection pool) of the Redis o
+// names. The caller closes it.
+func (o Options) NewClient() redis.UniversalClient {
+	switch o.Kind {
+	case Sentinel:
+		c := *o.failover
+		return redis.NewFailoverClient(&c)
+	case Cluster:
+		c := *o.cluster
+		return redis.NewClusterClient(&c)
+	default:
+		c := *o.single
+		return redis.NewClient(&c)
+	}
+}
+
+// Addrs returns the addresses the URL lists: the node, the sentinels or the
+// cluster's seeds.
+func (o Options) Addrs() []string {
+	switch o.Kind {
+	case Sentinel:
+		return append([]string(nil), o.failover.SentinelAddrs...)
+	case Cluster:
+		return append([]string(nil), o.cluster.Addrs...)
+	default:
+		return []string{o.single.Addr}
+	}
+}
+
+// DB returns the database number (always 0 on a cluster).
+func (o Options) DB() int {
+	switch o.Kind {
+	case Sentinel:
+		return o.failover.DB
+	case Cluster:
+		return 0
+	default:
+		return o.single.DB
+	}
+}
+
+// AsynqConnOpt is o as asynq's RedisConnOpt, for what takes one (asynqmon):
+// each MakeRedisClient call returns a new client of the same Redis.
+func (o Options) AsynqConnOpt() ConnOpt { return ConnOpt{o: o} }
+
+// ConnOpt implements asynq.RedisConnOpt.
+type ConnOpt struct{ o Options }
+
+// MakeRedisClient returns a new redis.UniversalClient.
+func (c ConnOpt) MakeRedisClient() any { return c.o.NewClient() }
