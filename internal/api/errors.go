@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/llmq/llmq/internal/redisfail"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
 )
@@ -45,9 +48,39 @@ var (
 		"Incorrect or missing admin token. Send it as 'Authorization: Bearer <token>'.")
 )
 
-// writeError writes err to the client. An *Error is written as it is; any
-// other error is an internal failure: logged, and answered with a generic 500
-// that leaks nothing (no stack, no driver message, no secret).
+// unavailableRetryAfter is the Retry-After of a request refused while Redis
+// cannot serve: long enough for a Sentinel failover or a restart to end,
+// short enough that a client's retry finds it back soon after.
+const unavailableRetryAfter = 5 * time.Second
+
+// errQueueStoreUnavailable refuses a request while Redis cannot serve.
+// Admission needs Redis: a tenant's daily budget reservation and its API
+// rate windows live there, and a job accepted without them could overspend
+// a budget. So the request is refused before any job row is written and
+// before anything is reserved, and the client retries, rather than being
+// accepted into Postgres alone.
+var errQueueStoreUnavailable = &Error{Status: http.StatusServiceUnavailable, Type: wire.TypeUnavailable,
+	Code: "queue_store_unavailable", RetryAfter: unavailableRetryAfter,
+	Message: "The queue store (Redis) is unavailable, so the request was not run and nothing was charged. Retry in a few seconds."}
+
+// queueStoreDown reports whether err says Redis cannot serve now
+// (redisfail.Unavailable). The database's connection errors look the same
+// (a refused dial, a reset, a timeout): those are ruled out first, by
+// pgx's own error types, so a Postgres outage is never blamed on Redis.
+func queueStoreDown(err error) bool {
+	if !redisfail.Unavailable(err) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	var connectErr *pgconn.ConnectError
+	var pgconnErr interface{ SafeToRetry() bool } // every other error pgconn makes
+	return !errors.As(err, &pgErr) && !errors.As(err, &connectErr) && !errors.As(err, &pgconnErr)
+}
+
+// writeError writes err to the client. An *Error is written as it is; an
+// error that says Redis cannot serve now is the 503 errQueueStoreUnavailable;
+// any other error is an internal failure: logged, and answered with a
+// generic 500 that leaks nothing (no stack, no driver message, no secret).
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
@@ -55,6 +88,11 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		if errors.As(err, &mbe) {
 			e = errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, "request_too_large", "",
 				"Request body is larger than the limit of %d bytes.", mbe.Limit)
+		} else if queueStoreDown(err) {
+			// Logged once per request the outage refuses: how long it
+			// lasted shows in the log.
+			logger.WarnContext(r.Context(), "request refused: redis unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+			e = errQueueStoreUnavailable
 		} else if errors.Is(err, store.ErrInvalidValue) {
 			// The backstop of the checks that name the param: logged, as
 			// each one is a check to add.
