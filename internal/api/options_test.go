@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -28,6 +29,27 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	if s, err := api.New(api.Deps{}, api.Options{}); err != nil || s == nil {
 		t.Errorf("New with the zero Options: %v, %v", s, err)
+	}
+}
+
+// A readiness check without a name or a function, or whose name another
+// check or a field of /readyz's answer has, is an error naming it.
+func TestReadyChecksValidate(t *testing.T) {
+	t.Parallel()
+	ping := func(context.Context) error { return nil }
+	for _, tc := range []struct {
+		field  string
+		checks []api.ReadyCheck
+	}{
+		{"ReadyChecks[0]", []api.ReadyCheck{{Check: ping}}},
+		{"ReadyChecks[1]", []api.ReadyCheck{{Name: "redis", Check: ping}, {Name: "database"}}},
+		{"ReadyChecks[1].Name \"redis\"", []api.ReadyCheck{{Name: "redis", Check: ping}, {Name: "redis", Check: ping}}},
+		{"ReadyChecks[0].Name \"status\"", []api.ReadyCheck{{Name: "status", Check: ping}}},
+	} {
+		s, err := api.New(api.Deps{ReadyChecks: tc.checks}, api.Options{})
+		if err == nil || s != nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("New: %v, %v; want an error naming %s", s, err, tc.field)
+		}
 	}
 }
 

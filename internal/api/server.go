@@ -12,13 +12,19 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
@@ -41,8 +47,14 @@ type Deps struct {
 	// limit of failed authentications. Nil turns both off.
 	APILimiter *limiter.Windows
 	Logger     *slog.Logger
-	// Ready reports whether the services the API needs answer (for /readyz).
+	// Ready reports whether the services the API needs answer (for
+	// /readyz), without saying which does not. ReadyChecks, when set, is
+	// asked instead.
 	Ready func(ctx context.Context) error
+	// ReadyChecks are the services /readyz asks, each named in its answer
+	// with "ok" or why it does not answer. Defaults to none: Ready is
+	// asked, and its failure named "services".
+	ReadyChecks []ReadyCheck
 	// Observer is told of jobs created and cancelled, for metrics.
 	// Defaults to none.
 	Observer Observer
@@ -104,6 +116,9 @@ func (o Options) validate() error {
 // invalid.
 func New(d Deps, opts Options) (*Server, error) {
 	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if err := validateReadyChecks(d.ReadyChecks); err != nil {
 		return nil, err
 	}
 	if opts.MaxBodyBytes == 0 {
@@ -170,15 +185,117 @@ func (s *Server) routes() {
 	s.mux.Handle("/admin/", a(unknownURL))
 }
 
+// ReadyCheck is one service /readyz asks whether it answers.
+type ReadyCheck struct {
+	// Name is the service's field in /readyz's answer, such as "redis" or
+	// "database".
+	Name string
+	// Check returns nil when the service answers. It is given at most
+	// readyTimeout.
+	Check func(ctx context.Context) error
+}
+
+// validateReadyChecks reports, naming the field, a check /readyz could not
+// answer with: one without a name or a function, or a name that another
+// check or a field of the answer ("status", "error") has.
+func validateReadyChecks(checks []ReadyCheck) error {
+	seen := map[string]bool{"status": true, "error": true}
+	for i, c := range checks {
+		switch {
+		case c.Name == "" || c.Check == nil:
+			return fmt.Errorf("api: Deps.ReadyChecks[%d] needs a Name and a Check", i)
+		case seen[c.Name]:
+			return fmt.Errorf("api: Deps.ReadyChecks[%d].Name %q is taken by another check or by a field of /readyz's answer", i, c.Name)
+		}
+		seen[c.Name] = true
+	}
+	return nil
+}
+
+// readyTimeout bounds each check of /readyz: a server that does not answer
+// in that time is not ready, whatever it would say later.
+const readyTimeout = 2 * time.Second
+
+// readyz answers 200 {"status":"ready","redis":"ok","database":"ok"} when
+// every service answers, else 503 with the one error shape and, beside it,
+// "status":"unavailable" and each service's state: "ok", or why it does
+// not answer, in words that name no address and no credential (the full
+// error is logged). The checks run at the same time, so a service that
+// hangs delays the answer by readyTimeout at most.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
-	if s.Ready != nil {
-		if err := s.Ready(r.Context()); err != nil {
-			s.Logger.Warn("not ready", "err", err)
-			return errorf(http.StatusServiceUnavailable, wire.TypeUnavailable, "not_ready", "", "Not ready: a service llmq needs does not answer.")
+	checks := s.ReadyChecks
+	if len(checks) == 0 && s.Ready != nil {
+		checks = []ReadyCheck{{Name: "services", Check: s.Ready}}
+	}
+	errs := make([]error, len(checks))
+	var wg sync.WaitGroup
+	for i, c := range checks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+			defer cancel()
+			errs[i] = c.Check(ctx)
+		})
+	}
+	wg.Wait()
+	body := map[string]any{"status": "ready"}
+	var why []string
+	for i, c := range checks {
+		body[c.Name] = "ok"
+		if errs[i] != nil {
+			reason := notReadyReason(errs[i])
+			body[c.Name] = reason
+			why = append(why, c.Name+": "+reason)
+			s.Logger.WarnContext(r.Context(), "not ready", "service", c.Name, "err", errs[i])
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	if len(why) == 0 {
+		writeJSON(w, http.StatusOK, body)
+		return nil
+	}
+	body["status"] = "unavailable"
+	body["error"] = errorf(http.StatusServiceUnavailable, wire.TypeUnavailable, "not_ready", "",
+		"Not ready: %s.", strings.Join(why, "; ")).object()
+	writeJSON(w, http.StatusServiceUnavailable, body)
 	return nil
+}
+
+// notReadyReason says why a service did not answer in words of a fixed
+// set, so /readyz, which anyone may ask, shows no address, user name or
+// password: the errors of drivers and dials name them.
+func notReadyReason(err error) string {
+	var netErr net.Error
+	var dnsErr *net.DNSError
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
+		return fmt.Sprintf("no answer within %v", readyTimeout)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.As(err, &dnsErr):
+		return "host name not found"
+	case errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed"
+	case redis.IsLoadingError(err):
+		return "loading its data"
+	case redis.IsReadOnlyError(err):
+		return "read-only replica (a failover is under way)"
+	case redis.IsClusterDownError(err):
+		return "cluster down"
+	case redis.IsMasterDownError(err):
+		return "replica without its master"
+	case redis.IsTryAgainError(err):
+		return "busy, try again"
+	case redis.IsMaxClientsError(err):
+		return "too many clients"
+	case redis.IsAuthError(err):
+		return "authentication refused"
+	case errors.Is(err, redis.ErrPoolTimeout):
+		return "no free connection"
+	case errors.As(err, &pgErr):
+		// The server's SQLSTATE: 57P03 starting up, 28P01 bad password...
+		return "refused, SQLSTATE " + pgErr.Code
+	}
+	return "error (see the log)"
 }
 
 // plain adapts a handlerFunc without authentication. Errors are classified
