@@ -199,6 +199,8 @@ func TestSIGKILLWorkerMidRun(t *testing.T) {
 		Limits: sim.Limits{RPM: 30000, TPM: 3000000}, DefaultMaxTokens: 1024, Echo: true,
 		Latency: 400 * time.Millisecond, Jitter: 400 * time.Millisecond,
 	}})
+	// The dispatcher's reconciler hands a dead worker's jobs on.
+	startProcess(t, a, "dispatcher", "LLMQ_LISTEN_ADDR=127.0.0.1:0").waitForOutput(t, "listening")
 	victim := startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=20")
 	victim.waitForOutput(t, "worker running")
 	startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=20").waitForOutput(t, "worker running")
@@ -210,53 +212,37 @@ func TestSIGKILLWorkerMidRun(t *testing.T) {
 	victim.signal(syscall.SIGKILL)
 	<-victim.done
 	killed := time.Now()
-	startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=20").waitForOutput(t, "worker running")
 
 	// Follow the jobs running at the kill until each is picked up again or
-	// ends: a job's updated_at moves when a worker starts it and when it
-	// ends. The survivor's calls take under a second; the victim's jobs
-	// cannot move until asynq recovers their tasks.
+	// ends: a job's updated_at moves when a worker starts it, when it is
+	// handed off and when it ends. The survivor's calls take under a
+	// second; the victim's jobs move when the reconciler takes it for dead.
 	atKill, _, err := a.Store.JobList(ctx, &store.JobListParams{TenantID: tenant, Status: store.JobRunning, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	inspector := asynq.NewInspectorFromRedisClient(a.Redis)
-	moved := map[string]time.Time{}
-	var retried []int
-	eventually(t, 3*time.Minute, func() bool {
+	moved := map[string]time.Duration{}
+	eventually(t, time.Minute, func() bool {
 		for _, j := range atKill {
 			if _, ok := moved[j.ID]; ok {
 				continue
 			}
 			now, err := a.Store.JobGetByID(ctx, j.ID)
-			if err != nil || !now.UpdatedAt.After(killed) {
-				continue
-			}
-			moved[j.ID] = now.UpdatedAt
-			if now.UpdatedAt.Sub(killed) < 10*time.Second {
-				continue // the survivor's
-			}
-			// A recovered task counts the lost delivery as a failed one.
-			if info, err := inspector.GetTaskInfo(a.Queue.Namespace().Queue(now.Queue), now.ID); err == nil {
-				retried = append(retried, info.Retried)
+			if err == nil && now.Status.Terminal() {
+				moved[j.ID] = time.Since(killed)
 			}
 		}
 		return len(moved) == len(atKill)
-	}, "the jobs running at the SIGKILL run again")
-	var back []time.Duration
-	for _, at := range moved {
-		if d := at.Sub(killed); d >= 10*time.Second {
-			back = append(back, d)
-		}
+	}, "the jobs running at the SIGKILL end")
+	var last time.Duration
+	for _, d := range moved {
+		last = max(last, d)
 	}
-	if len(back) == 0 {
-		t.Fatalf("none of the %d jobs running at the kill was the killed worker's", len(atKill))
-	}
-	slices.Sort(back)
-	for _, n := range retried {
-		if n != 1 {
-			t.Fatalf("a task recovered after the SIGKILL has retried %d times, want 1 (the lost delivery)", n)
-		}
+	// The worker is dead after store.WorkerDeadAfter without a beat (8s),
+	// seen within the reconciler's 2s check; the job's second call takes
+	// under a second.
+	if last > 15*time.Second {
+		t.Fatalf("the last of the %d jobs running at the kill ended %v after it, want within 15s", len(atKill), last.Round(100*time.Millisecond))
 	}
 
 	jobs := allEnd(t, a, ids, 3*time.Minute)
@@ -266,10 +252,14 @@ func TestSIGKILLWorkerMidRun(t *testing.T) {
 		}
 	}
 	chargedOnce(t, a, tenant, jobs)
-	t.Logf("SIGKILL recovery: the killed worker's %d jobs ran again %v to %v after the kill (%d seen with asynq's retry count at 1); "+
+	// A call the victim had in flight may have reached the provider: only
+	// those are made twice.
+	if calls := a.Sim.Stats().Admitted; calls > int64(300+len(atKill)) {
+		t.Fatalf("the provider saw %d calls for 300 jobs, more than the %d running at the kill could add", calls, len(atKill))
+	}
+	t.Logf("SIGKILL recovery: the %d jobs running at the kill all ended within %v of it; "+
 		"all 300 jobs succeeded %v after it; the provider saw %d calls for 300 jobs",
-		len(back), back[0].Round(100*time.Millisecond), back[len(back)-1].Round(100*time.Millisecond), len(retried),
-		time.Since(killed).Round(time.Second), a.Sim.Stats().Admitted)
+		len(atKill), last.Round(100*time.Millisecond), time.Since(killed).Round(time.Second), a.Sim.Stats().Admitted)
 }
 
 // TestFLUSHALLMidRun: Redis loses everything while jobs run; the

@@ -315,6 +315,9 @@ func (a *App) Scheduler() *scheduler.Scheduler {
 // WorkerServer returns the asynq servers that run jobs, and their mux; or
 // an error naming an option that is invalid.
 func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux, error) {
+	if opts.Lease == nil {
+		opts.Lease = worker.NewLease(a.Store, a.Logger)
+	}
 	h, err := a.JobHandler(opts)
 	if err != nil {
 		return nil, nil, err
@@ -322,6 +325,7 @@ func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux
 	srv, err := worker.NewServer(a.Redis, worker.ServerOptions{
 		Concurrency: a.Env.WorkerConcurrency, WebhookConcurrency: a.Env.WebhookConcurrency,
 		Namespace: queue.Namespace(a.Env.QueueNamespace), ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
+		Lease: opts.Lease,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -210,7 +210,7 @@ func TestCancelMidRun(t *testing.T) {
 		}
 		return nil
 	})
-	if _, started, err := a.Store.JobStart(context.Background(), inflight.ID); err != nil || !started {
+	if _, started, err := a.Store.JobStart(context.Background(), inflight.ID, ""); err != nil || !started {
 		t.Fatalf("JobStart: %v %v", started, err)
 	}
 	before := a.Sim.Stats().Requests

@@ -200,8 +200,22 @@ func (c *Client) EnqueueJob(ctx context.Context, ref JobRef) (enqueued bool, err
 	return c.enqueueTask(ctx, ref)
 }
 
+// EnqueueHandOff enqueues a task of its own for a job handed off from a
+// worker that died, straight to asynq (the job had left its fair queue):
+// the dead worker's task still holds the job's id as asynq's task id until
+// asynq's recoverer sees its lease expire, and runs then to find the job
+// started elsewhere or finished. handOff names this hand-off (each one of a
+// job gets its own task id, "<job id>~<handOff>").
+func (c *Client) EnqueueHandOff(ctx context.Context, ref JobRef, handOff string) (enqueued bool, err error) {
+	return c.enqueueTaskID(ctx, ref, ref.ID+"~"+handOff)
+}
+
 // enqueueTask enqueues the asynq task of a job.
 func (c *Client) enqueueTask(ctx context.Context, ref JobRef) (enqueued bool, err error) {
+	return c.enqueueTaskID(ctx, ref, ref.ID)
+}
+
+func (c *Client) enqueueTaskID(ctx context.Context, ref JobRef, taskID string) (enqueued bool, err error) {
 	if !ValidPriority(ref.Priority) {
 		return false, fmt.Errorf("enqueue %s: unknown priority %q", ref.ID, ref.Priority)
 	}
@@ -210,7 +224,7 @@ func (c *Client) enqueueTask(ctx context.Context, ref JobRef) (enqueued bool, er
 		return false, err
 	}
 	opts := []asynq.Option{
-		asynq.TaskID(ref.ID),
+		asynq.TaskID(taskID),
 		asynq.Queue(c.opts.Namespace.Queue(Jobs)),
 		asynq.MaxRetry(c.opts.MaxRetry),
 		// The handler bounds each provider call itself; the task timeout only

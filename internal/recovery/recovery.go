@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,7 +52,8 @@ import (
 // Options tune a Reconciler.
 type Options struct {
 	// CheckInterval is how often the reconciler looks for a Redis loss (a
-	// cheap EXISTS). Defaults to 5s.
+	// cheap EXISTS) and for workers that stopped beating, whose running
+	// jobs it hands to others. Defaults to 2s.
 	CheckInterval time.Duration
 	// FullInterval is how often every unfinished job is checked even when
 	// Redis lost nothing (an enqueue that failed after commit). Defaults to 1m.
@@ -83,7 +85,7 @@ func (o Options) validate() error {
 
 func (o Options) withDefaults() Options {
 	if o.CheckInterval == 0 {
-		o.CheckInterval = 5 * time.Second
+		o.CheckInterval = 2 * time.Second
 	}
 	if o.FullInterval == 0 {
 		o.FullInterval = time.Minute
@@ -149,6 +151,11 @@ func (r *Reconciler) Run(ctx context.Context) {
 	defer t.Stop()
 	var last time.Time
 	for {
+		if n, err := r.HandOff(ctx); err != nil && ctx.Err() == nil {
+			r.Logger.Warn("reconciler: hand off the jobs of stopped workers", "err", err)
+		} else if n > 0 {
+			r.Logger.Info("reconciler handed off the running jobs of a stopped worker", "jobs", n)
+		}
 		lost, err := r.lost(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.Logger.Warn("reconciler: cannot reach redis", "err", err)
@@ -175,6 +182,34 @@ func (r *Reconciler) Run(ctx context.Context) {
 		}
 	}
 }
+
+// HandOff gives the running jobs of worker processes not seen for
+// store.WorkerDeadAfter to other workers: each goes back to queued and gets
+// a task of its own (queue.EnqueueHandOff). It returns how many it handed
+// off. A job is handed off once; should its enqueue fail, the full pass
+// enqueues it once its dead worker's task is gone from asynq.
+func (r *Reconciler) HandOff(ctx context.Context) (int, error) {
+	n := 0
+	for {
+		jobs, err := r.Store.JobHandOff(ctx, handOffPage)
+		if err != nil {
+			return n, err
+		}
+		for _, j := range jobs {
+			ref := queue.JobRef{ID: j.ID, Priority: j.Queue}
+			if _, err := r.Queue.EnqueueHandOff(ctx, ref, strconv.FormatInt(r.opts.Now().UnixMilli(), 36)); err != nil {
+				return n, err
+			}
+			n++
+		}
+		if len(jobs) < handOffPage {
+			return n, nil
+		}
+	}
+}
+
+// handOffPage bounds the jobs one store call hands off.
+const handOffPage = 500
 
 // lost reports whether Redis lost llmq's state since the last pass.
 func (r *Reconciler) lost(ctx context.Context) (bool, error) {

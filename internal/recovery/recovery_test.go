@@ -309,7 +309,7 @@ func TestFinishedJobsArchivedTasksAreSentBackToSettle(t *testing.T) {
 	// A delivery that stored the result and died before Settle, on its
 	// last retry: the job succeeded, its task is archived.
 	done := insertJob(t, a, tenant, &store.JobInsertParams{})
-	if _, _, err := a.Store.JobStart(ctx, done.ID); err != nil {
+	if _, _, err := a.Store.JobStart(ctx, done.ID, ""); err != nil {
 		t.Fatal(err)
 	}
 	res, d, err := a.Budgets.Reserve(ctx, acct, done.ID, 1000)

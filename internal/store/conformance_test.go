@@ -29,6 +29,7 @@ func runConformance(t *testing.T, open func(t *testing.T) *DB) {
 		fn   func(t *testing.T, db *DB)
 	}{
 		{"Tenants", testTenants},
+		{"WorkerLease", testWorkerLease},
 		{"TenantListPages", testTenantListPages},
 		{"APIKeys", testAPIKeys},
 		{"APIKeyExempt", testAPIKeyExempt},
@@ -510,7 +511,7 @@ func testJobTransitions(t *testing.T, db *DB) {
 	ten := mkTenant(t, db)
 	j := mkJob(t, db, jobParams(ten.ID))
 
-	s, started, err := db.JobStart(ctx, j.ID)
+	s, started, err := db.JobStart(ctx, j.ID, "")
 	if err != nil || !started || s.Status != JobRunning || s.StartedAt == nil {
 		t.Fatalf("JobStart = %+v started=%v err=%v", s, started, err)
 	}
@@ -526,7 +527,7 @@ func testJobTransitions(t *testing.T, db *DB) {
 		t.Fatalf("unmatched From = %+v applied=%v err=%v", same, applied, err)
 	}
 	// A redelivered start keeps the first start time and clears next_run_at.
-	s2, started, err := db.JobStart(ctx, j.ID)
+	s2, started, err := db.JobStart(ctx, j.ID, "")
 	if err != nil || !started || !s2.StartedAt.Equal(*s.StartedAt) || s2.NextRunAt != nil || s2.Error == nil {
 		t.Fatalf("second JobStart = %+v started=%v err=%v", s2, started, err)
 	}
@@ -541,11 +542,11 @@ func testJobTransitions(t *testing.T, db *DB) {
 		t.Fatalf("JobFail = %+v applied=%v err=%v", f, applied, err)
 	}
 	// Terminal: JobStart returns it unchanged.
-	t2, started, err := db.JobStart(ctx, j.ID)
+	t2, started, err := db.JobStart(ctx, j.ID, "")
 	if err != nil || started || t2.Status != JobFailed || !reflect.DeepEqual(t2, f) {
 		t.Fatalf("JobStart on a failed job = %+v started=%v err=%v", t2, started, err)
 	}
-	_, _, err = db.JobStart(ctx, "job_missing")
+	_, _, err = db.JobStart(ctx, "job_missing", "")
 	wantErr(t, err, ErrNotFound)
 	_, _, err = db.JobSetStatus(ctx, &JobSetStatusParams{ID: "job_missing", From: []JobStatus{JobQueued}, To: JobRunning})
 	wantErr(t, err, ErrNotFound)
@@ -619,13 +620,13 @@ func testJobCounters(t *testing.T, db *DB) {
 	}
 	// Attempts count provider calls where their outcome is recorded: a
 	// retried fault, then a success. Starting a job counts none.
-	if _, started, err := db.JobStart(ctx, j.ID); err != nil || !started {
+	if _, started, err := db.JobStart(ctx, j.ID, ""); err != nil || !started {
 		t.Fatalf("JobStart = %v, %v", started, err)
 	}
 	if _, ok, err := db.JobSetStatus(ctx, &JobSetStatusParams{ID: j.ID, From: []JobStatus{JobRunning}, To: JobWaiting, CountAttempt: true}); err != nil || !ok {
 		t.Fatalf("JobSetStatus = %v, %v", ok, err)
 	}
-	if _, _, err := db.JobStart(ctx, j.ID); err != nil {
+	if _, _, err := db.JobStart(ctx, j.ID, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-03-01"}); err != nil {
@@ -643,7 +644,7 @@ func testJobCompleteChargesOnce(t *testing.T, db *DB) {
 	ctx := t.Context()
 	ten := mkTenant(t, db)
 	j := mkJob(t, db, jobParams(ten.ID))
-	if _, _, err := db.JobStart(ctx, j.ID); err != nil {
+	if _, _, err := db.JobStart(ctx, j.ID, ""); err != nil {
 		t.Fatal(err)
 	}
 	const n = 24
@@ -772,7 +773,7 @@ func testJobCompleteAfterCancel(t *testing.T, db *DB) {
 	ctx := t.Context()
 	ten := mkTenant(t, db)
 	j := mkJob(t, db, jobParams(ten.ID))
-	if _, _, err := db.JobStart(ctx, j.ID); err != nil {
+	if _, _, err := db.JobStart(ctx, j.ID, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, changed, err := db.JobCancel(ctx, ten.ID, j.ID); err != nil || !changed {
@@ -1615,5 +1616,82 @@ func testWebhooksPending(t *testing.T, db *DB) {
 	}
 	if got := pending(WebhookBatch, soon); len(got) != 0 {
 		t.Fatalf("a done batch webhook is pending: %v", got)
+	}
+}
+
+// A running job is held by the worker that started it: no other delivery
+// starts it while that worker beats; once it has not beaten for
+// WorkerDeadAfter, JobHandOff takes the job back, once, and another worker
+// may start it.
+func testWorkerLease(t *testing.T, db *DB) {
+	ctx := t.Context()
+	now := time.Now()
+	db.now = func() time.Time { return now }
+	defer func() { db.now = time.Now }()
+	ten := mkTenant(t, db)
+	j := mkJob(t, db, jobParams(ten.ID))
+	other := mkJob(t, db, jobParams(ten.ID))
+	for _, w := range []string{"wa", "wb"} {
+		if err := db.WorkerBeat(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, started, err := db.JobStart(ctx, j.ID, "wa"); err != nil || !started {
+		t.Fatalf("wa's JobStart = %v, %v", started, err)
+	}
+	if _, started, err := db.JobStart(ctx, other.ID, "wa"); err != nil || !started {
+		t.Fatalf("wa's JobStart of another = %v, %v", started, err)
+	}
+	// wa's own redelivery starts it again; wb's does not while wa beats.
+	if _, started, err := db.JobStart(ctx, j.ID, "wa"); err != nil || !started {
+		t.Fatalf("wa's second JobStart = %v, %v", started, err)
+	}
+	if got, started, err := db.JobStart(ctx, j.ID, "wb"); err != nil || started || got.Status != JobRunning {
+		t.Fatalf("wb's JobStart while wa beats = %v, %v, %v; want refused", started, err, got)
+	}
+	if handed, err := db.JobHandOff(ctx, 10); err != nil || len(handed) != 0 {
+		t.Fatalf("JobHandOff while wa beats = %d, %v", len(handed), err)
+	}
+	// A move lets go: the other job, released by wa, is wb's to start.
+	if err := db.JobRelease(ctx, other.ID, "wa"); err != nil {
+		t.Fatal(err)
+	}
+	if _, started, err := db.JobStart(ctx, other.ID, "wb"); err != nil || !started {
+		t.Fatalf("wb's JobStart of a released job = %v, %v", started, err)
+	}
+
+	// wa stops beating; wb goes on.
+	now = now.Add(WorkerDeadAfter + time.Second)
+	if err := db.WorkerBeat(ctx, "wb"); err != nil {
+		t.Fatal(err)
+	}
+	handed, err := db.JobHandOff(ctx, 10)
+	if err != nil || len(handed) != 1 || handed[0].ID != j.ID || handed[0].Status != JobQueued {
+		t.Fatalf("JobHandOff after wa died = %+v, %v; want %s queued", handed, err, j.ID)
+	}
+	if again, err := db.JobHandOff(ctx, 10); err != nil || len(again) != 0 {
+		t.Fatalf("second JobHandOff = %d, %v; want none", len(again), err)
+	}
+	if _, started, err := db.JobStart(ctx, j.ID, "wb"); err != nil || !started {
+		t.Fatalf("wb's JobStart after the hand-off = %v, %v", started, err)
+	}
+	// A worker that leaves (WorkerGone) has its jobs handed on at once.
+	if err := db.WorkerGone(ctx, "wb"); err != nil {
+		t.Fatal(err)
+	}
+	handed, err = db.JobHandOff(ctx, 10)
+	if err != nil || len(handed) != 2 {
+		t.Fatalf("JobHandOff after wb left = %d, %v; want its 2 jobs", len(handed), err)
+	}
+	// Finishing clears the hold.
+	if _, _, err := db.JobStart(ctx, j.ID, "wc"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := db.JobFail(ctx, &JobFailParams{ID: j.ID, Error: JobError{Type: "server_error", Code: "x", Message: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	var holder *string
+	if err := db.rw.queryRow(ctx, `SELECT worker_id FROM jobs WHERE id = $1`, j.ID).Scan(&holder); err != nil || holder != nil {
+		t.Fatalf("a failed job's worker_id = %v, %v; want NULL", holder, err)
 	}
 }

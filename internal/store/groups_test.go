@@ -122,7 +122,7 @@ func TestJobWritesAreGrouped(t *testing.T) {
 		do    func(id string) error
 	}{
 		{"start", func() int { return db.groups.jobRows.Calls() }, func(id string) error {
-			j, started, err := db.JobStart(ctx, id)
+			j, started, err := db.JobStart(ctx, id, "")
 			if err == nil && (!started || j.Status != JobRunning || j.ID != id) {
 				err = fmt.Errorf("started=%v %+v", started, j)
 			}

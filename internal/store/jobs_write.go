@@ -227,10 +227,19 @@ func (db *DB) transition(ctx context.Context, kind, update string, a args, id, t
 // started_at the first time, and returns it (the worker's one read of the
 // job). A terminal job is returned unchanged with started=false: the
 // worker acknowledges the task and does nothing else.
-func (db *DB) JobStart(ctx context.Context, id string) (job *Job, started bool, err error) {
+//
+// worker is the worker process starting it (its lease, WorkerBeat), or ""
+// for a process that holds no lease (a synchronous request's). While
+// another worker that still beats holds the job, it is not started either:
+// that is a second delivery of a job whose first is still running (asynq
+// recovering a task Redis's failover lost the lease of, or the task of a
+// job handed off from a worker taken for dead).
+func (db *DB) JobStart(ctx context.Context, id, worker string) (job *Job, started bool, err error) {
 	var a args
-	q := `UPDATE jobs SET status = 'running', next_run_at = NULL, started_at = COALESCE(started_at, ` + a.add(db.d.ts(db.nowUTC())) +
-		`), updated_at = $1 WHERE id = ` + a.add(id) + ` AND ` + unfinishedSQL
+	now := db.nowUTC()
+	q := `UPDATE jobs SET status = 'running', next_run_at = NULL, started_at = COALESCE(started_at, ` + a.add(db.d.ts(now)) +
+		`), updated_at = $1, worker_id = NULLIF(` + a.add(worker) + `, '') WHERE id = ` + a.add(id) + ` AND ` + unfinishedSQL +
+		` AND (worker_id IS NULL OR worker_id = $2 OR NOT ` + heldByLiveSQL + a.add(db.d.ts(now.Add(-WorkerDeadAfter))) + `))`
 	return db.transition(ctx, "start", q, a, id, "")
 }
 
@@ -272,7 +281,7 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 	}
 	var a args
 	now := a.add(db.d.ts(db.nowUTC()))
-	q := `UPDATE jobs SET status = ` + a.add(string(p.To)) + `, updated_at = ` + now +
+	q := `UPDATE jobs SET status = ` + a.add(string(p.To)) + `, worker_id = NULL, updated_at = ` + now +
 		`, next_run_at = ` + a.add(db.d.tsOrNull(p.NextRunAt))
 	if p.CountAttempt {
 		q += `, attempts = attempts + 1`
@@ -439,7 +448,7 @@ const (
 	sqlJobCompleteUpdate = `UPDATE jobs SET status = $13, attempts = attempts + 1, error = $14, next_run_at = NULL,
 		finished_at = $2, updated_at = $2, response_status = $3, response_body = $4, provider_request_id = $5,
 		prompt_tokens = $6, completion_tokens = $7, cached_tokens = $8, total_tokens = $9, cost_micros = $10,
-		usage_estimated = $15, deployment = $16, served_model = $17
+		usage_estimated = $15, deployment = $16, served_model = $17, worker_id = NULL
 		WHERE id = $1 AND ` + unfinishedSQL
 	// The ledger row copies the job's tenant, batch and model (the served
 	// model instead, when given); on Postgres the SELECT sees the row as it
@@ -526,7 +535,7 @@ func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied 
 	}
 	var a args
 	now := a.add(db.d.ts(db.nowUTC()))
-	q := `UPDATE jobs SET status = 'failed', next_run_at = NULL, finished_at = ` + now + `, updated_at = ` + now +
+	q := `UPDATE jobs SET status = 'failed', worker_id = NULL, next_run_at = NULL, finished_at = ` + now + `, updated_at = ` + now +
 		`, error = ` + a.add(errorJSON(&p.Error)) +
 		`, response_status = ` + a.add(nullInt(int64(p.ResponseStatus))) +
 		`, response_body = ` + a.add(nullJSON(p.ResponseBody))

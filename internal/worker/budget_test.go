@@ -46,7 +46,7 @@ func TestRedeliveryAfterACrashBeforeSettleChargesOnce(t *testing.T) {
 	crash := func(content string, prompt, completion int64) (*budget.Reservation, string, money.Micros) {
 		t.Helper()
 		id := submit(t, a, key, map[string]any{"body": apptest.ChatBody(content, "", 50)})
-		j, started, err := a.Store.JobStart(ctx, id)
+		j, started, err := a.Store.JobStart(ctx, id, "")
 		if err != nil || !started {
 			t.Fatalf("start %s: %v %v", id, started, err)
 		}

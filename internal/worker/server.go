@@ -54,6 +54,10 @@ type ServerOptions struct {
 	PollInterval time.Duration
 	// Logger receives asynq's own log lines (warn and above). Defaults to discarding them.
 	Logger *slog.Logger
+	// Lease is the process's hold on its jobs (the handler's
+	// Options.Lease): Start beats it first and keeps it beating, Shutdown
+	// ends it after the last job. Defaults to none.
+	Lease *Lease
 }
 
 // validate reports, naming the field, an option that is invalid: a
@@ -81,8 +85,10 @@ func (o ServerOptions) validate() error {
 // together: Concurrency split between Dequeuers of them for the jobs queue,
 // and one for the webhooks queue.
 type Server struct {
-	servers []*asynq.Server // the job dequeuers, then the webhook server
-	jobs    int             // how many of servers are job dequeuers
+	servers   []*asynq.Server // the job dequeuers, then the webhook server
+	jobs      int             // how many of servers are job dequeuers
+	lease     *Lease
+	stopLease func()
 }
 
 // How often a dequeuer other than the first looks for new tasks when idle
@@ -123,7 +129,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{jobs: opts.Dequeuers}
+	s := &Server{jobs: opts.Dequeuers, lease: opts.Lease}
 	config := func(concurrency int, queues map[string]int, poll, delayed time.Duration) asynq.Config {
 		return asynq.Config{
 			Concurrency:              concurrency,
@@ -164,11 +170,19 @@ func (s *Server) Dequeuers() int { return s.jobs }
 // Start starts every dequeuer with handler h. Should one fail to start, the
 // ones started are shut down and the error returned.
 func (s *Server) Start(h asynq.Handler) error {
+	if s.lease != nil {
+		stop, err := s.lease.Start(context.Background())
+		if err != nil {
+			return err
+		}
+		s.stopLease = stop
+	}
 	for i, srv := range s.servers {
 		if err := srv.Start(h); err != nil {
 			for _, started := range s.servers[:i] {
 				started.Shutdown()
 			}
+			s.endLease()
 			return err
 		}
 	}
@@ -183,6 +197,15 @@ func (s *Server) Shutdown() {
 		wg.Go(srv.Shutdown)
 	}
 	wg.Wait()
+	s.endLease()
+}
+
+// endLease lets the lease go once no job runs here any more.
+func (s *Server) endLease() {
+	if s.stopLease != nil {
+		s.stopLease()
+		s.stopLease = nil
+	}
 }
 
 // Stop makes every dequeuer stop taking new tasks (asynq's Stop); Shutdown

@@ -64,7 +64,7 @@ const syncRetryBase = 200 * time.Millisecond
 // left before the call started (the job is cancelled, nothing charged), or
 // the provider's answer. Once the call starts, ctx no longer cancels it.
 func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) {
-	job, started, err := h.Store.JobStart(ctx, c.JobID)
+	job, started, err := h.Store.JobStart(ctx, c.JobID, "")
 	if err != nil {
 		h.endSync(ctx, &store.Job{ID: c.JobID}, "", err)
 		return nil, fmt.Errorf("start job %s: %w", c.JobID, err)

@@ -59,6 +59,10 @@ type Options struct {
 	Breakers BreakerOptions
 	// Now is the clock for job timestamps the handler computes. Defaults to time.Now.
 	Now func() time.Time
+	// Lease is the worker process's hold on the jobs it starts (a
+	// worker's Server beats it). Defaults to none: the jobs a handler
+	// without one starts are never handed off (synchronous requests).
+	Lease *Lease
 }
 
 // validate reports, naming the field, an option that is invalid: a
@@ -171,6 +175,7 @@ type run struct {
 	permit *limiter.Reservation
 	wait   time.Duration // the pause after a 429
 	left   bool          // the fair queue was told (leave)
+	moved  bool          // the store took a move of the job (which lets go of it)
 }
 
 // leave tells the fair queue, once, that the job is past its permit.
@@ -187,14 +192,27 @@ func (r *run) leave(ctx context.Context) {
 // job reached a terminal state, or there is nothing to do), a *queue.Retry error
 // to come back later, or another error for asynq to retry.
 func (h *Handler) Run(ctx context.Context, id string) error {
-	// Loading the job marks it running (one round trip): a worker has it.
-	job, started, err := h.Store.JobStart(ctx, id)
+	if !h.opts.Lease.Fresh() {
+		// The reconciler may take this process for dead and hand its jobs
+		// on: start none until a beat gets through.
+		return &queue.Retry{Reason: "this worker's lease in the store is stale", Delay: store.WorkerBeatInterval}
+	}
+	// Loading the job marks it running, held by this worker (one round
+	// trip).
+	job, started, err := h.Store.JobStart(ctx, id, h.opts.Lease.ID())
 	if errors.Is(err, store.ErrNotFound) {
 		h.Logger.Warn("task for a job that does not exist", "job", id)
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("load job %s: %w", id, err)
+	}
+	if !started && !job.Status.Terminal() {
+		// Another worker, alive, runs it: this is a second delivery (a
+		// task asynq recovered after a failover, or the one a hand-off
+		// replaced).
+		h.Logger.Debug("job runs on another worker", "job", id)
+		return nil
 	}
 	if !started {
 		if m, ok := h.Policy.Current().Model(job.Model); ok {
@@ -204,7 +222,15 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 		return h.settleFinished(ctx, job)
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", id, "model", job.Model)}
-	return r.do(ctx)
+	err = r.do(ctx)
+	if !r.moved && h.opts.Lease != nil {
+		// Every move of the job lets go of it; a delivery that ended
+		// without one lets go here, so its next delivery may start anywhere.
+		if rerr := h.Store.JobRelease(context.WithoutCancel(ctx), id, h.opts.Lease.ID()); rerr != nil {
+			r.log.Warn("let go of the job", "err", rerr)
+		}
+	}
+	return err
 }
 
 // leftFairQueue tells the fair queue of scope that job id has its permit
@@ -479,6 +505,7 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 		o.Response = &quiet
 	}
 	res, err := r.h.Store.JobComplete(ctx, p)
+	r.moved = r.moved || err == nil
 	if err != nil {
 		// The result may have been stored all the same: keep the
 		// reservation, so the next delivery settles it (the job finished)
@@ -684,6 +711,7 @@ func (r *run) fail(ctx context.Context, e store.JobError, pe *llm.Error) error {
 		p.ResponseStatus = http.StatusBadGateway
 	}
 	_, applied, err := r.h.Store.JobFail(ctx, p)
+	r.moved = r.moved || err == nil
 	if err != nil {
 		return fmt.Errorf("fail job %s: %w", r.job.ID, err)
 	}
@@ -725,6 +753,7 @@ func (r *run) setStatus(ctx context.Context, to store.JobStatus, next *time.Time
 		ID: r.job.ID, From: []store.JobStatus{store.JobQueued, store.JobRunning, store.JobWaiting, store.JobDeferred},
 		To: to, NextRunAt: next, CountAttempt: countAttempt,
 	})
+	r.moved = r.moved || err == nil
 	if err != nil {
 		r.log.Warn("record job status", "status", to, "err", err)
 	}

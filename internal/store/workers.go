@@ -1,0 +1,84 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Worker processes hold their running jobs by a lease in the store: each
+// beats (WorkerBeat) every WorkerBeatInterval, and a job it starts names it
+// (jobs.worker_id). A worker not seen for WorkerDeadAfter is dead: its
+// running jobs are handed to others (JobHandOff), and only then may another
+// delivery of such a job start it (JobStart refuses while the holder
+// beats). Times are each process's clock; hosts' clocks must agree to well
+// under WorkerDeadAfter (NTP does).
+const (
+	WorkerBeatInterval = 2 * time.Second
+	WorkerDeadAfter    = 8 * time.Second
+)
+
+// WorkerBeat records that worker process id is alive now.
+func (db *DB) WorkerBeat(ctx context.Context, id string) error {
+	if err := required("WorkerBeat", "id", id); err != nil {
+		return err
+	}
+	now := db.d.ts(db.nowUTC())
+	_, err := db.rw.exec(ctx, `INSERT INTO workers (id, started_at, seen_at) VALUES ($1, $2, $2)
+		ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at`, id, now)
+	if err != nil {
+		return fmt.Errorf("store: WorkerBeat: %w", db.d.wrap(err))
+	}
+	return nil
+}
+
+// WorkerGone removes worker process id, which stopped: a job it still held
+// is handed on at the next JobHandOff.
+func (db *DB) WorkerGone(ctx context.Context, id string) error {
+	if _, err := db.rw.exec(ctx, `DELETE FROM workers WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("store: WorkerGone: %w", db.d.wrap(err))
+	}
+	return nil
+}
+
+// JobRelease clears worker's hold on job id, when a delivery ended without
+// moving the job (every move clears it).
+func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
+	if worker == "" {
+		return nil
+	}
+	if _, err := db.rw.exec(ctx, `UPDATE jobs SET worker_id = NULL WHERE id = $1 AND worker_id = $2`, id, worker); err != nil {
+		return fmt.Errorf("store: JobRelease: %w", db.d.wrap(err))
+	}
+	return nil
+}
+
+// heldByLiveSQL is true for a job that a worker other than $w holds and
+// that was seen at or after $dead.
+const heldByLiveSQL = `EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND w.seen_at >= `
+
+// JobHandOff takes the running jobs (not synchronous ones) of workers not
+// seen since WorkerDeadAfter back from them: each is queued again, held by
+// nobody, and returned (at most limit), for the caller to enqueue a new
+// task of each. A job is handed off once: a second call finds it held by
+// nobody.
+func (db *DB) JobHandOff(ctx context.Context, limit int) ([]*Job, error) {
+	var a args
+	now := db.nowUTC()
+	nowArg := a.add(db.d.ts(now))
+	dead := a.add(db.d.ts(now.Add(-WorkerDeadAfter)))
+	q := `UPDATE jobs SET status = 'queued', worker_id = NULL, updated_at = ` + nowArg + `
+		WHERE id IN (SELECT id FROM jobs WHERE status = 'running' AND worker_id IS NOT NULL AND NOT sync
+			AND NOT ` + heldByLiveSQL + dead + `) LIMIT ` + a.add(limit) + `)
+		RETURNING ` + jobColumns
+	var jobs []*Job
+	err := db.rw.query(ctx, q, a, func(r row) error {
+		j, err := scanJob(r)
+		jobs = append(jobs, j)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: JobHandOff: %w", db.d.wrap(err))
+	}
+	return jobs, nil
+}
