@@ -56,7 +56,9 @@ models:
 ` + strings.Replace(apptest.PolicyYAML[strings.Index(apptest.PolicyYAML, "tiers:"):],
 		"  - name: standard\n", "  - name: standard\n    fallbacks: [other]\n", 1)
 	for mark, srv := range servers {
-		*srv = sim.Start(sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true})
+		// The accounts' limits are well above the policy's: the policy's
+		// pace the calls.
+		*srv = sim.Start(sim.Config{Limits: sim.Limits{RPM: 60000, TPM: 6000000}, DefaultMaxTokens: 1024, Echo: true})
 		t.Cleanup((*srv).Close)
 		policy = strings.ReplaceAll(policy, mark, (*srv).BaseURL)
 	}
@@ -133,8 +135,10 @@ func TestDeploymentsFillInOrder(t *testing.T) {
 // weights.
 func TestDeploymentsSpreadByWeight(t *testing.T) {
 	t.Parallel()
-	d := startDeployments(t, `      - {provider: a, upstream: gpt-4o-mini, limits: {rpm: 6000, tpm: 600000}, weight: 1}
-      - {provider: b, upstream: gpt-4o-mini, limits: {rpm: 6000, tpm: 600000}, weight: 3}`)
+	// Limits high enough that no deployment's pace (a call every 1ms) ever
+	// sends a job to the other: only the weights choose.
+	d := startDeployments(t, `      - {provider: a, upstream: gpt-4o-mini, limits: {rpm: 60000, tpm: 6000000}, weight: 1}
+      - {provider: b, upstream: gpt-4o-mini, limits: {rpm: 60000, tpm: 6000000}, weight: 3}`)
 	const n = 120
 	d.runJobs(t, d.JobHandler(worker.Options{}), n)
 	a, b := d.a.Stats().Requests, d.b.Stats().Requests
