@@ -14,9 +14,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/config"
@@ -109,11 +111,21 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := a.Ready(r.Context()); err != nil {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
+		// One line per service: "redis: ok", "database: connection refused".
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		var body strings.Builder
+		status := http.StatusOK
+		for _, c := range a.ReadyChecks() {
+			reason := "ok"
+			if err := c.Check(ctx); err != nil {
+				reason, status = api.NotReadyReason(err), http.StatusServiceUnavailable
+			}
+			fmt.Fprintf(&body, "%s: %s\n", c.Name, reason)
 		}
-		_, _ = io.WriteString(w, "ready\n")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body.String())
 	})
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}

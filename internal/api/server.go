@@ -242,7 +242,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	for i, c := range checks {
 		body[c.Name] = "ok"
 		if errs[i] != nil {
-			reason := notReadyReason(errs[i])
+			reason := NotReadyReason(errs[i])
 			body[c.Name] = reason
 			why = append(why, c.Name+": "+reason)
 			s.Logger.WarnContext(r.Context(), "not ready", "service", c.Name, "err", errs[i])
@@ -259,10 +259,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// notReadyReason says why a service did not answer in words of a fixed
+// NotReadyReason says why a service did not answer in words of a fixed
 // set, so /readyz, which anyone may ask, shows no address, user name or
 // password: the errors of drivers and dials name them.
-func notReadyReason(err error) string {
+func NotReadyReason(err error) string {
 	var netErr net.Error
 	var dnsErr *net.DNSError
 	var pgErr *pgconn.PgError
