@@ -46,6 +46,12 @@ func submitAll(t *testing.T, a *apptest.App, key string, n, producers, maxTokens
 				cid := fmt.Sprintf("req-%05d", i)
 				r := apptest.Do(t, a.URL, "POST", "/v1/jobs", key,
 					map[string]any{"custom_id": cid, "body": apptest.ChatBody("Job "+cid, cid, maxTokens)}, nil)
+				for r.Status == http.StatusTooManyRequests && r.Header.Get("Retry-After") != "" {
+					// The key's API rate: a producer waits, as a client should.
+					time.Sleep(50 * time.Millisecond)
+					r = apptest.Do(t, a.URL, "POST", "/v1/jobs", key,
+						map[string]any{"custom_id": cid, "body": apptest.ChatBody("Job "+cid, cid, maxTokens)}, nil)
+				}
 				if r.Status != 202 {
 					errs <- fmt.Errorf("job %d: %d %s", i, r.Status, r.Body)
 					return

@@ -201,6 +201,14 @@ func (a *App) Ready(ctx context.Context) error {
 	return errors.Join(a.Redis.Ping(ctx).Err(), a.Store.Ping(ctx))
 }
 
+// ReadyChecks are what /readyz asks, by name: Redis and the store.
+func (a *App) ReadyChecks() []api.ReadyCheck {
+	return []api.ReadyCheck{
+		{Name: "redis", Check: func(ctx context.Context) error { return a.Redis.Ping(ctx).Err() }},
+		{Name: "database", Check: a.Store.Ping},
+	}
+}
+
 // API returns the HTTP API over the app's parts, or an error naming an
 // option that is invalid. The first call subscribes the app's key cache to
 // the announcements of key changes (closed by Close); if Redis refuses, the
@@ -221,7 +229,7 @@ func (a *App) API() (*api.Server, error) {
 	proxies, _ := a.Env.TrustedProxyPrefixes()
 	srv, err := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
-		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, Observer: a.APIObserver, KeyCache: a.keyCache,
+		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, ReadyChecks: a.ReadyChecks(), Observer: a.APIObserver, KeyCache: a.keyCache,
 	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
 		Now: a.clock, TrustedProxies: proxies})
 	if err != nil {
@@ -248,7 +256,7 @@ func (a *App) API() (*api.Server, error) {
 func (a *App) Reconciler(opts recovery.Options) (*recovery.Reconciler, error) {
 	return recovery.New(recovery.Reconciler{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
-		Limiter: a.Limiter, Policy: a.Policy, Logger: a.Logger,
+		Limiter: a.Limiter, Policy: a.Policy, Budgets: a.Budgets, Logger: a.Logger,
 	}, opts)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed" // the script's Lua
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -41,6 +42,9 @@ func (b *Budgets) rebuild(ctx context.Context, tenantID string, sp span, keys []
 func (b *Budgets) fill(ctx context.Context, key, token string, sum func() (money.Micros, error), logArgs ...any) error {
 	// Callers of one process share one ledger read per hash incarnation.
 	return b.once(ctx, key+"\x00"+token, func() error {
+		// Rows written from here on may be missing from the sum; their
+		// settlements land in the hash (an audit may charge them too).
+		readAt := time.Now().UnixMicro()
 		s, err := sum()
 		if err != nil {
 			return fmt.Errorf("rebuilding spend from the ledger: %w", err)
@@ -48,7 +52,7 @@ func (b *Budgets) fill(ctx context.Context, key, token string, sum func() (money
 		if s < 0 {
 			return fmt.Errorf("rebuilding spend from the ledger: negative sum %s", s)
 		}
-		added, err := finishRebuildScript.Run(ctx, b.rdb, []string{key}, token, int64(s)).Int64()
+		added, err := finishRebuildScript.Run(ctx, b.rdb, []string{key}, token, int64(s), readAt).Int64()
 		if err != nil {
 			return err
 		}

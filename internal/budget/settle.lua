@@ -5,6 +5,9 @@
 -- KEYS[1..4] -> as in day.lua, for the reservation's days
 -- ARGV[1] -> job id; ARGV[2] -> its global member (<tenant>:<id>)
 -- ARGV[3] -> real cost (µ$); ARGV[4] -> "1" to charge it, "0" to release only
+-- ARGV[5] -> for an audit (Budgets.Audit), when the job's ledger row was
+--   written (Unix µs): a row a rebuild of either day counted (written
+--   before its rbt) is left alone
 -- Returns {tenant outcome, global outcome}, each
 --   -1: the day hash is gone: nothing added (the ledger has the charge and
 --       the rebuild counts it)
@@ -13,6 +16,14 @@
 local tenant_day, tenant_reservations = KEYS[1], KEYS[2]
 local global_day, global_reservations = KEYS[3], KEYS[4]
 local id, member, cost, charge = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == "1"
+
+if ARGV[5] then
+  local written = tonumber(ARGV[5])
+  for _, day in ipairs({tenant_day, global_day}) do
+    local rbt = redis.call("HGET", day, "rbt")
+    if rbt and tonumber(rbt) >= written then return {0, 0} end
+  end
+end
 
 -- int_str and drop come from reservations.lua, run before this.
 drop(tenant_day, tenant_reservations, id)

@@ -255,7 +255,8 @@ func (c *Client) Scopes(ctx context.Context) ([]string, error) {
 // Release takes from scope's fair queue the jobs room has space for, in
 // fair order, and enqueues their tasks. A job whose task already exists
 // (a worker runs it) is forgotten at once. empty reports that nothing
-// waits any more; the scope then leaves Scopes until a job comes.
+// waits any more; the scope then leaves Scopes until a job comes, once no
+// job it released waits to start either.
 func (c *Client) Release(ctx context.Context, scope string, room Room) (released []Released, empty bool, err error) {
 	if c.fair == nil {
 		return nil, true, nil
@@ -314,6 +315,12 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		}
 	}
 	if empty {
+		// Jobs released and not started keep the scope listed: should
+		// their tasks be lost (a Redis failover), the scheduler's stale
+		// check must still find them.
+		if n, err := f.rdb.ZCard(ctx, f.keys.FairOut(scope)).Result(); err != nil || n > 0 {
+			return released, empty, err
+		}
 		if err := f.rdb.SRem(ctx, f.keys.FairScopes(), scope).Err(); err != nil {
 			return released, empty, fmt.Errorf("fair queue scopes: %w", err)
 		}

@@ -35,12 +35,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
@@ -111,9 +115,20 @@ type Reconciler struct {
 	Inspector *queue.Inspector
 	Limiter   *limiter.TokenBucket
 	Policy    *config.PolicyHolder
-	Logger    *slog.Logger
-	opts      Options
+	// Budgets, when set, has its counters audited against the ledger after
+	// a failover (Budgets.Audit).
+	Budgets *budget.Budgets
+	Logger  *slog.Logger
+	opts    Options
+	// identity is the run ids of the Redis masters at the last check: a
+	// change is a failover or a restart.
+	identity string
+	// recheckAt is when the pass after a failover runs once more.
+	recheckAt time.Time
 }
+
+// failoverRecheck is how long after a failover its pass runs again.
+const failoverRecheck = 15 * time.Second
 
 // New returns a Reconciler, or an error naming an option that is invalid;
 // the fields may also be set directly.
@@ -136,7 +151,10 @@ type Report struct {
 	Failed   int // jobs failed because their worker was gone at the end of their last delivery
 	Webhooks int // webhook deliveries of finished jobs and batches enqueued again
 	Resent   int // archived tasks of succeeded or cancelled jobs sent back to settle their charge
-	Dropped  int // archived tasks of failed or deleted jobs dropped
+	// Audited counts the ledger rows a budget audit after a failover read;
+	// Recharged those it charged, whose settlement Redis had lost.
+	Audited, Recharged int
+	Dropped            int // archived tasks of failed or deleted jobs dropped
 	// LegacyQueues counts the per-priority asynq queues of versions before
 	// the one jobs queue, deleted with their tasks (their jobs are then
 	// enqueued again as jobs whose task is missing).
@@ -157,20 +175,32 @@ func (r *Reconciler) Run(ctx context.Context) {
 			r.Logger.Info("reconciler handed off the running jobs of a stopped worker", "jobs", n)
 		}
 		lost, err := r.lost(ctx)
+		failover := false
+		if err == nil {
+			failover, err = r.failedOver(ctx)
+		}
+		switch {
+		case failover:
+			// Once more a little later: an old master may take writes for
+			// seconds after its replica's promotion, and they are lost.
+			r.recheckAt = r.opts.Now().Add(failoverRecheck)
+		case !r.recheckAt.IsZero() && !r.opts.Now().Before(r.recheckAt):
+			failover, r.recheckAt = true, time.Time{}
+		}
 		if err != nil && ctx.Err() == nil {
 			r.Logger.Warn("reconciler: cannot reach redis", "err", err)
 		}
-		if err == nil && (lost || r.opts.Now().Sub(last) >= r.opts.FullInterval) {
-			if rep, ran, err := r.locked(ctx, lost); err != nil && ctx.Err() == nil {
+		if err == nil && (lost || failover || r.opts.Now().Sub(last) >= r.opts.FullInterval) {
+			if rep, ran, err := r.locked(ctx, lost, failover); err != nil && ctx.Err() == nil {
 				r.Logger.Warn("reconciler pass failed", "err", err)
 			} else if ran {
 				last = r.opts.Now()
 				if rep.LegacyQueues > 0 {
 					r.Logger.Info("reconciler deleted the per-priority queues of an older version", "queues", rep.LegacyQueues)
 				}
-				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped > 0 {
+				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped+rep.Recharged > 0 {
 					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
-						"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped,
+						"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped, "recharged", rep.Recharged,
 						"scanned", rep.Scanned)
 				}
 			}
@@ -217,8 +247,60 @@ func (r *Reconciler) lost(ctx context.Context) (bool, error) {
 	return n == 0, err
 }
 
-// locked runs one pass if no other process is running one.
-func (r *Reconciler) locked(ctx context.Context, lost bool) (Report, bool, error) {
+// failedOver reports whether Redis's masters changed since the last check
+// (a Sentinel or Cluster failover, or a restart): the new master may be a
+// replica that lagged, holding less than was acknowledged, with the epoch
+// key all the same. The first check only learns them.
+func (r *Reconciler) failedOver(ctx context.Context) (bool, error) {
+	id, err := redisIdentity(ctx, r.Redis)
+	if err != nil {
+		return false, err
+	}
+	changed := r.identity != "" && id != r.identity
+	if changed {
+		r.Logger.Warn("redis master changed (a failover or restart): checking every unfinished job and the budgets against the store")
+	}
+	r.identity = id
+	return changed, nil
+}
+
+// redisIdentity is the run ids of rdb's masters, sorted: each master's
+// INFO server run_id (a new one at each start; a promoted replica keeps its
+// own).
+func redisIdentity(ctx context.Context, rdb redis.UniversalClient) (string, error) {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		var ids []string
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			id, err := runID(ctx, c)
+			mu.Lock()
+			ids = append(ids, id)
+			mu.Unlock()
+			return err
+		})
+		slices.Sort(ids)
+		return strings.Join(ids, ","), err
+	}
+	return runID(ctx, rdb)
+}
+
+func runID(ctx context.Context, c redis.Cmdable) (string, error) {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return v, nil
+		}
+	}
+	return "", errors.New("redis INFO server has no run_id")
+}
+
+// locked runs one pass if no other process is running one. After a
+// failover (or a loss) it looks at every unfinished job, however recent,
+// and audits the budgets.
+func (r *Reconciler) locked(ctx context.Context, lost, failover bool) (Report, bool, error) {
 	unlock, ok, err := r.Store.TryLock(ctx, "reconciler")
 	if err != nil || !ok {
 		return Report{}, false, err
@@ -241,12 +323,18 @@ func (r *Reconciler) locked(ctx context.Context, lost bool) (Report, bool, error
 		}
 	}
 	minAge := r.opts.MinAge
-	if lost {
+	if lost || failover {
 		// Redis holds no task at all: even a job created a moment ago may
 		// have lost its, and enqueueing one twice is a no-op.
 		minAge = 0
 	}
 	rep, err := r.reconcileAll(ctx, minAge)
+	if err == nil && failover && !lost {
+		err = r.requeueReleased(ctx, &rep)
+	}
+	if err == nil && failover && !lost {
+		err = r.auditBudgets(ctx, &rep)
+	}
 	if err == nil && lost {
 		err = queue.RegisterQueues(ctx, r.Redis, r.Queue.Namespace())
 	}
@@ -254,6 +342,66 @@ func (r *Reconciler) locked(ctx context.Context, lost bool) (Report, bool, error
 		err = r.Redis.Set(ctx, r.Keys.Epoch(), r.opts.Now().UTC().Format(time.RFC3339), 0).Err()
 	}
 	return rep, true, err
+}
+
+// requeueReleased enqueues again, at once, the tasks of every job the fair
+// queues released and no worker started: a failover may have lost them
+// (enqueueing a task that exists changes nothing). Left alone, the
+// scheduler's stale check would find them after its StaleAfter.
+func (r *Reconciler) requeueReleased(ctx context.Context, rep *Report) error {
+	scopes, err := r.Queue.Scopes(ctx)
+	if err != nil {
+		return err
+	}
+	if r.Policy != nil {
+		for i := range r.Policy.Current().Models {
+			scopes = append(scopes, admission.QueueName(&r.Policy.Current().Models[i]))
+		}
+	}
+	slices.Sort(scopes)
+	for _, scope := range slices.Compact(scopes) {
+		for {
+			n, err := r.Queue.RequeueStale(ctx, scope, 0)
+			if err != nil {
+				return err
+			}
+			rep.Requeued += n
+			if n < staleBatch {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// staleBatch is how many released jobs one RequeueStale call takes at most.
+const staleBatch = 100
+
+// auditWindow is how far back an audit after a failover reads the ledger:
+// far longer than a replica lags, or an old master takes writes after its
+// replica's promotion.
+const auditWindow = 5 * time.Minute
+
+// auditMax bounds the ledger rows one audit reads.
+const auditMax = 200000
+
+// auditBudgets charges the ledger rows of the last auditWindow whose
+// settlement a failover lost (budget.Audit).
+func (r *Reconciler) auditBudgets(ctx context.Context, rep *Report) error {
+	if r.Budgets == nil {
+		return nil
+	}
+	rows, err := r.Store.UsageChargesSince(ctx, r.opts.Now().Add(-auditWindow), auditMax)
+	if err != nil {
+		return err
+	}
+	charges := make([]budget.Charge, len(rows))
+	for i, c := range rows {
+		charges[i] = budget.Charge{JobID: c.JobID, TenantID: c.TenantID, Day: c.Day, GlobalDay: c.GlobalDay, Cost: c.Cost, WrittenAt: c.CreatedAt}
+	}
+	rep.Audited = len(charges)
+	rep.Recharged, _, err = r.Budgets.Audit(ctx, charges)
+	return err
 }
 
 // pauseModels pauses every model of the policy after a loss of the
@@ -439,6 +587,18 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 			rep.Requeued++
 			r.Logger.Debug("job had no task; enqueued again", "job", j.ID, "status", j.Status)
 		}
+		return nil
+	}
+	if task.State == queue.TaskActive && j.Status != store.JobRunning {
+		// asynq has the task active but no worker started the job: a
+		// failover kept the task's move to active and lost its lease (or
+		// the worker's start), and asynq's recoverer only follows leases.
+		// A task of its own runs it; should a worker hold it after all,
+		// that task finds it held and ends.
+		if _, err := r.Queue.EnqueueHandOff(ctx, ref, strconv.FormatInt(now.UnixMilli(), 36)); err != nil {
+			return fmt.Errorf("re-enqueue %s, stuck active: %w", j.ID, err)
+		}
+		rep.Requeued++
 		return nil
 	}
 	// A task holds the id. If asynq archived it, it will never run.

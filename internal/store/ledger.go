@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/llmq/llmq/internal/money"
@@ -113,4 +114,31 @@ func usageReportSQL(p *UsageReportParams) (string, args) {
 		q += ` AND tenant_id = ` + a.add(p.TenantID)
 	}
 	return q + ` GROUP BY tenant_id, model ORDER BY tenant_id, model`, a
+}
+
+// UsageCharge is one ledger row, as a budget audit reads it.
+type UsageCharge struct {
+	JobID     string
+	TenantID  string
+	Day       string
+	GlobalDay string
+	Cost      money.Micros
+	CreatedAt time.Time
+}
+
+// UsageChargesSince returns the ledger rows written at or after since (at
+// most limit, oldest first), for a budget audit after a failover.
+func (db *DB) UsageChargesSince(ctx context.Context, since time.Time, limit int) ([]UsageCharge, error) {
+	var out []UsageCharge
+	err := db.ro.query(ctx, `SELECT job_id, tenant_id, day, global_day, cost_micros, created_at FROM usage_ledger
+		WHERE created_at >= $1 ORDER BY created_at LIMIT $2`, []any{db.d.ts(since), limit}, func(r row) error {
+		var c UsageCharge
+		err := r.Scan(&c.JobID, &c.TenantID, dayCol{&c.Day}, dayCol{&c.GlobalDay}, &c.Cost, timeCol{&c.CreatedAt})
+		out = append(out, c)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: UsageChargesSince: %w", db.d.wrap(err))
+	}
+	return out, nil
 }

@@ -42,12 +42,15 @@ func (db *DB) WorkerGone(ctx context.Context, id string) error {
 }
 
 // JobRelease clears worker's hold on job id, when a delivery ended without
-// moving the job (every move clears it).
+// moving the job (every move clears it): a job it left running is queued
+// again, for its task's next delivery (or, should Redis have lost that,
+// the reconciler's).
 func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
 	if worker == "" {
 		return nil
 	}
-	if _, err := db.rw.exec(ctx, `UPDATE jobs SET worker_id = NULL WHERE id = $1 AND worker_id = $2`, id, worker); err != nil {
+	if _, err := db.rw.exec(ctx, `UPDATE jobs SET worker_id = NULL,
+		status = CASE WHEN status = 'running' THEN 'queued' ELSE status END WHERE id = $1 AND worker_id = $2`, id, worker); err != nil {
 		return fmt.Errorf("store: JobRelease: %w", db.d.wrap(err))
 	}
 	return nil

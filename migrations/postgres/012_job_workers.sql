@@ -11,8 +11,11 @@ CREATE TABLE workers (
 );
 ALTER TABLE jobs ADD COLUMN worker_id text;
 CREATE INDEX jobs_worker_id ON jobs (worker_id) WHERE worker_id IS NOT NULL;
+-- The ledger's latest rows, for a budget audit after a Redis failover.
+CREATE INDEX usage_ledger_created_at ON usage_ledger (created_at);
 
 -- +goose Down
+DROP INDEX usage_ledger_created_at;
 DROP INDEX jobs_worker_id;
 ALTER TABLE jobs DROP COLUMN worker_id;
 DROP TABLE workers;
