@@ -226,6 +226,14 @@ func (r *Reconciler) HandOff(ctx context.Context) (int, error) {
 			return n, err
 		}
 		for _, j := range jobs {
+			if j.Attempts-j.RateLimited > queue.DefaultMaxRetry {
+				// Each of its deliveries ended with its worker dead: it may
+				// be what kills them.
+				if err := r.failWorkerLost(ctx, j, j.Attempts-j.RateLimited, nil, &Report{}); err != nil {
+					return n, err
+				}
+				continue
+			}
 			ref := queue.JobRef{ID: j.ID, Priority: j.Queue}
 			if _, err := r.Queue.EnqueueHandOff(ctx, ref, strconv.FormatInt(r.opts.Now().UnixMilli(), 36)); err != nil {
 				return n, err
@@ -609,7 +617,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 		// Its worker stopped while running it, on the last of its
 		// deliveries at least: the job may be what kills its workers, and
 		// reviving it would let it do so forever.
-		return r.failWorkerLost(ctx, j, task, rep)
+		return r.failWorkerLost(ctx, j, task.Retried+1, func() error { return r.Inspector.DeleteArchivedJob(ctx, j.ID) }, rep)
 	}
 	// Its retries were used up while the store could not record the
 	// failure (the database was down): revive it.
@@ -626,25 +634,30 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 	return nil
 }
 
-// failWorkerLost fails a job whose task asynq archived when the lease of
-// its last delivery expired, drops the task, and sends the job's webhook.
-func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, task *queue.Task, rep *Report) error {
+// failWorkerLost fails a job whose last delivery ended with its worker
+// gone, after deliveries of them (asynq archived its task when the lease
+// expired, or the reconciler took it from dead workers that many times),
+// drops what is left of its task (drop, when not nil), and sends the job's
+// webhook.
+func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, deliveries int, drop func() error, rep *Report) error {
 	_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
 		Type: wire.TypeServer, Code: "worker_lost",
 		Message: fmt.Sprintf("The job's last delivery ended with its worker gone (killed, crashed or cut off from Redis), "+
-			"after %d failed deliveries; giving up, so that a job that kills its workers cannot run forever.", task.Retried+1),
+			"after %d failed deliveries; giving up, so that a job that kills its workers cannot run forever.", deliveries),
 	}})
 	if err != nil {
 		return fmt.Errorf("fail %s: %w", j.ID, err)
 	}
-	if err := r.Inspector.DeleteArchivedJob(ctx, j.ID); err != nil {
-		return err
+	if drop != nil {
+		if err := drop(); err != nil {
+			return err
+		}
 	}
 	if !applied {
 		return nil
 	}
 	rep.Failed++
-	r.Logger.Warn("job failed: its worker was gone at the end of its last delivery", "job", j.ID, "failed_deliveries", task.Retried+1)
+	r.Logger.Warn("job failed: its worker was gone at the end of its last delivery", "job", j.ID, "failed_deliveries", deliveries)
 	if j.WebhookURL != "" {
 		if _, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: store.WebhookJob, ID: j.ID}); err != nil {
 			r.Logger.Warn("enqueue webhook", "job", j.ID, "err", err)

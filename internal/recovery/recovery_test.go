@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/llmq/llmq/internal/admission"
+
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
@@ -354,5 +356,67 @@ func TestFinishedJobsArchivedTasksAreSentBackToSettle(t *testing.T) {
 	}
 	if rep, err := reconciler(a, later).RunOnce(ctx); err != nil || rep.Resent+rep.Dropped != 0 {
 		t.Fatalf("second pass = %+v, %v; want an empty archive", rep, err)
+	}
+}
+
+// The running jobs of a worker that stopped beating are handed off once,
+// each under a task of its own, counting the lost delivery; a job whose
+// deliveries all ended with their workers dead fails worker_lost instead.
+// A live worker's jobs stay its own.
+func TestHandOffTakesADeadWorkersJobs(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, NoScheduler: true})
+	tenant, _ := a.Tenant("standard")
+	ctx := context.Background()
+	for _, w := range []string{"w-dead", "w-live"} {
+		if err := a.Store.WorkerBeat(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead := insertJob(t, a, tenant, &store.JobInsertParams{})
+	killer := insertJob(t, a, tenant, &store.JobInsertParams{})
+	live := insertJob(t, a, tenant, &store.JobInsertParams{})
+	for _, s := range []struct {
+		j *store.Job
+		w string
+	}{{dead, "w-dead"}, {killer, "w-dead"}, {live, "w-live"}} {
+		if _, started, err := a.Store.JobStart(ctx, s.j.ID, s.w); err != nil || !started {
+			t.Fatalf("JobStart: %v, %v", started, err)
+		}
+	}
+	// The killer's earlier deliveries all ended with their workers dead.
+	for range queue.DefaultMaxRetry {
+		if _, _, err := a.Store.JobSetStatus(ctx, &store.JobSetStatusParams{ID: killer.ID,
+			From: []store.JobStatus{store.JobRunning, store.JobQueued}, To: store.JobQueued, CountAttempt: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, started, err := a.Store.JobStart(ctx, killer.ID, "w-dead"); err != nil || !started {
+		t.Fatalf("JobStart: %v, %v", started, err)
+	}
+	if err := a.Store.WorkerGone(ctx, "w-dead"); err != nil {
+		t.Fatal(err)
+	}
+	r := reconciler(a, time.Now)
+	n, err := r.HandOff(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("HandOff = %d, %v; want the dead worker's one job", n, err)
+	}
+	got, _ := a.Store.JobGetByID(ctx, dead.ID)
+	if got.Status != store.JobQueued || got.Attempts != 1 {
+		t.Fatalf("handed-off job: %s after %d attempts; want queued, its lost delivery counted", got.Status, got.Attempts)
+	}
+	tasks, err := asynq.NewInspectorFromRedisClient(a.Redis).ListPendingTasks(a.Queue.Namespace().Queue(queue.Jobs))
+	if err != nil || len(tasks) != 1 || !strings.HasPrefix(tasks[0].ID, dead.ID+"~") {
+		t.Fatalf("pending tasks %+v, %v; want one of %s's own", tasks, err, dead.ID)
+	}
+	if got, _ := a.Store.JobGetByID(ctx, killer.ID); got.Status != store.JobFailed || got.Error == nil || got.Error.Code != "worker_lost" {
+		t.Fatalf("job whose workers all died: %s %+v; want failed worker_lost", got.Status, got.Error)
+	}
+	if got, _ := a.Store.JobGetByID(ctx, live.ID); got.Status != store.JobRunning {
+		t.Fatalf("the live worker's job is %s, want running", got.Status)
+	}
+	if n, err := r.HandOff(ctx); err != nil || n != 0 {
+		t.Fatalf("second HandOff = %d, %v; want none", n, err)
 	}
 }

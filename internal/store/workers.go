@@ -62,15 +62,16 @@ const heldByLiveSQL = `EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.worker_
 
 // JobHandOff takes the running jobs (not synchronous ones) of workers not
 // seen since WorkerDeadAfter back from them: each is queued again, held by
-// nobody, and returned (at most limit), for the caller to enqueue a new
-// task of each. A job is handed off once: a second call finds it held by
+// nobody, its lost delivery counted as an attempt, and returned (at most
+// limit), for the caller to enqueue a new task of each (or to fail it, when
+// its attempts are used up: a job may be what kills its workers). A job is handed off once: a second call finds it held by
 // nobody.
 func (db *DB) JobHandOff(ctx context.Context, limit int) ([]*Job, error) {
 	var a args
 	now := db.nowUTC()
 	nowArg := a.add(db.d.ts(now))
 	dead := a.add(db.d.ts(now.Add(-WorkerDeadAfter)))
-	q := `UPDATE jobs SET status = 'queued', worker_id = NULL, updated_at = ` + nowArg + `
+	q := `UPDATE jobs SET status = 'queued', worker_id = NULL, attempts = attempts + 1, updated_at = ` + nowArg + `
 		WHERE id IN (SELECT id FROM jobs WHERE status = 'running' AND worker_id IS NOT NULL AND NOT sync
 			AND NOT ` + heldByLiveSQL + dead + `) LIMIT ` + a.add(limit) + `)
 		RETURNING ` + jobColumns
