@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
 	"github.com/llmq/llmq/internal/admission"
 
 	"github.com/llmq/llmq/internal/apptest"
