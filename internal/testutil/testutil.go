@@ -186,17 +186,21 @@ func PurgeRedis(rdb redis.UniversalClient, qnames []string, prefix string) {
 	if prefix != "" {
 		patterns = append(patterns, prefix+":*")
 	}
-	for _, p := range patterns {
-		iter := rdb.Scan(ctx, 0, p, 1000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
+	// A cluster's keys are scanned node by node, and deleted one by one
+	// (a DEL of several keys must keep to one slot).
+	purge := func(ctx context.Context, node redis.Cmdable) error {
+		for _, p := range patterns {
+			iter := node.Scan(ctx, 0, p, 1000).Iterator()
+			for iter.Next(ctx) {
+				_ = node.Del(ctx, iter.Val()).Err()
+			}
 		}
-		for len(keys) > 0 {
-			n := min(len(keys), 500)
-			_ = rdb.Del(ctx, keys[:n]...).Err()
-			keys = keys[n:]
-		}
+		return nil
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return purge(ctx, c) })
+	} else {
+		_ = purge(ctx, rdb)
 	}
 }
 

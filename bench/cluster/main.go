@@ -1,0 +1,392 @@
+// Command cluster measures llmq's job pipeline (bench/pipeline's shape:
+// jobs POSTed over loopback HTTP by concurrent producers, run by in-process
+// workers against a simulated provider that answers at once) with jobs
+// spread over several models, once on one Redis node and once on a
+// three-master Redis Cluster, in the same run: jobs per second, and the CPU
+// each Redis server (each shard) spent per job. Each model is its own
+// limiter scope and fair queue, under its own hash tag, so on a cluster the
+// models' state spreads over the shards; asynq's jobs queue and the budgets
+// each live on one. The numbers and the command are in docs/BENCHMARKS.md.
+//
+//	go run ./bench/cluster -jobs 4000 -rounds 3
+//
+// The cluster is the one scripts/services starts (TEST_REDIS_CLUSTER_URL);
+// on one machine its three servers share its cores with the single node's
+// runs, the workers and the API, so the cluster's jobs/s here says what its
+// routing costs, not what three hosts would reach.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/bench/internal/benchenv"
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/redisconn"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "cluster:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	Jobs, Rounds, Models, Concurrency, Producers, Warmup int
+	Single, Cluster, DatabaseURL                         string
+	Timeout                                              time.Duration
+}
+
+func parseOptions(args []string, out io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("cluster", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.IntVar(&o.Jobs, "jobs", 4000, "jobs per measurement")
+	fs.IntVar(&o.Rounds, "rounds", 3, "rounds; each measures one node, then the cluster")
+	fs.IntVar(&o.Models, "models", 8, "models the jobs spread over, each its own limiter scope and fair queue")
+	fs.IntVar(&o.Concurrency, "concurrency", 50, "worker concurrency")
+	fs.IntVar(&o.Producers, "producers", 20, "goroutines POSTing at once")
+	fs.IntVar(&o.Warmup, "warmup", 200, "jobs run before each measurement")
+	fs.StringVar(&o.Single, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/10"), "the one-node Redis")
+	fs.StringVar(&o.Cluster, "cluster", envOr("TEST_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303"),
+		"the Redis Cluster (scripts/services starts one)")
+	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		"Postgres; each measurement makes a schema of its own and drops it")
+	fs.DurationVar(&o.Timeout, "timeout", 3*time.Minute, "longest wait for one measurement")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	case o.Jobs < 1 || o.Rounds < 1 || o.Models < 1 || o.Concurrency < 1 || o.Producers < 1 || o.Warmup < 0:
+		return nil, errors.New("-jobs, -rounds, -models, -concurrency and -producers must be at least 1, -warmup not negative")
+	}
+	return o, nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// policy has one simulated provider and o.Models models on it, each its own
+// upstream name (so its own scope), with limits that never bind.
+func (o *options) policy() string {
+	var b strings.Builder
+	b.WriteString("providers:\n  - {name: sim, base_url: \"{{SIM}}\", api_key_env: SIM_API_KEY, timeout: 10s}\nmodels:\n")
+	for i := range o.Models {
+		fmt.Fprintf(&b, "  - {name: model-%d, provider: sim, upstream: gpt-4o-mini-%d, price: {input_per_mtok: 0.15, output_per_mtok: 0.60},"+
+			" limits: {rpm: 10000000, tpm: 10000000000}, max_output_tokens: 1024}\n", i, i)
+	}
+	b.WriteString("tiers:\n  - {name: bench, daily_budget_usd: 1000000, priority: default, on_exhausted: defer, api_rps: 1000000}\n")
+	return b.String()
+}
+
+// result is one measurement.
+type result struct {
+	topology string
+	jobsPerS float64
+	// shardCPU is each Redis server's CPU per job, by address.
+	shardCPU map[string]time.Duration
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	o, err := parseOptions(args, out)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	provider := sim.Start(sim.Config{Limits: sim.Limits{RPM: 100000000, TPM: 100000000000}, Echo: true, DefaultMaxTokens: 16})
+	defer provider.Close()
+	fmt.Fprintf(out, "%d jobs over %d models, concurrency %d, %d producers; one node %s, cluster %s\n",
+		o.Jobs, o.Models, o.Concurrency, o.Producers, o.Single, o.Cluster)
+	var results []result
+	for round := 1; round <= o.Rounds; round++ {
+		for _, t := range []struct{ name, url string }{{"one node", o.Single}, {"cluster", o.Cluster}} {
+			r, err := measure(ctx, o, t.name, t.url, provider.BaseURL, logger)
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", round, t.name, err)
+			}
+			results = append(results, r)
+			fmt.Fprintf(out, "round %d  %-8s  %7.0f jobs/s  Redis CPU per job: %s\n", round, t.name, r.jobsPerS, formatShards(r.shardCPU))
+		}
+	}
+	for _, name := range []string{"one node", "cluster"} {
+		var rate float64
+		cpu := map[string]time.Duration{}
+		n := 0
+		for _, r := range results {
+			if r.topology != name {
+				continue
+			}
+			n++
+			rate += r.jobsPerS
+			for a, d := range r.shardCPU {
+				cpu[a] += d
+			}
+		}
+		for a := range cpu {
+			cpu[a] /= time.Duration(n)
+		}
+		fmt.Fprintf(out, "mean     %-8s  %7.0f jobs/s  Redis CPU per job: %s\n", name, rate/float64(n), formatShards(cpu))
+	}
+	return nil
+}
+
+func formatShards(m map[string]time.Duration) string {
+	addrs := make([]string, 0, len(m))
+	var total time.Duration
+	for a, d := range m {
+		addrs = append(addrs, a)
+		total += d
+	}
+	sort.Strings(addrs)
+	parts := make([]string, len(addrs))
+	for i, a := range addrs {
+		parts[i] = fmt.Sprintf("%s %dµs", a, m[a].Microseconds())
+	}
+	return fmt.Sprintf("%dµs in all (%s)", total.Microseconds(), strings.Join(parts, ", "))
+}
+
+// measure runs warmup and then o.Jobs jobs through a fresh llmq on the
+// Redis at redisURL.
+func measure(ctx context.Context, o *options, name, redisURL, simURL string, logger *slog.Logger) (result, error) {
+	res := result{topology: name}
+	ropts, err := redisconn.Parse(redisURL)
+	if err != nil {
+		return res, err
+	}
+	rdb := ropts.NewClient()
+	defer rdb.Close()
+	dsn, drop, err := testutil.NewSchema(ctx, o.DatabaseURL, "bench_")
+	if err != nil {
+		return res, err
+	}
+	defer drop()
+	dir, err := os.MkdirTemp("", "llmq-bench-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	policyPath, err := benchenv.WritePolicy(dir, o.policy(), simURL, 0, 0)
+	if err != nil {
+		return res, err
+	}
+	ns := "bench-" + testutil.RandomHex(4)
+	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
+		Concurrency: o.Concurrency, ShutdownTimeout: 5 * time.Second}.List()
+	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
+	if err != nil {
+		return res, err
+	}
+	defer a.Close()
+	defer testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix())
+
+	sctx, stopScheduler := context.WithCancel(context.Background())
+	schedDone := make(chan struct{})
+	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
+	defer func() { stopScheduler(); <-schedDone }()
+	srv, err := a.API()
+	if err != nil {
+		return res, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return res, err
+	}
+	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
+	if err != nil {
+		return res, err
+	}
+	go func() { _ = hs.Serve(ln) }()
+	defer hs.Close()
+	wsrv, mux, err := a.WorkerServer(worker.Options{})
+	if err != nil {
+		return res, err
+	}
+	if err := wsrv.Start(mux); err != nil {
+		return res, err
+	}
+	defer wsrv.Shutdown()
+
+	c := &client{base: "http://" + ln.Addr().String(), http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * o.Producers}}}
+	tenant, err := c.tenant(ctx)
+	if err != nil {
+		return res, err
+	}
+	day := time.Now().UTC().Format(time.DateOnly)
+	done := func() (int64, error) {
+		rows, err := a.Store.UsageReport(ctx, &store.UsageReportParams{Day: day, TenantID: tenant})
+		var n int64
+		for _, r := range rows {
+			n += r.Requests
+		}
+		return n, err
+	}
+	if err := c.post(ctx, o, o.Warmup, 0, o.Models); err != nil {
+		return res, err
+	}
+	if err := waitFor(ctx, o.Timeout, done, int64(o.Warmup)); err != nil {
+		return res, fmt.Errorf("warmup: %w", err)
+	}
+	before := shardCPU(ctx, rdb)
+	start := time.Now()
+	if err := c.post(ctx, o, o.Jobs, o.Warmup, o.Models); err != nil {
+		return res, err
+	}
+	if err := waitFor(ctx, o.Timeout, done, int64(o.Warmup+o.Jobs)); err != nil {
+		return res, err
+	}
+	elapsed := time.Since(start)
+	after := shardCPU(ctx, rdb)
+	res.jobsPerS = float64(o.Jobs) / elapsed.Seconds()
+	res.shardCPU = map[string]time.Duration{}
+	for addr, t := range after {
+		res.shardCPU[addr] = (t - before[addr]) / time.Duration(o.Jobs)
+	}
+	return res, nil
+}
+
+// shardCPU reads each Redis server's CPU time (every master's on a cluster).
+func shardCPU(ctx context.Context, rdb redis.UniversalClient) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	var mu sync.Mutex
+	read := func(ctx context.Context, c *redis.Client) error {
+		if d, ok := testutil.RedisCPU(ctx, c); ok {
+			mu.Lock()
+			out[c.Options().Addr] = d
+			mu.Unlock()
+		}
+		return nil
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, read)
+	} else if c, ok := rdb.(*redis.Client); ok {
+		_ = read(ctx, c)
+	}
+	return out
+}
+
+func waitFor(ctx context.Context, timeout time.Duration, count func() (int64, error), want int64) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		n, err := count()
+		if err == nil && n >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d jobs done after %v (%v)", n, want, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// client is the producers' side of the API.
+type client struct {
+	base, key string
+	http      *http.Client
+}
+
+func (c *client) do(ctx context.Context, method, path, token string, body any) (int, []byte, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(b))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	rb, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, rb, err
+}
+
+// tenant makes the run's tenant and key, and returns the tenant's id.
+func (c *client) tenant(ctx context.Context) (string, error) {
+	status, body, err := c.do(ctx, "POST", "/admin/v1/tenants", benchenv.AdminToken, map[string]string{"name": "bench", "tier": "bench"})
+	var t struct{ ID string }
+	if err != nil || status != http.StatusCreated || json.Unmarshal(body, &t) != nil {
+		return "", fmt.Errorf("create tenant: %d %s %v", status, body, err)
+	}
+	status, body, err = c.do(ctx, "POST", "/admin/v1/tenants/"+t.ID+"/keys", benchenv.AdminToken, nil)
+	var k struct{ Key string }
+	if err != nil || status != http.StatusCreated || json.Unmarshal(body, &k) != nil {
+		return "", fmt.Errorf("create key: %d %s %v", status, body, err)
+	}
+	c.key = k.Key
+	return t.ID, nil
+}
+
+// post POSTs n jobs, numbered from first, round robin over the models.
+func (c *client) post(ctx context.Context, o *options, n, first, models int) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, o.Producers)
+	next := make(chan int)
+	for range o.Producers {
+		wg.Go(func() {
+			for i := range next {
+				body := map[string]any{"custom_id": fmt.Sprintf("req-%d", i), "body": map[string]any{
+					"model":      fmt.Sprintf("model-%d", i%models),
+					"messages":   []map[string]string{{"role": "user", "content": fmt.Sprintf("job %d", i)}},
+					"max_tokens": 16,
+				}}
+				status, rb, err := c.do(ctx, "POST", "/v1/jobs", c.key, body)
+				if err != nil || status != http.StatusAccepted {
+					errs <- fmt.Errorf("POST job %d: %d %s %v", i, status, rb, err)
+					for range next {
+					}
+					return
+				}
+			}
+		})
+	}
+	for i := first; i < first+n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
