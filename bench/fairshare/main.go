@@ -151,6 +151,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stdout = &lockedWriter{w: stdout}
 	// Warnings only: one during a run is worth seeing next to the numbers.
 	logger := slog.New(quietHandler{slog.NewTextHandler(stdout, &slog.HandlerOptions{Level: slog.LevelWarn})})
 	fmt.Fprintf(stdout, "fairshare: %d RPM, %d TPM, latency %v–%v, %d workers per stack; scenarios %s\n",

@@ -177,7 +177,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 		lost, err := r.lost(ctx)
 		failover := false
 		if err == nil {
-			failover, err = r.failedOver(ctx)
+			failover = r.failedOver(ctx)
 		}
 		switch {
 		case failover:
@@ -259,17 +259,20 @@ func (r *Reconciler) lost(ctx context.Context) (bool, error) {
 // (a Sentinel or Cluster failover, or a restart): the new master may be a
 // replica that lagged, holding less than was acknowledged, with the epoch
 // key all the same. The first check only learns them.
-func (r *Reconciler) failedOver(ctx context.Context) (bool, error) {
+func (r *Reconciler) failedOver(ctx context.Context) bool {
 	id, err := redisIdentity(ctx, r.Redis)
 	if err != nil {
-		return false, err
+		// A Redis that cannot say (an embedded one has no INFO server)
+		// or does not answer now: the next check looks again.
+		r.Logger.Debug("reconciler: redis masters' run ids", "err", err)
+		return false
 	}
 	changed := r.identity != "" && id != r.identity
 	if changed {
 		r.Logger.Warn("redis master changed (a failover or restart): checking every unfinished job and the budgets against the store")
 	}
 	r.identity = id
-	return changed, nil
+	return changed
 }
 
 // redisIdentity is the run ids of rdb's masters, sorted: each master's
