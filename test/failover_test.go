@@ -82,20 +82,21 @@ func runFailover(t *testing.T, url string, fail func(*apptest.App) time.Time) {
 	}
 	tenant, key := a.Tenant("standard")
 	ids := submitAll(t, a, key, failoverJobs, 4, 20)
-	eventually(t, time.Minute, func() bool { return a.Sim.Stats().Admitted >= failoverJobs/4 }, "a quarter of the jobs called")
+	eventually(t, time.Minute, func() bool { return a.Sim.Stats().Admitted >= failoverJobs/8 }, "an eighth of the jobs called")
 
 	before := a.Sim.Stats().Admitted
 	promoted := fail(a)
 	atPromotion := a.Sim.Stats().Admitted
 	var resumed time.Duration
-	done := int64(len(ids)) + 200
-	eventually(t, 30*time.Second, func() bool {
-		if n := a.Sim.Stats().Admitted; n > atPromotion || n >= done {
-			resumed = time.Since(promoted)
-			return true
-		}
-		return false
-	}, "a provider call after the promotion")
+	if atPromotion < int64(len(ids)) {
+		eventually(t, 30*time.Second, func() bool {
+			if a.Sim.Stats().Admitted > atPromotion {
+				resumed = time.Since(promoted)
+				return true
+			}
+			return false
+		}, "a provider call after the promotion")
+	} // else every job was called while the replica was being promoted
 	if resumed > 10*time.Second {
 		t.Fatalf("the workers called the provider again %v after the promotion, want within 10s", resumed.Round(100*time.Millisecond))
 	}
