@@ -117,6 +117,8 @@ type result struct {
 	jobsPerS float64
 	// shardCPU is each Redis server's CPU per job, by address.
 	shardCPU map[string]time.Duration
+	// placement says, on a cluster, which shard holds what.
+	placement string
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -141,6 +143,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			}
 			results = append(results, r)
 			fmt.Fprintf(out, "round %d  %-8s  %7.0f jobs/s  Redis CPU per job: %s\n", round, t.name, r.jobsPerS, formatShards(r.shardCPU))
+			if r.placement != "" && round == 1 {
+				fmt.Fprintf(out, "         placement: %s\n", r.placement)
+			}
 		}
 	}
 	for _, name := range []string{"one node", "cluster"} {
@@ -271,12 +276,35 @@ func measure(ctx context.Context, o *options, name, redisURL, simURL string, log
 	}
 	elapsed := time.Since(start)
 	after := shardCPU(ctx, rdb)
+	res.placement = placement(ctx, a, rdb, o.Models)
 	res.jobsPerS = float64(o.Jobs) / elapsed.Seconds()
 	res.shardCPU = map[string]time.Duration{}
 	for addr, t := range after {
 		res.shardCPU[addr] = (t - before[addr]) / time.Duration(o.Jobs)
 	}
 	return res, nil
+}
+
+// placement names the shard of the budgets, of asynq's jobs queue and of
+// each model's limiter scope and fair queue ("" on one node).
+func placement(ctx context.Context, a *app.App, rdb redis.UniversalClient, models int) string {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	at := func(key string) string {
+		m, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return "?"
+		}
+		return m.Options().Addr
+	}
+	perShard := map[string]int{}
+	for i := range models {
+		perShard[at(a.Keys.LimiterScope(fmt.Sprintf("sim/gpt-4o-mini-%d", i)))]++
+	}
+	return fmt.Sprintf("budgets %s, jobs queue %s, model scopes %v", at(a.Keys.BudgetGlobal("2026-01-01")),
+		at("asynq:{"+a.Queue.Namespace().Queue("jobs")+"}:pending"), perShard)
 }
 
 // shardCPU reads each Redis server's CPU time (every master's on a cluster).
