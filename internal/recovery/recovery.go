@@ -346,7 +346,9 @@ func (r *Reconciler) locked(ctx context.Context, lost, failover bool) (Report, b
 	if err == nil && failover && !lost {
 		err = r.auditBudgets(ctx, &rep)
 	}
-	if err == nil && lost {
+	if err == nil && (lost || failover) {
+		// A lagging replica may lack asynq's list of queues, which its
+		// inspector reads ("queue not found", hibiken/asynq#1053).
 		err = queue.RegisterQueues(ctx, r.Redis, r.Queue.Namespace())
 	}
 	if err == nil && lost {
