@@ -156,7 +156,7 @@ func (m multiHost) optionsURL(base string, drop ...string) (string, url.Values, 
 	for _, d := range drop {
 		delete(kept, d)
 	}
-	return base + "://" + m.addrs[0] + "/0?" + kept.Encode(), q, nil
+	return base + "://" + m.addrs[0] + "?" + kept.Encode(), q, nil
 }
 
 func parseSentinel(base, rest string) (Options, error) {
@@ -176,44 +176,26 @@ func parseSentinel(base, rest string) (Options, error) {
 			return Options{}, errorf("database number %q is not a number", m.path[1])
 		}
 	}
-	ou, q, err := m.optionsURL(base, "sentinel_password", "sentinel_username")
-	if err != nil {
-		return Options{}, err
-	}
-	// A one-node URL with the same options, read by go-redis, then moved
-	// onto the failover options.
-	one, err := redis.ParseURL(ou)
-	if err != nil {
-		return Options{}, goRedisError(err)
-	}
 	master, err := url.PathUnescape(m.path[0])
 	if err != nil {
 		return Options{}, errorf("master name %q is not valid", m.path[0])
 	}
-	fo := &redis.FailoverOptions{
-		MasterName:       master,
-		SentinelAddrs:    m.addrs,
-		SentinelUsername: q.Get("sentinel_username"),
-		SentinelPassword: q.Get("sentinel_password"),
-		DB:               db,
-		ClientName:       one.ClientName,
-		Protocol:         one.Protocol,
-		MaxRetries:       one.MaxRetries,
-		MinRetryBackoff:  one.MinRetryBackoff,
-		MaxRetryBackoff:  one.MaxRetryBackoff,
-		DialTimeout:      one.DialTimeout,
-		ReadTimeout:      one.ReadTimeout,
-		WriteTimeout:     one.WriteTimeout,
-		PoolFIFO:         one.PoolFIFO,
-		PoolSize:         one.PoolSize,
-		PoolTimeout:      one.PoolTimeout,
-		MinIdleConns:     one.MinIdleConns,
-		MaxIdleConns:     one.MaxIdleConns,
-		MaxActiveConns:   one.MaxActiveConns,
-		ConnMaxIdleTime:  one.ConnMaxIdleTime,
-		ConnMaxLifetime:  one.ConnMaxLifetime,
-		TLSConfig:        tlsConfig(base, m.addrs[0]),
+	// go-redis's own failover URL carries the rest: the other sentinels as
+	// addr, the master as master_name, the options as they are. Its user
+	// info is the sentinels'; the nodes' own are set after.
+	ou, q, err := m.optionsURL(base, "sentinel_password", "sentinel_username")
+	if err != nil {
+		return Options{}, err
 	}
+	extra := url.Values{"master_name": {master}, "db": {strconv.Itoa(db)}}
+	for _, a := range m.addrs[1:] {
+		extra.Add("addr", a)
+	}
+	fo, err := redis.ParseFailoverURL(ou + "&" + extra.Encode())
+	if err != nil {
+		return Options{}, goRedisError(err)
+	}
+	fo.SentinelUsername, fo.SentinelPassword = q.Get("sentinel_username"), q.Get("sentinel_password")
 	if m.user != nil {
 		fo.Username = m.user.Username()
 		fo.Password, _ = m.user.Password()

@@ -25,7 +25,6 @@ type Lease struct {
 	store  *store.DB
 	logger *slog.Logger
 	last   atomic.Int64 // unix nanoseconds of the last beat the store took
-	now    func() time.Time
 }
 
 // NewLease returns the lease of this process, named after its host and pid
@@ -35,7 +34,7 @@ func NewLease(db *store.DB, logger *slog.Logger) *Lease {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Lease{id: fmt.Sprintf("%s:%d:%s", host, os.Getpid(), ids.New("w")), store: db, logger: logger, now: time.Now}
+	return &Lease{id: fmt.Sprintf("%s:%d:%s", host, os.Getpid(), ids.New("w")), store: db, logger: logger}
 }
 
 // ID is the worker's id in the store.
@@ -50,7 +49,7 @@ func (l *Lease) ID() string {
 func (l *Lease) Beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, store.WorkerBeatInterval)
 	defer cancel()
-	at := l.now()
+	at := time.Now()
 	if err := l.store.WorkerBeat(ctx, l.id); err != nil {
 		return err
 	}
@@ -65,7 +64,7 @@ func (l *Lease) Fresh() bool {
 	if l == nil {
 		return true
 	}
-	return l.now().Sub(time.Unix(0, l.last.Load())) < store.WorkerDeadAfter/2
+	return time.Since(time.Unix(0, l.last.Load())) < store.WorkerDeadAfter/2
 }
 
 // Start beats once (so the process starts only with a lease) and then every
