@@ -262,3 +262,64 @@ func TestAcceptanceProcesses(t *testing.T) {
 	}
 	finishLater(t, e, []*budget.Budgets{e.b}, acct, pending, midnight)
 }
+
+// A global cap across many tenants, held by many goroutines and clients,
+// on one node and on a cluster (where each tenant's day and the global day
+// may be on different masters, held by one script each): neither a
+// tenant's budget nor the global cap is ever passed, every refusal holds
+// nothing, and no reservation is left behind.
+func TestGlobalCapAcrossTenantsConcurrently(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		rdb  func() redis.UniversalClient
+	}{
+		{"node", func() redis.UniversalClient { return testutil.Redis(t, testDB) }},
+		{"cluster", func() redis.UniversalClient { return testutil.StartRedisCluster(t) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rdb := c.rdb()
+			e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+			workers := []*budget.Budgets{e.b, e.budgets(rdb), e.budgets(rdb)}
+			const tenants = 12
+			var wg sync.WaitGroup
+			outs := make([][]outcome, tenants)
+			accts := make([]budget.Account, tenants)
+			for i := range tenants {
+				// $12 of estimates against tenants' $0.50 each ($6) and a $3 global cap.
+				accts[i] = budget.Account{TenantID: fmt.Sprintf("ten_%02d", i), Budget: dollar / 2, Global: 3 * dollar}
+				wg.Go(func() { outs[i] = runJobs(e.ctx, workers, e.ledger, accts[i], plan(40, dollar, uint64(i+1))) })
+			}
+			wg.Wait()
+			var total money.Micros
+			refused := map[string]int{}
+			for i, out := range outs {
+				var charged money.Micros
+				for _, o := range out {
+					if o.Err != "" {
+						t.Fatalf("job %s of %s: %s", o.ID, accts[i].TenantID, o.Err)
+					}
+					charged += o.Charged
+					if !o.Allowed {
+						refused[o.DeniedBy]++
+					}
+				}
+				if charged > accts[i].Budget {
+					t.Fatalf("tenant %s charged %s, past its budget %s", accts[i].TenantID, charged, accts[i].Budget)
+				}
+				// Nothing left held: every refusal let go of the other day.
+				e.wantSpend(accts[i], charged, 0)
+				total += charged
+			}
+			d := e.status(accts[0])
+			if total > 3*dollar || d.GlobalSpent != total || d.GlobalReserved != 0 {
+				t.Fatalf("charged %s in all; global spent %s reserved %s; cap $3", total, d.GlobalSpent, d.GlobalReserved)
+			}
+			if refused["global"] == 0 {
+				t.Fatalf("the global cap refused nothing: %v", refused)
+			}
+			t.Logf("charged %s of the $3 cap; refusals %v", total, refused)
+		})
+	}
+}

@@ -3,10 +3,10 @@ package budget
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/llmq/llmq/internal/money"
-	"github.com/llmq/llmq/internal/scripts"
 )
 
 // Charge is one job's ledger row, as an audit reads it.
@@ -33,12 +33,8 @@ func (b *Budgets) Audit(ctx context.Context, rows []Charge) (charged int, sum mo
 		if c.Cost < 0 {
 			return charged, sum, fmt.Errorf("budget: Audit %s: negative cost %s", c.JobID, c.Cost)
 		}
-		v, err := b.scripts.Run(ctx, scripts.Call{Script: settleScript, Keys: b.keysFor(c.TenantID, c.Day, c.GlobalDay),
-			Args: []any{c.JobID, globalMember(c.TenantID, c.JobID), int64(c.Cost), "1", c.WrittenAt.UnixMicro()}}).Slice()
-		if err != nil {
-			return charged, sum, fmt.Errorf("budget: Audit %s: %w", c.JobID, err)
-		}
-		n, err := reply(v).ints(0, 1)
+		res := &Reservation{ID: c.JobID, TenantID: c.TenantID, Day: c.Day, GlobalDay: c.GlobalDay}
+		n, err := b.settleDays(ctx, res, c.Cost, true, strconv.FormatInt(c.WrittenAt.UnixMicro(), 10), true, true)
 		if err != nil {
 			return charged, sum, fmt.Errorf("budget: Audit %s: %w", c.JobID, err)
 		}

@@ -1,21 +1,25 @@
 // Package budget holds every tenant to the daily dollar budget of its tier,
 // and all tenants together to the optional global daily cap. It owns the live
 // spend counters in Redis: a job reserves its worst-case cost before the
-// provider call in one Lua script that checks spent + reserved + estimate
-// against the tenant's budget and the global cap together (so concurrent
-// workers can never overspend, unlike a check followed by a separate record),
-// then settles the reservation to the real cost or releases it. Budget days
-// come from Redis TIME in the tier's timezone, never from a worker's clock;
-// a settlement charges a job once per day however often it is repeated;
-// reservations of crashed workers expire, while a live holder extends its
-// own for as long as its call runs; and when Redis has lost a day's
-// counters (restart without persistence, FLUSHALL) the spend is rebuilt from
-// the durable ledger, so a restart never resets a day's spend. Every key lives
-// under the {budget} hash tag so one script can touch the tenant's and the
-// global day on Redis Cluster; every key expires two days after its day ends.
-// Redis should run with maxmemory-policy noeviction: evicting a day hash
-// would be repaired from the ledger, but only up to the race documented on
-// Settle.
+// provider call in a Lua script that checks spent + reserved + estimate
+// against the day's limit and holds it in the same step (so concurrent
+// workers can never overspend, unlike a check followed by a separate
+// record), then settles the reservation to the real cost or releases it.
+// A tenant's day and the global day are two hashes, held by one script
+// each in one round trip: a tenant's keys carry the tenant's hash tag, so a
+// Redis Cluster spreads the tenants over its shards, and the global day's
+// the tag {budget}; when one day refuses, the other's hold is let go.
+// Without a global cap a job touches only its tenant's day (and settles a
+// global day Redis still holds). Budget days come from Redis TIME in the
+// tier's timezone, never from a worker's clock; a settlement charges a job
+// once per day however often it is repeated; reservations of crashed
+// workers expire, while a live holder extends its own for as long as its
+// call runs; and when Redis has lost a day's counters (restart without
+// persistence, FLUSHALL, a failover) the spend is rebuilt from the durable
+// ledger, so a restart never resets a day's spend. Every key expires two
+// days after its day ends. Redis should run with maxmemory-policy
+// noeviction: evicting a day hash would be repaired from the ledger, but
+// only up to the race documented on Settle.
 package budget
 
 import (
@@ -231,8 +235,8 @@ type Decision struct {
 	// RetryAfter is the time from Redis's now until ResetsAt when denied; 0
 	// when allowed.
 	RetryAfter time.Duration
-	// GlobalDay (UTC), GlobalSpent and GlobalReserved are all tenants'
-	// together, tracked whether or not a global cap is set.
+	// GlobalDay is the UTC day. GlobalSpent and GlobalReserved are all
+	// tenants' together, read only under a global cap (0 without one).
 	GlobalDay                   string
 	GlobalSpent, GlobalReserved money.Micros
 	// GlobalBudget is the global cap the decision was made against; 0 = none.
@@ -278,6 +282,9 @@ type Reservation struct {
 	Day       string // the tenant's budget day; the ledger row must carry it
 	GlobalDay string // the UTC day; the ledger row must carry it
 	Amount    money.Micros
+	// Global is set when the amount is held on the global day too (a
+	// global cap was set), so Extend keeps that hold as well.
+	Global bool
 }
 
 // span is one candidate budget day: the tenant's day in its timezone and the
@@ -332,13 +339,14 @@ func midnight(y int, m time.Month, d int, loc *time.Location) time.Time {
 	return t
 }
 
-func (b *Budgets) keysFor(tenantID, day, gday string) []string {
-	return []string{
-		b.keys.BudgetTenant(day, tenantID),
-		b.keys.BudgetTenantReservations(day, tenantID),
-		b.keys.BudgetGlobal(gday),
-		b.keys.BudgetGlobalReservations(gday),
-	}
+// tenantKeys are the keys of a tenant's day: its hash and its reservations.
+func (b *Budgets) tenantKeys(tenantID, day string) []string {
+	return []string{b.keys.BudgetTenant(day, tenantID), b.keys.BudgetTenantReservations(day, tenantID)}
+}
+
+// globalKeys are the keys of the global day (UTC): its hash and its reservations.
+func (b *Budgets) globalKeys(gday string) []string {
+	return []string{b.keys.BudgetGlobal(gday), b.keys.BudgetGlobalReservations(gday)}
 }
 
 // globalMember names a reservation among all tenants' in the global set.

@@ -32,6 +32,8 @@ var coreTests = []struct {
 	{"RebuildFreshDayFromLedger", testRebuildFreshDay},
 	{"ConcurrentRebuildCountsOnce", testConcurrentRebuild},
 	{"EveryKeyHasTTL", testEveryKeyHasTTL},
+	{"RefusalHoldsNothing", testRefusalHoldsNothing},
+	{"GlobalDayOnlyUnderACap", testGlobalDayOnlyUnderACap},
 }
 
 func TestCore(t *testing.T) {
@@ -54,6 +56,105 @@ func TestCluster(t *testing.T) {
 			c.fn(t, rdb)
 		})
 	}
+	t.Run("TenantsSpreadOverShards", func(t *testing.T) {
+		t.Parallel()
+		testTenantsSpreadOverShards(t, rdb)
+	})
+}
+
+// Each tenant's day lives in a slot of its own tenant's, so a cluster's
+// masters share the tenants; only the global day is one key.
+func testTenantsSpreadOverShards(t *testing.T, rdb *redis.ClusterClient) {
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	masters := map[string]int{}
+	for i := range 24 {
+		acct := budget.Account{TenantID: fmt.Sprintf("ten_%d", i), Budget: dollar}
+		e.charge(e.mustReserve(acct, "job_1", 1000), 500)
+		key := e.keys.BudgetTenant("2025-06-10", acct.TenantID)
+		node := testutil.Must(rdb.MasterForKey(e.ctx, key))
+		if n := testutil.Must(node.Exists(e.ctx, key).Result()); n != 1 {
+			t.Fatalf("tenant %s's day is not on the master of its slot", acct.TenantID)
+		}
+		masters[node.Options().Addr]++
+	}
+	if len(masters) < 3 {
+		t.Fatalf("24 tenants' days on %d masters (%v), want all 3", len(masters), masters)
+	}
+	t.Logf("tenants' day keys per master: %v", masters)
+}
+
+// The tenant's day and the global day are held by two scripts (a cluster
+// keeps them apart): when one refuses, the other's hold is let go, and the
+// refused job holds nothing anywhere.
+func testRefusalHoldsNothing(t *testing.T, rdb redis.UniversalClient) {
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	a := budget.Account{TenantID: "ten_a", Budget: dollar, Global: 2 * dollar}
+	b := budget.Account{TenantID: "ten_b", Budget: 5 * dollar, Global: 2 * dollar}
+	e.mustReserve(a, "job_a1", 900_000)
+	e.mustReserve(b, "job_b1", 800_000)
+
+	// a's own day refuses; the global day had room and holds nothing after.
+	d := e.mustDeny(a, "job_a2", 200_000, "tenant")
+	if d.Reserved != 900_000 || d.GlobalReserved != 1_700_000 {
+		t.Fatalf("tenant refusal reports reserved %s, global %s; want 0.9 and 1.7", d.Reserved, d.GlobalReserved)
+	}
+	if st := e.status(b); st.GlobalReserved != 1_700_000 {
+		t.Fatalf("global reserved %s after a tenant's refusal, want 1.7 (nothing held)", st.GlobalReserved)
+	}
+	// The global day refuses b; b's own day had room and holds nothing after.
+	d = e.mustDeny(b, "job_b2", 400_000, "global")
+	if d.Reserved != 800_000 || d.GlobalReserved != 1_700_000 {
+		t.Fatalf("global refusal reports reserved %s, global %s; want 0.8 and 1.7", d.Reserved, d.GlobalReserved)
+	}
+	e.wantSpend(b, 0, 800_000)
+	// What still fits, fits: the released holds left room behind.
+	e.mustReserve(b, "job_b3", 300_000)
+	e.wantSpend(b, 0, 1_100_000)
+	e.mustReserve(a, "job_a3", 0)
+	e.wantSpend(a, 0, 900_000)
+}
+
+// Without a global cap a job touches only its tenant's day (the global day
+// is settled if Redis holds it, never created); a cap set later finds the
+// day's spend from the ledger, and a cap taken away leaves the day counting.
+func testGlobalDayOnlyUnderACap(t *testing.T, rdb redis.UniversalClient) {
+	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
+	global := e.keys.BudgetGlobal("2025-06-10")
+	free := budget.Account{TenantID: "ten_free", Budget: dollar}
+	res := e.mustReserve(free, "job_1", 300_000)
+	if res.Global {
+		t.Fatalf("reservation without a cap is held globally: %+v", res)
+	}
+	e.charge(res, 100_000)
+	if n := testutil.Must(rdb.Exists(e.ctx, global).Result()); n != 0 {
+		t.Fatalf("global day exists without a cap")
+	}
+	capped := free
+	capped.Global = 10 * dollar
+	if d := e.wantSpend(capped, 100_000, 0); d.GlobalSpent != 100_000 {
+		t.Fatalf("a cap set later reads global spent %s, want the ledger's 0.1", d.GlobalSpent)
+	}
+	res = e.mustReserve(capped, "job_2", 300_000)
+	if !res.Global {
+		t.Fatalf("reservation under a cap is not held globally: %+v", res)
+	}
+	if held, err := e.b.Extend(e.ctx, res); err != nil || !held {
+		t.Fatalf("Extend = %v, %v", held, err)
+	}
+	// The cap is taken away: the global day keeps counting what settles.
+	e.charge(e.mustReserve(free, "job_3", 200_000), 200_000)
+	e.charge(res, 150_000)
+	if d := e.wantSpend(capped, 450_000, 0); d.GlobalSpent != 450_000 || d.GlobalReserved != 0 {
+		t.Fatalf("global after the cap came back: spent %s reserved %s, want 0.45 and 0", d.GlobalSpent, d.GlobalReserved)
+	}
+	// A held-globally reservation whose global hold lapsed is no longer covered.
+	res = e.mustReserve(capped, "job_4", 100_000)
+	if err := rdb.HDel(e.ctx, global, "r:ten_free:job_4").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := e.b.Extend(e.ctx, res); err != nil || held {
+		t.Fatalf("Extend after the global hold went = %v, %v; want false", held, err)
+	}
 }
 
 func testReserveSettleDeny(t *testing.T, rdb redis.UniversalClient) {
@@ -72,7 +173,8 @@ func testReserveSettleDeny(t *testing.T, rdb redis.UniversalClient) {
 	}
 	e.charge(res, 120_000)
 	d = e.wantSpend(acct, 120_000, 0)
-	if d.Remaining != 880_000 || d.GlobalSpent != 120_000 || d.GlobalReserved != 0 || !d.Allowed {
+	// Without a global cap the global day is not read.
+	if d.Remaining != 880_000 || d.GlobalSpent != 0 || d.GlobalReserved != 0 || d.GlobalBudget != 0 || !d.Allowed {
 		t.Fatalf("after settling: %+v", d)
 	}
 
@@ -190,7 +292,7 @@ func testTimezoneDays(t *testing.T, rdb redis.UniversalClient) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := setup(t, rdb, utc(c.now))
-			acct := budget.Account{TenantID: "ten_tz", Budget: 0, Location: c.loc}
+			acct := budget.Account{TenantID: "ten_tz", Budget: 0, Location: c.loc, Global: 100 * dollar}
 			d := e.mustDeny(acct, "job_1", 1, "tenant")
 			if d.Day != c.day || d.GlobalDay != c.gday || !d.ResetsAt.Equal(utc(c.resets)) || d.RetryAfter != c.retryAfter {
 				t.Fatalf("%s: day %s global %s resets %s retry after %s, want %s %s %s %s",
@@ -201,8 +303,10 @@ func testTimezoneDays(t *testing.T, rdb redis.UniversalClient) {
 			if res.Day != c.day || res.GlobalDay != c.gday {
 				t.Fatalf("reservation days %s %s, want %s %s", res.Day, res.GlobalDay, c.day, c.gday)
 			}
-			if n, err := e.rdb.Exists(e.ctx, e.keys.BudgetTenant(c.day, "ten_tz"), e.keys.BudgetGlobal(c.gday)).Result(); err != nil || n != 2 {
-				t.Fatalf("day keys of %s / %s: %d %v", c.day, c.gday, n, err)
+			for _, key := range []string{e.keys.BudgetTenant(c.day, "ten_tz"), e.keys.BudgetGlobal(c.gday)} {
+				if n, err := e.rdb.Exists(e.ctx, key).Result(); err != nil || n != 1 {
+					t.Fatalf("day key %s (days %s / %s): %d %v", key, c.day, c.gday, n, err)
+				}
 			}
 		})
 	}
@@ -546,8 +650,10 @@ func testAuditChargesLostSettlements(t *testing.T, rdb redis.UniversalClient) {
 
 	// A day Redis lost whole is rebuilt from the ledger: its rows are in
 	// the sum, and an audit leaves them.
-	if err := rdb.Del(e.ctx, e.keys.BudgetTenant("2025-06-10", "ten_audit"), e.keys.BudgetGlobal("2025-06-10")).Err(); err != nil {
-		t.Fatal(err)
+	for _, key := range []string{e.keys.BudgetTenant("2025-06-10", "ten_audit"), e.keys.BudgetGlobal("2025-06-10")} {
+		if err := rdb.Del(e.ctx, key).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e.wantSpend(acct, 120_000, 0)
 	if n, _, err := e.b.Audit(e.ctx, rows); err != nil || n != 0 {

@@ -8,10 +8,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/redisclock"
+	"github.com/llmq/llmq/internal/scripts"
 )
 
-// extendScript moves an open reservation's expiry to now plus the
-// reservation TTL, on both days (extend.lua).
+// extendScript moves an open reservation's expiry in one day to now plus
+// the reservation TTL (extend.lua).
 //
 //go:embed extend.lua
 var extendLua string
@@ -22,17 +23,26 @@ var extendScript = redis.NewScript(redisclock.Lua + extendLua)
 // call, so that a reservation outlives the job however long the call takes,
 // and only a holder that stopped (crashed) loses it: a lapsed reservation's
 // room could go to another job while this one still spends. held is false
-// when the reservation is gone (settled, released, or expired before this
-// call: its room may have been taken, so the job is no longer covered).
+// when the reservation is gone from its tenant's day or, when it was held
+// there, the global day (settled, released, or expired before this call:
+// its room may have been taken, so the job is no longer covered).
 func (b *Budgets) Extend(ctx context.Context, res *Reservation) (held bool, err error) {
 	if res == nil {
 		return false, fmt.Errorf("budget: Extend: nil reservation")
 	}
-	arg := redisclock.Arg(b.clock)
-	keys := b.keysFor(res.TenantID, res.Day, res.GlobalDay)
-	n, err := extendScript.Run(ctx, b.rdb, keys, arg, res.ID, globalMember(res.TenantID, res.ID), b.resTTL.Microseconds()).Int64()
-	if err != nil {
-		return false, fmt.Errorf("budget: Extend %s: %w", res.ID, err)
+	arg, ttl := redisclock.Arg(b.clock), b.resTTL.Microseconds()
+	calls := []scripts.Call{{Script: extendScript, Keys: b.tenantKeys(res.TenantID, res.Day), Args: []any{arg, res.ID, ttl}}}
+	if res.Global {
+		calls = append(calls, scripts.Call{Script: extendScript, Keys: b.globalKeys(res.GlobalDay),
+			Args: []any{arg, globalMember(res.TenantID, res.ID), ttl}})
 	}
-	return n == 1, nil
+	held = true
+	for _, cmd := range b.scripts.RunAll(ctx, calls...) {
+		n, err := cmd.Int64()
+		if err != nil {
+			return false, fmt.Errorf("budget: Extend %s: %w", res.ID, err)
+		}
+		held = held && n == 1
+	}
+	return held, nil
 }

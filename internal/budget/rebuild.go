@@ -18,25 +18,20 @@ import (
 var finishRebuildLua string
 var finishRebuildScript = redis.NewScript(finishRebuildLua)
 
-// rebuild fills the day hashes the script found waiting (a non-empty token)
-// with the spend the ledger holds. The script created them before this read,
-// so a settlement either landed before (and is in the ledger, having been
-// written first) or lands in the new hash: none is lost (see Settle).
-func (b *Budgets) rebuild(ctx context.Context, tenantID string, sp span, keys []string, ttok, gtok string) error {
-	if ttok != "" {
-		err := b.fill(ctx, keys[0], ttok, func() (money.Micros, error) {
-			return b.ledger.UsageSumByTenantDay(ctx, tenantID, sp.day)
-		}, "tenant", tenantID, "day", sp.day)
-		if err != nil {
-			return err
-		}
-	}
-	if gtok != "" {
-		return b.fill(ctx, keys[2], gtok, func() (money.Micros, error) {
+// rebuild fills the day hash the script found waiting (its token) with the
+// spend the ledger holds: the tenant's day, or the global day. The script
+// created the hash before this read, so a settlement either landed before
+// (and is in the ledger, having been written first) or lands in the new
+// hash: none is lost (see Settle).
+func (b *Budgets) rebuild(ctx context.Context, tenantID string, sp span, global bool, key, token string) error {
+	if global {
+		return b.fill(ctx, key, token, func() (money.Micros, error) {
 			return b.ledger.UsageSumByDay(ctx, sp.gday)
 		}, "global_day", sp.gday)
 	}
-	return nil
+	return b.fill(ctx, key, token, func() (money.Micros, error) {
+		return b.ledger.UsageSumByTenantDay(ctx, tenantID, sp.day)
+	}, "tenant", tenantID, "day", sp.day)
 }
 
 func (b *Budgets) fill(ctx context.Context, key, token string, sum func() (money.Micros, error), logArgs ...any) error {

@@ -16,10 +16,10 @@ import (
 
 // dayLua is the prelude of the scripts that read or write a day (Reserve
 // and Status), after the clock's (day.lua): it checks that now lies in the
-// tenant's day and the UTC day, creates a day hash Redis lost (its spend
-// then waits for the ledger's sum, see rebuild) and drops reservations
-// whose holders stopped extending them. Its header lists the four keys and
-// seven arguments both scripts share, and the day hash's fields.
+// day, creates a day hash Redis lost (its spend then waits for the
+// ledger's sum, see rebuild) and drops reservations whose holders stopped
+// extending them. Its header lists the two keys and five arguments the
+// scripts share, and the day hash's fields.
 //
 //go:embed day.lua
 var dayLua string
@@ -30,21 +30,26 @@ var dayLua string
 //go:embed reservations.lua
 var reservationsLua string
 
-// reserveScript holds an amount for one reservation id against the
-// tenant's day and the global day together, all or nothing (reserve.lua).
+// reserveScript holds an amount for one reservation against one day, if it
+// fits (reserve.lua).
 //
 //go:embed reserve.lua
 var reserveLua string
 var reserveScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + reserveLua)
 
 // Reserve holds amount (the job's worst-case cost) for reservation id (the
-// job id) against the tenant's budget and the global cap of today, all or
-// nothing. When allowed it returns the Reservation to Settle or Release;
-// when denied it returns a nil Reservation and a Decision saying which cap
-// denied and when it resets (defer the job until then, or fail it when
-// TooLarge). Reserving an id that already holds a reservation today returns
-// that reservation, with its first amount, and does not hold more. The
+// job id) against the tenant's budget and the global cap of today. The two
+// days are held by one script each, in one round trip (a cluster keeps
+// them on different shards): when one refuses, the other's hold is
+// released at once, so a refused job holds nothing, and meanwhile the
+// hold only ever made the other day look fuller, never emptier. When
+// allowed it returns the Reservation to Settle or Release; when denied it
+// returns a nil Reservation and a Decision saying which cap denied and
+// when it resets (defer the job until then, or fail it when TooLarge).
+// Reserving an id that already holds a reservation today returns that
+// reservation, with its first amount, and does not hold more. The
 // reservation lapses after ReservationTTL unless its holder calls Extend.
+// Without a global cap only the tenant's day is held.
 func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount money.Micros) (*Reservation, *Decision, error) {
 	if err := acct.validate(); err != nil {
 		return nil, nil, err
@@ -59,29 +64,53 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	if acct.Unlimited {
 		limit = -1
 	}
-	member := globalMember(acct.TenantID, id)
-	r, sp, err := b.eval(ctx, reserveScript, acct,
-		[]any{id, member, int64(amount), limit, int64(acct.Global), acct.softThreshold(), b.resTTL.Microseconds()})
+	ttl := b.resTTL.Microseconds()
+	days := []onDay{{extra: []any{id, int64(amount), limit, acct.softThreshold(), ttl}}}
+	if acct.Global > 0 {
+		member := globalMember(acct.TenantID, id)
+		days = append(days, onDay{global: true, extra: []any{member, int64(amount), int64(acct.Global), 0, ttl}})
+	}
+	rs, sp, err := b.eval(ctx, reserveScript, acct, days...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
-	n, err := r.ints(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	// allowed, now, spent, reserved, amount held, soft crossed
+	t, err := rs[0].ints(1, 2, 3, 4, 5, 6)
 	if err != nil {
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
-	allowed, tdeny, gdeny, now := n[0] == 1, n[1] == 1, n[2] == 1, time.UnixMicro(n[3])
-	d := b.decision(acct, sp, now, money.Micros(n[4]), money.Micros(n[5]), money.Micros(n[8]), money.Micros(n[9]))
-	d.Allowed = allowed
-	d.SoftLimitCrossed = n[7] == 1
-	if !allowed {
-		d.deny(tdeny, gdeny, amount)
-		return nil, d, nil
+	g := []int64{1, 0, 0, 0, 0, 0}
+	if len(rs) > 1 {
+		if g, err = rs[1].ints(1, 2, 3, 4, 5, 6); err != nil {
+			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
+		}
 	}
+	tallowed, gallowed := t[0] == 1, g[0] == 1
+	res := &Reservation{ID: id, TenantID: acct.TenantID, Day: sp.day, GlobalDay: sp.gday, Amount: money.Micros(t[4]), Global: len(rs) > 1}
+	if !tallowed || !gallowed {
+		// The day that held lets go: a refused job holds nothing.
+		if err := b.release(ctx, res, tallowed, gallowed && res.Global); err != nil {
+			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
+		}
+		if tallowed {
+			t[3] -= t[4]
+		}
+		if gallowed && res.Global {
+			g[3] -= g[4]
+		}
+	}
+	d := b.decision(acct, sp, time.UnixMicro(t[1]), money.Micros(t[2]), money.Micros(t[3]), money.Micros(g[2]), money.Micros(g[3]))
+	d.Allowed = tallowed && gallowed
+	d.SoftLimitCrossed = t[5] == 1
 	if d.SoftLimitCrossed {
 		b.log.Warn("budget: tenant passed its soft limit", "tenant", acct.TenantID, "day", sp.day,
 			"spent_usd", d.Spent.USD(), "reserved_usd", d.Reserved.USD(), "budget_usd", acct.Budget.USD())
 	}
-	return &Reservation{ID: id, TenantID: acct.TenantID, Day: sp.day, GlobalDay: sp.gday, Amount: money.Micros(n[6])}, d, nil
+	if !d.Allowed {
+		d.deny(!tallowed, !gallowed, amount)
+		return nil, d, nil
+	}
+	return res, d, nil
 }
 
 // decision fills in what Reserve and Status report alike.
@@ -143,53 +172,75 @@ func (d *Decision) Check(amount money.Micros) *Denial {
 	return d.refusal(tdeny, gdeny, amount)
 }
 
-// eval runs a day script (the clock and day preludes, then its own) until it answers "ok": it moves
-// to the day Redis's clock says when the guess was wrong, and rebuilds a
-// lost day from the ledger. extra is the script's ARGV from 8 on.
-func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, extra []any) (reply, span, error) {
+// onDay is one day a day script runs on: the tenant's day, or the global
+// day; extra is the script's ARGV from 6 on.
+type onDay struct {
+	global bool
+	extra  []any
+}
+
+// eval runs a day script (the clock and day preludes, then its own) on
+// each of days, in one round trip, until each answers "ok": it moves to
+// the day Redis's clock says when the guess was wrong, and rebuilds a
+// lost day from the ledger, then runs them all again (the scripts are
+// idempotent by member). It returns the days' replies in their order.
+func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days ...onDay) ([]reply, span, error) {
 	loc := acct.location()
 	_, guess := b.now()
+	calls := make([]scripts.Call, len(days))
 	for range maxAttempts {
 		arg, _ := b.now()
 		sp := b.spanAt(guess, loc)
-		keys := b.keysFor(acct.TenantID, sp.day, sp.gday)
-		args := append([]any{arg, us(sp.start), us(sp.end), us(sp.gstart), us(sp.gend), keySlack.Milliseconds(), newToken()}, extra...)
-		v, err := b.scripts.Run(ctx, scripts.Call{Script: s, Keys: keys, Args: args}).Slice()
-		if err != nil {
-			return nil, sp, err
+		token := newToken()
+		for i, d := range days {
+			keys, start, end := b.tenantKeys(acct.TenantID, sp.day), sp.start, sp.end
+			if d.global {
+				keys, start, end = b.globalKeys(sp.gday), sp.gstart, sp.gend
+			}
+			calls[i] = scripts.Call{Script: s, Keys: keys,
+				Args: append([]any{arg, us(start), us(end), keySlack.Milliseconds(), token}, d.extra...)}
 		}
-		r := reply(v)
-		kind, err := r.str(0)
-		if err != nil {
-			return nil, sp, err
+		cmds := b.scripts.RunAll(ctx, calls...)
+		replies, ok := make([]reply, len(days)), true
+		for i, cmd := range cmds {
+			v, err := cmd.Slice()
+			if err != nil {
+				return nil, sp, err
+			}
+			r := reply(v)
+			kind, err := r.str(0)
+			if err != nil {
+				return nil, sp, err
+			}
+			replies[i] = r
+			switch kind {
+			case "ok":
+			case "wrongday":
+				ok = false
+				n, err := r.int(1)
+				if err != nil {
+					return nil, sp, err
+				}
+				b.wrongDays.Add(1)
+				guess = time.UnixMicro(n)
+				if b.clock == nil {
+					b.offset.Store(n - time.Now().UnixMicro())
+				}
+			case "rebuild":
+				ok = false
+				tok, err := r.str(1)
+				if err != nil {
+					return nil, sp, err
+				}
+				if err := b.rebuild(ctx, acct.TenantID, sp, days[i].global, calls[i].Keys[0], tok); err != nil {
+					return nil, sp, err
+				}
+			default:
+				return nil, sp, fmt.Errorf("unexpected script reply %q", kind)
+			}
 		}
-		switch kind {
-		case "ok":
-			return r, sp, nil
-		case "wrongday":
-			n, err := r.int(1)
-			if err != nil {
-				return nil, sp, err
-			}
-			b.wrongDays.Add(1)
-			guess = time.UnixMicro(n)
-			if b.clock == nil {
-				b.offset.Store(n - time.Now().UnixMicro())
-			}
-		case "rebuild":
-			ttok, err := r.str(1)
-			if err != nil {
-				return nil, sp, err
-			}
-			gtok, err := r.str(2)
-			if err != nil {
-				return nil, sp, err
-			}
-			if err := b.rebuild(ctx, acct.TenantID, sp, keys, ttok, gtok); err != nil {
-				return nil, sp, err
-			}
-		default:
-			return nil, sp, fmt.Errorf("unexpected script reply %q", kind)
+		if ok {
+			return replies, sp, nil
 		}
 	}
 	return nil, span{}, fmt.Errorf("no stable budget day after %d attempts", maxAttempts)

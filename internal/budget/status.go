@@ -53,18 +53,29 @@ type statusRead struct {
 	err error
 }
 
-// readStatus is one read of the account's day.
+// readStatus is one read of the account's day, and of the global day
+// under a global cap.
 func (b *Budgets) readStatus(ctx context.Context, acct Account) (*Decision, error) {
-	r, sp, err := b.eval(ctx, statusScript, acct, nil)
+	days := []onDay{{}}
+	if acct.Global > 0 {
+		days = append(days, onDay{global: true})
+	}
+	rs, sp, err := b.eval(ctx, statusScript, acct, days...)
 	if err != nil {
 		return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
 	}
-	n, err := r.ints(1, 2, 3, 4, 5)
+	// now, spent, reserved
+	t, err := rs[0].ints(1, 2, 3)
 	if err != nil {
 		return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
 	}
-	now := time.UnixMicro(n[0])
-	d := b.decision(acct, sp, now, money.Micros(n[1]), money.Micros(n[2]), money.Micros(n[3]), money.Micros(n[4]))
+	g := []int64{0, 0, 0}
+	if len(rs) > 1 {
+		if g, err = rs[1].ints(1, 2, 3); err != nil {
+			return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
+		}
+	}
+	d := b.decision(acct, sp, time.UnixMicro(t[0]), money.Micros(t[1]), money.Micros(t[2]), money.Micros(g[1]), money.Micros(g[2]))
 	tfull := !acct.Unlimited && d.Spent+d.Reserved >= acct.Budget
 	gfull := acct.Global > 0 && d.GlobalSpent+d.GlobalReserved >= acct.Global
 	d.Allowed = !tfull && !gfull

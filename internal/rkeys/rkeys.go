@@ -2,9 +2,9 @@
 //
 // Nobody else concatenates key strings. Each key carries a hash tag ({...}) so
 // that the keys one Lua script touches always live in one Redis Cluster slot:
-// the keys of one limiter scope share the scope's tag, and all budget keys
-// share the tag {budget} (a reservation checks a tenant's day, in the tier's
-// timezone, and the global day, in UTC, in one script).
+// the keys of one limiter scope share the scope's tag, a tenant's budget
+// day keys the tenant's id (so a cluster spreads tenants over its shards),
+// and the global budget day's keys the tag {budget}.
 package rkeys
 
 import "strings"
@@ -119,15 +119,16 @@ func (b Builder) SpacerSlot(scope, id string) string { return b.key("pace", tag(
 
 const budgetTag = "{budget}"
 
-// BudgetTenant is one tenant's spend and reservations for one budget day.
+// BudgetTenant is one tenant's spend and reservations for one budget day,
+// tagged by the tenant.
 func (b Builder) BudgetTenant(day, tenantID string) string {
-	return b.key(budgetTag, day, "t", tenantID)
+	return b.key("budget", tag(tenantID), day)
 }
 
 // BudgetTenantReservations is the sorted set (by expiry) of one tenant's open
 // reservations for one budget day.
 func (b Builder) BudgetTenantReservations(day, tenantID string) string {
-	return b.key(budgetTag, day, "t", tenantID, "res")
+	return b.key("budget", tag(tenantID), day, "res")
 }
 
 // BudgetGlobal is the spend of all tenants together for one budget day (UTC).

@@ -3,6 +3,8 @@
 // round trip for all of them. Each call stays its own script run, atomic on
 // its own keys; only the trip is shared. llmq uses it for the scripts every
 // job runs once or twice (a budget's reserve and settle, a permit's settle).
+// A caller's several calls (a budget's tenant day and global day, which a
+// cluster keeps on different shards) go in one pipeline together.
 package scripts
 
 import (
@@ -13,9 +15,9 @@ import (
 	"github.com/llmq/llmq/internal/coalesce"
 )
 
-// maxCalls bounds the calls of one pipeline, so that one pipeline never
+// maxCallers bounds the callers of one pipeline, so that one pipeline never
 // holds Redis for long.
-const maxCalls = 64
+const maxCallers = 64
 
 // Call is one run of a script.
 type Call struct {
@@ -37,13 +39,13 @@ type Client interface {
 // together in one pipeline (coalesce.Batch).
 type Runner struct {
 	rdb   Client
-	calls coalesce.Batch[struct{}, Call, *redis.Cmd]
+	calls coalesce.Batch[struct{}, []Call, []*redis.Cmd]
 }
 
 // New returns a Runner over rdb.
 func New(rdb Client) *Runner {
 	r := &Runner{rdb: rdb}
-	r.calls = coalesce.Batch[struct{}, Call, *redis.Cmd]{Max: maxCalls, Fn: r.pipeline}
+	r.calls = coalesce.Batch[struct{}, []Call, []*redis.Cmd]{Max: maxCallers, Fn: r.pipeline}
 	return r
 }
 
@@ -51,34 +53,47 @@ func New(rdb Client) *Runner {
 // to its end even when ctx ends first (its round trip may be other
 // callers' too): the client's read and write timeouts bound it.
 func (r *Runner) Run(ctx context.Context, c Call) *redis.Cmd {
-	cmd, _ := r.calls.Do(ctx, struct{}{}, c) // pipeline answers every call with its own command
-	return cmd
+	return r.RunAll(ctx, c)[0]
+}
+
+// RunAll runs calls in one round trip (with other callers' calls), and
+// returns their replies in their order. Each call is atomic on its own
+// keys, not the calls together: on a cluster they may run on different
+// nodes.
+func (r *Runner) RunAll(ctx context.Context, calls ...Call) []*redis.Cmd {
+	cmds, _ := r.calls.Do(ctx, struct{}{}, calls) // pipeline answers every call with its own command
+	return cmds
 }
 
 // Pipelines returns how many pipelines (round trips, save a script's load)
 // the runner has made.
 func (r *Runner) Pipelines() int { return r.calls.Calls() }
 
-// pipeline is r.calls' call: calls by their scripts' hashes in one
-// pipeline. A script Redis does not have (a restart, SCRIPT FLUSH) is
-// loaded by running its call again alone (Script.Run sends its text).
-func (r *Runner) pipeline(ctx context.Context, _ struct{}, calls []Call) ([]*redis.Cmd, []error) {
-	if len(calls) == 1 {
-		c := calls[0]
-		return []*redis.Cmd{c.Script.Run(ctx, r.rdb, c.Keys, c.Args...)}, nil
+// pipeline is r.calls' call: the callers' calls by their scripts' hashes
+// in one pipeline. A script Redis does not have (a restart, SCRIPT FLUSH)
+// is loaded by running its call again alone (Script.Run sends its text).
+func (r *Runner) pipeline(ctx context.Context, _ struct{}, callers [][]Call) ([][]*redis.Cmd, []error) {
+	if len(callers) == 1 && len(callers[0]) == 1 {
+		c := callers[0][0]
+		return [][]*redis.Cmd{{c.Script.Run(ctx, r.rdb, c.Keys, c.Args...)}}, nil
 	}
-	cmds := make([]*redis.Cmd, len(calls))
+	out := make([][]*redis.Cmd, len(callers))
 	// Each command's error is its own, read below; Exec's is the first of them.
 	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range calls {
-			cmds[i] = c.Script.EvalSha(ctx, p, c.Keys, c.Args...)
+		for i, calls := range callers {
+			out[i] = make([]*redis.Cmd, len(calls))
+			for j, c := range calls {
+				out[i][j] = c.Script.EvalSha(ctx, p, c.Keys, c.Args...)
+			}
 		}
 		return nil
 	})
-	for i, c := range calls {
-		if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-			cmds[i] = c.Script.Run(ctx, r.rdb, c.Keys, c.Args...)
+	for i, calls := range callers {
+		for j, c := range calls {
+			if redis.HasErrorPrefix(out[i][j].Err(), "NOSCRIPT") {
+				out[i][j] = c.Script.Run(ctx, r.rdb, c.Keys, c.Args...)
+			}
 		}
 	}
-	return cmds, nil
+	return out, nil
 }

@@ -72,11 +72,11 @@ func TestPipelineLoadsScriptsAndKeepsErrorsApart(t *testing.T) {
 return redis.call('INCRBY', KEYS[1], ARGV[1])`, prefix))
 	fails := redis.NewScript(`return redis.error_reply('ERR refused')`)
 	key := prefix + ":n"
-	cmds, _ := r.pipeline(context.Background(), struct{}{}, []Call{
-		{Script: fresh, Keys: []string{key}, Args: []any{2}},
-		{Script: fails, Keys: []string{key}},
-		{Script: fresh, Keys: []string{key}, Args: []any{3}},
+	out, _ := r.pipeline(context.Background(), struct{}{}, [][]Call{
+		{{Script: fresh, Keys: []string{key}, Args: []any{2}}},
+		{{Script: fails, Keys: []string{key}}, {Script: fresh, Keys: []string{key}, Args: []any{3}}},
 	})
+	cmds := append(out[0], out[1]...)
 	if n, err := cmds[0].Int64(); err != nil || n != 2 {
 		t.Errorf("first call = %d, %v; want 2", n, err)
 	}
@@ -88,5 +88,29 @@ return redis.call('INCRBY', KEYS[1], ARGV[1])`, prefix))
 	}
 	if n := testutil.Must(rdb.Get(t.Context(), key).Int64()); n != 5 {
 		t.Errorf("key = %d, want 5: each call runs once", n)
+	}
+}
+
+// One caller's calls go in one round trip, and each gets its own reply in
+// its order.
+func TestRunAllTakesOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	rdb := testutil.Redis(t, redisDB)
+	prefix := testutil.Prefix(t)
+	r := New(rdb)
+	_ = r.Run(t.Context(), Call{Script: incrBy, Keys: []string{prefix + ":warm"}, Args: []any{1}}) // loads the script
+	before := r.Pipelines()
+	cmds := r.RunAll(t.Context(),
+		Call{Script: incrBy, Keys: []string{prefix + ":a"}, Args: []any{4}},
+		Call{Script: incrBy, Keys: []string{prefix + ":b"}, Args: []any{7}},
+		Call{Script: incrBy, Keys: []string{prefix + ":a"}, Args: []any{1}})
+	want := []int64{4, 7, 5}
+	for i, c := range cmds {
+		if n, err := c.Int64(); err != nil || n != want[i] {
+			t.Errorf("call %d = %d, %v; want %d", i, n, err, want[i])
+		}
+	}
+	if p := r.Pipelines() - before; p != 1 {
+		t.Errorf("three calls of one caller took %d round trips, want 1", p)
 	}
 }

@@ -19,6 +19,10 @@ import (
 	"github.com/llmq/llmq/internal/worker"
 )
 
+// globalCapPolicy sets a global daily cap, so the global day is held and
+// read as well as the tenant's.
+const globalCapPolicy = apptest.PolicyYAML + "global_daily_budget_usd: 10000\n"
+
 func status(t *testing.T, a *apptest.App, acct budget.Account) *budget.Decision {
 	t.Helper()
 	d, err := a.Budgets.Status(context.Background(), acct)
@@ -36,7 +40,7 @@ func status(t *testing.T, a *apptest.App, acct budget.Account) *budget.Decision 
 func TestRedeliveryAfterACrashBeforeSettleChargesOnce(t *testing.T) {
 	t.Parallel()
 	clk := testutil.NewClock(time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC))
-	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now})
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now, Policy: globalCapPolicy})
 	tenant, key := a.Tenant("standard")
 	acct := a.Account(tenant)
 	ctx := context.Background()
@@ -267,7 +271,7 @@ func TestReservationOutlivesALongCall(t *testing.T) {
 func TestDeliveryThatLostTheRaceChargesTheLedgersDay(t *testing.T) {
 	t.Parallel()
 	clk := testutil.NewClock(time.Date(2026, 6, 1, 23, 59, 50, 0, time.UTC))
-	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now,
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Clock: clk.Now, Policy: globalCapPolicy,
 		Sim: &sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true, Latency: 300 * time.Millisecond}})
 	tenant, key := a.Tenant("standard")
 	acct := a.Account(tenant)
