@@ -1,12 +1,14 @@
 // Command cluster measures llmq's job pipeline (bench/pipeline's shape:
 // jobs POSTed over loopback HTTP by concurrent producers, run by in-process
 // workers against a simulated provider that answers at once) with jobs
-// spread over several models, once on one Redis node and once on a
-// three-master Redis Cluster, in the same run: jobs per second, and the CPU
-// each Redis server (each shard) spent per job. Each model is its own
-// limiter scope and fair queue, under its own hash tag, so on a cluster the
-// models' state spreads over the shards; asynq's jobs queue and the budgets
-// each live on one. The numbers and the command are in docs/BENCHMARKS.md.
+// spread over several models and tenants, once on one Redis node and once
+// on a three-master Redis Cluster, in the same run: jobs per second, and
+// the CPU each Redis server (each shard) spent per job. Each model is its
+// own limiter scope and fair queue, and each tenant's budget day its own
+// hash, under their own hash tags, so on a cluster they spread over the
+// shards; asynq's jobs queue and the global budget day (under
+// -global-cap-usd) each live on one. The numbers and the command are in
+// docs/BENCHMARKS.md.
 //
 //	go run ./bench/cluster -jobs 4000 -rounds 3
 //
@@ -58,9 +60,10 @@ func main() {
 }
 
 type options struct {
-	Jobs, Rounds, Models, Concurrency, Producers, Warmup int
-	Single, Cluster, DatabaseURL                         string
-	Timeout                                              time.Duration
+	Jobs, Rounds, Models, Tenants, Concurrency, Producers, Warmup int
+	GlobalCapUSD                                                  float64
+	Single, Cluster, DatabaseURL                                  string
+	Timeout                                                       time.Duration
 }
 
 func parseOptions(args []string, out io.Writer) (*options, error) {
@@ -70,6 +73,8 @@ func parseOptions(args []string, out io.Writer) (*options, error) {
 	fs.IntVar(&o.Jobs, "jobs", 4000, "jobs per measurement")
 	fs.IntVar(&o.Rounds, "rounds", 3, "rounds; each measures one node, then the cluster")
 	fs.IntVar(&o.Models, "models", 8, "models the jobs spread over, each its own limiter scope and fair queue")
+	fs.IntVar(&o.Tenants, "tenants", 8, "tenants the jobs spread over, each its own budget day")
+	fs.Float64Var(&o.GlobalCapUSD, "global-cap-usd", 0, "the policy's global daily cap (0: none; then no job touches the global day)")
 	fs.IntVar(&o.Concurrency, "concurrency", 50, "worker concurrency")
 	fs.IntVar(&o.Producers, "producers", 20, "goroutines POSTing at once")
 	fs.IntVar(&o.Warmup, "warmup", 200, "jobs run before each measurement")
@@ -85,8 +90,10 @@ func parseOptions(args []string, out io.Writer) (*options, error) {
 	switch {
 	case fs.NArg() > 0:
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
-	case o.Jobs < 1 || o.Rounds < 1 || o.Models < 1 || o.Concurrency < 1 || o.Producers < 1 || o.Warmup < 0:
-		return nil, errors.New("-jobs, -rounds, -models, -concurrency and -producers must be at least 1, -warmup not negative")
+	case o.Jobs < 1 || o.Rounds < 1 || o.Models < 1 || o.Tenants < 1 || o.Concurrency < 1 || o.Producers < 1 || o.Warmup < 0:
+		return nil, errors.New("-jobs, -rounds, -models, -tenants, -concurrency and -producers must be at least 1, -warmup not negative")
+	case !(o.GlobalCapUSD >= 0):
+		return nil, errors.New("-global-cap-usd must not be negative")
 	}
 	return o, nil
 }
@@ -108,6 +115,7 @@ func (o *options) policy() string {
 			" limits: {rpm: 10000000, tpm: 10000000000}, max_output_tokens: 1024}\n", i, i)
 	}
 	b.WriteString("tiers:\n  - {name: bench, daily_budget_usd: 1000000, priority: default, on_exhausted: defer, api_rps: 1000000}\n")
+	fmt.Fprintf(&b, "global_daily_budget_usd: %g\n", o.GlobalCapUSD)
 	return b.String()
 }
 
@@ -132,8 +140,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	provider := sim.Start(sim.Config{Limits: sim.Limits{RPM: 100000000, TPM: 100000000000}, Echo: true, DefaultMaxTokens: 16})
 	defer provider.Close()
-	fmt.Fprintf(out, "%d jobs over %d models, concurrency %d, %d producers; one node %s, cluster %s\n",
-		o.Jobs, o.Models, o.Concurrency, o.Producers, o.Single, o.Cluster)
+	fmt.Fprintf(out, "%d jobs over %d models and %d tenants (global cap $%g), concurrency %d, %d producers; one node %s, cluster %s\n",
+		o.Jobs, o.Models, o.Tenants, o.GlobalCapUSD, o.Concurrency, o.Producers, o.Single, o.Cluster)
 	var results []result
 	for round := 1; round <= o.Rounds; round++ {
 		for _, t := range []struct{ name, url string }{{"one node", o.Single}, {"cluster", o.Cluster}} {
@@ -247,18 +255,25 @@ func measure(ctx context.Context, o *options, name, redisURL, simURL string, log
 	defer wsrv.Shutdown()
 
 	c := &client{base: "http://" + ln.Addr().String(), http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * o.Producers}}}
-	tenant, err := c.tenant(ctx)
-	if err != nil {
-		return res, err
+	tenants := make([]string, o.Tenants)
+	for i := range tenants {
+		if tenants[i], err = c.tenant(ctx); err != nil {
+			return res, err
+		}
 	}
 	day := time.Now().UTC().Format(time.DateOnly)
 	done := func() (int64, error) {
-		rows, err := a.Store.UsageReport(ctx, &store.UsageReportParams{Day: day, TenantID: tenant})
 		var n int64
-		for _, r := range rows {
-			n += r.Requests
+		for _, t := range tenants {
+			rows, err := a.Store.UsageReport(ctx, &store.UsageReportParams{Day: day, TenantID: t})
+			if err != nil {
+				return n, err
+			}
+			for _, r := range rows {
+				n += r.Requests
+			}
 		}
-		return n, err
+		return n, nil
 	}
 	if err := c.post(ctx, o, o.Warmup, 0, o.Models); err != nil {
 		return res, err
@@ -276,7 +291,7 @@ func measure(ctx context.Context, o *options, name, redisURL, simURL string, log
 	}
 	elapsed := time.Since(start)
 	after := shardCPU(ctx, rdb)
-	res.placement = placement(ctx, a, rdb, o.Models)
+	res.placement = placement(ctx, a, rdb, o.Models, tenants)
 	res.jobsPerS = float64(o.Jobs) / elapsed.Seconds()
 	res.shardCPU = map[string]time.Duration{}
 	for addr, t := range after {
@@ -285,9 +300,10 @@ func measure(ctx context.Context, o *options, name, redisURL, simURL string, log
 	return res, nil
 }
 
-// placement names the shard of the budgets, of asynq's jobs queue and of
+// placement names the shard of the tenants' budget days, of the global
+// day, of asynq's jobs queue and of
 // each model's limiter scope and fair queue ("" on one node).
-func placement(ctx context.Context, a *app.App, rdb redis.UniversalClient, models int) string {
+func placement(ctx context.Context, a *app.App, rdb redis.UniversalClient, models int, tenants []string) string {
 	cc, ok := rdb.(*redis.ClusterClient)
 	if !ok {
 		return ""
@@ -303,7 +319,11 @@ func placement(ctx context.Context, a *app.App, rdb redis.UniversalClient, model
 	for i := range models {
 		perShard[at(a.Keys.LimiterScope(fmt.Sprintf("sim/gpt-4o-mini-%d", i)))]++
 	}
-	return fmt.Sprintf("budgets %s, jobs queue %s, model scopes %v", at(a.Keys.BudgetGlobal("2026-01-01")),
+	budgets := map[string]int{}
+	for _, t := range tenants {
+		budgets[at(a.Keys.BudgetTenant("2026-01-01", t))]++
+	}
+	return fmt.Sprintf("tenants' budget days %v, global day %s, jobs queue %s, model scopes %v", budgets, at(a.Keys.BudgetGlobal("2026-01-01")),
 		at("asynq:{"+a.Queue.Namespace().Queue("jobs")+"}:pending"), perShard)
 }
 
@@ -345,10 +365,11 @@ func waitFor(ctx context.Context, timeout time.Duration, count func() (int64, er
 	}
 }
 
-// client is the producers' side of the API.
+// client is the producers' side of the API, with a key of each tenant.
 type client struct {
-	base, key string
-	http      *http.Client
+	base string
+	keys []string
+	http *http.Client
 }
 
 func (c *client) do(ctx context.Context, method, path, token string, body any) (int, []byte, error) {
@@ -371,9 +392,10 @@ func (c *client) do(ctx context.Context, method, path, token string, body any) (
 	return resp.StatusCode, rb, err
 }
 
-// tenant makes the run's tenant and key, and returns the tenant's id.
+// tenant makes one of the run's tenants and a key of it, and returns the
+// tenant's id.
 func (c *client) tenant(ctx context.Context) (string, error) {
-	status, body, err := c.do(ctx, "POST", "/admin/v1/tenants", benchenv.AdminToken, map[string]string{"name": "bench", "tier": "bench"})
+	status, body, err := c.do(ctx, "POST", "/admin/v1/tenants", benchenv.AdminToken, map[string]string{"name": fmt.Sprintf("bench-%d", len(c.keys)), "tier": "bench"})
 	var t struct{ ID string }
 	if err != nil || status != http.StatusCreated || json.Unmarshal(body, &t) != nil {
 		return "", fmt.Errorf("create tenant: %d %s %v", status, body, err)
@@ -383,11 +405,12 @@ func (c *client) tenant(ctx context.Context) (string, error) {
 	if err != nil || status != http.StatusCreated || json.Unmarshal(body, &k) != nil {
 		return "", fmt.Errorf("create key: %d %s %v", status, body, err)
 	}
-	c.key = k.Key
+	c.keys = append(c.keys, k.Key)
 	return t.ID, nil
 }
 
-// post POSTs n jobs, numbered from first, round robin over the models.
+// post POSTs n jobs, numbered from first, round robin over the models and
+// then the tenants.
 func (c *client) post(ctx context.Context, o *options, n, first, models int) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, o.Producers)
@@ -400,7 +423,7 @@ func (c *client) post(ctx context.Context, o *options, n, first, models int) err
 					"messages":   []map[string]string{{"role": "user", "content": fmt.Sprintf("job %d", i)}},
 					"max_tokens": 16,
 				}}
-				status, rb, err := c.do(ctx, "POST", "/v1/jobs", c.key, body)
+				status, rb, err := c.do(ctx, "POST", "/v1/jobs", c.keys[(i/models)%len(c.keys)], body)
 				if err != nil || status != http.StatusAccepted {
 					errs <- fmt.Errorf("POST job %d: %d %s %v", i, status, rb, err)
 					for range next {

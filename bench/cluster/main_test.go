@@ -19,7 +19,7 @@ func TestRun(t *testing.T) {
 	if err := run(t.Context(), []string{"-jobs", "60", "-warmup", "10", "-producers", "4", "-concurrency", "8", "-rounds", "1"}, &out); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"round 1  one node", "round 1  cluster", "placement: budgets", "mean     cluster", "µs in all"} {
+	for _, want := range []string{"round 1  one node", "round 1  cluster", "placement: tenants' budget days", "mean     cluster", "µs in all"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
@@ -27,7 +27,7 @@ func TestRun(t *testing.T) {
 }
 
 func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-jobs", "0"}, {"-models", "0"}, {"-warmup", "-1"}, {"extra"}} {
+	for _, args := range [][]string{{"-jobs", "0"}, {"-models", "0"}, {"-tenants", "0"}, {"-global-cap-usd", "-1"}, {"-warmup", "-1"}, {"extra"}} {
 		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
 			t.Errorf("run %q: no error", args)
 		}

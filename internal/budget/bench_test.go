@@ -1,11 +1,14 @@
 package budget_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/money"
@@ -27,13 +30,57 @@ func BenchmarkReserveSettle(b *testing.B) {
 		name    string
 	}{{1, 1e8 * dollar, "cap"}, {50, 1e8 * dollar, "cap"}, {50, 0, "none"}} {
 		b.Run(fmt.Sprintf("callers=50/tenants=%d/global=%s", c.tenants, c.name), func(b *testing.B) {
-			benchReserveSettle(b, 50, c.tenants, c.global)
+			benchReserveSettle(b, testutil.Redis(b, testDB), 50, c.tenants, c.global)
 		})
 	}
 }
 
-func benchReserveSettle(b *testing.B, callers, tenants int, global money.Micros) {
-	rdb := testutil.Redis(b, testDB)
+// BenchmarkReserveSettleCluster is BenchmarkReserveSettle's 50 tenants on a
+// three-master cluster of its own, reporting as well the Redis CPU per
+// operation of all masters together and of the busiest: the tenants' days
+// spread over the masters, and the global day (under a cap) is one.
+func BenchmarkReserveSettleCluster(b *testing.B) {
+	rdb := testutil.StartRedisCluster(b)
+	for _, c := range []struct {
+		global money.Micros
+		name   string
+	}{{0, "none"}, {1e8 * dollar, "cap"}} {
+		b.Run("callers=50/tenants=50/global="+c.name, func(b *testing.B) {
+			before := masterCPU(b, rdb)
+			benchReserveSettle(b, rdb, 50, 50, c.global)
+			var all, busiest time.Duration
+			for addr, t := range masterCPU(b, rdb) {
+				d := t - before[addr]
+				all += d
+				busiest = max(busiest, d)
+			}
+			b.ReportMetric(float64(all.Microseconds())/float64(b.N), "µs-redis-cpu/op")
+			b.ReportMetric(float64(busiest.Microseconds())/float64(b.N), "µs-busiest-master/op")
+		})
+	}
+}
+
+// masterCPU reads each master's CPU time, by address.
+func masterCPU(b *testing.B, rdb *redis.ClusterClient) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	var mu sync.Mutex
+	err := rdb.ForEachMaster(b.Context(), func(ctx context.Context, c *redis.Client) error {
+		d, ok := testutil.RedisCPU(ctx, c)
+		if !ok {
+			return fmt.Errorf("no CPU figures from %s", c.Options().Addr)
+		}
+		mu.Lock()
+		out[c.Options().Addr] = d
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return out
+}
+
+func benchReserveSettle(b *testing.B, rdb redis.UniversalClient, callers, tenants int, global money.Micros) {
 	bud := testutil.Must(budget.New(rdb, newLedger(), budget.Options{Keys: rkeys.New(testutil.Prefix(b))}))
 	accts := make([]budget.Account, tenants)
 	for i := range accts {
