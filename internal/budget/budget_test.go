@@ -147,13 +147,21 @@ func testGlobalDayOnlyUnderACap(t *testing.T, rdb redis.UniversalClient) {
 	if d := e.wantSpend(capped, 450_000, 0); d.GlobalSpent != 450_000 || d.GlobalReserved != 0 {
 		t.Fatalf("global after the cap came back: spent %s reserved %s, want 0.45 and 0", d.GlobalSpent, d.GlobalReserved)
 	}
-	// A held-globally reservation whose global hold lapsed is no longer covered.
+	// A global hold gone while the tenant's stays is said, and the
+	// tenant's is kept.
 	res = e.mustReserve(capped, "job_4", 100_000)
 	if err := rdb.HDel(e.ctx, global, "r:ten_free:job_4").Err(); err != nil {
 		t.Fatal(err)
 	}
+	if held, err := e.b.Extend(e.ctx, res); err != nil || !held {
+		t.Fatalf("Extend after the global hold went = %v, %v; want true (the tenant's day holds it)", held, err)
+	}
+	if !strings.Contains(e.logs.String(), "hold on the global day is gone") {
+		t.Fatalf("the lost global hold was not logged:\n%s", e.logs.String())
+	}
+	e.charge(res, 0)
 	if held, err := e.b.Extend(e.ctx, res); err != nil || held {
-		t.Fatalf("Extend after the global hold went = %v, %v; want false", held, err)
+		t.Fatalf("Extend after Settle = %v, %v; want false", held, err)
 	}
 }
 

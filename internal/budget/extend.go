@@ -18,14 +18,16 @@ import (
 var extendLua string
 var extendScript = redis.NewScript(redisclock.Lua + extendLua)
 
-// Extend keeps the reservation for another ReservationTTL from now. A worker
-// calls it while the job waits for its rate-limit permit and its provider
-// call, so that a reservation outlives the job however long the call takes,
-// and only a holder that stopped (crashed) loses it: a lapsed reservation's
+// Extend keeps the reservation for another ReservationTTL from now, on its
+// tenant's day and, when it is held there, the global day. A worker calls
+// it while the job waits for its rate-limit permit and its provider call,
+// so that a reservation outlives the job however long the call takes, and
+// only a holder that stopped (crashed) loses it: a lapsed reservation's
 // room could go to another job while this one still spends. held is false
-// when the reservation is gone from its tenant's day or, when it was held
-// there, the global day (settled, released, or expired before this call:
-// its room may have been taken, so the job is no longer covered).
+// when the reservation is gone from its tenant's day (settled, released,
+// or expired before this call: its room may have been taken, so the job is
+// no longer covered). A global hold gone while the tenant's stays (the
+// global day lost and rebuilt) is logged, and the tenant's is kept.
 func (b *Budgets) Extend(ctx context.Context, res *Reservation) (held bool, err error) {
 	if res == nil {
 		return false, fmt.Errorf("budget: Extend: nil reservation")
@@ -36,13 +38,15 @@ func (b *Budgets) Extend(ctx context.Context, res *Reservation) (held bool, err 
 		calls = append(calls, scripts.Call{Script: extendScript, Keys: b.globalKeys(res.GlobalDay),
 			Args: []any{arg, globalMember(res.TenantID, res.ID), ttl}})
 	}
-	held = true
-	for _, cmd := range b.scripts.RunAll(ctx, calls...) {
-		n, err := cmd.Int64()
-		if err != nil {
+	n := make([]int64, len(calls))
+	for i, cmd := range b.scripts.RunAll(ctx, calls...) {
+		if n[i], err = cmd.Int64(); err != nil {
 			return false, fmt.Errorf("budget: Extend %s: %w", res.ID, err)
 		}
-		held = held && n == 1
 	}
-	return held, nil
+	if len(n) > 1 && n[0] == 1 && n[1] == 0 {
+		b.log.Warn("budget: a reservation's hold on the global day is gone", "tenant", res.TenantID,
+			"reservation", res.ID, "global_day", res.GlobalDay)
+	}
+	return n[0] == 1, nil
 }
