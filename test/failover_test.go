@@ -71,7 +71,9 @@ func TestRedisFailoverMidRun(t *testing.T) {
 }
 
 func runFailover(t *testing.T, url string, fail func(*apptest.App) time.Time) {
-	policy := strings.Replace(apptest.PolicyYAML, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpm: 6000, tpm: 600000}", 1)
+	// A global cap that does not bind, so the global day is held and settled too.
+	policy := strings.Replace(apptest.PolicyYAML, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpm: 6000, tpm: 600000}", 1) +
+		"global_daily_budget_usd: 1000\n"
 	a := apptest.Start(t, apptest.Options{RedisURL: url, Policy: policy, Sim: &sim.Config{
 		Limits: sim.Limits{RPM: 60000, TPM: 6000000}, DefaultMaxTokens: 1024, Echo: true,
 		Latency: 50 * time.Millisecond, Jitter: 50 * time.Millisecond,
@@ -81,14 +83,24 @@ func runFailover(t *testing.T, url string, fail func(*apptest.App) time.Time) {
 		startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=20").waitForOutput(t, "worker running")
 	}
 	tenant, key := a.Tenant("standard")
-	ids := submitAll(t, a, key, failoverJobs, 4, 20)
+	// The jobs are posted while Redis fails over: a POST it refuses (503
+	// with Retry-After) is posted again, as a client does.
+	type posted struct {
+		ids []string
+		err error
+	}
+	submitted := make(chan posted, 1)
+	go func() {
+		ids, err := postAll(t, a, key, failoverJobs, 4, 20)
+		submitted <- posted{ids, err}
+	}()
 	eventually(t, time.Minute, func() bool { return a.Sim.Stats().Admitted >= failoverJobs/8 }, "an eighth of the jobs called")
 
 	before := a.Sim.Stats().Admitted
 	promoted := fail(a)
 	atPromotion := a.Sim.Stats().Admitted
 	var resumed time.Duration
-	if atPromotion < int64(len(ids)) {
+	if atPromotion < failoverJobs {
 		eventually(t, 30*time.Second, func() bool {
 			if a.Sim.Stats().Admitted > atPromotion {
 				resumed = time.Since(promoted)
@@ -100,6 +112,11 @@ func runFailover(t *testing.T, url string, fail func(*apptest.App) time.Time) {
 	if resumed > 10*time.Second {
 		t.Fatalf("the workers called the provider again %v after the promotion, want within 10s", resumed.Round(100*time.Millisecond))
 	}
+	p := <-submitted
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	ids := p.ids
 
 	jobs := allEnd(t, a, ids, 3*time.Minute)
 	allDone := time.Since(promoted)
@@ -132,9 +149,16 @@ func runFailover(t *testing.T, url string, fail func(*apptest.App) time.Time) {
 	if u.SpentUSD > u.BudgetUSD || u.SpentUSD < charged.USD()-1e-9 {
 		t.Fatalf("usage after the failover: spent %v of %v; the ledger charged %v", u.SpentUSD, u.BudgetUSD, charged.USD())
 	}
+	d, err := a.Budgets.Status(t.Context(), a.Account(tenant))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.GlobalSpent < charged || d.GlobalSpent > d.GlobalBudget {
+		t.Fatalf("global day after the failover: spent %s of %s; the ledger charged %s", d.GlobalSpent, d.GlobalBudget, charged)
+	}
 	t.Logf("failover at %d of %d calls (%d before it): the workers called again %v after the promotion, every job ended %v after it; "+
 		"%d jobs succeeded, each charged once ($%.6f); %d calls made twice (their writes lost); "+
-		"Redis spend $%.6f, ledger $%.6f, budget $%.0f; provider tokens %d, ledger %d",
+		"Redis spend $%.6f (global day $%.6f), ledger $%.6f, budget $%.0f; provider tokens %d, ledger %d",
 		atPromotion, len(ids), before, resumed.Round(100*time.Millisecond), allDone.Round(100*time.Millisecond), len(jobs), charged.USD(), twice,
-		u.SpentUSD, charged.USD(), u.BudgetUSD, st.PromptTokens+st.CompletionTokens, ledgerTokens)
+		u.SpentUSD, d.GlobalSpent.USD(), charged.USD(), u.BudgetUSD, st.PromptTokens+st.CompletionTokens, ledgerTokens)
 }

@@ -34,6 +34,18 @@ var fastPolicy = strings.Replace(apptest.PolicyYAML, "timeout: 10s", "timeout: 2
 // submitAll posts n jobs from producers goroutines and returns their ids.
 func submitAll(t *testing.T, a *apptest.App, key string, n, producers, maxTokens int) []string {
 	t.Helper()
+	ids, err := postAll(t, a, key, n, producers, maxTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// postAll is submitAll for a goroutine of its own: it returns the first
+// job refused instead of failing the test. A refusal with Retry-After (the
+// key's API rate, 429; Redis failing over, 503) is retried, as a client
+// should.
+func postAll(t *testing.T, a *apptest.App, key string, n, producers, maxTokens int) ([]string, error) {
 	ids := make([]string, n)
 	var wg sync.WaitGroup
 	errs := make(chan error, producers)
@@ -46,8 +58,7 @@ func submitAll(t *testing.T, a *apptest.App, key string, n, producers, maxTokens
 				cid := fmt.Sprintf("req-%05d", i)
 				r := apptest.Do(t, a.URL, "POST", "/v1/jobs", key,
 					map[string]any{"custom_id": cid, "body": apptest.ChatBody("Job "+cid, cid, maxTokens)}, nil)
-				for r.Status == http.StatusTooManyRequests && r.Header.Get("Retry-After") != "" {
-					// The key's API rate: a producer waits, as a client should.
+				for (r.Status == http.StatusTooManyRequests || r.Status == http.StatusServiceUnavailable) && r.Header.Get("Retry-After") != "" {
 					time.Sleep(50 * time.Millisecond)
 					r = apptest.Do(t, a.URL, "POST", "/v1/jobs", key,
 						map[string]any{"custom_id": cid, "body": apptest.ChatBody("Job "+cid, cid, maxTokens)}, nil)
@@ -67,10 +78,7 @@ func submitAll(t *testing.T, a *apptest.App, key string, n, producers, maxTokens
 	}
 	wg.Wait()
 	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return ids
+	return ids, <-errs
 }
 
 // allEnd waits until every job is terminal and returns them.
