@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
@@ -366,5 +367,33 @@ func TestHealth(t *testing.T) {
 	}
 	if r := a.Do("GET", "/readyz", "", nil); r.Status != 200 || r.Map(t)["status"] != "ready" {
 		t.Fatalf("readyz: %d %s", r.Status, r.Body)
+	}
+}
+
+// During a rotation of the admin token the new token and the previous one
+// are both accepted; once the previous is removed (a restart without
+// LLMQ_ADMIN_TOKEN_PREVIOUS) only the new one is.
+func TestAdminTokenRotation(t *testing.T) {
+	t.Parallel()
+	const next = "rotated-admin-token-9876543210"
+	during := apptest.Start(t, apptest.Options{RedisDB: redisDB, Env: func(e *config.Env) {
+		e.AdminToken, e.AdminTokenPrevious = next, apptest.AdminToken
+	}})
+	after := apptest.Start(t, apptest.Options{RedisDB: redisDB, Env: func(e *config.Env) { e.AdminToken = next }})
+	for _, c := range []struct {
+		name  string
+		a     *apptest.App
+		token string
+		want  int
+	}{
+		{"during, new", during, next, 200},
+		{"during, previous", during, apptest.AdminToken, 200},
+		{"during, other", during, "not-the-admin-token-at-all", 401},
+		{"after, new", after, next, 200},
+		{"after, previous", after, apptest.AdminToken, 401},
+	} {
+		if r := c.a.Do("GET", "/admin/v1/tenants", c.token, nil); r.Status != c.want {
+			t.Errorf("%s: %d %s, want %d", c.name, r.Status, r.Body, c.want)
+		}
 	}
 }

@@ -79,6 +79,9 @@ type Options struct {
 	// AdminToken guards /admin/. Defaults to empty, which disables the
 	// admin API.
 	AdminToken string
+	// AdminTokenPrevious is accepted too, during a rotation. Defaults to
+	// empty (none).
+	AdminTokenPrevious string
 	// MaxBodyBytes caps JSON request bodies. Defaults to 1 MiB.
 	MaxBodyBytes int64
 	// WebhookAllowPrivate accepts webhook URLs whose host is an internal
@@ -472,7 +475,13 @@ func (s *Server) IsAdmin(r *http.Request) bool {
 	if s.opts.AdminToken == "" || token == "" {
 		return false
 	}
+	// Both are compared, so the time taken says nothing of which matched.
 	a := sha256.Sum256([]byte(token))
-	b := sha256.Sum256([]byte(s.opts.AdminToken))
-	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+	cur := sha256.Sum256([]byte(s.opts.AdminToken))
+	ok := subtle.ConstantTimeCompare(a[:], cur[:])
+	if s.opts.AdminTokenPrevious != "" {
+		prev := sha256.Sum256([]byte(s.opts.AdminTokenPrevious))
+		ok |= subtle.ConstantTimeCompare(a[:], prev[:])
+	}
+	return ok == 1
 }

@@ -106,6 +106,8 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	if parts.LookupEnv == nil {
 		parts.LookupEnv = os.LookupEnv
 	}
+	// A provider's key may come from a file (<variable>_FILE).
+	parts.LookupEnv = config.SecretLookup(parts.LookupEnv)
 
 	a.Policy = parts.Policy
 	if a.Policy == nil {
@@ -230,7 +232,7 @@ func (a *App) API() (*api.Server, error) {
 	srv, err := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
 		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, ReadyChecks: a.ReadyChecks(), Observer: a.APIObserver, KeyCache: a.keyCache,
-	}, api.Options{AdminToken: a.Env.AdminToken, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
+	}, api.Options{AdminToken: a.Env.AdminToken, AdminTokenPrevious: a.Env.AdminTokenPrevious, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
 		Now: a.clock, TrustedProxies: proxies})
 	if err != nil {
 		return nil, err

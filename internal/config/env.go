@@ -87,6 +87,11 @@ type Env struct {
 	// Defaults to empty.
 	AdminToken string `env:"ADMIN_TOKEN" help:"guards /admin/, /dashboard, /monitoring/ (16+ characters; required by the dispatcher)" role:"dispatcher"`
 
+	// AdminTokenPrevious is accepted as well as AdminToken while a rotation
+	// is under way: the new token goes in AdminToken, the old one here, and
+	// once every client uses the new one it is removed. Defaults to empty.
+	AdminTokenPrevious string `env:"ADMIN_TOKEN_PREVIOUS" help:"the admin token being replaced, accepted too during a rotation" role:"dispatcher"`
+
 	// WorkerConcurrency is how many jobs one worker process runs at once.
 	// Defaults to 50.
 	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50" help:"jobs a worker runs at once" role:"worker"`
@@ -183,6 +188,9 @@ func LoadEnv(environ []string) (*Env, error) {
 		k, v, _ := strings.Cut(kv, "=")
 		vars[k] = v
 	}
+	if err := readSecretFiles(vars); err != nil {
+		return nil, err
+	}
 	var e Env
 	err := env.ParseWithOptions(&e, env.Options{Environment: vars, Prefix: EnvPrefix})
 	if err != nil {
@@ -194,6 +202,9 @@ func LoadEnv(environ []string) (*Env, error) {
 		if name := envName(t.Field(i)); name != "" {
 			known[EnvPrefix+name] = true
 		}
+	}
+	for _, name := range secretEnv {
+		known[EnvPrefix+name+FileSuffix] = true
 	}
 	for k := range vars {
 		if strings.HasPrefix(k, EnvPrefix) && !known[k] {
@@ -296,6 +307,17 @@ func (e *Env) Validate(role Role) error {
 	}
 	if err := validateAdminToken(e.AdminToken, role); err != nil {
 		return err
+	}
+	if e.AdminTokenPrevious != "" {
+		if e.AdminToken == "" {
+			return envErrorf("ADMIN_TOKEN_PREVIOUS", "is set without LLMQ_ADMIN_TOKEN: a rotation needs the new token there")
+		}
+		if err := validateAdminToken(e.AdminTokenPrevious, role); err != nil {
+			return envErrorf("ADMIN_TOKEN_PREVIOUS", "%s", err.(*EnvError).Msg)
+		}
+		if e.AdminTokenPrevious == e.AdminToken {
+			return envErrorf("ADMIN_TOKEN_PREVIOUS", "is the same as LLMQ_ADMIN_TOKEN: it should be the token being replaced")
+		}
 	}
 	if e.WorkerConcurrency < 1 {
 		return envErrorf("WORKER_CONCURRENCY", "must be at least 1, got %d", e.WorkerConcurrency)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -192,6 +194,10 @@ func TestValidate(t *testing.T) {
 		{"dev short token", RoleDev, []string{"LLMQ_ADMIN_TOKEN=" + secret[:8]}, "LLMQ_ADMIN_TOKEN", "at least 16"},
 		{"worker short token", RoleWorker, []string{"LLMQ_ADMIN_TOKEN=" + secret[:8]}, "LLMQ_ADMIN_TOKEN", "at least 16"},
 		{"unknown role", Role("scheduler"), nil, "", `unknown role "scheduler"`},
+		{"previous token", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_ADMIN_TOKEN_PREVIOUS=" + secret + secret}, "", ""},
+		{"previous token short", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_ADMIN_TOKEN_PREVIOUS=" + secret[:8]}, "LLMQ_ADMIN_TOKEN_PREVIOUS", "at least 16"},
+		{"previous token same", RoleDispatcher, []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_ADMIN_TOKEN_PREVIOUS=" + goodToken}, "LLMQ_ADMIN_TOKEN_PREVIOUS", "same as LLMQ_ADMIN_TOKEN"},
+		{"previous token alone", RoleDev, []string{"LLMQ_ADMIN_TOKEN_PREVIOUS=" + goodToken}, "LLMQ_ADMIN_TOKEN_PREVIOUS", "without LLMQ_ADMIN_TOKEN"},
 
 		{"redis wrong scheme", RoleWorker, []string{"LLMQ_REDIS_URL=http://u:" + secret + "@h:6379"}, "LLMQ_REDIS_URL", `scheme must be redis, rediss, redis+sentinel or redis+cluster, got "http"`},
 		{"redis unparsable", RoleWorker, []string{"LLMQ_REDIS_URL=redis://:" + secret + "@h:port/0"}, "LLMQ_REDIS_URL", "not a valid URL"},
@@ -371,5 +377,77 @@ func TestEnvHelp(t *testing.T) {
 		if name := envName(typ.Field(i)); name != "" && !all[EnvPrefix+name] {
 			t.Errorf("%s%s is read but no role's help lists it", EnvPrefix, name)
 		}
+	}
+}
+
+// A secret variable may be read from the file its _FILE names (Docker and
+// Kubernetes secrets); errors name the variable and the file, never the
+// secret.
+func TestSecretsFromFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	token := write("token", goodToken+"\n")
+	dbURL := write("db", "postgres://llmq:s3cret-pass@db:5432/llmq\r\n")
+	e, err := LoadEnv([]string{"LLMQ_ADMIN_TOKEN_FILE=" + token, "LLMQ_DATABASE_URL_FILE=" + dbURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.AdminToken != goodToken || e.DatabaseURL != "postgres://llmq:s3cret-pass@db:5432/llmq" || len(e.Unrecognized) != 0 {
+		t.Fatalf("token %q, database %q, unrecognized %v", e.AdminToken, e.DatabaseURL, e.Unrecognized)
+	}
+	if err := e.Validate(RoleDispatcher); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range []struct {
+		name string
+		kv   []string
+		want string
+	}{
+		{"both", []string{"LLMQ_ADMIN_TOKEN=" + goodToken, "LLMQ_ADMIN_TOKEN_FILE=" + token}, "LLMQ_ADMIN_TOKEN_FILE: LLMQ_ADMIN_TOKEN and LLMQ_ADMIN_TOKEN_FILE are both set: set one"},
+		{"missing", []string{"LLMQ_ADMIN_TOKEN_FILE=" + filepath.Join(dir, "nope")}, "LLMQ_ADMIN_TOKEN_FILE: cannot read " + filepath.Join(dir, "nope") + ": no such file or directory"},
+		{"empty", []string{"LLMQ_REDIS_URL_FILE=" + write("empty", "\n")}, "LLMQ_REDIS_URL_FILE: " + filepath.Join(dir, "empty") + " is empty"},
+	} {
+		_, err := LoadEnv(c.kv)
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), goodToken) {
+			t.Errorf("%s: the error shows the secret: %v", c.name, err)
+		}
+	}
+
+	// A provider's key, through the lookup the app uses and CheckAPIKeys.
+	lookup := func(env map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	}
+	key := write("openai", "sk-from-a-file\n")
+	if v, ok := SecretLookup(lookup(map[string]string{"OPENAI_API_KEY_FILE": key}))("OPENAI_API_KEY"); !ok || v != "sk-from-a-file" {
+		t.Errorf("provider key from a file = %q, %v", v, ok)
+	}
+	p, err := ParsePolicy([]byte(`
+providers: [{name: openai, base_url: "https://api.openai.com/v1", api_key_env: OPENAI_API_KEY}]
+models: [{name: m, provider: openai, price: {input_per_mtok: 1, output_per_mtok: 1}, limits: {rpm: 10, tpm: 100000}}]
+tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CheckAPIKeys(lookup(map[string]string{"OPENAI_API_KEY_FILE": key})); err != nil {
+		t.Errorf("key from a file: %v", err)
+	}
+	err = p.CheckAPIKeys(lookup(map[string]string{"OPENAI_API_KEY_FILE": filepath.Join(dir, "gone")}))
+	if err == nil || !strings.Contains(err.Error(), "OPENAI_API_KEY_FILE: cannot read") {
+		t.Errorf("unreadable key file: %v", err)
+	}
+	if err := p.CheckAPIKeys(lookup(nil)); err == nil || !strings.Contains(err.Error(), "nor OPENAI_API_KEY_FILE") {
+		t.Errorf("no key: %v", err)
 	}
 }

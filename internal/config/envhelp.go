@@ -51,5 +51,10 @@ func EnvHelp(role Role) string {
 		}
 		b.WriteString("\n      " + v.Help + "\n")
 	}
-	return strings.TrimSuffix(b.String(), "\n")
+	b.WriteString("A secret (LLMQ_DATABASE_URL, LLMQ_REDIS_URL, a provider's key")
+	if role != RoleWorker {
+		b.WriteString(", the admin tokens")
+	}
+	b.WriteString(") may instead be read from the file\nthat its name with _FILE names, e.g. LLMQ_DATABASE_URL_FILE.")
+	return b.String()
 }

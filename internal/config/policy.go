@@ -300,7 +300,8 @@ func (p *Policy) Tier(name string) (*Tier, bool) {
 }
 
 // CheckAPIKeys reports the first provider serving a model whose API key
-// variable is unset or empty in lookup (pass os.LookupEnv). Workers call it at
+// variable is unset or empty in lookup (pass os.LookupEnv), with no
+// readable <variable>_FILE either (ReadSecret). Workers call it at
 // start so a missing key fails the process, not every job. The key itself
 // never appears in the error.
 func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
@@ -314,10 +315,14 @@ func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 		if !used[pr.Name] || pr.APIKeyEnv == "" {
 			continue
 		}
-		if v, ok := lookup(pr.APIKeyEnv); !ok || v == "" {
+		_, ok, err := ReadSecret(lookup, pr.APIKeyEnv)
+		if err != nil {
+			return &PolicyError{Field: fmt.Sprintf("providers[%d].api_key_env", i), Msg: err.Error()}
+		}
+		if !ok {
 			return &PolicyError{
 				Field: fmt.Sprintf("providers[%d].api_key_env", i),
-				Msg:   fmt.Sprintf("environment variable %s is not set", pr.APIKeyEnv),
+				Msg:   fmt.Sprintf("environment variable %s is not set (nor %s%s, a file holding it)", pr.APIKeyEnv, pr.APIKeyEnv, FileSuffix),
 			}
 		}
 	}
