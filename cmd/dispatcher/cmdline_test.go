@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -132,6 +134,9 @@ func startServe(t *testing.T) *served {
 	t.Helper()
 	environ := serveEnviron(t, nil, "LLMQ_DATABASE_URL="+testutil.Postgres(t)+"&pool_max_conns=2", "LLMQ_METRICS_ADDR=127.0.0.1:0",
 		"LLMQ_KEY_PREFIX=d-"+testutil.RandomHex(3), "LLMQ_QUEUE_NAMESPACE=d-"+testutil.RandomHex(3), "SIM_API_KEY=test")
+	if err := run(t.Context(), []string{"migrate", "up"}, environ, io.Discard, io.Discard); err != nil {
+		t.Fatalf("migrate up: %v", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout testutil.SyncBuffer
 	done := make(chan error, 1)
@@ -194,4 +199,42 @@ func status(t *testing.T, url, auth string) int {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// serve refuses a schema that is not its own; migrate up, down and status
+// change and show it.
+func TestMigrateCommand(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	environ := serveEnviron(t, nil, "LLMQ_DATABASE_URL="+testutil.Postgres(t)+"&pool_max_conns=2", "LLMQ_METRICS_ADDR=127.0.0.1:0")
+	migrate := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, append([]string{"migrate"}, args...), environ, &out, io.Discard)
+		return out.String(), err
+	}
+	if err := run(ctx, []string{"serve"}, environ, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "run `dispatcher migrate up` first") {
+		t.Fatalf("serve on an empty schema = %v", err)
+	}
+	if out, err := migrate("status"); err != nil || !strings.Contains(out, "001") || !strings.Contains(out, "pending") ||
+		!strings.Contains(out, "the schema is at version 0") {
+		t.Fatalf("status before: %v\n%s", err, out)
+	}
+	out, err := migrate("up")
+	if err != nil || !strings.HasPrefix(out, "applied 001, 002") {
+		t.Fatalf("up: %v\n%s", err, out)
+	}
+	if out, err := migrate("up"); err != nil || !strings.HasPrefix(out, "the schema is up to date") {
+		t.Fatalf("up again: %v\n%s", err, out)
+	}
+	if out, err := migrate("down"); err != nil || !strings.HasPrefix(out, "reverted 0") {
+		t.Fatalf("down: %v\n%s", err, out)
+	}
+	if out, err := migrate("status"); err != nil || !strings.Contains(out, "pending") || !strings.Contains(out, "dispatcher migrate up applies the rest") {
+		t.Fatalf("status after down: %v\n%s", err, out)
+	}
+	for _, args := range [][]string{nil, {"sideways"}, {"up", "down"}} {
+		if _, err := migrate(args...); cmdline.ExitCode(err) != 2 {
+			t.Errorf("migrate %q = %v, want a usage error", args, err)
+		}
+	}
 }

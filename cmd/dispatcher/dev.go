@@ -157,7 +157,7 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	env.Policy = policyPath
 
-	a, err := app.Open(ctx, env, logger, app.Parts{Redis: rdb, LookupEnv: lookup})
+	a, err := app.Open(ctx, env, logger, app.Parts{Redis: rdb, LookupEnv: lookup, Migrate: true})
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@
 //
 //	dispatcher [serve]      the API, configured by LLMQ_* variables
 //	dispatcher dev          everything in one process on a bare machine
+//	dispatcher migrate      up, down or status of the database's schema
 //	dispatcher healthcheck  exit 0 if the server on LLMQ_LISTEN_ADDR is ready
 package main
 
@@ -41,6 +42,8 @@ const usage = `usage: dispatcher [COMMAND] [FLAGS]
   serve        serve the HTTP API, dashboard and /metrics (the default),
                configured by LLMQ_* variables (dispatcher serve -h lists them)
   dev          run all of llmq in one process on a bare machine (dispatcher dev -h)
+  migrate      up|down|status: apply, revert or list the schema's migrations
+               (LLMQ_DATABASE_URL); serve and the workers never migrate
   healthcheck  exit 0 if the dispatcher (or, with -worker, the worker) on
                LLMQ_LISTEN_ADDR answers /readyz
   version      print the version (also --version)
@@ -73,6 +76,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		}
 	case cmd == "dev":
 		err = dev(ctx, args, environ, stdout, stderr)
+	case cmd == "migrate":
+		err = migrate(ctx, args, environ, stdout, stderr)
 	case cmd == "healthcheck":
 		err = healthcheck(ctx, args, environ, stdout)
 	case cmdline.IsHelp(cmd):

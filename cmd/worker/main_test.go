@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 )
 
@@ -52,7 +54,7 @@ func environ(t *testing.T, policyPath string, extra ...string) []string {
 	ns := "worker-" + testutil.RandomHex(4)
 	env := []string{
 		"LLMQ_REDIS_URL=" + testutil.RedisURLForDB(t, redisDB),
-		"LLMQ_DATABASE_URL=" + testutil.Postgres(t) + "&pool_max_conns=2",
+		"LLMQ_DATABASE_URL=" + migrated(t, testutil.Postgres(t)+"&pool_max_conns=2"),
 		"LLMQ_POLICY=" + policyPath,
 		"LLMQ_KEY_PREFIX=" + ns,
 		"LLMQ_QUEUE_NAMESPACE=" + ns,
@@ -62,6 +64,29 @@ func environ(t *testing.T, policyPath string, extra ...string) []string {
 		"SIM_API_KEY=test",
 	}
 	return override(env, extra...)
+}
+
+// migrated applies the migrations to the database at url, as `dispatcher
+// migrate up` does before workers start, and returns url.
+func migrated(t *testing.T, url string) string {
+	t.Helper()
+	db, err := store.OpenMigrated(t.Context(), url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Close()
+	return url
+}
+
+// A worker never migrates: on a schema that is not its own it stops with a
+// line saying what to run.
+func TestRefusesASchemaNotItsOwn(t *testing.T) {
+	t.Parallel()
+	env := override(environ(t, policy(t, nil)), "LLMQ_DATABASE_URL="+testutil.Postgres(t)+"&pool_max_conns=2")
+	err := run(t.Context(), nil, env, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "run `dispatcher migrate up` first") {
+		t.Fatalf("worker on an empty schema = %v", err)
+	}
 }
 
 // override sets or, given "NAME" without "=", removes variables of env.

@@ -17,7 +17,7 @@ import (
 // unclassified) is a 400 in the error shape, not a 500.
 func TestValueTheDatabaseRefusesIsBadRequest(t *testing.T) {
 	t.Parallel()
-	db, err := store.Open(t.Context(), testutil.Postgres(t), nil)
+	db, err := store.OpenMigrated(t.Context(), testutil.Postgres(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

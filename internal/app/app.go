@@ -82,6 +82,11 @@ type Parts struct {
 	Providers *worker.Providers
 	// LookupEnv reads provider API keys. Defaults to os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// Migrate applies the pending schema migrations before the store
+	// opens (dev mode, tests, benchmarks). Without it a schema that is
+	// not this binary's stops Open: deployments migrate with `dispatcher
+	// migrate up`, and workers and `dispatcher serve` never do.
+	Migrate bool
 	// Clock replaces Redis time for budget days, and the clock of the API's
 	// timestamps (tests simulate a daily reset with it). Defaults to none:
 	// Redis TIME.
@@ -132,7 +137,11 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 		return nil, fmt.Errorf("redis does not answer (LLMQ_REDIS_URL): %w", err)
 	}
 
-	if a.Store, err = store.Open(ctx, env.DatabaseURL, logger); err != nil {
+	openStore := store.Open
+	if parts.Migrate {
+		openStore = store.OpenMigrated
+	}
+	if a.Store, err = openStore(ctx, env.DatabaseURL, logger); err != nil {
 		return nil, fmt.Errorf("open store (LLMQ_DATABASE_URL): %w", err)
 	}
 	a.closers = append(a.closers, a.Store.Close)
@@ -391,5 +400,6 @@ func OpenEnviron(ctx context.Context, environ []string, role config.Role, logger
 	if parts.LookupEnv == nil {
 		parts.LookupEnv = LookupIn(environ)
 	}
+	parts.Migrate = true // a program of its own starts on a database of its own
 	return Open(ctx, env, logger, parts)
 }

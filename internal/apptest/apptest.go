@@ -200,7 +200,7 @@ func Start(t testing.TB, o Options) *App {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := app.Open(ctx, env, logger, app.Parts{Policy: holder, LookupEnv: app.LookupIn(environ), Clock: o.Clock})
+	a, err := app.Open(ctx, env, logger, app.Parts{Policy: holder, LookupEnv: app.LookupIn(environ), Clock: o.Clock, Migrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
-	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,6 +68,10 @@ type dialect struct {
 	// foreign key naming a missing row), ErrInvalidValue (a value the
 	// database cannot hold) or nil.
 	errKind func(err error) error
+
+	// isLockTimeout reports an error of a statement that gave up waiting
+	// for a lock (Postgres's lock_timeout).
+	isLockTimeout func(err error) bool
 }
 
 // tsLayout is how SQLite stores times: UTC, microseconds, fixed width.
@@ -141,8 +145,23 @@ var postgresDialect = &dialect{
 	insertJobs:  copyJobs,
 	tryLock:     pgTryLock,
 	gooseDB: func(db *DB) (*sql.DB, func() error) {
-		s := stdlib.OpenDBFromPool(db.pool)
-		return s, s.Close
+		// A pool of its own, whose sessions give up on a lock they wait
+		// for (lock_timeout) instead of waiting behind a long transaction
+		// while every query of the table queues behind them.
+		cfg := db.pool.Config().Copy()
+		cfg.MaxConns = 2
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(db.migrateLockTimeout.Milliseconds(), 10)
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			// NewWithConfig only fails on a bad config, which this one was not.
+			panic("store: migration pool: " + err.Error())
+		}
+		s := stdlib.OpenDBFromPool(pool)
+		return s, func() error { err := s.Close(); pool.Close(); return err }
+	},
+	isLockTimeout: func(err error) bool {
+		var pe *pgconn.PgError
+		return errors.As(err, &pe) && pe.Code == "55P03" // lock_not_available
 	},
 	errKind: func(err error) error {
 		var pe *pgconn.PgError
@@ -177,6 +196,8 @@ var sqliteDialect = &dialect{
 	insertJobs:   multiRowInsertJobs,
 	tryLock:      processTryLock,
 	gooseDB:      func(db *DB) (*sql.DB, func() error) { return db.writer, func() error { return nil } },
+	// SQLite's writers wait on its busy timeout, and give up there.
+	isLockTimeout: func(error) bool { return false },
 	errKind: func(err error) error {
 		var se *sqlite.Error
 		if errors.As(err, &se) {
@@ -338,48 +359,6 @@ func pingWriter(ctx context.Context, w *sql.DB) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// migrate applies the pending migrations. The lock "llmq.migrate" (TryLock,
-// tried again every 50ms) keeps DBs opened together on one database from
-// migrating at once.
-func (db *DB) migrate(ctx context.Context) error {
-	unlock, err := db.waitLock(ctx, "llmq.migrate")
-	if err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
-	}
-	defer unlock()
-	p, done, err := db.migrator()
-	if err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
-	}
-	defer func() { _ = done() }()
-	results, err := p.Up(ctx)
-	if err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
-	}
-	version, err := p.GetDBVersion(ctx)
-	if err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
-	}
-	level := slog.LevelDebug
-	if len(results) > 0 {
-		level = slog.LevelInfo
-	}
-	db.log.Log(ctx, level, "store: schema migrated", "dialect", db.d.name, "applied", len(results), "version", version)
-	return nil
-}
-
-// migrator is goose's provider of the embedded migrations on db, and what
-// releases it.
-func (db *DB) migrator() (*goose.Provider, func() error, error) {
-	sdb, done := db.d.gooseDB(db)
-	p, err := goose.NewProvider(db.d.goose, sdb, db.d.migrations, goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		_ = done()
-		return nil, nil, err
-	}
-	return p, done, nil
 }
 
 // lockKey is the 64-bit advisory lock key of name within scope.

@@ -77,17 +77,55 @@ type DB struct {
 	// Tunables; tests shrink them to exercise paging with few rows.
 	chunkSize   int // bytes per file chunk
 	streamBatch int // jobs per query of JobStreamByBatch
+	// migrateLockTimeout bounds a migration's wait for a lock.
+	migrateLockTimeout time.Duration
 
 	now func() time.Time
 }
 
-// Open connects to the database at url, applies the pending migrations and
-// returns the DB. The scheme picks the backend: postgres:// or postgresql://
-// for PostgreSQL (a search_path parameter is honoured; pool_max_conns sets the
-// pool size, default 16); sqlite://path or file:path for SQLite (the file and
-// its directory are created; extra query parameters go to the driver, e.g.
-// _synchronous=NORMAL). logger may be nil.
+// Open connects to the database at url and returns the DB, once it has
+// checked that the schema is the one this binary was built for: a
+// *SchemaError otherwise (migrations pending: run `dispatcher migrate up`;
+// or a newer schema than this binary knows). The scheme picks the backend:
+// postgres:// or postgresql:// for PostgreSQL (a search_path parameter is
+// honoured; pool_max_conns sets the pool size, default 16); sqlite://path
+// or file:path for SQLite (the file and its directory are created; extra
+// query parameters go to the driver, e.g. _synchronous=NORMAL). logger may
+// be nil.
 func Open(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
+	db, err := Connect(ctx, url, logger)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.checkSchema(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// OpenMigrated is Open after applying the pending migrations: for dev
+// mode, tests and benchmarks, which start on a database of their own.
+// Deployments migrate with `dispatcher migrate up`.
+func OpenMigrated(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
+	db, err := Connect(ctx, url, logger)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := db.MigrateUp(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if err := db.checkSchema(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// Connect connects to the database at url without looking at its schema:
+// for the migration commands (MigrateUp, MigrateDown, MigrationStatus).
+func Connect(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -110,12 +148,9 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
 	db.log = logger
 	db.chunkSize = 1 << 20
 	db.streamBatch = 500
+	db.migrateLockTimeout = DefaultMigrateLockTimeout
 	db.now = func() time.Time { return time.Now() }
 	db.initGroups()
-	if err := db.migrate(ctx); err != nil {
-		_ = db.Close()
-		return nil, err
-	}
 	return db, nil
 }
 

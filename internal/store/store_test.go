@@ -23,7 +23,7 @@ func openURL(tb testing.TB, url string) *DB {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db, err := Open(ctx, url, nil)
+	db, err := OpenMigrated(ctx, url, nil)
 	if err != nil {
 		tb.Fatalf("Open: %v", err)
 	}
@@ -97,7 +97,7 @@ func TestOpenConcurrently(t *testing.T) {
 			errs := make(chan error, 4)
 			for i := 0; i < cap(errs); i++ {
 				go func() {
-					db, err := Open(t.Context(), url, nil)
+					db, err := OpenMigrated(t.Context(), url, nil)
 					if err == nil {
 						err = db.Close()
 					}
@@ -122,14 +122,14 @@ func TestOpenRejectsBadURLs(t *testing.T) {
 		"sqlite://:memory:",
 		"postgres://127.0.0.1:5432/test?pool_max_conns=zero",
 	} {
-		db, err := Open(t.Context(), url, nil)
+		db, err := OpenMigrated(t.Context(), url, nil)
 		if err == nil {
 			_ = db.Close()
 			t.Errorf("Open(%q) succeeded", url)
 		}
 	}
 	// A password never appears in an error.
-	_, err := Open(t.Context(), "postgres://u:hunter2@127.0.0.1:1/x?connect_timeout=1", nil)
+	_, err := OpenMigrated(t.Context(), "postgres://u:hunter2@127.0.0.1:1/x?connect_timeout=1", nil)
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("Open with a bad address: err = %v", err)
 	}

@@ -1,0 +1,172 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"time"
+
+	"github.com/pressly/goose/v3"
+)
+
+// DefaultMigrateLockTimeout is how long a migration waits for a lock: the
+// advisory lock another migrating process holds, or a table lock a long
+// transaction holds (Postgres's lock_timeout), before it gives up with an
+// error instead of hanging while every query of the table queues behind it.
+const DefaultMigrateLockTimeout = 10 * time.Second
+
+// SchemaError says the database's schema is not the one this binary was
+// built for: older (migrations pending) or newer (a later version migrated
+// it).
+type SchemaError struct {
+	// Have is the database's schema version, Want this binary's.
+	Have, Want int64
+}
+
+func (e *SchemaError) Error() string {
+	if e.Have > e.Want {
+		return fmt.Sprintf("store: the database's schema is at version %d, newer than this binary knows (%d): "+
+			"a later llmq migrated it; run that version (or a later one), or `dispatcher migrate down` with the binary that migrated it",
+			e.Have, e.Want)
+	}
+	return fmt.Sprintf("store: the database's schema is at version %d, this binary needs version %d: run `dispatcher migrate up` first",
+		e.Have, e.Want)
+}
+
+// MigrationState is one migration this binary knows, and whether the
+// database has it.
+type MigrationState struct {
+	Version   int64
+	Name      string // the file name, e.g. 012_worker_lease.sql
+	Applied   bool
+	AppliedAt time.Time // zero when pending
+}
+
+// checkSchema returns a *SchemaError unless the database's schema version
+// is this binary's.
+func (db *DB) checkSchema(ctx context.Context) error {
+	have, want, err := db.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if have != want {
+		return &SchemaError{Have: have, Want: want}
+	}
+	return nil
+}
+
+// SchemaVersion returns the database's schema version and this binary's.
+func (db *DB) SchemaVersion(ctx context.Context) (have, want int64, err error) {
+	p, done, err := db.migrator()
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: schema version: %w", err)
+	}
+	defer func() { _ = done() }()
+	if have, err = p.GetDBVersion(ctx); err != nil {
+		return 0, 0, fmt.Errorf("store: schema version: %w", err)
+	}
+	src := p.ListSources()
+	return have, src[len(src)-1].Version, nil
+}
+
+// MigrateUp applies every pending migration and returns the versions
+// applied. Processes migrating one database at once take turns (the
+// advisory lock "llmq.migrate"); one that waits longer than the migration
+// lock timeout gives up.
+func (db *DB) MigrateUp(ctx context.Context) ([]int64, error) {
+	var applied []int64
+	err := db.migrating(ctx, func(p *goose.Provider) error {
+		results, err := p.Up(ctx)
+		for _, r := range results {
+			applied = append(applied, r.Source.Version)
+		}
+		return err
+	})
+	level := slog.LevelDebug
+	if len(applied) > 0 {
+		level = slog.LevelInfo
+	}
+	if err == nil {
+		db.log.Log(ctx, level, "store: schema migrated", "dialect", db.d.name, "applied", len(applied))
+	}
+	return applied, err
+}
+
+// MigrateDown reverts the latest applied migration (its Down section) and
+// returns its version, or 0 when none is applied.
+func (db *DB) MigrateDown(ctx context.Context) (int64, error) {
+	var version int64
+	err := db.migrating(ctx, func(p *goose.Provider) error {
+		r, err := p.Down(ctx)
+		if errors.Is(err, goose.ErrNoNextVersion) {
+			return nil
+		}
+		if r != nil && r.Source != nil {
+			version = r.Source.Version
+		}
+		return err
+	})
+	return version, err
+}
+
+// MigrationStatus lists every migration this binary knows, oldest first,
+// and whether it is applied.
+func (db *DB) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
+	p, done, err := db.migrator()
+	if err != nil {
+		return nil, fmt.Errorf("store: migration status: %w", err)
+	}
+	defer func() { _ = done() }()
+	sts, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("store: migration status: %w", err)
+	}
+	out := make([]MigrationState, len(sts))
+	for i, s := range sts {
+		out[i] = MigrationState{Version: s.Source.Version, Name: path.Base(s.Source.Path),
+			Applied: s.State == goose.StateApplied, AppliedAt: s.AppliedAt}
+	}
+	return out, nil
+}
+
+// migrating runs fn with goose's provider under the migration lock, giving
+// up when the lock is not had within the migration lock timeout.
+func (db *DB) migrating(ctx context.Context, fn func(*goose.Provider) error) error {
+	wctx, cancel := context.WithTimeout(ctx, db.migrateLockTimeout)
+	unlock, err := db.waitLock(wctx, "llmq.migrate")
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			return fmt.Errorf("store: migrate: another process has been migrating this database for %v (lock llmq.migrate); try again once it is done", db.migrateLockTimeout)
+		}
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	defer unlock()
+	p, done, err := db.migrator()
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	defer func() { _ = done() }()
+	if err := fn(p); err != nil {
+		if db.d.isLockTimeout(err) {
+			return fmt.Errorf("store: migrate: a table it changes stayed locked by another transaction for %v (lock_timeout), nothing of that migration was applied: "+
+				"end that transaction or try again when the database is quieter: %w", db.migrateLockTimeout, err)
+		}
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	return nil
+}
+
+// migrator is goose's provider of the embedded migrations on db, and what
+// releases it.
+func (db *DB) migrator() (*goose.Provider, func() error, error) {
+	sdb, done := db.d.gooseDB(db)
+	p, err := goose.NewProvider(db.d.goose, sdb, db.d.migrations, goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		_ = done()
+		return nil, nil, err
+	}
+	return p, done, nil
+}

@@ -1,0 +1,124 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A binary refuses a schema that is not its own: older (it says to run
+// `dispatcher migrate up`) or newer (a later version migrated it). Up,
+// down and status go through goose's Up and Down sections.
+func TestSchemaVersionIsChecked(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := postgresURL(t)
+	_, err := Open(ctx, url, nil)
+	var se *SchemaError
+	if !errors.As(err, &se) || se.Have != 0 || !strings.Contains(err.Error(), "run `dispatcher migrate up` first") {
+		t.Fatalf("Open of an empty schema = %v, want a SchemaError telling to migrate", err)
+	}
+	db := openURL(t, url)
+	have, want, err := db.SchemaVersion(ctx)
+	if err != nil || have != want || want < 12 {
+		t.Fatalf("SchemaVersion = %d, %d, %v", have, want, err)
+	}
+	if db2, err := Open(ctx, url, nil); err != nil {
+		t.Fatalf("Open of a migrated schema: %v", err)
+	} else {
+		_ = db2.Close()
+	}
+
+	// down, status, up
+	v, err := db.MigrateDown(ctx)
+	if err != nil || v != want {
+		t.Fatalf("MigrateDown = %d, %v; want %d", v, err, want)
+	}
+	sts, err := db.MigrationStatus(ctx)
+	if err != nil || len(sts) != int(want) || sts[len(sts)-1].Applied || !sts[0].Applied || !strings.HasSuffix(sts[0].Name, ".sql") {
+		t.Fatalf("MigrationStatus after down = %+v, %v", sts, err)
+	}
+	if _, err := Open(ctx, url, nil); !errors.As(err, &se) || se.Have != want-1 {
+		t.Fatalf("Open one version behind = %v", err)
+	}
+	if applied, err := db.MigrateUp(ctx); err != nil || len(applied) != 1 || applied[0] != want {
+		t.Fatalf("MigrateUp = %v, %v; want [%d]", applied, err, want)
+	}
+
+	// A later version's migration, as the older binary sees it.
+	if _, err := db.pool.Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)", want+1); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(ctx, url, nil)
+	if !errors.As(err, &se) || se.Have != want+1 || se.Want != want || !strings.Contains(err.Error(), "newer than this binary knows") {
+		t.Fatalf("Open of a newer schema = %v", err)
+	}
+}
+
+// A migration that meets a lock gives up after the lock timeout with an
+// error saying so, instead of hanging (and queueing every query of the
+// table behind its own wait), and applies nothing.
+func TestMigrationGivesUpOnAHeldLock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := postgresURL(t)
+	db := openURL(t, url)
+	db.migrateLockTimeout = 500 * time.Millisecond
+	_, want, err := db.SchemaVersion(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.MigrateDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("a table held by a long transaction", func(t *testing.T) {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE jobs IN ACCESS SHARE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = db.MigrateUp(ctx)
+		took := time.Since(start)
+		_ = tx.Rollback(ctx)
+		if err == nil || !strings.Contains(err.Error(), "stayed locked by another transaction") || took > 5*time.Second {
+			t.Fatalf("MigrateUp behind a held table lock = %v after %v, want a lock timeout", err, took)
+		}
+		if have, _, _ := db.SchemaVersion(ctx); have != want-1 {
+			t.Fatalf("schema at %d after the failed migration, want %d (nothing applied)", have, want-1)
+		}
+	})
+
+	t.Run("another process migrating", func(t *testing.T) {
+		other, err := Connect(ctx, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		unlock, ok, err := other.TryLock(ctx, "llmq.migrate")
+		if err != nil || !ok {
+			t.Fatalf("TryLock = %v, %v", ok, err)
+		}
+		defer unlock()
+		_, err = db.MigrateUp(ctx)
+		if err == nil || !strings.Contains(err.Error(), "another process has been migrating this database") {
+			t.Fatalf("MigrateUp while another migrates = %v", err)
+		}
+	})
+
+	if applied, err := db.MigrateUp(ctx); err != nil || len(applied) != 1 {
+		t.Fatalf("MigrateUp once the locks are gone = %v, %v", applied, err)
+	}
+}
