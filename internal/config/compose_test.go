@@ -30,6 +30,7 @@ type composeService struct {
 	Environment map[string]string `yaml:"environment"`
 	Volumes     []string          `yaml:"volumes"`
 	Restart     string            `yaml:"restart"`
+	Ports       []string          `yaml:"ports"`
 	Healthcheck *struct {
 		Test []string `yaml:"test"`
 	} `yaml:"healthcheck"`
@@ -82,7 +83,8 @@ func interpolate(s string, vars map[string]string) (string, error) {
 }
 
 // TestComposeFileRunsAsShipped reads docker-compose.yml as Compose would,
-// with only LLMQ_ADMIN_TOKEN set (as the README's command does), and checks
+// with only LLMQ_ADMIN_TOKEN and GRAFANA_ADMIN_PASSWORD set (the .env the
+// README's commands write), and checks
 // what must hold for `docker compose up` to give a working llmq: every
 // LLMQ_* variable exists and validates, the mounted policy passes
 // validation with its provider's key set, that provider is the sim service,
@@ -98,7 +100,7 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 	if err := yaml.Unmarshal(raw, &cf); err != nil {
 		t.Fatalf("docker-compose.yml: %v", err)
 	}
-	shell := map[string]string{"LLMQ_ADMIN_TOKEN": "0123456789abcdef0123456789abcdef"}
+	shell := map[string]string{"LLMQ_ADMIN_TOKEN": "0123456789abcdef0123456789abcdef", "GRAFANA_ADMIN_PASSWORD": "not-admin"}
 	for name, s := range cf.Services {
 		for k, v := range s.Environment {
 			if s.Environment[k], err = interpolate(v, shell); err != nil {
@@ -165,7 +167,7 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 	}
 	simKey := sim.flag("-api-key")
 
-	workers := 0
+	workers, migrations := 0, ""
 	for name, s := range llmqServices {
 		var role Role
 		switch s.binary() {
@@ -174,6 +176,10 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 			workers++
 		case "dispatcher":
 			role = RoleDispatcher
+			if slices.Equal(s.Command, []string{"migrate", "up"}) {
+				migrations = name
+				continue
+			}
 			if !slices.Equal(s.Command, []string{"serve"}) {
 				t.Errorf("service %s: command %q, want [serve]", name, s.Command)
 			}
@@ -255,6 +261,28 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 	if workers != 2 {
 		t.Errorf("%d worker services, want 2", workers)
 	}
+	// The schema is migrated once, before anything that opens it: serve
+	// and the workers refuse a schema not their own.
+	if migrations == "" {
+		t.Fatal("no service runs `dispatcher migrate up`")
+	}
+	for name, s := range llmqServices {
+		if b := s.binary(); b != "worker" && !(b == "dispatcher" && slices.Equal(s.Command, []string{"serve"})) {
+			continue
+		}
+		deps, _ := s.DependsOn.(map[string]any)
+		if c, _ := deps[migrations].(map[string]any); c["condition"] != "service_completed_successfully" {
+			t.Errorf("service %s does not wait for %s to complete", name, migrations)
+		}
+	}
+	// What shows every tenant's spend stays on loopback.
+	for _, name := range []string{"prometheus", "grafana"} {
+		for _, p := range cf.Services[name].Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q on every interface, want 127.0.0.1:…", name, p)
+			}
+		}
+	}
 
 	redis, ok := cf.Services["redis"]
 	if !ok {
@@ -268,7 +296,7 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 	}
 
 	for name, s := range cf.Services {
-		if s.Restart != "unless-stopped" {
+		if s.Restart != "unless-stopped" && name != migrations {
 			t.Errorf("service %s: restart %q, want unless-stopped", name, s.Restart)
 		}
 		deps, _ := s.DependsOn.(map[string]any)
