@@ -137,6 +137,11 @@ func startRecorder(ctx context.Context, a *app.App, logger *slog.Logger) (rec *m
 		return nil, nil, err
 	}
 	a.Observer, a.APIObserver = rec, rec
+	for _, c := range a.ReadyChecks() {
+		if err := rec.WatchReady(c.Name, c.Check); err != nil {
+			return nil, nil, err
+		}
+	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() { rec.Run(rctx); close(done) }()

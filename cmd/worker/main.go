@@ -91,6 +91,11 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	a.Observer = rec
+	for _, c := range a.ReadyChecks() {
+		if err := rec.WatchReady(c.Name, c.Check); err != nil {
+			return err
+		}
+	}
 	rctx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
 	recDone := make(chan struct{})
 	go func() { rec.Run(rctx); close(recDone) }()

@@ -276,7 +276,7 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 		}
 	}
 	// What shows every tenant's spend stays on loopback.
-	for _, name := range []string{"prometheus", "grafana"} {
+	for _, name := range []string{"prometheus", "grafana", "alertmanager"} {
 		for _, p := range cf.Services[name].Ports {
 			if !strings.HasPrefix(p, "127.0.0.1:") {
 				t.Errorf("service %s publishes %q on every interface, want 127.0.0.1:…", name, p)

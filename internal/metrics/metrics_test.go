@@ -3,13 +3,16 @@ package metrics_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,6 +110,11 @@ func setup(t *testing.T) *scenario {
 	}, metrics.StateOptions{}))
 	if err := rec.Register(st.Collector(), asynqmetrics.NewQueueMetricsCollector(in)); err != nil {
 		t.Fatal(err)
+	}
+	for _, c := range a.ReadyChecks() {
+		if err := rec.WatchReady(c.Name, c.Check); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := queue.RegisterQueues(ctx, a.Redis, a.Queue.Namespace()); err != nil {
 		t.Fatal(err)
@@ -341,8 +349,9 @@ var (
 	upJob         = regexp.MustCompile(`\bup\{[^}]*\bjob\s*=\s*"([^"]*)"`)
 )
 
-// labelSets are the label names of each family of a scrape, of each
-// recording rule (its grouping labels) and of Prometheus's own up.
+// labelSets are the label names of each family of a scrape (with the
+// target's job and instance, which Prometheus adds to every series), of
+// each recording rule (its grouping labels) and of Prometheus's own up.
 type labelSets map[string]map[string]bool
 
 func labelSetsOf(got map[string]*familyView) labelSets {
@@ -350,7 +359,7 @@ func labelSetsOf(got map[string]*familyView) labelSets {
 	for name, f := range got {
 		for _, smp := range f.Samples {
 			if ls[name] == nil {
-				ls[name] = map[string]bool{}
+				ls[name] = map[string]bool{"job": true, "instance": true}
 			}
 			for l := range smp.Labels {
 				ls[name][l] = true
@@ -641,6 +650,13 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var prom struct {
+		Alerting struct {
+			Alertmanagers []struct {
+				StaticConfigs []struct {
+					Targets []string `yaml:"targets"`
+				} `yaml:"static_configs"`
+			} `yaml:"alertmanagers"`
+		} `yaml:"alerting"`
 		RuleFiles     []string `yaml:"rule_files"`
 		ScrapeConfigs []struct {
 			JobName       string `yaml:"job_name"`
@@ -674,6 +690,68 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 		t.Error("prometheus.yml loads no rule files")
 	}
 
+	// Alerts reach someone: Prometheus sends them to the Alertmanager
+	// service, whose routes send every severity the rules use to a
+	// receiver it defines, notices apart from the pager.
+	var amTargets []string
+	for _, am := range prom.Alerting.Alertmanagers {
+		for _, sc := range am.StaticConfigs {
+			amTargets = append(amTargets, sc.Targets...)
+		}
+	}
+	if !slices.Contains(amTargets, "alertmanager:9093") {
+		t.Errorf("prometheus.yml sends alerts to %v, want alertmanager:9093", amTargets)
+	}
+	raw, err = os.ReadFile("../../deploy/alertmanager/alertmanager.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type amRoute struct {
+		Receiver string   `yaml:"receiver"`
+		Matchers []string `yaml:"matchers"`
+	}
+	var am struct {
+		Route struct {
+			Receiver string    `yaml:"receiver"`
+			Routes   []amRoute `yaml:"routes"`
+		} `yaml:"route"`
+		Receivers []struct {
+			Name string `yaml:"name"`
+		} `yaml:"receivers"`
+	}
+	if err := yaml.Unmarshal(raw, &am); err != nil {
+		t.Fatalf("alertmanager.yml is not YAML: %v", err)
+	}
+	receivers := map[string]bool{}
+	for _, r := range am.Receivers {
+		receivers[r.Name] = true
+	}
+	receiverOf := func(severity string) string {
+		for _, r := range am.Route.Routes {
+			if slices.Contains(r.Matchers, `severity="`+severity+`"`) {
+				return r.Receiver
+			}
+		}
+		return am.Route.Receiver
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			sev := r.Labels["severity"]
+			if !slices.Contains([]string{"critical", "warning", "notice"}, sev) {
+				t.Errorf("alert %s: severity %q, want critical, warning or notice", r.Alert, sev)
+			}
+			if rc := receiverOf(sev); !receivers[rc] {
+				t.Errorf("alert %s (severity %s) goes to receiver %q, which alertmanager.yml does not define", r.Alert, sev, rc)
+			}
+		}
+	}
+	if receiverOf("notice") == receiverOf("critical") {
+		t.Errorf("notices go to the pager's receiver %q", receiverOf("critical"))
+	}
+
 	// docker-compose runs Prometheus and Grafana over these files, and the
 	// scrape targets are its services' metrics addresses.
 	raw, err = os.ReadFile("../../docker-compose.yml")
@@ -703,6 +781,7 @@ func TestDeployFilesReferenceExistingMetrics(t *testing.T) {
 	}
 	mounts("prometheus", "deploy/prometheus/prometheus.yml")
 	mounts("prometheus", "deploy/prometheus/alerts.yml")
+	mounts("alertmanager", "deploy/alertmanager/alertmanager.yml")
 	mounts("grafana", "deploy/grafana/provisioning")
 	mounts("grafana", "deploy/grafana/dashboards")
 	for _, target := range targets {
@@ -840,4 +919,62 @@ func TestWebhookReasonsAreBounded(t *testing.T) {
 		return
 	}
 	t.Fatal("no llmq_webhook_failures_total")
+}
+
+// llmq_ready says, at each scrape, whether the process reaches each
+// dependency: a process that still answers /metrics but not Redis reads 0.
+func TestReadyGauge(t *testing.T) {
+	t.Parallel()
+	rec := testutil.Must(metrics.New(metrics.Options{}))
+	var down atomic.Bool
+	if err := rec.WatchReady("redis", func(context.Context) error {
+		if down.Load() {
+			return errors.New("connection refused")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	read := func() float64 {
+		fams, err := rec.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == "llmq_ready" {
+				m := f.GetMetric()[0]
+				if l := m.GetLabel(); len(l) != 1 || l[0].GetName() != "dependency" || l[0].GetValue() != "redis" {
+					t.Fatalf("labels %v", l)
+				}
+				return m.GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no llmq_ready")
+		return 0
+	}
+	if v := read(); v != 1 {
+		t.Fatalf("reachable: %v, want 1", v)
+	}
+	down.Store(true)
+	if v := read(); v != 0 {
+		t.Fatalf("unreachable: %v, want 0", v)
+	}
+}
+
+// The alert rules pass promtool's checks and its unit tests
+// (deploy/prometheus/alerts_test.yml): each alert fires on the series that
+// should fire it, with its labels and text, and an idle system fires none.
+func TestAlertRulesFire(t *testing.T) {
+	t.Parallel()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool is not installed: Debian's prometheus package has it (scripts/test installs it)")
+	}
+	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
+		cmd := exec.CommandContext(t.Context(), promtool, args...)
+		cmd.Dir = "../../deploy/prometheus"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
 }

@@ -13,6 +13,7 @@
 package metrics
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -190,6 +191,20 @@ func (r *Recorder) Register(cs ...prometheus.Collector) error {
 		}
 	}
 	return nil
+}
+
+// WatchReady exports llmq_ready{dependency=name}: 1 while check (Redis's
+// or the database's ping) succeeds at a scrape, 0 while it fails, so an
+// alert sees a process that still answers /metrics but reaches neither.
+func (r *Recorder) WatchReady(name string, check func(context.Context) error) error {
+	return r.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "ready", ConstLabels: prometheus.Labels{"dependency": name},
+		Help: "1 while this process reaches the dependency (redis, database), 0 while it does not; checked at each scrape.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return boolFloat(check(ctx) == nil)
+	}))
 }
 
 // Handler serves the registry in the Prometheus text format. A collector
