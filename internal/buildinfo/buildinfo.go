@@ -16,15 +16,26 @@ func String(program string) string {
 	if !ok {
 		return program + " (unknown version: built without module information)"
 	}
-	return format(program, bi)
+	return format(program, bi, Version, Commit)
 }
 
-func format(program string, bi *debug.BuildInfo) string {
+// Version and Commit are set at link time by a build without the
+// repository's history (the Dockerfile: -ldflags "-X
+// github.com/llmq/llmq/internal/buildinfo.Version=… -X ….Commit=…"); a
+// build from a checkout or a released module needs neither.
+var Version, Commit string
+
+// format is String of bi, with the version and commit stamped at link
+// time (empty when none was).
+func format(program string, bi *debug.BuildInfo, stampVersion, stampCommit string) string {
 	version := bi.Main.Version
-	if version == "" {
+	if version == "" || version == "(devel)" {
 		version = "(devel)"
+		if stampVersion != "" {
+			version = stampVersion
+		}
 	}
-	var rev, at string
+	rev, at := stampCommit, ""
 	dirty := false
 	for _, s := range bi.Settings {
 		switch s.Key {
@@ -47,7 +58,7 @@ func format(program string, bi *debug.BuildInfo) string {
 			b.WriteString(" (" + at + ")")
 		}
 	} else if version == "(devel)" {
-		b.WriteString(" (built without version control information)")
+		b.WriteString(" (built without version control information: the Dockerfile's LLMQ_VERSION and LLMQ_COMMIT stamp it)")
 	}
 	if bi.GoVersion != "" {
 		b.WriteString(", " + bi.GoVersion)
