@@ -206,3 +206,30 @@ func (s *AdminService) UsageReport(ctx context.Context, p *UsageReportParams) (*
 	}
 	return &r, nil
 }
+
+// Retention is what the server's retention would purge now (the policy's
+// retention: finished jobs' bodies, files no running batch uses).
+type Retention struct {
+	// FinishedJobs is the policy's retention.finished_jobs ("0s": kept for
+	// ever); JobsBefore the cut-off, absent when kept.
+	FinishedJobs string `json:"finished_jobs"`
+	JobsBefore   *int64 `json:"jobs_finished_before,omitempty"`
+	// Jobs is how many finished jobs would lose their request and response.
+	Jobs int64 `json:"jobs"`
+	// Files is the policy's retention.files; FilesBefore the cut-off.
+	Files       string `json:"files"`
+	FilesBefore *int64 `json:"files_created_before,omitempty"`
+	// FileCount and FileBytes are the files that would be deleted.
+	FileCount int64 `json:"file_count"`
+	FileBytes int64 `json:"file_bytes"`
+}
+
+// Retention says what the server's retention would purge now, purging
+// nothing.
+func (s *AdminService) Retention(ctx context.Context) (*Retention, error) {
+	var r Retention
+	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/retention", admin: true}, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}

@@ -6,6 +6,7 @@ import (
 	"iter"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/llmq/llmq/client"
 )
@@ -256,8 +257,32 @@ func (c *cli) admin(args []string) error {
 		}
 		fmt.Fprintf(tw, "total %s\t\t\t\t\t%s\n", r.Day, dollars(r.TotalCostUSD))
 		return tw.Flush()
+	case "retention":
+		if _, err := c.parse(c.flags("admin retention"), args); err != nil {
+			return err
+		}
+		cl, err := c.adminClient()
+		if err != nil {
+			return err
+		}
+		r, err := cl.Admin.Retention(c.ctx)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(r)
+		}
+		before := func(unix *int64) string {
+			if unix == nil {
+				return "kept for ever (retention 0)"
+			}
+			return "older than " + time.Unix(*unix, 0).UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(c.stdout, "finished jobs (retention %s): %d would lose their request and response, %s\n", r.FinishedJobs, r.Jobs, before(r.JobsBefore))
+		fmt.Fprintf(c.stdout, "files (retention %s): %d files, %d bytes would be deleted, %s\n", r.Files, r.FileCount, r.FileBytes, before(r.FilesBefore))
+		return nil
 	}
-	return unknownSub("admin", what, "tenants, keys or usage")
+	return unknownSub("admin", what, "tenants, keys, usage or retention")
 }
 
 func (c *cli) adminTenants(args []string) error {

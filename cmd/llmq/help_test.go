@@ -65,7 +65,7 @@ func TestHelpEverywhere(t *testing.T) {
 		want string
 	}{
 		{[]string{"files"}, "files needs a subcommand: upload, list, get, content or delete (llmq files -h)"},
-		{[]string{"admin"}, "admin needs a subcommand: tenants, keys or usage (llmq admin -h)"},
+		{[]string{"admin"}, "admin needs a subcommand: tenants, keys, usage or retention (llmq admin -h)"},
 		{[]string{"admin", "keys"}, "admin keys needs a subcommand: create, list or revoke (llmq admin -h)"},
 		{[]string{"admin", "keys", "rotate"}, `unknown command "admin keys rotate": use create, list or revoke`},
 		{[]string{"jobs", "purge"}, `unknown command "jobs purge": use list, get, cancel or wait`},

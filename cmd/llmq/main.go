@@ -78,6 +78,7 @@ Administration (admin token: LLMQ_ADMIN_TOKEN or --admin-token):
   admin keys create TENANT_ID  create a key; prints the key, shown only once
   admin keys list TENANT_ID | revoke KEY_ID
   admin usage [--day YYYY-MM-DD] [--tenant ID]
+  admin retention              what the retention policy would purge now (nothing is purged)
 
 Other commands:
   help [COMMAND]              this help, or one command's (also COMMAND -h)

@@ -17,6 +17,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/retention"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
 )
@@ -291,5 +292,28 @@ func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, wire.UsageReport(day, rows))
+	return nil
+}
+
+// adminRetention says what the policy's retention would purge now: GET
+// /admin/v1/retention (`llmq admin retention`).
+func (s *Server) adminRetention(w http.ResponseWriter, r *http.Request) error {
+	ret := s.Policy.Current().Retention
+	p := &retention.Purger{Store: s.Store, Retention: func() config.Retention { return ret }}
+	rep, err := p.Preview(r.Context())
+	if err != nil {
+		return err
+	}
+	out := client.Retention{FinishedJobs: ret.FinishedJobs.String(), Jobs: rep.Jobs, Files: ret.Files.String(),
+		FileCount: rep.Files, FileBytes: rep.FileBytes}
+	if !rep.JobsBefore.IsZero() {
+		t := rep.JobsBefore.Unix()
+		out.JobsBefore = &t
+	}
+	if !rep.FilesBefore.IsZero() {
+		t := rep.FilesBefore.Unix()
+		out.FilesBefore = &t
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }

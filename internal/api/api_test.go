@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/queue"
@@ -395,5 +396,22 @@ func TestAdminTokenRotation(t *testing.T) {
 		if r := c.a.Do("GET", "/admin/v1/tenants", c.token, nil); r.Status != c.want {
 			t.Errorf("%s: %d %s, want %d", c.name, r.Status, r.Body, c.want)
 		}
+	}
+}
+
+// GET /admin/v1/retention says what the policy's retention would purge,
+// purging nothing; tenants' keys cannot ask.
+func TestAdminRetentionPreview(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: apptest.PolicyYAML + "retention: {finished_jobs: 720h}\n"})
+	_, key := a.Tenant("standard")
+	r := a.Do("GET", "/admin/v1/retention", apptest.AdminToken, nil)
+	var got client.Retention
+	r.JSON(t, &got)
+	if r.Status != 200 || got.FinishedJobs != "720h0m0s" || got.JobsBefore == nil || got.Jobs != 0 || got.Files != "0s" || got.FilesBefore != nil {
+		t.Fatalf("retention preview: %d %s", r.Status, r.Body)
+	}
+	if r := a.Do("GET", "/admin/v1/retention", key, nil); r.Status != 401 {
+		t.Fatalf("a tenant's key: %d %s", r.Status, r.Body)
 	}
 }

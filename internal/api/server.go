@@ -173,6 +173,7 @@ func (s *Server) routes() {
 	s.mux.Handle("PATCH /admin/v1/keys/{id}", a(s.updateKey))
 	s.mux.Handle("DELETE /admin/v1/keys/{id}", a(s.revokeKey))
 	s.mux.Handle("GET /admin/v1/usage", a(s.adminUsage))
+	s.mux.Handle("GET /admin/v1/retention", a(s.adminRetention))
 
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

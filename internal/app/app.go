@@ -26,6 +26,7 @@ import (
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/recovery"
 	"github.com/llmq/llmq/internal/redisconn"
+	"github.com/llmq/llmq/internal/retention"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/scheduler"
 	"github.com/llmq/llmq/internal/store"
@@ -210,6 +211,12 @@ func (a *App) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	return errors.Join(a.Redis.Ping(ctx).Err(), a.Store.Ping(ctx))
+}
+
+// Purger applies the current policy's retention to the store.
+func (a *App) Purger() *retention.Purger {
+	return &retention.Purger{Store: a.Store, Logger: a.Logger,
+		Retention: func() config.Retention { return a.Policy.Current().Retention }}
 }
 
 // ReadyChecks are what /readyz asks, by name: Redis and the store.

@@ -451,3 +451,34 @@ tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]
 		t.Errorf("no key: %v", err)
 	}
 }
+
+// retention: ages of at least an hour, or 0 to keep; absent keeps.
+func TestPolicyRetention(t *testing.T) {
+	t.Parallel()
+	const base = `
+providers: [{name: openai, base_url: "https://api.openai.com/v1", api_key_env: OPENAI_API_KEY}]
+models: [{name: m, provider: openai, price: {input_per_mtok: 1, output_per_mtok: 1}, limits: {rpm: 10, tpm: 100000}}]
+tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]
+`
+	p, err := ParsePolicy([]byte(base + "retention: {finished_jobs: 720h, files: 168h}\n"))
+	if err != nil || p.Retention.FinishedJobs != 720*time.Hour || p.Retention.Files != 168*time.Hour {
+		t.Fatalf("retention = %+v, %v", p.Retention, err)
+	}
+	if p, err := ParsePolicy([]byte(base)); err != nil || p.Retention != (Retention{}) {
+		t.Fatalf("no retention = %+v, %v; want keep", p.Retention, err)
+	}
+	for in, want := range map[string]string{
+		"retention: {finished_jobs: 30m}":      "retention.finished_jobs: must be 0 (keep) or at least 1h0m0s, got 30m",
+		"retention: {files: a week}":           `retention.files: must be a duration such as 720h (30 days), or 0 to keep for ever, got "a week"`,
+		"retention: {finished_jobs: 0s}":       "",
+		"retention: {finished_jobs: 1h, x: 1}": "x",
+	} {
+		_, err := ParsePolicy([]byte(base + in + "\n"))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v", in, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: %v, want %q", in, err, want)
+		}
+	}
+}

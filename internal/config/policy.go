@@ -60,6 +60,9 @@ type Policy struct {
 	// 0 means no global cap.
 	GlobalDailyBudget money.Micros
 
+	// Retention is how long finished work keeps its bodies and files.
+	Retention Retention
+
 	// AuthFailureLimits are the requests with a missing or wrong key (or
 	// admin token) one client address may make per window; past them its
 	// requests are refused until the window frees. No window set means no
@@ -367,6 +370,12 @@ type rawPolicy struct {
 	Tiers                []rawTier     `yaml:"tiers"`
 	GlobalDailyBudgetUSD float64       `yaml:"global_daily_budget_usd"`
 	AuthFailureLimits    *rawAPILimits `yaml:"auth_failure_limits"`
+	Retention            *rawRetention `yaml:"retention"`
+}
+
+type rawRetention struct {
+	FinishedJobs *string `yaml:"finished_jobs"`
+	Files        *string `yaml:"files"`
 }
 
 type rawProvider struct {
@@ -528,6 +537,14 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		return nil, err
 	}
 	p.GlobalDailyBudget = global
+	if raw.Retention != nil {
+		if p.Retention.FinishedJobs, err = retentionAge(src, "retention.finished_jobs", raw.Retention.FinishedJobs); err != nil {
+			return nil, err
+		}
+		if p.Retention.Files, err = retentionAge(src, "retention.files", raw.Retention.Files); err != nil {
+			return nil, err
+		}
+	}
 	if p.AuthFailureLimits, err = buildAuthFailures(src, raw.AuthFailureLimits); err != nil {
 		return nil, err
 	}
@@ -993,4 +1010,35 @@ func parseFile(path string, data []byte) (*Policy, error) {
 		pe.File = path
 	}
 	return p, err
+}
+
+// Retention is how long finished work keeps what it no longer needs; 0
+// keeps it for ever (the default).
+type Retention struct {
+	// FinishedJobs is how long a finished job keeps its request and
+	// response after it finished; its status, usage and cost stay.
+	FinishedJobs time.Duration
+	// Files is how long an uploaded or produced file is kept after it was
+	// made, once no running batch uses it.
+	Files time.Duration
+}
+
+// MinRetention is the shortest retention the policy accepts: a client
+// must have the time to read what it asked for.
+const MinRetention = time.Hour
+
+// retentionAge reads a retention age: a duration of at least MinRetention,
+// or 0 (keep).
+func retentionAge(src *source, path string, v *string) (time.Duration, error) {
+	if v == nil {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(*v)
+	if err != nil {
+		return 0, src.errorAt(path, "must be a duration such as 720h (30 days), or 0 to keep for ever, got %q", *v)
+	}
+	if d != 0 && d < MinRetention {
+		return 0, src.errorAt(path, "must be 0 (keep) or at least %s, got %s", MinRetention, *v)
+	}
+	return d, nil
 }

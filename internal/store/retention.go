@@ -1,0 +1,78 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Retention purges what the policy's retention no longer keeps, a batch of
+// rows per statement, each its own short transaction: it takes row locks on
+// the rows it changes and no table lock, and skips rows another
+// transaction holds (a job a worker is finishing), so requests never wait
+// behind it.
+
+// finishedStatuses is the SQL list of the statuses a job ends in.
+const finishedStatuses = `('succeeded', 'failed', 'cancelled')`
+
+// JobPurgeBodies empties the request and response of up to limit finished
+// jobs that finished before before, oldest first, and marks them purged;
+// their status, usage, cost and error stay. It returns how many it purged:
+// fewer than limit when none older is left.
+func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (int64, error) {
+	if limit < 1 {
+		return 0, fmt.Errorf("store: JobPurgeBodies: limit %d, want at least 1", limit)
+	}
+	lock := ""
+	if db.d.name == "postgres" {
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
+	n, err := db.rw.exec(ctx, `UPDATE jobs SET request = '{}', response_body = NULL, purged_at = $1
+		WHERE id IN (SELECT id FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
+			AND finished_at < $2 ORDER BY finished_at LIMIT $3`+lock+`)`,
+		db.d.ts(db.nowUTC()), db.d.ts(before), limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: JobPurgeBodies: %w", err)
+	}
+	return n, nil
+}
+
+// JobCountPurgeable counts the finished jobs that finished before before
+// and still hold their bodies: what JobPurgeBodies would purge.
+func (db *DB) JobCountPurgeable(ctx context.Context, before time.Time) (int64, error) {
+	var n int64
+	err := db.ro.queryRow(ctx, `SELECT count(*) FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
+		AND finished_at < $1`, db.d.ts(before)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: JobCountPurgeable: %w", err)
+	}
+	return n, nil
+}
+
+// PurgeableFile is a file retention would delete.
+type PurgeableFile struct {
+	ID, TenantID string
+	Bytes        int64
+}
+
+// FileListPurgeable lists up to limit files created before before that no
+// running batch uses (a batch that has ended keeps naming them, as when a
+// tenant deletes one), oldest first.
+func (db *DB) FileListPurgeable(ctx context.Context, before time.Time, limit int) ([]PurgeableFile, error) {
+	var out []PurgeableFile
+	err := db.ro.query(ctx, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1
+		AND NOT EXISTS (SELECT 1 FROM batches b WHERE (b.input_file_id = f.id OR b.output_file_id = f.id OR b.error_file_id = f.id)
+			AND b.status NOT IN ('failed', 'completed', 'expired', 'cancelled'))
+		ORDER BY created_at, id LIMIT $2`, []any{db.d.ts(before), limit}, func(r row) error {
+		var f PurgeableFile
+		if err := r.Scan(&f.ID, &f.TenantID, &f.Bytes); err != nil {
+			return err
+		}
+		out = append(out, f)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: FileListPurgeable: %w", err)
+	}
+	return out, nil
+}
