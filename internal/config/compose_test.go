@@ -213,17 +213,22 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 				t.Errorf("healthcheck %+v, want the dispatcher's healthcheck command", s.Healthcheck)
 			}
 
-			// The policy file: mounted where LLMQ_POLICY says, valid, and
-			// with every provider key it names set.
+			// The policy file: in a directory mounted where LLMQ_POLICY
+			// says (a file mounted alone would never see an editor's
+			// replacement), valid, and with every provider key it names set.
 			var host string
 			for _, v := range s.Volumes {
 				src, dst, _ := strings.Cut(v, ":")
-				if dst, _, _ = strings.Cut(dst, ":"); dst == env.Policy {
-					host = src
+				dst, _, _ = strings.Cut(dst, ":")
+				if dst == env.Policy {
+					t.Errorf("the policy file is mounted alone (%s): mount its directory, so a replaced file is seen", v)
+				}
+				if rest, ok := strings.CutPrefix(env.Policy, dst+"/"); ok {
+					host = filepath.Join(src, rest)
 				}
 			}
 			if host == "" {
-				t.Fatalf("nothing is mounted at LLMQ_POLICY %s (volumes %v)", env.Policy, s.Volumes)
+				t.Fatalf("no directory holding LLMQ_POLICY %s is mounted (volumes %v)", env.Policy, s.Volumes)
 			}
 			p, err := LoadPolicy(filepath.Join(repoRoot, host))
 			if err != nil {
