@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 )
 
 // Usage returns the tenant's spend today: spent, reserved by jobs in
@@ -232,4 +233,18 @@ func (s *AdminService) Retention(ctx context.Context) (*Retention, error) {
 		return nil, err
 	}
 	return &r, nil
+}
+
+// RotateWebhookSecret gives the tenant a new webhook secret; the previous
+// one keeps signing deliveries beside it for overlap (0: stops at once; at
+// most 720h), so receivers can move without missing one. The answer holds
+// the new secret.
+func (s *AdminService) RotateWebhookSecret(ctx context.Context, tenantID string, overlap time.Duration) (*Tenant, error) {
+	var t Tenant
+	body := map[string]string{"overlap": overlap.String()}
+	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/admin/v1/tenants/" + url.PathEscape(tenantID) + "/webhook_secret/rotate",
+		admin: true, json: body}, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
 }

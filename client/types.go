@@ -103,8 +103,12 @@ type Tenant struct {
 	// WebhookSecret signs the tenant's webhooks. It is shown when the
 	// tenant is created or read alone, never in lists.
 	WebhookSecret string `json:"webhook_secret,omitempty"`
-	CreatedAt     int64  `json:"created_at"`
-	UpdatedAt     int64  `json:"updated_at"`
+	// WebhookSecretPreviousExpiresAt is, after a rotation, when the
+	// previous secret stops signing deliveries beside WebhookSecret (Unix
+	// seconds); absent when it has stopped.
+	WebhookSecretPreviousExpiresAt *int64 `json:"webhook_secret_previous_expires_at,omitempty"`
+	CreatedAt                      int64  `json:"created_at"`
+	UpdatedAt                      int64  `json:"updated_at"`
 }
 
 // APIKey is a tenant's API key. Key, the plaintext, is only in the answer

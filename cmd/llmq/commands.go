@@ -393,8 +393,24 @@ func (c *cli) adminTenants(args []string) error {
 			return err
 		}
 		return c.printJSON(t)
+	case "rotate-webhook-secret":
+		fs := c.flags("admin tenants rotate-webhook-secret")
+		overlap := fs.Duration("overlap", 24*time.Hour, "")
+		pos, err := c.parse(fs, args, "ID")
+		if err != nil {
+			return err
+		}
+		cl, err := c.adminClient()
+		if err != nil {
+			return err
+		}
+		t, err := cl.Admin.RotateWebhookSecret(c.ctx, pos[0], *overlap)
+		if err != nil {
+			return err
+		}
+		return c.printJSON(t)
 	}
-	return unknownSub("admin tenants", sub, "create, list, get or update")
+	return unknownSub("admin tenants", sub, "create, list, get, update or rotate-webhook-secret")
 }
 
 func (c *cli) adminKeys(args []string) error {

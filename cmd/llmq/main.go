@@ -75,6 +75,7 @@ Administration (admin token: LLMQ_ADMIN_TOKEN or --admin-token):
   admin tenants create --name NAME --tier TIER [--budget USD] [--api-exempt]
   admin tenants list [--limit N, --after ID, --all] | get ID
   admin tenants update ID [--name NAME] [--tier TIER] [--budget USD|tier] [--api-exempt=BOOL]
+  admin tenants rotate-webhook-secret ID [--overlap 24h]  a new webhook secret; the old one signs beside it for the overlap
   admin keys create TENANT_ID  create a key; prints the key, shown only once
   admin keys list TENANT_ID | revoke KEY_ID
   admin usage [--day YYYY-MM-DD] [--tenant ID]

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -315,5 +316,48 @@ func (s *Server) adminRetention(w http.ResponseWriter, r *http.Request) error {
 		out.FilesBefore = &t
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// maxWebhookOverlap bounds how long a rotated-out webhook secret keeps
+// signing.
+const maxWebhookOverlap = 30 * 24 * time.Hour
+
+// rotateWebhookSecret gives the tenant a new webhook secret, the old one
+// signing beside it for the overlap (default 24h): POST
+// /admin/v1/tenants/{id}/webhook_secret/rotate {"overlap": "24h"}. The
+// answer is the tenant with its new secret.
+func (s *Server) rotateWebhookSecret(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantByPath(r)
+	if err != nil {
+		return err
+	}
+	var o struct {
+		Overlap *string `json:"overlap"`
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
+			return err
+		}
+	}
+	overlap := 24 * time.Hour
+	if o.Overlap != nil {
+		d, err := time.ParseDuration(*o.Overlap)
+		if err != nil || d < 0 || d > maxWebhookOverlap {
+			return badRequest("overlap", "invalid_value", "overlap must be a duration from 0s to 720h, such as 24h, got %q.", *o.Overlap)
+		}
+		overlap = d
+	}
+	t, err = s.Store.TenantRotateWebhookSecret(r.Context(), t.ID, overlap)
+	if err != nil {
+		return err
+	}
+	s.Logger.Info("webhook secret rotated", "tenant", t.ID, "overlap", overlap.String())
+	writeJSON(w, http.StatusOK, wire.Tenant(t, true))
 	return nil
 }

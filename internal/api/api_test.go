@@ -415,3 +415,39 @@ func TestAdminRetentionPreview(t *testing.T) {
 		t.Fatalf("a tenant's key: %d %s", r.Status, r.Body)
 	}
 }
+
+// Rotating a tenant's webhook secret: a new secret, the previous one
+// signing beside it until the overlap ends; a bad overlap changes nothing.
+func TestRotateWebhookSecret(t *testing.T) {
+	t.Parallel()
+	a := start(t)
+	ctx := context.Background()
+	tenant, _ := a.Tenant("standard")
+	before, err := a.Store.TenantGetByID(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := "/admin/v1/tenants/" + tenant + "/webhook_secret/rotate"
+	checkError(t, a.Do("POST", path, apptest.AdminToken, map[string]any{"overlap": "45d"}), 400, "invalid_value", "overlap")
+	checkError(t, a.Do("POST", "/admin/v1/tenants/ten_nope/webhook_secret/rotate", apptest.AdminToken, nil), 404, "not_found", "")
+	if got, _ := a.Store.TenantGetByID(ctx, tenant); got.WebhookSecret != before.WebhookSecret {
+		t.Fatal("a refused rotation changed the secret")
+	}
+	r := a.Do("POST", path, apptest.AdminToken, map[string]any{"overlap": "2h"})
+	var ten client.Tenant
+	r.JSON(t, &ten)
+	if r.Status != 200 || ten.WebhookSecret == "" || ten.WebhookSecret == before.WebhookSecret || ten.WebhookSecretPreviousExpiresAt == nil {
+		t.Fatalf("rotate: %d %s", r.Status, r.Body)
+	}
+	after, err := a.Store.TenantGetByID(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if got := after.WebhookSecrets(now); len(got) != 2 || got[0] != ten.WebhookSecret || got[1] != before.WebhookSecret {
+		t.Fatalf("secrets during the overlap = %d, want the new and the previous", len(got))
+	}
+	if got := after.WebhookSecrets(now.Add(2*time.Hour + time.Second)); len(got) != 1 || got[0] != ten.WebhookSecret {
+		t.Fatalf("secrets after the overlap = %d, want the new alone", len(got))
+	}
+}

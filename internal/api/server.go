@@ -169,6 +169,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /admin/v1/tenants/{id}", a(s.getTenant))
 	s.mux.Handle("PATCH /admin/v1/tenants/{id}", a(s.updateTenant))
 	s.mux.Handle("POST /admin/v1/tenants/{id}/keys", a(s.createKey))
+	s.mux.Handle("POST /admin/v1/tenants/{id}/webhook_secret/rotate", a(s.rotateWebhookSecret))
 	s.mux.Handle("GET /admin/v1/tenants/{id}/keys", a(s.listKeys))
 	s.mux.Handle("PATCH /admin/v1/keys/{id}", a(s.updateKey))
 	s.mux.Handle("DELETE /admin/v1/keys/{id}", a(s.revokeKey))

@@ -72,7 +72,8 @@ func (db *DB) APIKeyInsert(ctx context.Context, p *APIKeyInsertParams) (*APIKey,
 // sqlAPIKeyGetByHash reads api_keys_hash and the tenants primary key.
 const sqlAPIKeyGetByHash = `
 	SELECT k.id, k.tenant_id, k.prefix, k.hash, k.api_exempt, k.created_at, k.revoked_at,
-	       t.id, t.name, t.tier, t.budget_override_micros, t.api_exempt, t.webhook_secret, t.created_at, t.updated_at
+	       t.id, t.name, t.tier, t.budget_override_micros, t.api_exempt, t.webhook_secret,
+	       coalesce(t.webhook_secret_previous, ''), t.webhook_secret_previous_until, t.created_at, t.updated_at
 	FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
 	WHERE k.hash = $1 AND k.revoked_at IS NULL`
 

@@ -76,6 +76,7 @@ func TestKeyExemptMigration(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
 			db := openURL(t, url)
+			ten := mkTenant(t, db) // with today's columns, kept going down
 			p, done, err := db.migrator()
 			if err != nil {
 				t.Fatal(err)
@@ -84,7 +85,6 @@ func TestKeyExemptMigration(t *testing.T) {
 			if _, err := p.DownTo(ctx, 6); err != nil {
 				t.Fatalf("down to 6: %v", err)
 			}
-			ten := mkTenant(t, db)
 			// A key as the version before 007 stored it.
 			if _, err := db.rw.exec(ctx, `INSERT INTO api_keys (id, tenant_id, prefix, hash, created_at) VALUES ($1, $2, $3, $4, $5)`,
 				"key_old", ten.ID, "llmq_old", make([]byte, 32), db.d.ts(db.nowUTC())); err != nil {

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/llmq/llmq/internal/ids"
@@ -23,11 +24,25 @@ type Tenant struct {
 	APIExempt bool
 	// WebhookSecret signs the tenant's webhooks. Never log it.
 	WebhookSecret string
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
+	// WebhookSecretPrevious signs them too until PreviousUntil, after a
+	// rotation (TenantRotateWebhookSecret); "" when none.
+	WebhookSecretPrevious string
+	PreviousUntil         *time.Time
+	CreatedAt             time.Time
+	UpdatedAt             time.Time
 }
 
-const tenantColumns = `id, name, tier, budget_override_micros, api_exempt, webhook_secret, created_at, updated_at`
+// WebhookSecrets are the secrets the tenant's deliveries at now are signed
+// with: the current one, and the previous one during a rotation's overlap.
+func (t *Tenant) WebhookSecrets(now time.Time) []string {
+	if t.WebhookSecretPrevious != "" && t.PreviousUntil != nil && now.Before(*t.PreviousUntil) {
+		return []string{t.WebhookSecret, t.WebhookSecretPrevious}
+	}
+	return []string{t.WebhookSecret}
+}
+
+const tenantColumns = `id, name, tier, budget_override_micros, api_exempt, webhook_secret,
+	coalesce(webhook_secret_previous, ''), webhook_secret_previous_until, created_at, updated_at`
 
 func scanTenant(r row) (*Tenant, error) {
 	var t *Tenant
@@ -43,7 +58,7 @@ func tenantDest(t **Tenant) []any {
 	v := &Tenant{}
 	*t = v
 	return []any{&v.ID, &v.Name, &v.Tier, microsCol{&v.BudgetOverride}, &v.APIExempt, &v.WebhookSecret,
-		timeCol{&v.CreatedAt}, timeCol{&v.UpdatedAt}}
+		&v.WebhookSecretPrevious, nullTimeCol{&v.PreviousUntil}, timeCol{&v.CreatedAt}, timeCol{&v.UpdatedAt}}
 }
 
 // TenantInsertParams are the fields of a new tenant.
@@ -167,6 +182,27 @@ func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant,
 	t, err := scanTenant(db.rw.queryRow(ctx, q, a...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("tenant", p.ID)
+	}
+	return t, db.d.wrap(err)
+}
+
+// TenantRotateWebhookSecret gives the tenant a new webhook secret; the one
+// it replaces still signs deliveries, beside the new one, for overlap (so
+// its receivers can move without missing a delivery). Rotating again within
+// the overlap drops the oldest. An unknown tenant is ErrNotFound.
+func (db *DB) TenantRotateWebhookSecret(ctx context.Context, id string, overlap time.Duration) (*Tenant, error) {
+	if err := required("TenantRotateWebhookSecret", "id", id); err != nil {
+		return nil, err
+	}
+	if overlap < 0 {
+		return nil, fmt.Errorf("store: TenantRotateWebhookSecret: negative overlap %v", overlap)
+	}
+	now := db.nowUTC()
+	t, err := scanTenant(db.rw.queryRow(ctx, `UPDATE tenants SET webhook_secret_previous = webhook_secret,
+			webhook_secret_previous_until = $2, webhook_secret = $3, updated_at = $4
+		WHERE id = $1 RETURNING `+tenantColumns, id, db.d.ts(now.Add(overlap)), newWebhookSecret(), db.d.ts(now)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("tenant", id)
 	}
 	return t, db.d.wrap(err)
 }

@@ -188,7 +188,7 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return err
 	}
-	outcome, err := h.deliver(ctx, d, tenant.WebhookSecret)
+	outcome, err := h.deliver(ctx, d, tenant.WebhookSecrets(h.opts.Now()))
 	h.done(ctx, scope, d)
 	ended := err == nil || errors.Is(err, asynq.SkipRetry)
 	if !ended {
@@ -257,7 +257,7 @@ func (h *Handler) load(ctx context.Context, p *queue.WebhookPayload) (*delivery,
 // deliver makes one attempt and names its outcome. A nil error ends the
 // task; an error wrapping asynq.SkipRetry ends it as failed; any other error
 // is retried.
-func (h *Handler) deliver(ctx context.Context, d *delivery, secret string) (string, error) {
+func (h *Handler) deliver(ctx context.Context, d *delivery, secrets []string) (string, error) {
 	u, err := url.Parse(d.url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		h.Logger.Warn("webhook not sent: not an http(s) URL", "webhook", d.id)
@@ -273,7 +273,7 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secret string) (stri
 	req.Header.Set("User-Agent", "llmq-webhook/1")
 	req.Header.Set(EventHeader, d.event)
 	req.Header.Set(IDHeader, d.id)
-	req.Header.Set(SignatureHeader, Sign(secret, h.opts.Now(), d.body))
+	req.Header.Set(SignatureHeader, Sign(secrets, h.opts.Now(), d.body))
 	resp, err := h.client.Do(req)
 	if err != nil {
 		// net/http's error quotes the whole URL, whose path may hold the
@@ -311,10 +311,17 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secret string) (stri
 	}
 }
 
-// Sign returns the X-Llmq-Signature value of body sent at time at.
-func Sign(secret string, at time.Time, body []byte) string {
+// Sign returns the X-Llmq-Signature value of body sent at time at: a v1
+// signature by each secret (two during a rotation's overlap, the new one
+// first), so a receiver holding either verifies it.
+func Sign(secrets []string, at time.Time, body []byte) string {
 	t := strconv.FormatInt(at.Unix(), 10)
-	return "t=" + t + ",v1=" + hex.EncodeToString(mac(secret, t, body))
+	var b strings.Builder
+	b.WriteString("t=" + t)
+	for _, s := range secrets {
+		b.WriteString(",v1=" + hex.EncodeToString(mac(s, t, body)))
+	}
+	return b.String()
 }
 
 func mac(secret, t string, body []byte) []byte {

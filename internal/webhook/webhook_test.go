@@ -41,7 +41,7 @@ func TestSignAndVerify(t *testing.T) {
 	t.Parallel()
 	secret, body := "whsec_test", []byte(`{"id":"job_1","status":"succeeded"}`)
 	now := time.Now()
-	h := webhook.Sign(secret, now, body)
+	h := webhook.Sign([]string{secret}, now, body)
 	if !strings.HasPrefix(h, "t=") || !strings.Contains(h, ",v1=") {
 		t.Fatalf("header = %q", h)
 	}
@@ -57,8 +57,8 @@ func TestSignAndVerify(t *testing.T) {
 	}{
 		{"other body", secret, h, []byte(`{"id":"job_1","status":"failed"}`), webhook.ErrBadSignature},
 		{"other secret", "whsec_other", h, body, webhook.ErrBadSignature},
-		{"too old", secret, webhook.Sign(secret, now.Add(-10*time.Minute), body), body, webhook.ErrTooOld},
-		{"from the future", secret, webhook.Sign(secret, now.Add(10*time.Minute), body), body, webhook.ErrTooOld},
+		{"too old", secret, webhook.Sign([]string{secret}, now.Add(-10*time.Minute), body), body, webhook.ErrTooOld},
+		{"from the future", secret, webhook.Sign([]string{secret}, now.Add(10*time.Minute), body), body, webhook.ErrTooOld},
 		{"no header", secret, "", body, webhook.ErrNoSignature},
 		{"no v1", secret, "t=123", body, webhook.ErrNoSignature},
 		{"timestamp moved", secret, strings.Replace(h, "t=", "t=1", 1), body, webhook.ErrBadSignature},
@@ -72,6 +72,17 @@ func TestSignAndVerify(t *testing.T) {
 	rotated := h + ",v1=" + strings.Repeat("ab", 32)
 	if err := webhook.Verify(secret, rotated, body, 5*time.Minute); err != nil {
 		t.Fatalf("two signatures: %v", err)
+	}
+	// During a rotation's overlap a delivery is signed by both secrets: a
+	// receiver holding either verifies it, one holding neither does not.
+	both := webhook.Sign([]string{"whsec_new", secret}, now, body)
+	for _, s := range []string{"whsec_new", secret} {
+		if err := webhook.Verify(s, both, body, 5*time.Minute); err != nil {
+			t.Errorf("signed by both, verified with %s: %v", s, err)
+		}
+	}
+	if err := webhook.Verify("whsec_other", both, body, 5*time.Minute); !errors.Is(err, webhook.ErrBadSignature) {
+		t.Errorf("signed by both, verified with a third secret: %v", err)
 	}
 }
 

@@ -157,6 +157,10 @@ func Tenant(t *store.Tenant, withSecret bool) client.Tenant {
 	}
 	if withSecret {
 		out.WebhookSecret = t.WebhookSecret
+		if t.PreviousUntil != nil && t.PreviousUntil.After(time.Now()) {
+			u := t.PreviousUntil.Unix()
+			out.WebhookSecretPreviousExpiresAt = &u
+		}
 	}
 	return out
 }
