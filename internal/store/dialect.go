@@ -151,6 +151,8 @@ var postgresDialect = &dialect{
 		cfg := db.pool.Config().Copy()
 		cfg.MaxConns = 2
 		cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(db.migrateLockTimeout.Milliseconds(), 10)
+		// An index built CONCURRENTLY on a large table takes as long as it takes.
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "0"
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
 			// NewWithConfig only fails on a bad config, which this one was not.
@@ -232,6 +234,15 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 	}
 	if !u.Query().Has("pool_max_conns") {
 		cfg.MaxConns = 16
+	}
+	// No statement of llmq's runs for minutes, and none holds a transaction
+	// open while it waits: bound both, so a runaway query or a stuck
+	// session cannot hold its locks (and the rows every job touches) for
+	// ever. The URL's own values win (…&statement_timeout=30000).
+	for param, ms := range map[string]string{"statement_timeout": "60000", "idle_in_transaction_session_timeout": "60000"} {
+		if _, set := cfg.ConnConfig.RuntimeParams[param]; !set {
+			cfg.ConnConfig.RuntimeParams[param] = ms
+		}
 	}
 	cfg.MaxConnIdleTime = 5 * time.Minute
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -123,3 +123,39 @@ func TestMigrationGivesUpOnAHeldLock(t *testing.T) {
 		t.Fatalf("MigrateUp once the locks are gone = %v, %v", applied, err)
 	}
 }
+
+// Every session of the store bounds its statements and its idle
+// transactions (60 s unless the URL says otherwise), so none holds its
+// locks for ever; the migrations' sessions do not bound their statements.
+func TestSessionTimeouts(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := postgresURL(t)
+	show := func(db *DB, param string) string {
+		var v string
+		if err := db.pool.QueryRow(ctx, "SHOW "+param).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	db := openURL(t, url)
+	if st, idle := show(db, "statement_timeout"), show(db, "idle_in_transaction_session_timeout"); st != "1min" || idle != "1min" {
+		t.Fatalf("statement_timeout %s, idle_in_transaction_session_timeout %s; want 1min each", st, idle)
+	}
+	own := openURL(t, url+"&statement_timeout=5000")
+	if st := show(own, "statement_timeout"); st != "5s" {
+		t.Fatalf("the URL's statement_timeout: %s, want 5s", st)
+	}
+	sdb, done := db.d.gooseDB(db)
+	defer func() { _ = done() }()
+	var st, lock string
+	if err := sdb.QueryRowContext(ctx, "SHOW statement_timeout").Scan(&st); err != nil {
+		t.Fatal(err)
+	}
+	if err := sdb.QueryRowContext(ctx, "SHOW lock_timeout").Scan(&lock); err != nil {
+		t.Fatal(err)
+	}
+	if st != "0" || lock != "10s" {
+		t.Fatalf("migration sessions: statement_timeout %s, lock_timeout %s; want 0 and 10s", st, lock)
+	}
+}
