@@ -19,24 +19,27 @@ var secretEnv = []string{"ADMIN_TOKEN", "ADMIN_TOKEN_PREVIOUS", "DATABASE_URL", 
 // ReadSecret returns the value of the variable name in lookup, or, when it
 // is unset or empty, the content of the file that name+"_FILE" names,
 // without its trailing line break. Setting both is an error, and so is a
-// file that cannot be read or is empty; errors name the variable and the
-// file, never the secret. ok is false when neither is set.
+// file that cannot be read or is empty: an *EnvError naming the _FILE
+// variable and the file, never the secret. ok is false when neither is set.
 func ReadSecret(lookup func(string) (string, bool), name string) (value string, ok bool, err error) {
 	v, _ := lookup(name)
 	path, _ := lookup(name + FileSuffix)
+	fail := func(format string, args ...any) (string, bool, error) {
+		return "", false, &EnvError{Var: name + FileSuffix, Msg: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case path == "":
 		return v, v != "", nil
 	case v != "":
-		return "", false, fmt.Errorf("%s and %s%s are both set: set one", name, name, FileSuffix)
+		return fail("%s and %s%s are both set: set one", name, name, FileSuffix)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return "", false, fmt.Errorf("%s%s: cannot read %s: %w", name, FileSuffix, path, unwrapPathError(err))
+		return fail("cannot read %s: %v", path, unwrapPathError(err))
 	}
 	s := strings.TrimRight(string(data), "\r\n")
 	if s == "" {
-		return "", false, fmt.Errorf("%s%s: %s is empty", name, FileSuffix, path)
+		return fail("%s is empty", path)
 	}
 	return s, true, nil
 }
@@ -62,7 +65,7 @@ func readSecretFiles(vars map[string]string) error {
 		}
 		v, _, err := ReadSecret(lookup, full)
 		if err != nil {
-			return &EnvError{Var: full + FileSuffix, Msg: strings.TrimPrefix(err.Error(), full+FileSuffix+": ")}
+			return err
 		}
 		vars[full] = v
 	}
