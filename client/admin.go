@@ -209,7 +209,8 @@ func (s *AdminService) UsageReport(ctx context.Context, p *UsageReportParams) (*
 }
 
 // Retention is what the server's retention would purge now (the policy's
-// retention: finished jobs' bodies, files no running batch uses).
+// retention: finished jobs' bodies, files no running batch uses, the usage
+// ledger's detail).
 type Retention struct {
 	// FinishedJobs is the policy's retention.finished_jobs ("0s": kept for
 	// ever); JobsBefore the cut-off, absent when kept.
@@ -223,6 +224,12 @@ type Retention struct {
 	// FileCount and FileBytes are the files that would be deleted.
 	FileCount int64 `json:"file_count"`
 	FileBytes int64 `json:"file_bytes"`
+	// Ledger is the policy's retention.ledger; LedgerBefore the cut-off.
+	Ledger       string `json:"ledger"`
+	LedgerBefore *int64 `json:"ledger_charged_before,omitempty"`
+	// LedgerRows is how many usage ledger rows would be folded into daily
+	// totals (the spend and usage reports keep them).
+	LedgerRows int64 `json:"ledger_rows"`
 }
 
 // Retention says what the server's retention would purge now, purging

@@ -280,6 +280,7 @@ func (c *cli) admin(args []string) error {
 		}
 		fmt.Fprintf(c.stdout, "finished jobs (retention %s): %d would lose their request and response, %s\n", r.FinishedJobs, r.Jobs, before(r.JobsBefore))
 		fmt.Fprintf(c.stdout, "files (retention %s): %d files, %d bytes would be deleted, %s\n", r.Files, r.FileCount, r.FileBytes, before(r.FilesBefore))
+		fmt.Fprintf(c.stdout, "usage ledger (retention %s): %d rows would be folded into daily totals, %s\n", r.Ledger, r.LedgerRows, before(r.LedgerBefore))
 		return nil
 	}
 	return unknownSub("admin", what, "tenants, keys, usage or retention")

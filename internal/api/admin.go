@@ -305,16 +305,16 @@ func (s *Server) adminRetention(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := client.Retention{FinishedJobs: ret.FinishedJobs.String(), Jobs: rep.Jobs, Files: ret.Files.String(),
-		FileCount: rep.Files, FileBytes: rep.FileBytes}
-	if !rep.JobsBefore.IsZero() {
-		t := rep.JobsBefore.Unix()
-		out.JobsBefore = &t
+	unix := func(t time.Time) *int64 {
+		if t.IsZero() {
+			return nil
+		}
+		u := t.Unix()
+		return &u
 	}
-	if !rep.FilesBefore.IsZero() {
-		t := rep.FilesBefore.Unix()
-		out.FilesBefore = &t
-	}
+	out := client.Retention{FinishedJobs: ret.FinishedJobs.String(), JobsBefore: unix(rep.JobsBefore), Jobs: rep.Jobs,
+		Files: ret.Files.String(), FilesBefore: unix(rep.FilesBefore), FileCount: rep.Files, FileBytes: rep.FileBytes,
+		Ledger: ret.Ledger.String(), LedgerBefore: unix(rep.LedgerBefore), LedgerRows: rep.LedgerRows}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -403,12 +403,13 @@ func TestAdminTokenRotation(t *testing.T) {
 // purging nothing; tenants' keys cannot ask.
 func TestAdminRetentionPreview(t *testing.T) {
 	t.Parallel()
-	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: apptest.PolicyYAML + "retention: {finished_jobs: 720h}\n"})
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: apptest.PolicyYAML + "retention: {finished_jobs: 720h, ledger: 2160h}\n"})
 	_, key := a.Tenant("standard")
 	r := a.Do("GET", "/admin/v1/retention", apptest.AdminToken, nil)
 	var got client.Retention
 	r.JSON(t, &got)
-	if r.Status != 200 || got.FinishedJobs != "720h0m0s" || got.JobsBefore == nil || got.Jobs != 0 || got.Files != "0s" || got.FilesBefore != nil {
+	if r.Status != 200 || got.FinishedJobs != "720h0m0s" || got.JobsBefore == nil || got.Jobs != 0 || got.Files != "0s" || got.FilesBefore != nil ||
+		got.Ledger != "2160h0m0s" || got.LedgerBefore == nil || got.LedgerRows != 0 {
 		t.Fatalf("retention preview: %d %s", r.Status, r.Body)
 	}
 	if r := a.Do("GET", "/admin/v1/retention", key, nil); r.Status != 401 {

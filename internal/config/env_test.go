@@ -452,7 +452,8 @@ tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]
 	}
 }
 
-// retention: ages of at least an hour, or 0 to keep; absent keeps.
+// retention: ages of at least an hour (the ledger's three days), or 0 to
+// keep; absent keeps.
 func TestPolicyRetention(t *testing.T) {
 	t.Parallel()
 	const base = `
@@ -460,8 +461,8 @@ providers: [{name: openai, base_url: "https://api.openai.com/v1", api_key_env: O
 models: [{name: m, provider: openai, price: {input_per_mtok: 1, output_per_mtok: 1}, limits: {rpm: 10, tpm: 100000}}]
 tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]
 `
-	p, err := ParsePolicy([]byte(base + "retention: {finished_jobs: 720h, files: 168h}\n"))
-	if err != nil || p.Retention.FinishedJobs != 720*time.Hour || p.Retention.Files != 168*time.Hour {
+	p, err := ParsePolicy([]byte(base + "retention: {finished_jobs: 720h, files: 168h, ledger: 2160h}\n"))
+	if err != nil || p.Retention.FinishedJobs != 720*time.Hour || p.Retention.Files != 168*time.Hour || p.Retention.Ledger != 2160*time.Hour {
 		t.Fatalf("retention = %+v, %v", p.Retention, err)
 	}
 	if p, err := ParsePolicy([]byte(base)); err != nil || p.Retention != (Retention{}) {
@@ -471,6 +472,8 @@ tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]
 		"retention: {finished_jobs: 30m}":      "retention.finished_jobs: must be 0 (keep) or at least 1h0m0s, got 30m",
 		"retention: {files: a week}":           `retention.files: must be a duration such as 720h (30 days), or 0 to keep for ever, got "a week"`,
 		"retention: {finished_jobs: 0s}":       "",
+		"retention: {ledger: 24h}":             "retention.ledger: must be 0 (keep) or at least 72h0m0s: a budget audit and a late delivery read recent rows, got 24h",
+		"retention: {ledger: 0}":               "",
 		"retention: {finished_jobs: 1h, x: 1}": "x",
 	} {
 		_, err := ParsePolicy([]byte(base + in + "\n"))

@@ -376,6 +376,7 @@ type rawPolicy struct {
 type rawRetention struct {
 	FinishedJobs *string `yaml:"finished_jobs"`
 	Files        *string `yaml:"files"`
+	Ledger       *string `yaml:"ledger"`
 }
 
 type rawProvider struct {
@@ -543,6 +544,13 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		}
 		if p.Retention.Files, err = retentionAge(src, "retention.files", raw.Retention.Files); err != nil {
 			return nil, err
+		}
+		if p.Retention.Ledger, err = retentionAge(src, "retention.ledger", raw.Retention.Ledger); err != nil {
+			return nil, err
+		}
+		if l := p.Retention.Ledger; l != 0 && l < MinLedgerRetention {
+			return nil, src.errorAt("retention.ledger", "must be 0 (keep) or at least %s: a budget audit and a late delivery read recent rows, got %s",
+				MinLedgerRetention, *raw.Retention.Ledger)
 		}
 	}
 	if p.AuthFailureLimits, err = buildAuthFailures(src, raw.AuthFailureLimits); err != nil {
@@ -1021,11 +1029,19 @@ type Retention struct {
 	// Files is how long an uploaded or produced file is kept after it was
 	// made, once no running batch uses it.
 	Files time.Duration
+	// Ledger is how long the usage ledger keeps each job's row after it was
+	// charged; older rows are folded into daily totals per tenant, day and
+	// model, which the budgets and usage reports keep reading.
+	Ledger time.Duration
 }
 
 // MinRetention is the shortest retention the policy accepts: a client
 // must have the time to read what it asked for.
 const MinRetention = time.Hour
+
+// MinLedgerRetention is the shortest retention.ledger: the store's
+// LedgerDetailMinAge, the age below which it refuses to fold rows.
+const MinLedgerRetention = 72 * time.Hour
 
 // retentionAge reads a retention age: a duration of at least MinRetention,
 // or 0 (keep).

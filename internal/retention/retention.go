@@ -1,8 +1,10 @@
 // Package retention purges what the policy's retention no longer keeps:
 // the request and response of jobs finished longer ago than
 // retention.finished_jobs (their status, usage and cost stay), and the
-// files made longer ago than retention.files that no running batch uses.
-// It works in small batches, each a short transaction of its own that
+// files made longer ago than retention.files that no running batch uses,
+// and the usage ledger's rows charged longer ago than retention.ledger,
+// folded into daily totals per tenant, day and model (budgets and usage
+// reports read the totals, so no dollar of spend is lost). It works in small batches, each a short transaction of its own that
 // locks only the rows it changes and skips rows others hold, with a pause
 // between batches, so the API and the workers never wait behind it.
 package retention
@@ -24,6 +26,8 @@ type Store interface {
 	JobCountPurgeable(ctx context.Context, before time.Time) (int64, error)
 	FileListPurgeable(ctx context.Context, before time.Time, limit int) ([]store.PurgeableFile, error)
 	FileDelete(ctx context.Context, tenantID, id string) error
+	UsageRollUp(ctx context.Context, before time.Time, limit int) (int64, error)
+	UsageCountRollable(ctx context.Context, before time.Time) (int64, error)
 }
 
 // Defaults of Purger's tunables, and how often the dispatcher purges.
@@ -50,11 +54,14 @@ type Purger struct {
 
 // Report is what one pass purged, or what it would purge (Preview).
 type Report struct {
-	// JobsBefore and FilesBefore are the cut-offs (zero when kept for ever).
-	JobsBefore, FilesBefore time.Time
-	Jobs                    int64
-	Files                   int64
-	FileBytes               int64
+	// JobsBefore, FilesBefore and LedgerBefore are the cut-offs (zero when
+	// kept for ever).
+	JobsBefore, FilesBefore, LedgerBefore time.Time
+	Jobs                                  int64
+	Files                                 int64
+	FileBytes                             int64
+	// LedgerRows is the ledger rows folded into daily totals.
+	LedgerRows int64
 }
 
 func (p *Purger) now() time.Time {
@@ -71,28 +78,32 @@ func (p *Purger) log() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// cutoffs are the instants before which jobs and files go; zero = keep.
-func (p *Purger) cutoffs() (jobs, files time.Time) {
+// cutoffs is a report with the instants before which jobs, files and
+// ledger rows go; zero = keep.
+func (p *Purger) cutoffs() Report {
 	r, now := p.Retention(), p.now()
-	if r.FinishedJobs > 0 {
-		jobs = now.Add(-r.FinishedJobs)
+	before := func(age time.Duration) time.Time {
+		if age > 0 {
+			return now.Add(-age)
+		}
+		return time.Time{}
 	}
-	if r.Files > 0 {
-		files = now.Add(-r.Files)
-	}
-	return jobs, files
+	return Report{JobsBefore: before(r.FinishedJobs), FilesBefore: before(r.Files), LedgerBefore: before(r.Ledger)}
 }
 
-// previewFiles is the most files a Preview counts.
 const previewFiles = 100000
 
 // Preview says what a pass would purge now, changing nothing.
 func (p *Purger) Preview(ctx context.Context) (Report, error) {
-	var rep Report
-	rep.JobsBefore, rep.FilesBefore = p.cutoffs()
+	rep := p.cutoffs()
 	var err error
 	if !rep.JobsBefore.IsZero() {
 		if rep.Jobs, err = p.Store.JobCountPurgeable(ctx, rep.JobsBefore); err != nil {
+			return rep, err
+		}
+	}
+	if !rep.LedgerBefore.IsZero() {
+		if rep.LedgerRows, err = p.Store.UsageCountRollable(ctx, rep.LedgerBefore); err != nil {
 			return rep, err
 		}
 	}
@@ -109,11 +120,10 @@ func (p *Purger) Preview(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
-// Purge runs one pass: every job and file past its age, a batch at a time,
+// Purge runs one pass: every job, ledger row and file past its age, a batch at a time,
 // until none is left or ctx ends.
 func (p *Purger) Purge(ctx context.Context) (Report, error) {
-	var rep Report
-	rep.JobsBefore, rep.FilesBefore = p.cutoffs()
+	rep := p.cutoffs()
 	batch, pause := p.Batch, p.Pause
 	if batch <= 0 {
 		batch = DefaultBatch
@@ -129,48 +139,62 @@ func (p *Purger) Purge(ctx context.Context) (Report, error) {
 			return nil
 		}
 	}
-	if !rep.JobsBefore.IsZero() {
+	// inBatches runs step until it takes fewer than batch rows.
+	inBatches := func(step func() (taken int, err error)) error {
 		for {
-			n, err := p.Store.JobPurgeBodies(ctx, rep.JobsBefore, batch)
-			rep.Jobs += n
-			if err != nil {
-				return rep, err
-			}
-			if n < int64(batch) {
-				break
+			n, err := step()
+			if err != nil || n < batch {
+				return err
 			}
 			if err := wait(); err != nil {
-				return rep, err
+				return err
 			}
 		}
 	}
+	// counted is a step of a store call that returns how many rows it took.
+	counted := func(call func(context.Context, time.Time, int) (int64, error), before time.Time, total *int64) func() (int, error) {
+		return func() (int, error) {
+			n, err := call(ctx, before, batch)
+			*total += n
+			return int(n), err
+		}
+	}
+	if !rep.JobsBefore.IsZero() {
+		if err := inBatches(counted(p.Store.JobPurgeBodies, rep.JobsBefore, &rep.Jobs)); err != nil {
+			return rep, err
+		}
+	}
+	if !rep.LedgerBefore.IsZero() {
+		if err := inBatches(counted(p.Store.UsageRollUp, rep.LedgerBefore, &rep.LedgerRows)); err != nil {
+			return rep, err
+		}
+	}
 	if !rep.FilesBefore.IsZero() {
-		for {
+		err := inBatches(func() (int, error) {
 			fs, err := p.Store.FileListPurgeable(ctx, rep.FilesBefore, batch)
 			if err != nil {
-				return rep, err
+				return 0, err
 			}
 			for _, f := range fs {
 				// One file a transaction: its chunks (up to 200 MiB) go with it.
 				err := p.Store.FileDelete(ctx, f.TenantID, f.ID)
 				if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrConflict) {
-					return rep, fmt.Errorf("retention: delete file %s: %w", f.ID, err)
+					return 0, fmt.Errorf("retention: delete file %s: %w", f.ID, err)
 				}
 				if err == nil {
 					rep.Files++
 					rep.FileBytes += f.Bytes
 				}
 			}
-			if len(fs) < batch {
-				break
-			}
-			if err := wait(); err != nil {
-				return rep, err
-			}
+			return len(fs), nil
+		})
+		if err != nil {
+			return rep, err
 		}
 	}
-	if rep.Jobs > 0 || rep.Files > 0 {
-		p.log().Info("retention: purged finished work", "jobs", rep.Jobs, "files", rep.Files, "file_bytes", rep.FileBytes)
+	if rep.Jobs > 0 || rep.Files > 0 || rep.LedgerRows > 0 {
+		p.log().Info("retention: purged finished work", "jobs", rep.Jobs, "files", rep.Files, "file_bytes", rep.FileBytes,
+			"ledger_rows", rep.LedgerRows)
 	}
 	return rep, nil
 }

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/retention"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
@@ -24,8 +25,9 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // On a table of 100,000 jobs, retention purges exactly the finished jobs
-// past their age (their bodies; status, usage and cost stay), while jobs
-// are inserted and polled: no insert or poll waits on a lock more than
+// past their age (their bodies; status, usage and cost stay) and folds the
+// ledger rows past their age into daily totals (every day's spend the same
+// after), while jobs are inserted, charged and polled: no request waits on a lock more than
 // 100 ms (pg_stat_activity sampled every 10 ms; the time since the
 // statement began, an upper bound of its wait), and every one is answered.
 func TestPurgeOnALargeTableWhileServing(t *testing.T) {
@@ -62,14 +64,41 @@ func TestPurgeOnALargeTableWhileServing(t *testing.T) {
 		FROM generate_series(1, 100000) AS i`, ten.ID, now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "ANALYZE jobs"); err != nil {
+	// Each finished job's ledger row, charged when it finished, on one of
+	// four budget days.
+	if _, err := conn.Exec(ctx, `INSERT INTO usage_ledger (job_id, tenant_id, day, global_day, model, prompt_tokens, cost_micros, created_at)
+		SELECT id, tenant_id, (finished_at - (right(id, 1)::int % 4) * interval '1 day')::date, finished_at::date,
+			model, prompt_tokens, cost_micros, finished_at
+		FROM jobs WHERE finished_at IS NOT NULL`); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := conn.Exec(ctx, "ANALYZE jobs; ANALYZE usage_ledger"); err != nil {
+		t.Fatal(err)
+	}
+	days := []string{"2026-10-19", "2026-10-20", "2026-10-21", "2026-10-22", "2026-11-18", "2026-11-19", "2026-11-20", "2026-11-21"}
+	spend := func() []money.Micros {
+		var out []money.Micros
+		for _, d := range days {
+			tenant, err := db.UsageSumByTenantDay(ctx, ten.ID, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			global, err := db.UsageSumByDay(ctx, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, tenant, global)
+		}
+		return out
+	}
+	spendBefore := spend()
 
 	p := &retention.Purger{Store: db, Now: func() time.Time { return now },
-		Retention: func() config.Retention { return config.Retention{FinishedJobs: 30 * 24 * time.Hour} }}
-	if rep, err := p.Preview(ctx); err != nil || rep.Jobs != 40000 {
-		t.Fatalf("Preview = %+v, %v; want 40000 jobs", rep, err)
+		Retention: func() config.Retention {
+			return config.Retention{FinishedJobs: 30 * 24 * time.Hour, Ledger: 30 * 24 * time.Hour}
+		}}
+	if rep, err := p.Preview(ctx); err != nil || rep.Jobs != 40000 || rep.LedgerRows != 40000 {
+		t.Fatalf("Preview = %+v, %v; want 40000 jobs and ledger rows", rep, err)
 	}
 
 	// Meanwhile: producers insert jobs, pollers read them, a sampler looks
@@ -79,7 +108,6 @@ func TestPurgeOnALargeTableWhileServing(t *testing.T) {
 	var mu sync.Mutex
 	var latencies []time.Duration
 	var ops, failures atomic.Int64
-	var ids sync.Map
 	for w := range 4 {
 		wg.Go(func() {
 			for i := 0; ; i++ {
@@ -94,8 +122,10 @@ func TestPurgeOnALargeTableWhileServing(t *testing.T) {
 					var j *store.Job
 					j, _, err = db.JobInsert(ctx, &store.JobInsertParams{TenantID: ten.ID, Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini",
 						Request: json.RawMessage(`{"model":"gpt-4o-mini"}`), Queue: "default"})
-					if err == nil {
-						ids.Store(i, j.ID)
+					if err == nil && w == 2 { // one producer's jobs also run and are charged
+						if _, _, err = db.JobStart(ctx, j.ID, ""); err == nil {
+							_, err = db.JobComplete(ctx, &store.JobCompleteParams{ID: j.ID, Day: "2026-12-01", Cost: 1})
+						}
 					}
 				} else {
 					_, err = db.JobGetForTenant(ctx, ten.ID, fmt.Sprintf("job_%08d", 1+(i*7919)%100000))
@@ -124,7 +154,7 @@ func TestPurgeOnALargeTableWhileServing(t *testing.T) {
 			}
 			rows, err := conn.Query(context.Background(), `SELECT extract(epoch FROM now() - state_change) * 1000, wait_event, left(query, 60)
 				FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'
-					AND query NOT LIKE 'UPDATE jobs SET request = ''{}''%'`, app) // the requests, not the purge itself
+					AND query NOT LIKE 'UPDATE jobs SET request = ''{}''%' AND query NOT LIKE 'WITH gone AS%'`, app) // the requests, not the purge itself
 			if err != nil {
 				continue
 			}
@@ -153,8 +183,21 @@ func TestPurgeOnALargeTableWhileServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Jobs != 40000 {
-		t.Fatalf("purged %d jobs, want the 40000 past their age", rep.Jobs)
+	if rep.Jobs != 40000 || rep.LedgerRows != 40000 {
+		t.Fatalf("purged %d jobs and %d ledger rows, want the 40000 past their age", rep.Jobs, rep.LedgerRows)
+	}
+	if after := spend(); !slices.Equal(after, spendBefore) {
+		t.Fatalf("spend by day (tenant, global) after the purge %v, before %v", after, spendBefore)
+	}
+	var ledgerLeft, dailyRows, dailyRequests int64
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM usage_ledger WHERE created_at < $1::timestamptz - interval '1 day'),
+			(SELECT count(*) FROM usage_daily), (SELECT COALESCE(SUM(requests), 0) FROM usage_daily)`, now).
+		Scan(&ledgerLeft, &dailyRows, &dailyRequests); err != nil {
+		t.Fatal(err)
+	}
+	if ledgerLeft != 30000 || dailyRows != 4 || dailyRequests != 40000 {
+		t.Fatalf("ledger rows left %d (want the 30000 younger), daily totals %d rows of %d requests (want 4 of 40000)",
+			ledgerLeft, dailyRows, dailyRequests)
 	}
 	if longest.Load() > 100 {
 		t.Fatalf("a session waited %d ms on a lock (%s) while retention ran (%d samples of waits)", longest.Load(), longestWait, lockWaits.Load())
@@ -164,8 +207,8 @@ func TestPurgeOnALargeTableWhileServing(t *testing.T) {
 	}
 	slices.Sort(latencies)
 	p99 := latencies[len(latencies)*99/100]
-	t.Logf("purged %d jobs in %v; meanwhile %d inserts and polls, p99 %v, max %v; lock waits seen %d, longest %d ms",
-		rep.Jobs, took.Round(time.Millisecond), ops.Load(), p99, latencies[len(latencies)-1], lockWaits.Load(), longest.Load())
+	t.Logf("purged %d jobs and %d ledger rows in %v; meanwhile %d inserts and polls, p99 %v, max %v; lock waits seen %d, longest %d ms",
+		rep.Jobs, rep.LedgerRows, took.Round(time.Millisecond), ops.Load(), p99, latencies[len(latencies)-1], lockWaits.Load(), longest.Load())
 
 	// Exactly those: the old finished jobs lost their bodies and kept the
 	// rest; the recent finished ones and the unfinished kept everything.
@@ -244,5 +287,13 @@ func TestPurgeFiles(t *testing.T) {
 		if _, err := db.FileGetForTenant(ctx, ten.ID, f.ID); err != nil {
 			t.Errorf("file %s went: %v", f.Filename, err)
 		}
+	}
+}
+
+// The policy's shortest ledger retention is one the store folds at.
+func TestLedgerRetentionFloor(t *testing.T) {
+	t.Parallel()
+	if config.MinLedgerRetention < store.LedgerDetailMinAge {
+		t.Fatalf("the policy accepts retention.ledger %s, the store folds rows only from %s", config.MinLedgerRetention, store.LedgerDetailMinAge)
 	}
 }

@@ -434,14 +434,15 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	if total == 0 {
 		total = p.PromptTokens + p.CompletionTokens
 	}
-	now := db.d.ts(db.nowUTC())
+	at := db.nowUTC()
+	now, chargeable := db.d.ts(at), db.d.ts(at.Add(-LedgerDetailMinAge))
 	state := string(JobSucceeded)
 	if p.Failed != nil {
 		state = string(JobFailed)
 	}
 	return args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
 		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay,
-		state, errorJSON(p.Failed), p.UsageEstimated, p.Deployment, p.ServedModel}, nil
+		state, errorJSON(p.Failed), p.UsageEstimated, p.Deployment, p.ServedModel, chargeable}, nil
 }
 
 const (
@@ -453,9 +454,12 @@ const (
 	// The ledger row copies the job's tenant, batch and model (the served
 	// model instead, when given); on Postgres the SELECT sees the row as it
 	// was before the UPDATE beside it, which is the same for those columns.
+	// A job that finished before $18 (LedgerDetailMinAge ago) is not
+	// charged again: retention may have rolled its row up.
 	sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
 		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, deployment)
-		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16 FROM jobs WHERE id = $1
+		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16 FROM jobs
+		WHERE id = $1 AND (finished_at IS NULL OR finished_at >= $18)
 		ON CONFLICT (job_id) DO NOTHING`
 	// sqlJobComplete is both in one statement (Postgres): whether it
 	// completed the job, charged it, and whether the job exists.

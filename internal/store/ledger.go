@@ -44,11 +44,16 @@ func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, err
 	return &e, nil
 }
 
-// The ledger sums read usage_ledger_tenant_day and usage_ledger_day_model:
-// the budget is rebuilt from them, so they must never scan the ledger.
+// The ledger sums read usage_ledger_tenant_day and usage_ledger_global_day,
+// and usage_daily's key and usage_daily_global_day for the days retention
+// rolled up: the budget is rebuilt from them, so they must never scan the
+// ledger. Each is one statement, so it reads both tables as of one moment
+// and counts a row rolled up meanwhile once.
 const (
-	sqlUsageSumByTenantDay = `SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM usage_ledger WHERE tenant_id = $1 AND day = $2`
-	sqlUsageSumByDay       = `SELECT CAST(COALESCE(SUM(cost_micros), 0) AS BIGINT) FROM usage_ledger WHERE global_day = $1`
+	sqlUsageSumByTenantDay = `SELECT CAST((SELECT COALESCE(SUM(cost_micros), 0) FROM usage_ledger WHERE tenant_id = $1 AND day = $2)
+		+ (SELECT COALESCE(SUM(cost_micros), 0) FROM usage_daily WHERE tenant_id = $1 AND day = $2) AS BIGINT)`
+	sqlUsageSumByDay = `SELECT CAST((SELECT COALESCE(SUM(cost_micros), 0) FROM usage_ledger WHERE global_day = $1)
+		+ (SELECT COALESCE(SUM(cost_micros), 0) FROM usage_daily WHERE global_day = $1) AS BIGINT)`
 )
 
 // UsageSumByTenantDay is the tenant's spend on the budget day ("YYYY-MM-DD"),
@@ -103,17 +108,26 @@ func (db *DB) UsageReport(ctx context.Context, p *UsageReportParams) ([]*UsageRe
 	}, q, a...)
 }
 
-// usageReportSQL reads usage_ledger_day_model, or usage_ledger_tenant_day for one tenant.
+// usageReportSQL reads usage_ledger_day_model and usage_daily_day_model, or
+// the tenant-day indexes of both for one tenant: the ledger's rows and the
+// daily totals retention rolled them into.
 func usageReportSQL(p *UsageReportParams) (string, args) {
 	var a args
-	q := `SELECT tenant_id, model, count(*),
+	where := `day = ` + a.add(p.Day)
+	if p.TenantID != "" {
+		where += ` AND tenant_id = ` + a.add(p.TenantID)
+	}
+	return `SELECT tenant_id, model, CAST(SUM(requests) AS BIGINT),
 			CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT),
 			CAST(SUM(cached_tokens) AS BIGINT), CAST(SUM(cost_micros) AS BIGINT)
-		FROM usage_ledger WHERE day = ` + a.add(p.Day)
-	if p.TenantID != "" {
-		q += ` AND tenant_id = ` + a.add(p.TenantID)
-	}
-	return q + ` GROUP BY tenant_id, model ORDER BY tenant_id, model`, a
+		FROM (
+			SELECT tenant_id, model, count(*) AS requests, SUM(prompt_tokens) AS prompt_tokens,
+				SUM(completion_tokens) AS completion_tokens, SUM(cached_tokens) AS cached_tokens, SUM(cost_micros) AS cost_micros
+			FROM usage_ledger WHERE ` + where + ` GROUP BY tenant_id, model
+			UNION ALL
+			SELECT tenant_id, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_micros
+			FROM usage_daily WHERE ` + where + `
+		) AS u GROUP BY tenant_id, model ORDER BY tenant_id, model`, a
 }
 
 // UsageCharge is one ledger row, as a budget audit reads it.
@@ -141,4 +155,82 @@ func (db *DB) UsageChargesSince(ctx context.Context, since time.Time, limit int)
 		return nil, fmt.Errorf("store: UsageChargesSince: %w", db.d.wrap(err))
 	}
 	return out, nil
+}
+
+// LedgerDetailMinAge is the least age at which a ledger row may be rolled up
+// into usage_daily: a budget audit after a failover, a delivery settling a
+// job another finished and a job's charge being looked up all read rows far
+// younger. JobComplete never charges a job that finished longer ago than
+// this, so a job whose row was rolled up is never charged again.
+const LedgerDetailMinAge = 72 * time.Hour
+
+// UsageRollUp folds up to limit ledger rows written before before (oldest
+// first) into usage_daily's totals of their tenant, days and model, and
+// deletes them, in one transaction: every sum over both tables is the same
+// before and after. It returns how many rows it folded: fewer than limit
+// when none older is left. before must be at least LedgerDetailMinAge ago.
+func (db *DB) UsageRollUp(ctx context.Context, before time.Time, limit int) (int64, error) {
+	if limit < 1 {
+		return 0, fmt.Errorf("store: UsageRollUp: limit %d, want at least 1", limit)
+	}
+	if latest := db.now().Add(-LedgerDetailMinAge); before.After(latest) {
+		return 0, fmt.Errorf("store: UsageRollUp: cut-off %s is less than %s ago", before.UTC().Format(time.RFC3339), LedgerDetailMinAge)
+	}
+	var n int64
+	var err error
+	if db.d.name == "postgres" {
+		err = db.rw.queryRow(ctx, sqlUsageRollUp, db.d.ts(before), limit).Scan(&n)
+	} else {
+		err = db.tx(ctx, func(tx querier) error {
+			if _, err := tx.exec(ctx, sqlUsageRollUpSums(`SELECT * FROM usage_ledger WHERE job_id IN (`+sqlUsageRollable+`)`), db.d.ts(before), limit); err != nil {
+				return err
+			}
+			n, err = tx.exec(ctx, `DELETE FROM usage_ledger WHERE job_id IN (`+sqlUsageRollable+`)`, db.d.ts(before), limit)
+			return err
+		})
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: UsageRollUp: %w", db.d.wrap(err))
+	}
+	return n, nil
+}
+
+// sqlUsageRollable picks the ledger rows UsageRollUp takes: $1 the cut-off,
+// $2 the limit. The order makes it pick the same rows twice in one SQLite
+// transaction.
+const sqlUsageRollable = `SELECT job_id FROM usage_ledger WHERE created_at < $1 ORDER BY created_at, job_id LIMIT $2`
+
+// sqlUsageRollUpSums adds the ledger rows from rows to usage_daily. The rows
+// go in key order, so two rollups meeting on the same totals lock them in
+// one order.
+func sqlUsageRollUpSums(rows string) string {
+	return `INSERT INTO usage_daily AS d (tenant_id, day, global_day, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_micros)
+		SELECT tenant_id, day, global_day, model, count(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(cached_tokens), SUM(cost_micros)
+		FROM (` + rows + `) AS r WHERE true
+		GROUP BY tenant_id, day, global_day, model ORDER BY tenant_id, day, model, global_day
+		ON CONFLICT (tenant_id, day, model, global_day) DO UPDATE SET
+			requests = d.requests + excluded.requests, prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
+			completion_tokens = d.completion_tokens + excluded.completion_tokens,
+			cached_tokens = d.cached_tokens + excluded.cached_tokens, cost_micros = d.cost_micros + excluded.cost_micros`
+}
+
+// sqlUsageRollUp is UsageRollUp on Postgres, one statement: the rows it
+// deletes are the rows it adds up. SKIP LOCKED keeps two dispatchers'
+// rollups apart.
+var sqlUsageRollUp = `WITH gone AS (
+		DELETE FROM usage_ledger WHERE job_id IN (` + sqlUsageRollable + ` FOR UPDATE SKIP LOCKED)
+		RETURNING tenant_id, day, global_day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros),
+	sums AS (` + sqlUsageRollUpSums(`SELECT * FROM gone`) + ` RETURNING 1)
+	SELECT count(*) FROM gone`
+
+const sqlUsageCountRollable = `SELECT count(*) FROM usage_ledger WHERE created_at < $1`
+
+// UsageCountRollable counts the ledger rows written before before: what
+// UsageRollUp would fold into daily totals.
+func (db *DB) UsageCountRollable(ctx context.Context, before time.Time) (int64, error) {
+	var n int64
+	if err := db.ro.queryRow(ctx, sqlUsageCountRollable, db.d.ts(before)).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: UsageCountRollable: %w", err)
+	}
+	return n, nil
 }

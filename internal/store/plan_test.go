@@ -63,6 +63,8 @@ func checkPlans(t *testing.T, db *DB) {
 	add("JobGetByID", false, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, args{"job_x"})
 	add("UsageSumByTenantDay", false, sqlUsageSumByTenantDay, args{"t", "2026-03-01"})
 	add("UsageSumByDay", false, sqlUsageSumByDay, args{"2026-03-01"})
+	add("UsageRollUp rows", false, sqlUsageRollable, args{db.d.ts(time.Now()), 500})
+	add("UsageCountRollable", false, sqlUsageCountRollable, args{db.d.ts(time.Now())})
 	q, a = usageReportSQL(&UsageReportParams{Day: "2026-03-01"})
 	add("UsageReport", false, q, a)
 	q, a = usageReportSQL(&UsageReportParams{Day: "2026-03-01", TenantID: "t"})
@@ -81,11 +83,16 @@ func checkPlans(t *testing.T, db *DB) {
 	for _, q := range qs {
 		plan := explain(t, db, q.sql, q.args)
 		bad := ""
+		subqueries := map[string]bool{"CONSTANT ROW": true} // SQLite: what a SCAN of is no table's
 		for _, line := range plan {
+			line := strings.TrimSpace(line)
+			if name, ok := strings.CutPrefix(line, "CO-ROUTINE "); ok {
+				subqueries[name] = true
+			}
 			switch {
 			case strings.Contains(line, "Seq Scan"):
 				bad = line
-			case strings.HasPrefix(strings.TrimSpace(line), "SCAN ") && !strings.Contains(line, "USING"):
+			case strings.HasPrefix(line, "SCAN ") && !strings.Contains(line, "USING") && !subqueries[strings.TrimPrefix(line, "SCAN ")]:
 				bad = line // SQLite: a scan of the table itself
 			case q.ordered && (strings.Contains(line, "Sort") || strings.Contains(line, "TEMP B-TREE FOR ORDER BY")):
 				bad = line

@@ -86,8 +86,10 @@ func TestMigrationGivesUpOnAHeldLock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// A reader's lock on every table, as a long report would hold.
-		if _, err := tx.Exec(ctx, "LOCK TABLE jobs, tenants, usage_ledger, batches, files IN ACCESS SHARE MODE"); err != nil {
+		// A writer's lock on every table, as a long transaction that wrote
+		// to them holds (a migration's ALTER TABLE waits for a reader too; a
+		// new table's foreign key for a writer).
+		if _, err := tx.Exec(ctx, "LOCK TABLE jobs, tenants, usage_ledger, batches, files IN ROW EXCLUSIVE MODE"); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
