@@ -485,3 +485,61 @@ tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]
 		}
 	}
 }
+
+// Batch offload: a tier's batch_offload, a model's batch prices (default
+// half), a provider's batch_api (default for kind openai only), and the
+// route batches go to.
+func TestPolicyBatchOffload(t *testing.T) {
+	t.Parallel()
+	const base = `
+providers:
+  - {name: az, kind: azure, base_url: "https://r.openai.azure.com", api_key_env: AZ_KEY}
+  - {name: openai, base_url: "https://api.openai.com/v1", api_key_env: OPENAI_API_KEY}
+models:
+  - name: m
+    price: {input_per_mtok: 2, output_per_mtok: 8, batch_output_per_mtok: 3}
+    deployments:
+      - {provider: az, upstream: m-ptu, limits: {rpm: 10, tpm: 100000}}
+      - {provider: openai, upstream: m-1, order: 1, limits: {rpm: 10, tpm: 100000, batch_queue_tokens: 90000}}
+  - {name: e, provider: az, kind: embedding, price: {input_per_mtok: 0.1}, limits: {rpm: 10, tpm: 100000}}
+`
+	p, err := ParsePolicy([]byte(base + "tiers: [{name: t, daily_budget_usd: 1, api_rps: 5, batch_offload: auto}, {name: u, daily_budget_usd: 1, api_rps: 5}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tt, _ := p.Tier("t"); tt.BatchOffload != BatchOffloadAuto {
+		t.Fatalf("batch_offload = %q", tt.BatchOffload)
+	}
+	if u, _ := p.Tier("u"); u.BatchOffload != BatchOffloadNever {
+		t.Fatalf("default batch_offload = %q, want never", u.BatchOffload)
+	}
+	r, ok := p.BatchRoute("m")
+	if !ok || r.Provider != "openai" || r.Upstream != "m-1" || r.Limits.BatchQueueTokens != 90000 {
+		t.Fatalf("BatchRoute(m) = %+v, %v; want the openai deployment", r, ok)
+	}
+	if b := r.Price.Batch(); b.InputPerMTok != 1_000_000 || b.OutputPerMTok != 3_000_000 {
+		t.Fatalf("batch price = %+v, want input half (1) and output as given (3)", b)
+	}
+	if _, ok := p.BatchRoute("e"); ok {
+		t.Fatal("an Azure provider offered a Batch API without batch_api: true")
+	}
+	withAzureBatch := strings.Replace(base, `api_key_env: AZ_KEY}`, `api_key_env: AZ_KEY, batch_api: true}`, 1)
+	p, err = ParsePolicy([]byte(withAzureBatch + "tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := p.BatchRoute("e"); !ok || r.Provider != "az" {
+		t.Fatalf("BatchRoute(e) with batch_api = %+v, %v", r, ok)
+	}
+	for in, want := range map[string]string{
+		"tiers: [{name: t, daily_budget_usd: 1, api_rps: 5, batch_offload: sometimes}]": `tiers[0].batch_offload: must be never, auto or always, got "sometimes"`,
+	} {
+		if _, err := ParsePolicy([]byte(base + in + "\n")); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", in, err, want)
+		}
+	}
+	if _, err := ParsePolicy([]byte(strings.Replace(base, "batch_queue_tokens: 90000", "batch_queue_tokens: -1", 1) +
+		"tiers: [{name: t, daily_budget_usd: 1, api_rps: 5}]\n")); err == nil || !strings.Contains(err.Error(), "batch_queue_tokens: must be 0 or more") {
+		t.Errorf("a negative batch_queue_tokens: %v", err)
+	}
+}

@@ -29,6 +29,21 @@ const (
 	KindEmbedding = "embedding"
 )
 
+// Where a tier's batches run (Tier.BatchOffload).
+const (
+	// BatchOffloadNever runs every line through llmq's own path, at the
+	// normal price.
+	BatchOffloadNever = "never"
+	// BatchOffloadAuto runs on the provider's Batch API (at its batch
+	// price) the lines of models whose provider offers one; the others
+	// through llmq's own path.
+	BatchOffloadAuto = "auto"
+	// BatchOffloadAlways is auto, and refuses a batch line whose model's
+	// provider offers no Batch API: a tenant on it pays the batch price or
+	// nothing.
+	BatchOffloadAlways = "always"
+)
+
 // What happens to a job of a tier whose daily budget is spent.
 const (
 	OnExhaustedDefer  = "defer"  // wait for the tier's next day
@@ -97,6 +112,12 @@ type Provider struct {
 	// events): past it the call fails with provider_response_too_large,
 	// and nothing of it is stored. Defaults to 16 MiB.
 	MaxResponseBytes int64
+	// BatchAPI says the provider offers OpenAI's Files and Batches API for
+	// its models, so batches may be offloaded to it (a tier's
+	// batch_offload). Defaults to true for kind openai, false for azure
+	// (Azure runs batches on Global-Batch deployments only: set it on a
+	// provider whose models' upstreams are such deployments).
+	BatchAPI bool
 }
 
 // The kinds of provider.
@@ -214,6 +235,10 @@ type Limits struct {
 	RPM int64 // requests per minute
 	TPM int64 // tokens per minute
 	TPD int64 // tokens per day
+	// BatchQueueTokens is the provider's batch queue limit: the prompt
+	// tokens of the model's batches enqueued at its Batch API at once. 0:
+	// not known, learned from the provider's refusals.
+	BatchQueueTokens int64
 	// Burst is the most of a request or token limit (rps, rpm, tpm) sent at
 	// once, as a time of its refill: however long the model was idle, llmq
 	// sends at most Burst's share of the limit together (or one call, when
@@ -279,6 +304,9 @@ type Tier struct {
 	Share float64
 	// Timezone is where the tier's day starts and ends. Defaults to UTC.
 	Timezone *time.Location
+	// BatchOffload is where the tier's batches run: never, auto or always
+	// (BatchOffload*). Defaults to never.
+	BatchOffload string
 }
 
 // MaxShare bounds a tier's share: a million to one is fairness enough.
@@ -288,6 +316,24 @@ const MaxShare = 1_000_000
 func (p *Policy) Model(name string) (*Model, bool) {
 	m, ok := p.models[name]
 	return m, ok
+}
+
+// BatchRoute returns the route of model name that batches offloaded to a
+// provider's Batch API go to: its first deployment, in order, whose
+// provider offers one. ok is false when none does.
+func (p *Policy) BatchRoute(name string) (route *Model, ok bool) {
+	m, ok := p.models[name]
+	if !ok {
+		return nil, false
+	}
+	routes := m.Routes()
+	slices.SortStableFunc(routes, func(a, b *Model) int { return a.Deployments[0].Order - b.Deployments[0].Order })
+	for _, r := range routes {
+		if pr, ok := p.providers[r.Provider]; ok && pr.BatchAPI {
+			return r, true
+		}
+	}
+	return nil, false
 }
 
 // Provider returns the provider called name.
@@ -387,6 +433,7 @@ type rawProvider struct {
 	APIKeyEnv        string  `yaml:"api_key_env"`
 	Timeout          *string `yaml:"timeout"`
 	MaxResponseBytes *int64  `yaml:"max_response_bytes"`
+	BatchAPI         *bool   `yaml:"batch_api"`
 }
 
 type rawModel struct {
@@ -415,14 +462,17 @@ type rawPrice struct {
 	InputPerMTok       *float64 `yaml:"input_per_mtok"`
 	OutputPerMTok      *float64 `yaml:"output_per_mtok"`
 	CachedInputPerMTok *float64 `yaml:"cached_input_per_mtok"`
+	BatchInputPerMTok  *float64 `yaml:"batch_input_per_mtok"`
+	BatchOutputPerMTok *float64 `yaml:"batch_output_per_mtok"`
 }
 
 type rawLimits struct {
-	RPS   int64   `yaml:"rps"`
-	RPM   int64   `yaml:"rpm"`
-	TPM   int64   `yaml:"tpm"`
-	TPD   int64   `yaml:"tpd"`
-	Burst *string `yaml:"burst"`
+	RPS              int64   `yaml:"rps"`
+	RPM              int64   `yaml:"rpm"`
+	TPM              int64   `yaml:"tpm"`
+	TPD              int64   `yaml:"tpd"`
+	BatchQueueTokens int64   `yaml:"batch_queue_tokens"`
+	Burst            *string `yaml:"burst"`
 }
 
 type rawTier struct {
@@ -444,6 +494,7 @@ type rawTier struct {
 	WebhookHostRPS    *float64                `yaml:"webhook_host_rps"`
 	Share             *float64                `yaml:"share"`
 	Fallbacks         []string                `yaml:"fallbacks"`
+	BatchOffload      string                  `yaml:"batch_offload"`
 }
 
 func (raw *rawPolicy) build(src *source) (*Policy, error) {
@@ -571,6 +622,10 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 	case ProviderOpenAI, ProviderAzure:
 	default:
 		return pr, src.errorAt(path+".kind", "must be %q or %q, got %q", ProviderOpenAI, ProviderAzure, rp.Kind)
+	}
+	pr.BatchAPI = pr.Kind == ProviderOpenAI
+	if rp.BatchAPI != nil {
+		pr.BatchAPI = *rp.BatchAPI
 	}
 	if rp.APIVersion != "" && pr.Kind != ProviderAzure {
 		return pr, src.errorAt(path+".api_version", "is for kind: %s only", ProviderAzure)
@@ -764,12 +819,12 @@ func (rl rawLimits) build(src *source, path string) (Limits, error) {
 	for _, l := range []struct {
 		name string
 		v    int64
-	}{{"rps", rl.RPS}, {"rpm", rl.RPM}, {"tpm", rl.TPM}, {"tpd", rl.TPD}} {
+	}{{"rps", rl.RPS}, {"rpm", rl.RPM}, {"tpm", rl.TPM}, {"tpd", rl.TPD}, {"batch_queue_tokens", rl.BatchQueueTokens}} {
 		if l.v < 0 {
 			return Limits{}, src.errorAt(path+"."+l.name, "must be 0 or more, got %d", l.v)
 		}
 	}
-	out := Limits{RPS: rl.RPS, RPM: rl.RPM, TPM: rl.TPM, TPD: rl.TPD, Burst: DefaultBurst}
+	out := Limits{RPS: rl.RPS, RPM: rl.RPM, TPM: rl.TPM, TPD: rl.TPD, BatchQueueTokens: rl.BatchQueueTokens, Burst: DefaultBurst}
 	if b := rl.Burst; b != nil {
 		d, err := time.ParseDuration(*b)
 		if err != nil {
@@ -845,9 +900,19 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 	case kind == KindChat:
 		return p, src.errorAt(path+".output_per_mtok", "required for a chat model (USD per 1M output tokens)")
 	}
-	if rp.CachedInputPerMTok != nil {
-		if p.CachedInputPerMTok, err = usd(src, path+".cached_input_per_mtok", *rp.CachedInputPerMTok); err != nil {
-			return p, err
+	for _, f := range []struct {
+		name string
+		v    *float64
+		to   *money.Micros
+	}{
+		{"cached_input_per_mtok", rp.CachedInputPerMTok, &p.CachedInputPerMTok},
+		{"batch_input_per_mtok", rp.BatchInputPerMTok, &p.BatchInputPerMTok},
+		{"batch_output_per_mtok", rp.BatchOutputPerMTok, &p.BatchOutputPerMTok},
+	} {
+		if f.v != nil {
+			if *f.to, err = usd(src, path+"."+f.name, *f.v); err != nil {
+				return p, err
+			}
 		}
 	}
 	return p, nil
@@ -909,6 +974,13 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 	case OnExhaustedDefer, OnExhaustedReject:
 	default:
 		return t, src.errorAt(path+".on_exhausted", "must be defer or reject, got %q", rt.OnExhausted)
+	}
+	switch t.BatchOffload = rt.BatchOffload; rt.BatchOffload {
+	case "":
+		t.BatchOffload = BatchOffloadNever
+	case BatchOffloadNever, BatchOffloadAuto, BatchOffloadAlways:
+	default:
+		return t, src.errorAt(path+".batch_offload", "must be never, auto or always, got %q", rt.BatchOffload)
 	}
 	if err := rt.buildAPI(src, path, &t); err != nil {
 		return t, err

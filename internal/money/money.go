@@ -52,6 +52,28 @@ type Price struct {
 	InputPerMTok       Micros
 	OutputPerMTok      Micros
 	CachedInputPerMTok Micros // billed for cached prompt tokens; 0 means the input price
+	// BatchInputPerMTok and BatchOutputPerMTok are the prices of a call
+	// run on the provider's Batch API; 0 means half the normal price.
+	BatchInputPerMTok  Micros
+	BatchOutputPerMTok Micros
+}
+
+// Batch is the price of a call run on the provider's Batch API: the batch
+// prices, else half the normal ones (rounded up to the micro-dollar per
+// million tokens), cached prompt tokens at half their price.
+func (p Price) Batch() Price {
+	half := func(m Micros) Micros { return m/2 + m%2 }
+	b := Price{InputPerMTok: p.BatchInputPerMTok, OutputPerMTok: p.BatchOutputPerMTok, CachedInputPerMTok: half(p.CachedInputPerMTok)}
+	if b.InputPerMTok == 0 {
+		b.InputPerMTok = half(p.InputPerMTok)
+	}
+	if b.OutputPerMTok == 0 {
+		b.OutputPerMTok = half(p.OutputPerMTok)
+	}
+	if b.CachedInputPerMTok > b.InputPerMTok {
+		b.CachedInputPerMTok = b.InputPerMTok
+	}
+	return b
 }
 
 // Cost is the price of one call: prompt tokens (of which cached were served
