@@ -18,6 +18,8 @@ const (
 	File   = "file-"
 	Tenant = "ten_"
 	Key    = "key_"
+	// BatchPart is a part of a batch offloaded to a provider's Batch API.
+	BatchPart = "bpart_"
 )
 
 const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"

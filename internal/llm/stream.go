@@ -57,6 +57,30 @@ func fill(e *Error, o *client.ErrorObject) {
 // stream sends a streaming chat completion over plain HTTP: go-openai's
 // typed chunks would drop the fields it does not model, and the client is
 // relayed the provider's bytes.
+// answered is the *Error of a call the provider answered with resp, its
+// status and headers filled in.
+func (p *openAIProvider) answered(resp *http.Response) *Error {
+	return &Error{Provider: p.name, StatusCode: resp.StatusCode, RateLimit: ParseRateLimit(resp.Header),
+		RequestID: resp.Header.Get("x-request-id")}
+}
+
+// errorAnswer is the *Error of a non-2xx answer: its error object (read
+// up to 1 MiB) when it has one, classified by its status.
+func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
+	e := p.answered(resp)
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var eb struct {
+		Error *client.ErrorObject `json:"error"`
+	}
+	isErrorObject := json.Unmarshal(body, &eb) == nil && eb.Error != nil
+	if isErrorObject {
+		fill(e, eb.Error)
+	}
+	e.Message = answerMessage(resp.StatusCode, e.Message, isErrorObject, p.scrub)
+	classifyAnswer(e)
+	return e
+}
+
 func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, error) {
 	wire, err := streamWireBody(req)
 	if err != nil {
@@ -76,20 +100,9 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		return nil, p.noAnswer(ctx, err, 0)
 	}
 	defer resp.Body.Close()
-	e := &Error{Provider: p.name, StatusCode: resp.StatusCode, RateLimit: ParseRateLimit(resp.Header),
-		RequestID: resp.Header.Get("x-request-id")}
+	e := p.answered(resp)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var eb struct {
-			Error *client.ErrorObject `json:"error"`
-		}
-		isErrorObject := json.Unmarshal(body, &eb) == nil && eb.Error != nil
-		if isErrorObject {
-			fill(e, eb.Error)
-		}
-		e.Message = answerMessage(resp.StatusCode, e.Message, isErrorObject, p.scrub)
-		classifyAnswer(e)
-		return nil, e
+		return nil, p.errorAnswer(resp)
 	}
 	out := &Response{StatusCode: resp.StatusCode, RequestID: e.RequestID, RateLimit: e.RateLimit}
 	sc := bufio.NewScanner(resp.Body)

@@ -525,7 +525,8 @@ func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now tim
 func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge time.Duration, rep *Report) error {
 	// A batch's jobs wait for its validation to end, which enqueues them
 	// (a validation cut short resumes and enqueues them too).
-	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, Limit: 1000}
+	// A job at a provider's Batch API is its part's (package offload).
+	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, SkipOffloaded: true, Limit: 1000}
 	list := func(after string) ([]*store.Job, bool, error) {
 		p.After = after
 		return r.Store.JobListUnfinished(ctx, p)

@@ -108,6 +108,9 @@ type Job struct {
 	// Fallbacks are the job's own fallback models, in place of its model's;
 	// none when it named none.
 	Fallbacks []string
+	// BatchPartID is the part of its batch the job is in while it runs on
+	// the provider's Batch API (package offload); "" on llmq's own path.
+	BatchPartID string
 }
 
 const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model, request, queue, status,
@@ -115,7 +118,7 @@ const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model
 	response_status, response_body, provider_request_id, error,
 	prompt_tokens, completion_tokens, cached_tokens, total_tokens, cost_micros,
 	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync, usage_estimated,
-	deployment, served_model, fallbacks`
+	deployment, served_model, fallbacks, batch_part_id`
 
 // jobViewColumns are jobColumns without the request body, which a client
 // sent and the API never renders (wire.Job): the tenant's reads (one job, a
@@ -137,7 +140,7 @@ func scanJob(r row) (*Job, error) {
 		&j.PromptTokens, &j.CompletionTokens, &j.CachedTokens, &j.TotalTokens, &j.Cost,
 		orZero[string]{&j.WebhookURL}, (*[]byte)(&j.Metadata), orZero[string]{&j.IdempotencyKey},
 		timeCol{&j.CreatedAt}, nullTimeCol{&j.StartedAt}, nullTimeCol{&j.FinishedAt}, timeCol{&j.UpdatedAt}, nullTimeCol{&j.NextRunAt},
-		&j.Sync, &j.UsageEstimated, &j.Deployment, &j.ServedModel, &fallbacks)
+		&j.Sync, &j.UsageEstimated, &j.Deployment, &j.ServedModel, &fallbacks, orZero[string]{&j.BatchPartID})
 	if err != nil {
 		return nil, err
 	}

@@ -93,8 +93,11 @@ type JobListUnfinishedParams struct {
 	// SkipValidating skips the jobs of batches still validating: their
 	// validation enqueues them once the whole file is checked.
 	SkipValidating bool
-	After          string // id of the last job of the previous page
-	Limit          int    // default 1000, at most 10000
+	// SkipOffloaded skips the jobs at a provider's Batch API: their part
+	// ends them.
+	SkipOffloaded bool
+	After         string // id of the last job of the previous page
+	Limit         int    // default 1000, at most 10000
 }
 
 // JobListUnfinished returns a page of unfinished jobs in ascending id order
@@ -128,6 +131,9 @@ func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (st
 	}
 	if p.SkipValidating {
 		q += ` AND (batch_id IS NULL OR NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = jobs.batch_id AND b.status = 'validating'))`
+	}
+	if p.SkipOffloaded {
+		q += ` AND batch_part_id IS NULL`
 	}
 	if p.After != "" {
 		q += ` AND id > ` + a.add(p.After)

@@ -341,6 +341,9 @@ type JobCompleteParams struct {
 	// succeeded, still charged: the provider answered (and bills the
 	// call), but its answer cannot be taken (its usage is nonsense).
 	Failed *JobError
+	// Batched marks the ledger row of a call run on the provider's Batch
+	// API (at the batch price).
+	Batched bool
 }
 
 // JobCompleteResult says what JobComplete did.
@@ -442,7 +445,7 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	}
 	return args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
 		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay,
-		state, errorJSON(p.Failed), p.UsageEstimated, p.Deployment, p.ServedModel, chargeable}, nil
+		state, errorJSON(p.Failed), p.UsageEstimated, p.Deployment, p.ServedModel, chargeable, p.Batched}, nil
 }
 
 const (
@@ -457,8 +460,8 @@ const (
 	// A job that finished before $18 (LedgerDetailMinAge ago) is not
 	// charged again: retention may have rolled its row up.
 	sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
-		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, deployment)
-		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16 FROM jobs
+		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, deployment, batched)
+		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16, $19 FROM jobs
 		WHERE id = $1 AND (finished_at IS NULL OR finished_at >= $18)
 		ON CONFLICT (job_id) DO NOTHING`
 	// sqlJobComplete is both in one statement (Postgres): whether it
@@ -564,7 +567,9 @@ func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, cha
 }
 
 // JobCancelByBatch cancels every pending (queued, waiting, deferred) job of
-// the batch and returns how many; running jobs are left to finish.
+// the batch and returns how many; running jobs are left to finish, and so
+// are jobs at the provider's Batch API (their part ends them: the
+// provider bills what it finished).
 func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, error) {
 	if err := required("JobCancelByBatch", "batchID", batchID); err != nil {
 		return 0, err
@@ -575,4 +580,4 @@ func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, erro
 
 // sqlJobCancelByBatch reads jobs_batch_status.
 const sqlJobCancelByBatch = `UPDATE jobs SET status = 'cancelled', next_run_at = NULL, finished_at = $2, updated_at = $2
-	WHERE batch_id = $1 AND ` + pendingSQL
+	WHERE batch_id = $1 AND batch_part_id IS NULL AND ` + pendingSQL

@@ -25,16 +25,17 @@ type UsageEntry struct {
 	CachedTokens     int64
 	Cost             money.Micros
 	CreatedAt        time.Time
+	Batched          bool // run on the provider's Batch API
 }
 
 // UsageGetByJob returns the job's ledger row, or ErrNotFound if it was never charged.
 func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, error) {
 	var e UsageEntry
 	err := db.ro.queryRow(ctx, `
-		SELECT job_id, tenant_id, batch_id, day, global_day, model, deployment, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at
+		SELECT job_id, tenant_id, batch_id, day, global_day, model, deployment, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, batched
 		FROM usage_ledger WHERE job_id = $1`, jobID).
 		Scan(&e.JobID, &e.TenantID, orZero[string]{&e.BatchID}, dayCol{&e.Day}, dayCol{&e.GlobalDay}, &e.Model, &e.Deployment, &e.PromptTokens,
-			&e.CompletionTokens, &e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt})
+			&e.CompletionTokens, &e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt}, &e.Batched)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("ledger row of job", jobID)
 	}

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"encoding/json"
 	"fmt"
 
 	"github.com/llmq/llmq/internal/llm"
@@ -23,11 +22,6 @@ type verdict struct {
 	// bills the call, but its answer cannot be taken.
 	failed *store.JobError
 }
-
-// Usage llmq never believes, whatever the request: more than a model's
-// largest context many times over. It keeps a provider's nonsense (1e15
-// tokens) out of the ledger and its arithmetic.
-const absurdTokens = 1 << 24
 
 // judge reads a provider's 2xx answer: resp, or pe for one the llm package
 // could not take (not of OpenAI's shape, larger than the provider's bound).
@@ -61,53 +55,10 @@ func (r *run) judge(resp *llm.Response, pe *llm.Error) verdict {
 	return verdict{usage: u, cost: r.call.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)}
 }
 
-// unbelievable says what is wrong with a reported usage, or "": a negative
-// count, cached tokens beyond the prompt, a total that is not the sum, a
-// prompt far beyond llmq's estimate, output beyond the request's own
-// max_tokens, or counts past absurdTokens.
+// unbelievable says what is wrong with a reported usage, or "" (see
+// llm.UnbelievableUsage).
 func (r *run) unbelievable(u llm.Usage) string {
-	switch {
-	case u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CachedTokens < 0 || u.TotalTokens < 0:
-		return "a negative count"
-	case u.PromptTokens > absurdTokens || u.CompletionTokens > absurdTokens || u.TotalTokens > 2*absurdTokens:
-		return fmt.Sprintf("%d prompt and %d completion tokens", u.PromptTokens, u.CompletionTokens)
-	case u.CachedTokens > u.PromptTokens:
-		return fmt.Sprintf("%d cached tokens of a %d-token prompt", u.CachedTokens, u.PromptTokens)
-	case u.TotalTokens != 0 && u.TotalTokens < u.PromptTokens+u.CompletionTokens:
-		return fmt.Sprintf("a total of %d tokens below %d prompt + %d completion", u.TotalTokens, u.PromptTokens, u.CompletionTokens)
-	case r.call.PromptTokens > 0 && u.PromptTokens > max(8*r.call.PromptTokens, r.call.PromptTokens+8192):
-		return fmt.Sprintf("%d prompt tokens for a prompt llmq counts %d", u.PromptTokens, r.call.PromptTokens)
-	}
-	if limit := statedOutputLimit(r.job.Request); limit > 0 && u.CompletionTokens > limit+limit/100+8 {
-		return fmt.Sprintf("%d completion tokens where the request allows %d", u.CompletionTokens, limit)
-	}
-	return ""
-}
-
-// statedOutputLimit is the most output a chat request's body allows:
-// max_completion_tokens (or max_tokens) times n; 0 when it states none,
-// since the provider's default is then unknown.
-func statedOutputLimit(body json.RawMessage) int64 {
-	var b struct {
-		MaxTokens           *int64 `json:"max_tokens"`
-		MaxCompletionTokens *int64 `json:"max_completion_tokens"`
-		N                   *int64 `json:"n"`
-	}
-	if json.Unmarshal(body, &b) != nil {
-		return 0
-	}
-	limit := b.MaxCompletionTokens
-	if limit == nil {
-		limit = b.MaxTokens
-	}
-	if limit == nil || *limit <= 0 {
-		return 0
-	}
-	n := int64(1)
-	if b.N != nil && *b.N > 1 {
-		n = *b.N
-	}
-	return *limit * n
+	return llm.UnbelievableUsage(u, r.call.PromptTokens, r.job.Request)
 }
 
 // relayed is how many events of a stream reached the client before its

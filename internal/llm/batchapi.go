@@ -1,0 +1,345 @@
+package llm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// BatchAPI is a provider's Files and Batches API, as OpenAI documents it
+// (Azure OpenAI serves the same under /openai/…): the offloader sends a
+// batch's lines as a JSONL file, creates a provider batch of it, polls it,
+// and reads its output and error files. A Provider offers it when it
+// implements this interface. Every method answers an *Error on failure,
+// classified like a call's.
+type BatchAPI interface {
+	// UploadBatchFile uploads content (JSONL) as a file of purpose "batch"
+	// named name, and returns the provider's file id.
+	UploadBatchFile(ctx context.Context, name string, content io.Reader) (string, error)
+	// FindBatchFile returns the id of the newest file of purpose "batch"
+	// named name, if the provider has one: after a crash between an
+	// upload and storing its id, the file is found instead of uploaded again.
+	FindBatchFile(ctx context.Context, name string) (id string, found bool, err error)
+	// CreateBatch creates a provider batch of the uploaded file, for
+	// endpoint, with a 24h window and metadata.
+	CreateBatch(ctx context.Context, fileID, endpoint string, metadata map[string]string) (*ProviderBatch, error)
+	// FindBatch returns the newest provider batch whose metadata holds
+	// key=value among those created at or after since.
+	FindBatch(ctx context.Context, key, value string, since time.Time) (*ProviderBatch, bool, error)
+	// GetBatch returns the provider batch id as it is now.
+	GetBatch(ctx context.Context, id string) (*ProviderBatch, error)
+	// CancelBatch asks the provider to cancel batch id.
+	CancelBatch(ctx context.Context, id string) (*ProviderBatch, error)
+	// BatchFileContent streams the content of file id (an output or error
+	// file). The caller closes it.
+	BatchFileContent(ctx context.Context, id string) (io.ReadCloser, error)
+}
+
+// The statuses of a provider batch.
+const (
+	BatchValidating = "validating"
+	BatchFailed     = "failed"
+	BatchInProgress = "in_progress"
+	BatchFinalizing = "finalizing"
+	BatchCompleted  = "completed"
+	BatchExpired    = "expired"
+	BatchCancelling = "cancelling"
+	BatchCancelled  = "cancelled"
+)
+
+// ProviderBatch is a provider's batch object, the fields llmq reads.
+type ProviderBatch struct {
+	ID            string            `json:"id"`
+	Status        string            `json:"status"`
+	InputFileID   string            `json:"input_file_id"`
+	OutputFileID  string            `json:"output_file_id"`
+	ErrorFileID   string            `json:"error_file_id"`
+	CreatedAt     int64             `json:"created_at"`
+	Metadata      map[string]string `json:"metadata"`
+	RequestCounts struct {
+		Total     int64 `json:"total"`
+		Completed int64 `json:"completed"`
+		Failed    int64 `json:"failed"`
+	} `json:"request_counts"`
+	Errors *struct {
+		Data []ProviderBatchError `json:"data"`
+	} `json:"errors"`
+}
+
+// ProviderBatchError is one of a provider batch's errors (of its
+// validation, or why it failed).
+type ProviderBatchError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Line    *int64 `json:"line"`
+}
+
+// Ended reports whether the batch will change no more: its output and
+// error files are final.
+func (b *ProviderBatch) Ended() bool {
+	switch b.Status {
+	case BatchCompleted, BatchFailed, BatchExpired, BatchCancelled:
+		return true
+	}
+	return false
+}
+
+// ErrorCodes are the codes of the batch's errors.
+func (b *ProviderBatch) ErrorCodes() []string {
+	if b.Errors == nil {
+		return nil
+	}
+	out := make([]string, len(b.Errors.Data))
+	for i, e := range b.Errors.Data {
+		out[i] = e.Code
+	}
+	return out
+}
+
+// maxObjectBytes bounds a file or batch object, or a page of them, read
+// from the provider.
+const maxObjectBytes = 4 << 20
+
+// apiURL is the URL of path ("/files", "/batches/{id}", …) on the
+// provider: under BaseURL for OpenAI and Azure's v1 API, under /openai with
+// the api-version for Azure's versioned API.
+func (p *openAIProvider) apiURL(path string, query url.Values) string {
+	base := p.baseURL + path
+	if p.azure && p.apiVersion != "" {
+		if query == nil {
+			query = url.Values{}
+		}
+		query.Set("api-version", p.apiVersion)
+		base = p.baseURL + "/openai" + path
+	}
+	if len(query) > 0 {
+		base += "?" + query.Encode()
+	}
+	return base
+}
+
+// send makes one request of the Files or Batches API and returns the 2xx
+// answer (its body for the caller to read and close) or an *Error. A
+// request body streams (an upload): the provider's timeout does not bound
+// it, ctx does.
+func (p *openAIProvider) send(ctx context.Context, method, path string, query url.Values, contentType string, body io.Reader) (*http.Response, error) {
+	hr, err := http.NewRequestWithContext(ctx, method, p.apiURL(path, query), body)
+	if err != nil {
+		return nil, p.refuse(err)
+	}
+	if contentType != "" {
+		hr.Header.Set("Content-Type", contentType)
+	}
+	p.authorize(hr.Header)
+	resp, err := p.http.Do(hr)
+	if err != nil {
+		return nil, p.noAnswer(ctx, err, 0)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		defer resp.Body.Close()
+		return nil, p.errorAnswer(resp)
+	}
+	return resp, nil
+}
+
+// object makes a request whose answer is one JSON object, decoded into out.
+func (p *openAIProvider) object(ctx context.Context, method, path string, query url.Values, in any, out any) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
+	defer cancel()
+	var body io.Reader
+	contentType := ""
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return p.refuse(err)
+		}
+		body, contentType = strings.NewReader(string(b)), "application/json"
+	}
+	resp, err := p.send(ctx, method, path, query, contentType, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return p.decodeObject(resp, out)
+}
+
+// decodeObject reads a 2xx answer's JSON object (at most maxObjectBytes).
+func (p *openAIProvider) decodeObject(resp *http.Response, out any) error {
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxObjectBytes+1))
+	if err == nil && len(b) > maxObjectBytes {
+		err = fmt.Errorf("larger than %d bytes", maxObjectBytes)
+	}
+	if err == nil {
+		err = json.Unmarshal(b, out)
+	}
+	if err != nil {
+		e := p.answered(resp)
+		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
+		e.Message = "The provider's answer could not be read: " + p.scrub(err.Error())
+		return e
+	}
+	return nil
+}
+
+func (p *openAIProvider) UploadBatchFile(ctx context.Context, name string, content io.Reader) (string, error) {
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	go func() {
+		err := mw.WriteField("purpose", "batch")
+		if err == nil {
+			var part io.Writer
+			if part, err = mw.CreateFormFile("file", name); err == nil {
+				if _, err = io.Copy(part, content); err == nil {
+					err = mw.Close()
+				}
+			}
+		}
+		pw.CloseWithError(err)
+	}()
+	resp, err := p.send(ctx, http.MethodPost, "/files", nil, mw.FormDataContentType(), pr)
+	pr.Close() // ends the writer if the request stopped reading
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var f struct {
+		ID string `json:"id"`
+	}
+	if err := p.decodeObject(resp, &f); err != nil {
+		return "", err
+	}
+	if f.ID == "" {
+		return "", p.invalid(resp, "a file object without an id")
+	}
+	return f.ID, nil
+}
+
+// invalid is the *Error of a 2xx answer that is not what was asked for.
+func (p *openAIProvider) invalid(resp *http.Response, what string) *Error {
+	e := p.answered(resp)
+	e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
+	e.Message = "The provider answered " + what + "."
+	return e
+}
+
+func (p *openAIProvider) FindBatchFile(ctx context.Context, name string) (string, bool, error) {
+	var page struct {
+		Data []struct {
+			ID        string `json:"id"`
+			Filename  string `json:"filename"`
+			CreatedAt int64  `json:"created_at"`
+		} `json:"data"`
+	}
+	q := url.Values{"purpose": {"batch"}, "order": {"desc"}, "limit": {"10000"}}
+	if err := p.object(ctx, http.MethodGet, "/files", q, nil, &page); err != nil {
+		return "", false, err
+	}
+	best, newest := "", int64(-1)
+	for _, f := range page.Data {
+		if f.Filename == name && f.CreatedAt > newest {
+			best, newest = f.ID, f.CreatedAt
+		}
+	}
+	return best, best != "", nil
+}
+
+func (p *openAIProvider) CreateBatch(ctx context.Context, fileID, endpoint string, metadata map[string]string) (*ProviderBatch, error) {
+	in := map[string]any{"input_file_id": fileID, "endpoint": endpoint, "completion_window": "24h", "metadata": metadata}
+	var b ProviderBatch
+	if err := p.object(ctx, http.MethodPost, "/batches", nil, in, &b); err != nil {
+		return nil, err
+	}
+	return p.checked(&b)
+}
+
+// checked refuses a batch object without an id or status.
+func (p *openAIProvider) checked(b *ProviderBatch) (*ProviderBatch, error) {
+	if b.ID == "" || b.Status == "" {
+		return nil, &Error{Provider: p.name, Class: ClassPermanent, Code: CodeInvalidResponse, Type: "server_error",
+			Message: "The provider answered a batch object without an id or status."}
+	}
+	return b, nil
+}
+
+func (p *openAIProvider) FindBatch(ctx context.Context, key, value string, since time.Time) (*ProviderBatch, bool, error) {
+	after := ""
+	for {
+		q := url.Values{"limit": {"100"}}
+		if after != "" {
+			q.Set("after", after)
+		}
+		var page struct {
+			Data    []ProviderBatch `json:"data"`
+			HasMore bool            `json:"has_more"`
+		}
+		if err := p.object(ctx, http.MethodGet, "/batches", q, nil, &page); err != nil {
+			return nil, false, err
+		}
+		for i := range page.Data {
+			b := &page.Data[i]
+			if b.Metadata[key] == value && b.ID != "" {
+				return b, true, nil
+			}
+		}
+		// Newest first: past since, no later page holds it.
+		if !page.HasMore || len(page.Data) == 0 || page.Data[len(page.Data)-1].CreatedAt < since.Unix() {
+			return nil, false, nil
+		}
+		after = page.Data[len(page.Data)-1].ID
+	}
+}
+
+func (p *openAIProvider) GetBatch(ctx context.Context, id string) (*ProviderBatch, error) {
+	var b ProviderBatch
+	if err := p.object(ctx, http.MethodGet, "/batches/"+url.PathEscape(id), nil, nil, &b); err != nil {
+		return nil, err
+	}
+	return p.checked(&b)
+}
+
+func (p *openAIProvider) CancelBatch(ctx context.Context, id string) (*ProviderBatch, error) {
+	var b ProviderBatch
+	if err := p.object(ctx, http.MethodPost, "/batches/"+url.PathEscape(id)+"/cancel", nil, nil, &b); err != nil {
+		return nil, err
+	}
+	return p.checked(&b)
+}
+
+func (p *openAIProvider) BatchFileContent(ctx context.Context, id string) (io.ReadCloser, error) {
+	resp, err := p.send(ctx, http.MethodGet, "/files/"+url.PathEscape(id)+"/content", nil, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// BatchLine is one line of a provider batch's output or error file.
+type BatchLine struct {
+	ID       string `json:"id"`
+	CustomID string `json:"custom_id"`
+	Response *struct {
+		StatusCode int             `json:"status_code"`
+		RequestID  string          `json:"request_id"`
+		Body       json.RawMessage `json:"body"`
+	} `json:"response"`
+	Error *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// String names the line for logs.
+func (l *BatchLine) String() string {
+	status := 0
+	if l.Response != nil {
+		status = l.Response.StatusCode
+	}
+	return l.CustomID + " (" + strconv.Itoa(status) + ")"
+}

@@ -1,0 +1,88 @@
+package llm
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Usage llmq never believes, whatever the request: more than a model's
+// largest context many times over. It keeps a provider's nonsense (1e15
+// tokens) out of the ledger and its arithmetic.
+const absurdTokens = 1 << 24
+
+// UnbelievableUsage says what is wrong with a usage a provider reported
+// for a request (body, whose prompt llmq counts estimatedPrompt tokens), or
+// "": a negative count, cached tokens beyond the prompt, a total that is not
+// the sum, a prompt far beyond llmq's estimate, output beyond the request's
+// own max_tokens, or counts past absurdTokens.
+func UnbelievableUsage(u Usage, estimatedPrompt int64, body json.RawMessage) string {
+	switch {
+	case u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CachedTokens < 0 || u.TotalTokens < 0:
+		return "a negative count"
+	case u.PromptTokens > absurdTokens || u.CompletionTokens > absurdTokens || u.TotalTokens > 2*absurdTokens:
+		return fmt.Sprintf("%d prompt and %d completion tokens", u.PromptTokens, u.CompletionTokens)
+	case u.CachedTokens > u.PromptTokens:
+		return fmt.Sprintf("%d cached tokens of a %d-token prompt", u.CachedTokens, u.PromptTokens)
+	case u.TotalTokens != 0 && u.TotalTokens < u.PromptTokens+u.CompletionTokens:
+		return fmt.Sprintf("a total of %d tokens below %d prompt + %d completion", u.TotalTokens, u.PromptTokens, u.CompletionTokens)
+	case estimatedPrompt > 0 && u.PromptTokens > max(8*estimatedPrompt, estimatedPrompt+8192):
+		return fmt.Sprintf("%d prompt tokens for a prompt llmq counts %d", u.PromptTokens, estimatedPrompt)
+	}
+	if limit := statedOutputLimit(body); limit > 0 && u.CompletionTokens > limit+limit/100+8 {
+		return fmt.Sprintf("%d completion tokens where the request allows %d", u.CompletionTokens, limit)
+	}
+	return ""
+}
+
+// statedOutputLimit is the most output a chat request's body allows:
+// max_completion_tokens (or max_tokens) times n; 0 when it states none,
+// since the provider's default is then unknown.
+func statedOutputLimit(body json.RawMessage) int64 {
+	var b struct {
+		MaxTokens           *int64 `json:"max_tokens"`
+		MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+		N                   *int64 `json:"n"`
+	}
+	if json.Unmarshal(body, &b) != nil {
+		return 0
+	}
+	limit := b.MaxCompletionTokens
+	if limit == nil {
+		limit = b.MaxTokens
+	}
+	if limit == nil || *limit <= 0 {
+		return 0
+	}
+	n := int64(1)
+	if b.N != nil && *b.N > 1 {
+		n = *b.N
+	}
+	return *limit * n
+}
+
+// UsageOf reads the usage of an answer's body (a chat completion's or
+// embeddings'): zero when it has none; an error when it is not a JSON
+// object or its usage is not of OpenAI's shape.
+func UsageOf(body json.RawMessage) (Usage, error) {
+	var b struct {
+		Usage *struct {
+			PromptTokens        int64 `json:"prompt_tokens"`
+			CompletionTokens    int64 `json:"completion_tokens"`
+			TotalTokens         int64 `json:"total_tokens"`
+			PromptTokensDetails *struct {
+				CachedTokens int64 `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return Usage{}, fmt.Errorf("the answer's usage cannot be read: %w", err)
+	}
+	if b.Usage == nil {
+		return Usage{}, nil
+	}
+	u := Usage{PromptTokens: b.Usage.PromptTokens, CompletionTokens: b.Usage.CompletionTokens, TotalTokens: b.Usage.TotalTokens}
+	if b.Usage.PromptTokensDetails != nil {
+		u.CachedTokens = b.Usage.PromptTokensDetails.CachedTokens
+	}
+	return u, nil
+}
