@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"regexp"
 	"strings"
@@ -162,6 +164,43 @@ func TestRunWindowFlags(t *testing.T) {
 	}
 }
 
+// The batch settings are flags: here a queue limit that refuses any batch,
+// with no time spent validating.
+func TestRunBatchFlags(t *testing.T) {
+	t.Parallel()
+	url, client := serve(t, "-batch-queue-limit", "1", "-batch-validating-for", "-1ns", "-batch-lines-per-second", "-1")
+	var form bytes.Buffer
+	mw := multipart.NewWriter(&form)
+	_ = mw.WriteField("purpose", "batch")
+	fw, _ := mw.CreateFormFile("file", "in.jsonl")
+	_, _ = fw.Write([]byte(`{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"hello world"}]}}` + "\n"))
+	_ = mw.Close()
+	var obj struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+		Errors *struct {
+			Data []struct{ Code string } `json:"data"`
+		} `json:"errors"`
+	}
+	call := func(resp *http.Response, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(&obj); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%d %v", resp.StatusCode, err)
+		}
+	}
+	call(client.Post(url+"/v1/files", mw.FormDataContentType(), &form))
+	call(client.Post(url+"/v1/batches", "application/json",
+		strings.NewReader(`{"input_file_id":"`+obj.ID+`","endpoint":"/v1/chat/completions","completion_window":"24h"}`)))
+	call(client.Get(url + "/v1/batches/" + obj.ID))
+	if obj.Status != "failed" || obj.Errors == nil || len(obj.Errors.Data) != 1 || obj.Errors.Data[0].Code != "token_limit_exceeded" {
+		t.Errorf("batch over -batch-queue-limit 1: %+v", obj)
+	}
+}
+
 func TestRunRejectsBadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
@@ -175,6 +214,10 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"-window", "1s", "-window-kind", "round"},
 		{"-ramp", "-1"},
 		{"-prompt-factor", "-1"},
+		{"-batch-expire-fraction", "2"},
+		{"-batch-fail-rate", "-0.5"},
+		{"-batch-queue-limit", "-1"},
+		{"-batch-max-lines", "-1"},
 		{"-log-level", "loud"},
 		{"-addr", "not an address"},
 		{"-nope"},

@@ -55,13 +55,21 @@ type ModelWindow struct {
 // StatsReport is the body of GET /sim/stats.
 type StatsReport struct {
 	Stats
+	// Batch counts the Files and Batches endpoints' work.
+	Batch BatchStats `json:"batch"`
+	// CustomIDRuns is present when the request asked for ?custom_ids=1:
+	// Server.CustomIDRuns.
+	CustomIDRuns map[string]int64 `json:"custom_id_runs,omitempty"`
 	// Window and Windows are present when the request asked for ?window=.
 	Window  string                 `json:"window,omitempty"`
 	Windows map[string]ModelWindow `json:"windows,omitempty"`
 }
 
 func (s *Server) serveStats(w http.ResponseWriter, r *http.Request) {
-	rep := StatsReport{Stats: s.Stats()}
+	rep := StatsReport{Stats: s.Stats(), Batch: s.BatchStats()}
+	if v := r.URL.Query().Get("custom_ids"); v != "" && v != "0" && v != "false" {
+		rep.CustomIDRuns = s.CustomIDRuns()
+	}
 	if ws := r.URL.Query().Get("window"); ws != "" {
 		win, err := time.ParseDuration(ws)
 		if err != nil || win <= 0 {

@@ -81,53 +81,20 @@ func (x *Exchange) answer(status int, message, typ, param, code string) *Exchang
 // and draws the answer and the latency.
 func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 	x := &Exchange{s: s, header: http.Header{}}
-	p, err := s.est.Parse(endpoint, "", "", body)
-	if err != nil {
+	c, bad := s.prepare(endpoint, body)
+	if bad != nil {
 		s.count(func(st *Stats) { st.BadRequests++ })
-		var ir *llm.InvalidRequestError
-		if errors.As(err, &ir) {
-			return x.answer(http.StatusBadRequest, ir.Message, "invalid_request_error", ir.Param, "")
-		}
-		return x.answer(http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
+		return x.refuse(bad)
 	}
-	if s.cfg.OnlyKnownModels {
-		s.mu.Lock()
-		_, ok := s.models[p.Model]
-		s.mu.Unlock()
-		if !ok {
-			s.count(func(st *Stats) { st.BadRequests++ })
-			return x.answer(http.StatusNotFound, "The model `"+p.Model+"` does not exist or you do not have access to it.", "invalid_request_error", "", "model_not_found")
-		}
-	}
-	var emb embeddingOptions
-	if endpoint == llm.EndpointEmbeddings {
-		if emb, err = s.embeddingOptions(body); err != nil {
-			s.count(func(st *Stats) { st.BadRequests++ })
-			return x.answer(http.StatusBadRequest, err.Error(), "invalid_request_error", "dimensions", "")
-		}
-	}
-
 	n := s.arrival.Add(1)
-	x.n, x.model = n, p.Model
-	// The provider counts the prompt with its own tokenizer.
-	prompt := int64(math.Ceil(float64(p.ContentTokens) * s.cfg.PromptFactor))
-	tokens := prompt
-	maxTokens := int64(0)
-	if endpoint == llm.EndpointChat {
-		maxTokens = p.MaxTokens
-		if maxTokens == 0 {
-			maxTokens = s.defaultMaxTokens(p.Model)
-		}
-		tokens += maxTokens * p.N
-		if window := s.contextWindow(p.Model); window > 0 && prompt+maxTokens > window {
-			// OpenAI's wording; nothing is counted against the limits.
-			s.count(func(st *Stats) { st.BadRequests++ })
-			return x.answer(http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-				window, prompt+maxTokens, prompt, maxTokens), "invalid_request_error", "messages", "context_length_exceeded")
-		}
+	x.n, x.model = n, c.p.Model
+	if bad := s.exceedsContext(c); bad != nil {
+		// Nothing is counted against the limits.
+		s.count(func(st *Stats) { st.BadRequests++ })
+		return x.refuse(bad)
 	}
 	now := s.cfg.Now()
-	v := s.admit(p.Model, tokens, now, s.draw(n, drawFault))
+	v := s.admit(c.p.Model, c.tokens, now, s.draw(n, drawFault))
 	x.seq = v.seq
 	s.setRateHeaders(x.header, &v, n)
 	switch v.outcome {
@@ -143,22 +110,107 @@ func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 	// Admitted: draw the answer and the time it takes.
 	x.admitted, x.status = true, http.StatusOK
 	var completion int64
-	if endpoint == llm.EndpointChat {
-		completions := make([]int64, p.N)
-		for i := range completions {
-			completions[i] = s.completionTokens(maxTokens, s.draw(n, drawCompletion+uint64(i)))
-			completion += completions[i]
-		}
-		x.body = s.chatResponse(n, now, p.Model, prompt, maxTokens, completions, s.echo(body))
-	} else {
-		x.body = s.embeddingResponse(n, p, prompt, emb)
-	}
-	x.unused = tokens - prompt - completion
+	x.body, completion = s.respond(c, n, now)
+	x.unused = c.tokens - c.prompt - completion
 	x.completion = completion
 	x.latency = s.latency(n, completion)
 	x.header.Set("Content-Type", "application/json")
 	x.header.Set("Content-Length", strconv.Itoa(len(x.body)))
 	return x
+}
+
+// call is a request the simulator answers, parsed and counted: what
+// admission charges and what the answer is drawn from. Synchronous calls and
+// batch lines share it, so both get the same answers.
+type call struct {
+	endpoint string
+	body     []byte
+	p        *llm.ParsedRequest
+	emb      embeddingOptions
+	// prompt is the prompt tokens as the provider counts them; maxTokens
+	// what a chat call may produce per choice; tokens what admission
+	// charges (prompt plus maxTokens for every choice).
+	prompt, maxTokens, tokens int64
+}
+
+// refusal is the answer, in OpenAI's error shape, to a request the
+// simulator refuses before admission.
+type refusal struct {
+	status                    int
+	message, typ, param, code string
+}
+
+// refuse fills the exchange with r.
+func (x *Exchange) refuse(r *refusal) *Exchange {
+	return x.answer(r.status, r.message, r.typ, r.param, r.code)
+}
+
+// prepare parses body for endpoint and counts it as the provider does: a
+// 400 for a body it refuses, a 404 for a model it does not serve.
+func (s *Server) prepare(endpoint string, body []byte) (*call, *refusal) {
+	p, err := s.est.Parse(endpoint, "", "", body)
+	if err != nil {
+		var ir *llm.InvalidRequestError
+		if errors.As(err, &ir) {
+			return nil, &refusal{http.StatusBadRequest, ir.Message, "invalid_request_error", ir.Param, ""}
+		}
+		return nil, &refusal{http.StatusBadRequest, err.Error(), "invalid_request_error", "", ""}
+	}
+	if s.cfg.OnlyKnownModels {
+		s.mu.Lock()
+		_, ok := s.models[p.Model]
+		s.mu.Unlock()
+		if !ok {
+			return nil, &refusal{http.StatusNotFound, "The model `" + p.Model + "` does not exist or you do not have access to it.", "invalid_request_error", "", "model_not_found"}
+		}
+	}
+	c := &call{endpoint: endpoint, body: body, p: p}
+	if endpoint == llm.EndpointEmbeddings {
+		if c.emb, err = s.embeddingOptions(body); err != nil {
+			return nil, &refusal{http.StatusBadRequest, err.Error(), "invalid_request_error", "dimensions", ""}
+		}
+	}
+	// The provider counts the prompt with its own tokenizer.
+	c.prompt = int64(math.Ceil(float64(p.ContentTokens) * s.cfg.PromptFactor))
+	c.tokens = c.prompt
+	if endpoint == llm.EndpointChat {
+		c.maxTokens = p.MaxTokens
+		if c.maxTokens == 0 {
+			c.maxTokens = s.defaultMaxTokens(p.Model)
+		}
+		c.tokens += c.maxTokens * p.N
+	}
+	return c, nil
+}
+
+// exceedsContext is OpenAI's 400 context_length_exceeded for a chat call
+// whose prompt and max_tokens pass its model's context window; nil when it
+// fits.
+func (s *Server) exceedsContext(c *call) *refusal {
+	if c.endpoint != llm.EndpointChat {
+		return nil
+	}
+	window := s.contextWindow(c.p.Model)
+	if window <= 0 || c.prompt+c.maxTokens <= window {
+		return nil
+	}
+	// OpenAI's wording.
+	return &refusal{http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+		window, c.prompt+c.maxTokens, c.prompt, c.maxTokens), "invalid_request_error", "messages", "context_length_exceeded"}
+}
+
+// respond draws the answer to c as request n at now: its body and its
+// completion tokens.
+func (s *Server) respond(c *call, n uint64, now time.Time) (body []byte, completion int64) {
+	if c.endpoint != llm.EndpointChat {
+		return s.embeddingResponse(n, c.p, c.prompt, c.emb), 0
+	}
+	completions := make([]int64, c.p.N)
+	for i := range completions {
+		completions[i] = s.completionTokens(c.maxTokens, s.draw(n, drawCompletion+uint64(i)))
+		completion += completions[i]
+	}
+	return s.chatResponse(n, now, c.p.Model, c.prompt, c.maxTokens, completions, s.echo(c.body)), completion
 }
 
 // refund is unused tokens due back to a model's token buckets at a moment.

@@ -16,12 +16,19 @@ import (
 // Handler serves the OpenAI API (POST /v1/chat/completions, POST
 // /v1/embeddings, GET /v1/models), the same calls as Azure OpenAI takes them
 // (POST /openai/deployments/{deployment}/chat/completions?api-version=…, the
-// deployment as the model, and POST /openai/v1/…), and the simulator's
-// control API:
+// deployment as the model, and POST /openai/v1/…), OpenAI's Files and Batches
+// endpoints (POST /v1/files, GET /v1/files/{id}[/content], DELETE
+// /v1/files/{id}, POST /v1/batches, GET /v1/batches[/{id}], POST
+// /v1/batches/{id}/cancel; see BatchConfig), the same under /openai (with
+// api-version) and /openai/v1, and the simulator's control API:
 //
-//	GET  /sim/stats[?window=60s]  Stats; with window, per model the most
-//	                              requests and tokens admitted in any window of
-//	                              that length and the most the limits allow
+//	GET  /sim/stats[?window=60s][&custom_ids=1]
+//	                              Stats and BatchStats ("batch"); with window,
+//	                              per model the most requests and tokens
+//	                              admitted in any window of that length and the
+//	                              most the limits allow; with custom_ids, how
+//	                              many times each batch line's custom_id was
+//	                              answered
 //	GET  /sim/admissions[?after=N] the admission log after entry N
 //	POST /sim/limits  {"model"?, "rpm", "tpm", "rpd", "tpd"}
 //	POST /sim/faults  {"rate_429", "rate_500", "rate_hang", "omit_usage", "hang_for": "5s", "retry_after_429": "1s"}
@@ -38,6 +45,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /openai/deployments/{deployment}/embeddings", s.serveAzureDeployment)
 	mux.HandleFunc("POST /openai/v1/chat/completions", s.serveAzureV1)
 	mux.HandleFunc("POST /openai/v1/embeddings", s.serveAzureV1)
+	s.handleBatchAPI(mux)
 	mux.HandleFunc("GET /sim/stats", s.serveStats)
 	mux.HandleFunc("GET /sim/admissions", s.serveAdmissions)
 	mux.HandleFunc("POST /sim/limits", s.serveSetLimits)

@@ -1,10 +1,11 @@
 // Package sim is a simulated OpenAI-compatible provider for tests, benchmarks
-// and llmq's embedded default. It serves chat completions, embeddings and the
-// model list with OpenAI's shapes, and enforces requests- and tokens-per-minute
-// (and optionally per-day) limits the way OpenAI does: continuously refilled
-// token buckets that charge prompt tokens plus max_tokens at admission and get
-// the unused part back when the call completes, 429s with OpenAI's error body
-// and rate-limit headers. Latency, spurious 429s, 500s and hung requests are
+// and llmq's embedded default. It serves chat completions, embeddings, the
+// model list, and the Files and Batches endpoints (BatchConfig) with OpenAI's
+// shapes, and enforces requests- and tokens-per-minute (and optionally
+// per-day) limits the way OpenAI does: continuously refilled token buckets
+// that charge prompt tokens plus max_tokens at admission and get the unused
+// part back when the call completes, 429s with OpenAI's error body and
+// rate-limit headers. Latency, spurious 429s, 500s and hung requests are
 // configurable and deterministic for a seed, and every request that reaches
 // the limiter is logged, so tests can check that a client never pushed the
 // provider past its limits and waited for the resets it was told.
@@ -244,6 +245,11 @@ type Config struct {
 	LogSize int
 	// MaxBodyBytes bounds a request body. Defaults to 32 MiB.
 	MaxBodyBytes int64
+	// Batch configures the Files and Batches endpoints (OpenAI's Batch
+	// API): how fast batches run, their queue limits, and how they expire
+	// or fail. Its defaults complete a batch of a few thousand lines within
+	// about a second.
+	Batch BatchConfig
 }
 
 // Validate reports the first invalid field of c, by name.
@@ -266,6 +272,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.Faults.validate(); err != nil {
+		return err
+	}
+	if err := c.Batch.validate(); err != nil {
 		return err
 	}
 	switch {
@@ -351,6 +360,7 @@ func (c *Config) setDefaults() {
 	if c.Ramp.Growth > 0 && c.Ramp.Floor == 0 {
 		c.Ramp.Floor = 0.25
 	}
+	c.Batch.setDefaults()
 }
 
 // Server is a simulated provider. Its methods are safe for concurrent use.
@@ -370,6 +380,8 @@ type Server struct {
 	buckets map[string]*buckets // by model; "" when shared
 	log     *admissionLog
 	stats   Stats
+
+	bat *batchStore // files and batches, under their own lock
 }
 
 // buckets are one model's (or, shared, every model's) limits, with the
@@ -413,6 +425,7 @@ func New(cfg Config) *Server {
 		faults:  cfg.Faults,
 		buckets: make(map[string]*buckets),
 		log:     newAdmissionLog(cfg.LogSize),
+		bat:     newBatchStore(cfg.Batch),
 	}
 }
 
@@ -535,8 +548,10 @@ func (s *Server) Admissions(after int64) []Admission {
 	return s.log.since(after)
 }
 
-// Reset clears the counters and the log and refills every bucket.
+// Reset clears the counters (the batch counters too) and the log and refills
+// every bucket. Files and batches stay.
 func (s *Server) Reset() {
+	s.resetBatchStats()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats = Stats{}
