@@ -284,7 +284,7 @@ func (p *openAIProvider) FindBatch(ctx context.Context, key, value string, since
 		}
 		for i := range page.Data {
 			b := &page.Data[i]
-			if b.Metadata[key] == value && b.ID != "" {
+			if b.Metadata[key] == value && b.ID != "" && b.CreatedAt >= since.Unix() {
 				return b, true, nil
 			}
 		}
@@ -342,4 +342,19 @@ func (l *BatchLine) String() string {
 		status = l.Response.StatusCode
 	}
 	return l.CustomID + " (" + strconv.Itoa(status) + ")"
+}
+
+// BatchInputLine is req as a line of a provider batch's input file (no
+// newline): the body the provider would be sent for req, under customID.
+func BatchInputLine(customID string, req Request) ([]byte, error) {
+	body, _, err := wireBody(req)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(struct {
+		CustomID string          `json:"custom_id"`
+		Method   string          `json:"method"`
+		URL      string          `json:"url"`
+		Body     json.RawMessage `json:"body"`
+	}{customID, http.MethodPost, req.Endpoint, body})
 }
