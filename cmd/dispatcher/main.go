@@ -164,8 +164,8 @@ type serveOptions struct {
 }
 
 // serveApp serves a's API, /dashboard, /monitoring/ and /metrics on ln, and
-// runs the policy watcher, the batch sweeper, the reconciler and the
-// retention purger, until ctx
+// runs the policy watcher, the batch sweeper and offloader, the reconciler
+// and the retention purger, until ctx
 // ends; then it drains in-flight requests for LLMQ_SHUTDOWN_TIMEOUT.
 func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Listener, logger *slog.Logger, o serveOptions) error {
 	rc, err := a.Reconciler(o.reconciler)
@@ -174,6 +174,7 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	}
 	go a.Policy.Watch(ctx, logger)
 	go a.Batches.Run(ctx)
+	go a.Offload.Run(ctx)
 	go rc.Run(ctx)
 	go a.Purger().Run(ctx, retention.Interval)
 	schedCtx, stopScheduler := context.WithCancel(ctx)

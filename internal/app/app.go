@@ -22,6 +22,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/offload"
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/recovery"
@@ -56,6 +57,9 @@ type App struct {
 	// Batches validates batches and runs their lifecycle (its sweeper runs
 	// in the dispatcher).
 	Batches *batch.Service
+	// Offload runs the batch lines a tier offloads on the provider's Batch
+	// API (its sweep runs in the dispatcher).
+	Offload *offload.Offloader
 	// Observer and APIObserver receive the workers' and the API's events
 	// for metrics. Default to none.
 	Observer    worker.Observer
@@ -96,6 +100,8 @@ type Parts struct {
 	// queues the moment it is queued, in arrival order, as before fair share
 	// between tenants (the benchmark's baseline). Defaults to false.
 	SingleQueue bool
+	// Offload tunes the offloader (tests poll the provider faster).
+	Offload offload.Options
 }
 
 // Open connects to Redis and the store (applying migrations), loads the
@@ -183,18 +189,20 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	}
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	a.Inspector = queue.NewInspector(in, ns)
-	if a.Batches, err = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue, Logger: logger},
-		batch.Options{}); err != nil {
-		return nil, err
-	}
-	a.closers = append(a.closers, a.Batches.Close)
-
 	a.Providers = parts.Providers
 	if a.Providers == nil {
 		a.Providers = worker.NewProviders(a.Policy.Current(), parts.LookupEnv)
 	}
 	stop := a.Policy.OnChange(func(_, p *config.Policy) { a.Providers.Update(p) })
 	a.closers = append(a.closers, func() error { stop(); return nil })
+
+	a.Offload = offload.New(offload.Deps{Store: a.Store, Policy: a.Policy, Budgets: a.Budgets, Queue: a.Queue, Providers: a.Providers,
+		Logger: logger}, parts.Offload)
+	if a.Batches, err = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue,
+		Offload: a.Offload, Logger: logger}, batch.Options{}); err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, a.Batches.Close)
 	return a, nil
 }
 

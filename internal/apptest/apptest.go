@@ -26,6 +26,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/offload"
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/worker"
 )
@@ -108,6 +109,8 @@ type Options struct {
 	// Environ adds variables to the app's environment, such as the key of a
 	// provider the policy names. Defaults to none.
 	Environ []string
+	// Offload tunes the offloader. Defaults to its defaults.
+	Offload offload.Options
 }
 
 // App is a running test llmq.
@@ -200,7 +203,8 @@ func Start(t testing.TB, o Options) *App {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := app.Open(ctx, env, logger, app.Parts{Policy: holder, LookupEnv: app.LookupIn(environ), Clock: o.Clock, Migrate: true})
+	a, err := app.Open(ctx, env, logger, app.Parts{Policy: holder, LookupEnv: app.LookupIn(environ), Clock: o.Clock, Migrate: true,
+		Offload: o.Offload})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/offload"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -119,7 +120,10 @@ type Deps struct {
 	Policy    *config.PolicyHolder
 	Admission *admission.Estimator
 	Queue     *queue.Client
-	Logger    *slog.Logger
+	// Offload puts the lines a tier offloads in parts for the provider's
+	// Batch API; nil runs every line through llmq's own path.
+	Offload *offload.Offloader
+	Logger  *slog.Logger
 }
 
 // Service validates batches and runs their lifecycle.

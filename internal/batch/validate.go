@@ -17,6 +17,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/jsontext"
+	"github.com/llmq/llmq/internal/offload"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
@@ -65,7 +66,7 @@ func (s *Service) Validate(ctx context.Context, batchID string) error {
 		// trying again every sweep would only log the same error.
 		return s.finish(ctx, b, store.BatchFailed, nil, []client.BatchError{{Code: "tier_not_found", Message: err.Error()}})
 	}
-	v := &validation{s: s, b: b, policy: p, acct: acct, share: tier.Share, seen: map[[16]byte]int{}}
+	v := &validation{s: s, b: b, policy: p, acct: acct, tier: tier, share: tier.Share, seen: map[[16]byte]int{}}
 	if err := v.loadExisting(ctx); err != nil {
 		return err
 	}
@@ -84,6 +85,7 @@ type validation struct {
 	b      *store.Batch
 	policy *config.Policy
 	acct   budget.Account
+	tier   *config.Tier
 	share  float64 // the tenant's tier's, for the fair queue
 
 	existing map[int]bool     // lines stored by an earlier, interrupted pass
@@ -95,6 +97,7 @@ type validation struct {
 	group      []*store.JobInsertParams
 	groupBytes int
 	queued     []queue.JobRef // the queued jobs this pass stored
+	offloaded  int64          // of them, put in parts for the provider's Batch API
 	stopped    bool           // the batch left validating (it was cancelled)
 }
 
@@ -217,6 +220,15 @@ func (v *validation) conclude(ctx context.Context) error {
 		}
 		return s.finish(ctx, b, store.BatchFailed, &total, errs)
 	}
+	if s.Offload != nil {
+		// Before in_progress: a crash in between plans again the lines in
+		// no part, and none of them was enqueued yet.
+		n, err := s.Offload.Plan(ctx, b, v.policy, v.tier)
+		if err != nil {
+			return err
+		}
+		v.offloaded = n
+	}
 	p := &store.BatchSetStatusParams{ID: b.ID, From: []store.BatchStatus{store.BatchValidating}, To: store.BatchInProgress, Total: &total}
 	if len(errs) > 0 {
 		p.Errors = errorsJSON(errs)
@@ -231,7 +243,7 @@ func (v *validation) conclude(ctx context.Context) error {
 		}
 		return nil
 	}
-	s.Logger.Info("batch validated", "batch", b.ID, "lines", v.total, "valid", v.valid, "refused", v.refused)
+	s.Logger.Info("batch validated", "batch", b.ID, "lines", v.total, "valid", v.valid, "refused", v.refused, "offloaded", v.offloaded)
 	v.enqueue(ctx)
 	return nil
 }
@@ -242,9 +254,10 @@ func (v *validation) conclude(ctx context.Context) error {
 // comes between the batch's move to in_progress and this.
 func (v *validation) enqueue(ctx context.Context) {
 	refs := v.queued
-	if len(v.existing) > 0 {
-		// The interrupted pass stored lines this one skipped: take every
-		// queued job of the batch from the store.
+	if len(v.existing) > 0 || v.offloaded > 0 {
+		// The interrupted pass stored lines this one skipped, or some lines
+		// went to the provider's Batch API: take the queued jobs of the
+		// batch on llmq's own path from the store.
 		var err error
 		if refs, err = v.storedRefs(ctx); err != nil {
 			v.enqueueFailed(ctx, err)
@@ -358,12 +371,15 @@ func (e *groupError) Error() string {
 }
 func (e *groupError) Unwrap() error { return e.err }
 
-// storedRefs is every queued job of the batch in the store (enqueueing one
-// whose task exists already is a no-op).
+// storedRefs is every queued job of the batch in the store that is in no
+// part for the provider's Batch API (enqueueing one whose task exists
+// already is a no-op).
 func (v *validation) storedRefs(ctx context.Context) ([]queue.JobRef, error) {
 	var refs []queue.JobRef
 	err := v.s.Store.JobStreamByBatch(ctx, v.b.ID, []store.JobStatus{store.JobQueued}, func(j *store.Job) error {
-		refs = append(refs, admission.JobRef(v.policy, j, v.share))
+		if j.BatchPartID == "" {
+			refs = append(refs, admission.JobRef(v.policy, j, v.share))
+		}
 		return nil
 	})
 	return refs, err
@@ -413,7 +429,11 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 		admitted, le = v.admit(ctx, req.Body)
 		if le == nil {
 			admitted.Fill(job)
-			return job
+			if v.tier.BatchOffload != config.BatchOffloadAlways || offload.Offloads(v.policy, v.tier, job.Model) {
+				return job
+			}
+			le = &lineError{code: "batch_offload_unavailable", param: "body.model",
+				msg: fmt.Sprintf("model %q has no provider Batch API, and this tier runs batches only there (batch_offload: always).", job.Model)}
 		}
 	}
 	// Keep the model the line named, when it named one, for listings.

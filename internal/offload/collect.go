@@ -1,0 +1,292 @@
+package offload
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
+)
+
+// input streams the part's input file: one line per job, its id as
+// custom_id, its body with the deployment's upstream as model. Closing it
+// stops the stream.
+func (r *run) input(ctx context.Context) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		w := bufio.NewWriterSize(pw, 256<<10)
+		err := r.o.Store.JobStreamByPart(ctx, r.part.ID, func(j *store.Job) error {
+			line, err := llm.BatchInputLine(j.ID, llm.Request{Endpoint: j.Endpoint, Upstream: r.route.Upstream, Body: j.Request})
+			if err != nil {
+				return fmt.Errorf("job %s: %w", j.ID, err)
+			}
+			if _, err := w.Write(line); err != nil {
+				return err
+			}
+			return w.WriteByte('\n')
+		})
+		if err == nil {
+			err = w.Flush()
+		}
+		pw.CloseWithError(err)
+	}()
+	return pr
+}
+
+// partJobs are the part's jobs by id.
+func (r *run) partJobs(ctx context.Context) (map[string]*store.Job, error) {
+	jobs := map[string]*store.Job{}
+	err := r.o.Store.JobStreamByPart(ctx, r.part.ID, func(j *store.Job) error {
+		jobs[j.ID] = j
+		return nil
+	})
+	return jobs, err
+}
+
+// collect stores the outcome of each of the part's lines from the ended
+// provider batch pb (nil: none ran), gives the budget hold back and ends
+// the part. Every write is idempotent, so a collection cut short runs
+// again whole.
+func (r *run) collect(ctx context.Context, pb *llm.ProviderBatch) error {
+	jobs, err := r.partJobs(ctx)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	c := &collection{run: r, jobs: jobs, seen: seen}
+	if pb != nil {
+		for _, file := range []string{pb.OutputFileID, pb.ErrorFileID} {
+			if file == "" {
+				continue
+			}
+			if err := c.readFile(ctx, file); err != nil {
+				return err
+			}
+		}
+		if err := c.flush(ctx); err != nil {
+			return err
+		}
+	}
+	var undone []string
+	for id, j := range jobs {
+		if !seen[id] && !j.Status.Terminal() {
+			undone = append(undone, id)
+		}
+	}
+	if err := r.undone(ctx, undone); err != nil {
+		return err
+	}
+	if r.part.BudgetDay != "" {
+		if err := r.o.Budgets.Release(ctx, r.reservation()); err != nil {
+			return err
+		}
+	}
+	now := r.o.opts.Now()
+	r.part.EndedAt = &now
+	if pb != nil {
+		r.part.ProviderStatus = pb.Status
+	}
+	r.o.Logger.Info("batch part ended", "part", r.part.ID, "batch", r.part.BatchID, "provider_status", r.part.ProviderStatus,
+		"lines", len(jobs), "answered", c.answered, "failed", c.failed, "undone", len(undone), "unknown_lines", c.unknown)
+	return r.move(ctx, store.PartDone, now)
+}
+
+// undone takes the lines the provider did not run back to llmq's own path
+// while the batch's window allows, else cancels them.
+func (r *run) undone(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if r.stopping() {
+		for _, id := range ids {
+			if _, _, err := r.o.Store.JobCancel(ctx, r.part.TenantID, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+		}
+		return nil
+	}
+	left, err := r.o.Store.JobLeavePart(ctx, r.part.ID, ids)
+	if err != nil {
+		return err
+	}
+	tier, share := r.policy.Tier, 1.0
+	if tenant, err := r.o.Store.TenantGetByID(ctx, r.part.TenantID); err == nil {
+		if t, ok := tier(tenant.Tier); ok {
+			share = t.Share
+		}
+	}
+	refs := make([]queue.JobRef, 0, len(left))
+	for _, id := range left {
+		j, err := r.o.Store.JobGetByID(ctx, id)
+		if err != nil {
+			return err
+		}
+		refs = append(refs, admission.JobRef(r.policy, j, share))
+	}
+	// A failure loses nothing: the reconciler enqueues stored jobs that
+	// have no task.
+	if _, err := r.o.Queue.EnqueueJobs(ctx, refs); err != nil {
+		r.o.Logger.Warn("enqueue a batch part's undone lines; the reconciler will", "part", r.part.ID, "err", err)
+	}
+	return nil
+}
+
+// collection reads a provider batch's files into the part's jobs.
+type collection struct {
+	*run
+	jobs map[string]*store.Job
+	seen map[string]bool
+
+	pending  []*store.JobCompleteParams
+	answered int
+	failed   int
+	unknown  int
+}
+
+// readFile reads one output or error file, a line at a time (each at most
+// the provider's max_response_bytes).
+func (c *collection) readFile(ctx context.Context, fileID string) error {
+	body, err := c.api.BatchFileContent(ctx, fileID)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	limit := c.provider.MaxResponseBytes
+	if limit <= 0 {
+		limit = llm.DefaultMaxResponseBytes
+	}
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 64<<10), int(limit)+4096)
+	for sc.Scan() {
+		if len(sc.Bytes()) == 0 {
+			continue
+		}
+		var line llm.BatchLine
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			c.unknown++
+			continue
+		}
+		if err := c.line(ctx, &line); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read the provider's file %s: %w", fileID, err)
+	}
+	return nil
+}
+
+// line stores one line's outcome: an answer is charged at the batch price
+// (its worst case when it states no usage, or none llmq believes); a
+// request the provider refused fails the job, uncharged; a line the
+// provider did not run (expired, cancelled) is left for undone.
+func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
+	j, ok := c.jobs[l.CustomID]
+	if !ok || c.seen[l.CustomID] {
+		c.unknown++ // not a line of this part, or one seen already: trusted for nothing
+		return nil
+	}
+	switch {
+	case l.Response != nil && l.Response.StatusCode >= 200 && l.Response.StatusCode < 300:
+		c.seen[j.ID] = true
+		c.answered++
+		c.pending = append(c.pending, c.answer(j, l))
+		if len(c.pending) >= 500 {
+			return c.flush(ctx)
+		}
+	case l.Response != nil && l.Response.StatusCode != 0:
+		c.seen[j.ID] = true
+		c.failed++
+		e := refusal(l)
+		if _, _, err := c.o.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: e, ResponseStatus: l.Response.StatusCode,
+			ResponseBody: validJSON(l.Response.Body), CountAttempt: true}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// answer is the JobComplete of a line the provider answered.
+func (c *collection) answer(j *store.Job, l *llm.BatchLine) *store.JobCompleteParams {
+	price := c.price()
+	p := &store.JobCompleteParams{ID: j.ID, Day: c.part.BudgetDay, GlobalDay: c.part.BudgetGlobalDay, ResponseStatus: l.Response.StatusCode,
+		ResponseBody: l.Response.Body, ProviderRequestID: l.Response.RequestID, Deployment: c.part.Deployment, Batched: true}
+	u, err := llm.UsageOf(l.Response.Body)
+	worst := func() {
+		p.PromptTokens, p.CompletionTokens = j.EstPromptTokens, j.EstMaxTokens
+		p.Cost, p.UsageEstimated = price.WorstCase(j.EstPromptTokens, j.EstMaxTokens), true
+	}
+	switch {
+	case err != nil || !json.Valid(l.Response.Body):
+		worst()
+		p.ResponseBody = nil
+		p.Failed = &store.JobError{Type: wire.TypeServer, Code: llm.CodeInvalidResponse,
+			Message: fmt.Sprintf("The provider's batch answer is not of the shape of an OpenAI answer; the job is charged its worst case, $%s.", p.Cost)}
+	case u == (llm.Usage{}):
+		worst()
+	default:
+		if why := llm.UnbelievableUsage(u, j.EstPromptTokens, j.Request); why != "" {
+			worst()
+			p.Failed = &store.JobError{Type: wire.TypeServer, Code: "provider_usage_invalid",
+				Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged its worst case, $%s.", why, p.Cost)}
+			break
+		}
+		p.PromptTokens, p.CompletionTokens, p.CachedTokens, p.TotalTokens = u.PromptTokens, u.CompletionTokens, u.CachedTokens, u.TotalTokens
+		p.Cost = price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
+	}
+	return p
+}
+
+// refusal is the job error of a request the provider's batch refused.
+func refusal(l *llm.BatchLine) store.JobError {
+	var eb struct {
+		Error *struct {
+			Message, Type, Code, Param string
+		} `json:"error"`
+	}
+	e := store.JobError{Type: "invalid_request_error", Message: fmt.Sprintf("The provider refused the request (%d).", l.Response.StatusCode)}
+	if json.Unmarshal(l.Response.Body, &eb) == nil && eb.Error != nil && eb.Error.Message != "" {
+		e.Message, e.Code, e.Param = truncate(eb.Error.Message, 2000), truncate(eb.Error.Code, 100), truncate(eb.Error.Param, 100)
+		if eb.Error.Type != "" {
+			e.Type = truncate(eb.Error.Type, 100)
+		}
+	}
+	return e
+}
+
+// validJSON is b when it is JSON, else nil.
+func validJSON(b json.RawMessage) json.RawMessage {
+	if json.Valid(b) {
+		return b
+	}
+	return nil
+}
+
+// flush stores the answers read so far, one transaction, and charges each
+// to the budget on the part's days (a job charged once, whichever call
+// charges it).
+func (c *collection) flush(ctx context.Context) error {
+	if len(c.pending) == 0 {
+		return nil
+	}
+	_, errs := c.o.Store.JobCompleteMany(ctx, &store.JobCompleteManyParams{Jobs: c.pending})
+	for i, p := range c.pending {
+		if errs[i] != nil {
+			return errs[i]
+		}
+		res := &budget.Reservation{ID: p.ID, TenantID: c.part.TenantID, Day: p.Day, GlobalDay: p.GlobalDay, Global: c.part.BudgetGlobal}
+		if err := c.o.Budgets.Settle(ctx, res, p.Cost, true); err != nil {
+			return err
+		}
+	}
+	c.pending = c.pending[:0]
+	return nil
+}

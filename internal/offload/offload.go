@@ -1,0 +1,629 @@
+// Package offload runs batch lines on a provider's Batch API, at its batch
+// price (half the normal one at OpenAI), for tiers whose batch_offload
+// allows it. Plan puts a validated batch's lines in parts (one model and
+// deployment each, within the provider's 50,000 lines, 200 MB and batch
+// queue limit); the offloader's sweep takes each part through its states
+// (store.PartPending → … → store.PartDone): it reserves the part's worst
+// case at the batch price, writes the provider's JSONL (llmq's job id as
+// custom_id, the deployment's upstream as model), uploads it, creates the
+// provider batch, polls it with backoff, and maps every line of the output
+// and error files back to its job by custom_id. A line the provider did
+// not run (expired, cancelled, a batch that failed) goes back to llmq's own
+// path while the batch's window allows, else ends cancelled: no line is
+// lost, none is charged twice.
+//
+// Each state is stored before the provider is asked for what follows, so a
+// dispatcher restarted mid-flight resumes every part; one found uploading
+// or creating is looked for at the provider (its file by name, its batch by
+// metadata) before anything is made again. Parts are worked on under a
+// store lock each, so several dispatchers sweep side by side.
+package offload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/budget"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// Providers gives the provider of a name, as the workers' registry does.
+type Providers interface {
+	Get(name string) (llm.Provider, bool)
+}
+
+// Deps are what an Offloader works with.
+type Deps struct {
+	Store     *store.DB
+	Policy    *config.PolicyHolder
+	Budgets   *budget.Budgets
+	Queue     *queue.Client
+	Providers Providers
+	Logger    *slog.Logger
+}
+
+// Options tune an Offloader. The zero value is ready to use.
+type Options struct {
+	// MaxLines and MaxBytes bound a part: OpenAI's 50,000 requests and
+	// 200 MB a batch file.
+	MaxLines int
+	MaxBytes int64
+	// PollMin and PollMax bound the wait between two looks at a provider
+	// batch: a tenth of its age, within them. Defaults 5s and 5m.
+	PollMin, PollMax time.Duration
+	// RetryAfter is how long a part waits after a step that could not be
+	// taken (no room in the provider's queue, the budget, an error).
+	// Defaults to 1m.
+	RetryAfter time.Duration
+	// SweepInterval is how often the parts due are looked at. Defaults to 1s.
+	SweepInterval time.Duration
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// Defaults of Options.
+const (
+	DefaultMaxLines   = 50_000
+	DefaultMaxBytes   = 200 << 20
+	DefaultPollMin    = 5 * time.Second
+	DefaultPollMax    = 5 * time.Minute
+	DefaultRetryAfter = time.Minute
+)
+
+func (o Options) withDefaults() Options {
+	if o.MaxLines <= 0 {
+		o.MaxLines = DefaultMaxLines
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.PollMin <= 0 {
+		o.PollMin = DefaultPollMin
+	}
+	if o.PollMax <= 0 {
+		o.PollMax = DefaultPollMax
+	}
+	if o.RetryAfter <= 0 {
+		o.RetryAfter = DefaultRetryAfter
+	}
+	if o.SweepInterval <= 0 {
+		o.SweepInterval = time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Offloader plans batches into parts and runs the parts.
+type Offloader struct {
+	Deps
+	opts Options
+
+	mu sync.Mutex
+	// learned is each deployment's batch queue limit as the provider's
+	// refusals showed it (the tokens it held when it refused more), for
+	// deployments whose policy names none.
+	learned map[string]int64
+}
+
+// New returns an Offloader.
+func New(d Deps, opts Options) *Offloader {
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Offloader{Deps: d, opts: opts.withDefaults(), learned: map[string]int64{}}
+}
+
+// Offloads reports whether a tier's batches of model run on the provider's
+// Batch API.
+func Offloads(p *config.Policy, tier *config.Tier, model string) bool {
+	if tier.BatchOffload == config.BatchOffloadNever {
+		return false
+	}
+	_, ok := p.BatchRoute(model)
+	return ok
+}
+
+// queueLimit is the deployment's batch queue limit: the policy's, else the
+// learned one; 0 when neither is known.
+func (o *Offloader) queueLimit(route *config.Model) int64 {
+	if l := route.Limits.BatchQueueTokens; l > 0 {
+		return l
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.learned[route.Deployments[0].Name()]
+}
+
+// learn lowers the deployment's learned queue limit to held, the tokens it
+// held when it refused a part.
+func (o *Offloader) learn(deployment string, held int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if l, ok := o.learned[deployment]; !ok || held < l {
+		o.learned[deployment] = held
+	}
+}
+
+// Plan puts the batch's queued lines that the tier offloads in parts, and
+// returns how many it put; the others stay for llmq's own path. Run again
+// (after a crash) it plans only the lines in no part.
+func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, tier *config.Tier) (int64, error) {
+	if tier.BatchOffload == config.BatchOffloadNever {
+		return 0, nil
+	}
+	type building struct {
+		part  store.BatchPart
+		route *config.Model
+		jobs  []string
+	}
+	open := map[string]*building{} // by model
+	var planned int64
+	flush := func(bl *building) error {
+		if len(bl.jobs) == 0 {
+			return nil
+		}
+		if err := o.Store.BatchPartInsert(ctx, &bl.part, bl.jobs); err != nil {
+			return err
+		}
+		planned += int64(len(bl.jobs))
+		o.Logger.Info("batch part planned", "batch", b.ID, "part", bl.part.ID, "model", bl.part.Model,
+			"deployment", bl.part.Deployment, "lines", len(bl.jobs), "tokens", bl.part.Tokens)
+		bl.part = store.BatchPart{BatchID: b.ID, TenantID: b.TenantID, Model: bl.part.Model, Deployment: bl.part.Deployment, Endpoint: b.Endpoint}
+		bl.jobs = nil
+		return nil
+	}
+	err := o.Store.JobStreamByBatch(ctx, b.ID, []store.JobStatus{store.JobQueued}, func(j *store.Job) error {
+		if j.BatchPartID != "" {
+			return nil
+		}
+		bl := open[j.Model]
+		if bl == nil {
+			route, ok := p.BatchRoute(j.Model)
+			if !ok {
+				return nil
+			}
+			bl = &building{route: route, part: store.BatchPart{BatchID: b.ID, TenantID: b.TenantID, Model: j.Model,
+				Deployment: route.Deployments[0].Name(), Endpoint: b.Endpoint}}
+			open[j.Model] = bl
+		}
+		size := lineSize(j)
+		limit := o.queueLimit(bl.route)
+		if len(bl.jobs) > 0 && (len(bl.jobs)+1 > o.opts.MaxLines || bl.part.Bytes+size > o.opts.MaxBytes ||
+			(limit > 0 && bl.part.Tokens+j.EstPromptTokens > limit)) {
+			if err := flush(bl); err != nil {
+				return err
+			}
+		}
+		bl.jobs = append(bl.jobs, j.ID)
+		bl.part.Bytes += size
+		bl.part.Tokens += j.EstPromptTokens
+		bl.part.Reserved += bl.route.Price.Batch().WorstCase(j.EstPromptTokens, j.EstMaxTokens)
+		return nil
+	})
+	if err != nil {
+		return planned, err
+	}
+	for _, bl := range open {
+		if err := flush(bl); err != nil {
+			return planned, err
+		}
+	}
+	return planned, nil
+}
+
+// lineSize is about how many bytes the job's line takes in the provider's
+// input file: its body and the line's other fields.
+func lineSize(j *store.Job) int64 { return int64(len(j.Request)) + int64(len(j.ID)) + 80 }
+
+// Run sweeps the parts due every SweepInterval until ctx ends.
+func (o *Offloader) Run(ctx context.Context) {
+	t := time.NewTicker(o.opts.SweepInterval)
+	defer t.Stop()
+	for {
+		if err := o.Sweep(ctx); err != nil && ctx.Err() == nil {
+			o.Logger.Warn("offload sweep", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Sweep moves every part that is due on, as far as it can now.
+func (o *Offloader) Sweep(ctx context.Context) error {
+	parts, err := o.Store.BatchPartListDue(ctx, o.opts.Now(), 100)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range parts {
+		if err := o.Step(ctx, p.ID); err != nil && ctx.Err() == nil {
+			errs = append(errs, fmt.Errorf("part %s: %w", p.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Step moves one part on, unless another process holds it.
+func (o *Offloader) Step(ctx context.Context, partID string) error {
+	unlock, ok, err := o.Store.TryLock(ctx, "batch-part:"+partID)
+	if err != nil || !ok {
+		return err
+	}
+	defer unlock()
+	part, err := o.Store.BatchPartGet(ctx, partID)
+	if err != nil {
+		return err
+	}
+	r, err := o.newRun(ctx, part)
+	if err != nil {
+		return o.later(ctx, part, err)
+	}
+	for part.State != store.PartDone && !part.NextCheckAt.After(o.opts.Now()) {
+		from := part.State
+		if err := r.step(ctx); err != nil {
+			return o.later(ctx, part, err)
+		}
+		if part.State == from {
+			break // waiting: the step set its next check
+		}
+	}
+	return nil
+}
+
+// later stores a step's error on the part and makes it due again after
+// RetryAfter.
+func (o *Offloader) later(ctx context.Context, part *store.BatchPart, cause error) error {
+	from := part.State
+	part.Error = truncate(cause.Error(), 500)
+	part.NextCheckAt = o.opts.Now().Add(o.opts.RetryAfter)
+	if _, err := o.Store.BatchPartSave(ctx, part, from); err != nil {
+		return errors.Join(cause, err)
+	}
+	return cause
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// run is the work on one part in one Step.
+type run struct {
+	o        *Offloader
+	part     *store.BatchPart
+	batch    *store.Batch
+	policy   *config.Policy
+	route    *config.Model
+	api      llm.BatchAPI
+	provider *config.Provider
+	resumed  bool // the part was found mid-step (uploading, creating): look at the provider first
+}
+
+func (o *Offloader) newRun(ctx context.Context, part *store.BatchPart) (*run, error) {
+	b, err := o.Store.BatchGetByID(ctx, part.BatchID)
+	if err != nil {
+		return nil, err
+	}
+	p := o.Policy.Current()
+	m, ok := p.Model(part.Model)
+	if !ok {
+		return nil, fmt.Errorf("model %q is no longer in the policy", part.Model)
+	}
+	route, ok := m.Route(part.Deployment)
+	if !ok {
+		return nil, fmt.Errorf("deployment %s of model %q is no longer in the policy", part.Deployment, part.Model)
+	}
+	pc, ok := p.Provider(route.Provider)
+	if !ok {
+		return nil, fmt.Errorf("provider %q is no longer in the policy", route.Provider)
+	}
+	prov, ok := o.Providers.Get(route.Provider)
+	if !ok {
+		return nil, fmt.Errorf("provider %q is not configured", route.Provider)
+	}
+	api, ok := prov.(llm.BatchAPI)
+	if !ok {
+		return nil, fmt.Errorf("provider %q offers no Batch API", route.Provider)
+	}
+	return &run{o: o, part: part, batch: b, policy: p, route: route, api: api, provider: pc,
+		resumed: part.State == store.PartUploading || part.State == store.PartCreating}, nil
+}
+
+// stopping reports whether the part's batch no longer wants its lines run:
+// cancelled, ended, or past its window.
+func (r *run) stopping() bool {
+	switch r.batch.Status {
+	case store.BatchCancelling, store.BatchCancelled, store.BatchExpired, store.BatchFailed, store.BatchCompleted:
+		return true
+	}
+	return r.batch.ExpiresAt != nil && !r.o.opts.Now().Before(*r.batch.ExpiresAt)
+}
+
+// move stores the part in state to (from the state it was in), due again
+// at next.
+func (r *run) move(ctx context.Context, to store.BatchPartState, next time.Time) error {
+	from := r.part.State
+	r.part.State, r.part.NextCheckAt, r.part.Error = to, next, ""
+	ok, err := r.o.Store.BatchPartSave(ctx, r.part, from)
+	if err != nil {
+		r.part.State = from
+		return err
+	}
+	if !ok {
+		r.part.State = from
+		return fmt.Errorf("the part left state %s meanwhile", from)
+	}
+	return nil
+}
+
+// wait keeps the part in its state, due again at next.
+func (r *run) wait(ctx context.Context, next time.Time, why string) error {
+	r.part.NextCheckAt, r.part.Error = next, why
+	_, err := r.o.Store.BatchPartSave(ctx, r.part, r.part.State)
+	return err
+}
+
+func (r *run) step(ctx context.Context) error {
+	now := r.o.opts.Now()
+	switch r.part.State {
+	case store.PartPending:
+		if r.stopping() {
+			return r.collect(ctx, nil)
+		}
+		return r.admit(ctx, now)
+	case store.PartUploading:
+		return r.upload(ctx)
+	case store.PartCreating:
+		return r.create(ctx)
+	case store.PartSubmitted:
+		return r.poll(ctx, now)
+	case store.PartCollecting:
+		pb, err := r.api.GetBatch(ctx, r.part.ProviderBatchID)
+		if err != nil {
+			return err
+		}
+		return r.collect(ctx, pb)
+	}
+	return nil
+}
+
+// admit takes a pending part to the provider when its queue has room and
+// the budget holds the part's worst case.
+func (r *run) admit(ctx context.Context, now time.Time) error {
+	if limit := r.o.queueLimit(r.route); limit > 0 {
+		if r.part.Tokens > limit && r.part.Lines > 1 {
+			return r.split(ctx, now)
+		}
+		held, err := r.o.Store.BatchPartTokensInFlight(ctx, r.part.Deployment)
+		if err != nil {
+			return err
+		}
+		if held > 0 && held+r.part.Tokens > limit {
+			return r.wait(ctx, now.Add(r.o.opts.RetryAfter), fmt.Sprintf("waiting for room in the provider's batch queue (%d of %d tokens held)", held, limit))
+		}
+	}
+	if r.part.BudgetDay == "" {
+		tenant, err := r.o.Store.TenantGetByID(ctx, r.part.TenantID)
+		if err != nil {
+			return err
+		}
+		acct, _, err := admission.Account(r.policy, tenant)
+		if err != nil {
+			return err
+		}
+		res, d, err := r.o.Budgets.Reserve(ctx, acct, r.part.ID, r.part.Reserved)
+		if err != nil {
+			return err
+		}
+		if res == nil {
+			if d.TooLarge {
+				// More than the budget holds at once: the lines go one by
+				// one through llmq's own path, which defers each as it must.
+				r.o.Logger.Info("batch part larger than its tenant's budget; its lines run through llmq", "part", r.part.ID)
+				return r.collect(ctx, nil)
+			}
+			return r.wait(ctx, d.ResetsAt, "waiting for the tenant's budget ("+d.DeniedBy+")")
+		}
+		r.part.BudgetDay, r.part.BudgetGlobalDay, r.part.BudgetGlobal = res.Day, res.GlobalDay, res.Global
+	}
+	if r.part.ProviderFileID != "" { // refused for the queue once: its file is there
+		return r.move(ctx, store.PartCreating, now)
+	}
+	return r.move(ctx, store.PartUploading, now)
+}
+
+// reservation is the part's budget hold.
+func (r *run) reservation() *budget.Reservation {
+	return &budget.Reservation{ID: r.part.ID, TenantID: r.part.TenantID, Day: r.part.BudgetDay, GlobalDay: r.part.BudgetGlobalDay,
+		Amount: r.part.Reserved, Global: r.part.BudgetGlobal}
+}
+
+// fileName is the name of the part's input file at the provider, by which
+// a restarted offloader finds it.
+func (r *run) fileName() string {
+	return "llmq-" + r.part.ID + "-" + strconv.Itoa(r.part.Refusals) + ".jsonl"
+}
+
+// submission names the part's current attempt at a provider batch in its
+// metadata (a part refused for the queue tries again under a new one).
+func (r *run) submission() string { return r.part.ID + "/" + strconv.Itoa(r.part.Refusals) }
+
+const metadataKey = "llmq_submission"
+
+func (r *run) upload(ctx context.Context) error {
+	if r.resumed {
+		id, found, err := r.api.FindBatchFile(ctx, r.fileName())
+		if err != nil {
+			return err
+		}
+		if found {
+			r.part.ProviderFileID = id
+			return r.move(ctx, store.PartCreating, r.o.opts.Now())
+		}
+	}
+	in := r.input(ctx)
+	id, err := r.api.UploadBatchFile(ctx, r.fileName(), in)
+	in.Close()
+	if err != nil {
+		return err
+	}
+	r.part.ProviderFileID = id
+	r.resumed = false
+	return r.move(ctx, store.PartCreating, r.o.opts.Now())
+}
+
+func (r *run) create(ctx context.Context) error {
+	if r.resumed {
+		pb, found, err := r.api.FindBatch(ctx, metadataKey, r.submission(), r.part.CreatedAt.Add(-time.Hour))
+		if err != nil {
+			return err
+		}
+		if found {
+			return r.submitted(ctx, pb)
+		}
+	}
+	pb, err := r.api.CreateBatch(ctx, r.part.ProviderFileID, r.part.Endpoint,
+		map[string]string{metadataKey: r.submission(), "llmq_batch": r.part.BatchID})
+	if err != nil {
+		return err
+	}
+	return r.submitted(ctx, pb)
+}
+
+func (r *run) submitted(ctx context.Context, pb *llm.ProviderBatch) error {
+	now := r.o.opts.Now()
+	r.part.ProviderBatchID, r.part.ProviderStatus, r.part.SubmittedAt = pb.ID, pb.Status, &now
+	return r.move(ctx, store.PartSubmitted, now.Add(r.o.opts.PollMin))
+}
+
+// poll looks at the provider batch: keeps the budget hold, cancels it when
+// the llmq batch stops, and collects it once it ended.
+func (r *run) poll(ctx context.Context, now time.Time) error {
+	pb, err := r.api.GetBatch(ctx, r.part.ProviderBatchID)
+	if err != nil {
+		return err
+	}
+	if _, err := r.o.Budgets.Extend(ctx, r.reservation()); err != nil {
+		r.o.Logger.Warn("extend a batch part's budget hold", "part", r.part.ID, "err", err)
+	}
+	r.part.ProviderStatus = pb.Status
+	if pb.Status == llm.BatchFailed && isQueueRefusal(pb) {
+		return r.refused(ctx, now)
+	}
+	if pb.Ended() {
+		return r.move(ctx, store.PartCollecting, now)
+	}
+	if r.stopping() && pb.Status != llm.BatchCancelling {
+		if pb, err = r.api.CancelBatch(ctx, r.part.ProviderBatchID); err != nil {
+			return err
+		}
+		r.part.ProviderStatus = pb.Status
+		r.o.Logger.Info("batch part cancelled at the provider", "part", r.part.ID, "batch", r.part.BatchID)
+	}
+	age := now.Sub(*r.part.SubmittedAt)
+	return r.wait(ctx, now.Add(min(max(age/10, r.o.opts.PollMin), r.o.opts.PollMax)), "")
+}
+
+// isQueueRefusal reports whether a failed provider batch was refused for
+// the provider's batch queue limit.
+func isQueueRefusal(pb *llm.ProviderBatch) bool {
+	for _, c := range pb.ErrorCodes() {
+		if c == "token_limit_exceeded" {
+			return true
+		}
+	}
+	return false
+}
+
+// refused handles a provider batch refused for the queue limit: the
+// deployment's limit is learned (what the other parts held), and the part
+// goes back to pending, its file kept, to be created again once there is
+// room.
+func (r *run) refused(ctx context.Context, now time.Time) error {
+	held, err := r.o.Store.BatchPartTokensInFlight(ctx, r.part.Deployment)
+	if err != nil {
+		return err
+	}
+	held -= r.part.Tokens // the others'
+	if held <= 0 {
+		held = r.part.Tokens / 2 // alone it is too big: what it holds less
+	}
+	r.o.learn(r.part.Deployment, held)
+	r.o.Logger.Info("batch part refused for the provider's batch queue limit; it waits", "part", r.part.ID,
+		"deployment", r.part.Deployment, "held_tokens", held)
+	r.part.Refusals++
+	r.part.ProviderBatchID, r.part.ProviderStatus, r.part.SubmittedAt = "", "", nil
+	return r.move(ctx, store.PartPending, now.Add(r.o.opts.RetryAfter))
+}
+
+// price is what a line of the part costs at the provider's batch price.
+func (r *run) price() money.Price { return r.route.Price.Batch() }
+
+// split halves a pending part larger than its deployment's batch queue
+// limit: the later half of its jobs go to a new part, and the part gives
+// back its budget hold and its uploaded file (each half is reserved and
+// uploaded on its own). Cut short, the jobs that left the part and are in
+// no other go through llmq's own path (the reconciler enqueues them).
+func (r *run) split(ctx context.Context, now time.Time) error {
+	jobs, err := r.partJobs(ctx)
+	if err != nil {
+		return err
+	}
+	all := make([]*store.Job, 0, len(jobs))
+	for _, j := range jobs {
+		all = append(all, j)
+	}
+	slices.SortFunc(all, func(a, b *store.Job) int { return strings.Compare(a.ID, b.ID) })
+	keep, move := all[:len(all)/2], all[len(all)/2:]
+	if r.part.BudgetDay != "" {
+		if err := r.o.Budgets.Release(ctx, r.reservation()); err != nil {
+			return err
+		}
+	}
+	moved := make([]string, len(move))
+	for i, j := range move {
+		moved[i] = j.ID
+	}
+	if _, err := r.o.Store.JobLeavePart(ctx, r.part.ID, moved); err != nil {
+		return err
+	}
+	half := func(p *store.BatchPart, js []*store.Job) {
+		p.Bytes, p.Tokens, p.Reserved, p.Lines = 0, 0, 0, int64(len(js))
+		for _, j := range js {
+			p.Bytes += lineSize(j)
+			p.Tokens += j.EstPromptTokens
+			p.Reserved += r.price().WorstCase(j.EstPromptTokens, j.EstMaxTokens)
+		}
+	}
+	next := &store.BatchPart{BatchID: r.part.BatchID, TenantID: r.part.TenantID, Model: r.part.Model, Deployment: r.part.Deployment,
+		Endpoint: r.part.Endpoint}
+	half(next, move)
+	if err := r.o.Store.BatchPartInsert(ctx, next, moved); err != nil {
+		return err
+	}
+	half(r.part, keep)
+	r.part.BudgetDay, r.part.BudgetGlobalDay, r.part.BudgetGlobal, r.part.ProviderFileID = "", "", false, ""
+	r.part.Refusals++ // a new file name: the old file is not this part's any more
+	r.o.Logger.Info("batch part split for the provider's batch queue limit", "part", r.part.ID, "new_part", next.ID,
+		"lines", len(keep), "moved", len(move))
+	return r.wait(ctx, now, "")
+}

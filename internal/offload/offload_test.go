@@ -1,0 +1,394 @@
+package offload_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/offload"
+	"github.com/llmq/llmq/internal/store"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// redisDB is shared with internal/redisclock, whose scripts write nothing;
+// each test app has its own key prefix and queue namespace.
+const redisDB = 14
+
+// policy prices the model at $2 and $8 per million tokens: a call's cost
+// in micro-dollars is then a whole number at both prices, so the batch
+// price is exactly half.
+const policy = `
+providers:
+  - {name: sim, base_url: "{{SIM}}", api_key_env: SIM_API_KEY, timeout: 10s}
+models:
+  - name: gpt-4o-mini
+    provider: sim
+    price: {input_per_mtok: 2, output_per_mtok: 8}
+    limits: {rpm: 3000, tpm: 300000}
+    max_output_tokens: 1024
+tiers:
+  - {name: bulk, daily_budget_usd: 500, api_rps: 1000, batch_offload: auto}
+  - {name: plain, daily_budget_usd: 500, api_rps: 1000}
+`
+
+// clock is a settable clock shared by the simulator and the offloader.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type harness struct {
+	*apptest.App
+	t     *testing.T
+	clock *clock
+}
+
+func start(t *testing.T, batch sim.BatchConfig, workers int) *harness {
+	t.Helper()
+	c := &clock{t: time.Now()}
+	cfg := sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true, Now: c.Now, Batch: batch}
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy, Sim: &cfg, Workers: workers,
+		Offload: offload.Options{Now: c.Now, PollMin: time.Second, PollMax: 5 * time.Second, RetryAfter: 5 * time.Second}})
+	return &harness{App: a, t: t, clock: c}
+}
+
+// submit uploads a batch of n chat lines for a tenant of tier and returns
+// its id.
+func (h *harness) submit(tier string, n int) (tenantID, key, batchID string) {
+	h.t.Helper()
+	tenantID, key = h.Tenant(tier)
+	var in bytes.Buffer
+	for i := range n {
+		body := apptest.ChatBody(fmt.Sprintf("line %d of a batch", i), "", 20)
+		line, _ := json.Marshal(map[string]any{"custom_id": fmt.Sprintf("c%05d", i), "method": "POST", "url": "/v1/chat/completions", "body": body})
+		in.Write(line)
+		in.WriteByte('\n')
+	}
+	f, err := h.Store.FileInsert(h.t.Context(), &store.FileInsertParams{TenantID: tenantID, Purpose: store.FilePurposeBatch,
+		Filename: "in.jsonl", Content: &in})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	r := h.Do("POST", "/v1/batches", key, map[string]any{"input_file_id": f.ID, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+	var b struct {
+		ID string `json:"id"`
+	}
+	r.JSON(h.t, &b)
+	if r.Status != 200 || b.ID == "" {
+		h.t.Fatalf("create batch: %d %s", r.Status, r.Body)
+	}
+	return tenantID, key, b.ID
+}
+
+// run sweeps the offloader and the batch sweeper, a simulated second at a
+// time, until the batch ends (or fails the test after limit rounds).
+func (h *harness) run(batchID string, limit int, each func(round int)) *store.Batch {
+	h.t.Helper()
+	ctx := h.t.Context()
+	for round := range limit {
+		if each != nil {
+			each(round)
+		}
+		if err := h.Offload.Sweep(ctx); err != nil {
+			h.t.Logf("offload sweep: %v", err)
+		}
+		if err := h.Batches.Sweep(ctx); err != nil {
+			h.t.Fatal(err)
+		}
+		b, err := h.Store.BatchGetByID(ctx, batchID)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		switch b.Status {
+		case store.BatchCompleted, store.BatchCancelled, store.BatchExpired, store.BatchFailed:
+			return b
+		}
+		h.clock.Add(time.Second)
+		time.Sleep(5 * time.Millisecond) // the background validation and the workers
+	}
+	h.t.Fatalf("batch %s did not end in %d rounds", batchID, limit)
+	return nil
+}
+
+// outputLines reads a batch's output file: custom_id -> its status code.
+func (h *harness) outputLines(key string, b *store.Batch) map[string]int {
+	h.t.Helper()
+	out := map[string]int{}
+	if b.OutputFileID == "" {
+		return out
+	}
+	r := h.Do("GET", "/v1/files/"+b.OutputFileID+"/content", key, nil)
+	if r.Status != 200 {
+		h.t.Fatalf("output: %d %s", r.Status, r.Body)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(r.Body)))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l struct {
+			CustomID string `json:"custom_id"`
+			Response struct {
+				StatusCode int `json:"status_code"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			h.t.Fatal(err)
+		}
+		if _, dup := out[l.CustomID]; dup {
+			h.t.Fatalf("custom_id %s twice in the output", l.CustomID)
+		}
+		out[l.CustomID] = l.Response.StatusCode
+	}
+	return out
+}
+
+// charges sums the batch's ledger: every job's cost, and how many rows
+// say batched; with all, every job must have been charged, its ledger row
+// agreeing with the job.
+func (h *harness) charges(batchID string, all bool) (jobs []*store.Job, total money.Micros, batched int) {
+	h.t.Helper()
+	ctx := h.t.Context()
+	err := h.Store.JobStreamByBatch(ctx, batchID, nil, func(j *store.Job) error {
+		jobs = append(jobs, j)
+		e, err := h.Store.UsageGetByJob(ctx, j.ID)
+		if errors.Is(err, store.ErrNotFound) && !all {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("job %s (%s): %w", j.ID, j.Status, err)
+		}
+		total += e.Cost
+		if e.Batched {
+			batched++
+		}
+		if e.Cost != j.Cost {
+			return fmt.Errorf("job %s: ledger %d, job %d", j.ID, e.Cost, j.Cost)
+		}
+		return nil
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return jobs, total, batched
+}
+
+// A batch of a tier with batch_offload: auto runs on the provider's Batch
+// API: one part, every line answered once, in the output under its
+// custom_id, each charged once at exactly half the normal price, none
+// through the provider's synchronous endpoint; the budget holds nothing
+// after.
+func TestOffloadedBatchRunsAtHalfPrice(t *testing.T) {
+	t.Parallel()
+	h := start(t, sim.BatchConfig{}, 0)
+	const n = 300
+	tenantID, key, batchID := h.submit("bulk", n)
+	b := h.run(batchID, 120, nil)
+	if b.Status != store.BatchCompleted {
+		t.Fatalf("batch %s", b.Status)
+	}
+	out := h.outputLines(key, b)
+	if len(out) != n {
+		t.Fatalf("output has %d lines, want %d", len(out), n)
+	}
+	for id, status := range out {
+		if status != 200 {
+			t.Fatalf("line %s: status %d", id, status)
+		}
+	}
+	jobs, total, batched := h.charges(batchID, true)
+	var normal money.Micros
+	for _, j := range jobs {
+		if j.Status != store.JobSucceeded || j.UsageEstimated {
+			t.Fatalf("job %s: %s, usage estimated %v", j.ID, j.Status, j.UsageEstimated)
+		}
+		normal += money.Price{InputPerMTok: 2_000_000, OutputPerMTok: 8_000_000}.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+	}
+	if batched != n || total*2 != normal {
+		t.Fatalf("charged %s over %d batched rows; the normal price would be %s (want exactly half)", total, batched, normal)
+	}
+	st := h.Sim.BatchStats()
+	if st.FilesUploaded != 1 || st.BatchesCreated != 1 || st.LinesProcessed != n || st.LinesRepeated != 0 {
+		t.Fatalf("simulator: %+v", st)
+	}
+	if s := h.Sim.Stats(); s.Requests != 0 {
+		t.Fatalf("%d calls went to the synchronous endpoint", s.Requests)
+	}
+	d, err := h.Budgets.Status(t.Context(), h.Account(tenantID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Reserved != 0 || d.Spent != total {
+		t.Fatalf("budget: spent %s reserved %s, want spent %s and nothing held", d.Spent, d.Reserved, total)
+	}
+}
+
+// A tier without batch_offload runs its batch through llmq's own path, at
+// the normal price.
+func TestPlainTierDoesNotOffload(t *testing.T) {
+	t.Parallel()
+	h := start(t, sim.BatchConfig{}, 2)
+	_, key, batchID := h.submit("plain", 20)
+	b := h.run(batchID, 200, nil)
+	if got := h.outputLines(key, b); b.Status != store.BatchCompleted || len(got) != 20 {
+		t.Fatalf("batch %s with %d output lines", b.Status, len(got))
+	}
+	if _, _, batched := h.charges(batchID, true); batched != 0 || h.Sim.BatchStats().BatchesCreated != 0 {
+		t.Fatalf("%d lines ran batched", batched)
+	}
+}
+
+// A provider batch that expires with 30% of its lines undone: those lines
+// run through llmq's own path at the normal price, the output is complete,
+// and each line is charged once, at the price of the path that ran it.
+func TestExpiredLinesRunThroughLlmq(t *testing.T) {
+	t.Parallel()
+	h := start(t, sim.BatchConfig{ExpireFraction: 0.3}, 2)
+	const n = 200
+	_, key, batchID := h.submit("bulk", n)
+	b := h.run(batchID, 300, nil)
+	out := h.outputLines(key, b)
+	if b.Status != store.BatchCompleted || len(out) != n {
+		t.Fatalf("batch %s, %d output lines; want completed with %d", b.Status, len(out), n)
+	}
+	jobs, _, batched := h.charges(batchID, true)
+	price := money.Price{InputPerMTok: 2_000_000, OutputPerMTok: 8_000_000}
+	for _, j := range jobs {
+		e, _ := h.Store.UsageGetByJob(t.Context(), j.ID)
+		want := price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+		if e.Batched {
+			want = price.Batch().Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+		}
+		if j.Status != store.JobSucceeded || e.Cost != want {
+			t.Fatalf("job %s: %s, charged %s batched=%v, want %s", j.ID, j.Status, e.Cost, e.Batched, want)
+		}
+	}
+	undone := n - batched
+	if undone < n/5 || undone > n*2/5 {
+		t.Fatalf("%d of %d lines ran through llmq, want about 30%%", undone, n)
+	}
+	if s := h.Sim.Stats(); s.Requests != int64(undone) {
+		t.Fatalf("%d synchronous calls for %d undone lines", s.Requests, undone)
+	}
+	runs := h.Sim.CustomIDRuns()
+	for _, j := range jobs {
+		if e, _ := h.Store.UsageGetByJob(t.Context(), j.ID); e.Batched && runs[j.ID] != 1 {
+			t.Fatalf("job %s answered %d times in provider batches", j.ID, runs[j.ID])
+		}
+	}
+}
+
+// A dispatcher that stops (a new offloader, as after a restart) while its
+// part is at the provider, or right after uploading it but before storing
+// the file's id, resumes: nothing uploaded or created twice, everything
+// collected.
+func TestResumeNeverUploadsTwice(t *testing.T) {
+	t.Parallel()
+	h := start(t, sim.BatchConfig{LinesPerSecond: 20}, 0)
+	const n = 100
+	_, key, batchID := h.submit("bulk", n)
+	ctx := t.Context()
+	// Until the part is planned.
+	var part *store.BatchPart
+	for range 200 {
+		parts, err := h.Store.BatchPartListByBatch(ctx, batchID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(parts) == 1 {
+			part = parts[0]
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if part == nil {
+		t.Fatal("no part planned")
+	}
+	// One process uploads the file, and "dies" before storing its id: the
+	// part is left uploading, as a crash would leave it.
+	first := offload.New(offload.Deps{Store: h.Store, Policy: h.Policy, Budgets: h.Budgets, Queue: h.Queue, Providers: h.Providers},
+		offload.Options{Now: h.clock.Now})
+	h.clock.Add(2 * time.Second) // past the part's first check, stamped by the store's clock
+	if err := first.Step(ctx, part.ID); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := h.Store.BatchPartGet(ctx, part.ID)
+	if p.State != store.PartSubmitted || h.Sim.BatchStats().FilesUploaded != 1 {
+		t.Fatalf("after one step: %s, %+v", p.State, h.Sim.BatchStats())
+	}
+	p.State, p.ProviderBatchID, p.ProviderFileID = store.PartUploading, "", ""
+	if ok, err := h.Store.BatchPartSave(ctx, p, store.PartSubmitted); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	// A new process picks it up: it finds the file and the batch at the
+	// provider instead of making them again.
+	b := h.run(batchID, 200, nil)
+	if b.Status != store.BatchCompleted || len(h.outputLines(key, b)) != n {
+		t.Fatalf("batch %s", b.Status)
+	}
+	if st := h.Sim.BatchStats(); st.FilesUploaded != 1 || st.BatchesCreated != 1 || st.LinesRepeated != 0 {
+		t.Fatalf("simulator after the resume: %+v", st)
+	}
+	if _, _, batched := h.charges(batchID, true); batched != n {
+		t.Fatalf("%d lines charged batched, want %d", batched, n)
+	}
+}
+
+// Cancelling an offloaded batch cancels its provider batch; the lines the
+// provider finished are kept and charged, the rest cancelled.
+func TestCancelOffloadedBatch(t *testing.T) {
+	t.Parallel()
+	h := start(t, sim.BatchConfig{LinesPerSecond: 20}, 0)
+	const n = 200
+	_, key, batchID := h.submit("bulk", n)
+	cancelled := false
+	b := h.run(batchID, 300, func(round int) {
+		if cancelled {
+			return
+		}
+		parts, _ := h.Store.BatchPartListByBatch(h.t.Context(), batchID)
+		if len(parts) == 1 && parts[0].State == store.PartSubmitted && h.Sim.BatchStats().LinesProcessed > 0 {
+			if r := h.Do("POST", "/v1/batches/"+batchID+"/cancel", key, nil); r.Status != 200 {
+				t.Fatalf("cancel: %d %s", r.Status, r.Body)
+			}
+			cancelled = true
+		}
+	})
+	if b.Status != store.BatchCancelled {
+		t.Fatalf("batch %s", b.Status)
+	}
+	jobs, _, batched := h.charges(batchID, false)
+	done := 0
+	for _, j := range jobs {
+		switch j.Status {
+		case store.JobSucceeded:
+			done++
+		case store.JobCancelled:
+		default:
+			t.Fatalf("job %s left %s", j.ID, j.Status)
+		}
+	}
+	if done == 0 || done == n || batched != done || len(h.outputLines(key, b)) != done {
+		t.Fatalf("%d succeeded, %d charged batched, of %d", done, batched, n)
+	}
+	if st := h.Sim.BatchStats(); st.BatchesCancelled != 1 {
+		t.Fatalf("simulator: %+v", st)
+	}
+}
