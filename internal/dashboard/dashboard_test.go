@@ -63,10 +63,13 @@ type fixture struct {
 	batch      string // 10 jobs: 6 succeeded, 1 failed, 3 queued
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t *testing.T) *fixture { return setupOn(t, "") }
+
+// setupOn is setup on the Redis at redisURL ("" for the package's DB).
+func setupOn(t *testing.T, redisURL string) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy})
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, RedisURL: redisURL, Policy: policy})
 	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
 	srv := testutil.Must(a.API())
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{Refresh: time.Minute})
@@ -206,7 +209,10 @@ func get(t *testing.T, method, url, auth string) *http.Response {
 
 func TestAdminPagesNeedTheAdminToken(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	// asynqmon lists every queue of its Redis database: on a private
+	// server, so the queues other tests add and remove meanwhile do not
+	// make it fail.
+	f := setupOn(t, "redis://"+testutil.StartRedis(t).Addr)
 	for _, path := range []string{"/dashboard", "/dashboard/assets/dashboard.css", "/monitoring/", "/monitoring/api/queues", "/admin/v1/tenants", "/metrics"} {
 		for _, auth := range []string{"", basic("wrong-token-0123456789"), "Bearer wrong-token-0123456789"} {
 			if r := get(t, "GET", f.url+path, auth); r.StatusCode != http.StatusUnauthorized {
