@@ -392,3 +392,121 @@ func TestCancelOffloadedBatch(t *testing.T) {
 		t.Fatalf("simulator: %+v", st)
 	}
 }
+
+// The provider's batch queue limit, unknown to the policy: the provider
+// refuses the part (token_limit_exceeded), llmq learns the limit, splits
+// the part and sends the halves one after the other; every line runs
+// batched, once.
+func TestQueueLimitIsLearned(t *testing.T) {
+	t.Parallel()
+	h := start(t, sim.BatchConfig{}, 0)
+	const n = 200
+	_, key, batchID := h.submit("bulk", n)
+	// Once planned, the provider's queue holds less than the part.
+	for range 300 {
+		if parts, _ := h.Store.BatchPartListByBatch(t.Context(), batchID); len(parts) == 1 {
+			if err := h.Sim.SetBatchConfig(sim.BatchConfig{QueueLimit: parts[0].Tokens * 3 / 10}); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	b := h.run(batchID, 400, nil)
+	if b.Status != store.BatchCompleted || len(h.outputLines(key, b)) != n {
+		t.Fatalf("batch %s", b.Status)
+	}
+	parts, _ := h.Store.BatchPartListByBatch(t.Context(), batchID)
+	st := h.Sim.BatchStats()
+	if st.BatchesFailed < 1 || len(parts) < 2 || st.LinesRepeated != 0 || st.LinesProcessed != n {
+		t.Fatalf("%d parts; simulator %+v; want a refusal, then the part split and every line once", len(parts), st)
+	}
+	if _, _, batched := h.charges(batchID, true); batched != n {
+		t.Fatalf("%d lines charged batched, want %d", batched, n)
+	}
+}
+
+// A deployment's batch_queue_tokens in the policy: the batch is planned in
+// parts that fit it, sent one at a time, never refused.
+func TestQueueLimitFromThePolicy(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Now()}
+	cfg := sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true, Now: c.Now,
+		Batch: sim.BatchConfig{QueueLimit: 2000}}
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &cfg,
+		Policy: strings.Replace(policy, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpm: 3000, tpm: 300000, batch_queue_tokens: 1500}", 1),
+		Offload: offload.Options{Now: c.Now, PollMin: time.Second, PollMax: 5 * time.Second, RetryAfter: 2 * time.Second}})
+	h := &harness{App: a, t: t, clock: c}
+	const n = 300
+	_, key, batchID := h.submit("bulk", n)
+	b := h.run(batchID, 600, nil)
+	if b.Status != store.BatchCompleted || len(h.outputLines(key, b)) != n {
+		t.Fatalf("batch %s", b.Status)
+	}
+	parts, _ := h.Store.BatchPartListByBatch(t.Context(), batchID)
+	for _, p := range parts {
+		if p.Tokens > 1500 {
+			t.Fatalf("part %s holds %d tokens, past the policy's 1500", p.ID, p.Tokens)
+		}
+	}
+	if st := h.Sim.BatchStats(); len(parts) < 2 || st.BatchesFailed != 0 || int(st.BatchesCreated) != len(parts) {
+		t.Fatalf("%d parts; simulator %+v", len(parts), st)
+	}
+}
+
+// A provider batch that fails whole: its lines run through llmq's own path
+// at the normal price, none lost.
+func TestFailedProviderBatchFallsBack(t *testing.T) {
+	t.Parallel()
+	h := start(t, sim.BatchConfig{FailRate: 1}, 2)
+	const n = 60
+	_, key, batchID := h.submit("bulk", n)
+	b := h.run(batchID, 300, nil)
+	if b.Status != store.BatchCompleted || len(h.outputLines(key, b)) != n {
+		t.Fatalf("batch %s", b.Status)
+	}
+	if _, _, batched := h.charges(batchID, true); batched != 0 {
+		t.Fatalf("%d lines charged batched after the provider's batch failed", batched)
+	}
+	if st, s := h.Sim.BatchStats(), h.Sim.Stats(); st.BatchesFailed != 1 || s.Requests != n {
+		t.Fatalf("simulator: %+v, %d synchronous calls", st, s.Requests)
+	}
+}
+
+// A tier with batch_offload: always refuses, line by line, the lines of a
+// model whose provider offers no Batch API; the others run batched.
+func TestAlwaysRefusesLinesWithoutABatchAPI(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Now()}
+	cfg := sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true, Now: c.Now}
+	p := strings.Replace(policy, "models:", `  - {name: local, base_url: "{{SIM}}", api_key_env: SIM_API_KEY, batch_api: false}
+models:
+  - {name: small, provider: local, upstream: gpt-4o-mini, price: {input_per_mtok: 1, output_per_mtok: 1}, limits: {rpm: 3000, tpm: 300000}}`, 1)
+	p += "  - {name: strict, daily_budget_usd: 500, api_rps: 1000, batch_offload: always}\n"
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &cfg, Policy: p, Offload: offload.Options{Now: c.Now, PollMin: time.Second}})
+	h := &harness{App: a, t: t, clock: c}
+	tenantID, key := h.Tenant("strict")
+	var in bytes.Buffer
+	for i, model := range []string{"gpt-4o-mini", "small", "gpt-4o-mini"} {
+		body := apptest.ChatBody("hi", "", 10)
+		body["model"] = model
+		line, _ := json.Marshal(map[string]any{"custom_id": fmt.Sprint(i), "method": "POST", "url": "/v1/chat/completions", "body": body})
+		in.Write(append(line, '\n'))
+	}
+	f, err := h.Store.FileInsert(t.Context(), &store.FileInsertParams{TenantID: tenantID, Purpose: store.FilePurposeBatch, Filename: "in.jsonl", Content: &in})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := h.Do("POST", "/v1/batches", key, map[string]any{"input_file_id": f.ID, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+	var created struct{ ID string }
+	r.JSON(t, &created)
+	b := h.run(created.ID, 200, nil)
+	if b.Status != store.BatchCompleted || len(h.outputLines(key, b)) != 2 {
+		t.Fatalf("batch %s", b.Status)
+	}
+	var refused *store.Job
+	_ = h.Store.JobStreamByBatch(t.Context(), created.ID, []store.JobStatus{store.JobFailed}, func(j *store.Job) error { refused = j; return nil })
+	if refused == nil || refused.LineNo != 2 || refused.Error == nil || refused.Error.Code != "batch_offload_unavailable" {
+		t.Fatalf("refused line = %+v", refused)
+	}
+}
