@@ -434,7 +434,7 @@ func TestQueueLimitFromThePolicy(t *testing.T) {
 	cfg := sim.Config{Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Echo: true, Now: c.Now,
 		Batch: sim.BatchConfig{QueueLimit: 2000}}
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &cfg,
-		Policy: strings.Replace(policy, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpm: 3000, tpm: 300000, batch_queue_tokens: 1500}", 1),
+		Policy:  strings.Replace(policy, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpm: 3000, tpm: 300000, batch_queue_tokens: 1500}", 1),
 		Offload: offload.Options{Now: c.Now, PollMin: time.Second, PollMax: 5 * time.Second, RetryAfter: 2 * time.Second}})
 	h := &harness{App: a, t: t, clock: c}
 	const n = 300
