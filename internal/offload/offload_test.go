@@ -200,9 +200,22 @@ func TestOffloadedBatchRunsAtHalfPrice(t *testing.T) {
 	h := start(t, sim.BatchConfig{}, 0)
 	const n = 300
 	tenantID, key, batchID := h.submit("bulk", n)
-	b := h.run(batchID, 120, nil)
-	if b.Status != store.BatchCompleted {
-		t.Fatalf("batch %s", b.Status)
+	// While the part is at the provider, the budget holds its worst case
+	// at the batch price.
+	held := false
+	b := h.run(batchID, 120, func(int) {
+		parts, _ := h.Store.BatchPartListByBatch(t.Context(), batchID)
+		if len(parts) != 1 || parts[0].State != store.PartSubmitted || held {
+			return
+		}
+		d, err := h.Budgets.Status(t.Context(), h.Account(tenantID))
+		if err != nil || d.Reserved != parts[0].Reserved || d.Reserved == 0 {
+			t.Fatalf("budget while the part is at the provider: reserved %v (%v), want the part's %s", d, err, parts[0].Reserved)
+		}
+		held = true
+	})
+	if b.Status != store.BatchCompleted || !held {
+		t.Fatalf("batch %s (hold seen: %v)", b.Status, held)
 	}
 	out := h.outputLines(key, b)
 	if len(out) != n {

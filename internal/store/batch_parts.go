@@ -40,7 +40,7 @@ type BatchPart struct {
 
 	// The part's budget reservation (its lines' worst case at the batch
 	// price), so a restarted offloader extends and releases it.
-	Reserved                  money.Micros
+	Reserved                   money.Micros
 	BudgetDay, BudgetGlobalDay string
 	BudgetGlobal               bool
 
@@ -87,9 +87,9 @@ func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string
 	p.State, p.Lines, p.CreatedAt, p.UpdatedAt, p.NextCheckAt = PartPending, int64(len(jobIDs)), now, now, now
 	err := db.tx(ctx, func(tx querier) error {
 		if _, err := tx.exec(ctx, `INSERT INTO batch_parts (id, batch_id, tenant_id, model, deployment, endpoint, state, lines, bytes, tokens,
-				next_check_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11)`,
+				reserved_micros, next_check_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $12)`,
 			p.ID, p.BatchID, p.TenantID, p.Model, p.Deployment, p.Endpoint, string(p.State), p.Lines, p.Bytes, p.Tokens,
-			db.d.ts(now)); err != nil {
+			int64(p.Reserved), db.d.ts(now)); err != nil {
 			return err
 		}
 		for chunk := range chunks(jobIDs, 1000) {
@@ -129,18 +129,18 @@ func chunks[T any](s []T, n int) func(func([]T) bool) {
 	}
 }
 
-// BatchPartSave writes p's state and provider fields if the stored part is
+// BatchPartSave writes p's state, size, reservation and provider fields if the stored part is
 // still in state from, and reports whether it was (another process moved
 // it on otherwise, and p is not written).
 func (db *DB) BatchPartSave(ctx context.Context, p *BatchPart, from BatchPartState) (bool, error) {
 	now := db.nowUTC()
 	n, err := db.rw.exec(ctx, `UPDATE batch_parts SET state = $3, reserved_micros = $4, budget_day = $5, budget_global_day = $6,
 			budget_global = $7, provider_file_id = $8, provider_batch_id = $9, provider_status = $10, refusals = $11, error = $12,
-			next_check_at = $13, updated_at = $14, submitted_at = $15, ended_at = $16, lines = $17
+			next_check_at = $13, updated_at = $14, submitted_at = $15, ended_at = $16, lines = $17, bytes = $18, tokens = $19
 		WHERE id = $1 AND state = $2`,
 		p.ID, string(from), string(p.State), int64(p.Reserved), nullString(p.BudgetDay), nullString(p.BudgetGlobalDay), p.BudgetGlobal,
 		nullString(p.ProviderFileID), nullString(p.ProviderBatchID), nullString(p.ProviderStatus), p.Refusals, nullString(p.Error),
-		db.d.ts(normTime(p.NextCheckAt)), db.d.ts(now), db.d.tsOrNull(p.SubmittedAt), db.d.tsOrNull(p.EndedAt), p.Lines)
+		db.d.ts(normTime(p.NextCheckAt)), db.d.ts(now), db.d.tsOrNull(p.SubmittedAt), db.d.tsOrNull(p.EndedAt), p.Lines, p.Bytes, p.Tokens)
 	if err != nil {
 		return false, fmt.Errorf("store: BatchPartSave %s: %w", p.ID, db.d.wrap(err))
 	}
