@@ -38,14 +38,7 @@ func streamWireBody(req Request) ([]byte, error) {
 
 // streamChunk is what llmq reads of a chunk: its usage, or an error event.
 type streamChunk struct {
-	Usage *struct {
-		PromptTokens        int64 `json:"prompt_tokens"`
-		CompletionTokens    int64 `json:"completion_tokens"`
-		TotalTokens         int64 `json:"total_tokens"`
-		PromptTokensDetails *struct {
-			CachedTokens int64 `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
+	Usage *wireUsage          `json:"usage"`
 	Error *client.ErrorObject `json:"error"`
 }
 
@@ -136,10 +129,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 			return nil, e
 		}
 		if c.Usage != nil {
-			out.Usage = Usage{PromptTokens: c.Usage.PromptTokens, CompletionTokens: c.Usage.CompletionTokens, TotalTokens: c.Usage.TotalTokens}
-			if c.Usage.PromptTokensDetails != nil {
-				out.Usage.CachedTokens = c.Usage.PromptTokensDetails.CachedTokens
-			}
+			out.Usage = c.Usage.usage()
 			out.Body = bytes.Clone(data)
 		}
 		if err := req.Stream(data); err != nil {

@@ -60,19 +60,30 @@ func statedOutputLimit(body json.RawMessage) int64 {
 	return *limit * n
 }
 
+// wireUsage is an answer's usage object, as OpenAI sends it.
+type wireUsage struct {
+	PromptTokens        int64 `json:"prompt_tokens"`
+	CompletionTokens    int64 `json:"completion_tokens"`
+	TotalTokens         int64 `json:"total_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (w *wireUsage) usage() Usage {
+	u := Usage{PromptTokens: w.PromptTokens, CompletionTokens: w.CompletionTokens, TotalTokens: w.TotalTokens}
+	if w.PromptTokensDetails != nil {
+		u.CachedTokens = w.PromptTokensDetails.CachedTokens
+	}
+	return u
+}
+
 // UsageOf reads the usage of an answer's body (a chat completion's or
 // embeddings'): zero when it has none; an error when it is not a JSON
 // object or its usage is not of OpenAI's shape.
 func UsageOf(body json.RawMessage) (Usage, error) {
 	var b struct {
-		Usage *struct {
-			PromptTokens        int64 `json:"prompt_tokens"`
-			CompletionTokens    int64 `json:"completion_tokens"`
-			TotalTokens         int64 `json:"total_tokens"`
-			PromptTokensDetails *struct {
-				CachedTokens int64 `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
+		Usage *wireUsage `json:"usage"`
 	}
 	if err := json.Unmarshal(body, &b); err != nil {
 		return Usage{}, fmt.Errorf("the answer's usage cannot be read: %w", err)
@@ -80,9 +91,5 @@ func UsageOf(body json.RawMessage) (Usage, error) {
 	if b.Usage == nil {
 		return Usage{}, nil
 	}
-	u := Usage{PromptTokens: b.Usage.PromptTokens, CompletionTokens: b.Usage.CompletionTokens, TotalTokens: b.Usage.TotalTokens}
-	if b.Usage.PromptTokensDetails != nil {
-		u.CachedTokens = b.Usage.PromptTokensDetails.CachedTokens
-	}
-	return u, nil
+	return b.Usage.usage(), nil
 }

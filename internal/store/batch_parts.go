@@ -187,23 +187,13 @@ func (db *DB) BatchPartTokensInFlight(ctx context.Context, deployment string) (i
 // JobStreamByPart calls fn with each job of the part, by id, its request
 // body included (for the provider's input file), a few hundred per query.
 func (db *DB) JobStreamByPart(ctx context.Context, partID string, fn func(*Job) error) error {
-	after := ""
-	for {
-		js, err := collect(ctx, db.ro, scanJob, `SELECT `+jobColumns+` FROM jobs WHERE batch_part_id = $1 AND id > $2 ORDER BY id LIMIT $3`,
-			partID, after, db.streamBatch)
-		if err != nil {
-			return err
+	return db.streamJobs(ctx, func(last *Job) (string, args) {
+		after := ""
+		if last != nil {
+			after = last.ID
 		}
-		for _, j := range js {
-			if err := fn(j); err != nil {
-				return err
-			}
-		}
-		if len(js) < db.streamBatch {
-			return nil
-		}
-		after = js[len(js)-1].ID
-	}
+		return `SELECT ` + jobColumns + ` FROM jobs WHERE batch_part_id = $1 AND id > $2 ORDER BY id LIMIT $3`, args{partID, after, db.streamBatch}
+	}, fn)
 }
 
 // JobLeavePart takes the part's unfinished jobs among jobIDs out of it,

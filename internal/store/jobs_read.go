@@ -157,9 +157,22 @@ func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []J
 		}
 		st[i] = string(s)
 	}
-	after := -1
+	return db.streamJobs(ctx, func(last *Job) (string, args) {
+		after := -1
+		if last != nil {
+			after = last.LineNo
+		}
+		return jobStreamSQL(batchID, after, st, db.streamBatch)
+	}, fn)
+}
+
+// streamJobs calls fn with each job of the pages page reads, a page at a
+// time (each after the last job of the one before, nil for the first)
+// until one is short, holding no connection while fn runs.
+func (db *DB) streamJobs(ctx context.Context, page func(last *Job) (string, args), fn func(*Job) error) error {
+	var last *Job
 	for {
-		q, a := jobStreamSQL(batchID, after, st, db.streamBatch)
+		q, a := page(last)
 		js, err := collect(ctx, db.ro, scanJob, q, a...)
 		if err != nil {
 			return err
@@ -172,7 +185,7 @@ func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []J
 		if len(js) < db.streamBatch {
 			return nil
 		}
-		after = js[len(js)-1].LineNo
+		last = js[len(js)-1]
 	}
 }
 
