@@ -146,7 +146,7 @@ type collection struct {
 	seen map[string]bool
 
 	pending  []*store.JobCompleteParams
-	answered int
+	answered int // jobs this pass completed
 	failed   int
 	unknown  int
 }
@@ -197,7 +197,6 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 	switch {
 	case l.Response != nil && l.Response.StatusCode >= 200 && l.Response.StatusCode < 300:
 		c.seen[j.ID] = true
-		c.answered++
 		c.pending = append(c.pending, c.answer(j, l))
 		if len(c.pending) >= 500 {
 			return c.flush(ctx)
@@ -277,11 +276,16 @@ func (c *collection) flush(ctx context.Context) error {
 	if len(c.pending) == 0 {
 		return nil
 	}
-	_, errs := c.o.Store.JobCompleteMany(ctx, &store.JobCompleteManyParams{Jobs: c.pending})
+	results, errs := c.o.Store.JobCompleteMany(ctx, &store.JobCompleteManyParams{Jobs: c.pending})
 	for i, p := range c.pending {
 		if errs[i] != nil {
 			return errs[i]
 		}
+		if results[i].Completed {
+			c.answered++ // by this pass: a collection run again after a crash counts what it added
+		}
+		// Settled again even when an earlier pass stored the job: it may
+		// have stopped between the two, and a job is charged once per day.
 		res := &budget.Reservation{ID: p.ID, TenantID: c.part.TenantID, Day: p.Day, GlobalDay: p.GlobalDay, Global: c.part.BudgetGlobal}
 		if err := c.o.Budgets.Settle(ctx, res, p.Cost, true); err != nil {
 			return err

@@ -512,6 +512,8 @@ func (r *run) create(ctx context.Context) error {
 func (r *run) submitted(ctx context.Context, pb *llm.ProviderBatch) error {
 	now := r.o.opts.Now()
 	r.part.ProviderBatchID, r.part.ProviderStatus, r.part.SubmittedAt = pb.ID, pb.Status, &now
+	r.o.Logger.Info("batch part at the provider", "part", r.part.ID, "batch", r.part.BatchID, "deployment", r.part.Deployment,
+		"provider_file", r.part.ProviderFileID, "provider_batch", pb.ID, "lines", r.part.Lines)
 	return r.move(ctx, store.PartSubmitted, now.Add(r.o.opts.PollMin))
 }
 
