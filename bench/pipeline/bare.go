@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/bench/internal/cost"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -71,7 +72,7 @@ func runBare(ctx context.Context, o *options, logger *slog.Logger) (*measurement
 	}
 
 	m := &measurement{jobs: o.Jobs}
-	mt := &meter{rt: rt, cpu: newCPUReader(rdb, o.DatabaseURL)}
+	mt := &meter{rt: rt, cpu: cost.NewCPUReader(rdb, o.DatabaseURL)}
 	u := mt.read(ctx)
 	f := fin.start(o.Jobs)
 	start := time.Now()

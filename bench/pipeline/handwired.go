@@ -18,6 +18,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 	"github.com/tiktoken-go/tokenizer"
 
+	"github.com/llmq/llmq/bench/internal/cost"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -112,7 +113,7 @@ func openHandWired(ctx context.Context, o *options, baseURL string, logger *slog
 	}
 	h.rdb = rdb
 	closers = append(closers, func() { _ = rdb.Close() })
-	h.meter = &meter{rt: rt, cpu: newCPUReader(rdb, o.DatabaseURL)}
+	h.meter = &meter{rt: rt, cpu: cost.NewCPUReader(rdb, o.DatabaseURL)}
 	ns := "bench-hw-" + testutil.RandomHex(4)
 	h.qname, h.prefix = ns+":default", ns
 	closers = append(closers, func() { testutil.PurgeRedis(rdb, []string{h.qname}, h.prefix) })

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
+	"github.com/llmq/llmq/bench/internal/cost"
 	"github.com/llmq/llmq/internal/testutil"
 
 	"github.com/llmq/llmq/internal/api"
@@ -84,7 +85,7 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 		return nil, err
 	}
 	closers = append(closers, func() { _ = rdb.Close() })
-	r.meter = &meter{rt: rt, cpu: newCPUReader(rdb, r.o.DatabaseURL)}
+	r.meter = &meter{rt: rt, cpu: cost.NewCPUReader(rdb, r.o.DatabaseURL)}
 
 	dir, err := os.MkdirTemp("", "llmq-bench-")
 	if err != nil {

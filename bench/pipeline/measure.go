@@ -12,6 +12,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/bench/internal/cost"
 )
 
 // finishLine counts tasks whose handler returned nil and notes when the
@@ -112,30 +114,9 @@ func produce(ctx context.Context, n, producers int, do func(ctx context.Context,
 	return firstErr
 }
 
-// roundTrips counts the commands and pipelines a Redis client sends, so a
-// run can say how many Redis round trips each job cost (a script retried
-// after NOSCRIPT counts twice, as it travels twice).
-type roundTrips struct{ n atomic.Int64 }
-
-func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 // newRedis returns a client of database db of the server at rawURL, with
 // its round trips counted; a pipeline counts once.
-func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *roundTrips, error) {
+func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *cost.RoundTrips, error) {
 	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("-redis: %w", err)
@@ -148,7 +129,7 @@ func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *round
 		_ = c.Close()
 		return nil, nil, fmt.Errorf("redis at %s does not answer: %w", opt.Addr, err)
 	}
-	rt := &roundTrips{}
+	rt := &cost.RoundTrips{}
 	c.AddHook(rt)
 	return c, rt, nil
 }
@@ -174,25 +155,25 @@ func (m *measurement) perJob(v float64) float64 { return v / float64(m.jobs) }
 type usage struct {
 	redisRT int64  // Redis round trips of the pipeline's client
 	mallocs uint64 // heap allocations of the whole process
-	cpu     cpuTimes
+	cpu     cost.CPU
 }
 
 // meter reads a pipeline's usage.
 type meter struct {
-	rt  *roundTrips
-	cpu *cpuReader
+	rt  *cost.RoundTrips
+	cpu *cost.CPUReader
 }
 
 func (mt *meter) read(ctx context.Context) usage {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return usage{redisRT: mt.rt.n.Load(), mallocs: ms.Mallocs, cpu: mt.cpu.read(ctx)}
+	return usage{redisRT: mt.rt.N(), mallocs: ms.Mallocs, cpu: mt.cpu.Read(ctx)}
 }
 
 // since is the usage from u to now.
 func (mt *meter) since(ctx context.Context, u usage) usage {
 	now := mt.read(ctx)
-	return usage{redisRT: now.redisRT - u.redisRT, mallocs: now.mallocs - u.mallocs, cpu: now.cpu.sub(u.cpu)}
+	return usage{redisRT: now.redisRT - u.redisRT, mallocs: now.mallocs - u.mallocs, cpu: now.cpu.Sub(u.cpu)}
 }
 
 // latencies are request durations, one per request, in no order.

@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"text/tabwriter"
 	"time"
+
+	"github.com/llmq/llmq/bench/internal/cost"
 )
 
 // Targets: llmq end to end at least 0.8 times the hand-wired stack's rate
@@ -43,18 +45,18 @@ func report(w io.Writer, o *options, rounds []round, light [2]*measurement) {
 	fmt.Fprintln(tw, "per job (all rounds)\tGETs\tRedis round trips\tallocs (process)\tCPU this process\tCPU Redis\tCPU Postgres\t")
 	for _, name := range []string{"llmq", "hand-wired", "bare asynq"} {
 		var sum measurement
-		sum.cpu = cpuTimes{}
+		sum.cpu = cost.CPU{}
 		for _, r := range rounds {
 			m := map[string]*measurement{"llmq": r.llmq, "hand-wired": r.hw, "bare asynq": r.bare}[name]
 			sum.jobs += m.jobs
 			sum.gets += m.gets
 			sum.redisRT += m.redisRT
 			sum.mallocs += m.mallocs
-			sum.cpu = addCPU(sum.cpu, m.cpu)
+			sum.cpu = sum.cpu.Add(m.cpu)
 		}
 		c := sum.cpu
 		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t\n", name, sum.perJob(float64(sum.gets)), sum.perJob(float64(sum.redisRT)),
-			sum.perJob(float64(sum.mallocs)), cpuPerJob(c.self, sum.jobs), cpuPerJob(c.redis, sum.jobs), cpuPerJob(c.postgres, sum.jobs))
+			sum.perJob(float64(sum.mallocs)), cpuPerJob(c.Self, sum.jobs), cpuPerJob(c.Redis, sum.jobs), cpuPerJob(c.Postgres, sum.jobs))
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
@@ -91,16 +93,6 @@ func printLatency(tw io.Writer, name string, m *measurement) {
 	s := m.post.sorted()
 	fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%v\t%.0f\t\n", name, short(s.percentile(0.50)), short(s.percentile(0.90)),
 		short(s.percentile(0.99)), short(s.percentile(1)), float64(len(s))/m.postSpan.Seconds())
-}
-
-func addCPU(a, b cpuTimes) cpuTimes {
-	add := func(x, y time.Duration) time.Duration {
-		if x < 0 || y < 0 {
-			return -1
-		}
-		return x + y
-	}
-	return cpuTimes{self: add(a.self, b.self), redis: add(a.redis, b.redis), postgres: add(a.postgres, b.postgres)}
 }
 
 // short rounds d to three or so significant digits for the tables.
