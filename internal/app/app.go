@@ -197,7 +197,7 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	a.closers = append(a.closers, func() error { stop(); return nil })
 
 	a.Offload = offload.New(offload.Deps{Store: a.Store, Policy: a.Policy, Budgets: a.Budgets, Queue: a.Queue, Providers: a.Providers,
-		Logger: logger}, parts.Offload)
+		Redis: a.Redis, Keys: a.Keys, Logger: logger}, parts.Offload)
 	if a.Batches, err = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue,
 		Offload: a.Offload, Logger: logger}, batch.Options{}); err != nil {
 		return nil, err

@@ -27,8 +27,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
@@ -36,6 +37,7 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -51,7 +53,11 @@ type Deps struct {
 	Budgets   *budget.Budgets
 	Queue     *queue.Client
 	Providers Providers
-	Logger    *slog.Logger
+	// Redis keeps the batch queue limits learned from the provider's
+	// refusals, shared by every dispatcher.
+	Redis  redis.UniversalClient
+	Keys   rkeys.Builder
+	Logger *slog.Logger
 }
 
 // Options tune an Offloader. The zero value is ready to use.
@@ -111,12 +117,6 @@ func (o Options) withDefaults() Options {
 type Offloader struct {
 	Deps
 	opts Options
-
-	mu sync.Mutex
-	// learned is each deployment's batch queue limit as the provider's
-	// refusals showed it (the tokens it held when it refused more), for
-	// deployments whose policy names none.
-	learned map[string]int64
 }
 
 // New returns an Offloader.
@@ -124,7 +124,7 @@ func New(d Deps, opts Options) *Offloader {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Offloader{Deps: d, opts: opts.withDefaults(), learned: map[string]int64{}}
+	return &Offloader{Deps: d, opts: opts.withDefaults()}
 }
 
 // Offloads reports whether a tier's batches of model run on the provider's
@@ -137,25 +137,37 @@ func Offloads(p *config.Policy, tier *config.Tier, model string) bool {
 	return ok
 }
 
+// LearnedQueueTTL is how long a batch queue limit learned from a refusal
+// holds: a provider raises its limits as an account grows, so it is
+// learned afresh after that.
+const LearnedQueueTTL = 6 * time.Hour
+
 // queueLimit is the deployment's batch queue limit: the policy's, else the
-// learned one; 0 when neither is known.
-func (o *Offloader) queueLimit(route *config.Model) int64 {
+// one learned from the provider's refusals; 0 when neither is known.
+func (o *Offloader) queueLimit(ctx context.Context, route *config.Model) (int64, error) {
 	if l := route.Limits.BatchQueueTokens; l > 0 {
-		return l
+		return l, nil
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.learned[route.Deployments[0].Name()]
+	v, err := o.Redis.Get(ctx, o.Keys.LearnedBatchQueue(route.Deployments[0].Name())).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return v, err
 }
+
+// learnScript lowers a learned batch queue limit (never raises it) and
+// keeps it LearnedQueueTTL.
+var learnScript = redis.NewScript(`
+local v = redis.call("GET", KEYS[1])
+if not v or tonumber(v) > tonumber(ARGV[1]) then
+  redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+end
+return 0`)
 
 // learn lowers the deployment's learned queue limit to held, the tokens it
 // held when it refused a part.
-func (o *Offloader) learn(deployment string, held int64) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if l, ok := o.learned[deployment]; !ok || held < l {
-		o.learned[deployment] = held
-	}
+func (o *Offloader) learn(ctx context.Context, deployment string, held int64) error {
+	return learnScript.Run(ctx, o.Redis, []string{o.Keys.LearnedBatchQueue(deployment)}, held, LearnedQueueTTL.Milliseconds()).Err()
 }
 
 // Plan puts the batch's queued lines that the tier offloads in parts, and
@@ -201,7 +213,10 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 			open[j.Model] = bl
 		}
 		size := lineSize(j)
-		limit := o.queueLimit(bl.route)
+		limit, err := o.queueLimit(ctx, bl.route)
+		if err != nil {
+			return err
+		}
 		if len(bl.jobs) > 0 && (len(bl.jobs)+1 > o.opts.MaxLines || bl.part.Bytes+size > o.opts.MaxBytes ||
 			(limit > 0 && bl.part.Tokens+j.EstPromptTokens > limit)) {
 			if err := flush(bl); err != nil {
@@ -409,7 +424,11 @@ func (r *run) step(ctx context.Context) error {
 // admit takes a pending part to the provider when its queue has room and
 // the budget holds the part's worst case.
 func (r *run) admit(ctx context.Context, now time.Time) error {
-	if limit := r.o.queueLimit(r.route); limit > 0 {
+	limit, err := r.o.queueLimit(ctx, r.route)
+	if err != nil {
+		return err
+	}
+	if limit > 0 {
 		if r.part.Tokens > limit && r.part.Lines > 1 {
 			return r.split(ctx, now)
 		}
@@ -569,7 +588,9 @@ func (r *run) refused(ctx context.Context, now time.Time) error {
 	if held <= 0 {
 		held = r.part.Tokens / 2 // alone it is too big: what it holds less
 	}
-	r.o.learn(r.part.Deployment, held)
+	if err := r.o.learn(ctx, r.part.Deployment, held); err != nil {
+		return err
+	}
 	r.o.Logger.Info("batch part refused for the provider's batch queue limit; it waits", "part", r.part.ID,
 		"deployment", r.part.Deployment, "held_tokens", held)
 	r.part.Refusals++

@@ -336,7 +336,8 @@ func TestResumeNeverUploadsTwice(t *testing.T) {
 	}
 	// One process uploads the file, and "dies" before storing its id: the
 	// part is left uploading, as a crash would leave it.
-	first := offload.New(offload.Deps{Store: h.Store, Policy: h.Policy, Budgets: h.Budgets, Queue: h.Queue, Providers: h.Providers},
+	first := offload.New(offload.Deps{Store: h.Store, Policy: h.Policy, Budgets: h.Budgets, Queue: h.Queue, Providers: h.Providers,
+		Redis: h.Redis, Keys: h.Keys},
 		offload.Options{Now: h.clock.Now})
 	h.clock.Add(2 * time.Second) // past the part's first check, stamped by the store's clock
 	if err := first.Step(ctx, part.ID); err != nil {
@@ -433,6 +434,14 @@ func TestQueueLimitIsLearned(t *testing.T) {
 	st := h.Sim.BatchStats()
 	if st.BatchesFailed < 1 || len(parts) < 2 || st.LinesRepeated != 0 || st.LinesProcessed != n {
 		t.Fatalf("%d parts; simulator %+v; want a refusal, then the part split and every line once", len(parts), st)
+	}
+	// What was learned is in Redis, for every dispatcher, for a while.
+	learnedKey := h.Keys.LearnedBatchQueue(parts[0].Deployment)
+	if learned, err := h.Redis.Get(t.Context(), learnedKey).Int64(); err != nil || learned <= 0 || learned >= parts[0].Tokens*2 {
+		t.Fatalf("learned batch queue limit = %d, %v", learned, err)
+	}
+	if ttl := h.Redis.PTTL(t.Context(), learnedKey).Val(); ttl <= 0 || ttl > offload.LearnedQueueTTL {
+		t.Fatalf("learned limit's TTL %v", ttl)
 	}
 	if _, _, batched := h.charges(batchID, true); batched != n {
 		t.Fatalf("%d lines charged batched, want %d", batched, n)

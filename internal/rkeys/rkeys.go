@@ -146,6 +146,12 @@ func (b Builder) Lock(name string) string { return b.key("lock", tag(name)) }
 // LearnedLimits holds the limits a provider announced for one scope.
 func (b Builder) LearnedLimits(scope string) string { return b.key("learned", tag(scope)) }
 
+// LearnedBatchQueue holds a deployment's batch queue limit as the
+// provider's refusals showed it (package offload).
+func (b Builder) LearnedBatchQueue(scope string) string {
+	return b.key("learned", tag(scope), "batchq")
+}
+
 // Breaker is the circuit-breaker state of one provider.
 func (b Builder) Breaker(provider string) string { return b.key("breaker", tag(provider)) }
 
