@@ -75,10 +75,10 @@ func (r *run) collect(ctx context.Context, pb *llm.ProviderBatch) error {
 			return err
 		}
 	}
-	var undone []string
+	var undone []*store.Job
 	for id, j := range jobs {
 		if !seen[id] && !j.Status.Terminal() {
-			undone = append(undone, id)
+			undone = append(undone, j)
 		}
 	}
 	if err := r.undone(ctx, undone); err != nil {
@@ -101,35 +101,36 @@ func (r *run) collect(ctx context.Context, pb *llm.ProviderBatch) error {
 
 // undone takes the lines the provider did not run back to llmq's own path
 // while the batch's window allows, else cancels them.
-func (r *run) undone(ctx context.Context, ids []string) error {
-	if len(ids) == 0 {
+func (r *run) undone(ctx context.Context, jobs []*store.Job) error {
+	if len(jobs) == 0 {
 		return nil
 	}
 	if r.stopping() {
-		for _, id := range ids {
-			if _, _, err := r.o.Store.JobCancel(ctx, r.part.TenantID, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		for _, j := range jobs {
+			if _, _, err := r.o.Store.JobCancel(ctx, r.part.TenantID, j.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return err
 			}
 		}
 		return nil
 	}
+	byID := make(map[string]*store.Job, len(jobs))
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		byID[j.ID], ids[i] = j, j.ID
+	}
 	left, err := r.o.Store.JobLeavePart(ctx, r.part.ID, ids)
 	if err != nil {
 		return err
 	}
-	tier, share := r.policy.Tier, 1.0
+	share := 1.0
 	if tenant, err := r.o.Store.TenantGetByID(ctx, r.part.TenantID); err == nil {
-		if t, ok := tier(tenant.Tier); ok {
+		if t, ok := r.policy.Tier(tenant.Tier); ok {
 			share = t.Share
 		}
 	}
-	refs := make([]queue.JobRef, 0, len(left))
-	for _, id := range left {
-		j, err := r.o.Store.JobGetByID(ctx, id)
-		if err != nil {
-			return err
-		}
-		refs = append(refs, admission.JobRef(r.policy, j, share))
+	refs := make([]queue.JobRef, len(left))
+	for i, id := range left {
+		refs[i] = admission.JobRef(r.policy, byID[id], share)
 	}
 	// A failure loses nothing: the reconciler enqueues stored jobs that
 	// have no task.

@@ -179,7 +179,8 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 	}
 	type building struct {
 		part  store.BatchPart
-		route *config.Model
+		price money.Price // the route's batch price
+		limit int64       // the deployment's batch queue limit; 0 unknown
 		jobs  []string
 	}
 	open := map[string]*building{} // by model
@@ -208,17 +209,17 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 			if !ok {
 				return nil
 			}
-			bl = &building{route: route, part: store.BatchPart{BatchID: b.ID, TenantID: b.TenantID, Model: j.Model,
-				Deployment: route.Deployments[0].Name(), Endpoint: b.Endpoint}}
+			limit, err := o.queueLimit(ctx, route)
+			if err != nil {
+				return err
+			}
+			bl = &building{price: route.Price.Batch(), limit: limit, part: store.BatchPart{BatchID: b.ID, TenantID: b.TenantID,
+				Model: j.Model, Deployment: route.Deployments[0].Name(), Endpoint: b.Endpoint}}
 			open[j.Model] = bl
 		}
 		size := lineSize(j)
-		limit, err := o.queueLimit(ctx, bl.route)
-		if err != nil {
-			return err
-		}
 		if len(bl.jobs) > 0 && (len(bl.jobs)+1 > o.opts.MaxLines || bl.part.Bytes+size > o.opts.MaxBytes ||
-			(limit > 0 && bl.part.Tokens+j.EstPromptTokens > limit)) {
+			(bl.limit > 0 && bl.part.Tokens+j.EstPromptTokens > bl.limit)) {
 			if err := flush(bl); err != nil {
 				return err
 			}
@@ -226,7 +227,7 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 		bl.jobs = append(bl.jobs, j.ID)
 		bl.part.Bytes += size
 		bl.part.Tokens += j.EstPromptTokens
-		bl.part.Reserved += bl.route.Price.Batch().WorstCase(j.EstPromptTokens, j.EstMaxTokens)
+		bl.part.Reserved += bl.price.WorstCase(j.EstPromptTokens, j.EstMaxTokens)
 		return nil
 	})
 	if err != nil {
