@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/llm"
@@ -270,6 +272,9 @@ func validJSON(b json.RawMessage) json.RawMessage {
 	return nil
 }
 
+// settlers is how many settlements a collection has in flight at once.
+const settlers = 32
+
 // flush stores the answers read so far, one transaction, and charges each
 // to the budget on the part's days (a job charged once, whichever call
 // charges it).
@@ -278,19 +283,26 @@ func (c *collection) flush(ctx context.Context) error {
 		return nil
 	}
 	results, errs := c.o.Store.JobCompleteMany(ctx, &store.JobCompleteManyParams{Jobs: c.pending})
-	for i, p := range c.pending {
+	for i := range c.pending {
 		if errs[i] != nil {
 			return errs[i]
 		}
 		if results[i].Completed {
 			c.answered++ // by this pass: a collection run again after a crash counts what it added
 		}
-		// Settled again even when an earlier pass stored the job: it may
-		// have stopped between the two, and a job is charged once per day.
+	}
+	// Each settled again even when an earlier pass stored the job: it may
+	// have stopped between the two, and a job is charged once per day.
+	// Settled side by side, the budget's script runner sends them in a few
+	// pipelines instead of a round trip each.
+	var g errgroup.Group
+	g.SetLimit(settlers)
+	for _, p := range c.pending {
 		res := &budget.Reservation{ID: p.ID, TenantID: c.part.TenantID, Day: p.Day, GlobalDay: p.GlobalDay, Global: c.part.BudgetGlobal}
-		if err := c.o.Budgets.Settle(ctx, res, p.Cost, true); err != nil {
-			return err
-		}
+		g.Go(func() error { return c.o.Budgets.Settle(ctx, res, p.Cost, true) })
+	}
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	c.pending = c.pending[:0]
 	return nil
