@@ -16,11 +16,24 @@ import (
 const (
 	EndpointChat       = "/v1/chat/completions"
 	EndpointEmbeddings = "/v1/embeddings"
+	EndpointResponses  = "/v1/responses"
 )
+
+// EndpointList names the endpoints for messages: "'a', 'b' or 'c'".
+const EndpointList = "'" + EndpointChat + "', '" + EndpointResponses + "' or '" + EndpointEmbeddings + "'"
+
+// KnownEndpoint reports whether llmq dispatches endpoint.
+func KnownEndpoint(endpoint string) bool {
+	switch endpoint {
+	case EndpointChat, EndpointEmbeddings, EndpointResponses:
+		return true
+	}
+	return false
+}
 
 // Request is one provider call.
 type Request struct {
-	// Endpoint is EndpointChat or EndpointEmbeddings.
+	// Endpoint is EndpointChat, EndpointResponses or EndpointEmbeddings.
 	Endpoint string
 	// Upstream is the provider's model id; it replaces body.model. Empty keeps
 	// the body's model.
@@ -43,6 +56,9 @@ type Usage struct {
 	// CachedTokens is the part of PromptTokens served from the provider's
 	// prompt cache (billed at the cached price).
 	CachedTokens int64
+	// ReasoningTokens is the part of CompletionTokens the model spent
+	// reasoning (billed as output).
+	ReasoningTokens int64
 }
 
 // Response is a provider's successful answer.

@@ -217,6 +217,9 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 	if err != nil {
 		return nil, p.refuse(err)
 	}
+	if req.Endpoint == EndpointResponses {
+		return p.respond(ctx, wire)
+	}
 	c := &capture{wire: wire, limit: p.maxResponse}
 	ctx, cancel := context.WithTimeoutCause(context.WithValue(ctx, captureKey{}, c), p.timeout, errTimeout)
 	defer cancel()

@@ -178,8 +178,8 @@ func intParam(raw json.RawMessage, param string, lo, hi int64) (int64, bool, err
 }
 
 func parseBody(endpoint string, body []byte) (*request, error) {
-	if endpoint != EndpointChat && endpoint != EndpointEmbeddings {
-		return nil, invalid("endpoint", "'endpoint' must be %q or %q, got %q", EndpointChat, EndpointEmbeddings, endpoint)
+	if !KnownEndpoint(endpoint) {
+		return nil, invalid("endpoint", "'endpoint' must be %s, got %q", EndpointList, endpoint)
 	}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 || trimmed[0] != '{' {
@@ -207,8 +207,15 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 			return nil, invalid("stream", "'stream' must be a boolean")
 		}
 	}
-	if endpoint == EndpointEmbeddings {
+	switch endpoint {
+	case EndpointEmbeddings:
 		return r, parseInput(r, rb.Input)
+	case EndpointResponses:
+		var rr rawResponsesBody
+		if err := json.Unmarshal(body, &rr); err != nil {
+			return nil, invalid("body", "'body' is not valid JSON: %v", err)
+		}
+		return r, parseResponses(r, &rr)
 	}
 
 	mt, hasMT, err := intParam(rb.MaxTokens, "max_tokens", 1, maxTokensParam)

@@ -17,11 +17,12 @@ import (
 // maxEventBytes bounds one Server-Sent Event's line.
 const maxEventBytes = 4 << 20
 
-// streamWireBody is the client's chat body with model set to the upstream
-// id, asking for a stream whose last chunk carries the usage.
+// streamWireBody is the client's chat or Responses body with model set to
+// the upstream id, asking for a stream whose last chunk (a chat stream's) or
+// last event (response.completed) carries the usage.
 func streamWireBody(req Request) ([]byte, error) {
-	if req.Endpoint != EndpointChat {
-		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is only supported for " + EndpointChat}
+	if req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
+		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is only supported for " + EndpointChat + " and " + EndpointResponses}
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(req.Body, &fields); err != nil || fields == nil {
@@ -32,14 +33,57 @@ func streamWireBody(req Request) ([]byte, error) {
 		fields["model"] = m
 	}
 	fields["stream"] = json.RawMessage("true")
-	fields["stream_options"] = json.RawMessage(`{"include_usage":true}`)
+	if req.Endpoint == EndpointChat {
+		fields["stream_options"] = json.RawMessage(`{"include_usage":true}`)
+	}
 	return json.Marshal(fields)
 }
 
 // streamChunk is what llmq reads of a chunk: its usage, or an error event.
+// A Responses API event is typed: response.completed and
+// response.incomplete end the stream with the response and its usage,
+// response.failed with the response's error, error with its own fields.
 type streamChunk struct {
 	Usage *wireUsage          `json:"usage"`
 	Error *client.ErrorObject `json:"error"`
+
+	Type     string `json:"type"`
+	Response *struct {
+		Usage *wireUsage          `json:"usage"`
+		Error *client.ErrorObject `json:"error"`
+	} `json:"response"`
+	Code    json.RawMessage `json:"code"`
+	Message string          `json:"message"`
+	Param   string          `json:"param"`
+}
+
+// responsesStreamEnd reports whether a Responses API event ends the stream.
+func responsesStreamEnd(typ string) bool {
+	switch typ {
+	case "response.completed", "response.incomplete", "response.failed", "error":
+		return true
+	}
+	return false
+}
+
+// responsesError is the error a Responses API stream ended with, or nil.
+func (c *streamChunk) responsesError() *client.ErrorObject {
+	switch c.Type {
+	case "error":
+		o := &client.ErrorObject{Message: c.Message, Type: "server_error", Param: c.Param}
+		_ = json.Unmarshal(c.Code, &o.Code)
+		if o.Message == "" {
+			o.Message = "the provider's stream ended with an error"
+		}
+		return o
+	case "response.failed":
+		o := &client.ErrorObject{Type: "server_error", Message: "the provider's response failed"}
+		if c.Response != nil && c.Response.Error != nil {
+			o.Code, o.Message = c.Response.Error.Code, c.Response.Error.Message
+		}
+		return o
+	}
+	return nil
 }
 
 // fill sets e's provider error fields from the error object o.
@@ -81,7 +125,11 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, p.chatURL(req.Upstream), bytes.NewReader(wire))
+	target := p.chatURL(req.Upstream)
+	if req.Endpoint == EndpointResponses {
+		target = p.apiURL("/responses", nil)
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(wire))
 	if err != nil {
 		return nil, p.refuse(err)
 	}
@@ -123,12 +171,30 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 			e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream sent an event that is not JSON", out.Chunks
 			return nil, e
 		}
-		if c.Error != nil {
+		if req.Endpoint == EndpointResponses {
+			if o := c.responsesError(); o != nil {
+				fill(e, o)
+				e.Message, e.Class, e.Relayed = answerMessage(resp.StatusCode, e.Message, true, p.scrub), ClassRetryable, out.Chunks
+				return nil, e
+			}
+			done = responsesStreamEnd(c.Type)
+			if done && c.Response != nil {
+				// The final response object, with its usage, is the job's answer.
+				var whole struct {
+					Response json.RawMessage `json:"response"`
+				}
+				_ = json.Unmarshal(data, &whole)
+				out.Body = bytes.Clone(whole.Response)
+				if c.Response.Usage != nil {
+					out.Usage = c.Response.Usage.usage()
+				}
+			}
+		} else if c.Error != nil {
 			fill(e, c.Error)
 			e.Message, e.Class, e.Relayed = answerMessage(resp.StatusCode, e.Message, true, p.scrub), ClassRetryable, out.Chunks
 			return nil, e
 		}
-		if c.Usage != nil {
+		if c.Usage != nil && req.Endpoint == EndpointChat {
 			out.Usage = c.Usage.usage()
 			out.Body = bytes.Clone(data)
 		}
@@ -142,6 +208,9 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		ne := p.noAnswer(ctx, sc.Err(), out.Chunks)
 		if sc.Err() == nil {
 			ne.Message = "the provider's stream ended before [DONE]"
+			if req.Endpoint == EndpointResponses {
+				ne.Message = "the provider's stream ended before response.completed"
+			}
 		}
 		return nil, ne
 	}

@@ -1,0 +1,387 @@
+package llm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+// The Responses API (POST /v1/responses): its request bodies, validated and
+// reduced to the messages the estimator counts. Its input is a string (one
+// user message) or a list of items: messages ({role, content}, content a
+// string or a list of input_text, output_text, refusal, input_image and
+// input_file parts), function calls and their outputs, reasoning summaries,
+// and items llmq does not model (counted as their JSON text). instructions
+// is a system message before them; max_output_tokens is the output bound.
+//
+// Some of a request's context may be out of llmq's sight: a
+// previous_response_id or a conversation (the provider adds the earlier
+// turns it stored), a prompt template (stored at the provider), an
+// item_reference (an item stored at the provider). HasUnseenContext reports
+// them: the provider's count of such a prompt is not compared with llmq's.
+
+// rawResponsesBody holds the fields of a Responses API body llmq reads.
+type rawResponsesBody struct {
+	Model              json.RawMessage `json:"model"`
+	Input              json.RawMessage `json:"input"`
+	Instructions       json.RawMessage `json:"instructions"`
+	MaxOutputTokens    json.RawMessage `json:"max_output_tokens"`
+	Stream             json.RawMessage `json:"stream"`
+	Background         json.RawMessage `json:"background"`
+	Tools              json.RawMessage `json:"tools"`
+	Text               json.RawMessage `json:"text"`
+	Prompt             json.RawMessage `json:"prompt"`
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	Conversation       json.RawMessage `json:"conversation"`
+	Store              json.RawMessage `json:"store"`
+}
+
+// rawItem is one input item of the Responses API.
+type rawItem struct {
+	Type      json.RawMessage `json:"type"`
+	Role      json.RawMessage `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	Name      json.RawMessage `json:"name"`
+	Arguments json.RawMessage `json:"arguments"`
+	CallID    json.RawMessage `json:"call_id"`
+	Output    json.RawMessage `json:"output"`
+	Summary   json.RawMessage `json:"summary"`
+}
+
+// rawInputPart is one part of a Responses API message's content.
+type rawInputPart struct {
+	Type     json.RawMessage `json:"type"`
+	Text     json.RawMessage `json:"text"`
+	Refusal  json.RawMessage `json:"refusal"`
+	ImageURL json.RawMessage `json:"image_url"`
+	FileID   json.RawMessage `json:"file_id"`
+	Detail   json.RawMessage `json:"detail"`
+}
+
+var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": true, "developer": true}
+
+// maxResponsesItems bounds a request's input items, as the Responses API
+// bounds them.
+const maxResponsesItems = 10000
+
+// minOutputTokens is the least max_output_tokens the Responses API takes.
+const minOutputTokens = 16
+
+func parseResponses(r *request, rb *rawResponsesBody) error {
+	if !isNull(rb.Background) {
+		switch string(bytes.TrimSpace(rb.Background)) {
+		case "false":
+		case "true":
+			return invalid("background", "'background' is not supported in a job: llmq runs every job in the background; follow it with GET /v1/jobs/{id}")
+		default:
+			return invalid("background", "'background' must be a boolean")
+		}
+	}
+	if !isNull(rb.Store) && string(bytes.TrimSpace(rb.Store)) != "true" && string(bytes.TrimSpace(rb.Store)) != "false" {
+		return invalid("store", "'store' must be a boolean")
+	}
+	if !isNull(rb.PreviousResponseID) {
+		if id, ok := jsonString(rb.PreviousResponseID); !ok || id == "" {
+			return invalid("previous_response_id", "'previous_response_id' must be a non-empty string")
+		}
+	}
+	mot, has, err := intParam(rb.MaxOutputTokens, "max_output_tokens", minOutputTokens, maxTokensParam)
+	if err != nil {
+		return err
+	}
+	if has {
+		r.maxTokens = mot
+	}
+	if !isNull(rb.Instructions) {
+		s, ok := jsonString(rb.Instructions)
+		if !ok {
+			return invalid("instructions", "'instructions' must be a string")
+		}
+		r.messages = append(r.messages, message{role: "system", texts: []string{s}})
+	}
+	switch {
+	case isNull(rb.Input) && isNull(rb.Prompt) && isNull(rb.PreviousResponseID) && isNull(rb.Conversation):
+		return invalid("input", "'input' is required")
+	case isNull(rb.Input):
+	case rb.Input[0] == '"':
+		s, ok := jsonString(rb.Input)
+		if !ok {
+			return invalid("input", "'input' must be a string or an array of input items")
+		}
+		r.messages = append(r.messages, message{role: "user", texts: []string{s}})
+	default:
+		if err := parseItems(r, rb.Input); err != nil {
+			return err
+		}
+	}
+	if !isNull(rb.Tools) {
+		r.tools, r.toolsKey = responsesTools(rb.Tools), "tools"
+	}
+	if !isNull(rb.Text) {
+		var t struct {
+			Format struct {
+				Type   string          `json:"type"`
+				Schema json.RawMessage `json:"schema"`
+			} `json:"format"`
+		}
+		if json.Unmarshal(rb.Text, &t) == nil && t.Format.Type == "json_schema" {
+			r.schema = t.Format.Schema
+		}
+	}
+	if len(r.messages) == 0 && isNull(rb.Prompt) && isNull(rb.PreviousResponseID) && isNull(rb.Conversation) {
+		return invalid("input", "'input' must not be empty")
+	}
+	return nil
+}
+
+func parseItems(r *request, raw json.RawMessage) error {
+	var items []json.RawMessage
+	if raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
+		return invalid("input", "'input' must be a string or an array of input items")
+	}
+	if len(items) > maxResponsesItems {
+		return invalid("input", "'input' must have at most %d items, got %d", maxResponsesItems, len(items))
+	}
+	for i, iraw := range items {
+		p := "input[" + strconv.Itoa(i) + "]"
+		var it rawItem
+		if len(iraw) == 0 || iraw[0] != '{' || json.Unmarshal(iraw, &it) != nil {
+			return invalid(p, "'%s' must be an object", p)
+		}
+		typ := "message"
+		if !isNull(it.Type) {
+			s, ok := jsonString(it.Type)
+			if !ok || s == "" {
+				return invalid(p+".type", "'%s.type' must be a non-empty string", p)
+			}
+			typ = s
+		}
+		switch typ {
+		case "message":
+			m, err := parseItemMessage(it, p)
+			if err != nil {
+				return err
+			}
+			r.messages = append(r.messages, m)
+		case "function_call":
+			name, _ := jsonString(it.Name)
+			args, _ := jsonString(it.Arguments)
+			r.messages = append(r.messages, message{role: "assistant", extra: []string{name, args}})
+		case "function_call_output":
+			m := message{role: "tool"}
+			if out, ok := jsonString(it.Output); ok {
+				m.texts = []string{out}
+			} else if !isNull(it.Output) {
+				m.extra = []string{string(it.Output)}
+			}
+			r.messages = append(r.messages, m)
+		case "reasoning":
+			var summary []struct {
+				Text string `json:"text"`
+			}
+			m := message{role: "assistant"}
+			if json.Unmarshal(it.Summary, &summary) == nil {
+				for _, s := range summary {
+					m.texts = append(m.texts, s.Text)
+				}
+			}
+			r.messages = append(r.messages, m)
+		case "item_reference":
+			// Stored at the provider: out of sight (HasUnseenContext).
+		default:
+			// Tool calls of built-in tools and whatever comes next: counted
+			// as their JSON text, judged by the provider.
+			r.messages = append(r.messages, message{role: "assistant", extra: []string{string(iraw)}})
+		}
+	}
+	return nil
+}
+
+func parseItemMessage(it rawItem, p string) (message, error) {
+	role, ok := jsonString(it.Role)
+	if !ok {
+		return message{}, invalid(p+".role", "'%s.role' must be a string", p)
+	}
+	if !responsesRoles[role] {
+		return message{}, invalid(p+".role", "'%s.role' must be one of user, assistant, system, developer; got %q", p, role)
+	}
+	m := message{role: role}
+	pc := p + ".content"
+	switch {
+	case isNull(it.Content):
+		return m, invalid(pc, "'%s' is required", pc)
+	case it.Content[0] == '"':
+		s, ok := jsonString(it.Content)
+		if !ok {
+			return m, invalid(pc, "'%s' must be a string or an array of content parts", pc)
+		}
+		m.texts = []string{s}
+		return m, nil
+	case it.Content[0] != '[':
+		return m, invalid(pc, "'%s' must be a string or an array of content parts", pc)
+	}
+	var parts []rawInputPart
+	if err := json.Unmarshal(it.Content, &parts); err != nil {
+		return m, invalid(pc, "'%s' must be a string or an array of content part objects", pc)
+	}
+	if len(parts) == 0 {
+		return m, invalid(pc, "'%s' must not be an empty array", pc)
+	}
+	for j, part := range parts {
+		pp := pc + "[" + strconv.Itoa(j) + "]"
+		typ, ok := jsonString(part.Type)
+		if !ok || typ == "" {
+			return m, invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
+		}
+		switch typ {
+		case "input_text", "output_text", "text":
+			s, ok := jsonString(part.Text)
+			if !ok {
+				return m, invalid(pp+".text", "'%s.text' must be a string", pp)
+			}
+			m.texts = append(m.texts, s)
+		case "refusal":
+			s, ok := jsonString(part.Refusal)
+			if !ok {
+				return m, invalid(pp+".refusal", "'%s.refusal' must be a string", pp)
+			}
+			m.texts = append(m.texts, s)
+		case "input_image":
+			url, _ := jsonString(part.ImageURL)
+			file, _ := jsonString(part.FileID)
+			if url == "" && file == "" {
+				return m, invalid(pp+".image_url", "'%s' must have an image_url or a file_id", pp)
+			}
+			detail, _ := jsonString(part.Detail)
+			m.media = append(m.media, detail)
+		default:
+			// Files, audio and whatever comes next: the flat media
+			// allowance, judged by the provider.
+			m.media = append(m.media, "")
+		}
+	}
+	return m, nil
+}
+
+// responsesTools turns the Responses API's function tools ({type,
+// name, description, parameters}) into chat's shape ({type, function}), so
+// they are counted by the same formula; other tools are kept as they are
+// (counted as their JSON text).
+func responsesTools(raw json.RawMessage) json.RawMessage {
+	var specs []json.RawMessage
+	if json.Unmarshal(raw, &specs) != nil {
+		return raw
+	}
+	out := make([]json.RawMessage, len(specs))
+	for i, s := range specs {
+		out[i] = s
+		var t struct {
+			Type        string          `json:"type"`
+			Name        string          `json:"name"`
+			Description string          `json:"description"`
+			Parameters  json.RawMessage `json:"parameters"`
+		}
+		if json.Unmarshal(s, &t) != nil || t.Type != "function" || t.Name == "" {
+			continue
+		}
+		fn := map[string]any{"name": t.Name, "description": t.Description}
+		if len(t.Parameters) > 0 {
+			fn["parameters"] = t.Parameters
+		}
+		if b, err := json.Marshal(map[string]any{"type": "function", "function": fn}); err == nil {
+			out[i] = b
+		}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return raw
+	}
+	return b
+}
+
+// HasUnseenContext reports whether a request body's prompt includes context
+// llmq cannot see: a Responses API body with a previous_response_id, a
+// conversation, a prompt template or an item_reference. Its prompt as the
+// provider counts it may be any size above llmq's count.
+func HasUnseenContext(endpoint string, body []byte) bool {
+	if endpoint != EndpointResponses {
+		return false
+	}
+	return hasUnseenContext(body)
+}
+
+// hasUnseenContext is HasUnseenContext of a body of any endpoint: a chat or
+// embeddings body has none of these fields.
+func hasUnseenContext(body []byte) bool {
+	var rb struct {
+		PreviousResponseID json.RawMessage `json:"previous_response_id"`
+		Conversation       json.RawMessage `json:"conversation"`
+		Prompt             json.RawMessage `json:"prompt"`
+		Input              json.RawMessage `json:"input"`
+	}
+	if json.Unmarshal(body, &rb) != nil {
+		return false
+	}
+	if !isNull(rb.PreviousResponseID) || !isNull(rb.Conversation) || !isNull(rb.Prompt) {
+		return true
+	}
+	var items []struct {
+		Type string `json:"type"`
+	}
+	if len(rb.Input) == 0 || rb.Input[0] != '[' || json.Unmarshal(rb.Input, &items) != nil {
+		return false
+	}
+	for _, it := range items {
+		if it.Type == "item_reference" {
+			return true
+		}
+	}
+	return false
+}
+
+// respond sends a Responses API request (go-openai has no Responses API;
+// the call is plain HTTP, as streams are) and reads its answer: a response
+// object, at most the provider's max_response_bytes, with its usage.
+func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
+	defer cancel()
+	resp, err := p.send(ctx, http.MethodPost, "/responses", nil, "application/json", bytes.NewReader(wire))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	e := p.answered(resp)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse+1))
+	switch {
+	case err != nil:
+		return nil, p.noAnswer(ctx, err, 0)
+	case int64(len(body)) > p.maxResponse:
+		e.Class, e.Code, e.Type = ClassPermanent, CodeResponseTooLarge, "server_error"
+		e.Message = fmt.Sprintf("The provider's answer is larger than its max_response_bytes (%d bytes).", p.maxResponse)
+		return nil, e
+	case !json.Valid(body):
+		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
+		e.Message = "The provider's answer could not be read (truncated or not JSON)."
+		return nil, e
+	}
+	var shape struct {
+		Object string          `json:"object"`
+		Usage  json.RawMessage `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &shape); err != nil || shape.Object != "response" {
+		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
+		e.Message = "The provider's answer is not a response object."
+		return nil, e
+	}
+	u, err := UsageOf(body)
+	if err != nil {
+		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
+		e.Message = answerMessage(resp.StatusCode, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub)
+		return nil, e
+	}
+	return &Response{StatusCode: resp.StatusCode, Body: body, RequestID: e.RequestID, RateLimit: e.RateLimit, Usage: u}, nil
+}
