@@ -254,7 +254,7 @@ func parseItemMessage(it rawItem, p string) (message, error) {
 			url, _ := jsonString(part.ImageURL)
 			file, _ := jsonString(part.FileID)
 			if url == "" && file == "" {
-				return m, invalid(pp+".image_url", "'%s' must have an image_url or a file_id", pp)
+				return m, invalid(pp+".image_url", "'%s.image_url' (or '%s.file_id') is required", pp, pp)
 			}
 			detail, _ := jsonString(part.Detail)
 			m.media = append(m.media, detail)

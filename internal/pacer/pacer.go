@@ -164,6 +164,10 @@ type Call struct {
 	// estimate, or the calibrated one when higher) and MaxTokens of output,
 	// at the model's price.
 	WorstCase money.Micros
+	// UnseenContext is set when the request's prompt includes context
+	// llmq cannot count (llm.HasUnseenContext): the provider's count of it
+	// does not teach the calibration.
+	UnseenContext bool
 }
 
 // Plan returns the call a request of model m with llmq's estimate of
@@ -265,7 +269,7 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 			// What the provider charged at admission, as OpenAI counts:
 			// its count of the prompt, and max_tokens.
 			fb.Charged = limiter.Cost{Requests: 1, Tokens: u.PromptTokens + c.MaxTokens}
-			if c.PromptTokens > 0 {
+			if c.PromptTokens > 0 && !c.UnseenContext {
 				fb.PromptRatio = float64(u.PromptTokens) / float64(c.PromptTokens)
 			}
 		}
