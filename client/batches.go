@@ -14,8 +14,8 @@ type BatchesService struct{ c *Client }
 type BatchCreateParams struct {
 	// InputFileID is an uploaded file of purpose "batch".
 	InputFileID string `json:"input_file_id"`
-	// Endpoint is the url of every line: "/v1/chat/completions" or
-	// "/v1/embeddings".
+	// Endpoint is the url of every line: "/v1/chat/completions",
+	// "/v1/responses" or "/v1/embeddings".
 	Endpoint string `json:"endpoint"`
 	// CompletionWindow is how long the batch may run. Defaults to "24h".
 	CompletionWindow string            `json:"completion_window"`

@@ -16,8 +16,8 @@ type JobsService struct{ c *Client }
 type JobCreateParams struct {
 	// CustomID is the caller's own id of the job, echoed in the job.
 	CustomID string `json:"custom_id,omitempty"`
-	// Endpoint is "/v1/chat/completions" or "/v1/embeddings". Defaults to
-	// "/v1/chat/completions".
+	// Endpoint is "/v1/chat/completions", "/v1/responses" or
+	// "/v1/embeddings". Defaults to "/v1/chat/completions".
 	Endpoint string `json:"endpoint,omitempty"`
 	// Body is the request for the provider: a json.RawMessage, a map or a
 	// struct that encodes to the JSON the endpoint takes.

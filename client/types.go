@@ -21,7 +21,7 @@ type Job struct {
 	Object string `json:"object"` // "job"
 	// CustomID is the caller's own id of the job, null when it gave none.
 	CustomID *string `json:"custom_id"`
-	Endpoint string  `json:"endpoint"` // "/v1/chat/completions" or "/v1/embeddings"
+	Endpoint string  `json:"endpoint"` // "/v1/chat/completions", "/v1/responses" or "/v1/embeddings"
 	Model    string  `json:"model"`
 	// ServedBy says which deployment answered (provider/upstream) and of
 	// which model (Model's own, or a fallback's); null until one did.

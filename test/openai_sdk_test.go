@@ -64,12 +64,19 @@ func TestOpenAINodeSDK(t *testing.T) {
 // test/node.
 var nodeInstall sync.Mutex
 
-// installNodeSDK installs the locked SDK version into dir on a clean clone.
+// installNodeSDK installs the locked SDK versions (the OpenAI SDK, the
+// Vercel AI SDK and its OpenAI provider) into dir on a clean clone.
 func installNodeSDK(ctx context.Context, t *testing.T, npm, dir string) {
 	t.Helper()
 	nodeInstall.Lock()
 	defer nodeInstall.Unlock()
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err == nil {
+	installed := true
+	for _, pkg := range []string{"openai", "ai", "@ai-sdk/openai"} {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil {
+			installed = false
+		}
+	}
+	if installed {
 		return
 	}
 	cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund", "--loglevel=error")

@@ -108,7 +108,7 @@ func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget
 	}
 	worst := WorstCase(p, r.Model, fallbacks, r.Calibration, r.PromptTokens, r.MaxTokens)
 	if err := CheckBudget(acct, worst); err != nil {
-		return err
+		return inEndpointsTerms(err, r.Endpoint)
 	}
 	r.WorstCase, r.Fallbacks = worst, fallbacks
 	return nil
@@ -122,9 +122,28 @@ func (e *Estimator) Admit(ctx context.Context, p *config.Policy, acct budget.Acc
 		return nil, err
 	}
 	if err := CheckBudget(acct, est.WorstCase); err != nil {
-		return nil, err
+		return nil, inEndpointsTerms(err, endpoint)
 	}
 	return &Request{Estimate: *est, Endpoint: endpoint, Body: body}, nil
+}
+
+// inEndpointsTerms names an *Error's parameters as endpoint's body has
+// them: the Responses API's output bound is max_output_tokens, its prompt
+// input. Other errors are returned as they are.
+func inEndpointsTerms(err error, endpoint string) error {
+	var e *Error
+	if endpoint != llm.EndpointResponses || !errors.As(err, &e) {
+		return err
+	}
+	out := *e
+	switch out.Param {
+	case "max_tokens":
+		out.Param = "max_output_tokens"
+	case "messages":
+		out.Param = "input"
+	}
+	out.Message = strings.ReplaceAll(out.Message, "Lower max_tokens", "Lower max_output_tokens")
+	return &out
 }
 
 // Fill writes what admission decided into the job's insert params: the
@@ -151,7 +170,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 		return nil, &Error{Param: "model", Code: "model_not_found",
 			Message: fmt.Sprintf("The model '%s' does not exist or is not served here.", decoded.Model())}
 	}
-	wantKind := config.KindChat
+	wantKind := config.KindChat // chat completions and responses
 	if endpoint == llm.EndpointEmbeddings {
 		wantKind = config.KindEmbedding
 	}
@@ -178,7 +197,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 	est.Cost, _ = Charge(m, est.Calibration, est.PromptTokens, est.MaxTokens)
 	est.WorstCase = WorstCase(p, m, m.Fallbacks, est.Calibration, est.PromptTokens, est.MaxTokens)
 	if err := fits(m, est); err != nil {
-		return nil, err
+		return nil, inEndpointsTerms(err, endpoint)
 	}
 	return est, nil
 }

@@ -84,9 +84,9 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	case req.InputFileID == "":
 		return badRequest("input_file_id", "missing_required_parameter", "input_file_id is required: the id of a file uploaded with purpose 'batch'.")
 	case req.Endpoint == "":
-		return badRequest("endpoint", "missing_required_parameter", "endpoint is required: '%s' or '%s'.", llm.EndpointChat, llm.EndpointEmbeddings)
-	case req.Endpoint != llm.EndpointChat && req.Endpoint != llm.EndpointEmbeddings:
-		return badRequest("endpoint", "invalid_value", "endpoint must be '%s' or '%s', got '%.100s'.", llm.EndpointChat, llm.EndpointEmbeddings, req.Endpoint)
+		return badRequest("endpoint", "missing_required_parameter", "endpoint is required: %s.", llm.EndpointList)
+	case !llm.KnownEndpoint(req.Endpoint):
+		return badRequest("endpoint", "invalid_value", "endpoint must be %s, got '%.100s'.", llm.EndpointList, req.Endpoint)
 	case req.CompletionWindow != batch.CompletionWindow:
 		return badRequest("completion_window", "invalid_value", "completion_window must be '%s', got '%.20s'.", batch.CompletionWindow, req.CompletionWindow)
 	}

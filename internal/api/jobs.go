@@ -48,26 +48,37 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
+	job, replayed, err := s.submitJob(r, &req)
+	if err != nil {
+		return err
+	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	writeJSON(w, http.StatusAccepted, wire.Job(job))
+	return nil
+}
+
+// submitJob admits a job of the caller (with the request's Idempotency-Key)
+// and enqueues it; replayed is set when the key named an earlier job.
+func (s *Server) submitJob(r *http.Request, req *createJobRequest) (job *store.Job, replayed bool, err error) {
 	idemKey, err := idempotencyKey(r)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
-	job, admitted, err := s.admitJob(r.Context(), callerOf(r), &req, idemKey, false)
+	job, admitted, err := s.admitJob(r.Context(), callerOf(r), req, idemKey, false)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
 	if admitted == nil {
-		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusAccepted, wire.Job(job))
-		return nil
+		return job, true, nil
 	}
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
 	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(callerOf(r).policy, job, callerOf(r).tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
-	writeJSON(w, http.StatusAccepted, wire.Job(job))
-	return nil
+	return job, false, nil
 }
 
 // idempotencyKey reads the Idempotency-Key header.
@@ -133,9 +144,8 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 	if endpoint == "" {
 		endpoint = llm.EndpointChat
 	}
-	if endpoint != llm.EndpointChat && endpoint != llm.EndpointEmbeddings {
-		return nil, badRequest("endpoint", "invalid_endpoint",
-			"Unknown endpoint '%s'; use '%s' or '%s'.", endpoint, llm.EndpointChat, llm.EndpointEmbeddings)
+	if !llm.KnownEndpoint(endpoint) {
+		return nil, badRequest("endpoint", "invalid_endpoint", "Unknown endpoint '%.100s'; use %s.", endpoint, llm.EndpointList)
 	}
 	if len(req.CustomID) > 512 || !utf8.ValidString(req.CustomID) {
 		return nil, badRequest("custom_id", "invalid_value", "custom_id must be valid UTF-8 of at most 512 bytes.")
@@ -256,16 +266,28 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	job, changed, err := s.Store.JobCancel(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("job", id)
-	}
+	job, changed, err := s.cancelCallersJob(r, id)
 	if err != nil {
 		return err
 	}
 	if !changed && job.Status != store.JobCancelled {
 		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "job_finished", "",
 			"Job %s already %s and cannot be cancelled.", job.ID, job.Status)
+	}
+	writeJSON(w, http.StatusOK, wire.Job(job))
+	return nil
+}
+
+// cancelCallersJob cancels the caller's job id unless it has ended
+// (changed is then false), takes it out of its fair queue and has its
+// webhook called.
+func (s *Server) cancelCallersJob(r *http.Request, id string) (job *store.Job, changed bool, err error) {
+	job, changed, err = s.Store.JobCancel(r.Context(), callerOf(r).tenant.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, false, notFound("job", id)
+	}
+	if err != nil {
+		return nil, false, err
 	}
 	if changed {
 		// Out of its fair queue at once (the count per tenant drops); a task
@@ -285,8 +307,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, wire.Job(job))
-	return nil
+	return job, changed, nil
 }
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {

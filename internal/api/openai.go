@@ -55,8 +55,9 @@ type syncAPI struct {
 }
 
 // EnableSync serves OpenAI's own endpoints on tenant keys, so the official
-// SDKs reach llmq with base_url <llmq>/v1: POST /v1/chat/completions
-// (streamed too), POST /v1/embeddings, GET /v1/models. Each request is a
+// SDKs reach llmq with base_url <llmq>/v1: POST /v1/chat/completions and
+// POST /v1/responses (streamed too; responses also in the background, GET
+// /v1/responses/{id} and its cancel), POST /v1/embeddings, GET /v1/models. Each request is a
 // job of its tenant, admitted as POST /v1/jobs admits one, run by runner.
 // It serves nothing more, and returns an error naming the field, when an
 // option is invalid.
@@ -71,6 +72,7 @@ func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) error {
 	t := s.tenantRoute
 	s.mux.Handle("POST "+llm.EndpointChat, t(func(w http.ResponseWriter, r *http.Request) error { return a.call(w, r, llm.EndpointChat) }))
 	s.mux.Handle("POST "+llm.EndpointEmbeddings, t(func(w http.ResponseWriter, r *http.Request) error { return a.call(w, r, llm.EndpointEmbeddings) }))
+	a.enableResponses()
 	s.mux.Handle("GET /v1/models", t(a.listModels))
 	s.mux.Handle("GET /v1/models/{id}", t(a.getModel))
 	return nil
@@ -116,6 +118,11 @@ func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) 
 	if err != nil {
 		return err
 	}
+	return a.run(w, r, endpoint, body)
+}
+
+// run serves one synchronous request to endpoint with body.
+func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, body []byte) error {
 	body, stream, includeUsage, err := streamFields(endpoint, body)
 	if err != nil {
 		return err
@@ -142,7 +149,8 @@ func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) 
 	call := worker.SyncCall{JobID: job.ID, Deadline: time.Now().Add(wait)}
 	var relay *sseRelay
 	if stream {
-		relay = &sseRelay{w: w, out: streamTo(w, r), rc: http.NewResponseController(w), includeUsage: includeUsage}
+		relay = &sseRelay{w: w, out: streamTo(w, r), rc: http.NewResponseController(w), includeUsage: includeUsage,
+			typed: endpoint == llm.EndpointResponses}
 		call.Stream = relay.send
 	}
 	answered := false
@@ -245,10 +253,16 @@ func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsa
 	default:
 		return nil, false, false, badRequest("stream", "invalid_value", "'stream' must be a boolean.")
 	}
-	if stream && endpoint != llm.EndpointChat {
-		return nil, false, false, badRequest("stream", "invalid_value", "'stream' is only supported on %s.", llm.EndpointChat)
+	if stream && endpoint == llm.EndpointEmbeddings {
+		return nil, false, false, badRequest("stream", "invalid_value", "'stream' is only supported on %s and %s.", llm.EndpointChat, llm.EndpointResponses)
 	}
-	if hasOpts && strings.TrimSpace(string(opts)) != "null" {
+	if hasOpts && strings.TrimSpace(string(opts)) != "null" && endpoint == llm.EndpointResponses {
+		// The Responses API's stream_options (include_obfuscation) shape
+		// only the events' padding; llmq asks for the provider's default.
+		if !stream {
+			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.")
+		}
+	} else if hasOpts && strings.TrimSpace(string(opts)) != "null" {
 		if !stream {
 			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.")
 		}
@@ -350,12 +364,15 @@ type sseRelay struct {
 	out          interface{ Write([]byte) (int, error) }
 	rc           *http.ResponseController
 	includeUsage bool
-	started      bool
-	gone         bool
+	// typed: the Responses API's stream, whose events are named by their
+	// data's type and which ends with its last event, not [DONE].
+	typed   bool
+	started bool
+	gone    bool
 }
 
 func (s *sseRelay) send(data []byte) error {
-	if s.gone || (!s.includeUsage && llm.StripUsageChunk(data)) {
+	if s.gone || (!s.typed && !s.includeUsage && llm.StripUsageChunk(data)) {
 		return nil
 	}
 	if !s.started {
@@ -365,10 +382,22 @@ func (s *sseRelay) send(data []byte) error {
 		h.Set("Cache-Control", "no-cache")
 		s.w.WriteHeader(http.StatusOK)
 	}
-	buf := make([]byte, 0, len(data)+8)
-	buf = append(append(append(buf, "data: "...), data...), "\n\n"...)
-	s.write(buf)
+	s.write(s.event(data))
 	return nil
+}
+
+// event is data as one Server-Sent Event, named by its type when typed.
+func (s *sseRelay) event(data []byte) []byte {
+	buf := make([]byte, 0, len(data)+64)
+	if s.typed {
+		var e struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(data, &e) == nil && e.Type != "" && !strings.ContainsAny(e.Type, "\r\n") {
+			buf = append(append(append(buf, "event: "...), e.Type...), '\n')
+		}
+	}
+	return append(append(append(buf, "data: "...), data...), "\n\n"...)
 }
 
 func (s *sseRelay) write(b []byte) {
@@ -391,11 +420,33 @@ func (s *sseRelay) done() {
 		s.w.Header().Set("Content-Type", "text/event-stream")
 		s.w.WriteHeader(http.StatusOK)
 	}
-	s.write([]byte("data: [DONE]\n\n"))
+	if !s.typed {
+		s.write([]byte("data: [DONE]\n\n"))
+	}
 }
 
-// fail ends a started stream with an error event.
+// fail ends a started stream with an error event: chat's {"error": …}, or
+// the Responses API's event of type error.
 func (s *sseRelay) fail(pe *llm.Error) {
 	e := providerAnswer(pe)
-	s.write(append(append([]byte("data: "), wire.ErrorBody(e.object())...), "\n\n"...))
+	if !s.typed {
+		s.write(append(append([]byte("data: "), wire.ErrorBody(e.object())...), "\n\n"...))
+		return
+	}
+	o := e.object()
+	data, _ := json.Marshal(struct {
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Param   any    `json:"param"`
+	}{"error", o.Code, o.Message, nullable(o.Param)})
+	s.write(s.event(data))
+}
+
+// nullable is s, or nil (JSON null) when empty.
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/offload"
@@ -75,11 +76,21 @@ func start(t *testing.T, batch sim.BatchConfig, workers int) *harness {
 // its id.
 func (h *harness) submit(tier string, n int) (tenantID, key, batchID string) {
 	h.t.Helper()
+	return h.submitTo(llm.EndpointChat, tier, n)
+}
+
+// submitTo uploads a batch of n lines to endpoint (chat completions or
+// responses) for a tenant of tier and returns its id.
+func (h *harness) submitTo(endpoint, tier string, n int) (tenantID, key, batchID string) {
+	h.t.Helper()
 	tenantID, key = h.Tenant(tier)
 	var in bytes.Buffer
 	for i := range n {
-		body := apptest.ChatBody(fmt.Sprintf("line %d of a batch", i), "", 20)
-		line, _ := json.Marshal(map[string]any{"custom_id": fmt.Sprintf("c%05d", i), "method": "POST", "url": "/v1/chat/completions", "body": body})
+		var body any = apptest.ChatBody(fmt.Sprintf("line %d of a batch", i), "", 20)
+		if endpoint == llm.EndpointResponses {
+			body = map[string]any{"model": "gpt-4o-mini", "input": fmt.Sprintf("line %d of a batch", i), "max_output_tokens": 20}
+		}
+		line, _ := json.Marshal(map[string]any{"custom_id": fmt.Sprintf("c%05d", i), "method": "POST", "url": endpoint, "body": body})
 		in.Write(line)
 		in.WriteByte('\n')
 	}
@@ -88,7 +99,7 @@ func (h *harness) submit(tier string, n int) (tenantID, key, batchID string) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	r := h.Do("POST", "/v1/batches", key, map[string]any{"input_file_id": f.ID, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+	r := h.Do("POST", "/v1/batches", key, map[string]any{"input_file_id": f.ID, "endpoint": endpoint, "completion_window": "24h"})
 	var b struct {
 		ID string `json:"id"`
 	}
@@ -250,6 +261,42 @@ func TestOffloadedBatchRunsAtHalfPrice(t *testing.T) {
 	}
 	if d.Reserved != 0 || d.Spent != total {
 		t.Fatalf("budget: spent %s reserved %s, want spent %s and nothing held", d.Spent, d.Reserved, total)
+	}
+}
+
+// A batch of /v1/responses lines is offloaded like chat's: its lines go
+// to the provider's Batch API under url /v1/responses, each answered once
+// with a response object, charged half the normal price from the
+// response's input and output tokens.
+func TestOffloadedResponsesBatch(t *testing.T) {
+	t.Parallel()
+	h := start(t, sim.BatchConfig{}, 0)
+	const n = 100
+	_, key, batchID := h.submitTo(llm.EndpointResponses, "bulk", n)
+	b := h.run(batchID, 120, nil)
+	if b.Status != store.BatchCompleted {
+		t.Fatalf("batch %s", b.Status)
+	}
+	if out := h.outputLines(key, b); len(out) != n {
+		t.Fatalf("output has %d lines, want %d", len(out), n)
+	}
+	jobs, total, batched := h.charges(batchID, true)
+	var normal money.Micros
+	for _, j := range jobs {
+		var resp struct {
+			Object string `json:"object"`
+		}
+		if j.Status != store.JobSucceeded || j.UsageEstimated || j.PromptTokens == 0 || j.CompletionTokens == 0 ||
+			json.Unmarshal(j.ResponseBody, &resp) != nil || resp.Object != "response" {
+			t.Fatalf("job %s: %s, usage %d/%d (estimated %v), body %.200s", j.ID, j.Status, j.PromptTokens, j.CompletionTokens, j.UsageEstimated, j.ResponseBody)
+		}
+		normal += money.Price{InputPerMTok: 2_000_000, OutputPerMTok: 8_000_000}.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+	}
+	if batched != n || total*2 != normal {
+		t.Fatalf("charged %s over %d batched rows; the normal price would be %s (want exactly half)", total, batched, normal)
+	}
+	if st := h.Sim.BatchStats(); st.BatchesCreated != 1 || st.LinesProcessed != n || st.LinesRepeated != 0 {
+		t.Fatalf("simulator: %+v", st)
 	}
 }
 

@@ -1,0 +1,175 @@
+package api_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// Requests to the Responses API that cannot run are refused with the
+// Responses API's error, naming the parameter, and change nothing: no job,
+// no task, nothing reserved.
+func TestResponsesBadInput(t *testing.T) {
+	t.Parallel()
+	a := start(t)
+	tenant, key := a.Tenant("standard")
+	cases := []struct {
+		name, body, code, param string
+		status                  int
+	}{
+		{"no input", `{"model":"gpt-4o-mini"}`, "invalid_request", "input", 400},
+		{"input not text", `{"model":"gpt-4o-mini","input":7}`, "invalid_request", "input", 400},
+		{"bad role", `{"model":"gpt-4o-mini","input":[{"role":"robot","content":"x"}]}`, "invalid_request", "input[0].role", 400},
+		{"part without text", `{"model":"gpt-4o-mini","input":[{"role":"user","content":[{"type":"input_text"}]}]}`, "invalid_request", "input[0].content[0].text", 400},
+		{"max_output_tokens too small", `{"model":"gpt-4o-mini","input":"x","max_output_tokens":1}`, "invalid_request", "max_output_tokens", 400},
+		{"max_output_tokens beyond capacity", `{"model":"gpt-4o-mini","input":"x","max_output_tokens":400000}`, "tokens_exceed_capacity", "max_output_tokens", 400},
+		{"unknown model", `{"model":"gpt-9","input":"x"}`, "model_not_found", "model", 400},
+		{"embedding model", `{"model":"text-embedding-3-small","input":"x"}`, "model_not_supported", "model", 400},
+		{"stream not boolean", `{"model":"gpt-4o-mini","input":"x","stream":"yes"}`, "invalid_value", "stream", 400},
+		{"background not boolean", `{"model":"gpt-4o-mini","input":"x","background":1}`, "invalid_value", "background", 400},
+		{"background streamed", `{"model":"gpt-4o-mini","input":"x","background":true,"stream":true}`, "invalid_value", "stream", 400},
+		{"stream_options without stream", `{"model":"gpt-4o-mini","input":"x","stream_options":{}}`, "invalid_value", "stream_options", 400},
+		{"not JSON", `{"model":`, "invalid_json", "", 400},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			checkError(t, a.Do("POST", "/v1/responses", key, c.body), c.status, c.code, c.param)
+		})
+	}
+	// As a job: the same refusals, named inside the body; background is
+	// refused (a job is already in the background).
+	checkError(t, a.Do("POST", "/v1/jobs", key, `{"endpoint":"/v1/responses","body":{"model":"gpt-4o-mini","input":[]}}`), 400, "invalid_request", "body.input")
+	checkError(t, a.Do("POST", "/v1/jobs", key, `{"endpoint":"/v1/responses","body":{"model":"gpt-4o-mini","input":"x","background":true}}`), 400, "invalid_request", "body.background")
+	nothingQueued(t, a, tenant)
+	if d, err := a.Budgets.Status(t.Context(), a.Account(tenant)); err != nil || d.Reserved != 0 || d.Spent != 0 {
+		t.Fatalf("budget after refusals: %+v %v", d, err)
+	}
+}
+
+// A streamed response relays the provider's typed events as named
+// Server-Sent Events, in order, ending with response.completed and no
+// [DONE]; the job is charged the usage response.completed carries.
+func TestResponsesStreamRelay(t *testing.T) {
+	t.Parallel()
+	a := start(t)
+	_, key := a.Tenant("standard")
+	r := apptest.Do(t, a.URL, "POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"Count to five.","max_output_tokens":40,"stream":true}`, nil)
+	if r.Status != 200 || r.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("%d %s: %s", r.Status, r.Header, r.Body)
+	}
+	var names []string
+	var last struct {
+		Type     string `json:"type"`
+		Response struct {
+			Usage struct {
+				InputTokens  int64 `json:"input_tokens"`
+				OutputTokens int64 `json:"output_tokens"`
+			} `json:"usage"`
+		} `json:"response"`
+	}
+	sc := bufio.NewScanner(bytes.NewReader(r.Body))
+	sc.Buffer(nil, 1<<20)
+	event := ""
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			data := strings.TrimPrefix(line, "data: ")
+			if data == "[DONE]" {
+				t.Fatal("a Responses stream ended with [DONE]")
+			}
+			if err := json.Unmarshal([]byte(data), &last); err != nil || last.Type != event {
+				t.Fatalf("event %q with data %s", event, data)
+			}
+			names = append(names, event)
+		}
+	}
+	if len(names) < 5 || names[0] != "response.created" || names[len(names)-1] != "response.completed" {
+		t.Fatalf("events %v", names)
+	}
+	job := r.Header.Get("X-Llmq-Job-Id")
+	var j struct {
+		Status string `json:"status"`
+		Usage  struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	a.Do("GET", "/v1/jobs/"+job, key, nil).JSON(t, &j)
+	if j.Status != "succeeded" || j.Usage.PromptTokens != last.Response.Usage.InputTokens || j.Usage.CompletionTokens != last.Response.Usage.OutputTokens || j.Usage.CompletionTokens == 0 {
+		t.Fatalf("job %+v, stream's usage %+v", j, last.Response.Usage)
+	}
+}
+
+// A background response is llmq's job: answered at once as queued, its id
+// the job's; GET follows the job; cancel ends one that has not run, and
+// leaves one that ended as it is; another tenant's, a synchronous job's and
+// an unknown id are not found.
+func TestBackgroundResponses(t *testing.T) {
+	t.Parallel()
+	a := start(t) // no worker: jobs stay queued until one is started
+	_, key := a.Tenant("standard")
+	_, other := a.Tenant("standard")
+	type response struct {
+		ID         string `json:"id"`
+		Object     string `json:"object"`
+		Status     string `json:"status"`
+		Background bool   `json:"background"`
+		Usage      *struct {
+			OutputTokens int64 `json:"output_tokens"`
+		} `json:"usage"`
+	}
+	create := func() response {
+		t.Helper()
+		r := a.Do("POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"Say hi","max_output_tokens":20,"background":true}`)
+		var out response
+		r.JSON(t, &out)
+		if r.Status != 200 || out.Object != "response" || out.Status != "queued" || !out.Background || !strings.HasPrefix(out.ID, "job_") || out.Usage != nil {
+			t.Fatalf("background create: %d %s", r.Status, r.Body)
+		}
+		return out
+	}
+	cancelled := create()
+	var got response
+	a.Do("POST", "/v1/responses/"+cancelled.ID+"/cancel", key, nil).JSON(t, &got)
+	if got.Status != "cancelled" {
+		t.Fatalf("cancel: %+v", got)
+	}
+	done := create()
+	a.StartWorker(worker.Options{})
+	deadline := time.Now().Add(time.Minute)
+	for got.Status = "queued"; got.Status == "queued" || got.Status == "in_progress"; {
+		if time.Now().After(deadline) {
+			t.Fatalf("background response still %s", got.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+		got = response{}
+		a.Do("GET", "/v1/responses/"+done.ID, key, nil).JSON(t, &got)
+	}
+	if got.Status != "completed" || got.Usage == nil || got.Usage.OutputTokens == 0 || !strings.HasPrefix(got.ID, "resp_") {
+		t.Fatalf("completed background response: %+v", got)
+	}
+	var again response
+	a.Do("POST", "/v1/responses/"+done.ID+"/cancel", key, nil).JSON(t, &again)
+	if again.Status != "completed" {
+		t.Fatalf("cancel of a completed response: %+v", again)
+	}
+	a.Do("GET", "/v1/responses/"+cancelled.ID, key, nil).JSON(t, &got)
+	if got.Status != "cancelled" {
+		t.Fatalf("the cancelled response reads %+v", got)
+	}
+	sync := a.Do("POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"Say hi","max_output_tokens":20}`)
+	for _, c := range []struct{ key, id string }{{other, done.ID}, {key, sync.Header.Get("X-Llmq-Job-Id")}, {key, "resp_123"}, {key, "job_nope"}} {
+		checkError(t, a.Do("GET", "/v1/responses/"+c.id, c.key, nil), http.StatusNotFound, "not_found", "")
+		checkError(t, a.Do("POST", "/v1/responses/"+c.id+"/cancel", c.key, nil), http.StatusNotFound, "not_found", "")
+	}
+}
