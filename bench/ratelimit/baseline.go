@@ -3,12 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,9 +20,9 @@ import (
 // simulator in the scenario's mode for Duration. Each group models one
 // process: its own HTTP connections and, for the local baseline, its own
 // in-memory token bucket with the provider's full limits; nothing is shared
-// between groups. Every caller sends the next request of the mix, and on a
-// 429 sleeps the provider's retry-after and sends it again, until it
-// succeeds.
+// between groups. Every caller sends the next request of the mix to its
+// endpoint (chat completions or the Responses API), and on a 429 sleeps the
+// provider's retry-after and sends it again, until it succeeds.
 func runBaseline(ctx context.Context, o *options, sc scenario, mix *mix) (*result, error) {
 	srv := startSim(o, sc)
 	defer srv.Close()
@@ -32,6 +32,7 @@ func runBaseline(ctx context.Context, o *options, sc scenario, mix *mix) (*resul
 		next   atomic.Int64
 		mu     sync.Mutex
 		done   []time.Duration
+		resps  int
 		most   int
 		with   int
 		errs   atomic.Int64
@@ -45,7 +46,7 @@ func runBaseline(ctx context.Context, o *options, sc scenario, mix *mix) (*resul
 	for range o.Processes {
 		tr := &http.Transport{MaxIdleConns: o.Concurrency, MaxIdleConnsPerHost: o.Concurrency}
 		defer tr.CloseIdleConnections()
-		c := &client{url: srv.BaseURL + "/chat/completions", client: &http.Client{Transport: tr, Timeout: time.Minute}}
+		c := &client{base: srv.BaseURL, client: &http.Client{Transport: tr, Timeout: time.Minute}}
 		if local {
 			c.bucket = newLocalBucket(o.RPM, o.TPM)
 		}
@@ -67,6 +68,9 @@ func runBaseline(ctx context.Context, o *options, sc scenario, mix *mix) (*resul
 					at := time.Since(smp.start)
 					mu.Lock()
 					done = append(done, at)
+					if r.endpoint == llm.EndpointResponses {
+						resps++
+					}
 					most = max(most, n429)
 					if n429 > 0 {
 						with++
@@ -94,7 +98,7 @@ func runBaseline(ctx context.Context, o *options, sc scenario, mix *mix) (*resul
 	}
 	mu.Lock()
 	res.completions = slices.Sorted(slices.Values(done))
-	res.most429, res.with429 = most, with
+	res.responsesDone, res.most429, res.with429 = resps, most, with
 	mu.Unlock()
 	res.log = srv.Admissions(0)
 	res.dropped = srv.Stats().LogDropped
@@ -106,7 +110,7 @@ func runBaseline(ctx context.Context, o *options, sc scenario, mix *mix) (*resul
 
 // client is what the callers of one modelled process share.
 type client struct {
-	url    string
+	base   string // the provider's base URL, ".../v1", as an OpenAI client takes it
 	client *http.Client
 	bucket *localBucket // nil: no limiter
 }
@@ -118,7 +122,7 @@ func (c *client) do(ctx context.Context, r *request, errs *atomic.Int64) (n429 i
 		if c.bucket != nil && !c.bucket.take(ctx, r.cost) {
 			return n429, false
 		}
-		status, rl, total, err := c.call(ctx, r.body)
+		status, rl, total, err := c.call(ctx, r)
 		if ctx.Err() != nil {
 			return n429, false
 		}
@@ -153,10 +157,12 @@ func (c *client) do(ctx context.Context, r *request, errs *atomic.Int64) (n429 i
 	}
 }
 
-// call sends one chat completion and returns the status, the rate-limit
-// headers and, on success, the usage's total tokens.
-func (c *client) call(ctx context.Context, body []byte) (status int, rl llm.RateLimit, total int64, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
+// call sends r to its endpoint (a chat completion or a response) and
+// returns the status, the rate-limit headers and, on success, the usage's
+// total tokens.
+func (c *client) call(ctx context.Context, r *request) (status int, rl llm.RateLimit, total int64, err error) {
+	url := c.base + strings.TrimPrefix(r.endpoint, "/v1")
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(r.body))
 	if err != nil {
 		return 0, rl, 0, err
 	}
@@ -173,15 +179,11 @@ func (c *client) call(ctx context.Context, body []byte) (status int, rl llm.Rate
 	}
 	rl = llm.ParseRateLimit(resp.Header)
 	if resp.StatusCode == http.StatusOK {
-		var v struct {
-			Usage struct {
-				TotalTokens int64 `json:"total_tokens"`
-			} `json:"usage"`
+		u, err := llm.UsageOf(data)
+		if err != nil {
+			return 0, rl, 0, err
 		}
-		if err := json.Unmarshal(data, &v); err != nil {
-			return 0, rl, 0, fmt.Errorf("decode answer: %w", err)
-		}
-		total = v.Usage.TotalTokens
+		total = u.PromptTokens + u.CompletionTokens
 	}
 	return resp.StatusCode, rl, total, nil
 }

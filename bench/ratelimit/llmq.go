@@ -228,12 +228,12 @@ func (p *producer) insert(ctx context.Context, n int) ([]queue.JobRef, error) {
 		if err != nil {
 			return nil, err
 		}
-		est, err := p.app.Admission.Estimate(context.WithoutCancel(ctx), pol, llm.EndpointChat, r.body)
+		est, err := p.app.Admission.Estimate(context.WithoutCancel(ctx), pol, r.endpoint, r.body)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", p.next, err)
 		}
 		jobs[i] = &store.JobInsertParams{
-			TenantID: p.tenant, CustomID: strconv.Itoa(p.next), Endpoint: llm.EndpointChat, Model: est.Model.Name,
+			TenantID: p.tenant, CustomID: strconv.Itoa(p.next), Endpoint: r.endpoint, Model: est.Model.Name,
 			Request: r.body, Queue: queue.Default, EstPromptTokens: est.PromptTokens, EstMaxTokens: est.MaxTokens,
 			EstCost: est.WorstCase,
 		}
@@ -278,7 +278,8 @@ func (p *producer) keepFull(ctx context.Context) error {
 }
 
 // countJobs reads, from the scenario's schema, when jobs succeeded, how many
-// failed, how many received a 429 and the most 429s one job received.
+// of them were Responses API calls, how many failed, how many received a 429
+// and the most 429s one job received.
 func countJobs(ctx context.Context, dsn string, start time.Time, res *result) error {
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -302,7 +303,8 @@ func countJobs(ctx context.Context, dsn string, start time.Time, res *result) er
 	}
 	slices.Sort(res.completions)
 	return conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'failed'), count(*) FILTER (WHERE rate_limited > 0),
-		coalesce(max(rate_limited), 0) FROM jobs`).Scan(&res.failed, &res.with429, &res.most429)
+		coalesce(max(rate_limited), 0), count(*) FILTER (WHERE status = 'succeeded' AND endpoint = $1) FROM jobs`,
+		llm.EndpointResponses).Scan(&res.failed, &res.with429, &res.most429, &res.responsesDone)
 }
 
 var jobID = regexp.MustCompile(`job_[0-9a-z]+`)

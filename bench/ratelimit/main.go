@@ -20,6 +20,12 @@
 // retry-after of a 429) and "local" (each group enforcing the full limits
 // with an in-memory token bucket of its own, as single-process scripts do).
 //
+// With -responses, a share of every scenario's requests goes to the
+// Responses API (POST /v1/responses) instead of chat completions: the same
+// words as its input and max_tokens as its max_output_tokens, held to the
+// same targets; "-responses 0,0.5" runs each scenario chat-only, then with
+// half its requests as Responses, side by side in one table.
+//
 // It prints each scenario's timeline, then a table: the share of the
 // provider's TPM used (the tokens its bucket kept, net of refunds, and the
 // external application's), the share of calls answered 429, calls per
@@ -29,6 +35,7 @@
 //
 //	go run ./bench/ratelimit            # about 22 minutes
 //	go run ./bench/ratelimit -quick     # 30 s per scenario
+//	go run ./bench/ratelimit -responses 0,0.5   # each scenario chat-only, then mixed
 package main
 
 import (
@@ -36,15 +43,18 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/llmq/llmq/bench/internal/procs"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/llmq/llmq/bench/internal/procs"
+	"github.com/llmq/llmq/internal/llm"
 )
 
 func main() {
@@ -68,6 +78,7 @@ type options struct {
 	Jitter      time.Duration
 	Seed        uint64
 	Scenarios   []scenario
+	Responses   []float64 // shares of requests sent to the Responses API, one run of each scenario per share
 	Interval    time.Duration
 	RedisURL    string
 	RedisDB     int
@@ -94,6 +105,7 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 	fs.DurationVar(&o.Jitter, "jitter", 600*time.Millisecond, "uniform random latency added to -latency")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the request mix and of the simulator's latencies and completion lengths")
 	names := fs.String("scenarios", scenarioNames(), "comma-separated scenarios to run, in this order, of "+scenarioNames())
+	shares := fs.String("responses", "0", "comma-separated shares (0 to 1) of requests sent to the Responses API (/v1/responses) instead of chat completions; each scenario runs once per share, in this order")
 	fs.DurationVar(&o.Interval, "interval", 15*time.Second, "width of the per-scenario timeline's rows (at least 1s)")
 	fs.StringVar(&o.RedisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis server (its database number is replaced by -redis-db)")
 	fs.IntVar(&o.RedisDB, "redis-db", 10, "Redis database (10 is bench/'s, docs/ARCHITECTURE.md)")
@@ -125,6 +137,15 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 		}
 		if !slices.ContainsFunc(o.Scenarios, func(s scenario) bool { return s.name == sc.name }) {
 			o.Scenarios = append(o.Scenarios, sc)
+		}
+	}
+	for _, f := range strings.Split(*shares, ",") {
+		share, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(share >= 0 && share <= 1) {
+			return nil, fmt.Errorf("-responses: each share must be a number within [0, 1], got %q", f)
+		}
+		if !slices.Contains(o.Responses, share) {
+			o.Responses = append(o.Responses, share)
 		}
 	}
 	switch {
@@ -164,6 +185,19 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 	return o, nil
 }
 
+// runs are the scenarios to run, in order: each once per share of
+// Responses API requests.
+func (o *options) runs() []scenario {
+	var out []scenario
+	for _, sc := range o.Scenarios {
+		for _, share := range o.Responses {
+			sc.responses = share
+			out = append(out, sc)
+		}
+	}
+	return out
+}
+
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
@@ -193,7 +227,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		o.RPM, o.TPM, o.Latency, o.Jitter, o.Processes, o.Concurrency, o.Duration, o.Warmup)
 	described := map[string]bool{}
 	for _, sc := range o.Scenarios {
-		d := newMix(o.Seed, sc.shape).describe(sc.factor())
+		d := newMix(o.Seed, sc.shape, 0).describe(sc.factor())
 		if described[d] {
 			continue
 		}
@@ -205,6 +239,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			}
 		}
 		fmt.Fprintf(stdout, "request mix of %s: %s\n", strings.Join(who, ", "), d)
+	}
+	if slices.ContainsFunc(o.Responses, func(f float64) bool { return f > 0 }) {
+		fmt.Fprintf(stdout, "Responses API: in a run labelled \"(N%% Responses)\", each request of the mix goes to %s with that chance (drawn per request, the same requests in every scenario), its words as the input, its max_tokens as max_output_tokens\n",
+			llm.EndpointResponses)
 	}
 	fmt.Fprintln(stdout)
 
@@ -219,13 +257,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 
 	var results []*result
-	for _, sc := range o.Scenarios {
+	for _, sc := range o.runs() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		started := time.Now()
-		fmt.Fprintf(stdout, "%s: %s: %s ...\n", started.Format(time.TimeOnly), sc.name, sc.title())
-		mix := newMix(o.Seed, sc.shape)
+		fmt.Fprintf(stdout, "%s: %s: %s ...\n", started.Format(time.TimeOnly), sc.label(), sc.title())
+		mix := newMix(o.Seed, sc.shape, sc.responses)
 		var res *result
 		if sc.caller == callerLLMQ {
 			res, err = runLLMQ(ctx, o, sc, mix, bin, logger)
@@ -233,11 +271,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			res, err = runBaseline(ctx, o, sc, mix)
 		}
 		if err != nil {
-			return fmt.Errorf("%s: %w", sc.name, err)
+			return fmt.Errorf("%s: %w", sc.label(), err)
 		}
 		res.scenario = sc
 		if o.LogDir != "" {
-			if err := writeAdmissions(o.LogDir, sc.name, res.log); err != nil {
+			if err := writeAdmissions(o.LogDir, sc.fileName(), res.log); err != nil {
 				return err
 			}
 		}

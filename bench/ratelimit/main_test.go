@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
 )
 
@@ -19,23 +22,35 @@ func TestMain(m *testing.M) {
 }
 
 // TestRun runs every scenario for a few seconds with few callers: worker
-// processes, producers, baselines, the timelines and the table. Two runs of
-// half the scenarios each run at once, most of their time being waits.
+// processes, producers, baselines, the timelines and the table; and llmq and
+// a baseline with half their requests sent to the Responses API. The groups
+// run at once, most of their time being waits.
 func TestRun(t *testing.T) {
 	t.Parallel()
-	for _, half := range [][]string{{"keep", "refund", "tokens-1.6x", "retry"}, {"2x-keep", "2x-refund", "shared", "local"},
-		{"azure-10s", "no-headers-2x"}} {
-		t.Run(strings.Join(half, ","), func(t *testing.T) {
+	for _, c := range []struct {
+		names     []string
+		responses float64
+	}{
+		{[]string{"keep", "refund", "tokens-1.6x", "retry"}, 0},
+		{[]string{"2x-keep", "2x-refund", "shared", "local"}, 0},
+		{[]string{"azure-10s", "no-headers-2x"}, 0},
+		{[]string{"keep", "local"}, 0.5},
+	} {
+		t.Run(fmt.Sprintf("%s,responses=%g", strings.Join(c.names, ","), c.responses), func(t *testing.T) {
 			t.Parallel()
-			testRun(t, half)
+			testRun(t, c.names, c.responses)
 		})
 	}
 }
 
-func testRun(t *testing.T, names []string) {
+// completedLine reads a timeline's line of what completed: "6 jobs
+// completed (3 of them to /v1/responses), 0 failed; ...".
+var completedLine = regexp.MustCompile(`(?m)^  (\d+) (?:jobs|requests) completed(?: \((\d+) of them to /v1/responses\))?, (\d+) failed;`)
+
+func testRun(t *testing.T, names []string, responses float64) {
 	var out bytes.Buffer
 	args := []string{"-duration", "2s", "-warmup", "1s", "-interval", "1s", "-processes", "2", "-concurrency", "3",
-		"-scenarios", strings.Join(names, ",")}
+		"-scenarios", strings.Join(names, ","), "-responses", fmt.Sprint(responses)}
 	if err := run(t.Context(), args, &out); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
@@ -44,14 +59,15 @@ func testRun(t *testing.T, names []string) {
 	llmq := 0
 	for _, name := range names {
 		sc, _ := findScenario(name)
-		want = append(want, sc.name+": "+sc.title()+" ...")
+		sc.responses = responses
+		want = append(want, sc.label()+": "+sc.title()+" ...")
 		if sc.caller == callerLLMQ {
 			llmq++
 			if sc.headers == sim.HeadersNone {
 				// nothing announces the limit: the policy's stands
-				want = append(want, sc.name+": llmq learned: tpm limit")
+				want = append(want, sc.label()+": llmq learned: tpm limit")
 			} else {
-				want = append(want, sc.name+": llmq learned: tpm limit 60000")
+				want = append(want, sc.label()+": llmq learned: tpm limit 60000")
 			}
 		}
 		switch {
@@ -64,9 +80,30 @@ func testRun(t *testing.T, names []string) {
 		}
 	}
 	want = append(want, "llmq's targets (TPM used in the steady state, 429s over the whole run): ", fmt.Sprintf(" of %d met", llmq))
+	if responses > 0 {
+		want = append(want, "Responses API: ", "% Responses)")
+	}
 	for _, w := range want {
 		if !strings.Contains(got, w) {
 			t.Errorf("output lacks %q:\n%s", w, got)
+		}
+	}
+	// Every scenario completed some of its requests; with a share of them
+	// sent to the Responses API, some of those too, and none failed
+	// (llmq's jobs, whose bodies its admission and worker must take).
+	done := completedLine.FindAllStringSubmatch(got, -1)
+	if len(done) != len(names) {
+		t.Errorf("%d lines of what completed, want %d:\n%s", len(done), len(names), got)
+	}
+	for _, m := range done {
+		completed, resp, failed := m[1], m[2], m[3]
+		switch {
+		case completed == "0":
+			t.Errorf("a scenario completed nothing:\n%s", got)
+		case responses == 0 && resp != "":
+			t.Errorf("chat-only run: %q", m[0])
+		case responses > 0 && (resp == "" || resp == "0" || failed != "0"):
+			t.Errorf("%g of the requests to the Responses API: %q; want some of them completed, none failed", responses, m[0])
 		}
 	}
 	// The table has a first-minute and a steady-state line per scenario,
@@ -138,6 +175,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-interval", "500ms"}, "-interval"},
 		{[]string{"-redis-db", "-1"}, "-redis-db"},
 		{[]string{"-scenarios", "keep,nope"}, `-scenarios: unknown scenario "nope"`},
+		{[]string{"-responses", "0,1.5"}, "-responses"},
+		{[]string{"-responses", "half"}, "-responses"},
 		{[]string{"-duration", "soon"}, "-duration"},
 		{[]string{"extra"}, "extra"},
 	} {
@@ -166,8 +205,20 @@ func TestScenarioNames(t *testing.T) {
 	if o.Duration != 150*time.Second || o.Warmup != 90*time.Second || o.RPM != 600 || o.TPM != 60_000 || o.Processes != 4 || o.Concurrency != 50 {
 		t.Errorf("defaults %+v, want the issue's", o)
 	}
+	// Each scenario runs once per share of Responses API requests, in order.
+	o, err = parseOptions([]string{"-scenarios", "keep,retry", "-responses", "0, 0.5,0"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var labels []string
+	for _, sc := range o.runs() {
+		labels = append(labels, sc.label())
+	}
+	if got, want := strings.Join(labels, ","), "keep,keep (50% Responses),retry,retry (50% Responses)"; got != want {
+		t.Errorf("runs %s, want %s", got, want)
+	}
 	o, err = parseOptions([]string{"-quick"}, &bytes.Buffer{})
-	if err != nil || o.Duration != 30*time.Second || o.Warmup != 10*time.Second || len(o.Scenarios) != len(scenarios) {
+	if err != nil || o.Duration != 30*time.Second || o.Warmup != 10*time.Second || len(o.Scenarios) != len(scenarios) || len(o.runs()) != len(scenarios) {
 		t.Errorf("-quick: %+v, %v", o, err)
 	}
 }
@@ -321,7 +372,7 @@ func TestLocalBucket(t *testing.T) {
 
 func TestMixIsDeterministic(t *testing.T) {
 	for _, sh := range []shape{usualShape, longShape} {
-		a, b := newMix(7, sh), newMix(7, sh)
+		a, b := newMix(7, sh, 0), newMix(7, sh, 0)
 		for i := range 20 {
 			ra, err := a.request(i)
 			if err != nil {
@@ -335,6 +386,62 @@ func TestMixIsDeterministic(t *testing.T) {
 				ra.promptTokens < int64(sh.PromptMin) || ra.contentTokens >= ra.promptTokens {
 				t.Fatalf("request %d out of the mix's bounds %+v: %+v", i, sh, ra)
 			}
+		}
+	}
+}
+
+// A mix with a share of Responses API requests sends the same prompts and
+// max tokens as the chat-only one, about that share of them as Responses
+// bodies (the words as input, max_output_tokens), which llmq's estimator
+// counts as it counts the chat ones.
+func TestMixResponses(t *testing.T) {
+	t.Parallel()
+	for _, sh := range []shape{usualShape, longShape} {
+		chat, mixed := newMix(7, sh, 0), newMix(7, sh, 0.5)
+		const n = 60
+		responses := 0
+		for i := range n {
+			rc, err := chat.request(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rm, err := mixed.request(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc.endpoint != llm.EndpointChat {
+				t.Fatalf("request %d of a chat-only mix to %s", i, rc.endpoint)
+			}
+			if rm.promptTokens != rc.promptTokens || rm.maxTokens != rc.maxTokens || rm.cost != rc.cost || rm.contentTokens != rc.contentTokens {
+				t.Fatalf("request %d: mixed %+v, chat-only %+v", i, rm, rc)
+			}
+			if rm.endpoint == llm.EndpointChat {
+				if !bytes.Equal(rm.body, rc.body) {
+					t.Fatalf("request %d differs between the two mixes though both are chat", i)
+				}
+				continue
+			}
+			responses++
+			var chatBody struct {
+				Messages []struct{ Content string } `json:"messages"`
+			}
+			var body struct {
+				Model           string `json:"model"`
+				Input           string `json:"input"`
+				MaxOutputTokens int64  `json:"max_output_tokens"`
+			}
+			if err := json.Unmarshal(rc.body, &chatBody); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(rm.body, &body); err != nil {
+				t.Fatal(err)
+			}
+			if rm.endpoint != llm.EndpointResponses || body.Model != model || body.Input != chatBody.Messages[0].Content || body.MaxOutputTokens != rc.maxTokens {
+				t.Fatalf("request %d to %s: %s; want the chat request's words and max_tokens: %s", i, rm.endpoint, rm.body, rc.body)
+			}
+		}
+		if responses < n/3 || responses > 2*n/3 {
+			t.Errorf("%d of %d requests to the Responses API, want about half", responses, n)
 		}
 	}
 }

@@ -88,7 +88,9 @@ type result struct {
 	// completions are when jobs (llmq) or requests (baselines) succeeded,
 	// since the scenario's start, sorted.
 	completions []time.Duration
-	failed      int
+	// responsesDone is how many of them were Responses API calls.
+	responsesDone int
+	failed        int
 	// with429 is how many jobs or requests received a 429, most429 the
 	// most 429s one of them received.
 	with429, most429 int

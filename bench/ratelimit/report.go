@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
 )
 
 // timeline prints a scenario's intervals: what the provider kept and
@@ -65,7 +66,11 @@ func timeline(w io.Writer, o *options, r *result) {
 	if sc.caller != callerLLMQ {
 		what = "requests"
 	}
-	fmt.Fprintf(w, "  %d %s completed, %d failed; %d %s received a 429, at most %d each\n", whole.completions, what, r.failed, r.with429, what, r.most429)
+	fmt.Fprintf(w, "  %d %s completed", whole.completions, what)
+	if sc.responses > 0 {
+		fmt.Fprintf(w, " (%d of them to %s)", r.responsesDone, llm.EndpointResponses)
+	}
+	fmt.Fprintf(w, ", %d failed; %d %s received a 429, at most %d each\n", r.failed, r.with429, what, r.most429)
 	switch {
 	case !sc.replayable():
 		fmt.Fprintln(w, "  no bucket replay: the external application's calls are not in the simulator's admission log")
@@ -181,7 +186,7 @@ func report(w io.Writer, o *options, results []*result) {
 		}
 		for i, win := range windows {
 			steady := i == len(windows)-2
-			name, provider, policy := sc.name, sc.provider, sc.policyName()
+			name, provider, policy := sc.label(), sc.provider, sc.policyName()
 			if i > 0 {
 				name, provider, policy = "", "", ""
 			}
@@ -201,7 +206,7 @@ func report(w io.Writer, o *options, results []*result) {
 				if ok {
 					met++
 				} else {
-					missed = append(missed, sc.name)
+					missed = append(missed, sc.label())
 				}
 			}
 			used := pct(win.accountShare(o.TPM))
@@ -217,7 +222,7 @@ func report(w io.Writer, o *options, results []*result) {
 	fmt.Fprintln(w)
 	for _, r := range results {
 		if r.learned != nil {
-			fmt.Fprintf(w, "%s: llmq learned: %s\n", r.scenario.name, r.learned.describe())
+			fmt.Fprintf(w, "%s: llmq learned: %s\n", r.scenario.label(), r.learned.describe())
 		}
 	}
 	if targets > 0 {

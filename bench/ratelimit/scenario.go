@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
 )
 
@@ -32,8 +33,10 @@ type scenario struct {
 	headers       string
 	headerNoise   float64
 	retryAfter    string
-	// shape is the request mix.
-	shape shape
+	// shape is the request mix, responses the share of its requests sent
+	// to the Responses API (-responses; 0: chat completions only).
+	shape     shape
+	responses float64
 	// target is the row for llmq; zero for the baselines.
 	target target
 }
@@ -132,15 +135,38 @@ func (s scenario) external(tpm int64) int64 { return int64(s.externalShare * flo
 // provider's TPM bucket: the external application's calls are not logged.
 func (s scenario) replayable() bool { return s.externalShare == 0 }
 
+// label names the scenario in the progress lines and the table: its name,
+// with its share of Responses API requests when it has one.
+func (s scenario) label() string {
+	if s.responses == 0 {
+		return s.name
+	}
+	return fmt.Sprintf("%s (%s Responses)", s.name, pct0(s.responses))
+}
+
+// fileName is the label as a file name: "keep", "keep-responses-50".
+func (s scenario) fileName() string {
+	if s.responses == 0 {
+		return s.name
+	}
+	return fmt.Sprintf("%s-responses-%.0f", s.name, 100*s.responses)
+}
+
 // title is the scenario as its progress line and timeline name it.
 func (s scenario) title() string {
+	var t string
 	switch s.caller {
 	case callerRetry:
-		return "baseline: retry after retry-after, no limiter; provider " + s.provider
+		t = "baseline: retry after retry-after, no limiter; provider " + s.provider
 	case callerLocal:
-		return "baseline: a local token bucket per process; provider " + s.provider
+		t = "baseline: a local token bucket per process; provider " + s.provider
+	default:
+		t = fmt.Sprintf("llmq, policy = %s; provider %s", s.policyName(), s.provider)
 	}
-	return fmt.Sprintf("llmq, policy = %s; provider %s", s.policyName(), s.provider)
+	if s.responses > 0 {
+		t += fmt.Sprintf("; %s of requests to %s", pct0(s.responses), llm.EndpointResponses)
+	}
+	return t
 }
 
 func (s scenario) policyName() string {

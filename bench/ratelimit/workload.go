@@ -55,7 +55,10 @@ token queue worker plan text result answer value order state light world house w
 // request is one call of the mix.
 type request struct {
 	index int
-	body  []byte
+	// endpoint is llm.EndpointChat or llm.EndpointResponses; body is a
+	// request of that endpoint.
+	endpoint string
+	body     []byte
 	// promptTokens is llmq's estimate of the prompt (the admission
 	// estimator's, with the message overhead); cost is what the local
 	// baseline reserves, and llmq's limiter before any calibration:
@@ -69,14 +72,20 @@ type request struct {
 }
 
 // mix draws the i-th request of a run the same way in every scenario of a
-// shape, so all of them send the same requests in the same order.
+// shape, so all of them send the same requests in the same order. A share
+// of them (responses, 0 to 1) goes to the Responses API: the same words as
+// its input, max_tokens as its max_output_tokens; which ones is drawn after
+// the words and max_tokens, so every share sends the same prompts.
 type mix struct {
-	seed  uint64
-	shape shape
-	est   *llm.Estimator
+	seed      uint64
+	shape     shape
+	responses float64
+	est       *llm.Estimator
 }
 
-func newMix(seed uint64, s shape) *mix { return &mix{seed: seed, shape: s, est: llm.NewEstimator()} }
+func newMix(seed uint64, s shape, responses float64) *mix {
+	return &mix{seed: seed, shape: s, responses: responses, est: llm.NewEstimator()}
+}
 
 func (m *mix) request(i int) (*request, error) {
 	s := m.shape
@@ -90,20 +99,28 @@ func (m *mix) request(i int) (*request, error) {
 		b.WriteString(words[rng.IntN(len(words))])
 	}
 	maxTokens := int64(s.MaxMin + rng.IntN(s.MaxMax-s.MaxMin+1))
-	body, err := json.Marshal(map[string]any{
+	endpoint, fields := llm.EndpointChat, map[string]any{
 		"model":      model,
 		"messages":   []map[string]string{{"role": "user", "content": b.String()}},
 		"max_tokens": maxTokens,
-	})
+	}
+	if rng.Float64() < m.responses {
+		endpoint, fields = llm.EndpointResponses, map[string]any{
+			"model":             model,
+			"input":             b.String(),
+			"max_output_tokens": maxTokens,
+		}
+	}
+	body, err := json.Marshal(fields)
 	if err != nil {
 		return nil, err
 	}
-	p, err := m.est.Parse(llm.EndpointChat, model, "", body)
+	p, err := m.est.Parse(endpoint, model, "", body)
 	if err != nil {
 		return nil, fmt.Errorf("request %d: %w", i, err)
 	}
-	return &request{index: i, body: body, promptTokens: p.PromptTokens, maxTokens: maxTokens, cost: p.PromptTokens + maxTokens,
-		contentTokens: p.ContentTokens}, nil
+	return &request{index: i, endpoint: endpoint, body: body, promptTokens: p.PromptTokens, maxTokens: maxTokens,
+		cost: p.PromptTokens + maxTokens, contentTokens: p.ContentTokens}, nil
 }
 
 // describe summarises the first requests of the mix: what llmq estimates,
