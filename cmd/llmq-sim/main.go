@@ -1,5 +1,6 @@
 // Command llmq-sim serves the simulated OpenAI-compatible provider of
-// internal/llm/sim on a local address, for integration tests, benchmarks and
+// internal/llm/sim on a local address (chat completions, the Responses API,
+// embeddings, files and batches), for integration tests, benchmarks and
 // trying llmq without a provider account. Point a provider's base_url at the
 // URL it prints; GET /sim/stats and GET /sim/admissions show what it admitted.
 package main
@@ -71,6 +72,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of faults, latencies, completion lengths and embeddings")
 	fs.IntVar(&cfg.EmbeddingDim, "embedding-dim", 64, "length of embeddings when the request asks no dimensions")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "bearer token required of every request (default: any)")
+	fs.IntVar(&cfg.StoredResponses, "stored-responses", 10_000, "how many /v1/responses answers are kept for GET /v1/responses/{id} and previous_response_id")
 	fs.Float64Var(&cfg.Batch.LinesPerSecond, "batch-lines-per-second", 5000, "how fast a batch answers its lines (negative: all at once)")
 	fs.DurationVar(&cfg.Batch.ValidatingFor, "batch-validating-for", 50*time.Millisecond, "how long a batch stays validating (negative: no time)")
 	fs.DurationVar(&cfg.Batch.FinalizingFor, "batch-finalizing-for", 50*time.Millisecond, "how long a batch stays finalizing (negative: no time)")
@@ -82,7 +84,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Float64Var(&cfg.Batch.FailRate, "batch-fail-rate", 0, "share of batches that fail (server_error) after validation, answering no line")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	var help strings.Builder
-	help.WriteString("usage: llmq-sim [FLAGS]\n  Serves the simulated OpenAI-compatible provider until SIGINT or SIGTERM.\n\nFlags:\n")
+	help.WriteString("usage: llmq-sim [FLAGS]\n  Serves the simulated OpenAI-compatible provider until SIGINT or SIGTERM:\n" +
+		"  /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/files and /v1/batches\n  (and Azure OpenAI's paths under /openai).\n\nFlags:\n")
 	fs.SetOutput(&help)
 	fs.PrintDefaults()
 	if err := cmdline.Parse(fs, args, stdout, help.String()); err != nil {

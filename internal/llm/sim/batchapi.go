@@ -160,7 +160,7 @@ func (s *Server) serveBatchCreate(w http.ResponseWriter, r *http.Request, d dial
 		bad("endpoint", "missing_required_parameter", "Missing required parameter: 'endpoint'.")
 		return
 	case api == "":
-		bad("endpoint", "invalid_value", fmt.Sprintf("Invalid value for 'endpoint': '%s'. Supported values are: '/v1/chat/completions' and '/v1/embeddings'.", req.Endpoint))
+		bad("endpoint", "invalid_value", fmt.Sprintf("Invalid value for 'endpoint': '%s'. Supported values are: '/v1/responses', '/v1/chat/completions' and '/v1/embeddings'.", req.Endpoint))
 		return
 	case req.CompletionWindow != "24h":
 		bad("completion_window", "invalid_value", fmt.Sprintf("Invalid value for 'completion_window': '%s'. Supported values are: '24h'.", req.CompletionWindow))

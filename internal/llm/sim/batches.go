@@ -663,7 +663,7 @@ func batchEndpoint(endpoint string, azure bool) string {
 		endpoint = "/v1" + endpoint
 	}
 	switch endpoint {
-	case llm.EndpointChat, llm.EndpointEmbeddings:
+	case llm.EndpointChat, llm.EndpointEmbeddings, llm.EndpointResponses:
 		return endpoint
 	}
 	return ""
@@ -675,6 +675,8 @@ const (
 	identBatch
 	identBatchRequest
 	identRequest
+	identResponse
+	identMessage
 )
 
 // ident is the n-th identifier of a kind: prefix and 24 hex digits, unique

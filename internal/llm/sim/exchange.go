@@ -28,6 +28,7 @@ type Exchange struct {
 	hangFor  time.Duration
 	admitted bool
 	model    string
+	endpoint string
 	seq      int64 // the admission log entry
 	unused   int64 // what a refund gives back
 	// completion is the output tokens of an admitted request.
@@ -75,10 +76,10 @@ func (x *Exchange) answer(status int, message, typ, param, code string) *Exchang
 	return x
 }
 
-// Begin decides a request to endpoint (llm.EndpointChat or
-// llm.EndpointEmbeddings) with body at the simulator's now: a 400 or 404 for
-// a body it refuses, a fault, a 429, or admission, which charges the buckets
-// and draws the answer and the latency.
+// Begin decides a request to endpoint (llm.EndpointChat,
+// llm.EndpointResponses or llm.EndpointEmbeddings) with body at the
+// simulator's now: a 400 or 404 for a body it refuses, a fault, a 429, or
+// admission, which charges the buckets and draws the answer and the latency.
 func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 	x := &Exchange{s: s, header: http.Header{}}
 	c, bad := s.prepare(endpoint, body)
@@ -87,7 +88,7 @@ func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 		return x.refuse(bad)
 	}
 	n := s.arrival.Add(1)
-	x.n, x.model = n, c.p.Model
+	x.n, x.model, x.endpoint = n, c.p.Model, endpoint
 	if bad := s.exceedsContext(c); bad != nil {
 		// Nothing is counted against the limits.
 		s.count(func(st *Stats) { st.BadRequests++ })
@@ -95,6 +96,9 @@ func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 	}
 	now := s.cfg.Now()
 	v := s.admit(c.p.Model, c.tokens, now, s.draw(n, drawFault))
+	if endpoint == llm.EndpointResponses {
+		s.count(func(st *Stats) { st.Responses++ })
+	}
 	x.seq = v.seq
 	s.setRateHeaders(x.header, &v, n)
 	switch v.outcome {
@@ -127,8 +131,11 @@ type call struct {
 	body     []byte
 	p        *llm.ParsedRequest
 	emb      embeddingOptions
-	// prompt is the prompt tokens as the provider counts them; maxTokens
-	// what a chat call may produce per choice; tokens what admission
+	// responses is what a Responses API call echoes; nil for the others.
+	responses *responsesRequest
+	// prompt is the prompt tokens as the provider counts them (with a
+	// Responses API call's previous turns); maxTokens what a chat or
+	// Responses API call may produce per choice; tokens what admission
 	// charges (prompt plus maxTokens for every choice).
 	prompt, maxTokens, tokens int64
 }
@@ -148,6 +155,13 @@ func (x *Exchange) refuse(r *refusal) *Exchange {
 // prepare parses body for endpoint and counts it as the provider does: a
 // 400 for a body it refuses, a 404 for a model it does not serve.
 func (s *Server) prepare(endpoint string, body []byte) (*call, *refusal) {
+	var rq *responsesRequest
+	if endpoint == llm.EndpointResponses {
+		var bad *refusal
+		if rq, bad = readResponsesRequest(body); bad != nil {
+			return nil, bad
+		}
+	}
 	p, err := s.est.Parse(endpoint, "", "", body)
 	if err != nil {
 		var ir *llm.InvalidRequestError
@@ -164,7 +178,7 @@ func (s *Server) prepare(endpoint string, body []byte) (*call, *refusal) {
 			return nil, &refusal{http.StatusNotFound, "The model `" + p.Model + "` does not exist or you do not have access to it.", "invalid_request_error", "", "model_not_found"}
 		}
 	}
-	c := &call{endpoint: endpoint, body: body, p: p}
+	c := &call{endpoint: endpoint, body: body, p: p, responses: rq}
 	if endpoint == llm.EndpointEmbeddings {
 		if c.emb, err = s.embeddingOptions(body); err != nil {
 			return nil, &refusal{http.StatusBadRequest, err.Error(), "invalid_request_error", "dimensions", ""}
@@ -172,8 +186,16 @@ func (s *Server) prepare(endpoint string, body []byte) (*call, *refusal) {
 	}
 	// The provider counts the prompt with its own tokenizer.
 	c.prompt = int64(math.Ceil(float64(p.ContentTokens) * s.cfg.PromptFactor))
+	if rq != nil && rq.previous != "" {
+		// The provider counts the earlier turns it stored.
+		earlier, bad := s.previousTokens(rq.previous)
+		if bad != nil {
+			return nil, bad
+		}
+		c.prompt += earlier
+	}
 	c.tokens = c.prompt
-	if endpoint == llm.EndpointChat {
+	if endpoint == llm.EndpointChat || endpoint == llm.EndpointResponses {
 		c.maxTokens = p.MaxTokens
 		if c.maxTokens == 0 {
 			c.maxTokens = s.defaultMaxTokens(p.Model)
@@ -183,16 +205,19 @@ func (s *Server) prepare(endpoint string, body []byte) (*call, *refusal) {
 	return c, nil
 }
 
-// exceedsContext is OpenAI's 400 context_length_exceeded for a chat call
-// whose prompt and max_tokens pass its model's context window; nil when it
-// fits.
+// exceedsContext is OpenAI's 400 context_length_exceeded for a chat or
+// Responses API call whose prompt and max_tokens (max_output_tokens, or the
+// default max tokens) pass its model's context window; nil when it fits.
 func (s *Server) exceedsContext(c *call) *refusal {
-	if c.endpoint != llm.EndpointChat {
+	if c.endpoint == llm.EndpointEmbeddings {
 		return nil
 	}
 	window := s.contextWindow(c.p.Model)
 	if window <= 0 || c.prompt+c.maxTokens <= window {
 		return nil
+	}
+	if c.endpoint == llm.EndpointResponses {
+		return responsesContext()
 	}
 	// OpenAI's wording.
 	return &refusal{http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
@@ -202,8 +227,12 @@ func (s *Server) exceedsContext(c *call) *refusal {
 // respond draws the answer to c as request n at now: its body and its
 // completion tokens.
 func (s *Server) respond(c *call, n uint64, now time.Time) (body []byte, completion int64) {
-	if c.endpoint != llm.EndpointChat {
+	switch c.endpoint {
+	case llm.EndpointEmbeddings:
 		return s.embeddingResponse(n, c.p, c.prompt, c.emb), 0
+	case llm.EndpointResponses:
+		completion = s.completionTokens(c.maxTokens, s.draw(n, drawCompletion))
+		return s.responsesResponse(c, n, now, completion), completion
 	}
 	completions := make([]int64, c.p.N)
 	for i := range completions {

@@ -14,10 +14,13 @@ import (
 )
 
 // Handler serves the OpenAI API (POST /v1/chat/completions, POST
-// /v1/embeddings, GET /v1/models), the same calls as Azure OpenAI takes them
-// (POST /openai/deployments/{deployment}/chat/completions?api-version=…, the
-// deployment as the model, and POST /openai/v1/…), OpenAI's Files and Batches
-// endpoints (POST /v1/files, GET /v1/files/{id}[/content], DELETE
+// /v1/responses, POST /v1/embeddings, GET /v1/models), the Responses API's
+// stored responses (GET and DELETE /v1/responses/{id}, POST
+// /v1/responses/{id}/cancel), the same calls as Azure OpenAI takes them (POST
+// /openai/deployments/{deployment}/chat/completions?api-version=…, the
+// deployment as the model; POST /openai/responses?api-version=…, the
+// deployment as the body's model; and POST /openai/v1/…), OpenAI's Files and
+// Batches endpoints (POST /v1/files, GET /v1/files/{id}[/content], DELETE
 // /v1/files/{id}, POST /v1/batches, GET /v1/batches[/{id}], POST
 // /v1/batches/{id}/cancel; see BatchConfig), the same under /openai (with
 // api-version) and /openai/v1, and the simulator's control API:
@@ -38,13 +41,16 @@ import (
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+llm.EndpointChat, s.serveCompletion)
+	mux.HandleFunc("POST "+llm.EndpointResponses, s.serveCompletion)
 	mux.HandleFunc("POST "+llm.EndpointEmbeddings, s.serveCompletion)
 	mux.HandleFunc("GET /v1/models", s.serveModels)
 	// Azure OpenAI: a deployment's paths, and the v1 API's.
 	mux.HandleFunc("POST /openai/deployments/{deployment}/chat/completions", s.serveAzureDeployment)
 	mux.HandleFunc("POST /openai/deployments/{deployment}/embeddings", s.serveAzureDeployment)
 	mux.HandleFunc("POST /openai/v1/chat/completions", s.serveAzureV1)
+	mux.HandleFunc("POST /openai/v1/responses", s.serveAzureV1)
 	mux.HandleFunc("POST /openai/v1/embeddings", s.serveAzureV1)
+	s.handleResponses(mux)
 	s.handleBatchAPI(mux)
 	mux.HandleFunc("GET /sim/stats", s.serveStats)
 	mux.HandleFunc("GET /sim/admissions", s.serveAdmissions)

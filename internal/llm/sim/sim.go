@@ -1,7 +1,8 @@
 // Package sim is a simulated OpenAI-compatible provider for tests, benchmarks
-// and llmq's embedded default. It serves chat completions, embeddings, the
-// model list, and the Files and Batches endpoints (BatchConfig) with OpenAI's
-// shapes, and enforces requests- and tokens-per-minute (and optionally
+// and llmq's embedded default. It serves chat completions, the Responses API
+// (plain and streamed, stored responses, previous_response_id), embeddings,
+// the model list, and the Files and Batches endpoints (BatchConfig) with
+// OpenAI's shapes, and enforces requests- and tokens-per-minute (and optionally
 // per-day) limits the way OpenAI does: continuously refilled token buckets
 // that charge prompt tokens plus max_tokens at admission and get the unused
 // part back when the call completes, 429s with OpenAI's error body and
@@ -106,9 +107,10 @@ type Model struct {
 	Limits Limits
 	// DefaultMaxTokens replaces Config.DefaultMaxTokens when set.
 	DefaultMaxTokens int64
-	// ContextWindow, when set, is the model's context length: a chat
-	// request whose prompt and max_tokens exceed it is refused with
-	// OpenAI's 400 context_length_exceeded, before admission.
+	// ContextWindow, when set, is the model's context length: a chat or
+	// Responses API request whose prompt and max_tokens (max_output_tokens)
+	// exceed it is refused with OpenAI's 400 context_length_exceeded,
+	// before admission.
 	ContextWindow int64
 }
 
@@ -169,8 +171,9 @@ type Config struct {
 	// (or added since by SetModelLimits). Defaults to false: any model name
 	// is served.
 	OnlyKnownModels bool
-	// DefaultMaxTokens is what a chat request without max_tokens is charged
-	// per choice at admission. Defaults to 4096.
+	// DefaultMaxTokens is what a chat request without max_tokens (a
+	// Responses API request without max_output_tokens) is charged per
+	// choice at admission. Defaults to 4096.
 	DefaultMaxTokens int64
 	// Refund gives the unused part of max_tokens back to the token buckets
 	// RefundDelay after a call completes. Defaults to false: as OpenAI
@@ -245,6 +248,10 @@ type Config struct {
 	LogSize int
 	// MaxBodyBytes bounds a request body. Defaults to 32 MiB.
 	MaxBodyBytes int64
+	// StoredResponses is how many Responses API responses are kept for GET
+	// /v1/responses/{id} and previous_response_id, the most recent ones.
+	// Defaults to 10000.
+	StoredResponses int
 	// Batch configures the Files and Batches endpoints (OpenAI's Batch
 	// API): how fast batches run, their queue limits, and how they expire
 	// or fail. Its defaults complete a batch of a few thousand lines within
@@ -288,6 +295,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: Config.EmbeddingDim must be within [1, %d], got %d", maxEmbeddingDim, c.EmbeddingDim)
 	case c.LogSize < 0:
 		return fmt.Errorf("sim: Config.LogSize must not be negative, got %d", c.LogSize)
+	case c.StoredResponses < 0:
+		return fmt.Errorf("sim: Config.StoredResponses must not be negative, got %d", c.StoredResponses)
 	case c.MaxBodyBytes < 0:
 		return fmt.Errorf("sim: Config.MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes)
 	case c.RefundDelay < 0:
@@ -339,6 +348,9 @@ func (c *Config) setDefaults() {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
 	}
+	if c.StoredResponses == 0 {
+		c.StoredResponses = 10_000
+	}
 	if c.Faults.RetryAfter429 == 0 {
 		c.Faults.RetryAfter429 = time.Second
 	}
@@ -381,7 +393,8 @@ type Server struct {
 	log     *admissionLog
 	stats   Stats
 
-	bat *batchStore // files and batches, under their own lock
+	bat       *batchStore    // files and batches, under their own lock
+	responses *responseStore // stored responses, under their own lock
 }
 
 // buckets are one model's (or, shared, every model's) limits, with the
@@ -417,15 +430,16 @@ func New(cfg Config) *Server {
 	}
 	cfg.Models = nil
 	return &Server{
-		cfg:     cfg,
-		est:     llm.NewEstimator(),
-		closed:  make(chan struct{}),
-		limits:  cfg.Limits,
-		models:  models,
-		faults:  cfg.Faults,
-		buckets: make(map[string]*buckets),
-		log:     newAdmissionLog(cfg.LogSize),
-		bat:     newBatchStore(cfg.Batch),
+		cfg:       cfg,
+		est:       llm.NewEstimator(),
+		closed:    make(chan struct{}),
+		limits:    cfg.Limits,
+		models:    models,
+		faults:    cfg.Faults,
+		buckets:   make(map[string]*buckets),
+		log:       newAdmissionLog(cfg.LogSize),
+		bat:       newBatchStore(cfg.Batch),
+		responses: newResponseStore(cfg.StoredResponses),
 	}
 }
 
@@ -549,7 +563,7 @@ func (s *Server) Admissions(after int64) []Admission {
 }
 
 // Reset clears the counters (the batch counters too) and the log and refills
-// every bucket. Files and batches stay.
+// every bucket. Files, batches and stored responses stay.
 func (s *Server) Reset() {
 	s.resetBatchStats()
 	s.mu.Lock()

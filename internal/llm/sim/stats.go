@@ -51,8 +51,11 @@ type Admission struct {
 
 // Stats counts what the simulator did since it started (or was reset).
 type Stats struct {
-	// Requests is every valid request on the two completion endpoints.
-	Requests    int64 `json:"requests"`
+	// Requests is every valid request to chat completions, the Responses
+	// API and embeddings that reached the limiter.
+	Requests int64 `json:"requests"`
+	// Responses is the part of Requests that went to the Responses API.
+	Responses   int64 `json:"responses"`
 	Admitted    int64 `json:"admitted"`
 	RateLimited int64 `json:"rate_limited"`
 	// RateLimitedShort is the part of RateLimited that the minute's

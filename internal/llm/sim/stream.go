@@ -12,9 +12,10 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 )
 
-// streamRequest reads a chat body's stream and stream_options, as OpenAI
-// does, and returns the body without them: the exchange admits a stream
-// exactly as the same request unstreamed, in every counting mode.
+// streamRequest reads a chat or Responses API body's stream and
+// stream_options, as OpenAI does, and returns the body without them: the
+// exchange admits a stream exactly as the same request unstreamed, in every
+// counting mode.
 func streamRequest(endpoint string, body []byte) (rest []byte, stream, includeUsage bool, err error) {
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(body, &fields) != nil {
@@ -30,10 +31,10 @@ func streamRequest(endpoint string, body []byte) (rest []byte, stream, includeUs
 	if string(raw) != "true" {
 		return nil, false, false, errors.New("'stream' must be a boolean")
 	}
-	if endpoint != llm.EndpointChat {
+	if endpoint != llm.EndpointChat && endpoint != llm.EndpointResponses {
 		return nil, false, false, errors.New("'stream' is not supported on " + endpoint)
 	}
-	if so, ok := fields["stream_options"]; ok && string(so) != "null" {
+	if so, ok := fields["stream_options"]; ok && string(so) != "null" && endpoint == llm.EndpointChat {
 		var o struct {
 			IncludeUsage *bool `json:"include_usage"`
 		}
@@ -67,16 +68,74 @@ type chunkedCompletion struct {
 // streamParts is how many content chunks each choice is sent in, at most.
 const streamParts = 8
 
-// serveStream answers an admitted exchange as Server-Sent Events, as OpenAI
-// streams a chat completion: the first chunk (the role) after the call's
-// base latency, the content in up to streamParts chunks over the time its
-// tokens take, the finish reasons, the usage chunk when asked, then [DONE].
-// The exchange finishes (its refund) when the last content is sent. The
-// headers go with the first chunk, so under HeadersAtCompletion a stream's
-// counts are those of its start: they lack its own refund, never more.
-func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange, includeUsage bool) {
+// events is an answer cut into Server-Sent Events, each whole (its data
+// line and the blank line after it): head goes with the headers, parts[k]
+// after the k-th of streamParts shares of the time its tokens take, tail
+// once the exchange finished.
+type events struct {
+	head  [][]byte
+	parts [streamParts][][]byte
+	tail  [][]byte
+}
+
+// chatEvents cuts a chat completion into OpenAI's chunks: the role of each
+// choice, its content in up to streamParts chunks, the finish reasons, the
+// usage chunk when asked, then [DONE].
+func chatEvents(body []byte, includeUsage bool) (*events, error) {
 	var c chunkedCompletion
-	if err := json.Unmarshal(x.body, &c); err != nil {
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, err
+	}
+	usageField := ""
+	if includeUsage {
+		usageField = `,"usage":null`
+	}
+	chunk := func(choices string, extra string) []byte {
+		var b bytes.Buffer
+		fmt.Fprintf(&b, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":%q,"choices":[%s]%s}`+"\n\n",
+			c.ID, c.Created, c.Model, c.SystemFingerprint, choices, extra)
+		return b.Bytes()
+	}
+	choice := func(i int, delta, finish string) string {
+		return fmt.Sprintf(`{"index":%d,"delta":%s,"logprobs":null,"finish_reason":%s}`, i, delta, finish)
+	}
+	ev := &events{}
+	for _, ch := range c.Choices {
+		ev.head = append(ev.head, chunk(choice(ch.Index, `{"role":"assistant","content":"","refusal":null}`, "null"), usageField))
+	}
+	for _, ch := range c.Choices {
+		for k, part := range split(ch.Message.Content, streamParts) {
+			text, _ := json.Marshal(part)
+			ev.parts[k] = append(ev.parts[k], chunk(choice(ch.Index, `{"content":`+string(text)+`}`, "null"), usageField))
+		}
+	}
+	for _, ch := range c.Choices {
+		finish, _ := json.Marshal(ch.FinishReason)
+		ev.tail = append(ev.tail, chunk(choice(ch.Index, `{}`, string(finish)), usageField))
+	}
+	if includeUsage && len(c.Usage) > 0 {
+		ev.tail = append(ev.tail, chunk("", `,"usage":`+string(bytes.TrimSpace(c.Usage))))
+	}
+	ev.tail = append(ev.tail, []byte("data: [DONE]\n\n"))
+	return ev, nil
+}
+
+// serveStream answers an admitted exchange as Server-Sent Events, as OpenAI
+// streams a chat completion (chatEvents) or a response (responsesEvents):
+// the first events after the call's base latency, the content in up to
+// streamParts events over the time its tokens take, then the end. The
+// exchange finishes (its refund) when the last content is sent. The headers
+// go with the first event, so under HeadersAtCompletion a stream's counts
+// are those of its start: they lack its own refund, never more.
+func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange, includeUsage bool) {
+	var ev *events
+	var err error
+	if x.endpoint == llm.EndpointResponses {
+		ev, err = responsesEvents(x.body)
+	} else {
+		ev, err = chatEvents(x.body, includeUsage)
+	}
+	if err != nil {
 		x.Finish()
 		apiError(w, http.StatusInternalServerError, "The simulator could not cut its answer into chunks.", "server_error", "", "")
 		return
@@ -94,65 +153,29 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
-	usageField := ""
-	if includeUsage {
-		usageField = `,"usage":null`
-	}
-	send := func(choices string, extra string) bool {
-		var b bytes.Buffer
-		fmt.Fprintf(&b, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":%q,"choices":[%s]%s}`+"\n\n",
-			c.ID, c.Created, c.Model, c.SystemFingerprint, choices, extra)
-		if _, err := w.Write(b.Bytes()); err != nil {
-			return false
-		}
-		if flusher != nil {
-			flusher.Flush()
+	send := func(events [][]byte) bool {
+		for _, e := range events {
+			if _, err := w.Write(e); err != nil {
+				return false
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
 		}
 		return true
 	}
-	choice := func(i int, delta, finish string) string {
-		return fmt.Sprintf(`{"index":%d,"delta":%s,"logprobs":null,"finish_reason":%s}`, i, delta, finish)
-	}
-	for _, ch := range c.Choices {
-		if !send(choice(ch.Index, `{"role":"assistant","content":"","refusal":null}`, "null"), usageField) {
-			x.Finish()
-			return
-		}
-	}
-	parts := make([][]string, len(c.Choices))
-	for i, ch := range c.Choices {
-		parts[i] = split(ch.Message.Content, streamParts)
+	if !send(ev.head) {
+		x.Finish()
+		return
 	}
 	for k := range streamParts {
-		if !s.wait(r, perToken/streamParts) {
+		if !s.wait(r, perToken/streamParts) || !send(ev.parts[k]) {
 			x.Finish()
 			return
-		}
-		for i, ch := range c.Choices {
-			if k >= len(parts[i]) {
-				continue
-			}
-			text, _ := json.Marshal(parts[i][k])
-			if !send(choice(ch.Index, `{"content":`+string(text)+`}`, "null"), usageField) {
-				x.Finish()
-				return
-			}
 		}
 	}
 	x.Finish()
-	for _, ch := range c.Choices {
-		finish, _ := json.Marshal(ch.FinishReason)
-		if !send(choice(ch.Index, `{}`, string(finish)), usageField) {
-			return
-		}
-	}
-	if includeUsage && len(c.Usage) > 0 && !send("", `,"usage":`+string(bytes.TrimSpace(c.Usage))) {
-		return
-	}
-	_, _ = w.Write([]byte("data: [DONE]\n\n"))
-	if flusher != nil {
-		flusher.Flush()
-	}
+	send(ev.tail)
 }
 
 // split cuts text at spaces into at most n parts that join back into it.
