@@ -63,10 +63,12 @@ type Estimate struct {
 	WorstCase money.Micros
 }
 
-// Calibrations gives a limiter scope's prompt correction, learned from the
-// provider's usage (the pacer's).
+// Calibrations gives what the provider's answers taught of prompts (the
+// pacer's): a limiter scope's prompt correction, and the tokens of a
+// stored response's conversation, which a follow-up naming it carries.
 type Calibrations interface {
 	Calibration(ctx context.Context, scope string) limiter.Calibration
+	PriorContext(ctx context.Context, responseID string) int64
 }
 
 // Estimator judges requests. It is safe for concurrent use.
@@ -183,6 +185,11 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 		return nil, invalid(err)
 	}
 	est := &Estimate{Model: m, PromptTokens: counted.PromptTokens}
+	if id := decoded.PreviousResponseID(); id != "" && e.calib != nil {
+		// The provider adds the earlier turns to the prompt, and counts
+		// and bills them: reserved too, when llmq saw them answered.
+		est.PromptTokens += e.calib.PriorContext(ctx, id)
+	}
 	if m.Kind == config.KindChat {
 		perChoice := counted.MaxTokens
 		if perChoice == 0 {

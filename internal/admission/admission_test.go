@@ -122,6 +122,8 @@ func (f fixedCalibration) Calibration(context.Context, string) limiter.Calibrati
 	return limiter.Calibration{Factor: float64(f), Samples: 31}
 }
 
+func (fixedCalibration) PriorContext(context.Context, string) int64 { return 0 }
+
 // A calibrated estimate counts the prompt as the provider was seen to:
 // the permit, the worst case and the capacity check alike; the raw
 // estimate stays what is stored.

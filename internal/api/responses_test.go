@@ -173,3 +173,60 @@ func TestBackgroundResponses(t *testing.T) {
 		checkError(t, a.Do("POST", "/v1/responses/"+c.id+"/cancel", c.key, nil), http.StatusNotFound, "not_found", "")
 	}
 }
+
+// A follow-up naming a stored response as previous_response_id reserves
+// the earlier conversation's tokens too (the provider counts and bills
+// them), is charged the provider's count, which is believed though it is
+// above llmq's count of the follow-up's own input, and passes store and
+// previous_response_id to the provider as sent.
+func TestFollowUpReservesTheConversation(t *testing.T) {
+	t.Parallel()
+	a := start(t)
+	_, key := a.Tenant("standard")
+	type usage struct {
+		InputTokens  int64 `json:"input_tokens"`
+		OutputTokens int64 `json:"output_tokens"`
+	}
+	var first struct {
+		ID    string `json:"id"`
+		Usage usage  `json:"usage"`
+	}
+	long := strings.Repeat("word ", 3000)
+	r := a.Do("POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"`+long+`","max_output_tokens":50}`)
+	r.JSON(t, &first)
+	if r.Status != 200 || !strings.HasPrefix(first.ID, "resp_") || first.Usage.InputTokens < 3000 {
+		t.Fatalf("first: %d %s", r.Status, r.Body)
+	}
+	r = a.Do("POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"And then?","max_output_tokens":20,"previous_response_id":"`+first.ID+`","store":false}`)
+	var second struct {
+		Usage usage `json:"usage"`
+	}
+	r.JSON(t, &second)
+	if r.Status != 200 {
+		t.Fatalf("follow-up: %d %s", r.Status, r.Body)
+	}
+	prior := first.Usage.InputTokens + first.Usage.OutputTokens
+	job, err := a.Store.JobGetByID(t.Context(), r.Header.Get("X-Llmq-Job-Id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.EstPromptTokens < prior || job.EstPromptTokens > prior+20 {
+		t.Fatalf("the follow-up reserved a prompt of %d tokens; the conversation holds %d", job.EstPromptTokens, prior)
+	}
+	if second.Usage.InputTokens < prior || job.PromptTokens != second.Usage.InputTokens || job.UsageEstimated || job.Status != "succeeded" {
+		t.Fatalf("follow-up charged %d prompt tokens (estimated %v, %s); the provider counted %d", job.PromptTokens, job.UsageEstimated, job.Status, second.Usage.InputTokens)
+	}
+	// store: false: nothing remembered, so a follow-up of it reserves only
+	// its own input.
+	r = a.Do("POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"Unstored.","max_output_tokens":20,"store":false}`)
+	var unstored struct {
+		ID string `json:"id"`
+	}
+	r.JSON(t, &unstored)
+	if n := a.Pacer.PriorContext(t.Context(), unstored.ID); n != 0 {
+		t.Fatalf("an unstored response's context was remembered: %d", n)
+	}
+	if n := a.Pacer.PriorContext(t.Context(), first.ID); n != prior {
+		t.Fatalf("remembered %d tokens of the first response's conversation, want %d", n, prior)
+	}
+}

@@ -130,6 +130,8 @@ type request struct {
 	inputs    []string        // embedding inputs as text
 	tokenIDs  int64           // embedding inputs given as token ids
 	nInputs   int64
+	// previousResponseID is a Responses API body's previous_response_id.
+	previousResponseID string
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -85,9 +85,11 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 		return invalid("store", "'store' must be a boolean")
 	}
 	if !isNull(rb.PreviousResponseID) {
-		if id, ok := jsonString(rb.PreviousResponseID); !ok || id == "" {
+		id, ok := jsonString(rb.PreviousResponseID)
+		if !ok || id == "" {
 			return invalid("previous_response_id", "'previous_response_id' must be a non-empty string")
 		}
+		r.previousResponseID = id
 	}
 	mot, has, err := intParam(rb.MaxOutputTokens, "max_output_tokens", minOutputTokens, maxTokensParam)
 	if err != nil {
@@ -303,6 +305,10 @@ func responsesTools(raw json.RawMessage) json.RawMessage {
 	return b
 }
 
+// PreviousResponseID is a Responses API body's previous_response_id; "" when
+// it has none.
+func (b *Body) PreviousResponseID() string { return b.r.previousResponseID }
+
 // HasUnseenContext reports whether a request body's prompt includes context
 // llmq cannot see: a Responses API body with a previous_response_id, a
 // conversation, a prompt template or an item_reference. Its prompt as the
@@ -384,4 +390,29 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 		return nil, e
 	}
 	return &Response{StatusCode: resp.StatusCode, Body: body, RequestID: e.RequestID, RateLimit: e.RateLimit, Usage: u}, nil
+}
+
+// StoredResponse reports whether a request body's answer is a response
+// the provider stores: a Responses API body whose store is not false.
+func StoredResponse(endpoint string, body []byte) bool {
+	if endpoint != EndpointResponses {
+		return false
+	}
+	var b struct {
+		Store json.RawMessage `json:"store"`
+	}
+	return json.Unmarshal(body, &b) == nil && string(bytes.TrimSpace(b.Store)) != "false"
+}
+
+// ResponseID is the id of a Responses API answer's body; "" when it has
+// none (or is not a response).
+func ResponseID(body []byte) string {
+	var b struct {
+		ID     string `json:"id"`
+		Object string `json:"object"`
+	}
+	if json.Unmarshal(body, &b) != nil || b.Object != "response" || len(b.ID) > 256 {
+		return ""
+	}
+	return b.ID
 }

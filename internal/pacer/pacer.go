@@ -92,6 +92,8 @@ func (o Options) validate() error {
 type Pacer struct {
 	limiter *limiter.TokenBucket
 	learned *Learned
+	rdb     redis.UniversalClient
+	keys    rkeys.Builder
 	obs     Observer
 	logger  *slog.Logger
 	opts    Options
@@ -131,7 +133,7 @@ func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder,
 	}
 	learned := NewLearned(rdb, keys, logger, obs)
 	learned.now = opts.Now
-	return &Pacer{limiter: tb, learned: learned, obs: obs, logger: logger, opts: opts,
+	return &Pacer{limiter: tb, learned: learned, rdb: rdb, keys: keys, obs: obs, logger: logger, opts: opts,
 		calib: map[string]cachedCalibration{}}, nil
 }
 
@@ -168,6 +170,10 @@ type Call struct {
 	// llmq cannot count (llm.HasUnseenContext): the provider's count of it
 	// does not teach the calibration.
 	UnseenContext bool
+	// Stored is set when the answer is a response the provider stores
+	// (llm.StoredResponse): Done remembers its conversation's tokens for a
+	// follow-up (PriorContext).
+	Stored bool
 }
 
 // Plan returns the call a request of model m with llmq's estimate of
@@ -294,6 +300,9 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 		if len(fb.ShortWindow) > 0 {
 			p.obs.ShortWindowRateLimit(c.Model.Name, fb.ShortWindow)
 		}
+	}
+	if c.Stored && o.Err == nil && o.Response != nil {
+		p.rememberContext(ctx, o.Response)
 	}
 	s, err := p.limiter.Settle(ctx, permit, fb)
 	if err != nil {

@@ -309,6 +309,7 @@ func (r *run) do(ctx context.Context) error {
 	// worst case on the dearest route the job may take.
 	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	r.call.UnseenContext = llm.HasUnseenContext(r.job.Endpoint, r.job.Request)
+	r.call.Stored = llm.StoredResponse(r.job.Endpoint, r.job.Request)
 	worst := admission.WorstCase(p, m, admission.Fallbacks(m, r.job.Fallbacks), r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
 	if done, err := r.budgetDecided(ctx, bres, dec, err); done {
