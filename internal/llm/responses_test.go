@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/llm/sim"
 )
 
 // A Responses body is counted as the chat conversation it stands for:
@@ -227,6 +228,34 @@ func TestResponsesStream(t *testing.T) {
 		e := asError(t, err)
 		if e.Relayed != c.events || e.Code != c.code || e.Class != llm.ClassRetryable || len(events) != c.events {
 			t.Errorf("%s: %v, relayed %d of %d events, code %q", c.name, e, e.Relayed, len(events), e.Code)
+		}
+	}
+}
+
+// An Azure provider calls the Responses API at /openai/responses with its
+// api-version, or at /openai/v1/responses without one, the deployment as
+// the body's model; whole and streamed, against the simulator.
+func TestResponsesOnAzure(t *testing.T) {
+	t.Parallel()
+	ts := startSim(t, sim.Config{APIKey: testKey, Limits: sim.Limits{RPM: 100, TPM: 100000}, RateHeaders: sim.HeadersAzure})
+	base := ts.BaseURL[:len(ts.BaseURL)-len("/v1")]
+	body := []byte(`{"model":"ignored","input":"Say hello.","max_output_tokens":20}`)
+	for _, version := range []string{"2025-04-01-preview", ""} {
+		p := newAzure(t, base, version)
+		resp, err := p.Call(context.Background(), llm.Request{Endpoint: llm.EndpointResponses, Upstream: "my-gpt4o", Body: body})
+		if err != nil || resp.Usage.PromptTokens == 0 || resp.Usage.CompletionTokens == 0 || llm.ResponseID(resp.Body) == "" {
+			t.Fatalf("api-version %q: %v %+v", version, err, resp)
+		}
+		events := 0
+		resp, err = p.Call(context.Background(), llm.Request{Endpoint: llm.EndpointResponses, Upstream: "my-gpt4o", Body: body,
+			Stream: func([]byte) error { events++; return nil }})
+		if err != nil || resp.Chunks != events || events < 5 || resp.Usage.CompletionTokens == 0 {
+			t.Fatalf("api-version %q, streamed: %v, %d events, %+v", version, err, events, resp)
+		}
+	}
+	for _, a := range ts.Admissions(0) {
+		if a.Model != "my-gpt4o" {
+			t.Fatalf("admitted %+v, want deployment my-gpt4o", a)
 		}
 	}
 }
