@@ -68,6 +68,10 @@ var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": 
 // bounds them.
 const maxResponsesItems = 10000
 
+// maxResponseIDBytes bounds a response id llmq keeps or looks up (OpenAI's
+// are about 50 bytes).
+const maxResponseIDBytes = 256
+
 // minOutputTokens is the least max_output_tokens the Responses API takes.
 const minOutputTokens = 16
 
@@ -88,6 +92,9 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 		id, ok := jsonString(rb.PreviousResponseID)
 		if !ok || id == "" {
 			return invalid("previous_response_id", "'previous_response_id' must be a non-empty string")
+		}
+		if len(id) > maxResponseIDBytes {
+			return invalid("previous_response_id", "'previous_response_id' must be at most %d bytes, got %d", maxResponseIDBytes, len(id))
 		}
 		r.previousResponseID = id
 	}
@@ -411,7 +418,7 @@ func ResponseID(body []byte) string {
 		ID     string `json:"id"`
 		Object string `json:"object"`
 	}
-	if json.Unmarshal(body, &b) != nil || b.Object != "response" || len(b.ID) > 256 {
+	if json.Unmarshal(body, &b) != nil || b.Object != "response" || len(b.ID) > maxResponseIDBytes {
 		return ""
 	}
 	return b.ID

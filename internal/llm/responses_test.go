@@ -77,6 +77,7 @@ func TestResponsesRefusals(t *testing.T) {
 		{`{"model":"gpt-4o","input":"x","background":true}`, "background"},
 		{`{"model":"gpt-4o","input":"x","store":"yes"}`, "store"},
 		{`{"model":"gpt-4o","input":"x","previous_response_id":""}`, "previous_response_id"},
+		{`{"model":"gpt-4o","input":"x","previous_response_id":"resp_` + strings.Repeat("9", 300) + `"}`, "previous_response_id"},
 		{`{"input":"x"}`, "model"},
 	}
 	for _, c := range cases {

@@ -220,7 +220,7 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 func (c *collection) answer(j *store.Job, l *llm.BatchLine) *store.JobCompleteParams {
 	price := c.price()
 	p := &store.JobCompleteParams{ID: j.ID, Day: c.part.BudgetDay, GlobalDay: c.part.BudgetGlobalDay, ResponseStatus: l.Response.StatusCode,
-		ResponseBody: l.Response.Body, ProviderRequestID: l.Response.RequestID, Deployment: c.part.Deployment, Batched: true}
+		ResponseBody: l.Response.Body, ProviderRequestID: truncate(l.Response.RequestID, 200), Deployment: c.part.Deployment, Batched: true}
 	u, err := llm.UsageOf(l.Response.Body)
 	worst := func() {
 		p.PromptTokens, p.CompletionTokens = j.EstPromptTokens, j.EstMaxTokens

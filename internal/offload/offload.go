@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -315,11 +316,16 @@ func (o *Offloader) later(ctx context.Context, part *store.BatchPart, cause erro
 	return cause
 }
 
+// truncate bounds a provider's string to n bytes, cut at a character's
+// boundary (the store keeps valid UTF-8 only).
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return s[:n]
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return strings.ToValidUTF8(s[:n], "")
 }
 
 // run is the work on one part in one Step.
