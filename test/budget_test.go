@@ -42,7 +42,15 @@ tiers:
 %s
 `
 
+// expensiveJob is a job of gpt-expensive: a chat completion, or every
+// other one a call of the Responses API, so the budget's claims are shown
+// for both.
 func expensiveJob(i int) map[string]any {
+	if i%2 == 1 {
+		return map[string]any{"custom_id": fmt.Sprintf("e%03d", i), "endpoint": "/v1/responses", "body": map[string]any{
+			"model": "gpt-expensive", "max_output_tokens": 25, "input": fmt.Sprintf("Say %d.", i),
+		}}
+	}
 	return map[string]any{"custom_id": fmt.Sprintf("e%03d", i), "body": map[string]any{
 		"model": "gpt-expensive", "max_tokens": 25,
 		"messages": []map[string]any{{"role": "user", "content": fmt.Sprintf("Say %d.", i)}},
@@ -258,8 +266,10 @@ func budgetNeverOverspent(t *testing.T, omitUsage float64) {
 	// Each job's ledger row is exactly its usage at the model's price; a
 	// job whose answer had no usage is charged its worst case, and says so.
 	estimated := 0
+	endpoints := map[string]int{}
 	for _, id := range ids {
 		j, _ := a.Store.JobGetByID(ctx, id)
+		endpoints[j.Endpoint]++
 		e, err := a.Store.UsageGetByJob(ctx, id)
 		if want := m.Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); err != nil || e.Cost != want || j.Cost != want {
 			t.Fatalf("job %s: ledger %+v (%v), job cost %d; want %d", id, e, err, j.Cost, want)
@@ -270,6 +280,9 @@ func budgetNeverOverspent(t *testing.T, omitUsage float64) {
 				t.Fatalf("job %s without usage charged %d, want its worst case %d", id, j.Cost, j.EstCost)
 			}
 		}
+	}
+	if endpoints["/v1/responses"] != 100 || endpoints["/v1/chat/completions"] != 100 {
+		t.Fatalf("jobs by endpoint: %v", endpoints)
 	}
 	if lo, hi := int(omitUsage*150), int(omitUsage*250); estimated < lo || estimated > hi {
 		t.Fatalf("%d of 200 jobs charged as estimated, want about %.0f", estimated, omitUsage*200)
