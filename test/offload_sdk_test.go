@@ -3,9 +3,6 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,15 +71,6 @@ type offloadSDKResult struct {
 // line's ledger row says batched.
 func TestOpenAINodeSDKBatchOffloaded(t *testing.T) {
 	t.Parallel()
-	node, npm := lookNode(t)
-	dir, err := filepath.Abs("node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	installNodeSDK(ctx, t, npm, dir)
-
 	const n = 50
 	// The simulator serves batches quickly (its default 5,000 lines a
 	// second, 50ms validating); a worker runs so that a line sent down
@@ -100,23 +88,11 @@ func TestOpenAINodeSDKBatchOffloaded(t *testing.T) {
 	_, key := a.Tenant("bulk")
 
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, node, "offload.mjs")
-	cmd.Dir = dir
-	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOME=" + t.TempDir(),
-		"LLMQ_BASE_URL=" + a.URL + "/v1",
-		"LLMQ_API_KEY=" + key,
-		"LLMQ_LINES=" + strconv.Itoa(n),
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("node offload.mjs: %v\n%s", err, out)
-	}
+	out := runNodeScript(t, 4*time.Minute, "offload.mjs", a.URL+"/v1", key, "LLMQ_LINES="+strconv.Itoa(n))
 	t.Logf("node offload.mjs ran %v", time.Since(start).Round(time.Millisecond))
 	var res offloadSDKResult
 	found := false
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		if rest, ok := strings.CutPrefix(line, "result: "); ok {
 			if err := json.Unmarshal([]byte(rest), &res); err != nil {
 				t.Fatalf("the script's result is not JSON: %v\n%s", err, rest)

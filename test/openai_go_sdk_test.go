@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -100,22 +97,7 @@ func TestOpenAIGoSDKSync(t *testing.T) {
 // SDK against llmq's synchronous endpoints.
 func TestOpenAINodeSDKSync(t *testing.T) {
 	t.Parallel()
-	node, npm := lookNode(t)
-	dir, err := filepath.Abs("node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	installNodeSDK(ctx, t, npm, dir)
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
 	_, key := a.Tenant("standard")
-	cmd := exec.CommandContext(ctx, node, "sync.mjs")
-	cmd.Dir = dir
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "LLMQ_BASE_URL=" + a.URL + "/v1", "LLMQ_API_KEY=" + key}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("node sync.mjs: %v\n%s", err, out)
-	}
-	t.Logf("%s", out)
+	t.Logf("%s", runNodeScript(t, 3*time.Minute, "sync.mjs", a.URL+"/v1", key))
 }

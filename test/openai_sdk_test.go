@@ -21,15 +21,6 @@ import (
 // SDKs, so a machine without Node fails it, with what to install.
 func TestOpenAINodeSDK(t *testing.T) {
 	t.Parallel()
-	node, npm := lookNode(t)
-	dir, err := filepath.Abs("node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	installNodeSDK(ctx, t, npm, dir)
-
 	// The real binaries: a dispatcher (API and batch sweeper) and a worker.
 	// Answers take 100ms: the 200 requests of the batch the script cancels
 	// need a second on the worker's 20 slots, so the cancel finds it running.
@@ -44,20 +35,31 @@ func TestOpenAINodeSDK(t *testing.T) {
 	}
 	startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=20").waitForOutput(t, "worker running")
 	_, key := a.Tenant("standard")
+	t.Logf("%s", runNodeScript(t, 5*time.Minute, "batch.mjs", m[1]+"/v1", key))
+}
 
-	cmd := exec.CommandContext(ctx, node, "batch.mjs")
-	cmd.Dir = dir
-	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOME=" + t.TempDir(),
-		"LLMQ_BASE_URL=" + m[1] + "/v1",
-		"LLMQ_API_KEY=" + key,
+// runNodeScript runs a script of test/node (installing its locked SDKs
+// first) against llmq at baseURL (ending in /v1) with a tenant's key, and
+// extra environment ("NAME=value"), and returns what it printed; a script
+// that fails fails the test with its output.
+func runNodeScript(t *testing.T, timeout time.Duration, script, baseURL, key string, extra ...string) string {
+	t.Helper()
+	node, npm := lookNode(t)
+	dir, err := filepath.Abs("node")
+	if err != nil {
+		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	installNodeSDK(ctx, t, npm, dir)
+	cmd := exec.CommandContext(ctx, node, script)
+	cmd.Dir = dir
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "LLMQ_BASE_URL=" + baseURL, "LLMQ_API_KEY=" + key}, extra...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("node batch.mjs: %v\n%s", err, out)
+		t.Fatalf("node %s: %v\n%s", script, err, out)
 	}
-	t.Logf("%s", out)
+	return string(out)
 }
 
 // nodeInstall runs npm ci once per test process, for the tests that share

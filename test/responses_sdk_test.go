@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -114,25 +111,11 @@ func TestOpenAIGoSDKResponses(t *testing.T) {
 // charged the usage the SDKs reported.
 func TestResponsesNodeSDKs(t *testing.T) {
 	t.Parallel()
-	node, npm := lookNode(t)
-	dir, err := filepath.Abs("node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	installNodeSDK(ctx, t, npm, dir)
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Workers: 1})
 	_, key := a.Tenant("standard")
-	cmd := exec.CommandContext(ctx, node, "responses.mjs")
-	cmd.Dir = dir
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "LLMQ_BASE_URL=" + a.URL + "/v1", "LLMQ_API_KEY=" + key}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("node responses.mjs: %v\n%s", err, out)
-	}
+	out := runNodeScript(t, 3*time.Minute, "responses.mjs", a.URL+"/v1", key)
 	t.Logf("%s", out)
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var summary struct {
 		Jobs  []string   `json:"jobs"`
 		Usage [][2]int64 `json:"usage"`

@@ -45,8 +45,8 @@ func (s *Server) handleBatchAPI(mux *http.ServeMux) {
 	}
 }
 
-// batchAPI checks what every files and batches call needs: Azure's
-// api-version where it is required, and the API key.
+// batchAPI checks what every files, batches and stored-response call
+// needs: Azure's api-version where it is required, and the API key.
 func (s *Server) batchAPI(d dialect, h func(http.ResponseWriter, *http.Request, dialect)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if d.needVersion && r.URL.Query().Get("api-version") == "" {

@@ -341,9 +341,9 @@ func (s *Server) previousTokens(id string) (int64, *refusal) {
 // api-version).
 func (s *Server) handleResponses(mux *http.ServeMux) {
 	for _, p := range []struct {
-		prefix      string
-		needVersion bool
-	}{{"/v1", false}, {"/openai/v1", false}, {"/openai", true}} {
+		prefix string
+		d      dialect
+	}{{"/v1", dialect{}}, {"/openai/v1", dialect{azure: true}}, {"/openai", dialect{azure: true, needVersion: true}}} {
 		for _, route := range []struct {
 			pattern string
 			h       func(http.ResponseWriter, *http.Request, *storedResponse)
@@ -352,16 +352,7 @@ func (s *Server) handleResponses(mux *http.ServeMux) {
 			{"DELETE " + p.prefix + "/responses/{id}", s.serveResponseDelete},
 			{"POST " + p.prefix + "/responses/{id}/cancel", s.serveResponseCancel},
 		} {
-			mux.HandleFunc(route.pattern, func(w http.ResponseWriter, r *http.Request) {
-				if p.needVersion && r.URL.Query().Get("api-version") == "" {
-					apiError(w, http.StatusNotFound, "Resource not found", "", "", "404")
-					return
-				}
-				if !s.authorized(r) {
-					s.count(func(st *Stats) { st.Unauthorized++ })
-					apiError(w, http.StatusUnauthorized, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key")
-					return
-				}
+			mux.HandleFunc(route.pattern, s.batchAPI(p.d, func(w http.ResponseWriter, r *http.Request, _ dialect) {
 				id := r.PathValue("id")
 				stored := s.responses.get(id)
 				if stored == nil {
@@ -369,7 +360,7 @@ func (s *Server) handleResponses(mux *http.ServeMux) {
 					return
 				}
 				route.h(w, r, stored)
-			})
+			}))
 		}
 	}
 	mux.HandleFunc("POST /openai/responses", func(w http.ResponseWriter, r *http.Request) {
