@@ -1,5 +1,6 @@
-// Package procs runs the llmq processes of a benchmark: the worker binary
-// built from the tree, started and stopped as the system would.
+// Package procs runs the llmq processes of a benchmark: the worker (or
+// dispatcher) binary built from the tree, started and stopped as the system
+// would.
 package procs
 
 import (
@@ -22,23 +23,75 @@ import (
 // built now from ./cmd/worker into a temporary directory (removed by
 // cleanup), so every scenario runs the code of the tree.
 func WorkerBinary(ctx context.Context, path string) (bin string, cleanup func(), err error) {
+	return Binary(ctx, path, "worker", "-worker")
+}
+
+// Binary returns the binary of command name (a directory of ./cmd) to run:
+// path when given (flag names the option that gave it), else one built now
+// from ./cmd/name into a temporary directory (removed by cleanup), so every
+// scenario runs the code of the tree. Callers at the same time share one
+// build (a test's runs side by side): its directory goes with the last
+// cleanup.
+func Binary(ctx context.Context, path, name, flag string) (bin string, cleanup func(), err error) {
 	if path != "" {
 		if _, err := os.Stat(path); err != nil {
-			return "", nil, fmt.Errorf("-worker: %w", err)
+			return "", nil, fmt.Errorf("%s: %w", flag, err)
 		}
 		return path, func() {}, nil
 	}
-	dir, err := os.MkdirTemp("", "llmq-bench-")
-	if err != nil {
-		return "", nil, err
+	builds.Lock()
+	b := builds.m[name]
+	if b == nil {
+		b = &build{}
+		builds.m[name] = b
 	}
-	bin = filepath.Join(dir, "worker")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/llmq/llmq/cmd/worker").CombinedOutput()
+	b.users++
+	builds.Unlock()
+	release := func() {
+		builds.Lock()
+		defer builds.Unlock()
+		if b.users--; b.users == 0 {
+			delete(builds.m, name)
+			if b.dir != "" {
+				_ = os.RemoveAll(b.dir)
+			}
+		}
+	}
+	b.once.Do(func() { b.bin, b.dir, b.err = buildCommand(ctx, name) })
+	if b.err != nil {
+		release()
+		return "", nil, b.err
+	}
+	return b.bin, sync.OnceFunc(release), nil
+}
+
+// builds are the binaries built and still in use, by command name.
+var builds = struct {
+	sync.Mutex
+	m map[string]*build
+}{m: map[string]*build{}}
+
+// build is a binary built once for the callers of Binary that share it.
+type build struct {
+	once     sync.Once
+	bin, dir string
+	err      error
+	users    int // guarded by builds
+}
+
+// buildCommand builds ./cmd/name into a temporary directory.
+func buildCommand(ctx context.Context, name string) (bin, dir string, err error) {
+	dir, err = os.MkdirTemp("", "llmq-bench-")
+	if err != nil {
+		return "", "", err
+	}
+	bin = filepath.Join(dir, name)
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/llmq/llmq/cmd/"+name).CombinedOutput()
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("build the worker: %w\n%s", err, out)
+		return "", "", fmt.Errorf("build the %s: %w\n%s", name, err, out)
 	}
-	return bin, func() { _ = os.RemoveAll(dir) }, nil
+	return bin, dir, nil
 }
 
 // Process is a running process of a benchmark.
@@ -99,6 +152,9 @@ func StopAll(procs []*Process) {
 	}
 	wg.Wait()
 }
+
+// Pid is the process's id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
 // Stop sends SIGTERM (the worker's graceful shutdown), then SIGKILL if it
 // has not exited within 15 s.
