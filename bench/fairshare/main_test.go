@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,16 +17,38 @@ func TestMain(m *testing.M) {
 // TestRun runs four scenarios small, against a fast simulator: both
 // stacks, the measurements, the table. The targets are the full run's
 // business, not the test's; work-conserving and priorities measure as the
-// weighted share does, and only take longer.
+// weighted share does, and only take longer. Each scenario is a run of its
+// own, the four at once whatever -test.parallel says: most of their time is
+// waits (a run's CPU is about a third of its time).
 func TestRun(t *testing.T) {
+	t.Parallel()
+	var wg sync.WaitGroup
+	for _, sc := range []struct {
+		name string
+		want []string
+	}{
+		{"isolation", []string{"isolation: A has 100 jobs"}},
+		{"batch", []string{"isolation, batches"}},
+		{"share", []string{"weighted share"}},
+		{"models", []string{"across models", "wasted dequeues"}},
+	} {
+		wg.Go(func() {
+			t.Run(sc.name, func(t *testing.T) { testRun(t, sc.name, sc.want) })
+		})
+	}
+	wg.Wait()
+}
+
+// testRun runs scenario small, and checks its output has wants.
+func testRun(t *testing.T, scenario string, wants []string) {
 	var out bytes.Buffer
-	args := []string{"-scenarios", "isolation,batch,share,models", "-latency", "20ms", "-jitter", "20ms", "-concurrency", "10",
+	args := []string{"-scenarios", scenario, "-latency", "20ms", "-jitter", "20ms", "-concurrency", "10",
 		"-backlog", "100", "-b-jobs", "2", "-batch-a", "100", "-batch-b", "3",
 		"-settle", "1s", "-cap", "8s", "-share-window", "3s"}
 	if err := run(t.Context(), args, &out); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"isolation: A has 100 jobs", "isolation, batches", "weighted share", "across models", "wasted dequeues"} {
+	for _, want := range wants {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
