@@ -261,20 +261,34 @@ func (p *producer) keepFull(ctx context.Context) error {
 			return ctx.Err()
 		case <-t.C:
 		}
-		info, err := p.in.GetQueueInfo(p.qname)
-		if err != nil {
-			return fmt.Errorf("queue info: %w", err)
-		}
-		if n := p.target - info.Pending; n > 0 {
-			refs, err := p.insert(ctx, n)
-			if err != nil {
-				return err
+		if err := p.topUp(ctx); err != nil {
+			// The end of the run may cut off a write in flight, which
+			// then fails with its closed connection, not ctx's error:
+			// the run's end, not a failure.
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			if _, err := p.app.Queue.EnqueueJobs(ctx, refs); err != nil {
-				return fmt.Errorf("enqueue: %w", err)
-			}
+			return err
 		}
 	}
+}
+
+// topUp stores and enqueues jobs until target tasks are pending.
+func (p *producer) topUp(ctx context.Context) error {
+	info, err := p.in.GetQueueInfo(p.qname)
+	if err != nil {
+		return fmt.Errorf("queue info: %w", err)
+	}
+	if n := p.target - info.Pending; n > 0 {
+		refs, err := p.insert(ctx, n)
+		if err != nil {
+			return err
+		}
+		if _, err := p.app.Queue.EnqueueJobs(ctx, refs); err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	return nil
 }
 
 // countJobs reads, from the scenario's schema, when jobs succeeded, how many
