@@ -56,9 +56,9 @@ type syncAPI struct {
 
 // EnableSync serves OpenAI's own endpoints on tenant keys, so the official
 // SDKs reach llmq with base_url <llmq>/v1: POST /v1/chat/completions and
-// POST /v1/responses (streamed too; responses also in the background, GET
-// /v1/responses/{id} and its cancel), POST /v1/embeddings, GET /v1/models. Each request is a
-// job of its tenant, admitted as POST /v1/jobs admits one, run by runner.
+// POST /v1/responses (streamed too; responses also in the background, with
+// GET /v1/responses/{id} and its cancel), POST /v1/embeddings, GET
+// /v1/models. Each request is a job of its tenant, admitted as POST /v1/jobs admits one, run by runner.
 // It serves nothing more, and returns an error naming the field, when an
 // option is invalid.
 func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) error {
@@ -256,23 +256,21 @@ func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsa
 	if stream && endpoint == llm.EndpointEmbeddings {
 		return nil, false, false, badRequest("stream", "invalid_value", "'stream' is only supported on %s and %s.", llm.EndpointChat, llm.EndpointResponses)
 	}
-	if hasOpts && strings.TrimSpace(string(opts)) != "null" && endpoint == llm.EndpointResponses {
+	if hasOpts && strings.TrimSpace(string(opts)) != "null" {
+		if !stream {
+			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.")
+		}
 		// The Responses API's stream_options (include_obfuscation) shape
-		// only the events' padding; llmq asks for the provider's default.
-		if !stream {
-			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.")
+		// only its events' padding: llmq asks for the provider's default.
+		if endpoint == llm.EndpointChat {
+			var o struct {
+				IncludeUsage *bool `json:"include_usage"`
+			}
+			if err := json.Unmarshal(opts, &o); err != nil {
+				return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' must be an object with a boolean include_usage.")
+			}
+			includeUsage = o.IncludeUsage != nil && *o.IncludeUsage
 		}
-	} else if hasOpts && strings.TrimSpace(string(opts)) != "null" {
-		if !stream {
-			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.")
-		}
-		var o struct {
-			IncludeUsage *bool `json:"include_usage"`
-		}
-		if err := json.Unmarshal(opts, &o); err != nil {
-			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' must be an object with a boolean include_usage.")
-		}
-		includeUsage = o.IncludeUsage != nil && *o.IncludeUsage
 	}
 	delete(fields, "stream")
 	delete(fields, "stream_options")
