@@ -47,23 +47,17 @@ type streamChunk struct {
 	Usage *wireUsage          `json:"usage"`
 	Error *client.ErrorObject `json:"error"`
 
-	Type     string `json:"type"`
-	Response *struct {
-		Usage *wireUsage          `json:"usage"`
-		Error *client.ErrorObject `json:"error"`
-	} `json:"response"`
-	Code    json.RawMessage `json:"code"`
-	Message string          `json:"message"`
-	Param   string          `json:"param"`
+	Type     string          `json:"type"`
+	Response json.RawMessage `json:"response"`
+	Code     json.RawMessage `json:"code"`
+	Message  string          `json:"message"`
+	Param    string          `json:"param"`
 }
 
-// responsesStreamEnd reports whether a Responses API event ends the stream.
-func responsesStreamEnd(typ string) bool {
-	switch typ {
-	case "response.completed", "response.incomplete", "response.failed", "error":
-		return true
-	}
-	return false
+// responsesEnd reports whether a Responses API event ends the stream with
+// its answer.
+func (c *streamChunk) responsesEnd() bool {
+	return c.Type == "response.completed" || c.Type == "response.incomplete"
 }
 
 // responsesError is the error a Responses API stream ended with, or nil.
@@ -78,8 +72,11 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 		return o
 	case "response.failed":
 		o := &client.ErrorObject{Type: "server_error", Message: "the provider's response failed"}
-		if c.Response != nil && c.Response.Error != nil {
-			o.Code, o.Message = c.Response.Error.Code, c.Response.Error.Message
+		var r struct {
+			Error *client.ErrorObject `json:"error"`
+		}
+		if json.Unmarshal(c.Response, &r) == nil && r.Error != nil {
+			o.Code, o.Message = r.Error.Code, r.Error.Message
 		}
 		return o
 	}
@@ -177,17 +174,14 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 				e.Message, e.Class, e.Relayed = answerMessage(resp.StatusCode, e.Message, true, p.scrub), ClassRetryable, out.Chunks
 				return nil, e
 			}
-			done = responsesStreamEnd(c.Type)
-			if done && c.Response != nil {
-				// The final response object, with its usage, is the job's answer.
-				var whole struct {
-					Response json.RawMessage `json:"response"`
+			if done = c.responsesEnd(); done {
+				// The final response, with its usage, is the job's answer.
+				u, err := UsageOf(c.Response)
+				if err != nil {
+					e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream ended with a response whose usage cannot be read", out.Chunks
+					return nil, e
 				}
-				_ = json.Unmarshal(data, &whole)
-				out.Body = bytes.Clone(whole.Response)
-				if c.Response.Usage != nil {
-					out.Usage = c.Response.Usage.usage()
-				}
+				out.Body, out.Usage = bytes.Clone(c.Response), u
 			}
 		} else if c.Error != nil {
 			fill(e, c.Error)
