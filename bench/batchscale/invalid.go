@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmq/llmq/bench/internal/checks"
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
@@ -77,7 +78,7 @@ func mixedInput(n, perHundred int) (content []byte, valid []string, refusedLines
 
 // runInvalid runs the invalid scenario: a batch with invalid lines of every
 // kind, end to end, and checks its counts and files.
-func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Writer, c *checks) error {
+func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Writer, c *checks.List) error {
 	s, err := openStack(ctx, o, o.Concurrency, logger)
 	if err != nil {
 		return err
@@ -110,13 +111,13 @@ func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Wri
 		elapsed.Round(time.Millisecond), float64(o.Lines)/elapsed.Seconds())
 
 	const p = "invalid: "
-	c.add(p+"the batch completed", b.Status == "completed" && b.OutputFileID != nil && b.InProgressAt != nil && b.FinalizingAt != nil &&
+	c.Add(p+"the batch completed", b.Status == "completed" && b.OutputFileID != nil && b.InProgressAt != nil && b.FinalizingAt != nil &&
 		b.CompletedAt != nil && b.Metadata["run"] == "batchscale" && (len(refused) == 0) == (b.ErrorFileID == nil),
 		"status %s, output file %v, error file %v, in_progress_at %v, finalizing_at %v, completed_at %v",
 		b.Status, b.OutputFileID != nil, b.ErrorFileID != nil, b.InProgressAt != nil, b.FinalizingAt != nil, b.CompletedAt != nil)
 	want := client.BatchRequestCounts{Total: int64(o.Lines), Completed: int64(len(valid)), Failed: int64(len(refused))}
-	c.add(p+"exact counts", b.RequestCounts == want, "%+v, want %+v", b.RequestCounts, want)
-	c.add(p+"the errors list the first 100 refusals and count the rest", errorsListed(b.Errors, refused, codes), "%s", describeErrors(b.Errors))
+	c.Add(p+"exact counts", b.RequestCounts == want, "%+v, want %+v", b.RequestCounts, want)
+	c.Add(p+"the errors list the first 100 refusals and count the rest", errorsListed(b.Errors, refused, codes), "%s", describeErrors(b.Errors))
 
 	var outLines, outBad int
 	var outFirstBad string
@@ -138,7 +139,7 @@ func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Wri
 			return fmt.Errorf("output file: %w", err)
 		}
 	}
-	c.add(p+"the output file: every valid line once, in input order, answered 200 with its own request's answer",
+	c.Add(p+"the output file: every valid line once, in input order, answered 200 with its own request's answer",
 		outLines == len(valid) && outBad == 0, "%d lines of %d valid, %d not as they should be%s", outLines, len(valid), outBad, outFirstBad)
 
 	var errLines, errBad int
@@ -161,7 +162,7 @@ func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Wri
 			return fmt.Errorf("error file: %w", err)
 		}
 	}
-	c.add(p+"the error file: every refused line, in order, with its line number and reason",
+	c.Add(p+"the error file: every refused line, in order, with its line number and reason",
 		errLines == len(refused) && errBad == 0, "%d lines of %d refused, %d not as they should be%s", errLines, len(refused), errBad, errFirstBad)
 
 	sizesOK, sizes := true, ""
@@ -179,7 +180,7 @@ func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Wri
 		sizesOK = sizesOK && fo.Bytes == f.bytes && fo.Purpose == "batch_output" && fo.Status == "processed"
 		sizes += fmt.Sprintf("%s announces %d bytes (%s, %s), served %d; ", fo.ID, fo.Bytes, fo.Purpose, fo.Status, f.bytes)
 	}
-	c.add(p+"each file is the size it announces", sizesOK, "%s", strings.TrimSuffix(sizes, "; "))
+	c.Add(p+"each file is the size it announces", sizesOK, "%s", strings.TrimSuffix(sizes, "; "))
 
 	jobs, _, err := s.app.Store.JobList(ctx, &store.JobListParams{TenantID: tenantID, BatchID: b.ID, Limit: 5})
 	if err != nil {
@@ -189,7 +190,7 @@ func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Wri
 	for _, j := range jobs {
 		inBatchQueue = inBatchQueue && j.Queue == queue.Batch
 	}
-	c.add(p+"the jobs ran in the batch queue", inBatchQueue, "%d jobs read, each in queue %q: %v", len(jobs), queue.Batch, inBatchQueue)
+	c.Add(p+"the jobs ran in the batch queue", inBatchQueue, "%d jobs read, each in queue %q: %v", len(jobs), queue.Batch, inBatchQueue)
 	return nil
 }
 

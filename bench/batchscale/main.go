@@ -35,22 +35,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/llmq/llmq/bench/internal/benchenv"
+	"github.com/llmq/llmq/bench/internal/checks"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "batchscale:", err)
-		os.Exit(1)
-	}
-}
+func main() { benchenv.Main("batchscale", run) }
 
 // The scenarios, in the order they run.
 const (
@@ -69,10 +63,8 @@ type options struct {
 	MaxGrowth     float64
 	Concurrency   int
 	Dispatcher    string
-	RedisURL      string
-	RedisDB       int
-	DatabaseURL   string
 	Timeout       time.Duration
+	benchenv.Backends
 }
 
 func parseOptions(args []string, out io.Writer) (*options, error) {
@@ -88,10 +80,7 @@ func parseOptions(args []string, out io.Writer) (*options, error) {
 	fs.Float64Var(&o.MaxGrowth, "max-growth", 0.25, "output: the most the dispatcher's resident memory may grow while it serves the file, as a share of the file's size (0: not checked)")
 	fs.IntVar(&o.Concurrency, "concurrency", 50, "invalid: worker concurrency")
 	fs.StringVar(&o.Dispatcher, "dispatcher", "", "output: the dispatcher binary to run (default: built from ./cmd/dispatcher)")
-	fs.StringVar(&o.RedisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis server (its database number is replaced by -redis-db)")
-	fs.IntVar(&o.RedisDB, "redis-db", 10, "Redis database (10 is bench/'s, docs/ARCHITECTURE.md)")
-	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		"Postgres database; each scenario makes a schema of its own there and drops it")
+	o.Backends.Flags(fs, "each scenario")
 	fs.DurationVar(&o.Timeout, "timeout", 15*time.Minute, "longest wait for one batch to end")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -128,32 +117,23 @@ func parseOptions(args []string, out io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-max-growth must not be negative, got %v", o.MaxGrowth)
 	case o.Concurrency < 1:
 		return nil, fmt.Errorf("-concurrency must be at least 1, got %d", o.Concurrency)
-	case o.RedisDB < 0:
-		return nil, fmt.Errorf("-redis-db must not be negative, got %d", o.RedisDB)
 	case o.Timeout <= 0:
 		return nil, fmt.Errorf("-timeout must be positive, got %v", o.Timeout)
+	}
+	if err := o.Backends.Check(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func run(ctx context.Context, args []string, out io.Writer) error {
 	o, err := parseOptions(args, out)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
 	if err != nil {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	fmt.Fprintf(out, "batchscale: scenarios %s; GOMAXPROCS %d\n", strings.Join(o.Scenarios, ", "), runtime.GOMAXPROCS(0))
-	var c checks
+	var c checks.List
 	for _, s := range o.Scenarios {
 		switch s {
 		case scenarioInvalid:
@@ -165,38 +145,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("%s: %w", s, err)
 		}
 	}
-	return c.report(out)
-}
-
-// checks are the run's verdicts, each with what was measured.
-type checks []check
-
-type check struct {
-	what, got string
-	ok        bool
-}
-
-func (c *checks) add(what string, ok bool, format string, a ...any) {
-	*c = append(*c, check{what: what, ok: ok, got: fmt.Sprintf(format, a...)})
-}
-
-// report prints every check, and fails when one did.
-func (c checks) report(w io.Writer) error {
-	fmt.Fprintln(w)
-	failed := 0
-	for _, k := range c {
-		mark := "ok    "
-		if !k.ok {
-			mark = "FAILED"
-			failed++
-		}
-		fmt.Fprintf(w, "%s %s: %s\n", mark, k.what, k.got)
-	}
-	if failed > 0 {
-		return fmt.Errorf("%d of %d checks failed", failed, len(c))
-	}
-	fmt.Fprintf(w, "\nall %d checks passed\n", len(c))
-	return nil
+	return c.Report(out)
 }
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }

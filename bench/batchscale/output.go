@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/llmq/llmq/bench/internal/checks"
 	"github.com/llmq/llmq/bench/internal/procs"
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/testutil"
@@ -23,7 +24,7 @@ import (
 
 // runOutput runs the output scenario: a large batch's output file served
 // by a dispatcher process, whose memory is read from /proc.
-func runOutput(ctx context.Context, o *options, logger *slog.Logger, out io.Writer, c *checks) error {
+func runOutput(ctx context.Context, o *options, logger *slog.Logger, out io.Writer, c *checks.List) error {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		return fmt.Errorf("needs /proc to read the dispatcher's memory: %w", err)
 	}
@@ -144,13 +145,13 @@ func runOutput(ctx context.Context, o *options, logger *slog.Logger, out io.Writ
 		mib(startPeak), mib(before), mib(peak), since, mib(growth), 100*float64(growth)/float64(max(file.Bytes, 1)))
 
 	const pre = "output: "
-	c.add(pre+"every line served once, in input order, the bytes the file announces", lines == n && read == file.Bytes && firstBad == "",
+	c.Add(pre+"every line served once, in input order, the bytes the file announces", lines == n && read == file.Bytes && firstBad == "",
 		"%d lines of %d, %d bytes of %d%s", lines, n, read, file.Bytes, firstBad)
-	c.add(pre+"the dispatcher's peak resident memory under -max-rss", peak < o.MaxRSS,
+	c.Add(pre+"the dispatcher's peak resident memory under -max-rss", peak < o.MaxRSS,
 		"%.1f MiB (%s), bound %.0f MiB, serving a %.1f MiB file", mib(peak), since, mib(o.MaxRSS), mib(file.Bytes))
 	if o.MaxGrowth > 0 {
 		bound := int64(o.MaxGrowth * float64(file.Bytes))
-		c.add(pre+"the dispatcher's memory grew by less than -max-growth of the file", growth < bound,
+		c.Add(pre+"the dispatcher's memory grew by less than -max-growth of the file", growth < bound,
 			"%.1f MiB, bound %.1f MiB (%g of %.1f MiB)", mib(growth), mib(bound), o.MaxGrowth, mib(file.Bytes))
 	}
 	return nil

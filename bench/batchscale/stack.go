@@ -4,20 +4,17 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/client"
-	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/testutil"
-	"github.com/llmq/llmq/internal/worker"
 )
 
 // policyYAML has one simulated provider and one model whose limits are far
@@ -48,15 +45,10 @@ type stack struct {
 	hc      *http.Client
 	admin   *client.Client
 
-	closers []func()
+	closers benchenv.Closers
 }
 
-func (s *stack) close() {
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		s.closers[i]()
-	}
-	s.closers = nil
-}
+func (s *stack) close() { s.closers.Close() }
 
 // openStack starts a stack; concurrency 0 starts no worker, so the jobs stay
 // queued.
@@ -103,38 +95,19 @@ func openStack(ctx context.Context, o *options, concurrency int, logger *slog.Lo
 	s.app = a
 
 	// A dispatcher's background work: the scheduler and the batch sweeper.
-	bg, stopBG := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { a.Scheduler().Run(bg) })
-	wg.Go(func() { a.Batches.Run(bg) })
-	s.closers = append(s.closers, func() { stopBG(); wg.Wait() })
-
-	srv, err := a.API()
+	s.closers = append(s.closers, inproc.Loops(a.Scheduler().Run, a.Batches.Run))
+	url, closeAPI, err := inproc.ServeAPI(a)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
-	if err != nil {
-		_ = ln.Close()
-		return nil, err
-	}
-	go func() { _ = hs.Serve(ln) }()
-	s.closers = append(s.closers, func() { _ = hs.Close() })
-	s.url = "http://" + ln.Addr().String()
-
+	s.closers = append(s.closers, closeAPI)
+	s.url = url
 	if concurrency > 0 {
-		wsrv, mux, err := a.WorkerServer(worker.Options{})
+		shutdown, err := inproc.StartWorker(a)
 		if err != nil {
 			return nil, err
 		}
-		if err := wsrv.Start(mux); err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, wsrv.Shutdown)
+		s.closers = append(s.closers, shutdown)
 	}
 
 	tr := &http.Transport{MaxIdleConns: 64, MaxIdleConnsPerHost: 64}
@@ -149,16 +122,7 @@ func openStack(ctx context.Context, o *options, concurrency int, logger *slog.Lo
 // tenant makes a tenant of tier standard with a key, and returns the
 // tenant's id, the key and a client of it.
 func (s *stack) tenant(ctx context.Context, name string) (string, string, *client.Client, error) {
-	t, err := s.admin.Admin.CreateTenant(ctx, &client.TenantCreateParams{Name: name, Tier: "standard"})
-	if err != nil {
-		return "", "", nil, err
-	}
-	k, err := s.admin.Admin.CreateKey(ctx, t.ID)
-	if err != nil {
-		return "", "", nil, err
-	}
-	c, err := client.New(s.url, k.Key, client.WithHTTPClient(s.hc))
-	return t.ID, k.Key, c, err
+	return benchenv.Tenant(ctx, s.admin, name, "standard", client.WithHTTPClient(s.hc))
 }
 
 // wait polls the batch every 100 ms until done holds or it ends, and

@@ -27,37 +27,26 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
-	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/redisconn"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
-	"github.com/llmq/llmq/internal/worker"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "cluster:", err)
-		os.Exit(1)
-	}
-}
+func main() { benchenv.Main("cluster", run) }
 
 type options struct {
 	Jobs, Rounds, Models, Tenants, Concurrency, Producers, Warmup int
@@ -78,10 +67,10 @@ func parseOptions(args []string, out io.Writer) (*options, error) {
 	fs.IntVar(&o.Concurrency, "concurrency", 50, "worker concurrency")
 	fs.IntVar(&o.Producers, "producers", 20, "goroutines POSTing at once")
 	fs.IntVar(&o.Warmup, "warmup", 200, "jobs run before each measurement")
-	fs.StringVar(&o.Single, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/10"), "the one-node Redis")
-	fs.StringVar(&o.Cluster, "cluster", envOr("TEST_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303"),
+	fs.StringVar(&o.Single, "redis", benchenv.EnvOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/10"), "the one-node Redis")
+	fs.StringVar(&o.Cluster, "cluster", benchenv.EnvOr("TEST_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303"),
 		"the Redis Cluster (scripts/services starts one)")
-	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+	fs.StringVar(&o.DatabaseURL, "database", benchenv.EnvOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		"Postgres; each measurement makes a schema of its own and drops it")
 	fs.DurationVar(&o.Timeout, "timeout", 3*time.Minute, "longest wait for one measurement")
 	if err := fs.Parse(args); err != nil {
@@ -96,13 +85,6 @@ func parseOptions(args []string, out io.Writer) (*options, error) {
 		return nil, errors.New("-global-cap-usd must not be negative")
 	}
 	return o, nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // policy has one simulated provider and o.Models models on it, each its own
@@ -131,9 +113,6 @@ type result struct {
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	o, err := parseOptions(args, out)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
 	if err != nil {
 		return err
 	}
@@ -227,34 +206,20 @@ func measure(ctx context.Context, o *options, name, redisURL, simURL string, log
 	defer a.Close()
 	defer testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix())
 
-	sctx, stopScheduler := context.WithCancel(context.Background())
-	schedDone := make(chan struct{})
-	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
-	defer func() { stopScheduler(); <-schedDone }()
-	srv, err := a.API()
+	stopScheduler := inproc.Loops(a.Scheduler().Run)
+	defer stopScheduler()
+	url, closeAPI, err := inproc.ServeAPI(a)
 	if err != nil {
 		return res, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	defer closeAPI()
+	shutdown, err := inproc.StartWorker(a)
 	if err != nil {
 		return res, err
 	}
-	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
-	if err != nil {
-		return res, err
-	}
-	go func() { _ = hs.Serve(ln) }()
-	defer hs.Close()
-	wsrv, mux, err := a.WorkerServer(worker.Options{})
-	if err != nil {
-		return res, err
-	}
-	if err := wsrv.Start(mux); err != nil {
-		return res, err
-	}
-	defer wsrv.Shutdown()
+	defer shutdown()
 
-	c := &client{base: "http://" + ln.Addr().String(), http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * o.Producers}}}
+	c := &client{base: url, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * o.Producers}}}
 	tenants := make([]string, o.Tenants)
 	for i := range tenants {
 		if tenants[i], err = c.tenant(ctx); err != nil {

@@ -41,23 +41,15 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/procs"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "deployments:", err)
-		os.Exit(1)
-	}
-}
+func main() { benchenv.Main("deployments", run) }
 
 // options are the command's flags.
 type options struct {
@@ -85,9 +77,9 @@ func parseOptions(args []string) (*options, error) {
 	fs.DurationVar(&o.Outage, "outage", 30*time.Second, "how long deployments are down (outage, fallback)")
 	fs.IntVar(&o.Processes, "processes", 4, "worker processes")
 	fs.IntVar(&o.Concurrency, "concurrency", 50, "jobs each worker process runs at once")
-	fs.StringVar(&o.RedisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379"), "Redis URL")
+	fs.StringVar(&o.RedisURL, "redis", benchenv.EnvOr("TEST_REDIS_URL", "redis://127.0.0.1:6379"), "Redis URL")
 	fs.IntVar(&o.RedisDB, "redis-db", 13, "Redis database of the run")
-	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL (each scenario gets its own schema)")
+	fs.StringVar(&o.DatabaseURL, "database", benchenv.EnvOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL (each scenario gets its own schema)")
 	fs.StringVar(&o.WorkerBin, "worker", "", "worker binary (default: built from ./cmd/worker)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -105,13 +97,6 @@ func parseOptions(args []string) (*options, error) {
 		return nil, fmt.Errorf("-processes, -concurrency, -warmup, -measure and -outage must be more than 0")
 	}
 	return o, nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {

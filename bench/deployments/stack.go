@@ -215,7 +215,7 @@ type stack struct {
 	tenant string
 	procs  []*procs.Process
 	smp    *sampler
-	close  []func()
+	close  benchenv.Closers
 }
 
 // startStack starts the simulators and proxies, the scenario's llmq (schema,
@@ -289,12 +289,7 @@ func startStack(ctx context.Context, o *options, orders [3]int, bin string, logg
 }
 
 // stop stops everything, the last started first.
-func (s *stack) stop() {
-	for i := len(s.close) - 1; i >= 0; i-- {
-		s.close[i]()
-	}
-	s.close = nil
-}
+func (s *stack) stop() { s.close.Close() }
 
 // request is the body of job i of model: a short prompt and max_tokens 50,
 // so that a call costs about 100 tokens as the provider counts it, and

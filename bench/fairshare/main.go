@@ -14,26 +14,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/llmq/llmq/bench/internal/benchenv"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "fairshare:", err)
-		os.Exit(1)
-	}
-}
+func main() { benchenv.Main("fairshare", run) }
 
 // options are the command's flags.
 type options struct {
@@ -51,9 +42,7 @@ type options struct {
 	ShareWindow    time.Duration
 	ConserveWindow time.Duration
 	Quick          bool
-	RedisURL       string
-	RedisDB        int
-	DatabaseURL    string
+	benchenv.Backends
 }
 
 // allScenarios are the scenarios, in the order they run.
@@ -78,10 +67,7 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 	fs.DurationVar(&o.ShareWindow, "share-window", 70*time.Second, "weighted share: the measured span, in sliding minutes")
 	fs.DurationVar(&o.ConserveWindow, "conserve-window", 30*time.Second, "work-conserving and priorities: the measured span")
 	fs.BoolVar(&o.Quick, "quick", false, "smaller backlogs and shorter windows (flags given explicitly still win)")
-	fs.StringVar(&o.RedisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis server (its database number is replaced by -redis-db)")
-	fs.IntVar(&o.RedisDB, "redis-db", 10, "Redis database (10 is bench/'s, docs/ARCHITECTURE.md)")
-	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		"Postgres database; each stack creates a schema of its own there and drops it at the end")
+	o.Backends.Flags(fs, "each stack")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -114,13 +100,14 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-settle must not be negative, got %v", o.Settle)
 	case o.Cap <= 0 || o.ShareWindow <= 0 || o.ConserveWindow <= 0:
 		return nil, fmt.Errorf("-cap, -share-window and -conserve-window must be positive")
-	case o.RedisDB < 0:
-		return nil, fmt.Errorf("-redis-db must not be negative, got %d", o.RedisDB)
 	}
 	for _, s := range strings.Split(o.Scenarios, ",") {
 		if !contains(allScenarios, s) {
 			return nil, fmt.Errorf("-scenarios: unknown scenario %q (known: %s)", s, strings.Join(allScenarios, ", "))
 		}
+	}
+	if err := o.Backends.Check(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -134,20 +121,10 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 // run runs the scenarios asked for, one after another, and prints the
 // table. Missing a target is a result, not an error.
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	o, err := parseOptions(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
 	if err != nil {
 		return err
 	}

@@ -1,13 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/bench/internal/benchtest"
 )
 
 func TestMain(m *testing.M) {
@@ -41,21 +42,13 @@ func TestRun(t *testing.T) {
 
 // testRun runs scenario small, and checks its output has wants.
 func testRun(t *testing.T, scenario string, wants []string) {
-	var out bytes.Buffer
 	args := []string{"-scenarios", scenario, "-latency", "20ms", "-jitter", "20ms", "-concurrency", "10",
 		"-backlog", "100", "-b-jobs", "2", "-batch-a", "100", "-batch-b", "3",
 		"-settle", "1s", "-cap", "8s", "-share-window", "3s"}
-	if err := run(t.Context(), args, &out); err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	for _, want := range wants {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
-		}
-	}
+	out := benchtest.Run(t, run, args, wants...)
 	// The fair stack's isolation holds even this small: B's jobs do not
 	// wait behind A's backlog.
-	for _, line := range strings.Split(out.String(), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, "| isolation: A has") && strings.Contains(strings.Split(line, "|")[2], "not done") {
 			t.Errorf("the fair stack did not finish B's jobs: %s", line)
 		}
@@ -63,11 +56,7 @@ func testRun(t *testing.T, scenario string, wants []string) {
 }
 
 func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-rpm", "0"}, {"-scenarios", "isolation,nosuch"}, {"-cap", "0s"}, {"-backlog", "0"}, {"extra"}} {
-		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
-			t.Errorf("run %q: no error", args)
-		}
-	}
+	benchtest.BadFlags(t, run, [][]string{{"-rpm", "0"}, {"-scenarios", "isolation,nosuch"}, {"-cap", "0s"}, {"-backlog", "0"}, {"extra"}})
 }
 
 func TestInterleave(t *testing.T) {

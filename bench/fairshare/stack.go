@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"mime/multipart"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -19,13 +18,12 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
-	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
-	"github.com/llmq/llmq/internal/worker"
 )
 
 // The two ways a stack orders its jobs.
@@ -93,7 +91,7 @@ type stack struct {
 	obs    *observer
 	url    string
 	client *http.Client
-	closes []func()
+	closes benchenv.Closers
 }
 
 // openStack starts a stack in mode; close stops it.
@@ -152,28 +150,13 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 
 	// The dispatcher's background work: the scheduler (it has nothing to
 	// release in the baseline) and the batch sweeper.
-	bg, stopBG := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); a.Scheduler().Run(bg) }()
-	go func() { defer wg.Done(); a.Batches.Run(bg) }()
-	s.closes = append(s.closes, func() { stopBG(); wg.Wait() })
-
-	srv, err := a.API()
+	s.closes = append(s.closes, inproc.Loops(a.Scheduler().Run, a.Batches.Run))
+	url, closeAPI, err := inproc.ServeAPI(a)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
-	if err != nil {
-		return nil, err
-	}
-	go func() { _ = hs.Serve(ln) }()
-	s.closes = append(s.closes, func() { _ = hs.Close() })
-	s.url = "http://" + ln.Addr().String()
+	s.closes = append(s.closes, closeAPI)
+	s.url = url
 	tr := &http.Transport{MaxIdleConns: 16, MaxIdleConnsPerHost: 16}
 	s.closes = append(s.closes, tr.CloseIdleConnections)
 	s.client = &http.Client{Transport: tr, Timeout: time.Minute}
@@ -183,11 +166,7 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 // startWorkers starts the stack's worker (one asynq server of the run's
 // concurrency), counting every job task it dequeues.
 func (s *stack) startWorkers() error {
-	srv, mux, err := s.app.WorkerServer(worker.Options{})
-	if err != nil {
-		return err
-	}
-	mux.Use(func(h asynq.Handler) asynq.Handler {
+	shutdown, err := inproc.StartWorker(s.app, func(h asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			if t.Type() == "llmq:job" {
 				s.obs.dequeues.Add(1)
@@ -195,20 +174,15 @@ func (s *stack) startWorkers() error {
 			return h.ProcessTask(ctx, t)
 		})
 	})
-	if err := srv.Start(mux); err != nil {
+	if err != nil {
 		return err
 	}
-	s.closes = append(s.closes, srv.Shutdown)
+	s.closes = append(s.closes, shutdown)
 	return nil
 }
 
 // close stops everything, in reverse order.
-func (s *stack) close() {
-	for i := len(s.closes) - 1; i >= 0; i-- {
-		s.closes[i]()
-	}
-	s.closes = nil
-}
+func (s *stack) close() { s.closes.Close() }
 
 // tenant is one tenant of the stack and its key.
 type tenant struct {

@@ -39,14 +39,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
+	"github.com/llmq/llmq/bench/internal/checks"
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -54,14 +54,7 @@ import (
 	"github.com/llmq/llmq/internal/store"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "offload:", err)
-		os.Exit(1)
-	}
-}
+func main() { benchenv.Main("offload", run) }
 
 // options are the command's flags.
 type options struct {
@@ -76,10 +69,8 @@ type options struct {
 	Quiet       bool
 	SyncNormal  time.Duration
 	Concurrency int
-	RedisURL    string
-	RedisDB     int
-	DatabaseURL string
 	Timeout     time.Duration
+	benchenv.Backends
 }
 
 func parseOptions(args []string, out io.Writer) (*options, error) {
@@ -98,10 +89,7 @@ func parseOptions(args []string, out io.Writer) (*options, error) {
 	fs.BoolVar(&o.Quiet, "quiet", true, "also run the offloaded batch with no synchronous traffic, for its cost a line")
 	fs.DurationVar(&o.SyncNormal, "sync-normal", 0, "tenant C also sends for this long from the start of the normal run (0: not at all); reported, not checked")
 	fs.IntVar(&o.Concurrency, "concurrency", 50, "worker concurrency")
-	fs.StringVar(&o.RedisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis server (its database number is replaced by -redis-db)")
-	fs.IntVar(&o.RedisDB, "redis-db", 10, "Redis database (10 is bench/'s, docs/ARCHITECTURE.md)")
-	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		"Postgres database; each run makes a schema of its own there and drops it")
+	o.Backends.Flags(fs, "each run")
 	fs.DurationVar(&o.Timeout, "timeout", 15*time.Minute, "longest wait for one run's batch to end")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -130,19 +118,13 @@ func parseOptions(args []string, out io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-poll must be positive, got %v", o.Poll)
 	case o.Concurrency < 1:
 		return nil, fmt.Errorf("-concurrency must be at least 1, got %d", o.Concurrency)
-	case o.RedisDB < 0:
-		return nil, fmt.Errorf("-redis-db must not be negative, got %d", o.RedisDB)
 	case o.Timeout <= 0:
 		return nil, fmt.Errorf("-timeout must be positive, got %v", o.Timeout)
 	}
-	return o, nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
+	if err := o.Backends.Check(); err != nil {
+		return nil, err
 	}
-	return def
+	return o, nil
 }
 
 // runKind is one of the runs.
@@ -154,9 +136,6 @@ type runKind struct {
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	o, err := parseOptions(args, out)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
 	if err != nil {
 		return err
 	}
@@ -530,13 +509,6 @@ func (r *result) readBudget(ctx context.Context, s *stack, tenantID string) erro
 	}
 }
 
-// check is one of the run's checks.
-type check struct {
-	what string
-	ok   bool
-	got  string
-}
-
 // report prints the runs' figures and checks, and fails when a check does.
 func report(w io.Writer, o *options, ids []string, results []*result) error {
 	n := len(ids)
@@ -553,10 +525,8 @@ func report(w io.Writer, o *options, ids []string, results []*result) error {
 	fmt.Fprintln(w, "(CPU: this process holds the API, the workers, the offloader, the simulator and the clients; the offloaded run's figures include tenant C's calls;",
 		"Redis and Postgres are whole-server times, upper bounds on a shared machine)")
 
-	var checks []check
-	add := func(what string, ok bool, format string, a ...any) {
-		checks = append(checks, check{what, ok, fmt.Sprintf(format, a...)})
-	}
+	var verdicts checks.List
+	add := verdicts.Add
 	for _, r := range results {
 		p := r.kind.name + ": "
 		add(p+"batch completed, every line counted completed", r.status == "completed" && r.counts.Completed == int64(n) && r.counts.Failed == 0,
@@ -611,21 +581,7 @@ func report(w io.Writer, o *options, ids []string, results []*result) error {
 			"%.0f a minute of %d (%.1f%%)", c.rate(), c.rpm, 100*c.rate()/float64(c.rpm))
 	}
 
-	fmt.Fprintln(w)
-	failed := 0
-	for _, c := range checks {
-		mark := "ok    "
-		if !c.ok {
-			mark = "FAILED"
-			failed++
-		}
-		fmt.Fprintf(w, "%s %s: %s\n", mark, c.what, c.got)
-	}
-	if failed > 0 {
-		return fmt.Errorf("%d of %d checks failed", failed, len(checks))
-	}
-	fmt.Fprintf(w, "\nall %d checks passed\n", len(checks))
-	return nil
+	return verdicts.Report(w)
 }
 
 // lost counts the input's lines missing from the output or not answered 200.

@@ -3,22 +3,19 @@ package main
 import (
 	"context"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/cost"
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/client"
-	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/offload"
 	"github.com/llmq/llmq/internal/testutil"
-	"github.com/llmq/llmq/internal/worker"
 )
 
 // policyYAML has one simulated provider (an OpenAI kind: it offers the
@@ -55,15 +52,10 @@ type stack struct {
 	hc    *http.Client
 	admin *client.Client
 
-	closers []func()
+	closers benchenv.Closers
 }
 
-func (s *stack) close() {
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		s.closers[i]()
-	}
-	s.closers = nil
-}
+func (s *stack) close() { s.closers.Close() }
 
 // simConfig is the simulated provider of every run: the synchronous path
 // at the model's limits, with some latency; batches at o.BatchLPS lines a
@@ -126,40 +118,21 @@ func openStack(ctx context.Context, o *options, logger *slog.Logger) (s *stack, 
 
 	// A dispatcher's background work: the scheduler, the batch sweeper and
 	// the offloader.
-	bg, stopBG := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { a.Scheduler().Run(bg) })
-	wg.Go(func() { a.Batches.Run(bg) })
-	wg.Go(func() { a.Offload.Run(bg) })
-	s.closers = append(s.closers, func() { stopBG(); wg.Wait() })
-
-	srv, err := a.API()
+	s.closers = append(s.closers, inproc.Loops(a.Scheduler().Run, a.Batches.Run, a.Offload.Run))
+	url, closeAPI, err := inproc.ServeAPI(a)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
-	if err != nil {
-		_ = ln.Close()
-		return nil, err
-	}
-	go func() { _ = hs.Serve(ln) }()
-	s.closers = append(s.closers, func() { _ = hs.Close() })
-	s.url = "http://" + ln.Addr().String()
+	s.closers = append(s.closers, closeAPI)
+	s.url = url
 
 	// A worker, as the normal path needs (the offloaded one sends nothing
 	// through it unless the provider leaves lines undone).
-	wsrv, mux, err := a.WorkerServer(worker.Options{})
+	shutdown, err := inproc.StartWorker(a)
 	if err != nil {
 		return nil, err
 	}
-	if err := wsrv.Start(mux); err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, wsrv.Shutdown)
+	s.closers = append(s.closers, shutdown)
 
 	tr := &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}
 	s.closers = append(s.closers, tr.CloseIdleConnections)
@@ -173,14 +146,5 @@ func openStack(ctx context.Context, o *options, logger *slog.Logger) (s *stack, 
 // tenant makes a tenant of tier with a key, and returns the tenant's id and
 // a client of that key.
 func (s *stack) tenant(ctx context.Context, name, tier string) (string, string, *client.Client, error) {
-	t, err := s.admin.Admin.CreateTenant(ctx, &client.TenantCreateParams{Name: name, Tier: tier})
-	if err != nil {
-		return "", "", nil, err
-	}
-	k, err := s.admin.Admin.CreateKey(ctx, t.ID)
-	if err != nil {
-		return "", "", nil, err
-	}
-	c, err := client.New(s.url, k.Key, client.WithHTTPClient(s.hc))
-	return t.ID, k.Key, c, err
+	return benchenv.Tenant(ctx, s.admin, name, tier, client.WithHTTPClient(s.hc))
 }

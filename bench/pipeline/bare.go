@@ -23,7 +23,7 @@ const bareTaskType = "bench:noop"
 // queue, and run by a server of the same concurrency and poll interval as
 // llmq's worker whose handler does nothing.
 func runBare(ctx context.Context, o *options, logger *slog.Logger) (*measurement, error) {
-	rdb, rt, err := newRedis(ctx, o.RedisURL, o.RedisDB)
+	rdb, _, rt, err := newRedis(ctx, o.RedisURL, o.RedisDB)
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 	"github.com/tiktoken-go/tokenizer"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/cost"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/testutil"
@@ -76,12 +77,8 @@ type handWired struct {
 // on a loopback listener, its workers running, calling the simulator at
 // baseURL. The function returned stops it.
 func openHandWired(ctx context.Context, o *options, baseURL string, logger *slog.Logger) (_ *handWired, _ func(), err error) {
-	var closers []func()
-	closeAll := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
+	var closers benchenv.Closers
+	closeAll := closers.Close
 	defer func() {
 		if err != nil {
 			closeAll()
@@ -107,7 +104,7 @@ func openHandWired(ctx context.Context, o *options, baseURL string, logger *slog
 		return nil, nil, fmt.Errorf("schema: %w", err)
 	}
 
-	rdb, rt, err := newRedis(ctx, o.RedisURL, o.RedisDB)
+	rdb, _, rt, err := newRedis(ctx, o.RedisURL, o.RedisDB)
 	if err != nil {
 		return nil, nil, err
 	}

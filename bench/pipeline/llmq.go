@@ -6,23 +6,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"runtime/pprof"
 	"runtime/trace"
-	"strconv"
 	"time"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/cost"
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/internal/testutil"
 
-	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/worker"
 )
 
 // policyYAML has one simulated provider (base_url filled in) and one model
@@ -62,12 +58,8 @@ type llmqRun struct {
 
 // open starts everything and returns what stops it, in reverse order.
 func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) (_ func(), err error) {
-	var closers []func()
-	closeAll := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
+	var closers benchenv.Closers
+	closeAll := closers.Close
 	defer func() {
 		if err != nil {
 			closeAll()
@@ -80,7 +72,7 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 	}
 	closers = append(closers, drop)
 
-	rdb, rt, err := newRedis(ctx, r.o.RedisURL, r.o.RedisDB)
+	rdb, redisURL, rt, err := newRedis(ctx, r.o.RedisURL, r.o.RedisDB)
 	if err != nil {
 		return nil, err
 	}
@@ -97,10 +89,6 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 		return nil, err
 	}
 
-	redisURL, err := withRedisDB(r.o.RedisURL, r.o.RedisDB)
-	if err != nil {
-		return nil, err
-	}
 	ns := "bench-" + testutil.RandomHex(4)
 	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
 		Concurrency: r.o.perServer(), ShutdownTimeout: 5 * time.Second}.List()
@@ -114,41 +102,25 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 
 	// The dispatcher runs the scheduler that releases jobs from the fair
 	// queue into asynq's queues; llmq's stack is not whole without it.
-	sctx, stopScheduler := context.WithCancel(context.Background())
-	schedDone := make(chan struct{})
-	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
-	closers = append(closers, func() { stopScheduler(); <-schedDone })
+	closers = append(closers, inproc.Loops(a.Scheduler().Run))
+	url, closeAPI, err := inproc.ServeAPI(a) // the dispatcher's server and limits
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, closeAPI)
 
-	srv, err := a.API()
-	if err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	hs, err := api.NewHTTPServer(srv, api.ServerOptions{}) // the dispatcher's server and limits
-	if err != nil {
-		return nil, err
-	}
-	go func() { _ = hs.Serve(ln) }()
-	closers = append(closers, func() { _ = hs.Close() })
-
-	r.target = newTarget("http://"+ln.Addr().String(), benchenv.AdminToken, 2*r.o.Producers)
+	r.target = newTarget(url, benchenv.AdminToken, 2*r.o.Producers)
 	closers = append(closers, r.target.close)
 
 	if err := r.createTenant(ctx); err != nil {
 		return nil, err
 	}
 	for range r.o.Servers {
-		srv, mux, err := a.WorkerServer(worker.Options{})
+		shutdown, err := inproc.StartWorker(a)
 		if err != nil {
 			return nil, err
 		}
-		if err := srv.Start(mux); err != nil {
-			return nil, err
-		}
-		closers = append(closers, srv.Shutdown)
+		closers = append(closers, shutdown)
 	}
 	return closeAll, nil
 }
@@ -177,16 +149,6 @@ func (r *llmqRun) createTenant(ctx context.Context) error {
 	}
 	r.tenant, r.target.key = t.ID, k.Key
 	return nil
-}
-
-// withRedisDB returns rawURL with its database number replaced by db.
-func withRedisDB(rawURL string, db int) (string, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "", fmt.Errorf("-redis: %w", err)
-	}
-	u.Path = "/" + strconv.Itoa(db)
-	return u.String(), nil
 }
 
 // startProfiles starts a CPU profile, an execution trace and an allocation

@@ -15,27 +15,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/internal/llm/sim"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "pipeline:", err)
-		os.Exit(1)
-	}
-}
+func main() { benchenv.Main("pipeline", run) }
 
 // options are the command's flags.
 type options struct {
@@ -47,13 +37,11 @@ type options struct {
 	Concurrency int
 	Producers   int
 	Servers     int
-	RedisURL    string
-	RedisDB     int
-	DatabaseURL string
 	Timeout     time.Duration
 	CPUProfile  string
 	Trace       string
 	MemProfile  string
+	benchenv.Backends
 }
 
 // pollInterval and delayedInterval are llmq's worker's intervals
@@ -77,10 +65,7 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 	fs.IntVar(&o.Concurrency, "concurrency", 50, "worker concurrency (asynq Concurrency), the same for both pipelines")
 	fs.IntVar(&o.Producers, "producers", 20, "goroutines enqueueing or POSTing at once")
 	fs.IntVar(&o.Servers, "servers", 1, "asynq servers per pipeline (each dequeues on its own), sharing -concurrency between them")
-	fs.StringVar(&o.RedisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis server (its database number is replaced by -redis-db)")
-	fs.IntVar(&o.RedisDB, "redis-db", 10, "Redis database (10 is bench/'s, docs/ARCHITECTURE.md)")
-	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		"Postgres database; the run creates a schema of its own there and drops it at the end")
+	o.Backends.Flags(fs, "the run")
 	fs.DurationVar(&o.Timeout, "timeout", time.Minute, "longest wait for one measurement to finish")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of llmq's first round to this file")
 	fs.StringVar(&o.MemProfile, "memprofile", "", "write an allocation profile, taken when llmq's first round ends, to this file")
@@ -107,10 +92,11 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-servers must be from 1 to -concurrency (%d), got %d", o.Concurrency, o.Servers)
 	case o.Producers < 1:
 		return nil, fmt.Errorf("-producers must be at least 1, got %d", o.Producers)
-	case o.RedisDB < 0:
-		return nil, fmt.Errorf("-redis-db must not be negative, got %d", o.RedisDB)
 	case o.Timeout <= 0:
 		return nil, fmt.Errorf("-timeout must be positive, got %v", o.Timeout)
+	}
+	if err := o.Backends.Check(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -118,21 +104,11 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 // perServer is each server's share of the concurrency, rounded up.
 func (o *options) perServer() int { return (o.Concurrency + o.Servers - 1) / o.Servers }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 // run opens llmq and the hand-wired stack, measures every round, then the
 // light load, and prints the tables. Missing the target is a result, not an
 // error.
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	o, err := parseOptions(args, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
 	if err != nil {
 		return err
 	}

@@ -1,11 +1,11 @@
 package main
 
 import (
-	"bytes"
-	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/bench/internal/benchtest"
 )
 
 func TestMain(m *testing.M) {
@@ -15,23 +15,12 @@ func TestMain(m *testing.M) {
 // TestRun runs the whole benchmark small: every stack, the client's polls
 // to every job's success, the light load, the tables.
 func TestRun(t *testing.T) {
-	var out bytes.Buffer
-	if err := run(t.Context(), []string{"-jobs", "60", "-warmup", "10", "-producers", "4", "-concurrency", "8", "-rounds", "2", "-light-jobs", "20", "-light-rate", "200"}, &out); err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	for _, want := range []string{"llmq/hand-wired", "bare asynq", "target llmq/hand-wired", "CPU this process", "llmq, round 2 (flat out)", "hand-wired, light load (200/s)", "llmq at light load: p50"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
-		}
-	}
+	benchtest.Run(t, run, []string{"-jobs", "60", "-warmup", "10", "-producers", "4", "-concurrency", "8", "-rounds", "2", "-light-jobs", "20", "-light-rate", "200"},
+		"llmq/hand-wired", "bare asynq", "target llmq/hand-wired", "CPU this process", "llmq, round 2 (flat out)", "hand-wired, light load (200/s)", "llmq at light load: p50")
 }
 
 func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-jobs", "0"}, {"-rounds", "0"}, {"-light-rate", "0"}, {"-servers", "0"}, {"-concurrency", "2", "-servers", "3"}, {"extra"}} {
-		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
-			t.Errorf("run %q: no error", args)
-		}
-	}
+	benchtest.BadFlags(t, run, [][]string{{"-jobs", "0"}, {"-rounds", "0"}, {"-light-rate", "0"}, {"-servers", "0"}, {"-concurrency", "2", "-servers", "3"}, {"extra"}})
 }
 
 func TestPercentile(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/cost"
 )
 
@@ -115,23 +116,16 @@ func produce(ctx context.Context, n, producers int, do func(ctx context.Context,
 }
 
 // newRedis returns a client of database db of the server at rawURL, with
-// its round trips counted; a pipeline counts once.
-func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, *cost.RoundTrips, error) {
-	opt, err := redis.ParseURL(rawURL)
+// its round trips counted (a pipeline counts once), and the URL of that
+// database.
+func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, string, *cost.RoundTrips, error) {
+	c, dbURL, err := benchenv.Redis(ctx, rawURL, db)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-redis: %w", err)
-	}
-	opt.DB = db
-	c := redis.NewClient(opt)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		_ = c.Close()
-		return nil, nil, fmt.Errorf("redis at %s does not answer: %w", opt.Addr, err)
+		return nil, "", nil, err
 	}
 	rt := &cost.RoundTrips{}
 	c.AddHook(rt)
-	return c, rt, nil
+	return c, dbURL, rt, nil
 }
 
 // measurement is one pipeline's run of n jobs.

@@ -14,8 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/internal/llm/sim"
-	"github.com/llmq/llmq/internal/worker"
 )
 
 type loadProvider struct {
@@ -66,14 +66,11 @@ func underLoadOne(ctx context.Context, o options, cfg sim.Config, stdout io.Writ
 		return err
 	}
 	defer stop()
-	srv, mux, err := a.WorkerServer(worker.Options{})
+	shutdown, err := inproc.StartWorker(a)
 	if err != nil {
 		return err
 	}
-	if err := srv.Start(mux); err != nil {
-		return err
-	}
-	defer srv.Shutdown()
+	defer shutdown()
 
 	tr := &http.Transport{MaxIdleConnsPerHost: o.clients + 16}
 	defer tr.CloseIdleConnections()

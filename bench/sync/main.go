@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -30,7 +29,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
-	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -108,8 +107,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		o.providers = append(o.providers, p)
 	}
-	o.redisURL = envOr("LLMQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379")
-	o.databaseURL = envOr("LLMQ_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	o.redisURL = benchenv.EnvOr("LLMQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379")
+	o.databaseURL = benchenv.EnvOr("LLMQ_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 
 	ss := sim.Start(sim.Config{Limits: sim.Limits{RPM: 10_000_000, TPM: 10_000_000_000}, DefaultMaxTokens: 1024,
 		Latency: o.latency, LatencyPerToken: o.perToken, CompletionMin: 1, CompletionMax: 1})
@@ -221,12 +220,8 @@ func call(ctx context.Context, hc *http.Client, t target, body []byte, stream bo
 // startLLMQ runs llmq's dispatcher in this process (API, scheduler, the
 // synchronous path) over a fresh schema and key prefix.
 func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key string, a *app.App, stop func(), err error) {
-	var closers []func()
-	stop = func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
+	var closers benchenv.Closers
+	stop = closers.Close
 	defer func() {
 		if err != nil {
 			stop()
@@ -260,28 +255,14 @@ func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key
 	}
 	closers = append(closers, a.Close)
 	closers = append(closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
-	srv, err := a.API()
-	if err != nil {
+	var closeAPI func()
+	if base, closeAPI, err = inproc.ServeAPI(a); err != nil {
 		return "", "", nil, nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", "", nil, nil, err
-	}
-	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
-	if err != nil {
-		_ = ln.Close()
-		return "", "", nil, nil, err
-	}
-	go func() { _ = hs.Serve(ln) }()
-	closers = append(closers, func() { _ = hs.Close() })
-	base = "http://" + ln.Addr().String()
+	closers = append(closers, closeAPI)
 	// The scheduler releases async jobs from the fair queue, as in every
 	// dispatcher.
-	sctx, stopScheduler := context.WithCancel(context.Background())
-	schedDone := make(chan struct{})
-	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
-	closers = append(closers, func() { stopScheduler(); <-schedDone })
+	closers = append(closers, inproc.Loops(a.Scheduler().Run))
 	key, err = createKey(ctx, base, "bench")
 	return base, key, a, stop, err
 }
@@ -325,10 +306,3 @@ func (l latencies) percentile(q float64) time.Duration {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}

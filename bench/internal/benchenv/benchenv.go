@@ -1,6 +1,8 @@
 // Package benchenv holds what the benchmark programs under bench/ share:
-// the run's Redis database and the environment of the llmq they start
-// (the same variables a deployment sets, with a namespace of the run's own).
+// their main and their servers' flags (cli.go), the run's Redis database,
+// the environment of the llmq they start (the same variables a deployment
+// sets, with a namespace of the run's own), its tenants, and the undoing of
+// a setup.
 package benchenv
 
 import (
@@ -14,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/client"
 )
 
 // AdminToken guards the admin API of the llmq a run starts, which only the
@@ -87,4 +91,32 @@ func WritePolicy(dir, tmpl, simURL string, rpm, tpm int64) (string, error) {
 		return "", err
 	}
 	return path, nil
+}
+
+// Tenant makes a tenant of tier with a key through admin (a client of an
+// llmq's admin API), and returns the tenant's id, the key and a client of
+// that key at the same llmq, made with opts.
+func Tenant(ctx context.Context, admin *client.Client, name, tier string, opts ...client.Option) (id, key string, c *client.Client, err error) {
+	t, err := admin.Admin.CreateTenant(ctx, &client.TenantCreateParams{Name: name, Tier: tier})
+	if err != nil {
+		return "", "", nil, err
+	}
+	k, err := admin.Admin.CreateKey(ctx, t.ID)
+	if err != nil {
+		return "", "", nil, err
+	}
+	c, err = client.New(admin.BaseURL(), k.Key, opts...)
+	return t.ID, k.Key, c, err
+}
+
+// Closers undo a setup, one function a step, in the order the steps were
+// done: append each step's undoing as it succeeds.
+type Closers []func()
+
+// Close runs the closers, the last appended first, and forgets them.
+func (c *Closers) Close() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+	*c = nil
 }
