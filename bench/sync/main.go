@@ -224,7 +224,7 @@ func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key
 	stop = closers.Close
 	defer func() {
 		if err != nil {
-			stop()
+			closers.Close() // stop is nil by now: each return that fails clears it
 		}
 	}()
 	dsn, drop, err := testutil.NewSchema(ctx, o.databaseURL, "bench_")
