@@ -109,8 +109,8 @@ func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget
 		return err
 	}
 	worst := WorstCase(p, r.Model, fallbacks, r.Calibration, r.PromptTokens, r.MaxTokens)
-	if err := CheckBudget(acct, worst); err != nil {
-		return inEndpointsTerms(err, r.Endpoint)
+	if err := CheckBudget(acct, worst, r.Endpoint); err != nil {
+		return err
 	}
 	r.WorstCase, r.Fallbacks = worst, fallbacks
 	return nil
@@ -123,29 +123,28 @@ func (e *Estimator) Admit(ctx context.Context, p *config.Policy, acct budget.Acc
 	if err != nil {
 		return nil, err
 	}
-	if err := CheckBudget(acct, est.WorstCase); err != nil {
-		return nil, inEndpointsTerms(err, endpoint)
+	if err := CheckBudget(acct, est.WorstCase, endpoint); err != nil {
+		return nil, err
 	}
 	return &Request{Estimate: *est, Endpoint: endpoint, Body: body}, nil
 }
 
-// inEndpointsTerms names an *Error's parameters as endpoint's body has
-// them: the Responses API's output bound is max_output_tokens, its prompt
-// input. Other errors are returned as they are.
-func inEndpointsTerms(err error, endpoint string) error {
-	var e *Error
-	if endpoint != llm.EndpointResponses || !errors.As(err, &e) {
-		return err
+// outputParam is the body's field bounding the output of a request to
+// endpoint: the Responses API's max_output_tokens, chat's max_tokens.
+func outputParam(endpoint string) string {
+	if endpoint == llm.EndpointResponses {
+		return "max_output_tokens"
 	}
-	out := *e
-	switch out.Param {
-	case "max_tokens":
-		out.Param = "max_output_tokens"
-	case "messages":
-		out.Param = "input"
+	return "max_tokens"
+}
+
+// promptParam is the body's field holding the prompt of a request to
+// endpoint: chat's messages, the Responses API's and embeddings' input.
+func promptParam(endpoint string) string {
+	if endpoint == llm.EndpointChat {
+		return "messages"
 	}
-	out.Message = strings.ReplaceAll(out.Message, "Lower max_tokens", "Lower max_output_tokens")
-	return &out
+	return "input"
 }
 
 // Fill writes what admission decided into the job's insert params: the
@@ -203,8 +202,8 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 	}
 	est.Cost, _ = Charge(m, est.Calibration, est.PromptTokens, est.MaxTokens)
 	est.WorstCase = WorstCase(p, m, m.Fallbacks, est.Calibration, est.PromptTokens, est.MaxTokens)
-	if err := fits(m, est); err != nil {
-		return nil, inEndpointsTerms(err, endpoint)
+	if err := fits(m, est, endpoint); err != nil {
+		return nil, err
 	}
 	return est, nil
 }
@@ -256,10 +255,10 @@ func Charge(m *config.Model, c limiter.Calibration, promptTokens, maxTokens int6
 
 // fits refuses a cost no deployment of the model can ever hold: one whose
 // buckets are all large enough may run it.
-func fits(m *config.Model, est *Estimate) error {
+func fits(m *config.Model, est *Estimate, endpoint string) error {
 	var first error
 	for _, r := range m.Routes() {
-		err := fitsRoute(r, est)
+		err := fitsRoute(r, est, endpoint)
 		if err == nil {
 			return nil
 		}
@@ -269,19 +268,16 @@ func fits(m *config.Model, est *Estimate) error {
 }
 
 // fitsRoute refuses a cost a bucket of route r can never hold.
-func fitsRoute(m *config.Model, est *Estimate) error {
+func fitsRoute(m *config.Model, est *Estimate, endpoint string) error {
 	for _, b := range Scope(m).Buckets {
 		if b.Unit == limiter.UnitTokens && est.Cost.Tokens > b.Limit {
-			param := "max_tokens"
+			param := outputParam(endpoint)
 			if est.Cost.Tokens-est.MaxTokens > b.Limit || est.MaxTokens == 0 {
-				param = "messages"
-				if m.Kind == config.KindEmbedding {
-					param = "input"
-				}
+				param = promptParam(endpoint)
 			}
 			return &Error{Param: param, Code: "tokens_exceed_capacity", Message: fmt.Sprintf(
-				"This request needs up to %d tokens (%d prompt%s + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower max_tokens or shorten the input.",
-				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Name)}
+				"This request needs up to %d tokens (%d prompt%s + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower %s or shorten the input.",
+				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Name, outputParam(endpoint))}
 		}
 	}
 	return nil
@@ -418,16 +414,17 @@ func Account(p *config.Policy, t *store.Tenant) (budget.Account, *config.Tier, e
 
 // CheckBudget refuses a worst-case cost that exceeds the whole daily budget
 // of the account (or the global cap): no reset would ever let it run.
-func CheckBudget(acct budget.Account, worst money.Micros) error {
+func CheckBudget(acct budget.Account, worst money.Micros, endpoint string) error {
+	param := outputParam(endpoint)
 	if !acct.Unlimited && worst > acct.Budget {
-		return &Error{Param: "max_tokens", Code: "budget_too_small", Message: fmt.Sprintf(
-			"This request may cost up to $%s, more than the whole daily budget of $%s; it could never run. Lower max_tokens.",
-			worst, acct.Budget)}
+		return &Error{Param: param, Code: "budget_too_small", Message: fmt.Sprintf(
+			"This request may cost up to $%s, more than the whole daily budget of $%s; it could never run. Lower %s.",
+			worst, acct.Budget, param)}
 	}
 	if acct.Global > 0 && worst > acct.Global {
-		return &Error{Param: "max_tokens", Code: "budget_too_small", Message: fmt.Sprintf(
-			"This request may cost up to $%s, more than the global daily cap of $%s; it could never run. Lower max_tokens.",
-			worst, acct.Global)}
+		return &Error{Param: param, Code: "budget_too_small", Message: fmt.Sprintf(
+			"This request may cost up to $%s, more than the global daily cap of $%s; it could never run. Lower %s.",
+			worst, acct.Global, param)}
 	}
 	return nil
 }

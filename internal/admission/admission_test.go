@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -99,18 +100,18 @@ func TestAccountAndCheckBudget(t *testing.T) {
 		t.Fatal("a tier missing from the policy was accepted")
 	}
 	std, _, _ := Account(p, &store.Tenant{ID: "ten_a", Tier: "standard"})
-	if err := CheckBudget(std, money.PerDollar); err != nil {
+	if err := CheckBudget(std, money.PerDollar, llm.EndpointChat); err != nil {
 		t.Fatalf("a worst case equal to the budget was refused: %v", err)
 	}
 	var ae *Error
-	if err := CheckBudget(std, money.PerDollar+1); !errors.As(err, &ae) || ae.Code != "budget_too_small" {
+	if err := CheckBudget(std, money.PerDollar+1, llm.EndpointChat); !errors.As(err, &ae) || ae.Code != "budget_too_small" {
 		t.Fatalf("a worst case above the budget: %v", err)
 	}
 	unl, _, _ := Account(p, &store.Tenant{ID: "ten_d", Tier: "internal"})
-	if err := CheckBudget(unl, 4*money.PerDollar); err != nil {
+	if err := CheckBudget(unl, 4*money.PerDollar, llm.EndpointChat); err != nil {
 		t.Fatalf("unlimited tier under the global cap: %v", err)
 	}
-	if err := CheckBudget(unl, 6*money.PerDollar); !errors.As(err, &ae) || !strings.Contains(ae.Message, "global") {
+	if err := CheckBudget(unl, 6*money.PerDollar, llm.EndpointChat); !errors.As(err, &ae) || !strings.Contains(ae.Message, "global") {
 		t.Fatalf("unlimited tier above the global cap: %v", err)
 	}
 }
