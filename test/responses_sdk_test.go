@@ -144,6 +144,7 @@ func checkJobUsage(t *testing.T, a *apptest.App, key, job string, input, output 
 		} `json:"usage"`
 		CostUSD float64 `json:"cost_usd"`
 	}
+	a.EndedJob(job)
 	resp := a.Do(http.MethodGet, "/v1/jobs/"+job, key, nil)
 	if resp.Status != http.StatusOK {
 		t.Fatalf("GET job %q: %d %s", job, resp.Status, resp.Body)

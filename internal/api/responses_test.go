@@ -96,7 +96,7 @@ func TestResponsesStreamRelay(t *testing.T) {
 	if len(names) < 5 || names[0] != "response.created" || names[len(names)-1] != "response.completed" {
 		t.Fatalf("events %v", names)
 	}
-	job := r.Header.Get("X-Llmq-Job-Id")
+	job := a.EndedJob(r.Header.Get("X-Llmq-Job-Id")).ID
 	var j struct {
 		Status string `json:"status"`
 		Usage  struct {
@@ -206,10 +206,7 @@ func TestFollowUpReservesTheConversation(t *testing.T) {
 		t.Fatalf("follow-up: %d %s", r.Status, r.Body)
 	}
 	prior := first.Usage.InputTokens + first.Usage.OutputTokens
-	job, err := a.Store.JobGetByID(t.Context(), r.Header.Get("X-Llmq-Job-Id"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	job := a.EndedJob(r.Header.Get("X-Llmq-Job-Id"))
 	if job.EstPromptTokens < prior || job.EstPromptTokens > prior+20 {
 		t.Fatalf("the follow-up reserved a prompt of %d tokens; the conversation holds %d", job.EstPromptTokens, prior)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/offload"
+	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/worker"
 )
@@ -448,4 +449,24 @@ func (a *App) Account(tenantID string) budget.Account {
 		a.t.Fatal(err)
 	}
 	return acct
+}
+
+// EndedJob is job id once it has ended. A synchronous call's answer is
+// written before its job is settled and stored, so a test reading the job
+// right after the answer waits here for it.
+func (a *App) EndedJob(id string) *store.Job {
+	a.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		job, err := a.Store.JobGetByID(context.Background(), id)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		if job.Status.Terminal() {
+			return job
+		}
+		if time.Now().After(deadline) {
+			a.t.Fatalf("job %s is still %s", id, job.Status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

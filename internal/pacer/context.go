@@ -16,12 +16,13 @@ import (
 // it holds itself.
 const ContextMemory = 7 * 24 * time.Hour
 
-// rememberContext keeps the tokens of a stored response's conversation
+// RememberContext keeps the tokens of a stored response's conversation
 // (its input, earlier turns included, and its output) under its id: a
 // follow-up naming it as previous_response_id carries them all to the
-// provider, which counts them. A failure is logged: the follow-up then
-// reserves only what it holds itself.
-func (p *Pacer) rememberContext(ctx context.Context, resp *llm.Response) {
+// provider, which counts them. It is called before the answer reaches
+// anyone, since a client may send the follow-up the moment it has it. A
+// failure is logged: the follow-up then reserves only what it holds itself.
+func (p *Pacer) RememberContext(ctx context.Context, resp *llm.Response) {
 	id := llm.ResponseID(resp.Body)
 	tokens := resp.Usage.PromptTokens + resp.Usage.CompletionTokens
 	if id == "" || tokens <= 0 {

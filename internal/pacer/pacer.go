@@ -170,10 +170,6 @@ type Call struct {
 	// llmq cannot count (llm.HasUnseenContext): the provider's count of it
 	// does not teach the calibration.
 	UnseenContext bool
-	// Stored is set when the answer is a response the provider stores
-	// (llm.StoredResponse): Done remembers its conversation's tokens for a
-	// follow-up (PriorContext).
-	Stored bool
 }
 
 // Plan returns the call a request of model m with llmq's estimate of
@@ -300,9 +296,6 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 		if len(fb.ShortWindow) > 0 {
 			p.obs.ShortWindowRateLimit(c.Model.Name, fb.ShortWindow)
 		}
-	}
-	if c.Stored && o.Err == nil && o.Response != nil {
-		p.rememberContext(ctx, o.Response)
 	}
 	s, err := p.limiter.Settle(ctx, permit, fb)
 	if err != nil {

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/llmq/llmq/internal/llm"
@@ -21,6 +22,18 @@ type verdict struct {
 	// failed, when set, fails the job, charged: the provider answered and
 	// bills the call, but its answer cannot be taken.
 	failed *store.JobError
+}
+
+// accept judges a provider's 2xx answer (judge) and, when it is a stored
+// response the client can take, remembers its conversation's tokens for
+// its follow-ups before the answer reaches anyone (see
+// pacer.RememberContext).
+func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) verdict {
+	v := r.judge(resp, pe)
+	if v.failed == nil && !v.estimated && llm.StoredResponse(r.job.Endpoint, r.job.Request) {
+		r.h.Pacer.RememberContext(ctx, resp)
+	}
+	return v
 }
 
 // judge reads a provider's 2xx answer: resp, or pe for one the llm package

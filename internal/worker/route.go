@@ -130,7 +130,7 @@ func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, s
 	asked, large := 0, 0
 	for _, route := range r.routes.candidates() {
 		call := r.h.Pacer.Plan(ctx, route, r.job.EstPromptTokens, r.job.EstMaxTokens)
-		call.UnseenContext, call.Stored = r.call.UnseenContext, r.call.Stored
+		call.UnseenContext = r.call.UnseenContext
 		res, err := r.h.Pacer.Reserve(ctx, call)
 		asked++
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {

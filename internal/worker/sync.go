@@ -136,7 +136,6 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	r.routes = newRouter(p, m, r.job.Fallbacks)
 	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	r.call.UnseenContext = llm.HasUnseenContext(r.job.Endpoint, r.job.Request)
-	r.call.Stored = llm.StoredResponse(r.job.Endpoint, r.job.Request)
 	worst := admission.WorstCase(p, m, admission.Fallbacks(m, r.job.Fallbacks), r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
 
 	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
@@ -183,7 +182,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 			// An answer without usage (a stream without its usage chunk
 			// too) is charged its worst case; one that cannot be taken is
 			// the client's 502, never a 200.
-			v := r.judge(resp, pe)
+			v := r.accept(callCtx, resp, pe)
 			if v.failed == nil && c.Answer != nil {
 				c.Answer(resp)
 			}

@@ -309,7 +309,6 @@ func (r *run) do(ctx context.Context) error {
 	// worst case on the dearest route the job may take.
 	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	r.call.UnseenContext = llm.HasUnseenContext(r.job.Endpoint, r.job.Request)
-	r.call.Stored = llm.StoredResponse(r.job.Endpoint, r.job.Request)
 	worst := admission.WorstCase(p, m, admission.Fallbacks(m, r.job.Fallbacks), r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
 	if done, err := r.budgetDecided(ctx, bres, dec, err); done {
@@ -358,7 +357,7 @@ func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 	if err == nil || answered2xx(pe) {
 		h.breakers.Record(name, false)
-		return false, r.succeeded(ctx, resp, r.judge(resp, pe), outcome)
+		return false, r.succeeded(ctx, resp, r.accept(ctx, resp, pe), outcome)
 	}
 	again = r.failover(ctx, pe)
 	r.settlePermit(ctx, outcome)
