@@ -67,6 +67,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Float64Var(&cfg.Faults.Rate500, "rate-500", 0, "fraction of requests answered 500")
 	fs.Float64Var(&cfg.Faults.RateHang, "rate-hang", 0, "fraction of requests that hang")
 	fs.Float64Var(&cfg.Faults.OmitUsage, "omit-usage", 0, "fraction of answers that carry no usage")
+	fs.Float64Var(&cfg.Faults.StreamError, "stream-error", 0, "fraction of streamed answers that fail after their first content")
 	fs.BoolVar(&cfg.Echo, "echo", false, "start each completion with the request's user field (for tests)")
 	fs.DurationVar(&cfg.Faults.HangFor, "hang-for", 0, "how long a hung request waits before a 504 (0: until the client gives up)")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of faults, latencies, completion lengths and embeddings")

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/worker"
 )
 
@@ -225,5 +227,52 @@ func TestFollowUpReservesTheConversation(t *testing.T) {
 	}
 	if n := a.Pacer.PriorContext(t.Context(), first.ID); n != prior {
 		t.Fatalf("remembered %d tokens of the first response's conversation, want %d", n, prior)
+	}
+}
+
+// A stream the provider fails midway (an error chunk on chat; an error or
+// response.failed event on the Responses API) was admitted and billed by
+// the provider, which never says how much: the client gets what was
+// relayed and an error event (llmq's own, for either of the Responses
+// API's), and the job fails charged its worst case, as an answer without
+// usage is. It is not sent again.
+func TestStreamFailingMidwayIsCharged(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{
+		Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Faults: sim.Faults{StreamError: 1}, Seed: 7}})
+	tenant, key := a.Tenant("standard")
+	var total money.Micros
+	bodies := []string{
+		`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell a story."}],"max_tokens":200,"stream":true}`,
+		`{"model":"gpt-4o-mini","input":"Tell a story.","max_output_tokens":200,"stream":true}`,
+		`{"model":"gpt-4o-mini","input":"Tell another story.","max_output_tokens":300,"stream":true}`,
+	}
+	for i, body := range bodies {
+		path := "/v1/responses"
+		if i == 0 {
+			path = "/v1/chat/completions"
+		}
+		r := a.Do("POST", path, key, body)
+		events := strings.Split(strings.TrimSuffix(string(r.Body), "\n\n"), "\n\n")
+		last := events[len(events)-1]
+		if r.Status != 200 || len(events) < 2 || strings.Contains(string(r.Body), "[DONE]") || strings.Contains(string(r.Body), "response.completed") {
+			t.Fatalf("%s: %d %s", path, r.Status, r.Body)
+		}
+		if i == 0 && !strings.HasPrefix(last, `data: {"error":{"message":"The server had an error`) ||
+			i > 0 && !strings.HasPrefix(last, "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\"") {
+			t.Fatalf("%s ended with %q", path, last)
+		}
+		job := a.EndedJob(r.Header.Get("X-Llmq-Job-Id"))
+		if job.Status != "failed" || job.Error == nil || job.Error.Code != map[bool]string{true: "provider_stream_failed", false: "server_error"}[i == 0] || !job.UsageEstimated ||
+			job.Cost != job.EstCost || job.Cost == 0 || job.CompletionTokens != job.EstMaxTokens {
+			t.Fatalf("%s: job %+v, error %+v", path, job, job.Error)
+		}
+		total += job.Cost
+	}
+	if d, err := a.Budgets.Status(t.Context(), a.Account(tenant)); err != nil || d.Spent != total || d.Reserved != 0 {
+		t.Fatalf("budget %+v (%v), want $%s spent", d, err, total)
+	}
+	if st := a.Sim.Stats(); st.Requests != int64(len(bodies)) {
+		t.Errorf("the provider was called %d times for %d streams", st.Requests, len(bodies))
 	}
 }

@@ -69,6 +69,9 @@ const (
 	// CodeInvalidResponse: a 2xx answer that is JSON but not of the shape
 	// of an OpenAI answer.
 	CodeInvalidResponse = "provider_response_invalid"
+	// CodeStreamFailed: a stream that failed after it began (an error
+	// event without a code of the provider's, a cut, a timeout).
+	CodeStreamFailed = "provider_stream_failed"
 )
 
 // errResponseTooLarge is the transport's refusal of an answer past the

@@ -200,7 +200,7 @@ func TestResponsesStream(t *testing.T) {
 		{"completed", completed, 4, ""},
 		{"error event", "event: error\ndata: " + `{"type":"error","sequence_number":3,"code":"server_error","message":"The server had an error","param":null}` + "\n\n", 3, "server_error"},
 		{"failed", "event: response.failed\ndata: " + `{"type":"response.failed","sequence_number":3,"response":{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"boom"}}}` + "\n\n", 3, "server_error"},
-		{"cut", "", 3, ""},
+		{"cut", "", 3, llm.CodeStreamFailed},
 	}
 	for _, c := range cases {
 		var sent string

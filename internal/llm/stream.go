@@ -3,6 +3,7 @@ package llm
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,9 +89,6 @@ func fill(e *Error, o *client.ErrorObject) {
 	e.Message, e.Type, e.Code, e.Param = o.Message, o.Type, o.Code, o.Param
 }
 
-// stream sends a streaming chat completion over plain HTTP: go-openai's
-// typed chunks would drop the fields it does not model, and the client is
-// relayed the provider's bytes.
 // answered is the *Error of a call the provider answered with resp, its
 // status and headers filled in.
 func (p *openAIProvider) answered(resp *http.Response) *Error {
@@ -115,6 +113,9 @@ func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 	return e
 }
 
+// stream sends a streaming chat completion or response over plain HTTP
+// (go-openai's typed chunks would drop the fields it does not model) and
+// relays the provider's events to req.Stream as they come.
 func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, error) {
 	wire, err := streamWireBody(req)
 	if err != nil {
@@ -170,9 +171,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		}
 		if req.Endpoint == EndpointResponses {
 			if o := c.responsesError(); o != nil {
-				fill(e, o)
-				e.Message, e.Class, e.Relayed = answerMessage(resp.StatusCode, e.Message, true, p.scrub), ClassRetryable, out.Chunks
-				return nil, e
+				return nil, p.streamFailed(e, o, out.Chunks)
 			}
 			if done = c.responsesEnd(); done {
 				// The final response, with its usage, is the job's answer.
@@ -184,9 +183,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 				out.Body, out.Usage = bytes.Clone(c.Response), u
 			}
 		} else if c.Error != nil {
-			fill(e, c.Error)
-			e.Message, e.Class, e.Relayed = answerMessage(resp.StatusCode, e.Message, true, p.scrub), ClassRetryable, out.Chunks
-			return nil, e
+			return nil, p.streamFailed(e, c.Error, out.Chunks)
 		}
 		if c.Usage != nil && req.Endpoint == EndpointChat {
 			out.Usage = c.Usage.usage()
@@ -200,6 +197,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	}
 	if !done {
 		ne := p.noAnswer(ctx, sc.Err(), out.Chunks)
+		ne.Code = CodeStreamFailed
 		if sc.Err() == nil {
 			ne.Message = "the provider's stream ended before [DONE]"
 			if req.Endpoint == EndpointResponses {
@@ -209,6 +207,15 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		return nil, ne
 	}
 	return out, nil
+}
+
+// streamFailed is e, the answer of a stream that ended with the provider's
+// error o after relayed events.
+func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed int) *Error {
+	fill(e, o)
+	e.Message, e.Class, e.Relayed = answerMessage(e.StatusCode, e.Message, true, p.scrub), ClassRetryable, relayed
+	e.Code = cmp.Or(e.Code, CodeStreamFailed)
+	return e
 }
 
 // noAnswer is a call that got no (whole) answer: a timeout, a cancellation

@@ -80,7 +80,17 @@ func TestStreamErrors(t *testing.T) {
 	}))
 	t.Cleanup(cut.Close)
 	e = asError(t, call(newProvider(t, cut.URL+"/v1", 5*time.Second), streamChat))
-	if e.Class != llm.ClassRetryable || e.Relayed != 2 || !strings.Contains(e.Message, "ended before [DONE]") && !strings.Contains(e.Message, "could not be reached") {
+	if e.Class != llm.ClassRetryable || e.Relayed != 2 || e.Code != llm.CodeStreamFailed ||
+		!strings.Contains(e.Message, "ended before [DONE]") && !strings.Contains(e.Message, "could not be reached") {
 		t.Fatalf("cut stream: %+v", e)
+	}
+
+	// A provider's server error midway: an error chunk (its code null)
+	// after the role and one content chunk, then the end.
+	failing := startSim(t, sim.Config{APIKey: testKey, Faults: sim.Faults{StreamError: 1}})
+	e = asError(t, call(newProvider(t, failing.BaseURL, 5*time.Second), streamChat))
+	if e.Class != llm.ClassRetryable || e.Relayed != 2 || e.StatusCode != 200 || e.Code != llm.CodeStreamFailed || e.Type != "server_error" ||
+		!strings.Contains(e.Message, "The server had an error") {
+		t.Fatalf("stream failing midway: %+v", e)
 	}
 }

@@ -84,8 +84,10 @@ func relayed(resp *llm.Response, pe *llm.Error) int {
 }
 
 // answered2xx reports whether err is an answer the provider gave with a 2xx
-// status that llmq cannot take: the provider bills it, so the job is
-// charged, and it is not retried.
+// status that llmq cannot take, or a stream that failed after it relayed
+// events (an error event, a cut, a timeout): the provider bills it, so the
+// job is charged, and it is not retried. (A stream's relayed events cannot
+// be taken back from its client either.)
 func answered2xx(pe *llm.Error) bool {
-	return pe != nil && pe.Class == llm.ClassPermanent && pe.StatusCode >= 200 && pe.StatusCode < 300
+	return pe != nil && (pe.Relayed > 0 || pe.Class == llm.ClassPermanent && pe.StatusCode >= 200 && pe.StatusCode < 300)
 }

@@ -179,14 +179,14 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		h.Observer.ProviderCall(name, route.Name, status, time.Since(began))
 		outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 		if err == nil || answered2xx(pe) {
-			// An answer without usage (a stream without its usage chunk
-			// too) is charged its worst case; one that cannot be taken is
-			// the client's 502, never a 200.
+			// An answer without usage (a stream without its usage chunk,
+			// or one that failed midway, too) is charged its worst case;
+			// one that cannot be taken is the client's 502, never a 200.
 			v := r.accept(callCtx, resp, pe)
 			if v.failed == nil && c.Answer != nil {
 				c.Answer(resp)
 			}
-			h.breakers.Record(name, false)
+			h.breakers.Record(name, pe != nil && pe.Class == llm.ClassRetryable)
 			if err := r.succeeded(callCtx, resp, v, outcome); err != nil {
 				r.log.Warn("store a synchronous answer; the reconciler settles it", "err", err)
 			}
@@ -196,8 +196,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 			}
 			return &SyncResult{Response: resp}, nil
 		}
-		// A stream that relayed some of its answer is the client's as it is.
-		if pe.Relayed == 0 && time.Now().Before(c.Deadline) && r.failover(callCtx, pe) {
+		if time.Now().Before(c.Deadline) && r.failover(callCtx, pe) {
 			r.settlePermit(callCtx, outcome)
 			h.breakers.Done(name)
 			continue
@@ -213,7 +212,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 			r.job.RateLimited = n
 			// The wait is decided here, once: what the bookkeeping took
 			// since does not turn it into a refusal.
-			if pe.Relayed == 0 && n < h.opts.MaxRateLimited && time.Now().Add(r.wait).Before(c.Deadline) {
+			if n < h.opts.MaxRateLimited && time.Now().Add(r.wait).Before(c.Deadline) {
 				if err := sleep(ctx, r.wait); err != nil {
 					return nil, err
 				}
@@ -223,7 +222,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 			h.breakers.Record(name, true)
 			faults++
 			wait := queue.FullJitter(faults-1, syncRetryBase, 10*time.Second)
-			if pe.Relayed == 0 && faults <= queue.DefaultMaxRetry && time.Now().Add(wait).Before(c.Deadline) {
+			if faults <= queue.DefaultMaxRetry && time.Now().Add(wait).Before(c.Deadline) {
 				r.setStatus(callCtx, store.JobRunning, nil, true)
 				if err := sleep(ctx, wait); err != nil {
 					return nil, err

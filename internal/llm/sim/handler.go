@@ -121,9 +121,10 @@ const (
 	drawCompletion // + choice index
 )
 
-// drawNoise and drawNoise + 1 are the draws of the header noise, and
-// drawNoise + 2 whether the usage is left out, apart from the completions'
-// (one per choice).
+// drawNoise and drawNoise + 1 are the draws of the header noise,
+// drawNoise + 2 whether the usage is left out, drawNoise + 3 whether a
+// stream fails midway and drawNoise + 4 how a Responses API stream says so,
+// apart from the completions' (one per choice).
 const drawNoise = 1 << 20
 
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {

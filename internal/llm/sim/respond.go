@@ -96,6 +96,15 @@ func (s *Server) omitsUsage(n uint64) bool {
 	return share > 0 && s.draw(n, drawNoise+2) < share
 }
 
+// streamFails reports whether request n's stream fails after its first
+// part (Faults.StreamError), drawn from the seed.
+func (s *Server) streamFails(n uint64) bool {
+	s.mu.Lock()
+	share := s.faults.StreamError
+	s.mu.Unlock()
+	return share > 0 && s.draw(n, drawNoise+3) < share
+}
+
 // writeText writes about k tokens of sentence-like text.
 func (s *Server) writeText(b *bytes.Buffer, n, choice uint64, k int64) {
 	x := uint64(s.draw(n, 1000+choice) * (1 << 53))

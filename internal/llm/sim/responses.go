@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -424,8 +425,9 @@ type responseEvent struct {
 // response.output_text.delta events, then response.output_text.done,
 // response.content_part.done, response.output_item.done and
 // response.completed (or response.incomplete) with the whole response and
-// its usage. There is no [DONE].
-func responsesEvents(body []byte) (*events, error) {
+// its usage. There is no [DONE]. A stream that fails after its first delta
+// ends with an error event when errorEvent is set, else response.failed.
+func responsesEvents(body []byte, errorEvent bool) (*events, error) {
 	var o responseObject
 	if err := json.Unmarshal(body, &o); err != nil {
 		return nil, err
@@ -475,6 +477,18 @@ func responsesEvents(body []byte) (*events, error) {
 		event(responseEvent{Type: "response.content_part.done", ItemID: msg.ID, OutputIndex: &zero, ContentIndex: &zero, Part: &part}),
 		event(responseEvent{Type: "response.output_item.done", OutputIndex: &zero, Item: &msg}),
 		event(responseEvent{Type: end, Response: &o}),
+	}
+	// A stream that fails midway ends with an error event, or with
+	// response.failed: the response failed, its error, no usage.
+	seq = len(ev.head) + 1
+	if errorEvent {
+		ev.failed = fmt.Appendf(nil, "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":%q,\"param\":null,\"sequence_number\":%d}\n\n",
+			streamErrorMessage, seq)
+	} else {
+		failed := started
+		failed.Status = "failed"
+		failed.Error = json.RawMessage(`{"code":"server_error","message":"` + streamErrorMessage + `"}`)
+		ev.failed = event(responseEvent{Type: "response.failed", Response: &failed})
 	}
 	return ev, nil
 }

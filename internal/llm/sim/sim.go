@@ -134,13 +134,20 @@ type Faults struct {
 	// OmitUsage is the fraction of admitted answers that carry no usage (a
 	// stream's, no usage chunk). Defaults to 0.
 	OmitUsage float64 `json:"omit_usage"`
+	// StreamError is the fraction of admitted streamed answers that fail
+	// after their first content: a chat stream with an {"error": …} chunk,
+	// a Responses API stream with an error or a response.failed event (half
+	// of each), then the end of the stream, without [DONE] or the final
+	// response. The call was admitted and counted, as a provider bills it.
+	// Defaults to 0.
+	StreamError float64 `json:"stream_error"`
 }
 
 func (f Faults) validate() error {
 	for _, r := range []struct {
 		name string
 		v    float64
-	}{{"Rate429", f.Rate429}, {"Rate500", f.Rate500}, {"RateHang", f.RateHang}, {"OmitUsage", f.OmitUsage}} {
+	}{{"Rate429", f.Rate429}, {"Rate500", f.Rate500}, {"RateHang", f.RateHang}, {"OmitUsage", f.OmitUsage}, {"StreamError", f.StreamError}} {
 		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
 			return fmt.Errorf("sim: Faults.%s must be within [0, 1], got %v", r.name, r.v)
 		}

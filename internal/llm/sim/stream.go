@@ -71,12 +71,18 @@ const streamParts = 8
 // events is an answer cut into Server-Sent Events, each whole (its data
 // line and the blank line after it): head goes with the headers, parts[k]
 // after the k-th of streamParts shares of the time its tokens take, tail
-// once the exchange finished.
+// once the exchange finished. failed ends a stream that fails after its
+// first part instead (Faults.StreamError).
 type events struct {
-	head  [][]byte
-	parts [streamParts][][]byte
-	tail  [][]byte
+	head   [][]byte
+	parts  [streamParts][][]byte
+	tail   [][]byte
+	failed []byte
 }
+
+// streamErrorMessage is what a stream that fails midway says, as OpenAI's
+// server errors do.
+const streamErrorMessage = "The server had an error while processing your request. Sorry about that!"
 
 // chatEvents cuts a chat completion into OpenAI's chunks: the role of each
 // choice, its content in up to streamParts chunks, the finish reasons, the
@@ -117,6 +123,7 @@ func chatEvents(body []byte, includeUsage bool) (*events, error) {
 		ev.tail = append(ev.tail, chunk("", `,"usage":`+string(bytes.TrimSpace(c.Usage))))
 	}
 	ev.tail = append(ev.tail, []byte("data: [DONE]\n\n"))
+	ev.failed = []byte(`data: {"error":{"message":"` + streamErrorMessage + `","type":"server_error","param":null,"code":null}}` + "\n\n")
 	return ev, nil
 }
 
@@ -131,7 +138,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange
 	var ev *events
 	var err error
 	if x.endpoint == llm.EndpointResponses {
-		ev, err = responsesEvents(x.body)
+		ev, err = responsesEvents(x.body, s.draw(x.n, drawNoise+4) < 0.5)
 	} else {
 		ev, err = chatEvents(x.body, includeUsage)
 	}
@@ -168,9 +175,15 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange
 		x.Finish()
 		return
 	}
+	fails := s.streamFails(x.n)
 	for k := range streamParts {
 		if !s.wait(r, perToken/streamParts) || !send(ev.parts[k]) {
 			x.Finish()
+			return
+		}
+		if fails {
+			x.Finish()
+			send([][]byte{ev.failed})
 			return
 		}
 	}

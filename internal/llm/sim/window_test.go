@@ -1,6 +1,7 @@
 package sim_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -238,5 +239,71 @@ func TestOmitUsage(t *testing.T) {
 	rec := post(t, all.Handler(), llm.EndpointChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`)
 	if strings.Contains(rec.Body.String(), `"usage":{`) || !strings.Contains(rec.Body.String(), "[DONE]") {
 		t.Errorf("stream without usage: %s", rec.Body.String())
+	}
+}
+
+// StreamError fails that share of streams after their first content, as a
+// provider's server error midway does: a chat stream ends with an error
+// chunk, a Responses API stream with an error or a response.failed event
+// (both are sent), neither with its usage or end. Non-streamed answers are
+// whole.
+func TestStreamError(t *testing.T) {
+	t.Parallel()
+	s := sim.New(sim.Config{Now: newClock().Now, Faults: sim.Faults{StreamError: 0.3}, Seed: 5})
+	h := s.Handler()
+	failed := 0
+	for range 200 {
+		body := post(t, h, llm.EndpointChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":40,"stream":true,"stream_options":{"include_usage":true}}`).Body.String()
+		events := strings.Split(strings.TrimSuffix(body, "\n\n"), "\n\n")
+		last := events[len(events)-1]
+		switch {
+		case strings.HasPrefix(last, `data: {"error":{"message":"The server had an error`):
+			failed++
+			// the role chunk, one content chunk, the error
+			if len(events) != 3 || strings.Contains(body, `"usage":{`) || strings.Contains(body, "[DONE]") {
+				t.Fatalf("failed stream: %s", body)
+			}
+		case last != "data: [DONE]" || !strings.Contains(body, `"usage":{`):
+			t.Fatalf("whole stream: %s", body)
+		}
+	}
+	if failed < 40 || failed > 80 {
+		t.Errorf("%d of 200 streams failed, want about 60", failed)
+	}
+	if rec := post(t, h, llm.EndpointChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`); rec.Code != 200 || !strings.Contains(rec.Body.String(), `"usage"`) {
+		t.Errorf("a non-streamed answer: %d %s", rec.Code, rec.Body)
+	}
+
+	all := sim.New(sim.Config{Now: newClock().Now, Faults: sim.Faults{StreamError: 1}, Seed: 5})
+	ends := map[string]int{}
+	for range 40 {
+		body := post(t, all.Handler(), llm.EndpointResponses, `{"model":"m","input":"hi","max_output_tokens":40,"stream":true}`).Body.String()
+		events := strings.Split(strings.TrimSuffix(body, "\n\n"), "\n\n")
+		name, data, _ := strings.Cut(strings.TrimPrefix(events[len(events)-1], "event: "), "\ndata: ")
+		var e struct {
+			Type     string `json:"type"`
+			Code     string `json:"code"`
+			Sequence int    `json:"sequence_number"`
+			Response struct {
+				Status string `json:"status"`
+				Error  struct {
+					Code string `json:"code"`
+				} `json:"error"`
+				Usage json.RawMessage `json:"usage"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal([]byte(data), &e); err != nil || e.Type != name || e.Sequence != len(events)-1 || len(events) != 6 {
+			t.Fatalf("failed Responses stream (%v): %s", err, body)
+		}
+		switch {
+		case name == "error" && e.Code == "server_error":
+		case name == "response.failed" && e.Response.Status == "failed" && e.Response.Error.Code == "server_error" && string(e.Response.Usage) == "null":
+		default:
+			t.Fatalf("failed Responses stream: %s", body)
+		}
+		ends[name]++
+	}
+	if ends["error"] < 8 || ends["response.failed"] < 8 {
+		t.Errorf("ends %v, want both kinds", ends)
 	}
 }
