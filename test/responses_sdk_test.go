@@ -13,7 +13,12 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/testutil"
 )
 
 // TestOpenAIGoSDKResponses drives POST /v1/responses with the official Go
@@ -155,4 +160,51 @@ func checkJobUsage(t *testing.T, a *apptest.App, key, job string, input, output 
 		j.CostUSD < want-0.000002 || j.CostUSD > want+0.000002 {
 		t.Fatalf("job %s: %s; want succeeded, usage %d/%d, cost $%.6f", job, resp.Body, input, output, want)
 	}
+}
+
+// TestFailingStreamsNodeSDK runs test/node/stream_error.mjs against an llmq
+// whose provider fails every stream after its first content: the official
+// Node SDK sees chat's error as its APIError and the Responses API's as an
+// event of type error, and each stream's job (the helper's too) failed,
+// charged its worst case, its usage estimated; the tenant's spend is their
+// sum.
+func TestFailingStreamsNodeSDK(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{
+		Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Faults: sim.Faults{StreamError: 1}}})
+	tenant, key := a.Tenant("standard")
+	out := runNodeScript(t, 3*time.Minute, "stream_error.mjs", a.URL+"/v1", key)
+	t.Logf("%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var summary struct {
+		Jobs []string `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &summary); err != nil || len(summary.Jobs) != 3 {
+		t.Fatalf("summary %+v (%v)", summary, err)
+	}
+	var list client.List[client.Job]
+	a.Do(http.MethodGet, "/v1/jobs?limit=10", key, nil).JSON(t, &list)
+	if len(list.Data) != 4 {
+		t.Fatalf("%d jobs, want 4 (three streams and the helper's)", len(list.Data))
+	}
+	named := map[string]bool{}
+	for _, id := range summary.Jobs {
+		named[id] = true
+	}
+	var total money.Micros
+	for _, j := range list.Data {
+		delete(named, j.ID)
+		job := a.EndedJob(j.ID)
+		if job.Status != store.JobFailed || !job.UsageEstimated || job.Cost == 0 || job.Cost != job.EstCost {
+			t.Fatalf("job %s: %s, cost $%s of a worst case of $%s, estimated %v", job.ID, job.Status, job.Cost, job.EstCost, job.UsageEstimated)
+		}
+		total += job.Cost
+	}
+	if len(named) != 0 {
+		t.Fatalf("the SDK was told of jobs llmq does not list: %v", named)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		d, err := a.Budgets.Status(t.Context(), a.Account(tenant))
+		return err == nil && d.Spent == total && d.Reserved == 0
+	})
 }
