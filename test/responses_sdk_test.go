@@ -118,21 +118,29 @@ func TestResponsesNodeSDKs(t *testing.T) {
 	t.Parallel()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Workers: 1})
 	_, key := a.Tenant("standard")
-	out := runNodeScript(t, 3*time.Minute, "responses.mjs", a.URL+"/v1", key)
-	t.Logf("%s", out)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var summary struct {
 		Jobs  []string   `json:"jobs"`
 		Usage [][2]int64 `json:"usage"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &summary); err != nil {
-		t.Fatalf("summary: %v", err)
-	}
+	nodeSummary(t, "responses.mjs", a.URL+"/v1", key, &summary)
 	if len(summary.Jobs) != 2 || len(summary.Usage) != 6 {
 		t.Fatalf("summary %+v", summary)
 	}
 	checkJobUsage(t, a, key, summary.Jobs[0], summary.Usage[0][0], summary.Usage[0][1])
 	checkJobUsage(t, a, key, summary.Jobs[1], summary.Usage[3][0], summary.Usage[3][1])
+}
+
+// nodeSummary runs a Node script of test/node against llmq's baseURL with
+// key (runNodeScript), logs what it printed and decodes its last line, a
+// JSON summary, into v.
+func nodeSummary(t *testing.T, script, baseURL, key string, v any) {
+	t.Helper()
+	out := runNodeScript(t, 3*time.Minute, script, baseURL, key)
+	t.Logf("%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), v); err != nil {
+		t.Fatalf("%s's summary: %v", script, err)
+	}
 }
 
 // checkJobUsage checks that job succeeded with the usage a client was
@@ -173,14 +181,11 @@ func TestFailingStreamsNodeSDK(t *testing.T) {
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Sim: &sim.Config{
 		Limits: sim.Limits{RPM: 3000, TPM: 300000}, DefaultMaxTokens: 1024, Faults: sim.Faults{StreamError: 1}}})
 	tenant, key := a.Tenant("standard")
-	out := runNodeScript(t, 3*time.Minute, "stream_error.mjs", a.URL+"/v1", key)
-	t.Logf("%s", out)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var summary struct {
 		Jobs []string `json:"jobs"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &summary); err != nil || len(summary.Jobs) != 3 {
-		t.Fatalf("summary %+v (%v)", summary, err)
+	if nodeSummary(t, "stream_error.mjs", a.URL+"/v1", key, &summary); len(summary.Jobs) != 3 {
+		t.Fatalf("summary %+v", summary)
 	}
 	var list client.List[client.Job]
 	a.Do(http.MethodGet, "/v1/jobs?limit=10", key, nil).JSON(t, &list)
