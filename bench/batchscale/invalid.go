@@ -13,68 +13,10 @@ import (
 
 	"github.com/llmq/llmq/bench/internal/checks"
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/batch/batchtest"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
-
-// chatLine is an input line asking gpt-4o-mini, its user field set to the
-// custom id so the simulator's echo tells which answer is whose.
-func chatLine(customID string) string {
-	return fmt.Sprintf(`{"custom_id":%q,"method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":20,"user":%q}}`,
-		customID, customID)
-}
-
-// badLine is a kind of invalid input line, and the code its refusal has.
-type badLine struct {
-	code string
-	line func(i int) string
-}
-
-// badLines are the kinds of lines validation refuses one by one.
-var badLines = []badLine{
-	{"invalid_json_line", func(i int) string { return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST",`, i) }},
-	{"duplicate_custom_id", func(int) string { return chatLine("req-0") }},
-	{"invalid_method", func(i int) string { return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"POST"`, `"GET"`, 1) }},
-	{"invalid_url", func(i int) string {
-		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"url":"/v1/chat/completions"`, `"url":"/v1/embeddings"`, 1)
-	}},
-	{"model_not_found", func(i int) string {
-		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), "gpt-4o-mini", "gpt-9", 1)
-	}},
-	{"tokens_exceed_capacity", func(i int) string {
-		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"max_tokens":20`, `"max_tokens":2000000000`, 1)
-	}},
-	{"missing_custom_id", func(int) string { return strings.Replace(chatLine("x"), `"custom_id":"x",`, "", 1) }},
-	{"missing_body", func(i int) string {
-		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions"}`, i)
-	}},
-	{"invalid_request", func(i int) string {
-		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[]}}`, i)
-	}},
-	{"unknown_field", func(i int) string {
-		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `{"custom_id"`, `{"extra":1,"custom_id"`, 1)
-	}},
-}
-
-// mixedInput is n lines, the last perHundred of every 100 invalid (never
-// the first line: req-0 must be valid, a later line repeats its custom_id),
-// the kinds of badLines in turn. It returns the file, the valid lines'
-// custom_ids in order, and the refused lines' numbers and codes in order.
-func mixedInput(n, perHundred int) (content []byte, valid []string, refusedLines []int, refusedCodes []string) {
-	var b bytes.Buffer
-	for i := range n {
-		if i > 0 && i%100 >= 100-perHundred {
-			k := badLines[len(refusedLines)%len(badLines)]
-			refusedLines, refusedCodes = append(refusedLines, i+1), append(refusedCodes, k.code)
-			b.WriteString(k.line(i) + "\n")
-			continue
-		}
-		id := fmt.Sprintf("req-%d", i)
-		valid = append(valid, id)
-		b.WriteString(chatLine(id) + "\n")
-	}
-	return b.Bytes(), valid, refusedLines, refusedCodes
-}
 
 // runInvalid runs the invalid scenario: a batch with invalid lines of every
 // kind, end to end, and checks its counts and files.
@@ -88,7 +30,7 @@ func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Wri
 	if err != nil {
 		return err
 	}
-	input, valid, refused, codes := mixedInput(o.Lines, o.InvalidPer100)
+	input, valid, refused, codes := batchtest.MixedInput(o.Lines, o.InvalidPer100)
 	start := time.Now()
 	f, err := cl.Files.Upload(ctx, "input.jsonl", bytes.NewReader(input), "batch")
 	if err != nil {
@@ -127,7 +69,7 @@ func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Wri
 			i := outLines
 			outLines++
 			ok := i < len(valid) && r.CustomID == valid[i] && r.Error == nil && r.Response != nil && r.Response.StatusCode == 200 &&
-				strings.HasPrefix(r.ID, "batch_req_") && r.Response.RequestID != "" && strings.HasPrefix(answerOf(r.Response.Body), valid[i])
+				strings.HasPrefix(r.ID, "batch_req_") && r.Response.RequestID != "" && strings.HasPrefix(batchtest.AnswerOf(r.Response.Body), valid[i])
 			if !ok {
 				if outBad == 0 {
 					outFirstBad = fmt.Sprintf("; first: line %d, %.300s", i+1, fmt.Sprintf("%+v", r))
@@ -251,19 +193,4 @@ func readResults(ctx context.Context, c *client.Client, id string, fn func(*clie
 		fn(&r)
 	}
 	return n, sc.Err()
-}
-
-// answerOf is the text of a chat completion body ("" if it is none).
-func answerOf(body json.RawMessage) string {
-	var c struct {
-		Choices []struct {
-			Message struct {
-				Content string `json:"content"`
-			} `json:"message"`
-		} `json:"choices"`
-	}
-	if err := json.Unmarshal(body, &c); err != nil || len(c.Choices) == 0 {
-		return ""
-	}
-	return c.Choices[0].Message.Content
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/llmq/llmq/bench/internal/checks"
 	"github.com/llmq/llmq/bench/internal/procs"
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/batch/batchtest"
 	"github.com/llmq/llmq/internal/testutil"
 )
 
@@ -46,7 +47,7 @@ func runOutput(ctx context.Context, o *options, logger *slog.Logger, out io.Writ
 	n := o.OutputLines
 	var input bytes.Buffer
 	for i := range n {
-		input.WriteString(chatLine(fmt.Sprintf("req-%d", i)) + "\n")
+		input.WriteString(batchtest.ChatLine(fmt.Sprintf("req-%d", i)) + "\n")
 	}
 	start := time.Now()
 	f, err := cl.Files.Upload(ctx, "input.jsonl", &input, "batch")

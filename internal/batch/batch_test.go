@@ -10,42 +10,12 @@ import (
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/batch/batchtest"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/worker"
 )
-
-// badLine is a kind of invalid input line, and the code its refusal has.
-type badLine struct {
-	code string
-	line func(i int) string
-}
-
-var badLines = []badLine{
-	{"invalid_json_line", func(i int) string { return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST",`, i) }},
-	{"duplicate_custom_id", func(int) string { return chatLine("req-0") }},
-	{"invalid_method", func(i int) string { return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"POST"`, `"GET"`, 1) }},
-	{"invalid_url", func(i int) string {
-		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"url":"/v1/chat/completions"`, `"url":"/v1/embeddings"`, 1)
-	}},
-	{"model_not_found", func(i int) string {
-		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), "gpt-4o-mini", "gpt-9", 1)
-	}},
-	{"tokens_exceed_capacity", func(i int) string {
-		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `"max_tokens":20`, `"max_tokens":2000000000`, 1)
-	}},
-	{"missing_custom_id", func(int) string { return strings.Replace(chatLine("x"), `"custom_id":"x",`, "", 1) }},
-	{"missing_body", func(i int) string {
-		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions"}`, i)
-	}},
-	{"invalid_request", func(i int) string {
-		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[]}}`, i)
-	}},
-	{"unknown_field", func(i int) string {
-		return strings.Replace(chatLine(fmt.Sprintf("bad-%d", i)), `{"custom_id"`, `{"extra":1,"custom_id"`, 1)
-	}},
-}
 
 // TestLinesWithInvalidOnes runs a 1,000-line batch in which 12% of the
 // lines are invalid, of every kind: exact counts, the batch's errors listing
@@ -58,26 +28,14 @@ func TestLinesWithInvalidOnes(t *testing.T) {
 	a := start(t, 4, nil)
 	_, key := a.Tenant("standard")
 	const n = 1_000
-	var (
-		in           strings.Builder
-		valid        []string           // custom ids of the valid lines, in order
-		refused      = map[int]string{} // line -> code
-		refusedLines []int              // in order
-	)
-	for i := 0; i < n; i++ {
-		line := i + 1
-		if i%100 >= 88 && i > 0 { // 12 in every 100 lines, never the first (req-0 must be valid)
-			k := badLines[len(refused)%len(badLines)]
-			refused[line] = k.code
-			refusedLines = append(refusedLines, line)
-			in.WriteString(k.line(i) + "\n")
-			continue
-		}
-		id := fmt.Sprintf("req-%d", i)
-		valid = append(valid, id)
-		in.WriteString(chatLine(id) + "\n")
+	// 12 in every 100 lines refused, never the first; valid: custom ids of
+	// the valid lines, in order; refusedLines in order.
+	in, valid, refusedLines, codes := batchtest.MixedInput(n, 12)
+	refused := map[int]string{} // line -> code
+	for i, line := range refusedLines {
+		refused[line] = codes[i]
 	}
-	fileID := upload(t, a, key, []byte(in.String()))
+	fileID := upload(t, a, key, in)
 	b := createBatch(t, a, key, fileID, map[string]any{"metadata": map[string]string{"run": "1k"}})
 	if b.Status != "validating" || b.Object != "batch" || b.Metadata["run"] != "1k" || b.ExpiresAt == nil ||
 		*b.ExpiresAt != b.CreatedAt+24*3600 {
@@ -114,7 +72,7 @@ func TestLinesWithInvalidOnes(t *testing.T) {
 			!strings.HasPrefix(r.ID, "batch_req_") || r.Response.RequestID == "" {
 			t.Fatalf("output line %d = %+v, want custom_id %s", i+1, r, valid[i])
 		}
-		if got := answerOf(t, r.Response.Body); !strings.HasPrefix(got, valid[i]) {
+		if got := batchtest.AnswerOf(r.Response.Body); !strings.HasPrefix(got, valid[i]) {
 			t.Fatalf("output line %d (%s) answers %q: not its own request", i+1, r.CustomID, got)
 		}
 	}
@@ -194,7 +152,7 @@ func runJobs(t *testing.T, a *apptest.App, batchID string, n int) []*store.Job {
 func lines(n int) []string {
 	out := make([]string, n)
 	for i := range out {
-		out[i] = chatLine(fmt.Sprintf("req-%d", i))
+		out[i] = batchtest.ChatLine(fmt.Sprintf("req-%d", i))
 	}
 	return out
 }
@@ -383,8 +341,8 @@ func TestNoValidLineFailsTheBatch(t *testing.T) {
 	b := validated(t, a, key, []string{
 		"not json",
 		"",
-		strings.Replace(chatLine("a"), `"max_tokens":20`, `"max_tokens":1000`, 1), // up to $0.0006
-		strings.Replace(chatLine("b"), "gpt-4o-mini", "gpt-9", 1),
+		strings.Replace(batchtest.ChatLine("a"), `"max_tokens":20`, `"max_tokens":1000`, 1), // up to $0.0006
+		strings.Replace(batchtest.ChatLine("b"), "gpt-4o-mini", "gpt-9", 1),
 	}, nil)
 	if b.Status != "failed" || b.FailedAt == nil || b.InProgressAt != nil || b.OutputFileID != nil || b.ErrorFileID == nil {
 		t.Fatalf("batch = %+v", b)

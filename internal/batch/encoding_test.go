@@ -10,6 +10,7 @@ import (
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/batch"
+	"github.com/llmq/llmq/internal/batch/batchtest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
@@ -37,19 +38,19 @@ func TestUnstorableLinesAreRefused(t *testing.T) {
 
 func testUnstorableLinesAreRefused(t *testing.T, a *apptest.App) {
 	_, key := a.Tenant("standard")
-	withPrompt := func(id, prompt string) string { return strings.Replace(chatLine(id), "Say hi", prompt, 1) }
-	// chatLine quotes its custom id: these are written as they are.
+	withPrompt := func(id, prompt string) string { return strings.Replace(batchtest.ChatLine(id), "Say hi", prompt, 1) }
+	// batchtest.ChatLine quotes its custom id: these are written as they are.
 	withCustomID := func(raw string) string {
-		return strings.Replace(chatLine("x"), `"custom_id":"x"`, `"custom_id":"`+raw+`"`, 1)
+		return strings.Replace(batchtest.ChatLine("x"), `"custom_id":"x"`, `"custom_id":"`+raw+`"`, 1)
 	}
 	in := []string{
-		chatLine("ok-1"),
+		batchtest.ChatLine("ok-1"),
 		withPrompt("latin1", "Caf\xe9 au lait"), // 2: a raw Latin-1 byte
 		withCustomID(`bad\u0000`),               // 3
-		chatLine("ok-2"),
+		batchtest.ChatLine("ok-2"),
 		withPrompt("nul-body", `a\u0000b`), // 5
 		withPrompt("lone-high", `\ud83d!`), // 6
-		strings.Replace(chatLine("huge"), `"max_tokens":20`, `"max_tokens":20,"seed":1e200000`, 1), // 7
+		strings.Replace(batchtest.ChatLine("huge"), `"max_tokens":20`, `"max_tokens":20,"seed":1e200000`, 1), // 7
 		withPrompt("raw-nul", "a\x00b"), // 8
 		withCustomID(`lone-low\udc00`),  // 9
 		// What must pass: an escaped backslash before "u0000", a surrogate
@@ -57,8 +58,8 @@ func testUnstorableLinesAreRefused(t *testing.T, a *apptest.App) {
 		withPrompt("ok-3", `C:\\u0000 \ud83d\ude00 café`),
 		// A member named twice, and nesting deeper than any store takes
 		// (SQLite refuses past 1,000; this is 2,000).
-		strings.Replace(chatLine("twice"), `"max_tokens":20`, `"max_tokens":100000,"max_tokens":20`, 1),                                            // 11
-		strings.Replace(chatLine("deep"), `"max_tokens":20`, `"max_tokens":20,"metadata":`+strings.Repeat("[", 2000)+strings.Repeat("]", 2000), 1), // 12
+		strings.Replace(batchtest.ChatLine("twice"), `"max_tokens":20`, `"max_tokens":100000,"max_tokens":20`, 1),                                            // 11
+		strings.Replace(batchtest.ChatLine("deep"), `"max_tokens":20`, `"max_tokens":20,"metadata":`+strings.Repeat("[", 2000)+strings.Repeat("]", 2000), 1), // 12
 	}
 	type refusal struct{ code, param, customID string }
 	want := map[int]refusal{
@@ -86,7 +87,7 @@ func testUnstorableLinesAreRefused(t *testing.T, a *apptest.App) {
 		t.Fatalf("output has %d lines, want 3", len(out))
 	}
 	for i, id := range []string{"ok-1", "ok-2", "ok-3"} {
-		if out[i].CustomID != id || !strings.HasPrefix(answerOf(t, out[i].Response.Body), id) {
+		if out[i].CustomID != id || !strings.HasPrefix(batchtest.AnswerOf(out[i].Response.Body), id) {
 			t.Fatalf("output line %d = %+v, want the answer to %s", i+1, out[i], id)
 		}
 	}
@@ -204,7 +205,7 @@ func unstorableBatch(t *testing.T, constraint string, in []string) (*apptest.App
 func TestUnstorableLineFailsAlone(t *testing.T) {
 	t.Parallel()
 	in := lines(6)
-	in[3] = chatLine("poison") // line 4, in the second group of two
+	in[3] = batchtest.ChatLine("poison") // line 4, in the second group of two
 	a, key, b, _ := unstorableBatch(t, "custom_id IS DISTINCT FROM 'poison'", in)
 	if want := (client.BatchRequestCounts{Total: 6, Failed: 1}); b.Status != "in_progress" || b.RequestCounts != want {
 		t.Fatalf("batch = %+v, want in progress with counts %+v", b, want)

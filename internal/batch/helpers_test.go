@@ -171,29 +171,6 @@ func results(t *testing.T, a *apptest.App, key, fileID string) []client.BatchRes
 	return out
 }
 
-// chatLine is an input line asking gpt-4o-mini, its user field set to the
-// custom id so the simulator's echo tells which answer is whose.
-func chatLine(customID string) string {
-	return fmt.Sprintf(`{"custom_id":%q,"method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":20,"user":%q}}`,
-		customID, customID)
-}
-
-// answerOf is the text of a chat completion body.
-func answerOf(t *testing.T, body json.RawMessage) string {
-	t.Helper()
-	var c struct {
-		Choices []struct {
-			Message struct {
-				Content string `json:"content"`
-			} `json:"message"`
-		} `json:"choices"`
-	}
-	if err := json.Unmarshal(body, &c); err != nil || len(c.Choices) == 0 {
-		t.Fatalf("not a chat completion: %v %s", err, body)
-	}
-	return c.Choices[0].Message.Content
-}
-
 // partlyValidated is a batch of the input file fileID left validating by a
 // pass that stored its first n lines (never enqueued) and stopped.
 func partlyValidated(t *testing.T, a *apptest.App, tenant, fileID string, n int) *store.Batch {

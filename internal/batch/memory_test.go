@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/internal/batch/batchtest"
 	"github.com/llmq/llmq/internal/testutil"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", to fill the fixture in one statement
@@ -112,7 +113,7 @@ func TestStreamingAnOutputFileKeepsTheDispatcherSmall(t *testing.T) {
 		if i%100 == 0 {
 			var r client.BatchResult
 			if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.CustomID != id || r.Response == nil ||
-				!strings.HasPrefix(answerOf(t, r.Response.Body), id+" lorem ipsum") {
+				!strings.HasPrefix(batchtest.AnswerOf(r.Response.Body), id+" lorem ipsum") {
 				t.Fatalf("line %d: %v %.200s", i+1, err, sc.Bytes())
 			}
 		}

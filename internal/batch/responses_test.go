@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/batch/batchtest"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
@@ -39,7 +40,7 @@ func TestThousandResponsesLines(t *testing.T) {
 		id := fmt.Sprintf("r-%d", i)
 		switch i {
 		case 500:
-			in.WriteString(chatLine(id) + "\n") // the batch's endpoint is /v1/responses
+			in.WriteString(batchtest.ChatLine(id) + "\n") // the batch's endpoint is /v1/responses
 		case 700:
 			in.WriteString(fmt.Sprintf(`{"custom_id":%q,"method":"POST","url":"/v1/responses","body":{"model":"gpt-4o-mini","input":[{"role":"wizard","content":"x"}]}}`, id) + "\n")
 		default:

@@ -1,0 +1,87 @@
+// Package batchtest builds batch input files for the batch tests and the
+// batch benchmarks: a valid chat line, the kinds of lines validation
+// refuses (each with its refusal's code), and a file mixing both.
+package batchtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// ChatLine is an input line asking gpt-4o-mini, its user field set to the
+// custom id so the simulator's echo tells which answer is whose.
+func ChatLine(customID string) string {
+	return fmt.Sprintf(`{"custom_id":%q,"method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}],"max_tokens":20,"user":%q}}`,
+		customID, customID)
+}
+
+// BadLine is a kind of invalid input line, and the code its refusal has.
+type BadLine struct {
+	Code string
+	Line func(i int) string
+}
+
+// BadLines are the kinds of lines validation refuses one by one. The
+// duplicate repeats the custom_id req-0.
+var BadLines = []BadLine{
+	{"invalid_json_line", func(i int) string { return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST",`, i) }},
+	{"duplicate_custom_id", func(int) string { return ChatLine("req-0") }},
+	{"invalid_method", func(i int) string { return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `"POST"`, `"GET"`, 1) }},
+	{"invalid_url", func(i int) string {
+		return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `"url":"/v1/chat/completions"`, `"url":"/v1/embeddings"`, 1)
+	}},
+	{"model_not_found", func(i int) string {
+		return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), "gpt-4o-mini", "gpt-9", 1)
+	}},
+	{"tokens_exceed_capacity", func(i int) string {
+		return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `"max_tokens":20`, `"max_tokens":2000000000`, 1)
+	}},
+	{"missing_custom_id", func(int) string { return strings.Replace(ChatLine("x"), `"custom_id":"x",`, "", 1) }},
+	{"missing_body", func(i int) string {
+		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions"}`, i)
+	}},
+	{"invalid_request", func(i int) string {
+		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[]}}`, i)
+	}},
+	{"unknown_field", func(i int) string {
+		return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `{"custom_id"`, `{"extra":1,"custom_id"`, 1)
+	}},
+}
+
+// MixedInput is n lines, the last perHundred of every 100 invalid (never
+// the first line: req-0 must be valid, a later line repeats its custom_id),
+// the kinds of BadLines in turn, the others ChatLine("req-<i>"). It returns
+// the file, the valid lines' custom_ids in order, and the refused lines'
+// numbers (from 1) and codes in order.
+func MixedInput(n, perHundred int) (content []byte, valid []string, refusedLines []int, refusedCodes []string) {
+	var b bytes.Buffer
+	for i := range n {
+		if i > 0 && i%100 >= 100-perHundred {
+			k := BadLines[len(refusedLines)%len(BadLines)]
+			refusedLines, refusedCodes = append(refusedLines, i+1), append(refusedCodes, k.Code)
+			b.WriteString(k.Line(i) + "\n")
+			continue
+		}
+		id := fmt.Sprintf("req-%d", i)
+		valid = append(valid, id)
+		b.WriteString(ChatLine(id) + "\n")
+	}
+	return b.Bytes(), valid, refusedLines, refusedCodes
+}
+
+// AnswerOf is the text of a chat completion body ("" when it is none).
+func AnswerOf(body json.RawMessage) string {
+	var c struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(body, &c); err != nil || len(c.Choices) == 0 {
+		return ""
+	}
+	return c.Choices[0].Message.Content
+}
