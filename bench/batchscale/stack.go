@@ -5,16 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/app"
-	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
-	"github.com/llmq/llmq/internal/testutil"
 )
 
 // policyYAML has one simulated provider and one model whose limits are far
@@ -64,35 +61,14 @@ func openStack(ctx context.Context, o *options, concurrency int, logger *slog.Lo
 	s.sim = sim.Start(sim.Config{DefaultMaxTokens: 1024, Echo: true, CompletionMin: 0.01, CompletionMax: 0.05})
 	s.closers = append(s.closers, s.sim.Close)
 
-	dsn, drop, err := testutil.NewSchema(ctx, o.DatabaseURL, "bench_")
+	l, err := inproc.Open(ctx, inproc.Options{Backends: o.Backends, Name: "batchscale", Policy: policyYAML, SimURL: s.sim.BaseURL,
+		RPM: 10_000_000, TPM: 1_000_000_000, Environ: benchenv.Environ{Concurrency: max(concurrency, 1), ShutdownTimeout: 5 * time.Second}},
+		logger, &s.closers)
 	if err != nil {
 		return nil, err
 	}
-	s.closers = append(s.closers, drop)
-	s.dsn = dsn
-	rdb, redisURL, err := benchenv.Redis(ctx, o.RedisURL, o.RedisDB)
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { _ = rdb.Close() })
-	dir, err := os.MkdirTemp("", "llmq-bench-batchscale-")
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { _ = os.RemoveAll(dir) })
-	policyPath, err := benchenv.WritePolicy(dir, policyYAML, s.sim.BaseURL, 10_000_000, 1_000_000_000)
-	if err != nil {
-		return nil, err
-	}
-	s.environ = benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: "bench-" + testutil.RandomHex(4),
-		Concurrency: max(concurrency, 1), ShutdownTimeout: 5 * time.Second}.List()
-	a, err := app.OpenEnviron(ctx, s.environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, a.Close)
-	s.closers = append(s.closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
-	s.app = a
+	a := l.App
+	s.app, s.dsn, s.environ = a, l.DSN, l.Environ
 
 	// A dispatcher's background work: the scheduler and the batch sweeper.
 	s.closers = append(s.closers, inproc.Loops(a.Scheduler().Run, a.Batches.Run))

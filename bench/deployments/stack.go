@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/bench/internal/procs"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/app"
-	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/queue"
@@ -241,38 +239,16 @@ func startStack(ctx context.Context, o *options, orders [3]int, bin string, logg
 	s.close = append(s.close, s.spare.Close)
 	repl = append(repl, "{{FB}}", s.spare.URL)
 
-	dsn, drop, err := testutil.NewSchema(ctx, o.DatabaseURL, "bench_dep_")
+	// The policy's placeholders are this program's own, replaced here.
+	backends := benchenv.Backends{RedisURL: o.RedisURL, RedisDB: o.RedisDB, DatabaseURL: o.DatabaseURL}
+	l, err := inproc.Open(ctx, inproc.Options{Backends: backends, Name: "dep", Policy: strings.NewReplacer(repl...).Replace(policyYAML),
+		Environ: benchenv.Environ{Concurrency: o.Concurrency, ShutdownTimeout: 2 * time.Second,
+			Extra: []string{"LLMQ_LOG_LEVEL=warn", "LLMQ_LOG_FORMAT=text"}}}, logger, &s.close)
 	if err != nil {
 		return nil, err
 	}
-	s.close, s.dsn = append(s.close, drop), dsn
-	rdb, redisURL, err := benchenv.Redis(ctx, o.RedisURL, o.RedisDB)
-	if err != nil {
-		return nil, err
-	}
-	s.close = append(s.close, func() { _ = rdb.Close() })
-	dir, err := os.MkdirTemp("", "llmq-bench-dep-")
-	if err != nil {
-		return nil, err
-	}
-	s.close = append(s.close, func() { _ = os.RemoveAll(dir) })
-	policyPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(strings.NewReplacer(repl...).Replace(policyYAML)), 0o600); err != nil {
-		return nil, err
-	}
-	ns := "bench-dep-" + testutil.RandomHex(4)
-	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
-		Concurrency: o.Concurrency, ShutdownTimeout: 2 * time.Second,
-		Extra: []string{"LLMQ_LOG_LEVEL=warn", "LLMQ_LOG_FORMAT=text"},
-	}.List()
-	if s.app, err = app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb}); err != nil {
-		return nil, err
-	}
-	a := s.app
-	s.close = append(s.close, func() {
-		testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix())
-		a.Close()
-	})
+	a, environ := l.App, l.Environ
+	s.app, s.dsn = a, l.DSN
 	t, err := a.Store.TenantInsert(ctx, &store.TenantInsertParams{Name: "bench", Tier: "bench"})
 	if err != nil {
 		return nil, err

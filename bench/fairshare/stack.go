@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"mime/multipart"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,10 +19,8 @@ import (
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/internal/app"
-	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/store"
-	"github.com/llmq/llmq/internal/testutil"
 )
 
 // The two ways a stack orders its jobs.
@@ -102,18 +99,6 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 			s.close()
 		}
 	}()
-	dsn, drop, err := testutil.NewSchema(ctx, o.DatabaseURL, "bench_")
-	if err != nil {
-		return nil, err
-	}
-	s.closes = append(s.closes, drop)
-
-	rdb, redisURL, err := benchenv.Redis(ctx, o.RedisURL, o.RedisDB)
-	if err != nil {
-		return nil, err
-	}
-	s.closes = append(s.closes, func() { _ = rdb.Close() })
-
 	s.sim = sim.Start(sim.Config{
 		Limits:           sim.Limits{RPM: o.RPM, TPM: o.TPM},
 		DefaultMaxTokens: 1024,
@@ -126,25 +111,13 @@ func openStack(ctx context.Context, o *options, mode string, logger *slog.Logger
 	})
 	s.closes = append(s.closes, s.sim.Close)
 
-	dir, err := os.MkdirTemp("", "llmq-fairshare-")
+	l, err := inproc.Open(ctx, inproc.Options{Backends: o.Backends, Name: "fair", Policy: policyYAML, SimURL: s.sim.BaseURL,
+		RPM: o.RPM, TPM: o.TPM, Environ: benchenv.Environ{Concurrency: o.Concurrency, ShutdownTimeout: 3 * time.Second},
+		Parts: app.Parts{SingleQueue: mode == modeSingle}}, logger, &s.closes)
 	if err != nil {
 		return nil, err
 	}
-	s.closes = append(s.closes, func() { _ = os.RemoveAll(dir) })
-	policyPath, err := benchenv.WritePolicy(dir, policyYAML, s.sim.BaseURL, o.RPM, o.TPM)
-	if err != nil {
-		return nil, err
-	}
-	ns := "fair-" + testutil.RandomHex(4)
-	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
-		Concurrency: o.Concurrency, ShutdownTimeout: 3 * time.Second}.List()
-	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger,
-		app.Parts{Redis: rdb, SingleQueue: mode == modeSingle})
-	if err != nil {
-		return nil, err
-	}
-	s.closes = append(s.closes, a.Close)
-	s.closes = append(s.closes, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
+	a := l.App
 	a.Observer = s.obs
 	s.app = a
 

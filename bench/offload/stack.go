@@ -4,18 +4,17 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"os"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/cost"
 	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/app"
-	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/offload"
-	"github.com/llmq/llmq/internal/testutil"
 )
 
 // policyYAML has one simulated provider (an OpenAI kind: it offers the
@@ -79,41 +78,19 @@ func openStack(ctx context.Context, o *options, logger *slog.Logger) (s *stack, 
 	s.sim = sim.Start(o.simConfig())
 	s.closers = append(s.closers, s.sim.Close)
 
-	dsn, drop, err := testutil.NewSchema(ctx, o.DatabaseURL, "bench_")
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, drop)
-	rdb, redisURL, err := benchenv.Redis(ctx, o.RedisURL, o.RedisDB)
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { _ = rdb.Close() })
-	rt := &cost.RoundTrips{}
-	rdb.AddHook(rt)
-	s.meter = &meter{rt: rt, cpu: cost.NewCPUReader(rdb, o.DatabaseURL)}
-
-	dir, err := os.MkdirTemp("", "llmq-bench-offload-")
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { _ = os.RemoveAll(dir) })
-	policyPath, err := benchenv.WritePolicy(dir, policyYAML, s.sim.BaseURL, o.RPM, o.TPM)
-	if err != nil {
-		return nil, err
-	}
-	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: "bench-" + testutil.RandomHex(4),
-		Concurrency: o.Concurrency, ShutdownTimeout: 5 * time.Second}.List()
 	// The offloader polls a provider batch every tenth of its age, within
 	// -poll and 5 s (a dispatcher's defaults are 5 s and 5 min, for batches
 	// that take hours).
-	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb,
-		Offload: offload.Options{PollMin: o.Poll, PollMax: max(o.Poll, 5*time.Second), RetryAfter: 5 * time.Second, SweepInterval: o.Poll / 2}})
+	l, err := inproc.Open(ctx, inproc.Options{Backends: o.Backends, Name: "offload", Policy: policyYAML, SimURL: s.sim.BaseURL,
+		RPM: o.RPM, TPM: o.TPM, Environ: benchenv.Environ{Concurrency: o.Concurrency, ShutdownTimeout: 5 * time.Second},
+		Parts: app.Parts{Offload: offload.Options{PollMin: o.Poll, PollMax: max(o.Poll, 5*time.Second), RetryAfter: 5 * time.Second, SweepInterval: o.Poll / 2}},
+		OnRedis: func(rdb *redis.Client) {
+			s.meter = &meter{rt: cost.CountRoundTrips(rdb), cpu: cost.NewCPUReader(rdb, o.DatabaseURL)}
+		}}, logger, &s.closers)
 	if err != nil {
 		return nil, err
 	}
-	s.closers = append(s.closers, a.Close)
-	s.closers = append(s.closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
+	a := l.App
 	s.app = a
 
 	// A dispatcher's background work: the scheduler, the batch sweeper and

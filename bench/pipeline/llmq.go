@@ -12,13 +12,12 @@ import (
 	"runtime/trace"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/cost"
 	"github.com/llmq/llmq/bench/internal/inproc"
-	"github.com/llmq/llmq/internal/testutil"
-
 	"github.com/llmq/llmq/internal/app"
-	"github.com/llmq/llmq/internal/config"
 )
 
 // policyYAML has one simulated provider (base_url filled in) and one model
@@ -66,38 +65,15 @@ func (r *llmqRun) open(ctx context.Context, simURL string, logger *slog.Logger) 
 		}
 	}()
 
-	dsn, drop, err := testutil.NewSchema(ctx, r.o.DatabaseURL, "bench_")
+	l, err := inproc.Open(ctx, inproc.Options{Backends: r.o.Backends, Name: "pipeline", Policy: policyYAML, SimURL: simURL, // its limits never bind
+		Environ: benchenv.Environ{Concurrency: r.o.perServer(), ShutdownTimeout: 5 * time.Second},
+		OnRedis: func(rdb *redis.Client) {
+			r.meter = &meter{rt: cost.CountRoundTrips(rdb), cpu: cost.NewCPUReader(rdb, r.o.DatabaseURL)}
+		}}, logger, &closers)
 	if err != nil {
 		return nil, err
 	}
-	closers = append(closers, drop)
-
-	rdb, redisURL, rt, err := newRedis(ctx, r.o.RedisURL, r.o.RedisDB)
-	if err != nil {
-		return nil, err
-	}
-	closers = append(closers, func() { _ = rdb.Close() })
-	r.meter = &meter{rt: rt, cpu: cost.NewCPUReader(rdb, r.o.DatabaseURL)}
-
-	dir, err := os.MkdirTemp("", "llmq-bench-")
-	if err != nil {
-		return nil, err
-	}
-	closers = append(closers, func() { _ = os.RemoveAll(dir) })
-	policyPath, err := benchenv.WritePolicy(dir, policyYAML, simURL, 0, 0) // its limits never bind
-	if err != nil {
-		return nil, err
-	}
-
-	ns := "bench-" + testutil.RandomHex(4)
-	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
-		Concurrency: r.o.perServer(), ShutdownTimeout: 5 * time.Second}.List()
-	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
-	if err != nil {
-		return nil, err
-	}
-	closers = append(closers, a.Close)
-	closers = append(closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
+	a := l.App
 	r.app = a
 
 	// The dispatcher runs the scheduler that releases jobs from the fair

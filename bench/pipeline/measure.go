@@ -123,9 +123,7 @@ func newRedis(ctx context.Context, rawURL string, db int) (*redis.Client, string
 	if err != nil {
 		return nil, "", nil, err
 	}
-	rt := &cost.RoundTrips{}
-	c.AddHook(rt)
-	return c, dbURL, rt, nil
+	return c, dbURL, cost.CountRoundTrips(c), nil
 }
 
 // measurement is one pipeline's run of n jobs.

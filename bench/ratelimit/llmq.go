@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
+	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/bench/internal/procs"
 	"github.com/llmq/llmq/internal/testutil"
 
@@ -59,40 +59,20 @@ func runLLMQ(ctx context.Context, o *options, sc scenario, mix *mix, bin string,
 	srv := startSim(o, sc)
 	defer srv.Close()
 
-	dsn, drop, err := testutil.NewSchema(ctx, o.DatabaseURL, "bench_rl_")
+	var closers benchenv.Closers
+	defer closers.Close()
+	l, err := inproc.Open(ctx, inproc.Options{Backends: o.Backends, Name: "rl", Policy: policyYAML, SimURL: srv.BaseURL,
+		RPM: sc.policy * o.RPM, TPM: sc.policy * o.TPM,
+		Environ: benchenv.Environ{Concurrency: o.Concurrency,
+			// The scenario is measured by then: jobs still waiting for a
+			// permit need not keep the next one waiting.
+			ShutdownTimeout: 2 * time.Second,
+			Extra:           []string{"LLMQ_LOG_LEVEL=warn", "LLMQ_LOG_FORMAT=text"},
+		}}, logger, &closers)
 	if err != nil {
 		return nil, err
 	}
-	defer drop()
-	rdb, redisURL, err := benchenv.Redis(ctx, o.RedisURL, o.RedisDB)
-	if err != nil {
-		return nil, err
-	}
-	defer rdb.Close()
-
-	dir, err := os.MkdirTemp("", "llmq-bench-rl-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	policyPath, err := benchenv.WritePolicy(dir, policyYAML, srv.BaseURL, sc.policy*o.RPM, sc.policy*o.TPM)
-	if err != nil {
-		return nil, err
-	}
-	ns := "bench-rl-" + testutil.RandomHex(4)
-	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
-		Concurrency: o.Concurrency,
-		// The scenario is measured by then: jobs still waiting for a permit
-		// need not keep the next one waiting.
-		ShutdownTimeout: 2 * time.Second,
-		Extra:           []string{"LLMQ_LOG_LEVEL=warn", "LLMQ_LOG_FORMAT=text"},
-	}.List()
-	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
-	if err != nil {
-		return nil, err
-	}
-	defer a.Close()
-	defer testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix())
+	a, rdb, dsn, environ := l.App, l.Redis, l.DSN, l.Environ
 
 	tenant, err := a.Store.TenantInsert(ctx, &store.TenantInsertParams{Name: "bench", Tier: "bench"})
 	if err != nil {

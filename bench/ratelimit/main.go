@@ -53,6 +53,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/procs"
 	"github.com/llmq/llmq/internal/llm"
 )
@@ -80,11 +81,9 @@ type options struct {
 	Scenarios   []scenario
 	Responses   []float64 // shares of requests sent to the Responses API, one run of each scenario per share
 	Interval    time.Duration
-	RedisURL    string
-	RedisDB     int
-	DatabaseURL string
-	WorkerBin   string
-	LogDir      string
+	benchenv.Backends
+	WorkerBin string
+	LogDir    string
 }
 
 func parseOptions(args []string, stdout io.Writer) (*options, error) {
@@ -107,10 +106,7 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 	names := fs.String("scenarios", scenarioNames(), "comma-separated scenarios to run, in this order, of "+scenarioNames())
 	shares := fs.String("responses", "0", "comma-separated shares (0 to 1) of requests sent to the Responses API (/v1/responses) instead of chat completions; each scenario runs once per share, in this order")
 	fs.DurationVar(&o.Interval, "interval", 15*time.Second, "width of the per-scenario timeline's rows (at least 1s)")
-	fs.StringVar(&o.RedisURL, "redis", envOr("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis server (its database number is replaced by -redis-db)")
-	fs.IntVar(&o.RedisDB, "redis-db", 10, "Redis database (10 is bench/'s, docs/ARCHITECTURE.md)")
-	fs.StringVar(&o.DatabaseURL, "database", envOr("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		"Postgres database; each llmq scenario creates a schema of its own there and drops it at the end")
+	o.Backends.Flags(fs, "each llmq scenario")
 	fs.StringVar(&o.WorkerBin, "worker", "", "worker binary to run (default: go build ./cmd/worker into a temporary directory)")
 	fs.StringVar(&o.LogDir, "admissions", "", "write each scenario's admission log as JSON lines into this directory")
 	if err := fs.Parse(args); err != nil {
@@ -166,8 +162,9 @@ func parseOptions(args []string, stdout io.Writer) (*options, error) {
 	case o.Interval < time.Second:
 		// The simulator's counters are sampled once a second.
 		return nil, fmt.Errorf("-interval must be at least 1s, got %v", o.Interval)
-	case o.RedisDB < 0:
-		return nil, fmt.Errorf("-redis-db must not be negative, got %d", o.RedisDB)
+	}
+	if err := o.Backends.Check(); err != nil {
+		return nil, err
 	}
 	for _, sc := range o.Scenarios {
 		// The 2x policy must still fit the largest request, as the
@@ -196,13 +193,6 @@ func (o *options) runs() []scenario {
 		}
 	}
 	return out
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // run runs the chosen scenarios one after another and prints the table.

@@ -31,9 +31,7 @@ import (
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/internal/app"
-	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
-	"github.com/llmq/llmq/internal/testutil"
 )
 
 // redisDB is bench/'s Redis database (docs/ARCHITECTURE.md).
@@ -227,34 +225,14 @@ func startLLMQ(ctx context.Context, o options, simURL, policy string) (base, key
 			closers.Close() // stop is nil by now: each return that fails clears it
 		}
 	}()
-	dsn, drop, err := testutil.NewSchema(ctx, o.databaseURL, "bench_")
-	if err != nil {
-		return "", "", nil, nil, err
-	}
-	closers = append(closers, drop)
-	rdb, redisURL, err := benchenv.Redis(ctx, o.redisURL, redisDB)
-	if err != nil {
-		return "", "", nil, nil, err
-	}
-	closers = append(closers, func() { _ = rdb.Close() })
-	dir, err := os.MkdirTemp("", "llmq-bench-sync-")
-	if err != nil {
-		return "", "", nil, nil, err
-	}
-	closers = append(closers, func() { _ = os.RemoveAll(dir) })
-	policyPath, err := benchenv.WritePolicy(dir, policy, simURL, 0, 0)
-	if err != nil {
-		return "", "", nil, nil, err
-	}
-	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: "bench-" + testutil.RandomHex(4),
-		Concurrency: 50, ShutdownTimeout: 5 * time.Second, Extra: []string{"LLMQ_LOG_LEVEL=error"}}.List()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	a, err = app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
+	l, err := inproc.Open(ctx, inproc.Options{Backends: benchenv.Backends{RedisURL: o.redisURL, RedisDB: redisDB, DatabaseURL: o.databaseURL},
+		Name: "sync", Policy: policy, SimURL: simURL,
+		Environ: benchenv.Environ{Concurrency: 50, ShutdownTimeout: 5 * time.Second, Extra: []string{"LLMQ_LOG_LEVEL=error"}}}, logger, &closers)
 	if err != nil {
 		return "", "", nil, nil, err
 	}
-	closers = append(closers, a.Close)
-	closers = append(closers, func() { testutil.PurgeRedis(rdb, a.Queue.Namespace().Queues(), a.Keys.Prefix()) })
+	a = l.App
 	var closeAPI func()
 	if base, closeAPI, err = inproc.ServeAPI(a); err != nil {
 		return "", "", nil, nil, err

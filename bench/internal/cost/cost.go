@@ -139,10 +139,17 @@ func isLoopback(databaseURL string) bool {
 }
 
 // RoundTrips counts the commands and pipelines a Redis client sends (add
-// it with AddHook), so a run can say how many Redis round trips each job
+// it with AddHook, or CountRoundTrips), so a run can say how many Redis round trips each job
 // cost: a pipeline counts once, a script retried after NOSCRIPT twice, as
 // it travels twice.
 type RoundTrips struct{ n atomic.Int64 }
+
+// CountRoundTrips adds a RoundTrips to rdb's hooks and returns it.
+func CountRoundTrips(rdb *redis.Client) *RoundTrips {
+	rt := &RoundTrips{}
+	rdb.AddHook(rt)
+	return rt
+}
 
 // N is the round trips counted so far.
 func (h *RoundTrips) N() int64 { return h.n.Load() }

@@ -1,5 +1,6 @@
 // Package inproc runs the parts of an llmq that a benchmark starts in its
-// own process, as the dispatcher and the worker run them: the API on a
+// own process, as the dispatcher and the worker run them: the app over a
+// schema, Redis namespace and policy of its own (open.go), the API on a
 // loopback listener, the dispatcher's background loops, a worker server.
 package inproc
 
