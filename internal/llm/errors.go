@@ -131,8 +131,29 @@ func redact(s string) string {
 	return s
 }
 
-// maxErrorMessage bounds, in bytes, the provider's message an Error keeps.
-const maxErrorMessage = 1000
+// maxErrorMessage bounds, in bytes, the provider's message an Error keeps;
+// maxErrorField its code, type and param, and a provider's request id.
+const (
+	maxErrorMessage = 1000
+	maxErrorField   = 200
+)
+
+// Truncate bounds a provider's string to n bytes, cut at a character's
+// boundary and left valid UTF-8 (the store keeps valid UTF-8 only).
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return strings.ToValidUTF8(s[:n], "")
+}
+
+// requestID is the provider's x-request-id in h, bounded.
+func requestID(h http.Header) string {
+	return Truncate(h.Get("x-request-id"), maxErrorField)
+}
 
 // answerMessage is what llmq tells of a provider's error answer of status:
 // the message of its OpenAI error object, scrubbed and bounded, or, for a
@@ -152,11 +173,7 @@ func answerMessage(status int, msg string, isErrorObject bool, scrub func(string
 	}
 	msg = scrub(msg)
 	if len(msg) > maxErrorMessage {
-		cut := maxErrorMessage
-		for cut > 0 && !utf8.RuneStart(msg[cut]) {
-			cut--
-		}
-		msg = msg[:cut] + "…"
+		msg = Truncate(msg, maxErrorMessage) + "…"
 	}
 	return msg
 }

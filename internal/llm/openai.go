@@ -14,6 +14,8 @@ import (
 	"time"
 
 	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/llmq/llmq/client"
 )
 
 // OpenAIConfig configures a provider that speaks OpenAI's API.
@@ -248,7 +250,7 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 	out := &Response{
 		StatusCode: c.status,
 		Body:       c.body,
-		RequestID:  c.header.Get("x-request-id"),
+		RequestID:  requestID(c.header),
 		RateLimit:  ParseRateLimit(c.header),
 		Usage: Usage{
 			PromptTokens:     int64(usage.PromptTokens),
@@ -311,7 +313,7 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 	e := &Error{Provider: p.name, Err: err}
 	if c.header != nil {
 		e.RateLimit = ParseRateLimit(c.header)
-		e.RequestID = c.header.Get("x-request-id")
+		e.RequestID = requestID(c.header)
 	}
 	var apiErr *openai.APIError
 	var reqErr *openai.RequestError
@@ -324,12 +326,12 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		return e
 	case errors.As(err, &apiErr):
 		e.StatusCode = apiErr.HTTPStatusCode
-		e.Message = answerMessage(apiErr.HTTPStatusCode, apiErr.Message, true, p.scrub)
-		e.Type = apiErr.Type
-		e.Code = codeString(apiErr.Code)
+		o := &client.ErrorObject{Message: apiErr.Message, Type: apiErr.Type, Code: codeString(apiErr.Code)}
 		if apiErr.Param != nil {
-			e.Param = *apiErr.Param
+			o.Param = *apiErr.Param
 		}
+		fill(e, o)
+		e.Message = answerMessage(apiErr.HTTPStatusCode, e.Message, true, p.scrub)
 		e.Err = nil // the message is the error; go-openai's text repeats it
 	case errors.As(err, &reqErr):
 		e.StatusCode = reqErr.HTTPStatusCode

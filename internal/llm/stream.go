@@ -84,16 +84,18 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 	return nil
 }
 
-// fill sets e's provider error fields from the error object o.
+// fill sets e's provider error fields from the error object o, each
+// bounded (the message by answerMessage, which every caller applies).
 func fill(e *Error, o *client.ErrorObject) {
-	e.Message, e.Type, e.Code, e.Param = o.Message, o.Type, o.Code, o.Param
+	e.Message = o.Message
+	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), Truncate(o.Code, maxErrorField), Truncate(o.Param, maxErrorField)
 }
 
 // answered is the *Error of a call the provider answered with resp, its
 // status and headers filled in.
 func (p *openAIProvider) answered(resp *http.Response) *Error {
 	return &Error{Provider: p.name, StatusCode: resp.StatusCode, RateLimit: ParseRateLimit(resp.Header),
-		RequestID: resp.Header.Get("x-request-id")}
+		RequestID: requestID(resp.Header)}
 }
 
 // errorAnswer is the *Error of a non-2xx answer: its error object (read

@@ -220,7 +220,7 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 func (c *collection) answer(j *store.Job, l *llm.BatchLine) *store.JobCompleteParams {
 	price := c.price()
 	p := &store.JobCompleteParams{ID: j.ID, Day: c.part.BudgetDay, GlobalDay: c.part.BudgetGlobalDay, ResponseStatus: l.Response.StatusCode,
-		ResponseBody: l.Response.Body, ProviderRequestID: truncate(l.Response.RequestID, 200), Deployment: c.part.Deployment, Batched: true}
+		ResponseBody: l.Response.Body, ProviderRequestID: llm.Truncate(l.Response.RequestID, 200), Deployment: c.part.Deployment, Batched: true}
 	u, err := llm.UsageOf(l.Response.Body)
 	worst := func() {
 		p.PromptTokens, p.CompletionTokens = j.EstPromptTokens, j.EstMaxTokens
@@ -256,9 +256,9 @@ func refusal(l *llm.BatchLine) store.JobError {
 	}
 	e := store.JobError{Type: "invalid_request_error", Message: fmt.Sprintf("The provider refused the request (%d).", l.Response.StatusCode)}
 	if json.Unmarshal(l.Response.Body, &eb) == nil && eb.Error != nil && eb.Error.Message != "" {
-		e.Message, e.Code, e.Param = truncate(eb.Error.Message, 2000), truncate(eb.Error.Code, 100), truncate(eb.Error.Param, 100)
+		e.Message, e.Code, e.Param = llm.Truncate(eb.Error.Message, 2000), llm.Truncate(eb.Error.Code, 100), llm.Truncate(eb.Error.Param, 100)
 		if eb.Error.Type != "" {
-			e.Type = truncate(eb.Error.Type, 100)
+			e.Type = llm.Truncate(eb.Error.Type, 100)
 		}
 	}
 	return e

@@ -28,7 +28,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -308,24 +307,12 @@ func (o *Offloader) Step(ctx context.Context, partID string) error {
 // RetryAfter.
 func (o *Offloader) later(ctx context.Context, part *store.BatchPart, cause error) error {
 	from := part.State
-	part.Error = truncate(cause.Error(), 500)
+	part.Error = llm.Truncate(cause.Error(), 500)
 	part.NextCheckAt = o.opts.Now().Add(o.opts.RetryAfter)
 	if _, err := o.Store.BatchPartSave(ctx, part, from); err != nil {
 		return errors.Join(cause, err)
 	}
 	return cause
-}
-
-// truncate bounds a provider's string to n bytes, cut at a character's
-// boundary (the store keeps valid UTF-8 only).
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return strings.ToValidUTF8(s[:n], "")
 }
 
 // run is the work on one part in one Step.
