@@ -237,8 +237,9 @@ func startRefusing(t *testing.T, header http.Header) *apptest.App {
 func rateLimitedOnce(t *testing.T, a *apptest.App, h *worker.Handler, id string) (delay, pause time.Duration) {
 	t.Helper()
 	ctx := context.Background()
+	// The pause starts inside Run, after this and before Run returns.
+	began := time.Now()
 	runErr := h.Run(ctx, id)
-	ran := time.Now()
 	if runErr == nil || queue.IsFailure(runErr) {
 		t.Fatalf("a 429 must requeue without counting a failure, got %v", runErr)
 	}
@@ -250,8 +251,9 @@ func rateLimitedOnce(t *testing.T, a *apptest.App, h *worker.Handler, id string)
 	}
 	if !st.Penalized {
 		// A jittered pause can be as short as 50ms: on a starved CPU it
-		// may be over before the state is read.
-		if time.Since(ran) < delay {
+		// may be over before the state is read (or even before Run
+		// returns), but not before delay has passed since Run began.
+		if time.Since(began) < delay {
 			t.Fatalf("scope not paused after a 429: %+v", st)
 		}
 		return delay, 0
