@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -541,7 +542,7 @@ func TestInFlightJobsSurviveAPolicyReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, _ := a.Policy.Current().Model("gpt-expensive")
-	if m.Price == old.Price || a.Sim.Stats().InFlight != 5 {
+	if reflect.DeepEqual(m.Price, old.Price) || a.Sim.Stats().InFlight != 5 {
 		t.Fatalf("the reload did not land mid-call: price %+v, %d calls in flight", m.Price, a.Sim.Stats().InFlight)
 	}
 	jobs := allEnd(t, a, ids, 30*time.Second)

@@ -281,7 +281,7 @@ func (s *stack) insert(ctx context.Context, model string, first, n int) error {
 	jobs := make([]*store.JobInsertParams, n)
 	for i := range jobs {
 		body := request(model, first+i)
-		est, err := s.app.Admission.Estimate(context.WithoutCancel(ctx), pol, llm.EndpointChat, body)
+		est, err := s.app.Admission.Estimate(context.WithoutCancel(ctx), pol, nil, "", llm.EndpointChat, body)
 		if err != nil {
 			return err
 		}

@@ -208,7 +208,7 @@ func (p *producer) insert(ctx context.Context, n int) ([]queue.JobRef, error) {
 		if err != nil {
 			return nil, err
 		}
-		est, err := p.app.Admission.Estimate(context.WithoutCancel(ctx), pol, r.endpoint, r.body)
+		est, err := p.app.Admission.Estimate(context.WithoutCancel(ctx), pol, nil, "", r.endpoint, r.body)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", p.next, err)
 		}

@@ -27,6 +27,9 @@ import (
 // Error is a request that can never run, for the client: Param names the
 // offending field of the job's body ("model", "messages", "max_tokens"…).
 type Error struct {
+	// Status is the HTTP status of the refusal: 400 when 0; 404 for a
+	// follow-up of a response the tenant does not have.
+	Status  int
 	Param   string
 	Code    string
 	Message string
@@ -46,41 +49,47 @@ func (e *Error) ParamIn(field string) string {
 // Estimate is what one request will cost at most.
 type Estimate struct {
 	Model *config.Model
-	// PromptTokens is the estimate of the prompt as the provider counts it.
+	// PromptTokens is the estimate of the prompt as the provider counts it,
+	// with the earlier turns of the stored responses it continues.
 	PromptTokens int64
-	// MaxTokens is the most output the request may produce: max_tokens (or
-	// the model's default) times the number of choices; 0 for embeddings.
+	// MaxTokens is the most output the request may produce: its output
+	// limit (or the model's, written in) times the number of choices, and
+	// a prediction's tokens; 0 for embeddings.
 	MaxTokens int64
+	// Shape is the rest of what decides its bill.
+	Shape Shape
 	// Calibration is the model's prompt correction (the provider's counts
 	// over llmq's) that Cost and WorstCase apply.
 	Calibration limiter.Calibration
 	// Cost is what the limiter reserves: one request and every token, the
 	// prompt calibrated.
 	Cost limiter.Cost
-	// WorstCase is the budget reservation: every prompt token uncached (the
-	// estimate, or the calibrated one when higher) and MaxTokens of output,
-	// at the model's price.
+	// WorstCase is the budget reservation: the most the provider could
+	// bill for the request as sent, on the dearest route it may take
+	// (Charge).
 	WorstCase money.Micros
 }
 
 // Calibrations gives what the provider's answers taught of prompts (the
-// pacer's): a limiter scope's prompt correction, and the tokens of a
-// stored response's conversation, which a follow-up naming it carries.
+// pacer's): a limiter scope's prompt correction.
 type Calibrations interface {
 	Calibration(ctx context.Context, scope string) limiter.Calibration
-	PriorContext(ctx context.Context, responseID string) int64
 }
 
 // Estimator judges requests. It is safe for concurrent use.
 type Estimator struct {
 	tokens *llm.Estimator
 	calib  Calibrations
+	convs  Conversations
 }
 
 // New returns an Estimator; with c, prompt estimates are corrected as the
 // provider is known to count them, for the capacity check and the worst
-// case alike.
-func New(c Calibrations) *Estimator { return &Estimator{tokens: llm.NewEstimator(), calib: c} }
+// case alike; with convs, follow-ups of stored responses find them (none
+// is known without).
+func New(c Calibrations, convs Conversations) *Estimator {
+	return &Estimator{tokens: llm.NewEstimator(), calib: c, convs: convs}
+}
 
 // Request is an admitted request: what admission decided about one body,
 // decided once (one policy snapshot, one parse, one count) and carried by
@@ -91,7 +100,7 @@ type Request struct {
 	// Endpoint is the endpoint the body is for.
 	Endpoint string
 	// Body is the request body as the client sent it; it goes to the
-	// provider untouched.
+	// provider as the worker's wire body makes it (llm.Request).
 	Body []byte
 	// Fallbacks are the job's own fallback models (see WithFallbacks);
 	// none uses its model's.
@@ -108,7 +117,7 @@ func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget
 	if err := CheckJobFallbacks(p, tier, r.Model, fallbacks); err != nil {
 		return err
 	}
-	worst := WorstCase(p, r.Model, fallbacks, r.Calibration, r.PromptTokens, r.MaxTokens)
+	worst := WorstCase(p, r.Model, fallbacks, &r.Shape, r.Calibration, r.PromptTokens, r.MaxTokens)
 	if err := CheckBudget(acct, worst, r.Endpoint); err != nil {
 		return err
 	}
@@ -116,10 +125,11 @@ func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget
 	return nil
 }
 
-// Admit judges body for endpoint, for a tenant whose budget account is
-// acct, under policy p: Estimate, then CheckBudget. Errors are as theirs.
-func (e *Estimator) Admit(ctx context.Context, p *config.Policy, acct budget.Account, endpoint string, body []byte) (*Request, error) {
-	est, err := e.Estimate(ctx, p, endpoint, body)
+// Admit judges body for endpoint, for a tenant of tier whose budget
+// account is acct, under policy p: Estimate, then CheckBudget. Errors are
+// as theirs.
+func (e *Estimator) Admit(ctx context.Context, p *config.Policy, tier *config.Tier, acct budget.Account, endpoint string, body []byte) (*Request, error) {
+	est, err := e.Estimate(ctx, p, tier, acct.TenantID, endpoint, body)
 	if err != nil {
 		return nil, err
 	}
@@ -127,24 +137,6 @@ func (e *Estimator) Admit(ctx context.Context, p *config.Policy, acct budget.Acc
 		return nil, err
 	}
 	return &Request{Estimate: *est, Endpoint: endpoint, Body: body}, nil
-}
-
-// outputParam is the body's field bounding the output of a request to
-// endpoint: the Responses API's max_output_tokens, chat's max_tokens.
-func outputParam(endpoint string) string {
-	if endpoint == llm.EndpointResponses {
-		return "max_output_tokens"
-	}
-	return "max_tokens"
-}
-
-// promptParam is the body's field holding the prompt of a request to
-// endpoint: chat's messages, the Responses API's and embeddings' input.
-func promptParam(endpoint string) string {
-	if endpoint == llm.EndpointChat {
-		return "messages"
-	}
-	return "input"
 }
 
 // Fill writes what admission decided into the job's insert params: the
@@ -155,13 +147,15 @@ func (r *Request) Fill(j *store.JobInsertParams) {
 	j.Fallbacks = r.Fallbacks
 }
 
-// Estimate validates body for endpoint under policy p and returns its
+// Estimate validates body for endpoint under policy p, for a tenant of
+// tier (nil: a tier's defaults) whose id is tenantID, and returns its
 // estimate, or an *Error saying why it can never run: an invalid body, an
-// unknown model, a model that does not serve the endpoint, or a cost above
-// the capacity of one of the model's token buckets. The body is decoded
-// once and counted once, with the tokenizer of the model's upstream: what
-// the provider counts.
-func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint string, body []byte) (*Estimate, error) {
+// unknown model, a model that does not serve the endpoint, what llmq
+// cannot bound (ShapeOf), a shape no route of the model can serve
+// (Serves), or a cost above the capacity of one of the model's token
+// buckets. The body is decoded once and counted once, with the tokenizer
+// of the model's upstream: what the provider counts.
+func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config.Tier, tenantID, endpoint string, body []byte) (*Estimate, error) {
 	decoded, err := llm.Decode(endpoint, body)
 	if err != nil {
 		return nil, invalid(err)
@@ -183,29 +177,47 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, endpoint str
 	if err != nil {
 		return nil, invalid(err)
 	}
-	est := &Estimate{Model: m, PromptTokens: counted.PromptTokens}
-	if id := decoded.PreviousResponseID(); id != "" && e.calib != nil {
-		// The provider adds the earlier turns to the prompt, and counts
-		// and bills them: reserved too, when llmq saw them answered.
-		est.PromptTokens += e.calib.PriorContext(ctx, id)
+	shape, prior, err := ShapeOf(ctx, e.convs, p, tier, tenantID, m, decoded)
+	if err != nil {
+		return nil, err
 	}
+	if err := anyServes(m.Routes(), &shape); err != nil {
+		return nil, err
+	}
+	est := &Estimate{Model: m, PromptTokens: counted.PromptTokens + prior, Shape: shape}
 	if m.Kind == config.KindChat {
 		perChoice := counted.MaxTokens
 		if perChoice == 0 {
 			perChoice = m.MaxOutputTokens
 		}
-		est.MaxTokens = perChoice * max(counted.N, 1)
+		// A prediction's tokens the model does not use are billed as
+		// output beyond the limit.
+		est.MaxTokens = addTokens(mulTokens(perChoice, max(counted.N, 1)), counted.PredictionTokens)
 	}
 	est.Calibration = limiter.Calibration{Factor: 1}
 	if e.calib != nil {
 		est.Calibration = e.calib.Calibration(ctx, ScopeName(m))
 	}
-	est.Cost, _ = Charge(m, est.Calibration, est.PromptTokens, est.MaxTokens)
-	est.WorstCase = WorstCase(p, m, m.Fallbacks, est.Calibration, est.PromptTokens, est.MaxTokens)
+	est.Cost, _ = Charge(m, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
+	est.WorstCase = WorstCase(p, m, m.Fallbacks, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
 	if err := fits(m, est, endpoint); err != nil {
 		return nil, err
 	}
 	return est, nil
+}
+
+// anyServes is nil when a route of routes can serve s, else why the first
+// cannot.
+func anyServes(routes []*config.Model, s *Shape) error {
+	var first error
+	for _, r := range routes {
+		err := Serves(r, s)
+		if err == nil {
+			return nil
+		}
+		first = cmp.Or(first, err)
+	}
+	return first
 }
 
 // Fallbacks are the models a job of m falls back to: its own, when it
@@ -217,47 +229,36 @@ func Fallbacks(m *config.Model, own []string) []string {
 	return m.Fallbacks
 }
 
-// Candidates are the routes a job of m with fallbacks (see Fallbacks) may
-// run on: m's deployments, then its fallbacks'.
-func Candidates(p *config.Policy, m *config.Model, fallbacks []string) []*config.Model {
+// Candidates are the routes a job of m with fallbacks (see Fallbacks) and
+// shape s may run on: m's deployments, then its fallbacks', each that can
+// serve s (Serves).
+func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) []*config.Model {
 	out := m.Routes()
 	for _, name := range fallbacks {
 		if f, ok := p.Model(name); ok {
 			out = append(out, f.Routes()...)
 		}
 	}
-	return out
+	return serving(out, s)
 }
 
 // WorstCase is the budget's worst case of a request of m with these
-// estimates and fallbacks: the most Charge asks on any of its candidates,
-// since the budget is reserved before a route is chosen.
-func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
+// estimates, shape and fallbacks: the most Charge asks on any of its
+// candidates, since the budget is reserved before a route is chosen.
+func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
-	for _, r := range Candidates(p, m, fallbacks) {
-		_, w := Charge(r, c, promptTokens, maxTokens)
+	for _, r := range Candidates(p, m, fallbacks, s) {
+		_, w := Charge(r, s, c, promptTokens, maxTokens)
 		worst = max(worst, w)
 	}
 	return worst
-}
-
-// Charge is what a request of m with these estimates takes: the limiter's
-// cost (one request and every token, the prompt calibrated) and the
-// budget's worst case (every prompt token uncached, the estimate or the
-// calibrated one when higher, and maxTokens of output, at m's price). A
-// calibration below 1 lowers the permit (the provider's counts correct the
-// buckets), never the dollars held. Admission and the worker's plan both
-// price with it.
-func Charge(m *config.Model, c limiter.Calibration, promptTokens, maxTokens int64) (limiter.Cost, money.Micros) {
-	prompt := c.Apply(promptTokens)
-	return limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}, m.Price.WorstCase(max(prompt, promptTokens), maxTokens)
 }
 
 // fits refuses a cost no deployment of the model can ever hold: one whose
 // buckets are all large enough may run it.
 func fits(m *config.Model, est *Estimate, endpoint string) error {
 	var first error
-	for _, r := range m.Routes() {
+	for _, r := range serving(m.Routes(), &est.Shape) {
 		err := fitsRoute(r, est, endpoint)
 		if err == nil {
 			return nil

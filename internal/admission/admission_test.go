@@ -42,8 +42,8 @@ func policy(t *testing.T) *config.Policy {
 
 func TestEstimate(t *testing.T) {
 	t.Parallel()
-	e, p := New(nil), policy(t)
-	est, err := e.Estimate(context.Background(), p, "/v1/chat/completions",
+	e, p := New(nil, nil), policy(t)
+	est, err := e.Estimate(context.Background(), p, nil, "", "/v1/chat/completions",
 		[]byte(`{"model":"gpt-4o-mini","n":2,"messages":[{"role":"user","content":"Say hi"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestEstimate(t *testing.T) {
 	if est.WorstCase != m.Price.WorstCase(est.PromptTokens, 2000) || est.WorstCase == 0 {
 		t.Fatalf("worst case %d", est.WorstCase)
 	}
-	emb, err := e.Estimate(context.Background(), p, "/v1/embeddings", []byte(`{"model":"text-embedding-3-small","input":["a b c","d"]}`))
+	emb, err := e.Estimate(context.Background(), p, nil, "", "/v1/embeddings", []byte(`{"model":"text-embedding-3-small","input":["a b c","d"]}`))
 	if err != nil || emb.MaxTokens != 0 || emb.Cost.Tokens != emb.PromptTokens || emb.PromptTokens < 2 {
 		t.Fatalf("embedding estimate = %+v, %v", emb, err)
 	}
@@ -64,7 +64,7 @@ func TestEstimate(t *testing.T) {
 
 func TestEstimateRefusesWhatCanNeverRun(t *testing.T) {
 	t.Parallel()
-	e, p := New(nil), policy(t)
+	e, p := New(nil, nil), policy(t)
 	for _, c := range []struct {
 		name, endpoint, body, param, code string
 	}{
@@ -76,7 +76,7 @@ func TestEstimateRefusesWhatCanNeverRun(t *testing.T) {
 		{"no messages", "/v1/chat/completions", `{"model":"gpt-4o-mini"}`, "messages", "invalid_request"},
 		{"not JSON", "/v1/chat/completions", `{"model":`, "", "invalid_request"},
 	} {
-		_, err := e.Estimate(context.Background(), p, c.endpoint, []byte(c.body))
+		_, err := e.Estimate(context.Background(), p, nil, "", c.endpoint, []byte(c.body))
 		var ae *Error
 		if !errors.As(err, &ae) || ae.Code != c.code || (c.param != "" && ae.Param != c.param) || ae.Message == "" {
 			t.Errorf("%s: err = %#v, want code %s param %s", c.name, err, c.code, c.param)
@@ -123,8 +123,6 @@ func (f fixedCalibration) Calibration(context.Context, string) limiter.Calibrati
 	return limiter.Calibration{Factor: float64(f), Samples: 31}
 }
 
-func (fixedCalibration) PriorContext(context.Context, string) int64 { return 0 }
-
 // A calibrated estimate counts the prompt as the provider was seen to:
 // the permit, the worst case and the capacity check alike; the raw
 // estimate stays what is stored.
@@ -132,11 +130,11 @@ func TestEstimateAppliesTheCalibration(t *testing.T) {
 	t.Parallel()
 	p := policy(t)
 	body := `{"model":"gpt-4o-mini","max_tokens":100,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 4000) + `"}]}`
-	raw, err := New(nil).Estimate(context.Background(), p, "/v1/chat/completions", []byte(body))
+	raw, err := New(nil, nil).Estimate(context.Background(), p, nil, "", "/v1/chat/completions", []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	est, err := New(fixedCalibration(1.5)).Estimate(context.Background(), p, "/v1/chat/completions", []byte(body))
+	est, err := New(fixedCalibration(1.5), nil).Estimate(context.Background(), p, nil, "", "/v1/chat/completions", []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,12 +143,12 @@ func TestEstimateAppliesTheCalibration(t *testing.T) {
 		t.Errorf("calibrated %+v, raw %+v: want the prompt counted 1.5x in Cost and WorstCase only", est, raw)
 	}
 	// Counted half, the permit is smaller but the dollars held are not.
-	low, err := New(fixedCalibration(0.5)).Estimate(context.Background(), p, "/v1/chat/completions", []byte(body))
+	low, err := New(fixedCalibration(0.5), nil).Estimate(context.Background(), p, nil, "", "/v1/chat/completions", []byte(body))
 	if err != nil || low.Cost.Tokens != (raw.PromptTokens+1)/2+100 || low.WorstCase != raw.WorstCase {
 		t.Errorf("calibrated 0.5: %+v, %v; want half the prompt in Cost and the raw WorstCase %s", low, err, raw.WorstCase)
 	}
 	// Counted 2.5x, the same prompt no longer fits the 10,000-token bucket.
-	_, err = New(fixedCalibration(2.5)).Estimate(context.Background(), p, "/v1/chat/completions", []byte(body))
+	_, err = New(fixedCalibration(2.5), nil).Estimate(context.Background(), p, nil, "", "/v1/chat/completions", []byte(body))
 	var ae *Error
 	if !errors.As(err, &ae) || ae.Code != "tokens_exceed_capacity" || ae.Param != "messages" || !strings.Contains(ae.Message, "as the provider counts: 2.50×") {
 		t.Errorf("err = %v, want tokens_exceed_capacity naming the calibration", err)

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -175,7 +176,7 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 	if len(bytes.TrimSpace(req.Body)) == 0 || bytes.Equal(bytes.TrimSpace(req.Body), []byte("null")) {
 		return nil, badRequest("body", "missing_body", "body is required: the request to send to %s.", endpoint)
 	}
-	admitted, err := s.Admission.Admit(ctx, c.policy, c.acct, endpoint, req.Body)
+	admitted, err := s.Admission.Admit(ctx, c.policy, c.tier, c.acct, endpoint, req.Body)
 	if err != nil {
 		return nil, admissionError(err, "body")
 	}
@@ -197,7 +198,7 @@ func admissionError(err error, field string) error {
 	if !errors.As(err, &ae) {
 		return err
 	}
-	return badRequest(ae.ParamIn(field), ae.Code, "%s", ae.Message)
+	return errorf(cmp.Or(ae.Status, http.StatusBadRequest), wire.TypeInvalidRequest, ae.Code, ae.ParamIn(field), "%s", ae.Message)
 }
 
 // checkBudgetNow refuses, for tiers that reject when exhausted, a job that

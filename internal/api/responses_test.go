@@ -223,11 +223,15 @@ func TestFollowUpReservesTheConversation(t *testing.T) {
 		ID string `json:"id"`
 	}
 	r.JSON(t, &unstored)
-	if n := a.Pacer.PriorContext(t.Context(), unstored.ID); n != 0 {
-		t.Fatalf("an unstored response's context was remembered: %d", n)
+	rows, err := a.Store.StoredResponseGet(t.Context(), []string{unstored.ID, first.ID})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := a.Pacer.PriorContext(t.Context(), first.ID); n != prior {
-		t.Fatalf("remembered %d tokens of the first response's conversation, want %d", n, prior)
+	if rows[unstored.ID] != nil {
+		t.Fatalf("an unstored response was recorded: %+v", rows[unstored.ID])
+	}
+	if row := rows[first.ID]; row == nil || row.Tokens != prior || row.TenantID != job.TenantID {
+		t.Fatalf("the first response's record %+v, want its tenant's with the %d tokens of its conversation", row, prior)
 	}
 }
 

@@ -134,7 +134,7 @@ func New(d Deps, opts Options) (*Server, error) {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
 	if d.Admission == nil {
-		d.Admission = admission.New(nil)
+		d.Admission = admission.New(nil, d.Store)
 	}
 	if d.Observer == nil {
 		d.Observer = nopObserver{}

@@ -175,7 +175,7 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	if a.Pacer, err = pacer.New(a.Limiter, a.Redis, a.Keys, logger, appObserver{a}, pacer.Options{FaultPause: a.Env.FaultPause}); err != nil {
 		return nil, err
 	}
-	a.Admission = admission.New(a.Pacer)
+	a.Admission = admission.New(a.Pacer, a.Store)
 
 	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
 	a.closers = append(a.closers, a.Asynq.Close)

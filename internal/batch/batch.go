@@ -151,7 +151,7 @@ func New(d Deps, opts Options) (*Service, error) {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
 	if d.Admission == nil {
-		d.Admission = admission.New(nil)
+		d.Admission = admission.New(nil, d.Store)
 	}
 	o := opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -429,11 +429,18 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 		admitted, le = v.admit(ctx, req.Body)
 		if le == nil {
 			admitted.Fill(job)
-			if v.tier.BatchOffload != config.BatchOffloadAlways || offload.Offloads(v.policy, v.tier, job.Model) {
+			switch {
+			case v.tier.BatchOffload != config.BatchOffloadAlways:
+				return job
+			case !offload.Offloads(v.policy, v.tier, job.Model):
+				le = &lineError{code: "batch_offload_unavailable", param: "body.model",
+					msg: fmt.Sprintf("model %q has no provider Batch API, and this tier runs batches only there (batch_offload: always).", job.Model)}
+			case !offload.Plain(&admitted.Shape):
+				le = &lineError{code: "batch_offload_unavailable", param: "body",
+					msg: "this request continues a stored conversation, asks for a service tier, names built-in tools or holds content llmq cannot count, which llmq bounds call by call and never sends to a provider's Batch API; this tier runs batches only there (batch_offload: always)."}
+			default:
 				return job
 			}
-			le = &lineError{code: "batch_offload_unavailable", param: "body.model",
-				msg: fmt.Sprintf("model %q has no provider Batch API, and this tier runs batches only there (batch_offload: always).", job.Model)}
 		}
 	}
 	// Keep the model the line named, when it named one, for listings.
@@ -524,7 +531,7 @@ func unstorableField(line []byte, p *jsontext.Problem) *lineError {
 // admit asks admission whether the body can ever run, and whether its
 // worst case fits the tenant's whole daily budget.
 func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Request, *lineError) {
-	admitted, err := v.s.Admission.Admit(ctx, v.policy, v.acct, v.b.Endpoint, body)
+	admitted, err := v.s.Admission.Admit(ctx, v.policy, v.tier, v.acct, v.b.Endpoint, body)
 	if err == nil {
 		return admitted, nil
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -68,12 +69,12 @@ func TestParsePolicyDeployments(t *testing.T) {
 	routes := m.Routes()
 	for i, w := range want {
 		d := m.Deployments[i]
-		if d.Name() != w.name || d.Order != w.order || d.Weight != w.weight || d.Limits.RPM != w.rpm || d.Limits.TPM != w.tpm || d.Price != w.price {
+		if d.Name() != w.name || d.Order != w.order || d.Weight != w.weight || d.Limits.RPM != w.rpm || d.Limits.TPM != w.tpm || !reflect.DeepEqual(d.Price, w.price) {
 			t.Errorf("deployments[%d] = %+v (%s), want %+v", i, d, d.Name(), w)
 		}
 		r := routes[i]
-		if r.Name != "gpt-4o" || r.Provider+"/"+r.Upstream != w.name || r.Limits != d.Limits || r.Price != w.price ||
-			len(r.Deployments) != 1 || r.Deployments[0] != d || r.MaxOutputTokens != m.MaxOutputTokens {
+		if r.Name != "gpt-4o" || r.Provider+"/"+r.Upstream != w.name || r.Limits != d.Limits || !reflect.DeepEqual(r.Price, w.price) ||
+			len(r.Deployments) != 1 || !reflect.DeepEqual(r.Deployments[0], d) || r.MaxOutputTokens != m.MaxOutputTokens {
 			t.Errorf("routes[%d] = %+v, want deployment %s", i, r, w.name)
 		}
 		if got, ok := m.Route(w.name); !ok || got != r {
@@ -84,7 +85,7 @@ func TestParsePolicyDeployments(t *testing.T) {
 		t.Errorf("bursts = %v, %v", m.Deployments[2].Limits.Burst, m.Deployments[0].Limits.Burst)
 	}
 	// The model's own fields describe its first deployment.
-	if m.Provider != "openai" || m.Upstream != "gpt-4o" || m.Limits.RPM != 500 || m.Price != model {
+	if m.Provider != "openai" || m.Upstream != "gpt-4o" || m.Limits.RPM != 500 || !reflect.DeepEqual(m.Price, model) {
 		t.Errorf("model fields = %s/%s %+v %+v, want the first deployment's", m.Provider, m.Upstream, m.Limits, m.Price)
 	}
 	if len(m.Fallbacks) != 1 || m.Fallbacks[0] != "gpt-4o-mini" {
@@ -96,7 +97,7 @@ func TestParsePolicyDeployments(t *testing.T) {
 	// The short form is one deployment.
 	mini, _ := p.Model("gpt-4o-mini")
 	if len(mini.Deployments) != 1 || mini.Deployments[0].Name() != "openai/gpt-4o-mini" || mini.Deployments[0].Weight != 1 ||
-		len(mini.Routes()) != 1 || mini.Routes()[0].Limits != mini.Limits || mini.Price != money.DefaultPrices["gpt-4o-mini"] {
+		len(mini.Routes()) != 1 || mini.Routes()[0].Limits != mini.Limits || !reflect.DeepEqual(mini.Price, money.DefaultPrices["gpt-4o-mini"]) {
 		t.Errorf("short form = %+v", mini)
 	}
 	if _, ok := m.Route("openai/gpt-4o-mini"); ok {

@@ -54,8 +54,43 @@ const (
 const (
 	DefaultProviderTimeout = 60 * time.Second
 	DefaultMaxOutputTokens = 4096
+	DefaultMaxToolCalls    = 4
 	DefaultSoftLimit       = 0.8
 )
+
+// maxToolCalls bounds a model's max_tool_calls.
+const maxToolCalls = 128
+
+// contextWindows are the context windows (tokens) of models by name
+// prefix, most specific first, from the providers' model pages: a model
+// named none of these has none unless its policy entry gives one.
+var contextWindows = []struct {
+	prefix string
+	tokens int64
+}{
+	{"gpt-4o", 128_000}, {"chatgpt-4o", 128_000}, {"gpt-4.1", 1_047_576}, {"gpt-4.5", 128_000},
+	{"gpt-4-turbo", 128_000}, {"gpt-4", 8_192}, {"gpt-3.5-turbo", 16_385}, {"gpt-5", 400_000},
+	{"gpt-oss", 131_072}, {"o1-mini", 128_000}, {"o1", 200_000}, {"o3", 200_000}, {"o4-mini", 200_000},
+	{"claude", 200_000}, {"gemini-1.5", 1_048_576}, {"gemini-2", 1_048_576},
+}
+
+// DefaultContextWindow is the context window contextWindows gives the
+// model called name, else its upstream; 0 when it knows neither.
+func DefaultContextWindow(name, upstream string) int64 {
+	for _, n := range []string{name, upstream} {
+		n = strings.ToLower(n)
+		if i := strings.LastIndexByte(n, '/'); i >= 0 {
+			n = n[i+1:]
+		}
+		n = strings.TrimPrefix(n, "ft:")
+		for _, w := range contextWindows {
+			if strings.HasPrefix(n, w.prefix) {
+				return w.tokens
+			}
+		}
+	}
+	return 0
+}
 
 // encodings are the tokenizer encodings the token estimator knows (those of
 // github.com/tiktoken-go/tokenizer); a typo would otherwise surface only when
@@ -148,6 +183,16 @@ type Model struct {
 	// Encoding overrides the tokenizer encoding used to estimate prompt
 	// tokens; empty lets the estimator pick by model name.
 	Encoding string
+	// ContextWindow is the most tokens the model reads in one turn: the
+	// bound of what a prompt llmq cannot count may bill (a conversation
+	// stored elsewhere, a file, a built-in tool's results). Defaults to the
+	// window of the model's name or first upstream in DefaultContextWindows;
+	// 0 when neither is known, and such requests are refused.
+	ContextWindow int64
+	// MaxToolCalls is written into a Responses API request that names
+	// built-in tools and no max_tool_calls, so its tool calls are bounded.
+	// Defaults to DefaultMaxToolCalls.
+	MaxToolCalls int64
 	// MaxOutputTokens is reserved for a chat request that gives no
 	// max_tokens. Defaults to 4096; always 0 for embedding models.
 	MaxOutputTokens int64
@@ -307,6 +352,16 @@ type Tier struct {
 	// BatchOffload is where the tier's batches run: never, auto or always
 	// (BatchOffload*). Defaults to never.
 	BatchOffload string
+	// RequireOutputLimit refuses requests that name no output limit
+	// (max_tokens, max_completion_tokens, max_output_tokens) instead of
+	// writing the model's max_output_tokens into them. Defaults to false.
+	RequireOutputLimit bool
+	// AllowForeignResponses lets a Responses API request continue what
+	// llmq did not see made (a previous_response_id or item_reference
+	// made elsewhere, a conversation, a prompt template): reserved as the
+	// model's whole context window. Defaults to false: refused, as is
+	// another tenant's response always.
+	AllowForeignResponses bool
 }
 
 // MaxShare bounds a tier's share: a million to one is fairness enough.
@@ -443,6 +498,8 @@ type rawModel struct {
 	Kind            string          `yaml:"kind"`
 	Encoding        string          `yaml:"encoding"`
 	MaxOutputTokens *int64          `yaml:"max_output_tokens"`
+	ContextWindow   *int64          `yaml:"context_window"`
+	MaxToolCalls    *int64          `yaml:"max_tool_calls"`
 	Price           *rawPrice       `yaml:"price"`
 	Limits          rawLimits       `yaml:"limits"`
 	Deployments     []rawDeployment `yaml:"deployments"`
@@ -459,11 +516,18 @@ type rawDeployment struct {
 }
 
 type rawPrice struct {
-	InputPerMTok       *float64 `yaml:"input_per_mtok"`
-	OutputPerMTok      *float64 `yaml:"output_per_mtok"`
-	CachedInputPerMTok *float64 `yaml:"cached_input_per_mtok"`
-	BatchInputPerMTok  *float64 `yaml:"batch_input_per_mtok"`
-	BatchOutputPerMTok *float64 `yaml:"batch_output_per_mtok"`
+	InputPerMTok       *float64                `yaml:"input_per_mtok"`
+	OutputPerMTok      *float64                `yaml:"output_per_mtok"`
+	CachedInputPerMTok *float64                `yaml:"cached_input_per_mtok"`
+	BatchInputPerMTok  *float64                `yaml:"batch_input_per_mtok"`
+	BatchOutputPerMTok *float64                `yaml:"batch_output_per_mtok"`
+	ServiceTierPrices  map[string]*rawPrice    `yaml:"service_tier_prices"`
+	ToolPrices         map[string]rawToolPrice `yaml:"tool_prices"`
+}
+
+type rawToolPrice struct {
+	PerCallUSD   *float64 `yaml:"per_call_usd"`
+	ResultTokens int64    `yaml:"result_tokens"`
 }
 
 type rawLimits struct {
@@ -495,6 +559,9 @@ type rawTier struct {
 	Share             *float64                `yaml:"share"`
 	Fallbacks         []string                `yaml:"fallbacks"`
 	BatchOffload      string                  `yaml:"batch_offload"`
+
+	RequireOutputLimit    bool `yaml:"require_output_limit"`
+	AllowForeignResponses bool `yaml:"allow_foreign_responses"`
 }
 
 func (raw *rawPolicy) build(src *source) (*Policy, error) {
@@ -727,6 +794,22 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 	default:
 		m.MaxOutputTokens = *rm.MaxOutputTokens
 	}
+	switch {
+	case rm.ContextWindow == nil:
+		m.ContextWindow = DefaultContextWindow(m.Name, first)
+	case *rm.ContextWindow < 1:
+		return m, src.errorAt(path+".context_window", "must be at least 1 (tokens), got %d", *rm.ContextWindow)
+	default:
+		m.ContextWindow = *rm.ContextWindow
+	}
+	switch {
+	case rm.MaxToolCalls == nil:
+		m.MaxToolCalls = DefaultMaxToolCalls
+	case *rm.MaxToolCalls < 1 || *rm.MaxToolCalls > maxToolCalls:
+		return m, src.errorAt(path+".max_tool_calls", "must be within 1 and %d, got %d", maxToolCalls, *rm.MaxToolCalls)
+	default:
+		m.MaxToolCalls = *rm.MaxToolCalls
+	}
 
 	price, err := buildPrice(src, path+".price", rm.Price, m.Kind, first, m.Name)
 	if err != nil {
@@ -915,7 +998,60 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 			}
 		}
 	}
+	for _, name := range sortedKeys(rp.ServiceTierPrices) {
+		at := path + ".service_tier_prices." + name
+		if err := checkIdent(src, at, name); err != nil {
+			return p, err
+		}
+		if name == money.StandardTier || name == "auto" {
+			return p, src.errorAt(at, "the %s tier is the standard price (input_per_mtok, output_per_mtok); name the tiers sold beside it (flex, priority, scale)", name)
+		}
+		raw := rp.ServiceTierPrices[name]
+		if raw == nil || raw.ServiceTierPrices != nil || raw.ToolPrices != nil {
+			return p, src.errorAt(at, "must be a price of input_per_mtok and output_per_mtok (and cached_input_per_mtok)")
+		}
+		tp, err := buildPrice(src, at, raw, kind, upstream, name)
+		if err != nil {
+			return p, err
+		}
+		if p.ServiceTiers == nil {
+			p.ServiceTiers = map[string]money.Price{}
+		}
+		p.ServiceTiers[name] = tp
+	}
+	for _, name := range sortedKeys(rp.ToolPrices) {
+		at := path + ".tool_prices." + name
+		if err := checkIdent(src, at, name); err != nil {
+			return p, err
+		}
+		raw := rp.ToolPrices[name]
+		if raw.PerCallUSD == nil {
+			return p, src.errorAt(at+".per_call_usd", "required (USD per call of the tool; 0 for a tool billed in tokens only)")
+		}
+		perCall, err := usd(src, at+".per_call_usd", *raw.PerCallUSD)
+		if err != nil {
+			return p, err
+		}
+		if raw.ResultTokens < 0 {
+			return p, src.errorAt(at+".result_tokens", "must be 0 or more, got %d", raw.ResultTokens)
+		}
+		if p.Tools == nil {
+			p.Tools = map[string]money.ToolPrice{}
+		}
+		p.Tools[name] = money.ToolPrice{PerCall: perCall, ResultTokens: raw.ResultTokens}
+	}
 	return p, nil
+}
+
+// sortedKeys are m's keys in order, so a policy's errors are the same at
+// every load.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 func (rt rawTier) build(src *source, path string) (Tier, error) {
@@ -927,8 +1063,11 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		OnExhausted: rt.OnExhausted,
 		APIExempt:   rt.APIExempt,
 		Fallbacks:   rt.Fallbacks,
-		Share:       1,
-		Timezone:    time.UTC,
+
+		RequireOutputLimit:    rt.RequireOutputLimit,
+		AllowForeignResponses: rt.AllowForeignResponses,
+		Share:                 1,
+		Timezone:              time.UTC,
 	}
 	if err := checkIdent(src, path+".name", rt.Name); err != nil {
 		return t, err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -79,7 +80,7 @@ func TestParsePolicyValid(t *testing.T) {
 		t.Fatal("Model(gpt-4o-mini) not found")
 	}
 	wantPrice := money.Price{InputPerMTok: 150_000, OutputPerMTok: 600_000}
-	if m.Price != wantPrice {
+	if !reflect.DeepEqual(m.Price, wantPrice) {
 		t.Errorf("gpt-4o-mini price = %+v, want %+v", m.Price, wantPrice)
 	}
 	if m.Limits != (Limits{RPM: 500, TPM: 200000, Burst: DefaultBurst}) {
@@ -89,7 +90,7 @@ func TestParsePolicyValid(t *testing.T) {
 		t.Errorf("openai = %+v", pr)
 	}
 	fast, _ := p.Model("fast")
-	if fast.Upstream != "llama-3-8b" || fast.Price != (money.Price{}) || fast.Limits.RPS != 5 {
+	if fast.Upstream != "llama-3-8b" || !reflect.DeepEqual(fast.Price, (money.Price{})) || fast.Limits.RPS != 5 {
 		t.Errorf("fast = %+v; want upstream llama-3-8b, free, 5 rps", fast)
 	}
 	if len(p.Digest) != 64 {
@@ -119,7 +120,7 @@ func TestParsePolicyDefaults(t *testing.T) {
 	if emb.Kind != KindEmbedding || emb.MaxOutputTokens != 0 {
 		t.Errorf("embedding model kind %q, max output %d; want embedding, 0", emb.Kind, emb.MaxOutputTokens)
 	}
-	if emb.Price != money.DefaultPrices["text-embedding-3-small"] {
+	if !reflect.DeepEqual(emb.Price, money.DefaultPrices["text-embedding-3-small"]) {
 		t.Errorf("embedding price = %+v, want the default table's", emb.Price)
 	}
 
@@ -630,7 +631,7 @@ func TestExamplePolicy(t *testing.T) {
 		}
 		// The example's prices are today's list prices, the same as the
 		// built-in table; if either changes, both should.
-		if m.Price != money.DefaultPrices[name] {
+		if !reflect.DeepEqual(m.Price, money.DefaultPrices[name]) {
 			t.Errorf("model %s price %+v, built-in table says %+v", name, m.Price, money.DefaultPrices[name])
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -26,7 +27,8 @@ const (
 	CodeInvalidEncoding = "invalid_encoding"
 	// CodeNumberOutOfRange: a number Postgres's numeric cannot hold.
 	CodeNumberOutOfRange = "number_out_of_range"
-	// CodeDuplicateKey: an object names a member twice.
+	// CodeDuplicateKey: an object names a member twice, or two members
+	// whose names differ only in case.
 	CodeDuplicateKey = "duplicate_key"
 	// CodeTooDeep: objects and arrays nested deeper than MaxDepth.
 	CodeTooDeep = "too_deep"
@@ -60,7 +62,7 @@ type Problem struct {
 func (p *Problem) Why() string {
 	switch p.Code {
 	case CodeDuplicateKey:
-		return "and a member may be named once: the provider could read the other one"
+		return "and a member may be named once, in one case: the provider could read the other one"
 	case CodeTooDeep:
 		return "which llmq does not take"
 	}
@@ -200,13 +202,16 @@ func numberStorable(lit string) bool {
 // may take apart differently or a database refuses, or nil: a member named
 // twice in one object (Go's decoder keeps the last, others the first: the
 // provider might run another model or another max_tokens than llmq
-// priced), or nesting deeper than MaxDepth. A text that is not JSON has no
-// such problem here; the decoder says what is wrong with it.
+// priced), two members of one object whose names differ only in case
+// ("max_tokens" and "MAX_TOKENS": a reader that matches names without
+// case, as Go's does, takes either for the other), at any depth, or
+// nesting deeper than MaxDepth. A text that is not JSON has no such
+// problem here; the decoder says what is wrong with it.
 func Structure(doc []byte) *Problem {
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
 	type object struct {
-		keys    map[string]bool
+		keys    map[string]string // a name folded (see FoldName) → the name
 		wantKey bool
 	}
 	var stack []*object // nil for an array
@@ -232,7 +237,7 @@ func Structure(doc []byte) *Problem {
 					stack[n-1].wantKey = true
 				}
 				if d == '{' {
-					stack = append(stack, &object{keys: map[string]bool{}, wantKey: true})
+					stack = append(stack, &object{keys: map[string]string{}, wantKey: true})
 				} else {
 					stack = append(stack, nil)
 				}
@@ -250,14 +255,46 @@ func Structure(doc []byte) *Problem {
 			continue
 		}
 		key := tok.(string)
-		if top.keys[key] {
+		folded := FoldName(key)
+		if first, ok := top.keys[folded]; ok {
 			// the offset of the name itself, past the separator before it
 			off := start + bytes.IndexByte(doc[start:], '"')
-			return &Problem{Offset: off, Code: CodeDuplicateKey, What: fmt.Sprintf("the member %q a second time", key)}
+			what := fmt.Sprintf("the member %q a second time", key)
+			if first != key {
+				what = fmt.Sprintf("the member %q beside %q, a name that differs only in case", key, first)
+			}
+			return &Problem{Offset: off, Code: CodeDuplicateKey, What: what}
 		}
-		top.keys[key] = true
+		top.keys[folded] = key
 		top.wantKey = false
 	}
+}
+
+// FoldName is name with each character replaced by the least of those
+// that fold to it (unicode.SimpleFold's orbit), so that two names are equal
+// folded exactly when strings.EqualFold says they are: the matching of Go's
+// encoding/json, which also takes the Kelvin sign for k and ſ for s. An
+// ASCII letter's least is its upper case (the Kelvin sign's is K, ſ's S).
+func FoldName(name string) string {
+	ascii := true
+	for i := 0; i < len(name); i++ {
+		if name[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return strings.ToUpper(name)
+	}
+	var b strings.Builder
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
 }
 
 // PathAt is the path ("body.messages[0].content") of the value of the JSON

@@ -94,3 +94,42 @@ func TestStructure(t *testing.T) {
 		t.Errorf("what: %+v", p)
 	}
 }
+
+// Names that differ only in case, at any depth, are refused as a name
+// given twice: a reader matching names without case (Go's, and the
+// Kelvin sign for k, ſ for s) could take either. Names that differ
+// otherwise are not.
+func TestStructureCaseVariants(t *testing.T) {
+	for _, c := range []struct {
+		doc, path string
+	}{
+		{`{"max_tokens":2000,"MAX_TOKENS":16}`, ""},
+		{`{"Model":"a","model":"b"}`, ""},
+		{`{"messages":[{"role":"user","content":"a","Content":"b"}]}`, "messages[0]"},
+		{`{"a":{"b":[{"c":{"max_toKens":1,"max_tokens":2}}]}}`, "a.b[0].c"},
+		{"{\"ma\u017fx\":1,\"maSx\":2}", ""},
+		{"{\"\u212a\":1,\"k\":2}", ""},
+	} {
+		p := Structure([]byte(c.doc))
+		if p == nil || p.Code != CodeDuplicateKey {
+			t.Errorf("%s: got %+v, want %s", c.doc, p, CodeDuplicateKey)
+			continue
+		}
+		if got := PathAt([]byte(c.doc), p.Offset); got != c.path {
+			t.Errorf("%s: at %q, want %q", c.doc, got, c.path)
+		}
+		if !strings.Contains(p.What, "only in case") {
+			t.Errorf("%s: %q does not say the names differ only in case", c.doc, p.What)
+		}
+	}
+	for _, doc := range []string{
+		`{"max_tokens":1,"max_token":2,"MAX":3}`,
+		`{"a":{"x":1},"b":{"X":1}}`,
+		`[{"k":1},{"K":2}]`,
+		"{\"\u00e9\":1,\"e\":2}",
+	} {
+		if p := Structure([]byte(doc)); p != nil {
+			t.Errorf("%s: refused: %+v", doc, p)
+		}
+	}
+}

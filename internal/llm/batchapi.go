@@ -177,7 +177,7 @@ func (p *openAIProvider) decodeObject(resp *http.Response, out any) error {
 		err = fmt.Errorf("larger than %d bytes", maxObjectBytes)
 	}
 	if err == nil {
-		err = json.Unmarshal(b, out)
+		err = unmarshal(b, out)
 	}
 	if err != nil {
 		e := p.answered(resp)

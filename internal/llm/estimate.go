@@ -199,6 +199,50 @@ func Decode(endpoint string, body []byte) (*Body, error) {
 // Model is body.model: the name the client asked for.
 func (b *Body) Model() string { return b.r.model }
 
+// Endpoint is the endpoint the body was decoded for.
+func (b *Body) Endpoint() string { return b.r.endpoint }
+
+// OutputParam is the member stating the body's output limit
+// (max_tokens, max_completion_tokens, max_output_tokens); "" when it
+// states none, and the provider's default would apply.
+func (b *Body) OutputParam() string { return b.r.outputParam }
+
+// Choices is the number of choices asked for (n); 1 when none.
+func (b *Body) Choices() int64 { return b.r.n }
+
+// ServiceTier is the service tier the body asks for; "" for none or
+// "auto", the account's default.
+func (b *Body) ServiceTier() string { return b.r.serviceTier }
+
+// BuiltinTools are the kinds of the provider's built-in tools the body
+// names (see BuiltinTool), each once; a chat body's web_search_options is
+// one web search.
+func (b *Body) BuiltinTools() []string { return b.r.builtinTools }
+
+// MaxToolCalls is the body's max_tool_calls; 0 when it states none.
+func (b *Body) MaxToolCalls() int64 { return b.r.maxToolCalls }
+
+// Uncounted is the param of the first part of the prompt whose tokens
+// llmq cannot count (a file, a part of a type it does not know); "" when
+// it counts them all.
+func (b *Body) Uncounted() string { return b.r.uncounted }
+
+// Audio is the param of the first audio the body sends or asks for (an
+// input_audio part, audio, modalities with audio); "" for none.
+func (b *Body) Audio() string { return b.r.audio }
+
+// Unseen is the param of context the provider holds that llmq cannot know
+// (a Responses API conversation or prompt template); "" for none.
+func (b *Body) Unseen() string { return b.r.unseen }
+
+// StoresResponse reports whether the provider stores the body's answer: a
+// Responses API body whose store is not false.
+func (b *Body) StoresResponse() bool { return b.r.stores }
+
+// ItemReferences are the ids of a Responses API body's item_reference
+// items, in order.
+func (b *Body) ItemReferences() []string { return b.r.itemRefs }
+
 // Count counts b with the tokenizer of model ("" uses body.model) or the
 // given encoding (which then adds no margin).
 func (e *Estimator) Count(b *Body, model, encoding string) (*ParsedRequest, error) {
@@ -220,15 +264,20 @@ func (e *Estimator) Count(b *Body, model, encoding string) (*ParsedRequest, erro
 	if !known {
 		prompt += (prompt*UnknownModelMarginPercent + 99) / 100
 	}
+	var prediction int64
+	for _, t := range r.prediction {
+		prediction += c.text(t)
+	}
 	return &ParsedRequest{
-		Model:         r.model,
-		MaxTokens:     r.maxTokens,
-		N:             r.n,
-		PromptTokens:  prompt,
-		ContentTokens: content,
-		Inputs:        r.nInputs,
-		Encoding:      encoding,
-		KnownModel:    known,
+		Model:            r.model,
+		PredictionTokens: prediction,
+		MaxTokens:        r.maxTokens,
+		N:                r.n,
+		PromptTokens:     prompt,
+		ContentTokens:    content,
+		Inputs:           r.nInputs,
+		Encoding:         encoding,
+		KnownModel:       known,
 	}, nil
 }
 
@@ -241,7 +290,7 @@ func (c counter) text(s string) int64 {
 		return 0
 	}
 	// Count only fails on invalid UTF-8 in strict mode, which is not used;
-	// json.Unmarshal has already replaced invalid bytes anyway.
+	// unmarshal has already replaced invalid bytes anyway.
 	n, _ := c.codec.Count(s)
 	return int64(n)
 }
@@ -320,17 +369,17 @@ func (c counter) tools(raw json.RawMessage, legacy bool) int64 {
 	var defs []*functionDef
 	var n int64
 	if legacy {
-		if json.Unmarshal(raw, &defs) != nil {
+		if unmarshal(raw, &defs) != nil {
 			return c.json(raw)
 		}
 	} else {
 		var specs []json.RawMessage
-		if json.Unmarshal(raw, &specs) != nil {
+		if unmarshal(raw, &specs) != nil {
 			return c.json(raw)
 		}
 		for _, s := range specs {
 			var t toolSpec
-			if json.Unmarshal(s, &t) != nil || t.Function == nil {
+			if unmarshal(s, &t) != nil || t.Function == nil {
 				n += c.json(s)
 				continue
 			}
@@ -362,7 +411,7 @@ func (c counter) tools(raw json.RawMessage, legacy bool) int64 {
 
 func (c counter) property(key string, raw json.RawMessage) int64 {
 	var all map[string]json.RawMessage
-	if json.Unmarshal(raw, &all) != nil {
+	if unmarshal(raw, &all) != nil {
 		return c.text(key) + c.json(raw)
 	}
 	var n int64
@@ -375,7 +424,7 @@ func (c counter) property(key string, raw json.RawMessage) int64 {
 	desc, _ := jsonString(all["description"])
 	if enumRaw, ok := all["enum"]; ok {
 		var items []json.RawMessage
-		if json.Unmarshal(enumRaw, &items) == nil {
+		if unmarshal(enumRaw, &items) == nil {
 			n += toolEnumInit
 			for _, it := range items {
 				s, ok := jsonString(it)

@@ -40,6 +40,14 @@ type Request struct {
 	Upstream string
 	// Body is the client's request body, as validated by ParseRequest.
 	Body json.RawMessage
+	// OutputLimit is written into a body that names no output limit: the
+	// output tokens per choice llmq reserved, as max_tokens (as
+	// max_completion_tokens for a reasoning model; max_output_tokens on
+	// the Responses API). 0 writes none.
+	OutputLimit int64
+	// MaxToolCalls is written into a Responses API body that names no
+	// max_tool_calls: the built-in tool calls llmq reserved. 0 writes none.
+	MaxToolCalls int64
 	// Stream, when set, asks for a chat completion as Server-Sent Events
 	// ("stream": true, with stream_options.include_usage, so the usage
 	// always comes) and is given the data of each event as it arrives, the
@@ -59,6 +67,12 @@ type Usage struct {
 	// ReasoningTokens is the part of CompletionTokens the model spent
 	// reasoning (billed as output).
 	ReasoningTokens int64
+	// ServiceTier is the service tier the answer says served the call
+	// (its service_tier); "" when it says none.
+	ServiceTier string
+	// ToolCalls counts a Responses API answer's calls of built-in tools,
+	// by kind (see BuiltinTool): billed per call.
+	ToolCalls map[string]int64
 }
 
 // Response is a provider's successful answer.

@@ -236,7 +236,7 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 		err, usage = cerr, resp.Usage
 	case EndpointEmbeddings:
 		var er openai.EmbeddingRequest
-		if err := json.Unmarshal(wire, &er); err != nil {
+		if err := unmarshal(wire, &er); err != nil {
 			return nil, p.refuse(fmt.Errorf("the request cannot be represented: %w", err))
 		}
 		resp, cerr := p.client.CreateEmbeddings(ctx, er)
@@ -264,9 +264,13 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 	return out, nil
 }
 
-// wireBody is the client's body with model set to the upstream id, and
-// that model. The body is sent as it is when its model is already the
-// upstream's (re-encoded only to set it).
+// wireBody is the client's body as llmq sends it, and its model: model set
+// to the upstream id; the output limit llmq reserved written in when the
+// body states none (req.OutputLimit, in OutputField's member), so the
+// provider's default, which may be its model's whole output window, never
+// applies; max_tool_calls written in when a Responses body names none
+// (req.MaxToolCalls). Nothing else of the body changes; a body that needs
+// none of these is sent as it came.
 //
 // go-openai is handed a request that holds only the model (for the URL and
 // its model checks): the wire body is what is sent (the capture transport
@@ -278,23 +282,68 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 // parameters: the provider judges them, and its 400 names them.
 func wireBody(req Request) (wire []byte, model string, err error) {
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(req.Body, &fields); err != nil || fields == nil {
+	if err := unmarshal(req.Body, &fields); err != nil || fields == nil {
 		return nil, "", &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
 	}
-	if s, ok := fields["stream"]; ok && string(bytes.TrimSpace(s)) == "true" {
+	if s, ok := fields["stream"]; ok && string(bytes.TrimSpace(s)) == "true" && req.Stream == nil {
 		return nil, "", &InvalidRequestError{Param: "stream", Message: "'stream' is not supported"}
 	}
+	changed := false
 	if req.Upstream == "" {
-		_ = json.Unmarshal(fields["model"], &model)
+		_ = unmarshal(fields["model"], &model)
+	} else if m, _ := json.Marshal(req.Upstream); !bytes.Equal(bytes.TrimSpace(fields["model"]), m) {
+		fields["model"], model, changed = m, req.Upstream, true
+	} else {
+		model = req.Upstream
+	}
+	if req.OutputLimit > 0 && !statesOutputLimit(req.Endpoint, fields) {
+		if name := OutputField(req.Endpoint, model); name != "" {
+			fields[name], changed = json.RawMessage(strconv.FormatInt(req.OutputLimit, 10)), true
+		}
+	}
+	if _, ok := fields["max_tool_calls"]; req.MaxToolCalls > 0 && req.Endpoint == EndpointResponses && !ok {
+		fields["max_tool_calls"], changed = json.RawMessage(strconv.FormatInt(req.MaxToolCalls, 10)), true
+	}
+	if !changed {
 		return req.Body, model, nil
 	}
-	m, _ := json.Marshal(req.Upstream)
-	if bytes.Equal(bytes.TrimSpace(fields["model"]), m) {
-		return req.Body, req.Upstream, nil
-	}
-	fields["model"] = m
 	wire, err = json.Marshal(fields)
-	return wire, req.Upstream, err
+	return wire, model, err
+}
+
+// statesOutputLimit reports whether a body's members state its output
+// limit for endpoint (with exact names: admission refused their case
+// variants).
+func statesOutputLimit(endpoint string, fields map[string]json.RawMessage) bool {
+	if endpoint == EndpointResponses {
+		return !isNull(fields["max_output_tokens"])
+	}
+	return !isNull(fields["max_tokens"]) || !isNull(fields["max_completion_tokens"])
+}
+
+// reasoningPrefixes are the model families that refuse max_tokens and take
+// their output limit as max_completion_tokens.
+var reasoningPrefixes = []string{"o1", "o3", "o4", "gpt-5"}
+
+// OutputField is the member that states an output limit in a body for
+// endpoint to model: max_output_tokens on the Responses API; on chat
+// completions max_completion_tokens for a reasoning model, which refuses
+// max_tokens, and max_tokens for the others, which every server of
+// OpenAI's API takes. "" for embeddings.
+func OutputField(endpoint, model string) string {
+	switch endpoint {
+	case EndpointResponses:
+		return "max_output_tokens"
+	case EndpointChat:
+		m := normalizeModel(model)
+		for _, p := range reasoningPrefixes {
+			if strings.HasPrefix(m, p) {
+				return "max_completion_tokens"
+			}
+		}
+		return "max_tokens"
+	}
+	return ""
 }
 
 // refuse is a request that was never sent.

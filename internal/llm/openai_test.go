@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -180,7 +181,7 @@ func TestOpenAIWireBodyIsTheClients(t *testing.T) {
 	if string(resp.Body) != okChat {
 		t.Errorf("body not verbatim: %s", resp.Body)
 	}
-	if resp.Usage != (llm.Usage{PromptTokens: 10, CompletionTokens: 2, TotalTokens: 12, CachedTokens: 4}) || resp.RequestID != "req_1" {
+	if !reflect.DeepEqual(resp.Usage, (llm.Usage{PromptTokens: 10, CompletionTokens: 2, TotalTokens: 12, CachedTokens: 4})) || resp.RequestID != "req_1" {
 		t.Errorf("usage %+v, request id %q", resp.Usage, resp.RequestID)
 	}
 	var sent map[string]any

@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -18,6 +19,9 @@ type ParsedRequest struct {
 	MaxTokens int64
 	// N is the number of choices; 1 when absent. Each choice may use MaxTokens.
 	N int64
+	// PredictionTokens are the tokens of a chat body's predicted output:
+	// those the model does not use are billed as output beyond MaxTokens.
+	PredictionTokens int64
 	// PromptTokens is llmq's estimate of the prompt tokens the provider will
 	// count: the content, the per-message overhead, tool definitions, and the
 	// safety margin for unknown models. See Estimator.
@@ -77,9 +81,11 @@ func ParseRequest(endpoint string, body []byte) (*ParsedRequest, error) {
 	return defaultEstimator.Parse(endpoint, "", "", body)
 }
 
-// rawBody holds the fields llmq reads; the rest of the body goes to the
-// provider untouched.
-type rawBody struct {
+// rawChatBody holds the fields of a chat completions body llmq reads; the
+// rest of the body goes to the provider untouched. Each raw type keeps the
+// members it does not read in Other, where a name that differs from one
+// of its fields only in case is refused (see caseVariant).
+type rawChatBody struct {
 	Model               json.RawMessage `json:"model"`
 	Messages            json.RawMessage `json:"messages"`
 	MaxTokens           json.RawMessage `json:"max_tokens"`
@@ -89,7 +95,20 @@ type rawBody struct {
 	Tools               json.RawMessage `json:"tools"`
 	Functions           json.RawMessage `json:"functions"`
 	ResponseFormat      json.RawMessage `json:"response_format"`
-	Input               json.RawMessage `json:"input"`
+	ServiceTier         json.RawMessage `json:"service_tier"`
+	Prediction          json.RawMessage `json:"prediction"`
+	WebSearchOptions    json.RawMessage `json:"web_search_options"`
+	Modalities          json.RawMessage `json:"modalities"`
+	Audio               json.RawMessage `json:"audio"`
+	Other               otherMembers    `json:",unknown"`
+}
+
+// rawEmbeddingsBody holds the fields of an embeddings body llmq reads.
+type rawEmbeddingsBody struct {
+	Model  json.RawMessage `json:"model"`
+	Input  json.RawMessage `json:"input"`
+	Stream json.RawMessage `json:"stream"`
+	Other  otherMembers    `json:",unknown"`
 }
 
 type rawMessage struct {
@@ -99,6 +118,7 @@ type rawMessage struct {
 	ToolCallID   json.RawMessage `json:"tool_call_id"`
 	ToolCalls    json.RawMessage `json:"tool_calls"`
 	FunctionCall json.RawMessage `json:"function_call"`
+	Other        otherMembers    `json:",unknown"`
 }
 
 type rawPart struct {
@@ -106,6 +126,7 @@ type rawPart struct {
 	Text     json.RawMessage `json:"text"`
 	Refusal  json.RawMessage `json:"refusal"`
 	ImageURL json.RawMessage `json:"image_url"`
+	Other    otherMembers    `json:",unknown"`
 }
 
 // message is a chat message reduced to what is counted.
@@ -117,21 +138,47 @@ type message struct {
 	extra      []string // tool_call_id, tool call names and arguments
 }
 
-// request is a validated body reduced to what is counted.
+// request is a validated body reduced to what is counted and what else
+// decides its bill.
 type request struct {
 	endpoint  string
 	model     string
 	maxTokens int64
-	n         int64
-	messages  []message
-	tools     json.RawMessage // tools or functions, as sent
-	toolsKey  string
-	schema    json.RawMessage // response_format of type json_schema
-	inputs    []string        // embedding inputs as text
-	tokenIDs  int64           // embedding inputs given as token ids
-	nInputs   int64
-	// previousResponseID is a Responses API body's previous_response_id.
+	// outputParam is the field stating the output limit ("" for none).
+	outputParam string
+	n           int64
+	messages    []message
+	tools       json.RawMessage // tools or functions, as sent
+	toolsKey    string
+	schema      json.RawMessage // response_format of type json_schema
+	inputs      []string        // embedding inputs as text
+	tokenIDs    int64           // embedding inputs given as token ids
+	nInputs     int64
+	// prediction is a chat body's predicted output: its tokens the model
+	// does not use are billed as output beyond max_tokens.
+	prediction []string
+	// serviceTier is the service_tier asked for ("" for none).
+	serviceTier string
+	// builtinTools are the kinds of the provider's built-in tools the body
+	// names, each once (see BuiltinTool); maxToolCalls the max_tool_calls
+	// it states (0 for none).
+	builtinTools []string
+	maxToolCalls int64
+	// uncounted is the param of the first part of the prompt llmq cannot
+	// count (a file, audio, a part of a type it does not know); audio is
+	// the param of the first audio part or audio output asked for, which
+	// no price covers.
+	uncounted, audio string
+	// previousResponseID is a Responses API body's previous_response_id,
+	// itemRefs the ids of its item_reference items, and unseen the param
+	// of context stored at the provider that llmq cannot know (a
+	// conversation, a prompt template).
 	previousResponseID string
+	itemRefs           []string
+	unseen             string
+	// stores is set for a Responses API body whose answer the provider
+	// stores (store is not false).
+	stores bool
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -143,7 +190,7 @@ func jsonString(raw json.RawMessage) (string, bool) {
 		return "", false
 	}
 	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
+	if err := unmarshal(raw, &s); err != nil {
 		return "", false
 	}
 	return s, true
@@ -187,39 +234,34 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, invalid("body", "'body' must be a JSON object")
 	}
-	var rb rawBody
-	if err := json.Unmarshal(body, &rb); err != nil {
-		return nil, invalid("body", "'body' is not valid JSON: %v", err)
-	}
 	r := &request{endpoint: endpoint, n: 1}
-	if isNull(rb.Model) {
-		return nil, invalid("model", "'model' is required")
-	}
-	model, ok := jsonString(rb.Model)
-	if !ok || model == "" {
-		return nil, invalid("model", "'model' must be a non-empty string")
-	}
-	r.model = model
-	if !isNull(rb.Stream) {
-		switch string(rb.Stream) {
-		case "false":
-		case "true":
-			return nil, invalid("stream", "'stream' is not supported: llmq runs requests in the background and stores whole responses")
-		default:
-			return nil, invalid("stream", "'stream' must be a boolean")
-		}
-	}
 	switch endpoint {
 	case EndpointEmbeddings:
+		var rb rawEmbeddingsBody
+		if err := decodeBody(body, &rb); err != nil {
+			return nil, err
+		}
+		if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+			return nil, err
+		}
 		return r, parseInput(r, rb.Input)
 	case EndpointResponses:
-		var rr rawResponsesBody
-		if err := json.Unmarshal(body, &rr); err != nil {
-			return nil, invalid("body", "'body' is not valid JSON: %v", err)
+		var rb rawResponsesBody
+		if err := decodeBody(body, &rb); err != nil {
+			return nil, err
 		}
-		return r, parseResponses(r, &rr)
+		if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+			return nil, err
+		}
+		return r, parseResponses(r, &rb)
 	}
-
+	var rb rawChatBody
+	if err := decodeBody(body, &rb); err != nil {
+		return nil, err
+	}
+	if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+		return nil, err
+	}
 	mt, hasMT, err := intParam(rb.MaxTokens, "max_tokens", 1, maxTokensParam)
 	if err != nil {
 		return nil, err
@@ -228,8 +270,11 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if hasMT || hasMCT {
-		r.maxTokens = max(mt, mct)
+	switch {
+	case hasMCT && (!hasMT || mct >= mt):
+		r.maxTokens, r.outputParam = mct, "max_completion_tokens"
+	case hasMT:
+		r.maxTokens, r.outputParam = mt, "max_tokens"
 	}
 	if n, has, err := intParam(rb.N, "n", 1, maxChoices); err != nil {
 		return nil, err
@@ -250,11 +295,90 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 			Type       string          `json:"type"`
 			JSONSchema json.RawMessage `json:"json_schema"`
 		}
-		if json.Unmarshal(rb.ResponseFormat, &rf) == nil && rf.Type == "json_schema" {
+		if unmarshal(rb.ResponseFormat, &rf) == nil && rf.Type == "json_schema" {
 			r.schema = rf.JSONSchema
 		}
 	}
+	if err := parseServiceTier(r, rb.ServiceTier); err != nil {
+		return nil, err
+	}
+	if err := parsePrediction(r, rb.Prediction); err != nil {
+		return nil, err
+	}
+	if !isNull(rb.WebSearchOptions) {
+		// A search model searches once per request, billed per call.
+		r.builtinTools = append(r.builtinTools, ToolWebSearch)
+	}
+	switch {
+	case !isNull(rb.Audio):
+		r.audio = cmp.Or(r.audio, "audio")
+	case !isNull(rb.Modalities) && bytes.Contains(rb.Modalities, []byte(`"audio"`)):
+		r.audio = cmp.Or(r.audio, "modalities")
+	}
 	return r, nil
+}
+
+// parseHead reads the model and stream members every endpoint has.
+func parseHead(r *request, modelRaw, streamRaw json.RawMessage) error {
+	if isNull(modelRaw) {
+		return invalid("model", "'model' is required")
+	}
+	model, ok := jsonString(modelRaw)
+	if !ok || model == "" {
+		return invalid("model", "'model' must be a non-empty string")
+	}
+	r.model = model
+	if !isNull(streamRaw) {
+		switch string(streamRaw) {
+		case "false":
+		case "true":
+			return invalid("stream", "'stream' is not supported: llmq runs requests in the background and stores whole responses")
+		default:
+			return invalid("stream", "'stream' must be a boolean")
+		}
+	}
+	return nil
+}
+
+// parseServiceTier reads service_tier: a string, the tier asked for ("auto"
+// asks for the account's default, as none does).
+func parseServiceTier(r *request, raw json.RawMessage) error {
+	if isNull(raw) {
+		return nil
+	}
+	tier, ok := jsonString(raw)
+	if !ok || tier == "" || len(tier) > 64 {
+		return invalid("service_tier", "'service_tier' must be a non-empty string such as 'auto', 'default', 'flex' or 'priority'")
+	}
+	if tier != "auto" {
+		r.serviceTier = tier
+	}
+	return nil
+}
+
+// parsePrediction reads a chat body's prediction ({type: "content",
+// content: text or text parts}): OpenAI bills the predicted tokens the
+// model rejects as output, beyond max_tokens.
+func parsePrediction(r *request, raw json.RawMessage) error {
+	if isNull(raw) {
+		return nil
+	}
+	var p struct {
+		Type    string          `json:"type"`
+		Content json.RawMessage `json:"content"`
+	}
+	if unmarshal(raw, &p) != nil || p.Type != "content" {
+		return invalid("prediction", "'prediction' must be an object of type 'content' with a content")
+	}
+	m := &message{role: "assistant"}
+	if err := r.parseContent(m, p.Content, "prediction.content"); err != nil {
+		return err
+	}
+	if len(m.media) > 0 {
+		return invalid("prediction.content", "'prediction.content' must be text")
+	}
+	r.prediction = m.texts
+	return nil
 }
 
 func parseMessages(r *request, raw json.RawMessage) error {
@@ -262,7 +386,7 @@ func parseMessages(r *request, raw json.RawMessage) error {
 		return invalid("messages", "'messages' is required")
 	}
 	var msgs []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &msgs) != nil {
+	if raw[0] != '[' || unmarshal(raw, &msgs) != nil {
 		return invalid("messages", "'messages' must be an array of message objects")
 	}
 	if len(msgs) == 0 {
@@ -272,8 +396,11 @@ func parseMessages(r *request, raw json.RawMessage) error {
 	for i, mraw := range msgs {
 		p := "messages[" + strconv.Itoa(i) + "]"
 		var rm rawMessage
-		if len(mraw) == 0 || mraw[0] != '{' || json.Unmarshal(mraw, &rm) != nil {
+		if len(mraw) == 0 || mraw[0] != '{' || unmarshal(mraw, &rm) != nil {
 			return invalid(p, "'%s' must be an object", p)
+		}
+		if err := caseVariant(&rm, p); err != nil {
+			return err
 		}
 		m := &r.messages[i]
 		role, ok := jsonString(rm.Role)
@@ -290,7 +417,7 @@ func parseMessages(r *request, raw json.RawMessage) error {
 			}
 			m.hasName = true
 		}
-		if err := parseContent(m, rm.Content, p+".content"); err != nil {
+		if err := r.parseContent(m, rm.Content, p+".content"); err != nil {
 			return err
 		}
 		if !isNull(rm.ToolCallID) {
@@ -302,25 +429,38 @@ func parseMessages(r *request, raw json.RawMessage) error {
 		// model produced; their malformation is the provider's to report.
 		if !isNull(rm.ToolCalls) {
 			var calls []struct {
-				Function struct{ Name, Arguments string } `json:"function"`
+				Function struct {
+					Name      string `json:"name"`
+					Arguments string `json:"arguments"`
+				} `json:"function"`
 			}
-			if json.Unmarshal(rm.ToolCalls, &calls) == nil {
+			if unmarshal(rm.ToolCalls, &calls) == nil {
 				for _, c := range calls {
 					m.extra = append(m.extra, c.Function.Name, c.Function.Arguments)
 				}
+			} else {
+				m.extra = append(m.extra, string(rm.ToolCalls))
 			}
 		}
 		if !isNull(rm.FunctionCall) {
-			var fc struct{ Name, Arguments string }
-			if json.Unmarshal(rm.FunctionCall, &fc) == nil {
+			var fc struct {
+				Name      string `json:"name"`
+				Arguments string `json:"arguments"`
+			}
+			if unmarshal(rm.FunctionCall, &fc) == nil {
 				m.extra = append(m.extra, fc.Name, fc.Arguments)
+			} else {
+				m.extra = append(m.extra, string(rm.FunctionCall))
 			}
 		}
 	}
 	return nil
 }
 
-func parseContent(m *message, raw json.RawMessage, p string) error {
+// parseContent reads a chat message's content at p into m: text, or parts
+// of text, refusals, images (counted by their allowance), and the parts
+// llmq cannot count, which it notes (files, audio, unknown types).
+func (r *request) parseContent(m *message, raw json.RawMessage, p string) error {
 	switch {
 	case isNull(raw):
 		// An assistant turn that only called tools has no content.
@@ -338,15 +478,22 @@ func parseContent(m *message, raw json.RawMessage, p string) error {
 	case raw[0] != '[':
 		return invalid(p, "'%s' must be a string or an array of content parts", p)
 	}
-	var parts []rawPart
-	if err := json.Unmarshal(raw, &parts); err != nil {
+	var parts []json.RawMessage
+	if err := unmarshal(raw, &parts); err != nil {
 		return invalid(p, "'%s' must be a string or an array of content part objects", p)
 	}
 	if len(parts) == 0 {
 		return invalid(p, "'%s' must not be an empty array", p)
 	}
-	for j, part := range parts {
+	for j, praw := range parts {
 		pp := p + "[" + strconv.Itoa(j) + "]"
+		var part rawPart
+		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, &part) != nil {
+			return invalid(pp, "'%s' must be a content part object", pp)
+		}
+		if err := caseVariant(&part, pp); err != nil {
+			return err
+		}
 		typ, ok := jsonString(part.Type)
 		if !ok || typ == "" {
 			return invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
@@ -369,14 +516,18 @@ func parseContent(m *message, raw json.RawMessage, p string) error {
 				URL    string `json:"url"`
 				Detail string `json:"detail"`
 			}
-			if isNull(part.ImageURL) || json.Unmarshal(part.ImageURL, &img) != nil || img.URL == "" {
+			if isNull(part.ImageURL) || unmarshal(part.ImageURL, &img) != nil || img.URL == "" {
 				return invalid(pp+".image_url", "'%s.image_url' must be an object with a url", pp)
 			}
 			m.media = append(m.media, img.Detail)
-		default:
-			// Audio, files and whatever comes next: counted with the flat
-			// media allowance, judged by the provider.
+		case "input_audio":
 			m.media = append(m.media, "")
+			r.audio = cmp.Or(r.audio, pp)
+		default:
+			// Files and whatever comes next: counted with the flat media
+			// allowance, though their size is not llmq's to know.
+			m.media = append(m.media, "")
+			r.uncounted = cmp.Or(r.uncounted, pp)
 		}
 	}
 	return nil
@@ -399,7 +550,7 @@ func parseInput(r *request, raw json.RawMessage) error {
 		return invalid("input", what)
 	}
 	var strs []string
-	if err := json.Unmarshal(raw, &strs); err == nil {
+	if err := unmarshal(raw, &strs); err == nil {
 		if len(strs) == 0 {
 			return invalid("input", "'input' must not be an empty array")
 		}
@@ -415,7 +566,7 @@ func parseInput(r *request, raw json.RawMessage) error {
 		return nil
 	}
 	var ids []int64
-	if err := json.Unmarshal(raw, &ids); err == nil {
+	if err := unmarshal(raw, &ids); err == nil {
 		if len(ids) == 0 {
 			return invalid("input", "'input' must not be an empty array")
 		}
@@ -428,7 +579,7 @@ func parseInput(r *request, raw json.RawMessage) error {
 		return nil
 	}
 	var lists [][]int64
-	if err := json.Unmarshal(raw, &lists); err == nil {
+	if err := unmarshal(raw, &lists); err == nil {
 		if len(lists) == 0 {
 			return invalid("input", "'input' must not be an empty array")
 		}

@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,11 +19,10 @@ import (
 // and items llmq does not model (counted as their JSON text). instructions
 // is a system message before them; max_output_tokens is the output bound.
 //
-// Some of a request's context may be out of llmq's sight: a
-// previous_response_id or a conversation (the provider adds the earlier
-// turns it stored), a prompt template (stored at the provider), an
-// item_reference (an item stored at the provider). HasUnseenContext reports
-// them: the provider's count of such a prompt is not compared with llmq's.
+// Some of a request's context may be stored at the provider: a
+// previous_response_id or an item_reference (known to llmq when it relayed
+// the response, see admission.ShapeOf), a conversation or a prompt
+// template (never: Body.Unseen).
 
 // rawResponsesBody holds the fields of a Responses API body llmq reads.
 type rawResponsesBody struct {
@@ -38,6 +38,9 @@ type rawResponsesBody struct {
 	PreviousResponseID json.RawMessage `json:"previous_response_id"`
 	Conversation       json.RawMessage `json:"conversation"`
 	Store              json.RawMessage `json:"store"`
+	ServiceTier        json.RawMessage `json:"service_tier"`
+	MaxToolCalls       json.RawMessage `json:"max_tool_calls"`
+	Other              otherMembers    `json:",unknown"`
 }
 
 // rawItem is one input item of the Responses API.
@@ -50,6 +53,8 @@ type rawItem struct {
 	CallID    json.RawMessage `json:"call_id"`
 	Output    json.RawMessage `json:"output"`
 	Summary   json.RawMessage `json:"summary"`
+	ID        json.RawMessage `json:"id"`
+	Other     otherMembers    `json:",unknown"`
 }
 
 // rawInputPart is one part of a Responses API message's content.
@@ -60,6 +65,7 @@ type rawInputPart struct {
 	ImageURL json.RawMessage `json:"image_url"`
 	FileID   json.RawMessage `json:"file_id"`
 	Detail   json.RawMessage `json:"detail"`
+	Other    otherMembers    `json:",unknown"`
 }
 
 var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": true, "developer": true}
@@ -85,7 +91,11 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 			return invalid("background", "'background' must be a boolean")
 		}
 	}
-	if !isNull(rb.Store) && string(bytes.TrimSpace(rb.Store)) != "true" && string(bytes.TrimSpace(rb.Store)) != "false" {
+	switch string(bytes.TrimSpace(rb.Store)) {
+	case "", "null", "true":
+		r.stores = true
+	case "false":
+	default:
 		return invalid("store", "'store' must be a boolean")
 	}
 	if !isNull(rb.PreviousResponseID) {
@@ -103,7 +113,19 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 		return err
 	}
 	if has {
-		r.maxTokens = mot
+		r.maxTokens, r.outputParam = mot, "max_output_tokens"
+	}
+	if r.maxToolCalls, _, err = intParam(rb.MaxToolCalls, "max_tool_calls", 1, maxTokensParam); err != nil {
+		return err
+	}
+	if err := parseServiceTier(r, rb.ServiceTier); err != nil {
+		return err
+	}
+	switch {
+	case !isNull(rb.Conversation):
+		r.unseen = "conversation"
+	case !isNull(rb.Prompt):
+		r.unseen = "prompt"
 	}
 	if !isNull(rb.Instructions) {
 		s, ok := jsonString(rb.Instructions)
@@ -129,6 +151,11 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 	}
 	if !isNull(rb.Tools) {
 		r.tools, r.toolsKey = responsesTools(rb.Tools), "tools"
+		kinds, err := builtinTools(rb.Tools)
+		if err != nil {
+			return err
+		}
+		r.builtinTools = append(r.builtinTools, kinds...)
 	}
 	if !isNull(rb.Text) {
 		var t struct {
@@ -137,7 +164,7 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 				Schema json.RawMessage `json:"schema"`
 			} `json:"format"`
 		}
-		if json.Unmarshal(rb.Text, &t) == nil && t.Format.Type == "json_schema" {
+		if unmarshal(rb.Text, &t) == nil && t.Format.Type == "json_schema" {
 			r.schema = t.Format.Schema
 		}
 	}
@@ -149,7 +176,7 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 
 func parseItems(r *request, raw json.RawMessage) error {
 	var items []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
+	if raw[0] != '[' || unmarshal(raw, &items) != nil {
 		return invalid("input", "'input' must be a string or an array of input items")
 	}
 	if len(items) > maxResponsesItems {
@@ -158,8 +185,11 @@ func parseItems(r *request, raw json.RawMessage) error {
 	for i, iraw := range items {
 		p := "input[" + strconv.Itoa(i) + "]"
 		var it rawItem
-		if len(iraw) == 0 || iraw[0] != '{' || json.Unmarshal(iraw, &it) != nil {
+		if len(iraw) == 0 || iraw[0] != '{' || unmarshal(iraw, &it) != nil {
 			return invalid(p, "'%s' must be an object", p)
+		}
+		if err := caseVariant(&it, p); err != nil {
+			return err
 		}
 		typ := "message"
 		if !isNull(it.Type) {
@@ -171,7 +201,7 @@ func parseItems(r *request, raw json.RawMessage) error {
 		}
 		switch typ {
 		case "message":
-			m, err := parseItemMessage(it, p)
+			m, err := r.parseItemMessage(it, p)
 			if err != nil {
 				return err
 			}
@@ -193,14 +223,20 @@ func parseItems(r *request, raw json.RawMessage) error {
 				Text string `json:"text"`
 			}
 			m := message{role: "assistant"}
-			if json.Unmarshal(it.Summary, &summary) == nil {
+			if unmarshal(it.Summary, &summary) == nil {
 				for _, s := range summary {
 					m.texts = append(m.texts, s.Text)
 				}
 			}
 			r.messages = append(r.messages, m)
 		case "item_reference":
-			// Stored at the provider: out of sight (HasUnseenContext).
+			// Stored at the provider: what it holds is known only when
+			// llmq saw it made (its owner's conversation).
+			id, ok := jsonString(it.ID)
+			if !ok || id == "" || len(id) > maxResponseIDBytes {
+				return invalid(p+".id", "'%s.id' must be a non-empty string of at most %d bytes", p, maxResponseIDBytes)
+			}
+			r.itemRefs = append(r.itemRefs, id)
 		default:
 			// Tool calls of built-in tools and whatever comes next: counted
 			// as their JSON text, judged by the provider.
@@ -210,7 +246,7 @@ func parseItems(r *request, raw json.RawMessage) error {
 	return nil
 }
 
-func parseItemMessage(it rawItem, p string) (message, error) {
+func (r *request) parseItemMessage(it rawItem, p string) (message, error) {
 	role, ok := jsonString(it.Role)
 	if !ok {
 		return message{}, invalid(p+".role", "'%s.role' must be a string", p)
@@ -233,15 +269,22 @@ func parseItemMessage(it rawItem, p string) (message, error) {
 	case it.Content[0] != '[':
 		return m, invalid(pc, "'%s' must be a string or an array of content parts", pc)
 	}
-	var parts []rawInputPart
-	if err := json.Unmarshal(it.Content, &parts); err != nil {
+	var parts []json.RawMessage
+	if err := unmarshal(it.Content, &parts); err != nil {
 		return m, invalid(pc, "'%s' must be a string or an array of content part objects", pc)
 	}
 	if len(parts) == 0 {
 		return m, invalid(pc, "'%s' must not be an empty array", pc)
 	}
-	for j, part := range parts {
+	for j, praw := range parts {
 		pp := pc + "[" + strconv.Itoa(j) + "]"
+		var part rawInputPart
+		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, &part) != nil {
+			return m, invalid(pp, "'%s' must be a content part object", pp)
+		}
+		if err := caseVariant(&part, pp); err != nil {
+			return m, err
+		}
 		typ, ok := jsonString(part.Type)
 		if !ok || typ == "" {
 			return m, invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
@@ -267,10 +310,14 @@ func parseItemMessage(it rawItem, p string) (message, error) {
 			}
 			detail, _ := jsonString(part.Detail)
 			m.media = append(m.media, detail)
-		default:
-			// Files, audio and whatever comes next: the flat media
-			// allowance, judged by the provider.
+		case "input_audio":
 			m.media = append(m.media, "")
+			r.audio = cmp.Or(r.audio, pp)
+		default:
+			// Files and whatever comes next: the flat media allowance,
+			// though their size is not llmq's to know.
+			m.media = append(m.media, "")
+			r.uncounted = cmp.Or(r.uncounted, pp)
 		}
 	}
 	return m, nil
@@ -282,7 +329,7 @@ func parseItemMessage(it rawItem, p string) (message, error) {
 // (counted as their JSON text).
 func responsesTools(raw json.RawMessage) json.RawMessage {
 	var specs []json.RawMessage
-	if json.Unmarshal(raw, &specs) != nil {
+	if unmarshal(raw, &specs) != nil {
 		return raw
 	}
 	out := make([]json.RawMessage, len(specs))
@@ -294,7 +341,7 @@ func responsesTools(raw json.RawMessage) json.RawMessage {
 			Description string          `json:"description"`
 			Parameters  json.RawMessage `json:"parameters"`
 		}
-		if json.Unmarshal(s, &t) != nil || t.Type != "function" || t.Name == "" {
+		if unmarshal(s, &t) != nil || t.Type != "function" || t.Name == "" {
 			continue
 		}
 		fn := map[string]any{"name": t.Name, "description": t.Description}
@@ -315,46 +362,6 @@ func responsesTools(raw json.RawMessage) json.RawMessage {
 // PreviousResponseID is a Responses API body's previous_response_id; "" when
 // it has none.
 func (b *Body) PreviousResponseID() string { return b.r.previousResponseID }
-
-// HasUnseenContext reports whether a request body's prompt includes context
-// llmq cannot see: a Responses API body with a previous_response_id, a
-// conversation, a prompt template or an item_reference. Its prompt as the
-// provider counts it may be any size above llmq's count.
-func HasUnseenContext(endpoint string, body []byte) bool {
-	if endpoint != EndpointResponses {
-		return false
-	}
-	return hasUnseenContext(body)
-}
-
-// hasUnseenContext is HasUnseenContext of a body of any endpoint: a chat or
-// embeddings body has none of these fields.
-func hasUnseenContext(body []byte) bool {
-	var rb struct {
-		PreviousResponseID json.RawMessage `json:"previous_response_id"`
-		Conversation       json.RawMessage `json:"conversation"`
-		Prompt             json.RawMessage `json:"prompt"`
-		Input              json.RawMessage `json:"input"`
-	}
-	if json.Unmarshal(body, &rb) != nil {
-		return false
-	}
-	if !isNull(rb.PreviousResponseID) || !isNull(rb.Conversation) || !isNull(rb.Prompt) {
-		return true
-	}
-	var items []struct {
-		Type string `json:"type"`
-	}
-	if len(rb.Input) == 0 || rb.Input[0] != '[' || json.Unmarshal(rb.Input, &items) != nil {
-		return false
-	}
-	for _, it := range items {
-		if it.Type == "item_reference" {
-			return true
-		}
-	}
-	return false
-}
 
 // respond sends a Responses API request (go-openai has no Responses API;
 // the call is plain HTTP, as streams are) and reads its answer: a response
@@ -385,7 +392,7 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 		Object string          `json:"object"`
 		Usage  json.RawMessage `json:"usage"`
 	}
-	if err := json.Unmarshal(body, &shape); err != nil || shape.Object != "response" {
+	if err := unmarshal(body, &shape); err != nil || shape.Object != "response" {
 		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
 		e.Message = "The provider's answer is not a response object."
 		return nil, e
@@ -399,27 +406,25 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 	return &Response{StatusCode: resp.StatusCode, Body: body, RequestID: e.RequestID, RateLimit: e.RateLimit, Usage: u}, nil
 }
 
-// StoredResponse reports whether a request body's answer is a response
-// the provider stores: a Responses API body whose store is not false.
-func StoredResponse(endpoint string, body []byte) bool {
-	if endpoint != EndpointResponses {
-		return false
-	}
-	var b struct {
-		Store json.RawMessage `json:"store"`
-	}
-	return json.Unmarshal(body, &b) == nil && string(bytes.TrimSpace(b.Store)) != "false"
-}
-
-// ResponseID is the id of a Responses API answer's body; "" when it has
-// none (or is not a response).
-func ResponseID(body []byte) string {
+// StoredIDs are the ids of a Responses API answer's body that a follow-up
+// may name: the response's (previous_response_id) and its output items'
+// (item_reference). id is "" when the body is not a response; ids past
+// maxResponseIDBytes are left out, as a follow-up may not name them.
+func StoredIDs(body []byte) (id string, items []string) {
 	var b struct {
 		ID     string `json:"id"`
 		Object string `json:"object"`
+		Output []struct {
+			ID string `json:"id"`
+		} `json:"output"`
 	}
-	if json.Unmarshal(body, &b) != nil || b.Object != "response" || len(b.ID) > maxResponseIDBytes {
-		return ""
+	if unmarshal(body, &b) != nil || b.Object != "response" || b.ID == "" || len(b.ID) > maxResponseIDBytes {
+		return "", nil
 	}
-	return b.ID
+	for _, it := range b.Output {
+		if it.ID != "" && len(it.ID) <= maxResponseIDBytes {
+			items = append(items, it.ID)
+		}
+	}
+	return b.ID, items
 }

@@ -18,20 +18,19 @@ import (
 // maxEventBytes bounds one Server-Sent Event's line.
 const maxEventBytes = 4 << 20
 
-// streamWireBody is the client's chat or Responses body with model set to
-// the upstream id, asking for a stream whose last chunk (a chat stream's) or
+// streamWireBody is the body wireBody sends for req, asking for a stream whose last chunk (a chat stream's) or
 // last event (response.completed) carries the usage.
 func streamWireBody(req Request) ([]byte, error) {
 	if req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
 		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is only supported for " + EndpointChat + " and " + EndpointResponses}
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(req.Body, &fields); err != nil || fields == nil {
-		return nil, &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
+	body, _, err := wireBody(req)
+	if err != nil {
+		return nil, err
 	}
-	if req.Upstream != "" {
-		m, _ := json.Marshal(req.Upstream)
-		fields["model"] = m
+	var fields map[string]json.RawMessage
+	if err := unmarshal(body, &fields); err != nil || fields == nil {
+		return nil, &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
 	}
 	fields["stream"] = json.RawMessage("true")
 	if req.Endpoint == EndpointChat {
@@ -66,7 +65,7 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 	switch c.Type {
 	case "error":
 		o := &client.ErrorObject{Message: c.Message, Type: "server_error", Param: c.Param}
-		_ = json.Unmarshal(c.Code, &o.Code)
+		_ = unmarshal(c.Code, &o.Code)
 		if o.Message == "" {
 			o.Message = "the provider's stream ended with an error"
 		}
@@ -76,7 +75,7 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 		var r struct {
 			Error *client.ErrorObject `json:"error"`
 		}
-		if json.Unmarshal(c.Response, &r) == nil && r.Error != nil {
+		if unmarshal(c.Response, &r) == nil && r.Error != nil {
 			o.Code, o.Message = r.Error.Code, r.Error.Message
 		}
 		return o
@@ -106,7 +105,7 @@ func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 	var eb struct {
 		Error *client.ErrorObject `json:"error"`
 	}
-	isErrorObject := json.Unmarshal(body, &eb) == nil && eb.Error != nil
+	isErrorObject := unmarshal(body, &eb) == nil && eb.Error != nil
 	if isErrorObject {
 		fill(e, eb.Error)
 	}
@@ -167,7 +166,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 			break
 		}
 		var c streamChunk
-		if err := json.Unmarshal(data, &c); err != nil {
+		if err := unmarshal(data, &c); err != nil {
 			e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream sent an event that is not JSON", out.Chunks
 			return nil, e
 		}
@@ -188,7 +187,11 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 			return nil, p.streamFailed(e, c.Error, out.Chunks)
 		}
 		if c.Usage != nil && req.Endpoint == EndpointChat {
-			out.Usage = c.Usage.usage()
+			// the usage chunk, read as every answer's usage is
+			if out.Usage, err = UsageOf(data); err != nil {
+				e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream ended with a chunk whose usage cannot be read", out.Chunks
+				return nil, e
+			}
 			out.Body = bytes.Clone(data)
 		}
 		if err := req.Stream(data); err != nil {
@@ -249,5 +252,5 @@ func StripUsageChunk(data []byte) bool {
 		Choices []json.RawMessage `json:"choices"`
 		Usage   json.RawMessage   `json:"usage"`
 	}
-	return json.Unmarshal(data, &c) == nil && len(c.Choices) == 0 && len(c.Usage) > 0 && !strings.EqualFold(string(c.Usage), "null")
+	return unmarshal(data, &c) == nil && len(c.Choices) == 0 && len(c.Usage) > 0 && !strings.EqualFold(string(c.Usage), "null")
 }

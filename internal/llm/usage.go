@@ -10,14 +10,12 @@ import (
 // tokens) out of the ledger and its arithmetic.
 const absurdTokens = 1 << 24
 
-// UnbelievableUsage says what is wrong with a usage a provider reported
-// for a request (body, whose prompt llmq counts estimatedPrompt tokens), or
-// "": a negative count, cached tokens beyond the prompt, reasoning tokens
-// beyond the output, a total that is not the sum, a prompt far beyond
-// llmq's estimate (unless the request has context llmq cannot see: see
-// HasUnseenContext), output beyond the request's own max_tokens, or counts
-// past absurdTokens.
-func UnbelievableUsage(u Usage, estimatedPrompt int64, body json.RawMessage) string {
+// UnbelievableUsage says what is wrong with a usage a provider reported,
+// whatever the request, or "": a negative count, cached tokens beyond the
+// prompt, reasoning tokens beyond the output, a total that is not the sum,
+// or counts past absurdTokens. What the request as sent allows is
+// admission's to judge (admission.Unbelievable).
+func UnbelievableUsage(u Usage) string {
 	switch {
 	case u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CachedTokens < 0 || u.TotalTokens < 0 || u.ReasoningTokens < 0:
 		return "a negative count"
@@ -29,44 +27,13 @@ func UnbelievableUsage(u Usage, estimatedPrompt int64, body json.RawMessage) str
 		return fmt.Sprintf("a total of %d tokens below %d prompt + %d completion", u.TotalTokens, u.PromptTokens, u.CompletionTokens)
 	case u.ReasoningTokens > u.CompletionTokens:
 		return fmt.Sprintf("%d reasoning tokens of %d output tokens", u.ReasoningTokens, u.CompletionTokens)
-	case estimatedPrompt > 0 && u.PromptTokens > max(8*estimatedPrompt, estimatedPrompt+8192) && !hasUnseenContext(body):
-		return fmt.Sprintf("%d prompt tokens for a prompt llmq counts %d", u.PromptTokens, estimatedPrompt)
 	}
-	if limit := statedOutputLimit(body); limit > 0 && u.CompletionTokens > limit+limit/100+8 {
-		return fmt.Sprintf("%d completion tokens where the request allows %d", u.CompletionTokens, limit)
+	for kind, n := range u.ToolCalls {
+		if n < 0 || n > absurdTokens {
+			return fmt.Sprintf("%d calls of the tool '%s'", n, kind)
+		}
 	}
 	return ""
-}
-
-// statedOutputLimit is the most output a chat request's body allows:
-// max_completion_tokens (or max_tokens, or a Responses body's
-// max_output_tokens) times n; 0 when it states none,
-// since the provider's default is then unknown.
-func statedOutputLimit(body json.RawMessage) int64 {
-	var b struct {
-		MaxTokens           *int64 `json:"max_tokens"`
-		MaxCompletionTokens *int64 `json:"max_completion_tokens"`
-		MaxOutputTokens     *int64 `json:"max_output_tokens"`
-		N                   *int64 `json:"n"`
-	}
-	if json.Unmarshal(body, &b) != nil {
-		return 0
-	}
-	limit := b.MaxCompletionTokens
-	if limit == nil {
-		limit = b.MaxTokens
-	}
-	if limit == nil {
-		limit = b.MaxOutputTokens
-	}
-	if limit == nil || *limit <= 0 {
-		return 0
-	}
-	n := int64(1)
-	if b.N != nil && *b.N > 1 {
-		n = *b.N
-	}
-	return *limit * n
 }
 
 // wireUsage is an answer's usage object, as OpenAI sends it: chat
@@ -120,18 +87,36 @@ func (w *wireUsage) usage() Usage {
 	return u
 }
 
-// UsageOf reads the usage of an answer's body (a chat completion's,
-// a response's or embeddings'): zero when it has none; an error when it is not a JSON
-// object or its usage is not of OpenAI's shape.
+// UsageOf reads the usage of an answer's body (a chat completion's, a
+// chunk's of a chat stream, a response's or embeddings'), with the service
+// tier it says served the call and a response's built-in tool calls: zero
+// when it has none; an error when it is not a JSON object or its usage is
+// not of OpenAI's shape.
 func UsageOf(body json.RawMessage) (Usage, error) {
 	var b struct {
-		Usage *wireUsage `json:"usage"`
+		Usage       *wireUsage `json:"usage"`
+		ServiceTier *string    `json:"service_tier"`
+		Output      []struct {
+			Type string `json:"type"`
+		} `json:"output"`
 	}
-	if err := json.Unmarshal(body, &b); err != nil {
+	if err := unmarshal(body, &b); err != nil {
 		return Usage{}, fmt.Errorf("the answer's usage cannot be read: %w", err)
 	}
-	if b.Usage == nil {
-		return Usage{}, nil
+	var u Usage
+	if b.Usage != nil {
+		u = b.Usage.usage()
 	}
-	return b.Usage.usage(), nil
+	if b.ServiceTier != nil && len(*b.ServiceTier) <= 64 {
+		u.ServiceTier = *b.ServiceTier
+	}
+	for _, it := range b.Output {
+		if kind, ok := toolCallKind(it.Type); ok {
+			if u.ToolCalls == nil {
+				u.ToolCalls = map[string]int64{}
+			}
+			u.ToolCalls[kind]++
+		}
+	}
+	return u, nil
 }

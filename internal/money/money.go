@@ -56,6 +56,45 @@ type Price struct {
 	// run on the provider's Batch API; 0 means half the normal price.
 	BatchInputPerMTok  Micros
 	BatchOutputPerMTok Micros
+	// ServiceTiers are the prices of the service tiers a deployment sells
+	// beside its standard one, by the name providers give them ("flex",
+	// "priority", "scale"): a call asking for one is reserved, and one
+	// served at one is charged, at its price. None: the standard price only.
+	ServiceTiers map[string]Price
+	// Tools are the prices of a provider's built-in tools by kind
+	// ("web_search", "file_search", "code_interpreter", "image_generation"),
+	// which it bills per call beside the tokens. None: no built-in tool.
+	Tools map[string]ToolPrice
+}
+
+// ToolPrice is what a built-in tool costs beyond the model's tokens.
+type ToolPrice struct {
+	// PerCall is the provider's price of one call of the tool.
+	PerCall Micros
+	// ResultTokens is the most tokens one call's result (search results,
+	// file chunks) adds to the input of the model's next turn; 0 when it
+	// is not known, and the model's context window bounds it.
+	ResultTokens int64
+}
+
+// StandardTier names a call at the standard price: what a provider calls
+// its default service tier. "auto" and no tier ask for the account's
+// default, which may be any tier it sells (see Price.Tier).
+const StandardTier = "default"
+
+// Tier is the price of a call served at service tier name: the standard
+// price for "" or StandardTier, else ServiceTiers' entry (which keeps
+// the tools' prices); ok is false when the deployment sells no such tier.
+func (p Price) Tier(name string) (Price, bool) {
+	if name == "" || name == StandardTier {
+		return p, true
+	}
+	t, ok := p.ServiceTiers[name]
+	if !ok {
+		return Price{}, false
+	}
+	t.Tools = p.Tools
+	return t, true
 }
 
 // Batch is the price of a call run on the provider's Batch API: the batch
@@ -63,7 +102,8 @@ type Price struct {
 // million tokens), cached prompt tokens at half their price.
 func (p Price) Batch() Price {
 	half := func(m Micros) Micros { return m/2 + m%2 }
-	b := Price{InputPerMTok: p.BatchInputPerMTok, OutputPerMTok: p.BatchOutputPerMTok, CachedInputPerMTok: half(p.CachedInputPerMTok)}
+	b := Price{InputPerMTok: p.BatchInputPerMTok, OutputPerMTok: p.BatchOutputPerMTok, CachedInputPerMTok: half(p.CachedInputPerMTok),
+		Tools: p.Tools}
 	if b.InputPerMTok == 0 {
 		b.InputPerMTok = half(p.InputPerMTok)
 	}

@@ -26,7 +26,8 @@ func (r *run) input(ctx context.Context) io.ReadCloser {
 	go func() {
 		w := bufio.NewWriterSize(pw, 256<<10)
 		err := r.o.Store.JobStreamByPart(ctx, r.part.ID, func(j *store.Job) error {
-			line, err := llm.BatchInputLine(j.ID, llm.Request{Endpoint: j.Endpoint, Upstream: r.route.Upstream, Body: j.Request})
+			s := r.shape(ctx, j)
+			line, err := llm.BatchInputLine(j.ID, s.Request(r.route, j.Request))
 			if err != nil {
 				return fmt.Errorf("job %s: %w", j.ID, err)
 			}
@@ -200,7 +201,7 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 	switch {
 	case l.Response != nil && l.Response.StatusCode >= 200 && l.Response.StatusCode < 300:
 		c.seen[j.ID] = true
-		c.pending = append(c.pending, c.answer(j, l))
+		c.pending = append(c.pending, c.answer(ctx, j, l))
 		if len(c.pending) >= 500 {
 			return c.flush(ctx)
 		}
@@ -216,15 +217,18 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 	return nil
 }
 
-// answer is the JobComplete of a line the provider answered.
-func (c *collection) answer(j *store.Job, l *llm.BatchLine) *store.JobCompleteParams {
-	price := c.price()
+// answer is the JobComplete of a line the provider answered, judged as
+// llmq's own path judges an answer (admission.Unbelievable, Bill), at the
+// batch price; a response the provider stores is recorded as the
+// tenant's, so its follow-ups reach it (see worker's accept).
+func (c *collection) answer(ctx context.Context, j *store.Job, l *llm.BatchLine) *store.JobCompleteParams {
+	route, s := batchRoute(c.route), c.shape(ctx, j)
 	p := &store.JobCompleteParams{ID: j.ID, Day: c.part.BudgetDay, GlobalDay: c.part.BudgetGlobalDay, ResponseStatus: l.Response.StatusCode,
 		ResponseBody: l.Response.Body, ProviderRequestID: llm.Truncate(l.Response.RequestID, 200), Deployment: c.part.Deployment, Batched: true}
 	u, err := llm.UsageOf(l.Response.Body)
 	worst := func() {
 		p.PromptTokens, p.CompletionTokens = j.EstPromptTokens, j.EstMaxTokens
-		p.Cost, p.UsageEstimated = price.WorstCase(j.EstPromptTokens, j.EstMaxTokens), true
+		p.Cost, p.UsageEstimated = lineWorst(c.route, &s, j), true
 	}
 	switch {
 	case err != nil || !json.Valid(l.Response.Body):
@@ -232,19 +236,45 @@ func (c *collection) answer(j *store.Job, l *llm.BatchLine) *store.JobCompletePa
 		p.ResponseBody = nil
 		p.Failed = &store.JobError{Type: wire.TypeServer, Code: llm.CodeInvalidResponse,
 			Message: fmt.Sprintf("The provider's batch answer is not of the shape of an OpenAI answer; the job is charged its worst case, $%s.", p.Cost)}
-	case u == (llm.Usage{}):
+	case u.PromptTokens == 0 && u.CompletionTokens == 0 && u.TotalTokens == 0:
 		worst()
 	default:
-		if why := llm.UnbelievableUsage(u, j.EstPromptTokens, j.Request); why != "" {
+		if why := admission.Unbelievable(route, &s, j.EstPromptTokens, j.EstMaxTokens, u); why != "" {
 			worst()
+			if bound := admission.Disbelieved(route, &s, route.Price, j.EstPromptTokens, j.EstMaxTokens); bound.Cost > p.Cost {
+				p.Cost, p.PromptTokens = bound.Cost, bound.PromptTokens
+			}
 			p.Failed = &store.JobError{Type: wire.TypeServer, Code: "provider_usage_invalid",
-				Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged its worst case, $%s.", why, p.Cost)}
+				Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged the most the request as sent could be billed, $%s.", why, p.Cost)}
 			break
 		}
 		p.PromptTokens, p.CompletionTokens, p.CachedTokens, p.TotalTokens = u.PromptTokens, u.CompletionTokens, u.CachedTokens, u.TotalTokens
-		p.Cost = price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
+		p.Cost = admission.Bill(route.Price, &s, u)
+	}
+	if p.Failed == nil && j.Endpoint == llm.EndpointResponses {
+		c.remember(ctx, j, l.Response.Body, p.PromptTokens, p.CompletionTokens)
 	}
 	return p
+}
+
+// remember records the response a line's answer holds as the tenant's,
+// when its body asked the provider to store it.
+func (c *collection) remember(ctx context.Context, j *store.Job, answer []byte, prompt, completion int64) {
+	b, err := llm.Decode(j.Endpoint, j.Request)
+	if err != nil || !b.StoresResponse() {
+		return
+	}
+	id, items := llm.StoredIDs(answer)
+	if id == "" {
+		return
+	}
+	rows := []store.StoredResponse{{ID: id, ResponseID: id, TenantID: j.TenantID, Deployment: c.part.Deployment, Tokens: prompt + completion}}
+	for _, item := range items {
+		rows = append(rows, store.StoredResponse{ID: item, ResponseID: id, TenantID: j.TenantID, Deployment: c.part.Deployment, Tokens: completion})
+	}
+	if err := c.o.Store.StoredResponseInsert(ctx, rows); err != nil {
+		c.o.Logger.Warn("record a stored response of a batch line; its follow-ups will be refused", "job", j.ID, "err", err)
+	}
 }
 
 // refusal is the job error of a request the provider's batch refused.

@@ -34,6 +34,7 @@ import (
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
@@ -137,6 +138,47 @@ func Offloads(p *config.Policy, tier *config.Tier, model string) bool {
 	return ok
 }
 
+// Plain reports whether a line of shape s runs on a provider's Batch API:
+// one whose bill llmq bounds there by its tokens, its output limit written
+// in. A follow-up of a stored conversation, a service tier, built-in tools
+// and content llmq cannot count are bounded call by call on llmq's own
+// path, where such a line runs.
+func Plain(s *admission.Shape) bool {
+	return !s.Follows && s.Pinned == "" && s.Unbounded == "" && s.ServiceTier == "" && len(s.Tools) == 0
+}
+
+// batchRoute is route priced at its Batch API price.
+func batchRoute(route *config.Model) *config.Model {
+	r := *route
+	r.Price = route.Price.Batch()
+	return &r
+}
+
+// lineShape reads job j's shape for the provider's Batch API; ok is false
+// when the line does not run there (Plain), or its model is gone. The
+// tier's own rules were applied when the line was admitted.
+func (o *Offloader) lineShape(ctx context.Context, p *config.Policy, j *store.Job) (s admission.Shape, ok bool) {
+	m, found := p.Model(j.Model)
+	if !found {
+		return s, false
+	}
+	b, err := llm.Decode(j.Endpoint, j.Request)
+	if err != nil {
+		return s, false
+	}
+	if s, _, err = admission.ShapeOf(ctx, o.Store, p, nil, j.TenantID, m, b); err != nil {
+		return s, false
+	}
+	return s, Plain(&s)
+}
+
+// lineWorst is the most the provider's Batch API could bill job j of
+// shape s on route.
+func lineWorst(route *config.Model, s *admission.Shape, j *store.Job) money.Micros {
+	_, worst := admission.Charge(batchRoute(route), s, limiter.Calibration{Factor: 1}, j.EstPromptTokens, j.EstMaxTokens)
+	return worst
+}
+
 // LearnedQueueTTL is how long a batch queue limit learned from a refusal
 // holds: a provider raises its limits as an account grows, so it is
 // learned afresh after that.
@@ -179,8 +221,8 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 	}
 	type building struct {
 		part  store.BatchPart
-		price money.Price // the route's batch price
-		limit int64       // the deployment's batch queue limit; 0 unknown
+		route *config.Model
+		limit int64 // the deployment's batch queue limit; 0 unknown
 		jobs  []string
 	}
 	open := map[string]*building{} // by model
@@ -203,6 +245,10 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 		if j.BatchPartID != "" {
 			return nil
 		}
+		shape, ok := o.lineShape(ctx, p, j)
+		if !ok {
+			return nil // llmq's own path bounds it
+		}
 		bl := open[j.Model]
 		if bl == nil {
 			route, ok := p.BatchRoute(j.Model)
@@ -213,7 +259,7 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 			if err != nil {
 				return err
 			}
-			bl = &building{price: route.Price.Batch(), limit: limit, part: store.BatchPart{BatchID: b.ID, TenantID: b.TenantID,
+			bl = &building{route: route, limit: limit, part: store.BatchPart{BatchID: b.ID, TenantID: b.TenantID,
 				Model: j.Model, Deployment: route.Deployments[0].Name(), Endpoint: b.Endpoint}}
 			open[j.Model] = bl
 		}
@@ -227,7 +273,7 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 		bl.jobs = append(bl.jobs, j.ID)
 		bl.part.Bytes += size
 		bl.part.Tokens += j.EstPromptTokens
-		bl.part.Reserved += bl.price.WorstCase(j.EstPromptTokens, j.EstMaxTokens)
+		bl.part.Reserved += lineWorst(bl.route, &shape, j)
 		return nil
 	})
 	if err != nil {
@@ -595,6 +641,14 @@ func (r *run) refused(ctx context.Context, now time.Time) error {
 // price is what a line of the part costs at the provider's batch price.
 func (r *run) price() money.Price { return r.route.Price.Batch() }
 
+// shape is job j's shape on the part's route (see lineShape; a line that
+// no longer reads as plain keeps only what its body says of its output
+// limit, which the part was reserved for).
+func (r *run) shape(ctx context.Context, j *store.Job) admission.Shape {
+	s, _ := r.o.lineShape(ctx, r.policy, j)
+	return s
+}
+
 // split halves a pending part larger than its deployment's batch queue
 // limit: the later half of its jobs go to a new part, and the part gives
 // back its budget hold and its uploaded file (each half is reserved and
@@ -626,9 +680,10 @@ func (r *run) split(ctx context.Context, now time.Time) error {
 	half := func(p *store.BatchPart, js []*store.Job) {
 		p.Bytes, p.Tokens, p.Reserved, p.Lines = 0, 0, 0, int64(len(js))
 		for _, j := range js {
+			s := r.shape(ctx, j)
 			p.Bytes += lineSize(j)
 			p.Tokens += j.EstPromptTokens
-			p.Reserved += r.price().WorstCase(j.EstPromptTokens, j.EstMaxTokens)
+			p.Reserved += lineWorst(r.route, &s, j)
 		}
 	}
 	next := &store.BatchPart{BatchID: r.part.BatchID, TenantID: r.part.TenantID, Model: r.part.Model, Deployment: r.part.Deployment,

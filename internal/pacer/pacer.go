@@ -162,23 +162,24 @@ type Call struct {
 	// Cost is what the permit takes: one request, the calibrated prompt and
 	// MaxTokens.
 	Cost limiter.Cost
-	// WorstCase is the budget reservation: every prompt token uncached (the
-	// estimate, or the calibrated one when higher) and MaxTokens of output,
-	// at the model's price.
+	// WorstCase is the budget reservation on this route: the most the
+	// provider could bill for the call as sent (admission.Charge).
 	WorstCase money.Micros
-	// UnseenContext is set when the request's prompt includes context
-	// llmq cannot count (llm.HasUnseenContext): the provider's count of it
-	// does not teach the calibration.
+	// Shape is the rest of what decides the call's bill.
+	Shape *admission.Shape
+	// UnseenContext is set when the request's prompt includes what llmq
+	// did not count itself (admission.Shape.Unseen): the provider's count
+	// of it does not teach the calibration.
 	UnseenContext bool
 }
 
-// Plan returns the call a request of model m with llmq's estimate of
-// promptTokens and maxTokens makes now.
-func (p *Pacer) Plan(ctx context.Context, m *config.Model, promptTokens, maxTokens int64) *Call {
+// Plan returns the call a request of model m of shape s with llmq's
+// estimate of promptTokens and maxTokens makes now.
+func (p *Pacer) Plan(ctx context.Context, m *config.Model, s *admission.Shape, promptTokens, maxTokens int64) *Call {
 	scope := p.learned.Scope(ctx, m)
-	c := &Call{Model: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens,
-		Calibration: p.Calibration(ctx, scope.Name)}
-	c.Cost, c.WorstCase = admission.Charge(m, c.Calibration, promptTokens, maxTokens)
+	c := &Call{Model: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens, Shape: s,
+		Calibration: p.Calibration(ctx, scope.Name), UnseenContext: s.Unseen()}
+	c.Cost, c.WorstCase = admission.Charge(m, s, c.Calibration, promptTokens, maxTokens)
 	return c
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -288,7 +289,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 			t.Fatal(err)
 		}
 		*w = worker{body: body, prompt: parsed.PromptTokens, max: maxTokens, p: w.p, since: clock.Now()}
-		w.call = w.p.Plan(ctx, model, w.prompt, w.max)
+		w.call = w.p.Plan(ctx, model, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max)
 	}
 	for i := range workers {
 		workers[i] = &worker{p: pacers[i%len(pacers)]}
@@ -337,7 +338,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 					// A worker puts the job back in its queue; it is planned
 					// again when it comes back.
 					schedule(ev.worker, now.Add(max(res.RetryAfter, time.Second)))
-					w.call, w.since = w.p.Plan(ctx, model, w.prompt, w.max), now.Add(max(res.RetryAfter, time.Second))
+					w.call, w.since = w.p.Plan(ctx, model, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max), now.Add(max(res.RetryAfter, time.Second))
 					continue
 				}
 				schedule(ev.worker, now.Add(max(res.RetryAfter, time.Millisecond)))
@@ -371,7 +372,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 				}
 				// The job comes back after the pause, and plans again.
 				w.rateLimited++
-				w.call, w.since = w.p.Plan(ctx, model, w.prompt, w.max), now.Add(after.Wait)
+				w.call, w.since = w.p.Plan(ctx, model, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max), now.Add(after.Wait)
 				schedule(ev.worker, now.Add(after.Wait))
 				continue
 			}

@@ -152,11 +152,6 @@ func (b Builder) LearnedBatchQueue(scope string) string {
 	return b.key("learned", tag(scope), "batchq")
 }
 
-// ResponseContext holds the tokens of a stored Responses API answer's
-// conversation (its input and output), for a follow-up naming it as
-// previous_response_id (package pacer).
-func (b Builder) ResponseContext(responseID string) string { return b.key("resp", tag(responseID)) }
-
 // Breaker is the circuit-breaker state of one provider.
 func (b Builder) Breaker(provider string) string { return b.key("breaker", tag(provider)) }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/llmq/llmq/internal/admission"
+
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
@@ -24,24 +26,46 @@ type verdict struct {
 	failed *store.JobError
 }
 
-// accept judges a provider's 2xx answer (judge) and, when it is a stored
-// response the client can take, remembers its conversation's tokens for
-// its follow-ups before the answer reaches anyone (see
-// pacer.RememberContext).
+// accept judges a provider's 2xx answer (judge) and, when it is a response
+// the provider stores and the client can take, records it as the tenant's
+// (its id and its output items', with the deployment that holds them and
+// the tokens a follow-up naming them brings) before the answer reaches
+// anyone, since a client may send the follow-up the moment it has it. A
+// record that fails is logged: a follow-up of it is then refused as one
+// llmq does not know, never served as another's.
 func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) verdict {
 	v := r.judge(resp, pe)
-	if v.failed == nil && !v.estimated && llm.StoredResponse(r.job.Endpoint, r.job.Request) {
-		r.h.Pacer.RememberContext(ctx, resp)
+	if v.failed != nil || !r.stores {
+		return v
+	}
+	id, items := llm.StoredIDs(resp.Body)
+	if id == "" {
+		return v
+	}
+	rows := make([]store.StoredResponse, 0, 1+len(items))
+	deployment := r.call.Scope.Name
+	rows = append(rows, store.StoredResponse{ID: id, ResponseID: id, TenantID: r.job.TenantID, Deployment: deployment,
+		Tokens: v.usage.PromptTokens + v.usage.CompletionTokens})
+	for _, item := range items {
+		rows = append(rows, store.StoredResponse{ID: item, ResponseID: id, TenantID: r.job.TenantID, Deployment: deployment,
+			Tokens: v.usage.CompletionTokens})
+	}
+	if err := r.h.Store.StoredResponseInsert(context.WithoutCancel(ctx), rows); err != nil {
+		r.log.Warn("record a stored response; its follow-ups will be refused", "err", err)
 	}
 	return v
 }
 
 // judge reads a provider's 2xx answer: resp, or pe for one the llm package
 // could not take (not of OpenAI's shape, larger than the provider's bound).
-// An answer without usage is charged its worst case and succeeds; usage
-// that is negative or beyond what the request could have used fails the
-// job after this one call, charged its worst case.
+// An answer without usage is charged its worst case (the reservation) and
+// succeeds. Usage up to what the request as sent could be billed is
+// believed and charged at the price it was served at, whatever llmq
+// estimated; usage past that bound (admission.Unbelievable) fails the job
+// after this one call, charged the bound (admission.Disbelieved), since
+// the provider bills what it bills.
 func (r *run) judge(resp *llm.Response, pe *llm.Error) verdict {
+	route, s := r.call.Model, &r.shape
 	worst := verdict{
 		usage: llm.Usage{PromptTokens: max(r.call.Calibration.Apply(r.call.PromptTokens), r.call.PromptTokens),
 			CompletionTokens: r.call.MaxTokens},
@@ -59,19 +83,18 @@ func (r *run) judge(resp *llm.Response, pe *llm.Error) verdict {
 		r.h.Observer.UsageUnbelieved(r.job.Model, "missing")
 		return worst
 	}
-	if why := r.unbelievable(u); why != "" {
+	if why := admission.Unbelievable(route, s, r.call.PromptTokens, r.call.MaxTokens, u); why != "" {
 		r.h.Observer.UsageUnbelieved(r.job.Model, "invalid")
+		bound := admission.Disbelieved(route, s, route.Price, r.call.PromptTokens, r.call.MaxTokens)
+		if bound.Cost > worst.cost {
+			worst.cost, worst.usage.PromptTokens = bound.Cost, bound.PromptTokens
+			worst.usage.TotalTokens = worst.usage.PromptTokens + worst.usage.CompletionTokens
+		}
 		worst.failed = &store.JobError{Type: wire.TypeServer, Code: "provider_usage_invalid",
-			Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged its worst case, $%s.", why, worst.cost)}
+			Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged the most the request as sent could be billed, $%s.", why, worst.cost)}
 		return worst
 	}
-	return verdict{usage: u, cost: r.call.Model.Price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)}
-}
-
-// unbelievable says what is wrong with a reported usage, or "" (see
-// llm.UnbelievableUsage).
-func (r *run) unbelievable(u llm.Usage) string {
-	return llm.UnbelievableUsage(u, r.call.PromptTokens, r.job.Request)
+	return verdict{usage: u, cost: admission.Bill(route.Price, s, u)}
 }
 
 // relayed is how many events of a stream reached the client before its

@@ -35,9 +35,11 @@ func answer(usage string) string {
 }
 
 // The outside probe's answers with usage that cannot be believed: none at
-// all succeeds charged the worst case, flagged; negative, absurd or
-// non-integer usage fails the job after one call, charged the worst case;
-// the arithmetic never wraps around to a free call.
+// all succeeds charged the worst case, flagged; negative or absurd usage
+// (past what the request as sent could be billed) fails the job after one
+// call, charged that bound; non-integer usage (an answer that cannot be
+// read) fails it charged the worst case; the arithmetic never wraps around
+// to a free call.
 func TestProviderUsageIsChecked(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -75,10 +77,20 @@ func TestProviderUsageIsChecked(t *testing.T) {
 				}
 				return
 			}
-			// the worst case: the estimate and max_tokens, at the reserved price
-			if !j.UsageEstimated || entry.Cost != j.EstCost || entry.Cost <= 0 || j.CompletionTokens != 5 || j.Cost != j.EstCost {
-				t.Fatalf("charged %+v (job: estimated %v, cost %d, est %d, completion %d), want the worst case",
-					entry, j.UsageEstimated, j.Cost, j.EstCost, j.CompletionTokens)
+			want := j.EstCost // no usage: the reservation's worst case
+			if c.status == "failed" && c.code == "provider_usage_invalid" {
+				// Usage past what the request as sent could be billed: the
+				// most it could be billed, the model's 128,000-token context
+				// window read and its max_tokens produced, at its price.
+				m, _ := a.Policy.Current().Model("gpt-4o-mini")
+				want = m.Price.WorstCase(m.ContextWindow, 5)
+				if j.PromptTokens != m.ContextWindow {
+					t.Fatalf("usage recorded %d prompt tokens, want the bound's %d", j.PromptTokens, m.ContextWindow)
+				}
+			}
+			if !j.UsageEstimated || entry.Cost != want || entry.Cost <= 0 || j.CompletionTokens != 5 || j.Cost != want {
+				t.Fatalf("charged %+v (job: estimated %v, cost %d, est %d, completion %d), want %d",
+					entry, j.UsageEstimated, j.Cost, j.EstCost, j.CompletionTokens, want)
 			}
 			if j.Status == store.JobFailed && (j.ResponseStatus != http.StatusBadGateway || len(j.ResponseBody) != 0) {
 				t.Fatalf("a failed job kept the provider's answer: %d %s", j.ResponseStatus, j.ResponseBody)

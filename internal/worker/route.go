@@ -32,16 +32,21 @@ type router struct {
 	allDown bool
 }
 
-// newRouter is the router of a job of m whose own fallbacks are own (none:
-// m's).
-func newRouter(p *config.Policy, m *config.Model, own []string) *router {
-	rt := &router{primary: ordered(m.Routes()), failed: map[string]bool{}}
+// newRouter is the router of a job of m of shape s whose own fallbacks are
+// own (none: m's): the routes that can serve s (admission.Serves).
+func newRouter(p *config.Policy, m *config.Model, own []string, s *admission.Shape) *router {
+	rt := &router{primary: ordered(servable(m.Routes(), s)), failed: map[string]bool{}}
 	for _, name := range admission.Fallbacks(m, own) {
 		if f, ok := p.Model(name); ok {
-			rt.fallbacks = append(rt.fallbacks, ordered(f.Routes())...)
+			rt.fallbacks = append(rt.fallbacks, ordered(servable(f.Routes(), s))...)
 		}
 	}
 	return rt
+}
+
+// servable are the routes that can serve s.
+func servable(routes []*config.Model, s *admission.Shape) []*config.Model {
+	return slices.DeleteFunc(routes, func(r *config.Model) bool { return admission.Serves(r, s) != nil })
 }
 
 // ordered sorts routes by their deployment's order and, among equals, at
@@ -129,8 +134,7 @@ func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, s
 	p = pass{wait: time.Duration(math.MaxInt64), unavailable: true}
 	asked, large := 0, 0
 	for _, route := range r.routes.candidates() {
-		call := r.h.Pacer.Plan(ctx, route, r.job.EstPromptTokens, r.job.EstMaxTokens)
-		call.UnseenContext = r.call.UnseenContext
+		call := r.h.Pacer.Plan(ctx, route, &r.shape, r.job.EstPromptTokens, r.job.EstMaxTokens)
 		res, err := r.h.Pacer.Reserve(ctx, call)
 		asked++
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {

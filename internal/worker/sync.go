@@ -133,12 +133,11 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	}
 	r.acct, r.tier = acct, tier.Name
 	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
-	r.routes = newRouter(p, m, r.job.Fallbacks)
-	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
-	r.call.UnseenContext = llm.HasUnseenContext(r.job.Endpoint, r.job.Request)
-	worst := admission.WorstCase(p, m, admission.Fallbacks(m, r.job.Fallbacks), r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	if e := r.plan(ctx, p, m, tier); e != nil {
+		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message})
+	}
 
-	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
+	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.worst)
 	if err != nil {
 		return nil, fmt.Errorf("reserve budget: %w", err)
 	}
@@ -150,7 +149,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
 			RetryAfter: dec.RetryAfter,
 			Message: fmt.Sprintf("The %s is exhausted: $%s spent and $%s reserved of $%s; this request may cost up to $%s. It resets at %s.",
-				n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))})
+				n.Name(), n.Spent, n.Reserved, n.Budget, r.worst, n.ResetsAt.UTC().Format(time.RFC3339))})
 	}
 	r.bres = bres
 	r.keep = r.keepReservation(ctx)
@@ -170,7 +169,9 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		// From here the call is the client's whether or not it stays.
 		callCtx := context.WithoutCancel(ctx)
 		began := time.Now()
-		resp, err := provider.Call(callCtx, llm.Request{Endpoint: r.job.Endpoint, Upstream: route.Upstream, Body: r.job.Request, Stream: c.Stream})
+		req := r.shape.Request(route, r.job.Request)
+		req.Stream = c.Stream
+		resp, err := provider.Call(callCtx, req)
 		status := 200
 		pe := asProviderError(err)
 		if pe != nil {

@@ -161,9 +161,18 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 
 // run is one delivery of one job.
 type run struct {
-	h      *Handler
-	job    *store.Job
-	log    *slog.Logger
+	h   *Handler
+	job *store.Job
+	log *slog.Logger
+	// shape is what of the job's body bounds its bill (its output limit
+	// and tool calls written in, its service tier, tools, stored
+	// conversation), read once a run; stores is set when the provider
+	// stores its answer (a Responses API call without store: false).
+	shape  admission.Shape
+	stores bool
+	// worst is the budget's worst case: the most any route the job may
+	// take could bill for it.
+	worst  money.Micros
 	call   *pacer.Call // the call on the route the permit is for
 	routes *router
 	scope  string // the model's fair queue; "" when the policy no longer serves it
@@ -303,14 +312,13 @@ func (r *run) do(ctx context.Context) error {
 	// The estimate was made at enqueue; prices, limits and the prompt's
 	// calibration come from what is in force now.
 	r.acct = acct
-	r.routes = newRouter(p, m, r.job.Fallbacks)
+	if e := r.plan(ctx, p, m, tier); e != nil {
+		return r.fail(ctx, *e, nil)
+	}
 
 	// The budget first: a job it refuses takes no permit. It holds the
 	// worst case on the dearest route the job may take.
-	r.call = h.Pacer.Plan(ctx, m, r.job.EstPromptTokens, r.job.EstMaxTokens)
-	r.call.UnseenContext = llm.HasUnseenContext(r.job.Endpoint, r.job.Request)
-	worst := admission.WorstCase(p, m, admission.Fallbacks(m, r.job.Fallbacks), r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
-	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
+	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.worst)
 	if done, err := r.budgetDecided(ctx, bres, dec, err); done {
 		return err
 	}
@@ -344,7 +352,7 @@ func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Name)}, nil)
 	}
 	began := time.Now()
-	resp, err := provider.Call(ctx, llm.Request{Endpoint: r.job.Endpoint, Upstream: route.Upstream, Body: r.job.Request})
+	resp, err := provider.Call(ctx, r.shape.Request(route, r.job.Request))
 	status := 200
 	if resp != nil {
 		status = resp.StatusCode
@@ -399,6 +407,37 @@ func asProviderError(err error) *llm.Error {
 	return pe
 }
 
+// plan reads the job's body for its shape, with the policy p in force and
+// its tenant's tier, and makes the run's routes, its first call and its
+// worst case. A body that can no longer run (the policy changed, or the
+// conversation it continues is gone) is the job's error.
+func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier *config.Tier) *store.JobError {
+	b, err := llm.Decode(r.job.Endpoint, r.job.Request)
+	if err == nil {
+		r.shape, _, err = admission.ShapeOf(ctx, r.h.Store, p, tier, r.job.TenantID, m, b)
+	}
+	fallbacks := admission.Fallbacks(m, r.job.Fallbacks)
+	if err == nil {
+		err = admission.Routable(p, m, fallbacks, &r.shape)
+	}
+	if err != nil {
+		var ae *admission.Error
+		var ir *llm.InvalidRequestError
+		switch {
+		case errors.As(err, &ae):
+			return &store.JobError{Type: wire.TypeInvalidRequest, Code: ae.Code, Param: ae.Param, Message: ae.Message}
+		case errors.As(err, &ir):
+			return &store.JobError{Type: wire.TypeInvalidRequest, Code: "invalid_request", Param: ir.Param, Message: ir.Message}
+		}
+		return &store.JobError{Type: wire.TypeServer, Code: "internal_error", Message: "llmq could not read the job's conversation."}
+	}
+	r.stores = b.StoresResponse()
+	r.routes = newRouter(p, m, r.job.Fallbacks, &r.shape)
+	r.call = r.h.Pacer.Plan(ctx, m, &r.shape, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	r.worst = admission.WorstCase(p, m, fallbacks, &r.shape, r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	return nil
+}
+
 // budgetDecided acts on the reservation of the worst-case cost. done is
 // true when the run must stop here (deferred, failed, or an error).
 func (r *run) budgetDecided(ctx context.Context, res *budget.Reservation, dec *budget.Decision, err error) (done bool, _ error) {
@@ -416,12 +455,12 @@ func (r *run) budgetDecided(ctx context.Context, res *budget.Reservation, dec *b
 	n := dec.Denial()
 	if n.TooLarge {
 		return true, r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_too_small",
-			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", r.call.WorstCase, n.Name(), n.Budget)}, nil)
+			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", r.worst, n.Name(), n.Budget)}, nil)
 	}
 	if r.reject {
 		return true, r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_exhausted",
 			Message: fmt.Sprintf("The %s is exhausted ($%s spent and $%s reserved of $%s; this job may cost up to $%s) and the %s tier rejects work until it resets at %s.",
-				n.Name(), n.Spent, n.Reserved, n.Budget, r.call.WorstCase, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
+				n.Name(), n.Spent, n.Reserved, n.Budget, r.worst, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
 	}
 	next := r.h.opts.Now().Add(dec.RetryAfter)
 	r.setStatus(ctx, store.JobDeferred, &next, false)

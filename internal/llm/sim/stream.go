@@ -98,7 +98,7 @@ func chatEvents(body []byte, includeUsage bool) (*events, error) {
 	}
 	chunk := func(choices string, extra string) []byte {
 		var b bytes.Buffer
-		fmt.Fprintf(&b, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":%q,"choices":[%s]%s}`+"\n\n",
+		fmt.Fprintf(&b, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"service_tier":"default","system_fingerprint":%q,"choices":[%s]%s}`+"\n\n",
 			c.ID, c.Created, c.Model, c.SystemFingerprint, choices, extra)
 		return b.Bytes()
 	}

@@ -1,0 +1,474 @@
+package admission
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
+)
+
+// The reservation bounds the bill: for every call llmq sends, the most the
+// provider could bill for it as sent is at most what llmq reserved. A
+// request's tokens are one part of that bill (the prompt as counted, the
+// output limit); Shape is the rest, read from the body, and Charge and
+// WorstCase price both. What llmq cannot count (a file, a conversation
+// held elsewhere) is bounded by the model's context window; what a body
+// leaves to the provider's default (the output limit, max_tool_calls) is
+// written into the request; what no price covers (an unpriced service
+// tier or tool, audio) is refused.
+
+// Shape is what of a request's body, beside its prompt and output tokens,
+// decides the most the provider may bill for it as llmq sends it. Admission
+// reads it from the body, and the worker reads it again from the job's
+// body (ShapeOf), so both bound the same call.
+type Shape struct {
+	Endpoint string
+	// OutputLimit is the output limit per choice written into a body that
+	// states none (llm.Request.OutputLimit): the model's max_output_tokens.
+	// 0 when the body states one, and for embeddings.
+	OutputLimit int64
+	// ServiceTier is the service tier the body asks for; "" for none or
+	// auto (the account's default, which may be any tier a deployment
+	// sells).
+	ServiceTier string
+	// Tools are the kinds of built-in tools the body names (each billed
+	// per call), and ToolCalls the most calls of them: its max_tool_calls,
+	// or the model's, written in (one for a chat body's web search).
+	Tools     []string
+	ToolCalls int64
+	// WriteToolCalls is set when ToolCalls is written into the request.
+	WriteToolCalls bool
+	// Unbounded is the param of prompt content llmq cannot count (a file,
+	// context stored at the provider that llmq did not see made): the
+	// prompt is bounded by the model's context window.
+	Unbounded string
+	// Follows is set when the body continues stored responses llmq
+	// relayed (its previous_response_id, item_references): their tokens
+	// are in the prompt's estimate, and Pinned is the deployment whose
+	// account holds them, the only one that can serve it.
+	Follows bool
+	Pinned  string
+}
+
+// Unseen reports whether the provider's count of the prompt includes what
+// llmq did not count itself: it teaches nothing of how the provider counts
+// (pacer.Call.UnseenContext).
+func (s *Shape) Unseen() bool { return s.Unbounded != "" || s.Follows || s.ToolCalls > 0 }
+
+// Request returns the provider call of route for a job of this shape with
+// body: the output limit and max_tool_calls that are written into it.
+func (s *Shape) Request(route *config.Model, body []byte) llm.Request {
+	req := llm.Request{Endpoint: s.Endpoint, Upstream: route.Upstream, Body: body, OutputLimit: s.OutputLimit}
+	if s.WriteToolCalls {
+		req.MaxToolCalls = s.ToolCalls
+	}
+	return req
+}
+
+// Conversations finds what llmq recorded of the stored responses (and
+// their items) a follow-up names: the store's StoredResponseGet.
+type Conversations interface {
+	StoredResponseGet(ctx context.Context, ids []string) (map[string]*store.StoredResponse, error)
+}
+
+// maxToolCallsParam bounds a body's max_tool_calls.
+const maxToolCallsParam = 1000
+
+// ShapeOf reads the shape of a body decoded for m, for a tenant of tier
+// (nil: a tier's defaults) under policy p, and the tokens the stored
+// responses it continues bring into its prompt. It refuses, as an *Error
+// naming the param, what llmq cannot bound: a body without an output
+// limit when the tier requires one, audio, a max_tool_calls past
+// maxToolCallsParam, a follow-up of another tenant's response (404, as an
+// unknown one unless the tier allows foreign responses), a conversation
+// or prompt template the tier does not allow. convs may be nil (no
+// response is known then).
+func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *config.Tier, tenantID string, m *config.Model, b *llm.Body) (Shape, int64, error) {
+	s := Shape{Endpoint: b.Endpoint()}
+	if a := b.Audio(); a != "" {
+		return s, 0, &Error{Param: a, Code: "unsupported_value", Message: fmt.Sprintf(
+			"'%s': llmq does not serve audio: it has no price for audio tokens, so it cannot bound what the call would be billed.", a)}
+	}
+	if m.Kind == config.KindChat && b.OutputParam() == "" {
+		if tier != nil && tier.RequireOutputLimit {
+			param := outputParam(s.Endpoint)
+			return s, 0, &Error{Param: param, Code: "output_limit_required", Message: fmt.Sprintf(
+				"The %s tier requires an output limit: set '%s'.", tier.Name, param)}
+		}
+		s.OutputLimit = m.MaxOutputTokens
+	}
+	s.ServiceTier = b.ServiceTier()
+	s.Tools = b.BuiltinTools()
+	if len(s.Tools) > 0 {
+		switch k := b.MaxToolCalls(); {
+		case s.Endpoint == llm.EndpointChat:
+			s.ToolCalls = 1 // a search model searches once per request
+		case k > maxToolCallsParam:
+			return s, 0, &Error{Param: "max_tool_calls", Code: "invalid_value", Message: fmt.Sprintf(
+				"'max_tool_calls' must be at most %d, got %d.", maxToolCallsParam, k)}
+		case k > 0:
+			s.ToolCalls = k
+		default:
+			s.ToolCalls, s.WriteToolCalls = m.MaxToolCalls, true
+		}
+	}
+	foreign := tier != nil && tier.AllowForeignResponses
+	if u := b.Unseen(); u != "" {
+		if !foreign {
+			return s, 0, &Error{Param: u, Code: "unsupported_parameter", Message: fmt.Sprintf(
+				"'%s' names context the provider holds that llmq cannot see, so it cannot bound what the call would be billed; send the input itself, or ask for a tier that allows foreign responses.", u)}
+		}
+		s.Unbounded = u
+	}
+	if u := b.Uncounted(); u != "" && s.Unbounded == "" {
+		s.Unbounded = u
+	}
+	prior, err := s.follow(ctx, convs, tenantID, foreign, b)
+	return s, prior, err
+}
+
+// follow looks up the stored responses b continues: each must be the
+// tenant's (another tenant's is never named, and answers as one llmq does
+// not know); their tokens are returned and their deployment pins the
+// call. One llmq never saw made is refused, or, when foreign is allowed,
+// bounds the prompt by the context window.
+func (s *Shape) follow(ctx context.Context, convs Conversations, tenantID string, foreign bool, b *llm.Body) (int64, error) {
+	type ref struct{ id, param string }
+	var refs []ref
+	if id := b.PreviousResponseID(); id != "" {
+		refs = append(refs, ref{id, "previous_response_id"})
+	}
+	for i, id := range b.ItemReferences() {
+		refs = append(refs, ref{id, fmt.Sprintf("input[%d].id", i)})
+	}
+	if len(refs) == 0 {
+		return 0, nil
+	}
+	ids := make([]string, len(refs))
+	for i, r := range refs {
+		ids[i] = r.id
+	}
+	known := map[string]*store.StoredResponse{}
+	if convs != nil && tenantID != "" {
+		var err error
+		if known, err = convs.StoredResponseGet(ctx, ids); err != nil {
+			return 0, err
+		}
+	}
+	var prior int64
+	for _, r := range refs {
+		row, ok := known[r.id]
+		if ok && row.TenantID == tenantID {
+			if s.Pinned != "" && row.Deployment != s.Pinned {
+				return 0, &Error{Param: r.param, Code: "invalid_value", Message: fmt.Sprintf(
+					"'%s' is stored at another provider account than the rest of the conversation; one call cannot reach both.", r.param)}
+			}
+			s.Follows, s.Pinned = true, row.Deployment
+			prior += row.Tokens
+			continue
+		}
+		if !ok && foreign {
+			s.Unbounded = cmp.Or(s.Unbounded, r.param)
+			continue
+		}
+		// Another tenant's reads as one llmq does not know: nothing of it
+		// is told.
+		return 0, &Error{Status: http.StatusNotFound, Param: r.param, Code: "not_found", Message: fmt.Sprintf(
+			"No response or item '%.100s' was made through llmq for this tenant; a follow-up may continue only its own tenant's responses.", r.id)}
+	}
+	return prior, nil
+}
+
+// Serves reports, as an *Error naming the param, why route cannot serve a
+// request of shape s: the conversation it continues is stored elsewhere,
+// its service tier or a built-in tool has no price there, or the prompt
+// needs a context window the policy does not give; nil when it can.
+func Serves(route *config.Model, s *Shape) error {
+	if s.Pinned != "" && ScopeName(route) != s.Pinned {
+		return &Error{Param: "previous_response_id", Code: "invalid_value", Message: fmt.Sprintf(
+			"The conversation is stored at deployment %s, which model '%s' does not use.", s.Pinned, route.Name)}
+	}
+	if _, ok := route.Price.Tier(s.ServiceTier); !ok {
+		return &Error{Param: "service_tier", Code: "unsupported_value", Message: fmt.Sprintf(
+			"The service tier '%s' has no price for model '%s' (deployment %s), so llmq cannot bound what the call would be billed.",
+			s.ServiceTier, route.Name, ScopeName(route))}
+	}
+	for _, t := range s.Tools {
+		if _, ok := route.Price.Tools[t]; !ok {
+			return &Error{Param: "tools", Code: "unsupported_value", Message: fmt.Sprintf(
+				"The built-in tool '%s' has no price for model '%s' (deployment %s): the provider bills each call, so llmq cannot bound what the call would be billed.",
+				t, route.Name, ScopeName(route))}
+		}
+	}
+	if route.ContextWindow == 0 {
+		if s.Unbounded != "" {
+			return &Error{Param: s.Unbounded, Code: "unsupported_value", Message: fmt.Sprintf(
+				"llmq cannot count '%s', and model '%s' has no context_window in the policy to bound it.", s.Unbounded, route.Name)}
+		}
+		for _, t := range s.Tools {
+			if route.Price.Tools[t].ResultTokens == 0 {
+				return &Error{Param: "tools", Code: "unsupported_value", Message: fmt.Sprintf(
+					"The results of the built-in tool '%s' enter the model's input, and model '%s' has neither a context_window nor the tool's result_tokens in the policy to bound them.", t, route.Name)}
+			}
+		}
+	}
+	return nil
+}
+
+// Routable is nil when a candidate route of a job of m with fallbacks can
+// serve s (Candidates), else why m's first cannot.
+func Routable(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) error {
+	if len(Candidates(p, m, fallbacks, s)) > 0 {
+		return nil
+	}
+	return anyServes(m.Routes(), s)
+}
+
+// serving are the routes of candidates that can serve s.
+func serving(candidates []*config.Model, s *Shape) []*config.Model {
+	out := make([]*config.Model, 0, len(candidates))
+	for _, r := range candidates {
+		if Serves(r, s) == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Charge is what a request of this shape on route takes, with these
+// estimates: the limiter's cost (one request and every token, the prompt
+// calibrated) and the budget's worst case, the most the provider could
+// bill (see PromptBound; maxTokens of output; at the dearest price the
+// call may be served at; every tool call at its price). A calibration
+// below 1 lowers the permit (the provider's counts correct the buckets),
+// never the dollars held. Admission and the worker's plan both price with
+// it.
+func Charge(route *config.Model, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) (limiter.Cost, money.Micros) {
+	prompt := c.Apply(promptTokens)
+	cost := limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}
+	bound := s.PromptBound(route, max(prompt, promptTokens), maxTokens)
+	var worst money.Micros
+	for _, price := range prices(route.Price, s.ServiceTier) {
+		worst = max(worst, addMicros(price.WorstCase(bound, maxTokens), toolFees(price, s.Tools, s.ToolCalls)))
+	}
+	return cost, worst
+}
+
+// PromptBound is the most input tokens the provider may bill for a call
+// on route whose prompt is prompt tokens and whose output is at most
+// maxTokens: the prompt itself, or the context window when part of it is
+// uncounted; with built-in tools, every turn the model takes (one more
+// than its tool calls) reads the prompt, each call's result (the tool's
+// result_tokens, else the window) and the output so far, each turn within
+// the window.
+func (s *Shape) PromptBound(route *config.Model, prompt, maxTokens int64) int64 {
+	b := prompt
+	if s.Unbounded != "" {
+		b = max(b, route.ContextWindow)
+	}
+	if s.ToolCalls <= 0 {
+		return b
+	}
+	var result int64
+	for _, t := range s.Tools {
+		r := route.Price.Tools[t].ResultTokens
+		if r == 0 {
+			r = route.ContextWindow
+		}
+		result = max(result, r)
+	}
+	turn := addTokens(addTokens(b, mulTokens(s.ToolCalls, result)), maxTokens)
+	if route.ContextWindow > 0 {
+		turn = min(turn, max(route.ContextWindow, b))
+	}
+	return mulTokens(s.ToolCalls+1, turn)
+}
+
+// unknownWindow bounds a prompt of a model whose context window the policy
+// does not give: more than any model's.
+const unknownWindow = 10_000_000
+
+// Unbelievable says what is wrong with the usage u a provider reported for
+// a call of shape s on route, whose prompt llmq estimated at prompt tokens
+// and whose output it bounded at maxTokens, or "": a count llm rejects
+// (llm.UnbelievableUsage), a prompt past the context window of every turn
+// the call may take (past what the request as sent could be billed: a
+// larger count than llmq's own estimate is believed up to it), output past
+// the request's limit, tool calls past max_tool_calls or of a tool it did
+// not name.
+func Unbelievable(route *config.Model, s *Shape, prompt, maxTokens int64, u llm.Usage) string {
+	if why := llm.UnbelievableUsage(u); why != "" {
+		return why
+	}
+	window := route.ContextWindow
+	if window == 0 {
+		window = unknownWindow
+	}
+	turns := s.ToolCalls + 1
+	if limit := mulTokens(turns, max(window, prompt)); u.PromptTokens > limit {
+		return fmt.Sprintf("%d prompt tokens, more than %d turns of the model's %d-token context window", u.PromptTokens, turns, window)
+	}
+	if maxTokens > 0 && u.CompletionTokens > maxTokens+maxTokens/100+8 {
+		return fmt.Sprintf("%d completion tokens where the request allows %d", u.CompletionTokens, maxTokens)
+	}
+	var calls int64
+	for kind, n := range u.ToolCalls {
+		if !slices.Contains(s.Tools, kind) {
+			return fmt.Sprintf("%d calls of the built-in tool '%s', which the request did not name", n, kind)
+		}
+		calls += n
+	}
+	if calls > s.ToolCalls {
+		return fmt.Sprintf("%d built-in tool calls where the request allows %d", calls, s.ToolCalls)
+	}
+	return ""
+}
+
+// Bound is what a call is charged when its usage cannot be believed.
+type Bound struct {
+	PromptTokens int64
+	Cost         money.Micros
+}
+
+// Disbelieved is what a call of shape s on route is charged when its usage
+// cannot be believed (Unbelievable): the most the request as sent could
+// be billed, every turn's context window read and all its output
+// produced, at the dearest price it may be served at.
+func Disbelieved(route *config.Model, s *Shape, price money.Price, prompt, maxTokens int64) Bound {
+	window := route.ContextWindow
+	if window == 0 {
+		window = unknownWindow
+	}
+	b := Bound{PromptTokens: mulTokens(s.ToolCalls+1, max(window, prompt))}
+	for _, p := range prices(price, s.ServiceTier) {
+		b.Cost = max(b.Cost, addMicros(p.WorstCase(b.PromptTokens, maxTokens), toolFees(p, s.Tools, s.ToolCalls)))
+	}
+	return b
+}
+
+// Bill is what the provider bills a call of shape s for usage u at price
+// (a route's, or its Batch price): its tokens at the service tier the
+// answer says served it (the tier asked for when it says none; the
+// dearest the call may be served at when it names one without a price),
+// and each built-in tool call it made at its tool's price (a chat search
+// model's one search when it answered).
+func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
+	tier := s.ServiceTier
+	if u.ServiceTier != "" && u.ServiceTier != "auto" {
+		tier = u.ServiceTier
+	}
+	p, ok := price.Tier(tier)
+	if !ok {
+		var dearest money.Micros
+		for _, q := range prices(price, s.ServiceTier) {
+			if c := q.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens); c >= dearest {
+				dearest, p = c, q
+			}
+		}
+	}
+	cost := p.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
+	calls := u.ToolCalls
+	if s.Endpoint == llm.EndpointChat && len(s.Tools) > 0 {
+		calls = map[string]int64{s.Tools[0]: 1}
+	}
+	for kind, n := range calls {
+		fee, ok := p.Tools[kind]
+		if !ok {
+			fee = dearestTool(p, s.Tools)
+		}
+		cost = addMicros(cost, mulMicros(n, fee.PerCall))
+	}
+	return cost
+}
+
+// prices are the prices a call asking for service tier may be billed at:
+// that tier's, and the standard one (a provider may serve a tier's call at
+// its standard tier); for no tier, the standard one and every tier the
+// deployment sells (the account's default may be any of them).
+func prices(p money.Price, tier string) []money.Price {
+	out := []money.Price{p}
+	if tier != "" {
+		if t, ok := p.Tier(tier); ok {
+			out = append(out, t)
+		}
+		return out
+	}
+	for _, name := range sortedTiers(p) {
+		t, _ := p.Tier(name)
+		out = append(out, t)
+	}
+	return out
+}
+
+func sortedTiers(p money.Price) []string {
+	names := make([]string, 0, len(p.ServiceTiers))
+	for name := range p.ServiceTiers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// toolFees is calls tool calls at the dearest per-call price of tools.
+func toolFees(p money.Price, tools []string, calls int64) money.Micros {
+	if calls <= 0 || len(tools) == 0 {
+		return 0
+	}
+	return mulMicros(calls, dearestTool(p, tools).PerCall)
+}
+
+func dearestTool(p money.Price, tools []string) money.ToolPrice {
+	var d money.ToolPrice
+	for _, t := range tools {
+		if tp := p.Tools[t]; tp.PerCall >= d.PerCall {
+			d = tp
+		}
+	}
+	return d
+}
+
+// The arithmetic of bounds saturates: a bound past what an int64 holds is
+// the most it holds, which no budget or bucket admits.
+func addTokens(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func mulTokens(n, v int64) int64 {
+	if n > 0 && v > math.MaxInt64/n {
+		return math.MaxInt64
+	}
+	return n * v
+}
+
+func addMicros(a, b money.Micros) money.Micros { return money.Micros(addTokens(int64(a), int64(b))) }
+
+func mulMicros(n int64, v money.Micros) money.Micros { return money.Micros(mulTokens(n, int64(v))) }
+
+// outputParam is the body's field bounding the output of a request to
+// endpoint: the Responses API's max_output_tokens, chat's max_tokens.
+func outputParam(endpoint string) string {
+	if endpoint == llm.EndpointResponses {
+		return "max_output_tokens"
+	}
+	return "max_tokens"
+}
+
+// promptParam is the body's field holding the prompt of a request to
+// endpoint: chat's messages, the Responses API's and embeddings' input.
+func promptParam(endpoint string) string {
+	if endpoint == llm.EndpointChat {
+		return "messages"
+	}
+	return "input"
+}

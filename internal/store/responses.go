@@ -1,0 +1,105 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// StoredResponse is a response a provider stored for a tenant, or an item
+// of its output, as llmq relayed it: whose it is, the deployment whose
+// account holds it, and the tokens a request naming it (a
+// previous_response_id, an item_reference) brings into its prompt at the
+// provider.
+type StoredResponse struct {
+	// ID is the provider's id of the response or item.
+	ID string
+	// ResponseID is the response: ID itself for a response, the response
+	// whose output holds it for an item.
+	ResponseID string
+	TenantID   string
+	Deployment string // provider/upstream
+	// Tokens is what naming it adds to a prompt: a response's whole
+	// conversation (its input, earlier turns included, and output), an
+	// item's at most its response's output.
+	Tokens    int64
+	CreatedAt time.Time
+}
+
+// StoredResponseRetention is how long a stored response is remembered:
+// the 30 days OpenAI keeps one. A follow-up of an older one finds nothing.
+const StoredResponseRetention = 30 * 24 * time.Hour
+
+// StoredResponseInsert records rs, each once: an id recorded before keeps
+// its first row (its first owner), so no later answer can take another
+// tenant's response.
+func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	now := db.nowUTC()
+	for chunk := range chunks(rs, 500) {
+		var a args
+		var values []byte
+		for i, r := range chunk {
+			if err := errors.Join(required("StoredResponseInsert", "ID", r.ID), required("StoredResponseInsert", "ResponseID", r.ResponseID),
+				required("StoredResponseInsert", "TenantID", r.TenantID)); err != nil {
+				return err
+			}
+			if r.Tokens < 0 {
+				return fmt.Errorf("store: StoredResponseInsert %s: negative tokens %d", r.ID, r.Tokens)
+			}
+			if i > 0 {
+				values = append(values, ", "...)
+			}
+			values = append(values, "("+a.list(r.ID, r.ResponseID, r.TenantID, r.Deployment, r.Tokens, db.d.ts(now))+")"...)
+		}
+		if _, err := db.rw.exec(ctx, `INSERT INTO stored_responses (id, response_id, tenant_id, deployment, tokens, created_at)
+			VALUES `+string(values)+` ON CONFLICT (id) DO NOTHING`, a...); err != nil {
+			return fmt.Errorf("store: StoredResponseInsert: %w", db.d.wrap(err))
+		}
+	}
+	return nil
+}
+
+// StoredResponseGet returns the rows of ids that are recorded, by id;
+// the others are missing from the map.
+func (db *DB) StoredResponseGet(ctx context.Context, ids []string) (map[string]*StoredResponse, error) {
+	out := make(map[string]*StoredResponse, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	var a args
+	in := make([]any, len(ids))
+	for i, id := range ids {
+		in[i] = id
+	}
+	err := db.ro.query(ctx, `SELECT id, response_id, tenant_id, deployment, tokens, created_at FROM stored_responses
+		WHERE id IN (`+a.list(in...)+`)`, a, func(r row) error {
+		var s StoredResponse
+		if err := r.Scan(&s.ID, &s.ResponseID, &s.TenantID, &s.Deployment, &s.Tokens, timeCol{&s.CreatedAt}); err != nil {
+			return err
+		}
+		out[s.ID] = &s
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: StoredResponseGet: %w", err)
+	}
+	return out, nil
+}
+
+// StoredResponsePurge deletes up to limit rows recorded before before,
+// oldest first, and returns how many it deleted.
+func (db *DB) StoredResponsePurge(ctx context.Context, before time.Time, limit int) (int64, error) {
+	if limit < 1 {
+		return 0, fmt.Errorf("store: StoredResponsePurge: limit %d, want at least 1", limit)
+	}
+	n, err := db.rw.exec(ctx, `DELETE FROM stored_responses WHERE id IN
+		(SELECT id FROM stored_responses WHERE created_at < $1 ORDER BY created_at LIMIT $2)`, db.d.ts(before), limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: StoredResponsePurge: %w", err)
+	}
+	return n, nil
+}
