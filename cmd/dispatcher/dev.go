@@ -143,12 +143,21 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			return fmt.Errorf("-provider-url needs the provider's API key in %s", providerKeyEnv)
 		}
 	} else {
+		// The simulator shares the API's address and has no tenants: a key
+		// made at each start, which only llmq (through the variable the
+		// policy names) and the file in dir hold, keeps everyone else from
+		// its calls, its stored responses and its control API; random ids
+		// keep them from guessing another client's response or batch.
+		key, err := newSimKey(filepath.Join(o.dir, devSimKeyFile))
+		if err != nil {
+			return err
+		}
 		// Limits like a modest OpenAI account, and a few hundred ms per call,
 		// so the dashboard has something to show.
 		simulator = sim.New(sim.Config{Limits: sim.Limits{RPM: 500, TPM: 200000}, DefaultMaxTokens: 1024,
-			Latency: 300 * time.Millisecond, Jitter: 700 * time.Millisecond})
+			Latency: 300 * time.Millisecond, Jitter: 700 * time.Millisecond, APIKey: key, RandomIDs: true})
 		defer simulator.Close()
-		lookup = withEnv(lookup, providerKeyEnv, "dev")
+		lookup = withEnv(lookup, providerKeyEnv, key)
 	}
 	policyPath := filepath.Join(o.dir, "policy.yaml")
 	policy := strings.NewReplacer("{{BASE_URL}}", providerURL, "{{API_KEY_ENV}}", providerKeyEnv).Replace(devPolicy)
@@ -248,6 +257,22 @@ func devEnv(o *devOptions, environ []string, base string) (*config.Env, error) {
 	return env, nil
 }
 
+// devSimKeyFile is the file under dir that holds the simulator's key of the
+// running dev process, for a user who calls the simulator itself.
+const devSimKeyFile = "sim-key"
+
+// newSimKey makes the simulator's key for this start and writes it to path
+// (readable by its owner only), replacing the last start's.
+func newSimKey(path string) (string, error) {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	key := "sk-llmq-dev-" + hex.EncodeToString(b)
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("-dir: %w", err)
+	}
+	return key, nil
+}
+
 // keptSecret returns the secret stored at path, making and storing one
 // with mk the first time.
 func keptSecret(path string, mk func() string) (string, error) {
@@ -297,7 +322,7 @@ func devTenant(ctx context.Context, a *app.App, dir string) (string, string, err
 }
 
 func banner(w io.Writer, base, admin, tenant, key string, o *devOptions) {
-	provider := "the simulated provider (" + base + "/sim/v1)"
+	provider := "the simulated provider (" + base + "/sim/v1, its key in " + filepath.Join(o.dir, devSimKeyFile) + ")"
 	if o.providerURL != "" {
 		provider = o.providerURL
 	}

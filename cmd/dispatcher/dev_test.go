@@ -456,3 +456,76 @@ func TestDevLogsText(t *testing.T) {
 		}
 	}
 }
+
+// TestDevSimulatorNeedsItsKey: the simulator dev mounts on the API's
+// address answers nobody without the key made at its start (OpenAI's 401,
+// on its API and its control API alike; the last start's key and the old
+// fixed "dev" are refused), and its ids are random: two starts answer
+// their first response with different ids, where a seed and a counter gave
+// the same.
+func TestDevSimulatorNeedsItsKey(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	defer client.CloseIdleConnections()
+	call := func(method, url, key, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	const respBody = `{"model":"gpt-4o-mini","input":"hi","max_output_tokens":16}`
+	var keys, ids []string
+	for start := range 2 {
+		d := startDev(t, dir, bareEnviron())
+		b, err := os.ReadFile(filepath.Join(dir, "sim-key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := strings.TrimSpace(string(b))
+		if !strings.Contains(d.out.String(), filepath.Join(dir, "sim-key")) {
+			t.Errorf("the banner does not say where the simulator's key is:\n%s", d.out.String())
+		}
+		refused := append([]string{"", "dev"}, keys...)
+		for _, wrong := range refused {
+			for _, p := range []struct{ method, path, body string }{
+				{"POST", "/sim/v1/responses", respBody},
+				{"POST", "/sim/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`},
+				{"GET", "/sim/v1/models", ""},
+				{"GET", "/sim/sim/bills", ""},
+				{"POST", "/sim/sim/mode", `{"worst_case":true}`},
+			} {
+				code, body := call(p.method, d.base+p.path, wrong, p.body)
+				var e struct {
+					Error struct {
+						Type string `json:"type"`
+						Code string `json:"code"`
+					} `json:"error"`
+				}
+				if code != http.StatusUnauthorized || json.Unmarshal(body, &e) != nil || e.Error.Code != "invalid_api_key" || e.Error.Type != "invalid_request_error" {
+					t.Errorf("start %d: %s %s with key %q: %d %s", start, p.method, p.path, wrong, code, body)
+				}
+			}
+		}
+		code, body := call("POST", d.base+"/sim/v1/responses", key, respBody)
+		var r struct {
+			ID string `json:"id"`
+		}
+		if code != http.StatusOK || json.Unmarshal(body, &r) != nil || !strings.HasPrefix(r.ID, "resp_") {
+			t.Fatalf("start %d: the simulator with its key: %d %s", start, code, body)
+		}
+		keys, ids = append(keys, key), append(ids, r.ID)
+		d.stop(t)
+	}
+	if keys[0] == keys[1] || ids[0] == ids[1] {
+		t.Errorf("two starts made keys %q and response ids %q: want each different", keys, ids)
+	}
+}

@@ -2,7 +2,8 @@
 // internal/llm/sim on a local address (chat completions, the Responses API,
 // embeddings, files and batches), for integration tests, benchmarks and
 // trying llmq without a provider account. Point a provider's base_url at the
-// URL it prints; GET /sim/stats and GET /sim/admissions show what it admitted.
+// URL it prints; GET /sim/stats and GET /sim/admissions show what it
+// admitted, GET /sim/bills what it billed for each call.
 package main
 
 import (
@@ -46,6 +47,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Int64Var(&cfg.Limits.TPD, "tpd", 0, "tokens per day per model (0: no limit)")
 	fs.BoolVar(&cfg.SharedBuckets, "shared", false, "one set of buckets for all models instead of one per model")
 	fs.Int64Var(&cfg.DefaultMaxTokens, "default-max-tokens", 4096, "tokens charged per choice when a request has no max_tokens")
+	fs.BoolVar(&cfg.WorstCase, "worst-case", false,
+		"bill every call the most a provider may: each choice its whole output limit, every built-in tool call max_tool_calls allows (POST /sim/mode changes it)")
+	fs.Int64Var(&cfg.ToolResultTokens, "tool-result-tokens", 1000, "with -worst-case, the tokens one built-in tool call's result adds to the turns after it")
 	fs.BoolVar(&cfg.Refund, "refund", false, "give the unused part of max_tokens back when a call completes (default: kept charged, as OpenAI documents)")
 	fs.DurationVar(&cfg.RefundDelay, "refund-delay", 0, "with -refund, how long after completion the refund comes")
 	fs.Float64Var(&cfg.PromptFactor, "prompt-factor", 1, "tokens counted per prompt token of llmq's tokenizer (a model with another tokenizer)")
@@ -72,7 +76,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&cfg.Faults.HangFor, "hang-for", 0, "how long a hung request waits before a 504 (0: until the client gives up)")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of faults, latencies, completion lengths and embeddings")
 	fs.IntVar(&cfg.EmbeddingDim, "embedding-dim", 64, "length of embeddings when the request asks no dimensions")
-	fs.StringVar(&cfg.APIKey, "api-key", "", "bearer token required of every request (default: any)")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "key required of every request, to every path, /sim/ included (default: any)")
+	fs.BoolVar(&cfg.RandomIDs, "random-ids", false, "draw ids from crypto/rand (default: from -seed and a counter, so a run repeats)")
 	fs.IntVar(&cfg.StoredResponses, "stored-responses", 10_000, "how many /v1/responses answers are kept for GET /v1/responses/{id} and previous_response_id")
 	fs.Float64Var(&cfg.Batch.LinesPerSecond, "batch-lines-per-second", 5000, "how fast a batch answers its lines (negative: all at once)")
 	fs.DurationVar(&cfg.Batch.ValidatingFor, "batch-validating-for", 50*time.Millisecond, "how long a batch stays validating (negative: no time)")

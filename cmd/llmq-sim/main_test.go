@@ -139,6 +139,56 @@ func TestRunModeFlags(t *testing.T) {
 	}
 }
 
+// Worst-case billing, the result of a tool call, random ids and a key for
+// every path are flags: a call without max_tokens produces the default
+// output whole, a web search tool is called 10 times, and the bill log needs
+// the key.
+func TestRunWorstCaseFlags(t *testing.T) {
+	t.Parallel()
+	url, client := serve(t, "-worst-case", "-default-max-tokens", "300", "-tool-result-tokens", "50", "-random-ids", "-api-key", "sk-flags")
+	call := func(method, path, key, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	var out struct {
+		ID    string `json:"id"`
+		Usage struct {
+			InputTokens  int64 `json:"input_tokens"`
+			OutputTokens int64 `json:"output_tokens"`
+		} `json:"usage"`
+	}
+	code, body := call("POST", "/v1/responses", "sk-flags", `{"model":"m","input":"hello world","tools":[{"type":"web_search"}]}`)
+	if err := json.Unmarshal(body, &out); code != 200 || err != nil {
+		t.Fatalf("%d %s", code, body)
+	}
+	// 11 turns of the 2-token prompt, 55 results of 50 tokens, 10 re-readings of the 300 output tokens.
+	if out.Usage.OutputTokens != 300 || out.Usage.InputTokens != 11*2+50*55+10*300 || !regexp.MustCompile(`^resp_[0-9a-f]{24}$`).MatchString(out.ID) {
+		t.Errorf("answer %s: -worst-case, -tool-result-tokens or -random-ids not applied", body)
+	}
+	if code, _ := call("GET", "/sim/bills", "", ""); code != http.StatusUnauthorized {
+		t.Errorf("/sim/bills without the key: %d", code)
+	}
+	code, body = call("GET", "/sim/bills", "sk-flags", "")
+	var bills []struct {
+		InputTokens int64            `json:"input_tokens"`
+		ToolCalls   map[string]int64 `json:"tool_calls"`
+	}
+	if err := json.Unmarshal(body, &bills); code != 200 || err != nil || len(bills) != 1 || bills[0].InputTokens != out.Usage.InputTokens ||
+		bills[0].ToolCalls["web_search"] != 10 {
+		t.Errorf("bills: %d %s", code, body)
+	}
+}
+
 // A short window, Azure's headers and a wait in seconds are flags too.
 func TestRunWindowFlags(t *testing.T) {
 	t.Parallel()
@@ -214,6 +264,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"-window", "1s", "-window-kind", "round"},
 		{"-ramp", "-1"},
 		{"-prompt-factor", "-1"},
+		{"-tool-result-tokens", "-1"},
 		{"-batch-expire-fraction", "2"},
 		{"-batch-fail-rate", "-0.5"},
 		{"-batch-queue-limit", "-1"},

@@ -157,6 +157,9 @@ func (r *Request) Fill(j *store.JobInsertParams) {
 // of the model's upstream: what the provider counts.
 func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config.Tier, tenantID, endpoint string, body []byte) (*Estimate, error) {
 	decoded, err := llm.Decode(endpoint, body)
+	if err == nil {
+		err = decoded.CaseVariant()
+	}
 	if err != nil {
 		return nil, invalid(err)
 	}

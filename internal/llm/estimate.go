@@ -199,6 +199,16 @@ func Decode(endpoint string, body []byte) (*Body, error) {
 // Model is body.model: the name the client asked for.
 func (b *Body) Model() string { return b.r.model }
 
+// CaseVariant is a refusal naming the first member of the body whose name
+// differs from one llmq reads only in case, which admission refuses; nil
+// when there is none.
+func (b *Body) CaseVariant() error {
+	if b.r.variant == nil {
+		return nil
+	}
+	return b.r.variant
+}
+
 // Endpoint is the endpoint the body was decoded for.
 func (b *Body) Endpoint() string { return b.r.endpoint }
 

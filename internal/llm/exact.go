@@ -40,25 +40,27 @@ func (it *rawItem) others() otherMembers          { return it.Other }
 func (p *rawInputPart) others() otherMembers      { return p.Other }
 
 // decodeBody decodes a request body into v, refusing a body that is not a
-// JSON object and a member whose name is a case variant of one v reads.
+// JSON object.
 func decodeBody(body []byte, v object) error {
 	if err := unmarshal(body, v); err != nil {
 		return invalid("body", "'body' is not valid JSON: %v", err)
 	}
-	return caseVariant(v, "")
+	return nil
 }
 
-// caseVariant refuses a member of the object at path that llmq did not read
-// (v.others()) whose name differs from the name of one it reads only in
-// case: a provider that matches names without case (as Go's encoding/json
-// and ASP.NET's web defaults do) could read "MAX_TOKENS" as max_tokens or
-// "Content" as content, and bill what llmq never counted; one that matches
-// them exactly would ignore what llmq counted. Either way llmq's count and
-// the provider's would part, so the request is refused.
-func caseVariant(v object, path string) error {
+// checkCase notes, as the request's case variant (Body.CaseVariant), the
+// first member of the object at path that llmq did not read (v.others())
+// whose name differs from the name of one it reads only in case: a
+// provider that matches names without case (as Go's encoding/json and
+// ASP.NET's web defaults do) could read "MAX_TOKENS" as max_tokens or
+// "Content" as content, and bill what llmq never counted; one that
+// matches them exactly would ignore what llmq counted. Either way llmq's
+// count and the provider's would part, so admission refuses such a body;
+// a provider reading names exactly (the simulator) reads it as it is.
+func (r *request) checkCase(v object, path string) {
 	other := v.others()
-	if len(other) == 0 {
-		return nil
+	if len(other) == 0 || r.variant != nil {
+		return
 	}
 	read := readNames(reflect.TypeOf(v).Elem())
 	names := make([]string, 0, len(other))
@@ -72,11 +74,11 @@ func caseVariant(v object, path string) error {
 			if path != "" {
 				p = path + "." + name
 			}
-			return invalid(p, "'%s' differs from '%s' only in case: member names are case-sensitive, and a provider that matches them without case could read it as '%s'; name it '%s'",
+			r.variant = invalid(p, "'%s' differs from '%s' only in case: member names are case-sensitive, and a provider that matches them without case could read it as '%s'; name it '%s'",
 				p, field, field, field)
+			return
 		}
 	}
-	return nil
 }
 
 // readNames maps the folded json names of struct type t's fields to the

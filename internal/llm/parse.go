@@ -84,7 +84,7 @@ func ParseRequest(endpoint string, body []byte) (*ParsedRequest, error) {
 // rawChatBody holds the fields of a chat completions body llmq reads; the
 // rest of the body goes to the provider untouched. Each raw type keeps the
 // members it does not read in Other, where a name that differs from one
-// of its fields only in case is refused (see caseVariant).
+// of its fields only in case is refused by admission (see checkCase).
 type rawChatBody struct {
 	Model               json.RawMessage `json:"model"`
 	Messages            json.RawMessage `json:"messages"`
@@ -179,6 +179,9 @@ type request struct {
 	// stores is set for a Responses API body whose answer the provider
 	// stores (store is not false).
 	stores bool
+	// variant is the first member named as one llmq reads but for case
+	// (see checkCase).
+	variant *InvalidRequestError
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -241,6 +244,7 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 		if err := decodeBody(body, &rb); err != nil {
 			return nil, err
 		}
+		r.checkCase(&rb, "")
 		if err := parseHead(r, rb.Model, rb.Stream); err != nil {
 			return nil, err
 		}
@@ -250,6 +254,7 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 		if err := decodeBody(body, &rb); err != nil {
 			return nil, err
 		}
+		r.checkCase(&rb, "")
 		if err := parseHead(r, rb.Model, rb.Stream); err != nil {
 			return nil, err
 		}
@@ -259,6 +264,7 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	if err := decodeBody(body, &rb); err != nil {
 		return nil, err
 	}
+	r.checkCase(&rb, "")
 	if err := parseHead(r, rb.Model, rb.Stream); err != nil {
 		return nil, err
 	}
@@ -399,9 +405,7 @@ func parseMessages(r *request, raw json.RawMessage) error {
 		if len(mraw) == 0 || mraw[0] != '{' || unmarshal(mraw, &rm) != nil {
 			return invalid(p, "'%s' must be an object", p)
 		}
-		if err := caseVariant(&rm, p); err != nil {
-			return err
-		}
+		r.checkCase(&rm, p)
 		m := &r.messages[i]
 		role, ok := jsonString(rm.Role)
 		if !ok {
@@ -491,9 +495,7 @@ func (r *request) parseContent(m *message, raw json.RawMessage, p string) error 
 		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, &part) != nil {
 			return invalid(pp, "'%s' must be a content part object", pp)
 		}
-		if err := caseVariant(&part, pp); err != nil {
-			return err
-		}
+		r.checkCase(&part, pp)
 		typ, ok := jsonString(part.Type)
 		if !ok || typ == "" {
 			return invalid(pp+".type", "'%s.type' must be a non-empty string", pp)

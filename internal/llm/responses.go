@@ -188,9 +188,7 @@ func parseItems(r *request, raw json.RawMessage) error {
 		if len(iraw) == 0 || iraw[0] != '{' || unmarshal(iraw, &it) != nil {
 			return invalid(p, "'%s' must be an object", p)
 		}
-		if err := caseVariant(&it, p); err != nil {
-			return err
-		}
+		r.checkCase(&it, p)
 		typ := "message"
 		if !isNull(it.Type) {
 			s, ok := jsonString(it.Type)
@@ -282,9 +280,7 @@ func (r *request) parseItemMessage(it rawItem, p string) (message, error) {
 		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, &part) != nil {
 			return m, invalid(pp, "'%s' must be a content part object", pp)
 		}
-		if err := caseVariant(&part, pp); err != nil {
-			return m, err
-		}
+		r.checkCase(&part, pp)
 		typ, ok := jsonString(part.Type)
 		if !ok || typ == "" {
 			return m, invalid(pp+".type", "'%s.type' must be a non-empty string", pp)

@@ -116,7 +116,7 @@ func (s *Server) admit(model string, tokens int64, now time.Time, u float64) ver
 		s.stats.Hung++
 	}
 	s.stats.Requests++
-	v.seq = s.log.add(Admission{Time: now, Model: model, Requests: 1, Tokens: tokens, Outcome: v.outcome, RetryAfter: v.wait})
+	v.seq = s.log.add(Admission{Seq: s.log.next, Time: now, Model: model, Requests: 1, Tokens: tokens, Outcome: v.outcome, RetryAfter: v.wait})
 	if v.outcome == RateLimited {
 		s.cfg.Logger.Debug("sim: rate limited", "model", model, "tokens", tokens, "retry_after", v.wait)
 	}
@@ -228,7 +228,11 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // Config.HeaderNoise, nonsense in their place), a 429's wait in the form of
 // Config.RetryAfter, and the request id.
 func (s *Server) setRateHeaders(h http.Header, v *verdict, n uint64) {
-	h.Set("X-Request-Id", "req_"+strconv.FormatUint(s.cfg.Seed, 36)+"_"+strconv.FormatUint(n, 10))
+	if s.cfg.RandomIDs {
+		h.Set("X-Request-Id", s.ident("req_", identRequest, n))
+	} else {
+		h.Set("X-Request-Id", "req_"+strconv.FormatUint(s.cfg.Seed, 36)+"_"+strconv.FormatUint(n, 10))
+	}
 	noise := s.cfg.HeaderNoise > 0 && s.draw(n, drawNoise) < s.cfg.HeaderNoise
 	nonsense := "0"
 	if s.draw(n, drawNoise+1) < 0.5 {

@@ -46,16 +46,12 @@ func (s *Server) handleBatchAPI(mux *http.ServeMux) {
 }
 
 // batchAPI checks what every files, batches and stored-response call
-// needs: Azure's api-version where it is required, and the API key.
+// needs: Azure's api-version where it is required (the key is checked
+// before every path, by Handler).
 func (s *Server) batchAPI(d dialect, h func(http.ResponseWriter, *http.Request, dialect)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if d.needVersion && r.URL.Query().Get("api-version") == "" {
 			apiError(w, http.StatusNotFound, "Resource not found", "", "", "404")
-			return
-		}
-		if !s.authorized(r) {
-			s.count(func(st *Stats) { st.Unauthorized++ })
-			apiError(w, http.StatusUnauthorized, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key")
 			return
 		}
 		h(w, r, d)

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"bytes"
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -411,7 +413,10 @@ func (s *Server) answerLinesLocked(b *batch, upto int) {
 			b.failed++
 		} else {
 			l.status = http.StatusOK
-			body, _ = s.respond(l.call, n, at)
+			var bill Bill
+			body, bill = s.respond(l.call, n, at)
+			bill.Batch = true
+			s.record(bill)
 			b.completed++
 		}
 		l.result = resultLine(s.ident("batch_req_", identBatchRequest, n), l.customID, l.status,
@@ -677,11 +682,20 @@ const (
 	identRequest
 	identResponse
 	identMessage
+	identChat
+	identToolCall
 )
 
 // ident is the n-th identifier of a kind: prefix and 24 hex digits, unique
-// for the kind and the same for a seed.
+// for the kind and the same for a seed, so a run repeats. With
+// Config.RandomIDs the digits come from crypto/rand instead, so nobody can
+// guess another client's ids from the seed and a counter.
 func (s *Server) ident(prefix string, kind, n uint64) string {
+	if s.cfg.RandomIDs {
+		var b [12]byte
+		_, _ = cryptorand.Read(b[:]) // never fails (crypto/rand)
+		return prefix + hex.EncodeToString(b[:])
+	}
 	x := mix64(mix64(s.cfg.Seed+kind*0x9E3779B97F4A7C15) + n)
 	return fmt.Sprintf("%s%016x%08x", prefix, x, uint32(mix64(x)))
 }

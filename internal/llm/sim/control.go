@@ -162,3 +162,29 @@ func (s *Server) serveSetFaults(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
+
+func (s *Server) serveBills(w http.ResponseWriter, _ *http.Request) {
+	bills := s.Bills()
+	if bills == nil {
+		bills = []Bill{}
+	}
+	writeJSON(w, http.StatusOK, bills)
+}
+
+// serveSetMode serves POST /sim/mode: the modes that change while the
+// simulator serves. A mode the body leaves out stays as it is.
+func (s *Server) serveSetMode(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		WorstCase *bool `json:"worst_case"`
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		apiError(w, http.StatusBadRequest, "the body must be {\"worst_case\": true|false}: "+err.Error(), "invalid_request_error", "", "")
+		return
+	}
+	if req.WorstCase != nil {
+		s.SetWorstCase(*req.WorstCase)
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

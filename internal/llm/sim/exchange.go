@@ -79,8 +79,15 @@ func (x *Exchange) answer(status int, message, typ, param, code string) *Exchang
 // Begin decides a request to endpoint (llm.EndpointChat,
 // llm.EndpointResponses or llm.EndpointEmbeddings) with body at the
 // simulator's now: a 400 or 404 for a body it refuses, a fault, a 429, or
-// admission, which charges the buckets and draws the answer and the latency.
+// admission, which charges the buckets, draws the answer and the latency,
+// and bills the call.
 func (s *Server) Begin(endpoint string, body []byte) *Exchange {
+	return s.begin(endpoint, body, false)
+}
+
+// begin is Begin for a call whose answer is streamed when stream is set
+// (the body without stream and stream_options): its bill says so.
+func (s *Server) begin(endpoint string, body []byte, stream bool) *Exchange {
 	x := &Exchange{s: s, header: http.Header{}}
 	c, bad := s.prepare(endpoint, body)
 	if bad != nil {
@@ -111,21 +118,24 @@ func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 		return x
 	}
 
-	// Admitted: draw the answer and the time it takes.
+	// Admitted: draw the answer and the time it takes, and bill it.
 	x.admitted, x.status = true, http.StatusOK
-	var completion int64
-	x.body, completion = s.respond(c, n, now)
-	x.unused = c.tokens - c.prompt - completion
-	x.completion = completion
-	x.latency = s.latency(n, completion)
+	var bill Bill
+	x.body, bill = s.respond(c, n, now)
+	bill.Seq, bill.Stream = x.seq, stream
+	s.record(bill)
+	x.completion = bill.OutputTokens
+	x.unused = c.tokens - c.prompt - x.completion
+	x.latency = s.latency(n, x.completion)
 	x.header.Set("Content-Type", "application/json")
 	x.header.Set("Content-Length", strconv.Itoa(len(x.body)))
 	return x
 }
 
 // call is a request the simulator answers, parsed and counted: what
-// admission charges and what the answer is drawn from. Synchronous calls and
-// batch lines share it, so both get the same answers.
+// admission charges, what the answer is drawn from and what decides its
+// bill. Synchronous calls and batch lines share it, so both get the same
+// answers and bills.
 type call struct {
 	endpoint string
 	body     []byte
@@ -133,10 +143,13 @@ type call struct {
 	emb      embeddingOptions
 	// responses is what a Responses API call echoes; nil for the others.
 	responses *responsesRequest
+	// terms are what decides a chat or Responses API call's bill, read by
+	// the simulator itself; the zero value for embeddings.
+	terms terms
 	// prompt is the prompt tokens as the provider counts them (with a
-	// Responses API call's previous turns); maxTokens what a chat or
-	// Responses API call may produce per choice; tokens what admission
-	// charges (prompt plus maxTokens for every choice).
+	// Responses API call's earlier turns and referenced items); maxTokens
+	// what a chat or Responses API call may produce per choice; tokens what
+	// admission charges (prompt plus maxTokens for every choice).
 	prompt, maxTokens, tokens int64
 }
 
@@ -153,12 +166,18 @@ func (x *Exchange) refuse(r *refusal) *Exchange {
 }
 
 // prepare parses body for endpoint and counts it as the provider does: a
-// 400 for a body it refuses, a 404 for a model it does not serve.
+// 400 for a body it refuses, a 404 for a model it does not serve. llmq's
+// parser validates the body and counts its prompt; the terms of the bill
+// are the simulator's own reading (readTerms).
 func (s *Server) prepare(endpoint string, body []byte) (*call, *refusal) {
+	var m members
 	var rq *responsesRequest
+	if endpoint != llm.EndpointEmbeddings {
+		m = readMembers(body)
+	}
 	if endpoint == llm.EndpointResponses {
 		var bad *refusal
-		if rq, bad = readResponsesRequest(body); bad != nil {
+		if rq, bad = readResponsesRequest(m); bad != nil {
 			return nil, bad
 		}
 	}
@@ -183,24 +202,37 @@ func (s *Server) prepare(endpoint string, body []byte) (*call, *refusal) {
 		if c.emb, err = s.embeddingOptions(body); err != nil {
 			return nil, &refusal{http.StatusBadRequest, err.Error(), "invalid_request_error", "dimensions", ""}
 		}
+	} else {
+		var bad *refusal
+		if c.terms, bad = readTerms(endpoint, m); bad != nil {
+			return nil, bad
+		}
 	}
 	// The provider counts the prompt with its own tokenizer.
 	c.prompt = int64(math.Ceil(float64(p.ContentTokens) * s.cfg.PromptFactor))
-	if rq != nil && rq.previous != "" {
+	if c.terms.previous != "" {
 		// The provider counts the earlier turns it stored.
-		earlier, bad := s.previousTokens(rq.previous)
+		earlier, bad := s.previousTokens(c.terms.previous)
 		if bad != nil {
 			return nil, bad
 		}
 		c.prompt += earlier
 	}
+	for _, id := range c.terms.refs {
+		// And the items the input names, each its whole response's output.
+		output, bad := s.referencedTokens(id)
+		if bad != nil {
+			return nil, bad
+		}
+		c.prompt += output
+	}
 	c.tokens = c.prompt
-	if endpoint == llm.EndpointChat || endpoint == llm.EndpointResponses {
-		c.maxTokens = p.MaxTokens
+	if endpoint != llm.EndpointEmbeddings {
+		c.maxTokens = c.terms.maxTokens
 		if c.maxTokens == 0 {
 			c.maxTokens = s.defaultMaxTokens(p.Model)
 		}
-		c.tokens += c.maxTokens * p.N
+		c.tokens += c.maxTokens * c.terms.n
 	}
 	return c, nil
 }
@@ -222,24 +254,6 @@ func (s *Server) exceedsContext(c *call) *refusal {
 	// OpenAI's wording.
 	return &refusal{http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 		window, c.prompt+c.maxTokens, c.prompt, c.maxTokens), "invalid_request_error", "messages", "context_length_exceeded"}
-}
-
-// respond draws the answer to c as request n at now: its body and its
-// completion tokens.
-func (s *Server) respond(c *call, n uint64, now time.Time) (body []byte, completion int64) {
-	switch c.endpoint {
-	case llm.EndpointEmbeddings:
-		return s.embeddingResponse(n, c.p, c.prompt, c.emb), 0
-	case llm.EndpointResponses:
-		completion = s.completionTokens(c.maxTokens, s.draw(n, drawCompletion))
-		return s.responsesResponse(c, n, now, completion), completion
-	}
-	completions := make([]int64, c.p.N)
-	for i := range completions {
-		completions[i] = s.completionTokens(c.maxTokens, s.draw(n, drawCompletion+uint64(i)))
-		completion += completions[i]
-	}
-	return s.chatResponse(n, now, c.p.Model, c.prompt, c.maxTokens, completions, s.echo(c.body)), completion
 }
 
 // refund is unused tokens due back to a model's token buckets at a moment.

@@ -33,11 +33,14 @@ import (
 //	                              many times each batch line's custom_id was
 //	                              answered
 //	GET  /sim/admissions[?after=N] the admission log after entry N
+//	GET  /sim/bills   the bill log (Server.Bills)
 //	POST /sim/limits  {"model"?, "rpm", "tpm", "rpd", "tpd"}
-//	POST /sim/faults  {"rate_429", "rate_500", "rate_hang", "omit_usage", "hang_for": "5s", "retry_after_429": "1s"}
-//	POST /sim/reset   clears stats and log, refills buckets
+//	POST /sim/faults  {"rate_429", "rate_500", "rate_hang", "omit_usage", "stream_error", "hang_for": "5s", "retry_after_429": "1s"}
+//	POST /sim/mode    {"worst_case": true}
+//	POST /sim/reset   clears stats and logs, refills buckets
 //
-// The control API has no authentication: the simulator is for loopback use.
+// With Config.APIKey set, every path needs the key, the control API's too;
+// without, the simulator is for loopback use.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+llm.EndpointChat, s.serveCompletion)
@@ -54,13 +57,27 @@ func (s *Server) Handler() http.Handler {
 	s.handleBatchAPI(mux)
 	mux.HandleFunc("GET /sim/stats", s.serveStats)
 	mux.HandleFunc("GET /sim/admissions", s.serveAdmissions)
+	mux.HandleFunc("GET /sim/bills", s.serveBills)
 	mux.HandleFunc("POST /sim/limits", s.serveSetLimits)
 	mux.HandleFunc("POST /sim/faults", s.serveSetFaults)
+	mux.HandleFunc("POST /sim/mode", s.serveSetMode)
 	mux.HandleFunc("POST /sim/reset", func(w http.ResponseWriter, _ *http.Request) {
 		s.Reset()
 		w.WriteHeader(http.StatusNoContent)
 	})
-	return mux
+	if s.cfg.APIKey == "" {
+		return mux
+	}
+	// One check before every path, so no route can be added without it.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			s.count(func(st *Stats) { st.Unauthorized++ })
+			apiError(w, http.StatusUnauthorized, "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
+				"invalid_request_error", "", "invalid_api_key")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // apiError writes OpenAI's error shape.
@@ -130,11 +147,6 @@ const drawNoise = 1 << 20
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	s.flight.Add(1)
 	defer s.flight.Add(-1)
-	if !s.authorized(r) {
-		s.count(func(st *Stats) { st.Unauthorized++ })
-		apiError(w, http.StatusUnauthorized, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key")
-		return
-	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		s.count(func(st *Stats) { st.BadRequests++ })
@@ -147,7 +159,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "stream", "")
 		return
 	}
-	x := s.Begin(r.URL.Path, body)
+	x := s.begin(r.URL.Path, body, stream)
 	if stream && x.admitted {
 		s.serveStream(w, r, x, includeUsage)
 		return
@@ -206,12 +218,9 @@ func (s *Server) serveAzureV1(w http.ResponseWriter, r *http.Request) {
 	s.serveCompletion(w, r)
 }
 
-// authorized says whether r carries the key: as a bearer token (OpenAI,
-// Azure's v1 API) or in the api-key header (Azure).
+// authorized says whether r carries Config.APIKey: as a bearer token
+// (OpenAI, Azure's v1 API) or in the api-key header (Azure).
 func (s *Server) authorized(r *http.Request) bool {
-	if s.cfg.APIKey == "" {
-		return true
-	}
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
 		got = r.Header.Get("api-key")

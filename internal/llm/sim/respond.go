@@ -33,20 +33,27 @@ func (s *Server) echo(body []byte) string {
 	return r.User
 }
 
-func (s *Server) chatResponse(n uint64, now time.Time, model string, prompt, maxTokens int64, completions []int64, echo string) []byte {
+// chatResponse is the chat completion answering c as request n at now with
+// the completions of each choice and bill's usage and service tier.
+func (s *Server) chatResponse(c *call, n uint64, now time.Time, bill *Bill, completions []int64) []byte {
 	b := bufPool.Get().(*bytes.Buffer)
 	defer bufPool.Put(b)
 	b.Reset()
-	var total int64
-	b.WriteString(`{"id":"chatcmpl-sim`)
-	b.WriteString(strconv.FormatUint(n, 10))
-	b.WriteString(`","object":"chat.completion","created":`)
+	echo := s.echo(c.body)
+	b.WriteString(`{"id":`)
+	if s.cfg.RandomIDs {
+		appendJSONString(b, s.ident("chatcmpl-", identChat, n))
+	} else {
+		b.WriteString(`"chatcmpl-sim`)
+		b.WriteString(strconv.FormatUint(n, 10))
+		b.WriteByte('"')
+	}
+	b.WriteString(`,"object":"chat.completion","created":`)
 	b.WriteString(itoa(now.Unix()))
 	b.WriteString(`,"model":`)
-	appendJSONString(b, model)
+	appendJSONString(b, c.p.Model)
 	b.WriteString(`,"choices":[`)
-	for i, c := range completions {
-		total += c
+	for i, k := range completions {
 		if i > 0 {
 			b.WriteByte(',')
 		}
@@ -59,9 +66,9 @@ func (s *Server) chatResponse(n uint64, now time.Time, model string, prompt, max
 		} else {
 			b.WriteByte('"')
 		}
-		s.writeText(b, n, uint64(i), c)
+		s.writeText(b, n, uint64(i), k)
 		b.WriteString(`","refusal":null},"logprobs":null,"finish_reason":"`)
-		if c >= maxTokens {
+		if k >= c.maxTokens {
 			b.WriteString("length")
 		} else {
 			b.WriteString("stop")
@@ -71,19 +78,17 @@ func (s *Server) chatResponse(n uint64, now time.Time, model string, prompt, max
 	b.WriteString(`]`)
 	if !s.omitsUsage(n) {
 		b.WriteString(`,"usage":{"prompt_tokens":`)
-		b.WriteString(itoa(prompt))
+		b.WriteString(itoa(bill.InputTokens))
 		b.WriteString(`,"completion_tokens":`)
-		b.WriteString(itoa(total))
+		b.WriteString(itoa(bill.OutputTokens))
 		b.WriteString(`,"total_tokens":`)
-		b.WriteString(itoa(prompt + total))
+		b.WriteString(itoa(bill.InputTokens + bill.OutputTokens))
 		b.WriteString(`,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}`)
 	}
-	b.WriteString(`,"service_tier":"default","system_fingerprint":"fp_llmqsim"}`)
+	b.WriteString(`,"service_tier":`)
+	appendJSONString(b, bill.ServiceTier)
+	b.WriteString(`,"system_fingerprint":"fp_llmqsim"}`)
 	b.WriteByte('\n')
-	s.count(func(st *Stats) {
-		st.PromptTokens += prompt
-		st.CompletionTokens += total
-	})
 	return bytes.Clone(b.Bytes())
 }
 
@@ -201,6 +206,5 @@ func (s *Server) embeddingResponse(n uint64, p *llm.ParsedRequest, prompt int64,
 		b.WriteString("}")
 	}
 	b.WriteString("}\n")
-	s.count(func(st *Stats) { st.PromptTokens += prompt })
 	return bytes.Clone(b.Bytes())
 }

@@ -9,7 +9,11 @@
 // rate-limit headers. Latency, spurious 429s, 500s and hung requests are
 // configurable and deterministic for a seed, and every request that reaches
 // the limiter is logged, so tests can check that a client never pushed the
-// provider past its limits and waited for the resets it was told.
+// provider past its limits and waited for the resets it was told. Every call
+// it serves is billed in a log of its own (Bill), and in worst-case mode
+// (Config.WorstCase) it bills each call the most a provider may, reading
+// what decides the bill from the body itself, as OpenAI does, so tests can
+// check llmq's reservations and charges against an independent reader.
 package sim
 
 import (
@@ -241,9 +245,31 @@ type Config struct {
 	// EmbeddingDim is the length of embeddings when the request does not ask
 	// for dimensions. Defaults to 64.
 	EmbeddingDim int
-	// APIKey, when set, must be the bearer token of every request to /v1;
-	// others get a 401. Defaults to "" (any key, or none).
+	// WorstCase bills every admitted call (plain, streamed, a batch line)
+	// the most a provider may: each choice produces its whole output limit
+	// (max_tokens or max_completion_tokens, the larger; max_output_tokens;
+	// else the model's default max tokens), a Responses API call offering
+	// built-in tools makes max_tool_calls calls (10 when it sets none) and
+	// is billed the input of the multi-turn run they make, a chat call with
+	// web_search_options one web search; no input token is cached. Server.
+	// SetWorstCase and POST /sim/mode change it while serving. Defaults to
+	// false: completions are drawn within CompletionMin and CompletionMax,
+	// and no built-in tool is called.
+	WorstCase bool
+	// ToolResultTokens is what the result of one built-in tool call adds to
+	// the context of the turns after it, in worst-case mode. Defaults to
+	// 1000.
+	ToolResultTokens int64
+	// APIKey, when set, must be the key of every request, to every path
+	// (the control API's too): as a bearer token, or in Azure's api-key
+	// header; others get OpenAI's 401. Defaults to "" (any key, or none).
 	APIKey string
+	// RandomIDs draws the ids of responses, completions, files, batches and
+	// requests from crypto/rand. Defaults to false: they follow from Seed
+	// and a counter, so a run with one seed repeats byte for byte (and a
+	// client can guess them: use RandomIDs wherever the simulator is
+	// reachable by more than one client).
+	RandomIDs bool
 	// Now is the clock of the buckets and the log; tests inject one so that
 	// refills need no sleeping. Defaults to time.Now.
 	Now func() time.Time
@@ -294,6 +320,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.DefaultMaxTokens < 0:
 		return fmt.Errorf("sim: Config.DefaultMaxTokens must not be negative, got %d", c.DefaultMaxTokens)
+	case c.ToolResultTokens < 0 || c.ToolResultTokens > maxToolResultTokens:
+		return fmt.Errorf("sim: Config.ToolResultTokens must be within [0, %d], got %d", maxToolResultTokens, c.ToolResultTokens)
 	case c.Latency < 0 || c.Jitter < 0 || c.LatencyPerToken < 0:
 		return errors.New("sim: Config.Latency, Jitter and LatencyPerToken must not be negative")
 	case c.CompletionMin < 0 || c.CompletionMin > 1 || c.CompletionMax < 0 || c.CompletionMax > 1 || c.CompletionMin > c.CompletionMax && c.CompletionMax != 0:
@@ -328,6 +356,10 @@ func (c Config) Validate() error {
 
 const maxEmbeddingDim = 8192
 
+// maxToolResultTokens bounds Config.ToolResultTokens, so that the worst
+// multi-turn input stays far within an int64.
+const maxToolResultTokens = 1 << 30
+
 var (
 	rateHeaderModes = []string{HeadersAll, HeadersLimitsOnly, HeadersNone, HeadersAzure, HeadersAzurePTU, HeadersAnthropic}
 	retryAfterForms = []string{RetryAfterMS, RetryAfterSeconds, RetryAfterDate, RetryAfterNone}
@@ -336,6 +368,9 @@ var (
 func (c *Config) setDefaults() {
 	if c.DefaultMaxTokens == 0 {
 		c.DefaultMaxTokens = 4096
+	}
+	if c.ToolResultTokens == 0 {
+		c.ToolResultTokens = 1000
 	}
 	if c.CompletionMax == 0 {
 		c.CompletionMax = 1
@@ -388,6 +423,8 @@ type Server struct {
 	est     *llm.Estimator
 	arrival atomic.Uint64 // numbers requests for the seeded draws
 	flight  atomic.Int64
+	// worstCase is Config.WorstCase, changed by SetWorstCase.
+	worstCase atomic.Bool
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -397,7 +434,8 @@ type Server struct {
 	models  map[string]Model
 	faults  Faults
 	buckets map[string]*buckets // by model; "" when shared
-	log     *admissionLog
+	log     *ring[Admission]
+	bills   *ring[Bill]
 	stats   Stats
 
 	bat       *batchStore    // files and batches, under their own lock
@@ -436,7 +474,7 @@ func New(cfg Config) *Server {
 		models[k] = v
 	}
 	cfg.Models = nil
-	return &Server{
+	s := &Server{
 		cfg:       cfg,
 		est:       llm.NewEstimator(),
 		closed:    make(chan struct{}),
@@ -444,10 +482,13 @@ func New(cfg Config) *Server {
 		models:    models,
 		faults:    cfg.Faults,
 		buckets:   make(map[string]*buckets),
-		log:       newAdmissionLog(cfg.LogSize),
+		log:       newRing[Admission](cfg.LogSize),
+		bills:     newRing[Bill](cfg.LogSize),
 		bat:       newBatchStore(cfg.Batch),
 		responses: newResponseStore(cfg.StoredResponses),
 	}
+	s.worstCase.Store(cfg.WorstCase)
+	return s
 }
 
 // Close ends hung and slow requests at once, so a server in front of the
@@ -556,6 +597,7 @@ func (s *Server) Stats() Stats {
 	}
 	st := s.stats
 	st.LogDropped = s.log.dropped
+	st.BillsDropped = s.bills.dropped
 	s.mu.Unlock()
 	st.InFlight = s.flight.Load()
 	return st
@@ -569,14 +611,16 @@ func (s *Server) Admissions(after int64) []Admission {
 	return s.log.since(after)
 }
 
-// Reset clears the counters (the batch counters too) and the log and refills
-// every bucket. Files, batches and stored responses stay.
+// Reset clears the counters (the batch counters too), the admission log and
+// the bill log, and refills every bucket. Files, batches and stored
+// responses stay.
 func (s *Server) Reset() {
 	s.resetBatchStats()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats = Stats{}
-	s.log = newAdmissionLog(s.cfg.LogSize)
+	s.log = newRing[Admission](s.cfg.LogSize)
+	s.bills = newRing[Bill](s.cfg.LogSize)
 	s.buckets = make(map[string]*buckets)
 }
 

@@ -80,57 +80,58 @@ type Stats struct {
 	ExternalTokens   int64 `json:"external_tokens"`
 	// InFlight is requests being answered now.
 	InFlight int64 `json:"in_flight"`
-	// LogDropped is log entries overwritten because the log was full.
-	LogDropped int64 `json:"log_dropped"`
+	// LogDropped is admission log entries overwritten because the log was
+	// full; BillsDropped the same of the bill log (Server.Bills).
+	LogDropped   int64 `json:"log_dropped"`
+	BillsDropped int64 `json:"bills_dropped"`
 }
 
-// admissionLog is a ring of the most recent entries.
-type admissionLog struct {
+// ring keeps the most recent entries of a log, numbered from 1 in the order
+// added: the admission log and the bill log, bounded alike by
+// Config.LogSize.
+type ring[T any] struct {
 	size    int
-	entries []Admission
-	next    int64 // seq of the next entry
-	first   int64 // seq of the oldest entry kept
+	entries []T
+	next    int64 // number of the next entry
+	first   int64 // number of the oldest entry kept
 	dropped int64
 }
 
-func newAdmissionLog(size int) *admissionLog {
-	return &admissionLog{size: size, entries: make([]Admission, 0, min(size, 4096)), next: 1, first: 1}
+func newRing[T any](size int) *ring[T] {
+	return &ring[T]{size: size, entries: make([]T, 0, min(size, 4096)), next: 1, first: 1}
 }
 
-// add appends e (whose Seq it sets) and returns its seq.
-func (l *admissionLog) add(e Admission) int64 {
-	size := l.size
-	e.Seq = l.next
+// add appends e and returns its number.
+func (l *ring[T]) add(e T) int64 {
+	seq := l.next
 	l.next++
-	if len(l.entries) < size {
+	if len(l.entries) < l.size {
 		l.entries = append(l.entries, e)
-		return e.Seq
+		return seq
 	}
-	l.entries[(e.Seq-1)%int64(size)] = e
+	l.entries[(seq-1)%int64(l.size)] = e
 	l.first++
 	l.dropped++
-	return e.Seq
+	return seq
 }
 
 // get returns the entry seq if it is still kept.
-func (l *admissionLog) get(seq int64) *Admission {
-	size := l.size
+func (l *ring[T]) get(seq int64) *T {
 	if seq < l.first || seq >= l.next {
 		return nil
 	}
-	return &l.entries[(seq-1)%int64(size)]
+	return &l.entries[(seq-1)%int64(l.size)]
 }
 
-// since returns a copy of the entries with Seq > after, oldest first.
-func (l *admissionLog) since(after int64) []Admission {
-	size := l.size
+// since returns a copy of the entries numbered after after, oldest first.
+func (l *ring[T]) since(after int64) []T {
 	start := max(after+1, l.first)
 	if start >= l.next {
 		return nil
 	}
-	out := make([]Admission, 0, l.next-start)
+	out := make([]T, 0, l.next-start)
 	for seq := start; seq < l.next; seq++ {
-		out = append(out, l.entries[(seq-1)%int64(size)])
+		out = append(out, l.entries[(seq-1)%int64(l.size)])
 	}
 	return out
 }

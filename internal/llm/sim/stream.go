@@ -54,6 +54,7 @@ type chunkedCompletion struct {
 	ID                string          `json:"id"`
 	Created           int64           `json:"created"`
 	Model             string          `json:"model"`
+	ServiceTier       string          `json:"service_tier"`
 	SystemFingerprint string          `json:"system_fingerprint"`
 	Usage             json.RawMessage `json:"usage"`
 	Choices           []struct {
@@ -98,8 +99,8 @@ func chatEvents(body []byte, includeUsage bool) (*events, error) {
 	}
 	chunk := func(choices string, extra string) []byte {
 		var b bytes.Buffer
-		fmt.Fprintf(&b, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"service_tier":"default","system_fingerprint":%q,"choices":[%s]%s}`+"\n\n",
-			c.ID, c.Created, c.Model, c.SystemFingerprint, choices, extra)
+		fmt.Fprintf(&b, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"service_tier":%q,"system_fingerprint":%q,"choices":[%s]%s}`+"\n\n",
+			c.ID, c.Created, c.Model, c.ServiceTier, c.SystemFingerprint, choices, extra)
 		return b.Bytes()
 	}
 	choice := func(i int, delta, finish string) string {
