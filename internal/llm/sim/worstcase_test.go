@@ -206,7 +206,7 @@ func TestWorstCaseBuiltInTools(t *testing.T) {
 			[]string{"web_search_call", "code_interpreter_call", "image_generation_call", "web_search_call", "code_interpreter_call",
 				"image_generation_call", "web_search_call", "code_interpreter_call", "image_generation_call", "web_search_call"}},
 		{"a dated preview", `[{"type":"web_search_preview_2025_03_11"}]`, `,"max_tool_calls":1`, []string{"web_search_call"}},
-		
+
 		{"function tools only", `[` + function + `]`, "", nil},
 	} {
 		for _, stream := range []bool{false, true} {
