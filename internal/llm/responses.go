@@ -168,7 +168,7 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 			r.schema = t.Format.Schema
 		}
 	}
-	if len(r.messages) == 0 && isNull(rb.Prompt) && isNull(rb.PreviousResponseID) && isNull(rb.Conversation) {
+	if len(r.messages) == 0 && len(r.itemRefs) == 0 && isNull(rb.Prompt) && isNull(rb.PreviousResponseID) && isNull(rb.Conversation) {
 		return invalid("input", "'input' must not be empty")
 	}
 	return nil
