@@ -72,6 +72,10 @@ type dialect struct {
 	// isLockTimeout reports an error of a statement that gave up waiting
 	// for a lock (Postgres's lock_timeout).
 	isLockTimeout func(err error) bool
+
+	// tableExists is a query of whether the table named $1 exists where
+	// llmq's tables are (Postgres's current schema).
+	tableExists string
 }
 
 // tsLayout is how SQLite stores times: UTC, microseconds, fixed width.
@@ -165,6 +169,7 @@ var postgresDialect = &dialect{
 		var pe *pgconn.PgError
 		return errors.As(err, &pe) && pe.Code == "55P03" // lock_not_available
 	},
+	tableExists: `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)`,
 	errKind: func(err error) error {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) {
@@ -200,6 +205,7 @@ var sqliteDialect = &dialect{
 	gooseDB:      func(db *DB) (*sql.DB, func() error) { return db.writer, func() error { return nil } },
 	// SQLite's writers wait on its busy timeout, and give up there.
 	isLockTimeout: func(error) bool { return false },
+	tableExists:   `SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)`,
 	errKind: func(err error) error {
 		var se *sqlite.Error
 		if errors.As(err, &se) {
