@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/store"
@@ -79,13 +81,27 @@ func migrated(t *testing.T, url string) string {
 }
 
 // A worker never migrates: on a schema that is not its own it stops with a
-// line saying what to run.
+// line saying what to run, and its check wrote nothing (not even goose's
+// version table).
 func TestRefusesASchemaNotItsOwn(t *testing.T) {
 	t.Parallel()
-	env := override(environ(t, policy(t, nil)), "LLMQ_DATABASE_URL="+testutil.Postgres(t)+"&pool_max_conns=2")
+	empty := testutil.Postgres(t)
+	env := override(environ(t, policy(t, nil)), "LLMQ_DATABASE_URL="+empty+"&pool_max_conns=2")
 	err := run(t.Context(), nil, env, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "run `dispatcher migrate up` first") {
 		t.Fatalf("worker on an empty schema = %v", err)
+	}
+	conn, err := pgx.Connect(t.Context(), empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var tables []string
+	if err := conn.QueryRow(t.Context(), `SELECT COALESCE(array_agg(tablename::text), '{}') FROM pg_tables WHERE schemaname = current_schema()`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != 0 {
+		t.Fatalf("the worker's check of an empty schema created %v", tables)
 	}
 }
 

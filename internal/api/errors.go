@@ -49,9 +49,18 @@ var (
 )
 
 // unavailableRetryAfter is the Retry-After of a request refused while Redis
-// cannot serve: long enough for a Sentinel failover or a restart to end,
-// short enough that a client's retry finds it back soon after.
+// or the database cannot serve: long enough for a Sentinel failover or a
+// restart to end, short enough that a client's retry finds it back soon
+// after.
 const unavailableRetryAfter = 5 * time.Second
+
+// errDatabaseUnavailable refuses a request while the database cannot serve
+// (store.ErrUnavailable): it ends by itself, so the client is told to retry,
+// not that llmq failed. What the request needed from the database was not
+// had, so it did not run.
+var errDatabaseUnavailable = &Error{Status: http.StatusServiceUnavailable, Type: wire.TypeUnavailable,
+	Code: "database_unavailable", RetryAfter: unavailableRetryAfter,
+	Message: "The database is unavailable, so the request was not run. Retry in a few seconds."}
 
 // errQueueStoreUnavailable refuses a request while Redis cannot serve.
 // Admission needs Redis: a tenant's daily budget reservation and its API
@@ -65,8 +74,10 @@ var errQueueStoreUnavailable = &Error{Status: http.StatusServiceUnavailable, Typ
 
 // queueStoreDown reports whether err says Redis cannot serve now
 // (redisfail.Unavailable). The database's connection errors look the same
-// (a refused dial, a reset, a timeout): those are ruled out first, by
-// pgx's own error types, so a Postgres outage is never blamed on Redis.
+// (a refused dial, a reset, a timeout): the store gives those
+// store.ErrUnavailable, which writeError tests first, and pgx's own error
+// types are ruled out here too, so a Postgres outage is never blamed on
+// Redis.
 func queueStoreDown(err error) bool {
 	if !redisfail.Unavailable(err) {
 		return false
@@ -78,9 +89,10 @@ func queueStoreDown(err error) bool {
 }
 
 // writeError writes err to the client. An *Error is written as it is; an
-// error that says Redis cannot serve now is the 503 errQueueStoreUnavailable;
-// any other error is an internal failure: logged, and answered with a
-// generic 500 that leaks nothing (no stack, no driver message, no secret).
+// error that says the database or Redis cannot serve now is the 503
+// errDatabaseUnavailable or errQueueStoreUnavailable; any other error is an
+// internal failure: logged, and answered with a generic 500 that leaks
+// nothing (no stack, no driver message, no secret).
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
@@ -88,6 +100,10 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		if errors.As(err, &mbe) {
 			e = errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, "request_too_large", "",
 				"Request body is larger than the limit of %d bytes.", mbe.Limit)
+		} else if errors.Is(err, store.ErrUnavailable) {
+			// Logged once per request the outage refuses, as Redis's.
+			logger.WarnContext(r.Context(), "request refused: database unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+			e = errDatabaseUnavailable
 		} else if queueStoreDown(err) {
 			// Logged once per request the outage refuses: how long it
 			// lasted shows in the log.

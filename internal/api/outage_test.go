@@ -3,12 +3,14 @@ package api_test
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -137,5 +139,149 @@ func TestRedisReadOnlyReplicaIsUnavailable(t *testing.T) {
 	}
 	if r := a.Do("POST", "/v1/jobs", key, map[string]any{"body": apptest.ChatBody("hi", "", 5)}); r.Status != http.StatusAccepted {
 		t.Fatalf("POST /v1/jobs once Redis is a master again: %d %s", r.Status, r.Body)
+	}
+}
+
+// checkDatabaseUnavailable asserts the answer to a request refused while
+// the database cannot serve: 503 in the one error shape, naming the
+// database, with a Retry-After of a few seconds, and nothing of the
+// failure itself (the driver's words, an address, a stack).
+func checkDatabaseUnavailable(t *testing.T, what string, r *apptest.Response, hidden ...string) {
+	t.Helper()
+	e := checkError(t, r, http.StatusServiceUnavailable, "database_unavailable", "")
+	if e.Error.Type != "service_unavailable_error" || !strings.Contains(e.Error.Message, "database") {
+		t.Errorf("%s: error %+v does not say the database is unavailable", what, e.Error)
+	}
+	if e.Error.Param != nil {
+		t.Errorf("%s: param = %q, want null", what, *e.Error.Param)
+	}
+	if s, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || s < 1 || s > 10 {
+		t.Errorf("%s: Retry-After = %q, want a few seconds", what, r.Header.Get("Retry-After"))
+	}
+	for _, s := range append(hidden, "127.0.0.1", "postgres", "dial", "refused", "EOF", "SQLSTATE", "goroutine", ".go:") {
+		if strings.Contains(string(r.Body), s) {
+			t.Errorf("%s: the answer shows %q: %s", what, s, r.Body)
+		}
+	}
+}
+
+// While the database is unreachable (its connections cut, every new one
+// refused), every request that needs it — a tenant's, with a key in the
+// dispatcher's cache or not, jobs, the synchronous endpoints, files,
+// batches, the admin API — is a 503 database_unavailable with
+// Retry-After that creates nothing, enqueues nothing and reserves
+// nothing; /readyz says the database is not ready; once it answers again
+// the same dispatcher serves, with nothing restarted.
+func TestDatabaseDownIsUnavailableAndChangesNothing(t *testing.T) {
+	t.Parallel()
+	pg, err := url.Parse(testutil.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testutil.StartTCPProxy(t, pg.Host)
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, NoScheduler: true, Env: func(e *config.Env) {
+		u, err := url.Parse(e.DatabaseURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Host = proxy.Addr
+		e.DatabaseURL = u.String()
+	}})
+	tenant, key := a.Tenant("standard")
+	_, uncached := a.Tenant("standard") // never used: not in the key cache
+	ctx := context.Background()
+	r := uploadParts(t, a, key, part{"purpose", "", "batch"}, part{"file", "in.jsonl", jsonl(2)})
+	if r.Status != http.StatusOK {
+		t.Fatalf("upload: %d %s", r.Status, r.Body)
+	}
+	fileID := r.Map(t)["id"].(string)
+	r = a.Do("POST", "/v1/jobs", key, map[string]any{"body": apptest.ChatBody("before", "", 5)})
+	if r.Status != http.StatusAccepted {
+		t.Fatalf("job before the outage: %d %s", r.Status, r.Body)
+	}
+	before := r.Map(t)["id"].(string)
+	tenants, _, err := a.Store.TenantList(ctx, &store.TenantListParams{Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks := a.TaskCount()
+	acct := a.Account(tenant)
+
+	streamed := apptest.ChatBody("hi", "", 5)
+	streamed["stream"] = true
+	requests := []struct {
+		method, path, key string
+		body              any
+	}{
+		{"POST", "/v1/jobs", key, map[string]any{"custom_id": "during-outage", "body": apptest.ChatBody("hi", "", 5)}},
+		{"POST", "/v1/jobs", uncached, map[string]any{"body": apptest.ChatBody("hi", "", 5)}},
+		{"GET", "/v1/jobs/" + before, key, nil},
+		{"GET", "/v1/jobs", key, nil},
+		{"DELETE", "/v1/jobs/" + before, key, nil},
+		{"POST", "/v1/chat/completions", key, apptest.ChatBody("hi", "", 5)},
+		{"POST", "/v1/chat/completions", key, streamed},
+		{"POST", "/v1/embeddings", key, map[string]any{"model": "text-embedding-3-small", "input": "hi"}},
+		{"POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"hi","max_output_tokens":20}`},
+		{"POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"hi","max_output_tokens":20,"background":true}`},
+		{"GET", "/v1/files", key, nil},
+		{"GET", "/v1/files/" + fileID, key, nil},
+		{"POST", "/v1/batches", key, map[string]any{"input_file_id": fileID, "endpoint": "/v1/chat/completions", "completion_window": "24h"}},
+		{"GET", "/v1/batches", key, nil},
+		{"GET", "/admin/v1/tenants", apptest.AdminToken, nil},
+		{"GET", "/admin/v1/tenants/" + tenant, apptest.AdminToken, nil},
+		{"POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "during-outage", "tier": "standard"}},
+		{"POST", "/admin/v1/tenants/" + tenant + "/keys", apptest.AdminToken, nil},
+	}
+
+	proxy.Cut()
+	port := strings.TrimPrefix(proxy.Addr, "127.0.0.1:")
+	for _, q := range requests {
+		what := q.method + " " + q.path
+		checkDatabaseUnavailable(t, what, a.Do(q.method, q.path, q.key, q.body), port)
+	}
+	checkDatabaseUnavailable(t, "POST /v1/files", uploadParts(t, a, key, part{"purpose", "", "batch"}, part{"file", "in.jsonl", jsonl(2)}), port)
+	ready := a.Do("GET", "/readyz", "", nil)
+	if m := ready.Map(t); ready.Status != http.StatusServiceUnavailable || m["redis"] != "ok" || m["database"] == "ok" {
+		t.Fatalf("readyz with the database down: %d %s", ready.Status, ready.Body)
+	}
+	if strings.Contains(string(ready.Body), port) {
+		t.Fatalf("readyz shows the database's address: %s", ready.Body)
+	}
+	// Nothing was reserved: the budget lives in Redis, which is up.
+	if d, err := a.Budgets.Status(ctx, acct); err != nil || d.Reserved != 0 || d.Spent != 0 {
+		t.Fatalf("the tenant's budget after the refused requests: %+v, %v", d, err)
+	}
+
+	// Back: the same dispatcher serves again, and the refused requests
+	// left nothing behind.
+	proxy.Restore()
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.Do("GET", "/readyz", "", nil).Status == http.StatusOK })
+	jobs, _, err := a.Store.JobList(ctx, &store.JobListParams{TenantID: tenant, Limit: 10})
+	if err != nil || len(jobs) != 1 || jobs[0].ID != before || jobs[0].Status != store.JobQueued {
+		t.Fatalf("the tenant's jobs after the outage: %d (%v), want the one made before, still queued", len(jobs), err)
+	}
+	if n := a.TaskCount(); n != tasks {
+		t.Fatalf("%d jobs enqueued after the outage, %d before", n, tasks)
+	}
+	nothingStored := func(what string, n int, err error) {
+		t.Helper()
+		if err != nil || n != 0 {
+			t.Fatalf("%s after the outage: %d (%v)", what, n, err)
+		}
+	}
+	batches, _, err := a.Store.BatchList(ctx, &store.BatchListParams{TenantID: tenant})
+	nothingStored("batches", len(batches), err)
+	rows, err := a.Store.UsageReport(ctx, &store.UsageReportParams{Day: time.Now().UTC().Format(time.DateOnly), TenantID: tenant})
+	nothingStored("ledger rows", len(rows), err)
+	files, _, err := a.Store.FileList(ctx, &store.FileListParams{TenantID: tenant})
+	if err != nil || len(files) != 1 || files[0].ID != fileID {
+		t.Fatalf("the tenant's files after the outage: %d (%v), want the one uploaded before", len(files), err)
+	}
+	after, _, err := a.Store.TenantList(ctx, &store.TenantListParams{Limit: 1000})
+	if err != nil || len(after) != len(tenants) {
+		t.Fatalf("%d tenants after the outage, %d before (%v)", len(after), len(tenants), err)
+	}
+	if r := a.Do("POST", "/v1/jobs", uncached, map[string]any{"body": apptest.ChatBody("after", "", 5)}); r.Status != http.StatusAccepted {
+		t.Fatalf("POST /v1/jobs once the database is back: %d %s", r.Status, r.Body)
 	}
 }

@@ -128,9 +128,21 @@ func responseStatus(s store.JobStatus) string {
 	}
 }
 
+// responseUsage is a background response's usage, in the Responses API's
+// names.
+type responseUsage struct {
+	InputTokens        int64 `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens int64 `json:"output_tokens"`
+	TotalTokens  int64 `json:"total_tokens"`
+}
+
 // writeResponseObject answers with a background response: the provider's
 // response once the job succeeded, else a response object of the job's
-// state (its error when it failed).
+// state (its error when it failed, the usage it was charged when it ended
+// while its call ran).
 func writeResponseObject(w http.ResponseWriter, job *store.Job) error {
 	if job.Status == store.JobSucceeded && len(job.ResponseBody) > 0 && bytes.HasPrefix(bytes.TrimSpace(job.ResponseBody), []byte("{")) {
 		w.Header().Set("Content-Type", "application/json")
@@ -152,10 +164,14 @@ func writeResponseObject(w http.ResponseWriter, job *store.Job) error {
 		Output            []json.RawMessage `json:"output"`
 		Error             *responseError    `json:"error"`
 		IncompleteDetails *struct{}         `json:"incomplete_details"`
-		Usage             *struct{}         `json:"usage"`
+		Usage             *responseUsage    `json:"usage"`
 		Metadata          map[string]string `json:"metadata"`
 	}{ID: job.ID, Object: "response", CreatedAt: job.CreatedAt.Unix(), Status: responseStatus(job.Status), Background: true,
 		Model: job.Model, Output: []json.RawMessage{}, Metadata: map[string]string{}}
+	if u := wire.JobUsage(job); u != nil {
+		out.Usage = &responseUsage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+		out.Usage.InputTokensDetails.CachedTokens = job.CachedTokens
+	}
 	if job.Status == store.JobFailed && job.Error != nil {
 		out.Error = &responseError{Code: job.Error.Code, Message: job.Error.Message}
 		if out.Error.Code == "" {

@@ -3,15 +3,24 @@ package api_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/worker"
 )
@@ -281,5 +290,116 @@ func TestStreamFailingMidwayIsCharged(t *testing.T) {
 	})
 	if st := a.Sim.Stats(); st.Requests != int64(len(bodies)) {
 		t.Errorf("the provider was called %d times for %d streams", st.Requests, len(bodies))
+	}
+}
+
+// A background response cancelled while its provider call runs: the call
+// still ends and is charged once, and the cancelled job, its Responses
+// object and the tenant's day all show that charge: the provider's usage,
+// the ledger row's cost to the micro-dollar, spent once, nothing reserved.
+func TestBackgroundResponseCancelledMidCallShowsItsCharge(t *testing.T) {
+	t.Parallel()
+	// The provider's calls pass through a gate that holds them until
+	// released, and remembers the body of each answer.
+	var (
+		sim      atomic.Pointer[url.URL]
+		answered atomic.Pointer[[]byte]
+	)
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	gate := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		proxy := httputil.NewSingleHostReverseProxy(sim.Load())
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			body, err := io.ReadAll(resp.Body)
+			resp.Body = io.NopCloser(bytes.NewReader(body))
+			answered.Store(&body)
+			return err
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(gate.Close)
+	var released sync.Once
+	t.Cleanup(func() { released.Do(func() { close(release) }) })
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Workers: 1,
+		Policy: strings.ReplaceAll(apptest.PolicyYAML, "{{SIM}}", gate.URL+"/v1")})
+	sim.Store(testutil.Must(url.Parse(a.Sim.URL)))
+	tenant, key := a.Tenant("standard")
+
+	r := a.Do("POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"Say hi to everyone here","max_output_tokens":40,"background":true}`)
+	id := r.Header.Get("X-Llmq-Job-Id")
+	if r.Status != http.StatusOK || id == "" {
+		t.Fatalf("background create: %d %s", r.Status, r.Body)
+	}
+	select {
+	case <-arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the provider call never came")
+	}
+	type response struct {
+		Status string `json:"status"`
+		Usage  *struct {
+			InputTokens  int64 `json:"input_tokens"`
+			OutputTokens int64 `json:"output_tokens"`
+			TotalTokens  int64 `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	var cancelled response
+	a.Do("POST", "/v1/responses/"+id+"/cancel", key, nil).JSON(t, &cancelled)
+	if cancelled.Status != "cancelled" || cancelled.Usage != nil {
+		t.Fatalf("cancel mid-call: %+v, want cancelled, nothing charged yet", cancelled)
+	}
+	released.Do(func() { close(release) })
+
+	// The call ends, is charged, and its budget settled.
+	ctx := context.Background()
+	var charged *store.UsageEntry
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		e, err := a.Store.UsageGetByJob(ctx, id)
+		if err != nil {
+			return false
+		}
+		charged = e
+		d, err := a.Budgets.Status(ctx, a.Account(tenant))
+		return err == nil && d.Reserved == 0 && d.Spent > 0
+	})
+	var provider struct {
+		Usage struct {
+			InputTokens  int64 `json:"input_tokens"`
+			OutputTokens int64 `json:"output_tokens"`
+			TotalTokens  int64 `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(*answered.Load(), &provider); err != nil || provider.Usage.OutputTokens == 0 {
+		t.Fatalf("the provider's answer: %v %s", err, *answered.Load())
+	}
+	pu := provider.Usage
+	if charged.PromptTokens != pu.InputTokens || charged.CompletionTokens != pu.OutputTokens || charged.Cost <= 0 {
+		t.Fatalf("ledger row %+v; the provider's usage %+v", charged, pu)
+	}
+
+	var job client.Job
+	a.Do("GET", "/v1/jobs/"+id, key, nil).JSON(t, &job)
+	if job.Status != "cancelled" || job.Usage == nil || job.Usage.PromptTokens != pu.InputTokens ||
+		job.Usage.CompletionTokens != pu.OutputTokens || job.Usage.TotalTokens != pu.TotalTokens ||
+		job.CostUSD != charged.Cost.USD() {
+		t.Fatalf("GET /v1/jobs of the cancelled job: %+v usage %+v; provider's usage %+v, ledger's cost %v", job, job.Usage, pu, charged.Cost)
+	}
+	var got response
+	a.Do("GET", "/v1/responses/"+id, key, nil).JSON(t, &got)
+	if got.Status != "cancelled" || got.Usage == nil || got.Usage.InputTokens != pu.InputTokens ||
+		got.Usage.OutputTokens != pu.OutputTokens || got.Usage.TotalTokens != pu.TotalTokens {
+		t.Fatalf("GET /v1/responses of the cancelled response: %+v usage %+v; provider's usage %+v", got, got.Usage, pu)
+	}
+	stored, err := a.Store.JobGetByID(ctx, id)
+	if err != nil || stored.Cost != charged.Cost {
+		t.Fatalf("the job's cost %v, its ledger row's %v (%v)", stored.Cost, charged.Cost, err)
+	}
+	// Spent once: in the ledger and in the budget.
+	if sum, err := a.Store.UsageSumByTenantDay(ctx, tenant, charged.Day); err != nil || sum != charged.Cost {
+		t.Fatalf("the tenant's day in the ledger: %v, %v; want %v", sum, err, charged.Cost)
+	}
+	if d, err := a.Budgets.Status(ctx, a.Account(tenant)); err != nil || d.Spent != charged.Cost || d.Reserved != 0 {
+		t.Fatalf("the tenant's budget: %+v, %v; want %v spent, nothing reserved", d, err, charged.Cost)
 	}
 }

@@ -41,6 +41,7 @@ func runConformance(t *testing.T, open func(t *testing.T) *DB) {
 		{"JobCounters", testJobCounters},
 		{"JobCompleteChargesOnceConcurrently", testJobCompleteChargesOnce},
 		{"JobCompleteAfterCancelStillCharges", testJobCompleteAfterCancel},
+		{"JobCompleteRacesCancel", testJobCompleteRacesCancel},
 		{"JobCompleteWithNUL", testJobCompleteWithNUL},
 		{"JobCompleteMany", testJobCompleteMany},
 		{"CrossTenantIsolation", testCrossTenant},
@@ -598,8 +599,16 @@ func testTerminalIsFinal(t *testing.T, db *DB) {
 		if _, changed, _ := db.JobCancel(ctx, ten.ID, j.ID); changed {
 			t.Fatalf("JobCancel overwrote %s", final)
 		}
-		if res, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-03-01", Cost: 5}); err != nil || res.Completed {
-			t.Fatalf("JobComplete overwrote %s: %+v %v", final, res, err)
+		// A call that ends after the job did is charged once (a job that
+		// succeeded was charged already): the job keeps its state and shows
+		// the call's usage and cost, which its ledger row charged.
+		res, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-03-01", Cost: 5})
+		if err != nil || res.Completed || res.Charged != (final != JobSucceeded) {
+			t.Fatalf("JobComplete of a %s job: %+v %v", final, res, err)
+		}
+		if res.Charged {
+			before.Attempts++
+			before.Cost = 5
 		}
 		after, _ := db.JobGetByID(ctx, j.ID)
 		before.UpdatedAt, after.UpdatedAt = time.Time{}, time.Time{}
@@ -779,17 +788,86 @@ func testJobCompleteAfterCancel(t *testing.T, db *DB) {
 	if _, changed, err := db.JobCancel(ctx, ten.ID, j.ID); err != nil || !changed {
 		t.Fatal(changed, err)
 	}
-	// The provider call was already made: it is paid for, but the job stays cancelled.
-	res, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-03-01", Cost: 99})
+	cancelled, _ := db.JobGetByID(ctx, j.ID)
+	// The provider call was already made: it is paid for, and the job
+	// stays cancelled, showing the usage and cost its ledger row charged
+	// (not the call's answer: nobody wants it any more).
+	res, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-03-01", Cost: 99,
+		PromptTokens: 12, CompletionTokens: 30, CachedTokens: 2, ProviderRequestID: "req_1",
+		ResponseBody: json.RawMessage(`{"id":"chatcmpl-1"}`), Deployment: "sim/east", ServedModel: "gpt-4o"})
 	if err != nil || res.Completed || !res.Charged {
 		t.Fatalf("JobComplete after cancel = %+v, %v", res, err)
 	}
-	if got, _ := db.JobGetByID(ctx, j.ID); got.Status != JobCancelled {
-		t.Fatalf("status after a completion that came too late = %s, want cancelled", got.Status)
+	got, _ := db.JobGetByID(ctx, j.ID)
+	e, err := db.UsageGetByJob(ctx, j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != JobCancelled || !got.FinishedAt.Equal(*cancelled.FinishedAt) || got.Error != nil || got.ResponseStatus != 0 || got.ResponseBody != nil {
+		t.Fatalf("a completion that came too late changed the cancelled job's state: %+v", got)
+	}
+	if got.Cost != e.Cost || got.Cost != 99 || got.PromptTokens != e.PromptTokens || got.CompletionTokens != e.CompletionTokens ||
+		got.CachedTokens != e.CachedTokens || got.TotalTokens != 42 || got.Attempts != 1 || got.ProviderRequestID != "req_1" ||
+		got.Deployment != "sim/east" || got.ServedModel != "gpt-4o" || e.Model != "gpt-4o" {
+		t.Fatalf("cancelled job %+v; its ledger row %+v", got, e)
+	}
+	// A second delivery's result is neither charged nor shown.
+	res, err = db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-03-01", Cost: 7, PromptTokens: 1, CompletionTokens: 1})
+	if err != nil || res.Completed || res.Charged {
+		t.Fatalf("a second JobComplete after cancel = %+v, %v", res, err)
+	}
+	again, _ := db.JobGetByID(ctx, j.ID)
+	got.UpdatedAt, again.UpdatedAt = time.Time{}, time.Time{}
+	if !reflect.DeepEqual(got, again) {
+		t.Fatalf("a second completion changed the job:\n%+v\n%+v", got, again)
 	}
 	if sum, _ := db.UsageSumByTenantDay(ctx, ten.ID, "2026-03-01"); sum != 99 {
 		t.Fatalf("spend = %d, want 99", sum)
 	}
+}
+
+// A cancel racing the completion of the job's call: whichever commits
+// first, the job ends once (succeeded and completed by the call, or
+// cancelled), is charged once, and shows the usage and cost of its ledger
+// row.
+func testJobCompleteRacesCancel(t *testing.T, db *DB) {
+	ctx := t.Context()
+	ten := mkTenant(t, db)
+	outcomes := map[JobStatus]int{}
+	for i := range 30 {
+		j := mkJob(t, db, jobParams(ten.ID))
+		if _, _, err := db.JobStart(ctx, j.ID, ""); err != nil {
+			t.Fatal(err)
+		}
+		cost := money.Micros(100 + i)
+		var (
+			wg  sync.WaitGroup
+			res *JobCompleteResult
+			err error
+		)
+		wg.Go(func() {
+			res, err = db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-03-01", Cost: cost, PromptTokens: 5, CompletionTokens: int64(i)})
+		})
+		wg.Go(func() {
+			if _, _, err := db.JobCancel(ctx, ten.ID, j.ID); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		if err != nil || !res.Charged {
+			t.Fatalf("JobComplete racing a cancel = %+v, %v", res, err)
+		}
+		got, _ := db.JobGetByID(ctx, j.ID)
+		outcomes[got.Status]++
+		if res.Completed != (got.Status == JobSucceeded) || (got.Status != JobSucceeded && got.Status != JobCancelled) {
+			t.Fatalf("job %s after the race, completed %v", got.Status, res.Completed)
+		}
+		e, err := db.UsageGetByJob(ctx, j.ID)
+		if err != nil || e.Cost != cost || got.Cost != cost || got.PromptTokens != 5 || got.CompletionTokens != int64(i) || got.Attempts != 1 {
+			t.Fatalf("job %+v after the race; ledger row %+v, %v", got, e, err)
+		}
+	}
+	t.Logf("outcomes of the race: %v", outcomes)
 }
 
 func testCrossTenant(t *testing.T, db *DB) {

@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -72,6 +75,14 @@ type dialect struct {
 	// isLockTimeout reports an error of a statement that gave up waiting
 	// for a lock (Postgres's lock_timeout).
 	isLockTimeout func(err error) bool
+
+	// tableExists is a query of whether the table named $1 exists where
+	// llmq's tables are (Postgres's current schema).
+	tableExists string
+
+	// unavailable reports a driver error that means the database cannot
+	// serve now (ErrUnavailable).
+	unavailable func(err error) bool
 }
 
 // tsLayout is how SQLite stores times: UTC, microseconds, fixed width.
@@ -105,6 +116,27 @@ func (d *dialect) wrap(err error) error {
 		return fmt.Errorf("%w: %w", kind, err)
 	}
 	return err
+}
+
+// outage wraps err in ErrUnavailable when it says the database cannot
+// serve now. Every driver call's error goes through it (querier.go).
+func (d *dialect) outage(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) || !d.unavailable(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// connectionLost reports an error of a driver call whose connection failed
+// under it: refused, reset or closed (EOF), or no answer in time (the
+// caller's deadline, a pool that had no connection to give). A caller that
+// left (context.Canceled) is not an outage. Only errors from a driver call
+// are asked: Redis's look the same.
+func connectionLost(err error) bool {
+	var ne net.Error
+	return !errors.Is(err, context.Canceled) && (errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.As(err, &ne))
 }
 
 // Classify gives err the sentinel of its kind (ErrConflict, ErrNotFound,
@@ -165,6 +197,27 @@ var postgresDialect = &dialect{
 		var pe *pgconn.PgError
 		return errors.As(err, &pe) && pe.Code == "55P03" // lock_not_available
 	},
+	tableExists: `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)`,
+	unavailable: func(err error) bool {
+		if errors.Is(err, context.Canceled) {
+			return false
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) {
+			// The server's own refusals that end by themselves: class 08,
+			// connection exception; 57P01-57P03, an administrator's
+			// shutdown (or pg_terminate_backend), a crash, a server still
+			// starting; 53300, too many connections. Any other (a wrong
+			// password, a missing database) is not for a retry to mend.
+			switch pe.Code {
+			case "57P01", "57P02", "57P03", "53300":
+				return true
+			}
+			return strings.HasPrefix(pe.Code, "08")
+		}
+		var ce *pgconn.ConnectError
+		return errors.As(err, &ce) || errors.Is(err, pgconn.ErrConnClosed) || pgconn.Timeout(err) || connectionLost(err)
+	},
 	errKind: func(err error) error {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) {
@@ -200,6 +253,18 @@ var sqliteDialect = &dialect{
 	gooseDB:      func(db *DB) (*sql.DB, func() error) { return db.writer, func() error { return nil } },
 	// SQLite's writers wait on its busy timeout, and give up there.
 	isLockTimeout: func(error) bool { return false },
+	tableExists:   `SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)`,
+	// The database stayed locked by another connection (another process on
+	// the file) past the busy timeout, or the writer stayed taken past the
+	// caller's deadline.
+	unavailable: func(err error) bool {
+		var se *sqlite.Error
+		if errors.As(err, &se) {
+			code := se.Code() & 0xff
+			return code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED
+		}
+		return connectionLost(err)
+	},
 	errKind: func(err error) error {
 		var se *sqlite.Error
 		if errors.As(err, &se) {

@@ -89,7 +89,7 @@ func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*J
 	}
 	// A batch without transaction statements runs as one implicit
 	// transaction: its rows are committed together or not at all.
-	err := db.pool.SendBatch(ctx, b).Close()
+	err := db.d.outage(db.pool.SendBatch(ctx, b).Close())
 	var refused *pgconn.PgError
 	switch {
 	case err == nil:

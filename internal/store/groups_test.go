@@ -175,3 +175,57 @@ func TestJobWritesAreGrouped(t *testing.T) {
 		t.Fatalf("a missing job completed: %v", err)
 	}
 }
+
+// A cancel committed while JobComplete waits for the job's row (it began
+// before the cancel committed, so its snapshot shows the job running): the
+// job stays cancelled, is charged once, and shows what it was charged.
+func TestJobCompleteAfterACancelItWaitedFor(t *testing.T) {
+	t.Parallel()
+	db := openURL(t, postgresURL(t))
+	ctx := t.Context()
+	ten := mkTenant(t, db)
+	j := mkJob(t, db, jobParams(ten.ID))
+	if _, _, err := db.JobStart(ctx, j.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	cancel, err := db.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cancel.Rollback(context.Background()) }()
+	var pid int
+	if err := cancel.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cancel.Exec(ctx, `UPDATE jobs SET status = 'cancelled', finished_at = now(), updated_at = now() WHERE id = $1`, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		res *JobCompleteResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-03-01", Cost: 1234, PromptTokens: 12, CompletionTokens: 30})
+		done <- outcome{res, err}
+	}()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		var waiting int
+		err := db.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pid).Scan(&waiting)
+		return err == nil && waiting == 1
+	})
+	if err := cancel.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil || o.res.Completed || !o.res.Charged {
+		t.Fatalf("JobComplete after the cancel it waited for = %+v, %v", o.res, o.err)
+	}
+	got, err := db.JobGetByID(ctx, j.ID)
+	if err != nil || got.Status != JobCancelled || got.Cost != 1234 || got.TotalTokens != 42 || got.ResponseStatus != 0 {
+		t.Fatalf("job = %+v, %v; want cancelled, costing 1234 for 42 tokens", got, err)
+	}
+	if sum, err := db.UsageSumByTenantDay(ctx, ten.ID, "2026-03-01"); err != nil || sum != 1234 {
+		t.Fatalf("spend = %d, %v; want 1234", sum, err)
+	}
+}

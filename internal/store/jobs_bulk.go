@@ -12,6 +12,7 @@ import (
 // is all or nothing without a transaction.
 func copyJobs(ctx context.Context, db *DB, rows [][]any) error {
 	n, err := db.pool.CopyFrom(ctx, pgx.Identifier{"jobs"}, jobInsertColumns, pgx.CopyFromRows(rows))
+	err = db.d.outage(err)
 	if err == nil && n != int64(len(rows)) {
 		err = fmt.Errorf("COPY wrote %d of %d rows", n, len(rows))
 	}

@@ -360,12 +360,15 @@ type JobCompleteResult struct {
 
 // JobComplete stores a success and charges it, atomically: the job becomes
 // succeeded (or, with Failed, failed: an answer the provider bills but llmq
-// cannot take) with its response, usage and cost, and its attempt is counted
-// (unless it is already terminal), and the ledger gets the job's row unless
-// it has one. However many times and however concurrently a job completes,
-// exactly one call reports Charged. It is on every job's path, so on
-// Postgres it is one statement, grouped with the results stored meanwhile
-// (groups.go).
+// cannot take) with its response, usage and cost, and its attempt is
+// counted, and the ledger gets the job's row unless it has one. However
+// many times and however concurrently a job completes, exactly one call
+// reports Charged. A job that ended meanwhile (cancelled mid-call, or
+// failed by another) keeps its status, error and response, and the call
+// that charges it writes its usage and cost there too, so every reader of
+// the job sees what its ledger row charged. It is on every job's path, so
+// on Postgres it is one statement, grouped with the results stored
+// meanwhile (groups.go).
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	if db.d.groupWrites {
 		return db.groups.complete.Do(ctx, struct{}{}, p)
@@ -387,21 +390,24 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 			err = notFound("job", p.ID)
 		}
 	} else {
+		// SQLite has one writer: what the job was when the transaction
+		// began is what it is when the UPDATE runs.
 		err = db.tx(ctx, func(tx querier) error {
-			nu, err := tx.exec(ctx, sqlJobCompleteUpdate, a...)
-			if err != nil {
+			var status JobStatus
+			if err := tx.queryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, p.ID).Scan(&status); errors.Is(err, sql.ErrNoRows) {
+				return notFound("job", p.ID)
+			} else if err != nil {
 				return err
 			}
 			nl, err := tx.exec(ctx, sqlJobCompleteInsert, a...)
 			if err != nil {
 				return err
 			}
-			if nu == 0 && nl == 0 {
-				if _, err := getJob(ctx, tx, `id = $1`, p.ID); errors.Is(err, sql.ErrNoRows) {
-					return notFound("job", p.ID)
-				}
+			unfinished, charged := !status.Terminal(), nl == 1
+			if _, err := tx.exec(ctx, sqlJobCompleteUpdateSQLite, append(a, unfinished, charged)...); err != nil {
+				return err
 			}
-			res.Completed, res.Charged = nu == 1, nl == 1
+			res.Completed, res.Charged = unfinished, charged
 			return nil
 		})
 	}
@@ -448,12 +454,25 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 		state, errorJSON(p.Failed), p.UsageEstimated, p.Deployment, p.ServedModel, chargeable, p.Batched}, nil
 }
 
-const (
-	sqlJobCompleteUpdate = `UPDATE jobs SET status = $13, attempts = attempts + 1, error = $14, next_run_at = NULL,
-		finished_at = $2, updated_at = $2, response_status = $3, response_body = $4, provider_request_id = $5,
+// jobCompleteUpdate is JobComplete's UPDATE of the job, run when the job
+// is unfinished (the SQL expression unfinished) or this call charged it
+// (charged). An unfinished job takes the call's result: its status, error,
+// response and finished_at. Either way the job takes the call's usage, cost
+// and deployment, and the attempt is counted: a job that ended while its
+// call ran shows what its ledger row charged.
+func jobCompleteUpdate(unfinished, charged string) string {
+	keep := func(col, value string) string {
+		return col + ` = CASE WHEN ` + unfinished + ` THEN ` + value + ` ELSE ` + col + ` END`
+	}
+	return `UPDATE jobs SET ` + keep("status", "$13") + `, ` + keep("error", "$14") + `, ` + keep("finished_at", "$2") + `,
+		` + keep("response_status", "$3") + `, ` + keep("response_body", "$4") + `,
+		attempts = attempts + 1, next_run_at = NULL, updated_at = $2, provider_request_id = $5,
 		prompt_tokens = $6, completion_tokens = $7, cached_tokens = $8, total_tokens = $9, cost_micros = $10,
 		usage_estimated = $15, deployment = $16, served_model = $17, worker_id = NULL
-		WHERE id = $1 AND ` + unfinishedSQL
+		WHERE id = $1 AND (` + unfinished + ` OR ` + charged + `)`
+}
+
+const (
 	// The ledger row copies the job's tenant, batch and model (the served
 	// model instead, when given); on Postgres the SELECT sees the row as it
 	// was before the UPDATE beside it, which is the same for those columns.
@@ -464,10 +483,23 @@ const (
 		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16, $19 FROM jobs
 		WHERE id = $1 AND (finished_at IS NULL OR finished_at >= $18)
 		ON CONFLICT (job_id) DO NOTHING`
-	// sqlJobComplete is both in one statement (Postgres): whether it
-	// completed the job, charged it, and whether the job exists.
-	sqlJobComplete = `WITH u AS (` + sqlJobCompleteUpdate + ` RETURNING 1), l AS (` + sqlJobCompleteInsert + ` RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM u), EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM jobs WHERE id = $1)`
+)
+
+var (
+	// sqlJobComplete is all of it in one statement (Postgres): whether it
+	// completed the job, charged it, and whether the job exists. cur locks
+	// the job and reads whether it is unfinished as it is now (a cancel
+	// committed since the statement began included: FOR UPDATE waits for
+	// it and reads its row), so the UPDATE, which reads cur first, and the
+	// answer agree on what the job was.
+	sqlJobComplete = `WITH cur AS (SELECT ` + unfinishedSQL + ` AS unfinished FROM jobs WHERE id = $1 FOR UPDATE),
+		l AS (` + sqlJobCompleteInsert + ` RETURNING 1),
+		u AS (` + sqlJobCompleteUpdatePostgres + `)
+		SELECT COALESCE((SELECT unfinished FROM cur), false), EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM cur)`
+	sqlJobCompleteUpdatePostgres = jobCompleteUpdate(`(SELECT unfinished FROM cur)`, `EXISTS (SELECT 1 FROM l)`)
+	// SQLite's transaction reads the job and inserts the ledger row first:
+	// $20 says the job is unfinished, $21 that the INSERT charged it.
+	sqlJobCompleteUpdateSQLite = jobCompleteUpdate(`$20`, `$21`)
 )
 
 // JobCompleteManyParams are the successes JobCompleteMany stores together.

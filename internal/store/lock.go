@@ -43,14 +43,14 @@ func (db *DB) waitLock(ctx context.Context, name string) (unlock func(), err err
 func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
 	conn, err := db.locks.Acquire(ctx)
 	if err != nil {
-		return nil, false, fmt.Errorf("store: TryLock %q: %w", name, err)
+		return nil, false, fmt.Errorf("store: TryLock %q: %w", name, db.d.outage(err))
 	}
 	key := lockKey(db.lockScope, name)
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil || !ok {
 		conn.Release()
 		if err != nil {
-			return nil, false, fmt.Errorf("store: TryLock %q: %w", name, err)
+			return nil, false, fmt.Errorf("store: TryLock %q: %w", name, db.d.outage(err))
 		}
 		return nil, false, nil
 	}

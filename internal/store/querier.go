@@ -25,6 +25,12 @@ type querier interface {
 // so one scan function per row type serves both drivers.
 type row interface{ Scan(dest ...any) error }
 
+// Both queriers give a driver error that means the database cannot serve
+// now ErrUnavailable (dialect.outage) as it leaves the driver, where it is
+// known to be the database's: a broken connection's error is a bare
+// io.ErrUnexpectedEOF, as Redis's is. So do the transactions, and the
+// driver calls made outside a querier (groups.go, jobs_bulk.go, lock.go).
+
 // pgxQuerier is a querier on a *pgxpool.Pool or a pgx.Tx.
 type pgxQuerier struct {
 	c interface {
@@ -36,21 +42,29 @@ type pgxQuerier struct {
 
 func (q pgxQuerier) exec(ctx context.Context, query string, args ...any) (int64, error) {
 	tag, err := q.c.Exec(ctx, query, args...)
-	return tag.RowsAffected(), err
+	return tag.RowsAffected(), postgresDialect.outage(err)
 }
 
 func (q pgxQuerier) queryRow(ctx context.Context, query string, args ...any) row {
-	return q.c.QueryRow(ctx, query, args...)
+	return outageRow{q.c.QueryRow(ctx, query, args...), postgresDialect}
 }
 
 func (q pgxQuerier) query(ctx context.Context, query string, args []any, each func(row) error) error {
 	rows, err := q.c.Query(ctx, query, args...)
 	if err != nil {
-		return err
+		return postgresDialect.outage(err)
 	}
 	defer rows.Close()
-	return eachRow(rows, each)
+	return eachRow(rows, each, postgresDialect)
 }
+
+// outageRow is a row whose Scan's error goes through its dialect's outage.
+type outageRow struct {
+	r row
+	d *dialect
+}
+
+func (o outageRow) Scan(dest ...any) error { return o.d.outage(o.r.Scan(dest...)) }
 
 // sqlQuerier is a querier on a *sql.DB or a *sql.Tx.
 type sqlQuerier struct {
@@ -64,37 +78,40 @@ type sqlQuerier struct {
 func (q sqlQuerier) exec(ctx context.Context, query string, args ...any) (int64, error) {
 	res, err := q.c.ExecContext(ctx, query, args...)
 	if err != nil {
-		return 0, err
+		return 0, sqliteDialect.outage(err)
 	}
-	return res.RowsAffected()
+	n, err := res.RowsAffected()
+	return n, sqliteDialect.outage(err)
 }
 
 func (q sqlQuerier) queryRow(ctx context.Context, query string, args ...any) row {
-	return q.c.QueryRowContext(ctx, query, args...)
+	return outageRow{q.c.QueryRowContext(ctx, query, args...), sqliteDialect}
 }
 
 func (q sqlQuerier) query(ctx context.Context, query string, args []any, each func(row) error) error {
 	rows, err := q.c.QueryContext(ctx, query, args...)
 	if err != nil {
-		return err
+		return sqliteDialect.outage(err)
 	}
 	defer rows.Close()
-	return eachRow(rows, each)
+	return eachRow(rows, each, sqliteDialect)
 }
 
 // eachRow calls each with every row of rows (pgx.Rows or *sql.Rows) in
-// order; each's error stops it and is returned.
+// order; each's error stops it and is returned as it is (it may be the
+// caller's own, such as a client that left while its file was written),
+// the rows' own through d's outage.
 func eachRow(rows interface {
 	row
 	Next() bool
 	Err() error
-}, each func(row) error) error {
+}, each func(row) error, d *dialect) error {
 	for rows.Next() {
 		if err := each(rows); err != nil {
 			return err
 		}
 	}
-	return rows.Err()
+	return d.outage(rows.Err())
 }
 
 // collect runs query and scans every row with scan.
@@ -117,18 +134,29 @@ func (db *DB) tx(ctx context.Context, fn func(q querier) error) error {
 	return db.d.wrap(db.d.tx(ctx, db, fn))
 }
 
+// pgxTx and sqlTx classify the errors of their own calls (begin, commit);
+// fn's are its queries' (already classified) or its own, such as an upload
+// that failed to read, which no outage is.
 func pgxTx(ctx context.Context, db *DB, fn func(querier) error) error {
-	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error { return fn(pgxQuerier{tx}) })
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return db.d.outage(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // once committed, a no-op
+	if err := fn(pgxQuerier{tx}); err != nil {
+		return err
+	}
+	return db.d.outage(tx.Commit(ctx))
 }
 
 func sqlTx(ctx context.Context, db *DB, fn func(querier) error) error {
 	tx, err := db.writer.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return db.d.outage(err)
 	}
 	if err := fn(sqlQuerier{tx}); err != nil {
 		_ = tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	return db.d.outage(tx.Commit())
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 )
 
 // DefaultMigrateLockTimeout is how long a migration waits for a lock: the
@@ -58,16 +60,19 @@ func (db *DB) checkSchema(ctx context.Context) error {
 }
 
 // SchemaVersion returns the database's schema version and this binary's.
+// It only reads: a database never migrated is at version 0 and stays as it
+// was (goose's own read of the version creates its table first, so its
+// table is looked for before it is read).
 func (db *DB) SchemaVersion(ctx context.Context) (have, want int64, err error) {
-	p, done, err := db.migrator()
+	m, done, err := db.migrator()
 	if err != nil {
 		return 0, 0, fmt.Errorf("store: schema version: %w", err)
 	}
 	defer func() { _ = done() }()
-	if have, err = p.GetDBVersion(ctx); err != nil {
+	if have, _, err = m.applied(ctx); err != nil {
 		return 0, 0, fmt.Errorf("store: schema version: %w", err)
 	}
-	src := p.ListSources()
+	src := m.ListSources()
 	return have, src[len(src)-1].Version, nil
 }
 
@@ -114,12 +119,24 @@ func (db *DB) MigrateDown(ctx context.Context) (int64, error) {
 // MigrationStatus lists every migration this binary knows, oldest first,
 // and whether it is applied.
 func (db *DB) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
-	p, done, err := db.migrator()
+	m, done, err := db.migrator()
 	if err != nil {
 		return nil, fmt.Errorf("store: migration status: %w", err)
 	}
 	defer func() { _ = done() }()
-	sts, err := p.Status(ctx)
+	// Status creates goose's table: a database never migrated has every
+	// migration pending, and is left as it was.
+	if _, migrated, err := m.applied(ctx); err != nil || !migrated {
+		if err != nil {
+			return nil, fmt.Errorf("store: migration status: %w", err)
+		}
+		var out []MigrationState
+		for _, src := range m.ListSources() {
+			out = append(out, MigrationState{Version: src.Version, Name: path.Base(src.Path)})
+		}
+		return out, nil
+	}
+	sts, err := m.Status(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("store: migration status: %w", err)
 	}
@@ -149,7 +166,7 @@ func (db *DB) migrating(ctx context.Context, fn func(*goose.Provider) error) err
 		return fmt.Errorf("store: migrate: %w", err)
 	}
 	defer func() { _ = done() }()
-	if err := fn(p); err != nil {
+	if err := fn(p.Provider); err != nil {
 		if db.d.isLockTimeout(err) {
 			return fmt.Errorf("store: migrate: a table it changes stayed locked by another transaction for %v (lock_timeout), nothing of that migration was applied: "+
 				"end that transaction or try again when the database is quieter: %w", db.migrateLockTimeout, err)
@@ -159,14 +176,42 @@ func (db *DB) migrating(ctx context.Context, fn func(*goose.Provider) error) err
 	return nil
 }
 
-// migrator is goose's provider of the embedded migrations on db, and what
-// releases it.
-func (db *DB) migrator() (*goose.Provider, func() error, error) {
+// migrator is goose's provider of the embedded migrations on a database/sql
+// handle of db, with the store of goose's version table it keeps.
+type migrator struct {
+	*goose.Provider
+	versions database.Store
+	sdb      *sql.DB
+	db       *DB
+}
+
+// migrator returns the migrator of db and what releases it.
+func (db *DB) migrator() (*migrator, func() error, error) {
 	sdb, done := db.d.gooseDB(db)
-	p, err := goose.NewProvider(db.d.goose, sdb, db.d.migrations, goose.WithDisableGlobalRegistry(true))
+	versions, err := database.NewStore(db.d.goose, goose.DefaultTablename)
 	if err != nil {
 		_ = done()
 		return nil, nil, err
 	}
-	return p, done, nil
+	p, err := goose.NewProvider(goose.DialectCustom, sdb, db.d.migrations, goose.WithStore(versions),
+		goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		_ = done()
+		return nil, nil, err
+	}
+	return &migrator{Provider: p, versions: versions, sdb: sdb, db: db}, done, nil
+}
+
+// applied is the highest migration version the database records (0 for
+// none) and whether goose's version table exists. It only reads.
+func (m *migrator) applied(ctx context.Context) (version int64, migrated bool, err error) {
+	err = m.db.ro.queryRow(ctx, m.db.d.tableExists, m.versions.Tablename()).Scan(&migrated)
+	if err != nil || !migrated {
+		return 0, false, err
+	}
+	version, err = m.versions.GetLatestVersion(ctx, m.sdb)
+	if errors.Is(err, database.ErrVersionNotFound) {
+		return 0, true, nil
+	}
+	return version, true, err
 }

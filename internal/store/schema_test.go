@@ -59,6 +59,53 @@ func TestSchemaVersionIsChecked(t *testing.T) {
 	}
 }
 
+// Checking the schema only reads: Open and MigrationStatus on a database
+// never migrated say so (the error telling to migrate; every migration
+// pending) and leave it without a table, goose's version table included.
+func TestSchemaCheckWritesNothing(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"postgres": postgresURL(t), "sqlite": sqliteURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			_, err := Open(ctx, url, nil)
+			var se *SchemaError
+			if !errors.As(err, &se) || se.Have != 0 || !strings.Contains(err.Error(), "run `dispatcher migrate up` first") {
+				t.Fatalf("Open of an empty database = %v, want a SchemaError telling to migrate", err)
+			}
+			db, err := Connect(ctx, url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			sts, err := db.MigrationStatus(ctx)
+			if err != nil || len(sts) < 12 || sts[0].Version != 1 || sts[0].Name == "" {
+				t.Fatalf("MigrationStatus of an empty database = %+v, %v", sts, err)
+			}
+			for _, st := range sts {
+				if st.Applied || !st.AppliedAt.IsZero() {
+					t.Fatalf("MigrationStatus of an empty database: %+v applied", st)
+				}
+			}
+			tables := `SELECT name FROM sqlite_master WHERE type = 'table'`
+			if db.Dialect() == "postgres" {
+				tables = `SELECT tablename FROM pg_tables WHERE schemaname = current_schema()`
+			}
+			var names []string
+			if err := db.ro.query(ctx, tables, nil, func(r row) error {
+				var n string
+				names = append(names, n)
+				return r.Scan(&names[len(names)-1])
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if len(names) != 0 {
+				t.Fatalf("checking the schema created tables %v", names)
+			}
+		})
+	}
+}
+
 // A migration that meets a lock gives up after the lock timeout with an
 // error saying so, instead of hanging (and queueing every query of the
 // table behind its own wait), and applies nothing.

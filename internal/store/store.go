@@ -43,6 +43,13 @@ var (
 	// a unique key or a reference, a row too large): the caller's data, not
 	// the database's failure; trying again fails again.
 	ErrInvalidValue = errors.New("store: invalid value")
+	// ErrUnavailable: the database cannot serve now (it does not answer,
+	// the connection broke, it is shutting down or starting, it has no
+	// connection free, SQLite's lock stayed busy): not about the call;
+	// trying again once it is back succeeds. Every call's driver error is
+	// classified where it leaves the driver (querier.go), so a caller that
+	// also talks to Redis never mistakes one for the other.
+	ErrUnavailable = errors.New("store: database unavailable")
 )
 
 // Default and largest page sizes of the list methods.

@@ -31,11 +31,19 @@ func Job(j *store.Job) client.Job {
 	if j.ResponseStatus != 0 && len(j.ResponseBody) > 0 {
 		out.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}
 	}
-	if j.Status == store.JobSucceeded || j.Cost > 0 {
-		out.Usage = &client.JobUsage{PromptTokens: j.PromptTokens, CompletionTokens: j.CompletionTokens, TotalTokens: j.TotalTokens,
-			Estimated: j.UsageEstimated}
-	}
+	out.Usage = JobUsage(j)
 	return out
+}
+
+// JobUsage is the usage of the call j was charged for: a job that
+// succeeded, or one that ended otherwise (cancelled or failed while its
+// call ran) and was charged for it. Nil for a job never charged.
+func JobUsage(j *store.Job) *client.JobUsage {
+	if j.Status != store.JobSucceeded && j.Cost == 0 && j.TotalTokens == 0 {
+		return nil
+	}
+	return &client.JobUsage{PromptTokens: j.PromptTokens, CompletionTokens: j.CompletionTokens, TotalTokens: j.TotalTokens,
+		Estimated: j.UsageEstimated}
 }
 
 // jobError is a copy of a job's error, so the rendered job shares nothing

@@ -70,6 +70,30 @@ func TestJob(t *testing.T) {
 	}
 }
 
+// A job shows usage when it was charged for a call: it succeeded, or it
+// ended otherwise while its call ran and was charged (at no cost too: a
+// free model); never when no call was charged.
+func TestJobUsage(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		job  store.Job
+		want *client.JobUsage
+	}{
+		{store.Job{Status: store.JobSucceeded}, &client.JobUsage{}},
+		{store.Job{Status: store.JobCancelled}, nil},
+		{store.Job{Status: store.JobFailed, Error: &store.JobError{Message: "bad"}}, nil},
+		{store.Job{Status: store.JobCancelled, PromptTokens: 7, CompletionTokens: 5, TotalTokens: 12, Cost: 9},
+			&client.JobUsage{PromptTokens: 7, CompletionTokens: 5, TotalTokens: 12}},
+		{store.Job{Status: store.JobCancelled, PromptTokens: 7, TotalTokens: 7}, &client.JobUsage{PromptTokens: 7, TotalTokens: 7}},
+		{store.Job{Status: store.JobFailed, Cost: 3, TotalTokens: 1, UsageEstimated: true}, &client.JobUsage{TotalTokens: 1, Estimated: true}},
+	} {
+		got := wire.JobUsage(&c.job)
+		if (got == nil) != (c.want == nil) || got != nil && *got != *c.want {
+			t.Errorf("JobUsage of a %s job costing %v: %+v, want %+v", c.job.Status, c.job.Cost, got, c.want)
+		}
+	}
+}
+
 func TestBatchResultErrorBody(t *testing.T) {
 	t.Parallel()
 	j := &store.Job{ID: "job_01abc", CustomID: "r-1", Status: store.JobFailed, ResponseStatus: 400, ProviderRequestID: "req_1", LineNo: 3,

@@ -224,15 +224,19 @@ func (s *Server) bucketsLocked(model string, now time.Time) *buckets {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
+// requestID is the x-request-id of request n.
+func (s *Server) requestID(n uint64) string {
+	if s.cfg.RandomIDs {
+		return s.ident("req_", identRequest, n)
+	}
+	return "req_" + strconv.FormatUint(s.cfg.Seed, 36) + "_" + strconv.FormatUint(n, 10)
+}
+
 // setRateHeaders writes the rate-limit headers of Config.RateHeaders (with
 // Config.HeaderNoise, nonsense in their place), a 429's wait in the form of
 // Config.RetryAfter, and the request id.
 func (s *Server) setRateHeaders(h http.Header, v *verdict, n uint64) {
-	if s.cfg.RandomIDs {
-		h.Set("X-Request-Id", s.ident("req_", identRequest, n))
-	} else {
-		h.Set("X-Request-Id", "req_"+strconv.FormatUint(s.cfg.Seed, 36)+"_"+strconv.FormatUint(n, 10))
-	}
+	h.Set("X-Request-Id", s.requestID(n))
 	noise := s.cfg.HeaderNoise > 0 && s.draw(n, drawNoise) < s.cfg.HeaderNoise
 	nonsense := "0"
 	if s.draw(n, drawNoise+1) < 0.5 {

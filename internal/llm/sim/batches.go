@@ -415,7 +415,7 @@ func (s *Server) answerLinesLocked(b *batch, upto int) {
 			l.status = http.StatusOK
 			var bill Bill
 			body, bill = s.respond(l.call, n, at)
-			bill.Batch = true
+			bill.Batch, bill.RequestID = true, s.ident("req_", identRequest, n)
 			s.record(bill)
 			b.completed++
 		}

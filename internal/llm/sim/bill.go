@@ -34,6 +34,9 @@ type Bill struct {
 	ToolCalls map[string]int64 `json:"tool_calls,omitempty"`
 	// ResponseID is a Responses API answer's id.
 	ResponseID string `json:"response_id,omitempty"`
+	// RequestID is the call's request id: its answer's x-request-id, a
+	// batch line's request_id.
+	RequestID string `json:"request_id"`
 	// Batch marks a line of a batch on the simulator's Batch API.
 	Batch bool `json:"batch,omitempty"`
 	// Stream marks a streamed call.

@@ -122,7 +122,7 @@ func (s *Server) begin(endpoint string, body []byte, stream bool) *Exchange {
 	x.admitted, x.status = true, http.StatusOK
 	var bill Bill
 	x.body, bill = s.respond(c, n, now)
-	bill.Seq, bill.Stream = x.seq, stream
+	bill.Seq, bill.Stream, bill.RequestID = x.seq, stream, s.requestID(n)
 	s.record(bill)
 	x.completion = bill.OutputTokens
 	x.unused = c.tokens - c.prompt - x.completion
