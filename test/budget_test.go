@@ -187,15 +187,20 @@ func TestBudgetIsNeverOverspent(t *testing.T) {
 	for _, omit := range []float64{0, 0.2} {
 		t.Run(fmt.Sprintf("usage omitted from %.0f%% of answers", 100*omit), func(t *testing.T) {
 			t.Parallel()
-			budgetNeverOverspent(t, omit)
+			budgetNeverOverspent(t, omit, false)
 		})
 	}
+	// A provider billing every call its whole output limit.
+	t.Run("worst-case provider", func(t *testing.T) {
+		t.Parallel()
+		budgetNeverOverspent(t, 0, true)
+	})
 }
 
-func budgetNeverOverspent(t *testing.T, omitUsage float64) {
+func budgetNeverOverspent(t *testing.T, omitUsage float64, worstCase bool) {
 	clock := &shiftedClock{}
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, ""), Clock: clock.Now,
-		Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 3, Latency: 5 * time.Millisecond, Faults: sim.Faults{OmitUsage: omitUsage}}})
+		Sim: &sim.Config{DefaultMaxTokens: 16000, WorstCase: worstCase, Seed: 3, Latency: 5 * time.Millisecond, Faults: sim.Faults{OmitUsage: omitUsage}}})
 	procs := []*process{
 		startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=10"),
 		startProcess(t, a, "worker", "LLMQ_WORKER_CONCURRENCY=10"),

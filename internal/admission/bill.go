@@ -36,8 +36,7 @@ type Shape struct {
 	// 0 when the body states one, and for embeddings.
 	OutputLimit int64
 	// ServiceTier is the service tier the body asks for; "" for none or
-	// auto (the account's default, which may be any tier a deployment
-	// sells).
+	// auto (the account's tier, the price's AutoTier).
 	ServiceTier string
 	// Tools are the kinds of built-in tools the body names (each billed
 	// per call), and ToolCalls the most calls of them: its max_tool_calls,
@@ -356,12 +355,13 @@ func Disbelieved(route *config.Model, s *Shape, price money.Price, prompt, maxTo
 
 // Bill is what the provider bills a call of shape s for usage u at price
 // (a route's, or its Batch price): its tokens at the service tier the
-// answer says served it (the tier asked for when it says none; the
-// dearest the call may be served at when it names one without a price),
+// answer says served it (the tier asked for, or the account's, when it
+// says none; the dearest the call may be served at when it names one
+// without a price),
 // and each built-in tool call it made at its tool's price (a chat search
 // model's one search when it answered).
 func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
-	tier := s.ServiceTier
+	tier := cmp.Or(s.ServiceTier, price.AutoTier)
 	if u.ServiceTier != "" && u.ServiceTier != "auto" {
 		tier = u.ServiceTier
 	}
@@ -390,31 +390,17 @@ func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
 }
 
 // prices are the prices a call asking for service tier may be billed at:
-// that tier's, and the standard one (a provider may serve a tier's call at
-// its standard tier); for no tier, the standard one and every tier the
-// deployment sells (the account's default may be any of them).
+// that tier's (for none, the account's, AutoTier), and the standard one (a
+// provider may serve a tier's call at its standard tier).
 func prices(p money.Price, tier string) []money.Price {
 	out := []money.Price{p}
-	if tier != "" {
-		if t, ok := p.Tier(tier); ok {
-			out = append(out, t)
-		}
-		return out
+	if tier == "" {
+		tier = p.AutoTier
 	}
-	for _, name := range sortedTiers(p) {
-		t, _ := p.Tier(name)
+	if t, ok := p.Tier(tier); ok && tier != "" {
 		out = append(out, t)
 	}
 	return out
-}
-
-func sortedTiers(p money.Price) []string {
-	names := make([]string, 0, len(p.ServiceTiers))
-	for name := range p.ServiceTiers {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	return names
 }
 
 // toolFees is calls tool calls at the dearest per-call price of tools.

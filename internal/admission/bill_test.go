@@ -186,9 +186,18 @@ func TestServiceTiersArePriced(t *testing.T) {
 	auto := env.mustEstimate(t, "standard", env.a, llm.EndpointChat, body(`"service_tier":"auto",`))
 	priority, _ := m.Price.Tier("priority")
 	if std.WorstCase != m.Price.WorstCase(std.PromptTokens, 100) || prio.WorstCase != priority.WorstCase(prio.PromptTokens, 100) ||
-		flex.WorstCase != std.WorstCase || auto.WorstCase != prio.WorstCase {
-		t.Fatalf("worst cases: default %s, priority %s, flex %s (a flex call may be served at standard), auto %s (the dearest sold)",
+		flex.WorstCase != std.WorstCase || auto.WorstCase != std.WorstCase {
+		t.Fatalf("worst cases: default %s, priority %s, flex %s (a flex call may be served at standard), auto %s (the account's default tier)",
 			std.WorstCase, prio.WorstCase, flex.WorstCase, auto.WorstCase)
+	}
+	// An account whose project serves auto at priority (auto_service_tier).
+	route := *m.Routes()[0]
+	route.Price.AutoTier = "priority"
+	if _, w := Charge(&route, &auto.Shape, auto.Calibration, auto.PromptTokens, 100); w != prio.WorstCase {
+		t.Fatalf("auto on a priority project: %s, want %s", w, prio.WorstCase)
+	}
+	if got, want := Bill(route.Price, &auto.Shape, llm.Usage{PromptTokens: 10, CompletionTokens: 5}), priority.Cost(10, 0, 5); got != want {
+		t.Fatalf("auto on a priority project, the answer naming no tier: %s, want %s", got, want)
 	}
 	_, err := env.estimate(t, "standard", env.a, llm.EndpointChat, body(`"service_tier":"scale",`))
 	wantRefusal(t, err, 400, "service_tier", "unsupported_value")
@@ -228,10 +237,7 @@ func TestBuiltinToolsArePriced(t *testing.T) {
 	// Four turns, each reading the prompt, three results of 2,000 tokens
 	// and the output: at most 4 × (P + 6,000 + 100) input tokens.
 	bound := 4 * (est.PromptTokens + 6000 + 100)
-	// No service tier named: the account's default may be any tier the
-	// deployment sells, priority the dearest.
-	priority, _ := m.Price.Tier("priority")
-	want := priority.WorstCase(bound, 100) + 3*10_000
+	want := m.Price.WorstCase(bound, 100) + 3*10_000
 	if s.PromptBound(route, est.PromptTokens, 100) != bound || est.WorstCase != want {
 		t.Fatalf("worst case %s (bound %d), want %s (bound %d)", est.WorstCase, s.PromptBound(route, est.PromptTokens, 100), want, bound)
 	}

@@ -55,9 +55,12 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 // store or what readers may take apart differently; it names the field whose
 // value holds it when the body is JSON.
 func encodingError(body []byte, p *jsontext.Problem) *Error {
-	param := jsontext.PathAt(body, p.Offset)
-	if param == "" {
+	param := p.Param(body)
+	switch {
+	case param == "":
 		return badRequest("", p.Code, "Request body holds %s at byte %d, %s.", p.What, p.Offset, p.Why())
+	case p.Member != "":
+		return badRequest(param, p.Code, "Request body holds %s, '%s' (at byte %d), %s.", p.What, param, p.Offset, p.Why())
 	}
 	return badRequest(param, p.Code, "'%s' holds %s (at byte %d of the request body), %s.", param, p.What, p.Offset, p.Why())
 }

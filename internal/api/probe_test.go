@@ -23,10 +23,10 @@ func TestDuplicateKeysAreRefused(t *testing.T) {
 	for _, c := range []struct {
 		path, body, param string
 	}{
-		{"/v1/jobs", `{"body":{"model":"o3","model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":100000,"max_tokens":5}}`, "body"},
-		{"/v1/jobs", `{"body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi","content":"ho"}],"max_tokens":5}}`, "body.messages[0]"},
-		{"/v1/jobs", `{"custom_id":"a","custom_id":"b","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}}`, ""},
-		{"/v1/chat/completions", `{"model":"o3","model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`, ""},
+		{"/v1/jobs", `{"body":{"model":"o3","model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":100000,"max_tokens":5}}`, "body.model"},
+		{"/v1/jobs", `{"body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi","content":"ho"}],"max_tokens":5}}`, "body.messages[0].content"},
+		{"/v1/jobs", `{"custom_id":"a","custom_id":"b","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}}`, "custom_id"},
+		{"/v1/chat/completions", `{"model":"o3","model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`, "model"},
 	} {
 		e := checkError(t, a.Do("POST", c.path, key, c.body), 400, jsontext.CodeDuplicateKey, c.param)
 		if !strings.Contains(e.Error.Message, "a second time") {

@@ -522,7 +522,7 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 // surrogate into U+FFFD: a request is refused instead of being sent other
 // than it was written.
 func unstorableField(line []byte, p *jsontext.Problem) *lineError {
-	if field := jsontext.Field(jsontext.PathAt(line, p.Offset)); field != "" {
+	if field := jsontext.Field(p.Param(line)); field != "" {
 		return &lineError{code: p.Code, param: field, msg: fmt.Sprintf("%s holds %s, %s.", field, p.What, p.Why())}
 	}
 	return &lineError{code: p.Code, msg: fmt.Sprintf("the line holds %s, %s.", p.What, p.Why())}

@@ -522,6 +522,7 @@ type rawPrice struct {
 	BatchInputPerMTok  *float64                `yaml:"batch_input_per_mtok"`
 	BatchOutputPerMTok *float64                `yaml:"batch_output_per_mtok"`
 	ServiceTierPrices  map[string]*rawPrice    `yaml:"service_tier_prices"`
+	AutoServiceTier    string                  `yaml:"auto_service_tier"`
 	ToolPrices         map[string]rawToolPrice `yaml:"tool_prices"`
 }
 
@@ -1007,7 +1008,7 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 			return p, src.errorAt(at, "the %s tier is the standard price (input_per_mtok, output_per_mtok); name the tiers sold beside it (flex, priority, scale)", name)
 		}
 		raw := rp.ServiceTierPrices[name]
-		if raw == nil || raw.ServiceTierPrices != nil || raw.ToolPrices != nil {
+		if raw == nil || raw.ServiceTierPrices != nil || raw.ToolPrices != nil || raw.AutoServiceTier != "" {
 			return p, src.errorAt(at, "must be a price of input_per_mtok and output_per_mtok (and cached_input_per_mtok)")
 		}
 		tp, err := buildPrice(src, at, raw, kind, upstream, name)
@@ -1018,6 +1019,13 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 			p.ServiceTiers = map[string]money.Price{}
 		}
 		p.ServiceTiers[name] = tp
+	}
+	switch t := rp.AutoServiceTier; {
+	case t == "" || t == money.StandardTier:
+	case p.ServiceTiers[t].InputPerMTok == 0 && p.ServiceTiers[t].OutputPerMTok == 0:
+		return p, src.errorAt(path+".auto_service_tier", "must be default or a tier of service_tier_prices, got %q", t)
+	default:
+		p.AutoTier = t
 	}
 	for _, name := range sortedKeys(rp.ToolPrices) {
 		at := path + ".tool_prices." + name

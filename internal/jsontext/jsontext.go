@@ -53,6 +53,9 @@ type Problem struct {
 	Offset int    // where it starts, in bytes from the start of the text
 	Code   string // CodeInvalidEncoding or CodeNumberOutOfRange
 	What   string // what it is, for a message: "a NUL byte", "the number 1e999999 (…)"
+	// Member is the name of the member that is the problem (one named
+	// twice); "" when the problem is in a value.
+	Member string
 	// Raw: the bytes themselves are the problem (a NUL byte, bytes that are
 	// not UTF-8), not an escape or a number: the text is not text.
 	Raw bool
@@ -263,7 +266,7 @@ func Structure(doc []byte) *Problem {
 			if first != key {
 				what = fmt.Sprintf("the member %q beside %q, a name that differs only in case", key, first)
 			}
-			return &Problem{Offset: off, Code: CodeDuplicateKey, What: what}
+			return &Problem{Offset: off, Code: CodeDuplicateKey, What: what, Member: key}
 		}
 		top.keys[folded] = key
 		top.wantKey = false
@@ -295,6 +298,19 @@ func FoldName(name string) string {
 		b.WriteRune(least)
 	}
 	return b.String()
+}
+
+// Param is the path in doc of what p is about: the member it names
+// ("body.max_tokens"), else the value holding its offset (see PathAt).
+func (p *Problem) Param(doc []byte) string {
+	path := PathAt(doc, p.Offset)
+	if p.Member == "" {
+		return path
+	}
+	if path == "" {
+		return p.Member
+	}
+	return path + "." + p.Member
 }
 
 // PathAt is the path ("body.messages[0].content") of the value of the JSON

@@ -61,6 +61,11 @@ type Price struct {
 	// "priority", "scale"): a call asking for one is reserved, and one
 	// served at one is charged, at its price. None: the standard price only.
 	ServiceTiers map[string]Price
+	// AutoTier is the service tier a call naming none (or "auto") is
+	// served at: the account's own setting, which OpenAI documents as its
+	// default tier unless the project is configured otherwise. "" is the
+	// standard tier.
+	AutoTier string
 	// Tools are the prices of a provider's built-in tools by kind
 	// ("web_search", "file_search", "code_interpreter", "image_generation"),
 	// which it bills per call beside the tokens. None: no built-in tool.
