@@ -4,7 +4,9 @@
 // files made longer ago than retention.files that no running batch uses,
 // and the usage ledger's rows charged longer ago than retention.ledger,
 // folded into daily totals per tenant, day and model (budgets and usage
-// reports read the totals, so no dollar of spend is lost). It works in small batches, each a short transaction of its own that
+// reports read the totals, so no dollar of spend is lost), and the records
+// of stored responses past the 30 days a provider keeps them
+// (store.StoredResponseRetention). It works in small batches, each a short transaction of its own that
 // locks only the rows it changes and skips rows others hold, with a pause
 // between batches, so the API and the workers never wait behind it.
 package retention
@@ -28,6 +30,7 @@ type Store interface {
 	FileDelete(ctx context.Context, tenantID, id string) error
 	UsageRollUp(ctx context.Context, before time.Time, limit int) (int64, error)
 	UsageCountRollable(ctx context.Context, before time.Time) (int64, error)
+	StoredResponsePurge(ctx context.Context, before time.Time, limit int) (int64, error)
 }
 
 // Defaults of Purger's tunables, and how often the dispatcher purges.
@@ -62,6 +65,9 @@ type Report struct {
 	FileBytes                             int64
 	// LedgerRows is the ledger rows folded into daily totals.
 	LedgerRows int64
+	// StoredResponses is the records of stored responses (and their items)
+	// purged, past store.StoredResponseRetention; Purge only.
+	StoredResponses int64
 }
 
 func (p *Purger) now() time.Time {
@@ -120,7 +126,7 @@ func (p *Purger) Preview(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
-// Purge runs one pass: every job, ledger row and file past its age, a batch at a time,
+// Purge runs one pass: every job, ledger row, stored response record and file past its age, a batch at a time,
 // until none is left or ctx ends.
 func (p *Purger) Purge(ctx context.Context) (Report, error) {
 	rep := p.cutoffs()
@@ -169,6 +175,9 @@ func (p *Purger) Purge(ctx context.Context) (Report, error) {
 			return rep, err
 		}
 	}
+	if err := inBatches(counted(p.Store.StoredResponsePurge, p.now().Add(-store.StoredResponseRetention), &rep.StoredResponses)); err != nil {
+		return rep, err
+	}
 	if !rep.FilesBefore.IsZero() {
 		err := inBatches(func() (int, error) {
 			fs, err := p.Store.FileListPurgeable(ctx, rep.FilesBefore, batch)
@@ -192,9 +201,9 @@ func (p *Purger) Purge(ctx context.Context) (Report, error) {
 			return rep, err
 		}
 	}
-	if rep.Jobs > 0 || rep.Files > 0 || rep.LedgerRows > 0 {
+	if rep.Jobs > 0 || rep.Files > 0 || rep.LedgerRows > 0 || rep.StoredResponses > 0 {
 		p.log().Info("retention: purged finished work", "jobs", rep.Jobs, "files", rep.Files, "file_bytes", rep.FileBytes,
-			"ledger_rows", rep.LedgerRows)
+			"ledger_rows", rep.LedgerRows, "stored_responses", rep.StoredResponses)
 	}
 	return rep, nil
 }

@@ -297,3 +297,40 @@ func TestLedgerRetentionFloor(t *testing.T) {
 		t.Fatalf("the policy accepts retention.ledger %s, the store folds rows only from %s", config.MinLedgerRetention, store.LedgerDetailMinAge)
 	}
 }
+
+// The records of stored responses go once a provider no longer keeps the
+// responses (30 days), whatever the policy's retention; younger ones stay.
+func TestPurgeStoredResponses(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := store.OpenMigrated(ctx, testutil.Postgres(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ten, err := db.TenantInsert(ctx, &store.TenantInsertParams{Name: "t", Tier: "standard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := []store.StoredResponse{
+		{ID: "resp_1", ResponseID: "resp_1", TenantID: ten.ID, Deployment: "openai/gpt-4o", Tokens: 10},
+		{ID: "msg_1", ResponseID: "resp_1", TenantID: ten.ID, Deployment: "openai/gpt-4o", Tokens: 4},
+	}
+	if err := db.StoredResponseInsert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		after time.Duration
+		want  int64
+	}{{29 * 24 * time.Hour, 0}, {31 * 24 * time.Hour, 2}} {
+		p := &retention.Purger{Store: db, Retention: func() config.Retention { return config.Retention{} },
+			Now: func() time.Time { return time.Now().Add(c.after) }, Batch: 1}
+		rep, err := p.Purge(ctx)
+		if err != nil || rep.StoredResponses != c.want {
+			t.Fatalf("%v later: purged %d, %v; want %d", c.after, rep.StoredResponses, err, c.want)
+		}
+	}
+	if left, err := db.StoredResponseGet(ctx, []string{"resp_1", "msg_1"}); err != nil || len(left) != 0 {
+		t.Fatalf("left %v, %v", left, err)
+	}
+}
