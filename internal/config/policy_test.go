@@ -630,10 +630,17 @@ func TestExamplePolicy(t *testing.T) {
 			t.Errorf("model %s = %+v", name, m)
 		}
 		// The example's prices are today's list prices, the same as the
-		// built-in table; if either changes, both should.
-		if !reflect.DeepEqual(m.Price, money.DefaultPrices[name]) {
+		// built-in table (which has no service tiers or tools); if either
+		// changes, both should.
+		tokens := m.Price
+		tokens.ServiceTiers, tokens.Tools = nil, nil
+		if !reflect.DeepEqual(tokens, money.DefaultPrices[name]) {
 			t.Errorf("model %s price %+v, built-in table says %+v", name, m.Price, money.DefaultPrices[name])
 		}
+	}
+	if m, _ := p.Model("gpt-4o"); m.Price.ServiceTiers["priority"].OutputPerMTok != 17_000_000 ||
+		m.Price.Tools["web_search"] != (money.ToolPrice{PerCall: 10_000, ResultTokens: 8000}) || m.ContextWindow != 128_000 || m.MaxToolCalls != DefaultMaxToolCalls {
+		t.Errorf("gpt-4o's tiers, tools, window: %+v, %d, %d", m.Price, m.ContextWindow, m.MaxToolCalls)
 	}
 	if m, _ := p.Model("text-embedding-3-small"); m.Kind != KindEmbedding {
 		t.Errorf("text-embedding-3-small kind = %q", m.Kind)
