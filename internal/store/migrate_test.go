@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 )
@@ -99,6 +100,58 @@ func TestKeyExemptMigration(t *testing.T) {
 			}
 			if exempt, _, err := db.APIKeyListExempt(ctx, &APIKeyListExemptParams{}); err != nil || len(exempt) != 0 {
 				t.Fatalf("exempt keys = %v, %v", exempt, err)
+			}
+		})
+	}
+}
+
+// Migration 017 records the stored responses llmq relayed before it, from
+// their jobs, so a follow-up of one still reaches it: the response and its
+// output items, as its tenant's, on the deployment that answered; not a
+// response stored with store: false, nor another endpoint's answer.
+func TestStoredResponsesMigrationBackfills(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"postgres": postgresURL(t), "sqlite": sqliteURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			db := openURL(t, url)
+			ten := mkTenant(t, db)
+			answered := func(request, response string) {
+				p := jobParams(ten.ID)
+				p.Endpoint, p.Request = "/v1/responses", json.RawMessage(request)
+				j := mkJob(t, db, p)
+				if _, _, err := db.JobStart(ctx, j.ID, ""); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: "2026-12-07", ResponseBody: json.RawMessage(response),
+					PromptTokens: 120, CompletionTokens: 30, Cost: 1, Deployment: "openai/gpt-4o"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			answered(`{"model":"gpt-4o","input":"hi"}`,
+				`{"id":"resp_kept","object":"response","output":[{"id":"rs_1","type":"reasoning"},{"id":"msg_1","type":"message"}]}`)
+			answered(`{"model":"gpt-4o","input":"hi","store":false}`, `{"id":"resp_unstored","object":"response","output":[{"id":"msg_2","type":"message"}]}`)
+			answered(`{"model":"gpt-4o","input":"hi"}`, `{"id":"chatcmpl-1","object":"chat.completion"}`)
+
+			p, done, err := db.migrator()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = done() }()
+			if _, err := p.DownTo(ctx, 16); err != nil {
+				t.Fatalf("down to 16: %v", err)
+			}
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatalf("up: %v", err)
+			}
+			got, err := db.StoredResponseGet(ctx, []string{"resp_kept", "rs_1", "msg_1", "resp_unstored", "msg_2", "chatcmpl-1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 3 || got["resp_kept"].Tokens != 150 || got["msg_1"].Tokens != 30 || got["msg_1"].ResponseID != "resp_kept" ||
+				got["rs_1"].TenantID != ten.ID || got["resp_kept"].Deployment != "openai/gpt-4o" {
+				t.Fatalf("backfilled %v", got)
 			}
 		})
 	}

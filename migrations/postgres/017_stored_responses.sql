@@ -16,6 +16,22 @@ CREATE TABLE IF NOT EXISTS stored_responses (
 );
 -- Retention purges by age.
 CREATE INDEX IF NOT EXISTS stored_responses_created ON stored_responses (created_at);
+-- The stored responses of the last 30 days that llmq relayed before this
+-- version, from their jobs, so their follow-ups still reach them.
+INSERT INTO stored_responses (id, response_id, tenant_id, deployment, tokens, created_at)
+SELECT response_body->>'id', response_body->>'id', tenant_id, deployment, prompt_tokens + completion_tokens, finished_at
+FROM jobs
+WHERE endpoint = '/v1/responses' AND status = 'succeeded' AND response_body->>'object' = 'response'
+    AND COALESCE(request->>'store', 'true') <> 'false' AND length(response_body->>'id') BETWEEN 1 AND 256
+    AND finished_at > now() - interval '30 days'
+ON CONFLICT (id) DO NOTHING;
+INSERT INTO stored_responses (id, response_id, tenant_id, deployment, tokens, created_at)
+SELECT item->>'id', j.response_body->>'id', j.tenant_id, j.deployment, j.completion_tokens, j.finished_at
+FROM jobs j, jsonb_array_elements(CASE WHEN jsonb_typeof(j.response_body->'output') = 'array' THEN j.response_body->'output' ELSE '[]' END) AS item
+WHERE j.endpoint = '/v1/responses' AND j.status = 'succeeded' AND j.response_body->>'object' = 'response'
+    AND COALESCE(j.request->>'store', 'true') <> 'false' AND length(j.response_body->>'id') BETWEEN 1 AND 256
+    AND length(item->>'id') BETWEEN 1 AND 256 AND j.finished_at > now() - interval '30 days'
+ON CONFLICT (id) DO NOTHING;
 
 -- +goose Down
 DROP TABLE IF EXISTS stored_responses;
