@@ -29,19 +29,9 @@ func TestWebhookDoneMigrationBackfills(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			p, done, err := db.migrator()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = done() }()
 			// Back to the schema before 006, then forward again: the
 			// failed job stands for one finished under the version before.
-			if _, err := p.DownTo(ctx, 5); err != nil {
-				t.Fatalf("down to 5: %v", err)
-			}
-			if _, err := p.Up(ctx); err != nil {
-				t.Fatalf("up: %v", err)
-			}
+			remigrate(t, db, 5)
 			pending := func() []string {
 				t.Helper()
 				refs, _, err := db.WebhookListPending(context.Background(), &WebhookListPendingParams{Kind: WebhookJob,
@@ -134,17 +124,7 @@ func TestStoredResponsesMigrationBackfills(t *testing.T) {
 			answered(`{"model":"gpt-4o","input":"hi","store":false}`, `{"id":"resp_unstored","object":"response","output":[{"id":"msg_2","type":"message"}]}`)
 			answered(`{"model":"gpt-4o","input":"hi"}`, `{"id":"chatcmpl-1","object":"chat.completion"}`)
 
-			p, done, err := db.migrator()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = done() }()
-			if _, err := p.DownTo(ctx, 16); err != nil {
-				t.Fatalf("down to 16: %v", err)
-			}
-			if _, err := p.Up(ctx); err != nil {
-				t.Fatalf("up: %v", err)
-			}
+			remigrate(t, db, 16)
 			got, err := db.StoredResponseGet(ctx, []string{"resp_kept", "rs_1", "msg_1", "resp_unstored", "msg_2", "chatcmpl-1"})
 			if err != nil {
 				t.Fatal(err)
@@ -154,5 +134,22 @@ func TestStoredResponsesMigrationBackfills(t *testing.T) {
 				t.Fatalf("backfilled %v", got)
 			}
 		})
+	}
+}
+
+// remigrate takes db's schema back to version, then up again: what is in
+// the tables stands for what the versions before wrote.
+func remigrate(t *testing.T, db *DB, version int64) {
+	t.Helper()
+	p, done, err := db.migrator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = done() }()
+	if _, err := p.DownTo(t.Context(), version); err != nil {
+		t.Fatalf("down to %d: %v", version, err)
+	}
+	if _, err := p.Up(t.Context()); err != nil {
+		t.Fatalf("up: %v", err)
 	}
 }
