@@ -133,7 +133,9 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	}
 	r.acct, r.tier = acct, tier.Name
 	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
-	if e := r.plan(ctx, p, m, tier); e != nil {
+	if e, err := r.plan(ctx, p, m, tier); err != nil {
+		return nil, err
+	} else if e != nil {
 		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message})
 	}
 

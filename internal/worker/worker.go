@@ -312,8 +312,10 @@ func (r *run) do(ctx context.Context) error {
 	// The estimate was made at enqueue; prices, limits and the prompt's
 	// calibration come from what is in force now.
 	r.acct = acct
-	if e := r.plan(ctx, p, m, tier); e != nil {
-		return r.fail(ctx, *e, nil)
+	if refusal, err := r.plan(ctx, p, m, tier); err != nil {
+		return err
+	} else if refusal != nil {
+		return r.fail(ctx, *refusal, nil)
 	}
 
 	// The budget first: a job it refuses takes no permit. It holds the
@@ -410,8 +412,9 @@ func asProviderError(err error) *llm.Error {
 // plan reads the job's body for its shape, with the policy p in force and
 // its tenant's tier, and makes the run's routes, its first call and its
 // worst case. A body that can no longer run (the policy changed, or the
-// conversation it continues is gone) is the job's error.
-func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier *config.Tier) *store.JobError {
+// conversation it continues is gone) is the job's error (refusal); a store
+// that cannot tell now is err, for the run to come back.
+func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier *config.Tier) (refusal *store.JobError, err error) {
 	b, err := llm.Decode(r.job.Endpoint, r.job.Request)
 	if err == nil {
 		r.shape, _, err = admission.ShapeOf(ctx, r.h.Store, p, tier, r.job.TenantID, m, b)
@@ -425,17 +428,17 @@ func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier 
 		var ir *llm.InvalidRequestError
 		switch {
 		case errors.As(err, &ae):
-			return &store.JobError{Type: wire.TypeInvalidRequest, Code: ae.Code, Param: ae.Param, Message: ae.Message}
+			return &store.JobError{Type: wire.TypeInvalidRequest, Code: ae.Code, Param: ae.Param, Message: ae.Message}, nil
 		case errors.As(err, &ir):
-			return &store.JobError{Type: wire.TypeInvalidRequest, Code: "invalid_request", Param: ir.Param, Message: ir.Message}
+			return &store.JobError{Type: wire.TypeInvalidRequest, Code: "invalid_request", Param: ir.Param, Message: ir.Message}, nil
 		}
-		return &store.JobError{Type: wire.TypeServer, Code: "internal_error", Message: "llmq could not read the job's conversation."}
+		return nil, fmt.Errorf("the stored responses job %s continues: %w", r.job.ID, err)
 	}
 	r.stores = b.StoresResponse()
 	r.routes = newRouter(p, m, r.job.Fallbacks, &r.shape)
 	r.call = r.h.Pacer.Plan(ctx, m, &r.shape, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	r.worst = admission.WorstCase(p, m, fallbacks, &r.shape, r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
-	return nil
+	return nil, nil
 }
 
 // budgetDecided acts on the reservation of the worst-case cost. done is
