@@ -17,6 +17,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/jsontext"
+	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/offload"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
@@ -138,7 +139,10 @@ func (v *validation) read(ctx context.Context, f io.Reader) error {
 			continue // blank lines are not requests
 		}
 		v.total++
-		job := v.check(ctx, no, line, tooLong)
+		job, err := v.check(ctx, no, line, tooLong)
+		if err != nil {
+			return err
+		}
 		if job.Status == store.JobFailed {
 			v.refused++
 		} else {
@@ -415,8 +419,9 @@ type lineError struct {
 }
 
 // check judges one line and returns the job it becomes: queued, or failed
-// with the reason.
-func (v *validation) check(ctx context.Context, no int, line []byte, tooLong bool) *store.JobInsertParams {
+// with the reason; err is a store that could not judge it now (the
+// validation runs again).
+func (v *validation) check(ctx context.Context, no int, line []byte, tooLong bool) (*store.JobInsertParams, error) {
 	b := v.b
 	job := &store.JobInsertParams{TenantID: b.TenantID, BatchID: b.ID, LineNo: no, Endpoint: b.Endpoint, Queue: queue.Batch}
 	var req requestLine
@@ -426,12 +431,15 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 	}
 	if le == nil {
 		var admitted *admission.Request
-		admitted, le = v.admit(ctx, req.Body)
+		var err error
+		if admitted, le, err = v.admit(ctx, req.Body); err != nil {
+			return nil, err
+		}
 		if le == nil {
 			admitted.Fill(job)
 			switch {
 			case v.tier.BatchOffload != config.BatchOffloadAlways:
-				return job
+				return job, nil
 			case !offload.Offloads(v.policy, v.tier, job.Model):
 				le = &lineError{code: "batch_offload_unavailable", param: "body.model",
 					msg: fmt.Sprintf("model %q has no provider Batch API, and this tier runs batches only there (batch_offload: always).", job.Model)}
@@ -439,7 +447,7 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 				le = &lineError{code: "batch_offload_unavailable", param: "body",
 					msg: "this request continues a stored conversation, asks for a service tier, names built-in tools or holds content llmq cannot count, which llmq bounds call by call and never sends to a provider's Batch API; this tier runs batches only there (batch_offload: always)."}
 			default:
-				return job
+				return job, nil
 			}
 		}
 	}
@@ -457,7 +465,7 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 		line := no
 		v.errs = append(v.errs, client.BatchError{Code: le.code, Message: msg, Param: nullable(le.param), Line: &line})
 	}
-	return job
+	return job, nil
 }
 
 // parse reads the line's JSON and checks that the store can hold it, then
@@ -529,17 +537,22 @@ func unstorableField(line []byte, p *jsontext.Problem) *lineError {
 }
 
 // admit asks admission whether the body can ever run, and whether its
-// worst case fits the tenant's whole daily budget.
-func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Request, *lineError) {
+// worst case fits the tenant's whole daily budget; err is one it could not
+// answer now (the store it asks of follow-ups).
+func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Request, *lineError, error) {
 	admitted, err := v.s.Admission.Admit(ctx, v.policy, v.tier, v.acct, v.b.Endpoint, body)
 	if err == nil {
-		return admitted, nil
+		return admitted, nil, nil
 	}
 	var ae *admission.Error
-	if !errors.As(err, &ae) {
-		return nil, &lineError{code: "invalid_request", param: "body", msg: err.Error()}
+	var ir *llm.InvalidRequestError
+	switch {
+	case errors.As(err, &ae):
+		return nil, &lineError{code: ae.Code, param: ae.ParamIn("body"), msg: ae.Message}, nil
+	case errors.As(err, &ir):
+		return nil, &lineError{code: "invalid_request", param: "body", msg: ir.Message}, nil
 	}
-	return nil, &lineError{code: ae.Code, param: ae.ParamIn("body"), msg: ae.Message}
+	return nil, nil, err
 }
 
 // decodeError names what is wrong with a line's JSON.
