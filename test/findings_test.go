@@ -125,6 +125,11 @@ func TestCaseVariantsNeverReachTheProvider(t *testing.T) {
 			t.Fatalf("%d %s, want a 400 naming %s", r.Status, r.Body, c.param)
 		}
 	}
+	// The job's own members too: Go's decoder would take "BODY" for body.
+	r := a.Do("POST", "/v1/jobs", key, `{"BODY":{"model":"gpt-4o","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`)
+	if m := r.Map(t)["error"].(map[string]any); r.Status != 400 || m["code"] != "case_variant" || m["param"] != "BODY" {
+		t.Fatalf("%d %s, want a 400 case_variant naming BODY", r.Status, r.Body)
+	}
 	if st := a.Sim.Stats(); st.Requests != 0 {
 		t.Fatalf("%d requests reached the provider", st.Requests)
 	}

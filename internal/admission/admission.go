@@ -309,7 +309,7 @@ func periodName(bucket string) string {
 func invalid(err error) error {
 	var ir *llm.InvalidRequestError
 	if errors.As(err, &ir) {
-		return &Error{Param: ir.Param, Code: "invalid_request", Message: ir.Message}
+		return &Error{Param: ir.Param, Code: cmp.Or(ir.Code, "invalid_request"), Message: ir.Message}
 	}
 	return &Error{Code: "invalid_request", Message: err.Error()}
 }

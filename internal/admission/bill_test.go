@@ -162,7 +162,7 @@ func TestCaseVariantsAreRefused(t *testing.T) {
 		{llm.EndpointEmbeddings, `{"model":"gpt-4o","INPUT":["x"],"input":"y"}`, "INPUT"},
 	} {
 		_, err := env.estimate(t, "standard", env.a, c.endpoint, c.body)
-		ae := wantRefusal(t, err, 400, c.param, "invalid_request")
+		ae := wantRefusal(t, err, 400, c.param, "case_variant")
 		if !strings.Contains(ae.Message, "only in case") {
 			t.Errorf("%s: %q", c.body, ae.Message)
 		}

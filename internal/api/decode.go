@@ -24,7 +24,9 @@ import (
 // U+FFFD). A prompt holding one is refused too, as a batch's line is: a
 // request is never sent other than it was written. So is a member named
 // twice in one object, which Go's decoder reads as its last and a provider
-// may read as its first (llmq would price one model and run another), and
+// may read as its first (llmq would price one model and run another), two
+// members whose names differ only in case, a member named as one of dst's
+// fields but for case (Go's decoder would take it for that field), and
 // nesting past jsontext.MaxDepth, which a database refuses.
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
@@ -37,7 +39,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 	if p := jsontext.Unstorable(body); p != nil {
 		return nil, encodingError(body, p)
 	}
-	if p := jsontext.Structure(body); p != nil {
+	if p := jsontext.Structure(body, jsontext.Names(dst)...); p != nil {
 		return nil, encodingError(body, p)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))

@@ -478,7 +478,7 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 	// UTF-8 and take what Postgres refuses.
 	unstorable := jsontext.Unstorable(line)
 	if unstorable == nil {
-		unstorable = jsontext.Structure(line)
+		unstorable = jsontext.Structure(line, jsontext.Names(req)...)
 	}
 	if unstorable != nil && unstorable.Raw {
 		return &lineError{code: unstorable.Code, msg: fmt.Sprintf("the line holds %s at byte %d, which cannot be stored; a batch input file must be UTF-8 text.",
@@ -530,8 +530,10 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 // surrogate into U+FFFD: a request is refused instead of being sent other
 // than it was written.
 func unstorableField(line []byte, p *jsontext.Problem) *lineError {
-	if field := jsontext.Field(p.Param(line)); field != "" {
+	if field := jsontext.Field(p.Param(line)); field != "" && p.Member != field {
 		return &lineError{code: p.Code, param: field, msg: fmt.Sprintf("%s holds %s, %s.", field, p.What, p.Why())}
+	} else if field != "" {
+		return &lineError{code: p.Code, param: field, msg: fmt.Sprintf("the line holds %s, %s.", p.What, p.Why())}
 	}
 	return &lineError{code: p.Code, msg: fmt.Sprintf("the line holds %s, %s.", p.What, p.Why())}
 }

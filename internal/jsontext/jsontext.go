@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"unicode"
@@ -32,6 +33,9 @@ const (
 	CodeDuplicateKey = "duplicate_key"
 	// CodeTooDeep: objects and arrays nested deeper than MaxDepth.
 	CodeTooDeep = "too_deep"
+	// CodeCaseVariant: a member whose name differs from one the reader
+	// takes only in case (see Structure's names).
+	CodeCaseVariant = "case_variant"
 )
 
 // MaxDepth is how deep objects and arrays may nest in a text llmq takes.
@@ -68,6 +72,8 @@ func (p *Problem) Why() string {
 		return "and a member may be named once, in one case: the provider could read the other one"
 	case CodeTooDeep:
 		return "which llmq does not take"
+	case CodeCaseVariant:
+		return "and member names are case-sensitive"
 	}
 	return "which cannot be stored"
 }
@@ -208,9 +214,12 @@ func numberStorable(lit string) bool {
 // priced), two members of one object whose names differ only in case
 // ("max_tokens" and "MAX_TOKENS": a reader that matches names without
 // case, as Go's does, takes either for the other), at any depth, or
-// nesting deeper than MaxDepth. A text that is not JSON has no such
-// problem here; the decoder says what is wrong with it.
-func Structure(doc []byte) *Problem {
+// nesting deeper than MaxDepth; and, when names are given (the members its
+// reader takes from the top-level object), a top-level member whose name
+// differs from one of them only in case, which a reader matching names
+// without case (Go's) would take for it. A text that is not JSON has no
+// such problem here; the decoder says what is wrong with it.
+func Structure(doc []byte, names ...string) *Problem {
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
 	type object struct {
@@ -268,6 +277,15 @@ func Structure(doc []byte) *Problem {
 			}
 			return &Problem{Offset: off, Code: CodeDuplicateKey, What: what, Member: key}
 		}
+		if n == 1 && len(names) > 0 {
+			for _, name := range names {
+				if key != name && FoldName(name) == folded {
+					off := start + bytes.IndexByte(doc[start:], '"')
+					return &Problem{Offset: off, Code: CodeCaseVariant, Member: key,
+						What: fmt.Sprintf("the member %q, which differs from %q only in case", key, name)}
+				}
+			}
+		}
 		top.keys[folded] = key
 		top.wantKey = false
 	}
@@ -311,6 +329,25 @@ func (p *Problem) Param(doc []byte) string {
 		return p.Member
 	}
 	return path + "." + p.Member
+}
+
+// Names are the json names of the fields of the struct v points to (or
+// is): what a reader decoding into it takes, for Structure.
+func Names(v any) []string {
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	var out []string
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // PathAt is the path ("body.messages[0].content") of the value of the JSON

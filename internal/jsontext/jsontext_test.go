@@ -133,3 +133,27 @@ func TestStructureCaseVariants(t *testing.T) {
 		}
 	}
 }
+
+// With the names a reader takes, a top-level member named as one of them
+// but for case is refused: Go's decoder would take it for that member.
+// Deeper members and exact names are the caller's.
+func TestStructureEnvelopeNames(t *testing.T) {
+	type envelope struct {
+		CustomID string `json:"custom_id"`
+		Body     any    `json:"body"`
+		Skip     string `json:"-"`
+	}
+	names := Names(&envelope{})
+	if strings.Join(names, ",") != "custom_id,body" {
+		t.Fatalf("names %v", names)
+	}
+	p := Structure([]byte(`{"custom_id":"a","BODY":{"x":1}}`), names...)
+	if p == nil || p.Code != CodeCaseVariant || p.Param([]byte(`{"custom_id":"a","BODY":{"x":1}}`)) != "BODY" {
+		t.Fatalf("got %+v", p)
+	}
+	for _, doc := range []string{`{"custom_id":"a","body":{"BODY":1}}`, `{"custom_id":"a","other":1}`} {
+		if p := Structure([]byte(doc), names...); p != nil {
+			t.Fatalf("%s: %+v", doc, p)
+		}
+	}
+}

@@ -76,6 +76,7 @@ func (r *request) checkCase(v object, path string) {
 			}
 			r.variant = invalid(p, "'%s' differs from '%s' only in case: member names are case-sensitive, and a provider that matches them without case could read it as '%s'; name it '%s'",
 				p, field, field, field)
+			r.variant.Code = CodeCaseVariant
 			return
 		}
 	}

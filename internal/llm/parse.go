@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+
+	"github.com/llmq/llmq/internal/jsontext"
 )
 
 // ParsedRequest is what llmq needs to know about a client's request body to
@@ -47,7 +49,14 @@ type InvalidRequestError struct {
 	Param string
 	// Message says what is wrong, naming Param.
 	Message string
+	// Code is the error's code when it is more than an invalid request:
+	// CodeCaseVariant. "" for none.
+	Code string
 }
+
+// CodeCaseVariant is the code of a member whose name differs from one llmq
+// reads only in case (jsontext.CodeCaseVariant).
+const CodeCaseVariant = jsontext.CodeCaseVariant
 
 func (e *InvalidRequestError) Error() string { return e.Message }
 
