@@ -16,7 +16,9 @@
 // workers expire, while a live holder extends its own for as long as its
 // call runs; and when Redis has lost a day's counters (restart without
 // persistence, FLUSHALL, a failover) the spend is rebuilt from the durable
-// ledger, so a restart never resets a day's spend. Every key expires two
+// ledger, so a restart never resets a day's spend, and a day Redis holds
+// older than what was settled (a restore, a failover) is raised to the
+// ledger before it admits more (raise.go). Every key expires two
 // days after its day ends. Redis should run with maxmemory-policy
 // noeviction: evicting a day hash would be repaired from the ledger, but
 // only up to the race documented on Settle.
@@ -43,10 +45,11 @@ import (
 	"github.com/llmq/llmq/internal/scripts"
 )
 
-// Ledger is the durable record the Redis counters are rebuilt from (the store
-// implements it). A charged job's ledger row must carry the days of its
-// Reservation (Day in the tenant's timezone, GlobalDay in UTC), so that the
-// sums below count it on the same days as the Redis counters did.
+// Ledger is the durable record the Redis counters are rebuilt from and
+// checked against (the store implements it). A charged job's ledger row
+// must carry the days of its Reservation (Day in the tenant's timezone,
+// GlobalDay in UTC), so that the sums below count it on the same days as
+// the Redis counters did.
 type Ledger interface {
 	// UsageSumByTenantDay returns what tenantID was charged on its budget
 	// day (Reservation.Day, YYYY-MM-DD in the tenant's timezone).
@@ -54,6 +57,15 @@ type Ledger interface {
 	// UsageSumByDay returns what all tenants were charged on the UTC day
 	// (Reservation.GlobalDay).
 	UsageSumByDay(ctx context.Context, day string) (money.Micros, error)
+	// UsageStreamByTenantDay calls fn with each ledger row of tenantID's
+	// budget day written at or after since (the job's tenant and id, its
+	// cost, when its row was written), oldest first; fn's error stops it.
+	UsageStreamByTenantDay(ctx context.Context, tenantID, day string, since time.Time,
+		fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error
+	// UsageStreamByDay is UsageStreamByTenantDay for every tenant's rows of
+	// the UTC day.
+	UsageStreamByDay(ctx context.Context, day string, since time.Time,
+		fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error
 }
 
 // Account is what one reservation is checked against: a tenant's budget as
@@ -122,6 +134,8 @@ type Options struct {
 	// Logger receives the soft-limit crossing (once per tenant and day) and
 	// rebuilds from the ledger. Defaults to discarding.
 	Logger *slog.Logger
+	// Observer is told of the days raised to the ledger. Defaults to none.
+	Observer Observer
 }
 
 // DefaultReservationTTL is Options.ReservationTTL when unset.
@@ -131,8 +145,9 @@ const DefaultReservationTTL = 15 * time.Minute
 // usage reports of yesterday still find them.
 const keySlack = 48 * time.Hour
 
-// maxAttempts bounds the wrong-day and rebuild round trips of one call; two
-// are expected at most (one wrong guess of the day, one rebuild).
+// maxAttempts bounds the wrong-day, rebuild and raise round trips of one
+// call; three are expected at most (one wrong guess of the day, one
+// rebuild, one raise after a restart).
 const maxAttempts = 6
 
 // Budgets reserves and settles spend against daily budgets. It is safe for
@@ -147,6 +162,7 @@ type Budgets struct {
 	clock   func() time.Time
 	resTTL  time.Duration
 	log     *slog.Logger
+	obs     Observer
 
 	// offset is how far Redis's clock is ahead of ours (µs), learnt from
 	// wrong-day replies, so a skewed worker guesses the day right next time.
@@ -192,11 +208,18 @@ func New(rdb redis.UniversalClient, ledger Ledger, opts Options) (*Budgets, erro
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Observer == nil {
+		opts.Observer = nopObserver{}
+	}
 	return &Budgets{
 		rdb: rdb, scripts: scripts.New(rdb), ledger: ledger, keys: opts.Keys, clock: opts.Clock,
-		resTTL: opts.ReservationTTL, log: opts.Logger, flights: map[string]*flight{},
+		resTTL: opts.ReservationTTL, log: opts.Logger, obs: opts.Observer, flights: map[string]*flight{},
 	}, nil
 }
+
+type nopObserver struct{}
+
+func (nopObserver) BudgetRaised(string, money.Micros) {}
 
 // ReservationTTL is how long a reservation counts unless extended.
 func (b *Budgets) ReservationTTL() time.Duration { return b.resTTL }

@@ -21,7 +21,7 @@ var coreTests = []struct {
 	fn   func(*testing.T, redis.UniversalClient)
 }{
 	{"ReserveSettleDeny", testReserveSettleDeny},
-	{"AuditChargesLostSettlements", testAuditChargesLostSettlements},
+	{"CheckChargesLostSettlements", testCheckChargesLostSettlements},
 	{"GlobalCapStopsTwoTenants", testGlobalCapStopsTwoTenants},
 	{"UnlimitedTenantGlobalCap", testUnlimitedTenantGlobalCap},
 	{"TimezoneDays", testTimezoneDays},
@@ -624,32 +624,27 @@ func TestConcurrentStatusSharesReadsAndSeesEarlierWrites(t *testing.T) {
 }
 
 // A failover lost a settlement (the ledger has the row, Redis holds the
-// reservation or nothing): Audit charges it once; the rows Redis counts, a
-// second audit, the job's own late settlement and a row a rebuild counted
-// add nothing.
-func testAuditChargesLostSettlements(t *testing.T, rdb redis.UniversalClient) {
+// reservation or nothing): Check charges it once, on the tenant's day and
+// the global day; the rows Redis counts, a second check, the job's own
+// late settlement and the rows of a day rebuilt from the ledger add
+// nothing.
+func testCheckChargesLostSettlements(t *testing.T, rdb redis.UniversalClient) {
 	e := setup(t, rdb, utc("2025-06-10T12:00:00Z"))
 	acct := budget.Account{TenantID: "ten_audit", Budget: dollar, Global: 10 * dollar}
-	// The ledger rows are written after the day's hash was made (from the
-	// ledger, empty then).
-	row := func(res *budget.Reservation, cost money.Micros) budget.Charge {
-		return budget.Charge{JobID: res.ID, TenantID: res.TenantID, Day: res.Day, GlobalDay: res.GlobalDay, Cost: cost, WrittenAt: time.Now()}
-	}
 	settled := e.mustReserve(acct, "job_settled", 100_000)
 	e.charge(settled, 50_000)
 	lost := e.mustReserve(acct, "job_lost", 100_000)
 	e.ledger.record(lost, 70_000) // its Settle never reached Redis
 
-	rows := []budget.Charge{row(settled, 50_000), row(lost, 70_000)}
-	n, sum, err := e.b.Audit(e.ctx, rows)
-	if err != nil || n != 1 || sum != 70_000 {
-		t.Fatalf("Audit = %d, %d, %v; want the lost row alone (70000)", n, sum, err)
+	rep := e.check(budget.RaisedRestored, time.Time{})
+	if rep.Days != 2 || rep.Behind != 2 || rep.Raised != 2 || rep.Rows != 2 || rep.Added != 140_000 {
+		t.Fatalf("Check = %+v; want both days raised by the lost row (70000 each)", rep)
 	}
 	if d := e.wantSpend(acct, 120_000, 0); d.GlobalSpent != 120_000 {
-		t.Fatalf("after the audit: %+v", d)
+		t.Fatalf("after the check: %+v", d)
 	}
-	if n, _, err := e.b.Audit(e.ctx, rows); err != nil || n != 0 {
-		t.Fatalf("second Audit = %d, %v; want 0", n, err)
+	if rep := e.check(budget.RaisedRestored, time.Time{}); rep.Days != 2 || rep.Behind != 0 || rep.Rows != 0 {
+		t.Fatalf("second Check = %+v; want nothing behind", rep)
 	}
 	if err := e.b.Settle(e.ctx, lost, 70_000, true); err != nil {
 		t.Fatal(err)
@@ -657,15 +652,18 @@ func testAuditChargesLostSettlements(t *testing.T, rdb redis.UniversalClient) {
 	e.wantSpend(acct, 120_000, 0)
 
 	// A day Redis lost whole is rebuilt from the ledger: its rows are in
-	// the sum, and an audit leaves them.
+	// the sum, and a check leaves them.
 	for _, key := range []string{e.keys.BudgetTenant("2025-06-10", "ten_audit"), e.keys.BudgetGlobal("2025-06-10")} {
 		if err := rdb.Del(e.ctx, key).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if rep := e.check(budget.RaisedRestored, time.Time{}); rep.Days != 0 {
+		t.Fatalf("Check of days Redis lost = %+v; want them left to their rebuild", rep)
+	}
 	e.wantSpend(acct, 120_000, 0)
-	if n, _, err := e.b.Audit(e.ctx, rows); err != nil || n != 0 {
-		t.Fatalf("Audit after a rebuild = %d, %v; want 0", n, err)
+	if rep := e.check(budget.RaisedRestored, time.Time{}); rep.Behind != 0 || rep.Rows != 0 {
+		t.Fatalf("Check after a rebuild = %+v; want nothing behind", rep)
 	}
 	e.wantSpend(acct, 120_000, 0)
 }

@@ -181,9 +181,10 @@ type onDay struct {
 
 // eval runs a day script (the clock and day preludes, then its own) on
 // each of days, in one round trip, until each answers "ok": it moves to
-// the day Redis's clock says when the guess was wrong, and rebuilds a
-// lost day from the ledger, then runs them all again (the scripts are
-// idempotent by member). It returns the days' replies in their order.
+// the day Redis's clock says when the guess was wrong, rebuilds a lost day
+// from the ledger, and raises to the ledger a day last checked on another
+// Redis server, then runs them all again (the scripts are idempotent by
+// member). It returns the days' replies in their order.
 func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days ...onDay) ([]reply, span, error) {
 	loc := acct.location()
 	_, guess := b.now()
@@ -233,6 +234,19 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 					return nil, sp, err
 				}
 				if err := b.rebuild(ctx, acct.TenantID, sp, days[i].global, calls[i].Keys[0], tok); err != nil {
+					return nil, sp, err
+				}
+			case "raise":
+				ok = false
+				run, err := r.str(1)
+				if err != nil {
+					return nil, sp, err
+				}
+				d := dayRef{acct.TenantID, sp.day}
+				if days[i].global {
+					d = dayRef{"", sp.gday}
+				}
+				if err := b.raiseForRun(ctx, d, run); err != nil {
 					return nil, sp, err
 				}
 			default:
