@@ -5,6 +5,10 @@
 // against the day's limit and holds it in the same step (so concurrent
 // workers can never overspend, unlike a check followed by a separate
 // record), then settles the reservation to the real cost or releases it.
+// A refusal says why: the day's spend leaves no room for the amount (wait
+// for the reset, or reject), or only what other reservations hold is in
+// the way (room that comes back within seconds as they settle; the
+// tenant's day serves those waiting for it in the order they came).
 // A tenant's day and the global day are two hashes, held by one script
 // each in one round trip: a tenant's keys carry the tenant's hash tag, so a
 // Redis Cluster spreads the tenants over its shards, and the global day's
@@ -141,6 +145,16 @@ type Options struct {
 // DefaultReservationTTL is Options.ReservationTTL when unset.
 const DefaultReservationTTL = 15 * time.Minute
 
+// HeldRetryAfter is how soon a reservation refused only by what others
+// hold should try again: holds settle as their calls end, within seconds.
+const HeldRetryAfter = time.Second
+
+// WaitTTL is how long a reservation refused by holds keeps its place among
+// the day's waiters after its last try: a job that comes back within it
+// (a requeue's second or two, a worker's busy queue) keeps it; one that
+// went away stops holding back those behind it after this long.
+const WaitTTL = 15 * time.Second
+
 // keySlack is how long day keys outlive their day, so late settlements and
 // usage reports of yesterday still find them.
 const keySlack = 48 * time.Hour
@@ -239,6 +253,12 @@ type Decision struct {
 	// TooLarge is set on a denial when the amount alone exceeds the denying
 	// cap: waiting for the reset will not help, so fail the job instead.
 	TooLarge bool
+	// Held is set on a denial by what other reservations hold alone (or
+	// the room the reservations waiting before this one need): spent +
+	// amount fits every cap. The room comes back as they settle; RetryAfter
+	// is then HeldRetryAfter, not the reset. Unset, a denial is for spend:
+	// no settlement can make room before the reset.
+	Held bool
 	// Day is the tenant's budget day, YYYY-MM-DD in the account's timezone.
 	Day string
 	// Spent, Reserved, Budget and Remaining are the tenant's, after this
@@ -255,8 +275,8 @@ type Decision struct {
 	// ResetsAt is the start of the next day: of the tenant's day when
 	// allowed, of the denying cap's day when denied.
 	ResetsAt time.Time
-	// RetryAfter is the time from Redis's now until ResetsAt when denied; 0
-	// when allowed.
+	// RetryAfter is the time from Redis's now until ResetsAt when denied
+	// (HeldRetryAfter when Held); 0 when allowed.
 	RetryAfter time.Duration
 	// GlobalDay is the UTC day. GlobalSpent and GlobalReserved are all
 	// tenants' together, read only under a global cap (0 without one).
@@ -280,12 +300,15 @@ type Denial struct {
 	Spent, Reserved, Budget money.Micros
 	// ResetsAt starts the refusing cap's next day (the tenant's day in its
 	// timezone, or the UTC day); RetryAfter is the time from Redis's now
-	// until then.
+	// until then, or HeldRetryAfter when Held.
 	ResetsAt   time.Time
 	RetryAfter time.Duration
 	// TooLarge: the amount alone exceeds a refusing cap; waiting for the
 	// reset will not help.
 	TooLarge bool
+	// Held: only what reservations hold refuses the amount (see
+	// Decision.Held); it fits once they settle.
+	Held bool
 }
 
 // Name is how messages name the refusing budget.
