@@ -21,6 +21,7 @@ import (
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -177,6 +178,15 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	defer stopRec()
 
+	// A snapshot of the embedded Redis older than the ledger (dev killed
+	// between two saves) holds less spend than was charged, and miniredis
+	// has no run id by which a day notices it: today's days are raised to
+	// the ledger before anything runs (on a Redis of LLMQ_REDIS_URL too,
+	// at the cost of one query).
+	if err := raiseBudgets(ctx, a); err != nil {
+		return err
+	}
+
 	srv, handlers, err := a.WorkerServer(worker.Options{})
 	if err != nil {
 		return err
@@ -217,6 +227,19 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			}
 		},
 	})
+}
+
+// raiseBudgets checks every day of today against the ledger, charging what
+// the Redis it starts with does not count (recovery.CheckBudgets).
+func raiseBudgets(ctx context.Context, a *app.App) error {
+	rc, err := a.Reconciler(recovery.Options{})
+	if err != nil {
+		return err
+	}
+	if _, err := rc.CheckBudgets(ctx, budget.RaisedRestored); err != nil {
+		return fmt.Errorf("check the budgets against the ledger: %w", err)
+	}
+	return nil
 }
 
 // devEnv is the environment of the embedded default: the caller's LLMQ_*

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -527,5 +529,71 @@ func TestDevSimulatorNeedsItsKey(t *testing.T) {
 	}
 	if keys[0] == keys[1] || ids[0] == ids[1] {
 		t.Errorf("two starts made keys %q and response ids %q: want each different", keys, ids)
+	}
+}
+
+// TestDevRaisesAnOlderSnapshotToTheLedger: dev killed between two saves of
+// its embedded Redis starts from the older snapshot, holding less spend
+// than the ledger charged, and miniredis has no run id by which a day could
+// notice. Dev raises today's days to the ledger before it serves: the first
+// usage read counts every charged job, to the micro-dollar.
+func TestDevRaisesAnOlderSnapshotToTheLedger(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ctx := context.Background()
+	runJob := func(d *devRun) {
+		t.Helper()
+		c := devClient(t, d.base, keyOf(t, d))
+		j, err := c.Jobs.Create(ctx, &client.JobCreateParams{Body: map[string]any{"model": "gpt-4o-mini", "max_tokens": 20,
+			"messages": []map[string]string{{"role": "user", "content": "hi"}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitJobs(t, c, j.ID)
+	}
+	d := startDev(t, dir, bareEnviron())
+	runJob(d)
+	d.stop(t)
+	snapshot := filepath.Join(dir, "redis.json")
+	older, err := os.ReadFile(snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = startDev(t, dir, bareEnviron())
+	runJob(d)
+	runJob(d)
+	u, err := devClient(t, d.base, keyOf(t, d)).Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.stop(t)
+	// As if dev had been killed before its later saves.
+	if err := os.WriteFile(snapshot, older, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(ctx, "sqlite://"+filepath.Join(dir, "llmq.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger, err := db.UsageSumByTenantDay(ctx, u.Tenant, u.Day)
+	_ = db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent := money.Micros(math.Round(u.SpentUSD * 1e6)); spent != ledger {
+		t.Fatalf("before the restart: spent %s, ledger %s", spent, ledger)
+	}
+
+	d = startDev(t, dir, bareEnviron())
+	defer d.stop(t)
+	after, err := devClient(t, d.base, keyOf(t, d)).Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent := money.Micros(math.Round(after.SpentUSD * 1e6)); after.Day != u.Day || spent != ledger {
+		t.Fatalf("after a restart from the older snapshot: spent %s on %s, want the ledger's %s", spent, after.Day, ledger)
+	}
+	if !strings.Contains(d.errOut.String(), "raised a day's spend to the ledger") {
+		t.Fatalf("dev did not say it raised the day:\n%s", d.errOut.String())
 	}
 }

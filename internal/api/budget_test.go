@@ -60,14 +60,16 @@ func TestRejectTierNamesTheBudgetThatRanOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	worst := j.EstCost
-	check := func(name, retryAfter, resets, numbers string) {
+	// check posts the job and wants code, the budget's name and numbers,
+	// said (its reset, or that running jobs hold it), and Retry-After.
+	check := func(code, name, retryAfter, said, numbers string) {
 		t.Helper()
 		r := a.Do("POST", "/v1/jobs", key, body)
-		e := checkError(t, r, 429, "budget_exhausted", "")
+		e := checkError(t, r, 429, code, "")
 		if e.Error.Type != "budget_exceeded_error" {
 			t.Fatalf("type %q", e.Error.Type)
 		}
-		for _, want := range []string{name, numbers, resets} {
+		for _, want := range []string{name, numbers, said} {
 			if !strings.Contains(e.Error.Message, want) {
 				t.Fatalf("message %q does not say %q", e.Error.Message, want)
 			}
@@ -80,24 +82,38 @@ func TestRejectTierNamesTheBudgetThatRanOut(t *testing.T) {
 		}
 	}
 
+	ctx := context.Background()
 	// The tenant's own budget: another of its jobs holds all but a
-	// micro-dollar too little for this one.
-	other := reserveFor(t, a, tenant, "job_other", money.PerDollar-worst+1)
-	check("tenant's daily budget", "21600", "2026-06-02T04:00:00Z",
-		"$0.000000 spent and $"+(money.PerDollar-worst+1).String()+" reserved of $1.000000")
-	if err := a.Budgets.Release(context.Background(), other); err != nil {
+	// micro-dollar too little for this one. Held, not spent: it comes back
+	// as that job settles, so the refusal says so and asks for a retry in
+	// a second.
+	hold := money.PerDollar - worst + 1
+	other := reserveFor(t, a, tenant, "job_other", hold)
+	check("budget_held", "tenant's daily budget", "1", "held by running jobs",
+		"$0.000000 spent and $"+hold.String()+" reserved of $1.000000")
+	// Spent: it cannot fit before the tenant's day resets.
+	if err := a.Budgets.Settle(ctx, other, hold, true); err != nil {
 		t.Fatal(err)
 	}
+	check("budget_exhausted", "tenant's daily budget", "21600", "2026-06-02T04:00:00Z",
+		"$"+hold.String()+" spent and $0.000000 reserved of $1.000000")
 
-	// The global cap: another tenant holds all but what this job needs.
+	// The global cap: another tenant spent all but what this job needs.
+	ny2, key2 := a.Tenant("nyc")
 	big, _ := a.Tenant("premium")
-	reserveFor(t, a, big, "job_big", 5*money.PerDollar-worst+1)
-	check("global daily budget (all tenants)", "7200", "2026-06-02T00:00:00Z",
-		"$0.000000 spent and $"+(5*money.PerDollar-worst+1).String()+" reserved of $5.000000")
+	spent := 5*money.PerDollar - hold - worst + 1
+	if err := a.Budgets.Settle(ctx, reserveFor(t, a, big, "job_big", spent), spent, true); err != nil {
+		t.Fatal(err)
+	}
+	key = key2
+	check("budget_exhausted", "global daily budget (all tenants)", "7200", "2026-06-02T00:00:00Z",
+		"$"+(hold+spent).String()+" spent and $0.000000 reserved of $5.000000")
 
-	jobs, _, err := a.Store.JobList(context.Background(), &store.JobListParams{TenantID: tenant, Limit: 10})
-	if err != nil || len(jobs) != 1 {
-		t.Fatalf("jobs stored: %d %v; want only the one that fitted", len(jobs), err)
+	for ten, want := range map[string]int{tenant: 1, ny2: 0} {
+		jobs, _, err := a.Store.JobList(ctx, &store.JobListParams{TenantID: ten, Limit: 10})
+		if err != nil || len(jobs) != want {
+			t.Fatalf("jobs stored of %s: %d %v; want %d, the one that fitted", ten, len(jobs), err, want)
+		}
 	}
 }
 

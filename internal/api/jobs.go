@@ -106,7 +106,7 @@ func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest,
 		return nil, nil, err
 	}
 	if c.tier.OnExhausted == config.OnExhaustedReject {
-		if err := s.checkBudgetNow(c.budget, in.admitted.WorstCase); err != nil {
+		if err := s.checkBudgetNow(c.budget, in.admitted.WorstCase, sync); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -202,20 +202,30 @@ func admissionError(err error, field string) error {
 }
 
 // checkBudgetNow refuses, for tiers that reject when exhausted, a job that
-// does not fit in what is left of today's budget or of the global cap: the
-// 429 names the budget that ran out, with its own numbers, and Retry-After
-// counts to its reset as the budget engine reckons it from Redis time.
-func (s *Server) checkBudgetNow(d *budget.Decision, worst money.Micros) error {
+// the day's spend leaves no room for (its worst case passes the budget with
+// what was spent: budget_exhausted, Retry-After to the reset). A job only
+// what running jobs hold is in the way of is refused with budget_held and a
+// Retry-After of a second, since they settle within seconds; a synchronous
+// request is let through instead, to wait for the room inside the request.
+func (s *Server) checkBudgetNow(d *budget.Decision, worst money.Micros, sync bool) error {
 	if d == nil {
 		return nil
 	}
 	n := d.Check(worst)
-	if n == nil {
+	if n == nil || (n.Held && sync) {
 		return nil
 	}
-	e := errorf(http.StatusTooManyRequests, wire.TypeBudget, "budget_exhausted", "",
-		"The %s is exhausted: $%s spent and $%s reserved of $%s; this job may cost up to $%s. It resets at %s.",
-		n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))
+	var e *Error
+	if n.Held {
+		e = errorf(http.StatusTooManyRequests, wire.TypeBudget, "budget_held", "",
+			"The %s is held by running jobs: $%s spent and $%s reserved of $%s; this job may cost up to $%s, "+
+				"which the spend leaves room for once they settle. Retry in a few seconds.",
+			n.Name(), n.Spent, n.Reserved, n.Budget, worst)
+	} else {
+		e = errorf(http.StatusTooManyRequests, wire.TypeBudget, "budget_exhausted", "",
+			"The %s is exhausted: $%s spent and $%s reserved of $%s; this job may cost up to $%s. It resets at %s.",
+			n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))
+	}
 	e.RetryAfter = n.RetryAfter
 	return e
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/offload"
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
@@ -169,7 +170,7 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	if a.spacer, err = limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys}); err != nil {
 		return nil, err
 	}
-	if a.Budgets, err = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock}); err != nil {
+	if a.Budgets, err = budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, Logger: logger, Clock: parts.Clock, Observer: appObserver{a}}); err != nil {
 		return nil, err
 	}
 	if a.Pacer, err = pacer.New(a.Limiter, a.Redis, a.Keys, logger, appObserver{a}, pacer.Options{FaultPause: a.Env.FaultPause}); err != nil {
@@ -286,8 +287,8 @@ func (a *App) Reconciler(opts recovery.Options) (*recovery.Reconciler, error) {
 	}, opts)
 }
 
-// appObserver tells the pacer's events to the app's Observer, which callers
-// set after Open.
+// appObserver tells the pacer's and the budget's events to the app's
+// Observer, which callers set after Open.
 type appObserver struct{ a *App }
 
 func (o appObserver) Penalized(model string, d time.Duration) {
@@ -311,6 +312,12 @@ func (o appObserver) UnpredictedRateLimit(model string, buckets []string) {
 func (o appObserver) ShortWindowRateLimit(model string, buckets []string) {
 	if o.a.Observer != nil {
 		o.a.Observer.ShortWindowRateLimit(model, buckets)
+	}
+}
+
+func (o appObserver) BudgetRaised(reason string, added money.Micros) {
+	if obs, ok := o.a.Observer.(budget.Observer); ok { // the metrics recorder is one
+		obs.BudgetRaised(reason, added)
 	}
 }
 

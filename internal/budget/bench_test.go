@@ -19,7 +19,9 @@ import (
 // BenchmarkReserveSettle measures one job's budget round trips (Reserve,
 // then Settle at a real cost below the estimate) with 50 concurrent callers
 // on the shared test Redis, time from Redis TIME. Reported: permits/s (pairs
-// of Reserve + Settle per second). tenants=1 is one hot tenant; tenants=50
+// of Reserve + Settle per second) and µs-redis-cpu/op, the Redis server's
+// CPU per pair (of everything the server ran meanwhile: run it on a Redis
+// of its own, TEST_REDIS_URL). tenants=1 is one hot tenant; tenants=50
 // spreads the callers over 50 tenants' days. Under a global cap each step
 // runs a script on the tenant's day and one on the global day, in one
 // round trip; global=none holds the tenant's day alone.
@@ -81,6 +83,7 @@ func masterCPU(b *testing.B, rdb *redis.ClusterClient) map[string]time.Duration 
 }
 
 func benchReserveSettle(b *testing.B, rdb redis.UniversalClient, callers, tenants int, global money.Micros) {
+	_, single := rdb.(*redis.Client)
 	bud := testutil.Must(budget.New(rdb, newLedger(), budget.Options{Keys: rkeys.New(testutil.Prefix(b))}))
 	accts := make([]budget.Account, tenants)
 	for i := range accts {
@@ -99,6 +102,7 @@ func benchReserveSettle(b *testing.B, rdb redis.UniversalClient, callers, tenant
 	var wg sync.WaitGroup
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0, _ := testutil.RedisCPU(ctx, rdb)
 	start := time.Now()
 	for c := range callers {
 		wg.Go(func() {
@@ -129,4 +133,7 @@ func benchReserveSettle(b *testing.B, rdb redis.UniversalClient, callers, tenant
 		b.Fatal(failed)
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "permits/s")
+	if cpu1, ok := testutil.RedisCPU(ctx, rdb); ok && single {
+		b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "µs-redis-cpu/op")
+	}
 }

@@ -5,6 +5,10 @@
 // against the day's limit and holds it in the same step (so concurrent
 // workers can never overspend, unlike a check followed by a separate
 // record), then settles the reservation to the real cost or releases it.
+// A refusal says why: the day's spend leaves no room for the amount (wait
+// for the reset, or reject), or only what other reservations hold is in
+// the way (room that comes back within seconds as they settle; the
+// tenant's day serves those waiting for it in the order they came).
 // A tenant's day and the global day are two hashes, held by one script
 // each in one round trip: a tenant's keys carry the tenant's hash tag, so a
 // Redis Cluster spreads the tenants over its shards, and the global day's
@@ -16,7 +20,9 @@
 // workers expire, while a live holder extends its own for as long as its
 // call runs; and when Redis has lost a day's counters (restart without
 // persistence, FLUSHALL, a failover) the spend is rebuilt from the durable
-// ledger, so a restart never resets a day's spend. Every key expires two
+// ledger, so a restart never resets a day's spend, and a day Redis holds
+// older than what was settled (a restore, a failover) is raised to the
+// ledger before it admits more (raise.go). Every key expires two
 // days after its day ends. Redis should run with maxmemory-policy
 // noeviction: evicting a day hash would be repaired from the ledger, but
 // only up to the race documented on Settle.
@@ -43,10 +49,11 @@ import (
 	"github.com/llmq/llmq/internal/scripts"
 )
 
-// Ledger is the durable record the Redis counters are rebuilt from (the store
-// implements it). A charged job's ledger row must carry the days of its
-// Reservation (Day in the tenant's timezone, GlobalDay in UTC), so that the
-// sums below count it on the same days as the Redis counters did.
+// Ledger is the durable record the Redis counters are rebuilt from and
+// checked against (the store implements it). A charged job's ledger row
+// must carry the days of its Reservation (Day in the tenant's timezone,
+// GlobalDay in UTC), so that the sums below count it on the same days as
+// the Redis counters did.
 type Ledger interface {
 	// UsageSumByTenantDay returns what tenantID was charged on its budget
 	// day (Reservation.Day, YYYY-MM-DD in the tenant's timezone).
@@ -54,6 +61,15 @@ type Ledger interface {
 	// UsageSumByDay returns what all tenants were charged on the UTC day
 	// (Reservation.GlobalDay).
 	UsageSumByDay(ctx context.Context, day string) (money.Micros, error)
+	// UsageStreamByTenantDay calls fn with each ledger row of tenantID's
+	// budget day written at or after since (the job's tenant and id, its
+	// cost, when its row was written), oldest first; fn's error stops it.
+	UsageStreamByTenantDay(ctx context.Context, tenantID, day string, since time.Time,
+		fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error
+	// UsageStreamByDay is UsageStreamByTenantDay for every tenant's rows of
+	// the UTC day.
+	UsageStreamByDay(ctx context.Context, day string, since time.Time,
+		fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error
 }
 
 // Account is what one reservation is checked against: a tenant's budget as
@@ -122,17 +138,30 @@ type Options struct {
 	// Logger receives the soft-limit crossing (once per tenant and day) and
 	// rebuilds from the ledger. Defaults to discarding.
 	Logger *slog.Logger
+	// Observer is told of the days raised to the ledger. Defaults to none.
+	Observer Observer
 }
 
 // DefaultReservationTTL is Options.ReservationTTL when unset.
 const DefaultReservationTTL = 15 * time.Minute
 
+// HeldRetryAfter is how soon a reservation refused only by what others
+// hold should try again: holds settle as their calls end, within seconds.
+const HeldRetryAfter = time.Second
+
+// WaitTTL is how long a reservation refused by holds keeps its place among
+// the day's waiters after its last try: a job that comes back within it
+// (a requeue's second or two, a worker's busy queue) keeps it; one that
+// went away stops holding back those behind it after this long.
+const WaitTTL = 15 * time.Second
+
 // keySlack is how long day keys outlive their day, so late settlements and
 // usage reports of yesterday still find them.
 const keySlack = 48 * time.Hour
 
-// maxAttempts bounds the wrong-day and rebuild round trips of one call; two
-// are expected at most (one wrong guess of the day, one rebuild).
+// maxAttempts bounds the wrong-day, rebuild and raise round trips of one
+// call; three are expected at most (one wrong guess of the day, one
+// rebuild, one raise after a restart).
 const maxAttempts = 6
 
 // Budgets reserves and settles spend against daily budgets. It is safe for
@@ -147,6 +176,7 @@ type Budgets struct {
 	clock   func() time.Time
 	resTTL  time.Duration
 	log     *slog.Logger
+	obs     Observer
 
 	// offset is how far Redis's clock is ahead of ours (µs), learnt from
 	// wrong-day replies, so a skewed worker guesses the day right next time.
@@ -192,11 +222,18 @@ func New(rdb redis.UniversalClient, ledger Ledger, opts Options) (*Budgets, erro
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Observer == nil {
+		opts.Observer = nopObserver{}
+	}
 	return &Budgets{
 		rdb: rdb, scripts: scripts.New(rdb), ledger: ledger, keys: opts.Keys, clock: opts.Clock,
-		resTTL: opts.ReservationTTL, log: opts.Logger, flights: map[string]*flight{},
+		resTTL: opts.ReservationTTL, log: opts.Logger, obs: opts.Observer, flights: map[string]*flight{},
 	}, nil
 }
+
+type nopObserver struct{}
+
+func (nopObserver) BudgetRaised(string, money.Micros) {}
 
 // ReservationTTL is how long a reservation counts unless extended.
 func (b *Budgets) ReservationTTL() time.Duration { return b.resTTL }
@@ -216,6 +253,12 @@ type Decision struct {
 	// TooLarge is set on a denial when the amount alone exceeds the denying
 	// cap: waiting for the reset will not help, so fail the job instead.
 	TooLarge bool
+	// Held is set on a denial by what other reservations hold alone (or
+	// the room the reservations waiting before this one need): spent +
+	// amount fits every cap. The room comes back as they settle; RetryAfter
+	// is then HeldRetryAfter, not the reset. Unset, a denial is for spend:
+	// no settlement can make room before the reset.
+	Held bool
 	// Day is the tenant's budget day, YYYY-MM-DD in the account's timezone.
 	Day string
 	// Spent, Reserved, Budget and Remaining are the tenant's, after this
@@ -232,8 +275,8 @@ type Decision struct {
 	// ResetsAt is the start of the next day: of the tenant's day when
 	// allowed, of the denying cap's day when denied.
 	ResetsAt time.Time
-	// RetryAfter is the time from Redis's now until ResetsAt when denied; 0
-	// when allowed.
+	// RetryAfter is the time from Redis's now until ResetsAt when denied
+	// (HeldRetryAfter when Held); 0 when allowed.
 	RetryAfter time.Duration
 	// GlobalDay is the UTC day. GlobalSpent and GlobalReserved are all
 	// tenants' together, read only under a global cap (0 without one).
@@ -257,12 +300,15 @@ type Denial struct {
 	Spent, Reserved, Budget money.Micros
 	// ResetsAt starts the refusing cap's next day (the tenant's day in its
 	// timezone, or the UTC day); RetryAfter is the time from Redis's now
-	// until then.
+	// until then, or HeldRetryAfter when Held.
 	ResetsAt   time.Time
 	RetryAfter time.Duration
 	// TooLarge: the amount alone exceeds a refusing cap; waiting for the
 	// reset will not help.
 	TooLarge bool
+	// Held: only what reservations hold refuses the amount (see
+	// Decision.Held); it fits once they settle.
+	Held bool
 }
 
 // Name is how messages name the refusing budget.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,10 +35,9 @@ func TestMain(m *testing.M) {
 
 // ledger is an in-memory Ledger: what the store's usage ledger answers.
 type ledger struct {
-	mu       sync.Mutex
-	byTenant map[string]money.Micros // tenant + " " + day
-	byDay    map[string]money.Micros
-	reads    atomic.Int64
+	mu    sync.Mutex
+	rows  []ledgerRow
+	reads atomic.Int64
 	// onRead, when set, runs inside a tenant read; the sum is taken before it
 	// when after is false and after it when true.
 	onRead func()
@@ -46,11 +46,16 @@ type ledger struct {
 	down atomic.Bool
 }
 
+// ledgerRow is one job's row.
+type ledgerRow struct {
+	tenantID, jobID, day, gday string
+	cost                       money.Micros
+	written                    time.Time
+}
+
 var errLedgerDown = errors.New("ledger unreachable")
 
-func newLedger() *ledger {
-	return &ledger{byTenant: map[string]money.Micros{}, byDay: map[string]money.Micros{}}
-}
+func newLedger() *ledger { return &ledger{} }
 
 func (l *ledger) UsageSumByTenantDay(_ context.Context, tenantID, day string) (money.Micros, error) {
 	l.reads.Add(1)
@@ -64,9 +69,7 @@ func (l *ledger) UsageSumByTenantDay(_ context.Context, tenantID, day string) (m
 	if hook != nil && after {
 		hook()
 	}
-	l.mu.Lock()
-	s := l.byTenant[tenantID+" "+day]
-	l.mu.Unlock()
+	s := l.tenant(tenantID, day)
 	if hook != nil && !after {
 		hook()
 	}
@@ -78,28 +81,75 @@ func (l *ledger) UsageSumByDay(_ context.Context, day string) (money.Micros, err
 	if l.down.Load() {
 		return 0, errLedgerDown
 	}
+	return l.sum(func(r ledgerRow) bool { return r.gday == day }), nil
+}
+
+func (l *ledger) UsageStreamByTenantDay(_ context.Context, tenantID, day string, since time.Time,
+	fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+	return l.stream(since, func(r ledgerRow) bool { return r.tenantID == tenantID && r.day == day }, fn)
+}
+
+func (l *ledger) UsageStreamByDay(_ context.Context, day string, since time.Time,
+	fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+	return l.stream(since, func(r ledgerRow) bool { return r.gday == day }, fn)
+}
+
+func (l *ledger) stream(since time.Time, match func(ledgerRow) bool, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+	l.reads.Add(1)
+	if l.down.Load() {
+		return errLedgerDown
+	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.byDay[day], nil
+	var rows []ledgerRow
+	for _, r := range l.rows {
+		if match(r) && !r.written.Before(since) {
+			rows = append(rows, r)
+		}
+	}
+	l.mu.Unlock()
+	for _, r := range rows {
+		if err := fn(r.tenantID, r.jobID, r.cost, r.written); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // record writes a job's ledger row, as the worker does before Settle.
 func (l *ledger) record(res *budget.Reservation, cost money.Micros) {
-	l.add(res.TenantID, res.Day, res.GlobalDay, cost)
+	l.addRow(ledgerRow{tenantID: res.TenantID, jobID: res.ID, day: res.Day, gday: res.GlobalDay, cost: cost, written: time.Now()})
 }
 
+// add writes a row of a job no test settles.
 func (l *ledger) add(tenantID, day, gday string, cost money.Micros) {
+	l.addRow(ledgerRow{tenantID: tenantID, jobID: "row_" + newID(), day: day, gday: gday, cost: cost, written: time.Now()})
+}
+
+func (l *ledger) addRow(r ledgerRow) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.byTenant[tenantID+" "+day] += cost
-	l.byDay[gday] += cost
+	l.rows = append(l.rows, r)
+}
+
+func (l *ledger) sum(match func(ledgerRow) bool) money.Micros {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var s money.Micros
+	for _, r := range l.rows {
+		if match(r) {
+			s += r.cost
+		}
+	}
+	return s
 }
 
 func (l *ledger) tenant(tenantID, day string) money.Micros {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.byTenant[tenantID+" "+day]
+	return l.sum(func(r ledgerRow) bool { return r.tenantID == tenantID && r.day == day })
 }
+
+var rowIDs atomic.Int64
+
+func newID() string { return strconv.FormatInt(rowIDs.Add(1), 10) }
 
 // env is what one test needs: Budgets over rdb under a prefix of its own,
 // with an injected clock and an in-memory ledger.
@@ -177,6 +227,29 @@ func (e *env) status(acct budget.Account) *budget.Decision {
 		e.t.Fatalf("Status: %v", err)
 	}
 	return d
+}
+
+// check runs Budgets.Check over every day the ledger has rows of, as the
+// reconciler does.
+func (e *env) check(reason string, inFlight time.Time) budget.CheckReport {
+	e.t.Helper()
+	e.ledger.mu.Lock()
+	sums := map[budget.DaySpend]money.Micros{}
+	for _, r := range e.ledger.rows {
+		sums[budget.DaySpend{TenantID: r.tenantID, Day: r.day}] += r.cost
+		sums[budget.DaySpend{Day: r.gday}] += r.cost
+	}
+	e.ledger.mu.Unlock()
+	p := budget.CheckParams{Reason: reason, InFlight: inFlight}
+	for d, sum := range sums {
+		d.Ledger = sum
+		p.Days = append(p.Days, d)
+	}
+	rep, err := e.b.Check(e.ctx, p)
+	if err != nil {
+		e.t.Fatalf("Check: %v", err)
+	}
+	return rep
 }
 
 // wantSpend checks the tenant's spent and reserved.

@@ -53,6 +53,7 @@ func (b *Budgets) fill(ctx context.Context, key, token string, sum func() (money
 		}
 		// A new day starts from an empty ledger; a sum means Redis lost the day.
 		if added == 1 && s > 0 {
+			b.obs.BudgetRaised(RaisedLost, s)
 			b.log.Warn("budget: rebuilt spend Redis had lost from the ledger", append(logArgs, "spent_usd", s.USD())...)
 		}
 		return nil

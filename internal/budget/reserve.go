@@ -31,7 +31,8 @@ var dayLua string
 var reservationsLua string
 
 // reserveScript holds an amount for one reservation against one day, if it
-// fits (reserve.lua).
+// fits after the waiters before it, and makes it wait when only what
+// others hold stands in the way (reserve.lua).
 //
 //go:embed reserve.lua
 var reserveLua string
@@ -50,6 +51,21 @@ var reserveScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + 
 // reservation, with its first amount, and does not hold more. The
 // reservation lapses after ReservationTTL unless its holder calls Extend.
 // Without a global cap only the tenant's day is held.
+//
+// A denial says why (Decision.Held): spent + amount passing a cap means no
+// settlement can make room today (defer to the reset, or reject); a denial
+// only by what others hold (spent + amount fits, spent + reserved + amount
+// does not) is room that comes back within seconds, as they settle, since
+// a settlement charges at most what it reserved. Such a reservation waits
+// on its tenant's day: a later reservation of another id is refused while
+// it would take room the earlier waiters need, so the one that waited
+// first gets the room first, provided it tries again within WaitTTL (a
+// waiter that went away stops counting). Each reservation reads the oldest
+// 100 waiters at most (a ZRANGE and one HMGET of their amounts, only while
+// the day has waiters; a day without costs an allowed reservation one
+// ZREM): a day with more serves them in the order of its first 100. The global day refuses for spend or for holds alike, but
+// keeps no order (see reserve.lua); a job the global day refuses after its
+// tenant's admitted it waits again from the back of its tenant's line.
 func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount money.Micros) (*Reservation, *Decision, error) {
 	if err := acct.validate(); err != nil {
 		return nil, nil, err
@@ -64,24 +80,31 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	if acct.Unlimited {
 		limit = -1
 	}
-	ttl := b.resTTL.Microseconds()
-	days := []onDay{{extra: []any{id, int64(amount), limit, acct.softThreshold(), ttl}}}
+	ttl, wait := b.resTTL.Microseconds(), WaitTTL.Microseconds()
+	days := []onDay{{waiters: true, extra: []any{id, int64(amount), limit, acct.softThreshold(), ttl, wait}}}
 	if acct.Global > 0 {
 		member := globalMember(acct.TenantID, id)
-		days = append(days, onDay{global: true, extra: []any{member, int64(amount), int64(acct.Global), 0, ttl}})
+		days = append(days, onDay{global: true, extra: []any{member, int64(amount), int64(acct.Global), 0, ttl, wait}})
 	}
 	rs, sp, err := b.eval(ctx, reserveScript, acct, days...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
-	// allowed, now, spent, reserved, amount held, soft crossed
+	// allowed, now, spent, reserved, amount held, soft crossed; refusal
 	t, err := rs[0].ints(1, 2, 3, 4, 5, 6)
 	if err != nil {
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
-	g := []int64{1, 0, 0, 0, 0, 0}
+	trefusal, err := rs[0].str(7)
+	if err != nil {
+		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
+	}
+	g, grefusal := []int64{1, 0, 0, 0, 0, 0}, ""
 	if len(rs) > 1 {
 		if g, err = rs[1].ints(1, 2, 3, 4, 5, 6); err != nil {
+			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
+		}
+		if grefusal, err = rs[1].str(7); err != nil {
 			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 		}
 	}
@@ -107,10 +130,45 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 			"spent_usd", d.Spent.USD(), "reserved_usd", d.Reserved.USD(), "budget_usd", acct.Budget.USD())
 	}
 	if !d.Allowed {
-		d.deny(!tallowed, !gallowed, amount)
+		// Held when no cap refuses for spend: every refusal is room others hold.
+		held := trefusal != "spent" && grefusal != "spent"
+		if !held && trefusal == "held" {
+			// The tenant's day made it wait; it will not come back today.
+			if err := b.unwait(ctx, acct, sp.day, id); err != nil {
+				return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
+			}
+		}
+		d.deny(!tallowed, !gallowed, amount, held)
 		return nil, d, nil
 	}
 	return res, d, nil
+}
+
+// unwaitScript takes a reservation out of its tenant day's waiters
+// (unwait.lua).
+//
+//go:embed unwait.lua
+var unwaitLua string
+var unwaitScript = redis.NewScript(unwaitLua)
+
+// StopWaiting takes reservation id out of the waiters of the tenant's day
+// (see Reserve), when its caller gives up on it (a synchronous request
+// past its deadline): those behind it need not wait WaitTTL for it to
+// lapse. Stopping a reservation that does not wait does nothing.
+func (b *Budgets) StopWaiting(ctx context.Context, acct Account, id string) error {
+	if err := acct.validate(); err != nil {
+		return err
+	}
+	_, guess := b.now()
+	if err := b.unwait(ctx, acct, b.spanAt(guess, acct.location()).day, id); err != nil {
+		return fmt.Errorf("budget: StopWaiting %s: %w", id, err)
+	}
+	return nil
+}
+
+func (b *Budgets) unwait(ctx context.Context, acct Account, day, id string) error {
+	keys := []string{b.keys.BudgetTenant(day, acct.TenantID), b.keys.BudgetTenantWaiters(day, acct.TenantID)}
+	return unwaitScript.Run(ctx, b.rdb, keys, id).Err()
 }
 
 // decision fills in what Reserve and Status report alike.
@@ -131,20 +189,24 @@ func (b *Budgets) decision(acct Account, sp span, now time.Time, spent, reserved
 }
 
 // deny records a denial in d: which cap denied and when to come back.
-func (d *Decision) deny(tdeny, gdeny bool, amount money.Micros) {
-	n := d.refusal(tdeny, gdeny, amount)
-	d.DeniedBy, d.ResetsAt, d.RetryAfter, d.TooLarge = n.By, n.ResetsAt, n.RetryAfter, n.TooLarge
+func (d *Decision) deny(tdeny, gdeny bool, amount money.Micros, held bool) {
+	n := d.refusal(tdeny, gdeny, amount, held)
+	d.DeniedBy, d.ResetsAt, d.RetryAfter, d.TooLarge, d.Held = n.By, n.ResetsAt, n.RetryAfter, n.TooLarge, n.Held
 }
 
 // refusal is the Denial of the caps that refuse amount: when both do, the
-// one that resets later, since only then can the job run.
-func (d *Decision) refusal(tdeny, gdeny bool, amount money.Micros) *Denial {
+// one that resets later, since only then can the job run. held says that
+// no cap refuses for spend: the room comes back within HeldRetryAfter.
+func (d *Decision) refusal(tdeny, gdeny bool, amount money.Micros, held bool) *Denial {
 	n := &Denial{By: DeniedByGlobal, Spent: d.GlobalSpent, Reserved: d.GlobalReserved, Budget: d.GlobalBudget, ResetsAt: d.globalEnd}
 	if tdeny && (!gdeny || !d.globalEnd.After(d.tenantEnd)) {
 		n = &Denial{By: DeniedByTenant, Spent: d.Spent, Reserved: d.Reserved, Budget: d.Budget, ResetsAt: d.tenantEnd}
 	}
 	n.RetryAfter = n.ResetsAt.Sub(d.now)
 	n.TooLarge = (tdeny && amount > d.Budget) || (gdeny && amount > d.GlobalBudget)
+	if held && !n.TooLarge {
+		n.Held, n.RetryAfter = true, HeldRetryAfter
+	}
 	return n
 }
 
@@ -154,36 +216,41 @@ func (d *Decision) Denial() *Denial {
 	if d.Allowed || d.DeniedBy == "" {
 		return nil
 	}
-	n := d.refusal(d.DeniedBy == DeniedByTenant, d.DeniedBy == DeniedByGlobal, 0)
+	n := d.refusal(d.DeniedBy == DeniedByTenant, d.DeniedBy == DeniedByGlobal, 0, d.Held)
 	n.TooLarge = d.TooLarge
 	return n
 }
 
 // Check says whether amount would fit in what both caps have left as of d
 // (a Status), without reserving it: nil when it fits, else the cap that
-// refuses it. An API that rejects work answers with it at enqueue; only
-// Reserve holds the room.
+// refuses it, Held when only what reservations hold stands in the way.
+// An API that rejects work answers with it at enqueue; only Reserve holds
+// the room (and orders those that wait for it).
 func (d *Decision) Check(amount money.Micros) *Denial {
+	tspent := !d.Unlimited && d.Spent+amount > d.Budget
+	gspent := d.GlobalBudget > 0 && d.GlobalSpent+amount > d.GlobalBudget
 	tdeny := !d.Unlimited && d.Spent+d.Reserved+amount > d.Budget
 	gdeny := d.GlobalBudget > 0 && d.GlobalSpent+d.GlobalReserved+amount > d.GlobalBudget
 	if !tdeny && !gdeny {
 		return nil
 	}
-	return d.refusal(tdeny, gdeny, amount)
+	return d.refusal(tdeny, gdeny, amount, !tspent && !gspent)
 }
 
 // onDay is one day a day script runs on: the tenant's day, or the global
-// day; extra is the script's ARGV from 6 on.
+// day; extra is the script's ARGV from 6 on; waiters adds the day's
+// waiters as KEYS[3] (Reserve's).
 type onDay struct {
-	global bool
-	extra  []any
+	global, waiters bool
+	extra           []any
 }
 
 // eval runs a day script (the clock and day preludes, then its own) on
 // each of days, in one round trip, until each answers "ok": it moves to
-// the day Redis's clock says when the guess was wrong, and rebuilds a
-// lost day from the ledger, then runs them all again (the scripts are
-// idempotent by member). It returns the days' replies in their order.
+// the day Redis's clock says when the guess was wrong, rebuilds a lost day
+// from the ledger, and raises to the ledger a day last checked on another
+// Redis server, then runs them all again (the scripts are idempotent by
+// member). It returns the days' replies in their order.
 func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days ...onDay) ([]reply, span, error) {
 	loc := acct.location()
 	_, guess := b.now()
@@ -196,6 +263,9 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 			keys, start, end := b.tenantKeys(acct.TenantID, sp.day), sp.start, sp.end
 			if d.global {
 				keys, start, end = b.globalKeys(sp.gday), sp.gstart, sp.gend
+			}
+			if d.waiters {
+				keys = append(keys, b.keys.BudgetTenantWaiters(sp.day, acct.TenantID))
 			}
 			calls[i] = scripts.Call{Script: s, Keys: keys,
 				Args: append([]any{arg, us(start), us(end), keySlack.Milliseconds(), token}, d.extra...)}
@@ -233,6 +303,19 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 					return nil, sp, err
 				}
 				if err := b.rebuild(ctx, acct.TenantID, sp, days[i].global, calls[i].Keys[0], tok); err != nil {
+					return nil, sp, err
+				}
+			case "raise":
+				ok = false
+				run, err := r.str(1)
+				if err != nil {
+					return nil, sp, err
+				}
+				d := dayRef{acct.TenantID, sp.day}
+				if days[i].global {
+					d = dayRef{"", sp.gday}
+				}
+				if err := b.raiseForRun(ctx, d, run); err != nil {
 					return nil, sp, err
 				}
 			default:

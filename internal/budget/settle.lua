@@ -5,9 +5,10 @@
 -- KEYS[1..2] -> as in day.lua, for the reservation's day
 -- ARGV[1] -> the reservation's member
 -- ARGV[2] -> real cost (µ$); ARGV[3] -> "1" to charge it, "0" to release only
--- ARGV[4] -> for an audit (Budgets.Audit), when the job's ledger row was
---   written (Unix µs): a row the day's rebuild counted (written before its
---   rbt) is left alone
+-- ARGV[4] -> for a check against the ledger (raise.go), when the job's
+--   ledger row was written (Unix µs): a row the day counts already
+--   (written before its rbt) is left alone, and so is every row of a day
+--   waiting for its rebuild, whose sum will count it
 -- Returns
 --   -1: the day hash is gone: nothing added (the ledger has the charge and
 --       the rebuild counts it)
@@ -18,8 +19,8 @@ local day, reservations = KEYS[1], KEYS[2]
 local member, cost, charge = ARGV[1], ARGV[2], ARGV[3] == "1"
 
 if ARGV[4] then
-  local rbt = redis.call("HGET", day, "rbt")
-  if rbt and tonumber(rbt) >= tonumber(ARGV[4]) then return 0 end
+  local f = redis.call("HMGET", day, "rbt", "rb")
+  if f[2] or (f[1] and tonumber(f[1]) >= tonumber(ARGV[4])) then return 0 end
 end
 
 -- drop comes from reservations.lua, run before this.

@@ -119,32 +119,43 @@ func TestDenialNamesTheCapThatRefuses(t *testing.T) {
 	e := setup(t, testutil.Redis(t, testDB), utc("2025-06-10T22:00:00Z"))
 	ny := budget.Account{TenantID: "ten_ny", Budget: dollar, Location: mustLoad(t, "America/New_York"), Global: 5 * dollar}
 	other := budget.Account{TenantID: "ten_big", Budget: 10 * dollar, Global: 5 * dollar}
-	e.mustReserve(ny, "job_1", 900_000)
+	job1 := e.mustReserve(ny, "job_1", 900_000)
 
-	check := func(amount money.Micros, by string, spent, reserved, limit money.Micros, resets string) {
+	// held: only reservations refuse, so try again soon; else the reset.
+	check := func(amount money.Micros, by string, spent, reserved, limit money.Micros, resets string, held bool) {
 		t.Helper()
 		n := e.status(ny).Check(amount)
+		retry := utc(resets).Sub(e.clock.Now())
+		if held {
+			retry = budget.HeldRetryAfter
+		}
 		if n == nil || n.By != by || n.Spent != spent || n.Reserved != reserved || n.Budget != limit ||
-			!n.ResetsAt.Equal(utc(resets)) || n.RetryAfter != utc(resets).Sub(e.clock.Now()) {
-			t.Fatalf("Check(%s) = %+v, want %s %s/%s of %s resetting at %s", amount, n, by, spent, reserved, limit, resets)
+			!n.ResetsAt.Equal(utc(resets)) || n.RetryAfter != retry || n.Held != held {
+			t.Fatalf("Check(%s) = %+v, want %s %s/%s of %s resetting at %s, held %v", amount, n, by, spent, reserved, limit, resets, held)
 		}
 	}
 	if n := e.status(ny).Check(100_000); n != nil {
 		t.Fatalf("Check of what fits: %+v", n)
 	}
-	check(100_001, budget.DeniedByTenant, 0, 900_000, dollar, "2025-06-11T04:00:00Z")
+	check(100_001, budget.DeniedByTenant, 0, 900_000, dollar, "2025-06-11T04:00:00Z", true)
 
-	e.mustReserve(other, "job_big", 4_050_000)
-	check(60_000, budget.DeniedByGlobal, 0, 4_950_000, 5*dollar, "2025-06-11T00:00:00Z")
+	big := e.mustReserve(other, "job_big", 4_050_000)
+	check(60_000, budget.DeniedByGlobal, 0, 4_950_000, 5*dollar, "2025-06-11T00:00:00Z", true)
 	// Both refuse: the tenant's day, which resets later, is the one to wait for.
-	check(200_000, budget.DeniedByTenant, 0, 900_000, dollar, "2025-06-11T04:00:00Z")
-	if n := e.status(ny).Check(6 * dollar); n == nil || !n.TooLarge {
+	check(200_000, budget.DeniedByTenant, 0, 900_000, dollar, "2025-06-11T04:00:00Z", true)
+	if n := e.status(ny).Check(6 * dollar); n == nil || !n.TooLarge || n.Held {
 		t.Fatalf("Check of more than both caps: %+v", n)
 	}
 
+	// Settled, the same amounts are refused for spend, until the resets.
+	e.charge(job1, 900_000)
+	e.charge(big, 4_050_000)
+	check(100_001, budget.DeniedByTenant, 900_000, 0, dollar, "2025-06-11T04:00:00Z", false)
+	check(60_000, budget.DeniedByGlobal, 4_950_000, 0, 5*dollar, "2025-06-11T00:00:00Z", false)
+
 	// A denied Reserve gives the same Denial.
 	d := e.mustDeny(ny, "job_2", 60_000, budget.DeniedByGlobal)
-	if n := d.Denial(); n.By != budget.DeniedByGlobal || n.Reserved != 4_950_000 || n.Budget != 5*dollar ||
+	if n := d.Denial(); n.By != budget.DeniedByGlobal || n.Spent != 4_950_000 || n.Budget != 5*dollar || n.Held ||
 		n.RetryAfter != 2*time.Hour || n.Name() != "global daily budget (all tenants)" {
 		t.Fatalf("Denial of a Reserve = %+v (%s)", n, n.Name())
 	}

@@ -80,7 +80,9 @@ func (b *Budgets) readStatus(ctx context.Context, acct Account) (*Decision, erro
 	gfull := acct.Global > 0 && d.GlobalSpent+d.GlobalReserved >= acct.Global
 	d.Allowed = !tfull && !gfull
 	if !d.Allowed {
-		d.deny(tfull, gfull, 0)
+		tspent := !acct.Unlimited && d.Spent >= acct.Budget
+		gspent := acct.Global > 0 && d.GlobalSpent >= acct.Global
+		d.deny(tfull, gfull, 0, !tspent && !gspent)
 	}
 	return d, nil
 }

@@ -148,6 +148,10 @@ func TestDashboardInABrowser(t *testing.T) {
 			t.Errorf("%s = %q, want %q", sel, got, want)
 		}
 	}
+	// The budget days raised to the ledger in the last hour.
+	if got := text(t, ctx, `#budget-raised`); got != "Days raised to the ledger, last hour: 1, adding $0.4600 Redis had lost" {
+		t.Errorf("budget days raised: %q", got)
+	}
 	soft, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(acme+" .mark.soft"), "style"))
 	if err != nil || !strings.Contains(soft.Value, "left:80.0%") {
 		t.Errorf("soft mark of acme: %+v, %v; want it at 80%%", soft, err)

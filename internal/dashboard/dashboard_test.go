@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/dashboard"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/metrics"
@@ -105,6 +106,8 @@ func setupOn(t *testing.T, redisURL string) *fixture {
 		}
 	}
 	rec.UnpredictedRateLimit("gpt-4o-mini", []string{"tpm"})
+	// A restored Redis: one day raised to the ledger by $0.46.
+	rec.BudgetRaised(budget.RaisedRestored, 460_000)
 
 	f.batch = seedBatch(t, a, f.acme)
 

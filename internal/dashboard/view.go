@@ -34,6 +34,8 @@ type view struct {
 	Charts  []chart
 	Models  []modelRow
 	Tenants tenantsView
+	// Raised is what the last hour raised budget days to the ledger.
+	Raised  raisedView
 	Batches []batchRow
 	Queues  []queueRow
 	// Waiting is what tenants have waiting in the fair queues (50 rows).
@@ -76,6 +78,14 @@ type tenantsView struct {
 	Read, Failed     int
 	Shown            int
 	Truncated, Empty bool
+}
+
+// raisedView counts the budget days raised to the ledger in the last hour
+// (llmq_budget_rebuilt_total, from every process): Redis had lost
+// settlements, or the day.
+type raisedView struct {
+	Days  int64
+	Added string
 }
 
 type tenantRow struct {
@@ -134,6 +144,12 @@ func (s *Server) build(ctx context.Context) *view {
 		problem("the charts", err)
 	}
 	v.Summary, v.Charts = summarize(minutes)
+	var added money.Micros
+	for _, m := range minutes {
+		v.Raised.Days += m.Get(metrics.FieldBudgetRaised)
+		added += money.Micros(m.Get(metrics.FieldBudgetRaisedMicros))
+	}
+	v.Raised.Added = money2(added)
 
 	if n, err := s.d.State.Workers(ctx); err == nil {
 		v.Workers, v.WorkersKnown = n, true

@@ -24,6 +24,7 @@ import (
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/money"
@@ -74,6 +75,8 @@ var families = map[string]string{
 	"llmq_budget_soft_limit_usd":                  "GAUGE",
 	"llmq_budget_tenants_truncated":               "GAUGE",
 	"llmq_budget_soft_limit_crossings_total":      "COUNTER",
+	"llmq_budget_rebuilt_total":                   "COUNTER",
+	"llmq_budget_rebuilt_usd_total":               "COUNTER",
 	"llmq_circuit_breaker_state":                  "GAUGE",
 	"llmq_failovers_total":                        "COUNTER",
 	"llmq_circuit_breaker_transitions_total":      "COUNTER",
@@ -133,6 +136,8 @@ func setup(t *testing.T) *scenario {
 	rec.BreakerState("sim/gpt-4o-mini", "open")
 	rec.LimitsLearned("gpt-4o-mini", 500, 200000)
 	rec.SoftLimitCrossed(tenant, "standard")
+	rec.BudgetRaised(budget.RaisedPeriodic, 250_000)
+	rec.BudgetRaised(budget.RaisedPeriodic, 50_000)
 	rec.WebhookDelivery("job", "delivered")
 	rec.WebhookDelivery("job", "http_5xx")
 	rec.UnpredictedRateLimit("gpt-4o-mini", []string{"tpm"})
@@ -303,6 +308,8 @@ func TestMetricsCarryEveryFamily(t *testing.T) {
 		{"llmq_budget_remaining_usd", map[string]string{"tenant": s.tenant}, 8.75},
 		{"llmq_budget_soft_limit_usd", map[string]string{"tenant": s.tenant}, 40},
 		{"llmq_budget_tenants_truncated", nil, 0},
+		{"llmq_budget_rebuilt_total", map[string]string{"reason": "periodic"}, 2},
+		{"llmq_budget_rebuilt_usd_total", map[string]string{"reason": "periodic"}, 0.3},
 		{"llmq_circuit_breaker_state", map[string]string{"deployment": "sim/gpt-4o-mini", "state": "open"}, 1},
 		{"llmq_circuit_breaker_state", map[string]string{"deployment": "sim/gpt-4o-mini", "state": "closed"}, 0},
 		{"llmq_limits_learned", map[string]string{"model": "gpt-4o-mini", "limit": "tpm"}, 200000},
@@ -808,6 +815,7 @@ func TestPerMinuteCounters(t *testing.T) {
 	now = now.Add(time.Minute)
 	rec.JobFinished("ten_a", "standard", "gpt-4o-mini", string(store.JobSucceeded), 10, 2, 500)
 	rec.JobFinished("ten_a", "standard", "gpt-4o-mini", string(store.JobFailed), 0, 0, 0)
+	rec.BudgetRaised(budget.RaisedRestored, 70_000)
 	if err := rec.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -829,7 +837,8 @@ func TestPerMinuteCounters(t *testing.T) {
 		{},
 		{"jobs_succeeded": 1, "tokens_in": 100, "tokens_out": 20, "cost_micros": 1500, "calls": 1, "calls_429": 1,
 			"calls:sim/gpt-4o-mini": 1, "calls_429:sim/gpt-4o-mini": 1},
-		{"jobs_succeeded": 2, "jobs_failed": 1, "tokens_in": 11, "tokens_out": 3, "cost_micros": 501},
+		{"jobs_succeeded": 2, "jobs_failed": 1, "tokens_in": 11, "tokens_out": 3, "cost_micros": 501,
+			"budget_raised": 1, "budget_raised_micros": 70_000},
 	}
 	for i, w := range want {
 		if len(ms[i].Fields) != len(w) {

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
@@ -82,6 +83,8 @@ type Recorder struct {
 	usageUnbelieved *prometheus.CounterVec
 	queueWait       *prometheus.HistogramVec
 	softCrossings   *prometheus.CounterVec
+	budgetRaised    *prometheus.CounterVec
+	budgetRaisedUSD *prometheus.CounterVec
 	webhookAttempts *prometheus.CounterVec
 	webhookFailures *prometheus.CounterVec
 
@@ -170,6 +173,9 @@ func New(o Options) (*Recorder, error) {
 		"Time a job waited in the fair queue of its model before the scheduler released it to the workers.",
 		[]float64{0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800, 3600}, "priority")
 	r.softCrossings = counter("budget_soft_limit_crossings_total", "Tenants crossing the soft limit of their daily budget.", "tenant", "tier")
+	r.budgetRaised = counter("budget_rebuilt_total",
+		"Budget days (a tenant's or the global) whose spend in Redis was raised to the ledger's, by reason: lost (Redis had lost the day), restored (a day of another Redis incarnation, after a restart, restore or failover, counted less than the ledger), periodic (the reconciler's check of today's days found it behind).", "reason")
+	r.budgetRaisedUSD = counter("budget_rebuilt_usd_total", "Dollars those raises added to the days' spend in Redis.", "reason")
 	r.webhookAttempts = counter("webhook_deliveries_total", "Webhook delivery attempts by outcome (delivered or failed).", "kind", "outcome")
 	r.webhookFailures = counter("webhook_failures_total", "Failed webhook delivery attempts by reason.", "kind", "reason")
 
@@ -335,6 +341,14 @@ func (r *Recorder) Released(priority string, waited time.Duration) {
 // SoftLimitCrossed implements worker.Observer.
 func (r *Recorder) SoftLimitCrossed(tenantID, tier string) {
 	r.softCrossings.WithLabelValues(tenantID, tier).Inc()
+}
+
+// BudgetRaised implements budget.Observer.
+func (r *Recorder) BudgetRaised(reason string, added money.Micros) {
+	r.budgetRaised.WithLabelValues(reason).Inc()
+	r.budgetRaisedUSD.WithLabelValues(reason).Add(added.USD())
+	r.stats.add(FieldBudgetRaised, 1)
+	r.stats.add(FieldBudgetRaisedMicros, int64(added))
 }
 
 // WebhookDelivery counts one webhook delivery attempt of kind ("job",

@@ -43,6 +43,11 @@ const (
 	FieldLimiterRequeued = "limiter_requeued"
 	// FieldWebhookFailures counts failed webhook delivery attempts.
 	FieldWebhookFailures = "webhook_failures"
+	// FieldBudgetRaised counts the budget days raised to the ledger
+	// (llmq_budget_rebuilt_total), and FieldBudgetRaisedMicros what they
+	// added, in micro-dollars.
+	FieldBudgetRaised       = "budget_raised"
+	FieldBudgetRaisedMicros = "budget_raised_micros"
 )
 
 // StatsTTL is how long a minute's hash lives: the dashboard shows an hour;

@@ -500,6 +500,11 @@ func (r *run) admit(ctx context.Context, now time.Time) error {
 				r.o.Logger.Info("batch part larger than its tenant's budget; its lines run through llmq", "part", r.part.ID)
 				return r.collect(ctx, nil)
 			}
+			if d.Held {
+				// Room running jobs hold comes back as they settle: try
+				// again at once, keeping the part's place in the day's line.
+				return r.wait(ctx, now.Add(d.RetryAfter), "waiting for room running jobs hold in the tenant's budget ("+d.DeniedBy+")")
+			}
 			return r.wait(ctx, d.ResetsAt, "waiting for the tenant's budget ("+d.DeniedBy+")")
 		}
 		r.part.BudgetDay, r.part.BudgetGlobalDay, r.part.BudgetGlobal = res.Day, res.GlobalDay, res.Global

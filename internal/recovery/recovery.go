@@ -14,7 +14,9 @@
 //   - budget spend: rebuilt from the ledger by the budget package at the
 //     first reservation on a tenant's (and the global) day; reservations
 //     open at the loss are dropped, and their calls charged once as they
-//     settle;
+//     settle. A day Redis holds older than the ledger (a restore, a
+//     failover) is raised to it at its first use on the new server, and by
+//     the check of today's days after a failover and at every full pass;
 //   - rate-limit buckets, 429 penalties and probes: unknowable, so when any
 //     job is unfinished at the loss every model is paused for LossPause (the
 //     provider's per-minute windows clear meanwhile) and starts full after;
@@ -47,6 +49,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/rkeys"
 	"github.com/llmq/llmq/internal/store"
@@ -115,8 +118,9 @@ type Reconciler struct {
 	Inspector *queue.Inspector
 	Limiter   *limiter.TokenBucket
 	Policy    *config.PolicyHolder
-	// Budgets, when set, has its counters audited against the ledger after
-	// a failover (Budgets.Audit).
+	// Budgets, when set, has today's days checked against the ledger at
+	// every full pass and after a failover, and those behind raised
+	// (CheckBudgets).
 	Budgets *budget.Budgets
 	Logger  *slog.Logger
 	opts    Options
@@ -151,10 +155,11 @@ type Report struct {
 	Failed   int // jobs failed because their worker was gone at the end of their last delivery
 	Webhooks int // webhook deliveries of finished jobs and batches enqueued again
 	Resent   int // archived tasks of succeeded or cancelled jobs sent back to settle their charge
-	// Audited counts the ledger rows a budget audit after a failover read;
-	// Recharged those it charged, whose settlement Redis had lost.
-	Audited, Recharged int
-	Dropped            int // archived tasks of failed or deleted jobs dropped
+	Dropped  int // archived tasks of failed or deleted jobs dropped
+	// BudgetDaysRaised counts the budget days whose spend in Redis was below
+	// the ledger's and was raised to it; Recharged the ledger rows that
+	// charged them, whose settlement Redis had lost.
+	BudgetDaysRaised, Recharged int
 	// LegacyQueues counts the per-priority asynq queues of versions before
 	// the one jobs queue, deleted with their tasks (their jobs are then
 	// enqueued again as jobs whose task is missing).
@@ -200,7 +205,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 				}
 				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped+rep.Recharged > 0 {
 					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
-						"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped, "recharged", rep.Recharged,
+						"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped, "budget_days_raised", rep.BudgetDaysRaised, "recharged", rep.Recharged,
 						"scanned", rep.Scanned)
 				}
 			}
@@ -308,9 +313,10 @@ func runID(ctx context.Context, c redis.Cmdable) (string, error) {
 	return "", errors.New("redis INFO server has no run_id")
 }
 
-// locked runs one pass if no other process is running one. After a
-// failover (or a loss) it looks at every unfinished job, however recent,
-// and audits the budgets.
+// locked runs one pass if no other process is running one. It checks
+// today's budget days against the ledger; after a failover (or a loss) it
+// looks at every unfinished job, however recent, and charges every ledger
+// row a day does not count, the newest too.
 func (r *Reconciler) locked(ctx context.Context, lost, failover bool) (Report, bool, error) {
 	unlock, ok, err := r.Store.TryLock(ctx, "reconciler")
 	if err != nil || !ok {
@@ -343,8 +349,12 @@ func (r *Reconciler) locked(ctx context.Context, lost, failover bool) (Report, b
 	if err == nil && failover && !lost {
 		err = r.requeueReleased(ctx, &rep)
 	}
-	if err == nil && failover && !lost {
-		err = r.auditBudgets(ctx, &rep)
+	if err == nil {
+		reason := budget.RaisedPeriodic
+		if lost || failover {
+			reason = budget.RaisedRestored
+		}
+		err = r.checkBudgets(ctx, reason, &rep)
 	}
 	if err == nil && (lost || failover) {
 		// A lagging replica may lack asynq's list of queues, which its
@@ -390,30 +400,51 @@ func (r *Reconciler) requeueReleased(ctx context.Context, rep *Report) error {
 // staleBatch is how many released jobs one RequeueStale call takes at most.
 const staleBatch = 100
 
-// auditWindow is how far back an audit after a failover reads the ledger:
-// far longer than a replica lags, or an old master takes writes after its
-// replica's promotion.
-const auditWindow = 5 * time.Minute
-
-// auditMax bounds the ledger rows one audit reads.
-const auditMax = 200000
-
-// auditBudgets charges the ledger rows of the last auditWindow whose
-// settlement a failover lost (budget.Audit).
-func (r *Reconciler) auditBudgets(ctx context.Context, rep *Report) error {
+// CheckBudgets compares every day of today (each tenant's budget day, in
+// whichever timezone, and the global day) with the ledger, and raises to
+// the ledger's sum each one whose spend in Redis is below it
+// (budget.Check): one grouped sum over the ledger, then one round trip to
+// Redis, rows read only for a day behind. reason is budget.RaisedPeriodic
+// for the full pass, which leaves rows of the last budget.LedgerSlack to
+// their own settlements, or budget.RaisedRestored after a restart,
+// failover or restore, which charges every row a day does not count.
+func (r *Reconciler) CheckBudgets(ctx context.Context, reason string) (budget.CheckReport, error) {
 	if r.Budgets == nil {
-		return nil
+		return budget.CheckReport{}, nil
 	}
-	rows, err := r.Store.UsageChargesSince(ctx, r.opts.Now().Add(-auditWindow), auditMax)
+	now := r.opts.Now().UTC()
+	today := now.Format(time.DateOnly)
+	// A tenant's today is one of these in any timezone (UTC-12 to UTC+14);
+	// the days past of some timezones cost a little, and are harmless.
+	days := []string{now.AddDate(0, 0, -1).Format(time.DateOnly), today, now.AddDate(0, 0, 1).Format(time.DateOnly)}
+	sums, err := r.Store.UsageSumsByDays(ctx, days)
 	if err != nil {
-		return err
+		return budget.CheckReport{}, err
 	}
-	charges := make([]budget.Charge, len(rows))
-	for i, c := range rows {
-		charges[i] = budget.Charge{JobID: c.JobID, TenantID: c.TenantID, Day: c.Day, GlobalDay: c.GlobalDay, Cost: c.Cost, WrittenAt: c.CreatedAt}
+	p := budget.CheckParams{Reason: reason}
+	tenantDays := map[[2]string]money.Micros{}
+	var global money.Micros
+	for _, s := range sums {
+		tenantDays[[2]string{s.TenantID, s.Day}] += s.Cost
+		// Every row of today's UTC day has its tenant's day among days.
+		if s.GlobalDay == today {
+			global += s.Cost
+		}
 	}
-	rep.Audited = len(charges)
-	rep.Recharged, _, err = r.Budgets.Audit(ctx, charges)
+	for k, sum := range tenantDays {
+		p.Days = append(p.Days, budget.DaySpend{TenantID: k[0], Day: k[1], Ledger: sum})
+	}
+	p.Days = append(p.Days, budget.DaySpend{Day: today, Ledger: global})
+	if reason == budget.RaisedPeriodic {
+		p.InFlight = now.Add(-budget.LedgerSlack)
+	}
+	return r.Budgets.Check(ctx, p)
+}
+
+// checkBudgets runs CheckBudgets for a pass and adds what it did to rep.
+func (r *Reconciler) checkBudgets(ctx context.Context, reason string, rep *Report) error {
+	c, err := r.CheckBudgets(ctx, reason)
+	rep.BudgetDaysRaised, rep.Recharged = c.Raised, c.Rows
 	return err
 }
 

@@ -131,6 +131,14 @@ func (b Builder) BudgetTenantReservations(day, tenantID string) string {
 	return b.key("budget", tag(tenantID), day, "res")
 }
 
+// BudgetTenantWaiters is the sorted set (by when each began waiting) of
+// the reservations of one tenant's budget day refused only because others
+// held its room: they get the room first, in that order. It expires with
+// its day.
+func (b Builder) BudgetTenantWaiters(day, tenantID string) string {
+	return b.key("budget", tag(tenantID), day, "wait")
+}
+
 // BudgetGlobal is the spend of all tenants together for one budget day (UTC).
 func (b Builder) BudgetGlobal(day string) string { return b.key(budgetTag, day, "global") }
 

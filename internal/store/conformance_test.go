@@ -54,6 +54,7 @@ func runConformance(t *testing.T, open func(t *testing.T) *DB) {
 		{"Batches", testBatches},
 		{"BatchRefusedLinesAndGeneratedFiles", testBatchRefusedLines},
 		{"Usage", testUsage},
+		{"UsageDayRows", testUsageDayRows},
 		{"TryLock", testTryLock},
 		{"TimesAreUTC", testTimesAreUTC},
 		{"WebhooksPendingUntilDone", testWebhooksPending},
@@ -1488,6 +1489,96 @@ func testUsage(t *testing.T, db *DB) {
 	}
 	if _, err := db.UsageSumByDay(ctx, "yesterday"); err == nil {
 		t.Fatal("a malformed day was accepted")
+	}
+}
+
+// The budget's check of a day against the ledger: the sums of the days
+// asked for, by tenant, budget day and UTC day, and a day's rows from a
+// time on, oldest first, across pages.
+func testUsageDayRows(t *testing.T, db *DB) {
+	ctx := t.Context()
+	db.streamBatch = 2
+	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var clock time.Time
+	db.now = func() time.Time { return clock }
+	a, b := mkTenant(t, db), mkTenant(t, db)
+	type row struct {
+		tenant, job string
+		cost        money.Micros
+		at          time.Time
+	}
+	var rows []row
+	complete := func(tenant, day, gday string, cost money.Micros, at time.Duration) row {
+		clock = base.Add(at)
+		j := mkJob(t, db, jobParams(tenant))
+		if res, err := db.JobComplete(ctx, &JobCompleteParams{ID: j.ID, Day: day, GlobalDay: gday, Cost: cost}); err != nil || !res.Charged {
+			t.Fatalf("JobComplete: %+v %v", res, err)
+		}
+		r := row{tenant, j.ID, cost, clock}
+		rows = append(rows, r)
+		return r
+	}
+	a1 := complete(a.ID, "2026-03-01", "2026-03-01", 100, 0)
+	a2 := complete(a.ID, "2026-03-01", "2026-03-01", 50, time.Second)
+	a3 := complete(a.ID, "2026-03-01", "2026-03-01", 7, time.Second) // the same instant: job id orders them
+	complete(a.ID, "2026-03-02", "2026-03-02", 1000, 2*time.Second)
+	b1 := complete(b.ID, "2026-03-01", "2026-03-01", 3, 3*time.Second)
+	complete(b.ID, "2026-03-02", "2026-03-03", 9, 4*time.Second)
+
+	sums, err := db.UsageSumsByDays(ctx, []string{"2026-03-01", "2026-03-02"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[UsageDaySum]bool{}
+	for _, s := range sums {
+		got[s] = true
+	}
+	want := map[UsageDaySum]bool{
+		{a.ID, "2026-03-01", "2026-03-01", 157}: true, {a.ID, "2026-03-02", "2026-03-02", 1000}: true,
+		{b.ID, "2026-03-01", "2026-03-01", 3}: true, {b.ID, "2026-03-02", "2026-03-03", 9}: true,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("UsageSumsByDays = %+v, want %+v", sums, want)
+	}
+	if sums, err := db.UsageSumsByDays(ctx, []string{"2026-01-01"}); err != nil || len(sums) != 0 {
+		t.Fatalf("UsageSumsByDays of an empty day = %+v, %v", sums, err)
+	}
+	if _, err := db.UsageSumsByDays(ctx, []string{"yesterday"}); err == nil {
+		t.Fatal("a malformed day was accepted")
+	}
+
+	stream := func(read func(func(string, string, money.Micros, time.Time) error) error) []row {
+		var out []row
+		if err := read(func(tenant, job string, cost money.Micros, at time.Time) error {
+			out = append(out, row{tenant, job, cost, at.UTC()})
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if a2.job > a3.job {
+		a2, a3 = a3, a2
+	}
+	if got := stream(func(fn func(string, string, money.Micros, time.Time) error) error {
+		return db.UsageStreamByTenantDay(ctx, a.ID, "2026-03-01", time.Time{}, fn)
+	}); !reflect.DeepEqual(got, []row{a1, a2, a3}) {
+		t.Fatalf("UsageStreamByTenantDay = %+v, want %+v", got, []row{a1, a2, a3})
+	}
+	if got := stream(func(fn func(string, string, money.Micros, time.Time) error) error {
+		return db.UsageStreamByTenantDay(ctx, a.ID, "2026-03-01", base.Add(time.Second), fn)
+	}); !reflect.DeepEqual(got, []row{a2, a3}) {
+		t.Fatalf("UsageStreamByTenantDay from the second row's time = %+v, want %+v", got, []row{a2, a3})
+	}
+	if got := stream(func(fn func(string, string, money.Micros, time.Time) error) error {
+		return db.UsageStreamByDay(ctx, "2026-03-01", time.Time{}, fn)
+	}); !reflect.DeepEqual(got, []row{a1, a2, a3, b1}) {
+		t.Fatalf("UsageStreamByDay = %+v, want %+v", got, []row{a1, a2, a3, b1})
+	}
+	stop := errors.New("stop")
+	n := 0
+	if err := db.UsageStreamByDay(ctx, "2026-03-01", time.Time{}, func(string, string, money.Micros, time.Time) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
+		t.Fatalf("a stream fn's error: %v after %d rows, want stop after 1", err, n)
 	}
 }
 

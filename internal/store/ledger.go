@@ -45,7 +45,7 @@ func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, err
 	return &e, nil
 }
 
-// The ledger sums read usage_ledger_tenant_day and usage_ledger_global_day,
+// The ledger sums read usage_ledger_tenant_day and usage_ledger_global_day_rows,
 // and usage_daily's key and usage_daily_global_day for the days retention
 // rolled up: the budget is rebuilt from them, so they must never scan the
 // ledger. Each is one statement, so it reads both tables as of one moment
@@ -131,35 +131,128 @@ func usageReportSQL(p *UsageReportParams) (string, args) {
 		) AS u GROUP BY tenant_id, model ORDER BY tenant_id, model`, a
 }
 
-// UsageCharge is one ledger row, as a budget audit reads it.
-type UsageCharge struct {
-	JobID     string
+// UsageDaySum is what the ledger holds of one tenant on one budget day
+// and one UTC day (a tenant's day outside UTC spans two UTC days).
+type UsageDaySum struct {
 	TenantID  string
-	Day       string
-	GlobalDay string
+	Day       string // the tenant's budget day
+	GlobalDay string // the UTC day
 	Cost      money.Micros
-	CreatedAt time.Time
 }
 
-// UsageChargesSince returns the ledger rows written at or after since (at
-// most limit, oldest first), for a budget audit after a failover.
-func (db *DB) UsageChargesSince(ctx context.Context, since time.Time, limit int) ([]UsageCharge, error) {
-	var out []UsageCharge
-	err := db.ro.query(ctx, `SELECT job_id, tenant_id, day, global_day, cost_micros, created_at FROM usage_ledger
-		WHERE created_at >= $1 ORDER BY created_at LIMIT $2`, []any{db.d.ts(since), limit}, func(r row) error {
-		var c UsageCharge
-		err := r.Scan(&c.JobID, &c.TenantID, dayCol{&c.Day}, dayCol{&c.GlobalDay}, &c.Cost, timeCol{&c.CreatedAt})
-		out = append(out, c)
+// UsageSumsByDays returns the spend of every tenant with ledger rows (or
+// daily totals) on one of the budget days, by tenant, budget day and UTC
+// day, in no particular order: the budget's check of each day's spend in
+// Redis against the ledger, one query for all of today's days. It reads
+// usage_ledger_day_rows alone (and usage_daily_day_model); its cost grows
+// with the days' rows, about a microsecond each on Postgres.
+func (db *DB) UsageSumsByDays(ctx context.Context, days []string) ([]UsageDaySum, error) {
+	if len(days) == 0 {
+		return nil, nil
+	}
+	q, a, err := usageSumsByDaysSQL(days)
+	if err != nil {
+		return nil, err
+	}
+	var out []UsageDaySum
+	err = db.ro.query(ctx, q, a, func(r row) error {
+		var s UsageDaySum
+		err := r.Scan(&s.TenantID, dayCol{&s.Day}, dayCol{&s.GlobalDay}, &s.Cost)
+		out = append(out, s)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: UsageChargesSince: %w", db.d.wrap(err))
+		return nil, fmt.Errorf("store: UsageSumsByDays: %w", db.d.wrap(err))
 	}
 	return out, nil
 }
 
+func usageSumsByDaysSQL(days []string) (string, args, error) {
+	var a args
+	vs := make([]any, len(days))
+	for i, d := range days {
+		if err := validDay("UsageSumsByDays", d); err != nil {
+			return "", nil, err
+		}
+		vs[i] = d
+	}
+	in := a.list(vs...)
+	return `SELECT tenant_id, day, global_day, CAST(SUM(cost_micros) AS BIGINT) FROM (
+			SELECT tenant_id, day, global_day, cost_micros FROM usage_ledger WHERE day IN (` + in + `)
+			UNION ALL
+			SELECT tenant_id, day, global_day, cost_micros FROM usage_daily WHERE day IN (` + in + `)
+		) AS u GROUP BY tenant_id, day, global_day`, a, nil
+}
+
+// UsageStreamByTenantDay calls fn with each ledger row of the tenant's
+// budget day written at or after since (the job's tenant and id, what it
+// was charged, when its row was written), oldest first: the rows a budget
+// day behind the ledger may not count. It reads a page at a time from
+// usage_ledger_day_rows alone, holding no connection while fn runs; fn's
+// error stops the stream and is returned. Rows retention rolled up are not
+// read (a day whose rows it rolls up is days old).
+func (db *DB) UsageStreamByTenantDay(ctx context.Context, tenantID, day string, since time.Time, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+	if err := validDay("UsageStreamByTenantDay", day); err != nil {
+		return err
+	}
+	return db.streamUsage(ctx, since, func(at any, after string) (string, args) {
+		return usageStreamSQL(`day = $1 AND tenant_id = $2`, args{day, tenantID}, at, after, db.streamBatch)
+	}, fn)
+}
+
+// UsageStreamByDay is UsageStreamByTenantDay for the UTC day of every
+// tenant, from usage_ledger_global_day_rows.
+func (db *DB) UsageStreamByDay(ctx context.Context, day string, since time.Time, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+	if err := validDay("UsageStreamByDay", day); err != nil {
+		return err
+	}
+	return db.streamUsage(ctx, since, func(at any, after string) (string, args) {
+		return usageStreamSQL(`global_day = $1`, args{day}, at, after, db.streamBatch)
+	}, fn)
+}
+
+// usageStreamSQL is one page of a day's rows after (at, after) in
+// (created_at, job_id) order, the order of both indexes' last columns.
+func usageStreamSQL(where string, a args, at any, after string, limit int) (string, args) {
+	return `SELECT tenant_id, job_id, cost_micros, created_at FROM usage_ledger WHERE ` + where +
+		` AND (created_at, job_id) > (` + a.add(at) + `, ` + a.add(after) + `) ORDER BY created_at, job_id LIMIT ` + a.add(limit), a
+}
+
+// streamUsage calls fn with each row of the pages page reads, each after the
+// last of the one before (the first after since and the empty job id).
+func (db *DB) streamUsage(ctx context.Context, since time.Time, page func(at any, after string) (string, args), fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+	type usageRow struct {
+		tenantID, jobID string
+		cost            money.Micros
+		at              time.Time
+	}
+	at, after := since, ""
+	for {
+		q, a := page(db.d.ts(at), after)
+		var rows []usageRow
+		err := db.ro.query(ctx, q, a, func(r row) error {
+			var u usageRow
+			err := r.Scan(&u.tenantID, &u.jobID, &u.cost, timeCol{&u.at})
+			rows = append(rows, u)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("store: ledger rows of a day: %w", db.d.wrap(err))
+		}
+		for _, u := range rows {
+			if err := fn(u.tenantID, u.jobID, u.cost, u.at); err != nil {
+				return err
+			}
+		}
+		if len(rows) < db.streamBatch {
+			return nil
+		}
+		at, after = rows[len(rows)-1].at, rows[len(rows)-1].jobID
+	}
+}
+
 // LedgerDetailMinAge is the least age at which a ledger row may be rolled up
-// into usage_daily: a budget audit after a failover, a delivery settling a
+// into usage_daily: a budget check against the ledger, a delivery settling a
 // job another finished and a job's charge being looked up all read rows far
 // younger. JobComplete never charges a job that finished longer ago than
 // this, so a job whose row was rolled up is never charged again.

@@ -64,6 +64,15 @@ func checkPlans(t *testing.T, db *DB) {
 	add("UsageSumByTenantDay", false, sqlUsageSumByTenantDay, args{"t", "2026-03-01"})
 	add("UsageSumByDay", false, sqlUsageSumByDay, args{"2026-03-01"})
 	add("UsageRollUp rows", false, sqlUsageRollable, args{db.d.ts(time.Now()), 500})
+	q, a, err = usageSumsByDaysSQL([]string{"2026-02-28", "2026-03-01", "2026-03-02"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("UsageSumsByDays", false, q, a)
+	q, a = usageStreamSQL(`day = $1 AND tenant_id = $2`, args{"2026-03-01", "t"}, db.d.ts(time.Now()), "job_x", 500)
+	add("UsageStreamByTenantDay", true, q, a)
+	q, a = usageStreamSQL(`global_day = $1`, args{"2026-03-01"}, db.d.ts(time.Now()), "job_x", 500)
+	add("UsageStreamByDay", true, q, a)
 	add("UsageCountRollable", false, sqlUsageCountRollable, args{db.d.ts(time.Now())})
 	q, a = usageReportSQL(&UsageReportParams{Day: "2026-03-01"})
 	add("UsageReport", false, q, a)

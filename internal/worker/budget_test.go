@@ -100,7 +100,9 @@ func TestRedeliveryAfterACrashBeforeSettleChargesOnce(t *testing.T) {
 
 // A job of a rejecting tier that no longer fits when a worker reserves it
 // fails with budget_exhausted, naming the tenant's budget with its numbers
-// and reset, without counting an attempt.
+// and reset, without counting an attempt: what was spent leaves no room for
+// its worst case today. (Room running jobs hold makes it wait instead:
+// TestHeldBudgetWaitsOnRejectTier.)
 func TestRejectTierJobFailsWhenItsBudgetIsSpent(t *testing.T) {
 	t.Parallel()
 	clk := testutil.NewClock(time.Date(2026, 6, 1, 22, 0, 0, 0, time.UTC))
@@ -109,10 +111,13 @@ func TestRejectTierJobFailsWhenItsBudgetIsSpent(t *testing.T) {
 	acct := a.Account(tenant)
 	ctx := context.Background()
 	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("late", "", 20)})
-	// Another job of the tenant takes what is left, minus a micro-dollar.
+	// Another job of the tenant spent what is left, minus a micro-dollar.
 	worst := job(t, a, id).EstCost
-	if _, d, err := a.Budgets.Reserve(ctx, acct, "job_other", money.PerDollar-worst+1); err != nil || !d.Allowed {
+	spent := money.PerDollar - worst + 1
+	if res, d, err := a.Budgets.Reserve(ctx, acct, "job_other", spent); err != nil || !d.Allowed {
 		t.Fatalf("reserve the rest: %v %+v", err, d)
+	} else if err := a.Budgets.Settle(ctx, res, spent, true); err != nil {
+		t.Fatal(err)
 	}
 	if err := a.JobHandler(worker.Options{}).Run(ctx, id); err != nil {
 		t.Fatal(err)
@@ -121,7 +126,7 @@ func TestRejectTierJobFailsWhenItsBudgetIsSpent(t *testing.T) {
 	if j.Status != store.JobFailed || j.Error == nil || j.Error.Code != "budget_exhausted" || j.Error.Type != "budget_exceeded_error" || j.Attempts != 0 {
 		t.Fatalf("job: status %s attempts %d error %+v", j.Status, j.Attempts, j.Error)
 	}
-	for _, want := range []string{"tenant's daily budget", "$0.000000 spent and $" + (money.PerDollar - worst + 1).String() + " reserved of $1.000000",
+	for _, want := range []string{"tenant's daily budget", "$" + spent.String() + " spent and $0.000000 reserved of $1.000000",
 		"free tier", "2026-06-02T00:00:00Z"} {
 		if !strings.Contains(j.Error.Message, want) {
 			t.Fatalf("error %q does not say %q", j.Error.Message, want)
@@ -314,9 +319,10 @@ func TestDeliveryThatLostTheRaceChargesTheLedgersDay(t *testing.T) {
 }
 
 // The budget's reservation and the permit's first try go to Redis
-// together: a job the budget defers gives its permit back, so the model's
-// one request a minute is still there for the job once the budget has room.
-func TestBudgetDeferralGivesThePermitBack(t *testing.T) {
+// together: a job the budget refuses (here for the room another job holds:
+// it waits) gives its permit back, so the model's one request a minute is
+// still there for the job once the budget has room.
+func TestBudgetRefusalGivesThePermitBack(t *testing.T) {
 	t.Parallel()
 	policy := strings.Replace(apptest.PolicyYAML, "limits: {rpm: 3000, tpm: 300000}", "limits: {rpm: 1, tpm: 300000}", 1)
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy})
@@ -334,8 +340,8 @@ func TestBudgetDeferralGivesThePermitBack(t *testing.T) {
 	if err == nil || queue.IsFailure(err) {
 		t.Fatalf("over budget: want a requeue without failure, got %v", err)
 	}
-	if j := job(t, a, id); j.Status != store.JobDeferred {
-		t.Fatalf("job = %s, want deferred", j.Status)
+	if j := job(t, a, id); j.Status != store.JobWaiting {
+		t.Fatalf("job = %s, want waiting", j.Status)
 	}
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
 	st, err := a.Limiter.State(ctx, scopeOf(m))
@@ -344,7 +350,7 @@ func TestBudgetDeferralGivesThePermitBack(t *testing.T) {
 	}
 	for _, b := range st.Buckets {
 		if b.Unit == limiter.UnitRequests && b.Remaining != 1 {
-			t.Fatalf("requests bucket holds %d of %d after the deferral: the permit was kept", b.Remaining, b.Limit)
+			t.Fatalf("requests bucket holds %d of %d after the refusal: the permit was kept", b.Remaining, b.Limit)
 		}
 	}
 	if err := a.Budgets.Release(ctx, other); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
@@ -139,21 +140,9 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message})
 	}
 
-	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.worst)
-	if err != nil {
-		return nil, fmt.Errorf("reserve budget: %w", err)
+	if err := r.syncBudget(ctx, r.worst, c.Deadline); err != nil {
+		return nil, err
 	}
-	if dec.SoftLimitCrossed {
-		h.Observer.SoftLimitCrossed(r.acct.TenantID, r.tier)
-	}
-	if !dec.Allowed {
-		n := dec.Denial()
-		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
-			RetryAfter: dec.RetryAfter,
-			Message: fmt.Sprintf("The %s is exhausted: $%s spent and $%s reserved of $%s; this request may cost up to $%s. It resets at %s.",
-				n.Name(), n.Spent, n.Reserved, n.Budget, r.worst, n.ResetsAt.UTC().Format(time.RFC3339))})
-	}
-	r.bres = bres
 	r.keep = r.keepReservation(ctx)
 	defer r.keep()
 
@@ -242,6 +231,56 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 			r.log.Warn("record a synchronous failure", "err", err)
 		}
 		return &SyncResult{ProviderError: pe}, nil
+	}
+}
+
+// syncBudgetPoll is how often a synchronous request refused only by what
+// running jobs hold asks the budget again: each try keeps its place among
+// the day's waiters.
+const syncBudgetPoll = 200 * time.Millisecond
+
+// syncBudget reserves the request's worst case. While only what running
+// jobs hold is in the way (they settle within seconds, at most what they
+// hold), it waits inside the request, in the order the day's waiters
+// came, until deadline; then, or when the spend itself leaves no room
+// today, it refuses the request with a 429 insufficient_quota (nothing
+// charged), whose Retry-After is short in the first case and the reset in
+// the second.
+func (r *run) syncBudget(ctx context.Context, worst money.Micros, deadline time.Time) error {
+	h := r.h
+	for {
+		bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, worst)
+		if err != nil {
+			return fmt.Errorf("reserve budget: %w", err)
+		}
+		if dec.SoftLimitCrossed {
+			h.Observer.SoftLimitCrossed(r.acct.TenantID, r.tier)
+		}
+		if dec.Allowed {
+			r.bres = bres
+			return nil
+		}
+		n := dec.Denial()
+		if !dec.Held {
+			return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+				RetryAfter: dec.RetryAfter,
+				Message: fmt.Sprintf("The %s is exhausted: $%s spent and $%s reserved of $%s; this request may cost up to $%s. It resets at %s.",
+					n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))})
+		}
+		wait := syncBudgetPoll
+		if time.Now().Add(wait).After(deadline) || sleep(ctx, wait) != nil {
+			// Those behind it need not wait for its place to lapse.
+			if err := h.Budgets.StopWaiting(context.WithoutCancel(ctx), r.acct, r.job.ID); err != nil {
+				r.log.Warn("stop waiting for the budget", "err", err)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+				RetryAfter: dec.RetryAfter,
+				Message: fmt.Sprintf("The %s is held by running jobs ($%s spent and $%s reserved of $%s; this request may cost up to $%s), "+
+					"and none of it came free within the request's wait; retry shortly.", n.Name(), n.Spent, n.Reserved, n.Budget, worst)})
+		}
 	}
 }
 

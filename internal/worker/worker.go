@@ -460,6 +460,17 @@ func (r *run) budgetDecided(ctx context.Context, res *budget.Reservation, dec *b
 		return true, r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_too_small",
 			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", r.worst, n.Name(), n.Budget)}, nil)
 	}
+	if dec.Held {
+		// Only what running jobs hold is in the way, and they settle at
+		// most what they hold: the job waits its turn (its place among the
+		// day's waiters kept by coming back within budget.WaitTTL), on a
+		// rejecting tier too, and is neither deferred nor failed.
+		delay := budget.HeldRetryAfter + time.Duration(rand.Int64N(int64(budget.HeldRetryAfter)))
+		next := r.h.opts.Now().Add(delay)
+		r.setStatus(ctx, store.JobWaiting, &next, false)
+		r.log.Debug("job waiting: the budget is held by running jobs", "cap", dec.DeniedBy)
+		return true, &queue.Retry{Reason: "the " + dec.DeniedBy + " daily budget is held by running jobs", Delay: delay}
+	}
 	if r.reject {
 		return true, r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_exhausted",
 			Message: fmt.Sprintf("The %s is exhausted ($%s spent and $%s reserved of $%s; this job may cost up to $%s) and the %s tier rejects work until it resets at %s.",
