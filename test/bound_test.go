@@ -84,7 +84,7 @@ func priced(t *testing.T, p *config.Policy, b sim.Bill) money.Micros {
 	if !ok {
 		t.Fatalf("a bill of model %q, which the policy does not serve", b.Model)
 	}
-	price := m.Price
+	price := m.Deployments[0].Price
 	if b.Batch {
 		price = price.Batch()
 	}
@@ -97,7 +97,7 @@ func priced(t *testing.T, p *config.Policy, b sim.Bill) money.Micros {
 	}
 	cost := price.Cost(b.InputTokens, b.CachedTokens, b.OutputTokens)
 	for kind, n := range b.ToolCalls {
-		cost += money.Micros(n) * m.Price.Tools[kind].PerCall
+		cost += money.Micros(n) * m.Deployments[0].Price.Tools[kind].PerCall
 	}
 	return cost
 }

@@ -277,7 +277,7 @@ func budgetNeverOverspent(t *testing.T, omitUsage float64, worstCase bool) {
 		j, _ := a.Store.JobGetByID(ctx, id)
 		endpoints[j.Endpoint]++
 		e, err := a.Store.UsageGetByJob(ctx, id)
-		if want := m.Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); err != nil || e.Cost != want || j.Cost != want {
+		if want := m.Deployments[0].Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); err != nil || e.Cost != want || j.Cost != want {
 			t.Fatalf("job %s: ledger %+v (%v), job cost %d; want %d", id, e, err, j.Cost, want)
 		}
 		if j.UsageEstimated {
@@ -506,7 +506,7 @@ func TestPolicyReloadInRunningWorker(t *testing.T) {
 	if r := a.Do("GET", "/readyz", "", nil); r.Status != 200 {
 		t.Fatalf("readyz after an invalid policy: %d", r.Status)
 	}
-	if m, ok := a.Policy.Current().Model("gpt-expensive"); !ok || m.Limits.RPM != 1 {
+	if m, ok := a.Policy.Current().Model("gpt-expensive"); !ok || m.Deployments[0].Limits.RPM != 1 {
 		t.Fatal("the invalid policy replaced the one in force")
 	}
 	// The worker runs on under the policy in force: a new job is taken and
@@ -547,8 +547,8 @@ func TestInFlightJobsSurviveAPolicyReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, _ := a.Policy.Current().Model("gpt-expensive")
-	if reflect.DeepEqual(m.Price, old.Price) || a.Sim.Stats().InFlight != 5 {
-		t.Fatalf("the reload did not land mid-call: price %+v, %d calls in flight", m.Price, a.Sim.Stats().InFlight)
+	if reflect.DeepEqual(m.Deployments[0].Price, old.Deployments[0].Price) || a.Sim.Stats().InFlight != 5 {
+		t.Fatalf("the reload did not land mid-call: price %+v, %d calls in flight", m.Deployments[0].Price, a.Sim.Stats().InFlight)
 	}
 	jobs := allEnd(t, a, ids, 30*time.Second)
 	var ledger money.Micros
@@ -556,7 +556,7 @@ func TestInFlightJobsSurviveAPolicyReload(t *testing.T) {
 		if j.Status != store.JobSucceeded || j.Attempts != 1 {
 			t.Fatalf("job %s: %s after %d attempts (%+v)", j.ID, j.Status, j.Attempts, j.Error)
 		}
-		if want := old.Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); j.Cost != want {
+		if want := old.Deployments[0].Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); j.Cost != want {
 			t.Fatalf("job %s cost %s, want %s at the price it started with", j.ID, j.Cost, want)
 		}
 		ledger += j.Cost
@@ -569,7 +569,7 @@ func TestInFlightJobsSurviveAPolicyReload(t *testing.T) {
 		t.Fatalf("spent $%s, ledger $%s", got, ledger)
 	}
 	after := allEnd(t, a, submitEach(t, a, key, 1, func(i int) map[string]any { return expensiveJob(100 + i) }), 30*time.Second)[0]
-	if want := m.Price.Cost(after.PromptTokens, after.CachedTokens, after.CompletionTokens); after.Cost != want || after.TenantID != tenant {
+	if want := m.Deployments[0].Price.Cost(after.PromptTokens, after.CachedTokens, after.CompletionTokens); after.Cost != want || after.TenantID != tenant {
 		t.Fatalf("job after the reload cost %s, want %s at the new price", after.Cost, want)
 	}
 }

@@ -304,7 +304,7 @@ func (s *stack) insert(ctx context.Context, model string, first, n int) error {
 // waiting is how many jobs of model wait in its fair queue.
 func (s *stack) waiting(ctx context.Context, model string) (int64, error) {
 	m, _ := s.app.Policy.Current().Model(model)
-	ws, _, err := s.app.Queue.Waiting(ctx, admission.QueueName(m))
+	ws, _, err := s.app.Queue.Waiting(ctx, m.Queue())
 	var n int64
 	for _, w := range ws {
 		n += w.Jobs

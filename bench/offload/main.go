@@ -434,7 +434,8 @@ func (r *result) readLedger(ctx context.Context, s *stack, batchID string, runs 
 	if !ok {
 		return errors.New("no model gpt-4o-mini in the policy")
 	}
-	normal, batched := m.Price, m.Price.Batch()
+	price := m.Routes()[0].Price
+	normal, batched := price, price.Batch()
 	var jobs []*store.Job
 	if err := s.app.Store.JobStreamByBatch(ctx, batchID, nil, func(j *store.Job) error { jobs = append(jobs, j); return nil }); err != nil {
 		return err

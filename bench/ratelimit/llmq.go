@@ -163,11 +163,11 @@ type learned struct {
 // inspectScope reads what the model's scope learned, with the limits the
 // provider announced.
 func inspectScope(ctx context.Context, a *app.App, m *config.Model) (*learned, error) {
-	li, err := a.Limiter.Inspect(ctx, a.Pacer.Scope(ctx, m))
+	li, err := a.Limiter.Inspect(ctx, a.Pacer.Scope(ctx, m.Routes()[0]))
 	if err != nil {
 		return nil, err
 	}
-	l := &learned{policy: m.Limits, calibration: li.Calibration, distrusted: li.Distrusted}
+	l := &learned{policy: m.Routes()[0].Limits, calibration: li.Calibration, distrusted: li.Distrusted}
 	for i := range li.Buckets {
 		switch b := &li.Buckets[i]; b.Name {
 		case "tpm":
@@ -357,7 +357,7 @@ func watchLimiter(ctx context.Context, a *app.App, m *config.Model, start time.T
 		// A reading is short: the end of the run need not cut one off
 		// (the pacer would log the cancelled read of the learned limits).
 		rctx := context.WithoutCancel(ctx)
-		li, err := a.Limiter.Inspect(rctx, a.Pacer.Scope(rctx, m))
+		li, err := a.Limiter.Inspect(rctx, a.Pacer.Scope(rctx, m.Routes()[0]))
 		if err != nil {
 			continue
 		}

@@ -176,7 +176,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 		return nil, &Error{Param: "model", Code: "model_not_supported",
 			Message: fmt.Sprintf("The model '%s' is a %s model and cannot serve %s.", m.Name, m.Kind, endpoint)}
 	}
-	counted, err := e.tokens.Count(decoded, m.Upstream, m.Encoding)
+	counted, err := e.tokens.Count(decoded, m.TokenizerModel(), m.Encoding)
 	if err != nil {
 		return nil, invalid(err)
 	}
@@ -199,9 +199,9 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	}
 	est.Calibration = limiter.Calibration{Factor: 1}
 	if e.calib != nil {
-		est.Calibration = e.calib.Calibration(ctx, ScopeName(m))
+		est.Calibration = e.calib.Calibration(ctx, m.Routes()[0].Deployment.Name())
 	}
-	est.Cost, _ = Charge(m, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
+	est.Cost = permit(est.Calibration, est.PromptTokens, est.MaxTokens)
 	est.WorstCase = WorstCase(p, m, m.Fallbacks, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
 	if err := fits(m, est, endpoint); err != nil {
 		return nil, err
@@ -211,7 +211,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 
 // anyServes is nil when a route of routes can serve s, else why the first
 // cannot.
-func anyServes(routes []*config.Model, s *Shape) error {
+func anyServes(routes []config.Route, s *Shape) error {
 	var first error
 	for _, r := range routes {
 		err := Serves(r, s)
@@ -235,7 +235,7 @@ func Fallbacks(m *config.Model, own []string) []string {
 // Candidates are the routes a job of m with fallbacks (see Fallbacks) and
 // shape s may run on: m's deployments, then its fallbacks', each that can
 // serve s (Serves).
-func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) []*config.Model {
+func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) []config.Route {
 	out := m.Routes()
 	for _, name := range fallbacks {
 		if f, ok := p.Model(name); ok {
@@ -272,7 +272,7 @@ func fits(m *config.Model, est *Estimate, endpoint string) error {
 }
 
 // fitsRoute refuses a cost a bucket of route r can never hold.
-func fitsRoute(m *config.Model, est *Estimate, endpoint string) error {
+func fitsRoute(m config.Route, est *Estimate, endpoint string) error {
 	for _, b := range Scope(m).Buckets {
 		if b.Unit == limiter.UnitTokens && est.Cost.Tokens > b.Limit {
 			param := outputParam(endpoint)
@@ -281,7 +281,7 @@ func fitsRoute(m *config.Model, est *Estimate, endpoint string) error {
 			}
 			return &Error{Param: param, Code: "tokens_exceed_capacity", Message: fmt.Sprintf(
 				"This request needs up to %d tokens (%d prompt%s + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower %s or shorten the input.",
-				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Name, outputParam(endpoint))}
+				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Model.Name, outputParam(endpoint))}
 		}
 	}
 	return nil
@@ -328,7 +328,7 @@ func JobRef(p *config.Policy, j *store.Job, share float64) queue.JobRef {
 func Ref(p *config.Policy, id, priority, tenantID, model string, cost int64, share float64) queue.JobRef {
 	ref := queue.JobRef{ID: id, Priority: priority, TenantID: tenantID, Cost: cost, Share: share}
 	if m, ok := p.Model(model); ok {
-		ref.Scope = QueueName(m)
+		ref.Scope = m.Queue()
 	}
 	return ref
 }
@@ -372,26 +372,10 @@ func allowedList(names []string) string {
 	return "'" + strings.Join(names, "', '") + "'"
 }
 
-// QueueName is the fair queue of m's jobs: the scope of its deployment when
-// it has one (every model on that deployment waits in one queue, as it
-// shares one limit), else one of its own, whose room is its deployments'
-// together.
-func QueueName(m *config.Model) string {
-	if len(m.Deployments) == 1 {
-		return m.Deployments[0].Name()
-	}
-	return "model:" + m.Name
-}
-
-// ScopeName is the limiter scope of a route (see config.Model.Routes): its
-// deployment, so every llmq model name that reaches the same provider's
-// upstream shares its limits. Of a model of the policy, it is its first
-// deployment's.
-func ScopeName(m *config.Model) string { return m.Provider + "/" + m.Upstream }
-
-// Scope returns the limiter scope of m with the policy's limits.
-func Scope(m *config.Model) limiter.Scope {
-	return limiter.ModelScope(ScopeName(m), m.Limits.RPS, m.Limits.RPM, m.Limits.TPM, m.Limits.TPD, m.Limits.Burst)
+// Scope returns the limiter scope of route with the policy's limits.
+func Scope(route config.Route) limiter.Scope {
+	l := route.Limits
+	return limiter.ModelScope(route.Deployment.Name(), l.RPS, l.RPM, l.TPM, l.TPD, l.Burst)
 }
 
 // Account is the budget account of tenant t under policy p: the tier's

@@ -53,7 +53,7 @@ func TestEstimate(t *testing.T) {
 		t.Fatalf("estimate = %+v", est)
 	}
 	m, _ := p.Model("gpt-4o-mini")
-	if est.WorstCase != m.Price.WorstCase(est.PromptTokens, 2000) || est.WorstCase == 0 {
+	if est.WorstCase != m.Deployments[0].Price.WorstCase(est.PromptTokens, 2000) || est.WorstCase == 0 {
 		t.Fatalf("worst case %d", est.WorstCase)
 	}
 	emb, err := e.Estimate(context.Background(), p, nil, "", "/v1/embeddings", []byte(`{"model":"text-embedding-3-small","input":["a b c","d"]}`))
@@ -139,7 +139,7 @@ func TestEstimateAppliesTheCalibration(t *testing.T) {
 		t.Fatal(err)
 	}
 	prompt := (raw.PromptTokens*3 + 1) / 2
-	if est.PromptTokens != raw.PromptTokens || est.Cost.Tokens != prompt+100 || est.WorstCase != est.Model.Price.WorstCase(prompt, 100) {
+	if est.PromptTokens != raw.PromptTokens || est.Cost.Tokens != prompt+100 || est.WorstCase != est.Model.Deployments[0].Price.WorstCase(prompt, 100) {
 		t.Errorf("calibrated %+v, raw %+v: want the prompt counted 1.5x in Cost and WorstCase only", est, raw)
 	}
 	// Counted half, the permit is smaller but the dollars held are not.

@@ -64,7 +64,7 @@ func (s *Shape) Unseen() bool { return s.Unbounded != "" || s.Follows || s.ToolC
 
 // Request returns the provider call of route for a job of this shape with
 // body: the output limit and max_tool_calls that are written into it.
-func (s *Shape) Request(route *config.Model, body []byte) llm.Request {
+func (s *Shape) Request(route config.Route, body []byte) llm.Request {
 	req := llm.Request{Endpoint: s.Endpoint, Upstream: route.Upstream, Body: body, OutputLimit: s.OutputLimit}
 	if s.WriteToolCalls {
 		req.MaxToolCalls = s.ToolCalls
@@ -190,32 +190,32 @@ func (s *Shape) follow(ctx context.Context, convs Conversations, tenantID string
 // request of shape s: the conversation it continues is stored elsewhere,
 // its service tier or a built-in tool has no price there, or the prompt
 // needs a context window the policy does not give; nil when it can.
-func Serves(route *config.Model, s *Shape) error {
-	if s.Pinned != "" && ScopeName(route) != s.Pinned {
+func Serves(route config.Route, s *Shape) error {
+	if s.Pinned != "" && route.Deployment.Name() != s.Pinned {
 		return &Error{Param: "previous_response_id", Code: "invalid_value", Message: fmt.Sprintf(
-			"The conversation is stored at deployment %s, which model '%s' does not use.", s.Pinned, route.Name)}
+			"The conversation is stored at deployment %s, which model '%s' does not use.", s.Pinned, route.Model.Name)}
 	}
 	if _, ok := route.Price.Tier(s.ServiceTier); !ok {
 		return &Error{Param: "service_tier", Code: "unsupported_value", Message: fmt.Sprintf(
 			"The service tier '%s' has no price for model '%s' (deployment %s), so llmq cannot bound what the call would be billed.",
-			s.ServiceTier, route.Name, ScopeName(route))}
+			s.ServiceTier, route.Model.Name, route.Deployment.Name())}
 	}
 	for _, t := range s.Tools {
 		if _, ok := route.Price.Tools[t]; !ok {
 			return &Error{Param: "tools", Code: "unsupported_value", Message: fmt.Sprintf(
 				"The built-in tool '%s' has no price for model '%s' (deployment %s): the provider bills each call, so llmq cannot bound what the call would be billed.",
-				t, route.Name, ScopeName(route))}
+				t, route.Model.Name, route.Deployment.Name())}
 		}
 	}
 	if route.ContextWindow == 0 {
 		if s.Unbounded != "" {
 			return &Error{Param: s.Unbounded, Code: "unsupported_value", Message: fmt.Sprintf(
-				"llmq cannot count '%s', and model '%s' has no context_window in the policy to bound it.", s.Unbounded, route.Name)}
+				"llmq cannot count '%s', and model '%s' has no context_window in the policy to bound it.", s.Unbounded, route.Model.Name)}
 		}
 		for _, t := range s.Tools {
 			if route.Price.Tools[t].ResultTokens == 0 {
 				return &Error{Param: "tools", Code: "unsupported_value", Message: fmt.Sprintf(
-					"The results of the built-in tool '%s' enter the model's input, and model '%s' has neither a context_window nor the tool's result_tokens in the policy to bound them.", t, route.Name)}
+					"The results of the built-in tool '%s' enter the model's input, and model '%s' has neither a context_window nor the tool's result_tokens in the policy to bound them.", t, route.Model.Name)}
 			}
 		}
 	}
@@ -232,8 +232,8 @@ func Routable(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) e
 }
 
 // serving are the routes of candidates that can serve s.
-func serving(candidates []*config.Model, s *Shape) []*config.Model {
-	out := make([]*config.Model, 0, len(candidates))
+func serving(candidates []config.Route, s *Shape) []config.Route {
+	out := make([]config.Route, 0, len(candidates))
 	for _, r := range candidates {
 		if Serves(r, s) == nil {
 			out = append(out, r)
@@ -250,15 +250,20 @@ func serving(candidates []*config.Model, s *Shape) []*config.Model {
 // below 1 lowers the permit (the provider's counts correct the buckets),
 // never the dollars held. Admission and the worker's plan both price with
 // it.
-func Charge(route *config.Model, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) (limiter.Cost, money.Micros) {
+func Charge(route config.Route, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) (limiter.Cost, money.Micros) {
 	prompt := c.Apply(promptTokens)
-	cost := limiter.Cost{Requests: 1, Tokens: prompt + maxTokens}
 	bound := s.PromptBound(route, max(prompt, promptTokens), maxTokens)
 	var worst money.Micros
 	for _, price := range prices(route.Price, s.ServiceTier) {
 		worst = max(worst, addMicros(price.WorstCase(bound, maxTokens), toolFees(price, s.Tools, s.ToolCalls)))
 	}
-	return cost, worst
+	return permit(c, promptTokens, maxTokens), worst
+}
+
+// permit is what a request takes of the limiter: one request and every
+// token, the prompt calibrated.
+func permit(c limiter.Calibration, promptTokens, maxTokens int64) limiter.Cost {
+	return limiter.Cost{Requests: 1, Tokens: c.Apply(promptTokens) + maxTokens}
 }
 
 // PromptBound is the most input tokens the provider may bill for a call
@@ -268,7 +273,7 @@ func Charge(route *config.Model, s *Shape, c limiter.Calibration, promptTokens, 
 // than its tool calls) reads the prompt, each call's result (the tool's
 // result_tokens, else the window) and the output so far, each turn within
 // the window.
-func (s *Shape) PromptBound(route *config.Model, prompt, maxTokens int64) int64 {
+func (s *Shape) PromptBound(route config.Route, prompt, maxTokens int64) int64 {
 	b := prompt
 	if s.Unbounded != "" {
 		b = max(b, route.ContextWindow)
@@ -303,7 +308,7 @@ const unknownWindow = 10_000_000
 // larger count than llmq's own estimate is believed up to it), output past
 // the request's limit, tool calls past max_tool_calls or of a tool it did
 // not name.
-func Unbelievable(route *config.Model, s *Shape, prompt, maxTokens int64, u llm.Usage) string {
+func Unbelievable(route config.Route, s *Shape, prompt, maxTokens int64, u llm.Usage) string {
 	if why := llm.UnbelievableUsage(u); why != "" {
 		return why
 	}
@@ -341,7 +346,7 @@ type Bound struct {
 // cannot be believed (Unbelievable): the most the request as sent could
 // be billed, every turn's context window read and all its output
 // produced, at the dearest price it may be served at.
-func Disbelieved(route *config.Model, s *Shape, price money.Price, prompt, maxTokens int64) Bound {
+func Disbelieved(route config.Route, s *Shape, price money.Price, prompt, maxTokens int64) Bound {
 	window := route.ContextWindow
 	if window == 0 {
 		window = unknownWindow

@@ -184,16 +184,17 @@ func TestServiceTiersArePriced(t *testing.T) {
 	prio := env.mustEstimate(t, "standard", env.a, llm.EndpointChat, body(`"service_tier":"priority",`))
 	flex := env.mustEstimate(t, "standard", env.a, llm.EndpointChat, body(`"service_tier":"flex",`))
 	auto := env.mustEstimate(t, "standard", env.a, llm.EndpointChat, body(`"service_tier":"auto",`))
-	priority, _ := m.Price.Tier("priority")
-	if std.WorstCase != m.Price.WorstCase(std.PromptTokens, 100) || prio.WorstCase != priority.WorstCase(prio.PromptTokens, 100) ||
+	priority, _ := m.Deployments[0].Price.Tier("priority")
+	if std.WorstCase != m.Deployments[0].Price.WorstCase(std.PromptTokens, 100) || prio.WorstCase != priority.WorstCase(prio.PromptTokens, 100) ||
 		flex.WorstCase != std.WorstCase || auto.WorstCase != std.WorstCase {
 		t.Fatalf("worst cases: default %s, priority %s, flex %s (a flex call may be served at standard), auto %s (the account's default tier)",
 			std.WorstCase, prio.WorstCase, flex.WorstCase, auto.WorstCase)
 	}
 	// An account whose project serves auto at priority (auto_service_tier).
-	route := *m.Routes()[0]
-	route.Price.AutoTier = "priority"
-	if _, w := Charge(&route, &auto.Shape, auto.Calibration, auto.PromptTokens, 100); w != prio.WorstCase {
+	d := m.Deployments[0]
+	d.Price.AutoTier = "priority"
+	route := config.Route{Model: m, Deployment: &d}
+	if _, w := Charge(route, &auto.Shape, auto.Calibration, auto.PromptTokens, 100); w != prio.WorstCase {
 		t.Fatalf("auto on a priority project: %s, want %s", w, prio.WorstCase)
 	}
 	if got, want := Bill(route.Price, &auto.Shape, llm.Usage{PromptTokens: 10, CompletionTokens: 5}), priority.Cost(10, 0, 5); got != want {
@@ -207,15 +208,15 @@ func TestServiceTiersArePriced(t *testing.T) {
 	// Charged at the tier the answer says served it.
 	s := &prio.Shape
 	u := llm.Usage{PromptTokens: 1000, CompletionTokens: 100, TotalTokens: 1100}
-	if got, want := Bill(m.Price, s, u), priority.Cost(1000, 0, 100); got != want {
+	if got, want := Bill(m.Deployments[0].Price, s, u), priority.Cost(1000, 0, 100); got != want {
 		t.Fatalf("served as asked: %s, want %s", got, want)
 	}
 	u.ServiceTier = "default"
-	if got, want := Bill(m.Price, s, u), m.Price.Cost(1000, 0, 100); got != want {
+	if got, want := Bill(m.Deployments[0].Price, s, u), m.Deployments[0].Price.Cost(1000, 0, 100); got != want {
 		t.Fatalf("served at standard: %s, want %s", got, want)
 	}
 	u.ServiceTier = "scale" // a tier without a price: the dearest it could be
-	if got, want := Bill(m.Price, s, u), priority.Cost(1000, 0, 100); got != want {
+	if got, want := Bill(m.Deployments[0].Price, s, u), priority.Cost(1000, 0, 100); got != want {
 		t.Fatalf("served at an unpriced tier: %s, want %s", got, want)
 	}
 }
@@ -237,7 +238,7 @@ func TestBuiltinToolsArePriced(t *testing.T) {
 	// Four turns, each reading the prompt, three results of 2,000 tokens
 	// and the output: at most 4 × (P + 6,000 + 100) input tokens.
 	bound := 4 * (est.PromptTokens + 6000 + 100)
-	want := m.Price.WorstCase(bound, 100) + 3*10_000
+	want := m.Deployments[0].Price.WorstCase(bound, 100) + 3*10_000
 	if s.PromptBound(route, est.PromptTokens, 100) != bound || est.WorstCase != want {
 		t.Fatalf("worst case %s (bound %d), want %s (bound %d)", est.WorstCase, s.PromptBound(route, est.PromptTokens, 100), want, bound)
 	}
@@ -269,12 +270,12 @@ func TestBuiltinToolsArePriced(t *testing.T) {
 		t.Fatalf("chat web search: %+v", chat.Shape)
 	}
 	u := llm.Usage{PromptTokens: 500, CompletionTokens: 50, TotalTokens: 550}
-	if got, want := Bill(m.Price, &chat.Shape, u), m.Price.Cost(500, 0, 50)+10_000; got != want {
+	if got, want := Bill(m.Deployments[0].Price, &chat.Shape, u), m.Deployments[0].Price.Cost(500, 0, 50)+10_000; got != want {
 		t.Fatalf("chat web search billed %s, want %s", got, want)
 	}
 	// Tool calls as the answer reports them, each at its price.
 	u.ToolCalls = map[string]int64{llm.ToolWebSearch: 2}
-	if got, want := Bill(m.Price, &s, u), m.Price.Cost(500, 0, 50)+20_000; got != want {
+	if got, want := Bill(m.Deployments[0].Price, &s, u), m.Deployments[0].Price.Cost(500, 0, 50)+20_000; got != want {
 		t.Fatalf("two searches billed %s, want %s", got, want)
 	}
 	if why := Unbelievable(route, &s, est.PromptTokens, 100, llm.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15,
@@ -295,7 +296,7 @@ func TestUncountedContentIsBoundedByTheWindow(t *testing.T) {
 	m, _ := env.p.Model("gpt-4o")
 	est := env.mustEstimate(t, "standard", env.a, llm.EndpointResponses,
 		`{"model":"gpt-4o","max_output_tokens":50,"service_tier":"default","input":[{"role":"user","content":[{"type":"input_file","file_id":"file-1"},{"type":"input_text","text":"sum up"}]}]}`)
-	if est.Shape.Unbounded != "input[0].content[0]" || est.WorstCase != m.Price.WorstCase(128_000, 50) {
+	if est.Shape.Unbounded != "input[0].content[0]" || est.WorstCase != m.Deployments[0].Price.WorstCase(128_000, 50) {
 		t.Fatalf("a file: %+v, worst %s", est.Shape, est.WorstCase)
 	}
 	_, err := env.estimate(t, "standard", env.a, llm.EndpointChat,
@@ -355,7 +356,7 @@ func TestFollowUpsBelongToTheirTenant(t *testing.T) {
 
 	// A tier allowing foreign responses: one made elsewhere is the window.
 	foreign := env.mustEstimate(t, "open", env.b, llm.EndpointResponses, follow(`"input":"x","service_tier":"default","previous_response_id":"resp_elsewhere"`))
-	if foreign.Shape.Unbounded != "previous_response_id" || foreign.WorstCase != m.Price.WorstCase(128_000, 20) {
+	if foreign.Shape.Unbounded != "previous_response_id" || foreign.WorstCase != m.Deployments[0].Price.WorstCase(128_000, 20) {
 		t.Fatalf("a foreign follow-up: %+v, worst %s", foreign.Shape, foreign.WorstCase)
 	}
 	// ... but never another tenant's.
@@ -368,7 +369,7 @@ func TestFollowUpsBelongToTheirTenant(t *testing.T) {
 			t.Fatalf("%s: %v", unseen, err)
 		}
 		est := env.mustEstimate(t, "open", env.a, llm.EndpointResponses, follow(unseen))
-		if est.Shape.Unbounded == "" || est.WorstCase != m.Price.WorstCase(max(128_000, est.PromptTokens), 20) {
+		if est.Shape.Unbounded == "" || est.WorstCase != m.Deployments[0].Price.WorstCase(max(128_000, est.PromptTokens), 20) {
 			t.Fatalf("%s allowed: %+v, worst %s", unseen, est.Shape, est.WorstCase)
 		}
 	}

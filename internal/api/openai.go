@@ -90,7 +90,7 @@ func (a *syncAPI) listModels(w http.ResponseWriter, r *http.Request) error {
 	p := a.Policy.Current()
 	out := make([]model, 0, len(p.Models))
 	for _, m := range p.Models {
-		out = append(out, model{ID: m.Name, Object: "model", OwnedBy: m.Provider})
+		out = append(out, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	writeJSON(w, http.StatusOK, struct {
@@ -107,7 +107,7 @@ func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
 		return errorf(http.StatusNotFound, wire.TypeInvalidRequest, "model_not_found", "model",
 			"The model '%.100s' does not exist or is not served here.", id)
 	}
-	writeJSON(w, http.StatusOK, model{ID: m.Name, Object: "model", OwnedBy: m.Provider})
+	writeJSON(w, http.StatusOK, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
 	return nil
 }
 

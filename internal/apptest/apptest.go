@@ -382,7 +382,7 @@ func (a *App) Placement(id string) string {
 		a.t.Fatalf("job %s: %v", id, err)
 	}
 	if m, ok := a.Policy.Current().Model(j.Model); ok {
-		p, err := a.Queue.Placement(ctx, admission.QueueName(m), id)
+		p, err := a.Queue.Placement(ctx, m.Queue(), id)
 		if err != nil {
 			a.t.Fatal(err)
 		}
@@ -426,7 +426,7 @@ func (a *App) TaskCount() int {
 		}
 	}
 	for i := range a.Policy.Current().Models {
-		members, err := a.Redis.SMembers(ctx, a.Keys.FairMembers(admission.QueueName(&a.Policy.Current().Models[i]))).Result()
+		members, err := a.Redis.SMembers(ctx, a.Keys.FairMembers(a.Policy.Current().Models[i].Queue())).Result()
 		if err != nil {
 			a.t.Fatal(err)
 		}

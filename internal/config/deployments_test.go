@@ -73,8 +73,8 @@ func TestParsePolicyDeployments(t *testing.T) {
 			t.Errorf("deployments[%d] = %+v (%s), want %+v", i, d, d.Name(), w)
 		}
 		r := routes[i]
-		if r.Name != "gpt-4o" || r.Provider+"/"+r.Upstream != w.name || r.Limits != d.Limits || !reflect.DeepEqual(r.Price, w.price) ||
-			len(r.Deployments) != 1 || !reflect.DeepEqual(r.Deployments[0], d) || r.MaxOutputTokens != m.MaxOutputTokens {
+		if r.Model != m || r.Model.Name != "gpt-4o" || r.Provider+"/"+r.Upstream != w.name || r.Limits != d.Limits || !reflect.DeepEqual(r.Price, w.price) ||
+			r.Deployment != &m.Deployments[i] || r.MaxOutputTokens != m.MaxOutputTokens {
 			t.Errorf("routes[%d] = %+v, want deployment %s", i, r, w.name)
 		}
 		if got, ok := m.Route(w.name); !ok || got != r {
@@ -84,9 +84,10 @@ func TestParsePolicyDeployments(t *testing.T) {
 	if m.Deployments[2].Limits.Burst.String() != "1s" || m.Deployments[0].Limits.Burst != DefaultBurst {
 		t.Errorf("bursts = %v, %v", m.Deployments[2].Limits.Burst, m.Deployments[0].Limits.Burst)
 	}
-	// The model's own fields describe its first deployment.
-	if m.Provider != "openai" || m.Upstream != "gpt-4o" || m.Limits.RPM != 500 || !reflect.DeepEqual(m.Price, model) {
-		t.Errorf("model fields = %s/%s %+v %+v, want the first deployment's", m.Provider, m.Upstream, m.Limits, m.Price)
+	// The model is owned, for clients, by its first deployment's provider;
+	// its jobs wait in a queue of their own (several deployments).
+	if m.OwnedBy() != "openai" || m.Queue() != "model:gpt-4o" {
+		t.Errorf("owned by %s, queue %s", m.OwnedBy(), m.Queue())
 	}
 	if len(m.Fallbacks) != 1 || m.Fallbacks[0] != "gpt-4o-mini" {
 		t.Errorf("fallbacks = %v", m.Fallbacks)
@@ -97,7 +98,8 @@ func TestParsePolicyDeployments(t *testing.T) {
 	// The short form is one deployment.
 	mini, _ := p.Model("gpt-4o-mini")
 	if len(mini.Deployments) != 1 || mini.Deployments[0].Name() != "openai/gpt-4o-mini" || mini.Deployments[0].Weight != 1 ||
-		len(mini.Routes()) != 1 || mini.Routes()[0].Limits != mini.Limits || !reflect.DeepEqual(mini.Price, money.DefaultPrices["gpt-4o-mini"]) {
+		len(mini.Routes()) != 1 || mini.Routes()[0].Limits != mini.Deployments[0].Limits || !reflect.DeepEqual(mini.Deployments[0].Price, money.DefaultPrices["gpt-4o-mini"]) ||
+		mini.Queue() != "openai/gpt-4o-mini" {
 		t.Errorf("short form = %+v", mini)
 	}
 	if _, ok := m.Route("openai/gpt-4o-mini"); ok {

@@ -165,17 +165,12 @@ const (
 // names none.
 const DefaultMaxResponseBytes = 16 << 20
 
-// Model is a model clients may name in body.model.
-//
-// A model is served by one or more deployments (Deployments): each a
-// provider's upstream model (or Azure deployment) with its own limits. A
-// Model value describes one of them in Provider, Upstream, Price and Limits:
-// the policy's Model its first deployment, and each value of Routes its
-// own, so that what plans, limits and prices one call takes a *Model.
+// Model is a model clients may name in body.model, served by one or more
+// deployments (Deployments): each a provider's upstream model (or Azure
+// deployment) with its own limits and price. One call runs on one of them,
+// a Route.
 type Model struct {
-	Name     string // what clients send
-	Provider string // a Provider's name: the deployment's
-	Upstream string // the provider's id of the model (an Azure deployment's name). Defaults to Name.
+	Name string // what clients send
 
 	// Kind is chat or embedding. Defaults to embedding when the name or the
 	// upstream name contains "embedding", else chat.
@@ -197,14 +192,8 @@ type Model struct {
 	// max_tokens. Defaults to 4096; always 0 for embedding models.
 	MaxOutputTokens int64
 
-	// Price is the deployment's price: its own, else the model's, else
-	// money.DefaultPrices of the first deployment's upstream name (then of
-	// the name).
-	Price  money.Price
-	Limits Limits // the deployment's
-
 	// Deployments are the model's deployments, at least one, in the
-	// policy's order; on a value of Routes, only its own.
+	// policy's order.
 	Deployments []Deployment
 	// Fallbacks name the models a job of this one runs on when none of its
 	// deployments can take it (each paused or failing), or when the
@@ -212,14 +201,14 @@ type Model struct {
 	// fallback's own fallbacks are not followed.
 	Fallbacks []string
 
-	routes []Model // one per deployment
+	routes []Route // one per deployment
 }
 
 // Deployment is one place a model is served: a provider's upstream model
-// with the provider's limits for it, under one limiter scope (Name).
+// with the provider's limits and its price for it.
 type Deployment struct {
-	Provider string
-	Upstream string
+	Provider string // a Provider's name
+	Upstream string // the provider's id of the model (an Azure deployment's name). Defaults to the model's name.
 	Limits   Limits
 	// Order ranks deployments: a job goes to the lowest order that can
 	// take it now, so a provisioned deployment fills before pay-as-you-go.
@@ -228,50 +217,64 @@ type Deployment struct {
 	// Weight spreads jobs among deployments of the same order, in
 	// proportion. Defaults to 1.
 	Weight int
-	// Price is what a call on this deployment costs. Defaults to the
-	// model's.
+	// Price is what a call on this deployment costs: its own, else the
+	// model's, else money.DefaultPrices of the first deployment's upstream
+	// name (then of the model's name).
 	Price money.Price
 }
 
-// Name is the deployment's limiter scope: its provider's upstream model.
-// Every model with a deployment of the same provider and upstream shares
-// its limits, breaker and pause.
+// Name is the deployment's name, its provider's upstream model: the
+// limiter scope, breaker and pause of every model with a deployment of
+// the same provider and upstream, which share its limits.
 func (d *Deployment) Name() string { return d.Provider + "/" + d.Upstream }
 
-// Routes returns one Model per deployment, in the policy's order, each
-// describing that deployment.
-func (m *Model) Routes() []*Model {
-	out := make([]*Model, len(m.routes))
-	for i := range m.routes {
-		out[i] = &m.routes[i]
-	}
-	return out
+// Route is one deployment of a model: what one call is planned, limited,
+// priced and sent on. Its name is ambiguous on purpose: r.Model.Name is the
+// model's, r.Deployment.Name() the deployment's.
+type Route struct {
+	*Model
+	*Deployment
 }
+
+// Routes returns the model's routes, one per deployment, in the policy's
+// order.
+func (m *Model) Routes() []Route { return slices.Clone(m.routes) }
 
 // Route returns the route of m whose deployment is called name, if any.
-func (m *Model) Route(name string) (*Model, bool) {
-	for i := range m.routes {
-		if m.routes[i].Deployments[0].Name() == name {
-			return &m.routes[i], true
+func (m *Model) Route(name string) (Route, bool) {
+	for _, r := range m.routes {
+		if r.Deployment.Name() == name {
+			return r, true
 		}
 	}
-	return nil, false
+	return Route{}, false
 }
 
-// withRoutes fills m's routes and its own deployment fields from
-// Deployments[0].
-func (m *Model) withRoutes() {
-	m.routes = make([]Model, len(m.Deployments))
-	for i := range m.Deployments {
-		r := *m
-		d := &m.Deployments[i]
-		r.Provider, r.Upstream, r.Limits, r.Price = d.Provider, d.Upstream, d.Limits, d.Price
-		r.Deployments, r.routes = m.Deployments[i:i+1:i+1], nil
-		r.routes = []Model{r}
-		m.routes[i] = r
+// TokenizerModel is the upstream model whose tokenizer counts the model's
+// prompts: its first deployment's (deployments of one model serve one
+// upstream model, under names that may differ).
+func (m *Model) TokenizerModel() string { return m.Deployments[0].Upstream }
+
+// OwnedBy is the provider a client is told serves the model (OpenAI's
+// owned_by): its first deployment's.
+func (m *Model) OwnedBy() string { return m.Deployments[0].Provider }
+
+// Queue is the fair queue of m's jobs: its deployment's name when it has
+// one (every model on that deployment waits in one queue, as it shares one
+// limit), else one of its own, whose room is its deployments' together.
+func (m *Model) Queue() string {
+	if len(m.Deployments) == 1 {
+		return m.Deployments[0].Name()
 	}
-	first := m.routes[0]
-	m.Provider, m.Upstream, m.Limits, m.Price = first.Provider, first.Upstream, first.Limits, first.Price
+	return "model:" + m.Name
+}
+
+// withRoutes makes m's routes; m must not move after.
+func (m *Model) withRoutes() {
+	m.routes = make([]Route, len(m.Deployments))
+	for i := range m.Deployments {
+		m.routes[i] = Route{Model: m, Deployment: &m.Deployments[i]}
+	}
 }
 
 // Limits are the provider's rate limits of one model; 0 means no such limit.
@@ -376,19 +379,19 @@ func (p *Policy) Model(name string) (*Model, bool) {
 // BatchRoute returns the route of model name that batches offloaded to a
 // provider's Batch API go to: its first deployment, in order, whose
 // provider offers one. ok is false when none does.
-func (p *Policy) BatchRoute(name string) (route *Model, ok bool) {
+func (p *Policy) BatchRoute(name string) (route Route, ok bool) {
 	m, ok := p.models[name]
 	if !ok {
-		return nil, false
+		return Route{}, false
 	}
 	routes := m.Routes()
-	slices.SortStableFunc(routes, func(a, b *Model) int { return a.Deployments[0].Order - b.Deployments[0].Order })
+	slices.SortStableFunc(routes, func(a, b Route) int { return a.Order - b.Order })
 	for _, r := range routes {
 		if pr, ok := p.providers[r.Provider]; ok && pr.BatchAPI {
 			return r, true
 		}
 	}
-	return nil, false
+	return Route{}, false
 }
 
 // Provider returns the provider called name.
@@ -629,6 +632,7 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		p.Models[i] = m
 	}
 	for i := range p.Models {
+		p.Models[i].withRoutes() // in place: routes point to the model
 		p.models[p.Models[i].Name] = &p.Models[i]
 	}
 	p.Tiers = make([]Tier, len(raw.Tiers))
@@ -833,7 +837,6 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		seen[d.Name()] = i
 		m.Deployments = append(m.Deployments, d)
 	}
-	m.withRoutes()
 	return m, nil
 }
 

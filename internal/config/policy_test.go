@@ -75,7 +75,7 @@ func TestParsePolicyValid(t *testing.T) {
 	if p.GlobalDailyBudget != 100*money.PerDollar {
 		t.Errorf("GlobalDailyBudget = %v, want 100", p.GlobalDailyBudget)
 	}
-	m, ok := p.Model("gpt-4o-mini")
+	m, ok := onlyRoute(p, "gpt-4o-mini")
 	if !ok {
 		t.Fatal("Model(gpt-4o-mini) not found")
 	}
@@ -89,7 +89,7 @@ func TestParsePolicyValid(t *testing.T) {
 	if pr, _ := p.Provider("openai"); pr.Timeout != 30*time.Second || pr.APIKeyEnv != "OPENAI_API_KEY" || pr.MaxResponseBytes != DefaultMaxResponseBytes {
 		t.Errorf("openai = %+v", pr)
 	}
-	fast, _ := p.Model("fast")
+	fast, _ := onlyRoute(p, "fast")
 	if fast.Upstream != "llama-3-8b" || !reflect.DeepEqual(fast.Price, (money.Price{})) || fast.Limits.RPS != 5 {
 		t.Errorf("fast = %+v; want upstream llama-3-8b, free, 5 rps", fast)
 	}
@@ -107,7 +107,7 @@ func TestParsePolicyDefaults(t *testing.T) {
 		t.Errorf("local provider = %+v; want timeout %v and no key", local, DefaultProviderTimeout)
 	}
 
-	mini, _ := p.Model("gpt-4o-mini")
+	mini, _ := onlyRoute(p, "gpt-4o-mini")
 	if mini.Upstream != "gpt-4o-mini" {
 		t.Errorf("upstream = %q, want the name", mini.Upstream)
 	}
@@ -116,7 +116,7 @@ func TestParsePolicyDefaults(t *testing.T) {
 			mini.Kind, mini.MaxOutputTokens, mini.Encoding, DefaultMaxOutputTokens)
 	}
 
-	emb, _ := p.Model("text-embedding-3-small")
+	emb, _ := onlyRoute(p, "text-embedding-3-small")
 	if emb.Kind != KindEmbedding || emb.MaxOutputTokens != 0 {
 		t.Errorf("embedding model kind %q, max output %d; want embedding, 0", emb.Kind, emb.MaxOutputTokens)
 	}
@@ -163,7 +163,7 @@ func TestParsePolicyOptionalFields(t *testing.T) {
 	yml = strings.Replace(yml, "    soft_limit: 0.8\n", "", 1)
 	p := mustParse(t, yml)
 
-	m, _ := p.Model("gpt-4o-mini")
+	m, _ := onlyRoute(p, "gpt-4o-mini")
 	if m.Limits.RPS != 10 || m.Limits.Burst != 10*time.Second || m.Kind != KindChat || m.Encoding != "o200k_base" || m.MaxOutputTokens != 1000 {
 		t.Errorf("model = %+v", m)
 	}
@@ -254,10 +254,10 @@ func TestParsePolicyAnchors(t *testing.T) {
 	yml = strings.Replace(yml, "    limits: {tpm: 1000000}\n", "    limits: *lim\n", 1)
 	yml = strings.Replace(yml, "  - name: internal\n    unlimited: true\n", "  - name: internal\n    <<: {unlimited: true, priority: low}\n", 1)
 	p := mustParse(t, yml)
-	if m, _ := p.Model("fast"); m.Limits.RPM != 500 {
+	if m, _ := onlyRoute(p, "fast"); m.Limits.RPM != 500 {
 		t.Errorf("aliased rpm = %d, want 500", m.Limits.RPM)
 	}
-	if m, _ := p.Model("text-embedding-3-small"); m.Limits.TPM != 200000 {
+	if m, _ := onlyRoute(p, "text-embedding-3-small"); m.Limits.TPM != 200000 {
 		t.Errorf("aliased limits = %+v", m.Limits)
 	}
 	if tr, _ := p.Tier("internal"); !tr.Unlimited || tr.Priority != queue.Low {
@@ -621,7 +621,7 @@ func TestExamplePolicy(t *testing.T) {
 		t.Errorf("openai = %+v", openai)
 	}
 	for _, name := range []string{"gpt-4o-mini", "gpt-4o", "text-embedding-3-small"} {
-		m, ok := p.Model(name)
+		m, ok := onlyRoute(p, name)
 		if !ok {
 			t.Errorf("model %s missing", name)
 			continue
@@ -638,7 +638,7 @@ func TestExamplePolicy(t *testing.T) {
 			t.Errorf("model %s price %+v, built-in table says %+v", name, m.Price, money.DefaultPrices[name])
 		}
 	}
-	if m, _ := p.Model("gpt-4o"); m.Price.ServiceTiers["priority"].OutputPerMTok != 17_000_000 ||
+	if m, _ := onlyRoute(p, "gpt-4o"); m.Price.ServiceTiers["priority"].OutputPerMTok != 17_000_000 ||
 		m.Price.Tools["web_search"] != (money.ToolPrice{PerCall: 10_000, ResultTokens: 8000}) || m.ContextWindow != 128_000 || m.MaxToolCalls != DefaultMaxToolCalls {
 		t.Errorf("gpt-4o's tiers, tools, window: %+v, %d, %d", m.Price, m.ContextWindow, m.MaxToolCalls)
 	}
@@ -682,4 +682,14 @@ func TestExamplePolicy(t *testing.T) {
 	if p.GlobalDailyBudget != 0 {
 		t.Errorf("GlobalDailyBudget = %v, want 0 (the example leaves the cap commented out)", p.GlobalDailyBudget)
 	}
+}
+
+// onlyRoute is the route of model name's one deployment (the first of
+// several): what its tests read its price, limits and upstream on.
+func onlyRoute(p *Policy, name string) (Route, bool) {
+	m, ok := p.Model(name)
+	if !ok {
+		return Route{}, false
+	}
+	return m.Routes()[0], true
 }

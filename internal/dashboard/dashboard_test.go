@@ -96,7 +96,7 @@ func setupOn(t *testing.T, redisURL string) *fixture {
 		if i > 0 {
 			tokens = 100
 		}
-		res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: tokens})
+		res, err := a.Limiter.Reserve(ctx, admission.Scope(m.Routes()[0]), limiter.Cost{Requests: 1, Tokens: tokens})
 		if err != nil || !res.Allowed {
 			t.Fatalf("reserve: %v %+v", err, res)
 		}

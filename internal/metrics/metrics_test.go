@@ -148,7 +148,7 @@ func setup(t *testing.T) *scenario {
 	// counted a quarter more than llmq.
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
 	for range 3 {
-		res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: 500})
+		res, err := a.Limiter.Reserve(ctx, admission.Scope(m.Routes()[0]), limiter.Cost{Requests: 1, Tokens: 500})
 		if err != nil || !res.Allowed {
 			t.Fatalf("reserve: %v %+v", err, res)
 		}
@@ -160,7 +160,7 @@ func setup(t *testing.T) *scenario {
 
 	// Two jobs of the tenant wait in the model's fair queue.
 	for i := range 2 {
-		ref := queue.JobRef{ID: fmt.Sprintf("job_waiting%d", i), Priority: queue.Default, Scope: admission.ScopeName(m), TenantID: tenant, Cost: 100}
+		ref := queue.JobRef{ID: fmt.Sprintf("job_waiting%d", i), Priority: queue.Default, Scope: m.Routes()[0].Deployment.Name(), TenantID: tenant, Cost: 100}
 		if _, err := a.Queue.EnqueueJob(ctx, ref); err != nil {
 			t.Fatal(err)
 		}

@@ -32,10 +32,10 @@ type StateDeps struct {
 	// Queue reads the fair queues: the jobs waiting per tenant. Defaults to
 	// nil: no waiting jobs are shown.
 	Queue *queue.Client
-	// Scope is a model's limiter scope as the workers take permits from it
+	// Scope is a route's limiter scope as the workers take permits from it
 	// (with the limits the provider announced). Defaults to the policy's
 	// (admission.Scope).
-	Scope func(ctx context.Context, m *config.Model) limiter.Scope
+	Scope func(ctx context.Context, r config.Route) limiter.Scope
 }
 
 // StateOptions configure State.
@@ -163,14 +163,14 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 			if !ok {
 				var err error
 				if rd.res, err = s.d.Limiter.State(ctx, sc); err != nil {
-					return nil, fmt.Errorf("limiter state of model %s: %w", m.Name, err)
+					return nil, fmt.Errorf("limiter state of model %s: %w", m.Model.Name, err)
 				}
 				// What the buckets learned is shown when it can be read.
 				rd.learned, _ = s.d.Limiter.Inspect(ctx, sc)
 				byScope[sc.Name] = rd
 			}
 			res := rd.res
-			ml := ModelLevel{Model: m.Name, Provider: m.Provider, Scope: sc.Name, Buckets: res.Buckets, Paused: res.Penalized, Learned: rd.learned}
+			ml := ModelLevel{Model: m.Model.Name, Provider: m.Provider, Scope: sc.Name, Buckets: res.Buckets, Paused: res.Penalized, Learned: rd.learned}
 			if res.Penalized {
 				ml.PausedFor = res.RetryAfter
 			}
@@ -182,8 +182,8 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 
 // routes are the deployments of every model of p, a model's in the
 // policy's order.
-func routes(p *config.Policy) []*config.Model {
-	var out []*config.Model
+func routes(p *config.Policy) []config.Route {
+	var out []config.Route
 	for i := range p.Models {
 		out = append(out, p.Models[i].Routes()...)
 	}
@@ -335,7 +335,7 @@ func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 		for _, scope := range scopes {
 			model := scope
 			for i := range p.Models {
-				if admission.QueueName(&p.Models[i]) == scope {
+				if p.Models[i].Queue() == scope {
 					model = p.Models[i].Name
 					break
 				}

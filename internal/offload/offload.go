@@ -148,10 +148,11 @@ func Plain(s *admission.Shape) bool {
 }
 
 // batchRoute is route priced at its Batch API price.
-func batchRoute(route *config.Model) *config.Model {
-	r := *route
-	r.Price = route.Price.Batch()
-	return &r
+func batchRoute(route config.Route) config.Route {
+	d := *route.Deployment
+	d.Price = d.Price.Batch()
+	route.Deployment = &d
+	return route
 }
 
 // lineShape reads job j's shape for the provider's Batch API; ok is false
@@ -174,7 +175,7 @@ func (o *Offloader) lineShape(ctx context.Context, p *config.Policy, j *store.Jo
 
 // lineWorst is the most the provider's Batch API could bill job j of
 // shape s on route.
-func lineWorst(route *config.Model, s *admission.Shape, j *store.Job) money.Micros {
+func lineWorst(route config.Route, s *admission.Shape, j *store.Job) money.Micros {
 	_, worst := admission.Charge(batchRoute(route), s, limiter.Calibration{Factor: 1}, j.EstPromptTokens, j.EstMaxTokens)
 	return worst
 }
@@ -186,11 +187,11 @@ const LearnedQueueTTL = 6 * time.Hour
 
 // queueLimit is the deployment's batch queue limit: the policy's, else the
 // one learned from the provider's refusals; 0 when neither is known.
-func (o *Offloader) queueLimit(ctx context.Context, route *config.Model) (int64, error) {
+func (o *Offloader) queueLimit(ctx context.Context, route config.Route) (int64, error) {
 	if l := route.Limits.BatchQueueTokens; l > 0 {
 		return l, nil
 	}
-	v, err := o.Redis.Get(ctx, o.Keys.LearnedBatchQueue(route.Deployments[0].Name())).Int64()
+	v, err := o.Redis.Get(ctx, o.Keys.LearnedBatchQueue(route.Deployment.Name())).Int64()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil
 	}
@@ -221,7 +222,7 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 	}
 	type building struct {
 		part  store.BatchPart
-		route *config.Model
+		route config.Route
 		limit int64 // the deployment's batch queue limit; 0 unknown
 		jobs  []string
 	}
@@ -260,7 +261,7 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 				return err
 			}
 			bl = &building{route: route, limit: limit, part: store.BatchPart{BatchID: b.ID, TenantID: b.TenantID,
-				Model: j.Model, Deployment: route.Deployments[0].Name(), Endpoint: b.Endpoint}}
+				Model: j.Model, Deployment: route.Deployment.Name(), Endpoint: b.Endpoint}}
 			open[j.Model] = bl
 		}
 		size := lineSize(j)
@@ -367,7 +368,7 @@ type run struct {
 	part     *store.BatchPart
 	batch    *store.Batch
 	policy   *config.Policy
-	route    *config.Model
+	route    config.Route
 	api      llm.BatchAPI
 	provider *config.Provider
 	resumed  bool // the part was found mid-step (uploading, creating): look at the provider first

@@ -11,7 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -69,8 +68,8 @@ func NewLearned(rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logg
 
 // Scope returns m's limiter scope with the policy's limits lowered to what
 // the provider announced. A failure to read Redis keeps the policy's limits.
-func (l *Learned) Scope(ctx context.Context, m *config.Model) limiter.Scope {
-	e := l.entry(ctx, admission.ScopeName(m))
+func (l *Learned) Scope(ctx context.Context, m config.Route) limiter.Scope {
+	e := l.entry(ctx, m.Deployment.Name())
 	rpm, tpm := m.Limits.RPM, m.Limits.TPM
 	if e.rpm > 0 && (rpm == 0 || e.rpm < rpm) {
 		rpm = e.rpm
@@ -78,7 +77,7 @@ func (l *Learned) Scope(ctx context.Context, m *config.Model) limiter.Scope {
 	if e.tpm > 0 && (tpm == 0 || e.tpm < tpm) {
 		tpm = e.tpm
 	}
-	return limiter.ModelScope(admission.ScopeName(m), m.Limits.RPS, rpm, tpm, m.Limits.TPD, m.Limits.Burst)
+	return limiter.ModelScope(m.Deployment.Name(), m.Limits.RPS, rpm, tpm, m.Limits.TPD, m.Limits.Burst)
 }
 
 func (l *Learned) entry(ctx context.Context, scope string) learnedEntry {
@@ -121,7 +120,7 @@ func parseLimit(v any) int64 {
 // announced limits change and differ from the policy's (or stop differing),
 // it logs one line and tells the observer: once per change for the whole
 // fleet, since only the caller whose write changed Redis does.
-func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit) {
+func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit) {
 	rpm, tpm := int64(0), int64(0)
 	if rl.Known(llm.HasLimitRequests) {
 		rpm = rl.LimitRequests
@@ -132,7 +131,7 @@ func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit
 	if rpm == 0 && tpm == 0 {
 		return
 	}
-	scope := admission.ScopeName(m)
+	scope := m.Deployment.Name()
 	e := l.entry(ctx, scope)
 	now := l.now()
 	if e.rpm == rpm && e.tpm == tpm && now.Sub(e.written) < LearnedTTL/4 {
@@ -158,7 +157,7 @@ func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit
 	higher := raises(rpm, m.Limits.RPM) || raises(tpm, m.Limits.TPM)
 	differed := lowers(prevRPM, m.Limits.RPM) || lowers(prevTPM, m.Limits.TPM) ||
 		raises(prevRPM, m.Limits.RPM) || raises(prevTPM, m.Limits.TPM)
-	args := []any{"model", m.Name, "policy_rpm", m.Limits.RPM, "provider_rpm", rpm, "policy_tpm", m.Limits.TPM, "provider_tpm", tpm}
+	args := []any{"model", m.Model.Name, "policy_rpm", m.Limits.RPM, "provider_rpm", rpm, "policy_tpm", m.Limits.TPM, "provider_tpm", tpm}
 	switch {
 	case lower:
 		// The policy promises more than the account has: the buckets shrink.
@@ -171,7 +170,7 @@ func (l *Learned) Observe(ctx context.Context, m *config.Model, rl llm.RateLimit
 	default:
 		return
 	}
-	l.obs.LimitsLearned(m.Name, rpm, tpm)
+	l.obs.LimitsLearned(m.Model.Name, rpm, tpm)
 }
 
 // recordLearnedScript stores the limits a provider announced for one scope

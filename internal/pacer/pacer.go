@@ -150,7 +150,7 @@ func (p *Pacer) Limiter() *limiter.TokenBucket { return p.limiter }
 
 // Call is one provider call as the pacer counts it.
 type Call struct {
-	Model *config.Model
+	Route config.Route
 	// Scope is the model's scope with the limits the provider announced.
 	Scope limiter.Scope
 	// PromptTokens is llmq's estimate of the prompt, MaxTokens the most
@@ -175,16 +175,16 @@ type Call struct {
 
 // Plan returns the call a request of model m of shape s with llmq's
 // estimate of promptTokens and maxTokens makes now.
-func (p *Pacer) Plan(ctx context.Context, m *config.Model, s *admission.Shape, promptTokens, maxTokens int64) *Call {
+func (p *Pacer) Plan(ctx context.Context, m config.Route, s *admission.Shape, promptTokens, maxTokens int64) *Call {
 	scope := p.learned.Scope(ctx, m)
-	c := &Call{Model: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens, Shape: s,
+	c := &Call{Route: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens, Shape: s,
 		Calibration: p.Calibration(ctx, scope.Name), UnseenContext: s.Unseen()}
 	c.Cost, c.WorstCase = admission.Charge(m, s, c.Calibration, promptTokens, maxTokens)
 	return c
 }
 
 // Scope returns m's limiter scope with the limits the provider announced.
-func (p *Pacer) Scope(ctx context.Context, m *config.Model) limiter.Scope {
+func (p *Pacer) Scope(ctx context.Context, m config.Route) limiter.Scope {
 	return p.learned.Scope(ctx, m)
 }
 
@@ -225,7 +225,7 @@ func (p *Pacer) remember(scope string, c limiter.Calibration) {
 // Reserve takes the call's permit, refreshing its scope first: limits
 // learned while it waited apply to this try.
 func (p *Pacer) Reserve(ctx context.Context, c *Call) (*limiter.Result, error) {
-	c.Scope = p.learned.Scope(ctx, c.Model)
+	c.Scope = p.learned.Scope(ctx, c.Route)
 	return p.limiter.Reserve(ctx, c.Scope, c.Cost)
 }
 
@@ -283,7 +283,7 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 		rl = pe.RateLimit
 	}
 	if rl.Has != 0 {
-		p.learned.Observe(ctx, c.Model, rl)
+		p.learned.Observe(ctx, c.Route, rl)
 	}
 	fb.Observed = observed(c.Scope, rl)
 	if pe != nil && pe.Class == llm.ClassRateLimited {
@@ -292,15 +292,15 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 		fb.Evidence, fb.ShortWindow = evidence(c, pe, rl)
 		fb.BlockWindow = blockWindows(c, rl, fb.ShortWindow)
 		if len(fb.Evidence) > 0 {
-			p.obs.UnpredictedRateLimit(c.Model.Name, fb.Evidence)
+			p.obs.UnpredictedRateLimit(c.Route.Model.Name, fb.Evidence)
 		}
 		if len(fb.ShortWindow) > 0 {
-			p.obs.ShortWindowRateLimit(c.Model.Name, fb.ShortWindow)
+			p.obs.ShortWindowRateLimit(c.Route.Model.Name, fb.ShortWindow)
 		}
 	}
 	s, err := p.limiter.Settle(ctx, permit, fb)
 	if err != nil {
-		p.logger.Warn("settle rate limit", "model", c.Model.Name, "err", err)
+		p.logger.Warn("settle rate limit", "model", c.Route.Model.Name, "err", err)
 		return after
 	}
 	after.Settlement = s
@@ -335,9 +335,9 @@ func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int
 	}
 	wait = min(wait, p.opts.MaxRateLimitWait)
 	if err := p.limiter.Penalize(ctx, c.Scope, wait); err != nil {
-		p.logger.Warn("penalize scope", "model", c.Model.Name, "err", err)
+		p.logger.Warn("penalize scope", "model", c.Route.Model.Name, "err", err)
 	}
-	p.obs.Penalized(c.Model.Name, wait)
+	p.obs.Penalized(c.Route.Model.Name, wait)
 	return wait
 }
 

@@ -243,9 +243,11 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 	provider := sim.New(cfg)
 
 	factor := max(m.policy, 1)
-	model := &config.Model{Name: "gpt-4o-mini", Provider: "sim", Upstream: "gpt-4o-mini", Kind: config.KindChat,
-		MaxOutputTokens: 4096, Price: money.Price{InputPerMTok: 150_000, OutputPerMTok: 600_000},
-		Limits: config.Limits{RPM: factor * providerRPM, TPM: factor * providerTPM, Burst: config.DefaultBurst}}
+	model := &config.Model{Name: "gpt-4o-mini", Kind: config.KindChat, MaxOutputTokens: 4096,
+		Deployments: []config.Deployment{{Provider: "sim", Upstream: "gpt-4o-mini", Weight: 1,
+			Price:  money.Price{InputPerMTok: 150_000, OutputPerMTok: 600_000},
+			Limits: config.Limits{RPM: factor * providerRPM, TPM: factor * providerTPM, Burst: config.DefaultBurst}}}}
+	route := config.Route{Model: model, Deployment: &model.Deployments[0]}
 	rdb := testutil.Redis(t, redisDB)
 	keys := rkeys.New(testutil.Prefix(t))
 	tb := testutil.Must(limiter.NewTokenBucket(rdb, limiter.Options{Keys: keys, Clock: clock.Now, HoldInFlight: true}))
@@ -284,12 +286,12 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 		}
 		body, _ := json.Marshal(map[string]any{"model": model.Name,
 			"messages": []map[string]string{{"role": "user", "content": sb.String()}}, "max_tokens": maxTokens})
-		parsed, err := est.Parse(llm.EndpointChat, model.Upstream, "", body)
+		parsed, err := est.Parse(llm.EndpointChat, route.Upstream, "", body)
 		if err != nil {
 			t.Fatal(err)
 		}
 		*w = worker{body: body, prompt: parsed.PromptTokens, max: maxTokens, p: w.p, since: clock.Now()}
-		w.call = w.p.Plan(ctx, model, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max)
+		w.call = w.p.Plan(ctx, route, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max)
 	}
 	for i := range workers {
 		workers[i] = &worker{p: pacers[i%len(pacers)]}
@@ -338,7 +340,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 					// A worker puts the job back in its queue; it is planned
 					// again when it comes back.
 					schedule(ev.worker, now.Add(max(res.RetryAfter, time.Second)))
-					w.call, w.since = w.p.Plan(ctx, model, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max), now.Add(max(res.RetryAfter, time.Second))
+					w.call, w.since = w.p.Plan(ctx, route, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max), now.Add(max(res.RetryAfter, time.Second))
 					continue
 				}
 				schedule(ev.worker, now.Add(max(res.RetryAfter, time.Millisecond)))
@@ -356,7 +358,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 			status, header, body := w.x.Finish()
 			canned.resp = &http.Response{StatusCode: status, Header: header, Body: io.NopCloser(bytes.NewReader(body)),
 				ContentLength: int64(len(body))}
-			resp, err := client.Call(ctx, llm.Request{Endpoint: llm.EndpointChat, Upstream: model.Upstream, Body: w.body})
+			resp, err := client.Call(ctx, llm.Request{Endpoint: llm.EndpointChat, Upstream: route.Upstream, Body: w.body})
 			after := w.p.Done(ctx, w.call, w.permit, pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: w.rateLimited})
 			w.x, w.permit = nil, nil
 			if debugLoop != "" && m.name == debugLoop && after.Settlement != nil {
@@ -372,7 +374,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 				}
 				// The job comes back after the pause, and plans again.
 				w.rateLimited++
-				w.call, w.since = w.p.Plan(ctx, model, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max), now.Add(after.Wait)
+				w.call, w.since = w.p.Plan(ctx, route, &admission.Shape{Endpoint: llm.EndpointChat}, w.prompt, w.max), now.Add(after.Wait)
 				schedule(ev.worker, now.Add(after.Wait))
 				continue
 			}

@@ -378,7 +378,7 @@ func (r *Reconciler) requeueReleased(ctx context.Context, rep *Report) error {
 	}
 	if r.Policy != nil {
 		for i := range r.Policy.Current().Models {
-			scopes = append(scopes, admission.QueueName(&r.Policy.Current().Models[i]))
+			scopes = append(scopes, r.Policy.Current().Models[i].Queue())
 		}
 	}
 	slices.Sort(scopes)
@@ -456,9 +456,10 @@ func (r *Reconciler) pauseModels(ctx context.Context) {
 		return
 	}
 	for i := range r.Policy.Current().Models {
-		m := &r.Policy.Current().Models[i]
-		if err := r.Limiter.Penalize(ctx, admission.Scope(m), r.opts.LossPause); err != nil {
-			r.Logger.Warn("pause model after redis loss", "model", m.Name, "err", err)
+		for _, route := range r.Policy.Current().Models[i].Routes() {
+			if err := r.Limiter.Penalize(ctx, admission.Scope(route), r.opts.LossPause); err != nil {
+				r.Logger.Warn("pause a deployment after redis loss", "deployment", route.Deployment.Name(), "err", err)
+			}
 		}
 	}
 }

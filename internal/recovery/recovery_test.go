@@ -181,7 +181,7 @@ func TestRedisLossIsDetectedRequeuedAndModelsPaused(t *testing.T) {
 	})
 	// Every model is paused: the limiter's state was lost with Redis.
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
-	res, err := a.Limiter.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1})
+	res, err := a.Limiter.Reserve(ctx, admission.Scope(m.Routes()[0]), limiter.Cost{Requests: 1})
 	if err != nil || res.Allowed || !res.Penalized || res.RetryAfter < 30*time.Second {
 		t.Fatalf("reserve after the loss = %+v, %v; want paused", res, err)
 	}

@@ -20,7 +20,7 @@ func TestHeldRoomGoesFirst(t *testing.T) {
 	w.submit("a", "gpt-4o-mini", queue.Default, 2000, 250, 1)
 	w.run(20*time.Second, 100*time.Millisecond) // at the limit: 4 jobs a second
 	m, _ := w.a.Policy.Current().Model("gpt-4o-mini")
-	scope := admission.ScopeName(m)
+	scope := m.Routes()[0].Deployment.Name()
 	ctx := context.Background()
 	if err := w.a.Queue.Hold(ctx, scope, "sync-1", queue.Default, 250, 1, time.Minute); err != nil {
 		t.Fatal(err)
@@ -44,7 +44,7 @@ func TestHeldRoomGoesFirst(t *testing.T) {
 			t.Fatalf("with its room held, the request waited %s behind the backlog", waited)
 		}
 		w.run(100*time.Millisecond, 100*time.Millisecond)
-		res, err := w.tb.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: 250})
+		res, err := w.tb.Reserve(ctx, admission.Scope(m.Routes()[0]), limiter.Cost{Requests: 1, Tokens: 250})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,7 +22,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/pacer"
@@ -231,7 +230,7 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 	if err != nil || !paused {
 		return room, err
 	}
-	var fallbacks []*config.Model
+	var fallbacks []config.Route
 	for _, name := range m.Fallbacks {
 		if f, ok := p.Model(name); ok {
 			fallbacks = append(fallbacks, f.Routes()...)
@@ -246,7 +245,7 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 
 // sumRoom is the room of routes together; paused is true when every one of
 // them is paused.
-func (s *Scheduler) sumRoom(ctx context.Context, routes []*config.Model) (room queue.Room, paused bool, err error) {
+func (s *Scheduler) sumRoom(ctx context.Context, routes []config.Route) (room queue.Room, paused bool, err error) {
 	room, paused = queue.Room{MaxOutstanding: s.o.MaxOutstanding}, true
 	for i, r := range routes {
 		rr, err := s.routeRoom(ctx, r)
@@ -269,9 +268,9 @@ func (s *Scheduler) sumRoom(ctx context.Context, routes []*config.Model) (room q
 // (what it holds, bounded by its burst) plus its refill in Lookahead, and
 // likewise for requests; none while a 429 or a fault pauses it. Room that
 // synchronous requests hold is not released to async jobs.
-func (s *Scheduler) routeRoom(ctx context.Context, m *config.Model) (routeRoom, error) {
+func (s *Scheduler) routeRoom(ctx context.Context, r config.Route) (routeRoom, error) {
 	room := routeRoom{Room: queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1)}}
-	sc := s.d.Pacer.Scope(ctx, m)
+	sc := s.d.Pacer.Scope(ctx, r)
 	st, err := s.d.Pacer.Limiter().State(ctx, sc)
 	if err != nil {
 		return room, err
@@ -322,7 +321,7 @@ type routeRoom struct {
 // modelOf returns the first model of p whose fair queue is scope.
 func modelOf(p *config.Policy, scope string) *config.Model {
 	for i := range p.Models {
-		if admission.QueueName(&p.Models[i]) == scope {
+		if p.Models[i].Queue() == scope {
 			return &p.Models[i]
 		}
 	}

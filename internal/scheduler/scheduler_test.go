@@ -105,7 +105,7 @@ func (w *world) submit(tenant, model, q string, n int, cost int64, share float64
 	ids := make([]string, n)
 	for i := range refs {
 		ids[i] = fmt.Sprintf("job_%s_%s_%d_%d", tenant, model, len(w.queuedAt), i)
-		refs[i] = queue.JobRef{ID: ids[i], Priority: q, Scope: admission.QueueName(m), TenantID: tenant, Cost: cost, Share: share}
+		refs[i] = queue.JobRef{ID: ids[i], Priority: q, Scope: m.Queue(), TenantID: tenant, Cost: cost, Share: share}
 		w.queuedAt[ids[i]] = w.clock.Now()
 		w.tenantOf[ids[i]], w.modelOf[ids[i]], w.cost[ids[i]] = tenant, model, cost
 	}
@@ -153,7 +153,7 @@ func (w *world) permit(id string) bool {
 	ctx := context.Background()
 	m, _ := w.a.Policy.Current().Model(w.modelOf[id])
 	cost := w.cost[id]
-	res, err := w.tb.Reserve(ctx, admission.Scope(m), limiter.Cost{Requests: 1, Tokens: cost})
+	res, err := w.tb.Reserve(ctx, admission.Scope(m.Routes()[0]), limiter.Cost{Requests: 1, Tokens: cost})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func (w *world) permit(id string) bool {
 		}
 		return false
 	}
-	if err := w.a.Queue.Started(ctx, admission.ScopeName(m), id); err != nil {
+	if err := w.a.Queue.Started(ctx, m.Routes()[0].Deployment.Name(), id); err != nil {
 		w.t.Fatal(err)
 	}
 	if _, err := w.tb.Settle(ctx, res.Reservation, limiter.Feedback{}); err != nil {
@@ -177,7 +177,7 @@ func (w *world) permit(id string) bool {
 // placement is where a job the world queued is in its fair queue.
 func (w *world) placement(id string) string {
 	m, _ := w.a.Policy.Current().Model(w.modelOf[id])
-	p, err := w.a.Queue.Placement(context.Background(), admission.ScopeName(m), id)
+	p, err := w.a.Queue.Placement(context.Background(), m.Routes()[0].Deployment.Name(), id)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestAcrossModels(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
 	mini, _ := w.a.Policy.Current().Model("gpt-4o-mini")
-	if err := w.tb.Penalize(ctx, admission.Scope(mini), time.Hour); err != nil {
+	if err := w.tb.Penalize(ctx, admission.Scope(mini.Routes()[0]), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	paused := w.submit("a", "gpt-4o-mini", queue.Default, 50, 250, 1)
@@ -285,12 +285,12 @@ func TestOneSchedulerAtATime(t *testing.T) {
 	held := holder()
 	go func() { second.Run(ctx); close(done2) }()
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
-	ref := queue.JobRef{ID: "job_x", Priority: queue.Default, Scope: admission.ScopeName(m), TenantID: "a", Cost: 10}
+	ref := queue.JobRef{ID: "job_x", Priority: queue.Default, Scope: m.Routes()[0].Deployment.Name(), TenantID: "a", Cost: 10}
 	if _, err := a.Queue.EnqueueJob(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 5*time.Second, func() bool {
-		p, _ := a.Queue.Placement(ctx, admission.ScopeName(m), "job_x")
+		p, _ := a.Queue.Placement(ctx, m.Routes()[0].Deployment.Name(), "job_x")
 		return p == "released"
 	})
 	if holder() != held {

@@ -65,7 +65,7 @@ func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) ver
 // after this one call, charged the bound (admission.Disbelieved), since
 // the provider bills what it bills.
 func (r *run) judge(resp *llm.Response, pe *llm.Error) verdict {
-	route, s := r.call.Model, &r.shape
+	route, s := r.call.Route, &r.shape
 	worst := verdict{
 		usage: llm.Usage{PromptTokens: max(r.call.Calibration.Apply(r.call.PromptTokens), r.call.PromptTokens),
 			CompletionTokens: r.call.MaxTokens},

@@ -83,7 +83,7 @@ func TestProviderUsageIsChecked(t *testing.T) {
 				// most it could be billed, the model's 128,000-token context
 				// window read and its max_tokens produced, at its price.
 				m, _ := a.Policy.Current().Model("gpt-4o-mini")
-				want = m.Price.WorstCase(m.ContextWindow, 5)
+				want = m.Deployments[0].Price.WorstCase(m.ContextWindow, 5)
 				if j.PromptTokens != m.ContextWindow {
 					t.Fatalf("usage recorded %d prompt tokens, want the bound's %d", j.PromptTokens, m.ContextWindow)
 				}

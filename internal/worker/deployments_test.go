@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -181,7 +182,7 @@ func TestDeploymentFailover(t *testing.T) {
 			}
 			m, _ := d.Policy.Current().Model("gpt-4o-mini")
 			route, _ := m.Route("a/gpt-4o-mini")
-			st, err := d.Limiter.State(context.Background(), scopeOf(route))
+			st, err := d.Limiter.State(context.Background(), admission.Scope(route))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -204,9 +205,9 @@ func TestDeploymentFailover(t *testing.T) {
 
 // clearPause forgets route's limiter state (its pause), as if the pause
 // and the probe after it had passed (the limiter's tests show the probe).
-func clearPause(t *testing.T, d *deployments, route *config.Model) {
+func clearPause(t *testing.T, d *deployments, route config.Route) {
 	t.Helper()
-	if err := d.Redis.Del(context.Background(), d.Keys.LimiterScope(scopeOf(route).Name)).Err(); err != nil {
+	if err := d.Redis.Del(context.Background(), d.Keys.LimiterScope(admission.Scope(route).Name)).Err(); err != nil {
 		t.Fatal(err)
 	}
 }

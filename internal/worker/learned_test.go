@@ -82,7 +82,7 @@ func TestLearnedLimitsDisagreementIsLoggedOncePerChange(t *testing.T) {
 	}
 	one, other := newWorker(), newWorker()
 	announce := func(w proc, rpm, tpm int64) {
-		w.l.Observe(ctx, m, llm.RateLimit{LimitRequests: rpm, LimitTokens: tpm, Has: llm.HasLimitRequests | llm.HasLimitTokens})
+		w.l.Observe(ctx, m.Routes()[0], llm.RateLimit{LimitRequests: rpm, LimitTokens: tpm, Has: llm.HasLimitRequests | llm.HasLimitTokens})
 	}
 	expect := func(w proc, name string, lines int, level, msg string, calls [][2]int64) {
 		t.Helper()
@@ -93,7 +93,7 @@ func TestLearnedLimitsDisagreementIsLoggedOncePerChange(t *testing.T) {
 		if lines > 0 {
 			last := got[lines-1]
 			if last["level"] != level || !strings.Contains(last["msg"].(string), msg) || last["model"] != m.Name ||
-				last["policy_rpm"] != float64(m.Limits.RPM) || last["policy_tpm"] != float64(m.Limits.TPM) ||
+				last["policy_rpm"] != float64(m.Deployments[0].Limits.RPM) || last["policy_tpm"] != float64(m.Deployments[0].Limits.TPM) ||
 				last["provider_rpm"] != float64(calls[len(calls)-1][0]) || last["provider_tpm"] != float64(calls[len(calls)-1][1]) {
 				t.Fatalf("%s: log line %v, want %s %q with the model, the policy's and the provider's limits", name, last, level, msg)
 			}

@@ -22,7 +22,7 @@ import (
 // to their weights), then its fallbacks' deployments, and the deployments
 // that failed it on this run.
 type router struct {
-	primary, fallbacks []*config.Model
+	primary, fallbacks []config.Route
 	failed             map[string]bool
 	// onFallback is set once the model's own deployments cannot serve the
 	// job: each unavailable, or the request too long for it.
@@ -45,23 +45,23 @@ func newRouter(p *config.Policy, m *config.Model, own []string, s *admission.Sha
 }
 
 // servable are the routes that can serve s.
-func servable(routes []*config.Model, s *admission.Shape) []*config.Model {
-	return slices.DeleteFunc(routes, func(r *config.Model) bool { return admission.Serves(r, s) != nil })
+func servable(routes []config.Route, s *admission.Shape) []config.Route {
+	return slices.DeleteFunc(routes, func(r config.Route) bool { return admission.Serves(r, s) != nil })
 }
 
 // ordered sorts routes by their deployment's order and, among equals, at
 // random with each deployment's weight as its odds of going first
 // (Efraimidis and Spirakis's weighted sampling: the key u^(1/w)).
-func ordered(routes []*config.Model) []*config.Model {
+func ordered(routes []config.Route) []config.Route {
 	if len(routes) < 2 {
 		return routes
 	}
-	keys := make(map[*config.Model]float64, len(routes))
+	keys := make(map[string]float64, len(routes))
 	for _, r := range routes {
-		keys[r] = math.Pow(rand.Float64(), 1/float64(r.Deployments[0].Weight))
+		keys[r.Deployment.Name()] = math.Pow(rand.Float64(), 1/float64(r.Weight))
 	}
-	slices.SortStableFunc(routes, func(a, b *config.Model) int {
-		return cmp.Or(cmp.Compare(a.Deployments[0].Order, b.Deployments[0].Order), cmp.Compare(keys[b], keys[a]))
+	slices.SortStableFunc(routes, func(a, b config.Route) int {
+		return cmp.Or(cmp.Compare(a.Order, b.Order), cmp.Compare(keys[b.Deployment.Name()], keys[a.Deployment.Name()]))
 	})
 	return routes
 }
@@ -69,7 +69,7 @@ func ordered(routes []*config.Model) []*config.Model {
 // candidates are the routes to try now: the model's deployments that have
 // not failed this run, or, when none is left or the run is on its
 // fallbacks, the fallbacks' that have not.
-func (rt *router) candidates() []*config.Model {
+func (rt *router) candidates() []config.Route {
 	if !rt.onFallback {
 		if c := rt.usable(rt.primary); len(c) > 0 {
 			return c
@@ -78,10 +78,10 @@ func (rt *router) candidates() []*config.Model {
 	return rt.usable(rt.fallbacks)
 }
 
-func (rt *router) usable(routes []*config.Model) []*config.Model {
-	out := make([]*config.Model, 0, len(routes))
+func (rt *router) usable(routes []config.Route) []config.Route {
+	out := make([]config.Route, 0, len(routes))
 	for _, r := range routes {
-		if !rt.failed[admission.ScopeName(r)] {
+		if !rt.failed[r.Deployment.Name()] {
 			out = append(out, r)
 		}
 	}
@@ -95,8 +95,8 @@ func (rt *router) several() bool { return len(rt.primary)+len(rt.fallbacks) > 1 
 
 // fail marks route failed for this run and reports whether another route
 // is left to try.
-func (rt *router) fail(route *config.Model) bool {
-	rt.failed[admission.ScopeName(route)] = true
+func (rt *router) fail(route config.Route) bool {
+	rt.failed[route.Deployment.Name()] = true
 	return len(rt.candidates()) > 0
 }
 
@@ -201,7 +201,7 @@ func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	route := r.call.Model
+	route := r.call.Route
 	switch {
 	case contextTooLong(pe):
 		return r.routes.toFallbacks()
@@ -215,7 +215,7 @@ func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
 		r.routes.allDown = true
 		return false
 	}
-	r.log.Debug("failing over", "deployment", admission.ScopeName(route), "status", pe.StatusCode, "err", pe.Message)
-	r.h.Observer.Failover(route.Name, admission.ScopeName(route))
+	r.log.Debug("failing over", "deployment", route.Deployment.Name(), "status", pe.StatusCode, "err", pe.Message)
+	r.h.Observer.Failover(route.Model.Name, route.Deployment.Name())
 	return true
 }

@@ -151,11 +151,11 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		if err := r.syncPermit(ctx, c.Deadline); err != nil {
 			return nil, err
 		}
-		route := r.call.Model
+		route := r.call.Route
 		name := r.call.Scope.Name
 		provider, ok := h.Providers.Get(route.Provider)
 		if !ok {
-			return nil, fmt.Errorf("the provider '%s' of model '%s' is not configured", route.Provider, route.Name)
+			return nil, fmt.Errorf("the provider '%s' of model '%s' is not configured", route.Provider, route.Model.Name)
 		}
 		// From here the call is the client's whether or not it stays.
 		callCtx := context.WithoutCancel(ctx)
@@ -168,7 +168,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 		if pe != nil {
 			status = pe.StatusCode
 		}
-		h.Observer.ProviderCall(name, route.Name, status, time.Since(began))
+		h.Observer.ProviderCall(name, route.Model.Name, status, time.Since(began))
 		outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 		if err == nil || answered2xx(pe) {
 			// An answer without usage (a stream without its usage chunk,

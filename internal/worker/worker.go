@@ -225,7 +225,7 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 	}
 	if !started {
 		if m, ok := h.Policy.Current().Model(job.Model); ok {
-			h.leftFairQueue(ctx, admission.QueueName(m), job.ID)
+			h.leftFairQueue(ctx, m.Queue(), job.ID)
 		}
 		h.Logger.Debug("job already finished", "job", id, "status", job.Status)
 		return h.settleFinished(ctx, job)
@@ -296,7 +296,7 @@ func (r *run) do(ctx context.Context) error {
 		return r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)}, nil)
 	}
-	r.scope = admission.QueueName(m)
+	r.scope = m.Queue()
 	tenant, err := h.tenants.get(ctx, h.Store, r.job.TenantID)
 	if err != nil {
 		return fmt.Errorf("load tenant %s: %w", r.job.TenantID, err)
@@ -345,13 +345,13 @@ func (r *run) do(ctx context.Context) error {
 // with err.
 func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	h := r.h
-	route := r.call.Model
+	route := r.call.Route
 	name := r.call.Scope.Name
 	provider, ok := h.Providers.Get(route.Provider)
 	if !ok {
 		r.releaseAll(ctx)
 		return false, r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
-			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Name)}, nil)
+			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Model.Name)}, nil)
 	}
 	began := time.Now()
 	resp, err := provider.Call(ctx, r.shape.Request(route, r.job.Request))
@@ -363,7 +363,7 @@ func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	if pe != nil {
 		status = pe.StatusCode
 	}
-	h.Observer.ProviderCall(name, route.Name, status, time.Since(began))
+	h.Observer.ProviderCall(name, route.Model.Name, status, time.Since(began))
 	outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 	if err == nil || answered2xx(pe) {
 		h.breakers.Record(name, false)
@@ -436,7 +436,7 @@ func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier 
 	}
 	r.stores = b.StoresResponse()
 	r.routes = newRouter(p, m, r.job.Fallbacks, &r.shape)
-	r.call = r.h.Pacer.Plan(ctx, m, &r.shape, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	r.call = r.h.Pacer.Plan(ctx, r.routes.candidates()[0], &r.shape, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	r.worst = admission.WorstCase(p, m, fallbacks, &r.shape, r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
 	return nil, nil
 }
@@ -543,7 +543,7 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay,
 		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
 		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost, UsageEstimated: v.estimated, Failed: v.failed,
-		Deployment: r.call.Scope.Name, ServedModel: r.call.Model.Name,
+		Deployment: r.call.Scope.Name, ServedModel: r.call.Route.Model.Name,
 	}
 	if resp != nil {
 		p.ResponseStatus, p.ResponseBody, p.ProviderRequestID = resp.StatusCode, resp.Body, resp.RequestID

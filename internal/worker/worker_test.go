@@ -74,7 +74,7 @@ func TestChatAndEmbeddingJobsSucceedAndAreChargedExactly(t *testing.T) {
 			t.Fatalf("job %s: status %s attempts %d response %d", id, j.Status, j.Attempts, j.ResponseStatus)
 		}
 		m, _ := p.Model(j.Model)
-		want := m.Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+		want := m.Deployments[0].Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
 		if j.Cost != want || j.Cost <= 0 {
 			t.Fatalf("job %s cost %d, want %d (= usage × price)", id, j.Cost, want)
 		}
@@ -475,7 +475,7 @@ func TestLearnedLimitsShrinkAndGrowBack(t *testing.T) {
 	m, _ := a.Policy.Current().Model("gpt-4o-mini")
 	limits := func() map[string]int64 {
 		out := map[string]int64{}
-		for _, b := range learned.Scope(ctx, m).Buckets {
+		for _, b := range learned.Scope(ctx, m.Routes()[0]).Buckets {
 			out[b.Name] = b.Limit
 		}
 		return out
