@@ -24,7 +24,7 @@
 // same at a few thousand lines; the figures and the command are in
 // docs/BENCHMARKS.md.
 //
-//	go run ./bench/batchscale
+//	go -C bench run ./batchscale
 package main
 
 import (

@@ -10,7 +10,7 @@
 // -global-cap-usd) each live on one. The numbers and the command are in
 // docs/BENCHMARKS.md.
 //
-//	go run ./bench/cluster -jobs 4000 -rounds 3
+//	go -C bench run ./cluster -jobs 4000 -rounds 3
 //
 // The cluster is the one scripts/services starts (TEST_REDIS_CLUSTER_URL);
 // on one machine its three servers share its cores with the single node's

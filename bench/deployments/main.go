@@ -30,8 +30,8 @@
 // its job at the price of the deployment (and model) that answered, to the
 // micro-dollar. The numbers and the command are in docs/BENCHMARKS.md.
 //
-//	go run ./bench/deployments            # about 20 minutes
-//	go run ./bench/deployments -quick     # about 4 minutes
+//	go -C bench run ./deployments            # about 20 minutes
+//	go -C bench run ./deployments -quick     # about 4 minutes
 package main
 
 import (

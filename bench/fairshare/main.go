@@ -8,8 +8,8 @@
 // the issue, the fair stack's figure, the baseline's, and whether the
 // target was met. The numbers and the command are in docs/BENCHMARKS.md.
 //
-//	go run ./bench/fairshare             # ~10 minutes
-//	go run ./bench/fairshare -quick      # ~5 minutes, smaller backlogs and windows (too short for the targets of share and priorities)
+//	go -C bench run ./fairshare             # ~10 minutes
+//	go -C bench run ./fairshare -quick      # ~5 minutes, smaller backlogs and windows (too short for the targets of share and priorities)
 package main
 
 import (

@@ -25,7 +25,7 @@
 // 95 % of its rate or more. The numbers and the command are in
 // docs/BENCHMARKS.md.
 //
-//	go run ./bench/offload -lines 10000
+//	go -C bench run ./offload -lines 10000
 package main
 
 import (

@@ -10,7 +10,7 @@
 // workers running), it reports the latency of POST /v1/jobs on both. The
 // numbers and the command that produced them are in docs/BENCHMARKS.md.
 //
-//	go run ./bench/pipeline -jobs 3000 -rounds 3
+//	go -C bench run ./pipeline -jobs 3000 -rounds 3
 package main
 
 import (

@@ -33,9 +33,9 @@
 // targets, and what llmq learned in each scenario. The numbers and the
 // command that produced them are in docs/BENCHMARKS.md.
 //
-//	go run ./bench/ratelimit            # about 22 minutes
-//	go run ./bench/ratelimit -quick     # 30 s per scenario
-//	go run ./bench/ratelimit -responses 0,0.5   # each scenario chat-only, then mixed
+//	go -C bench run ./ratelimit            # about 22 minutes
+//	go -C bench run ./ratelimit -quick     # 30 s per scenario
+//	go -C bench run ./ratelimit -responses 0,0.5   # each scenario chat-only, then mixed
 package main
 
 import (

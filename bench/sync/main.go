@@ -5,7 +5,7 @@
 // the first streamed chunk, for both paths and their difference
 // (docs/BENCHMARKS.md).
 //
-// Usage: go run ./bench/sync [-n 300] [-latency 20ms]
+// Usage: go -C bench run ./sync [-n 300] [-latency 20ms]
 //
 // It needs Redis and PostgreSQL (LLMQ_BENCH_REDIS_URL, LLMQ_BENCH_DATABASE_URL,
 // defaulting to the local test services) and uses Redis DB 10 of it.

@@ -79,14 +79,22 @@ type build struct {
 	users    int // guarded by builds
 }
 
-// buildCommand builds ./cmd/name into a temporary directory.
+// buildCommand builds ./cmd/name into a temporary directory. It builds in
+// llmq's own module, where the benchmarks' module replaces it, so the binary
+// is built as the product is, with the product's go.mod.
 func buildCommand(ctx context.Context, name string) (bin, dir string, err error) {
+	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/llmq/llmq").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("find llmq's module: %w", err)
+	}
 	dir, err = os.MkdirTemp("", "llmq-bench-")
 	if err != nil {
 		return "", "", err
 	}
 	bin = filepath.Join(dir, name)
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/llmq/llmq/cmd/"+name).CombinedOutput()
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/"+name)
+	build.Dir = strings.TrimSpace(string(root))
+	out, err := build.CombinedOutput()
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return "", "", fmt.Errorf("build the %s: %w\n%s", name, err, out)
