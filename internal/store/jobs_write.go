@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -29,7 +30,7 @@ type JobInsertParams struct {
 	Queue    string
 	// Status is queued when empty. It is never terminal, except failed
 	// with an Error: a batch line refused at validation, stored finished so
-	// that a batch's counts, error file and line order all come from its jobs.
+	// that a batch's counts, error file and line order come from its jobs.
 	Status JobStatus
 	// Error is why a job inserted as failed was refused; only with Status failed.
 	Error *JobError
@@ -57,9 +58,7 @@ var jobInsertColumns = []string{"id", "tenant_id", "batch_id", "line_no", "custo
 
 func (p *JobInsertParams) validate(method string) error {
 	refused := p.Status == JobFailed && p.Error != nil
-	err := errors.Join(required(method, "TenantID", p.TenantID), required(method, "Endpoint", p.Endpoint),
-		required(method, "Queue", p.Queue))
-	if err != nil {
+	if err := required(method, "TenantID", p.TenantID, "Endpoint", p.Endpoint, "Queue", p.Queue); err != nil {
 		return err
 	}
 	// A refused line may name no model, or not even be JSON.
@@ -89,10 +88,7 @@ func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 	if p.BatchID != "" {
 		line = int64(p.LineNo)
 	}
-	status := p.Status
-	if status == "" {
-		status = JobQueued
-	}
+	status := cmp.Or(p.Status, JobQueued)
 	request := p.Request
 	if len(request) == 0 {
 		request = json.RawMessage("null")
@@ -115,12 +111,8 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 	if err := p.validate("JobInsert"); err != nil {
 		return nil, false, err
 	}
-	id := p.ID
-	if id == "" {
-		id = ids.New(ids.Job)
-	}
 	var a args
-	vals := a.list(p.values(db.d, id, db.d.ts(db.nowUTC()))...)
+	vals := a.list(p.values(db.d, cmp.Or(p.ID, ids.New(ids.Job)), db.d.ts(db.nowUTC()))...)
 	// The conflict target names the partial unique index, so only an
 	// idempotency key is absorbed; any other conflict is an error.
 	j, err := db.queryJobGrouped(ctx, "insert", `
@@ -135,7 +127,7 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 	}
 	// The key was taken (the conflicting insert has committed: both
 	// backends wait for it before reporting the conflict).
-	j, err = getJob(ctx, db.rw, whereIdempotencyKey, p.TenantID, p.IdempotencyKey)
+	j, err = scanJob(db.rw.queryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+whereIdempotencyKey, p.TenantID, p.IdempotencyKey))
 	if err != nil {
 		return nil, false, fmt.Errorf("store: JobInsert: read the job of idempotency key: %w", err)
 	}
@@ -150,9 +142,8 @@ type JobInsertManyParams struct {
 	Jobs []*JobInsertParams
 }
 
-// JobInsertMany creates many jobs at once (a batch's lines): COPY on
-// Postgres, multi-row INSERTs in one transaction on SQLite. All or nothing.
-// It returns the ids in the order of p.Jobs. Ids it makes are handed out in
+// JobInsertMany creates many jobs at once (a batch's lines), all or nothing,
+// and returns the ids in the order of p.Jobs. Ids it makes are handed out in
 // ascending order, so within one call id order is input order. Idempotency
 // keys are not supported here; a batch line already inserted (same BatchID
 // and LineNo) is ErrConflict, so a retried insert never duplicates.
@@ -215,8 +206,8 @@ func (db *DB) transition(ctx context.Context, kind, update string, a args, id, t
 	}
 	// By the primary key alone, the tenant compared here (JobGetForTenant
 	// says why).
-	j, err = getJob(ctx, db.rw, `id = $1`, id)
-	if errors.Is(err, sql.ErrNoRows) || err == nil && tenantID != "" && j.TenantID != tenantID {
+	j, err = getOne(ctx, db.rw, scanJob, "job", id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
+	if err == nil && tenantID != "" && j.TenantID != tenantID {
 		return nil, false, notFound("job", id)
 	}
 	return j, false, err
@@ -224,16 +215,13 @@ func (db *DB) transition(ctx context.Context, kind, update string, a args, id, t
 
 // JobStart marks a job running as a worker picks it up: from queued,
 // waiting, deferred or running (a redelivery after a crash), stamping
-// started_at the first time, and returns it (the worker's one read of the
-// job). A terminal job is returned unchanged with started=false: the
-// worker acknowledges the task and does nothing else.
+// started_at the first time, and returns it. A terminal job is returned
+// unchanged with started=false.
 //
 // worker is the worker process starting it (its lease, WorkerBeat), or ""
 // for a process that holds no lease (a synchronous request's). While
 // another worker that still beats holds the job, it is not started either:
-// that is a second delivery of a job whose first is still running (asynq
-// recovering a task Redis's failover lost the lease of, or the task of a
-// job handed off from a worker taken for dead).
+// that is a second delivery of a job whose first is still running.
 func (db *DB) JobStart(ctx context.Context, id, worker string) (job *Job, started bool, err error) {
 	var a args
 	now := db.nowUTC()
@@ -272,12 +260,9 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 	if len(p.From) == 0 {
 		return nil, false, errors.New("store: JobSetStatus: From is empty")
 	}
-	from := make([]any, len(p.From))
-	for i, s := range p.From {
-		if !s.Valid() || s.Terminal() {
-			return nil, false, fmt.Errorf("store: JobSetStatus: From[%d] %q: only unfinished statuses can change", i, s)
-		}
-		from[i] = string(s)
+	from, err := unfinished("JobSetStatus", "From", p.From)
+	if err != nil {
+		return nil, false, err
 	}
 	var a args
 	now := a.add(db.d.ts(db.nowUTC()))
@@ -316,11 +301,9 @@ func (db *DB) incr(ctx context.Context, col, id string) (int, error) {
 // JobCompleteParams are a provider's successful answer to a job.
 type JobCompleteParams struct {
 	ID string
-	// Day is the budget day the spend belongs to, "YYYY-MM-DD", as the
-	// budget package reckons it (from Redis time, in the reset's zone).
+	// Day is the budget day the spend belongs to, "YYYY-MM-DD".
 	Day string
-	// GlobalDay is the UTC day the spend counts toward the global cap;
-	// defaults to Day (a tier on UTC).
+	// GlobalDay is the UTC day of the global cap; defaults to Day.
 	GlobalDay         string
 	ResponseStatus    int // default 200
 	ResponseBody      json.RawMessage
@@ -330,27 +313,22 @@ type JobCompleteParams struct {
 	CachedTokens      int64
 	TotalTokens       int64 // default PromptTokens + CompletionTokens
 	Cost              money.Micros
-	// UsageEstimated marks usage and cost as llmq's estimate: the
-	// provider's answer said nothing of its usage, or nothing believable.
+	// UsageEstimated marks usage and cost as llmq's estimate (Job.UsageEstimated).
 	UsageEstimated bool
-	// Deployment is the deployment (provider/upstream) that answered, and
-	// ServedModel the model it is of when not the job's own (a fallback):
-	// the ledger row charges that model. Both optional.
+	// Deployment answered, and ServedModel is the model it is of when not
+	// the job's own (a fallback): the ledger row charges that model.
 	Deployment, ServedModel string
 	// Failed, when set, makes the job failed with this error instead of
-	// succeeded, still charged: the provider answered (and bills the
-	// call), but its answer cannot be taken (its usage is nonsense).
+	// succeeded, still charged: the provider bills an answer llmq cannot take.
 	Failed *JobError
-	// Batched marks the ledger row of a call run on the provider's Batch
-	// API (at the batch price).
+	// Batched marks the ledger row of a call run on the provider's Batch API.
 	Batched bool
 }
 
 // JobCompleteResult says what JobComplete did.
 type JobCompleteResult struct {
 	// Completed: this call moved the job to succeeded. False when the job
-	// was already terminal (a duplicate delivery, or cancelled mid-call);
-	// the terminal state is kept.
+	// was already terminal; the terminal state is kept.
 	Completed bool
 	// Charged: this call inserted the job's ledger row, so this caller, and
 	// only this one, settles the budget. The row is written even when the
@@ -359,15 +337,13 @@ type JobCompleteResult struct {
 }
 
 // JobComplete stores a success and charges it, atomically: the job becomes
-// succeeded (or, with Failed, failed: an answer the provider bills but llmq
-// cannot take) with its response, usage and cost, and its attempt is
-// counted, and the ledger gets the job's row unless it has one. However
-// many times and however concurrently a job completes, exactly one call
-// reports Charged. A job that ended meanwhile (cancelled mid-call, or
-// failed by another) keeps its status, error and response, and the call
-// that charges it writes its usage and cost there too, so every reader of
-// the job sees what its ledger row charged. It is on every job's path, so
-// on Postgres it is one statement, grouped with the results stored
+// succeeded (or failed, with Failed) with its response, usage and cost, its
+// attempt is counted, and the ledger gets the job's row unless it has one.
+// However many times and however concurrently a job completes, exactly one
+// call reports Charged. A job that ended meanwhile keeps its status, error
+// and response, and the call that charges it writes its usage and cost
+// there too, so every reader of the job sees what its ledger row charged.
+// On Postgres it is one statement, grouped with the results stored
 // meanwhile (groups.go).
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	if db.d.groupWrites {
@@ -426,23 +402,14 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	if err := validDay("JobComplete", p.Day); err != nil {
 		return nil, err
 	}
-	globalDay := p.GlobalDay
-	if globalDay == "" {
-		globalDay = p.Day
-	}
+	globalDay := cmp.Or(p.GlobalDay, p.Day)
 	if err := validDay("JobComplete", globalDay); err != nil {
 		return nil, err
 	}
 	if p.Cost < 0 || p.PromptTokens < 0 || p.CompletionTokens < 0 || p.CachedTokens < 0 {
 		return nil, errors.New("store: JobComplete: negative usage or cost")
 	}
-	status, total := p.ResponseStatus, p.TotalTokens
-	if status == 0 {
-		status = 200
-	}
-	if total == 0 {
-		total = p.PromptTokens + p.CompletionTokens
-	}
+	status, total := cmp.Or(p.ResponseStatus, 200), cmp.Or(p.TotalTokens, p.PromptTokens+p.CompletionTokens)
 	at := db.nowUTC()
 	now, chargeable := db.d.ts(at), db.d.ts(at.Add(-LedgerDetailMinAge))
 	state := string(JobSucceeded)
@@ -507,13 +474,11 @@ type JobCompleteManyParams struct {
 	Jobs []*JobCompleteParams
 }
 
-// JobCompleteMany is JobComplete for many jobs in one transaction, so that
-// the results of jobs finishing together share one commit. Each job's
-// outcome is its own: results[i] and errs[i] are what JobComplete of
-// p.Jobs[i] would have returned. When the transaction as a whole fails (one
-// job's value refused aborts it), every job is completed on its own
-// instead, which JobComplete's idempotence makes safe. On Postgres the
-// transaction is one round trip (a pgx batch); SQLite completes each alone.
+// JobCompleteMany is JobComplete for many jobs in one transaction, one
+// round trip on Postgres (SQLite completes each alone). results[i] and
+// errs[i] are what JobComplete of p.Jobs[i] would have returned. When the
+// transaction as a whole fails, every job is completed on its own instead,
+// which JobComplete's idempotence makes safe.
 func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (results []*JobCompleteResult, errs []error) {
 	n := len(p.Jobs)
 	results, errs = make([]*JobCompleteResult, n), make([]error, n)
@@ -547,8 +512,7 @@ func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (re
 			return nil
 		})
 	}
-	// A batch without transaction statements runs as one implicit
-	// transaction: one commit for all.
+	// A batch runs as one implicit transaction (groups.go).
 	if err := db.pool.SendBatch(ctx, b).Close(); err != nil {
 		return alone()
 	}
@@ -569,7 +533,7 @@ type JobFailParams struct {
 // JobFail marks the job failed unless it is already terminal, and reports
 // whether it did; either way it returns the job as it now is.
 func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied bool, err error) {
-	if err := errors.Join(required("JobFail", "ID", p.ID), required("JobFail", "Error.Message", p.Error.Message)); err != nil {
+	if err := required("JobFail", "ID", p.ID, "Error.Message", p.Error.Message); err != nil {
 		return nil, false, err
 	}
 	var a args
@@ -590,7 +554,7 @@ func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied 
 // result is then not stored (but its spend is, see JobCompleteResult).
 // Another tenant's job is ErrNotFound.
 func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, changed bool, err error) {
-	if err := errors.Join(required("JobCancel", "tenantID", tenantID), required("JobCancel", "id", id)); err != nil {
+	if err := required("JobCancel", "tenantID", tenantID, "id", id); err != nil {
 		return nil, false, err
 	}
 	q := `UPDATE jobs SET status = 'cancelled', next_run_at = NULL, finished_at = $3, updated_at = $3
@@ -600,8 +564,7 @@ func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, cha
 
 // JobCancelByBatch cancels every pending (queued, waiting, deferred) job of
 // the batch and returns how many; running jobs are left to finish, and so
-// are jobs at the provider's Batch API (their part ends them: the
-// provider bills what it finished).
+// are jobs at the provider's Batch API (their part ends them).
 func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, error) {
 	if err := required("JobCancelByBatch", "batchID", batchID); err != nil {
 		return 0, err

@@ -6,11 +6,9 @@ import (
 	"time"
 )
 
-// Retention purges what the policy's retention no longer keeps, a batch of
-// rows per statement, each its own short transaction: it takes row locks on
-// the rows it changes and no table lock, and skips rows another
-// transaction holds (a job a worker is finishing), so requests never wait
-// behind it.
+// Retention purges a batch of rows per statement, each its own short
+// transaction that locks only the rows it changes and skips rows another
+// transaction holds, so requests never wait behind it.
 
 // finishedStatuses is the SQL list of the statuses a job ends in.
 const finishedStatuses = `('succeeded', 'failed', 'cancelled')`
@@ -20,16 +18,12 @@ const finishedStatuses = `('succeeded', 'failed', 'cancelled')`
 // their status, usage, cost and error stay. It returns how many it purged:
 // fewer than limit when none older is left.
 func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (int64, error) {
-	if limit < 1 {
-		return 0, fmt.Errorf("store: JobPurgeBodies: limit %d, want at least 1", limit)
-	}
-	lock := ""
-	if db.d.name == "postgres" {
-		lock = " FOR UPDATE SKIP LOCKED"
+	if err := positive("JobPurgeBodies", limit); err != nil {
+		return 0, err
 	}
 	n, err := db.rw.exec(ctx, `UPDATE jobs SET request = '{}', response_body = NULL, purged_at = $1
 		WHERE id IN (SELECT id FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
-			AND finished_at < $2 ORDER BY finished_at LIMIT $3`+lock+`)`,
+			AND finished_at < $2 ORDER BY finished_at LIMIT $3`+db.d.skipLocked+`)`,
 		db.d.ts(db.nowUTC()), db.d.ts(before), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: JobPurgeBodies: %w", err)

@@ -18,9 +18,8 @@ type WebhookRef struct {
 	ID   string
 }
 
-// The pending-webhook predicates, repeated literally from the partial
-// indexes jobs_webhook_pending and batches_webhook_pending so the planner
-// uses them.
+// The predicates of the partial indexes jobs_webhook_pending and
+// batches_webhook_pending, literally.
 const (
 	jobWebhookPendingSQL   = `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled')`
 	batchWebhookPendingSQL = `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('completed', 'failed', 'expired', 'cancelled')`
@@ -64,15 +63,11 @@ func (db *DB) WebhookListPending(ctx context.Context, p *WebhookListPendingParam
 	if err != nil {
 		return nil, false, err
 	}
-	refs, err := collect(ctx, db.ro, func(r row) (*WebhookRef, error) {
+	refs, more, err := page(ctx, db.ro, func(r row) (*WebhookRef, error) {
 		ref := &WebhookRef{Kind: p.Kind}
 		return ref, r.Scan(&ref.ID)
-	}, q, a...)
-	if err != nil {
-		return nil, false, db.d.wrap(err)
-	}
-	refs, more := trimPage(refs, limit)
-	return refs, more, nil
+	}, limit, q, a...)
+	return refs, more, db.d.wrap(err)
 }
 
 func webhookListPendingSQL(d *dialect, p *WebhookListPendingParams, limit int) (string, args, error) {
