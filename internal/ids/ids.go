@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/oklog/ulid/v2"
 )
@@ -51,21 +50,8 @@ func New(prefix string) string {
 	return prefix + strings.ToLower(id.String())
 }
 
-// NewAt returns a new id of the type prefix stamped with t.
-func NewAt(prefix string, t time.Time) string {
-	return prefix + strings.ToLower(ulid.MustNew(ulid.Timestamp(t), rand.Reader).String())
-}
-
 // Valid reports whether id has the type prefix and a well-formed body.
 func Valid(prefix, id string) bool {
 	body, ok := strings.CutPrefix(id, prefix)
-	if !ok || len(body) != 26 {
-		return false
-	}
-	for i := 0; i < len(body); i++ {
-		if strings.IndexByte(alphabet, body[i]) < 0 {
-			return false
-		}
-	}
-	return true
+	return ok && len(body) == 26 && strings.Trim(body, alphabet) == ""
 }
