@@ -85,7 +85,7 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	res := &Reservation{ID: id, TenantID: acct.TenantID, Day: sp.day, GlobalDay: sp.gday, Amount: money.Micros(t[4]), Global: len(rs) > 1}
 	if !tallowed || !gallowed {
 		// The day that held lets go: a refused job holds nothing.
-		if err := b.release(ctx, res, tallowed, gallowed && res.Global); err != nil {
+		if _, err := b.settleDays(ctx, res, 0, false, tallowed, gallowed && res.Global); err != nil {
 			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 		}
 		if tallowed {

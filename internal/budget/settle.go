@@ -54,7 +54,7 @@ func (b *Budgets) settle(ctx context.Context, op string, res *Reservation, actua
 	if !charge {
 		actual = 0
 	}
-	n, err := b.settleDays(ctx, res, actual, charge, "", true, true)
+	n, err := b.settleDays(ctx, res, actual, charge, true, true)
 	if err != nil {
 		return fmt.Errorf("budget: %s %s: %w", op, res.ID, err)
 	}
@@ -65,36 +65,22 @@ func (b *Budgets) settle(ctx context.Context, op string, res *Reservation, actua
 	return nil
 }
 
-// release drops the reservation from the tenant's day, the global day, or
-// both, without charging.
-func (b *Budgets) release(ctx context.Context, res *Reservation, tenant, global bool) error {
-	_, err := b.settleDays(ctx, res, 0, false, "", tenant, global)
-	return err
-}
-
 // settleDays runs the settle script on the reservation's tenant day and
 // global day (those asked for), in one round trip, and returns each day's
-// outcome (settle.lua), the tenant's first. written is the ledger row's
-// time for an audit, else "".
-func (b *Budgets) settleDays(ctx context.Context, res *Reservation, cost money.Micros, charge bool, written string, tenant, global bool) ([]int64, error) {
+// outcome (settle.lua), the tenant's first.
+func (b *Budgets) settleDays(ctx context.Context, res *Reservation, cost money.Micros, charge bool, tenant, global bool) ([]int64, error) {
 	flag := "0"
 	if charge {
 		flag = "1"
 	}
-	args := func(member string) []any {
-		a := []any{member, int64(cost), flag}
-		if written != "" {
-			a = append(a, written)
-		}
-		return a
-	}
 	var calls []scripts.Call
 	if tenant {
-		calls = append(calls, scripts.Call{Script: settleScript, Keys: b.tenantKeys(res.TenantID, res.Day), Args: args(res.ID)})
+		calls = append(calls, scripts.Call{Script: settleScript, Keys: b.tenantKeys(res.TenantID, res.Day),
+			Args: []any{res.ID, int64(cost), flag}})
 	}
 	if global {
 		calls = append(calls, scripts.Call{Script: settleScript, Keys: b.globalKeys(res.GlobalDay),
-			Args: args(globalMember(res.TenantID, res.ID))})
+			Args: []any{globalMember(res.TenantID, res.ID), int64(cost), flag}})
 	}
 	out := make([]int64, len(calls))
 	for i, cmd := range b.scripts.RunAll(ctx, calls...) {

@@ -66,10 +66,8 @@ func scanBatchPart(r row) (*BatchPart, error) {
 	return &p, err
 }
 
-// BatchPartInsert stores a new pending part (its ID made when empty) and
-// puts the jobs jobIDs in it, in one transaction: each must be a queued job
-// of the part's batch in no part, else nothing is stored and the error
-// says so.
+// BatchPartInsert stores a new pending part and puts jobIDs, queued jobs
+// of its batch in no part, in it, all or nothing.
 func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string) error {
 	if err := required("BatchPartInsert", "BatchID", p.BatchID, "TenantID", p.TenantID, "Model", p.Model, "Deployment", p.Deployment); err != nil {
 		return err
@@ -109,9 +107,8 @@ func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string
 	return nil
 }
 
-// BatchPartSave writes p's state, size, reservation and provider fields if the stored part is
-// still in state from, and reports whether it was (another process moved
-// it on otherwise, and p is not written).
+// BatchPartSave writes p if the stored part is still in state from, and
+// reports whether it was.
 func (db *DB) BatchPartSave(ctx context.Context, p *BatchPart, from BatchPartState) (bool, error) {
 	now := db.nowUTC()
 	n, err := db.rw.exec(ctx, `UPDATE batch_parts SET state = $3, reserved_micros = $4, budget_day = $5, budget_global_day = $6,
@@ -148,8 +145,7 @@ func (db *DB) BatchPartListByBatch(ctx context.Context, batchID string) ([]*Batc
 }
 
 // BatchPartTokensInFlight sums the tokens of the deployment's parts at
-// the provider or on their way there (uploading, creating, submitted):
-// what they hold of its batch queue.
+// the provider or on their way there: what they hold of its batch queue.
 func (db *DB) BatchPartTokensInFlight(ctx context.Context, deployment string) (int64, error) {
 	var n int64
 	err := db.ro.queryRow(ctx, `SELECT CAST(COALESCE(SUM(tokens), 0) AS BIGINT) FROM batch_parts
@@ -160,8 +156,7 @@ func (db *DB) BatchPartTokensInFlight(ctx context.Context, deployment string) (i
 	return n, nil
 }
 
-// JobStreamByPart calls fn with each job of the part, by id, its request
-// body included (for the provider's input file), a few hundred per query.
+// JobStreamByPart calls fn with each job of the part, by id (as stream).
 func (db *DB) JobStreamByPart(ctx context.Context, partID string, fn func(*Job) error) error {
 	return stream(ctx, db, "JobStreamByPart", scanJob, func(last *Job) (string, args) {
 		after := ""
@@ -172,9 +167,8 @@ func (db *DB) JobStreamByPart(ctx context.Context, partID string, fn func(*Job) 
 	}, fn)
 }
 
-// JobLeavePart takes the part's unfinished jobs among jobIDs out of it,
-// back to llmq's own path (the caller enqueues them), and returns their
-// ids.
+// JobLeavePart takes the part's pending jobs among jobIDs back to llmq's
+// own path, and returns their ids.
 func (db *DB) JobLeavePart(ctx context.Context, partID string, jobIDs []string) ([]string, error) {
 	var out []string
 	for chunk := range slices.Chunk(jobIDs, 1000) {

@@ -32,38 +32,20 @@ func (s BatchStatus) Terminal() bool {
 	return s == BatchFailed || s == BatchCompleted || s == BatchExpired || s == BatchCancelled
 }
 
-// stampColumn is the *_at column a move to s stamps ("" for validating,
-// which is created_at). Column names are constants, never values.
-func (s BatchStatus) stampColumn() (string, bool) {
-	switch s {
-	case BatchValidating:
-		return "", true
-	case BatchFailed:
-		return "failed_at", true
-	case BatchInProgress:
-		return "in_progress_at", true
-	case BatchFinalizing:
-		return "finalizing_at", true
-	case BatchCompleted:
-		return "completed_at", true
-	case BatchExpired:
-		return "expired_at", true
-	case BatchCancelling:
-		return "cancelling_at", true
-	case BatchCancelled:
-		return "cancelled_at", true
-	}
-	return "", false
+// batchStamps are the *_at column a move to each status stamps ("" for
+// validating, which is created_at). Column names are constants, never values.
+var batchStamps = map[BatchStatus]string{
+	BatchValidating: "", BatchFailed: "failed_at", BatchInProgress: "in_progress_at", BatchFinalizing: "finalizing_at",
+	BatchCompleted: "completed_at", BatchExpired: "expired_at", BatchCancelling: "cancelling_at", BatchCancelled: "cancelled_at",
 }
 
 // Valid reports whether s is a known status.
-func (s BatchStatus) Valid() bool { _, ok := s.stampColumn(); return ok }
+func (s BatchStatus) Valid() bool { _, ok := batchStamps[s]; return ok }
 
 // activeBatchSQL is the literal predicate of the batches_active partial index.
 const activeBatchSQL = `status IN ('validating', 'in_progress', 'finalizing', 'cancelling')`
 
-// Batch is an OpenAI-style batch. Its request counts are not stored: they are
-// counted from its jobs (JobCountsByBatch).
+// Batch is an OpenAI-style batch; its request counts come from its jobs.
 type Batch struct {
 	ID               string
 	TenantID         string
@@ -186,13 +168,13 @@ type BatchSetStatusParams struct {
 }
 
 // BatchSetStatus moves the batch to p.To if its status is one of p.From,
-// stamping the *_at column of p.To (the first time only), and reports whether
-// it did; either way it returns the batch as it now is.
+// stamping p.To's column once, and reports whether it did; either way it
+// returns the batch as it now is.
 func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Batch, bool, error) {
 	if err := required("BatchSetStatus", "ID", p.ID); err != nil {
 		return nil, false, err
 	}
-	stamp, ok := p.To.stampColumn()
+	stamp, ok := batchStamps[p.To]
 	if !ok {
 		return nil, false, fmt.Errorf("store: BatchSetStatus: To %q is not a batch status", p.To)
 	}
@@ -246,9 +228,8 @@ type BatchListActiveParams struct {
 	Limit int    // default 1000, at most 10000
 }
 
-// BatchListActive returns a page of the batches not yet finished
-// (validating, in_progress, finalizing, cancelling), oldest first, for the
-// expiry and finalization sweeps, and whether more remain.
+// BatchListActive returns a page of the batches not yet finished, oldest
+// first, and whether more remain.
 func (db *DB) BatchListActive(ctx context.Context, p *BatchListActiveParams) ([]*Batch, bool, error) {
 	limit := pageLimit(p.Limit, 1000, 10000)
 	q, a := batchListActiveSQL(p, limit)

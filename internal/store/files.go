@@ -36,7 +36,7 @@ type File struct {
 	Purpose   FilePurpose
 	Filename  string
 	Bytes     int64
-	Lines     int64  // newline-terminated lines, plus a last one without a newline
+	Lines     int64
 	BatchID   string // the batch of an output or error file
 	CreatedAt time.Time
 }
@@ -64,8 +64,7 @@ type FileInsertParams struct {
 }
 
 // FileInsert stores p.Content in chunks of about 1 MiB, in one transaction,
-// never holding the whole file in memory, and returns the file with its size
-// and line count. A failed read stores nothing.
+// and returns the file with its size and line count.
 func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error) {
 	if err := required("FileInsert", "TenantID", p.TenantID, "Filename", p.Filename); err != nil {
 		return nil, err
@@ -172,8 +171,7 @@ func (db *DB) FileGetByID(ctx context.Context, id string) (*File, error) {
 }
 
 // FileGetForTenant returns the tenant's file; another tenant's is
-// ErrNotFound. It finds the row by its primary key alone, as
-// JobGetForTenant does.
+// ErrNotFound (found by its key alone, as JobGetForTenant says).
 func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File, error) {
 	f, err := db.FileGetByID(ctx, id)
 	if err == nil && f.TenantID != tenantID {
@@ -182,9 +180,8 @@ func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File,
 	return f, err
 }
 
-// FileOpen returns the file's content, read one chunk per query as the reader
-// is consumed, so no connection is held between reads. ctx bounds every read.
-// Check the tenant with FileGetForTenant first.
+// FileOpen returns the file's content, read one chunk per query, so no
+// connection is held between reads. Check the tenant first.
 func (db *DB) FileOpen(ctx context.Context, id string) (io.ReadCloser, error) {
 	var one int
 	err := db.ro.queryRow(ctx, `SELECT 1 FROM files WHERE id = $1`, id).Scan(&one)
@@ -273,9 +270,7 @@ const sqlFileUsedByBatches = `SELECT count(*) FROM batches WHERE (input_file_id 
 	AND status NOT IN ('failed', 'completed', 'expired', 'cancelled')`
 
 // FileDelete deletes the tenant's file and its content. A file a batch that
-// has not ended uses (as its input, output or error file) is ErrConflict;
-// an ended batch keeps naming a file deleted since. Another tenant's file,
-// or none, is ErrNotFound.
+// has not ended uses is ErrConflict.
 func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
 	if err := required("FileDelete", "tenantID", tenantID, "id", id); err != nil {
 		return err

@@ -190,6 +190,8 @@ const sqlJobCountsByBatch = `SELECT status, count(*) FROM jobs WHERE batch_id = 
 // (batch_id, status).
 func (db *DB) JobCountsByBatch(ctx context.Context, batchID string) (*JobCounts, error) {
 	c := &JobCounts{}
+	counts := map[JobStatus]*int64{JobQueued: &c.Queued, JobRunning: &c.Running, JobWaiting: &c.Waiting,
+		JobDeferred: &c.Deferred, JobSucceeded: &c.Succeeded, JobFailed: &c.Failed, JobCancelled: &c.Cancelled}
 	err := db.ro.query(ctx, sqlJobCountsByBatch, []any{batchID}, func(r row) error {
 		var (
 			s JobStatus
@@ -198,21 +200,8 @@ func (db *DB) JobCountsByBatch(ctx context.Context, batchID string) (*JobCounts,
 		if err := r.Scan(&s, &n); err != nil {
 			return err
 		}
-		switch s {
-		case JobQueued:
-			c.Queued = n
-		case JobRunning:
-			c.Running = n
-		case JobWaiting:
-			c.Waiting = n
-		case JobDeferred:
-			c.Deferred = n
-		case JobSucceeded:
-			c.Succeeded = n
-		case JobFailed:
-			c.Failed = n
-		case JobCancelled:
-			c.Cancelled = n
+		if count := counts[s]; count != nil {
+			*count = n
 		}
 		c.Total += n
 		return nil

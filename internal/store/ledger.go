@@ -37,11 +37,8 @@ func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, err
 		completion_tokens, cached_tokens, cost_micros, created_at, batched FROM usage_ledger WHERE job_id = $1`, jobID)
 }
 
-// The ledger sums read usage_ledger_tenant_day and usage_ledger_global_day_rows,
-// and usage_daily's key and usage_daily_global_day for the days retention
-// rolled up: the budget is rebuilt from them, so they must never scan the
-// ledger. Each is one statement, so it reads both tables as of one moment
-// and counts a row rolled up meanwhile once.
+// The ledger sums read indexes of both tables alone (the budget is rebuilt
+// from them); each is one statement, so a row rolled up meanwhile counts once.
 const (
 	sqlUsageSumByTenantDay = `SELECT CAST((SELECT COALESCE(SUM(cost_micros), 0) FROM usage_ledger WHERE tenant_id = $1 AND day = $2)
 		+ (SELECT COALESCE(SUM(cost_micros), 0) FROM usage_daily WHERE tenant_id = $1 AND day = $2) AS BIGINT)`
@@ -99,9 +96,8 @@ func (db *DB) UsageReport(ctx context.Context, p *UsageReportParams) ([]*UsageRe
 	}, q, a...)
 }
 
-// usageReportSQL reads usage_ledger_day_model and usage_daily_day_model, or
-// the tenant-day indexes of both for one tenant: the ledger's rows and the
-// daily totals retention rolled them into.
+// usageReportSQL reads the ledger's rows and the daily totals retention
+// rolled them into.
 func usageReportSQL(p *UsageReportParams) (string, args) {
 	var a args
 	where := `day = ` + a.add(p.Day)
@@ -130,11 +126,8 @@ type UsageDaySum struct {
 	Cost      money.Micros
 }
 
-// UsageSumsByDays returns the spend of every tenant with ledger rows (or
-// daily totals) on one of the budget days, by tenant, budget day and UTC
-// day, in no particular order: the budget's check of each day's spend in
-// Redis against the ledger. It reads usage_ledger_day_rows alone (and
-// usage_daily_day_model).
+// UsageSumsByDays returns the spend of every tenant on the budget days, by
+// tenant, budget day and UTC day, in no particular order.
 func (db *DB) UsageSumsByDays(ctx context.Context, days []string) ([]UsageDaySum, error) {
 	if len(days) == 0 {
 		return nil, nil
@@ -174,10 +167,8 @@ func usageSumsByDaysSQL(days []string) (string, args, error) {
 }
 
 // UsageStreamByTenantDay calls fn with each ledger row of the tenant's
-// budget day written at or after since (the job's tenant and id, what it
-// was charged, when its row was written), oldest first, a page at a time
-// from usage_ledger_day_rows (as stream). Rows retention rolled up are not
-// read (a day whose rows it rolls up is days old).
+// budget day written at or after since, oldest first (as stream). Rows
+// retention rolled up are not read.
 func (db *DB) UsageStreamByTenantDay(ctx context.Context, tenantID, day string, since time.Time, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
 	if err := validDay("UsageStreamByTenantDay", day); err != nil {
 		return err
@@ -229,11 +220,9 @@ func usageStreamSQL(where string, a args, at any, after string, limit int) (stri
 // this, so a job whose row was rolled up is never charged again.
 const LedgerDetailMinAge = 72 * time.Hour
 
-// UsageRollUp folds up to limit ledger rows written before before (oldest
-// first) into usage_daily's totals of their tenant, days and model, and
-// deletes them, in one transaction: every sum over both tables is the same
-// before and after. It returns how many rows it folded: fewer than limit
-// when none older is left. before must be at least LedgerDetailMinAge ago.
+// UsageRollUp folds up to limit ledger rows written before before (at least
+// LedgerDetailMinAge ago) into usage_daily's totals and deletes them, in one
+// transaction, and returns how many it folded.
 func (db *DB) UsageRollUp(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if err := positive("UsageRollUp", limit); err != nil {
 		return 0, err
@@ -260,14 +249,12 @@ func (db *DB) UsageRollUp(ctx context.Context, before time.Time, limit int) (int
 	return n, nil
 }
 
-// sqlUsageRollable picks the ledger rows UsageRollUp takes: $1 the cut-off,
-// $2 the limit. The order makes it pick the same rows twice in one SQLite
-// transaction.
+// sqlUsageRollable picks the ledger rows UsageRollUp takes, in an order
+// that picks the same rows twice in one SQLite transaction.
 const sqlUsageRollable = `SELECT job_id FROM usage_ledger WHERE created_at < $1 ORDER BY created_at, job_id LIMIT $2`
 
-// sqlUsageRollUpSums adds the ledger rows from rows to usage_daily. The rows
-// go in key order, so two rollups meeting on the same totals lock them in
-// one order.
+// sqlUsageRollUpSums adds the ledger rows from rows to usage_daily, in key
+// order, so two rollups lock the same totals in one order.
 func sqlUsageRollUpSums(rows string) string {
 	return `INSERT INTO usage_daily AS d (tenant_id, day, global_day, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_micros)
 		SELECT tenant_id, day, global_day, model, count(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(cached_tokens), SUM(cost_micros)
@@ -279,9 +266,8 @@ func sqlUsageRollUpSums(rows string) string {
 			cached_tokens = d.cached_tokens + excluded.cached_tokens, cost_micros = d.cost_micros + excluded.cost_micros`
 }
 
-// sqlUsageRollUp is UsageRollUp on Postgres, one statement: the rows it
-// deletes are the rows it adds up. SKIP LOCKED keeps two dispatchers'
-// rollups apart.
+// sqlUsageRollUp is UsageRollUp on Postgres, one statement; SKIP LOCKED
+// keeps two dispatchers' rollups apart.
 var sqlUsageRollUp = `WITH gone AS (
 		DELETE FROM usage_ledger WHERE job_id IN (` + sqlUsageRollable + ` FOR UPDATE SKIP LOCKED)
 		RETURNING tenant_id, day, global_day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros),
@@ -290,8 +276,7 @@ var sqlUsageRollUp = `WITH gone AS (
 
 const sqlUsageCountRollable = `SELECT count(*) FROM usage_ledger WHERE created_at < $1`
 
-// UsageCountRollable counts the ledger rows written before before: what
-// UsageRollUp would fold into daily totals.
+// UsageCountRollable counts the ledger rows UsageRollUp would fold.
 func (db *DB) UsageCountRollable(ctx context.Context, before time.Time) (int64, error) {
 	var n int64
 	if err := db.ro.queryRow(ctx, sqlUsageCountRollable, db.d.ts(before)).Scan(&n); err != nil {

@@ -19,20 +19,17 @@ type StoredResponse struct {
 	ResponseID string
 	TenantID   string
 	Deployment string // provider/upstream
-	// Tokens is what naming it adds to a prompt: a response's whole
-	// conversation (its input, earlier turns included, and output), an
-	// item's at most its response's output.
+	// Tokens is what naming it adds to a prompt.
 	Tokens    int64
 	CreatedAt time.Time
 }
 
-// StoredResponseRetention is how long a stored response is remembered:
-// the 30 days OpenAI keeps one. A follow-up of an older one finds nothing.
+// StoredResponseRetention is how long a stored response is remembered: the
+// 30 days OpenAI keeps one.
 const StoredResponseRetention = 30 * 24 * time.Hour
 
-// StoredResponseInsert records rs, each once: an id recorded before keeps
-// its first row (its first owner), so no later answer can take another
-// tenant's response.
+// StoredResponseInsert records rs; an id recorded before keeps its first
+// owner, so no later answer can take another tenant's response.
 func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) error {
 	if len(rs) == 0 {
 		return nil

@@ -13,10 +13,8 @@ import (
 // finishedStatuses is the SQL list of the statuses a job ends in.
 const finishedStatuses = `('succeeded', 'failed', 'cancelled')`
 
-// JobPurgeBodies empties the request and response of up to limit finished
-// jobs that finished before before, oldest first, and marks them purged;
-// their status, usage, cost and error stay. It returns how many it purged:
-// fewer than limit when none older is left.
+// JobPurgeBodies empties the request and response of up to limit jobs that
+// finished before before, oldest first, and returns how many it purged.
 func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if err := positive("JobPurgeBodies", limit); err != nil {
 		return 0, err
@@ -31,8 +29,7 @@ func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (
 	return n, nil
 }
 
-// JobCountPurgeable counts the finished jobs that finished before before
-// and still hold their bodies: what JobPurgeBodies would purge.
+// JobCountPurgeable counts the jobs JobPurgeBodies would purge.
 func (db *DB) JobCountPurgeable(ctx context.Context, before time.Time) (int64, error) {
 	var n int64
 	err := db.ro.queryRow(ctx, `SELECT count(*) FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
@@ -50,8 +47,7 @@ type PurgeableFile struct {
 }
 
 // FileListPurgeable lists up to limit files created before before that no
-// running batch uses (a batch that has ended keeps naming them, as when a
-// tenant deletes one), oldest first.
+// running batch uses, oldest first.
 func (db *DB) FileListPurgeable(ctx context.Context, before time.Time, limit int) ([]PurgeableFile, error) {
 	var out []PurgeableFile
 	err := db.ro.query(ctx, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1

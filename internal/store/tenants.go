@@ -23,8 +23,7 @@ type Tenant struct {
 	APIExempt bool
 	// WebhookSecret signs the tenant's webhooks. Never log it.
 	WebhookSecret string
-	// WebhookSecretPrevious signs them too until PreviousUntil, after a
-	// rotation (TenantRotateWebhookSecret); "" when none.
+	// WebhookSecretPrevious signs them too until PreviousUntil, after a rotation.
 	WebhookSecretPrevious string
 	PreviousUntil         *time.Time
 	CreatedAt             time.Time
@@ -125,8 +124,7 @@ type TenantUpdateParams struct {
 	Name      *string
 	Tier      *string
 	APIExempt *bool
-	// SetBudgetOverride writes BudgetOverride: a value sets the override,
-	// nil clears it (back to the tier's budget). False leaves it alone.
+	// SetBudgetOverride writes BudgetOverride (nil clears it).
 	SetBudgetOverride bool
 	BudgetOverride    *money.Micros
 }
@@ -162,9 +160,8 @@ func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant,
 }
 
 // TenantRotateWebhookSecret gives the tenant a new webhook secret; the one
-// it replaces still signs deliveries, beside the new one, for overlap (so
-// its receivers can move without missing a delivery). Rotating again within
-// the overlap drops the oldest. An unknown tenant is ErrNotFound.
+// it replaces still signs deliveries for overlap. Rotating again within the
+// overlap drops the oldest.
 func (db *DB) TenantRotateWebhookSecret(ctx context.Context, id string, overlap time.Duration) (*Tenant, error) {
 	if err := required("TenantRotateWebhookSecret", "id", id); err != nil {
 		return nil, err

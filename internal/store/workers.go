@@ -31,8 +31,7 @@ func (db *DB) WorkerBeat(ctx context.Context, id string) error {
 	return nil
 }
 
-// WorkerGone removes worker process id, which stopped: a job it still held
-// is handed on at the next JobHandOff.
+// WorkerGone removes worker process id, which stopped.
 func (db *DB) WorkerGone(ctx context.Context, id string) error {
 	if _, err := db.rw.exec(ctx, `DELETE FROM workers WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("store: WorkerGone: %w", db.d.wrap(err))
@@ -40,9 +39,8 @@ func (db *DB) WorkerGone(ctx context.Context, id string) error {
 	return nil
 }
 
-// JobRelease clears worker's hold on job id, when a delivery ended without
-// moving the job (every move clears it): a job it left running is queued
-// again, for its task's next delivery.
+// JobRelease clears worker's hold on job id when a delivery ended without
+// moving the job: a job left running is queued again.
 func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
 	if worker == "" {
 		return nil
@@ -58,11 +56,9 @@ func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
 // that was seen at or after $dead.
 const heldByLiveSQL = `EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND w.seen_at >= `
 
-// JobHandOff takes the running jobs (not synchronous ones) of workers not
-// seen since WorkerDeadAfter back from them: each is queued again, held by
-// nobody, its lost delivery counted as an attempt, and returned (at most
-// limit), for the caller to enqueue a new task of each. A job is handed off
-// once: a second call finds it held by nobody.
+// JobHandOff takes up to limit running jobs (not synchronous ones) from
+// workers not seen since WorkerDeadAfter: each is queued again, held by
+// nobody, its lost delivery counted as an attempt, and returned once.
 func (db *DB) JobHandOff(ctx context.Context, limit int) ([]*Job, error) {
 	var a args
 	now := db.nowUTC()
