@@ -284,7 +284,7 @@ func (a *App) Reconciler(opts recovery.Options) (*recovery.Reconciler, error) {
 	return recovery.New(recovery.Reconciler{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
 		Limiter: a.Limiter, Policy: a.Policy, Budgets: a.Budgets, Logger: a.Logger,
-	}, opts)
+	}, opts), nil
 }
 
 // appObserver tells the pacer's and the budget's events to the app's

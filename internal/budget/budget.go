@@ -1,34 +1,21 @@
 // Package budget holds every tenant to the daily dollar budget of its tier,
 // and all tenants together to the optional global daily cap. It owns the live
 // spend counters in Redis: a job reserves its worst-case cost before the
-// provider call in a Lua script that checks spent + reserved + estimate
-// against the day's limit and holds it in the same step (so concurrent
-// workers can never overspend, unlike a check followed by a separate
-// record), then settles the reservation to the real cost or releases it.
-// A refusal says why: the day's spend leaves no room for the amount (wait
-// for the reset, or reject), or only what other reservations hold is in
-// the way (room that comes back within seconds as they settle; the
-// tenant's day serves those waiting for it in the order they came).
-// A tenant's day and the global day are two hashes, held by one script
-// each in one round trip: a tenant's keys carry the tenant's hash tag, so a
-// Redis Cluster spreads the tenants over its shards, and the global day's
-// the tag {budget}; when one day refuses, the other's hold is let go.
-// Without a global cap a job touches only its tenant's day (and settles a
-// global day Redis still holds). Budget days come from Redis TIME in the
-// tier's timezone, never from a worker's clock; a settlement charges a job
-// once per day however often it is repeated; reservations of crashed
-// workers expire, while a live holder extends its own for as long as its
-// call runs; and when Redis has lost a day's counters (restart without
-// persistence, FLUSHALL, a failover) the spend is rebuilt from the durable
-// ledger, so a restart never resets a day's spend, and a day Redis holds
-// older than what was settled (a restore, a failover) is raised to the
-// ledger before it admits more (raise.go). Every key expires two
-// days after its day ends. Redis should run with maxmemory-policy
-// noeviction: evicting a day hash would be repaired from the ledger, but
-// only up to the race documented on Settle.
+// provider call in a Lua script that checks spent + reserved + amount
+// against the day's limit and holds it in the same step, so concurrent
+// workers never overspend; it then settles the reservation to the real cost
+// or releases it. A tenant's day and the global day are two hashes, one
+// script each in one round trip: a tenant's keys carry its hash tag, the
+// global day's {budget}. Budget days come from Redis TIME in the tier's
+// timezone. A settlement charges a job once per day however often it is
+// repeated; reservations of crashed workers expire. A day Redis lost is
+// rebuilt from the durable ledger (rebuild.go), and one older than the
+// ledger is raised to it (raise.go). Every key expires two days after its
+// day ends; Redis should run with maxmemory-policy noeviction.
 package budget
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -51,19 +38,15 @@ import (
 
 // Ledger is the durable record the Redis counters are rebuilt from and
 // checked against (the store implements it). A charged job's ledger row
-// must carry the days of its Reservation (Day in the tenant's timezone,
-// GlobalDay in UTC), so that the sums below count it on the same days as
-// the Redis counters did.
+// carries the days of its Reservation.
 type Ledger interface {
 	// UsageSumByTenantDay returns what tenantID was charged on its budget
-	// day (Reservation.Day, YYYY-MM-DD in the tenant's timezone).
+	// day (Reservation.Day).
 	UsageSumByTenantDay(ctx context.Context, tenantID, day string) (money.Micros, error)
-	// UsageSumByDay returns what all tenants were charged on the UTC day
-	// (Reservation.GlobalDay).
+	// UsageSumByDay returns what all tenants were charged on the UTC day.
 	UsageSumByDay(ctx context.Context, day string) (money.Micros, error)
 	// UsageStreamByTenantDay calls fn with each ledger row of tenantID's
-	// budget day written at or after since (the job's tenant and id, its
-	// cost, when its row was written), oldest first; fn's error stops it.
+	// budget day written at or after since, oldest first; fn's error stops it.
 	UsageStreamByTenantDay(ctx context.Context, tenantID, day string, since time.Time,
 		fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error
 	// UsageStreamByDay is UsageStreamByTenantDay for every tenant's rows of
@@ -76,18 +59,14 @@ type Ledger interface {
 // its tier (or a per-tenant override) sets it, and the global cap.
 type Account struct {
 	TenantID string
-	// Budget is the tenant's daily budget. Zero with Unlimited unset means
-	// nothing may be spent.
+	// Budget is the tenant's daily budget; zero without Unlimited allows nothing.
 	Budget money.Micros
 	// Unlimited exempts the tenant from its own cap (its spend is still
-	// recorded for usage reports, and the global cap still applies). Only set
-	// it when the policy says so explicitly.
+	// recorded, and the global cap still applies).
 	Unlimited bool
-	// SoftLimit is the fraction of Budget past which responses warn, e.g.
-	// 0.8; 0 turns the warning off.
+	// SoftLimit is the fraction of Budget past which responses warn; 0 is off.
 	SoftLimit float64
-	// Location is the tier's timezone, where its budget day starts at
-	// midnight. Defaults to UTC.
+	// Location is the tier's timezone, where its budget day starts. Defaults to UTC.
 	Location *time.Location
 	// Global is the daily cap across all tenants (the UTC day); 0 = none.
 	Global money.Micros
@@ -108,7 +87,7 @@ func (a Account) validate() error {
 }
 
 // softThreshold is the spend (spent + reserved) at which the soft limit is
-// reached, computed once in Go so the script compares integers only; 0 = off.
+// reached, so the script compares integers only; 0 = off.
 func (a Account) softThreshold() int64 {
 	if a.Unlimited || a.SoftLimit == 0 || a.Budget == 0 {
 		return 0
@@ -127,16 +106,14 @@ func (a Account) location() *time.Location {
 type Options struct {
 	// Keys builds every key. Defaults to the zero Builder (prefix "llmq").
 	Keys rkeys.Builder
-	// Clock replaces Redis TIME as the source of "now": its time is passed to
-	// the scripts. Tests only, so they never sleep. Defaults to nil (Redis TIME).
+	// Clock replaces Redis TIME as the scripts' "now" (tests only).
+	// Defaults to nil (Redis TIME).
 	Clock func() time.Time
 	// ReservationTTL is how long a reservation keeps counting after it was
-	// made or last extended, so that one nobody settles (a crashed worker's)
-	// expires. A holder whose job may run longer extends it (Extend) well
-	// within this time. Defaults to 15m.
+	// made or last extended, so that one nobody settles expires. Defaults to 15m.
 	ReservationTTL time.Duration
-	// Logger receives the soft-limit crossing (once per tenant and day) and
-	// rebuilds from the ledger. Defaults to discarding.
+	// Logger receives the soft-limit crossings and the days raised to the
+	// ledger. Defaults to discarding.
 	Logger *slog.Logger
 	// Observer is told of the days raised to the ledger. Defaults to none.
 	Observer Observer
@@ -150,26 +127,22 @@ const DefaultReservationTTL = 15 * time.Minute
 const HeldRetryAfter = time.Second
 
 // WaitTTL is how long a reservation refused by holds keeps its place among
-// the day's waiters after its last try: a job that comes back within it
-// (a requeue's second or two, a worker's busy queue) keeps it; one that
-// went away stops holding back those behind it after this long.
+// the day's waiters after its last try: one that went away stops holding
+// back those behind it after this long.
 const WaitTTL = 15 * time.Second
 
-// keySlack is how long day keys outlive their day, so late settlements and
-// usage reports of yesterday still find them.
+// keySlack is how long day keys outlive their day, for late settlements.
 const keySlack = 48 * time.Hour
 
 // maxAttempts bounds the wrong-day, rebuild and raise round trips of one
-// call; three are expected at most (one wrong guess of the day, one
-// rebuild, one raise after a restart).
+// call; three are expected at most.
 const maxAttempts = 6
 
 // Budgets reserves and settles spend against daily budgets. It is safe for
 // concurrent use; any number of processes may share one Redis.
 type Budgets struct {
 	rdb redis.UniversalClient
-	// scripts runs Reserve's, Status's and Settle's scripts, those of
-	// concurrent jobs in one pipeline.
+	// scripts runs the scripts of concurrent jobs in one pipeline.
 	scripts *scripts.Runner
 	ledger  Ledger
 	keys    rkeys.Builder
@@ -190,22 +163,12 @@ type Budgets struct {
 
 	statuses coalesce.Group[Account, statusRead]
 
-	// spans holds the last span computed per location (*time.Location →
-	// *span): every call of a day falls in it.
+	// spans holds the last span computed per *time.Location.
 	spans sync.Map
 }
 
-// validate reports, naming the field, an option that is invalid.
-func (o Options) validate() error {
-	if o.ReservationTTL < 0 {
-		return fmt.Errorf("budget: Options.ReservationTTL must not be negative, got %v", o.ReservationTTL)
-	}
-	return nil
-}
-
 // New returns Budgets over rdb (single node, Sentinel or Cluster). ledger is
-// required: without it a Redis restart would reset the day's spend. A nil
-// rdb or ledger, or an invalid option, is an error naming it.
+// required: without it a Redis restart would reset the day's spend.
 func New(rdb redis.UniversalClient, ledger Ledger, opts Options) (*Budgets, error) {
 	switch {
 	case rdb == nil:
@@ -213,22 +176,17 @@ func New(rdb redis.UniversalClient, ledger Ledger, opts Options) (*Budgets, erro
 	case ledger == nil:
 		return nil, errors.New("budget: the Ledger is required")
 	}
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
-	if opts.ReservationTTL == 0 {
-		opts.ReservationTTL = DefaultReservationTTL
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.Observer == nil {
-		opts.Observer = nopObserver{}
-	}
-	return &Budgets{
+	b := &Budgets{
 		rdb: rdb, scripts: scripts.New(rdb), ledger: ledger, keys: opts.Keys, clock: opts.Clock,
-		resTTL: opts.ReservationTTL, log: opts.Logger, obs: opts.Observer, flights: map[string]*flight{},
-	}, nil
+		resTTL: cmp.Or(opts.ReservationTTL, DefaultReservationTTL), log: opts.Logger, obs: opts.Observer, flights: map[string]*flight{},
+	}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
+	}
+	if b.obs == nil {
+		b.obs = nopObserver{}
+	}
+	return b, nil
 }
 
 type nopObserver struct{}
@@ -247,17 +205,16 @@ const (
 // Decision is the state of a tenant's day after a Reserve (or at a Status).
 type Decision struct {
 	Allowed bool
-	// DeniedBy is "" when allowed, else DeniedByTenant or DeniedByGlobal: the
-	// cap that denied, or when both did, the one that resets later.
+	// DeniedBy is "" when allowed, else the cap that denied, or when both
+	// did, the one that resets later.
 	DeniedBy string
 	// TooLarge is set on a denial when the amount alone exceeds the denying
-	// cap: waiting for the reset will not help, so fail the job instead.
+	// cap: waiting for the reset will not help.
 	TooLarge bool
-	// Held is set on a denial by what other reservations hold alone (or
-	// the room the reservations waiting before this one need): spent +
-	// amount fits every cap. The room comes back as they settle; RetryAfter
-	// is then HeldRetryAfter, not the reset. Unset, a denial is for spend:
-	// no settlement can make room before the reset.
+	// Held is set on a denial by what other reservations hold (or the room
+	// the reservations waiting before this one need) alone: spent + amount
+	// fits every cap, and RetryAfter is HeldRetryAfter. Unset, a denial is
+	// for spend: no settlement can make room before the reset.
 	Held bool
 	// Day is the tenant's budget day, YYYY-MM-DD in the account's timezone.
 	Day string
@@ -266,11 +223,10 @@ type Decision struct {
 	// Unlimited account Budget and Remaining are 0.
 	Spent, Reserved, Budget, Remaining money.Micros
 	Unlimited                          bool
-	// SoftLimitReached: Spent + Reserved is at or past SoftLimit × Budget
-	// (reserved counts, so it agrees with Remaining).
+	// SoftLimitReached: Spent + Reserved is at or past SoftLimit × Budget.
 	SoftLimitReached bool
 	// SoftLimitCrossed is set on the one call per tenant and day that
-	// crossed the soft limit (count it, alert on it).
+	// crossed the soft limit.
 	SoftLimitCrossed bool
 	// ResetsAt is the start of the next day: of the tenant's day when
 	// allowed, of the denying cap's day when denied.
@@ -279,7 +235,7 @@ type Decision struct {
 	// (HeldRetryAfter when Held); 0 when allowed.
 	RetryAfter time.Duration
 	// GlobalDay is the UTC day. GlobalSpent and GlobalReserved are all
-	// tenants' together, read only under a global cap (0 without one).
+	// tenants' together, read only under a global cap.
 	GlobalDay                   string
 	GlobalSpent, GlobalReserved money.Micros
 	// GlobalBudget is the global cap the decision was made against; 0 = none.
@@ -295,20 +251,14 @@ type Decision struct {
 type Denial struct {
 	// By is DeniedByTenant or DeniedByGlobal.
 	By string
-	// Spent, Reserved and Budget are the tenant's against its budget, or all
-	// tenants' together against the global cap.
+	// Spent, Reserved and Budget are the tenant's, or all tenants'
+	// together against the global cap.
 	Spent, Reserved, Budget money.Micros
-	// ResetsAt starts the refusing cap's next day (the tenant's day in its
-	// timezone, or the UTC day); RetryAfter is the time from Redis's now
-	// until then, or HeldRetryAfter when Held.
+	// ResetsAt, RetryAfter, TooLarge and Held are as in Decision, for this cap.
 	ResetsAt   time.Time
 	RetryAfter time.Duration
-	// TooLarge: the amount alone exceeds a refusing cap; waiting for the
-	// reset will not help.
-	TooLarge bool
-	// Held: only what reservations hold refuses the amount (see
-	// Decision.Held); it fits once they settle.
-	Held bool
+	TooLarge   bool
+	Held       bool
 }
 
 // Name is how messages name the refusing budget.
@@ -321,15 +271,14 @@ func (n *Denial) Name() string {
 
 // Reservation is budget held for one job until Settle or Release. Settling
 // goes by the job's id and days alone, so one built from a job's ledger row
-// (a redelivery of a job whose worker died before Settle) settles it too.
+// settles it too.
 type Reservation struct {
 	ID        string // the job id
 	TenantID  string
 	Day       string // the tenant's budget day; the ledger row must carry it
 	GlobalDay string // the UTC day; the ledger row must carry it
 	Amount    money.Micros
-	// Global is set when the amount is held on the global day too (a
-	// global cap was set), so Extend keeps that hold as well.
+	// Global is set when the amount is held on the global day too.
 	Global bool
 }
 
@@ -371,8 +320,8 @@ func dayOf(t time.Time, loc *time.Location) (string, time.Time, time.Time) {
 }
 
 // midnight is the first instant of the date in loc. Where a DST change skips
-// midnight (the day starts at 01:00), time.Date may answer an instant of the
-// previous date; the day then starts where that zone period ends.
+// midnight, time.Date may answer an instant of the previous date; the day
+// then starts where that zone period ends.
 func midnight(y int, m time.Month, d int, loc *time.Location) time.Time {
 	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
 	if ty, tm, td := t.Date(); ty != y || tm != m || td != d {
@@ -421,8 +370,7 @@ func newToken() string {
 
 func us(t time.Time) int64 { return t.UnixMicro() }
 
-// reply reads a script's array reply with checked assertions: a surprise is
-// an error, never a panic.
+// reply reads a script's array reply with checked assertions.
 type reply []any
 
 func (r reply) str(i int) (string, error) {

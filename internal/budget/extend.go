@@ -12,22 +12,18 @@ import (
 )
 
 // extendScript moves an open reservation's expiry in one day to now plus
-// the reservation TTL (extend.lua).
+// the reservation TTL.
 //
 //go:embed extend.lua
 var extendLua string
 var extendScript = redis.NewScript(redisclock.Lua + extendLua)
 
 // Extend keeps the reservation for another ReservationTTL from now, on its
-// tenant's day and, when it is held there, the global day. A worker calls
-// it while the job waits for its rate-limit permit and its provider call,
-// so that a reservation outlives the job however long the call takes, and
-// only a holder that stopped (crashed) loses it: a lapsed reservation's
-// room could go to another job while this one still spends. held is false
-// when the reservation is gone from its tenant's day (settled, released,
-// or expired before this call: its room may have been taken, so the job is
-// no longer covered). A global hold gone while the tenant's stays (the
-// global day lost and rebuilt) is logged, and the tenant's is kept.
+// tenant's day and, when it is held there, the global day: a worker calls it
+// while its job waits and calls, so only a holder that stopped loses it.
+// held is false when the reservation is gone from its tenant's day (its
+// room may have been taken). A global hold gone while the tenant's stays is
+// logged, and the tenant's is kept.
 func (b *Budgets) Extend(ctx context.Context, res *Reservation) (held bool, err error) {
 	if res == nil {
 		return false, fmt.Errorf("budget: Extend: nil reservation")

@@ -16,25 +16,16 @@ import (
 
 // A day's spend in Redis is never to be behind the ledger: the ledger row
 // of every charged job is written before its settlement, so Redis counts
-// less only when it lost settlements — a restart from an older snapshot
-// (an RDB, an AOF's last second), a failover to a replica that lagged, an
-// old master that took writes after its replica's promotion — or while a
-// settlement is in flight. A day behind is raised by settling, one by one,
-// the ledger rows it does not count (settle.lua: c:<member> marks a job
-// charged, so a settlement in flight is counted once, whichever of the two
-// comes first), not by adding a difference of sums: only once every row
-// the day was checked against is marked charged may spent still below
-// their sum (a hash edited by hand) be raised to it (raiseRows).
+// less only when it lost settlements (a restart from an older snapshot, a
+// failover to a replica that lagged) or while a settlement is in flight. A
+// day behind is raised by settling, one by one, the ledger rows it does not
+// count (settle.lua marks a job charged, so a settlement in flight is
+// counted once), not by adding a difference of sums.
 //
-// Days are checked (a sum compared, rows read only when behind):
-//   - before a day of another Redis incarnation answers: the day records
-//     the run id of the server it was last checked on, and the day script
-//     answers "raise" on any other (day.lua), so the first reservation or
-//     status after a restart, restore or failover raises it first;
-//   - by the reconciler after it detects a failover or restart, and at
-//     every full pass (a minute) for every day of today (Check): this
-//     covers a Redis without INFO server (dev mode's), which also checks
-//     at start.
+// Days are checked before a day of another Redis incarnation answers (the
+// day records the run id of the server it was last checked on, and the day
+// script answers "raise" on any other), and by the reconciler for every day
+// of today (Check).
 
 // Reasons a day was raised to the ledger, as the Observer and the metric
 // llmq_budget_rebuilt_total name them.
@@ -57,17 +48,15 @@ type Observer interface {
 }
 
 // LedgerSlack bounds how long after its ledger row's time a job's
-// settlement may still come and its row still be committed, with room for
-// the clocks of the processes that write the rows: rows younger than this
-// may be in flight, so a check that raises a day keeps counting them in
-// later checks (its rbt moves to the check's time less LedgerSlack), and
-// the reconciler's periodic check leaves them to their own settlements.
+// settlement may still come, with room for the writers' clocks: rows
+// younger than this may be in flight, so checks count them again later and
+// the periodic check leaves them to their own settlements.
 const LedgerSlack = time.Minute
 
 // raiseBatch is how many ledger rows one round trip settles.
 const raiseBatch = 500
 
-// checkedScript records a check of a day against the ledger (checked.lua).
+// checkedScript records a check of a day against the ledger.
 //
 //go:embed checked.lua
 var checkedLua string
@@ -154,15 +143,11 @@ type raised struct {
 
 // raiseRows charges each ledger row of the day written from st.counted on
 // that the day does not count yet, in round trips of raiseBatch rows,
-// leaving the rows written after inFlight to their own settlements (zero:
-// none left). Then it records that every row before the check's time (less
-// LedgerSlack) is counted and, when run is set, that the day was checked on
-// that server; and should spent still be below sum (the ledger's, read
-// before the rows) less the rows left in flight, it is raised to that: its
-// hash claims to count rows it does not (an edit by hand), and every row it
-// was checked against is now marked charged, so none of their settlements
-// adds it again. Only a settlement delayed past LedgerSlack of a row older
-// than the day's last check is counted twice then: the safe side.
+// leaving the rows written after inFlight (unless zero) to their own
+// settlements. Then it records that every row before the check's time less
+// LedgerSlack is counted and, when run is set, that the day was checked on
+// that server; should spent still be below sum less the rows left in
+// flight (a hash edited by hand), it is raised to that.
 func (b *Budgets) raiseRows(ctx context.Context, d dayRef, st dayState, sum money.Micros, inFlight time.Time, run string) (raised, error) {
 	var out raised
 	keys := b.dayKeys(d)
@@ -240,10 +225,9 @@ func (b *Budgets) markChecked(ctx context.Context, key, gen string, counted time
 }
 
 // raiseForRun checks one day that the day script found last checked on
-// another Redis server (run is this one's), before the script runs again:
-// its spent is read before the ledger's sum, so that a sum no higher than
-// it means every row is counted (each settlement it counts has its row in
-// the sum); a day behind is raised. Callers of one process share a check.
+// another Redis server (run is this one's): its spent is read before the
+// ledger's sum, so a sum no higher than it means every row is counted; a
+// day behind is raised. Callers of one process share a check.
 func (b *Budgets) raiseForRun(ctx context.Context, d dayRef, run string) error {
 	key := b.dayKeys(d)[0]
 	return b.once(ctx, key+"\x00raise\x00"+run, func() error {
@@ -294,16 +278,12 @@ type DaySpend struct {
 
 // CheckParams are the days Check compares with Redis.
 type CheckParams struct {
-	// Days are the days and their ledger sums (the store's
-	// UsageSumsByDays: every day with spend).
+	// Days are the days with spend and their ledger sums.
 	Days []DaySpend
-	// Reason names the check in what it reports (RaisedPeriodic,
-	// RaisedRestored).
+	// Reason names the check in what it reports.
 	Reason string
 	// InFlight, when set, leaves the ledger rows written after it to their
-	// own settlements, which may be under way (a periodic check, LedgerSlack
-	// ago); zero charges every row the day does not count (after a
-	// restart or failover, whose settlements may be lost).
+	// own settlements; zero charges every row the day does not count.
 	InFlight time.Time
 }
 
@@ -317,12 +297,10 @@ type CheckReport struct {
 }
 
 // Check compares each day's spend in Redis with its ledger sum, all days
-// in one round trip, and raises the days behind (their rows read from the
-// day's rbt on, in pages). A day Redis does not hold, or that waits for its
-// rebuild, is left to the rebuild from the ledger at its next use. The
-// sums were read before the days: a settlement landing in between only
-// makes a day look fuller, so a day behind may be missed for a check (the
-// next one finds it), never raised twice for one job.
+// in one round trip, and raises the days behind. A day Redis does not hold,
+// or that waits for its rebuild, is left to the rebuild. The sums were read
+// before the days, so a day behind may be missed for a check, never raised
+// twice for one job.
 func (b *Budgets) Check(ctx context.Context, p CheckParams) (CheckReport, error) {
 	var rep CheckReport
 	keys := make([]string, len(p.Days))

@@ -7,40 +7,27 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/llmq/llmq/internal/money"
 )
 
 // finishRebuildScript adds the ledger's sum to a day hash that waits for
-// it, once per incarnation of the hash (finish_rebuild.lua).
+// it, once per incarnation of the hash.
 //
 //go:embed finish_rebuild.lua
 var finishRebuildLua string
 var finishRebuildScript = redis.NewScript(finishRebuildLua)
 
 // rebuild fills the day hash the script found waiting (its token) with the
-// spend the ledger holds: the tenant's day, or the global day. The script
-// created the hash before this read, so a settlement either landed before
-// (and is in the ledger, having been written first) or lands in the new
-// hash: none is lost (see Settle).
-func (b *Budgets) rebuild(ctx context.Context, tenantID string, sp span, global bool, key, token string) error {
-	if global {
-		return b.fill(ctx, key, token, func() (money.Micros, error) {
-			return b.ledger.UsageSumByDay(ctx, sp.gday)
-		}, "global_day", sp.gday)
-	}
-	return b.fill(ctx, key, token, func() (money.Micros, error) {
-		return b.ledger.UsageSumByTenantDay(ctx, tenantID, sp.day)
-	}, "tenant", tenantID, "day", sp.day)
-}
-
-func (b *Budgets) fill(ctx context.Context, key, token string, sum func() (money.Micros, error), logArgs ...any) error {
-	// Callers of one process share one ledger read per hash incarnation.
+// spend the ledger holds. The script created the hash before this read, so a
+// settlement either landed before (and is in the ledger, having been written
+// first) or lands in the new hash: none is lost (see Settle). Callers of one
+// process share one ledger read per hash incarnation.
+func (b *Budgets) rebuild(ctx context.Context, d dayRef, token string) error {
+	key := b.dayKeys(d)[0]
 	return b.once(ctx, key+"\x00"+token, func() error {
 		// Rows written from here on may be missing from the sum; their
-		// settlements land in the hash (an audit may charge them too).
+		// settlements land in the hash.
 		readAt := time.Now().UnixMicro()
-		s, err := sum()
+		s, err := b.ledgerSum(ctx, d)
 		if err != nil {
 			return fmt.Errorf("rebuilding spend from the ledger: %w", err)
 		}
@@ -54,6 +41,10 @@ func (b *Budgets) fill(ctx context.Context, key, token string, sum func() (money
 		// A new day starts from an empty ledger; a sum means Redis lost the day.
 		if added == 1 && s > 0 {
 			b.obs.BudgetRaised(RaisedLost, s)
+			logArgs := []any{"tenant", d.tenantID, "day", d.day}
+			if d.tenantID == "" {
+				logArgs = []any{"global_day", d.day}
+			}
 			b.log.Warn("budget: rebuilt spend Redis had lost from the ledger", append(logArgs, "spent_usd", s.USD())...)
 		}
 		return nil
@@ -65,8 +56,8 @@ type flight struct{ done chan struct{} }
 
 // once runs fn for key unless a run for key is already under way, in which
 // case it waits for that run to end and returns nil: the caller runs its
-// script again, which says whether the rebuild is done, and if the run
-// failed (another caller's context, a ledger error) it leads the next one.
+// script again, which says whether the work is done, and if the run failed
+// it leads the next one.
 func (b *Budgets) once(ctx context.Context, key string, fn func() error) error {
 	b.mu.Lock()
 	if f, ok := b.flights[key]; ok {

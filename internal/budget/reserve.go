@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"cmp"
 	"context"
 	_ "embed" // the scripts' Lua
 	"errors"
@@ -14,58 +15,37 @@ import (
 	"github.com/llmq/llmq/internal/scripts"
 )
 
-// dayLua is the prelude of the scripts that read or write a day (Reserve
-// and Status), after the clock's (day.lua): it checks that now lies in the
-// day, creates a day hash Redis lost (its spend then waits for the
-// ledger's sum, see rebuild) and drops reservations whose holders stopped
-// extending them. Its header lists the two keys and five arguments the
+// dayLua is the prelude of Reserve's and Status's scripts (day.lua): it
+// checks that now lies in the day, creates a day hash Redis lost and drops
+// expired reservations. Its header lists the keys and arguments the
 // scripts share, and the day hash's fields.
 //
 //go:embed day.lua
 var dayLua string
 
-// reservationsLua is the functions the scripts that touch a day share,
-// before dayLua or a script's own Lua.
+// reservationsLua is the functions the scripts that touch a day share.
 //
 //go:embed reservations.lua
 var reservationsLua string
 
-// reserveScript holds an amount for one reservation against one day, if it
-// fits after the waiters before it, and makes it wait when only what
-// others hold stands in the way (reserve.lua).
-//
 //go:embed reserve.lua
 var reserveLua string
 var reserveScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + reserveLua)
 
 // Reserve holds amount (the job's worst-case cost) for reservation id (the
-// job id) against the tenant's budget and the global cap of today. The two
-// days are held by one script each, in one round trip (a cluster keeps
-// them on different shards): when one refuses, the other's hold is
-// released at once, so a refused job holds nothing, and meanwhile the
-// hold only ever made the other day look fuller, never emptier. When
-// allowed it returns the Reservation to Settle or Release; when denied it
-// returns a nil Reservation and a Decision saying which cap denied and
-// when it resets (defer the job until then, or fail it when TooLarge).
-// Reserving an id that already holds a reservation today returns that
-// reservation, with its first amount, and does not hold more. The
-// reservation lapses after ReservationTTL unless its holder calls Extend.
-// Without a global cap only the tenant's day is held.
+// job id) against the tenant's budget and the global cap of today, one
+// script each in one round trip: when one refuses, the other's hold is
+// released at once, so a refused job holds nothing. When allowed it returns
+// the Reservation to Settle or Release; when denied, a nil Reservation and
+// a Decision saying which cap denied and when it resets. Reserving an id
+// that already holds a reservation today returns that reservation and holds
+// no more. The reservation lapses after ReservationTTL unless extended.
 //
-// A denial says why (Decision.Held): spent + amount passing a cap means no
-// settlement can make room today (defer to the reset, or reject); a denial
-// only by what others hold (spent + amount fits, spent + reserved + amount
-// does not) is room that comes back within seconds, as they settle, since
-// a settlement charges at most what it reserved. Such a reservation waits
-// on its tenant's day: a later reservation of another id is refused while
-// it would take room the earlier waiters need, so the one that waited
-// first gets the room first, provided it tries again within WaitTTL (a
-// waiter that went away stops counting). Each reservation reads the oldest
-// 100 waiters at most (a ZRANGE and one HMGET of their amounts, only while
-// the day has waiters; a day without costs an allowed reservation one
-// ZREM): a day with more serves them in the order of its first 100. The global day refuses for spend or for holds alike, but
-// keeps no order (see reserve.lua); a job the global day refuses after its
-// tenant's admitted it waits again from the back of its tenant's line.
+// A denial only by what others hold (Decision.Held) is room that comes back
+// as they settle. Such a reservation waits on its tenant's day: a later
+// reservation of another id is refused while it would take room the earlier
+// waiters need, provided they try again within WaitTTL. Only the oldest 100
+// waiters are read. The global day keeps no order (see reserve.lua).
 func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount money.Micros) (*Reservation, *Decision, error) {
 	if err := acct.validate(); err != nil {
 		return nil, nil, err
@@ -91,20 +71,13 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
 	// allowed, now, spent, reserved, amount held, soft crossed; refusal
-	t, err := rs[0].ints(1, 2, 3, 4, 5, 6)
-	if err != nil {
-		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
-	}
-	trefusal, err := rs[0].str(7)
+	t, trefusal, err := rs[0].reserved()
 	if err != nil {
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
 	g, grefusal := []int64{1, 0, 0, 0, 0, 0}, ""
 	if len(rs) > 1 {
-		if g, err = rs[1].ints(1, 2, 3, 4, 5, 6); err != nil {
-			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
-		}
-		if grefusal, err = rs[1].str(7); err != nil {
+		if g, grefusal, err = rs[1].reserved(); err != nil {
 			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 		}
 	}
@@ -112,7 +85,7 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	res := &Reservation{ID: id, TenantID: acct.TenantID, Day: sp.day, GlobalDay: sp.gday, Amount: money.Micros(t[4]), Global: len(rs) > 1}
 	if !tallowed || !gallowed {
 		// The day that held lets go: a refused job holds nothing.
-		if err := b.release(ctx, res, tallowed, gallowed && res.Global); err != nil {
+		if _, err := b.settleDays(ctx, res, 0, false, tallowed, gallowed && res.Global); err != nil {
 			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 		}
 		if tallowed {
@@ -144,6 +117,16 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	return res, d, nil
 }
 
+// reserved reads reserve.lua's reply: its integers and its refusal.
+func (r reply) reserved() ([]int64, string, error) {
+	n, err := r.ints(1, 2, 3, 4, 5, 6)
+	if err != nil {
+		return nil, "", err
+	}
+	refusal, err := r.str(7)
+	return n, refusal, err
+}
+
 // unwaitScript takes a reservation out of its tenant day's waiters
 // (unwait.lua).
 //
@@ -152,9 +135,8 @@ var unwaitLua string
 var unwaitScript = redis.NewScript(unwaitLua)
 
 // StopWaiting takes reservation id out of the waiters of the tenant's day
-// (see Reserve), when its caller gives up on it (a synchronous request
-// past its deadline): those behind it need not wait WaitTTL for it to
-// lapse. Stopping a reservation that does not wait does nothing.
+// when its caller gives up on it, so those behind it need not wait WaitTTL
+// for it to lapse. Stopping a reservation that does not wait does nothing.
 func (b *Budgets) StopWaiting(ctx context.Context, acct Account, id string) error {
 	if err := acct.validate(); err != nil {
 		return err
@@ -224,8 +206,6 @@ func (d *Decision) Denial() *Denial {
 // Check says whether amount would fit in what both caps have left as of d
 // (a Status), without reserving it: nil when it fits, else the cap that
 // refuses it, Held when only what reservations hold stands in the way.
-// An API that rejects work answers with it at enqueue; only Reserve holds
-// the room (and orders those that wait for it).
 func (d *Decision) Check(amount money.Micros) *Denial {
 	tspent := !d.Unlimited && d.Spent+amount > d.Budget
 	gspent := d.GlobalBudget > 0 && d.GlobalSpent+amount > d.GlobalBudget
@@ -245,82 +225,68 @@ type onDay struct {
 	extra           []any
 }
 
-// eval runs a day script (the clock and day preludes, then its own) on
-// each of days, in one round trip, until each answers "ok": it moves to
-// the day Redis's clock says when the guess was wrong, rebuilds a lost day
-// from the ledger, and raises to the ledger a day last checked on another
-// Redis server, then runs them all again (the scripts are idempotent by
-// member). It returns the days' replies in their order.
+// eval runs a day script on each of days, in one round trip, until each
+// answers "ok": it moves to the day Redis's clock says when the guess was
+// wrong, rebuilds a lost day from the ledger, and raises to the ledger a
+// day last checked on another Redis server, then runs them all again (the
+// scripts are idempotent by member). It returns the days' replies in order.
 func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days ...onDay) ([]reply, span, error) {
 	loc := acct.location()
 	_, guess := b.now()
-	calls := make([]scripts.Call, len(days))
+	calls, refs := make([]scripts.Call, len(days)), make([]dayRef, len(days))
 	for range maxAttempts {
 		arg, _ := b.now()
 		sp := b.spanAt(guess, loc)
 		token := newToken()
 		for i, d := range days {
-			keys, start, end := b.tenantKeys(acct.TenantID, sp.day), sp.start, sp.end
+			ref, start, end := dayRef{acct.TenantID, sp.day}, sp.start, sp.end
 			if d.global {
-				keys, start, end = b.globalKeys(sp.gday), sp.gstart, sp.gend
+				ref, start, end = dayRef{"", sp.gday}, sp.gstart, sp.gend
 			}
+			keys := b.dayKeys(ref)
 			if d.waiters {
 				keys = append(keys, b.keys.BudgetTenantWaiters(sp.day, acct.TenantID))
 			}
+			refs[i] = ref
 			calls[i] = scripts.Call{Script: s, Keys: keys,
 				Args: append([]any{arg, us(start), us(end), keySlack.Milliseconds(), token}, d.extra...)}
 		}
-		cmds := b.scripts.RunAll(ctx, calls...)
 		replies, ok := make([]reply, len(days)), true
-		for i, cmd := range cmds {
+		for i, cmd := range b.scripts.RunAll(ctx, calls...) {
 			v, err := cmd.Slice()
 			if err != nil {
 				return nil, sp, err
 			}
 			r := reply(v)
 			kind, err := r.str(0)
-			if err != nil {
-				return nil, sp, err
-			}
-			replies[i] = r
 			switch kind {
 			case "ok":
 			case "wrongday":
-				ok = false
-				n, err := r.int(1)
-				if err != nil {
-					return nil, sp, err
+				var n int64
+				if n, err = r.int(1); err == nil {
+					b.wrongDays.Add(1)
+					guess = time.UnixMicro(n)
+					if b.clock == nil {
+						b.offset.Store(n - time.Now().UnixMicro())
+					}
 				}
-				b.wrongDays.Add(1)
-				guess = time.UnixMicro(n)
-				if b.clock == nil {
-					b.offset.Store(n - time.Now().UnixMicro())
+			case "rebuild": // r[1] is the new hash's token
+				var tok string
+				if tok, err = r.str(1); err == nil {
+					err = b.rebuild(ctx, refs[i], tok)
 				}
-			case "rebuild":
-				ok = false
-				tok, err := r.str(1)
-				if err != nil {
-					return nil, sp, err
-				}
-				if err := b.rebuild(ctx, acct.TenantID, sp, days[i].global, calls[i].Keys[0], tok); err != nil {
-					return nil, sp, err
-				}
-			case "raise":
-				ok = false
-				run, err := r.str(1)
-				if err != nil {
-					return nil, sp, err
-				}
-				d := dayRef{acct.TenantID, sp.day}
-				if days[i].global {
-					d = dayRef{"", sp.gday}
-				}
-				if err := b.raiseForRun(ctx, d, run); err != nil {
-					return nil, sp, err
+			case "raise": // r[1] is this server's run id
+				var run string
+				if run, err = r.str(1); err == nil {
+					err = b.raiseForRun(ctx, refs[i], run)
 				}
 			default:
-				return nil, sp, fmt.Errorf("unexpected script reply %q", kind)
+				err = cmp.Or(err, fmt.Errorf("unexpected script reply %q", kind))
 			}
+			if err != nil {
+				return nil, sp, err
+			}
+			replies[i], ok = r, ok && kind == "ok"
 		}
 		if ok {
 			return replies, sp, nil

@@ -12,23 +12,18 @@ import (
 	"github.com/llmq/llmq/internal/redisclock"
 )
 
-// statusScript reads a day without reserving (status.lua), dropping
-// expired reservations and starting a rebuild when Redis lost the day.
+// statusScript reads a day without reserving.
 //
 //go:embed status.lua
 var statusLua string
 var statusScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + statusLua)
 
-// Status reports the tenant's day so far (GET /v1/usage, the dashboard):
-// spent, reserved, remaining, the soft limit and when the day resets,
-// without reserving. Allowed says whether both caps still have room; when
-// not, DeniedBy and RetryAfter say which and until when; Check says whether
-// an amount would still fit.
+// Status reports the tenant's day so far without reserving. Allowed says
+// whether both caps still have room; when not, DeniedBy and RetryAfter say
+// which and until when; Check says whether an amount would still fit.
 //
-// Concurrent calls for one account share a read (every API response
-// carries the budget's status, and a busy tenant's requests come many at
-// once), but never one that began before the call: what a call returns
-// was read after it was made, as if it had read alone.
+// Concurrent calls for one account share a read, but never one that began
+// before the call (coalesce.Group).
 func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
 	if err := acct.validate(); err != nil {
 		return nil, err

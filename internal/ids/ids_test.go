@@ -1,10 +1,19 @@
 package ids
 
 import (
+	"crypto/rand"
 	"sort"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/oklog/ulid/v2"
 )
+
+// newAt returns a new id of the type prefix stamped with t, as New does.
+func newAt(prefix string, t time.Time) string {
+	return prefix + strings.ToLower(ulid.MustNew(ulid.Timestamp(t), rand.Reader).String())
+}
 
 func TestIDsSortByTimeAndAreUnique(t *testing.T) {
 	t.Parallel()
@@ -12,7 +21,7 @@ func TestIDsSortByTimeAndAreUnique(t *testing.T) {
 	var got []string
 	seen := map[string]bool{}
 	for i := 0; i < 1000; i++ {
-		id := NewAt(Job, base.Add(time.Duration(i)*time.Millisecond))
+		id := newAt(Job, base.Add(time.Duration(i)*time.Millisecond))
 		if seen[id] {
 			t.Fatalf("duplicate id %s", id)
 		}

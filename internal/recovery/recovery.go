@@ -1,38 +1,22 @@
 // Package recovery keeps the store and Redis in agreement so no job is ever
 // lost: a reconciler re-enqueues every unfinished job whose task is missing
-// from Redis — after a Redis restart without persistence, a FLUSHALL, or an
-// enqueue that failed after the job's row was committed. It notices a loss
-// by the epoch key's absence, within CheckInterval. A job whose task asynq
-// archived is revived, unless its worker was gone at the end of its last
-// delivery: then the job may be what kills its workers, and it fails
-// (worker_lost). The archived task of a finished job is sent back so that a
-// worker settles its charge, or dropped when there is nothing to settle.
+// from Redis (after a Redis restart without persistence, a FLUSHALL, or an
+// enqueue that failed after the job's row was committed). It notices a loss
+// by the epoch key's absence. A job whose task asynq archived is revived,
+// unless its worker was gone at the end of its last delivery: then the job
+// may be what kills its workers, and it fails (worker_lost). The archived
+// task of a finished job is sent back so that a worker settles its charge.
 //
-// What lived only in Redis is rebuilt or safely reset:
-//   - tasks: re-enqueued from the store (a job's task carries only its id),
-//     waiting and deferred jobs at their next_run_at;
-//   - budget spend: rebuilt from the ledger by the budget package at the
-//     first reservation on a tenant's (and the global) day; reservations
-//     open at the loss are dropped, and their calls charged once as they
-//     settle. A day Redis holds older than the ledger (a restore, a
-//     failover) is raised to it at its first use on the new server, and by
-//     the check of today's days after a failover and at every full pass;
-//   - rate-limit buckets, 429 penalties and probes: unknowable, so when any
-//     job is unfinished at the loss every model is paused for LossPause (the
-//     provider's per-minute windows clear meanwhile) and starts full after;
-//     a tokens-per-day bucket starts full, so a day's limit may be overshot
-//     by what was spent before the loss. A fresh installation (no
-//     unfinished job) is not paused;
-//   - learned limits: dropped; the policy's limits apply until a provider's
-//     next answer announces them again;
-//   - API keys' rate-limit windows: reset, each key starts a fresh window;
-//   - webhook deliveries not yet ended: enqueued again from the store (a
-//     job or batch records when its delivery ended), so a receiver may get
-//     a delivery twice and dedupes by its X-Llmq-Webhook-Id;
-//   - circuit breakers: not in Redis; each worker keeps its own.
+// What lived only in Redis is rebuilt or safely reset: tasks and webhook
+// deliveries are enqueued again from the store; budget days are rebuilt
+// from the ledger by the budget package, and checked against it here; the
+// rate limiters' state is unknowable, so after a loss with jobs in flight
+// every model is paused for LossPause and starts full after; learned limits
+// and API keys' windows start afresh.
 package recovery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,55 +42,19 @@ import (
 
 // Options tune a Reconciler.
 type Options struct {
-	// CheckInterval is how often the reconciler looks for a Redis loss (a
-	// cheap EXISTS) and for workers that stopped beating, whose running
-	// jobs it hands to others. Defaults to 2s.
+	// CheckInterval is how often the reconciler looks for a Redis loss and
+	// for workers that stopped beating. Defaults to 2s.
 	CheckInterval time.Duration
 	// FullInterval is how often every unfinished job is checked even when
-	// Redis lost nothing (an enqueue that failed after commit). Defaults to 1m.
+	// Redis lost nothing. Defaults to 1m.
 	FullInterval time.Duration
-	// MinAge skips jobs changed more recently than this: they are being
-	// enqueued or run right now. Defaults to 10s.
+	// MinAge skips jobs changed more recently than this. Defaults to 10s.
 	MinAge time.Duration
 	// LossPause is how long every model is paused after a Redis loss with
 	// jobs in flight. Defaults to 1m; negative disables the pause.
 	LossPause time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.CheckInterval < 0 {
-		return fmt.Errorf("recovery: Options.CheckInterval must not be negative, got %v", o.CheckInterval)
-	}
-	if o.FullInterval < 0 {
-		return fmt.Errorf("recovery: Options.FullInterval must not be negative, got %v", o.FullInterval)
-	}
-	if o.MinAge < 0 {
-		return fmt.Errorf("recovery: Options.MinAge must not be negative, got %v", o.MinAge)
-	}
-	return nil
-}
-
-func (o Options) withDefaults() Options {
-	if o.CheckInterval == 0 {
-		o.CheckInterval = 2 * time.Second
-	}
-	if o.FullInterval == 0 {
-		o.FullInterval = time.Minute
-	}
-	if o.MinAge == 0 {
-		o.MinAge = 10 * time.Second
-	}
-	if o.LossPause == 0 {
-		o.LossPause = time.Minute
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	return o
 }
 
 // Reconciler re-enqueues jobs whose tasks are missing.
@@ -118,8 +66,7 @@ type Reconciler struct {
 	Inspector *queue.Inspector
 	Limiter   *limiter.TokenBucket
 	Policy    *config.PolicyHolder
-	// Budgets, when set, has today's days checked against the ledger at
-	// every full pass and after a failover, and those behind raised
+	// Budgets, when set, has today's days checked against the ledger
 	// (CheckBudgets).
 	Budgets *budget.Budgets
 	Logger  *slog.Logger
@@ -134,17 +81,22 @@ type Reconciler struct {
 // failoverRecheck is how long after a failover its pass runs again.
 const failoverRecheck = 15 * time.Second
 
-// New returns a Reconciler, or an error naming an option that is invalid;
-// the fields may also be set directly.
-func New(r Reconciler, opts Options) (*Reconciler, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
+// New returns r with opts, zero options defaulted.
+func New(r Reconciler, opts Options) *Reconciler {
+	r.opts = Options{
+		CheckInterval: cmp.Or(opts.CheckInterval, 2*time.Second),
+		FullInterval:  cmp.Or(opts.FullInterval, time.Minute),
+		MinAge:        cmp.Or(opts.MinAge, 10*time.Second),
+		LossPause:     cmp.Or(opts.LossPause, time.Minute),
+		Now:           opts.Now,
 	}
-	r.opts = opts.withDefaults()
+	if r.opts.Now == nil {
+		r.opts.Now = time.Now
+	}
 	if r.Logger == nil {
 		r.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &r, nil
+	return &r
 }
 
 // Report says what one pass did.
@@ -156,13 +108,11 @@ type Report struct {
 	Webhooks int // webhook deliveries of finished jobs and batches enqueued again
 	Resent   int // archived tasks of succeeded or cancelled jobs sent back to settle their charge
 	Dropped  int // archived tasks of failed or deleted jobs dropped
-	// BudgetDaysRaised counts the budget days whose spend in Redis was below
-	// the ledger's and was raised to it; Recharged the ledger rows that
-	// charged them, whose settlement Redis had lost.
+	// BudgetDaysRaised counts the budget days raised to the ledger;
+	// Recharged the ledger rows that charged them.
 	BudgetDaysRaised, Recharged int
-	// LegacyQueues counts the per-priority asynq queues of versions before
-	// the one jobs queue, deleted with their tasks (their jobs are then
-	// enqueued again as jobs whose task is missing).
+	// LegacyQueues counts the per-priority asynq queues of older versions
+	// deleted with their tasks.
 	LegacyQueues int
 }
 
@@ -219,10 +169,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 }
 
 // HandOff gives the running jobs of worker processes not seen for
-// store.WorkerDeadAfter to other workers: each goes back to queued and gets
-// a task of its own (queue.EnqueueHandOff). It returns how many it handed
-// off. A job is handed off once; should its enqueue fail, the full pass
-// enqueues it once its dead worker's task is gone from asynq.
+// store.WorkerDeadAfter to other workers, each with a task of its own, and
+// returns how many it handed off. A job is handed off once; should its
+// enqueue fail, the full pass enqueues it.
 func (r *Reconciler) HandOff(ctx context.Context) (int, error) {
 	n := 0
 	for {
@@ -260,15 +209,13 @@ func (r *Reconciler) lost(ctx context.Context) (bool, error) {
 	return n == 0, err
 }
 
-// failedOver reports whether Redis's masters changed since the last check
-// (a Sentinel or Cluster failover, or a restart): the new master may be a
-// replica that lagged, holding less than was acknowledged, with the epoch
-// key all the same. The first check only learns them.
+// failedOver reports whether Redis's masters changed since the last check:
+// the new master may be a replica that lagged, with the epoch key all the
+// same. The first check only learns them.
 func (r *Reconciler) failedOver(ctx context.Context) bool {
 	id, err := redisIdentity(ctx, r.Redis)
 	if err != nil {
-		// A Redis that cannot say (an embedded one has no INFO server)
-		// or does not answer now: the next check looks again.
+		// A Redis without INFO server, or not answering: look again next time.
 		r.Logger.Debug("reconciler: redis masters' run ids", "err", err)
 		return false
 	}
@@ -280,9 +227,7 @@ func (r *Reconciler) failedOver(ctx context.Context) bool {
 	return changed
 }
 
-// redisIdentity is the run ids of rdb's masters, sorted: each master's
-// INFO server run_id (a new one at each start; a promoted replica keeps its
-// own).
+// redisIdentity is the run ids of rdb's masters, sorted.
 func redisIdentity(ctx context.Context, rdb redis.UniversalClient) (string, error) {
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		var mu sync.Mutex
@@ -358,7 +303,7 @@ func (r *Reconciler) locked(ctx context.Context, lost, failover bool) (Report, b
 	}
 	if err == nil && (lost || failover) {
 		// A lagging replica may lack asynq's list of queues, which its
-		// inspector reads ("queue not found", hibiken/asynq#1053).
+		// inspector reads ("queue not found").
 		err = queue.RegisterQueues(ctx, r.Redis, r.Queue.Namespace())
 	}
 	if err == nil && lost {
@@ -368,9 +313,7 @@ func (r *Reconciler) locked(ctx context.Context, lost, failover bool) (Report, b
 }
 
 // requeueReleased enqueues again, at once, the tasks of every job the fair
-// queues released and no worker started: a failover may have lost them
-// (enqueueing a task that exists changes nothing). Left alone, the
-// scheduler's stale check would find them after its StaleAfter.
+// queues released and no worker started: a failover may have lost them.
 func (r *Reconciler) requeueReleased(ctx context.Context, rep *Report) error {
 	scopes, err := r.Queue.Scopes(ctx)
 	if err != nil {
@@ -401,13 +344,10 @@ func (r *Reconciler) requeueReleased(ctx context.Context, rep *Report) error {
 const staleBatch = 100
 
 // CheckBudgets compares every day of today (each tenant's budget day, in
-// whichever timezone, and the global day) with the ledger, and raises to
-// the ledger's sum each one whose spend in Redis is below it
-// (budget.Check): one grouped sum over the ledger, then one round trip to
-// Redis, rows read only for a day behind. reason is budget.RaisedPeriodic
-// for the full pass, which leaves rows of the last budget.LedgerSlack to
-// their own settlements, or budget.RaisedRestored after a restart,
-// failover or restore, which charges every row a day does not count.
+// whichever timezone, and the global day) with the ledger, and raises each
+// one behind it (budget.Check). reason is budget.RaisedPeriodic for the
+// full pass, which leaves rows of the last budget.LedgerSlack to their own
+// settlements, or budget.RaisedRestored after a restart or failover.
 func (r *Reconciler) CheckBudgets(ctx context.Context, reason string) (budget.CheckReport, error) {
 	if r.Budgets == nil {
 		return budget.CheckReport{}, nil
@@ -449,8 +389,7 @@ func (r *Reconciler) checkBudgets(ctx context.Context, reason string, rep *Repor
 }
 
 // pauseModels pauses every model of the policy after a loss of the
-// limiter's state, so the first minute after cannot burst past the
-// provider's limits.
+// limiter's state, so it cannot burst past the provider's limits.
 func (r *Reconciler) pauseModels(ctx context.Context) {
 	if r.Limiter == nil || r.Policy == nil || r.opts.LossPause < 0 {
 		return
@@ -498,13 +437,9 @@ func (r *Reconciler) reconcileAll(ctx context.Context, minAge time.Duration) (Re
 const archiveMax = 10000
 
 // reconcileArchive empties the job queue's archive of finished jobs'
-// tasks (the unfinished ones are reconcileJobs'). asynq archives a task
-// whose delivery failed, or came back, after its retries were used up —
-// among them a delivery that stored the job's result and died before
-// settling its budget, or whose settlement kept failing: such a task is
-// sent back, so that a worker settles the job's charge from its ledger row
-// (charged once however often it settles). The task of a failed job, or of
-// a job that no longer exists, has nothing left to do and is dropped.
+// tasks. A succeeded or cancelled job's task is sent back, so that a worker
+// settles its charge from its ledger row (charged once however often it
+// settles); a failed or deleted job's is dropped.
 func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
 	ids, err := r.Inspector.ArchivedJobIDs(ctx, archiveMax)
 	if err != nil {
@@ -535,8 +470,7 @@ func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
 }
 
 // reconcileWebhooks enqueues the deliveries of finished jobs' or batches'
-// webhooks that have not ended and whose task is missing: Redis lost it,
-// or the enqueue after the terminal state failed.
+// webhooks that have not ended and whose task is missing.
 func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now time.Time, minAge time.Duration, rep *Report) error {
 	p := &store.WebhookListPendingParams{Kind: kind, FinishedBefore: now.Add(-minAge), Limit: 1000}
 	list := func(after string) ([]*store.WebhookRef, bool, error) {
@@ -555,9 +489,8 @@ func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now tim
 
 // reconcileJobs enqueues the unfinished jobs whose task is missing.
 func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge time.Duration, rep *Report) error {
-	// A batch's jobs wait for its validation to end, which enqueues them
-	// (a validation cut short resumes and enqueues them too).
-	// A job at a provider's Batch API is its part's (package offload).
+	// A validating batch's jobs are its validation's to enqueue; a job at a
+	// provider's Batch API is its part's.
 	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, SkipOffloaded: true, Limit: 1000}
 	list := func(after string) ([]*store.Job, bool, error) {
 		p.After = after
@@ -637,10 +570,9 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 	}
 	if task.State == queue.TaskActive && j.Status != store.JobRunning {
 		// asynq has the task active but no worker started the job: a
-		// failover kept the task's move to active and lost its lease (or
-		// the worker's start), and asynq's recoverer only follows leases.
-		// A task of its own runs it; should a worker hold it after all,
-		// that task finds it held and ends.
+		// failover lost its lease, which asynq's recoverer follows. A task
+		// of its own runs it; should a worker hold it after all, that task
+		// finds it held and ends.
 		if _, err := r.Queue.EnqueueHandOff(ctx, ref, strconv.FormatInt(now.UnixMilli(), 36)); err != nil {
 			return fmt.Errorf("re-enqueue %s, stuck active: %w", j.ID, err)
 		}
@@ -673,10 +605,8 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 }
 
 // failWorkerLost fails a job whose last delivery ended with its worker
-// gone, after deliveries of them (asynq archived its task when the lease
-// expired, or the reconciler took it from dead workers that many times),
-// drops what is left of its task (drop, when not nil), and sends the job's
-// webhook.
+// gone, after deliveries of them, drops what is left of its task (drop,
+// when not nil), and sends the job's webhook.
 func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, deliveries int, drop func() error, rep *Report) error {
 	_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
 		Type: wire.TypeServer, Code: "worker_lost",

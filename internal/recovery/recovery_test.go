@@ -26,10 +26,10 @@ func TestMain(m *testing.M) {
 const redisDB = 12
 
 func reconciler(a *apptest.App, now func() time.Time) *recovery.Reconciler {
-	return testutil.Must(recovery.New(recovery.Reconciler{
+	return recovery.New(recovery.Reconciler{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
 		Limiter: a.Limiter, Policy: a.Policy, Logger: a.Logger,
-	}, recovery.Options{Now: now, MinAge: time.Second, CheckInterval: 100 * time.Millisecond}))
+	}, recovery.Options{Now: now, MinAge: time.Second, CheckInterval: 100 * time.Millisecond})
 }
 
 // queuedAgain reports whether a placement (apptest.App.Placement) is a job

@@ -1,17 +1,16 @@
 // Package retention purges what the policy's retention no longer keeps:
 // the request and response of jobs finished longer ago than
-// retention.finished_jobs (their status, usage and cost stay), and the
-// files made longer ago than retention.files that no running batch uses,
-// and the usage ledger's rows charged longer ago than retention.ledger,
-// folded into daily totals per tenant, day and model (budgets and usage
-// reports read the totals, so no dollar of spend is lost), and the records
-// of stored responses past the 30 days a provider keeps them
-// (store.StoredResponseRetention). It works in small batches, each a short transaction of its own that
-// locks only the rows it changes and skips rows others hold, with a pause
-// between batches, so the API and the workers never wait behind it.
+// retention.finished_jobs (their status, usage and cost stay), the files
+// made longer ago than retention.files that no running batch uses, the
+// usage ledger's rows charged longer ago than retention.ledger (folded into
+// daily totals, so no dollar of spend is lost), and the records of stored
+// responses past store.StoredResponseRetention. It works in small batches,
+// each a short transaction of its own, with a pause between batches, so the
+// API and the workers never wait behind it.
 package retention
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -47,9 +46,9 @@ type Purger struct {
 	Retention func() config.Retention
 	// Now defaults to time.Now.
 	Now func() time.Time
-	// Batch is the rows of one statement (default DefaultBatch); Pause the
-	// wait between two (default DefaultPause).
+	// Batch is the rows of one statement. Defaults to DefaultBatch.
 	Batch int
+	// Pause is the wait between two statements. Defaults to DefaultPause.
 	Pause time.Duration
 	// Logger defaults to discarding.
 	Logger *slog.Logger
@@ -60,13 +59,10 @@ type Report struct {
 	// JobsBefore, FilesBefore and LedgerBefore are the cut-offs (zero when
 	// kept for ever).
 	JobsBefore, FilesBefore, LedgerBefore time.Time
-	Jobs                                  int64
-	Files                                 int64
-	FileBytes                             int64
+	Jobs, Files, FileBytes                int64
 	// LedgerRows is the ledger rows folded into daily totals.
 	LedgerRows int64
-	// StoredResponses is the records of stored responses (and their items)
-	// purged, past store.StoredResponseRetention; Purge only.
+	// StoredResponses is the records of stored responses purged (Purge only).
 	StoredResponses int64
 }
 
@@ -126,17 +122,11 @@ func (p *Purger) Preview(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
-// Purge runs one pass: every job, ledger row, stored response record and file past its age, a batch at a time,
-// until none is left or ctx ends.
+// Purge runs one pass: every job, ledger row, stored response record and
+// file past its age, a batch at a time, until none is left or ctx ends.
 func (p *Purger) Purge(ctx context.Context) (Report, error) {
 	rep := p.cutoffs()
-	batch, pause := p.Batch, p.Pause
-	if batch <= 0 {
-		batch = DefaultBatch
-	}
-	if pause <= 0 {
-		pause = DefaultPause
-	}
+	batch, pause := cmp.Or(p.Batch, DefaultBatch), cmp.Or(p.Pause, DefaultPause)
 	wait := func() error {
 		select {
 		case <-ctx.Done():

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -33,10 +34,7 @@ func apiKeyDest(k *APIKey) []any {
 
 func scanAPIKey(r row) (*APIKey, error) {
 	var k APIKey
-	if err := r.Scan(apiKeyDest(&k)...); err != nil {
-		return nil, err
-	}
-	return &k, nil
+	return &k, r.Scan(apiKeyDest(&k)...)
 }
 
 // APIKeyInsertParams are the fields of a new key.
@@ -52,20 +50,16 @@ type APIKeyInsertParams struct {
 // APIKeyInsert stores a key. A hash already stored is ErrConflict; an unknown
 // tenant is ErrNotFound.
 func (db *DB) APIKeyInsert(ctx context.Context, p *APIKeyInsertParams) (*APIKey, error) {
-	if err := errors.Join(required("APIKeyInsert", "TenantID", p.TenantID), required("APIKeyInsert", "Prefix", p.Prefix)); err != nil {
+	if err := required("APIKeyInsert", "TenantID", p.TenantID, "Prefix", p.Prefix); err != nil {
 		return nil, err
 	}
 	if len(p.Hash) != 32 {
 		return nil, fmt.Errorf("store: APIKeyInsert: Hash is %d bytes, want a 32-byte SHA-256", len(p.Hash))
 	}
-	id := p.ID
-	if id == "" {
-		id = ids.New(ids.Key)
-	}
 	k, err := scanAPIKey(db.rw.queryRow(ctx, `
 		INSERT INTO api_keys (id, tenant_id, prefix, hash, api_exempt, created_at) VALUES ($1, $2, $3, $4, $5, $6)
 		RETURNING `+apiKeyColumns,
-		id, p.TenantID, p.Prefix, p.Hash, p.APIExempt, db.d.ts(db.nowUTC())))
+		cmp.Or(p.ID, ids.New(ids.Key)), p.TenantID, p.Prefix, p.Hash, p.APIExempt, db.d.ts(db.nowUTC())))
 	return k, db.d.wrap(err)
 }
 
@@ -100,12 +94,8 @@ func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenan
 // APIKeyRevoke revokes the key and returns it. Revoking a revoked key keeps
 // its first revocation time.
 func (db *DB) APIKeyRevoke(ctx context.Context, id string) (*APIKey, error) {
-	k, err := scanAPIKey(db.rw.queryRow(ctx, `
-		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1
-		RETURNING `+apiKeyColumns, id, db.d.ts(db.nowUTC())))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("api key", id)
-	}
+	k, err := getOne(ctx, db.rw, scanAPIKey, "api key", id, `UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1
+		RETURNING `+apiKeyColumns, id, db.d.ts(db.nowUTC()))
 	return k, db.d.wrap(err)
 }
 
@@ -129,17 +119,10 @@ func (db *DB) APIKeyUpdate(ctx context.Context, p *APIKeyUpdateParams) (*APIKey,
 	}
 	if p.APIExempt == nil {
 		// Nothing to change: read it, so the answer is the same either way.
-		k, err := scanAPIKey(db.ro.queryRow(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, p.ID))
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, notFound("api key", p.ID)
-		}
-		return k, err
+		return getOne(ctx, db.ro, scanAPIKey, "api key", p.ID, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, p.ID)
 	}
-	k, err := scanAPIKey(db.rw.queryRow(ctx, `UPDATE api_keys SET api_exempt = $2 WHERE id = $1 RETURNING `+apiKeyColumns,
-		p.ID, *p.APIExempt))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("api key", p.ID)
-	}
+	k, err := getOne(ctx, db.rw, scanAPIKey, "api key", p.ID, `UPDATE api_keys SET api_exempt = $2 WHERE id = $1 RETURNING `+apiKeyColumns,
+		p.ID, *p.APIExempt)
 	return k, db.d.wrap(err)
 }
 
@@ -153,11 +136,6 @@ type APIKeyListExemptParams struct {
 func (db *DB) APIKeyListExempt(ctx context.Context, p *APIKeyListExemptParams) ([]*APIKey, bool, error) {
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	// The predicate is api_keys_exempt's, literally.
-	keys, err := collect(ctx, db.ro, scanAPIKey, `SELECT `+apiKeyColumns+` FROM api_keys
+	return page(ctx, db.ro, scanAPIKey, limit, `SELECT `+apiKeyColumns+` FROM api_keys
 		WHERE api_exempt = TRUE AND revoked_at IS NULL ORDER BY id DESC LIMIT $1`, limit+1)
-	if err != nil {
-		return nil, false, err
-	}
-	keys, more := trimPage(keys, limit)
-	return keys, more, nil
 }

@@ -2,9 +2,9 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/llmq/llmq/internal/ids"
@@ -17,8 +17,7 @@ type BatchPartState string
 // The states of a part, in the order it moves through them. Each move is
 // stored before the provider is asked for what follows it, so a part found
 // in uploading or creating after a crash may hold a file or a batch at the
-// provider that the store does not name yet: the offloader looks for it
-// there (by the file's name, by the batch's metadata) before making one.
+// provider that the store does not name yet.
 const (
 	PartPending    BatchPartState = "pending"    // planned; waiting for room in the provider's queue or the budget
 	PartUploading  BatchPartState = "uploading"  // its input file is being uploaded
@@ -38,15 +37,14 @@ type BatchPart struct {
 	State                 BatchPartState
 	Lines, Bytes, Tokens  int64 // Tokens: estimated prompt tokens, what the batch queue limit counts
 
-	// The part's budget reservation (its lines' worst case at the batch
-	// price), so a restarted offloader extends and releases it.
+	// The part's budget reservation, so a restarted offloader extends and releases it.
 	Reserved                   money.Micros
 	BudgetDay, BudgetGlobalDay string
 	BudgetGlobal               bool
 
 	ProviderFileID, ProviderBatchID, ProviderStatus string
-	// Refusals counts the provider's refusals of the part for its queue
-	// limit; Error the last problem met, for operators.
+	// Refusals counts the provider's refusals for its queue limit; Error
+	// is the last problem met.
 	Refusals int
 	Error    string
 
@@ -68,13 +66,10 @@ func scanBatchPart(r row) (*BatchPart, error) {
 	return &p, err
 }
 
-// BatchPartInsert stores a new pending part (its ID made when empty) and
-// puts the jobs jobIDs in it, in one transaction: each must be a queued job
-// of the part's batch in no part, else nothing is stored and the error
-// says so.
+// BatchPartInsert stores a new pending part and puts jobIDs, queued jobs
+// of its batch in no part, in it, all or nothing.
 func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string) error {
-	if err := errors.Join(required("BatchPartInsert", "BatchID", p.BatchID), required("BatchPartInsert", "TenantID", p.TenantID),
-		required("BatchPartInsert", "Model", p.Model), required("BatchPartInsert", "Deployment", p.Deployment)); err != nil {
+	if err := required("BatchPartInsert", "BatchID", p.BatchID, "TenantID", p.TenantID, "Model", p.Model, "Deployment", p.Deployment); err != nil {
 		return err
 	}
 	if len(jobIDs) == 0 {
@@ -92,14 +87,10 @@ func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string
 			int64(p.Reserved), db.d.ts(now)); err != nil {
 			return err
 		}
-		for chunk := range chunks(jobIDs, 1000) {
+		for chunk := range slices.Chunk(jobIDs, 1000) {
 			var a args
 			part, batch := a.add(p.ID), a.add(p.BatchID)
-			in := make([]any, len(chunk))
-			for i, id := range chunk {
-				in[i] = id
-			}
-			n, err := tx.exec(ctx, `UPDATE jobs SET batch_part_id = `+part+` WHERE batch_id = `+batch+` AND id IN (`+a.list(in...)+`)
+			n, err := tx.exec(ctx, `UPDATE jobs SET batch_part_id = `+part+` WHERE batch_id = `+batch+` AND id IN (`+a.list(anys(chunk)...)+`)
 				AND status = 'queued' AND batch_part_id IS NULL`, a...)
 			if err != nil {
 				return err
@@ -116,22 +107,8 @@ func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string
 	return nil
 }
 
-// chunks yields s in slices of at most n.
-func chunks[T any](s []T, n int) func(func([]T) bool) {
-	return func(yield func([]T) bool) {
-		for len(s) > 0 {
-			k := min(n, len(s))
-			if !yield(s[:k]) {
-				return
-			}
-			s = s[k:]
-		}
-	}
-}
-
-// BatchPartSave writes p's state, size, reservation and provider fields if the stored part is
-// still in state from, and reports whether it was (another process moved
-// it on otherwise, and p is not written).
+// BatchPartSave writes p if the stored part is still in state from, and
+// reports whether it was.
 func (db *DB) BatchPartSave(ctx context.Context, p *BatchPart, from BatchPartState) (bool, error) {
 	now := db.nowUTC()
 	n, err := db.rw.exec(ctx, `UPDATE batch_parts SET state = $3, reserved_micros = $4, budget_day = $5, budget_global_day = $6,
@@ -152,11 +129,7 @@ func (db *DB) BatchPartSave(ctx context.Context, p *BatchPart, from BatchPartSta
 
 // BatchPartGet returns the part, or ErrNotFound.
 func (db *DB) BatchPartGet(ctx context.Context, id string) (*BatchPart, error) {
-	p, err := scanBatchPart(db.ro.queryRow(ctx, `SELECT `+batchPartColumns+` FROM batch_parts WHERE id = $1`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("batch part", id)
-	}
-	return p, err
+	return getOne(ctx, db.ro, scanBatchPart, "batch part", id, `SELECT `+batchPartColumns+` FROM batch_parts WHERE id = $1`, id)
 }
 
 // BatchPartListDue returns up to limit parts not done whose next check is
@@ -172,8 +145,7 @@ func (db *DB) BatchPartListByBatch(ctx context.Context, batchID string) ([]*Batc
 }
 
 // BatchPartTokensInFlight sums the tokens of the deployment's parts at
-// the provider or on their way there (uploading, creating, submitted):
-// what they hold of its batch queue.
+// the provider or on their way there: what they hold of its batch queue.
 func (db *DB) BatchPartTokensInFlight(ctx context.Context, deployment string) (int64, error) {
 	var n int64
 	err := db.ro.queryRow(ctx, `SELECT CAST(COALESCE(SUM(tokens), 0) AS BIGINT) FROM batch_parts
@@ -184,10 +156,9 @@ func (db *DB) BatchPartTokensInFlight(ctx context.Context, deployment string) (i
 	return n, nil
 }
 
-// JobStreamByPart calls fn with each job of the part, by id, its request
-// body included (for the provider's input file), a few hundred per query.
+// JobStreamByPart calls fn with each job of the part, by id (as stream).
 func (db *DB) JobStreamByPart(ctx context.Context, partID string, fn func(*Job) error) error {
-	return db.streamJobs(ctx, func(last *Job) (string, args) {
+	return stream(ctx, db, "JobStreamByPart", scanJob, func(last *Job) (string, args) {
 		after := ""
 		if last != nil {
 			after = last.ID
@@ -196,20 +167,15 @@ func (db *DB) JobStreamByPart(ctx context.Context, partID string, fn func(*Job) 
 	}, fn)
 }
 
-// JobLeavePart takes the part's unfinished jobs among jobIDs out of it,
-// back to llmq's own path (the caller enqueues them), and returns their
-// ids.
+// JobLeavePart takes the part's pending jobs among jobIDs back to llmq's
+// own path, and returns their ids.
 func (db *DB) JobLeavePart(ctx context.Context, partID string, jobIDs []string) ([]string, error) {
 	var out []string
-	for chunk := range chunks(jobIDs, 1000) {
+	for chunk := range slices.Chunk(jobIDs, 1000) {
 		var a args
 		part := a.add(partID)
-		in := make([]any, len(chunk))
-		for i, id := range chunk {
-			in[i] = id
-		}
 		q := `UPDATE jobs SET batch_part_id = NULL, updated_at = ` + a.add(db.d.ts(db.nowUTC())) + `
-			WHERE batch_part_id = ` + part + ` AND id IN (` + a.list(in...) + `) AND ` + pendingSQL + ` RETURNING id`
+			WHERE batch_part_id = ` + part + ` AND id IN (` + a.list(anys(chunk)...) + `) AND ` + pendingSQL + ` RETURNING id`
 		err := db.rw.query(ctx, q, a, func(r row) error {
 			var id string
 			err := r.Scan(&id)

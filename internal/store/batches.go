@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -31,38 +32,20 @@ func (s BatchStatus) Terminal() bool {
 	return s == BatchFailed || s == BatchCompleted || s == BatchExpired || s == BatchCancelled
 }
 
-// stampColumn is the *_at column a move to s stamps ("" for validating,
-// which is created_at). Column names are constants, never values.
-func (s BatchStatus) stampColumn() (string, bool) {
-	switch s {
-	case BatchValidating:
-		return "", true
-	case BatchFailed:
-		return "failed_at", true
-	case BatchInProgress:
-		return "in_progress_at", true
-	case BatchFinalizing:
-		return "finalizing_at", true
-	case BatchCompleted:
-		return "completed_at", true
-	case BatchExpired:
-		return "expired_at", true
-	case BatchCancelling:
-		return "cancelling_at", true
-	case BatchCancelled:
-		return "cancelled_at", true
-	}
-	return "", false
+// batchStamps are the *_at column a move to each status stamps ("" for
+// validating, which is created_at). Column names are constants, never values.
+var batchStamps = map[BatchStatus]string{
+	BatchValidating: "", BatchFailed: "failed_at", BatchInProgress: "in_progress_at", BatchFinalizing: "finalizing_at",
+	BatchCompleted: "completed_at", BatchExpired: "expired_at", BatchCancelling: "cancelling_at", BatchCancelled: "cancelled_at",
 }
 
 // Valid reports whether s is a known status.
-func (s BatchStatus) Valid() bool { _, ok := s.stampColumn(); return ok }
+func (s BatchStatus) Valid() bool { _, ok := batchStamps[s]; return ok }
 
 // activeBatchSQL is the literal predicate of the batches_active partial index.
 const activeBatchSQL = `status IN ('validating', 'in_progress', 'finalizing', 'cancelling')`
 
-// Batch is an OpenAI-style batch. Its request counts are not stored: they are
-// counted from its jobs (JobCountsByBatch).
+// Batch is an OpenAI-style batch; its request counts come from its jobs.
 type Batch struct {
 	ID               string
 	TenantID         string
@@ -93,15 +76,11 @@ const batchColumns = `id, tenant_id, input_file_id, output_file_id, error_file_i
 
 func scanBatch(r row) (*Batch, error) {
 	var b Batch
-	err := r.Scan(&b.ID, &b.TenantID, &b.InputFileID, orZero[string]{&b.OutputFileID}, orZero[string]{&b.ErrorFileID},
+	return &b, r.Scan(&b.ID, &b.TenantID, &b.InputFileID, orZero[string]{&b.OutputFileID}, orZero[string]{&b.ErrorFileID},
 		&b.Endpoint, &b.CompletionWindow, &b.Status, (*[]byte)(&b.Metadata), (*[]byte)(&b.Errors), &b.Total,
 		timeCol{&b.CreatedAt}, nullTimeCol{&b.ExpiresAt}, nullTimeCol{&b.InProgressAt}, nullTimeCol{&b.FinalizingAt},
 		nullTimeCol{&b.CompletedAt}, nullTimeCol{&b.FailedAt}, nullTimeCol{&b.ExpiredAt}, nullTimeCol{&b.CancellingAt},
 		nullTimeCol{&b.CancelledAt}, orZero[string]{&b.WebhookURL})
-	if err != nil {
-		return nil, err
-	}
-	return &b, nil
 }
 
 // BatchInsertParams describe a new batch; it starts validating.
@@ -119,24 +98,18 @@ type BatchInsertParams struct {
 
 // BatchInsert creates a batch. An unknown input file is ErrNotFound.
 func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, error) {
-	err := errors.Join(required("BatchInsert", "TenantID", p.TenantID), required("BatchInsert", "InputFileID", p.InputFileID),
-		required("BatchInsert", "Endpoint", p.Endpoint), required("BatchInsert", "CompletionWindow", p.CompletionWindow))
+	err := required("BatchInsert", "TenantID", p.TenantID, "InputFileID", p.InputFileID,
+		"Endpoint", p.Endpoint, "CompletionWindow", p.CompletionWindow)
 	if err != nil {
 		return nil, err
 	}
-	id := p.ID
-	if id == "" {
-		id = ids.New(ids.Batch)
-	}
 	// The input file must exist (batches name their files without a
-	// foreign key, so that an ended batch's may be deleted). A file deleted
-	// in the instant after this read leaves the batch failing its
-	// validation: its input cannot be read.
+	// foreign key, so that an ended batch's may be deleted).
 	b, err := scanBatch(db.rw.queryRow(ctx, `
 		INSERT INTO batches (id, tenant_id, input_file_id, endpoint, completion_window, status, metadata, total, created_at, expires_at, webhook_url)
 		SELECT $1, $2, id, $4, $5, 'validating', $6, $7, $8, $9, $10 FROM files WHERE id = $3
 		RETURNING `+batchColumns,
-		id, p.TenantID, p.InputFileID, p.Endpoint, p.CompletionWindow, nullJSON(p.Metadata), p.Total,
+		cmp.Or(p.ID, ids.New(ids.Batch)), p.TenantID, p.InputFileID, p.Endpoint, p.CompletionWindow, nullJSON(p.Metadata), p.Total,
 		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt), nullString(p.WebhookURL)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("file", p.InputFileID)
@@ -146,20 +119,12 @@ func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, er
 
 // BatchGetByID returns the batch, or ErrNotFound.
 func (db *DB) BatchGetByID(ctx context.Context, id string) (*Batch, error) {
-	b, err := scanBatch(db.ro.queryRow(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("batch", id)
-	}
-	return b, err
+	return getOne(ctx, db.ro, scanBatch, "batch", id, `SELECT `+batchColumns+` FROM batches WHERE id = $1`, id)
 }
 
 // BatchGetForTenant returns the tenant's batch; another tenant's is ErrNotFound.
 func (db *DB) BatchGetForTenant(ctx context.Context, tenantID, id string) (*Batch, error) {
-	b, err := scanBatch(db.ro.queryRow(ctx, `SELECT `+batchColumns+` FROM batches WHERE id = $1 AND tenant_id = $2`, id, tenantID))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("batch", id)
-	}
-	return b, err
+	return getOne(ctx, db.ro, scanBatch, "batch", id, `SELECT `+batchColumns+` FROM batches WHERE id = $1 AND tenant_id = $2`, id, tenantID)
 }
 
 // BatchListParams select a page of a tenant's batches.
@@ -176,7 +141,7 @@ func (db *DB) BatchList(ctx context.Context, p *BatchListParams) ([]*Batch, bool
 	}
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	q, a := batchListSQL(p, limit)
-	return db.batchPage(ctx, q, a, limit)
+	return page(ctx, db.ro, scanBatch, limit, q, a...)
 }
 
 // batchListSQL reads batches_tenant.
@@ -187,15 +152,6 @@ func batchListSQL(p *BatchListParams, limit int) (string, args) {
 		q += ` AND id < ` + a.add(p.After)
 	}
 	return q + ` ORDER BY id DESC LIMIT ` + a.add(limit+1), a
-}
-
-func (db *DB) batchPage(ctx context.Context, q string, a args, limit int) ([]*Batch, bool, error) {
-	bs, err := collect(ctx, db.ro, scanBatch, q, a...)
-	if err != nil {
-		return nil, false, err
-	}
-	bs, more := trimPage(bs, limit)
-	return bs, more, nil
 }
 
 // BatchSetStatusParams describe a conditional batch status change.
@@ -212,25 +168,22 @@ type BatchSetStatusParams struct {
 }
 
 // BatchSetStatus moves the batch to p.To if its status is one of p.From,
-// stamping the *_at column of p.To (the first time only), and reports whether
-// it did; either way it returns the batch as it now is.
+// stamping p.To's column once, and reports whether it did; either way it
+// returns the batch as it now is.
 func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Batch, bool, error) {
 	if err := required("BatchSetStatus", "ID", p.ID); err != nil {
 		return nil, false, err
 	}
-	stamp, ok := p.To.stampColumn()
+	stamp, ok := batchStamps[p.To]
 	if !ok {
 		return nil, false, fmt.Errorf("store: BatchSetStatus: To %q is not a batch status", p.To)
 	}
 	if len(p.From) == 0 {
 		return nil, false, errors.New("store: BatchSetStatus: From is empty")
 	}
-	from := make([]any, len(p.From))
-	for i, s := range p.From {
-		if !s.Valid() || s.Terminal() {
-			return nil, false, fmt.Errorf("store: BatchSetStatus: From[%d] %q: only unfinished statuses can change", i, s)
-		}
-		from[i] = string(s)
+	from, err := unfinished("BatchSetStatus", "From", p.From)
+	if err != nil {
+		return nil, false, err
 	}
 	var a args
 	q := `UPDATE batches SET status = ` + a.add(string(p.To))
@@ -275,13 +228,12 @@ type BatchListActiveParams struct {
 	Limit int    // default 1000, at most 10000
 }
 
-// BatchListActive returns a page of the batches not yet finished
-// (validating, in_progress, finalizing, cancelling), oldest first, for the
-// expiry and finalization sweeps, and whether more remain.
+// BatchListActive returns a page of the batches not yet finished, oldest
+// first, and whether more remain.
 func (db *DB) BatchListActive(ctx context.Context, p *BatchListActiveParams) ([]*Batch, bool, error) {
 	limit := pageLimit(p.Limit, 1000, 10000)
 	q, a := batchListActiveSQL(p, limit)
-	return db.batchPage(ctx, q, a, limit)
+	return page(ctx, db.ro, scanBatch, limit, q, a...)
 }
 
 // batchListActiveSQL reads batches_active.

@@ -28,60 +28,40 @@ import (
 	"github.com/llmq/llmq/migrations"
 )
 
-// dialect is what differs between the databases; the SQL itself is shared:
-// both accept $N placeholders, RETURNING, ON CONFLICT with partial-index
-// targets and CAST(... AS BIGINT).
+// dialect is what differs between the databases; the SQL itself is shared.
 type dialect struct {
 	name       string
 	goose      goose.Dialect
 	migrations fs.FS
 
 	// sqliteTimes: timestamps are TEXT in tsLayout on SQLite (fixed width,
-	// so text order is time order); Postgres takes time.Time for timestamptz.
+	// so text order is time order); Postgres takes time.Time.
 	sqliteTimes bool
-
 	// groupWrites: the writes every job makes go in pgx batches
-	// (groups.go), and JobComplete is one statement, a data-modifying WITH.
-	// SQLite has one writer and no such WITH: each call runs alone, and
-	// JobComplete in a transaction.
+	// (groups.go), and JobComplete is one data-modifying WITH. SQLite has
+	// one writer and no such WITH: each call runs alone.
 	groupWrites bool
-
-	// spoolUploads: FileInsert first copies a reader that is not already
-	// local (an io.ReaderAt, such as a multipart temp file) to a temp file,
-	// so SQLite's one writer is never held for the duration of a slow upload.
+	// spoolUploads: FileInsert first copies a reader that is not local
+	// (not an io.ReaderAt) to a temp file, so SQLite's one writer never
+	// waits on a slow upload.
 	spoolUploads bool
+	// skipLocked is the row locking clause of a purge's subquery, so that
+	// it skips rows another transaction holds.
+	skipLocked string
 
-	// tx runs fn in a transaction of the writer.
-	tx func(ctx context.Context, db *DB, fn func(querier) error) error
-
-	// insertJobs writes JobInsertMany's rows: COPY on Postgres, multi-row
-	// INSERTs in one transaction on SQLite.
+	tx         func(ctx context.Context, db *DB, fn func(querier) error) error
 	insertJobs func(ctx context.Context, db *DB, rows [][]any) error
-
-	// tryLock takes the named lock if free: a session advisory lock on
-	// Postgres, an in-process lock per database file on SQLite.
-	tryLock func(ctx context.Context, db *DB, name string) (unlock func(), ok bool, err error)
-
-	// gooseDB is the database/sql handle goose migrates through, and what
-	// releases it: on Postgres one over the pool for the migration alone,
-	// since goose takes nothing else.
+	tryLock    func(ctx context.Context, db *DB, name string) (unlock func(), ok bool, err error)
+	// gooseDB is the handle goose migrates through, and what releases it.
 	gooseDB func(db *DB) (*sql.DB, func() error)
-
 	// errKind classifies a driver error as ErrConflict, ErrNotFound (a
-	// foreign key naming a missing row), ErrInvalidValue (a value the
-	// database cannot hold) or nil.
+	// foreign key naming a missing row), ErrInvalidValue or nil.
 	errKind func(err error) error
-
-	// isLockTimeout reports an error of a statement that gave up waiting
-	// for a lock (Postgres's lock_timeout).
+	// isLockTimeout reports a statement that gave up waiting for a lock.
 	isLockTimeout func(err error) bool
-
-	// tableExists is a query of whether the table named $1 exists where
-	// llmq's tables are (Postgres's current schema).
+	// tableExists asks whether the table named $1 exists where llmq's are.
 	tableExists string
-
-	// unavailable reports a driver error that means the database cannot
-	// serve now (ErrUnavailable).
+	// unavailable reports a driver error that is ErrUnavailable.
 	unavailable func(err error) bool
 }
 
@@ -119,7 +99,7 @@ func (d *dialect) wrap(err error) error {
 }
 
 // outage wraps err in ErrUnavailable when it says the database cannot
-// serve now. Every driver call's error goes through it (querier.go).
+// serve now.
 func (d *dialect) outage(err error) error {
 	if err == nil || errors.Is(err, ErrUnavailable) || !d.unavailable(err) {
 		return err
@@ -128,10 +108,8 @@ func (d *dialect) outage(err error) error {
 }
 
 // connectionLost reports an error of a driver call whose connection failed
-// under it: refused, reset or closed (EOF), or no answer in time (the
-// caller's deadline, a pool that had no connection to give). A caller that
-// left (context.Canceled) is not an outage. Only errors from a driver call
-// are asked: Redis's look the same.
+// under it, or that got no answer in time. A caller that left
+// (context.Canceled) is not an outage.
 func connectionLost(err error) bool {
 	var ne net.Error
 	return !errors.Is(err, context.Canceled) && (errors.Is(err, context.DeadlineExceeded) ||
@@ -140,10 +118,8 @@ func connectionLost(err error) bool {
 }
 
 // Classify gives err the sentinel of its kind (ErrConflict, ErrNotFound,
-// ErrInvalidValue), as the writing methods do. Reads return the driver's
-// error as it is; a caller that answers every error, such as the HTTP API,
-// classifies them once, so a value it forgot to check is the caller's
-// mistake and not a failure of the database.
+// ErrInvalidValue), as the writing methods do; reads return the driver's
+// error as it is.
 func (db *DB) Classify(err error) error { return db.d.wrap(err) }
 
 // IsPermanent reports whether err, from a store method, is about the data
@@ -154,25 +130,12 @@ func (db *DB) IsPermanent(err error) bool {
 	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidValue)
 }
 
-// Reason is the database's own words for err — its message and code —
-// without llmq's wrapping, or err's text when no database error is in it.
-func Reason(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
-	}
-	var se *sqlite.Error
-	if errors.As(err, &se) {
-		return se.Error()
-	}
-	return err.Error()
-}
-
 var postgresDialect = &dialect{
 	name:        "postgres",
 	goose:       goose.DialectPostgres,
 	migrations:  migrations.Postgres(),
 	groupWrites: true,
+	skipLocked:  " FOR UPDATE SKIP LOCKED",
 	tx:          pgxTx,
 	insertJobs:  copyJobs,
 	tryLock:     pgTryLock,
@@ -204,11 +167,9 @@ var postgresDialect = &dialect{
 		}
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) {
-			// The server's own refusals that end by themselves: class 08,
-			// connection exception; 57P01-57P03, an administrator's
-			// shutdown (or pg_terminate_backend), a crash, a server still
-			// starting; 53300, too many connections. Any other (a wrong
-			// password, a missing database) is not for a retry to mend.
+			// The refusals that end by themselves: class 08, connection
+			// exception; 57P01-57P03, a shutdown, a crash, a server
+			// starting; 53300, too many connections.
 			switch pe.Code {
 			case "57P01", "57P02", "57P03", "53300":
 				return true
@@ -227,11 +188,8 @@ var postgresDialect = &dialect{
 			case "23503": // foreign_key_violation
 				return ErrNotFound
 			}
-			// Class 22, data exception: invalid byte sequence (22021), NUL
-			// or a lone surrogate in jsonb (22P05, 22P02), a value too
-			// long or out of range; class 23, the other integrity
-			// constraints (not null, check); class 54, a program limit
-			// exceeded (a row or an array too large).
+			// Class 22, data exception; 23, the other integrity
+			// constraints; 54, a program limit exceeded.
 			switch pe.Code[:min(2, len(pe.Code))] {
 			case "22", "23", "54":
 				return ErrInvalidValue
@@ -254,9 +212,6 @@ var sqliteDialect = &dialect{
 	// SQLite's writers wait on its busy timeout, and give up there.
 	isLockTimeout: func(error) bool { return false },
 	tableExists:   `SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)`,
-	// The database stayed locked by another connection (another process on
-	// the file) past the busy timeout, or the writer stayed taken past the
-	// caller's deadline.
 	unavailable: func(err error) bool {
 		var se *sqlite.Error
 		if errors.As(err, &se) {
@@ -285,9 +240,7 @@ var sqliteDialect = &dialect{
 	},
 }
 
-// openPostgres opens a pool on dsn, and one for advisory locks. Every
-// parameter goes to pgxpool, search_path and pool_max_conns (default 16)
-// included.
+// openPostgres opens a pool on dsn, and one for advisory locks.
 func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -300,10 +253,8 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 	if !u.Query().Has("pool_max_conns") {
 		cfg.MaxConns = 16
 	}
-	// No statement of llmq's runs for minutes, and none holds a transaction
-	// open while it waits: bound both, so a runaway query or a stuck
-	// session cannot hold its locks (and the rows every job touches) for
-	// ever. The URL's own values win (…&statement_timeout=30000).
+	// Bound statements and idle transactions, so a runaway query or a stuck
+	// session cannot hold its locks for ever. The URL's own values win.
 	for param, ms := range map[string]string{"statement_timeout": "60000", "idle_in_transaction_session_timeout": "60000"} {
 		if _, set := cfg.ConnConfig.RuntimeParams[param]; !set {
 			cfg.ConnConfig.RuntimeParams[param] = ms
@@ -323,10 +274,9 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store: postgres %s: no schema of the search_path exists", u.Redacted())
 	}
-	// Advisory locks hold their session's connection until released: they
-	// get a pool of their own, so the work done under a lock (the
-	// reconciler's, the sweeper's, a batch's validation) never waits for a
-	// connection the locks themselves hold, however small pool_max_conns.
+	// Advisory locks hold their session's connection until released: a
+	// pool of their own keeps the work done under a lock from waiting for
+	// a connection the locks hold.
 	lcfg := cfg.Copy()
 	lcfg.MaxConns = maxLockConns
 	lcfg.MaxConnIdleTime = time.Minute
@@ -343,10 +293,10 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 // TryLock past it waits for one to be released (or its context to end).
 const maxLockConns = 16
 
-// openSQLite opens the file named by raw (sqlite://path or file:path): one
-// writer connection and a pool of read-only connections, all in WAL mode with
-// a busy timeout and foreign keys on. Writes take the lock at BEGIN
-// (IMMEDIATE), so a transaction never fails upgrading a read lock.
+// openSQLite opens the file named by raw: one writer connection and a pool
+// of read-only connections, in WAL mode with a busy timeout and foreign
+// keys on. Writes take the lock at BEGIN (IMMEDIATE), so a transaction
+// never fails upgrading a read lock.
 func openSQLite(ctx context.Context, raw string) (*DB, error) {
 	rest, ok := strings.CutPrefix(raw, "sqlite://")
 	if !ok {
@@ -392,8 +342,7 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxIdleTime(0)
 	w.SetConnMaxLifetime(0)
-	// The writer connects first: it creates the file and switches it to WAL
-	// before any reader opens it.
+	// The writer creates the file and switches it to WAL before any reader opens it.
 	if err := pingWriter(ctx, w); err != nil {
 		_ = w.Close()
 		return nil, fmt.Errorf("store: open %s: %w", abs, err)
@@ -417,10 +366,9 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 // sqliteBusyTimeout is how long a SQLite connection waits for another's lock.
 const sqliteBusyTimeout = 10 * time.Second
 
-// pingWriter connects the writer. Two processes creating one file switch it
-// to WAL at the same time, and SQLite answers one of them SQLITE_BUSY at
-// once, without waiting out the busy timeout (each holds the lock the
-// other needs): that one tries again, for as long as the busy timeout.
+// pingWriter connects the writer. Of two processes switching a new file to
+// WAL at once, SQLite answers one SQLITE_BUSY at once, without waiting out
+// the busy timeout: that one tries again, for as long as the busy timeout.
 func pingWriter(ctx context.Context, w *sql.DB) error {
 	deadline := time.Now().Add(sqliteBusyTimeout)
 	for {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -35,7 +36,7 @@ type File struct {
 	Purpose   FilePurpose
 	Filename  string
 	Bytes     int64
-	Lines     int64  // newline-terminated lines, plus a last one without a newline
+	Lines     int64
 	BatchID   string // the batch of an output or error file
 	CreatedAt time.Time
 }
@@ -44,11 +45,7 @@ const fileColumns = `id, tenant_id, purpose, filename, bytes, lines, batch_id, c
 
 func scanFile(r row) (*File, error) {
 	var f File
-	err := r.Scan(&f.ID, &f.TenantID, &f.Purpose, &f.Filename, &f.Bytes, &f.Lines, orZero[string]{&f.BatchID}, timeCol{&f.CreatedAt})
-	if err != nil {
-		return nil, err
-	}
-	return &f, nil
+	return &f, r.Scan(&f.ID, &f.TenantID, &f.Purpose, &f.Filename, &f.Bytes, &f.Lines, orZero[string]{&f.BatchID}, timeCol{&f.CreatedAt})
 }
 
 // FileInsertParams describe a file to store.
@@ -60,22 +57,16 @@ type FileInsertParams struct {
 	BatchID  string    // optional; the batch of an output or error file
 	Content  io.Reader // read to EOF; the caller bounds its size
 	// Generated stores only the description of a file whose content is
-	// made on read (a batch's output and error files, rendered from its
-	// jobs, which are final by then): Content must be nil, and Bytes and
-	// Lines give the size the content will have.
+	// made on read (a batch's output and error files): Content must be
+	// nil, and Bytes and Lines give the size the content will have.
 	Generated    bool
 	Bytes, Lines int64
 }
 
 // FileInsert stores p.Content in chunks of about 1 MiB, in one transaction,
-// never holding the whole file in memory, and returns the file with its size
-// and line count. A failed read stores nothing.
-//
-// On SQLite a Content that is not already local (not an io.ReaderAt, such as
-// a multipart temp file) is first copied to a temp file: the transaction
-// holds SQLite's one writer, which must not wait on a slow upload.
+// and returns the file with its size and line count.
 func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error) {
-	if err := errors.Join(required("FileInsert", "TenantID", p.TenantID), required("FileInsert", "Filename", p.Filename)); err != nil {
+	if err := required("FileInsert", "TenantID", p.TenantID, "Filename", p.Filename); err != nil {
 		return nil, err
 	}
 	if !p.Purpose.Valid() {
@@ -99,10 +90,7 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 		}()
 		content = spool
 	}
-	id := p.ID
-	if id == "" {
-		id = ids.New(ids.File)
-	}
+	id := cmp.Or(p.ID, ids.New(ids.File))
 	var f *File
 	err := db.tx(ctx, func(tx querier) error {
 		_, err := tx.exec(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
@@ -150,13 +138,9 @@ func (db *DB) fileInsertGenerated(ctx context.Context, p *FileInsertParams) (*Fi
 	if p.Content != nil || p.Bytes < 0 || p.Lines < 0 {
 		return nil, errors.New("store: FileInsert: a generated file has no Content and a size of at least 0")
 	}
-	id := p.ID
-	if id == "" {
-		id = ids.New(ids.File)
-	}
 	f, err := scanFile(db.rw.queryRow(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING `+fileColumns,
-		id, p.TenantID, string(p.Purpose), p.Filename, p.Bytes, p.Lines, nullString(p.BatchID), db.d.ts(db.nowUTC())))
+		cmp.Or(p.ID, ids.New(ids.File)), p.TenantID, string(p.Purpose), p.Filename, p.Bytes, p.Lines, nullString(p.BatchID), db.d.ts(db.nowUTC())))
 	if err != nil {
 		return nil, fmt.Errorf("store: FileInsert: %w", db.d.wrap(err))
 	}
@@ -168,42 +152,36 @@ func spoolToTemp(r io.Reader) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: FileInsert: spool: %w", err)
 	}
-	if _, err := io.Copy(f, r); err != nil {
-		_ = f.Close()
-		_ = os.Remove(f.Name())
-		return nil, fmt.Errorf("store: FileInsert: read content: %w", err)
+	if _, err = io.Copy(f, r); err != nil {
+		err = fmt.Errorf("store: FileInsert: read content: %w", err)
+	} else if _, err = f.Seek(0, io.SeekStart); err != nil {
+		err = fmt.Errorf("store: FileInsert: spool: %w", err)
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
+	if err != nil {
 		_ = f.Close()
 		_ = os.Remove(f.Name())
-		return nil, fmt.Errorf("store: FileInsert: spool: %w", err)
+		return nil, err
 	}
 	return f, nil
 }
 
 // FileGetByID returns the file, or ErrNotFound.
 func (db *DB) FileGetByID(ctx context.Context, id string) (*File, error) {
-	f, err := scanFile(db.ro.queryRow(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("file", id)
-	}
-	return f, err
+	return getOne(ctx, db.ro, scanFile, "file", id, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id)
 }
 
 // FileGetForTenant returns the tenant's file; another tenant's is
-// ErrNotFound. It finds the row by its primary key alone, as
-// JobGetForTenant does, and for the same reason.
+// ErrNotFound (found by its key alone, as JobGetForTenant says).
 func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File, error) {
-	f, err := scanFile(db.ro.queryRow(ctx, `SELECT `+fileColumns+` FROM files WHERE id = $1`, id))
-	if errors.Is(err, sql.ErrNoRows) || err == nil && f.TenantID != tenantID {
+	f, err := db.FileGetByID(ctx, id)
+	if err == nil && f.TenantID != tenantID {
 		return nil, notFound("file", id)
 	}
 	return f, err
 }
 
-// FileOpen returns the file's content, read one chunk per query as the reader
-// is consumed, so no connection is held between reads. ctx bounds every read.
-// Check the tenant with FileGetForTenant first.
+// FileOpen returns the file's content, read one chunk per query, so no
+// connection is held between reads. Check the tenant first.
 func (db *DB) FileOpen(ctx context.Context, id string) (io.ReadCloser, error) {
 	var one int
 	err := db.ro.queryRow(ctx, `SELECT 1 FROM files WHERE id = $1`, id).Scan(&one)
@@ -216,7 +194,6 @@ func (db *DB) FileOpen(ctx context.Context, id string) (io.ReadCloser, error) {
 	return &chunkReader{ctx: ctx, db: db, id: id, seq: -1}, nil
 }
 
-// chunkReader reads a file's chunks in seq order.
 type chunkReader struct {
 	ctx    context.Context
 	db     *DB
@@ -288,16 +265,14 @@ func (r *chunkReader) Close() error {
 }
 
 // sqlFileUsedByBatches counts the batches that have not ended and use file
-// $1 as their input, output or error file, one index each (migration 005).
+// $1 as their input, output or error file.
 const sqlFileUsedByBatches = `SELECT count(*) FROM batches WHERE (input_file_id = $1 OR output_file_id = $1 OR error_file_id = $1)
 	AND status NOT IN ('failed', 'completed', 'expired', 'cancelled')`
 
 // FileDelete deletes the tenant's file and its content. A file a batch that
-// has not ended uses (as its input, output or error file) is ErrConflict;
-// an ended batch keeps naming a file deleted since. Another tenant's file,
-// or none, is ErrNotFound.
+// has not ended uses is ErrConflict.
 func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
-	if err := errors.Join(required("FileDelete", "tenantID", tenantID), required("FileDelete", "id", id)); err != nil {
+	if err := required("FileDelete", "tenantID", tenantID, "id", id); err != nil {
 		return err
 	}
 	return db.tx(ctx, func(tx querier) error {
@@ -334,12 +309,7 @@ func (db *DB) FileList(ctx context.Context, p *FileListParams) ([]*File, bool, e
 	}
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	q, a := fileListSQL(p, limit)
-	fs, err := collect(ctx, db.ro, scanFile, q, a...)
-	if err != nil {
-		return nil, false, err
-	}
-	fs, more := trimPage(fs, limit)
-	return fs, more, nil
+	return page(ctx, db.ro, scanFile, limit, q, a...)
 }
 
 // fileListSQL reads files_tenant, or files_tenant_purpose with a purpose.

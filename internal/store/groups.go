@@ -13,15 +13,11 @@ import (
 )
 
 // The writes every job makes (its insert, its start, its result) are
-// grouped on Postgres: calls made while another of the same kind is under
-// way go together in the next, one pgx batch run as one implicit
-// transaction, so that they share one round trip and one commit. A lone
-// call goes at once, alone. Each call returns only once its own statement
-// is committed, as without the group, and its outcome is its own: when the
-// server refuses one statement, which aborts the group's transaction, each
-// statement runs again on its own. The cost is a wait: a call made while
-// another of its kind runs waits for that one to end. SQLite has one
-// writer: it runs every call on its own.
+// grouped on Postgres (coalesce.Batch): calls made while another of the
+// same kind is under way go together in the next, one pgx batch run as one
+// implicit transaction. Each call's outcome is its own: when the server
+// refuses one statement, each runs again on its own. The cost is a wait
+// for the call under way. SQLite runs every call on its own.
 
 // maxGroup bounds the statements of one group.
 const maxGroup = 64
@@ -53,9 +49,9 @@ func (db *DB) initGroups() {
 		}}
 }
 
-// queryJobGrouped runs a statement of kind (its statements are alike, so
-// they group well) that returns one job row, in a group with the
-// statements of that kind made meanwhile; no row is sql.ErrNoRows.
+// queryJobGrouped runs a statement of kind that returns one job row, in a
+// group with the statements of that kind made meanwhile; no row is
+// sql.ErrNoRows.
 func (db *DB) queryJobGrouped(ctx context.Context, kind, query string, a args) (*Job, error) {
 	if !db.d.groupWrites {
 		return scanJob(db.rw.queryRow(ctx, query, a...))
@@ -87,8 +83,7 @@ func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*J
 			return errs[i]
 		})
 	}
-	// A batch without transaction statements runs as one implicit
-	// transaction: its rows are committed together or not at all.
+	// A batch without transaction statements runs as one implicit transaction.
 	err := db.d.outage(db.pool.SendBatch(ctx, b).Close())
 	var refused *pgconn.PgError
 	switch {
@@ -98,9 +93,8 @@ func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*J
 		// runs again on its own, and the refused one fails alone.
 		return alone()
 	default:
-		// Whether the group committed is not known (the connection
-		// failed): every caller gets the error, as a lone statement's
-		// caller would.
+		// Whether the group committed is not known: every caller gets the
+		// error, as a lone statement's caller would.
 		for i := range sts {
 			jobs[i], errs[i] = nil, err
 		}

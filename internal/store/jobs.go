@@ -1,7 +1,6 @@
 package store
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -40,17 +39,14 @@ func (s JobStatus) Valid() bool {
 	return false
 }
 
-// The literal predicates of the partial indexes and of "not yet terminal".
-// Queries repeat them verbatim (constants, not values) so that both planners
-// can prove the partial index applies.
+// The literal predicates of the partial indexes, repeated verbatim so that
+// both planners can prove the partial index applies.
 const (
 	unfinishedSQL = `status IN ('queued', 'running', 'waiting', 'deferred')`
 	pendingSQL    = `status IN ('queued', 'waiting', 'deferred')`
 )
 
-// JobError is a job's error in OpenAI's shape: the API's error object
-// (client.ErrorObject), stored as the API writes it, with null for an empty
-// code or param, read back as "".
+// JobError is a job's error in OpenAI's shape, stored as the API writes it.
 type JobError = client.ErrorObject
 
 // Job is one LLM request and everything that happened to it.
@@ -94,22 +90,18 @@ type Job struct {
 	UpdatedAt  time.Time
 	NextRunAt  *time.Time // when a waiting or deferred job is due
 
-	// Sync is a request answered on its connection (POST
-	// /v1/chat/completions, /v1/embeddings): it never has an asynq task.
+	// Sync is a request answered on its connection: it never has an asynq task.
 	Sync bool
-	// UsageEstimated is set when the provider's answer said nothing of its
-	// usage (or nothing llmq could believe): the usage and cost are the
-	// reservation's worst case, llmq's estimate.
+	// UsageEstimated: the provider's answer said nothing believable of its
+	// usage, so usage and cost are the reservation's worst case.
 	UsageEstimated bool
-	// Deployment is the deployment (provider/upstream) whose answer the
-	// job has, and ServedModel the model it was of: Model's, or a
-	// fallback's. Both "" until a provider answered.
+	// Deployment (provider/upstream) answered the job, for ServedModel:
+	// Model, or a fallback. Both "" until a provider answered.
 	Deployment, ServedModel string
-	// Fallbacks are the job's own fallback models, in place of its model's;
-	// none when it named none.
+	// Fallbacks are the job's own fallback models, in place of its model's.
 	Fallbacks []string
 	// BatchPartID is the part of its batch the job is in while it runs on
-	// the provider's Batch API (package offload); "" on llmq's own path.
+	// the provider's Batch API; "" on llmq's own path.
 	BatchPartID string
 }
 
@@ -120,10 +112,9 @@ const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model
 	webhook_url, metadata, idempotency_key, created_at, started_at, finished_at, updated_at, next_run_at, sync, usage_estimated,
 	deployment, served_model, fallbacks, batch_part_id`
 
-// jobViewColumns are jobColumns without the request body, which a client
-// sent and the API never renders (wire.Job): the tenant's reads (one job, a
-// page of jobs), polled far more often than jobs change, leave it in the
-// table. Their Job's Request is nil.
+// jobViewColumns are jobColumns without the request body, which the API
+// never renders: the tenant's reads, polled far more often than jobs
+// change, leave it in the table.
 var jobViewColumns = strings.Replace(jobColumns, " request,", " NULL AS request,", 1)
 
 // scanJob reads a row of jobColumns.
@@ -164,9 +155,4 @@ func errorJSON(e *JobError) any {
 	}
 	b, _ := json.Marshal(e) // four strings: cannot fail
 	return string(withoutNUL(b))
-}
-
-// getJob reads one job matching where (a fixed fragment with $1...).
-func getJob(ctx context.Context, q querier, where string, a ...any) (*Job, error) {
-	return scanJob(q.queryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+where, a...))
 }

@@ -2,32 +2,25 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 )
 
 // JobGetByID returns the job, or ErrNotFound.
 func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
-	j, err := scanJob(db.ro.queryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("job", id)
-	}
-	return j, err
+	return getOne(ctx, db.ro, scanJob, "job", id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
 }
 
-// JobGetForTenant returns the tenant's job without its Request (the
-// body the tenant sent); another tenant's is ErrNotFound.
+// JobGetForTenant returns the tenant's job without its Request; another
+// tenant's is ErrNotFound.
 //
 // The row is found by its primary key alone and its tenant compared here:
 // with the tenant in the WHERE clause, a planner whose statistics predate
-// the table's growth (a table that filled since its last analyze) may pick
-// an index by tenant and scan every job of the tenant, which made a poll
-// 4.7 ms instead of 0.05 after 9,600 jobs.
+// the table's growth may pick an index by tenant and scan every job of the
+// tenant.
 func (db *DB) JobGetForTenant(ctx context.Context, tenantID, id string) (*Job, error) {
-	j, err := scanJob(db.ro.queryRow(ctx, `SELECT `+jobViewColumns+` FROM jobs WHERE id = $1`, id))
-	if errors.Is(err, sql.ErrNoRows) || err == nil && j.TenantID != tenantID {
+	j, err := getOne(ctx, db.ro, scanJob, "job", id, `SELECT `+jobViewColumns+` FROM jobs WHERE id = $1`, id)
+	if err == nil && j.TenantID != tenantID {
 		return nil, notFound("job", id)
 	}
 	return j, err
@@ -53,18 +46,7 @@ func (db *DB) JobList(ctx context.Context, p *JobListParams) ([]*Job, bool, erro
 	}
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	q, a := jobListSQL(p, limit)
-	return db.jobPage(ctx, q, a, limit)
-}
-
-// jobPage runs q, which selects up to limit+1 jobs, and returns the first
-// limit of them and whether there were more.
-func (db *DB) jobPage(ctx context.Context, q string, a args, limit int) ([]*Job, bool, error) {
-	js, err := collect(ctx, db.ro, scanJob, q, a...)
-	if err != nil {
-		return nil, false, err
-	}
-	js, more := trimPage(js, limit)
-	return js, more, nil
+	return page(ctx, db.ro, scanJob, limit, q, a...)
 }
 
 // jobListSQL reads jobs_tenant, jobs_tenant_status, jobs_batch or jobs_batch_status.
@@ -85,31 +67,27 @@ func jobListSQL(p *JobListParams, limit int) (string, args) {
 
 // JobListUnfinishedParams select a page of unfinished jobs.
 type JobListUnfinishedParams struct {
-	// Statuses narrows the scan to some of queued, running, waiting,
-	// deferred. Defaults to all four.
+	// Statuses narrows the scan to some unfinished statuses. Defaults to all.
 	Statuses []JobStatus
-	// UpdatedBefore, when set, skips jobs touched since (in flight right now).
+	// UpdatedBefore, when set, skips jobs touched since.
 	UpdatedBefore time.Time
-	// SkipValidating skips the jobs of batches still validating: their
-	// validation enqueues them once the whole file is checked.
+	// SkipValidating skips the jobs of batches still validating.
 	SkipValidating bool
-	// SkipOffloaded skips the jobs at a provider's Batch API: their part
-	// ends them.
+	// SkipOffloaded skips the jobs at a provider's Batch API.
 	SkipOffloaded bool
 	After         string // id of the last job of the previous page
 	Limit         int    // default 1000, at most 10000
 }
 
-// JobListUnfinished returns a page of unfinished jobs in ascending id order
-// (oldest first, the order a reconciler wants), and whether more remain. It
-// reads a partial index holding only unfinished jobs.
+// JobListUnfinished returns a page of unfinished jobs, oldest first, and
+// whether more remain.
 func (db *DB) JobListUnfinished(ctx context.Context, p *JobListUnfinishedParams) ([]*Job, bool, error) {
 	limit := pageLimit(p.Limit, 1000, 10000)
 	q, a, err := jobListUnfinishedSQL(db.d, p, limit)
 	if err != nil {
 		return nil, false, err
 	}
-	return db.jobPage(ctx, q, a, limit)
+	return page(ctx, db.ro, scanJob, limit, q, a...)
 }
 
 // jobListUnfinishedSQL reads jobs_unfinished.
@@ -117,12 +95,9 @@ func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (st
 	var a args
 	q := `SELECT ` + jobColumns + ` FROM jobs WHERE ` + unfinishedSQL
 	if len(p.Statuses) > 0 {
-		st := make([]any, len(p.Statuses))
-		for i, s := range p.Statuses {
-			if !s.Valid() || s.Terminal() {
-				return "", nil, fmt.Errorf("store: JobListUnfinished: Statuses[%d] %q is not an unfinished status", i, s)
-			}
-			st[i] = string(s)
+		st, err := unfinished("JobListUnfinished", "Statuses", p.Statuses)
+		if err != nil {
+			return "", nil, err
 		}
 		q += ` AND status IN (` + a.list(st...) + `)`
 	}
@@ -142,10 +117,8 @@ func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (st
 }
 
 // JobStreamByBatch calls fn with each job of the batch whose status is one
-// of statuses (all when empty), in line order. It reads a few hundred jobs
-// per query and holds no connection while fn runs, so a 50,000-line batch is
-// never in memory at once and fn may use the store. fn's error stops the
-// stream and is returned.
+// of statuses (all when empty), in line order, a page at a time (as
+// streamJobs); fn's error stops the stream and is returned.
 func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []JobStatus, fn func(*Job) error) error {
 	if err := required("JobStreamByBatch", "batchID", batchID); err != nil {
 		return err
@@ -157,7 +130,7 @@ func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []J
 		}
 		st[i] = string(s)
 	}
-	return db.streamJobs(ctx, func(last *Job) (string, args) {
+	return stream(ctx, db, "JobStreamByBatch", scanJob, func(last *Job) (string, args) {
 		after := -1
 		if last != nil {
 			after = last.LineNo
@@ -166,26 +139,27 @@ func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []J
 	}, fn)
 }
 
-// streamJobs calls fn with each job of the pages page reads, a page at a
-// time (each after the last job of the one before, nil for the first)
-// until one is short, holding no connection while fn runs.
-func (db *DB) streamJobs(ctx context.Context, page func(last *Job) (string, args), fn func(*Job) error) error {
-	var last *Job
+// stream calls fn with each row of the pages next reads (each after the
+// last row of the one before, nil for the first) until one is short. It
+// holds no connection while fn runs, so a large batch is never in memory at
+// once and fn may use the store. fn's error is returned as it is.
+func stream[T any](ctx context.Context, db *DB, what string, scan func(row) (*T, error), next func(last *T) (string, args), fn func(*T) error) error {
+	var last *T
 	for {
-		q, a := page(last)
-		js, err := collect(ctx, db.ro, scanJob, q, a...)
+		q, a := next(last)
+		rows, err := collect(ctx, db.ro, scan, q, a...)
 		if err != nil {
-			return err
+			return fmt.Errorf("store: %s: %w", what, err)
 		}
-		for _, j := range js {
-			if err := fn(j); err != nil {
+		for _, r := range rows {
+			if err := fn(r); err != nil {
 				return err
 			}
 		}
-		if len(js) < db.streamBatch {
+		if len(rows) < db.streamBatch {
 			return nil
 		}
-		last = js[len(js)-1]
+		last = rows[len(rows)-1]
 	}
 }
 
@@ -213,9 +187,11 @@ func (c *JobCounts) Unfinished() int64 { return c.Queued + c.Running + c.Waiting
 const sqlJobCountsByBatch = `SELECT status, count(*) FROM jobs WHERE batch_id = $1 GROUP BY status`
 
 // JobCountsByBatch counts the batch's jobs by status, from the index on
-// (batch_id, status): no counter row is updated as jobs finish.
+// (batch_id, status).
 func (db *DB) JobCountsByBatch(ctx context.Context, batchID string) (*JobCounts, error) {
 	c := &JobCounts{}
+	counts := map[JobStatus]*int64{JobQueued: &c.Queued, JobRunning: &c.Running, JobWaiting: &c.Waiting,
+		JobDeferred: &c.Deferred, JobSucceeded: &c.Succeeded, JobFailed: &c.Failed, JobCancelled: &c.Cancelled}
 	err := db.ro.query(ctx, sqlJobCountsByBatch, []any{batchID}, func(r row) error {
 		var (
 			s JobStatus
@@ -224,21 +200,8 @@ func (db *DB) JobCountsByBatch(ctx context.Context, batchID string) (*JobCounts,
 		if err := r.Scan(&s, &n); err != nil {
 			return err
 		}
-		switch s {
-		case JobQueued:
-			c.Queued = n
-		case JobRunning:
-			c.Running = n
-		case JobWaiting:
-			c.Waiting = n
-		case JobDeferred:
-			c.Deferred = n
-		case JobSucceeded:
-			c.Succeeded = n
-		case JobFailed:
-			c.Failed = n
-		case JobCancelled:
-			c.Cancelled = n
+		if count := counts[s]; count != nil {
+			*count = n
 		}
 		c.Total += n
 		return nil

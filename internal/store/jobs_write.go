@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -27,12 +28,10 @@ type JobInsertParams struct {
 	Model    string
 	Request  json.RawMessage // required, valid JSON
 	Queue    string
-	// Status is queued when empty. It is never terminal, except failed
-	// with an Error: a batch line refused at validation, stored finished so
-	// that a batch's counts, error file and line order all come from its jobs.
+	// Status is queued when empty; never terminal, except failed with an
+	// Error (a batch line refused at validation, stored finished).
 	Status JobStatus
-	// Error is why a job inserted as failed was refused; only with Status failed.
-	Error *JobError
+	Error  *JobError
 
 	EstPromptTokens int64
 	EstMaxTokens    int64
@@ -42,14 +41,11 @@ type JobInsertParams struct {
 	Metadata       json.RawMessage
 	IdempotencyKey string     // optional; unique per tenant (JobInsert only)
 	NextRunAt      *time.Time // optional: when a waiting or deferred job is due
-	// Sync marks a request answered on its connection; it gets no task.
-	Sync bool
-	// Fallbacks are the job's own fallback models (checked by admission).
-	Fallbacks []string
+	Sync           bool
+	Fallbacks      []string
 }
 
-// jobInsertColumns are the columns JobInsert and JobInsertMany write, in the
-// order of (*JobInsertParams).values.
+// jobInsertColumns are the columns of (*JobInsertParams).values.
 var jobInsertColumns = []string{"id", "tenant_id", "batch_id", "line_no", "custom_id", "endpoint", "model",
 	"request", "queue", "status", "est_prompt_tokens", "est_max_tokens", "est_cost_micros",
 	"webhook_url", "metadata", "idempotency_key", "created_at", "updated_at", "next_run_at",
@@ -57,9 +53,7 @@ var jobInsertColumns = []string{"id", "tenant_id", "batch_id", "line_no", "custo
 
 func (p *JobInsertParams) validate(method string) error {
 	refused := p.Status == JobFailed && p.Error != nil
-	err := errors.Join(required(method, "TenantID", p.TenantID), required(method, "Endpoint", p.Endpoint),
-		required(method, "Queue", p.Queue))
-	if err != nil {
+	if err := required(method, "TenantID", p.TenantID, "Endpoint", p.Endpoint, "Queue", p.Queue); err != nil {
 		return err
 	}
 	// A refused line may name no model, or not even be JSON.
@@ -89,10 +83,7 @@ func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 	if p.BatchID != "" {
 		line = int64(p.LineNo)
 	}
-	status := p.Status
-	if status == "" {
-		status = JobQueued
-	}
+	status := cmp.Or(p.Status, JobQueued)
 	request := p.Request
 	if len(request) == 0 {
 		request = json.RawMessage("null")
@@ -108,19 +99,14 @@ func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 }
 
 // JobInsert creates a job. With an IdempotencyKey, a second insert with the
-// same (tenant, key) returns the first job and created=false: never an error,
-// never a duplicate. An id already taken is ErrConflict; an unknown tenant or
-// batch is ErrNotFound.
+// same (tenant, key) returns the first job and created=false. An id already
+// taken is ErrConflict; an unknown tenant or batch is ErrNotFound.
 func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, created bool, err error) {
 	if err := p.validate("JobInsert"); err != nil {
 		return nil, false, err
 	}
-	id := p.ID
-	if id == "" {
-		id = ids.New(ids.Job)
-	}
 	var a args
-	vals := a.list(p.values(db.d, id, db.d.ts(db.nowUTC()))...)
+	vals := a.list(p.values(db.d, cmp.Or(p.ID, ids.New(ids.Job)), db.d.ts(db.nowUTC()))...)
 	// The conflict target names the partial unique index, so only an
 	// idempotency key is absorbed; any other conflict is an error.
 	j, err := db.queryJobGrouped(ctx, "insert", `
@@ -133,9 +119,8 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 	if !errors.Is(err, sql.ErrNoRows) {
 		return nil, false, db.d.wrap(err)
 	}
-	// The key was taken (the conflicting insert has committed: both
-	// backends wait for it before reporting the conflict).
-	j, err = getJob(ctx, db.rw, whereIdempotencyKey, p.TenantID, p.IdempotencyKey)
+	// The key was taken by an insert both backends waited to commit.
+	j, err = scanJob(db.rw.queryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+whereIdempotencyKey, p.TenantID, p.IdempotencyKey))
 	if err != nil {
 		return nil, false, fmt.Errorf("store: JobInsert: read the job of idempotency key: %w", err)
 	}
@@ -150,12 +135,9 @@ type JobInsertManyParams struct {
 	Jobs []*JobInsertParams
 }
 
-// JobInsertMany creates many jobs at once (a batch's lines): COPY on
-// Postgres, multi-row INSERTs in one transaction on SQLite. All or nothing.
-// It returns the ids in the order of p.Jobs. Ids it makes are handed out in
-// ascending order, so within one call id order is input order. Idempotency
-// keys are not supported here; a batch line already inserted (same BatchID
-// and LineNo) is ErrConflict, so a retried insert never duplicates.
+// JobInsertMany creates many jobs at once (a batch's lines), all or nothing,
+// and returns their ids in input order, which is also their order. A batch
+// line already inserted is ErrConflict; idempotency keys are not supported.
 func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]string, error) {
 	if len(p.Jobs) == 0 {
 		return nil, nil
@@ -194,9 +176,8 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 }
 
 // transition runs a conditional UPDATE ... RETURNING on one job, grouped
-// with the updates of its kind when kind is set (groups.go). When it
-// matches no row it returns the job as it is, with applied=false, or
-// ErrNotFound when there is no such job (for the tenant, when tenantID is set).
+// with the updates of its kind when kind is set. When it matches no row it
+// returns the job as it is, with applied=false, or ErrNotFound.
 func (db *DB) transition(ctx context.Context, kind, update string, a args, id, tenantID string) (*Job, bool, error) {
 	var (
 		j   *Job
@@ -215,25 +196,16 @@ func (db *DB) transition(ctx context.Context, kind, update string, a args, id, t
 	}
 	// By the primary key alone, the tenant compared here (JobGetForTenant
 	// says why).
-	j, err = getJob(ctx, db.rw, `id = $1`, id)
-	if errors.Is(err, sql.ErrNoRows) || err == nil && tenantID != "" && j.TenantID != tenantID {
+	j, err = getOne(ctx, db.rw, scanJob, "job", id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
+	if err == nil && tenantID != "" && j.TenantID != tenantID {
 		return nil, false, notFound("job", id)
 	}
 	return j, false, err
 }
 
-// JobStart marks a job running as a worker picks it up: from queued,
-// waiting, deferred or running (a redelivery after a crash), stamping
-// started_at the first time, and returns it (the worker's one read of the
-// job). A terminal job is returned unchanged with started=false: the
-// worker acknowledges the task and does nothing else.
-//
-// worker is the worker process starting it (its lease, WorkerBeat), or ""
-// for a process that holds no lease (a synchronous request's). While
-// another worker that still beats holds the job, it is not started either:
-// that is a second delivery of a job whose first is still running (asynq
-// recovering a task Redis's failover lost the lease of, or the task of a
-// job handed off from a worker taken for dead).
+// JobStart marks an unfinished job running as worker (its lease, or "" for
+// none) picks it up, and returns it. A terminal job, or one another live
+// worker holds (a second delivery), is returned unchanged with started=false.
 func (db *DB) JobStart(ctx context.Context, id, worker string) (job *Job, started bool, err error) {
 	var a args
 	now := db.nowUTC()
@@ -248,20 +220,17 @@ type JobSetStatusParams struct {
 	ID   string
 	From []JobStatus // the statuses the job may be in; never terminal ones
 	To   JobStatus
-	// NextRunAt is written as given: when a waiting or deferred job is due,
-	// nil to clear it.
+	// NextRunAt is written as given, nil clearing it.
 	NextRunAt *time.Time
-	// Error, when set, replaces the job's error; nil leaves it.
+	// Error, when set, replaces the job's error.
 	Error *JobError
-	// CountAttempt counts a provider call that ended this way (a 429 or a
-	// fault, before the job is retried).
+	// CountAttempt counts a provider call that ended this way.
 	CountAttempt bool
 }
 
-// JobSetStatus moves the job to p.To if its status is one of p.From, and
-// reports whether it did; either way it returns the job as it now is. A move
-// to a terminal status stamps finished_at. Terminal statuses cannot be in
-// From, so a finished job is never overwritten.
+// JobSetStatus moves the job to p.To if its status is one of p.From (never
+// terminal ones), and reports whether it did; either way it returns the job
+// as it now is.
 func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job, applied bool, err error) {
 	if err := required("JobSetStatus", "ID", p.ID); err != nil {
 		return nil, false, err
@@ -272,12 +241,9 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 	if len(p.From) == 0 {
 		return nil, false, errors.New("store: JobSetStatus: From is empty")
 	}
-	from := make([]any, len(p.From))
-	for i, s := range p.From {
-		if !s.Valid() || s.Terminal() {
-			return nil, false, fmt.Errorf("store: JobSetStatus: From[%d] %q: only unfinished statuses can change", i, s)
-		}
-		from[i] = string(s)
+	from, err := unfinished("JobSetStatus", "From", p.From)
+	if err != nil {
+		return nil, false, err
 	}
 	var a args
 	now := a.add(db.d.ts(db.nowUTC()))
@@ -297,15 +263,9 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 }
 
 // JobIncrRateLimited counts a 429 against the job and returns the new count.
-// asynq does not count these as failures, so this counter is what caps them.
 func (db *DB) JobIncrRateLimited(ctx context.Context, id string) (int, error) {
-	return db.incr(ctx, "rate_limited", id)
-}
-
-// incr adds one to a counter column (a constant of this file, not a value).
-func (db *DB) incr(ctx context.Context, col, id string) (int, error) {
 	var n int
-	err := db.rw.queryRow(ctx, `UPDATE jobs SET `+col+` = `+col+` + 1, updated_at = $2 WHERE id = $1 RETURNING `+col,
+	err := db.rw.queryRow(ctx, `UPDATE jobs SET rate_limited = rate_limited + 1, updated_at = $2 WHERE id = $1 RETURNING rate_limited`,
 		id, db.d.ts(db.nowUTC())).Scan(&n)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, notFound("job", id)
@@ -316,11 +276,9 @@ func (db *DB) incr(ctx context.Context, col, id string) (int, error) {
 // JobCompleteParams are a provider's successful answer to a job.
 type JobCompleteParams struct {
 	ID string
-	// Day is the budget day the spend belongs to, "YYYY-MM-DD", as the
-	// budget package reckons it (from Redis time, in the reset's zone).
+	// Day is the budget day the spend belongs to, "YYYY-MM-DD".
 	Day string
-	// GlobalDay is the UTC day the spend counts toward the global cap;
-	// defaults to Day (a tier on UTC).
+	// GlobalDay is the UTC day of the global cap; defaults to Day.
 	GlobalDay         string
 	ResponseStatus    int // default 200
 	ResponseBody      json.RawMessage
@@ -330,45 +288,32 @@ type JobCompleteParams struct {
 	CachedTokens      int64
 	TotalTokens       int64 // default PromptTokens + CompletionTokens
 	Cost              money.Micros
-	// UsageEstimated marks usage and cost as llmq's estimate: the
-	// provider's answer said nothing of its usage, or nothing believable.
+	// UsageEstimated marks usage and cost as llmq's estimate (Job.UsageEstimated).
 	UsageEstimated bool
-	// Deployment is the deployment (provider/upstream) that answered, and
-	// ServedModel the model it is of when not the job's own (a fallback):
-	// the ledger row charges that model. Both optional.
+	// Deployment answered, and ServedModel is the model it is of when not
+	// the job's own (a fallback): the ledger row charges that model.
 	Deployment, ServedModel string
 	// Failed, when set, makes the job failed with this error instead of
-	// succeeded, still charged: the provider answered (and bills the
-	// call), but its answer cannot be taken (its usage is nonsense).
+	// succeeded, still charged: the provider bills an answer llmq cannot take.
 	Failed *JobError
-	// Batched marks the ledger row of a call run on the provider's Batch
-	// API (at the batch price).
+	// Batched marks the ledger row of a call run on the provider's Batch API.
 	Batched bool
 }
 
 // JobCompleteResult says what JobComplete did.
 type JobCompleteResult struct {
-	// Completed: this call moved the job to succeeded. False when the job
-	// was already terminal (a duplicate delivery, or cancelled mid-call);
-	// the terminal state is kept.
+	// Completed: this call moved the job to succeeded.
 	Completed bool
-	// Charged: this call inserted the job's ledger row, so this caller, and
-	// only this one, settles the budget. The row is written even when the
-	// job was cancelled mid-call: the provider charged for the call.
+	// Charged: this call inserted the job's ledger row (even for a job
+	// cancelled mid-call), so this caller, and only this one, settles the budget.
 	Charged bool
 }
 
 // JobComplete stores a success and charges it, atomically: the job becomes
-// succeeded (or, with Failed, failed: an answer the provider bills but llmq
-// cannot take) with its response, usage and cost, and its attempt is
-// counted, and the ledger gets the job's row unless it has one. However
-// many times and however concurrently a job completes, exactly one call
-// reports Charged. A job that ended meanwhile (cancelled mid-call, or
-// failed by another) keeps its status, error and response, and the call
-// that charges it writes its usage and cost there too, so every reader of
-// the job sees what its ledger row charged. It is on every job's path, so
-// on Postgres it is one statement, grouped with the results stored
-// meanwhile (groups.go).
+// succeeded (or failed, with Failed) with its response, usage and cost, and
+// the ledger gets the job's row unless it has one; exactly one call reports
+// Charged. A job that ended meanwhile keeps its status, error and response,
+// and takes the usage and cost its ledger row charged.
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	if db.d.groupWrites {
 		return db.groups.complete.Do(ctx, struct{}{}, p)
@@ -417,8 +362,7 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 	return res, nil
 }
 
-// completeArgs checks p and returns the arguments of the JobComplete
-// statements.
+// completeArgs checks p and returns the JobComplete statements' arguments.
 func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	if err := required("JobComplete", "ID", p.ID); err != nil {
 		return nil, err
@@ -426,23 +370,14 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	if err := validDay("JobComplete", p.Day); err != nil {
 		return nil, err
 	}
-	globalDay := p.GlobalDay
-	if globalDay == "" {
-		globalDay = p.Day
-	}
+	globalDay := cmp.Or(p.GlobalDay, p.Day)
 	if err := validDay("JobComplete", globalDay); err != nil {
 		return nil, err
 	}
 	if p.Cost < 0 || p.PromptTokens < 0 || p.CompletionTokens < 0 || p.CachedTokens < 0 {
 		return nil, errors.New("store: JobComplete: negative usage or cost")
 	}
-	status, total := p.ResponseStatus, p.TotalTokens
-	if status == 0 {
-		status = 200
-	}
-	if total == 0 {
-		total = p.PromptTokens + p.CompletionTokens
-	}
+	status, total := cmp.Or(p.ResponseStatus, 200), cmp.Or(p.TotalTokens, p.PromptTokens+p.CompletionTokens)
 	at := db.nowUTC()
 	now, chargeable := db.d.ts(at), db.d.ts(at.Add(-LedgerDetailMinAge))
 	state := string(JobSucceeded)
@@ -456,10 +391,8 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 
 // jobCompleteUpdate is JobComplete's UPDATE of the job, run when the job
 // is unfinished (the SQL expression unfinished) or this call charged it
-// (charged). An unfinished job takes the call's result: its status, error,
-// response and finished_at. Either way the job takes the call's usage, cost
-// and deployment, and the attempt is counted: a job that ended while its
-// call ran shows what its ledger row charged.
+// (charged). Only an unfinished job takes the call's status, error,
+// response and finished_at.
 func jobCompleteUpdate(unfinished, charged string) string {
 	keep := func(col, value string) string {
 		return col + ` = CASE WHEN ` + unfinished + ` THEN ` + value + ` ELSE ` + col + ` END`
@@ -473,11 +406,10 @@ func jobCompleteUpdate(unfinished, charged string) string {
 }
 
 const (
-	// The ledger row copies the job's tenant, batch and model (the served
-	// model instead, when given); on Postgres the SELECT sees the row as it
-	// was before the UPDATE beside it, which is the same for those columns.
-	// A job that finished before $18 (LedgerDetailMinAge ago) is not
-	// charged again: retention may have rolled its row up.
+	// The ledger row copies the job's tenant, batch and model (or the served
+	// model), which the UPDATE beside it does not change. A job that
+	// finished before $18 (LedgerDetailMinAge ago) is not charged again:
+	// retention may have rolled its row up.
 	sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
 		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, deployment, batched)
 		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16, $19 FROM jobs
@@ -488,9 +420,7 @@ const (
 var (
 	// sqlJobComplete is all of it in one statement (Postgres): whether it
 	// completed the job, charged it, and whether the job exists. cur locks
-	// the job and reads whether it is unfinished as it is now (a cancel
-	// committed since the statement began included: FOR UPDATE waits for
-	// it and reads its row), so the UPDATE, which reads cur first, and the
+	// the job and reads it as it is now (FOR UPDATE), so the UPDATE and the
 	// answer agree on what the job was.
 	sqlJobComplete = `WITH cur AS (SELECT ` + unfinishedSQL + ` AS unfinished FROM jobs WHERE id = $1 FOR UPDATE),
 		l AS (` + sqlJobCompleteInsert + ` RETURNING 1),
@@ -507,13 +437,9 @@ type JobCompleteManyParams struct {
 	Jobs []*JobCompleteParams
 }
 
-// JobCompleteMany is JobComplete for many jobs in one transaction, so that
-// the results of jobs finishing together share one commit. Each job's
-// outcome is its own: results[i] and errs[i] are what JobComplete of
-// p.Jobs[i] would have returned. When the transaction as a whole fails (one
-// job's value refused aborts it), every job is completed on its own
-// instead, which JobComplete's idempotence makes safe. On Postgres the
-// transaction is one round trip (a pgx batch); SQLite completes each alone.
+// JobCompleteMany is JobComplete for many jobs in one transaction, one
+// round trip on Postgres: results[i] and errs[i] are JobComplete's of
+// p.Jobs[i]. When the transaction fails, each job is completed on its own.
 func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (results []*JobCompleteResult, errs []error) {
 	n := len(p.Jobs)
 	results, errs = make([]*JobCompleteResult, n), make([]error, n)
@@ -547,8 +473,7 @@ func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (re
 			return nil
 		})
 	}
-	// A batch without transaction statements runs as one implicit
-	// transaction: one commit for all.
+	// A batch runs as one implicit transaction (groups.go).
 	if err := db.pool.SendBatch(ctx, b).Close(); err != nil {
 		return alone()
 	}
@@ -559,17 +484,16 @@ func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (re
 type JobFailParams struct {
 	ID    string
 	Error JobError
-	// The provider's answer, when there was one (a 4xx that can never succeed).
+	// The provider's answer, when there was one.
 	ResponseStatus int
 	ResponseBody   json.RawMessage
-	// CountAttempt counts the provider call that ended in this failure.
-	CountAttempt bool
+	CountAttempt   bool
 }
 
 // JobFail marks the job failed unless it is already terminal, and reports
 // whether it did; either way it returns the job as it now is.
 func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied bool, err error) {
-	if err := errors.Join(required("JobFail", "ID", p.ID), required("JobFail", "Error.Message", p.Error.Message)); err != nil {
+	if err := required("JobFail", "ID", p.ID, "Error.Message", p.Error.Message); err != nil {
 		return nil, false, err
 	}
 	var a args
@@ -585,12 +509,10 @@ func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied 
 	return db.transition(ctx, "", q, a, p.ID, "")
 }
 
-// JobCancel cancels the tenant's job unless it is already terminal, and
-// reports whether it did. A running job is cancelled too: its worker's
-// result is then not stored (but its spend is, see JobCompleteResult).
-// Another tenant's job is ErrNotFound.
+// JobCancel cancels the tenant's job, running ones too, unless it is
+// already terminal, and reports whether it did.
 func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, changed bool, err error) {
-	if err := errors.Join(required("JobCancel", "tenantID", tenantID), required("JobCancel", "id", id)); err != nil {
+	if err := required("JobCancel", "tenantID", tenantID, "id", id); err != nil {
 		return nil, false, err
 	}
 	q := `UPDATE jobs SET status = 'cancelled', next_run_at = NULL, finished_at = $3, updated_at = $3
@@ -598,10 +520,8 @@ func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, cha
 	return db.transition(ctx, "", q, args{id, tenantID, db.d.ts(db.nowUTC())}, id, tenantID)
 }
 
-// JobCancelByBatch cancels every pending (queued, waiting, deferred) job of
-// the batch and returns how many; running jobs are left to finish, and so
-// are jobs at the provider's Batch API (their part ends them: the
-// provider bills what it finished).
+// JobCancelByBatch cancels every pending job of the batch not at the
+// provider's Batch API, and returns how many.
 func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, error) {
 	if err := required("JobCancelByBatch", "batchID", batchID); err != nil {
 		return 0, err

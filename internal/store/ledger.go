@@ -2,9 +2,8 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/llmq/llmq/internal/money"
@@ -19,7 +18,7 @@ type UsageEntry struct {
 	Day              string // the tenant's budget day, "YYYY-MM-DD"
 	GlobalDay        string // the UTC day of the global cap
 	Model            string // the model charged: a fallback's when one answered
-	Deployment       string // the deployment that answered; "" on rows older than deployments
+	Deployment       string // the deployment that answered
 	PromptTokens     int64
 	CompletionTokens int64
 	CachedTokens     int64
@@ -30,26 +29,16 @@ type UsageEntry struct {
 
 // UsageGetByJob returns the job's ledger row, or ErrNotFound if it was never charged.
 func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, error) {
-	var e UsageEntry
-	err := db.ro.queryRow(ctx, `
-		SELECT job_id, tenant_id, batch_id, day, global_day, model, deployment, prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, batched
-		FROM usage_ledger WHERE job_id = $1`, jobID).
-		Scan(&e.JobID, &e.TenantID, orZero[string]{&e.BatchID}, dayCol{&e.Day}, dayCol{&e.GlobalDay}, &e.Model, &e.Deployment, &e.PromptTokens,
-			&e.CompletionTokens, &e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt}, &e.Batched)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("ledger row of job", jobID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &e, nil
+	return getOne(ctx, db.ro, func(r row) (*UsageEntry, error) {
+		var e UsageEntry
+		return &e, r.Scan(&e.JobID, &e.TenantID, orZero[string]{&e.BatchID}, dayCol{&e.Day}, dayCol{&e.GlobalDay}, &e.Model, &e.Deployment,
+			&e.PromptTokens, &e.CompletionTokens, &e.CachedTokens, &e.Cost, timeCol{&e.CreatedAt}, &e.Batched)
+	}, "ledger row of job", jobID, `SELECT job_id, tenant_id, batch_id, day, global_day, model, deployment, prompt_tokens,
+		completion_tokens, cached_tokens, cost_micros, created_at, batched FROM usage_ledger WHERE job_id = $1`, jobID)
 }
 
-// The ledger sums read usage_ledger_tenant_day and usage_ledger_global_day_rows,
-// and usage_daily's key and usage_daily_global_day for the days retention
-// rolled up: the budget is rebuilt from them, so they must never scan the
-// ledger. Each is one statement, so it reads both tables as of one moment
-// and counts a row rolled up meanwhile once.
+// The ledger sums read indexes of both tables alone (the budget is rebuilt
+// from them); each is one statement, so a row rolled up meanwhile counts once.
 const (
 	sqlUsageSumByTenantDay = `SELECT CAST((SELECT COALESCE(SUM(cost_micros), 0) FROM usage_ledger WHERE tenant_id = $1 AND day = $2)
 		+ (SELECT COALESCE(SUM(cost_micros), 0) FROM usage_daily WHERE tenant_id = $1 AND day = $2) AS BIGINT)`
@@ -57,24 +46,22 @@ const (
 		+ (SELECT COALESCE(SUM(cost_micros), 0) FROM usage_daily WHERE global_day = $1) AS BIGINT)`
 )
 
-// UsageSumByTenantDay is the tenant's spend on the budget day ("YYYY-MM-DD"),
-// from the index on (tenant_id, day).
+// UsageSumByTenantDay is the tenant's spend on the budget day ("YYYY-MM-DD").
 func (db *DB) UsageSumByTenantDay(ctx context.Context, tenantID, day string) (money.Micros, error) {
-	if err := validDay("UsageSumByTenantDay", day); err != nil {
-		return 0, err
-	}
-	var sum money.Micros
-	err := db.ro.queryRow(ctx, sqlUsageSumByTenantDay, tenantID, day).Scan(&sum)
-	return sum, err
+	return db.usageSum(ctx, "UsageSumByTenantDay", day, sqlUsageSumByTenantDay, tenantID, day)
 }
 
 // UsageSumByDay is every tenant's spend on the budget day, for the global cap.
 func (db *DB) UsageSumByDay(ctx context.Context, day string) (money.Micros, error) {
-	if err := validDay("UsageSumByDay", day); err != nil {
+	return db.usageSum(ctx, "UsageSumByDay", day, sqlUsageSumByDay, day)
+}
+
+func (db *DB) usageSum(ctx context.Context, method, day, query string, a ...any) (money.Micros, error) {
+	if err := validDay(method, day); err != nil {
 		return 0, err
 	}
 	var sum money.Micros
-	err := db.ro.queryRow(ctx, sqlUsageSumByDay, day).Scan(&sum)
+	err := db.ro.queryRow(ctx, query, a...).Scan(&sum)
 	return sum, err
 }
 
@@ -109,9 +96,8 @@ func (db *DB) UsageReport(ctx context.Context, p *UsageReportParams) ([]*UsageRe
 	}, q, a...)
 }
 
-// usageReportSQL reads usage_ledger_day_model and usage_daily_day_model, or
-// the tenant-day indexes of both for one tenant: the ledger's rows and the
-// daily totals retention rolled them into.
+// usageReportSQL reads the ledger's rows and the daily totals retention
+// rolled them into.
 func usageReportSQL(p *UsageReportParams) (string, args) {
 	var a args
 	where := `day = ` + a.add(p.Day)
@@ -140,12 +126,8 @@ type UsageDaySum struct {
 	Cost      money.Micros
 }
 
-// UsageSumsByDays returns the spend of every tenant with ledger rows (or
-// daily totals) on one of the budget days, by tenant, budget day and UTC
-// day, in no particular order: the budget's check of each day's spend in
-// Redis against the ledger, one query for all of today's days. It reads
-// usage_ledger_day_rows alone (and usage_daily_day_model); its cost grows
-// with the days' rows, about a microsecond each on Postgres.
+// UsageSumsByDays returns the spend of every tenant on the budget days, by
+// tenant, budget day and UTC day, in no particular order.
 func (db *DB) UsageSumsByDays(ctx context.Context, days []string) ([]UsageDaySum, error) {
 	if len(days) == 0 {
 		return nil, nil
@@ -185,19 +167,13 @@ func usageSumsByDaysSQL(days []string) (string, args, error) {
 }
 
 // UsageStreamByTenantDay calls fn with each ledger row of the tenant's
-// budget day written at or after since (the job's tenant and id, what it
-// was charged, when its row was written), oldest first: the rows a budget
-// day behind the ledger may not count. It reads a page at a time from
-// usage_ledger_day_rows alone, holding no connection while fn runs; fn's
-// error stops the stream and is returned. Rows retention rolled up are not
-// read (a day whose rows it rolls up is days old).
+// budget day written at or after since, oldest first (as stream). Rows
+// retention rolled up are not read.
 func (db *DB) UsageStreamByTenantDay(ctx context.Context, tenantID, day string, since time.Time, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
 	if err := validDay("UsageStreamByTenantDay", day); err != nil {
 		return err
 	}
-	return db.streamUsage(ctx, since, func(at any, after string) (string, args) {
-		return usageStreamSQL(`day = $1 AND tenant_id = $2`, args{day, tenantID}, at, after, db.streamBatch)
-	}, fn)
+	return db.streamUsage(ctx, since, `day = $1 AND tenant_id = $2`, args{day, tenantID}, fn)
 }
 
 // UsageStreamByDay is UsageStreamByTenantDay for the UTC day of every
@@ -206,9 +182,29 @@ func (db *DB) UsageStreamByDay(ctx context.Context, day string, since time.Time,
 	if err := validDay("UsageStreamByDay", day); err != nil {
 		return err
 	}
-	return db.streamUsage(ctx, since, func(at any, after string) (string, args) {
-		return usageStreamSQL(`global_day = $1`, args{day}, at, after, db.streamBatch)
-	}, fn)
+	return db.streamUsage(ctx, since, `global_day = $1`, args{day}, fn)
+}
+
+// usageRow is a ledger row as the streams read it.
+type usageRow struct {
+	tenantID, jobID string
+	cost            money.Micros
+	at              time.Time
+}
+
+// streamUsage streams the rows of where (with its arguments a) from since on.
+func (db *DB) streamUsage(ctx context.Context, since time.Time, where string, a args, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+	scan := func(r row) (*usageRow, error) {
+		var u usageRow
+		return &u, r.Scan(&u.tenantID, &u.jobID, &u.cost, timeCol{&u.at})
+	}
+	return stream(ctx, db, "ledger rows of a day", scan, func(last *usageRow) (string, args) {
+		at, after := since, ""
+		if last != nil {
+			at, after = last.at, last.jobID
+		}
+		return usageStreamSQL(where, slices.Clone(a), db.d.ts(at), after, db.streamBatch)
+	}, func(u *usageRow) error { return fn(u.tenantID, u.jobID, u.cost, u.at) })
 }
 
 // usageStreamSQL is one page of a day's rows after (at, after) in
@@ -218,54 +214,18 @@ func usageStreamSQL(where string, a args, at any, after string, limit int) (stri
 		` AND (created_at, job_id) > (` + a.add(at) + `, ` + a.add(after) + `) ORDER BY created_at, job_id LIMIT ` + a.add(limit), a
 }
 
-// streamUsage calls fn with each row of the pages page reads, each after the
-// last of the one before (the first after since and the empty job id).
-func (db *DB) streamUsage(ctx context.Context, since time.Time, page func(at any, after string) (string, args), fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
-	type usageRow struct {
-		tenantID, jobID string
-		cost            money.Micros
-		at              time.Time
-	}
-	at, after := since, ""
-	for {
-		q, a := page(db.d.ts(at), after)
-		var rows []usageRow
-		err := db.ro.query(ctx, q, a, func(r row) error {
-			var u usageRow
-			err := r.Scan(&u.tenantID, &u.jobID, &u.cost, timeCol{&u.at})
-			rows = append(rows, u)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("store: ledger rows of a day: %w", db.d.wrap(err))
-		}
-		for _, u := range rows {
-			if err := fn(u.tenantID, u.jobID, u.cost, u.at); err != nil {
-				return err
-			}
-		}
-		if len(rows) < db.streamBatch {
-			return nil
-		}
-		at, after = rows[len(rows)-1].at, rows[len(rows)-1].jobID
-	}
-}
-
 // LedgerDetailMinAge is the least age at which a ledger row may be rolled up
-// into usage_daily: a budget check against the ledger, a delivery settling a
-// job another finished and a job's charge being looked up all read rows far
-// younger. JobComplete never charges a job that finished longer ago than
+// into usage_daily: everything that reads single rows reads far younger
+// ones. JobComplete never charges a job that finished longer ago than
 // this, so a job whose row was rolled up is never charged again.
 const LedgerDetailMinAge = 72 * time.Hour
 
-// UsageRollUp folds up to limit ledger rows written before before (oldest
-// first) into usage_daily's totals of their tenant, days and model, and
-// deletes them, in one transaction: every sum over both tables is the same
-// before and after. It returns how many rows it folded: fewer than limit
-// when none older is left. before must be at least LedgerDetailMinAge ago.
+// UsageRollUp folds up to limit ledger rows written before before (at least
+// LedgerDetailMinAge ago) into usage_daily's totals and deletes them, in one
+// transaction, and returns how many it folded.
 func (db *DB) UsageRollUp(ctx context.Context, before time.Time, limit int) (int64, error) {
-	if limit < 1 {
-		return 0, fmt.Errorf("store: UsageRollUp: limit %d, want at least 1", limit)
+	if err := positive("UsageRollUp", limit); err != nil {
+		return 0, err
 	}
 	if latest := db.now().Add(-LedgerDetailMinAge); before.After(latest) {
 		return 0, fmt.Errorf("store: UsageRollUp: cut-off %s is less than %s ago", before.UTC().Format(time.RFC3339), LedgerDetailMinAge)
@@ -289,14 +249,12 @@ func (db *DB) UsageRollUp(ctx context.Context, before time.Time, limit int) (int
 	return n, nil
 }
 
-// sqlUsageRollable picks the ledger rows UsageRollUp takes: $1 the cut-off,
-// $2 the limit. The order makes it pick the same rows twice in one SQLite
-// transaction.
+// sqlUsageRollable picks the ledger rows UsageRollUp takes, in an order
+// that picks the same rows twice in one SQLite transaction.
 const sqlUsageRollable = `SELECT job_id FROM usage_ledger WHERE created_at < $1 ORDER BY created_at, job_id LIMIT $2`
 
-// sqlUsageRollUpSums adds the ledger rows from rows to usage_daily. The rows
-// go in key order, so two rollups meeting on the same totals lock them in
-// one order.
+// sqlUsageRollUpSums adds the ledger rows from rows to usage_daily, in key
+// order, so two rollups lock the same totals in one order.
 func sqlUsageRollUpSums(rows string) string {
 	return `INSERT INTO usage_daily AS d (tenant_id, day, global_day, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_micros)
 		SELECT tenant_id, day, global_day, model, count(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(cached_tokens), SUM(cost_micros)
@@ -308,9 +266,8 @@ func sqlUsageRollUpSums(rows string) string {
 			cached_tokens = d.cached_tokens + excluded.cached_tokens, cost_micros = d.cost_micros + excluded.cost_micros`
 }
 
-// sqlUsageRollUp is UsageRollUp on Postgres, one statement: the rows it
-// deletes are the rows it adds up. SKIP LOCKED keeps two dispatchers'
-// rollups apart.
+// sqlUsageRollUp is UsageRollUp on Postgres, one statement; SKIP LOCKED
+// keeps two dispatchers' rollups apart.
 var sqlUsageRollUp = `WITH gone AS (
 		DELETE FROM usage_ledger WHERE job_id IN (` + sqlUsageRollable + ` FOR UPDATE SKIP LOCKED)
 		RETURNING tenant_id, day, global_day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros),
@@ -319,8 +276,7 @@ var sqlUsageRollUp = `WITH gone AS (
 
 const sqlUsageCountRollable = `SELECT count(*) FROM usage_ledger WHERE created_at < $1`
 
-// UsageCountRollable counts the ledger rows written before before: what
-// UsageRollUp would fold into daily totals.
+// UsageCountRollable counts the ledger rows UsageRollUp would fold.
 func (db *DB) UsageCountRollable(ctx context.Context, before time.Time) (int64, error) {
 	var n int64
 	if err := db.ro.queryRow(ctx, sqlUsageCountRollable, db.d.ts(before)).Scan(&n); err != nil {

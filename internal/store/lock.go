@@ -13,10 +13,9 @@ import (
 // more than once is harmless.
 //
 // On Postgres it is a session advisory lock held on a connection of a pool
-// of its own (never one the guarded work needs) until unlock; if that
-// connection dies the lock is released, so the work it guards must be safe
-// to run again. On SQLite (one process) it is
-// an in-process lock per database file.
+// of its own until unlock; if that connection dies the lock is released, so
+// the work it guards must be safe to run again. On SQLite (one process) it
+// is an in-process lock per database file.
 func (db *DB) TryLock(ctx context.Context, name string) (unlock func(), ok bool, err error) {
 	if err := required("TryLock", "name", name); err != nil {
 		return nil, false, err
@@ -54,23 +53,20 @@ func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
 		}
 		return nil, false, nil
 	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			var released bool
-			err := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", key).Scan(&released)
-			if err == nil && released {
-				conn.Release()
-				return
-			}
-			// A connection that may still hold the lock must not go back
-			// to the pool: closing it releases the lock.
-			db.log.Warn("store: advisory unlock failed; closing the connection", "lock", name, "err", err)
-			_ = conn.Hijack().Close(uctx)
-		})
-	}, true, nil
+	return sync.OnceFunc(func() {
+		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var released bool
+		err := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", key).Scan(&released)
+		if err == nil && released {
+			conn.Release()
+			return
+		}
+		// A connection that may still hold the lock must not go back
+		// to the pool: closing it releases the lock.
+		db.log.Warn("store: advisory unlock failed; closing the connection", "lock", name, "err", err)
+		_ = conn.Hijack().Close(uctx)
+	}), true, nil
 }
 
 // processLocks are the SQLite locks held in this process, keyed by database
@@ -89,12 +85,9 @@ func processTryLock(_ context.Context, db *DB, name string) (func(), bool, error
 		return nil, false, nil
 	}
 	processLocks.held[k] = true
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			processLocks.Lock()
-			delete(processLocks.held, k)
-			processLocks.Unlock()
-		})
-	}, true, nil
+	return sync.OnceFunc(func() {
+		processLocks.Lock()
+		delete(processLocks.held, k)
+		processLocks.Unlock()
+	}), true, nil
 }

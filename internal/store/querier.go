@@ -9,7 +9,10 @@ import (
 )
 
 // querier runs SQL on either driver: pgx's pool or transaction on Postgres,
-// database/sql's on SQLite. Every method's SQL is the same on both.
+// database/sql's on SQLite. Every driver error that means the database
+// cannot serve now leaves it as ErrUnavailable (dialect.outage), where it
+// is known to be the database's: a broken connection's error is a bare
+// io.ErrUnexpectedEOF, as Redis's is.
 type querier interface {
 	// exec runs a statement and returns how many rows it changed.
 	exec(ctx context.Context, query string, args ...any) (int64, error)
@@ -21,15 +24,9 @@ type querier interface {
 	query(ctx context.Context, query string, args []any, each func(row) error) error
 }
 
-// row is one result row. pgx.Row, pgx.Rows, *sql.Row and *sql.Rows all are,
-// so one scan function per row type serves both drivers.
+// row is one result row of either driver, so one scan function per row
+// type serves both.
 type row interface{ Scan(dest ...any) error }
-
-// Both queriers give a driver error that means the database cannot serve
-// now ErrUnavailable (dialect.outage) as it leaves the driver, where it is
-// known to be the database's: a broken connection's error is a bare
-// io.ErrUnexpectedEOF, as Redis's is. So do the transactions, and the
-// driver calls made outside a querier (groups.go, jobs_bulk.go, lock.go).
 
 // pgxQuerier is a querier on a *pgxpool.Pool or a pgx.Tx.
 type pgxQuerier struct {
@@ -97,10 +94,9 @@ func (q sqlQuerier) query(ctx context.Context, query string, args []any, each fu
 	return eachRow(rows, each, sqliteDialect)
 }
 
-// eachRow calls each with every row of rows (pgx.Rows or *sql.Rows) in
-// order; each's error stops it and is returned as it is (it may be the
-// caller's own, such as a client that left while its file was written),
-// the rows' own through d's outage.
+// eachRow calls each with every row of rows in order; each's error stops
+// it and is returned as it is (it may be the caller's own), the rows' own
+// through d's outage.
 func eachRow(rows interface {
 	row
 	Next() bool
@@ -134,9 +130,8 @@ func (db *DB) tx(ctx context.Context, fn func(q querier) error) error {
 	return db.d.wrap(db.d.tx(ctx, db, fn))
 }
 
-// pgxTx and sqlTx classify the errors of their own calls (begin, commit);
-// fn's are its queries' (already classified) or its own, such as an upload
-// that failed to read, which no outage is.
+// pgxTx and sqlTx classify the errors of their own calls; fn's are its
+// queries' (already classified) or its own.
 func pgxTx(ctx context.Context, db *DB, fn func(querier) error) error {
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {

@@ -2,16 +2,15 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
 // StoredResponse is a response a provider stored for a tenant, or an item
 // of its output, as llmq relayed it: whose it is, the deployment whose
-// account holds it, and the tokens a request naming it (a
-// previous_response_id, an item_reference) brings into its prompt at the
-// provider.
+// account holds it, and the tokens a request naming it brings into its
+// prompt at the provider.
 type StoredResponse struct {
 	// ID is the provider's id of the response or item.
 	ID string
@@ -20,31 +19,27 @@ type StoredResponse struct {
 	ResponseID string
 	TenantID   string
 	Deployment string // provider/upstream
-	// Tokens is what naming it adds to a prompt: a response's whole
-	// conversation (its input, earlier turns included, and output), an
-	// item's at most its response's output.
+	// Tokens is what naming it adds to a prompt.
 	Tokens    int64
 	CreatedAt time.Time
 }
 
-// StoredResponseRetention is how long a stored response is remembered:
-// the 30 days OpenAI keeps one. A follow-up of an older one finds nothing.
+// StoredResponseRetention is how long a stored response is remembered: the
+// 30 days OpenAI keeps one.
 const StoredResponseRetention = 30 * 24 * time.Hour
 
-// StoredResponseInsert records rs, each once: an id recorded before keeps
-// its first row (its first owner), so no later answer can take another
-// tenant's response.
+// StoredResponseInsert records rs; an id recorded before keeps its first
+// owner, so no later answer can take another tenant's response.
 func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) error {
 	if len(rs) == 0 {
 		return nil
 	}
 	now := db.nowUTC()
-	for chunk := range chunks(rs, 500) {
+	for chunk := range slices.Chunk(rs, 500) {
 		var a args
 		var values []byte
 		for i, r := range chunk {
-			if err := errors.Join(required("StoredResponseInsert", "ID", r.ID), required("StoredResponseInsert", "ResponseID", r.ResponseID),
-				required("StoredResponseInsert", "TenantID", r.TenantID)); err != nil {
+			if err := required("StoredResponseInsert", "ID", r.ID, "ResponseID", r.ResponseID, "TenantID", r.TenantID); err != nil {
 				return err
 			}
 			if r.Tokens < 0 {
@@ -71,12 +66,8 @@ func (db *DB) StoredResponseGet(ctx context.Context, ids []string) (map[string]*
 		return out, nil
 	}
 	var a args
-	in := make([]any, len(ids))
-	for i, id := range ids {
-		in[i] = id
-	}
 	err := db.ro.query(ctx, `SELECT id, response_id, tenant_id, deployment, tokens, created_at FROM stored_responses
-		WHERE id IN (`+a.list(in...)+`)`, a, func(r row) error {
+		WHERE id IN (`+a.list(anys(ids)...)+`)`, a, func(r row) error {
 		var s StoredResponse
 		if err := r.Scan(&s.ID, &s.ResponseID, &s.TenantID, &s.Deployment, &s.Tokens, timeCol{&s.CreatedAt}); err != nil {
 			return err
@@ -93,8 +84,8 @@ func (db *DB) StoredResponseGet(ctx context.Context, ids []string) (map[string]*
 // StoredResponsePurge deletes up to limit rows recorded before before,
 // oldest first, and returns how many it deleted.
 func (db *DB) StoredResponsePurge(ctx context.Context, before time.Time, limit int) (int64, error) {
-	if limit < 1 {
-		return 0, fmt.Errorf("store: StoredResponsePurge: limit %d, want at least 1", limit)
+	if err := positive("StoredResponsePurge", limit); err != nil {
+		return 0, err
 	}
 	n, err := db.rw.exec(ctx, `DELETE FROM stored_responses WHERE id IN
 		(SELECT id FROM stored_responses WHERE created_at < $1 ORDER BY created_at LIMIT $2)`, db.d.ts(before), limit)

@@ -6,30 +6,22 @@ import (
 	"time"
 )
 
-// Retention purges what the policy's retention no longer keeps, a batch of
-// rows per statement, each its own short transaction: it takes row locks on
-// the rows it changes and no table lock, and skips rows another
-// transaction holds (a job a worker is finishing), so requests never wait
-// behind it.
+// Retention purges a batch of rows per statement, each its own short
+// transaction that locks only the rows it changes and skips rows another
+// transaction holds, so requests never wait behind it.
 
 // finishedStatuses is the SQL list of the statuses a job ends in.
 const finishedStatuses = `('succeeded', 'failed', 'cancelled')`
 
-// JobPurgeBodies empties the request and response of up to limit finished
-// jobs that finished before before, oldest first, and marks them purged;
-// their status, usage, cost and error stay. It returns how many it purged:
-// fewer than limit when none older is left.
+// JobPurgeBodies empties the request and response of up to limit jobs that
+// finished before before, oldest first, and returns how many it purged.
 func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (int64, error) {
-	if limit < 1 {
-		return 0, fmt.Errorf("store: JobPurgeBodies: limit %d, want at least 1", limit)
-	}
-	lock := ""
-	if db.d.name == "postgres" {
-		lock = " FOR UPDATE SKIP LOCKED"
+	if err := positive("JobPurgeBodies", limit); err != nil {
+		return 0, err
 	}
 	n, err := db.rw.exec(ctx, `UPDATE jobs SET request = '{}', response_body = NULL, purged_at = $1
 		WHERE id IN (SELECT id FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
-			AND finished_at < $2 ORDER BY finished_at LIMIT $3`+lock+`)`,
+			AND finished_at < $2 ORDER BY finished_at LIMIT $3`+db.d.skipLocked+`)`,
 		db.d.ts(db.nowUTC()), db.d.ts(before), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: JobPurgeBodies: %w", err)
@@ -37,8 +29,7 @@ func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (
 	return n, nil
 }
 
-// JobCountPurgeable counts the finished jobs that finished before before
-// and still hold their bodies: what JobPurgeBodies would purge.
+// JobCountPurgeable counts the jobs JobPurgeBodies would purge.
 func (db *DB) JobCountPurgeable(ctx context.Context, before time.Time) (int64, error) {
 	var n int64
 	err := db.ro.queryRow(ctx, `SELECT count(*) FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
@@ -56,8 +47,7 @@ type PurgeableFile struct {
 }
 
 // FileListPurgeable lists up to limit files created before before that no
-// running batch uses (a batch that has ended keeps naming them, as when a
-// tenant deletes one), oldest first.
+// running batch uses, oldest first.
 func (db *DB) FileListPurgeable(ctx context.Context, before time.Time, limit int) ([]PurgeableFile, error) {
 	var out []PurgeableFile
 	err := db.ro.query(ctx, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1

@@ -12,59 +12,51 @@ import (
 
 // The scan targets below read a column whichever driver hands it over: pgx
 // gives timestamptz and date as time.Time, SQLite's TEXT comes as a string.
-// JSON columns need none: both drivers scan jsonb and TEXT into a *[]byte,
-// NULL as nil.
+// JSON columns need none: both drivers scan jsonb and TEXT into a *[]byte.
 
 // timeCol scans a NOT NULL timestamp into t, in UTC.
 type timeCol struct{ t *time.Time }
 
 func (c timeCol) Scan(src any) error {
-	t, ok, err := parseTimeSrc(src)
-	if err != nil {
-		return err
-	}
-	if !ok {
+	if src == nil {
 		return fmt.Errorf("store: NULL in a NOT NULL time column")
 	}
-	*c.t = t
-	return nil
+	return parseTime(src, c.t)
 }
 
 // nullTimeCol scans a nullable timestamp into *t (nil for NULL).
 type nullTimeCol struct{ t **time.Time }
 
 func (c nullTimeCol) Scan(src any) error {
-	t, ok, err := parseTimeSrc(src)
-	if err != nil {
-		return err
-	}
-	if !ok {
+	if src == nil {
 		*c.t = nil
 		return nil
 	}
+	var t time.Time
+	err := parseTime(src, &t)
 	*c.t = &t
-	return nil
+	return err
 }
 
-func parseTimeSrc(src any) (time.Time, bool, error) {
+func parseTime(src any, t *time.Time) error {
 	var s string
 	switch v := src.(type) {
-	case nil:
-		return time.Time{}, false, nil
 	case time.Time:
-		return v.UTC(), true, nil
+		*t = v.UTC()
+		return nil
 	case string:
 		s = v
 	case []byte:
 		s = string(v)
 	default:
-		return time.Time{}, false, fmt.Errorf("store: cannot read %T as a time", src)
+		return fmt.Errorf("store: cannot read %T as a time", src)
 	}
-	t, err := time.Parse(time.RFC3339Nano, s)
+	parsed, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("store: time column: %w", err)
+		return fmt.Errorf("store: time column: %w", err)
 	}
-	return t.UTC(), true, nil
+	*t = parsed.UTC()
+	return nil
 }
 
 // orZero scans a nullable column into *p, the zero value for NULL.
@@ -103,8 +95,7 @@ func nullString(s string) any {
 	return s
 }
 
-// nullJSON is raw as text, or NULL when raw is empty or the JSON null. Text
-// suits both jsonb (pgx sends it as is) and SQLite's TEXT.
+// nullJSON is raw as text, or NULL when raw is empty or the JSON null.
 func nullJSON(raw json.RawMessage) any {
 	t := bytes.TrimSpace(raw)
 	if len(t) == 0 || string(t) == "null" {
@@ -113,9 +104,8 @@ func nullJSON(raw json.RawMessage) any {
 	return string(withoutNUL(raw))
 }
 
-// withoutNUL replaces the escape \u0000 in JSON strings with \ufffd. Postgres
-// jsonb cannot hold NUL and refuses the whole document, which would leave a
-// job whose provider answered with one unable ever to complete; SQLite gets
+// withoutNUL replaces the escape \u0000 in JSON strings with \ufffd:
+// Postgres jsonb cannot hold NUL and refuses the whole document. SQLite gets
 // the same text so both backends return the same JSON.
 func withoutNUL(raw []byte) []byte {
 	if !bytes.Contains(raw, []byte(`\u0000`)) {
@@ -161,15 +151,19 @@ func validDay(method, day string) error {
 type microsCol struct{ m **money.Micros }
 
 func (c microsCol) Scan(src any) error {
-	var n sql.NullInt64
-	if err := n.Scan(src); err != nil {
-		return err
+	var n sql.Null[money.Micros]
+	err := n.Scan(src)
+	*c.m = nil
+	if n.Valid {
+		*c.m = &n.V
 	}
-	if !n.Valid {
-		*c.m = nil
+	return err
+}
+
+// nullMicros is *m, or NULL for nil.
+func nullMicros(m *money.Micros) any {
+	if m == nil {
 		return nil
 	}
-	v := money.Micros(n.Int64)
-	*c.m = &v
-	return nil
+	return int64(*m)
 }

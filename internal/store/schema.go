@@ -13,15 +13,13 @@ import (
 	"github.com/pressly/goose/v3/database"
 )
 
-// DefaultMigrateLockTimeout is how long a migration waits for a lock: the
-// advisory lock another migrating process holds, or a table lock a long
-// transaction holds (Postgres's lock_timeout), before it gives up with an
-// error instead of hanging while every query of the table queues behind it.
+// DefaultMigrateLockTimeout is how long a migration waits for a lock (another
+// migrating process's, or a table lock a long transaction holds) before it
+// gives up instead of hanging while every query of the table queues behind it.
 const DefaultMigrateLockTimeout = 10 * time.Second
 
-// SchemaError says the database's schema is not the one this binary was
-// built for: older (migrations pending) or newer (a later version migrated
-// it).
+// SchemaError says the database's schema is older or newer than the one
+// this binary was built for.
 type SchemaError struct {
 	// Have is the database's schema version, Want this binary's.
 	Have, Want int64
@@ -61,8 +59,7 @@ func (db *DB) checkSchema(ctx context.Context) error {
 
 // SchemaVersion returns the database's schema version and this binary's.
 // It only reads: a database never migrated is at version 0 and stays as it
-// was (goose's own read of the version creates its table first, so its
-// table is looked for before it is read).
+// was.
 func (db *DB) SchemaVersion(ctx context.Context) (have, want int64, err error) {
 	m, done, err := db.migrator()
 	if err != nil {
@@ -77,9 +74,8 @@ func (db *DB) SchemaVersion(ctx context.Context) (have, want int64, err error) {
 }
 
 // MigrateUp applies every pending migration and returns the versions
-// applied. Processes migrating one database at once take turns (the
-// advisory lock "llmq.migrate"); one that waits longer than the migration
-// lock timeout gives up.
+// applied. Processes migrating one database take turns (the lock
+// "llmq.migrate"); one that waits longer than the lock timeout gives up.
 func (db *DB) MigrateUp(ctx context.Context) ([]int64, error) {
 	var applied []int64
 	err := db.migrating(ctx, func(p *goose.Provider) error {

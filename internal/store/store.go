@@ -1,22 +1,19 @@
 // Package store owns llmq's durable state: tenants, API keys, jobs, batches,
-// files and the usage ledger, on PostgreSQL (the system of record in
-// production) or SQLite (the embedded default). Each runs on its own driver:
-// Postgres on pgx's pool, natively, SQLite on database/sql with
-// modernc.org/sqlite, pure Go. Both run the same SQL through one querier
-// (querier.go) and read each row type with one scan function. A dialect
-// value (dialect.go) holds what really differs: time encoding, bulk insert,
-// locks, transactions and error codes. asynq tasks carry only a job id, so
-// everything needed to run, recover or report a job is here, and the schema
-// is migrated on Open from the embedded migrations package.
+// files and the usage ledger, on PostgreSQL (pgx, the system of record in
+// production) or SQLite (database/sql with modernc.org/sqlite, the embedded
+// default). Both run the same SQL through one querier and read each row type
+// with one scan function; the dialect holds what differs. asynq tasks carry
+// only a job id, so everything needed to run, recover or report a job is
+// here. The schema is migrated from the embedded migrations package.
 //
 // Conventions: methods are named NounVerb and take a *NounVerbParams when they
 // take more than identifiers. A missing row is ErrNotFound (another tenant's
 // row too, so existence never leaks), a unique key already taken is
 // ErrConflict. All times are UTC with microsecond precision. Lists shown to
-// tenants are newest first, as OpenAI's: ids are time-ordered, a page is the
-// rows with id < After in descending id order, and hasMore tells whether an
-// older page exists. Sweeps (JobListUnfinished, BatchListActive) go oldest
-// first with id > After.
+// tenants are newest first: ids are time-ordered, a page is the rows with
+// id < After in descending id order, and hasMore tells whether an older page
+// exists. Sweeps (JobListUnfinished, BatchListActive) go oldest first with
+// id > After.
 package store
 
 import (
@@ -43,12 +40,11 @@ var (
 	// a unique key or a reference, a row too large): the caller's data, not
 	// the database's failure; trying again fails again.
 	ErrInvalidValue = errors.New("store: invalid value")
-	// ErrUnavailable: the database cannot serve now (it does not answer,
-	// the connection broke, it is shutting down or starting, it has no
-	// connection free, SQLite's lock stayed busy): not about the call;
-	// trying again once it is back succeeds. Every call's driver error is
-	// classified where it leaves the driver (querier.go), so a caller that
-	// also talks to Redis never mistakes one for the other.
+	// ErrUnavailable: the database cannot serve now (no answer, a broken
+	// connection, shutting down or starting, no connection free, SQLite's
+	// lock stayed busy); trying again once it is back succeeds. Driver
+	// errors are classified as they leave the driver (querier.go), so a
+	// caller that also talks to Redis never mistakes one for the other.
 	ErrUnavailable = errors.New("store: database unavailable")
 )
 
@@ -65,26 +61,22 @@ type DB struct {
 	// instead of failing with SQLITE_BUSY, and ro a pool of read-only
 	// connections, which WAL lets read while the writer writes.
 	rw, ro querier
-	// pool is Postgres's, the one rw and ro run on; grouped writes and
-	// COPY use it directly. locks is a pool of its own for the connections
-	// advisory locks hold (lock.go). Both are nil on SQLite.
+	// pool is Postgres's (rw and ro run on it; grouped writes and COPY use
+	// it directly); locks holds the connections of advisory locks.
 	pool, locks *pgxpool.Pool
-	// writer and readers are SQLite's rw and ro; nil on Postgres.
+	// writer and readers are SQLite's rw and ro.
 	writer, readers *sql.DB
 	d               *dialect
 	log             *slog.Logger
-	// groups groups the writes every job makes (groups.go).
-	groups groups
+	groups          groups
 
 	// lockScope keeps TryLock names of different databases apart: the
-	// Postgres schema (advisory locks are per database, tests use a schema
-	// each) or the SQLite file's absolute path.
+	// Postgres schema (tests use a schema each) or the SQLite file's path.
 	lockScope string
 
 	// Tunables; tests shrink them to exercise paging with few rows.
-	chunkSize   int // bytes per file chunk
-	streamBatch int // jobs per query of JobStreamByBatch
-	// migrateLockTimeout bounds a migration's wait for a lock.
+	chunkSize          int // bytes per file chunk
+	streamBatch        int // rows per query of a stream
 	migrateLockTimeout time.Duration
 
 	now func() time.Time
@@ -92,38 +84,33 @@ type DB struct {
 
 // Open connects to the database at url and returns the DB, once it has
 // checked that the schema is the one this binary was built for: a
-// *SchemaError otherwise (migrations pending: run `dispatcher migrate up`;
-// or a newer schema than this binary knows). The scheme picks the backend:
-// postgres:// or postgresql:// for PostgreSQL (a search_path parameter is
-// honoured; pool_max_conns sets the pool size, default 16); sqlite://path
-// or file:path for SQLite (the file and its directory are created; extra
-// query parameters go to the driver, e.g. _synchronous=NORMAL). logger may
-// be nil.
+// *SchemaError otherwise. The scheme picks the backend: postgres:// or
+// postgresql:// for PostgreSQL (search_path and pool_max_conns are
+// honoured); sqlite://path or file:path for SQLite (the file and its
+// directory are created; extra query parameters go to the driver). logger
+// may be nil.
 func Open(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
-	db, err := Connect(ctx, url, logger)
-	if err != nil {
-		return nil, err
-	}
-	if err := db.checkSchema(ctx); err != nil {
-		_ = db.Close()
-		return nil, err
-	}
-	return db, nil
+	return open(ctx, url, logger, false)
 }
 
 // OpenMigrated is Open after applying the pending migrations: for dev
-// mode, tests and benchmarks, which start on a database of their own.
-// Deployments migrate with `dispatcher migrate up`.
+// mode, tests and benchmarks. Deployments migrate with `dispatcher migrate up`.
 func OpenMigrated(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
+	return open(ctx, url, logger, true)
+}
+
+func open(ctx context.Context, url string, logger *slog.Logger, migrate bool) (*DB, error) {
 	db, err := Connect(ctx, url, logger)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := db.MigrateUp(ctx); err != nil {
-		_ = db.Close()
-		return nil, err
+	if migrate {
+		_, err = db.MigrateUp(ctx)
 	}
-	if err := db.checkSchema(ctx); err != nil {
+	if err == nil {
+		err = db.checkSchema(ctx)
+	}
+	if err != nil {
 		_ = db.Close()
 		return nil, err
 	}
@@ -131,7 +118,7 @@ func OpenMigrated(ctx context.Context, url string, logger *slog.Logger) (*DB, er
 }
 
 // Connect connects to the database at url without looking at its schema:
-// for the migration commands (MigrateUp, MigrateDown, MigrationStatus).
+// for the migration commands.
 func Connect(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -195,16 +182,15 @@ func (db *DB) Close() error {
 	return err
 }
 
-// nowUTC is the time written by a call: UTC, at the microsecond precision both
-// backends keep, so what a method returns equals what a later read returns.
-func (db *DB) nowUTC() time.Time { return db.now().UTC().Truncate(time.Microsecond) }
+// nowUTC is the time written by a call, at the precision both backends
+// keep, so what a method returns equals what a later read returns.
+func (db *DB) nowUTC() time.Time { return normTime(db.now()) }
 
 // normTime brings a caller's time to the stored precision and zone.
 func normTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
 
-// args accumulates query arguments and hands out their placeholders, so
-// queries with optional filters are built from fixed SQL fragments and values
-// never enter the SQL text. Both backends accept $N placeholders.
+// args accumulates query arguments and hands out their $N placeholders, so
+// values never enter the SQL text.
 type args []any
 
 func (a *args) add(v any) string {
@@ -214,14 +200,40 @@ func (a *args) add(v any) string {
 
 // list returns "$i, $j, ..." for vs.
 func (a *args) list(vs ...any) string {
-	var b strings.Builder
+	ps := make([]string, len(vs))
 	for i, v := range vs {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(a.add(v))
+		ps[i] = a.add(v)
 	}
-	return b.String()
+	return strings.Join(ps, ", ")
+}
+
+// anys converts vs for args.list.
+func anys[T any](vs []T) []any {
+	out := make([]any, len(vs))
+	for i, v := range vs {
+		out[i] = v
+	}
+	return out
+}
+
+// status is a job's or a batch's status.
+type status interface {
+	~string
+	Valid() bool
+	Terminal() bool
+}
+
+// unfinished checks that each of ss is a known status that is not terminal,
+// and returns them as strings.
+func unfinished[S status](method, field string, ss []S) ([]any, error) {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		if !s.Valid() || s.Terminal() {
+			return nil, fmt.Errorf("store: %s: %s[%d] %q is not an unfinished status", method, field, i, s)
+		}
+		out[i] = string(s)
+	}
+	return out, nil
 }
 
 // pageLimit applies the default and the ceiling of a list's page size.
@@ -235,21 +247,45 @@ func pageLimit(limit, def, max int) int {
 	return limit
 }
 
-// trimPage cuts a page fetched with limit+1 rows to limit and reports whether
-// there was more.
-func trimPage[T any](rows []*T, limit int) ([]*T, bool) {
-	if len(rows) > limit {
-		return rows[:limit], true
+// page runs query, which selects up to limit+1 rows, and returns the first
+// limit of them and whether there were more.
+func page[T any](ctx context.Context, q querier, scan func(row) (*T, error), limit int, query string, a ...any) ([]*T, bool, error) {
+	rows, err := collect(ctx, q, scan, query, a...)
+	if err != nil || len(rows) <= limit {
+		return rows, false, err
 	}
-	return rows, false
+	return rows[:limit], true, nil
+}
+
+// getOne scans the one row of query, or returns ErrNotFound naming what and id.
+func getOne[T any](ctx context.Context, q querier, scan func(row) (*T, error), what, id, query string, a ...any) (*T, error) {
+	v, err := scan(q.queryRow(ctx, query, a...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound(what, id)
+	} else if err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 // notFound wraps ErrNotFound with what was missing.
 func notFound(what, id string) error { return fmt.Errorf("%w: %s %q", ErrNotFound, what, id) }
 
-func required(method, field, v string) error {
-	if v == "" {
-		return fmt.Errorf("store: %s: %s is empty", method, field)
+// positive checks a limit of rows.
+func positive(method string, limit int) error {
+	if limit < 1 {
+		return fmt.Errorf("store: %s: limit %d, want at least 1", method, limit)
 	}
 	return nil
+}
+
+// required names each of fields (name, value pairs) whose value is empty.
+func required(method string, fields ...string) error {
+	var errs []error
+	for i := 0; i+1 < len(fields); i += 2 {
+		if fields[i+1] == "" {
+			errs = append(errs, fmt.Errorf("store: %s: %s is empty", method, fields[i]))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,11 +1,10 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"time"
 
@@ -24,8 +23,7 @@ type Tenant struct {
 	APIExempt bool
 	// WebhookSecret signs the tenant's webhooks. Never log it.
 	WebhookSecret string
-	// WebhookSecretPrevious signs them too until PreviousUntil, after a
-	// rotation (TenantRotateWebhookSecret); "" when none.
+	// WebhookSecretPrevious signs them too until PreviousUntil, after a rotation.
 	WebhookSecretPrevious string
 	PreviousUntil         *time.Time
 	CreatedAt             time.Time
@@ -72,23 +70,15 @@ type TenantInsertParams struct {
 
 // TenantInsert creates a tenant with a fresh random webhook secret.
 func (db *DB) TenantInsert(ctx context.Context, p *TenantInsertParams) (*Tenant, error) {
-	if err := errors.Join(required("TenantInsert", "Name", p.Name), required("TenantInsert", "Tier", p.Tier)); err != nil {
+	if err := required("TenantInsert", "Name", p.Name, "Tier", p.Tier); err != nil {
 		return nil, err
-	}
-	id := p.ID
-	if id == "" {
-		id = ids.New(ids.Tenant)
-	}
-	var budget any
-	if p.BudgetOverride != nil {
-		budget = int64(*p.BudgetOverride)
 	}
 	now := db.d.ts(db.nowUTC())
 	t, err := scanTenant(db.rw.queryRow(ctx, `
 		INSERT INTO tenants (id, name, tier, budget_override_micros, api_exempt, webhook_secret, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
 		RETURNING `+tenantColumns,
-		id, p.Name, p.Tier, budget, p.APIExempt, newWebhookSecret(), now))
+		cmp.Or(p.ID, ids.New(ids.Tenant)), p.Name, p.Tier, nullMicros(p.BudgetOverride), p.APIExempt, newWebhookSecret(), now))
 	return t, db.d.wrap(err)
 }
 
@@ -102,11 +92,7 @@ func newWebhookSecret() string {
 
 // TenantGetByID returns the tenant, or ErrNotFound.
 func (db *DB) TenantGetByID(ctx context.Context, id string) (*Tenant, error) {
-	t, err := scanTenant(db.ro.queryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE id = $1`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("tenant", id)
-	}
-	return t, err
+	return getOne(ctx, db.ro, scanTenant, "tenant", id, `SELECT `+tenantColumns+` FROM tenants WHERE id = $1`, id)
 }
 
 // TenantListParams select a page of tenants.
@@ -129,12 +115,7 @@ func (db *DB) TenantList(ctx context.Context, p *TenantListParams) ([]*Tenant, b
 		q += ` AND api_exempt = TRUE`
 	}
 	q += ` ORDER BY id DESC LIMIT ` + a.add(limit+1)
-	ts, err := collect(ctx, db.ro, scanTenant, q, a...)
-	if err != nil {
-		return nil, false, err
-	}
-	ts, more := trimPage(ts, limit)
-	return ts, more, nil
+	return page(ctx, db.ro, scanTenant, limit, q, a...)
 }
 
 // TenantUpdateParams change a tenant; nil fields are left as they are.
@@ -143,8 +124,7 @@ type TenantUpdateParams struct {
 	Name      *string
 	Tier      *string
 	APIExempt *bool
-	// SetBudgetOverride writes BudgetOverride: a value sets the override,
-	// nil clears it (back to the tier's budget). False leaves it alone.
+	// SetBudgetOverride writes BudgetOverride (nil clears it).
 	SetBudgetOverride bool
 	BudgetOverride    *money.Micros
 }
@@ -172,24 +152,16 @@ func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant,
 		q += `, api_exempt = ` + a.add(*p.APIExempt)
 	}
 	if p.SetBudgetOverride {
-		var budget any
-		if p.BudgetOverride != nil {
-			budget = int64(*p.BudgetOverride)
-		}
-		q += `, budget_override_micros = ` + a.add(budget)
+		q += `, budget_override_micros = ` + a.add(nullMicros(p.BudgetOverride))
 	}
 	q += ` WHERE id = ` + a.add(p.ID) + ` RETURNING ` + tenantColumns
-	t, err := scanTenant(db.rw.queryRow(ctx, q, a...))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("tenant", p.ID)
-	}
+	t, err := getOne(ctx, db.rw, scanTenant, "tenant", p.ID, q, a...)
 	return t, db.d.wrap(err)
 }
 
 // TenantRotateWebhookSecret gives the tenant a new webhook secret; the one
-// it replaces still signs deliveries, beside the new one, for overlap (so
-// its receivers can move without missing a delivery). Rotating again within
-// the overlap drops the oldest. An unknown tenant is ErrNotFound.
+// it replaces still signs deliveries for overlap. Rotating again within the
+// overlap drops the oldest.
 func (db *DB) TenantRotateWebhookSecret(ctx context.Context, id string, overlap time.Duration) (*Tenant, error) {
 	if err := required("TenantRotateWebhookSecret", "id", id); err != nil {
 		return nil, err
@@ -198,11 +170,8 @@ func (db *DB) TenantRotateWebhookSecret(ctx context.Context, id string, overlap 
 		return nil, fmt.Errorf("store: TenantRotateWebhookSecret: negative overlap %v", overlap)
 	}
 	now := db.nowUTC()
-	t, err := scanTenant(db.rw.queryRow(ctx, `UPDATE tenants SET webhook_secret_previous = webhook_secret,
+	t, err := getOne(ctx, db.rw, scanTenant, "tenant", id, `UPDATE tenants SET webhook_secret_previous = webhook_secret,
 			webhook_secret_previous_until = $2, webhook_secret = $3, updated_at = $4
-		WHERE id = $1 RETURNING `+tenantColumns, id, db.d.ts(now.Add(overlap)), newWebhookSecret(), db.d.ts(now)))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("tenant", id)
-	}
+		WHERE id = $1 RETURNING `+tenantColumns, id, db.d.ts(now.Add(overlap)), newWebhookSecret(), db.d.ts(now))
 	return t, db.d.wrap(err)
 }

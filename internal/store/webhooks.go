@@ -18,17 +18,15 @@ type WebhookRef struct {
 	ID   string
 }
 
-// The pending-webhook predicates, repeated literally from the partial
-// indexes jobs_webhook_pending and batches_webhook_pending so the planner
-// uses them.
+// The predicates of the partial indexes jobs_webhook_pending and
+// batches_webhook_pending, literally.
 const (
 	jobWebhookPendingSQL   = `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled')`
 	batchWebhookPendingSQL = `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('completed', 'failed', 'expired', 'cancelled')`
 )
 
-// WebhookDone records that the webhook of the job or batch needs no further
-// delivery: it was delivered, refused for good, or retried until given up.
-// Recording it twice keeps the first time. An unknown object is ErrNotFound.
+// WebhookDone records, once, that the webhook of the job or batch needs no
+// further delivery.
 func (db *DB) WebhookDone(ctx context.Context, ref WebhookRef) error {
 	table, err := webhookTable("WebhookDone", ref.Kind)
 	if err != nil {
@@ -48,31 +46,25 @@ func (db *DB) WebhookDone(ctx context.Context, ref WebhookRef) error {
 // WebhookListPendingParams select a page of pending webhooks.
 type WebhookListPendingParams struct {
 	Kind string // WebhookJob or WebhookBatch
-	// FinishedBefore skips objects that finished since: their delivery is
-	// being enqueued right now.
+	// FinishedBefore skips objects that finished since.
 	FinishedBefore time.Time
 	After          string // id of the last object of the previous page
 	Limit          int    // default 1000, at most 10000
 }
 
-// WebhookListPending returns, in ascending id order, the finished jobs or
-// batches that name a webhook whose delivery has not ended, and whether
-// more follow.
+// WebhookListPending returns a page of the finished jobs or batches whose
+// webhook delivery has not ended, oldest first, and whether more follow.
 func (db *DB) WebhookListPending(ctx context.Context, p *WebhookListPendingParams) ([]*WebhookRef, bool, error) {
 	limit := pageLimit(p.Limit, 1000, 10000)
 	q, a, err := webhookListPendingSQL(db.d, p, limit)
 	if err != nil {
 		return nil, false, err
 	}
-	refs, err := collect(ctx, db.ro, func(r row) (*WebhookRef, error) {
+	refs, more, err := page(ctx, db.ro, func(r row) (*WebhookRef, error) {
 		ref := &WebhookRef{Kind: p.Kind}
 		return ref, r.Scan(&ref.ID)
-	}, q, a...)
-	if err != nil {
-		return nil, false, db.d.wrap(err)
-	}
-	refs, more := trimPage(refs, limit)
-	return refs, more, nil
+	}, limit, q, a...)
+	return refs, more, db.d.wrap(err)
 }
 
 func webhookListPendingSQL(d *dialect, p *WebhookListPendingParams, limit int) (string, args, error) {

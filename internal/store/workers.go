@@ -10,9 +10,8 @@ import (
 // beats (WorkerBeat) every WorkerBeatInterval, and a job it starts names it
 // (jobs.worker_id). A worker not seen for WorkerDeadAfter is dead: its
 // running jobs are handed to others (JobHandOff), and only then may another
-// delivery of such a job start it (JobStart refuses while the holder
-// beats). Times are each process's clock; hosts' clocks must agree to well
-// under WorkerDeadAfter (NTP does).
+// delivery of such a job start it. Times are each process's clock; hosts'
+// clocks must agree to well under WorkerDeadAfter.
 const (
 	WorkerBeatInterval = 2 * time.Second
 	WorkerDeadAfter    = 8 * time.Second
@@ -32,8 +31,7 @@ func (db *DB) WorkerBeat(ctx context.Context, id string) error {
 	return nil
 }
 
-// WorkerGone removes worker process id, which stopped: a job it still held
-// is handed on at the next JobHandOff.
+// WorkerGone removes worker process id, which stopped.
 func (db *DB) WorkerGone(ctx context.Context, id string) error {
 	if _, err := db.rw.exec(ctx, `DELETE FROM workers WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("store: WorkerGone: %w", db.d.wrap(err))
@@ -41,10 +39,8 @@ func (db *DB) WorkerGone(ctx context.Context, id string) error {
 	return nil
 }
 
-// JobRelease clears worker's hold on job id, when a delivery ended without
-// moving the job (every move clears it): a job it left running is queued
-// again, for its task's next delivery (or, should Redis have lost that,
-// the reconciler's).
+// JobRelease clears worker's hold on job id when a delivery ended without
+// moving the job: a job left running is queued again.
 func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
 	if worker == "" {
 		return nil
@@ -60,12 +56,9 @@ func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
 // that was seen at or after $dead.
 const heldByLiveSQL = `EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND w.seen_at >= `
 
-// JobHandOff takes the running jobs (not synchronous ones) of workers not
-// seen since WorkerDeadAfter back from them: each is queued again, held by
-// nobody, its lost delivery counted as an attempt, and returned (at most
-// limit), for the caller to enqueue a new task of each (or to fail it, when
-// its attempts are used up: a job may be what kills its workers). A job is handed off once: a second call finds it held by
-// nobody.
+// JobHandOff takes up to limit running jobs (not synchronous ones) from
+// workers not seen since WorkerDeadAfter: each is queued again, held by
+// nobody, its lost delivery counted as an attempt, and returned once.
 func (db *DB) JobHandOff(ctx context.Context, limit int) ([]*Job, error) {
 	var a args
 	now := db.nowUTC()
@@ -75,12 +68,7 @@ func (db *DB) JobHandOff(ctx context.Context, limit int) ([]*Job, error) {
 		WHERE id IN (SELECT id FROM jobs WHERE status = 'running' AND worker_id IS NOT NULL AND NOT sync
 			AND NOT ` + heldByLiveSQL + dead + `) LIMIT ` + a.add(limit) + `)
 		RETURNING ` + jobColumns
-	var jobs []*Job
-	err := db.rw.query(ctx, q, a, func(r row) error {
-		j, err := scanJob(r)
-		jobs = append(jobs, j)
-		return err
-	})
+	jobs, err := collect(ctx, db.rw, scanJob, q, a...)
 	if err != nil {
 		return nil, fmt.Errorf("store: JobHandOff: %w", db.d.wrap(err))
 	}
