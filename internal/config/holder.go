@@ -1,10 +1,10 @@
 package config
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -21,20 +21,9 @@ type HolderOptions struct {
 	// PollInterval is how often Watch looks at the policy file for changes.
 	// Defaults to 1s.
 	PollInterval time.Duration
-
-	// Signals, when set, replaces the SIGHUP subscription Watch makes: each
-	// value received asks for a reload. Tests use it so that no signal is
-	// sent to the process. Defaults to nil (SIGHUP).
+	// Signals, when set, replaces Watch's SIGHUP subscription: each value
+	// asks for a reload. Defaults to nil (SIGHUP).
 	Signals <-chan os.Signal
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o HolderOptions) validate() error {
-	if o.PollInterval < 0 {
-		return fmt.Errorf("config: HolderOptions.PollInterval must not be negative, got %v", o.PollInterval)
-	}
-	return nil
 }
 
 // PolicyHolder keeps the policy in force and swaps it when the file changes.
@@ -75,13 +64,7 @@ func NewPolicyHolder(path string, opts *HolderOptions) (*PolicyHolder, error) {
 	if opts == nil {
 		opts = &HolderOptions{}
 	}
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
-	h := &PolicyHolder{path: path, poll: opts.PollInterval, signals: opts.Signals}
-	if h.poll == 0 {
-		h.poll = time.Second
-	}
+	h := &PolicyHolder{path: path, poll: cmp.Or(opts.PollInterval, time.Second), signals: opts.Signals}
 	fi, data, err := readPolicyFile(path)
 	if err != nil {
 		return nil, h.readError(err)
@@ -97,19 +80,10 @@ func NewPolicyHolder(path string, opts *HolderOptions) (*PolicyHolder, error) {
 	return h, nil
 }
 
-// NewStaticPolicyHolder holds p, which comes from no file: Reload and Watch
-// have nothing to read. It serves built-in policies and tests; Set still
-// swaps the policy and notifies subscribers.
-func NewStaticPolicyHolder(p *Policy) *PolicyHolder {
-	h := &PolicyHolder{poll: time.Second}
-	h.cur.Store(p)
-	return h
-}
-
 // Current returns the policy in force.
 func (h *PolicyHolder) Current() *Policy { return h.cur.Load() }
 
-// Path returns the policy file's path; empty for a static holder.
+// Path returns the policy file's path.
 func (h *PolicyHolder) Path() string { return h.path }
 
 // OnChange subscribes fn to policy changes: after each swap, fn is called
@@ -129,8 +103,8 @@ func (h *PolicyHolder) OnChange(fn func(old, new *Policy)) (cancel func()) {
 	}
 }
 
-// Set puts p in force and notifies subscribers, bypassing the file. It is
-// for static holders and tests: p must come from ParsePolicy or LoadPolicy.
+// Set puts p in force and notifies subscribers, bypassing the file (tests):
+// p must come from ParsePolicy.
 func (h *PolicyHolder) Set(p *Policy) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -158,9 +132,6 @@ const (
 // policy in force (force) or from the content last tried (a poll, which must
 // not log the same refusal every second).
 func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
-	if h.path == "" {
-		return unchanged, nil, nil
-	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	fi, data, err := readPolicyFile(h.path)
@@ -228,10 +199,6 @@ func (h *PolicyHolder) changed() (bool, error) {
 func (h *PolicyHolder) Watch(ctx context.Context, logger *slog.Logger) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
-	}
-	if h.path == "" {
-		<-ctx.Done()
-		return
 	}
 	sigs := h.signals
 	if sigs == nil {

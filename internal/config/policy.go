@@ -436,15 +436,6 @@ func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 	return nil
 }
 
-// LoadPolicy reads and validates the policy file at path.
-func LoadPolicy(path string) (*Policy, error) {
-	_, data, err := readPolicyFile(path)
-	if err != nil {
-		return nil, policyReadError(path, err)
-	}
-	return parseFile(path, data)
-}
-
 // ParsePolicy parses and validates a policy document. Unknown fields are
 // errors, so a misspelt setting is never silently ignored; the error names
 // the field path, the value and its line.
