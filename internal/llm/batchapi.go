@@ -180,10 +180,8 @@ func (p *openAIProvider) decodeObject(resp *http.Response, out any) error {
 		err = unmarshal(b, out)
 	}
 	if err != nil {
-		e := p.answered(resp)
-		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
-		e.Message = "The provider's answer could not be read: " + p.scrub(err.Error())
-		return e
+		return p.answered(resp).serverError(ClassRetryable, CodeUnreadableResponse,
+			"The provider's answer could not be read: "+p.scrub(err.Error()))
 	}
 	return nil
 }
@@ -216,17 +214,10 @@ func (p *openAIProvider) UploadBatchFile(ctx context.Context, name string, conte
 		return "", err
 	}
 	if f.ID == "" {
-		return "", p.invalid(resp, "a file object without an id")
+		return "", p.answered(resp).serverError(ClassPermanent, CodeInvalidResponse,
+			"The provider answered a file object without an id.")
 	}
 	return f.ID, nil
-}
-
-// invalid is the *Error of a 2xx answer that is not what was asked for.
-func (p *openAIProvider) invalid(resp *http.Response, what string) *Error {
-	e := p.answered(resp)
-	e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
-	e.Message = "The provider answered " + what + "."
-	return e
 }
 
 func (p *openAIProvider) FindBatchFile(ctx context.Context, name string) (string, bool, error) {
@@ -262,8 +253,8 @@ func (p *openAIProvider) CreateBatch(ctx context.Context, fileID, endpoint strin
 // checked refuses a batch object without an id or status.
 func (p *openAIProvider) checked(b *ProviderBatch) (*ProviderBatch, error) {
 	if b.ID == "" || b.Status == "" {
-		return nil, &Error{Provider: p.name, Class: ClassPermanent, Code: CodeInvalidResponse, Type: "server_error",
-			Message: "The provider answered a batch object without an id or status."}
+		return nil, (&Error{Provider: p.name}).serverError(ClassPermanent, CodeInvalidResponse,
+			"The provider answered a batch object without an id or status.")
 	}
 	return b, nil
 }

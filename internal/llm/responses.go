@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -376,28 +375,20 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 	case err != nil:
 		return nil, p.noAnswer(ctx, err, 0)
 	case int64(len(body)) > p.maxResponse:
-		e.Class, e.Code, e.Type = ClassPermanent, CodeResponseTooLarge, "server_error"
-		e.Message = fmt.Sprintf("The provider's answer is larger than its max_response_bytes (%d bytes).", p.maxResponse)
-		return nil, e
+		return nil, p.tooLarge(e, "answer")
 	case !json.Valid(body):
-		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
-		e.Message = "The provider's answer could not be read (truncated or not JSON)."
-		return nil, e
+		return nil, e.serverError(ClassRetryable, CodeUnreadableResponse, msgUnreadable)
 	}
 	var shape struct {
 		Object string          `json:"object"`
 		Usage  json.RawMessage `json:"usage"`
 	}
 	if err := unmarshal(body, &shape); err != nil || shape.Object != "response" {
-		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
-		e.Message = "The provider's answer is not a response object."
-		return nil, e
+		return nil, e.serverError(ClassPermanent, CodeInvalidResponse, "The provider's answer is not a response object.")
 	}
 	u, err := UsageOf(body)
 	if err != nil {
-		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
-		e.Message = answerMessage(resp.StatusCode, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub)
-		return nil, e
+		return nil, p.notOpenAIShape(e, err)
 	}
 	return &Response{StatusCode: resp.StatusCode, Body: body, RequestID: e.RequestID, RateLimit: e.RateLimit, Usage: u}, nil
 }

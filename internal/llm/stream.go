@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -152,9 +151,8 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	for !done && sc.Scan() {
 		line := sc.Bytes()
 		if read += int64(len(line)) + 1; read > p.maxResponse {
-			e.Class, e.Code, e.Type, e.Relayed = ClassPermanent, CodeResponseTooLarge, "server_error", out.Chunks
-			e.Message = fmt.Sprintf("The provider's stream is larger than its max_response_bytes (%d bytes).", p.maxResponse)
-			return nil, e
+			e.Relayed = out.Chunks
+			return nil, p.tooLarge(e, "stream")
 		}
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
