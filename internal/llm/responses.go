@@ -10,18 +10,9 @@ import (
 	"strconv"
 )
 
-// The Responses API (POST /v1/responses): its request bodies, validated and
-// reduced to the messages the estimator counts. Its input is a string (one
-// user message) or a list of items: messages ({role, content}, content a
-// string or a list of input_text, output_text, refusal, input_image and
-// input_file parts), function calls and their outputs, reasoning summaries,
-// and items llmq does not model (counted as their JSON text). instructions
-// is a system message before them; max_output_tokens is the output bound.
-//
-// Some of a request's context may be stored at the provider: a
-// previous_response_id or an item_reference (known to llmq when it relayed
-// the response, see admission.ShapeOf), a conversation or a prompt
-// template (never: Body.Unseen).
+// The Responses API's request bodies, reduced to the messages the estimator
+// counts: instructions as a system message, then the input, a string or a
+// list of items (items llmq does not model counted as their JSON text).
 
 // rawResponsesBody holds the fields of a Responses API body llmq reads.
 type rawResponsesBody struct {
@@ -69,12 +60,10 @@ type rawInputPart struct {
 
 var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": true, "developer": true}
 
-// maxResponsesItems bounds a request's input items, as the Responses API
-// bounds them.
+// maxResponsesItems bounds a request's input items, as the API does.
 const maxResponsesItems = 10000
 
-// maxResponseIDBytes bounds a response id llmq keeps or looks up (OpenAI's
-// are about 50 bytes).
+// maxResponseIDBytes bounds a response id llmq keeps or looks up.
 const maxResponseIDBytes = 256
 
 // minOutputTokens is the least max_output_tokens the Responses API takes.
@@ -227,16 +216,12 @@ func parseItems(r *request, raw json.RawMessage) error {
 			}
 			r.messages = append(r.messages, m)
 		case "item_reference":
-			// Stored at the provider: what it holds is known only when
-			// llmq saw it made (its owner's conversation).
 			id, ok := jsonString(it.ID)
 			if !ok || id == "" || len(id) > maxResponseIDBytes {
 				return invalid(p+".id", "'%s.id' must be a non-empty string of at most %d bytes", p, maxResponseIDBytes)
 			}
 			r.itemRefs = append(r.itemRefs, id)
 		default:
-			// Tool calls of built-in tools and whatever comes next: counted
-			// as their JSON text, judged by the provider.
 			r.messages = append(r.messages, message{role: "assistant", extra: []string{string(iraw)}})
 		}
 	}
@@ -308,9 +293,7 @@ func (r *request) parseItemMessage(it rawItem, p string) (message, error) {
 		case "input_audio":
 			m.media = append(m.media, "")
 			r.audio = cmp.Or(r.audio, pp)
-		default:
-			// Files and whatever comes next: the flat media allowance,
-			// though their size is not llmq's to know.
+		default: // files and unknown parts
 			m.media = append(m.media, "")
 			r.uncounted = cmp.Or(r.uncounted, pp)
 		}
@@ -318,10 +301,8 @@ func (r *request) parseItemMessage(it rawItem, p string) (message, error) {
 	return m, nil
 }
 
-// responsesTools turns the Responses API's function tools ({type,
-// name, description, parameters}) into chat's shape ({type, function}), so
-// they are counted by the same formula; other tools are kept as they are
-// (counted as their JSON text).
+// responsesTools turns the Responses API's function tools into chat's shape
+// ({type, function}), counted by the same formula; others are kept.
 func responsesTools(raw json.RawMessage) json.RawMessage {
 	var specs []json.RawMessage
 	if unmarshal(raw, &specs) != nil {
@@ -358,9 +339,8 @@ func responsesTools(raw json.RawMessage) json.RawMessage {
 // it has none.
 func (b *Body) PreviousResponseID() string { return b.r.previousResponseID }
 
-// respond sends a Responses API request (go-openai has no Responses API;
-// the call is plain HTTP, as streams are) and reads its answer: a response
-// object, at most the provider's max_response_bytes, with its usage.
+// respond sends a Responses API request over plain HTTP (go-openai has no
+// Responses API) and reads its answer, a response object.
 func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
@@ -393,10 +373,9 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 	return &Response{StatusCode: resp.StatusCode, Body: body, RequestID: e.RequestID, RateLimit: e.RateLimit, Usage: u}, nil
 }
 
-// StoredIDs are the ids of a Responses API answer's body that a follow-up
-// may name: the response's (previous_response_id) and its output items'
-// (item_reference). id is "" when the body is not a response; ids past
-// maxResponseIDBytes are left out, as a follow-up may not name them.
+// StoredIDs are the ids of a Responses API answer's body a follow-up may
+// name: the response's and its output items'. id is "" when the body is not
+// a response; ids a follow-up may not name are left out.
 func StoredIDs(body []byte) (id string, items []string) {
 	var b struct {
 		ID     string `json:"id"`
