@@ -501,11 +501,7 @@ type rawTier struct {
 }
 
 func (raw *rawPolicy) build(src *source) (*Policy, error) {
-	p := &Policy{
-		providers: make(map[string]*Provider, len(raw.Providers)),
-		models:    make(map[string]*Model, len(raw.Models)),
-		tiers:     make(map[string]*Tier, len(raw.Tiers)),
-	}
+	p := &Policy{}
 	for _, list := range []struct {
 		name string
 		n    int
@@ -515,73 +511,41 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		}
 	}
 
-	p.Providers = make([]Provider, len(raw.Providers))
-	seen := map[string]int{}
-	for i, rp := range raw.Providers {
-		path := fmt.Sprintf("providers[%d]", i)
-		pr, err := rp.build(src, path)
-		if err != nil {
-			return nil, err
-		}
-		if j, dup := seen[pr.Name]; dup {
-			return nil, src.errorAt(path+".name", "duplicate provider %q (also providers[%d])", pr.Name, j)
-		}
-		seen[pr.Name] = i
-		p.Providers[i] = pr
+	var err error
+	p.Providers, p.providers, err = buildList(src, "providers", "provider", raw.Providers, rawProvider.build,
+		func(pr *Provider) string { return pr.Name }, nil)
+	if err != nil {
+		return nil, err
 	}
-	for i := range p.Providers {
-		p.providers[p.Providers[i].Name] = &p.Providers[i]
-	}
-
-	p.Models = make([]Model, len(raw.Models))
-	seen = map[string]int{}
 	upstreams := map[[2]string]sharedDeployment{}
-	for i, rm := range raw.Models {
-		path := fmt.Sprintf("models[%d]", i)
-		m, err := rm.build(src, path, p.providers)
-		if err != nil {
-			return nil, err
-		}
-		if j, dup := seen[m.Name]; dup {
-			return nil, src.errorAt(path+".name", "duplicate model %q (also models[%d])", m.Name, j)
-		}
-		seen[m.Name] = i
-		// Models sharing a deployment share its scope and its limits.
+	buildModel := func(rm rawModel, src *source, path string) (Model, error) { return rm.build(src, path, p.providers) }
+	// Models sharing a deployment share its scope and its limits.
+	checkShared := func(i int, m *Model, path string) error {
 		for k, d := range m.Deployments {
 			key := [2]string{d.Provider, d.Upstream}
 			if prev, dup := upstreams[key]; dup && prev.Limits != d.Limits {
 				at := fmt.Sprintf("%s.deployments[%d].limits", path, k)
-				if len(rm.Deployments) == 0 {
+				if len(raw.Models[i].Deployments) == 0 {
 					at = path + ".limits"
 				}
-				return nil, src.errorAt(at,
+				return src.errorAt(at,
 					"%q at provider %q is also a deployment of models[%d] with other limits; the provider has one limit for it, so give both the same",
 					d.Upstream, d.Provider, prev.model)
 			}
 			upstreams[key] = sharedDeployment{model: i, Limits: d.Limits}
 		}
-		p.Models[i] = m
+		return nil
+	}
+	if p.Models, p.models, err = buildList(src, "models", "model", raw.Models, buildModel,
+		func(m *Model) string { return m.Name }, checkShared); err != nil {
+		return nil, err
 	}
 	for i := range p.Models {
 		p.Models[i].withRoutes() // in place: routes point to the model
-		p.models[p.Models[i].Name] = &p.Models[i]
 	}
-	p.Tiers = make([]Tier, len(raw.Tiers))
-	seen = map[string]int{}
-	for i, rt := range raw.Tiers {
-		path := fmt.Sprintf("tiers[%d]", i)
-		t, err := rt.build(src, path)
-		if err != nil {
-			return nil, err
-		}
-		if j, dup := seen[t.Name]; dup {
-			return nil, src.errorAt(path+".name", "duplicate tier %q (also tiers[%d])", t.Name, j)
-		}
-		seen[t.Name] = i
-		p.Tiers[i] = t
-	}
-	for i := range p.Tiers {
-		p.tiers[p.Tiers[i].Name] = &p.Tiers[i]
+	if p.Tiers, p.tiers, err = buildList(src, "tiers", "tier", raw.Tiers, rawTier.build,
+		func(t *Tier) string { return t.Name }, nil); err != nil {
+		return nil, err
 	}
 	if err := p.checkFallbacks(src); err != nil {
 		return nil, err
@@ -611,6 +575,36 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// buildList builds the entries of a list of the policy, refusing a name
+// given twice, then runs check (if any) on each, and indexes them by name.
+func buildList[R, T any](src *source, list, noun string, raws []R, build func(R, *source, string) (T, error),
+	name func(*T) string, check func(int, *T, string) error) ([]T, map[string]*T, error) {
+	out := make([]T, len(raws))
+	seen := map[string]int{}
+	for i, r := range raws {
+		path := fmt.Sprintf("%s[%d]", list, i)
+		v, err := build(r, src, path)
+		if err != nil {
+			return nil, nil, err
+		}
+		if j, dup := seen[name(&v)]; dup {
+			return nil, nil, src.errorAt(path+".name", "duplicate %s %q (also %s[%d])", noun, name(&v), list, j)
+		}
+		seen[name(&v)] = i
+		if check != nil {
+			if err := check(i, &v, path); err != nil {
+				return nil, nil, err
+			}
+		}
+		out[i] = v
+	}
+	index := make(map[string]*T, len(out))
+	for i := range out {
+		index[name(&out[i])] = &out[i]
+	}
+	return out, index, nil
 }
 
 func (rp rawProvider) build(src *source, path string) (Provider, error) {
