@@ -65,24 +65,13 @@ func (r RateLimit) Delay() (d time.Duration, ok bool) {
 // timestamp) in a duration header.
 const maxHint = 7 * 24 * time.Hour
 
-// ParseRateLimit reads a provider's rate-limit headers, in every shape
-// llmq knows, into one RateLimit:
-//
-//   - OpenAI's x-ratelimit-limit|remaining|reset-requests|tokens (resets as
-//     Go durations such as "6m0s" and "12ms", or plain seconds such as "1.5");
-//   - Azure OpenAI's subset of them (often only the remaining counts, some
-//     deployments sending -1 or 0 that mean nothing) and a provisioned
-//     deployment's azure-openai-deployment-utilization;
-//   - Anthropic's anthropic-ratelimit-requests|tokens-limit|remaining|reset
-//     (resets as RFC 3339 times), when no x-ratelimit-* header gives the
-//     same value;
-//   - the wait of a 429: retry-after-ms or x-ms-retry-after-ms (milliseconds,
-//     preferred), else retry-after (seconds, or an HTTP date).
-//
-// Nonsense is treated as absent: limits that are not positive integers,
-// negative or unparsable values, remaining counts beside a nonsense limit,
-// above their limit, or 0 with no limit at all (an Azure deployment's "0"
-// that means nothing), a wait of zero, and waits or resets beyond a week.
+// ParseRateLimit reads a provider's rate-limit headers into one RateLimit:
+// OpenAI's x-ratelimit-* (resets as Go durations or seconds), Azure's subset
+// of them and its deployment utilization, Anthropic's
+// anthropic-ratelimit-* where no x-ratelimit-* header gives the value, and
+// a 429's retry-after-ms, x-ms-retry-after-ms or retry-after. Nonsense
+// (limits that are not positive, remaining counts beside a nonsense limit
+// or above it, zero waits, waits beyond a week) is treated as absent.
 func ParseRateLimit(h http.Header) RateLimit {
 	return parseRateLimit(h, time.Now())
 }

@@ -159,8 +159,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		}
 		var c streamChunk
 		if err := unmarshal(data, &c); err != nil {
-			e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream sent an event that is not JSON", out.Chunks
-			return nil, e
+			return nil, e.cut("the provider's stream sent an event that is not JSON", out.Chunks)
 		}
 		if req.Endpoint == EndpointResponses {
 			if o := c.responsesError(); o != nil {
@@ -169,8 +168,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 			if done = c.responsesEnd(); done {
 				u, err := UsageOf(c.Response)
 				if err != nil {
-					e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream ended with a response whose usage cannot be read", out.Chunks
-					return nil, e
+					return nil, e.cut("the provider's stream ended with a response whose usage cannot be read", out.Chunks)
 				}
 				out.Body, out.Usage = bytes.Clone(c.Response), u
 			}
@@ -179,8 +177,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		}
 		if c.Usage != nil && req.Endpoint == EndpointChat {
 			if out.Usage, err = UsageOf(data); err != nil {
-				e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream ended with a chunk whose usage cannot be read", out.Chunks
-				return nil, e
+				return nil, e.cut("the provider's stream ended with a chunk whose usage cannot be read", out.Chunks)
 			}
 			out.Body = bytes.Clone(data)
 		}
@@ -202,6 +199,12 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		return nil, ne
 	}
 	return out, nil
+}
+
+// cut makes e a stream that failed, retryable, after relayed events.
+func (e *Error) cut(msg string, relayed int) *Error {
+	e.Class, e.Message, e.Relayed = ClassRetryable, msg, relayed
+	return e
 }
 
 // streamFailed is e for a stream that ended with the provider's error o.
