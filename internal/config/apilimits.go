@@ -14,20 +14,18 @@ import (
 const (
 	DefaultAPISoftLimit   = 0.8
 	DefaultWebhookHostRPS = 10
-	// MaxSlidingLogLimit caps a sliding_log window: the log keeps an entry
-	// per request (about 60 bytes) for the whole window.
+	// MaxSlidingLogLimit caps a sliding_log window, which keeps an entry per
+	// request.
 	MaxSlidingLogLimit = 10000
-	// maxWebhookHostRPS keeps the interval between deliveries at least 1µs.
-	maxWebhookHostRPS = 100000
+	maxWebhookHostRPS  = 100000
 )
 
 // DefaultAuthFailureLimits are the failed authentications a client address
-// may make before its requests are refused for the rest of the window.
+// may make per window.
 var DefaultAuthFailureLimits = APILimits{Minute: 20}
 
 // APIEndpoints are the names of the tenant endpoints of the HTTP API, for
-// a tier's api_endpoint_limits. They follow the official SDKs' method
-// names (files.create is POST /v1/files).
+// api_endpoint_limits, after the official SDKs' methods.
 var APIEndpoints = []string{
 	"jobs.create", "jobs.list", "jobs.retrieve", "jobs.cancel",
 	"files.create", "files.list", "files.retrieve", "files.content", "files.delete",
@@ -40,7 +38,6 @@ type APILimits struct {
 	Second, Minute, Hour, Day int64
 }
 
-// apiWindowNames are the windows of APILimits, in order.
 var apiWindowNames = [4]string{"second", "minute", "hour", "day"}
 
 var apiWindowPeriods = [4]time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour}
@@ -51,7 +48,7 @@ func (l APILimits) values() [4]int64 { return [4]int64{l.Second, l.Minute, l.Hou
 func (l APILimits) IsZero() bool { return l == APILimits{} }
 
 // Windows returns the windows that are set, from second to day, each named
-// prefix followed by its window ("minute", "files.create:minute").
+// prefix + its window ("files.create:minute").
 func (l APILimits) Windows(prefix string) []limiter.NamedWindow {
 	var ws []limiter.NamedWindow
 	for i, v := range l.values() {
@@ -81,7 +78,7 @@ type rawAPILimits struct {
 	Day    int64 `yaml:"day"`
 }
 
-// build checks raw limits at path: every window 0 or more.
+// build checks raw limits at path.
 func (r *rawAPILimits) build(src *source, path string) (APILimits, error) {
 	if r == nil {
 		return APILimits{}, nil
@@ -95,8 +92,7 @@ func (r *rawAPILimits) build(src *source, path string) (APILimits, error) {
 	return l, nil
 }
 
-// checkLogCap refuses, for a sliding_log tier, windows larger than the log
-// is meant to hold.
+// checkLogCap refuses a sliding_log tier's windows above MaxSlidingLogLimit.
 func checkLogCap(src *source, path string, l APILimits, alg limiter.Algorithm) error {
 	if alg != limiter.AlgSlidingLog {
 		return nil
@@ -229,7 +225,6 @@ func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 	return nil
 }
 
-// buildAuthFailures reads auth_failure_limits.
 func buildAuthFailures(src *source, raw *rawAPILimits) (APILimits, error) {
 	if raw == nil {
 		return DefaultAuthFailureLimits, nil
@@ -237,8 +232,7 @@ func buildAuthFailures(src *source, raw *rawAPILimits) (APILimits, error) {
 	return raw.build(src, "auth_failure_limits")
 }
 
-// String renders limits as "50/second, 200000/day"; "none" when no window
-// is set.
+// String renders limits as "50/second, 200000/day", or "none".
 func (l APILimits) String() string {
 	if l.IsZero() {
 		return "none"

@@ -230,7 +230,7 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 			if host == "" {
 				t.Fatalf("no directory holding LLMQ_POLICY %s is mounted (volumes %v)", env.Policy, s.Volumes)
 			}
-			p, err := LoadPolicy(filepath.Join(repoRoot, host))
+			p, err := loadPolicy(filepath.Join(repoRoot, host))
 			if err != nil {
 				t.Fatalf("policy %s: %v", host, err)
 			}
@@ -252,7 +252,7 @@ func TestComposeFileRunsAsShipped(t *testing.T) {
 			}
 			// The documented switch to OpenAI: the example policy, whose
 			// key variables the service passes on from the shell.
-			example, err := LoadPolicy(filepath.Join(repoRoot, "llmq.example.yaml"))
+			example, err := loadPolicy(filepath.Join(repoRoot, "llmq.example.yaml"))
 			if err != nil {
 				t.Fatal(err)
 			}

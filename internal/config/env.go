@@ -30,144 +30,92 @@ import (
 // EnvPrefix starts the name of every environment variable llmq reads.
 const EnvPrefix = "LLMQ_"
 
-// Role is the kind of process whose environment is validated: each needs a
-// different part of it.
+// Role is the kind of process whose environment is validated.
 type Role string
 
 // The roles Env.Validate knows.
 const (
-	// RoleDispatcher serves the HTTP API, the dashboard and /metrics.
-	RoleDispatcher Role = "dispatcher"
-	// RoleWorker runs jobs from the queues.
-	RoleWorker Role = "worker"
-	// RoleDev runs dispatcher and worker in one process for local use.
-	RoleDev Role = "dev"
+	RoleDispatcher Role = "dispatcher" // the HTTP API, the dashboard, /metrics
+	RoleWorker     Role = "worker"     // runs jobs from the queues
+	RoleDev        Role = "dev"        // both in one process, for local use
 )
 
-// minAdminTokenLen keeps the admin token out of reach of guessing: it guards
-// tenant creation, keys and the asynq monitor.
 const minAdminTokenLen = 16
 
 // Env is the process configuration read from LLMQ_* environment variables.
-// Provider API keys are not here: each provider in the policy names the
-// variable that holds its key.
+// After Validate every field holds a valid value (stated at each field).
+// Provider API keys are not here: each provider names its variable.
 type Env struct {
-	// RedisURL is the Redis holding the queues, the limiter buckets and the
-	// live spend counters: one node (redis://, rediss:// for TLS), a Sentinel
-	// group (redis+sentinel://host:port,host:port/MASTER_NAME[/db]) or a
-	// Cluster (redis+cluster://host:port,host:port), read by redisconn.Parse.
-	// Defaults to redis://127.0.0.1:6379/0.
+	// RedisURL is one node (redis://, rediss://), a Sentinel group
+	// (redis+sentinel://) or a Cluster (redis+cluster://), as redisconn.Parse
+	// reads it. Defaults to redis://127.0.0.1:6379/0.
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0" help:"Redis: queues, limiter buckets, live spend"`
-
-	// DatabaseURL is the system of record: postgres:// or postgresql:// for
-	// Postgres, sqlite:// or file: for the embedded SQLite database.
-	// Defaults to postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable.
+	// DatabaseURL is postgres:// or postgresql:// for Postgres, sqlite:// or
+	// file: for SQLite. Defaults to
+	// postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" help:"the system of record: postgres://… or sqlite://path"`
-
-	// ListenAddr is the host:port the HTTP server listens on: the API of the
-	// dispatcher, /healthz and /readyz of a worker. Validate fills in the
-	// role's default, so a dispatcher and a worker run on one host as they
-	// are. Defaults to :8080 (dispatcher, dev) or :8081 (worker).
+	// ListenAddr is the HTTP server's host:port. Defaults to
+	// DefaultListenAddr of the role.
 	ListenAddr string `env:"LISTEN_ADDR" help:"HTTP address: the dispatcher's API, the worker's /healthz and /readyz"`
-
-	// MetricsAddr is the host:port of a listener that serves only /metrics,
-	// without credentials, for Prometheus: keep it on an internal network.
-	// On the dispatcher's own address /metrics takes the admin token.
-	// Defaults to 127.0.0.1:9464 (dispatcher) or 127.0.0.1:9465 (worker);
-	// dev mode opens it only when set.
+	// MetricsAddr is the host:port of the unauthenticated /metrics
+	// listener, never ListenAddr. Defaults to DefaultMetricsAddr of the role.
 	MetricsAddr string `env:"METRICS_ADDR" help:"address of the unauthenticated /metrics listener for Prometheus (keep it internal)"`
-
-	// Policy is the path of the policy YAML (providers, models, tiers).
-	// Defaults to llmq.yaml.
+	// Policy is the path of the policy YAML, not empty. Defaults to llmq.yaml.
 	Policy string `env:"POLICY" envDefault:"llmq.yaml" help:"the policy file: providers, models, tiers (llmq.example.yaml is a commented example)"`
-
-	// AdminToken is the bearer token of the /admin API and the monitor. The
-	// dispatcher requires one of at least 16 characters; dev mode may leave it
-	// empty (the caller then makes one up and shows it).
-	// Defaults to empty.
+	// AdminToken guards the /admin API and the monitor: at least 16
+	// characters without spaces on a dispatcher; dev mode may leave it
+	// empty. Defaults to empty.
 	AdminToken string `env:"ADMIN_TOKEN" help:"guards /admin/, /dashboard, /monitoring/ (16+ characters; required by the dispatcher)" role:"dispatcher"`
-
-	// AdminTokenPrevious is accepted as well as AdminToken while a rotation
-	// is under way: the new token goes in AdminToken, the old one here, and
-	// once every client uses the new one it is removed. Defaults to empty.
+	// AdminTokenPrevious is accepted too while a rotation is under way; set
+	// only beside AdminToken, and different. Defaults to empty.
 	AdminTokenPrevious string `env:"ADMIN_TOKEN_PREVIOUS" help:"the admin token being replaced, accepted too during a rotation" role:"dispatcher"`
-
-	// WorkerConcurrency is how many jobs one worker process runs at once.
+	// WorkerConcurrency is how many jobs a worker runs at once, ≥ 1.
 	// Defaults to 50.
 	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50" help:"jobs a worker runs at once" role:"worker"`
-
-	// WebhookConcurrency is how many webhook deliveries one worker process
-	// makes at once, apart from its jobs (a slow receiver never holds a
-	// job's slot). Defaults to 10.
+	// WebhookConcurrency is how many webhook deliveries a worker makes at
+	// once, apart from its jobs, ≥ 1. Defaults to 10.
 	WebhookConcurrency int `env:"WEBHOOK_CONCURRENCY" envDefault:"10" help:"webhook deliveries a worker makes at once, apart from its jobs" role:"worker"`
-
-	// LogLevel is the lowest level logged: debug, info, warn or error.
-	// Defaults to info.
+	// LogLevel is debug, info, warn or error. Defaults to info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
-
-	// LogFormat is json (one object per line, for collectors) or text (for a
-	// terminal). Defaults to json.
+	// LogFormat is json or text. Defaults to json.
 	LogFormat string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
-
-	// KeyPrefix starts every Redis key llmq writes (asynq's own keys aside),
-	// so several installations can share one Redis. Defaults to llmq.
+	// KeyPrefix starts every Redis key llmq writes: 1 to 64 letters, digits,
+	// '-', '_' or '.'. Defaults to llmq.
 	KeyPrefix string `env:"KEY_PREFIX" envDefault:"llmq" help:"start of every llmq Redis key (to share one Redis)"`
-
-	// ShutdownTimeout bounds a graceful shutdown: in-flight requests and jobs
-	// get this long to finish. Defaults to 30s.
+	// ShutdownTimeout bounds a graceful shutdown, > 0. Defaults to 30s.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"grace period of in-flight requests and jobs on SIGTERM"`
-
-	// MonitoringReadOnly makes the asynq monitor at /monitoring/ read-only, so
-	// nobody deletes or reruns tasks behind the store's back. Defaults to true.
+	// MonitoringReadOnly makes /monitoring/ read-only. Defaults to true.
 	MonitoringReadOnly bool `env:"MONITORING_READONLY" envDefault:"true" help:"/monitoring/ refuses everything but GET" role:"dispatcher"`
-
-	// WebhookAllowPrivate lets webhooks reach loopback, private and link-local
-	// addresses. Off, a tenant cannot use webhooks to probe the internal
-	// network. Defaults to false.
+	// WebhookAllowPrivate lets webhooks reach loopback, private and
+	// link-local addresses. Defaults to false.
 	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
-
-	// SyncMaxWait is the longest a synchronous request (POST
-	// /v1/chat/completions, /v1/embeddings) waits for its budget and rate
-	// limit before it is answered 429; a request's X-Llmq-Max-Wait header
-	// may lower it. Defaults to 60s.
+	// SyncMaxWait is the longest a synchronous request waits for its budget
+	// and rate limit before its 429, > 0. Defaults to 60s.
 	SyncMaxWait time.Duration `env:"SYNC_MAX_WAIT" envDefault:"60s" help:"longest wait of a synchronous request before its 429" role:"dispatcher"`
-	// FaultPause is how long a deployment that failed a call (a 5xx, a
-	// timeout, a refused connection) gets no calls from any worker, when
-	// its jobs have another deployment or a fallback to go to; then one
-	// probe call tries it. Defaults to 1s.
+	// FaultPause is how long a deployment that failed a call gets no calls
+	// before one probe, > 0. Defaults to 1s.
 	FaultPause time.Duration `env:"FAULT_PAUSE" envDefault:"1s" help:"how long a failing deployment gets no calls before one probe"`
-	// MaxBodyBytes caps the size of a JSON request body, in bytes.
-	// Defaults to 1048576 (1 MiB).
+	// MaxBodyBytes caps a JSON request body, ≥ 1. Defaults to 1 MiB.
 	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
-
-	// MaxFileBytes caps the size of an uploaded batch file, in bytes.
-	// Defaults to 209715200 (200 MiB).
+	// MaxFileBytes caps an uploaded batch file, ≥ 1. Defaults to 200 MiB.
 	MaxFileBytes int64 `env:"MAX_FILE_BYTES" envDefault:"209715200" help:"largest batch input file" role:"dispatcher"`
-
-	// MaxFileLines caps the number of requests in one batch file.
-	// Defaults to 50000.
+	// MaxFileLines caps the requests of one batch file, ≥ 1. Defaults to
+	// 50000.
 	MaxFileLines int `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
-
 	// TrustedProxies lists the reverse proxies (addresses or CIDR ranges,
-	// separated by commas) whose X-Forwarded-For the API believes: a
-	// request from one of them is attributed to the right-most address of
-	// that header that is not itself a trusted proxy. Unset, the client's
-	// address is the connection's. It matters for the limit of failed
-	// authentications per address. Defaults to none.
+	// comma-separated) whose X-Forwarded-For names the client. Defaults to
+	// none.
 	TrustedProxies string `env:"TRUSTED_PROXIES" help:"reverse proxies (addresses or CIDR ranges, comma-separated) whose X-Forwarded-For names the client"`
-
-	// QueueNamespace is put in front of every asynq queue name, so several
-	// installations (or tests) can share one Redis database: asynq's own keys
-	// have no prefix. Defaults to empty (no namespace).
+	// QueueNamespace starts every asynq queue name: empty, or as KeyPrefix.
+	// Defaults to empty.
 	QueueNamespace string `env:"QUEUE_NAMESPACE" help:"prefix of every asynq queue name (to share one Redis)"`
 
-	// Unrecognized lists LLMQ_* variables that were set but that llmq does not
-	// read, by name only: usually a typo, which a caller should warn about.
+	// Unrecognized lists LLMQ_* variables set but not read, by name only.
 	Unrecognized []string
 }
 
-// EnvError is an invalid environment variable. Its message never holds the
-// value of a secret.
+// EnvError is an invalid environment variable. Its message never holds a
+// secret.
 type EnvError struct {
 	Var string // the full name, e.g. LLMQ_WORKER_CONCURRENCY
 	Msg string // why it is invalid
@@ -179,9 +127,9 @@ func envErrorf(field, format string, args ...any) error {
 	return &EnvError{Var: EnvPrefix + field, Msg: fmt.Sprintf(format, args...)}
 }
 
-// LoadEnv reads the configuration from environ (KEY=value pairs, as from
-// os.Environ), applying defaults. An empty value means the default. It only
-// fails when a value cannot be read as its type; call Validate next.
+// LoadEnv reads the configuration from environ (KEY=value pairs), applying
+// defaults; an empty value means the default. It fails only on a value that
+// is not of its type; call Validate next.
 func LoadEnv(environ []string) (*Env, error) {
 	vars := make(map[string]string, len(environ))
 	for _, kv := range environ {
@@ -220,9 +168,9 @@ func envName(f reflect.StructField) string {
 	return name
 }
 
-// translateEnvError turns the env library's error, which names the Go field,
-// into one line naming the variable. Only numbers, booleans and durations can
-// fail to parse, and none of them is secret, so the value is shown.
+// translateEnvError turns the env library's error into one line naming the
+// variable. Only numbers, booleans and durations fail to parse, none of
+// them secret, so the value is shown.
 func translateEnvError(err error, vars map[string]string) error {
 	var pe env.ParseError
 	if !errors.As(err, &pe) {
@@ -248,7 +196,7 @@ func translateEnvError(err error, vars map[string]string) error {
 }
 
 // DefaultListenAddr is LLMQ_LISTEN_ADDR when unset: the worker's differs
-// from the dispatcher's, so both run on one host without configuration.
+// from the dispatcher's, so both run on one host.
 func DefaultListenAddr(role Role) string {
 	if role == RoleWorker {
 		return ":8081"
@@ -256,9 +204,8 @@ func DefaultListenAddr(role Role) string {
 	return ":8080"
 }
 
-// DefaultMetricsAddr is LLMQ_METRICS_ADDR when unset: loopback, so tenant
-// ids and spend are not served to the network unless an operator says so.
-// Dev mode serves /metrics on its one address, behind the admin token.
+// DefaultMetricsAddr is LLMQ_METRICS_ADDR when unset: loopback; none in
+// dev mode, which serves /metrics behind the admin token.
 func DefaultMetricsAddr(role Role) string {
 	switch role {
 	case RoleDispatcher:
@@ -269,10 +216,9 @@ func DefaultMetricsAddr(role Role) string {
 	return ""
 }
 
-// Validate checks every variable role relies on and returns the first
-// problem, naming the variable, after filling in the defaults that depend
-// on the role (LLMQ_LISTEN_ADDR, LLMQ_METRICS_ADDR). Secret values (the
-// admin token, passwords in URLs) never appear in the error.
+// Validate fills in the defaults that depend on role (LLMQ_LISTEN_ADDR,
+// LLMQ_METRICS_ADDR), checks every variable and returns the first problem,
+// naming the variable, never a secret.
 func (e *Env) Validate(role Role) error {
 	switch role {
 	case RoleDispatcher, RoleWorker, RoleDev:
@@ -384,8 +330,7 @@ func (e *Env) TrustedProxyPrefixes() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// DatabaseDialect tells which store DatabaseURL selects: "postgres" or
-// "sqlite". It is only meaningful after Validate.
+// DatabaseDialect is the store DatabaseURL selects: "postgres" or "sqlite".
 func (e *Env) DatabaseDialect() string {
 	scheme, _, _ := strings.Cut(e.DatabaseURL, ":")
 	switch strings.ToLower(scheme) {
@@ -402,8 +347,8 @@ var logLevels = map[string]slog.Level{
 	"error": slog.LevelError,
 }
 
-// Logger builds the process logger writing to w, at LogLevel in LogFormat.
-// Values Validate would refuse fall back to info and json.
+// Logger builds the process logger writing to w, at LogLevel in LogFormat
+// (else info and json).
 func (e *Env) Logger(w io.Writer) *slog.Logger {
 	level, ok := logLevels[strings.ToLower(e.LogLevel)]
 	if !ok {
@@ -416,8 +361,8 @@ func (e *Env) Logger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-// parseURL parses raw without ever echoing it: url.Parse's own error quotes
-// the whole URL, password included.
+// parseURL parses raw without echoing it: url.Parse's error quotes the
+// password.
 func parseURL(field, raw string) (*url.URL, error) {
 	if raw == "" {
 		return nil, envErrorf(field, "must be set, got an empty value")
@@ -475,11 +420,8 @@ func validateAddr(field, addr string) error {
 }
 
 func validateAdminToken(token string, role Role) error {
-	if token == "" && role == RoleDev {
+	if token == "" && role != RoleDispatcher {
 		return nil
-	}
-	if token == "" && role == RoleWorker {
-		return nil // workers serve no admin API
 	}
 	if token == "" {
 		return envErrorf("ADMIN_TOKEN", "is not set: the dispatcher needs an admin token of at least %d characters "+
@@ -494,9 +436,8 @@ func validateAdminToken(token string, role Role) error {
 	return nil
 }
 
-// validateName checks a string that becomes part of Redis keys or queue
-// names: braces would change the Cluster hash slot, spaces and colons would
-// make keys ambiguous to read.
+// validateName checks a part of Redis keys or queue names: braces would
+// change the Cluster slot, spaces and colons make keys ambiguous.
 func validateName(field, s string, mayBeEmpty bool) error {
 	if s == "" {
 		if mayBeEmpty {

@@ -7,14 +7,13 @@ import (
 
 // EnvVar is one LLMQ_* variable as help shows it.
 type EnvVar struct {
-	Name    string // the full name, e.g. LLMQ_REDIS_URL
-	Default string // what an unset variable means for the role; empty when none
-	Help    string // what it sets, in a few words
+	Name    string // e.g. LLMQ_REDIS_URL
+	Default string // for the role; empty when none
+	Help    string
 }
 
-// EnvVars lists the variables a process of role reads, in the order of
-// Env's fields, with the role's defaults. It is read from Env's tags, so
-// help never lists a variable the code does not read, or a stale default.
+// EnvVars lists the variables a process of role reads, from Env's tags, with
+// the role's defaults.
 func EnvVars(role Role) []EnvVar {
 	var out []EnvVar
 	t := reflect.TypeFor[Env]()
@@ -39,8 +38,7 @@ func EnvVars(role Role) []EnvVar {
 	return out
 }
 
-// EnvHelp is the "Environment" part of a command's help: every variable
-// role reads, its default and what it sets.
+// EnvHelp is the "Environment" part of a command's help.
 func EnvHelp(role Role) string {
 	var b strings.Builder
 	b.WriteString("Environment (an empty value means the default):\n")

@@ -1,10 +1,10 @@
 package config
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -21,34 +21,22 @@ type HolderOptions struct {
 	// PollInterval is how often Watch looks at the policy file for changes.
 	// Defaults to 1s.
 	PollInterval time.Duration
-
-	// Signals, when set, replaces the SIGHUP subscription Watch makes: each
-	// value received asks for a reload. Tests use it so that no signal is
-	// sent to the process. Defaults to nil (SIGHUP).
+	// Signals, when set, replaces Watch's SIGHUP subscription: each value
+	// asks for a reload. Defaults to nil (SIGHUP).
 	Signals <-chan os.Signal
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o HolderOptions) validate() error {
-	if o.PollInterval < 0 {
-		return fmt.Errorf("config: HolderOptions.PollInterval must not be negative, got %v", o.PollInterval)
-	}
-	return nil
-}
-
 // PolicyHolder keeps the policy in force and swaps it when the file changes.
-// Readers call Current on every use and never keep the result beyond it, so
-// a reload takes effect for the next job or request. Its methods are safe
-// for concurrent use.
+// Readers call Current on every use, so a reload takes effect for the next
+// job or request. It is safe for concurrent use.
 type PolicyHolder struct {
 	path    string
 	poll    time.Duration
 	signals <-chan os.Signal
 	cur     atomic.Pointer[Policy]
 
-	// mu serialises reloads and their notifications, so subscribers see
-	// changes one at a time and in order. It guards the fields below.
+	// mu serialises reloads and their notifications; it guards the fields
+	// below.
 	mu          sync.Mutex
 	stat        os.FileInfo // of the file when last read
 	lastSeen    [32]byte    // hash of the content last tried, applied or refused
@@ -59,9 +47,7 @@ type PolicyHolder struct {
 	subs   []subscription // in order of subscription
 	nextID int
 
-	// afterPoll, when set, is called after each poll of the file, so tests
-	// can tell that polls happened without sleeping.
-	afterPoll func()
+	afterPoll func() // called after each poll, for tests
 }
 
 type subscription struct {
@@ -69,19 +55,12 @@ type subscription struct {
 	fn func(old, new *Policy)
 }
 
-// NewPolicyHolder loads the policy at path and returns a holder for it. An
-// invalid policy is an error: a process must not start without one.
+// NewPolicyHolder loads the policy at path and returns a holder for it.
 func NewPolicyHolder(path string, opts *HolderOptions) (*PolicyHolder, error) {
 	if opts == nil {
 		opts = &HolderOptions{}
 	}
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
-	h := &PolicyHolder{path: path, poll: opts.PollInterval, signals: opts.Signals}
-	if h.poll == 0 {
-		h.poll = time.Second
-	}
+	h := &PolicyHolder{path: path, poll: cmp.Or(opts.PollInterval, time.Second), signals: opts.Signals}
 	fi, data, err := readPolicyFile(path)
 	if err != nil {
 		return nil, h.readError(err)
@@ -97,25 +76,15 @@ func NewPolicyHolder(path string, opts *HolderOptions) (*PolicyHolder, error) {
 	return h, nil
 }
 
-// NewStaticPolicyHolder holds p, which comes from no file: Reload and Watch
-// have nothing to read. It serves built-in policies and tests; Set still
-// swaps the policy and notifies subscribers.
-func NewStaticPolicyHolder(p *Policy) *PolicyHolder {
-	h := &PolicyHolder{poll: time.Second}
-	h.cur.Store(p)
-	return h
-}
-
 // Current returns the policy in force.
 func (h *PolicyHolder) Current() *Policy { return h.cur.Load() }
 
-// Path returns the policy file's path; empty for a static holder.
+// Path returns the policy file's path.
 func (h *PolicyHolder) Path() string { return h.path }
 
 // OnChange subscribes fn to policy changes: after each swap, fn is called
-// with the old and the new policy, synchronously, one change at a time, in
-// order of subscription. fn must be quick and must not call Reload or Set.
-// The returned func ends the subscription.
+// with the old and the new policy, one change at a time, in order of
+// subscription. fn must be quick and must not call Reload or Set.
 func (h *PolicyHolder) OnChange(fn func(old, new *Policy)) (cancel func()) {
 	h.subsMu.Lock()
 	defer h.subsMu.Unlock()
@@ -129,8 +98,8 @@ func (h *PolicyHolder) OnChange(fn func(old, new *Policy)) (cancel func()) {
 	}
 }
 
-// Set puts p in force and notifies subscribers, bypassing the file. It is
-// for static holders and tests: p must come from ParsePolicy or LoadPolicy.
+// Set puts p in force and notifies subscribers, bypassing the file (tests):
+// p must come from ParsePolicy.
 func (h *PolicyHolder) Set(p *Policy) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -138,8 +107,7 @@ func (h *PolicyHolder) Set(p *Policy) {
 }
 
 // Reload reads the policy file again and puts it in force. A policy that
-// fails to read or validate is refused and the one in force stays; the error
-// says why. An unchanged file changes nothing.
+// fails to read or validate is refused and the one in force stays.
 func (h *PolicyHolder) Reload() error {
 	_, _, err := h.reload(true)
 	return err
@@ -155,12 +123,8 @@ const (
 )
 
 // reload reads the file and applies it if its content differs from the
-// policy in force (force) or from the content last tried (a poll, which must
-// not log the same refusal every second).
+// policy in force (force) or from the content last tried (a poll).
 func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
-	if h.path == "" {
-		return unchanged, nil, nil
-	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	fi, data, err := readPolicyFile(h.path)
@@ -185,8 +149,7 @@ func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
 
 func (h *PolicyHolder) readError(err error) error { return policyReadError(h.path, err) }
 
-// policyReadError is the error of a policy file that cannot be read; a
-// missing one says which variable names it and where to start from.
+// policyReadError is the error of a policy file that cannot be read.
 func policyReadError(path string, err error) error {
 	msg := "cannot read the file: " + unwrapPathError(err).Error()
 	if errors.Is(err, fs.ErrNotExist) {
@@ -207,8 +170,7 @@ func (h *PolicyHolder) swap(p *Policy) {
 }
 
 // changed tells whether the file looks different from when it was last
-// read: another file (an editor's rename, a ConfigMap's symlink swap), or a
-// new size or modification time. Only then is it read and hashed.
+// read: another file (an editor's rename, a symlink swap), size or time.
 func (h *PolicyHolder) changed() (bool, error) {
 	fi, err := os.Stat(h.path)
 	if err != nil {
@@ -220,18 +182,11 @@ func (h *PolicyHolder) changed() (bool, error) {
 	return prev == nil || !os.SameFile(prev, fi) || fi.Size() != prev.Size() || !fi.ModTime().Equal(prev.ModTime()), nil
 }
 
-// Watch keeps the policy current until ctx ends: it reloads on SIGHUP (or on
-// HolderOptions.Signals) and when the file changes, checked every
-// PollInterval. It logs one line per reload: info when applied, error when
-// refused (the old policy stays). It blocks; run it in its own goroutine.
-// The SIGHUP subscription lives only while Watch runs.
+// Watch keeps the policy current until ctx ends: it reloads on SIGHUP and
+// when the file changes, and logs one line per reload. It blocks.
 func (h *PolicyHolder) Watch(ctx context.Context, logger *slog.Logger) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
-	}
-	if h.path == "" {
-		<-ctx.Done()
-		return
 	}
 	sigs := h.signals
 	if sigs == nil {
@@ -281,9 +236,8 @@ func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool
 	}
 }
 
-// logReadError logs a file that cannot be read once per distinct error: an
-// editor replacing the file makes it vanish for a moment, and a deleted file
-// would otherwise log every poll. A signal always gets its answer.
+// logReadError logs a file that cannot be read once per distinct error, at
+// every signal.
 func (h *PolicyHolder) logReadError(logger *slog.Logger, err error, force bool) {
 	if !h.setReadErr(err.Error()) && !force {
 		return

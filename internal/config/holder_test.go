@@ -330,10 +330,14 @@ func TestPolicyHolderWatchSignal(t *testing.T) {
 
 func TestPolicyHolderOnChange(t *testing.T) {
 	t.Parallel()
-	p1 := mustParse(t, policyWithRPS(t, 1))
+	path := filepath.Join(t.TempDir(), "llmq.yaml")
+	writePolicy(t, path, policyWithRPS(t, 1))
+	h, err := NewPolicyHolder(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	p2 := mustParse(t, policyWithRPS(t, 2))
 	p3 := mustParse(t, policyWithRPS(t, 3))
-	h := NewStaticPolicyHolder(p1)
 
 	var mu sync.Mutex
 	var calls []string
@@ -360,22 +364,6 @@ func TestPolicyHolderOnChange(t *testing.T) {
 	if h.Current() != p3 {
 		t.Error("Set did not put the policy in force")
 	}
-}
-
-func TestStaticPolicyHolder(t *testing.T) {
-	t.Parallel()
-	p := mustParse(t, basePolicy)
-	h := NewStaticPolicyHolder(p)
-	if h.Current() != p || h.Path() != "" {
-		t.Fatal("static holder does not hold its policy")
-	}
-	if err := h.Reload(); err != nil {
-		t.Errorf("Reload of a static holder: %v", err)
-	}
-	if h.Current() != p {
-		t.Error("Reload changed a static policy")
-	}
-	watch(t, h) // returns when the test ends; goleak checks it did
 }
 
 // TestPolicyHolderConcurrent runs readers against reloads; its value is

@@ -12,18 +12,14 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	// Tier timezones must load the same on every host, including minimal
-	// container images that ship no zoneinfo.
-	_ "time/tzdata"
+	_ "time/tzdata" // tier timezones load alike on hosts without zoneinfo
 
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 )
 
-// Model kinds: what endpoint a model serves and whether it produces output
-// tokens.
+// Model kinds.
 const (
 	KindChat      = "chat"
 	KindEmbedding = "embedding"
@@ -31,16 +27,13 @@ const (
 
 // Where a tier's batches run (Tier.BatchOffload).
 const (
-	// BatchOffloadNever runs every line through llmq's own path, at the
-	// normal price.
+	// BatchOffloadNever runs every line through llmq's own path.
 	BatchOffloadNever = "never"
-	// BatchOffloadAuto runs on the provider's Batch API (at its batch
-	// price) the lines of models whose provider offers one; the others
-	// through llmq's own path.
+	// BatchOffloadAuto runs on the provider's Batch API the lines of models
+	// whose provider offers one, the others through llmq's own path.
 	BatchOffloadAuto = "auto"
-	// BatchOffloadAlways is auto, and refuses a batch line whose model's
-	// provider offers no Batch API: a tenant on it pays the batch price or
-	// nothing.
+	// BatchOffloadAlways is auto, refusing a line whose model's provider
+	// offers no Batch API.
 	BatchOffloadAlways = "always"
 )
 
@@ -62,8 +55,7 @@ const (
 const maxToolCalls = 128
 
 // contextWindows are the context windows (tokens) of models by name
-// prefix, most specific first, from the providers' model pages: a model
-// named none of these has none unless its policy entry gives one.
+// prefix, most specific first.
 var contextWindows = []struct {
 	prefix string
 	tokens int64
@@ -92,15 +84,12 @@ func DefaultContextWindow(name, upstream string) int64 {
 	return 0
 }
 
-// encodings are the tokenizer encodings the token estimator knows (those of
-// github.com/tiktoken-go/tokenizer); a typo would otherwise surface only when
-// the first job of the model is estimated.
+// encodings are the tokenizer encodings the token estimator knows.
 var encodings = []string{"cl100k_base", "gpt2", "o200k_base", "p50k_base", "p50k_edit", "r50k_base"}
 
 // Policy is the validated policy file: who llmq calls, what each model costs
-// and may be sent, and what each tier of tenants may spend. A Policy is
-// shared by every goroutine once built and must never be modified; a reload
-// builds a new one.
+// and may be sent, and what each tier of tenants may spend. It is shared once
+// built and never modified; a reload builds a new one.
 type Policy struct {
 	Providers []Provider
 	Models    []Model
@@ -109,18 +98,12 @@ type Policy struct {
 	// GlobalDailyBudget caps the spend of all tenants together per UTC day;
 	// 0 means no global cap.
 	GlobalDailyBudget money.Micros
-
-	// Retention is how long finished work keeps its bodies and files.
-	Retention Retention
-
-	// AuthFailureLimits are the requests with a missing or wrong key (or
-	// admin token) one client address may make per window; past them its
-	// requests are refused until the window frees. No window set means no
-	// limit. Defaults to DefaultAuthFailureLimits, 20 a minute.
+	Retention         Retention
+	// AuthFailureLimits are the requests with a missing or wrong key one
+	// client address may make per window. Defaults to
+	// DefaultAuthFailureLimits.
 	AuthFailureLimits APILimits
-
-	// Digest is the hex SHA-256 of the YAML the policy was parsed from, to
-	// tell versions apart in logs and on the dashboard.
+	// Digest is the hex SHA-256 of the YAML the policy was parsed from.
 	Digest string
 
 	providers map[string]*Provider
@@ -131,27 +114,19 @@ type Policy struct {
 // Provider is an OpenAI-compatible API that models are served by.
 type Provider struct {
 	Name string
-	// Kind is ProviderOpenAI (OpenAI or any server of its API, the
-	// default) or ProviderAzure (Azure OpenAI: the api-key header, and a
-	// model's upstream is the name of its deployment).
-	Kind string
-	// APIVersion is an Azure provider's api-version: with one, calls go to
-	// the deployment's path (/openai/deployments/<upstream>/…?api-version=);
-	// without, to Azure's v1 API (/openai/v1/…, the deployment named in
-	// the body's model).
-	APIVersion string
+	// Kind is ProviderOpenAI or ProviderAzure (see llm.OpenAIConfig.Azure).
+	// Defaults to openai.
+	Kind       string
+	APIVersion string        // an Azure provider's api-version; empty for Azure's v1 API
 	BaseURL    string        // e.g. https://api.openai.com/v1, or https://<resource>.openai.azure.com for Azure
 	APIKeyEnv  string        // the environment variable holding the API key; empty for none
-	Timeout    time.Duration // of one call. Defaults to 60s.
-	// MaxResponseBytes bounds one answer's body (a stream's, all its
-	// events): past it the call fails with provider_response_too_large,
-	// and nothing of it is stored. Defaults to 16 MiB.
+	Timeout    time.Duration // of one call, > 0. Defaults to 60s.
+	// MaxResponseBytes bounds one answer's body, within 1 KiB and 1 GiB.
+	// Defaults to 16 MiB.
 	MaxResponseBytes int64
-	// BatchAPI says the provider offers OpenAI's Files and Batches API for
-	// its models, so batches may be offloaded to it (a tier's
-	// batch_offload). Defaults to true for kind openai, false for azure
-	// (Azure runs batches on Global-Batch deployments only: set it on a
-	// provider whose models' upstreams are such deployments).
+	// BatchAPI says the provider offers OpenAI's Files and Batches API, so
+	// batches may be offloaded to it. Defaults to true for kind openai,
+	// false for azure (whose Batch API needs Global-Batch deployments).
 	BatchAPI bool
 }
 
@@ -166,39 +141,32 @@ const (
 const DefaultMaxResponseBytes = 16 << 20
 
 // Model is a model clients may name in body.model, served by one or more
-// deployments (Deployments): each a provider's upstream model (or Azure
-// deployment) with its own limits and price. One call runs on one of them,
-// a Route.
+// deployments. One call runs on one of them, a Route.
 type Model struct {
 	Name string // what clients send
-
 	// Kind is chat or embedding. Defaults to embedding when the name or the
-	// upstream name contains "embedding", else chat.
+	// first upstream contains "embedding", else chat.
 	Kind string
-	// Encoding overrides the tokenizer encoding used to estimate prompt
-	// tokens; empty lets the estimator pick by model name.
+	// Encoding overrides the tokenizer encoding of prompt estimates.
+	// Defaults to the estimator's pick by model name.
 	Encoding string
 	// ContextWindow is the most tokens the model reads in one turn: the
-	// bound of what a prompt llmq cannot count may bill (a conversation
-	// stored elsewhere, a file, a built-in tool's results). Defaults to the
-	// window of the model's name or first upstream in DefaultContextWindows;
-	// 0 when neither is known, and such requests are refused.
+	// bound of what llmq cannot count (a stored conversation, a file, a
+	// tool's results). Defaults to DefaultContextWindow's; 0 when unknown,
+	// and such requests are refused.
 	ContextWindow int64
 	// MaxToolCalls is written into a Responses API request that names
-	// built-in tools and no max_tool_calls, so its tool calls are bounded.
-	// Defaults to DefaultMaxToolCalls.
+	// built-in tools and no max_tool_calls, within 1 and 128. Defaults to
+	// DefaultMaxToolCalls.
 	MaxToolCalls int64
-	// MaxOutputTokens is reserved for a chat request that gives no
-	// max_tokens. Defaults to 4096; always 0 for embedding models.
+	// MaxOutputTokens is reserved for a chat request that gives no output
+	// limit, ≥ 1. Defaults to 4096; always 0 for embedding models.
 	MaxOutputTokens int64
-
 	// Deployments are the model's deployments, at least one, in the
 	// policy's order.
 	Deployments []Deployment
-	// Fallbacks name the models a job of this one runs on when none of its
-	// deployments can take it (each paused or failing), or when the
-	// provider refuses the request for its context length. One level: a
-	// fallback's own fallbacks are not followed.
+	// Fallbacks name the models a job runs on when none of its deployments
+	// can take it, or the provider refuses its context length. One level.
 	Fallbacks []string
 
 	routes []Route // one per deployment
@@ -208,29 +176,26 @@ type Model struct {
 // with the provider's limits and its price for it.
 type Deployment struct {
 	Provider string // a Provider's name
-	Upstream string // the provider's id of the model (an Azure deployment's name). Defaults to the model's name.
+	Upstream string // the provider's id of the model. Defaults to the model's name.
 	Limits   Limits
-	// Order ranks deployments: a job goes to the lowest order that can
-	// take it now, so a provisioned deployment fills before pay-as-you-go.
-	// Defaults to 0.
+	// Order ranks deployments, ≥ 0: a job goes to the lowest order that can
+	// take it now. Defaults to 0.
 	Order int
-	// Weight spreads jobs among deployments of the same order, in
-	// proportion. Defaults to 1.
+	// Weight spreads jobs among deployments of one order, within 1 and
+	// 1000. Defaults to 1.
 	Weight int
-	// Price is what a call on this deployment costs: its own, else the
-	// model's, else money.DefaultPrices of the first deployment's upstream
-	// name (then of the model's name).
+	// Price is the deployment's own, else the model's, else
+	// money.DefaultPrices of the first upstream (then of the model's name).
 	Price money.Price
 }
 
-// Name is the deployment's name, its provider's upstream model: the
-// limiter scope, breaker and pause of every model with a deployment of
-// the same provider and upstream, which share its limits.
+// Name is the deployment's name, provider/upstream: the limiter scope,
+// breaker and pause shared by every model deployed there.
 func (d *Deployment) Name() string { return d.Provider + "/" + d.Upstream }
 
 // Route is one deployment of a model: what one call is planned, limited,
-// priced and sent on. Its name is ambiguous on purpose: r.Model.Name is the
-// model's, r.Deployment.Name() the deployment's.
+// priced and sent on. r.Model.Name is the model's name, r.Deployment.Name()
+// the deployment's.
 type Route struct {
 	*Model
 	*Deployment
@@ -251,8 +216,7 @@ func (m *Model) Route(name string) (Route, bool) {
 }
 
 // TokenizerModel is the upstream model whose tokenizer counts the model's
-// prompts: its first deployment's (deployments of one model serve one
-// upstream model, under names that may differ).
+// prompts: its first deployment's.
 func (m *Model) TokenizerModel() string { return m.Deployments[0].Upstream }
 
 // OwnedBy is the provider a client is told serves the model (OpenAI's
@@ -260,8 +224,7 @@ func (m *Model) TokenizerModel() string { return m.Deployments[0].Upstream }
 func (m *Model) OwnedBy() string { return m.Deployments[0].Provider }
 
 // Queue is the fair queue of m's jobs: its deployment's name when it has
-// one (every model on that deployment waits in one queue, as it shares one
-// limit), else one of its own, whose room is its deployments' together.
+// one (the models on it share its limit), else one of its own.
 func (m *Model) Queue() string {
 	if len(m.Deployments) == 1 {
 		return m.Deployments[0].Name()
@@ -277,97 +240,79 @@ func (m *Model) withRoutes() {
 	}
 }
 
-// Limits are the provider's rate limits of one model; 0 means no such limit.
+// Limits are the provider's rate limits of one model, each ≥ 0; 0 means no
+// such limit.
 type Limits struct {
 	RPS int64 // requests per second
 	RPM int64 // requests per minute
 	TPM int64 // tokens per minute
 	TPD int64 // tokens per day
-	// BatchQueueTokens is the provider's batch queue limit: the prompt
-	// tokens of the model's batches enqueued at its Batch API at once. 0:
-	// not known, learned from the provider's refusals.
+	// BatchQueueTokens is the prompt tokens of the model's batches the
+	// provider's Batch API holds at once; 0 when learned from its refusals.
 	BatchQueueTokens int64
-	// Burst is the most of a request or token limit (rps, rpm, tpm) sent at
-	// once, as a time of its refill: however long the model was idle, llmq
-	// sends at most Burst's share of the limit together (or one call, when
-	// it costs more), then the rest at the limit's pace. Providers may
-	// enforce a per-minute limit over a second or ten; a provider known to
-	// take a whole minute's worth at once can be given burst: 1m. Defaults
-	// to DefaultBurst.
+	// Burst is the most of a limit (rps, rpm, tpm) sent at once, as a time
+	// of its refill, within 1ms and 1m. Defaults to DefaultBurst.
 	Burst time.Duration
 }
 
-// DefaultBurst is the burst of a model's limits when the policy names none:
-// half a second of refill, within the shortest window a provider documents
-// (a second) with room for the calls' transit and jitter.
+// DefaultBurst is half a second of refill: within the shortest window a
+// provider documents, with room for transit and jitter.
 const DefaultBurst = 500 * time.Millisecond
 
 // Tier is a class of tenants sharing a daily budget and a priority.
 type Tier struct {
 	Name string
-	// DailyBudget is what one tenant of the tier may spend per day (in
-	// Timezone). It is 0 exactly when Unlimited is set.
+	// DailyBudget is what one tenant may spend per day (in Timezone), > 0
+	// unless Unlimited.
 	DailyBudget money.Micros
-	// Unlimited means no daily budget: only the global cap applies. It is
-	// never implied by a missing budget.
+	// Unlimited means no daily budget: only the global cap applies.
 	Unlimited bool
-	// SoftLimit is the fraction of DailyBudget past which a tenant is warned,
-	// in (0, 1]. Defaults to 0.8.
+	// SoftLimit is the fraction of DailyBudget past which a tenant is
+	// warned, in (0, 1]. Defaults to 0.8.
 	SoftLimit float64
-	// Priority is critical, default or low: the queue of the tier's jobs.
-	// Defaults to default.
+	// Priority is critical, default or low. Defaults to default.
 	Priority string
-	// OnExhausted is defer or reject: what happens to a job once the budget
-	// is spent. Defaults to defer.
+	// OnExhausted is defer or reject. Defaults to defer.
 	OnExhausted string
-	// APILimits are each API key's limits of the HTTP API, per window; at
-	// least one is set unless APIExempt. api_rps: N is short for
-	// api_limits: {second: N}.
+	// APILimits are each API key's limits of the HTTP API, at least one
+	// window set unless APIExempt.
 	APILimits APILimits
 	// APIAlgorithm counts them. Defaults to sliding_window.
 	APIAlgorithm limiter.Algorithm
 	// APISoftLimit is the fraction of a window past which responses carry
 	// X-RateLimit-Warning, in (0, 1]. Defaults to 0.8.
 	APISoftLimit float64
-	// APIEndpointLimits are lower limits of the endpoints they name (see
-	// APIEndpoints), per key and endpoint, on top of APILimits. Defaults to
-	// none.
+	// APIEndpointLimits are lower limits per key of the APIEndpoints they
+	// name. Defaults to none.
 	APIEndpointLimits map[string]APILimits
 	// APILease is the slice of a key's windows a dispatcher leases at a
-	// time instead of a round trip per request; 0 checks every request in
-	// Redis. Defaults to 0.
-	APILease int64
-	// APIExempt skips the per-key API rate limit.
-	APIExempt bool
+	// time, from 0 (a round trip per request) to the smallest window.
+	// Defaults to 0.
+	APILease  int64
+	APIExempt bool // no per-key API limit
 	// Fallbacks are the models a job of the tier may name as its own
-	// fallbacks (POST /v1/jobs "fallbacks"), in place of its model's.
-	// Defaults to none: jobs use their model's.
+	// fallbacks. Defaults to none.
 	Fallbacks []string
-	// WebhookHostRPS is how many webhook deliveries per second a tenant of
-	// the tier sends to one host at most. Defaults to 10.
+	// WebhookHostRPS is the most webhook deliveries per second a tenant
+	// sends to one host, in (0, 100000]. Defaults to 10.
 	WebhookHostRPS float64
-	// Share is a tenant's weight when tenants of one priority wait for the
-	// same model: their throughput splits in proportion, counted in tokens.
-	// Defaults to 1.
+	// Share is a tenant's weight among tenants of one priority waiting for
+	// one model, in (0, MaxShare]. Defaults to 1.
 	Share float64
 	// Timezone is where the tier's day starts and ends. Defaults to UTC.
 	Timezone *time.Location
-	// BatchOffload is where the tier's batches run: never, auto or always
-	// (BatchOffload*). Defaults to never.
+	// BatchOffload is never, auto or always. Defaults to never.
 	BatchOffload string
-	// RequireOutputLimit refuses requests that name no output limit
-	// (max_tokens, max_completion_tokens, max_output_tokens) instead of
-	// writing the model's max_output_tokens into them. Defaults to false.
+	// RequireOutputLimit refuses requests that name no output limit instead
+	// of writing the model's max_output_tokens into them. Defaults to false.
 	RequireOutputLimit bool
-	// AllowForeignResponses lets a Responses API request continue what
-	// llmq did not see made (a previous_response_id or item_reference
-	// made elsewhere, a conversation, a prompt template): reserved as the
-	// model's whole context window. Defaults to false: refused, as is
-	// another tenant's response always.
+	// AllowForeignResponses lets a Responses API request continue what llmq
+	// did not see made, reserved as the model's whole context window.
+	// Defaults to false.
 	AllowForeignResponses bool
 }
 
-// MaxShare bounds a tier's share: a million to one is fairness enough.
+// MaxShare bounds a tier's share.
 const MaxShare = 1_000_000
 
 // Model returns the model clients call name.
@@ -376,9 +321,8 @@ func (p *Policy) Model(name string) (*Model, bool) {
 	return m, ok
 }
 
-// BatchRoute returns the route of model name that batches offloaded to a
-// provider's Batch API go to: its first deployment, in order, whose
-// provider offers one. ok is false when none does.
+// BatchRoute returns the route of model name that offloaded batches go to:
+// its first deployment, in order, whose provider offers a Batch API.
 func (p *Policy) BatchRoute(name string) (route Route, ok bool) {
 	m, ok := p.models[name]
 	if !ok {
@@ -407,10 +351,8 @@ func (p *Policy) Tier(name string) (*Tier, bool) {
 }
 
 // CheckAPIKeys reports the first provider serving a model whose API key
-// variable is unset or empty in lookup (pass os.LookupEnv), with no
-// readable <variable>_FILE either (ReadSecret). Workers call it at
-// start so a missing key fails the process, not every job. The key itself
-// never appears in the error.
+// variable is unset or empty in lookup, with no readable <variable>_FILE
+// either, so a missing key fails a worker's start, not every job.
 func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 	used := map[string]bool{}
 	for _, m := range p.Models {
@@ -436,18 +378,8 @@ func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 	return nil
 }
 
-// LoadPolicy reads and validates the policy file at path.
-func LoadPolicy(path string) (*Policy, error) {
-	_, data, err := readPolicyFile(path)
-	if err != nil {
-		return nil, policyReadError(path, err)
-	}
-	return parseFile(path, data)
-}
-
 // ParsePolicy parses and validates a policy document. Unknown fields are
-// errors, so a misspelt setting is never silently ignored; the error names
-// the field path, the value and its line.
+// errors; the error names the field path, the value and its line.
 func ParsePolicy(data []byte) (*Policy, error) {
 	src, err := parseSource(data)
 	if err != nil {
@@ -466,7 +398,7 @@ func ParsePolicy(data []byte) (*Policy, error) {
 	return p, nil
 }
 
-// The raw* types mirror the YAML. Pointers mark fields whose absence differs
+// The raw* types mirror the YAML; pointers mark fields whose absence differs
 // from their zero value.
 type rawPolicy struct {
 	Providers            []rawProvider `yaml:"providers"`
@@ -569,11 +501,7 @@ type rawTier struct {
 }
 
 func (raw *rawPolicy) build(src *source) (*Policy, error) {
-	p := &Policy{
-		providers: make(map[string]*Provider, len(raw.Providers)),
-		models:    make(map[string]*Model, len(raw.Models)),
-		tiers:     make(map[string]*Tier, len(raw.Tiers)),
-	}
+	p := &Policy{}
 	for _, list := range []struct {
 		name string
 		n    int
@@ -583,74 +511,41 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		}
 	}
 
-	p.Providers = make([]Provider, len(raw.Providers))
-	seen := map[string]int{}
-	for i, rp := range raw.Providers {
-		path := fmt.Sprintf("providers[%d]", i)
-		pr, err := rp.build(src, path)
-		if err != nil {
-			return nil, err
-		}
-		if j, dup := seen[pr.Name]; dup {
-			return nil, src.errorAt(path+".name", "duplicate provider %q (also providers[%d])", pr.Name, j)
-		}
-		seen[pr.Name] = i
-		p.Providers[i] = pr
+	var err error
+	p.Providers, p.providers, err = buildList(src, "providers", "provider", raw.Providers, rawProvider.build,
+		func(pr *Provider) string { return pr.Name }, nil)
+	if err != nil {
+		return nil, err
 	}
-	for i := range p.Providers {
-		p.providers[p.Providers[i].Name] = &p.Providers[i]
-	}
-
-	p.Models = make([]Model, len(raw.Models))
-	seen = map[string]int{}
 	upstreams := map[[2]string]sharedDeployment{}
-	for i, rm := range raw.Models {
-		path := fmt.Sprintf("models[%d]", i)
-		m, err := rm.build(src, path, p.providers)
-		if err != nil {
-			return nil, err
-		}
-		if j, dup := seen[m.Name]; dup {
-			return nil, src.errorAt(path+".name", "duplicate model %q (also models[%d])", m.Name, j)
-		}
-		seen[m.Name] = i
-		// Limits are the provider's, per upstream model: models sharing a
-		// deployment share its scope, so they must agree on its limits.
+	buildModel := func(rm rawModel, src *source, path string) (Model, error) { return rm.build(src, path, p.providers) }
+	// Models sharing a deployment share its scope and its limits.
+	checkShared := func(i int, m *Model, path string) error {
 		for k, d := range m.Deployments {
 			key := [2]string{d.Provider, d.Upstream}
 			if prev, dup := upstreams[key]; dup && prev.Limits != d.Limits {
 				at := fmt.Sprintf("%s.deployments[%d].limits", path, k)
-				if len(rm.Deployments) == 0 {
+				if len(raw.Models[i].Deployments) == 0 {
 					at = path + ".limits"
 				}
-				return nil, src.errorAt(at,
+				return src.errorAt(at,
 					"%q at provider %q is also a deployment of models[%d] with other limits; the provider has one limit for it, so give both the same",
 					d.Upstream, d.Provider, prev.model)
 			}
 			upstreams[key] = sharedDeployment{model: i, Limits: d.Limits}
 		}
-		p.Models[i] = m
+		return nil
+	}
+	if p.Models, p.models, err = buildList(src, "models", "model", raw.Models, buildModel,
+		func(m *Model) string { return m.Name }, checkShared); err != nil {
+		return nil, err
 	}
 	for i := range p.Models {
 		p.Models[i].withRoutes() // in place: routes point to the model
-		p.models[p.Models[i].Name] = &p.Models[i]
 	}
-	p.Tiers = make([]Tier, len(raw.Tiers))
-	seen = map[string]int{}
-	for i, rt := range raw.Tiers {
-		path := fmt.Sprintf("tiers[%d]", i)
-		t, err := rt.build(src, path)
-		if err != nil {
-			return nil, err
-		}
-		if j, dup := seen[t.Name]; dup {
-			return nil, src.errorAt(path+".name", "duplicate tier %q (also tiers[%d])", t.Name, j)
-		}
-		seen[t.Name] = i
-		p.Tiers[i] = t
-	}
-	for i := range p.Tiers {
-		p.tiers[p.Tiers[i].Name] = &p.Tiers[i]
+	if p.Tiers, p.tiers, err = buildList(src, "tiers", "tier", raw.Tiers, rawTier.build,
+		func(t *Tier) string { return t.Name }, nil); err != nil {
+		return nil, err
 	}
 	if err := p.checkFallbacks(src); err != nil {
 		return nil, err
@@ -680,6 +575,36 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// buildList builds the entries of a list of the policy, refusing a name
+// given twice, then runs check (if any) on each, and indexes them by name.
+func buildList[R, T any](src *source, list, noun string, raws []R, build func(R, *source, string) (T, error),
+	name func(*T) string, check func(int, *T, string) error) ([]T, map[string]*T, error) {
+	out := make([]T, len(raws))
+	seen := map[string]int{}
+	for i, r := range raws {
+		path := fmt.Sprintf("%s[%d]", list, i)
+		v, err := build(r, src, path)
+		if err != nil {
+			return nil, nil, err
+		}
+		if j, dup := seen[name(&v)]; dup {
+			return nil, nil, src.errorAt(path+".name", "duplicate %s %q (also %s[%d])", noun, name(&v), list, j)
+		}
+		seen[name(&v)] = i
+		if check != nil {
+			if err := check(i, &v, path); err != nil {
+				return nil, nil, err
+			}
+		}
+		out[i] = v
+	}
+	index := make(map[string]*T, len(out))
+	for i := range out {
+		index[name(&out[i])] = &out[i]
+	}
+	return out, index, nil
 }
 
 func (rp rawProvider) build(src *source, path string) (Provider, error) {
@@ -716,7 +641,6 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 		return pr, src.errorAt(path+".base_url", "must be an http or https URL, got %q", rp.BaseURL)
 	}
 	if u.User != nil {
-		// The policy is not a secret store; keys belong in api_key_env.
 		return pr, src.errorAt(path+".base_url", "must not hold credentials; name the key's variable in api_key_env")
 	}
 	if rp.APIKeyEnv != "" && !isEnvName(rp.APIKeyEnv) {
@@ -743,8 +667,7 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 	return pr, nil
 }
 
-// validAPIVersion says whether v has the form of an Azure api-version: a
-// date, optionally followed by a suffix such as -preview.
+// validAPIVersion says whether v is a date, optionally with -preview.
 func validAPIVersion(v string) bool {
 	date, suffix, _ := strings.Cut(v, "-preview")
 	_, err := time.Parse(time.DateOnly, date)
@@ -766,8 +689,6 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 	} else if rm.Provider != "" || rm.Upstream != "" || rm.Limits != (rawLimits{}) {
 		return m, src.errorAt(path+".deployments", "give either provider, upstream and limits or a list of deployments, not both")
 	}
-	// The first deployment's upstream names the model's kind and default
-	// price.
 	first := raws[0].Upstream
 	if first == "" {
 		first = m.Name
@@ -840,15 +761,13 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 	return m, nil
 }
 
-// sharedDeployment is a deployment already named by a model of the policy.
 type sharedDeployment struct {
 	model  int
 	Limits Limits
 }
 
 // build checks one deployment of m (whose kind and output bound are set),
-// whose price defaults to price.
-// A short form's path is the model's.
+// whose price defaults to price. A short form's path is the model's.
 func (rd rawDeployment) build(src *source, path string, short bool, m Model, price money.Price, providers map[string]*Provider) (Deployment, error) {
 	d := Deployment{Provider: rd.Provider, Upstream: rd.Upstream, Order: rd.Order, Weight: 1, Price: price}
 	if rd.Provider == "" {
@@ -883,8 +802,7 @@ func (rd rawDeployment) build(src *source, path string, short bool, m Model, pri
 		return d, err
 	}
 	d.Limits = l
-	// A request reserves its max_tokens up front; one that cannot fit in a
-	// bucket would wait forever instead of failing.
+	// A request that cannot fit in a bucket would wait forever.
 	for _, l := range []struct {
 		name string
 		v    int64
@@ -925,9 +843,7 @@ func (rl rawLimits) build(src *source, path string) (Limits, error) {
 	return out, nil
 }
 
-// checkFallbacks checks each model's fallbacks (models of the policy, of
-// the same kind, not the model itself, each named once) and that each
-// tier's allowed fallbacks are models of the policy.
+// checkFallbacks checks each model's and tier's fallbacks.
 func (p *Policy) checkFallbacks(src *source) error {
 	for i := range p.Models {
 		m := &p.Models[i]
@@ -1054,8 +970,7 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 	return p, nil
 }
 
-// sortedKeys are m's keys in order, so a policy's errors are the same at
-// every load.
+// sortedKeys are m's keys in order, so errors are the same at every load.
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -1095,8 +1010,6 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 			return t, err
 		}
 		if b == 0 {
-			// Zero means "none" for the global cap; here it would mean
-			// "nothing", and either reading is a surprise to someone.
 			return t, src.errorAt(path+".daily_budget_usd", "must be more than 0, got %v (for no budget set unlimited: true)", *rt.DailyBudgetUSD)
 		}
 		t.DailyBudget = b
@@ -1142,7 +1055,6 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		t.Share = *rt.Share
 	}
 	if rt.Timezone != "" {
-		// "Local" would make the tier's day depend on each host's setting.
 		loc, err := time.LoadLocation(rt.Timezone)
 		if err != nil || rt.Timezone == "Local" {
 			return t, src.errorAt(path+".timezone", "must be an IANA time zone such as UTC or Europe/Paris, got %q", rt.Timezone)
@@ -1164,8 +1076,8 @@ func usd(src *source, path string, v float64) (money.Micros, error) {
 	return m, nil
 }
 
-// checkIdent checks a provider or tier name: it ends up in queue names,
-// Redis keys and metric labels.
+// checkIdent checks a provider or tier name, part of queue names, Redis
+// keys and metric labels.
 func checkIdent(src *source, path, s string) error {
 	if s == "" {
 		return src.errorAt(path, "required")
@@ -1181,9 +1093,8 @@ func checkIdent(src *source, path, s string) error {
 	return nil
 }
 
-// checkModelName checks a model name or upstream id. Names such as
-// "meta-llama/Llama-3-70b" or "ft:gpt-4o-mini:org::id" are common, so only
-// what would break a Redis hash tag ({}) or a log line is refused.
+// checkModelName checks a model name or upstream id: only what would break
+// a Redis hash tag or a log line is refused.
 func checkModelName(src *source, path, s string) error {
 	if s == "" {
 		return src.errorAt(path, "required")
@@ -1206,8 +1117,8 @@ func isEnvName(s string) bool {
 	return s != ""
 }
 
-// readPolicyFile reads the file with its FileInfo, taken from the same open
-// file so a watcher compares against exactly what was parsed.
+// readPolicyFile reads the file with its FileInfo, from the same open file
+// so a watcher compares against exactly what was parsed.
 func readPolicyFile(path string) (os.FileInfo, []byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -1242,31 +1153,26 @@ func parseFile(path string, data []byte) (*Policy, error) {
 	return p, err
 }
 
-// Retention is how long finished work keeps what it no longer needs; 0
-// keeps it for ever (the default).
+// Retention is how long finished work keeps what it no longer needs: each 0
+// (for ever, the default) or at least MinRetention.
 type Retention struct {
-	// FinishedJobs is how long a finished job keeps its request and
-	// response after it finished; its status, usage and cost stay.
+	// FinishedJobs is how long a finished job keeps its request and response.
 	FinishedJobs time.Duration
-	// Files is how long an uploaded or produced file is kept after it was
-	// made, once no running batch uses it.
+	// Files is how long a file no running batch uses is kept.
 	Files time.Duration
-	// Ledger is how long the usage ledger keeps each job's row after it was
-	// charged; older rows are folded into daily totals per tenant, day and
-	// model, which the budgets and usage reports keep reading.
+	// Ledger is how long a job's ledger row is kept before it is folded into
+	// daily totals; 0 or at least MinLedgerRetention.
 	Ledger time.Duration
 }
 
-// MinRetention is the shortest retention the policy accepts: a client
-// must have the time to read what it asked for.
+// MinRetention is the shortest retention the policy accepts.
 const MinRetention = time.Hour
 
 // MinLedgerRetention is the shortest retention.ledger: the store's
-// LedgerDetailMinAge, the age below which it refuses to fold rows.
+// LedgerDetailMinAge.
 const MinLedgerRetention = 72 * time.Hour
 
-// retentionAge reads a retention age: a duration of at least MinRetention,
-// or 0 (keep).
+// retentionAge reads a retention age.
 func retentionAge(src *source, path string, v *string) (time.Duration, error) {
 	if v == nil {
 		return 0, nil

@@ -66,6 +66,15 @@ func mustParse(t *testing.T, yml string) *Policy {
 	return p
 }
 
+// loadPolicy reads the policy file at path as a process does.
+func loadPolicy(path string) (*Policy, error) {
+	h, err := NewPolicyHolder(path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return h.Current(), nil
+}
+
 func TestParsePolicyValid(t *testing.T) {
 	t.Parallel()
 	p := mustParse(t, basePolicy)
@@ -522,7 +531,7 @@ func TestLoadPolicy(t *testing.T) {
 	if err := os.WriteFile(path, []byte(basePolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := LoadPolicy(path)
+	p, err := loadPolicy(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -533,14 +542,14 @@ func TestLoadPolicy(t *testing.T) {
 	if err := os.WriteFile(path, []byte(edit(t, "soft_limit: 0.8", "soft_limit: 2")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err = LoadPolicy(path)
+	_, err = loadPolicy(path)
 	want := "policy: tiers[0].soft_limit: must be more than 0 and at most 1, got 2 (" + path + ":24:17)"
 	if err == nil || err.Error() != want {
 		t.Errorf("error = %v\nwant    %s", err, want)
 	}
 
 	missing := filepath.Join(dir, "nope.yaml")
-	_, err = LoadPolicy(missing)
+	_, err = loadPolicy(missing)
 	var pe *PolicyError
 	if !errors.As(err, &pe) || pe.File != missing || !strings.Contains(err.Error(), "no such file") {
 		t.Errorf("missing file: error = %v", err)
@@ -612,7 +621,7 @@ func TestExamplePolicyDeployments(t *testing.T) {
 
 func TestExamplePolicy(t *testing.T) {
 	t.Parallel()
-	p, err := LoadPolicy("../../llmq.example.yaml")
+	p, err := loadPolicy("../../llmq.example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,11 +14,11 @@ import (
 // PolicyError is an invalid policy: the field, where it is in the file, and
 // why. Its message is one line.
 type PolicyError struct {
-	File   string // the policy file, when it was read from one
-	Field  string // path of the field, e.g. "models[2].limits.tpm"; empty for the whole file
-	Line   int    // 1-based line of the field in the file; 0 when unknown
-	Column int    // 1-based column; 0 when unknown
-	Msg    string // why the value is refused
+	File   string // empty when not read from a file
+	Field  string // e.g. "models[2].limits.tpm"; empty for the whole file
+	Line   int    // 1-based; 0 when unknown
+	Column int    // 1-based; 0 when unknown
+	Msg    string
 }
 
 func (e *PolicyError) Error() string {
@@ -43,9 +43,8 @@ func (e *PolicyError) Error() string {
 type position struct{ line, col int }
 
 // source is a parsed policy document with an index from field paths to
-// positions and back, so that both the YAML library's errors (which carry a
-// token) and validation errors (which know a path) can name the field and
-// point at its line.
+// positions and back, so that the YAML library's errors and validation
+// errors both name the field and its line.
 type source struct {
 	body   ast.Node
 	byPath map[string]position
@@ -54,7 +53,7 @@ type source struct {
 
 // parseSource parses data as exactly one YAML document.
 func parseSource(data []byte) (*source, error) {
-	// Duplicate keys are refused by checkKeys, which knows the field path.
+	// checkKeys refuses duplicate keys, naming the field path.
 	file, err := parser.ParseBytes(data, 0, parser.AllowDuplicateMapKey())
 	if err != nil {
 		return nil, yamlError(err, nil)
@@ -82,8 +81,7 @@ func (s *source) decode(v any) error {
 	if err := s.checkKeys(s.body, reflect.TypeOf(v), ""); err != nil {
 		return err
 	}
-	// Strict decoding is the second line of defence: checkKeys cannot follow
-	// merge keys (<<: *anchor) into the mappings they pull in.
+	// Strict decoding also covers merge keys, which checkKeys cannot follow.
 	if err := yaml.NodeToValue(s.body, v, yaml.Strict()); err != nil {
 		return yamlError(err, s)
 	}
@@ -121,8 +119,7 @@ func joinPath(parent, key string) string {
 	return parent + "." + key
 }
 
-// pairs returns the key/value pairs of a mapping node, and false for any
-// other node.
+// pairs returns the key/value pairs of a mapping node.
 func pairs(n ast.Node) ([]*ast.MappingValueNode, bool) {
 	switch t := n.(type) {
 	case *ast.MappingNode:
@@ -176,8 +173,8 @@ func (s *source) walk(n ast.Node, path string) {
 	}
 }
 
-// walkValue indexes a mapping value: its path points at the value rather
-// than the key, since that is what a validation error is about.
+// walkValue indexes a mapping value: its path points at the value, what a
+// validation error is about.
 func (s *source) walkValue(n ast.Node, path string) {
 	if v := unwrap(n); v != nil {
 		if p, ok := posOf(v); ok {
@@ -187,8 +184,8 @@ func (s *source) walkValue(n ast.Node, path string) {
 	s.walk(n, path)
 }
 
-// errorAt builds a validation error for path, pointing at the value of the
-// field or, when the field is absent, at the nearest enclosing one.
+// errorAt builds a validation error for path, pointing at the field's value
+// or, when absent, at the nearest enclosing one.
 func (s *source) errorAt(path, format string, args ...any) *PolicyError {
 	e := &PolicyError{Field: path, Msg: fmt.Sprintf(format, args...)}
 	if s == nil {
@@ -243,9 +240,7 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 				return err
 			}
 		}
-	case reflect.Map:
-		// Keys are names the caller checks (endpoints); values are checked
-		// against the element type.
+	case reflect.Map: // keys are checked by the caller
 		ps, _ := pairs(n)
 		for _, mv := range ps {
 			if mv.Key.IsMergeKey() {
@@ -302,8 +297,8 @@ func yamlNames(t reflect.Type) []string {
 	return names
 }
 
-// suggest names the known name (of a field, an endpoint: noun) closest to
-// key, for typos, or else lists them all.
+// suggest names the known name (of noun) closest to key, or else lists them
+// all.
 func suggest(key string, known []string, noun string) string {
 	best, bestDist := "", 3 // more than two edits away is not a typo
 	for _, k := range known {
@@ -337,8 +332,8 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// yamlError turns an error of the YAML library, whose message spans several
-// lines and speaks of Go types, into one line naming the field.
+// yamlError turns an error of the YAML library, several lines speaking of Go
+// types, into one line naming the field.
 func yamlError(err error, s *source) error {
 	var ye yaml.Error
 	if !errors.As(err, &ye) {

@@ -1,13 +1,8 @@
 // Package jsontext checks JSON texts as they arrive, before llmq decodes or
-// stores them: what the database cannot store, what two readers may take
-// apart differently (a member named twice) or nested too deep, and which
-// field a byte of the text belongs to, so that the API and batch validation
-// refuse the same requests with errors that name the field. Postgres's text and jsonb hold
-// UTF-8 without NUL, pairs of UTF-16 surrogates only, and numbers that its
-// numeric holds; Go's decoder takes what breaks those rules (replacing bad
-// bytes and lone surrogates with U+FFFD, reading a NUL escape as U+0000, a
-// huge number as 0 or an error far later), so the raw text is what is
-// checked.
+// stores them: what the database cannot store (Go's decoder would take it),
+// what two readers may take apart differently, nesting too deep, and which
+// field a byte belongs to, so that the API and batch validation refuse the
+// same requests with errors that name the field.
 package jsontext
 
 import (
@@ -28,40 +23,33 @@ const (
 	CodeInvalidEncoding = "invalid_encoding"
 	// CodeNumberOutOfRange: a number Postgres's numeric cannot hold.
 	CodeNumberOutOfRange = "number_out_of_range"
-	// CodeDuplicateKey: an object names a member twice, or two members
-	// whose names differ only in case.
+	// CodeDuplicateKey: a member named twice, or two whose names differ only
+	// in case.
 	CodeDuplicateKey = "duplicate_key"
 	// CodeTooDeep: objects and arrays nested deeper than MaxDepth.
 	CodeTooDeep = "too_deep"
 	// CodeCaseVariant: a member whose name differs from one the reader
-	// takes only in case (see Structure's names).
+	// takes only in case.
 	CodeCaseVariant = "case_variant"
 )
 
 // MaxDepth is how deep objects and arrays may nest in a text llmq takes.
-// SQLite's JSON functions refuse past 1,000 levels, Postgres's parser past
-// its stack; no request to a model needs more than a few dozen.
 const MaxDepth = 128
 
-// What Postgres's numeric, which holds jsonb's numbers, can hold: digits up
-// to 10^131071 (a weight of 32767 in base 10000), 16383 after the decimal
-// point, and an exponent its parser reads (below INT_MAX/2).
+// What Postgres's numeric, which holds jsonb's numbers, can hold.
 const (
 	pgNumericMaxWeight = 131071
 	pgNumericMaxScale  = 16383
 	pgNumericMaxExp    = 1<<30 - 1
 )
 
-// Problem is something in a text that the database cannot store.
+// Problem is something in a text that llmq refuses.
 type Problem struct {
-	Offset int    // where it starts, in bytes from the start of the text
-	Code   string // CodeInvalidEncoding or CodeNumberOutOfRange
-	What   string // what it is, for a message: "a NUL byte", "the number 1e999999 (…)"
-	// Member is the name of the member that is the problem (one named
-	// twice); "" when the problem is in a value.
-	Member string
-	// Raw: the bytes themselves are the problem (a NUL byte, bytes that are
-	// not UTF-8), not an escape or a number: the text is not text.
+	Offset int    // in bytes from the start of the text
+	Code   string // one of the Code constants
+	What   string // what it is, for a message: "a NUL byte"
+	Member string // the member that is the problem; "" for a value
+	// Raw: the bytes themselves are the problem, not an escape or a number.
 	Raw bool
 }
 
@@ -79,9 +67,8 @@ func (p *Problem) Why() string {
 }
 
 // Unstorable returns the first thing in the text doc that the database
-// cannot store, or nil. doc is meant to be JSON; in a text that is not, the
-// bytes are still checked, and strings and numbers as far as they can be
-// told apart.
+// cannot store, or nil. A text that is not JSON is checked as far as its
+// strings and numbers can be told apart.
 func Unstorable(doc []byte) *Problem {
 	if p := badBytes(doc); p != nil {
 		return p
@@ -131,8 +118,8 @@ func badBytes(doc []byte) *Problem {
 }
 
 // scanString reads the JSON string whose content starts at doc[i] and
-// returns the index of its closing quote, or the escape in it that cannot
-// be stored.
+// returns the index of its closing quote, or the escape that cannot be
+// stored.
 func scanString(doc []byte, i int) (end int, p *Problem) {
 	for ; i < len(doc); i++ {
 		switch doc[i] {
@@ -163,7 +150,6 @@ func scanString(doc []byte, i int) (end int, p *Problem) {
 	return len(doc), nil
 }
 
-// hex4 reads the four hex digits at doc[i:i+4].
 func hex4(doc []byte, i int) (rune, bool) {
 	if i < 0 || i+4 > len(doc) {
 		return 0, false
@@ -177,9 +163,7 @@ func isNumberByte(c byte) bool {
 }
 
 // numberStorable reports whether Postgres's numeric holds the JSON number
-// lit, as numeric_in judges it: an exponent it reads, at most
-// pgNumericMaxScale digits after the decimal point (trailing zeros count),
-// and a most significant digit at most pgNumericMaxWeight places before it.
+// lit, as numeric_in judges it (trailing zeros count).
 func numberStorable(lit string) bool {
 	s := strings.TrimPrefix(lit, "-")
 	mant, expPart := s, ""
@@ -208,17 +192,11 @@ func numberStorable(lit string) bool {
 }
 
 // Structure returns the first thing in the JSON text doc that two readers
-// may take apart differently or a database refuses, or nil: a member named
-// twice in one object (Go's decoder keeps the last, others the first: the
-// provider might run another model or another max_tokens than llmq
-// priced), two members of one object whose names differ only in case
-// ("max_tokens" and "MAX_TOKENS": a reader that matches names without
-// case, as Go's does, takes either for the other), at any depth, or
-// nesting deeper than MaxDepth; and, when names are given (the members its
-// reader takes from the top-level object), a top-level member whose name
-// differs from one of them only in case, which a reader matching names
-// without case (Go's) would take for it. A text that is not JSON has no
-// such problem here; the decoder says what is wrong with it.
+// may take apart differently, or nil: a member named twice in one object,
+// or two whose names differ only in case, at any depth; nesting deeper than
+// MaxDepth; and a top-level member whose name differs only in case from one
+// of names (what its reader takes). A text that is not JSON has no such
+// problem here.
 func Structure(doc []byte, names ...string) *Problem {
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
@@ -240,7 +218,6 @@ func Structure(doc []byte, names ...string) *Problem {
 			case '{', '[':
 				if n == MaxDepth {
 					// at the third container, whose path names the field
-					// ("body.metadata") without a hundred indexes
 					return &Problem{Offset: opened[min(2, n-1)], Code: CodeTooDeep,
 						What: fmt.Sprintf("objects and arrays nested more than %d deep", MaxDepth)}
 				}
@@ -269,7 +246,6 @@ func Structure(doc []byte, names ...string) *Problem {
 		key := tok.(string)
 		folded := FoldName(key)
 		if first, ok := top.keys[folded]; ok {
-			// the offset of the name itself, past the separator before it
 			off := start + bytes.IndexByte(doc[start:], '"')
 			what := fmt.Sprintf("the member %q a second time", key)
 			if first != key {
@@ -291,11 +267,9 @@ func Structure(doc []byte, names ...string) *Problem {
 	}
 }
 
-// FoldName is name with each character replaced by the least of those
-// that fold to it (unicode.SimpleFold's orbit), so that two names are equal
-// folded exactly when strings.EqualFold says they are: the matching of Go's
-// encoding/json, which also takes the Kelvin sign for k and ſ for s. An
-// ASCII letter's least is its upper case (the Kelvin sign's is K, ſ's S).
+// FoldName is name with each character replaced by the least of those that
+// fold to it, so that two names are equal folded exactly when
+// strings.EqualFold says they are (Go's encoding/json's matching).
 func FoldName(name string) string {
 	ascii := true
 	for i := 0; i < len(name); i++ {
@@ -331,8 +305,8 @@ func (p *Problem) Param(doc []byte) string {
 	return path + "." + p.Member
 }
 
-// Names are the json names of the fields of the struct v points to (or
-// is): what a reader decoding into it takes, for Structure.
+// Names are the json names of the fields of the struct v (or *v), for
+// Structure.
 func Names(v any) []string {
 	t := reflect.TypeOf(v)
 	for t.Kind() == reflect.Pointer {
@@ -350,9 +324,9 @@ func Names(v any) []string {
 	return out
 }
 
-// PathAt is the path ("body.messages[0].content") of the value of the JSON
-// document doc that holds byte off; for a byte inside a member's name, the
-// object's. It is "" for the top level, or where doc does not parse.
+// PathAt is the path ("body.messages[0].content") of the value of doc that
+// holds byte off (for a member's name, the object's); "" for the top level
+// or where doc does not parse.
 func PathAt(doc []byte, off int) string {
 	type frame struct {
 		array   bool

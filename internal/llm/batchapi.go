@@ -13,19 +13,15 @@ import (
 	"time"
 )
 
-// BatchAPI is a provider's Files and Batches API, as OpenAI documents it
-// (Azure OpenAI serves the same under /openai/…): the offloader sends a
-// batch's lines as a JSONL file, creates a provider batch of it, polls it,
-// and reads its output and error files. A Provider offers it when it
-// implements this interface. Every method answers an *Error on failure,
-// classified like a call's.
+// BatchAPI is a provider's Files and Batches API, which the offloader uses.
+// A Provider offers it when it implements this interface. Every method
+// answers an *Error on failure, classified like a call's.
 type BatchAPI interface {
 	// UploadBatchFile uploads content (JSONL) as a file of purpose "batch"
 	// named name, and returns the provider's file id.
 	UploadBatchFile(ctx context.Context, name string, content io.Reader) (string, error)
 	// FindBatchFile returns the id of the newest file of purpose "batch"
-	// named name, if the provider has one: after a crash between an
-	// upload and storing its id, the file is found instead of uploaded again.
+	// named name, so a crash after an upload does not upload again.
 	FindBatchFile(ctx context.Context, name string) (id string, found bool, err error)
 	// CreateBatch creates a provider batch of the uploaded file, for
 	// endpoint, with a 24h window and metadata.
@@ -73,16 +69,14 @@ type ProviderBatch struct {
 	} `json:"errors"`
 }
 
-// ProviderBatchError is one of a provider batch's errors (of its
-// validation, or why it failed).
+// ProviderBatchError is one of a provider batch's errors.
 type ProviderBatchError struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Line    *int64 `json:"line"`
 }
 
-// Ended reports whether the batch will change no more: its output and
-// error files are final.
+// Ended reports whether the batch will change no more.
 func (b *ProviderBatch) Ended() bool {
 	switch b.Status {
 	case BatchCompleted, BatchFailed, BatchExpired, BatchCancelled:
@@ -107,9 +101,8 @@ func (b *ProviderBatch) ErrorCodes() []string {
 // from the provider.
 const maxObjectBytes = 4 << 20
 
-// apiURL is the URL of path ("/files", "/batches/{id}", …) on the
-// provider: under BaseURL for OpenAI and Azure's v1 API, under /openai with
-// the api-version for Azure's versioned API.
+// apiURL is the URL of path ("/files") on the provider; Azure's versioned
+// API puts it under /openai with the api-version.
 func (p *openAIProvider) apiURL(path string, query url.Values) string {
 	base := p.baseURL + path
 	if p.azure && p.apiVersion != "" {
@@ -125,10 +118,9 @@ func (p *openAIProvider) apiURL(path string, query url.Values) string {
 	return base
 }
 
-// send makes one request of the Files or Batches API and returns the 2xx
-// answer (its body for the caller to read and close) or an *Error. A
-// request body streams (an upload): the provider's timeout does not bound
-// it, ctx does.
+// send makes one request and returns the 2xx answer (for the caller to read
+// and close) or an *Error. The provider's timeout does not bound it: an
+// upload streams.
 func (p *openAIProvider) send(ctx context.Context, method, path string, query url.Values, contentType string, body io.Reader) (*http.Response, error) {
 	hr, err := http.NewRequestWithContext(ctx, method, p.apiURL(path, query), body)
 	if err != nil {
@@ -180,10 +172,8 @@ func (p *openAIProvider) decodeObject(resp *http.Response, out any) error {
 		err = unmarshal(b, out)
 	}
 	if err != nil {
-		e := p.answered(resp)
-		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
-		e.Message = "The provider's answer could not be read: " + p.scrub(err.Error())
-		return e
+		return p.answered(resp).serverError(ClassRetryable, CodeUnreadableResponse,
+			"The provider's answer could not be read: "+p.scrub(err.Error()))
 	}
 	return nil
 }
@@ -216,17 +206,10 @@ func (p *openAIProvider) UploadBatchFile(ctx context.Context, name string, conte
 		return "", err
 	}
 	if f.ID == "" {
-		return "", p.invalid(resp, "a file object without an id")
+		return "", p.answered(resp).serverError(ClassPermanent, CodeInvalidResponse,
+			"The provider answered a file object without an id.")
 	}
 	return f.ID, nil
-}
-
-// invalid is the *Error of a 2xx answer that is not what was asked for.
-func (p *openAIProvider) invalid(resp *http.Response, what string) *Error {
-	e := p.answered(resp)
-	e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
-	e.Message = "The provider answered " + what + "."
-	return e
 }
 
 func (p *openAIProvider) FindBatchFile(ctx context.Context, name string) (string, bool, error) {
@@ -262,8 +245,8 @@ func (p *openAIProvider) CreateBatch(ctx context.Context, fileID, endpoint strin
 // checked refuses a batch object without an id or status.
 func (p *openAIProvider) checked(b *ProviderBatch) (*ProviderBatch, error) {
 	if b.ID == "" || b.Status == "" {
-		return nil, &Error{Provider: p.name, Class: ClassPermanent, Code: CodeInvalidResponse, Type: "server_error",
-			Message: "The provider answered a batch object without an id or status."}
+		return nil, (&Error{Provider: p.name}).serverError(ClassPermanent, CodeInvalidResponse,
+			"The provider answered a batch object without an id or status.")
 	}
 	return b, nil
 }
@@ -288,7 +271,7 @@ func (p *openAIProvider) FindBatch(ctx context.Context, key, value string, since
 				return b, true, nil
 			}
 		}
-		// Newest first: past since, no later page holds it.
+		// Newest first.
 		if !page.HasMore || len(page.Data) == 0 || page.Data[len(page.Data)-1].CreatedAt < since.Unix() {
 			return nil, false, nil
 		}
@@ -345,7 +328,7 @@ func (l *BatchLine) String() string {
 }
 
 // BatchInputLine is req as a line of a provider batch's input file (no
-// newline): the body the provider would be sent for req, under customID.
+// newline), under customID.
 func BatchInputLine(customID string, req Request) ([]byte, error) {
 	body, _, err := wireBody(req)
 	if err != nil {

@@ -12,17 +12,16 @@ import (
 type Class int
 
 const (
-	// ClassNone is the zero Class: Classify's answer for a status that is not
-	// an error.
+	// ClassNone is Classify's answer for a status that is not an error.
 	ClassNone Class = iota
-	// ClassRateLimited is a 429: the provider's buckets are empty. Every worker
-	// should pause until the provider's reset; the attempt is not a failure.
+	// ClassRateLimited is a 429: every worker pauses until the provider's
+	// reset; the attempt is not a failure.
 	ClassRateLimited
-	// ClassRetryable is a failure that may pass on another try: 5xx, 408, 409,
-	// timeouts and connection errors.
+	// ClassRetryable may pass on another try: 5xx, 408, 409, timeouts and
+	// connection errors.
 	ClassRetryable
-	// ClassPermanent is a failure no retry can fix: the other 4xx, a request
-	// refused before it was sent, an exhausted account quota.
+	// ClassPermanent no retry can fix: the other 4xx, a request refused
+	// before it was sent, an exhausted account quota.
 	ClassPermanent
 )
 
@@ -41,9 +40,8 @@ func (c Class) String() string {
 }
 
 // Classify maps an HTTP status of a provider's answer to a Class. 408 and 409
-// are retryable, as in OpenAI's own clients (409 is a transient conflict on
-// OpenAI's side); redirects and other unexpected statuses are permanent, since
-// they mean a misconfigured base URL rather than a passing fault.
+// are retryable, as in OpenAI's own clients; redirects and other unexpected
+// statuses are permanent: a misconfigured base URL, not a passing fault.
 func Classify(status int) Class {
 	switch {
 	case status >= 200 && status < 300:
@@ -59,22 +57,18 @@ func Classify(status int) Class {
 
 // Error is a failed provider call. Its text never holds an API key.
 type Error struct {
-	Class Class
-	// Provider is the provider's name.
+	Class    Class
 	Provider string
-	// StatusCode is the provider's HTTP status; 0 when no answer came
-	// (timeouts, connection errors) or the request was refused before sending.
+	// StatusCode is the provider's HTTP status; 0 when no answer came or
+	// the request was refused before sending.
 	StatusCode int
-	// Message, Type, Code and Param are the provider's error object
-	// ({"error":{"message","type","code","param"}}), for the job's error.
+	// Message, Type, Code and Param are the provider's error object.
 	Message, Type, Code, Param string
-	// RequestID is the provider's x-request-id, when it answered.
-	RequestID string
-	// RateLimit is what the error response's headers said; on a 429 its Delay
-	// is the provider's retry-after.
+	RequestID                  string // the provider's x-request-id
+	// RateLimit is what the answer's headers said; on a 429 its Delay is
+	// the provider's retry-after.
 	RateLimit RateLimit
-	// Err is the underlying error (network, context, decoding), if any.
-	Err error
+	Err       error // the underlying error (network, context, decoding)
 	// Relayed is how many events a stream had relayed when it failed: a
 	// stream that relayed any cannot be sent again to the same client.
 	Relayed int
@@ -109,18 +103,21 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
-// keyPattern matches strings shaped like provider API keys (OpenAI's and
-// Anthropic's sk-...) that a provider might echo back in an error message;
-// credentialPattern the user and password of a URL (a database's DSN in a
-// traceback).
+// serverError makes e llmq's refusal of an answer it cannot use.
+func (e *Error) serverError(class Class, code, msg string) *Error {
+	e.Class, e.Code, e.Type, e.Message = class, code, "server_error", msg
+	return e
+}
+
+// keyPattern matches provider API keys (sk-...) a provider might echo back;
+// credentialPattern the user and password of a URL (a DSN in a traceback).
 var (
 	keyPattern        = regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{8,}`)
 	credentialPattern = regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/@]+@`)
 )
 
-// redact masks anything shaped like an API key or a URL's credentials. The
-// provider also removes its configured key before an Error is built; this
-// is the second line.
+// redact masks anything shaped like an API key or a URL's credentials, the
+// second line after the provider's scrub of its own key.
 func redact(s string) string {
 	if strings.Contains(s, "sk-") {
 		s = keyPattern.ReplaceAllString(s, "sk-[redacted]")
@@ -139,7 +136,7 @@ const (
 )
 
 // Truncate bounds a provider's string to n bytes, cut at a character's
-// boundary and left valid UTF-8 (the store keeps valid UTF-8 only).
+// boundary and left valid UTF-8.
 func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -156,9 +153,8 @@ func requestID(h http.Header) string {
 }
 
 // answerMessage is what llmq tells of a provider's error answer of status:
-// the message of its OpenAI error object, scrubbed and bounded, or, for a
-// body that is none (a proxy's HTML page) or a message that is a stack trace
-// (a server's internals, a DSN in them), a plain sentence naming the status.
+// its error object's message, scrubbed and bounded, or a sentence naming the
+// status for a body that is none (a proxy's page) or a stack trace.
 func answerMessage(status int, msg string, isErrorObject bool, scrub func(string) string) string {
 	msg = strings.TrimSpace(msg)
 	if !isErrorObject || msg == "" || looksLikeTrace(msg) {
@@ -178,8 +174,6 @@ func answerMessage(status int, msg string, isErrorObject bool, scrub func(string
 	return msg
 }
 
-// looksLikeTrace reports whether a message is a stack trace or a server's
-// page rather than a sentence for a client.
 func looksLikeTrace(msg string) bool {
 	if strings.Count(msg, "\n") >= 3 {
 		return true

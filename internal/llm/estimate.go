@@ -10,16 +10,14 @@ import (
 	"github.com/tiktoken-go/tokenizer"
 )
 
-// Token accounting constants. The message overheads are those of OpenAI's
-// cookbook ("How to count tokens with tiktoken"), which match the API's
-// prompt_tokens for gpt-3.5-turbo, gpt-4, gpt-4o and gpt-4o-mini.
+// Token accounting constants: the overheads of OpenAI's cookbook ("How to
+// count tokens with tiktoken", "Counting tokens for chat completions with
+// tool calls").
 const (
-	tokensPerMessage = 3 // <|start|>{role}<|message|>...<|end|>
+	tokensPerMessage = 3
 	tokensPerName    = 1
-	tokensPerReply   = 3 // every reply is primed with <|start|>assistant<|message|>
+	tokensPerReply   = 3
 
-	// The cookbook's counts for function definitions ("Counting tokens for
-	// chat completions with tool calls").
 	toolPropInit = 3
 	toolPropKey  = 3
 	toolEnumInit = -3
@@ -27,39 +25,31 @@ const (
 	toolFuncEnd  = 12
 
 	// ImageTokens is the allowance for one image (or any non-text part) whose
-	// size llmq cannot know without fetching it: the most a high-detail image
-	// costs on gpt-4o (scaled into 768×2048, 8 tiles: 85 + 8×170 tokens).
+	// size llmq cannot know: the most a high-detail image costs on gpt-4o.
 	ImageTokens = 1445
 	// ImageTokensLow is the cost of an image sent with detail "low".
 	ImageTokensLow = 85
 
 	// UnknownModelMarginPercent is added to the prompt estimate of a model no
-	// tokenizer is known for. Such models are counted with o200k_base, the
-	// encoding of current OpenAI models, whose large vocabulary is close to
-	// that of most current open models (Llama 3, Qwen); tokenizers with small
-	// vocabularies (32k, as Mistral's and Llama 2's) produce up to about a
-	// quarter more tokens for English text. An estimate that is too low lets
-	// the limiter overshoot the provider's TPM (429s) and the budget
-	// under-reserve, which cost more than a reservation a little too high,
-	// which is refunded when the call reports its usage.
+	// tokenizer is known for, counted with FallbackEncoding: small-vocabulary
+	// tokenizers produce up to a quarter more tokens, and an estimate too
+	// low costs 429s and under-reserved budgets.
 	UnknownModelMarginPercent = 25
 
 	// FallbackEncoding is the encoding of models no tokenizer is known for.
 	FallbackEncoding = "o200k_base"
 )
 
-// imageAllowance lists models that bill images far above gpt-4o's rates, per
-// OpenAI's vision pricing: gpt-4o-mini charges 2833 + 5667 per tile (so its
-// image costs match gpt-4o's dollars), the patch-based models a multiple of
-// 1536 patches. The first matching prefix wins.
+// imageAllowance lists models that bill images above gpt-4o's rates, per
+// OpenAI's vision pricing. The first matching prefix wins.
 var imageAllowance = []struct {
 	prefix    string
 	high, low int64
 }{
 	{"gpt-4o-mini", 2833 + 8*5667, 2833},
-	{"gpt-4.1-nano", 3779, 3779}, // 1536 patches × 2.46
-	{"gpt-4.1-mini", 2489, 2489}, // × 1.62
-	{"o4-mini", 2642, 2642},      // × 1.72
+	{"gpt-4.1-nano", 3779, 3779},
+	{"gpt-4.1-mini", 2489, 2489},
+	{"o4-mini", 2642, 2642},
 }
 
 // encodingPrefixes maps model-name prefixes to encodings, most specific first.
@@ -103,10 +93,8 @@ func EncodingForModel(model string) (encoding string, known bool) {
 	return FallbackEncoding, false
 }
 
-// codecs caches one codec per encoding for the process: building one
-// compiles its split pattern and, the first time, loads a vocabulary of up to
-// 200k entries. Codecs are safe for concurrent use (read-only maps and a
-// regexp2 pattern, which pools its matchers).
+// codecs caches one codec per encoding for the process (a vocabulary to
+// load); codecs are safe for concurrent use.
 var codecs sync.Map // encoding name → *lazyCodec
 
 type lazyCodec struct {
@@ -130,28 +118,17 @@ func codecFor(encoding string) (tokenizer.Codec, error) {
 	return lc.codec, lc.err
 }
 
-// Estimator counts the prompt tokens of request bodies. It is safe for
-// concurrent use; its tokenizers are shared by the whole process.
+// Estimator counts the prompt tokens of request bodies; it is safe for
+// concurrent use.
 //
-// Chat: the cookbook's count — for each message 3 tokens, plus the tokens of
-// its role and content (each text part; a flat allowance per image or other
-// media part: ImageTokensLow for detail "low", else ImageTokens, more for
-// models that bill images higher), plus the name's tokens and 1 when a name is
-// given; tool_call_id and tool call names and arguments are counted as text;
-// 3 tokens prime the reply; function definitions are counted by the
-// cookbook's formula (with nested schemas counted as their JSON text), and a
-// json_schema response format as its JSON text.
-//
+// Chat is the cookbook's count: per message 3 tokens, its role, its text
+// parts, a flat allowance per image or other media part, the name's tokens
+// and 1; tool call ids, names and arguments as text; 3 tokens to prime the
+// reply; function definitions by the cookbook's formula, anything else
+// (nested schemas, a json_schema response format) as its JSON text.
 // Embeddings: the tokens of every input string, plus every token id given.
-//
-// The encoding comes from the model (EncodingForModel) unless overridden;
-// unknown models are counted with FallbackEncoding and their prompt estimate
-// is raised by UnknownModelMarginPercent.
-//
-// The simulated provider (llm/sim) charges ContentTokens, counted by these
-// same rules, so llmq's PromptTokens is never below what it charges when
-// llmq's model name and the upstream name map to the same encoding, or
-// llmq's name is unknown and the upstream's encoding is o200k_base.
+// Models without a known encoding get UnknownModelMarginPercent more. The
+// simulator charges ContentTokens by the same rules.
 type Estimator struct{}
 
 // NewEstimator returns an Estimator.
@@ -170,8 +147,8 @@ func (e *Estimator) PromptTokens(endpoint, model, encoding string, body []byte) 
 	return p.PromptTokens, nil
 }
 
-// Parse validates body as ParseRequest does and counts it with the tokenizer
-// of model ("" uses body.model) or the given encoding.
+// Parse decodes body and counts it with the tokenizer of model ("" uses
+// body.model) or the given encoding.
 func (e *Estimator) Parse(endpoint, model, encoding string, body []byte) (*ParsedRequest, error) {
 	b, err := Decode(endpoint, body)
 	if err != nil {
@@ -180,14 +157,12 @@ func (e *Estimator) Parse(endpoint, model, encoding string, body []byte) (*Parse
 	return e.Count(b, model, encoding)
 }
 
-// Body is a request body validated for its endpoint (see ParseRequest),
-// decoded once and ready to be counted with whichever tokenizer turns out to
-// be the right one: admission learns the model from it, then counts it as the
-// model's upstream does.
+// Body is a request body validated for its endpoint, decoded once: admission
+// learns the model from it, then counts it as the model's upstream does.
 type Body struct{ r *request }
 
-// Decode validates body for endpoint as ParseRequest does, without counting
-// it. Errors are *InvalidRequestError.
+// Decode validates body for endpoint without counting it. Errors are
+// *InvalidRequestError.
 func Decode(endpoint string, body []byte) (*Body, error) {
 	r, err := parseBody(endpoint, body)
 	if err != nil {
@@ -199,9 +174,8 @@ func Decode(endpoint string, body []byte) (*Body, error) {
 // Model is body.model: the name the client asked for.
 func (b *Body) Model() string { return b.r.model }
 
-// CaseVariant is a refusal naming the first member of the body whose name
-// differs from one llmq reads only in case, which admission refuses; nil
-// when there is none.
+// CaseVariant is the refusal of the first member whose name differs from one
+// llmq reads only in case; nil when there is none.
 func (b *Body) CaseVariant() error {
 	if b.r.variant == nil {
 		return nil
@@ -212,37 +186,32 @@ func (b *Body) CaseVariant() error {
 // Endpoint is the endpoint the body was decoded for.
 func (b *Body) Endpoint() string { return b.r.endpoint }
 
-// OutputParam is the member stating the body's output limit
-// (max_tokens, max_completion_tokens, max_output_tokens); "" when it
-// states none, and the provider's default would apply.
+// OutputParam is the member stating the body's output limit; "" for none.
 func (b *Body) OutputParam() string { return b.r.outputParam }
 
 // Choices is the number of choices asked for (n); 1 when none.
 func (b *Body) Choices() int64 { return b.r.n }
 
-// ServiceTier is the service tier the body asks for; "" for none or
-// "auto", the account's default.
+// ServiceTier is the service tier the body asks for; "" for none or "auto".
 func (b *Body) ServiceTier() string { return b.r.serviceTier }
 
-// BuiltinTools are the kinds of the provider's built-in tools the body
-// names (see BuiltinTool), each once; a chat body's web_search_options is
-// one web search.
+// BuiltinTools are the kinds of built-in tools the body names, each once; a
+// chat body's web_search_options is one web search.
 func (b *Body) BuiltinTools() []string { return b.r.builtinTools }
 
 // MaxToolCalls is the body's max_tool_calls; 0 when it states none.
 func (b *Body) MaxToolCalls() int64 { return b.r.maxToolCalls }
 
-// Uncounted is the param of the first part of the prompt whose tokens
-// llmq cannot count (a file, a part of a type it does not know); "" when
-// it counts them all.
+// Uncounted is the param of the first prompt part llmq cannot count (a
+// file, an unknown type); "" for none.
 func (b *Body) Uncounted() string { return b.r.uncounted }
 
-// Audio is the param of the first audio the body sends or asks for (an
-// input_audio part, audio, modalities with audio); "" for none.
+// Audio is the param of the first audio the body sends or asks for; "" for
+// none.
 func (b *Body) Audio() string { return b.r.audio }
 
 // Unseen is the param of context the provider holds that llmq cannot know
-// (a Responses API conversation or prompt template); "" for none.
+// (a conversation, a prompt template); "" for none.
 func (b *Body) Unseen() string { return b.r.unseen }
 
 // StoresResponse reports whether the provider stores the body's answer: a
@@ -299,9 +268,7 @@ func (c counter) text(s string) int64 {
 	if s == "" {
 		return 0
 	}
-	// Count only fails on invalid UTF-8 in strict mode, which is not used;
-	// unmarshal has already replaced invalid bytes anyway.
-	n, _ := c.codec.Count(s)
+	n, _ := c.codec.Count(s) // fails only in strict mode, not used
 	return int64(n)
 }
 
@@ -350,8 +317,8 @@ func (c counter) request(r *request, model string) (content, overhead int64) {
 	return content, overhead
 }
 
-// json counts a JSON value as its compact text: a generous stand-in for the
-// provider's rendering of schemas, which is terser than JSON.
+// json counts a JSON value as its compact text, more than a provider's
+// rendering of schemas.
 func (c counter) json(raw json.RawMessage) int64 {
 	var b bytes.Buffer
 	if json.Compact(&b, raw) != nil {
@@ -373,8 +340,8 @@ type functionDef struct {
 	} `json:"parameters"`
 }
 
-// tools counts function definitions by the cookbook's formula. Definitions
-// that are not functions, or do not have its shape, count as their JSON text.
+// tools counts function definitions by the cookbook's formula, others as
+// their JSON text.
 func (c counter) tools(raw json.RawMessage, legacy bool) int64 {
 	var defs []*functionDef
 	var n int64
@@ -446,8 +413,6 @@ func (c counter) property(key string, raw json.RawMessage) int64 {
 		}
 	}
 	n += c.text(key + ":" + typ + ":" + strings.TrimSuffix(desc, "."))
-	// The cookbook's formula knows type, description and enum; anything else
-	// (nested properties, items, formats) is counted as its JSON text.
 	delete(all, "type")
 	delete(all, "description")
 	delete(all, "enum")

@@ -13,12 +13,9 @@ import (
 )
 
 // unmarshal decodes a JSON text as a provider reads it: member names match
-// a field's name exactly, never by case (encoding/json would take
-// "MAX_TOKENS" for max_tokens, so llmq would count one limit and the
-// provider, reading names as written, another), and a member named twice
-// is an error, not its last value. Every body and answer this package
-// reads goes through it. Invalid UTF-8 is taken as encoding/json takes it
-// (replaced): what cannot be stored was refused before (jsontext).
+// exactly, never by case, and a member named twice is an error. Every body
+// and answer this package reads goes through it. Invalid UTF-8 is replaced:
+// jsontext refused what cannot be stored before.
 func unmarshal(data []byte, v any) error {
 	return jsonv2.Unmarshal(data, v, jsontext.AllowInvalidUTF8(true))
 }
@@ -27,8 +24,7 @@ func unmarshal(data []byte, v any) error {
 // not read (a raw type's field tagged `json:",unknown"`).
 type otherMembers map[string]jsontext.Value
 
-// object is a raw type of a request's object: the fields llmq reads, and
-// the others.
+// object is a raw type of a request's object.
 type object interface{ others() otherMembers }
 
 func (b *rawChatBody) others() otherMembers       { return b.Other }
@@ -39,8 +35,6 @@ func (p *rawPart) others() otherMembers           { return p.Other }
 func (it *rawItem) others() otherMembers          { return it.Other }
 func (p *rawInputPart) others() otherMembers      { return p.Other }
 
-// decodeBody decodes a request body into v, refusing a body that is not a
-// JSON object.
 func decodeBody(body []byte, v object) error {
 	if err := unmarshal(body, v); err != nil {
 		return invalid("body", "'body' is not valid JSON: %v", err)
@@ -48,15 +42,10 @@ func decodeBody(body []byte, v object) error {
 	return nil
 }
 
-// checkCase notes, as the request's case variant (Body.CaseVariant), the
-// first member of the object at path that llmq did not read (v.others())
-// whose name differs from the name of one it reads only in case: a
-// provider that matches names without case (as Go's encoding/json and
-// ASP.NET's web defaults do) could read "MAX_TOKENS" as max_tokens or
-// "Content" as content, and bill what llmq never counted; one that
-// matches them exactly would ignore what llmq counted. Either way llmq's
-// count and the provider's would part, so admission refuses such a body;
-// a provider reading names exactly (the simulator) reads it as it is.
+// checkCase notes, as Body.CaseVariant, the first member of the object at
+// path that llmq did not read whose name differs from one it reads only in
+// case: a provider matching names without case would bill what llmq never
+// counted, so admission refuses such a body.
 func (r *request) checkCase(v object, path string) {
 	other := v.others()
 	if len(other) == 0 || r.variant != nil {
@@ -82,8 +71,7 @@ func (r *request) checkCase(v object, path string) {
 	}
 }
 
-// readNames maps the folded json names of struct type t's fields to the
-// names themselves, once per type.
+// readNames maps the folded json names of t's fields to the names.
 func readNames(t reflect.Type) map[string]string {
 	if m, ok := namesByType.Load(t); ok {
 		return m.(map[string]string)

@@ -22,31 +22,25 @@ import (
 type OpenAIConfig struct {
 	// Name is the provider's name in the policy file. Defaults to "openai".
 	Name string
-	// BaseURL is the API root, ending in /v1, of OpenAI or any compatible
-	// server. Defaults to "https://api.openai.com/v1".
+	// BaseURL is the API root, ending in /v1. Defaults to
+	// "https://api.openai.com/v1".
 	BaseURL string
-	// APIKey is sent as a bearer token (Azure: in the api-key header). It
-	// never appears in errors.
-	APIKey string
+	APIKey  string // never appears in errors
 	// Azure makes the provider Azure OpenAI: BaseURL is the resource's
-	// endpoint (https://<resource>.openai.azure.com), the key goes in the
-	// api-key header, and a request's Upstream is a deployment's name. With
-	// APIVersion, calls go to the deployment's path with that api-version;
-	// without, to Azure's v1 API (BaseURL/openai/v1, OpenAI's paths, the
-	// deployment named in the body's model).
+	// endpoint, the key goes in the api-key header, and a request's Upstream
+	// is a deployment's name. With APIVersion, calls go to the deployment's
+	// path; without, to Azure's v1 API.
 	Azure      bool
 	APIVersion string
 	// Timeout bounds every call, whatever the caller's context allows.
 	// Defaults to 60s.
 	Timeout time.Duration
-	// MaxResponseBytes bounds an answer's body (a stream's, all its events
-	// together): past it the call fails with CodeResponseTooLarge. Defaults
-	// to DefaultMaxResponseBytes.
+	// MaxResponseBytes bounds an answer's body (a stream's, all its events):
+	// past it the call fails with CodeResponseTooLarge. Defaults to
+	// DefaultMaxResponseBytes.
 	MaxResponseBytes int64
-	// HTTPClient sends the requests. It is copied, never modified; its
-	// Transport is wrapped to capture response headers and bodies. Defaults to
-	// a client whose transport keeps up to 256 idle connections per host, so
-	// a busy worker does not reconnect for every call.
+	// HTTPClient sends the requests; it is copied, its Transport wrapped.
+	// Defaults to a client keeping 256 idle connections per host.
 	HTTPClient *http.Client
 }
 
@@ -54,37 +48,29 @@ const (
 	defaultOpenAIBaseURL = "https://api.openai.com/v1"
 	defaultTimeout       = 60 * time.Second
 	// DefaultMaxResponseBytes bounds a provider's answer when its
-	// configuration names no bound: a chat completion of 100,000 tokens is
-	// under 1 MiB, 2048 embeddings of 1536 floats as JSON about 35 MiB (as
-	// base64, 12 MiB).
+	// configuration names no bound.
 	DefaultMaxResponseBytes = 16 << 20
 )
 
 // The codes of an Error that llmq gives a provider's answer it cannot use.
 const (
-	// CodeResponseTooLarge: the answer passed the provider's
-	// max_response_bytes.
+	// CodeResponseTooLarge: the answer passed max_response_bytes.
 	CodeResponseTooLarge = "provider_response_too_large"
-	// CodeUnreadableResponse: a 2xx answer that is not JSON (truncated,
-	// mangled).
+	// CodeUnreadableResponse: a 2xx answer that is not JSON.
 	CodeUnreadableResponse = "provider_response_unreadable"
-	// CodeInvalidResponse: a 2xx answer that is JSON but not of the shape
-	// of an OpenAI answer.
+	// CodeInvalidResponse: a 2xx answer not of an OpenAI answer's shape.
 	CodeInvalidResponse = "provider_response_invalid"
-	// CodeStreamFailed: a stream that failed after it began (an error
-	// event without a code of the provider's, a cut, a timeout).
+	// CodeStreamFailed: a stream that failed after it began.
 	CodeStreamFailed = "provider_stream_failed"
 )
 
-// errResponseTooLarge is the transport's refusal of an answer past the
-// provider's bound.
 var errResponseTooLarge = errors.New("the provider's answer is larger than its max_response_bytes")
 
 // openAIProvider implements Provider over go-openai; see NewOpenAI.
 type openAIProvider struct {
 	name        string
 	apiKey      string
-	baseURL     string // OpenAI's paths go under it; for Azure with an api-version, /openai/deployments/… does
+	baseURL     string
 	azure       bool
 	apiVersion  string // Azure's, or ""
 	timeout     time.Duration
@@ -94,36 +80,13 @@ type openAIProvider struct {
 }
 
 // NewOpenAI returns a Provider for OpenAI or any server compatible with its
-// chat completions and embeddings API, built on go-openai.
-//
-// What go-openai v1.43.0 would lose, and what is done about it:
-//   - Request fields. Its typed requests drop every field they do not model
-//     (modalities, audio, prompt_cache_key, web_search_options, vendor
-//     extensions such as top_k), drop zero values that are not defaults
-//     (temperature 0 and top_p 0 are omitted, so the provider would sample at
-//     temperature 1), keep only text and image_url content parts (the data of
-//     input_audio and file parts is lost), keep only the type and function of
-//     tools, and put only the fields they model in embeddings requests. So a
-//     chat request holding only the model (an embeddings request decoded from
-//     the body) drives go-openai's URL, authentication and decoding of the
-//     answer, and the wire body is the client's own with "model" set to
-//     Upstream: the capturing transport swaps it in.
-//   - Response fields. The typed responses drop fields they do not model
-//     (message annotations and audio, usage details beyond cached tokens) and
-//     turn base64 embeddings (encoding_format "base64") into float arrays, so
-//     re-encoding them would change what the client asked for. Response.Body
-//     is the provider's bytes as captured by the transport; the typed response
-//     gives the usage.
-//   - Headers of errors. *openai.APIError carries none, so a 429's
-//     retry-after would be lost; the transport keeps the headers of every
-//     response.
-//   - Client-side checks. go-openai refuses max_tokens, n, temperature and
-//     tools for the reasoning models it knows; the fields those checks read
-//     are cleared in the typed request (the wire body keeps them), so the
-//     provider judges. Chat bodies its types cannot
-//     hold are sent all the same. Embeddings bodies it cannot decode (a
-//     dimensions that is not a number) are refused as permanent errors, since
-//     its decoding of the answer depends on the request's encoding_format.
+// API, built on go-openai for URLs, authentication and decoding answers.
+// go-openai's typed requests and responses drop what they do not model
+// (fields, zero values, content parts, base64 embeddings) and its errors
+// carry no headers, so a capturing transport sends the client's own body
+// (wireBody) and keeps each answer's bytes and headers. An embeddings body
+// go-openai cannot decode is refused: its decoding of the answer depends on
+// the request's encoding_format.
 func NewOpenAI(cfg OpenAIConfig) Provider {
 	if cfg.Name == "" {
 		cfg.Name = "openai"
@@ -172,16 +135,14 @@ func NewOpenAI(cfg OpenAIConfig) Provider {
 	}
 }
 
-// azureConfig is go-openai's configuration for Azure OpenAI. With an
-// api-version it is go-openai's Azure type, which puts the deployment in the
-// path. Azure's v1 API takes OpenAI's paths under /openai/v1 with the
-// api-key header and no api-version: go-openai's Cloudflare-Azure type is
-// the one that sends exactly that.
+// azureConfig is go-openai's configuration for Azure OpenAI: its Azure type
+// with an api-version (the deployment in the path); for Azure's v1 API
+// (OpenAI's paths under /openai/v1, the api-key header, no api-version) its
+// Cloudflare-Azure type, which sends exactly that.
 func azureConfig(cfg OpenAIConfig) openai.ClientConfig {
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	oc := openai.DefaultAzureConfig(cfg.APIKey, base)
-	// The deployment's name as the policy gives it (go-openai's default
-	// drops dots and colons from some names).
+	// go-openai's default mapper drops dots and colons from some names.
 	oc.AzureModelMapperFunc = func(model string) string { return model }
 	if cfg.APIVersion != "" {
 		oc.APIVersion = cfg.APIVersion
@@ -191,8 +152,7 @@ func azureConfig(cfg OpenAIConfig) openai.ClientConfig {
 	return oc
 }
 
-// chatURL is where a chat completion of upstream is sent (streams; go-openai
-// builds the same URLs for the other calls).
+// chatURL is where a streamed chat completion of upstream is sent.
 func (p *openAIProvider) chatURL(upstream string) string {
 	if p.azure && p.apiVersion != "" {
 		return p.baseURL + "/openai/deployments/" + url.PathEscape(upstream) + "/chat/completions?api-version=" +
@@ -267,19 +227,13 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 // wireBody is the client's body as llmq sends it, and its model: model set
 // to the upstream id; the output limit llmq reserved written in when the
 // body states none (req.OutputLimit, in OutputField's member), so the
-// provider's default, which may be its model's whole output window, never
-// applies; max_tool_calls written in when a Responses body names none
-// (req.MaxToolCalls). Nothing else of the body changes; a body that needs
-// none of these is sent as it came.
+// provider's default (maybe the model's whole output window) never applies;
+// max_tool_calls written in when a Responses body names none. Nothing else
+// changes; a body that needs none of these is sent as it came.
 //
-// go-openai is handed a request that holds only the model (for the URL and
-// its model checks): the wire body is what is sent (the capture transport
-// puts it in). Its typed request is never filled from the body: a body the
-// typed request cannot hold (a stop given as a string, a metadata value that
-// is not a string) is still sent as it is, and go-openai's reasoning-model
-// checks, a library's snapshot of what models accepted when it was written
-// (no max_tokens, n or temperature for o1, o3, o4 and gpt-5), see no
-// parameters: the provider judges them, and its 400 names them.
+// go-openai is handed a request holding only the model, never filled from
+// the body: a body its types cannot hold is sent as it is, and its
+// reasoning-model checks see no parameters, so the provider judges them.
 func wireBody(req Request) (wire []byte, model string, err error) {
 	var fields map[string]json.RawMessage
 	if err := unmarshal(req.Body, &fields); err != nil || fields == nil {
@@ -311,9 +265,8 @@ func wireBody(req Request) (wire []byte, model string, err error) {
 	return wire, model, err
 }
 
-// statesOutputLimit reports whether a body's members state its output
-// limit for endpoint (with exact names: admission refused their case
-// variants).
+// statesOutputLimit reports whether a body states its output limit for
+// endpoint (by exact names: admission refused their case variants).
 func statesOutputLimit(endpoint string, fields map[string]json.RawMessage) bool {
 	if endpoint == EndpointResponses {
 		return !isNull(fields["max_output_tokens"])
@@ -328,8 +281,7 @@ var reasoningPrefixes = []string{"o1", "o3", "o4", "gpt-5"}
 // OutputField is the member that states an output limit in a body for
 // endpoint to model: max_output_tokens on the Responses API; on chat
 // completions max_completion_tokens for a reasoning model, which refuses
-// max_tokens, and max_tokens for the others, which every server of
-// OpenAI's API takes. "" for embeddings.
+// max_tokens, else max_tokens, which every server takes. "" for embeddings.
 func OutputField(endpoint, model string) string {
 	switch endpoint {
 	case EndpointResponses:
@@ -356,8 +308,7 @@ func (p *openAIProvider) refuse(err error) *Error {
 	return e
 }
 
-// failure turns go-openai's error into an *Error, with the headers the
-// transport captured.
+// failure turns go-openai's error into an *Error, with the captured headers.
 func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Error {
 	e := &Error{Provider: p.name, Err: err}
 	if c.header != nil {
@@ -368,11 +319,8 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 	var reqErr *openai.RequestError
 	switch {
 	case errors.Is(err, errResponseTooLarge):
-		e.StatusCode = c.status
-		e.Class, e.Code, e.Type = ClassPermanent, CodeResponseTooLarge, "server_error"
-		e.Message = fmt.Sprintf("The provider's answer is larger than its max_response_bytes (%d bytes).", p.maxResponse)
-		e.Err = nil
-		return e
+		e.StatusCode, e.Err = c.status, nil
+		return p.tooLarge(e, "answer")
 	case errors.As(err, &apiErr):
 		e.StatusCode = apiErr.HTTPStatusCode
 		o := &client.ErrorObject{Message: apiErr.Message, Type: apiErr.Type, Code: codeString(apiErr.Code)}
@@ -387,58 +335,50 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		e.Message = answerMessage(reqErr.HTTPStatusCode, "", false, p.scrub)
 		e.Err = nil
 	case c.status >= 200 && c.status < 300 && json.Valid(c.body):
-		// JSON, but not of an OpenAI answer's shape (a usage of 1.5
-		// tokens): the provider answered and bills it; another try would
-		// get the same.
-		e.StatusCode = c.status
-		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
-		e.Message = answerMessage(c.status, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub)
-		e.Err = nil
-		return e
+		// Billed, and another try would get the same.
+		e.StatusCode, e.Err = c.status, nil
+		return p.notOpenAIShape(e, err)
 	case c.status >= 200 && c.status < 300:
-		// The provider said yes but its body did not decode: a truncated or
-		// mangled answer, worth another try.
 		e.StatusCode = c.status
-		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
-		e.Message = "The provider's answer could not be read (truncated or not JSON)."
-		return e
+		return e.serverError(ClassRetryable, CodeUnreadableResponse, msgUnreadable)
 	case c.status != 0:
-		// An answer go-openai took for success but could not decode: a
-		// redirect or another unexpected status, from a misconfigured base URL.
+		// A redirect or another unexpected status: a misconfigured base URL.
 		e.StatusCode = c.status
 		e.Class = Classify(c.status)
 		e.Message = "unexpected HTTP status " + strconv.Itoa(c.status)
 		return e
 	case !c.sent:
-		// Refused by go-openai's own checks before anything was sent.
-		e.Class = ClassPermanent
-		e.Type = "invalid_request_error"
-		e.Message = p.scrub(err.Error())
-		e.Err = nil
+		// Refused by go-openai's own checks.
+		e.Class, e.Type, e.Message, e.Err = ClassPermanent, "invalid_request_error", p.scrub(err.Error()), nil
 		return e
 	default:
-		// No answer: a timeout, a cancellation or a connection error.
-		e.Class = ClassRetryable
-		switch {
-		case errors.Is(context.Cause(ctx), errTimeout):
-			e.Message = "no answer within " + p.timeout.String()
-		case errors.Is(err, context.Canceled):
-			e.Message = "the call was cancelled"
-		default:
-			e.Message = "the provider could not be reached"
-		}
-		e.Err = scrubbedError{err, p.scrub(err.Error())}
-		return e
+		return p.noAnswer(ctx, err, 0)
 	}
 	classifyAnswer(e)
 	return e
 }
 
-// classifyAnswer sets the class of an error the provider answered.
+// msgUnreadable is the message of a 2xx answer that does not decode.
+const msgUnreadable = "The provider's answer could not be read (truncated or not JSON)."
+
+// tooLarge makes e the refusal of an answer (what: "answer", "stream")
+// past max_response_bytes.
+func (p *openAIProvider) tooLarge(e *Error, what string) *Error {
+	return e.serverError(ClassPermanent, CodeResponseTooLarge,
+		fmt.Sprintf("The provider's %s is larger than its max_response_bytes (%d bytes).", what, p.maxResponse))
+}
+
+// notOpenAIShape makes e the refusal of a JSON answer that is not of an
+// OpenAI answer's shape (a usage of 1.5 tokens).
+func (p *openAIProvider) notOpenAIShape(e *Error, err error) *Error {
+	return e.serverError(ClassPermanent, CodeInvalidResponse,
+		answerMessage(e.StatusCode, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub))
+}
+
+// classifyAnswer sets the class of an error the provider answered. A 429 of
+// an exhausted quota is permanent: no bucket's refill will help.
 func classifyAnswer(e *Error) {
 	e.Class = Classify(e.StatusCode)
-	// OpenAI answers 429 when the account's quota or credit is exhausted:
-	// waiting for a bucket to refill will not help, so it is permanent.
 	if e.Class == ClassRateLimited && (e.Code == "insufficient_quota" || e.Type == "insufficient_quota") {
 		e.Class = ClassPermanent
 	}
@@ -452,8 +392,7 @@ func (p *openAIProvider) scrub(s string) string {
 	return redact(s)
 }
 
-// scrubbedError keeps the chain of an error (for errors.Is) under a text that
-// has been scrubbed.
+// scrubbedError keeps an error's chain under a scrubbed text.
 type scrubbedError struct {
 	err  error
 	text string
@@ -476,18 +415,16 @@ func codeString(code any) string {
 }
 
 // errTimeout is the cause of a call's own deadline, told apart from the
-// caller's; it is still a context.DeadlineExceeded for errors.Is.
+// caller's.
 var errTimeout = fmt.Errorf("provider timeout: %w", context.DeadlineExceeded)
 
 type captureKey struct{}
 
-// capture is one call's view of its HTTP exchange. Each call has its own,
-// reached through the request's context, so one client serves concurrent
-// calls; the transport fills it on the caller's goroutine before go-openai
-// returns.
+// capture is one call's view of its HTTP exchange, reached through the
+// request's context, so one client serves concurrent calls.
 type capture struct {
 	wire   []byte // the body to send instead of go-openai's
-	limit  int64  // the most an answer's body may hold
+	limit  int64
 	sent   bool
 	status int
 	header http.Header
@@ -495,7 +432,7 @@ type capture struct {
 }
 
 // captureTransport sends the call's own body, and keeps the status, headers
-// and (for 2xx answers) the body of the response.
+// and a 2xx answer's body.
 type captureTransport struct {
 	base http.RoundTripper
 }
@@ -506,7 +443,6 @@ func (t *captureTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return t.base.RoundTrip(req)
 	}
 	if c.wire != nil && req.Body != nil {
-		// RoundTrippers must not modify the request they are given.
 		wire := c.wire
 		req = req.Clone(req.Context())
 		req.Body = io.NopCloser(bytes.NewReader(wire))

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// RateLimitField names one value of a RateLimit, so that an absent header can
-// be told from a zero one.
+// RateLimitField names one value of a RateLimit, so that an absent header is
+// told from a zero one.
 type RateLimitField uint8
 
 // The values a RateLimit may hold.
@@ -25,36 +25,29 @@ const (
 )
 
 // RateLimit is what a provider's response headers say about its rate-limit
-// buckets. A value is meaningful only when its bit is set in Has: providers
-// omit headers, and some (Azure deployments) send -1 or 0 that mean nothing.
+// buckets. A value is meaningful only when its bit is set in Has.
 type RateLimit struct {
 	LimitRequests     int64
 	LimitTokens       int64
 	RemainingRequests int64
 	RemainingTokens   int64
-	// ResetRequests and ResetTokens are OpenAI's x-ratelimit-reset-*: how long
-	// until the bucket has refilled (relative to when the response was sent).
+	// ResetRequests and ResetTokens are how long until the bucket has
+	// refilled.
 	ResetRequests time.Duration
 	ResetTokens   time.Duration
-	// RetryAfter is retry-after-ms (or Azure's x-ms-retry-after-ms), or else
-	// retry-after.
-	RetryAfter time.Duration
-	// Utilization is a provisioned Azure deployment's
-	// azure-openai-deployment-utilization: the share of its capacity in
-	// use, in percent (over 100 when it refuses calls).
+	RetryAfter    time.Duration
+	// Utilization is a provisioned Azure deployment's share of its capacity
+	// in use, in percent.
 	Utilization float64
-	// Has records which of the fields above the headers gave.
-	Has RateLimitField
+	Has         RateLimitField
 }
 
 // Known reports whether the headers gave field f.
 func (r RateLimit) Known(f RateLimitField) bool { return r.Has&f != 0 }
 
 // Delay is how long the headers ask a client to wait before the next request:
-// RetryAfter when given, else the longest reset the headers gave (after a 429
-// without retry-after, the exhausted bucket is one of them, and waiting for the
-// longer one never sends a request the provider must refuse). ok is false when
-// the headers give no positive wait, so the caller falls back to its own backoff.
+// RetryAfter when given, else the longest reset (the exhausted bucket is one
+// of them). ok is false when they give no positive wait.
 func (r RateLimit) Delay() (d time.Duration, ok bool) {
 	if r.Known(HasRetryAfter) {
 		return r.RetryAfter, r.RetryAfter > 0
@@ -68,29 +61,17 @@ func (r RateLimit) Delay() (d time.Duration, ok bool) {
 	return d, d > 0
 }
 
-// maxHint bounds the waits we believe. Token-per-day buckets reset within a
-// day; anything beyond a week is a provider sending something else (such as a
-// Unix timestamp) in a duration header, and is treated as absent.
+// maxHint bounds the waits believed: beyond a week is something else (a Unix
+// timestamp) in a duration header.
 const maxHint = 7 * 24 * time.Hour
 
-// ParseRateLimit reads a provider's rate-limit headers, in every shape
-// llmq knows, into one RateLimit:
-//
-//   - OpenAI's x-ratelimit-limit|remaining|reset-requests|tokens (resets as
-//     Go durations such as "6m0s" and "12ms", or plain seconds such as "1.5");
-//   - Azure OpenAI's subset of them (often only the remaining counts, some
-//     deployments sending -1 or 0 that mean nothing) and a provisioned
-//     deployment's azure-openai-deployment-utilization;
-//   - Anthropic's anthropic-ratelimit-requests|tokens-limit|remaining|reset
-//     (resets as RFC 3339 times), when no x-ratelimit-* header gives the
-//     same value;
-//   - the wait of a 429: retry-after-ms or x-ms-retry-after-ms (milliseconds,
-//     preferred), else retry-after (seconds, or an HTTP date).
-//
-// Nonsense is treated as absent: limits that are not positive integers,
-// negative or unparsable values, remaining counts beside a nonsense limit,
-// above their limit, or 0 with no limit at all (an Azure deployment's "0"
-// that means nothing), a wait of zero, and waits or resets beyond a week.
+// ParseRateLimit reads a provider's rate-limit headers into one RateLimit:
+// OpenAI's x-ratelimit-* (resets as Go durations or seconds), Azure's subset
+// of them and its deployment utilization, Anthropic's
+// anthropic-ratelimit-* where no x-ratelimit-* header gives the value, and
+// a 429's retry-after-ms, x-ms-retry-after-ms or retry-after. Nonsense
+// (limits that are not positive, remaining counts beside a nonsense limit
+// or above it, zero waits, waits beyond a week) is treated as absent.
 func ParseRateLimit(h http.Header) RateLimit {
 	return parseRateLimit(h, time.Now())
 }
@@ -100,8 +81,6 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 	if len(h) == 0 {
 		return r
 	}
-	// family reads the limit, remaining and reset of one kind from the
-	// first of the shapes that gives each.
 	family := func(kind string, limit, remaining *int64, reset *time.Duration, hasLimit, hasRemaining, hasReset RateLimitField) {
 		limitRaw := firstHeader(h, "x-ratelimit-limit-"+kind, "anthropic-ratelimit-"+kind+"-limit")
 		limitOK := false
@@ -109,16 +88,13 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 			*limit, limitOK = v, true
 			r.Has |= hasLimit
 		}
-		// A remaining count is only believed beside a sane limit or no limit
-		// header at all: Azure's "limit: -1, remaining: 0" is not
-		// "exhausted", nor is its bare "remaining: 0".
+		// Azure's "limit: -1, remaining: 0" and bare "remaining: 0" are not
+		// "exhausted".
 		if limitOK || limitRaw == "" {
 			rem, ok := parseInt(h.Get("x-ratelimit-remaining-" + kind))
 			if !ok {
 				if rem, ok = parseInt(h.Get("anthropic-ratelimit-" + kind + "-remaining")); ok && kind == "tokens" {
-					// Anthropic rounds its remaining tokens to the thousand:
-					// believe half a thousand less, never more than it has.
-					rem = max(rem-500, 0)
+					rem = max(rem-500, 0) // rounded to the thousand
 				}
 			}
 			if ok && rem >= 0 && (limitOK && rem <= *limit || !limitOK && rem > 0) {
@@ -168,7 +144,6 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 	return r
 }
 
-// firstHeader returns the value of the first of names that h holds.
 func firstHeader(h http.Header, names ...string) string {
 	for _, n := range names {
 		if v := h.Get(n); v != "" {
@@ -199,8 +174,8 @@ func parseFloat(s string) (float64, bool) {
 	return v, true
 }
 
-// parseDuration reads a reset header: a Go duration ("6m0s", "12ms", "1s") or
-// plain seconds ("1.5"). Zero is a real value (the bucket is full).
+// parseDuration reads a reset header: a Go duration or plain seconds. Zero is
+// a real value (the bucket is full).
 func parseDuration(s string) (time.Duration, bool) {
 	s = strings.TrimSpace(s)
 	if s == "" {

@@ -5,24 +5,14 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 )
 
-// The Responses API (POST /v1/responses): its request bodies, validated and
-// reduced to the messages the estimator counts. Its input is a string (one
-// user message) or a list of items: messages ({role, content}, content a
-// string or a list of input_text, output_text, refusal, input_image and
-// input_file parts), function calls and their outputs, reasoning summaries,
-// and items llmq does not model (counted as their JSON text). instructions
-// is a system message before them; max_output_tokens is the output bound.
-//
-// Some of a request's context may be stored at the provider: a
-// previous_response_id or an item_reference (known to llmq when it relayed
-// the response, see admission.ShapeOf), a conversation or a prompt
-// template (never: Body.Unseen).
+// The Responses API's request bodies, reduced to the messages the estimator
+// counts: instructions as a system message, then the input, a string or a
+// list of items (items llmq does not model counted as their JSON text).
 
 // rawResponsesBody holds the fields of a Responses API body llmq reads.
 type rawResponsesBody struct {
@@ -70,12 +60,10 @@ type rawInputPart struct {
 
 var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": true, "developer": true}
 
-// maxResponsesItems bounds a request's input items, as the Responses API
-// bounds them.
+// maxResponsesItems bounds a request's input items, as the API does.
 const maxResponsesItems = 10000
 
-// maxResponseIDBytes bounds a response id llmq keeps or looks up (OpenAI's
-// are about 50 bytes).
+// maxResponseIDBytes bounds a response id llmq keeps or looks up.
 const maxResponseIDBytes = 256
 
 // minOutputTokens is the least max_output_tokens the Responses API takes.
@@ -228,16 +216,12 @@ func parseItems(r *request, raw json.RawMessage) error {
 			}
 			r.messages = append(r.messages, m)
 		case "item_reference":
-			// Stored at the provider: what it holds is known only when
-			// llmq saw it made (its owner's conversation).
 			id, ok := jsonString(it.ID)
 			if !ok || id == "" || len(id) > maxResponseIDBytes {
 				return invalid(p+".id", "'%s.id' must be a non-empty string of at most %d bytes", p, maxResponseIDBytes)
 			}
 			r.itemRefs = append(r.itemRefs, id)
 		default:
-			// Tool calls of built-in tools and whatever comes next: counted
-			// as their JSON text, judged by the provider.
 			r.messages = append(r.messages, message{role: "assistant", extra: []string{string(iraw)}})
 		}
 	}
@@ -309,9 +293,7 @@ func (r *request) parseItemMessage(it rawItem, p string) (message, error) {
 		case "input_audio":
 			m.media = append(m.media, "")
 			r.audio = cmp.Or(r.audio, pp)
-		default:
-			// Files and whatever comes next: the flat media allowance,
-			// though their size is not llmq's to know.
+		default: // files and unknown parts
 			m.media = append(m.media, "")
 			r.uncounted = cmp.Or(r.uncounted, pp)
 		}
@@ -319,10 +301,8 @@ func (r *request) parseItemMessage(it rawItem, p string) (message, error) {
 	return m, nil
 }
 
-// responsesTools turns the Responses API's function tools ({type,
-// name, description, parameters}) into chat's shape ({type, function}), so
-// they are counted by the same formula; other tools are kept as they are
-// (counted as their JSON text).
+// responsesTools turns the Responses API's function tools into chat's shape
+// ({type, function}), counted by the same formula; others are kept.
 func responsesTools(raw json.RawMessage) json.RawMessage {
 	var specs []json.RawMessage
 	if unmarshal(raw, &specs) != nil {
@@ -359,9 +339,8 @@ func responsesTools(raw json.RawMessage) json.RawMessage {
 // it has none.
 func (b *Body) PreviousResponseID() string { return b.r.previousResponseID }
 
-// respond sends a Responses API request (go-openai has no Responses API;
-// the call is plain HTTP, as streams are) and reads its answer: a response
-// object, at most the provider's max_response_bytes, with its usage.
+// respond sends a Responses API request over plain HTTP (go-openai has no
+// Responses API) and reads its answer, a response object.
 func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
@@ -376,36 +355,27 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 	case err != nil:
 		return nil, p.noAnswer(ctx, err, 0)
 	case int64(len(body)) > p.maxResponse:
-		e.Class, e.Code, e.Type = ClassPermanent, CodeResponseTooLarge, "server_error"
-		e.Message = fmt.Sprintf("The provider's answer is larger than its max_response_bytes (%d bytes).", p.maxResponse)
-		return nil, e
+		return nil, p.tooLarge(e, "answer")
 	case !json.Valid(body):
-		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
-		e.Message = "The provider's answer could not be read (truncated or not JSON)."
-		return nil, e
+		return nil, e.serverError(ClassRetryable, CodeUnreadableResponse, msgUnreadable)
 	}
 	var shape struct {
 		Object string          `json:"object"`
 		Usage  json.RawMessage `json:"usage"`
 	}
 	if err := unmarshal(body, &shape); err != nil || shape.Object != "response" {
-		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
-		e.Message = "The provider's answer is not a response object."
-		return nil, e
+		return nil, e.serverError(ClassPermanent, CodeInvalidResponse, "The provider's answer is not a response object.")
 	}
 	u, err := UsageOf(body)
 	if err != nil {
-		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
-		e.Message = answerMessage(resp.StatusCode, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub)
-		return nil, e
+		return nil, p.notOpenAIShape(e, err)
 	}
 	return &Response{StatusCode: resp.StatusCode, Body: body, RequestID: e.RequestID, RateLimit: e.RateLimit, Usage: u}, nil
 }
 
-// StoredIDs are the ids of a Responses API answer's body that a follow-up
-// may name: the response's (previous_response_id) and its output items'
-// (item_reference). id is "" when the body is not a response; ids past
-// maxResponseIDBytes are left out, as a follow-up may not name them.
+// StoredIDs are the ids of a Responses API answer's body a follow-up may
+// name: the response's and its output items'. id is "" when the body is not
+// a response; ids a follow-up may not name are left out.
 func StoredIDs(body []byte) (id string, items []string) {
 	var b struct {
 		ID     string `json:"id"`

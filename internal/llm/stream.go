@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -18,8 +17,8 @@ import (
 // maxEventBytes bounds one Server-Sent Event's line.
 const maxEventBytes = 4 << 20
 
-// streamWireBody is the body wireBody sends for req, asking for a stream whose last chunk (a chat stream's) or
-// last event (response.completed) carries the usage.
+// streamWireBody is wireBody's body for req, asking for a stream that ends
+// with the usage.
 func streamWireBody(req Request) ([]byte, error) {
 	if req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
 		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is only supported for " + EndpointChat + " and " + EndpointResponses}
@@ -39,10 +38,7 @@ func streamWireBody(req Request) ([]byte, error) {
 	return json.Marshal(fields)
 }
 
-// streamChunk is what llmq reads of a chunk: its usage, or an error event.
-// A Responses API event is typed: response.completed and
-// response.incomplete end the stream with the response and its usage,
-// response.failed with the response's error, error with its own fields.
+// streamChunk is what llmq reads of a chunk or a Responses API event.
 type streamChunk struct {
 	Usage *wireUsage          `json:"usage"`
 	Error *client.ErrorObject `json:"error"`
@@ -83,22 +79,20 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 	return nil
 }
 
-// fill sets e's provider error fields from the error object o, each
-// bounded (the message by answerMessage, which every caller applies).
+// fill sets e's provider error fields from o, bounded (the message by
+// answerMessage, which every caller applies).
 func fill(e *Error, o *client.ErrorObject) {
 	e.Message = o.Message
 	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), Truncate(o.Code, maxErrorField), Truncate(o.Param, maxErrorField)
 }
 
-// answered is the *Error of a call the provider answered with resp, its
-// status and headers filled in.
+// answered is the *Error of an answer resp, with its status and headers.
 func (p *openAIProvider) answered(resp *http.Response) *Error {
 	return &Error{Provider: p.name, StatusCode: resp.StatusCode, RateLimit: ParseRateLimit(resp.Header),
 		RequestID: requestID(resp.Header)}
 }
 
-// errorAnswer is the *Error of a non-2xx answer: its error object (read
-// up to 1 MiB) when it has one, classified by its status.
+// errorAnswer is the *Error of a non-2xx answer, classified by its status.
 func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 	e := p.answered(resp)
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -114,9 +108,8 @@ func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 	return e
 }
 
-// stream sends a streaming chat completion or response over plain HTTP
-// (go-openai's typed chunks would drop the fields it does not model) and
-// relays the provider's events to req.Stream as they come.
+// stream sends a streaming request over plain HTTP (go-openai's typed chunks
+// drop what they do not model) and relays the events to req.Stream.
 func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, error) {
 	wire, err := streamWireBody(req)
 	if err != nil {
@@ -152,9 +145,8 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	for !done && sc.Scan() {
 		line := sc.Bytes()
 		if read += int64(len(line)) + 1; read > p.maxResponse {
-			e.Class, e.Code, e.Type, e.Relayed = ClassPermanent, CodeResponseTooLarge, "server_error", out.Chunks
-			e.Message = fmt.Sprintf("The provider's stream is larger than its max_response_bytes (%d bytes).", p.maxResponse)
-			return nil, e
+			e.Relayed = out.Chunks
+			return nil, p.tooLarge(e, "stream")
 		}
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
@@ -167,19 +159,16 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 		}
 		var c streamChunk
 		if err := unmarshal(data, &c); err != nil {
-			e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream sent an event that is not JSON", out.Chunks
-			return nil, e
+			return nil, e.cut("the provider's stream sent an event that is not JSON", out.Chunks)
 		}
 		if req.Endpoint == EndpointResponses {
 			if o := c.responsesError(); o != nil {
 				return nil, p.streamFailed(e, o, out.Chunks)
 			}
 			if done = c.responsesEnd(); done {
-				// The final response, with its usage, is the job's answer.
 				u, err := UsageOf(c.Response)
 				if err != nil {
-					e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream ended with a response whose usage cannot be read", out.Chunks
-					return nil, e
+					return nil, e.cut("the provider's stream ended with a response whose usage cannot be read", out.Chunks)
 				}
 				out.Body, out.Usage = bytes.Clone(c.Response), u
 			}
@@ -187,10 +176,8 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 			return nil, p.streamFailed(e, c.Error, out.Chunks)
 		}
 		if c.Usage != nil && req.Endpoint == EndpointChat {
-			// the usage chunk, read as every answer's usage is
 			if out.Usage, err = UsageOf(data); err != nil {
-				e.Class, e.Message, e.Relayed = ClassRetryable, "the provider's stream ended with a chunk whose usage cannot be read", out.Chunks
-				return nil, e
+				return nil, e.cut("the provider's stream ended with a chunk whose usage cannot be read", out.Chunks)
 			}
 			out.Body = bytes.Clone(data)
 		}
@@ -214,8 +201,13 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	return out, nil
 }
 
-// streamFailed is e, the answer of a stream that ended with the provider's
-// error o after relayed events.
+// cut makes e a stream that failed, retryable, after relayed events.
+func (e *Error) cut(msg string, relayed int) *Error {
+	e.Class, e.Message, e.Relayed = ClassRetryable, msg, relayed
+	return e
+}
+
+// streamFailed is e for a stream that ended with the provider's error o.
 func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed int) *Error {
 	fill(e, o)
 	e.Message, e.Class, e.Relayed = answerMessage(e.StatusCode, e.Message, true, p.scrub), ClassRetryable, relayed
@@ -223,8 +215,8 @@ func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed i
 	return e
 }
 
-// noAnswer is a call that got no (whole) answer: a timeout, a cancellation
-// or a connection error, after relayed events.
+// noAnswer is a call that got no whole answer: a timeout, a cancellation or
+// a connection error.
 func (p *openAIProvider) noAnswer(ctx context.Context, err error, relayed int) *Error {
 	e := &Error{Class: ClassRetryable, Provider: p.name, Relayed: relayed}
 	switch {
@@ -242,8 +234,7 @@ func (p *openAIProvider) noAnswer(ctx context.Context, err error, relayed int) *
 }
 
 // StripUsageChunk reports whether a stream's chunk is the usage chunk that
-// include_usage adds (no choices, a usage), which a client that did not ask
-// for it must not see.
+// include_usage adds, which a client that did not ask for it must not see.
 func StripUsageChunk(data []byte) bool {
 	if !bytes.Contains(data, []byte(`"usage"`)) {
 		return false

@@ -8,10 +8,8 @@ import (
 	"strings"
 )
 
-// The kinds of the providers' built-in tools: tools the provider runs
-// itself within one response, billing each call beside the tokens (a
-// policy prices them by these names), whose results the model reads in
-// further turns of the same response.
+// The kinds of the providers' built-in tools: run by the provider within one
+// response, each call billed beside the tokens.
 const (
 	ToolWebSearch       = "web_search"
 	ToolFileSearch      = "file_search"
@@ -20,12 +18,10 @@ const (
 	ToolComputerUse     = "computer_use"
 )
 
-// clientTools are the tool types whose calls the client runs (function
-// calls, custom tools, shells and patches on the client's machine): a
-// call ends the response, so they bill no more than its tokens.
+// clientTools are the tool types whose calls the client runs: a call ends
+// the response, so they bill no more than its tokens.
 var clientTools = map[string]bool{"function": true, "custom": true, "local_shell": true, "shell": true, "apply_patch": true}
 
-// datedSuffix is the date of a dated tool type ("_2025_03_11").
 var datedSuffix = regexp.MustCompile(`_\d{4}_\d{2}_\d{2}$`)
 
 // BuiltinTool is the kind of a Responses API tool type the provider runs
@@ -43,8 +39,7 @@ func BuiltinTool(typ string) (kind string, builtin bool) {
 	return datedSuffix.ReplaceAllString(typ, ""), true
 }
 
-// builtinTools are the kinds of built-in tools a Responses API body's tools
-// name, each once, in their order.
+// builtinTools are the kinds of built-in tools a body's tools name, each once.
 func builtinTools(raw json.RawMessage) ([]string, error) {
 	var specs []struct {
 		Type json.RawMessage `json:"type"`
@@ -65,10 +60,8 @@ func builtinTools(raw json.RawMessage) ([]string, error) {
 	return kinds, nil
 }
 
-// toolCallKind is the kind of built-in tool a Responses API output item of
-// type typ is a call of ("web_search_call" → web_search, "computer_call" →
-// computer_use), or false for any other item (a message, reasoning, a
-// call the client runs).
+// toolCallKind is the kind of built-in tool an output item of type typ is a
+// call of ("web_search_call" → web_search), or false for any other item.
 func toolCallKind(typ string) (string, bool) {
 	name, ok := strings.CutSuffix(typ, "_call")
 	switch {

@@ -5,16 +5,12 @@ import (
 	"fmt"
 )
 
-// Usage llmq never believes, whatever the request: more than a model's
-// largest context many times over. It keeps a provider's nonsense (1e15
-// tokens) out of the ledger and its arithmetic.
+// absurdTokens is a count llmq never believes: a model's largest context
+// many times over.
 const absurdTokens = 1 << 24
 
-// UnbelievableUsage says what is wrong with a usage a provider reported,
-// whatever the request, or "": a negative count, cached tokens beyond the
-// prompt, reasoning tokens beyond the output, a total that is not the sum,
-// or counts past absurdTokens. What the request as sent allows is
-// admission's to judge (admission.Unbelievable).
+// UnbelievableUsage says what is wrong with a usage whatever the request, or
+// "". What the request allows is admission's to judge.
 func UnbelievableUsage(u Usage) string {
 	switch {
 	case u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CachedTokens < 0 || u.TotalTokens < 0 || u.ReasoningTokens < 0:
@@ -36,9 +32,8 @@ func UnbelievableUsage(u Usage) string {
 	return ""
 }
 
-// wireUsage is an answer's usage object, as OpenAI sends it: chat
-// completions' and embeddings' (prompt_tokens, completion_tokens), or the
-// Responses API's (input_tokens, output_tokens).
+// wireUsage is an answer's usage object: chat completions' and embeddings',
+// or the Responses API's (input_tokens, output_tokens).
 type wireUsage struct {
 	PromptTokens        int64 `json:"prompt_tokens"`
 	CompletionTokens    int64 `json:"completion_tokens"`
@@ -87,10 +82,8 @@ func (w *wireUsage) usage() Usage {
 	return u
 }
 
-// UsageOf reads the usage of an answer's body (a chat completion's, a
-// chunk's of a chat stream, a response's or embeddings'), with the service
-// tier it says served the call and a response's built-in tool calls: zero
-// when it has none; an error when it is not a JSON object or its usage is
+// UsageOf reads the usage of an answer's body or chunk, with its service
+// tier and built-in tool calls: zero when it has none, an error when it is
 // not of OpenAI's shape.
 func UsageOf(body json.RawMessage) (Usage, error) {
 	var b struct {

@@ -1,6 +1,6 @@
 // Package money holds USD amounts as integer micro-dollars and per-token
-// prices, so that spend, budgets and the ledger never round through floats.
-// It also ships the default price table that a policy's prices override.
+// prices, so that spend never rounds through floats, and the default price
+// table a policy's prices override.
 package money
 
 import (
@@ -16,12 +16,11 @@ type Micros int64
 // PerDollar is the number of Micros in one dollar.
 const PerDollar Micros = 1_000_000
 
-// maxUSD bounds amounts read from configuration and clients: a billion dollars
-// is far beyond any daily budget, and keeps every product below int64 range.
+// maxUSD bounds amounts read from configuration and clients.
 const maxUSD = 1e9
 
-// FromUSD converts a dollar amount to Micros, rounding to the nearest micro-dollar.
-// It refuses negative, non-finite and absurdly large amounts.
+// FromUSD converts a dollar amount to Micros, rounding to the nearest
+// micro-dollar. It refuses negative, non-finite and absurdly large amounts.
 func FromUSD(usd float64) (Micros, error) {
 	switch {
 	case math.IsNaN(usd) || math.IsInf(usd, 0):
@@ -51,45 +50,36 @@ func (m Micros) String() string {
 type Price struct {
 	InputPerMTok       Micros
 	OutputPerMTok      Micros
-	CachedInputPerMTok Micros // billed for cached prompt tokens; 0 means the input price
-	// BatchInputPerMTok and BatchOutputPerMTok are the prices of a call
-	// run on the provider's Batch API; 0 means half the normal price.
+	CachedInputPerMTok Micros // 0 means the input price
+	// BatchInputPerMTok and BatchOutputPerMTok are the prices on the
+	// provider's Batch API; 0 means half the normal price.
 	BatchInputPerMTok  Micros
 	BatchOutputPerMTok Micros
-	// ServiceTiers are the prices of the service tiers a deployment sells
-	// beside its standard one, by the name providers give them ("flex",
-	// "priority", "scale"): a call asking for one is reserved, and one
-	// served at one is charged, at its price. None: the standard price only.
+	// ServiceTiers are the prices of the service tiers sold beside the
+	// standard one ("flex", "priority").
 	ServiceTiers map[string]Price
 	// AutoTier is the service tier a call naming none (or "auto") is
-	// served at: the account's own setting, which OpenAI documents as its
-	// default tier unless the project is configured otherwise. "" is the
-	// standard tier.
+	// served at; "" is the standard tier.
 	AutoTier string
-	// Tools are the prices of a provider's built-in tools by kind
-	// ("web_search", "file_search", "code_interpreter", "image_generation"),
-	// which it bills per call beside the tokens. None: no built-in tool.
+	// Tools are the prices of the provider's built-in tools by kind.
 	Tools map[string]ToolPrice
 }
 
 // ToolPrice is what a built-in tool costs beyond the model's tokens.
 type ToolPrice struct {
-	// PerCall is the provider's price of one call of the tool.
 	PerCall Micros
-	// ResultTokens is the most tokens one call's result (search results,
-	// file chunks) adds to the input of the model's next turn; 0 when it
-	// is not known, and the model's context window bounds it.
+	// ResultTokens is the most tokens one call's result adds to the model's
+	// next turn; 0 when unknown, and the context window bounds it.
 	ResultTokens int64
 }
 
-// StandardTier names a call at the standard price: what a provider calls
-// its default service tier. "auto" and no tier ask for the account's
-// default, which may be any tier it sells (see Price.Tier).
+// StandardTier names a call at the standard price, a provider's default
+// service tier.
 const StandardTier = "default"
 
-// Tier is the price of a call served at service tier name: the standard
-// price for "" or StandardTier, else ServiceTiers' entry (which keeps
-// the tools' prices); ok is false when the deployment sells no such tier.
+// Tier is the price of a call served at service tier name (the standard
+// price for "" or StandardTier), with the tools' prices; ok is false when
+// the deployment sells no such tier.
 func (p Price) Tier(name string) (Price, bool) {
 	if name == "" || name == StandardTier {
 		return p, true
@@ -103,8 +93,7 @@ func (p Price) Tier(name string) (Price, bool) {
 }
 
 // Batch is the price of a call run on the provider's Batch API: the batch
-// prices, else half the normal ones (rounded up to the micro-dollar per
-// million tokens), cached prompt tokens at half their price.
+// prices, else half the normal ones (rounded up), cached tokens at half.
 func (p Price) Batch() Price {
 	half := func(m Micros) Micros { return m/2 + m%2 }
 	b := Price{InputPerMTok: p.BatchInputPerMTok, OutputPerMTok: p.BatchOutputPerMTok, CachedInputPerMTok: half(p.CachedInputPerMTok),
@@ -121,10 +110,9 @@ func (p Price) Batch() Price {
 	return b
 }
 
-// Cost is the price of one call: prompt tokens (of which cached were served
-// from the provider's cache) and completion tokens. The exact product is
-// divided by one million and rounded up, so a job is never charged less than
-// it cost: cost = ceil((uncached*in + cached*cachedIn + completion*out) / 1e6).
+// Cost is the price of one call of prompt tokens (cached of them from the
+// provider's cache) and completion tokens, rounded up so a job is never
+// charged less than it cost.
 func (p Price) Cost(prompt, cached, completion int64) Micros {
 	if cached > prompt {
 		cached = prompt
@@ -152,8 +140,8 @@ func (p Price) Cost(prompt, cached, completion int64) Micros {
 	return Micros(num/1_000_000 + min(num%1_000_000, 1))
 }
 
-// mulAdd is acc + n×price for non-negative terms (a negative one counts as
-// 0), and false when the sum passes what an int64 holds.
+// mulAdd is acc + n×price (a negative term counts as 0), and false when the
+// sum passes what an int64 holds.
 func mulAdd(acc, n, price int64) (int64, bool) {
 	if n <= 0 || price <= 0 {
 		return acc, true
@@ -165,8 +153,8 @@ func mulAdd(acc, n, price int64) (int64, bool) {
 	return acc + int64(lo), true
 }
 
-// WorstCase is the most a call can cost: every prompt token uncached and
-// maxOutput completion tokens. Budgets reserve this before a call.
+// WorstCase is the most a call can cost: no prompt token cached, maxOutput
+// completion tokens.
 func (p Price) WorstCase(prompt, maxOutput int64) Micros { return p.Cost(prompt, 0, maxOutput) }
 
 func usd(input, output, cached float64) Price {
@@ -174,8 +162,8 @@ func usd(input, output, cached float64) Price {
 	return Price{InputPerMTok: m(input), OutputPerMTok: m(output), CachedInputPerMTok: m(cached)}
 }
 
-// DefaultPrices are list prices (USD per 1M tokens) of common models, used for
-// a model whose policy entry gives no price. A policy price always wins.
+// DefaultPrices are list prices (USD per 1M tokens) of common models, for a
+// model whose policy entry gives no price.
 var DefaultPrices = map[string]Price{
 	"gpt-4o":                 usd(2.50, 10.00, 1.25),
 	"gpt-4o-mini":            usd(0.15, 0.60, 0.075),

@@ -1,9 +1,8 @@
-// Package netguard knows which network addresses a URL a tenant gives
-// (a webhook's) may not reach: loopback, private, link-local, cloud
-// metadata and every other range that is not the public internet. The API
-// refuses such a URL at submit when its host is an address written out,
-// in any of the forms a resolver accepts (127.1, 0x7f000001, 2130706433);
-// the webhook dialer checks every address a name resolves to.
+// Package netguard knows which addresses a tenant's URL (a webhook's) may
+// not reach: every range that is not the public internet. The API refuses
+// such a URL at submit when its host is an address written out in any form
+// a resolver accepts; the webhook dialer checks every address a name
+// resolves to.
 package netguard
 
 import (
@@ -12,10 +11,8 @@ import (
 	"strings"
 )
 
-// blocked are the address ranges webhooks may not reach by default: every
-// range that is not the public internet, and the IPv6 ranges that embed or
-// translate to IPv4 addresses (NAT64, 6to4, Teredo), which could reach
-// the IPv4 ones.
+// blocked are the address ranges webhooks may not reach by default, with
+// the IPv6 ranges that translate to IPv4 addresses.
 var blocked = prefixes(
 	"0.0.0.0/8",          // "this network"
 	"10.0.0.0/8",         // private
@@ -76,11 +73,9 @@ func Blocked(ip netip.Addr) bool {
 	return false
 }
 
-// Literal returns the address a URL host names without DNS: an IP address
-// in the usual notation (brackets and a zone allowed for IPv6), or an IPv4
-// address in any form inet_aton reads (one to four parts, each decimal,
-// octal with a leading 0, or hex with 0x), which resolvers and browsers
-// accept: 2130706433, 0x7f.1 and 017700000001 are all 127.0.0.1.
+// Literal returns the address a URL host names without DNS: an IP address,
+// or an IPv4 address in any form inet_aton reads (2130706433, 0x7f.1 and
+// 017700000001 are all 127.0.0.1).
 func Literal(host string) (netip.Addr, bool) {
 	h := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 	if a, err := netip.ParseAddr(h); err == nil {

@@ -1,10 +1,7 @@
-// Package rkeys builds every Redis key llmq writes, outside asynq's own.
-//
-// Nobody else concatenates key strings. Each key carries a hash tag ({...}) so
-// that the keys one Lua script touches always live in one Redis Cluster slot:
-// the keys of one limiter scope share the scope's tag, a tenant's budget
-// day keys the tenant's id (so a cluster spreads tenants over its shards),
-// and the global budget day's keys the tag {budget}.
+// Package rkeys builds every Redis key llmq writes, outside asynq's own;
+// nobody else concatenates key strings. Each key carries a hash tag ({...})
+// so that the keys one Lua script touches live in one Cluster slot: a
+// limiter scope's, a tenant's (its budget days) or {budget} (the global day).
 package rkeys
 
 import "strings"
@@ -12,8 +9,7 @@ import "strings"
 // DefaultPrefix is the prefix of every key when none is configured.
 const DefaultPrefix = "llmq"
 
-// Builder builds keys under one prefix. Tests give each package (or test) its
-// own prefix so they can share a Redis server. The zero value uses DefaultPrefix.
+// Builder builds keys under one prefix. The zero value uses DefaultPrefix.
 type Builder struct {
 	prefix string
 }
@@ -43,26 +39,22 @@ func (b Builder) key(parts ...string) string {
 
 func tag(s string) string { return "{" + s + "}" }
 
-// LimiterScope is the hash holding every bucket, the penalty and the probe of
-// one token-bucket scope (e.g. one model at one provider).
+// LimiterScope is the hash of one token-bucket scope: its buckets and what
+// they learned.
 func (b Builder) LimiterScope(scope string) string { return b.key("tb", tag(scope)) }
 
-// LimiterReconciled marks one reservation of scope as reconciled, so that a
-// second Reconcile of it changes nothing.
+// LimiterReconciled marks one reservation of scope as reconciled.
 func (b Builder) LimiterReconciled(scope, reservationID string) string {
 	return b.key("tb", tag(scope), "rec", reservationID)
 }
 
-// FairQueue is the prefix of the keys of one scope's fair queue (the jobs
-// waiting for a model, per priority and tenant), with the scope's hash tag,
-// the limiter's own. The fair queue's scripts build from it the keys of
-// each priority's tenants ("tenants:<priority>", a sorted set by start tag)
-// and of each tenant's jobs ("list:<priority>:<tenant>", FIFO); the fixed
-// keys have builders below. They live while jobs wait, and 7 days after.
+// FairQueue is the prefix of the keys of one scope's fair queue, with the
+// limiter scope's hash tag. Its scripts build from it the keys of each
+// priority's tenants ("tenants:<priority>") and each tenant's jobs
+// ("list:<priority>:<tenant>").
 func (b Builder) FairQueue(scope string) string { return b.key("fq", tag(scope)) + ":" }
 
-// FairState is the hash of a scope's fair queue: virtual times, finish tags,
-// tenants' shares, counts, what is released and not yet started.
+// FairState is the hash of a scope's fair queue's state.
 func (b Builder) FairState(scope string) string { return b.FairQueue(scope) + "state" }
 
 // FairClasses is the sorted set of a scope's priorities with waiting jobs.
@@ -72,16 +64,15 @@ func (b Builder) FairClasses(scope string) string { return b.FairQueue(scope) + 
 func (b Builder) FairMembers(scope string) string { return b.FairQueue(scope) + "members" }
 
 // FairOut is the sorted set (by release time) of a scope's jobs released to
-// asynq and not yet started by a worker.
+// asynq and not yet started.
 func (b Builder) FairOut(scope string) string { return b.FairQueue(scope) + "out" }
 
-// FairHeld is the hash of the room a scope's synchronous requests wait for
-// (id -> expiry, tokens, requests): the scheduler releases no async job into
-// it. Each hold expires on its own; the key expires with the last.
+// FairHeld is the hash of the room a scope's synchronous requests hold;
+// the key expires with its last hold.
 func (b Builder) FairHeld(scope string) string { return b.FairQueue(scope) + "held" }
 
-// FairScopes is the set of scopes whose fair queue holds jobs, for the
-// scheduler. It has no TTL: a scope leaves it when its queue empties.
+// FairScopes is the set of scopes whose fair queue holds jobs. It has no
+// TTL: a scope leaves it when its queue empties.
 func (b Builder) FairScopes() string { return b.key("fq", "scopes") }
 
 // FixedWindow is the counter of a fixed-window limiter.
@@ -90,16 +81,16 @@ func (b Builder) FixedWindow(scope string) string { return b.key("fw", tag(scope
 // SlidingLog is the sorted set of a sliding-window-log limiter.
 func (b Builder) SlidingLog(scope string) string { return b.key("swl", tag(scope)) }
 
-// SlidingLogTotal is the running cost total beside the sliding log's sorted set.
+// SlidingLogTotal is the cost total beside SlidingLog.
 func (b Builder) SlidingLogTotal(scope string) string { return b.key("swl", tag(scope), "total") }
 
 // SlidingLogWindow is the sorted set of one named window of a scope's
-// sliding-window-log set (limiter.Windows).
+// sliding-window-log set.
 func (b Builder) SlidingLogWindow(scope, window string) string {
 	return b.key("swl", tag(scope), "w", window)
 }
 
-// SlidingLogWindowTotal is the running cost total beside SlidingLogWindow.
+// SlidingLogWindowTotal is the cost total beside SlidingLogWindow.
 func (b Builder) SlidingLogWindowTotal(scope, window string) string {
 	return b.key("swl", tag(scope), "w", window, "total")
 }
@@ -110,70 +101,59 @@ func (b Builder) SlidingCounter(scope string) string { return b.key("swc", tag(s
 // MultiWindow is the hash of a multi-window (second, minute, day) limiter.
 func (b Builder) MultiWindow(scope string) string { return b.key("mw", tag(scope)) }
 
-// SpacerNext is the next free slot of a limiter.Spacer scope (the webhook
-// deliveries of one tenant to one host).
+// SpacerNext is the next free slot of a limiter.Spacer scope.
 func (b Builder) SpacerNext(scope string) string { return b.key("pace", tag(scope)) }
 
-// SpacerSlot is the slot one event of a Pacer scope holds.
+// SpacerSlot is the slot one event of a Spacer scope holds.
 func (b Builder) SpacerSlot(scope, id string) string { return b.key("pace", tag(scope), "slot", id) }
 
 const budgetTag = "{budget}"
 
-// BudgetTenant is one tenant's spend and reservations for one budget day,
-// tagged by the tenant.
+// BudgetTenant is one tenant's spend for one budget day.
 func (b Builder) BudgetTenant(day, tenantID string) string {
 	return b.key("budget", tag(tenantID), day)
 }
 
-// BudgetTenantReservations is the sorted set (by expiry) of one tenant's open
-// reservations for one budget day.
+// BudgetTenantReservations is the sorted set (by expiry) of one tenant's
+// open reservations of a day.
 func (b Builder) BudgetTenantReservations(day, tenantID string) string {
 	return b.key("budget", tag(tenantID), day, "res")
 }
 
-// BudgetTenantWaiters is the sorted set (by when each began waiting) of
-// the reservations of one tenant's budget day refused only because others
-// held its room: they get the room first, in that order. It expires with
-// its day.
+// BudgetTenantWaiters is the sorted set (by when each began waiting) of a
+// tenant's reservations refused only because others held its day's room.
 func (b Builder) BudgetTenantWaiters(day, tenantID string) string {
 	return b.key("budget", tag(tenantID), day, "wait")
 }
 
-// BudgetGlobal is the spend of all tenants together for one budget day (UTC).
+// BudgetGlobal is the spend of all tenants for one UTC day.
 func (b Builder) BudgetGlobal(day string) string { return b.key(budgetTag, day, "global") }
 
-// BudgetGlobalReservations is the sorted set (by expiry) of all open
-// reservations counted against the global day.
+// BudgetGlobalReservations is the sorted set (by expiry) of the global
+// day's open reservations.
 func (b Builder) BudgetGlobalReservations(day string) string {
 	return b.key(budgetTag, day, "global", "res")
 }
 
-// Lock is a named mutual-exclusion lock (e.g. the reconciler's).
+// Lock is a named mutual-exclusion lock.
 func (b Builder) Lock(name string) string { return b.key("lock", tag(name)) }
 
 // LearnedLimits holds the limits a provider announced for one scope.
 func (b Builder) LearnedLimits(scope string) string { return b.key("learned", tag(scope)) }
 
 // LearnedBatchQueue holds a deployment's batch queue limit as the
-// provider's refusals showed it (package offload).
+// provider's refusals showed it.
 func (b Builder) LearnedBatchQueue(scope string) string {
 	return b.key("learned", tag(scope), "batchq")
 }
 
-// Breaker is the circuit-breaker state of one provider.
-func (b Builder) Breaker(provider string) string { return b.key("breaker", tag(provider)) }
-
-// PolicyVersion is the counter processes watch to reload the policy.
-func (b Builder) PolicyVersion() string { return b.key("policy", "version") }
-
 // Stats is a per-minute statistics hash for the dashboard's charts.
 func (b Builder) Stats(minute string) string { return b.key("stats", tag(minute)) }
 
-// Epoch marks that Redis still holds llmq's state. It has no TTL on purpose:
-// its absence means Redis lost its data (a restart without persistence, a
-// flush), and the reconciler then rebuilds what lived only in Redis.
+// Epoch marks that Redis still holds llmq's state. It has no TTL: its
+// absence means Redis lost its data, which the reconciler then rebuilds.
 func (b Builder) Epoch() string { return b.key("epoch") }
 
-// KeyChanges is the Pub/Sub channel on which a change to a tenant key or a
-// tenant is announced, so every dispatcher's key cache forgets what it holds.
+// KeyChanges is the Pub/Sub channel announcing a change to a tenant or its
+// keys to every dispatcher's key cache.
 func (b Builder) KeyChanges() string { return b.key("keychanges") }
