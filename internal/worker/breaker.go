@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"fmt"
 	"sync"
 	"time"
 )
@@ -23,21 +22,6 @@ type BreakerOptions struct {
 	Cooldown time.Duration
 	// MaxCooldown caps the doubling. Defaults to 2m.
 	MaxCooldown time.Duration
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o BreakerOptions) validate() error {
-	if o.Failures < 0 {
-		return fmt.Errorf("worker: BreakerOptions.Failures must not be negative, got %d", o.Failures)
-	}
-	if o.Cooldown < 0 {
-		return fmt.Errorf("worker: BreakerOptions.Cooldown must not be negative, got %v", o.Cooldown)
-	}
-	if o.MaxCooldown < 0 {
-		return fmt.Errorf("worker: BreakerOptions.MaxCooldown must not be negative, got %v", o.MaxCooldown)
-	}
-	return nil
 }
 
 func (o BreakerOptions) withDefaults() BreakerOptions {
@@ -75,19 +59,15 @@ type breaker struct {
 	probing  bool // half-open: the probe is out
 }
 
-// NewBreakers returns the breakers of one process, or an error naming an
-// option that is invalid.
-func NewBreakers(opts BreakerOptions, obs Observer, now func() time.Time) (*Breakers, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// NewBreakers returns the breakers of one process.
+func NewBreakers(opts BreakerOptions, obs Observer, now func() time.Time) *Breakers {
 	if obs == nil {
 		obs = nopObserver{}
 	}
 	if now == nil {
 		now = time.Now
 	}
-	return &Breakers{opts: opts.withDefaults(), obs: obs, now: now, m: map[string]*breaker{}}, nil
+	return &Breakers{opts: opts.withDefaults(), obs: obs, now: now, m: map[string]*breaker{}}
 }
 
 func (bs *Breakers) get(provider string) *breaker {

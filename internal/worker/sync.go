@@ -365,16 +365,6 @@ func (r *run) refuse(ctx context.Context, e *SyncRefusal) error {
 	return e
 }
 
-// releasePermit gives the permit back unused.
-func (r *run) releasePermit(ctx context.Context) {
-	if r.permit != nil {
-		if err := r.h.Pacer.Release(ctx, r.permit); err != nil {
-			r.log.Warn("release rate limit", "err", err)
-		}
-		r.permit = nil
-	}
-}
-
 // syncYield is how long a job whose permit went to a waiting synchronous
 // request waits before it asks again.
 const syncYield = 50 * time.Millisecond

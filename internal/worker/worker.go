@@ -59,28 +59,10 @@ type Options struct {
 	Breakers BreakerOptions
 	// Now is the clock for job timestamps the handler computes. Defaults to time.Now.
 	Now func() time.Time
-	// Lease is the worker process's hold on the jobs it starts (a
-	// worker's Server beats it). Defaults to none: the jobs a handler
-	// without one starts are never handed off (synchronous requests).
-	Lease *Lease
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.MaxInlineWait < 0 {
-		return fmt.Errorf("worker: Options.MaxInlineWait must not be negative, got %v", o.MaxInlineWait)
-	}
-	if o.OutageWait < 0 {
-		return fmt.Errorf("worker: Options.OutageWait must not be negative, got %v", o.OutageWait)
-	}
-	if o.MaxRateLimited < 0 {
-		return fmt.Errorf("worker: Options.MaxRateLimited must not be negative, got %d", o.MaxRateLimited)
-	}
-	if o.TenantCacheTTL < 0 {
-		return fmt.Errorf("worker: Options.TenantCacheTTL must not be negative, got %v", o.TenantCacheTTL)
-	}
-	return o.Breakers.validate()
+	// Heartbeat is the worker process's presence in the store, which the
+	// jobs it starts name. Defaults to none: the jobs are never handed off
+	// (synchronous requests).
+	Heartbeat *Heartbeat
 }
 
 func (o Options) withDefaults() Options {
@@ -124,12 +106,8 @@ type Handler struct {
 	breakers *Breakers
 }
 
-// NewHandler returns a Handler, or an error naming an option that is
-// invalid.
-func NewHandler(d Deps, opts Options) (*Handler, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// NewHandler returns a Handler.
+func NewHandler(d Deps, opts Options) *Handler {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -137,12 +115,8 @@ func NewHandler(d Deps, opts Options) (*Handler, error) {
 		d.Observer = nopObserver{}
 	}
 	o := opts.withDefaults()
-	breakers, err := NewBreakers(o.Breakers, d.Observer, o.Now)
-	if err != nil {
-		return nil, err
-	}
 	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}},
-		breakers: breakers}, nil
+		breakers: NewBreakers(o.Breakers, d.Observer, o.Now)}
 }
 
 // BreakerState returns the state of a deployment's circuit breaker (by its
@@ -201,14 +175,14 @@ func (r *run) leave(ctx context.Context) {
 // job reached a terminal state, or there is nothing to do), a *queue.Retry error
 // to come back later, or another error for asynq to retry.
 func (h *Handler) Run(ctx context.Context, id string) error {
-	if !h.opts.Lease.Fresh() {
+	if !h.opts.Heartbeat.Fresh() {
 		// The reconciler may take this process for dead and hand its jobs
 		// on: start none until a beat gets through.
-		return &queue.Retry{Reason: "this worker's lease in the store is stale", Delay: store.WorkerBeatInterval}
+		return &queue.Retry{Reason: "this worker's heartbeat in the store is stale", Delay: store.WorkerBeatInterval}
 	}
 	// Loading the job marks it running, held by this worker (one round
 	// trip).
-	job, started, err := h.Store.JobStart(ctx, id, h.opts.Lease.ID())
+	job, started, err := h.Store.JobStart(ctx, id, h.opts.Heartbeat.ID())
 	if errors.Is(err, store.ErrNotFound) {
 		h.Logger.Warn("task for a job that does not exist", "job", id)
 		return nil
@@ -232,10 +206,10 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", id, "model", job.Model)}
 	err = r.do(ctx)
-	if !r.moved && h.opts.Lease != nil {
+	if !r.moved && h.opts.Heartbeat != nil {
 		// Every move of the job lets go of it; a delivery that ended
 		// without one lets go here, so its next delivery may start anywhere.
-		if rerr := h.Store.JobRelease(context.WithoutCancel(ctx), id, h.opts.Lease.ID()); rerr != nil {
+		if rerr := h.Store.JobRelease(context.WithoutCancel(ctx), id, h.opts.Heartbeat.ID()); rerr != nil {
 			r.log.Warn("let go of the job", "err", rerr)
 		}
 	}
