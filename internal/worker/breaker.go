@@ -37,11 +37,9 @@ func (o BreakerOptions) withDefaults() BreakerOptions {
 	return o
 }
 
-// Breakers keeps one circuit breaker per provider in this worker process.
-// While a provider fails again and again, its jobs wait instead of spending
-// their retries on calls that cannot succeed; each process finds out on its
-// own after a few faults, which keeps the breaker free of Redis round trips.
-// 429s and other 4xx answers are the provider working, not faults.
+// Breakers keeps one circuit breaker per deployment in this process, free
+// of Redis round trips: while a deployment fails again and again, its jobs
+// wait instead of spending their retries. 4xx answers are not faults.
 type Breakers struct {
 	opts BreakerOptions
 	obs  Observer

@@ -21,41 +21,28 @@ type ServerOptions struct {
 	// Defaults to 50.
 	Concurrency int
 	// Dequeuers is how many asynq servers share Concurrency, each with its
-	// own dequeue loop. asynq's processor takes one task at a time (one
-	// Redis round trip), so one loop, not the workers, bounds how fast
-	// tasks start on a busy machine. More than Concurrency is Concurrency.
-	// Defaults to one per 16 of Concurrency, at least one.
+	// own dequeue loop: asynq's processor takes one task at a time, so one
+	// loop bounds how fast tasks start. At most Concurrency. Defaults to
+	// one per 16 of Concurrency, at least one.
 	Dequeuers int
-	// WebhookConcurrency is how many webhook deliveries run at once, in an
-	// asynq server of their own that serves only the webhooks queue: a slow
-	// receiver never holds a job's slot, and the job dequeuers serve the
-	// jobs queue alone. Defaults to 10.
+	// WebhookConcurrency is how many webhook deliveries run at once, in a
+	// server of their own, so a slow receiver never holds a job's slot.
+	// Defaults to 10.
 	WebhookConcurrency int
 	// Namespace prefixes queue names. Defaults to none.
 	Namespace queue.Namespace
 	// ShutdownTimeout is the grace period in-flight calls get on SIGTERM;
-	// unfinished jobs then go back to their queue without counting a
-	// failure. Defaults to 30s.
+	// unfinished jobs then go back to their queue. Defaults to 30s.
 	ShutdownTimeout time.Duration
-	// PollInterval is how often an idle job dequeuer looks for new tasks
-	// (asynq's TaskCheckInterval, whose default, 1s, adds up to seconds of
-	// latency). A dequeuer that found none sleeps from half of it to one
-	// and a half, then takes what came meanwhile at once: a long interval
-	// starts jobs in bursts that hold the CPU from the API's requests (at
-	// 100 POSTs/s, 200ms put POST's p99 at 25-36ms on two cores, 50ms at
-	// 8.5-12ms). An idle look is one round trip. Only the first
-	// dequeuer polls that often; the others look every second when idle
-	// (when the queues have work none of them waits) and move delayed tasks
-	// every 5s, as a backstop, so an idle worker costs Redis about what one
-	// server does. The first moves due delayed tasks (asynq's
-	// DelayedTaskCheckInterval, a round trip per kind) every
-	// PollInterval or 200ms, whichever is longer, and the webhook server
-	// polls at that pace too. Defaults to 50ms.
+	// PollInterval is how often the first job dequeuer looks for new tasks
+	// when idle (asynq's TaskCheckInterval, 1s by default, adds seconds of
+	// latency; a long one starts jobs in bursts that hold the CPU from the
+	// API). The other dequeuers are a backstop at asynq's defaults, so an
+	// idle worker costs Redis about what one server does. Defaults to 50ms.
 	PollInterval time.Duration
-	// Logger receives asynq's own log lines (warn and above). Defaults to discarding them.
+	// Logger receives asynq's log lines (warn and above). Defaults to none.
 	Logger *slog.Logger
-	// Heartbeat is the process's presence in the store (the handler's
-	// Options.Heartbeat): Start beats it first and keeps it beating,
+	// Heartbeat is the handler's Options.Heartbeat: Start starts it,
 	// Shutdown ends it after the last job. Defaults to none.
 	Heartbeat *Heartbeat
 }
