@@ -66,7 +66,8 @@ type Estimate struct {
 	Cost limiter.Cost
 	// WorstCase is the budget reservation: the most the provider could
 	// bill for the request as sent, on the dearest route it may take
-	// (Charge).
+	// (Charge). Decided here once, it is carried as the job's EstCost,
+	// which the worker reserves.
 	WorstCase money.Micros
 }
 
@@ -140,7 +141,8 @@ func (e *Estimator) Admit(ctx context.Context, p *config.Policy, tier *config.Ti
 }
 
 // Fill writes what admission decided into the job's insert params: the
-// endpoint, model and body, and the estimates the worker plans with.
+// endpoint, model and body, and the estimates and worst case the worker
+// runs with.
 func (r *Request) Fill(j *store.JobInsertParams) {
 	j.Endpoint, j.Model, j.Request = r.Endpoint, r.Model.Name, r.Body
 	j.EstPromptTokens, j.EstMaxTokens, j.EstCost = r.PromptTokens, r.MaxTokens, r.WorstCase
@@ -248,6 +250,7 @@ func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape)
 // WorstCase is the budget's worst case of a request of m with these
 // estimates, shape and fallbacks: the most Charge asks on any of its
 // candidates, since the budget is reserved before a route is chosen.
+// Admission alone computes it (Estimate, WithFallbacks).
 func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
 	for _, r := range Candidates(p, m, fallbacks, s) {

@@ -248,8 +248,8 @@ func serving(candidates []config.Route, s *Shape) []config.Route {
 // bill (see PromptBound; maxTokens of output; at the dearest price the
 // call may be served at; every tool call at its price). A calibration
 // below 1 lowers the permit (the provider's counts correct the buckets),
-// never the dollars held. Admission and the worker's plan both price with
-// it.
+// never the dollars held. Admission's WorstCase and the pacer's call on
+// one route both price with it.
 func Charge(route config.Route, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) (limiter.Cost, money.Micros) {
 	prompt := c.Apply(promptTokens)
 	bound := s.PromptBound(route, max(prompt, promptTokens), maxTokens)

@@ -330,7 +330,7 @@ func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {
 	return worker.NewHandler(worker.Deps{
 		Store: a.Store, Policy: a.Policy, Pacer: a.Pacer, Budgets: a.Budgets,
 		Providers: a.Providers, Queue: a.Queue, Logger: a.Logger, Observer: a.Observer,
-	}, opts)
+	}, opts), nil
 }
 
 // WebhookHandler returns the handler of webhook deliveries.
@@ -356,21 +356,18 @@ func (a *App) Scheduler() *scheduler.Scheduler {
 // WorkerServer returns the asynq servers that run jobs, and their mux; or
 // an error naming an option that is invalid.
 func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux, error) {
-	if opts.Lease == nil {
-		opts.Lease = worker.NewLease(a.Store, a.Logger)
+	if opts.Heartbeat == nil {
+		opts.Heartbeat = worker.NewHeartbeat(a.Store, a.Logger)
 	}
 	h, err := a.JobHandler(opts)
 	if err != nil {
 		return nil, nil, err
 	}
-	srv, err := worker.NewServer(a.Redis, worker.ServerOptions{
+	srv := worker.NewServer(a.Redis, worker.ServerOptions{
 		Concurrency: a.Env.WorkerConcurrency, WebhookConcurrency: a.Env.WebhookConcurrency,
 		Namespace: queue.Namespace(a.Env.QueueNamespace), ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
-		Lease: opts.Lease,
+		Heartbeat: opts.Heartbeat,
 	})
-	if err != nil {
-		return nil, nil, err
-	}
 	wh, err := a.WebhookHandler()
 	if err != nil {
 		return nil, nil, err

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/llmq/llmq/internal/admission"
-
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
@@ -17,22 +16,19 @@ import (
 type verdict struct {
 	usage llm.Usage
 	cost  money.Micros
-	// estimated: the usage and cost are the call's worst case (the prompt
-	// as estimated and calibrated, every max_tokens of output), because
-	// the answer said nothing of its usage, or nothing believable.
+	// estimated: the usage and cost are the call's worst case, the answer
+	// having said nothing (believable) of its usage.
 	estimated bool
-	// failed, when set, fails the job, charged: the provider answered and
-	// bills the call, but its answer cannot be taken.
+	// failed fails the job, charged: the provider bills the call, but its
+	// answer cannot be taken.
 	failed *store.JobError
 }
 
-// accept judges a provider's 2xx answer (judge) and, when it is a response
-// the provider stores and the client can take, records it as the tenant's
-// (its id and its output items', with the deployment that holds them and
-// the tokens a follow-up naming them brings) before the answer reaches
-// anyone, since a client may send the follow-up the moment it has it. A
-// record that fails is logged: a follow-up of it is then refused as one
-// llmq does not know, never served as another's.
+// accept judges a provider's 2xx answer and, when it is a response the
+// provider stores, records it (and its output items) as the tenant's
+// before the answer reaches anyone, since a client may send the follow-up
+// the moment it has it. A record that fails is logged: a follow-up of it
+// is then refused as unknown, never served as another's.
 func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) verdict {
 	v := r.judge(resp, pe)
 	if v.failed != nil || !r.stores {
@@ -56,14 +52,11 @@ func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) ver
 	return v
 }
 
-// judge reads a provider's 2xx answer: resp, or pe for one the llm package
-// could not take (not of OpenAI's shape, larger than the provider's bound).
-// An answer without usage is charged its worst case (the reservation) and
+// judge reads a provider's 2xx answer: resp, or pe for one llmq could not
+// take. An answer without usage is charged the call's worst case and
 // succeeds. Usage up to what the request as sent could be billed is
-// believed and charged at the price it was served at, whatever llmq
-// estimated; usage past that bound (admission.Unbelievable) fails the job
-// after this one call, charged the bound (admission.Disbelieved), since
-// the provider bills what it bills.
+// charged at the price it was served at; usage past that bound
+// (admission.Unbelievable) fails the job, charged the bound.
 func (r *run) judge(resp *llm.Response, pe *llm.Error) verdict {
 	route, s := r.call.Route, &r.shape
 	worst := verdict{
@@ -106,11 +99,9 @@ func relayed(resp *llm.Response, pe *llm.Error) int {
 	return pe.Relayed
 }
 
-// answered2xx reports whether err is an answer the provider gave with a 2xx
-// status that llmq cannot take, or a stream that failed after it relayed
-// events (an error event, a cut, a timeout): the provider bills it, so the
-// job is charged, and it is not retried. (A stream's relayed events cannot
-// be taken back from its client either.)
+// answered2xx reports whether pe is a 2xx answer llmq cannot take, or a
+// stream that failed after it relayed events: the provider bills it, so
+// the job is charged, and it is not retried.
 func answered2xx(pe *llm.Error) bool {
 	return pe != nil && (pe.Relayed > 0 || pe.Class == llm.ClassPermanent && pe.StatusCode >= 200 && pe.StatusCode < 300)
 }

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"fmt"
 	"sync"
 	"time"
 )
@@ -25,21 +24,6 @@ type BreakerOptions struct {
 	MaxCooldown time.Duration
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o BreakerOptions) validate() error {
-	if o.Failures < 0 {
-		return fmt.Errorf("worker: BreakerOptions.Failures must not be negative, got %d", o.Failures)
-	}
-	if o.Cooldown < 0 {
-		return fmt.Errorf("worker: BreakerOptions.Cooldown must not be negative, got %v", o.Cooldown)
-	}
-	if o.MaxCooldown < 0 {
-		return fmt.Errorf("worker: BreakerOptions.MaxCooldown must not be negative, got %v", o.MaxCooldown)
-	}
-	return nil
-}
-
 func (o BreakerOptions) withDefaults() BreakerOptions {
 	if o.Failures == 0 {
 		o.Failures = 5
@@ -53,11 +37,9 @@ func (o BreakerOptions) withDefaults() BreakerOptions {
 	return o
 }
 
-// Breakers keeps one circuit breaker per provider in this worker process.
-// While a provider fails again and again, its jobs wait instead of spending
-// their retries on calls that cannot succeed; each process finds out on its
-// own after a few faults, which keeps the breaker free of Redis round trips.
-// 429s and other 4xx answers are the provider working, not faults.
+// Breakers keeps one circuit breaker per deployment in this process, free
+// of Redis round trips: while a deployment fails again and again, its jobs
+// wait instead of spending their retries. 4xx answers are not faults.
 type Breakers struct {
 	opts BreakerOptions
 	obs  Observer
@@ -75,19 +57,15 @@ type breaker struct {
 	probing  bool // half-open: the probe is out
 }
 
-// NewBreakers returns the breakers of one process, or an error naming an
-// option that is invalid.
-func NewBreakers(opts BreakerOptions, obs Observer, now func() time.Time) (*Breakers, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// NewBreakers returns the breakers of one process.
+func NewBreakers(opts BreakerOptions, obs Observer, now func() time.Time) *Breakers {
 	if obs == nil {
 		obs = nopObserver{}
 	}
 	if now == nil {
 		now = time.Now
 	}
-	return &Breakers{opts: opts.withDefaults(), obs: obs, now: now, m: map[string]*breaker{}}, nil
+	return &Breakers{opts: opts.withDefaults(), obs: obs, now: now, m: map[string]*breaker{}}
 }
 
 func (bs *Breakers) get(provider string) *breaker {

@@ -18,10 +18,7 @@ func TestBreakerOpensAfterStraightFaultsAndProbes(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
 	obs := &recordObserver{}
-	bs, err := NewBreakers(BreakerOptions{Failures: 3, Cooldown: 10 * time.Second, MaxCooldown: 25 * time.Second}, obs, func() time.Time { return now })
-	if err != nil {
-		t.Fatal(err)
-	}
+	bs := NewBreakers(BreakerOptions{Failures: 3, Cooldown: 10 * time.Second, MaxCooldown: 25 * time.Second}, obs, func() time.Time { return now })
 
 	// Faults interrupted by a success never open the circuit.
 	for _, fault := range []bool{true, true, false, true, true} {

@@ -198,11 +198,11 @@ func TestReservationOutlivesALongCall(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 1500 * time.Millisecond
 	logs := &testutil.SyncBuffer{}
-	h := testutil.Must(worker.NewHandler(worker.Deps{
+	h := worker.NewHandler(worker.Deps{
 		Store: a.Store, Policy: a.Policy, Pacer: a.Pacer, Providers: a.Providers,
 		Budgets: testutil.Must(budget.New(a.Redis, a.Store, budget.Options{Keys: a.Keys, ReservationTTL: ttl})),
 		Logger:  slog.New(slog.NewTextHandler(logs, nil)),
-	}, worker.Options{}))
+	}, worker.Options{})
 
 	id := submit(t, a, key, map[string]any{"body": apptest.ChatBody("slow", "", 20)})
 	worst := job(t, a, id).EstCost

@@ -6,34 +6,28 @@ import (
 	"github.com/llmq/llmq/internal/pacer"
 )
 
-// Observer is told what the worker does, for metrics. Every method must be
-// cheap and safe for concurrent use; labels are low-cardinality (model,
-// tier, provider, status), never job ids.
+// Observer is told what the worker does, for metrics. Methods must be cheap
+// and safe for concurrent use; labels are never job ids.
 type Observer interface {
 	pacer.Observer
-	// ProviderCall reports one provider call on a deployment (a limiter
-	// scope, provider/upstream) for model: its status code (0 for a
-	// network error or timeout) and how long it took.
+	// ProviderCall reports one provider call on a deployment: its status
+	// (0 for a network error) and how long it took.
 	ProviderCall(deployment, model string, status int, d time.Duration)
 	// JobFinished reports a job reaching a terminal state with its real
 	// usage and cost in micro-dollars (zero when it failed).
 	JobFinished(tenantID, tier, model, status string, promptTokens, completionTokens int64, costMicros int64)
 	// JobState reports a non-terminal state change (waiting, deferred).
 	JobState(tier, model, status string)
-	// LimiterWait reports how long a job waited for its rate-limit permit
-	// (slept inside the handler, or the delay it was requeued for).
+	// LimiterWait reports how long a job waited for its permit.
 	LimiterWait(model string, d time.Duration, requeued bool)
-	// BreakerState reports a deployment's circuit breaker changing state
-	// ("closed", "open", "half-open").
+	// BreakerState reports a deployment's circuit breaker changing state.
 	BreakerState(deployment, state string)
-	// Failover reports a job of model leaving deployment (a limiter scope)
-	// for another after a fault or a 429 there.
+	// Failover reports a job of model leaving deployment for another.
 	Failover(model, deployment string)
 	// SoftLimitCrossed reports a tenant crossing its budget's soft limit.
 	SoftLimitCrossed(tenantID, tier string)
-	// UsageUnbelieved reports a provider's answer whose usage llmq did not
-	// take ("missing": charged its worst case; "invalid": failed, charged
-	// its worst case).
+	// UsageUnbelieved reports an answer whose usage llmq did not take
+	// ("missing" or "invalid").
 	UsageUnbelieved(model, reason string)
 }
 

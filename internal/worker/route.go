@@ -18,22 +18,17 @@ import (
 )
 
 // router is the routes one run of a job may take: its model's deployments
-// in the order this run tries them (by order, then at random in proportion
-// to their weights), then its fallbacks' deployments, and the deployments
-// that failed it on this run.
+// in the order this run tries them (by order, then at random by weight),
+// then its fallbacks' deployments, and those that failed it on this run.
 type router struct {
 	primary, fallbacks []config.Route
 	failed             map[string]bool
-	// onFallback is set once the model's own deployments cannot serve the
-	// job: each unavailable, or the request too long for it.
-	onFallback bool
-	// allDown is set when every route failed the job on this run for a
-	// reason of its deployment.
-	allDown bool
+	onFallback         bool // the model's own deployments cannot serve the job
+	allDown            bool // every route failed the job for a reason of its deployment
 }
 
 // newRouter is the router of a job of m of shape s whose own fallbacks are
-// own (none: m's): the routes that can serve s (admission.Serves).
+// own (none: m's): the routes that can serve s.
 func newRouter(p *config.Policy, m *config.Model, own []string, s *admission.Shape) *router {
 	rt := &router{primary: ordered(servable(m.Routes(), s)), failed: map[string]bool{}}
 	for _, name := range admission.Fallbacks(m, own) {
@@ -44,14 +39,12 @@ func newRouter(p *config.Policy, m *config.Model, own []string, s *admission.Sha
 	return rt
 }
 
-// servable are the routes that can serve s.
 func servable(routes []config.Route, s *admission.Shape) []config.Route {
 	return slices.DeleteFunc(routes, func(r config.Route) bool { return admission.Serves(r, s) != nil })
 }
 
 // ordered sorts routes by their deployment's order and, among equals, at
-// random with each deployment's weight as its odds of going first
-// (Efraimidis and Spirakis's weighted sampling: the key u^(1/w)).
+// random by weight (Efraimidis and Spirakis's key u^(1/w)).
 func ordered(routes []config.Route) []config.Route {
 	if len(routes) < 2 {
 		return routes
@@ -67,8 +60,7 @@ func ordered(routes []config.Route) []config.Route {
 }
 
 // candidates are the routes to try now: the model's deployments that have
-// not failed this run, or, when none is left or the run is on its
-// fallbacks, the fallbacks' that have not.
+// not failed this run, else the fallbacks' that have not.
 func (rt *router) candidates() []config.Route {
 	if !rt.onFallback {
 		if c := rt.usable(rt.primary); len(c) > 0 {
@@ -88,9 +80,8 @@ func (rt *router) usable(routes []config.Route) []config.Route {
 	return out
 }
 
-// several reports whether the job has more than one route: a fault or a
-// 429 of one deployment then moves it to another instead of counting
-// against it.
+// several reports whether the job has more than one route to move to
+// after a fault or a 429.
 func (rt *router) several() bool { return len(rt.primary)+len(rt.fallbacks) > 1 }
 
 // fail marks route failed for this run and reports whether another route
@@ -100,8 +91,7 @@ func (rt *router) fail(route config.Route) bool {
 	return len(rt.candidates()) > 0
 }
 
-// toFallbacks moves the run to its fallbacks, when it has any and is not
-// on them already.
+// toFallbacks moves the run to its fallbacks, if it has any left.
 func (rt *router) toFallbacks() bool {
 	if rt.onFallback || len(rt.usable(rt.fallbacks)) == 0 {
 		return false
@@ -113,23 +103,15 @@ func (rt *router) toFallbacks() bool {
 // pass is what one pass over a run's routes for a permit found when no
 // route granted one.
 type pass struct {
-	// wait is the shortest RetryAfter of the routes asked, and held the
-	// call of that route (whose room a synchronous request holds while it
-	// waits).
-	wait time.Duration
-	held *pacer.Call
-	// unavailable: every route asked is paused (by a 429 or a fault, or
-	// probing after one) or has its breaker open.
-	unavailable bool
-	// tooLarge is set when every route asked refused the cost as more than
-	// its buckets ever hold.
-	tooLarge error
+	wait        time.Duration // the shortest RetryAfter of the routes asked
+	held        *pacer.Call   // the call of that route
+	unavailable bool          // every route asked is paused or its breaker open
+	tooLarge    error         // every route asked can never hold the cost
 }
 
 // reservePass asks each candidate route in order for the job's permit and
-// takes the first granted (r.call and r.permit are then set); yield, when
-// set, may give a granted permit back (to a synchronous request waiting
-// for the scope), and the pass goes on to the next route.
+// takes the first granted (r.call and r.permit are then set); yield may
+// give a granted permit back, and the pass goes on to the next route.
 func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, scope string, res *limiter.Result) bool) (granted bool, p pass, err error) {
 	p = pass{wait: time.Duration(math.MaxInt64), unavailable: true}
 	asked, large := 0, 0
@@ -150,7 +132,6 @@ func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, s
 		}
 		if res.Allowed {
 			if ok, wait := r.h.breakers.Allow(call.Scope.Name); !ok {
-				// This process saw the deployment fail again and again.
 				if err := r.h.Pacer.Release(ctx, res.Reservation); err != nil {
 					r.log.Warn("release rate limit", "err", err)
 				}
@@ -178,8 +159,7 @@ func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, s
 }
 
 // deploymentFault reports whether a call's end is the deployment's fault
-// (a 5xx, a timeout, a refused connection: not the request's), or its 429:
-// another deployment may well serve the job.
+// (a 5xx, a timeout, a refused connection) or its 429.
 func deploymentFault(pe *llm.Error) bool {
 	return pe.Class == llm.ClassRetryable || pe.Class == llm.ClassRateLimited
 }
@@ -190,13 +170,11 @@ func contextTooLong(pe *llm.Error) bool {
 	return pe.Class == llm.ClassPermanent && pe.Code == "context_length_exceeded"
 }
 
-// failover decides, after a call on route r.call ended with pe (its permit
-// not yet settled), whether the run tries another route now instead of
-// counting the failure: it does for a fault or a 429 of a deployment when
-// another is left, and for a context-length refusal when the model has
-// fallbacks. A faulty deployment is paused for every worker first (the
-// limiter lets one probe through after the pause), so that no call goes to
-// it meanwhile.
+// failover decides, after a call on r.call ended with pe (its permit not
+// yet settled), whether the run tries another route now instead of
+// counting the failure: after a deployment's fault or 429 when another is
+// left, after a context-length refusal when the model has fallbacks. A
+// faulty deployment is paused for every worker first.
 func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
 	if ctx.Err() != nil {
 		return false

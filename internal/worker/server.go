@@ -21,74 +21,40 @@ type ServerOptions struct {
 	// Defaults to 50.
 	Concurrency int
 	// Dequeuers is how many asynq servers share Concurrency, each with its
-	// own dequeue loop. asynq's processor takes one task at a time (one
-	// Redis round trip), so one loop, not the workers, bounds how fast
-	// tasks start on a busy machine. More than Concurrency is Concurrency.
-	// Defaults to one per 16 of Concurrency, at least one.
+	// own dequeue loop: asynq's processor takes one task at a time, so one
+	// loop bounds how fast tasks start. At most Concurrency. Defaults to
+	// one per 16 of Concurrency, at least one.
 	Dequeuers int
-	// WebhookConcurrency is how many webhook deliveries run at once, in an
-	// asynq server of their own that serves only the webhooks queue: a slow
-	// receiver never holds a job's slot, and the job dequeuers serve the
-	// jobs queue alone. Defaults to 10.
+	// WebhookConcurrency is how many webhook deliveries run at once, in a
+	// server of their own, so a slow receiver never holds a job's slot.
+	// Defaults to 10.
 	WebhookConcurrency int
 	// Namespace prefixes queue names. Defaults to none.
 	Namespace queue.Namespace
 	// ShutdownTimeout is the grace period in-flight calls get on SIGTERM;
-	// unfinished jobs then go back to their queue without counting a
-	// failure. Defaults to 30s.
+	// unfinished jobs then go back to their queue. Defaults to 30s.
 	ShutdownTimeout time.Duration
-	// PollInterval is how often an idle job dequeuer looks for new tasks
-	// (asynq's TaskCheckInterval, whose default, 1s, adds up to seconds of
-	// latency). A dequeuer that found none sleeps from half of it to one
-	// and a half, then takes what came meanwhile at once: a long interval
-	// starts jobs in bursts that hold the CPU from the API's requests (at
-	// 100 POSTs/s, 200ms put POST's p99 at 25-36ms on two cores, 50ms at
-	// 8.5-12ms). An idle look is one round trip. Only the first
-	// dequeuer polls that often; the others look every second when idle
-	// (when the queues have work none of them waits) and move delayed tasks
-	// every 5s, as a backstop, so an idle worker costs Redis about what one
-	// server does. The first moves due delayed tasks (asynq's
-	// DelayedTaskCheckInterval, a round trip per kind) every
-	// PollInterval or 200ms, whichever is longer, and the webhook server
-	// polls at that pace too. Defaults to 50ms.
+	// PollInterval is how often the first job dequeuer looks for new tasks
+	// when idle (asynq's TaskCheckInterval, 1s by default, adds seconds of
+	// latency; a long one starts jobs in bursts that hold the CPU from the
+	// API). The other dequeuers are a backstop at asynq's defaults, so an
+	// idle worker costs Redis about what one server does. Defaults to 50ms.
 	PollInterval time.Duration
-	// Logger receives asynq's own log lines (warn and above). Defaults to discarding them.
+	// Logger receives asynq's log lines (warn and above). Defaults to none.
 	Logger *slog.Logger
-	// Lease is the process's hold on its jobs (the handler's
-	// Options.Lease): Start beats it first and keeps it beating, Shutdown
-	// ends it after the last job. Defaults to none.
-	Lease *Lease
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o ServerOptions) validate() error {
-	if o.Concurrency < 0 {
-		return fmt.Errorf("worker: ServerOptions.Concurrency must not be negative, got %d", o.Concurrency)
-	}
-	if o.Dequeuers < 0 {
-		return fmt.Errorf("worker: ServerOptions.Dequeuers must not be negative, got %d", o.Dequeuers)
-	}
-	if o.WebhookConcurrency < 0 {
-		return fmt.Errorf("worker: ServerOptions.WebhookConcurrency must not be negative, got %d", o.WebhookConcurrency)
-	}
-	if o.ShutdownTimeout < 0 {
-		return fmt.Errorf("worker: ServerOptions.ShutdownTimeout must not be negative, got %v", o.ShutdownTimeout)
-	}
-	if o.PollInterval < 0 {
-		return fmt.Errorf("worker: ServerOptions.PollInterval must not be negative, got %v", o.PollInterval)
-	}
-	return nil
+	// Heartbeat is the handler's Options.Heartbeat: Start starts it,
+	// Shutdown ends it after the last job. Defaults to none.
+	Heartbeat *Heartbeat
 }
 
 // Server is the asynq servers of one worker process, started and stopped
 // together: Concurrency split between Dequeuers of them for the jobs queue,
 // and one for the webhooks queue.
 type Server struct {
-	servers   []*asynq.Server // the job dequeuers, then the webhook server
-	jobs      int             // how many of servers are job dequeuers
-	lease     *Lease
-	stopLease func()
+	servers       []*asynq.Server // the job dequeuers, then the webhook server
+	jobs          int             // how many of servers are job dequeuers
+	heartbeat     *Heartbeat
+	stopHeartbeat func()
 }
 
 // How often a dequeuer other than the first looks for new tasks when idle
@@ -104,12 +70,8 @@ const minDelayedCheck = 200 * time.Millisecond
 
 // NewServer returns the asynq servers over rdb configured for llmq: the jobs
 // queue, a webhook server apart, 429s and waits that are not failures, short
-// polling; or an error naming an option that is invalid. Run it with Mux.
-// The caller keeps ownership of rdb.
-func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// polling. Run it with Mux. The caller keeps ownership of rdb.
+func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 	if opts.Concurrency == 0 {
 		opts.Concurrency = 50
 	}
@@ -129,7 +91,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{jobs: opts.Dequeuers, lease: opts.Lease}
+	s := &Server{jobs: opts.Dequeuers, heartbeat: opts.Heartbeat}
 	config := func(concurrency int, queues map[string]int, poll, delayed time.Duration) asynq.Config {
 		return asynq.Config{
 			Concurrency:              concurrency,
@@ -160,7 +122,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) (*Server, error) {
 	// wait seconds anyway, so they are moved at the backstop's pace.
 	s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, config(opts.WebhookConcurrency,
 		map[string]int{opts.Namespace.Queue(queue.Webhooks): 1}, max(opts.PollInterval, minDelayedCheck), max(opts.PollInterval, backstopDelayedCheck))))
-	return s, nil
+	return s
 }
 
 // Dequeuers is how many asynq servers s runs for the jobs queue (the
@@ -170,19 +132,19 @@ func (s *Server) Dequeuers() int { return s.jobs }
 // Start starts every dequeuer with handler h. Should one fail to start, the
 // ones started are shut down and the error returned.
 func (s *Server) Start(h asynq.Handler) error {
-	if s.lease != nil {
-		stop, err := s.lease.Start(context.Background())
+	if s.heartbeat != nil {
+		stop, err := s.heartbeat.Start(context.Background())
 		if err != nil {
 			return err
 		}
-		s.stopLease = stop
+		s.stopHeartbeat = stop
 	}
 	for i, srv := range s.servers {
 		if err := srv.Start(h); err != nil {
 			for _, started := range s.servers[:i] {
 				started.Shutdown()
 			}
-			s.endLease()
+			s.endHeartbeat()
 			return err
 		}
 	}
@@ -197,14 +159,14 @@ func (s *Server) Shutdown() {
 		wg.Go(srv.Shutdown)
 	}
 	wg.Wait()
-	s.endLease()
+	s.endHeartbeat()
 }
 
-// endLease lets the lease go once no job runs here any more.
-func (s *Server) endLease() {
-	if s.stopLease != nil {
-		s.stopLease()
-		s.stopLease = nil
+// endHeartbeat removes the worker from the store once no job runs here.
+func (s *Server) endHeartbeat() {
+	if s.stopHeartbeat != nil {
+		s.stopHeartbeat()
+		s.stopHeartbeat = nil
 	}
 }
 

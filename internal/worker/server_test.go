@@ -19,9 +19,9 @@ func TestWebhooksDoNotHoldJobSlots(t *testing.T) {
 	t.Parallel()
 	rdb := testutil.Redis(t, redisDB)
 	ns := queue.Namespace(testutil.Prefix(t))
-	srv := testutil.Must(worker.NewServer(rdb, worker.ServerOptions{
+	srv := worker.NewServer(rdb, worker.ServerOptions{
 		Concurrency: 1, WebhookConcurrency: 1, Namespace: ns, PollInterval: 20 * time.Millisecond, ShutdownTimeout: time.Second,
-	}))
+	})
 	release, delivering, ran := make(chan struct{}), make(chan string, 2), make(chan struct{}, 1)
 	jobs := asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- struct{}{}

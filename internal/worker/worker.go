@@ -1,15 +1,12 @@
-// Package worker runs llmq's jobs: it loads a job from the store, reserves
-// its worst-case cost from the tenant's budget, takes a permit from the
+// Package worker runs llmq's jobs: it reserves a job's worst-case cost
+// (decided at admission) from the tenant's budget, takes a permit from the
 // model's rate limiter, calls the provider, and settles all three with the
-// real usage — storing the result and the job's one ledger row.
-//
-// Rate-limit waits, 429s and budget deferrals put the task back in its queue
-// without counting a failure; provider faults are retried with backoff and
-// counted; a request the provider refuses for good fails at once. A task
-// delivered twice never calls the provider again once its job has finished:
-// it only makes sure the finished job's charge is in its day's spend (a
-// delivery that died between storing the result and settling left it out),
-// settling it from the ledger row, which charges a job once.
+// real usage, storing the result and the job's one ledger row. A job of
+// the queue and a synchronous request run the same steps (run.do) and
+// differ only in how they wait: a job goes back to its queue, a
+// synchronous request waits in place until its deadline. A task delivered
+// again after its job finished only makes sure the job's charge is in its
+// day's spend.
 package worker
 
 import (
@@ -39,48 +36,24 @@ import (
 // Options tune a Handler. The zero value is ready to use.
 type Options struct {
 	// MaxInlineWait is the longest limiter wait slept inside the handler;
-	// longer waits put the task back in its queue for that long (asynq's
-	// delays have whole-second resolution, so short waits are better slept).
-	// Defaults to 10s.
+	// longer waits put the task back in its queue. Defaults to 10s.
 	MaxInlineWait time.Duration
 	// MaxRateLimited is how many 429s a job may receive before it fails.
 	// Defaults to 25.
 	MaxRateLimited int
-	// OutageWait is how long, from its creation, a job whose every
-	// deployment (and fallback) failed its call waits for one to come back
-	// without counting a failure; past it, such faults count toward its
-	// retries as a single provider's do. Defaults to 15m.
+	// OutageWait is how long, from its creation, a job whose every route
+	// failed waits for one to come back without counting a failure.
+	// Defaults to 15m.
 	OutageWait time.Duration
-	// TenantCacheTTL is how long a tenant row is reused between jobs, so a
-	// change of tier or budget applies within this time. Defaults to 5s.
+	// TenantCacheTTL is how long a tenant row is reused. Defaults to 5s.
 	TenantCacheTTL time.Duration
-	// Breakers tune the per-provider circuit breakers. Defaults to
-	// BreakerOptions' defaults.
+	// Breakers tune the per-deployment circuit breakers.
 	Breakers BreakerOptions
-	// Now is the clock for job timestamps the handler computes. Defaults to time.Now.
+	// Now is the clock of job timestamps. Defaults to time.Now.
 	Now func() time.Time
-	// Lease is the worker process's hold on the jobs it starts (a
-	// worker's Server beats it). Defaults to none: the jobs a handler
-	// without one starts are never handed off (synchronous requests).
-	Lease *Lease
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.MaxInlineWait < 0 {
-		return fmt.Errorf("worker: Options.MaxInlineWait must not be negative, got %v", o.MaxInlineWait)
-	}
-	if o.OutageWait < 0 {
-		return fmt.Errorf("worker: Options.OutageWait must not be negative, got %v", o.OutageWait)
-	}
-	if o.MaxRateLimited < 0 {
-		return fmt.Errorf("worker: Options.MaxRateLimited must not be negative, got %d", o.MaxRateLimited)
-	}
-	if o.TenantCacheTTL < 0 {
-		return fmt.Errorf("worker: Options.TenantCacheTTL must not be negative, got %v", o.TenantCacheTTL)
-	}
-	return o.Breakers.validate()
+	// Heartbeat names the jobs this process starts. Defaults to none: they
+	// are never handed off (synchronous requests).
+	Heartbeat *Heartbeat
 }
 
 func (o Options) withDefaults() Options {
@@ -104,19 +77,18 @@ func (o Options) withDefaults() Options {
 
 // Deps are what a Handler works with.
 type Deps struct {
-	Store  *store.DB
-	Policy *config.PolicyHolder
-	// Pacer takes and settles the rate-limit permit of every provider call.
+	Store     *store.DB
+	Policy    *config.PolicyHolder
 	Pacer     *pacer.Pacer
 	Budgets   *budget.Budgets
 	Providers *Providers
-	Queue     *queue.Client // for webhook deliveries, and the fair queue
+	Queue     *queue.Client // webhook deliveries and the fair queue
 	Logger    *slog.Logger
 	// Observer is told what happens, for metrics. Defaults to none.
 	Observer Observer
 }
 
-// Handler processes TypeJob tasks.
+// Handler processes TypeJob tasks and synchronous requests.
 type Handler struct {
 	Deps
 	opts     Options
@@ -124,12 +96,8 @@ type Handler struct {
 	breakers *Breakers
 }
 
-// NewHandler returns a Handler, or an error naming an option that is
-// invalid.
-func NewHandler(d Deps, opts Options) (*Handler, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// NewHandler returns a Handler.
+func NewHandler(d Deps, opts Options) *Handler {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -137,16 +105,11 @@ func NewHandler(d Deps, opts Options) (*Handler, error) {
 		d.Observer = nopObserver{}
 	}
 	o := opts.withDefaults()
-	breakers, err := NewBreakers(o.Breakers, d.Observer, o.Now)
-	if err != nil {
-		return nil, err
-	}
 	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}},
-		breakers: breakers}, nil
+		breakers: NewBreakers(o.Breakers, d.Observer, o.Now)}
 }
 
-// BreakerState returns the state of a deployment's circuit breaker (by its
-// limiter scope) in this process.
+// BreakerState returns the state of a deployment's circuit breaker.
 func (h *Handler) BreakerState(deployment string) string { return h.breakers.State(deployment) }
 
 // ProcessTask implements asynq.Handler.
@@ -164,18 +127,20 @@ type run struct {
 	h   *Handler
 	job *store.Job
 	log *slog.Logger
-	// shape is what of the job's body bounds its bill (its output limit
-	// and tool calls written in, its service tier, tools, stored
-	// conversation), read once a run; stores is set when the provider
-	// stores its answer (a Responses API call without store: false).
+	// sync is the synchronous request the job answers; nil for a job of
+	// the queue.
+	sync   *SyncCall
+	result *SyncResult // sync: how the provider answered
+	faults int         // sync: provider faults retried in place
+	held   string      // sync: the scope whose fair queue holds its room
+
+	// shape is what of the body bounds its bill; stores is set when the
+	// provider stores its answer.
 	shape  admission.Shape
 	stores bool
-	// worst is the budget's worst case: the most any route the job may
-	// take could bill for it.
-	worst  money.Micros
 	call   *pacer.Call // the call on the route the permit is for
 	routes *router
-	scope  string // the model's fair queue; "" when the policy no longer serves it
+	scope  string // the model's fair queue
 	acct   budget.Account
 	tier   string
 	reject bool // the tier rejects work once its budget is spent
@@ -197,18 +162,15 @@ func (r *run) leave(ctx context.Context) {
 	}
 }
 
-// Run processes job id once. It returns nil when the task is done with (the
-// job reached a terminal state, or there is nothing to do), a *queue.Retry error
-// to come back later, or another error for asynq to retry.
+// Run processes job id once: nil when the task is done with, a
+// *queue.Retry to come back later, or an error for asynq to retry.
 func (h *Handler) Run(ctx context.Context, id string) error {
-	if !h.opts.Lease.Fresh() {
+	if !h.opts.Heartbeat.Fresh() {
 		// The reconciler may take this process for dead and hand its jobs
 		// on: start none until a beat gets through.
-		return &queue.Retry{Reason: "this worker's lease in the store is stale", Delay: store.WorkerBeatInterval}
+		return &queue.Retry{Reason: "this worker's heartbeat in the store is stale", Delay: store.WorkerBeatInterval}
 	}
-	// Loading the job marks it running, held by this worker (one round
-	// trip).
-	job, started, err := h.Store.JobStart(ctx, id, h.opts.Lease.ID())
+	job, started, err := h.Store.JobStart(ctx, id, h.opts.Heartbeat.ID())
 	if errors.Is(err, store.ErrNotFound) {
 		h.Logger.Warn("task for a job that does not exist", "job", id)
 		return nil
@@ -217,9 +179,7 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 		return fmt.Errorf("load job %s: %w", id, err)
 	}
 	if !started && !job.Status.Terminal() {
-		// Another worker, alive, runs it: this is a second delivery (a
-		// task asynq recovered after a failover, or the one a hand-off
-		// replaced).
+		// Another worker, alive, runs it: this is a second delivery.
 		h.Logger.Debug("job runs on another worker", "job", id)
 		return nil
 	}
@@ -232,10 +192,9 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", id, "model", job.Model)}
 	err = r.do(ctx)
-	if !r.moved && h.opts.Lease != nil {
-		// Every move of the job lets go of it; a delivery that ended
-		// without one lets go here, so its next delivery may start anywhere.
-		if rerr := h.Store.JobRelease(context.WithoutCancel(ctx), id, h.opts.Lease.ID()); rerr != nil {
+	if !r.moved && h.opts.Heartbeat != nil {
+		// A delivery that did not move the job lets go of it here.
+		if rerr := h.Store.JobRelease(context.WithoutCancel(ctx), id, h.opts.Heartbeat.ID()); rerr != nil {
 			r.log.Warn("let go of the job", "err", rerr)
 		}
 	}
@@ -243,15 +202,11 @@ func (h *Handler) Run(ctx context.Context, id string) error {
 }
 
 // leftFairQueue tells the fair queue of scope that job id has its permit
-// (or will not wait for one here): it no longer counts as released, so the
-// scheduler releases the next jobs as the limiter admits them. A failure
-// only delays the next releases of its model until the scheduler's stale
-// check.
+// (or will not wait for one here), so the scheduler releases the next jobs.
 func (h *Handler) leftFairQueue(ctx context.Context, scope, id string) {
 	if h.Queue == nil {
 		return
 	}
-	// A task cancelled at shutdown still has left the fair queue.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := h.Queue.Started(ctx, scope, id); err != nil {
@@ -259,12 +214,8 @@ func (h *Handler) leftFairQueue(ctx context.Context, scope, id string) {
 	}
 }
 
-// settleFinished makes sure a finished job's charge is in its day's spend.
-// A worker that died between storing the result and settling the budget
-// (or whose Settle kept failing) left the reservation open, or to expire
-// unsettled, and Redis's spend below the ledger: this delivery settles it
-// from the job's ledger row. Settle charges a job once, so a job settled
-// before costs nothing more.
+// settleFinished makes sure a finished job's charge is in its day's spend
+// (a worker may have died before settling); Settle charges a job once.
 func (h *Handler) settleFinished(ctx context.Context, job *store.Job) error {
 	if job.StartedAt == nil {
 		return nil // never called the provider: nothing was charged
@@ -283,18 +234,18 @@ func (h *Handler) settleFinished(ctx context.Context, job *store.Job) error {
 	return nil
 }
 
-// settleRetryDelay is how soon a job whose settlement failed comes back to
-// settle again.
+// settleRetryDelay is how soon a job whose settlement failed comes back.
 const settleRetryDelay = 5 * time.Second
 
+// do is the run of a job, synchronous or not.
 func (r *run) do(ctx context.Context) error {
 	defer r.leave(ctx)
 	h := r.h
 	p := h.Policy.Current()
 	m, ok := p.Model(r.job.Model)
 	if !ok {
-		return r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "model_not_found", Param: "model",
-			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)}, nil)
+		return r.refuse(ctx, http.StatusNotFound, store.JobError{Type: wire.TypeInvalidRequest, Code: "model_not_found", Param: "model",
+			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)}, 0)
 	}
 	r.scope = m.Queue()
 	tenant, err := h.tenants.get(ctx, h.Store, r.job.TenantID)
@@ -303,25 +254,18 @@ func (r *run) do(ctx context.Context) error {
 	}
 	acct, tier, err := admission.Account(p, tenant)
 	if err != nil {
-		return r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "tier_not_found", Message: err.Error()}, nil)
+		return r.refuse(ctx, http.StatusInternalServerError, store.JobError{Type: wire.TypeServer, Code: "tier_not_found", Message: err.Error()}, 0)
 	}
-	r.tier, r.reject = tier.Name, tier.OnExhausted == config.OnExhaustedReject
-	// JobStart moved the job to running; its tier is known from here.
+	r.acct, r.tier, r.reject = acct, tier.Name, tier.OnExhausted == config.OnExhaustedReject
 	r.log.Debug("job state", "status", store.JobRunning)
 	h.Observer.JobState(r.tier, r.job.Model, string(store.JobRunning))
-	// The estimate was made at enqueue; prices, limits and the prompt's
-	// calibration come from what is in force now.
-	r.acct = acct
 	if refusal, err := r.plan(ctx, p, m, tier); err != nil {
 		return err
 	} else if refusal != nil {
-		return r.fail(ctx, *refusal, nil)
+		return r.refuse(ctx, http.StatusBadRequest, *refusal, 0)
 	}
-
-	// The budget first: a job it refuses takes no permit. It holds the
-	// worst case on the dearest route the job may take.
-	bres, dec, err := h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.worst)
-	if done, err := r.budgetDecided(ctx, bres, dec, err); done {
+	// The budget first: a job it refuses takes no permit.
+	if done, err := r.reserveBudget(ctx); done {
 		return err
 	}
 	r.keep = r.keepReservation(ctx)
@@ -330,7 +274,7 @@ func (r *run) do(ctx context.Context) error {
 		done, err := r.takePermit(ctx)
 		r.leave(ctx)
 		if done {
-			r.releaseBudget(ctx)
+			r.releaseAll(ctx)
 			return err
 		}
 		again, err := r.callRoute(ctx)
@@ -340,21 +284,154 @@ func (r *run) do(ctx context.Context) error {
 	}
 }
 
+// plan reads the job's shape under the policy in force and makes its
+// routes. A body that can no longer run is refusal; a store that cannot
+// tell now is err.
+func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier *config.Tier) (refusal *store.JobError, err error) {
+	b, err := llm.Decode(r.job.Endpoint, r.job.Request)
+	if err == nil {
+		r.shape, _, err = admission.ShapeOf(ctx, r.h.Store, p, tier, r.job.TenantID, m, b)
+	}
+	if err == nil {
+		err = admission.Routable(p, m, admission.Fallbacks(m, r.job.Fallbacks), &r.shape)
+	}
+	if err != nil {
+		var ae *admission.Error
+		var ir *llm.InvalidRequestError
+		switch {
+		case errors.As(err, &ae):
+			return &store.JobError{Type: wire.TypeInvalidRequest, Code: ae.Code, Param: ae.Param, Message: ae.Message}, nil
+		case errors.As(err, &ir):
+			return &store.JobError{Type: wire.TypeInvalidRequest, Code: "invalid_request", Param: ir.Param, Message: ir.Message}, nil
+		}
+		return nil, fmt.Errorf("the stored responses job %s continues: %w", r.job.ID, err)
+	}
+	r.stores = b.StoresResponse()
+	r.routes = newRouter(p, m, r.job.Fallbacks, &r.shape)
+	return nil, nil
+}
+
+// reserveBudget reserves the job's worst case as admission decided it (its
+// EstCost). done is true when the run stops here.
+func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
+	for {
+		res, dec, err := r.h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.job.EstCost)
+		if err != nil {
+			return true, fmt.Errorf("reserve budget: %w", err)
+		}
+		if dec.SoftLimitCrossed {
+			r.h.Observer.SoftLimitCrossed(r.acct.TenantID, r.tier)
+		}
+		if dec.Allowed {
+			r.bres = res
+			return false, nil
+		}
+		if r.sync == nil {
+			return true, r.budgetRequeue(ctx, dec)
+		}
+		if err := r.budgetInPlace(ctx, dec); err != nil {
+			return true, err
+		}
+	}
+}
+
+// budgetRequeue puts back (or fails) a job the budget refused.
+func (r *run) budgetRequeue(ctx context.Context, dec *budget.Decision) error {
+	n, worst := dec.Denial(), r.job.EstCost
+	if n.TooLarge {
+		return r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_too_small",
+			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", worst, n.Name(), n.Budget)}, nil)
+	}
+	if dec.Held {
+		// Only what running jobs hold is in the way: the job keeps its
+		// place among the day's waiters by coming back within budget.WaitTTL.
+		delay := budget.HeldRetryAfter + time.Duration(rand.Int64N(int64(budget.HeldRetryAfter)))
+		next := r.h.opts.Now().Add(delay)
+		r.setStatus(ctx, store.JobWaiting, &next, false)
+		return &queue.Retry{Reason: "the " + dec.DeniedBy + " daily budget is held by running jobs", Delay: delay}
+	}
+	if r.reject {
+		return r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_exhausted",
+			Message: fmt.Sprintf("The %s is exhausted ($%s spent and $%s reserved of $%s; this job may cost up to $%s) and the %s tier rejects work until it resets at %s.",
+				n.Name(), n.Spent, n.Reserved, n.Budget, worst, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
+	}
+	next := r.h.opts.Now().Add(dec.RetryAfter)
+	r.setStatus(ctx, store.JobDeferred, &next, false)
+	// Spread the deferred jobs over a little while after the reset.
+	delay := dec.RetryAfter + time.Duration(rand.Int64N(int64(5*time.Second)))
+	return &queue.Retry{Reason: "over the " + dec.DeniedBy + " daily budget", Delay: delay}
+}
+
+// takePermit takes the permit of the first route that admits the job now,
+// going to the fallbacks when every deployment is paused or failing. A job
+// gives it back to synchronous requests holding room in the scope, a
+// synchronous request to one of a higher priority.
+func (r *run) takePermit(ctx context.Context) (done bool, err error) {
+	began := time.Now()
+	yield := r.yieldToSync
+	if r.sync != nil {
+		yield = r.outranked
+		defer r.unhold(ctx)
+	}
+	for {
+		granted, p, err := r.reservePass(ctx, yield)
+		if err != nil {
+			return true, err
+		}
+		if granted {
+			r.h.Observer.LimiterWait(r.job.Model, time.Since(began), false)
+			return false, nil
+		}
+		if p.tooLarge != nil {
+			what := "job"
+			if r.sync != nil {
+				what = "request"
+			}
+			return true, r.refuse(ctx, http.StatusBadRequest, store.JobError{Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
+				Message: fmt.Sprintf("This %s needs %d tokens, more than a bucket of model '%s' holds: %v", what, r.job.EstPromptTokens+r.job.EstMaxTokens, r.job.Model, p.tooLarge)}, 0)
+		}
+		if p.unavailable && r.routes.toFallbacks() {
+			continue
+		}
+		if r.sync != nil {
+			r.hold(ctx, p)
+			if err := r.sleepInPlace(ctx, p.wait); err != nil {
+				return true, err
+			}
+			continue
+		}
+		if p.wait > r.h.opts.MaxInlineWait {
+			next := r.h.opts.Now().Add(p.wait)
+			r.h.Observer.LimiterWait(r.job.Model, time.Since(began)+p.wait, true)
+			r.setStatus(ctx, store.JobWaiting, &next, false)
+			return true, &queue.Retry{Reason: "waiting for the rate limit", Delay: p.wait}
+		}
+		if err := sleep(ctx, p.wait); err != nil {
+			return true, err
+		}
+	}
+}
+
 // callRoute calls the provider on the route of the run's permit. again is
-// true when the run goes on to another route (failover) instead of ending
-// with err.
+// true when the run asks for a permit again (failover, or a synchronous
+// request's retry in place).
 func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	h := r.h
-	route := r.call.Route
-	name := r.call.Scope.Name
+	route, name := r.call.Route, r.call.Scope.Name
 	provider, ok := h.Providers.Get(route.Provider)
 	if !ok {
-		r.releaseAll(ctx)
-		return false, r.fail(ctx, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
-			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Model.Name)}, nil)
+		return false, r.refuse(ctx, http.StatusInternalServerError, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
+			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Model.Name)}, 0)
+	}
+	req := r.shape.Request(route, r.job.Request)
+	callCtx := ctx
+	if r.sync != nil {
+		// From here the call is the client's whether or not it stays.
+		callCtx = context.WithoutCancel(ctx)
+		req.Stream = r.sync.Stream
 	}
 	began := time.Now()
-	resp, err := provider.Call(ctx, r.shape.Request(route, r.job.Request))
+	resp, err := provider.Call(callCtx, req)
 	status := 200
 	if resp != nil {
 		status = resp.StatusCode
@@ -367,12 +444,12 @@ func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	outcome := pacer.Outcome{Response: resp, Err: err, RateLimitedBefore: r.job.RateLimited}
 	if err == nil || answered2xx(pe) {
 		h.breakers.Record(name, false)
-		return false, r.succeeded(ctx, resp, r.accept(ctx, resp, pe), outcome)
+		return false, r.answered(callCtx, resp, pe, outcome)
 	}
-	again = r.failover(ctx, pe)
-	r.settlePermit(ctx, outcome)
+	again = r.inTime(0) && r.failover(callCtx, pe)
+	r.settlePermit(callCtx, outcome)
 	switch {
-	case again || ctx.Err() != nil || pe.Class == llm.ClassRateLimited:
+	case again || callCtx.Err() != nil || pe.Class == llm.ClassRateLimited:
 		h.breakers.Done(name)
 	default:
 		h.breakers.Record(name, pe.Class == llm.ClassRetryable)
@@ -380,20 +457,21 @@ func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	if again {
 		return true, nil
 	}
+	if r.sync != nil {
+		return r.failedInPlace(ctx, pe)
+	}
 	if r.routes.allDown && ctx.Err() == nil && h.opts.Now().Sub(r.job.CreatedAt) < h.opts.OutageWait {
-		// Every deployment the job may use failed it: it waits for one to
-		// come back (their pauses let a probe through each second).
+		// Every route failed: wait for one to come back.
 		r.releaseAll(ctx)
 		delay := outageRetry + time.Duration(rand.Int64N(int64(outageRetry)))
 		next := h.opts.Now().Add(delay)
 		r.setStatus(ctx, store.JobWaiting, &next, false)
 		return false, &queue.Retry{Reason: "every deployment of model " + r.job.Model + " is failing", Delay: delay}
 	}
-	return false, r.callFailed(ctx, err)
+	return false, r.callFailed(ctx, pe)
 }
 
-// outageRetry is about how soon a job whose every deployment failed comes
-// back (up to twice this, spread).
+// outageRetry is about how soon a job whose every route failed comes back.
 const outageRetry = 2 * time.Second
 
 // asProviderError is err as an *llm.Error: a network failure or timeout is
@@ -409,134 +487,35 @@ func asProviderError(err error) *llm.Error {
 	return pe
 }
 
-// plan reads the job's body for its shape, with the policy p in force and
-// its tenant's tier, and makes the run's routes, its first call and its
-// worst case. A body that can no longer run (the policy changed, or the
-// conversation it continues is gone) is the job's error (refusal); a store
-// that cannot tell now is err, for the run to come back.
-func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier *config.Tier) (refusal *store.JobError, err error) {
-	b, err := llm.Decode(r.job.Endpoint, r.job.Request)
-	if err == nil {
-		r.shape, _, err = admission.ShapeOf(ctx, r.h.Store, p, tier, r.job.TenantID, m, b)
+// answered settles a provider's 2xx answer (or one llmq cannot take, pe):
+// a synchronous request's client gets it first, before the bookkeeping.
+func (r *run) answered(ctx context.Context, resp *llm.Response, pe *llm.Error, o pacer.Outcome) error {
+	v := r.accept(ctx, resp, pe)
+	if r.sync == nil {
+		return r.succeeded(ctx, resp, v, o)
 	}
-	fallbacks := admission.Fallbacks(m, r.job.Fallbacks)
-	if err == nil {
-		err = admission.Routable(p, m, fallbacks, &r.shape)
+	if v.failed == nil && r.sync.Answer != nil {
+		r.sync.Answer(resp)
 	}
-	if err != nil {
-		var ae *admission.Error
-		var ir *llm.InvalidRequestError
-		switch {
-		case errors.As(err, &ae):
-			return &store.JobError{Type: wire.TypeInvalidRequest, Code: ae.Code, Param: ae.Param, Message: ae.Message}, nil
-		case errors.As(err, &ir):
-			return &store.JobError{Type: wire.TypeInvalidRequest, Code: "invalid_request", Param: ir.Param, Message: ir.Message}, nil
-		}
-		return nil, fmt.Errorf("the stored responses job %s continues: %w", r.job.ID, err)
+	if err := r.succeeded(ctx, resp, v, o); err != nil {
+		r.log.Warn("store a synchronous answer; the reconciler settles it", "err", err)
 	}
-	r.stores = b.StoresResponse()
-	r.routes = newRouter(p, m, r.job.Fallbacks, &r.shape)
-	r.call = r.h.Pacer.Plan(ctx, r.routes.candidates()[0], &r.shape, r.job.EstPromptTokens, r.job.EstMaxTokens)
-	r.worst = admission.WorstCase(p, m, fallbacks, &r.shape, r.call.Calibration, r.job.EstPromptTokens, r.job.EstMaxTokens)
-	return nil, nil
+	r.result = &SyncResult{Response: resp}
+	if v.failed != nil {
+		r.result = &SyncResult{ProviderError: &llm.Error{Class: llm.ClassPermanent, Provider: r.call.Route.Provider, StatusCode: http.StatusBadGateway,
+			Type: v.failed.Type, Code: v.failed.Code, Message: v.failed.Message, Relayed: relayed(resp, pe)}}
+	}
+	return nil
 }
 
-// budgetDecided acts on the reservation of the worst-case cost. done is
-// true when the run must stop here (deferred, failed, or an error).
-func (r *run) budgetDecided(ctx context.Context, res *budget.Reservation, dec *budget.Decision, err error) (done bool, _ error) {
-	if err != nil {
-		return true, fmt.Errorf("reserve budget: %w", err)
-	}
-	if dec.SoftLimitCrossed {
-		// Budgets logs the crossing; the observer counts it.
-		r.h.Observer.SoftLimitCrossed(r.acct.TenantID, r.tier)
-	}
-	if dec.Allowed {
-		r.bres = res
-		return false, nil
-	}
-	n := dec.Denial()
-	if n.TooLarge {
-		return true, r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_too_small",
-			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", r.worst, n.Name(), n.Budget)}, nil)
-	}
-	if dec.Held {
-		// Only what running jobs hold is in the way, and they settle at
-		// most what they hold: the job waits its turn (its place among the
-		// day's waiters kept by coming back within budget.WaitTTL), on a
-		// rejecting tier too, and is neither deferred nor failed.
-		delay := budget.HeldRetryAfter + time.Duration(rand.Int64N(int64(budget.HeldRetryAfter)))
-		next := r.h.opts.Now().Add(delay)
-		r.setStatus(ctx, store.JobWaiting, &next, false)
-		r.log.Debug("job waiting: the budget is held by running jobs", "cap", dec.DeniedBy)
-		return true, &queue.Retry{Reason: "the " + dec.DeniedBy + " daily budget is held by running jobs", Delay: delay}
-	}
-	if r.reject {
-		return true, r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_exhausted",
-			Message: fmt.Sprintf("The %s is exhausted ($%s spent and $%s reserved of $%s; this job may cost up to $%s) and the %s tier rejects work until it resets at %s.",
-				n.Name(), n.Spent, n.Reserved, n.Budget, r.worst, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
-	}
-	next := r.h.opts.Now().Add(dec.RetryAfter)
-	r.setStatus(ctx, store.JobDeferred, &next, false)
-	r.log.Debug("job deferred: over budget", "cap", dec.DeniedBy, "until", dec.ResetsAt)
-	// Spread the deferred jobs over a little while after the reset.
-	delay := dec.RetryAfter + time.Duration(rand.Int64N(int64(5*time.Second)))
-	return true, &queue.Retry{Reason: "over the " + dec.DeniedBy + " daily budget", Delay: delay}
-}
-
-// takePermit takes one request and the estimated tokens from every bucket
-// of the first route that admits the job now (see router), sleeping short
-// waits and requeueing for long ones. When every deployment of the model is
-// paused or failing, the job goes to its fallbacks. A permit goes back to
-// the synchronous requests holding room in the scope, if any.
-func (r *run) takePermit(ctx context.Context) (done bool, err error) {
-	began := time.Now()
-	for {
-		granted, p, err := r.reservePass(ctx, r.yieldToSync)
-		if err != nil {
-			return true, err
-		}
-		if granted {
-			r.h.Observer.LimiterWait(r.job.Model, time.Since(began), false)
-			return false, nil
-		}
-		if p.tooLarge != nil {
-			return true, r.fail(ctx, store.JobError{Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
-				Message: fmt.Sprintf("This job needs %d tokens, more than a bucket of model '%s' holds: %v", r.job.EstPromptTokens+r.job.EstMaxTokens, r.job.Model, p.tooLarge)}, nil)
-		}
-		if p.unavailable && r.routes.toFallbacks() {
-			continue
-		}
-		if p.wait > r.h.opts.MaxInlineWait {
-			next := r.h.opts.Now().Add(p.wait)
-			r.h.Observer.LimiterWait(r.job.Model, time.Since(began)+p.wait, true)
-			r.setStatus(ctx, store.JobWaiting, &next, false)
-			return true, &queue.Retry{Reason: "waiting for the rate limit", Delay: p.wait}
-		}
-		if err := sleep(ctx, p.wait); err != nil {
-			return true, err
-		}
-	}
-}
-
-// yieldToSync gives a granted permit back when synchronous requests hold
-// room in its scope: they go first (docs/ARCHITECTURE.md), and a job
-// released before they came would otherwise race them for every refill.
-func (r *run) yieldToSync(ctx context.Context, scope string, res *limiter.Result) bool {
-	return r.syncHolding(ctx, scope) && r.yieldPermit(ctx, res.Reservation)
-}
-
-// settlePermit settles the permit of the call that ended as o (the pacer
-// learns from its answer, and after a 429 pauses the scope).
+// settlePermit settles the permit of the call that ended as o.
 func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
 	after := r.h.Pacer.Done(ctx, r.call, r.permit, o)
 	r.permit, r.wait = nil, after.Wait
 }
 
-// succeeded settles a provider's 2xx answer as v judged it: it stores the
-// result and the ledger row, once (an answer that cannot be taken is a
-// failure, charged all the same), then settles the permit and the budget,
-// then sends the webhook.
+// succeeded stores the result of a 2xx answer as v judged it and its
+// ledger row, settles the permit and the budget, and sends the webhook.
 func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pacer.Outcome) error {
 	u, cost := v.usage, v.cost
 	p := &store.JobCompleteParams{
@@ -561,15 +540,12 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 	res, err := r.h.Store.JobComplete(ctx, p)
 	r.moved = r.moved || err == nil
 	if err != nil {
-		// The result may have been stored all the same: keep the
-		// reservation, so the next delivery settles it (the job finished)
-		// or runs under it again (it did not).
+		// The result may be stored all the same: the reservation stays for
+		// the next delivery.
 		r.stopKeeping()
 		r.settlePermit(ctx, o)
 		return fmt.Errorf("store result of %s: %w", r.job.ID, err)
 	}
-	// The permit and the budget are settled at the same time: each is its
-	// own Redis script, and neither needs the other's answer.
 	var settled sync.WaitGroup
 	settled.Go(func() { r.settlePermit(ctx, o) })
 	settleErr := r.settle(ctx, cost, res.Charged)
@@ -586,21 +562,15 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 		r.notify(ctx)
 	}
 	if settleErr != nil {
-		// The ledger has the charge; the next delivery of the finished job
-		// settles it (settleFinished), before the reservation lapses.
 		r.log.Warn("settle budget; the job comes back to settle", "err", settleErr)
 		return &queue.Retry{Reason: "settle the budget", Delay: settleRetryDelay, Cause: settleErr}
 	}
 	return nil
 }
 
-// settle charges the job's cost to its budget day, retrying a few times:
-// until it lands, Redis's spend is below the ledger's. When another
-// delivery of the job wrote the ledger row (charged is false), the cost
-// charged is the row's, on the row's days: Settle charges a job once per
-// day, whichever delivery settles first, so the days must be the ones the
-// ledger counts it on (this delivery may have reserved on the next day,
-// past midnight); this delivery's own reservation is then given back.
+// settle charges the job's cost to its budget day, retrying a few times.
+// When another delivery wrote the ledger row (charged is false), it charges
+// the row's cost on the row's days and gives its own reservation back.
 func (r *run) settle(ctx context.Context, cost money.Micros, charged bool) error {
 	r.stopKeeping()
 	ctx = context.WithoutCancel(ctx)
@@ -630,11 +600,8 @@ func (r *run) settle(ctx context.Context, cost money.Micros, charged bool) error
 }
 
 // keepReservation extends the budget reservation every third of its TTL
-// while the run holds it, so that no limiter wait or provider call, however
-// long, outlives it: a lapsed reservation's room could go to another job
-// while this one still spends. It is a timer, not a goroutine: most jobs end
-// long before the first extension is due. The returned func stops it and
-// waits for an extension under way.
+// while the run holds it. A timer, not a goroutine: most jobs end before
+// the first extension. stop waits for an extension under way.
 func (r *run) keepReservation(ctx context.Context) (stop func()) {
 	res, every := r.bres, r.h.Budgets.ReservationTTL()/3
 	ctx = context.WithoutCancel(ctx)
@@ -679,28 +646,19 @@ func (r *run) keepReservation(ctx context.Context) (stop func()) {
 	})
 }
 
-// stopKeeping stops extending the reservation (before it is settled or
-// released, so no extension races the end of the hold).
 func (r *run) stopKeeping() {
 	if r.keep != nil {
 		r.keep()
 	}
 }
 
-// callFailed handles a provider error by its class.
-func (r *run) callFailed(ctx context.Context, callErr error) error {
-	var pe *llm.Error
-	if !errors.As(callErr, &pe) {
-		pe = &llm.Error{Class: llm.ClassRetryable, Message: callErr.Error(), Err: callErr}
-	}
-	// The permit was settled by the pacer (which paused the scope after a
-	// 429); the budget reservation goes back.
+// callFailed puts back or fails a job whose call failed with pe.
+func (r *run) callFailed(ctx context.Context, pe *llm.Error) error {
+	r.releaseAll(ctx)
 	if ctx.Err() != nil { // shutting down: asynq puts the task back, not a failure
-		r.releaseAll(ctx)
 		r.setStatus(ctx, store.JobQueued, nil, false)
 		return ctx.Err()
 	}
-	r.releaseAll(ctx)
 	switch pe.Class {
 	case llm.ClassRateLimited:
 		return r.rateLimited(ctx, pe)
@@ -711,37 +669,32 @@ func (r *run) callFailed(ctx context.Context, callErr error) error {
 	}
 }
 
-// rateLimited pauses the whole scope until the provider's reset and puts
-// the job back without counting a failure, up to MaxRateLimited times.
+// rateLimited puts the job back after the scope's pause, up to
+// MaxRateLimited times.
 func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
 	n, err := r.h.Store.JobIncrRateLimited(ctx, r.job.ID)
 	if err != nil {
 		return fmt.Errorf("count 429 of %s: %w", r.job.ID, err)
 	}
-	wait := r.wait
-	r.log.Debug("provider answered 429", "count", n, "wait", wait)
+	r.log.Debug("provider answered 429", "count", n, "wait", r.wait)
 	if n >= r.h.opts.MaxRateLimited {
 		e := providerError(pe)
 		e.Code = "rate_limit_exceeded"
 		e.Message = fmt.Sprintf("The provider answered 429 (rate limited) %d times; giving up. Last answer: %s", n, pe.Message)
 		return r.fail(ctx, e, pe)
 	}
-	next := r.h.opts.Now().Add(wait)
+	next := r.h.opts.Now().Add(r.wait)
 	r.setStatus(ctx, store.JobWaiting, &next, true)
-	// Back after the reset; the limiter lets one probe through first.
-	return &queue.Retry{Reason: "rate limited by the provider", Delay: wait}
+	return &queue.Retry{Reason: "rate limited by the provider", Delay: r.wait}
 }
 
-// retry counts a provider fault and retries with backoff, or fails the job
-// when its retries are used up.
+// retry counts a provider fault and retries with backoff, or fails the job.
 func (r *run) retry(ctx context.Context, pe *llm.Error) error {
 	maxRetry, ok := asynq.GetMaxRetry(ctx)
 	if !ok {
 		maxRetry = queue.DefaultMaxRetry
 	}
-	// asynq's count of failed deliveries starts again when the reconciler
-	// revives an archived task; the job's own count of the provider's faults
-	// (its attempts that were not 429s) does not, so the ceiling holds.
+	// The job's own count holds when the reconciler revives a task.
 	retried, _ := asynq.GetRetryCount(ctx)
 	faults := max(retried, r.job.Attempts-r.job.RateLimited)
 	if faults >= maxRetry {
@@ -754,7 +707,24 @@ func (r *run) retry(ctx context.Context, pe *llm.Error) error {
 	return &queue.Retry{Reason: "provider error", Failure: true, Delay: queue.FullJitter(faults, time.Second, 5*time.Minute), Cause: pe}
 }
 
-// fail marks the job failed for good and acknowledges the task.
+// refuse ends the run before the provider answered: what it holds goes
+// back and the job fails with e; a synchronous request gets a *SyncRefusal.
+func (r *run) refuse(ctx context.Context, status int, e store.JobError, retryAfter time.Duration) error {
+	if r.sync != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	r.releaseAll(ctx)
+	err := r.fail(ctx, e, nil)
+	if r.sync == nil {
+		return err
+	}
+	if err != nil {
+		r.log.Warn("record a synchronous refusal", "err", err)
+	}
+	return &SyncRefusal{Status: status, Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message, RetryAfter: retryAfter}
+}
+
+// fail marks the job failed for good.
 func (r *run) fail(ctx context.Context, e store.JobError, pe *llm.Error) error {
 	p := &store.JobFailParams{ID: r.job.ID, Error: e, CountAttempt: pe != nil}
 	switch {
@@ -799,9 +769,8 @@ func providerError(pe *llm.Error) store.JobError {
 	return e
 }
 
-// setStatus records a non-terminal status, counting the attempt when a
-// provider call ended this way; a failure to record it is logged, not
-// fatal: the task's own state is what brings the job back.
+// setStatus records a non-terminal status; a failure is only logged (the
+// task's own state brings the job back).
 func (r *run) setStatus(ctx context.Context, to store.JobStatus, next *time.Time, countAttempt bool) {
 	_, _, err := r.h.Store.JobSetStatus(context.WithoutCancel(ctx), &store.JobSetStatusParams{
 		ID: r.job.ID, From: []store.JobStatus{store.JobQueued, store.JobRunning, store.JobWaiting, store.JobDeferred},
@@ -846,8 +815,19 @@ func (r *run) notify(ctx context.Context) {
 	}
 }
 
-// tenantCache keeps tenant rows for a few seconds: every job needs its
-// tenant, and tenants change rarely.
+// sleep waits d, or returns ctx's error when it ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// tenantCache keeps tenant rows for a few seconds.
 type tenantCache struct {
 	mu  sync.Mutex
 	ttl time.Duration
