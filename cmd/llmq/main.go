@@ -208,18 +208,6 @@ func (c *cli) dispatch(cmd string, args []string) error {
 		return nil
 	}
 	switch cmd {
-	case "submit":
-		return c.submit(args)
-	case "jobs":
-		return c.jobs(args)
-	case "batches":
-		return c.batches(args)
-	case "files":
-		return c.files(args)
-	case "usage":
-		return c.usage(args)
-	case "admin":
-		return c.admin(args)
 	case "help":
 		if len(args) > 0 {
 			fmt.Fprintln(c.stdout, helpFor(args[0]))
@@ -230,6 +218,11 @@ func (c *cli) dispatch(cmd string, args []string) error {
 	case "version":
 		fmt.Fprintln(c.stdout, buildinfo.String("llmq"))
 		return nil
+	}
+	for _, top := range c.commands() {
+		if top.name == cmd {
+			return c.runCommand(cmd, &top, args, false)
+		}
 	}
 	return usageErrorf("unknown command %q (llmq help lists the commands)", cmd)
 }
