@@ -1,10 +1,8 @@
 // Package webhook delivers llmq's webhooks. When a job or a batch that named
 // a webhook_url reaches a terminal state, a task on the webhooks queue POSTs
 // the object — the same JSON GET /v1/jobs/{id} or GET /v1/batches/{id}
-// answers with — to that URL, signed with the tenant's webhook secret:
-//
-//	X-Llmq-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
-//
+// answers with — to that URL, signed with the tenant's webhook secret
+// (client.SignWebhook; receivers check it with client.VerifyWebhook).
 // Network errors, timeouts and answers 408, 429 and 5xx are retried with
 // asynq's backoff; other answers (including redirects, which are not
 // followed) end the delivery. Targets are checked when each connection is
@@ -19,9 +17,6 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,27 +26,16 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
-)
-
-// Headers of a delivery.
-const (
-	// SignatureHeader carries t=<unix>,v1=<hex hmac>.
-	SignatureHeader = "X-Llmq-Signature"
-	// EventHeader names what happened: "job.succeeded", "batch.completed"…
-	EventHeader = "X-Llmq-Event"
-	// IDHeader is the same for every attempt of one delivery ("job:<id>",
-	// "batch:<id>"): deliveries are at least once, receivers dedupe by it.
-	IDHeader = "X-Llmq-Webhook-Id"
 )
 
 // Options tune a Handler. The zero value is ready to use.
@@ -68,18 +52,6 @@ type Options struct {
 	// slept inside the handler; a longer one puts the task back in its
 	// queue until then. Defaults to 1s.
 	MaxInlineWait time.Duration
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.Timeout < 0 {
-		return fmt.Errorf("webhook: Options.Timeout must not be negative, got %v", o.Timeout)
-	}
-	if o.MaxInlineWait < 0 {
-		return fmt.Errorf("webhook: Options.MaxInlineWait must not be negative, got %v", o.MaxInlineWait)
-	}
-	return nil
 }
 
 // Deps are what a Handler works with.
@@ -117,12 +89,8 @@ type Handler struct {
 
 // NewHandler returns a Handler with its own HTTP client (no proxy: a proxy
 // would dial the target itself, out of reach of the address check; no
-// redirects; the address check on every dial), or an error naming an option
-// that is invalid.
-func NewHandler(d Deps, opts Options) (*Handler, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// redirects; the address check on every dial).
+func NewHandler(d Deps, opts Options) *Handler {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -152,7 +120,7 @@ func NewHandler(d Deps, opts Options) (*Handler, error) {
 		Transport:     tr,
 		Timeout:       opts.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}, nil
+	}}
 }
 
 // Close releases the handler's idle connections.
@@ -201,7 +169,7 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	h.Observer.WebhookDelivery(d.kind, outcome)
 	if ended {
 		// The delivery is over: the reconciler must not send it again. Should
-		// this fail, it may be sent once more (receivers dedupe by IDHeader).
+		// this fail, it may be sent once more (receivers dedupe by client.WebhookIDHeader).
 		if derr := h.Store.WebhookDone(context.WithoutCancel(ctx), store.WebhookRef{Kind: p.Kind, ID: p.ID}); derr != nil {
 			h.Logger.Warn("record webhook delivery", "webhook", d.id, "err", derr)
 		}
@@ -271,9 +239,9 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secrets []string) (s
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "llmq-webhook/1")
-	req.Header.Set(EventHeader, d.event)
-	req.Header.Set(IDHeader, d.id)
-	req.Header.Set(SignatureHeader, Sign(secrets, h.opts.Now(), d.body))
+	req.Header.Set(client.WebhookEventHeader, d.event)
+	req.Header.Set(client.WebhookIDHeader, d.id)
+	req.Header.Set(client.WebhookSignatureHeader, client.SignWebhook(secrets, h.opts.Now(), d.body))
 	resp, err := h.client.Do(req)
 	if err != nil {
 		// net/http's error quotes the whole URL, whose path may hold the
@@ -309,77 +277,4 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secrets []string) (s
 		log.Warn("webhook refused by its receiver; not retried", "status", st)
 		return "http_" + strconv.Itoa(st/100) + "xx", fmt.Errorf("webhook %s: answered %d: %w", d.id, st, asynq.SkipRetry)
 	}
-}
-
-// Sign returns the X-Llmq-Signature value of body sent at time at: a v1
-// signature by each secret (two during a rotation's overlap, the new one
-// first), so a receiver holding either verifies it.
-func Sign(secrets []string, at time.Time, body []byte) string {
-	t := strconv.FormatInt(at.Unix(), 10)
-	var b strings.Builder
-	b.WriteString("t=" + t)
-	for _, s := range secrets {
-		b.WriteString(",v1=" + hex.EncodeToString(mac(s, t, body)))
-	}
-	return b.String()
-}
-
-func mac(secret, t string, body []byte) []byte {
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write([]byte(t))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return m.Sum(nil)
-}
-
-// Verification errors.
-var (
-	ErrNoSignature  = errors.New("webhook: no valid t=…,v1=… signature header")
-	ErrBadSignature = errors.New("webhook: signature does not match")
-	ErrTooOld       = errors.New("webhook: signature timestamp outside the tolerance")
-)
-
-// Verify checks a delivery as a receiver should: header is the
-// X-Llmq-Signature value, body the raw request body (before any JSON
-// parsing), and t must be within tolerance of now, so a captured delivery
-// cannot be replayed later. Any v1 may match (several may be sent).
-func Verify(secret, header string, body []byte, tolerance time.Duration) error {
-	return verifyAt(secret, header, body, tolerance, time.Now())
-}
-
-func verifyAt(secret, header string, body []byte, tolerance time.Duration, now time.Time) error {
-	var (
-		t    string
-		sigs [][]byte
-	)
-	for _, part := range strings.Split(header, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			continue
-		}
-		switch k {
-		case "t":
-			t = v
-		case "v1":
-			if sig, err := hex.DecodeString(v); err == nil {
-				sigs = append(sigs, sig)
-			}
-		}
-	}
-	ts, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || len(sigs) == 0 {
-		return ErrNoSignature
-	}
-	want := mac(secret, t, body)
-	matched := false
-	for _, sig := range sigs {
-		matched = matched || hmac.Equal(sig, want)
-	}
-	if !matched {
-		return ErrBadSignature
-	}
-	if d := now.Sub(time.Unix(ts, 0)); d > tolerance || d < -tolerance {
-		return ErrTooOld
-	}
-	return nil
 }
