@@ -42,7 +42,7 @@ func (c *cli) commands() []command {
 	return []command{
 		c.submitCommand(),
 		{name: "jobs", def: "list", subs: []command{
-			list(c, "list", &jobList.Limit, &jobList.After, func(fs *flag.FlagSet) {
+			list(c, &jobList.Limit, &jobList.After, func(fs *flag.FlagSet) {
 				fs.StringVar(&jobList.Status, "status", "", "")
 				fs.StringVar(&jobList.BatchID, "batch", "", "")
 			},
@@ -52,14 +52,14 @@ func (c *cli) commands() []command {
 					return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", j.ID, j.Status, j.Model, deref(j.CustomID), j.Attempts, dollars(j.CostUSD), when(j.CreatedAt))
 				}),
 			{name: "get", args: id, run: func(cl *client.Client, pos []string) error {
-				return c.printJSONOf(cl.Jobs.Get(c.ctx, pos[0]))
+				return c.printJSON(cl.Jobs.Get(c.ctx, pos[0]))
 			}},
 			{name: "cancel", args: id, run: func(cl *client.Client, pos []string) error {
 				return reply(c, func(j *client.Job) string { return j.ID + " " + j.Status })(cl.Jobs.Cancel(c.ctx, pos[0]))
 			}},
 			{name: "wait", args: id, run: func(cl *client.Client, pos []string) error {
 				j, err := cl.Jobs.Wait(c.ctx, pos[0], nil)
-				if err := c.printJSONOf(j, err); err != nil {
+				if err := c.printJSON(j, err); err != nil {
 					return err
 				}
 				if j.Status != "succeeded" {
@@ -69,7 +69,7 @@ func (c *cli) commands() []command {
 			}},
 		}},
 		{name: "batches", def: "list", subs: []command{
-			list(c, "list", &batchList.Limit, &batchList.After, nil,
+			list(c, &batchList.Limit, &batchList.After, nil,
 				func(cl *client.Client) (*client.List[client.Batch], error) { return cl.Batches.List(c.ctx, &batchList) },
 				func(cl *client.Client) iter.Seq2[*client.Batch, error] { return cl.Batches.All(c.ctx, &batchList) },
 				"ID\tSTATUS\tDONE\tFAILED\tTOTAL\tENDPOINT\tCREATED", func(b *client.Batch) string {
@@ -77,7 +77,7 @@ func (c *cli) commands() []command {
 					return fmt.Sprintf("%s\t%s\t%d\t%d\t%d\t%s\t%s", b.ID, b.Status, rc.Completed, rc.Failed, rc.Total, b.Endpoint, when(b.CreatedAt))
 				}),
 			{name: "get", args: id, run: func(cl *client.Client, pos []string) error {
-				return c.printJSONOf(cl.Batches.Get(c.ctx, pos[0]))
+				return c.printJSON(cl.Batches.Get(c.ctx, pos[0]))
 			}},
 			{name: "cancel", args: id, run: func(cl *client.Client, pos []string) error {
 				return reply(c, func(b *client.Batch) string { return b.ID + " " + b.Status })(cl.Batches.Cancel(c.ctx, pos[0]))
@@ -93,7 +93,7 @@ func (c *cli) commands() []command {
 					defer in.Close()
 					return reply(c, func(f *client.File) string { return f.ID })(cl.Files.Upload(c.ctx, name, in, purpose))
 				}},
-			list(c, "list", &fileList.Limit, &fileList.After, func(fs *flag.FlagSet) {
+			list(c, &fileList.Limit, &fileList.After, func(fs *flag.FlagSet) {
 				fs.StringVar(&fileList.Purpose, "purpose", "", "")
 			},
 				func(cl *client.Client) (*client.List[client.File], error) { return cl.Files.List(c.ctx, &fileList) },
@@ -102,7 +102,7 @@ func (c *cli) commands() []command {
 					return fmt.Sprintf("%s\t%s\t%d\t%s\t%s", f.ID, f.Purpose, f.Bytes, f.Filename, when(f.CreatedAt))
 				}),
 			{name: "get", args: id, run: func(cl *client.Client, pos []string) error {
-				return c.printJSONOf(cl.Files.Get(c.ctx, pos[0]))
+				return c.printJSON(cl.Files.Get(c.ctx, pos[0]))
 			}},
 			{name: "content", args: id, flags: func(fs *flag.FlagSet) { fs.StringVar(&out, "out", "-", "") },
 				run: func(cl *client.Client, pos []string) error {
@@ -160,7 +160,7 @@ func (c *cli) tenantCommands() []command {
 		}, run: func(cl *client.Client, _ []string) error {
 			return reply(c, func(t *client.Tenant) string { return t.ID })(cl.Admin.CreateTenant(c.ctx, &create))
 		}},
-		list(c, "list", &page.Limit, &page.After, nil,
+		list(c, &page.Limit, &page.After, nil,
 			func(cl *client.Client) (*client.List[client.Tenant], error) {
 				return cl.Admin.ListTenants(c.ctx, &page)
 			},
@@ -173,7 +173,7 @@ func (c *cli) tenantCommands() []command {
 				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", t.ID, t.Name, t.Tier, b, when(t.CreatedAt))
 			}),
 		{name: "get", args: id, run: func(cl *client.Client, pos []string) error {
-			return c.printJSONOf(cl.Admin.GetTenant(c.ctx, pos[0]))
+			return c.printJSON(cl.Admin.GetTenant(c.ctx, pos[0]))
 		}},
 		{name: "update", args: id, flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&name, "name", "", "")
@@ -208,12 +208,12 @@ func (c *cli) tenantCommands() []command {
 			}
 			return nil
 		}, run: func(cl *client.Client, pos []string) error {
-			return c.printJSONOf(cl.Admin.UpdateTenant(c.ctx, pos[0], &update))
+			return c.printJSON(cl.Admin.UpdateTenant(c.ctx, pos[0], &update))
 		}},
 		{name: "rotate-webhook-secret", args: id, flags: func(fs *flag.FlagSet) {
 			fs.DurationVar(&overlap, "overlap", 24*time.Hour, "")
 		}, run: func(cl *client.Client, pos []string) error {
-			return c.printJSONOf(cl.Admin.RotateWebhookSecret(c.ctx, pos[0], overlap))
+			return c.printJSON(cl.Admin.RotateWebhookSecret(c.ctx, pos[0], overlap))
 		}},
 	}
 }
@@ -224,7 +224,7 @@ func (c *cli) keyCommands() []command {
 		{name: "create", args: tenant, run: func(cl *client.Client, pos []string) error {
 			k, err := cl.Admin.CreateKey(c.ctx, pos[0])
 			if err != nil || c.json {
-				return c.printJSONOf(k, err)
+				return c.printJSON(k, err)
 			}
 			// The key alone on stdout, for KEY=$(llmq admin keys create …).
 			fmt.Fprintln(c.stdout, k.Key)
@@ -232,17 +232,8 @@ func (c *cli) keyCommands() []command {
 			return nil
 		}},
 		{name: "list", args: tenant, run: func(cl *client.Client, pos []string) error {
-			l, err := cl.Admin.ListKeys(c.ctx, pos[0])
-			if err != nil {
-				return err
-			}
-			return printList(c, func(yield func(*client.APIKey, error) bool) {
-				for i := range l.Data {
-					if !yield(&l.Data[i], nil) {
-						return
-					}
-				}
-			}, "ID\tPREFIX\tCREATED\tREVOKED", func(k *client.APIKey) string {
+			keys := func() (*client.List[client.APIKey], error) { return cl.Admin.ListKeys(c.ctx, pos[0]) }
+			return printList(c, onePage(c, keys), "ID\tPREFIX\tCREATED\tREVOKED", func(k *client.APIKey) string {
 				revoked := "-"
 				if k.RevokedAt != nil {
 					revoked = when(*k.RevokedAt)
@@ -260,7 +251,10 @@ func (c *cli) keyCommands() []command {
 func (c *cli) runCommand(path string, cmd *command, args []string, admin bool) error {
 	admin = admin || cmd.admin
 	if cmd.subs != nil {
-		sub, rest := subcommand(args, cmd.def)
+		sub, rest := cmd.def, args
+		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			sub, rest = args[0], args[1:]
+		}
 		names := make([]string, len(cmd.subs))
 		for i := range cmd.subs {
 			if cmd.subs[i].name == sub {
@@ -288,11 +282,7 @@ func (c *cli) runCommand(path string, cmd *command, args []string, admin bool) e
 			return err
 		}
 	}
-	connect := c.client
-	if admin {
-		connect = c.adminClient
-	}
-	cl, err := connect()
+	cl, err := c.connect(admin)
 	if err != nil {
 		return err
 	}
@@ -303,29 +293,21 @@ func (c *cli) runCommand(path string, cmd *command, args []string, admin bool) e
 func reply[T any](c *cli, line func(*T) string) func(*T, error) error {
 	return func(v *T, err error) error {
 		if err != nil || c.json {
-			return c.printJSONOf(v, err)
+			return c.printJSON(v, err)
 		}
 		fmt.Fprintln(c.stdout, line(v))
 		return nil
 	}
 }
 
-// printJSONOf prints what a call returned as JSON.
-func (c *cli) printJSONOf(v any, err error) error {
-	if err != nil {
-		return err
-	}
-	return c.printJSON(v)
-}
-
 // list is a list command: its own flags (extra), --limit, --after and
 // --all (every page, 100 a request), printed as a table of header and row,
 // or as JSON lines.
-func list[T any](c *cli, name string, limit *int, after *string, extra func(*flag.FlagSet),
+func list[T any](c *cli, limit *int, after *string, extra func(*flag.FlagSet),
 	page func(*client.Client) (*client.List[T], error), all func(*client.Client) iter.Seq2[*T, error],
 	header string, row func(*T) string) command {
 	every := false
-	return command{name: name, flags: func(fs *flag.FlagSet) {
+	return command{name: "list", flags: func(fs *flag.FlagSet) {
 		if extra != nil {
 			extra(fs)
 		}
@@ -367,7 +349,7 @@ func onePage[T any](c *cli, page func() (*client.List[T], error)) iter.Seq2[*T, 
 func (c *cli) usage(cl *client.Client, _ []string) error {
 	u, err := cl.Usage(c.ctx)
 	if err != nil || c.json {
-		return c.printJSONOf(u, err)
+		return c.printJSON(u, err)
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "tenant\t%s (tier %s)\n", u.Tenant, u.Tier)
@@ -389,7 +371,7 @@ func (c *cli) usage(cl *client.Client, _ []string) error {
 func (c *cli) usageReport(cl *client.Client, p *client.UsageReportParams) error {
 	r, err := cl.Admin.UsageReport(c.ctx, p)
 	if err != nil || c.json {
-		return c.printJSONOf(r, err)
+		return c.printJSON(r, err)
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "TENANT\tMODEL\tREQUESTS\tPROMPT_TOKENS\tCOMPLETION_TOKENS\tCOST_USD\n")
@@ -403,7 +385,7 @@ func (c *cli) usageReport(cl *client.Client, p *client.UsageReportParams) error 
 func (c *cli) retention(cl *client.Client, _ []string) error {
 	r, err := cl.Admin.Retention(c.ctx)
 	if err != nil || c.json {
-		return c.printJSONOf(r, err)
+		return c.printJSON(r, err)
 	}
 	before := func(unix *int64) string {
 		if unix == nil {

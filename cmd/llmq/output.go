@@ -17,8 +17,11 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
-// printJSON prints v as indented JSON.
-func (c *cli) printJSON(v any) error {
+// printJSON prints what a call returned, v as indented JSON or err.
+func (c *cli) printJSON(v any, err error) error {
+	if err != nil {
+		return err
+	}
 	enc := json.NewEncoder(c.stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
