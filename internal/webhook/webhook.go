@@ -1,17 +1,10 @@
-// Package webhook delivers llmq's webhooks. When a job or a batch that named
-// a webhook_url reaches a terminal state, a task on the webhooks queue POSTs
-// the object — the same JSON GET /v1/jobs/{id} or GET /v1/batches/{id}
-// answers with — to that URL, signed with the tenant's webhook secret
-// (client.SignWebhook; receivers check it with client.VerifyWebhook).
-// Network errors, timeouts and answers 408, 429 and 5xx are retried with
-// asynq's backoff; other answers (including redirects, which are not
-// followed) end the delivery. Targets are checked when each connection is
-// made, after DNS resolution, so neither a name that resolves to an internal
-// address (DNS rebinding included) nor a redirect reaches loopback, private,
-// link-local, CGNAT, multicast or other special addresses, unless the
-// operator allows them (LLMQ_WEBHOOK_ALLOW_PRIVATE). Deliveries of a tenant
-// to one host are paced at its tier's webhook_host_rps, in the order they
-// were first attempted, so a batch finishing does not flood its receiver.
+// Package webhook delivers llmq's webhooks: when a job or batch that named
+// a webhook_url ends, a task POSTs the object as GET shows it, signed by
+// client.SignWebhook. Network errors, timeouts, 408, 429 and 5xx are
+// retried; other answers and redirects end the delivery. Every connection
+// is checked after DNS resolution against internal addresses (unless
+// LLMQ_WEBHOOK_ALLOW_PRIVATE), and deliveries of a tenant to one host are
+// paced at its tier's webhook_host_rps.
 package webhook
 
 import (
@@ -40,8 +33,7 @@ import (
 
 // Options tune a Handler. The zero value is ready to use.
 type Options struct {
-	// AllowPrivate lets deliveries reach loopback, private, link-local and
-	// other internal addresses. Defaults to false.
+	// AllowPrivate lets deliveries reach internal addresses.
 	AllowPrivate bool
 	// Timeout bounds one delivery attempt, connection to last byte.
 	// Defaults to 10s.
@@ -58,8 +50,7 @@ type Options struct {
 type Deps struct {
 	Store  *store.DB
 	Logger *slog.Logger
-	// Observer is told the outcome of every attempt, for metrics.
-	// Defaults to none.
+	// Observer is told the outcome of every attempt. Defaults to none.
 	Observer Observer
 	// Spacer and Policy pace deliveries per tenant and destination host at
 	// the tier's webhook_host_rps. Default to none: no pacing.
@@ -106,7 +97,7 @@ func NewHandler(d Deps, opts Options) *Handler {
 	if opts.MaxInlineWait == 0 {
 		opts.MaxInlineWait = time.Second
 	}
-	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: Control(opts.AllowPrivate)}
+	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: dialControl(opts.AllowPrivate)}
 	tr := &http.Transport{
 		Proxy:                 nil,
 		DialContext:           dialer.DialContext,
@@ -126,7 +117,6 @@ func NewHandler(d Deps, opts Options) *Handler {
 // Close releases the handler's idle connections.
 func (h *Handler) Close() { h.client.CloseIdleConnections() }
 
-// delivery is one webhook to send.
 type delivery struct {
 	kind, id, event, url, tenantID string
 	body                           []byte
@@ -137,7 +127,6 @@ type delivery struct {
 // call): asynq retries it shortly.
 var errNotYet = errors.New("webhook: the object has not reached a terminal state yet")
 
-// ProcessTask implements asynq.Handler.
 func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	p, err := queue.ParseWebhookPayload(t)
 	if err != nil {
@@ -168,8 +157,8 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	h.Observer.WebhookDelivery(d.kind, outcome)
 	if ended {
-		// The delivery is over: the reconciler must not send it again. Should
-		// this fail, it may be sent once more (receivers dedupe by client.WebhookIDHeader).
+		// Should this fail, the reconciler sends it once more: deliveries
+		// are at least once.
 		if derr := h.Store.WebhookDone(context.WithoutCancel(ctx), store.WebhookRef{Kind: p.Kind, ID: p.ID}); derr != nil {
 			h.Logger.Warn("record webhook delivery", "webhook", d.id, "err", derr)
 		}
