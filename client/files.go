@@ -15,12 +15,9 @@ import (
 // files llmq writes for batches.
 type FilesService struct{ c *Client }
 
-// Upload stores content as a file of purpose ("batch" when empty) named
-// filename. The content is streamed as it is read, never held in memory
-// whole, so a file of any size the server accepts can be sent from disk or
-// a pipe. An upload refused with a 429 is retried (as the retry policy
-// allows) only when content is an io.Seeker, since a plain reader cannot
-// be read twice.
+// Upload stores content, streamed as it is read, as a file of purpose
+// ("batch" when empty) named filename. A 429 is retried only when content
+// is an io.Seeker: a plain reader cannot be read twice.
 func (s *FilesService) Upload(ctx context.Context, filename string, content io.Reader, purpose string) (*File, error) {
 	if purpose == "" {
 		purpose = "batch"

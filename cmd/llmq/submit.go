@@ -168,7 +168,7 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 
 	start := time.Now()
-	sendBar := c.newSendProgress(o.quiet)
+	sendBar := c.newProgress(o.quiet, true)
 	err = c.sendJobs(cl, lines, o.concurrency, func(sent, refused int64) { sendBar.update(sent-refused, refused, int64(len(lines))) })
 	sendBar.finish()
 	if err != nil {
@@ -211,7 +211,7 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 
 	waitStart := time.Now()
-	bar := c.newProgress(o.quiet)
+	bar := c.newProgress(o.quiet, false)
 	err = c.waitJobs(cl, lines, o.poll, bar)
 	bar.finish()
 	if err != nil {
