@@ -6,18 +6,13 @@ import (
 	"iter"
 	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 )
 
 // Usage returns the tenant's spend today: spent, reserved by jobs in
 // flight, the budget, what remains and when the day resets.
 func (c *Client) Usage(ctx context.Context) (*Usage, error) {
-	var u Usage
-	if err := c.do(ctx, &request{method: http.MethodGet, path: "/v1/usage"}, &u); err != nil {
-		return nil, err
-	}
-	return &u, nil
+	return call[Usage](ctx, c, &request{method: http.MethodGet, path: "/v1/usage"})
 }
 
 // AdminService calls the admin API (/admin/v1) with the admin token.
@@ -38,20 +33,12 @@ type TenantCreateParams struct {
 // CreateTenant creates a tenant. The answer carries the tenant's webhook
 // secret.
 func (s *AdminService) CreateTenant(ctx context.Context, p *TenantCreateParams) (*Tenant, error) {
-	var t Tenant
-	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/admin/v1/tenants", admin: true, json: p}, &t); err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return call[Tenant](ctx, s.c, &request{method: http.MethodPost, path: "/admin/v1/tenants", admin: true, json: p})
 }
 
 // GetTenant returns a tenant, with its webhook secret.
 func (s *AdminService) GetTenant(ctx context.Context, id string) (*Tenant, error) {
-	var t Tenant
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/tenants/" + pathID(id), admin: true}, &t); err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return call[Tenant](ctx, s.c, &request{method: http.MethodGet, path: "/admin/v1/tenants/" + pathID(id), admin: true})
 }
 
 // ListParams page a list: Limit is the page size (1 to 1000 for tenants, 1
@@ -63,36 +50,21 @@ type ListParams struct {
 }
 
 func (p *ListParams) query() url.Values {
-	q := url.Values{}
 	if p == nil {
-		return q
+		return nil
 	}
-	set(q, "after", p.After)
-	if p.Limit > 0 {
-		q.Set("limit", strconv.Itoa(p.Limit))
-	}
-	return q
+	return query(p.Limit, "after", p.After)
 }
 
 // ListTenants returns one page of tenants, newest first.
 func (s *AdminService) ListTenants(ctx context.Context, p *ListParams) (*List[Tenant], error) {
-	var l List[Tenant]
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/tenants", admin: true, query: p.query()}, &l); err != nil {
-		return nil, err
-	}
-	return &l, nil
+	return call[List[Tenant]](ctx, s.c, &request{method: http.MethodGet, path: "/admin/v1/tenants", admin: true, query: p.query()})
 }
 
 // AllTenants iterates over every tenant, page after page.
 func (s *AdminService) AllTenants(ctx context.Context, p *ListParams) iter.Seq2[*Tenant, error] {
-	q := ListParams{}
-	if p != nil {
-		q = *p
-	}
-	return pages(q.After, func(after string) (*List[Tenant], error) {
-		q.After = after
-		return s.ListTenants(ctx, &q)
-	})
+	q := deref(p)
+	return pages(&q.After, func() (*List[Tenant], error) { return s.ListTenants(ctx, &q) })
 }
 
 // TenantUpdateParams change a tenant; nil fields stay as they are.
@@ -131,31 +103,19 @@ func (p TenantUpdateParams) MarshalJSON() ([]byte, error) {
 
 // UpdateTenant changes a tenant's name, tier, budget or API exemption.
 func (s *AdminService) UpdateTenant(ctx context.Context, id string, p *TenantUpdateParams) (*Tenant, error) {
-	var t Tenant
-	if err := s.c.do(ctx, &request{method: http.MethodPatch, path: "/admin/v1/tenants/" + pathID(id), admin: true, json: p}, &t); err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return call[Tenant](ctx, s.c, &request{method: http.MethodPatch, path: "/admin/v1/tenants/" + pathID(id), admin: true, json: p})
 }
 
 // CreateKey creates an API key of a tenant. Its Key, the plaintext, is in
 // this answer only: llmq keeps a hash.
 func (s *AdminService) CreateKey(ctx context.Context, tenantID string) (*APIKey, error) {
-	var k APIKey
-	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/admin/v1/tenants/" + pathID(tenantID) + "/keys", admin: true}, &k); err != nil {
-		return nil, err
-	}
-	return &k, nil
+	return call[APIKey](ctx, s.c, &request{method: http.MethodPost, path: "/admin/v1/tenants/" + pathID(tenantID) + "/keys", admin: true})
 }
 
 // ListKeys returns a tenant's keys, revoked ones included, without their
 // plaintext.
 func (s *AdminService) ListKeys(ctx context.Context, tenantID string) (*List[APIKey], error) {
-	var l List[APIKey]
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/tenants/" + pathID(tenantID) + "/keys", admin: true}, &l); err != nil {
-		return nil, err
-	}
-	return &l, nil
+	return call[List[APIKey]](ctx, s.c, &request{method: http.MethodGet, path: "/admin/v1/tenants/" + pathID(tenantID) + "/keys", admin: true})
 }
 
 // KeyUpdateParams change a key; nil fields stay as they are.
@@ -168,21 +128,13 @@ type KeyUpdateParams struct {
 // UpdateKey changes a key's settings; it applies from the key's next
 // request.
 func (s *AdminService) UpdateKey(ctx context.Context, keyID string, p *KeyUpdateParams) (*APIKey, error) {
-	var k APIKey
-	if err := s.c.do(ctx, &request{method: http.MethodPatch, path: "/admin/v1/keys/" + pathID(keyID), admin: true, json: p}, &k); err != nil {
-		return nil, err
-	}
-	return &k, nil
+	return call[APIKey](ctx, s.c, &request{method: http.MethodPatch, path: "/admin/v1/keys/" + pathID(keyID), admin: true, json: p})
 }
 
 // RevokeKey revokes a key at once; the key is refused from its next
 // request on.
 func (s *AdminService) RevokeKey(ctx context.Context, keyID string) (*APIKey, error) {
-	var k APIKey
-	if err := s.c.do(ctx, &request{method: http.MethodDelete, path: "/admin/v1/keys/" + pathID(keyID), admin: true}, &k); err != nil {
-		return nil, err
-	}
-	return &k, nil
+	return call[APIKey](ctx, s.c, &request{method: http.MethodDelete, path: "/admin/v1/keys/" + pathID(keyID), admin: true})
 }
 
 // UsageReportParams select the usage report; zero fields are left out.
@@ -196,16 +148,9 @@ type UsageReportParams struct {
 // UsageReport returns spend per tenant and model on one day, from the
 // ledger.
 func (s *AdminService) UsageReport(ctx context.Context, p *UsageReportParams) (*UsageReport, error) {
-	q := url.Values{}
-	if p != nil {
-		set(q, "day", p.Day)
-		set(q, "tenant_id", p.TenantID)
-	}
-	var r UsageReport
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/usage", admin: true, query: q}, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	q := deref(p)
+	return call[UsageReport](ctx, s.c, &request{method: http.MethodGet, path: "/admin/v1/usage", admin: true,
+		query: query(0, "day", q.Day, "tenant_id", q.TenantID)})
 }
 
 // Retention is what the server's retention would purge now (the policy's
@@ -235,11 +180,7 @@ type Retention struct {
 // Retention says what the server's retention would purge now, purging
 // nothing.
 func (s *AdminService) Retention(ctx context.Context) (*Retention, error) {
-	var r Retention
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/admin/v1/retention", admin: true}, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return call[Retention](ctx, s.c, &request{method: http.MethodGet, path: "/admin/v1/retention", admin: true})
 }
 
 // RotateWebhookSecret gives the tenant a new webhook secret; the previous
@@ -247,11 +188,6 @@ func (s *AdminService) Retention(ctx context.Context) (*Retention, error) {
 // most 720h), so receivers can move without missing one. The answer holds
 // the new secret.
 func (s *AdminService) RotateWebhookSecret(ctx context.Context, tenantID string, overlap time.Duration) (*Tenant, error) {
-	var t Tenant
-	body := map[string]string{"overlap": overlap.String()}
-	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/admin/v1/tenants/" + url.PathEscape(tenantID) + "/webhook_secret/rotate",
-		admin: true, json: body}, &t); err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return call[Tenant](ctx, s.c, &request{method: http.MethodPost, path: "/admin/v1/tenants/" + pathID(tenantID) + "/webhook_secret/rotate",
+		admin: true, json: map[string]string{"overlap": overlap.String()}})
 }

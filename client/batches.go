@@ -31,51 +31,29 @@ func (s *BatchesService) Create(ctx context.Context, p *BatchCreateParams) (*Bat
 	if body.CompletionWindow == "" {
 		body.CompletionWindow = "24h"
 	}
-	var b Batch
-	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/v1/batches", json: &body}, &b); err != nil {
-		return nil, err
-	}
-	return &b, nil
+	return call[Batch](ctx, s.c, &request{method: http.MethodPost, path: "/v1/batches", json: &body})
 }
 
 // Get returns a batch with its request counts.
 func (s *BatchesService) Get(ctx context.Context, id string) (*Batch, error) {
-	var b Batch
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/batches/" + pathID(id)}, &b); err != nil {
-		return nil, err
-	}
-	return &b, nil
+	return call[Batch](ctx, s.c, &request{method: http.MethodGet, path: "/v1/batches/" + pathID(id)})
 }
 
 // Cancel asks a batch to stop: it is cancelling until its running requests
 // end, then cancelled, with the results so far in its files.
 func (s *BatchesService) Cancel(ctx context.Context, id string) (*Batch, error) {
-	var b Batch
-	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/v1/batches/" + pathID(id) + "/cancel"}, &b); err != nil {
-		return nil, err
-	}
-	return &b, nil
+	return call[Batch](ctx, s.c, &request{method: http.MethodPost, path: "/v1/batches/" + pathID(id) + "/cancel"})
 }
 
 // List returns one page of the tenant's batches, newest first.
 func (s *BatchesService) List(ctx context.Context, p *ListParams) (*List[Batch], error) {
-	var l List[Batch]
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/batches", query: p.query()}, &l); err != nil {
-		return nil, err
-	}
-	return &l, nil
+	return call[List[Batch]](ctx, s.c, &request{method: http.MethodGet, path: "/v1/batches", query: p.query()})
 }
 
 // All iterates over every batch of the tenant, page after page.
 func (s *BatchesService) All(ctx context.Context, p *ListParams) iter.Seq2[*Batch, error] {
-	q := ListParams{}
-	if p != nil {
-		q = *p
-	}
-	return pages(q.After, func(after string) (*List[Batch], error) {
-		q.After = after
-		return s.List(ctx, &q)
-	})
+	q := deref(p)
+	return pages(&q.After, func() (*List[Batch], error) { return s.List(ctx, &q) })
 }
 
 // Finished reports whether the batch has reached a final status:
@@ -100,29 +78,12 @@ type BatchWaitOptions struct {
 // On ctx's end it returns the last batch seen (nil if none was) with ctx's
 // error; the batch itself runs on.
 func (s *BatchesService) Wait(ctx context.Context, id string, opts *BatchWaitOptions) (*Batch, error) {
-	var wo *WaitOptions
-	if opts != nil {
-		wo = &opts.WaitOptions
-	}
-	p := wo.poller()
-	var last *Batch
-	for {
+	o := deref(opts)
+	return wait(ctx, &o.WaitOptions, func() (*Batch, error) {
 		b, err := s.Get(ctx, id)
-		if err != nil {
-			if ctx.Err() != nil {
-				return last, err
-			}
-			return nil, err
+		if err == nil && o.OnPoll != nil {
+			o.OnPoll(b)
 		}
-		last = b
-		if opts != nil && opts.OnPoll != nil {
-			opts.OnPoll(b)
-		}
-		if b.Finished() {
-			return b, nil
-		}
-		if err := p.wait(ctx); err != nil {
-			return b, err
-		}
-	}
+		return b, err
+	}, (*Batch).Finished)
 }

@@ -135,23 +135,19 @@ type request struct {
 	body func() (rd io.ReadCloser, contentType string, ok bool, err error)
 }
 
-// do sends req, retrying 429 answers as the retry policy allows, and
-// decodes a 2xx JSON answer into out (when not nil). Any other answer is an
-// *Error.
-func (c *Client) do(ctx context.Context, req *request, out any) error {
+// call sends req and decodes its 2xx JSON answer into a new T. Any other
+// answer is an *Error.
+func call[T any](ctx context.Context, c *Client, req *request) (*T, error) {
 	resp, err := c.send(ctx, req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil
+	var v T
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return nil, fmt.Errorf("llmq: %s %s: reading the answer: %w", req.method, req.path, err)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("llmq: %s %s: reading the answer: %w", req.method, req.path, err)
-	}
-	return nil
+	return &v, nil
 }
 
 // send sends req and returns a 2xx response, whose body the caller closes.

@@ -9,19 +9,15 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
-	"strconv"
 )
 
 // FilesService calls /v1/files: batch input files, and the output and error
 // files llmq writes for batches.
 type FilesService struct{ c *Client }
 
-// Upload stores content as a file of purpose ("batch" when empty) named
-// filename. The content is streamed as it is read, never held in memory
-// whole, so a file of any size the server accepts can be sent from disk or
-// a pipe. An upload refused with a 429 is retried (as the retry policy
-// allows) only when content is an io.Seeker, since a plain reader cannot
-// be read twice.
+// Upload stores content, streamed as it is read, as a file of purpose
+// ("batch" when empty) named filename. A 429 is retried only when content
+// is an io.Seeker: a plain reader cannot be read twice.
 func (s *FilesService) Upload(ctx context.Context, filename string, content io.Reader, purpose string) (*File, error) {
 	if purpose == "" {
 		purpose = "batch"
@@ -62,11 +58,7 @@ func (s *FilesService) Upload(ctx context.Context, filename string, content io.R
 			_ = prev.pr.CloseWithError(io.ErrClosedPipe)
 		}
 	}()
-	var f File
-	if err := s.c.do(ctx, &request{method: http.MethodPost, path: "/v1/files", body: body}, &f); err != nil {
-		return nil, err
-	}
-	return &f, nil
+	return call[File](ctx, s.c, &request{method: http.MethodPost, path: "/v1/files", body: body})
 }
 
 // upload is one attempt's multipart body, written by a goroutine into a
@@ -113,21 +105,13 @@ func (u *upload) stop() {
 
 // Get returns a file's description.
 func (s *FilesService) Get(ctx context.Context, id string) (*File, error) {
-	var f File
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/files/" + pathID(id)}, &f); err != nil {
-		return nil, err
-	}
-	return &f, nil
+	return call[File](ctx, s.c, &request{method: http.MethodGet, path: "/v1/files/" + pathID(id)})
 }
 
 // Delete deletes an uploaded file that no batch uses; a batch's input,
 // output or error file is refused with a 409.
 func (s *FilesService) Delete(ctx context.Context, id string) (*FileDeleted, error) {
-	var d FileDeleted
-	if err := s.c.do(ctx, &request{method: http.MethodDelete, path: "/v1/files/" + pathID(id)}, &d); err != nil {
-		return nil, err
-	}
-	return &d, nil
+	return call[FileDeleted](ctx, s.c, &request{method: http.MethodDelete, path: "/v1/files/" + pathID(id)})
 }
 
 // FileListParams filter and page GET /v1/files. Zero fields are left out.
@@ -142,37 +126,21 @@ type FileListParams struct {
 }
 
 func (p *FileListParams) query() url.Values {
-	q := url.Values{}
 	if p == nil {
-		return q
+		return nil
 	}
-	set(q, "purpose", p.Purpose)
-	set(q, "after", p.After)
-	if p.Limit > 0 {
-		q.Set("limit", strconv.Itoa(p.Limit))
-	}
-	return q
+	return query(p.Limit, "after", p.After, "purpose", p.Purpose)
 }
 
 // List returns one page of the tenant's files, newest first.
 func (s *FilesService) List(ctx context.Context, p *FileListParams) (*List[File], error) {
-	var l List[File]
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/files", query: p.query()}, &l); err != nil {
-		return nil, err
-	}
-	return &l, nil
+	return call[List[File]](ctx, s.c, &request{method: http.MethodGet, path: "/v1/files", query: p.query()})
 }
 
 // All iterates over every file that p selects, page after page.
 func (s *FilesService) All(ctx context.Context, p *FileListParams) iter.Seq2[*File, error] {
-	q := FileListParams{}
-	if p != nil {
-		q = *p
-	}
-	return pages(q.After, func(after string) (*List[File], error) {
-		q.After = after
-		return s.List(ctx, &q)
-	})
+	q := deref(p)
+	return pages(&q.After, func() (*List[File], error) { return s.List(ctx, &q) })
 }
 
 // Content returns a file's content as it arrives; the caller reads and

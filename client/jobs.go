@@ -33,38 +33,26 @@ type JobCreateParams struct {
 	IdempotencyKey string `json:"-"`
 }
 
-// Create enqueues a job; the job it returns is queued (or, for a repeated
-// IdempotencyKey, the job that key created, in whatever state it is).
+// Create enqueues a job; for a repeated IdempotencyKey it returns the job
+// that key created, in whatever state it is.
 func (s *JobsService) Create(ctx context.Context, p *JobCreateParams) (*Job, error) {
 	req := &request{method: http.MethodPost, path: "/v1/jobs", json: p}
 	if p.IdempotencyKey != "" {
 		req.header = http.Header{"Idempotency-Key": {p.IdempotencyKey}}
 	}
-	var j Job
-	if err := s.c.do(ctx, req, &j); err != nil {
-		return nil, err
-	}
-	return &j, nil
+	return call[Job](ctx, s.c, req)
 }
 
 // Get returns a job of the key's tenant; another tenant's job is a 404.
 func (s *JobsService) Get(ctx context.Context, id string) (*Job, error) {
-	var j Job
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/jobs/" + pathID(id)}, &j); err != nil {
-		return nil, err
-	}
-	return &j, nil
+	return call[Job](ctx, s.c, &request{method: http.MethodGet, path: "/v1/jobs/" + pathID(id)})
 }
 
 // Cancel cancels a job that has not finished and returns it. Cancelling a
 // cancelled job again is not an error; cancelling one that succeeded or
 // failed is a 409.
 func (s *JobsService) Cancel(ctx context.Context, id string) (*Job, error) {
-	var j Job
-	if err := s.c.do(ctx, &request{method: http.MethodDelete, path: "/v1/jobs/" + pathID(id)}, &j); err != nil {
-		return nil, err
-	}
-	return &j, nil
+	return call[Job](ctx, s.c, &request{method: http.MethodDelete, path: "/v1/jobs/" + pathID(id)})
 }
 
 // JobListParams filter and page GET /v1/jobs. Zero fields are left out.
@@ -80,39 +68,22 @@ type JobListParams struct {
 }
 
 func (p *JobListParams) query() url.Values {
-	q := url.Values{}
 	if p == nil {
-		return q
+		return nil
 	}
-	set(q, "status", p.Status)
-	set(q, "batch_id", p.BatchID)
-	set(q, "after", p.After)
-	if p.Limit > 0 {
-		q.Set("limit", strconv.Itoa(p.Limit))
-	}
-	return q
+	return query(p.Limit, "after", p.After, "status", p.Status, "batch_id", p.BatchID)
 }
 
 // List returns one page of the tenant's jobs, newest first.
 func (s *JobsService) List(ctx context.Context, p *JobListParams) (*List[Job], error) {
-	var l List[Job]
-	if err := s.c.do(ctx, &request{method: http.MethodGet, path: "/v1/jobs", query: p.query()}, &l); err != nil {
-		return nil, err
-	}
-	return &l, nil
+	return call[List[Job]](ctx, s.c, &request{method: http.MethodGet, path: "/v1/jobs", query: p.query()})
 }
 
 // All iterates over every job that p selects, page after page, starting
 // after p.After. An error ends the iteration, yielded with a nil job.
 func (s *JobsService) All(ctx context.Context, p *JobListParams) iter.Seq2[*Job, error] {
-	q := JobListParams{}
-	if p != nil {
-		q = *p
-	}
-	return pages(q.After, func(after string) (*List[Job], error) {
-		q.After = after
-		return s.List(ctx, &q)
-	})
+	q := deref(p)
+	return pages(&q.After, func() (*List[Job], error) { return s.List(ctx, &q) })
 }
 
 // Finished reports whether the job has reached a final status: succeeded,
@@ -135,61 +106,51 @@ type WaitOptions struct {
 	MaxInterval time.Duration
 }
 
-func (o *WaitOptions) poller() *poller {
-	p := &poller{next: 250 * time.Millisecond, max: 5 * time.Second}
-	if o != nil && o.Interval > 0 {
-		p.next = o.Interval
-	}
-	if o != nil && o.MaxInterval > 0 {
-		p.max = o.MaxInterval
-	}
-	if p.next > p.max {
-		p.next = p.max
-	}
-	return p
-}
-
-// poller spaces polls.
-type poller struct{ next, max time.Duration }
-
-// wait sleeps the current interval and grows the next one.
-func (p *poller) wait(ctx context.Context) error {
-	d := p.next
-	p.next = min(p.next+p.next/2, p.max)
-	return sleep(ctx, d)
-}
-
 // Wait polls a job until it finishes and returns it in its final state. On
 // ctx's end it returns the last job seen (nil if none was) with ctx's
 // error. A waiting or deferred job (rate limit, budget) may take long: bound
 // the wait with ctx.
 func (s *JobsService) Wait(ctx context.Context, id string, opts *WaitOptions) (*Job, error) {
-	p := opts.poller()
-	var last *Job
+	return wait(ctx, opts, func() (*Job, error) { return s.Get(ctx, id) }, (*Job).Finished)
+}
+
+// wait gets an object until it is finished, polling as opts say; on ctx's
+// end it returns the last one seen with ctx's error.
+func wait[T any](ctx context.Context, opts *WaitOptions, get func() (*T, error), finished func(*T) bool) (*T, error) {
+	next, longest := 250*time.Millisecond, 5*time.Second
+	if opts != nil && opts.Interval > 0 {
+		next = opts.Interval
+	}
+	if opts != nil && opts.MaxInterval > 0 {
+		longest = opts.MaxInterval
+	}
+	next = min(next, longest)
+	var last *T
 	for {
-		j, err := s.Get(ctx, id)
+		v, err := get()
 		if err != nil {
 			if ctx.Err() != nil {
 				return last, err
 			}
 			return nil, err
 		}
-		last = j
-		if j.Finished() {
-			return j, nil
+		last = v
+		if finished(v) {
+			return v, nil
 		}
-		if err := p.wait(ctx); err != nil {
-			return j, err
+		if err := sleep(ctx, next); err != nil {
+			return v, err
 		}
+		next = min(next+next/2, longest)
 	}
 }
 
 // pages iterates over the items of a paged list, fetching the page after
 // each last id while the server says there is more.
-func pages[T any](after string, fetch func(after string) (*List[T], error)) iter.Seq2[*T, error] {
+func pages[T any](after *string, fetch func() (*List[T], error)) iter.Seq2[*T, error] {
 	return func(yield func(*T, error) bool) {
 		for {
-			l, err := fetch(after)
+			l, err := fetch()
 			if err != nil {
 				yield(nil, err)
 				return
@@ -199,16 +160,33 @@ func pages[T any](after string, fetch func(after string) (*List[T], error)) iter
 					return
 				}
 			}
-			if !l.HasMore || l.LastID == nil || *l.LastID == "" || *l.LastID == after {
+			if !l.HasMore || l.LastID == nil || *l.LastID == "" || *l.LastID == *after {
 				return
 			}
-			after = *l.LastID
+			*after = *l.LastID
 		}
 	}
 }
 
-func set(q url.Values, k, v string) {
-	if v != "" {
-		q.Set(k, v)
+// query is the query of a list: the page size when set, and the values of
+// the names given in pairs that are not empty.
+func query(limit int, pairs ...string) url.Values {
+	q := url.Values{}
+	for i := 0; i < len(pairs); i += 2 {
+		if pairs[i+1] != "" {
+			q.Set(pairs[i], pairs[i+1])
+		}
 	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	return q
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }

@@ -1,11 +1,7 @@
-// Package client is the Go client of llmq's HTTP API. This file holds the
-// wire types: every JSON object the API sends, with the field names and null
-// conventions the server uses (the server renders its answers into these very
-// types, so client and server cannot drift apart). Files and batches have
-// OpenAI's shapes, so what the official OpenAI SDKs read, this reads too.
-//
-// Times are Unix seconds, as in OpenAI's objects; a time that has not
-// happened yet is null (a nil pointer).
+// Package client is the Go client of llmq's HTTP API, and its wire types:
+// the server renders its answers into these very types, so the two cannot
+// drift apart. Files and batches have OpenAI's shapes. Times are Unix
+// seconds; a time that has not happened yet is null (a nil pointer).
 package client
 
 import (
@@ -23,8 +19,7 @@ type Job struct {
 	CustomID *string `json:"custom_id"`
 	Endpoint string  `json:"endpoint"` // "/v1/chat/completions", "/v1/responses" or "/v1/embeddings"
 	Model    string  `json:"model"`
-	// ServedBy says which deployment answered (provider/upstream) and of
-	// which model (Model's own, or a fallback's); null until one did.
+	// ServedBy is the model and deployment that answered; null until one did.
 	ServedBy *JobServedBy `json:"served_by"`
 	// Fallbacks are the job's own fallback models, when it named some.
 	Fallbacks []string `json:"fallbacks,omitempty"`
@@ -77,9 +72,8 @@ type JobUsage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
-	// Estimated is set when the provider's answer said nothing of its
-	// usage, or nothing believable: these are llmq's worst case (the
-	// prompt as estimated, max_tokens of output), and so is the cost.
+	// Estimated is set when the provider said nothing believable of its
+	// usage: these are llmq's worst case, and so is the cost.
 	Estimated bool `json:"estimated,omitempty"`
 }
 
@@ -103,9 +97,8 @@ type Tenant struct {
 	// WebhookSecret signs the tenant's webhooks. It is shown when the
 	// tenant is created or read alone, never in lists.
 	WebhookSecret string `json:"webhook_secret,omitempty"`
-	// WebhookSecretPreviousExpiresAt is, after a rotation, when the
-	// previous secret stops signing deliveries beside WebhookSecret (Unix
-	// seconds); absent when it has stopped.
+	// WebhookSecretPreviousExpiresAt is when the previous secret stops
+	// signing beside WebhookSecret after a rotation; absent once it has.
 	WebhookSecretPreviousExpiresAt *int64 `json:"webhook_secret_previous_expires_at,omitempty"`
 	CreatedAt                      int64  `json:"created_at"`
 	UpdatedAt                      int64  `json:"updated_at"`
@@ -119,8 +112,7 @@ type APIKey struct {
 	Key      string `json:"key,omitempty"`
 	Prefix   string `json:"prefix"`
 	TenantID string `json:"tenant_id"`
-	// APIExempt frees the key from its tier's API rate limit, whatever its
-	// tenant's setting.
+	// APIExempt frees the key from its tier's API rate limit.
 	APIExempt bool   `json:"api_exempt"`
 	CreatedAt int64  `json:"created_at"`
 	RevokedAt *int64 `json:"revoked_at"`
@@ -307,9 +299,8 @@ type Batch struct {
 	ID       string `json:"id"`
 	Object   string `json:"object"` // "batch"
 	Endpoint string `json:"endpoint"`
-	// Errors lists why the input was refused (a batch that failed
-	// validation); null otherwise. Lines refused one by one are in the
-	// error file, not here.
+	// Errors says why a batch that failed validation was refused; lines
+	// refused one by one are in the error file.
 	Errors           *BatchErrors `json:"errors"`
 	InputFileID      string       `json:"input_file_id"`
 	CompletionWindow string       `json:"completion_window"`

@@ -11,511 +11,319 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
-func (c *cli) jobs(args []string) error {
-	sub, args := subcommand(args, "list")
-	switch sub {
-	case "list":
-		p := client.JobListParams{}
-		return listCmd(c, "jobs list", args, &p.Limit, &p.After, func(fs *flag.FlagSet) {
-			fs.StringVar(&p.Status, "status", "", "")
-			fs.StringVar(&p.BatchID, "batch", "", "")
-		}, c.client,
-			func(cl *client.Client) (*client.List[client.Job], error) { return cl.Jobs.List(c.ctx, &p) },
-			func(cl *client.Client) iter.Seq2[*client.Job, error] { return cl.Jobs.All(c.ctx, &p) },
-			"ID\tSTATUS\tMODEL\tCUSTOM_ID\tATTEMPTS\tCOST_USD\tCREATED", func(j *client.Job) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", j.ID, j.Status, j.Model, deref(j.CustomID), j.Attempts, dollars(j.CostUSD), when(j.CreatedAt))
-			})
-	case "get", "cancel", "wait":
-		fs := c.flags("jobs " + sub)
-		pos, err := c.parse(fs, args, "ID")
-		if err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		var j *client.Job
-		switch sub {
-		case "get":
-			j, err = cl.Jobs.Get(c.ctx, pos[0])
-		case "cancel":
-			if j, err = cl.Jobs.Cancel(c.ctx, pos[0]); err == nil && !c.json {
-				fmt.Fprintf(c.stdout, "%s %s\n", j.ID, j.Status)
+// command is a command of the CLI: a group of subcommands, or a leaf that
+// parses its flags and positional arguments, checks them, makes its client
+// and runs.
+type command struct {
+	name string
+
+	// A group: its subcommands, in the order its usage names them, and the
+	// one run when none is given ("" for none).
+	subs []command
+	def  string
+
+	admin bool                      // the command and its subcommands call with the admin token
+	args  []string                  // names of the leaf's positional arguments
+	flags func(*flag.FlagSet)       // adds the leaf's own flags
+	check func(*flag.FlagSet) error // checks them before the client is made
+	run   func(*client.Client, []string) error
+}
+
+// commands is the CLI's table of commands. Their flags are bound to
+// variables of this call: one command runs per process.
+func (c *cli) commands() []command {
+	var (
+		jobList      client.JobListParams
+		batchList    client.ListParams
+		fileList     client.FileListParams
+		purpose, out string
+		report       client.UsageReportParams
+	)
+	return []command{
+		c.submitCommand(),
+		{name: "jobs", def: "list", subs: []command{
+			list(c, &jobList.Limit, &jobList.After, func(fs *flag.FlagSet) {
+				fs.StringVar(&jobList.Status, "status", "", "")
+				fs.StringVar(&jobList.BatchID, "batch", "", "")
+			},
+				func(cl *client.Client) (*client.List[client.Job], error) { return cl.Jobs.List(c.ctx, &jobList) },
+				func(cl *client.Client) iter.Seq2[*client.Job, error] { return cl.Jobs.All(c.ctx, &jobList) },
+				"ID\tSTATUS\tMODEL\tCUSTOM_ID\tATTEMPTS\tCOST_USD\tCREATED", func(j *client.Job) string {
+					return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", j.ID, j.Status, j.Model, deref(j.CustomID), j.Attempts, dollars(j.CostUSD), when(j.CreatedAt))
+				}),
+			{name: "get", args: id, run: func(cl *client.Client, pos []string) error {
+				return c.printJSON(cl.Jobs.Get(c.ctx, pos[0]))
+			}},
+			{name: "cancel", args: id, run: func(cl *client.Client, pos []string) error {
+				return reply(c, func(j *client.Job) string { return j.ID + " " + j.Status })(cl.Jobs.Cancel(c.ctx, pos[0]))
+			}},
+			{name: "wait", args: id, run: func(cl *client.Client, pos []string) error {
+				j, err := cl.Jobs.Wait(c.ctx, pos[0], nil)
+				if err := c.printJSON(j, err); err != nil {
+					return err
+				}
+				if j.Status != "succeeded" {
+					return incompletef("job %s %s", j.ID, j.Status)
+				}
 				return nil
+			}},
+		}},
+		{name: "batches", def: "list", subs: []command{
+			list(c, &batchList.Limit, &batchList.After, nil,
+				func(cl *client.Client) (*client.List[client.Batch], error) { return cl.Batches.List(c.ctx, &batchList) },
+				func(cl *client.Client) iter.Seq2[*client.Batch, error] { return cl.Batches.All(c.ctx, &batchList) },
+				"ID\tSTATUS\tDONE\tFAILED\tTOTAL\tENDPOINT\tCREATED", func(b *client.Batch) string {
+					rc := b.RequestCounts
+					return fmt.Sprintf("%s\t%s\t%d\t%d\t%d\t%s\t%s", b.ID, b.Status, rc.Completed, rc.Failed, rc.Total, b.Endpoint, when(b.CreatedAt))
+				}),
+			{name: "get", args: id, run: func(cl *client.Client, pos []string) error {
+				return c.printJSON(cl.Batches.Get(c.ctx, pos[0]))
+			}},
+			{name: "cancel", args: id, run: func(cl *client.Client, pos []string) error {
+				return reply(c, func(b *client.Batch) string { return b.ID + " " + b.Status })(cl.Batches.Cancel(c.ctx, pos[0]))
+			}},
+		}},
+		{name: "files", subs: []command{
+			{name: "upload", args: []string{"FILE"}, flags: func(fs *flag.FlagSet) { fs.StringVar(&purpose, "purpose", "batch", "") },
+				run: func(cl *client.Client, pos []string) error {
+					in, name, err := c.open(pos[0])
+					if err != nil {
+						return err
+					}
+					defer in.Close()
+					return reply(c, func(f *client.File) string { return f.ID })(cl.Files.Upload(c.ctx, name, in, purpose))
+				}},
+			list(c, &fileList.Limit, &fileList.After, func(fs *flag.FlagSet) {
+				fs.StringVar(&fileList.Purpose, "purpose", "", "")
+			},
+				func(cl *client.Client) (*client.List[client.File], error) { return cl.Files.List(c.ctx, &fileList) },
+				func(cl *client.Client) iter.Seq2[*client.File, error] { return cl.Files.All(c.ctx, &fileList) },
+				"ID\tPURPOSE\tBYTES\tFILENAME\tCREATED", func(f *client.File) string {
+					return fmt.Sprintf("%s\t%s\t%d\t%s\t%s", f.ID, f.Purpose, f.Bytes, f.Filename, when(f.CreatedAt))
+				}),
+			{name: "get", args: id, run: func(cl *client.Client, pos []string) error {
+				return c.printJSON(cl.Files.Get(c.ctx, pos[0]))
+			}},
+			{name: "content", args: id, flags: func(fs *flag.FlagSet) { fs.StringVar(&out, "out", "-", "") },
+				run: func(cl *client.Client, pos []string) error {
+					_, err := c.download(cl, pos[0], out)
+					return err
+				}},
+			{name: "delete", args: id, run: func(cl *client.Client, pos []string) error {
+				return reply(c, func(d *client.FileDeleted) string { return d.ID + " deleted" })(cl.Files.Delete(c.ctx, pos[0]))
+			}},
+		}},
+		{name: "usage", run: c.usage},
+		{name: "admin", admin: true, subs: []command{
+			{name: "tenants", def: "list", subs: c.tenantCommands()},
+			{name: "keys", subs: c.keyCommands()},
+			{name: "usage", flags: func(fs *flag.FlagSet) {
+				fs.StringVar(&report.Day, "day", "", "")
+				fs.StringVar(&report.TenantID, "tenant", "", "")
+			}, run: func(cl *client.Client, _ []string) error { return c.usageReport(cl, &report) }},
+			{name: "retention", run: c.retention},
+		}},
+	}
+}
+
+// id is the positional argument of the commands on one object.
+var id = []string{"ID"}
+
+func (c *cli) tenantCommands() []command {
+	var (
+		page       client.ListParams
+		create     client.TenantCreateParams
+		update     client.TenantUpdateParams
+		name, tier string
+		budget     string
+		exempt     bool
+		overlap    time.Duration
+	)
+	return []command{
+		{name: "create", flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&create.Name, "name", "", "")
+			fs.StringVar(&create.Tier, "tier", "", "")
+			fs.StringVar(&budget, "budget", "", "")
+			fs.BoolVar(&create.APIExempt, "api-exempt", false, "")
+		}, check: func(*flag.FlagSet) error {
+			if create.Name == "" || create.Tier == "" {
+				return usageErrorf("admin tenants create needs --name and --tier")
 			}
-		case "wait":
-			j, err = cl.Jobs.Wait(c.ctx, pos[0], nil)
-		}
-		if err != nil {
-			return err
-		}
-		if err := c.printJSON(j); err != nil {
-			return err
-		}
-		if sub == "wait" && j.Status != "succeeded" {
-			return incompletef("job %s %s", j.ID, j.Status)
-		}
-		return nil
-	}
-	return unknownSub("jobs", sub, "list, get, cancel or wait")
-}
-
-func (c *cli) batches(args []string) error {
-	sub, args := subcommand(args, "list")
-	switch sub {
-	case "list":
-		p := client.ListParams{}
-		return listCmd(c, "batches list", args, &p.Limit, &p.After, nil, c.client,
-			func(cl *client.Client) (*client.List[client.Batch], error) { return cl.Batches.List(c.ctx, &p) },
-			func(cl *client.Client) iter.Seq2[*client.Batch, error] { return cl.Batches.All(c.ctx, &p) },
-			"ID\tSTATUS\tDONE\tFAILED\tTOTAL\tENDPOINT\tCREATED", func(b *client.Batch) string {
-				rc := b.RequestCounts
-				return fmt.Sprintf("%s\t%s\t%d\t%d\t%d\t%s\t%s", b.ID, b.Status, rc.Completed, rc.Failed, rc.Total, b.Endpoint, when(b.CreatedAt))
-			})
-	case "get", "cancel":
-		fs := c.flags("batches " + sub)
-		pos, err := c.parse(fs, args, "ID")
-		if err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		if sub == "get" {
-			b, err := cl.Batches.Get(c.ctx, pos[0])
-			if err != nil {
-				return err
+			if budget != "" {
+				v, err := parseUSD(budget)
+				if err != nil {
+					return err
+				}
+				create.DailyBudgetUSD = &v
 			}
-			return c.printJSON(b)
-		}
-		b, err := cl.Batches.Cancel(c.ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSON(b)
-		}
-		fmt.Fprintf(c.stdout, "%s %s\n", b.ID, b.Status)
-		return nil
-	}
-	return unknownSub("batches", sub, "list, get or cancel")
-}
-
-func (c *cli) files(args []string) error {
-	sub, args := subcommand(args, "")
-	switch sub {
-	case "upload":
-		fs := c.flags("files upload")
-		purpose := fs.String("purpose", "batch", "")
-		pos, err := c.parse(fs, args, "FILE")
-		if err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		in, name, err := c.open(pos[0])
-		if err != nil {
-			return err
-		}
-		defer in.Close()
-		f, err := cl.Files.Upload(c.ctx, name, in, *purpose)
-		if err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSON(f)
-		}
-		fmt.Fprintln(c.stdout, f.ID)
-		return nil
-	case "list":
-		p := client.FileListParams{}
-		return listCmd(c, "files list", args, &p.Limit, &p.After, func(fs *flag.FlagSet) {
-			fs.StringVar(&p.Purpose, "purpose", "", "")
-		}, c.client,
-			func(cl *client.Client) (*client.List[client.File], error) { return cl.Files.List(c.ctx, &p) },
-			func(cl *client.Client) iter.Seq2[*client.File, error] { return cl.Files.All(c.ctx, &p) },
-			"ID\tPURPOSE\tBYTES\tFILENAME\tCREATED", func(f *client.File) string {
-				return fmt.Sprintf("%s\t%s\t%d\t%s\t%s", f.ID, f.Purpose, f.Bytes, f.Filename, when(f.CreatedAt))
-			})
-	case "get":
-		fs := c.flags("files get")
-		pos, err := c.parse(fs, args, "ID")
-		if err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		f, err := cl.Files.Get(c.ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		return c.printJSON(f)
-	case "delete":
-		fs := c.flags("files delete")
-		pos, err := c.parse(fs, args, "ID")
-		if err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		d, err := cl.Files.Delete(c.ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSON(d)
-		}
-		fmt.Fprintf(c.stdout, "%s deleted\n", d.ID)
-		return nil
-	case "content":
-		fs := c.flags("files content")
-		out := fs.String("out", "-", "")
-		pos, err := c.parse(fs, args, "ID")
-		if err != nil {
-			return err
-		}
-		cl, err := c.client()
-		if err != nil {
-			return err
-		}
-		_, err = c.download(cl, pos[0], *out)
-		return err
-	}
-	return unknownSub("files", sub, "upload, list, get, content or delete")
-}
-
-func (c *cli) usage(args []string) error {
-	if _, err := c.parse(c.flags("usage"), args); err != nil {
-		return err
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	u, err := cl.Usage(c.ctx)
-	if err != nil {
-		return err
-	}
-	if c.json {
-		return c.printJSON(u)
-	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "tenant\t%s (tier %s)\n", u.Tenant, u.Tier)
-	fmt.Fprintf(tw, "day\t%s, resets %s\n", u.Day, when(u.ResetsAt))
-	fmt.Fprintf(tw, "spent\t%s\n", dollars(u.SpentUSD))
-	fmt.Fprintf(tw, "reserved\t%s\n", dollars(u.ReservedUSD))
-	if u.BudgetUSD == nil {
-		fmt.Fprintf(tw, "budget\tunlimited\n")
-	} else {
-		fmt.Fprintf(tw, "budget\t%s\n", dollars(*u.BudgetUSD))
-		fmt.Fprintf(tw, "remaining\t%s\n", dollars(deref(u.RemainingUSD)))
-	}
-	if u.SoftLimitReached {
-		fmt.Fprintf(tw, "warning\tthe soft limit of the budget is reached\n")
-	}
-	return tw.Flush()
-}
-
-func (c *cli) admin(args []string) error {
-	what, args := subcommand(args, "")
-	switch what {
-	case "tenants":
-		return c.adminTenants(args)
-	case "keys":
-		return c.adminKeys(args)
-	case "usage":
-		fs := c.flags("admin usage")
-		p := client.UsageReportParams{}
-		fs.StringVar(&p.Day, "day", "", "")
-		fs.StringVar(&p.TenantID, "tenant", "", "")
-		if _, err := c.parse(fs, args); err != nil {
-			return err
-		}
-		cl, err := c.adminClient()
-		if err != nil {
-			return err
-		}
-		r, err := cl.Admin.UsageReport(c.ctx, &p)
-		if err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSON(r)
-		}
-		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "TENANT\tMODEL\tREQUESTS\tPROMPT_TOKENS\tCOMPLETION_TOKENS\tCOST_USD\n")
-		for _, row := range r.Data {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", row.TenantID, row.Model, row.Requests, row.PromptTokens, row.CompletionTokens, dollars(row.CostUSD))
-		}
-		fmt.Fprintf(tw, "total %s\t\t\t\t\t%s\n", r.Day, dollars(r.TotalCostUSD))
-		return tw.Flush()
-	case "retention":
-		if _, err := c.parse(c.flags("admin retention"), args); err != nil {
-			return err
-		}
-		cl, err := c.adminClient()
-		if err != nil {
-			return err
-		}
-		r, err := cl.Admin.Retention(c.ctx)
-		if err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSON(r)
-		}
-		before := func(unix *int64) string {
-			if unix == nil {
-				return "kept for ever (retention 0)"
-			}
-			return "older than " + time.Unix(*unix, 0).UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(c.stdout, "finished jobs (retention %s): %d would lose their request and response, %s\n", r.FinishedJobs, r.Jobs, before(r.JobsBefore))
-		fmt.Fprintf(c.stdout, "files (retention %s): %d files, %d bytes would be deleted, %s\n", r.Files, r.FileCount, r.FileBytes, before(r.FilesBefore))
-		fmt.Fprintf(c.stdout, "usage ledger (retention %s): %d rows would be folded into daily totals, %s\n", r.Ledger, r.LedgerRows, before(r.LedgerBefore))
-		return nil
-	}
-	return unknownSub("admin", what, "tenants, keys, usage or retention")
-}
-
-func (c *cli) adminTenants(args []string) error {
-	sub, args := subcommand(args, "list")
-	switch sub {
-	case "create":
-		fs := c.flags("admin tenants create")
-		p := client.TenantCreateParams{}
-		fs.StringVar(&p.Name, "name", "", "")
-		fs.StringVar(&p.Tier, "tier", "", "")
-		budget := fs.String("budget", "", "")
-		fs.BoolVar(&p.APIExempt, "api-exempt", false, "")
-		if _, err := c.parse(fs, args); err != nil {
-			return err
-		}
-		if p.Name == "" || p.Tier == "" {
-			return usageErrorf("admin tenants create needs --name and --tier")
-		}
-		if *budget != "" {
-			v, err := parseUSD(*budget)
-			if err != nil {
-				return err
-			}
-			p.DailyBudgetUSD = &v
-		}
-		cl, err := c.adminClient()
-		if err != nil {
-			return err
-		}
-		t, err := cl.Admin.CreateTenant(c.ctx, &p)
-		if err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSON(t)
-		}
-		fmt.Fprintln(c.stdout, t.ID)
-		return nil
-	case "list":
-		p := client.ListParams{}
-		return listCmd(c, "admin tenants list", args, &p.Limit, &p.After, nil, c.adminClient,
-			func(cl *client.Client) (*client.List[client.Tenant], error) { return cl.Admin.ListTenants(c.ctx, &p) },
-			func(cl *client.Client) iter.Seq2[*client.Tenant, error] { return cl.Admin.AllTenants(c.ctx, &p) },
+			return nil
+		}, run: func(cl *client.Client, _ []string) error {
+			return reply(c, func(t *client.Tenant) string { return t.ID })(cl.Admin.CreateTenant(c.ctx, &create))
+		}},
+		list(c, &page.Limit, &page.After, nil,
+			func(cl *client.Client) (*client.List[client.Tenant], error) {
+				return cl.Admin.ListTenants(c.ctx, &page)
+			},
+			func(cl *client.Client) iter.Seq2[*client.Tenant, error] { return cl.Admin.AllTenants(c.ctx, &page) },
 			"ID\tNAME\tTIER\tBUDGET_USD\tCREATED", func(t *client.Tenant) string {
 				b := "tier's"
 				if t.DailyBudgetUSD != nil {
 					b = dollars(*t.DailyBudgetUSD)
 				}
 				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", t.ID, t.Name, t.Tier, b, when(t.CreatedAt))
+			}),
+		{name: "get", args: id, run: func(cl *client.Client, pos []string) error {
+			return c.printJSON(cl.Admin.GetTenant(c.ctx, pos[0]))
+		}},
+		{name: "update", args: id, flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&name, "name", "", "")
+			fs.StringVar(&tier, "tier", "", "")
+			fs.StringVar(&budget, "budget", "", "")
+			fs.BoolVar(&exempt, "api-exempt", false, "")
+		}, check: func(fs *flag.FlagSet) error {
+			set := map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			if set["name"] {
+				update.Name = &name
+			}
+			if set["tier"] {
+				update.Tier = &tier
+			}
+			if set["api-exempt"] {
+				update.APIExempt = &exempt
+			}
+			if set["budget"] {
+				if budget == "tier" {
+					update.ClearDailyBudget = true
+				} else {
+					v, err := parseUSD(budget)
+					if err != nil {
+						return err
+					}
+					update.DailyBudgetUSD = &v
+				}
+			}
+			if !set["name"] && !set["tier"] && !set["api-exempt"] && !set["budget"] {
+				return usageErrorf("admin tenants update needs --name, --tier, --budget or --api-exempt")
+			}
+			return nil
+		}, run: func(cl *client.Client, pos []string) error {
+			return c.printJSON(cl.Admin.UpdateTenant(c.ctx, pos[0], &update))
+		}},
+		{name: "rotate-webhook-secret", args: id, flags: func(fs *flag.FlagSet) {
+			fs.DurationVar(&overlap, "overlap", 24*time.Hour, "")
+		}, run: func(cl *client.Client, pos []string) error {
+			return c.printJSON(cl.Admin.RotateWebhookSecret(c.ctx, pos[0], overlap))
+		}},
+	}
+}
+
+func (c *cli) keyCommands() []command {
+	tenant, key := []string{"TENANT_ID"}, []string{"KEY_ID"}
+	return []command{
+		{name: "create", args: tenant, run: func(cl *client.Client, pos []string) error {
+			k, err := cl.Admin.CreateKey(c.ctx, pos[0])
+			if err != nil || c.json {
+				return c.printJSON(k, err)
+			}
+			// The key alone on stdout, for KEY=$(llmq admin keys create …).
+			fmt.Fprintln(c.stdout, k.Key)
+			fmt.Fprintf(c.stderr, "key %s of %s: keep it now, llmq shows it only once\n", k.ID, k.TenantID)
+			return nil
+		}},
+		{name: "list", args: tenant, run: func(cl *client.Client, pos []string) error {
+			keys := func() (*client.List[client.APIKey], error) { return cl.Admin.ListKeys(c.ctx, pos[0]) }
+			return printList(c, onePage(c, keys), "ID\tPREFIX\tCREATED\tREVOKED", func(k *client.APIKey) string {
+				revoked := "-"
+				if k.RevokedAt != nil {
+					revoked = when(*k.RevokedAt)
+				}
+				return fmt.Sprintf("%s\t%s…\t%s\t%s", k.ID, k.Prefix, when(k.CreatedAt), revoked)
 			})
-	case "get":
-		fs := c.flags("admin tenants get")
-		pos, err := c.parse(fs, args, "ID")
-		if err != nil {
-			return err
-		}
-		cl, err := c.adminClient()
-		if err != nil {
-			return err
-		}
-		t, err := cl.Admin.GetTenant(c.ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		return c.printJSON(t)
-	case "update":
-		fs := c.flags("admin tenants update")
-		name := fs.String("name", "", "")
-		tier := fs.String("tier", "", "")
-		budget := fs.String("budget", "", "")
-		exempt := fs.Bool("api-exempt", false, "")
-		pos, err := c.parse(fs, args, "ID")
-		if err != nil {
-			return err
-		}
-		p := client.TenantUpdateParams{}
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		if set["name"] {
-			p.Name = name
-		}
-		if set["tier"] {
-			p.Tier = tier
-		}
-		if set["api-exempt"] {
-			p.APIExempt = exempt
-		}
-		if set["budget"] {
-			if *budget == "tier" {
-				p.ClearDailyBudget = true
-			} else {
-				v, err := parseUSD(*budget)
-				if err != nil {
-					return err
-				}
-				p.DailyBudgetUSD = &v
-			}
-		}
-		if len(set) == 0 || (!set["name"] && !set["tier"] && !set["api-exempt"] && !set["budget"]) {
-			return usageErrorf("admin tenants update needs --name, --tier, --budget or --api-exempt")
-		}
-		cl, err := c.adminClient()
-		if err != nil {
-			return err
-		}
-		t, err := cl.Admin.UpdateTenant(c.ctx, pos[0], &p)
-		if err != nil {
-			return err
-		}
-		return c.printJSON(t)
-	case "rotate-webhook-secret":
-		fs := c.flags("admin tenants rotate-webhook-secret")
-		overlap := fs.Duration("overlap", 24*time.Hour, "")
-		pos, err := c.parse(fs, args, "ID")
-		if err != nil {
-			return err
-		}
-		cl, err := c.adminClient()
-		if err != nil {
-			return err
-		}
-		t, err := cl.Admin.RotateWebhookSecret(c.ctx, pos[0], *overlap)
-		if err != nil {
-			return err
-		}
-		return c.printJSON(t)
+		}},
+		{name: "revoke", args: key, run: func(cl *client.Client, pos []string) error {
+			return reply(c, func(k *client.APIKey) string { return k.ID + " revoked" })(cl.Admin.RevokeKey(c.ctx, pos[0]))
+		}},
 	}
-	return unknownSub("admin tenants", sub, "create, list, get, update or rotate-webhook-secret")
 }
 
-func (c *cli) adminKeys(args []string) error {
-	sub, args := subcommand(args, "")
-	switch sub {
-	case "create", "list", "revoke":
-	default:
-		return unknownSub("admin keys", sub, "create, list or revoke")
+// runCommand runs cmd, named path ("admin tenants"), with args.
+func (c *cli) runCommand(path string, cmd *command, args []string, admin bool) error {
+	admin = admin || cmd.admin
+	if cmd.subs != nil {
+		sub, rest := cmd.def, args
+		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			sub, rest = args[0], args[1:]
+		}
+		names := make([]string, len(cmd.subs))
+		for i := range cmd.subs {
+			if cmd.subs[i].name == sub {
+				return c.runCommand(path+" "+sub, &cmd.subs[i], rest, admin)
+			}
+			names[i] = cmd.subs[i].name
+		}
+		subs := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+		top, _, _ := strings.Cut(path, " ")
+		if sub == "" {
+			return usageErrorf("%s needs a subcommand: %s (llmq %s -h)", path, subs, top)
+		}
+		return usageErrorf("unknown command \"%s %s\": use %s (llmq %s -h)", path, sub, subs, top)
 	}
-	fs := c.flags("admin keys " + sub)
-	arg := "TENANT_ID"
-	if sub == "revoke" {
-		arg = "KEY_ID"
+	fs := c.flags(path)
+	if cmd.flags != nil {
+		cmd.flags(fs)
 	}
-	pos, err := c.parse(fs, args, arg)
+	pos, err := c.parse(fs, args, cmd.args...)
 	if err != nil {
 		return err
 	}
-	cl, err := c.adminClient()
+	if cmd.check != nil {
+		if err := cmd.check(fs); err != nil {
+			return err
+		}
+	}
+	cl, err := c.connect(admin)
 	if err != nil {
 		return err
 	}
-	switch sub {
-	case "create":
-		k, err := cl.Admin.CreateKey(c.ctx, pos[0])
-		if err != nil {
-			return err
+	return cmd.run(cl, pos)
+}
+
+// reply prints what a call returned: line(v), or with --json v as JSON.
+func reply[T any](c *cli, line func(*T) string) func(*T, error) error {
+	return func(v *T, err error) error {
+		if err != nil || c.json {
+			return c.printJSON(v, err)
 		}
-		if c.json {
-			return c.printJSON(k)
-		}
-		// The key alone on stdout, for KEY=$(llmq admin keys create …).
-		fmt.Fprintln(c.stdout, k.Key)
-		fmt.Fprintf(c.stderr, "key %s of %s: keep it now, llmq shows it only once\n", k.ID, k.TenantID)
-		return nil
-	case "list":
-		l, err := cl.Admin.ListKeys(c.ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		return printList(c, func(yield func(*client.APIKey, error) bool) {
-			for i := range l.Data {
-				if !yield(&l.Data[i], nil) {
-					return
-				}
-			}
-		}, "ID\tPREFIX\tCREATED\tREVOKED", func(k *client.APIKey) string {
-			revoked := "-"
-			if k.RevokedAt != nil {
-				revoked = when(*k.RevokedAt)
-			}
-			return fmt.Sprintf("%s\t%s…\t%s\t%s", k.ID, k.Prefix, when(k.CreatedAt), revoked)
-		})
-	default:
-		k, err := cl.Admin.RevokeKey(c.ctx, pos[0])
-		if err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSON(k)
-		}
-		fmt.Fprintf(c.stdout, "%s revoked\n", k.ID)
+		fmt.Fprintln(c.stdout, line(v))
 		return nil
 	}
 }
 
-// unknownSub is the usage error of a command whose subcommand is missing
-// or unknown.
-func unknownSub(cmd, sub, subs string) error {
-	top, _, _ := strings.Cut(cmd, " ")
-	if sub == "" {
-		return usageErrorf("%s needs a subcommand: %s (llmq %s -h)", cmd, subs, top)
-	}
-	return usageErrorf("unknown command \"%s %s\": use %s (llmq %s -h)", cmd, sub, subs, top)
-}
-
-// listCmd runs a list command: the command's own flags (extra), --limit,
-// --after and --all (every page, 100 a request), printed as a table of
-// header and row, or as JSON lines.
-func listCmd[T any](c *cli, name string, args []string, limit *int, after *string, extra func(*flag.FlagSet),
-	connect func() (*client.Client, error), page func(*client.Client) (*client.List[T], error),
-	all func(*client.Client) iter.Seq2[*T, error], header string, row func(*T) string) error {
-	fs := c.flags(name)
-	if extra != nil {
-		extra(fs)
-	}
-	fs.IntVar(limit, "limit", 0, "")
-	fs.StringVar(after, "after", "", "")
-	every := fs.Bool("all", false, "")
-	if _, err := c.parse(fs, args); err != nil {
-		return err
-	}
-	cl, err := connect()
-	if err != nil {
-		return err
-	}
-	seq := onePage(c, func() (*client.List[T], error) { return page(cl) })
-	if *every {
-		if *limit == 0 {
-			*limit = 100 // fewer round trips than the default 20
+// list is a list command: its own flags (extra), --limit, --after and
+// --all (every page, 100 a request), printed as a table of header and row,
+// or as JSON lines.
+func list[T any](c *cli, limit *int, after *string, extra func(*flag.FlagSet),
+	page func(*client.Client) (*client.List[T], error), all func(*client.Client) iter.Seq2[*T, error],
+	header string, row func(*T) string) command {
+	every := false
+	return command{name: "list", flags: func(fs *flag.FlagSet) {
+		if extra != nil {
+			extra(fs)
 		}
-		seq = all(cl)
-	}
-	return printList(c, seq, header, row)
+		fs.IntVar(limit, "limit", 0, "")
+		fs.StringVar(after, "after", "", "")
+		fs.BoolVar(&every, "all", false, "")
+	}, run: func(cl *client.Client, _ []string) error {
+		seq := onePage(c, func() (*client.List[T], error) { return page(cl) })
+		if every {
+			if *limit == 0 {
+				*limit = 100 // fewer round trips than the default 20
+			}
+			seq = all(cl)
+		}
+		return printList(c, seq, header, row)
+	}}
 }
 
 // onePage is the sequence of one page's items; after the last it says on
@@ -536,4 +344,57 @@ func onePage[T any](c *cli, page func() (*client.List[T], error)) iter.Seq2[*T, 
 			fmt.Fprintf(c.stderr, "more: --after %s for the next page, or --all\n", *l.LastID)
 		}
 	}
+}
+
+func (c *cli) usage(cl *client.Client, _ []string) error {
+	u, err := cl.Usage(c.ctx)
+	if err != nil || c.json {
+		return c.printJSON(u, err)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "tenant\t%s (tier %s)\n", u.Tenant, u.Tier)
+	fmt.Fprintf(tw, "day\t%s, resets %s\n", u.Day, when(u.ResetsAt))
+	fmt.Fprintf(tw, "spent\t%s\n", dollars(u.SpentUSD))
+	fmt.Fprintf(tw, "reserved\t%s\n", dollars(u.ReservedUSD))
+	if u.BudgetUSD == nil {
+		fmt.Fprintf(tw, "budget\tunlimited\n")
+	} else {
+		fmt.Fprintf(tw, "budget\t%s\n", dollars(*u.BudgetUSD))
+		fmt.Fprintf(tw, "remaining\t%s\n", dollars(deref(u.RemainingUSD)))
+	}
+	if u.SoftLimitReached {
+		fmt.Fprintf(tw, "warning\tthe soft limit of the budget is reached\n")
+	}
+	return tw.Flush()
+}
+
+func (c *cli) usageReport(cl *client.Client, p *client.UsageReportParams) error {
+	r, err := cl.Admin.UsageReport(c.ctx, p)
+	if err != nil || c.json {
+		return c.printJSON(r, err)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "TENANT\tMODEL\tREQUESTS\tPROMPT_TOKENS\tCOMPLETION_TOKENS\tCOST_USD\n")
+	for _, row := range r.Data {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", row.TenantID, row.Model, row.Requests, row.PromptTokens, row.CompletionTokens, dollars(row.CostUSD))
+	}
+	fmt.Fprintf(tw, "total %s\t\t\t\t\t%s\n", r.Day, dollars(r.TotalCostUSD))
+	return tw.Flush()
+}
+
+func (c *cli) retention(cl *client.Client, _ []string) error {
+	r, err := cl.Admin.Retention(c.ctx)
+	if err != nil || c.json {
+		return c.printJSON(r, err)
+	}
+	before := func(unix *int64) string {
+		if unix == nil {
+			return "kept for ever (retention 0)"
+		}
+		return "older than " + time.Unix(*unix, 0).UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(c.stdout, "finished jobs (retention %s): %d would lose their request and response, %s\n", r.FinishedJobs, r.Jobs, before(r.JobsBefore))
+	fmt.Fprintf(c.stdout, "files (retention %s): %d files, %d bytes would be deleted, %s\n", r.Files, r.FileCount, r.FileBytes, before(r.FilesBefore))
+	fmt.Fprintf(c.stdout, "usage ledger (retention %s): %d rows would be folded into daily totals, %s\n", r.Ledger, r.LedgerRows, before(r.LedgerBefore))
+	return nil
 }

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -95,7 +96,6 @@ Exit status: 0 done; 1 failed; 2 bad usage; 3 the work ended but not all of
 it succeeded (a batch or job that failed, was cancelled or expired, or
 failed requests in a batch); 130 interrupted.`
 
-// Exit codes.
 const (
 	exitFailed      = 1
 	exitUsage       = 2
@@ -184,55 +184,35 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 		}
 		return usageErrorf("%v (llmq help lists the commands and flags)", err)
 	}
-	if *version {
-		fmt.Fprintln(stdout, buildinfo.String("llmq"))
-		return nil
-	}
 	args = fs.Args()
-	if len(args) == 0 {
+	if len(args) == 0 && !*version {
 		return usageErrorf("no command given (llmq help lists them)")
 	}
-	err := c.dispatch(args[0], args[1:])
-	if errors.Is(err, errHelp) {
-		return nil
+	switch cmd, args := first(args), args[min(1, len(args)):]; {
+	case *version:
+		fmt.Fprintln(stdout, buildinfo.String("llmq"))
+	case wantsHelp(cmd, args):
+		fmt.Fprintln(stdout, helpFor(cmd))
+	case cmd == "help":
+		fmt.Fprintln(stdout, helpFor(first(args)))
+	case cmd == "version":
+		fmt.Fprintln(stdout, buildinfo.String("llmq"))
+	default:
+		for _, top := range c.commands() {
+			if top.name == cmd {
+				if err := c.runCommand(cmd, &top, args, false); !errors.Is(err, errHelp) {
+					return err
+				}
+				return nil
+			}
+		}
+		return usageErrorf("unknown command %q (llmq help lists the commands)", cmd)
 	}
-	return err
+	return nil
 }
 
 // errHelp ends a command whose help was asked for (and printed).
 var errHelp = errors.New("help shown")
-
-func (c *cli) dispatch(cmd string, args []string) error {
-	if wantsHelp(cmd, args) {
-		fmt.Fprintln(c.stdout, helpFor(cmd))
-		return nil
-	}
-	switch cmd {
-	case "submit":
-		return c.submit(args)
-	case "jobs":
-		return c.jobs(args)
-	case "batches":
-		return c.batches(args)
-	case "files":
-		return c.files(args)
-	case "usage":
-		return c.usage(args)
-	case "admin":
-		return c.admin(args)
-	case "help":
-		if len(args) > 0 {
-			fmt.Fprintln(c.stdout, helpFor(args[0]))
-			return nil
-		}
-		fmt.Fprintln(c.stdout, usage)
-		return nil
-	case "version":
-		fmt.Fprintln(c.stdout, buildinfo.String("llmq"))
-		return nil
-	}
-	return usageErrorf("unknown command %q (llmq help lists the commands)", cmd)
-}
 
 // wantsHelp reports whether args ask for cmd's help: -h or --help anywhere
 // before "--", or help where a subcommand goes (llmq jobs help, llmq admin
@@ -252,7 +232,7 @@ func wantsHelp(cmd string, args []string) bool {
 }
 
 // helpFor is the usage of one command: its lines of the usage text, and
-// the flags every command takes. An unknown command gets the whole text.
+// the flags every command takes. Any other name gets the whole text.
 func helpFor(cmd string) string {
 	var lines []string
 	in := false
@@ -275,12 +255,12 @@ func helpFor(cmd string) string {
 	return "usage: llmq " + cmd + " ...\n" + strings.Join(lines, "\n") + "\n\n" + common
 }
 
-// flags returns a flag set for one command with the common flags.
+// flags returns a flag set for one command with the common flags. They
+// have no defaults, so help never prints a key taken from the environment:
+// connect resolves them.
 func (c *cli) flags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // errors are returned, and help is the usage text
-	// No defaults here: help must never print a key taken from the
-	// environment. They are resolved in client().
+	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.url, "url", c.url, "")
 	fs.StringVar(&c.apiKey, "api-key", c.apiKey, "")
 	fs.StringVar(&c.adminToken, "admin-token", c.adminToken, "")
@@ -323,47 +303,30 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, names ...string) ([]string,
 	return pos, nil
 }
 
-// client returns a client of the tenant key.
-func (c *cli) client() (*client.Client, error) {
-	key := firstOf(c.apiKey, c.env["LLMQ_API_KEY"])
-	if key == "" {
+// connect returns a client of the tenant key, or of the admin token.
+func (c *cli) connect(admin bool) (*client.Client, error) {
+	key, opts := cmp.Or(c.apiKey, c.env["LLMQ_API_KEY"]), []client.Option{client.WithUserAgent("llmq-cli")}
+	if admin {
+		token := cmp.Or(c.adminToken, c.env["LLMQ_ADMIN_TOKEN"])
+		if token == "" {
+			return nil, usageErrorf("no admin token: set LLMQ_ADMIN_TOKEN or pass --admin-token")
+		}
+		key, opts = "", append(opts, client.WithAdminToken(token))
+	} else if key == "" {
 		return nil, usageErrorf("no API key: set LLMQ_API_KEY or pass --api-key")
 	}
-	return c.newClient(key)
-}
-
-// adminClient returns a client of the admin token.
-func (c *cli) adminClient() (*client.Client, error) {
-	token := firstOf(c.adminToken, c.env["LLMQ_ADMIN_TOKEN"])
-	if token == "" {
-		return nil, usageErrorf("no admin token: set LLMQ_ADMIN_TOKEN or pass --admin-token")
-	}
-	return c.newClient("", client.WithAdminToken(token))
-}
-
-func (c *cli) newClient(key string, opts ...client.Option) (*client.Client, error) {
-	u := firstOf(c.url, c.env["LLMQ_URL"], defaultURL)
-	cl, err := client.New(u, key, append(opts, client.WithUserAgent("llmq-cli"))...)
+	u := cmp.Or(c.url, c.env["LLMQ_URL"], defaultURL)
+	cl, err := client.New(u, key, opts...)
 	if err != nil {
 		return nil, usageErrorf("LLMQ_URL or --url: %q is not an http(s) URL", u)
 	}
 	return cl, nil
 }
 
-func firstOf(vs ...string) string {
-	for _, v := range vs {
-		if v != "" {
-			return v
-		}
+// first is the first of args, "" when there is none.
+func first(args []string) string {
+	if len(args) == 0 {
+		return ""
 	}
-	return ""
-}
-
-// subcommand splits args into the subcommand and the rest, with def when
-// there is none (or the first argument is a flag).
-func subcommand(args []string, def string) (string, []string) {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return def, args
-	}
-	return args[0], args[1:]
+	return args[0]
 }

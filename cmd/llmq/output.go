@@ -17,17 +17,19 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
-// printJSON prints v as indented JSON.
-func (c *cli) printJSON(v any) error {
+// printJSON prints what a call returned, v as indented JSON or err.
+func (c *cli) printJSON(v any, err error) error {
+	if err != nil {
+		return err
+	}
 	enc := json.NewEncoder(c.stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
 
-// printList prints the items of seq as a table under header, one row per
-// item, or with --json as JSON lines (so --all streams). Nothing reaches
-// stdout before the first page is known to be good: an error there (a
-// wrong key) prints no table header.
+// printList prints the items of seq as a table under header, or with
+// --json as JSON lines (so --all streams). An error on the first page (a
+// wrong key) prints nothing, not even the header.
 func printList[T any](c *cli, seq iter.Seq2[*T, error], header string, row func(*T) string) error {
 	if c.json {
 		enc := json.NewEncoder(c.stdout)
@@ -62,10 +64,9 @@ func printList[T any](c *cli, seq iter.Seq2[*T, error], header string, row func(
 	return tw.Flush()
 }
 
-// printable writes out the control and invisible formatting characters of
-// a row (a tenant name with CR, ESC or U+202E, stored before the API
-// refused them) as escapes, so the terminal shows them instead of acting
-// on them. Tabs, the table's separators, stay.
+// printable escapes the control and invisible formatting characters of a
+// row (CR, ESC, U+202E in a tenant name), so the terminal shows them
+// instead of acting on them. Tabs, the table's separators, stay.
 func printable(s string) string {
 	var b strings.Builder
 	for _, r := range s {
@@ -139,8 +140,7 @@ func unwrapPath(err error) error {
 }
 
 // download writes the content of file id to path ("-" is stdout) and
-// returns its size. A file is written beside its final name and renamed
-// into place, so a reader never sees half of it.
+// returns its size.
 func (c *cli) download(cl *client.Client, id, path string) (int64, error) {
 	body, err := cl.Files.Content(c.ctx, id)
 	if err != nil {
@@ -157,7 +157,8 @@ func (c *cli) download(cl *client.Client, id, path string) (int64, error) {
 	return writeFile(path, body)
 }
 
-// writeFile writes r to path through a temporary file beside it.
+// writeFile writes r to path through a temporary file beside it, renamed
+// into place, so a reader never sees half of it.
 func writeFile(path string, r io.Reader) (int64, error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {

@@ -9,13 +9,11 @@ import (
 	"github.com/schollz/progressbar/v3"
 )
 
-// progress draws a progress bar of one phase of work on stderr, with its
-// counts, the rate and the time left: sending a --jobs file (lines sent and
-// refused), or waiting for requests to end (done and failed). It starts at
-// the first count it is given. The rate is measured over the last
-// rateWindow of counts it saw, never from zero: waiting for a batch that is
-// half done does not count the first half as done in an instant, and once
-// the rate limiter paces the work after a first burst, the time left says so.
+// progress draws on stderr the bar of sending a --jobs file (lines sent and
+// refused) or of waiting for requests (done and failed), with the rate and
+// the time left. The rate is that of the last rateWindow of counts seen,
+// never from zero: a batch half done when the wait starts is not half done
+// in an instant, and once the limiter paces the work the time left says so.
 type progress struct {
 	w       io.Writer
 	quiet   bool
@@ -33,14 +31,10 @@ type sample struct {
 
 const rateWindow = 30 * time.Second
 
-// newProgress is the bar of waiting for requests; newSendProgress that of
-// sending them.
-func (c *cli) newProgress(quiet bool) *progress { return &progress{w: c.stderr, quiet: quiet} }
-func (c *cli) newSendProgress(quiet bool) *progress {
-	return &progress{w: c.stderr, quiet: quiet, sending: true}
+func (c *cli) newProgress(quiet, sending bool) *progress {
+	return &progress{w: c.stderr, quiet: quiet, sending: sending}
 }
 
-// update shows done and failed of total.
 func (p *progress) update(done, failed, total int64) {
 	if p.quiet || total <= 0 {
 		return
@@ -123,7 +117,6 @@ func roundDuration(d time.Duration) time.Duration {
 	return d.Round(100 * time.Millisecond)
 }
 
-// perSecond is n in d as a rate.
 func perSecond(n int, d time.Duration) string {
 	if d <= 0 {
 		return "-"

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -30,62 +31,58 @@ type submitOptions struct {
 	noDedupe    bool
 }
 
-func (c *cli) submit(args []string) error {
-	fs := c.flags("submit")
+func (c *cli) submitCommand() command {
 	o := submitOptions{metadata: map[string]string{}}
-	fs.BoolVar(&o.wait, "wait", false, "")
-	fs.StringVar(&o.out, "out", "", "")
-	fs.StringVar(&o.errs, "errors", "", "")
-	fs.StringVar(&o.endpoint, "endpoint", "", "")
-	fs.StringVar(&o.window, "completion-window", "24h", "")
-	fs.Func("metadata", "", func(s string) error {
-		k, v, ok := strings.Cut(s, "=")
-		if !ok || k == "" {
-			return fmt.Errorf("want KEY=VALUE, got %q", s)
+	return command{name: "submit", args: []string{"FILE"}, flags: func(fs *flag.FlagSet) {
+		fs.BoolVar(&o.wait, "wait", false, "")
+		fs.StringVar(&o.out, "out", "", "")
+		fs.StringVar(&o.errs, "errors", "", "")
+		fs.StringVar(&o.endpoint, "endpoint", "", "")
+		fs.StringVar(&o.window, "completion-window", "24h", "")
+		fs.Func("metadata", "", func(s string) error {
+			k, v, ok := strings.Cut(s, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("want KEY=VALUE, got %q", s)
+			}
+			o.metadata[k] = v
+			return nil
+		})
+		fs.BoolVar(&o.jobs, "jobs", false, "")
+		fs.IntVar(&o.concurrency, "concurrency", 8, "")
+		fs.DurationVar(&o.poll, "poll", time.Second, "")
+		fs.BoolVar(&o.quiet, "quiet", false, "")
+		fs.BoolVar(&o.noDedupe, "no-dedupe", false, "")
+	}, check: func(*flag.FlagSet) error {
+		if o.out != "" || o.errs != "" {
+			o.wait = true
 		}
-		o.metadata[k] = v
+		if o.concurrency < 1 || o.concurrency > 256 {
+			return usageErrorf("--concurrency must be 1 to 256, got %d", o.concurrency)
+		}
+		if o.poll < 10*time.Millisecond {
+			return usageErrorf("--poll must be at least 10ms, got %v", o.poll)
+		}
+		// Refuse an output path that cannot be written before any work is
+		// sent, not after it is paid for.
+		for _, p := range []string{o.out, o.errs} {
+			if p == "" || p == "-" {
+				continue
+			}
+			if st, err := os.Stat(filepath.Dir(p)); err != nil || !st.IsDir() {
+				return usageErrorf("cannot write %s: no directory %s", p, filepath.Dir(p))
+			}
+		}
+		if o.out == "-" && o.errs == "-" {
+			return usageErrorf("--out and --errors cannot both be stdout")
+		}
 		return nil
-	})
-	fs.BoolVar(&o.jobs, "jobs", false, "")
-	fs.IntVar(&o.concurrency, "concurrency", 8, "")
-	fs.DurationVar(&o.poll, "poll", time.Second, "")
-	fs.BoolVar(&o.quiet, "quiet", false, "")
-	fs.BoolVar(&o.noDedupe, "no-dedupe", false, "")
-	pos, err := c.parse(fs, args, "FILE")
-	if err != nil {
-		return err
-	}
-	o.path = pos[0]
-	if o.out != "" || o.errs != "" {
-		o.wait = true
-	}
-	if o.concurrency < 1 || o.concurrency > 256 {
-		return usageErrorf("--concurrency must be 1 to 256, got %d", o.concurrency)
-	}
-	if o.poll < 10*time.Millisecond {
-		return usageErrorf("--poll must be at least 10ms, got %v", o.poll)
-	}
-	// Refuse an output path that cannot be written before any work is
-	// sent, not after it is paid for.
-	for _, p := range []string{o.out, o.errs} {
-		if p == "" || p == "-" {
-			continue
+	}, run: func(cl *client.Client, pos []string) error {
+		o.path = pos[0]
+		if o.jobs {
+			return c.submitJobs(cl, &o)
 		}
-		if st, err := os.Stat(filepath.Dir(p)); err != nil || !st.IsDir() {
-			return usageErrorf("cannot write %s: no directory %s", p, filepath.Dir(p))
-		}
-	}
-	if o.out == "-" && o.errs == "-" {
-		return usageErrorf("--out and --errors cannot both be stdout")
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	if o.jobs {
-		return c.submitJobs(cl, &o)
-	}
-	return c.submitBatch(cl, &o)
+		return c.submitBatch(cl, &o)
+	}}
 }
 
 // batchLine is what llmq submit reads of an input line.
@@ -171,7 +168,7 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 
 	start := time.Now()
-	sendBar := c.newSendProgress(o.quiet)
+	sendBar := c.newProgress(o.quiet, true)
 	err = c.sendJobs(cl, lines, o.concurrency, func(sent, refused int64) { sendBar.update(sent-refused, refused, int64(len(lines))) })
 	sendBar.finish()
 	if err != nil {
@@ -214,7 +211,7 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 
 	waitStart := time.Now()
-	bar := c.newProgress(o.quiet)
+	bar := c.newProgress(o.quiet, false)
 	err = c.waitJobs(cl, lines, o.poll, bar)
 	bar.finish()
 	if err != nil {

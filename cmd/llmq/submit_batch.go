@@ -59,7 +59,6 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 		return err
 	}
 	if o.out == "-" || o.errs == "-" {
-		// stdout carries the results.
 		fmt.Fprintf(c.stderr, "batch %s\n", b.ID)
 	} else {
 		fmt.Fprintln(c.stdout, b.ID)
@@ -70,7 +69,7 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 	}
 
 	start, id := time.Now(), b.ID
-	bar := c.newProgress(o.quiet)
+	bar := c.newProgress(o.quiet, false)
 	b, err = cl.Batches.Wait(c.ctx, id, &client.BatchWaitOptions{
 		WaitOptions: client.WaitOptions{Interval: o.poll, MaxInterval: o.poll},
 		OnPoll: func(b *client.Batch) {

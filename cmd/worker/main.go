@@ -83,9 +83,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	defer a.Close()
 	go a.Policy.Watch(ctx, logger)
-	// The worker's events go to a registry of its own, served on /metrics
-	// (Prometheus sums the workers). It records until the jobs finishing in
-	// the shutdown grace period are counted, and flushes before Redis closes.
+	// The recorder outlives ctx: the jobs finishing in the shutdown grace
+	// period are counted, and it flushes before Redis closes.
 	rec, err := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
 	if err != nil {
 		return err
@@ -96,10 +95,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			return err
 		}
 	}
-	rctx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
-	recDone := make(chan struct{})
-	go func() { rec.Run(rctx); close(recDone) }()
-	defer func() { stopRec(); <-recDone }()
+	defer runUntilReturn(ctx, rec.Run)()
 
 	ln, err := net.Listen("tcp", env.ListenAddr)
 	if err != nil {
@@ -146,10 +142,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	// Every worker can release the jobs waiting in the fair queue: one at a
 	// time does, so jobs flow whichever processes run.
-	sctx, stopScheduler := context.WithCancel(context.WithoutCancel(ctx))
-	schedDone := make(chan struct{})
-	go func() { a.Scheduler().Run(sctx); close(schedDone) }()
-	defer func() { stopScheduler(); <-schedDone }()
+	defer runUntilReturn(ctx, a.Scheduler().Run)()
 	fmt.Fprintf(stdout, "worker running (concurrency %d, health on http://%s, metrics on http://%s/metrics)\n",
 		env.WorkerConcurrency, ln.Addr(), mln.Addr())
 	logger.Info("worker started", "concurrency", env.WorkerConcurrency)
@@ -157,4 +150,13 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	logger.Info("worker stopping", "grace", env.ShutdownTimeout)
 	srv.Shutdown()
 	return nil
+}
+
+// runUntilReturn runs run in the background, past ctx's end, and returns
+// the function that stops it and waits for it to return.
+func runUntilReturn(ctx context.Context, run func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { run(ctx); close(done) }()
+	return func() { cancel(); <-done }
 }

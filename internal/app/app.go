@@ -337,7 +337,7 @@ func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {
 func (a *App) WebhookHandler() (*webhook.Handler, error) {
 	obs, _ := a.Observer.(webhook.Observer) // the metrics recorder is one
 	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs, Spacer: a.spacer, Policy: a.Policy},
-		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate})
+		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate}), nil
 }
 
 // Scheduler returns the scheduler that releases waiting jobs into asynq's

@@ -18,15 +18,11 @@ func (e *BlockedError) Error() string {
 	return fmt.Sprintf("webhook target %s is a loopback, private, link-local or otherwise internal address", e.Addr)
 }
 
-// Blocked reports whether ip is an address webhooks may not reach unless
-// the operator allows internal targets (netguard.Blocked).
-func Blocked(ip netip.Addr) bool { return netguard.Blocked(ip) }
-
-// Control is a net.Dialer Control function that refuses blocked addresses
-// (unless allowPrivate). It runs on the address about to be connected to,
-// after DNS resolution, for every address tried: a name that resolves, or
-// later re-resolves, to an internal address is refused all the same.
-func Control(allowPrivate bool) func(network, address string, c syscall.RawConn) error {
+// dialControl is a net.Dialer Control function that refuses the addresses
+// netguard blocks (unless allowPrivate). It runs on every address tried,
+// after DNS resolution: a name that resolves, or later re-resolves, to an
+// internal address is refused all the same.
+func dialControl(allowPrivate bool) func(network, address string, c syscall.RawConn) error {
 	return func(network, address string, _ syscall.RawConn) error {
 		if allowPrivate {
 			return nil
@@ -39,7 +35,7 @@ func Control(allowPrivate bool) func(network, address string, c syscall.RawConn)
 		if err != nil {
 			return fmt.Errorf("webhook: dial to %q: not an IP address", host)
 		}
-		if Blocked(ip) {
+		if netguard.Blocked(ip) {
 			return &BlockedError{Addr: ip}
 		}
 		return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
@@ -40,9 +41,9 @@ func TestWebhooksPacedPerHost(t *testing.T) {
 		t.Fatalf("webhook_host_rps = %v", tr.WebhookHostRPS)
 	}
 	clock := testutil.NewClock(time.Now())
-	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store, Policy: a.Policy,
+	h := webhook.NewHandler(webhook.Deps{Store: a.Store, Policy: a.Policy,
 		Spacer: testutil.Must(limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys, Clock: clock.Now}))},
-		webhook.Options{AllowPrivate: true, MaxInlineWait: time.Nanosecond}))
+		webhook.Options{AllowPrivate: true, MaxInlineWait: time.Nanosecond})
 	t.Cleanup(h.Close)
 	rcvA, rcvB := newReceiver(t, http.StatusOK), newReceiver(t, http.StatusServiceUnavailable)
 	portB := rcvB.URL[strings.LastIndex(rcvB.URL, ":"):]
@@ -95,8 +96,8 @@ func TestWebhooksPacedPerHost(t *testing.T) {
 		t.Fatalf("A got %d deliveries, want 4", n)
 	}
 	for i, d := range rcvA.deliveries() {
-		if d.header.Get(webhook.IDHeader) != "job:"+[]*store.Job{toA[0], toA[1], toA[2], toA[3]}[i].ID {
-			t.Fatalf("delivery %d to A is %s: not in the order of the slots", i, d.header.Get(webhook.IDHeader))
+		if d.header.Get(client.WebhookIDHeader) != "job:"+[]*store.Job{toA[0], toA[1], toA[2], toA[3]}[i].ID {
+			t.Fatalf("delivery %d to A is %s: not in the order of the slots", i, d.header.Get(client.WebhookIDHeader))
 		}
 	}
 	// B's first delivery failed (503, retried) and freed its slot; the
@@ -130,7 +131,7 @@ func TestWorkersDeliverPacedWebhooks(t *testing.T) {
 	testutil.Eventually(t, time.Minute, func() bool { return len(rcv.deliveries()) >= n })
 	seen := map[string]bool{}
 	for _, d := range rcv.deliveries() {
-		id := d.header.Get(webhook.IDHeader)
+		id := d.header.Get(client.WebhookIDHeader)
 		if seen[id] {
 			t.Fatalf("%s delivered twice", id)
 		}

@@ -1,27 +1,15 @@
-// Package webhook delivers llmq's webhooks. When a job or a batch that named
-// a webhook_url reaches a terminal state, a task on the webhooks queue POSTs
-// the object — the same JSON GET /v1/jobs/{id} or GET /v1/batches/{id}
-// answers with — to that URL, signed with the tenant's webhook secret:
-//
-//	X-Llmq-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
-//
-// Network errors, timeouts and answers 408, 429 and 5xx are retried with
-// asynq's backoff; other answers (including redirects, which are not
-// followed) end the delivery. Targets are checked when each connection is
-// made, after DNS resolution, so neither a name that resolves to an internal
-// address (DNS rebinding included) nor a redirect reaches loopback, private,
-// link-local, CGNAT, multicast or other special addresses, unless the
-// operator allows them (LLMQ_WEBHOOK_ALLOW_PRIVATE). Deliveries of a tenant
-// to one host are paced at its tier's webhook_host_rps, in the order they
-// were first attempted, so a batch finishing does not flood its receiver.
+// Package webhook delivers llmq's webhooks: when a job or batch that named
+// a webhook_url ends, a task POSTs the object as GET shows it, signed by
+// client.SignWebhook. Network errors, timeouts, 408, 429 and 5xx are
+// retried; other answers and redirects end the delivery. Every connection
+// is checked after DNS resolution against internal addresses (unless
+// LLMQ_WEBHOOK_ALLOW_PRIVATE), and deliveries of a tenant to one host are
+// paced at its tier's webhook_host_rps.
 package webhook
 
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,11 +19,11 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/queue"
@@ -43,21 +31,9 @@ import (
 	"github.com/llmq/llmq/internal/wire"
 )
 
-// Headers of a delivery.
-const (
-	// SignatureHeader carries t=<unix>,v1=<hex hmac>.
-	SignatureHeader = "X-Llmq-Signature"
-	// EventHeader names what happened: "job.succeeded", "batch.completed"…
-	EventHeader = "X-Llmq-Event"
-	// IDHeader is the same for every attempt of one delivery ("job:<id>",
-	// "batch:<id>"): deliveries are at least once, receivers dedupe by it.
-	IDHeader = "X-Llmq-Webhook-Id"
-)
-
 // Options tune a Handler. The zero value is ready to use.
 type Options struct {
-	// AllowPrivate lets deliveries reach loopback, private, link-local and
-	// other internal addresses. Defaults to false.
+	// AllowPrivate lets deliveries reach internal addresses.
 	AllowPrivate bool
 	// Timeout bounds one delivery attempt, connection to last byte.
 	// Defaults to 10s.
@@ -70,24 +46,11 @@ type Options struct {
 	MaxInlineWait time.Duration
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.Timeout < 0 {
-		return fmt.Errorf("webhook: Options.Timeout must not be negative, got %v", o.Timeout)
-	}
-	if o.MaxInlineWait < 0 {
-		return fmt.Errorf("webhook: Options.MaxInlineWait must not be negative, got %v", o.MaxInlineWait)
-	}
-	return nil
-}
-
 // Deps are what a Handler works with.
 type Deps struct {
 	Store  *store.DB
 	Logger *slog.Logger
-	// Observer is told the outcome of every attempt, for metrics.
-	// Defaults to none.
+	// Observer is told the outcome of every attempt. Defaults to none.
 	Observer Observer
 	// Spacer and Policy pace deliveries per tenant and destination host at
 	// the tier's webhook_host_rps. Default to none: no pacing.
@@ -117,12 +80,8 @@ type Handler struct {
 
 // NewHandler returns a Handler with its own HTTP client (no proxy: a proxy
 // would dial the target itself, out of reach of the address check; no
-// redirects; the address check on every dial), or an error naming an option
-// that is invalid.
-func NewHandler(d Deps, opts Options) (*Handler, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// redirects; the address check on every dial).
+func NewHandler(d Deps, opts Options) *Handler {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -138,7 +97,7 @@ func NewHandler(d Deps, opts Options) (*Handler, error) {
 	if opts.MaxInlineWait == 0 {
 		opts.MaxInlineWait = time.Second
 	}
-	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: Control(opts.AllowPrivate)}
+	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: dialControl(opts.AllowPrivate)}
 	tr := &http.Transport{
 		Proxy:                 nil,
 		DialContext:           dialer.DialContext,
@@ -152,13 +111,12 @@ func NewHandler(d Deps, opts Options) (*Handler, error) {
 		Transport:     tr,
 		Timeout:       opts.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}, nil
+	}}
 }
 
 // Close releases the handler's idle connections.
 func (h *Handler) Close() { h.client.CloseIdleConnections() }
 
-// delivery is one webhook to send.
 type delivery struct {
 	kind, id, event, url, tenantID string
 	body                           []byte
@@ -169,7 +127,6 @@ type delivery struct {
 // call): asynq retries it shortly.
 var errNotYet = errors.New("webhook: the object has not reached a terminal state yet")
 
-// ProcessTask implements asynq.Handler.
 func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	p, err := queue.ParseWebhookPayload(t)
 	if err != nil {
@@ -200,8 +157,8 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	h.Observer.WebhookDelivery(d.kind, outcome)
 	if ended {
-		// The delivery is over: the reconciler must not send it again. Should
-		// this fail, it may be sent once more (receivers dedupe by IDHeader).
+		// Should this fail, the reconciler sends it once more: deliveries
+		// are at least once.
 		if derr := h.Store.WebhookDone(context.WithoutCancel(ctx), store.WebhookRef{Kind: p.Kind, ID: p.ID}); derr != nil {
 			h.Logger.Warn("record webhook delivery", "webhook", d.id, "err", derr)
 		}
@@ -271,9 +228,9 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secrets []string) (s
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "llmq-webhook/1")
-	req.Header.Set(EventHeader, d.event)
-	req.Header.Set(IDHeader, d.id)
-	req.Header.Set(SignatureHeader, Sign(secrets, h.opts.Now(), d.body))
+	req.Header.Set(client.WebhookEventHeader, d.event)
+	req.Header.Set(client.WebhookIDHeader, d.id)
+	req.Header.Set(client.WebhookSignatureHeader, client.SignWebhook(secrets, h.opts.Now(), d.body))
 	resp, err := h.client.Do(req)
 	if err != nil {
 		// net/http's error quotes the whole URL, whose path may hold the
@@ -309,77 +266,4 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secrets []string) (s
 		log.Warn("webhook refused by its receiver; not retried", "status", st)
 		return "http_" + strconv.Itoa(st/100) + "xx", fmt.Errorf("webhook %s: answered %d: %w", d.id, st, asynq.SkipRetry)
 	}
-}
-
-// Sign returns the X-Llmq-Signature value of body sent at time at: a v1
-// signature by each secret (two during a rotation's overlap, the new one
-// first), so a receiver holding either verifies it.
-func Sign(secrets []string, at time.Time, body []byte) string {
-	t := strconv.FormatInt(at.Unix(), 10)
-	var b strings.Builder
-	b.WriteString("t=" + t)
-	for _, s := range secrets {
-		b.WriteString(",v1=" + hex.EncodeToString(mac(s, t, body)))
-	}
-	return b.String()
-}
-
-func mac(secret, t string, body []byte) []byte {
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write([]byte(t))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return m.Sum(nil)
-}
-
-// Verification errors.
-var (
-	ErrNoSignature  = errors.New("webhook: no valid t=…,v1=… signature header")
-	ErrBadSignature = errors.New("webhook: signature does not match")
-	ErrTooOld       = errors.New("webhook: signature timestamp outside the tolerance")
-)
-
-// Verify checks a delivery as a receiver should: header is the
-// X-Llmq-Signature value, body the raw request body (before any JSON
-// parsing), and t must be within tolerance of now, so a captured delivery
-// cannot be replayed later. Any v1 may match (several may be sent).
-func Verify(secret, header string, body []byte, tolerance time.Duration) error {
-	return verifyAt(secret, header, body, tolerance, time.Now())
-}
-
-func verifyAt(secret, header string, body []byte, tolerance time.Duration, now time.Time) error {
-	var (
-		t    string
-		sigs [][]byte
-	)
-	for _, part := range strings.Split(header, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			continue
-		}
-		switch k {
-		case "t":
-			t = v
-		case "v1":
-			if sig, err := hex.DecodeString(v); err == nil {
-				sigs = append(sigs, sig)
-			}
-		}
-	}
-	ts, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || len(sigs) == 0 {
-		return ErrNoSignature
-	}
-	want := mac(secret, t, body)
-	matched := false
-	for _, sig := range sigs {
-		matched = matched || hmac.Equal(sig, want)
-	}
-	if !matched {
-		return ErrBadSignature
-	}
-	if d := now.Sub(time.Unix(ts, 0)); d > tolerance || d < -tolerance {
-		return ErrTooOld
-	}
-	return nil
 }

@@ -37,55 +37,6 @@ func TestMain(m *testing.M) {
 // redisDB is this package's Redis database (docs/ARCHITECTURE.md).
 const redisDB = 8
 
-func TestSignAndVerify(t *testing.T) {
-	t.Parallel()
-	secret, body := "whsec_test", []byte(`{"id":"job_1","status":"succeeded"}`)
-	now := time.Now()
-	h := webhook.Sign([]string{secret}, now, body)
-	if !strings.HasPrefix(h, "t=") || !strings.Contains(h, ",v1=") {
-		t.Fatalf("header = %q", h)
-	}
-	if err := webhook.Verify(secret, h, body, 5*time.Minute); err != nil {
-		t.Fatalf("Verify: %v", err)
-	}
-	cases := []struct {
-		name   string
-		secret string
-		header string
-		body   []byte
-		want   error
-	}{
-		{"other body", secret, h, []byte(`{"id":"job_1","status":"failed"}`), webhook.ErrBadSignature},
-		{"other secret", "whsec_other", h, body, webhook.ErrBadSignature},
-		{"too old", secret, webhook.Sign([]string{secret}, now.Add(-10*time.Minute), body), body, webhook.ErrTooOld},
-		{"from the future", secret, webhook.Sign([]string{secret}, now.Add(10*time.Minute), body), body, webhook.ErrTooOld},
-		{"no header", secret, "", body, webhook.ErrNoSignature},
-		{"no v1", secret, "t=123", body, webhook.ErrNoSignature},
-		{"timestamp moved", secret, strings.Replace(h, "t=", "t=1", 1), body, webhook.ErrBadSignature},
-	}
-	for _, c := range cases {
-		if err := webhook.Verify(c.secret, c.header, c.body, 5*time.Minute); !errors.Is(err, c.want) {
-			t.Errorf("%s: err = %v, want %v", c.name, err, c.want)
-		}
-	}
-	// A header with a rotated-out signature beside the current one passes.
-	rotated := h + ",v1=" + strings.Repeat("ab", 32)
-	if err := webhook.Verify(secret, rotated, body, 5*time.Minute); err != nil {
-		t.Fatalf("two signatures: %v", err)
-	}
-	// During a rotation's overlap a delivery is signed by both secrets: a
-	// receiver holding either verifies it, one holding neither does not.
-	both := webhook.Sign([]string{"whsec_new", secret}, now, body)
-	for _, s := range []string{"whsec_new", secret} {
-		if err := webhook.Verify(s, both, body, 5*time.Minute); err != nil {
-			t.Errorf("signed by both, verified with %s: %v", s, err)
-		}
-	}
-	if err := webhook.Verify("whsec_other", both, body, 5*time.Minute); !errors.Is(err, webhook.ErrBadSignature) {
-		t.Errorf("signed by both, verified with a third secret: %v", err)
-	}
-}
-
 // allowPrivate lets the API take the receivers' loopback URLs, which it
 // refuses at submit otherwise: these tests deliver with handlers of their
 // own, whose AllowPrivate says what delivery does.
@@ -223,7 +174,7 @@ func TestJobWebhookIsSignedAndVerifies(t *testing.T) {
 	rcv := newReceiver(t, http.StatusNoContent)
 	j := finishedJob(t, a, key, rcv.URL+"/hooks/llmq?token=abc")
 
-	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true}))
+	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true})
 	t.Cleanup(h.Close)
 	if err := h.ProcessTask(context.Background(), task("job", j.ID)); err != nil {
 		t.Fatalf("deliver: %v", err)
@@ -234,7 +185,7 @@ func TestJobWebhookIsSignedAndVerifies(t *testing.T) {
 	}
 	d := got[0]
 	secret := secretOf(t, a, tenantID)
-	if err := webhook.Verify(secret, d.header.Get("X-Llmq-Signature"), d.body, 5*time.Minute); err != nil {
+	if err := client.VerifyWebhook(secret, d.header.Get("X-Llmq-Signature"), d.body, 5*time.Minute); err != nil {
 		t.Fatalf("signature does not verify: %v", err)
 	}
 	checkReadmeRecipe(t, secret, d)
@@ -259,7 +210,7 @@ func TestPrivateTargetIsRefused(t *testing.T) {
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Env: allowPrivate})
 	_, key := a.Tenant("standard")
 	rcv := newReceiver(t, http.StatusOK)
-	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{}))
+	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{})
 	t.Cleanup(h.Close)
 	port := rcv.URL[strings.LastIndex(rcv.URL, ":"):]
 	for _, hook := range []string{rcv.URL + "/x", "http://localhost" + port + "/x"} {
@@ -297,7 +248,7 @@ func TestRetryClassification(t *testing.T) {
 	t.Parallel()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Env: allowPrivate})
 	_, key := a.Tenant("standard")
-	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true, Timeout: 2 * time.Second}))
+	h := webhook.NewHandler(webhook.Deps{Store: a.Store}, webhook.Options{AllowPrivate: true, Timeout: 2 * time.Second})
 	t.Cleanup(h.Close)
 	for _, c := range []struct {
 		status      int
@@ -373,7 +324,7 @@ func TestWorkersDeliverBatchWebhooks(t *testing.T) {
 	}
 	d := rcv.deliveries()[0]
 	secret := secretOf(t, a, tenantID)
-	if err := webhook.Verify(secret, d.header.Get(webhook.SignatureHeader), d.body, time.Minute); err != nil {
+	if err := client.VerifyWebhook(secret, d.header.Get(client.WebhookSignatureHeader), d.body, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	checkReadmeRecipe(t, secret, d)
@@ -382,8 +333,8 @@ func TestWorkersDeliverBatchWebhooks(t *testing.T) {
 		b.RequestCounts != (client.BatchRequestCounts{Total: 2, Completed: 2}) || b.OutputFileID == nil {
 		t.Fatalf("delivered batch %+v (%v)", b, err)
 	}
-	if d.header.Get(webhook.EventHeader) != "batch.completed" {
-		t.Fatalf("event = %q", d.header.Get(webhook.EventHeader))
+	if d.header.Get(client.WebhookEventHeader) != "batch.completed" {
+		t.Fatalf("event = %q", d.header.Get(client.WebhookEventHeader))
 	}
 }
 
@@ -410,7 +361,7 @@ func TestWebhookURLPathIsNeverLogged(t *testing.T) {
 	_, key := a.Tenant("standard")
 	var logs testutil.SyncBuffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	h := testutil.Must(webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: logger}, webhook.Options{AllowPrivate: true, Timeout: 200 * time.Millisecond}))
+	h := webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: logger}, webhook.Options{AllowPrivate: true, Timeout: 200 * time.Millisecond})
 	t.Cleanup(h.Close)
 
 	dead := httptest.NewServer(http.NotFoundHandler())
