@@ -77,15 +77,6 @@ func BenchmarkReserveVsRedisRate(b *testing.B) {
 			}
 		})
 	})
-	b.Run("Lease", func(b *testing.B) {
-		tb := must(NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
-		l := must(NewLease(tb, benchScope, LeaseOptions{Size: Cost{Requests: 100, Tokens: 10000}}))
-		defer l.Close(ctx)
-		run(b, shared(func() (bool, error) {
-			r, err := l.Take(ctx, Cost{Requests: 1, Tokens: 100})
-			return err == nil && r.Allowed, err
-		}))
-	})
 }
 
 // BenchmarkReserveLatency reports the p50 and p99 latency of an uncontended

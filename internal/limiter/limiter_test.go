@@ -22,10 +22,6 @@ func TestOptionsValidate(t *testing.T) {
 	if _, err := NewWindows(nil, Options{Jitter: -1}); err == nil || !strings.Contains(err.Error(), "Options.Jitter") {
 		t.Errorf("NewWindows: %v; want an error naming Options.Jitter", err)
 	}
-	if _, err := NewLease(must(NewTokenBucket(nil, Options{})), Scope{}, LeaseOptions{MaxAge: -1}); err == nil ||
-		!strings.Contains(err.Error(), "LeaseOptions.MaxAge") {
-		t.Errorf("NewLease: %v; want an error naming LeaseOptions.MaxAge", err)
-	}
 	if _, err := must(NewWindows(nil, Options{})).NewLease(WindowSet{}, WindowLeaseOptions{Size: -1}); err == nil ||
 		!strings.Contains(err.Error(), "WindowLeaseOptions.Size") {
 		t.Errorf("Windows.NewLease: %v; want an error naming WindowLeaseOptions.Size", err)

@@ -56,8 +56,6 @@ var suite = []struct {
 	{"OlderFormState", testOlderFormState},
 	{"KeyTTLCoversAllBuckets", testKeyTTLCoversAllBuckets},
 	{"InvalidInput", testInvalidInput},
-	{"Lease", testLease},
-	{"LeaseOvershootBound", testLeaseOvershootBound},
 	{"FixedWindowBoundaryBurst", testFixedWindowBoundaryBurst},
 	{"SlidingLogNoBoundaryBurst", testSlidingLogNoBoundaryBurst},
 	{"SlidingLogExact", testSlidingLogExact},

@@ -2,10 +2,14 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 )
+
+// ErrLeaseClosed is returned by Take after Close.
+var ErrLeaseClosed = errors.New("limiter: lease is closed")
 
 // WindowLeaseOptions configure a WindowLease.
 type WindowLeaseOptions struct {

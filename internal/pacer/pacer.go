@@ -137,14 +137,6 @@ func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder,
 		calib: map[string]cachedCalibration{}}, nil
 }
 
-// Must returns p, or panics with err: for options that are code.
-func Must(p *Pacer, err error) *Pacer {
-	if err != nil {
-		panic(err)
-	}
-	return p
-}
-
 // Limiter is the token bucket the pacer takes permits from.
 func (p *Pacer) Limiter() *limiter.TokenBucket { return p.limiter }
 

@@ -87,7 +87,7 @@ func newWorldOf(t *testing.T, policy string) *world {
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy, NoScheduler: true})
 	clock := testutil.NewClock(time.Unix(1_900_000_000, 0))
 	tb := testutil.Must(limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, Clock: clock.Now, HoldInFlight: true}))
-	p := pacer.Must(pacer.New(tb, a.Redis, a.Keys, nil, nil, pacer.Options{Now: clock.Now}))
+	p := testutil.Must(pacer.New(tb, a.Redis, a.Keys, nil, nil, pacer.Options{Now: clock.Now}))
 	s, err := scheduler.New(scheduler.Deps{Queue: a.Queue, Pacer: p, Policy: a.Policy, Redis: a.Redis, Keys: a.Keys}, scheduler.Options{})
 	if err != nil {
 		t.Fatal(err)
