@@ -24,11 +24,6 @@ const lagDelay = 50 * time.Millisecond
 // overnight starts the morning with what it knew.
 const learnTTL = 24 * time.Hour
 
-// providerLimitTTL is how long a lower limit a provider announced applies
-// inside the bucket's scripts after its last answer saying so (the pacer's
-// learned limits hold it longer, for every call it plans).
-const providerLimitTTL = 10 * time.Minute
-
 // drainBelief is how long after the provider's last answer the drain it
 // showed is assumed to go on.
 const drainBelief = 3 * time.Second
@@ -55,7 +50,6 @@ var luaConstants = luaPrelude([]luaConstant{
 	{"INFLIGHT_GEN", inflightGen},
 	{"LAG_DELAY", lagDelay},
 	{"LEARN_TTL", learnTTL},
-	{"PROVIDER_LIMIT_TTL", providerLimitTTL},
 	{"DRAIN_BELIEF", drainBelief},
 	{"FACTOR_RECOVERY", factorRecovery / float64(time.Minute.Microseconds())},
 	{"BURST_RECOVERY", burstRecovery / float64(time.Minute.Microseconds())},
@@ -92,7 +86,7 @@ var luaConstants = luaPrelude([]luaConstant{
 	{"STATUS_PENALTY", statusPenalty},
 	{"STATUS_PROBE_WAIT", statusProbeWait},
 	{"MODE_HOLD", modeReserveHold},
-	{"MODE_LEASE", modeReserveLease},
+	{"MODE_PREFETCH", modeReservePrefetch},
 	{"MODE_STATE", modeState},
 })
 
@@ -180,8 +174,6 @@ func luaPrelude(cs []luaConstant) string {
 //	                    (BucketLearning.ProviderRemaining)
 //	s:<name>            the lag (see lagDelay) of the freshest answer followed:
 //	                    an older answer only ever lowers the level
-//	pl:<name>, plt:<name>  a lower limit the provider announced, and when
-//	                    (it applies for providerLimitTTL)
 //
 // Others' drain (BucketSettlement.Drain) and the refund estimate
 // (BucketLearning.Refund), from the corrections the provider's answers
