@@ -1,4 +1,4 @@
-package queue
+package pacer
 
 import (
 	"context"
@@ -8,15 +8,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/redisclock"
 )
 
-// A synchronous request that finds its model's buckets empty holds the room
-// it needs in the scope's fair queue: the scheduler releases no async job
-// into that room, so the request gets the next permit the buckets can give
-// ahead of every async job still waiting (docs/ARCHITECTURE.md).
-
-// The holds' scripts, each in its .lua file with its KEYS and ARGV.
+// A synchronous request that finds its scope's buckets empty holds the room
+// it needs (rkeys.FairHeld): Room leaves it out of what the scheduler
+// releases to async jobs, so the request gets the next permit ahead of
+// them (docs/ARCHITECTURE.md, "Ahead of async jobs").
 var (
 	//go:embed hold.lua
 	holdLua    string
@@ -33,62 +32,45 @@ var (
 
 // Hold keeps tokens and requests of scope's room for the synchronous request
 // id of priority (a queue name) for ttl, until Unhold.
-func (c *Client) Hold(ctx context.Context, scope, id, priority string, tokens, requests int64, ttl time.Duration) error {
-	if c.fair == nil {
-		return nil
-	}
-	return holdScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)},
-		redisclock.Arg(nil), id, ttl.Milliseconds(), tokens, requests, weights[priority]).Err()
+func (p *Pacer) Hold(ctx context.Context, scope, id, priority string, tokens, requests int64, ttl time.Duration) error {
+	return holdScript.Run(ctx, p.rdb, []string{p.keys.FairHeld(scope)},
+		redisclock.Arg(nil), id, ttl.Milliseconds(), tokens, requests, queue.Weight(priority)).Err()
 }
 
 // HeldAbove reports whether a synchronous request of a higher priority than
 // priority holds room in scope: a permit a lower one got goes to it.
-func (c *Client) HeldAbove(ctx context.Context, scope, priority string) (bool, error) {
-	if c.fair == nil {
-		return false, nil
-	}
-	n, err := heldAboveScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)}, redisclock.Arg(nil), weights[priority]).Int()
+func (p *Pacer) HeldAbove(ctx context.Context, scope, priority string) (bool, error) {
+	n, err := heldAboveScript.Run(ctx, p.rdb, []string{p.keys.FairHeld(scope)}, redisclock.Arg(nil), queue.Weight(priority)).Int()
 	return n == 1, err
 }
 
 // Unhold gives a hold's room back to the scope's async jobs.
-func (c *Client) Unhold(ctx context.Context, scope, id string) error {
-	if c.fair == nil {
-		return nil
-	}
-	return c.fair.rdb.HDel(ctx, c.fair.keys.FairHeld(scope), id).Err()
+func (p *Pacer) Unhold(ctx context.Context, scope, id string) error {
+	return p.rdb.HDel(ctx, p.keys.FairHeld(scope), id).Err()
 }
 
 // Held returns the room scope's synchronous requests hold.
-func (c *Client) Held(ctx context.Context, scope string) (tokens, requests float64, err error) {
-	if c.fair == nil {
-		return 0, 0, nil
-	}
-	v, err := heldScript.Run(ctx, c.fair.rdb, []string{c.fair.keys.FairHeld(scope)}, redisclock.Arg(nil)).StringSlice()
+func (p *Pacer) Held(ctx context.Context, scope string) (tokens, requests float64, err error) {
+	v, err := heldScript.Run(ctx, p.rdb, []string{p.keys.FairHeld(scope)}, redisclock.Arg(nil)).StringSlice()
 	if err != nil {
 		return 0, 0, err
 	}
 	if len(v) != 2 {
-		return 0, 0, fmt.Errorf("queue: held room: %d values, want 2", len(v))
+		return 0, 0, fmt.Errorf("pacer: held room: %d values, want 2", len(v))
 	}
 	if _, err := fmt.Sscan(v[0]+" "+v[1], &tokens, &requests); err != nil {
-		return 0, 0, fmt.Errorf("queue: held room: %w", err)
+		return 0, 0, fmt.Errorf("pacer: held room: %w", err)
 	}
 	return tokens, requests, nil
 }
 
-// Holding reports whether scope has holds (one EXISTS: the worker asks it
-// before every permit it keeps). The workers of a process that ask while
-// an EXISTS of the scope is under way share the next one (coalesce.Group):
-// each answer is as fresh as a call of its own. A hold that expired counts
-// until the scheduler's next look at the scope drops it, a few seconds at
-// most.
-func (c *Client) Holding(ctx context.Context, scope string) (bool, error) {
-	if c.fair == nil {
-		return false, nil
-	}
-	a, _, err := c.fair.holding.Do(ctx, scope, func(ctx context.Context, _ int) holdingAnswer {
-		n, err := c.fair.rdb.Exists(ctx, c.fair.keys.FairHeld(scope)).Result()
+// Holding reports whether scope has holds (one EXISTS, which the workers
+// ask before every permit they keep, shared through coalesce.Group by the
+// callers of a process that ask while one is under way). A hold that
+// expired counts until the scheduler's next Room of the scope drops it.
+func (p *Pacer) Holding(ctx context.Context, scope string) (bool, error) {
+	a, _, err := p.holding.Do(ctx, scope, func(ctx context.Context, _ int) holdingAnswer {
+		n, err := p.rdb.Exists(ctx, p.keys.FairHeld(scope)).Result()
 		return holdingAnswer{n > 0, err}
 	})
 	if err != nil {

@@ -1,19 +1,18 @@
-// Package pacer paces llmq's provider calls: it takes each call's permit
-// from its model's rate-limit scope, with the limits the provider announced
-// and the prompt estimate calibrated against the provider's own counts, and
-// settles the permit with what the provider answered (its usage, its
-// x-ratelimit-* headers, its 429s), so that llmq's buckets stay at or under
-// the provider's view whatever its arithmetic: whether it refunds unused
-// tokens, how its tokenizer counts, who else draws on the account. The
-// worker calls it around every provider call; docs/ARCHITECTURE.md says
-// what it learns and how.
+// Package pacer is the one front of llmq's rate limiting against providers:
+// a route's scope (its buckets, Scope), the limits the provider announced
+// (learned.go, their one store), the permit of every provider call and its
+// settlement with the provider's answer (what the buckets learn from it is
+// limiter's settle), the pause after a 429 or a fault, the room the
+// scheduler releases into (Room) and the room synchronous requests hold
+// (held.go). limiter is the mechanism underneath; docs/ARCHITECTURE.md says
+// what is learned and how.
 package pacer
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/coalesce"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -74,19 +74,6 @@ type Options struct {
 	Now func() time.Time
 }
 
-func (o Options) validate() error {
-	if o.MaxRateLimitWait < 0 {
-		return fmt.Errorf("pacer: Options.MaxRateLimitWait must not be negative, got %v", o.MaxRateLimitWait)
-	}
-	if o.CalibrationRefresh < 0 {
-		return fmt.Errorf("pacer: Options.CalibrationRefresh must not be negative, got %v", o.CalibrationRefresh)
-	}
-	if o.FaultPause < 0 {
-		return fmt.Errorf("pacer: Options.FaultPause must not be negative, got %v", o.FaultPause)
-	}
-	return nil
-}
-
 // Pacer paces the provider calls of one process. It is safe for concurrent
 // use.
 type Pacer struct {
@@ -100,6 +87,8 @@ type Pacer struct {
 
 	mu    sync.Mutex
 	calib map[string]cachedCalibration // by scope
+	// holding shares the EXISTS of a scope's holds (held.go).
+	holding coalesce.Group[string, holdingAnswer]
 }
 
 type cachedCalibration struct {
@@ -110,9 +99,6 @@ type cachedCalibration struct {
 // New returns a Pacer over tb, sharing what it learns through rdb. logger
 // and obs may be nil.
 func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer, opts Options) (*Pacer, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
 	if opts.MaxRateLimitWait == 0 {
 		opts.MaxRateLimitWait = 120 * time.Second
 	}
@@ -136,9 +122,6 @@ func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder,
 	return &Pacer{limiter: tb, learned: learned, rdb: rdb, keys: keys, obs: obs, logger: logger, opts: opts,
 		calib: map[string]cachedCalibration{}}, nil
 }
-
-// Limiter is the token bucket the pacer takes permits from.
-func (p *Pacer) Limiter() *limiter.TokenBucket { return p.limiter }
 
 // Call is one provider call as the pacer counts it.
 type Call struct {
@@ -178,6 +161,60 @@ func (p *Pacer) Plan(ctx context.Context, m config.Route, s *admission.Shape, pr
 // Scope returns m's limiter scope with the limits the provider announced.
 func (p *Pacer) Scope(ctx context.Context, m config.Route) limiter.Scope {
 	return p.learned.Scope(ctx, m)
+}
+
+// Room is what one route admits now and within a lookahead: what the
+// scheduler may release to async jobs.
+type Room struct {
+	queue.Room
+	// Paused is set while a 429 or a fault pauses the route.
+	Paused bool
+}
+
+// Room is what r's buckets admit now and within lookahead: for tokens and
+// for requests, the least over the buckets of what each lets out now (what
+// it holds, bounded by its burst) plus its refill in lookahead; none while
+// the route is paused. Force is set when its token buckets are at least
+// half full, so a job larger than they ever hold at once still goes, alone.
+// The room synchronous requests hold is left out, and then nothing is
+// forced.
+func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duration) (Room, error) {
+	room := Room{Room: queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1)}}
+	sc := p.Scope(ctx, r)
+	st, err := p.limiter.State(ctx, sc)
+	if err != nil {
+		return room, err
+	}
+	room.Factor = p.Calibration(ctx, sc.Name).Factor
+	if st.Penalized {
+		room.Tokens, room.Requests, room.Paused = 0, 0, true
+		return room, nil
+	}
+	full := true
+	for i, b := range st.Buckets {
+		limit := sc.Buckets[i]
+		now := b.Remaining
+		if b.Burst >= 0 {
+			now = min(now, b.Burst)
+		}
+		ahead := float64(now) + float64(limit.Limit)*float64(lookahead)/float64(limit.Period)
+		if b.Unit == limiter.UnitTokens {
+			room.Tokens = min(room.Tokens, ahead)
+			full = full && b.Remaining >= limit.Limit/2
+		} else {
+			room.Requests = min(room.Requests, ahead)
+		}
+	}
+	room.Force = full
+	tokens, requests, err := p.Held(ctx, sc.Name)
+	if err != nil {
+		return room, err
+	}
+	if tokens > 0 || requests > 0 {
+		room.Tokens, room.Requests = max(room.Tokens-tokens, 0), max(room.Requests-requests, 0)
+		room.Force = false
+	}
+	return room, nil
 }
 
 // Calibration returns the prompt correction of scope, read at most every

@@ -1,18 +1,18 @@
--- Renews the scheduler's lease if this process holds it, or takes it when
--- it is free.
--- KEYS[1] -> the lease (rkeys.Lock("scheduler"))
--- ARGV[1] -> this process's lease value
--- ARGV[2] -> the lease's TTL in ms
--- Returns 1 when this process holds the lease now, else 0.
-local lease, me, ttl_ms = KEYS[1], ARGV[1], ARGV[2]
+-- Renews the scheduler's leadership if this process leads, or takes it when
+-- nobody does.
+-- KEYS[1] -> the leadership (rkeys.Lock("scheduler"))
+-- ARGV[1] -> this process's value
+-- ARGV[2] -> the leadership's TTL in ms
+-- Returns 1 when this process leads now, else 0.
+local leadership, me, ttl_ms = KEYS[1], ARGV[1], ARGV[2]
 
-local holder = redis.call('GET', lease)
-if holder == me then
-  redis.call('PEXPIRE', lease, ttl_ms)
+local leader = redis.call('GET', leadership)
+if leader == me then
+  redis.call('PEXPIRE', leadership, ttl_ms)
   return 1
 end
-if not holder then
-  redis.call('SET', lease, me, 'PX', ttl_ms)
+if not leader then
+  redis.call('SET', leadership, me, 'PX', ttl_ms)
   return 1
 end
 return 0

@@ -60,6 +60,7 @@ type world struct {
 	a     *apptest.App
 	clock *testutil.Clock
 	tb    *limiter.TokenBucket
+	p     *pacer.Pacer
 	s     *scheduler.Scheduler
 
 	// per tenant: tokens whose permits were taken, and when each job was
@@ -92,7 +93,7 @@ func newWorldOf(t *testing.T, policy string) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &world{t: t, a: a, clock: clock, tb: tb, s: s, tokens: map[string]int64{}, queuedAt: map[string]time.Time{},
+	return &world{t: t, a: a, clock: clock, tb: tb, p: p, s: s, tokens: map[string]int64{}, queuedAt: map[string]time.Time{},
 		doneAt: map[string]time.Time{}, tenantOf: map[string]string{}, modelOf: map[string]string{}, cost: map[string]int64{}, heldAt: map[string]time.Time{},
 		in: asynq.NewInspectorFromRedisClient(a.Redis)}
 }

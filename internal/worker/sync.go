@@ -294,7 +294,7 @@ func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
 	held := ""
 	defer func() {
 		if held != "" {
-			if err := h.Queue.Unhold(context.WithoutCancel(ctx), held, r.job.ID); err != nil {
+			if err := h.Pacer.Unhold(context.WithoutCancel(ctx), held, r.job.ID); err != nil {
 				r.log.Warn("give back a synchronous request's room", "err", err)
 			}
 		}
@@ -317,7 +317,7 @@ func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
 		}
 		if held == "" && h.Queue != nil && p.held != nil && time.Now().Add(p.wait).Before(deadline) {
 			ttl := time.Until(deadline) + 5*time.Second
-			if err := h.Queue.Hold(ctx, p.held.Scope.Name, r.job.ID, r.job.Queue, p.held.Cost.Tokens, p.held.Cost.Requests, ttl); err != nil {
+			if err := h.Pacer.Hold(ctx, p.held.Scope.Name, r.job.ID, r.job.Queue, p.held.Cost.Tokens, p.held.Cost.Requests, ttl); err != nil {
 				r.log.Warn("hold a synchronous request's room", "err", err)
 			} else {
 				held = p.held.Scope.Name
@@ -386,7 +386,7 @@ func (r *run) syncHolding(ctx context.Context, scope string) bool {
 	if r.h.Queue == nil {
 		return false
 	}
-	held, err := r.h.Queue.Holding(ctx, scope)
+	held, err := r.h.Pacer.Holding(ctx, scope)
 	return err == nil && held
 }
 
@@ -407,7 +407,7 @@ func (r *run) outranked(ctx context.Context, scope string, res *limiter.Result) 
 	if r.h.Queue == nil {
 		return false
 	}
-	above, err := r.h.Queue.HeldAbove(ctx, scope, r.job.Queue)
+	above, err := r.h.Pacer.HeldAbove(ctx, scope, r.job.Queue)
 	if err != nil || !above {
 		return false
 	}
