@@ -47,10 +47,7 @@ type TokenBucket struct {
 // NewTokenBucket returns a TokenBucket over rdb (any redis.UniversalClient
 // fits), or an error naming a field of opts that is invalid.
 func NewTokenBucket(rdb scripts.Client, opts Options) (*TokenBucket, error) {
-	o, err := opts.withDefaults()
-	if err != nil {
-		return nil, err
-	}
+	o := opts.withDefaults()
 	tb := &TokenBucket{
 		rdb:          rdb,
 		opts:         o,
@@ -103,15 +100,15 @@ const inflightGen = 5 * time.Second
 // Reserve status codes and modes of reserveScript (STATUS_* and MODE_* in
 // its Lua, see luaConstants).
 const (
-	statusDenied     = 0
-	statusAllowed    = 1
-	statusProbe      = 2
-	statusPenalty    = 3
-	statusProbeWait  = 4
-	modeReserve      = "r"
-	modeReserveHold  = "h"
-	modeReserveLease = "l"
-	modeState        = "s"
+	statusDenied        = 0
+	statusAllowed       = 1
+	statusProbe         = 2
+	statusPenalty       = 3
+	statusProbeWait     = 4
+	modeReserve         = "r"
+	modeReserveHold     = "h"
+	modeReservePrefetch = "l"
+	modeState           = "s"
 )
 
 // reserveScript decides, in order, a batch of reservations on one scope:
