@@ -112,11 +112,9 @@ func parseLimit(v any) int64 {
 	return n
 }
 
-// Observe records the limits a provider announced in an answer for m. It
-// writes Redis only when they changed, or to keep them alive. When the
-// announced limits change and differ from the policy's (or stop differing),
-// it logs one line and tells the observer: once per change for the whole
-// fleet, since only the caller whose write changed Redis does.
+// Observe records the limits a provider announced in an answer for m,
+// writing Redis only when they changed or to keep them alive. A change is
+// reported (logged, the observer told) by the one caller whose write made it.
 func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit) {
 	rpm, tpm := int64(0), int64(0)
 	if rl.Known(llm.HasLimitRequests) {
@@ -157,10 +155,8 @@ func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit)
 	args := []any{"model", m.Model.Name, "policy_rpm", m.Limits.RPM, "provider_rpm", rpm, "policy_tpm", m.Limits.TPM, "provider_tpm", tpm}
 	switch {
 	case lower:
-		// The policy promises more than the account has: the buckets shrink.
 		l.logger.Warn("provider's limits are lower than the policy's; the buckets follow the provider's", args...)
 	case higher:
-		// Capacity the policy leaves unused; nothing is at risk.
 		l.logger.Info("provider's limits are higher than the policy's; the policy's apply", args...)
 	case differed:
 		l.logger.Info("provider's limits agree with the policy's again", args...)
@@ -170,9 +166,8 @@ func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit)
 	l.obs.LimitsLearned(m.Model.Name, rpm, tpm)
 }
 
-// recordLearnedScript stores the limits a provider announced for one scope
-// and returns the ones stored before, so that only the first worker to see
-// a change reports it (record_learned.lua).
+// recordLearnedScript stores a scope's announced limits and returns the
+// ones stored before (record_learned.lua).
 //
 //go:embed record_learned.lua
 var recordLearnedLua string

@@ -34,16 +34,14 @@ import (
 type Observer interface {
 	// Penalized reports a 429 that paused a model's scope for d.
 	Penalized(model string, d time.Duration)
-	// LimitsLearned reports the limits a provider announced for a model that
-	// differ from the policy's (0 = the provider said nothing).
+	// LimitsLearned reports announced limits that differ from the policy's
+	// (0: not announced).
 	LimitsLearned(model string, rpm, tpm int64)
-	// UnpredictedRateLimit reports a 429 on a call the model's buckets
-	// admitted, in buckets the provider showed exhausted (all, when it did
-	// not say which).
+	// UnpredictedRateLimit reports a 429 the buckets admitted, in the
+	// buckets it showed ahead of the provider's (limiter.Feedback.Evidence).
 	UnpredictedRateLimit(model string, buckets []string)
-	// ShortWindowRateLimit reports a 429 on a call the model's buckets
-	// admitted while the provider's counts showed room: it counts these
-	// buckets over a shorter window than their period.
+	// ShortWindowRateLimit reports a 429 that showed buckets counted over
+	// a shorter window (limiter.Feedback.ShortWindow).
 	ShortWindowRateLimit(model string, buckets []string)
 }
 
@@ -60,17 +58,11 @@ type Options struct {
 	// announces. Defaults to 120s.
 	MaxRateLimitWait time.Duration
 	// CalibrationRefresh is how long a process reuses a scope's prompt
-	// calibration before reading it again (every settle refreshes it too).
-	// Defaults to 1s.
+	// calibration before reading it again. Defaults to 1s.
 	CalibrationRefresh time.Duration
-	// FaultPause is how long a deployment that failed a call (a 5xx, a
-	// timeout, a refused connection) gets no call from any worker when its
-	// jobs have another deployment to go to (PauseFault); then one probe
-	// call tries it. Defaults to 1s.
+	// FaultPause is how long PauseFault pauses a deployment. Defaults to 1s.
 	FaultPause time.Duration
-	// Now is the clock of what the pacer caches (the calibration, learned
-	// limits); tests on a simulated clock inject theirs. Defaults to
-	// time.Now.
+	// Now is the clock of what the pacer caches. Defaults to time.Now.
 	Now func() time.Time
 }
 
@@ -126,25 +118,16 @@ func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder,
 // Call is one provider call as the pacer counts it.
 type Call struct {
 	Route config.Route
-	// Scope is the model's scope with the limits the provider announced.
-	Scope limiter.Scope
+	Scope limiter.Scope // with the limits the provider announced
 	// PromptTokens is llmq's estimate of the prompt, MaxTokens the most
-	// output (max_tokens times choices; 0 for embeddings).
+	// output (0 for embeddings).
 	PromptTokens, MaxTokens int64
-	// Calibration is the scope's prompt correction applied to Cost and
-	// WorstCase.
-	Calibration limiter.Calibration
-	// Cost is what the permit takes: one request, the calibrated prompt and
-	// MaxTokens.
-	Cost limiter.Cost
-	// WorstCase is the budget reservation on this route: the most the
-	// provider could bill for the call as sent (admission.Charge).
-	WorstCase money.Micros
-	// Shape is the rest of what decides the call's bill.
-	Shape *admission.Shape
-	// UnseenContext is set when the request's prompt includes what llmq
-	// did not count itself (admission.Shape.Unseen): the provider's count
-	// of it does not teach the calibration.
+	Calibration             limiter.Calibration
+	Cost                    limiter.Cost // the permit (admission.Charge)
+	WorstCase               money.Micros // the budget's reservation on this route
+	Shape                   *admission.Shape
+	// UnseenContext: the prompt includes what llmq did not count
+	// (admission.Shape.Unseen), so it does not teach the calibration.
 	UnseenContext bool
 }
 
@@ -260,33 +243,24 @@ func (p *Pacer) Reserve(ctx context.Context, c *Call) (*limiter.Result, error) {
 
 // Outcome is how a provider call ended.
 type Outcome struct {
-	// Response is the provider's answer when the call succeeded.
-	Response *llm.Response
-	// Err is the call's error otherwise: an *llm.Error, or another error
-	// (a network failure, a timeout).
-	Err error
-	// RateLimitedBefore is how many 429s the job received before, for the
-	// backoff of a 429 that names no wait.
+	Response *llm.Response // when it succeeded
+	Err      error         // else: an *llm.Error, or a network failure
+	// RateLimitedBefore is the job's 429s before, for the backoff of a 429
+	// that names no wait.
 	RateLimitedBefore int
 }
 
 // After is what Done made of a call's end.
 type After struct {
-	// Wait is the pause of the model's scope after a 429, for every caller;
-	// 0 otherwise.
-	Wait time.Duration
-	// Settlement is what settling the permit learned; nil when it failed
-	// (logged).
-	Settlement *limiter.Settlement
+	Wait       time.Duration       // the scope's pause after a 429
+	Settlement *limiter.Settlement // nil when settling failed (logged)
 }
 
 // Done settles the permit of a call that reached the provider. After a 429
 // it first pauses the scope for every caller until the provider's reset
-// (capped at Options.MaxRateLimitWait), or a full-jitter backoff when the
-// provider named no wait, then settles. The call's tokens stay charged
-// whatever its end: a provider may keep what it charged at admission even
-// when the call failed, and its own counts, when it sends them, correct the
-// buckets either way.
+// (at most Options.MaxRateLimitWait), or a full-jitter backoff when it named
+// no wait. The call's tokens stay charged whatever its end: the provider's
+// counts correct the buckets.
 func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, o Outcome) After {
 	ctx = context.WithoutCancel(ctx)
 	var after After
@@ -344,12 +318,9 @@ func (p *Pacer) Release(ctx context.Context, permit *limiter.Reservation) error 
 	return p.limiter.Release(context.WithoutCancel(ctx), permit)
 }
 
-// PauseFault pauses c's scope for Options.FaultPause after the call failed
-// for a reason of the deployment, before its permit is settled: every
-// worker's next calls go to other deployments, and after the pause the
-// limiter lets one probe call through, whose success readmits the
-// deployment and whose failure pauses it again. A pause in force is never
-// shortened.
+// PauseFault pauses c's scope for Options.FaultPause after the deployment
+// failed the call (a 5xx, a timeout): the next calls go to other
+// deployments, then one probe tries it again.
 func (p *Pacer) PauseFault(ctx context.Context, c *Call) {
 	if err := p.limiter.Penalize(context.WithoutCancel(ctx), c.Scope, p.opts.FaultPause); err != nil {
 		p.logger.Warn("pause a failing deployment", "scope", c.Scope.Name, "err", err)
