@@ -167,7 +167,7 @@ type leases struct {
 }
 
 type keyLease struct {
-	lease *limiter.WindowLease
+	lease *limiter.WindowPrefetch
 	size  int64
 }
 
@@ -177,7 +177,7 @@ func (ls *leases) take(ctx context.Context, w *limiter.Windows, keyID string, se
 		return nil, err
 	}
 	res, err := l.Take(ctx, 1)
-	if errors.Is(err, limiter.ErrLeaseClosed) {
+	if errors.Is(err, limiter.ErrPrefetchClosed) {
 		// Replaced by a request that saw a newer policy meanwhile.
 		if l, err = ls.lease(ctx, w, keyID, set, size); err != nil {
 			return nil, err
@@ -189,23 +189,18 @@ func (ls *leases) take(ctx context.Context, w *limiter.Windows, keyID string, se
 
 // lease returns key's lease of set with slices of size, replacing one of
 // other windows or slices.
-func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) (*limiter.WindowLease, error) {
+func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) (*limiter.WindowPrefetch, error) {
 	ls.mu.Lock()
 	if ls.m == nil {
 		ls.m = map[string]*keyLease{}
 	}
 	kl := ls.m[keyID]
-	var old *limiter.WindowLease
+	var old *limiter.WindowPrefetch
 	if kl != nil && (kl.size != size || !sameSet(kl.lease.Set(), set)) {
 		old, kl = kl.lease, nil
 	}
 	if kl == nil {
-		l, err := w.NewLease(set, limiter.WindowLeaseOptions{Size: size})
-		if err != nil {
-			ls.mu.Unlock()
-			return nil, err
-		}
-		kl = &keyLease{lease: l, size: size}
+		kl = &keyLease{lease: w.Prefetch(set, limiter.PrefetchOptions{Size: size}), size: size}
 		ls.m[keyID] = kl
 	}
 	ls.mu.Unlock()

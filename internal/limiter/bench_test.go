@@ -77,15 +77,6 @@ func BenchmarkReserveVsRedisRate(b *testing.B) {
 			}
 		})
 	})
-	b.Run("Lease", func(b *testing.B) {
-		tb := must(NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
-		l := must(NewLease(tb, benchScope, LeaseOptions{Size: Cost{Requests: 100, Tokens: 10000}}))
-		defer l.Close(ctx)
-		run(b, shared(func() (bool, error) {
-			r, err := l.Take(ctx, Cost{Requests: 1, Tokens: 100})
-			return err == nil && r.Allowed, err
-		}))
-	})
 }
 
 // BenchmarkReserveLatency reports the p50 and p99 latency of an uncontended
@@ -145,7 +136,7 @@ var benchWindows = []NamedWindow{
 // concurrent callers on one key in one process (the API's per-key check),
 // of redis_rate's AllowN on one bucket, Windows.Allow (a round trip per
 // request) on a second window and on second + day windows, for every
-// algorithm, and a WindowLease (slices of 100) on second + day.
+// algorithm, and a WindowPrefetch (slices of 100) on second + day.
 func BenchmarkWindowsVsRedisRate(b *testing.B) {
 	rdb := testutil.Redis(b, 1)
 	ctx := context.Background()
@@ -191,7 +182,7 @@ func BenchmarkWindowsVsRedisRate(b *testing.B) {
 		}
 		b.Run("Lease_"+string(alg)+"_day", func(b *testing.B) {
 			w := must(NewWindows(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
-			l := must(w.NewLease(WindowSet{Algorithm: alg, Scope: "api:bench", Windows: benchWindows}, WindowLeaseOptions{Size: 100}))
+			l := w.Prefetch(WindowSet{Algorithm: alg, Scope: "api:bench", Windows: benchWindows}, PrefetchOptions{Size: 100})
 			defer l.Close(ctx)
 			run(b, func() (bool, error) {
 				r, err := l.Take(ctx, 1)

@@ -46,22 +46,12 @@ local function burst_factor_of(st, name)
   return regained(st, 'bf:' .. name, 'bt:' .. name, BURST_RECOVERY)
 end
 
--- The bucket's limit: the one given, or a lower one the provider announced
--- lately, which applies at once.
-local function limit_of(st, name, limit)
-  local announced, announced_at = tonumber(st['pl:' .. name]), tonumber(st['plt:' .. name])
-  if announced and announced_at and now - announced_at <= PROVIDER_LIMIT_TTL and announced < limit then
-    return announced
-  end
-  return limit
-end
-
 -- The bucket now, as a table:
 --   level      what it holds used: refilled, never below what is in flight
 --   base       the level refilled without that floor, which a run that
 --              takes from the bucket writes
 --   cap, rate  its capacity and its refill per µs, as learned
---   limit      its limit (limit_of)
+--   limit      its limit
 --   inflight   its amounts in flight (inflight_of)
 --   taken      all it ever took
 --   burst      the most it lets out at once: its full refill over
@@ -70,7 +60,6 @@ end
 --   pace       what its pace lets out now, and pace_rate how fast the pace
 --              refills (nil without a burst)
 local function load_bucket(st, name, limit, period, burst_window)
-  limit = limit_of(st, name, limit)
   local cap = limit * factor_of(st, name)
   local full_rate = cap / period
   local rate = full_rate * (1 - (tonumber(st['e:' .. name]) or 0))

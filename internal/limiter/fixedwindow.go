@@ -12,26 +12,6 @@ import (
 	"github.com/llmq/llmq/internal/redisclock"
 )
 
-// FixedWindow is the fixed window counter: at most limit per window, the
-// windows aligned on the epoch (so resets are predictable). It is the
-// cheapest limiter and the least exact: a caller can spend a whole window's
-// limit just before a boundary and again just after it, twice the limit in
-// an instant. Use a sliding limiter or the token bucket where that matters.
-type FixedWindow struct {
-	rdb  redis.Scripter
-	opts Options
-}
-
-// NewFixedWindow returns a FixedWindow over rdb. Of opts, it uses Keys and
-// Clock.
-func NewFixedWindow(rdb redis.Scripter, opts Options) (*FixedWindow, error) {
-	o, err := opts.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	return &FixedWindow{rdb: rdb, opts: o}, nil
-}
-
 // fixedWindowScript counts cost in the current window of every window
 // given, or in none when one of them would pass its limit
 // (fixed_window.lua).
@@ -47,18 +27,6 @@ var fixedWindowScript = redis.NewScript(redisclock.Lua + windowExtendLua + fixed
 //go:embed fixed_window_give_back.lua
 var fixedWindowGiveBackLua string
 var fixedWindowGiveBackScript = redis.NewScript(redisclock.Lua + fixedWindowGiveBackLua)
-
-// Allow counts cost against key's limit per window, or denies without
-// counting. RetryAfter is the time until the window ends. A cost above
-// limit fails at once with ErrCostExceedsCapacity.
-func (fw *FixedWindow) Allow(ctx context.Context, key string, limit int64, window time.Duration, cost int64) (*Result, error) {
-	if err := checkWindow(key, Window{Limit: limit, Period: window}, cost); err != nil {
-		return nil, err
-	}
-	res, _, err := runFixedWindow(ctx, fw.rdb, fw.opts, fw.opts.Keys.FixedWindow(key), key,
-		[]NamedWindow{{Name: window.String(), Window: Window{limit, window}}}, []string{""}, cost)
-	return res, err
-}
 
 // runFixedWindow runs fixedWindowScript on windows (field suffixes
 // suffixes) and returns the decision and each window's start.

@@ -1,15 +1,12 @@
-// Package limiter owns llmq's Redis rate limiters: the multi-bucket weighted
-// token bucket that guards every provider call (reserve, reconcile with the
-// real usage, penalize after a 429 with a single probe afterwards, wait), its
-// lease mode for hot paths, the window limiters (fixed window, sliding
-// window log, sliding window counter, multi-window) and the window sets
-// built on them for the API's per-key limits (Windows, any algorithm, with
-// their lease mode, WindowLease), and the Spacer that spaces webhook
-// deliveries. Every check-and-take is one Lua script and one round trip, time is
-// Redis TIME (or an injected clock in tests), every key comes from
-// rkeys.Builder with the scope's hash tag and expires once idle, and every
-// limiter takes any go-redis client (a redis.Scripter; TokenBucket also
-// pipelines), so single node, Sentinel and Cluster fit.
+// Package limiter is the Redis mechanism of llmq's rate limits: the
+// multi-bucket weighted token bucket (reserve, settle with what a provider
+// answered, penalize with a single probe afterwards, wait), the window sets
+// of the API's per-key limits (Windows, by any of four algorithms, and
+// WindowPrefetch), and the Spacer of webhook deliveries. What a provider
+// call counts against is decided in pacer, the front. Every check-and-take
+// is one Lua script and one round trip on Redis TIME (or an injected clock
+// in tests), every key comes from rkeys.Builder with the scope's hash tag
+// and expires once idle, and any go-redis client fits.
 package limiter
 
 import (
@@ -22,23 +19,16 @@ import (
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
-// ErrCostExceedsCapacity is returned (wrapped, with the scope, bucket, cost
-// and capacity) when a cost is larger than a bucket or window can ever hold:
-// such a request fails at once instead of waiting forever.
+// ErrCostExceedsCapacity is returned (wrapped) for a cost larger than a
+// bucket or window can ever hold, at once instead of waiting forever.
 var ErrCostExceedsCapacity = errors.New("limiter: cost exceeds capacity")
-
-// ttlMargin is added to every key's expiry, after the moment its state would
-// be indistinguishable from a missing key.
-const ttlMargin = time.Second
 
 // Unit is what a bucket counts.
 type Unit int
 
 const (
-	// UnitRequests counts calls: Cost.Requests.
-	UnitRequests Unit = iota
-	// UnitTokens counts tokens: Cost.Tokens.
-	UnitTokens
+	UnitRequests Unit = iota // Cost.Requests
+	UnitTokens               // Cost.Tokens
 )
 
 func (u Unit) String() string {
@@ -54,56 +44,59 @@ func (u Unit) String() string {
 // Bucket is one token bucket of a scope. It holds Limit (its capacity) and
 // refills continuously at Limit per Period.
 type Bucket struct {
-	// Name identifies the bucket inside its scope: "rps", "rpm", "tpm", "tpd".
-	Name string
-	// Unit is what the bucket counts.
-	Unit Unit
-	// Limit is the period's limit, which is also the bucket's capacity.
-	Limit int64
-	// Period is the time the bucket takes to refill from empty to full.
-	Period time.Duration
+	Name   string // unique in its scope: "rps", "rpm", "tpm", "tpd"
+	Unit   Unit
+	Limit  int64         // the period's limit, and the capacity
+	Period time.Duration // from empty to full
 	// Burst bounds what the bucket lets out at once to its refill over
-	// Burst (or one call's cost, when more), however much it holds: a full
-	// bucket does not send a minute's worth of calls together, which a
-	// provider counting over a shorter window than its limit's period would
-	// refuse. 0 means no bound but the capacity. 429s that show a shorter
-	// window lower it (see Settle), for a while.
+	// Burst (or one call's cost, when more), however much it holds, for a
+	// provider counting over a shorter window than the period. 0: no bound
+	// but the capacity. 429s that show a shorter window lower it (Settle).
 	Burst time.Duration
 }
 
 // Scope is a set of buckets taken from together, e.g. one model at one
 // provider. Its name becomes the hash tag of its keys.
 type Scope struct {
-	// Name is e.g. "openai/gpt-4o-mini".
-	Name string
-	// Buckets are checked and taken from all at once. A scope without buckets
-	// only carries penalties.
+	Name string // e.g. "openai/gpt-4o-mini"
+	// Buckets are taken from all at once. A scope without buckets only
+	// carries penalties.
 	Buckets []Bucket
 }
 
-// ModelScope returns the scope of one model with its request and token
-// limits; 0 means no such bucket. rps is a request bucket refilling per
-// second, rpm per minute, tpm and tpd token buckets per minute and per day.
-// burst bounds what the rps, rpm and tpm buckets let out at once (see
-// Bucket.Burst); the day's bucket is a quota, not a pace, and has none.
+// modelBuckets are the buckets of a model's scope, one per kind of limit a
+// provider sets, in ModelScope's order. A new kind (input and output tokens
+// apart, a day that resets at the provider's midnight) is a new entry.
+var modelBuckets = []struct {
+	name   string
+	unit   Unit
+	period time.Duration
+	paced  bool // a day's bucket is a quota, not a pace: no burst bound
+}{
+	{"rps", UnitRequests, time.Second, true},
+	{"rpm", UnitRequests, time.Minute, true},
+	{"tpm", UnitTokens, time.Minute, true},
+	{"tpd", UnitTokens, 24 * time.Hour, false},
+}
+
+// ModelScope returns the scope of one model with its limits, in
+// modelBuckets' order; 0 means no such bucket. burst bounds what the paced
+// buckets let out at once (see Bucket.Burst).
 func ModelScope(name string, rps, rpm, tpm, tpd int64, burst time.Duration) Scope {
 	s := Scope{Name: name}
-	add := func(n string, u Unit, limit int64, period, burst time.Duration) {
-		if limit > 0 {
-			s.Buckets = append(s.Buckets, Bucket{Name: n, Unit: u, Limit: limit, Period: period, Burst: burst})
+	for i, limit := range []int64{rps, rpm, tpm, tpd} {
+		if b := modelBuckets[i]; limit > 0 {
+			s.Buckets = append(s.Buckets, Bucket{Name: b.name, Unit: b.unit, Limit: limit, Period: b.period})
+			if b.paced {
+				s.Buckets[len(s.Buckets)-1].Burst = burst
+			}
 		}
 	}
-	add("rps", UnitRequests, rps, time.Second, burst)
-	add("rpm", UnitRequests, rpm, time.Minute, burst)
-	add("tpm", UnitTokens, tpm, time.Minute, burst)
-	add("tpd", UnitTokens, tpd, 24*time.Hour, 0)
 	return s
 }
 
 // Cost is what one call takes.
-type Cost struct {
-	Requests, Tokens int64
-}
+type Cost struct{ Requests, Tokens int64 }
 
 // Of returns the part of c that a bucket of unit u counts.
 func (c Cost) Of(u Unit) int64 {
@@ -113,7 +106,7 @@ func (c Cost) Of(u Unit) int64 {
 	return c.Requests
 }
 
-// validate checks s and, against every bucket's capacity, the cost c.
+// validate checks s, and c against every bucket's capacity.
 func (s Scope) validate(c Cost) error {
 	if s.Name == "" {
 		return errors.New("limiter: Scope.Name is empty")
@@ -149,61 +142,44 @@ func (s Scope) validate(c Cost) error {
 
 // BucketState is one bucket's (or window's) level after a decision.
 type BucketState struct {
-	Name  string
-	Unit  Unit
-	Limit int64
-	// Remaining is what the bucket still holds, rounded down; negative while
-	// the bucket is in debt (Reconcile took more than was reserved).
-	Remaining int64
-	// RetryAfter is the time until this bucket alone can cover the cost; 0
-	// when it can now.
+	Name      string
+	Unit      Unit
+	Limit     int64
+	Remaining int64 // rounded down; negative while in debt
+	// RetryAfter is when this bucket alone covers the cost; 0 now.
 	RetryAfter time.Duration
-	// ResetAfter is the time until this bucket is full again.
-	ResetAfter time.Duration
-	// Burst is what the bucket lets out at once now, however much it holds
-	// (Remaining): at most Bucket.Burst's refill, as 429s lowered it; a
-	// call costing more goes alone once this is whole. -1 when only its
-	// capacity bounds it.
+	ResetAfter time.Duration // until full again
+	// Burst is what the bucket lets out at once now (see Bucket.Burst); -1
+	// when only its capacity bounds it.
 	Burst int64
 }
 
 // Result is the decision of every limiter of this package.
 type Result struct {
 	Allowed bool
-	// Limit and Remaining are those of the tightest bucket (the one that
-	// denied for longest, or else the emptiest), for X-RateLimit-* headers.
-	// Remaining is never negative here.
+	// Limit and Remaining (never negative) are the tightest bucket's
+	// (Tightest), for X-RateLimit-* headers.
 	Limit, Remaining int64
-	// RetryAfter is 0 when allowed; else the time until every bucket (and
-	// any penalty) can cover the cost, assuming nobody else takes meanwhile.
-	// While a probe or reservations in flight hold the cost back (see
-	// Penalized and HeldInFlight), whose end nobody knows in advance, it is
-	// a time to check again instead.
+	// RetryAfter is 0 when allowed; else when every bucket and any penalty
+	// cover the cost if nobody else takes meanwhile, or, while a probe or
+	// reservations in flight hold it back, when to check again.
 	RetryAfter time.Duration
-	// ResetAfter is the time until every bucket is full again.
-	ResetAfter time.Duration
-	// Buckets has one entry per bucket (token bucket) or window, in order.
+	ResetAfter time.Duration // until every bucket is full again
+	// Buckets has one entry per bucket or window, in order.
 	Buckets []BucketState
-	// Penalized is true when the caller was denied because of Penalize, or
-	// because a probe is in flight after a penalty.
+	// Penalized: denied by Penalize, or by the probe in flight after it.
 	Penalized bool
-	// HeldInFlight is true when the caller was denied because reservations
-	// in flight (Options.HoldInFlight) hold back what the cost needs. Their
-	// holds lapse only seconds later, but a Reconcile or Release of one of
-	// them may admit the cost at any moment: RetryAfter is then when to
-	// check again, at most Options.HoldRetry, and each bucket's RetryAfter is
-	// when it covers the cost if nothing is reconciled or taken meanwhile.
+	// HeldInFlight: denied by what reservations in flight hold back
+	// (Options.HoldInFlight); a Settle may free it at any moment.
 	HeldInFlight bool
-	// Reservation is what Reconcile and Release take; non-nil when a token
-	// bucket allowed.
+	// Reservation is what Settle, Reconcile and Release take; set when a
+	// token bucket allowed.
 	Reservation *Reservation
-	// Time is the Redis time (or the injected clock's) of the decision; zero
-	// for a lease's local takes.
+	// Time is Redis's (or the injected clock's) time of the decision; zero
+	// for a prefetched window take.
 	Time time.Time
 
-	// probeWait marks a RetryAfter that is a guess (a probe is in flight),
-	// not the exact time of admission.
-	probeWait bool
+	probeWait bool // RetryAfter is a guess: a probe is in flight
 }
 
 // fill sets Limit, Remaining, RetryAfter and ResetAfter of r from r.Buckets.
@@ -222,68 +198,37 @@ func (r *Result) fill() {
 // Options configure every limiter of this package. The zero value is ready
 // to use.
 type Options struct {
-	// Keys builds every key. Defaults to rkeys.New(""), prefix "llmq".
+	// Keys builds every key. Defaults to rkeys.New("").
 	Keys rkeys.Builder
-	// Clock, when set, is the limiters' time: its time (in µs) is passed to
-	// the scripts instead of Redis TIME. Tests only. Defaults to nil (Redis
-	// TIME).
+	// Clock, when set (tests), is passed to the scripts instead of Redis
+	// TIME. Defaults to nil.
 	Clock func() time.Time
-	// ProbeTimeout is how long the single probe admitted after a penalty may
-	// stay unreconciled before another caller becomes the probe. Defaults to
-	// 30s.
+	// ProbeTimeout is how long the probe after a penalty may stay unsettled
+	// before another caller becomes the probe. Defaults to 30s.
 	ProbeTimeout time.Duration
-	// ProbeRetry is the longest RetryAfter given to callers denied while a
-	// probe is in flight (shorter when the probe times out sooner), jittered
-	// by ±25%. Defaults to 500ms.
+	// ProbeRetry is the longest RetryAfter while a probe is in flight,
+	// jittered by ±25%. Defaults to 500ms.
 	ProbeRetry time.Duration
-	// HoldInFlight holds every reservation of the token bucket in flight
-	// until it is reconciled or released (see inflightGen): the bucket then
-	// never runs ahead of the provider it mirrors, whose charges arrive a
-	// little later and whose refunds a little earlier. Set it when every
-	// reservation is for one provider call and is always reconciled or
-	// released (llmq's workers); leave it off for plain permits. Defaults to
-	// false.
+	// HoldInFlight holds every reservation until it is settled or released
+	// (see inflightGen), so the bucket never runs ahead of the provider's:
+	// for reservations that are each one provider call (the workers'), not
+	// plain permits. Defaults to false.
 	HoldInFlight bool
-	// HoldRetry is the longest RetryAfter given to callers denied because
-	// reservations in flight hold back what they need (Result.HeldInFlight),
-	// jittered by ±25%: a reconcile may free it at any moment, while the
-	// holds themselves lapse only 5 to 10 s after their reservation.
-	// Defaults to 100ms.
+	// HoldRetry is the longest RetryAfter of a denial by what reservations
+	// in flight hold back, jittered by ±25%. Defaults to 100ms.
 	HoldRetry time.Duration
-	// ReconcileTTL is how long a reconciled reservation is remembered, so
-	// that reconciling it again changes nothing. Defaults to 1h.
+	// ReconcileTTL is how long a settled reservation is remembered, so that
+	// settling it again changes nothing. Defaults to 1h.
 	ReconcileTTL time.Duration
-	// Jitter is the upper bound of the random delay Wait adds to each
-	// RetryAfter it sleeps, so callers denied together do not retry in
-	// lockstep. Defaults to 2ms.
+	// Jitter bounds the random delay Wait adds to each RetryAfter. Defaults
+	// to 2ms.
 	Jitter time.Duration
-	// Rand returns a random number in [0, 1), for jitter. Defaults to
-	// math/rand/v2's Float64.
+	// Rand returns a number in [0, 1), for jitter. Defaults to rand.Float64.
 	Rand func() float64
 }
 
-// validate reports, naming the field, a negative duration.
-func (o Options) validate() error {
-	for _, f := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"ProbeTimeout", o.ProbeTimeout}, {"ProbeRetry", o.ProbeRetry}, {"HoldRetry", o.HoldRetry},
-		{"ReconcileTTL", o.ReconcileTTL}, {"Jitter", o.Jitter},
-	} {
-		if f.d < 0 {
-			return fmt.Errorf("limiter: Options.%s must not be negative, got %v", f.name, f.d)
-		}
-	}
-	return nil
-}
-
-// withDefaults validates o and returns it with its zero fields set to their
-// defaults.
-func (o Options) withDefaults() (Options, error) {
-	if err := o.validate(); err != nil {
-		return o, err
-	}
+// withDefaults returns o with its zero fields set to their defaults.
+func (o Options) withDefaults() Options {
 	if o.ProbeTimeout == 0 {
 		o.ProbeTimeout = 30 * time.Second
 	}
@@ -302,7 +247,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Rand == nil {
 		o.Rand = rand.Float64
 	}
-	return o, nil
+	return o
 }
 
 // ints reads a script's reply of at least n integers.

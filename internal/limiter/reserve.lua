@@ -108,8 +108,8 @@ while arg <= #ARGV do
       if wait >= retry then retry, held = wait, false end
     elseif status == STATUS_ALLOWED and mode ~= MODE_STATE then
       -- the penalty is over and no probe is in flight: this caller probes,
-      -- unless it is a lease, which never does
-      if mode == MODE_LEASE then
+      -- unless it is a prefetch, which never does
+      if mode == MODE_PREFETCH then
         status, retry = STATUS_PROBE_WAIT, probe_retry
       else
         status, probe_id, probe_deadline, new_probe = STATUS_PROBE, id, now + probe_timeout, true

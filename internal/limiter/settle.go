@@ -15,53 +15,37 @@ import (
 )
 
 // What Settle learns, and how fast (docs/ARCHITECTURE.md, "What the limiter
-// learns from the provider").
+// learns from the provider"; the script's use of each, settle.lua).
 const (
-	// factorDecrease multiplies a bucket's limit factor on an unpredicted
-	// 429, at most once per factorCooldown, down to factorFloor.
-	factorDecrease = 0.85
+	factorDecrease = 0.85 // a limit factor, on an unpredicted 429
 	factorCooldown = 5 * time.Second
 	factorFloor    = 0.1
-	// drainMinSpan is how long the provider's bucket must have been seen
-	// busy before a drain is assumed.
-	drainMinSpan = 15 * time.Second
-	// drainMax bounds the share of the refill others may be thought to take.
-	drainMax = 0.9
-	// busyShare: the provider's bucket is busy (its counts say something
-	// about the others' use) while less than this share of it is free.
-	busyShare = 0.5
-	// refundWindow is the memory of the drain and refund estimates.
-	refundWindow = 2 * time.Minute
+	drainMinSpan   = 15 * time.Second // busy this long before a drain is assumed
+	drainMax       = 0.9
+	busyShare      = 0.5 // the provider's bucket is busy below this share free
+	refundWindow   = 2 * time.Minute
 	// distrustAfter unpredicted 429s within distrustWindow stop the
 	// provider's counts from lowering the buckets for distrustFor.
-	distrustAfter  = 3
-	distrustWindow = time.Minute
-	distrustFor    = 10 * time.Minute
-	// calibrationSamples is how many prompt ratios the calibration keeps.
+	distrustAfter      = 3
+	distrustWindow     = time.Minute
+	distrustFor        = 10 * time.Minute
 	calibrationSamples = 31
-	// recalibration is the change of the calibration that restarts the
-	// drain's sums: the corrections before it say nothing about others.
-	recalibration = 0.05
-	// refusalsKept is how many refused calls a bucket remembers, so the
-	// provider's answers are not read as if it had charged them.
-	refusalsKept = 64
-	// burstDecrease multiplies a bucket's burst on a 429 that showed a
-	// shorter window; shortDecrease multiplies its pace's rate instead when
-	// the burst is below burstMin of its window already.
+	recalibration      = 0.05 // a calibration change that restarts the drain's sums
+	refusalsKept       = 64
+	// A 429 that shows a shorter window multiplies the burst by
+	// burstDecrease, or the pace's rate by shortDecrease once the burst is
+	// below burstMin.
 	burstDecrease = 0.25
 	burstMin      = 0.5
 	shortDecrease = 0.95
-	// Two unpredicted 429s at least estimateMin and at most the bucket's
-	// period apart bound the provider's rate by what was let through
-	// between them (it had no room at either), taken at estimateSafety of
-	// it.
+	// Two unpredicted 429s estimateMin to a period apart bound the
+	// provider's rate by what went through between them.
 	estimateMin    = 2 * time.Second
 	estimateSafety = 0.95
-	// A bucket's pace lets its refill out at paceMax times its rate at
-	// most, and paceMin at least: it grows by paceGrowth of the rate a second (counted over at
-	// most paceStep between answers) while the provider's counts show at
-	// least paceSpare of its bucket free, and goes back to the rate, for
-	// paceHold, after a 429 the buckets did not predict.
+	// The pace grows by paceGrowth of the rate a second (over paceStep at
+	// most) while the provider shows paceSpare free, within [paceMin,
+	// paceMax], and goes back to the rate for paceHold after an unpredicted
+	// 429.
 	paceMax    = 2.0
 	paceMin    = 0.5
 	paceSpare  = 0.5
@@ -72,84 +56,63 @@ const (
 
 // Feedback is what a provider's answer says about one call, for Settle.
 type Feedback struct {
-	// Charged is what the provider most likely charged the call: its own
-	// count of the prompt plus max_tokens, as OpenAI counts at admission.
-	// What it charged beyond the reservation is taken too; what it charged
-	// less is not given back (a provider that refunds shows it in its
-	// counts). Zero fields mean the reservation's.
+	// Charged is what the provider most likely charged (its count of the
+	// prompt plus max_tokens); what it charged beyond the reservation is
+	// taken, nothing is given back. Zero fields mean the reservation's.
 	Charged Cost
-	// Unused is the part of max_tokens the call left unused: what a
-	// provider that refunds gives back, for the refund estimate.
+	// Unused is the part of max_tokens left unused, for the refund estimate.
 	Unused Cost
-	// Observed are the provider's own views of some of the scope's buckets,
-	// from its x-ratelimit-* headers.
+	// Observed are the provider's views of buckets (x-ratelimit-*).
 	Observed []Observed
-	// Evidence names the buckets a 429 showed to be ahead of the
-	// provider's: it refused a call they admitted while its counts showed
-	// them without room (or it sent no counts).
+	// Evidence names the buckets a 429 showed ahead of the provider's (its
+	// counts showed them without room, or it sent none).
 	Evidence []string
-	// ShortWindow names the buckets a 429 showed to be counted by the
-	// provider over a shorter window than their period: it refused a call
-	// they admitted while its counts showed room for it. Their burst is
-	// lowered (see Bucket.Burst).
-	ShortWindow []string
-	// BlockWindow names those of ShortWindow whose window the provider's
-	// wait showed to free in a block (a fixed window: the wait is longer
-	// than the call's cost takes to refill): their pace is lowered too,
-	// since the calls crossing the window's edge count in it together.
-	BlockWindow []string
-	// PromptRatio is the provider's count of the prompt over llmq's
-	// estimate, for the calibration; 0 when unknown.
+	// ShortWindow names the buckets a 429 showed counted over a shorter
+	// window than their period (its counts showed room): their burst is
+	// lowered. BlockWindow names those whose window frees in a block (the
+	// wait is longer than the cost's refill): their pace is lowered too.
+	ShortWindow, BlockWindow []string
+	// PromptRatio is the provider's prompt count over llmq's estimate; 0
+	// when unknown.
 	PromptRatio float64
-	// Refused is set when the provider refused the call (a 429): it
-	// charged nothing. Buckets it reported on then give the call back
-	// before following its view; the others keep it, since the 429 shows
-	// them ahead of the provider.
+	// Refused: the provider refused the call (a 429) and charged nothing.
+	// Buckets it reported on give the call back before following it.
 	Refused bool
 }
 
 // Observed is the provider's view of one bucket when it answered.
 type Observed struct {
-	// Bucket is the scope's bucket it concerns ("rpm", "tpm").
-	Bucket string
-	// Remaining is what the provider said it still held.
+	Bucket    string // "rpm", "tpm"
 	Remaining int64
-	// Limit is the provider's limit for the bucket; 0 when it did not say.
-	Limit int64
+	Limit     int64 // 0 when it did not say
 }
 
 // Settlement is what a Settle applied and what the scope has learned.
 type Settlement struct {
-	// Applied is false when the reservation was settled before.
-	Applied bool
-	// Calibration is the scope's prompt-token correction after this call.
+	Applied     bool // false when the reservation was settled before
 	Calibration Calibration
-	// Buckets has one entry per bucket of the reservation's scope.
-	Buckets []BucketSettlement
+	Buckets     []BucketSettlement // one per bucket of the scope
 }
 
 // BucketSettlement is one bucket after a Settle.
 type BucketSettlement struct {
 	Name string
 	// Model is the level the bucket's own counting gave, Level the level
-	// it holds after following the provider's view (tokens used).
+	// after following the provider's view (tokens used).
 	Model, Level int64
-	// ProviderBound is the most the provider can have used by now, from
-	// its answer; -1 when it said nothing about this bucket.
+	// ProviderBound is the most the provider can have used by now; -1 when
+	// it said nothing of this bucket.
 	ProviderBound int64
-	// Drain is the share of the refill others take; Factor the share of
-	// the limit the bucket may use after unpredicted 429s; BurstFactor the
-	// share of its burst it lets out at once after 429s that showed a
-	// shorter window.
+	// Drain is the share of the refill others take, Factor the share of
+	// the limit left after unpredicted 429s, BurstFactor the share of the
+	// burst left after 429s that showed a shorter window.
 	Drain, Factor, BurstFactor float64
 }
 
 // Calibration is a scope's correction of llmq's prompt-token estimates: the
 // median of the provider's counts over llmq's in its last calls.
 type Calibration struct {
-	// Factor multiplies prompt estimates; 1 until enough calls were seen.
-	Factor float64
-	// Samples is how many calls the median is of.
+	Factor  float64 // 1 until enough calls were seen
 	Samples int
 }
 

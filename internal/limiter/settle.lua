@@ -138,7 +138,7 @@ for i = 1, bucket_count do
       local taken = tonumber(st['c:' .. name]) or 0
       if last_at and last_taken and last_refused and now - last_at >= ESTIMATE_MIN and now - last_at <= period then
         local let_through = (taken - last_taken) - (refused_total - last_refused)
-        local share = let_through / (now - last_at) * period / limit_of(st, name, limit)
+        local share = let_through / (now - last_at) * period / limit
         lowered = math.min(lowered, share * ESTIMATE_SAFETY)
       end
       local factor = math.max(lowered, FACTOR_FLOOR)
@@ -152,15 +152,9 @@ for i = 1, bucket_count do
     end
   end
 
-  -- a lower limit the provider announced applies at once, to this bucket
-  -- as the next reservations see it (load_bucket)
-  if reported and provider_limit < limit then
-    st['pl:' .. name], st['plt:' .. name] = provider_limit, now
-    put(changes, 'pl:' .. name, provider_limit)
-    put(changes, 'plt:' .. name, now)
-  end
-
-  local b = load_bucket(st, name, limit, period, burst_window)
+  -- A lower limit the provider announces applies to this run at once; the
+  -- pacer keeps it for the next ones (its learned limits).
+  local b = load_bucket(st, name, reported and math.min(provider_limit, limit) or limit, period, burst_window)
   local level, inflight, taken = b.level, b.inflight, b.taken
   -- the reservation is no longer in flight
   if reservation_gen == inflight.gen then

@@ -4,33 +4,11 @@ import (
 	"context"
 	_ "embed" // the scripts' Lua
 	"fmt"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/redisclock"
 )
-
-// SlidingLog is the sliding window log: every admission is an entry of a
-// sorted set scored by its time, and a cost is allowed when the entries of
-// the last window plus the cost stay within the limit. It is exact (no
-// window, wherever it starts, holds more than the limit) and costs memory
-// and time in proportion to the admissions of one window: use it for small
-// limits.
-type SlidingLog struct {
-	rdb  redis.Scripter
-	opts Options
-}
-
-// NewSlidingLog returns a SlidingLog over rdb. Of opts, it uses Keys and
-// Clock.
-func NewSlidingLog(rdb redis.Scripter, opts Options) (*SlidingLog, error) {
-	o, err := opts.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	return &SlidingLog{rdb: rdb, opts: o}, nil
-}
 
 // slidingLogScript drops, from the log of every window given, the entries
 // older than that window, and adds one for cost to every log when each
@@ -47,18 +25,6 @@ var slidingLogScript = redis.NewScript(redisclock.Lua + slidingLogLua)
 //go:embed sliding_log_give_back.lua
 var slidingLogGiveBackLua string
 var slidingLogGiveBackScript = redis.NewScript(redisclock.Lua + slidingLogGiveBackLua)
-
-// Allow adds cost to key's log when the last window's entries leave room,
-// or denies without adding. RetryAfter is exact: the time until enough of
-// the oldest entries leave the window. A cost above limit fails at once with
-// ErrCostExceedsCapacity.
-func (sl *SlidingLog) Allow(ctx context.Context, key string, limit int64, window time.Duration, cost int64) (*Result, error) {
-	if err := checkWindow(key, Window{Limit: limit, Period: window}, cost); err != nil {
-		return nil, err
-	}
-	keys := []string{sl.opts.Keys.SlidingLog(key), sl.opts.Keys.SlidingLogTotal(key)}
-	return runSlidingLog(ctx, sl.rdb, sl.opts, keys, key, []NamedWindow{{Name: window.String(), Window: Window{limit, window}}}, cost, newID())
-}
 
 // runSlidingLog runs slidingLogScript on windows, whose logs and totals are
 // keys, for an entry id.

@@ -32,11 +32,7 @@ type SpacerClient interface {
 
 // NewSpacer returns a Spacer over rdb. Of opts, it uses Keys and Clock.
 func NewSpacer(rdb SpacerClient, opts Options) (*Spacer, error) {
-	o, err := opts.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	return &Spacer{rdb: rdb, opts: o}, nil
+	return &Spacer{rdb: rdb, opts: opts.withDefaults()}, nil
 }
 
 // slotHold is how long an event's slot is kept after it falls due, for the

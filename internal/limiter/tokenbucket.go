@@ -14,43 +14,25 @@ import (
 	"github.com/llmq/llmq/internal/scripts"
 )
 
-// TokenBucket is the distributed, weighted token bucket over several buckets
-// at once. One hash per scope (rkeys.LimiterScope) holds, per bucket, the
-// tokens used and the time they were last counted, plus the penalty and the
-// probe. A bucket refills continuously at Limit/Period: the used amount
-// decays linearly and is never negative; it may exceed Limit (debt) after a
-// Reconcile took more than was reserved.
-//
-// Limits are passed on every call, so they may change at any time. The used
-// amount is kept as it is when they do: raising a limit frees capacity at
-// once, lowering it below what was used puts the bucket in debt, repaid at
-// the new rate. This matches what a provider does, which counts the tokens it
-// served, whatever the limit.
-//
-// The hash expires once every bucket would be full again, no reservation is
-// held in flight and no penalty or probe is pending (plus one second), so an
-// idle scope leaves nothing behind. A call only knows the buckets it names,
-// and a scope's bucket list may change (learned limits), so a call extends
-// the expiry and never shortens it: after a refund the hash may outlive its
-// usage by up to its longest bucket's period.
+// TokenBucket is the weighted token bucket over the buckets of a scope at
+// once, in one hash per scope (rkeys.LimiterScope; its state, lua.go). A
+// bucket refills continuously at Limit/Period; what it used may exceed
+// Limit (debt) after a Reconcile took more than was reserved. Limits are
+// passed on every call: raising one frees capacity at once, lowering it
+// below what was used puts the bucket in debt, as a provider counts what it
+// served whatever the limit. The hash expires once idle (every bucket full,
+// nothing in flight, no penalty or probe); a call only extends its expiry.
 type TokenBucket struct {
-	rdb  redis.Scripter
-	opts Options
-	// scripts runs the settles, those of concurrent calls in one pipeline.
-	scripts *scripts.Runner
-	// probeTimeout, probeRetry and reconcileTTL as script arguments.
-	probeTimeout, probeRetry, reconcileTTL string
-	// reserves groups the reservations of a scope (batch.go).
-	reserves coalesce.Batch[string, *call, *Result]
+	rdb                                    redis.Scripter
+	opts                                   Options
+	scripts                                *scripts.Runner // the settles, in shared pipelines
+	probeTimeout, probeRetry, reconcileTTL string          // script arguments
+	reserves                               coalesce.Batch[string, *call, *Result]
 }
 
-// NewTokenBucket returns a TokenBucket over rdb (any redis.UniversalClient
-// fits), or an error naming a field of opts that is invalid.
+// NewTokenBucket returns a TokenBucket over rdb.
 func NewTokenBucket(rdb scripts.Client, opts Options) (*TokenBucket, error) {
-	o, err := opts.withDefaults()
-	if err != nil {
-		return nil, err
-	}
+	o := opts.withDefaults()
 	tb := &TokenBucket{
 		rdb:          rdb,
 		opts:         o,
@@ -63,14 +45,14 @@ func NewTokenBucket(rdb scripts.Client, opts Options) (*TokenBucket, error) {
 	return tb, nil
 }
 
-// Reservation is what an allowed Reserve took. Pass it to Reconcile (the call
-// happened, with its real usage) or Release (it did not, or failed).
+// Reservation is what an allowed Reserve took, for Settle, Reconcile or
+// Release.
 type Reservation struct {
 	ID    string
 	Scope Scope
 	Cost  Cost
-	// Probe marks the single call admitted after a penalty. Until it is
-	// reconciled, released or times out, every other caller is denied.
+	// Probe marks the single call admitted after a penalty; every other
+	// caller is denied until it is settled, released or times out.
 	Probe bool
 
 	gen int64   // the in-flight generation the reservation is held in; -1 when not held
@@ -78,62 +60,39 @@ type Reservation struct {
 	pos []int64 // per bucket, what it had taken just before this reservation
 }
 
-// inflightGen is the length of one in-flight generation. A bucket holds back,
-// from refill and refunds, what was reserved in the current and the previous
-// generation and is not yet reconciled ("in flight"), so it never runs ahead
-// of the provider's bucket:
-//
-// The provider charges a call when it arrives, a little after the
-// reservation here, and refunds its unused tokens when it completes, a
-// little before the reconcile here. If its bucket is full at those moments
-// it loses the refill or the refund that this bucket, which charged earlier
-// or refunds later, still gets. Both gaps only involve calls reserved and
-// not yet reconciled within the last moments, so with this floor on the
-// tokens used the provider's bucket always holds at least as much as this
-// one: a permit here is a call the provider admits, provided reservations
-// cover what the provider counts and llmq is the account's only user.
-//
-// Two generations cover between one and two lengths, which must exceed the
-// delay between a reservation and the call's arrival, and between the call's
-// completion and its reconcile. Calls in flight longer stop being held back,
-// so slow calls do not hold capacity, and a reservation never reconciled (a
-// crashed worker) lapses within two lengths.
+// inflightGen is the length of one in-flight generation. A bucket holds back
+// from refill and refunds what the current and the previous generation
+// reserved and did not settle yet: the provider charges a call a little
+// after the reservation and refunds a little before the settle, and its
+// bucket, if full then, loses refill this one would get. Two generations
+// (one to two lengths) must exceed those delays; longer calls stop being
+// held back, and a reservation never settled (a crashed worker) lapses.
 const inflightGen = 5 * time.Second
 
 // Reserve status codes and modes of reserveScript (STATUS_* and MODE_* in
 // its Lua, see luaConstants).
 const (
-	statusDenied     = 0
-	statusAllowed    = 1
-	statusProbe      = 2
-	statusPenalty    = 3
-	statusProbeWait  = 4
-	modeReserve      = "r"
-	modeReserveHold  = "h"
-	modeReserveLease = "l"
-	modeState        = "s"
+	statusDenied        = 0
+	statusAllowed       = 1
+	statusProbe         = 2
+	statusPenalty       = 3
+	statusProbeWait     = 4
+	modeReserve         = "r"
+	modeReserveHold     = "h"
+	modeReservePrefetch = "l"
+	modeState           = "s"
 )
 
-// reserveScript decides, in order, a batch of reservations on one scope:
-// for each, it checks every bucket, the penalty and the probe, and takes
-// the cost from all buckets or from none, as if each ran alone at the same
-// instant (reserve.lua). Buckets refill at their learned rate (see
-// bucketLua); the scope's state is as stateLua lists.
+// reserveScript decides a batch of reservations of one scope in order,
+// each from all buckets or none (reserve.lua).
 //
 //go:embed reserve.lua
 var reserveLua string
 var reserveScript = bucketScript(reserveLua)
 
 // Reserve takes cost from every bucket of scope, or from none: allowed only
-// when every bucket can cover it and the scope is not penalized. A cost above
-// a bucket's capacity fails at once with ErrCostExceedsCapacity. When
-// allowed, pass Result.Reservation to Reconcile or Release after the call.
-//
-// Concurrent Reserves of one scope in one process share a script run and a
-// round trip: the first caller runs at once, and callers arriving meanwhile
-// go together in the next run, each decided alone, in arrival order. A caller
-// whose context ends while it waits returns at once; what a shared run
-// reserved for it is released.
+// when every bucket covers it and the scope is not penalized. Concurrent
+// Reserves of one scope in one process share a script run (batch.go).
 func (tb *TokenBucket) Reserve(ctx context.Context, scope Scope, cost Cost) (*Result, error) {
 	mode := modeReserve
 	if tb.opts.HoldInFlight {
@@ -191,22 +150,16 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 	return res
 }
 
-// penalizeScript blocks a scope until now + d, never shortening a penalty
-// in force, and cancels a probe in flight so that a new one follows
-// (penalize.lua).
+// penalizeScript blocks a scope until now + d (penalize.lua).
 //
 //go:embed penalize.lua
 var penalizeLua string
 var penalizeScript = redis.NewScript(redisclock.Lua + stateLua + penalizeLua)
 
-// Penalize blocks scope for every caller in every process until Redis's now
-// plus d, after a provider's 429. It takes a duration, not the wall-clock
-// time the provider announced, because limiter time is Redis TIME, never the
-// caller's clock: pass the provider's retry-after (or reset) as d. A shorter
-// penalty never shortens a longer one in force. When the penalty ends, the
-// first Reserve is admitted alone as the probe (Reservation.Probe); the rest
-// are denied until the probe is reconciled, released or times out. A new
-// Penalize while a probe is in flight blocks again and cancels that probe.
+// Penalize blocks scope for every caller until Redis's now plus d (a
+// duration: limiter time is Redis's, never the caller's clock), never
+// shortening a penalty in force. Then the first Reserve is the probe
+// (Reservation.Probe), alone; a new Penalize cancels a probe in flight.
 func (tb *TokenBucket) Penalize(ctx context.Context, scope Scope, d time.Duration) error {
 	if err := scope.validate(Cost{}); err != nil {
 		return err
@@ -224,14 +177,10 @@ func (tb *TokenBucket) Penalize(ctx context.Context, scope Scope, d time.Duratio
 	return nil
 }
 
-// Wait reserves cost, sleeping each returned RetryAfter (plus up to
-// Options.Jitter) until it is admitted; it never polls on a fixed tick. It
-// ends with the context: when ctx is done it returns ctx.Err(), and when
-// ctx's deadline comes before the admission RetryAfter promises, it returns
-// at once, with the last Result (its RetryAfter tells how long remains) and
-// an error wrapping context.DeadlineExceeded. A cost above a bucket's
-// capacity fails at once with ErrCostExceedsCapacity. Wait sleeps real time:
-// with an injected Clock it advances only as that clock does.
+// Wait reserves cost, sleeping each RetryAfter (plus up to Options.Jitter)
+// until admitted. When ctx's deadline comes before the admission RetryAfter
+// promises, it returns at once, with the last Result and an error wrapping
+// context.DeadlineExceeded.
 func (tb *TokenBucket) Wait(ctx context.Context, scope Scope, cost Cost) (*Result, error) {
 	var timer *time.Timer
 	defer func() {

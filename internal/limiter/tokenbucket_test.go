@@ -134,30 +134,9 @@ func testCostExceedsCapacity(t *testing.T, e *env) {
 	if n := e.rdb.Exists(ctx, e.keys.LimiterScope(s.Name)).Val(); n != 0 {
 		t.Fatalf("a refused cost created the scope's key")
 	}
-	lease := must(NewLease(tb, s, LeaseOptions{}))
-	if _, err := lease.Take(ctx, Cost{Tokens: 5000}); !errors.Is(err, ErrCostExceedsCapacity) {
-		t.Fatalf("Lease.Take err = %v", err)
-	}
-	for name, allow := range map[string]func() error{
-		"fixed": func() error {
-			_, err := must(NewFixedWindow(e.rdb, e.opts())).Allow(ctx, "k", 5, time.Second, 6)
-			return err
-		},
-		"log": func() error {
-			_, err := must(NewSlidingLog(e.rdb, e.opts())).Allow(ctx, "k", 5, time.Second, 6)
-			return err
-		},
-		"counter": func() error {
-			_, err := must(NewSlidingCounter(e.rdb, e.opts())).Allow(ctx, "k", 5, time.Second, 6)
-			return err
-		},
-		"multi": func() error {
-			_, err := must(NewMultiWindow(e.rdb, e.opts())).Allow(ctx, "k", []Window{{10, time.Second}, {5, time.Minute}}, 6)
-			return err
-		},
-	} {
-		if err := allow(); !errors.Is(err, ErrCostExceedsCapacity) {
-			t.Errorf("%s: err = %v, want ErrCostExceedsCapacity", name, err)
+	for _, alg := range Algorithms {
+		if _, err := oneWindow(e, alg)(ctx, "k", 5, time.Second, 6); !errors.Is(err, ErrCostExceedsCapacity) {
+			t.Errorf("%s: err = %v, want ErrCostExceedsCapacity", alg, err)
 		}
 	}
 }
@@ -475,14 +454,10 @@ func testKeyTTLs(t *testing.T, e *env) {
 	nearTTL(t, "with a probe in flight", pttl(e.keys.LimiterScope(p.Name)), 61*time.Second)
 
 	// Every limiter's keys.
-	for i := range 3 {
-		must(NewFixedWindow(e.rdb, e.opts())).Allow(ctx, "fw", 10, time.Minute, 1)
-		must(NewSlidingLog(e.rdb, e.opts())).Allow(ctx, "sl", 10, time.Minute, 1)
-		must(NewSlidingCounter(e.rdb, e.opts())).Allow(ctx, "sc", 10, time.Minute, 1)
-		must(NewMultiWindow(e.rdb, e.opts())).Allow(ctx, "mw", []Window{{10, time.Second}, {100, time.Hour}}, 1)
-		l := must(NewLease(tb, ModelScope("lease", 0, 100, 0, 0, 0), LeaseOptions{Size: Cost{Requests: 10}}))
-		l.Take(ctx, Cost{Requests: 1 + int64(i)})
-		l.Close(ctx)
+	for range 3 {
+		for _, alg := range Algorithms {
+			oneWindow(e, alg)(ctx, string(alg), 10, time.Minute, 1)
+		}
 	}
 	keys := scanKeys(t, e.rdb, e.keys.Prefix()+":*")
 	if len(keys) < 8 {
@@ -521,12 +496,6 @@ func testInvalidInput(t *testing.T, e *env) {
 	}
 	if err := tb.Penalize(ctx, ModelScope("x", 0, 1, 0, 0, 0), -time.Second); err == nil {
 		t.Errorf("negative penalty accepted")
-	}
-	if _, err := must(NewMultiWindow(e.rdb, e.opts())).Allow(ctx, "k", []Window{{1, time.Second}, {2, time.Second}}, 1); err == nil {
-		t.Errorf("two windows of one period accepted")
-	}
-	if _, err := NewTokenBucket(e.rdb, Options{ProbeTimeout: -1}); err == nil || !strings.Contains(err.Error(), "ProbeTimeout") {
-		t.Errorf("negative ProbeTimeout: %v, want an error naming it", err)
 	}
 }
 

@@ -113,10 +113,7 @@ type Windows struct {
 
 // NewWindows returns Windows over rdb. Of opts, it uses Keys and Clock.
 func NewWindows(rdb scripts.Client, opts Options) (*Windows, error) {
-	opts, err := opts.withDefaults()
-	if err != nil {
-		return nil, err
-	}
+	opts = opts.withDefaults()
 	tbOpts := opts
 	tbOpts.HoldInFlight = false
 	tb, err := NewTokenBucket(rdb, tbOpts)
@@ -135,7 +132,7 @@ func (w *Windows) Allow(ctx context.Context, set WindowSet, cost int64) (*Result
 	return res, err
 }
 
-// taken is what a lease took: enough to give back its unspent part.
+// taken is what a prefetch took: enough to give back its unspent part.
 type taken struct {
 	set    WindowSet
 	cost   int64
@@ -145,9 +142,9 @@ type taken struct {
 	res    *Reservation // token bucket
 }
 
-// take runs one check of set; lease marks a take whose unspent part will be
-// given back (a token bucket lease is never the probe).
-func (w *Windows) take(ctx context.Context, set WindowSet, cost int64, lease bool) (*Result, *taken, error) {
+// take runs one check of set; prefetch marks a take whose unspent part will be
+// given back (never the probe).
+func (w *Windows) take(ctx context.Context, set WindowSet, cost int64, prefetch bool) (*Result, *taken, error) {
 	if err := set.validate(cost); err != nil {
 		return nil, nil, err
 	}
@@ -169,8 +166,8 @@ func (w *Windows) take(ctx context.Context, set WindowSet, cost int64, lease boo
 		}
 	case AlgTokenBucket:
 		mode := modeReserve
-		if lease {
-			mode = modeReserveLease
+		if prefetch {
+			mode = modeReservePrefetch
 		}
 		res, err = w.tb.reserve(ctx, mode, bucketScope(set), Cost{Requests: cost})
 		if res != nil {

@@ -7,8 +7,18 @@ import (
 	"time"
 )
 
-// allowFunc is one window limiter's Allow, for tests that run on several.
+// allowFunc counts cost in one window of a limit per window, for tests that
+// run on several algorithms.
 type allowFunc func(ctx context.Context, key string, limit int64, window time.Duration, cost int64) (*Result, error)
+
+// oneWindow is alg's allowFunc: a window set of one window.
+func oneWindow(e *env, alg Algorithm) allowFunc {
+	w := must(NewWindows(e.rdb, e.opts()))
+	return func(ctx context.Context, key string, limit int64, window time.Duration, cost int64) (*Result, error) {
+		return w.Allow(ctx, WindowSet{Algorithm: alg, Scope: key,
+			Windows: []NamedWindow{{Name: window.String(), Window: Window{limit, window}}}}, cost)
+	}
+}
 
 // burstAtBoundary fills a 10-per-second limiter 1 ms before a window
 // boundary and tries again 1 ms after it; it returns how many were admitted
@@ -38,8 +48,7 @@ func burstAtBoundary(t *testing.T, e *env, allow allowFunc) (int, *Result) {
 
 // The fixed window admits twice its limit across a boundary, in 2 ms.
 func testFixedWindowBoundaryBurst(t *testing.T, e *env) {
-	fw := must(NewFixedWindow(e.rdb, e.opts()))
-	n, denied := burstAtBoundary(t, e, fw.Allow)
+	n, denied := burstAtBoundary(t, e, oneWindow(e, AlgFixedWindow))
 	if n != 20 {
 		t.Fatalf("fixed window admitted %d in the 2 ms around a boundary, want 20 (the boundary burst)", n)
 	}
@@ -52,8 +61,8 @@ func testFixedWindowBoundaryBurst(t *testing.T, e *env) {
 // The sliding log admits only its limit across a boundary, and its
 // RetryAfter is when the oldest entry leaves the window.
 func testSlidingLogNoBoundaryBurst(t *testing.T, e *env) {
-	sl := must(NewSlidingLog(e.rdb, e.opts()))
-	n, denied := burstAtBoundary(t, e, sl.Allow)
+	allow := oneWindow(e, AlgSlidingLog)
+	n, denied := burstAtBoundary(t, e, allow)
 	if n != 10 {
 		t.Fatalf("sliding log admitted %d in the 2 ms around a boundary, want 10", n)
 	}
@@ -62,11 +71,11 @@ func testSlidingLogNoBoundaryBurst(t *testing.T, e *env) {
 		t.Fatalf("denial = %+v, want RetryAfter 998ms", denied)
 	}
 	e.clock.Add(denied.RetryAfter - time.Microsecond)
-	if r, _ := sl.Allow(context.Background(), "burst", 10, time.Second, 1); r.Allowed {
+	if r, _ := allow(context.Background(), "burst", 10, time.Second, 1); r.Allowed {
 		t.Fatalf("admitted before RetryAfter")
 	}
 	e.clock.Add(time.Microsecond)
-	if r, _ := sl.Allow(context.Background(), "burst", 10, time.Second, 1); !r.Allowed {
+	if r, _ := allow(context.Background(), "burst", 10, time.Second, 1); !r.Allowed {
 		t.Fatalf("denied at RetryAfter: %+v", r)
 	}
 }
@@ -78,7 +87,7 @@ func testSlidingLogNoBoundaryBurst(t *testing.T, e *env) {
 // admits up to it, also after denials that dropped expired entries.
 func testSlidingLogExact(t *testing.T, e *env) {
 	ctx := context.Background()
-	sl := must(NewSlidingLog(e.rdb, e.opts()))
+	allow := oneWindow(e, AlgSlidingLog)
 	rng := rand.New(rand.NewPCG(1, 2))
 	const limit, window = 50, time.Second
 	type adm struct {
@@ -97,7 +106,7 @@ func testSlidingLogExact(t *testing.T, e *env) {
 				live += a.cost
 			}
 		}
-		r, err := sl.Allow(ctx, "exact", limit, window, cost)
+		r, err := allow(ctx, "exact", limit, window, cost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,8 +142,8 @@ func testSlidingLogExact(t *testing.T, e *env) {
 // The sliding counter has no boundary burst: the previous window still
 // weighs almost fully, and RetryAfter is when its weight leaves room.
 func testSlidingCounterNoBoundaryBurst(t *testing.T, e *env) {
-	sc := must(NewSlidingCounter(e.rdb, e.opts()))
-	n, denied := burstAtBoundary(t, e, sc.Allow)
+	allow := oneWindow(e, AlgSlidingWindow)
+	n, denied := burstAtBoundary(t, e, allow)
 	if n != 10 {
 		t.Fatalf("sliding counter admitted %d in the 2 ms around a boundary, want 10", n)
 	}
@@ -144,43 +153,45 @@ func testSlidingCounterNoBoundaryBurst(t *testing.T, e *env) {
 		t.Fatalf("denial = %+v, want RetryAfter 99ms", denied)
 	}
 	e.clock.Add(denied.RetryAfter - time.Microsecond)
-	if r, _ := sc.Allow(context.Background(), "burst", 10, time.Second, 1); r.Allowed {
+	if r, _ := allow(context.Background(), "burst", 10, time.Second, 1); r.Allowed {
 		t.Fatalf("admitted before RetryAfter")
 	}
 	e.clock.Add(time.Microsecond)
-	if r, _ := sc.Allow(context.Background(), "burst", 10, time.Second, 1); !r.Allowed {
+	if r, _ := allow(context.Background(), "burst", 10, time.Second, 1); !r.Allowed {
 		t.Fatalf("denied at RetryAfter: %+v", r)
 	}
 	// A denial that only the next window resolves: 10 more in this window
 	// weigh fully until it ends, then fade.
 	e.clock.Set(time.Unix(1_900_000_100, 0))
 	for range 10 {
-		sc.Allow(context.Background(), "next", 10, time.Second, 1)
+		allow(context.Background(), "next", 10, time.Second, 1)
 	}
-	r, _ := sc.Allow(context.Background(), "next", 10, time.Second, 4)
+	r, _ := allow(context.Background(), "next", 10, time.Second, 4)
 	// The window ends in 1 s; then 10 weigh 6 after 400 ms.
 	if r.Allowed || r.RetryAfter != 1400*time.Millisecond {
 		t.Fatalf("denial = %+v, want RetryAfter 1.4s", r)
 	}
 	e.clock.Add(r.RetryAfter)
-	if r, _ := sc.Allow(context.Background(), "next", 10, time.Second, 4); !r.Allowed {
+	if r, _ := allow(context.Background(), "next", 10, time.Second, 4); !r.Allowed {
 		t.Fatalf("denied at RetryAfter: %+v", r)
 	}
 }
 
-// The multi-window limiter counts in every window or none: a denial by the
+// A set of sliding windows counts in every window or none: a denial by the
 // day window leaves the second and minute windows untouched.
 func testMultiWindowAllOrNothing(t *testing.T, e *env) {
 	ctx := context.Background()
-	mw := must(NewMultiWindow(e.rdb, e.opts()))
+	w := must(NewWindows(e.rdb, e.opts()))
 	e.clock.Set(time.Unix(1_900_000_000-1_900_000_000%86400, 0).Add(time.Hour))
-	ws := []Window{{Limit: 5, Period: time.Second}, {Limit: 20, Period: time.Minute}, {Limit: 3, Period: 24 * time.Hour}}
+	set := WindowSet{Algorithm: AlgSlidingWindow, Scope: "tenant", Windows: []NamedWindow{
+		{"second", Window{Limit: 5, Period: time.Second}}, {"minute", Window{Limit: 20, Period: time.Minute}},
+		{"day", Window{Limit: 3, Period: 24 * time.Hour}}}}
 	for i := range 3 {
-		if r, err := mw.Allow(ctx, "tenant", ws, 1); err != nil || !r.Allowed {
+		if r, err := w.Allow(ctx, set, 1); err != nil || !r.Allowed {
 			t.Fatalf("admission %d: %+v, %v", i, r, err)
 		}
 	}
-	r, err := mw.Allow(ctx, "tenant", ws, 1)
+	r, err := w.Allow(ctx, set, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,9 +206,9 @@ func testMultiWindowAllOrNothing(t *testing.T, e *env) {
 		t.Fatalf("RetryAfter = %v, tightest %d; want the day window's, %+v", r.RetryAfter, r.Limit, r.Buckets)
 	}
 	// With room in the day, the second window binds.
-	ws[2].Limit = 100
+	set.Windows[2].Limit = 100
 	for i := range 3 {
-		if r, _ := mw.Allow(ctx, "tenant", ws, 1); !r.Allowed != (i == 2) {
+		if r, _ := w.Allow(ctx, set, 1); !r.Allowed != (i == 2) {
 			t.Fatalf("admission %d with room in the day: %+v", i, r)
 		}
 	}

@@ -129,14 +129,14 @@ func testWindowSetEndpoint(t *testing.T, e *env) {
 // A lease counts its slice at once, spends it locally, and gives back the
 // unspent part, in every algorithm; a slice counted in a window that has
 // ended since is not taken from the next one.
-func testWindowLeaseGiveBack(t *testing.T, e *env) {
+func testWindowPrefetchGiveBack(t *testing.T, e *env) {
 	ctx := context.Background()
 	w := must(NewWindows(e.rdb, e.opts()))
 	for _, alg := range Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			e.clock.Set(midWindow)
 			s := set(alg, "give-"+string(alg), nw("minute", 100, time.Minute), nw("day", 1000, 24*time.Hour))
-			l := must(w.NewLease(s, WindowLeaseOptions{Size: 10}))
+			l := w.Prefetch(s, PrefetchOptions{Size: 10})
 			for i := range 3 {
 				r, err := l.Take(ctx, 1)
 				if err != nil || !r.Allowed {
@@ -157,7 +157,7 @@ func testWindowLeaseGiveBack(t *testing.T, e *env) {
 			if got := left(t, w, s); got["minute"] != 97 || got["day"] != 997 {
 				t.Fatalf("after Close: %v, want the 7 unspent back", got)
 			}
-			if _, err := l.Take(ctx, 1); !errors.Is(err, ErrLeaseClosed) {
+			if _, err := l.Take(ctx, 1); !errors.Is(err, ErrPrefetchClosed) {
 				t.Fatalf("Take after Close: %v", err)
 			}
 
@@ -166,7 +166,7 @@ func testWindowLeaseGiveBack(t *testing.T, e *env) {
 				return // they have no window boundaries
 			}
 			e.clock.Set(midWindow.Add(29*time.Second + 400*time.Millisecond)) // 12:30:59.9
-			l = must(w.NewLease(s, WindowLeaseOptions{Size: 10, MaxAge: time.Hour}))
+			l = w.Prefetch(s, PrefetchOptions{Size: 10, MaxAge: time.Hour})
 			if r, err := l.Take(ctx, 1); err != nil || !r.Allowed {
 				t.Fatalf("take: %+v, %v", r, err)
 			}
@@ -200,10 +200,10 @@ func testWindowLeaseGiveBack(t *testing.T, e *env) {
 // reach it exactly; across a fixed window's boundary they add at most what
 // they held unspent, as docs/ARCHITECTURE.md states, and that bound is
 // reached.
-func testWindowLeaseBound(t *testing.T, e *env) {
+func testWindowPrefetchBound(t *testing.T, e *env) {
 	ctx := context.Background()
 	w := must(NewWindows(e.rdb, e.opts()))
-	take := func(l *WindowLease) bool {
+	take := func(l *WindowPrefetch) bool {
 		t.Helper()
 		r, err := l.Take(ctx, 1)
 		if err != nil {
@@ -215,7 +215,7 @@ func testWindowLeaseBound(t *testing.T, e *env) {
 		t.Run(string(alg), func(t *testing.T) {
 			e.clock.Set(midWindow)
 			s := set(alg, "bound-"+string(alg), nw("minute", 20, time.Minute))
-			ls := []*WindowLease{must(w.NewLease(s, WindowLeaseOptions{Size: 6})), must(w.NewLease(s, WindowLeaseOptions{Size: 6})), must(w.NewLease(s, WindowLeaseOptions{Size: 6}))}
+			ls := []*WindowPrefetch{w.Prefetch(s, PrefetchOptions{Size: 6}), w.Prefetch(s, PrefetchOptions{Size: 6}), w.Prefetch(s, PrefetchOptions{Size: 6})}
 			spent := 0
 			for range 10 {
 				for _, l := range ls {
@@ -238,9 +238,9 @@ func testWindowLeaseBound(t *testing.T, e *env) {
 	// minute spends 20 + 15.
 	e.clock.Set(midWindow.Add(29 * time.Second))
 	s := set(AlgFixedWindow, "bound-edge", nw("minute", 20, time.Minute))
-	ls := []*WindowLease{}
+	ls := []*WindowPrefetch{}
 	for range 3 {
-		l := must(w.NewLease(s, WindowLeaseOptions{Size: 6, MaxAge: time.Hour}))
+		l := w.Prefetch(s, PrefetchOptions{Size: 6, MaxAge: time.Hour})
 		take(l)
 		ls = append(ls, l)
 	}
@@ -308,7 +308,7 @@ func testWindowSetTTLs(t *testing.T, e *env) {
 		short := set(alg, scope, nw("second", 10, time.Second))
 		mustAllow(t, w, long, 1)
 		mustAllow(t, w, short, 1)
-		l := must(w.NewLease(short, WindowLeaseOptions{Size: 3}))
+		l := w.Prefetch(short, PrefetchOptions{Size: 3})
 		if _, err := l.Take(ctx, 1); err != nil {
 			t.Fatal(err)
 		}

@@ -11,27 +11,20 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
-// Learned holds the limits providers announce in their x-ratelimit-limit-*
-// headers, shared by every worker through Redis. A model's buckets use the
-// lower of the policy's limit and the provider's, so a policy that promises
-// more than the account has is corrected by the first answer, and a limit the
-// provider raises again is followed back up to the policy's. A learned limit
-// lives for LearnedTTL after the provider last announced it; then the policy
-// alone applies again. Where provider and policy disagree, a log line and
-// the observer say so, once per change.
-//
-// OpenAI's x-ratelimit-limit-requests and -tokens are per minute; they are
-// mapped to the rpm and tpm buckets. The -remaining-* headers are not kept
-// here: Settle hands them to the limiter, whose settle script brings each
-// bucket down to what the provider said it had left, minus the calls it had
-// not counted yet, and learns from them how fast others drain the account
-// and whether the provider refunds (limiter.BucketLearning names each).
+// Learned is the one store of the limits providers announce (their
+// x-ratelimit-limit-requests and -tokens, per minute: the rpm and tpm
+// buckets), shared by every worker through Redis. A route's buckets use the
+// lower of the policy's limit and the provider's, until LearnedTTL after the
+// provider last announced it. Where provider and policy disagree, a log
+// line and the observer say so, once per change. What the -remaining-*
+// headers teach is the limiter's (Settle).
 type Learned struct {
 	rdb    redis.UniversalClient
 	keys   rkeys.Builder
@@ -66,18 +59,22 @@ func NewLearned(rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logg
 	return &Learned{rdb: rdb, keys: keys, logger: logger, obs: obs, now: time.Now, cache: map[string]learnedEntry{}}
 }
 
-// Scope returns m's limiter scope with the policy's limits lowered to what
-// the provider announced. A failure to read Redis keeps the policy's limits.
+// Scope returns m's limiter scope (admission.Scope) with the policy's
+// limits lowered to what the provider announced. A failure to read Redis
+// keeps the policy's limits.
 func (l *Learned) Scope(ctx context.Context, m config.Route) limiter.Scope {
 	e := l.entry(ctx, m.Deployment.Name())
-	rpm, tpm := m.Limits.RPM, m.Limits.TPM
-	if e.rpm > 0 && (rpm == 0 || e.rpm < rpm) {
-		rpm = e.rpm
+	if lowers(e.rpm, m.Limits.RPM) || lowers(e.tpm, m.Limits.TPM) {
+		d := *m.Deployment
+		if lowers(e.rpm, d.Limits.RPM) {
+			d.Limits.RPM = e.rpm
+		}
+		if lowers(e.tpm, d.Limits.TPM) {
+			d.Limits.TPM = e.tpm
+		}
+		m.Deployment = &d
 	}
-	if e.tpm > 0 && (tpm == 0 || e.tpm < tpm) {
-		tpm = e.tpm
-	}
-	return limiter.ModelScope(m.Deployment.Name(), m.Limits.RPS, rpm, tpm, m.Limits.TPD, m.Limits.Burst)
+	return admission.Scope(m)
 }
 
 func (l *Learned) entry(ctx context.Context, scope string) learnedEntry {
@@ -115,11 +112,9 @@ func parseLimit(v any) int64 {
 	return n
 }
 
-// Observe records the limits a provider announced in an answer for m. It
-// writes Redis only when they changed, or to keep them alive. When the
-// announced limits change and differ from the policy's (or stop differing),
-// it logs one line and tells the observer: once per change for the whole
-// fleet, since only the caller whose write changed Redis does.
+// Observe records the limits a provider announced in an answer for m,
+// writing Redis only when they changed or to keep them alive. A change is
+// reported (logged, the observer told) by the one caller whose write made it.
 func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit) {
 	rpm, tpm := int64(0), int64(0)
 	if rl.Known(llm.HasLimitRequests) {
@@ -160,10 +155,8 @@ func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit)
 	args := []any{"model", m.Model.Name, "policy_rpm", m.Limits.RPM, "provider_rpm", rpm, "policy_tpm", m.Limits.TPM, "provider_tpm", tpm}
 	switch {
 	case lower:
-		// The policy promises more than the account has: the buckets shrink.
 		l.logger.Warn("provider's limits are lower than the policy's; the buckets follow the provider's", args...)
 	case higher:
-		// Capacity the policy leaves unused; nothing is at risk.
 		l.logger.Info("provider's limits are higher than the policy's; the policy's apply", args...)
 	case differed:
 		l.logger.Info("provider's limits agree with the policy's again", args...)
@@ -173,9 +166,8 @@ func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit)
 	l.obs.LimitsLearned(m.Model.Name, rpm, tpm)
 }
 
-// recordLearnedScript stores the limits a provider announced for one scope
-// and returns the ones stored before, so that only the first worker to see
-// a change reports it (record_learned.lua).
+// recordLearnedScript stores a scope's announced limits and returns the
+// ones stored before (record_learned.lua).
 //
 //go:embed record_learned.lua
 var recordLearnedLua string

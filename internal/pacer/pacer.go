@@ -1,19 +1,18 @@
-// Package pacer paces llmq's provider calls: it takes each call's permit
-// from its model's rate-limit scope, with the limits the provider announced
-// and the prompt estimate calibrated against the provider's own counts, and
-// settles the permit with what the provider answered (its usage, its
-// x-ratelimit-* headers, its 429s), so that llmq's buckets stay at or under
-// the provider's view whatever its arithmetic: whether it refunds unused
-// tokens, how its tokenizer counts, who else draws on the account. The
-// worker calls it around every provider call; docs/ARCHITECTURE.md says
-// what it learns and how.
+// Package pacer is the one front of llmq's rate limiting against providers:
+// a route's scope (its buckets, Scope), the limits the provider announced
+// (learned.go, their one store), the permit of every provider call and its
+// settlement with the provider's answer (what the buckets learn from it is
+// limiter's settle), the pause after a 429 or a fault, the room the
+// scheduler releases into (Room) and the room synchronous requests hold
+// (held.go). limiter is the mechanism underneath; docs/ARCHITECTURE.md says
+// what is learned and how.
 package pacer
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/admission"
+	"github.com/llmq/llmq/internal/coalesce"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -34,16 +34,14 @@ import (
 type Observer interface {
 	// Penalized reports a 429 that paused a model's scope for d.
 	Penalized(model string, d time.Duration)
-	// LimitsLearned reports the limits a provider announced for a model that
-	// differ from the policy's (0 = the provider said nothing).
+	// LimitsLearned reports announced limits that differ from the policy's
+	// (0: not announced).
 	LimitsLearned(model string, rpm, tpm int64)
-	// UnpredictedRateLimit reports a 429 on a call the model's buckets
-	// admitted, in buckets the provider showed exhausted (all, when it did
-	// not say which).
+	// UnpredictedRateLimit reports a 429 the buckets admitted, in the
+	// buckets it showed ahead of the provider's (limiter.Feedback.Evidence).
 	UnpredictedRateLimit(model string, buckets []string)
-	// ShortWindowRateLimit reports a 429 on a call the model's buckets
-	// admitted while the provider's counts showed room: it counts these
-	// buckets over a shorter window than their period.
+	// ShortWindowRateLimit reports a 429 that showed buckets counted over
+	// a shorter window (limiter.Feedback.ShortWindow).
 	ShortWindowRateLimit(model string, buckets []string)
 }
 
@@ -60,31 +58,12 @@ type Options struct {
 	// announces. Defaults to 120s.
 	MaxRateLimitWait time.Duration
 	// CalibrationRefresh is how long a process reuses a scope's prompt
-	// calibration before reading it again (every settle refreshes it too).
-	// Defaults to 1s.
+	// calibration before reading it again. Defaults to 1s.
 	CalibrationRefresh time.Duration
-	// FaultPause is how long a deployment that failed a call (a 5xx, a
-	// timeout, a refused connection) gets no call from any worker when its
-	// jobs have another deployment to go to (PauseFault); then one probe
-	// call tries it. Defaults to 1s.
+	// FaultPause is how long PauseFault pauses a deployment. Defaults to 1s.
 	FaultPause time.Duration
-	// Now is the clock of what the pacer caches (the calibration, learned
-	// limits); tests on a simulated clock inject theirs. Defaults to
-	// time.Now.
+	// Now is the clock of what the pacer caches. Defaults to time.Now.
 	Now func() time.Time
-}
-
-func (o Options) validate() error {
-	if o.MaxRateLimitWait < 0 {
-		return fmt.Errorf("pacer: Options.MaxRateLimitWait must not be negative, got %v", o.MaxRateLimitWait)
-	}
-	if o.CalibrationRefresh < 0 {
-		return fmt.Errorf("pacer: Options.CalibrationRefresh must not be negative, got %v", o.CalibrationRefresh)
-	}
-	if o.FaultPause < 0 {
-		return fmt.Errorf("pacer: Options.FaultPause must not be negative, got %v", o.FaultPause)
-	}
-	return nil
 }
 
 // Pacer paces the provider calls of one process. It is safe for concurrent
@@ -100,6 +79,8 @@ type Pacer struct {
 
 	mu    sync.Mutex
 	calib map[string]cachedCalibration // by scope
+	// holding shares the EXISTS of a scope's holds (held.go).
+	holding coalesce.Group[string, holdingAnswer]
 }
 
 type cachedCalibration struct {
@@ -110,9 +91,6 @@ type cachedCalibration struct {
 // New returns a Pacer over tb, sharing what it learns through rdb. logger
 // and obs may be nil.
 func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer, opts Options) (*Pacer, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
 	if opts.MaxRateLimitWait == 0 {
 		opts.MaxRateLimitWait = 120 * time.Second
 	}
@@ -137,39 +115,19 @@ func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder,
 		calib: map[string]cachedCalibration{}}, nil
 }
 
-// Must returns p, or panics with err: for options that are code.
-func Must(p *Pacer, err error) *Pacer {
-	if err != nil {
-		panic(err)
-	}
-	return p
-}
-
-// Limiter is the token bucket the pacer takes permits from.
-func (p *Pacer) Limiter() *limiter.TokenBucket { return p.limiter }
-
 // Call is one provider call as the pacer counts it.
 type Call struct {
 	Route config.Route
-	// Scope is the model's scope with the limits the provider announced.
-	Scope limiter.Scope
+	Scope limiter.Scope // with the limits the provider announced
 	// PromptTokens is llmq's estimate of the prompt, MaxTokens the most
-	// output (max_tokens times choices; 0 for embeddings).
+	// output (0 for embeddings).
 	PromptTokens, MaxTokens int64
-	// Calibration is the scope's prompt correction applied to Cost and
-	// WorstCase.
-	Calibration limiter.Calibration
-	// Cost is what the permit takes: one request, the calibrated prompt and
-	// MaxTokens.
-	Cost limiter.Cost
-	// WorstCase is the budget reservation on this route: the most the
-	// provider could bill for the call as sent (admission.Charge).
-	WorstCase money.Micros
-	// Shape is the rest of what decides the call's bill.
-	Shape *admission.Shape
-	// UnseenContext is set when the request's prompt includes what llmq
-	// did not count itself (admission.Shape.Unseen): the provider's count
-	// of it does not teach the calibration.
+	Calibration             limiter.Calibration
+	Cost                    limiter.Cost // the permit (admission.Charge)
+	WorstCase               money.Micros // the budget's reservation on this route
+	Shape                   *admission.Shape
+	// UnseenContext: the prompt includes what llmq did not count
+	// (admission.Shape.Unseen), so it does not teach the calibration.
 	UnseenContext bool
 }
 
@@ -186,6 +144,60 @@ func (p *Pacer) Plan(ctx context.Context, m config.Route, s *admission.Shape, pr
 // Scope returns m's limiter scope with the limits the provider announced.
 func (p *Pacer) Scope(ctx context.Context, m config.Route) limiter.Scope {
 	return p.learned.Scope(ctx, m)
+}
+
+// Room is what one route admits now and within a lookahead: what the
+// scheduler may release to async jobs.
+type Room struct {
+	queue.Room
+	// Paused is set while a 429 or a fault pauses the route.
+	Paused bool
+}
+
+// Room is what r's buckets admit now and within lookahead: for tokens and
+// for requests, the least over the buckets of what each lets out now (what
+// it holds, bounded by its burst) plus its refill in lookahead; none while
+// the route is paused. Force is set when its token buckets are at least
+// half full, so a job larger than they ever hold at once still goes, alone.
+// The room synchronous requests hold is left out, and then nothing is
+// forced.
+func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duration) (Room, error) {
+	room := Room{Room: queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1)}}
+	sc := p.Scope(ctx, r)
+	st, err := p.limiter.State(ctx, sc)
+	if err != nil {
+		return room, err
+	}
+	room.Factor = p.Calibration(ctx, sc.Name).Factor
+	if st.Penalized {
+		room.Tokens, room.Requests, room.Paused = 0, 0, true
+		return room, nil
+	}
+	full := true
+	for i, b := range st.Buckets {
+		limit := sc.Buckets[i]
+		now := b.Remaining
+		if b.Burst >= 0 {
+			now = min(now, b.Burst)
+		}
+		ahead := float64(now) + float64(limit.Limit)*float64(lookahead)/float64(limit.Period)
+		if b.Unit == limiter.UnitTokens {
+			room.Tokens = min(room.Tokens, ahead)
+			full = full && b.Remaining >= limit.Limit/2
+		} else {
+			room.Requests = min(room.Requests, ahead)
+		}
+	}
+	room.Force = full
+	tokens, requests, err := p.Held(ctx, sc.Name)
+	if err != nil {
+		return room, err
+	}
+	if tokens > 0 || requests > 0 {
+		room.Tokens, room.Requests = max(room.Tokens-tokens, 0), max(room.Requests-requests, 0)
+		room.Force = false
+	}
+	return room, nil
 }
 
 // Calibration returns the prompt correction of scope, read at most every
@@ -231,33 +243,24 @@ func (p *Pacer) Reserve(ctx context.Context, c *Call) (*limiter.Result, error) {
 
 // Outcome is how a provider call ended.
 type Outcome struct {
-	// Response is the provider's answer when the call succeeded.
-	Response *llm.Response
-	// Err is the call's error otherwise: an *llm.Error, or another error
-	// (a network failure, a timeout).
-	Err error
-	// RateLimitedBefore is how many 429s the job received before, for the
-	// backoff of a 429 that names no wait.
+	Response *llm.Response // when it succeeded
+	Err      error         // else: an *llm.Error, or a network failure
+	// RateLimitedBefore is the job's 429s before, for the backoff of a 429
+	// that names no wait.
 	RateLimitedBefore int
 }
 
 // After is what Done made of a call's end.
 type After struct {
-	// Wait is the pause of the model's scope after a 429, for every caller;
-	// 0 otherwise.
-	Wait time.Duration
-	// Settlement is what settling the permit learned; nil when it failed
-	// (logged).
-	Settlement *limiter.Settlement
+	Wait       time.Duration       // the scope's pause after a 429
+	Settlement *limiter.Settlement // nil when settling failed (logged)
 }
 
 // Done settles the permit of a call that reached the provider. After a 429
 // it first pauses the scope for every caller until the provider's reset
-// (capped at Options.MaxRateLimitWait), or a full-jitter backoff when the
-// provider named no wait, then settles. The call's tokens stay charged
-// whatever its end: a provider may keep what it charged at admission even
-// when the call failed, and its own counts, when it sends them, correct the
-// buckets either way.
+// (at most Options.MaxRateLimitWait), or a full-jitter backoff when it named
+// no wait. The call's tokens stay charged whatever its end: the provider's
+// counts correct the buckets.
 func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, o Outcome) After {
 	ctx = context.WithoutCancel(ctx)
 	var after After
@@ -315,12 +318,9 @@ func (p *Pacer) Release(ctx context.Context, permit *limiter.Reservation) error 
 	return p.limiter.Release(context.WithoutCancel(ctx), permit)
 }
 
-// PauseFault pauses c's scope for Options.FaultPause after the call failed
-// for a reason of the deployment, before its permit is settled: every
-// worker's next calls go to other deployments, and after the pause the
-// limiter lets one probe call through, whose success readmits the
-// deployment and whose failure pauses it again. A pause in force is never
-// shortened.
+// PauseFault pauses c's scope for Options.FaultPause after the deployment
+// failed the call (a 5xx, a timeout): the next calls go to other
+// deployments, then one probe tries it again.
 func (p *Pacer) PauseFault(ctx context.Context, c *Call) {
 	if err := p.limiter.Penalize(context.WithoutCancel(ctx), c.Scope, p.opts.FaultPause); err != nil {
 		p.logger.Warn("pause a failing deployment", "scope", c.Scope.Name, "err", err)

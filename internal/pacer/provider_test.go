@@ -256,7 +256,7 @@ func runLoop(t *testing.T, m mode, duration, measureFrom time.Duration) loopResu
 	pacers := make([]*pacer.Pacer, loopProcesses)
 	for i := range pacers {
 		ptb := testutil.Must(limiter.NewTokenBucket(rdb, limiter.Options{Keys: keys, Clock: clock.Now, HoldInFlight: true}))
-		pacers[i] = pacer.Must(pacer.New(ptb, rdb, keys, nil, nil, pacer.Options{Now: clock.Now}))
+		pacers[i] = testutil.Must(pacer.New(ptb, rdb, keys, nil, nil, pacer.Options{Now: clock.Now}))
 	}
 	canned := &cannedTransport{}
 	client := llm.NewOpenAI(llm.OpenAIConfig{Name: "sim", BaseURL: "http://sim.invalid/v1", APIKey: "k",

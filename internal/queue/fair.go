@@ -78,8 +78,6 @@ type fair struct {
 	// another is under way go together in the next script run.
 	pushes  coalesce.Batch[string, JobRef, bool]
 	forgets coalesce.Batch[string, string, struct{}]
-	// holding shares the EXISTS of a scope's holds (held.go).
-	holding coalesce.Group[string, holdingAnswer]
 }
 
 // fairChunk is the most jobs one push or forget script run takes: the

@@ -18,6 +18,9 @@ var Priorities = []string{Critical, Default, Low, Batch}
 // work starves them.
 var weights = map[string]int{Critical: 8, Default: 4, Low: 2, Batch: 1}
 
+// Weight is priority's share (0 for an unknown priority).
+func Weight(priority string) int { return weights[priority] }
+
 // ValidPriority reports whether p names a priority.
 func ValidPriority(p string) bool {
 	_, ok := weights[p]

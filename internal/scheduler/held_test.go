@@ -22,17 +22,17 @@ func TestHeldRoomGoesFirst(t *testing.T) {
 	m, _ := w.a.Policy.Current().Model("gpt-4o-mini")
 	scope := m.Routes()[0].Deployment.Name()
 	ctx := context.Background()
-	if err := w.a.Queue.Hold(ctx, scope, "sync-1", queue.Default, 250, 1, time.Minute); err != nil {
+	if err := w.p.Hold(ctx, scope, "sync-1", queue.Default, 250, 1, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if tok, req, err := w.a.Queue.Held(ctx, scope); err != nil || tok != 250 || req != 1 {
+	if tok, req, err := w.p.Held(ctx, scope); err != nil || tok != 250 || req != 1 {
 		t.Fatalf("held %v %v %v", tok, req, err)
 	}
 	for _, c := range []struct {
 		priority string
 		above    bool
 	}{{queue.Critical, false}, {queue.Default, false}, {queue.Low, true}, {queue.Batch, true}} {
-		if above, err := w.a.Queue.HeldAbove(ctx, scope, c.priority); err != nil || above != c.above {
+		if above, err := w.p.HeldAbove(ctx, scope, c.priority); err != nil || above != c.above {
 			t.Errorf("HeldAbove(%s) = %v, %v; want %v", c.priority, above, err, c.above)
 		}
 	}
@@ -57,10 +57,10 @@ func TestHeldRoomGoesFirst(t *testing.T) {
 	if ahead := (w.tokens["a"] - before) / 250; ahead > outstanding+4 {
 		t.Errorf("%d async jobs got permits while the request waited %s (%d were outstanding)", ahead, waited, outstanding)
 	}
-	if err := w.a.Queue.Unhold(ctx, scope, "sync-1"); err != nil {
+	if err := w.p.Unhold(ctx, scope, "sync-1"); err != nil {
 		t.Fatal(err)
 	}
-	if tok, _, err := w.a.Queue.Held(ctx, scope); err != nil || tok != 0 {
+	if tok, _, err := w.p.Held(ctx, scope); err != nil || tok != 0 {
 		t.Fatalf("after Unhold: %v %v", tok, err)
 	}
 	// Given back, the room goes to the backlog again.

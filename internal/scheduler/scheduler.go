@@ -1,19 +1,17 @@
 // Package scheduler releases the jobs waiting in the fair queue (see
-// internal/queue) into asynq's queues: fairly between tenants (their
-// tiers' shares, counted in tokens) and priorities, and per model only as
-// fast as the model's rate limits admit them, so asynq's queues stay short,
-// a tenant's backlog never holds another's work back, and jobs for a model
-// at its limits neither hold up other models nor spin through the workers.
-// One process of the installation schedules at a time (a Redis lease);
-// every dispatcher and worker runs a Scheduler, so one takes over when the
-// holder stops.
+// internal/queue) into asynq's queues: fairly between tenants and
+// priorities, and per model only as fast as the room its routes have
+// (pacer.Room), so asynq's queues stay short and jobs for a model at its
+// limits neither hold up other models nor spin through the workers. One
+// process of the installation schedules at a time (its leadership, a Redis
+// key with a TTL); every dispatcher and worker runs a Scheduler, so one
+// takes over when the leader stops.
 package scheduler
 
 import (
 	"context"
-	_ "embed" // the lease's scripts
+	_ "embed" // the leadership's scripts
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -23,7 +21,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/rkeys"
@@ -41,7 +38,7 @@ func (nopObserver) Released(string, time.Duration) {}
 
 // Options tune a Scheduler. The zero value is ready to use.
 type Options struct {
-	// Tick is how often the holder looks at the scopes with waiting jobs.
+	// Tick is how often the leader looks at the scopes with waiting jobs.
 	// Defaults to 10ms.
 	Tick time.Duration
 	// Lookahead is how much of the limits' refill a release counts on: jobs
@@ -51,27 +48,16 @@ type Options struct {
 	// MaxOutstanding bounds a scope's jobs released and not yet started.
 	// Defaults to 256.
 	MaxOutstanding int
-	// LeaseTTL is how long the holder's lease lives unrenewed; another
-	// process takes over within it when the holder stops. Defaults to 5s.
-	LeaseTTL time.Duration
+	// LeadershipTTL is how long the leadership lives unrenewed; another
+	// process takes over within it when the leader stops. Defaults to 5s.
+	LeadershipTTL time.Duration
 	// StaleAfter is how long a released job may stay unstarted before its
-	// task is enqueued again (the holder stopped between taking it and
+	// task is enqueued again (the leader stopped between taking it and
 	// enqueueing it). Defaults to 30s.
 	StaleAfter time.Duration
 }
 
-func (o *Options) validate() error {
-	for _, f := range []struct {
-		name string
-		d    time.Duration
-	}{{"Tick", o.Tick}, {"Lookahead", o.Lookahead}, {"LeaseTTL", o.LeaseTTL}, {"StaleAfter", o.StaleAfter}} {
-		if f.d < 0 {
-			return fmt.Errorf("scheduler: Options.%s must not be negative, got %v", f.name, f.d)
-		}
-	}
-	if o.MaxOutstanding < 0 {
-		return fmt.Errorf("scheduler: Options.MaxOutstanding must not be negative, got %d", o.MaxOutstanding)
-	}
+func (o *Options) defaults() {
 	if o.Tick == 0 {
 		o.Tick = 10 * time.Millisecond
 	}
@@ -81,13 +67,12 @@ func (o *Options) validate() error {
 	if o.MaxOutstanding == 0 {
 		o.MaxOutstanding = 256
 	}
-	if o.LeaseTTL == 0 {
-		o.LeaseTTL = 5 * time.Second
+	if o.LeadershipTTL == 0 {
+		o.LeadershipTTL = 5 * time.Second
 	}
 	if o.StaleAfter == 0 {
 		o.StaleAfter = 30 * time.Second
 	}
-	return nil
 }
 
 // Deps are what a Scheduler works with.
@@ -102,18 +87,16 @@ type Deps struct {
 	Observer Observer
 }
 
-// Scheduler releases waiting jobs while it holds the installation's lease.
+// Scheduler releases waiting jobs while it leads the installation.
 type Scheduler struct {
 	d  Deps
 	o  Options
-	id string // this process's lease value
+	id string // this process's value of the leadership key
 }
 
 // New returns a Scheduler.
 func New(d Deps, o Options) (*Scheduler, error) {
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
+	o.defaults()
 	if d.Queue == nil || d.Pacer == nil || d.Policy == nil || d.Redis == nil {
 		return nil, errors.New("scheduler: Deps.Queue, Pacer, Policy and Redis are required")
 	}
@@ -126,42 +109,42 @@ func New(d Deps, o Options) (*Scheduler, error) {
 	return &Scheduler{d: d, o: o, id: strconv.FormatUint(rand.Uint64(), 36)}, nil
 }
 
-// renewScript renews the scheduler's lease if this process holds it, or
-// takes it when free (lease_renew.lua).
+// renewScript renews this process's leadership, or takes it when nobody
+// leads (leadership_renew.lua).
 //
-//go:embed lease_renew.lua
+//go:embed leadership_renew.lua
 var renewLua string
 var renewScript = redis.NewScript(renewLua)
 
-// releaseScript gives the lease up if this process holds it
-// (lease_release.lua).
+// resignScript gives the leadership up if this process leads
+// (leadership_release.lua).
 //
-//go:embed lease_release.lua
-var releaseLua string
-var releaseScript = redis.NewScript(releaseLua)
+//go:embed leadership_release.lua
+var resignLua string
+var resignScript = redis.NewScript(resignLua)
 
-// Run schedules until ctx ends: it takes the lease when free and, while it
-// holds it, releases jobs every Tick. It gives the lease up on return.
+// Run schedules until ctx ends: it takes the leadership when nobody leads
+// and, while it leads, releases jobs every Tick. It resigns on return.
 func (s *Scheduler) Run(ctx context.Context) {
-	lease := s.d.Keys.Lock("scheduler")
+	leadership := s.d.Keys.Lock("scheduler")
 	defer func() {
-		_ = releaseScript.Run(context.WithoutCancel(ctx), s.d.Redis, []string{lease}, s.id).Err()
+		_ = resignScript.Run(context.WithoutCancel(ctx), s.d.Redis, []string{leadership}, s.id).Err()
 	}()
 	var renewed time.Time
-	holder := false
+	leader := false
 	lastStale := time.Now()
 	for {
-		if time.Since(renewed) >= s.o.LeaseTTL/5 || !holder {
-			ok, err := renewScript.Run(ctx, s.d.Redis, []string{lease}, s.id, s.o.LeaseTTL.Milliseconds()).Bool()
+		if time.Since(renewed) >= s.o.LeadershipTTL/5 || !leader {
+			ok, err := renewScript.Run(ctx, s.d.Redis, []string{leadership}, s.id, s.o.LeadershipTTL.Milliseconds()).Bool()
 			if err != nil && ctx.Err() == nil {
-				s.d.Logger.Warn("scheduler: lease", "err", err)
+				s.d.Logger.Warn("scheduler: leadership", "err", err)
 			}
-			if ok && !holder {
-				s.d.Logger.Debug("scheduler: holding the lease")
+			if ok && !leader {
+				s.d.Logger.Debug("scheduler: leading")
 			}
-			holder, renewed = ok && err == nil, time.Now()
+			leader, renewed = ok && err == nil, time.Now()
 		}
-		if holder {
+		if leader {
 			stale := time.Since(lastStale) >= s.o.StaleAfter/3
 			if stale {
 				lastStale = time.Now()
@@ -171,8 +154,8 @@ func (s *Scheduler) Run(ctx context.Context) {
 			}
 		}
 		wait := s.o.Tick
-		if !holder {
-			wait = s.o.LeaseTTL / 5
+		if !leader {
+			wait = s.o.LeadershipTTL / 5
 		}
 		timer := time.NewTimer(wait)
 		select {
@@ -216,7 +199,7 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 }
 
 // room is what the routes of the fair queue scope's model admit now and
-// within Lookahead: the sum of each deployment's room (routeRoom), or, when
+// within Lookahead: the sum of each deployment's room (pacer.Room), or, when
 // every deployment is paused, the sum of its fallbacks' (where its jobs go
 // then). A queue no model of the policy names any more releases
 // everything: its workers fail the jobs, saying so.
@@ -248,7 +231,7 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 func (s *Scheduler) sumRoom(ctx context.Context, routes []config.Route) (room queue.Room, paused bool, err error) {
 	room, paused = queue.Room{MaxOutstanding: s.o.MaxOutstanding}, true
 	for i, r := range routes {
-		rr, err := s.routeRoom(ctx, r)
+		rr, err := s.d.Pacer.Room(ctx, r, s.o.Lookahead)
 		if err != nil {
 			return room, false, err
 		}
@@ -258,64 +241,9 @@ func (s *Scheduler) sumRoom(ctx context.Context, routes []config.Route) (room qu
 		room.Tokens += rr.Tokens
 		room.Requests += rr.Requests
 		room.Force = room.Force || rr.Force
-		paused = paused && rr.paused
+		paused = paused && rr.Paused
 	}
 	return room, paused, nil
-}
-
-// routeRoom is what one deployment's buckets admit now and within
-// Lookahead: the least over its token buckets of what each lets out now
-// (what it holds, bounded by its burst) plus its refill in Lookahead, and
-// likewise for requests; none while a 429 or a fault pauses it. Room that
-// synchronous requests hold is not released to async jobs.
-func (s *Scheduler) routeRoom(ctx context.Context, r config.Route) (routeRoom, error) {
-	room := routeRoom{Room: queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1)}}
-	sc := s.d.Pacer.Scope(ctx, r)
-	st, err := s.d.Pacer.Limiter().State(ctx, sc)
-	if err != nil {
-		return room, err
-	}
-	room.Factor = s.d.Pacer.Calibration(ctx, sc.Name).Factor
-	if st.Penalized {
-		room.Tokens, room.Requests, room.paused = 0, 0, true
-		return room, nil
-	}
-	full := true
-	for i, b := range st.Buckets {
-		lim := sc.Buckets[i]
-		now := b.Remaining
-		if b.Burst >= 0 {
-			now = min(now, b.Burst)
-		}
-		ahead := float64(now) + float64(lim.Limit)*float64(s.o.Lookahead)/float64(lim.Period)
-		if b.Unit == limiter.UnitTokens {
-			room.Tokens = min(room.Tokens, ahead)
-			full = full && b.Remaining >= lim.Limit/2
-		} else {
-			room.Requests = min(room.Requests, ahead)
-		}
-	}
-	// A job larger than what the buckets ever hold at once still goes, one
-	// at a time, once they are mostly free.
-	room.Force = full
-	// Synchronous requests waiting for this scope go first: their room is
-	// not released to async jobs.
-	tokens, requests, err := s.d.Queue.Held(ctx, sc.Name)
-	if err != nil {
-		return room, err
-	}
-	if tokens > 0 || requests > 0 {
-		room.Tokens, room.Requests = max(room.Tokens-tokens, 0), max(room.Requests-requests, 0)
-		room.Force = false
-	}
-	return room, nil
-}
-
-// routeRoom is one deployment's room; paused while a 429 or a fault
-// pauses it.
-type routeRoom struct {
-	queue.Room
-	paused bool
 }
 
 // modelOf returns the first model of p whose fair queue is scope.

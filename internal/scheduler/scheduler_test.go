@@ -60,6 +60,7 @@ type world struct {
 	a     *apptest.App
 	clock *testutil.Clock
 	tb    *limiter.TokenBucket
+	p     *pacer.Pacer
 	s     *scheduler.Scheduler
 
 	// per tenant: tokens whose permits were taken, and when each job was
@@ -87,12 +88,12 @@ func newWorldOf(t *testing.T, policy string) *world {
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy, NoScheduler: true})
 	clock := testutil.NewClock(time.Unix(1_900_000_000, 0))
 	tb := testutil.Must(limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, Clock: clock.Now, HoldInFlight: true}))
-	p := pacer.Must(pacer.New(tb, a.Redis, a.Keys, nil, nil, pacer.Options{Now: clock.Now}))
+	p := testutil.Must(pacer.New(tb, a.Redis, a.Keys, nil, nil, pacer.Options{Now: clock.Now}))
 	s, err := scheduler.New(scheduler.Deps{Queue: a.Queue, Pacer: p, Policy: a.Policy, Redis: a.Redis, Keys: a.Keys}, scheduler.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &world{t: t, a: a, clock: clock, tb: tb, s: s, tokens: map[string]int64{}, queuedAt: map[string]time.Time{},
+	return &world{t: t, a: a, clock: clock, tb: tb, p: p, s: s, tokens: map[string]int64{}, queuedAt: map[string]time.Time{},
 		doneAt: map[string]time.Time{}, tenantOf: map[string]string{}, modelOf: map[string]string{}, cost: map[string]int64{}, heldAt: map[string]time.Time{},
 		in: asynq.NewInspectorFromRedisClient(a.Redis)}
 }

@@ -156,7 +156,7 @@ func (r *run) hold(ctx context.Context, p pass) {
 		return
 	}
 	ttl := time.Until(r.sync.Deadline) + 5*time.Second
-	if err := r.h.Queue.Hold(ctx, p.held.Scope.Name, r.job.ID, r.job.Queue, p.held.Cost.Tokens, p.held.Cost.Requests, ttl); err != nil {
+	if err := r.h.Pacer.Hold(ctx, p.held.Scope.Name, r.job.ID, r.job.Queue, p.held.Cost.Tokens, p.held.Cost.Requests, ttl); err != nil {
 		r.log.Warn("hold a synchronous request's room", "err", err)
 		return
 	}
@@ -167,7 +167,7 @@ func (r *run) unhold(ctx context.Context) {
 	if r.held == "" {
 		return
 	}
-	if err := r.h.Queue.Unhold(context.WithoutCancel(ctx), r.held, r.job.ID); err != nil {
+	if err := r.h.Pacer.Unhold(context.WithoutCancel(ctx), r.held, r.job.ID); err != nil {
 		r.log.Warn("give back a synchronous request's room", "err", err)
 	}
 	r.held = ""
@@ -225,7 +225,7 @@ func (r *run) yieldToSync(ctx context.Context, scope string, res *limiter.Result
 	if r.h.Queue == nil {
 		return false
 	}
-	held, err := r.h.Queue.Holding(ctx, scope)
+	held, err := r.h.Pacer.Holding(ctx, scope)
 	if err != nil || !held {
 		return false
 	}
@@ -242,7 +242,7 @@ func (r *run) outranked(ctx context.Context, scope string, res *limiter.Result) 
 	if r.h.Queue == nil {
 		return false
 	}
-	above, err := r.h.Queue.HeldAbove(ctx, scope, r.job.Queue)
+	above, err := r.h.Pacer.HeldAbove(ctx, scope, r.job.Queue)
 	if err != nil || !above {
 		return false
 	}

@@ -1,0 +1,86 @@
+package pacer
+
+import (
+	"context"
+	_ "embed" // the scripts' Lua
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/redisclock"
+)
+
+// A synchronous request that finds its scope's buckets empty holds the room
+// it needs (rkeys.FairHeld): Room leaves it out of what the scheduler
+// releases to async jobs, so the request gets the next permit ahead of
+// them (docs/ARCHITECTURE.md, "Ahead of async jobs").
+var (
+	//go:embed hold.lua
+	holdLua    string
+	holdScript = redis.NewScript(redisclock.Lua + holdLua)
+
+	//go:embed held.lua
+	heldLua    string
+	heldScript = redis.NewScript(redisclock.Lua + heldLua)
+
+	//go:embed held_above.lua
+	heldAboveLua    string
+	heldAboveScript = redis.NewScript(redisclock.Lua + heldAboveLua)
+)
+
+// Hold keeps tokens and requests of scope's room for the synchronous request
+// id of priority (a queue name) for ttl, until Unhold.
+func (p *Pacer) Hold(ctx context.Context, scope, id, priority string, tokens, requests int64, ttl time.Duration) error {
+	return holdScript.Run(ctx, p.rdb, []string{p.keys.FairHeld(scope)},
+		redisclock.Arg(nil), id, ttl.Milliseconds(), tokens, requests, queue.Weight(priority)).Err()
+}
+
+// HeldAbove reports whether a synchronous request of a higher priority than
+// priority holds room in scope: a permit a lower one got goes to it.
+func (p *Pacer) HeldAbove(ctx context.Context, scope, priority string) (bool, error) {
+	n, err := heldAboveScript.Run(ctx, p.rdb, []string{p.keys.FairHeld(scope)}, redisclock.Arg(nil), queue.Weight(priority)).Int()
+	return n == 1, err
+}
+
+// Unhold gives a hold's room back to the scope's async jobs.
+func (p *Pacer) Unhold(ctx context.Context, scope, id string) error {
+	return p.rdb.HDel(ctx, p.keys.FairHeld(scope), id).Err()
+}
+
+// Held returns the room scope's synchronous requests hold.
+func (p *Pacer) Held(ctx context.Context, scope string) (tokens, requests float64, err error) {
+	v, err := heldScript.Run(ctx, p.rdb, []string{p.keys.FairHeld(scope)}, redisclock.Arg(nil)).StringSlice()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(v) != 2 {
+		return 0, 0, fmt.Errorf("pacer: held room: %d values, want 2", len(v))
+	}
+	if _, err := fmt.Sscan(v[0]+" "+v[1], &tokens, &requests); err != nil {
+		return 0, 0, fmt.Errorf("pacer: held room: %w", err)
+	}
+	return tokens, requests, nil
+}
+
+// Holding reports whether scope has holds (one EXISTS, which the workers
+// ask before every permit they keep, shared through coalesce.Group by the
+// callers of a process that ask while one is under way). A hold that
+// expired counts until the scheduler's next Room of the scope drops it.
+func (p *Pacer) Holding(ctx context.Context, scope string) (bool, error) {
+	a, _, err := p.holding.Do(ctx, scope, func(ctx context.Context, _ int) holdingAnswer {
+		n, err := p.rdb.Exists(ctx, p.keys.FairHeld(scope)).Result()
+		return holdingAnswer{n > 0, err}
+	})
+	if err != nil {
+		return false, err
+	}
+	return a.held, a.err
+}
+
+// holdingAnswer is one EXISTS of Holding.
+type holdingAnswer struct {
+	held bool
+	err  error
+}
