@@ -19,23 +19,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
-)
 
-// Problem codes.
-const (
-	// CodeInvalidEncoding: a NUL byte, bytes that are not UTF-8, the escape
-	// of NUL, or the escape of half a surrogate pair.
-	CodeInvalidEncoding = "invalid_encoding"
-	// CodeNumberOutOfRange: a number Postgres's numeric cannot hold.
-	CodeNumberOutOfRange = "number_out_of_range"
-	// CodeDuplicateKey: an object names a member twice, or two members
-	// whose names differ only in case.
-	CodeDuplicateKey = "duplicate_key"
-	// CodeTooDeep: objects and arrays nested deeper than MaxDepth.
-	CodeTooDeep = "too_deep"
-	// CodeCaseVariant: a member whose name differs from one the reader
-	// takes only in case (see Structure's names).
-	CodeCaseVariant = "case_variant"
+	"github.com/llmq/llmq/client"
 )
 
 // MaxDepth is how deep objects and arrays may nest in a text llmq takes.
@@ -54,9 +39,9 @@ const (
 
 // Problem is something in a text that the database cannot store.
 type Problem struct {
-	Offset int    // where it starts, in bytes from the start of the text
-	Code   string // CodeInvalidEncoding or CodeNumberOutOfRange
-	What   string // what it is, for a message: "a NUL byte", "the number 1e999999 (…)"
+	Offset int         // where it starts, in bytes from the start of the text
+	Code   client.Code // client.CodeInvalidEncoding or client.CodeNumberOutOfRange
+	What   string      // what it is, for a message: "a NUL byte", "the number 1e999999 (…)"
 	// Member is the name of the member that is the problem (one named
 	// twice); "" when the problem is in a value.
 	Member string
@@ -68,11 +53,11 @@ type Problem struct {
 // Why says, for a message after What, why the problem refuses the text.
 func (p *Problem) Why() string {
 	switch p.Code {
-	case CodeDuplicateKey:
+	case client.CodeDuplicateKey:
 		return "and a member may be named once, in one case: the provider could read the other one"
-	case CodeTooDeep:
+	case client.CodeTooDeep:
 		return "which llmq does not take"
-	case CodeCaseVariant:
+	case client.CodeCaseVariant:
 		return "and member names are case-sensitive"
 	}
 	return "which cannot be stored"
@@ -100,7 +85,7 @@ func Unstorable(doc []byte) *Problem {
 				j++
 			}
 			if !numberStorable(string(doc[i:j])) {
-				return &Problem{Offset: i, Code: CodeNumberOutOfRange,
+				return &Problem{Offset: i, Code: client.CodeNumberOutOfRange,
 					What: fmt.Sprintf("the number %.40s (a number may have at most %d digits before the decimal point and %d after)",
 						doc[i:j], pgNumericMaxWeight+1, pgNumericMaxScale)}
 			}
@@ -115,7 +100,7 @@ func badBytes(doc []byte) *Problem {
 	for i := 0; i < len(doc); {
 		c := doc[i]
 		if c == 0 {
-			return &Problem{Offset: i, Code: CodeInvalidEncoding, What: "a NUL byte (U+0000 cannot be stored, raw or escaped)", Raw: true}
+			return &Problem{Offset: i, Code: client.CodeInvalidEncoding, What: "a NUL byte (U+0000 cannot be stored, raw or escaped)", Raw: true}
 		}
 		if c < utf8.RuneSelf {
 			i++
@@ -123,7 +108,7 @@ func badBytes(doc []byte) *Problem {
 		}
 		r, size := utf8.DecodeRune(doc[i:])
 		if r == utf8.RuneError && size == 1 {
-			return &Problem{Offset: i, Code: CodeInvalidEncoding, What: fmt.Sprintf("bytes that are not UTF-8 (0x%02X)", c), Raw: true}
+			return &Problem{Offset: i, Code: client.CodeInvalidEncoding, What: fmt.Sprintf("bytes that are not UTF-8 (0x%02X)", c), Raw: true}
 		}
 		i += size
 	}
@@ -144,16 +129,16 @@ func scanString(doc []byte, i int) (end int, p *Problem) {
 				switch {
 				case !ok:
 				case r == 0:
-					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding, What: `the character U+0000 (NUL, \u0000)`}
+					return 0, &Problem{Offset: i, Code: client.CodeInvalidEncoding, What: `the character U+0000 (NUL, \u0000)`}
 				case 0xD800 <= r && r < 0xDC00: // a high surrogate: its low one must follow
 					if lo, ok := hex4(doc, i+8); ok && i+7 < len(doc) && doc[i+6] == '\\' && doc[i+7] == 'u' && 0xDC00 <= lo && lo < 0xE000 {
 						i += 6
 						break
 					}
-					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding,
+					return 0, &Problem{Offset: i, Code: client.CodeInvalidEncoding,
 						What: fmt.Sprintf(`the unpaired surrogate escape \u%04x (a high surrogate must be followed by a low one)`, r)}
 				case 0xDC00 <= r && r < 0xE000:
-					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding,
+					return 0, &Problem{Offset: i, Code: client.CodeInvalidEncoding,
 						What: fmt.Sprintf(`the unpaired surrogate escape \u%04x (a low surrogate must follow a high one)`, r)}
 				}
 			}
@@ -241,7 +226,7 @@ func Structure(doc []byte, names ...string) *Problem {
 				if n == MaxDepth {
 					// at the third container, whose path names the field
 					// ("body.metadata") without a hundred indexes
-					return &Problem{Offset: opened[min(2, n-1)], Code: CodeTooDeep,
+					return &Problem{Offset: opened[min(2, n-1)], Code: client.CodeTooDeep,
 						What: fmt.Sprintf("objects and arrays nested more than %d deep", MaxDepth)}
 				}
 				opened = append(opened, start+bytes.IndexByte(doc[start:], byte(d)))
@@ -275,13 +260,13 @@ func Structure(doc []byte, names ...string) *Problem {
 			if first != key {
 				what = fmt.Sprintf("the member %q beside %q, a name that differs only in case", key, first)
 			}
-			return &Problem{Offset: off, Code: CodeDuplicateKey, What: what, Member: key}
+			return &Problem{Offset: off, Code: client.CodeDuplicateKey, What: what, Member: key}
 		}
 		if n == 1 && len(names) > 0 {
 			for _, name := range names {
 				if key != name && FoldName(name) == folded {
 					off := start + bytes.IndexByte(doc[start:], '"')
-					return &Problem{Offset: off, Code: CodeCaseVariant, Member: key,
+					return &Problem{Offset: off, Code: client.CodeCaseVariant, Member: key,
 						What: fmt.Sprintf("the member %q, which differs from %q only in case", key, name)}
 				}
 			}

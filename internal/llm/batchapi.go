@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmq/llmq/client"
 )
 
 // BatchAPI is a provider's Files and Batches API, as OpenAI documents it
@@ -181,7 +183,7 @@ func (p *openAIProvider) decodeObject(resp *http.Response, out any) error {
 	}
 	if err != nil {
 		e := p.answered(resp)
-		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
+		e.Class, e.Code, e.Type = ClassRetryable, client.CodeProviderResponseUnreadable, "server_error"
 		e.Message = "The provider's answer could not be read: " + p.scrub(err.Error())
 		return e
 	}
@@ -224,7 +226,7 @@ func (p *openAIProvider) UploadBatchFile(ctx context.Context, name string, conte
 // invalid is the *Error of a 2xx answer that is not what was asked for.
 func (p *openAIProvider) invalid(resp *http.Response, what string) *Error {
 	e := p.answered(resp)
-	e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
+	e.Class, e.Code, e.Type = ClassPermanent, client.CodeProviderResponseInvalid, "server_error"
 	e.Message = "The provider answered " + what + "."
 	return e
 }
@@ -262,7 +264,7 @@ func (p *openAIProvider) CreateBatch(ctx context.Context, fileID, endpoint strin
 // checked refuses a batch object without an id or status.
 func (p *openAIProvider) checked(b *ProviderBatch) (*ProviderBatch, error) {
 	if b.ID == "" || b.Status == "" {
-		return nil, &Error{Provider: p.name, Class: ClassPermanent, Code: CodeInvalidResponse, Type: "server_error",
+		return nil, &Error{Provider: p.name, Class: ClassPermanent, Code: client.CodeProviderResponseInvalid, Type: "server_error",
 			Message: "The provider answered a batch object without an id or status."}
 	}
 	return b, nil

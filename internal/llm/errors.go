@@ -1,6 +1,8 @@
 package llm
 
 import (
+	"github.com/llmq/llmq/client"
+
 	"net/http"
 	"regexp"
 	"strconv"
@@ -67,7 +69,8 @@ type Error struct {
 	StatusCode int
 	// Message, Type, Code and Param are the provider's error object
 	// ({"error":{"message","type","code","param"}}), for the job's error.
-	Message, Type, Code, Param string
+	Message, Type, Param string
+	Code                 client.Code
 	// RequestID is the provider's x-request-id, when it answered.
 	RequestID string
 	// RateLimit is what the error response's headers said; on a 429 its Delay
@@ -92,7 +95,7 @@ func (e *Error) Error() string {
 	}
 	b.WriteString(e.Class.String())
 	if e.Code != "" {
-		b.WriteString(" (" + e.Code + ")")
+		b.WriteString(" (" + string(e.Code) + ")")
 	} else if e.Type != "" {
 		b.WriteString(" (" + e.Type + ")")
 	}

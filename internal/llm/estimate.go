@@ -157,11 +157,9 @@ type Estimator struct{}
 // NewEstimator returns an Estimator.
 func NewEstimator() *Estimator { return &Estimator{} }
 
-var defaultEstimator = NewEstimator()
-
 // PromptTokens estimates the prompt tokens of body for endpoint. model picks
 // the tokenizer ("" uses body.model); encoding, when set, overrides it (and
-// no margin is added). Invalid bodies return an *InvalidRequestError.
+// no margin is added). Invalid bodies return a *wire.Error.
 func (e *Estimator) PromptTokens(endpoint, model, encoding string, body []byte) (int64, error) {
 	p, err := e.Parse(endpoint, model, encoding, body)
 	if err != nil {
@@ -170,7 +168,7 @@ func (e *Estimator) PromptTokens(endpoint, model, encoding string, body []byte) 
 	return p.PromptTokens, nil
 }
 
-// Parse validates body as ParseRequest does and counts it with the tokenizer
+// Parse validates body as Decode does and counts it with the tokenizer
 // of model ("" uses body.model) or the given encoding.
 func (e *Estimator) Parse(endpoint, model, encoding string, body []byte) (*ParsedRequest, error) {
 	b, err := Decode(endpoint, body)
@@ -180,14 +178,15 @@ func (e *Estimator) Parse(endpoint, model, encoding string, body []byte) (*Parse
 	return e.Count(b, model, encoding)
 }
 
-// Body is a request body validated for its endpoint (see ParseRequest),
+// Body is a request body validated for its endpoint (see Decode),
 // decoded once and ready to be counted with whichever tokenizer turns out to
 // be the right one: admission learns the model from it, then counts it as the
 // model's upstream does.
 type Body struct{ r *request }
 
-// Decode validates body for endpoint as ParseRequest does, without counting
-// it. Errors are *InvalidRequestError.
+// Decode validates body for endpoint, without counting it. Errors are
+// *wire.Error naming the parameter; fields llmq does not read are left for
+// the provider to judge.
 func Decode(endpoint string, body []byte) (*Body, error) {
 	r, err := parseBody(endpoint, body)
 	if err != nil {

@@ -38,7 +38,7 @@ type Request struct {
 	// Upstream is the provider's model id; it replaces body.model. Empty keeps
 	// the body's model.
 	Upstream string
-	// Body is the client's request body, as validated by ParseRequest.
+	// Body is the client's request body, as validated by Decode.
 	Body json.RawMessage
 	// OutputLimit is written into a body that names no output limit: the
 	// output tokens per choice llmq reserved, as max_tokens (as

@@ -16,6 +16,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // OpenAIConfig configures a provider that speaks OpenAI's API.
@@ -40,8 +41,8 @@ type OpenAIConfig struct {
 	// Defaults to 60s.
 	Timeout time.Duration
 	// MaxResponseBytes bounds an answer's body (a stream's, all its events
-	// together): past it the call fails with CodeResponseTooLarge. Defaults
-	// to DefaultMaxResponseBytes.
+	// together): past it the call fails with
+	// client.CodeProviderResponseTooLarge. Defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
 	// HTTPClient sends the requests. It is copied, never modified; its
 	// Transport is wrapped to capture response headers and bodies. Defaults to
@@ -58,22 +59,6 @@ const (
 	// under 1 MiB, 2048 embeddings of 1536 floats as JSON about 35 MiB (as
 	// base64, 12 MiB).
 	DefaultMaxResponseBytes = 16 << 20
-)
-
-// The codes of an Error that llmq gives a provider's answer it cannot use.
-const (
-	// CodeResponseTooLarge: the answer passed the provider's
-	// max_response_bytes.
-	CodeResponseTooLarge = "provider_response_too_large"
-	// CodeUnreadableResponse: a 2xx answer that is not JSON (truncated,
-	// mangled).
-	CodeUnreadableResponse = "provider_response_unreadable"
-	// CodeInvalidResponse: a 2xx answer that is JSON but not of the shape
-	// of an OpenAI answer.
-	CodeInvalidResponse = "provider_response_invalid"
-	// CodeStreamFailed: a stream that failed after it began (an error
-	// event without a code of the provider's, a cut, a timeout).
-	CodeStreamFailed = "provider_stream_failed"
 )
 
 // errResponseTooLarge is the transport's refusal of an answer past the
@@ -242,7 +227,7 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 		resp, cerr := p.client.CreateEmbeddings(ctx, er)
 		err, usage = cerr, resp.Usage
 	default:
-		return nil, p.refuse(&InvalidRequestError{Param: "endpoint", Message: fmt.Sprintf("'endpoint' %q is not supported", req.Endpoint)})
+		return nil, p.refuse(invalid("endpoint", "'endpoint' %q is not supported", req.Endpoint))
 	}
 	if err != nil {
 		return nil, p.failure(ctx, c, err)
@@ -283,10 +268,10 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 func wireBody(req Request) (wire []byte, model string, err error) {
 	var fields map[string]json.RawMessage
 	if err := unmarshal(req.Body, &fields); err != nil || fields == nil {
-		return nil, "", &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
+		return nil, "", invalid("body", "'body' must be a JSON object")
 	}
 	if s, ok := fields["stream"]; ok && string(bytes.TrimSpace(s)) == "true" && req.Stream == nil {
-		return nil, "", &InvalidRequestError{Param: "stream", Message: "'stream' is not supported"}
+		return nil, "", invalid("stream", "'stream' is not supported")
 	}
 	changed := false
 	if req.Upstream == "" {
@@ -349,7 +334,7 @@ func OutputField(endpoint, model string) string {
 // refuse is a request that was never sent.
 func (p *openAIProvider) refuse(err error) *Error {
 	e := &Error{Class: ClassPermanent, Provider: p.name, Type: "invalid_request_error", Message: p.scrub(err.Error())}
-	var ir *InvalidRequestError
+	var ir *wire.Error
 	if errors.As(err, &ir) {
 		e.Param = ir.Param
 	}
@@ -369,13 +354,13 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 	switch {
 	case errors.Is(err, errResponseTooLarge):
 		e.StatusCode = c.status
-		e.Class, e.Code, e.Type = ClassPermanent, CodeResponseTooLarge, "server_error"
+		e.Class, e.Code, e.Type = ClassPermanent, client.CodeProviderResponseTooLarge, "server_error"
 		e.Message = fmt.Sprintf("The provider's answer is larger than its max_response_bytes (%d bytes).", p.maxResponse)
 		e.Err = nil
 		return e
 	case errors.As(err, &apiErr):
 		e.StatusCode = apiErr.HTTPStatusCode
-		o := &client.ErrorObject{Message: apiErr.Message, Type: apiErr.Type, Code: codeString(apiErr.Code)}
+		o := &client.ErrorObject{Message: apiErr.Message, Type: apiErr.Type, Code: client.Code(codeString(apiErr.Code))}
 		if apiErr.Param != nil {
 			o.Param = *apiErr.Param
 		}
@@ -391,7 +376,7 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		// tokens): the provider answered and bills it; another try would
 		// get the same.
 		e.StatusCode = c.status
-		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
+		e.Class, e.Code, e.Type = ClassPermanent, client.CodeProviderResponseInvalid, "server_error"
 		e.Message = answerMessage(c.status, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub)
 		e.Err = nil
 		return e
@@ -399,7 +384,7 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		// The provider said yes but its body did not decode: a truncated or
 		// mangled answer, worth another try.
 		e.StatusCode = c.status
-		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
+		e.Class, e.Code, e.Type = ClassRetryable, client.CodeProviderResponseUnreadable, "server_error"
 		e.Message = "The provider's answer could not be read (truncated or not JSON)."
 		return e
 	case c.status != 0:
@@ -439,7 +424,7 @@ func classifyAnswer(e *Error) {
 	e.Class = Classify(e.StatusCode)
 	// OpenAI answers 429 when the account's quota or credit is exhausted:
 	// waiting for a bucket to refill will not help, so it is permanent.
-	if e.Class == ClassRateLimited && (e.Code == "insufficient_quota" || e.Type == "insufficient_quota") {
+	if e.Class == ClassRateLimited && (e.Code == client.CodeInsufficientQuota || e.Type == "insufficient_quota") {
 		e.Class = ClassPermanent
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+
+	"github.com/llmq/llmq/client"
 )
 
 // The Responses API (POST /v1/responses): its request bodies, validated and
@@ -376,11 +378,11 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 	case err != nil:
 		return nil, p.noAnswer(ctx, err, 0)
 	case int64(len(body)) > p.maxResponse:
-		e.Class, e.Code, e.Type = ClassPermanent, CodeResponseTooLarge, "server_error"
+		e.Class, e.Code, e.Type = ClassPermanent, client.CodeProviderResponseTooLarge, "server_error"
 		e.Message = fmt.Sprintf("The provider's answer is larger than its max_response_bytes (%d bytes).", p.maxResponse)
 		return nil, e
 	case !json.Valid(body):
-		e.Class, e.Code, e.Type = ClassRetryable, CodeUnreadableResponse, "server_error"
+		e.Class, e.Code, e.Type = ClassRetryable, client.CodeProviderResponseUnreadable, "server_error"
 		e.Message = "The provider's answer could not be read (truncated or not JSON)."
 		return nil, e
 	}
@@ -389,13 +391,13 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 		Usage  json.RawMessage `json:"usage"`
 	}
 	if err := unmarshal(body, &shape); err != nil || shape.Object != "response" {
-		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
+		e.Class, e.Code, e.Type = ClassPermanent, client.CodeProviderResponseInvalid, "server_error"
 		e.Message = "The provider's answer is not a response object."
 		return nil, e
 	}
 	u, err := UsageOf(body)
 	if err != nil {
-		e.Class, e.Code, e.Type = ClassPermanent, CodeInvalidResponse, "server_error"
+		e.Class, e.Code, e.Type = ClassPermanent, client.CodeProviderResponseInvalid, "server_error"
 		e.Message = answerMessage(resp.StatusCode, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub)
 		return nil, e
 	}

@@ -22,7 +22,7 @@ const maxEventBytes = 4 << 20
 // last event (response.completed) carries the usage.
 func streamWireBody(req Request) ([]byte, error) {
 	if req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
-		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is only supported for " + EndpointChat + " and " + EndpointResponses}
+		return nil, invalid("stream", "'stream' is only supported for %s and %s", EndpointChat, EndpointResponses)
 	}
 	body, _, err := wireBody(req)
 	if err != nil {
@@ -30,7 +30,7 @@ func streamWireBody(req Request) ([]byte, error) {
 	}
 	var fields map[string]json.RawMessage
 	if err := unmarshal(body, &fields); err != nil || fields == nil {
-		return nil, &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
+		return nil, invalid("body", "'body' must be a JSON object")
 	}
 	fields["stream"] = json.RawMessage("true")
 	if req.Endpoint == EndpointChat {
@@ -87,7 +87,7 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 // bounded (the message by answerMessage, which every caller applies).
 func fill(e *Error, o *client.ErrorObject) {
 	e.Message = o.Message
-	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), Truncate(o.Code, maxErrorField), Truncate(o.Param, maxErrorField)
+	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), client.Code(Truncate(string(o.Code), maxErrorField)), Truncate(o.Param, maxErrorField)
 }
 
 // answered is the *Error of a call the provider answered with resp, its
@@ -152,7 +152,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	for !done && sc.Scan() {
 		line := sc.Bytes()
 		if read += int64(len(line)) + 1; read > p.maxResponse {
-			e.Class, e.Code, e.Type, e.Relayed = ClassPermanent, CodeResponseTooLarge, "server_error", out.Chunks
+			e.Class, e.Code, e.Type, e.Relayed = ClassPermanent, client.CodeProviderResponseTooLarge, "server_error", out.Chunks
 			e.Message = fmt.Sprintf("The provider's stream is larger than its max_response_bytes (%d bytes).", p.maxResponse)
 			return nil, e
 		}
@@ -202,7 +202,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	}
 	if !done {
 		ne := p.noAnswer(ctx, sc.Err(), out.Chunks)
-		ne.Code = CodeStreamFailed
+		ne.Code = client.CodeProviderStreamFailed
 		if sc.Err() == nil {
 			ne.Message = "the provider's stream ended before [DONE]"
 			if req.Endpoint == EndpointResponses {
@@ -219,7 +219,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed int) *Error {
 	fill(e, o)
 	e.Message, e.Class, e.Relayed = answerMessage(e.StatusCode, e.Message, true, p.scrub), ClassRetryable, relayed
-	e.Code = cmp.Or(e.Code, CodeStreamFailed)
+	e.Code = cmp.Or(e.Code, client.CodeProviderStreamFailed)
 	return e
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -38,15 +39,8 @@ type SyncCall struct {
 }
 
 // SyncRefusal is a synchronous request answered without the provider's
-// answer (nothing charged), in OpenAI's error shape.
-type SyncRefusal struct {
-	Status                     int
-	Type, Code, Param, Message string
-	// RetryAfter is when trying again may succeed; 0 for none.
-	RetryAfter time.Duration
-}
-
-func (e *SyncRefusal) Error() string { return e.Message }
+// answer (nothing charged).
+type SyncRefusal = wire.Error
 
 // SyncResult is how a synchronous request reached the provider: its answer,
 // or the refusal that retrying could not help (ProviderError, with the
@@ -71,7 +65,7 @@ func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) 
 		return nil, fmt.Errorf("start job %s: %w", c.JobID, err)
 	}
 	if !started {
-		return nil, &SyncRefusal{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: "job_finished",
+		return nil, &SyncRefusal{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: client.CodeJobFinished,
 			Message: fmt.Sprintf("Job %s already %s.", job.ID, job.Status)}
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", job.ID, "model", job.Model, "sync", true), left: true}
@@ -109,7 +103,7 @@ func (h *Handler) endSync(ctx context.Context, job *store.Job, tier string, caus
 		}
 		return
 	}
-	if _, _, err := h.Store.JobFail(bg, &store.JobFailParams{ID: job.ID, Error: store.JobError{Type: wire.TypeServer, Code: "internal_error",
+	if _, _, err := h.Store.JobFail(bg, &store.JobFailParams{ID: job.ID, Error: store.JobError{Type: wire.TypeServer, Code: client.CodeInternalError,
 		Message: "llmq could not run the request."}}); err != nil {
 		h.Logger.Warn("fail a synchronous job", "job", job.ID, "err", err)
 	}
@@ -121,7 +115,7 @@ func (r *run) sync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	p := h.Policy.Current()
 	m, ok := p.Model(r.job.Model)
 	if !ok {
-		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusNotFound, Type: wire.TypeInvalidRequest, Code: "model_not_found", Param: "model",
+		return nil, r.refuse(ctx, &SyncRefusal{Status: http.StatusNotFound, Type: wire.TypeInvalidRequest, Code: client.CodeModelNotFound, Param: "model",
 			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)})
 	}
 	tenant, err := h.tenants.get(ctx, h.Store, r.job.TenantID)
@@ -262,7 +256,7 @@ func (r *run) syncBudget(ctx context.Context, worst money.Micros, deadline time.
 		}
 		n := dec.Denial()
 		if !dec.Held {
-			return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+			return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: wire.TypeInsufficientQuota, Code: client.CodeInsufficientQuota,
 				RetryAfter: dec.RetryAfter,
 				Message: fmt.Sprintf("The %s is exhausted: $%s spent and $%s reserved of $%s; this request may cost up to $%s. It resets at %s.",
 					n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))})
@@ -276,7 +270,7 @@ func (r *run) syncBudget(ctx context.Context, worst money.Micros, deadline time.
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+			return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: wire.TypeInsufficientQuota, Code: client.CodeInsufficientQuota,
 				RetryAfter: dec.RetryAfter,
 				Message: fmt.Sprintf("The %s is held by running jobs ($%s spent and $%s reserved of $%s; this request may cost up to $%s), "+
 					"and none of it came free within the request's wait; retry shortly.", n.Name(), n.Spent, n.Reserved, n.Budget, worst)})
@@ -309,7 +303,7 @@ func (r *run) syncPermit(ctx context.Context, deadline time.Time) error {
 			return nil
 		}
 		if p.tooLarge != nil {
-			return r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
+			return r.refuse(ctx, &SyncRefusal{Status: http.StatusBadRequest, Type: wire.TypeInvalidRequest, Code: client.CodeTokensExceedCapacity, Param: "max_tokens",
 				Message: fmt.Sprintf("This request needs %d tokens, more than a bucket of model '%s' holds: %v", r.job.EstPromptTokens+r.job.EstMaxTokens, r.job.Model, p.tooLarge)})
 		}
 		if p.unavailable && r.routes.toFallbacks() {
@@ -336,7 +330,7 @@ func (r *run) syncSleep(ctx context.Context, d time.Duration, deadline time.Time
 		if why == "" {
 			why = fmt.Sprintf("Rate limit of model '%s' reached: the request could not start within its wait.", r.job.Model)
 		}
-		return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: wire.TypeRateLimit, Code: "rate_limit_exceeded",
+		return r.refuse(ctx, &SyncRefusal{Status: http.StatusTooManyRequests, Type: wire.TypeRateLimit, Code: client.CodeRateLimitExceeded,
 			Message: why, RetryAfter: max(d, time.Second)})
 	}
 	return sleep(ctx, d)
