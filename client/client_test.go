@@ -116,7 +116,7 @@ func TestJobsCreateWaitGetCancel(t *testing.T) {
 	// A finished job cannot be cancelled: a 409 as an *Error.
 	_, err = c.Jobs.Cancel(ctx, j.ID)
 	var apiErr *client.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusConflict || apiErr.Code != "job_finished" {
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusConflict || apiErr.Code != client.CodeJobFinished {
 		t.Fatalf("cancel of a finished job: %v", err)
 	}
 }
@@ -244,7 +244,7 @@ func TestErrorsDecode(t *testing.T) {
 	if !errors.As(err, &apiErr) {
 		t.Fatalf("bad key: %T %v, want *client.Error", err, err)
 	}
-	if apiErr.StatusCode != 401 || apiErr.Type != "authentication_error" || apiErr.Code != "invalid_api_key" || apiErr.Message == "" {
+	if apiErr.StatusCode != 401 || apiErr.Type != "authentication_error" || apiErr.Code != client.CodeInvalidAPIKey || apiErr.Message == "" {
 		t.Fatalf("bad key error = %+v", apiErr)
 	}
 	if !strings.Contains(err.Error(), "401") || strings.Contains(err.Error(), "llmq_nope") {
@@ -273,7 +273,7 @@ func TestErrorsDecode(t *testing.T) {
 
 	// The admin API without the admin token.
 	_, err = c.Admin.ListTenants(ctx, nil)
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Code != "invalid_admin_token" {
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Code != client.CodeInvalidAdminToken {
 		t.Fatalf("admin without token: %v", err)
 	}
 

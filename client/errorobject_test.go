@@ -12,7 +12,7 @@ import (
 func TestErrorObjectCode(t *testing.T) {
 	t.Parallel()
 	for body, want := range map[string]client.ErrorObject{
-		`{"error":{"message":"m","type":"t","code":"rate_limit_exceeded","param":"model"}}`: {Message: "m", Type: "t", Code: "rate_limit_exceeded", Param: "model"},
+		`{"error":{"message":"m","type":"t","code":"rate_limit_exceeded","param":"model"}}`: {Message: "m", Type: "t", Code: client.CodeRateLimitExceeded, Param: "model"},
 		`{"error":{"message":"m","type":"t","code":429,"param":null}}`:                      {Message: "m", Type: "t", Code: "429"},
 		`{"error":{"message":"m","type":"t","code":null}}`:                                  {Message: "m", Type: "t"},
 	} {

@@ -86,7 +86,7 @@ func TestRetryBounds(t *testing.T) {
 		s := stub(t, func(n int, w http.ResponseWriter, r *http.Request) { tooMany(w, "3600") })
 		_, err := newClient(t, s.URL, "k").Usage(context.Background())
 		var e *client.Error
-		if !errors.As(err, &e) || e.StatusCode != 429 || e.RetryAfter != time.Hour || e.Code != "rate_limit_exceeded" || s.calls.Load() != 1 {
+		if !errors.As(err, &e) || e.StatusCode != 429 || e.RetryAfter != time.Hour || e.Code != client.CodeRateLimitExceeded || s.calls.Load() != 1 {
 			t.Fatalf("err = %+v after %d calls", err, s.calls.Load())
 		}
 	})

@@ -180,7 +180,7 @@ func NewList[T any](data []T, hasMore bool, id func(T) string) List[T] {
 type ErrorObject struct {
 	Message string `json:"message"`
 	Type    string `json:"type"`
-	Code    string `json:"code"`
+	Code    Code   `json:"code"`
 	Param   string `json:"param"`
 }
 
@@ -192,7 +192,7 @@ func (e ErrorObject) MarshalJSON() ([]byte, error) {
 		Type    string  `json:"type"`
 		Code    *string `json:"code"`
 		Param   *string `json:"param"`
-	}{e.Message, e.Type, nullable(e.Code), nullable(e.Param)})
+	}{e.Message, e.Type, nullable(string(e.Code)), nullable(e.Param)})
 }
 
 // UnmarshalJSON reads {"message","type","code","param"}; code may be a
@@ -210,7 +210,7 @@ func (e *ErrorObject) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &o); err != nil {
 		return err
 	}
-	*e = ErrorObject{Message: o.Message, Type: o.Type, Code: codeText(o.Code)}
+	*e = ErrorObject{Message: o.Message, Type: o.Type, Code: Code(codeText(o.Code))}
 	if o.Param != nil {
 		e.Param = *o.Param
 	}
@@ -330,7 +330,7 @@ type BatchErrors struct {
 
 // BatchError is one reason a batch's input was refused.
 type BatchError struct {
-	Code    string  `json:"code"`
+	Code    Code    `json:"code"`
 	Message string  `json:"message"`
 	Param   *string `json:"param"`
 	// Line is the 1-based line of the input file, null for the whole file.
@@ -367,7 +367,7 @@ type BatchResult struct {
 // message, and the 1-based line of the input file it answers (an llmq
 // addition, as in BatchError).
 type BatchLineError struct {
-	Code    string `json:"code"`
+	Code    Code   `json:"code"`
 	Message string `json:"message"`
 	Line    int    `json:"line,omitempty"`
 }

@@ -180,7 +180,7 @@ func TestSyncWait(t *testing.T) {
 	r := apptest.Do(t, a.URL, "POST", "/v1/chat/completions", key, chatBody(""), http.Header{"X-Llmq-Max-Wait": {"200ms"}})
 	var e client.Error
 	r.JSON(t, &e)
-	if r.Status != 429 || e.Code != "rate_limit_exceeded" || r.Header.Get("Retry-After") == "" || time.Since(began) > 5*time.Second {
+	if r.Status != 429 || e.Code != client.CodeRateLimitExceeded || r.Header.Get("Retry-After") == "" || time.Since(began) > 5*time.Second {
 		t.Fatalf("over the limit: %d %v %s", r.Status, r.Header, r.Body)
 	}
 	var job client.Job
@@ -214,7 +214,7 @@ func TestSyncOverBudget(t *testing.T) {
 			}
 			var e client.Error
 			r.JSON(t, &e)
-			if r.Status != 429 || e.Code != "insufficient_quota" || !strings.Contains(e.Message, "budget") || r.Header.Get("Retry-After") == "" {
+			if r.Status != 429 || e.Code != client.CodeInsufficientQuota || !strings.Contains(e.Message, "budget") || r.Header.Get("Retry-After") == "" {
 				t.Fatalf("%s over budget: %d %v %s", tier, r.Status, r.Header, r.Body)
 			}
 			break

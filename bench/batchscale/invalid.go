@@ -139,7 +139,7 @@ func runInvalid(ctx context.Context, o *options, logger *slog.Logger, out io.Wri
 // errorsListed reports whether a batch's errors list the first 100 of the
 // refused lines, in order, and a last entry counting the rest when there
 // are more.
-func errorsListed(e *client.BatchErrors, refused []int, codes []string) bool {
+func errorsListed(e *client.BatchErrors, refused []int, codes []client.Code) bool {
 	if len(refused) == 0 {
 		return e == nil || len(e.Data) == 0
 	}

@@ -50,7 +50,7 @@ func (c *cli) waitJobs(cl *client.Client, lines []*jobLine, poll time.Duration, 
 			}
 			failed++
 			l.failed = true
-			e := &client.BatchLineError{Code: "job_" + j.Status, Message: "The job was " + j.Status + "."}
+			e := &client.BatchLineError{Code: client.Code("job_" + j.Status), Message: "The job was " + j.Status + "."}
 			if j.Error != nil {
 				e = &client.BatchLineError{Code: j.Error.Code, Message: j.Error.Message}
 			}

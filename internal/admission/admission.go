@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
@@ -22,29 +23,8 @@ import (
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
-
-// Error is a request that can never run, for the client: Param names the
-// offending field of the job's body ("model", "messages", "max_tokens"…).
-type Error struct {
-	// Status is the HTTP status of the refusal: 400 when 0; 404 for a
-	// follow-up of a response the tenant does not have.
-	Status  int
-	Param   string
-	Code    string
-	Message string
-}
-
-func (e *Error) Error() string { return e.Message }
-
-// ParamIn is Param as a path within the request's field ("body.messages"):
-// the field itself when Param is empty or names the whole body.
-func (e *Error) ParamIn(field string) string {
-	if e.Param == "" || e.Param == "body" {
-		return field
-	}
-	return field + "." + e.Param
-}
 
 // Estimate is what one request will cost at most.
 type Estimate struct {
@@ -151,7 +131,7 @@ func (r *Request) Fill(j *store.JobInsertParams) {
 
 // Estimate validates body for endpoint under policy p, for a tenant of
 // tier (nil: a tier's defaults) whose id is tenantID, and returns its
-// estimate, or an *Error saying why it can never run: an invalid body, an
+// estimate, or a *wire.Error saying why it can never run: an invalid body, an
 // unknown model, a model that does not serve the endpoint, what llmq
 // cannot bound (ShapeOf), a shape no route of the model can serve
 // (Serves), or a cost above the capacity of one of the model's token
@@ -167,16 +147,14 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	}
 	m, ok := p.Model(decoded.Model())
 	if !ok {
-		return nil, &Error{Param: "model", Code: "model_not_found",
-			Message: fmt.Sprintf("The model '%s' does not exist or is not served here.", decoded.Model())}
+		return nil, wire.Invalid("model", client.CodeModelNotFound, "The model '%s' does not exist or is not served here.", decoded.Model())
 	}
 	wantKind := config.KindChat // chat completions and responses
 	if endpoint == llm.EndpointEmbeddings {
 		wantKind = config.KindEmbedding
 	}
 	if m.Kind != wantKind {
-		return nil, &Error{Param: "model", Code: "model_not_supported",
-			Message: fmt.Sprintf("The model '%s' is a %s model and cannot serve %s.", m.Name, m.Kind, endpoint)}
+		return nil, wire.Invalid("model", client.CodeModelNotSupported, "The model '%s' is a %s model and cannot serve %s.", m.Name, m.Kind, endpoint)
 	}
 	counted, err := e.tokens.Count(decoded, m.TokenizerModel(), m.Encoding)
 	if err != nil {
@@ -282,9 +260,9 @@ func fitsRoute(m config.Route, est *Estimate, endpoint string) error {
 			if est.Cost.Tokens-est.MaxTokens > b.Limit || est.MaxTokens == 0 {
 				param = promptParam(endpoint)
 			}
-			return &Error{Param: param, Code: "tokens_exceed_capacity", Message: fmt.Sprintf(
+			return wire.Invalid(param, client.CodeTokensExceedCapacity,
 				"This request needs up to %d tokens (%d prompt%s + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower %s or shorten the input.",
-				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Model.Name, outputParam(endpoint))}
+				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Model.Name, outputParam(endpoint))
 		}
 	}
 	return nil
@@ -310,11 +288,11 @@ func periodName(bucket string) string {
 }
 
 func invalid(err error) error {
-	var ir *llm.InvalidRequestError
-	if errors.As(err, &ir) {
-		return &Error{Param: ir.Param, Code: cmp.Or(ir.Code, "invalid_request"), Message: ir.Message}
+	var e *wire.Error
+	if errors.As(err, &e) {
+		return e
 	}
-	return &Error{Code: "invalid_request", Message: err.Error()}
+	return wire.Invalid("", client.CodeInvalidRequest, "%s", err.Error())
 }
 
 // JobRef is the queue reference of a stored job: its model's scope, its
@@ -344,24 +322,24 @@ const MaxJobFallbacks = 4
 // does not allow, m itself, one of another kind, or one named twice.
 func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fallbacks []string) error {
 	if len(fallbacks) > MaxJobFallbacks {
-		return &Error{Param: "fallbacks", Code: "invalid_value", Message: fmt.Sprintf(
-			"A job may name at most %d fallbacks, got %d.", MaxJobFallbacks, len(fallbacks))}
+		return wire.Invalid("fallbacks", client.CodeInvalidValue,
+			"A job may name at most %d fallbacks, got %d.", MaxJobFallbacks, len(fallbacks))
 	}
 	for i, name := range fallbacks {
 		f, ok := p.Model(name)
 		switch {
 		case !ok:
-			return &Error{Param: "fallbacks", Code: "model_not_found", Message: fmt.Sprintf("The fallback model '%s' does not exist or is not served here.", name)}
+			return wire.Invalid("fallbacks", client.CodeModelNotFound, "The fallback model '%s' does not exist or is not served here.", name)
 		case !slices.Contains(tier.Fallbacks, name):
-			return &Error{Param: "fallbacks", Code: "fallback_not_allowed", Message: fmt.Sprintf(
-				"The %s tier does not allow '%s' as a fallback; it allows %s.", tier.Name, name, allowedList(tier.Fallbacks))}
+			return wire.Invalid("fallbacks", client.CodeFallbackNotAllowed,
+				"The %s tier does not allow '%s' as a fallback; it allows %s.", tier.Name, name, allowedList(tier.Fallbacks))
 		case name == m.Name:
-			return &Error{Param: "fallbacks", Code: "invalid_value", Message: fmt.Sprintf("The model '%s' cannot be its own fallback.", name)}
+			return wire.Invalid("fallbacks", client.CodeInvalidValue, "The model '%s' cannot be its own fallback.", name)
 		case f.Kind != m.Kind:
-			return &Error{Param: "fallbacks", Code: "model_not_supported", Message: fmt.Sprintf(
-				"The fallback '%s' is a %s model and '%s' a %s one.", name, f.Kind, m.Name, m.Kind)}
+			return wire.Invalid("fallbacks", client.CodeModelNotSupported,
+				"The fallback '%s' is a %s model and '%s' a %s one.", name, f.Kind, m.Name, m.Kind)
 		case slices.Contains(fallbacks[:i], name):
-			return &Error{Param: "fallbacks", Code: "invalid_value", Message: fmt.Sprintf("The fallback '%s' is named twice.", name)}
+			return wire.Invalid("fallbacks", client.CodeInvalidValue, "The fallback '%s' is named twice.", name)
 		}
 	}
 	return nil
@@ -408,14 +386,14 @@ func Account(p *config.Policy, t *store.Tenant) (budget.Account, *config.Tier, e
 func CheckBudget(acct budget.Account, worst money.Micros, endpoint string) error {
 	param := outputParam(endpoint)
 	if !acct.Unlimited && worst > acct.Budget {
-		return &Error{Param: param, Code: "budget_too_small", Message: fmt.Sprintf(
+		return wire.Invalid(param, client.CodeBudgetTooSmall,
 			"This request may cost up to $%s, more than the whole daily budget of $%s; it could never run. Lower %s.",
-			worst, acct.Budget, param)}
+			worst, acct.Budget, param)
 	}
 	if acct.Global > 0 && worst > acct.Global {
-		return &Error{Param: param, Code: "budget_too_small", Message: fmt.Sprintf(
+		return wire.Invalid(param, client.CodeBudgetTooSmall,
 			"This request may cost up to $%s, more than the global daily cap of $%s; it could never run. Lower %s.",
-			worst, acct.Global, param)}
+			worst, acct.Global, param)
 	}
 	return nil
 }

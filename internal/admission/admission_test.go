@@ -6,11 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 const policyYAML = `
@@ -66,18 +68,19 @@ func TestEstimateRefusesWhatCanNeverRun(t *testing.T) {
 	t.Parallel()
 	e, p := New(nil, nil), policy(t)
 	for _, c := range []struct {
-		name, endpoint, body, param, code string
+		name, endpoint, body, param string
+		code                        client.Code
 	}{
-		{"unknown model", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}`, "model", "model_not_found"},
-		{"chat model on embeddings", "/v1/embeddings", `{"model":"gpt-4o-mini","input":"x"}`, "model", "model_not_supported"},
-		{"embedding model on chat", "/v1/chat/completions", `{"model":"text-embedding-3-small","messages":[{"role":"user","content":"x"}]}`, "model", "model_not_supported"},
-		{"max_tokens over the TPM bucket", "/v1/chat/completions", `{"model":"gpt-4o-mini","max_tokens":10001,"messages":[{"role":"user","content":"x"}]}`, "max_tokens", "tokens_exceed_capacity"},
-		{"prompt over the TPM bucket", "/v1/chat/completions", `{"model":"gpt-4o-mini","max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 12000) + `"}]}`, "messages", "tokens_exceed_capacity"},
-		{"no messages", "/v1/chat/completions", `{"model":"gpt-4o-mini"}`, "messages", "invalid_request"},
-		{"not JSON", "/v1/chat/completions", `{"model":`, "", "invalid_request"},
+		{"unknown model", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}`, "model", client.CodeModelNotFound},
+		{"chat model on embeddings", "/v1/embeddings", `{"model":"gpt-4o-mini","input":"x"}`, "model", client.CodeModelNotSupported},
+		{"embedding model on chat", "/v1/chat/completions", `{"model":"text-embedding-3-small","messages":[{"role":"user","content":"x"}]}`, "model", client.CodeModelNotSupported},
+		{"max_tokens over the TPM bucket", "/v1/chat/completions", `{"model":"gpt-4o-mini","max_tokens":10001,"messages":[{"role":"user","content":"x"}]}`, "max_tokens", client.CodeTokensExceedCapacity},
+		{"prompt over the TPM bucket", "/v1/chat/completions", `{"model":"gpt-4o-mini","max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 12000) + `"}]}`, "messages", client.CodeTokensExceedCapacity},
+		{"no messages", "/v1/chat/completions", `{"model":"gpt-4o-mini"}`, "messages", client.CodeInvalidRequest},
+		{"not JSON", "/v1/chat/completions", `{"model":`, "", client.CodeInvalidRequest},
 	} {
 		_, err := e.Estimate(context.Background(), p, nil, "", c.endpoint, []byte(c.body))
-		var ae *Error
+		var ae *wire.Error
 		if !errors.As(err, &ae) || ae.Code != c.code || (c.param != "" && ae.Param != c.param) || ae.Message == "" {
 			t.Errorf("%s: err = %#v, want code %s param %s", c.name, err, c.code, c.param)
 		}
@@ -103,8 +106,8 @@ func TestAccountAndCheckBudget(t *testing.T) {
 	if err := CheckBudget(std, money.PerDollar, llm.EndpointChat); err != nil {
 		t.Fatalf("a worst case equal to the budget was refused: %v", err)
 	}
-	var ae *Error
-	if err := CheckBudget(std, money.PerDollar+1, llm.EndpointChat); !errors.As(err, &ae) || ae.Code != "budget_too_small" {
+	var ae *wire.Error
+	if err := CheckBudget(std, money.PerDollar+1, llm.EndpointChat); !errors.As(err, &ae) || ae.Code != client.CodeBudgetTooSmall {
 		t.Fatalf("a worst case above the budget: %v", err)
 	}
 	unl, _, _ := Account(p, &store.Tenant{ID: "ten_d", Tier: "internal"})
@@ -149,8 +152,8 @@ func TestEstimateAppliesTheCalibration(t *testing.T) {
 	}
 	// Counted 2.5x, the same prompt no longer fits the 10,000-token bucket.
 	_, err = New(fixedCalibration(2.5), nil).Estimate(context.Background(), p, nil, "", "/v1/chat/completions", []byte(body))
-	var ae *Error
-	if !errors.As(err, &ae) || ae.Code != "tokens_exceed_capacity" || ae.Param != "messages" || !strings.Contains(ae.Message, "as the provider counts: 2.50×") {
+	var ae *wire.Error
+	if !errors.As(err, &ae) || ae.Code != client.CodeTokensExceedCapacity || ae.Param != "messages" || !strings.Contains(ae.Message, "as the provider counts: 2.50×") {
 		t.Errorf("err = %v, want tokens_exceed_capacity naming the calibration", err)
 	}
 }

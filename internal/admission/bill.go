@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // The reservation bounds the bill: for every call llmq sends, the most the
@@ -83,7 +85,7 @@ const maxToolCallsParam = 1000
 
 // ShapeOf reads the shape of a body decoded for m, for a tenant of tier
 // (nil: a tier's defaults) under policy p, and the tokens the stored
-// responses it continues bring into its prompt. It refuses, as an *Error
+// responses it continues bring into its prompt. It refuses, as a *wire.Error
 // naming the param, what llmq cannot bound: a body without an output
 // limit when the tier requires one, audio, a max_tool_calls past
 // maxToolCallsParam, a follow-up of another tenant's response (404, as an
@@ -93,14 +95,14 @@ const maxToolCallsParam = 1000
 func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *config.Tier, tenantID string, m *config.Model, b *llm.Body) (Shape, int64, error) {
 	s := Shape{Endpoint: b.Endpoint()}
 	if a := b.Audio(); a != "" {
-		return s, 0, &Error{Param: a, Code: "unsupported_value", Message: fmt.Sprintf(
-			"'%s': llmq does not serve audio: it has no price for audio tokens, so it cannot bound what the call would be billed.", a)}
+		return s, 0, wire.Invalid(a, client.CodeUnsupportedValue,
+			"'%s': llmq does not serve audio: it has no price for audio tokens, so it cannot bound what the call would be billed.", a)
 	}
 	if m.Kind == config.KindChat && b.OutputParam() == "" {
 		if tier != nil && tier.RequireOutputLimit {
 			param := outputParam(s.Endpoint)
-			return s, 0, &Error{Param: param, Code: "output_limit_required", Message: fmt.Sprintf(
-				"The %s tier requires an output limit: set '%s'.", tier.Name, param)}
+			return s, 0, wire.Invalid(param, client.CodeOutputLimitRequired,
+				"The %s tier requires an output limit: set '%s'.", tier.Name, param)
 		}
 		s.OutputLimit = m.MaxOutputTokens
 	}
@@ -111,8 +113,8 @@ func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *c
 		case s.Endpoint == llm.EndpointChat:
 			s.ToolCalls = 1 // a search model searches once per request
 		case k > maxToolCallsParam:
-			return s, 0, &Error{Param: "max_tool_calls", Code: "invalid_value", Message: fmt.Sprintf(
-				"'max_tool_calls' must be at most %d, got %d.", maxToolCallsParam, k)}
+			return s, 0, wire.Invalid("max_tool_calls", client.CodeInvalidValue,
+				"'max_tool_calls' must be at most %d, got %d.", maxToolCallsParam, k)
 		case k > 0:
 			s.ToolCalls = k
 		default:
@@ -122,8 +124,8 @@ func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *c
 	foreign := tier != nil && tier.AllowForeignResponses
 	if u := b.Unseen(); u != "" {
 		if !foreign {
-			return s, 0, &Error{Param: u, Code: "unsupported_parameter", Message: fmt.Sprintf(
-				"'%s' names context the provider holds that llmq cannot see, so it cannot bound what the call would be billed; send the input itself, or ask for a tier that allows foreign responses.", u)}
+			return s, 0, wire.Invalid(u, client.CodeUnsupportedParameter,
+				"'%s' names context the provider holds that llmq cannot see, so it cannot bound what the call would be billed; send the input itself, or ask for a tier that allows foreign responses.", u)
 		}
 		s.Unbounded = u
 	}
@@ -167,8 +169,8 @@ func (s *Shape) follow(ctx context.Context, convs Conversations, tenantID string
 		row, ok := known[r.id]
 		if ok && row.TenantID == tenantID {
 			if s.Pinned != "" && row.Deployment != s.Pinned {
-				return 0, &Error{Param: r.param, Code: "invalid_value", Message: fmt.Sprintf(
-					"'%s' is stored at another provider account than the rest of the conversation; one call cannot reach both.", r.param)}
+				return 0, wire.Invalid(r.param, client.CodeInvalidValue,
+					"'%s' is stored at another provider account than the rest of the conversation; one call cannot reach both.", r.param)
 			}
 			s.Follows, s.Pinned = true, row.Deployment
 			prior += row.Tokens
@@ -180,42 +182,42 @@ func (s *Shape) follow(ctx context.Context, convs Conversations, tenantID string
 		}
 		// Another tenant's reads as one llmq does not know: nothing of it
 		// is told.
-		return 0, &Error{Status: http.StatusNotFound, Param: r.param, Code: "not_found", Message: fmt.Sprintf(
-			"No response or item '%.100s' was made through llmq for this tenant; a follow-up may continue only its own tenant's responses.", r.id)}
+		return 0, wire.Errorf(http.StatusNotFound, wire.TypeInvalidRequest, client.CodeNotFound, r.param,
+			"No response or item '%.100s' was made through llmq for this tenant; a follow-up may continue only its own tenant's responses.", r.id)
 	}
 	return prior, nil
 }
 
-// Serves reports, as an *Error naming the param, why route cannot serve a
+// Serves reports, as a *wire.Error naming the param, why route cannot serve a
 // request of shape s: the conversation it continues is stored elsewhere,
 // its service tier or a built-in tool has no price there, or the prompt
 // needs a context window the policy does not give; nil when it can.
 func Serves(route config.Route, s *Shape) error {
 	if s.Pinned != "" && route.Deployment.Name() != s.Pinned {
-		return &Error{Param: "previous_response_id", Code: "invalid_value", Message: fmt.Sprintf(
-			"The conversation is stored at deployment %s, which model '%s' does not use.", s.Pinned, route.Model.Name)}
+		return wire.Invalid("previous_response_id", client.CodeInvalidValue,
+			"The conversation is stored at deployment %s, which model '%s' does not use.", s.Pinned, route.Model.Name)
 	}
 	if _, ok := route.Price.Tier(s.ServiceTier); !ok {
-		return &Error{Param: "service_tier", Code: "unsupported_value", Message: fmt.Sprintf(
+		return wire.Invalid("service_tier", client.CodeUnsupportedValue,
 			"The service tier '%s' has no price for model '%s' (deployment %s), so llmq cannot bound what the call would be billed.",
-			s.ServiceTier, route.Model.Name, route.Deployment.Name())}
+			s.ServiceTier, route.Model.Name, route.Deployment.Name())
 	}
 	for _, t := range s.Tools {
 		if _, ok := route.Price.Tools[t]; !ok {
-			return &Error{Param: "tools", Code: "unsupported_value", Message: fmt.Sprintf(
+			return wire.Invalid("tools", client.CodeUnsupportedValue,
 				"The built-in tool '%s' has no price for model '%s' (deployment %s): the provider bills each call, so llmq cannot bound what the call would be billed.",
-				t, route.Model.Name, route.Deployment.Name())}
+				t, route.Model.Name, route.Deployment.Name())
 		}
 	}
 	if route.ContextWindow == 0 {
 		if s.Unbounded != "" {
-			return &Error{Param: s.Unbounded, Code: "unsupported_value", Message: fmt.Sprintf(
-				"llmq cannot count '%s', and model '%s' has no context_window in the policy to bound it.", s.Unbounded, route.Model.Name)}
+			return wire.Invalid(s.Unbounded, client.CodeUnsupportedValue,
+				"llmq cannot count '%s', and model '%s' has no context_window in the policy to bound it.", s.Unbounded, route.Model.Name)
 		}
 		for _, t := range s.Tools {
 			if route.Price.Tools[t].ResultTokens == 0 {
-				return &Error{Param: "tools", Code: "unsupported_value", Message: fmt.Sprintf(
-					"The results of the built-in tool '%s' enter the model's input, and model '%s' has neither a context_window nor the tool's result_tokens in the policy to bound them.", t, route.Model.Name)}
+				return wire.Invalid("tools", client.CodeUnsupportedValue,
+					"The results of the built-in tool '%s' enter the model's input, and model '%s' has neither a context_window nor the tool's result_tokens in the policy to bound them.", t, route.Model.Name)
 			}
 		}
 	}

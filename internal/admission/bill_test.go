@@ -7,10 +7,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 const billPolicy = `
@@ -94,9 +96,9 @@ func (env *billEnv) mustEstimate(t *testing.T, tier, tenant, endpoint, body stri
 	return est
 }
 
-func wantRefusal(t *testing.T, err error, status int, param, code string) *Error {
+func wantRefusal(t *testing.T, err error, status int, param string, code client.Code) *wire.Error {
 	t.Helper()
-	var ae *Error
+	var ae *wire.Error
 	if !errors.As(err, &ae) || ae.Param != param || ae.Code != code || cmpStatus(ae.Status) != status {
 		t.Fatalf("got %#v, want a %d %s naming %s", err, status, code, param)
 	}
@@ -132,9 +134,9 @@ func TestOutputLimitIsWrittenIn(t *testing.T) {
 		t.Fatalf("a stated limit: shape %+v, max %d", stated.Shape, stated.MaxTokens)
 	}
 	_, err := env.estimate(t, "strict", env.a, llm.EndpointChat, `{"model":"gpt-4o",`+msgs+`}`)
-	wantRefusal(t, err, 400, "max_tokens", "output_limit_required")
+	wantRefusal(t, err, 400, "max_tokens", client.CodeOutputLimitRequired)
 	_, err = env.estimate(t, "strict", env.a, llm.EndpointResponses, `{"model":"gpt-4o","input":"hi"}`)
-	wantRefusal(t, err, 400, "max_output_tokens", "output_limit_required")
+	wantRefusal(t, err, 400, "max_output_tokens", client.CodeOutputLimitRequired)
 	if _, err := env.estimate(t, "strict", env.a, llm.EndpointResponses, `{"model":"gpt-4o","input":"hi","max_output_tokens":20}`); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +164,7 @@ func TestCaseVariantsAreRefused(t *testing.T) {
 		{llm.EndpointEmbeddings, `{"model":"gpt-4o","INPUT":["x"],"input":"y"}`, "INPUT"},
 	} {
 		_, err := env.estimate(t, "standard", env.a, c.endpoint, c.body)
-		ae := wantRefusal(t, err, 400, c.param, "case_variant")
+		ae := wantRefusal(t, err, 400, c.param, client.CodeCaseVariant)
 		if !strings.Contains(ae.Message, "only in case") {
 			t.Errorf("%s: %q", c.body, ae.Message)
 		}
@@ -201,9 +203,9 @@ func TestServiceTiersArePriced(t *testing.T) {
 		t.Fatalf("auto on a priority project, the answer naming no tier: %s, want %s", got, want)
 	}
 	_, err := env.estimate(t, "standard", env.a, llm.EndpointChat, body(`"service_tier":"scale",`))
-	wantRefusal(t, err, 400, "service_tier", "unsupported_value")
+	wantRefusal(t, err, 400, "service_tier", client.CodeUnsupportedValue)
 	_, err = env.estimate(t, "standard", env.a, llm.EndpointChat, `{"model":"local","service_tier":"priority","messages":[{"role":"user","content":"hi"}]}`)
-	wantRefusal(t, err, 400, "service_tier", "unsupported_value")
+	wantRefusal(t, err, 400, "service_tier", client.CodeUnsupportedValue)
 
 	// Charged at the tier the answer says served it.
 	s := &prio.Shape
@@ -254,14 +256,14 @@ func TestBuiltinToolsArePriced(t *testing.T) {
 	}
 	_, err := env.estimate(t, "standard", env.a, llm.EndpointResponses,
 		`{"model":"gpt-4o","input":"x","tools":[{"type":"code_interpreter","container":{"type":"auto"}}]}`)
-	wantRefusal(t, err, 400, "tools", "unsupported_value")
+	wantRefusal(t, err, 400, "tools", client.CodeUnsupportedValue)
 	_, err = env.estimate(t, "standard", env.a, llm.EndpointResponses, `{"model":"gpt-4o","input":"x","max_tool_calls":5000,"tools":[{"type":"web_search"}]}`)
-	wantRefusal(t, err, 400, "max_tool_calls", "invalid_value")
+	wantRefusal(t, err, 400, "max_tool_calls", client.CodeInvalidValue)
 	_, err = env.estimate(t, "standard", env.a, llm.EndpointChat, `{"model":"gpt-4o","modalities":["text","audio"],"messages":[{"role":"user","content":"x"}]}`)
-	wantRefusal(t, err, 400, "modalities", "unsupported_value")
+	wantRefusal(t, err, 400, "modalities", client.CodeUnsupportedValue)
 	_, err = env.estimate(t, "standard", env.a, llm.EndpointChat,
 		`{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA","format":"wav"}}]}]}`)
-	wantRefusal(t, err, 400, "messages[0].content[0]", "unsupported_value")
+	wantRefusal(t, err, 400, "messages[0].content[0]", client.CodeUnsupportedValue)
 
 	// A chat search model's web search: one call, billed when it answered.
 	chat := env.mustEstimate(t, "standard", env.a, llm.EndpointChat,
@@ -301,7 +303,7 @@ func TestUncountedContentIsBoundedByTheWindow(t *testing.T) {
 	}
 	_, err := env.estimate(t, "standard", env.a, llm.EndpointChat,
 		`{"model":"local","messages":[{"role":"user","content":[{"type":"file","file":{"file_id":"file-1"}}]}]}`)
-	wantRefusal(t, err, 400, "messages[0].content[0]", "unsupported_value")
+	wantRefusal(t, err, 400, "messages[0].content[0]", client.CodeUnsupportedValue)
 }
 
 // A follow-up continues only its own tenant's stored responses: they
@@ -341,18 +343,18 @@ func TestFollowUpsBelongToTheirTenant(t *testing.T) {
 	}
 	_, err := env.estimate(t, "standard", env.a, llm.EndpointResponses,
 		follow(`"previous_response_id":"resp_a","input":[{"type":"item_reference","id":"resp_x"}]`))
-	wantRefusal(t, err, 400, "input[0].id", "invalid_value")
+	wantRefusal(t, err, 400, "input[0].id", client.CodeInvalidValue)
 
 	// Tenant b: a's response, and one nobody made, answer alike.
 	_, errA := env.estimate(t, "standard", env.b, llm.EndpointResponses, follow(`"input":"x","previous_response_id":"resp_a"`))
 	_, errN := env.estimate(t, "standard", env.b, llm.EndpointResponses, follow(`"input":"x","previous_response_id":"resp_nobody"`))
-	a := wantRefusal(t, errA, 404, "previous_response_id", "not_found")
-	n := wantRefusal(t, errN, 404, "previous_response_id", "not_found")
+	a := wantRefusal(t, errA, 404, "previous_response_id", client.CodeNotFound)
+	n := wantRefusal(t, errN, 404, "previous_response_id", client.CodeNotFound)
 	if strings.ReplaceAll(a.Message, "resp_a", "ID") != strings.ReplaceAll(n.Message, "resp_nobody", "ID") {
 		t.Fatalf("another tenant's response is told apart from an unknown one:\n%s\n%s", a.Message, n.Message)
 	}
 	_, err = env.estimate(t, "standard", env.b, llm.EndpointResponses, follow(`"input":[{"type":"item_reference","id":"msg_a"}]`))
-	wantRefusal(t, err, 404, "input[0].id", "not_found")
+	wantRefusal(t, err, 404, "input[0].id", client.CodeNotFound)
 
 	// A tier allowing foreign responses: one made elsewhere is the window.
 	foreign := env.mustEstimate(t, "open", env.b, llm.EndpointResponses, follow(`"input":"x","service_tier":"default","previous_response_id":"resp_elsewhere"`))
@@ -361,11 +363,11 @@ func TestFollowUpsBelongToTheirTenant(t *testing.T) {
 	}
 	// ... but never another tenant's.
 	_, err = env.estimate(t, "open", env.b, llm.EndpointResponses, follow(`"input":"x","previous_response_id":"resp_a"`))
-	wantRefusal(t, err, 404, "previous_response_id", "not_found")
+	wantRefusal(t, err, 404, "previous_response_id", client.CodeNotFound)
 	for _, unseen := range []string{`"conversation":"conv_1","input":"x","service_tier":"default"`, `"prompt":{"id":"pmpt_1"},"service_tier":"default"`} {
 		_, err := env.estimate(t, "standard", env.a, llm.EndpointResponses, follow(unseen))
-		var ae *Error
-		if !errors.As(err, &ae) || ae.Code != "unsupported_parameter" {
+		var ae *wire.Error
+		if !errors.As(err, &ae) || ae.Code != client.CodeUnsupportedParameter {
 			t.Fatalf("%s: %v", unseen, err)
 		}
 		est := env.mustEstimate(t, "open", env.a, llm.EndpointResponses, follow(unseen))

@@ -31,7 +31,7 @@ func (s *Server) checkTier(p *config.Policy, tier string) error {
 	for i, t := range p.Tiers {
 		names[i] = t.Name
 	}
-	return badRequest("tier", "unknown_tier", "Unknown tier '%s'; the policy has: %s.", tier, strings.Join(names, ", "))
+	return wire.Invalid("tier", client.CodeUnknownTier, "Unknown tier '%s'; the policy has: %s.", tier, strings.Join(names, ", "))
 }
 
 func budgetOverride(v *float64) (*money.Micros, error) {
@@ -40,7 +40,7 @@ func budgetOverride(v *float64) (*money.Micros, error) {
 	}
 	m, err := money.FromUSD(*v)
 	if err != nil || m == 0 {
-		return nil, badRequest("daily_budget_usd", "invalid_value", "daily_budget_usd must be a positive number of dollars, got %v.", *v)
+		return nil, wire.Invalid("daily_budget_usd", client.CodeInvalidValue, "daily_budget_usd must be a positive number of dollars, got %v.", *v)
 	}
 	return &m, nil
 }
@@ -51,11 +51,11 @@ func budgetOverride(v *float64) (*money.Micros, error) {
 // (U+202E, zero-width ones): operators read names in lists.
 func checkTenantName(name string) error {
 	if name == "" || len(name) > 200 {
-		return badRequest("name", "invalid_value", "name is required (at most 200 characters).")
+		return wire.Invalid("name", client.CodeInvalidValue, "name is required (at most 200 characters).")
 	}
 	for i, r := range name {
 		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
-			return badRequest("name", "invalid_value", "name must not hold control or invisible formatting characters (U+%04X at byte %d).", r, i)
+			return wire.Invalid("name", client.CodeInvalidValue, "name must not hold control or invisible formatting characters (U+%04X at byte %d).", r, i)
 		}
 	}
 	return nil
@@ -161,7 +161,7 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 		if !bytes.Equal(req.DailyBudgetUSD, []byte("null")) {
 			var v float64
 			if err := json.Unmarshal(req.DailyBudgetUSD, &v); err != nil {
-				return badRequest("daily_budget_usd", "invalid_type", "daily_budget_usd must be a number of dollars or null.")
+				return wire.Invalid("daily_budget_usd", client.CodeInvalidType, "daily_budget_usd must be a number of dollars or null.")
 			}
 			m, err := budgetOverride(&v)
 			if err != nil {
@@ -270,7 +270,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	c := callerOf(r)
 	tier, d := c.tier, c.budget
 	if d == nil {
-		return errorf(http.StatusNotImplemented, wire.TypeServer, "budgets_disabled", "", "Budgets are not configured on this server.")
+		return wire.Errorf(http.StatusNotImplemented, wire.TypeServer, client.CodeBudgetsDisabled, "", "Budgets are not configured on this server.")
 	}
 	writeJSON(w, http.StatusOK, wire.Usage(c.tenant.ID, tier.Name, d))
 	return nil
@@ -282,7 +282,7 @@ func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
 		day = s.opts.Now().UTC().Format(time.DateOnly)
 	}
 	if _, err := time.Parse(time.DateOnly, day); err != nil {
-		return badRequest("day", "invalid_value", "day must be a date as YYYY-MM-DD, got '%s'.", day)
+		return wire.Invalid("day", client.CodeInvalidValue, "day must be a date as YYYY-MM-DD, got '%s'.", day)
 	}
 	tenantID, err := queryID(r.URL.Query(), "tenant_id", ids.Tenant, "tenant")
 	if err != nil {
@@ -349,7 +349,7 @@ func (s *Server) rotateWebhookSecret(w http.ResponseWriter, r *http.Request) err
 	if o.Overlap != nil {
 		d, err := time.ParseDuration(*o.Overlap)
 		if err != nil || d < 0 || d > maxWebhookOverlap {
-			return badRequest("overlap", "invalid_value", "overlap must be a duration from 0s to 720h, such as 24h, got %q.", *o.Overlap)
+			return wire.Invalid("overlap", client.CodeInvalidValue, "overlap must be a duration from 0s to 720h, such as 24h, got %q.", *o.Overlap)
 		}
 		overlap = d
 	}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/wire"
 )
 
@@ -17,7 +18,7 @@ import (
 // writes must be JSON, which no plain form or cross-site fetch can send
 // without a CORS preflight llmq never grants.
 
-var errCrossSite = errorf(http.StatusForbidden, wire.TypePermission, "cross_site_request", "",
+var errCrossSite = wire.Errorf(http.StatusForbidden, wire.TypePermission, client.CodeCrossSiteRequest, "",
 	"Cross-site request refused: the admin API, the dashboard and the monitor answer requests from their own pages and from programs, not from other sites' pages.")
 
 // IsCrossSite reports whether a browser sent r for a page of another site
@@ -63,7 +64,7 @@ func checkAdminRequest(r *http.Request) error {
 	}
 	ct := r.Header.Get("Content-Type")
 	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-		return errorf(http.StatusUnsupportedMediaType, wire.TypeInvalidRequest, "unsupported_media_type", "Content-Type",
+		return wire.Errorf(http.StatusUnsupportedMediaType, wire.TypeInvalidRequest, client.CodeUnsupportedMediaType, "Content-Type",
 			"Admin requests with a body must be JSON: send 'Content-Type: application/json' (got '%.100s').", ct)
 	}
 	return nil

@@ -74,7 +74,7 @@ func TestCrossSiteAdminRequestsAreRefused(t *testing.T) {
 		"Origin null (a sandboxed page)": {"Origin": {"null"}},
 	} {
 		r := apptest.Do(t, a.URL, "POST", "/admin/v1/tenants", "", body, basic(h))
-		if r.Status != http.StatusForbidden || !strings.Contains(string(r.Body), "cross_site_request") {
+		if r.Status != http.StatusForbidden || !strings.Contains(string(r.Body), string(client.CodeCrossSiteRequest)) {
 			t.Errorf("%s: %d %s; want 403 cross_site_request", name, r.Status, r.Body)
 		}
 	}

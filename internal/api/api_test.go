@@ -29,15 +29,15 @@ func start(t *testing.T) *apptest.App {
 
 type apiError struct {
 	Error struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Code    *string `json:"code"`
-		Param   *string `json:"param"`
+		Message string       `json:"message"`
+		Type    string       `json:"type"`
+		Code    *client.Code `json:"code"`
+		Param   *string      `json:"param"`
 	} `json:"error"`
 }
 
 // checkError asserts an OpenAI-shaped error with status, code and param.
-func checkError(t *testing.T, r *apptest.Response, status int, code, param string) apiError {
+func checkError(t *testing.T, r *apptest.Response, status int, code client.Code, param string) apiError {
 	t.Helper()
 	var e apiError
 	r.JSON(t, &e)
@@ -53,8 +53,8 @@ func checkError(t *testing.T, r *apptest.Response, status int, code, param strin
 		}
 		return *p
 	}
-	if code != "" && deref(e.Error.Code) != code {
-		t.Fatalf("code = %s, want %q: %s", deref(e.Error.Code), code, r.Body)
+	if code != "" && deref((*string)(e.Error.Code)) != string(code) {
+		t.Fatalf("code = %s, want %q: %s", deref((*string)(e.Error.Code)), code, r.Body)
 	}
 	if param != "" && deref(e.Error.Param) != param {
 		t.Fatalf("param = %s, want %q: %s", deref(e.Error.Param), param, r.Body)
@@ -96,29 +96,29 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		name   string
 		body   any
 		status int
-		code   string
+		code   client.Code
 		param  string
 	}{
-		{"malformed JSON", `{"body": {"model": "gpt-4o-mini", `, 400, "invalid_json", ""},
-		{"not an object", `[1,2]`, 400, "invalid_json", ""},
-		{"empty body", ``, 400, "invalid_json", ""},
-		{"unknown field", `{"bdy":{}}`, 400, "unknown_field", "bdy"},
-		{"wrong type", `{"body":{},"priority":5}`, 400, "invalid_type", "priority"},
-		{"no body", `{}`, 400, "missing_body", "body"},
-		{"unknown model", chat(map[string]any{"model": "gpt-9"}), 400, "model_not_found", "body.model"},
-		{"no messages", map[string]any{"body": map[string]any{"model": "gpt-4o-mini"}}, 400, "invalid_request", "body.messages"},
-		{"empty messages", chat(map[string]any{"messages": []any{}}), 400, "invalid_request", "body.messages"},
-		{"bad role", chat(map[string]any{"messages": []any{map[string]any{"role": "robot", "content": "x"}}}), 400, "invalid_request", ""},
-		{"max_tokens beyond capacity", chat(map[string]any{"max_tokens": 400000}), 400, "tokens_exceed_capacity", "body.max_tokens"},
-		{"max_tokens zero", chat(map[string]any{"max_tokens": 0}), 400, "invalid_request", "body.max_tokens"},
-		{"stream", chat(map[string]any{"stream": true}), 400, "invalid_request", "body.stream"},
-		{"over the size limit", huge, 413, "request_too_large", ""},
-		{"unknown endpoint", map[string]any{"endpoint": "/v1/completions", "body": apptest.ChatBody("x", "", 5)}, 400, "invalid_endpoint", "endpoint"},
-		{"chat model on embeddings", map[string]any{"endpoint": "/v1/embeddings", "body": map[string]any{"model": "gpt-4o-mini", "input": "x"}}, 400, "model_not_supported", "body.model"},
-		{"priority above tier", map[string]any{"priority": "critical", "body": apptest.ChatBody("x", "", 5)}, 400, "priority_not_allowed", "priority"},
-		{"unknown priority", map[string]any{"priority": "urgent", "body": apptest.ChatBody("x", "", 5)}, 400, "invalid_value", "priority"},
-		{"bad webhook", map[string]any{"webhook_url": "ftp://x", "body": apptest.ChatBody("x", "", 5)}, 400, "invalid_url", "webhook_url"},
-		{"too much metadata", map[string]any{"metadata": manyKeys(17), "body": apptest.ChatBody("x", "", 5)}, 400, "invalid_metadata", "metadata"},
+		{"malformed JSON", `{"body": {"model": "gpt-4o-mini", `, 400, client.CodeInvalidJSON, ""},
+		{"not an object", `[1,2]`, 400, client.CodeInvalidJSON, ""},
+		{"empty body", ``, 400, client.CodeInvalidJSON, ""},
+		{"unknown field", `{"bdy":{}}`, 400, client.CodeUnknownField, "bdy"},
+		{"wrong type", `{"body":{},"priority":5}`, 400, client.CodeInvalidType, "priority"},
+		{"no body", `{}`, 400, client.CodeMissingBody, "body"},
+		{"unknown model", chat(map[string]any{"model": "gpt-9"}), 400, client.CodeModelNotFound, "body.model"},
+		{"no messages", map[string]any{"body": map[string]any{"model": "gpt-4o-mini"}}, 400, client.CodeInvalidRequest, "body.messages"},
+		{"empty messages", chat(map[string]any{"messages": []any{}}), 400, client.CodeInvalidRequest, "body.messages"},
+		{"bad role", chat(map[string]any{"messages": []any{map[string]any{"role": "robot", "content": "x"}}}), 400, client.CodeInvalidRequest, ""},
+		{"max_tokens beyond capacity", chat(map[string]any{"max_tokens": 400000}), 400, client.CodeTokensExceedCapacity, "body.max_tokens"},
+		{"max_tokens zero", chat(map[string]any{"max_tokens": 0}), 400, client.CodeInvalidRequest, "body.max_tokens"},
+		{"stream", chat(map[string]any{"stream": true}), 400, client.CodeInvalidRequest, "body.stream"},
+		{"over the size limit", huge, 413, client.CodeRequestTooLarge, ""},
+		{"unknown endpoint", map[string]any{"endpoint": "/v1/completions", "body": apptest.ChatBody("x", "", 5)}, 400, client.CodeInvalidEndpoint, "endpoint"},
+		{"chat model on embeddings", map[string]any{"endpoint": "/v1/embeddings", "body": map[string]any{"model": "gpt-4o-mini", "input": "x"}}, 400, client.CodeModelNotSupported, "body.model"},
+		{"priority above tier", map[string]any{"priority": "critical", "body": apptest.ChatBody("x", "", 5)}, 400, client.CodePriorityNotAllowed, "priority"},
+		{"unknown priority", map[string]any{"priority": "urgent", "body": apptest.ChatBody("x", "", 5)}, 400, client.CodeInvalidValue, "priority"},
+		{"bad webhook", map[string]any{"webhook_url": "ftp://x", "body": apptest.ChatBody("x", "", 5)}, 400, client.CodeInvalidURL, "webhook_url"},
+		{"too much metadata", map[string]any{"metadata": manyKeys(17), "body": apptest.ChatBody("x", "", 5)}, 400, client.CodeInvalidMetadata, "metadata"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -141,9 +141,9 @@ func TestAuthentication(t *testing.T) {
 	a := start(t)
 	tenant, key := a.Tenant("standard")
 	body := map[string]any{"body": apptest.ChatBody("x", "", 5)}
-	checkError(t, a.Do("POST", "/v1/jobs", "", body), 401, "invalid_api_key", "")
-	checkError(t, a.Do("POST", "/v1/jobs", "llmq_wrongwrongwrongwrongwrongwrongwrongwron", body), 401, "invalid_api_key", "")
-	checkError(t, a.Do("GET", "/v1/jobs", apptest.AdminToken, nil), 401, "invalid_api_key", "")
+	checkError(t, a.Do("POST", "/v1/jobs", "", body), 401, client.CodeInvalidAPIKey, "")
+	checkError(t, a.Do("POST", "/v1/jobs", "llmq_wrongwrongwrongwrongwrongwrongwrongwron", body), 401, client.CodeInvalidAPIKey, "")
+	checkError(t, a.Do("GET", "/v1/jobs", apptest.AdminToken, nil), 401, client.CodeInvalidAPIKey, "")
 
 	// Revoke the key: it stops working at once.
 	keys := a.Do("GET", "/admin/v1/tenants/"+tenant+"/keys", apptest.AdminToken, nil).Map(t)
@@ -151,12 +151,12 @@ func TestAuthentication(t *testing.T) {
 	if r := a.Do("DELETE", "/admin/v1/keys/"+keyID, apptest.AdminToken, nil); r.Status != 200 {
 		t.Fatalf("revoke: %d %s", r.Status, r.Body)
 	}
-	checkError(t, a.Do("POST", "/v1/jobs", key, body), 401, "invalid_api_key", "")
+	checkError(t, a.Do("POST", "/v1/jobs", key, body), 401, client.CodeInvalidAPIKey, "")
 	nothingQueued(t, a, tenant)
 
 	// The admin API wants the admin token, and only it.
-	checkError(t, a.Do("GET", "/admin/v1/tenants", "", nil), 401, "invalid_admin_token", "")
-	checkError(t, a.Do("GET", "/admin/v1/tenants", key, nil), 401, "invalid_admin_token", "")
+	checkError(t, a.Do("GET", "/admin/v1/tenants", "", nil), 401, client.CodeInvalidAdminToken, "")
+	checkError(t, a.Do("GET", "/admin/v1/tenants", key, nil), 401, client.CodeInvalidAdminToken, "")
 	if strings.Contains(string(a.Do("GET", "/admin/v1/tenants", apptest.AdminToken, nil).Body), "whsec_") {
 		t.Fatal("tenant list shows webhook secrets")
 	}
@@ -172,8 +172,8 @@ func TestAnotherTenantsJobIsNotFound(t *testing.T) {
 		t.Fatalf("create: %d %s", r.Status, r.Body)
 	}
 	id := r.Map(t)["id"].(string)
-	checkError(t, a.Do("GET", "/v1/jobs/"+id, keyB, nil), 404, "not_found", "")
-	checkError(t, a.Do("DELETE", "/v1/jobs/"+id, keyB, nil), 404, "not_found", "")
+	checkError(t, a.Do("GET", "/v1/jobs/"+id, keyB, nil), 404, client.CodeNotFound, "")
+	checkError(t, a.Do("DELETE", "/v1/jobs/"+id, keyB, nil), 404, client.CodeNotFound, "")
 	if l := a.Do("GET", "/v1/jobs", keyB, nil).Map(t); len(l["data"].([]any)) != 0 {
 		t.Fatalf("tenant B lists A's jobs: %v", l)
 	}
@@ -244,8 +244,8 @@ func TestCreateGetListCancel(t *testing.T) {
 	if len(seen) != 5 || seen[0] != ids[4] || seen[4] != ids[0] {
 		t.Fatalf("listed %v, want the 5 jobs newest first (%v)", seen, ids)
 	}
-	checkError(t, a.Do("GET", "/v1/jobs?limit=0", key, nil), 400, "invalid_value", "limit")
-	checkError(t, a.Do("GET", "/v1/jobs?status=lost", key, nil), 400, "invalid_value", "status")
+	checkError(t, a.Do("GET", "/v1/jobs?limit=0", key, nil), 400, client.CodeInvalidValue, "limit")
+	checkError(t, a.Do("GET", "/v1/jobs?status=lost", key, nil), 400, client.CodeInvalidValue, "status")
 	if l := a.Do("GET", "/v1/jobs?status=succeeded", key, nil).Map(t); len(l["data"].([]any)) != 0 {
 		t.Fatal("status filter ignored")
 	}
@@ -257,8 +257,8 @@ func TestCreateGetListCancel(t *testing.T) {
 	if r := a.Do("DELETE", "/v1/jobs/"+ids[0], key, nil); r.Status != 200 {
 		t.Fatalf("cancelling a cancelled job again: %d %s", r.Status, r.Body)
 	}
-	checkError(t, a.Do("GET", "/v1/jobs/job_01nosuchjob00000000000000", key, nil), 404, "not_found", "")
-	checkError(t, a.Do("GET", "/v1/nothing", key, nil), 404, "unknown_url", "")
+	checkError(t, a.Do("GET", "/v1/jobs/job_01nosuchjob00000000000000", key, nil), 404, client.CodeNotFound, "")
+	checkError(t, a.Do("GET", "/v1/nothing", key, nil), 404, client.CodeUnknownURL, "")
 }
 
 func TestIdempotencyKey(t *testing.T) {
@@ -273,7 +273,7 @@ func TestIdempotencyKey(t *testing.T) {
 		t.Fatalf("replay: %d %s / %d %s", r1.Status, r1.Body, r2.Status, r2.Body)
 	}
 	other := map[string]any{"custom_id": "o1", "body": apptest.ChatBody("different", "", 5)}
-	checkError(t, apptest.Do(t, a.URL, "POST", "/v1/jobs", key, other, h), 409, "idempotency_key_reused", "Idempotency-Key")
+	checkError(t, apptest.Do(t, a.URL, "POST", "/v1/jobs", key, other, h), 409, client.CodeIdempotencyKeyReused, "Idempotency-Key")
 	jobs, _, err := a.Store.JobList(context.Background(), &store.JobListParams{TenantID: tenant, Limit: 10})
 	if err != nil || len(jobs) != 1 {
 		t.Fatalf("jobs stored = %d (%v), want 1", len(jobs), err)
@@ -305,7 +305,7 @@ func TestPerKeyRateLimitHeaders(t *testing.T) {
 	if limited == nil {
 		t.Fatal("8 requests within a second never hit the 5 rps limit")
 	}
-	checkError(t, limited, 429, "rate_limit_exceeded", "")
+	checkError(t, limited, 429, client.CodeRateLimitExceeded, "")
 	if limited.Header.Get("Retry-After") == "" || limited.Header.Get("X-RateLimit-Remaining") != "0" {
 		t.Fatalf("429 headers: %v", limited.Header)
 	}
@@ -321,9 +321,9 @@ func TestPerKeyRateLimitHeaders(t *testing.T) {
 func TestAdminTenantsAndKeys(t *testing.T) {
 	t.Parallel()
 	a := start(t)
-	checkError(t, a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "x", "tier": "gold"}), 400, "unknown_tier", "tier")
-	checkError(t, a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "", "tier": "free"}), 400, "invalid_value", "name")
-	checkError(t, a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "x", "tier": "free", "daily_budget_usd": -1}), 400, "invalid_value", "daily_budget_usd")
+	checkError(t, a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "x", "tier": "gold"}), 400, client.CodeUnknownTier, "tier")
+	checkError(t, a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "", "tier": "free"}), 400, client.CodeInvalidValue, "name")
+	checkError(t, a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "x", "tier": "free", "daily_budget_usd": -1}), 400, client.CodeInvalidValue, "daily_budget_usd")
 	r := a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": "acme", "tier": "free", "daily_budget_usd": 2.5})
 	if r.Status != 201 {
 		t.Fatalf("create: %d %s", r.Status, r.Body)
@@ -337,8 +337,8 @@ func TestAdminTenantsAndKeys(t *testing.T) {
 	if r.Status != 200 || r.Map(t)["tier"] != "premium" || r.Map(t)["daily_budget_usd"] != nil {
 		t.Fatalf("update: %d %s", r.Status, r.Body)
 	}
-	checkError(t, a.Do("PATCH", "/admin/v1/tenants/"+id, apptest.AdminToken, map[string]any{"tier": "gold"}), 400, "unknown_tier", "tier")
-	checkError(t, a.Do("PATCH", "/admin/v1/tenants/ten_nope", apptest.AdminToken, map[string]any{"name": "n"}), 404, "not_found", "")
+	checkError(t, a.Do("PATCH", "/admin/v1/tenants/"+id, apptest.AdminToken, map[string]any{"tier": "gold"}), 400, client.CodeUnknownTier, "tier")
+	checkError(t, a.Do("PATCH", "/admin/v1/tenants/ten_nope", apptest.AdminToken, map[string]any{"name": "n"}), 404, client.CodeNotFound, "")
 
 	k := a.Do("POST", "/admin/v1/tenants/"+id+"/keys", apptest.AdminToken, nil).Map(t)
 	plain := k["key"].(string)
@@ -354,7 +354,7 @@ func TestAdminTenantsAndKeys(t *testing.T) {
 	if err != nil || len(keys) != 1 || strings.Contains(string(keys[0].Hash), plain) {
 		t.Fatalf("stored keys = %v (%v)", keys, err)
 	}
-	checkError(t, a.Do("DELETE", "/admin/v1/keys/key_nope", apptest.AdminToken, nil), 404, "not_found", "")
+	checkError(t, a.Do("DELETE", "/admin/v1/keys/key_nope", apptest.AdminToken, nil), 404, client.CodeNotFound, "")
 	if r := a.Do("GET", "/v1/usage", plain, nil); r.Status != 200 || r.Map(t)["tier"] != "premium" {
 		t.Fatalf("usage with the new key: %d %s", r.Status, r.Body)
 	}
@@ -429,8 +429,8 @@ func TestRotateWebhookSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := "/admin/v1/tenants/" + tenant + "/webhook_secret/rotate"
-	checkError(t, a.Do("POST", path, apptest.AdminToken, map[string]any{"overlap": "45d"}), 400, "invalid_value", "overlap")
-	checkError(t, a.Do("POST", "/admin/v1/tenants/ten_nope/webhook_secret/rotate", apptest.AdminToken, nil), 404, "not_found", "")
+	checkError(t, a.Do("POST", path, apptest.AdminToken, map[string]any{"overlap": "45d"}), 400, client.CodeInvalidValue, "overlap")
+	checkError(t, a.Do("POST", "/admin/v1/tenants/ten_nope/webhook_secret/rotate", apptest.AdminToken, nil), 404, client.CodeNotFound, "")
 	if got, _ := a.Store.TenantGetByID(ctx, tenant); got.WebhookSecret != before.WebhookSecret {
 		t.Fatal("a refused rotation changed the secret")
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/wire"
 )
@@ -136,7 +137,7 @@ func (f *authFailures) block(addr netip.Prefix, until, now time.Time) {
 // (at once, without counting, while this dispatcher remembers it blocked).
 // When the count cannot be made the 401 stands: a client's mistake is never
 // a 500.
-func (s *Server) authFailed(w http.ResponseWriter, r *http.Request, e *Error) error {
+func (s *Server) authFailed(w http.ResponseWriter, r *http.Request, e *wire.Error) error {
 	lim := s.Policy.Current().AuthFailureLimits
 	if s.APILimiter == nil || lim.IsZero() {
 		return e
@@ -173,7 +174,7 @@ func tooManyFailures(w http.ResponseWriter, retry time.Duration, res *limiter.Re
 			h.Set("X-RateLimit-Window", "auth_failures:"+b.Name)
 		}
 	}
-	e := errorf(http.StatusTooManyRequests, wire.TypeRateLimit, "too_many_auth_failures", "",
+	e := wire.Errorf(http.StatusTooManyRequests, wire.TypeRateLimit, client.CodeTooManyAuthFailures, "",
 		"Too many requests with a missing or wrong key from this address. Retry after %v.", retry.Round(time.Millisecond))
 	e.RetryAfter = retry
 	return e

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/wire"
@@ -25,7 +26,7 @@ func TestUnknownPathIsNotFoundAndChangesNothing(t *testing.T) {
 		"/v1/jobs/job_x/retry",
 	} {
 		t.Run(path, func(t *testing.T) {
-			e := checkError(t, a.Do("POST", path, key, job), 404, "unknown_url", "")
+			e := checkError(t, a.Do("POST", path, key, job), 404, client.CodeUnknownURL, "")
 			if e.Error.Type != wire.TypeNotFound {
 				t.Fatalf("type = %q, want %s", e.Error.Type, wire.TypeNotFound)
 			}
@@ -58,7 +59,7 @@ func TestAnotherTenantsJobIdChangesNothing(t *testing.T) {
 	}
 
 	for _, method := range []string{"GET", "DELETE"} {
-		e := checkError(t, a.Do(method, "/v1/jobs/"+id, keyB, nil), 404, "not_found", "")
+		e := checkError(t, a.Do(method, "/v1/jobs/"+id, keyB, nil), 404, client.CodeNotFound, "")
 		if e.Error.Type != wire.TypeNotFound {
 			t.Fatalf("%s: type = %q, want %s", method, e.Error.Type, wire.TypeNotFound)
 		}
@@ -92,7 +93,7 @@ func TestReadyzIsUnavailableWhileRedisIsDown(t *testing.T) {
 	}
 
 	srv.Stop()
-	checkError(t, a.Do("GET", "/readyz", "", nil), 503, "not_ready", "")
+	checkError(t, a.Do("GET", "/readyz", "", nil), 503, client.CodeNotReady, "")
 	if r := a.Do("GET", "/healthz", "", nil); r.Status != 200 {
 		t.Fatalf("healthz with Redis down: %d %s", r.Status, r.Body)
 	}

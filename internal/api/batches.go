@@ -82,13 +82,13 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch {
 	case req.InputFileID == "":
-		return badRequest("input_file_id", "missing_required_parameter", "input_file_id is required: the id of a file uploaded with purpose 'batch'.")
+		return wire.Invalid("input_file_id", client.CodeMissingRequiredParameter, "input_file_id is required: the id of a file uploaded with purpose 'batch'.")
 	case req.Endpoint == "":
-		return badRequest("endpoint", "missing_required_parameter", "endpoint is required: %s.", llm.EndpointList)
+		return wire.Invalid("endpoint", client.CodeMissingRequiredParameter, "endpoint is required: %s.", llm.EndpointList)
 	case !llm.KnownEndpoint(req.Endpoint):
-		return badRequest("endpoint", "invalid_value", "endpoint must be %s, got '%.100s'.", llm.EndpointList, req.Endpoint)
+		return wire.Invalid("endpoint", client.CodeInvalidValue, "endpoint must be %s, got '%.100s'.", llm.EndpointList, req.Endpoint)
 	case req.CompletionWindow != batch.CompletionWindow:
-		return badRequest("completion_window", "invalid_value", "completion_window must be '%s', got '%.20s'.", batch.CompletionWindow, req.CompletionWindow)
+		return wire.Invalid("completion_window", client.CodeInvalidValue, "completion_window must be '%s', got '%.20s'.", batch.CompletionWindow, req.CompletionWindow)
 	}
 	if err := validateMetadata(req.Metadata); err != nil {
 		return err
@@ -113,13 +113,13 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch {
 	case f.Purpose != store.FilePurposeBatch:
-		return badRequest("input_file_id", "invalid_file_purpose", "File %s has purpose '%s'; a batch's input has purpose 'batch'.", f.ID, wire.File(f).Purpose)
+		return wire.Invalid("input_file_id", client.CodeInvalidFilePurpose, "File %s has purpose '%s'; a batch's input has purpose 'batch'.", f.ID, wire.File(f).Purpose)
 	case f.Bytes > s.limits.MaxFileBytes:
-		return badRequest("input_file_id", "file_too_large", "File %s has %d bytes, more than the limit of %d.", f.ID, f.Bytes, s.limits.MaxFileBytes)
+		return wire.Invalid("input_file_id", client.CodeFileTooLarge, "File %s has %d bytes, more than the limit of %d.", f.ID, f.Bytes, s.limits.MaxFileBytes)
 	case f.Lines > int64(s.limits.MaxFileLines):
-		return badRequest("input_file_id", "too_many_lines", "File %s has %d lines, more than the limit of %d.", f.ID, f.Lines, s.limits.MaxFileLines)
+		return wire.Invalid("input_file_id", client.CodeTooManyLines, "File %s has %d lines, more than the limit of %d.", f.ID, f.Lines, s.limits.MaxFileLines)
 	case f.Bytes == 0:
-		return badRequest("input_file_id", "empty_file", "File %s is empty.", f.ID)
+		return wire.Invalid("input_file_id", client.CodeEmptyFile, "File %s is empty.", f.ID)
 	}
 	var meta json.RawMessage
 	if req.Metadata != nil {
@@ -204,7 +204,7 @@ func batchListLimit(q url.Values) (int, error) {
 	}
 	n, err := strconv.Atoi(raw)
 	if err != nil || n < 1 || n > 100 {
-		return 0, badRequest("limit", "invalid_value", "limit must be a whole number from 1 to 100, got '%s'.", raw)
+		return 0, wire.Invalid("limit", client.CodeInvalidValue, "limit must be a whole number from 1 to 100, got '%s'.", raw)
 	}
 	return n, nil
 }
@@ -227,7 +227,7 @@ func (s *batchAPI) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !changed && b.Status != store.BatchCancelling && b.Status != store.BatchCancelled {
-		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "batch_not_cancellable", "",
+		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeBatchNotCancellable, "",
 			"Batch %s is %s and cannot be cancelled.", b.ID, b.Status)
 	}
 	if changed {

@@ -59,27 +59,27 @@ func TestFileUploadRefusalsChangeNothing(t *testing.T) {
 		name   string
 		parts  []part
 		status int
-		code   string
+		code   client.Code
 		param  string
 	}{
-		{"wrong purpose", []part{purpose("fine-tune"), file(jsonl(1))}, 400, "invalid_value", "purpose"},
-		{"wrong purpose after the file", []part{file(jsonl(1)), purpose("assistants")}, 400, "invalid_value", "purpose"},
-		{"no purpose", []part{file(jsonl(1))}, 400, "missing_required_parameter", "purpose"},
-		{"no file", []part{purpose("batch")}, 400, "missing_required_parameter", "file"},
-		{"two files", []part{purpose("batch"), file(jsonl(1)), file(jsonl(1))}, 400, "invalid_value", "file"},
-		{"over the byte limit", []part{purpose("batch"), file(strings.Repeat("x", 2001))}, 413, "file_too_large", "file"},
-		{"over the byte limit, spooled", []part{file(strings.Repeat("x", 5000)), purpose("batch")}, 413, "file_too_large", "file"},
-		{"over the line limit", []part{purpose("batch"), file(strings.Repeat("{}\n", 6))}, 400, "too_many_lines", "file"},
-		{"over the line limit without a last newline", []part{purpose("batch"), file(strings.Repeat("{}\n", 5) + "{}")}, 400, "too_many_lines", "file"},
+		{"wrong purpose", []part{purpose("fine-tune"), file(jsonl(1))}, 400, client.CodeInvalidValue, "purpose"},
+		{"wrong purpose after the file", []part{file(jsonl(1)), purpose("assistants")}, 400, client.CodeInvalidValue, "purpose"},
+		{"no purpose", []part{file(jsonl(1))}, 400, client.CodeMissingRequiredParameter, "purpose"},
+		{"no file", []part{purpose("batch")}, 400, client.CodeMissingRequiredParameter, "file"},
+		{"two files", []part{purpose("batch"), file(jsonl(1)), file(jsonl(1))}, 400, client.CodeInvalidValue, "file"},
+		{"over the byte limit", []part{purpose("batch"), file(strings.Repeat("x", 2001))}, 413, client.CodeFileTooLarge, "file"},
+		{"over the byte limit, spooled", []part{file(strings.Repeat("x", 5000)), purpose("batch")}, 413, client.CodeFileTooLarge, "file"},
+		{"over the line limit", []part{purpose("batch"), file(strings.Repeat("{}\n", 6))}, 400, client.CodeTooManyLines, "file"},
+		{"over the line limit without a last newline", []part{purpose("batch"), file(strings.Repeat("{}\n", 5) + "{}")}, 400, client.CodeTooManyLines, "file"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			checkError(t, uploadParts(t, a, key, c.parts...), c.status, c.code, c.param)
 		})
 	}
-	checkError(t, a.Do("POST", "/v1/files", key, map[string]any{"purpose": "batch"}), 400, "invalid_content_type", "")
+	checkError(t, a.Do("POST", "/v1/files", key, map[string]any{"purpose": "batch"}), 400, client.CodeInvalidContentType, "")
 	checkError(t, apptest.Do(t, a.URL, "POST", "/v1/files", key, "--x\r\nbroken", http.Header{"Content-Type": {"multipart/form-data; boundary=x"}}),
-		400, "invalid_multipart", "")
+		400, client.CodeInvalidMultipart, "")
 	fs, _, err := a.Store.FileList(context.Background(), &store.FileListParams{TenantID: tenant})
 	if err != nil || len(fs) != 0 {
 		t.Fatalf("refused uploads stored %d files (%v)", len(fs), err)
@@ -125,11 +125,11 @@ func TestFilesRoundTripAndIsolation(t *testing.T) {
 	if len(l.Data) != 1 || l.Data[0].ID != f.ID {
 		t.Fatalf("list = %+v", l)
 	}
-	checkError(t, a.Do("GET", "/v1/files?purpose=fine-tune", keyA, nil), 400, "invalid_value", "purpose")
+	checkError(t, a.Do("GET", "/v1/files?purpose=fine-tune", keyA, nil), 400, client.CodeInvalidValue, "purpose")
 
-	checkError(t, a.Do("GET", "/v1/files/"+f.ID, keyB, nil), 404, "not_found", "")
-	checkError(t, a.Do("GET", "/v1/files/"+f.ID+"/content", keyB, nil), 404, "not_found", "")
-	checkError(t, a.Do("GET", "/v1/files/file-nosuchfile000000000000000", keyA, nil), 404, "not_found", "")
+	checkError(t, a.Do("GET", "/v1/files/"+f.ID, keyB, nil), 404, client.CodeNotFound, "")
+	checkError(t, a.Do("GET", "/v1/files/"+f.ID+"/content", keyB, nil), 404, client.CodeNotFound, "")
+	checkError(t, a.Do("GET", "/v1/files/file-nosuchfile000000000000000", keyA, nil), 404, client.CodeNotFound, "")
 	a.Do("GET", "/v1/files", keyB, nil).JSON(t, &l)
 	if len(l.Data) != 0 {
 		t.Fatalf("tenant B lists A's files: %+v", l)
@@ -137,14 +137,14 @@ func TestFilesRoundTripAndIsolation(t *testing.T) {
 
 	// Delete: not another tenant's file, not the input of a batch that has
 	// not ended; then gone.
-	checkError(t, a.Do("DELETE", "/v1/files/"+f.ID, keyB, nil), 404, "not_found", "")
+	checkError(t, a.Do("DELETE", "/v1/files/"+f.ID, keyB, nil), 404, client.CodeNotFound, "")
 	small := uploadParts(t, a, keyA, part{"purpose", "", "batch"}, part{"file", "in.jsonl", jsonl(2)}).Map(t)["id"].(string)
 	r = a.Do("POST", "/v1/batches", keyA, map[string]any{"input_file_id": small, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
 	if r.Status != 200 {
 		t.Fatalf("create batch: %d %s", r.Status, r.Body)
 	}
 	batchID := r.Map(t)["id"].(string)
-	checkError(t, a.Do("DELETE", "/v1/files/"+small, keyA, nil), 409, "file_in_use", "")
+	checkError(t, a.Do("DELETE", "/v1/files/"+small, keyA, nil), 409, client.CodeFileInUse, "")
 	// Once the batch has ended, its input file goes; the batch still names it.
 	// The batch may have moved on, or even ended, while the test ran.
 	ended, _, err := a.Store.BatchSetStatus(context.Background(), &store.BatchSetStatusParams{ID: batchID,
@@ -165,7 +165,7 @@ func TestFilesRoundTripAndIsolation(t *testing.T) {
 	} else if r.JSON(t, &del); del != (client.FileDeleted{ID: f.ID, Object: "file", Deleted: true}) {
 		t.Fatalf("delete answered %+v", del)
 	}
-	checkError(t, a.Do("GET", "/v1/files/"+f.ID+"/content", keyA, nil), 404, "not_found", "")
+	checkError(t, a.Do("GET", "/v1/files/"+f.ID+"/content", keyA, nil), 404, client.CodeNotFound, "")
 }
 
 // TestBatchRefusalsChangeNothing refuses every bad batch at once and creates
@@ -200,31 +200,31 @@ func TestBatchRefusalsChangeNothing(t *testing.T) {
 		name   string
 		body   any
 		status int
-		code   string
+		code   client.Code
 		param  string
 	}{
-		{"unknown field", ok(map[string]any{"priority": "high"}), 400, "unknown_field", "priority"},
-		{"no input file", ok(map[string]any{"input_file_id": ""}), 400, "missing_required_parameter", "input_file_id"},
-		{"no endpoint", ok(map[string]any{"endpoint": ""}), 400, "missing_required_parameter", "endpoint"},
-		{"unknown endpoint", ok(map[string]any{"endpoint": "/v1/completions"}), 400, "invalid_value", "endpoint"},
-		{"48h window", ok(map[string]any{"completion_window": "48h"}), 400, "invalid_value", "completion_window"},
-		{"no window", ok(map[string]any{"completion_window": ""}), 400, "invalid_value", "completion_window"},
-		{"unknown file", ok(map[string]any{"input_file_id": "file-nosuchfile000000000000000"}), 404, "not_found", "input_file_id"},
-		{"another tenant's file", ok(map[string]any{"input_file_id": fileB}), 404, "not_found", "input_file_id"},
-		{"output file as input", ok(map[string]any{"input_file_id": out.ID}), 400, "invalid_file_purpose", "input_file_id"},
-		{"empty file", ok(map[string]any{"input_file_id": empty}), 400, "empty_file", "input_file_id"},
-		{"too much metadata", ok(map[string]any{"metadata": manyKeys(17)}), 400, "invalid_metadata", "metadata"},
-		{"bad webhook", ok(map[string]any{"webhook_url": "ftp://x"}), 400, "invalid_url", "webhook_url"},
-		{"internal webhook", ok(map[string]any{"webhook_url": "http://169.254.169.254/latest/meta-data/"}), 400, "webhook_url_internal", "webhook_url"},
-		{"not JSON", `{"input_file_id":`, 400, "invalid_json", ""},
+		{"unknown field", ok(map[string]any{"priority": "high"}), 400, client.CodeUnknownField, "priority"},
+		{"no input file", ok(map[string]any{"input_file_id": ""}), 400, client.CodeMissingRequiredParameter, "input_file_id"},
+		{"no endpoint", ok(map[string]any{"endpoint": ""}), 400, client.CodeMissingRequiredParameter, "endpoint"},
+		{"unknown endpoint", ok(map[string]any{"endpoint": "/v1/completions"}), 400, client.CodeInvalidValue, "endpoint"},
+		{"48h window", ok(map[string]any{"completion_window": "48h"}), 400, client.CodeInvalidValue, "completion_window"},
+		{"no window", ok(map[string]any{"completion_window": ""}), 400, client.CodeInvalidValue, "completion_window"},
+		{"unknown file", ok(map[string]any{"input_file_id": "file-nosuchfile000000000000000"}), 404, client.CodeNotFound, "input_file_id"},
+		{"another tenant's file", ok(map[string]any{"input_file_id": fileB}), 404, client.CodeNotFound, "input_file_id"},
+		{"output file as input", ok(map[string]any{"input_file_id": out.ID}), 400, client.CodeInvalidFilePurpose, "input_file_id"},
+		{"empty file", ok(map[string]any{"input_file_id": empty}), 400, client.CodeEmptyFile, "input_file_id"},
+		{"too much metadata", ok(map[string]any{"metadata": manyKeys(17)}), 400, client.CodeInvalidMetadata, "metadata"},
+		{"bad webhook", ok(map[string]any{"webhook_url": "ftp://x"}), 400, client.CodeInvalidURL, "webhook_url"},
+		{"internal webhook", ok(map[string]any{"webhook_url": "http://169.254.169.254/latest/meta-data/"}), 400, client.CodeWebhookURLInternal, "webhook_url"},
+		{"not JSON", `{"input_file_id":`, 400, client.CodeInvalidJSON, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			checkError(t, a.Do("POST", "/v1/batches", keyA, c.body), c.status, c.code, c.param)
 		})
 	}
-	checkError(t, a.Do("GET", "/v1/batches?limit=0", keyA, nil), 400, "invalid_value", "limit")
-	checkError(t, a.Do("GET", "/v1/batches?limit=101", keyA, nil), 400, "invalid_value", "limit")
+	checkError(t, a.Do("GET", "/v1/batches?limit=0", keyA, nil), 400, client.CodeInvalidValue, "limit")
+	checkError(t, a.Do("GET", "/v1/batches?limit=101", keyA, nil), 400, client.CodeInvalidValue, "limit")
 	if bs, _, err := a.Store.BatchList(context.Background(), &store.BatchListParams{TenantID: tenantA}); err != nil || len(bs) != 0 {
 		t.Fatalf("refused batches created %d (%v)", len(bs), err)
 	}
@@ -236,8 +236,8 @@ func TestBatchRefusalsChangeNothing(t *testing.T) {
 		t.Fatalf("create: %d %s", r.Status, r.Body)
 	}
 	id := r.Map(t)["id"].(string)
-	checkError(t, a.Do("GET", "/v1/batches/"+id, keyA, nil), 404, "not_found", "")
-	checkError(t, a.Do("POST", "/v1/batches/"+id+"/cancel", keyA, nil), 404, "not_found", "")
+	checkError(t, a.Do("GET", "/v1/batches/"+id, keyA, nil), 404, client.CodeNotFound, "")
+	checkError(t, a.Do("POST", "/v1/batches/"+id+"/cancel", keyA, nil), 404, client.CodeNotFound, "")
 	var l client.List[client.Batch]
 	a.Do("GET", "/v1/batches", keyA, nil).JSON(t, &l)
 	if len(l.Data) != 0 || l.Object != "list" {

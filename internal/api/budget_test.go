@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/money"
@@ -62,7 +63,7 @@ func TestRejectTierNamesTheBudgetThatRanOut(t *testing.T) {
 	worst := j.EstCost
 	// check posts the job and wants code, the budget's name and numbers,
 	// said (its reset, or that running jobs hold it), and Retry-After.
-	check := func(code, name, retryAfter, said, numbers string) {
+	check := func(code client.Code, name, retryAfter, said, numbers string) {
 		t.Helper()
 		r := a.Do("POST", "/v1/jobs", key, body)
 		e := checkError(t, r, 429, code, "")
@@ -89,13 +90,13 @@ func TestRejectTierNamesTheBudgetThatRanOut(t *testing.T) {
 	// a second.
 	hold := money.PerDollar - worst + 1
 	other := reserveFor(t, a, tenant, "job_other", hold)
-	check("budget_held", "tenant's daily budget", "1", "held by running jobs",
+	check(client.CodeBudgetHeld, "tenant's daily budget", "1", "held by running jobs",
 		"$0.000000 spent and $"+hold.String()+" reserved of $1.000000")
 	// Spent: it cannot fit before the tenant's day resets.
 	if err := a.Budgets.Settle(ctx, other, hold, true); err != nil {
 		t.Fatal(err)
 	}
-	check("budget_exhausted", "tenant's daily budget", "21600", "2026-06-02T04:00:00Z",
+	check(client.CodeBudgetExhausted, "tenant's daily budget", "21600", "2026-06-02T04:00:00Z",
 		"$"+hold.String()+" spent and $0.000000 reserved of $1.000000")
 
 	// The global cap: another tenant spent all but what this job needs.
@@ -106,7 +107,7 @@ func TestRejectTierNamesTheBudgetThatRanOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	key = key2
-	check("budget_exhausted", "global daily budget (all tenants)", "7200", "2026-06-02T00:00:00Z",
+	check(client.CodeBudgetExhausted, "global daily budget (all tenants)", "7200", "2026-06-02T00:00:00Z",
 		"$"+(hold+spent).String()+" spent and $0.000000 reserved of $5.000000")
 
 	for ten, want := range map[string]int{tenant: 1, ny2: 0} {
@@ -127,14 +128,14 @@ func TestJobOverTheWholeBudgetIsRefused(t *testing.T) {
 			"messages": []map[string]any{{"role": "user", "content": "hi"}}}}
 	}
 	tenant, key := a.Tenant("free") // $1: 2,000 output tokens cost $1.20
-	e := checkError(t, a.Do("POST", "/v1/jobs", key, pricey(2000)), 400, "budget_too_small", "body.max_tokens")
+	e := checkError(t, a.Do("POST", "/v1/jobs", key, pricey(2000)), 400, client.CodeBudgetTooSmall, "body.max_tokens")
 	if !strings.Contains(e.Error.Message, "$1.000000") {
 		t.Fatalf("message %q does not name the $1.00 budget", e.Error.Message)
 	}
 	nothingQueued(t, a, tenant)
 
 	unlimited, ukey := a.Tenant("internal") // no budget of its own; the $5 cap
-	e = checkError(t, a.Do("POST", "/v1/jobs", ukey, pricey(9000)), 400, "budget_too_small", "body.max_tokens")
+	e = checkError(t, a.Do("POST", "/v1/jobs", ukey, pricey(9000)), 400, client.CodeBudgetTooSmall, "body.max_tokens")
 	if !strings.Contains(e.Error.Message, "global") {
 		t.Fatalf("message %q does not name the global cap", e.Error.Message)
 	}

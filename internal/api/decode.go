@@ -10,8 +10,10 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/jsontext"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // decodeJSON reads a JSON object of at most limit bytes from r's body into
@@ -34,7 +36,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 		return nil, err // MaxBytesError becomes a 413 in writeError
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, badRequest("", "invalid_json", "Request body is empty; expected a JSON object.")
+		return nil, wire.Invalid("", client.CodeInvalidJSON, "Request body is empty; expected a JSON object.")
 	}
 	if p := jsontext.Unstorable(body); p != nil {
 		return nil, encodingError(body, p)
@@ -48,7 +50,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 		return nil, jsonError(err)
 	}
 	if dec.More() {
-		return nil, badRequest("", "invalid_json", "Request body has data after the JSON object.")
+		return nil, wire.Invalid("", client.CodeInvalidJSON, "Request body has data after the JSON object.")
 	}
 	return body, nil
 }
@@ -56,15 +58,15 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 // encodingError is the 400 of a body holding what the database cannot
 // store or what readers may take apart differently; it names the field whose
 // value holds it when the body is JSON.
-func encodingError(body []byte, p *jsontext.Problem) *Error {
+func encodingError(body []byte, p *jsontext.Problem) *wire.Error {
 	param := p.Param(body)
 	switch {
 	case param == "":
-		return badRequest("", p.Code, "Request body holds %s at byte %d, %s.", p.What, p.Offset, p.Why())
+		return wire.Invalid("", p.Code, "Request body holds %s at byte %d, %s.", p.What, p.Offset, p.Why())
 	case p.Member != "":
-		return badRequest(param, p.Code, "Request body holds %s, '%s' (at byte %d), %s.", p.What, param, p.Offset, p.Why())
+		return wire.Invalid(param, p.Code, "Request body holds %s, '%s' (at byte %d), %s.", p.What, param, p.Offset, p.Why())
 	}
-	return badRequest(param, p.Code, "'%s' holds %s (at byte %d of the request body), %s.", param, p.What, p.Offset, p.Why())
+	return wire.Invalid(param, p.Code, "'%s' holds %s (at byte %d of the request body), %s.", param, p.What, p.Offset, p.Why())
 }
 
 // pathID is the {id} of r's path when it is an id of prefix's type (the ids
@@ -83,31 +85,31 @@ func pathID(r *http.Request, prefix, what string) (string, error) {
 func queryID(q url.Values, name, prefix, what string) (string, error) {
 	v := q.Get(name)
 	if v != "" && !ids.Valid(prefix, v) {
-		return "", badRequest(name, "invalid_value", "%s must be the id of a %s ('%s…'), got '%.100s'.", name, what, prefix, v)
+		return "", wire.Invalid(name, client.CodeInvalidValue, "%s must be the id of a %s ('%s…'), got '%.100s'.", name, what, prefix, v)
 	}
 	return v, nil
 }
 
 // jsonError turns a decoding error into a client error naming what is wrong.
-func jsonError(err error) *Error {
+func jsonError(err error) *wire.Error {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
-		return badRequest("", "invalid_json", "Request body is not valid JSON (at byte %d): %v.", syn.Offset, syn)
+		return wire.Invalid("", client.CodeInvalidJSON, "Request body is not valid JSON (at byte %d): %v.", syn.Offset, syn)
 	case errors.As(err, &typ):
 		field := typ.Field
 		if field == "" {
-			return badRequest("", "invalid_json", "Request body must be a JSON object, got %s.", typ.Value)
+			return wire.Invalid("", client.CodeInvalidJSON, "Request body must be a JSON object, got %s.", typ.Value)
 		}
-		return badRequest(field, "invalid_type", "Field '%s' must be %s, got %s.", field, jsonKind(typ.Type.Kind().String()), typ.Value)
+		return wire.Invalid(field, client.CodeInvalidType, "Field '%s' must be %s, got %s.", field, jsonKind(typ.Type.Kind().String()), typ.Value)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return badRequest("", "invalid_json", "Request body is truncated JSON.")
+		return wire.Invalid("", client.CodeInvalidJSON, "Request body is truncated JSON.")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return badRequest(name, "unknown_field", "Unknown field '%s'.", name)
+		return wire.Invalid(name, client.CodeUnknownField, "Unknown field '%s'.", name)
 	}
-	return badRequest("", "invalid_json", "Request body is not valid JSON: %v.", err)
+	return wire.Invalid("", client.CodeInvalidJSON, "Request body is not valid JSON: %v.", err)
 }
 
 func jsonKind(goKind string) string {

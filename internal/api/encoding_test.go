@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/store"
@@ -56,20 +57,20 @@ func TestJobFieldsThatCannotBeStoredAreRefused(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			checkError(t, a.Do("POST", "/v1/jobs", key, c.body), 400, "invalid_encoding", c.param)
+			checkError(t, a.Do("POST", "/v1/jobs", key, c.body), 400, client.CodeInvalidEncoding, c.param)
 		})
 	}
 	// Not UTF-8 outside any value: no field to name, still a 400.
-	e := checkError(t, a.Do("POST", "/v1/jobs", key, chatWith("hi", "")+"\xff"), 400, "invalid_encoding", "")
+	e := checkError(t, a.Do("POST", "/v1/jobs", key, chatWith("hi", "")+"\xff"), 400, client.CodeInvalidEncoding, "")
 	if e.Error.Param != nil {
 		t.Fatalf("param = %q for a byte outside any value", *e.Error.Param)
 	}
 	// A number Postgres's numeric cannot hold, which Go reads as 0.
 	tiny := `{"body":{"model":"gpt-4o-mini","temperature":0.` + strings.Repeat("0", 16384) + `1,"messages":[{"role":"user","content":"x"}]}}`
-	checkError(t, a.Do("POST", "/v1/jobs", key, tiny), 400, "number_out_of_range", "body.temperature")
+	checkError(t, a.Do("POST", "/v1/jobs", key, tiny), 400, client.CodeNumberOutOfRange, "body.temperature")
 	// The header is stored too. (net/http itself refuses a NUL in a header.)
 	h := http.Header{"Idempotency-Key": {"order-\xff"}}
-	checkError(t, apptest.Do(t, a.URL, "POST", "/v1/jobs", key, chatWith("hi", ""), h), 400, "invalid_encoding", "Idempotency-Key")
+	checkError(t, apptest.Do(t, a.URL, "POST", "/v1/jobs", key, chatWith("hi", ""), h), 400, client.CodeInvalidEncoding, "Idempotency-Key")
 	nothingQueued(t, a, tenant)
 }
 
@@ -119,7 +120,7 @@ func TestMalformedPathIDsAreNotFound(t *testing.T) {
 		{"POST", "/v1/batches/batch_%00/cancel"},
 	} {
 		t.Run(c.method+" "+c.path, func(t *testing.T) {
-			e := checkError(t, a.Do(c.method, c.path, key, nil), 404, "not_found", "")
+			e := checkError(t, a.Do(c.method, c.path, key, nil), 404, client.CodeNotFound, "")
 			if e.Error.Type != wire.TypeNotFound {
 				t.Fatalf("type = %q, want %s", e.Error.Type, wire.TypeNotFound)
 			}
@@ -138,7 +139,7 @@ func TestMalformedPathIDsAreNotFound(t *testing.T) {
 		{"DELETE", "/admin/v1/keys/key_%ff", nil},
 	} {
 		t.Run(c.method+" "+c.path, func(t *testing.T) {
-			checkError(t, a.Do(c.method, c.path, apptest.AdminToken, c.body), 404, "not_found", "")
+			checkError(t, a.Do(c.method, c.path, apptest.AdminToken, c.body), 404, client.CodeNotFound, "")
 		})
 	}
 	nothingQueued(t, a, tenant)
@@ -167,7 +168,7 @@ func TestMalformedCursorsAreRefused(t *testing.T) {
 		{"/admin/v1/usage?tenant_id=%00", apptest.AdminToken, "tenant_id"},
 	} {
 		t.Run(c.path, func(t *testing.T) {
-			checkError(t, a.Do("GET", c.path, c.token, nil), 400, "invalid_value", c.param)
+			checkError(t, a.Do("GET", c.path, c.token, nil), 400, client.CodeInvalidValue, c.param)
 		})
 	}
 	// A cursor of the right shape that names no object is a page like any.
@@ -204,11 +205,11 @@ func TestBatchFieldsThatCannotBeStoredAreRefused(t *testing.T) {
 		{"invalid UTF-8 in completion_window", `{` + in + `"endpoint":"/v1/chat/completions","completion_window":"24h` + "\xff" + `"}`, "completion_window"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			checkError(t, a.Do("POST", "/v1/batches", key, c.body), 400, "invalid_encoding", c.param)
+			checkError(t, a.Do("POST", "/v1/batches", key, c.body), 400, client.CodeInvalidEncoding, c.param)
 		})
 	}
 	// An input_file_id no file can have is the 404 of a missing file.
-	checkError(t, a.Do("POST", "/v1/batches", key, batch(`"input_file_id":"file-x",`)), 404, "not_found", "input_file_id")
+	checkError(t, a.Do("POST", "/v1/batches", key, batch(`"input_file_id":"file-x",`)), 404, client.CodeNotFound, "input_file_id")
 	bs, _, err := a.Store.BatchList(context.Background(), &store.BatchListParams{TenantID: tenant})
 	if err != nil || len(bs) != 0 {
 		t.Fatalf("batches stored: %d (%v)", len(bs), err)
@@ -246,7 +247,7 @@ func TestAdminFieldsThatCannotBeStoredAreRefused(t *testing.T) {
 		{"invalid UTF-8 in a new name", "PATCH", "/admin/v1/tenants/" + tenant, `{"name":"` + "\xff" + `"}`, "name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			checkError(t, a.Do(c.method, c.path, apptest.AdminToken, c.body), 400, "invalid_encoding", c.param)
+			checkError(t, a.Do(c.method, c.path, apptest.AdminToken, c.body), 400, client.CodeInvalidEncoding, c.param)
 		})
 	}
 	ts, _, err := a.Store.TenantList(context.Background(), &store.TenantListParams{})

@@ -39,7 +39,7 @@ func TestValueTheDatabaseRefusesIsBadRequest(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
 		t.Fatalf("%d %s: %v", rec.Code, rec.Body, err)
 	}
-	if rec.Code != http.StatusBadRequest || e.ErrorObject.Type != wire.TypeInvalidRequest || e.ErrorObject.Code != "invalid_value" || e.ErrorObject.Message == "" {
+	if rec.Code != http.StatusBadRequest || e.ErrorObject.Type != wire.TypeInvalidRequest || e.ErrorObject.Code != client.CodeInvalidValue || e.ErrorObject.Message == "" {
 		t.Fatalf("answer: %d %s", rec.Code, rec.Body)
 	}
 }
@@ -82,7 +82,7 @@ func TestDatabaseBusyIsUnavailable(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
 		t.Fatalf("%d %s: %v", rec.Code, rec.Body, err)
 	}
-	if rec.Code != http.StatusServiceUnavailable || e.ErrorObject.Type != wire.TypeUnavailable || e.ErrorObject.Code != "database_unavailable" ||
+	if rec.Code != http.StatusServiceUnavailable || e.ErrorObject.Type != wire.TypeUnavailable || e.ErrorObject.Code != client.CodeDatabaseUnavailable ||
 		rec.Header().Get("Retry-After") != "5" || strings.Contains(rec.Body.String(), "locked") || strings.Contains(rec.Body.String(), path) {
 		t.Fatalf("answer: %d %v %s", rec.Code, rec.Header(), rec.Body)
 	}

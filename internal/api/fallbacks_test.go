@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 )
 
@@ -49,14 +50,14 @@ func TestJobFallbacks(t *testing.T) {
 	for _, c := range []struct {
 		name, key string
 		fallbacks []string
-		code      string
+		code      client.Code
 	}{
-		{"unknown", stdKey, []string{"gpt-5"}, "model_not_found"},
-		{"tier allows none", freeKey, []string{"gpt-4o"}, "fallback_not_allowed"},
-		{"other kind", stdKey, []string{"text-embedding-3-small"}, "model_not_supported"},
-		{"itself", stdKey, []string{"gpt-4o-mini"}, "fallback_not_allowed"},
-		{"twice", stdKey, []string{"gpt-4o", "gpt-4o"}, "invalid_value"},
-		{"too many", stdKey, []string{"gpt-4o", "gpt-4o", "gpt-4o", "gpt-4o", "gpt-4o"}, "invalid_value"},
+		{"unknown", stdKey, []string{"gpt-5"}, client.CodeModelNotFound},
+		{"tier allows none", freeKey, []string{"gpt-4o"}, client.CodeFallbackNotAllowed},
+		{"other kind", stdKey, []string{"text-embedding-3-small"}, client.CodeModelNotSupported},
+		{"itself", stdKey, []string{"gpt-4o-mini"}, client.CodeFallbackNotAllowed},
+		{"twice", stdKey, []string{"gpt-4o", "gpt-4o"}, client.CodeInvalidValue},
+		{"too many", stdKey, []string{"gpt-4o", "gpt-4o", "gpt-4o", "gpt-4o", "gpt-4o"}, client.CodeInvalidValue},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			checkError(t, a.Do("POST", "/v1/jobs", c.key, map[string]any{"body": apptest.ChatBody("hi", "", 10), "fallbacks": c.fallbacks}),

@@ -30,7 +30,7 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 	r.Body = http.MaxBytesReader(w, r.Body, s.limits.MaxFileBytes+1<<20)
 	mr, err := r.MultipartReader()
 	if err != nil {
-		return badRequest("", "invalid_content_type",
+		return wire.Invalid("", client.CodeInvalidContentType,
 			"Upload files as multipart/form-data with the fields purpose=batch and file.")
 	}
 	var (
@@ -65,7 +65,7 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 			}
 		case "file":
 			if spool != nil {
-				return badRequest("file", "invalid_value", "Send one file per upload.")
+				return wire.Invalid("file", client.CodeInvalidValue, "Send one file per upload.")
 			}
 			filename = uploadName(part.FileName())
 			if spool, err = os.CreateTemp("", "llmq-upload-*"); err != nil {
@@ -85,10 +85,10 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if !gotPurp {
-		return badRequest("purpose", "missing_required_parameter", "purpose is required: 'batch'.")
+		return wire.Invalid("purpose", client.CodeMissingRequiredParameter, "purpose is required: 'batch'.")
 	}
 	if spool == nil {
-		return badRequest("file", "missing_required_parameter", "file is required: the JSONL input of a batch.")
+		return wire.Invalid("file", client.CodeMissingRequiredParameter, "file is required: the JSONL input of a batch.")
 	}
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
 		return err
@@ -105,7 +105,7 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 
 func checkPurpose(p string) error {
 	if p != string(store.FilePurposeBatch) {
-		return badRequest("purpose", "invalid_value", "purpose must be 'batch' (the input of a batch), got '%.40s'.", p)
+		return wire.Invalid("purpose", client.CodeInvalidValue, "purpose must be 'batch' (the input of a batch), got '%.40s'.", p)
 	}
 	return nil
 }
@@ -134,16 +134,16 @@ func (e *uploadReadError) Unwrap() error { return e.err }
 // multipartError names what went wrong reading an upload: a limit (413 or
 // 400), or a malformed or truncated body (400).
 func multipartError(err error) error {
-	var e *Error
+	var e *wire.Error
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &e):
 		return e
 	case errors.As(err, &mbe):
-		return errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, "file_too_large", "file",
+		return wire.Errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, client.CodeFileTooLarge, "file",
 			"The upload is larger than the limit of %d bytes per file.", mbe.Limit-1<<20)
 	}
-	return badRequest("", "invalid_multipart", "The multipart body is malformed or truncated.")
+	return wire.Invalid("", client.CodeInvalidMultipart, "The multipart body is malformed or truncated.")
 }
 
 // limitUpload counts an upload's bytes and lines as it is read, failing
@@ -180,10 +180,10 @@ func (u *uploadLimit) Read(p []byte) (int, error) {
 	}
 	switch {
 	case u.n > u.maxBytes:
-		u.err = &uploadReadError{errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, "file_too_large", "file",
+		u.err = &uploadReadError{wire.Errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, client.CodeFileTooLarge, "file",
 			"The file is larger than the limit of %d bytes.", u.maxBytes)}
 	case lines > u.maxLines:
-		u.err = &uploadReadError{badRequest("file", "too_many_lines", "The file has more than the limit of %d lines.", u.maxLines)}
+		u.err = &uploadReadError{wire.Invalid("file", client.CodeTooManyLines, "The file has more than the limit of %d lines.", u.maxLines)}
 	default:
 		return n, err
 	}
@@ -201,7 +201,7 @@ func (s *batchAPI) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	case errors.Is(err, store.ErrNotFound):
 		return notFound("file", f.ID)
 	case errors.Is(err, store.ErrConflict):
-		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "file_in_use", "", "File %s is the input, output or error file of a batch that has not ended; it can be deleted once the batch ends.", f.ID)
+		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeFileInUse, "", "File %s is the input, output or error file of a batch that has not ended; it can be deleted once the batch ends.", f.ID)
 	case err != nil:
 		return err
 	}
@@ -243,7 +243,7 @@ func (s *batchAPI) listFiles(w http.ResponseWriter, r *http.Request) error {
 	p := &store.FileListParams{TenantID: callerOf(r).tenant.ID, After: after, Limit: limit}
 	if pu := q.Get("purpose"); pu != "" {
 		if pu != string(store.FilePurposeBatch) && pu != string(store.FilePurposeBatchOutput) {
-			return badRequest("purpose", "invalid_value", "purpose must be batch or batch_output, got '%.40s'.", pu)
+			return wire.Invalid("purpose", client.CodeInvalidValue, "purpose must be batch or batch_output, got '%.40s'.", pu)
 		}
 		p.Purpose = store.FilePurpose(pu)
 	}

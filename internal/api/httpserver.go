@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/wire"
 )
 
@@ -115,7 +116,7 @@ func (o ServerOptions) deadlines(h http.Handler) http.Handler {
 }
 
 // errSlowBody is the answer to a body that arrives below the minimum rate.
-var errSlowBody = errorf(http.StatusRequestTimeout, wire.TypeInvalidRequest, "request_timeout", "",
+var errSlowBody = wire.Errorf(http.StatusRequestTimeout, wire.TypeInvalidRequest, client.CodeRequestTimeout, "",
 	"The request body arrived too slowly and was cut off; send it faster or retry.")
 
 // rateBody is a request body that must keep arriving at BodyMinRate: before

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmq/llmq/client"
 )
 
 // shortLimits are connection limits small enough for a test to cross them
@@ -101,10 +103,13 @@ func TestSlowBodyIsCut(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	var e struct {
-		Error struct{ Code, Message string } `json:"error"`
+		Error struct {
+			Code    client.Code
+			Message string
+		} `json:"error"`
 	}
 	_ = json.NewDecoder(resp.Body).Decode(&e)
-	if resp.StatusCode != http.StatusRequestTimeout || e.Error.Code != "request_timeout" {
+	if resp.StatusCode != http.StatusRequestTimeout || e.Error.Code != client.CodeRequestTimeout {
 		t.Fatalf("answer %d %+v; want 408 request_timeout", resp.StatusCode, e)
 	}
 	_ = c.Close()

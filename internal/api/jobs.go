@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -86,10 +85,10 @@ func (s *Server) submitJob(r *http.Request, req *createJobRequest) (job *store.J
 func idempotencyKey(r *http.Request) (string, error) {
 	idemKey := r.Header.Get("Idempotency-Key")
 	if len(idemKey) > 255 {
-		return "", badRequest("Idempotency-Key", "invalid_header", "Idempotency-Key is longer than 255 characters.")
+		return "", wire.Invalid("Idempotency-Key", client.CodeInvalidHeader, "Idempotency-Key is longer than 255 characters.")
 	}
 	if !utf8.ValidString(idemKey) || strings.IndexByte(idemKey, 0) >= 0 {
-		return "", badRequest("Idempotency-Key", "invalid_encoding", "Idempotency-Key must be UTF-8 text without NUL characters.")
+		return "", wire.Invalid("Idempotency-Key", client.CodeInvalidEncoding, "Idempotency-Key must be UTF-8 text without NUL characters.")
 	}
 	return idemKey, nil
 }
@@ -119,7 +118,7 @@ func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest,
 	}
 	if !created {
 		if !sameRequest(job, req, in.admitted.Endpoint) {
-			return nil, nil, errorf(http.StatusConflict, wire.TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
+			return nil, nil, wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeIdempotencyKeyReused, "Idempotency-Key",
 				"This Idempotency-Key was used for a different request (job %s).", job.ID)
 		}
 		return job, nil, nil
@@ -146,20 +145,20 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 		endpoint = llm.EndpointChat
 	}
 	if !llm.KnownEndpoint(endpoint) {
-		return nil, badRequest("endpoint", "invalid_endpoint", "Unknown endpoint '%.100s'; use %s.", endpoint, llm.EndpointList)
+		return nil, wire.Invalid("endpoint", client.CodeInvalidEndpoint, "Unknown endpoint '%.100s'; use %s.", endpoint, llm.EndpointList)
 	}
 	if len(req.CustomID) > 512 || !utf8.ValidString(req.CustomID) {
-		return nil, badRequest("custom_id", "invalid_value", "custom_id must be valid UTF-8 of at most 512 bytes.")
+		return nil, wire.Invalid("custom_id", client.CodeInvalidValue, "custom_id must be valid UTF-8 of at most 512 bytes.")
 	}
 	if req.Priority != "" {
 		// A job may ask for its tier's priority or a lower one (later in
 		// queue.Priorities), never a higher one.
 		rank := slices.Index(queue.Priorities, req.Priority)
 		if rank < 0 {
-			return nil, badRequest("priority", "invalid_value", "priority must be critical, default, low or batch, got '%s'.", req.Priority)
+			return nil, wire.Invalid("priority", client.CodeInvalidValue, "priority must be critical, default, low or batch, got '%s'.", req.Priority)
 		}
 		if rank < slices.Index(queue.Priorities, tier.Priority) {
-			return nil, badRequest("priority", "priority_not_allowed",
+			return nil, wire.Invalid("priority", client.CodePriorityNotAllowed,
 				"The %s tier runs at priority '%s'; a job may ask for that or lower, not '%s'.", tier.Name, tier.Priority, req.Priority)
 		}
 		v.queue = req.Priority
@@ -174,16 +173,16 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 		v.metadata, _ = json.Marshal(req.Metadata)
 	}
 	if len(bytes.TrimSpace(req.Body)) == 0 || bytes.Equal(bytes.TrimSpace(req.Body), []byte("null")) {
-		return nil, badRequest("body", "missing_body", "body is required: the request to send to %s.", endpoint)
+		return nil, wire.Invalid("body", client.CodeMissingBody, "body is required: the request to send to %s.", endpoint)
 	}
 	admitted, err := s.Admission.Admit(ctx, c.policy, c.tier, c.acct, endpoint, req.Body)
 	if err != nil {
 		return nil, admissionError(err, "body")
 	}
 	if err := admitted.WithFallbacks(c.policy, tier, c.acct, req.Fallbacks); err != nil {
-		var ae *admission.Error
+		var ae *wire.Error
 		if errors.As(err, &ae) && ae.Param == "fallbacks" {
-			return nil, badRequest("fallbacks", ae.Code, "%s", ae.Message)
+			return nil, wire.Invalid("fallbacks", ae.Code, "%s", ae.Message)
 		}
 		return nil, admissionError(err, "body")
 	}
@@ -194,11 +193,11 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 // admissionError turns an admission refusal into a 400 whose param is a
 // path within field (e.g. "body.messages").
 func admissionError(err error, field string) error {
-	var ae *admission.Error
+	var ae *wire.Error
 	if !errors.As(err, &ae) {
 		return err
 	}
-	return errorf(cmp.Or(ae.Status, http.StatusBadRequest), wire.TypeInvalidRequest, ae.Code, ae.ParamIn(field), "%s", ae.Message)
+	return wire.Errorf(ae.Status, wire.TypeInvalidRequest, ae.Code, ae.ParamIn(field), "%s", ae.Message)
 }
 
 // checkBudgetNow refuses, for tiers that reject when exhausted, a job that
@@ -215,14 +214,14 @@ func (s *Server) checkBudgetNow(d *budget.Decision, worst money.Micros, sync boo
 	if n == nil || (n.Held && sync) {
 		return nil
 	}
-	var e *Error
+	var e *wire.Error
 	if n.Held {
-		e = errorf(http.StatusTooManyRequests, wire.TypeBudget, "budget_held", "",
+		e = wire.Errorf(http.StatusTooManyRequests, wire.TypeBudget, client.CodeBudgetHeld, "",
 			"The %s is held by running jobs: $%s spent and $%s reserved of $%s; this job may cost up to $%s, "+
 				"which the spend leaves room for once they settle. Retry in a few seconds.",
 			n.Name(), n.Spent, n.Reserved, n.Budget, worst)
 	} else {
-		e = errorf(http.StatusTooManyRequests, wire.TypeBudget, "budget_exhausted", "",
+		e = wire.Errorf(http.StatusTooManyRequests, wire.TypeBudget, client.CodeBudgetExhausted, "",
 			"The %s is exhausted: $%s spent and $%s reserved of $%s; this job may cost up to $%s. It resets at %s.",
 			n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))
 	}
@@ -246,11 +245,11 @@ func sameRequest(job *store.Job, req *createJobRequest, endpoint string) bool {
 // characters, values of at most 512.
 func validateMetadata(m map[string]string) error {
 	if len(m) > 16 {
-		return badRequest("metadata", "invalid_metadata", "metadata may have at most 16 keys, got %d.", len(m))
+		return wire.Invalid("metadata", client.CodeInvalidMetadata, "metadata may have at most 16 keys, got %d.", len(m))
 	}
 	for k, v := range m {
 		if len(k) > 64 || len(v) > 512 {
-			return badRequest("metadata", "invalid_metadata", "metadata keys may have at most 64 characters and values at most 512 (key '%.64s').", k)
+			return wire.Invalid("metadata", client.CodeInvalidMetadata, "metadata keys may have at most 64 characters and values at most 512 (key '%.64s').", k)
 		}
 	}
 	return nil
@@ -282,7 +281,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !changed && job.Status != store.JobCancelled {
-		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "job_finished", "",
+		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeJobFinished, "",
 			"Job %s already %s and cannot be cancelled.", job.ID, job.Status)
 	}
 	writeJSON(w, http.StatusOK, wire.Job(job))
@@ -338,7 +337,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	p := &store.JobListParams{TenantID: callerOf(r).tenant.ID, BatchID: batchID, After: after, Limit: limit}
 	if st := q.Get("status"); st != "" {
 		if !store.JobStatus(st).Valid() {
-			return badRequest("status", "invalid_value", "status must be one of queued, running, waiting, deferred, succeeded, failed, cancelled; got '%s'.", st)
+			return wire.Invalid("status", client.CodeInvalidValue, "status must be one of queued, running, waiting, deferred, succeeded, failed, cancelled; got '%s'.", st)
 		}
 		p.Status = store.JobStatus(st)
 	}
@@ -362,7 +361,7 @@ func listLimit(q url.Values) (int, error) {
 	}
 	n, err := strconv.Atoi(raw)
 	if err != nil || n < 1 || n > 1000 {
-		return 0, badRequest("limit", "invalid_value", "limit must be a whole number from 1 to 1000, got '%s'.", raw)
+		return 0, wire.Invalid("limit", client.CodeInvalidValue, "limit must be a whole number from 1 to 1000, got '%s'.", raw)
 	}
 	return n, nil
 }

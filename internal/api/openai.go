@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
@@ -104,7 +105,7 @@ func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	m, ok := a.Policy.Current().Model(id)
 	if !ok {
-		return errorf(http.StatusNotFound, wire.TypeInvalidRequest, "model_not_found", "model",
+		return wire.Errorf(http.StatusNotFound, wire.TypeInvalidRequest, client.CodeModelNotFound, "model",
 			"The model '%.100s' does not exist or is not served here.", id)
 	}
 	writeJSON(w, http.StatusOK, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
@@ -159,11 +160,10 @@ func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, b
 		a.answer(w, resp, relay)
 	}
 	res, err := a.runner.RunSync(r.Context(), call)
-	var refusal *worker.SyncRefusal
+	var refusal *wire.Error
 	switch {
 	case errors.As(err, &refusal):
-		return &Error{Status: refusal.Status, Type: refusal.Type, Code: refusal.Code, Param: refusal.Param,
-			Message: refusal.Message, RetryAfter: refusal.RetryAfter}
+		return refusal
 	case err != nil && r.Context().Err() != nil:
 		return nil // the client left before the call: nobody to answer
 	case err != nil:
@@ -209,8 +209,8 @@ func (a *syncAPI) maxWait(r *http.Request) (time.Duration, error) {
 	if v == "" {
 		return a.opts.MaxWait, nil
 	}
-	invalid := badRequest(MaxWaitHeader, "invalid_header", "%s must be seconds (\"2.5\") or a duration (\"500ms\"), got '%.50s'.", MaxWaitHeader, v)
-	negative := badRequest(MaxWaitHeader, "invalid_header", "%s must not be negative, got '%.50s'.", MaxWaitHeader, v)
+	invalid := wire.Invalid(MaxWaitHeader, client.CodeInvalidHeader, "%s must be seconds (\"2.5\") or a duration (\"500ms\"), got '%.50s'.", MaxWaitHeader, v)
+	negative := wire.Invalid(MaxWaitHeader, client.CodeInvalidHeader, "%s must not be negative, got '%.50s'.", MaxWaitHeader, v)
 	d, err := time.ParseDuration(v)
 	if err != nil {
 		// Plain seconds; a wait longer than any duration is the longest
@@ -251,14 +251,14 @@ func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsa
 		stream = true
 	case "false", "null", "":
 	default:
-		return nil, false, false, badRequest("stream", "invalid_value", "'stream' must be a boolean.")
+		return nil, false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' must be a boolean.")
 	}
 	if stream && endpoint == llm.EndpointEmbeddings {
-		return nil, false, false, badRequest("stream", "invalid_value", "'stream' is only supported on %s and %s.", llm.EndpointChat, llm.EndpointResponses)
+		return nil, false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' is only supported on %s and %s.", llm.EndpointChat, llm.EndpointResponses)
 	}
 	if hasOpts && strings.TrimSpace(string(opts)) != "null" {
 		if !stream {
-			return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.")
+			return nil, false, false, wire.Invalid("stream_options", client.CodeInvalidValue, "'stream_options' is only allowed when 'stream' is true.")
 		}
 		// The Responses API's stream_options (include_obfuscation) shape
 		// only its events' padding: llmq asks for the provider's default.
@@ -267,7 +267,7 @@ func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsa
 				IncludeUsage *bool `json:"include_usage"`
 			}
 			if err := json.Unmarshal(opts, &o); err != nil {
-				return nil, false, false, badRequest("stream_options", "invalid_value", "'stream_options' must be an object with a boolean include_usage.")
+				return nil, false, false, wire.Invalid("stream_options", client.CodeInvalidValue, "'stream_options' must be an object with a boolean include_usage.")
 			}
 			includeUsage = o.IncludeUsage != nil && *o.IncludeUsage
 		}
@@ -282,7 +282,7 @@ func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsa
 // body is the request, so a param is named without POST /v1/jobs's "body."
 // prefix, and an exhausted budget is OpenAI's insufficient_quota.
 func openAIError(err error) error {
-	var e *Error
+	var e *wire.Error
 	if !errors.As(err, &e) {
 		return err
 	}
@@ -291,8 +291,8 @@ func openAIError(err error) error {
 	if out.Param == "body" {
 		out.Param = ""
 	}
-	if out.Code == "budget_exhausted" && out.Status == http.StatusTooManyRequests {
-		out.Type, out.Code = "insufficient_quota", "insufficient_quota"
+	if out.Code == client.CodeBudgetExhausted && out.Status == http.StatusTooManyRequests {
+		out.Type, out.Code = wire.TypeInsufficientQuota, client.CodeInsufficientQuota
 	}
 	return &out
 }
@@ -300,7 +300,7 @@ func openAIError(err error) error {
 // replay answers an idempotent retry with the first request's answer.
 func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 	if !job.Sync {
-		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "idempotency_key_reused", "Idempotency-Key",
+		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeIdempotencyKeyReused, "Idempotency-Key",
 			"This Idempotency-Key was used for job %s, submitted to POST /v1/jobs.", job.ID)
 	}
 	w.Header().Set("Idempotent-Replayed", "true")
@@ -318,12 +318,12 @@ func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 				status = http.StatusBadRequest
 			}
 		}
-		return &Error{Status: status, Type: job.Error.Type, Code: job.Error.Code, Param: job.Error.Param, Message: job.Error.Message}
+		return &wire.Error{Status: status, Type: job.Error.Type, Code: job.Error.Code, Param: job.Error.Param, Message: job.Error.Message}
 	case job.Status.Terminal():
-		return errorf(http.StatusConflict, wire.TypeInvalidRequest, "request_cancelled", "Idempotency-Key",
+		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeRequestCancelled, "Idempotency-Key",
 			"The request with this Idempotency-Key (job %s) was %s.", job.ID, job.Status)
 	default:
-		return &Error{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: "request_in_progress", Param: "Idempotency-Key",
+		return &wire.Error{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: client.CodeRequestInProgress, Param: "Idempotency-Key",
 			Message: "The request with this Idempotency-Key (job " + job.ID + ") is still running; retry later.", RetryAfter: time.Second}
 	}
 }
@@ -332,8 +332,8 @@ func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 // answer. A call without an answer, or with a 2xx answer llmq could not
 // read or take (truncated, too large), is a 502: an SDK must never take it
 // for a success.
-func providerAnswer(pe *llm.Error) *Error {
-	e := &Error{Status: pe.StatusCode, Type: pe.Type, Code: pe.Code, Param: pe.Param, Message: pe.Message}
+func providerAnswer(pe *llm.Error) *wire.Error {
+	e := &wire.Error{Status: pe.StatusCode, Type: pe.Type, Code: pe.Code, Param: pe.Param, Message: pe.Message}
 	if d, ok := pe.RateLimit.Delay(); ok {
 		e.RetryAfter = d
 	}
@@ -428,15 +428,15 @@ func (s *sseRelay) done() {
 func (s *sseRelay) fail(pe *llm.Error) {
 	e := providerAnswer(pe)
 	if !s.typed {
-		s.write(append(append([]byte("data: "), wire.ErrorBody(e.object())...), "\n\n"...))
+		s.write(append(append([]byte("data: "), wire.ErrorBody(e.Object())...), "\n\n"...))
 		return
 	}
-	o := e.object()
+	o := e.Object()
 	data, _ := json.Marshal(struct {
-		Type    string `json:"type"`
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		Param   any    `json:"param"`
+		Type    string      `json:"type"`
+		Code    client.Code `json:"code"`
+		Message string      `json:"message"`
+		Param   any         `json:"param"`
 	}{"error", o.Code, o.Message, nullable(o.Param)})
 	s.write(s.event(data))
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/store"
@@ -20,7 +21,7 @@ import (
 // with a Retry-After of a few seconds.
 func checkQueueStoreUnavailable(t *testing.T, what string, r *apptest.Response) {
 	t.Helper()
-	e := checkError(t, r, http.StatusServiceUnavailable, "queue_store_unavailable", "")
+	e := checkError(t, r, http.StatusServiceUnavailable, client.CodeQueueStoreUnavailable, "")
 	if e.Error.Type != "service_unavailable_error" || !strings.Contains(e.Error.Message, "queue store") {
 		t.Errorf("%s: error %+v does not say the queue store is unavailable", what, e.Error)
 	}
@@ -148,7 +149,7 @@ func TestRedisReadOnlyReplicaIsUnavailable(t *testing.T) {
 // failure itself (the driver's words, an address, a stack).
 func checkDatabaseUnavailable(t *testing.T, what string, r *apptest.Response, hidden ...string) {
 	t.Helper()
-	e := checkError(t, r, http.StatusServiceUnavailable, "database_unavailable", "")
+	e := checkError(t, r, http.StatusServiceUnavailable, client.CodeDatabaseUnavailable, "")
 	if e.Error.Type != "service_unavailable_error" || !strings.Contains(e.Error.Message, "database") {
 		t.Errorf("%s: error %+v does not say the database is unavailable", what, e.Error)
 	}

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
-	"github.com/llmq/llmq/internal/jsontext"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -28,7 +28,7 @@ func TestDuplicateKeysAreRefused(t *testing.T) {
 		{"/v1/jobs", `{"custom_id":"a","custom_id":"b","body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}}`, "custom_id"},
 		{"/v1/chat/completions", `{"model":"o3","model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`, "model"},
 	} {
-		e := checkError(t, a.Do("POST", c.path, key, c.body), 400, jsontext.CodeDuplicateKey, c.param)
+		e := checkError(t, a.Do("POST", c.path, key, c.body), 400, client.CodeDuplicateKey, c.param)
 		if !strings.Contains(e.Error.Message, "a second time") {
 			t.Errorf("%s: message %q does not name the member", c.path, e.Error.Message)
 		}
@@ -36,7 +36,7 @@ func TestDuplicateKeysAreRefused(t *testing.T) {
 	// Nested past what any store takes.
 	deep := `{"body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"metadata":` +
 		strings.Repeat("[", 2000) + strings.Repeat("]", 2000) + `}}`
-	checkError(t, a.Do("POST", "/v1/jobs", key, deep), 400, jsontext.CodeTooDeep, "body.metadata")
+	checkError(t, a.Do("POST", "/v1/jobs", key, deep), 400, client.CodeTooDeep, "body.metadata")
 	nothingQueued(t, a, tenant)
 }
 
@@ -54,19 +54,19 @@ func TestProbeSmallFindings(t *testing.T) {
 			t.Errorf("X-Llmq-Max-Wait: %s: %d %s, want the longest wait", v, r.Status, r.Body)
 		}
 	}
-	for v, code := range map[string]string{"NaN": "invalid_header", "-1e400": "invalid_header", "-3": "invalid_header", "soon": "invalid_header"} {
+	for v, code := range map[string]client.Code{"NaN": client.CodeInvalidHeader, "-1e400": client.CodeInvalidHeader, "-3": client.CodeInvalidHeader, "soon": client.CodeInvalidHeader} {
 		checkError(t, apptest.Do(t, a.URL, "POST", "/v1/chat/completions", key, chat, http.Header{"X-Llmq-Max-Wait": {v}}), 400, code, "X-Llmq-Max-Wait")
 	}
 	for _, u := range []string{"https://example.com:0/hook", "https://example.com:99999/hook", "https://example.com:-1/hook"} {
-		checkError(t, a.Do("POST", "/v1/jobs", key, map[string]any{"body": apptest.ChatBody("hi", "", 5), "webhook_url": u}), 400, "invalid_url", "webhook_url")
+		checkError(t, a.Do("POST", "/v1/jobs", key, map[string]any{"body": apptest.ChatBody("hi", "", 5), "webhook_url": u}), 400, client.CodeInvalidURL, "webhook_url")
 	}
-	checkError(t, a.Do("POST", "/v1/jobs", key, map[string]any{"body": []int{1}}), 400, "invalid_request", "body")
+	checkError(t, a.Do("POST", "/v1/jobs", key, map[string]any{"body": []int{1}}), 400, client.CodeInvalidRequest, "body")
 	nothingQueuedAfterSync(t, a, tenant)
 
 	for _, name := range []string{"acme\r\nX-Injected: 1", "acme\x1b[31m", "acme\u202egnp.exe", "zero\u200bwidth"} {
-		checkError(t, a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": name, "tier": "standard"}), 400, "invalid_value", "name")
+		checkError(t, a.Do("POST", "/admin/v1/tenants", apptest.AdminToken, map[string]any{"name": name, "tier": "standard"}), 400, client.CodeInvalidValue, "name")
 	}
-	checkError(t, a.Do("PATCH", "/admin/v1/tenants/"+tenant, apptest.AdminToken, map[string]any{"name": "a\nb"}), 400, "invalid_value", "name")
+	checkError(t, a.Do("PATCH", "/admin/v1/tenants/"+tenant, apptest.AdminToken, map[string]any{"name": "a\nb"}), 400, client.CodeInvalidValue, "name")
 }
 
 // nothingQueuedAfterSync checks that the refused requests stored no async
@@ -90,10 +90,11 @@ func nothingQueuedAfterSync(t *testing.T, a *apptest.App, tenantID string) {
 func TestSyncUnreadableAnswerIsABadGateway(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		name, body, code string
-		status           int
+		name, body string
+		code       client.Code
+		status     int
 	}{
-		{"truncated 200", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"mess`, "provider_response_unreadable", 200},
+		{"truncated 200", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"mess`, client.CodeProviderResponseUnreadable, 200},
 		{"html 500", "<html><pre>Traceback (most recent call last):\npostgres://app:s3cret@db/prod</pre></html>", "", 500},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/wire"
@@ -86,7 +87,7 @@ func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, c
 		h.Set("X-RateLimit-Warning", warn)
 	}
 	if !res.Allowed {
-		e := errorf(http.StatusTooManyRequests, wire.TypeRateLimit, "rate_limit_exceeded", "",
+		e := wire.Errorf(http.StatusTooManyRequests, wire.TypeRateLimit, client.CodeRateLimitExceeded, "",
 			"Rate limit of %s for this API key reached. Retry after %v.", describeWindow(b), res.RetryAfter.Round(time.Millisecond))
 		e.RetryAfter = res.RetryAfter
 		return e

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
@@ -103,7 +104,7 @@ func TestAPIWindowsAllOrNothing(t *testing.T) {
 	}
 	for range 3 {
 		r := a.Do("GET", "/v1/jobs", key, nil)
-		checkError(t, r, 429, "rate_limit_exceeded", "")
+		checkError(t, r, 429, client.CodeRateLimitExceeded, "")
 		h := rateHeaders(r)
 		// The 5 weigh fully for the rest of this second, then fade: one more
 		// fits 1.2 s from now.
@@ -122,7 +123,7 @@ func TestAPIWindowsAllOrNothing(t *testing.T) {
 		}
 	}
 	r := a.Do("GET", "/v1/jobs", key, nil)
-	checkError(t, r, 429, "rate_limit_exceeded", "")
+	checkError(t, r, 429, client.CodeRateLimitExceeded, "")
 	if h := rateHeaders(r); h.window != "minute" || h.limit != "8" || h.remaining != "0" || atoi(t, h.retry) < 25 || atoi(t, h.retry) > 60 {
 		t.Fatalf("429 of the minute window: %+v", h)
 	}
@@ -133,7 +134,7 @@ func TestAPIWindowsAllOrNothing(t *testing.T) {
 		a.Do("GET", "/v1/jobs", key, nil)
 	}
 	r = a.Do("GET", "/v1/jobs", key, nil)
-	checkError(t, r, 429, "rate_limit_exceeded", "")
+	checkError(t, r, 429, client.CodeRateLimitExceeded, "")
 	h := rateHeaders(r)
 	// At 12:30:32 the hour's 4 weigh fully until 13:00, then fade: one more
 	// fits at 13:15, and all are gone at 14:00.
@@ -190,7 +191,7 @@ func TestAPIEndpointLimits(t *testing.T) {
 	}
 	for range 3 {
 		r := a.Do("POST", "/v1/jobs", key, job)
-		checkError(t, r, 429, "rate_limit_exceeded", "")
+		checkError(t, r, 429, client.CodeRateLimitExceeded, "")
 		if h := rateHeaders(r); h.window != "jobs.create:minute" || h.limit != "2" || !strings.Contains(string(r.Body), "2 requests per minute to jobs.create") {
 			t.Fatalf("the endpoint's 429: %+v %s", h, r.Body)
 		}
@@ -379,10 +380,10 @@ func TestKeyExemption(t *testing.T) {
 	if statuses[200] != 5 || statuses[429] != 3 {
 		t.Fatalf("the key back under 5 a second answered %v", statuses)
 	}
-	checkError(t, a.Do("PATCH", "/admin/v1/keys/"+exemptID, apptest.AdminToken, map[string]any{"api_exempt": "yes"}), 400, "invalid_type", "api_exempt")
-	checkError(t, a.Do("PATCH", "/admin/v1/keys/"+exemptID, apptest.AdminToken, map[string]any{"exempt": true}), 400, "unknown_field", "exempt")
-	checkError(t, a.Do("PATCH", "/admin/v1/keys/key_01nosuchkey0000000000000", apptest.AdminToken, map[string]any{"api_exempt": true}), 404, "not_found", "")
-	checkError(t, a.Do("PATCH", "/admin/v1/keys/"+exemptID, "", map[string]any{"api_exempt": true}), 401, "invalid_admin_token", "")
+	checkError(t, a.Do("PATCH", "/admin/v1/keys/"+exemptID, apptest.AdminToken, map[string]any{"api_exempt": "yes"}), 400, client.CodeInvalidType, "api_exempt")
+	checkError(t, a.Do("PATCH", "/admin/v1/keys/"+exemptID, apptest.AdminToken, map[string]any{"exempt": true}), 400, client.CodeUnknownField, "exempt")
+	checkError(t, a.Do("PATCH", "/admin/v1/keys/key_01nosuchkey0000000000000", apptest.AdminToken, map[string]any{"api_exempt": true}), 404, client.CodeNotFound, "")
+	checkError(t, a.Do("PATCH", "/admin/v1/keys/"+exemptID, "", map[string]any{"api_exempt": true}), 401, client.CodeInvalidAdminToken, "")
 }
 
 // Requests with a missing or wrong key are limited per client address:
@@ -410,10 +411,10 @@ func TestAuthFailuresPerAddress(t *testing.T) {
 	}
 	attacker := from("203.0.113.7")
 	for _, token := range []string{"", "llmq_wrong", "llmq_wrong2"} {
-		checkError(t, do(token, attacker), 401, "invalid_api_key", "")
+		checkError(t, do(token, attacker), 401, client.CodeInvalidAPIKey, "")
 	}
 	r := do("llmq_wrong", attacker)
-	checkError(t, r, 429, "too_many_auth_failures", "")
+	checkError(t, r, 429, client.CodeTooManyAuthFailures, "")
 	if h := rateHeaders(r); h.window != "auth_failures:minute" || h.limit != "3" || h.remaining != "0" || atoi(t, h.retry) < 1 || atoi(t, h.retry) > 120 {
 		t.Fatalf("429 headers: %+v", h)
 	}
@@ -421,13 +422,13 @@ func TestAuthFailuresPerAddress(t *testing.T) {
 	// further left, is the same address: its guesses stay refused, its
 	// good key passes.
 	for _, h := range []http.Header{from("198.51.100.9, 203.0.113.7"), from("198.51.100.9", "203.0.113.7, 10.1.2.3"), attacker} {
-		checkError(t, do("llmq_wrong3", h), 429, "too_many_auth_failures", "")
+		checkError(t, do("llmq_wrong3", h), 429, client.CodeTooManyAuthFailures, "")
 		if r := do(good, h); r.Status != 200 {
 			t.Fatalf("a good key from a blocked address: %d %s", r.Status, r.Body)
 		}
 	}
 	// The admin token is guessed the same way, and passes the same way.
-	checkError(t, apptest.Do(t, a.URL, "GET", "/admin/v1/tenants", "not-the-token", nil, attacker), 429, "too_many_auth_failures", "")
+	checkError(t, apptest.Do(t, a.URL, "GET", "/admin/v1/tenants", "not-the-token", nil, attacker), 429, client.CodeTooManyAuthFailures, "")
 	if r := apptest.Do(t, a.URL, "GET", "/admin/v1/tenants", apptest.AdminToken, nil, attacker); r.Status != 200 {
 		t.Fatalf("the admin token from a blocked address: %d %s", r.Status, r.Body)
 	}
@@ -435,7 +436,7 @@ func TestAuthFailuresPerAddress(t *testing.T) {
 	if r := do(good, from("203.0.113.8")); r.Status != 200 {
 		t.Fatalf("another address with a good key: %d %s", r.Status, r.Body)
 	}
-	checkError(t, do("llmq_wrong", from("203.0.113.8")), 401, "invalid_api_key", "")
+	checkError(t, do("llmq_wrong", from("203.0.113.8")), 401, client.CodeInvalidAPIKey, "")
 	if r := do(good, nil); r.Status != 200 {
 		t.Fatalf("the proxy's own address with a good key: %d", r.Status)
 	}
@@ -444,20 +445,20 @@ func TestAuthFailuresPerAddress(t *testing.T) {
 	if r := do(good, attacker); r.Status != 200 {
 		t.Fatalf("after the window: %d %s", r.Status, r.Body)
 	}
-	checkError(t, do("llmq_wrong", attacker), 401, "invalid_api_key", "")
+	checkError(t, do("llmq_wrong", attacker), 401, client.CodeInvalidAPIKey, "")
 
 	// Without trusted proxies X-Forwarded-For is the client's word: every
 	// request is the connection's address, however it is spoofed.
 	b, _ := startLimits(t, limits, apptest.Options{})
 	_, good = b.Tenant("free")
 	for i := range 4 {
-		want, code := 401, "invalid_api_key"
+		want, code := 401, client.CodeInvalidAPIKey
 		if i == 3 {
-			want, code = 429, "too_many_auth_failures"
+			want, code = 429, client.CodeTooManyAuthFailures
 		}
 		checkError(t, apptest.Do(t, b.URL, "GET", "/v1/jobs", "llmq_wrong", nil, from("203.0.113."+strconv.Itoa(i))), want, code, "")
 	}
-	checkError(t, apptest.Do(t, b.URL, "GET", "/v1/jobs", "llmq_wrong", nil, from("192.0.2.1")), 429, "too_many_auth_failures", "")
+	checkError(t, apptest.Do(t, b.URL, "GET", "/v1/jobs", "llmq_wrong", nil, from("192.0.2.1")), 429, client.CodeTooManyAuthFailures, "")
 	if r := apptest.Do(t, b.URL, "GET", "/v1/jobs", good, nil, from("192.0.2.1")); r.Status != 200 {
 		t.Fatalf("a good key from the blocked connection: %d %s", r.Status, r.Body)
 	}
@@ -491,7 +492,7 @@ func TestConcurrentRequestsOfAKeyAreCountedExactly(t *testing.T) {
 	for i := range 4 {
 		r := a.Do("GET", "/v1/jobs", key, nil)
 		if want := 200; i == 3 {
-			checkError(t, r, 429, "rate_limit_exceeded", "")
+			checkError(t, r, 429, client.CodeRateLimitExceeded, "")
 		} else if h := rateHeaders(r); h.status != want || h.window != "minute" || h.remaining != strconv.Itoa(2-i) {
 			t.Fatalf("request %d two seconds on: %+v, want 200 with %d left of the minute's 8", i, h, 2-i)
 		}

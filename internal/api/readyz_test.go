@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/testutil"
@@ -37,12 +38,12 @@ func TestReadyzNamesTheServiceThatDoesNotAnswer(t *testing.T) {
 
 	srv.Stop()
 	r := readyz()
-	checkError(t, r, http.StatusServiceUnavailable, "not_ready", "")
+	checkError(t, r, http.StatusServiceUnavailable, client.CodeNotReady, "")
 	m := r.Map(t)
 	if m["status"] != "unavailable" || m["redis"] != "connection refused" || m["database"] != "ok" {
 		t.Fatalf("readyz with Redis down: %s, want status unavailable, redis connection refused, database ok", r.Body)
 	}
-	if e := checkError(t, r, http.StatusServiceUnavailable, "not_ready", ""); !strings.Contains(e.Error.Message, "redis: connection refused") {
+	if e := checkError(t, r, http.StatusServiceUnavailable, client.CodeNotReady, ""); !strings.Contains(e.Error.Message, "redis: connection refused") {
 		t.Errorf("message %q does not name redis", e.Error.Message)
 	}
 	_, port, _ := strings.Cut(srv.Addr, ":")

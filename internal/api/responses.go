@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
@@ -52,10 +53,10 @@ func (a *syncAPI) createResponse(w http.ResponseWriter, r *http.Request) error {
 		return a.run(w, r, llm.EndpointResponses, body)
 	case "true":
 	default:
-		return badRequest("background", "invalid_value", "'background' must be a boolean.")
+		return wire.Invalid("background", client.CodeInvalidValue, "'background' must be a boolean.")
 	}
 	if s := strings.TrimSpace(string(fields["stream"])); s == "true" {
-		return badRequest("stream", "invalid_value", "'stream' cannot be combined with 'background' here: follow a background response with GET /v1/responses/{id}.")
+		return wire.Invalid("stream", client.CodeInvalidValue, "'stream' cannot be combined with 'background' here: follow a background response with GET /v1/responses/{id}.")
 	}
 	delete(fields, "background")
 	delete(fields, "stream")
@@ -78,7 +79,7 @@ func (a *syncAPI) createResponse(w http.ResponseWriter, r *http.Request) error {
 // on the Responses API.
 func (a *syncAPI) callersResponse(r *http.Request) (*store.Job, error) {
 	id := r.PathValue("id")
-	missing := errorf(http.StatusNotFound, wire.TypeInvalidRequest, "not_found", "",
+	missing := wire.Errorf(http.StatusNotFound, wire.TypeInvalidRequest, client.CodeNotFound, "",
 		"No background response found with id '%.100s'. llmq keeps the background responses it runs; a response stored at the provider is retrieved from the provider.", id)
 	if !ids.Valid(ids.Job, id) {
 		return nil, missing
@@ -151,8 +152,8 @@ func writeResponseObject(w http.ResponseWriter, job *store.Job) error {
 		return nil
 	}
 	type responseError struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
+		Code    client.Code `json:"code"`
+		Message string      `json:"message"`
 	}
 	out := struct {
 		ID                string            `json:"id"`
@@ -175,7 +176,7 @@ func writeResponseObject(w http.ResponseWriter, job *store.Job) error {
 	if job.Status == store.JobFailed && job.Error != nil {
 		out.Error = &responseError{Code: job.Error.Code, Message: job.Error.Message}
 		if out.Error.Code == "" {
-			out.Error.Code = "server_error"
+			out.Error.Code = client.CodeServerError
 		}
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -33,22 +33,24 @@ func TestResponsesBadInput(t *testing.T) {
 	a := start(t)
 	tenant, key := a.Tenant("standard")
 	cases := []struct {
-		name, body, code, param string
-		status                  int
+		name, body string
+		code       client.Code
+		param      string
+		status     int
 	}{
-		{"no input", `{"model":"gpt-4o-mini"}`, "invalid_request", "input", 400},
-		{"input not text", `{"model":"gpt-4o-mini","input":7}`, "invalid_request", "input", 400},
-		{"bad role", `{"model":"gpt-4o-mini","input":[{"role":"robot","content":"x"}]}`, "invalid_request", "input[0].role", 400},
-		{"part without text", `{"model":"gpt-4o-mini","input":[{"role":"user","content":[{"type":"input_text"}]}]}`, "invalid_request", "input[0].content[0].text", 400},
-		{"max_output_tokens too small", `{"model":"gpt-4o-mini","input":"x","max_output_tokens":1}`, "invalid_request", "max_output_tokens", 400},
-		{"max_output_tokens beyond capacity", `{"model":"gpt-4o-mini","input":"x","max_output_tokens":400000}`, "tokens_exceed_capacity", "max_output_tokens", 400},
-		{"unknown model", `{"model":"gpt-9","input":"x"}`, "model_not_found", "model", 400},
-		{"embedding model", `{"model":"text-embedding-3-small","input":"x"}`, "model_not_supported", "model", 400},
-		{"stream not boolean", `{"model":"gpt-4o-mini","input":"x","stream":"yes"}`, "invalid_value", "stream", 400},
-		{"background not boolean", `{"model":"gpt-4o-mini","input":"x","background":1}`, "invalid_value", "background", 400},
-		{"background streamed", `{"model":"gpt-4o-mini","input":"x","background":true,"stream":true}`, "invalid_value", "stream", 400},
-		{"stream_options without stream", `{"model":"gpt-4o-mini","input":"x","stream_options":{}}`, "invalid_value", "stream_options", 400},
-		{"not JSON", `{"model":`, "invalid_json", "", 400},
+		{"no input", `{"model":"gpt-4o-mini"}`, client.CodeInvalidRequest, "input", 400},
+		{"input not text", `{"model":"gpt-4o-mini","input":7}`, client.CodeInvalidRequest, "input", 400},
+		{"bad role", `{"model":"gpt-4o-mini","input":[{"role":"robot","content":"x"}]}`, client.CodeInvalidRequest, "input[0].role", 400},
+		{"part without text", `{"model":"gpt-4o-mini","input":[{"role":"user","content":[{"type":"input_text"}]}]}`, client.CodeInvalidRequest, "input[0].content[0].text", 400},
+		{"max_output_tokens too small", `{"model":"gpt-4o-mini","input":"x","max_output_tokens":1}`, client.CodeInvalidRequest, "max_output_tokens", 400},
+		{"max_output_tokens beyond capacity", `{"model":"gpt-4o-mini","input":"x","max_output_tokens":400000}`, client.CodeTokensExceedCapacity, "max_output_tokens", 400},
+		{"unknown model", `{"model":"gpt-9","input":"x"}`, client.CodeModelNotFound, "model", 400},
+		{"embedding model", `{"model":"text-embedding-3-small","input":"x"}`, client.CodeModelNotSupported, "model", 400},
+		{"stream not boolean", `{"model":"gpt-4o-mini","input":"x","stream":"yes"}`, client.CodeInvalidValue, "stream", 400},
+		{"background not boolean", `{"model":"gpt-4o-mini","input":"x","background":1}`, client.CodeInvalidValue, "background", 400},
+		{"background streamed", `{"model":"gpt-4o-mini","input":"x","background":true,"stream":true}`, client.CodeInvalidValue, "stream", 400},
+		{"stream_options without stream", `{"model":"gpt-4o-mini","input":"x","stream_options":{}}`, client.CodeInvalidValue, "stream_options", 400},
+		{"not JSON", `{"model":`, client.CodeInvalidJSON, "", 400},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -57,8 +59,8 @@ func TestResponsesBadInput(t *testing.T) {
 	}
 	// As a job: the same refusals, named inside the body; background is
 	// refused (a job is already in the background).
-	checkError(t, a.Do("POST", "/v1/jobs", key, `{"endpoint":"/v1/responses","body":{"model":"gpt-4o-mini","input":[]}}`), 400, "invalid_request", "body.input")
-	checkError(t, a.Do("POST", "/v1/jobs", key, `{"endpoint":"/v1/responses","body":{"model":"gpt-4o-mini","input":"x","background":true}}`), 400, "invalid_request", "body.background")
+	checkError(t, a.Do("POST", "/v1/jobs", key, `{"endpoint":"/v1/responses","body":{"model":"gpt-4o-mini","input":[]}}`), 400, client.CodeInvalidRequest, "body.input")
+	checkError(t, a.Do("POST", "/v1/jobs", key, `{"endpoint":"/v1/responses","body":{"model":"gpt-4o-mini","input":"x","background":true}}`), 400, client.CodeInvalidRequest, "body.background")
 	nothingQueued(t, a, tenant)
 	if d, err := a.Budgets.Status(t.Context(), a.Account(tenant)); err != nil || d.Reserved != 0 || d.Spent != 0 {
 		t.Fatalf("budget after refusals: %+v %v", d, err)
@@ -181,8 +183,8 @@ func TestBackgroundResponses(t *testing.T) {
 	}
 	sync := a.Do("POST", "/v1/responses", key, `{"model":"gpt-4o-mini","input":"Say hi","max_output_tokens":20}`)
 	for _, c := range []struct{ key, id string }{{other, done.ID}, {key, sync.Header.Get("X-Llmq-Job-Id")}, {key, "resp_123"}, {key, "job_nope"}} {
-		checkError(t, a.Do("GET", "/v1/responses/"+c.id, c.key, nil), http.StatusNotFound, "not_found", "")
-		checkError(t, a.Do("POST", "/v1/responses/"+c.id+"/cancel", c.key, nil), http.StatusNotFound, "not_found", "")
+		checkError(t, a.Do("GET", "/v1/responses/"+c.id, c.key, nil), http.StatusNotFound, client.CodeNotFound, "")
+		checkError(t, a.Do("POST", "/v1/responses/"+c.id+"/cancel", c.key, nil), http.StatusNotFound, client.CodeNotFound, "")
 	}
 }
 
@@ -277,7 +279,7 @@ func TestStreamFailingMidwayIsCharged(t *testing.T) {
 			t.Fatalf("%s ended with %q", path, last)
 		}
 		job := a.EndedJob(r.Header.Get("X-Llmq-Job-Id"))
-		if job.Status != "failed" || job.Error == nil || job.Error.Code != map[bool]string{true: "provider_stream_failed", false: "server_error"}[i == 0] || !job.UsageEstimated ||
+		if job.Status != "failed" || job.Error == nil || job.Error.Code != map[bool]client.Code{true: client.CodeProviderStreamFailed, false: client.CodeServerError}[i == 0] || !job.UsageEstimated ||
 			job.Cost != job.EstCost || job.Cost == 0 || job.CompletionTokens != job.EstMaxTokens {
 			t.Fatalf("%s: job %+v, error %+v", path, job, job.Error)
 		}

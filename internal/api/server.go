@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/coalesce"
@@ -184,7 +185,7 @@ func (s *Server) routes() {
 	// text; under /admin/ only for the admin, so that without the token no
 	// path says whether it exists.
 	unknownURL := func(w http.ResponseWriter, r *http.Request) error {
-		return errorf(http.StatusNotFound, wire.TypeNotFound, "unknown_url", "", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
+		return wire.Errorf(http.StatusNotFound, wire.TypeNotFound, client.CodeUnknownURL, "", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
 	}
 	s.mux.Handle("/v1/", s.plain(unknownURL))
 	s.mux.Handle("/admin/", a(unknownURL))
@@ -258,8 +259,8 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	body["status"] = "unavailable"
-	body["error"] = errorf(http.StatusServiceUnavailable, wire.TypeUnavailable, "not_ready", "",
-		"Not ready: %s.", strings.Join(why, "; ")).object()
+	body["error"] = wire.Errorf(http.StatusServiceUnavailable, wire.TypeUnavailable, client.CodeNotReady, "",
+		"Not ready: %s.", strings.Join(why, "; ")).Object()
 	writeJSON(w, http.StatusServiceUnavailable, body)
 	return nil
 }

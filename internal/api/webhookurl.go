@@ -5,7 +5,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/netguard"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // validateWebhookURL refuses, naming webhook_url, a URL llmq could never
@@ -20,27 +22,27 @@ func (s *Server) validateWebhookURL(raw string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(raw) > 2048 {
-		return badRequest("webhook_url", "invalid_url", "webhook_url must be an absolute http(s) URL of at most 2048 characters.")
+		return wire.Invalid("webhook_url", client.CodeInvalidURL, "webhook_url must be an absolute http(s) URL of at most 2048 characters.")
 	}
 	if u.User != nil {
-		return badRequest("webhook_url", "invalid_url", "webhook_url must not carry credentials.")
+		return wire.Invalid("webhook_url", client.CodeInvalidURL, "webhook_url must not carry credentials.")
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return badRequest("webhook_url", "invalid_url", "webhook_url's port must be within 1 and 65535, got '%.10s'.", p)
+			return wire.Invalid("webhook_url", client.CodeInvalidURL, "webhook_url's port must be within 1 and 65535, got '%.10s'.", p)
 		}
 	}
 	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
 	if a, ok := netguard.Literal(host); ok {
 		if netguard.Blocked(a) && !s.opts.WebhookAllowPrivate {
-			return badRequest("webhook_url", "webhook_url_internal",
+			return wire.Invalid("webhook_url", client.CodeWebhookURLInternal,
 				"webhook_url's host %s is a loopback, private, link-local or otherwise internal address; webhooks go to public addresses only.", a)
 		}
 		return nil
 	}
 	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
 		if !s.opts.WebhookAllowPrivate {
-			return badRequest("webhook_url", "webhook_url_internal",
+			return wire.Invalid("webhook_url", client.CodeWebhookURLInternal,
 				"webhook_url's host %s is this machine; webhooks go to public addresses only.", host)
 		}
 		return nil
@@ -49,7 +51,7 @@ func (s *Server) validateWebhookURL(raw string) error {
 	// address either (1.2.3.4.5, 0x7g): a resolver might read it as one.
 	labels := strings.Split(host, ".")
 	if last := labels[len(labels)-1]; last == "" || strings.Trim(last, "0123456789") == "" || strings.HasPrefix(last, "0x") {
-		return badRequest("webhook_url", "invalid_url", "webhook_url's host '%.100s' is neither a DNS name nor an IP address.", host)
+		return wire.Invalid("webhook_url", client.CodeInvalidURL, "webhook_url's host '%.100s' is neither a DNS name nor an IP address.", host)
 	}
 	return nil
 }

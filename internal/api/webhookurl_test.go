@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 )
@@ -27,13 +28,13 @@ func TestInternalWebhookURLsAreRefusedAtSubmit(t *testing.T) {
 		"http://100.64.0.1/h", "http://localhost:9000/h", "http://api.localhost/h", "http://LOCALHOST./h",
 	}
 	for _, hook := range internal {
-		e := checkError(t, a.Do("POST", "/v1/jobs", key, job(hook)), 400, "webhook_url_internal", "webhook_url")
+		e := checkError(t, a.Do("POST", "/v1/jobs", key, job(hook)), 400, client.CodeWebhookURLInternal, "webhook_url")
 		if strings.Contains(e.Error.Message, "/h") || strings.Contains(e.Error.Message, "admin") {
 			t.Errorf("%s: the message repeats the URL's path: %s", hook, e.Error.Message)
 		}
 	}
 	for _, hook := range []string{"http://1.2.3.4.5/h", "http://example.0x10/h", "http://256.1.1.1/h"} {
-		checkError(t, a.Do("POST", "/v1/jobs", key, job(hook)), 400, "invalid_url", "webhook_url")
+		checkError(t, a.Do("POST", "/v1/jobs", key, job(hook)), 400, client.CodeInvalidURL, "webhook_url")
 	}
 	nothingQueued(t, a, tenant)
 

@@ -31,7 +31,7 @@ func TestLinesWithInvalidOnes(t *testing.T) {
 	// 12 in every 100 lines refused, never the first; valid: custom ids of
 	// the valid lines, in order; refusedLines in order.
 	in, valid, refusedLines, codes := batchtest.MixedInput(n, 12)
-	refused := map[int]string{} // line -> code
+	refused := map[int]client.Code{} // line -> code
 	for i, line := range refusedLines {
 		refused[line] = codes[i]
 	}
@@ -54,7 +54,7 @@ func TestLinesWithInvalidOnes(t *testing.T) {
 		t.Fatalf("completed batch = %+v", b)
 	}
 	// The batch lists the first 100 refusals, in order, and counts the rest.
-	if b.Errors == nil || len(b.Errors.Data) != 101 || b.Errors.Data[100].Code != "more_errors" {
+	if b.Errors == nil || len(b.Errors.Data) != 101 || b.Errors.Data[100].Code != client.CodeMoreErrors {
 		t.Fatalf("errors = %+v", b.Errors)
 	}
 	for i, e := range b.Errors.Data[:100] {
@@ -223,7 +223,7 @@ func TestCancelMidRun(t *testing.T) {
 		t.Fatalf("files have %d and %d lines, want 11 and 39", len(out), len(errs))
 	}
 	for _, r := range errs {
-		if r.Error == nil || r.Error.Code != "batch_cancelled" || r.Response != nil {
+		if r.Error == nil || r.Error.Code != client.CodeBatchCancelled || r.Response != nil {
 			t.Fatalf("error line = %+v", r)
 		}
 	}
@@ -273,7 +273,7 @@ func TestExpiry(t *testing.T) {
 		}
 	}
 	for i, r := range errs {
-		if r.Error == nil || r.Error.Code != "batch_expired" || r.CustomID != fmt.Sprintf("req-%d", 7+i) || r.Error.Line != 8+i {
+		if r.Error == nil || r.Error.Code != client.CodeBatchExpired || r.CustomID != fmt.Sprintf("req-%d", 7+i) || r.Error.Line != 8+i {
 			t.Fatalf("error line %d = %+v", i, r)
 		}
 	}
@@ -354,14 +354,14 @@ func TestNoValidLineFailsTheBatch(t *testing.T) {
 		t.Fatalf("errors = %+v", b.Errors)
 	}
 	wantLines := []int{1, 3, 4}
-	wantCodes := []string{"invalid_json_line", "budget_too_small", "model_not_found"}
+	wantCodes := []client.Code{client.CodeInvalidJSONLine, client.CodeBudgetTooSmall, client.CodeModelNotFound}
 	for i, e := range b.Errors.Data {
 		if e.Line == nil || *e.Line != wantLines[i] || e.Code != wantCodes[i] {
 			t.Fatalf("errors[%d] = %+v, want line %d code %s", i, e, wantLines[i], wantCodes[i])
 		}
 	}
 	errs := results(t, a, key, *b.ErrorFileID)
-	if len(errs) != 3 || errs[1].CustomID != "a" || errs[1].Error.Code != "budget_too_small" || errs[0].CustomID != "" {
+	if len(errs) != 3 || errs[1].CustomID != "a" || errs[1].Error.Code != client.CodeBudgetTooSmall || errs[0].CustomID != "" {
 		t.Fatalf("error file = %+v", errs)
 	}
 	if n := a.Sim.Stats().Requests; n != 0 {

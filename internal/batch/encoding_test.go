@@ -61,17 +61,20 @@ func testUnstorableLinesAreRefused(t *testing.T, a *apptest.App) {
 		strings.Replace(batchtest.ChatLine("twice"), `"max_tokens":20`, `"max_tokens":100000,"max_tokens":20`, 1),                                            // 11
 		strings.Replace(batchtest.ChatLine("deep"), `"max_tokens":20`, `"max_tokens":20,"metadata":`+strings.Repeat("[", 2000)+strings.Repeat("]", 2000), 1), // 12
 	}
-	type refusal struct{ code, param, customID string }
+	type refusal struct {
+		code            client.Code
+		param, customID string
+	}
 	want := map[int]refusal{
-		2:  {"invalid_encoding", "", ""},
-		3:  {"invalid_encoding", "custom_id", ""},
-		5:  {"invalid_encoding", "body", "nul-body"},
-		6:  {"invalid_encoding", "body", "lone-high"},
-		7:  {"number_out_of_range", "body", "huge"},
-		8:  {"invalid_encoding", "", ""},
-		9:  {"invalid_encoding", "custom_id", ""},
-		11: {"duplicate_key", "body", "twice"},
-		12: {"too_deep", "body", "deep"},
+		2:  {client.CodeInvalidEncoding, "", ""},
+		3:  {client.CodeInvalidEncoding, "custom_id", ""},
+		5:  {client.CodeInvalidEncoding, "body", "nul-body"},
+		6:  {client.CodeInvalidEncoding, "body", "lone-high"},
+		7:  {client.CodeNumberOutOfRange, "body", "huge"},
+		8:  {client.CodeInvalidEncoding, "", ""},
+		9:  {client.CodeInvalidEncoding, "custom_id", ""},
+		11: {client.CodeDuplicateKey, "body", "twice"},
+		12: {client.CodeTooDeep, "body", "deep"},
 	}
 	b := validated(t, a, key, in, nil)
 	if b.Status != "in_progress" || b.RequestCounts.Total != int64(len(in)) {
@@ -137,7 +140,7 @@ func TestValidatingBatchExpires(t *testing.T) {
 		b.OutputFileID != nil || b.ErrorFileID == nil {
 		t.Fatalf("batch = %+v, want expired with counts %+v", b, want)
 	}
-	if b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "batch_expired" {
+	if b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != client.CodeBatchExpired {
 		t.Fatalf("errors = %+v", b.Errors)
 	}
 	errs := results(t, a, key, *b.ErrorFileID)
@@ -145,7 +148,7 @@ func TestValidatingBatchExpires(t *testing.T) {
 		t.Fatalf("error file has %d lines, want 8", len(errs))
 	}
 	for i, r := range errs {
-		if r.Error == nil || r.Error.Code != "batch_expired" || r.Error.Line != i+1 {
+		if r.Error == nil || r.Error.Code != client.CodeBatchExpired || r.Error.Line != i+1 {
 			t.Fatalf("error line %d = %+v", i+1, r)
 		}
 	}
@@ -210,7 +213,7 @@ func TestUnstorableLineFailsAlone(t *testing.T) {
 	if want := (client.BatchRequestCounts{Total: 6, Failed: 1}); b.Status != "in_progress" || b.RequestCounts != want {
 		t.Fatalf("batch = %+v, want in progress with counts %+v", b, want)
 	}
-	if b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "line_unstorable" || b.Errors.Data[0].Line == nil ||
+	if b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != client.CodeLineUnstorable || b.Errors.Data[0].Line == nil ||
 		*b.Errors.Data[0].Line != 4 {
 		t.Fatalf("errors = %+v, want line 4's alone", b.Errors)
 	}
@@ -235,12 +238,12 @@ func TestUnstorableGroupFailsTheBatch(t *testing.T) {
 		b.InProgressAt != nil || b.ErrorFileID == nil {
 		t.Fatalf("batch = %+v, want failed with counts %+v", b, want)
 	}
-	if b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "validation_failed" ||
+	if b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != client.CodeValidationFailed ||
 		!strings.Contains(b.Errors.Data[0].Message, "Lines 3 to 4 could not be stored") {
 		t.Fatalf("errors = %+v", b.Errors)
 	}
 	errs := results(t, a, key, *b.ErrorFileID)
-	if len(errs) != 3 || errs[0].Error.Code != "batch_failed" || errs[0].Error.Line != 1 || errs[2].Error.Line != 3 {
+	if len(errs) != 3 || errs[0].Error.Code != client.CodeBatchFailed || errs[0].Error.Line != 1 || errs[2].Error.Line != 3 {
 		t.Fatalf("error file = %+v", errs)
 	}
 	if err := svc.Sweep(ctx); err != nil {

@@ -54,7 +54,7 @@ func TestThousandResponsesLines(t *testing.T) {
 		t.Fatalf("counts = %+v, want %+v", b.RequestCounts, want)
 	}
 	errs := results(t, a, key, *b.ErrorFileID)
-	if len(errs) != 2 || errs[0].Error.Line != 501 || errs[0].Error.Code != "invalid_url" ||
+	if len(errs) != 2 || errs[0].Error.Line != 501 || errs[0].Error.Code != client.CodeInvalidURL ||
 		errs[1].Error.Line != 701 || !strings.Contains(errs[1].Error.Message, "input[0].role") {
 		t.Fatalf("error file = %+v", errs)
 	}

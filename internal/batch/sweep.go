@@ -128,7 +128,7 @@ func (s *Service) expireValidating(ctx context.Context, b *store.Batch) error {
 		return err
 	}
 	total := c.Total
-	return s.finish(ctx, b, store.BatchExpired, &total, []client.BatchError{{Code: "batch_expired",
+	return s.finish(ctx, b, store.BatchExpired, &total, []client.BatchError{{Code: client.CodeBatchExpired,
 		Message: "The completion window ended before the input file was validated; no request of the batch ran."}})
 }
 

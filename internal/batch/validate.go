@@ -17,7 +17,6 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/jsontext"
-	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/offload"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
@@ -65,7 +64,7 @@ func (s *Service) Validate(ctx context.Context, batchID string) error {
 	if err != nil {
 		// The tenant's tier has left the policy: no line can be judged, and
 		// trying again every sweep would only log the same error.
-		return s.finish(ctx, b, store.BatchFailed, nil, []client.BatchError{{Code: "tier_not_found", Message: err.Error()}})
+		return s.finish(ctx, b, store.BatchFailed, nil, []client.BatchError{{Code: client.CodeTierNotFound, Message: err.Error()}})
 	}
 	v := &validation{s: s, b: b, policy: p, acct: acct, tier: tier, share: tier.Share, seen: map[[16]byte]int{}}
 	if err := v.loadExisting(ctx); err != nil {
@@ -220,7 +219,7 @@ func (v *validation) conclude(ctx context.Context) error {
 	errs := v.errorList()
 	if v.valid == 0 {
 		if v.total == 0 {
-			errs = []client.BatchError{{Code: "empty_file", Message: "The input file has no request lines."}}
+			errs = []client.BatchError{{Code: client.CodeEmptyFile, Message: "The input file has no request lines."}}
 		}
 		return s.finish(ctx, b, store.BatchFailed, &total, errs)
 	}
@@ -320,7 +319,7 @@ func (v *validation) failed(ctx context.Context, cause error) error {
 		msg = fmt.Sprintf("Lines %d to %d could not be stored", ge.first, ge.last)
 	}
 	msg += ", and trying again would not help. No request of the batch ran."
-	return s.finish(ctx, v.b, store.BatchFailed, &total, []client.BatchError{{Code: "validation_failed", Message: msg}})
+	return s.finish(ctx, v.b, store.BatchFailed, &total, []client.BatchError{{Code: client.CodeValidationFailed, Message: msg}})
 }
 
 // insertOneByOne inserts the group's lines one at a time. A line the store
@@ -345,10 +344,10 @@ func (v *validation) insertOneByOne(ctx context.Context) ([]string, error) {
 		msg := fmt.Sprintf("Line %d: the line could not be stored (the database refused a value in it).", j.LineNo)
 		failed := &store.JobInsertParams{TenantID: j.TenantID, BatchID: j.BatchID, LineNo: j.LineNo, CustomID: j.CustomID,
 			Endpoint: j.Endpoint, Model: j.Model, Queue: j.Queue, Status: store.JobFailed,
-			Error: &store.JobError{Message: msg, Type: wire.TypeInvalidRequest, Code: "line_unstorable"}}
+			Error: &store.JobError{Message: msg, Type: wire.TypeInvalidRequest, Code: client.CodeLineUnstorable}}
 		if len(v.errs) < maxListedErrors {
 			line := j.LineNo
-			v.errs = append(v.errs, client.BatchError{Code: "line_unstorable", Message: msg, Line: &line})
+			v.errs = append(v.errs, client.BatchError{Code: client.CodeLineUnstorable, Message: msg, Line: &line})
 		}
 		got, err = v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: []*store.JobInsertParams{failed}})
 		if err != nil && ctx.Err() == nil && v.s.Store.IsPermanent(err) {
@@ -394,7 +393,7 @@ func (v *validation) storedRefs(ctx context.Context) ([]queue.JobRef, error) {
 func (v *validation) errorList() []client.BatchError {
 	errs := v.errs
 	if v.refused > int64(len(errs)) {
-		errs = append(errs, client.BatchError{Code: "more_errors", Message: fmt.Sprintf(
+		errs = append(errs, client.BatchError{Code: client.CodeMoreErrors, Message: fmt.Sprintf(
 			"%d more lines were refused; the batch's error file lists every refused line.", v.refused-int64(len(errs)))})
 	}
 	return errs
@@ -411,11 +410,6 @@ type requestLine struct {
 	Method   string          `json:"method"`
 	URL      string          `json:"url"`
 	Body     json.RawMessage `json:"body"`
-}
-
-// lineError is why a line is refused.
-type lineError struct {
-	code, param, msg string
 }
 
 // check judges one line and returns the job it becomes: queued, or failed
@@ -441,11 +435,9 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 			case v.tier.BatchOffload != config.BatchOffloadAlways:
 				return job, nil
 			case !offload.Offloads(v.policy, v.tier, job.Model):
-				le = &lineError{code: "batch_offload_unavailable", param: "body.model",
-					msg: fmt.Sprintf("model %q has no provider Batch API, and this tier runs batches only there (batch_offload: always).", job.Model)}
+				le = wire.Invalid("body.model", client.CodeBatchOffloadUnavailable, "model %q has no provider Batch API, and this tier runs batches only there (batch_offload: always).", job.Model)
 			case !offload.Plain(&admitted.Shape):
-				le = &lineError{code: "batch_offload_unavailable", param: "body",
-					msg: "this request continues a stored conversation, asks for a service tier, names built-in tools or holds content llmq cannot count, which llmq bounds call by call and never sends to a provider's Batch API; this tier runs batches only there (batch_offload: always)."}
+				le = wire.Invalid("body", client.CodeBatchOffloadUnavailable, "this request continues a stored conversation, asks for a service tier, names built-in tools or holds content llmq cannot count, which llmq bounds call by call and never sends to a provider's Batch API; this tier runs batches only there (batch_offload: always).")
 			default:
 				return job, nil
 			}
@@ -458,21 +450,21 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 	if json.Unmarshal(req.Body, &named) == nil && len(named.Model) <= 256 && !strings.ContainsRune(named.Model, 0) {
 		job.Model = named.Model
 	}
-	msg := fmt.Sprintf("Line %d: %s", no, le.msg)
+	msg := fmt.Sprintf("Line %d: %s", no, le.Message)
 	job.Status = store.JobFailed
-	job.Error = &store.JobError{Message: msg, Type: wire.TypeInvalidRequest, Code: le.code, Param: le.param}
+	job.Error = &store.JobError{Message: msg, Type: wire.TypeInvalidRequest, Code: le.Code, Param: le.Param}
 	if len(v.errs) < maxListedErrors {
 		line := no
-		v.errs = append(v.errs, client.BatchError{Code: le.code, Message: msg, Param: nullable(le.param), Line: &line})
+		v.errs = append(v.errs, client.BatchError{Code: le.Code, Message: msg, Param: nullable(le.Param), Line: &line})
 	}
 	return job, nil
 }
 
 // parse reads the line's JSON and checks that the store can hold it, then
 // custom_id, method and url.
-func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) *lineError {
+func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) *wire.Error {
 	if tooLong {
-		return &lineError{code: "line_too_long", msg: fmt.Sprintf("the line is longer than %d bytes.", v.s.opts.MaxLineBytes)}
+		return wire.Invalid("", client.CodeLineTooLong, "the line is longer than %d bytes.", v.s.opts.MaxLineBytes)
 	}
 	// Checked before decoding, which would replace bytes that are not
 	// UTF-8 and take what Postgres refuses.
@@ -481,8 +473,8 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 		unstorable = jsontext.Structure(line, jsontext.Names(req)...)
 	}
 	if unstorable != nil && unstorable.Raw {
-		return &lineError{code: unstorable.Code, msg: fmt.Sprintf("the line holds %s at byte %d, which cannot be stored; a batch input file must be UTF-8 text.",
-			unstorable.What, unstorable.Offset+1)}
+		return wire.Invalid("", unstorable.Code, "the line holds %s at byte %d, which cannot be stored; a batch input file must be UTF-8 text.",
+			unstorable.What, unstorable.Offset+1)
 	}
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
@@ -490,35 +482,33 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 		return decodeError(err)
 	}
 	if dec.More() {
-		return &lineError{code: "invalid_json_line", msg: "the line holds more than one JSON value."}
+		return wire.Invalid("", client.CodeInvalidJSONLine, "the line holds more than one JSON value.")
 	}
 	if unstorable != nil {
 		le := unstorableField(line, unstorable)
-		if le.param == "custom_id" {
+		if le.Param == "custom_id" {
 			req.CustomID = nil // neither stored nor echoed
 		}
 		return le
 	}
 	switch {
 	case req.CustomID == nil || *req.CustomID == "":
-		return &lineError{code: "missing_custom_id", param: "custom_id", msg: "custom_id is required: a non-empty string, unique within the file."}
+		return wire.Invalid("custom_id", client.CodeMissingCustomID, "custom_id is required: a non-empty string, unique within the file.")
 	case len(*req.CustomID) > 512:
-		return &lineError{code: "invalid_custom_id", param: "custom_id", msg: "custom_id must be at most 512 bytes."}
+		return wire.Invalid("custom_id", client.CodeInvalidCustomID, "custom_id must be at most 512 bytes.")
 	}
 	key := customIDKey(*req.CustomID)
 	if first, dup := v.seen[key]; dup {
-		return &lineError{code: "duplicate_custom_id", param: "custom_id",
-			msg: fmt.Sprintf("custom_id '%s' is already used on line %d; custom ids must be unique within a file.", *req.CustomID, first)}
+		return wire.Invalid("custom_id", client.CodeDuplicateCustomID, "custom_id '%s' is already used on line %d; custom ids must be unique within a file.", *req.CustomID, first)
 	}
 	v.seen[key] = no
 	switch {
 	case req.Method != "POST":
-		return &lineError{code: "invalid_method", param: "method", msg: fmt.Sprintf("method must be POST, got '%.20s'.", req.Method)}
+		return wire.Invalid("method", client.CodeInvalidMethod, "method must be POST, got '%.20s'.", req.Method)
 	case req.URL != v.b.Endpoint:
-		return &lineError{code: "invalid_url", param: "url",
-			msg: fmt.Sprintf("url '%.100s' is not the batch's endpoint '%s'; every line of a batch goes to its endpoint.", req.URL, v.b.Endpoint)}
+		return wire.Invalid("url", client.CodeInvalidURL, "url '%.100s' is not the batch's endpoint '%s'; every line of a batch goes to its endpoint.", req.URL, v.b.Endpoint)
 	case len(bytes.TrimSpace(req.Body)) == 0 || bytes.Equal(bytes.TrimSpace(req.Body), []byte("null")):
-		return &lineError{code: "missing_body", param: "body", msg: fmt.Sprintf("body is required: the request to send to %s.", v.b.Endpoint)}
+		return wire.Invalid("body", client.CodeMissingBody, "body is required: the request to send to %s.", v.b.Endpoint)
 	}
 	return nil
 }
@@ -529,53 +519,48 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 // U+FFFD (as it does in a provider's answer), and Go's decoder an unpaired
 // surrogate into U+FFFD: a request is refused instead of being sent other
 // than it was written.
-func unstorableField(line []byte, p *jsontext.Problem) *lineError {
+func unstorableField(line []byte, p *jsontext.Problem) *wire.Error {
 	if field := jsontext.Field(p.Param(line)); field != "" && p.Member != field {
-		return &lineError{code: p.Code, param: field, msg: fmt.Sprintf("%s holds %s, %s.", field, p.What, p.Why())}
+		return wire.Invalid(field, p.Code, "%s holds %s, %s.", field, p.What, p.Why())
 	} else if field != "" {
-		return &lineError{code: p.Code, param: field, msg: fmt.Sprintf("the line holds %s, %s.", p.What, p.Why())}
+		return wire.Invalid(field, p.Code, "the line holds %s, %s.", p.What, p.Why())
 	}
-	return &lineError{code: p.Code, msg: fmt.Sprintf("the line holds %s, %s.", p.What, p.Why())}
+	return wire.Invalid("", p.Code, "the line holds %s, %s.", p.What, p.Why())
 }
 
 // admit asks admission whether the body can ever run, and whether its
 // worst case fits the tenant's whole daily budget; err is one it could not
 // answer now (the store it asks of follow-ups).
-func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Request, *lineError, error) {
+func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Request, *wire.Error, error) {
 	admitted, err := v.s.Admission.Admit(ctx, v.policy, v.tier, v.acct, v.b.Endpoint, body)
 	if err == nil {
 		return admitted, nil, nil
 	}
-	var ae *admission.Error
-	var ir *llm.InvalidRequestError
-	switch {
-	case errors.As(err, &ae):
-		return nil, &lineError{code: ae.Code, param: ae.ParamIn("body"), msg: ae.Message}, nil
-	case errors.As(err, &ir):
-		return nil, &lineError{code: "invalid_request", param: "body", msg: ir.Message}, nil
+	var refusal *wire.Error
+	if errors.As(err, &refusal) {
+		return nil, wire.Invalid(refusal.ParamIn("body"), refusal.Code, "%s", refusal.Message), nil
 	}
 	return nil, nil, err
 }
 
 // decodeError names what is wrong with a line's JSON.
-func decodeError(err error) *lineError {
+func decodeError(err error) *wire.Error {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
-		return &lineError{code: "invalid_json_line", msg: fmt.Sprintf("the line is not valid JSON (at byte %d): %v.", syn.Offset, syn)}
+		return wire.Invalid("", client.CodeInvalidJSONLine, "the line is not valid JSON (at byte %d): %v.", syn.Offset, syn)
 	case errors.As(err, &typ) && typ.Field == "":
-		return &lineError{code: "invalid_json_line", msg: fmt.Sprintf("the line must be a JSON object, got %s.", typ.Value)}
+		return wire.Invalid("", client.CodeInvalidJSONLine, "the line must be a JSON object, got %s.", typ.Value)
 	case errors.As(err, &typ):
-		return &lineError{code: "invalid_value", param: typ.Field, msg: fmt.Sprintf("%s must be %s, got %s.", typ.Field, kind(typ.Field), typ.Value)}
+		return wire.Invalid(typ.Field, client.CodeInvalidValue, "%s must be %s, got %s.", typ.Field, kind(typ.Field), typ.Value)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return &lineError{code: "invalid_json_line", msg: "the line is truncated JSON."}
+		return wire.Invalid("", client.CodeInvalidJSONLine, "the line is truncated JSON.")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return &lineError{code: "unknown_field", param: name,
-			msg: fmt.Sprintf("unknown field '%.40s'; a line has custom_id, method, url and body.", name)}
+		return wire.Invalid(name, client.CodeUnknownField, "unknown field '%.40s'; a line has custom_id, method, url and body.", name)
 	}
-	return &lineError{code: "invalid_json_line", msg: fmt.Sprintf("the line is not valid JSON: %v.", err)}
+	return wire.Invalid("", client.CodeInvalidJSONLine, "the line is not valid JSON: %v.", err)
 }
 
 func kind(field string) string {

@@ -14,23 +14,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
-)
 
-// Problem codes.
-const (
-	// CodeInvalidEncoding: a NUL byte, bytes that are not UTF-8, the escape
-	// of NUL, or the escape of half a surrogate pair.
-	CodeInvalidEncoding = "invalid_encoding"
-	// CodeNumberOutOfRange: a number Postgres's numeric cannot hold.
-	CodeNumberOutOfRange = "number_out_of_range"
-	// CodeDuplicateKey: a member named twice, or two whose names differ only
-	// in case.
-	CodeDuplicateKey = "duplicate_key"
-	// CodeTooDeep: objects and arrays nested deeper than MaxDepth.
-	CodeTooDeep = "too_deep"
-	// CodeCaseVariant: a member whose name differs from one the reader
-	// takes only in case.
-	CodeCaseVariant = "case_variant"
+	"github.com/llmq/llmq/client"
 )
 
 // MaxDepth is how deep objects and arrays may nest in a text llmq takes.
@@ -45,22 +30,25 @@ const (
 
 // Problem is something in a text that llmq refuses.
 type Problem struct {
-	Offset int    // in bytes from the start of the text
-	Code   string // one of the Code constants
-	What   string // what it is, for a message: "a NUL byte"
-	Member string // the member that is the problem; "" for a value
-	// Raw: the bytes themselves are the problem, not an escape or a number.
+	Offset int         // where it starts, in bytes from the start of the text
+	Code   client.Code // client.CodeInvalidEncoding or client.CodeNumberOutOfRange
+	What   string      // what it is, for a message: "a NUL byte", "the number 1e999999 (…)"
+	// Member is the name of the member that is the problem (one named
+	// twice); "" when the problem is in a value.
+	Member string
+	// Raw: the bytes themselves are the problem (a NUL byte, bytes that are
+	// not UTF-8), not an escape or a number: the text is not text.
 	Raw bool
 }
 
 // Why says, for a message after What, why the problem refuses the text.
 func (p *Problem) Why() string {
 	switch p.Code {
-	case CodeDuplicateKey:
+	case client.CodeDuplicateKey:
 		return "and a member may be named once, in one case: the provider could read the other one"
-	case CodeTooDeep:
+	case client.CodeTooDeep:
 		return "which llmq does not take"
-	case CodeCaseVariant:
+	case client.CodeCaseVariant:
 		return "and member names are case-sensitive"
 	}
 	return "which cannot be stored"
@@ -87,7 +75,7 @@ func Unstorable(doc []byte) *Problem {
 				j++
 			}
 			if !numberStorable(string(doc[i:j])) {
-				return &Problem{Offset: i, Code: CodeNumberOutOfRange,
+				return &Problem{Offset: i, Code: client.CodeNumberOutOfRange,
 					What: fmt.Sprintf("the number %.40s (a number may have at most %d digits before the decimal point and %d after)",
 						doc[i:j], pgNumericMaxWeight+1, pgNumericMaxScale)}
 			}
@@ -102,7 +90,7 @@ func badBytes(doc []byte) *Problem {
 	for i := 0; i < len(doc); {
 		c := doc[i]
 		if c == 0 {
-			return &Problem{Offset: i, Code: CodeInvalidEncoding, What: "a NUL byte (U+0000 cannot be stored, raw or escaped)", Raw: true}
+			return &Problem{Offset: i, Code: client.CodeInvalidEncoding, What: "a NUL byte (U+0000 cannot be stored, raw or escaped)", Raw: true}
 		}
 		if c < utf8.RuneSelf {
 			i++
@@ -110,7 +98,7 @@ func badBytes(doc []byte) *Problem {
 		}
 		r, size := utf8.DecodeRune(doc[i:])
 		if r == utf8.RuneError && size == 1 {
-			return &Problem{Offset: i, Code: CodeInvalidEncoding, What: fmt.Sprintf("bytes that are not UTF-8 (0x%02X)", c), Raw: true}
+			return &Problem{Offset: i, Code: client.CodeInvalidEncoding, What: fmt.Sprintf("bytes that are not UTF-8 (0x%02X)", c), Raw: true}
 		}
 		i += size
 	}
@@ -131,16 +119,16 @@ func scanString(doc []byte, i int) (end int, p *Problem) {
 				switch {
 				case !ok:
 				case r == 0:
-					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding, What: `the character U+0000 (NUL, \u0000)`}
+					return 0, &Problem{Offset: i, Code: client.CodeInvalidEncoding, What: `the character U+0000 (NUL, \u0000)`}
 				case 0xD800 <= r && r < 0xDC00: // a high surrogate: its low one must follow
 					if lo, ok := hex4(doc, i+8); ok && i+7 < len(doc) && doc[i+6] == '\\' && doc[i+7] == 'u' && 0xDC00 <= lo && lo < 0xE000 {
 						i += 6
 						break
 					}
-					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding,
+					return 0, &Problem{Offset: i, Code: client.CodeInvalidEncoding,
 						What: fmt.Sprintf(`the unpaired surrogate escape \u%04x (a high surrogate must be followed by a low one)`, r)}
 				case 0xDC00 <= r && r < 0xE000:
-					return 0, &Problem{Offset: i, Code: CodeInvalidEncoding,
+					return 0, &Problem{Offset: i, Code: client.CodeInvalidEncoding,
 						What: fmt.Sprintf(`the unpaired surrogate escape \u%04x (a low surrogate must follow a high one)`, r)}
 				}
 			}
@@ -218,7 +206,8 @@ func Structure(doc []byte, names ...string) *Problem {
 			case '{', '[':
 				if n == MaxDepth {
 					// at the third container, whose path names the field
-					return &Problem{Offset: opened[min(2, n-1)], Code: CodeTooDeep,
+					// ("body.metadata") without a hundred indexes
+					return &Problem{Offset: opened[min(2, n-1)], Code: client.CodeTooDeep,
 						What: fmt.Sprintf("objects and arrays nested more than %d deep", MaxDepth)}
 				}
 				opened = append(opened, start+bytes.IndexByte(doc[start:], byte(d)))
@@ -251,13 +240,13 @@ func Structure(doc []byte, names ...string) *Problem {
 			if first != key {
 				what = fmt.Sprintf("the member %q beside %q, a name that differs only in case", key, first)
 			}
-			return &Problem{Offset: off, Code: CodeDuplicateKey, What: what, Member: key}
+			return &Problem{Offset: off, Code: client.CodeDuplicateKey, What: what, Member: key}
 		}
 		if n == 1 && len(names) > 0 {
 			for _, name := range names {
 				if key != name && FoldName(name) == folded {
 					off := start + bytes.IndexByte(doc[start:], '"')
-					return &Problem{Offset: off, Code: CodeCaseVariant, Member: key,
+					return &Problem{Offset: off, Code: client.CodeCaseVariant, Member: key,
 						What: fmt.Sprintf("the member %q, which differs from %q only in case", key, name)}
 				}
 			}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/llmq/llmq/client"
 )
 
 // What Unstorable finds, where, and of what kind; what it lets through.
@@ -13,19 +15,19 @@ func TestUnstorable(t *testing.T) {
 	for _, c := range []struct {
 		doc  string
 		off  int // -1: nothing to find
-		code string
+		code client.Code
 		raw  bool
 	}{
 		{`{"a":"café \ud83d\ude00","n":-12.5e3}`, -1, "", false},
 		{`{"a":"C:\\u0000"}`, -1, "", false}, // an escaped backslash, then "u0000"
-		{`{"a":"x\u0000"}`, 7, CodeInvalidEncoding, false},
-		{`{"a":"x\ud800y"}`, 7, CodeInvalidEncoding, false},
-		{`{"a":"\udc00"}`, 6, CodeInvalidEncoding, false},
-		{`{"a":1e200000}`, 5, CodeNumberOutOfRange, false},
+		{`{"a":"x\u0000"}`, 7, client.CodeInvalidEncoding, false},
+		{`{"a":"x\ud800y"}`, 7, client.CodeInvalidEncoding, false},
+		{`{"a":"\udc00"}`, 6, client.CodeInvalidEncoding, false},
+		{`{"a":1e200000}`, 5, client.CodeNumberOutOfRange, false},
 		{`{"a":"1e200000"}`, -1, "", false}, // a string, not a number
-		{"{\"a\":\"caf\xe9\"}", 9, CodeInvalidEncoding, true},
-		{"{\"a\":\"x\x00\"}", 7, CodeInvalidEncoding, true},
-		{"{\"a\":\"\\u0000\xff\"}", 12, CodeInvalidEncoding, true}, // the bytes first
+		{"{\"a\":\"caf\xe9\"}", 9, client.CodeInvalidEncoding, true},
+		{"{\"a\":\"x\x00\"}", 7, client.CodeInvalidEncoding, true},
+		{"{\"a\":\"\\u0000\xff\"}", 12, client.CodeInvalidEncoding, true}, // the bytes first
 	} {
 		p := Unstorable([]byte(c.doc))
 		switch {
@@ -69,15 +71,17 @@ func TestPathAt(t *testing.T) {
 func TestStructure(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		doc, code, path string
+		doc  string
+		code client.Code
+		path string
 	}{
-		{`{"model":"o3","model":"cap-raw","max_tokens":5}`, CodeDuplicateKey, ""},
-		{`{"body":{"messages":[{"role":"user","content":"a","content":"b"}]}}`, CodeDuplicateKey, "body.messages[0]"},
+		{`{"model":"o3","model":"cap-raw","max_tokens":5}`, client.CodeDuplicateKey, ""},
+		{`{"body":{"messages":[{"role":"user","content":"a","content":"b"}]}}`, client.CodeDuplicateKey, "body.messages[0]"},
 		{`{"a":{"x":1},"b":{"x":1},"c":[{"x":1},{"x":2}]}`, "", ""},
 		{`{"a":"\"a\"","b":1}`, "", ""},
 		{strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth), "", ""},
-		{`{"body":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}`, CodeTooDeep, "body[0]"},
-		{`{"body":{"metadata":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}}`, CodeTooDeep, "body.metadata"},
+		{`{"body":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}`, client.CodeTooDeep, "body[0]"},
+		{`{"body":{"metadata":` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `}}`, client.CodeTooDeep, "body.metadata"},
 		{`not json {"a":1,"a":2}`, "", ""},
 	} {
 		p := Structure([]byte(c.doc))
@@ -111,8 +115,8 @@ func TestStructureCaseVariants(t *testing.T) {
 		{"{\"\u212a\":1,\"k\":2}", ""},
 	} {
 		p := Structure([]byte(c.doc))
-		if p == nil || p.Code != CodeDuplicateKey {
-			t.Errorf("%s: got %+v, want %s", c.doc, p, CodeDuplicateKey)
+		if p == nil || p.Code != client.CodeDuplicateKey {
+			t.Errorf("%s: got %+v, want %s", c.doc, p, client.CodeDuplicateKey)
 			continue
 		}
 		if got := PathAt([]byte(c.doc), p.Offset); got != c.path {
@@ -148,7 +152,7 @@ func TestStructureEnvelopeNames(t *testing.T) {
 		t.Fatalf("names %v", names)
 	}
 	p := Structure([]byte(`{"custom_id":"a","BODY":{"x":1}}`), names...)
-	if p == nil || p.Code != CodeCaseVariant || p.Param([]byte(`{"custom_id":"a","BODY":{"x":1}}`)) != "BODY" {
+	if p == nil || p.Code != client.CodeCaseVariant || p.Param([]byte(`{"custom_id":"a","BODY":{"x":1}}`)) != "BODY" {
 		t.Fatalf("got %+v", p)
 	}
 	for _, doc := range []string{`{"custom_id":"a","body":{"BODY":1}}`, `{"custom_id":"a","other":1}`} {

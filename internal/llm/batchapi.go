@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmq/llmq/client"
 )
 
 // BatchAPI is a provider's Files and Batches API, which the offloader uses.
@@ -172,7 +174,7 @@ func (p *openAIProvider) decodeObject(resp *http.Response, out any) error {
 		err = unmarshal(b, out)
 	}
 	if err != nil {
-		return p.answered(resp).serverError(ClassRetryable, CodeUnreadableResponse,
+		return p.answered(resp).serverError(ClassRetryable, client.CodeProviderResponseUnreadable,
 			"The provider's answer could not be read: "+p.scrub(err.Error()))
 	}
 	return nil
@@ -206,7 +208,7 @@ func (p *openAIProvider) UploadBatchFile(ctx context.Context, name string, conte
 		return "", err
 	}
 	if f.ID == "" {
-		return "", p.answered(resp).serverError(ClassPermanent, CodeInvalidResponse,
+		return "", p.answered(resp).serverError(ClassPermanent, client.CodeProviderResponseInvalid,
 			"The provider answered a file object without an id.")
 	}
 	return f.ID, nil
@@ -245,7 +247,7 @@ func (p *openAIProvider) CreateBatch(ctx context.Context, fileID, endpoint strin
 // checked refuses a batch object without an id or status.
 func (p *openAIProvider) checked(b *ProviderBatch) (*ProviderBatch, error) {
 	if b.ID == "" || b.Status == "" {
-		return nil, (&Error{Provider: p.name}).serverError(ClassPermanent, CodeInvalidResponse,
+		return nil, (&Error{Provider: p.name}).serverError(ClassPermanent, client.CodeProviderResponseInvalid,
 			"The provider answered a batch object without an id or status.")
 	}
 	return b, nil

@@ -461,7 +461,7 @@ func TestBatchAPIQueueLimit(t *testing.T) {
 		if err := json.Unmarshal(lines[i], &l); err != nil {
 			t.Fatal(err)
 		}
-		p, err := llm.ParseRequest(llm.EndpointChat, l.Body)
+		p, err := llm.NewEstimator().Parse(llm.EndpointChat, "", "", l.Body)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,8 @@
 package llm
 
 import (
+	"github.com/llmq/llmq/client"
+
 	"net/http"
 	"regexp"
 	"strconv"
@@ -63,8 +65,9 @@ type Error struct {
 	// the request was refused before sending.
 	StatusCode int
 	// Message, Type, Code and Param are the provider's error object.
-	Message, Type, Code, Param string
-	RequestID                  string // the provider's x-request-id
+	Message, Type, Param string
+	Code                 client.Code
+	RequestID            string // the provider's x-request-id
 	// RateLimit is what the answer's headers said; on a 429 its Delay is
 	// the provider's retry-after.
 	RateLimit RateLimit
@@ -86,7 +89,7 @@ func (e *Error) Error() string {
 	}
 	b.WriteString(e.Class.String())
 	if e.Code != "" {
-		b.WriteString(" (" + e.Code + ")")
+		b.WriteString(" (" + string(e.Code) + ")")
 	} else if e.Type != "" {
 		b.WriteString(" (" + e.Type + ")")
 	}
@@ -104,7 +107,7 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // serverError makes e llmq's refusal of an answer it cannot use.
-func (e *Error) serverError(class Class, code, msg string) *Error {
+func (e *Error) serverError(class Class, code client.Code, msg string) *Error {
 	e.Class, e.Code, e.Type, e.Message = class, code, "server_error", msg
 	return e
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm"
 )
 
@@ -28,7 +29,7 @@ func TestClassify(t *testing.T) {
 func TestErrorTextHidesKeys(t *testing.T) {
 	t.Parallel()
 	e := &llm.Error{
-		Class: llm.ClassPermanent, Provider: "openai", StatusCode: 401, Code: "invalid_api_key",
+		Class: llm.ClassPermanent, Provider: "openai", StatusCode: 401, Code: client.CodeInvalidAPIKey,
 		Message: "Incorrect API key provided: sk-proj-abcdefghijklmnop1234.",
 		Err:     errors.New("dial with sk-live_ABCDEFGH12345678 failed"),
 	}
@@ -38,7 +39,7 @@ func TestErrorTextHidesKeys(t *testing.T) {
 			t.Errorf("Error() = %q holds a key", s)
 		}
 	}
-	if !strings.Contains(s, "401") || !strings.Contains(s, "invalid_api_key") || !strings.Contains(s, "openai") {
+	if !strings.Contains(s, "401") || !strings.Contains(s, string(client.CodeInvalidAPIKey)) || !strings.Contains(s, "openai") {
 		t.Errorf("Error() = %q lacks status, code or provider", s)
 	}
 }

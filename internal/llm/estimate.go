@@ -134,11 +134,9 @@ type Estimator struct{}
 // NewEstimator returns an Estimator.
 func NewEstimator() *Estimator { return &Estimator{} }
 
-var defaultEstimator = NewEstimator()
-
 // PromptTokens estimates the prompt tokens of body for endpoint. model picks
 // the tokenizer ("" uses body.model); encoding, when set, overrides it (and
-// no margin is added). Invalid bodies return an *InvalidRequestError.
+// no margin is added). Invalid bodies return a *wire.Error.
 func (e *Estimator) PromptTokens(endpoint, model, encoding string, body []byte) (int64, error) {
 	p, err := e.Parse(endpoint, model, encoding, body)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
 
+	"github.com/llmq/llmq/client"
 	llmqjson "github.com/llmq/llmq/internal/jsontext"
 )
 
@@ -65,7 +66,7 @@ func (r *request) checkCase(v object, path string) {
 			}
 			r.variant = invalid(p, "'%s' differs from '%s' only in case: member names are case-sensitive, and a provider that matches them without case could read it as '%s'; name it '%s'",
 				p, field, field, field)
-			r.variant.Code = CodeCaseVariant
+			r.variant.Code = client.CodeCaseVariant
 			return
 		}
 	}

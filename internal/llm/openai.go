@@ -16,6 +16,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // OpenAIConfig configures a provider that speaks OpenAI's API.
@@ -36,7 +37,7 @@ type OpenAIConfig struct {
 	// Defaults to 60s.
 	Timeout time.Duration
 	// MaxResponseBytes bounds an answer's body (a stream's, all its events):
-	// past it the call fails with CodeResponseTooLarge. Defaults to
+	// past it the call fails with client.CodeProviderResponseTooLarge. Defaults to
 	// DefaultMaxResponseBytes.
 	MaxResponseBytes int64
 	// HTTPClient sends the requests; it is copied, its Transport wrapped.
@@ -50,18 +51,6 @@ const (
 	// DefaultMaxResponseBytes bounds a provider's answer when its
 	// configuration names no bound.
 	DefaultMaxResponseBytes = 16 << 20
-)
-
-// The codes of an Error that llmq gives a provider's answer it cannot use.
-const (
-	// CodeResponseTooLarge: the answer passed max_response_bytes.
-	CodeResponseTooLarge = "provider_response_too_large"
-	// CodeUnreadableResponse: a 2xx answer that is not JSON.
-	CodeUnreadableResponse = "provider_response_unreadable"
-	// CodeInvalidResponse: a 2xx answer not of an OpenAI answer's shape.
-	CodeInvalidResponse = "provider_response_invalid"
-	// CodeStreamFailed: a stream that failed after it began.
-	CodeStreamFailed = "provider_stream_failed"
 )
 
 var errResponseTooLarge = errors.New("the provider's answer is larger than its max_response_bytes")
@@ -202,7 +191,7 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 		resp, cerr := p.client.CreateEmbeddings(ctx, er)
 		err, usage = cerr, resp.Usage
 	default:
-		return nil, p.refuse(&InvalidRequestError{Param: "endpoint", Message: fmt.Sprintf("'endpoint' %q is not supported", req.Endpoint)})
+		return nil, p.refuse(invalid("endpoint", "'endpoint' %q is not supported", req.Endpoint))
 	}
 	if err != nil {
 		return nil, p.failure(ctx, c, err)
@@ -237,10 +226,10 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 func wireBody(req Request) (wire []byte, model string, err error) {
 	var fields map[string]json.RawMessage
 	if err := unmarshal(req.Body, &fields); err != nil || fields == nil {
-		return nil, "", &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
+		return nil, "", invalid("body", "'body' must be a JSON object")
 	}
 	if s, ok := fields["stream"]; ok && string(bytes.TrimSpace(s)) == "true" && req.Stream == nil {
-		return nil, "", &InvalidRequestError{Param: "stream", Message: "'stream' is not supported"}
+		return nil, "", invalid("stream", "'stream' is not supported")
 	}
 	changed := false
 	if req.Upstream == "" {
@@ -301,7 +290,7 @@ func OutputField(endpoint, model string) string {
 // refuse is a request that was never sent.
 func (p *openAIProvider) refuse(err error) *Error {
 	e := &Error{Class: ClassPermanent, Provider: p.name, Type: "invalid_request_error", Message: p.scrub(err.Error())}
-	var ir *InvalidRequestError
+	var ir *wire.Error
 	if errors.As(err, &ir) {
 		e.Param = ir.Param
 	}
@@ -323,7 +312,7 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		return p.tooLarge(e, "answer")
 	case errors.As(err, &apiErr):
 		e.StatusCode = apiErr.HTTPStatusCode
-		o := &client.ErrorObject{Message: apiErr.Message, Type: apiErr.Type, Code: codeString(apiErr.Code)}
+		o := &client.ErrorObject{Message: apiErr.Message, Type: apiErr.Type, Code: client.Code(codeString(apiErr.Code))}
 		if apiErr.Param != nil {
 			o.Param = *apiErr.Param
 		}
@@ -340,7 +329,7 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		return p.notOpenAIShape(e, err)
 	case c.status >= 200 && c.status < 300:
 		e.StatusCode = c.status
-		return e.serverError(ClassRetryable, CodeUnreadableResponse, msgUnreadable)
+		return e.serverError(ClassRetryable, client.CodeProviderResponseUnreadable, msgUnreadable)
 	case c.status != 0:
 		// A redirect or another unexpected status: a misconfigured base URL.
 		e.StatusCode = c.status
@@ -364,14 +353,14 @@ const msgUnreadable = "The provider's answer could not be read (truncated or not
 // tooLarge makes e the refusal of an answer (what: "answer", "stream")
 // past max_response_bytes.
 func (p *openAIProvider) tooLarge(e *Error, what string) *Error {
-	return e.serverError(ClassPermanent, CodeResponseTooLarge,
+	return e.serverError(ClassPermanent, client.CodeProviderResponseTooLarge,
 		fmt.Sprintf("The provider's %s is larger than its max_response_bytes (%d bytes).", what, p.maxResponse))
 }
 
 // notOpenAIShape makes e the refusal of a JSON answer that is not of an
 // OpenAI answer's shape (a usage of 1.5 tokens).
 func (p *openAIProvider) notOpenAIShape(e *Error, err error) *Error {
-	return e.serverError(ClassPermanent, CodeInvalidResponse,
+	return e.serverError(ClassPermanent, client.CodeProviderResponseInvalid,
 		answerMessage(e.StatusCode, "The provider's answer is not of the shape of an OpenAI answer: "+err.Error(), true, p.scrub))
 }
 

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
 )
@@ -76,7 +77,7 @@ func TestOpenAIChatAgainstSimulator(t *testing.T) {
 	if resp.StatusCode != 200 || out.Object != "chat.completion" || out.Model != "gpt-4o-mini" || len(out.Choices) != 1 || out.Choices[0].Message.Content == "" {
 		t.Errorf("response %d %s", resp.StatusCode, resp.Body)
 	}
-	parsed, _ := llm.ParseRequest(llm.EndpointChat, []byte(body))
+	parsed, _ := llm.NewEstimator().Parse(llm.EndpointChat, "", "", []byte(body))
 	if resp.Usage.PromptTokens != parsed.ContentTokens || resp.Usage.CompletionTokens < 1 || resp.Usage.CompletionTokens > 50 ||
 		resp.Usage.TotalTokens != resp.Usage.PromptTokens+resp.Usage.CompletionTokens {
 		t.Errorf("usage %+v", resp.Usage)
@@ -221,7 +222,7 @@ func TestOpenAIErrors(t *testing.T) {
 				if e.RateLimit.RemainingTokens != 0 || !e.RateLimit.Known(llm.HasRemainingTokens) || e.RequestID != "req_429" {
 					t.Errorf("rate limit %+v, request id %q", e.RateLimit, e.RequestID)
 				}
-				if e.Code != "rate_limit_exceeded" || e.Type != "tokens" || !strings.Contains(e.Message, "Limit 30000") {
+				if e.Code != client.CodeRateLimitExceeded || e.Type != "tokens" || !strings.Contains(e.Message, "Limit 30000") {
 					t.Errorf("error %+v", e)
 				}
 			}},
@@ -270,19 +271,19 @@ func TestOpenAIErrors(t *testing.T) {
 		// JSON but not an answer's shape (a usage of 1.5 tokens) is not.
 		{"200 truncated", 200, nil, `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"mess`,
 			llm.ClassRetryable, func(t *testing.T, e *llm.Error) {
-				if e.Code != llm.CodeUnreadableResponse {
+				if e.Code != client.CodeProviderResponseUnreadable {
 					t.Errorf("error %+v", e)
 				}
 			}},
 		{"200 with a usage of 1.5 tokens", 200, nil, `{"id":"chatcmpl-1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1.5,"completion_tokens":2,"total_tokens":3.5}}`,
 			llm.ClassPermanent, func(t *testing.T, e *llm.Error) {
-				if e.Code != llm.CodeInvalidResponse {
+				if e.Code != client.CodeProviderResponseInvalid {
 					t.Errorf("error %+v", e)
 				}
 			}},
 		{"400", 400, nil, `{"error":{"message":"Invalid value for 'temperature': must be at most 2.","type":"invalid_request_error","param":"temperature","code":"invalid_value"}}`,
 			llm.ClassPermanent, func(t *testing.T, e *llm.Error) {
-				if e.Param != "temperature" || e.Code != "invalid_value" || e.StatusCode != 400 {
+				if e.Param != "temperature" || e.Code != client.CodeInvalidValue || e.StatusCode != 400 {
 					t.Errorf("error %+v", e)
 				}
 			}},
@@ -459,7 +460,7 @@ func TestOpenAISimulatorRateLimit(t *testing.T) {
 	if d, ok := e.RateLimit.Delay(); e.Class != llm.ClassRateLimited || !ok || d != 30*time.Second {
 		t.Errorf("%+v delay %v", e, d)
 	}
-	if e.Type != "requests" || e.Code != "rate_limit_exceeded" || !strings.Contains(e.Message, "Limit 2") {
+	if e.Type != "requests" || e.Code != client.CodeRateLimitExceeded || !strings.Contains(e.Message, "Limit 2") {
 		t.Errorf("%+v", e)
 	}
 }
@@ -508,13 +509,13 @@ func TestOpenAIResponseBound(t *testing.T) {
 	p := llm.NewOpenAI(llm.OpenAIConfig{Name: "test", BaseURL: ts.BaseURL, HTTPClient: &http.Client{Transport: tr}, MaxResponseBytes: 2048})
 	body := json.RawMessage(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2000}`)
 	_, err := p.Call(context.Background(), llm.Request{Endpoint: llm.EndpointChat, Body: body})
-	if e := asError(t, err); e.Code != llm.CodeResponseTooLarge || e.Class != llm.ClassPermanent || e.StatusCode != 200 {
+	if e := asError(t, err); e.Code != client.CodeProviderResponseTooLarge || e.Class != llm.ClassPermanent || e.StatusCode != 200 {
 		t.Fatalf("unstreamed: %+v", e)
 	}
 	chunks := 0
 	_, err = p.Call(context.Background(), llm.Request{Endpoint: llm.EndpointChat, Body: body,
 		Stream: func([]byte) error { chunks++; return nil }})
-	if e := asError(t, err); e.Code != llm.CodeResponseTooLarge || e.Relayed != chunks {
+	if e := asError(t, err); e.Code != client.CodeProviderResponseTooLarge || e.Relayed != chunks {
 		t.Fatalf("streamed: %+v after %d chunks", e, chunks)
 	}
 	// Within the bound all is well.

@@ -8,7 +8,8 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/llmq/llmq/internal/jsontext"
+	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // ParsedRequest is what llmq needs to know about a client's request body to
@@ -41,27 +42,10 @@ type ParsedRequest struct {
 	KnownModel bool
 }
 
-// InvalidRequestError is a request body that can never be sent. Its message
-// is for the client and names the offending parameter.
-type InvalidRequestError struct {
-	// Param is the JSON path of the offending value, e.g. "model",
-	// "messages[2].content", "max_tokens", "input".
-	Param string
-	// Message says what is wrong, naming Param.
-	Message string
-	// Code is the error's code when it is more than an invalid request:
-	// CodeCaseVariant. "" for none.
-	Code string
-}
-
-// CodeCaseVariant is the code of a member whose name differs from one llmq
-// reads only in case (jsontext.CodeCaseVariant).
-const CodeCaseVariant = jsontext.CodeCaseVariant
-
-func (e *InvalidRequestError) Error() string { return e.Message }
-
-func invalid(param, format string, args ...any) *InvalidRequestError {
-	return &InvalidRequestError{Param: param, Message: fmt.Sprintf(format, args...)}
+// invalid is a request body that can never be sent; its message names the
+// offending parameter, param the JSON path of its value ("messages[2].content").
+func invalid(param, format string, args ...any) *wire.Error {
+	return wire.Invalid(param, client.CodeInvalidRequest, format, args...)
 }
 
 // Limits of the OpenAI API that a request must respect everywhere.
@@ -73,21 +57,6 @@ const (
 
 var validRoles = map[string]bool{
 	"system": true, "user": true, "assistant": true, "tool": true, "developer": true, "function": true,
-}
-
-// ParseRequest validates a client's request body for endpoint and estimates its
-// prompt tokens with the model's tokenizer. Errors are *InvalidRequestError,
-// naming the parameter: the body must be a JSON object with a string model;
-// chat needs a non-empty messages array of {role, content} with a known role
-// and content that is a string or a non-empty array of parts (assistant
-// messages may have null content, as when they carry tool calls); max_tokens,
-// max_completion_tokens and n must be integers ≥ 1 when present; stream true is
-// refused, since llmq stores whole responses; embeddings need input as a
-// non-empty string, array of strings, array of token ids or array of arrays of
-// token ids. Unknown endpoints are refused. Other fields are left for the
-// provider to judge.
-func ParseRequest(endpoint string, body []byte) (*ParsedRequest, error) {
-	return defaultEstimator.Parse(endpoint, "", "", body)
 }
 
 // rawChatBody holds the fields of a chat completions body llmq reads; the
@@ -190,7 +159,7 @@ type request struct {
 	stores bool
 	// variant is the first member named as one llmq reads but for case
 	// (see checkCase).
-	variant *InvalidRequestError
+	variant *wire.Error
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 func TestParseRequestRejects(t *testing.T) {
@@ -60,10 +61,10 @@ func TestParseRequestRejects(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := llm.ParseRequest(c.endpoint, []byte(c.body))
-			var ir *llm.InvalidRequestError
+			_, err := llm.NewEstimator().Parse(c.endpoint, "", "", []byte(c.body))
+			var ir *wire.Error
 			if !errors.As(err, &ir) {
-				t.Fatalf("err = %v, want *InvalidRequestError", err)
+				t.Fatalf("err = %v, want *wire.Error", err)
 			}
 			if ir.Param != c.param {
 				t.Errorf("Param = %q, want %q (message %q)", ir.Param, c.param, ir.Message)
@@ -111,7 +112,7 @@ func TestParseRequestAccepts(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			p, err := llm.ParseRequest(c.endpoint, []byte(c.body))
+			p, err := llm.NewEstimator().Parse(c.endpoint, "", "", []byte(c.body))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+
+	"github.com/llmq/llmq/client"
 )
 
 // The Responses API's request bodies, reduced to the messages the estimator
@@ -357,14 +359,14 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 	case int64(len(body)) > p.maxResponse:
 		return nil, p.tooLarge(e, "answer")
 	case !json.Valid(body):
-		return nil, e.serverError(ClassRetryable, CodeUnreadableResponse, msgUnreadable)
+		return nil, e.serverError(ClassRetryable, client.CodeProviderResponseUnreadable, msgUnreadable)
 	}
 	var shape struct {
 		Object string          `json:"object"`
 		Usage  json.RawMessage `json:"usage"`
 	}
 	if err := unmarshal(body, &shape); err != nil || shape.Object != "response" {
-		return nil, e.serverError(ClassPermanent, CodeInvalidResponse, "The provider's answer is not a response object.")
+		return nil, e.serverError(ClassPermanent, client.CodeProviderResponseInvalid, "The provider's answer is not a response object.")
 	}
 	u, err := UsageOf(body)
 	if err != nil {

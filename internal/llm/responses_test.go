@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // A Responses body is counted as the chat conversation it stands for:
@@ -24,7 +26,7 @@ func TestResponsesCountedAsChat(t *testing.T) {
 	t.Parallel()
 	parse := func(endpoint, body string) *llm.ParsedRequest {
 		t.Helper()
-		p, err := llm.ParseRequest(endpoint, []byte(body))
+		p, err := llm.NewEstimator().Parse(endpoint, "", "", []byte(body))
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
@@ -83,8 +85,8 @@ func TestResponsesRefusals(t *testing.T) {
 		{`{"input":"x"}`, "model"},
 	}
 	for _, c := range cases {
-		_, err := llm.ParseRequest(llm.EndpointResponses, []byte(c.body))
-		var ir *llm.InvalidRequestError
+		_, err := llm.NewEstimator().Parse(llm.EndpointResponses, "", "", []byte(c.body))
+		var ir *wire.Error
 		if !errors.As(err, &ir) || ir.Param != c.param || !strings.Contains(ir.Message, c.param) {
 			t.Errorf("%s: %v, want a refusal naming %s", c.body, err, c.param)
 		}
@@ -151,12 +153,12 @@ func TestResponsesCall(t *testing.T) {
 		status int
 		body   string
 		class  llm.Class
-		code   string
+		code   client.Code
 	}{
-		{200, `{"object":"chat.completion"}`, llm.ClassPermanent, llm.CodeInvalidResponse},
-		{200, `{"object":"response","usage":{"input_tokens":"ten"}}`, llm.ClassPermanent, llm.CodeInvalidResponse},
-		{200, `{"object":"resp`, llm.ClassRetryable, llm.CodeUnreadableResponse},
-		{429, `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`, llm.ClassRateLimited, "rate_limit_exceeded"},
+		{200, `{"object":"chat.completion"}`, llm.ClassPermanent, client.CodeProviderResponseInvalid},
+		{200, `{"object":"response","usage":{"input_tokens":"ten"}}`, llm.ClassPermanent, client.CodeProviderResponseInvalid},
+		{200, `{"object":"resp`, llm.ClassRetryable, client.CodeProviderResponseUnreadable},
+		{429, `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`, llm.ClassRateLimited, client.CodeRateLimitExceeded},
 		{400, `{"error":{"message":"Previous response not found","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`, llm.ClassPermanent, "previous_response_not_found"},
 	} {
 		rec := &recorder{status: c.status, body: c.body}
@@ -190,12 +192,12 @@ func TestResponsesStream(t *testing.T) {
 	cases := []struct {
 		name, end string
 		events    int
-		code      string
+		code      client.Code
 	}{
 		{"completed", completed, 4, ""},
-		{"error event", "event: error\ndata: " + `{"type":"error","sequence_number":3,"code":"server_error","message":"The server had an error","param":null}` + "\n\n", 3, "server_error"},
-		{"failed", "event: response.failed\ndata: " + `{"type":"response.failed","sequence_number":3,"response":{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"boom"}}}` + "\n\n", 3, "server_error"},
-		{"cut", "", 3, llm.CodeStreamFailed},
+		{"error event", "event: error\ndata: " + `{"type":"error","sequence_number":3,"code":"server_error","message":"The server had an error","param":null}` + "\n\n", 3, client.CodeServerError},
+		{"failed", "event: response.failed\ndata: " + `{"type":"response.failed","sequence_number":3,"response":{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"boom"}}}` + "\n\n", 3, client.CodeServerError},
+		{"cut", "", 3, client.CodeProviderStreamFailed},
 	}
 	for _, c := range cases {
 		var sent string

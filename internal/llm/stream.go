@@ -21,7 +21,7 @@ const maxEventBytes = 4 << 20
 // with the usage.
 func streamWireBody(req Request) ([]byte, error) {
 	if req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
-		return nil, &InvalidRequestError{Param: "stream", Message: "'stream' is only supported for " + EndpointChat + " and " + EndpointResponses}
+		return nil, invalid("stream", "'stream' is only supported for %s and %s", EndpointChat, EndpointResponses)
 	}
 	body, _, err := wireBody(req)
 	if err != nil {
@@ -29,7 +29,7 @@ func streamWireBody(req Request) ([]byte, error) {
 	}
 	var fields map[string]json.RawMessage
 	if err := unmarshal(body, &fields); err != nil || fields == nil {
-		return nil, &InvalidRequestError{Param: "body", Message: "'body' must be a JSON object"}
+		return nil, invalid("body", "'body' must be a JSON object")
 	}
 	fields["stream"] = json.RawMessage("true")
 	if req.Endpoint == EndpointChat {
@@ -83,7 +83,7 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 // answerMessage, which every caller applies).
 func fill(e *Error, o *client.ErrorObject) {
 	e.Message = o.Message
-	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), Truncate(o.Code, maxErrorField), Truncate(o.Param, maxErrorField)
+	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), client.Code(Truncate(string(o.Code), maxErrorField)), Truncate(o.Param, maxErrorField)
 }
 
 // answered is the *Error of an answer resp, with its status and headers.
@@ -189,7 +189,7 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	}
 	if !done {
 		ne := p.noAnswer(ctx, sc.Err(), out.Chunks)
-		ne.Code = CodeStreamFailed
+		ne.Code = client.CodeProviderStreamFailed
 		if sc.Err() == nil {
 			ne.Message = "the provider's stream ended before [DONE]"
 			if req.Endpoint == EndpointResponses {
@@ -211,7 +211,7 @@ func (e *Error) cut(msg string, relayed int) *Error {
 func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed int) *Error {
 	fill(e, o)
 	e.Message, e.Class, e.Relayed = answerMessage(e.StatusCode, e.Message, true, p.scrub), ClassRetryable, relayed
-	e.Code = cmp.Or(e.Code, CodeStreamFailed)
+	e.Code = cmp.Or(e.Code, client.CodeProviderStreamFailed)
 	return e
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
 )
@@ -59,7 +60,7 @@ func TestStreamErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := asError(t, call(p, streamChat))
-	if e.Class != llm.ClassRateLimited || e.StatusCode != 429 || e.Relayed != 0 || e.Code != "rate_limit_exceeded" {
+	if e.Class != llm.ClassRateLimited || e.StatusCode != 429 || e.Relayed != 0 || e.Code != client.CodeRateLimitExceeded {
 		t.Fatalf("429: %+v", e)
 	}
 	if d, ok := e.RateLimit.Delay(); !ok || d <= 0 {
@@ -80,7 +81,7 @@ func TestStreamErrors(t *testing.T) {
 	}))
 	t.Cleanup(cut.Close)
 	e = asError(t, call(newProvider(t, cut.URL+"/v1", 5*time.Second), streamChat))
-	if e.Class != llm.ClassRetryable || e.Relayed != 2 || e.Code != llm.CodeStreamFailed ||
+	if e.Class != llm.ClassRetryable || e.Relayed != 2 || e.Code != client.CodeProviderStreamFailed ||
 		!strings.Contains(e.Message, "ended before [DONE]") && !strings.Contains(e.Message, "could not be reached") {
 		t.Fatalf("cut stream: %+v", e)
 	}
@@ -89,7 +90,7 @@ func TestStreamErrors(t *testing.T) {
 	// after the role and one content chunk, then the end.
 	failing := startSim(t, sim.Config{APIKey: testKey, Faults: sim.Faults{StreamError: 1}})
 	e = asError(t, call(newProvider(t, failing.BaseURL, 5*time.Second), streamChat))
-	if e.Class != llm.ClassRetryable || e.Relayed != 2 || e.StatusCode != 200 || e.Code != llm.CodeStreamFailed || e.Type != "server_error" ||
+	if e.Class != llm.ClassRetryable || e.Relayed != 2 || e.StatusCode != 200 || e.Code != client.CodeProviderStreamFailed || e.Type != "server_error" ||
 		!strings.Contains(e.Message, "The server had an error") {
 		t.Fatalf("stream failing midway: %+v", e)
 	}

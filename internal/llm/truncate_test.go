@@ -57,7 +57,7 @@ func TestProviderStringsAreBounded(t *testing.T) {
 		p := newProvider(t, startRecorder(t, c.rec), 5*time.Second)
 		_, err := p.Call(context.Background(), c.req)
 		e := asError(t, err)
-		for name, v := range map[string]string{"message": e.Message, "type": e.Type, "code": e.Code, "param": e.Param, "request id": e.RequestID} {
+		for name, v := range map[string]string{"message": e.Message, "type": e.Type, "code": string(e.Code), "param": e.Param, "request id": e.RequestID} {
 			if v == "" || len(v) > 1010 || name != "message" && len(v) > 200 || !utf8.ValidString(v) {
 				t.Errorf("%s: %s of %d bytes", c.name, name, len(v))
 			}

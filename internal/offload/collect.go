@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/llm"
@@ -234,7 +235,7 @@ func (c *collection) answer(ctx context.Context, j *store.Job, l *llm.BatchLine)
 	case err != nil || !json.Valid(l.Response.Body):
 		worst()
 		p.ResponseBody = nil
-		p.Failed = &store.JobError{Type: wire.TypeServer, Code: llm.CodeInvalidResponse,
+		p.Failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderResponseInvalid,
 			Message: fmt.Sprintf("The provider's batch answer is not of the shape of an OpenAI answer; the job is charged its worst case, $%s.", p.Cost)}
 	case u.PromptTokens == 0 && u.CompletionTokens == 0 && u.TotalTokens == 0:
 		worst()
@@ -244,7 +245,7 @@ func (c *collection) answer(ctx context.Context, j *store.Job, l *llm.BatchLine)
 			if bound := admission.Disbelieved(route, &s, route.Price, j.EstPromptTokens, j.EstMaxTokens); bound.Cost > p.Cost {
 				p.Cost, p.PromptTokens = bound.Cost, bound.PromptTokens
 			}
-			p.Failed = &store.JobError{Type: wire.TypeServer, Code: "provider_usage_invalid",
+			p.Failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderUsageInvalid,
 				Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged the most the request as sent could be billed, $%s.", why, p.Cost)}
 			break
 		}
@@ -284,9 +285,9 @@ func refusal(l *llm.BatchLine) store.JobError {
 			Message, Type, Code, Param string
 		} `json:"error"`
 	}
-	e := store.JobError{Type: "invalid_request_error", Message: fmt.Sprintf("The provider refused the request (%d).", l.Response.StatusCode)}
+	e := store.JobError{Type: wire.TypeInvalidRequest, Message: fmt.Sprintf("The provider refused the request (%d).", l.Response.StatusCode)}
 	if json.Unmarshal(l.Response.Body, &eb) == nil && eb.Error != nil && eb.Error.Message != "" {
-		e.Message, e.Code, e.Param = llm.Truncate(eb.Error.Message, 2000), llm.Truncate(eb.Error.Code, 100), llm.Truncate(eb.Error.Param, 100)
+		e.Message, e.Code, e.Param = llm.Truncate(eb.Error.Message, 2000), client.Code(llm.Truncate(eb.Error.Code, 100)), llm.Truncate(eb.Error.Param, 100)
 		if eb.Error.Type != "" {
 			e.Type = llm.Truncate(eb.Error.Type, 100)
 		}

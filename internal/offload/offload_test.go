@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llm/sim"
@@ -575,7 +576,7 @@ models:
 	}
 	var refused *store.Job
 	_ = h.Store.JobStreamByBatch(t.Context(), created.ID, []store.JobStatus{store.JobFailed}, func(j *store.Job) error { refused = j; return nil })
-	if refused == nil || refused.LineNo != 2 || refused.Error == nil || refused.Error.Code != "batch_offload_unavailable" {
+	if refused == nil || refused.LineNo != 2 || refused.Error == nil || refused.Error.Code != client.CodeBatchOffloadUnavailable {
 		t.Fatalf("refused line = %+v", refused)
 	}
 }

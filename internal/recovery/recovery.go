@@ -29,6 +29,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
@@ -535,7 +536,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 			return nil
 		}
 		_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
-			Type: wire.TypeServer, Code: "sync_abandoned",
+			Type: wire.TypeServer, Code: client.CodeSyncAbandoned,
 			Message: "The synchronous request's process stopped before it answered.",
 		}})
 		if err == nil && applied {
@@ -609,7 +610,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 // when not nil), and sends the job's webhook.
 func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, deliveries int, drop func() error, rep *Report) error {
 	_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
-		Type: wire.TypeServer, Code: "worker_lost",
+		Type: wire.TypeServer, Code: client.CodeWorkerLost,
 		Message: fmt.Sprintf("The job's last delivery ended with its worker gone (killed, crashed or cut off from Redis), "+
 			"after %d failed deliveries; giving up, so that a job that kills its workers cannot run forever.", deliveries),
 	}})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 
 	"github.com/llmq/llmq/internal/apptest"
@@ -132,7 +133,7 @@ func TestJobWhoseWorkerDiedIsFailedNotRevived(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != store.JobFailed || got.Error == nil || got.Error.Code != "worker_lost" ||
+	if got.Status != store.JobFailed || got.Error == nil || got.Error.Code != client.CodeWorkerLost ||
 		!strings.Contains(got.Error.Message, "worker gone (killed, crashed or cut off from Redis)") {
 		t.Fatalf("job = %s, error %+v; want failed with worker_lost", got.Status, got.Error)
 	}
@@ -411,7 +412,7 @@ func TestHandOffTakesADeadWorkersJobs(t *testing.T) {
 	if err != nil || len(tasks) != 1 || !strings.HasPrefix(tasks[0].ID, dead.ID+"~") {
 		t.Fatalf("pending tasks %+v, %v; want one of %s's own", tasks, err, dead.ID)
 	}
-	if got, _ := a.Store.JobGetByID(ctx, killer.ID); got.Status != store.JobFailed || got.Error == nil || got.Error.Code != "worker_lost" {
+	if got, _ := a.Store.JobGetByID(ctx, killer.ID); got.Status != store.JobFailed || got.Error == nil || got.Error.Code != client.CodeWorkerLost {
 		t.Fatalf("job whose workers all died: %s %+v; want failed worker_lost", got.Status, got.Error)
 	}
 	if got, _ := a.Store.JobGetByID(ctx, live.ID); got.Status != store.JobRunning {

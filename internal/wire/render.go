@@ -119,21 +119,21 @@ func batchLineError(j *store.Job, final store.BatchStatus) *client.BatchLineErro
 	case j.Error != nil:
 		e.Code, e.Message = j.Error.Code, j.Error.Message
 		if e.Code == "" {
-			e.Code = j.Error.Type
+			e.Code = client.Code(j.Error.Type)
 		}
 	case j.Status == store.JobCancelled && final == store.BatchExpired:
-		e.Code, e.Message = "batch_expired", "This request could not be executed before the completion window expired."
+		e.Code, e.Message = client.CodeBatchExpired, "This request could not be executed before the completion window expired."
 	case j.Status == store.JobCancelled && final == store.BatchCancelled:
-		e.Code, e.Message = "batch_cancelled", "This request was not executed: the batch was cancelled."
+		e.Code, e.Message = client.CodeBatchCancelled, "This request was not executed: the batch was cancelled."
 	case j.Status == store.JobCancelled && final == store.BatchFailed:
-		e.Code, e.Message = "batch_failed", "This request was not executed: the batch failed before it ran (see the batch's errors)."
+		e.Code, e.Message = client.CodeBatchFailed, "This request was not executed: the batch failed before it ran (see the batch's errors)."
 	case j.Status == store.JobCancelled:
-		e.Code, e.Message = "request_cancelled", "This request was cancelled."
+		e.Code, e.Message = client.CodeRequestCancelled, "This request was cancelled."
 	default:
-		e.Code, e.Message = "not_finished", fmt.Sprintf("This request had not finished (%s).", j.Status)
+		e.Code, e.Message = client.CodeNotFinished, fmt.Sprintf("This request had not finished (%s).", j.Status)
 	}
 	if e.Code == "" {
-		e.Code = "request_failed"
+		e.Code = client.CodeRequestFailed
 	}
 	return e
 }

@@ -2,11 +2,12 @@ package wire_test
 
 import (
 	"encoding/json"
-	"github.com/llmq/llmq/client"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/llmq/llmq/client"
 
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
@@ -15,8 +16,8 @@ import (
 func TestWriteError(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	wire.WriteError(rec, &wire.Error{StatusCode: http.StatusTooManyRequests, RetryAfter: 1500 * time.Millisecond,
-		ErrorObject: wire.ErrorObject{Message: "Slow <down> & wait.", Type: "rate_limit_error", Code: "rate_limit_exceeded"}})
+	wire.WriteError(rec, &wire.Error{Status: http.StatusTooManyRequests, RetryAfter: 1500 * time.Millisecond,
+		Message: "Slow <down> & wait.", Type: "rate_limit_error", Code: client.CodeRateLimitExceeded})
 	const want = `{"error":{"message":"Slow \u003cdown\u003e \u0026 wait.","type":"rate_limit_error","code":"rate_limit_exceeded","param":null}}` + "\n"
 	if got := rec.Body.String(); got != want {
 		t.Errorf("body = %s, want %s", got, want)
@@ -27,7 +28,7 @@ func TestWriteError(t *testing.T) {
 
 	// No Retry-After without a delay; an empty code and param are null.
 	rec = httptest.NewRecorder()
-	wire.WriteError(rec, &wire.Error{StatusCode: http.StatusBadRequest, ErrorObject: wire.ErrorObject{Message: "m", Type: "invalid_request_error", Param: "model"}})
+	wire.WriteError(rec, &wire.Error{Status: http.StatusBadRequest, Message: "m", Type: "invalid_request_error", Param: "model"})
 	if got, want := rec.Body.String(), `{"error":{"message":"m","type":"invalid_request_error","code":null,"param":"model"}}`+"\n"; got != want {
 		t.Errorf("body = %s, want %s", got, want)
 	}
@@ -43,7 +44,7 @@ func TestJob(t *testing.T) {
 		ID: "job_01", Endpoint: "/v1/chat/completions", Model: "gpt-4o-mini", Queue: "low",
 		Status: store.JobFailed, Attempts: 2, RateLimited: 1, EstPromptTokens: 10, EstMaxTokens: 20,
 		EstCost: 1500, CreatedAt: created, FinishedAt: &finished,
-		Error:    &store.JobError{Message: "bad", Type: "invalid_request_error", Code: "invalid_value"},
+		Error:    &store.JobError{Message: "bad", Type: "invalid_request_error", Code: client.CodeInvalidValue},
 		Metadata: json.RawMessage(`{"k":"v"}`),
 	}
 	b, err := json.Marshal(wire.Job(j))

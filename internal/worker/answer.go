@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
@@ -83,7 +84,7 @@ func (r *run) judge(resp *llm.Response, pe *llm.Error) verdict {
 			worst.cost, worst.usage.PromptTokens = bound.Cost, bound.PromptTokens
 			worst.usage.TotalTokens = worst.usage.PromptTokens + worst.usage.CompletionTokens
 		}
-		worst.failed = &store.JobError{Type: wire.TypeServer, Code: "provider_usage_invalid",
+		worst.failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderUsageInvalid,
 			Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged the most the request as sent could be billed, $%s.", why, worst.cost)}
 		return worst
 	}

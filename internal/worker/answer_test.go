@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/worker"
@@ -43,7 +44,8 @@ func answer(usage string) string {
 func TestProviderUsageIsChecked(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		name, usage, status, code string
+		name, usage, status string
+		code                client.Code
 	}{
 		{"missing", ``, "succeeded", ""},
 		{"negative", `,"usage":{"prompt_tokens":-5,"completion_tokens":3,"total_tokens":-2}`, "failed", "provider_usage_invalid"},

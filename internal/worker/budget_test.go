@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/limiter"
@@ -123,7 +124,7 @@ func TestRejectTierJobFailsWhenItsBudgetIsSpent(t *testing.T) {
 		t.Fatal(err)
 	}
 	j := job(t, a, id)
-	if j.Status != store.JobFailed || j.Error == nil || j.Error.Code != "budget_exhausted" || j.Error.Type != "budget_exceeded_error" || j.Attempts != 0 {
+	if j.Status != store.JobFailed || j.Error == nil || j.Error.Code != client.CodeBudgetExhausted || j.Error.Type != "budget_exceeded_error" || j.Attempts != 0 {
 		t.Fatalf("job: status %s attempts %d error %+v", j.Status, j.Attempts, j.Error)
 	}
 	for _, want := range []string{"tenant's daily budget", "$" + spent.String() + " spent and $0.000000 reserved of $1.000000",

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
@@ -167,7 +168,7 @@ func deploymentFault(pe *llm.Error) bool {
 // contextTooLong reports a refusal of the request for the model's context
 // length, which a fallback with a longer one may serve.
 func contextTooLong(pe *llm.Error) bool {
-	return pe.Class == llm.ClassPermanent && pe.Code == "context_length_exceeded"
+	return pe.Class == llm.ClassPermanent && pe.Code == client.CodeContextLengthExceeded
 }
 
 // failover decides, after a call on r.call ended with pe (its permit not

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -31,15 +32,8 @@ type SyncCall struct {
 }
 
 // SyncRefusal is a synchronous request answered without the provider's
-// answer (nothing charged), in OpenAI's error shape.
-type SyncRefusal struct {
-	Status                     int
-	Type, Code, Param, Message string
-	// RetryAfter is when trying again may succeed; 0 for none.
-	RetryAfter time.Duration
-}
-
-func (e *SyncRefusal) Error() string { return e.Message }
+// answer (nothing charged).
+type SyncRefusal = wire.Error
 
 // SyncResult is how a synchronous request reached the provider: its answer,
 // or the refusal that retrying could not help (ProviderError, with the
@@ -71,7 +65,7 @@ func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) 
 		return nil, fmt.Errorf("start job %s: %w", c.JobID, err)
 	}
 	if !started {
-		return nil, &SyncRefusal{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: "job_finished",
+		return nil, &SyncRefusal{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: client.CodeJobFinished,
 			Message: fmt.Sprintf("Job %s already %s.", job.ID, job.Status)}
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", job.ID, "model", job.Model, "sync", true), sync: &c, left: true}
@@ -110,7 +104,7 @@ func (h *Handler) endSync(ctx context.Context, job *store.Job, tier string, caus
 		}
 		return
 	}
-	if _, _, err := h.Store.JobFail(bg, &store.JobFailParams{ID: job.ID, Error: store.JobError{Type: wire.TypeServer, Code: "internal_error",
+	if _, _, err := h.Store.JobFail(bg, &store.JobFailParams{ID: job.ID, Error: store.JobError{Type: wire.TypeServer, Code: client.CodeInternalError,
 		Message: "llmq could not run the request."}}); err != nil {
 		h.Logger.Warn("fail a synchronous job", "job", job.ID, "err", err)
 	}
@@ -128,7 +122,7 @@ func (r *run) inTime(d time.Duration) bool {
 // deadline, or when the spend leaves no room today, it refuses it (429).
 func (r *run) budgetInPlace(ctx context.Context, dec *budget.Decision) error {
 	n, worst := dec.Denial(), r.job.EstCost
-	refusal := store.JobError{Type: "insufficient_quota", Code: "insufficient_quota"}
+	refusal := store.JobError{Type: "insufficient_quota", Code: client.CodeInsufficientQuota}
 	if !dec.Held {
 		refusal.Message = fmt.Sprintf("The %s is exhausted: $%s spent and $%s reserved of $%s; this request may cost up to $%s. It resets at %s.",
 			n.Name(), n.Spent, n.Reserved, n.Budget, worst, n.ResetsAt.UTC().Format(time.RFC3339))
@@ -177,7 +171,7 @@ func (r *run) unhold(ctx context.Context) {
 // request (429) when d ends past its deadline.
 func (r *run) sleepInPlace(ctx context.Context, d time.Duration) error {
 	if time.Now().Add(d).After(r.sync.Deadline) {
-		return r.refuse(ctx, http.StatusTooManyRequests, store.JobError{Type: wire.TypeRateLimit, Code: "rate_limit_exceeded",
+		return r.refuse(ctx, http.StatusTooManyRequests, store.JobError{Type: wire.TypeRateLimit, Code: client.CodeRateLimitExceeded,
 			Message: fmt.Sprintf("Rate limit of model '%s' reached: the request could not start within its wait.", r.job.Model)}, max(d, time.Second))
 	}
 	return sleep(ctx, d)

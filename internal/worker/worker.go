@@ -21,6 +21,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
@@ -244,7 +245,7 @@ func (r *run) do(ctx context.Context) error {
 	p := h.Policy.Current()
 	m, ok := p.Model(r.job.Model)
 	if !ok {
-		return r.refuse(ctx, http.StatusNotFound, store.JobError{Type: wire.TypeInvalidRequest, Code: "model_not_found", Param: "model",
+		return r.refuse(ctx, http.StatusNotFound, store.JobError{Type: wire.TypeInvalidRequest, Code: client.CodeModelNotFound, Param: "model",
 			Message: fmt.Sprintf("The model '%s' is no longer served here.", r.job.Model)}, 0)
 	}
 	r.scope = m.Queue()
@@ -254,7 +255,7 @@ func (r *run) do(ctx context.Context) error {
 	}
 	acct, tier, err := admission.Account(p, tenant)
 	if err != nil {
-		return r.refuse(ctx, http.StatusInternalServerError, store.JobError{Type: wire.TypeServer, Code: "tier_not_found", Message: err.Error()}, 0)
+		return r.refuse(ctx, http.StatusInternalServerError, store.JobError{Type: wire.TypeServer, Code: client.CodeTierNotFound, Message: err.Error()}, 0)
 	}
 	r.acct, r.tier, r.reject = acct, tier.Name, tier.OnExhausted == config.OnExhaustedReject
 	r.log.Debug("job state", "status", store.JobRunning)
@@ -296,13 +297,9 @@ func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier 
 		err = admission.Routable(p, m, admission.Fallbacks(m, r.job.Fallbacks), &r.shape)
 	}
 	if err != nil {
-		var ae *admission.Error
-		var ir *llm.InvalidRequestError
-		switch {
-		case errors.As(err, &ae):
+		var ae *wire.Error
+		if errors.As(err, &ae) {
 			return &store.JobError{Type: wire.TypeInvalidRequest, Code: ae.Code, Param: ae.Param, Message: ae.Message}, nil
-		case errors.As(err, &ir):
-			return &store.JobError{Type: wire.TypeInvalidRequest, Code: "invalid_request", Param: ir.Param, Message: ir.Message}, nil
 		}
 		return nil, fmt.Errorf("the stored responses job %s continues: %w", r.job.ID, err)
 	}
@@ -339,7 +336,7 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 func (r *run) budgetRequeue(ctx context.Context, dec *budget.Decision) error {
 	n, worst := dec.Denial(), r.job.EstCost
 	if n.TooLarge {
-		return r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_too_small",
+		return r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: client.CodeBudgetTooSmall,
 			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", worst, n.Name(), n.Budget)}, nil)
 	}
 	if dec.Held {
@@ -351,7 +348,7 @@ func (r *run) budgetRequeue(ctx context.Context, dec *budget.Decision) error {
 		return &queue.Retry{Reason: "the " + dec.DeniedBy + " daily budget is held by running jobs", Delay: delay}
 	}
 	if r.reject {
-		return r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: "budget_exhausted",
+		return r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: client.CodeBudgetExhausted,
 			Message: fmt.Sprintf("The %s is exhausted ($%s spent and $%s reserved of $%s; this job may cost up to $%s) and the %s tier rejects work until it resets at %s.",
 				n.Name(), n.Spent, n.Reserved, n.Budget, worst, r.tier, n.ResetsAt.UTC().Format(time.RFC3339))}, nil)
 	}
@@ -387,7 +384,7 @@ func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 			if r.sync != nil {
 				what = "request"
 			}
-			return true, r.refuse(ctx, http.StatusBadRequest, store.JobError{Type: wire.TypeInvalidRequest, Code: "tokens_exceed_capacity", Param: "max_tokens",
+			return true, r.refuse(ctx, http.StatusBadRequest, store.JobError{Type: wire.TypeInvalidRequest, Code: client.CodeTokensExceedCapacity, Param: "max_tokens",
 				Message: fmt.Sprintf("This %s needs %d tokens, more than a bucket of model '%s' holds: %v", what, r.job.EstPromptTokens+r.job.EstMaxTokens, r.job.Model, p.tooLarge)}, 0)
 		}
 		if p.unavailable && r.routes.toFallbacks() {
@@ -420,7 +417,7 @@ func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	route, name := r.call.Route, r.call.Scope.Name
 	provider, ok := h.Providers.Get(route.Provider)
 	if !ok {
-		return false, r.refuse(ctx, http.StatusInternalServerError, store.JobError{Type: wire.TypeServer, Code: "provider_not_found",
+		return false, r.refuse(ctx, http.StatusInternalServerError, store.JobError{Type: wire.TypeServer, Code: client.CodeProviderNotFound,
 			Message: fmt.Sprintf("The provider '%s' of model '%s' is not configured.", route.Provider, route.Model.Name)}, 0)
 	}
 	req := r.shape.Request(route, r.job.Request)
@@ -679,7 +676,7 @@ func (r *run) rateLimited(ctx context.Context, pe *llm.Error) error {
 	r.log.Debug("provider answered 429", "count", n, "wait", r.wait)
 	if n >= r.h.opts.MaxRateLimited {
 		e := providerError(pe)
-		e.Code = "rate_limit_exceeded"
+		e.Code = client.CodeRateLimitExceeded
 		e.Message = fmt.Sprintf("The provider answered 429 (rate limited) %d times; giving up. Last answer: %s", n, pe.Message)
 		return r.fail(ctx, e, pe)
 	}
@@ -761,7 +758,7 @@ func providerError(pe *llm.Error) store.JobError {
 		}
 	}
 	if e.Code == "" && pe.StatusCode > 0 {
-		e.Code = fmt.Sprintf("http_%d", pe.StatusCode)
+		e.Code = client.Code(fmt.Sprintf("http_%d", pe.StatusCode))
 	}
 	if e.Message == "" {
 		e.Message = http.StatusText(pe.StatusCode)

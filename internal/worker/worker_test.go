@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
@@ -160,7 +161,7 @@ func TestPermanentProviderErrorFailsAtOnceWithItsMessage(t *testing.T) {
 		t.Fatalf("a permanent error should ack the task, got %v", err)
 	}
 	j := job(t, a, id)
-	if j.Status != store.JobFailed || j.Error == nil || j.Error.Code != "model_not_found" || !strings.Contains(j.Error.Message, "does not exist") || j.ResponseStatus != 404 {
+	if j.Status != store.JobFailed || j.Error == nil || j.Error.Code != client.CodeModelNotFound || !strings.Contains(j.Error.Message, "does not exist") || j.ResponseStatus != 404 {
 		t.Fatalf("job = %s %+v (response %d)", j.Status, j.Error, j.ResponseStatus)
 	}
 	if _, err := a.Store.UsageGetByJob(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
@@ -210,7 +211,7 @@ func TestRateLimitedCallIsNotAFailureAndPausesTheScope(t *testing.T) {
 		t.Fatalf("run at the ceiling: %v", err)
 	}
 	j = job(t, a, id)
-	if j.Status != store.JobFailed || j.Error.Code != "rate_limit_exceeded" || !strings.Contains(j.Error.Message, "2 times") {
+	if j.Status != store.JobFailed || j.Error.Code != client.CodeRateLimitExceeded || !strings.Contains(j.Error.Message, "2 times") {
 		t.Fatalf("job at the ceiling = %s %+v", j.Status, j.Error)
 	}
 }

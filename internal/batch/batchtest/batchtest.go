@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/llmq/llmq/client"
 )
 
 // ChatLine is an input line asking gpt-4o-mini, its user field set to the
@@ -19,33 +21,33 @@ func ChatLine(customID string) string {
 
 // BadLine is a kind of invalid input line, and the code its refusal has.
 type BadLine struct {
-	Code string
+	Code client.Code
 	Line func(i int) string
 }
 
 // BadLines are the kinds of lines validation refuses one by one. The
 // duplicate repeats the custom_id req-0.
 var BadLines = []BadLine{
-	{"invalid_json_line", func(i int) string { return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST",`, i) }},
-	{"duplicate_custom_id", func(int) string { return ChatLine("req-0") }},
-	{"invalid_method", func(i int) string { return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `"POST"`, `"GET"`, 1) }},
-	{"invalid_url", func(i int) string {
+	{client.CodeInvalidJSONLine, func(i int) string { return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST",`, i) }},
+	{client.CodeDuplicateCustomID, func(int) string { return ChatLine("req-0") }},
+	{client.CodeInvalidMethod, func(i int) string { return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `"POST"`, `"GET"`, 1) }},
+	{client.CodeInvalidURL, func(i int) string {
 		return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `"url":"/v1/chat/completions"`, `"url":"/v1/embeddings"`, 1)
 	}},
-	{"model_not_found", func(i int) string {
+	{client.CodeModelNotFound, func(i int) string {
 		return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), "gpt-4o-mini", "gpt-9", 1)
 	}},
-	{"tokens_exceed_capacity", func(i int) string {
+	{client.CodeTokensExceedCapacity, func(i int) string {
 		return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `"max_tokens":20`, `"max_tokens":2000000000`, 1)
 	}},
-	{"missing_custom_id", func(int) string { return strings.Replace(ChatLine("x"), `"custom_id":"x",`, "", 1) }},
-	{"missing_body", func(i int) string {
+	{client.CodeMissingCustomID, func(int) string { return strings.Replace(ChatLine("x"), `"custom_id":"x",`, "", 1) }},
+	{client.CodeMissingBody, func(i int) string {
 		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions"}`, i)
 	}},
-	{"invalid_request", func(i int) string {
+	{client.CodeInvalidRequest, func(i int) string {
 		return fmt.Sprintf(`{"custom_id":"bad-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[]}}`, i)
 	}},
-	{"unknown_field", func(i int) string {
+	{client.CodeUnknownField, func(i int) string {
 		return strings.Replace(ChatLine(fmt.Sprintf("bad-%d", i)), `{"custom_id"`, `{"extra":1,"custom_id"`, 1)
 	}},
 }
@@ -55,7 +57,7 @@ var BadLines = []BadLine{
 // the kinds of BadLines in turn, the others ChatLine("req-<i>"). It returns
 // the file, the valid lines' custom_ids in order, and the refused lines'
 // numbers (from 1) and codes in order.
-func MixedInput(n, perHundred int) (content []byte, valid []string, refusedLines []int, refusedCodes []string) {
+func MixedInput(n, perHundred int) (content []byte, valid []string, refusedLines []int, refusedCodes []client.Code) {
 	var b bytes.Buffer
 	for i := range n {
 		if i > 0 && i%100 >= 100-perHundred {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // Exchange is one request's passage through the simulator, split at its two
@@ -183,7 +184,7 @@ func (s *Server) prepare(endpoint string, body []byte) (*call, *refusal) {
 	}
 	p, err := s.est.Parse(endpoint, "", "", body)
 	if err != nil {
-		var ir *llm.InvalidRequestError
+		var ir *wire.Error
 		if errors.As(err, &ir) {
 			return nil, &refusal{http.StatusBadRequest, ir.Message, "invalid_request_error", ir.Param, ""}
 		}
