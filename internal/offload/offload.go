@@ -21,6 +21,7 @@ package offload
 
 import (
 	"context"
+	_ "embed" // learn.lua
 	"errors"
 	"fmt"
 	"log/slog"
@@ -198,14 +199,10 @@ func (o *Offloader) queueLimit(ctx context.Context, route config.Route) (int64, 
 	return v, err
 }
 
-// learnScript lowers a learned batch queue limit (never raises it) and
-// keeps it LearnedQueueTTL.
-var learnScript = redis.NewScript(`
-local v = redis.call("GET", KEYS[1])
-if not v or tonumber(v) > tonumber(ARGV[1]) then
-  redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-end
-return 0`)
+//go:embed learn.lua
+var learnLua string
+
+var learnScript = redis.NewScript(learnLua)
 
 // learn lowers the deployment's learned queue limit to held, the tokens it
 // held when it refused a part.
