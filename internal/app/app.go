@@ -406,22 +406,3 @@ func LookupIn(environ []string) func(string) (string, bool) {
 	}
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
-
-// OpenEnviron reads and validates the LLMQ_* variables of environ for role
-// and opens the app; provider keys are read from environ too unless parts
-// says otherwise. Programs that build an llmq from an environment of their
-// own (the benchmarks) use it.
-func OpenEnviron(ctx context.Context, environ []string, role config.Role, logger *slog.Logger, parts Parts) (*App, error) {
-	env, err := config.LoadEnv(environ)
-	if err != nil {
-		return nil, err
-	}
-	if err := env.Validate(role); err != nil {
-		return nil, err
-	}
-	if parts.LookupEnv == nil {
-		parts.LookupEnv = LookupIn(environ)
-	}
-	parts.Migrate = true // a program of its own starts on a database of its own
-	return Open(ctx, env, logger, parts)
-}

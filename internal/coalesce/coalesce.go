@@ -103,13 +103,3 @@ func (g *Group[K, R]) Calls() int {
 	defer g.mu.Unlock()
 	return g.calls
 }
-
-// waiting returns how many callers wait for key's next call (tests).
-func (g *Group[K, R]) waiting(key K) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if s := g.slots[key]; s != nil && s.next != nil {
-		return s.next.n
-	}
-	return 0
-}

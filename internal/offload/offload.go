@@ -641,9 +641,6 @@ func (r *run) refused(ctx context.Context, now time.Time) error {
 	return r.move(ctx, store.PartPending, now.Add(r.o.opts.RetryAfter))
 }
 
-// price is what a line of the part costs at the provider's batch price.
-func (r *run) price() money.Price { return r.route.Price.Batch() }
-
 // shape is job j's shape on the part's route (see lineShape; a line that
 // no longer reads as plain keeps only what its body says of its output
 // limit, which the part was reserved for).
