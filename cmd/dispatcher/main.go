@@ -134,9 +134,7 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 // must run before any worker is built. stop flushes it: call it after the
 // workers and the HTTP server have stopped, before the app closes Redis.
 func startRecorder(ctx context.Context, a *app.App, logger *slog.Logger) (rec *metrics.Recorder, stop func(), err error) {
-	if rec, err = metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger}); err != nil {
-		return nil, nil, err
-	}
+	rec = metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
 	a.Observer, a.APIObserver = rec, rec
 	for _, c := range a.ReadyChecks() {
 		if err := rec.WatchReady(c.Name, c.Check); err != nil {

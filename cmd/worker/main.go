@@ -86,10 +86,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	// The worker's events go to a registry of its own, served on /metrics
 	// (Prometheus sums the workers). It records until the jobs finishing in
 	// the shutdown grace period are counted, and flushes before Redis closes.
-	rec, err := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
-	if err != nil {
-		return err
-	}
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
 	a.Observer = rec
 	for _, c := range a.ReadyChecks() {
 		if err := rec.WatchReady(c.Name, c.Check); err != nil {

@@ -185,9 +185,7 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	if parts.SingleQueue {
 		qo.Redis = nil
 	}
-	if a.Queue, err = queue.NewClient(a.Asynq, qo); err != nil {
-		return nil, err
-	}
+	a.Queue = queue.NewClient(a.Asynq, qo)
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	a.Inspector = queue.NewInspector(in, ns)
 	a.Providers = parts.Providers

@@ -63,31 +63,17 @@ type Options struct {
 	// Empty leaves /monitoring/ unmounted.
 	RedisURL string
 	// MonitoringReadOnly refuses every asynqmon request but GET, so nobody
-	// deletes or reruns tasks behind the store's back. Defaults to false;
-	// the dispatcher passes LLMQ_MONITORING_READONLY (default true).
+	// deletes or reruns tasks behind the store's back.
 	MonitoringReadOnly bool
 	// Refresh is how often the dashboard reloads itself. Defaults to 10s.
 	Refresh time.Duration
-	// MaxTenants and MaxBatches cap the rows shown. Default to 50 and 20.
-	MaxTenants, MaxBatches int
-	// Now is the page's clock. Defaults to time.Now.
-	Now func() time.Time
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.Refresh < 0 {
-		return fmt.Errorf("dashboard: Options.Refresh must not be negative, got %v", o.Refresh)
-	}
-	if o.MaxTenants < 0 {
-		return fmt.Errorf("dashboard: Options.MaxTenants must not be negative, got %d", o.MaxTenants)
-	}
-	if o.MaxBatches < 0 {
-		return fmt.Errorf("dashboard: Options.MaxBatches must not be negative, got %d", o.MaxBatches)
-	}
-	return nil
-}
+// The rows shown at most.
+const (
+	maxTenantRows = 50
+	maxBatchRows  = 20
+)
 
 // Server serves the dashboard.
 type Server struct {
@@ -104,20 +90,8 @@ func New(d Deps, o Options) (*Server, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
 	if o.Refresh == 0 {
 		o.Refresh = 10 * time.Second
-	}
-	if o.MaxTenants == 0 {
-		o.MaxTenants = 50
-	}
-	if o.MaxBatches == 0 {
-		o.MaxBatches = 20
-	}
-	if o.Now == nil {
-		o.Now = time.Now
 	}
 	t, err := template.New("dashboard.html").Funcs(funcs).ParseFS(templateFS, "templates/dashboard.html")
 	if err != nil {
@@ -195,13 +169,10 @@ func MountApp(srv *api.Server, a *app.App, rec *metrics.Recorder, o Options) (io
 	// refuses to close a shared connection; the app closes it).
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	ns := queue.Namespace(a.Env.QueueNamespace)
-	st, err := metrics.NewState(metrics.StateDeps{
+	st := metrics.NewState(metrics.StateDeps{
 		Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store, Asynq: in, Namespace: ns,
 		Scope: a.Pacer.Scope, Queue: a.Queue,
 	}, metrics.StateOptions{})
-	if err != nil {
-		return nil, err
-	}
 	if err := rec.Register(st.Collector(), asynqmetrics.NewQueueMetricsCollector(in)); err != nil {
 		return nil, fmt.Errorf("register collectors: %w", err)
 	}

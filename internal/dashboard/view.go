@@ -132,7 +132,7 @@ func (s *Server) serveDashboard(w http.ResponseWriter, r *http.Request) {
 // build reads every section; a section that fails is named in Problems and
 // the rest of the page still shows.
 func (s *Server) build(ctx context.Context) *view {
-	now := s.o.Now()
+	now := time.Now()
 	v := &view{Now: now.UTC(), Refresh: int(s.o.Refresh / time.Second), PolicyDigest: shortDigest(s.d.Policy.Current().Digest)}
 	problem := func(section string, err error) {
 		s.d.Logger.Warn("dashboard: read "+section, "err", err)
@@ -164,7 +164,7 @@ func (s *Server) build(ctx context.Context) *view {
 	if ts, err := s.d.State.Tenants(ctx); err != nil {
 		problem("budgets", err)
 	} else {
-		v.Tenants = tenantRows(ts, s.o.MaxTenants)
+		v.Tenants = tenantRows(ts, maxTenantRows)
 	}
 
 	if rows, err := s.batchRows(ctx, now); err != nil {
@@ -402,7 +402,7 @@ func tenantRows(ts *metrics.Tenants, maxRows int) tenantsView {
 // batchRows reads the unfinished batches, oldest first, with their jobs
 // counted by status.
 func (s *Server) batchRows(ctx context.Context, now time.Time) ([]batchRow, error) {
-	bs, _, err := s.d.Store.BatchListActive(ctx, &store.BatchListActiveParams{Limit: s.o.MaxBatches})
+	bs, _, err := s.d.Store.BatchListActive(ctx, &store.BatchListActiveParams{Limit: maxBatchRows})
 	if err != nil {
 		return nil, err
 	}

@@ -43,10 +43,6 @@ type Options struct {
 	Redis redis.UniversalClient
 	// Keys builds the per-minute keys. Defaults to the zero Builder.
 	Keys rkeys.Builder
-	// FlushInterval is how often the per-minute counters are written to
-	// Redis (one pipeline per flush, not one round trip per event).
-	// Defaults to 5s.
-	FlushInterval time.Duration
 	// Now is the clock that files events under their minute. Charts do not
 	// need Redis TIME: a skewed clock only shifts a point by its skew.
 	// Defaults to time.Now.
@@ -94,28 +90,16 @@ type Recorder struct {
 	webhookReasons map[string]bool
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.FlushInterval < 0 {
-		return fmt.Errorf("metrics: Options.FlushInterval must not be negative, got %v", o.FlushInterval)
-	}
-	return nil
-}
-
 // maxWebhookReasons caps the distinct failure reasons; later ones count
 // as "other".
 const maxWebhookReasons = 16
 
-// New returns a Recorder with its own registry, or an error naming an
-// option that is invalid.
-func New(o Options) (*Recorder, error) {
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
-	if o.FlushInterval == 0 {
-		o.FlushInterval = 5 * time.Second
-	}
+// flushInterval is how often the per-minute counters are written to Redis,
+// one pipeline a flush.
+const flushInterval = 5 * time.Second
+
+// New returns a Recorder with its own registry.
+func New(o Options) *Recorder {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -124,7 +108,7 @@ func New(o Options) (*Recorder, error) {
 	}
 	r := &Recorder{reg: prometheus.NewRegistry(), log: o.Logger, webhookReasons: map[string]bool{}}
 	if o.Redis != nil {
-		r.stats = newStatsBuffer(o.Redis, o.Keys, o.Now, o.FlushInterval, o.Logger)
+		r.stats = newStatsBuffer(o.Redis, o.Keys, o.Now, o.Logger)
 	}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
@@ -182,7 +166,7 @@ func New(o Options) (*Recorder, error) {
 	if !o.NoProcessMetrics {
 		r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	return r, nil
+	return r
 }
 
 // Registry is the process's registry; collectors of state (Register)

@@ -43,16 +43,17 @@ type StateOptions struct {
 	// MaxTenants caps the tenants whose budgets are read per refresh (newest
 	// first): each is one Redis script run, and llmq_budget_* carries one
 	// series per tenant read. Past the cap, llmq_budget_tenants_truncated is
-	// 1 and the dashboard says how many were read. Defaults to 1000.
+	// 1. Defaults to 1000.
 	MaxTenants int
-	// CacheTTL is how long a read is reused, so a dashboard refresh and
-	// every Prometheus replica's scrape cost one read. Defaults to 5s.
-	CacheTTL time.Duration
-	// Concurrency is how many budget reads run at once. Defaults to 8.
-	Concurrency int
-	// Now is the clock of the cache. Defaults to time.Now.
-	Now func() time.Time
 }
+
+const (
+	// stateCacheTTL is how long a read is reused, so a dashboard refresh
+	// and every Prometheus replica's scrape cost one read.
+	stateCacheTTL = 5 * time.Second
+	// budgetReaders is how many budget reads run at once.
+	budgetReaders = 8
+)
 
 // State reads what llmq's shared state holds now — bucket levels, tenants'
 // budgets, live workers — for the scrape (Collector) and the dashboard. It
@@ -66,40 +67,12 @@ type State struct {
 	wrks cached[int]
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o StateOptions) validate() error {
-	if o.MaxTenants < 0 {
-		return fmt.Errorf("metrics: StateOptions.MaxTenants must not be negative, got %d", o.MaxTenants)
-	}
-	if o.CacheTTL < 0 {
-		return fmt.Errorf("metrics: StateOptions.CacheTTL must not be negative, got %v", o.CacheTTL)
-	}
-	if o.Concurrency < 0 {
-		return fmt.Errorf("metrics: StateOptions.Concurrency must not be negative, got %d", o.Concurrency)
-	}
-	return nil
-}
-
-// NewState returns a State over d, or an error naming an option that is
-// invalid.
-func NewState(d StateDeps, o StateOptions) (*State, error) {
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
+// NewState returns a State over d.
+func NewState(d StateDeps, o StateOptions) *State {
 	if o.MaxTenants == 0 {
 		o.MaxTenants = 1000
 	}
-	if o.CacheTTL == 0 {
-		o.CacheTTL = 5 * time.Second
-	}
-	if o.Concurrency == 0 {
-		o.Concurrency = 8
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	return &State{d: d, o: o}, nil
+	return &State{d: d, o: o}
 }
 
 // cached holds one read for a while; concurrent callers wait for the read
@@ -110,10 +83,10 @@ type cached[T any] struct {
 	val T
 }
 
-func (c *cached[T]) get(ttl time.Duration, now func() time.Time, read func() (T, error)) (T, error) {
+func (c *cached[T]) get(read func() (T, error)) (T, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.at.IsZero() && now().Sub(c.at) < ttl {
+	if !c.at.IsZero() && time.Since(c.at) < stateCacheTTL {
 		return c.val, nil
 	}
 	v, err := read()
@@ -121,7 +94,7 @@ func (c *cached[T]) get(ttl time.Duration, now func() time.Time, read func() (T,
 		var zero T
 		return zero, err
 	}
-	c.val, c.at = v, now()
+	c.val, c.at = v, time.Now()
 	return v, nil
 }
 
@@ -146,7 +119,7 @@ type ModelLevel struct {
 // Models returns the bucket levels of every deployment of every model of
 // the policy (one row each), in the policy's order.
 func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
-	return s.mods.get(s.o.CacheTTL, s.o.Now, func() ([]ModelLevel, error) {
+	return s.mods.get(func() ([]ModelLevel, error) {
 		p := s.d.Policy.Current()
 		type read struct {
 			res     *limiter.Result
@@ -225,7 +198,7 @@ type Tenants struct {
 
 // Tenants returns the budget days of up to MaxTenants tenants.
 func (s *State) Tenants(ctx context.Context) (*Tenants, error) {
-	return s.tens.get(s.o.CacheTTL, s.o.Now, func() (*Tenants, error) { return s.readTenants(ctx) })
+	return s.tens.get(func() (*Tenants, error) { return s.readTenants(ctx) })
 }
 
 func (s *State) readTenants(ctx context.Context) (*Tenants, error) {
@@ -250,7 +223,7 @@ func (s *State) readTenants(ctx context.Context) (*Tenants, error) {
 	p := s.d.Policy.Current()
 	results := make([]*TenantBudget, len(all))
 	errs := make([]error, len(all))
-	sem := make(chan struct{}, s.o.Concurrency)
+	sem := make(chan struct{}, budgetReaders)
 	var wg sync.WaitGroup
 	for i, t := range all {
 		wg.Add(1)
@@ -324,7 +297,7 @@ func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 	if s.d.Queue == nil {
 		return nil, nil
 	}
-	return s.wait.get(s.o.CacheTTL, s.o.Now, func() ([]Waiting, error) {
+	return s.wait.get(func() ([]Waiting, error) {
 		scopes, err := s.d.Queue.Scopes(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("fair queues: %w", err)
@@ -363,7 +336,7 @@ func (s *State) Workers(ctx context.Context) (int, error) {
 	if s.d.Asynq == nil {
 		return 0, errNoInspector
 	}
-	return s.wrks.get(s.o.CacheTTL, s.o.Now, func() (int, error) {
+	return s.wrks.get(func() (int, error) {
 		servers, err := s.d.Asynq.Servers()
 		if err != nil {
 			return 0, fmt.Errorf("list worker servers: %w", err)

@@ -61,19 +61,18 @@ func minuteID(t time.Time) string { return t.UTC().Format("200601021504") }
 // nil *statsBuffer ignores everything, so a Recorder without Redis needs no
 // checks.
 type statsBuffer struct {
-	rdb      redis.UniversalClient
-	keys     rkeys.Builder
-	now      func() time.Time
-	interval time.Duration
-	log      *slog.Logger
+	rdb  redis.UniversalClient
+	keys rkeys.Builder
+	now  func() time.Time
+	log  *slog.Logger
 
 	mu      sync.Mutex
 	pending map[int64]map[string]int64 // Unix minute -> field -> count
 	failing bool                       // the last flush failed (log once per outage)
 }
 
-func newStatsBuffer(rdb redis.UniversalClient, keys rkeys.Builder, now func() time.Time, interval time.Duration, log *slog.Logger) *statsBuffer {
-	return &statsBuffer{rdb: rdb, keys: keys, now: now, interval: interval, log: log, pending: map[int64]map[string]int64{}}
+func newStatsBuffer(rdb redis.UniversalClient, keys rkeys.Builder, now func() time.Time, log *slog.Logger) *statsBuffer {
+	return &statsBuffer{rdb: rdb, keys: keys, now: now, log: log, pending: map[int64]map[string]int64{}}
 }
 
 func (b *statsBuffer) add(field string, n int64) {
@@ -124,14 +123,14 @@ func (b *statsBuffer) flush(ctx context.Context) error {
 	return err
 }
 
-// Run writes the per-minute counters every FlushInterval until ctx ends,
+// Run writes the per-minute counters every flushInterval until ctx ends,
 // then once more. Without Options.Redis it only waits for ctx.
 func (r *Recorder) Run(ctx context.Context) {
 	if r.stats == nil {
 		<-ctx.Done()
 		return
 	}
-	t := time.NewTicker(r.stats.interval)
+	t := time.NewTicker(flushInterval)
 	defer t.Stop()
 	for {
 		select {
