@@ -26,15 +26,12 @@ type StateDeps struct {
 	Budgets *budget.Budgets
 	Store   *store.DB
 	// Asynq lists the worker servers; nil leaves the worker count out.
-	Asynq *asynq.Inspector
-	// Namespace tells this installation's workers from others sharing Redis.
+	Asynq     *asynq.Inspector
 	Namespace queue.Namespace
-	// Queue reads the fair queues: the jobs waiting per tenant. Defaults to
-	// nil: no waiting jobs are shown.
+	// Queue reads the fair queues. Defaults to nil: no waiting jobs shown.
 	Queue *queue.Client
-	// Scope is a route's limiter scope as the workers take permits from it
-	// (with the limits the provider announced). Defaults to the policy's
-	// (admission.Scope).
+	// Scope is a route's limiter scope as the workers take permits from it.
+	// Defaults to admission.Scope.
 	Scope func(ctx context.Context, r config.Route) limiter.Scope
 }
 
@@ -75,8 +72,8 @@ func NewState(d StateDeps, o StateOptions) *State {
 	return &State{d: d, o: o}
 }
 
-// cached holds one read for a while; concurrent callers wait for the read
-// in progress instead of starting their own.
+// cached holds one read for stateCacheTTL; concurrent callers wait for the
+// read in progress.
 type cached[T any] struct {
 	mu  sync.Mutex
 	at  time.Time
@@ -102,17 +99,14 @@ func (c *cached[T]) get(read func() (T, error)) (T, error) {
 type ModelLevel struct {
 	Model    string
 	Provider string
-	// Scope is the limiter scope, shared by models reaching the same upstream.
-	Scope   string
-	Buckets []limiter.BucketState
-	// Paused is set while a 429's penalty or a fault's pause (or the probe
-	// after it) holds the deployment for every worker; PausedFor is how
-	// long it still does.
+	Scope    string // the limiter scope
+	Buckets  []limiter.BucketState
+	// Paused is set while a 429's penalty or a fault's pause holds the
+	// deployment; PausedFor is how long it still does.
 	Paused    bool
 	PausedFor time.Duration
-	// Learned is what the buckets learned from the provider's answers
-	// (its remaining counts, refunds, others' drain, the prompt
-	// calibration); nil when it could not be read.
+	// Learned is what the buckets learned from the provider's answers; nil
+	// when it could not be read.
 	Learned *limiter.ScopeLearning
 }
 
@@ -138,7 +132,6 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 				if rd.res, err = s.d.Limiter.State(ctx, sc); err != nil {
 					return nil, fmt.Errorf("limiter state of model %s: %w", m.Model.Name, err)
 				}
-				// What the buckets learned is shown when it can be read.
 				rd.learned, _ = s.d.Limiter.Inspect(ctx, sc)
 				byScope[sc.Name] = rd
 			}
@@ -153,8 +146,7 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 	})
 }
 
-// routes are the deployments of every model of p, a model's in the
-// policy's order.
+// routes are the deployments of every model of p.
 func routes(p *config.Policy) []config.Route {
 	var out []config.Route
 	for i := range p.Models {
@@ -191,8 +183,7 @@ type Tenants struct {
 	List []TenantBudget
 	// Truncated is set when more tenants exist than StateOptions.MaxTenants.
 	Truncated bool
-	// Failed counts tenants whose budget could not be read (a tier missing
-	// from the policy, a Redis error).
+	// Failed counts tenants whose budget could not be read.
 	Failed int
 }
 
@@ -291,8 +282,7 @@ type Waiting struct {
 }
 
 // Waiting returns the jobs waiting in the fair queues per tenant, priority
-// and model (the first model of the policy for each limiter scope), most
-// waiting first.
+// and model, most waiting first.
 func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 	if s.d.Queue == nil {
 		return nil, nil
@@ -326,12 +316,10 @@ func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 	})
 }
 
-// errNoInspector is Workers' error when State has no asynq inspector.
 var errNoInspector = errors.New("metrics: no asynq inspector to count workers with")
 
-// Workers returns how many worker processes of this installation are alive
-// (asynq drops a server whose heartbeats stop). A process runs several
-// asynq servers (worker.ServerOptions.Dequeuers): they count once.
+// Workers returns how many worker processes of this installation are alive;
+// a process's several asynq servers count once.
 func (s *State) Workers(ctx context.Context) (int, error) {
 	if s.d.Asynq == nil {
 		return 0, errNoInspector
