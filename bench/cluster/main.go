@@ -39,6 +39,7 @@ import (
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/bench/internal/inproc"
 	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/redisconn"
@@ -199,7 +200,7 @@ func measure(ctx context.Context, o *options, name, redisURL, simURL string, log
 	ns := "bench-" + testutil.RandomHex(4)
 	environ := benchenv.Environ{RedisURL: redisURL, DatabaseURL: dsn, PolicyPath: policyPath, Namespace: ns,
 		Concurrency: o.Concurrency, ShutdownTimeout: 5 * time.Second}.List()
-	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
+	a, err := apptest.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, app.Parts{Redis: rdb})
 	if err != nil {
 		return res, err
 	}

@@ -45,11 +45,9 @@ const devUsage = `usage: dispatcher dev [FLAGS]
 Flags:
 `
 
-// devAddr is where dev listens unless -addr or LLMQ_LISTEN_ADDR says
-// otherwise: loopback, since dev mode has a known tenant key.
+// devAddr is dev's default address: loopback, as its tenant key is known.
 const devAddr = "127.0.0.1:8080"
 
-// devOptions are the flags of dispatcher dev.
 type devOptions struct {
 	dir         string
 	addr        string
@@ -104,8 +102,6 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("-addr: %w (is another llmq running? pick another with -addr)", err)
 	}
-	// Serving closes ln at the end; a start that fails before must free the
-	// address too (a second close is harmless).
 	defer ln.Close()
 	base := "http://" + ln.Addr().String()
 
@@ -116,8 +112,6 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	logger := env.Logger(stderr)
 
-	// The embedded Redis keeps its keys in dir across restarts; SQLite is
-	// the record, and the reconciler re-enqueues what a snapshot missed.
 	var rdb redis.UniversalClient
 	if _, set := lookup("LLMQ_REDIS_URL"); !set {
 		mr, err := startDevRedis(filepath.Join(o.dir, "redis.json"), logger)
@@ -144,17 +138,12 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			return fmt.Errorf("-provider-url needs the provider's API key in %s", providerKeyEnv)
 		}
 	} else {
-		// The simulator shares the API's address and has no tenants: a key
-		// made at each start, which only llmq (through the variable the
-		// policy names) and the file in dir hold, keeps everyone else from
-		// its calls, its stored responses and its control API; random ids
-		// keep them from guessing another client's response or batch.
+		// The simulator shares the API's address: a key made at each start
+		// and random ids keep everyone but llmq out of it.
 		key, err := newSimKey(filepath.Join(o.dir, devSimKeyFile))
 		if err != nil {
 			return err
 		}
-		// Limits like a modest OpenAI account, and a few hundred ms per call,
-		// so the dashboard has something to show.
 		simulator = sim.New(sim.Config{Limits: sim.Limits{RPM: 500, TPM: 200000}, DefaultMaxTokens: 1024,
 			Latency: 300 * time.Millisecond, Jitter: 700 * time.Millisecond, APIKey: key, RandomIDs: true})
 		defer simulator.Close()
@@ -178,11 +167,8 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	defer stopRec()
 
-	// A snapshot of the embedded Redis older than the ledger (dev killed
-	// between two saves) holds less spend than was charged, and miniredis
-	// has no run id by which a day notices it: today's days are raised to
-	// the ledger before anything runs (on a Redis of LLMQ_REDIS_URL too,
-	// at the cost of one query).
+	// A snapshot older than the ledger holds less spend than was charged,
+	// and miniredis has no run id by which a day notices it.
 	if err := raiseBudgets(ctx, a); err != nil {
 		return err
 	}
@@ -205,8 +191,7 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	banner(stdout, base, env.AdminToken, tenantID, key, o)
 
-	// With the simulator, a fresh embedded Redis has nothing to fear from
-	// the provider's windows: no pause after the "loss" at every start.
+	// The simulator needs no pause after the "loss" at every start.
 	pause := time.Duration(0)
 	if simulator != nil {
 		pause = -1
@@ -280,12 +265,10 @@ func devEnv(o *devOptions, environ []string, base string) (*config.Env, error) {
 	return env, nil
 }
 
-// devSimKeyFile is the file under dir that holds the simulator's key of the
-// running dev process, for a user who calls the simulator itself.
+// devSimKeyFile holds the simulator's key under dir.
 const devSimKeyFile = "sim-key"
 
-// newSimKey makes the simulator's key for this start and writes it to path
-// (readable by its owner only), replacing the last start's.
+// newSimKey makes the simulator's key for this start and writes it to path.
 func newSimKey(path string) (string, error) {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
@@ -309,8 +292,7 @@ func keptSecret(path string, mk func() string) (string, error) {
 	return s, nil
 }
 
-// devTenantFile keeps the default tenant and its key (shown only once by
-// the admin API) so a restart prints the same key.
+// devTenantFile keeps the default tenant and its key across restarts.
 type devTenantFile struct {
 	TenantID string `json:"tenant_id"`
 	Key      string `json:"key"`

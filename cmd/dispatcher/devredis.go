@@ -13,11 +13,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 )
 
-// devRedis is dev mode's embedded Redis: miniredis, whose keys are saved
-// under -dir when dev stops and every snapshotEvery, and loaded when it
-// starts, so a restart keeps the queues, the day's spend and the
-// dashboard's last hour as a Redis with persistence would. miniredis moves
-// TTLs only when told, so tick moves them with the wall clock.
+// devRedis is dev mode's embedded Redis: miniredis, its keys saved under
+// -dir every snapshotEvery and when dev stops, and loaded when it starts.
+// miniredis moves TTLs only when told: tick moves them with the wall clock.
 type devRedis struct {
 	*miniredis.Miniredis
 	path   string
@@ -25,14 +23,12 @@ type devRedis struct {
 	ticked time.Time
 }
 
-// snapshotEvery bounds what a crash (or kill -9) of dev mode loses of the
-// embedded Redis; the SQLite store loses nothing, and the reconciler and
-// the budget's rebuild from the ledger cover the rest.
+// snapshotEvery bounds what a crash of dev mode loses of the embedded Redis
+// (the reconciler and the budget's rebuild cover it).
 const snapshotEvery = 30 * time.Second
 
-// snapshot is the file: each key with its absolute expiry, so keys expire
-// while dev is stopped as they would in Redis. Values are bytes (asynq's
-// task messages are binary), base64 in JSON.
+// snapshot is the file: each key with its absolute expiry; values are
+// bytes (asynq's task messages are binary).
 type snapshot struct {
 	SavedAt time.Time     `json:"saved_at"`
 	Keys    []snapshotKey `json:"keys"`
@@ -54,8 +50,7 @@ type zMember struct {
 }
 
 // startDevRedis starts the embedded Redis on a loopback port with the keys
-// saved at path, if any. A snapshot that cannot be read is set aside and
-// dev starts empty, as after a Redis loss (which llmq recovers from).
+// saved at path, if any; an unreadable snapshot is set aside.
 func startDevRedis(path string, logger *slog.Logger) (*devRedis, error) {
 	d := &devRedis{Miniredis: miniredis.NewMiniRedis(), path: path, logger: logger, ticked: time.Now()}
 	if err := d.StartAddr("127.0.0.1:0"); err != nil {
@@ -71,7 +66,7 @@ func startDevRedis(path string, logger *slog.Logger) (*devRedis, error) {
 }
 
 // run moves the TTLs every second and saves every snapshotEvery until ctx
-// ends; stop saves once more.
+// ends.
 func (d *devRedis) run(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -92,7 +87,6 @@ func (d *devRedis) run(ctx context.Context) {
 	}
 }
 
-// tick expires what the time since the last tick expired.
 func (d *devRedis) tick(now time.Time) {
 	if dt := now.Sub(d.ticked); dt > 0 {
 		d.FastForward(dt)
@@ -100,8 +94,7 @@ func (d *devRedis) tick(now time.Time) {
 	d.ticked = now
 }
 
-// stop saves the keys (the worker and the server have stopped, so the
-// snapshot is whole) and stops the server.
+// stop saves the keys and stops the server.
 func (d *devRedis) stop() {
 	if err := d.save(time.Now()); err != nil {
 		d.logger.Warn("save the embedded redis", "err", err)
@@ -109,11 +102,9 @@ func (d *devRedis) stop() {
 	d.Close()
 }
 
-// save writes every key to the snapshot file, through a temporary file
-// beside it so a crash mid-write leaves the previous one. Keys are read
-// one at a time: a snapshot taken while jobs run may see a task moving
-// between two lists in both or neither, which costs a second delivery
-// (handlers are idempotent) or a re-enqueue by the reconciler.
+// save writes every key to the snapshot file through a temporary file.
+// Keys are read one at a time: a task moving meanwhile may be saved twice
+// or not at all, which handlers and the reconciler absorb.
 func (d *devRedis) save(now time.Time) error {
 	s := snapshot{SavedAt: now.UTC()}
 	keys := d.Keys()
@@ -145,8 +136,8 @@ func (d *devRedis) save(now time.Time) error {
 	return err
 }
 
-// dumpKey reads one key; false when it is gone or of a type llmq and
-// asynq never write (streams, HyperLogLogs).
+// dumpKey reads one key; false when it is gone or of a type llmq never
+// writes.
 func (d *devRedis) dumpKey(k string, now time.Time) (snapshotKey, bool) {
 	sk := snapshotKey{Key: k, Type: d.Type(k)}
 	if ttl := d.TTL(k); ttl > 0 {
@@ -191,8 +182,7 @@ func (d *devRedis) dumpKey(k string, now time.Time) (snapshotKey, bool) {
 	return sk, err == nil
 }
 
-// load restores the snapshot file, if there is one, as of now: keys whose
-// expiry passed while dev was stopped are left out.
+// load restores the snapshot file, if any, leaving out expired keys.
 func (d *devRedis) load(now time.Time) error {
 	b, err := os.ReadFile(d.path)
 	if os.IsNotExist(err) {

@@ -20,15 +20,10 @@ const healthcheckUsage = `usage: dispatcher healthcheck [-worker]
   the dispatcher's default address (:8080), or with -worker the worker's
   (:8081).`
 
-// healthcheckTimeout bounds one probe; container healthchecks give up on
-// their own timeout after it.
 const healthcheckTimeout = 3 * time.Second
 
-// healthcheck asks the llmq process listening on LLMQ_LISTEN_ADDR (this
-// machine's dispatcher or worker) whether it is ready, and fails unless
-// GET /readyz answers 200. It is the container healthcheck of images that
-// have no shell and no curl: `dispatcher healthcheck` in a worker's
-// container probes the worker, whose environment names its address.
+// healthcheck fails unless GET /readyz of the llmq process on
+// LLMQ_LISTEN_ADDR answers 200 (healthcheckUsage).
 func healthcheck(ctx context.Context, args, environ []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
 	worker := fs.Bool("worker", false, "")

@@ -129,14 +129,11 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 	return serveApp(ctx, a, rec, ln, logger, serveOptions{metrics: mln})
 }
 
-// startRecorder makes the process's metrics recorder (one registry per
-// process) and sets it as the observer of the app's API and workers, so it
-// must run before any worker is built. stop flushes it: call it after the
-// workers and the HTTP server have stopped, before the app closes Redis.
+// startRecorder makes the process's metrics recorder and sets it as the
+// observer of the app's API and workers (before any worker is built). stop
+// flushes it: call it before the app closes Redis.
 func startRecorder(ctx context.Context, a *app.App, logger *slog.Logger) (rec *metrics.Recorder, stop func(), err error) {
-	if rec, err = metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger}); err != nil {
-		return nil, nil, err
-	}
+	rec = metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
 	a.Observer, a.APIObserver = rec, rec
 	for _, c := range a.ReadyChecks() {
 		if err := rec.WatchReady(c.Name, c.Check); err != nil {
@@ -152,21 +149,18 @@ func startRecorder(ctx context.Context, a *app.App, logger *slog.Logger) (rec *m
 // serveOptions are what the dispatcher and the embedded default serve
 // differently.
 type serveOptions struct {
-	// reconciler tunes the reconciler of jobs Redis lost.
 	reconciler recovery.Options
 	// mount adds handlers beside the API (the embedded simulator).
 	mount func(mux *http.ServeMux)
-	// metrics, when set, serves /metrics without credentials
-	// (LLMQ_METRICS_ADDR); on the API's address it takes the admin token.
+	// metrics, when set, serves /metrics without credentials.
 	metrics net.Listener
 	// http replaces the API server's connection limits (tests).
 	http api.ServerOptions
 }
 
 // serveApp serves a's API, /dashboard, /monitoring/ and /metrics on ln, and
-// runs the policy watcher, the batch sweeper and offloader, the reconciler
-// and the retention purger, until ctx
-// ends; then it drains in-flight requests for LLMQ_SHUTDOWN_TIMEOUT.
+// runs the dispatcher's background work, until ctx ends; then it drains
+// in-flight requests for LLMQ_SHUTDOWN_TIMEOUT.
 func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Listener, logger *slog.Logger, o serveOptions) error {
 	rc, err := a.Reconciler(o.reconciler)
 	if err != nil {
@@ -180,8 +174,7 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	schedCtx, stopScheduler := context.WithCancel(ctx)
 	schedDone := make(chan struct{})
 	go func() { a.Scheduler().Run(schedCtx); close(schedDone) }()
-	// The scheduler's last release is enqueued before the app closes (and,
-	// in dev mode, before the embedded Redis is saved).
+	// The scheduler's last release is enqueued before the app closes.
 	defer func() { stopScheduler(); <-schedDone }()
 
 	srv, err := a.API()

@@ -85,10 +85,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	go a.Policy.Watch(ctx, logger)
 	// The recorder outlives ctx: the jobs finishing in the shutdown grace
 	// period are counted, and it flushes before Redis closes.
-	rec, err := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
-	if err != nil {
-		return err
-	}
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
 	a.Observer = rec
 	for _, c := range a.ReadyChecks() {
 		if err := rec.WatchReady(c.Name, c.Check); err != nil {

@@ -22,7 +22,7 @@ func secondDispatcher(t *testing.T, a *apptest.App, clock func() time.Time) stri
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := app.OpenEnviron(ctx, a.Environ, config.RoleDispatcher, slog.New(slog.DiscardHandler), app.Parts{Clock: clock})
+	b, err := apptest.OpenEnviron(ctx, a.Environ, config.RoleDispatcher, slog.New(slog.DiscardHandler), app.Parts{Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}

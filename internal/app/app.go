@@ -55,30 +55,21 @@ type App struct {
 	Inspector *queue.Inspector
 	Queue     *queue.Client
 	Providers *worker.Providers
-	// Batches validates batches and runs their lifecycle (its sweeper runs
-	// in the dispatcher).
-	Batches *batch.Service
-	// Offload runs the batch lines a tier offloads on the provider's Batch
-	// API (its sweep runs in the dispatcher).
-	Offload *offload.Offloader
-	// Observer and APIObserver receive the workers' and the API's events
-	// for metrics. Default to none.
+	Batches   *batch.Service
+	Offload   *offload.Offloader
+	// Observer and APIObserver receive the workers' and the API's events.
 	Observer    worker.Observer
 	APIObserver api.Observer
 
-	// Pacer takes and settles the permit of every provider call; its
-	// calibration also corrects the API's estimates.
 	Pacer *pacer.Pacer
 
-	clock func() time.Time
-	// keyCache is the API's, made by the first call of API.
+	clock    func() time.Time
 	keyCache *api.KeyCache
 	closers  []func() error
 	spacer   *limiter.Spacer // paces webhook deliveries
 }
 
-// Parts lets callers (the embedded default, tests) supply parts instead of
-// having Open build them from the environment.
+// Parts lets callers supply parts instead of having Open build them.
 type Parts struct {
 	// Redis replaces the client made from Env.RedisURL.
 	Redis redis.UniversalClient
@@ -89,17 +80,11 @@ type Parts struct {
 	// LookupEnv reads provider API keys. Defaults to os.LookupEnv.
 	LookupEnv func(string) (string, bool)
 	// Migrate applies the pending schema migrations before the store
-	// opens (dev mode, tests, benchmarks). Without it a schema that is
-	// not this binary's stops Open: deployments migrate with `dispatcher
-	// migrate up`, and workers and `dispatcher serve` never do.
+	// opens; without it a schema not this binary's stops Open.
 	Migrate bool
-	// Clock replaces Redis time for budget days, and the clock of the API's
-	// timestamps (tests simulate a daily reset with it). Defaults to none:
-	// Redis TIME.
+	// Clock replaces Redis TIME for budget days and the API's timestamps.
 	Clock func() time.Time
-	// SingleQueue leaves the fair queue out: every job goes to asynq's
-	// queues the moment it is queued, in arrival order, as before fair share
-	// between tenants (the benchmark's baseline). Defaults to false.
+	// SingleQueue leaves the fair queue out (bench/fairshare's baseline).
 	SingleQueue bool
 	// Offload tunes the offloader (tests poll the provider faster).
 	Offload offload.Options
@@ -109,7 +94,6 @@ type Parts struct {
 // policy and builds every part. Close releases them.
 func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts) (a *App, err error) {
 	a = &App{Env: env, Logger: logger, Keys: rkeys.New(env.KeyPrefix), clock: parts.Clock}
-	// "return nil, err" sets a to nil before this runs: close what was built.
 	built := a
 	defer func() {
 		if err != nil {
@@ -119,7 +103,6 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	if parts.LookupEnv == nil {
 		parts.LookupEnv = os.LookupEnv
 	}
-	// A provider's key may come from a file (<variable>_FILE).
 	parts.LookupEnv = config.SecretLookup(parts.LookupEnv)
 
 	a.Policy = parts.Policy
@@ -154,19 +137,13 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	}
 	a.closers = append(a.closers, a.Store.Close)
 
-	// Every model reservation is one provider call, always reconciled or
-	// released: hold it in flight so the buckets never run ahead of the
-	// provider's.
 	if a.Limiter, err = limiter.NewTokenBucket(a.Redis, limiter.Options{Keys: a.Keys, HoldInFlight: true}); err != nil {
 		return nil, err
 	}
-	// The API's windows follow the test clock too, so tests move through
-	// them without sleeping.
 	if a.APILimiter, err = limiter.NewWindows(a.Redis, limiter.Options{Keys: a.Keys, Clock: parts.Clock}); err != nil {
 		return nil, err
 	}
-	// Deliveries are slept for and sent in real time: the spacer keeps
-	// Redis time even under a test clock.
+	// Deliveries are sent in real time, even under a test clock.
 	if a.spacer, err = limiter.NewSpacer(a.Redis, limiter.Options{Keys: a.Keys}); err != nil {
 		return nil, err
 	}
@@ -185,9 +162,7 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	if parts.SingleQueue {
 		qo.Redis = nil
 	}
-	if a.Queue, err = queue.NewClient(a.Asynq, qo); err != nil {
-		return nil, err
-	}
+	a.Queue = queue.NewClient(a.Asynq, qo)
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	a.Inspector = queue.NewInspector(in, ns)
 	a.Providers = parts.Providers
@@ -236,10 +211,9 @@ func (a *App) ReadyChecks() []api.ReadyCheck {
 	}
 }
 
-// API returns the HTTP API over the app's parts, or an error naming an
-// option that is invalid. The first call subscribes the app's key cache to
-// the announcements of key changes (closed by Close); if Redis refuses, the
-// API reads the store for every key.
+// API returns the HTTP API over the app's parts. The first call subscribes
+// the app's key cache to key changes; if Redis refuses, the API reads the
+// store for every key.
 func (a *App) API() (*api.Server, error) {
 	if a.keyCache == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -252,7 +226,6 @@ func (a *App) API() (*api.Server, error) {
 			a.closers = append(a.closers, kc.Close)
 		}
 	}
-	// Validate has parsed them already.
 	proxies, _ := a.Env.TrustedProxyPrefixes()
 	srv, err := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
@@ -265,8 +238,6 @@ func (a *App) API() (*api.Server, error) {
 	if err := srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines}); err != nil {
 		return nil, err
 	}
-	// Synchronous requests run in the API's process, through the same
-	// handler as a worker's jobs.
 	h, err := a.JobHandler(worker.Options{})
 	if err != nil {
 		return nil, err
@@ -278,8 +249,7 @@ func (a *App) API() (*api.Server, error) {
 }
 
 // Reconciler returns the reconciler that re-enqueues jobs whose task Redis
-// lost, or an error naming an option that is invalid. Run it in the
-// dispatcher; it takes a store lock so only one runs.
+// lost.
 func (a *App) Reconciler(opts recovery.Options) (*recovery.Reconciler, error) {
 	return recovery.New(recovery.Reconciler{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
@@ -288,7 +258,7 @@ func (a *App) Reconciler(opts recovery.Options) (*recovery.Reconciler, error) {
 }
 
 // appObserver tells the pacer's and the budget's events to the app's
-// Observer, which callers set after Open.
+// Observer, set after Open.
 type appObserver struct{ a *App }
 
 func (o appObserver) Penalized(model string, d time.Duration) {
@@ -321,8 +291,7 @@ func (o appObserver) BudgetRaised(reason string, added money.Micros) {
 	}
 }
 
-// JobHandler returns the handler of job tasks, or an error naming an
-// option that is invalid.
+// JobHandler returns the handler of job tasks.
 func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {
 	if opts.Now == nil {
 		opts.Now = a.clock
@@ -341,8 +310,7 @@ func (a *App) WebhookHandler() (*webhook.Handler, error) {
 }
 
 // Scheduler returns the scheduler that releases waiting jobs into asynq's
-// queues; every dispatcher and worker runs one (Run), and one at a time
-// holds the lease.
+// queues.
 func (a *App) Scheduler() *scheduler.Scheduler {
 	obs, _ := a.Observer.(scheduler.Observer) // the metrics recorder is one
 	s, err := scheduler.New(scheduler.Deps{Queue: a.Queue, Pacer: a.Pacer, Policy: a.Policy, Redis: a.Redis, Keys: a.Keys,
@@ -353,8 +321,7 @@ func (a *App) Scheduler() *scheduler.Scheduler {
 	return s
 }
 
-// WorkerServer returns the asynq servers that run jobs, and their mux; or
-// an error naming an option that is invalid.
+// WorkerServer returns the asynq servers that run jobs, and their mux.
 func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux, error) {
 	if opts.Heartbeat == nil {
 		opts.Heartbeat = worker.NewHeartbeat(a.Store, a.Logger)
@@ -376,7 +343,7 @@ func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux
 }
 
 // LoadEnv reads and validates the LLMQ_* environment for role and builds the
-// process logger. Unknown LLMQ_* variables (usually typos) are warned about.
+// process logger, warning of unknown LLMQ_* variables.
 func LoadEnv(environ []string, role config.Role, stderr io.Writer) (*config.Env, *slog.Logger, error) {
 	env, err := config.LoadEnv(environ)
 	if err != nil {
@@ -392,8 +359,7 @@ func LoadEnv(environ []string, role config.Role, stderr io.Writer) (*config.Env,
 	return env, logger, nil
 }
 
-// LookupIn returns an os.LookupEnv over environ, so commands read provider
-// keys from the environment they were given (tests give their own).
+// LookupIn returns an os.LookupEnv over environ.
 func LookupIn(environ []string) func(string) (string, bool) {
 	m := make(map[string]string, len(environ))
 	for _, kv := range environ {
@@ -402,23 +368,4 @@ func LookupIn(environ []string) func(string) (string, bool) {
 		}
 	}
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
-}
-
-// OpenEnviron reads and validates the LLMQ_* variables of environ for role
-// and opens the app; provider keys are read from environ too unless parts
-// says otherwise. Programs that build an llmq from an environment of their
-// own (the benchmarks) use it.
-func OpenEnviron(ctx context.Context, environ []string, role config.Role, logger *slog.Logger, parts Parts) (*App, error) {
-	env, err := config.LoadEnv(environ)
-	if err != nil {
-		return nil, err
-	}
-	if err := env.Validate(role); err != nil {
-		return nil, err
-	}
-	if parts.LookupEnv == nil {
-		parts.LookupEnv = LookupIn(environ)
-	}
-	parts.Migrate = true // a program of its own starts on a database of its own
-	return Open(ctx, env, logger, parts)
 }

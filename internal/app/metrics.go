@@ -5,10 +5,8 @@ import (
 	"time"
 )
 
-// MetricsServer is the server of LLMQ_METRICS_ADDR: GET /metrics of the
-// process's registry h and nothing else, without credentials, for
-// Prometheus on an internal network. Scrapes are small and bodiless, so
-// plain timeouts bound them.
+// MetricsServer is the server of LLMQ_METRICS_ADDR: GET /metrics of h,
+// without credentials, for Prometheus on an internal network.
 func MetricsServer(h http.Handler) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)

@@ -11,11 +11,8 @@ import (
 	"github.com/llmq/llmq/internal/config"
 )
 
-// QuietRedis sends go-redis's own log lines (a dial that failed, a pool
-// that retried) to the process logger at debug, instead of its global
-// logger's raw lines on stderr: what the user sees of an unreachable Redis
-// is llmq's one line naming LLMQ_REDIS_URL. go-redis's logger is global, so
-// only a program's main calls this, once, before any client exists.
+// QuietRedis sends go-redis's own log lines to the process logger at debug
+// instead of stderr. go-redis's logger is global: only a main calls this.
 func QuietRedis(environ []string, stderr io.Writer) {
 	env, err := config.LoadEnv(environ)
 	if err != nil {

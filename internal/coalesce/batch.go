@@ -5,12 +5,10 @@ import (
 	"sync"
 )
 
-// Batch gathers the inputs of concurrent callers of a key into one call: a
-// caller that finds no call for its key under way makes one at once, for
-// its input alone; callers that come meanwhile queue, and when it ends the
+// Batch gathers the inputs of concurrent callers of a key into one call:
+// callers that come while a call is under way queue, and when it ends the
 // oldest of them makes the next, for all the inputs queued by then (at
-// most Max). No caller waits for a timer, so a lone caller pays nothing,
-// and each is answered only once the call of its own input has ended.
+// most Max). No caller waits for a timer.
 //
 // The zero value, with Fn set, is ready to use. Fn gets the inputs in the
 // order their callers came and returns one result and one error per input
@@ -24,9 +22,7 @@ type Batch[K comparable, P, R any] struct {
 	lanes map[K]*lane[P, R]
 	calls int // calls made; under mu
 
-	// beforeCall, when set (tests), is called by a caller about to take
-	// the inputs of its call.
-	beforeCall func()
+	beforeCall func() // tests: called before a call takes its inputs
 }
 
 type lane[P, R any] struct {
@@ -65,8 +61,6 @@ func (b *Batch[K, P, R]) Do(ctx context.Context, key K, p P) (R, error) {
 			return e.res, e.err
 		}
 	}
-	// Leading: e is first in the queue (a leader hands over to the oldest
-	// waiter, and the queue is empty when nobody leads).
 	if b.beforeCall != nil {
 		b.beforeCall()
 	}

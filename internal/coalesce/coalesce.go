@@ -1,13 +1,10 @@
 // Package coalesce makes one call for the concurrent callers of a key, the
 // way a database groups commits: a caller that finds no call for its key
 // under way makes one at once, alone; callers that come while one is under
-// way wait for the next, which starts when it ends and is made once for all
-// of them. Group shares one call's result among callers asking the same
-// thing (no caller is answered by a call begun before it came, so what each
-// sees is as fresh as a call of its own): llmq's API uses it for the Redis
-// reads every request of a tenant or key makes, the budget's status and the
-// key's window count. Batch gathers the callers' inputs into one call that
-// answers each: llmq uses it for the writes every job makes.
+// way wait for the next, made once for all of them. Group shares one call's
+// result among callers asking the same thing (never a call begun before the
+// caller came); Batch gathers the callers' inputs into one call that
+// answers each.
 package coalesce
 
 import (
@@ -64,8 +61,6 @@ func (g *Group[K, R]) Do(ctx context.Context, key K, fn func(ctx context.Context
 	prev := s.running
 	g.mu.Unlock()
 	if lead {
-		// The call under way began before this caller came: the next one
-		// is this caller's to make, for all who join it meanwhile.
 		<-prev.done
 		g.run(context.WithoutCancel(ctx), key, s, c, fn)
 		return c.res, c.n, nil
@@ -79,9 +74,7 @@ func (g *Group[K, R]) Do(ctx context.Context, key K, fn func(ctx context.Context
 	}
 }
 
-// run makes call c (its callers are all in by now: the slot's next was
-// handed over when the call before it ended), then hands the slot to the
-// next call, whose leader waits for c to end, or frees it.
+// run makes call c, then hands the slot to the next call or frees it.
 func (g *Group[K, R]) run(ctx context.Context, key K, s *slot[R], c *call[R], fn func(context.Context, int) R) {
 	g.mu.Lock()
 	n := c.n
@@ -102,14 +95,4 @@ func (g *Group[K, R]) Calls() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.calls
-}
-
-// waiting returns how many callers wait for key's next call (tests).
-func (g *Group[K, R]) waiting(key K) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if s := g.slots[key]; s != nil && s.next != nil {
-		return s.next.n
-	}
-	return 0
 }

@@ -121,3 +121,13 @@ func TestCancelledCallerStopsWaiting(t *testing.T) {
 		t.Fatalf("the next call's leader got %+v, want call 2 for 2 callers", r)
 	}
 }
+
+// waiting returns how many callers wait for key's next call.
+func (g *Group[K, R]) waiting(key K) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if s := g.slots[key]; s != nil && s.next != nil {
+		return s.next.n
+	}
+	return 0
+}

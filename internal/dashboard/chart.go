@@ -8,8 +8,7 @@ import (
 	"github.com/llmq/llmq/internal/metrics"
 )
 
-// Charts are inline SVG polylines drawn here: no script, no library, and
-// the page stays readable with JavaScript off.
+// Charts are inline SVG polylines: no script, no library.
 
 const (
 	chartW, chartH, chartPad = 300.0, 64.0, 3.0

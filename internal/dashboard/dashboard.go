@@ -1,11 +1,7 @@
 // Package dashboard serves what operators look at, behind the admin token:
-// /dashboard, a server-rendered page (html/template, embedded CSS, no build
-// step, refreshing itself) with each model's buckets against its limits and
-// its 429 rate, each tenant's spend against its budget with the soft and hard
-// marks, batches in progress, queue sizes and latency, and charts of the last
-// hour; /monitoring/, the asynq monitor (asynqmon), read-only unless
-// configured otherwise; and /metrics, the process's Prometheus registry with
-// the scrape-time collectors of shared state.
+// /dashboard, a server-rendered page of buckets, budgets, batches, queues
+// and the last hour's charts; /monitoring/, the asynq monitor (asynqmon);
+// and /metrics, the process's Prometheus registry.
 package dashboard
 
 import (
@@ -47,9 +43,8 @@ type Deps struct {
 	Store  *store.DB
 	Policy *config.PolicyHolder
 	Queues *queue.Inspector
-	// Redis and Keys read the per-minute counters of the charts.
-	Redis redis.UniversalClient
-	Keys  rkeys.Builder
+	Redis  redis.UniversalClient
+	Keys   rkeys.Builder
 	// Metrics serves /metrics; nil leaves /metrics unmounted.
 	Metrics *metrics.Recorder
 	// IsAdmin reports whether a request carries the admin token.
@@ -63,31 +58,17 @@ type Options struct {
 	// Empty leaves /monitoring/ unmounted.
 	RedisURL string
 	// MonitoringReadOnly refuses every asynqmon request but GET, so nobody
-	// deletes or reruns tasks behind the store's back. Defaults to false;
-	// the dispatcher passes LLMQ_MONITORING_READONLY (default true).
+	// deletes or reruns tasks behind the store's back.
 	MonitoringReadOnly bool
 	// Refresh is how often the dashboard reloads itself. Defaults to 10s.
 	Refresh time.Duration
-	// MaxTenants and MaxBatches cap the rows shown. Default to 50 and 20.
-	MaxTenants, MaxBatches int
-	// Now is the page's clock. Defaults to time.Now.
-	Now func() time.Time
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.Refresh < 0 {
-		return fmt.Errorf("dashboard: Options.Refresh must not be negative, got %v", o.Refresh)
-	}
-	if o.MaxTenants < 0 {
-		return fmt.Errorf("dashboard: Options.MaxTenants must not be negative, got %d", o.MaxTenants)
-	}
-	if o.MaxBatches < 0 {
-		return fmt.Errorf("dashboard: Options.MaxBatches must not be negative, got %d", o.MaxBatches)
-	}
-	return nil
-}
+// The rows shown at most.
+const (
+	maxTenantRows = 50
+	maxBatchRows  = 20
+)
 
 // Server serves the dashboard.
 type Server struct {
@@ -104,20 +85,8 @@ func New(d Deps, o Options) (*Server, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
 	if o.Refresh == 0 {
 		o.Refresh = 10 * time.Second
-	}
-	if o.MaxTenants == 0 {
-		o.MaxTenants = 50
-	}
-	if o.MaxBatches == 0 {
-		o.MaxBatches = 20
-	}
-	if o.Now == nil {
-		o.Now = time.Now
 	}
 	t, err := template.New("dashboard.html").Funcs(funcs).ParseFS(templateFS, "templates/dashboard.html")
 	if err != nil {
@@ -126,9 +95,8 @@ func New(d Deps, o Options) (*Server, error) {
 	return &Server{d: d, o: o, page: t}, nil
 }
 
-// Mount adds /dashboard, /monitoring/ and /metrics to mux. Close the
-// returned Closer when the server stops: it releases asynqmon's Redis
-// connections.
+// Mount adds /dashboard, /monitoring/ and /metrics to mux. The returned
+// Closer releases asynqmon's Redis connections.
 func (s *Server) Mount(mux *http.ServeMux) (io.Closer, error) {
 	assets, err := fs.Sub(assetFS, "assets")
 	if err != nil {
@@ -138,8 +106,8 @@ func (s *Server) Mount(mux *http.ServeMux) (io.Closer, error) {
 	mux.Handle("GET /dashboard/", s.admin(http.RedirectHandler("/dashboard", http.StatusFound)))
 	mux.Handle("GET /dashboard/assets/", s.admin(http.StripPrefix("/dashboard/assets/", http.FileServerFS(assets))))
 	if s.d.Metrics != nil {
-		// It lists every tenant's id and spend: on the API's address it takes
-		// the admin token; Prometheus scrapes LLMQ_METRICS_ADDR instead.
+		// Every tenant's spend: admins only here; Prometheus scrapes
+		// LLMQ_METRICS_ADDR.
 		mux.Handle("GET /metrics", s.admin(s.d.Metrics.Handler()))
 	}
 	closer := io.Closer(nopCloser{})
@@ -160,12 +128,9 @@ type nopCloser struct{}
 
 func (nopCloser) Close() error { return nil }
 
-// admin lets through requests with the admin token (as a bearer token, or
-// as the basic-auth password so a browser can log in) and asks for it with
-// a basic-auth challenge otherwise. The browser resends that password by
-// itself, so what it sends for another site's page is refused
-// (api.IsCrossSite), and no other site may frame the pages (a writable
-// asynqmon's buttons, clicked through a frame, would be same-origin).
+// admin lets through requests with the admin token (a bearer token, or the
+// basic-auth password a browser resends by itself), refuses cross-site
+// requests, and forbids framing the pages.
 func (s *Server) admin(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.d.IsAdmin(r) {
@@ -177,7 +142,6 @@ func (s *Server) admin(h http.Handler) http.Handler {
 			http.Error(w, "403 Forbidden: cross-site request refused; open llmq's pages from llmq itself.", http.StatusForbidden)
 			return
 		}
-		// Operator pages show tenants' spend: keep them out of shared caches.
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("X-Frame-Options", "DENY")
 		w.Header().Set("Content-Security-Policy", "frame-ancestors 'none'")
@@ -186,28 +150,19 @@ func (s *Server) admin(h http.Handler) http.Handler {
 }
 
 // MountApp builds the dashboard, the monitor and /metrics of a dispatcher
-// over app a, registers the scrape-time collectors (bucket levels, budgets,
-// workers, and asynq's queue collector) in rec, and mounts them beside the
-// API of srv. The monitor connects to LLMQ_REDIS_URL unless o.RedisURL says
-// otherwise, and is read-only as LLMQ_MONITORING_READONLY says.
+// over app a, registers the scrape-time collectors in rec, and mounts them
+// beside the API of srv.
 func MountApp(srv *api.Server, a *app.App, rec *metrics.Recorder, o Options) (io.Closer, error) {
-	// Sharing the app's client: this inspector is never closed (asynq
-	// refuses to close a shared connection; the app closes it).
+	// Never closed: the app closes the client it shares.
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
 	ns := queue.Namespace(a.Env.QueueNamespace)
-	st, err := metrics.NewState(metrics.StateDeps{
+	st := metrics.NewState(metrics.StateDeps{
 		Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store, Asynq: in, Namespace: ns,
 		Scope: a.Pacer.Scope, Queue: a.Queue,
 	}, metrics.StateOptions{})
-	if err != nil {
-		return nil, err
-	}
 	if err := rec.Register(st.Collector(), asynqmetrics.NewQueueMetricsCollector(in)); err != nil {
 		return nil, fmt.Errorf("register collectors: %w", err)
 	}
-	// asynq's inspector and asynqmon list queues from asynq's own set, which
-	// only learns a queue at its first enqueue; register them all so an idle
-	// installation shows its queues too.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := queue.RegisterQueues(ctx, a.Redis, ns); err != nil {

@@ -71,7 +71,7 @@ func setupOn(t *testing.T, redisURL string) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, RedisURL: redisURL, Policy: policy})
-	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
 	srv := testutil.Must(a.API())
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{Refresh: time.Minute})
 	if err != nil {
@@ -305,7 +305,7 @@ func TestDashboardShowsAPILimitsAndExemptions(t *testing.T) {
     unlimited: true
     api_exempt: true
 `})
-	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
 	srv := testutil.Must(a.API())
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{})
 	if err != nil {
@@ -351,7 +351,7 @@ func TestDashboardShowsAPILimitsAndExemptions(t *testing.T) {
 func TestDashboardShowsWaitingJobs(t *testing.T) {
 	t.Parallel()
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: policy, NoScheduler: true})
-	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, NoProcessMetrics: true})
 	srv := testutil.Must(a.API())
 	closer, err := dashboard.MountApp(srv, a.App, rec, dashboard.Options{})
 	if err != nil {

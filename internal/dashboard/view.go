@@ -16,13 +16,11 @@ import (
 	"github.com/llmq/llmq/internal/store"
 )
 
-// chartMinutes is the span of the charts; rateMinutes that of the 429 rate.
 const (
 	chartMinutes = 60
 	rateMinutes  = 5
 )
 
-// view is what the template renders.
 type view struct {
 	Now          time.Time
 	Refresh      int // seconds
@@ -30,29 +28,23 @@ type view struct {
 	Workers      int
 	WorkersKnown bool
 
-	Summary []tile
-	Charts  []chart
-	Models  []modelRow
-	Tenants tenantsView
-	// Raised is what the last hour raised budget days to the ledger.
-	Raised  raisedView
-	Batches []batchRow
-	Queues  []queueRow
-	// Waiting is what tenants have waiting in the fair queues (50 rows).
-	Waiting []waitingRow
-	API     apiLimitsView
-	// Problems are sections that could not be read, said in one line each.
+	Summary  []tile
+	Charts   []chart
+	Models   []modelRow
+	Tenants  tenantsView
+	Raised   raisedView
+	Batches  []batchRow
+	Queues   []queueRow
+	Waiting  []waitingRow
+	API      apiLimitsView
 	Problems []string
 }
 
 type tile struct{ Key, Label, Value, Note string }
 
 type modelRow struct {
-	// Deployment is the provider's upstream model (the limiter scope) the
-	// row is of: a model has one row per deployment.
-	Model, Deployment string
-	Buckets           []bucketRow
-	// Learned says what the buckets learned from the provider's answers.
+	Model, Deployment               string // one row per deployment
+	Buckets                         []bucketRow
 	Learned                         []learnedLine
 	Paused                          bool
 	PausedFor                       string // how long the 429 pause still holds
@@ -67,8 +59,7 @@ type bucketRow struct {
 	Limit, Remaining int64
 	UsedPct          float64
 	Text             string
-	// Provider is what the provider last said the bucket holds, and when.
-	Provider string
+	Provider         string // what the provider last said the bucket holds
 }
 
 type learnedLine struct{ Key, Text string }
@@ -80,9 +71,7 @@ type tenantsView struct {
 	Truncated, Empty bool
 }
 
-// raisedView counts the budget days raised to the ledger in the last hour
-// (llmq_budget_rebuilt_total, from every process): Redis had lost
-// settlements, or the day.
+// raisedView counts the budget days raised to the ledger in the last hour.
 type raisedView struct {
 	Days  int64
 	Added string
@@ -132,7 +121,7 @@ func (s *Server) serveDashboard(w http.ResponseWriter, r *http.Request) {
 // build reads every section; a section that fails is named in Problems and
 // the rest of the page still shows.
 func (s *Server) build(ctx context.Context) *view {
-	now := s.o.Now()
+	now := time.Now()
 	v := &view{Now: now.UTC(), Refresh: int(s.o.Refresh / time.Second), PolicyDigest: shortDigest(s.d.Policy.Current().Digest)}
 	problem := func(section string, err error) {
 		s.d.Logger.Warn("dashboard: read "+section, "err", err)
@@ -164,7 +153,7 @@ func (s *Server) build(ctx context.Context) *view {
 	if ts, err := s.d.State.Tenants(ctx); err != nil {
 		problem("budgets", err)
 	} else {
-		v.Tenants = tenantRows(ts, s.o.MaxTenants)
+		v.Tenants = tenantRows(ts, maxTenantRows)
 	}
 
 	if rows, err := s.batchRows(ctx, now); err != nil {
@@ -229,7 +218,6 @@ func summarize(ms []metrics.Minute) ([]tile, []chart) {
 
 	recent429, recentCalls := sum(c429[max(0, len(c429)-rateMinutes):]), sum(calls[max(0, len(calls)-rateMinutes):])
 	tiles := []tile{
-		// Jobs created through POST /v1/jobs: a batch's lines become jobs without it.
 		{Key: "jobs", Label: "Jobs done, last hour", Value: group(int64(sum(succeeded))),
 			Note: group(int64(sum(failed))) + " failed, " + group(int64(sum(created))) + " via POST /v1/jobs (batch lines not counted)"},
 		{Key: "tokens", Label: "Tokens, last hour", Value: group(int64(sum(in) + sum(out))), Note: group(int64(sum(in))) + " in, " + group(int64(sum(out))) + " out"},
@@ -298,10 +286,7 @@ func learnedBucket(l *limiter.ScopeLearning, name string) *limiter.BucketLearnin
 	return nil
 }
 
-// learnedLines says, for an operator, what a model's buckets learned: the
-// refunds the provider's counts show, the share others drain, the limit
-// factor after unpredicted 429s, the burst and pace after 429s that showed
-// a shorter window, the prompt calibration.
+// learnedLines says, for an operator, what a model's buckets learned.
 func learnedLines(l *limiter.ScopeLearning) []learnedLine {
 	if l == nil {
 		return nil
@@ -314,8 +299,6 @@ func learnedLines(l *limiter.ScopeLearning) []learnedLine {
 		if b.ProviderRemaining < 0 {
 			continue // the provider says nothing of this bucket
 		}
-		// The estimate comes from counts that calls in flight blur: say
-		// what it is clear about.
 		switch {
 		case b.Refund < 0:
 			add("refund:"+b.Name, "%s: refunds not seen yet (unused max_tokens stay counted)", b.Name)
@@ -402,7 +385,7 @@ func tenantRows(ts *metrics.Tenants, maxRows int) tenantsView {
 // batchRows reads the unfinished batches, oldest first, with their jobs
 // counted by status.
 func (s *Server) batchRows(ctx context.Context, now time.Time) ([]batchRow, error) {
-	bs, _, err := s.d.Store.BatchListActive(ctx, &store.BatchListActiveParams{Limit: s.o.MaxBatches})
+	bs, _, err := s.d.Store.BatchListActive(ctx, &store.BatchListActiveParams{Limit: maxBatchRows})
 	if err != nil {
 		return nil, err
 	}
@@ -448,8 +431,7 @@ func group(n int64) string {
 	return b.String()
 }
 
-// money2 formats dollars with cents, or with more digits for amounts below
-// a cent (a single cheap job costs millionths).
+// money2 formats dollars with cents, or more digits below a cent.
 func money2(m money.Micros) string { return usd(m.USD()) }
 
 func usd(v float64) string {

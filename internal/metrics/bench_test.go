@@ -14,7 +14,7 @@ import (
 // counters buffered (their flush runs every 5 s, off the job's path).
 func BenchmarkRecorderJob(b *testing.B) {
 	rdb := testutil.Redis(b, redisDB)
-	rec := testutil.Must(metrics.New(metrics.Options{Redis: rdb, Keys: rkeys.New(testutil.Prefix(b)), NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{Redis: rdb, Keys: rkeys.New(testutil.Prefix(b)), NoProcessMetrics: true})
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/metrics"
-	"github.com/llmq/llmq/internal/testutil"
 )
 
 // A model on two deployments has a row of bucket levels per deployment, and
@@ -23,7 +22,7 @@ func TestDeploymentLevels(t *testing.T) {
   - name: text-embedding-3-small
 `, 1)
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, NoScheduler: true, Policy: policy})
-	st := testutil.Must(metrics.NewState(metrics.StateDeps{Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store}, metrics.StateOptions{}))
+	st := metrics.NewState(metrics.StateDeps{Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store}, metrics.StateOptions{})
 	rows, err := st.Models(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +36,7 @@ func TestDeploymentLevels(t *testing.T) {
 	if len(got) != 2 || got[0] != "sim/gpt-4o" || got[1] != "sim/gpt-4o-eu" {
 		t.Fatalf("gpt-4o rows = %v, want one per deployment", got)
 	}
-	rec := testutil.Must(metrics.New(metrics.Options{NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{NoProcessMetrics: true})
 	if err := rec.Register(st.Collector()); err != nil {
 		t.Fatal(err)
 	}

@@ -105,12 +105,12 @@ func setup(t *testing.T) *scenario {
 	ctx := context.Background()
 	// No scheduler: the jobs queued below stay waiting.
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, NoScheduler: true})
-	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys}))
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys})
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
-	st := testutil.Must(metrics.NewState(metrics.StateDeps{
+	st := metrics.NewState(metrics.StateDeps{
 		Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store, Asynq: in, Namespace: a.Queue.Namespace(),
 		Queue: a.Queue,
-	}, metrics.StateOptions{}))
+	}, metrics.StateOptions{})
 	if err := rec.Register(st.Collector(), asynqmetrics.NewQueueMetricsCollector(in)); err != nil {
 		t.Fatal(err)
 	}
@@ -808,7 +808,7 @@ func TestPerMinuteCounters(t *testing.T) {
 	a := apptest.Start(t, apptest.Options{RedisDB: redisDB})
 	now := time.Date(2026, 11, 30, 12, 5, 30, 0, time.UTC)
 	clock := func() time.Time { return now }
-	rec := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Now: clock, NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Now: clock, NoProcessMetrics: true})
 
 	rec.JobFinished("ten_a", "standard", "gpt-4o-mini", string(store.JobSucceeded), 100, 20, 1500)
 	rec.ProviderCall("sim/gpt-4o-mini", "gpt-4o-mini", 429, time.Millisecond)
@@ -820,7 +820,7 @@ func TestPerMinuteCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A second Recorder (another process) adds to the same minutes.
-	other := testutil.Must(metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Now: clock, NoProcessMetrics: true}))
+	other := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Now: clock, NoProcessMetrics: true})
 	other.JobFinished("ten_b", "standard", "gpt-4o-mini", string(store.JobSucceeded), 1, 1, 1)
 	if err := other.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -879,8 +879,8 @@ func TestTenantsAreCappedAndSorted(t *testing.T) {
 	spend(t, a, high, 45_000_000)
 	newest, _ := a.Tenant("free")
 
-	st := testutil.Must(metrics.NewState(metrics.StateDeps{Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store},
-		metrics.StateOptions{}))
+	st := metrics.NewState(metrics.StateDeps{Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store},
+		metrics.StateOptions{})
 	ts, err := st.Tenants(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -896,8 +896,8 @@ func TestTenantsAreCappedAndSorted(t *testing.T) {
 		t.Errorf("high spender: %+v", h)
 	}
 
-	capped := testutil.Must(metrics.NewState(metrics.StateDeps{Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store},
-		metrics.StateOptions{MaxTenants: 2}))
+	capped := metrics.NewState(metrics.StateDeps{Policy: a.Policy, Limiter: a.Limiter, Budgets: a.Budgets, Store: a.Store},
+		metrics.StateOptions{MaxTenants: 2})
 	ts, err = capped.Tenants(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -909,7 +909,7 @@ func TestTenantsAreCappedAndSorted(t *testing.T) {
 
 func TestWebhookReasonsAreBounded(t *testing.T) {
 	t.Parallel()
-	rec := testutil.Must(metrics.New(metrics.Options{NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{NoProcessMetrics: true})
 	for i := range 40 {
 		rec.WebhookDelivery("job", "reason_"+string(rune('a'+i%26))+string(rune('a'+i/26)))
 	}
@@ -934,7 +934,7 @@ func TestWebhookReasonsAreBounded(t *testing.T) {
 // dependency: a process that still answers /metrics but not Redis reads 0.
 func TestReadyGauge(t *testing.T) {
 	t.Parallel()
-	rec := testutil.Must(metrics.New(metrics.Options{}))
+	rec := metrics.New(metrics.Options{})
 	var down atomic.Bool
 	if err := rec.WatchReady("redis", func(context.Context) error {
 		if down.Load() {

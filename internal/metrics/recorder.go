@@ -33,7 +33,6 @@ import (
 // Namespace starts the name of every llmq family.
 const Namespace = "llmq"
 
-// Breaker states, as BreakerState reports them.
 var breakerStates = []string{"closed", "open", "half-open"}
 
 // Options configure a Recorder.
@@ -43,24 +42,17 @@ type Options struct {
 	Redis redis.UniversalClient
 	// Keys builds the per-minute keys. Defaults to the zero Builder.
 	Keys rkeys.Builder
-	// FlushInterval is how often the per-minute counters are written to
-	// Redis (one pipeline per flush, not one round trip per event).
-	// Defaults to 5s.
-	FlushInterval time.Duration
-	// Now is the clock that files events under their minute. Charts do not
-	// need Redis TIME: a skewed clock only shifts a point by its skew.
-	// Defaults to time.Now.
+	// Now is the clock that files events under their minute (a skew only
+	// shifts a chart's point). Defaults to time.Now.
 	Now func() time.Time
 	// Logger receives flush failures. Defaults to discarding.
 	Logger *slog.Logger
-	// NoProcessMetrics leaves out the Go runtime and process collectors
-	// (go_*, process_*). Defaults to false: they are registered.
+	// NoProcessMetrics leaves out the go_* and process_* collectors.
 	NoProcessMetrics bool
 }
 
 // Recorder turns llmq's events into Prometheus metrics and per-minute
-// counters. It implements worker.Observer and api.Observer; every method is
-// cheap (no I/O) and safe for concurrent use.
+// counters. Its methods do no I/O and are safe for concurrent use.
 type Recorder struct {
 	reg   *prometheus.Registry
 	log   *slog.Logger
@@ -88,34 +80,18 @@ type Recorder struct {
 	webhookAttempts *prometheus.CounterVec
 	webhookFailures *prometheus.CounterVec
 
-	// webhookReasons bounds the failure reasons a webhook sender may use as
-	// label values, whatever it passes.
 	mu             sync.Mutex
 	webhookReasons map[string]bool
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.FlushInterval < 0 {
-		return fmt.Errorf("metrics: Options.FlushInterval must not be negative, got %v", o.FlushInterval)
-	}
-	return nil
-}
-
-// maxWebhookReasons caps the distinct failure reasons; later ones count
-// as "other".
+// maxWebhookReasons caps the distinct webhook failure reasons.
 const maxWebhookReasons = 16
 
-// New returns a Recorder with its own registry, or an error naming an
-// option that is invalid.
-func New(o Options) (*Recorder, error) {
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
-	if o.FlushInterval == 0 {
-		o.FlushInterval = 5 * time.Second
-	}
+// flushInterval is how often the per-minute counters go to Redis.
+const flushInterval = 5 * time.Second
+
+// New returns a Recorder with its own registry.
+func New(o Options) *Recorder {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -124,7 +100,7 @@ func New(o Options) (*Recorder, error) {
 	}
 	r := &Recorder{reg: prometheus.NewRegistry(), log: o.Logger, webhookReasons: map[string]bool{}}
 	if o.Redis != nil {
-		r.stats = newStatsBuffer(o.Redis, o.Keys, o.Now, o.FlushInterval, o.Logger)
+		r.stats = newStatsBuffer(o.Redis, o.Keys, o.Now, o.Logger)
 	}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
@@ -182,11 +158,10 @@ func New(o Options) (*Recorder, error) {
 	if !o.NoProcessMetrics {
 		r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	return r, nil
+	return r
 }
 
-// Registry is the process's registry; collectors of state (Register)
-// join it.
+// Registry is the process's registry.
 func (r *Recorder) Registry() *prometheus.Registry { return r.reg }
 
 // Register adds collectors to the registry.
@@ -199,9 +174,8 @@ func (r *Recorder) Register(cs ...prometheus.Collector) error {
 	return nil
 }
 
-// WatchReady exports llmq_ready{dependency=name}: 1 while check (Redis's
-// or the database's ping) succeeds at a scrape, 0 while it fails, so an
-// alert sees a process that still answers /metrics but reaches neither.
+// WatchReady exports llmq_ready{dependency=name}: 1 while check succeeds
+// at a scrape, 0 while it fails.
 func (r *Recorder) WatchReady(name string, check func(context.Context) error) error {
 	return r.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "ready", ConstLabels: prometheus.Labels{"dependency": name},
@@ -213,8 +187,8 @@ func (r *Recorder) WatchReady(name string, check func(context.Context) error) er
 	}))
 }
 
-// Handler serves the registry in the Prometheus text format. A collector
-// that fails (Redis down) is logged and left out; the rest is served.
+// Handler serves the registry; a collector that fails is logged and left
+// out.
 func (r *Recorder) Handler() http.Handler {
 	return promhttp.InstrumentMetricHandler(r.reg, promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{
 		ErrorLog:      slogErrorLog{r.log},
@@ -223,7 +197,6 @@ func (r *Recorder) Handler() http.Handler {
 	}))
 }
 
-// slogErrorLog is promhttp's error log over the process logger.
 type slogErrorLog struct{ l *slog.Logger }
 
 func (s slogErrorLog) Println(v ...any) { s.l.Warn("metrics: collect", "err", fmt.Sprint(v...)) }
@@ -232,11 +205,9 @@ func (s slogErrorLog) Println(v ...any) { s.l.Warn("metrics: collect", "err", fm
 func (r *Recorder) ProviderCall(deployment, model string, status int, d time.Duration) {
 	r.providerCalls.WithLabelValues(deployment, model, strconv.Itoa(status)).Inc()
 	r.callDuration.WithLabelValues(deployment, model).Observe(d.Seconds())
-	r.stats.add(FieldCalls, 1)
-	r.stats.add(FieldCalls+":"+deployment, 1)
+	r.stats.addPer(FieldCalls, deployment)
 	if status == http.StatusTooManyRequests {
-		r.stats.add(FieldCalls429, 1)
-		r.stats.add(FieldCalls429+":"+deployment, 1)
+		r.stats.addPer(FieldCalls429, deployment)
 	}
 }
 
@@ -274,10 +245,7 @@ func (r *Recorder) LimiterWait(model string, d time.Duration, requeued bool) {
 	outcome := "acquired"
 	if requeued {
 		outcome = "requeued"
-		// A job dequeued only to go back: the fair queue is there to keep
-		// this near zero.
-		r.stats.add(FieldLimiterRequeued, 1)
-		r.stats.add(FieldLimiterRequeued+":"+model, 1)
+		r.stats.addPer(FieldLimiterRequeued, model)
 	}
 	r.limiterWait.WithLabelValues(model, outcome).Observe(d.Seconds())
 }
@@ -317,8 +285,7 @@ func (r *Recorder) UnpredictedRateLimit(model string, buckets []string) {
 	for _, b := range buckets {
 		r.unpredicted429s.WithLabelValues(model, b).Inc()
 	}
-	r.stats.add(FieldUnpredicted429, 1)
-	r.stats.add(FieldUnpredicted429+":"+model, 1)
+	r.stats.addPer(FieldUnpredicted429, model)
 }
 
 // UsageUnbelieved implements worker.Observer.
@@ -352,12 +319,9 @@ func (r *Recorder) BudgetRaised(reason string, added money.Micros) {
 }
 
 // WebhookDelivery counts one webhook delivery attempt of kind ("job",
-// "batch"). outcome is "delivered" for a 2xx answer; anything else is a
-// failure whose outcome names a reason from a small fixed set, such as
-// "http_4xx", "http_5xx", "timeout", "network", "refused" (address not
-// allowed) or "gave_up" (retries exhausted). Reasons past the sixteenth
-// distinct one count as "other", so a careless caller cannot blow up the
-// label set.
+// "batch"): outcome is "delivered", or the reason of a failure ("http_4xx",
+// "timeout", "gave_up"...). Reasons past the sixteenth distinct one count
+// as "other".
 func (r *Recorder) WebhookDelivery(kind, outcome string) {
 	if outcome == "delivered" {
 		r.webhookAttempts.WithLabelValues(kind, "delivered").Inc()

@@ -26,15 +26,12 @@ type StateDeps struct {
 	Budgets *budget.Budgets
 	Store   *store.DB
 	// Asynq lists the worker servers; nil leaves the worker count out.
-	Asynq *asynq.Inspector
-	// Namespace tells this installation's workers from others sharing Redis.
+	Asynq     *asynq.Inspector
 	Namespace queue.Namespace
-	// Queue reads the fair queues: the jobs waiting per tenant. Defaults to
-	// nil: no waiting jobs are shown.
+	// Queue reads the fair queues. Defaults to nil: no waiting jobs shown.
 	Queue *queue.Client
-	// Scope is a route's limiter scope as the workers take permits from it
-	// (with the limits the provider announced). Defaults to the policy's
-	// (admission.Scope).
+	// Scope is a route's limiter scope as the workers take permits from it.
+	// Defaults to admission.Scope.
 	Scope func(ctx context.Context, r config.Route) limiter.Scope
 }
 
@@ -43,16 +40,17 @@ type StateOptions struct {
 	// MaxTenants caps the tenants whose budgets are read per refresh (newest
 	// first): each is one Redis script run, and llmq_budget_* carries one
 	// series per tenant read. Past the cap, llmq_budget_tenants_truncated is
-	// 1 and the dashboard says how many were read. Defaults to 1000.
+	// 1. Defaults to 1000.
 	MaxTenants int
-	// CacheTTL is how long a read is reused, so a dashboard refresh and
-	// every Prometheus replica's scrape cost one read. Defaults to 5s.
-	CacheTTL time.Duration
-	// Concurrency is how many budget reads run at once. Defaults to 8.
-	Concurrency int
-	// Now is the clock of the cache. Defaults to time.Now.
-	Now func() time.Time
 }
+
+const (
+	// stateCacheTTL is how long a read is reused, so a dashboard refresh
+	// and every Prometheus replica's scrape cost one read.
+	stateCacheTTL = 5 * time.Second
+	// budgetReaders is how many budget reads run at once.
+	budgetReaders = 8
+)
 
 // State reads what llmq's shared state holds now — bucket levels, tenants'
 // budgets, live workers — for the scrape (Collector) and the dashboard. It
@@ -66,54 +64,26 @@ type State struct {
 	wrks cached[int]
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o StateOptions) validate() error {
-	if o.MaxTenants < 0 {
-		return fmt.Errorf("metrics: StateOptions.MaxTenants must not be negative, got %d", o.MaxTenants)
-	}
-	if o.CacheTTL < 0 {
-		return fmt.Errorf("metrics: StateOptions.CacheTTL must not be negative, got %v", o.CacheTTL)
-	}
-	if o.Concurrency < 0 {
-		return fmt.Errorf("metrics: StateOptions.Concurrency must not be negative, got %d", o.Concurrency)
-	}
-	return nil
-}
-
-// NewState returns a State over d, or an error naming an option that is
-// invalid.
-func NewState(d StateDeps, o StateOptions) (*State, error) {
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
+// NewState returns a State over d.
+func NewState(d StateDeps, o StateOptions) *State {
 	if o.MaxTenants == 0 {
 		o.MaxTenants = 1000
 	}
-	if o.CacheTTL == 0 {
-		o.CacheTTL = 5 * time.Second
-	}
-	if o.Concurrency == 0 {
-		o.Concurrency = 8
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	return &State{d: d, o: o}, nil
+	return &State{d: d, o: o}
 }
 
-// cached holds one read for a while; concurrent callers wait for the read
-// in progress instead of starting their own.
+// cached holds one read for stateCacheTTL; concurrent callers wait for the
+// read in progress.
 type cached[T any] struct {
 	mu  sync.Mutex
 	at  time.Time
 	val T
 }
 
-func (c *cached[T]) get(ttl time.Duration, now func() time.Time, read func() (T, error)) (T, error) {
+func (c *cached[T]) get(read func() (T, error)) (T, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.at.IsZero() && now().Sub(c.at) < ttl {
+	if !c.at.IsZero() && time.Since(c.at) < stateCacheTTL {
 		return c.val, nil
 	}
 	v, err := read()
@@ -121,7 +91,7 @@ func (c *cached[T]) get(ttl time.Duration, now func() time.Time, read func() (T,
 		var zero T
 		return zero, err
 	}
-	c.val, c.at = v, now()
+	c.val, c.at = v, time.Now()
 	return v, nil
 }
 
@@ -129,24 +99,21 @@ func (c *cached[T]) get(ttl time.Duration, now func() time.Time, read func() (T,
 type ModelLevel struct {
 	Model    string
 	Provider string
-	// Scope is the limiter scope, shared by models reaching the same upstream.
-	Scope   string
-	Buckets []limiter.BucketState
-	// Paused is set while a 429's penalty or a fault's pause (or the probe
-	// after it) holds the deployment for every worker; PausedFor is how
-	// long it still does.
+	Scope    string // the limiter scope
+	Buckets  []limiter.BucketState
+	// Paused is set while a 429's penalty or a fault's pause holds the
+	// deployment; PausedFor is how long it still does.
 	Paused    bool
 	PausedFor time.Duration
-	// Learned is what the buckets learned from the provider's answers
-	// (its remaining counts, refunds, others' drain, the prompt
-	// calibration); nil when it could not be read.
+	// Learned is what the buckets learned from the provider's answers; nil
+	// when it could not be read.
 	Learned *limiter.ScopeLearning
 }
 
 // Models returns the bucket levels of every deployment of every model of
 // the policy (one row each), in the policy's order.
 func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
-	return s.mods.get(s.o.CacheTTL, s.o.Now, func() ([]ModelLevel, error) {
+	return s.mods.get(func() ([]ModelLevel, error) {
 		p := s.d.Policy.Current()
 		type read struct {
 			res     *limiter.Result
@@ -165,7 +132,6 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 				if rd.res, err = s.d.Limiter.State(ctx, sc); err != nil {
 					return nil, fmt.Errorf("limiter state of model %s: %w", m.Model.Name, err)
 				}
-				// What the buckets learned is shown when it can be read.
 				rd.learned, _ = s.d.Limiter.Inspect(ctx, sc)
 				byScope[sc.Name] = rd
 			}
@@ -180,8 +146,7 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 	})
 }
 
-// routes are the deployments of every model of p, a model's in the
-// policy's order.
+// routes are the deployments of every model of p.
 func routes(p *config.Policy) []config.Route {
 	var out []config.Route
 	for i := range p.Models {
@@ -218,14 +183,13 @@ type Tenants struct {
 	List []TenantBudget
 	// Truncated is set when more tenants exist than StateOptions.MaxTenants.
 	Truncated bool
-	// Failed counts tenants whose budget could not be read (a tier missing
-	// from the policy, a Redis error).
+	// Failed counts tenants whose budget could not be read.
 	Failed int
 }
 
 // Tenants returns the budget days of up to MaxTenants tenants.
 func (s *State) Tenants(ctx context.Context) (*Tenants, error) {
-	return s.tens.get(s.o.CacheTTL, s.o.Now, func() (*Tenants, error) { return s.readTenants(ctx) })
+	return s.tens.get(func() (*Tenants, error) { return s.readTenants(ctx) })
 }
 
 func (s *State) readTenants(ctx context.Context) (*Tenants, error) {
@@ -250,7 +214,7 @@ func (s *State) readTenants(ctx context.Context) (*Tenants, error) {
 	p := s.d.Policy.Current()
 	results := make([]*TenantBudget, len(all))
 	errs := make([]error, len(all))
-	sem := make(chan struct{}, s.o.Concurrency)
+	sem := make(chan struct{}, budgetReaders)
 	var wg sync.WaitGroup
 	for i, t := range all {
 		wg.Add(1)
@@ -318,13 +282,12 @@ type Waiting struct {
 }
 
 // Waiting returns the jobs waiting in the fair queues per tenant, priority
-// and model (the first model of the policy for each limiter scope), most
-// waiting first.
+// and model, most waiting first.
 func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 	if s.d.Queue == nil {
 		return nil, nil
 	}
-	return s.wait.get(s.o.CacheTTL, s.o.Now, func() ([]Waiting, error) {
+	return s.wait.get(func() ([]Waiting, error) {
 		scopes, err := s.d.Queue.Scopes(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("fair queues: %w", err)
@@ -353,17 +316,15 @@ func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 	})
 }
 
-// errNoInspector is Workers' error when State has no asynq inspector.
 var errNoInspector = errors.New("metrics: no asynq inspector to count workers with")
 
-// Workers returns how many worker processes of this installation are alive
-// (asynq drops a server whose heartbeats stop). A process runs several
-// asynq servers (worker.ServerOptions.Dequeuers): they count once.
+// Workers returns how many worker processes of this installation are alive;
+// a process's several asynq servers count once.
 func (s *State) Workers(ctx context.Context) (int, error) {
 	if s.d.Asynq == nil {
 		return 0, errNoInspector
 	}
-	return s.wrks.get(s.o.CacheTTL, s.o.Now, func() (int, error) {
+	return s.wrks.get(func() (int, error) {
 		servers, err := s.d.Asynq.Servers()
 		if err != nil {
 			return 0, fmt.Errorf("list worker servers: %w", err)

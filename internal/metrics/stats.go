@@ -13,67 +13,53 @@ import (
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
-// The dashboard charts the last hour across every process. Prometheus is
-// optional and lives outside, so each Recorder also adds its events to one
-// Redis hash per minute (rkeys.Builder.Stats), written in one pipeline per
-// flush; the dashboard reads the last 60 hashes in one pipeline.
+// The dashboard charts the last hour across every process without
+// Prometheus: each Recorder adds its events to one Redis hash per minute
+// (rkeys.Builder.Stats).
 
 // Fields of the per-minute hashes.
 const (
-	// FieldJobs + a job status counts the jobs that reached it
-	// ("jobs_queued" are the jobs created, "jobs_succeeded"...).
+	// FieldJobs + a job status counts the jobs that reached it.
 	FieldJobs = "jobs_"
-	// FieldTokensIn and FieldTokensOut are the prompt and completion
-	// tokens of succeeded jobs.
-	FieldTokensIn  = "tokens_in"
-	FieldTokensOut = "tokens_out"
-	// FieldCostMicros is the spend of succeeded jobs in micro-dollars.
+	// Tokens and spend (µ$) of succeeded jobs.
+	FieldTokensIn   = "tokens_in"
+	FieldTokensOut  = "tokens_out"
 	FieldCostMicros = "cost_micros"
-	// FieldCalls and FieldCalls429 count provider calls and their 429s;
-	// with ":" + a deployment (provider/upstream) appended, those of one
-	// deployment.
+	// Provider calls and their 429s, and with ":" + a deployment, those of
+	// one deployment.
 	FieldCalls    = "calls"
 	FieldCalls429 = "calls_429"
-	// FieldUnpredicted429 counts the 429s on calls the buckets admitted
-	// (limiter_unpredicted_429s_total), overall and per model.
+	// 429s on calls the buckets admitted, and with ":" + a model, a model's.
 	FieldUnpredicted429 = "unpredicted_429"
-	// FieldLimiterRequeued counts jobs a worker put back in their queue
-	// because their permit was more than its inline wait away, overall and
-	// per model.
+	// Jobs a worker put back because their permit was more than its inline
+	// wait away, and with ":" + a model, a model's.
 	FieldLimiterRequeued = "limiter_requeued"
-	// FieldWebhookFailures counts failed webhook delivery attempts.
 	FieldWebhookFailures = "webhook_failures"
-	// FieldBudgetRaised counts the budget days raised to the ledger
-	// (llmq_budget_rebuilt_total), and FieldBudgetRaisedMicros what they
-	// added, in micro-dollars.
+	// Budget days raised to the ledger, and what they added (µ$).
 	FieldBudgetRaised       = "budget_raised"
 	FieldBudgetRaisedMicros = "budget_raised_micros"
 )
 
-// StatsTTL is how long a minute's hash lives: the dashboard shows an hour;
-// the rest is margin for late flushes and skewed clocks.
+// StatsTTL is how long a minute's hash lives: an hour, and a margin.
 const StatsTTL = 2 * time.Hour
 
-// minuteID names the minute holding t, in UTC: "202611301205".
 func minuteID(t time.Time) string { return t.UTC().Format("200601021504") }
 
-// statsBuffer adds up events per minute in memory until the next flush. A
-// nil *statsBuffer ignores everything, so a Recorder without Redis needs no
-// checks.
+// statsBuffer adds up events per minute until the next flush; a nil one
+// ignores everything.
 type statsBuffer struct {
-	rdb      redis.UniversalClient
-	keys     rkeys.Builder
-	now      func() time.Time
-	interval time.Duration
-	log      *slog.Logger
+	rdb  redis.UniversalClient
+	keys rkeys.Builder
+	now  func() time.Time
+	log  *slog.Logger
 
 	mu      sync.Mutex
 	pending map[int64]map[string]int64 // Unix minute -> field -> count
-	failing bool                       // the last flush failed (log once per outage)
+	failing bool                       // the last flush failed: log once
 }
 
-func newStatsBuffer(rdb redis.UniversalClient, keys rkeys.Builder, now func() time.Time, interval time.Duration, log *slog.Logger) *statsBuffer {
-	return &statsBuffer{rdb: rdb, keys: keys, now: now, interval: interval, log: log, pending: map[int64]map[string]int64{}}
+func newStatsBuffer(rdb redis.UniversalClient, keys rkeys.Builder, now func() time.Time, log *slog.Logger) *statsBuffer {
+	return &statsBuffer{rdb: rdb, keys: keys, now: now, log: log, pending: map[int64]map[string]int64{}}
 }
 
 func (b *statsBuffer) add(field string, n int64) {
@@ -91,9 +77,14 @@ func (b *statsBuffer) add(field string, n int64) {
 	b.mu.Unlock()
 }
 
-// flush writes what accumulated. On failure the counts are dropped, not
-// kept: a pipeline can fail half applied, and counting twice would be worse
-// for a chart than a gap of a few seconds.
+// addPer adds one to field, and to field + ":" + key.
+func (b *statsBuffer) addPer(field, key string) {
+	b.add(field, 1)
+	b.add(field+":"+key, 1)
+}
+
+// flush writes what accumulated. On failure the counts are dropped: a
+// pipeline can fail half applied, and a gap is better than counting twice.
 func (b *statsBuffer) flush(ctx context.Context) error {
 	if b == nil {
 		return nil
@@ -124,14 +115,14 @@ func (b *statsBuffer) flush(ctx context.Context) error {
 	return err
 }
 
-// Run writes the per-minute counters every FlushInterval until ctx ends,
-// then once more. Without Options.Redis it only waits for ctx.
+// Run writes the per-minute counters every flushInterval until ctx ends,
+// then once more.
 func (r *Recorder) Run(ctx context.Context) {
 	if r.stats == nil {
 		<-ctx.Done()
 		return
 	}
-	t := time.NewTicker(r.stats.interval)
+	t := time.NewTicker(flushInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -155,11 +146,10 @@ type Minute struct {
 	Fields map[string]int64
 }
 
-// Get returns a field's count, 0 when nothing was counted.
+// Get returns a field's count.
 func (m Minute) Get(field string) int64 { return m.Fields[field] }
 
-// ReadMinutes returns the n minutes up to and including the one holding
-// now, oldest first; a minute nobody wrote to has no fields.
+// ReadMinutes returns the n minutes up to the one holding now, oldest first.
 func ReadMinutes(ctx context.Context, rdb redis.UniversalClient, keys rkeys.Builder, now time.Time, n int) ([]Minute, error) {
 	last := now.UTC().Truncate(time.Minute)
 	out := make([]Minute, n)

@@ -20,8 +20,7 @@ import (
 )
 
 // input streams the part's input file: one line per job, its id as
-// custom_id, its body with the deployment's upstream as model. Closing it
-// stops the stream.
+// custom_id. Closing it stops the stream.
 func (r *run) input(ctx context.Context) io.ReadCloser {
 	pr, pw := io.Pipe()
 	go func() {
@@ -45,7 +44,6 @@ func (r *run) input(ctx context.Context) io.ReadCloser {
 	return pr
 }
 
-// partJobs are the part's jobs by id.
 func (r *run) partJobs(ctx context.Context) (map[string]*store.Job, error) {
 	jobs := map[string]*store.Job{}
 	err := r.o.Store.JobStreamByPart(ctx, r.part.ID, func(j *store.Job) error {
@@ -57,8 +55,7 @@ func (r *run) partJobs(ctx context.Context) (map[string]*store.Job, error) {
 
 // collect stores the outcome of each of the part's lines from the ended
 // provider batch pb (nil: none ran), gives the budget hold back and ends
-// the part. Every write is idempotent, so a collection cut short runs
-// again whole.
+// the part. Every write is idempotent.
 func (r *run) collect(ctx context.Context, pb *llm.ProviderBatch) error {
 	jobs, err := r.partJobs(ctx)
 	if err != nil {
@@ -136,8 +133,6 @@ func (r *run) undone(ctx context.Context, jobs []*store.Job) error {
 	for i, id := range left {
 		refs[i] = admission.JobRef(r.policy, byID[id], share)
 	}
-	// A failure loses nothing: the reconciler enqueues stored jobs that
-	// have no task.
 	if _, err := r.o.Queue.EnqueueJobs(ctx, refs); err != nil {
 		r.o.Logger.Warn("enqueue a batch part's undone lines; the reconciler will", "part", r.part.ID, "err", err)
 	}
@@ -156,8 +151,7 @@ type collection struct {
 	unknown  int
 }
 
-// readFile reads one output or error file, a line at a time (each at most
-// the provider's max_response_bytes).
+// readFile reads one output or error file.
 func (c *collection) readFile(ctx context.Context, fileID string) error {
 	body, err := c.api.BatchFileContent(ctx, fileID)
 	if err != nil {
@@ -189,10 +183,9 @@ func (c *collection) readFile(ctx context.Context, fileID string) error {
 	return nil
 }
 
-// line stores one line's outcome: an answer is charged at the batch price
-// (its worst case when it states no usage, or none llmq believes); a
-// request the provider refused fails the job, uncharged; a line the
-// provider did not run (expired, cancelled) is left for undone.
+// line stores one line's outcome: an answer is charged at the batch price;
+// a refused request fails the job, uncharged; a line the provider did not
+// run is left for undone.
 func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 	j, ok := c.jobs[l.CustomID]
 	if !ok || c.seen[l.CustomID] {
@@ -219,9 +212,7 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 }
 
 // answer is the JobComplete of a line the provider answered, judged as
-// llmq's own path judges an answer (admission.Unbelievable, Bill), at the
-// batch price; a response the provider stores is recorded as the
-// tenant's, so its follow-ups reach it (see worker's accept).
+// llmq's own path judges an answer, at the batch price.
 func (c *collection) answer(ctx context.Context, j *store.Job, l *llm.BatchLine) *store.JobCompleteParams {
 	route, s := batchRoute(c.route), c.shape(ctx, j)
 	p := &store.JobCompleteParams{ID: j.ID, Day: c.part.BudgetDay, GlobalDay: c.part.BudgetGlobalDay, ResponseStatus: l.Response.StatusCode,
@@ -258,8 +249,7 @@ func (c *collection) answer(ctx context.Context, j *store.Job, l *llm.BatchLine)
 	return p
 }
 
-// remember records the response a line's answer holds as the tenant's,
-// when its body asked the provider to store it.
+// remember records a stored response of a line's answer as the tenant's.
 func (c *collection) remember(ctx context.Context, j *store.Job, answer []byte, prompt, completion int64) {
 	b, err := llm.Decode(j.Endpoint, j.Request)
 	if err != nil || !b.StoresResponse() {
@@ -295,7 +285,6 @@ func refusal(l *llm.BatchLine) store.JobError {
 	return e
 }
 
-// validJSON is b when it is JSON, else nil.
 func validJSON(b json.RawMessage) json.RawMessage {
 	if json.Valid(b) {
 		return b
@@ -303,12 +292,10 @@ func validJSON(b json.RawMessage) json.RawMessage {
 	return nil
 }
 
-// settlers is how many settlements a collection has in flight at once.
 const settlers = 32
 
-// flush stores the answers read so far, one transaction, and charges each
-// to the budget on the part's days (a job charged once, whichever call
-// charges it).
+// flush stores the answers read so far in one transaction and charges each
+// to the budget on the part's days.
 func (c *collection) flush(ctx context.Context) error {
 	if len(c.pending) == 0 {
 		return nil
@@ -322,10 +309,8 @@ func (c *collection) flush(ctx context.Context) error {
 			c.answered++ // by this pass: a collection run again after a crash counts what it added
 		}
 	}
-	// Each settled again even when an earlier pass stored the job: it may
-	// have stopped between the two, and a job is charged once per day.
-	// Settled side by side, the budget's script runner sends them in a few
-	// pipelines instead of a round trip each.
+	// Settled again even when an earlier pass stored the job: a job is
+	// charged once per day.
 	var g errgroup.Group
 	g.SetLimit(settlers)
 	for _, p := range c.pending {

@@ -13,14 +13,14 @@
 // lost, none is charged twice.
 //
 // Each state is stored before the provider is asked for what follows, so a
-// dispatcher restarted mid-flight resumes every part; one found uploading
-// or creating is looked for at the provider (its file by name, its batch by
-// metadata) before anything is made again. Parts are worked on under a
-// store lock each, so several dispatchers sweep side by side.
+// restarted dispatcher resumes every part, looking for what a part found
+// uploading or creating made (its file by name, its batch by metadata)
+// before making it again. Each part is worked on under a store lock.
 package offload
 
 import (
 	"context"
+	_ "embed" // learn.lua
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,7 +42,7 @@ import (
 	"github.com/llmq/llmq/internal/store"
 )
 
-// Providers gives the provider of a name, as the workers' registry does.
+// Providers gives the provider of a name.
 type Providers interface {
 	Get(name string) (llm.Provider, bool)
 }
@@ -63,10 +63,6 @@ type Deps struct {
 
 // Options tune an Offloader. The zero value is ready to use.
 type Options struct {
-	// MaxLines and MaxBytes bound a part: OpenAI's 50,000 requests and
-	// 200 MB a batch file.
-	MaxLines int
-	MaxBytes int64
 	// PollMin and PollMax bound the wait between two looks at a provider
 	// batch: a tenth of its age, within them. Defaults 5s and 5m.
 	PollMin, PollMax time.Duration
@@ -80,30 +76,21 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Defaults of Options.
+// A part's bounds: OpenAI's requests and bytes a batch file.
 const (
-	DefaultMaxLines   = 50_000
-	DefaultMaxBytes   = 200 << 20
-	DefaultPollMin    = 5 * time.Second
-	DefaultPollMax    = 5 * time.Minute
-	DefaultRetryAfter = time.Minute
+	maxPartLines = 50_000
+	maxPartBytes = 200 << 20
 )
 
 func (o Options) withDefaults() Options {
-	if o.MaxLines <= 0 {
-		o.MaxLines = DefaultMaxLines
-	}
-	if o.MaxBytes <= 0 {
-		o.MaxBytes = DefaultMaxBytes
-	}
 	if o.PollMin <= 0 {
-		o.PollMin = DefaultPollMin
+		o.PollMin = 5 * time.Second
 	}
 	if o.PollMax <= 0 {
-		o.PollMax = DefaultPollMax
+		o.PollMax = 5 * time.Minute
 	}
 	if o.RetryAfter <= 0 {
-		o.RetryAfter = DefaultRetryAfter
+		o.RetryAfter = time.Minute
 	}
 	if o.SweepInterval <= 0 {
 		o.SweepInterval = time.Second
@@ -139,10 +126,9 @@ func Offloads(p *config.Policy, tier *config.Tier, model string) bool {
 }
 
 // Plain reports whether a line of shape s runs on a provider's Batch API:
-// one whose bill llmq bounds there by its tokens, its output limit written
-// in. A follow-up of a stored conversation, a service tier, built-in tools
-// and content llmq cannot count are bounded call by call on llmq's own
-// path, where such a line runs.
+// one whose bill its tokens bound, its output limit written in. The others
+// (follow-ups, service tiers, built-in tools, uncounted content) run on
+// llmq's own path, which bounds them call by call.
 func Plain(s *admission.Shape) bool {
 	return !s.Follows && s.Pinned == "" && s.Unbounded == "" && s.ServiceTier == "" && len(s.Tools) == 0
 }
@@ -155,9 +141,8 @@ func batchRoute(route config.Route) config.Route {
 	return route
 }
 
-// lineShape reads job j's shape for the provider's Batch API; ok is false
-// when the line does not run there (Plain), or its model is gone. The
-// tier's own rules were applied when the line was admitted.
+// lineShape reads job j's shape; ok is false when the line does not run
+// on the Batch API (Plain), or its model is gone.
 func (o *Offloader) lineShape(ctx context.Context, p *config.Policy, j *store.Job) (s admission.Shape, ok bool) {
 	m, found := p.Model(j.Model)
 	if !found {
@@ -181,8 +166,7 @@ func lineWorst(route config.Route, s *admission.Shape, j *store.Job) money.Micro
 }
 
 // LearnedQueueTTL is how long a batch queue limit learned from a refusal
-// holds: a provider raises its limits as an account grows, so it is
-// learned afresh after that.
+// holds: a provider raises its limits as an account grows.
 const LearnedQueueTTL = 6 * time.Hour
 
 // queueLimit is the deployment's batch queue limit: the policy's, else the
@@ -198,24 +182,18 @@ func (o *Offloader) queueLimit(ctx context.Context, route config.Route) (int64, 
 	return v, err
 }
 
-// learnScript lowers a learned batch queue limit (never raises it) and
-// keeps it LearnedQueueTTL.
-var learnScript = redis.NewScript(`
-local v = redis.call("GET", KEYS[1])
-if not v or tonumber(v) > tonumber(ARGV[1]) then
-  redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-end
-return 0`)
+//go:embed learn.lua
+var learnLua string
 
-// learn lowers the deployment's learned queue limit to held, the tokens it
-// held when it refused a part.
+var learnScript = redis.NewScript(learnLua)
+
 func (o *Offloader) learn(ctx context.Context, deployment string, held int64) error {
 	return learnScript.Run(ctx, o.Redis, []string{o.Keys.LearnedBatchQueue(deployment)}, held, LearnedQueueTTL.Milliseconds()).Err()
 }
 
 // Plan puts the batch's queued lines that the tier offloads in parts, and
-// returns how many it put; the others stay for llmq's own path. Run again
-// (after a crash) it plans only the lines in no part.
+// returns how many it put; the others stay for llmq's own path. Run again,
+// it plans only the lines in no part.
 func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, tier *config.Tier) (int64, error) {
 	if tier.BatchOffload == config.BatchOffloadNever {
 		return 0, nil
@@ -265,16 +243,14 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 			open[j.Model] = bl
 		}
 		size := lineSize(j)
-		if len(bl.jobs) > 0 && (len(bl.jobs)+1 > o.opts.MaxLines || bl.part.Bytes+size > o.opts.MaxBytes ||
+		if len(bl.jobs) > 0 && (len(bl.jobs)+1 > maxPartLines || bl.part.Bytes+size > maxPartBytes ||
 			(bl.limit > 0 && bl.part.Tokens+j.EstPromptTokens > bl.limit)) {
 			if err := flush(bl); err != nil {
 				return err
 			}
 		}
 		bl.jobs = append(bl.jobs, j.ID)
-		bl.part.Bytes += size
-		bl.part.Tokens += j.EstPromptTokens
-		bl.part.Reserved += lineWorst(bl.route, &shape, j)
+		addLine(&bl.part, bl.route, &shape, j)
 		return nil
 	})
 	if err != nil {
@@ -288,8 +264,15 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 	return planned, nil
 }
 
+// addLine counts job j of shape s on route in part p.
+func addLine(p *store.BatchPart, route config.Route, s *admission.Shape, j *store.Job) {
+	p.Bytes += lineSize(j)
+	p.Tokens += j.EstPromptTokens
+	p.Reserved += lineWorst(route, s, j)
+}
+
 // lineSize is about how many bytes the job's line takes in the provider's
-// input file: its body and the line's other fields.
+// input file.
 func lineSize(j *store.Job) int64 { return int64(len(j.Request)) + int64(len(j.ID)) + 80 }
 
 // Run sweeps the parts due every SweepInterval until ctx ends.
@@ -350,8 +333,7 @@ func (o *Offloader) Step(ctx context.Context, partID string) error {
 	return nil
 }
 
-// later stores a step's error on the part and makes it due again after
-// RetryAfter.
+// later stores a step's error on the part, due again after RetryAfter.
 func (o *Offloader) later(ctx context.Context, part *store.BatchPart, cause error) error {
 	from := part.State
 	part.Error = llm.Truncate(cause.Error(), 500)
@@ -371,7 +353,7 @@ type run struct {
 	route    config.Route
 	api      llm.BatchAPI
 	provider *config.Provider
-	resumed  bool // the part was found mid-step (uploading, creating): look at the provider first
+	resumed  bool // found uploading or creating: look at the provider first
 }
 
 func (o *Offloader) newRun(ctx context.Context, part *store.BatchPart) (*run, error) {
@@ -414,8 +396,7 @@ func (r *run) stopping() bool {
 	return r.batch.ExpiresAt != nil && !r.o.opts.Now().Before(*r.batch.ExpiresAt)
 }
 
-// move stores the part in state to (from the state it was in), due again
-// at next.
+// move stores the part in state to, due again at next.
 func (r *run) move(ctx context.Context, to store.BatchPartState, next time.Time) error {
 	from := r.part.State
 	r.part.State, r.part.NextCheckAt, r.part.Error = to, next, ""
@@ -496,14 +477,12 @@ func (r *run) admit(ctx context.Context, now time.Time) error {
 		}
 		if res == nil {
 			if d.TooLarge {
-				// More than the budget holds at once: the lines go one by
-				// one through llmq's own path, which defers each as it must.
+				// The lines go one by one through llmq's own path instead.
 				r.o.Logger.Info("batch part larger than its tenant's budget; its lines run through llmq", "part", r.part.ID)
 				return r.collect(ctx, nil)
 			}
 			if d.Held {
-				// Room running jobs hold comes back as they settle: try
-				// again at once, keeping the part's place in the day's line.
+				// Held room comes back as running jobs settle.
 				return r.wait(ctx, now.Add(d.RetryAfter), "waiting for room running jobs hold in the tenant's budget ("+d.DeniedBy+")")
 			}
 			return r.wait(ctx, d.ResetsAt, "waiting for the tenant's budget ("+d.DeniedBy+")")
@@ -516,7 +495,6 @@ func (r *run) admit(ctx context.Context, now time.Time) error {
 	return r.move(ctx, store.PartUploading, now)
 }
 
-// reservation is the part's budget hold.
 func (r *run) reservation() *budget.Reservation {
 	return &budget.Reservation{ID: r.part.ID, TenantID: r.part.TenantID, Day: r.part.BudgetDay, GlobalDay: r.part.BudgetGlobalDay,
 		Amount: r.part.Reserved, Global: r.part.BudgetGlobal}
@@ -528,8 +506,8 @@ func (r *run) fileName() string {
 	return "llmq-" + r.part.ID + "-" + strconv.Itoa(r.part.Refusals) + ".jsonl"
 }
 
-// submission names the part's current attempt at a provider batch in its
-// metadata (a part refused for the queue tries again under a new one).
+// submission names the part's current attempt in the provider batch's
+// metadata; a part refused for the queue tries again under a new one.
 func (r *run) submission() string { return r.part.ID + "/" + strconv.Itoa(r.part.Refusals) }
 
 const metadataKey = "llmq_submission"
@@ -610,8 +588,6 @@ func (r *run) poll(ctx context.Context, now time.Time) error {
 	return r.wait(ctx, now.Add(min(max(age/10, r.o.opts.PollMin), r.o.opts.PollMax)), "")
 }
 
-// isQueueRefusal reports whether a failed provider batch was refused for
-// the provider's batch queue limit.
 func isQueueRefusal(pb *llm.ProviderBatch) bool {
 	for _, c := range pb.ErrorCodes() {
 		if c == "token_limit_exceeded" {
@@ -623,8 +599,7 @@ func isQueueRefusal(pb *llm.ProviderBatch) bool {
 
 // refused handles a provider batch refused for the queue limit: the
 // deployment's limit is learned (what the other parts held), and the part
-// goes back to pending, its file kept, to be created again once there is
-// room.
+// goes back to pending, its file kept.
 func (r *run) refused(ctx context.Context, now time.Time) error {
 	held, err := r.o.Store.BatchPartTokensInFlight(ctx, r.part.Deployment)
 	if err != nil {
@@ -632,7 +607,7 @@ func (r *run) refused(ctx context.Context, now time.Time) error {
 	}
 	held -= r.part.Tokens // the others'
 	if held <= 0 {
-		held = r.part.Tokens / 2 // alone it is too big: what it holds less
+		held = r.part.Tokens / 2 // alone it is too big
 	}
 	if err := r.o.learn(ctx, r.part.Deployment, held); err != nil {
 		return err
@@ -644,12 +619,8 @@ func (r *run) refused(ctx context.Context, now time.Time) error {
 	return r.move(ctx, store.PartPending, now.Add(r.o.opts.RetryAfter))
 }
 
-// price is what a line of the part costs at the provider's batch price.
-func (r *run) price() money.Price { return r.route.Price.Batch() }
-
-// shape is job j's shape on the part's route (see lineShape; a line that
-// no longer reads as plain keeps only what its body says of its output
-// limit, which the part was reserved for).
+// shape is job j's shape; a line no longer plain keeps what its body says
+// of its output limit, which the part was reserved for.
 func (r *run) shape(ctx context.Context, j *store.Job) admission.Shape {
 	s, _ := r.o.lineShape(ctx, r.policy, j)
 	return s
@@ -657,9 +628,8 @@ func (r *run) shape(ctx context.Context, j *store.Job) admission.Shape {
 
 // split halves a pending part larger than its deployment's batch queue
 // limit: the later half of its jobs go to a new part, and the part gives
-// back its budget hold and its uploaded file (each half is reserved and
-// uploaded on its own). Cut short, the jobs that left the part and are in
-// no other go through llmq's own path (the reconciler enqueues them).
+// back its budget hold and its file. Cut short, the jobs in no part go
+// through llmq's own path (the reconciler enqueues them).
 func (r *run) split(ctx context.Context, now time.Time) error {
 	jobs, err := r.partJobs(ctx)
 	if err != nil {
@@ -687,9 +657,7 @@ func (r *run) split(ctx context.Context, now time.Time) error {
 		p.Bytes, p.Tokens, p.Reserved, p.Lines = 0, 0, 0, int64(len(js))
 		for _, j := range js {
 			s := r.shape(ctx, j)
-			p.Bytes += lineSize(j)
-			p.Tokens += j.EstPromptTokens
-			p.Reserved += lineWorst(r.route, &s, j)
+			addLine(p, r.route, &s, j)
 		}
 	}
 	next := &store.BatchPart{BatchID: r.part.BatchID, TenantID: r.part.TenantID, Model: r.part.Model, Deployment: r.part.Deployment,
@@ -700,7 +668,7 @@ func (r *run) split(ctx context.Context, now time.Time) error {
 	}
 	half(r.part, keep)
 	r.part.BudgetDay, r.part.BudgetGlobalDay, r.part.BudgetGlobal, r.part.ProviderFileID = "", "", false, ""
-	r.part.Refusals++ // a new file name: the old file is not this part's any more
+	r.part.Refusals++ // a new file name
 	r.o.Logger.Info("batch part split for the provider's batch queue limit", "part", r.part.ID, "new_part", next.ID,
 		"lines", len(keep), "moved", len(move))
 	return r.wait(ctx, now, "")

@@ -17,25 +17,14 @@ import (
 )
 
 // The fair queue holds the jobs waiting for a model (a limiter scope), one
-// FIFO list per priority and tenant. The scheduler releases them into the
-// jobs queue as fast as the model's limits admit them.
-//
-// Between the tenants of one priority it is start-time fair queuing,
-// counted in tokens. Each tenant's next job carries a start tag: the
-// tenant's last finish tag, or the priority's virtual time if that is
-// later. The job with the lowest tag goes first. A job moves its tenant's
-// tag on by its cost over the tenant's share. Between priorities it is the
-// same, with the priorities' weights as their shares. A tenant that starts
-// waiting starts at the virtual time: it does not wait behind another's
-// backlog, and gets no credit for the time it was idle.
-// docs/ARCHITECTURE.md says why it is built this way.
+// FIFO list per priority and tenant, released by the scheduler as the
+// model's limits admit them. Between tenants, and between priorities by
+// their weights, it is start-time fair queuing counted in tokens
+// (docs/ARCHITECTURE.md).
 
 // fairTTL is how long a scope's fair-queue state outlives its last job.
-// The lists and sets delete themselves when they empty; while jobs wait
-// nothing expires.
 const fairTTL = 7 * 24 * time.Hour
 
-// fairWeights are the priorities' weights as the scripts read them.
 var fairWeights = func() string {
 	parts := make([]string, 0, len(Priorities))
 	for _, p := range Priorities {
@@ -44,7 +33,6 @@ var fairWeights = func() string {
 	return strings.Join(parts, ",")
 }()
 
-// The fair queue's scripts, each in its .lua file with its KEYS and ARGV.
 var (
 	//go:embed fair_push.lua
 	fairPushLua    string
@@ -69,23 +57,20 @@ var (
 
 // fair is a Client's fair queue; nil when the client has no Redis client.
 type fair struct {
-	rdb  redis.UniversalClient
-	keys rkeys.Builder
-	// clock, when set (tests), is the scripts' time instead of Redis TIME.
-	clock func() time.Time
+	rdb   redis.UniversalClient
+	keys  rkeys.Builder
+	clock func() time.Time // tests' time instead of Redis TIME
 
-	// The pushes of single jobs and the forgets of one scope made while
-	// another is under way go together in the next script run.
+	// Pushes of single jobs and forgets of one scope go together.
 	pushes  coalesce.Batch[string, JobRef, bool]
 	forgets coalesce.Batch[string, string, struct{}]
 }
 
-// fairChunk is the most jobs one push or forget script run takes: the
-// scripts write them with one command each, within what Lua's unpack takes.
+// fairChunk is the most jobs one push or forget script run takes, within
+// what Lua's unpack takes.
 const fairChunk = 500
 
-// groupTimeout bounds a grouped script run: it is everyone's, so no
-// caller's context cancels it.
+// groupTimeout bounds a grouped script run, which no caller cancels.
 const groupTimeout = 10 * time.Second
 
 func newFair(rdb redis.UniversalClient, keys rkeys.Builder) *fair {
@@ -104,7 +89,6 @@ func newFair(rdb redis.UniversalClient, keys rkeys.Builder) *fair {
 	return f
 }
 
-// sameErr is err for each of n inputs, nil when err is.
 func sameErr(n int, err error) []error {
 	if err == nil {
 		return nil
@@ -116,14 +100,12 @@ func sameErr(n int, err error) []error {
 	return errs
 }
 
-// fairRef reports whether ref goes to the fair queue: a job to run now,
-// whose model is known.
+// fairRef reports whether ref goes to the fair queue.
 func (c *Client) fairRef(ref JobRef) bool {
 	return c.fair != nil && ref.In <= 0 && ref.Scope != ""
 }
 
-// push adds refs, all of one scope, to the fair queue, and returns how
-// many it added.
+// push adds refs of one scope and returns how many it added.
 func (f *fair) push(ctx context.Context, scope string, refs []JobRef) (int, error) {
 	if len(refs) == 1 {
 		added, err := f.pushes.Do(ctx, scope, refs[0])
@@ -142,11 +124,9 @@ func (f *fair) push(ctx context.Context, scope string, refs []JobRef) (int, erro
 	return n, err
 }
 
-// pushAll adds refs, all of one scope, to the fair queue, and says which
-// it added. Then the scope is listed, after its jobs are in: the
-// scheduler that takes it off when empty looks again (Release). On one
-// Redis server the last script run and the listing go in one pipeline,
-// which the server runs in order.
+// pushAll adds refs of one scope and says which it added, then lists the
+// scope (after its jobs are in: see Release). On one Redis server the last
+// script run and the listing share one pipeline.
 func (f *fair) pushAll(ctx context.Context, scope string, refs []JobRef) ([]bool, error) {
 	added := make([]bool, 0, len(refs))
 	_, cluster := f.rdb.(*redis.ClusterClient)
@@ -186,9 +166,8 @@ func (f *fair) pushAll(ctx context.Context, scope string, refs []JobRef) ([]bool
 	return added, nil
 }
 
-// pushAndList runs the push script and lists the scope in one pipeline.
-// A server that does not have the script yet lists the scope before the
-// push: the script is run again, loading it, and the scope listed again.
+// pushAndList runs the push script and lists the scope in one pipeline; on
+// NOSCRIPT both run again, the script loaded.
 func (f *fair) pushAndList(ctx context.Context, scope string, keys []string, args []any) ([]int64, error) {
 	var push *redis.Cmd
 	var list *redis.IntCmd
@@ -224,13 +203,12 @@ func appendAdded(added []bool, v []int64) []bool {
 // (math.Inf(1) for none), before what is released and not yet started.
 type Room struct {
 	Tokens, Requests float64
-	// Factor is what the limiter counts per token of a job's estimate.
-	// Defaults to 1.
+	// Factor is what the limiter counts per estimated token. Defaults to 1.
 	Factor float64
 	// MaxOutstanding bounds the jobs released and not yet started.
 	MaxOutstanding int
-	// Force releases the next job even if it does not fit, when nothing is
-	// outstanding: a job larger than the room the limits ever show.
+	// Force releases the next job, when nothing is outstanding, even if it
+	// does not fit: a job larger than the limits ever show room for.
 	Force bool
 }
 
@@ -238,8 +216,7 @@ type Room struct {
 type Released struct {
 	ID, Priority, TenantID string
 	Cost                   int64
-	// Waited is how long it waited in the fair queue.
-	Waited time.Duration
+	Waited                 time.Duration
 }
 
 // Scopes returns the scopes whose fair queue holds jobs.
@@ -251,10 +228,9 @@ func (c *Client) Scopes(ctx context.Context) ([]string, error) {
 }
 
 // Release takes from scope's fair queue the jobs room has space for, in
-// fair order, and enqueues their tasks. A job whose task already exists
-// (a worker runs it) is forgotten at once. empty reports that nothing
-// waits any more; the scope then leaves Scopes until a job comes, once no
-// job it released waits to start either.
+// fair order, and enqueues their tasks; a job whose task exists is
+// forgotten at once. empty reports that nothing waits; the scope then
+// leaves Scopes once no job it released waits to start either.
 func (c *Client) Release(ctx context.Context, scope string, room Room) (released []Released, empty bool, err error) {
 	if c.fair == nil {
 		return nil, true, nil
@@ -291,9 +267,7 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		waited, _ := v[i+4].(int64)
 		released = append(released, Released{ID: id, Priority: q, TenantID: tenant, Cost: cost, Waited: time.Duration(waited) * time.Millisecond})
 	}
-	// The script took these jobs: their tasks are enqueued even when the
-	// caller stops meanwhile (a process shutting down), or they would wait
-	// for RequeueStale.
+	// The script took these jobs: enqueue them even if the caller stops.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	refs := make([]JobRef, len(released))
@@ -313,17 +287,15 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		}
 	}
 	if empty {
-		// Jobs released and not started keep the scope listed: should
-		// their tasks be lost (a Redis failover), the scheduler's stale
-		// check must still find them.
+		// Jobs released and not started keep the scope listed, for the
+		// stale check should their tasks be lost.
 		if n, err := f.rdb.ZCard(ctx, f.keys.FairOut(scope)).Result(); err != nil || n > 0 {
 			return released, empty, err
 		}
 		if err := f.rdb.SRem(ctx, f.keys.FairScopes(), scope).Err(); err != nil {
 			return released, empty, fmt.Errorf("fair queue scopes: %w", err)
 		}
-		// A job pushed meanwhile listed the scope before this took it off:
-		// look again.
+		// A job pushed meanwhile listed the scope before: look again.
 		if n, err := f.rdb.ZCard(ctx, f.keys.FairClasses(scope)).Result(); err == nil && n > 0 {
 			err = f.rdb.SAdd(ctx, f.keys.FairScopes(), scope).Err()
 			empty = false
@@ -335,8 +307,7 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 	return released, empty, nil
 }
 
-// Started forgets job id of scope in the fair queue: a worker has it. It
-// is a no-op for a job that never went through it.
+// Started forgets job id of scope in the fair queue: a worker has it.
 func (c *Client) Started(ctx context.Context, scope, id string) error {
 	if c.fair == nil || scope == "" {
 		return nil
@@ -344,8 +315,6 @@ func (c *Client) Started(ctx context.Context, scope, id string) error {
 	return c.fair.forget(ctx, scope, id)
 }
 
-// forget forgets job id of scope, in one script run with the forgets of
-// the scope made meanwhile.
 func (f *fair) forget(ctx context.Context, scope, id string) error {
 	if _, err := f.forgets.Do(ctx, scope, id); err != nil {
 		return fmt.Errorf("fair queue of %s: forget %s: %w", scope, id, err)
@@ -353,8 +322,7 @@ func (f *fair) forget(ctx context.Context, scope, id string) error {
 	return nil
 }
 
-// forgetAll forgets ids of scope, at most fairChunk a script run (the
-// script reads all their fields in one command).
+// forgetAll forgets ids of scope, at most fairChunk a script run.
 func (f *fair) forgetAll(ctx context.Context, scope string, ids []string) error {
 	keys := []string{f.keys.FairState(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
 	for len(ids) > 0 {
@@ -372,8 +340,7 @@ func (f *fair) forgetAll(ctx context.Context, scope string, ids []string) error 
 }
 
 // Placement says where job id of scope is in the fair queue: "waiting",
-// "released" (its task enqueued or about to be, no worker has it yet), or
-// "" when it is in neither (a worker has it, or it never went through).
+// "released" (no worker has it yet), or "" (in neither).
 func (c *Client) Placement(ctx context.Context, scope, id string) (string, error) {
 	if c.fair == nil || scope == "" {
 		return "", nil
@@ -391,19 +358,13 @@ func (c *Client) Placement(ctx context.Context, scope, id string) (string, error
 	return "waiting", nil
 }
 
-// Dequeue takes job id out of scope's fair queue (it was cancelled): it
-// no longer counts as waiting and will not be released; its place in the
-// list is dropped when it comes up.
+// Dequeue takes job id, cancelled, out of scope's fair queue.
 func (c *Client) Dequeue(ctx context.Context, scope, id string) error {
-	if c.fair == nil || scope == "" {
-		return nil
-	}
-	return c.fair.forget(ctx, scope, id)
+	return c.Started(ctx, scope, id)
 }
 
 // RequeueStale enqueues again the tasks of jobs released longer than age
-// ago and not yet started (the scheduler stopped between taking them and
-// enqueueing their task), and returns how many it looked at.
+// ago and not yet started, and returns how many it looked at.
 func (c *Client) RequeueStale(ctx context.Context, scope string, age time.Duration) (int, error) {
 	if c.fair == nil {
 		return 0, nil
@@ -423,11 +384,9 @@ func (c *Client) RequeueStale(ctx context.Context, scope string, age time.Durati
 		if !ok || !ValidPriority(q) {
 			q = Default
 		}
-		if _, err := c.enqueueTask(ctx, JobRef{ID: id, Priority: q}); err != nil {
+		if _, err := c.enqueueTask(ctx, JobRef{ID: id, Priority: q}, id); err != nil {
 			return i / 2, err
 		}
-		// The task exists now: the job counts as started, whatever the
-		// worker says later.
 		if err := c.Started(ctx, scope, id); err != nil {
 			return i / 2, err
 		}
@@ -439,8 +398,7 @@ func (c *Client) RequeueStale(ctx context.Context, scope string, age time.Durati
 type TenantWaiting struct {
 	Priority, TenantID string
 	Jobs               int64
-	// Oldest is when its oldest waiting job was queued.
-	Oldest time.Time
+	Oldest             time.Time
 }
 
 // Waiting returns what waits in scope's fair queue, per priority and

@@ -94,7 +94,7 @@ func TestFairQueueGroupsItsRoundTrips(t *testing.T) {
 			rdb.Del(context.Background(), k)
 		}
 	})
-	c := testutil.Must(NewClient(ac, ClientOptions{Namespace: ns, Redis: rdb, Keys: keys}))
+	c := NewClient(ac, ClientOptions{Namespace: ns, Redis: rdb, Keys: keys})
 	ref := func(i int) JobRef {
 		return JobRef{ID: fmt.Sprintf("job_g%d", i), Priority: Default, Scope: scope, TenantID: "t", Cost: 5}
 	}
@@ -193,7 +193,7 @@ func TestFairPushWithoutTheScriptLoaded(t *testing.T) {
 	ctx := t.Context()
 	rdb := testutil.StartRedis(t).Client()
 	ac := asynq.NewClientFromRedisClient(rdb)
-	c := testutil.Must(NewClient(ac, ClientOptions{Namespace: "n", Redis: rdb, Keys: rkeys.New("n")}))
+	c := NewClient(ac, ClientOptions{Namespace: "n", Redis: rdb, Keys: rkeys.New("n")})
 	if ok, err := c.EnqueueJob(ctx, JobRef{ID: "job_noscript", Priority: Default, Scope: scope, TenantID: "t", Cost: 5}); !ok || err != nil {
 		t.Fatalf("push: %v, %v", ok, err)
 	}

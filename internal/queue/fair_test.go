@@ -34,7 +34,7 @@ func fairSetup(t *testing.T) (*Client, *Inspector) {
 		_ = ac.Close()
 		_ = in.Close()
 	})
-	return testutil.Must(NewClient(ac, ClientOptions{Namespace: ns, Redis: rdb, Keys: keys})), NewInspector(in, ns)
+	return NewClient(ac, ClientOptions{Namespace: ns, Redis: rdb, Keys: keys}), NewInspector(in, ns)
 }
 
 const scope = "sim/m"

@@ -25,8 +25,8 @@ func NewInspector(in *asynq.Inspector, ns Namespace) *Inspector {
 
 // QueueStat is the state of one queue.
 type QueueStat struct {
-	Name      string        `json:"name"` // llmq's name, without the namespace
-	Size      int           `json:"size"` // all tasks in the queue
+	Name      string        `json:"name"` // without the namespace
+	Size      int           `json:"size"`
 	Pending   int           `json:"pending"`
 	Active    int           `json:"active"`
 	Scheduled int           `json:"scheduled"`
@@ -36,8 +36,7 @@ type QueueStat struct {
 	Paused    bool          `json:"paused"`
 }
 
-// QueueStats returns the state of every llmq queue of the namespace. A
-// queue that never held a task shows as empty.
+// QueueStats returns the state of every llmq queue of the namespace.
 func (i *Inspector) QueueStats(ctx context.Context) ([]QueueStat, error) {
 	existing, err := i.in.Queues()
 	if err != nil {
@@ -86,17 +85,17 @@ const (
 
 // JobTaskState returns the state of the task of job id.
 func (i *Inspector) JobTaskState(ctx context.Context, id string) (TaskState, error) {
-	t, err := i.task(Jobs, id)
-	if err != nil {
-		return "", err
-	}
-	return t.State, nil
+	return i.taskState(Jobs, id)
 }
 
 // WebhookTaskState returns the state of the task delivering the webhook of
 // the job or batch (kind "job" or "batch") id.
 func (i *Inspector) WebhookTaskState(ctx context.Context, kind, id string) (TaskState, error) {
-	t, err := i.task(Webhooks, webhookTaskID(kind, id))
+	return i.taskState(Webhooks, webhookTaskID(kind, id))
+}
+
+func (i *Inspector) taskState(q, id string) (TaskState, error) {
+	t, err := i.task(q, id)
 	if err != nil {
 		return "", err
 	}
@@ -106,9 +105,7 @@ func (i *Inspector) WebhookTaskState(ctx context.Context, kind, id string) (Task
 // Task is what asynq holds of a job's task.
 type Task struct {
 	State TaskState
-	// Retried is how many deliveries failed and were retried (asynq's
-	// retry count); a task archived after its last delivery failed has
-	// Retried == MaxRetry.
+	// Retried is asynq's retry count; MaxRetry once archived.
 	Retried  int
 	MaxRetry int
 	// LastErr is the error of the last failed delivery, "" when none.
@@ -116,8 +113,7 @@ type Task struct {
 }
 
 // DiedWithWorker reports whether the task's last delivery ended because its
-// worker stopped (killed or crashed) while running it: asynq's lease on the
-// task expired.
+// worker stopped: asynq's lease on the task expired.
 func (t *Task) DiedWithWorker() bool {
 	return strings.Contains(t.LastErr, asynq.ErrLeaseExpired.Error())
 }
@@ -128,7 +124,7 @@ func (i *Inspector) JobTask(ctx context.Context, id string) (*Task, error) {
 	return i.task(Jobs, id)
 }
 
-// task returns the task id of the llmq queue q.
+// task returns task id of the llmq queue q.
 func (i *Inspector) task(q, id string) (*Task, error) {
 	info, err := i.in.GetTaskInfo(i.ns.Queue(q), id)
 	switch {
@@ -140,9 +136,8 @@ func (i *Inspector) task(q, id string) (*Task, error) {
 	return &Task{State: TaskState(info.State.String()), Retried: info.Retried, MaxRetry: info.MaxRetry, LastErr: info.LastErr}, nil
 }
 
-// ArchivedJobIDs returns the ids of the jobs whose task asynq archived,
-// oldest first. The archive holds what asynq gave up on, so it is small;
-// max bounds the answer.
+// ArchivedJobIDs returns the ids of at most max jobs whose task asynq
+// archived, oldest first.
 func (i *Inspector) ArchivedJobIDs(ctx context.Context, max int) ([]string, error) {
 	const pageSize = 100
 	var ids []string
@@ -176,12 +171,10 @@ func (i *Inspector) DeleteArchivedJob(ctx context.Context, id string) error {
 	return nil
 }
 
-// DropPriorityQueues deletes the asynq queues named for the priorities, in
-// which versions before the one Jobs queue put job tasks, with their tasks,
-// and reports how many queues it found. No worker serves them any more; the
-// reconciler enqueues their unfinished jobs again in Jobs, as jobs whose
-// task Redis lost. A queue with a task running (an older worker still at
-// work) stays until a later call.
+// DropPriorityQueues deletes the asynq queues named for the priorities,
+// which older versions used, with their tasks, and reports how many it
+// dropped; the reconciler enqueues their jobs again in Jobs. A queue with a
+// task running stays until a later call.
 func (i *Inspector) DropPriorityQueues(ctx context.Context) (int, error) {
 	existing, err := i.in.Queues()
 	if err != nil {
@@ -206,14 +199,12 @@ func (i *Inspector) DropPriorityQueues(ctx context.Context) (int, error) {
 	return dropped, nil
 }
 
-// allQueuesKey is asynq's own set of queue names (base.AllQueues), which its
-// inspector and dashboard list queues from.
+// allQueuesKey is asynq's own set of queue names (base.AllQueues).
 const allQueuesKey = "asynq:queues"
 
 // RegisterQueues adds every queue of the namespace to asynq's set of
-// queues. An asynq client registers a queue only on its first enqueue and
-// remembers it did, so after Redis loses its data the re-enqueued tasks sit
-// in queues that the inspector and the dashboard cannot see until this runs.
+// queues, which an asynq client fills only at a queue's first enqueue: an
+// idle queue, or one after Redis lost its data, is listed too.
 func RegisterQueues(ctx context.Context, rdb redis.UniversalClient, ns Namespace) error {
 	qs := ns.Queues()
 	members := make([]any, len(qs))

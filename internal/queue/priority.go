@@ -1,8 +1,7 @@
 package queue
 
 // The priorities of jobs: Critical, Default and Low are the ones a tier (or
-// a job) chooses; Batch runs batch lines below all interactive work. The
-// fair queue releases a model's jobs in their priorities' proportions.
+// a job) chooses; Batch runs batch lines below all interactive work.
 const (
 	Critical = "critical"
 	Default  = "default"
@@ -13,9 +12,7 @@ const (
 // Priorities are the priorities a job may have, highest first.
 var Priorities = []string{Critical, Default, Low, Batch}
 
-// weights are the priorities' shares when all have work: a premium tenant's
-// critical jobs go eight times as often as batch work, so no flood of lower
-// work starves them.
+// weights are the priorities' shares when all have work.
 var weights = map[string]int{Critical: 8, Default: 4, Low: 2, Batch: 1}
 
 // Weight is priority's share (0 for an unknown priority).

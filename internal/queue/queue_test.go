@@ -31,7 +31,7 @@ func setup(t *testing.T) (*Client, *Inspector) {
 		_ = ac.Close()
 		_ = in.Close()
 	})
-	return testutil.Must(NewClient(ac, ClientOptions{Namespace: ns})), NewInspector(in, ns)
+	return NewClient(ac, ClientOptions{Namespace: ns}), NewInspector(in, ns)
 }
 
 func TestEnqueueJobIsIdempotentByJobID(t *testing.T) {

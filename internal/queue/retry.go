@@ -10,9 +10,7 @@ import (
 )
 
 // Retry is what a task's handler returns to put its task back for a while.
-// Rate-limit waits, 429s and budget deferrals are not failures: asynq's
-// retry counter does not grow, so they never use up a task's retries.
-// Provider faults are (Failure).
+// Only a Failure (a provider fault) uses up one of the task's retries.
 type Retry struct {
 	Reason  string
 	Delay   time.Duration
@@ -55,9 +53,7 @@ func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
 }
 
 // FullJitter is exponential backoff with full jitter: a uniform random
-// delay in [0, min(limit, base·2ⁿ)], at least a tenth of base. Spreading
-// retries over the whole interval is what keeps many callers from retrying
-// in step.
+// delay in [0, min(limit, base·2ⁿ)], at least a tenth of base.
 func FullJitter(n int, base, limit time.Duration) time.Duration {
 	if n < 0 {
 		n = 0

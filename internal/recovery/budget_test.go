@@ -22,7 +22,7 @@ import (
 // now; the app's days raised are counted by a metrics Recorder.
 func budgetReconciler(t *testing.T, a *apptest.App, now func() time.Time) (*recovery.Reconciler, *metrics.Recorder) {
 	t.Helper()
-	rec := testutil.Must(metrics.New(metrics.Options{NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{NoProcessMetrics: true})
 	a.Observer = rec
 	r := reconciler(a, now)
 	r.Budgets = a.Budgets

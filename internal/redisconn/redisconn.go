@@ -1,9 +1,6 @@
 // Package redisconn turns LLMQ_REDIS_URL into Redis clients: one node
 // (redis://, rediss://), a Sentinel group (redis+sentinel://) or a Cluster
-// (redis+cluster://). Every part of llmq — asynq's client, servers and
-// inspector, the limiter, fair queue, budgets, the dashboard's asynqmon —
-// connects through it, so all of them follow a Sentinel failover and route
-// by slot on a Cluster.
+// (redis+cluster://). Every part of llmq connects through it.
 //
 // The forms:
 //
@@ -89,8 +86,6 @@ func parseSingle(raw string) (Options, error) {
 	if u.Hostname() == "" {
 		return Options{}, errorf("must name a host, as in redis://127.0.0.1:6379/0")
 	}
-	// go-redis reads the rest (database number, options); its messages quote
-	// the path and option names, never the user info.
 	o, err := redis.ParseURL(raw)
 	if err != nil {
 		return Options{}, goRedisError(err)
@@ -98,7 +93,6 @@ func parseSingle(raw string) (Options, error) {
 	return Options{Kind: Single, single: o}, nil
 }
 
-// multiHost is a URL whose host part may list several host:port.
 type multiHost struct {
 	user     *url.Userinfo
 	addrs    []string
@@ -111,7 +105,6 @@ func splitMultiHost(rest string) (multiHost, error) {
 	rest, m.rawQuery, _ = strings.Cut(rest, "?")
 	hosts, path, _ := strings.Cut(rest, "/")
 	if at := strings.LastIndex(hosts, "@"); at >= 0 {
-		// Parse the user info alone, so its escapes are undone as in any URL.
 		u, err := url.Parse("redis://" + hosts[:at+1] + "host")
 		if err != nil {
 			return m, errorf("the user and password are not valid in a URL (escape them)")
@@ -142,8 +135,7 @@ func splitMultiHost(rest string) (multiHost, error) {
 	return m, nil
 }
 
-// optionsURL is a go-redis URL carrying only m's options (all but the
-// sentinel's credentials), so go-redis reads them as it does for one node.
+// optionsURL is a go-redis URL carrying m's options but drop.
 func (m multiHost) optionsURL(base string, drop ...string) (string, url.Values, error) {
 	q, err := url.ParseQuery(m.rawQuery)
 	if err != nil {
@@ -180,9 +172,7 @@ func parseSentinel(base, rest string) (Options, error) {
 	if err != nil {
 		return Options{}, errorf("master name %q is not valid", m.path[0])
 	}
-	// go-redis's own failover URL carries the rest: the other sentinels as
-	// addr, the master as master_name, the options as they are. Its user
-	// info is the sentinels'; the nodes' own are set after.
+	// The nodes' own credentials are set after: this URL's are the sentinels'.
 	ou, q, err := m.optionsURL(base, "sentinel_password", "sentinel_username")
 	if err != nil {
 		return Options{}, err
@@ -228,18 +218,12 @@ func parseCluster(base, rest string) (Options, error) {
 	}
 	co.TLSConfig = tlsConfig(base, m.addrs[0])
 	if co.ClusterStateReloadInterval == 0 {
-		// go-redis reloads the slot map on a MOVED reply, and otherwise
-		// every minute by default: a master that crashed refuses
-		// connections without a MOVED, so its slots would stay on it for
-		// up to a minute after its replica took over (redis/go-redis#3979).
+		// A crashed master sends no MOVED: reload the slot map often.
 		co.ClusterStateReloadInterval = clusterReload
 	}
 	return Options{Kind: Cluster, cluster: co}, nil
 }
 
-// clusterReload is how often a cluster client reloads the slot map when no
-// MOVED reply made it: one CLUSTER SLOTS a few seconds, against a failover
-// followed within that time.
 const clusterReload = 2 * time.Second
 
 func tlsConfig(base, addr string) *tls.Config {
@@ -302,8 +286,7 @@ func (o Options) DB() int {
 	}
 }
 
-// AsynqConnOpt is o as asynq's RedisConnOpt, for what takes one (asynqmon):
-// each MakeRedisClient call returns a new client of the same Redis.
+// AsynqConnOpt is o as asynq's RedisConnOpt (for asynqmon).
 func (o Options) AsynqConnOpt() ConnOpt { return ConnOpt{o: o} }
 
 // ConnOpt implements asynq.RedisConnOpt.

@@ -1,10 +1,7 @@
 // Package scripts runs the Lua script calls of concurrent callers together:
 // the calls that come while a pipeline is under way go in the next one, one
 // round trip for all of them. Each call stays its own script run, atomic on
-// its own keys; only the trip is shared. llmq uses it for the scripts every
-// job runs once or twice (a budget's reserve and settle, a permit's settle).
-// A caller's several calls (a budget's tenant day and global day, which a
-// cluster keeps on different shards) go in one pipeline together.
+// its own keys; only the trip is shared.
 package scripts
 
 import (
@@ -15,8 +12,7 @@ import (
 	"github.com/llmq/llmq/internal/coalesce"
 )
 
-// maxCallers bounds the callers of one pipeline, so that one pipeline never
-// holds Redis for long.
+// maxCallers bounds the callers of one pipeline.
 const maxCallers = 64
 
 // Call is one run of a script.
@@ -26,17 +22,13 @@ type Call struct {
 	Args   []any
 }
 
-// Client is what a Runner needs of a Redis client; every go-redis client
-// has it (redis.UniversalClient).
+// Client is what a Runner needs of a Redis client.
 type Client interface {
 	redis.Scripter
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
-// Runner runs calls on one Redis client (single node, Sentinel or Cluster:
-// a cluster's pipeline goes to each node for its keys). A lone call goes at
-// once, alone; calls that come meanwhile queue, and when it ends they go
-// together in one pipeline (coalesce.Batch).
+// Runner runs calls on one Redis client, coalesced by a coalesce.Batch.
 type Runner struct {
 	rdb   Client
 	calls coalesce.Batch[struct{}, []Call, []*redis.Cmd]
@@ -50,28 +42,23 @@ func New(rdb Client) *Runner {
 }
 
 // Run runs c and returns its reply, as c.Script.Run would. The call runs
-// to its end even when ctx ends first (its round trip may be other
-// callers' too): the client's read and write timeouts bound it.
+// to its end even when ctx ends first: the client's timeouts bound it.
 func (r *Runner) Run(ctx context.Context, c Call) *redis.Cmd {
 	return r.RunAll(ctx, c)[0]
 }
 
-// RunAll runs calls in one round trip (with other callers' calls), and
-// returns their replies in their order. Each call is atomic on its own
-// keys, not the calls together: on a cluster they may run on different
-// nodes.
+// RunAll runs calls in one round trip and returns their replies in their
+// order. Each call is atomic on its own keys, not the calls together.
 func (r *Runner) RunAll(ctx context.Context, calls ...Call) []*redis.Cmd {
 	cmds, _ := r.calls.Do(ctx, struct{}{}, calls) // pipeline answers every call with its own command
 	return cmds
 }
 
-// Pipelines returns how many pipelines (round trips, save a script's load)
-// the runner has made.
+// Pipelines returns how many pipelines the runner has made.
 func (r *Runner) Pipelines() int { return r.calls.Calls() }
 
-// pipeline is r.calls' call: the callers' calls by their scripts' hashes
-// in one pipeline. A script Redis does not have (a restart, SCRIPT FLUSH)
-// is loaded by running its call again alone (Script.Run sends its text).
+// pipeline sends the callers' calls by their scripts' hashes; a script
+// Redis does not have is loaded by running its call again alone.
 func (r *Runner) pipeline(ctx context.Context, _ struct{}, callers [][]Call) ([][]*redis.Cmd, []error) {
 	if len(callers) == 1 && len(callers[0]) == 1 {
 		c := callers[0][0]

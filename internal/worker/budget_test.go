@@ -146,7 +146,7 @@ func TestSoftLimitCrossingIsCountedOnce(t *testing.T) {
 	tenant, key := a.Tenant("standard") // $50, soft limit 80%
 	acct := a.Account(tenant)
 	ctx := context.Background()
-	rec := testutil.Must(metrics.New(metrics.Options{NoProcessMetrics: true}))
+	rec := metrics.New(metrics.Options{NoProcessMetrics: true})
 	a.Observer = rec
 	h := a.JobHandler(worker.Options{})
 

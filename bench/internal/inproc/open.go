@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmq/llmq/bench/internal/benchenv"
 	"github.com/llmq/llmq/internal/app"
+	"github.com/llmq/llmq/internal/apptest"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/testutil"
 )
@@ -77,7 +78,7 @@ func Open(ctx context.Context, o Options, logger *slog.Logger, closers *benchenv
 	environ := env.List()
 	parts := o.Parts
 	parts.Redis = rdb
-	a, err := app.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, parts)
+	a, err := apptest.OpenEnviron(ctx, environ, config.RoleDispatcher, logger, parts)
 	if err != nil {
 		return nil, err
 	}
