@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -32,25 +31,9 @@ type batchAPI struct {
 	limits  BatchOptions
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative size or count (zero means the default).
-func (o BatchOptions) validate() error {
-	if o.MaxFileBytes < 0 {
-		return fmt.Errorf("api: BatchOptions.MaxFileBytes must not be negative, got %d", o.MaxFileBytes)
-	}
-	if o.MaxFileLines < 0 {
-		return fmt.Errorf("api: BatchOptions.MaxFileLines must not be negative, got %d", o.MaxFileLines)
-	}
-	return nil
-}
-
 // EnableBatches serves OpenAI's Files and Batch APIs (/v1/files,
-// /v1/batches), validating and running batches with svc; or, serving
-// nothing more, returns an error naming an option that is invalid.
-func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) error {
-	if err := opts.validate(); err != nil {
-		return err
-	}
+// /v1/batches), validating and running batches with svc.
+func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) {
 	if opts.MaxFileBytes == 0 {
 		opts.MaxFileBytes = 200 << 20
 	}
@@ -68,7 +51,6 @@ func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) error {
 	s.mux.Handle("GET /v1/batches", t(a.listBatches))
 	s.mux.Handle("GET /v1/batches/{id}", t(a.getBatch))
 	s.mux.Handle("POST /v1/batches/{id}/cancel", t(a.cancelBatch))
-	return nil
 }
 
 // createBatch checks what can be checked at once (the file, the endpoint,

@@ -63,13 +63,7 @@ type KeyCacheOptions struct {
 	Logger *slog.Logger
 }
 
-func (o *KeyCacheOptions) validate() error {
-	switch {
-	case o.TTL < 0:
-		return fmt.Errorf("api: KeyCacheOptions.TTL must not be negative, got %v", o.TTL)
-	case o.MaxEntries < 0:
-		return fmt.Errorf("api: KeyCacheOptions.MaxEntries must not be negative, got %d", o.MaxEntries)
-	}
+func (o *KeyCacheOptions) withDefaults() {
 	if o.TTL == 0 {
 		o.TTL = 5 * time.Second
 	}
@@ -82,15 +76,12 @@ func (o *KeyCacheOptions) validate() error {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return nil
 }
 
 // NewKeyCache subscribes to channel (rkeys.Builder.KeyChanges) and returns
 // the cache once the subscription is confirmed. Close it when done.
 func NewKeyCache(ctx context.Context, rdb redis.UniversalClient, channel string, opts KeyCacheOptions) (*KeyCache, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+	opts.withDefaults()
 	c := &KeyCache{rdb: rdb, channel: channel, opts: opts, quit: make(chan struct{}), done: make(chan struct{}), m: make(map[[32]byte]keyEntry)}
 	c.ps = rdb.Subscribe(ctx, channel)
 	// The first reply confirms the subscription; Receive reconnects and

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"net/http"
 	"sort"
@@ -33,15 +32,6 @@ type SyncOptions struct {
 	MaxWait time.Duration
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative duration (zero means the default).
-func (o SyncOptions) validate() error {
-	if o.MaxWait < 0 {
-		return fmt.Errorf("api: SyncOptions.MaxWait must not be negative, got %v", o.MaxWait)
-	}
-	return nil
-}
-
 // MaxWaitHeader lowers a synchronous request's wait: seconds ("2.5") or a
 // duration ("500ms").
 const MaxWaitHeader = "X-Llmq-Max-Wait"
@@ -59,13 +49,9 @@ type syncAPI struct {
 // SDKs reach llmq with base_url <llmq>/v1: POST /v1/chat/completions and
 // POST /v1/responses (streamed too; responses also in the background, with
 // GET /v1/responses/{id} and its cancel), POST /v1/embeddings, GET
-// /v1/models. Each request is a job of its tenant, admitted as POST /v1/jobs admits one, run by runner.
-// It serves nothing more, and returns an error naming the field, when an
-// option is invalid.
-func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) error {
-	if err := opts.validate(); err != nil {
-		return err
-	}
+// /v1/models. Each request is a job of its tenant, admitted as POST
+// /v1/jobs admits one, run by runner.
+func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) {
 	if opts.MaxWait == 0 {
 		opts.MaxWait = 60 * time.Second
 	}
@@ -76,7 +62,6 @@ func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) error {
 	a.enableResponses()
 	s.mux.Handle("GET /v1/models", t(a.listModels))
 	s.mux.Handle("GET /v1/models/{id}", t(a.getModel))
-	return nil
 }
 
 // model is OpenAI's model object.

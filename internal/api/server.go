@@ -107,21 +107,9 @@ type Server struct {
 	authFails authFailures
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative size (zero means the default).
-func (o Options) validate() error {
-	if o.MaxBodyBytes < 0 {
-		return fmt.Errorf("api: Options.MaxBodyBytes must not be negative, got %d", o.MaxBodyBytes)
-	}
-	return nil
-}
-
-// New returns the API server, or an error naming an option that is
-// invalid.
+// New returns the API server, or an error naming a readiness check that
+// is invalid.
 func New(d Deps, opts Options) (*Server, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
 	if err := validateReadyChecks(d.ReadyChecks); err != nil {
 		return nil, err
 	}

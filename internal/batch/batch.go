@@ -19,7 +19,6 @@ package batch
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -63,30 +62,6 @@ type Options struct {
 	// Now is the clock of expiry (a batch expires at created_at + 24h).
 	// Defaults to time.Now.
 	Now func() time.Time
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.GroupLines < 0 {
-		return fmt.Errorf("batch: Options.GroupLines must not be negative, got %d", o.GroupLines)
-	}
-	if o.GroupBytes < 0 {
-		return fmt.Errorf("batch: Options.GroupBytes must not be negative, got %d", o.GroupBytes)
-	}
-	if o.MaxLineBytes < 0 {
-		return fmt.Errorf("batch: Options.MaxLineBytes must not be negative, got %d", o.MaxLineBytes)
-	}
-	if o.MaxValidations < 0 {
-		return fmt.Errorf("batch: Options.MaxValidations must not be negative, got %d", o.MaxValidations)
-	}
-	if o.SweepInterval < 0 {
-		return fmt.Errorf("batch: Options.SweepInterval must not be negative, got %v", o.SweepInterval)
-	}
-	if o.StopGrace < 0 {
-		return fmt.Errorf("batch: Options.StopGrace must not be negative, got %v", o.StopGrace)
-	}
-	return nil
 }
 
 func (o Options) withDefaults() Options {
@@ -141,12 +116,8 @@ type Service struct {
 	validating map[string]bool // batches this process is validating
 }
 
-// New returns a Service, or an error naming an option that is invalid.
-// Close it to stop its background work.
-func New(d Deps, opts Options) (*Service, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// New returns a Service. Close it to stop its background work.
+func New(d Deps, opts Options) *Service {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -156,7 +127,7 @@ func New(d Deps, opts Options) (*Service, error) {
 	o := opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{Deps: d, opts: o, ctx: ctx, cancel: cancel, sem: make(chan struct{}, o.MaxValidations),
-		validating: map[string]bool{}}, nil
+		validating: map[string]bool{}}
 }
 
 // Close stops the validations running in the background and waits for
