@@ -57,6 +57,5 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("api key updated", "key", k.ID, "api_exempt", k.APIExempt)
-	writeJSON(w, http.StatusOK, wire.APIKey(k))
-	return nil
+	return writeOK(w, wire.APIKey(k))
 }

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"net/url"
-	"strconv"
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
@@ -115,8 +113,7 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.Logger.Info("batch created", "tenant", c.tenant.ID, "batch", b.ID, "file", f.ID, "lines", f.Lines)
 	s.batches.Start(b.ID)
-	writeJSON(w, http.StatusOK, wire.Batch(b, &store.JobCounts{}))
-	return nil
+	return writeOK(w, wire.Batch(b, &store.JobCounts{}))
 }
 
 // renderBatch renders b with its live request counts.
@@ -128,40 +125,27 @@ func (s *batchAPI) renderBatch(r *http.Request, b *store.Batch) (client.Batch, e
 	return wire.Batch(b, c), nil
 }
 
-func (s *batchAPI) batchByPath(r *http.Request) (*store.Batch, error) {
-	id, err := pathID(r, ids.Batch, "batch")
-	if err != nil {
-		return nil, err
-	}
-	b, err := s.Store.BatchGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, notFound("batch", id)
-	}
-	return b, err
-}
-
-func (s *batchAPI) getBatch(w http.ResponseWriter, r *http.Request) error {
-	b, err := s.batchByPath(r)
-	if err != nil {
-		return err
-	}
+// writeBatch answers b with its live request counts.
+func (s *batchAPI) writeBatch(w http.ResponseWriter, r *http.Request, b *store.Batch) error {
 	out, err := s.renderBatch(r, b)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return writeOK(w, out)
+}
+
+func (s *batchAPI) getBatch(w http.ResponseWriter, r *http.Request) error {
+	b, err := callersByPath(r, ids.Batch, "batch", s.Store.BatchGetForTenant)
+	if err != nil {
+		return err
+	}
+	return s.writeBatch(w, r, b)
 }
 
 // listBatches pages at most 100 batches, as OpenAI does: each one's counts
 // are one query.
 func (s *batchAPI) listBatches(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	limit, err := batchListLimit(q)
-	if err != nil {
-		return err
-	}
-	after, err := queryID(q, "after", ids.Batch, "batch")
+	limit, after, err := listPage(r.URL.Query(), 100, ids.Batch, "batch")
 	if err != nil {
 		return err
 	}
@@ -175,20 +159,7 @@ func (s *batchAPI) listBatches(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	writeJSON(w, http.StatusOK, client.NewList(out, more, func(b client.Batch) string { return b.ID }))
-	return nil
-}
-
-func batchListLimit(q url.Values) (int, error) {
-	raw := q.Get("limit")
-	if raw == "" {
-		return 20, nil
-	}
-	n, err := strconv.Atoi(raw)
-	if err != nil || n < 1 || n > 100 {
-		return 0, wire.Invalid("limit", client.CodeInvalidValue, "limit must be a whole number from 1 to 100, got '%s'.", raw)
-	}
-	return n, nil
+	return writeOK(w, client.NewList(out, more, func(b client.Batch) string { return b.ID }))
 }
 
 // cancelBatch moves the batch to cancelling and cancels its pending jobs at
@@ -221,10 +192,5 @@ func (s *batchAPI) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 		}
 		s.Logger.Info("batch cancelling", "tenant", tenantID, "batch", b.ID, "jobs_cancelled", n)
 	}
-	out, err := s.renderBatch(r, b)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return s.writeBatch(w, r, b)
 }

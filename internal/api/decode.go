@@ -2,17 +2,20 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/jsontext"
+	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
 )
 
@@ -78,6 +81,36 @@ func pathID(r *http.Request, prefix, what string) (string, error) {
 		return "", notFound(what, id)
 	}
 	return id, nil
+}
+
+// callersByPath is the caller's what whose id is r's {id}, read by get; an
+// id that is malformed or not the caller's is the 404 of a missing what.
+func callersByPath[T any](r *http.Request, prefix, what string, get func(ctx context.Context, tenantID, id string) (T, error)) (T, error) {
+	var zero T
+	id, err := pathID(r, prefix, what)
+	if err != nil {
+		return zero, err
+	}
+	v, err := get(r.Context(), callerOf(r).tenant.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return zero, notFound(what, id)
+	}
+	return v, err
+}
+
+// listPage reads a list's ?limit= (1 to most, default 20) and its ?after=
+// cursor, the id of a what (of prefix's type).
+func listPage(q url.Values, most int, prefix, what string) (limit int, after string, err error) {
+	limit = 20
+	if raw := q.Get("limit"); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > most {
+			return 0, "", wire.Invalid("limit", client.CodeInvalidValue, "limit must be a whole number from 1 to %d, got '%s'.", most, raw)
+		}
+		limit = n
+	}
+	after, err = queryID(q, "after", prefix, what)
+	return limit, after, err
 }
 
 // queryID is the query parameter name of q, which must be empty or the id

@@ -90,3 +90,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// writeOK answers v with 200, ending a handler.
+func writeOK(w http.ResponseWriter, v any) error {
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+// writeList answers a page of items, each rendered by render, in the list
+// shape whose cursors are the ids id returns.
+func writeList[S, T any](w http.ResponseWriter, items []S, more bool, render func(S) T, id func(T) string) error {
+	out := make([]T, len(items))
+	for i, it := range items {
+		out[i] = render(it)
+	}
+	return writeOK(w, client.NewList(out, more, id))
+}

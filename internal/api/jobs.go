@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"net/url"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -256,19 +254,11 @@ func validateMetadata(m map[string]string) error {
 }
 
 func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathID(r, ids.Job, "job")
+	job, err := callersByPath(r, ids.Job, "job", s.Store.JobGetForTenant)
 	if err != nil {
 		return err
 	}
-	job, err := s.Store.JobGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("job", id)
-	}
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, wire.Job(job))
-	return nil
+	return writeOK(w, wire.Job(job))
 }
 
 func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
@@ -284,8 +274,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeJobFinished, "",
 			"Job %s already %s and cannot be cancelled.", job.ID, job.Status)
 	}
-	writeJSON(w, http.StatusOK, wire.Job(job))
-	return nil
+	return writeOK(w, wire.Job(job))
 }
 
 // cancelCallersJob cancels the caller's job id unless it has ended
@@ -322,11 +311,7 @@ func (s *Server) cancelCallersJob(r *http.Request, id string) (job *store.Job, c
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	limit, err := listLimit(q)
-	if err != nil {
-		return err
-	}
-	after, err := queryID(q, "after", ids.Job, "job")
+	limit, after, err := listPage(q, 1000, ids.Job, "job")
 	if err != nil {
 		return err
 	}
@@ -345,23 +330,5 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]client.Job, len(jobs))
-	for i, j := range jobs {
-		out[i] = wire.Job(j)
-	}
-	writeJSON(w, http.StatusOK, client.NewList(out, more, func(j client.Job) string { return j.ID }))
-	return nil
-}
-
-// listLimit reads ?limit=, 1..1000, default 20.
-func listLimit(q url.Values) (int, error) {
-	raw := q.Get("limit")
-	if raw == "" {
-		return 20, nil
-	}
-	n, err := strconv.Atoi(raw)
-	if err != nil || n < 1 || n > 1000 {
-		return 0, wire.Invalid("limit", client.CodeInvalidValue, "limit must be a whole number from 1 to 1000, got '%s'.", raw)
-	}
-	return n, nil
+	return writeList(w, jobs, more, wire.Job, func(j client.Job) string { return j.ID })
 }

@@ -93,8 +93,7 @@ func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
 		return wire.Errorf(http.StatusNotFound, wire.TypeInvalidRequest, client.CodeModelNotFound, "model",
 			"The model '%.100s' does not exist or is not served here.", id)
 	}
-	writeJSON(w, http.StatusOK, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
-	return nil
+	return writeOK(w, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
 }
 
 // call serves one synchronous request to endpoint.

@@ -243,8 +243,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if len(why) == 0 {
-		writeJSON(w, http.StatusOK, body)
-		return nil
+		return writeOK(w, body)
 	}
 	body["status"] = "unavailable"
 	body["error"] = wire.Errorf(http.StatusServiceUnavailable, wire.TypeUnavailable, client.CodeNotReady, "",
