@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -93,10 +92,7 @@ func (s *Server) tenantByPath(r *http.Request) (*store.Tenant, error) {
 		return nil, err
 	}
 	t, err := s.Store.TenantGetByID(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, notFound("tenant", id)
-	}
-	return t, err
+	return t, missingAs(err, "tenant", id)
 }
 
 func (s *Server) getTenant(w http.ResponseWriter, r *http.Request) error {
@@ -162,11 +158,8 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	t, err := s.Store.TenantUpdate(r.Context(), p)
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("tenant", p.ID)
-	}
 	if err != nil {
-		return err
+		return missingAs(err, "tenant", p.ID)
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("tenant updated", "tenant", t.ID, "tier", t.Tier)
@@ -239,11 +232,8 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	k, err := s.Store.APIKeyRevoke(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("api key", id)
-	}
 	if err != nil {
-		return err
+		return missingAs(err, "api key", id)
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("api key revoked", "key", k.ID)

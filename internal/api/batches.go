@@ -173,11 +173,8 @@ func (s *batchAPI) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 	tenantID := callerOf(r).tenant.ID
 	b, changed, err := s.Store.BatchSetStatus(r.Context(), &store.BatchSetStatusParams{ID: id, TenantID: tenantID,
 		From: []store.BatchStatus{store.BatchValidating, store.BatchInProgress}, To: store.BatchCancelling})
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("batch", id)
-	}
 	if err != nil {
-		return err
+		return missingAs(err, "batch", id)
 	}
 	if !changed && b.Status != store.BatchCancelling && b.Status != store.BatchCancelled {
 		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeBatchNotCancellable, "",

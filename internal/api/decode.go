@@ -15,7 +15,6 @@ import (
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/jsontext"
-	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
 )
 
@@ -92,10 +91,7 @@ func callersByPath[T any](r *http.Request, prefix, what string, get func(ctx con
 		return zero, err
 	}
 	v, err := get(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return zero, notFound(what, id)
-	}
-	return v, err
+	return v, missingAs(err, what, id)
 }
 
 // listPage reads a list's ?limit= (1 to most, default 20) and its ?after=

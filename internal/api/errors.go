@@ -19,6 +19,15 @@ func notFound(what, id string) *wire.Error {
 	return wire.Errorf(http.StatusNotFound, wire.TypeNotFound, client.CodeNotFound, "", "No %s found with id '%.100s'.", what, id)
 }
 
+// missingAs is err, or the 404 of a missing what when the store found
+// nothing.
+func missingAs(err error, what, id string) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound(what, id)
+	}
+	return err
+}
+
 var (
 	errUnauthorized = wire.Errorf(http.StatusUnauthorized, wire.TypeAuthentication, client.CodeInvalidAPIKey, "",
 		"Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.")

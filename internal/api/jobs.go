@@ -282,11 +282,8 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 // webhook called.
 func (s *Server) cancelCallersJob(r *http.Request, id string) (job *store.Job, changed bool, err error) {
 	job, changed, err = s.Store.JobCancel(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, false, notFound("job", id)
-	}
 	if err != nil {
-		return nil, false, err
+		return nil, false, missingAs(err, "job", id)
 	}
 	if changed {
 		// Out of its fair queue at once (the count per tenant drops); a task
