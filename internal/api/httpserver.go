@@ -14,8 +14,7 @@ import (
 
 // ServerOptions are the connection limits of the HTTP server in front of the
 // API. There is no global ReadTimeout or WriteTimeout: a body may take as
-// long as it keeps arriving at BodyMinRate (a 200 MB upload on a slow link
-// is fine, a byte every two seconds is not), and each response gets its own
+// long as it keeps arriving at BodyMinRate, and each response gets its own
 // write deadline, which a streaming route moves as it writes.
 type ServerOptions struct {
 	// ReadHeaderTimeout bounds reading a request's headers. Defaults to 10s.

@@ -25,10 +25,7 @@ import (
 )
 
 // createJobRequest is the body of POST /v1/jobs: client.JobCreateParams as
-// it arrives. It is a type of its own since the client's Body is any value
-// that encodes to the provider's body, and the server keeps the bytes that
-// came; embedding the client's type would name a field of a refused value
-// "JobCreateParams.priority" rather than "priority".
+// it arrives, with Body the bytes that came.
 type createJobRequest struct {
 	CustomID   string            `json:"custom_id"`
 	Endpoint   string            `json:"endpoint"`
@@ -91,12 +88,10 @@ func idempotencyKey(r *http.Request) (string, error) {
 	return idemKey, nil
 }
 
-// admitJob admits a job of the caller, as every job the API creates is
-// admitted (POST /v1/jobs, and the synchronous OpenAI endpoints): it
-// validates the request, estimates it, refuses what can never run or what a
-// rejecting tier's budget cannot hold now, and inserts the row. admitted is
-// the admitted request of a new job; nil for an idempotent replay of the
-// same request (job is the first one).
+// admitJob validates, estimates and admits a job of the caller (refusing
+// what can never run or what a rejecting tier's budget cannot hold now) and
+// inserts the row. admitted is nil for an idempotent replay (job is the
+// first one).
 func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest, idemKey string, sync bool) (job *store.Job, admitted *admission.Request, err error) {
 	in, err := s.validateJob(ctx, c, req)
 	if err != nil {

@@ -1,20 +1,12 @@
 // Package batch runs OpenAI-style batches. It validates a batch's input file
-// line by line and turns it into jobs — valid lines queued at the lowest
-// priority, refused lines stored as failed jobs with their line number and
-// why — inserted in bulk, and enqueued, many at once, when the whole file
-// is checked. Its sweeper moves batches through their lifecycle
-// (in_progress → finalizing → completed, cancelling → cancelled, expiry at
-// the end of the completion window) and
-// calls their webhook on the terminal state. Output and error files are not
-// stored: they are rendered from the batch's jobs, streamed in input order,
-// whenever they are read, so one place (the jobs) holds the counts, the
-// results and their order.
+// line by line and turns it into jobs (refused lines stored as failed jobs
+// with their line number and why), inserted in bulk and enqueued once the
+// whole file is checked. Its sweeper moves batches through their lifecycle
+// (finalize, cancel, expire) and calls their webhook at the end. Output and
+// error files are rendered from the batch's jobs whenever they are read.
 //
-// Every step is safe to repeat after a crash: a batch left validating is
-// validated again by the sweeper, skipping the lines already stored; a
-// finalization that stopped half way runs again and finds the files it made.
-// Work on one batch is serialized by a store lock per batch, so several
-// dispatchers can run side by side.
+// Every step is safe to repeat after a crash, and a store lock per batch
+// serializes work on it, so several dispatchers can run side by side.
 package batch
 
 import (
