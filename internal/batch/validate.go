@@ -278,48 +278,48 @@ func (v *validation) enqueueFailed(ctx context.Context, err error) {
 	}
 }
 
-// cancelled ends a validation whose batch was cancelled: whatever it queued
-// is cancelled, and the batch's total is the requests it stored, so its
-// request counts agree with its output and error files (lines read but not
-// yet stored when the cancel was seen are in neither).
-func (v *validation) cancelled(ctx context.Context) error {
+// cancelStored cancels what the validation stored and returns the batch's
+// total: the requests it stored, so its counts agree with its output and
+// error files (lines read but not yet stored are in neither).
+func (v *validation) cancelStored(ctx context.Context) (total *int64, err error) {
 	if _, err := v.s.Store.JobCancelByBatch(ctx, v.b.ID); err != nil {
-		return err
+		return nil, err
 	}
 	c, err := v.s.Store.JobCountsByBatch(ctx, v.b.ID)
 	if err != nil {
+		return nil, err
+	}
+	return &c.Total, nil
+}
+
+// cancelled ends a validation whose batch was cancelled.
+func (v *validation) cancelled(ctx context.Context) error {
+	total, err := v.cancelStored(ctx)
+	if err != nil {
 		return err
 	}
-	total := c.Total
 	_, _, err = v.s.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: v.b.ID,
-		From: []store.BatchStatus{store.BatchCancelling}, To: store.BatchCancelling, Total: &total})
+		From: []store.BatchStatus{store.BatchCancelling}, To: store.BatchCancelling, Total: total})
 	return err
 }
 
 // failed ends a validation that the database refuses for good (see
-// permanent): retried, it would fail the same way at every sweep, and the
-// file's valid lines would never run. Nothing of the batch was enqueued;
-// what it stored is cancelled, and the batch fails with the database's
-// reason, its total the requests it stored, so its counts agree with its
-// error file.
+// permanent): retried, it would fail the same way at every sweep. Nothing
+// of the batch was enqueued; the batch fails with the database's reason.
 func (v *validation) failed(ctx context.Context, cause error) error {
 	s := v.s
 	s.Logger.Warn("batch lines cannot be stored; the batch fails", "batch", v.b.ID, "err", cause)
-	if _, err := s.Store.JobCancelByBatch(ctx, v.b.ID); err != nil {
-		return err
-	}
-	c, err := s.Store.JobCountsByBatch(ctx, v.b.ID)
+	total, err := v.cancelStored(ctx)
 	if err != nil {
 		return err
 	}
-	total := c.Total
 	msg := "The input file could not be read or stored"
 	var ge *groupError
 	if errors.As(cause, &ge) {
 		msg = fmt.Sprintf("Lines %d to %d could not be stored", ge.first, ge.last)
 	}
 	msg += ", and trying again would not help. No request of the batch ran."
-	return s.finish(ctx, v.b, store.BatchFailed, &total, []client.BatchError{{Code: client.CodeValidationFailed, Message: msg}})
+	return s.finish(ctx, v.b, store.BatchFailed, total, []client.BatchError{{Code: client.CodeValidationFailed, Message: msg}})
 }
 
 // insertOneByOne inserts the group's lines one at a time. A line the store
