@@ -115,20 +115,14 @@ func (s *Service) expired(b *store.Batch) bool {
 }
 
 // expireValidating expires a batch whose window ended before its
-// validation did (one that kept failing, say): nothing of it was enqueued,
-// so the jobs it stored are cancelled at once, and its total is what it
-// stored, as when a batch is cancelled while validating, so its counts agree
-// with its error file. The caller holds the batch's lock.
+// validation did: nothing of it was enqueued, so the jobs it stored are
+// cancelled at once. The caller holds the batch's lock.
 func (s *Service) expireValidating(ctx context.Context, b *store.Batch) error {
-	if _, err := s.Store.JobCancelByBatch(ctx, b.ID); err != nil {
-		return err
-	}
-	c, err := s.Store.JobCountsByBatch(ctx, b.ID)
+	total, err := s.cancelStored(ctx, b.ID)
 	if err != nil {
 		return err
 	}
-	total := c.Total
-	return s.finish(ctx, b, store.BatchExpired, &total, []client.BatchError{{Code: client.CodeBatchExpired,
+	return s.finish(ctx, b, store.BatchExpired, total, []client.BatchError{{Code: client.CodeBatchExpired,
 		Message: "The completion window ended before the input file was validated; no request of the batch ran."}})
 }
 

@@ -278,14 +278,14 @@ func (v *validation) enqueueFailed(ctx context.Context, err error) {
 	}
 }
 
-// cancelStored cancels what the validation stored and returns the batch's
-// total: the requests it stored, so its counts agree with its output and
-// error files (lines read but not yet stored are in neither).
-func (v *validation) cancelStored(ctx context.Context) (total *int64, err error) {
-	if _, err := v.s.Store.JobCancelByBatch(ctx, v.b.ID); err != nil {
+// cancelStored cancels the jobs a batch's validation stored and returns the
+// batch's total: the requests it stored, so its counts agree with its output
+// and error files (lines read but not yet stored are in neither).
+func (s *Service) cancelStored(ctx context.Context, batchID string) (total *int64, err error) {
+	if _, err := s.Store.JobCancelByBatch(ctx, batchID); err != nil {
 		return nil, err
 	}
-	c, err := v.s.Store.JobCountsByBatch(ctx, v.b.ID)
+	c, err := s.Store.JobCountsByBatch(ctx, batchID)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +294,7 @@ func (v *validation) cancelStored(ctx context.Context) (total *int64, err error)
 
 // cancelled ends a validation whose batch was cancelled.
 func (v *validation) cancelled(ctx context.Context) error {
-	total, err := v.cancelStored(ctx)
+	total, err := v.s.cancelStored(ctx, v.b.ID)
 	if err != nil {
 		return err
 	}
@@ -309,7 +309,7 @@ func (v *validation) cancelled(ctx context.Context) error {
 func (v *validation) failed(ctx context.Context, cause error) error {
 	s := v.s
 	s.Logger.Warn("batch lines cannot be stored; the batch fails", "batch", v.b.ID, "err", cause)
-	total, err := v.cancelStored(ctx)
+	total, err := v.s.cancelStored(ctx, v.b.ID)
 	if err != nil {
 		return err
 	}
