@@ -217,9 +217,8 @@ func (a *syncAPI) maxWait(r *http.Request) (time.Duration, error) {
 }
 
 // streamFields reads a chat body's stream and stream_options and returns the
-// body without them: the job is the request unstreamed, admitted and stored
-// as POST /v1/jobs would (which refuses stream), and the call asks the
-// provider for the stream with its usage.
+// body without them: the job is the request unstreamed, as POST /v1/jobs
+// stores it.
 func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsage bool, err error) {
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(body, &fields) != nil || fields == nil {
@@ -314,8 +313,7 @@ func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 
 // providerAnswer is the provider's refusal, with its status, as the client's
 // answer. A call without an answer, or with a 2xx answer llmq could not
-// read or take (truncated, too large), is a 502: an SDK must never take it
-// for a success.
+// take, is a 502: an SDK must never take it for a success.
 func providerAnswer(pe *llm.Error) *wire.Error {
 	e := &wire.Error{Status: pe.StatusCode, Type: pe.Type, Code: pe.Code, Param: pe.Param, Message: pe.Message}
 	if d, ok := pe.RateLimit.Delay(); ok {
