@@ -19,19 +19,14 @@ import (
 )
 
 // decodeJSON reads a JSON object of at most limit bytes from r's body into
-// dst (whatever the Content-Type says: curl -d sends a form type), refusing unknown fields, trailing data and wrong types with an error
-// that names the field. The raw body is returned for callers that keep it.
+// dst (whatever the Content-Type says: curl -d sends a form type), refusing
+// unknown fields, trailing data and wrong types with an error that names
+// the field. The raw body is returned for callers that keep it.
 //
-// It also refuses, naming the field, what Postgres cannot store as text or
-// jsonb: bytes that are not UTF-8, and the escapes of NUL (\u0000) and of
-// unpaired UTF-16 surrogates, which Go's decoder would take (as U+0000 and
-// U+FFFD). A prompt holding one is refused too, as a batch's line is: a
-// request is never sent other than it was written. So is a member named
-// twice in one object, which Go's decoder reads as its last and a provider
-// may read as its first (llmq would price one model and run another), two
-// members whose names differ only in case, a member named as one of dst's
-// fields but for case (Go's decoder would take it for that field), and
-// nesting past jsontext.MaxDepth, which a database refuses.
+// It also refuses, naming the field, what jsontext finds that Postgres
+// cannot store or that two readers may read apart, and a member named as
+// one of dst's fields but for case (Go's decoder would take it for that
+// field).
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
