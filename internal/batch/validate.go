@@ -27,18 +27,11 @@ import (
 // "errors"; the error file has every one.
 const maxListedErrors = 100
 
-// Validate checks every line of a validating batch's input file and turns
-// the file into jobs: valid lines are queued in the batch queue, refused
-// lines are stored as failed jobs with the line number and the reason. Lines
-// are stored in groups (one bulk insert each) as they are checked, but no
-// task reaches Redis before the last line is checked: then the batch becomes
-// in_progress and its jobs are enqueued, many at once. A file with
-// no valid line fails the batch instead, and nothing of it ever runs.
-//
-// It returns at once when another process holds the batch, and does nothing
-// to a batch that is not validating. Run again after a crash, it skips the
-// lines already stored. Cancelled meanwhile, it stops inserting, cancels
-// what it stored and leaves the batch cancelling.
+// Validate turns a validating batch's input file into jobs (see the package
+// doc). No task reaches Redis before the last line is checked; a file with
+// no valid line fails the batch. It returns at once when another process
+// holds the batch; run again after a crash, it skips the lines already
+// stored; cancelled meanwhile, it cancels what it stored.
 func (s *Service) Validate(ctx context.Context, batchID string) error {
 	unlock, ok, err := s.Store.TryLock(ctx, lockName(batchID))
 	if err != nil || !ok {
@@ -252,9 +245,7 @@ func (v *validation) conclude(ctx context.Context) error {
 }
 
 // enqueue hands the validated batch's queued jobs to the queue. A failure
-// loses nothing, so it is only logged: the jobs are stored, and the
-// reconciler enqueues stored jobs that have no task, as it does when a crash
-// comes between the batch's move to in_progress and this.
+// is only logged: the reconciler enqueues stored jobs that have no task.
 func (v *validation) enqueue(ctx context.Context) {
 	refs := v.queued
 	if len(v.existing) > 0 || v.offloaded > 0 {
@@ -515,10 +506,7 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 
 // unstorableField is the refusal of a decoded line holding p, something
 // Postgres cannot store, naming the field (custom_id, body, method, url)
-// that holds it. The store would turn an escaped NUL of the body into
-// U+FFFD (as it does in a provider's answer), and Go's decoder an unpaired
-// surrogate into U+FFFD: a request is refused instead of being sent other
-// than it was written.
+// that holds it: a request is refused rather than sent other than written.
 func unstorableField(line []byte, p *jsontext.Problem) *wire.Error {
 	if field := jsontext.Field(p.Param(line)); field != "" && p.Member != field {
 		return wire.Invalid(field, p.Code, "%s holds %s, %s.", field, p.What, p.Why())
@@ -570,8 +558,8 @@ func kind(field string) string {
 	return "a string"
 }
 
-// customIDKey keeps 128 bits of a custom id's hash: the duplicate check of
-// a 50,000-line file holds about 2 MB whatever the ids' length.
+// customIDKey keeps 128 bits of a custom id's hash, so the duplicate check
+// holds the same whatever the ids' length.
 func customIDKey(id string) [16]byte {
 	sum := sha256.Sum256([]byte(id))
 	var k [16]byte
