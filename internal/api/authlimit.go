@@ -15,11 +15,9 @@ import (
 
 // clientAddr is the address a request comes from: the connection's, unless
 // that is a trusted proxy, whose X-Forwarded-For is then read from the
-// right (the hop the proxy itself appended) past every trusted proxy, to the
-// first address that is not one. Entries further left were written by the
-// client and prove nothing. An entry that is not an address ends the walk
-// at the proxy that passed it on. IPv6 clients are counted by their /64,
-// which one host or home usually holds whole.
+// right past every trusted proxy to the first address that is not one
+// (entries further left were written by the client); an entry that is not
+// an address ends the walk. IPv6 clients are counted by their /64.
 func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {

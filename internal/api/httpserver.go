@@ -133,9 +133,8 @@ func (b *rateBody) Read(p []byte) (int, error) {
 
 func (b *rateBody) Close() error { return b.body.Close() }
 
-// streamTo returns the writer of a streamed response (a file download, and
-// later server-sent events): each write gets WriteTimeout of its own rather
-// than the whole response one, so a long download to a client that keeps
+// streamTo returns the writer of a streamed response: each write gets
+// WriteTimeout of its own, so a long download to a client that keeps
 // reading is not cut. Without the server's deadlines it is w itself.
 func streamTo(w http.ResponseWriter, r *http.Request) io.Writer {
 	o, ok := r.Context().Value(serverOptionsKey{}).(*ServerOptions)
