@@ -189,10 +189,7 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	if o.mount != nil {
 		o.mount(srv.Mux())
 	}
-	hs, err := api.NewHTTPServer(srv, o.http)
-	if err != nil {
-		return err
-	}
+	hs := api.NewHTTPServer(srv, o.http)
 	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
 	if o.metrics != nil {

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -93,10 +92,7 @@ func (s *Server) tenantByPath(r *http.Request) (*store.Tenant, error) {
 		return nil, err
 	}
 	t, err := s.Store.TenantGetByID(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, notFound("tenant", id)
-	}
-	return t, err
+	return t, missingAs(err, "tenant", id)
 }
 
 func (s *Server) getTenant(w http.ResponseWriter, r *http.Request) error {
@@ -104,16 +100,11 @@ func (s *Server) getTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, wire.Tenant(t, true))
-	return nil
+	return writeOK(w, wire.Tenant(t, true))
 }
 
 func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
-	limit, err := listLimit(r.URL.Query())
-	if err != nil {
-		return err
-	}
-	after, err := queryID(r.URL.Query(), "after", ids.Tenant, "tenant")
+	limit, after, err := listPage(r.URL.Query(), 1000, ids.Tenant, "tenant")
 	if err != nil {
 		return err
 	}
@@ -121,12 +112,8 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]client.Tenant, len(ts))
-	for i, t := range ts {
-		out[i] = wire.Tenant(t, false)
-	}
-	writeJSON(w, http.StatusOK, client.NewList(out, more, func(t client.Tenant) string { return t.ID }))
-	return nil
+	return writeList(w, ts, more, func(t *store.Tenant) client.Tenant { return wire.Tenant(t, false) },
+		func(t client.Tenant) string { return t.ID })
 }
 
 func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
@@ -171,16 +158,12 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	t, err := s.Store.TenantUpdate(r.Context(), p)
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("tenant", p.ID)
-	}
 	if err != nil {
-		return err
+		return missingAs(err, "tenant", p.ID)
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("tenant updated", "tenant", t.ID, "tier", t.Tier)
-	writeJSON(w, http.StatusOK, wire.Tenant(t, false))
-	return nil
+	return writeOK(w, wire.Tenant(t, false))
 }
 
 const keyAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -240,12 +223,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]client.APIKey, len(keys))
-	for i, k := range keys {
-		out[i] = wire.APIKey(k)
-	}
-	writeJSON(w, http.StatusOK, client.NewList(out, false, func(k client.APIKey) string { return k.ID }))
-	return nil
+	return writeList(w, keys, false, wire.APIKey, func(k client.APIKey) string { return k.ID })
 }
 
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
@@ -254,16 +232,12 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	k, err := s.Store.APIKeyRevoke(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("api key", id)
-	}
 	if err != nil {
-		return err
+		return missingAs(err, "api key", id)
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("api key revoked", "key", k.ID)
-	writeJSON(w, http.StatusOK, wire.APIKey(k))
-	return nil
+	return writeOK(w, wire.APIKey(k))
 }
 
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
@@ -272,8 +246,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	if d == nil {
 		return wire.Errorf(http.StatusNotImplemented, wire.TypeServer, client.CodeBudgetsDisabled, "", "Budgets are not configured on this server.")
 	}
-	writeJSON(w, http.StatusOK, wire.Usage(c.tenant.ID, tier.Name, d))
-	return nil
+	return writeOK(w, wire.Usage(c.tenant.ID, tier.Name, d))
 }
 
 func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
@@ -292,8 +265,7 @@ func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, wire.UsageReport(day, rows))
-	return nil
+	return writeOK(w, wire.UsageReport(day, rows))
 }
 
 // adminRetention says what the policy's retention would purge now: GET
@@ -315,8 +287,7 @@ func (s *Server) adminRetention(w http.ResponseWriter, r *http.Request) error {
 	out := client.Retention{FinishedJobs: ret.FinishedJobs.String(), JobsBefore: unix(rep.JobsBefore), Jobs: rep.Jobs,
 		Files: ret.Files.String(), FilesBefore: unix(rep.FilesBefore), FileCount: rep.Files, FileBytes: rep.FileBytes,
 		Ledger: ret.Ledger.String(), LedgerBefore: unix(rep.LedgerBefore), LedgerRows: rep.LedgerRows}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return writeOK(w, out)
 }
 
 // maxWebhookOverlap bounds how long a rotated-out webhook secret keeps
@@ -358,6 +329,5 @@ func (s *Server) rotateWebhookSecret(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	s.Logger.Info("webhook secret rotated", "tenant", t.ID, "overlap", overlap.String())
-	writeJSON(w, http.StatusOK, wire.Tenant(t, true))
-	return nil
+	return writeOK(w, wire.Tenant(t, true))
 }

@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"errors"
 	"io"
 	"net/http"
 
@@ -49,14 +48,10 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	k, err := s.Store.APIKeyUpdate(r.Context(), &store.APIKeyUpdateParams{ID: id, APIExempt: o.APIExempt})
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("api key", id)
-	}
 	if err != nil {
-		return err
+		return missingAs(err, "api key", id)
 	}
 	s.keysChanged(r.Context())
 	s.Logger.Info("api key updated", "key", k.ID, "api_exempt", k.APIExempt)
-	writeJSON(w, http.StatusOK, wire.APIKey(k))
-	return nil
+	return writeOK(w, wire.APIKey(k))
 }

@@ -15,11 +15,9 @@ import (
 
 // clientAddr is the address a request comes from: the connection's, unless
 // that is a trusted proxy, whose X-Forwarded-For is then read from the
-// right (the hop the proxy itself appended) past every trusted proxy, to the
-// first address that is not one. Entries further left were written by the
-// client and prove nothing. An entry that is not an address ends the walk
-// at the proxy that passed it on. IPv6 clients are counted by their /64,
-// which one host or home usually holds whole.
+// right past every trusted proxy to the first address that is not one
+// (entries further left were written by the client); an entry that is not
+// an address ends the walk. IPv6 clients are counted by their /64.
 func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
@@ -84,15 +82,11 @@ func parseHop(h string) (netip.Addr, bool) {
 // new ones are refused by Redis's count at their next failure instead.
 const maxBlocked = 10000
 
-// authFailures limits requests with a missing or wrong key or admin token
-// per client address (the policy's auth_failure_limits), so keys and the
-// admin token cannot be guessed at speed. The credential is always checked
-// first: a valid one passes, whatever its address did, so an attacker
-// behind the same NAT or proxy as real clients locks out only its own
-// guesses. Failures are counted in Redis, for every dispatcher together; an
-// address whose failures reached the limit is also remembered here until
-// its window frees, so its further failures are refused without a round
-// trip, and good traffic costs none.
+// authFailures limits failed authentications per client address (the
+// policy's auth_failure_limits). The credential is checked first, so an
+// attacker behind the same NAT as real clients locks out only its own
+// guesses. Failures are counted in Redis; an address that reached the limit
+// is remembered here until its window frees, refused without a round trip.
 type authFailures struct {
 	mu      sync.Mutex
 	blocked map[netip.Prefix]time.Time // until when

@@ -3,10 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
-	"net/url"
-	"strconv"
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
@@ -32,25 +29,9 @@ type batchAPI struct {
 	limits  BatchOptions
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative size or count (zero means the default).
-func (o BatchOptions) validate() error {
-	if o.MaxFileBytes < 0 {
-		return fmt.Errorf("api: BatchOptions.MaxFileBytes must not be negative, got %d", o.MaxFileBytes)
-	}
-	if o.MaxFileLines < 0 {
-		return fmt.Errorf("api: BatchOptions.MaxFileLines must not be negative, got %d", o.MaxFileLines)
-	}
-	return nil
-}
-
 // EnableBatches serves OpenAI's Files and Batch APIs (/v1/files,
-// /v1/batches), validating and running batches with svc; or, serving
-// nothing more, returns an error naming an option that is invalid.
-func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) error {
-	if err := opts.validate(); err != nil {
-		return err
-	}
+// /v1/batches), validating and running batches with svc.
+func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) {
 	if opts.MaxFileBytes == 0 {
 		opts.MaxFileBytes = 200 << 20
 	}
@@ -68,7 +49,6 @@ func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) error {
 	s.mux.Handle("GET /v1/batches", t(a.listBatches))
 	s.mux.Handle("GET /v1/batches/{id}", t(a.getBatch))
 	s.mux.Handle("POST /v1/batches/{id}/cancel", t(a.cancelBatch))
-	return nil
 }
 
 // createBatch checks what can be checked at once (the file, the endpoint,
@@ -133,8 +113,7 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.Logger.Info("batch created", "tenant", c.tenant.ID, "batch", b.ID, "file", f.ID, "lines", f.Lines)
 	s.batches.Start(b.ID)
-	writeJSON(w, http.StatusOK, wire.Batch(b, &store.JobCounts{}))
-	return nil
+	return writeOK(w, wire.Batch(b, &store.JobCounts{}))
 }
 
 // renderBatch renders b with its live request counts.
@@ -146,40 +125,27 @@ func (s *batchAPI) renderBatch(r *http.Request, b *store.Batch) (client.Batch, e
 	return wire.Batch(b, c), nil
 }
 
-func (s *batchAPI) batchByPath(r *http.Request) (*store.Batch, error) {
-	id, err := pathID(r, ids.Batch, "batch")
-	if err != nil {
-		return nil, err
-	}
-	b, err := s.Store.BatchGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, notFound("batch", id)
-	}
-	return b, err
-}
-
-func (s *batchAPI) getBatch(w http.ResponseWriter, r *http.Request) error {
-	b, err := s.batchByPath(r)
-	if err != nil {
-		return err
-	}
+// writeBatch answers b with its live request counts.
+func (s *batchAPI) writeBatch(w http.ResponseWriter, r *http.Request, b *store.Batch) error {
 	out, err := s.renderBatch(r, b)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return writeOK(w, out)
+}
+
+func (s *batchAPI) getBatch(w http.ResponseWriter, r *http.Request) error {
+	b, err := callersByPath(r, ids.Batch, "batch", s.Store.BatchGetForTenant)
+	if err != nil {
+		return err
+	}
+	return s.writeBatch(w, r, b)
 }
 
 // listBatches pages at most 100 batches, as OpenAI does: each one's counts
 // are one query.
 func (s *batchAPI) listBatches(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	limit, err := batchListLimit(q)
-	if err != nil {
-		return err
-	}
-	after, err := queryID(q, "after", ids.Batch, "batch")
+	limit, after, err := listPage(r.URL.Query(), 100, ids.Batch, "batch")
 	if err != nil {
 		return err
 	}
@@ -193,20 +159,7 @@ func (s *batchAPI) listBatches(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	writeJSON(w, http.StatusOK, client.NewList(out, more, func(b client.Batch) string { return b.ID }))
-	return nil
-}
-
-func batchListLimit(q url.Values) (int, error) {
-	raw := q.Get("limit")
-	if raw == "" {
-		return 20, nil
-	}
-	n, err := strconv.Atoi(raw)
-	if err != nil || n < 1 || n > 100 {
-		return 0, wire.Invalid("limit", client.CodeInvalidValue, "limit must be a whole number from 1 to 100, got '%s'.", raw)
-	}
-	return n, nil
+	return writeOK(w, client.NewList(out, more, func(b client.Batch) string { return b.ID }))
 }
 
 // cancelBatch moves the batch to cancelling and cancels its pending jobs at
@@ -220,11 +173,8 @@ func (s *batchAPI) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 	tenantID := callerOf(r).tenant.ID
 	b, changed, err := s.Store.BatchSetStatus(r.Context(), &store.BatchSetStatusParams{ID: id, TenantID: tenantID,
 		From: []store.BatchStatus{store.BatchValidating, store.BatchInProgress}, To: store.BatchCancelling})
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("batch", id)
-	}
 	if err != nil {
-		return err
+		return missingAs(err, "batch", id)
 	}
 	if !changed && b.Status != store.BatchCancelling && b.Status != store.BatchCancelled {
 		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeBatchNotCancellable, "",
@@ -239,10 +189,5 @@ func (s *batchAPI) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 		}
 		s.Logger.Info("batch cancelling", "tenant", tenantID, "batch", b.ID, "jobs_cancelled", n)
 	}
-	out, err := s.renderBatch(r, b)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return s.writeBatch(w, r, b)
 }

@@ -2,12 +2,14 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/llmq/llmq/client"
@@ -17,19 +19,14 @@ import (
 )
 
 // decodeJSON reads a JSON object of at most limit bytes from r's body into
-// dst (whatever the Content-Type says: curl -d sends a form type), refusing unknown fields, trailing data and wrong types with an error
-// that names the field. The raw body is returned for callers that keep it.
+// dst (whatever the Content-Type says: curl -d sends a form type), refusing
+// unknown fields, trailing data and wrong types with an error that names
+// the field. The raw body is returned for callers that keep it.
 //
-// It also refuses, naming the field, what Postgres cannot store as text or
-// jsonb: bytes that are not UTF-8, and the escapes of NUL (\u0000) and of
-// unpaired UTF-16 surrogates, which Go's decoder would take (as U+0000 and
-// U+FFFD). A prompt holding one is refused too, as a batch's line is: a
-// request is never sent other than it was written. So is a member named
-// twice in one object, which Go's decoder reads as its last and a provider
-// may read as its first (llmq would price one model and run another), two
-// members whose names differ only in case, a member named as one of dst's
-// fields but for case (Go's decoder would take it for that field), and
-// nesting past jsontext.MaxDepth, which a database refuses.
+// It also refuses, naming the field, what jsontext finds that Postgres
+// cannot store or that two readers may read apart, and a member named as
+// one of dst's fields but for case (Go's decoder would take it for that
+// field).
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
@@ -78,6 +75,33 @@ func pathID(r *http.Request, prefix, what string) (string, error) {
 		return "", notFound(what, id)
 	}
 	return id, nil
+}
+
+// callersByPath is the caller's what whose id is r's {id}, read by get; an
+// id that is malformed or not the caller's is the 404 of a missing what.
+func callersByPath[T any](r *http.Request, prefix, what string, get func(ctx context.Context, tenantID, id string) (T, error)) (T, error) {
+	var zero T
+	id, err := pathID(r, prefix, what)
+	if err != nil {
+		return zero, err
+	}
+	v, err := get(r.Context(), callerOf(r).tenant.ID, id)
+	return v, missingAs(err, what, id)
+}
+
+// listPage reads a list's ?limit= (1 to most, default 20) and its ?after=
+// cursor, the id of a what (of prefix's type).
+func listPage(q url.Values, most int, prefix, what string) (limit int, after string, err error) {
+	limit = 20
+	if raw := q.Get("limit"); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > most {
+			return 0, "", wire.Invalid("limit", client.CodeInvalidValue, "limit must be a whole number from 1 to %d, got '%s'.", most, raw)
+		}
+		limit = n
+	}
+	after, err = queryID(q, "after", prefix, what)
+	return limit, after, err
 }
 
 // queryID is the query parameter name of q, which must be empty or the id

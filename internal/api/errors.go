@@ -19,6 +19,15 @@ func notFound(what, id string) *wire.Error {
 	return wire.Errorf(http.StatusNotFound, wire.TypeNotFound, client.CodeNotFound, "", "No %s found with id '%.100s'.", what, id)
 }
 
+// missingAs is err, or the 404 of a missing what when the store found
+// nothing.
+func missingAs(err error, what, id string) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound(what, id)
+	}
+	return err
+}
+
 var (
 	errUnauthorized = wire.Errorf(http.StatusUnauthorized, wire.TypeAuthentication, client.CodeInvalidAPIKey, "",
 		"Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.")
@@ -89,4 +98,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeOK answers v with 200, ending a handler.
+func writeOK(w http.ResponseWriter, v any) error {
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+// writeList answers a page of items, each rendered by render, in the list
+// shape whose cursors are the ids id returns.
+func writeList[S, T any](w http.ResponseWriter, items []S, more bool, render func(S) T, id func(T) string) error {
+	out := make([]T, len(items))
+	for i, it := range items {
+		out[i] = render(it)
+	}
+	return writeOK(w, client.NewList(out, more, id))
 }

@@ -99,8 +99,7 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.Logger.Info("file uploaded", "tenant", f.TenantID, "file", f.ID, "bytes", f.Bytes, "lines", f.Lines)
-	writeJSON(w, http.StatusOK, wire.File(f))
-	return nil
+	return writeOK(w, wire.File(f))
 }
 
 func checkPurpose(p string) error {
@@ -205,8 +204,7 @@ func (s *batchAPI) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return err
 	}
-	writeJSON(w, http.StatusOK, wire.FileDeleted(f))
-	return nil
+	return writeOK(w, wire.FileDeleted(f))
 }
 
 func (s *batchAPI) getFile(w http.ResponseWriter, r *http.Request) error {
@@ -214,29 +212,16 @@ func (s *batchAPI) getFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, wire.File(f))
-	return nil
+	return writeOK(w, wire.File(f))
 }
 
 func (s *batchAPI) fileByPath(r *http.Request) (*store.File, error) {
-	id, err := pathID(r, ids.File, "file")
-	if err != nil {
-		return nil, err
-	}
-	f, err := s.Store.FileGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, notFound("file", id)
-	}
-	return f, err
+	return callersByPath(r, ids.File, "file", s.Store.FileGetForTenant)
 }
 
 func (s *batchAPI) listFiles(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	limit, err := listLimit(q)
-	if err != nil {
-		return err
-	}
-	after, err := queryID(q, "after", ids.File, "file")
+	limit, after, err := listPage(q, 1000, ids.File, "file")
 	if err != nil {
 		return err
 	}
@@ -251,12 +236,7 @@ func (s *batchAPI) listFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]client.File, len(fs))
-	for i, f := range fs {
-		out[i] = wire.File(f)
-	}
-	writeJSON(w, http.StatusOK, client.NewList(out, more, func(f client.File) string { return f.ID }))
-	return nil
+	return writeList(w, fs, more, wire.File, func(f client.File) string { return f.ID })
 }
 
 // fileContent is GET /v1/files/{id}/content. An uploaded file is read from

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -15,8 +14,7 @@ import (
 
 // ServerOptions are the connection limits of the HTTP server in front of the
 // API. There is no global ReadTimeout or WriteTimeout: a body may take as
-// long as it keeps arriving at BodyMinRate (a 200 MB upload on a slow link
-// is fine, a byte every two seconds is not), and each response gets its own
+// long as it keeps arriving at BodyMinRate, and each response gets its own
 // write deadline, which a streaming route moves as it writes.
 type ServerOptions struct {
 	// ReadHeaderTimeout bounds reading a request's headers. Defaults to 10s.
@@ -39,30 +37,6 @@ type ServerOptions struct {
 	BodyStall time.Duration
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o ServerOptions) validate() error {
-	if o.ReadHeaderTimeout < 0 {
-		return fmt.Errorf("api: ServerOptions.ReadHeaderTimeout must not be negative, got %v", o.ReadHeaderTimeout)
-	}
-	if o.IdleTimeout < 0 {
-		return fmt.Errorf("api: ServerOptions.IdleTimeout must not be negative, got %v", o.IdleTimeout)
-	}
-	if o.WriteTimeout < 0 {
-		return fmt.Errorf("api: ServerOptions.WriteTimeout must not be negative, got %v", o.WriteTimeout)
-	}
-	if o.BodyMinRate < 0 {
-		return fmt.Errorf("api: ServerOptions.BodyMinRate must not be negative, got %d", o.BodyMinRate)
-	}
-	if o.BodyGrace < 0 {
-		return fmt.Errorf("api: ServerOptions.BodyGrace must not be negative, got %v", o.BodyGrace)
-	}
-	if o.BodyStall < 0 {
-		return fmt.Errorf("api: ServerOptions.BodyStall must not be negative, got %v", o.BodyStall)
-	}
-	return nil
-}
-
 func (o *ServerOptions) withDefaults() {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -80,19 +54,15 @@ func (o *ServerOptions) withDefaults() {
 }
 
 // NewHTTPServer returns the http.Server that serves h with o's limits
-// (zero fields take their defaults), or an error naming an option that is
-// invalid.
-func NewHTTPServer(h http.Handler, o ServerOptions) (*http.Server, error) {
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
+// (zero fields take their defaults).
+func NewHTTPServer(h http.Handler, o ServerOptions) *http.Server {
 	o.withDefaults()
 	return &http.Server{
 		Handler:           o.deadlines(h),
 		ReadHeaderTimeout: o.ReadHeaderTimeout,
 		IdleTimeout:       o.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
-	}, nil
+	}
 }
 
 type serverOptionsKey struct{}
@@ -163,9 +133,8 @@ func (b *rateBody) Read(p []byte) (int, error) {
 
 func (b *rateBody) Close() error { return b.body.Close() }
 
-// streamTo returns the writer of a streamed response (a file download, and
-// later server-sent events): each write gets WriteTimeout of its own rather
-// than the whole response one, so a long download to a client that keeps
+// streamTo returns the writer of a streamed response: each write gets
+// WriteTimeout of its own, so a long download to a client that keeps
 // reading is not cut. Without the server's deadlines it is w itself.
 func streamTo(w http.ResponseWriter, r *http.Request) io.Writer {
 	o, ok := r.Context().Value(serverOptionsKey{}).(*ServerOptions)

@@ -35,10 +35,7 @@ func serveLimited(t *testing.T, o ServerOptions, h http.Handler) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewHTTPServer(h, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := NewHTTPServer(h, o)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return ln.Addr().String()

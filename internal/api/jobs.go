@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"net/url"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -27,10 +25,7 @@ import (
 )
 
 // createJobRequest is the body of POST /v1/jobs: client.JobCreateParams as
-// it arrives. It is a type of its own since the client's Body is any value
-// that encodes to the provider's body, and the server keeps the bytes that
-// came; embedding the client's type would name a field of a refused value
-// "JobCreateParams.priority" rather than "priority".
+// it arrives, with Body the bytes that came.
 type createJobRequest struct {
 	CustomID   string            `json:"custom_id"`
 	Endpoint   string            `json:"endpoint"`
@@ -93,12 +88,10 @@ func idempotencyKey(r *http.Request) (string, error) {
 	return idemKey, nil
 }
 
-// admitJob admits a job of the caller, as every job the API creates is
-// admitted (POST /v1/jobs, and the synchronous OpenAI endpoints): it
-// validates the request, estimates it, refuses what can never run or what a
-// rejecting tier's budget cannot hold now, and inserts the row. admitted is
-// the admitted request of a new job; nil for an idempotent replay of the
-// same request (job is the first one).
+// admitJob validates, estimates and admits a job of the caller (refusing
+// what can never run or what a rejecting tier's budget cannot hold now) and
+// inserts the row. admitted is nil for an idempotent replay (job is the
+// first one).
 func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest, idemKey string, sync bool) (job *store.Job, admitted *admission.Request, err error) {
 	in, err := s.validateJob(ctx, c, req)
 	if err != nil {
@@ -256,19 +249,11 @@ func validateMetadata(m map[string]string) error {
 }
 
 func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathID(r, ids.Job, "job")
+	job, err := callersByPath(r, ids.Job, "job", s.Store.JobGetForTenant)
 	if err != nil {
 		return err
 	}
-	job, err := s.Store.JobGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return notFound("job", id)
-	}
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, wire.Job(job))
-	return nil
+	return writeOK(w, wire.Job(job))
 }
 
 func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
@@ -284,8 +269,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 		return wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeJobFinished, "",
 			"Job %s already %s and cannot be cancelled.", job.ID, job.Status)
 	}
-	writeJSON(w, http.StatusOK, wire.Job(job))
-	return nil
+	return writeOK(w, wire.Job(job))
 }
 
 // cancelCallersJob cancels the caller's job id unless it has ended
@@ -293,11 +277,8 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 // webhook called.
 func (s *Server) cancelCallersJob(r *http.Request, id string) (job *store.Job, changed bool, err error) {
 	job, changed, err = s.Store.JobCancel(r.Context(), callerOf(r).tenant.ID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, false, notFound("job", id)
-	}
 	if err != nil {
-		return nil, false, err
+		return nil, false, missingAs(err, "job", id)
 	}
 	if changed {
 		// Out of its fair queue at once (the count per tenant drops); a task
@@ -322,11 +303,7 @@ func (s *Server) cancelCallersJob(r *http.Request, id string) (job *store.Job, c
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	limit, err := listLimit(q)
-	if err != nil {
-		return err
-	}
-	after, err := queryID(q, "after", ids.Job, "job")
+	limit, after, err := listPage(q, 1000, ids.Job, "job")
 	if err != nil {
 		return err
 	}
@@ -345,23 +322,5 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]client.Job, len(jobs))
-	for i, j := range jobs {
-		out[i] = wire.Job(j)
-	}
-	writeJSON(w, http.StatusOK, client.NewList(out, more, func(j client.Job) string { return j.ID }))
-	return nil
-}
-
-// listLimit reads ?limit=, 1..1000, default 20.
-func listLimit(q url.Values) (int, error) {
-	raw := q.Get("limit")
-	if raw == "" {
-		return 20, nil
-	}
-	n, err := strconv.Atoi(raw)
-	if err != nil || n < 1 || n > 1000 {
-		return 0, wire.Invalid("limit", client.CodeInvalidValue, "limit must be a whole number from 1 to 1000, got '%s'.", raw)
-	}
-	return n, nil
+	return writeList(w, jobs, more, wire.Job, func(j client.Job) string { return j.ID })
 }

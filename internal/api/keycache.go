@@ -13,17 +13,11 @@ import (
 )
 
 // KeyCache keeps the tenant keys this dispatcher authenticated recently, with
-// their tenants, so a request does not read Postgres to learn who sent it.
-// Every change to a key or a tenant made through the admin API (a revocation,
-// an exemption, a tier or budget change) is published on a Redis channel that
-// every dispatcher's cache subscribes to, and each empties itself on the
-// message: a revoked key is refused by every dispatcher as soon as the
-// message arrives. While the subscription is down (Redis restarting, a
-// network cut) the cache holds nothing and every request reads the store, as
-// messages sent meanwhile are lost; entries also expire after TTL, a
-// backstop for a change made without the admin API (a direct SQL update).
-// Only keys found are cached: a new key works at once, an unknown one is
-// looked up (and counted as a failed authentication) every time.
+// their tenants. The admin API publishes every change to a key or tenant on
+// a Redis channel, and every dispatcher's cache empties itself on the
+// message. While the subscription is down the cache holds nothing (messages
+// sent meanwhile are lost); entries also expire after TTL, a backstop for a
+// change made without the admin API. Only keys found are cached.
 type KeyCache struct {
 	rdb     redis.UniversalClient
 	channel string
@@ -63,13 +57,7 @@ type KeyCacheOptions struct {
 	Logger *slog.Logger
 }
 
-func (o *KeyCacheOptions) validate() error {
-	switch {
-	case o.TTL < 0:
-		return fmt.Errorf("api: KeyCacheOptions.TTL must not be negative, got %v", o.TTL)
-	case o.MaxEntries < 0:
-		return fmt.Errorf("api: KeyCacheOptions.MaxEntries must not be negative, got %d", o.MaxEntries)
-	}
+func (o *KeyCacheOptions) withDefaults() {
 	if o.TTL == 0 {
 		o.TTL = 5 * time.Second
 	}
@@ -82,15 +70,12 @@ func (o *KeyCacheOptions) validate() error {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return nil
 }
 
 // NewKeyCache subscribes to channel (rkeys.Builder.KeyChanges) and returns
 // the cache once the subscription is confirmed. Close it when done.
 func NewKeyCache(ctx context.Context, rdb redis.UniversalClient, channel string, opts KeyCacheOptions) (*KeyCache, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+	opts.withDefaults()
 	c := &KeyCache{rdb: rdb, channel: channel, opts: opts, quit: make(chan struct{}), done: make(chan struct{}), m: make(map[[32]byte]keyEntry)}
 	c.ps = rdb.Subscribe(ctx, channel)
 	// The first reply confirms the subscription; Receive reconnects and

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"net/http"
 	"sort"
@@ -33,15 +32,6 @@ type SyncOptions struct {
 	MaxWait time.Duration
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative duration (zero means the default).
-func (o SyncOptions) validate() error {
-	if o.MaxWait < 0 {
-		return fmt.Errorf("api: SyncOptions.MaxWait must not be negative, got %v", o.MaxWait)
-	}
-	return nil
-}
-
 // MaxWaitHeader lowers a synchronous request's wait: seconds ("2.5") or a
 // duration ("500ms").
 const MaxWaitHeader = "X-Llmq-Max-Wait"
@@ -59,13 +49,9 @@ type syncAPI struct {
 // SDKs reach llmq with base_url <llmq>/v1: POST /v1/chat/completions and
 // POST /v1/responses (streamed too; responses also in the background, with
 // GET /v1/responses/{id} and its cancel), POST /v1/embeddings, GET
-// /v1/models. Each request is a job of its tenant, admitted as POST /v1/jobs admits one, run by runner.
-// It serves nothing more, and returns an error naming the field, when an
-// option is invalid.
-func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) error {
-	if err := opts.validate(); err != nil {
-		return err
-	}
+// /v1/models. Each request is a job of its tenant, admitted as POST
+// /v1/jobs admits one, run by runner.
+func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) {
 	if opts.MaxWait == 0 {
 		opts.MaxWait = 60 * time.Second
 	}
@@ -76,7 +62,6 @@ func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) error {
 	a.enableResponses()
 	s.mux.Handle("GET /v1/models", t(a.listModels))
 	s.mux.Handle("GET /v1/models/{id}", t(a.getModel))
-	return nil
 }
 
 // model is OpenAI's model object.
@@ -108,8 +93,7 @@ func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
 		return wire.Errorf(http.StatusNotFound, wire.TypeInvalidRequest, client.CodeModelNotFound, "model",
 			"The model '%.100s' does not exist or is not served here.", id)
 	}
-	writeJSON(w, http.StatusOK, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
-	return nil
+	return writeOK(w, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
 }
 
 // call serves one synchronous request to endpoint.
@@ -233,9 +217,8 @@ func (a *syncAPI) maxWait(r *http.Request) (time.Duration, error) {
 }
 
 // streamFields reads a chat body's stream and stream_options and returns the
-// body without them: the job is the request unstreamed, admitted and stored
-// as POST /v1/jobs would (which refuses stream), and the call asks the
-// provider for the stream with its usage.
+// body without them: the job is the request unstreamed, as POST /v1/jobs
+// stores it.
 func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsage bool, err error) {
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(body, &fields) != nil || fields == nil {
@@ -330,8 +313,7 @@ func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 
 // providerAnswer is the provider's refusal, with its status, as the client's
 // answer. A call without an answer, or with a 2xx answer llmq could not
-// read or take (truncated, too large), is a 502: an SDK must never take it
-// for a success.
+// take, is a 502: an SDK must never take it for a success.
 func providerAnswer(pe *llm.Error) *wire.Error {
 	e := &wire.Error{Status: pe.StatusCode, Type: pe.Type, Code: pe.Code, Param: pe.Param, Message: pe.Message}
 	if d, ok := pe.RateLimit.Delay(); ok {

@@ -160,8 +160,7 @@ func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / t
 // leases holds a dispatcher's leases of its keys' windows (a tier's
 // api_lease), one per key, replaced when the policy changes the key's
 // windows or slice. A key's lease gives back its unspent part at its next
-// request after MaxAge (1 s), so an idle key keeps at most one slice
-// counted in its windows meanwhile.
+// request after MaxAge.
 type leases struct {
 	mu sync.Mutex
 	m  map[string]*keyLease

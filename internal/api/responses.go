@@ -179,6 +179,5 @@ func writeResponseObject(w http.ResponseWriter, job *store.Job) error {
 			out.Error.Code = client.CodeServerError
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return writeOK(w, out)
 }

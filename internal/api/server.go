@@ -107,21 +107,9 @@ type Server struct {
 	authFails authFailures
 }
 
-// validate reports, naming the field, an option that is invalid: a
-// negative size (zero means the default).
-func (o Options) validate() error {
-	if o.MaxBodyBytes < 0 {
-		return fmt.Errorf("api: Options.MaxBodyBytes must not be negative, got %d", o.MaxBodyBytes)
-	}
-	return nil
-}
-
-// New returns the API server, or an error naming an option that is
-// invalid.
+// New returns the API server, or an error naming a readiness check that
+// is invalid.
 func New(d Deps, opts Options) (*Server, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
 	if err := validateReadyChecks(d.ReadyChecks); err != nil {
 		return nil, err
 	}
@@ -181,9 +169,8 @@ func (s *Server) routes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.Handle("GET /readyz", s.plain(s.readyz))
-	// Anything else under the API prefixes is a JSON 404, not net/http's
-	// text; under /admin/ only for the admin, so that without the token no
-	// path says whether it exists.
+	// Unknown API paths are a JSON 404; under /admin/ only for the admin,
+	// so that without the token no path says whether it exists.
 	unknownURL := func(w http.ResponseWriter, r *http.Request) error {
 		return wire.Errorf(http.StatusNotFound, wire.TypeNotFound, client.CodeUnknownURL, "", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
 	}
@@ -222,12 +209,9 @@ func validateReadyChecks(checks []ReadyCheck) error {
 // in that time is not ready, whatever it would say later.
 const readyTimeout = 2 * time.Second
 
-// readyz answers 200 {"status":"ready","redis":"ok","database":"ok"} when
-// every service answers, else 503 with the one error shape and, beside it,
-// "status":"unavailable" and each service's state: "ok", or why it does
-// not answer, in words that name no address and no credential (the full
-// error is logged). The checks run at the same time, so a service that
-// hangs delays the answer by readyTimeout at most.
+// readyz answers 200 when every service answers, else 503 with the error
+// and each service's state ("ok" or its NotReadyReason). The checks run at
+// once, so a service that hangs delays the answer by readyTimeout at most.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	checks := s.ReadyChecks
 	if len(checks) == 0 && s.Ready != nil {
@@ -255,8 +239,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if len(why) == 0 {
-		writeJSON(w, http.StatusOK, body)
-		return nil
+		return writeOK(w, body)
 	}
 	body["status"] = "unavailable"
 	body["error"] = wire.Errorf(http.StatusServiceUnavailable, wire.TypeUnavailable, client.CodeNotReady, "",
@@ -298,15 +281,13 @@ func NotReadyReason(err error) string {
 	case errors.Is(err, redis.ErrPoolTimeout):
 		return "no free connection"
 	case errors.As(err, &pgErr):
-		// The server's SQLSTATE: 57P03 starting up, 28P01 bad password...
 		return "refused, SQLSTATE " + pgErr.Code
 	}
 	return "error (see the log)"
 }
 
-// plain adapts a handlerFunc without authentication. Errors are classified
-// by the store first (its reads return the driver's error as it is), so a
-// value the database refuses is a 400 even where no check caught it.
+// plain adapts a handlerFunc without authentication. The store classifies
+// errors first, so a value the database refuses is a 400.
 func (s *Server) plain(h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
@@ -371,10 +352,9 @@ func bearer(r *http.Request) string {
 }
 
 // tenantRoute authenticates a tenant key (a missing or wrong one counts
-// against the client address's failures; a valid one passes whatever the
-// address did before), applies the key's API rate limit
-// (with X-RateLimit-* headers on every response) and sets the budget
-// headers (on every response too, a rate-limited one included), then runs h.
+// against the client address's failures), applies the key's API rate limit
+// and sets the budget headers on every response, a refused one included,
+// then runs h.
 func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
 		token := bearer(r)
@@ -395,9 +375,7 @@ func (s *Server) tenantRoute(h handlerFunc) http.Handler {
 			return s.authFailed(w, r, errUnauthorized)
 		}
 		// The API limit and the budget's status are independent Redis
-		// reads: they go at the same time, each writing headers of its own,
-		// copied to the answer once both are done. One after the other,
-		// they cost a request one more Redis round trip of waiting.
+		// reads: they go at once, each into headers of its own.
 		c := &caller{key: key, tenant: tenant, policy: s.Policy.Current()}
 		acct, tier, tierErr := admission.Account(c.policy, tenant)
 		c.acct, c.tier = acct, tier
@@ -451,10 +429,8 @@ func (s *Server) keysChanged(ctx context.Context) {
 	}
 }
 
-// adminRoute checks the admin token in constant time (counting failures per
-// client address; the token passes whatever the address did before) and
-// refuses what a browser sends from another site (checkAdminRequest), then
-// runs h.
+// adminRoute checks the admin token (counting failures per client address)
+// and refuses what a browser sends from another site, then runs h.
 func (s *Server) adminRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
 		if !s.IsAdmin(r) {

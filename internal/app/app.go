@@ -174,10 +174,8 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 
 	a.Offload = offload.New(offload.Deps{Store: a.Store, Policy: a.Policy, Budgets: a.Budgets, Queue: a.Queue, Providers: a.Providers,
 		Redis: a.Redis, Keys: a.Keys, Logger: logger}, parts.Offload)
-	if a.Batches, err = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue,
-		Offload: a.Offload, Logger: logger}, batch.Options{}); err != nil {
-		return nil, err
-	}
+	a.Batches = batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Admission: a.Admission, Queue: a.Queue,
+		Offload: a.Offload, Logger: logger}, batch.Options{})
 	a.closers = append(a.closers, a.Batches.Close)
 	return a, nil
 }
@@ -235,16 +233,12 @@ func (a *App) API() (*api.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines}); err != nil {
-		return nil, err
-	}
+	srv.EnableBatches(a.Batches, api.BatchOptions{MaxFileBytes: a.Env.MaxFileBytes, MaxFileLines: a.Env.MaxFileLines})
 	h, err := a.JobHandler(worker.Options{})
 	if err != nil {
 		return nil, err
 	}
-	if err := srv.EnableSync(h, api.SyncOptions{MaxWait: a.Env.SyncMaxWait}); err != nil {
-		return nil, err
-	}
+	srv.EnableSync(h, api.SyncOptions{MaxWait: a.Env.SyncMaxWait})
 	return srv, nil
 }
 

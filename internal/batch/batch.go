@@ -1,25 +1,16 @@
 // Package batch runs OpenAI-style batches. It validates a batch's input file
-// line by line and turns it into jobs — valid lines queued at the lowest
-// priority, refused lines stored as failed jobs with their line number and
-// why — inserted in bulk, and enqueued, many at once, when the whole file
-// is checked. Its sweeper moves batches through their lifecycle
-// (in_progress → finalizing → completed, cancelling → cancelled, expiry at
-// the end of the completion window) and
-// calls their webhook on the terminal state. Output and error files are not
-// stored: they are rendered from the batch's jobs, streamed in input order,
-// whenever they are read, so one place (the jobs) holds the counts, the
-// results and their order.
+// line by line and turns it into jobs (refused lines stored as failed jobs
+// with their line number and why), inserted in bulk and enqueued once the
+// whole file is checked. Its sweeper moves batches through their lifecycle
+// (finalize, cancel, expire) and calls their webhook at the end. Output and
+// error files are rendered from the batch's jobs whenever they are read.
 //
-// Every step is safe to repeat after a crash: a batch left validating is
-// validated again by the sweeper, skipping the lines already stored; a
-// finalization that stopped half way runs again and finds the files it made.
-// Work on one batch is serialized by a store lock per batch, so several
-// dispatchers can run side by side.
+// Every step is safe to repeat after a crash, and a store lock per batch
+// serializes work on it, so several dispatchers can run side by side.
 package batch
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -63,30 +54,6 @@ type Options struct {
 	// Now is the clock of expiry (a batch expires at created_at + 24h).
 	// Defaults to time.Now.
 	Now func() time.Time
-}
-
-// validate reports, naming the field, an option that is invalid: a
-// negative count or duration (zero means the default).
-func (o Options) validate() error {
-	if o.GroupLines < 0 {
-		return fmt.Errorf("batch: Options.GroupLines must not be negative, got %d", o.GroupLines)
-	}
-	if o.GroupBytes < 0 {
-		return fmt.Errorf("batch: Options.GroupBytes must not be negative, got %d", o.GroupBytes)
-	}
-	if o.MaxLineBytes < 0 {
-		return fmt.Errorf("batch: Options.MaxLineBytes must not be negative, got %d", o.MaxLineBytes)
-	}
-	if o.MaxValidations < 0 {
-		return fmt.Errorf("batch: Options.MaxValidations must not be negative, got %d", o.MaxValidations)
-	}
-	if o.SweepInterval < 0 {
-		return fmt.Errorf("batch: Options.SweepInterval must not be negative, got %v", o.SweepInterval)
-	}
-	if o.StopGrace < 0 {
-		return fmt.Errorf("batch: Options.StopGrace must not be negative, got %v", o.StopGrace)
-	}
-	return nil
 }
 
 func (o Options) withDefaults() Options {
@@ -141,12 +108,8 @@ type Service struct {
 	validating map[string]bool // batches this process is validating
 }
 
-// New returns a Service, or an error naming an option that is invalid.
-// Close it to stop its background work.
-func New(d Deps, opts Options) (*Service, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
+// New returns a Service. Close it to stop its background work.
+func New(d Deps, opts Options) *Service {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -156,7 +119,7 @@ func New(d Deps, opts Options) (*Service, error) {
 	o := opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{Deps: d, opts: o, ctx: ctx, cancel: cancel, sem: make(chan struct{}, o.MaxValidations),
-		validating: map[string]bool{}}, nil
+		validating: map[string]bool{}}
 }
 
 // Close stops the validations running in the background and waits for

@@ -13,7 +13,6 @@ import (
 	"github.com/llmq/llmq/internal/batch/batchtest"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
-	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/worker"
 )
 
@@ -243,8 +242,8 @@ func TestExpiry(t *testing.T) {
 	runJobs(t, a, b.ID, 7)
 
 	// Before the window ends, a sweep changes nothing.
-	late := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
-		Now: func() time.Time { return time.Unix(*b.ExpiresAt, 0).Add(-time.Second) }}))
+	late := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
+		Now: func() time.Time { return time.Unix(*b.ExpiresAt, 0).Add(-time.Second) }})
 	t.Cleanup(func() { _ = late.Close() })
 	if err := late.Sweep(context.Background()); err != nil {
 		t.Fatal(err)
@@ -252,8 +251,8 @@ func TestExpiry(t *testing.T) {
 	if st := getBatch(t, a, key, b.ID).Status; st != "in_progress" {
 		t.Fatalf("status before expiry = %s", st)
 	}
-	expired := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
-		Now: func() time.Time { return time.Unix(*b.ExpiresAt, 0).Add(time.Second) }}))
+	expired := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
+		Now: func() time.Time { return time.Unix(*b.ExpiresAt, 0).Add(time.Second) }})
 	t.Cleanup(func() { _ = expired.Close() })
 	if err := expired.Sweep(context.Background()); err != nil {
 		t.Fatal(err)
@@ -297,7 +296,7 @@ func TestValidationResumesAfterACrash(t *testing.T) {
 	ctx := context.Background()
 	// The dead pass stored lines 1-10, then stopped.
 	bt := partlyValidated(t, a, tenant, fileID, 10)
-	svc := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7}))
+	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7})
 	t.Cleanup(func() { _ = svc.Close() })
 	deadline := time.Now().Add(30 * time.Second)
 	for getBatch(t, a, key, bt.ID).Status == "validating" {
@@ -386,7 +385,7 @@ func TestCancelWhileValidating(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7}))
+	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7})
 	t.Cleanup(func() { _ = svc.Close() })
 	validated := make(chan error, 1)
 	go func() { validated <- svc.Validate(ctx, bt.ID) }()
@@ -450,7 +449,7 @@ func TestNoTaskBeforeValidationEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7}))
+	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 7})
 	t.Cleanup(func() { _ = svc.Close() })
 	// look reads Redis before the batch: tasks counted while the batch was
 	// still validating when read after existed before it left validating.

@@ -11,7 +11,6 @@ import (
 	"github.com/llmq/llmq/internal/batch"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
-	"github.com/llmq/llmq/internal/testutil"
 )
 
 // BenchmarkValidateAndEnqueue50k validates a 50,000-line input file (every
@@ -30,7 +29,7 @@ func BenchmarkValidateAndEnqueue50k(b *testing.B) {
 	uploadTime := time.Since(began)
 	// The service of the benchmark only, so no background pass of the API's
 	// runs beside it.
-	svc := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{}))
+	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{})
 	b.Cleanup(func() { _ = svc.Close() })
 	ctx := context.Background()
 	enqueued := 0

@@ -129,8 +129,8 @@ func TestValidatingBatchExpires(t *testing.T) {
 	ctx := context.Background()
 	// A pass stored lines 1-8, then stopped.
 	bt := partlyValidated(t, a, tenant, fileID, 8)
-	late := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
-		Now: func() time.Time { return bt.ExpiresAt.Add(time.Second) }}))
+	late := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{
+		Now: func() time.Time { return bt.ExpiresAt.Add(time.Second) }})
 	t.Cleanup(func() { _ = late.Close() })
 	if err := late.Sweep(ctx); err != nil {
 		t.Fatal(err)
@@ -189,7 +189,7 @@ func unstorableBatch(t *testing.T, constraint string, in []string) (*apptest.App
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := testutil.Must(batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 2}))
+	svc := batch.New(batch.Deps{Store: a.Store, Policy: a.Policy, Queue: a.Queue}, batch.Options{GroupLines: 2})
 	t.Cleanup(func() { _ = svc.Close() })
 	if err := svc.Validate(ctx, bt.ID); err != nil {
 		t.Fatalf("Validate = %v, want no error", err)

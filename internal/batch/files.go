@@ -20,12 +20,9 @@ var (
 	errorStatuses  = []store.JobStatus{store.JobFailed, store.JobCancelled}
 )
 
-// WriteFile writes the content of a batch's output file (purpose
-// batch_output: one line per succeeded request) or error file (batch_error:
-// one line per refused, failed, cancelled or expired request) to w, in input
-// order, reading the jobs a page at a time: memory stays flat whatever the
-// batch's size. The batch must have ended; its jobs are final, so the content
-// is the same at every read.
+// WriteFile writes the content of an ended batch's output file (a line per
+// succeeded request) or error file (a line per other request) to w, in
+// input order, reading the jobs a page at a time.
 func WriteFile(ctx context.Context, db *store.DB, w io.Writer, b *store.Batch, purpose store.FilePurpose) error {
 	statuses := outputStatuses
 	if purpose == store.FilePurposeBatchError {
@@ -78,12 +75,9 @@ func sizes(ctx context.Context, db *store.DB, b *store.Batch, final store.BatchS
 	return out, errs, err
 }
 
-// fileID is the id of a batch's output or error file. It is derived from
-// the batch id (its last, random character replaced), so a finalization
-// that stopped half way and runs again finds the file it made instead of
-// making a second one. The error file's content depends on how the batch
-// ended (a cancelled request reads "batch_expired" or "batch_cancelled"),
-// so its id does too: a file made for another end is never reused.
+// fileID is the id of a batch's output or error file, derived from the
+// batch id and, for the error file whose content depends on it, how the
+// batch ended: a finalization run again finds the file it made.
 func fileID(batchID string, purpose store.FilePurpose, final store.BatchStatus) string {
 	body := strings.TrimPrefix(batchID, ids.Batch)
 	last := "0"

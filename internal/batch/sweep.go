@@ -30,12 +30,8 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
-// Sweep looks once at every unfinished batch, unless another process is
-// sweeping: a batch left validating is validated (in the background); an
-// in_progress batch whose jobs have all finished is finalized (its files
-// made) and completed; a validating or in_progress one past its expiry is
-// expired; a cancelling one is cancelled once no job of it runs. A batch
-// that another process holds is left for the next sweep.
+// Sweep moves every unfinished batch on once (step), unless another process
+// is sweeping; a batch that another process holds is left for the next.
 func (s *Service) Sweep(ctx context.Context) error {
 	unlock, ok, err := s.Store.TryLock(ctx, sweeperLock)
 	if err != nil || !ok {
@@ -115,20 +111,14 @@ func (s *Service) expired(b *store.Batch) bool {
 }
 
 // expireValidating expires a batch whose window ended before its
-// validation did (one that kept failing, say): nothing of it was enqueued,
-// so the jobs it stored are cancelled at once, and its total is what it
-// stored, as when a batch is cancelled while validating, so its counts agree
-// with its error file. The caller holds the batch's lock.
+// validation did: nothing of it was enqueued, so the jobs it stored are
+// cancelled at once. The caller holds the batch's lock.
 func (s *Service) expireValidating(ctx context.Context, b *store.Batch) error {
-	if _, err := s.Store.JobCancelByBatch(ctx, b.ID); err != nil {
-		return err
-	}
-	c, err := s.Store.JobCountsByBatch(ctx, b.ID)
+	total, err := s.cancelStored(ctx, b.ID)
 	if err != nil {
 		return err
 	}
-	total := c.Total
-	return s.finish(ctx, b, store.BatchExpired, &total, []client.BatchError{{Code: client.CodeBatchExpired,
+	return s.finish(ctx, b, store.BatchExpired, total, []client.BatchError{{Code: client.CodeBatchExpired,
 		Message: "The completion window ended before the input file was validated; no request of the batch ran."}})
 }
 
@@ -162,10 +152,9 @@ func (s *Service) stop(ctx context.Context, b *store.Batch, final store.BatchSta
 	return s.finish(ctx, b, final, nil, nil)
 }
 
-// finish ends a batch as final: it makes its output and error files, and
-// enqueues its webhook first, so a crash between the two never loses the
-// call (the delivery waits for the terminal state, and enqueueing twice is
-// a no-op).
+// finish ends a batch as final: it makes its output and error files and
+// enqueues its webhook before the status moves, so a crash never loses the
+// call (the delivery waits for the terminal state).
 func (s *Service) finish(ctx context.Context, b *store.Batch, final store.BatchStatus, total *int64, errs []client.BatchError) error {
 	outputID, errorID, err := s.writeFiles(ctx, b, final)
 	if err != nil {

@@ -27,18 +27,11 @@ import (
 // "errors"; the error file has every one.
 const maxListedErrors = 100
 
-// Validate checks every line of a validating batch's input file and turns
-// the file into jobs: valid lines are queued in the batch queue, refused
-// lines are stored as failed jobs with the line number and the reason. Lines
-// are stored in groups (one bulk insert each) as they are checked, but no
-// task reaches Redis before the last line is checked: then the batch becomes
-// in_progress and its jobs are enqueued, many at once. A file with
-// no valid line fails the batch instead, and nothing of it ever runs.
-//
-// It returns at once when another process holds the batch, and does nothing
-// to a batch that is not validating. Run again after a crash, it skips the
-// lines already stored. Cancelled meanwhile, it stops inserting, cancels
-// what it stored and leaves the batch cancelling.
+// Validate turns a validating batch's input file into jobs (see the package
+// doc). No task reaches Redis before the last line is checked; a file with
+// no valid line fails the batch. It returns at once when another process
+// holds the batch; run again after a crash, it skips the lines already
+// stored; cancelled meanwhile, it cancels what it stored.
 func (s *Service) Validate(ctx context.Context, batchID string) error {
 	unlock, ok, err := s.Store.TryLock(ctx, lockName(batchID))
 	if err != nil || !ok {
@@ -252,9 +245,7 @@ func (v *validation) conclude(ctx context.Context) error {
 }
 
 // enqueue hands the validated batch's queued jobs to the queue. A failure
-// loses nothing, so it is only logged: the jobs are stored, and the
-// reconciler enqueues stored jobs that have no task, as it does when a crash
-// comes between the batch's move to in_progress and this.
+// is only logged: the reconciler enqueues stored jobs that have no task.
 func (v *validation) enqueue(ctx context.Context) {
 	refs := v.queued
 	if len(v.existing) > 0 || v.offloaded > 0 {
@@ -278,48 +269,48 @@ func (v *validation) enqueueFailed(ctx context.Context, err error) {
 	}
 }
 
-// cancelled ends a validation whose batch was cancelled: whatever it queued
-// is cancelled, and the batch's total is the requests it stored, so its
-// request counts agree with its output and error files (lines read but not
-// yet stored when the cancel was seen are in neither).
-func (v *validation) cancelled(ctx context.Context) error {
-	if _, err := v.s.Store.JobCancelByBatch(ctx, v.b.ID); err != nil {
-		return err
+// cancelStored cancels the jobs a batch's validation stored and returns the
+// batch's total: the requests it stored, so its counts agree with its output
+// and error files (lines read but not yet stored are in neither).
+func (s *Service) cancelStored(ctx context.Context, batchID string) (total *int64, err error) {
+	if _, err := s.Store.JobCancelByBatch(ctx, batchID); err != nil {
+		return nil, err
 	}
-	c, err := v.s.Store.JobCountsByBatch(ctx, v.b.ID)
+	c, err := s.Store.JobCountsByBatch(ctx, batchID)
+	if err != nil {
+		return nil, err
+	}
+	return &c.Total, nil
+}
+
+// cancelled ends a validation whose batch was cancelled.
+func (v *validation) cancelled(ctx context.Context) error {
+	total, err := v.s.cancelStored(ctx, v.b.ID)
 	if err != nil {
 		return err
 	}
-	total := c.Total
 	_, _, err = v.s.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: v.b.ID,
-		From: []store.BatchStatus{store.BatchCancelling}, To: store.BatchCancelling, Total: &total})
+		From: []store.BatchStatus{store.BatchCancelling}, To: store.BatchCancelling, Total: total})
 	return err
 }
 
 // failed ends a validation that the database refuses for good (see
-// permanent): retried, it would fail the same way at every sweep, and the
-// file's valid lines would never run. Nothing of the batch was enqueued;
-// what it stored is cancelled, and the batch fails with the database's
-// reason, its total the requests it stored, so its counts agree with its
-// error file.
+// permanent): retried, it would fail the same way at every sweep. Nothing
+// of the batch was enqueued; the batch fails with the database's reason.
 func (v *validation) failed(ctx context.Context, cause error) error {
 	s := v.s
 	s.Logger.Warn("batch lines cannot be stored; the batch fails", "batch", v.b.ID, "err", cause)
-	if _, err := s.Store.JobCancelByBatch(ctx, v.b.ID); err != nil {
-		return err
-	}
-	c, err := s.Store.JobCountsByBatch(ctx, v.b.ID)
+	total, err := v.s.cancelStored(ctx, v.b.ID)
 	if err != nil {
 		return err
 	}
-	total := c.Total
 	msg := "The input file could not be read or stored"
 	var ge *groupError
 	if errors.As(cause, &ge) {
 		msg = fmt.Sprintf("Lines %d to %d could not be stored", ge.first, ge.last)
 	}
 	msg += ", and trying again would not help. No request of the batch ran."
-	return s.finish(ctx, v.b, store.BatchFailed, &total, []client.BatchError{{Code: client.CodeValidationFailed, Message: msg}})
+	return s.finish(ctx, v.b, store.BatchFailed, total, []client.BatchError{{Code: client.CodeValidationFailed, Message: msg}})
 }
 
 // insertOneByOne inserts the group's lines one at a time. A line the store
@@ -515,10 +506,7 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 
 // unstorableField is the refusal of a decoded line holding p, something
 // Postgres cannot store, naming the field (custom_id, body, method, url)
-// that holds it. The store would turn an escaped NUL of the body into
-// U+FFFD (as it does in a provider's answer), and Go's decoder an unpaired
-// surrogate into U+FFFD: a request is refused instead of being sent other
-// than it was written.
+// that holds it: a request is refused rather than sent other than written.
 func unstorableField(line []byte, p *jsontext.Problem) *wire.Error {
 	if field := jsontext.Field(p.Param(line)); field != "" && p.Member != field {
 		return wire.Invalid(field, p.Code, "%s holds %s, %s.", field, p.What, p.Why())
@@ -570,8 +558,8 @@ func kind(field string) string {
 	return "a string"
 }
 
-// customIDKey keeps 128 bits of a custom id's hash: the duplicate check of
-// a 50,000-line file holds about 2 MB whatever the ids' length.
+// customIDKey keeps 128 bits of a custom id's hash, so the duplicate check
+// holds the same whatever the ids' length.
 func customIDKey(id string) [16]byte {
 	sum := sha256.Sum256([]byte(id))
 	var k [16]byte

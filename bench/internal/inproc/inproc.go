@@ -28,11 +28,7 @@ func ServeAPI(a *app.App) (url string, closeAPI func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	hs, err := api.NewHTTPServer(srv, api.ServerOptions{})
-	if err != nil {
-		_ = ln.Close()
-		return "", nil, err
-	}
+	hs := api.NewHTTPServer(srv, api.ServerOptions{})
 	go func() { _ = hs.Serve(ln) }()
 	return "http://" + ln.Addr().String(), func() { _ = hs.Close() }, nil
 }
