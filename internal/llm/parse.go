@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/llmq/llmq/client"
@@ -219,31 +220,19 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	switch endpoint {
 	case EndpointEmbeddings:
 		var rb rawEmbeddingsBody
-		if err := decodeBody(body, &rb); err != nil {
-			return nil, err
-		}
-		r.checkCase(&rb, "")
-		if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+		if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
 			return nil, err
 		}
 		return r, parseInput(r, rb.Input)
 	case EndpointResponses:
 		var rb rawResponsesBody
-		if err := decodeBody(body, &rb); err != nil {
-			return nil, err
-		}
-		r.checkCase(&rb, "")
-		if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+		if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
 			return nil, err
 		}
 		return r, parseResponses(r, &rb)
 	}
 	var rb rawChatBody
-	if err := decodeBody(body, &rb); err != nil {
-		return nil, err
-	}
-	r.checkCase(&rb, "")
-	if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+	if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
 		return nil, err
 	}
 	mt, hasMT, err := intParam(rb.MaxTokens, "max_tokens", 1, maxTokensParam)
@@ -302,8 +291,14 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	return r, nil
 }
 
-// parseHead reads the model and stream members every endpoint has.
-func parseHead(r *request, modelRaw, streamRaw json.RawMessage) error {
+// decodeHead decodes body into rb, then reads the model and stream members
+// every endpoint has (fields of rb).
+func (r *request) decodeHead(body []byte, rb object, modelField, streamField *json.RawMessage) error {
+	if err := decodeBody(body, rb); err != nil {
+		return err
+	}
+	r.checkCase(rb, "")
+	modelRaw, streamRaw := *modelField, *streamField
 	if isNull(modelRaw) {
 		return invalid("model", "'model' is required")
 	}
@@ -439,17 +434,47 @@ func parseMessages(r *request, raw json.RawMessage) error {
 	return nil
 }
 
-// parseContent reads a chat message's content at p into m: text, or parts
-// of text, refusals, images (counted by their allowance), and the parts
-// llmq cannot count, which it notes (files, audio, unknown types).
+// parseContent reads a chat message's content at p into m.
 func (r *request) parseContent(m *message, raw json.RawMessage, p string) error {
-	switch {
-	case isNull(raw):
+	if isNull(raw) {
 		// An assistant turn that only called tools has no content.
 		if m.role == "assistant" {
 			return nil
 		}
 		return invalid(p, "'%s' is required for %s messages", p, m.role)
+	}
+	return parseParts(r, m, raw, p, []string{"text"}, "image_url", func(part *rawPart, pp string) (string, error) {
+		var img struct {
+			URL    string `json:"url"`
+			Detail string `json:"detail"`
+		}
+		if isNull(part.ImageURL) || unmarshal(part.ImageURL, &img) != nil || img.URL == "" {
+			return "", invalid(pp+".image_url", "'%s.image_url' must be an object with a url", pp)
+		}
+		return img.Detail, nil
+	})
+}
+
+// contentPart is a raw content part of either API.
+type contentPart interface {
+	object
+	common() (typ, text, refusal json.RawMessage)
+}
+
+func (p *rawPart) common() (typ, text, refusal json.RawMessage) { return p.Type, p.Text, p.Refusal }
+func (p *rawInputPart) common() (typ, text, refusal json.RawMessage) {
+	return p.Type, p.Text, p.Refusal
+}
+
+// parseParts reads content at p that is not null into m: a string, or an
+// array of parts of text (of textTypes), refusals, images (of imageType,
+// whose detail image reads, counted by their allowance), and the parts llmq
+// cannot count, which it notes (files, audio, unknown types).
+func parseParts[V any, P interface {
+	*V
+	contentPart
+}](r *request, m *message, raw json.RawMessage, p string, textTypes []string, imageType string, image func(P, string) (string, error)) error {
+	switch {
 	case raw[0] == '"':
 		s, ok := jsonString(raw)
 		if !ok {
@@ -469,38 +494,36 @@ func (r *request) parseContent(m *message, raw json.RawMessage, p string) error 
 	}
 	for j, praw := range parts {
 		pp := p + "[" + strconv.Itoa(j) + "]"
-		var part rawPart
-		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, &part) != nil {
+		part := P(new(V))
+		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, part) != nil {
 			return invalid(pp, "'%s' must be a content part object", pp)
 		}
-		r.checkCase(&part, pp)
-		typ, ok := jsonString(part.Type)
+		r.checkCase(part, pp)
+		typRaw, text, refusal := part.common()
+		typ, ok := jsonString(typRaw)
 		if !ok || typ == "" {
 			return invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
 		}
-		switch typ {
-		case "text":
-			s, ok := jsonString(part.Text)
+		switch {
+		case slices.Contains(textTypes, typ):
+			s, ok := jsonString(text)
 			if !ok {
 				return invalid(pp+".text", "'%s.text' must be a string", pp)
 			}
 			m.texts = append(m.texts, s)
-		case "refusal":
-			s, ok := jsonString(part.Refusal)
+		case typ == "refusal":
+			s, ok := jsonString(refusal)
 			if !ok {
 				return invalid(pp+".refusal", "'%s.refusal' must be a string", pp)
 			}
 			m.texts = append(m.texts, s)
-		case "image_url":
-			var img struct {
-				URL    string `json:"url"`
-				Detail string `json:"detail"`
+		case typ == imageType:
+			detail, err := image(part, pp)
+			if err != nil {
+				return err
 			}
-			if isNull(part.ImageURL) || unmarshal(part.ImageURL, &img) != nil || img.URL == "" {
-				return invalid(pp+".image_url", "'%s.image_url' must be an object with a url", pp)
-			}
-			m.media = append(m.media, img.Detail)
-		case "input_audio":
+			m.media = append(m.media, detail)
+		case typ == "input_audio":
 			m.media = append(m.media, "")
 			r.audio = cmp.Or(r.audio, pp)
 		default:

@@ -2,7 +2,6 @@ package llm
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -240,67 +239,20 @@ func (r *request) parseItemMessage(it rawItem, p string) (message, error) {
 	}
 	m := message{role: role}
 	pc := p + ".content"
-	switch {
-	case isNull(it.Content):
+	if isNull(it.Content) {
 		return m, invalid(pc, "'%s' is required", pc)
-	case it.Content[0] == '"':
-		s, ok := jsonString(it.Content)
-		if !ok {
-			return m, invalid(pc, "'%s' must be a string or an array of content parts", pc)
-		}
-		m.texts = []string{s}
-		return m, nil
-	case it.Content[0] != '[':
-		return m, invalid(pc, "'%s' must be a string or an array of content parts", pc)
 	}
-	var parts []json.RawMessage
-	if err := unmarshal(it.Content, &parts); err != nil {
-		return m, invalid(pc, "'%s' must be a string or an array of content part objects", pc)
-	}
-	if len(parts) == 0 {
-		return m, invalid(pc, "'%s' must not be an empty array", pc)
-	}
-	for j, praw := range parts {
-		pp := pc + "[" + strconv.Itoa(j) + "]"
-		var part rawInputPart
-		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, &part) != nil {
-			return m, invalid(pp, "'%s' must be a content part object", pp)
+	textTypes := []string{"input_text", "output_text", "text"}
+	err := parseParts(r, &m, it.Content, pc, textTypes, "input_image", func(part *rawInputPart, pp string) (string, error) {
+		url, _ := jsonString(part.ImageURL)
+		file, _ := jsonString(part.FileID)
+		if url == "" && file == "" {
+			return "", invalid(pp+".image_url", "'%s.image_url' (or '%s.file_id') is required", pp, pp)
 		}
-		r.checkCase(&part, pp)
-		typ, ok := jsonString(part.Type)
-		if !ok || typ == "" {
-			return m, invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
-		}
-		switch typ {
-		case "input_text", "output_text", "text":
-			s, ok := jsonString(part.Text)
-			if !ok {
-				return m, invalid(pp+".text", "'%s.text' must be a string", pp)
-			}
-			m.texts = append(m.texts, s)
-		case "refusal":
-			s, ok := jsonString(part.Refusal)
-			if !ok {
-				return m, invalid(pp+".refusal", "'%s.refusal' must be a string", pp)
-			}
-			m.texts = append(m.texts, s)
-		case "input_image":
-			url, _ := jsonString(part.ImageURL)
-			file, _ := jsonString(part.FileID)
-			if url == "" && file == "" {
-				return m, invalid(pp+".image_url", "'%s.image_url' (or '%s.file_id') is required", pp, pp)
-			}
-			detail, _ := jsonString(part.Detail)
-			m.media = append(m.media, detail)
-		case "input_audio":
-			m.media = append(m.media, "")
-			r.audio = cmp.Or(r.audio, pp)
-		default: // files and unknown parts
-			m.media = append(m.media, "")
-			r.uncounted = cmp.Or(r.uncounted, pp)
-		}
-	}
-	return m, nil
+		detail, _ := jsonString(part.Detail)
+		return detail, nil
+	})
+	return m, err
 }
 
 // responsesTools turns the Responses API's function tools into chat's shape
