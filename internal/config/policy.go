@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -613,12 +614,9 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 	if err := checkIdent(src, path+".name", rp.Name); err != nil {
 		return pr, err
 	}
-	switch rp.Kind {
-	case "":
-		pr.Kind = ProviderOpenAI
-	case ProviderOpenAI, ProviderAzure:
-	default:
-		return pr, src.errorAt(path+".kind", "must be %q or %q, got %q", ProviderOpenAI, ProviderAzure, rp.Kind)
+	var err error
+	if pr.Kind, err = oneOf(src, path+".kind", rp.Kind, `"openai" or "azure"`, ProviderOpenAI, ProviderAzure); err != nil {
+		return pr, err
 	}
 	pr.BatchAPI = pr.Kind == ProviderOpenAI
 	if rp.BatchAPI != nil {
@@ -694,15 +692,13 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		first = m.Name
 	}
 
-	switch rm.Kind {
-	case "":
-		m.Kind = KindChat
-		if strings.Contains(m.Name, "embedding") || strings.Contains(first, "embedding") {
-			m.Kind = KindEmbedding
-		}
-	case KindChat, KindEmbedding:
-	default:
-		return m, src.errorAt(path+".kind", "must be chat or embedding, got %q", rm.Kind)
+	kind := KindChat
+	if strings.Contains(m.Name, "embedding") || strings.Contains(first, "embedding") {
+		kind = KindEmbedding
+	}
+	var err error
+	if m.Kind, err = oneOf(src, path+".kind", rm.Kind, "chat or embedding", kind, KindChat, KindEmbedding); err != nil {
+		return m, err
 	}
 	if rm.Encoding != "" && !slices.Contains(encodings, rm.Encoding) {
 		return m, src.errorAt(path+".encoding", "must be one of %s, got %q", strings.Join(encodings, ", "), rm.Encoding)
@@ -1024,26 +1020,15 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		}
 		t.SoftLimit = s
 	}
-	switch rt.Priority {
-	case "":
-		t.Priority = queue.Default
-	case queue.Critical, queue.Default, queue.Low:
-	default:
-		return t, src.errorAt(path+".priority", "must be critical, default or low, got %q", rt.Priority)
+	var err error
+	if t.Priority, err = oneOf(src, path+".priority", rt.Priority, "critical, default or low", queue.Default, queue.Critical, queue.Low); err != nil {
+		return t, err
 	}
-	switch rt.OnExhausted {
-	case "":
-		t.OnExhausted = OnExhaustedDefer
-	case OnExhaustedDefer, OnExhaustedReject:
-	default:
-		return t, src.errorAt(path+".on_exhausted", "must be defer or reject, got %q", rt.OnExhausted)
+	if t.OnExhausted, err = oneOf(src, path+".on_exhausted", rt.OnExhausted, "defer or reject", OnExhaustedDefer, OnExhaustedReject); err != nil {
+		return t, err
 	}
-	switch t.BatchOffload = rt.BatchOffload; rt.BatchOffload {
-	case "":
-		t.BatchOffload = BatchOffloadNever
-	case BatchOffloadNever, BatchOffloadAuto, BatchOffloadAlways:
-	default:
-		return t, src.errorAt(path+".batch_offload", "must be never, auto or always, got %q", rt.BatchOffload)
+	if t.BatchOffload, err = oneOf(src, path+".batch_offload", rt.BatchOffload, "never, auto or always", BatchOffloadNever, BatchOffloadAuto, BatchOffloadAlways); err != nil {
+		return t, err
 	}
 	if err := rt.buildAPI(src, path, &t); err != nil {
 		return t, err
@@ -1062,6 +1047,15 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		t.Timezone = loc
 	}
 	return t, nil
+}
+
+// oneOf returns v, or def when v is empty, refusing a value that is neither
+// def nor one of others; want lists the values for the error.
+func oneOf(src *source, path, v, want, def string, others ...string) (string, error) {
+	if v == "" || v == def || slices.Contains(others, v) {
+		return cmp.Or(v, def), nil
+	}
+	return "", src.errorAt(path, "must be %s, got %q", want, v)
 }
 
 // usd converts a dollar amount of the policy to Micros.
