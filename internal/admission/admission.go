@@ -192,9 +192,15 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 // anyServes is nil when a route of routes can serve s, else why the first
 // cannot.
 func anyServes(routes []config.Route, s *Shape) error {
+	return anyRoute(routes, func(r config.Route) error { return Serves(r, s) })
+}
+
+// anyRoute is nil when check passes for a route of routes, else the first
+// route's error.
+func anyRoute(routes []config.Route, check func(config.Route) error) error {
 	var first error
 	for _, r := range routes {
-		err := Serves(r, s)
+		err := check(r)
 		if err == nil {
 			return nil
 		}
@@ -241,15 +247,7 @@ func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, 
 // fits refuses a cost no deployment of the model can ever hold: one whose
 // buckets are all large enough may run it.
 func fits(m *config.Model, est *Estimate, endpoint string) error {
-	var first error
-	for _, r := range serving(m.Routes(), &est.Shape) {
-		err := fitsRoute(r, est, endpoint)
-		if err == nil {
-			return nil
-		}
-		first = cmp.Or(first, err)
-	}
-	return first
+	return anyRoute(serving(m.Routes(), &est.Shape), func(r config.Route) error { return fitsRoute(r, est, endpoint) })
 }
 
 // fitsRoute refuses a cost a bucket of route r can never hold.
