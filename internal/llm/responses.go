@@ -11,11 +11,9 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
-// The Responses API's request bodies, reduced to the messages the estimator
-// counts: instructions as a system message, then the input, a string or a
-// list of items (items llmq does not model counted as their JSON text).
-
-// rawResponsesBody holds the fields of a Responses API body llmq reads.
+// rawResponsesBody holds the fields of a Responses API body llmq reads,
+// reduced to messages: instructions as a system message, then the input
+// (items llmq does not model counted as their JSON text).
 type rawResponsesBody struct {
 	Model              json.RawMessage `json:"model"`
 	Input              json.RawMessage `json:"input"`
@@ -34,7 +32,6 @@ type rawResponsesBody struct {
 	Other              otherMembers    `json:",unknown"`
 }
 
-// rawItem is one input item of the Responses API.
 type rawItem struct {
 	Type      json.RawMessage `json:"type"`
 	Role      json.RawMessage `json:"role"`
@@ -48,7 +45,6 @@ type rawItem struct {
 	Other     otherMembers    `json:",unknown"`
 }
 
-// rawInputPart is one part of a Responses API message's content.
 type rawInputPart struct {
 	Type     json.RawMessage `json:"type"`
 	Text     json.RawMessage `json:"text"`
@@ -61,14 +57,13 @@ type rawInputPart struct {
 
 var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": true, "developer": true}
 
-// maxResponsesItems bounds a request's input items, as the API does.
-const maxResponsesItems = 10000
-
-// maxResponseIDBytes bounds a response id llmq keeps or looks up.
-const maxResponseIDBytes = 256
-
-// minOutputTokens is the least max_output_tokens the Responses API takes.
-const minOutputTokens = 16
+// Bounds of the Responses API: input items, the bytes of a response id
+// llmq keeps or looks up, the least max_output_tokens.
+const (
+	maxResponsesItems  = 10000
+	maxResponseIDBytes = 256
+	minOutputTokens    = 16
+)
 
 func parseResponses(r *request, rb *rawResponsesBody) error {
 	if !isNull(rb.Background) {
