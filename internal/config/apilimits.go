@@ -189,12 +189,7 @@ func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 	}
 	t.APILease = rt.APILease
 
-	names := make([]string, 0, len(rt.APIEndpointLimits))
-	for name := range rt.APIEndpointLimits {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range sortedKeys(rt.APIEndpointLimits) {
 		ep := path + ".api_endpoint_limits." + name
 		if !slices.Contains(APIEndpoints, name) {
 			return src.errorAt(ep, "unknown endpoint%s", suggest(name, APIEndpoints, "endpoints"))
