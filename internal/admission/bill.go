@@ -75,13 +75,9 @@ const maxToolCallsParam = 1000
 
 // ShapeOf reads the shape of a body decoded for m, for a tenant of tier
 // (nil: a tier's defaults) under policy p, and the tokens the stored
-// responses it continues bring into its prompt. It refuses, as a *wire.Error
-// naming the param, what llmq cannot bound: a body without an output
-// limit when the tier requires one, audio, a max_tool_calls past
-// maxToolCallsParam, a follow-up of another tenant's response (404, as an
-// unknown one unless the tier allows foreign responses), a conversation
-// or prompt template the tier does not allow. convs may be nil (no
-// response is known then).
+// responses it continues bring into its prompt. It refuses, as a
+// *wire.Error naming the param, what llmq cannot bound or the tier does not
+// allow. convs may be nil (no response is known then).
 func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *config.Tier, tenantID string, m *config.Model, b *llm.Body) (Shape, int64, error) {
 	s := Shape{Endpoint: b.Endpoint()}
 	if a := b.Audio(); a != "" {
@@ -126,11 +122,10 @@ func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *c
 	return s, prior, err
 }
 
-// follow looks up the stored responses b continues: each must be the
-// tenant's (another tenant's is never named, and answers as one llmq does
-// not know); their tokens are returned and their deployment pins the
-// call. One llmq never saw made is refused, or, when foreign is allowed,
-// bounds the prompt by the context window.
+// follow looks up the stored responses b continues, each the tenant's;
+// their tokens are returned and their deployment pins the call. One llmq
+// never saw made is refused, or, when foreign is allowed, bounds the prompt
+// by the context window.
 func (s *Shape) follow(ctx context.Context, convs Conversations, tenantID string, foreign bool, b *llm.Body) (int64, error) {
 	type ref struct{ id, param string }
 	var refs []ref
@@ -296,12 +291,9 @@ const unknownWindow = 10_000_000
 
 // Unbelievable says what is wrong with the usage u a provider reported for
 // a call of shape s on route, whose prompt llmq estimated at prompt tokens
-// and whose output it bounded at maxTokens, or "": a count llm rejects
-// (llm.UnbelievableUsage), a prompt past the context window of every turn
-// the call may take (past what the request as sent could be billed: a
-// larger count than llmq's own estimate is believed up to it), output past
-// the request's limit, tool calls past max_tool_calls or of a tool it did
-// not name.
+// and whose output it bounded at maxTokens, or "": more than the request
+// as sent could be billed (every turn's context window, the output limit,
+// max_tool_calls, the tools it named), or a count llm rejects.
 func Unbelievable(route config.Route, s *Shape, prompt, maxTokens int64, u llm.Usage) string {
 	if why := llm.UnbelievableUsage(u); why != "" {
 		return why
