@@ -45,9 +45,7 @@ type Estimate struct {
 	// prompt calibrated.
 	Cost limiter.Cost
 	// WorstCase is the budget reservation: the most the provider could
-	// bill for the request as sent, on the dearest route it may take
-	// (Charge). Decided here once, it is carried as the job's EstCost,
-	// which the worker reserves.
+	// bill for the request as sent, on the dearest route it may take.
 	WorstCase money.Micros
 }
 
@@ -65,23 +63,18 @@ type Estimator struct {
 }
 
 // New returns an Estimator; with c, prompt estimates are corrected as the
-// provider is known to count them, for the capacity check and the worst
-// case alike; with convs, follow-ups of stored responses find them (none
-// is known without).
+// provider counts them; with convs, follow-ups find their stored responses.
 func New(c Calibrations, convs Conversations) *Estimator {
 	return &Estimator{tokens: llm.NewEstimator(), calib: c, convs: convs}
 }
 
 // Request is an admitted request: what admission decided about one body,
-// decided once (one policy snapshot, one parse, one count) and carried by
-// every later step of its admission: the API's job row, a batch line's job,
-// the fair queue's reference.
+// decided once and carried by every later step.
 type Request struct {
 	Estimate
 	// Endpoint is the endpoint the body is for.
 	Endpoint string
-	// Body is the request body as the client sent it; it goes to the
-	// provider as the worker's wire body makes it (llm.Request).
+	// Body is the request body as the client sent it.
 	Body []byte
 	// Fallbacks are the job's own fallback models (see WithFallbacks);
 	// none uses its model's.
@@ -131,12 +124,10 @@ func (r *Request) Fill(j *store.JobInsertParams) {
 
 // Estimate validates body for endpoint under policy p, for a tenant of
 // tier (nil: a tier's defaults) whose id is tenantID, and returns its
-// estimate, or a *wire.Error saying why it can never run: an invalid body, an
-// unknown model, a model that does not serve the endpoint, what llmq
-// cannot bound (ShapeOf), a shape no route of the model can serve
-// (Serves), or a cost above the capacity of one of the model's token
-// buckets. The body is decoded once and counted once, with the tokenizer
-// of the model's upstream: what the provider counts.
+// estimate, or a *wire.Error saying why it can never run: an invalid body,
+// an unknown model or one of another kind, what llmq cannot bound
+// (ShapeOf), a shape no route serves (Serves), or a cost above a bucket's
+// capacity.
 func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config.Tier, tenantID, endpoint string, body []byte) (*Estimate, error) {
 	decoded, err := llm.Decode(endpoint, body)
 	if err == nil {
@@ -173,8 +164,6 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 		if perChoice == 0 {
 			perChoice = m.MaxOutputTokens
 		}
-		// A prediction's tokens the model does not use are billed as
-		// output beyond the limit.
 		est.MaxTokens = addTokens(mulTokens(perChoice, max(counted.N, 1)), counted.PredictionTokens)
 	}
 	est.Calibration = limiter.Calibration{Factor: 1}
@@ -192,9 +181,15 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 // anyServes is nil when a route of routes can serve s, else why the first
 // cannot.
 func anyServes(routes []config.Route, s *Shape) error {
+	return anyRoute(routes, func(r config.Route) error { return Serves(r, s) })
+}
+
+// anyRoute is nil when check passes for a route of routes, else the first
+// route's error.
+func anyRoute(routes []config.Route, check func(config.Route) error) error {
 	var first error
 	for _, r := range routes {
-		err := Serves(r, s)
+		err := check(r)
 		if err == nil {
 			return nil
 		}
@@ -228,7 +223,6 @@ func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape)
 // WorstCase is the budget's worst case of a request of m with these
 // estimates, shape and fallbacks: the most Charge asks on any of its
 // candidates, since the budget is reserved before a route is chosen.
-// Admission alone computes it (Estimate, WithFallbacks).
 func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
 	for _, r := range Candidates(p, m, fallbacks, s) {
@@ -241,15 +235,7 @@ func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, 
 // fits refuses a cost no deployment of the model can ever hold: one whose
 // buckets are all large enough may run it.
 func fits(m *config.Model, est *Estimate, endpoint string) error {
-	var first error
-	for _, r := range serving(m.Routes(), &est.Shape) {
-		err := fitsRoute(r, est, endpoint)
-		if err == nil {
-			return nil
-		}
-		first = cmp.Or(first, err)
-	}
-	return first
+	return anyRoute(serving(m.Routes(), &est.Shape), func(r config.Route) error { return fitsRoute(r, est, endpoint) })
 }
 
 // fitsRoute refuses a cost a bucket of route r can never hold.
@@ -295,11 +281,9 @@ func invalid(err error) error {
 	return wire.Invalid("", client.CodeInvalidRequest, "%s", err.Error())
 }
 
-// JobRef is the queue reference of a stored job: its model's scope, its
-// estimated tokens and its tenant place it in the fair queue. share is the
-// tenant's tier's share; 0 keeps what the fair queue knows of the tenant. A
-// job whose model the policy no longer serves goes to asynq directly, for
-// its worker to fail.
+// JobRef is the fair queue's reference of a stored job. share is the
+// tenant's tier's share; 0 keeps what the fair queue knows. A job whose
+// model the policy no longer serves has no scope, for its worker to fail.
 func JobRef(p *config.Policy, j *store.Job, share float64) queue.JobRef {
 	return Ref(p, j.ID, j.Queue, j.TenantID, j.Model, j.EstPromptTokens+j.EstMaxTokens, share)
 }

@@ -17,20 +17,10 @@ import (
 	"github.com/llmq/llmq/internal/wire"
 )
 
-// The reservation bounds the bill: for every call llmq sends, the most the
-// provider could bill for it as sent is at most what llmq reserved. A
-// request's tokens are one part of that bill (the prompt as counted, the
-// output limit); Shape is the rest, read from the body, and Charge and
-// WorstCase price both. What llmq cannot count (a file, a conversation
-// held elsewhere) is bounded by the model's context window; what a body
-// leaves to the provider's default (the output limit, max_tool_calls) is
-// written into the request; what no price covers (an unpriced service
-// tier or tool, audio) is refused.
-
 // Shape is what of a request's body, beside its prompt and output tokens,
-// decides the most the provider may bill for it as llmq sends it. Admission
-// reads it from the body, and the worker reads it again from the job's
-// body (ShapeOf), so both bound the same call.
+// decides the most the provider may bill for it as llmq sends it: what
+// llmq cannot count is bounded by the context window, what the body leaves
+// to the provider's default is written in, what no price covers is refused.
 type Shape struct {
 	Endpoint string
 	// OutputLimit is the output limit per choice written into a body that
@@ -85,13 +75,9 @@ const maxToolCallsParam = 1000
 
 // ShapeOf reads the shape of a body decoded for m, for a tenant of tier
 // (nil: a tier's defaults) under policy p, and the tokens the stored
-// responses it continues bring into its prompt. It refuses, as a *wire.Error
-// naming the param, what llmq cannot bound: a body without an output
-// limit when the tier requires one, audio, a max_tool_calls past
-// maxToolCallsParam, a follow-up of another tenant's response (404, as an
-// unknown one unless the tier allows foreign responses), a conversation
-// or prompt template the tier does not allow. convs may be nil (no
-// response is known then).
+// responses it continues bring into its prompt. It refuses, as a
+// *wire.Error naming the param, what llmq cannot bound or the tier does not
+// allow. convs may be nil (no response is known then).
 func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *config.Tier, tenantID string, m *config.Model, b *llm.Body) (Shape, int64, error) {
 	s := Shape{Endpoint: b.Endpoint()}
 	if a := b.Audio(); a != "" {
@@ -136,11 +122,10 @@ func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *c
 	return s, prior, err
 }
 
-// follow looks up the stored responses b continues: each must be the
-// tenant's (another tenant's is never named, and answers as one llmq does
-// not know); their tokens are returned and their deployment pins the
-// call. One llmq never saw made is refused, or, when foreign is allowed,
-// bounds the prompt by the context window.
+// follow looks up the stored responses b continues, each the tenant's;
+// their tokens are returned and their deployment pins the call. One llmq
+// never saw made is refused, or, when foreign is allowed, bounds the prompt
+// by the context window.
 func (s *Shape) follow(ctx context.Context, convs Conversations, tenantID string, foreign bool, b *llm.Body) (int64, error) {
 	type ref struct{ id, param string }
 	var refs []ref
@@ -245,21 +230,23 @@ func serving(candidates []config.Route, s *Shape) []config.Route {
 }
 
 // Charge is what a request of this shape on route takes, with these
-// estimates: the limiter's cost (one request and every token, the prompt
-// calibrated) and the budget's worst case, the most the provider could
-// bill (see PromptBound; maxTokens of output; at the dearest price the
-// call may be served at; every tool call at its price). A calibration
-// below 1 lowers the permit (the provider's counts correct the buckets),
-// never the dollars held. Admission's WorstCase and the pacer's call on
-// one route both price with it.
+// estimates: the limiter's cost (permit) and the budget's worst case, the
+// most the provider could bill (PromptBound, maxTokens of output, the
+// dearest price, every tool call). A calibration below 1 lowers the
+// permit, never the dollars held.
 func Charge(route config.Route, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) (limiter.Cost, money.Micros) {
-	prompt := c.Apply(promptTokens)
-	bound := s.PromptBound(route, max(prompt, promptTokens), maxTokens)
+	bound := s.PromptBound(route, max(c.Apply(promptTokens), promptTokens), maxTokens)
+	return permit(c, promptTokens, maxTokens), s.dearest(route.Price, bound, maxTokens)
+}
+
+// dearest is the most a call of shape s with these tokens costs at any
+// price it may be billed at, its tool calls included.
+func (s *Shape) dearest(price money.Price, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
-	for _, price := range prices(route.Price, s.ServiceTier) {
-		worst = max(worst, addMicros(price.WorstCase(bound, maxTokens), toolFees(price, s.Tools, s.ToolCalls)))
+	for _, p := range prices(price, s.ServiceTier) {
+		worst = max(worst, addMicros(p.WorstCase(promptTokens, maxTokens), toolFees(p, s.Tools, s.ToolCalls)))
 	}
-	return permit(c, promptTokens, maxTokens), worst
+	return worst
 }
 
 // permit is what a request takes of the limiter: one request and every
@@ -304,20 +291,14 @@ const unknownWindow = 10_000_000
 
 // Unbelievable says what is wrong with the usage u a provider reported for
 // a call of shape s on route, whose prompt llmq estimated at prompt tokens
-// and whose output it bounded at maxTokens, or "": a count llm rejects
-// (llm.UnbelievableUsage), a prompt past the context window of every turn
-// the call may take (past what the request as sent could be billed: a
-// larger count than llmq's own estimate is believed up to it), output past
-// the request's limit, tool calls past max_tool_calls or of a tool it did
-// not name.
+// and whose output it bounded at maxTokens, or "": more than the request
+// as sent could be billed (every turn's context window, the output limit,
+// max_tool_calls, the tools it named), or a count llm rejects.
 func Unbelievable(route config.Route, s *Shape, prompt, maxTokens int64, u llm.Usage) string {
 	if why := llm.UnbelievableUsage(u); why != "" {
 		return why
 	}
-	window := route.ContextWindow
-	if window == 0 {
-		window = unknownWindow
-	}
+	window := cmp.Or(route.ContextWindow, unknownWindow)
 	turns := s.ToolCalls + 1
 	if limit := mulTokens(turns, max(window, prompt)); u.PromptTokens > limit {
 		return fmt.Sprintf("%d prompt tokens, more than %d turns of the model's %d-token context window", u.PromptTokens, turns, window)
@@ -349,24 +330,16 @@ type Bound struct {
 // be billed, every turn's context window read and all its output
 // produced, at the dearest price it may be served at.
 func Disbelieved(route config.Route, s *Shape, price money.Price, prompt, maxTokens int64) Bound {
-	window := route.ContextWindow
-	if window == 0 {
-		window = unknownWindow
-	}
-	b := Bound{PromptTokens: mulTokens(s.ToolCalls+1, max(window, prompt))}
-	for _, p := range prices(price, s.ServiceTier) {
-		b.Cost = max(b.Cost, addMicros(p.WorstCase(b.PromptTokens, maxTokens), toolFees(p, s.Tools, s.ToolCalls)))
-	}
-	return b
+	bound := mulTokens(s.ToolCalls+1, max(cmp.Or(route.ContextWindow, unknownWindow), prompt))
+	return Bound{PromptTokens: bound, Cost: s.dearest(price, bound, maxTokens)}
 }
 
 // Bill is what the provider bills a call of shape s for usage u at price
 // (a route's, or its Batch price): its tokens at the service tier the
 // answer says served it (the tier asked for, or the account's, when it
 // says none; the dearest the call may be served at when it names one
-// without a price),
-// and each built-in tool call it made at its tool's price (a chat search
-// model's one search when it answered).
+// without a price), and each built-in tool call it made at its tool's
+// price (a chat search model's one search when it answered).
 func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
 	tier := cmp.Or(s.ServiceTier, price.AutoTier)
 	if u.ServiceTier != "" && u.ServiceTier != "auto" {

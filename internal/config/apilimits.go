@@ -10,22 +10,20 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 )
 
-// Defaults of the API's limits.
+// Defaults and bounds of the API's limits; a sliding_log window keeps an
+// entry per request.
 const (
 	DefaultAPISoftLimit   = 0.8
 	DefaultWebhookHostRPS = 10
-	// MaxSlidingLogLimit caps a sliding_log window, which keeps an entry per
-	// request.
-	MaxSlidingLogLimit = 10000
-	maxWebhookHostRPS  = 100000
+	MaxSlidingLogLimit    = 10000
+	maxWebhookHostRPS     = 100000
 )
 
 // DefaultAuthFailureLimits are the failed authentications a client address
 // may make per window.
 var DefaultAuthFailureLimits = APILimits{Minute: 20}
 
-// APIEndpoints are the names of the tenant endpoints of the HTTP API, for
-// api_endpoint_limits, after the official SDKs' methods.
+// APIEndpoints are the tenant endpoints api_endpoint_limits may name.
 var APIEndpoints = []string{
 	"jobs.create", "jobs.list", "jobs.retrieve", "jobs.cancel",
 	"files.create", "files.list", "files.retrieve", "files.content", "files.delete",
@@ -78,7 +76,6 @@ type rawAPILimits struct {
 	Day    int64 `yaml:"day"`
 }
 
-// build checks raw limits at path.
 func (r *rawAPILimits) build(src *source, path string) (APILimits, error) {
 	if r == nil {
 		return APILimits{}, nil
@@ -189,12 +186,7 @@ func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 	}
 	t.APILease = rt.APILease
 
-	names := make([]string, 0, len(rt.APIEndpointLimits))
-	for name := range rt.APIEndpointLimits {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range sortedKeys(rt.APIEndpointLimits) {
 		ep := path + ".api_endpoint_limits." + name
 		if !slices.Contains(APIEndpoints, name) {
 			return src.errorAt(ep, "unknown endpoint%s", suggest(name, APIEndpoints, "endpoints"))

@@ -1,11 +1,9 @@
 // Package config owns everything an llmq process is told from outside: the
 // LLMQ_* environment (addresses, secrets, sizes, logging) and the policy file
 // (providers, models with their prices and rate limits, tenant tiers with
-// their daily budgets and API limits). It parses both strictly, refuses anything invalid with
-// one line naming the variable or field and why, and keeps the policy current
-// while the process runs: a PolicyHolder reloads it on SIGHUP or when the file
-// changes, keeps the old policy when the new one is invalid, and tells
-// subscribers what changed.
+// their daily budgets and API limits). It parses both strictly, refuses
+// anything invalid with one line naming the variable or field and why, and
+// keeps the policy current while the process runs (PolicyHolder).
 package config
 
 import (
@@ -44,70 +42,57 @@ const minAdminTokenLen = 16
 
 // Env is the process configuration read from LLMQ_* environment variables.
 // After Validate every field holds a valid value (stated at each field).
-// Provider API keys are not here: each provider names its variable.
 type Env struct {
-	// RedisURL is one node (redis://, rediss://), a Sentinel group
-	// (redis+sentinel://) or a Cluster (redis+cluster://), as redisconn.Parse
-	// reads it. Defaults to redis://127.0.0.1:6379/0.
+	// RedisURL is as redisconn.Parse reads it. Defaults to
+	// redis://127.0.0.1:6379/0.
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0" help:"Redis: queues, limiter buckets, live spend"`
-	// DatabaseURL is postgres:// or postgresql:// for Postgres, sqlite:// or
-	// file: for SQLite. Defaults to
-	// postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable.
+	// DatabaseURL is postgres:// or postgresql://, or sqlite:// or file:.
+	// Defaults to a local Postgres.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" help:"the system of record: postgres://… or sqlite://path"`
 	// ListenAddr is the HTTP server's host:port. Defaults to
 	// DefaultListenAddr of the role.
 	ListenAddr string `env:"LISTEN_ADDR" help:"HTTP address: the dispatcher's API, the worker's /healthz and /readyz"`
-	// MetricsAddr is the host:port of the unauthenticated /metrics
-	// listener, never ListenAddr. Defaults to DefaultMetricsAddr of the role.
+	// MetricsAddr is the /metrics listener's host:port, not ListenAddr.
+	// Defaults to DefaultMetricsAddr of the role.
 	MetricsAddr string `env:"METRICS_ADDR" help:"address of the unauthenticated /metrics listener for Prometheus (keep it internal)"`
 	// Policy is the path of the policy YAML, not empty. Defaults to llmq.yaml.
 	Policy string `env:"POLICY" envDefault:"llmq.yaml" help:"the policy file: providers, models, tiers (llmq.example.yaml is a commented example)"`
 	// AdminToken guards the /admin API and the monitor: at least 16
-	// characters without spaces on a dispatcher; dev mode may leave it
-	// empty. Defaults to empty.
+	// characters without spaces; empty only in dev mode.
 	AdminToken string `env:"ADMIN_TOKEN" help:"guards /admin/, /dashboard, /monitoring/ (16+ characters; required by the dispatcher)" role:"dispatcher"`
-	// AdminTokenPrevious is accepted too while a rotation is under way; set
-	// only beside AdminToken, and different. Defaults to empty.
+	// AdminTokenPrevious is accepted too during a rotation; only beside
+	// AdminToken, and different.
 	AdminTokenPrevious string `env:"ADMIN_TOKEN_PREVIOUS" help:"the admin token being replaced, accepted too during a rotation" role:"dispatcher"`
-	// WorkerConcurrency is how many jobs a worker runs at once, ≥ 1.
-	// Defaults to 50.
+	// WorkerConcurrency is the jobs a worker runs at once, ≥ 1.
 	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50" help:"jobs a worker runs at once" role:"worker"`
-	// WebhookConcurrency is how many webhook deliveries a worker makes at
-	// once, apart from its jobs, ≥ 1. Defaults to 10.
+	// WebhookConcurrency is the webhook deliveries a worker makes at once,
+	// ≥ 1.
 	WebhookConcurrency int `env:"WEBHOOK_CONCURRENCY" envDefault:"10" help:"webhook deliveries a worker makes at once, apart from its jobs" role:"worker"`
-	// LogLevel is debug, info, warn or error. Defaults to info.
+	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
-	// LogFormat is json or text. Defaults to json.
+	// LogFormat is json or text.
 	LogFormat string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
 	// KeyPrefix starts every Redis key llmq writes: 1 to 64 letters, digits,
-	// '-', '_' or '.'. Defaults to llmq.
+	// '-', '_' or '.'.
 	KeyPrefix string `env:"KEY_PREFIX" envDefault:"llmq" help:"start of every llmq Redis key (to share one Redis)"`
-	// ShutdownTimeout bounds a graceful shutdown, > 0. Defaults to 30s.
+	// ShutdownTimeout bounds a graceful shutdown, > 0.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"grace period of in-flight requests and jobs on SIGTERM"`
-	// MonitoringReadOnly makes /monitoring/ read-only. Defaults to true.
+	// MonitoringReadOnly makes /monitoring/ read-only.
 	MonitoringReadOnly bool `env:"MONITORING_READONLY" envDefault:"true" help:"/monitoring/ refuses everything but GET" role:"dispatcher"`
-	// WebhookAllowPrivate lets webhooks reach loopback, private and
-	// link-local addresses. Defaults to false.
+	// WebhookAllowPrivate lets webhooks reach private addresses.
 	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
 	// SyncMaxWait is the longest a synchronous request waits for its budget
-	// and rate limit before its 429, > 0. Defaults to 60s.
+	// and rate limit before its 429, > 0.
 	SyncMaxWait time.Duration `env:"SYNC_MAX_WAIT" envDefault:"60s" help:"longest wait of a synchronous request before its 429" role:"dispatcher"`
-	// FaultPause is how long a deployment that failed a call gets no calls
-	// before one probe, > 0. Defaults to 1s.
+	// FaultPause is how long a failing deployment gets no calls, > 0.
 	FaultPause time.Duration `env:"FAULT_PAUSE" envDefault:"1s" help:"how long a failing deployment gets no calls before one probe"`
-	// MaxBodyBytes caps a JSON request body, ≥ 1. Defaults to 1 MiB.
+	// MaxBodyBytes, MaxFileBytes and MaxFileLines are each ≥ 1.
 	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
-	// MaxFileBytes caps an uploaded batch file, ≥ 1. Defaults to 200 MiB.
 	MaxFileBytes int64 `env:"MAX_FILE_BYTES" envDefault:"209715200" help:"largest batch input file" role:"dispatcher"`
-	// MaxFileLines caps the requests of one batch file, ≥ 1. Defaults to
-	// 50000.
-	MaxFileLines int `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
-	// TrustedProxies lists the reverse proxies (addresses or CIDR ranges,
-	// comma-separated) whose X-Forwarded-For names the client. Defaults to
-	// none.
+	MaxFileLines int   `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
+	// TrustedProxies are addresses or CIDR ranges, comma-separated.
 	TrustedProxies string `env:"TRUSTED_PROXIES" help:"reverse proxies (addresses or CIDR ranges, comma-separated) whose X-Forwarded-For names the client"`
 	// QueueNamespace starts every asynq queue name: empty, or as KeyPrefix.
-	// Defaults to empty.
 	QueueNamespace string `env:"QUEUE_NAMESPACE" help:"prefix of every asynq queue name (to share one Redis)"`
 
 	// Unrecognized lists LLMQ_* variables set but not read, by name only.
@@ -127,9 +112,9 @@ func envErrorf(field, format string, args ...any) error {
 	return &EnvError{Var: EnvPrefix + field, Msg: fmt.Sprintf(format, args...)}
 }
 
-// LoadEnv reads the configuration from environ (KEY=value pairs), applying
-// defaults; an empty value means the default. It fails only on a value that
-// is not of its type; call Validate next.
+// LoadEnv reads the configuration from environ (KEY=value pairs); an empty
+// value means the default. It fails only on a value not of its type; call
+// Validate next.
 func LoadEnv(environ []string) (*Env, error) {
 	vars := make(map[string]string, len(environ))
 	for _, kv := range environ {
@@ -169,8 +154,8 @@ func envName(f reflect.StructField) string {
 }
 
 // translateEnvError turns the env library's error into one line naming the
-// variable. Only numbers, booleans and durations fail to parse, none of
-// them secret, so the value is shown.
+// variable. Only numbers, booleans and durations fail to parse, so the value
+// (never a secret) is shown.
 func translateEnvError(err error, vars map[string]string) error {
 	var pe env.ParseError
 	if !errors.As(err, &pe) {
@@ -216,9 +201,8 @@ func DefaultMetricsAddr(role Role) string {
 	return ""
 }
 
-// Validate fills in the defaults that depend on role (LLMQ_LISTEN_ADDR,
-// LLMQ_METRICS_ADDR), checks every variable and returns the first problem,
-// naming the variable, never a secret.
+// Validate fills in the role's defaults, checks every variable and returns
+// the first problem, naming the variable, never a secret.
 func (e *Env) Validate(role Role) error {
 	switch role {
 	case RoleDispatcher, RoleWorker, RoleDev:

@@ -18,11 +18,10 @@ import (
 
 // HolderOptions tune a PolicyHolder. A nil *HolderOptions means the defaults.
 type HolderOptions struct {
-	// PollInterval is how often Watch looks at the policy file for changes.
-	// Defaults to 1s.
+	// PollInterval is how often Watch looks at the file. Defaults to 1s.
 	PollInterval time.Duration
-	// Signals, when set, replaces Watch's SIGHUP subscription: each value
-	// asks for a reload. Defaults to nil (SIGHUP).
+	// Signals, when set, replaces Watch's SIGHUP: each value asks for a
+	// reload.
 	Signals <-chan os.Signal
 }
 
@@ -35,19 +34,17 @@ type PolicyHolder struct {
 	signals <-chan os.Signal
 	cur     atomic.Pointer[Policy]
 
-	// mu serialises reloads and their notifications; it guards the fields
-	// below.
-	mu          sync.Mutex
+	mu          sync.Mutex  // serialises reloads and notifications; guards below
 	stat        os.FileInfo // of the file when last read
 	lastSeen    [32]byte    // hash of the content last tried, applied or refused
 	applied     [32]byte    // hash of the content in force
 	lastReadErr string      // so an unreadable file is logged once, not every poll
 
 	subsMu sync.Mutex
-	subs   []subscription // in order of subscription
+	subs   []subscription
 	nextID int
 
-	afterPoll func() // called after each poll, for tests
+	afterPoll func() // for tests
 }
 
 type subscription struct {
@@ -122,8 +119,8 @@ const (
 	unreadable // the file cannot be read
 )
 
-// reload reads the file and applies it if its content differs from the
-// policy in force (force) or from the content last tried (a poll).
+// reload applies the file if it differs from the policy in force (force)
+// or from the content last tried (a poll).
 func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -149,7 +146,6 @@ func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
 
 func (h *PolicyHolder) readError(err error) error { return policyReadError(h.path, err) }
 
-// policyReadError is the error of a policy file that cannot be read.
 func policyReadError(path string, err error) error {
 	msg := "cannot read the file: " + unwrapPathError(err).Error()
 	if errors.Is(err, fs.ErrNotExist) {
@@ -170,7 +166,7 @@ func (h *PolicyHolder) swap(p *Policy) {
 }
 
 // changed tells whether the file looks different from when it was last
-// read: another file (an editor's rename, a symlink swap), size or time.
+// read: another file, size or time.
 func (h *PolicyHolder) changed() (bool, error) {
 	fi, err := os.Stat(h.path)
 	if err != nil {
@@ -236,7 +232,7 @@ func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool
 	}
 }
 
-// logReadError logs a file that cannot be read once per distinct error, at
+// logReadError logs an unreadable file once per distinct error, and at
 // every signal.
 func (h *PolicyHolder) logReadError(logger *slog.Logger, err error, force bool) {
 	if !h.setReadErr(err.Error()) && !force {

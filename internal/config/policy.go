@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -25,15 +26,12 @@ const (
 	KindEmbedding = "embedding"
 )
 
-// Where a tier's batches run (Tier.BatchOffload).
+// Where a tier's batches run (Tier.BatchOffload): never on the provider's
+// Batch API, auto where the model's provider offers one, always (refusing a
+// line whose provider offers none).
 const (
-	// BatchOffloadNever runs every line through llmq's own path.
-	BatchOffloadNever = "never"
-	// BatchOffloadAuto runs on the provider's Batch API the lines of models
-	// whose provider offers one, the others through llmq's own path.
-	BatchOffloadAuto = "auto"
-	// BatchOffloadAlways is auto, refusing a line whose model's provider
-	// offers no Batch API.
+	BatchOffloadNever  = "never"
+	BatchOffloadAuto   = "auto"
 	BatchOffloadAlways = "always"
 )
 
@@ -51,11 +49,10 @@ const (
 	DefaultSoftLimit       = 0.8
 )
 
-// maxToolCalls bounds a model's max_tool_calls.
 const maxToolCalls = 128
 
-// contextWindows are the context windows (tokens) of models by name
-// prefix, most specific first.
+// contextWindows are the context windows of models by name prefix, most
+// specific first.
 var contextWindows = []struct {
 	prefix string
 	tokens int64
@@ -84,7 +81,6 @@ func DefaultContextWindow(name, upstream string) int64 {
 	return 0
 }
 
-// encodings are the tokenizer encodings the token estimator knows.
 var encodings = []string{"cl100k_base", "gpt2", "o200k_base", "p50k_base", "p50k_edit", "r50k_base"}
 
 // Policy is the validated policy file: who llmq calls, what each model costs
@@ -113,10 +109,8 @@ type Policy struct {
 
 // Provider is an OpenAI-compatible API that models are served by.
 type Provider struct {
-	Name string
-	// Kind is ProviderOpenAI or ProviderAzure (see llm.OpenAIConfig.Azure).
-	// Defaults to openai.
-	Kind       string
+	Name       string
+	Kind       string        // openai or azure. Defaults to openai.
 	APIVersion string        // an Azure provider's api-version; empty for Azure's v1 API
 	BaseURL    string        // e.g. https://api.openai.com/v1, or https://<resource>.openai.azure.com for Azure
 	APIKeyEnv  string        // the environment variable holding the API key; empty for none
@@ -124,9 +118,8 @@ type Provider struct {
 	// MaxResponseBytes bounds one answer's body, within 1 KiB and 1 GiB.
 	// Defaults to 16 MiB.
 	MaxResponseBytes int64
-	// BatchAPI says the provider offers OpenAI's Files and Batches API, so
-	// batches may be offloaded to it. Defaults to true for kind openai,
-	// false for azure (whose Batch API needs Global-Batch deployments).
+	// BatchAPI says the provider offers OpenAI's Batch API. Defaults to
+	// true for kind openai, false for azure.
 	BatchAPI bool
 }
 
@@ -136,8 +129,7 @@ const (
 	ProviderAzure  = "azure"
 )
 
-// DefaultMaxResponseBytes is a provider's MaxResponseBytes when the policy
-// names none.
+// DefaultMaxResponseBytes is a provider's default MaxResponseBytes.
 const DefaultMaxResponseBytes = 16 << 20
 
 // Model is a model clients may name in body.model, served by one or more
@@ -150,10 +142,9 @@ type Model struct {
 	// Encoding overrides the tokenizer encoding of prompt estimates.
 	// Defaults to the estimator's pick by model name.
 	Encoding string
-	// ContextWindow is the most tokens the model reads in one turn: the
-	// bound of what llmq cannot count (a stored conversation, a file, a
-	// tool's results). Defaults to DefaultContextWindow's; 0 when unknown,
-	// and such requests are refused.
+	// ContextWindow is the most tokens the model reads in one turn, the
+	// bound of what llmq cannot count; 0 refuses such requests. Defaults to
+	// DefaultContextWindow's.
 	ContextWindow int64
 	// MaxToolCalls is written into a Responses API request that names
 	// built-in tools and no max_tool_calls, within 1 and 128. Defaults to
@@ -162,9 +153,7 @@ type Model struct {
 	// MaxOutputTokens is reserved for a chat request that gives no output
 	// limit, ≥ 1. Defaults to 4096; always 0 for embedding models.
 	MaxOutputTokens int64
-	// Deployments are the model's deployments, at least one, in the
-	// policy's order.
-	Deployments []Deployment
+	Deployments     []Deployment // at least one, in the policy's order
 	// Fallbacks name the models a job runs on when none of its deployments
 	// can take it, or the provider refuses its context length. One level.
 	Fallbacks []string
@@ -190,19 +179,17 @@ type Deployment struct {
 }
 
 // Name is the deployment's name, provider/upstream: the limiter scope,
-// breaker and pause shared by every model deployed there.
+// breaker and pause of every model deployed there.
 func (d *Deployment) Name() string { return d.Provider + "/" + d.Upstream }
 
 // Route is one deployment of a model: what one call is planned, limited,
-// priced and sent on. r.Model.Name is the model's name, r.Deployment.Name()
-// the deployment's.
+// priced and sent on.
 type Route struct {
 	*Model
 	*Deployment
 }
 
-// Routes returns the model's routes, one per deployment, in the policy's
-// order.
+// Routes returns the model's routes, one per deployment.
 func (m *Model) Routes() []Route { return slices.Clone(m.routes) }
 
 // Route returns the route of m whose deployment is called name, if any.
@@ -215,7 +202,7 @@ func (m *Model) Route(name string) (Route, bool) {
 	return Route{}, false
 }
 
-// TokenizerModel is the upstream model whose tokenizer counts the model's
+// TokenizerModel is the upstream whose tokenizer counts the model's
 // prompts: its first deployment's.
 func (m *Model) TokenizerModel() string { return m.Deployments[0].Upstream }
 
@@ -224,7 +211,7 @@ func (m *Model) TokenizerModel() string { return m.Deployments[0].Upstream }
 func (m *Model) OwnedBy() string { return m.Deployments[0].Provider }
 
 // Queue is the fair queue of m's jobs: its deployment's name when it has
-// one (the models on it share its limit), else one of its own.
+// one, else one of its own.
 func (m *Model) Queue() string {
 	if len(m.Deployments) == 1 {
 		return m.Deployments[0].Name()
@@ -243,20 +230,17 @@ func (m *Model) withRoutes() {
 // Limits are the provider's rate limits of one model, each ≥ 0; 0 means no
 // such limit.
 type Limits struct {
-	RPS int64 // requests per second
-	RPM int64 // requests per minute
-	TPM int64 // tokens per minute
-	TPD int64 // tokens per day
+	RPS, RPM, TPM, TPD int64 // requests per second and minute, tokens per minute and day
 	// BatchQueueTokens is the prompt tokens of the model's batches the
 	// provider's Batch API holds at once; 0 when learned from its refusals.
 	BatchQueueTokens int64
-	// Burst is the most of a limit (rps, rpm, tpm) sent at once, as a time
-	// of its refill, within 1ms and 1m. Defaults to DefaultBurst.
+	// Burst is the most of a limit sent at once, as a time of its refill,
+	// within 1ms and 1m. Defaults to DefaultBurst.
 	Burst time.Duration
 }
 
 // DefaultBurst is half a second of refill: within the shortest window a
-// provider documents, with room for transit and jitter.
+// provider documents.
 const DefaultBurst = 500 * time.Millisecond
 
 // Tier is a class of tenants sharing a daily budget and a priority.
@@ -286,8 +270,7 @@ type Tier struct {
 	// name. Defaults to none.
 	APIEndpointLimits map[string]APILimits
 	// APILease is the slice of a key's windows a dispatcher leases at a
-	// time, from 0 (a round trip per request) to the smallest window.
-	// Defaults to 0.
+	// time, from 0 (none) to the smallest window. Defaults to 0.
 	APILease  int64
 	APIExempt bool // no per-key API limit
 	// Fallbacks are the models a job of the tier may name as its own
@@ -307,8 +290,7 @@ type Tier struct {
 	// of writing the model's max_output_tokens into them. Defaults to false.
 	RequireOutputLimit bool
 	// AllowForeignResponses lets a Responses API request continue what llmq
-	// did not see made, reserved as the model's whole context window.
-	// Defaults to false.
+	// did not see made, bounded by the context window. Defaults to false.
 	AllowForeignResponses bool
 }
 
@@ -350,9 +332,9 @@ func (p *Policy) Tier(name string) (*Tier, bool) {
 	return t, ok
 }
 
-// CheckAPIKeys reports the first provider serving a model whose API key
-// variable is unset or empty in lookup, with no readable <variable>_FILE
-// either, so a missing key fails a worker's start, not every job.
+// CheckAPIKeys reports the first provider serving a model whose API key is
+// not in lookup (nor in a readable <variable>_FILE), so a missing key fails
+// a worker's start, not every job.
 func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 	used := map[string]bool{}
 	for _, m := range p.Models {
@@ -378,8 +360,7 @@ func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 	return nil
 }
 
-// ParsePolicy parses and validates a policy document. Unknown fields are
-// errors; the error names the field path, the value and its line.
+// ParsePolicy parses and validates a policy document strictly.
 func ParsePolicy(data []byte) (*Policy, error) {
 	src, err := parseSource(data)
 	if err != nil {
@@ -577,8 +558,8 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 	return p, nil
 }
 
-// buildList builds the entries of a list of the policy, refusing a name
-// given twice, then runs check (if any) on each, and indexes them by name.
+// buildList builds a list of the policy, refusing a name given twice, runs
+// check (if any) on each, and indexes them by name.
 func buildList[R, T any](src *source, list, noun string, raws []R, build func(R, *source, string) (T, error),
 	name func(*T) string, check func(int, *T, string) error) ([]T, map[string]*T, error) {
 	out := make([]T, len(raws))
@@ -613,12 +594,9 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 	if err := checkIdent(src, path+".name", rp.Name); err != nil {
 		return pr, err
 	}
-	switch rp.Kind {
-	case "":
-		pr.Kind = ProviderOpenAI
-	case ProviderOpenAI, ProviderAzure:
-	default:
-		return pr, src.errorAt(path+".kind", "must be %q or %q, got %q", ProviderOpenAI, ProviderAzure, rp.Kind)
+	var err error
+	if pr.Kind, err = oneOf(src, path+".kind", rp.Kind, `"openai" or "azure"`, ProviderOpenAI, ProviderAzure); err != nil {
+		return pr, err
 	}
 	pr.BatchAPI = pr.Kind == ProviderOpenAI
 	if rp.BatchAPI != nil {
@@ -694,15 +672,13 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		first = m.Name
 	}
 
-	switch rm.Kind {
-	case "":
-		m.Kind = KindChat
-		if strings.Contains(m.Name, "embedding") || strings.Contains(first, "embedding") {
-			m.Kind = KindEmbedding
-		}
-	case KindChat, KindEmbedding:
-	default:
-		return m, src.errorAt(path+".kind", "must be chat or embedding, got %q", rm.Kind)
+	kind := KindChat
+	if strings.Contains(m.Name, "embedding") || strings.Contains(first, "embedding") {
+		kind = KindEmbedding
+	}
+	var err error
+	if m.Kind, err = oneOf(src, path+".kind", rm.Kind, "chat or embedding", kind, KindChat, KindEmbedding); err != nil {
+		return m, err
 	}
 	if rm.Encoding != "" && !slices.Contains(encodings, rm.Encoding) {
 		return m, src.errorAt(path+".encoding", "must be one of %s, got %q", strings.Join(encodings, ", "), rm.Encoding)
@@ -766,8 +742,7 @@ type sharedDeployment struct {
 	Limits Limits
 }
 
-// build checks one deployment of m (whose kind and output bound are set),
-// whose price defaults to price. A short form's path is the model's.
+// build checks one deployment of m, whose price defaults to price.
 func (rd rawDeployment) build(src *source, path string, short bool, m Model, price money.Price, providers map[string]*Provider) (Deployment, error) {
 	d := Deployment{Provider: rd.Provider, Upstream: rd.Upstream, Order: rd.Order, Weight: 1, Price: price}
 	if rd.Provider == "" {
@@ -1024,26 +999,15 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		}
 		t.SoftLimit = s
 	}
-	switch rt.Priority {
-	case "":
-		t.Priority = queue.Default
-	case queue.Critical, queue.Default, queue.Low:
-	default:
-		return t, src.errorAt(path+".priority", "must be critical, default or low, got %q", rt.Priority)
+	var err error
+	if t.Priority, err = oneOf(src, path+".priority", rt.Priority, "critical, default or low", queue.Default, queue.Critical, queue.Low); err != nil {
+		return t, err
 	}
-	switch rt.OnExhausted {
-	case "":
-		t.OnExhausted = OnExhaustedDefer
-	case OnExhaustedDefer, OnExhaustedReject:
-	default:
-		return t, src.errorAt(path+".on_exhausted", "must be defer or reject, got %q", rt.OnExhausted)
+	if t.OnExhausted, err = oneOf(src, path+".on_exhausted", rt.OnExhausted, "defer or reject", OnExhaustedDefer, OnExhaustedReject); err != nil {
+		return t, err
 	}
-	switch t.BatchOffload = rt.BatchOffload; rt.BatchOffload {
-	case "":
-		t.BatchOffload = BatchOffloadNever
-	case BatchOffloadNever, BatchOffloadAuto, BatchOffloadAlways:
-	default:
-		return t, src.errorAt(path+".batch_offload", "must be never, auto or always, got %q", rt.BatchOffload)
+	if t.BatchOffload, err = oneOf(src, path+".batch_offload", rt.BatchOffload, "never, auto or always", BatchOffloadNever, BatchOffloadAuto, BatchOffloadAlways); err != nil {
+		return t, err
 	}
 	if err := rt.buildAPI(src, path, &t); err != nil {
 		return t, err
@@ -1062,6 +1026,15 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		t.Timezone = loc
 	}
 	return t, nil
+}
+
+// oneOf returns v, or def when v is empty, refusing a value that is neither
+// def nor one of others; want lists the values for the error.
+func oneOf(src *source, path, v, want, def string, others ...string) (string, error) {
+	if v == "" || v == def || slices.Contains(others, v) {
+		return cmp.Or(v, def), nil
+	}
+	return "", src.errorAt(path, "must be %s, got %q", want, v)
 }
 
 // usd converts a dollar amount of the policy to Micros.
@@ -1117,8 +1090,8 @@ func isEnvName(s string) bool {
 	return s != ""
 }
 
-// readPolicyFile reads the file with its FileInfo, from the same open file
-// so a watcher compares against exactly what was parsed.
+// readPolicyFile reads the file and its FileInfo from one open file, so a
+// watcher compares against what was parsed.
 func readPolicyFile(path string) (os.FileInfo, []byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -1168,11 +1141,9 @@ type Retention struct {
 // MinRetention is the shortest retention the policy accepts.
 const MinRetention = time.Hour
 
-// MinLedgerRetention is the shortest retention.ledger: the store's
-// LedgerDetailMinAge.
+// MinLedgerRetention is the shortest retention.ledger.
 const MinLedgerRetention = 72 * time.Hour
 
-// retentionAge reads a retention age.
 func retentionAge(src *source, path string, v *string) (time.Duration, error) {
 	if v == nil {
 		return 0, nil

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/llmq/llmq/client"
@@ -15,8 +16,7 @@ import (
 // ParsedRequest is what llmq needs to know about a client's request body to
 // admit, reserve and price it.
 type ParsedRequest struct {
-	// Model is body.model: the name the client asked for.
-	Model string
+	Model string // body.model
 	// MaxTokens is max_tokens or max_completion_tokens (the larger, if both are
 	// given); 0 when absent, and the caller substitutes the model's default.
 	MaxTokens int64
@@ -26,17 +26,13 @@ type ParsedRequest struct {
 	// those the model does not use are billed as output beyond MaxTokens.
 	PredictionTokens int64
 	// PromptTokens is llmq's estimate of the prompt tokens the provider will
-	// count: the content, the per-message overhead, tool definitions, and the
-	// safety margin for unknown models. See Estimator.
+	// count (see Estimator).
 	PromptTokens int64
 	// ContentTokens is the content alone (message text, image allowances,
 	// embedding inputs), with no overhead or margin. PromptTokens ≥ ContentTokens.
 	ContentTokens int64
-	// Inputs is, for embeddings, the number of inputs (one embedding each); 0
-	// for chat.
-	Inputs int64
-	// Encoding is the tokenizer encoding the counts used.
-	Encoding string
+	Inputs        int64  // embedding inputs; 0 for chat
+	Encoding      string // the tokenizer encoding the counts used
 	// KnownModel is false when Model matched no known tokenizer, so the counts
 	// are of the fallback encoding and PromptTokens carries the safety margin.
 	KnownModel bool
@@ -48,7 +44,6 @@ func invalid(param, format string, args ...any) *wire.Error {
 	return wire.Invalid(param, client.CodeInvalidRequest, format, args...)
 }
 
-// Limits of the OpenAI API that a request must respect everywhere.
 const (
 	maxChoices         = 128
 	maxEmbeddingInputs = 2048
@@ -59,10 +54,8 @@ var validRoles = map[string]bool{
 	"system": true, "user": true, "assistant": true, "tool": true, "developer": true, "function": true,
 }
 
-// rawChatBody holds the fields of a chat completions body llmq reads; the
-// rest of the body goes to the provider untouched. Each raw type keeps the
-// members it does not read in Other, where a name that differs from one
-// of its fields only in case is refused by admission (see checkCase).
+// rawChatBody holds the fields of a chat completions body llmq reads; each
+// raw type keeps the members it does not read in Other (see checkCase).
 type rawChatBody struct {
 	Model               json.RawMessage `json:"model"`
 	Messages            json.RawMessage `json:"messages"`
@@ -81,7 +74,6 @@ type rawChatBody struct {
 	Other               otherMembers    `json:",unknown"`
 }
 
-// rawEmbeddingsBody holds the fields of an embeddings body llmq reads.
 type rawEmbeddingsBody struct {
 	Model  json.RawMessage `json:"model"`
 	Input  json.RawMessage `json:"input"`
@@ -119,29 +111,22 @@ type message struct {
 // request is a validated body reduced to what is counted and what else
 // decides its bill.
 type request struct {
-	endpoint  string
-	model     string
-	maxTokens int64
-	// outputParam is the field stating the output limit ("" for none).
-	outputParam string
-	n           int64
-	messages    []message
-	tools       json.RawMessage // tools or functions, as sent
-	toolsKey    string
-	schema      json.RawMessage // response_format of type json_schema
-	inputs      []string        // embedding inputs as text
-	tokenIDs    int64           // embedding inputs given as token ids
-	nInputs     int64
-	// prediction is a chat body's predicted output: its tokens the model
-	// does not use are billed as output beyond max_tokens.
-	prediction []string
-	// serviceTier is the service_tier asked for ("" for none).
-	serviceTier string
-	// builtinTools are the kinds of the provider's built-in tools the body
-	// names, each once (see BuiltinTool); maxToolCalls the max_tool_calls
-	// it states (0 for none).
-	builtinTools []string
-	maxToolCalls int64
+	endpoint     string
+	model        string
+	maxTokens    int64
+	outputParam  string // the field stating the output limit ("" for none)
+	n            int64
+	messages     []message
+	tools        json.RawMessage // tools or functions, as sent
+	toolsKey     string
+	schema       json.RawMessage // response_format of type json_schema
+	inputs       []string        // embedding inputs as text
+	tokenIDs     int64           // embedding inputs given as token ids
+	nInputs      int64
+	prediction   []string // a chat body's predicted output
+	serviceTier  string   // "" for none
+	builtinTools []string // each kind once (see BuiltinTool)
+	maxToolCalls int64    // 0 for none
 	// uncounted is the param of the first part of the prompt llmq cannot
 	// count (a file, audio, a part of a type it does not know); audio is
 	// the param of the first audio part or audio output asked for, which
@@ -154,12 +139,8 @@ type request struct {
 	previousResponseID string
 	itemRefs           []string
 	unseen             string
-	// stores is set for a Responses API body whose answer the provider
-	// stores (store is not false).
-	stores bool
-	// variant is the first member named as one llmq reads but for case
-	// (see checkCase).
-	variant *wire.Error
+	stores             bool        // a Responses API body's store is not false
+	variant            *wire.Error // see checkCase
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -219,31 +200,19 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	switch endpoint {
 	case EndpointEmbeddings:
 		var rb rawEmbeddingsBody
-		if err := decodeBody(body, &rb); err != nil {
-			return nil, err
-		}
-		r.checkCase(&rb, "")
-		if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+		if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
 			return nil, err
 		}
 		return r, parseInput(r, rb.Input)
 	case EndpointResponses:
 		var rb rawResponsesBody
-		if err := decodeBody(body, &rb); err != nil {
-			return nil, err
-		}
-		r.checkCase(&rb, "")
-		if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+		if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
 			return nil, err
 		}
 		return r, parseResponses(r, &rb)
 	}
 	var rb rawChatBody
-	if err := decodeBody(body, &rb); err != nil {
-		return nil, err
-	}
-	r.checkCase(&rb, "")
-	if err := parseHead(r, rb.Model, rb.Stream); err != nil {
+	if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
 		return nil, err
 	}
 	mt, hasMT, err := intParam(rb.MaxTokens, "max_tokens", 1, maxTokensParam)
@@ -302,8 +271,14 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	return r, nil
 }
 
-// parseHead reads the model and stream members every endpoint has.
-func parseHead(r *request, modelRaw, streamRaw json.RawMessage) error {
+// decodeHead decodes body into rb, then reads the model and stream members
+// every endpoint has (fields of rb).
+func (r *request) decodeHead(body []byte, rb object, modelField, streamField *json.RawMessage) error {
+	if err := decodeBody(body, rb); err != nil {
+		return err
+	}
+	r.checkCase(rb, "")
+	modelRaw, streamRaw := *modelField, *streamField
 	if isNull(modelRaw) {
 		return invalid("model", "'model' is required")
 	}
@@ -324,8 +299,8 @@ func parseHead(r *request, modelRaw, streamRaw json.RawMessage) error {
 	return nil
 }
 
-// parseServiceTier reads service_tier: a string, the tier asked for ("auto"
-// asks for the account's default, as none does).
+// parseServiceTier reads service_tier ("auto" asks for the account's
+// default, as none does).
 func parseServiceTier(r *request, raw json.RawMessage) error {
 	if isNull(raw) {
 		return nil
@@ -340,9 +315,8 @@ func parseServiceTier(r *request, raw json.RawMessage) error {
 	return nil
 }
 
-// parsePrediction reads a chat body's prediction ({type: "content",
-// content: text or text parts}): OpenAI bills the predicted tokens the
-// model rejects as output, beyond max_tokens.
+// parsePrediction reads a chat body's prediction, whose tokens the model
+// rejects are billed as output beyond max_tokens.
 func parsePrediction(r *request, raw json.RawMessage) error {
 	if isNull(raw) {
 		return nil
@@ -439,17 +413,47 @@ func parseMessages(r *request, raw json.RawMessage) error {
 	return nil
 }
 
-// parseContent reads a chat message's content at p into m: text, or parts
-// of text, refusals, images (counted by their allowance), and the parts
-// llmq cannot count, which it notes (files, audio, unknown types).
+// parseContent reads a chat message's content at p into m.
 func (r *request) parseContent(m *message, raw json.RawMessage, p string) error {
-	switch {
-	case isNull(raw):
+	if isNull(raw) {
 		// An assistant turn that only called tools has no content.
 		if m.role == "assistant" {
 			return nil
 		}
 		return invalid(p, "'%s' is required for %s messages", p, m.role)
+	}
+	return parseParts(r, m, raw, p, []string{"text"}, "image_url", func(part *rawPart, pp string) (string, error) {
+		var img struct {
+			URL    string `json:"url"`
+			Detail string `json:"detail"`
+		}
+		if isNull(part.ImageURL) || unmarshal(part.ImageURL, &img) != nil || img.URL == "" {
+			return "", invalid(pp+".image_url", "'%s.image_url' must be an object with a url", pp)
+		}
+		return img.Detail, nil
+	})
+}
+
+// contentPart is a raw content part of either API.
+type contentPart interface {
+	object
+	common() (typ, text, refusal json.RawMessage)
+}
+
+func (p *rawPart) common() (typ, text, refusal json.RawMessage) { return p.Type, p.Text, p.Refusal }
+func (p *rawInputPart) common() (typ, text, refusal json.RawMessage) {
+	return p.Type, p.Text, p.Refusal
+}
+
+// parseParts reads content at p that is not null into m: a string, or an
+// array of parts of text (of textTypes), refusals, images (of imageType,
+// whose detail image reads, counted by their allowance), and the parts llmq
+// cannot count, which it notes (files, audio, unknown types).
+func parseParts[V any, P interface {
+	*V
+	contentPart
+}](r *request, m *message, raw json.RawMessage, p string, textTypes []string, imageType string, image func(P, string) (string, error)) error {
+	switch {
 	case raw[0] == '"':
 		s, ok := jsonString(raw)
 		if !ok {
@@ -469,38 +473,36 @@ func (r *request) parseContent(m *message, raw json.RawMessage, p string) error 
 	}
 	for j, praw := range parts {
 		pp := p + "[" + strconv.Itoa(j) + "]"
-		var part rawPart
-		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, &part) != nil {
+		part := P(new(V))
+		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, part) != nil {
 			return invalid(pp, "'%s' must be a content part object", pp)
 		}
-		r.checkCase(&part, pp)
-		typ, ok := jsonString(part.Type)
+		r.checkCase(part, pp)
+		typRaw, text, refusal := part.common()
+		typ, ok := jsonString(typRaw)
 		if !ok || typ == "" {
 			return invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
 		}
-		switch typ {
-		case "text":
-			s, ok := jsonString(part.Text)
+		switch {
+		case slices.Contains(textTypes, typ):
+			s, ok := jsonString(text)
 			if !ok {
 				return invalid(pp+".text", "'%s.text' must be a string", pp)
 			}
 			m.texts = append(m.texts, s)
-		case "refusal":
-			s, ok := jsonString(part.Refusal)
+		case typ == "refusal":
+			s, ok := jsonString(refusal)
 			if !ok {
 				return invalid(pp+".refusal", "'%s.refusal' must be a string", pp)
 			}
 			m.texts = append(m.texts, s)
-		case "image_url":
-			var img struct {
-				URL    string `json:"url"`
-				Detail string `json:"detail"`
+		case typ == imageType:
+			detail, err := image(part, pp)
+			if err != nil {
+				return err
 			}
-			if isNull(part.ImageURL) || unmarshal(part.ImageURL, &img) != nil || img.URL == "" {
-				return invalid(pp+".image_url", "'%s.image_url' must be an object with a url", pp)
-			}
-			m.media = append(m.media, img.Detail)
-		case "input_audio":
+			m.media = append(m.media, detail)
+		case typ == "input_audio":
 			m.media = append(m.media, "")
 			r.audio = cmp.Or(r.audio, pp)
 		default:

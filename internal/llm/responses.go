@@ -2,7 +2,6 @@ package llm
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -12,11 +11,9 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
-// The Responses API's request bodies, reduced to the messages the estimator
-// counts: instructions as a system message, then the input, a string or a
-// list of items (items llmq does not model counted as their JSON text).
-
-// rawResponsesBody holds the fields of a Responses API body llmq reads.
+// rawResponsesBody holds the fields of a Responses API body llmq reads,
+// reduced to messages: instructions as a system message, then the input
+// (items llmq does not model counted as their JSON text).
 type rawResponsesBody struct {
 	Model              json.RawMessage `json:"model"`
 	Input              json.RawMessage `json:"input"`
@@ -35,7 +32,6 @@ type rawResponsesBody struct {
 	Other              otherMembers    `json:",unknown"`
 }
 
-// rawItem is one input item of the Responses API.
 type rawItem struct {
 	Type      json.RawMessage `json:"type"`
 	Role      json.RawMessage `json:"role"`
@@ -49,7 +45,6 @@ type rawItem struct {
 	Other     otherMembers    `json:",unknown"`
 }
 
-// rawInputPart is one part of a Responses API message's content.
 type rawInputPart struct {
 	Type     json.RawMessage `json:"type"`
 	Text     json.RawMessage `json:"text"`
@@ -62,14 +57,13 @@ type rawInputPart struct {
 
 var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": true, "developer": true}
 
-// maxResponsesItems bounds a request's input items, as the API does.
-const maxResponsesItems = 10000
-
-// maxResponseIDBytes bounds a response id llmq keeps or looks up.
-const maxResponseIDBytes = 256
-
-// minOutputTokens is the least max_output_tokens the Responses API takes.
-const minOutputTokens = 16
+// Bounds of the Responses API: input items, the bytes of a response id
+// llmq keeps or looks up, the least max_output_tokens.
+const (
+	maxResponsesItems  = 10000
+	maxResponseIDBytes = 256
+	minOutputTokens    = 16
+)
 
 func parseResponses(r *request, rb *rawResponsesBody) error {
 	if !isNull(rb.Background) {
@@ -240,67 +234,20 @@ func (r *request) parseItemMessage(it rawItem, p string) (message, error) {
 	}
 	m := message{role: role}
 	pc := p + ".content"
-	switch {
-	case isNull(it.Content):
+	if isNull(it.Content) {
 		return m, invalid(pc, "'%s' is required", pc)
-	case it.Content[0] == '"':
-		s, ok := jsonString(it.Content)
-		if !ok {
-			return m, invalid(pc, "'%s' must be a string or an array of content parts", pc)
-		}
-		m.texts = []string{s}
-		return m, nil
-	case it.Content[0] != '[':
-		return m, invalid(pc, "'%s' must be a string or an array of content parts", pc)
 	}
-	var parts []json.RawMessage
-	if err := unmarshal(it.Content, &parts); err != nil {
-		return m, invalid(pc, "'%s' must be a string or an array of content part objects", pc)
-	}
-	if len(parts) == 0 {
-		return m, invalid(pc, "'%s' must not be an empty array", pc)
-	}
-	for j, praw := range parts {
-		pp := pc + "[" + strconv.Itoa(j) + "]"
-		var part rawInputPart
-		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, &part) != nil {
-			return m, invalid(pp, "'%s' must be a content part object", pp)
+	textTypes := []string{"input_text", "output_text", "text"}
+	err := parseParts(r, &m, it.Content, pc, textTypes, "input_image", func(part *rawInputPart, pp string) (string, error) {
+		url, _ := jsonString(part.ImageURL)
+		file, _ := jsonString(part.FileID)
+		if url == "" && file == "" {
+			return "", invalid(pp+".image_url", "'%s.image_url' (or '%s.file_id') is required", pp, pp)
 		}
-		r.checkCase(&part, pp)
-		typ, ok := jsonString(part.Type)
-		if !ok || typ == "" {
-			return m, invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
-		}
-		switch typ {
-		case "input_text", "output_text", "text":
-			s, ok := jsonString(part.Text)
-			if !ok {
-				return m, invalid(pp+".text", "'%s.text' must be a string", pp)
-			}
-			m.texts = append(m.texts, s)
-		case "refusal":
-			s, ok := jsonString(part.Refusal)
-			if !ok {
-				return m, invalid(pp+".refusal", "'%s.refusal' must be a string", pp)
-			}
-			m.texts = append(m.texts, s)
-		case "input_image":
-			url, _ := jsonString(part.ImageURL)
-			file, _ := jsonString(part.FileID)
-			if url == "" && file == "" {
-				return m, invalid(pp+".image_url", "'%s.image_url' (or '%s.file_id') is required", pp, pp)
-			}
-			detail, _ := jsonString(part.Detail)
-			m.media = append(m.media, detail)
-		case "input_audio":
-			m.media = append(m.media, "")
-			r.audio = cmp.Or(r.audio, pp)
-		default: // files and unknown parts
-			m.media = append(m.media, "")
-			r.uncounted = cmp.Or(r.uncounted, pp)
-		}
-	}
-	return m, nil
+		detail, _ := jsonString(part.Detail)
+		return detail, nil
+	})
+	return m, err
 }
 
 // responsesTools turns the Responses API's function tools into chat's shape
