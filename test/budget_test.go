@@ -573,3 +573,40 @@ func TestInFlightJobsSurviveAPolicyReload(t *testing.T) {
 		t.Fatalf("job after the reload cost %s, want %s at the new price", after.Cost, want)
 	}
 }
+
+// A price that rises between a job's admission and its run raises what
+// the run reserves: the reservation bounds the bill at the price the call
+// is charged at, not the one it was admitted at.
+func TestReservationBoundsTheBillAfterAPriceRise(t *testing.T) {
+	t.Parallel()
+	a := apptest.Start(t, apptest.Options{RedisDB: redisDB, Policy: fmt.Sprintf(budgetPolicy, ""),
+		Sim: &sim.Config{DefaultMaxTokens: 100, Seed: 9, CompletionMin: 1, CompletionMax: 1, Latency: time.Second}})
+	_, key := a.Tenant("big")
+	id := submitEach(t, a, key, 1, expensiveJob)[0]
+	admitted, err := a.Store.JobGetByID(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := os.ReadFile(a.Policy.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(text), "output_per_mtok: 600", "output_per_mtok: 6000", 1)
+	if err := os.WriteFile(a.Policy.Path(), []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Policy.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	a.StartWorker(worker.Options{})
+	eventually(t, 10*time.Second, func() bool { return a.Sim.Stats().InFlight == 1 }, "the call is in flight")
+	u := a.Do("GET", "/v1/usage", key, nil).Map(t)
+	reserved := money.Micros(math.Round(u["reserved_usd"].(float64) * 1e6))
+	j := allEnd(t, a, []string{id}, 30*time.Second)[0]
+	if j.Status != store.JobSucceeded || j.CompletionTokens != 25 {
+		t.Fatalf("job %s: %s, %d completion tokens (%+v)", j.ID, j.Status, j.CompletionTokens, j.Error)
+	}
+	if j.Cost <= admitted.EstCost || j.Cost > reserved {
+		t.Fatalf("the job cost %s at the new price, admitted at a worst case of %s; the run reserved %s", j.Cost, admitted.EstCost, reserved)
+	}
+}

@@ -121,7 +121,7 @@ func (r *run) inTime(d time.Duration) bool {
 // running jobs hold is in the way of a synchronous request; past its
 // deadline, or when the spend leaves no room today, it refuses it (429).
 func (r *run) budgetInPlace(ctx context.Context, dec *budget.Decision) error {
-	n, worst := dec.Denial(), r.job.EstCost
+	n, worst := dec.Denial(), r.worst
 	refusal := store.JobError{Type: "insufficient_quota", Code: client.CodeInsufficientQuota}
 	if !dec.Held {
 		refusal.Message = fmt.Sprintf("The %s is exhausted: $%s spent and $%s reserved of $%s; this request may cost up to $%s. It resets at %s.",

@@ -141,6 +141,10 @@ type run struct {
 	stores bool
 	call   *pacer.Call // the call on the route the permit is for
 	routes *router
+	// worst is what the budget reserves: the worst case admission decided
+	// (the job's EstCost), raised when prices or the prompt's calibration
+	// rose since, so that the reservation still bounds the bill.
+	worst  money.Micros
 	scope  string // the model's fair queue
 	acct   budget.Account
 	tier   string
@@ -305,14 +309,17 @@ func (r *run) plan(ctx context.Context, p *config.Policy, m *config.Model, tier 
 	}
 	r.stores = b.StoresResponse()
 	r.routes = newRouter(p, m, r.job.Fallbacks, &r.shape)
+	c := r.h.Pacer.Calibration(ctx, m.Routes()[0].Deployment.Name())
+	now := admission.WorstCase(p, m, admission.Fallbacks(m, r.job.Fallbacks), &r.shape, c, r.job.EstPromptTokens, r.job.EstMaxTokens)
+	r.worst = max(r.job.EstCost, now)
 	return nil, nil
 }
 
-// reserveBudget reserves the job's worst case as admission decided it (its
-// EstCost). done is true when the run stops here.
+// reserveBudget reserves the job's worst case (worst). done is true when
+// the run stops here.
 func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 	for {
-		res, dec, err := r.h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.job.EstCost)
+		res, dec, err := r.h.Budgets.Reserve(ctx, r.acct, r.job.ID, r.worst)
 		if err != nil {
 			return true, fmt.Errorf("reserve budget: %w", err)
 		}
@@ -334,7 +341,7 @@ func (r *run) reserveBudget(ctx context.Context) (done bool, err error) {
 
 // budgetRequeue puts back (or fails) a job the budget refused.
 func (r *run) budgetRequeue(ctx context.Context, dec *budget.Decision) error {
-	n, worst := dec.Denial(), r.job.EstCost
+	n, worst := dec.Denial(), r.worst
 	if n.TooLarge {
 		return r.fail(ctx, store.JobError{Type: wire.TypeBudget, Code: client.CodeBudgetTooSmall,
 			Message: fmt.Sprintf("This job may cost up to $%s, more than the whole %s of $%s; it can never run.", worst, n.Name(), n.Budget)}, nil)
