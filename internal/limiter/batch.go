@@ -19,8 +19,6 @@ type call struct {
 	scope Scope
 	cost  Cost
 	id    string
-	res   *Result
-	err   error
 }
 
 // reserve decides one reservation on scope. The reservations of one scope
@@ -41,20 +39,10 @@ func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, co
 	return tb.reserves.Do(ctx, scope.Name, c)
 }
 
-// runReserves is tb.reserves' call: one script run for calls, all of the
-// scope called name.
-func (tb *TokenBucket) runReserves(ctx context.Context, name string, calls []*call) ([]*Result, []error) {
-	tb.run(ctx, tb.opts.Keys.LimiterScope(name), calls)
-	res, errs := make([]*Result, len(calls)), make([]error, len(calls))
-	for i, c := range calls {
-		res[i], errs[i] = c.res, c.err
-	}
-	return res, errs
-}
-
-// run decides a batch of reservations of one scope in one script run, and
-// sets each call's res or err.
-func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
+// runReserves is tb.reserves' call: the reservations of the scope called
+// name decided in order in one script run.
+func (tb *TokenBucket) runReserves(ctx context.Context, name string, batch []*call) ([]*Result, []error) {
+	res, errs := make([]*Result, len(batch)), make([]error, len(batch))
 	// The batch's distinct bucket lists go once; usually there is one.
 	var lists [][]Bucket
 	list := make([]int, len(batch))
@@ -82,25 +70,26 @@ func (tb *TokenBucket) run(ctx context.Context, key string, batch []*call) {
 			args = append(args, c.cost.Of(b.Unit))
 		}
 	}
-	v, err := reserveScript.Run(ctx, tb.rdb, []string{key}, args...).Result()
+	v, err := reserveScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(name)}, args...).Result()
 	var a []int64
 	if err == nil {
 		a, err = ints(v, 1) // each call's part is checked below
 	}
 	if err != nil {
-		for _, c := range batch {
-			c.err = fmt.Errorf("limiter: reserve on scope %q: %w", c.scope.Name, err)
+		for i := range batch {
+			errs[i] = fmt.Errorf("limiter: reserve on scope %q: %w", name, err)
 		}
-		return
+		return res, errs
 	}
 	now, a := time.UnixMicro(a[0]), a[1:]
-	for _, c := range batch {
+	for i, c := range batch {
 		n := 3 + 6*len(c.scope.Buckets)
 		if len(a) < n {
-			c.err = fmt.Errorf("limiter: reserve on scope %q: short script reply", c.scope.Name)
+			errs[i] = fmt.Errorf("limiter: reserve on scope %q: short script reply", name)
 			continue
 		}
-		c.res = tb.result(c, now, a[:n])
+		res[i] = tb.result(c, now, a[:n])
 		a = a[n:]
 	}
+	return res, errs
 }

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	_ "embed" // the script's Lua
 	"fmt"
 	"time"
 
@@ -55,10 +54,7 @@ type BucketLearning struct {
 
 // inspectScript reads a scope's buckets and what they learned, writing
 // nothing (inspect.lua).
-//
-//go:embed inspect.lua
-var inspectLua string
-var inspectScript = bucketScript(inspectLua)
+var inspectScript = bucketScript("inspect.lua")
 
 // minRefundEvidence is how many unused tokens, as a share of a bucket's
 // limit, its refund estimate needs before it is shown.

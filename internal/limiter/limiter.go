@@ -10,6 +10,7 @@
 package limiter
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -185,9 +186,7 @@ type Result struct {
 // fill sets Limit, Remaining, RetryAfter and ResetAfter of r from r.Buckets.
 func (r *Result) fill() {
 	for _, b := range r.Buckets {
-		if b.ResetAfter > r.ResetAfter {
-			r.ResetAfter = b.ResetAfter
-		}
+		r.ResetAfter = max(r.ResetAfter, b.ResetAfter)
 	}
 	if tight := r.Tightest(); tight >= 0 {
 		r.Limit = r.Buckets[tight].Limit
@@ -229,21 +228,11 @@ type Options struct {
 
 // withDefaults returns o with its zero fields set to their defaults.
 func (o Options) withDefaults() Options {
-	if o.ProbeTimeout == 0 {
-		o.ProbeTimeout = 30 * time.Second
-	}
-	if o.ProbeRetry == 0 {
-		o.ProbeRetry = 500 * time.Millisecond
-	}
-	if o.HoldRetry == 0 {
-		o.HoldRetry = 100 * time.Millisecond
-	}
-	if o.ReconcileTTL == 0 {
-		o.ReconcileTTL = time.Hour
-	}
-	if o.Jitter == 0 {
-		o.Jitter = 2 * time.Millisecond
-	}
+	o.ProbeTimeout = cmp.Or(o.ProbeTimeout, 30*time.Second)
+	o.ProbeRetry = cmp.Or(o.ProbeRetry, 500*time.Millisecond)
+	o.HoldRetry = cmp.Or(o.HoldRetry, 100*time.Millisecond)
+	o.ReconcileTTL = cmp.Or(o.ReconcileTTL, time.Hour)
+	o.Jitter = cmp.Or(o.Jitter, 2*time.Millisecond)
 	if o.Rand == nil {
 		o.Rand = rand.Float64
 	}

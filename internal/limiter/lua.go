@@ -1,9 +1,8 @@
 package limiter
 
 import (
-	_ "embed" // the scripts' Lua, in the .lua files beside their callers
+	"embed"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -37,10 +36,10 @@ const factorRecovery = 0.05
 const burstRecovery = 0.1
 
 // The token bucket's scripts (reserve.lua, settle.lua, inspect.lua) are
-// their own Lua after four preludes, in this order: luaConstants, the clock
-// (redisclock.Lua, which sets now), stateLua and bucketLua.
-func bucketScript(body string) *redis.Script {
-	return redis.NewScript(luaConstants + redisclock.Lua + stateLua + bucketLua + body)
+// their own Lua (file) after four preludes, in this order: luaConstants,
+// the clock (redisclock.Lua, which sets now), stateLua and bucketLua.
+func bucketScript(file string) *redis.Script {
+	return redis.NewScript(luaConstants + redisclock.Lua + stateLua + bucketLua + lua(file))
 }
 
 // luaConstants defines, as Lua locals, the package's constants the
@@ -93,39 +92,22 @@ var luaConstants = luaPrelude([]luaConstant{
 // luaConstant is one Go constant as a script sees it: the Lua local name.
 type luaConstant struct {
 	name  string
-	value any // a time.Duration (given in µs), float64, int or plain string
+	value any // a time.Duration (given in µs), a number or a plain string
 }
-
-var (
-	luaName     = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
-	plainString = regexp.MustCompile(`^[A-Za-z0-9_ ]*$`)
-)
 
 // luaPrelude returns a line `local NAME = value` per constant.
 func luaPrelude(cs []luaConstant) string {
 	var b strings.Builder
 	b.WriteString("-- the limiter's constants (lua.go); times in µs, rates per µs\n")
-	seen := map[string]bool{}
 	for _, c := range cs {
-		if !luaName.MatchString(c.name) || seen[c.name] {
-			panic(fmt.Sprintf("limiter: Lua constant name %q is invalid or given twice", c.name))
-		}
-		seen[c.name] = true
-		var v string
+		v := fmt.Sprint(c.value)
 		switch x := c.value.(type) {
 		case time.Duration:
 			v = strconv.FormatInt(x.Microseconds(), 10)
 		case float64:
 			v = strconv.FormatFloat(x, 'g', -1, 64)
-		case int:
-			v = strconv.Itoa(x)
 		case string:
-			if !plainString.MatchString(x) {
-				panic(fmt.Sprintf("limiter: Lua constant %s: string %q needs escaping", c.name, x))
-			}
 			v = "'" + x + "'"
-		default:
-			panic(fmt.Sprintf("limiter: Lua constant %s: unsupported type %T", c.name, x))
 		}
 		fmt.Fprintf(&b, "local %s = %s\n", c.name, v)
 	}
@@ -134,14 +116,22 @@ func luaPrelude(cs []luaConstant) string {
 
 // stateLua reads and writes a scope's state, a table of named values in
 // one field of its hash (state.lua, which lists every value).
-//
-//go:embed state.lua
-var stateLua string
+var stateLua = lua("state.lua")
 
 // bucketLua holds the functions the token bucket's scripts share
 // (bucket.lua): a bucket's level, capacity and rate as learned
 // (load_bucket), its in-flight amounts, the totals it took a moment ago
 // (lag_of, put_lag) and the hash's expiry.
-//
-//go:embed bucket.lua
-var bucketLua string
+var bucketLua = lua("bucket.lua")
+
+//go:embed *.lua
+var luaFiles embed.FS
+
+// lua returns the Lua of the package's file name.
+func lua(name string) string {
+	b, err := luaFiles.ReadFile(name)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}

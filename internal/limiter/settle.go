@@ -1,8 +1,8 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
-	_ "embed" // the script's Lua
 	"errors"
 	"fmt"
 	"math"
@@ -147,10 +147,7 @@ func calibration(micros, n int64) Calibration {
 // (settle.lua). What it learns is kept in the scope's state (see stateLua
 // for every field), since the next run must see it at once. It writes the
 // settled marker last: a run that fails leaves none, and its retry applies.
-//
-//go:embed settle.lua
-var settleLua string
-var settleScript = bucketScript(settleLua)
+var settleScript = bucketScript("settle.lua")
 
 // Settle settles a provider call's reservation with what the provider
 // answered (see Feedback): what it charged beyond the reservation is taken,
@@ -173,13 +170,7 @@ func (tb *TokenBucket) Settle(ctx context.Context, r *Reservation, fb Feedback) 
 	if fb.PromptRatio < 0 || math.IsNaN(fb.PromptRatio) || math.IsInf(fb.PromptRatio, 0) {
 		return nil, fmt.Errorf("limiter: scope %q: invalid prompt ratio %v", r.Scope.Name, fb.PromptRatio)
 	}
-	charged := fb.Charged
-	if charged.Requests == 0 {
-		charged.Requests = r.Cost.Requests
-	}
-	if charged.Tokens == 0 {
-		charged.Tokens = r.Cost.Tokens
-	}
+	charged := Cost{Requests: cmp.Or(fb.Charged.Requests, r.Cost.Requests), Tokens: cmp.Or(fb.Charged.Tokens, r.Cost.Tokens)}
 	sample := ""
 	if fb.PromptRatio > 0 {
 		sample = strconv.FormatFloat(fb.PromptRatio, 'f', 6, 64)
@@ -223,11 +214,10 @@ func (tb *TokenBucket) Release(ctx context.Context, r *Reservation) error {
 }
 
 func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, charged Cost, fb Feedback, sample string, marker bool) (*Settlement, error) {
-	probe := "0"
+	probe, refused := "0", "0"
 	if r.Probe {
 		probe = "1"
 	}
-	refused := "0"
 	if fb.Refused {
 		refused = "1"
 	}

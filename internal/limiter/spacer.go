@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	_ "embed" // the script's Lua
 	"errors"
 	"fmt"
 	"time"
@@ -41,10 +40,7 @@ const slotHold = 10 * time.Minute
 
 // pacerSlotScript gives an event its slot: the one it holds, or the
 // scope's next free one, at least now (spacer_slot.lua).
-//
-//go:embed spacer_slot.lua
-var spacerSlotLua string
-var pacerSlotScript = redis.NewScript(redisclock.Lua + spacerSlotLua)
+var pacerSlotScript = redis.NewScript(redisclock.Lua + lua("spacer_slot.lua"))
 
 // Slot returns how long event id of scope must wait for its slot (0 when it
 // may go now), giving it the scope's next free slot unless it holds one.

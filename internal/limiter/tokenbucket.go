@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	_ "embed" // the scripts' Lua
 	"fmt"
 	"strconv"
 	"time"
@@ -85,10 +84,7 @@ const (
 
 // reserveScript decides a batch of reservations of one scope in order,
 // each from all buckets or none (reserve.lua).
-//
-//go:embed reserve.lua
-var reserveLua string
-var reserveScript = bucketScript(reserveLua)
+var reserveScript = bucketScript("reserve.lua")
 
 // Reserve takes cost from every bucket of scope, or from none: allowed only
 // when every bucket covers it and the scope is not penalized. Concurrent
@@ -151,10 +147,7 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 }
 
 // penalizeScript blocks a scope until now + d (penalize.lua).
-//
-//go:embed penalize.lua
-var penalizeLua string
-var penalizeScript = redis.NewScript(redisclock.Lua + stateLua + penalizeLua)
+var penalizeScript = redis.NewScript(redisclock.Lua + stateLua + lua("penalize.lua"))
 
 // Penalize blocks scope for every caller until Redis's now plus d (a
 // duration: limiter time is Redis's, never the caller's clock), never
@@ -182,12 +175,6 @@ func (tb *TokenBucket) Penalize(ctx context.Context, scope Scope, d time.Duratio
 // promises, it returns at once, with the last Result and an error wrapping
 // context.DeadlineExceeded.
 func (tb *TokenBucket) Wait(ctx context.Context, scope Scope, cost Cost) (*Result, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		res, err := tb.Reserve(ctx, scope, cost)
 		if err != nil || res.Allowed {
@@ -197,16 +184,10 @@ func (tb *TokenBucket) Wait(ctx context.Context, scope Scope, cost Cost) (*Resul
 			return res, fmt.Errorf("limiter: scope %q admits this cost in %v, after the context's deadline: %w",
 				scope.Name, res.RetryAfter, context.DeadlineExceeded)
 		}
-		d := res.RetryAfter + time.Duration(tb.opts.Rand()*float64(tb.opts.Jitter))
-		if timer == nil {
-			timer = time.NewTimer(d)
-		} else {
-			timer.Reset(d)
-		}
 		select {
 		case <-ctx.Done():
 			return res, ctx.Err()
-		case <-timer.C:
+		case <-time.After(res.RetryAfter + time.Duration(tb.opts.Rand()*float64(tb.opts.Jitter))):
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -45,18 +46,14 @@ type WindowPrefetch struct {
 
 // Prefetch returns a prefetch of set; an invalid set is reported by Take.
 func (w *Windows) Prefetch(set WindowSet, opts PrefetchOptions) *WindowPrefetch {
-	if opts.MaxAge == 0 {
-		opts.MaxAge = time.Second
-	}
+	opts.MaxAge = cmp.Or(opts.MaxAge, time.Second)
 	var smallest int64
 	for _, nw := range set.Windows {
 		if nw.Limit > 0 && (smallest == 0 || nw.Limit < smallest) {
 			smallest = nw.Limit
 		}
 	}
-	if opts.Size == 0 {
-		opts.Size = max(smallest/100, 1)
-	}
+	opts.Size = cmp.Or(opts.Size, max(smallest/100, 1))
 	return &WindowPrefetch{w: w, set: set, size: max(min(opts.Size, smallest), 1), maxAge: opts.MaxAge,
 		sem: make(chan struct{}, 1)}
 }

@@ -2,10 +2,11 @@ package limiter
 
 import (
 	"context"
-	_ "embed" // the windows' shared Lua
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -57,11 +58,17 @@ type WindowSet struct {
 	Windows []NamedWindow
 }
 
+// Window is one window of a window limiter: at most Limit per Period.
+type Window struct {
+	Limit  int64
+	Period time.Duration
+}
+
 func (s WindowSet) validate(cost int64) error {
 	if s.Scope == "" {
 		return errors.New("limiter: WindowSet.Scope is empty")
 	}
-	if !isAlgorithm(s.Algorithm) {
+	if !slices.Contains(Algorithms, s.Algorithm) {
 		return fmt.Errorf("limiter: scope %q: unknown Algorithm %q", s.Scope, s.Algorithm)
 	}
 	if len(s.Windows) == 0 {
@@ -76,29 +83,19 @@ func (s WindowSet) validate(cost int64) error {
 				return fmt.Errorf("limiter: scope %q: window name %q appears twice", s.Scope, w.Name)
 			}
 		}
-		if err := checkWindow(s.Scope, w.Window, cost); err != nil {
-			return fmt.Errorf("%w (window %q)", err, w.Name)
+		switch {
+		case w.Limit <= 0:
+			return fmt.Errorf("limiter: scope %q window %q: Limit %d must be positive", s.Scope, w.Name, w.Limit)
+		case w.Period < time.Microsecond:
+			return fmt.Errorf("limiter: scope %q window %q: Period %v must be at least 1µs", s.Scope, w.Name, w.Period)
+		case cost < 0:
+			return fmt.Errorf("limiter: scope %q: negative cost %d", s.Scope, cost)
+		case cost > w.Limit:
+			return fmt.Errorf("%w: scope %q window %q: cost %d > limit %d", ErrCostExceedsCapacity, s.Scope, w.Name, cost, w.Limit)
 		}
 	}
 	return nil
 }
-
-func isAlgorithm(a Algorithm) bool {
-	for _, x := range Algorithms {
-		if a == x {
-			return true
-		}
-	}
-	return false
-}
-
-// windowExtendLua defines extend(key, ms), which sets key's expiry to ms
-// unless the key already lives longer (window_extend.lua): a call knows
-// only its own windows' needs, and must never shorten the expiry another
-// call's windows need.
-//
-//go:embed window_extend.lua
-var windowExtendLua string
 
 // Windows checks WindowSets with any Algorithm: one script run (one round
 // trip) per Allow, every window of the set counted or none, so a denial by
@@ -142,6 +139,60 @@ type taken struct {
 	res    *Reservation // token bucket
 }
 
+// windowScripts are a window algorithm's scripts, and how to read one
+// window's part (stride integers) of the take's reply: its state, and its
+// start for the give-back of a fixed or sliding counter.
+type windowScripts struct {
+	take, giveBack *redis.Script
+	stride         int
+	read           func(w Window, x []int64, denied bool, cost int64) (BucketState, int64)
+}
+
+// windowAlgorithms are the scripts of each Algorithm but AlgTokenBucket.
+// The counters' takes begin with window_extend.lua, which sets a key's
+// expiry unless it already lives longer: a call knows only its own
+// windows' needs, and must never shorten the expiry another call's
+// windows need.
+var windowAlgorithms = map[Algorithm]windowScripts{
+	AlgFixedWindow: {
+		// Counts cost in the current window of every window, or in none;
+		// the give-back takes back what a lease did not spend from each
+		// window it was counted in that has not ended since.
+		redis.NewScript(redisclock.Lua + lua("window_extend.lua") + lua("fixed_window.lua")),
+		redis.NewScript(redisclock.Lua + lua("fixed_window_give_back.lua")),
+		3, func(w Window, x []int64, denied bool, cost int64) (BucketState, int64) {
+			n, left := x[0], us(x[1])
+			b := BucketState{Remaining: w.Limit - n}
+			if n > 0 {
+				b.ResetAfter = left
+			}
+			if denied && n+cost > w.Limit {
+				b.RetryAfter = left
+			}
+			return b, x[2]
+		},
+	},
+	AlgSlidingWindow: {
+		// The give-back takes from the window counted in while it is
+		// current, or from the previous-window count once it is that.
+		redis.NewScript(redisclock.Lua + lua("window_extend.lua") + lua("sliding_counter.lua")),
+		redis.NewScript(redisclock.Lua + lua("sliding_counter_give_back.lua")),
+		4, func(_ Window, x []int64, _ bool, _ int64) (BucketState, int64) {
+			return BucketState{Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2])}, x[3]
+		},
+	},
+	AlgSlidingLog: {
+		// Drops from each log the entries older than its window and adds
+		// one for cost to every log, or to none; the give-back replaces a
+		// lease's entry by one of what was spent of it.
+		redis.NewScript(redisclock.Lua + lua("sliding_log.lua")),
+		redis.NewScript(redisclock.Lua + lua("sliding_log_give_back.lua")),
+		3, func(w Window, x []int64, _ bool, _ int64) (BucketState, int64) {
+			return BucketState{Remaining: w.Limit - x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2])}, 0
+		},
+	},
+}
+
 // take runs one check of set; prefetch marks a take whose unspent part will be
 // given back (never the probe).
 func (w *Windows) take(ctx context.Context, set WindowSet, cost int64, prefetch bool) (*Result, *taken, error) {
@@ -149,90 +200,95 @@ func (w *Windows) take(ctx context.Context, set WindowSet, cost int64, prefetch 
 		return nil, nil, err
 	}
 	t := &taken{set: set, cost: cost}
-	var res *Result
-	var err error
-	switch set.Algorithm {
-	case AlgFixedWindow:
-		res, t.starts, err = runFixedWindow(ctx, w.rdb, w.opts, w.opts.Keys.FixedWindow(set.Scope), set.Scope,
-			set.Windows, nameSuffixes(set.Windows), cost)
-	case AlgSlidingWindow:
-		res, t.starts, err = runSlidingCounter(ctx, w.rdb, w.opts, w.opts.Keys.SlidingCounter(set.Scope), set.Scope,
-			set.Windows, nameSuffixes(set.Windows), cost)
-	case AlgSlidingLog:
-		t.id = newID()
-		res, err = runSlidingLog(ctx, w.rdb, w.opts, w.logKeys(set), set.Scope, set.Windows, cost, t.id)
-		if res != nil {
-			t.at = res.Time.UnixMicro()
-		}
-	case AlgTokenBucket:
+	if set.Algorithm == AlgTokenBucket {
 		mode := modeReserve
 		if prefetch {
 			mode = modeReservePrefetch
 		}
-		res, err = w.tb.reserve(ctx, mode, bucketScope(set), Cost{Requests: cost})
-		if res != nil {
-			t.res, res.Reservation = res.Reservation, nil
+		res, err := w.tb.reserve(ctx, mode, bucketScope(set), Cost{Requests: cost})
+		if err != nil {
+			return nil, nil, err
 		}
+		t.res, res.Reservation = res.Reservation, nil
+		return res, t, nil
+	}
+	alg := windowAlgorithms[set.Algorithm]
+	args := []any{redisclock.Arg(w.opts.Clock), cost}
+	if set.Algorithm == AlgSlidingLog {
+		t.id = newID()
+		args = append(args, t.id)
+	}
+	for _, nw := range set.Windows {
+		if set.Algorithm != AlgSlidingLog {
+			args = append(args, ":"+nw.Name)
+		}
+		args = append(args, nw.Limit, nw.Period.Microseconds())
+	}
+	v, err := alg.take.Run(ctx, w.rdb, w.keys(set), args...).Result()
+	var a []int64
+	if err == nil {
+		a, err = ints(v, 2+alg.stride*len(set.Windows))
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("limiter: %s %q: %w", set.Algorithm, set.Scope, err)
 	}
+	res := &Result{Allowed: a[0] == 1, Buckets: make([]BucketState, len(set.Windows)), Time: time.UnixMicro(a[1])}
+	t.starts, t.at = make([]int64, len(set.Windows)), a[1]
+	for i, nw := range set.Windows {
+		b, start := alg.read(nw.Window, a[2+alg.stride*i:], !res.Allowed, cost)
+		b.Name, b.Unit, b.Limit = nw.Name, UnitRequests, nw.Limit
+		res.Buckets[i], t.starts[i] = b, start
+		if !res.Allowed {
+			res.RetryAfter = max(res.RetryAfter, b.RetryAfter)
+		}
+	}
+	res.fill()
 	return res, t, nil
 }
 
 // giveBack takes back, from every window t was counted in and still
 // counts, the part of t's cost that was not spent.
 func (w *Windows) giveBack(ctx context.Context, t *taken, spent int64) error {
-	unspent := t.cost - spent
-	if unspent <= 0 {
+	set, unspent := t.set, t.cost-spent
+	switch {
+	case unspent <= 0:
 		return nil
-	}
-	clock := redisclock.Arg(w.opts.Clock)
-	set := t.set
-	var err error
-	switch set.Algorithm {
-	case AlgFixedWindow:
-		args := []any{clock, unspent}
-		for i, sfx := range nameSuffixes(set.Windows) {
-			args = append(args, sfx, t.starts[i])
-		}
-		err = fixedWindowGiveBackScript.Run(ctx, w.rdb, []string{w.opts.Keys.FixedWindow(set.Scope)}, args...).Err()
-	case AlgSlidingWindow:
-		args := []any{clock, unspent}
-		for i, sfx := range nameSuffixes(set.Windows) {
-			args = append(args, sfx, set.Windows[i].Period.Microseconds(), t.starts[i])
-		}
-		err = slidingCounterGiveBackScript.Run(ctx, w.rdb, []string{w.opts.Keys.SlidingCounter(set.Scope)}, args...).Err()
-	case AlgSlidingLog:
-		err = slidingLogGiveBackScript.Run(ctx, w.rdb, w.logKeys(set), clock, t.id, t.cost, spent, t.at).Err()
-	case AlgTokenBucket:
-		if t.res == nil {
-			return nil
-		}
+	case set.Algorithm == AlgTokenBucket:
 		return w.tb.reconcile(ctx, t.res, Cost{Requests: spent}, false)
 	}
-	if err != nil {
+	args := []any{redisclock.Arg(w.opts.Clock)}
+	if set.Algorithm == AlgSlidingLog {
+		args = append(args, t.id, t.cost, spent, t.at)
+	} else {
+		args = append(args, unspent)
+		for i, nw := range set.Windows {
+			args = append(args, ":"+nw.Name)
+			if set.Algorithm == AlgSlidingWindow {
+				args = append(args, nw.Period.Microseconds())
+			}
+			args = append(args, t.starts[i])
+		}
+	}
+	if err := windowAlgorithms[set.Algorithm].giveBack.Run(ctx, w.rdb, w.keys(set), args...).Err(); err != nil {
 		return fmt.Errorf("limiter: give back on scope %q: %w", set.Scope, err)
 	}
 	return nil
 }
 
-// logKeys are the sliding logs and totals of set's windows, in order.
-func (w *Windows) logKeys(set WindowSet) []string {
+// keys are the keys of set's state: the counters' hash, or the sliding
+// logs and totals of its windows, in order.
+func (w *Windows) keys(set WindowSet) []string {
+	switch set.Algorithm {
+	case AlgFixedWindow:
+		return []string{w.opts.Keys.FixedWindow(set.Scope)}
+	case AlgSlidingWindow:
+		return []string{w.opts.Keys.SlidingCounter(set.Scope)}
+	}
 	keys := make([]string, 0, 2*len(set.Windows))
 	for _, nw := range set.Windows {
 		keys = append(keys, w.opts.Keys.SlidingLogWindow(set.Scope, nw.Name), w.opts.Keys.SlidingLogWindowTotal(set.Scope, nw.Name))
 	}
 	return keys
-}
-
-// nameSuffixes are the hash field suffixes of named windows.
-func nameSuffixes(ws []NamedWindow) []string {
-	s := make([]string, len(ws))
-	for i, w := range ws {
-		s[i] = ":" + w.Name
-	}
-	return s
 }
 
 // bucketScope is set as a token-bucket scope: a request bucket per window.
