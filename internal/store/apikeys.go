@@ -74,13 +74,11 @@ const sqlAPIKeyGetByHash = `
 // APIKeyGetByHash authenticates: it returns the unrevoked key with this hash
 // and its tenant, or ErrNotFound.
 func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenant, error) {
-	row := db.ro.queryRow(ctx, sqlAPIKeyGetByHash, hash)
 	var (
 		k APIKey
-		t *Tenant
+		t Tenant
 	)
-	dest := append(apiKeyDest(&k), tenantDest(&t)...)
-	err := row.Scan(dest...)
+	err := db.ro.queryRow(ctx, sqlAPIKeyGetByHash, hash).Scan(append(apiKeyDest(&k), tenantDest(&t)...)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		// The hash is a secret's digest: not worth naming.
 		return nil, nil, fmt.Errorf("%w: api key", ErrNotFound)
@@ -88,7 +86,7 @@ func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenan
 	if err != nil {
 		return nil, nil, err
 	}
-	return &k, t, nil
+	return &k, &t, nil
 }
 
 // APIKeyRevoke revokes the key and returns it. Revoking a revoked key keeps

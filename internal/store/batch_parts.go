@@ -101,10 +101,7 @@ func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("store: BatchPartInsert: %w", db.d.wrap(err))
-	}
-	return nil
+	return failed("BatchPartInsert", db.d.wrap(err))
 }
 
 // BatchPartSave writes p if the stored part is still in state from, and
@@ -115,8 +112,8 @@ func (db *DB) BatchPartSave(ctx context.Context, p *BatchPart, from BatchPartSta
 			budget_global = $7, provider_file_id = $8, provider_batch_id = $9, provider_status = $10, refusals = $11, error = $12,
 			next_check_at = $13, updated_at = $14, submitted_at = $15, ended_at = $16, lines = $17, bytes = $18, tokens = $19
 		WHERE id = $1 AND state = $2`,
-		p.ID, string(from), string(p.State), int64(p.Reserved), nullString(p.BudgetDay), nullString(p.BudgetGlobalDay), p.BudgetGlobal,
-		nullString(p.ProviderFileID), nullString(p.ProviderBatchID), nullString(p.ProviderStatus), p.Refusals, nullString(p.Error),
+		p.ID, string(from), string(p.State), int64(p.Reserved), orNull(p.BudgetDay), orNull(p.BudgetGlobalDay), p.BudgetGlobal,
+		orNull(p.ProviderFileID), orNull(p.ProviderBatchID), orNull(p.ProviderStatus), p.Refusals, orNull(p.Error),
 		db.d.ts(normTime(p.NextCheckAt)), db.d.ts(now), db.d.tsOrNull(p.SubmittedAt), db.d.tsOrNull(p.EndedAt), p.Lines, p.Bytes, p.Tokens)
 	if err != nil {
 		return false, fmt.Errorf("store: BatchPartSave %s: %w", p.ID, db.d.wrap(err))
@@ -150,10 +147,7 @@ func (db *DB) BatchPartTokensInFlight(ctx context.Context, deployment string) (i
 	var n int64
 	err := db.ro.queryRow(ctx, `SELECT CAST(COALESCE(SUM(tokens), 0) AS BIGINT) FROM batch_parts
 		WHERE deployment = $1 AND state IN ('uploading', 'creating', 'submitted')`, deployment).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("store: BatchPartTokensInFlight: %w", err)
-	}
-	return n, nil
+	return n, failed("BatchPartTokensInFlight", err)
 }
 
 // JobStreamByPart calls fn with each job of the part, by id (as stream).
@@ -183,7 +177,7 @@ func (db *DB) JobLeavePart(ctx context.Context, partID string, jobIDs []string) 
 			return err
 		})
 		if err != nil {
-			return out, fmt.Errorf("store: JobLeavePart: %w", db.d.wrap(err))
+			return out, failed("JobLeavePart", db.d.wrap(err))
 		}
 	}
 	return out, nil

@@ -110,7 +110,7 @@ func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, er
 		SELECT $1, $2, id, $4, $5, 'validating', $6, $7, $8, $9, $10 FROM files WHERE id = $3
 		RETURNING `+batchColumns,
 		cmp.Or(p.ID, ids.New(ids.Batch)), p.TenantID, p.InputFileID, p.Endpoint, p.CompletionWindow, nullJSON(p.Metadata), p.Total,
-		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt), nullString(p.WebhookURL)))
+		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt), orNull(p.WebhookURL)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("file", p.InputFileID)
 	}
@@ -148,10 +148,7 @@ func (db *DB) BatchList(ctx context.Context, p *BatchListParams) ([]*Batch, bool
 func batchListSQL(p *BatchListParams, limit int) (string, args) {
 	var a args
 	q := `SELECT ` + batchColumns + ` FROM batches WHERE tenant_id = ` + a.add(p.TenantID)
-	if p.After != "" {
-		q += ` AND id < ` + a.add(p.After)
-	}
-	return q + ` ORDER BY id DESC LIMIT ` + a.add(limit+1), a
+	return pageSQL(q, a, p.After, true, limit)
 }
 
 // BatchSetStatusParams describe a conditional batch status change.
@@ -177,9 +174,6 @@ func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Bat
 	stamp, ok := batchStamps[p.To]
 	if !ok {
 		return nil, false, fmt.Errorf("store: BatchSetStatus: To %q is not a batch status", p.To)
-	}
-	if len(p.From) == 0 {
-		return nil, false, errors.New("store: BatchSetStatus: From is empty")
 	}
 	from, err := unfinished("BatchSetStatus", "From", p.From)
 	if err != nil {
@@ -238,10 +232,5 @@ func (db *DB) BatchListActive(ctx context.Context, p *BatchListActiveParams) ([]
 
 // batchListActiveSQL reads batches_active.
 func batchListActiveSQL(p *BatchListActiveParams, limit int) (string, args) {
-	var a args
-	q := `SELECT ` + batchColumns + ` FROM batches WHERE ` + activeBatchSQL
-	if p.After != "" {
-		q += ` AND id > ` + a.add(p.After)
-	}
-	return q + ` ORDER BY id LIMIT ` + a.add(limit+1), a
+	return pageSQL(`SELECT `+batchColumns+` FROM batches WHERE `+activeBatchSQL, nil, p.After, false, limit)
 }

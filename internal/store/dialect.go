@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,9 +90,6 @@ func (d *dialect) tsOrNull(t *time.Time) any {
 // (keeping the driver's message, which names the constraint), refused values
 // ErrInvalidValue.
 func (d *dialect) wrap(err error) error {
-	if err == nil {
-		return nil
-	}
 	if kind := d.errKind(err); kind != nil && !errors.Is(err, kind) {
 		return fmt.Errorf("%w: %w", kind, err)
 	}
@@ -170,11 +168,7 @@ var postgresDialect = &dialect{
 			// The refusals that end by themselves: class 08, connection
 			// exception; 57P01-57P03, a shutdown, a crash, a server
 			// starting; 53300, too many connections.
-			switch pe.Code {
-			case "57P01", "57P02", "57P03", "53300":
-				return true
-			}
-			return strings.HasPrefix(pe.Code, "08")
+			return slices.Contains([]string{"57P01", "57P02", "57P03", "53300"}, pe.Code) || strings.HasPrefix(pe.Code, "08")
 		}
 		var ce *pgconn.ConnectError
 		return errors.As(err, &ce) || errors.Is(err, pgconn.ErrConnClosed) || pgconn.Timeout(err) || connectionLost(err)
@@ -334,33 +328,33 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 		}
 		return abs + "?" + v.Encode()
 	}
-	w, err := sql.Open("sqlite", dsn(false))
-	if err != nil {
+	db := &DB{d: sqliteDialect, lockScope: abs}
+	fail := func(err error) (*DB, error) {
+		_ = db.Close()
 		return nil, fmt.Errorf("store: open %s: %w", abs, err)
 	}
-	w.SetMaxOpenConns(1)
-	w.SetMaxIdleConns(1)
-	w.SetConnMaxIdleTime(0)
-	w.SetConnMaxLifetime(0)
+	if db.writer, err = sql.Open("sqlite", dsn(false)); err != nil {
+		return fail(err)
+	}
+	db.writer.SetMaxOpenConns(1)
+	db.writer.SetMaxIdleConns(1)
+	db.writer.SetConnMaxIdleTime(0)
+	db.writer.SetConnMaxLifetime(0)
 	// The writer creates the file and switches it to WAL before any reader opens it.
-	if err := pingWriter(ctx, w); err != nil {
-		_ = w.Close()
-		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	if err := pingWriter(ctx, db.writer); err != nil {
+		return fail(err)
 	}
-	r, err := sql.Open("sqlite", dsn(true))
-	if err != nil {
-		_ = w.Close()
-		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	if db.readers, err = sql.Open("sqlite", dsn(true)); err != nil {
+		return fail(err)
 	}
 	readers := max(4, runtime.GOMAXPROCS(0))
-	r.SetMaxOpenConns(readers)
-	r.SetMaxIdleConns(readers)
-	if err := r.PingContext(ctx); err != nil {
-		_ = w.Close()
-		_ = r.Close()
-		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	db.readers.SetMaxOpenConns(readers)
+	db.readers.SetMaxIdleConns(readers)
+	if err := db.readers.PingContext(ctx); err != nil {
+		return fail(err)
 	}
-	return &DB{rw: sqlQuerier{w}, ro: sqlQuerier{r}, writer: w, readers: r, d: sqliteDialect, lockScope: abs}, nil
+	db.rw, db.ro = sqlQuerier{db.writer}, sqlQuerier{db.readers}
+	return db, nil
 }
 
 // sqliteBusyTimeout is how long a SQLite connection waits for another's lock.

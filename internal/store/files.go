@@ -72,8 +72,21 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 	if !p.Purpose.Valid() {
 		return nil, fmt.Errorf("store: FileInsert: Purpose %q: want batch, batch_output or batch_error", p.Purpose)
 	}
+	id := cmp.Or(p.ID, ids.New(ids.File))
+	insert := func(q querier, size, lines int64) (*File, error) {
+		return scanFile(q.queryRow(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING `+fileColumns,
+			id, p.TenantID, string(p.Purpose), p.Filename, size, lines, orNull(p.BatchID), db.d.ts(db.nowUTC())))
+	}
 	if p.Generated {
-		return db.fileInsertGenerated(ctx, p)
+		if p.Content != nil || p.Bytes < 0 || p.Lines < 0 {
+			return nil, errors.New("store: FileInsert: a generated file has no Content and a size of at least 0")
+		}
+		f, err := insert(db.rw, p.Bytes, p.Lines)
+		if err != nil {
+			return nil, failed("FileInsert", db.d.wrap(err))
+		}
+		return f, nil
 	}
 	if p.Content == nil {
 		return nil, errors.New("store: FileInsert: Content is nil")
@@ -90,13 +103,9 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 		}()
 		content = spool
 	}
-	id := cmp.Or(p.ID, ids.New(ids.File))
 	var f *File
 	err := db.tx(ctx, func(tx querier) error {
-		_, err := tx.exec(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
-			VALUES ($1, $2, $3, $4, 0, 0, $5, $6)`,
-			id, p.TenantID, string(p.Purpose), p.Filename, nullString(p.BatchID), db.d.ts(db.nowUTC()))
-		if err != nil {
+		if _, err := insert(tx, 0, 0); err != nil {
 			return err
 		}
 		buf := make([]byte, db.chunkSize)
@@ -124,25 +133,13 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 		if size > 0 && last != '\n' {
 			lines++
 		}
+		var err error
 		f, err = scanFile(tx.queryRow(ctx, `UPDATE files SET bytes = $2, lines = $3 WHERE id = $1 RETURNING `+fileColumns,
 			id, size, lines))
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: FileInsert: %w", err)
-	}
-	return f, nil
-}
-
-func (db *DB) fileInsertGenerated(ctx context.Context, p *FileInsertParams) (*File, error) {
-	if p.Content != nil || p.Bytes < 0 || p.Lines < 0 {
-		return nil, errors.New("store: FileInsert: a generated file has no Content and a size of at least 0")
-	}
-	f, err := scanFile(db.rw.queryRow(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, lines, batch_id, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING `+fileColumns,
-		cmp.Or(p.ID, ids.New(ids.File)), p.TenantID, string(p.Purpose), p.Filename, p.Bytes, p.Lines, nullString(p.BatchID), db.d.ts(db.nowUTC())))
-	if err != nil {
-		return nil, fmt.Errorf("store: FileInsert: %w", db.d.wrap(err))
+		return nil, failed("FileInsert", err)
 	}
 	return f, nil
 }
@@ -204,33 +201,30 @@ type chunkReader struct {
 	closed bool
 }
 
-// next fetches the chunk after r.seq into r.buf, or sets r.eof.
-func (r *chunkReader) next() error {
-	if r.closed {
-		return errors.New("store: read of a closed file")
+// fill fetches the chunks after r.seq until r.buf holds data, and reports
+// whether it does (false at the end of the file).
+func (r *chunkReader) fill() (bool, error) {
+	for len(r.buf) == 0 && !r.eof {
+		if r.closed {
+			return false, errors.New("store: read of a closed file")
+		}
+		err := r.db.ro.queryRow(r.ctx, `SELECT seq, data FROM file_chunks WHERE file_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`,
+			r.id, r.seq).Scan(&r.seq, &r.buf)
+		if errors.Is(err, sql.ErrNoRows) {
+			r.eof = true
+		} else if err != nil {
+			return false, fmt.Errorf("store: read file %s: %w", r.id, err)
+		}
 	}
-	var data []byte
-	err := r.db.ro.queryRow(r.ctx, `SELECT seq, data FROM file_chunks WHERE file_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`,
-		r.id, r.seq).Scan(&r.seq, &data)
-	if errors.Is(err, sql.ErrNoRows) {
-		r.eof = true
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("store: read file %s: %w", r.id, err)
-	}
-	r.buf = data
-	return nil
+	return len(r.buf) > 0, nil
 }
 
 func (r *chunkReader) Read(p []byte) (int, error) {
-	for len(r.buf) == 0 {
-		if r.eof {
-			return 0, io.EOF
+	if ok, err := r.fill(); !ok {
+		if err == nil {
+			err = io.EOF
 		}
-		if err := r.next(); err != nil {
-			return 0, err
-		}
+		return 0, err
 	}
 	n := copy(p, r.buf)
 	r.buf = r.buf[n:]
@@ -241,14 +235,8 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 func (r *chunkReader) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for {
-		if len(r.buf) == 0 {
-			if r.eof {
-				return total, nil
-			}
-			if err := r.next(); err != nil {
-				return total, err
-			}
-			continue
+		if ok, err := r.fill(); !ok {
+			return total, err
 		}
 		n, err := w.Write(r.buf)
 		total += int64(n)
@@ -319,8 +307,5 @@ func fileListSQL(p *FileListParams, limit int) (string, args) {
 	if p.Purpose != "" {
 		q += ` AND purpose = ` + a.add(string(p.Purpose))
 	}
-	if p.After != "" {
-		q += ` AND id < ` + a.add(p.After)
-	}
-	return q + ` ORDER BY id DESC LIMIT ` + a.add(limit+1), a
+	return pageSQL(q, a, p.After, true, limit)
 }

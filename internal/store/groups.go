@@ -50,10 +50,10 @@ func (db *DB) initGroups() {
 }
 
 // queryJobGrouped runs a statement of kind that returns one job row, in a
-// group with the statements of that kind made meanwhile; no row is
-// sql.ErrNoRows.
+// group with the statements of that kind made meanwhile (alone when kind
+// is ""); no row is sql.ErrNoRows.
 func (db *DB) queryJobGrouped(ctx context.Context, kind, query string, a args) (*Job, error) {
-	if !db.d.groupWrites {
+	if !db.d.groupWrites || kind == "" {
 		return scanJob(db.rw.queryRow(ctx, query, a...))
 	}
 	return db.groups.jobRows.Do(ctx, kind, jobStatement{query: query, args: a})

@@ -32,11 +32,7 @@ func (s JobStatus) Terminal() bool {
 
 // Valid reports whether s is a known status.
 func (s JobStatus) Valid() bool {
-	switch s {
-	case JobQueued, JobRunning, JobWaiting, JobDeferred, JobSucceeded, JobFailed, JobCancelled:
-		return true
-	}
-	return false
+	return s == JobQueued || s == JobRunning || s == JobWaiting || s == JobDeferred || s.Terminal()
 }
 
 // The literal predicates of the partial indexes, repeated verbatim so that

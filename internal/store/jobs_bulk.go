@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -27,14 +28,8 @@ const sqliteRowsPerInsert = 500
 // each, in one transaction.
 func multiRowInsertJobs(ctx context.Context, db *DB, rows [][]any) error {
 	return db.tx(ctx, func(tx querier) error {
-		flat := make([]any, 0, sqliteRowsPerInsert*len(jobInsertColumns))
-		for start := 0; start < len(rows); start += sqliteRowsPerInsert {
-			chunk := rows[start:min(start+sqliteRowsPerInsert, len(rows))]
-			flat = flat[:0]
-			for _, r := range chunk {
-				flat = append(flat, r...)
-			}
-			if _, err := tx.exec(ctx, multiRowInsertSQL(len(chunk)), flat...); err != nil {
+		for chunk := range slices.Chunk(rows, sqliteRowsPerInsert) {
+			if _, err := tx.exec(ctx, multiRowInsertSQL(len(chunk)), slices.Concat(chunk...)...); err != nil {
 				return err
 			}
 		}

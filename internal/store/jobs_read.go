@@ -12,12 +12,9 @@ func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
 }
 
 // JobGetForTenant returns the tenant's job without its Request; another
-// tenant's is ErrNotFound.
-//
-// The row is found by its primary key alone and its tenant compared here:
-// with the tenant in the WHERE clause, a planner whose statistics predate
-// the table's growth may pick an index by tenant and scan every job of the
-// tenant.
+// tenant's is ErrNotFound. The row is found by its primary key alone: with
+// the tenant in the WHERE clause, a planner whose statistics predate the
+// table's growth may scan every job of the tenant by its index.
 func (db *DB) JobGetForTenant(ctx context.Context, tenantID, id string) (*Job, error) {
 	j, err := getOne(ctx, db.ro, scanJob, "job", id, `SELECT `+jobViewColumns+` FROM jobs WHERE id = $1`, id)
 	if err == nil && j.TenantID != tenantID {
@@ -59,10 +56,7 @@ func jobListSQL(p *JobListParams, limit int) (string, args) {
 	if p.BatchID != "" {
 		q += ` AND batch_id = ` + a.add(p.BatchID)
 	}
-	if p.After != "" {
-		q += ` AND id < ` + a.add(p.After)
-	}
-	return q + ` ORDER BY id DESC LIMIT ` + a.add(limit+1), a
+	return pageSQL(q, a, p.After, true, limit)
 }
 
 // JobListUnfinishedParams select a page of unfinished jobs.
@@ -110,15 +104,12 @@ func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (st
 	if p.SkipOffloaded {
 		q += ` AND batch_part_id IS NULL`
 	}
-	if p.After != "" {
-		q += ` AND id > ` + a.add(p.After)
-	}
-	return q + ` ORDER BY id LIMIT ` + a.add(limit+1), a, nil
+	q, a = pageSQL(q, a, p.After, false, limit)
+	return q, a, nil
 }
 
 // JobStreamByBatch calls fn with each job of the batch whose status is one
-// of statuses (all when empty), in line order, a page at a time (as
-// streamJobs); fn's error stops the stream and is returned.
+// of statuses (all when empty), in line order (as stream).
 func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []JobStatus, fn func(*Job) error) error {
 	if err := required("JobStreamByBatch", "batchID", batchID); err != nil {
 		return err
@@ -142,7 +133,7 @@ func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []J
 // stream calls fn with each row of the pages next reads (each after the
 // last row of the one before, nil for the first) until one is short. It
 // holds no connection while fn runs, so a large batch is never in memory at
-// once and fn may use the store. fn's error is returned as it is.
+// once and fn may use the store; fn's error stops it and is returned as it is.
 func stream[T any](ctx context.Context, db *DB, what string, scan func(row) (*T, error), next func(last *T) (string, args), fn func(*T) error) error {
 	var last *T
 	for {
@@ -186,25 +177,20 @@ func (c *JobCounts) Unfinished() int64 { return c.Queued + c.Running + c.Waiting
 // sqlJobCountsByBatch reads jobs_batch_status, the index alone on Postgres.
 const sqlJobCountsByBatch = `SELECT status, count(*) FROM jobs WHERE batch_id = $1 GROUP BY status`
 
-// JobCountsByBatch counts the batch's jobs by status, from the index on
-// (batch_id, status).
+// JobCountsByBatch counts the batch's jobs by status.
 func (db *DB) JobCountsByBatch(ctx context.Context, batchID string) (*JobCounts, error) {
 	c := &JobCounts{}
 	counts := map[JobStatus]*int64{JobQueued: &c.Queued, JobRunning: &c.Running, JobWaiting: &c.Waiting,
 		JobDeferred: &c.Deferred, JobSucceeded: &c.Succeeded, JobFailed: &c.Failed, JobCancelled: &c.Cancelled}
 	err := db.ro.query(ctx, sqlJobCountsByBatch, []any{batchID}, func(r row) error {
-		var (
-			s JobStatus
-			n int64
-		)
-		if err := r.Scan(&s, &n); err != nil {
-			return err
-		}
+		var s JobStatus
+		var n int64
+		err := r.Scan(&s, &n)
 		if count := counts[s]; count != nil {
 			*count = n
 		}
 		c.Total += n
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, err

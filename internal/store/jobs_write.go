@@ -92,9 +92,9 @@ func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 	if status.Terminal() {
 		finished = now
 	}
-	return []any{id, p.TenantID, nullString(p.BatchID), line, nullString(p.CustomID), p.Endpoint, p.Model,
+	return []any{id, p.TenantID, orNull(p.BatchID), line, orNull(p.CustomID), p.Endpoint, p.Model,
 		string(withoutNUL(request)), p.Queue, string(status), p.EstPromptTokens, p.EstMaxTokens, int64(p.EstCost),
-		nullString(p.WebhookURL), nullJSON(p.Metadata), nullString(p.IdempotencyKey), now, now, d.tsOrNull(p.NextRunAt),
+		orNull(p.WebhookURL), nullJSON(p.Metadata), orNull(p.IdempotencyKey), now, now, d.tsOrNull(p.NextRunAt),
 		errorJSON(p.Error), finished, p.Sync, strings.Join(p.Fallbacks, " ")}
 }
 
@@ -142,7 +142,7 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 	if len(p.Jobs) == 0 {
 		return nil, nil
 	}
-	missing := 0
+	var fresh []string
 	for i, j := range p.Jobs {
 		if err := j.validate(fmt.Sprintf("JobInsertMany: Jobs[%d]", i)); err != nil {
 			return nil, err
@@ -151,13 +151,10 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 			return nil, fmt.Errorf("store: JobInsertMany: Jobs[%d]: IdempotencyKey is not supported in bulk", i)
 		}
 		if j.ID == "" {
-			missing++
+			fresh = append(fresh, ids.New(ids.Job))
 		}
 	}
-	fresh := make([]string, missing)
-	for i := range fresh {
-		fresh[i] = ids.New(ids.Job)
-	}
+	// Sorted, so that their order is the input's.
 	slices.Sort(fresh)
 	out := make([]string, len(p.Jobs))
 	now := db.d.ts(db.nowUTC())
@@ -170,7 +167,7 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 		rows[i] = j.values(db.d, out[i], now)
 	}
 	if err := db.d.insertJobs(ctx, db, rows); err != nil {
-		return nil, fmt.Errorf("store: JobInsertMany: %w", db.d.wrap(err))
+		return nil, failed("JobInsertMany", db.d.wrap(err))
 	}
 	return out, nil
 }
@@ -179,15 +176,7 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 // with the updates of its kind when kind is set. When it matches no row it
 // returns the job as it is, with applied=false, or ErrNotFound.
 func (db *DB) transition(ctx context.Context, kind, update string, a args, id, tenantID string) (*Job, bool, error) {
-	var (
-		j   *Job
-		err error
-	)
-	if kind != "" {
-		j, err = db.queryJobGrouped(ctx, kind, update+` RETURNING `+jobColumns, a)
-	} else {
-		j, err = scanJob(db.rw.queryRow(ctx, update+` RETURNING `+jobColumns, a...))
-	}
+	j, err := db.queryJobGrouped(ctx, kind, update+` RETURNING `+jobColumns, a)
 	if err == nil {
 		return j, true, nil
 	}
@@ -237,9 +226,6 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 	}
 	if !p.To.Valid() {
 		return nil, false, fmt.Errorf("store: JobSetStatus: To %q is not a job status", p.To)
-	}
-	if len(p.From) == 0 {
-		return nil, false, errors.New("store: JobSetStatus: From is empty")
 	}
 	from, err := unfinished("JobSetStatus", "From", p.From)
 	if err != nil {
@@ -327,13 +313,9 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 	if err != nil {
 		return nil, err
 	}
-	res := &JobCompleteResult{}
+	var res *JobCompleteResult
 	if db.d.groupWrites {
-		var exists bool
-		err = db.rw.queryRow(ctx, sqlJobComplete, a...).Scan(&res.Completed, &res.Charged, &exists)
-		if err == nil && !exists {
-			err = notFound("job", p.ID)
-		}
+		res, err = scanComplete(db.rw.queryRow(ctx, sqlJobComplete, a...), p.ID)
 	} else {
 		// SQLite has one writer: what the job was when the transaction
 		// began is what it is when the UPDATE runs.
@@ -348,18 +330,27 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 			if err != nil {
 				return err
 			}
-			unfinished, charged := !status.Terminal(), nl == 1
-			if _, err := tx.exec(ctx, sqlJobCompleteUpdateSQLite, append(a, unfinished, charged)...); err != nil {
-				return err
-			}
-			res.Completed, res.Charged = unfinished, charged
-			return nil
+			res = &JobCompleteResult{Completed: !status.Terminal(), Charged: nl == 1}
+			_, err = tx.exec(ctx, sqlJobCompleteUpdateSQLite, append(a, res.Completed, res.Charged)...)
+			return err
 		})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("store: JobComplete %s: %w", p.ID, db.d.wrap(err))
 	}
 	return res, nil
+}
+
+// scanComplete reads sqlJobComplete's answer; a job that does not exist is
+// ErrNotFound.
+func scanComplete(r row, id string) (*JobCompleteResult, error) {
+	res := &JobCompleteResult{}
+	var exists bool
+	err := r.Scan(&res.Completed, &res.Charged, &exists)
+	if err == nil && !exists {
+		err = notFound("job", id)
+	}
+	return res, err
 }
 
 // completeArgs checks p and returns the JobComplete statements' arguments.
@@ -384,7 +375,7 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	if p.Failed != nil {
 		state = string(JobFailed)
 	}
-	return args{p.ID, now, status, nullJSON(p.ResponseBody), nullString(p.ProviderRequestID),
+	return args{p.ID, now, status, nullJSON(p.ResponseBody), orNull(p.ProviderRequestID),
 		p.PromptTokens, p.CompletionTokens, p.CachedTokens, total, int64(p.Cost), p.Day, globalDay,
 		state, errorJSON(p.Failed), p.UsageEstimated, p.Deployment, p.ServedModel, chargeable, p.Batched}, nil
 }
@@ -460,17 +451,13 @@ func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (re
 			continue
 		}
 		b.Queue(sqlJobComplete, a...).QueryRow(func(r pgx.Row) error {
-			res := &JobCompleteResult{}
-			var exists bool
-			if err := r.Scan(&res.Completed, &res.Charged, &exists); err != nil {
-				return err
+			res, err := scanComplete(r, jp.ID)
+			if errors.Is(err, ErrNotFound) {
+				errs[i] = fmt.Errorf("store: JobComplete %s: %w", jp.ID, err)
+				return nil
 			}
-			if exists {
-				results[i] = res
-			} else {
-				errs[i] = fmt.Errorf("store: JobComplete %s: %w", jp.ID, notFound("job", jp.ID))
-			}
-			return nil
+			results[i] = res
+			return err
 		})
 	}
 	// A batch runs as one implicit transaction (groups.go).
@@ -500,7 +487,7 @@ func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied 
 	now := a.add(db.d.ts(db.nowUTC()))
 	q := `UPDATE jobs SET status = 'failed', worker_id = NULL, next_run_at = NULL, finished_at = ` + now + `, updated_at = ` + now +
 		`, error = ` + a.add(errorJSON(&p.Error)) +
-		`, response_status = ` + a.add(nullInt(int64(p.ResponseStatus))) +
+		`, response_status = ` + a.add(orNull(int64(p.ResponseStatus))) +
 		`, response_body = ` + a.add(nullJSON(p.ResponseBody))
 	if p.CountAttempt {
 		q += `, attempts = attempts + 1`

@@ -144,21 +144,19 @@ func (db *DB) UsageSumsByDays(ctx context.Context, days []string) ([]UsageDaySum
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: UsageSumsByDays: %w", db.d.wrap(err))
+		return nil, failed("UsageSumsByDays", db.d.wrap(err))
 	}
 	return out, nil
 }
 
 func usageSumsByDaysSQL(days []string) (string, args, error) {
-	var a args
-	vs := make([]any, len(days))
-	for i, d := range days {
+	for _, d := range days {
 		if err := validDay("UsageSumsByDays", d); err != nil {
 			return "", nil, err
 		}
-		vs[i] = d
 	}
-	in := a.list(vs...)
+	var a args
+	in := a.list(anys(days)...)
 	return `SELECT tenant_id, day, global_day, CAST(SUM(cost_micros) AS BIGINT) FROM (
 			SELECT tenant_id, day, global_day, cost_micros FROM usage_ledger WHERE day IN (` + in + `)
 			UNION ALL
@@ -170,19 +168,13 @@ func usageSumsByDaysSQL(days []string) (string, args, error) {
 // budget day written at or after since, oldest first (as stream). Rows
 // retention rolled up are not read.
 func (db *DB) UsageStreamByTenantDay(ctx context.Context, tenantID, day string, since time.Time, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
-	if err := validDay("UsageStreamByTenantDay", day); err != nil {
-		return err
-	}
-	return db.streamUsage(ctx, since, `day = $1 AND tenant_id = $2`, args{day, tenantID}, fn)
+	return db.streamUsage(ctx, "UsageStreamByTenantDay", day, since, `day = $1 AND tenant_id = $2`, args{day, tenantID}, fn)
 }
 
 // UsageStreamByDay is UsageStreamByTenantDay for the UTC day of every
 // tenant, from usage_ledger_global_day_rows.
 func (db *DB) UsageStreamByDay(ctx context.Context, day string, since time.Time, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
-	if err := validDay("UsageStreamByDay", day); err != nil {
-		return err
-	}
-	return db.streamUsage(ctx, since, `global_day = $1`, args{day}, fn)
+	return db.streamUsage(ctx, "UsageStreamByDay", day, since, `global_day = $1`, args{day}, fn)
 }
 
 // usageRow is a ledger row as the streams read it.
@@ -192,8 +184,11 @@ type usageRow struct {
 	at              time.Time
 }
 
-// streamUsage streams the rows of where (with its arguments a) from since on.
-func (db *DB) streamUsage(ctx context.Context, since time.Time, where string, a args, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+// streamUsage streams the rows of day's where (with its arguments a) from since on.
+func (db *DB) streamUsage(ctx context.Context, method, day string, since time.Time, where string, a args, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
+	if err := validDay(method, day); err != nil {
+		return err
+	}
 	scan := func(r row) (*usageRow, error) {
 		var u usageRow
 		return &u, r.Scan(&u.tenantID, &u.jobID, &u.cost, timeCol{&u.at})
@@ -244,7 +239,7 @@ func (db *DB) UsageRollUp(ctx context.Context, before time.Time, limit int) (int
 		})
 	}
 	if err != nil {
-		return 0, fmt.Errorf("store: UsageRollUp: %w", db.d.wrap(err))
+		return 0, failed("UsageRollUp", db.d.wrap(err))
 	}
 	return n, nil
 }
@@ -279,8 +274,6 @@ const sqlUsageCountRollable = `SELECT count(*) FROM usage_ledger WHERE created_a
 // UsageCountRollable counts the ledger rows UsageRollUp would fold.
 func (db *DB) UsageCountRollable(ctx context.Context, before time.Time) (int64, error) {
 	var n int64
-	if err := db.ro.queryRow(ctx, sqlUsageCountRollable, db.d.ts(before)).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: UsageCountRollable: %w", err)
-	}
-	return n, nil
+	err := db.ro.queryRow(ctx, sqlUsageCountRollable, db.d.ts(before)).Scan(&n)
+	return n, failed("UsageCountRollable", err)
 }

@@ -40,18 +40,16 @@ func (db *DB) waitLock(ctx context.Context, name string) (unlock func(), err err
 }
 
 func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
+	method := fmt.Sprintf("TryLock %q", name)
 	conn, err := db.locks.Acquire(ctx)
 	if err != nil {
-		return nil, false, fmt.Errorf("store: TryLock %q: %w", name, db.d.outage(err))
+		return nil, false, failed(method, db.d.outage(err))
 	}
 	key := lockKey(db.lockScope, name)
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil || !ok {
 		conn.Release()
-		if err != nil {
-			return nil, false, fmt.Errorf("store: TryLock %q: %w", name, db.d.outage(err))
-		}
-		return nil, false, nil
+		return nil, false, failed(method, db.d.outage(err))
 	}
 	return sync.OnceFunc(func() {
 		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -31,13 +32,10 @@ const StoredResponseRetention = 30 * 24 * time.Hour
 // StoredResponseInsert records rs; an id recorded before keeps its first
 // owner, so no later answer can take another tenant's response.
 func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) error {
-	if len(rs) == 0 {
-		return nil
-	}
 	now := db.nowUTC()
 	for chunk := range slices.Chunk(rs, 500) {
 		var a args
-		var values []byte
+		values := make([]string, len(chunk))
 		for i, r := range chunk {
 			if err := required("StoredResponseInsert", "ID", r.ID, "ResponseID", r.ResponseID, "TenantID", r.TenantID); err != nil {
 				return err
@@ -45,14 +43,11 @@ func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) err
 			if r.Tokens < 0 {
 				return fmt.Errorf("store: StoredResponseInsert %s: negative tokens %d", r.ID, r.Tokens)
 			}
-			if i > 0 {
-				values = append(values, ", "...)
-			}
-			values = append(values, "("+a.list(r.ID, r.ResponseID, r.TenantID, r.Deployment, r.Tokens, db.d.ts(now))+")"...)
+			values[i] = "(" + a.list(r.ID, r.ResponseID, r.TenantID, r.Deployment, r.Tokens, db.d.ts(now)) + ")"
 		}
 		if _, err := db.rw.exec(ctx, `INSERT INTO stored_responses (id, response_id, tenant_id, deployment, tokens, created_at)
-			VALUES `+string(values)+` ON CONFLICT (id) DO NOTHING`, a...); err != nil {
-			return fmt.Errorf("store: StoredResponseInsert: %w", db.d.wrap(err))
+			VALUES `+strings.Join(values, ", ")+` ON CONFLICT (id) DO NOTHING`, a...); err != nil {
+			return failed("StoredResponseInsert", db.d.wrap(err))
 		}
 	}
 	return nil
@@ -69,14 +64,12 @@ func (db *DB) StoredResponseGet(ctx context.Context, ids []string) (map[string]*
 	err := db.ro.query(ctx, `SELECT id, response_id, tenant_id, deployment, tokens, created_at FROM stored_responses
 		WHERE id IN (`+a.list(anys(ids)...)+`)`, a, func(r row) error {
 		var s StoredResponse
-		if err := r.Scan(&s.ID, &s.ResponseID, &s.TenantID, &s.Deployment, &s.Tokens, timeCol{&s.CreatedAt}); err != nil {
-			return err
-		}
+		err := r.Scan(&s.ID, &s.ResponseID, &s.TenantID, &s.Deployment, &s.Tokens, timeCol{&s.CreatedAt})
 		out[s.ID] = &s
-		return nil
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: StoredResponseGet: %w", err)
+		return nil, failed("StoredResponseGet", err)
 	}
 	return out, nil
 }
@@ -89,8 +82,5 @@ func (db *DB) StoredResponsePurge(ctx context.Context, before time.Time, limit i
 	}
 	n, err := db.rw.exec(ctx, `DELETE FROM stored_responses WHERE id IN
 		(SELECT id FROM stored_responses WHERE created_at < $1 ORDER BY created_at LIMIT $2)`, db.d.ts(before), limit)
-	if err != nil {
-		return 0, fmt.Errorf("store: StoredResponsePurge: %w", err)
-	}
-	return n, nil
+	return n, failed("StoredResponsePurge", err)
 }

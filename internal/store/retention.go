@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -23,10 +22,7 @@ func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (
 		WHERE id IN (SELECT id FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
 			AND finished_at < $2 ORDER BY finished_at LIMIT $3`+db.d.skipLocked+`)`,
 		db.d.ts(db.nowUTC()), db.d.ts(before), limit)
-	if err != nil {
-		return 0, fmt.Errorf("store: JobPurgeBodies: %w", err)
-	}
-	return n, nil
+	return n, failed("JobPurgeBodies", err)
 }
 
 // JobCountPurgeable counts the jobs JobPurgeBodies would purge.
@@ -34,10 +30,7 @@ func (db *DB) JobCountPurgeable(ctx context.Context, before time.Time) (int64, e
 	var n int64
 	err := db.ro.queryRow(ctx, `SELECT count(*) FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
 		AND finished_at < $1`, db.d.ts(before)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("store: JobCountPurgeable: %w", err)
-	}
-	return n, nil
+	return n, failed("JobCountPurgeable", err)
 }
 
 // PurgeableFile is a file retention would delete.
@@ -55,14 +48,12 @@ func (db *DB) FileListPurgeable(ctx context.Context, before time.Time, limit int
 			AND b.status NOT IN ('failed', 'completed', 'expired', 'cancelled'))
 		ORDER BY created_at, id LIMIT $2`, []any{db.d.ts(before), limit}, func(r row) error {
 		var f PurgeableFile
-		if err := r.Scan(&f.ID, &f.TenantID, &f.Bytes); err != nil {
-			return err
-		}
+		err := r.Scan(&f.ID, &f.TenantID, &f.Bytes)
 		out = append(out, f)
-		return nil
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: FileListPurgeable: %w", err)
+		return nil, failed("FileListPurgeable", err)
 	}
 	return out, nil
 }

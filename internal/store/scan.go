@@ -28,14 +28,12 @@ func (c timeCol) Scan(src any) error {
 type nullTimeCol struct{ t **time.Time }
 
 func (c nullTimeCol) Scan(src any) error {
+	*c.t = nil
 	if src == nil {
-		*c.t = nil
 		return nil
 	}
-	var t time.Time
-	err := parseTime(src, &t)
-	*c.t = &t
-	return err
+	*c.t = new(time.Time)
+	return parseTime(src, *c.t)
 }
 
 func parseTime(src any, t *time.Time) error {
@@ -86,13 +84,14 @@ func (c dayCol) Scan(src any) error {
 	return nil
 }
 
-// nullString is s, or NULL when s is empty: optional text columns hold NULL,
-// never "", so partial indexes and foreign keys skip them.
-func nullString(s string) any {
-	if s == "" {
+// orNull is v, or NULL when v is the zero value: optional columns hold
+// NULL, never "" or 0, so partial indexes and foreign keys skip them.
+func orNull[T comparable](v T) any {
+	var zero T
+	if v == zero {
 		return nil
 	}
-	return s
+	return v
 }
 
 // nullJSON is raw as text, or NULL when raw is empty or the JSON null.
@@ -129,14 +128,6 @@ func withoutNUL(raw []byte) []byte {
 		i++
 	}
 	return out
-}
-
-// nullInt is v, or NULL when v is zero.
-func nullInt(v int64) any {
-	if v == 0 {
-		return nil
-	}
-	return v
 }
 
 // validDay checks a budget day "YYYY-MM-DD".

@@ -44,30 +44,17 @@ type MigrationState struct {
 	AppliedAt time.Time // zero when pending
 }
 
-// checkSchema returns a *SchemaError unless the database's schema version
-// is this binary's.
-func (db *DB) checkSchema(ctx context.Context) error {
-	have, want, err := db.SchemaVersion(ctx)
-	if err != nil {
-		return err
-	}
-	if have != want {
-		return &SchemaError{Have: have, Want: want}
-	}
-	return nil
-}
-
 // SchemaVersion returns the database's schema version and this binary's.
 // It only reads: a database never migrated is at version 0 and stays as it
 // was.
 func (db *DB) SchemaVersion(ctx context.Context) (have, want int64, err error) {
 	m, done, err := db.migrator()
 	if err != nil {
-		return 0, 0, fmt.Errorf("store: schema version: %w", err)
+		return 0, 0, failed("schema version", err)
 	}
 	defer func() { _ = done() }()
 	if have, _, err = m.applied(ctx); err != nil {
-		return 0, 0, fmt.Errorf("store: schema version: %w", err)
+		return 0, 0, failed("schema version", err)
 	}
 	src := m.ListSources()
 	return have, src[len(src)-1].Version, nil
@@ -117,29 +104,29 @@ func (db *DB) MigrateDown(ctx context.Context) (int64, error) {
 func (db *DB) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
 	m, done, err := db.migrator()
 	if err != nil {
-		return nil, fmt.Errorf("store: migration status: %w", err)
+		return nil, failed("migration status", err)
 	}
 	defer func() { _ = done() }()
+	var out []MigrationState
 	// Status creates goose's table: a database never migrated has every
 	// migration pending, and is left as it was.
-	if _, migrated, err := m.applied(ctx); err != nil || !migrated {
-		if err != nil {
-			return nil, fmt.Errorf("store: migration status: %w", err)
-		}
-		var out []MigrationState
+	_, migrated, err := m.applied(ctx)
+	if err == nil && !migrated {
 		for _, src := range m.ListSources() {
 			out = append(out, MigrationState{Version: src.Version, Name: path.Base(src.Path)})
 		}
 		return out, nil
 	}
-	sts, err := m.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("store: migration status: %w", err)
+	var sts []*goose.MigrationStatus
+	if err == nil {
+		sts, err = m.Status(ctx)
 	}
-	out := make([]MigrationState, len(sts))
-	for i, s := range sts {
-		out[i] = MigrationState{Version: s.Source.Version, Name: path.Base(s.Source.Path),
-			Applied: s.State == goose.StateApplied, AppliedAt: s.AppliedAt}
+	if err != nil {
+		return nil, failed("migration status", err)
+	}
+	for _, s := range sts {
+		out = append(out, MigrationState{Version: s.Source.Version, Name: path.Base(s.Source.Path),
+			Applied: s.State == goose.StateApplied, AppliedAt: s.AppliedAt})
 	}
 	return out, nil
 }
@@ -154,22 +141,20 @@ func (db *DB) migrating(ctx context.Context, fn func(*goose.Provider) error) err
 		if ctx.Err() == nil {
 			return fmt.Errorf("store: migrate: another process has been migrating this database for %v (lock llmq.migrate); try again once it is done", db.migrateLockTimeout)
 		}
-		return fmt.Errorf("store: migrate: %w", err)
+		return failed("migrate", err)
 	}
 	defer unlock()
 	p, done, err := db.migrator()
 	if err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
+		return failed("migrate", err)
 	}
 	defer func() { _ = done() }()
-	if err := fn(p.Provider); err != nil {
-		if db.d.isLockTimeout(err) {
-			return fmt.Errorf("store: migrate: a table it changes stayed locked by another transaction for %v (lock_timeout), nothing of that migration was applied: "+
-				"end that transaction or try again when the database is quieter: %w", db.migrateLockTimeout, err)
-		}
-		return fmt.Errorf("store: migrate: %w", err)
+	err = fn(p.Provider)
+	if err != nil && db.d.isLockTimeout(err) {
+		return fmt.Errorf("store: migrate: a table it changes stayed locked by another transaction for %v (lock_timeout), nothing of that migration was applied: "+
+			"end that transaction or try again when the database is quieter: %w", db.migrateLockTimeout, err)
 	}
-	return nil
+	return failed("migrate", err)
 }
 
 // migrator is goose's provider of the embedded migrations on a database/sql
@@ -185,12 +170,11 @@ type migrator struct {
 func (db *DB) migrator() (*migrator, func() error, error) {
 	sdb, done := db.d.gooseDB(db)
 	versions, err := database.NewStore(db.d.goose, goose.DefaultTablename)
-	if err != nil {
-		_ = done()
-		return nil, nil, err
+	var p *goose.Provider
+	if err == nil {
+		p, err = goose.NewProvider(goose.DialectCustom, sdb, db.d.migrations, goose.WithStore(versions),
+			goose.WithDisableGlobalRegistry(true))
 	}
-	p, err := goose.NewProvider(goose.DialectCustom, sdb, db.d.migrations, goose.WithStore(versions),
-		goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		_ = done()
 		return nil, nil, err

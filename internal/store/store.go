@@ -107,8 +107,12 @@ func open(ctx context.Context, url string, logger *slog.Logger, migrate bool) (*
 	if migrate {
 		_, err = db.MigrateUp(ctx)
 	}
+	var have, want int64
 	if err == nil {
-		err = db.checkSchema(ctx)
+		have, want, err = db.SchemaVersion(ctx)
+	}
+	if err == nil && have != want {
+		err = &SchemaError{Have: have, Want: want}
 	}
 	if err != nil {
 		_ = db.Close()
@@ -154,15 +158,11 @@ func (db *DB) Dialect() string { return db.d.name }
 // Ping checks that the database answers.
 func (db *DB) Ping(ctx context.Context) error {
 	var one int
-	if err := db.rw.queryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-		return fmt.Errorf("store: ping: %w", err)
+	err := failed("ping", db.rw.queryRow(ctx, "SELECT 1").Scan(&one))
+	if err == nil && db.ro != db.rw {
+		err = failed("ping readers", db.ro.queryRow(ctx, "SELECT 1").Scan(&one))
 	}
-	if db.ro != db.rw {
-		if err := db.ro.queryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-			return fmt.Errorf("store: ping readers: %w", err)
-		}
-	}
-	return nil
+	return err
 }
 
 // Close closes the connection pools. Locks taken with TryLock and not yet
@@ -223,9 +223,12 @@ type status interface {
 	Terminal() bool
 }
 
-// unfinished checks that each of ss is a known status that is not terminal,
+// unfinished checks that ss holds known statuses that are not terminal,
 // and returns them as strings.
 func unfinished[S status](method, field string, ss []S) ([]any, error) {
+	if len(ss) == 0 {
+		return nil, fmt.Errorf("store: %s: %s is empty", method, field)
+	}
 	out := make([]any, len(ss))
 	for i, s := range ss {
 		if !s.Valid() || s.Terminal() {
@@ -245,6 +248,20 @@ func pageLimit(limit, def, max int) int {
 		return max
 	}
 	return limit
+}
+
+// pageSQL ends q, a list's query and its conditions, with the page after
+// the id after: older rows newest first (newestFirst, a tenant's list) or
+// younger rows oldest first (a sweep), one more than limit (see page).
+func pageSQL(q string, a args, after string, newestFirst bool, limit int) (string, args) {
+	op, order := ` > `, ``
+	if newestFirst {
+		op, order = ` < `, ` DESC`
+	}
+	if after != "" {
+		q += ` AND id` + op + a.add(after)
+	}
+	return q + ` ORDER BY id` + order + ` LIMIT ` + a.add(limit+1), a
 }
 
 // page runs query, which selects up to limit+1 rows, and returns the first
@@ -270,6 +287,14 @@ func getOne[T any](ctx context.Context, q querier, scan func(row) (*T, error), w
 
 // notFound wraps ErrNotFound with what was missing.
 func notFound(what, id string) error { return fmt.Errorf("%w: %s %q", ErrNotFound, what, id) }
+
+// failed names method in its error; nil stays nil.
+func failed(method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("store: %s: %w", method, err)
+}
 
 // positive checks a limit of rows.
 func positive(method string, limit int) error {

@@ -43,20 +43,18 @@ const tenantColumns = `id, name, tier, budget_override_micros, api_exempt, webho
 	coalesce(webhook_secret_previous, ''), webhook_secret_previous_until, created_at, updated_at`
 
 func scanTenant(r row) (*Tenant, error) {
-	var t *Tenant
+	var t Tenant
 	if err := r.Scan(tenantDest(&t)...); err != nil {
 		return nil, err
 	}
-	return t, nil
+	return &t, nil
 }
 
-// tenantDest returns scan destinations for tenantColumns that fill a new
-// *t, so a wider row (a key joined to its tenant) can scan a tenant too.
-func tenantDest(t **Tenant) []any {
-	v := &Tenant{}
-	*t = v
-	return []any{&v.ID, &v.Name, &v.Tier, microsCol{&v.BudgetOverride}, &v.APIExempt, &v.WebhookSecret,
-		&v.WebhookSecretPrevious, nullTimeCol{&v.PreviousUntil}, timeCol{&v.CreatedAt}, timeCol{&v.UpdatedAt}}
+// tenantDest returns scan destinations for tenantColumns into t, so a wider
+// row (a key joined to its tenant) can scan a tenant too.
+func tenantDest(t *Tenant) []any {
+	return []any{&t.ID, &t.Name, &t.Tier, microsCol{&t.BudgetOverride}, &t.APIExempt, &t.WebhookSecret,
+		&t.WebhookSecretPrevious, nullTimeCol{&t.PreviousUntil}, timeCol{&t.CreatedAt}, timeCol{&t.UpdatedAt}}
 }
 
 // TenantInsertParams are the fields of a new tenant.
@@ -108,13 +106,10 @@ func (db *DB) TenantList(ctx context.Context, p *TenantListParams) ([]*Tenant, b
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	var a args
 	q := `SELECT ` + tenantColumns + ` FROM tenants WHERE TRUE`
-	if p.After != "" {
-		q += ` AND id < ` + a.add(p.After)
-	}
 	if p.APIExempt {
 		q += ` AND api_exempt = TRUE`
 	}
-	q += ` ORDER BY id DESC LIMIT ` + a.add(limit+1)
+	q, a = pageSQL(q, a, p.After, true, limit)
 	return page(ctx, db.ro, scanTenant, limit, q, a...)
 }
 

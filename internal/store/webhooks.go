@@ -18,21 +18,37 @@ type WebhookRef struct {
 	ID   string
 }
 
-// The predicates of the partial indexes jobs_webhook_pending and
-// batches_webhook_pending, literally.
-const (
-	jobWebhookPendingSQL   = `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled')`
-	batchWebhookPendingSQL = `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('completed', 'failed', 'expired', 'cancelled')`
-)
+// webhookTable is where the objects of a webhook kind are: their table,
+// the predicate of its partial index *_webhook_pending (literally), and
+// when an object finished.
+type webhookTable struct {
+	name, pending, finishedAt string
+}
+
+var webhookTables = map[string]webhookTable{
+	WebhookJob: {"jobs", `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled')`,
+		"finished_at"},
+	WebhookBatch: {"batches", `webhook_url IS NOT NULL AND webhook_done_at IS NULL AND status IN ('completed', 'failed', 'expired', 'cancelled')`,
+		"COALESCE(completed_at, failed_at, expired_at, cancelled_at)"},
+}
+
+// webhookTableOf is the table of a webhook kind.
+func webhookTableOf(method, kind string) (webhookTable, error) {
+	t, ok := webhookTables[kind]
+	if !ok {
+		return t, fmt.Errorf("store: %s: Kind %q: want %q or %q", method, kind, WebhookJob, WebhookBatch)
+	}
+	return t, nil
+}
 
 // WebhookDone records, once, that the webhook of the job or batch needs no
 // further delivery.
 func (db *DB) WebhookDone(ctx context.Context, ref WebhookRef) error {
-	table, err := webhookTable("WebhookDone", ref.Kind)
+	t, err := webhookTableOf("WebhookDone", ref.Kind)
 	if err != nil {
 		return err
 	}
-	n, err := db.rw.exec(ctx, `UPDATE `+table+` SET webhook_done_at = COALESCE(webhook_done_at, $2) WHERE id = $1`,
+	n, err := db.rw.exec(ctx, `UPDATE `+t.name+` SET webhook_done_at = COALESCE(webhook_done_at, $2) WHERE id = $1`,
 		ref.ID, db.d.ts(db.nowUTC()))
 	if err != nil {
 		return db.d.wrap(err)
@@ -68,36 +84,15 @@ func (db *DB) WebhookListPending(ctx context.Context, p *WebhookListPendingParam
 }
 
 func webhookListPendingSQL(d *dialect, p *WebhookListPendingParams, limit int) (string, args, error) {
-	table, err := webhookTable("WebhookListPending", p.Kind)
+	t, err := webhookTableOf("WebhookListPending", p.Kind)
 	if err != nil {
 		return "", nil, err
 	}
 	var a args
-	q := `SELECT id FROM ` + table + ` WHERE `
-	if table == "jobs" {
-		q += jobWebhookPendingSQL
-		if !p.FinishedBefore.IsZero() {
-			q += ` AND finished_at < ` + a.add(d.ts(p.FinishedBefore))
-		}
-	} else {
-		q += batchWebhookPendingSQL
-		if !p.FinishedBefore.IsZero() {
-			q += ` AND COALESCE(completed_at, failed_at, expired_at, cancelled_at) < ` + a.add(d.ts(p.FinishedBefore))
-		}
+	q := `SELECT id FROM ` + t.name + ` WHERE ` + t.pending
+	if !p.FinishedBefore.IsZero() {
+		q += ` AND ` + t.finishedAt + ` < ` + a.add(d.ts(p.FinishedBefore))
 	}
-	if p.After != "" {
-		q += ` AND id > ` + a.add(p.After)
-	}
-	return q + ` ORDER BY id LIMIT ` + a.add(limit+1), a, nil
-}
-
-// webhookTable is the table of a webhook kind.
-func webhookTable(method, kind string) (string, error) {
-	switch kind {
-	case WebhookJob:
-		return "jobs", nil
-	case WebhookBatch:
-		return "batches", nil
-	}
-	return "", fmt.Errorf("store: %s: Kind %q: want %q or %q", method, kind, WebhookJob, WebhookBatch)
+	q, a = pageSQL(q, a, p.After, false, limit)
+	return q, a, nil
 }

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -22,21 +21,15 @@ func (db *DB) WorkerBeat(ctx context.Context, id string) error {
 	if err := required("WorkerBeat", "id", id); err != nil {
 		return err
 	}
-	now := db.d.ts(db.nowUTC())
 	_, err := db.rw.exec(ctx, `INSERT INTO workers (id, started_at, seen_at) VALUES ($1, $2, $2)
-		ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at`, id, now)
-	if err != nil {
-		return fmt.Errorf("store: WorkerBeat: %w", db.d.wrap(err))
-	}
-	return nil
+		ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at`, id, db.d.ts(db.nowUTC()))
+	return failed("WorkerBeat", db.d.wrap(err))
 }
 
 // WorkerGone removes worker process id, which stopped.
 func (db *DB) WorkerGone(ctx context.Context, id string) error {
-	if _, err := db.rw.exec(ctx, `DELETE FROM workers WHERE id = $1`, id); err != nil {
-		return fmt.Errorf("store: WorkerGone: %w", db.d.wrap(err))
-	}
-	return nil
+	_, err := db.rw.exec(ctx, `DELETE FROM workers WHERE id = $1`, id)
+	return failed("WorkerGone", db.d.wrap(err))
 }
 
 // JobRelease clears worker's hold on job id when a delivery ended without
@@ -45,11 +38,9 @@ func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
 	if worker == "" {
 		return nil
 	}
-	if _, err := db.rw.exec(ctx, `UPDATE jobs SET worker_id = NULL,
-		status = CASE WHEN status = 'running' THEN 'queued' ELSE status END WHERE id = $1 AND worker_id = $2`, id, worker); err != nil {
-		return fmt.Errorf("store: JobRelease: %w", db.d.wrap(err))
-	}
-	return nil
+	_, err := db.rw.exec(ctx, `UPDATE jobs SET worker_id = NULL,
+		status = CASE WHEN status = 'running' THEN 'queued' ELSE status END WHERE id = $1 AND worker_id = $2`, id, worker)
+	return failed("JobRelease", db.d.wrap(err))
 }
 
 // heldByLiveSQL is true for a job that a worker other than $w holds and
@@ -69,8 +60,5 @@ func (db *DB) JobHandOff(ctx context.Context, limit int) ([]*Job, error) {
 			AND NOT ` + heldByLiveSQL + dead + `) LIMIT ` + a.add(limit) + `)
 		RETURNING ` + jobColumns
 	jobs, err := collect(ctx, db.rw, scanJob, q, a...)
-	if err != nil {
-		return nil, fmt.Errorf("store: JobHandOff: %w", db.d.wrap(err))
-	}
-	return jobs, nil
+	return jobs, failed("JobHandOff", db.d.wrap(err))
 }
