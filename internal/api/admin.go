@@ -1,12 +1,10 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -22,7 +20,7 @@ import (
 	"github.com/llmq/llmq/internal/wire"
 )
 
-func (s *Server) checkTier(p *config.Policy, tier string) error {
+func checkTier(p *config.Policy, tier string) error {
 	if _, ok := p.Tier(tier); ok {
 		return nil
 	}
@@ -44,20 +42,21 @@ func budgetOverride(v *float64) (*money.Micros, error) {
 	return &m, nil
 }
 
-// checkTenantName refuses a tenant name that is empty, longer than 200
-// bytes, or holds a control character (CR, LF, ESC: a terminal or a log
-// line would act on it) or a character that reorders or hides text
-// (U+202E, zero-width ones): operators read names in lists.
-func checkTenantName(name string) error {
+// tenantName is name without surrounding spaces. It refuses a name that is
+// empty, longer than 200 bytes, or holds a control character (CR, LF, ESC:
+// a terminal or a log line would act on it) or a character that reorders
+// or hides text (U+202E, zero-width ones): operators read names in lists.
+func tenantName(name string) (string, error) {
+	name = strings.TrimSpace(name)
 	if name == "" || len(name) > 200 {
-		return wire.Invalid("name", client.CodeInvalidValue, "name is required (at most 200 characters).")
+		return "", wire.Invalid("name", client.CodeInvalidValue, "name is required (at most 200 characters).")
 	}
 	for i, r := range name {
 		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
-			return wire.Invalid("name", client.CodeInvalidValue, "name must not hold control or invisible formatting characters (U+%04X at byte %d).", r, i)
+			return "", wire.Invalid("name", client.CodeInvalidValue, "name must not hold control or invisible formatting characters (U+%04X at byte %d).", r, i)
 		}
 	}
-	return nil
+	return name, nil
 }
 
 func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
@@ -65,25 +64,24 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
-	req.Name = strings.TrimSpace(req.Name)
-	if err := checkTenantName(req.Name); err != nil {
+	name, err := tenantName(req.Name)
+	if err != nil {
 		return err
 	}
-	if err := s.checkTier(s.Policy.Current(), req.Tier); err != nil {
+	if err := checkTier(s.Policy.Current(), req.Tier); err != nil {
 		return err
 	}
 	override, err := budgetOverride(req.DailyBudgetUSD)
 	if err != nil {
 		return err
 	}
-	t, err := s.Store.TenantInsert(r.Context(), &store.TenantInsertParams{Name: req.Name, Tier: req.Tier,
+	t, err := s.Store.TenantInsert(r.Context(), &store.TenantInsertParams{Name: name, Tier: req.Tier,
 		BudgetOverride: override, APIExempt: req.APIExempt})
 	if err != nil {
 		return err
 	}
 	s.Logger.Info("tenant created", "tenant", t.ID, "tier", t.Tier)
-	writeJSON(w, http.StatusCreated, wire.Tenant(t, true))
-	return nil
+	return writeJSON(w, http.StatusCreated, wire.Tenant(t, true))
 }
 
 func (s *Server) tenantByPath(r *http.Request) (*store.Tenant, error) {
@@ -132,29 +130,25 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 	}
 	p := &store.TenantUpdateParams{ID: id, Name: req.Name, Tier: req.Tier, APIExempt: req.APIExempt}
 	if req.Name != nil {
-		trimmed := strings.TrimSpace(*req.Name)
-		if err := checkTenantName(trimmed); err != nil {
+		name, err := tenantName(*req.Name)
+		if err != nil {
 			return err
 		}
-		p.Name = &trimmed
+		p.Name = &name
 	}
 	if req.Tier != nil {
-		if err := s.checkTier(s.Policy.Current(), *req.Tier); err != nil {
+		if err := checkTier(s.Policy.Current(), *req.Tier); err != nil {
 			return err
 		}
 	}
 	if len(req.DailyBudgetUSD) > 0 {
 		p.SetBudgetOverride = true
-		if !bytes.Equal(req.DailyBudgetUSD, []byte("null")) {
-			var v float64
-			if err := json.Unmarshal(req.DailyBudgetUSD, &v); err != nil {
-				return wire.Invalid("daily_budget_usd", client.CodeInvalidType, "daily_budget_usd must be a number of dollars or null.")
-			}
-			m, err := budgetOverride(&v)
-			if err != nil {
-				return err
-			}
-			p.BudgetOverride = m
+		var v *float64 // nil for null
+		if err := json.Unmarshal(req.DailyBudgetUSD, &v); err != nil {
+			return wire.Invalid("daily_budget_usd", client.CodeInvalidType, "daily_budget_usd must be a number of dollars or null.")
+		}
+		if p.BudgetOverride, err = budgetOverride(v); err != nil {
+			return err
 		}
 	}
 	t, err := s.Store.TenantUpdate(r.Context(), p)
@@ -199,8 +193,8 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	o, err := s.decodeKeyOptions(w, r)
-	if err != nil {
+	var o keyOptions
+	if err := decodeOptionalJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
 		return err
 	}
 	k, key, err := createKey(r.Context(), s.Store, &store.APIKeyInsertParams{TenantID: t.ID, APIExempt: o.APIExempt != nil && *o.APIExempt})
@@ -210,8 +204,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	s.Logger.Info("api key created", "tenant", t.ID, "key", k.ID, "api_exempt", k.APIExempt)
 	out := wire.APIKey(k)
 	out.Key = key
-	writeJSON(w, http.StatusCreated, out)
-	return nil
+	return writeJSON(w, http.StatusCreated, out)
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
@@ -224,6 +217,35 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeList(w, keys, false, wire.APIKey, func(k client.APIKey) string { return k.ID })
+}
+
+// keyOptions are the settings of a key the admin API may set: at creation
+// (POST /admin/v1/tenants/{id}/keys, body optional) and later (PATCH
+// /admin/v1/keys/{id}).
+type keyOptions struct {
+	// APIExempt frees the key from its tier's API rate limit (an internal
+	// service's key), whatever its tenant's setting.
+	APIExempt *bool `json:"api_exempt"`
+}
+
+// updateKey changes a key's settings: PATCH /admin/v1/keys/{id}
+// {"api_exempt": true}.
+func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r, ids.Key, "api key")
+	if err != nil {
+		return err
+	}
+	var o keyOptions
+	if err := decodeOptionalJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
+		return err
+	}
+	k, err := s.Store.APIKeyUpdate(r.Context(), &store.APIKeyUpdateParams{ID: id, APIExempt: o.APIExempt})
+	if err != nil {
+		return missingAs(err, "api key", id)
+	}
+	s.keysChanged(r.Context())
+	s.Logger.Info("api key updated", "key", k.ID, "api_exempt", k.APIExempt)
+	return writeOK(w, wire.APIKey(k))
 }
 
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
@@ -277,7 +299,7 @@ func (s *Server) adminRetention(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	unix := func(t time.Time) *int64 {
+	unix := func(t time.Time) *int64 { // nil when kept for ever
 		if t.IsZero() {
 			return nil
 		}
@@ -306,15 +328,8 @@ func (s *Server) rotateWebhookSecret(w http.ResponseWriter, r *http.Request) err
 	var o struct {
 		Overlap *string `json:"overlap"`
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
-	if err != nil {
+	if err := decodeOptionalJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
 		return err
-	}
-	if len(bytes.TrimSpace(body)) > 0 {
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
-			return err
-		}
 	}
 	overlap := 24 * time.Hour
 	if o.Overlap != nil {

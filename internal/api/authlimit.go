@@ -3,7 +3,7 @@ package api
 import (
 	"net/http"
 	"net/netip"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,12 +45,7 @@ func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 }
 
 func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
-	for _, p := range trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(trusted, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // forwardedHops are the entries of every X-Forwarded-For header, in order.
@@ -138,7 +133,7 @@ func (s *Server) authFailed(w http.ResponseWriter, r *http.Request, e *wire.Erro
 	}
 	addr := clientAddr(r, s.opts.TrustedProxies)
 	if d := s.authFails.blockedFor(addr, s.opts.Now()); d > 0 {
-		return tooManyFailures(w, d, nil)
+		return tooManyFailures(d)
 	}
 	set := limiter.WindowSet{Algorithm: limiter.AlgSlidingWindow, Scope: "auth:" + addr.String(), Windows: lim.Windows("")}
 	res, err := s.APILimiter.Allow(r.Context(), set, 1)
@@ -152,22 +147,15 @@ func (s *Server) authFailed(w http.ResponseWriter, r *http.Request, e *wire.Erro
 	s.authFails.block(addr, s.opts.Now().Add(res.RetryAfter), s.opts.Now())
 	s.Logger.WarnContext(r.Context(), "client address refused after too many failed authentications",
 		"addr", addr.String(), "retry_after", res.RetryAfter.Round(time.Second))
-	return tooManyFailures(w, res.RetryAfter, res)
+	if i := res.Tightest(); i >= 0 {
+		setRateLimitHeaders(w.Header(), res.Buckets[i], 0, "auth_failures:"+res.Buckets[i].Name)
+	}
+	return tooManyFailures(res.RetryAfter)
 }
 
 // tooManyFailures is the 429 of an address that used up its failed
-// authentications, with the refusing window's X-RateLimit-* when known.
-func tooManyFailures(w http.ResponseWriter, retry time.Duration, res *limiter.Result) error {
-	if res != nil {
-		if i := res.Tightest(); i >= 0 {
-			b := res.Buckets[i]
-			h := w.Header()
-			h.Set("X-RateLimit-Limit", strconv.FormatInt(b.Limit, 10))
-			h.Set("X-RateLimit-Remaining", "0")
-			h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(b.ResetAfter), 10))
-			h.Set("X-RateLimit-Window", "auth_failures:"+b.Name)
-		}
-	}
+// authentications.
+func tooManyFailures(retry time.Duration) error {
 	e := wire.Errorf(http.StatusTooManyRequests, wire.TypeRateLimit, client.CodeTooManyAuthFailures, "",
 		"Too many requests with a missing or wrong key from this address. Retry after %v.", retry.Round(time.Millisecond))
 	e.RetryAfter = retry

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -40,15 +39,15 @@ func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) {
 	}
 	a := &batchAPI{Server: s, batches: svc, limits: opts}
 	t := s.tenantRoute
-	s.mux.Handle("POST /v1/files", t(a.uploadFile))
-	s.mux.Handle("GET /v1/files", t(a.listFiles))
-	s.mux.Handle("GET /v1/files/{id}", t(a.getFile))
-	s.mux.Handle("GET /v1/files/{id}/content", t(a.fileContent))
-	s.mux.Handle("DELETE /v1/files/{id}", t(a.deleteFile))
-	s.mux.Handle("POST /v1/batches", t(a.createBatch))
-	s.mux.Handle("GET /v1/batches", t(a.listBatches))
-	s.mux.Handle("GET /v1/batches/{id}", t(a.getBatch))
-	s.mux.Handle("POST /v1/batches/{id}/cancel", t(a.cancelBatch))
+	s.mux.Handle("POST /v1/files", t("files.create", a.uploadFile))
+	s.mux.Handle("GET /v1/files", t("files.list", a.listFiles))
+	s.mux.Handle("GET /v1/files/{id}", t("files.retrieve", a.getFile))
+	s.mux.Handle("GET /v1/files/{id}/content", t("files.content", a.fileContent))
+	s.mux.Handle("DELETE /v1/files/{id}", t("files.delete", a.deleteFile))
+	s.mux.Handle("POST /v1/batches", t("batches.create", a.createBatch))
+	s.mux.Handle("GET /v1/batches", t("batches.list", a.listBatches))
+	s.mux.Handle("GET /v1/batches/{id}", t("batches.retrieve", a.getBatch))
+	s.mux.Handle("POST /v1/batches/{id}/cancel", t("batches.cancel", a.cancelBatch))
 }
 
 // createBatch checks what can be checked at once (the file, the endpoint,
@@ -70,7 +69,8 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	case req.CompletionWindow != batch.CompletionWindow:
 		return wire.Invalid("completion_window", client.CodeInvalidValue, "completion_window must be '%s', got '%.20s'.", batch.CompletionWindow, req.CompletionWindow)
 	}
-	if err := validateMetadata(req.Metadata); err != nil {
+	meta, err := validateMetadata(req.Metadata)
+	if err != nil {
 		return err
 	}
 	if err := s.validateWebhookURL(req.WebhookURL); err != nil {
@@ -79,14 +79,10 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if _, _, err := admission.Account(c.policy, c.tenant); err != nil {
 		return err
 	}
-	missing := notFound("file", req.InputFileID)
-	missing.Param = "input_file_id"
-	if !ids.Valid(ids.File, req.InputFileID) {
-		return missing
-	}
-	f, err := s.Store.FileGetForTenant(r.Context(), c.tenant.ID, req.InputFileID)
-	if errors.Is(err, store.ErrNotFound) {
-		return missing
+	f, err := callersByID(r, req.InputFileID, ids.File, "file", s.Store.FileGetForTenant)
+	var missing *wire.Error // the 404 of an id that names no file of the caller
+	if errors.As(err, &missing) {
+		missing.Param = "input_file_id"
 	}
 	if err != nil {
 		return err
@@ -101,10 +97,6 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	case f.Bytes == 0:
 		return wire.Invalid("input_file_id", client.CodeEmptyFile, "File %s is empty.", f.ID)
 	}
-	var meta json.RawMessage
-	if req.Metadata != nil {
-		meta, _ = json.Marshal(req.Metadata)
-	}
 	b, err := s.Store.BatchInsert(r.Context(), &store.BatchInsertParams{TenantID: c.tenant.ID, InputFileID: f.ID,
 		Endpoint: req.Endpoint, CompletionWindow: req.CompletionWindow, Metadata: meta,
 		ExpiresAt: s.opts.Now().Add(batch.Window), WebhookURL: req.WebhookURL})
@@ -116,26 +108,17 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	return writeOK(w, wire.Batch(b, &store.JobCounts{}))
 }
 
-// renderBatch renders b with its live request counts.
-func (s *batchAPI) renderBatch(r *http.Request, b *store.Batch) (client.Batch, error) {
-	c, err := s.Store.JobCountsByBatch(r.Context(), b.ID)
-	if err != nil {
-		return client.Batch{}, err
-	}
-	return wire.Batch(b, c), nil
-}
-
 // writeBatch answers b with its live request counts.
 func (s *batchAPI) writeBatch(w http.ResponseWriter, r *http.Request, b *store.Batch) error {
-	out, err := s.renderBatch(r, b)
+	c, err := s.Store.JobCountsByBatch(r.Context(), b.ID)
 	if err != nil {
 		return err
 	}
-	return writeOK(w, out)
+	return writeOK(w, wire.Batch(b, c))
 }
 
 func (s *batchAPI) getBatch(w http.ResponseWriter, r *http.Request) error {
-	b, err := callersByPath(r, ids.Batch, "batch", s.Store.BatchGetForTenant)
+	b, err := callersByID(r, r.PathValue("id"), ids.Batch, "batch", s.Store.BatchGetForTenant)
 	if err != nil {
 		return err
 	}
@@ -155,9 +138,11 @@ func (s *batchAPI) listBatches(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]client.Batch, len(bs))
 	for i, b := range bs {
-		if out[i], err = s.renderBatch(r, b); err != nil {
+		c, err := s.Store.JobCountsByBatch(r.Context(), b.ID)
+		if err != nil {
 			return err
 		}
+		out[i] = wire.Batch(b, c)
 	}
 	return writeOK(w, client.NewList(out, more, func(b client.Batch) string { return b.ID }))
 }

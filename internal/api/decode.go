@@ -32,24 +32,38 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([
 	if err != nil {
 		return nil, err // MaxBytesError becomes a 413 in writeError
 	}
+	return body, parseJSON(body, dst)
+}
+
+// decodeOptionalJSON is decodeJSON of a body that may be empty, which
+// leaves dst as it is.
+func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil || len(bytes.TrimSpace(body)) == 0 {
+		return err
+	}
+	return parseJSON(body, dst)
+}
+
+func parseJSON(body []byte, dst any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, wire.Invalid("", client.CodeInvalidJSON, "Request body is empty; expected a JSON object.")
+		return wire.Invalid("", client.CodeInvalidJSON, "Request body is empty; expected a JSON object.")
 	}
 	if p := jsontext.Unstorable(body); p != nil {
-		return nil, encodingError(body, p)
+		return encodingError(body, p)
 	}
 	if p := jsontext.Structure(body, jsontext.Names(dst)...); p != nil {
-		return nil, encodingError(body, p)
+		return encodingError(body, p)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		return nil, jsonError(err)
+		return jsonError(err)
 	}
 	if dec.More() {
-		return nil, wire.Invalid("", client.CodeInvalidJSON, "Request body has data after the JSON object.")
+		return wire.Invalid("", client.CodeInvalidJSON, "Request body has data after the JSON object.")
 	}
-	return body, nil
+	return nil
 }
 
 // encodingError is the 400 of a body holding what the database cannot
@@ -77,13 +91,12 @@ func pathID(r *http.Request, prefix, what string) (string, error) {
 	return id, nil
 }
 
-// callersByPath is the caller's what whose id is r's {id}, read by get; an
-// id that is malformed or not the caller's is the 404 of a missing what.
-func callersByPath[T any](r *http.Request, prefix, what string, get func(ctx context.Context, tenantID, id string) (T, error)) (T, error) {
-	var zero T
-	id, err := pathID(r, prefix, what)
-	if err != nil {
-		return zero, err
+// callersByID is the caller's what whose id is id, read by get; an id that
+// is malformed or not the caller's is the 404 of a missing what.
+func callersByID[T any](r *http.Request, id, prefix, what string, get func(ctx context.Context, tenantID, id string) (T, error)) (T, error) {
+	if !ids.Valid(prefix, id) {
+		var zero T
+		return zero, notFound(what, id)
 	}
 	v, err := get(r.Context(), callerOf(r).tenant.ID, id)
 	return v, missingAs(err, what, id)

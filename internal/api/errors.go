@@ -68,41 +68,47 @@ func queueStoreDown(err error) bool {
 // its 503, any other error as a generic 500 that leaks nothing, logged.
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	var e *wire.Error
-	if !errors.As(err, &e) {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			e = wire.Errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, client.CodeRequestTooLarge, "",
-				"Request body is larger than the limit of %d bytes.", mbe.Limit)
-		} else if errors.Is(err, store.ErrUnavailable) {
-			logger.WarnContext(r.Context(), "request refused: database unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
-			e = errDatabaseUnavailable
-		} else if queueStoreDown(err) {
-			logger.WarnContext(r.Context(), "request refused: redis unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
-			e = errQueueStoreUnavailable
-		} else if errors.Is(err, store.ErrInvalidValue) {
-			// The backstop of the checks that name the param: each one
-			// logged is a check to add.
-			logger.WarnContext(r.Context(), "request refused by the database", "method", r.Method, "path", r.URL.Path, "err", err)
-			e = wire.Invalid("", client.CodeInvalidValue,
-				"The request holds a value that cannot be stored (such as a NUL character or text that is not UTF-8).")
-		} else {
-			logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-			e = wire.Errorf(http.StatusInternalServerError, wire.TypeServer, client.CodeInternalError, "",
-				"The server had an error while processing your request. Retry later.")
-		}
+	var mbe *http.MaxBytesError
+	level, logged := slog.LevelWarn, ""
+	switch {
+	case errors.As(err, &e):
+	case errors.As(err, &mbe):
+		e = wire.Errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, client.CodeRequestTooLarge, "",
+			"Request body is larger than the limit of %d bytes.", mbe.Limit)
+	case errors.Is(err, store.ErrUnavailable):
+		logged, e = "request refused: database unavailable", errDatabaseUnavailable
+	case queueStoreDown(err):
+		logged, e = "request refused: redis unavailable", errQueueStoreUnavailable
+	case errors.Is(err, store.ErrInvalidValue):
+		// The backstop of the checks that name the param: each one
+		// logged is a check to add.
+		logged, e = "request refused by the database", wire.Invalid("", client.CodeInvalidValue,
+			"The request holds a value that cannot be stored (such as a NUL character or text that is not UTF-8).")
+	default:
+		level, logged = slog.LevelError, "request failed"
+		e = wire.Errorf(http.StatusInternalServerError, wire.TypeServer, client.CodeInternalError, "",
+			"The server had an error while processing your request. Retry later.")
+	}
+	if logged != "" {
+		logger.Log(r.Context(), level, logged, "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	wire.WriteError(w, e)
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+// writeJSON answers v with status, ending a handler.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, _ := json.Marshal(v)
+	return writeRaw(w, status, append(b, '\n'))
 }
 
 // writeOK answers v with 200, ending a handler.
-func writeOK(w http.ResponseWriter, v any) error {
-	writeJSON(w, http.StatusOK, v)
+func writeOK(w http.ResponseWriter, v any) error { return writeJSON(w, http.StatusOK, v) }
+
+// writeRaw answers body, a JSON text, with status, ending a handler.
+func writeRaw(w http.ResponseWriter, status int, body []byte) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
 	return nil
 }
 

@@ -33,12 +33,9 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 		return wire.Invalid("", client.CodeInvalidContentType,
 			"Upload files as multipart/form-data with the fields purpose=batch and file.")
 	}
-	var (
-		purpose  string
-		gotPurp  bool
-		spool    *os.File
-		filename string
-	)
+	var purpose, filename string
+	var gotPurp bool
+	var spool *os.File
 	defer func() {
 		if spool != nil {
 			_ = spool.Close()
@@ -60,8 +57,8 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 				return multipartError(err)
 			}
 			purpose, gotPurp = strings.TrimSpace(string(b)), true
-			if err := checkPurpose(purpose); err != nil {
-				return err
+			if purpose != string(store.FilePurposeBatch) {
+				return wire.Invalid("purpose", client.CodeInvalidValue, "purpose must be 'batch' (the input of a batch), got '%.40s'.", purpose)
 			}
 		case "file":
 			if spool != nil {
@@ -71,7 +68,8 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 			if spool, err = os.CreateTemp("", "llmq-upload-*"); err != nil {
 				return err
 			}
-			if _, err := io.Copy(spool, s.limitUpload(part)); err != nil {
+			limited := &uploadLimit{r: part, maxBytes: s.limits.MaxFileBytes, maxLines: int64(s.limits.MaxFileLines)}
+			if _, err := io.Copy(spool, limited); err != nil {
 				var re *uploadReadError
 				if errors.As(err, &re) {
 					return multipartError(re.err)
@@ -100,13 +98,6 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.Logger.Info("file uploaded", "tenant", f.TenantID, "file", f.ID, "bytes", f.Bytes, "lines", f.Lines)
 	return writeOK(w, wire.File(f))
-}
-
-func checkPurpose(p string) error {
-	if p != string(store.FilePurposeBatch) {
-		return wire.Invalid("purpose", client.CodeInvalidValue, "purpose must be 'batch' (the input of a batch), got '%.40s'.", p)
-	}
-	return nil
 }
 
 // uploadName is the file name to keep: its base name, at most 255 bytes; a
@@ -145,12 +136,8 @@ func multipartError(err error) error {
 	return wire.Invalid("", client.CodeInvalidMultipart, "The multipart body is malformed or truncated.")
 }
 
-// limitUpload counts an upload's bytes and lines as it is read, failing
-// the read past MaxFileBytes or MaxFileLines: the store then keeps nothing.
-func (s *batchAPI) limitUpload(r io.Reader) io.Reader {
-	return &uploadLimit{r: r, maxBytes: s.limits.MaxFileBytes, maxLines: int64(s.limits.MaxFileLines)}
-}
-
+// uploadLimit counts an upload's bytes and lines as it is read, failing
+// the read past maxBytes or maxLines: the store then keeps nothing.
 type uploadLimit struct {
 	r                  io.Reader
 	maxBytes, maxLines int64
@@ -216,7 +203,7 @@ func (s *batchAPI) getFile(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *batchAPI) fileByPath(r *http.Request) (*store.File, error) {
-	return callersByPath(r, ids.File, "file", s.Store.FileGetForTenant)
+	return callersByID(r, r.PathValue("id"), ids.File, "file", s.Store.FileGetForTenant)
 }
 
 func (s *batchAPI) listFiles(w http.ResponseWriter, r *http.Request) error {

@@ -2,12 +2,15 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -19,6 +22,7 @@ import (
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/netguard"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
@@ -50,8 +54,7 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	writeJSON(w, http.StatusAccepted, wire.Job(job))
-	return nil
+	return writeJSON(w, http.StatusAccepted, wire.Job(job))
 }
 
 // submitJob admits a job of the caller (with the request's Idempotency-Key)
@@ -93,24 +96,23 @@ func idempotencyKey(r *http.Request) (string, error) {
 // inserts the row. admitted is nil for an idempotent replay (job is the
 // first one).
 func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest, idemKey string, sync bool) (job *store.Job, admitted *admission.Request, err error) {
-	in, err := s.validateJob(ctx, c, req)
-	if err != nil {
+	ins := &store.JobInsertParams{TenantID: c.tenant.ID, CustomID: req.CustomID, Queue: c.tier.Priority,
+		WebhookURL: req.WebhookURL, IdempotencyKey: idemKey, Sync: sync}
+	if admitted, err = s.validateJob(ctx, c, req, ins); err != nil {
 		return nil, nil, err
 	}
 	if c.tier.OnExhausted == config.OnExhaustedReject {
-		if err := s.checkBudgetNow(c.budget, in.admitted.WorstCase, sync); err != nil {
+		if err := s.checkBudgetNow(c.budget, admitted.WorstCase, sync); err != nil {
 			return nil, nil, err
 		}
 	}
-	ins := &store.JobInsertParams{TenantID: c.tenant.ID, CustomID: req.CustomID, Queue: in.queue,
-		WebhookURL: req.WebhookURL, Metadata: in.metadata, IdempotencyKey: idemKey, Sync: sync}
-	in.admitted.Fill(ins)
+	admitted.Fill(ins)
 	job, created, err := s.Store.JobInsert(ctx, ins)
 	if err != nil {
 		return nil, nil, err
 	}
 	if !created {
-		if !sameRequest(job, req, in.admitted.Endpoint) {
+		if !sameRequest(job, req, admitted.Endpoint) {
 			return nil, nil, wire.Errorf(http.StatusConflict, wire.TypeInvalidRequest, client.CodeIdempotencyKeyReused, "Idempotency-Key",
 				"This Idempotency-Key was used for a different request (job %s).", job.ID)
 		}
@@ -118,25 +120,15 @@ func (s *Server) admitJob(ctx context.Context, c *caller, req *createJobRequest,
 	}
 	s.Observer.JobState(c.tier.Name, job.Model, string(job.Status))
 	s.Logger.Debug("job state", "job", job.ID, "tenant", job.TenantID, "model", job.Model, "status", job.Status)
-	return job, in.admitted, nil
+	return job, admitted, nil
 }
 
-// validatedJob is a create-job request that can run.
-type validatedJob struct {
-	queue    string
-	metadata json.RawMessage
-	admitted *admission.Request
-}
-
-// validateJob checks the request's own fields and admits its body under
-// the caller's policy snapshot and budget account.
-func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobRequest) (*validatedJob, error) {
+// validateJob checks the request's own fields, setting ins's queue and
+// metadata, and admits its body under the caller's policy snapshot and
+// budget account.
+func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobRequest, ins *store.JobInsertParams) (*admission.Request, error) {
 	tier := c.tier
-	endpoint := req.Endpoint
-	v := &validatedJob{queue: tier.Priority}
-	if endpoint == "" {
-		endpoint = llm.EndpointChat
-	}
+	endpoint := cmp.Or(req.Endpoint, llm.EndpointChat)
 	if !llm.KnownEndpoint(endpoint) {
 		return nil, wire.Invalid("endpoint", client.CodeInvalidEndpoint, "Unknown endpoint '%.100s'; use %s.", endpoint, llm.EndpointList)
 	}
@@ -154,16 +146,14 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 			return nil, wire.Invalid("priority", client.CodePriorityNotAllowed,
 				"The %s tier runs at priority '%s'; a job may ask for that or lower, not '%s'.", tier.Name, tier.Priority, req.Priority)
 		}
-		v.queue = req.Priority
+		ins.Queue = req.Priority
 	}
 	if err := s.validateWebhookURL(req.WebhookURL); err != nil {
 		return nil, err
 	}
-	if err := validateMetadata(req.Metadata); err != nil {
+	var err error
+	if ins.Metadata, err = validateMetadata(req.Metadata); err != nil {
 		return nil, err
-	}
-	if req.Metadata != nil {
-		v.metadata, _ = json.Marshal(req.Metadata)
 	}
 	if len(bytes.TrimSpace(req.Body)) == 0 || bytes.Equal(bytes.TrimSpace(req.Body), []byte("null")) {
 		return nil, wire.Invalid("body", client.CodeMissingBody, "body is required: the request to send to %s.", endpoint)
@@ -179,8 +169,7 @@ func (s *Server) validateJob(ctx context.Context, c *caller, req *createJobReque
 		}
 		return nil, admissionError(err, "body")
 	}
-	v.admitted = admitted
-	return v, nil
+	return admitted, nil
 }
 
 // admissionError turns an admission refusal into a 400 whose param is a
@@ -234,22 +223,26 @@ func sameRequest(job *store.Job, req *createJobRequest, endpoint string) bool {
 	return reflect.DeepEqual(a, b)
 }
 
-// validateMetadata applies OpenAI's limits: 16 pairs, keys of at most 64
-// characters, values of at most 512.
-func validateMetadata(m map[string]string) error {
+// validateMetadata applies OpenAI's limits (16 pairs, keys of at most 64
+// characters, values of at most 512) and returns m as stored: nil when
+// there is none.
+func validateMetadata(m map[string]string) (json.RawMessage, error) {
 	if len(m) > 16 {
-		return wire.Invalid("metadata", client.CodeInvalidMetadata, "metadata may have at most 16 keys, got %d.", len(m))
+		return nil, wire.Invalid("metadata", client.CodeInvalidMetadata, "metadata may have at most 16 keys, got %d.", len(m))
 	}
 	for k, v := range m {
 		if len(k) > 64 || len(v) > 512 {
-			return wire.Invalid("metadata", client.CodeInvalidMetadata, "metadata keys may have at most 64 characters and values at most 512 (key '%.64s').", k)
+			return nil, wire.Invalid("metadata", client.CodeInvalidMetadata, "metadata keys may have at most 64 characters and values at most 512 (key '%.64s').", k)
 		}
 	}
-	return nil
+	if m == nil {
+		return nil, nil
+	}
+	return json.Marshal(m)
 }
 
 func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
-	job, err := callersByPath(r, ids.Job, "job", s.Store.JobGetForTenant)
+	job, err := callersByID(r, r.PathValue("id"), ids.Job, "job", s.Store.JobGetForTenant)
 	if err != nil {
 		return err
 	}
@@ -323,4 +316,50 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeList(w, jobs, more, wire.Job, func(j client.Job) string { return j.ID })
+}
+
+// validateWebhookURL refuses, naming webhook_url, a URL llmq could never
+// deliver to: not absolute http(s), too long, with credentials or a port
+// outside 1-65535, or whose host is an internal address written out
+// (netguard.Literal: 10.0.0.5, [::1], 2130706433) or localhost, unless LLMQ_WEBHOOK_ALLOW_PRIVATE. A
+// name is only resolved when the webhook is sent, and every address it
+// resolves to is checked then.
+func (s *Server) validateWebhookURL(raw string) error {
+	if raw == "" {
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(raw) > 2048 {
+		return wire.Invalid("webhook_url", client.CodeInvalidURL, "webhook_url must be an absolute http(s) URL of at most 2048 characters.")
+	}
+	if u.User != nil {
+		return wire.Invalid("webhook_url", client.CodeInvalidURL, "webhook_url must not carry credentials.")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return wire.Invalid("webhook_url", client.CodeInvalidURL, "webhook_url's port must be within 1 and 65535, got '%.10s'.", p)
+		}
+	}
+	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
+	if a, ok := netguard.Literal(host); ok {
+		if netguard.Blocked(a) && !s.opts.WebhookAllowPrivate {
+			return wire.Invalid("webhook_url", client.CodeWebhookURLInternal,
+				"webhook_url's host %s is a loopback, private, link-local or otherwise internal address; webhooks go to public addresses only.", a)
+		}
+		return nil
+	}
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		if !s.opts.WebhookAllowPrivate {
+			return wire.Invalid("webhook_url", client.CodeWebhookURLInternal,
+				"webhook_url's host %s is this machine; webhooks go to public addresses only.", host)
+		}
+		return nil
+	}
+	// A name whose last label is a number is no DNS name, and no
+	// address either (1.2.3.4.5, 0x7g): a resolver might read it as one.
+	labels := strings.Split(host, ".")
+	if last := labels[len(labels)-1]; last == "" || strings.Trim(last, "0123456789") == "" || strings.HasPrefix(last, "0x") {
+		return wire.Invalid("webhook_url", client.CodeInvalidURL, "webhook_url's host '%.100s' is neither a DNS name nor an IP address.", host)
+	}
+	return nil
 }

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/wire"
@@ -57,11 +60,13 @@ func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) {
 	}
 	a := &syncAPI{Server: s, runner: runner, opts: opts}
 	t := s.tenantRoute
-	s.mux.Handle("POST "+llm.EndpointChat, t(func(w http.ResponseWriter, r *http.Request) error { return a.call(w, r, llm.EndpointChat) }))
-	s.mux.Handle("POST "+llm.EndpointEmbeddings, t(func(w http.ResponseWriter, r *http.Request) error { return a.call(w, r, llm.EndpointEmbeddings) }))
-	a.enableResponses()
-	s.mux.Handle("GET /v1/models", t(a.listModels))
-	s.mux.Handle("GET /v1/models/{id}", t(a.getModel))
+	for _, endpoint := range []string{llm.EndpointChat, llm.EndpointEmbeddings, llm.EndpointResponses} {
+		s.mux.Handle("POST "+endpoint, t("", a.call(endpoint)))
+	}
+	s.mux.Handle("GET "+llm.EndpointResponses+"/{id}", t("", a.getResponse))
+	s.mux.Handle("POST "+llm.EndpointResponses+"/{id}/cancel", t("", a.cancelResponse))
+	s.mux.Handle("GET /v1/models", t("", a.listModels))
+	s.mux.Handle("GET /v1/models/{id}", t("", a.getModel))
 }
 
 // model is OpenAI's model object.
@@ -79,11 +84,10 @@ func (a *syncAPI) listModels(w http.ResponseWriter, r *http.Request) error {
 		out = append(out, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	writeJSON(w, http.StatusOK, struct {
+	return writeOK(w, struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{"list", out})
-	return nil
 }
 
 func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
@@ -96,14 +100,19 @@ func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
 	return writeOK(w, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
 }
 
-// call serves one synchronous request to endpoint.
-func (a *syncAPI) call(w http.ResponseWriter, r *http.Request, endpoint string) error {
-	var raw json.RawMessage
-	body, err := decodeJSON(w, r, a.Server.opts.MaxBodyBytes, &raw)
-	if err != nil {
-		return err
+// call serves the requests to endpoint.
+func (a *syncAPI) call(endpoint string) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		var raw json.RawMessage
+		body, err := decodeJSON(w, r, a.Server.opts.MaxBodyBytes, &raw)
+		switch {
+		case err != nil:
+			return err
+		case endpoint == llm.EndpointResponses:
+			return a.createResponse(w, r, body)
+		}
+		return a.run(w, r, endpoint, body)
 	}
-	return a.run(w, r, endpoint, body)
 }
 
 // run serves one synchronous request to endpoint with body.
@@ -113,7 +122,7 @@ func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, b
 		return err
 	}
 	idemKey := ""
-	if !stream {
+	if !stream { // a stream is not replayed
 		if idemKey, err = idempotencyKey(r); err != nil {
 			return err
 		}
@@ -122,8 +131,7 @@ func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, b
 	if err != nil {
 		return err
 	}
-	c := callerOf(r)
-	job, admitted, err := a.admitJob(r.Context(), c, &createJobRequest{Endpoint: endpoint, Body: body}, idemKey, true)
+	job, admitted, err := a.admitJob(r.Context(), callerOf(r), &createJobRequest{Endpoint: endpoint, Body: body}, idemKey, true)
 	if err != nil {
 		return openAIError(err)
 	}
@@ -154,12 +162,11 @@ func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, b
 		return err
 	}
 	if res.ProviderError != nil {
-		pe := res.ProviderError
 		if relay != nil && relay.started {
-			relay.fail(pe)
+			relay.fail(res.ProviderError)
 			return nil
 		}
-		return providerAnswer(pe)
+		return providerAnswer(res.ProviderError)
 	}
 	if !answered {
 		a.answer(w, res.Response, relay)
@@ -255,10 +262,17 @@ func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsa
 			includeUsage = o.IncludeUsage != nil && *o.IncludeUsage
 		}
 	}
-	delete(fields, "stream")
-	delete(fields, "stream_options")
-	rest, err = json.Marshal(fields)
-	return rest, stream, includeUsage, err
+	return without(fields, "stream", "stream_options"), stream, includeUsage, nil
+}
+
+// without is the body of fields without the members names. The fields were
+// read from a JSON text, so they marshal.
+func without(fields map[string]json.RawMessage, names ...string) []byte {
+	for _, name := range names {
+		delete(fields, name)
+	}
+	body, _ := json.Marshal(fields)
+	return body
 }
 
 // openAIError is an admission refusal as the OpenAI endpoints name it: the
@@ -289,10 +303,7 @@ func (a *syncAPI) replay(w http.ResponseWriter, job *store.Job) error {
 	w.Header().Set("Idempotent-Replayed", "true")
 	switch {
 	case job.Status == store.JobSucceeded:
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(job.ResponseStatus)
-		_, _ = w.Write(job.ResponseBody)
-		return nil
+		return writeRaw(w, job.ResponseStatus, job.ResponseBody)
 	case job.Status.Terminal() && job.Error != nil:
 		status := job.ResponseStatus
 		if status == 0 {
@@ -429,4 +440,138 @@ func nullable(s string) any {
 		return nil
 	}
 	return s
+}
+
+// The Responses API (POST /v1/responses): a synchronous call like chat
+// completions (streamed as the Responses API's typed events), or, with
+// "background": true, a job of llmq's whose id is the response's until it
+// ends: GET /v1/responses/{id} follows it and POST
+// /v1/responses/{id}/cancel cancels it. The provider is called without
+// background (llmq is the background), so its answer carries the usage
+// charged at once; the completed response is the provider's, with the
+// provider's id, which a follow-up's previous_response_id names.
+
+// createResponse serves POST /v1/responses, whose body was read: in the
+// background, or as any other synchronous request.
+func (a *syncAPI) createResponse(w http.ResponseWriter, r *http.Request, body []byte) error {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil || fields == nil {
+		return a.run(w, r, llm.EndpointResponses, body) // admission names what is wrong
+	}
+	bg, has := fields["background"]
+	switch strings.TrimSpace(string(bg)) {
+	case "", "false", "null": // "" when absent
+		if has {
+			body = without(fields, "background")
+		}
+		return a.run(w, r, llm.EndpointResponses, body)
+	case "true":
+	default:
+		return wire.Invalid("background", client.CodeInvalidValue, "'background' must be a boolean.")
+	}
+	if s := strings.TrimSpace(string(fields["stream"])); s == "true" {
+		return wire.Invalid("stream", client.CodeInvalidValue, "'stream' cannot be combined with 'background' here: follow a background response with GET /v1/responses/{id}.")
+	}
+	body = without(fields, "background", "stream", "stream_options")
+	job, replayed, err := a.submitJob(r, &createJobRequest{Endpoint: llm.EndpointResponses, Body: body})
+	if err != nil {
+		return openAIError(err)
+	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.Header().Set(JobIDHeader, job.ID)
+	return writeResponseObject(w, job)
+}
+
+// callersResponse is the caller's background response id: a job of theirs
+// on the Responses API.
+func (a *syncAPI) callersResponse(r *http.Request) (*store.Job, error) {
+	id := r.PathValue("id")
+	missing := wire.Errorf(http.StatusNotFound, wire.TypeInvalidRequest, client.CodeNotFound, "",
+		"No background response found with id '%.100s'. llmq keeps the background responses it runs; a response stored at the provider is retrieved from the provider.", id)
+	if !ids.Valid(ids.Job, id) {
+		return nil, missing
+	}
+	job, err := a.Store.JobGetForTenant(r.Context(), callerOf(r).tenant.ID, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (job.Endpoint != llm.EndpointResponses || job.Sync)) {
+		return nil, missing
+	}
+	return job, err
+}
+
+func (a *syncAPI) getResponse(w http.ResponseWriter, r *http.Request) error {
+	job, err := a.callersResponse(r)
+	if err != nil {
+		return err
+	}
+	return writeResponseObject(w, job)
+}
+
+func (a *syncAPI) cancelResponse(w http.ResponseWriter, r *http.Request) error {
+	job, err := a.callersResponse(r)
+	if err != nil {
+		return err
+	}
+	if !job.Status.Terminal() {
+		if job, _, err = a.cancelCallersJob(r, job.ID); err != nil {
+			return err
+		}
+	}
+	return writeResponseObject(w, job)
+}
+
+// responseStatuses are the Responses API's statuses of a background
+// response's job; the others are "queued".
+var responseStatuses = map[store.JobStatus]string{store.JobSucceeded: "completed", store.JobFailed: "failed",
+	store.JobCancelled: "cancelled", store.JobRunning: "in_progress"}
+
+// responseUsage is a background response's usage, in the Responses API's
+// names.
+type responseUsage struct {
+	InputTokens        int64 `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens int64 `json:"output_tokens"`
+	TotalTokens  int64 `json:"total_tokens"`
+}
+
+// writeResponseObject answers with a background response: the provider's
+// response once the job succeeded, else a response object of the job's
+// state (its error when it failed, the usage it was charged when it ended
+// while its call ran).
+func writeResponseObject(w http.ResponseWriter, job *store.Job) error {
+	if job.Status == store.JobSucceeded && len(job.ResponseBody) > 0 && bytes.HasPrefix(bytes.TrimSpace(job.ResponseBody), []byte("{")) {
+		return writeRaw(w, http.StatusOK, job.ResponseBody)
+	}
+	type responseError struct {
+		Code    client.Code `json:"code"`
+		Message string      `json:"message"`
+	}
+	out := struct {
+		ID                string            `json:"id"`
+		Object            string            `json:"object"`
+		CreatedAt         int64             `json:"created_at"`
+		Status            string            `json:"status"`
+		Background        bool              `json:"background"`
+		Model             string            `json:"model"`
+		Output            []json.RawMessage `json:"output"`
+		Error             *responseError    `json:"error"`
+		IncompleteDetails *struct{}         `json:"incomplete_details"`
+		Usage             *responseUsage    `json:"usage"`
+		Metadata          map[string]string `json:"metadata"`
+	}{ID: job.ID, Object: "response", CreatedAt: job.CreatedAt.Unix(), Status: cmp.Or(responseStatuses[job.Status], "queued"), Background: true,
+		Model: job.Model, Output: []json.RawMessage{}, Metadata: map[string]string{}}
+	if u := wire.JobUsage(job); u != nil {
+		out.Usage = &responseUsage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+		out.Usage.InputTokensDetails.CachedTokens = job.CachedTokens
+	}
+	if job.Status == store.JobFailed && job.Error != nil {
+		out.Error = &responseError{Code: job.Error.Code, Message: job.Error.Message}
+		if out.Error.Code == "" {
+			out.Error.Code = client.CodeServerError
+		}
+	}
+	return writeOK(w, out)
 }

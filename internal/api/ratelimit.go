@@ -17,25 +17,6 @@ import (
 	"github.com/llmq/llmq/internal/wire"
 )
 
-// endpointNames names each tenant route (its mux pattern) as a tier's
-// api_endpoint_limits does (config.APIEndpoints).
-var endpointNames = map[string]string{
-	"POST /v1/jobs":                "jobs.create",
-	"GET /v1/jobs":                 "jobs.list",
-	"GET /v1/jobs/{id}":            "jobs.retrieve",
-	"DELETE /v1/jobs/{id}":         "jobs.cancel",
-	"POST /v1/files":               "files.create",
-	"GET /v1/files":                "files.list",
-	"GET /v1/files/{id}":           "files.retrieve",
-	"GET /v1/files/{id}/content":   "files.content",
-	"DELETE /v1/files/{id}":        "files.delete",
-	"POST /v1/batches":             "batches.create",
-	"GET /v1/batches":              "batches.list",
-	"GET /v1/batches/{id}":         "batches.retrieve",
-	"POST /v1/batches/{id}/cancel": "batches.cancel",
-	"GET /v1/usage":                "usage.retrieve",
-}
-
 // keyLimits is the set of windows one request of key counts in: the key's
 // own (the tier's api_limits) and, for an endpoint with its own limits,
 // that endpoint's, all in the key's scope so one script counts them
@@ -55,12 +36,11 @@ func keyLimits(tier *config.Tier, keyID, endpoint string) (limiter.WindowSet, bo
 // success those of the tightest window, on a 429 those of the window that
 // refused (the one that frees last), with X-RateLimit-Window naming it, and
 // X-RateLimit-Warning once a window passes the tier's api_soft_limit.
-func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, c *caller) error {
+func (s *Server) rateLimit(ctx context.Context, h http.Header, endpoint string, c *caller) error {
 	tier, key := c.tier, c.key
 	if tier == nil || tier.APIExempt || c.tenant.APIExempt || key.APIExempt || s.APILimiter == nil {
 		return nil
 	}
-	endpoint := endpointNames[pattern]
 	set, own := keyLimits(tier, key.ID, endpoint)
 	var res *limiter.Result
 	var err error
@@ -79,10 +59,7 @@ func (s *Server) rateLimit(ctx context.Context, h http.Header, pattern string, c
 		return nil
 	}
 	b := res.Buckets[i]
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(b.Limit, 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(max(b.Remaining, 0), 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(b.ResetAfter), 10))
-	h.Set("X-RateLimit-Window", b.Name)
+	setRateLimitHeaders(h, b, max(b.Remaining, 0), b.Name)
 	if warn := softWarning(res, tier.APISoftLimit); warn != "" {
 		h.Set("X-RateLimit-Warning", warn)
 	}
@@ -155,7 +132,14 @@ func describeWindow(b limiter.BucketState) string {
 	return fmt.Sprintf("%d requests per %s to %s", b.Limit, window, endpoint)
 }
 
-func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+// setRateLimitHeaders sets the X-RateLimit-* headers of window b, named
+// window, with remaining requests left in it.
+func setRateLimitHeaders(h http.Header, b limiter.BucketState, remaining int64, window string) {
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(b.Limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(remaining, 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(int64((b.ResetAfter+time.Second-1)/time.Second), 10))
+	h.Set("X-RateLimit-Window", window)
+}
 
 // leases holds a dispatcher's leases of its keys' windows (a tier's
 // api_lease), one per key, replaced when the policy changes the key's
@@ -172,24 +156,17 @@ type keyLease struct {
 }
 
 func (ls *leases) take(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) (*limiter.Result, error) {
-	l, err := ls.lease(ctx, w, keyID, set, size)
-	if err != nil {
-		return nil, err
-	}
-	res, err := l.Take(ctx, 1)
+	res, err := ls.lease(ctx, w, keyID, set, size).Take(ctx, 1)
 	if errors.Is(err, limiter.ErrPrefetchClosed) {
 		// Replaced by a request that saw a newer policy meanwhile.
-		if l, err = ls.lease(ctx, w, keyID, set, size); err != nil {
-			return nil, err
-		}
-		res, err = l.Take(ctx, 1)
+		return ls.lease(ctx, w, keyID, set, size).Take(ctx, 1)
 	}
 	return res, err
 }
 
 // lease returns key's lease of set with slices of size, replacing one of
 // other windows or slices.
-func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) (*limiter.WindowPrefetch, error) {
+func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, set limiter.WindowSet, size int64) *limiter.WindowPrefetch {
 	ls.mu.Lock()
 	if ls.m == nil {
 		ls.m = map[string]*keyLease{}
@@ -209,7 +186,7 @@ func (ls *leases) lease(ctx context.Context, w *limiter.Windows, keyID string, s
 		// windows pass.
 		_ = old.Close(context.WithoutCancel(ctx))
 	}
-	return kl.lease, nil
+	return kl.lease
 }
 
 func sameSet(a, b limiter.WindowSet) bool {

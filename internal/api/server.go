@@ -7,6 +7,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -15,9 +16,11 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"mime"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"syscall"
@@ -146,11 +149,11 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
 func (s *Server) routes() {
 	t := s.tenantRoute
-	s.mux.Handle("POST /v1/jobs", t(s.createJob))
-	s.mux.Handle("GET /v1/jobs", t(s.listJobs))
-	s.mux.Handle("GET /v1/jobs/{id}", t(s.getJob))
-	s.mux.Handle("DELETE /v1/jobs/{id}", t(s.cancelJob))
-	s.mux.Handle("GET /v1/usage", t(s.usage))
+	s.mux.Handle("POST /v1/jobs", t("jobs.create", s.createJob))
+	s.mux.Handle("GET /v1/jobs", t("jobs.list", s.listJobs))
+	s.mux.Handle("GET /v1/jobs/{id}", t("jobs.retrieve", s.getJob))
+	s.mux.Handle("DELETE /v1/jobs/{id}", t("jobs.cancel", s.cancelJob))
+	s.mux.Handle("GET /v1/usage", t("usage.retrieve", s.usage))
 
 	a := s.adminRoute
 	s.mux.Handle("POST /admin/v1/tenants", a(s.createTenant))
@@ -166,7 +169,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /admin/v1/retention", a(s.adminRetention))
 
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		_ = writeOK(w, map[string]string{"status": "ok"})
 	})
 	s.mux.Handle("GET /readyz", s.plain(s.readyz))
 	// Unknown API paths are a JSON 404; under /admin/ only for the admin,
@@ -244,8 +247,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	body["status"] = "unavailable"
 	body["error"] = wire.Errorf(http.StatusServiceUnavailable, wire.TypeUnavailable, client.CodeNotReady, "",
 		"Not ready: %s.", strings.Join(why, "; ")).Object()
-	writeJSON(w, http.StatusServiceUnavailable, body)
-	return nil
+	return writeJSON(w, http.StatusServiceUnavailable, body)
 }
 
 // NotReadyReason says why a service did not answer in words of a fixed
@@ -317,11 +319,10 @@ type caller struct {
 // left today, or "unlimited") and X-Budget-Warning once spend and
 // reservations pass the tier's soft limit.
 func (s *Server) budgetHeaders(ctx context.Context, h http.Header, c *caller) error {
-	acct := c.acct
 	if s.Budgets == nil {
 		return nil
 	}
-	d, err := s.Budgets.Status(ctx, acct)
+	d, err := s.Budgets.Status(ctx, c.acct)
 	if err != nil {
 		return err
 	}
@@ -333,7 +334,7 @@ func (s *Server) budgetHeaders(ctx context.Context, h http.Header, c *caller) er
 	h.Set("X-Budget-Remaining", d.Remaining.String())
 	if d.SoftLimitReached {
 		h.Set("X-Budget-Warning", fmt.Sprintf("soft limit reached: $%s spent and $%s reserved of the $%s daily budget (soft limit %.0f%%)",
-			d.Spent, d.Reserved, d.Budget, acct.SoftLimit*100))
+			d.Spent, d.Reserved, d.Budget, c.acct.SoftLimit*100))
 	}
 	return nil
 }
@@ -354,46 +355,40 @@ func bearer(r *http.Request) string {
 // tenantRoute authenticates a tenant key (a missing or wrong one counts
 // against the client address's failures), applies the key's API rate limit
 // and sets the budget headers on every response, a refused one included,
-// then runs h.
-func (s *Server) tenantRoute(h handlerFunc) http.Handler {
+// then runs h. endpoint is the route's name in a tier's api_endpoint_limits
+// (config.APIEndpoints); empty for a route no tier limits on its own.
+func (s *Server) tenantRoute(endpoint string, h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
 		token := bearer(r)
 		if token == "" || len(token) > 200 {
 			return s.authFailed(w, r, errUnauthorized)
 		}
 		sum := sha256.Sum256([]byte(token))
+		// The lookup was by hash; compare again in constant time so no code
+		// path depends on how much of the hash matched.
 		key, tenant, err := s.authenticate(r.Context(), sum)
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, store.ErrNotFound) || err == nil && subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
 			return s.authFailed(w, r, errUnauthorized)
 		}
 		if err != nil {
 			return err
 		}
-		// The lookup was by hash; compare again in constant time so no code
-		// path depends on how much of the hash matched.
-		if subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
-			return s.authFailed(w, r, errUnauthorized)
-		}
 		// The API limit and the budget's status are independent Redis
 		// reads: they go at once, each into headers of its own.
 		c := &caller{key: key, tenant: tenant, policy: s.Policy.Current()}
-		acct, tier, tierErr := admission.Account(c.policy, tenant)
-		c.acct, c.tier = acct, tier
-		var limited, budgetErr error
+		var budgetErr, limited error
+		c.acct, c.tier, budgetErr = admission.Account(c.policy, tenant)
 		limitHeaders, budgetHeaders := http.Header{}, http.Header{}
 		var steps sync.WaitGroup
-		steps.Go(func() { limited = s.rateLimit(r.Context(), limitHeaders, r.Pattern, c) })
-		if budgetErr = tierErr; budgetErr == nil {
+		steps.Go(func() { limited = s.rateLimit(r.Context(), limitHeaders, endpoint, c) })
+		if budgetErr == nil {
 			budgetErr = s.budgetHeaders(r.Context(), budgetHeaders, c)
 		}
 		steps.Wait()
 		maps.Copy(w.Header(), limitHeaders)
 		maps.Copy(w.Header(), budgetHeaders)
-		if limited != nil {
-			return limited
-		}
-		if budgetErr != nil {
-			return budgetErr
+		if err := cmp.Or(limited, budgetErr); err != nil {
+			return err
 		}
 		return h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
@@ -410,11 +405,10 @@ func (s *Server) authenticate(ctx context.Context, sum [32]byte) (*store.APIKey,
 		return key, tenant, nil
 	}
 	key, tenant, err := s.Store.APIKeyGetByHash(ctx, sum[:])
-	if err != nil {
-		return nil, nil, err
+	if err == nil {
+		s.KeyCache.put(sum, key, tenant, gen)
 	}
-	s.KeyCache.put(sum, key, tenant, gen)
-	return key, tenant, nil
+	return key, tenant, err
 }
 
 // keysChanged tells every dispatcher's key cache that a key or a tenant
@@ -463,4 +457,64 @@ func (s *Server) IsAdmin(r *http.Request) bool {
 		ok |= subtle.ConstantTimeCompare(a[:], prev[:])
 	}
 	return ok == 1
+}
+
+// The admin token works as the password of basic auth, which a browser
+// sends by itself once the operator has logged in to the dashboard: any
+// page the operator opens could then make the browser send requests with
+// it. A browser says where a request comes from (Sec-Fetch-Site, Origin);
+// what reaches the admin token from another site is refused, and admin
+// writes must be JSON, which no plain form or cross-site fetch can send
+// without a CORS preflight llmq never grants.
+
+var errCrossSite = wire.Errorf(http.StatusForbidden, wire.TypePermission, client.CodeCrossSiteRequest, "",
+	"Cross-site request refused: the admin API, the dashboard and the monitor answer requests from their own pages and from programs, not from other sites' pages.")
+
+// IsCrossSite reports whether a browser sent r for a page of another site
+// (or another origin of the same site). A top-level navigation that only
+// reads (a link to the dashboard in a runbook) is not refused. Requests
+// that are not a browser's (curl, Prometheus, the Go client) carry neither
+// header and pass.
+func IsCrossSite(r *http.Request) bool {
+	safe := r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-origin", "none":
+		return false
+	case "":
+		// A browser too old to send Sec-Fetch-Site still sends Origin on
+		// cross-origin writes.
+	default: // cross-site, same-site, or a value no browser sends
+		dest := r.Header.Get("Sec-Fetch-Dest")
+		return !(safe && r.Header.Get("Sec-Fetch-Mode") == "navigate" && (dest == "document" || dest == ""))
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return false
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return true // "null": a sandboxed frame, a file, a redirect across origins
+	}
+	return !strings.EqualFold(u.Host, r.Host)
+}
+
+// checkAdminRequest refuses a cross-site request and an admin write whose
+// body is not declared JSON (a bodiless POST or DELETE needs no type).
+func checkAdminRequest(r *http.Request) error {
+	if IsCrossSite(r) {
+		return errCrossSite
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return nil
+	}
+	if r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
+		return nil
+	}
+	ct := r.Header.Get("Content-Type")
+	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+		return wire.Errorf(http.StatusUnsupportedMediaType, wire.TypeInvalidRequest, client.CodeUnsupportedMediaType, "Content-Type",
+			"Admin requests with a body must be JSON: send 'Content-Type: application/json' (got '%.100s').", ct)
+	}
+	return nil
 }

@@ -185,74 +185,92 @@ func numberStorable(lit string) bool {
 // MaxDepth; and a top-level member whose name differs only in case from one
 // of names (what its reader takes). A text that is not JSON has no such
 // problem here.
-func Structure(doc []byte, names ...string) *Problem {
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber()
-	type object struct {
-		keys    map[string]string // a name folded (see FoldName) → the name
-		wantKey bool
-	}
-	var stack []*object // nil for an array
-	var opened []int    // where each container of stack starts
-	for {
-		start := int(dec.InputOffset())
-		tok, err := dec.Token()
-		if err != nil {
-			return nil
-		}
+func Structure(doc []byte, names ...string) (p *Problem) {
+	walk(doc, func(stack []frame, tok json.Token, start, _ int, isKey bool) bool {
 		n := len(stack)
-		if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{', '[':
-				if n == MaxDepth {
-					// at the third container, whose path names the field
-					// ("body.metadata") without a hundred indexes
-					return &Problem{Offset: opened[min(2, n-1)], Code: client.CodeTooDeep,
-						What: fmt.Sprintf("objects and arrays nested more than %d deep", MaxDepth)}
-				}
-				opened = append(opened, start+bytes.IndexByte(doc[start:], byte(d)))
-				if n > 0 && stack[n-1] != nil {
-					stack[n-1].wantKey = true
-				}
-				if d == '{' {
-					stack = append(stack, &object{keys: map[string]string{}, wantKey: true})
-				} else {
-					stack = append(stack, nil)
-				}
-			default:
-				stack, opened = stack[:n-1], opened[:n-1]
-			}
-			continue
+		if _, ok := tok.(json.Delim); ok && n == MaxDepth {
+			// at the third container, whose path names the field
+			// ("body.metadata") without a hundred indexes
+			p = &Problem{Offset: stack[min(2, n-1)].opened, Code: client.CodeTooDeep,
+				What: fmt.Sprintf("objects and arrays nested more than %d deep", MaxDepth)}
+			return false
 		}
-		if n == 0 || stack[n-1] == nil {
-			continue
+		if !isKey {
+			return true
 		}
-		top := stack[n-1]
-		if !top.wantKey {
-			top.wantKey = true // a member's value
-			continue
-		}
-		key := tok.(string)
+		key, top := tok.(string), &stack[n-1]
 		folded := FoldName(key)
+		off := start + bytes.IndexByte(doc[start:], '"')
 		if first, ok := top.keys[folded]; ok {
-			off := start + bytes.IndexByte(doc[start:], '"')
 			what := fmt.Sprintf("the member %q a second time", key)
 			if first != key {
 				what = fmt.Sprintf("the member %q beside %q, a name that differs only in case", key, first)
 			}
-			return &Problem{Offset: off, Code: client.CodeDuplicateKey, What: what, Member: key}
+			p = &Problem{Offset: off, Code: client.CodeDuplicateKey, What: what, Member: key}
+			return false
 		}
-		if n == 1 && len(names) > 0 {
-			for _, name := range names {
-				if key != name && FoldName(name) == folded {
-					off := start + bytes.IndexByte(doc[start:], '"')
-					return &Problem{Offset: off, Code: client.CodeCaseVariant, Member: key,
-						What: fmt.Sprintf("the member %q, which differs from %q only in case", key, name)}
-				}
+		for _, name := range names {
+			if n == 1 && key != name && FoldName(name) == folded {
+				p = &Problem{Offset: off, Code: client.CodeCaseVariant, Member: key,
+					What: fmt.Sprintf("the member %q, which differs from %q only in case", key, name)}
+				return false
 			}
 		}
 		top.keys[folded] = key
-		top.wantKey = false
+		return true
+	})
+	return p
+}
+
+// frame is an object or an array walk is in.
+type frame struct {
+	array   bool
+	opened  int               // the offset of its '{' or '['
+	keys    map[string]string // an object's names read, folded (see FoldName) → the name
+	key     string            // an object's member being read
+	index   int               // an array's element being read
+	wantKey bool
+}
+
+// walk gives visit each token of doc but closing delimiters, in order, with
+// the containers it is in, where it starts and ends and whether it is a
+// member's name, until visit returns false or doc ends or does not parse.
+func walk(doc []byte, visit func(stack []frame, tok json.Token, start, end int, isKey bool) bool) {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber() // a number beyond float64 is still a token
+	var stack []frame
+	for {
+		start := int(dec.InputOffset())
+		tok, err := dec.Token()
+		if err != nil {
+			return
+		}
+		n := len(stack)
+		d, isDelim := tok.(json.Delim)
+		if isDelim && (d == '}' || d == ']') {
+			stack = stack[:n-1]
+			if n > 1 && !stack[n-2].array {
+				stack[n-2].wantKey = true
+			}
+			continue
+		}
+		isKey := n > 0 && !stack[n-1].array && stack[n-1].wantKey
+		if n > 0 && stack[n-1].array {
+			stack[n-1].index++
+		}
+		if !visit(stack, tok, start, int(dec.InputOffset()), isKey) {
+			return
+		}
+		switch {
+		case isKey:
+			stack[n-1].key, stack[n-1].wantKey = tok.(string), false
+		case d == '{':
+			stack = append(stack, frame{opened: start + bytes.IndexByte(doc[start:], '{'), keys: map[string]string{}, wantKey: true})
+		case d == '[':
+			stack = append(stack, frame{array: true, opened: start + bytes.IndexByte(doc[start:], '['), index: -1})
+		case n > 0 && !stack[n-1].array:
+			stack[n-1].wantKey = true // a member's value was read
+		}
 	}
 }
 
@@ -285,11 +303,8 @@ func FoldName(name string) string {
 // ("body.max_tokens"), else the value holding its offset (see PathAt).
 func (p *Problem) Param(doc []byte) string {
 	path := PathAt(doc, p.Offset)
-	if p.Member == "" {
-		return path
-	}
-	if path == "" {
-		return p.Member
+	if path == "" || p.Member == "" {
+		return path + p.Member
 	}
 	return path + "." + p.Member
 }
@@ -316,17 +331,16 @@ func Names(v any) []string {
 // PathAt is the path ("body.messages[0].content") of the value of doc that
 // holds byte off (for a member's name, the object's); "" for the top level
 // or where doc does not parse.
-func PathAt(doc []byte, off int) string {
-	type frame struct {
-		array   bool
-		key     string // an object's member being read
-		index   int    // an array's element being read
-		wantKey bool
-	}
-	var stack []frame
-	path := func(fs []frame) string {
+func PathAt(doc []byte, off int) (path string) {
+	walk(doc, func(stack []frame, _ json.Token, _, end int, isKey bool) bool {
+		if off >= end {
+			return true
+		}
+		if isKey {
+			stack = stack[:len(stack)-1]
+		}
 		var p strings.Builder
-		for _, f := range fs {
+		for _, f := range stack {
 			if f.array {
 				fmt.Fprintf(&p, "[%d]", f.index)
 				continue
@@ -336,50 +350,10 @@ func PathAt(doc []byte, off int) string {
 			}
 			p.WriteString(f.key)
 		}
-		return p.String()
-	}
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber() // a number beyond float64 is still a token
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return ""
-		}
-		end := int(dec.InputOffset())
-		if n := len(stack); n > 0 {
-			top := &stack[n-1]
-			if key, ok := tok.(string); ok && !top.array && top.wantKey {
-				if off < end {
-					return path(stack[:n-1])
-				}
-				top.key, top.wantKey = key, false
-				continue
-			}
-			if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
-				stack = stack[:n-1]
-				if n > 1 && !stack[n-2].array {
-					stack[n-2].wantKey = true
-				}
-				continue
-			}
-			if top.array {
-				top.index++
-			}
-		}
-		if d, ok := tok.(json.Delim); ok { // '{' or '['
-			if off < end {
-				return path(stack) // the value this opens
-			}
-			stack = append(stack, frame{array: d == '[', index: -1, wantKey: d == '{'})
-			continue
-		}
-		if off < end {
-			return path(stack)
-		}
-		if n := len(stack); n > 0 && !stack[n-1].array {
-			stack[n-1].wantKey = true
-		}
-	}
+		path = p.String()
+		return false
+	})
+	return path
 }
 
 // Field is the top-level member of a path ("body" of "body.messages[0]").

@@ -24,6 +24,7 @@ func Job(j *store.Job) client.Job {
 		CostUSD:    j.Cost.USD(),
 		Estimate:   client.JobEstimate{PromptTokens: j.EstPromptTokens, MaxTokens: j.EstMaxTokens, CostUSD: j.EstCost.USD()},
 		WebhookURL: strPtr(j.WebhookURL), Metadata: metadataMap(j.Metadata), Sync: j.Sync, Fallbacks: j.Fallbacks,
+		Usage: JobUsage(j),
 	}
 	if j.Deployment != "" {
 		out.ServedBy = &client.JobServedBy{Model: cmp.Or(j.ServedModel, j.Model), Deployment: j.Deployment}
@@ -31,7 +32,6 @@ func Job(j *store.Job) client.Job {
 	if j.ResponseStatus != 0 && len(j.ResponseBody) > 0 {
 		out.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}
 	}
-	out.Usage = JobUsage(j)
 	return out
 }
 
@@ -56,19 +56,11 @@ func jobError(e *store.JobError) *ErrorObject {
 	return &c
 }
 
-// BatchCounts are a batch's request counts, from its jobs: completed
-// succeeded; failed were refused at validation, failed, or cancelled or
-// expired before they ran; total is every request line (known once
-// validation ends; until then the lines stored so far).
-func BatchCounts(b *store.Batch, c *store.JobCounts) client.BatchRequestCounts {
-	return client.BatchRequestCounts{
-		Total:     max(b.Total, c.Total),
-		Completed: c.Succeeded,
-		Failed:    c.Failed + c.Cancelled,
-	}
-}
-
-// Batch is a batch as the API shows it and its webhook delivers it.
+// Batch is a batch as the API shows it and its webhook delivers it, with
+// its request counts from its jobs c: completed succeeded; failed were
+// refused at validation, failed, or cancelled or expired before they ran;
+// total is every request line (known once validation ends; until then the
+// lines stored so far).
 func Batch(b *store.Batch, c *store.JobCounts) client.Batch {
 	out := client.Batch{
 		ID: b.ID, Object: "batch", Endpoint: b.Endpoint, InputFileID: b.InputFileID, CompletionWindow: b.CompletionWindow,
@@ -76,16 +68,14 @@ func Batch(b *store.Batch, c *store.JobCounts) client.Batch {
 		CreatedAt: b.CreatedAt.Unix(), InProgressAt: unixPtr(b.InProgressAt), ExpiresAt: unixPtr(b.ExpiresAt),
 		FinalizingAt: unixPtr(b.FinalizingAt), CompletedAt: unixPtr(b.CompletedAt), FailedAt: unixPtr(b.FailedAt),
 		ExpiredAt: unixPtr(b.ExpiredAt), CancellingAt: unixPtr(b.CancellingAt), CancelledAt: unixPtr(b.CancelledAt),
-		RequestCounts: BatchCounts(b, c),
+		RequestCounts: client.BatchRequestCounts{Total: max(b.Total, c.Total), Completed: c.Succeeded, Failed: c.Failed + c.Cancelled},
+		Metadata:      metadataMap(b.Metadata),
 	}
 	if len(b.Errors) > 0 {
 		var errs client.BatchErrors
 		if json.Unmarshal(b.Errors, &errs) == nil {
 			out.Errors = &errs
 		}
-	}
-	if len(b.Metadata) > 0 {
-		_ = json.Unmarshal(b.Metadata, &out.Metadata) // written from a map[string]string
 	}
 	return out
 }
@@ -166,8 +156,7 @@ func Tenant(t *store.Tenant, withSecret bool) client.Tenant {
 	if withSecret {
 		out.WebhookSecret = t.WebhookSecret
 		if t.PreviousUntil != nil && t.PreviousUntil.After(time.Now()) {
-			u := t.PreviousUntil.Unix()
-			out.WebhookSecretPreviousExpiresAt = &u
+			out.WebhookSecretPreviousExpiresAt = unixPtr(t.PreviousUntil)
 		}
 	}
 	return out
@@ -221,9 +210,6 @@ func strPtr(s string) *string {
 // metadataMap reads stored metadata (written from a map[string]string);
 // anything else renders as null rather than failing the whole answer.
 func metadataMap(raw json.RawMessage) map[string]string {
-	if len(raw) == 0 {
-		return nil
-	}
 	var m map[string]string
 	if json.Unmarshal(raw, &m) != nil {
 		return nil
