@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"mime/multipart"
 	"net/http"
 	"net/url"
@@ -80,11 +81,7 @@ type ProviderBatchError struct {
 
 // Ended reports whether the batch will change no more.
 func (b *ProviderBatch) Ended() bool {
-	switch b.Status {
-	case BatchCompleted, BatchFailed, BatchExpired, BatchCancelled:
-		return true
-	}
-	return false
+	return b.Status == BatchCompleted || b.Status == BatchFailed || b.Status == BatchExpired || b.Status == BatchCancelled
 }
 
 // ErrorCodes are the codes of the batch's errors.
@@ -106,31 +103,28 @@ const maxObjectBytes = 4 << 20
 // apiURL is the URL of path ("/files") on the provider; Azure's versioned
 // API puts it under /openai with the api-version.
 func (p *openAIProvider) apiURL(path string, query url.Values) string {
-	base := p.baseURL + path
 	if p.azure && p.apiVersion != "" {
 		if query == nil {
 			query = url.Values{}
 		}
 		query.Set("api-version", p.apiVersion)
-		base = p.baseURL + "/openai" + path
+		path = "/openai" + path
 	}
 	if len(query) > 0 {
-		base += "?" + query.Encode()
+		path += "?" + query.Encode()
 	}
-	return base
+	return p.baseURL + path
 }
 
 // send makes one request and returns the 2xx answer (for the caller to read
 // and close) or an *Error. The provider's timeout does not bound it: an
 // upload streams.
-func (p *openAIProvider) send(ctx context.Context, method, path string, query url.Values, contentType string, body io.Reader) (*http.Response, error) {
+func (p *openAIProvider) send(ctx context.Context, method, path string, query url.Values, header http.Header, body io.Reader) (*http.Response, error) {
 	hr, err := http.NewRequestWithContext(ctx, method, p.apiURL(path, query), body)
 	if err != nil {
 		return nil, p.refuse(err)
 	}
-	if contentType != "" {
-		hr.Header.Set("Content-Type", contentType)
-	}
+	maps.Copy(hr.Header, header)
 	p.authorize(hr.Header)
 	resp, err := p.http.Do(hr)
 	if err != nil {
@@ -148,15 +142,15 @@ func (p *openAIProvider) object(ctx context.Context, method, path string, query 
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
 	var body io.Reader
-	contentType := ""
+	var header http.Header
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return p.refuse(err)
 		}
-		body, contentType = strings.NewReader(string(b)), "application/json"
+		body, header = strings.NewReader(string(b)), jsonHeader()
 	}
-	resp, err := p.send(ctx, method, path, query, contentType, body)
+	resp, err := p.send(ctx, method, path, query, header, body)
 	if err != nil {
 		return err
 	}
@@ -195,7 +189,7 @@ func (p *openAIProvider) UploadBatchFile(ctx context.Context, name string, conte
 		}
 		pw.CloseWithError(err)
 	}()
-	resp, err := p.send(ctx, http.MethodPost, "/files", nil, mw.FormDataContentType(), pr)
+	resp, err := p.send(ctx, http.MethodPost, "/files", nil, http.Header{"Content-Type": {mw.FormDataContentType()}}, pr)
 	pr.Close() // ends the writer if the request stopped reading
 	if err != nil {
 		return "", err
@@ -237,20 +231,21 @@ func (p *openAIProvider) FindBatchFile(ctx context.Context, name string) (string
 
 func (p *openAIProvider) CreateBatch(ctx context.Context, fileID, endpoint string, metadata map[string]string) (*ProviderBatch, error) {
 	in := map[string]any{"input_file_id": fileID, "endpoint": endpoint, "completion_window": "24h", "metadata": metadata}
-	var b ProviderBatch
-	if err := p.object(ctx, http.MethodPost, "/batches", nil, in, &b); err != nil {
-		return nil, err
-	}
-	return p.checked(&b)
+	return p.batch(ctx, http.MethodPost, "/batches", in)
 }
 
-// checked refuses a batch object without an id or status.
-func (p *openAIProvider) checked(b *ProviderBatch) (*ProviderBatch, error) {
+// batch makes a request whose answer is a batch object, refused without an
+// id or status.
+func (p *openAIProvider) batch(ctx context.Context, method, path string, in any) (*ProviderBatch, error) {
+	var b ProviderBatch
+	if err := p.object(ctx, method, path, nil, in, &b); err != nil {
+		return nil, err
+	}
 	if b.ID == "" || b.Status == "" {
 		return nil, (&Error{Provider: p.name}).serverError(ClassPermanent, client.CodeProviderResponseInvalid,
 			"The provider answered a batch object without an id or status.")
 	}
-	return b, nil
+	return &b, nil
 }
 
 func (p *openAIProvider) FindBatch(ctx context.Context, key, value string, since time.Time) (*ProviderBatch, bool, error) {
@@ -282,23 +277,15 @@ func (p *openAIProvider) FindBatch(ctx context.Context, key, value string, since
 }
 
 func (p *openAIProvider) GetBatch(ctx context.Context, id string) (*ProviderBatch, error) {
-	var b ProviderBatch
-	if err := p.object(ctx, http.MethodGet, "/batches/"+url.PathEscape(id), nil, nil, &b); err != nil {
-		return nil, err
-	}
-	return p.checked(&b)
+	return p.batch(ctx, http.MethodGet, "/batches/"+url.PathEscape(id), nil)
 }
 
 func (p *openAIProvider) CancelBatch(ctx context.Context, id string) (*ProviderBatch, error) {
-	var b ProviderBatch
-	if err := p.object(ctx, http.MethodPost, "/batches/"+url.PathEscape(id)+"/cancel", nil, nil, &b); err != nil {
-		return nil, err
-	}
-	return p.checked(&b)
+	return p.batch(ctx, http.MethodPost, "/batches/"+url.PathEscape(id)+"/cancel", nil)
 }
 
 func (p *openAIProvider) BatchFileContent(ctx context.Context, id string) (io.ReadCloser, error) {
-	resp, err := p.send(ctx, http.MethodGet, "/files/"+url.PathEscape(id)+"/content", nil, "", nil)
+	resp, err := p.send(ctx, http.MethodGet, "/files/"+url.PathEscape(id)+"/content", nil, nil, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -1,13 +1,15 @@
 package llm
 
 import (
-	"github.com/llmq/llmq/client"
-
+	"cmp"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/llmq/llmq/client"
 )
 
 // Class says what a failed call means for the job that made it.
@@ -27,16 +29,11 @@ const (
 	ClassPermanent
 )
 
+var classNames = [...]string{ClassNone: "none", ClassRateLimited: "rate_limited", ClassRetryable: "retryable", ClassPermanent: "permanent"}
+
 func (c Class) String() string {
-	switch c {
-	case ClassNone:
-		return "none"
-	case ClassRateLimited:
-		return "rate_limited"
-	case ClassRetryable:
-		return "retryable"
-	case ClassPermanent:
-		return "permanent"
+	if c >= 0 && int(c) < len(classNames) {
+		return classNames[c]
 	}
 	return "Class(" + strconv.Itoa(int(c)) + ")"
 }
@@ -78,30 +75,23 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	var b strings.Builder
-	if e.Provider != "" {
-		b.WriteString(e.Provider)
-		b.WriteString(": ")
-	}
+	s := e.Class.String()
 	if e.StatusCode != 0 {
-		b.WriteString(strconv.Itoa(e.StatusCode))
-		b.WriteByte(' ')
+		s = strconv.Itoa(e.StatusCode) + " " + s
 	}
-	b.WriteString(e.Class.String())
-	if e.Code != "" {
-		b.WriteString(" (" + string(e.Code) + ")")
-	} else if e.Type != "" {
-		b.WriteString(" (" + e.Type + ")")
+	if e.Provider != "" {
+		s = e.Provider + ": " + s
+	}
+	if code := cmp.Or(string(e.Code), e.Type); code != "" {
+		s += " (" + code + ")"
 	}
 	if e.Message != "" {
-		b.WriteString(": ")
-		b.WriteString(redact(e.Message))
+		s += ": " + redact(e.Message)
 	}
 	if e.Err != nil {
-		b.WriteString(": ")
-		b.WriteString(redact(e.Err.Error()))
+		s += ": " + redact(e.Err.Error())
 	}
-	return b.String()
+	return s
 }
 
 func (e *Error) Unwrap() error { return e.Err }
@@ -161,14 +151,11 @@ func requestID(h http.Header) string {
 func answerMessage(status int, msg string, isErrorObject bool, scrub func(string) string) string {
 	msg = strings.TrimSpace(msg)
 	if !isErrorObject || msg == "" || looksLikeTrace(msg) {
-		text := http.StatusText(status)
-		if text == "" {
-			text = "an unexpected status"
-		}
+		answered := "The provider answered " + strconv.Itoa(status) + " " + cmp.Or(http.StatusText(status), "an unexpected status")
 		if isErrorObject {
-			return "The provider answered " + strconv.Itoa(status) + " " + text + "."
+			return answered + "."
 		}
-		return "The provider answered " + strconv.Itoa(status) + " " + text + " without an error it explains (not OpenAI's error shape)."
+		return answered + " without an error it explains (not OpenAI's error shape)."
 	}
 	msg = scrub(msg)
 	if len(msg) > maxErrorMessage {
@@ -177,14 +164,9 @@ func answerMessage(status int, msg string, isErrorObject bool, scrub func(string
 	return msg
 }
 
+// traceMarks are what a stack trace or an HTML page holds.
+var traceMarks = []string{"Traceback (most recent call last)", "\tat ", "goroutine ", "<html", "<!DOCTYPE", "Exception in thread"}
+
 func looksLikeTrace(msg string) bool {
-	if strings.Count(msg, "\n") >= 3 {
-		return true
-	}
-	for _, mark := range []string{"Traceback (most recent call last)", "\tat ", "goroutine ", "<html", "<!DOCTYPE", "Exception in thread"} {
-		if strings.Contains(msg, mark) {
-			return true
-		}
-	}
-	return false
+	return strings.Count(msg, "\n") >= 3 || slices.ContainsFunc(traceMarks, func(mark string) bool { return strings.Contains(msg, mark) })
 }

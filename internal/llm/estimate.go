@@ -53,21 +53,12 @@ var imageAllowance = []struct {
 }
 
 // encodingPrefixes maps model-name prefixes to encodings, most specific first.
-var encodingPrefixes = []struct{ prefix, encoding string }{
-	{"gpt-4o", "o200k_base"},
-	{"chatgpt-4o", "o200k_base"},
-	{"gpt-4.1", "o200k_base"},
-	{"gpt-4.5", "o200k_base"},
-	{"gpt-5", "o200k_base"},
-	{"gpt-oss", "o200k_base"},
-	{"o1", "o200k_base"},
-	{"o3", "o200k_base"},
-	{"o4", "o200k_base"},
-	{"gpt-4", "cl100k_base"},
-	{"gpt-3.5", "cl100k_base"},
-	{"gpt-35", "cl100k_base"},
-	{"text-embedding-3", "cl100k_base"},
-	{"text-embedding-ada-002", "cl100k_base"},
+var encodingPrefixes = []struct {
+	encoding string
+	prefixes []string
+}{
+	{"o200k_base", []string{"gpt-4o", "chatgpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "gpt-oss", "o1", "o3", "o4"}},
+	{"cl100k_base", []string{"gpt-4", "gpt-3.5", "gpt-35", "text-embedding-3", "text-embedding-ada-002"}},
 }
 
 // normalizeModel strips what does not change the tokenizer: case, a
@@ -85,37 +76,32 @@ func normalizeModel(model string) string {
 // model is known; unknown models get FallbackEncoding.
 func EncodingForModel(model string) (encoding string, known bool) {
 	m := normalizeModel(model)
-	for _, p := range encodingPrefixes {
-		if strings.HasPrefix(m, p.prefix) {
-			return p.encoding, true
+	for _, e := range encodingPrefixes {
+		for _, prefix := range e.prefixes {
+			if strings.HasPrefix(m, prefix) {
+				return e.encoding, true
+			}
 		}
 	}
 	return FallbackEncoding, false
 }
 
-// codecs caches one codec per encoding for the process (a vocabulary to
-// load); codecs are safe for concurrent use.
-var codecs sync.Map // encoding name → *lazyCodec
+// codecs loads each encoding's codec (a vocabulary) once for the process;
+// codecs are safe for concurrent use.
+var codecs = map[string]func() (tokenizer.Codec, error){}
 
-type lazyCodec struct {
-	once  sync.Once
-	codec tokenizer.Codec
-	err   error
+func init() {
+	for _, encoding := range []string{"o200k_base", "cl100k_base", "p50k_base", "r50k_base", "p50k_edit"} {
+		codecs[encoding] = sync.OnceValues(func() (tokenizer.Codec, error) { return tokenizer.Get(tokenizer.Encoding(encoding)) })
+	}
 }
 
 func codecFor(encoding string) (tokenizer.Codec, error) {
-	v, ok := codecs.Load(encoding)
+	load, ok := codecs[encoding]
 	if !ok {
-		switch encoding {
-		case "o200k_base", "cl100k_base", "p50k_base", "r50k_base", "p50k_edit":
-		default:
-			return nil, fmt.Errorf("llm: unknown tokenizer encoding %q (want o200k_base, cl100k_base, p50k_base or r50k_base)", encoding)
-		}
-		v, _ = codecs.LoadOrStore(encoding, &lazyCodec{})
+		return nil, fmt.Errorf("llm: unknown tokenizer encoding %q (want o200k_base, cl100k_base, p50k_base or r50k_base)", encoding)
 	}
-	lc := v.(*lazyCodec)
-	lc.once.Do(func() { lc.codec, lc.err = tokenizer.Get(tokenizer.Encoding(encoding)) })
-	return lc.codec, lc.err
+	return load()
 }
 
 // Estimator counts the prompt tokens of request bodies; it is safe for
@@ -187,9 +173,6 @@ func (b *Body) Endpoint() string { return b.r.endpoint }
 // OutputParam is the member stating the body's output limit; "" for none.
 func (b *Body) OutputParam() string { return b.r.outputParam }
 
-// Choices is the number of choices asked for (n); 1 when none.
-func (b *Body) Choices() int64 { return b.r.n }
-
 // ServiceTier is the service tier the body asks for; "" for none or "auto".
 func (b *Body) ServiceTier() string { return b.r.serviceTier }
 
@@ -241,13 +224,9 @@ func (e *Estimator) Count(b *Body, model, encoding string) (*ParsedRequest, erro
 	if !known {
 		prompt += (prompt*UnknownModelMarginPercent + 99) / 100
 	}
-	var prediction int64
-	for _, t := range r.prediction {
-		prediction += c.text(t)
-	}
 	return &ParsedRequest{
 		Model:            r.model,
-		PredictionTokens: prediction,
+		PredictionTokens: c.texts(r.prediction),
 		MaxTokens:        r.maxTokens,
 		N:                r.n,
 		PromptTokens:     prompt,
@@ -270,13 +249,17 @@ func (c counter) text(s string) int64 {
 	return int64(n)
 }
 
+func (c counter) texts(ss []string) (n int64) {
+	for _, s := range ss {
+		n += c.text(s)
+	}
+	return n
+}
+
 // request returns the content tokens and the overhead llmq adds to them.
 func (c counter) request(r *request, model string) (content, overhead int64) {
 	if r.endpoint == EndpointEmbeddings {
-		for _, s := range r.inputs {
-			content += c.text(s)
-		}
-		return content + r.tokenIDs, 0
+		return c.texts(r.inputs) + r.tokenIDs, 0
 	}
 	high, low := int64(ImageTokens), int64(ImageTokensLow)
 	for _, a := range imageAllowance {
@@ -287,9 +270,7 @@ func (c counter) request(r *request, model string) (content, overhead int64) {
 	}
 	for i := range r.messages {
 		m := &r.messages[i]
-		for _, s := range m.texts {
-			content += c.text(s)
-		}
+		content += c.texts(m.texts)
 		for _, detail := range m.media {
 			if detail == "low" {
 				content += low
@@ -301,9 +282,7 @@ func (c counter) request(r *request, model string) (content, overhead int64) {
 		if m.hasName {
 			overhead += c.text(m.name) + tokensPerName
 		}
-		for _, s := range m.extra {
-			overhead += c.text(s)
-		}
+		overhead += c.texts(m.extra)
 	}
 	overhead += tokensPerReply
 	if len(r.tools) > 0 {

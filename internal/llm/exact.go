@@ -1,9 +1,9 @@
 package llm
 
 import (
+	"maps"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -25,40 +25,16 @@ func unmarshal(data []byte, v any) error {
 // not read (a raw type's field tagged `json:",unknown"`).
 type otherMembers map[string]jsontext.Value
 
-// object is a raw type of a request's object.
-type object interface{ others() otherMembers }
-
-func (b *rawChatBody) others() otherMembers       { return b.Other }
-func (b *rawEmbeddingsBody) others() otherMembers { return b.Other }
-func (b *rawResponsesBody) others() otherMembers  { return b.Other }
-func (m *rawMessage) others() otherMembers        { return m.Other }
-func (p *rawPart) others() otherMembers           { return p.Other }
-func (it *rawItem) others() otherMembers          { return it.Other }
-func (p *rawInputPart) others() otherMembers      { return p.Other }
-
-func decodeBody(body []byte, v object) error {
-	if err := unmarshal(body, v); err != nil {
-		return invalid("body", "'body' is not valid JSON: %v", err)
-	}
-	return nil
-}
-
-// checkCase notes, as Body.CaseVariant, the first member of the object at
-// path that llmq did not read whose name differs from one it reads only in
+// checkCase notes, as Body.CaseVariant, the first member of the object v
+// at path that llmq did not read (other) whose name differs from one it reads only in
 // case: a provider matching names without case would bill what llmq never
 // counted, so admission refuses such a body.
-func (r *request) checkCase(v object, path string) {
-	other := v.others()
+func (r *request) checkCase(v any, other otherMembers, path string) {
 	if len(other) == 0 || r.variant != nil {
 		return
 	}
-	read := readNames(reflect.TypeOf(v).Elem())
-	names := make([]string, 0, len(other))
-	for name := range other {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	read := readNames(v)
+	for _, name := range slices.Sorted(maps.Keys(other)) {
 		if field, ok := read[llmqjson.FoldName(name)]; ok {
 			p := name
 			if path != "" {
@@ -72,17 +48,16 @@ func (r *request) checkCase(v object, path string) {
 	}
 }
 
-// readNames maps the folded json names of t's fields to the names.
-func readNames(t reflect.Type) map[string]string {
+// readNames maps the folded json names of the fields of v's type to the
+// names.
+func readNames(v any) map[string]string {
+	t := reflect.TypeOf(v)
 	if m, ok := namesByType.Load(t); ok {
 		return m.(map[string]string)
 	}
 	m := map[string]string{}
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		if name != "" {
-			m[llmqjson.FoldName(name)] = name
-		}
+	for _, name := range llmqjson.Names(v) {
+		m[llmqjson.FoldName(name)] = name
 	}
 	namesByType.Store(t, m)
 	return m

@@ -23,11 +23,7 @@ const EndpointList = "'" + EndpointChat + "', '" + EndpointResponses + "' or '" 
 
 // KnownEndpoint reports whether llmq dispatches endpoint.
 func KnownEndpoint(endpoint string) bool {
-	switch endpoint {
-	case EndpointChat, EndpointEmbeddings, EndpointResponses:
-		return true
-	}
-	return false
+	return endpoint == EndpointChat || endpoint == EndpointEmbeddings || endpoint == EndpointResponses
 }
 
 // Request is one provider call.

@@ -2,13 +2,14 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -77,12 +78,8 @@ type openAIProvider struct {
 // go-openai cannot decode is refused: its decoding of the answer depends on
 // the request's encoding_format.
 func NewOpenAI(cfg OpenAIConfig) Provider {
-	if cfg.Name == "" {
-		cfg.Name = "openai"
-	}
-	if cfg.BaseURL == "" {
-		cfg.BaseURL = defaultOpenAIBaseURL
-	}
+	cfg.Name = cmp.Or(cfg.Name, "openai")
+	cfg.BaseURL = cmp.Or(cfg.BaseURL, defaultOpenAIBaseURL)
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
 	}
@@ -141,14 +138,8 @@ func azureConfig(cfg OpenAIConfig) openai.ClientConfig {
 	return oc
 }
 
-// chatURL is where a streamed chat completion of upstream is sent.
-func (p *openAIProvider) chatURL(upstream string) string {
-	if p.azure && p.apiVersion != "" {
-		return p.baseURL + "/openai/deployments/" + url.PathEscape(upstream) + "/chat/completions?api-version=" +
-			url.QueryEscape(p.apiVersion)
-	}
-	return p.baseURL + "/chat/completions"
-}
+// jsonHeader is the header of a request whose body is JSON.
+func jsonHeader() http.Header { return http.Header{"Content-Type": {"application/json"}} }
 
 // authorize puts the API key on h as the provider takes it.
 func (p *openAIProvider) authorize(h http.Header) {
@@ -196,34 +187,28 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 	if err != nil {
 		return nil, p.failure(ctx, c, err)
 	}
-	out := &Response{
-		StatusCode: c.status,
-		Body:       c.body,
-		RequestID:  requestID(c.header),
-		RateLimit:  ParseRateLimit(c.header),
-		Usage: Usage{
-			PromptTokens:     int64(usage.PromptTokens),
-			CompletionTokens: int64(usage.CompletionTokens),
-			TotalTokens:      int64(usage.TotalTokens),
-		},
-	}
+	u := Usage{PromptTokens: int64(usage.PromptTokens), CompletionTokens: int64(usage.CompletionTokens), TotalTokens: int64(usage.TotalTokens)}
 	if usage.PromptTokensDetails != nil {
-		out.Usage.CachedTokens = int64(usage.PromptTokensDetails.CachedTokens)
+		u.CachedTokens = int64(usage.PromptTokensDetails.CachedTokens)
 	}
-	return out, nil
+	return &Response{StatusCode: c.status, Body: c.body, RequestID: requestID(c.header), RateLimit: ParseRateLimit(c.header), Usage: u}, nil
 }
 
 // wireBody is the client's body as llmq sends it, and its model: model set
 // to the upstream id; the output limit llmq reserved written in when the
 // body states none (req.OutputLimit, in OutputField's member), so the
 // provider's default (maybe the model's whole output window) never applies;
-// max_tool_calls written in when a Responses body names none. Nothing else
+// max_tool_calls written in when a Responses body names none; for
+// req.Stream, a stream asked for that ends with the usage. Nothing else
 // changes; a body that needs none of these is sent as it came.
 //
 // go-openai is handed a request holding only the model, never filled from
 // the body: a body its types cannot hold is sent as it is, and its
 // reasoning-model checks see no parameters, so the provider judges them.
 func wireBody(req Request) (wire []byte, model string, err error) {
+	if req.Stream != nil && req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
+		return nil, "", invalid("stream", "'stream' is only supported for %s and %s", EndpointChat, EndpointResponses)
+	}
 	var fields map[string]json.RawMessage
 	if err := unmarshal(req.Body, &fields); err != nil || fields == nil {
 		return nil, "", invalid("body", "'body' must be a JSON object")
@@ -239,7 +224,12 @@ func wireBody(req Request) (wire []byte, model string, err error) {
 	} else {
 		model = req.Upstream
 	}
-	if req.OutputLimit > 0 && !statesOutputLimit(req.Endpoint, fields) {
+	// The body's own limit, by exact names: admission refused their case variants.
+	statesLimit := !isNull(fields["max_tokens"]) || !isNull(fields["max_completion_tokens"])
+	if req.Endpoint == EndpointResponses {
+		statesLimit = !isNull(fields["max_output_tokens"])
+	}
+	if req.OutputLimit > 0 && !statesLimit {
 		if name := OutputField(req.Endpoint, model); name != "" {
 			fields[name], changed = json.RawMessage(strconv.FormatInt(req.OutputLimit, 10)), true
 		}
@@ -247,20 +237,17 @@ func wireBody(req Request) (wire []byte, model string, err error) {
 	if _, ok := fields["max_tool_calls"]; req.MaxToolCalls > 0 && req.Endpoint == EndpointResponses && !ok {
 		fields["max_tool_calls"], changed = json.RawMessage(strconv.FormatInt(req.MaxToolCalls, 10)), true
 	}
+	if req.Stream != nil {
+		fields["stream"], changed = json.RawMessage("true"), true
+		if req.Endpoint == EndpointChat {
+			fields["stream_options"] = json.RawMessage(`{"include_usage":true}`)
+		}
+	}
 	if !changed {
 		return req.Body, model, nil
 	}
 	wire, err = json.Marshal(fields)
 	return wire, model, err
-}
-
-// statesOutputLimit reports whether a body states its output limit for
-// endpoint (by exact names: admission refused their case variants).
-func statesOutputLimit(endpoint string, fields map[string]json.RawMessage) bool {
-	if endpoint == EndpointResponses {
-		return !isNull(fields["max_output_tokens"])
-	}
-	return !isNull(fields["max_tokens"]) || !isNull(fields["max_completion_tokens"])
 }
 
 // reasoningPrefixes are the model families that refuse max_tokens and take
@@ -277,10 +264,8 @@ func OutputField(endpoint, model string) string {
 		return "max_output_tokens"
 	case EndpointChat:
 		m := normalizeModel(model)
-		for _, p := range reasoningPrefixes {
-			if strings.HasPrefix(m, p) {
-				return "max_completion_tokens"
-			}
+		if slices.ContainsFunc(reasoningPrefixes, func(p string) bool { return strings.HasPrefix(m, p) }) {
+			return "max_completion_tokens"
 		}
 		return "max_tokens"
 	}
@@ -299,46 +284,38 @@ func (p *openAIProvider) refuse(err error) *Error {
 
 // failure turns go-openai's error into an *Error, with the captured headers.
 func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Error {
-	e := &Error{Provider: p.name, Err: err}
-	if c.header != nil {
-		e.RateLimit = ParseRateLimit(c.header)
-		e.RequestID = requestID(c.header)
-	}
+	e := &Error{Provider: p.name, StatusCode: c.status, RateLimit: ParseRateLimit(c.header), RequestID: requestID(c.header)}
 	var apiErr *openai.APIError
 	var reqErr *openai.RequestError
 	switch {
 	case errors.Is(err, errResponseTooLarge):
-		e.StatusCode, e.Err = c.status, nil
 		return p.tooLarge(e, "answer")
-	case errors.As(err, &apiErr):
-		e.StatusCode = apiErr.HTTPStatusCode
-		o := &client.ErrorObject{Message: apiErr.Message, Type: apiErr.Type, Code: client.Code(codeString(apiErr.Code))}
+	case errors.As(err, &apiErr): // its message is the error; go-openai's text repeats it
+		e.StatusCode = apiErr.HTTPStatusCode // 0 for one wrapped in a RequestError
+		o := &client.ErrorObject{Message: apiErr.Message, Type: apiErr.Type}
+		if apiErr.Code != nil { // a string or a number
+			o.Code = client.Code(fmt.Sprint(apiErr.Code))
+		}
 		if apiErr.Param != nil {
 			o.Param = *apiErr.Param
 		}
 		fill(e, o)
-		e.Message = answerMessage(apiErr.HTTPStatusCode, e.Message, true, p.scrub)
-		e.Err = nil // the message is the error; go-openai's text repeats it
+		e.Message = answerMessage(e.StatusCode, e.Message, true, p.scrub)
 	case errors.As(err, &reqErr):
-		e.StatusCode = reqErr.HTTPStatusCode
-		e.Message = answerMessage(reqErr.HTTPStatusCode, "", false, p.scrub)
-		e.Err = nil
+		e.Message = answerMessage(e.StatusCode, "", false, p.scrub)
 	case c.status >= 200 && c.status < 300 && json.Valid(c.body):
 		// Billed, and another try would get the same.
-		e.StatusCode, e.Err = c.status, nil
 		return p.notOpenAIShape(e, err)
 	case c.status >= 200 && c.status < 300:
-		e.StatusCode = c.status
+		e.Err = err
 		return e.serverError(ClassRetryable, client.CodeProviderResponseUnreadable, msgUnreadable)
 	case c.status != 0:
 		// A redirect or another unexpected status: a misconfigured base URL.
-		e.StatusCode = c.status
-		e.Class = Classify(c.status)
-		e.Message = "unexpected HTTP status " + strconv.Itoa(c.status)
+		e.Class, e.Message, e.Err = Classify(c.status), "unexpected HTTP status "+strconv.Itoa(c.status), err
 		return e
 	case !c.sent:
 		// Refused by go-openai's own checks.
-		e.Class, e.Type, e.Message, e.Err = ClassPermanent, "invalid_request_error", p.scrub(err.Error()), nil
+		e.Class, e.Type, e.Message = ClassPermanent, "invalid_request_error", p.scrub(err.Error())
 		return e
 	default:
 		return p.noAnswer(ctx, err, 0)
@@ -389,19 +366,6 @@ type scrubbedError struct {
 
 func (s scrubbedError) Error() string { return s.text }
 func (s scrubbedError) Unwrap() error { return s.err }
-
-func codeString(code any) string {
-	switch c := code.(type) {
-	case nil:
-		return ""
-	case string:
-		return c
-	case int:
-		return strconv.Itoa(c)
-	default:
-		return fmt.Sprint(c)
-	}
-}
 
 // errTimeout is the cause of a call's own deadline, told apart from the
 // caller's.

@@ -148,11 +148,8 @@ func isNull(raw json.RawMessage) bool {
 }
 
 func jsonString(raw json.RawMessage) (string, bool) {
-	if len(raw) == 0 || raw[0] != '"' {
-		return "", false
-	}
 	var s string
-	if err := unmarshal(raw, &s); err != nil {
+	if len(raw) == 0 || raw[0] != '"' || unmarshal(raw, &s) != nil {
 		return "", false
 	}
 	return s, true
@@ -200,19 +197,19 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	switch endpoint {
 	case EndpointEmbeddings:
 		var rb rawEmbeddingsBody
-		if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
+		if err := r.decodeHead(body, &rb, &rb.Other, &rb.Model, &rb.Stream); err != nil {
 			return nil, err
 		}
 		return r, parseInput(r, rb.Input)
 	case EndpointResponses:
 		var rb rawResponsesBody
-		if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
+		if err := r.decodeHead(body, &rb, &rb.Other, &rb.Model, &rb.Stream); err != nil {
 			return nil, err
 		}
 		return r, parseResponses(r, &rb)
 	}
 	var rb rawChatBody
-	if err := r.decodeHead(body, &rb, &rb.Model, &rb.Stream); err != nil {
+	if err := r.decodeHead(body, &rb, &rb.Other, &rb.Model, &rb.Stream); err != nil {
 		return nil, err
 	}
 	mt, hasMT, err := intParam(rb.MaxTokens, "max_tokens", 1, maxTokensParam)
@@ -272,12 +269,12 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 }
 
 // decodeHead decodes body into rb, then reads the model and stream members
-// every endpoint has (fields of rb).
-func (r *request) decodeHead(body []byte, rb object, modelField, streamField *json.RawMessage) error {
-	if err := decodeBody(body, rb); err != nil {
-		return err
+// every endpoint has (fields of rb, as is other).
+func (r *request) decodeHead(body []byte, rb any, other *otherMembers, modelField, streamField *json.RawMessage) error {
+	if err := unmarshal(body, rb); err != nil {
+		return invalid("body", "'body' is not valid JSON: %v", err)
 	}
-	r.checkCase(rb, "")
+	r.checkCase(rb, *other, "")
 	modelRaw, streamRaw := *modelField, *streamField
 	if isNull(modelRaw) {
 		return invalid("model", "'model' is required")
@@ -287,16 +284,18 @@ func (r *request) decodeHead(body []byte, rb object, modelField, streamField *js
 		return invalid("model", "'model' must be a non-empty string")
 	}
 	r.model = model
-	if !isNull(streamRaw) {
-		switch string(streamRaw) {
-		case "false":
-		case "true":
-			return invalid("stream", "'stream' is not supported: llmq runs requests in the background and stores whole responses")
-		default:
-			return invalid("stream", "'stream' must be a boolean")
-		}
+	return refuseTrue(streamRaw, "stream", "'stream' is not supported: llmq runs requests in the background and stores whole responses")
+}
+
+// refuseTrue refuses a boolean member param that is true, with refusal.
+func refuseTrue(raw json.RawMessage, param, refusal string) error {
+	switch string(raw) {
+	case "", "null", "false":
+		return nil
+	case "true":
+		return invalid(param, "%s", refusal)
 	}
-	return nil
+	return invalid(param, "'%s' must be a boolean", param)
 }
 
 // parseServiceTier reads service_tier ("auto" asks for the account's
@@ -357,7 +356,7 @@ func parseMessages(r *request, raw json.RawMessage) error {
 		if len(mraw) == 0 || mraw[0] != '{' || unmarshal(mraw, &rm) != nil {
 			return invalid(p, "'%s' must be an object", p)
 		}
-		r.checkCase(&rm, p)
+		r.checkCase(&rm, rm.Other, p)
 		m := &r.messages[i]
 		role, ok := jsonString(rm.Role)
 		if !ok {
@@ -385,10 +384,7 @@ func parseMessages(r *request, raw json.RawMessage) error {
 		// model produced; their malformation is the provider's to report.
 		if !isNull(rm.ToolCalls) {
 			var calls []struct {
-				Function struct {
-					Name      string `json:"name"`
-					Arguments string `json:"arguments"`
-				} `json:"function"`
+				Function functionCall `json:"function"`
 			}
 			if unmarshal(rm.ToolCalls, &calls) == nil {
 				for _, c := range calls {
@@ -399,10 +395,7 @@ func parseMessages(r *request, raw json.RawMessage) error {
 			}
 		}
 		if !isNull(rm.FunctionCall) {
-			var fc struct {
-				Name      string `json:"name"`
-				Arguments string `json:"arguments"`
-			}
+			var fc functionCall
 			if unmarshal(rm.FunctionCall, &fc) == nil {
 				m.extra = append(m.extra, fc.Name, fc.Arguments)
 			} else {
@@ -411,6 +404,11 @@ func parseMessages(r *request, raw json.RawMessage) error {
 		}
 	}
 	return nil
+}
+
+type functionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
 }
 
 // parseContent reads a chat message's content at p into m.
@@ -436,13 +434,15 @@ func (r *request) parseContent(m *message, raw json.RawMessage, p string) error 
 
 // contentPart is a raw content part of either API.
 type contentPart interface {
-	object
-	common() (typ, text, refusal json.RawMessage)
+	common() (typ, text, refusal json.RawMessage, other otherMembers)
 }
 
-func (p *rawPart) common() (typ, text, refusal json.RawMessage) { return p.Type, p.Text, p.Refusal }
-func (p *rawInputPart) common() (typ, text, refusal json.RawMessage) {
-	return p.Type, p.Text, p.Refusal
+func (p *rawPart) common() (typ, text, refusal json.RawMessage, other otherMembers) {
+	return p.Type, p.Text, p.Refusal, p.Other
+}
+
+func (p *rawInputPart) common() (typ, text, refusal json.RawMessage, other otherMembers) {
+	return p.Type, p.Text, p.Refusal, p.Other
 }
 
 // parseParts reads content at p that is not null into m: a string, or an
@@ -477,23 +477,21 @@ func parseParts[V any, P interface {
 		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, part) != nil {
 			return invalid(pp, "'%s' must be a content part object", pp)
 		}
-		r.checkCase(part, pp)
-		typRaw, text, refusal := part.common()
+		typRaw, text, refusal, other := part.common()
+		r.checkCase(part, other, pp)
 		typ, ok := jsonString(typRaw)
 		if !ok || typ == "" {
 			return invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
 		}
 		switch {
-		case slices.Contains(textTypes, typ):
-			s, ok := jsonString(text)
-			if !ok {
-				return invalid(pp+".text", "'%s.text' must be a string", pp)
+		case slices.Contains(textTypes, typ) || typ == "refusal":
+			member, raw := "text", text
+			if typ == "refusal" {
+				member, raw = "refusal", refusal
 			}
-			m.texts = append(m.texts, s)
-		case typ == "refusal":
-			s, ok := jsonString(refusal)
+			s, ok := jsonString(raw)
 			if !ok {
-				return invalid(pp+".refusal", "'%s.refusal' must be a string", pp)
+				return invalid(pp+"."+member, "'%s.%s' must be a string", pp, member)
 			}
 			m.texts = append(m.texts, s)
 		case typ == imageType:
@@ -532,7 +530,7 @@ func parseInput(r *request, raw json.RawMessage) error {
 		return invalid("input", what)
 	}
 	var strs []string
-	if err := unmarshal(raw, &strs); err == nil {
+	if err := unmarshal(raw, &strs); err == nil { // [] too
 		if len(strs) == 0 {
 			return invalid("input", "'input' must not be an empty array")
 		}
@@ -549,38 +547,36 @@ func parseInput(r *request, raw json.RawMessage) error {
 	}
 	var ids []int64
 	if err := unmarshal(raw, &ids); err == nil {
-		if len(ids) == 0 {
-			return invalid("input", "'input' must not be an empty array")
-		}
-		for i, id := range ids {
-			if id < 0 {
-				return invalid(fmt.Sprintf("input[%d]", i), "'input[%d]' must be a token id (a non-negative integer)", i)
-			}
-		}
 		r.tokenIDs, r.nInputs = int64(len(ids)), 1
-		return nil
+		return tokenIDs(ids, "input")
 	}
 	var lists [][]int64
-	if err := unmarshal(raw, &lists); err == nil {
-		if len(lists) == 0 {
-			return invalid("input", "'input' must not be an empty array")
-		}
-		if len(lists) > maxEmbeddingInputs {
-			return invalid("input", "'input' must have at most %d items, got %d", maxEmbeddingInputs, len(lists))
-		}
-		for i, l := range lists {
-			if len(l) == 0 {
-				return invalid(fmt.Sprintf("input[%d]", i), "'input[%d]' must be a non-empty array of token ids", i)
-			}
-			for j, id := range l {
-				if id < 0 {
-					return invalid(fmt.Sprintf("input[%d][%d]", i, j), "'input[%d][%d]' must be a token id (a non-negative integer)", i, j)
-				}
-			}
-			r.tokenIDs += int64(len(l))
-		}
-		r.nInputs = int64(len(lists))
-		return nil
+	if err := unmarshal(raw, &lists); err != nil {
+		return invalid("input", what)
 	}
-	return invalid("input", what)
+	if len(lists) > maxEmbeddingInputs {
+		return invalid("input", "'input' must have at most %d items, got %d", maxEmbeddingInputs, len(lists))
+	}
+	for i, l := range lists {
+		p := fmt.Sprintf("input[%d]", i)
+		if len(l) == 0 {
+			return invalid(p, "'%s' must be a non-empty array of token ids", p)
+		}
+		if err := tokenIDs(l, p); err != nil {
+			return err
+		}
+		r.tokenIDs += int64(len(l))
+	}
+	r.nInputs = int64(len(lists))
+	return nil
+}
+
+// tokenIDs refuses a negative token id in ids, the array at p.
+func tokenIDs(ids []int64, p string) error {
+	for j, id := range ids {
+		if id < 0 {
+			return invalid(fmt.Sprintf("%s[%d]", p, j), "'%s[%d]' must be a token id (a non-negative integer)", p, j)
+		}
+	}
+	return nil
 }

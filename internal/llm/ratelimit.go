@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"cmp"
 	"math"
 	"net/http"
 	"strconv"
@@ -82,7 +83,7 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 		return r
 	}
 	family := func(kind string, limit, remaining *int64, reset *time.Duration, hasLimit, hasRemaining, hasReset RateLimitField) {
-		limitRaw := firstHeader(h, "x-ratelimit-limit-"+kind, "anthropic-ratelimit-"+kind+"-limit")
+		limitRaw := cmp.Or(h.Get("x-ratelimit-limit-"+kind), h.Get("anthropic-ratelimit-"+kind+"-limit"))
 		limitOK := false
 		if v, ok := parseInt(limitRaw); ok && v > 0 {
 			*limit, limitOK = v, true
@@ -144,57 +145,25 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 	return r
 }
 
-func firstHeader(h http.Header, names ...string) string {
-	for _, n := range names {
-		if v := h.Get(n); v != "" {
-			return v
-		}
-	}
-	return ""
-}
-
 func parseInt(s string) (int64, bool) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
+	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 	return v, err == nil
 }
 
 func parseFloat(s string) (float64, bool) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return 0, false
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, false
-	}
-	return v, true
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	return v, err == nil && !math.IsNaN(v) && !math.IsInf(v, 0)
 }
 
 // parseDuration reads a reset header: a Go duration or plain seconds. Zero is
 // a real value (the bucket is full).
 func parseDuration(s string) (time.Duration, bool) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return 0, false
-	}
-	var d time.Duration
+	d, err := time.ParseDuration(strings.TrimSpace(s))
 	if f, ok := parseFloat(s); ok {
 		if f < 0 || f*float64(time.Second) > float64(maxHint) {
 			return 0, false
 		}
-		d = time.Duration(math.Ceil(f * float64(time.Second)))
-	} else {
-		var err error
-		if d, err = time.ParseDuration(s); err != nil {
-			return 0, false
-		}
+		d, err = time.Duration(math.Ceil(f*float64(time.Second))), nil
 	}
-	if d < 0 || d > maxHint {
-		return 0, false
-	}
-	return d, true
+	return d, err == nil && d >= 0 && d <= maxHint
 }

@@ -66,14 +66,8 @@ const (
 )
 
 func parseResponses(r *request, rb *rawResponsesBody) error {
-	if !isNull(rb.Background) {
-		switch string(bytes.TrimSpace(rb.Background)) {
-		case "false":
-		case "true":
-			return invalid("background", "'background' is not supported in a job: llmq runs every job in the background; follow it with GET /v1/jobs/{id}")
-		default:
-			return invalid("background", "'background' must be a boolean")
-		}
+	if err := refuseTrue(rb.Background, "background", "'background' is not supported in a job: llmq runs every job in the background; follow it with GET /v1/jobs/{id}"); err != nil {
+		return err
 	}
 	switch string(bytes.TrimSpace(rb.Store)) {
 	case "", "null", "true":
@@ -135,11 +129,9 @@ func parseResponses(r *request, rb *rawResponsesBody) error {
 	}
 	if !isNull(rb.Tools) {
 		r.tools, r.toolsKey = responsesTools(rb.Tools), "tools"
-		kinds, err := builtinTools(rb.Tools)
-		if err != nil {
+		if r.builtinTools, err = builtinTools(rb.Tools); err != nil {
 			return err
 		}
-		r.builtinTools = append(r.builtinTools, kinds...)
 	}
 	if !isNull(rb.Text) {
 		var t struct {
@@ -172,7 +164,7 @@ func parseItems(r *request, raw json.RawMessage) error {
 		if len(iraw) == 0 || iraw[0] != '{' || unmarshal(iraw, &it) != nil {
 			return invalid(p, "'%s' must be an object", p)
 		}
-		r.checkCase(&it, p)
+		r.checkCase(&it, it.Other, p)
 		typ := "message"
 		if !isNull(it.Type) {
 			s, ok := jsonString(it.Type)
@@ -293,7 +285,7 @@ func (b *Body) PreviousResponseID() string { return b.r.previousResponseID }
 func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
-	resp, err := p.send(ctx, http.MethodPost, "/responses", nil, "application/json", bytes.NewReader(wire))
+	resp, err := p.send(ctx, http.MethodPost, "/responses", nil, jsonHeader(), bytes.NewReader(wire))
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/llmq/llmq/client"
@@ -16,27 +17,6 @@ import (
 
 // maxEventBytes bounds one Server-Sent Event's line.
 const maxEventBytes = 4 << 20
-
-// streamWireBody is wireBody's body for req, asking for a stream that ends
-// with the usage.
-func streamWireBody(req Request) ([]byte, error) {
-	if req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
-		return nil, invalid("stream", "'stream' is only supported for %s and %s", EndpointChat, EndpointResponses)
-	}
-	body, _, err := wireBody(req)
-	if err != nil {
-		return nil, err
-	}
-	var fields map[string]json.RawMessage
-	if err := unmarshal(body, &fields); err != nil || fields == nil {
-		return nil, invalid("body", "'body' must be a JSON object")
-	}
-	fields["stream"] = json.RawMessage("true")
-	if req.Endpoint == EndpointChat {
-		fields["stream_options"] = json.RawMessage(`{"include_usage":true}`)
-	}
-	return json.Marshal(fields)
-}
 
 // streamChunk is what llmq reads of a chunk or a Responses API event.
 type streamChunk struct {
@@ -48,12 +28,6 @@ type streamChunk struct {
 	Code     json.RawMessage `json:"code"`
 	Message  string          `json:"message"`
 	Param    string          `json:"param"`
-}
-
-// responsesEnd reports whether a Responses API event ends the stream with
-// its answer.
-func (c *streamChunk) responsesEnd() bool {
-	return c.Type == "response.completed" || c.Type == "response.incomplete"
 }
 
 // responsesError is the error a Responses API stream ended with, or nil.
@@ -111,32 +85,27 @@ func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 // stream sends a streaming request over plain HTTP (go-openai's typed chunks
 // drop what they do not model) and relays the events to req.Stream.
 func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, error) {
-	wire, err := streamWireBody(req)
+	wire, _, err := wireBody(req)
 	if err != nil {
 		return nil, p.refuse(err)
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
-	target := p.chatURL(req.Upstream)
-	if req.Endpoint == EndpointResponses {
-		target = p.apiURL("/responses", nil)
+	path := "/chat/completions"
+	switch {
+	case req.Endpoint == EndpointResponses:
+		path = "/responses"
+	case p.azure && p.apiVersion != "":
+		path = "/deployments/" + url.PathEscape(req.Upstream) + path
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(wire))
+	header := jsonHeader()
+	header.Set("Accept", "text/event-stream")
+	resp, err := p.send(ctx, http.MethodPost, path, nil, header, bytes.NewReader(wire))
 	if err != nil {
-		return nil, p.refuse(err)
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set("Accept", "text/event-stream")
-	p.authorize(hr.Header)
-	resp, err := p.http.Do(hr)
-	if err != nil {
-		return nil, p.noAnswer(ctx, err, 0)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	e := p.answered(resp)
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return nil, p.errorAnswer(resp)
-	}
 	out := &Response{StatusCode: resp.StatusCode, RequestID: e.RequestID, RateLimit: e.RateLimit}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), maxEventBytes)
@@ -165,7 +134,8 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 			if o := c.responsesError(); o != nil {
 				return nil, p.streamFailed(e, o, out.Chunks)
 			}
-			if done = c.responsesEnd(); done {
+			// The events that end the stream with the answer.
+			if done = c.Type == "response.completed" || c.Type == "response.incomplete"; done {
 				u, err := UsageOf(c.Response)
 				if err != nil {
 					return nil, e.cut("the provider's stream ended with a response whose usage cannot be read", out.Chunks)
