@@ -95,12 +95,7 @@ func (a Account) softThreshold() int64 {
 	return int64(math.Ceil(a.SoftLimit * float64(a.Budget)))
 }
 
-func (a Account) location() *time.Location {
-	if a.Location == nil {
-		return time.UTC
-	}
-	return a.Location
-}
+func (a Account) location() *time.Location { return cmp.Or(a.Location, time.UTC) }
 
 // Options configure Budgets.
 type Options struct {
@@ -176,17 +171,11 @@ func New(rdb redis.UniversalClient, ledger Ledger, opts Options) (*Budgets, erro
 	case ledger == nil:
 		return nil, errors.New("budget: the Ledger is required")
 	}
-	b := &Budgets{
+	return &Budgets{
 		rdb: rdb, scripts: scripts.New(rdb), ledger: ledger, keys: opts.Keys, clock: opts.Clock,
-		resTTL: cmp.Or(opts.ReservationTTL, DefaultReservationTTL), log: opts.Logger, obs: opts.Observer, flights: map[string]*flight{},
-	}
-	if b.log == nil {
-		b.log = slog.New(slog.DiscardHandler)
-	}
-	if b.obs == nil {
-		b.obs = nopObserver{}
-	}
-	return b, nil
+		resTTL: cmp.Or(opts.ReservationTTL, DefaultReservationTTL), log: cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)),
+		obs: cmp.Or[Observer](opts.Observer, nopObserver{}), flights: map[string]*flight{},
+	}, nil
 }
 
 type nopObserver struct{}
@@ -334,32 +323,18 @@ func midnight(y int, m time.Month, d int, loc *time.Location) time.Time {
 	return t
 }
 
-// tenantKeys are the keys of a tenant's day: its hash and its reservations.
-func (b *Budgets) tenantKeys(tenantID, day string) []string {
-	return []string{b.keys.BudgetTenant(day, tenantID), b.keys.BudgetTenantReservations(day, tenantID)}
-}
-
-// globalKeys are the keys of the global day (UTC): its hash and its reservations.
-func (b *Budgets) globalKeys(gday string) []string {
-	return []string{b.keys.BudgetGlobal(gday), b.keys.BudgetGlobalReservations(gday)}
-}
-
 // globalMember names a reservation among all tenants' in the global set.
 func globalMember(tenantID, id string) string { return tenantID + ":" + id }
 
-// now returns what the scripts take as the time ("" = read Redis TIME) and
-// a first guess of that time to pick the candidate day.
-func (b *Budgets) now() (arg string, guess time.Time) {
-	if b.clock != nil {
-		t := b.clock()
-		arg, guess = strconv.FormatInt(t.UnixMicro(), 10), t
-	} else {
-		guess = time.Now().Add(time.Duration(b.offset.Load()) * time.Microsecond)
+// guessNow is a first guess of the scripts' time, to pick the candidate day.
+func (b *Budgets) guessNow() time.Time {
+	switch {
+	case b.guess != nil:
+		return b.guess()
+	case b.clock != nil:
+		return b.clock()
 	}
-	if b.guess != nil {
-		guess = b.guess()
-	}
-	return arg, guess
+	return time.Now().Add(time.Duration(b.offset.Load()) * time.Microsecond)
 }
 
 func newToken() string {
@@ -367,8 +342,6 @@ func newToken() string {
 	_, _ = rand.Read(p[:])
 	return hex.EncodeToString(p[:])
 }
-
-func us(t time.Time) int64 { return t.UnixMicro() }
 
 // reply reads a script's array reply with checked assertions.
 type reply []any

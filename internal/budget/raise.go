@@ -66,11 +66,12 @@ var checkedScript = redis.NewScript(reservationsLua + checkedLua)
 // when tenantID is empty.
 type dayRef struct{ tenantID, day string }
 
+// dayKeys are the keys of a day: its hash and its reservations.
 func (b *Budgets) dayKeys(d dayRef) []string {
 	if d.tenantID == "" {
-		return b.globalKeys(d.day)
+		return []string{b.keys.BudgetGlobal(d.day), b.keys.BudgetGlobalReservations(d.day)}
 	}
-	return b.tenantKeys(d.tenantID, d.day)
+	return []string{b.keys.BudgetTenant(d.day, d.tenantID), b.keys.BudgetTenantReservations(d.day, d.tenantID)}
 }
 
 // member names a job's reservation in the day.
@@ -97,15 +98,13 @@ type dayState struct {
 	counted            time.Time // rbt: every ledger row written before it is counted
 }
 
-func readDayStates(ctx context.Context, rdb redis.UniversalClient, keys []string) ([]dayState, error) {
+func (b *Budgets) readDayStates(ctx context.Context, keys []string) ([]dayState, error) {
+	pipe := b.rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(keys))
-	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			cmds[i] = p.HMGet(ctx, k, "gen", "rb", "spent", "rbt")
-		}
-		return nil
-	})
-	if err != nil {
+	for i, k := range keys {
+		cmds[i] = pipe.HMGet(ctx, k, "gen", "rb", "spent", "rbt")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
 	out := make([]dayState, len(keys))
@@ -155,18 +154,15 @@ func (b *Budgets) raiseRows(ctx context.Context, d dayRef, st dayState, sum mone
 	var calls []scripts.Call
 	var costs []money.Micros
 	flush := func() error {
-		for i, cmd := range b.scripts.RunAll(ctx, calls...) {
-			n, err := cmd.Int64()
-			if err != nil {
-				return err
-			}
+		ns, err := b.runInts(ctx, calls)
+		for i, n := range ns {
 			if n == 1 {
 				out.rows++
 				out.added += costs[i]
 			}
 		}
 		calls, costs = calls[:0], costs[:0]
-		return nil
+		return err
 	}
 	floor := sum
 	row := func(tenantID, jobID string, cost money.Micros, written time.Time) error {
@@ -232,7 +228,7 @@ func (b *Budgets) raiseForRun(ctx context.Context, d dayRef, run string) error {
 	key := b.dayKeys(d)[0]
 	return b.once(ctx, key+"\x00raise\x00"+run, func() error {
 		readAt := time.Now()
-		sts, err := readDayStates(ctx, b.rdb, []string{key})
+		sts, err := b.readDayStates(ctx, []string{key})
 		if err != nil {
 			return err
 		}
@@ -310,7 +306,7 @@ func (b *Budgets) Check(ctx context.Context, p CheckParams) (CheckReport, error)
 		}
 		keys[i] = b.dayKeys(dayRef{d.TenantID, d.Day})[0]
 	}
-	sts, err := readDayStates(ctx, b.rdb, keys)
+	sts, err := b.readDayStates(ctx, keys)
 	if err != nil {
 		return rep, fmt.Errorf("budget: Check: %w", err)
 	}

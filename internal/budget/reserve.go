@@ -70,17 +70,18 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	if err != nil {
 		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 	}
-	// allowed, now, spent, reserved, amount held, soft crossed; refusal
-	t, trefusal, err := rs[0].reserved()
-	if err != nil {
-		return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
-	}
-	g, grefusal := []int64{1, 0, 0, 0, 0, 0}, ""
-	if len(rs) > 1 {
-		if g, grefusal, err = rs[1].reserved(); err != nil {
+	// Each day's allowed, now, spent, reserved, amount held, soft crossed;
+	// and its refusal. Without a global cap the global day allows.
+	n, refusal := [2][]int64{nil, {1, 0, 0, 0, 0, 0}}, [2]string{}
+	for i, r := range rs {
+		if n[i], err = r.ints(1, 2, 3, 4, 5, 6); err == nil {
+			refusal[i], err = r.str(7)
+		}
+		if err != nil {
 			return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 		}
 	}
+	t, g, trefusal, grefusal := n[0], n[1], refusal[0], refusal[1]
 	tallowed, gallowed := t[0] == 1, g[0] == 1
 	res := &Reservation{ID: id, TenantID: acct.TenantID, Day: sp.day, GlobalDay: sp.gday, Amount: money.Micros(t[4]), Global: len(rs) > 1}
 	if !tallowed || !gallowed {
@@ -117,16 +118,6 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	return res, d, nil
 }
 
-// reserved reads reserve.lua's reply: its integers and its refusal.
-func (r reply) reserved() ([]int64, string, error) {
-	n, err := r.ints(1, 2, 3, 4, 5, 6)
-	if err != nil {
-		return nil, "", err
-	}
-	refusal, err := r.str(7)
-	return n, refusal, err
-}
-
 // unwaitScript takes a reservation out of its tenant day's waiters
 // (unwait.lua).
 //
@@ -141,8 +132,7 @@ func (b *Budgets) StopWaiting(ctx context.Context, acct Account, id string) erro
 	if err := acct.validate(); err != nil {
 		return err
 	}
-	_, guess := b.now()
-	if err := b.unwait(ctx, acct, b.spanAt(guess, acct.location()).day, id); err != nil {
+	if err := b.unwait(ctx, acct, b.spanAt(b.guessNow(), acct.location()).day, id); err != nil {
 		return fmt.Errorf("budget: StopWaiting %s: %w", id, err)
 	}
 	return nil
@@ -231,11 +221,10 @@ type onDay struct {
 // day last checked on another Redis server, then runs them all again (the
 // scripts are idempotent by member). It returns the days' replies in order.
 func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days ...onDay) ([]reply, span, error) {
-	loc := acct.location()
-	_, guess := b.now()
+	loc, guess := acct.location(), b.guessNow()
 	calls, refs := make([]scripts.Call, len(days)), make([]dayRef, len(days))
 	for range maxAttempts {
-		arg, _ := b.now()
+		arg := redisclock.Arg(b.clock)
 		sp := b.spanAt(guess, loc)
 		token := newToken()
 		for i, d := range days {
@@ -249,7 +238,7 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 			}
 			refs[i] = ref
 			calls[i] = scripts.Call{Script: s, Keys: keys,
-				Args: append([]any{arg, us(start), us(end), keySlack.Milliseconds(), token}, d.extra...)}
+				Args: append([]any{arg, start.UnixMicro(), end.UnixMicro(), keySlack.Milliseconds(), token}, d.extra...)}
 		}
 		replies, ok := make([]reply, len(days)), true
 		for i, cmd := range b.scripts.RunAll(ctx, calls...) {
@@ -293,4 +282,70 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 		}
 	}
 	return nil, span{}, fmt.Errorf("no stable budget day after %d attempts", maxAttempts)
+}
+
+// statusScript reads a day without reserving.
+//
+//go:embed status.lua
+var statusLua string
+var statusScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + statusLua)
+
+// Status reports the tenant's day so far without reserving. Allowed says
+// whether both caps still have room; when not, DeniedBy and RetryAfter say
+// which and until when; Check says whether an amount would still fit.
+//
+// Concurrent calls for one account share a read, but never one that began
+// before the call (coalesce.Group).
+func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
+	if err := acct.validate(); err != nil {
+		return nil, err
+	}
+	r, _, err := b.statuses.Do(ctx, acct, func(ctx context.Context, _ int) statusRead {
+		d, err := b.readStatus(ctx, acct)
+		return statusRead{d, err}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	d := *r.d // each caller its own copy
+	return &d, nil
+}
+
+// statusRead is one read's answer, shared by the calls it answers.
+type statusRead struct {
+	d   *Decision
+	err error
+}
+
+// readStatus is one read of the account's day, and of the global day
+// under a global cap.
+func (b *Budgets) readStatus(ctx context.Context, acct Account) (*Decision, error) {
+	days := []onDay{{}}
+	if acct.Global > 0 {
+		days = append(days, onDay{global: true})
+	}
+	rs, sp, err := b.eval(ctx, statusScript, acct, days...)
+	if err != nil {
+		return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
+	}
+	n := [2][]int64{nil, {0, 0, 0}} // each day's now, spent, reserved
+	for i, r := range rs {
+		if n[i], err = r.ints(1, 2, 3); err != nil {
+			return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
+		}
+	}
+	t, g := n[0], n[1]
+	d := b.decision(acct, sp, time.UnixMicro(t[0]), money.Micros(t[1]), money.Micros(t[2]), money.Micros(g[1]), money.Micros(g[2]))
+	tfull := !acct.Unlimited && d.Spent+d.Reserved >= acct.Budget
+	gfull := acct.Global > 0 && d.GlobalSpent+d.GlobalReserved >= acct.Global
+	d.Allowed = !tfull && !gfull
+	if !d.Allowed {
+		tspent := !acct.Unlimited && d.Spent >= acct.Budget
+		gspent := acct.Global > 0 && d.GlobalSpent >= acct.Global
+		d.deny(tfull, gfull, 0, !tspent && !gspent)
+	}
+	return d, nil
 }

@@ -2,12 +2,13 @@ package budget
 
 import (
 	"context"
-	_ "embed" // the script's Lua
+	_ "embed" // the scripts' Lua
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/redisclock"
 	"github.com/llmq/llmq/internal/scripts"
 )
 
@@ -73,22 +74,66 @@ func (b *Budgets) settleDays(ctx context.Context, res *Reservation, cost money.M
 	if charge {
 		flag = "1"
 	}
+	return b.onDays(ctx, settleScript, res, tenant, global, func(member string) []any { return []any{member, int64(cost), flag} })
+}
+
+// onDays runs s on the reservation's tenant day and global day (those
+// asked for) in one round trip, with the arguments args gives the
+// reservation's member of each, and returns each day's integer reply, the
+// tenant's first.
+func (b *Budgets) onDays(ctx context.Context, s *redis.Script, res *Reservation, tenant, global bool, args func(member string) []any) ([]int64, error) {
 	var calls []scripts.Call
+	add := func(d dayRef) {
+		calls = append(calls, scripts.Call{Script: s, Keys: b.dayKeys(d), Args: args(d.member(res.TenantID, res.ID))})
+	}
 	if tenant {
-		calls = append(calls, scripts.Call{Script: settleScript, Keys: b.tenantKeys(res.TenantID, res.Day),
-			Args: []any{res.ID, int64(cost), flag}})
+		add(dayRef{res.TenantID, res.Day})
 	}
 	if global {
-		calls = append(calls, scripts.Call{Script: settleScript, Keys: b.globalKeys(res.GlobalDay),
-			Args: []any{globalMember(res.TenantID, res.ID), int64(cost), flag}})
+		add(dayRef{"", res.GlobalDay})
 	}
-	out := make([]int64, len(calls))
-	for i, cmd := range b.scripts.RunAll(ctx, calls...) {
+	return b.runInts(ctx, calls)
+}
+
+// runInts runs calls in one round trip and returns their integer replies,
+// up to the first error.
+func (b *Budgets) runInts(ctx context.Context, calls []scripts.Call) ([]int64, error) {
+	out := make([]int64, 0, len(calls))
+	for _, cmd := range b.scripts.RunAll(ctx, calls...) {
 		n, err := cmd.Int64()
 		if err != nil {
-			return nil, err
+			return out, err
 		}
-		out[i] = n
+		out = append(out, n)
 	}
 	return out, nil
+}
+
+// extendScript moves an open reservation's expiry in one day to now plus
+// the reservation TTL.
+//
+//go:embed extend.lua
+var extendLua string
+var extendScript = redis.NewScript(redisclock.Lua + extendLua)
+
+// Extend keeps the reservation for another ReservationTTL from now, on its
+// tenant's day and, when it is held there, the global day: a worker calls it
+// while its job waits and calls, so only a holder that stopped loses it.
+// held is false when the reservation is gone from its tenant's day (its
+// room may have been taken). A global hold gone while the tenant's stays is
+// logged, and the tenant's is kept.
+func (b *Budgets) Extend(ctx context.Context, res *Reservation) (held bool, err error) {
+	if res == nil {
+		return false, fmt.Errorf("budget: Extend: nil reservation")
+	}
+	arg, ttl := redisclock.Arg(b.clock), b.resTTL.Microseconds()
+	n, err := b.onDays(ctx, extendScript, res, true, res.Global, func(member string) []any { return []any{arg, member, ttl} })
+	if err != nil {
+		return false, fmt.Errorf("budget: Extend %s: %w", res.ID, err)
+	}
+	if len(n) > 1 && n[0] == 1 && n[1] == 0 {
+		b.log.Warn("budget: a reservation's hold on the global day is gone", "tenant", res.TenantID,
+			"reservation", res.ID, "global_day", res.GlobalDay)
+	}
+	return n[0] == 1, nil
 }
