@@ -29,28 +29,24 @@ import (
 // Estimate is what one request will cost at most.
 type Estimate struct {
 	Model *config.Model
-	// PromptTokens is the estimate of the prompt as the provider counts it,
-	// with the earlier turns of the stored responses it continues.
+	// PromptTokens is the prompt's estimate with the earlier turns of the
+	// stored responses it continues.
 	PromptTokens int64
-	// MaxTokens is the most output the request may produce: its output
-	// limit (or the model's, written in) times the number of choices, and
-	// a prediction's tokens; 0 for embeddings.
-	MaxTokens int64
-	// Shape is the rest of what decides its bill.
-	Shape Shape
-	// Calibration is the model's prompt correction (the provider's counts
-	// over llmq's) that Cost and WorstCase apply.
-	Calibration limiter.Calibration
-	// Cost is what the limiter reserves: one request and every token, the
-	// prompt calibrated.
-	Cost limiter.Cost
+	// MaxTokens is the output limit (or the model's, written in) times the
+	// choices, and a prediction's tokens; 0 for embeddings.
+	MaxTokens   int64
+	Shape       Shape               // the rest of what decides its bill
+	Calibration limiter.Calibration // the model's prompt correction, in Cost and WorstCase
+	Cost        limiter.Cost        // what the limiter reserves (permit)
 	// WorstCase is the budget reservation: the most the provider could
 	// bill for the request as sent, on the dearest route it may take.
 	WorstCase money.Micros
+	// own is WorstCase on the model's own routes, which every choice of
+	// fallbacks shares: priced once, at admission, and carried.
+	own money.Micros
 }
 
-// Calibrations gives what the provider's answers taught of prompts (the
-// pacer's): a limiter scope's prompt correction.
+// Calibrations gives a limiter scope's prompt correction (the pacer's).
 type Calibrations interface {
 	Calibration(ctx context.Context, scope string) limiter.Calibration
 }
@@ -68,17 +64,13 @@ func New(c Calibrations, convs Conversations) *Estimator {
 	return &Estimator{tokens: llm.NewEstimator(), calib: c, convs: convs}
 }
 
-// Request is an admitted request: what admission decided about one body,
-// decided once and carried by every later step.
+// Request is what admission decided about one body, once, carried by every
+// later step.
 type Request struct {
 	Estimate
-	// Endpoint is the endpoint the body is for.
-	Endpoint string
-	// Body is the request body as the client sent it.
-	Body []byte
-	// Fallbacks are the job's own fallback models (see WithFallbacks);
-	// none uses its model's.
-	Fallbacks []string
+	Endpoint  string
+	Body      []byte   // as the client sent it
+	Fallbacks []string // the job's own (WithFallbacks); none uses its model's
 }
 
 // WithFallbacks makes fallbacks the request's own, checked for tier
@@ -91,7 +83,7 @@ func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget
 	if err := CheckJobFallbacks(p, tier, r.Model, fallbacks); err != nil {
 		return err
 	}
-	worst := WorstCase(p, r.Model, fallbacks, &r.Shape, r.Calibration, r.PromptTokens, r.MaxTokens)
+	worst := r.worstCase(p, fallbacks)
 	if err := CheckBudget(acct, worst, r.Endpoint); err != nil {
 		return err
 	}
@@ -100,8 +92,7 @@ func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget
 }
 
 // Admit judges body for endpoint, for a tenant of tier whose budget
-// account is acct, under policy p: Estimate, then CheckBudget. Errors are
-// as theirs.
+// account is acct: Estimate, then CheckBudget.
 func (e *Estimator) Admit(ctx context.Context, p *config.Policy, tier *config.Tier, acct budget.Account, endpoint string, body []byte) (*Request, error) {
 	est, err := e.Estimate(ctx, p, tier, acct.TenantID, endpoint, body)
 	if err != nil {
@@ -113,21 +104,18 @@ func (e *Estimator) Admit(ctx context.Context, p *config.Policy, tier *config.Ti
 	return &Request{Estimate: *est, Endpoint: endpoint, Body: body}, nil
 }
 
-// Fill writes what admission decided into the job's insert params: the
-// endpoint, model and body, and the estimates and worst case the worker
-// runs with.
+// Fill writes what admission decided into the job's insert params.
 func (r *Request) Fill(j *store.JobInsertParams) {
 	j.Endpoint, j.Model, j.Request = r.Endpoint, r.Model.Name, r.Body
 	j.EstPromptTokens, j.EstMaxTokens, j.EstCost = r.PromptTokens, r.MaxTokens, r.WorstCase
 	j.Fallbacks = r.Fallbacks
 }
 
-// Estimate validates body for endpoint under policy p, for a tenant of
-// tier (nil: a tier's defaults) whose id is tenantID, and returns its
-// estimate, or a *wire.Error saying why it can never run: an invalid body,
-// an unknown model or one of another kind, what llmq cannot bound
-// (ShapeOf), a shape no route serves (Serves), or a cost above a bucket's
-// capacity.
+// Estimate validates body for endpoint, for a tenant of tier (nil: a
+// tier's defaults) whose id is tenantID, or says as a *wire.Error why it can
+// never run: an invalid body, an unknown model or one of another kind, what
+// llmq cannot bound (ShapeOf), a shape no route serves, a cost above a
+// bucket's capacity.
 func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config.Tier, tenantID, endpoint string, body []byte) (*Estimate, error) {
 	decoded, err := llm.Decode(endpoint, body)
 	if err == nil {
@@ -155,15 +143,13 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	if err != nil {
 		return nil, err
 	}
-	if err := anyServes(m.Routes(), &shape); err != nil {
-		return nil, err
+	own := serving(m.Routes(), &shape)
+	if len(own) == 0 {
+		return nil, Serves(m.Routes()[0], &shape) // why the first cannot
 	}
 	est := &Estimate{Model: m, PromptTokens: counted.PromptTokens + prior, Shape: shape}
 	if m.Kind == config.KindChat {
-		perChoice := counted.MaxTokens
-		if perChoice == 0 {
-			perChoice = m.MaxOutputTokens
-		}
+		perChoice := cmp.Or(counted.MaxTokens, m.MaxOutputTokens)
 		est.MaxTokens = addTokens(mulTokens(perChoice, max(counted.N, 1)), counted.PredictionTokens)
 	}
 	est.Calibration = limiter.Calibration{Factor: 1}
@@ -171,31 +157,23 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 		est.Calibration = e.calib.Calibration(ctx, m.Routes()[0].Deployment.Name())
 	}
 	est.Cost = permit(est.Calibration, est.PromptTokens, est.MaxTokens)
-	est.WorstCase = WorstCase(p, m, m.Fallbacks, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
-	if err := fits(m, est, endpoint); err != nil {
-		return nil, err
-	}
-	return est, nil
-}
-
-// anyServes is nil when a route of routes can serve s, else why the first
-// cannot.
-func anyServes(routes []config.Route, s *Shape) error {
-	return anyRoute(routes, func(r config.Route) error { return Serves(r, s) })
-}
-
-// anyRoute is nil when check passes for a route of routes, else the first
-// route's error.
-func anyRoute(routes []config.Route, check func(config.Route) error) error {
-	var first error
-	for _, r := range routes {
-		err := check(r)
-		if err == nil {
-			return nil
+	est.own = worstOf(own, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
+	est.WorstCase = est.worstCase(p, m.Fallbacks)
+	// A cost no deployment of the model can ever hold is refused: one whose
+	// buckets are all large enough may run it.
+	for _, r := range own {
+		if fitsRoute(r, est, endpoint) == nil {
+			return est, nil
 		}
-		first = cmp.Or(first, err)
 	}
-	return first
+	return nil, fitsRoute(own[0], est, endpoint)
+}
+
+// worstCase is WorstCase of the estimate with fallbacks: its own routes'
+// carried, and the serving routes of fallbacks.
+func (est *Estimate) worstCase(p *config.Policy, fallbacks []string) money.Micros {
+	routes := serving(fallbackRoutes(p, fallbacks), &est.Shape)
+	return max(est.own, worstOf(routes, &est.Shape, est.Calibration, est.PromptTokens, est.MaxTokens))
 }
 
 // Fallbacks are the models a job of m falls back to: its own, when it
@@ -207,35 +185,37 @@ func Fallbacks(m *config.Model, own []string) []string {
 	return m.Fallbacks
 }
 
-// Candidates are the routes a job of m with fallbacks (see Fallbacks) and
-// shape s may run on: m's deployments, then its fallbacks', each that can
-// serve s (Serves).
+// Candidates are the routes of m, then of fallbacks (see Fallbacks), that
+// can serve s.
 func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) []config.Route {
-	out := m.Routes()
+	return serving(append(m.Routes(), fallbackRoutes(p, fallbacks)...), s)
+}
+
+// fallbackRoutes are the routes of the models fallbacks names.
+func fallbackRoutes(p *config.Policy, fallbacks []string) []config.Route {
+	var out []config.Route
 	for _, name := range fallbacks {
 		if f, ok := p.Model(name); ok {
 			out = append(out, f.Routes()...)
 		}
 	}
-	return serving(out, s)
+	return out
 }
 
-// WorstCase is the budget's worst case of a request of m with these
-// estimates, shape and fallbacks: the most Charge asks on any of its
-// candidates, since the budget is reserved before a route is chosen.
+// WorstCase is the most Charge asks on any of the candidates of a request
+// of m, since the budget is reserved before a route is chosen.
 func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
+	return worstOf(Candidates(p, m, fallbacks, s), s, c, promptTokens, maxTokens)
+}
+
+// worstOf is the most Charge asks on routes.
+func worstOf(routes []config.Route, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
-	for _, r := range Candidates(p, m, fallbacks, s) {
+	for _, r := range routes {
 		_, w := Charge(r, s, c, promptTokens, maxTokens)
 		worst = max(worst, w)
 	}
 	return worst
-}
-
-// fits refuses a cost no deployment of the model can ever hold: one whose
-// buckets are all large enough may run it.
-func fits(m *config.Model, est *Estimate, endpoint string) error {
-	return anyRoute(serving(m.Routes(), &est.Shape), func(r config.Route) error { return fitsRoute(r, est, endpoint) })
 }
 
 // fitsRoute refuses a cost a bucket of route r can never hold.
@@ -254,8 +234,8 @@ func fitsRoute(m config.Route, est *Estimate, endpoint string) error {
 	return nil
 }
 
-// calibrationNote says when the prompt count is llmq's estimate corrected
-// by what the provider was seen to count.
+// calibrationNote says when the prompt count is corrected as the provider
+// was seen to count.
 func calibrationNote(c limiter.Calibration) string {
 	if c.Factor == 1 {
 		return ""
@@ -264,13 +244,7 @@ func calibrationNote(c limiter.Calibration) string {
 }
 
 func periodName(bucket string) string {
-	switch bucket {
-	case "tpd":
-		return "day"
-	case "tpm":
-		return "minute"
-	}
-	return bucket
+	return cmp.Or(map[string]string{"tpd": "day", "tpm": "minute"}[bucket], bucket)
 }
 
 func invalid(err error) error {
@@ -281,15 +255,14 @@ func invalid(err error) error {
 	return wire.Invalid("", client.CodeInvalidRequest, "%s", err.Error())
 }
 
-// JobRef is the fair queue's reference of a stored job. share is the
-// tenant's tier's share; 0 keeps what the fair queue knows. A job whose
-// model the policy no longer serves has no scope, for its worker to fail.
+// JobRef is the fair queue's reference of a stored job; share 0 keeps what
+// the fair queue knows. A job whose model the policy no longer serves has
+// no scope, for its worker to fail.
 func JobRef(p *config.Policy, j *store.Job, share float64) queue.JobRef {
 	return Ref(p, j.ID, j.Queue, j.TenantID, j.Model, j.EstPromptTokens+j.EstMaxTokens, share)
 }
 
-// Ref is JobRef of a job known by its fields: its id, priority, tenant and
-// model, and its estimated tokens (prompt + max_tokens).
+// Ref is JobRef of a job known by its fields; cost is its estimated tokens.
 func Ref(p *config.Policy, id, priority, tenantID, model string, cost int64, share float64) queue.JobRef {
 	ref := queue.JobRef{ID: id, Priority: priority, TenantID: tenantID, Cost: cost, Share: share}
 	if m, ok := p.Model(model); ok {
@@ -302,8 +275,7 @@ func Ref(p *config.Policy, id, priority, tenantID, model string, cost int64, sha
 const MaxJobFallbacks = 4
 
 // CheckJobFallbacks refuses fallbacks a job of model m under tier may not
-// name: more than MaxJobFallbacks, a model the policy lacks or the tier
-// does not allow, m itself, one of another kind, or one named twice.
+// name.
 func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fallbacks []string) error {
 	if len(fallbacks) > MaxJobFallbacks {
 		return wire.Invalid("fallbacks", client.CodeInvalidValue,
@@ -343,41 +315,37 @@ func Scope(route config.Route) limiter.Scope {
 	return limiter.ModelScope(route.Deployment.Name(), l.RPS, l.RPM, l.TPM, l.TPD, l.Burst)
 }
 
-// Account is the budget account of tenant t under policy p: the tier's
-// daily budget (or the tenant's override), soft limit, timezone and the
-// global cap. It fails when the tenant's tier is not in the policy.
+// Account is the budget account of tenant t under policy p (the tenant's
+// budget override, else its tier's). It fails when the tier is not in p.
 func Account(p *config.Policy, t *store.Tenant) (budget.Account, *config.Tier, error) {
 	tier, ok := p.Tier(t.Tier)
 	if !ok {
 		return budget.Account{}, nil, fmt.Errorf("tenant %s: tier %q is not in the policy", t.ID, t.Tier)
 	}
-	acct := budget.Account{
-		TenantID:  t.ID,
-		Budget:    tier.DailyBudget,
-		Unlimited: tier.Unlimited,
-		SoftLimit: tier.SoftLimit,
-		Location:  tier.Timezone,
-		Global:    p.GlobalDailyBudget,
-	}
+	acct := budget.Account{TenantID: t.ID, Budget: tier.DailyBudget, Unlimited: tier.Unlimited,
+		SoftLimit: tier.SoftLimit, Location: tier.Timezone, Global: p.GlobalDailyBudget}
 	if t.BudgetOverride != nil {
 		acct.Budget, acct.Unlimited = *t.BudgetOverride, false
 	}
 	return acct, tier, nil
 }
 
-// CheckBudget refuses a worst-case cost that exceeds the whole daily budget
-// of the account (or the global cap): no reset would ever let it run.
+// CheckBudget refuses a worst case above the account's whole daily budget
+// or the global cap: no reset would ever let it run.
 func CheckBudget(acct budget.Account, worst money.Micros, endpoint string) error {
 	param := outputParam(endpoint)
-	if !acct.Unlimited && worst > acct.Budget {
-		return wire.Invalid(param, client.CodeBudgetTooSmall,
-			"This request may cost up to $%s, more than the whole daily budget of $%s; it could never run. Lower %s.",
-			worst, acct.Budget, param)
-	}
-	if acct.Global > 0 && worst > acct.Global {
-		return wire.Invalid(param, client.CodeBudgetTooSmall,
-			"This request may cost up to $%s, more than the global daily cap of $%s; it could never run. Lower %s.",
-			worst, acct.Global, param)
+	for _, limit := range []struct {
+		over bool
+		what string
+		of   money.Micros
+	}{
+		{!acct.Unlimited && worst > acct.Budget, "the whole daily budget", acct.Budget},
+		{acct.Global > 0 && worst > acct.Global, "the global daily cap", acct.Global},
+	} {
+		if limit.over {
+			return wire.Invalid(param, client.CodeBudgetTooSmall,
+				"This request may cost up to $%s, more than %s of $%s; it could never run. Lower %s.", worst, limit.what, limit.of, param)
+		}
 	}
 	return nil
 }

@@ -23,23 +23,18 @@ import (
 // to the provider's default is written in, what no price covers is refused.
 type Shape struct {
 	Endpoint string
-	// OutputLimit is the output limit per choice written into a body that
-	// states none (llm.Request.OutputLimit): the model's max_output_tokens.
-	// 0 when the body states one, and for embeddings.
+	// OutputLimit is the model's max_output_tokens, written into a body
+	// that states no output limit; else 0.
 	OutputLimit int64
-	// ServiceTier is the service tier the body asks for; "" for none or
-	// auto (the account's tier, the price's AutoTier).
-	ServiceTier string
+	ServiceTier string // the body's; "" for none or auto (the price's AutoTier)
 	// Tools are the kinds of built-in tools the body names (each billed
 	// per call), and ToolCalls the most calls of them: its max_tool_calls,
 	// or the model's, written in (one for a chat body's web search).
-	Tools     []string
-	ToolCalls int64
-	// WriteToolCalls is set when ToolCalls is written into the request.
-	WriteToolCalls bool
+	Tools          []string
+	ToolCalls      int64
+	WriteToolCalls bool // ToolCalls is written into the request
 	// Unbounded is the param of prompt content llmq cannot count (a file,
-	// context stored at the provider that llmq did not see made): the
-	// prompt is bounded by the model's context window.
+	// context stored at the provider): the context window bounds it.
 	Unbounded string
 	// Follows is set when the body continues stored responses llmq
 	// relayed (its previous_response_id, item_references): their tokens
@@ -50,12 +45,11 @@ type Shape struct {
 }
 
 // Unseen reports whether the provider's count of the prompt includes what
-// llmq did not count itself: it teaches nothing of how the provider counts
-// (pacer.Call.UnseenContext).
+// llmq did not count, which teaches nothing of how it counts.
 func (s *Shape) Unseen() bool { return s.Unbounded != "" || s.Follows || s.ToolCalls > 0 }
 
 // Request returns the provider call of route for a job of this shape with
-// body: the output limit and max_tool_calls that are written into it.
+// body, with what is written into it.
 func (s *Shape) Request(route config.Route, body []byte) llm.Request {
 	req := llm.Request{Endpoint: s.Endpoint, Upstream: route.Upstream, Body: body, OutputLimit: s.OutputLimit}
 	if s.WriteToolCalls {
@@ -64,8 +58,7 @@ func (s *Shape) Request(route config.Route, body []byte) llm.Request {
 	return req
 }
 
-// Conversations finds what llmq recorded of the stored responses (and
-// their items) a follow-up names: the store's StoredResponseGet.
+// Conversations finds the stored responses (and items) a follow-up names.
 type Conversations interface {
 	StoredResponseGet(ctx context.Context, ids []string) (map[string]*store.StoredResponse, error)
 }
@@ -73,11 +66,10 @@ type Conversations interface {
 // maxToolCallsParam bounds a body's max_tool_calls.
 const maxToolCallsParam = 1000
 
-// ShapeOf reads the shape of a body decoded for m, for a tenant of tier
-// (nil: a tier's defaults) under policy p, and the tokens the stored
-// responses it continues bring into its prompt. It refuses, as a
-// *wire.Error naming the param, what llmq cannot bound or the tier does not
-// allow. convs may be nil (no response is known then).
+// ShapeOf reads the shape of a body decoded for m, for a tenant of tier (nil:
+// a tier's defaults), and the tokens of the stored responses it continues
+// (none known when convs is nil). It refuses, as a *wire.Error naming the
+// param, what llmq cannot bound or the tier does not allow.
 func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *config.Tier, tenantID string, m *config.Model, b *llm.Body) (Shape, int64, error) {
 	s := Shape{Endpoint: b.Endpoint()}
 	if a := b.Audio(); a != "" {
@@ -127,20 +119,15 @@ func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *c
 // never saw made is refused, or, when foreign is allowed, bounds the prompt
 // by the context window.
 func (s *Shape) follow(ctx context.Context, convs Conversations, tenantID string, foreign bool, b *llm.Body) (int64, error) {
-	type ref struct{ id, param string }
-	var refs []ref
+	var ids, params []string // the param naming each id
 	if id := b.PreviousResponseID(); id != "" {
-		refs = append(refs, ref{id, "previous_response_id"})
+		ids, params = append(ids, id), append(params, "previous_response_id")
 	}
 	for i, id := range b.ItemReferences() {
-		refs = append(refs, ref{id, fmt.Sprintf("input[%d].id", i)})
+		ids, params = append(ids, id), append(params, fmt.Sprintf("input[%d].id", i))
 	}
-	if len(refs) == 0 {
+	if len(ids) == 0 {
 		return 0, nil
-	}
-	ids := make([]string, len(refs))
-	for i, r := range refs {
-		ids[i] = r.id
 	}
 	known := map[string]*store.StoredResponse{}
 	if convs != nil && tenantID != "" {
@@ -150,33 +137,31 @@ func (s *Shape) follow(ctx context.Context, convs Conversations, tenantID string
 		}
 	}
 	var prior int64
-	for _, r := range refs {
-		row, ok := known[r.id]
+	for i, id := range ids {
+		row, ok := known[id]
 		if ok && row.TenantID == tenantID {
 			if s.Pinned != "" && row.Deployment != s.Pinned {
-				return 0, wire.Invalid(r.param, client.CodeInvalidValue,
-					"'%s' is stored at another provider account than the rest of the conversation; one call cannot reach both.", r.param)
+				return 0, wire.Invalid(params[i], client.CodeInvalidValue,
+					"'%s' is stored at another provider account than the rest of the conversation; one call cannot reach both.", params[i])
 			}
 			s.Follows, s.Pinned = true, row.Deployment
 			prior += row.Tokens
 			continue
 		}
 		if !ok && foreign {
-			s.Unbounded = cmp.Or(s.Unbounded, r.param)
+			s.Unbounded = cmp.Or(s.Unbounded, params[i])
 			continue
 		}
 		// Another tenant's reads as one llmq does not know: nothing of it
 		// is told.
-		return 0, wire.Errorf(http.StatusNotFound, wire.TypeInvalidRequest, client.CodeNotFound, r.param,
-			"No response or item '%.100s' was made through llmq for this tenant; a follow-up may continue only its own tenant's responses.", r.id)
+		return 0, wire.Errorf(http.StatusNotFound, wire.TypeInvalidRequest, client.CodeNotFound, params[i],
+			"No response or item '%.100s' was made through llmq for this tenant; a follow-up may continue only its own tenant's responses.", id)
 	}
 	return prior, nil
 }
 
 // Serves reports, as a *wire.Error naming the param, why route cannot serve a
-// request of shape s: the conversation it continues is stored elsewhere,
-// its service tier or a built-in tool has no price there, or the prompt
-// needs a context window the policy does not give; nil when it can.
+// request of shape s; nil when it can.
 func Serves(route config.Route, s *Shape) error {
 	if s.Pinned != "" && route.Deployment.Name() != s.Pinned {
 		return wire.Invalid("previous_response_id", client.CodeInvalidValue,
@@ -215,25 +200,17 @@ func Routable(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) e
 	if len(Candidates(p, m, fallbacks, s)) > 0 {
 		return nil
 	}
-	return anyServes(m.Routes(), s)
+	return Serves(m.Routes()[0], s) // none serves: the first's reason
 }
 
-// serving are the routes of candidates that can serve s.
+// serving are the routes of candidates (reused) that can serve s.
 func serving(candidates []config.Route, s *Shape) []config.Route {
-	out := make([]config.Route, 0, len(candidates))
-	for _, r := range candidates {
-		if Serves(r, s) == nil {
-			out = append(out, r)
-		}
-	}
-	return out
+	return slices.DeleteFunc(candidates, func(r config.Route) bool { return Serves(r, s) != nil })
 }
 
-// Charge is what a request of this shape on route takes, with these
-// estimates: the limiter's cost (permit) and the budget's worst case, the
-// most the provider could bill (PromptBound, maxTokens of output, the
-// dearest price, every tool call). A calibration below 1 lowers the
-// permit, never the dollars held.
+// Charge is what a request of this shape on route takes: the limiter's
+// cost (permit) and the budget's worst case, the most the provider could
+// bill. A calibration below 1 lowers the permit, never the dollars held.
 func Charge(route config.Route, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) (limiter.Cost, money.Micros) {
 	bound := s.PromptBound(route, max(c.Apply(promptTokens), promptTokens), maxTokens)
 	return permit(c, promptTokens, maxTokens), s.dearest(route.Price, bound, maxTokens)
@@ -244,7 +221,8 @@ func Charge(route config.Route, s *Shape, c limiter.Calibration, promptTokens, m
 func (s *Shape) dearest(price money.Price, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
 	for _, p := range prices(price, s.ServiceTier) {
-		worst = max(worst, addMicros(p.WorstCase(promptTokens, maxTokens), toolFees(p, s.Tools, s.ToolCalls)))
+		fees := mulMicros(max(s.ToolCalls, 0), dearestTool(p, s.Tools).PerCall)
+		worst = max(worst, addMicros(p.WorstCase(promptTokens, maxTokens), fees))
 	}
 	return worst
 }
@@ -290,10 +268,8 @@ func (s *Shape) PromptBound(route config.Route, prompt, maxTokens int64) int64 {
 const unknownWindow = 10_000_000
 
 // Unbelievable says what is wrong with the usage u a provider reported for
-// a call of shape s on route, whose prompt llmq estimated at prompt tokens
-// and whose output it bounded at maxTokens, or "": more than the request
-// as sent could be billed (every turn's context window, the output limit,
-// max_tool_calls, the tools it named), or a count llm rejects.
+// a call of shape s on route, or "": more than the request as sent could be
+// billed, or a count llm rejects.
 func Unbelievable(route config.Route, s *Shape, prompt, maxTokens int64, u llm.Usage) string {
 	if why := llm.UnbelievableUsage(u); why != "" {
 		return why
@@ -326,8 +302,7 @@ type Bound struct {
 }
 
 // Disbelieved is what a call of shape s on route is charged when its usage
-// cannot be believed (Unbelievable): the most the request as sent could
-// be billed, every turn's context window read and all its output
+// cannot be believed: every turn's context window read and all its output
 // produced, at the dearest price it may be served at.
 func Disbelieved(route config.Route, s *Shape, price money.Price, prompt, maxTokens int64) Bound {
 	bound := mulTokens(s.ToolCalls+1, max(cmp.Or(route.ContextWindow, unknownWindow), prompt))
@@ -374,21 +349,12 @@ func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
 // provider may serve a tier's call at its standard tier).
 func prices(p money.Price, tier string) []money.Price {
 	out := []money.Price{p}
-	if tier == "" {
-		tier = p.AutoTier
-	}
-	if t, ok := p.Tier(tier); ok && tier != "" {
-		out = append(out, t)
+	if tier = cmp.Or(tier, p.AutoTier); tier != "" {
+		if t, ok := p.Tier(tier); ok {
+			out = append(out, t)
+		}
 	}
 	return out
-}
-
-// toolFees is calls tool calls at the dearest per-call price of tools.
-func toolFees(p money.Price, tools []string, calls int64) money.Micros {
-	if calls <= 0 || len(tools) == 0 {
-		return 0
-	}
-	return mulMicros(calls, dearestTool(p, tools).PerCall)
 }
 
 func dearestTool(p money.Price, tools []string) money.ToolPrice {
@@ -422,7 +388,7 @@ func addMicros(a, b money.Micros) money.Micros { return money.Micros(addTokens(i
 func mulMicros(n int64, v money.Micros) money.Micros { return money.Micros(mulTokens(n, int64(v))) }
 
 // outputParam is the body's field bounding the output of a request to
-// endpoint: the Responses API's max_output_tokens, chat's max_tokens.
+// endpoint.
 func outputParam(endpoint string) string {
 	if endpoint == llm.EndpointResponses {
 		return "max_output_tokens"
@@ -431,7 +397,7 @@ func outputParam(endpoint string) string {
 }
 
 // promptParam is the body's field holding the prompt of a request to
-// endpoint: chat's messages, the Responses API's and embeddings' input.
+// endpoint.
 func promptParam(endpoint string) string {
 	if endpoint == llm.EndpointChat {
 		return "messages"

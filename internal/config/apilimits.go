@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -108,13 +107,10 @@ func checkLogCap(src *source, path string, l APILimits, alg limiter.Algorithm) e
 func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 	t.APIAlgorithm = limiter.AlgSlidingWindow
 	t.APISoftLimit = DefaultAPISoftLimit
-	t.WebhookHostRPS = DefaultWebhookHostRPS
-	if rt.WebhookHostRPS != nil {
-		v := *rt.WebhookHostRPS
-		if math.IsNaN(v) || v <= 0 || v > maxWebhookHostRPS {
-			return src.errorAt(path+".webhook_host_rps", "must be more than 0 and at most %d deliveries per second, got %v", maxWebhookHostRPS, v)
-		}
-		t.WebhookHostRPS = v
+	var err error
+	if t.WebhookHostRPS, err = positive(src, path+".webhook_host_rps", rt.WebhookHostRPS, DefaultWebhookHostRPS,
+		maxWebhookHostRPS, fmt.Sprintf("%d deliveries per second", maxWebhookHostRPS)); err != nil {
+		return err
 	}
 	if rt.APIExempt {
 		for _, f := range []struct {
@@ -172,12 +168,8 @@ func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 	}
 	t.APILimits = limits
 
-	if rt.APISoftLimit != nil {
-		s := *rt.APISoftLimit
-		if math.IsNaN(s) || s <= 0 || s > 1 {
-			return src.errorAt(path+".api_soft_limit", "must be more than 0 and at most 1, got %v", s)
-		}
-		t.APISoftLimit = s
+	if t.APISoftLimit, err = positive(src, path+".api_soft_limit", rt.APISoftLimit, DefaultAPISoftLimit, 1, "1"); err != nil {
+		return err
 	}
 
 	if rt.APILease < 0 || rt.APILease > limits.smallest() {
@@ -215,13 +207,6 @@ func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 		t.APIEndpointLimits[name] = el
 	}
 	return nil
-}
-
-func buildAuthFailures(src *source, raw *rawAPILimits) (APILimits, error) {
-	if raw == nil {
-		return DefaultAuthFailureLimits, nil
-	}
-	return raw.build(src, "auth_failure_limits")
 }
 
 // String renders limits as "50/second, 200000/day", or "none".

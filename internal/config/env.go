@@ -43,37 +43,29 @@ const minAdminTokenLen = 16
 // Env is the process configuration read from LLMQ_* environment variables.
 // After Validate every field holds a valid value (stated at each field).
 type Env struct {
-	// RedisURL is as redisconn.Parse reads it. Defaults to
-	// redis://127.0.0.1:6379/0.
+	// RedisURL is as redisconn.Parse reads it.
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0" help:"Redis: queues, limiter buckets, live spend"`
-	// DatabaseURL is postgres:// or postgresql://, or sqlite:// or file:.
-	// Defaults to a local Postgres.
+	// DatabaseURL is postgres://, postgresql://, sqlite:// or file:.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" help:"the system of record: postgres://… or sqlite://path"`
-	// ListenAddr is the HTTP server's host:port. Defaults to
-	// DefaultListenAddr of the role.
+	// ListenAddr is host:port. Defaults to DefaultListenAddr of the role.
 	ListenAddr string `env:"LISTEN_ADDR" help:"HTTP address: the dispatcher's API, the worker's /healthz and /readyz"`
-	// MetricsAddr is the /metrics listener's host:port, not ListenAddr.
-	// Defaults to DefaultMetricsAddr of the role.
+	// MetricsAddr is host:port, not ListenAddr. Defaults to DefaultMetricsAddr.
 	MetricsAddr string `env:"METRICS_ADDR" help:"address of the unauthenticated /metrics listener for Prometheus (keep it internal)"`
 	// Policy is the path of the policy YAML, not empty. Defaults to llmq.yaml.
 	Policy string `env:"POLICY" envDefault:"llmq.yaml" help:"the policy file: providers, models, tiers (llmq.example.yaml is a commented example)"`
-	// AdminToken guards the /admin API and the monitor: at least 16
-	// characters without spaces; empty only in dev mode.
+	// AdminToken is 16+ characters without spaces; empty only in dev mode.
 	AdminToken string `env:"ADMIN_TOKEN" help:"guards /admin/, /dashboard, /monitoring/ (16+ characters; required by the dispatcher)" role:"dispatcher"`
-	// AdminTokenPrevious is accepted too during a rotation; only beside
-	// AdminToken, and different.
+	// AdminTokenPrevious is set only beside AdminToken, and different.
 	AdminTokenPrevious string `env:"ADMIN_TOKEN_PREVIOUS" help:"the admin token being replaced, accepted too during a rotation" role:"dispatcher"`
-	// WorkerConcurrency is the jobs a worker runs at once, ≥ 1.
+	// WorkerConcurrency is ≥ 1.
 	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50" help:"jobs a worker runs at once" role:"worker"`
-	// WebhookConcurrency is the webhook deliveries a worker makes at once,
-	// ≥ 1.
+	// WebhookConcurrency is ≥ 1.
 	WebhookConcurrency int `env:"WEBHOOK_CONCURRENCY" envDefault:"10" help:"webhook deliveries a worker makes at once, apart from its jobs" role:"worker"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	// LogFormat is json or text.
 	LogFormat string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
-	// KeyPrefix starts every Redis key llmq writes: 1 to 64 letters, digits,
-	// '-', '_' or '.'.
+	// KeyPrefix is 1 to 64 letters, digits, '-', '_' or '.'.
 	KeyPrefix string `env:"KEY_PREFIX" envDefault:"llmq" help:"start of every llmq Redis key (to share one Redis)"`
 	// ShutdownTimeout bounds a graceful shutdown, > 0.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"grace period of in-flight requests and jobs on SIGTERM"`
@@ -81,8 +73,7 @@ type Env struct {
 	MonitoringReadOnly bool `env:"MONITORING_READONLY" envDefault:"true" help:"/monitoring/ refuses everything but GET" role:"dispatcher"`
 	// WebhookAllowPrivate lets webhooks reach private addresses.
 	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
-	// SyncMaxWait is the longest a synchronous request waits for its budget
-	// and rate limit before its 429, > 0.
+	// SyncMaxWait is > 0.
 	SyncMaxWait time.Duration `env:"SYNC_MAX_WAIT" envDefault:"60s" help:"longest wait of a synchronous request before its 429" role:"dispatcher"`
 	// FaultPause is how long a failing deployment gets no calls, > 0.
 	FaultPause time.Duration `env:"FAULT_PAUSE" envDefault:"1s" help:"how long a failing deployment gets no calls before one probe"`
@@ -130,11 +121,8 @@ func LoadEnv(environ []string) (*Env, error) {
 		return nil, translateEnvError(err, vars)
 	}
 	known := make(map[string]bool)
-	t := reflect.TypeFor[Env]()
-	for i := range t.NumField() {
-		if name := envName(t.Field(i)); name != "" {
-			known[EnvPrefix+name] = true
-		}
+	for _, v := range EnvVars(RoleDev) { // a dev process reads them all
+		known[v.Name] = true
 	}
 	for _, name := range secretEnv {
 		known[EnvPrefix+name+FileSuffix] = true
@@ -167,8 +155,7 @@ func translateEnvError(err error, vars map[string]string) error {
 	}
 	name := envName(f)
 	got := vars[EnvPrefix+name]
-	switch f.Type {
-	case reflect.TypeFor[time.Duration]():
+	if f.Type == reflect.TypeFor[time.Duration]() {
 		return envErrorf(name, "must be a duration such as 30s or 2m, got %q", got)
 	}
 	switch f.Type.Kind() {
@@ -204,13 +191,11 @@ func DefaultMetricsAddr(role Role) string {
 // Validate fills in the role's defaults, checks every variable and returns
 // the first problem, naming the variable, never a secret.
 func (e *Env) Validate(role Role) error {
-	switch role {
-	case RoleDispatcher, RoleWorker, RoleDev:
-	default:
+	if !slices.Contains([]Role{RoleDispatcher, RoleWorker, RoleDev}, role) {
 		return fmt.Errorf("config: unknown role %q (want dispatcher, worker or dev)", role)
 	}
-	if err := validateRedisURL(e.RedisURL); err != nil {
-		return err
+	if _, err := redisconn.Parse(e.RedisURL); err != nil {
+		return envErrorf("REDIS_URL", "%v", err)
 	}
 	if err := validateDatabaseURL(e.DatabaseURL); err != nil {
 		return err
@@ -294,9 +279,8 @@ func (e *Env) Validate(role Role) error {
 // one-address prefix) or a CIDR range, masked to its network.
 func (e *Env) TrustedProxyPrefixes() ([]netip.Prefix, error) {
 	var out []netip.Prefix
-	n := 0
-	for _, f := range strings.FieldsFunc(e.TrustedProxies, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' }) {
-		n++
+	for i, f := range strings.FieldsFunc(e.TrustedProxies, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' }) {
+		n := i + 1
 		if strings.Contains(f, "/") {
 			p, err := netip.ParsePrefix(f)
 			if err != nil {
@@ -334,39 +318,12 @@ var logLevels = map[string]slog.Level{
 // Logger builds the process logger writing to w, at LogLevel in LogFormat
 // (else info and json).
 func (e *Env) Logger(w io.Writer) *slog.Logger {
-	level, ok := logLevels[strings.ToLower(e.LogLevel)]
-	if !ok {
-		level = slog.LevelInfo
-	}
-	opts := &slog.HandlerOptions{Level: level}
+	// An unknown level is the zero Level, info.
+	opts := &slog.HandlerOptions{Level: logLevels[strings.ToLower(e.LogLevel)]}
 	if strings.EqualFold(e.LogFormat, "text") {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
-}
-
-// parseURL parses raw without echoing it: url.Parse's error quotes the
-// password.
-func parseURL(field, raw string) (*url.URL, error) {
-	if raw == "" {
-		return nil, envErrorf(field, "must be set, got an empty value")
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, envErrorf(field, "not a valid URL: %v", err)
-	}
-	return u, nil
-}
-
-func validateRedisURL(raw string) error {
-	if _, err := redisconn.Parse(raw); err != nil {
-		return envErrorf("REDIS_URL", "%v", err)
-	}
-	return nil
 }
 
 func validateDatabaseURL(raw string) error {
@@ -376,9 +333,15 @@ func validateDatabaseURL(raw string) error {
 		}
 		return nil
 	}
-	u, err := parseURL("DATABASE_URL", raw)
+	if raw == "" {
+		return envErrorf("DATABASE_URL", "must be set, got an empty value")
+	}
+	u, err := url.Parse(raw)
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		err = ue.Err // url.Parse's error quotes the password
+	}
 	if err != nil {
-		return err
+		return envErrorf("DATABASE_URL", "not a valid URL: %v", err)
 	}
 	switch u.Scheme {
 	case "postgres", "postgresql":

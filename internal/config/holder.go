@@ -41,16 +41,12 @@ type PolicyHolder struct {
 	lastReadErr string      // so an unreadable file is logged once, not every poll
 
 	subsMu sync.Mutex
-	subs   []subscription
-	nextID int
+	subs   []*subscription
 
 	afterPoll func() // for tests
 }
 
-type subscription struct {
-	id int
-	fn func(old, new *Policy)
-}
+type subscription struct{ fn func(old, new *Policy) }
 
 // NewPolicyHolder loads the policy at path and returns a holder for it.
 func NewPolicyHolder(path string, opts *HolderOptions) (*PolicyHolder, error) {
@@ -58,18 +54,9 @@ func NewPolicyHolder(path string, opts *HolderOptions) (*PolicyHolder, error) {
 		opts = &HolderOptions{}
 	}
 	h := &PolicyHolder{path: path, poll: cmp.Or(opts.PollInterval, time.Second), signals: opts.Signals}
-	fi, data, err := readPolicyFile(path)
-	if err != nil {
-		return nil, h.readError(err)
-	}
-	p, err := parseFile(path, data)
-	if err != nil {
+	if _, _, err := h.reload(true); err != nil {
 		return nil, err
 	}
-	h.stat = fi
-	h.applied = sha256.Sum256(data)
-	h.lastSeen = h.applied
-	h.cur.Store(p)
 	return h, nil
 }
 
@@ -85,13 +72,12 @@ func (h *PolicyHolder) Path() string { return h.path }
 func (h *PolicyHolder) OnChange(fn func(old, new *Policy)) (cancel func()) {
 	h.subsMu.Lock()
 	defer h.subsMu.Unlock()
-	id := h.nextID
-	h.nextID++
-	h.subs = append(h.subs, subscription{id, fn})
+	sub := &subscription{fn}
+	h.subs = append(h.subs, sub)
 	return func() {
 		h.subsMu.Lock()
 		defer h.subsMu.Unlock()
-		h.subs = slices.DeleteFunc(h.subs, func(s subscription) bool { return s.id == id })
+		h.subs = slices.DeleteFunc(h.subs, func(s *subscription) bool { return s == sub })
 	}
 }
 
@@ -130,12 +116,15 @@ func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
 	}
 	h.stat = fi
 	sum := sha256.Sum256(data)
-	if sum == h.applied || (!force && sum == h.lastSeen) {
-		h.lastSeen = sum
+	same := sum == h.applied || (!force && sum == h.lastSeen)
+	h.lastSeen = sum
+	if same {
 		return unchanged, nil, nil
 	}
-	h.lastSeen = sum
-	p, err := parseFile(h.path, data)
+	p, err := ParsePolicy(data)
+	if pe := (*PolicyError)(nil); errors.As(err, &pe) {
+		pe.File = h.path
+	}
 	if err != nil {
 		return refused, nil, err
 	}
@@ -144,14 +133,12 @@ func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
 	return applied, p, nil
 }
 
-func (h *PolicyHolder) readError(err error) error { return policyReadError(h.path, err) }
-
-func policyReadError(path string, err error) error {
+func (h *PolicyHolder) readError(err error) error {
 	msg := "cannot read the file: " + unwrapPathError(err).Error()
 	if errors.Is(err, fs.ErrNotExist) {
 		msg += "; set LLMQ_POLICY to the path of the policy file (llmq.example.yaml is a commented example to copy)"
 	}
-	return &PolicyError{File: path, Msg: msg}
+	return &PolicyError{File: h.path, Msg: msg}
 }
 
 // swap must be called with h.mu held.
@@ -214,21 +201,19 @@ func (h *PolicyHolder) Watch(ctx context.Context, logger *slog.Logger) {
 
 func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool) {
 	res, p, err := h.reload(force)
-	switch res {
-	case applied:
-		h.setReadErr("")
+	if res == unreadable {
+		h.logReadError(logger, err, force)
+		return
+	}
+	h.setReadErr("")
+	switch {
+	case res == applied:
 		logger.Info("policy reloaded", "path", h.path, "trigger", trigger, "digest", p.Digest[:12],
 			"providers", len(p.Providers), "models", len(p.Models), "tiers", len(p.Tiers))
-	case unreadable:
-		h.logReadError(logger, err, force)
-	case refused:
-		h.setReadErr("")
+	case res == refused:
 		logger.Error("policy reload refused; the current policy stays in force", "path", h.path, "trigger", trigger, "err", err.Error())
-	case unchanged:
-		h.setReadErr("")
-		if force {
-			logger.Info("policy unchanged", "path", h.path, "trigger", trigger)
-		}
+	case force:
+		logger.Info("policy unchanged", "path", h.path, "trigger", trigger)
 	}
 }
 
@@ -245,9 +230,7 @@ func (h *PolicyHolder) logReadError(logger *slog.Logger, err error, force bool) 
 func (h *PolicyHolder) setReadErr(msg string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.lastReadErr == msg {
-		return false
-	}
+	isNew := h.lastReadErr != msg
 	h.lastReadErr = msg
-	return true
+	return isNew
 }

@@ -1,12 +1,13 @@
 package config
 
 import (
-	"bytes"
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"math"
 	"net/url"
 	"os"
@@ -27,8 +28,7 @@ const (
 )
 
 // Where a tier's batches run (Tier.BatchOffload): never on the provider's
-// Batch API, auto where the model's provider offers one, always (refusing a
-// line whose provider offers none).
+// Batch API, auto where offered, always (refusing a line where it is not).
 const (
 	BatchOffloadNever  = "never"
 	BatchOffloadAuto   = "auto"
@@ -91,13 +91,11 @@ type Policy struct {
 	Models    []Model
 	Tiers     []Tier
 
-	// GlobalDailyBudget caps the spend of all tenants together per UTC day;
-	// 0 means no global cap.
+	// GlobalDailyBudget caps all tenants' spend per UTC day; 0: no cap.
 	GlobalDailyBudget money.Micros
 	Retention         Retention
-	// AuthFailureLimits are the requests with a missing or wrong key one
-	// client address may make per window. Defaults to
-	// DefaultAuthFailureLimits.
+	// AuthFailureLimits are the requests with a missing or wrong key a
+	// client address may make. Defaults to DefaultAuthFailureLimits.
 	AuthFailureLimits APILimits
 	// Digest is the hex SHA-256 of the YAML the policy was parsed from.
 	Digest string
@@ -109,18 +107,14 @@ type Policy struct {
 
 // Provider is an OpenAI-compatible API that models are served by.
 type Provider struct {
-	Name       string
-	Kind       string        // openai or azure. Defaults to openai.
-	APIVersion string        // an Azure provider's api-version; empty for Azure's v1 API
-	BaseURL    string        // e.g. https://api.openai.com/v1, or https://<resource>.openai.azure.com for Azure
-	APIKeyEnv  string        // the environment variable holding the API key; empty for none
-	Timeout    time.Duration // of one call, > 0. Defaults to 60s.
-	// MaxResponseBytes bounds one answer's body, within 1 KiB and 1 GiB.
-	// Defaults to 16 MiB.
-	MaxResponseBytes int64
-	// BatchAPI says the provider offers OpenAI's Batch API. Defaults to
-	// true for kind openai, false for azure.
-	BatchAPI bool
+	Name             string
+	Kind             string        // openai or azure. Defaults to openai.
+	APIVersion       string        // an Azure provider's api-version; empty for Azure's v1 API
+	BaseURL          string        // e.g. https://api.openai.com/v1, or https://<resource>.openai.azure.com for Azure
+	APIKeyEnv        string        // the environment variable holding the API key; empty for none
+	Timeout          time.Duration // of one call, > 0. Defaults to 60s.
+	MaxResponseBytes int64         // one answer's body, within 1 KiB and 1 GiB. Defaults to 16 MiB.
+	BatchAPI         bool          // OpenAI's Batch API is offered. Defaults to true for kind openai.
 }
 
 // The kinds of provider.
@@ -137,25 +131,22 @@ const DefaultMaxResponseBytes = 16 << 20
 type Model struct {
 	Name string // what clients send
 	// Kind is chat or embedding. Defaults to embedding when the name or the
-	// first upstream contains "embedding", else chat.
+	// first upstream contains "embedding".
 	Kind string
-	// Encoding overrides the tokenizer encoding of prompt estimates.
-	// Defaults to the estimator's pick by model name.
+	// Encoding overrides the tokenizer's pick by model name.
 	Encoding string
-	// ContextWindow is the most tokens the model reads in one turn, the
-	// bound of what llmq cannot count; 0 refuses such requests. Defaults to
-	// DefaultContextWindow's.
+	// ContextWindow bounds what llmq cannot count; 0 refuses such requests.
+	// Defaults to DefaultContextWindow's.
 	ContextWindow int64
-	// MaxToolCalls is written into a Responses API request that names
-	// built-in tools and no max_tool_calls, within 1 and 128. Defaults to
-	// DefaultMaxToolCalls.
+	// MaxToolCalls is written into a Responses API request naming built-in
+	// tools and no max_tool_calls, within 1 and 128. Defaults to 4.
 	MaxToolCalls int64
-	// MaxOutputTokens is reserved for a chat request that gives no output
-	// limit, ≥ 1. Defaults to 4096; always 0 for embedding models.
+	// MaxOutputTokens is written into a chat request that gives no output
+	// limit, ≥ 1. Defaults to 4096; 0 for embedding models.
 	MaxOutputTokens int64
 	Deployments     []Deployment // at least one, in the policy's order
-	// Fallbacks name the models a job runs on when none of its deployments
-	// can take it, or the provider refuses its context length. One level.
+	// Fallbacks run a job none of the deployments can take, or whose
+	// context length the provider refuses. One level.
 	Fallbacks []string
 
 	routes []Route // one per deployment
@@ -167,12 +158,8 @@ type Deployment struct {
 	Provider string // a Provider's name
 	Upstream string // the provider's id of the model. Defaults to the model's name.
 	Limits   Limits
-	// Order ranks deployments, ≥ 0: a job goes to the lowest order that can
-	// take it now. Defaults to 0.
-	Order int
-	// Weight spreads jobs among deployments of one order, within 1 and
-	// 1000. Defaults to 1.
-	Weight int
+	Order    int // ≥ 0: a job goes to the lowest order that can take it now
+	Weight   int // spreads jobs within an order, within 1 and 1000. Defaults to 1.
 	// Price is the deployment's own, else the model's, else
 	// money.DefaultPrices of the first upstream (then of the model's name).
 	Price money.Price
@@ -231,66 +218,49 @@ func (m *Model) withRoutes() {
 // such limit.
 type Limits struct {
 	RPS, RPM, TPM, TPD int64 // requests per second and minute, tokens per minute and day
-	// BatchQueueTokens is the prompt tokens of the model's batches the
-	// provider's Batch API holds at once; 0 when learned from its refusals.
+	// BatchQueueTokens is the prompt tokens of batches the Batch API holds
+	// at once; 0 when learned from its refusals.
 	BatchQueueTokens int64
-	// Burst is the most of a limit sent at once, as a time of its refill,
-	// within 1ms and 1m. Defaults to DefaultBurst.
-	Burst time.Duration
+	Burst            time.Duration // the most sent at once, as a time of refill, within 1ms and 1m
 }
 
-// DefaultBurst is half a second of refill: within the shortest window a
-// provider documents.
+// DefaultBurst is half a second of refill, within any provider's window.
 const DefaultBurst = 500 * time.Millisecond
 
 // Tier is a class of tenants sharing a daily budget and a priority.
 type Tier struct {
-	Name string
-	// DailyBudget is what one tenant may spend per day (in Timezone), > 0
-	// unless Unlimited.
-	DailyBudget money.Micros
-	// Unlimited means no daily budget: only the global cap applies.
-	Unlimited bool
-	// SoftLimit is the fraction of DailyBudget past which a tenant is
-	// warned, in (0, 1]. Defaults to 0.8.
-	SoftLimit float64
-	// Priority is critical, default or low. Defaults to default.
-	Priority string
-	// OnExhausted is defer or reject. Defaults to defer.
-	OnExhausted string
-	// APILimits are each API key's limits of the HTTP API, at least one
-	// window set unless APIExempt.
-	APILimits APILimits
-	// APIAlgorithm counts them. Defaults to sliding_window.
-	APIAlgorithm limiter.Algorithm
+	Name        string
+	DailyBudget money.Micros // per tenant and day (in Timezone), > 0 unless Unlimited
+	Unlimited   bool         // no daily budget: only the global cap applies
+	SoftLimit   float64      // of DailyBudget, past which a tenant is warned, in (0, 1]. Defaults to 0.8.
+	Priority    string       // critical, default or low. Defaults to default.
+	OnExhausted string       // defer or reject. Defaults to defer.
+	// APILimits are each API key's, at least one window unless APIExempt.
+	APILimits    APILimits
+	APIAlgorithm limiter.Algorithm // Defaults to sliding_window.
 	// APISoftLimit is the fraction of a window past which responses carry
 	// X-RateLimit-Warning, in (0, 1]. Defaults to 0.8.
 	APISoftLimit float64
-	// APIEndpointLimits are lower limits per key of the APIEndpoints they
-	// name. Defaults to none.
+	// APIEndpointLimits are lower limits per key of the APIEndpoints named.
 	APIEndpointLimits map[string]APILimits
 	// APILease is the slice of a key's windows a dispatcher leases at a
-	// time, from 0 (none) to the smallest window. Defaults to 0.
+	// time, from 0 (none) to the smallest window.
 	APILease  int64
-	APIExempt bool // no per-key API limit
-	// Fallbacks are the models a job of the tier may name as its own
-	// fallbacks. Defaults to none.
-	Fallbacks []string
-	// WebhookHostRPS is the most webhook deliveries per second a tenant
-	// sends to one host, in (0, 100000]. Defaults to 10.
+	APIExempt bool     // no per-key API limit
+	Fallbacks []string // the models a job of the tier may name as its own fallbacks
+	// WebhookHostRPS is the most deliveries per second a tenant sends to
+	// one host, in (0, 100000]. Defaults to 10.
 	WebhookHostRPS float64
 	// Share is a tenant's weight among tenants of one priority waiting for
 	// one model, in (0, MaxShare]. Defaults to 1.
-	Share float64
-	// Timezone is where the tier's day starts and ends. Defaults to UTC.
-	Timezone *time.Location
-	// BatchOffload is never, auto or always. Defaults to never.
-	BatchOffload string
-	// RequireOutputLimit refuses requests that name no output limit instead
-	// of writing the model's max_output_tokens into them. Defaults to false.
+	Share        float64
+	Timezone     *time.Location // where the tier's day starts and ends. Defaults to UTC.
+	BatchOffload string         // never, auto or always. Defaults to never.
+	// RequireOutputLimit refuses requests naming no output limit instead of
+	// writing the model's max_output_tokens into them.
 	RequireOutputLimit bool
 	// AllowForeignResponses lets a Responses API request continue what llmq
-	// did not see made, bounded by the context window. Defaults to false.
+	// did not see made, bounded by the context window.
 	AllowForeignResponses bool
 }
 
@@ -347,14 +317,11 @@ func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 			continue
 		}
 		_, ok, err := ReadSecret(lookup, pr.APIKeyEnv)
+		if err == nil && !ok {
+			err = fmt.Errorf("environment variable %s is not set (nor %s%s, a file holding it)", pr.APIKeyEnv, pr.APIKeyEnv, FileSuffix)
+		}
 		if err != nil {
 			return &PolicyError{Field: fmt.Sprintf("providers[%d].api_key_env", i), Msg: err.Error()}
-		}
-		if !ok {
-			return &PolicyError{
-				Field: fmt.Sprintf("providers[%d].api_key_env", i),
-				Msg:   fmt.Sprintf("environment variable %s is not set (nor %s%s, a file holding it)", pr.APIKeyEnv, pr.APIKeyEnv, FileSuffix),
-			}
 		}
 	}
 	return nil
@@ -427,7 +394,7 @@ type rawDeployment struct {
 	Upstream string    `yaml:"upstream"`
 	Limits   rawLimits `yaml:"limits"`
 	Order    int       `yaml:"order"`
-	Weight   *int      `yaml:"weight"`
+	Weight   *int64    `yaml:"weight"`
 	Price    *rawPrice `yaml:"price"`
 }
 
@@ -532,11 +499,9 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		return nil, err
 	}
 
-	global, err := usd(src, "global_daily_budget_usd", raw.GlobalDailyBudgetUSD)
-	if err != nil {
+	if p.GlobalDailyBudget, err = usd(src, "global_daily_budget_usd", raw.GlobalDailyBudgetUSD); err != nil {
 		return nil, err
 	}
-	p.GlobalDailyBudget = global
 	if raw.Retention != nil {
 		if p.Retention.FinishedJobs, err = retentionAge(src, "retention.finished_jobs", raw.Retention.FinishedJobs); err != nil {
 			return nil, err
@@ -552,10 +517,11 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 				MinLedgerRetention, *raw.Retention.Ledger)
 		}
 	}
-	if p.AuthFailureLimits, err = buildAuthFailures(src, raw.AuthFailureLimits); err != nil {
-		return nil, err
+	p.AuthFailureLimits = DefaultAuthFailureLimits
+	if raw.AuthFailureLimits != nil {
+		p.AuthFailureLimits, err = raw.AuthFailureLimits.build(src, "auth_failure_limits")
 	}
-	return p, nil
+	return p, err
 }
 
 // buildList builds a list of the policy, refusing a name given twice, runs
@@ -605,7 +571,8 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 	if rp.APIVersion != "" && pr.Kind != ProviderAzure {
 		return pr, src.errorAt(path+".api_version", "is for kind: %s only", ProviderAzure)
 	}
-	if rp.APIVersion != "" && !validAPIVersion(rp.APIVersion) {
+	date, suffix, _ := strings.Cut(rp.APIVersion, "-preview") // a date, optionally with -preview
+	if _, err := time.Parse(time.DateOnly, date); rp.APIVersion != "" && (err != nil || suffix != "") {
 		return pr, src.errorAt(path+".api_version", "must be an Azure api-version such as 2024-10-21 or 2025-04-01-preview (leave it out for Azure's v1 API), got %q", rp.APIVersion)
 	}
 	if rp.BaseURL == "" && pr.Kind == ProviderAzure {
@@ -635,21 +602,9 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 		}
 		pr.Timeout = d
 	}
-	pr.MaxResponseBytes = DefaultMaxResponseBytes
-	if b := rp.MaxResponseBytes; b != nil {
-		if *b < 1<<10 || *b > 1<<30 {
-			return pr, src.errorAt(path+".max_response_bytes", "must be within 1024 (1 KiB) and 1073741824 (1 GiB), got %d", *b)
-		}
-		pr.MaxResponseBytes = *b
-	}
-	return pr, nil
-}
-
-// validAPIVersion says whether v is a date, optionally with -preview.
-func validAPIVersion(v string) bool {
-	date, suffix, _ := strings.Cut(v, "-preview")
-	_, err := time.Parse(time.DateOnly, date)
-	return err == nil && suffix == ""
+	pr.MaxResponseBytes, err = bounded(src, path+".max_response_bytes", rp.MaxResponseBytes, DefaultMaxResponseBytes,
+		1<<10, 1<<30, "within 1024 (1 KiB) and 1073741824 (1 GiB)")
+	return pr, err
 }
 
 func (rm rawModel) build(src *source, path string, providers map[string]*Provider) (Model, error) {
@@ -667,10 +622,7 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 	} else if rm.Provider != "" || rm.Upstream != "" || rm.Limits != (rawLimits{}) {
 		return m, src.errorAt(path+".deployments", "give either provider, upstream and limits or a list of deployments, not both")
 	}
-	first := raws[0].Upstream
-	if first == "" {
-		first = m.Name
-	}
+	first := cmp.Or(raws[0].Upstream, m.Name)
 
 	kind := KindChat
 	if strings.Contains(m.Name, "embedding") || strings.Contains(first, "embedding") {
@@ -684,33 +636,22 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		return m, src.errorAt(path+".encoding", "must be one of %s, got %q", strings.Join(encodings, ", "), rm.Encoding)
 	}
 
-	switch {
-	case m.Kind == KindEmbedding && rm.MaxOutputTokens != nil:
+	if m.Kind == KindEmbedding && rm.MaxOutputTokens != nil {
 		return m, src.errorAt(path+".max_output_tokens", "must not be set on an embedding model, which produces no output tokens")
-	case m.Kind == KindEmbedding:
-		m.MaxOutputTokens = 0
-	case rm.MaxOutputTokens == nil:
-		m.MaxOutputTokens = DefaultMaxOutputTokens
-	case *rm.MaxOutputTokens < 1:
-		return m, src.errorAt(path+".max_output_tokens", "must be at least 1, got %d", *rm.MaxOutputTokens)
-	default:
-		m.MaxOutputTokens = *rm.MaxOutputTokens
 	}
-	switch {
-	case rm.ContextWindow == nil:
-		m.ContextWindow = DefaultContextWindow(m.Name, first)
-	case *rm.ContextWindow < 1:
-		return m, src.errorAt(path+".context_window", "must be at least 1 (tokens), got %d", *rm.ContextWindow)
-	default:
-		m.ContextWindow = *rm.ContextWindow
+	if m.Kind == KindChat {
+		m.MaxOutputTokens, err = bounded(src, path+".max_output_tokens", rm.MaxOutputTokens, DefaultMaxOutputTokens, 1, math.MaxInt64, "at least 1")
+		if err != nil {
+			return m, err
+		}
 	}
-	switch {
-	case rm.MaxToolCalls == nil:
-		m.MaxToolCalls = DefaultMaxToolCalls
-	case *rm.MaxToolCalls < 1 || *rm.MaxToolCalls > maxToolCalls:
-		return m, src.errorAt(path+".max_tool_calls", "must be within 1 and %d, got %d", maxToolCalls, *rm.MaxToolCalls)
-	default:
-		m.MaxToolCalls = *rm.MaxToolCalls
+	window := DefaultContextWindow(m.Name, first)
+	if m.ContextWindow, err = bounded(src, path+".context_window", rm.ContextWindow, window, 1, math.MaxInt64, "at least 1 (tokens)"); err != nil {
+		return m, err
+	}
+	m.MaxToolCalls, err = bounded(src, path+".max_tool_calls", rm.MaxToolCalls, DefaultMaxToolCalls, 1, maxToolCalls, fmt.Sprintf("within 1 and %d", maxToolCalls))
+	if err != nil {
+		return m, err
 	}
 
 	price, err := buildPrice(src, path+".price", rm.Price, m.Kind, first, m.Name)
@@ -718,7 +659,6 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		return m, err
 	}
 
-	seen := map[string]int{}
 	for i, rd := range raws {
 		dpath := fmt.Sprintf("%s.deployments[%d]", path, i)
 		if len(rm.Deployments) == 0 {
@@ -728,10 +668,9 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		if err != nil {
 			return m, err
 		}
-		if j, dup := seen[d.Name()]; dup {
+		if j := slices.IndexFunc(m.Deployments, func(o Deployment) bool { return o.Name() == d.Name() }); j >= 0 {
 			return m, src.errorAt(dpath+".upstream", "%q at provider %q is already deployments[%d] of this model", d.Upstream, d.Provider, j)
 		}
-		seen[d.Name()] = i
 		m.Deployments = append(m.Deployments, d)
 	}
 	return m, nil
@@ -744,7 +683,7 @@ type sharedDeployment struct {
 
 // build checks one deployment of m, whose price defaults to price.
 func (rd rawDeployment) build(src *source, path string, short bool, m Model, price money.Price, providers map[string]*Provider) (Deployment, error) {
-	d := Deployment{Provider: rd.Provider, Upstream: rd.Upstream, Order: rd.Order, Weight: 1, Price: price}
+	d := Deployment{Provider: rd.Provider, Upstream: rd.Upstream, Order: rd.Order, Price: price}
 	if rd.Provider == "" {
 		return d, src.errorAt(path+".provider", "required")
 	}
@@ -759,24 +698,19 @@ func (rd rawDeployment) build(src *source, path string, short bool, m Model, pri
 	if rd.Order < 0 {
 		return d, src.errorAt(path+".order", "must be 0 or more, got %d", rd.Order)
 	}
-	if rd.Weight != nil {
-		if *rd.Weight < 1 || *rd.Weight > 1000 {
-			return d, src.errorAt(path+".weight", "must be within 1 and 1000, got %d", *rd.Weight)
-		}
-		d.Weight = *rd.Weight
-	}
-	if rd.Price != nil {
-		p, err := buildPrice(src, path+".price", rd.Price, m.Kind, d.Upstream, m.Name)
-		if err != nil {
-			return d, err
-		}
-		d.Price = p
-	}
-	l, err := rd.Limits.build(src, path+".limits")
+	weight, err := bounded(src, path+".weight", rd.Weight, 1, 1, 1000, "within 1 and 1000")
 	if err != nil {
 		return d, err
 	}
-	d.Limits = l
+	d.Weight = int(weight)
+	if rd.Price != nil {
+		if d.Price, err = buildPrice(src, path+".price", rd.Price, m.Kind, d.Upstream, m.Name); err != nil {
+			return d, err
+		}
+	}
+	if d.Limits, err = rd.Limits.build(src, path+".limits"); err != nil {
+		return d, err
+	}
 	// A request that cannot fit in a bucket would wait forever.
 	for _, l := range []struct {
 		name string
@@ -820,9 +754,7 @@ func (rl rawLimits) build(src *source, path string) (Limits, error) {
 
 // checkFallbacks checks each model's and tier's fallbacks.
 func (p *Policy) checkFallbacks(src *source) error {
-	for i := range p.Models {
-		m := &p.Models[i]
-		seen := map[string]bool{}
+	for i, m := range p.Models {
 		for k, name := range m.Fallbacks {
 			path := fmt.Sprintf("models[%d].fallbacks[%d]", i, k)
 			f, ok := p.models[name]
@@ -831,12 +763,11 @@ func (p *Policy) checkFallbacks(src *source) error {
 				return src.errorAt(path, "unknown model %q", name)
 			case name == m.Name:
 				return src.errorAt(path, "a model cannot be its own fallback")
-			case seen[name]:
+			case slices.Contains(m.Fallbacks[:k], name):
 				return src.errorAt(path, "%q is named twice", name)
 			case f.Kind != m.Kind:
 				return src.errorAt(path, "%q is a %s model and %q a %s one", name, f.Kind, m.Name, m.Kind)
 			}
-			seen[name] = true
 		}
 	}
 	for i := range p.Tiers {
@@ -864,29 +795,24 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 	}
 	var p money.Price
 	var err error
-	if rp.InputPerMTok == nil {
-		return p, src.errorAt(path+".input_per_mtok", "required (USD per 1M input tokens)")
-	}
-	if p.InputPerMTok, err = usd(src, path+".input_per_mtok", *rp.InputPerMTok); err != nil {
-		return p, err
-	}
-	switch {
-	case rp.OutputPerMTok != nil:
-		if p.OutputPerMTok, err = usd(src, path+".output_per_mtok", *rp.OutputPerMTok); err != nil {
-			return p, err
-		}
-	case kind == KindChat:
-		return p, src.errorAt(path+".output_per_mtok", "required for a chat model (USD per 1M output tokens)")
+	outputNeeded := "" // why an absent output price is refused
+	if kind == KindChat {
+		outputNeeded = "required for a chat model (USD per 1M output tokens)"
 	}
 	for _, f := range []struct {
-		name string
-		v    *float64
-		to   *money.Micros
+		name, needed string
+		v            *float64
+		to           *money.Micros
 	}{
-		{"cached_input_per_mtok", rp.CachedInputPerMTok, &p.CachedInputPerMTok},
-		{"batch_input_per_mtok", rp.BatchInputPerMTok, &p.BatchInputPerMTok},
-		{"batch_output_per_mtok", rp.BatchOutputPerMTok, &p.BatchOutputPerMTok},
+		{"input_per_mtok", "required (USD per 1M input tokens)", rp.InputPerMTok, &p.InputPerMTok},
+		{"output_per_mtok", outputNeeded, rp.OutputPerMTok, &p.OutputPerMTok},
+		{"cached_input_per_mtok", "", rp.CachedInputPerMTok, &p.CachedInputPerMTok},
+		{"batch_input_per_mtok", "", rp.BatchInputPerMTok, &p.BatchInputPerMTok},
+		{"batch_output_per_mtok", "", rp.BatchOutputPerMTok, &p.BatchOutputPerMTok},
 	} {
+		if f.v == nil && f.needed != "" {
+			return p, src.errorAt(path+"."+f.name, "%s", f.needed)
+		}
 		if f.v != nil {
 			if *f.to, err = usd(src, path+"."+f.name, *f.v); err != nil {
 				return p, err
@@ -946,30 +872,11 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 }
 
 // sortedKeys are m's keys in order, so errors are the same at every load.
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 func (rt rawTier) build(src *source, path string) (Tier, error) {
-	t := Tier{
-		Name:        rt.Name,
-		Unlimited:   rt.Unlimited,
-		SoftLimit:   DefaultSoftLimit,
-		Priority:    rt.Priority,
-		OnExhausted: rt.OnExhausted,
-		APIExempt:   rt.APIExempt,
-		Fallbacks:   rt.Fallbacks,
-
-		RequireOutputLimit:    rt.RequireOutputLimit,
-		AllowForeignResponses: rt.AllowForeignResponses,
-		Share:                 1,
-		Timezone:              time.UTC,
-	}
+	t := Tier{Name: rt.Name, Unlimited: rt.Unlimited, APIExempt: rt.APIExempt, Fallbacks: rt.Fallbacks, Timezone: time.UTC,
+		RequireOutputLimit: rt.RequireOutputLimit, AllowForeignResponses: rt.AllowForeignResponses}
 	if err := checkIdent(src, path+".name", rt.Name); err != nil {
 		return t, err
 	}
@@ -989,17 +896,13 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 		}
 		t.DailyBudget = b
 	}
-	if rt.SoftLimit != nil {
-		s := *rt.SoftLimit
-		switch {
-		case rt.Unlimited:
-			return t, src.errorAt(path+".soft_limit", "has no effect on an unlimited tier; remove it")
-		case math.IsNaN(s) || s <= 0 || s > 1:
-			return t, src.errorAt(path+".soft_limit", "must be more than 0 and at most 1, got %v", s)
-		}
-		t.SoftLimit = s
+	if rt.SoftLimit != nil && rt.Unlimited {
+		return t, src.errorAt(path+".soft_limit", "has no effect on an unlimited tier; remove it")
 	}
 	var err error
+	if t.SoftLimit, err = positive(src, path+".soft_limit", rt.SoftLimit, DefaultSoftLimit, 1, "1"); err != nil {
+		return t, err
+	}
 	if t.Priority, err = oneOf(src, path+".priority", rt.Priority, "critical, default or low", queue.Default, queue.Critical, queue.Low); err != nil {
 		return t, err
 	}
@@ -1012,11 +915,9 @@ func (rt rawTier) build(src *source, path string) (Tier, error) {
 	if err := rt.buildAPI(src, path, &t); err != nil {
 		return t, err
 	}
-	if rt.Share != nil {
-		if v := *rt.Share; math.IsNaN(v) || v <= 0 || v > MaxShare {
-			return t, src.errorAt(path+".share", "must be more than 0 and at most %d (a weight against the other tiers' shares), got %v", MaxShare, v)
-		}
-		t.Share = *rt.Share
+	t.Share, err = positive(src, path+".share", rt.Share, 1, MaxShare, fmt.Sprintf("%d (a weight against the other tiers' shares)", MaxShare))
+	if err != nil {
+		return t, err
 	}
 	if rt.Timezone != "" {
 		loc, err := time.LoadLocation(rt.Timezone)
@@ -1037,6 +938,30 @@ func oneOf(src *source, path, v, want, def string, others ...string) (string, er
 	return "", src.errorAt(path, "must be %s, got %q", want, v)
 }
 
+// bounded is *v, or def when v is nil, refusing one out of [lo, hi]: it
+// must be want.
+func bounded(src *source, path string, v *int64, def, lo, hi int64, want string) (int64, error) {
+	if v == nil {
+		return def, nil
+	}
+	if *v < lo || *v > hi {
+		return 0, src.errorAt(path, "must be %s, got %d", want, *v)
+	}
+	return *v, nil
+}
+
+// positive is *v, or def when v is nil, refusing one not more than 0 and at
+// most most (said as want).
+func positive(src *source, path string, v *float64, def, most float64, want string) (float64, error) {
+	if v == nil {
+		return def, nil
+	}
+	if math.IsNaN(*v) || *v <= 0 || *v > most {
+		return 0, src.errorAt(path, "must be more than 0 and at most %s, got %v", want, *v)
+	}
+	return *v, nil
+}
+
 // usd converts a dollar amount of the policy to Micros.
 func usd(src *source, path string, v float64) (money.Micros, error) {
 	if v < 0 {
@@ -1052,31 +977,32 @@ func usd(src *source, path string, v float64) (money.Micros, error) {
 // checkIdent checks a provider or tier name, part of queue names, Redis
 // keys and metric labels.
 func checkIdent(src *source, path, s string) error {
-	if s == "" {
-		return src.errorAt(path, "required")
-	}
-	if len(s) > 64 {
-		return src.errorAt(path, "must be at most 64 characters, got %d", len(s))
-	}
-	for i, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || i > 0 && (r == '-' || r == '_')) {
-			return src.errorAt(path, "must be lower-case letters, digits, '-' and '_', starting with a letter or digit, got %q", s)
-		}
-	}
-	return nil
+	return checkName(src, path, s, 64, "must be lower-case letters, digits, '-' and '_', starting with a letter or digit",
+		func(i int, r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || i > 0 && (r == '-' || r == '_'))
+		})
 }
 
 // checkModelName checks a model name or upstream id: only what would break
 // a Redis hash tag or a log line is refused.
 func checkModelName(src *source, path, s string) error {
+	return checkName(src, path, s, 256, "must not contain spaces, control characters or braces",
+		func(_ int, r rune) bool { return isSpaceOrControl(r) || r == '{' || r == '}' })
+}
+
+// checkName refuses s when empty, longer than most bytes, or holding a rune
+// refused (by its index and value): it must be as must says.
+func checkName(src *source, path, s string, most int, must string, refused func(int, rune) bool) error {
 	if s == "" {
 		return src.errorAt(path, "required")
 	}
-	if len(s) > 256 {
-		return src.errorAt(path, "must be at most 256 characters, got %d", len(s))
+	if len(s) > most {
+		return src.errorAt(path, "must be at most %d characters, got %d", most, len(s))
 	}
-	if strings.ContainsFunc(s, func(r rune) bool { return isSpaceOrControl(r) || r == '{' || r == '}' }) {
-		return src.errorAt(path, "must not contain spaces, control characters or braces, got %q", s)
+	for i, r := range s {
+		if refused(i, r) {
+			return src.errorAt(path, "%s, got %q", must, s)
+		}
 	}
 	return nil
 }
@@ -1095,18 +1021,15 @@ func isEnvName(s string) bool {
 func readPolicyFile(path string) (os.FileInfo, []byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, nil, unwrapPathError(err)
+		return nil, nil, err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, nil, unwrapPathError(err)
+		return nil, nil, err
 	}
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(f); err != nil {
-		return nil, nil, unwrapPathError(err)
-	}
-	return fi, buf.Bytes(), nil
+	data, err := io.ReadAll(f)
+	return fi, data, err
 }
 
 func unwrapPathError(err error) error {
@@ -1115,15 +1038,6 @@ func unwrapPathError(err error) error {
 		return pe.Err
 	}
 	return err
-}
-
-// parseFile parses data read from path, naming path in its errors.
-func parseFile(path string, data []byte) (*Policy, error) {
-	p, err := ParsePolicy(data)
-	if pe := (*PolicyError)(nil); errors.As(err, &pe) {
-		pe.File = path
-	}
-	return p, err
 }
 
 // Retention is how long finished work keeps what it no longer needs: each 0

@@ -25,8 +25,7 @@ func (e *PolicyError) Error() string {
 	var b strings.Builder
 	b.WriteString("policy: ")
 	if e.Field != "" {
-		b.WriteString(e.Field)
-		b.WriteString(": ")
+		b.WriteString(e.Field + ": ")
 	}
 	b.WriteString(e.Msg)
 	switch {
@@ -64,11 +63,10 @@ func parseSource(data []byte) (*source, error) {
 			docs = append(docs, d.Body)
 		}
 	}
-	switch len(docs) {
-	case 0:
+	if len(docs) == 0 {
 		return nil, &PolicyError{Msg: "the file is empty; it must list providers, models and tiers"}
-	case 1:
-	default:
+	}
+	if len(docs) > 1 {
 		return nil, &PolicyError{Msg: fmt.Sprintf("must be one YAML document, found %d", len(docs))}
 	}
 	s := &source{body: docs[0], byPath: map[string]position{}, byPos: map[position]string{}}
@@ -139,9 +137,6 @@ func keyString(k ast.MapKeyNode) string {
 
 func (s *source) walk(n ast.Node, path string) {
 	n = unwrap(n)
-	if n == nil {
-		return
-	}
 	if p, ok := posOf(n); ok {
 		if _, seen := s.byPath[path]; !seen {
 			s.byPath[path] = p
@@ -162,7 +157,10 @@ func (s *source) walk(n ast.Node, path string) {
 					s.byPath[child] = p
 				}
 			}
-			s.walkValue(mv.Value, child)
+			if p, ok := posOf(unwrap(mv.Value)); ok {
+				s.byPath[child] = p // the value, what a validation error is about
+			}
+			s.walk(mv.Value, child)
 		}
 		return
 	}
@@ -173,24 +171,10 @@ func (s *source) walk(n ast.Node, path string) {
 	}
 }
 
-// walkValue indexes a mapping value: its path points at the value, what a
-// validation error is about.
-func (s *source) walkValue(n ast.Node, path string) {
-	if v := unwrap(n); v != nil {
-		if p, ok := posOf(v); ok {
-			s.byPath[path] = p
-		}
-	}
-	s.walk(n, path)
-}
-
 // errorAt builds a validation error for path, pointing at the field's value
 // or, when absent, at the nearest enclosing one.
 func (s *source) errorAt(path, format string, args ...any) *PolicyError {
 	e := &PolicyError{Field: path, Msg: fmt.Sprintf(format, args...)}
-	if s == nil {
-		return e
-	}
 	for p := path; ; {
 		if pos, ok := s.byPath[p]; ok {
 			e.Line, e.Column = pos.line, pos.col
@@ -212,41 +196,32 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 		t = t.Elem()
 	}
 	switch t.Kind() {
-	case reflect.Struct:
-		ps, ok := pairs(n)
-		if !ok {
-			return nil // not a mapping: decoding reports the type
-		}
+	case reflect.Struct, reflect.Map:
+		ps, _ := pairs(n) // not a mapping: decoding reports the type
 		seen := map[string]position{}
 		for _, mv := range ps {
 			if mv.Key.IsMergeKey() {
 				continue
 			}
 			key := keyString(mv.Key)
-			child := joinPath(path, key)
-			kp, _ := posOf(mv.Key)
-			fail := func(format string, args ...any) error {
-				return &PolicyError{Field: child, Msg: fmt.Sprintf(format, args...), Line: kp.line, Column: kp.col}
+			child, elem := joinPath(path, key), t
+			if t.Kind() == reflect.Map {
+				elem = t.Elem() // a map's keys are checked by the caller
+			} else {
+				kp, _ := posOf(mv.Key)
+				fail := func(format string, args ...any) error {
+					return &PolicyError{Field: child, Msg: fmt.Sprintf(format, args...), Line: kp.line, Column: kp.col}
+				}
+				f, ok := fieldByYAMLName(t, key)
+				if !ok {
+					return fail("unknown field%s", suggest(key, yamlNames(t), "fields"))
+				}
+				if prev, dup := seen[key]; dup {
+					return fail("given twice (also at line %d:%d)", prev.line, prev.col)
+				}
+				seen[key], elem = kp, f.Type
 			}
-			f, ok := fieldByYAMLName(t, key)
-			if !ok {
-				return fail("unknown field%s", suggest(key, yamlNames(t), "fields"))
-			}
-			if prev, dup := seen[key]; dup {
-				return fail("given twice (also at line %d:%d)", prev.line, prev.col)
-			}
-			seen[key] = kp
-			if err := s.checkKeys(mv.Value, f.Type, child); err != nil {
-				return err
-			}
-		}
-	case reflect.Map: // keys are checked by the caller
-		ps, _ := pairs(n)
-		for _, mv := range ps {
-			if mv.Key.IsMergeKey() {
-				continue
-			}
-			if err := s.checkKeys(mv.Value, t.Elem(), joinPath(path, keyString(mv.Key))); err != nil {
+			if err := s.checkKeys(mv.Value, elem, child); err != nil {
 				return err
 			}
 		}

@@ -4,6 +4,7 @@
 package money
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/bits"
@@ -96,43 +97,26 @@ func (p Price) Tier(name string) (Price, bool) {
 // prices, else half the normal ones (rounded up), cached tokens at half.
 func (p Price) Batch() Price {
 	half := func(m Micros) Micros { return m/2 + m%2 }
-	b := Price{InputPerMTok: p.BatchInputPerMTok, OutputPerMTok: p.BatchOutputPerMTok, CachedInputPerMTok: half(p.CachedInputPerMTok),
-		Tools: p.Tools}
-	if b.InputPerMTok == 0 {
-		b.InputPerMTok = half(p.InputPerMTok)
-	}
-	if b.OutputPerMTok == 0 {
-		b.OutputPerMTok = half(p.OutputPerMTok)
-	}
-	if b.CachedInputPerMTok > b.InputPerMTok {
-		b.CachedInputPerMTok = b.InputPerMTok
-	}
-	return b
+	input := cmp.Or(p.BatchInputPerMTok, half(p.InputPerMTok))
+	return Price{InputPerMTok: input, OutputPerMTok: cmp.Or(p.BatchOutputPerMTok, half(p.OutputPerMTok)),
+		CachedInputPerMTok: min(half(p.CachedInputPerMTok), input), Tools: p.Tools}
 }
 
 // Cost is the price of one call of prompt tokens (cached of them from the
 // provider's cache) and completion tokens, rounded up so a job is never
 // charged less than it cost.
 func (p Price) Cost(prompt, cached, completion int64) Micros {
-	if cached > prompt {
-		cached = prompt
-	}
-	if cached < 0 {
-		cached = 0
-	}
-	cachedPrice := p.CachedInputPerMTok
-	if cachedPrice == 0 {
-		cachedPrice = p.InputPerMTok
-	}
-	num, ok := mulAdd(0, prompt-cached, int64(p.InputPerMTok))
-	if ok {
-		num, ok = mulAdd(num, cached, int64(cachedPrice))
-	}
-	if ok {
-		num, ok = mulAdd(num, completion, int64(p.OutputPerMTok))
-	}
-	if !ok {
-		return math.MaxInt64 // no budget holds it: whatever asked for it is refused
+	cached = max(min(cached, prompt), 0)
+	var num int64
+	for _, term := range [][2]int64{
+		{prompt - cached, int64(p.InputPerMTok)},
+		{cached, int64(cmp.Or(p.CachedInputPerMTok, p.InputPerMTok))},
+		{completion, int64(p.OutputPerMTok)},
+	} {
+		var ok bool
+		if num, ok = mulAdd(num, term[0], term[1]); !ok {
+			return math.MaxInt64 // no budget holds it: whatever asked for it is refused
+		}
 	}
 	if num <= 0 {
 		return 0
