@@ -101,15 +101,12 @@ func (l *Learned) entry(ctx context.Context, scope string) learnedEntry {
 }
 
 func parseLimit(v any) int64 {
-	s, ok := v.(string)
-	if !ok {
-		return 0
-	}
+	s, _ := v.(string) // nil: not learned
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
+	if err != nil {
 		return 0
 	}
-	return n
+	return max(n, 0)
 }
 
 // Observe records the limits a provider announced in an answer for m,

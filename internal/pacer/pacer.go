@@ -9,6 +9,7 @@
 package pacer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -91,27 +92,15 @@ type cachedCalibration struct {
 // New returns a Pacer over tb, sharing what it learns through rdb. logger
 // and obs may be nil.
 func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer, opts Options) (*Pacer, error) {
-	if opts.MaxRateLimitWait == 0 {
-		opts.MaxRateLimitWait = 120 * time.Second
-	}
-	if opts.CalibrationRefresh == 0 {
-		opts.CalibrationRefresh = time.Second
-	}
-	if opts.FaultPause == 0 {
-		opts.FaultPause = time.Second
-	}
+	opts.MaxRateLimitWait = cmp.Or(opts.MaxRateLimitWait, 120*time.Second)
+	opts.CalibrationRefresh = cmp.Or(opts.CalibrationRefresh, time.Second)
+	opts.FaultPause = cmp.Or(opts.FaultPause, time.Second)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	if obs == nil {
-		obs = nopObserver{}
-	}
-	learned := NewLearned(rdb, keys, logger, obs)
+	learned := NewLearned(rdb, keys, logger, obs) // defaults logger and obs
 	learned.now = opts.Now
-	return &Pacer{limiter: tb, learned: learned, rdb: rdb, keys: keys, obs: obs, logger: logger, opts: opts,
+	return &Pacer{limiter: tb, learned: learned, rdb: rdb, keys: keys, obs: learned.obs, logger: learned.logger, opts: opts,
 		calib: map[string]cachedCalibration{}}, nil
 }
 

@@ -9,6 +9,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	_ "embed" // the leadership's scripts
 	"errors"
@@ -58,21 +59,11 @@ type Options struct {
 }
 
 func (o *Options) defaults() {
-	if o.Tick == 0 {
-		o.Tick = 10 * time.Millisecond
-	}
-	if o.Lookahead == 0 {
-		o.Lookahead = time.Second
-	}
-	if o.MaxOutstanding == 0 {
-		o.MaxOutstanding = 256
-	}
-	if o.LeadershipTTL == 0 {
-		o.LeadershipTTL = 5 * time.Second
-	}
-	if o.StaleAfter == 0 {
-		o.StaleAfter = 30 * time.Second
-	}
+	o.Tick = cmp.Or(o.Tick, 10*time.Millisecond)
+	o.Lookahead = cmp.Or(o.Lookahead, time.Second)
+	o.MaxOutstanding = cmp.Or(o.MaxOutstanding, 256)
+	o.LeadershipTTL = cmp.Or(o.LeadershipTTL, 5*time.Second)
+	o.StaleAfter = cmp.Or(o.StaleAfter, 30*time.Second)
 }
 
 // Deps are what a Scheduler works with.
@@ -157,12 +148,10 @@ func (s *Scheduler) Run(ctx context.Context) {
 		if !leader {
 			wait = s.o.LeadershipTTL / 5
 		}
-		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return
-		case <-timer.C:
+		case <-time.After(wait):
 		}
 	}
 }

@@ -39,12 +39,10 @@ func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) ver
 	if id == "" {
 		return v
 	}
-	rows := make([]store.StoredResponse, 0, 1+len(items))
-	deployment := r.call.Scope.Name
-	rows = append(rows, store.StoredResponse{ID: id, ResponseID: id, TenantID: r.job.TenantID, Deployment: deployment,
-		Tokens: v.usage.PromptTokens + v.usage.CompletionTokens})
+	rows := []store.StoredResponse{{ID: id, ResponseID: id, TenantID: r.job.TenantID, Deployment: r.call.Scope.Name,
+		Tokens: v.usage.PromptTokens + v.usage.CompletionTokens}}
 	for _, item := range items {
-		rows = append(rows, store.StoredResponse{ID: item, ResponseID: id, TenantID: r.job.TenantID, Deployment: deployment,
+		rows = append(rows, store.StoredResponse{ID: item, ResponseID: id, TenantID: r.job.TenantID, Deployment: r.call.Scope.Name,
 			Tokens: v.usage.CompletionTokens})
 	}
 	if err := r.h.Store.StoredResponseInsert(context.WithoutCancel(ctx), rows); err != nil {

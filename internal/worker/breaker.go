@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"sync"
 	"time"
 )
@@ -25,15 +26,9 @@ type BreakerOptions struct {
 }
 
 func (o BreakerOptions) withDefaults() BreakerOptions {
-	if o.Failures == 0 {
-		o.Failures = 5
-	}
-	if o.Cooldown == 0 {
-		o.Cooldown = 5 * time.Second
-	}
-	if o.MaxCooldown == 0 {
-		o.MaxCooldown = 2 * time.Minute
-	}
+	o.Failures = cmp.Or(o.Failures, 5)
+	o.Cooldown = cmp.Or(o.Cooldown, 5*time.Second)
+	o.MaxCooldown = cmp.Or(o.MaxCooldown, 2*time.Minute)
 	return o
 }
 
@@ -57,14 +52,9 @@ type breaker struct {
 	probing  bool // half-open: the probe is out
 }
 
-// NewBreakers returns the breakers of one process.
+// NewBreakers returns the breakers of one process, telling obs (not nil)
+// their changes, on the clock now (not nil).
 func NewBreakers(opts BreakerOptions, obs Observer, now func() time.Time) *Breakers {
-	if obs == nil {
-		obs = nopObserver{}
-	}
-	if now == nil {
-		now = time.Now
-	}
 	return &Breakers{opts: opts.withDefaults(), obs: obs, now: now, m: map[string]*breaker{}}
 }
 

@@ -11,29 +11,16 @@ import (
 // rebuilds them when the policy changes. Provider API keys are read from the
 // environment variable each provider names.
 type Providers struct {
-	mu     sync.RWMutex
-	byName map[string]llm.Provider
-	digest string
-	build  func(config.Provider) llm.Provider
+	mu        sync.RWMutex
+	byName    map[string]llm.Provider
+	digest    string
+	lookupEnv func(string) (string, bool)
 }
 
 // NewProviders returns the providers of p. lookupEnv reads API keys
 // (os.LookupEnv in production).
 func NewProviders(p *config.Policy, lookupEnv func(string) (string, bool)) *Providers {
-	return NewProvidersWith(p, func(cp config.Provider) llm.Provider {
-		key := ""
-		if cp.APIKeyEnv != "" {
-			key, _ = lookupEnv(cp.APIKeyEnv)
-		}
-		return llm.NewOpenAI(llm.OpenAIConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Timeout: cp.Timeout,
-			MaxResponseBytes: cp.MaxResponseBytes, Azure: cp.Kind == config.ProviderAzure, APIVersion: cp.APIVersion})
-	})
-}
-
-// NewProvidersWith returns the providers of p made by build (tests use it
-// to put instrumented providers in place).
-func NewProvidersWith(p *config.Policy, build func(config.Provider) llm.Provider) *Providers {
-	ps := &Providers{build: build}
+	ps := &Providers{lookupEnv: lookupEnv}
 	ps.Update(p)
 	return ps
 }
@@ -48,7 +35,12 @@ func (ps *Providers) Update(p *config.Policy) {
 	}
 	m := make(map[string]llm.Provider, len(p.Providers))
 	for _, cp := range p.Providers {
-		m[cp.Name] = ps.build(cp)
+		key := ""
+		if cp.APIKeyEnv != "" {
+			key, _ = ps.lookupEnv(cp.APIKeyEnv)
+		}
+		m[cp.Name] = llm.NewOpenAI(llm.OpenAIConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Timeout: cp.Timeout,
+			MaxResponseBytes: cp.MaxResponseBytes, Azure: cp.Kind == config.ProviderAzure, APIVersion: cp.APIVersion})
 	}
 	ps.byName, ps.digest = m, p.Digest
 }

@@ -72,13 +72,7 @@ func (rt *router) candidates() []config.Route {
 }
 
 func (rt *router) usable(routes []config.Route) []config.Route {
-	out := make([]config.Route, 0, len(routes))
-	for _, r := range routes {
-		if !rt.failed[r.Deployment.Name()] {
-			out = append(out, r)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(routes), func(r config.Route) bool { return rt.failed[r.Deployment.Name()] })
 }
 
 // several reports whether the job has more than one route to move to
@@ -111,9 +105,9 @@ type pass struct {
 }
 
 // reservePass asks each candidate route in order for the job's permit and
-// takes the first granted (r.call and r.permit are then set); yield may
-// give a granted permit back, and the pass goes on to the next route.
-func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, scope string, res *limiter.Result) bool) (granted bool, p pass, err error) {
+// takes the first granted (r.call and r.permit are then set); a permit
+// given back (yield) sends the pass on to the next route.
+func (r *run) reservePass(ctx context.Context) (granted bool, p pass, err error) {
 	p = pass{wait: time.Duration(math.MaxInt64), unavailable: true}
 	asked, large := 0, 0
 	for _, route := range r.routes.candidates() {
@@ -128,7 +122,7 @@ func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, s
 		if err != nil {
 			return false, p, fmt.Errorf("rate limiter of %s: %w", call.Scope.Name, err)
 		}
-		if res.Allowed && yield != nil && yield(ctx, call.Scope.Name, res) {
+		if res.Allowed && r.yield(ctx, call.Scope.Name, res) {
 			res.Allowed, res.RetryAfter = false, syncYield
 		}
 		if res.Allowed {
@@ -159,32 +153,22 @@ func (r *run) reservePass(ctx context.Context, yield func(ctx context.Context, s
 	return false, p, nil
 }
 
-// deploymentFault reports whether a call's end is the deployment's fault
-// (a 5xx, a timeout, a refused connection) or its 429.
-func deploymentFault(pe *llm.Error) bool {
-	return pe.Class == llm.ClassRetryable || pe.Class == llm.ClassRateLimited
-}
-
-// contextTooLong reports a refusal of the request for the model's context
-// length, which a fallback with a longer one may serve.
-func contextTooLong(pe *llm.Error) bool {
-	return pe.Class == llm.ClassPermanent && pe.Code == client.CodeContextLengthExceeded
-}
-
 // failover decides, after a call on r.call ended with pe (its permit not
 // yet settled), whether the run tries another route now instead of
-// counting the failure: after a deployment's fault or 429 when another is
-// left, after a context-length refusal when the model has fallbacks. A
-// faulty deployment is paused for every worker first.
+// counting the failure: after a deployment's fault (a 5xx, a timeout, a
+// refused connection) or 429 when another is left, after a context-length
+// refusal (which a fallback with a longer context may serve) when the
+// model has fallbacks. A faulty deployment is paused for every worker
+// first.
 func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	route := r.call.Route
 	switch {
-	case contextTooLong(pe):
+	case pe.Class == llm.ClassPermanent && pe.Code == client.CodeContextLengthExceeded:
 		return r.routes.toFallbacks()
-	case !deploymentFault(pe) || !r.routes.several():
+	case pe.Class != llm.ClassRetryable && pe.Class != llm.ClassRateLimited || !r.routes.several():
 		return false
 	}
 	if pe.Class == llm.ClassRetryable {

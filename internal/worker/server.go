@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -72,22 +73,11 @@ const minDelayedCheck = 200 * time.Millisecond
 // queue, a webhook server apart, 429s and waits that are not failures, short
 // polling. Run it with Mux. The caller keeps ownership of rdb.
 func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
-	if opts.Concurrency == 0 {
-		opts.Concurrency = 50
-	}
-	if opts.Dequeuers == 0 {
-		opts.Dequeuers = max(1, opts.Concurrency/16)
-	}
-	opts.Dequeuers = min(opts.Dequeuers, opts.Concurrency)
-	if opts.WebhookConcurrency == 0 {
-		opts.WebhookConcurrency = 10
-	}
-	if opts.ShutdownTimeout == 0 {
-		opts.ShutdownTimeout = 30 * time.Second
-	}
-	if opts.PollInterval == 0 {
-		opts.PollInterval = 50 * time.Millisecond
-	}
+	opts.Concurrency = cmp.Or(opts.Concurrency, 50)
+	opts.Dequeuers = min(cmp.Or(opts.Dequeuers, max(1, opts.Concurrency/16)), opts.Concurrency)
+	opts.WebhookConcurrency = cmp.Or(opts.WebhookConcurrency, 10)
+	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, 30*time.Second)
+	opts.PollInterval = cmp.Or(opts.PollInterval, 50*time.Millisecond)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -213,36 +213,26 @@ func (r *run) failedInPlace(ctx context.Context, pe *llm.Error) (again bool, err
 	return false, nil
 }
 
-// yieldToSync gives a job's permit back when synchronous requests hold
-// room in its scope: they go first.
-func (r *run) yieldToSync(ctx context.Context, scope string, res *limiter.Result) bool {
+// yield gives a granted permit back when a synchronous request that goes
+// first holds room in scope: any, for a job; one of a higher priority, for
+// a synchronous request.
+func (r *run) yield(ctx context.Context, scope string, res *limiter.Result) bool {
 	if r.h.Queue == nil {
 		return false
 	}
-	held, err := r.h.Pacer.Holding(ctx, scope)
-	if err != nil || !held {
+	var first bool
+	var err error
+	if r.sync == nil {
+		first, err = r.h.Pacer.Holding(ctx, scope)
+	} else {
+		first, err = r.h.Pacer.HeldAbove(ctx, scope, r.job.Queue)
+	}
+	if err != nil || !first {
 		return false
 	}
 	if err := r.h.Pacer.Release(ctx, res.Reservation); err != nil {
 		r.log.Warn("give a permit back to a synchronous request", "err", err)
 		return false // keep it: it is taken
-	}
-	return true
-}
-
-// outranked gives a synchronous request's permit back when one of a
-// higher priority waits for the scope.
-func (r *run) outranked(ctx context.Context, scope string, res *limiter.Result) bool {
-	if r.h.Queue == nil {
-		return false
-	}
-	above, err := r.h.Pacer.HeldAbove(ctx, scope, r.job.Queue)
-	if err != nil || !above {
-		return false
-	}
-	if err := r.h.Pacer.Release(ctx, res.Reservation); err != nil {
-		r.log.Warn("give a permit back to a synchronous request of a higher priority", "err", err)
-		return false
 	}
 	return true
 }

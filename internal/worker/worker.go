@@ -10,6 +10,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,18 +59,10 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.MaxInlineWait == 0 {
-		o.MaxInlineWait = 10 * time.Second
-	}
-	if o.OutageWait == 0 {
-		o.OutageWait = 15 * time.Minute
-	}
-	if o.MaxRateLimited == 0 {
-		o.MaxRateLimited = 25
-	}
-	if o.TenantCacheTTL == 0 {
-		o.TenantCacheTTL = 5 * time.Second
-	}
+	o.MaxInlineWait = cmp.Or(o.MaxInlineWait, 10*time.Second)
+	o.OutageWait = cmp.Or(o.OutageWait, 15*time.Minute)
+	o.MaxRateLimited = cmp.Or(o.MaxRateLimited, 25)
+	o.TenantCacheTTL = cmp.Or(o.TenantCacheTTL, 5*time.Second)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -150,7 +143,7 @@ type run struct {
 	tier   string
 	reject bool // the tier rejects work once its budget is spent
 	bres   *budget.Reservation
-	keep   func() // stops extending bres
+	keep   func() // stops extending bres; set with it
 	permit *limiter.Reservation
 	wait   time.Duration // the pause after a 429
 	left   bool          // the fair queue was told (leave)
@@ -372,13 +365,11 @@ func (r *run) budgetRequeue(ctx context.Context, dec *budget.Decision) error {
 // synchronous request to one of a higher priority.
 func (r *run) takePermit(ctx context.Context) (done bool, err error) {
 	began := time.Now()
-	yield := r.yieldToSync
 	if r.sync != nil {
-		yield = r.outranked
 		defer r.unhold(ctx)
 	}
 	for {
-		granted, p, err := r.reservePass(ctx, yield)
+		granted, p, err := r.reservePass(ctx)
 		if err != nil {
 			return true, err
 		}
@@ -546,7 +537,7 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 	if err != nil {
 		// The result may be stored all the same: the reservation stays for
 		// the next delivery.
-		r.stopKeeping()
+		r.keep()
 		r.settlePermit(ctx, o)
 		return fmt.Errorf("store result of %s: %w", r.job.ID, err)
 	}
@@ -576,7 +567,7 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 // When another delivery wrote the ledger row (charged is false), it charges
 // the row's cost on the row's days and gives its own reservation back.
 func (r *run) settle(ctx context.Context, cost money.Micros, charged bool) error {
-	r.stopKeeping()
+	r.keep()
 	ctx = context.WithoutCancel(ctx)
 	res := r.bres
 	if !charged {
@@ -648,12 +639,6 @@ func (r *run) keepReservation(ctx context.Context) (stop func()) {
 		mu.Unlock()
 		busy.Wait()
 	})
-}
-
-func (r *run) stopKeeping() {
-	if r.keep != nil {
-		r.keep()
-	}
 }
 
 // callFailed puts back or fails a job whose call failed with pe.
@@ -792,7 +777,7 @@ func (r *run) releaseBudget(ctx context.Context) {
 	if r.bres == nil {
 		return
 	}
-	r.stopKeeping()
+	r.keep()
 	if err := r.h.Budgets.Release(context.WithoutCancel(ctx), r.bres); err != nil {
 		r.log.Warn("release budget", "err", err)
 	}
@@ -821,12 +806,10 @@ func (r *run) notify(ctx context.Context) {
 
 // sleep waits d, or returns ctx's error when it ends first.
 func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-time.After(d):
 		return nil
 	}
 }
