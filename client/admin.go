@@ -50,10 +50,8 @@ type ListParams struct {
 }
 
 func (p *ListParams) query() url.Values {
-	if p == nil {
-		return nil
-	}
-	return query(p.Limit, "after", p.After)
+	q := deref(p)
+	return query(q.Limit, "after", q.After)
 }
 
 // ListTenants returns one page of tenants, newest first.

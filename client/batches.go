@@ -4,6 +4,7 @@ import (
 	"context"
 	"iter"
 	"net/http"
+	"slices"
 )
 
 // BatchesService calls /v1/batches: OpenAI-style batches, whose input is an
@@ -59,11 +60,7 @@ func (s *BatchesService) All(ctx context.Context, p *ListParams) iter.Seq2[*Batc
 // Finished reports whether the batch has reached a final status:
 // completed, failed, expired or cancelled.
 func (b *Batch) Finished() bool {
-	switch b.Status {
-	case "completed", "failed", "expired", "cancelled":
-		return true
-	}
-	return false
+	return slices.Contains([]string{"completed", "failed", "expired", "cancelled"}, b.Status)
 }
 
 // BatchWaitOptions set how Batches.Wait polls.

@@ -83,9 +83,7 @@ func WithRetry(p RetryPolicy) Option {
 		if p.Backoff <= 0 {
 			p.Backoff = 500 * time.Millisecond
 		}
-		if p.MaxRetries < 0 {
-			p.MaxRetries = 0
-		}
+		p.MaxRetries = max(p.MaxRetries, 0)
 		c.retry = p
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"iter"
 	"mime/multipart"
 	"net/http"
-	"net/url"
 	"path/filepath"
 )
 
@@ -125,16 +124,10 @@ type FileListParams struct {
 	After string
 }
 
-func (p *FileListParams) query() url.Values {
-	if p == nil {
-		return nil
-	}
-	return query(p.Limit, "after", p.After, "purpose", p.Purpose)
-}
-
 // List returns one page of the tenant's files, newest first.
 func (s *FilesService) List(ctx context.Context, p *FileListParams) (*List[File], error) {
-	return call[List[File]](ctx, s.c, &request{method: http.MethodGet, path: "/v1/files", query: p.query()})
+	q := deref(p)
+	return call[List[File]](ctx, s.c, &request{method: http.MethodGet, path: "/v1/files", query: query(q.Limit, "after", q.After, "purpose", q.Purpose)})
 }
 
 // All iterates over every file that p selects, page after page.

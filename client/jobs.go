@@ -5,6 +5,7 @@ import (
 	"iter"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -67,16 +68,11 @@ type JobListParams struct {
 	After string
 }
 
-func (p *JobListParams) query() url.Values {
-	if p == nil {
-		return nil
-	}
-	return query(p.Limit, "after", p.After, "status", p.Status, "batch_id", p.BatchID)
-}
-
 // List returns one page of the tenant's jobs, newest first.
 func (s *JobsService) List(ctx context.Context, p *JobListParams) (*List[Job], error) {
-	return call[List[Job]](ctx, s.c, &request{method: http.MethodGet, path: "/v1/jobs", query: p.query()})
+	q := deref(p)
+	return call[List[Job]](ctx, s.c, &request{method: http.MethodGet, path: "/v1/jobs",
+		query: query(q.Limit, "after", q.After, "status", q.Status, "batch_id", q.BatchID)})
 }
 
 // All iterates over every job that p selects, page after page, starting
@@ -89,11 +85,7 @@ func (s *JobsService) All(ctx context.Context, p *JobListParams) iter.Seq2[*Job,
 // Finished reports whether the job has reached a final status: succeeded,
 // failed or cancelled.
 func (j *Job) Finished() bool {
-	switch j.Status {
-	case "succeeded", "failed", "cancelled":
-		return true
-	}
-	return false
+	return slices.Contains([]string{"succeeded", "failed", "cancelled"}, j.Status)
 }
 
 // WaitOptions set how Wait polls. Polls start at Interval and back off by

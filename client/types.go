@@ -254,23 +254,22 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("llmq: %d: %s", e.StatusCode, e.Message)
 }
 
-// MarshalJSON writes the body of an error answer.
-func (e Error) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		Error ErrorObject `json:"error"`
-	}{e.ErrorObject})
+// errorBody is the body of an error answer.
+type errorBody struct {
+	Error ErrorObject `json:"error"`
 }
+
+// MarshalJSON writes the body of an error answer.
+func (e Error) MarshalJSON() ([]byte, error) { return json.Marshal(errorBody{e.ErrorObject}) }
 
 // UnmarshalJSON reads the body of an error answer.
 func (e *Error) UnmarshalJSON(b []byte) error {
-	var body struct {
-		Error ErrorObject `json:"error"`
+	var body errorBody
+	err := json.Unmarshal(b, &body)
+	if err == nil {
+		e.ErrorObject = body.Error
 	}
-	if err := json.Unmarshal(b, &body); err != nil {
-		return err
-	}
-	e.ErrorObject = body.Error
-	return nil
+	return err
 }
 
 // File is an uploaded or generated file, in OpenAI's shape.

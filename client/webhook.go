@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,11 +74,7 @@ func VerifyWebhook(secret, header string, body []byte, tolerance time.Duration) 
 		return ErrNoSignature
 	}
 	want := webhookMAC(secret, t, body)
-	matched := false
-	for _, sig := range sigs {
-		matched = matched || hmac.Equal(sig, want)
-	}
-	if !matched {
+	if !slices.ContainsFunc(sigs, func(sig []byte) bool { return hmac.Equal(sig, want) }) {
 		return ErrBadSignature
 	}
 	if d := time.Since(time.Unix(ts, 0)); d > tolerance || d < -tolerance {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -131,7 +132,7 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 
 	providerKeyEnv := "LLMQ_DEV_SIM_KEY"
 	providerURL := base + "/sim/v1"
-	var simulator *sim.Server
+	var so serveOptions
 	if o.providerURL != "" {
 		providerURL, providerKeyEnv = strings.TrimSuffix(o.providerURL, "/"), o.providerKey
 		if k, ok := lookup(providerKeyEnv); !ok || k == "" {
@@ -144,10 +145,13 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return err
 		}
-		simulator = sim.New(sim.Config{Limits: sim.Limits{RPM: 500, TPM: 200000}, DefaultMaxTokens: 1024,
+		simulator := sim.New(sim.Config{Limits: sim.Limits{RPM: 500, TPM: 200000}, DefaultMaxTokens: 1024,
 			Latency: 300 * time.Millisecond, Jitter: 700 * time.Millisecond, APIKey: key, RandomIDs: true})
 		defer simulator.Close()
-		lookup = withEnv(lookup, providerKeyEnv, key)
+		so.mount = func(mux *http.ServeMux) { mux.Handle("/sim/", http.StripPrefix("/sim", simulator.Handler())) }
+		// The simulator needs no pause after the "loss" at every start.
+		so.reconciler.LossPause = -1
+		lookup = app.LookupIn(append(slices.Clip(environ), providerKeyEnv+"="+key))
 	}
 	policyPath := filepath.Join(o.dir, "policy.yaml")
 	policy := strings.NewReplacer("{{BASE_URL}}", providerURL, "{{API_KEY_ENV}}", providerKeyEnv).Replace(devPolicy)
@@ -161,7 +165,7 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer a.Close()
-	rec, stopRec, err := startRecorder(ctx, a, logger)
+	rec, stopRec, err := a.StartRecorder(ctx)
 	if err != nil {
 		return err
 	}
@@ -169,8 +173,8 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 
 	// A snapshot older than the ledger holds less spend than was charged,
 	// and miniredis has no run id by which a day notices it.
-	if err := raiseBudgets(ctx, a); err != nil {
-		return err
+	if _, err := a.Reconciler(recovery.Options{}).CheckBudgets(ctx, budget.RaisedRestored); err != nil {
+		return fmt.Errorf("check the budgets against the ledger: %w", err)
 	}
 
 	srv, handlers, err := a.WorkerServer(worker.Options{})
@@ -191,40 +195,13 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	banner(stdout, base, env.AdminToken, tenantID, key, o)
 
-	// The simulator needs no pause after the "loss" at every start.
-	pause := time.Duration(0)
-	if simulator != nil {
-		pause = -1
-	}
-	var mln net.Listener
 	if env.MetricsAddr != "" {
-		if mln, err = net.Listen("tcp", env.MetricsAddr); err != nil {
+		if so.metrics, err = net.Listen("tcp", env.MetricsAddr); err != nil {
 			return fmt.Errorf("LLMQ_METRICS_ADDR: %w", err)
 		}
-		defer mln.Close()
+		defer so.metrics.Close()
 	}
-	return serveApp(ctx, a, rec, ln, logger, serveOptions{
-		metrics:    mln,
-		reconciler: recovery.Options{LossPause: pause},
-		mount: func(mux *http.ServeMux) {
-			if simulator != nil {
-				mux.Handle("/sim/", http.StripPrefix("/sim", simulator.Handler()))
-			}
-		},
-	})
-}
-
-// raiseBudgets checks every day of today against the ledger, charging what
-// the Redis it starts with does not count (recovery.CheckBudgets).
-func raiseBudgets(ctx context.Context, a *app.App) error {
-	rc, err := a.Reconciler(recovery.Options{})
-	if err != nil {
-		return err
-	}
-	if _, err := rc.CheckBudgets(ctx, budget.RaisedRestored); err != nil {
-		return fmt.Errorf("check the budgets against the ledger: %w", err)
-	}
-	return nil
+	return serveApp(ctx, a, rec, ln, logger, so)
 }
 
 // devEnv is the environment of the embedded default: the caller's LLMQ_*
@@ -233,14 +210,11 @@ func raiseBudgets(ctx context.Context, a *app.App) error {
 func devEnv(o *devOptions, environ []string, base string) (*config.Env, error) {
 	lookup := app.LookupIn(environ)
 	var extra []string
-	if _, ok := lookup("LLMQ_DATABASE_URL"); !ok {
-		extra = append(extra, "LLMQ_DATABASE_URL=sqlite://"+filepath.Join(o.dir, "llmq.db"))
-	}
-	if _, ok := lookup("LLMQ_LOG_FORMAT"); !ok {
-		extra = append(extra, "LLMQ_LOG_FORMAT=text")
-	}
-	if _, ok := lookup("LLMQ_LOG_LEVEL"); !ok {
-		extra = append(extra, "LLMQ_LOG_LEVEL=warn")
+	for _, kv := range []string{"LLMQ_DATABASE_URL=sqlite://" + filepath.Join(o.dir, "llmq.db"), "LLMQ_LOG_FORMAT=text", "LLMQ_LOG_LEVEL=warn"} {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := lookup(k); !ok {
+			extra = append(extra, kv)
+		}
 	}
 	if _, ok := lookup("LLMQ_ADMIN_TOKEN"); !ok {
 		token, err := keptSecret(filepath.Join(o.dir, "admin-token"), func() string {
@@ -292,17 +266,14 @@ func keptSecret(path string, mk func() string) (string, error) {
 	return s, nil
 }
 
-// devTenantFile keeps the default tenant and its key across restarts.
-type devTenantFile struct {
-	TenantID string `json:"tenant_id"`
-	Key      string `json:"key"`
-}
-
 // devTenant returns the default tenant and a key of it, creating both the
 // first time (or when the database was replaced).
 func devTenant(ctx context.Context, a *app.App, dir string) (string, string, error) {
 	path := filepath.Join(dir, "tenant.json")
-	var f devTenantFile
+	var f struct { // kept across restarts
+		TenantID string `json:"tenant_id"`
+		Key      string `json:"key"`
+	}
 	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &f) == nil && f.Key != "" {
 		if _, err := a.Store.TenantGetByID(ctx, f.TenantID); err == nil {
 			return f.TenantID, f.Key, nil
@@ -318,7 +289,7 @@ func devTenant(ctx context.Context, a *app.App, dir string) (string, string, err
 	if err != nil {
 		return "", "", err
 	}
-	f = devTenantFile{TenantID: t.ID, Key: key}
+	f.TenantID, f.Key = t.ID, key
 	b, _ := json.MarshalIndent(f, "", "  ")
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		return "", "", err
@@ -353,14 +324,4 @@ Or with the CLI (go build -o bin/ ./cmd/llmq once, then bin/llmq starts at once)
 
 Ctrl-C stops llmq; its state stays in %s/.
 `, base, o.dir, provider, tenant, key, admin, base, admin, base, base, key, base, key, base, key, admin, o.dir)
-}
-
-// withEnv returns lookup with one more variable.
-func withEnv(lookup func(string) (string, bool), k, v string) func(string) (string, bool) {
-	return func(name string) (string, bool) {
-		if name == k {
-			return v, true
-		}
-		return lookup(name)
-	}
 }

@@ -120,30 +120,13 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("LLMQ_METRICS_ADDR: %w", err)
 	}
 	defer mln.Close()
-	rec, stopRec, err := startRecorder(ctx, a, logger)
+	rec, stopRec, err := a.StartRecorder(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopRec()
 	fmt.Fprintf(stdout, "llmq dispatcher listening on http://%s (metrics on http://%s/metrics)\n", ln.Addr(), mln.Addr())
 	return serveApp(ctx, a, rec, ln, logger, serveOptions{metrics: mln})
-}
-
-// startRecorder makes the process's metrics recorder and sets it as the
-// observer of the app's API and workers (before any worker is built). stop
-// flushes it: call it before the app closes Redis.
-func startRecorder(ctx context.Context, a *app.App, logger *slog.Logger) (rec *metrics.Recorder, stop func(), err error) {
-	rec = metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
-	a.Observer, a.APIObserver = rec, rec
-	for _, c := range a.ReadyChecks() {
-		if err := rec.WatchReady(c.Name, c.Check); err != nil {
-			return nil, nil, err
-		}
-	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{})
-	go func() { rec.Run(rctx); close(done) }()
-	return rec, func() { cancel(); <-done }, nil
 }
 
 // serveOptions are what the dispatcher and the embedded default serve
@@ -162,14 +145,10 @@ type serveOptions struct {
 // runs the dispatcher's background work, until ctx ends; then it drains
 // in-flight requests for LLMQ_SHUTDOWN_TIMEOUT.
 func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Listener, logger *slog.Logger, o serveOptions) error {
-	rc, err := a.Reconciler(o.reconciler)
-	if err != nil {
-		return err
-	}
 	go a.Policy.Watch(ctx, logger)
 	go a.Batches.Run(ctx)
 	go a.Offload.Run(ctx)
-	go rc.Run(ctx)
+	go a.Reconciler(o.reconciler).Run(ctx)
 	go a.Purger().Run(ctx, retention.Interval)
 	schedCtx, stopScheduler := context.WithCancel(ctx)
 	schedDone := make(chan struct{})

@@ -180,33 +180,28 @@ func (c *cli) tenantCommands() []command {
 			fs.StringVar(&tier, "tier", "", "")
 			fs.StringVar(&budget, "budget", "", "")
 			fs.BoolVar(&exempt, "api-exempt", false, "")
-		}, check: func(fs *flag.FlagSet) error {
-			set := map[string]bool{}
-			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-			if set["name"] {
-				update.Name = &name
-			}
-			if set["tier"] {
-				update.Tier = &tier
-			}
-			if set["api-exempt"] {
-				update.APIExempt = &exempt
-			}
-			if set["budget"] {
-				if budget == "tier" {
-					update.ClearDailyBudget = true
-				} else {
-					v, err := parseUSD(budget)
-					if err != nil {
-						return err
+		}, check: func(fs *flag.FlagSet) (err error) {
+			fs.Visit(func(f *flag.Flag) {
+				switch f.Name {
+				case "name":
+					update.Name = &name
+				case "tier":
+					update.Tier = &tier
+				case "api-exempt":
+					update.APIExempt = &exempt
+				case "budget":
+					update.ClearDailyBudget = budget == "tier"
+					if !update.ClearDailyBudget {
+						var v float64
+						v, err = parseUSD(budget)
+						update.DailyBudgetUSD = &v
 					}
-					update.DailyBudgetUSD = &v
 				}
-			}
-			if !set["name"] && !set["tier"] && !set["api-exempt"] && !set["budget"] {
+			})
+			if err == nil && update == (client.TenantUpdateParams{}) {
 				return usageErrorf("admin tenants update needs --name, --tier, --budget or --api-exempt")
 			}
-			return nil
+			return err
 		}, run: func(cl *client.Client, pos []string) error {
 			return c.printJSON(cl.Admin.UpdateTenant(c.ctx, pos[0], &update))
 		}},

@@ -53,9 +53,7 @@ func (c *cli) submitCommand() command {
 		fs.BoolVar(&o.quiet, "quiet", false, "")
 		fs.BoolVar(&o.noDedupe, "no-dedupe", false, "")
 	}, check: func(*flag.FlagSet) error {
-		if o.out != "" || o.errs != "" {
-			o.wait = true
-		}
+		o.wait = o.wait || o.out != "" || o.errs != ""
 		if o.concurrency < 1 || o.concurrency > 256 {
 			return usageErrorf("--concurrency must be 1 to 256, got %d", o.concurrency)
 		}

@@ -50,11 +50,8 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 		return err
 	}
 	fmt.Fprintf(c.stderr, "uploaded %s as %s (%d bytes)\n", name, file.ID, file.Bytes)
-	p := &client.BatchCreateParams{InputFileID: file.ID, Endpoint: endpoint, CompletionWindow: o.window}
-	if len(o.metadata) > 0 {
-		p.Metadata = o.metadata
-	}
-	b, err := cl.Batches.Create(c.ctx, p)
+	b, err := cl.Batches.Create(c.ctx, &client.BatchCreateParams{InputFileID: file.ID, Endpoint: endpoint,
+		CompletionWindow: o.window, Metadata: o.metadata})
 	if err != nil {
 		return err
 	}

@@ -54,10 +54,7 @@ func readJobLines(r io.Reader, o *submitOptions) ([]*jobLine, error) {
 			return nil, fmt.Errorf("line %d: body must be a JSON object", n)
 		}
 		seen[l.CustomID] = n
-		jl := &jobLine{n: n, params: client.JobCreateParams{CustomID: l.CustomID, Endpoint: l.URL, Body: l.Body}}
-		if len(o.metadata) > 0 {
-			jl.params.Metadata = o.metadata
-		}
+		jl := &jobLine{n: n, params: client.JobCreateParams{CustomID: l.CustomID, Endpoint: l.URL, Body: l.Body, Metadata: o.metadata}}
 		if !o.noDedupe {
 			// The same line sent again (a re-run after a crash) returns the
 			// job it made the first time instead of paying twice.

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/llmq/llmq/client"
@@ -25,12 +27,7 @@ func (c *cli) waitJobs(cl *client.Client, lines []*jobLine, poll time.Duration, 
 	// The bar's first count is the first round's: jobs that finished while
 	// the file was being sent are not counted as finished at once.
 	for len(pending) > 0 {
-		oldest := ""
-		for id := range pending {
-			if oldest == "" || id < oldest {
-				oldest = id
-			}
-		}
+		oldest := slices.Min(slices.Collect(maps.Keys(pending)))
 		for j, err := range cl.Jobs.All(c.ctx, &client.JobListParams{Limit: 1000}) {
 			if err != nil {
 				return err
@@ -58,21 +55,12 @@ func (c *cli) waitJobs(cl *client.Client, lines []*jobLine, poll time.Duration, 
 		}
 		bar.update(done, failed, total)
 		if len(pending) > 0 {
-			if err := sleepCtx(c, poll); err != nil {
-				return err
+			select {
+			case <-time.After(poll):
+			case <-c.ctx.Done():
+				return c.ctx.Err()
 			}
 		}
 	}
 	return nil
-}
-
-func sleepCtx(c *cli, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-c.ctx.Done():
-		return c.ctx.Err()
-	}
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/cmdline"
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/worker"
 )
 
@@ -83,16 +82,11 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	defer a.Close()
 	go a.Policy.Watch(ctx, logger)
-	// The recorder outlives ctx: the jobs finishing in the shutdown grace
-	// period are counted, and it flushes before Redis closes.
-	rec := metrics.New(metrics.Options{Redis: a.Redis, Keys: a.Keys, Logger: logger})
-	a.Observer = rec
-	for _, c := range a.ReadyChecks() {
-		if err := rec.WatchReady(c.Name, c.Check); err != nil {
-			return err
-		}
+	rec, stopRec, err := a.StartRecorder(ctx)
+	if err != nil {
+		return err
 	}
-	defer runUntilReturn(ctx, rec.Run)()
+	defer stopRec()
 
 	ln, err := net.Listen("tcp", env.ListenAddr)
 	if err != nil {
@@ -139,7 +133,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	// Every worker can release the jobs waiting in the fair queue: one at a
 	// time does, so jobs flow whichever processes run.
-	defer runUntilReturn(ctx, a.Scheduler().Run)()
+	defer app.Background(ctx, a.Scheduler().Run)()
 	fmt.Fprintf(stdout, "worker running (concurrency %d, health on http://%s, metrics on http://%s/metrics)\n",
 		env.WorkerConcurrency, ln.Addr(), mln.Addr())
 	logger.Info("worker started", "concurrency", env.WorkerConcurrency)
@@ -147,13 +141,4 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	logger.Info("worker stopping", "grace", env.ShutdownTimeout)
 	srv.Shutdown()
 	return nil
-}
-
-// runUntilReturn runs run in the background, past ctx's end, and returns
-// the function that stops it and waits for it to return.
-func runUntilReturn(ctx context.Context, run func(context.Context)) (stop func()) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{})
-	go func() { run(ctx); close(done) }()
-	return func() { cancel(); <-done }
 }

@@ -244,11 +244,11 @@ func (a *App) API() (*api.Server, error) {
 
 // Reconciler returns the reconciler that re-enqueues jobs whose task Redis
 // lost.
-func (a *App) Reconciler(opts recovery.Options) (*recovery.Reconciler, error) {
+func (a *App) Reconciler(opts recovery.Options) *recovery.Reconciler {
 	return recovery.New(recovery.Reconciler{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
 		Limiter: a.Limiter, Policy: a.Policy, Budgets: a.Budgets, Logger: a.Logger,
-	}, opts), nil
+	}, opts)
 }
 
 // appObserver tells the pacer's and the budget's events to the app's
@@ -296,13 +296,6 @@ func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {
 	}, opts), nil
 }
 
-// WebhookHandler returns the handler of webhook deliveries.
-func (a *App) WebhookHandler() (*webhook.Handler, error) {
-	obs, _ := a.Observer.(webhook.Observer) // the metrics recorder is one
-	return webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs, Spacer: a.spacer, Policy: a.Policy},
-		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate}), nil
-}
-
 // Scheduler returns the scheduler that releases waiting jobs into asynq's
 // queues.
 func (a *App) Scheduler() *scheduler.Scheduler {
@@ -329,10 +322,9 @@ func (a *App) WorkerServer(opts worker.Options) (*worker.Server, *asynq.ServeMux
 		Namespace: queue.Namespace(a.Env.QueueNamespace), ShutdownTimeout: a.Env.ShutdownTimeout, Logger: a.Logger,
 		Heartbeat: opts.Heartbeat,
 	})
-	wh, err := a.WebhookHandler()
-	if err != nil {
-		return nil, nil, err
-	}
+	obs, _ := a.Observer.(webhook.Observer) // the metrics recorder is one
+	wh := webhook.NewHandler(webhook.Deps{Store: a.Store, Logger: a.Logger, Observer: obs, Spacer: a.spacer, Policy: a.Policy},
+		webhook.Options{AllowPrivate: a.Env.WebhookAllowPrivate})
 	return srv, worker.Mux(h, wh), nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/llmq/llmq/internal/buildinfo"
@@ -52,21 +53,11 @@ func Exit(program string, err error) {
 }
 
 // IsHelp reports whether arg asks for help.
-func IsHelp(arg string) bool {
-	switch arg {
-	case "-h", "-help", "--help", "help":
-		return true
-	}
-	return false
-}
+func IsHelp(arg string) bool { return slices.Contains([]string{"-h", "-help", "--help", "help"}, arg) }
 
 // IsVersion reports whether arg asks for the version.
 func IsVersion(arg string) bool {
-	switch arg {
-	case "-version", "--version", "version":
-		return true
-	}
-	return false
+	return slices.Contains([]string{"-version", "--version", "version"}, arg)
 }
 
 // PrintVersion writes program's version line to w.
