@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/llmq/llmq/internal/store"
 )
@@ -70,6 +69,3 @@ func (s *Server) apiLimits(ctx context.Context) (apiLimitsView, error) {
 	}
 	return v, nil
 }
-
-// endpointList joins a tier's endpoint limits for a cell.
-func endpointList(es []string) string { return strings.Join(es, "; ") }

@@ -5,6 +5,7 @@
 package dashboard
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
@@ -82,12 +83,8 @@ func New(d Deps, o Options) (*Server, error) {
 	if d.IsAdmin == nil {
 		return nil, errors.New("dashboard: Deps.IsAdmin is required: the pages are for admins only")
 	}
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
-	if o.Refresh == 0 {
-		o.Refresh = 10 * time.Second
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
+	o.Refresh = cmp.Or(o.Refresh, 10*time.Second)
 	t, err := template.New("dashboard.html").Funcs(funcs).ParseFS(templateFS, "templates/dashboard.html")
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: parse template: %w", err)

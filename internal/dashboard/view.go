@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"html/template"
+	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -122,16 +124,19 @@ func (s *Server) serveDashboard(w http.ResponseWriter, r *http.Request) {
 // the rest of the page still shows.
 func (s *Server) build(ctx context.Context) *view {
 	now := time.Now()
-	v := &view{Now: now.UTC(), Refresh: int(s.o.Refresh / time.Second), PolicyDigest: shortDigest(s.d.Policy.Current().Digest)}
-	problem := func(section string, err error) {
-		s.d.Logger.Warn("dashboard: read "+section, "err", err)
-		v.Problems = append(v.Problems, fmt.Sprintf("%s could not be read: %v", section, err))
+	v := &view{Now: now.UTC(), Refresh: int(s.o.Refresh / time.Second), PolicyDigest: s.d.Policy.Current().Digest}
+	v.PolicyDigest = v.PolicyDigest[:min(len(v.PolicyDigest), 12)]
+	// fine reports whether a section was read, naming it in Problems when not.
+	fine := func(section string, err error) bool {
+		if err != nil {
+			s.d.Logger.Warn("dashboard: read "+section, "err", err)
+			v.Problems = append(v.Problems, fmt.Sprintf("%s could not be read: %v", section, err))
+		}
+		return err == nil
 	}
 
 	minutes, err := metrics.ReadMinutes(ctx, s.d.Redis, s.d.Keys, now, chartMinutes)
-	if err != nil {
-		problem("the charts", err)
-	}
+	fine("the charts", err)
 	v.Summary, v.Charts = summarize(minutes)
 	var added money.Micros
 	for _, m := range minutes {
@@ -143,42 +148,24 @@ func (s *Server) build(ctx context.Context) *view {
 	if n, err := s.d.State.Workers(ctx); err == nil {
 		v.Workers, v.WorkersKnown = n, true
 	}
-
-	if models, err := s.d.State.Models(ctx); err != nil {
-		problem("rate-limit buckets", err)
-	} else {
+	if models, err := s.d.State.Models(ctx); fine("rate-limit buckets", err) {
 		v.Models = modelRows(models, minutes, now)
 	}
-
-	if ts, err := s.d.State.Tenants(ctx); err != nil {
-		problem("budgets", err)
-	} else {
-		v.Tenants = tenantRows(ts, maxTenantRows)
+	if ts, err := s.d.State.Tenants(ctx); fine("budgets", err) {
+		v.Tenants = tenantRows(ts)
 	}
-
-	if rows, err := s.batchRows(ctx, now); err != nil {
-		problem("batches", err)
-	} else {
+	if rows, err := s.batchRows(ctx, now); fine("batches", err) {
 		v.Batches = rows
 	}
-
-	if api, err := s.apiLimits(ctx); err != nil {
-		problem("API exemptions", err)
-	} else {
+	if api, err := s.apiLimits(ctx); fine("API exemptions", err) {
 		v.API = api
 	}
-
-	if ws, err := s.d.State.Waiting(ctx); err != nil {
-		problem("the fair queues", err)
-	} else {
+	if ws, err := s.d.State.Waiting(ctx); fine("the fair queues", err) {
 		for _, w := range ws[:min(len(ws), 50)] {
 			v.Waiting = append(v.Waiting, waitingRow{TenantID: w.TenantID, Priority: w.Priority, Model: w.Model, Jobs: w.Jobs, Oldest: duration(w.OldestWait)})
 		}
 	}
-
-	if qs, err := s.d.Queues.QueueStats(ctx); err != nil {
-		problem("queues", err)
-	} else {
+	if qs, err := s.d.Queues.QueueStats(ctx); fine("queues", err) {
 		for _, q := range qs {
 			v.Queues = append(v.Queues, queueRow{
 				Name: q.Name, Size: q.Size, Pending: q.Pending, Active: q.Active, Scheduled: q.Scheduled,
@@ -188,13 +175,6 @@ func (s *Server) build(ctx context.Context) *view {
 		}
 	}
 	return v
-}
-
-func shortDigest(d string) string {
-	if len(d) > 12 {
-		return d[:12]
-	}
-	return d
 }
 
 // summarize turns the per-minute counters into the summary tiles and charts.
@@ -278,10 +258,8 @@ func learnedBucket(l *limiter.ScopeLearning, name string) *limiter.BucketLearnin
 	if l == nil {
 		return nil
 	}
-	for i := range l.Buckets {
-		if l.Buckets[i].Name == name {
-			return &l.Buckets[i]
-		}
+	if i := slices.IndexFunc(l.Buckets, func(b limiter.BucketLearning) bool { return b.Name == name }); i >= 0 {
+		return &l.Buckets[i]
 	}
 	return nil
 }
@@ -349,13 +327,9 @@ func unitName(u limiter.Unit) string {
 	return "requests"
 }
 
-func tenantRows(ts *metrics.Tenants, maxRows int) tenantsView {
+func tenantRows(ts *metrics.Tenants) tenantsView {
 	tv := tenantsView{Read: len(ts.List), Failed: ts.Failed, Truncated: ts.Truncated, Empty: len(ts.List) == 0}
-	for i := range ts.List {
-		if len(tv.Rows) == maxRows {
-			break
-		}
-		t := &ts.List[i]
+	for _, t := range ts.List[:min(len(ts.List), maxTenantRows)] {
 		row := tenantRow{ID: t.ID, Name: t.Name, Tier: t.Tier, Spent: money2(t.Spent), Reserved: money2(t.Reserved)}
 		switch {
 		case t.Unlimited:
@@ -414,49 +388,29 @@ func clampPct(p float64) float64 { return max(0, min(100, p)) }
 // group writes n with thousands separators: 1234567 -> "1,234,567".
 func group(n int64) string {
 	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	if neg {
-		s = s[1:]
+	digits := 0 // where the digits start
+	if n < 0 {
+		digits = 1
 	}
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
+	for i := len(s) - 3; i > digits; i -= 3 {
+		s = s[:i] + "," + s[i:]
 	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
+	return s
 }
 
 // money2 formats dollars with cents, or more digits below a cent.
 func money2(m money.Micros) string { return usd(m.USD()) }
 
 func usd(v float64) string {
-	a := v
-	if a < 0 {
-		a = -a
-	}
-	switch {
+	switch a := math.Abs(v); {
 	case a == 0 || a >= 1:
-		return "$" + commaFloat(v, 2)
+		whole, frac, _ := strings.Cut(strconv.FormatFloat(v, 'f', 2, 64), ".")
+		n, _ := strconv.ParseInt(whole, 10, 64)
+		return "$" + group(n) + "." + frac
 	case a >= 0.01:
 		return "$" + strconv.FormatFloat(v, 'f', 4, 64)
 	}
 	return "$" + strconv.FormatFloat(v, 'f', 6, 64)
-}
-
-func commaFloat(v float64, prec int) string {
-	s := strconv.FormatFloat(v, 'f', prec, 64)
-	whole, frac, _ := strings.Cut(s, ".")
-	n, _ := strconv.ParseInt(whole, 10, 64)
-	out := group(n)
-	if frac != "" {
-		out += "." + frac
-	}
-	return out
 }
 
 func percent(part, whole float64) string {
@@ -481,6 +435,6 @@ func duration(d time.Duration) string {
 var funcs = template.FuncMap{
 	"pct":   func(p float64) string { return strconv.FormatFloat(p, 'f', 1, 64) },
 	"group": group,
-	"join":  endpointList,
+	"join":  func(es []string) string { return strings.Join(es, "; ") },
 	"time":  func(t time.Time) string { return t.Format("2006-01-02 15:04:05 UTC") },
 }

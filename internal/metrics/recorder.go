@@ -13,6 +13,7 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -58,27 +59,12 @@ type Recorder struct {
 	log   *slog.Logger
 	stats *statsBuffer
 
-	jobs            *prometheus.CounterVec
-	providerCalls   *prometheus.CounterVec
-	callDuration    *prometheus.HistogramVec
-	tokens          *prometheus.CounterVec
-	cost            *prometheus.CounterVec
-	limiterWait     *prometheus.HistogramVec
-	failovers       *prometheus.CounterVec
-	penalties       *prometheus.CounterVec
-	penaltySeconds  *prometheus.CounterVec
-	breakerState    *prometheus.GaugeVec
-	breakerChanges  *prometheus.CounterVec
-	learnedLimits   *prometheus.GaugeVec
-	unpredicted429s *prometheus.CounterVec
-	shortWindow429s *prometheus.CounterVec
-	usageUnbelieved *prometheus.CounterVec
-	queueWait       *prometheus.HistogramVec
-	softCrossings   *prometheus.CounterVec
-	budgetRaised    *prometheus.CounterVec
-	budgetRaisedUSD *prometheus.CounterVec
-	webhookAttempts *prometheus.CounterVec
-	webhookFailures *prometheus.CounterVec
+	jobs, providerCalls, tokens, cost, failovers, penalties, penaltySeconds *prometheus.CounterVec
+	breakerChanges, unpredicted429s, shortWindow429s, usageUnbelieved       *prometheus.CounterVec
+	softCrossings, budgetRaised, budgetRaisedUSD                            *prometheus.CounterVec
+	webhookAttempts, webhookFailures                                        *prometheus.CounterVec
+	callDuration, limiterWait, queueWait                                    *prometheus.HistogramVec
+	breakerState, learnedLimits                                             *prometheus.GaugeVec
 
 	mu             sync.Mutex
 	webhookReasons map[string]bool
@@ -95,12 +81,10 @@ func New(o Options) *Recorder {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
 	r := &Recorder{reg: prometheus.NewRegistry(), log: o.Logger, webhookReasons: map[string]bool{}}
 	if o.Redis != nil {
-		r.stats = newStatsBuffer(o.Redis, o.Keys, o.Now, o.Logger)
+		r.stats = &statsBuffer{rdb: o.Redis, keys: o.Keys, now: o.Now, log: o.Logger, pending: map[int64]map[string]int64{}}
 	}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
@@ -118,39 +102,24 @@ func New(o Options) *Recorder {
 		return h
 	}
 
-	r.jobs = counter("jobs_total",
-		"Job state changes: queued (created), waiting, deferred, succeeded, failed, cancelled.", "tier", "model", "status")
-	r.providerCalls = counter("provider_calls_total",
-		"Provider calls by deployment (provider/upstream) and HTTP status code; code 0 is no answer (network error or timeout).", "deployment", "model", "code")
-	r.callDuration = histogram("provider_call_duration_seconds", "Duration of provider calls.",
-		[]float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120}, "deployment", "model")
-	r.failovers = counter("failovers_total",
-		"Jobs that left a deployment for another of their model (or a fallback's) after a fault or a 429 there, by the deployment left.", "model", "deployment")
-	r.tokens = counter("tokens_total",
-		"Tokens of succeeded jobs as the provider counted them; direction is input (prompt) or output (completion).", "tier", "model", "direction")
+	r.jobs = counter("jobs_total", "Job state changes: queued (created), waiting, deferred, succeeded, failed, cancelled.", "tier", "model", "status")
+	r.providerCalls = counter("provider_calls_total", "Provider calls by deployment (provider/upstream) and HTTP status code; code 0 is no answer (network error or timeout).", "deployment", "model", "code")
+	r.callDuration = histogram("provider_call_duration_seconds", "Duration of provider calls.", []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120}, "deployment", "model")
+	r.failovers = counter("failovers_total", "Jobs that left a deployment for another of their model (or a fallback's) after a fault or a 429 there, by the deployment left.", "model", "deployment")
+	r.tokens = counter("tokens_total", "Tokens of succeeded jobs as the provider counted them; direction is input (prompt) or output (completion).", "tier", "model", "direction")
 	r.cost = counter("cost_usd_total", "Dollars charged for succeeded jobs.", "tenant", "tier", "model")
-	r.limiterWait = histogram("limiter_wait_seconds",
-		"Time a job waited for its rate-limit permit; outcome is acquired (slept in the handler) or requeued (the delay it went back to the queue for).",
-		[]float64{0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}, "model", "outcome")
+	r.limiterWait = histogram("limiter_wait_seconds", "Time a job waited for its rate-limit permit; outcome is acquired (slept in the handler) or requeued (the delay it went back to the queue for).", []float64{0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}, "model", "outcome")
 	r.penalties = counter("limiter_penalties_total", "Provider 429s that paused a model for every worker.", "model")
 	r.penaltySeconds = counter("limiter_penalty_seconds_total", "Seconds of pause imposed on a model after 429s.", "model")
-	r.breakerState = gauge("circuit_breaker_state",
-		"1 for the state a deployment's circuit breaker is in (closed, open, half-open) as this process last saw it, else 0.", "deployment", "state")
+	r.breakerState = gauge("circuit_breaker_state", "1 for the state a deployment's circuit breaker is in (closed, open, half-open) as this process last saw it, else 0.", "deployment", "state")
 	r.breakerChanges = counter("circuit_breaker_transitions_total", "Circuit breaker changes into each state.", "deployment", "state")
-	r.learnedLimits = gauge("limits_learned",
-		"Limits a provider announced for a model that differ from the policy's (0: none announced).", "model", "limit")
-	r.unpredicted429s = counter("limiter_unpredicted_429s_total",
-		"Provider 429s on calls a model's buckets admitted, by the bucket the provider showed exhausted (every bucket when it did not say): each lowers the bucket's limit factor.", "model", "bucket")
-	r.shortWindow429s = counter("limiter_short_window_429s_total",
-		"Provider 429s on calls a model's buckets admitted while the provider's counts showed room, by bucket: the provider counts the limit over a shorter window than its period, and the bucket's burst is lowered.", "model", "bucket")
-	r.usageUnbelieved = counter("provider_usage_unbelieved_total",
-		"Provider answers whose usage llmq did not take, by reason: missing (the job is charged its worst case and its usage says estimated) or invalid (negative or beyond the request: the job fails, charged its worst case).", "model", "reason")
-	r.queueWait = histogram("queue_wait_seconds",
-		"Time a job waited in the fair queue of its model before the scheduler released it to the workers.",
-		[]float64{0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800, 3600}, "priority")
+	r.learnedLimits = gauge("limits_learned", "Limits a provider announced for a model that differ from the policy's (0: none announced).", "model", "limit")
+	r.unpredicted429s = counter("limiter_unpredicted_429s_total", "Provider 429s on calls a model's buckets admitted, by the bucket the provider showed exhausted (every bucket when it did not say): each lowers the bucket's limit factor.", "model", "bucket")
+	r.shortWindow429s = counter("limiter_short_window_429s_total", "Provider 429s on calls a model's buckets admitted while the provider's counts showed room, by bucket: the provider counts the limit over a shorter window than its period, and the bucket's burst is lowered.", "model", "bucket")
+	r.usageUnbelieved = counter("provider_usage_unbelieved_total", "Provider answers whose usage llmq did not take, by reason: missing (the job is charged its worst case and its usage says estimated) or invalid (negative or beyond the request: the job fails, charged its worst case).", "model", "reason")
+	r.queueWait = histogram("queue_wait_seconds", "Time a job waited in the fair queue of its model before the scheduler released it to the workers.", []float64{0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800, 3600}, "priority")
 	r.softCrossings = counter("budget_soft_limit_crossings_total", "Tenants crossing the soft limit of their daily budget.", "tenant", "tier")
-	r.budgetRaised = counter("budget_rebuilt_total",
-		"Budget days (a tenant's or the global) whose spend in Redis was raised to the ledger's, by reason: lost (Redis had lost the day), restored (a day of another Redis incarnation, after a restart, restore or failover, counted less than the ledger), periodic (the reconciler's check of today's days found it behind).", "reason")
+	r.budgetRaised = counter("budget_rebuilt_total", "Budget days (a tenant's or the global) whose spend in Redis was raised to the ledger's, by reason: lost (Redis had lost the day), restored (a day of another Redis incarnation, after a restart, restore or failover, counted less than the ledger), periodic (the reconciler's check of today's days found it behind).", "reason")
 	r.budgetRaisedUSD = counter("budget_rebuilt_usd_total", "Dollars those raises added to the days' spend in Redis.", "reason")
 	r.webhookAttempts = counter("webhook_deliveries_total", "Webhook delivery attempts by outcome (delivered or failed).", "kind", "outcome")
 	r.webhookFailures = counter("webhook_failures_total", "Failed webhook delivery attempts by reason.", "kind", "reason")
@@ -213,7 +182,7 @@ func (r *Recorder) ProviderCall(deployment, model string, status int, d time.Dur
 
 // JobFinished implements worker.Observer.
 func (r *Recorder) JobFinished(tenantID, tier, model, status string, promptTokens, completionTokens, costMicros int64) {
-	r.jobs.WithLabelValues(tier, model, status).Inc()
+	r.JobState(tier, model, status)
 	if promptTokens > 0 {
 		r.tokens.WithLabelValues(tier, model, "input").Add(float64(promptTokens))
 	}
@@ -223,7 +192,6 @@ func (r *Recorder) JobFinished(tenantID, tier, model, status string, promptToken
 	if costMicros > 0 {
 		r.cost.WithLabelValues(tenantID, tier, model).Add(float64(costMicros) / 1e6)
 	}
-	r.stats.add(FieldJobs+status, 1)
 	r.stats.add(FieldTokensIn, promptTokens)
 	r.stats.add(FieldTokensOut, completionTokens)
 	r.stats.add(FieldCostMicros, costMicros)

@@ -1,14 +1,17 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/budget"
@@ -121,7 +124,11 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 		}
 		byScope := map[string]read{}
 		out := make([]ModelLevel, 0, len(p.Models))
-		for _, m := range routes(p) {
+		var routes []config.Route // the deployments of every model
+		for i := range p.Models {
+			routes = append(routes, p.Models[i].Routes()...)
+		}
+		for _, m := range routes {
 			sc := admission.Scope(m)
 			if s.d.Scope != nil {
 				sc = s.d.Scope(ctx, m)
@@ -135,24 +142,14 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 				rd.learned, _ = s.d.Limiter.Inspect(ctx, sc)
 				byScope[sc.Name] = rd
 			}
-			res := rd.res
-			ml := ModelLevel{Model: m.Model.Name, Provider: m.Provider, Scope: sc.Name, Buckets: res.Buckets, Paused: res.Penalized, Learned: rd.learned}
-			if res.Penalized {
-				ml.PausedFor = res.RetryAfter
+			ml := ModelLevel{Model: m.Model.Name, Provider: m.Provider, Scope: sc.Name, Buckets: rd.res.Buckets, Paused: rd.res.Penalized, Learned: rd.learned}
+			if ml.Paused {
+				ml.PausedFor = rd.res.RetryAfter
 			}
 			out = append(out, ml)
 		}
 		return out, nil
 	})
-}
-
-// routes are the deployments of every model of p.
-func routes(p *config.Policy) []config.Route {
-	var out []config.Route
-	for i := range p.Models {
-		out = append(out, p.Models[i].Routes()...)
-	}
-	return out
 }
 
 // TenantBudget is one tenant's budget day so far.
@@ -214,27 +211,23 @@ func (s *State) readTenants(ctx context.Context) (*Tenants, error) {
 	p := s.d.Policy.Current()
 	results := make([]*TenantBudget, len(all))
 	errs := make([]error, len(all))
-	sem := make(chan struct{}, budgetReaders)
-	var wg sync.WaitGroup
+	var readers errgroup.Group
+	readers.SetLimit(budgetReaders)
 	for i, t := range all {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
+		readers.Go(func() error {
 			results[i], errs[i] = s.readBudget(ctx, p, t)
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
+	_ = readers.Wait() // every error is in errs
 	var firstErr error
 	for i, r := range results {
 		if r == nil {
 			out.Failed++
-			if firstErr == nil {
-				firstErr = errs[i]
-			}
-			continue
+			firstErr = cmp.Or(firstErr, errs[i])
+		} else {
+			out.List = append(out.List, *r)
 		}
-		out.List = append(out.List, *r)
 	}
 	if len(out.List) == 0 && firstErr != nil {
 		return nil, firstErr
@@ -297,11 +290,8 @@ func (s *State) Waiting(ctx context.Context) ([]Waiting, error) {
 		var out []Waiting
 		for _, scope := range scopes {
 			model := scope
-			for i := range p.Models {
-				if p.Models[i].Queue() == scope {
-					model = p.Models[i].Name
-					break
-				}
+			if i := slices.IndexFunc(p.Models, func(m config.Model) bool { return m.Queue() == scope }); i >= 0 {
+				model = p.Models[i].Name
 			}
 			ws, _, err := s.d.Queue.Waiting(ctx, scope)
 			if err != nil {

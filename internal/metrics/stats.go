@@ -58,10 +58,6 @@ type statsBuffer struct {
 	failing bool                       // the last flush failed: log once
 }
 
-func newStatsBuffer(rdb redis.UniversalClient, keys rkeys.Builder, now func() time.Time, log *slog.Logger) *statsBuffer {
-	return &statsBuffer{rdb: rdb, keys: keys, now: now, log: log, pending: map[int64]map[string]int64{}}
-}
-
 func (b *statsBuffer) add(field string, n int64) {
 	if b == nil || n == 0 {
 		return
