@@ -10,6 +10,7 @@
 package batch
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"sync"
@@ -57,24 +58,12 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.GroupLines == 0 {
-		o.GroupLines = 5000
-	}
-	if o.GroupBytes == 0 {
-		o.GroupBytes = 8 << 20
-	}
-	if o.MaxLineBytes == 0 {
-		o.MaxLineBytes = 1 << 20
-	}
-	if o.MaxValidations == 0 {
-		o.MaxValidations = 2
-	}
-	if o.SweepInterval == 0 {
-		o.SweepInterval = time.Second
-	}
-	if o.StopGrace == 0 {
-		o.StopGrace = 10 * time.Minute
-	}
+	o.GroupLines = cmp.Or(o.GroupLines, 5000)
+	o.GroupBytes = cmp.Or(o.GroupBytes, 8<<20)
+	o.MaxLineBytes = cmp.Or(o.MaxLineBytes, 1<<20)
+	o.MaxValidations = cmp.Or(o.MaxValidations, 2)
+	o.SweepInterval = cmp.Or(o.SweepInterval, time.Second)
+	o.StopGrace = cmp.Or(o.StopGrace, 10*time.Minute)
 	if o.Now == nil {
 		o.Now = time.Now
 	}

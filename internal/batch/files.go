@@ -114,11 +114,8 @@ func (s *Service) writeFiles(ctx context.Context, b *store.Batch, final store.Ba
 		}
 		return id, err
 	}
-	if outputID, err = mk(store.FilePurposeBatchOutput, b.ID+"_output.jsonl", out); err != nil {
-		return "", "", err
+	if outputID, err = mk(store.FilePurposeBatchOutput, b.ID+"_output.jsonl", out); err == nil {
+		errorID, err = mk(store.FilePurposeBatchError, b.ID+"_error.jsonl", errs)
 	}
-	if errorID, err = mk(store.FilePurposeBatchError, b.ID+"_error.jsonl", errs); err != nil {
-		return "", "", err
-	}
-	return outputID, errorID, nil
+	return outputID, errorID, err
 }

@@ -59,7 +59,7 @@ func (s *Service) Validate(ctx context.Context, batchID string) error {
 		// trying again every sweep would only log the same error.
 		return s.finish(ctx, b, store.BatchFailed, nil, []client.BatchError{{Code: client.CodeTierNotFound, Message: err.Error()}})
 	}
-	v := &validation{s: s, b: b, policy: p, acct: acct, tier: tier, share: tier.Share, seen: map[[16]byte]int{}}
+	v := &validation{s: s, b: b, policy: p, acct: acct, tier: tier, seen: map[[16]byte]int{}}
 	if err := v.loadExisting(ctx); err != nil {
 		return err
 	}
@@ -79,7 +79,6 @@ type validation struct {
 	policy *config.Policy
 	acct   budget.Account
 	tier   *config.Tier
-	share  float64 // the tenant's tier's, for the fair queue
 
 	existing map[int]bool     // lines stored by an earlier, interrupted pass
 	seen     map[[16]byte]int // sha-256 prefix of each custom_id -> its first line
@@ -111,18 +110,11 @@ func (v *validation) run(ctx context.Context) error {
 		return err
 	}
 	defer f.Close()
-	if err := v.read(ctx, f); err != nil {
-		return err
-	}
-	return v.flush(ctx)
-}
-
-func (v *validation) read(ctx context.Context, f io.Reader) error {
-	lr := newLineReader(f, v.s.opts.MaxLineBytes)
+	lr := &lineReader{br: bufio.NewReaderSize(f, 64<<10), max: v.s.opts.MaxLineBytes}
 	for !v.stopped {
 		no, line, tooLong, err := lr.next()
 		if errors.Is(err, io.EOF) {
-			return nil
+			break
 		}
 		if err != nil {
 			return fmt.Errorf("read input file %s: %w", v.b.InputFileID, err)
@@ -151,7 +143,7 @@ func (v *validation) read(ctx context.Context, f io.Reader) error {
 			}
 		}
 	}
-	return nil
+	return v.flush(ctx)
 }
 
 // flush inserts the group (one COPY) and keeps its queued jobs for the
@@ -195,7 +187,7 @@ func (v *validation) flush(ctx context.Context) error {
 	}
 	for i, j := range v.group {
 		if j.Status != store.JobFailed {
-			v.queued = append(v.queued, admission.Ref(v.policy, ids[i], queue.Batch, v.b.TenantID, j.Model, j.EstPromptTokens+j.EstMaxTokens, v.share))
+			v.queued = append(v.queued, admission.Ref(v.policy, ids[i], queue.Batch, v.b.TenantID, j.Model, j.EstPromptTokens+j.EstMaxTokens, v.tier.Share))
 		}
 	}
 	v.group, v.groupBytes = nil, 0
@@ -247,24 +239,17 @@ func (v *validation) conclude(ctx context.Context) error {
 // enqueue hands the validated batch's queued jobs to the queue. A failure
 // is only logged: the reconciler enqueues stored jobs that have no task.
 func (v *validation) enqueue(ctx context.Context) {
-	refs := v.queued
+	refs, err := v.queued, error(nil)
 	if len(v.existing) > 0 || v.offloaded > 0 {
 		// The interrupted pass stored lines this one skipped, or some lines
 		// went to the provider's Batch API: take the queued jobs of the
 		// batch on llmq's own path from the store.
-		var err error
-		if refs, err = v.storedRefs(ctx); err != nil {
-			v.enqueueFailed(ctx, err)
-			return
-		}
+		refs, err = v.storedRefs(ctx)
 	}
-	if _, err := v.s.Queue.EnqueueJobs(ctx, refs); err != nil {
-		v.enqueueFailed(ctx, err)
+	if err == nil {
+		_, err = v.s.Queue.EnqueueJobs(ctx, refs)
 	}
-}
-
-func (v *validation) enqueueFailed(ctx context.Context, err error) {
-	if ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil {
 		v.s.Logger.Warn("enqueue batch jobs failed; the reconciler will enqueue them", "batch", v.b.ID, "err", err)
 	}
 }
@@ -372,7 +357,7 @@ func (v *validation) storedRefs(ctx context.Context) ([]queue.JobRef, error) {
 	var refs []queue.JobRef
 	err := v.s.Store.JobStreamByBatch(ctx, v.b.ID, []store.JobStatus{store.JobQueued}, func(j *store.Job) error {
 		if j.BatchPartID == "" {
-			refs = append(refs, admission.JobRef(v.policy, j, v.share))
+			refs = append(refs, admission.JobRef(v.policy, j, v.tier.Share))
 		}
 		return nil
 	})
@@ -415,23 +400,9 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 		job.CustomID = *req.CustomID // parse dropped one that cannot be stored
 	}
 	if le == nil {
-		var admitted *admission.Request
 		var err error
-		if admitted, le, err = v.admit(ctx, req.Body); err != nil {
-			return nil, err
-		}
-		if le == nil {
-			admitted.Fill(job)
-			switch {
-			case v.tier.BatchOffload != config.BatchOffloadAlways:
-				return job, nil
-			case !offload.Offloads(v.policy, v.tier, job.Model):
-				le = wire.Invalid("body.model", client.CodeBatchOffloadUnavailable, "model %q has no provider Batch API, and this tier runs batches only there (batch_offload: always).", job.Model)
-			case !offload.Plain(&admitted.Shape):
-				le = wire.Invalid("body", client.CodeBatchOffloadUnavailable, "this request continues a stored conversation, asks for a service tier, names built-in tools or holds content llmq cannot count, which llmq bounds call by call and never sends to a provider's Batch API; this tier runs batches only there (batch_offload: always).")
-			default:
-				return job, nil
-			}
+		if le, err = v.admit(ctx, req.Body, job); err != nil || le == nil {
+			return job, err
 		}
 	}
 	// Keep the model the line named, when it named one, for listings.
@@ -508,27 +479,35 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 // Postgres cannot store, naming the field (custom_id, body, method, url)
 // that holds it: a request is refused rather than sent other than written.
 func unstorableField(line []byte, p *jsontext.Problem) *wire.Error {
-	if field := jsontext.Field(p.Param(line)); field != "" && p.Member != field {
+	field := jsontext.Field(p.Param(line))
+	if field != "" && p.Member != field {
 		return wire.Invalid(field, p.Code, "%s holds %s, %s.", field, p.What, p.Why())
-	} else if field != "" {
-		return wire.Invalid(field, p.Code, "the line holds %s, %s.", p.What, p.Why())
 	}
-	return wire.Invalid("", p.Code, "the line holds %s, %s.", p.What, p.Why())
+	return wire.Invalid(field, p.Code, "the line holds %s, %s.", p.What, p.Why())
 }
 
 // admit asks admission whether the body can ever run, and whether its
-// worst case fits the tenant's whole daily budget; err is one it could not
-// answer now (the store it asks of follow-ups).
-func (v *validation) admit(ctx context.Context, body json.RawMessage) (*admission.Request, *wire.Error, error) {
+// worst case fits the tenant's whole daily budget, and fills job with what
+// it admitted; err is one it could not answer now (the store it asks of
+// follow-ups).
+func (v *validation) admit(ctx context.Context, body json.RawMessage, job *store.JobInsertParams) (*wire.Error, error) {
 	admitted, err := v.s.Admission.Admit(ctx, v.policy, v.tier, v.acct, v.b.Endpoint, body)
-	if err == nil {
-		return admitted, nil, nil
-	}
 	var refusal *wire.Error
 	if errors.As(err, &refusal) {
-		return nil, wire.Invalid(refusal.ParamIn("body"), refusal.Code, "%s", refusal.Message), nil
+		return wire.Invalid(refusal.ParamIn("body"), refusal.Code, "%s", refusal.Message), nil
 	}
-	return nil, nil, err
+	if err != nil {
+		return nil, err
+	}
+	admitted.Fill(job)
+	switch {
+	case v.tier.BatchOffload != config.BatchOffloadAlways: // any line may run on llmq's own path
+	case !offload.Offloads(v.policy, v.tier, job.Model):
+		return wire.Invalid("body.model", client.CodeBatchOffloadUnavailable, "model %q has no provider Batch API, and this tier runs batches only there (batch_offload: always).", job.Model), nil
+	case !offload.Plain(&admitted.Shape):
+		return wire.Invalid("body", client.CodeBatchOffloadUnavailable, "this request continues a stored conversation, asks for a service tier, names built-in tools or holds content llmq cannot count, which llmq bounds call by call and never sends to a provider's Batch API; this tier runs batches only there (batch_offload: always)."), nil
+	}
+	return nil, nil
 }
 
 // decodeError names what is wrong with a line's JSON.
@@ -562,9 +541,7 @@ func kind(field string) string {
 // holds the same whatever the ids' length.
 func customIDKey(id string) [16]byte {
 	sum := sha256.Sum256([]byte(id))
-	var k [16]byte
-	copy(k[:], sum[:16])
-	return k
+	return [16]byte(sum[:16])
 }
 
 func nullable(s string) *string {
@@ -581,10 +558,6 @@ type lineReader struct {
 	max int
 	no  int
 	buf []byte
-}
-
-func newLineReader(r io.Reader, max int) *lineReader {
-	return &lineReader{br: bufio.NewReaderSize(r, 64<<10), max: max}
 }
 
 // next returns the next line without its line ending, or io.EOF.
@@ -604,14 +577,8 @@ func (lr *lineReader) next() (no int, line []byte, tooLong bool, err error) {
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
-		if errors.Is(err, io.EOF) {
-			if !read {
-				return 0, nil, false, io.EOF
-			}
-			break
-		}
-		if err != nil {
-			return 0, nil, false, err
+		if err != nil && (!read || !errors.Is(err, io.EOF)) {
+			return 0, nil, false, err // io.EOF once every line was read
 		}
 		break
 	}

@@ -2,6 +2,7 @@ package offload
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,8 +62,7 @@ func (r *run) collect(ctx context.Context, pb *llm.ProviderBatch) error {
 	if err != nil {
 		return err
 	}
-	seen := map[string]bool{}
-	c := &collection{run: r, jobs: jobs, seen: seen}
+	c := &collection{run: r, jobs: jobs, seen: map[string]bool{}}
 	if pb != nil {
 		for _, file := range []string{pb.OutputFileID, pb.ErrorFileID} {
 			if file == "" {
@@ -76,13 +76,13 @@ func (r *run) collect(ctx context.Context, pb *llm.ProviderBatch) error {
 			return err
 		}
 	}
-	var undone []*store.Job
+	var undone []string
 	for id, j := range jobs {
-		if !seen[id] && !j.Status.Terminal() {
-			undone = append(undone, j)
+		if !c.seen[id] && !j.Status.Terminal() {
+			undone = append(undone, id)
 		}
 	}
-	if err := r.undone(ctx, undone); err != nil {
+	if err := r.undone(ctx, jobs, undone); err != nil {
 		return err
 	}
 	if r.part.BudgetDay != "" {
@@ -100,24 +100,19 @@ func (r *run) collect(ctx context.Context, pb *llm.ProviderBatch) error {
 	return r.move(ctx, store.PartDone, now)
 }
 
-// undone takes the lines the provider did not run back to llmq's own path
-// while the batch's window allows, else cancels them.
-func (r *run) undone(ctx context.Context, jobs []*store.Job) error {
-	if len(jobs) == 0 {
+// undone takes the part's jobs ids, which the provider did not run, back to
+// llmq's own path while the batch's window allows, else cancels them.
+func (r *run) undone(ctx context.Context, jobs map[string]*store.Job, ids []string) error {
+	if len(ids) == 0 {
 		return nil
 	}
 	if r.stopping() {
-		for _, j := range jobs {
-			if _, _, err := r.o.Store.JobCancel(ctx, r.part.TenantID, j.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		for _, id := range ids {
+			if _, _, err := r.o.Store.JobCancel(ctx, r.part.TenantID, id); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return err
 			}
 		}
 		return nil
-	}
-	byID := make(map[string]*store.Job, len(jobs))
-	ids := make([]string, len(jobs))
-	for i, j := range jobs {
-		byID[j.ID], ids[i] = j, j.ID
 	}
 	left, err := r.o.Store.JobLeavePart(ctx, r.part.ID, ids)
 	if err != nil {
@@ -131,7 +126,7 @@ func (r *run) undone(ctx context.Context, jobs []*store.Job) error {
 	}
 	refs := make([]queue.JobRef, len(left))
 	for i, id := range left {
-		refs[i] = admission.JobRef(r.policy, byID[id], share)
+		refs[i] = admission.JobRef(r.policy, jobs[id], share)
 	}
 	if _, err := r.o.Queue.EnqueueJobs(ctx, refs); err != nil {
 		r.o.Logger.Warn("enqueue a batch part's undone lines; the reconciler will", "part", r.part.ID, "err", err)
@@ -158,10 +153,7 @@ func (c *collection) readFile(ctx context.Context, fileID string) error {
 		return err
 	}
 	defer body.Close()
-	limit := c.provider.MaxResponseBytes
-	if limit <= 0 {
-		limit = llm.DefaultMaxResponseBytes
-	}
+	limit := cmp.Or(max(c.provider.MaxResponseBytes, 0), llm.DefaultMaxResponseBytes)
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), int(limit)+4096)
 	for sc.Scan() {
@@ -202,9 +194,12 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 	case l.Response != nil && l.Response.StatusCode != 0:
 		c.seen[j.ID] = true
 		c.failed++
-		e := refusal(l)
-		if _, _, err := c.o.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: e, ResponseStatus: l.Response.StatusCode,
-			ResponseBody: validJSON(l.Response.Body), CountAttempt: true}); err != nil {
+		body := l.Response.Body
+		if !json.Valid(body) {
+			body = nil
+		}
+		if _, _, err := c.o.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: refusal(l), ResponseStatus: l.Response.StatusCode,
+			ResponseBody: body, CountAttempt: true}); err != nil {
 			return err
 		}
 	}
@@ -283,13 +278,6 @@ func refusal(l *llm.BatchLine) store.JobError {
 		}
 	}
 	return e
-}
-
-func validJSON(b json.RawMessage) json.RawMessage {
-	if json.Valid(b) {
-		return b
-	}
-	return nil
 }
 
 const settlers = 32

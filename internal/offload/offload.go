@@ -19,11 +19,13 @@
 package offload
 
 import (
+	"cmp"
 	"context"
 	_ "embed" // learn.lua
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,19 +84,12 @@ const (
 	maxPartBytes = 200 << 20
 )
 
+// withDefaults sets each duration not above 0 to its default.
 func (o Options) withDefaults() Options {
-	if o.PollMin <= 0 {
-		o.PollMin = 5 * time.Second
-	}
-	if o.PollMax <= 0 {
-		o.PollMax = 5 * time.Minute
-	}
-	if o.RetryAfter <= 0 {
-		o.RetryAfter = time.Minute
-	}
-	if o.SweepInterval <= 0 {
-		o.SweepInterval = time.Second
-	}
+	o.PollMin = cmp.Or(max(o.PollMin, 0), 5*time.Second)
+	o.PollMax = cmp.Or(max(o.PollMax, 0), 5*time.Minute)
+	o.RetryAfter = cmp.Or(max(o.RetryAfter, 0), time.Minute)
+	o.SweepInterval = cmp.Or(max(o.SweepInterval, 0), time.Second)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -118,11 +113,8 @@ func New(d Deps, opts Options) *Offloader {
 // Offloads reports whether a tier's batches of model run on the provider's
 // Batch API.
 func Offloads(p *config.Policy, tier *config.Tier, model string) bool {
-	if tier.BatchOffload == config.BatchOffloadNever {
-		return false
-	}
 	_, ok := p.BatchRoute(model)
-	return ok
+	return ok && tier.BatchOffload != config.BatchOffloadNever
 }
 
 // Plain reports whether a line of shape s runs on a provider's Batch API:
@@ -145,17 +137,12 @@ func batchRoute(route config.Route) config.Route {
 // on the Batch API (Plain), or its model is gone.
 func (o *Offloader) lineShape(ctx context.Context, p *config.Policy, j *store.Job) (s admission.Shape, ok bool) {
 	m, found := p.Model(j.Model)
-	if !found {
-		return s, false
-	}
 	b, err := llm.Decode(j.Endpoint, j.Request)
-	if err != nil {
+	if !found || err != nil {
 		return s, false
 	}
-	if s, _, err = admission.ShapeOf(ctx, o.Store, p, nil, j.TenantID, m, b); err != nil {
-		return s, false
-	}
-	return s, Plain(&s)
+	s, _, err = admission.ShapeOf(ctx, o.Store, p, nil, j.TenantID, m, b)
+	return s, err == nil && Plain(&s)
 }
 
 // lineWorst is the most the provider's Batch API could bill job j of
@@ -187,10 +174,6 @@ var learnLua string
 
 var learnScript = redis.NewScript(learnLua)
 
-func (o *Offloader) learn(ctx context.Context, deployment string, held int64) error {
-	return learnScript.Run(ctx, o.Redis, []string{o.Keys.LearnedBatchQueue(deployment)}, held, LearnedQueueTTL.Milliseconds()).Err()
-}
-
 // Plan puts the batch's queued lines that the tier offloads in parts, and
 // returns how many it put; the others stay for llmq's own path. Run again,
 // it plans only the lines in no part.
@@ -207,9 +190,6 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 	open := map[string]*building{} // by model
 	var planned int64
 	flush := func(bl *building) error {
-		if len(bl.jobs) == 0 {
-			return nil
-		}
 		if err := o.Store.BatchPartInsert(ctx, &bl.part, bl.jobs); err != nil {
 			return err
 		}
@@ -242,8 +222,7 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 				Model: j.Model, Deployment: route.Deployment.Name(), Endpoint: b.Endpoint}}
 			open[j.Model] = bl
 		}
-		size := lineSize(j)
-		if len(bl.jobs) > 0 && (len(bl.jobs)+1 > maxPartLines || bl.part.Bytes+size > maxPartBytes ||
+		if len(bl.jobs) > 0 && (len(bl.jobs)+1 > maxPartLines || bl.part.Bytes+lineSize(j) > maxPartBytes ||
 			(bl.limit > 0 && bl.part.Tokens+j.EstPromptTokens > bl.limit)) {
 			if err := flush(bl); err != nil {
 				return err
@@ -401,15 +380,13 @@ func (r *run) move(ctx context.Context, to store.BatchPartState, next time.Time)
 	from := r.part.State
 	r.part.State, r.part.NextCheckAt, r.part.Error = to, next, ""
 	ok, err := r.o.Store.BatchPartSave(ctx, r.part, from)
+	if err == nil && !ok {
+		err = fmt.Errorf("the part left state %s meanwhile", from)
+	}
 	if err != nil {
 		r.part.State = from
-		return err
 	}
-	if !ok {
-		r.part.State = from
-		return fmt.Errorf("the part left state %s meanwhile", from)
-	}
-	return nil
+	return err
 }
 
 // wait keeps the part in its state, due again at next.
@@ -512,47 +489,42 @@ func (r *run) submission() string { return r.part.ID + "/" + strconv.Itoa(r.part
 
 const metadataKey = "llmq_submission"
 
+// upload puts the part's input file at the provider, unless a resumed part
+// finds it there (then its batch may be there too: resumed stays).
 func (r *run) upload(ctx context.Context) error {
+	var id string
+	found, err := false, error(nil)
 	if r.resumed {
-		id, found, err := r.api.FindBatchFile(ctx, r.fileName())
-		if err != nil {
-			return err
-		}
-		if found {
-			r.part.ProviderFileID = id
-			return r.move(ctx, store.PartCreating, r.o.opts.Now())
-		}
+		id, found, err = r.api.FindBatchFile(ctx, r.fileName())
 	}
-	in := r.input(ctx)
-	id, err := r.api.UploadBatchFile(ctx, r.fileName(), in)
-	in.Close()
+	if err == nil && !found {
+		in := r.input(ctx)
+		id, err = r.api.UploadBatchFile(ctx, r.fileName(), in)
+		in.Close()
+		r.resumed = false
+	}
 	if err != nil {
 		return err
 	}
 	r.part.ProviderFileID = id
-	r.resumed = false
 	return r.move(ctx, store.PartCreating, r.o.opts.Now())
 }
 
+// create makes the provider batch of the part's file, unless a resumed
+// part finds it made.
 func (r *run) create(ctx context.Context) error {
+	var pb *llm.ProviderBatch
+	found, err := false, error(nil)
 	if r.resumed {
-		pb, found, err := r.api.FindBatch(ctx, metadataKey, r.submission(), r.part.CreatedAt.Add(-time.Hour))
-		if err != nil {
-			return err
-		}
-		if found {
-			return r.submitted(ctx, pb)
-		}
+		pb, found, err = r.api.FindBatch(ctx, metadataKey, r.submission(), r.part.CreatedAt.Add(-time.Hour))
 	}
-	pb, err := r.api.CreateBatch(ctx, r.part.ProviderFileID, r.part.Endpoint,
-		map[string]string{metadataKey: r.submission(), "llmq_batch": r.part.BatchID})
+	if err == nil && !found {
+		pb, err = r.api.CreateBatch(ctx, r.part.ProviderFileID, r.part.Endpoint,
+			map[string]string{metadataKey: r.submission(), "llmq_batch": r.part.BatchID})
+	}
 	if err != nil {
 		return err
 	}
-	return r.submitted(ctx, pb)
-}
-
-func (r *run) submitted(ctx context.Context, pb *llm.ProviderBatch) error {
 	now := r.o.opts.Now()
 	r.part.ProviderBatchID, r.part.ProviderStatus, r.part.SubmittedAt = pb.ID, pb.Status, &now
 	r.o.Logger.Info("batch part at the provider", "part", r.part.ID, "batch", r.part.BatchID, "deployment", r.part.Deployment,
@@ -571,7 +543,7 @@ func (r *run) poll(ctx context.Context, now time.Time) error {
 		r.o.Logger.Warn("extend a batch part's budget hold", "part", r.part.ID, "err", err)
 	}
 	r.part.ProviderStatus = pb.Status
-	if pb.Status == llm.BatchFailed && isQueueRefusal(pb) {
+	if pb.Status == llm.BatchFailed && slices.Contains(pb.ErrorCodes(), "token_limit_exceeded") { // the queue limit
 		return r.refused(ctx, now)
 	}
 	if pb.Ended() {
@@ -588,15 +560,6 @@ func (r *run) poll(ctx context.Context, now time.Time) error {
 	return r.wait(ctx, now.Add(min(max(age/10, r.o.opts.PollMin), r.o.opts.PollMax)), "")
 }
 
-func isQueueRefusal(pb *llm.ProviderBatch) bool {
-	for _, c := range pb.ErrorCodes() {
-		if c == "token_limit_exceeded" {
-			return true
-		}
-	}
-	return false
-}
-
 // refused handles a provider batch refused for the queue limit: the
 // deployment's limit is learned (what the other parts held), and the part
 // goes back to pending, its file kept.
@@ -609,7 +572,8 @@ func (r *run) refused(ctx context.Context, now time.Time) error {
 	if held <= 0 {
 		held = r.part.Tokens / 2 // alone it is too big
 	}
-	if err := r.o.learn(ctx, r.part.Deployment, held); err != nil {
+	err = learnScript.Run(ctx, r.o.Redis, []string{r.o.Keys.LearnedBatchQueue(r.part.Deployment)}, held, LearnedQueueTTL.Milliseconds()).Err()
+	if err != nil {
 		return err
 	}
 	r.o.Logger.Info("batch part refused for the provider's batch queue limit; it waits", "part", r.part.ID,
@@ -635,11 +599,7 @@ func (r *run) split(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	all := make([]*store.Job, 0, len(jobs))
-	for _, j := range jobs {
-		all = append(all, j)
-	}
-	slices.SortFunc(all, func(a, b *store.Job) int { return strings.Compare(a.ID, b.ID) })
+	all := slices.SortedFunc(maps.Values(jobs), func(a, b *store.Job) int { return strings.Compare(a.ID, b.ID) })
 	keep, move := all[:len(all)/2], all[len(all)/2:]
 	if r.part.BudgetDay != "" {
 		if err := r.o.Budgets.Release(ctx, r.reservation()); err != nil {

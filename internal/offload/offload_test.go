@@ -387,7 +387,9 @@ func TestResumeNeverUploadsTwice(t *testing.T) {
 	first := offload.New(offload.Deps{Store: h.Store, Policy: h.Policy, Budgets: h.Budgets, Queue: h.Queue, Providers: h.Providers,
 		Redis: h.Redis, Keys: h.Keys},
 		offload.Options{Now: h.clock.Now})
-	h.clock.Add(2 * time.Second) // past the part's first check, stamped by the store's clock
+	// Past the part's first check, stamped by the store's clock (real time,
+	// which a loaded machine moved on past the harness's start).
+	h.clock.Add(max(2*time.Second, part.NextCheckAt.Sub(h.clock.Now())+time.Second))
 	if err := first.Step(ctx, part.ID); err != nil {
 		t.Fatal(err)
 	}

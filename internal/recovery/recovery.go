@@ -1,18 +1,11 @@
 // Package recovery keeps the store and Redis in agreement so no job is ever
 // lost: a reconciler re-enqueues every unfinished job whose task is missing
-// from Redis (after a Redis restart without persistence, a FLUSHALL, or an
-// enqueue that failed after the job's row was committed). It notices a loss
-// by the epoch key's absence. A job whose task asynq archived is revived,
-// unless its worker was gone at the end of its last delivery: then the job
-// may be what kills its workers, and it fails (worker_lost). The archived
-// task of a finished job is sent back so that a worker settles its charge.
-//
-// What lived only in Redis is rebuilt or safely reset: tasks and webhook
-// deliveries are enqueued again from the store; budget days are rebuilt
-// from the ledger by the budget package, and checked against it here; the
-// rate limiters' state is unknowable, so after a loss with jobs in flight
-// every model is paused for LossPause and starts full after; learned limits
-// and API keys' windows start afresh.
+// from Redis (a Redis restart without persistence, a FLUSHALL, an enqueue
+// that failed after the job's row was committed), and notices a loss by the
+// epoch key's absence. What lived only in Redis is rebuilt or reset: tasks
+// and webhook deliveries are enqueued again from the store, budget days are
+// checked against the ledger, and after a loss with jobs in flight every
+// model is paused for LossPause (the limiters' state is unknowable).
 package recovery
 
 import (
@@ -67,16 +60,11 @@ type Reconciler struct {
 	Inspector *queue.Inspector
 	Limiter   *limiter.TokenBucket
 	Policy    *config.PolicyHolder
-	// Budgets, when set, has today's days checked against the ledger
-	// (CheckBudgets).
-	Budgets *budget.Budgets
-	Logger  *slog.Logger
-	opts    Options
-	// identity is the run ids of the Redis masters at the last check: a
-	// change is a failover or a restart.
-	identity string
-	// recheckAt is when the pass after a failover runs once more.
-	recheckAt time.Time
+	Budgets   *budget.Budgets // when set, today's days are checked against the ledger
+	Logger    *slog.Logger
+	opts      Options
+	identity  string    // the Redis masters' run ids at the last check: a change is a failover or restart
+	recheckAt time.Time // when the pass after a failover runs once more
 }
 
 // failoverRecheck is how long after a failover its pass runs again.
@@ -112,9 +100,7 @@ type Report struct {
 	// BudgetDaysRaised counts the budget days raised to the ledger;
 	// Recharged the ledger rows that charged them.
 	BudgetDaysRaised, Recharged int
-	// LegacyQueues counts the per-priority asynq queues of older versions
-	// deleted with their tasks.
-	LegacyQueues int
+	LegacyQueues                int // per-priority asynq queues of older versions deleted with their tasks
 }
 
 // Run reconciles until ctx ends: at once, then whenever Redis lost its data
@@ -300,7 +286,9 @@ func (r *Reconciler) locked(ctx context.Context, lost, failover bool) (Report, b
 		if lost || failover {
 			reason = budget.RaisedRestored
 		}
-		err = r.checkBudgets(ctx, reason, &rep)
+		var c budget.CheckReport
+		c, err = r.CheckBudgets(ctx, reason)
+		rep.BudgetDaysRaised, rep.Recharged = c.Raised, c.Rows
 	}
 	if err == nil && (lost || failover) {
 		// A lagging replica may lack asynq's list of queues, which its
@@ -382,13 +370,6 @@ func (r *Reconciler) CheckBudgets(ctx context.Context, reason string) (budget.Ch
 	return r.Budgets.Check(ctx, p)
 }
 
-// checkBudgets runs CheckBudgets for a pass and adds what it did to rep.
-func (r *Reconciler) checkBudgets(ctx context.Context, reason string, rep *Report) error {
-	c, err := r.CheckBudgets(ctx, reason)
-	rep.BudgetDaysRaised, rep.Recharged = c.Raised, c.Rows
-	return err
-}
-
 // pauseModels pauses every model of the policy after a loss of the
 // limiter's state, so it cannot burst past the provider's limits.
 func (r *Reconciler) pauseModels(ctx context.Context) {
@@ -413,12 +394,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
 
 func (r *Reconciler) reconcileAll(ctx context.Context, minAge time.Duration) (Report, error) {
 	var rep Report
+	var err error
 	now := r.opts.Now()
-	dropped, err := r.Inspector.DropPriorityQueues(ctx)
-	if err != nil {
+	if rep.LegacyQueues, err = r.Inspector.DropPriorityQueues(ctx); err != nil {
 		return rep, err
 	}
-	rep.LegacyQueues = dropped
 	if err := r.reconcileJobs(ctx, now, minAge, &rep); err != nil {
 		return rep, err
 	}
@@ -474,11 +454,8 @@ func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
 // webhooks that have not ended and whose task is missing.
 func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now time.Time, minAge time.Duration, rep *Report) error {
 	p := &store.WebhookListPendingParams{Kind: kind, FinishedBefore: now.Add(-minAge), Limit: 1000}
-	list := func(after string) ([]*store.WebhookRef, bool, error) {
-		p.After = after
-		return r.Store.WebhookListPending(ctx, p)
-	}
-	return eachPage(list, func(ref *store.WebhookRef) string { return ref.ID }, func(ref *store.WebhookRef) error {
+	list := func() ([]*store.WebhookRef, bool, error) { return r.Store.WebhookListPending(ctx, p) }
+	return eachPage(&p.After, list, func(ref *store.WebhookRef) string { return ref.ID }, func(ref *store.WebhookRef) error {
 		enqueued, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: ref.Kind, ID: ref.ID})
 		if enqueued {
 			rep.Webhooks++
@@ -493,21 +470,19 @@ func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge ti
 	// A validating batch's jobs are its validation's to enqueue; a job at a
 	// provider's Batch API is its part's.
 	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, SkipOffloaded: true, Limit: 1000}
-	list := func(after string) ([]*store.Job, bool, error) {
-		p.After = after
-		return r.Store.JobListUnfinished(ctx, p)
-	}
-	return eachPage(list, func(j *store.Job) string { return j.ID }, func(j *store.Job) error {
+	list := func() ([]*store.Job, bool, error) { return r.Store.JobListUnfinished(ctx, p) }
+	return eachPage(&p.After, list, func(j *store.Job) string { return j.ID }, func(j *store.Job) error {
 		rep.Scanned++
 		return r.reconcile(ctx, j, now, rep)
 	})
 }
 
 // eachPage calls fn on every item of every page list gives, from the first
-// page on, each page asked for after the last id of the one before.
-func eachPage[T any](list func(after string) ([]T, bool, error), id func(T) string, fn func(T) error) error {
-	for after := ""; ; {
-		items, more, err := list(after)
+// page on, each page asked for with *after set to the last id of the one
+// before.
+func eachPage[T any](after *string, list func() ([]T, bool, error), id func(T) string, fn func(T) error) error {
+	for {
+		items, more, err := list()
 		if err != nil {
 			return err
 		}
@@ -519,7 +494,7 @@ func eachPage[T any](list func(after string) ([]T, bool, error), id func(T) stri
 		if !more || len(items) == 0 {
 			return nil
 		}
-		after = id(items[len(items)-1])
+		*after = id(items[len(items)-1])
 	}
 }
 
@@ -556,7 +531,8 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 	if err != nil {
 		return err
 	}
-	if task.State == queue.TaskMissing {
+	switch {
+	case task.State == queue.TaskMissing:
 		// No task: the job waits in its fair queue (enqueueing is then a
 		// no-op), or Redis lost it.
 		enqueued, err := r.Queue.EnqueueJob(ctx, ref)
@@ -567,9 +543,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 			rep.Requeued++
 			r.Logger.Debug("job had no task; enqueued again", "job", j.ID, "status", j.Status)
 		}
-		return nil
-	}
-	if task.State == queue.TaskActive && j.Status != store.JobRunning {
+	case task.State == queue.TaskActive && j.Status != store.JobRunning:
 		// asynq has the task active but no worker started the job: a
 		// failover lost its lease, which asynq's recoverer follows. A task
 		// of its own runs it; should a worker hold it after all, that task
@@ -578,29 +552,26 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 			return fmt.Errorf("re-enqueue %s, stuck active: %w", j.ID, err)
 		}
 		rep.Requeued++
-		return nil
-	}
-	// A task holds the id. If asynq archived it, it will never run.
-	if task.State != queue.TaskArchived {
-		return nil
-	}
-	if task.DiedWithWorker() {
-		// Its worker stopped while running it, on the last of its
-		// deliveries at least: the job may be what kills its workers, and
-		// reviving it would let it do so forever.
+	case task.State != queue.TaskArchived:
+		// A task holds the id, and will run.
+	case task.DiedWithWorker():
+		// asynq archived it: its worker stopped while running it, on the
+		// last of its deliveries at least: the job may be what kills its
+		// workers, and reviving it would let it do so forever.
 		return r.failWorkerLost(ctx, j, task.Retried+1, func() error { return r.Inspector.DeleteArchivedJob(ctx, j.ID) }, rep)
-	}
-	// Its retries were used up while the store could not record the
-	// failure (the database was down): revive it.
-	if err := r.Inspector.DeleteArchivedJob(ctx, j.ID); err != nil {
-		return err
-	}
-	enqueued, err := r.Queue.EnqueueJob(ctx, ref)
-	if err != nil {
-		return fmt.Errorf("revive %s: %w", j.ID, err)
-	}
-	if enqueued {
-		rep.Revived++
+	default:
+		// asynq archived it, its retries used up while the store could not
+		// record the failure (the database was down): revive it.
+		if err := r.Inspector.DeleteArchivedJob(ctx, j.ID); err != nil {
+			return err
+		}
+		enqueued, err := r.Queue.EnqueueJob(ctx, ref)
+		if err != nil {
+			return fmt.Errorf("revive %s: %w", j.ID, err)
+		}
+		if enqueued {
+			rep.Revived++
+		}
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ package redisconn
 import (
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"strconv"
@@ -81,7 +82,10 @@ func Parse(raw string) (Options, error) {
 func parseSingle(raw string) (Options, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return Options{}, urlError(err)
+		if ue, ok := err.(*url.Error); ok {
+			err = ue.Err
+		}
+		return Options{}, errorf("not a valid URL: %v", err)
 	}
 	if u.Hostname() == "" {
 		return Options{}, errorf("must name a host, as in redis://127.0.0.1:6379/0")
@@ -141,10 +145,7 @@ func (m multiHost) optionsURL(base string, drop ...string) (string, url.Values, 
 	if err != nil {
 		return "", nil, errorf("options: %v", err)
 	}
-	kept := url.Values{}
-	for k, v := range q {
-		kept[k] = v
-	}
+	kept := maps.Clone(q)
 	for _, d := range drop {
 		delete(kept, d)
 	}
@@ -186,7 +187,7 @@ func parseSentinel(base, rest string) (Options, error) {
 		return Options{}, goRedisError(err)
 	}
 	fo.SentinelUsername, fo.SentinelPassword = q.Get("sentinel_username"), q.Get("sentinel_password")
-	if m.user != nil {
+	if m.user != nil { // else the username and password options hold
 		fo.Username = m.user.Username()
 		fo.Password, _ = m.user.Password()
 	}
@@ -212,33 +213,17 @@ func parseCluster(base, rest string) (Options, error) {
 	if err != nil {
 		return Options{}, goRedisError(err)
 	}
-	if m.user != nil {
-		co.Username = m.user.Username()
-		co.Password, _ = m.user.Password()
+	co.Username = m.user.Username()
+	co.Password, _ = m.user.Password()
+	if base == "rediss" {
+		host, _, _ := net.SplitHostPort(m.addrs[0])
+		co.TLSConfig = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
 	}
-	co.TLSConfig = tlsConfig(base, m.addrs[0])
 	if co.ClusterStateReloadInterval == 0 {
 		// A crashed master sends no MOVED: reload the slot map often.
-		co.ClusterStateReloadInterval = clusterReload
+		co.ClusterStateReloadInterval = 2 * time.Second
 	}
 	return Options{Kind: Cluster, cluster: co}, nil
-}
-
-const clusterReload = 2 * time.Second
-
-func tlsConfig(base, addr string) *tls.Config {
-	if base != "rediss" {
-		return nil
-	}
-	host, _, _ := net.SplitHostPort(addr)
-	return &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
-}
-
-func urlError(err error) error {
-	if ue, ok := err.(*url.Error); ok {
-		err = ue.Err
-	}
-	return errorf("not a valid URL: %v", err)
 }
 
 func goRedisError(err error) error {

@@ -127,14 +127,6 @@ func (p *Purger) Preview(ctx context.Context) (Report, error) {
 func (p *Purger) Purge(ctx context.Context) (Report, error) {
 	rep := p.cutoffs()
 	batch, pause := cmp.Or(p.Batch, DefaultBatch), cmp.Or(p.Pause, DefaultPause)
-	wait := func() error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(pause):
-			return nil
-		}
-	}
 	// inBatches runs step until it takes fewer than batch rows.
 	inBatches := func(step func() (taken int, err error)) error {
 		for {
@@ -142,8 +134,10 @@ func (p *Purger) Purge(ctx context.Context) (Report, error) {
 			if err != nil || n < batch {
 				return err
 			}
-			if err := wait(); err != nil {
-				return err
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(pause):
 			}
 		}
 	}

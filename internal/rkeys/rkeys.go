@@ -27,15 +27,7 @@ func (b Builder) Prefix() string {
 	return b.prefix
 }
 
-func (b Builder) key(parts ...string) string {
-	var sb strings.Builder
-	sb.WriteString(b.Prefix())
-	for _, p := range parts {
-		sb.WriteByte(':')
-		sb.WriteString(p)
-	}
-	return sb.String()
-}
+func (b Builder) key(parts ...string) string { return b.Prefix() + ":" + strings.Join(parts, ":") }
 
 func tag(s string) string { return "{" + s + "}" }
 
@@ -78,12 +70,6 @@ func (b Builder) FairScopes() string { return b.key("fq", "scopes") }
 // FixedWindow is the counter of a fixed-window limiter.
 func (b Builder) FixedWindow(scope string) string { return b.key("fw", tag(scope)) }
 
-// SlidingLog is the sorted set of a sliding-window-log limiter.
-func (b Builder) SlidingLog(scope string) string { return b.key("swl", tag(scope)) }
-
-// SlidingLogTotal is the cost total beside SlidingLog.
-func (b Builder) SlidingLogTotal(scope string) string { return b.key("swl", tag(scope), "total") }
-
 // SlidingLogWindow is the sorted set of one named window of a scope's
 // sliding-window-log set.
 func (b Builder) SlidingLogWindow(scope, window string) string {
@@ -98,16 +84,11 @@ func (b Builder) SlidingLogWindowTotal(scope, window string) string {
 // SlidingCounter is the hash of a sliding-window-counter limiter.
 func (b Builder) SlidingCounter(scope string) string { return b.key("swc", tag(scope)) }
 
-// MultiWindow is the hash of a multi-window (second, minute, day) limiter.
-func (b Builder) MultiWindow(scope string) string { return b.key("mw", tag(scope)) }
-
 // SpacerNext is the next free slot of a limiter.Spacer scope.
 func (b Builder) SpacerNext(scope string) string { return b.key("pace", tag(scope)) }
 
 // SpacerSlot is the slot one event of a Spacer scope holds.
 func (b Builder) SpacerSlot(scope, id string) string { return b.key("pace", tag(scope), "slot", id) }
-
-const budgetTag = "{budget}"
 
 // BudgetTenant is one tenant's spend for one budget day.
 func (b Builder) BudgetTenant(day, tenantID string) string {
@@ -127,12 +108,12 @@ func (b Builder) BudgetTenantWaiters(day, tenantID string) string {
 }
 
 // BudgetGlobal is the spend of all tenants for one UTC day.
-func (b Builder) BudgetGlobal(day string) string { return b.key(budgetTag, day, "global") }
+func (b Builder) BudgetGlobal(day string) string { return b.key(tag("budget"), day, "global") }
 
 // BudgetGlobalReservations is the sorted set (by expiry) of the global
 // day's open reservations.
 func (b Builder) BudgetGlobalReservations(day string) string {
-	return b.key(budgetTag, day, "global", "res")
+	return b.key(tag("budget"), day, "global", "res")
 }
 
 // Lock is a named mutual-exclusion lock.

@@ -19,25 +19,20 @@ func (e *BlockedError) Error() string {
 }
 
 // dialControl is a net.Dialer Control function that refuses the addresses
-// netguard blocks (unless allowPrivate). It runs on every address tried,
-// after DNS resolution: a name that resolves, or later re-resolves, to an
-// internal address is refused all the same.
-func dialControl(allowPrivate bool) func(network, address string, c syscall.RawConn) error {
-	return func(network, address string, _ syscall.RawConn) error {
-		if allowPrivate {
-			return nil
-		}
-		host, _, err := net.SplitHostPort(address)
-		if err != nil {
-			return err
-		}
-		ip, err := netip.ParseAddr(host)
-		if err != nil {
-			return fmt.Errorf("webhook: dial to %q: not an IP address", host)
-		}
-		if netguard.Blocked(ip) {
-			return &BlockedError{Addr: ip}
-		}
-		return nil
+// netguard blocks. It runs on every address tried, after DNS resolution: a
+// name that resolves, or later re-resolves, to an internal address is
+// refused all the same.
+func dialControl(network, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
 	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return fmt.Errorf("webhook: dial to %q: not an IP address", host)
+	}
+	if netguard.Blocked(ip) {
+		return &BlockedError{Addr: ip}
+	}
+	return nil
 }

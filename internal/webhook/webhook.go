@@ -9,6 +9,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,18 +89,16 @@ func NewHandler(d Deps, opts Options) *Handler {
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
 	}
-	if opts.Timeout == 0 {
-		opts.Timeout = 10 * time.Second
-	}
+	opts.Timeout = cmp.Or(opts.Timeout, 10*time.Second)
+	opts.MaxInlineWait = cmp.Or(opts.MaxInlineWait, time.Second)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.MaxInlineWait == 0 {
-		opts.MaxInlineWait = time.Second
+	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: dialControl}
+	if opts.AllowPrivate {
+		dialer.Control = nil
 	}
-	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: dialControl(opts.AllowPrivate)}
 	tr := &http.Transport{
-		Proxy:                 nil,
 		DialContext:           dialer.DialContext,
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          100,
@@ -204,11 +203,8 @@ func (h *Handler) load(ctx context.Context, p *queue.WebhookPayload) (*delivery,
 		return nil, nil
 	}
 	body, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
 	d.body = body
-	return d, nil
+	return d, err
 }
 
 // deliver makes one attempt and names its outcome. A nil error ends the
@@ -255,15 +251,15 @@ func (h *Handler) deliver(ctx context.Context, d *delivery, secrets []string) (s
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
-	switch st := resp.StatusCode; {
+	st, outcome := resp.StatusCode, "http_"+strconv.Itoa(resp.StatusCode/100)+"xx"
+	switch {
 	case st >= 200 && st < 300:
 		log.Debug("webhook delivered", "status", st)
 		return "delivered", nil
 	case st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || st >= 500:
 		log.Debug("webhook answered a retryable status; will retry", "status", st)
-		return "http_" + strconv.Itoa(st/100) + "xx", fmt.Errorf("webhook %s: answered %d", d.id, st)
-	default:
-		log.Warn("webhook refused by its receiver; not retried", "status", st)
-		return "http_" + strconv.Itoa(st/100) + "xx", fmt.Errorf("webhook %s: answered %d: %w", d.id, st, asynq.SkipRetry)
+		return outcome, fmt.Errorf("webhook %s: answered %d", d.id, st)
 	}
+	log.Warn("webhook refused by its receiver; not retried", "status", st)
+	return outcome, fmt.Errorf("webhook %s: answered %d: %w", d.id, st, asynq.SkipRetry)
 }
