@@ -150,7 +150,7 @@ func (db *DB) migrating(ctx context.Context, fn func(*goose.Provider) error) err
 	}
 	defer func() { _ = done() }()
 	err = fn(p.Provider)
-	if err != nil && db.d.isLockTimeout(err) {
+	if err != nil && isLockTimeout(err) {
 		return fmt.Errorf("store: migrate: a table it changes stayed locked by another transaction for %v (lock_timeout), nothing of that migration was applied: "+
 			"end that transaction or try again when the database is quieter: %w", db.migrateLockTimeout, err)
 	}
