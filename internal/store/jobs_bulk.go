@@ -9,8 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// copyJobs writes rows with Postgres COPY. One COPY is one statement, so it
-// is all or nothing without a transaction.
+// copyJobs writes rows with COPY, one statement: all or nothing.
 func copyJobs(ctx context.Context, db *DB, rows [][]any) error {
 	n, err := db.pool.CopyFrom(ctx, pgx.Identifier{"jobs"}, jobInsertColumns, pgx.CopyFromRows(rows))
 	err = db.d.outage(err)
@@ -24,8 +23,6 @@ func copyJobs(ctx context.Context, db *DB, rows [][]any) error {
 // SQLite's limit of 32766.
 const sqliteRowsPerInsert = 500
 
-// multiRowInsertJobs writes rows as INSERTs of up to sqliteRowsPerInsert rows
-// each, in one transaction.
 func multiRowInsertJobs(ctx context.Context, db *DB, rows [][]any) error {
 	return db.tx(ctx, func(tx querier) error {
 		for chunk := range slices.Chunk(rows, sqliteRowsPerInsert) {
@@ -37,10 +34,8 @@ func multiRowInsertJobs(ctx context.Context, db *DB, rows [][]any) error {
 	})
 }
 
-// multiRowInsertSQL is INSERT INTO jobs (...) VALUES (?, ...), (...) for n
-// rows. Anonymous ? placeholders here, not $N: SQLite finds a named
-// parameter's name by a linear scan, which makes binding thousands of them
-// quadratic (ten seconds for 50,000 rows instead of one).
+// multiRowInsertSQL inserts n rows with ? placeholders, not $N: SQLite
+// finds a named parameter by a linear scan, quadratic over thousands.
 func multiRowInsertSQL(n int) string {
 	row := "(" + strings.Repeat("?, ", len(jobInsertColumns)-1) + "?)"
 	return "INSERT INTO jobs (" + strings.Join(jobInsertColumns, ", ") + ") VALUES " +
