@@ -5,15 +5,10 @@ import (
 	"time"
 )
 
-// Retention purges a batch of rows per statement, each its own short
-// transaction that locks only the rows it changes and skips rows another
-// transaction holds, so requests never wait behind it.
-
-// finishedStatuses is the SQL list of the statuses a job ends in.
 const finishedStatuses = `('succeeded', 'failed', 'cancelled')`
 
 // JobPurgeBodies empties the request and response of up to limit jobs that
-// finished before before, oldest first, and returns how many it purged.
+// finished before before, oldest first, and returns how many.
 func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if err := positive("JobPurgeBodies", limit); err != nil {
 		return 0, err
@@ -40,7 +35,7 @@ type PurgeableFile struct {
 }
 
 // FileListPurgeable lists up to limit files created before before that no
-// running batch uses, oldest first.
+// unfinished batch uses, oldest first.
 func (db *DB) FileListPurgeable(ctx context.Context, before time.Time, limit int) ([]PurgeableFile, error) {
 	var out []PurgeableFile
 	err := db.ro.query(ctx, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1
