@@ -71,10 +71,8 @@ const sqlAPIKeyGetByHash = `
 
 // APIKeyGetByHash returns the unrevoked key with this hash and its tenant.
 func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenant, error) {
-	var (
-		k APIKey
-		t Tenant
-	)
+	var k APIKey
+	var t Tenant
 	err := db.ro.queryRow(ctx, sqlAPIKeyGetByHash, hash).Scan(append(apiKeyDest(&k), tenantDest(&t)...)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		// The hash is a secret's digest: not worth naming.

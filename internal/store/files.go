@@ -107,10 +107,8 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 			return err
 		}
 		buf := make([]byte, db.chunkSize)
-		var (
-			size, lines int64
-			last        byte
-		)
+		var size, lines int64
+		var last byte
 		for seq := 0; ; seq++ {
 			n, rerr := io.ReadFull(content, buf)
 			if n > 0 {

@@ -111,11 +111,9 @@ const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model
 var jobViewColumns = strings.Replace(jobColumns, " request,", " NULL AS request,", 1)
 
 func scanJob(r row) (*Job, error) {
-	var (
-		j         Job
-		errJSON   []byte
-		fallbacks string
-	)
+	var j Job
+	var errJSON []byte
+	var fallbacks string
 	err := r.Scan(&j.ID, &j.TenantID, orZero[string]{&j.BatchID}, orZero[int]{&j.LineNo}, orZero[string]{&j.CustomID},
 		&j.Endpoint, &j.Model, (*[]byte)(&j.Request), &j.Queue, &j.Status,
 		&j.Attempts, &j.RateLimited, &j.EstPromptTokens, &j.EstMaxTokens, &j.EstCost,

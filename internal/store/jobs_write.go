@@ -384,15 +384,13 @@ func jobCompleteUpdate(unfinished, charged string) string {
 		WHERE id = $1 AND (` + unfinished + ` OR ` + charged + `)`
 }
 
-const (
-	// A job that finished before $18 (LedgerDetailMinAge ago) is not
-	// charged again: retention may have rolled its row up.
-	sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
+// A job that finished before $18 (LedgerDetailMinAge ago) is not charged
+// again: retention may have rolled its row up.
+const sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
 		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, deployment, batched)
 		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16, $19 FROM jobs
 		WHERE id = $1 AND (finished_at IS NULL OR finished_at >= $18)
 		ON CONFLICT (job_id) DO NOTHING`
-)
 
 var (
 	// sqlJobComplete is it all in one statement: whether it completed the

@@ -119,10 +119,8 @@ func Connect(ctx context.Context, url string, logger *slog.Logger) (*DB, error) 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	var (
-		db  *DB
-		err error
-	)
+	var db *DB
+	var err error
 	switch {
 	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
 		db, err = openPostgres(ctx, url)

@@ -44,10 +44,7 @@ const tenantColumns = `id, name, tier, budget_override_micros, api_exempt, webho
 
 func scanTenant(r row) (*Tenant, error) {
 	var t Tenant
-	if err := r.Scan(tenantDest(&t)...); err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return &t, r.Scan(tenantDest(&t)...)
 }
 
 // tenantDest are tenantColumns' scan destinations, for wider rows too.
