@@ -132,17 +132,11 @@ func (db *DB) UsageSumsByDays(ctx context.Context, days []string) ([]UsageDaySum
 	if err != nil {
 		return nil, err
 	}
-	var out []UsageDaySum
-	err = db.ro.query(ctx, q, a, func(r row) error {
-		var s UsageDaySum
-		err := r.Scan(&s.TenantID, dayCol{&s.Day}, dayCol{&s.GlobalDay}, &s.Cost)
-		out = append(out, s)
-		return err
-	})
-	if err != nil {
-		return nil, failed("UsageSumsByDays", db.d.wrap(err))
-	}
-	return out, nil
+	out, err := collect(ctx, db.ro, func(r row) (s UsageDaySum, err error) {
+		err = r.Scan(&s.TenantID, dayCol{&s.Day}, dayCol{&s.GlobalDay}, &s.Cost)
+		return s, err
+	}, q, a...)
+	return out, failed("UsageSumsByDays", db.d.wrap(err))
 }
 
 func usageSumsByDaysSQL(days []string) (string, args, error) {

@@ -105,8 +105,8 @@ func eachRow(rows interface {
 	return d.outage(rows.Err())
 }
 
-func collect[T any](ctx context.Context, q querier, scan func(row) (*T, error), query string, args ...any) ([]*T, error) {
-	var out []*T
+func collect[T any](ctx context.Context, q querier, scan func(row) (T, error), query string, args ...any) ([]T, error) {
+	var out []T
 	err := q.query(ctx, query, args, func(r row) error {
 		v, err := scan(r)
 		out = append(out, v)

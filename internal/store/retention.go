@@ -37,18 +37,12 @@ type PurgeableFile struct {
 // FileListPurgeable lists up to limit files created before before that no
 // unfinished batch uses, oldest first.
 func (db *DB) FileListPurgeable(ctx context.Context, before time.Time, limit int) ([]PurgeableFile, error) {
-	var out []PurgeableFile
-	err := db.ro.query(ctx, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1
+	out, err := collect(ctx, db.ro, func(r row) (f PurgeableFile, err error) {
+		err = r.Scan(&f.ID, &f.TenantID, &f.Bytes)
+		return f, err
+	}, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1
 		AND NOT EXISTS (SELECT 1 FROM batches b WHERE (b.input_file_id = f.id OR b.output_file_id = f.id OR b.error_file_id = f.id)
 			AND b.status NOT IN ('failed', 'completed', 'expired', 'cancelled'))
-		ORDER BY created_at, id LIMIT $2`, []any{db.d.ts(before), limit}, func(r row) error {
-		var f PurgeableFile
-		err := r.Scan(&f.ID, &f.TenantID, &f.Bytes)
-		out = append(out, f)
-		return err
-	})
-	if err != nil {
-		return nil, failed("FileListPurgeable", err)
-	}
-	return out, nil
+		ORDER BY created_at, id LIMIT $2`, db.d.ts(before), limit)
+	return out, failed("FileListPurgeable", err)
 }
