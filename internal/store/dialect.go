@@ -52,8 +52,8 @@ type dialect struct {
 	tryLock    func(ctx context.Context, db *DB, name string) (unlock func(), ok bool, err error)
 	// gooseDB is the handle goose migrates through, and what releases it.
 	gooseDB func(db *DB) (*sql.DB, func() error)
-	// errKind classifies a driver error as ErrConflict, ErrNotFound (a
-	// foreign key naming a missing row), ErrInvalidValue or nil.
+	// errKind is a driver error's ErrConflict, ErrNotFound (a foreign key
+	// naming a missing row), ErrInvalidValue or nil.
 	errKind func(err error) error
 	// tableExists asks whether the table named $1 exists where llmq's are.
 	tableExists string
@@ -117,8 +117,7 @@ func connectionLost(err error) bool {
 func (db *DB) Classify(err error) error { return db.d.wrap(err) }
 
 // IsPermanent reports whether err, from a store method, is about the data
-// itself (ErrConflict, ErrNotFound, ErrInvalidValue): trying again fails
-// again. A lost connection, a timeout or a busy database is not.
+// itself (ErrConflict, ErrNotFound, ErrInvalidValue): trying again fails again.
 func (db *DB) IsPermanent(err error) bool {
 	err = db.Classify(err)
 	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidValue)
@@ -143,7 +142,7 @@ var postgresDialect = &dialect{
 		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "0"
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
-			// NewWithConfig only fails on a bad config, which this one was not.
+			// NewWithConfig only fails on a bad config, which this is not.
 			panic("store: migration pool: " + err.Error())
 		}
 		s := stdlib.OpenDBFromPool(pool)
@@ -271,8 +270,8 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 	return &DB{rw: q, ro: q, pool: pool, locks: locks, d: postgresDialect, lockScope: *schema}, nil
 }
 
-// maxLockConns bounds the connections advisory locks hold at once; a
-// TryLock past it waits for one to be released (or its context to end).
+// maxLockConns bounds the connections advisory locks hold; a TryLock past
+// it waits for one.
 const maxLockConns = 16
 
 // openSQLite opens one writer connection and a pool of read-only ones on

@@ -81,10 +81,7 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 			return nil, errors.New("store: FileInsert: a generated file has no Content and a size of at least 0")
 		}
 		f, err := insert(db.rw, p.Bytes, p.Lines)
-		if err != nil {
-			return nil, failed("FileInsert", db.d.wrap(err))
-		}
-		return f, nil
+		return f, failed("FileInsert", db.d.wrap(err))
 	}
 	if p.Content == nil {
 		return nil, errors.New("store: FileInsert: Content is nil")

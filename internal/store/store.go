@@ -1,19 +1,13 @@
-// Package store owns llmq's durable state: tenants, API keys, jobs, batches,
-// files and the usage ledger, on PostgreSQL (pgx, the system of record in
-// production) or SQLite (database/sql with modernc.org/sqlite, the embedded
-// default). Both run the same SQL through one querier and read each row type
-// with one scan function; the dialect holds what differs. asynq tasks carry
-// only a job id, so everything needed to run, recover or report a job is
-// here. The schema is migrated from the embedded migrations package.
+// Package store owns llmq's durable state on PostgreSQL (pgx) or SQLite
+// (database/sql with modernc.org/sqlite): asynq tasks carry only a job id,
+// so everything needed to run, recover or report a job is here.
 //
 // Conventions: methods are named NounVerb and take a *NounVerbParams when they
 // take more than identifiers. A missing row is ErrNotFound (another tenant's
 // row too, so existence never leaks), a unique key already taken is
 // ErrConflict. All times are UTC with microsecond precision. Lists shown to
-// tenants are newest first: ids are time-ordered, a page is the rows with
-// id < After in descending id order, and hasMore tells whether an older page
-// exists. Sweeps (JobListUnfinished, BatchListActive) go oldest first with
-// id > After.
+// tenants are newest first (ids are time-ordered), a page being the rows
+// with id < After; sweeps go oldest first with id > After.
 package store
 
 import (
@@ -46,7 +40,6 @@ var (
 	ErrUnavailable = errors.New("store: database unavailable")
 )
 
-// Default and largest page sizes of the list methods.
 const (
 	defaultListLimit = 20
 	maxListLimit     = 1000
@@ -70,7 +63,7 @@ type DB struct {
 	// Postgres schema or the SQLite file's path.
 	lockScope string
 
-	// Tunables; tests shrink them to exercise paging with few rows.
+	// Tunables; tests shrink them.
 	chunkSize          int // bytes per file chunk
 	streamBatch        int // rows per query of a stream
 	migrateLockTimeout time.Duration
@@ -155,8 +148,7 @@ func (db *DB) Ping(ctx context.Context) error {
 	return err
 }
 
-// Close closes the connection pools. Locks taken with TryLock and not yet
-// released are released by the database when their connection closes.
+// Close closes the connection pools, which releases the locks held.
 func (db *DB) Close() error {
 	var err error
 	for _, p := range []*pgxpool.Pool{db.pool, db.locks} {
