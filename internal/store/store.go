@@ -215,14 +215,11 @@ func unfinished[S status](method, field string, ss []S) ([]any, error) {
 	return out, nil
 }
 
-func pageLimit(limit, def, max int) int {
-	switch {
-	case limit <= 0:
+func pageLimit(limit, def, most int) int {
+	if limit <= 0 {
 		return def
-	case limit > max:
-		return max
 	}
-	return limit
+	return min(limit, most)
 }
 
 // pageSQL ends q with the page after the id after, newest first (a
