@@ -59,8 +59,6 @@ func jobListSQL(p *JobListParams, limit int) (string, args) {
 
 // JobListUnfinishedParams select a page of unfinished jobs.
 type JobListUnfinishedParams struct {
-	// Statuses narrows the scan to some unfinished statuses. Defaults to all.
-	Statuses []JobStatus
 	// UpdatedBefore, when set, skips jobs touched since.
 	UpdatedBefore time.Time
 	// SkipValidating skips the jobs of batches still validating.
@@ -74,24 +72,14 @@ type JobListUnfinishedParams struct {
 // JobListUnfinished returns a page of unfinished jobs, oldest first.
 func (db *DB) JobListUnfinished(ctx context.Context, p *JobListUnfinishedParams) ([]*Job, bool, error) {
 	limit := pageLimit(p.Limit, 1000, 10000)
-	q, a, err := jobListUnfinishedSQL(db.d, p, limit)
-	if err != nil {
-		return nil, false, err
-	}
+	q, a := jobListUnfinishedSQL(db.d, p, limit)
 	return page(ctx, db.ro, scanJob, limit, q, a...)
 }
 
 // jobListUnfinishedSQL reads jobs_unfinished.
-func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (string, args, error) {
+func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (string, args) {
 	var a args
 	q := `SELECT ` + jobColumns + ` FROM jobs WHERE ` + unfinishedSQL
-	if len(p.Statuses) > 0 {
-		st, err := unfinished("JobListUnfinished", "Statuses", p.Statuses)
-		if err != nil {
-			return "", nil, err
-		}
-		q += ` AND status IN (` + a.list(st...) + `)`
-	}
 	if !p.UpdatedBefore.IsZero() {
 		q += ` AND updated_at < ` + a.add(d.ts(p.UpdatedBefore))
 	}
@@ -101,8 +89,7 @@ func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (st
 	if p.SkipOffloaded {
 		q += ` AND batch_part_id IS NULL`
 	}
-	q, a = pageSQL(q, a, p.After, false, limit)
-	return q, a, nil
+	return pageSQL(q, a, p.After, false, limit)
 }
 
 // JobStreamByBatch calls fn with each job of the batch whose status is one
