@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"io/fs"
 	"net"
@@ -360,13 +359,4 @@ func pingWriter(ctx context.Context, w *sql.DB) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// lockKey is the 64-bit advisory lock key of name within scope.
-func lockKey(scope, name string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(name))
-	return int64(h.Sum64())
 }

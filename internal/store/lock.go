@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"time"
 )
@@ -40,7 +41,9 @@ func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
 	if err != nil {
 		return nil, false, failed(method, db.d.outage(err))
 	}
-	key := lockKey(db.lockScope, name)
+	h := fnv.New64a() // the lock's key: name within the database's scope
+	h.Write([]byte(db.lockScope + "\x00" + name))
+	key := int64(h.Sum64())
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil || !ok {
 		conn.Release()
