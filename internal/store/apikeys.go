@@ -11,15 +11,14 @@ import (
 	"github.com/llmq/llmq/internal/ids"
 )
 
-// APIKey is a tenant's API key. Only its SHA-256 hash is stored; the
-// plaintext is shown once, when the key is made.
+// APIKey is a tenant's API key, of which only the SHA-256 hash is stored.
 type APIKey struct {
 	ID       string
 	TenantID string
 	Prefix   string // the first characters of the key, for display
 	Hash     []byte // SHA-256 of the key, 32 bytes
 	// APIExempt frees the key from its tier's API rate limit, whatever its
-	// tenant's setting (an internal service's key).
+	// tenant's setting.
 	APIExempt bool
 	CreatedAt time.Time
 	RevokedAt *time.Time
@@ -27,7 +26,6 @@ type APIKey struct {
 
 const apiKeyColumns = `id, tenant_id, prefix, hash, api_exempt, created_at, revoked_at`
 
-// apiKeyDest returns scan destinations for apiKeyColumns into k.
 func apiKeyDest(k *APIKey) []any {
 	return []any{&k.ID, &k.TenantID, &k.Prefix, &k.Hash, &k.APIExempt, timeCol{&k.CreatedAt}, nullTimeCol{&k.RevokedAt}}
 }
@@ -47,8 +45,8 @@ type APIKeyInsertParams struct {
 	APIExempt bool
 }
 
-// APIKeyInsert stores a key. A hash already stored is ErrConflict; an unknown
-// tenant is ErrNotFound.
+// APIKeyInsert stores a key. A hash taken is ErrConflict; an unknown tenant
+// ErrNotFound.
 func (db *DB) APIKeyInsert(ctx context.Context, p *APIKeyInsertParams) (*APIKey, error) {
 	if err := required("APIKeyInsert", "TenantID", p.TenantID, "Prefix", p.Prefix); err != nil {
 		return nil, err
@@ -71,13 +69,10 @@ const sqlAPIKeyGetByHash = `
 	FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
 	WHERE k.hash = $1 AND k.revoked_at IS NULL`
 
-// APIKeyGetByHash authenticates: it returns the unrevoked key with this hash
-// and its tenant, or ErrNotFound.
+// APIKeyGetByHash returns the unrevoked key with this hash and its tenant.
 func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenant, error) {
-	var (
-		k APIKey
-		t Tenant
-	)
+	var k APIKey
+	var t Tenant
 	err := db.ro.queryRow(ctx, sqlAPIKeyGetByHash, hash).Scan(append(apiKeyDest(&k), tenantDest(&t)...)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		// The hash is a secret's digest: not worth naming.
@@ -89,16 +84,15 @@ func (db *DB) APIKeyGetByHash(ctx context.Context, hash []byte) (*APIKey, *Tenan
 	return &k, &t, nil
 }
 
-// APIKeyRevoke revokes the key and returns it. Revoking a revoked key keeps
-// its first revocation time.
+// APIKeyRevoke revokes the key, once, and returns it.
 func (db *DB) APIKeyRevoke(ctx context.Context, id string) (*APIKey, error) {
 	k, err := getOne(ctx, db.rw, scanAPIKey, "api key", id, `UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1
 		RETURNING `+apiKeyColumns, id, db.d.ts(db.nowUTC()))
 	return k, db.d.wrap(err)
 }
 
-// APIKeyListByTenant returns every key of the tenant, revoked ones included,
-// newest first. A tenant has a handful of keys, so there is no paging.
+// APIKeyListByTenant returns every key of the tenant, revoked ones too,
+// newest first (a handful: no paging).
 func (db *DB) APIKeyListByTenant(ctx context.Context, tenantID string) ([]*APIKey, error) {
 	return collect(ctx, db.ro, scanAPIKey, `SELECT `+apiKeyColumns+` FROM api_keys WHERE tenant_id = $1 ORDER BY id DESC`, tenantID)
 }
@@ -109,8 +103,7 @@ type APIKeyUpdateParams struct {
 	APIExempt *bool
 }
 
-// APIKeyUpdate applies p and returns the key, revoked or not, or
-// ErrNotFound.
+// APIKeyUpdate applies p and returns the key, revoked or not.
 func (db *DB) APIKeyUpdate(ctx context.Context, p *APIKeyUpdateParams) (*APIKey, error) {
 	if err := required("APIKeyUpdate", "ID", p.ID); err != nil {
 		return nil, err
@@ -129,8 +122,7 @@ type APIKeyListExemptParams struct {
 	Limit int // default 20, at most 1000
 }
 
-// APIKeyListExempt returns the unrevoked keys exempt from their tier's API
-// rate limit, newest first, and whether more remain.
+// APIKeyListExempt returns a page of the unrevoked exempt keys, newest first.
 func (db *DB) APIKeyListExempt(ctx context.Context, p *APIKeyListExemptParams) ([]*APIKey, bool, error) {
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	// The predicate is api_keys_exempt's, literally.

@@ -14,10 +14,8 @@ import (
 // BatchPartState is where a part of an offloaded batch stands.
 type BatchPartState string
 
-// The states of a part, in the order it moves through them. Each move is
-// stored before the provider is asked for what follows it, so a part found
-// in uploading or creating after a crash may hold a file or a batch at the
-// provider that the store does not name yet.
+// The states of a part, in order. A part found in uploading or creating
+// after a crash may have a file or a batch at the provider not named yet.
 const (
 	PartPending    BatchPartState = "pending"    // planned; waiting for room in the provider's queue or the budget
 	PartUploading  BatchPartState = "uploading"  // its input file is being uploaded
@@ -27,8 +25,8 @@ const (
 	PartDone       BatchPartState = "done"       // every line's outcome is stored
 )
 
-// BatchPart is a part of a batch offloaded to a provider's Batch API: the
-// batch's lines of one model, sent as one provider batch to one deployment.
+// BatchPart is the lines of an offloaded batch sent as one provider batch
+// to one deployment.
 type BatchPart struct {
 	ID, BatchID, TenantID string
 	Model                 string // llmq's model of its lines
@@ -37,14 +35,13 @@ type BatchPart struct {
 	State                 BatchPartState
 	Lines, Bytes, Tokens  int64 // Tokens: estimated prompt tokens, what the batch queue limit counts
 
-	// The part's budget reservation, so a restarted offloader extends and releases it.
+	// The part's budget reservation, for a restarted offloader.
 	Reserved                   money.Micros
 	BudgetDay, BudgetGlobalDay string
 	BudgetGlobal               bool
 
 	ProviderFileID, ProviderBatchID, ProviderStatus string
-	// Refusals counts the provider's refusals for its queue limit; Error
-	// is the last problem met.
+	// Refusals counts the provider's refusals for its queue limit.
 	Refusals int
 	Error    string
 
@@ -66,8 +63,8 @@ func scanBatchPart(r row) (*BatchPart, error) {
 	return &p, err
 }
 
-// BatchPartInsert stores a new pending part and puts jobIDs, queued jobs
-// of its batch in no part, in it, all or nothing.
+// BatchPartInsert stores a new pending part with jobIDs, queued jobs of
+// its batch in no part, all or nothing.
 func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string) error {
 	if err := required("BatchPartInsert", "BatchID", p.BatchID, "TenantID", p.TenantID, "Model", p.Model, "Deployment", p.Deployment); err != nil {
 		return err
@@ -104,8 +101,7 @@ func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string
 	return failed("BatchPartInsert", db.d.wrap(err))
 }
 
-// BatchPartSave writes p if the stored part is still in state from, and
-// reports whether it was.
+// BatchPartSave writes p if the stored part is still in state from.
 func (db *DB) BatchPartSave(ctx context.Context, p *BatchPart, from BatchPartState) (bool, error) {
 	now := db.nowUTC()
 	n, err := db.rw.exec(ctx, `UPDATE batch_parts SET state = $3, reserved_micros = $4, budget_day = $5, budget_global_day = $6,
@@ -129,8 +125,8 @@ func (db *DB) BatchPartGet(ctx context.Context, id string) (*BatchPart, error) {
 	return getOne(ctx, db.ro, scanBatchPart, "batch part", id, `SELECT `+batchPartColumns+` FROM batch_parts WHERE id = $1`, id)
 }
 
-// BatchPartListDue returns up to limit parts not done whose next check is
-// at or before now, the most overdue first.
+// BatchPartListDue returns up to limit parts not done that are due at
+// now, the most overdue first.
 func (db *DB) BatchPartListDue(ctx context.Context, now time.Time, limit int) ([]*BatchPart, error) {
 	return collect(ctx, db.ro, scanBatchPart, `SELECT `+batchPartColumns+` FROM batch_parts
 		WHERE state <> 'done' AND next_check_at <= $1 ORDER BY next_check_at LIMIT $2`, db.d.ts(now), limit)
@@ -142,7 +138,7 @@ func (db *DB) BatchPartListByBatch(ctx context.Context, batchID string) ([]*Batc
 }
 
 // BatchPartTokensInFlight sums the tokens of the deployment's parts at
-// the provider or on their way there: what they hold of its batch queue.
+// the provider or on their way: what they hold of its batch queue.
 func (db *DB) BatchPartTokensInFlight(ctx context.Context, deployment string) (int64, error) {
 	var n int64
 	err := db.ro.queryRow(ctx, `SELECT CAST(COALESCE(SUM(tokens), 0) AS BIGINT) FROM batch_parts
@@ -150,7 +146,7 @@ func (db *DB) BatchPartTokensInFlight(ctx context.Context, deployment string) (i
 	return n, failed("BatchPartTokensInFlight", err)
 }
 
-// JobStreamByPart calls fn with each job of the part, by id (as stream).
+// JobStreamByPart calls fn with each job of the part, by id.
 func (db *DB) JobStreamByPart(ctx context.Context, partID string, fn func(*Job) error) error {
 	return stream(ctx, db, "JobStreamByPart", scanJob, func(last *Job) (string, args) {
 		after := ""

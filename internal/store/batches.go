@@ -32,8 +32,8 @@ func (s BatchStatus) Terminal() bool {
 	return s == BatchFailed || s == BatchCompleted || s == BatchExpired || s == BatchCancelled
 }
 
-// batchStamps are the *_at column a move to each status stamps ("" for
-// validating, which is created_at). Column names are constants, never values.
+// batchStamps are the column a move to each status stamps (validating's is
+// created_at).
 var batchStamps = map[BatchStatus]string{
 	BatchValidating: "", BatchFailed: "failed_at", BatchInProgress: "in_progress_at", BatchFinalizing: "finalizing_at",
 	BatchCompleted: "completed_at", BatchExpired: "expired_at", BatchCancelling: "cancelling_at", BatchCancelled: "cancelled_at",
@@ -96,15 +96,14 @@ type BatchInsertParams struct {
 	WebhookURL       string    // optional
 }
 
-// BatchInsert creates a batch. An unknown input file is ErrNotFound.
+// BatchInsert creates a batch. An unknown input file is ErrNotFound (not
+// a foreign key, so that an ended batch's files may be deleted).
 func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, error) {
 	err := required("BatchInsert", "TenantID", p.TenantID, "InputFileID", p.InputFileID,
 		"Endpoint", p.Endpoint, "CompletionWindow", p.CompletionWindow)
 	if err != nil {
 		return nil, err
 	}
-	// The input file must exist (batches name their files without a
-	// foreign key, so that an ended batch's may be deleted).
 	b, err := scanBatch(db.rw.queryRow(ctx, `
 		INSERT INTO batches (id, tenant_id, input_file_id, endpoint, completion_window, status, metadata, total, created_at, expires_at, webhook_url)
 		SELECT $1, $2, id, $4, $5, 'validating', $6, $7, $8, $9, $10 FROM files WHERE id = $3
@@ -134,7 +133,7 @@ type BatchListParams struct {
 	Limit    int    // default 20, at most 1000
 }
 
-// BatchList returns a page of the tenant's batches, newest first, and whether older ones remain.
+// BatchList returns a page of the tenant's batches.
 func (db *DB) BatchList(ctx context.Context, p *BatchListParams) ([]*Batch, bool, error) {
 	if err := required("BatchList", "TenantID", p.TenantID); err != nil {
 		return nil, false, err
@@ -165,8 +164,7 @@ type BatchSetStatusParams struct {
 }
 
 // BatchSetStatus moves the batch to p.To if its status is one of p.From,
-// stamping p.To's column once, and reports whether it did; either way it
-// returns the batch as it now is.
+// stamping p.To's column once, as JobSetStatus.
 func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Batch, bool, error) {
 	if err := required("BatchSetStatus", "ID", p.ID); err != nil {
 		return nil, false, err
@@ -222,8 +220,7 @@ type BatchListActiveParams struct {
 	Limit int    // default 1000, at most 10000
 }
 
-// BatchListActive returns a page of the batches not yet finished, oldest
-// first, and whether more remain.
+// BatchListActive returns a page of the unfinished batches, oldest first.
 func (db *DB) BatchListActive(ctx context.Context, p *BatchListActiveParams) ([]*Batch, bool, error) {
 	limit := pageLimit(p.Limit, 1000, 10000)
 	q, a := batchListActiveSQL(p, limit)

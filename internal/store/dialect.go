@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"io/fs"
 	"net"
@@ -35,19 +34,16 @@ type dialect struct {
 	goose      goose.Dialect
 	migrations fs.FS
 
-	// sqliteTimes: timestamps are TEXT in tsLayout on SQLite (fixed width,
-	// so text order is time order); Postgres takes time.Time.
+	// sqliteTimes: timestamps are TEXT in tsLayout (fixed width, so text
+	// order is time order).
 	sqliteTimes bool
-	// groupWrites: the writes every job makes go in pgx batches
-	// (groups.go), and JobComplete is one data-modifying WITH. SQLite has
-	// one writer and no such WITH: each call runs alone.
+	// groupWrites: the writes every job makes go in pgx batches (groups.go)
+	// and JobComplete is one data-modifying WITH, which SQLite lacks.
 	groupWrites bool
-	// spoolUploads: FileInsert first copies a reader that is not local
-	// (not an io.ReaderAt) to a temp file, so SQLite's one writer never
-	// waits on a slow upload.
+	// spoolUploads: FileInsert spools an upload to a temp file first, so
+	// SQLite's one writer never waits on a slow client.
 	spoolUploads bool
-	// skipLocked is the row locking clause of a purge's subquery, so that
-	// it skips rows another transaction holds.
+	// skipLocked makes a purge's subquery skip rows others hold.
 	skipLocked string
 
 	tx         func(ctx context.Context, db *DB, fn func(querier) error) error
@@ -55,21 +51,25 @@ type dialect struct {
 	tryLock    func(ctx context.Context, db *DB, name string) (unlock func(), ok bool, err error)
 	// gooseDB is the handle goose migrates through, and what releases it.
 	gooseDB func(db *DB) (*sql.DB, func() error)
-	// errKind classifies a driver error as ErrConflict, ErrNotFound (a
-	// foreign key naming a missing row), ErrInvalidValue or nil.
+	// errKind is a driver error's ErrConflict, ErrNotFound (a foreign key
+	// naming a missing row), ErrInvalidValue or nil.
 	errKind func(err error) error
-	// isLockTimeout reports a statement that gave up waiting for a lock.
-	isLockTimeout func(err error) bool
 	// tableExists asks whether the table named $1 exists where llmq's are.
 	tableExists string
 	// unavailable reports a driver error that is ErrUnavailable.
 	unavailable func(err error) bool
 }
 
+// isLockTimeout reports a Postgres statement that gave up waiting for a
+// lock (lock_timeout); SQLite's writers give up on their busy timeout.
+func isLockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03" // lock_not_available
+}
+
 // tsLayout is how SQLite stores times: UTC, microseconds, fixed width.
 const tsLayout = "2006-01-02T15:04:05.000000Z"
 
-// ts encodes t for a timestamp column.
 func (d *dialect) ts(t time.Time) any {
 	t = normTime(t)
 	if d.sqliteTimes {
@@ -78,7 +78,7 @@ func (d *dialect) ts(t time.Time) any {
 	return t
 }
 
-// tsOrNull encodes t, or NULL for a nil or zero time.
+// tsOrNull is ts, or NULL for a nil or zero time.
 func (d *dialect) tsOrNull(t *time.Time) any {
 	if t == nil || t.IsZero() {
 		return nil
@@ -86,9 +86,8 @@ func (d *dialect) tsOrNull(t *time.Time) any {
 	return d.ts(*t)
 }
 
-// wrap classifies err: constraint violations gain ErrConflict or ErrNotFound
-// (keeping the driver's message, which names the constraint), refused values
-// ErrInvalidValue.
+// wrap gives err the sentinel of its kind, keeping the driver's message
+// (which names the constraint).
 func (d *dialect) wrap(err error) error {
 	if kind := d.errKind(err); kind != nil && !errors.Is(err, kind) {
 		return fmt.Errorf("%w: %w", kind, err)
@@ -96,8 +95,6 @@ func (d *dialect) wrap(err error) error {
 	return err
 }
 
-// outage wraps err in ErrUnavailable when it says the database cannot
-// serve now.
 func (d *dialect) outage(err error) error {
 	if err == nil || errors.Is(err, ErrUnavailable) || !d.unavailable(err) {
 		return err
@@ -105,9 +102,8 @@ func (d *dialect) outage(err error) error {
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
-// connectionLost reports an error of a driver call whose connection failed
-// under it, or that got no answer in time. A caller that left
-// (context.Canceled) is not an outage.
+// connectionLost reports a driver call whose connection failed under it or
+// got no answer in time; a caller that left (context.Canceled) is not one.
 func connectionLost(err error) bool {
 	var ne net.Error
 	return !errors.Is(err, context.Canceled) && (errors.Is(err, context.DeadlineExceeded) ||
@@ -116,13 +112,11 @@ func connectionLost(err error) bool {
 }
 
 // Classify gives err the sentinel of its kind (ErrConflict, ErrNotFound,
-// ErrInvalidValue), as the writing methods do; reads return the driver's
-// error as it is.
+// ErrInvalidValue), as the writing methods do.
 func (db *DB) Classify(err error) error { return db.d.wrap(err) }
 
 // IsPermanent reports whether err, from a store method, is about the data
-// itself (ErrConflict, ErrNotFound, ErrInvalidValue): trying again fails
-// again. A lost connection, a timeout or a busy database is not.
+// itself (ErrConflict, ErrNotFound, ErrInvalidValue): trying again fails again.
 func (db *DB) IsPermanent(err error) bool {
 	err = db.Classify(err)
 	return errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidValue)
@@ -138,9 +132,8 @@ var postgresDialect = &dialect{
 	insertJobs:  copyJobs,
 	tryLock:     pgTryLock,
 	gooseDB: func(db *DB) (*sql.DB, func() error) {
-		// A pool of its own, whose sessions give up on a lock they wait
-		// for (lock_timeout) instead of waiting behind a long transaction
-		// while every query of the table queues behind them.
+		// A pool of its own, whose sessions give up on a lock (lock_timeout)
+		// instead of waiting while every query of the table queues behind them.
 		cfg := db.pool.Config().Copy()
 		cfg.MaxConns = 2
 		cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(db.migrateLockTimeout.Milliseconds(), 10)
@@ -148,15 +141,11 @@ var postgresDialect = &dialect{
 		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "0"
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
-			// NewWithConfig only fails on a bad config, which this one was not.
+			// NewWithConfig only fails on a bad config, which this is not.
 			panic("store: migration pool: " + err.Error())
 		}
 		s := stdlib.OpenDBFromPool(pool)
 		return s, func() error { err := s.Close(); pool.Close(); return err }
-	},
-	isLockTimeout: func(err error) bool {
-		var pe *pgconn.PgError
-		return errors.As(err, &pe) && pe.Code == "55P03" // lock_not_available
 	},
 	tableExists: `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)`,
 	unavailable: func(err error) bool {
@@ -203,9 +192,7 @@ var sqliteDialect = &dialect{
 	insertJobs:   multiRowInsertJobs,
 	tryLock:      processTryLock,
 	gooseDB:      func(db *DB) (*sql.DB, func() error) { return db.writer, func() error { return nil } },
-	// SQLite's writers wait on its busy timeout, and give up there.
-	isLockTimeout: func(error) bool { return false },
-	tableExists:   `SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)`,
+	tableExists:  `SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1)`,
 	unavailable: func(err error) bool {
 		var se *sqlite.Error
 		if errors.As(err, &se) {
@@ -247,8 +234,8 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 	if !u.Query().Has("pool_max_conns") {
 		cfg.MaxConns = 16
 	}
-	// Bound statements and idle transactions, so a runaway query or a stuck
-	// session cannot hold its locks for ever. The URL's own values win.
+	// Bound statements and idle transactions, so nothing holds its locks
+	// for ever, unless the URL says otherwise.
 	for param, ms := range map[string]string{"statement_timeout": "60000", "idle_in_transaction_session_timeout": "60000"} {
 		if _, set := cfg.ConnConfig.RuntimeParams[param]; !set {
 			cfg.ConnConfig.RuntimeParams[param] = ms
@@ -268,9 +255,8 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store: postgres %s: no schema of the search_path exists", u.Redacted())
 	}
-	// Advisory locks hold their session's connection until released: a
-	// pool of their own keeps the work done under a lock from waiting for
-	// a connection the locks hold.
+	// Advisory locks hold their connection until released: a pool of their
+	// own keeps the work under a lock from waiting for one the locks hold.
 	lcfg := cfg.Copy()
 	lcfg.MaxConns = maxLockConns
 	lcfg.MaxConnIdleTime = time.Minute
@@ -283,13 +269,12 @@ func openPostgres(ctx context.Context, dsn string) (*DB, error) {
 	return &DB{rw: q, ro: q, pool: pool, locks: locks, d: postgresDialect, lockScope: *schema}, nil
 }
 
-// maxLockConns bounds the connections advisory locks hold at once; a
-// TryLock past it waits for one to be released (or its context to end).
+// maxLockConns bounds the connections advisory locks hold; a TryLock past
+// it waits for one.
 const maxLockConns = 16
 
-// openSQLite opens the file named by raw: one writer connection and a pool
-// of read-only connections, in WAL mode with a busy timeout and foreign
-// keys on. Writes take the lock at BEGIN (IMMEDIATE), so a transaction
+// openSQLite opens one writer connection and a pool of read-only ones on
+// raw's file. Writes take the lock at BEGIN (IMMEDIATE), so a transaction
 // never fails upgrading a read lock.
 func openSQLite(ctx context.Context, raw string) (*DB, error) {
 	rest, ok := strings.CutPrefix(raw, "sqlite://")
@@ -336,10 +321,7 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 	if db.writer, err = sql.Open("sqlite", dsn(false)); err != nil {
 		return fail(err)
 	}
-	db.writer.SetMaxOpenConns(1)
-	db.writer.SetMaxIdleConns(1)
-	db.writer.SetConnMaxIdleTime(0)
-	db.writer.SetConnMaxLifetime(0)
+	db.writer.SetMaxOpenConns(1) // and the defaults never close it while idle
 	// The writer creates the file and switches it to WAL before any reader opens it.
 	if err := pingWriter(ctx, db.writer); err != nil {
 		return fail(err)
@@ -361,8 +343,8 @@ func openSQLite(ctx context.Context, raw string) (*DB, error) {
 const sqliteBusyTimeout = 10 * time.Second
 
 // pingWriter connects the writer. Of two processes switching a new file to
-// WAL at once, SQLite answers one SQLITE_BUSY at once, without waiting out
-// the busy timeout: that one tries again, for as long as the busy timeout.
+// WAL at once, SQLite answers one SQLITE_BUSY without waiting out the busy
+// timeout: that one tries again, for as long.
 func pingWriter(ctx context.Context, w *sql.DB) error {
 	deadline := time.Now().Add(sqliteBusyTimeout)
 	for {
@@ -377,13 +359,4 @@ func pingWriter(ctx context.Context, w *sql.DB) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// lockKey is the 64-bit advisory lock key of name within scope.
-func lockKey(scope, name string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(name))
-	return int64(h.Sum64())
 }

@@ -56,15 +56,13 @@ type FileInsertParams struct {
 	Filename string
 	BatchID  string    // optional; the batch of an output or error file
 	Content  io.Reader // read to EOF; the caller bounds its size
-	// Generated stores only the description of a file whose content is
-	// made on read (a batch's output and error files): Content must be
-	// nil, and Bytes and Lines give the size the content will have.
+	// Generated stores only the description of a file made on read (a
+	// batch's output and error files), of size Bytes and Lines.
 	Generated    bool
 	Bytes, Lines int64
 }
 
-// FileInsert stores p.Content in chunks of about 1 MiB, in one transaction,
-// and returns the file with its size and line count.
+// FileInsert stores p.Content in chunks, in one transaction.
 func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error) {
 	if err := required("FileInsert", "TenantID", p.TenantID, "Filename", p.Filename); err != nil {
 		return nil, err
@@ -83,10 +81,7 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 			return nil, errors.New("store: FileInsert: a generated file has no Content and a size of at least 0")
 		}
 		f, err := insert(db.rw, p.Bytes, p.Lines)
-		if err != nil {
-			return nil, failed("FileInsert", db.d.wrap(err))
-		}
-		return f, nil
+		return f, failed("FileInsert", db.d.wrap(err))
 	}
 	if p.Content == nil {
 		return nil, errors.New("store: FileInsert: Content is nil")
@@ -109,10 +104,8 @@ func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error
 			return err
 		}
 		buf := make([]byte, db.chunkSize)
-		var (
-			size, lines int64
-			last        byte
-		)
+		var size, lines int64
+		var last byte
 		for seq := 0; ; seq++ {
 			n, rerr := io.ReadFull(content, buf)
 			if n > 0 {
@@ -168,7 +161,7 @@ func (db *DB) FileGetByID(ctx context.Context, id string) (*File, error) {
 }
 
 // FileGetForTenant returns the tenant's file; another tenant's is
-// ErrNotFound (found by its key alone, as JobGetForTenant says).
+// ErrNotFound (read by its key alone, as JobGetForTenant).
 func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File, error) {
 	f, err := db.FileGetByID(ctx, id)
 	if err == nil && f.TenantID != tenantID {
@@ -177,8 +170,8 @@ func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File,
 	return f, err
 }
 
-// FileOpen returns the file's content, read one chunk per query, so no
-// connection is held between reads. Check the tenant first.
+// FileOpen returns the file's content, read one chunk per query. Check the
+// tenant first.
 func (db *DB) FileOpen(ctx context.Context, id string) (io.ReadCloser, error) {
 	var one int
 	err := db.ro.queryRow(ctx, `SELECT 1 FROM files WHERE id = $1`, id).Scan(&one)
@@ -201,8 +194,7 @@ type chunkReader struct {
 	closed bool
 }
 
-// fill fetches the chunks after r.seq until r.buf holds data, and reports
-// whether it does (false at the end of the file).
+// fill fetches chunks until r.buf holds data, and reports whether it does.
 func (r *chunkReader) fill() (bool, error) {
 	for len(r.buf) == 0 && !r.eof {
 		if r.closed {
@@ -252,13 +244,12 @@ func (r *chunkReader) Close() error {
 	return nil
 }
 
-// sqlFileUsedByBatches counts the batches that have not ended and use file
-// $1 as their input, output or error file.
+// sqlFileUsedByBatches counts the unfinished batches that use file $1.
 const sqlFileUsedByBatches = `SELECT count(*) FROM batches WHERE (input_file_id = $1 OR output_file_id = $1 OR error_file_id = $1)
 	AND status NOT IN ('failed', 'completed', 'expired', 'cancelled')`
 
-// FileDelete deletes the tenant's file and its content. A file a batch that
-// has not ended uses is ErrConflict.
+// FileDelete deletes the tenant's file. One an unfinished batch uses is
+// ErrConflict.
 func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
 	if err := required("FileDelete", "tenantID", tenantID, "id", id); err != nil {
 		return err
@@ -290,7 +281,7 @@ type FileListParams struct {
 	Limit    int         // default 20, at most 1000
 }
 
-// FileList returns a page of the tenant's files, newest first, and whether older ones remain.
+// FileList returns a page of the tenant's files.
 func (db *DB) FileList(ctx context.Context, p *FileListParams) ([]*File, bool, error) {
 	if err := required("FileList", "TenantID", p.TenantID); err != nil {
 		return nil, false, err
@@ -300,7 +291,7 @@ func (db *DB) FileList(ctx context.Context, p *FileListParams) ([]*File, bool, e
 	return page(ctx, db.ro, scanFile, limit, q, a...)
 }
 
-// fileListSQL reads files_tenant, or files_tenant_purpose with a purpose.
+// fileListSQL reads files_tenant or files_tenant_purpose.
 func fileListSQL(p *FileListParams, limit int) (string, args) {
 	var a args
 	q := `SELECT ` + fileColumns + ` FROM files WHERE tenant_id = ` + a.add(p.TenantID)

@@ -12,28 +12,22 @@ import (
 	"github.com/llmq/llmq/internal/coalesce"
 )
 
-// The writes every job makes (its insert, its start, its result) are
-// grouped on Postgres (coalesce.Batch): calls made while another of the
-// same kind is under way go together in the next, one pgx batch run as one
-// implicit transaction. Each call's outcome is its own: when the server
-// refuses one statement, each runs again on its own. The cost is a wait
-// for the call under way. SQLite runs every call on its own.
+// The writes every job makes are grouped on Postgres (coalesce.Batch), one
+// pgx batch each, which runs as one implicit transaction; when the server
+// refuses one statement, each runs again on its own.
 
-// maxGroup bounds the statements of one group.
 const maxGroup = 64
 
 // groupTimeout bounds a group's transaction: it is everyone's, so no
 // caller's context cancels it.
 const groupTimeout = 30 * time.Second
 
-// jobStatement is a statement that returns one job row (jobColumns), or
-// none.
+// jobStatement returns one job row, or none.
 type jobStatement struct {
 	query string
 	args  args
 }
 
-// groups are the DB's grouped writes.
 type groups struct {
 	jobRows  coalesce.Batch[string, jobStatement, *Job]
 	complete coalesce.Batch[struct{}, *JobCompleteParams, *JobCompleteResult]
@@ -49,9 +43,8 @@ func (db *DB) initGroups() {
 		}}
 }
 
-// queryJobGrouped runs a statement of kind that returns one job row, in a
-// group with the statements of that kind made meanwhile (alone when kind
-// is ""); no row is sql.ErrNoRows.
+// queryJobGrouped runs query in a group of kind (alone when kind is ""); no
+// row is sql.ErrNoRows.
 func (db *DB) queryJobGrouped(ctx context.Context, kind, query string, a args) (*Job, error) {
 	if !db.d.groupWrites || kind == "" {
 		return scanJob(db.rw.queryRow(ctx, query, a...))
@@ -59,7 +52,6 @@ func (db *DB) queryJobGrouped(ctx context.Context, kind, query string, a args) (
 	return db.groups.jobRows.Do(ctx, kind, jobStatement{query: query, args: a})
 }
 
-// queryJobs runs sts in one pgx batch: one round trip, one commit.
 func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*Job, []error) {
 	ctx, cancel := context.WithTimeout(ctx, groupTimeout)
 	defer cancel()
@@ -83,7 +75,6 @@ func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*J
 			return errs[i]
 		})
 	}
-	// A batch without transaction statements runs as one implicit transaction.
 	err := db.d.outage(db.pool.SendBatch(ctx, b).Close())
 	var refused *pgconn.PgError
 	switch {

@@ -10,8 +10,8 @@ import (
 	"github.com/llmq/llmq/internal/money"
 )
 
-// JobStatus is where a job is in its life. Terminal statuses are final: no
-// method moves a job out of one.
+// JobStatus is where a job is in its life; no method moves a job out of a
+// terminal one.
 type JobStatus string
 
 // Job statuses.
@@ -35,8 +35,7 @@ func (s JobStatus) Valid() bool {
 	return s == JobQueued || s == JobRunning || s == JobWaiting || s == JobDeferred || s.Terminal()
 }
 
-// The literal predicates of the partial indexes, repeated verbatim so that
-// both planners can prove the partial index applies.
+// The partial indexes' predicates, verbatim so both planners can use them.
 const (
 	unfinishedSQL = `status IN ('queued', 'running', 'waiting', 'deferred')`
 	pendingSQL    = `status IN ('queued', 'waiting', 'deferred')`
@@ -86,18 +85,17 @@ type Job struct {
 	UpdatedAt  time.Time
 	NextRunAt  *time.Time // when a waiting or deferred job is due
 
-	// Sync is a request answered on its connection: it never has an asynq task.
+	// Sync is a request answered on its connection, without an asynq task.
 	Sync bool
-	// UsageEstimated: the provider's answer said nothing believable of its
-	// usage, so usage and cost are the reservation's worst case.
+	// UsageEstimated: the answer's usage was not believable, so usage and
+	// cost are the reservation's worst case.
 	UsageEstimated bool
-	// Deployment (provider/upstream) answered the job, for ServedModel:
-	// Model, or a fallback. Both "" until a provider answered.
+	// Deployment (provider/upstream) answered the job, for ServedModel
+	// (Model or a fallback); "" until a provider answered.
 	Deployment, ServedModel string
 	// Fallbacks are the job's own fallback models, in place of its model's.
 	Fallbacks []string
-	// BatchPartID is the part of its batch the job is in while it runs on
-	// the provider's Batch API; "" on llmq's own path.
+	// BatchPartID is the job's part while it runs on the provider's Batch API.
 	BatchPartID string
 }
 
@@ -109,17 +107,13 @@ const jobColumns = `id, tenant_id, batch_id, line_no, custom_id, endpoint, model
 	deployment, served_model, fallbacks, batch_part_id`
 
 // jobViewColumns are jobColumns without the request body, which the API
-// never renders: the tenant's reads, polled far more often than jobs
-// change, leave it in the table.
+// never renders.
 var jobViewColumns = strings.Replace(jobColumns, " request,", " NULL AS request,", 1)
 
-// scanJob reads a row of jobColumns.
 func scanJob(r row) (*Job, error) {
-	var (
-		j         Job
-		errJSON   []byte
-		fallbacks string
-	)
+	var j Job
+	var errJSON []byte
+	var fallbacks string
 	err := r.Scan(&j.ID, &j.TenantID, orZero[string]{&j.BatchID}, orZero[int]{&j.LineNo}, orZero[string]{&j.CustomID},
 		&j.Endpoint, &j.Model, (*[]byte)(&j.Request), &j.Queue, &j.Status,
 		&j.Attempts, &j.RateLimited, &j.EstPromptTokens, &j.EstMaxTokens, &j.EstCost,
@@ -144,7 +138,6 @@ func scanJob(r row) (*Job, error) {
 	return &j, nil
 }
 
-// errorJSON encodes e for the error column (NULL for nil).
 func errorJSON(e *JobError) any {
 	if e == nil {
 		return nil

@@ -12,9 +12,8 @@ func (db *DB) JobGetByID(ctx context.Context, id string) (*Job, error) {
 }
 
 // JobGetForTenant returns the tenant's job without its Request; another
-// tenant's is ErrNotFound. The row is found by its primary key alone: with
-// the tenant in the WHERE clause, a planner whose statistics predate the
-// table's growth may scan every job of the tenant by its index.
+// tenant's is ErrNotFound. It reads by the primary key alone: with the
+// tenant in the WHERE clause, stale statistics may pick the tenant's index.
 func (db *DB) JobGetForTenant(ctx context.Context, tenantID, id string) (*Job, error) {
 	j, err := getOne(ctx, db.ro, scanJob, "job", id, `SELECT `+jobViewColumns+` FROM jobs WHERE id = $1`, id)
 	if err == nil && j.TenantID != tenantID {
@@ -32,8 +31,7 @@ type JobListParams struct {
 	Limit    int       // default 20, at most 1000
 }
 
-// JobList returns a page of the tenant's jobs, newest first (OpenAI's list
-// order), without their Request, and whether older ones remain.
+// JobList returns a page of the tenant's jobs without their Request.
 func (db *DB) JobList(ctx context.Context, p *JobListParams) ([]*Job, bool, error) {
 	if err := required("JobList", "TenantID", p.TenantID); err != nil {
 		return nil, false, err
@@ -61,8 +59,6 @@ func jobListSQL(p *JobListParams, limit int) (string, args) {
 
 // JobListUnfinishedParams select a page of unfinished jobs.
 type JobListUnfinishedParams struct {
-	// Statuses narrows the scan to some unfinished statuses. Defaults to all.
-	Statuses []JobStatus
 	// UpdatedBefore, when set, skips jobs touched since.
 	UpdatedBefore time.Time
 	// SkipValidating skips the jobs of batches still validating.
@@ -73,28 +69,17 @@ type JobListUnfinishedParams struct {
 	Limit         int    // default 1000, at most 10000
 }
 
-// JobListUnfinished returns a page of unfinished jobs, oldest first, and
-// whether more remain.
+// JobListUnfinished returns a page of unfinished jobs, oldest first.
 func (db *DB) JobListUnfinished(ctx context.Context, p *JobListUnfinishedParams) ([]*Job, bool, error) {
 	limit := pageLimit(p.Limit, 1000, 10000)
-	q, a, err := jobListUnfinishedSQL(db.d, p, limit)
-	if err != nil {
-		return nil, false, err
-	}
+	q, a := jobListUnfinishedSQL(db.d, p, limit)
 	return page(ctx, db.ro, scanJob, limit, q, a...)
 }
 
 // jobListUnfinishedSQL reads jobs_unfinished.
-func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (string, args, error) {
+func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (string, args) {
 	var a args
 	q := `SELECT ` + jobColumns + ` FROM jobs WHERE ` + unfinishedSQL
-	if len(p.Statuses) > 0 {
-		st, err := unfinished("JobListUnfinished", "Statuses", p.Statuses)
-		if err != nil {
-			return "", nil, err
-		}
-		q += ` AND status IN (` + a.list(st...) + `)`
-	}
 	if !p.UpdatedBefore.IsZero() {
 		q += ` AND updated_at < ` + a.add(d.ts(p.UpdatedBefore))
 	}
@@ -104,12 +89,11 @@ func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (st
 	if p.SkipOffloaded {
 		q += ` AND batch_part_id IS NULL`
 	}
-	q, a = pageSQL(q, a, p.After, false, limit)
-	return q, a, nil
+	return pageSQL(q, a, p.After, false, limit)
 }
 
 // JobStreamByBatch calls fn with each job of the batch whose status is one
-// of statuses (all when empty), in line order (as stream).
+// of statuses (any when empty), in line order.
 func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []JobStatus, fn func(*Job) error) error {
 	if err := required("JobStreamByBatch", "batchID", batchID); err != nil {
 		return err
@@ -130,10 +114,9 @@ func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []J
 	}, fn)
 }
 
-// stream calls fn with each row of the pages next reads (each after the
-// last row of the one before, nil for the first) until one is short. It
-// holds no connection while fn runs, so a large batch is never in memory at
-// once and fn may use the store; fn's error stops it and is returned as it is.
+// stream calls fn with each row of the pages next reads (after the last
+// row of the one before, nil for the first) until one is short. No
+// connection is held while fn runs, so fn may use the store.
 func stream[T any](ctx context.Context, db *DB, what string, scan func(row) (*T, error), next func(last *T) (string, args), fn func(*T) error) error {
 	var last *T
 	for {
@@ -154,7 +137,7 @@ func stream[T any](ctx context.Context, db *DB, what string, scan func(row) (*T,
 	}
 }
 
-// jobStreamSQL reads jobs_batch_line, in line order.
+// jobStreamSQL reads jobs_batch_line.
 func jobStreamSQL(batchID string, after int, statuses []any, limit int) (string, args) {
 	var a args
 	q := `SELECT ` + jobColumns + ` FROM jobs WHERE batch_id = ` + a.add(batchID) + ` AND line_no > ` + a.add(after)
@@ -171,7 +154,7 @@ type JobCounts struct {
 	Total                              int64
 }
 
-// Unfinished is how many jobs are not yet terminal.
+// Unfinished is how many jobs are not terminal.
 func (c *JobCounts) Unfinished() int64 { return c.Queued + c.Running + c.Waiting + c.Deferred }
 
 // sqlJobCountsByBatch reads jobs_batch_status, the index alone on Postgres.

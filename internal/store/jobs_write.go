@@ -29,7 +29,7 @@ type JobInsertParams struct {
 	Request  json.RawMessage // required, valid JSON
 	Queue    string
 	// Status is queued when empty; never terminal, except failed with an
-	// Error (a batch line refused at validation, stored finished).
+	// Error (a batch line refused at validation).
 	Status JobStatus
 	Error  *JobError
 
@@ -77,7 +77,6 @@ func (p *JobInsertParams) validate(method string) error {
 	return nil
 }
 
-// values are the column values of jobInsertColumns.
 func (p *JobInsertParams) values(d *dialect, id string, now any) []any {
 	var line any
 	if p.BatchID != "" {
@@ -107,8 +106,7 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 	}
 	var a args
 	vals := a.list(p.values(db.d, cmp.Or(p.ID, ids.New(ids.Job)), db.d.ts(db.nowUTC()))...)
-	// The conflict target names the partial unique index, so only an
-	// idempotency key is absorbed; any other conflict is an error.
+	// The partial unique index as conflict target: only an idempotency key is absorbed.
 	j, err := db.queryJobGrouped(ctx, "insert", `
 		INSERT INTO jobs (`+strings.Join(jobInsertColumns, ", ")+`) VALUES (`+vals+`)
 		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -127,7 +125,7 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 	return j, false, nil
 }
 
-// whereIdempotencyKey finds a job by key, through jobs_tenant_idempotency.
+// whereIdempotencyKey reads jobs_tenant_idempotency.
 const whereIdempotencyKey = `tenant_id = $1 AND idempotency_key = $2 AND idempotency_key IS NOT NULL`
 
 // JobInsertManyParams are the jobs of one bulk insert.
@@ -136,8 +134,8 @@ type JobInsertManyParams struct {
 }
 
 // JobInsertMany creates many jobs at once (a batch's lines), all or nothing,
-// and returns their ids in input order, which is also their order. A batch
-// line already inserted is ErrConflict; idempotency keys are not supported.
+// and returns their ids, ordered as the input. A batch line already
+// inserted is ErrConflict; idempotency keys are not supported.
 func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]string, error) {
 	if len(p.Jobs) == 0 {
 		return nil, nil
@@ -172,9 +170,8 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 	return out, nil
 }
 
-// transition runs a conditional UPDATE ... RETURNING on one job, grouped
-// with the updates of its kind when kind is set. When it matches no row it
-// returns the job as it is, with applied=false, or ErrNotFound.
+// transition runs a conditional UPDATE of one job, grouped with those of
+// kind when set; when it matches no row it returns the job as it is.
 func (db *DB) transition(ctx context.Context, kind, update string, a args, id, tenantID string) (*Job, bool, error) {
 	j, err := db.queryJobGrouped(ctx, kind, update+` RETURNING `+jobColumns, a)
 	if err == nil {
@@ -183,8 +180,7 @@ func (db *DB) transition(ctx context.Context, kind, update string, a args, id, t
 	if !errors.Is(err, sql.ErrNoRows) {
 		return nil, false, db.d.wrap(err)
 	}
-	// By the primary key alone, the tenant compared here (JobGetForTenant
-	// says why).
+	// By the primary key alone (JobGetForTenant says why).
 	j, err = getOne(ctx, db.rw, scanJob, "job", id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
 	if err == nil && tenantID != "" && j.TenantID != tenantID {
 		return nil, false, notFound("job", id)
@@ -192,9 +188,9 @@ func (db *DB) transition(ctx context.Context, kind, update string, a args, id, t
 	return j, false, err
 }
 
-// JobStart marks an unfinished job running as worker (its lease, or "" for
-// none) picks it up, and returns it. A terminal job, or one another live
-// worker holds (a second delivery), is returned unchanged with started=false.
+// JobStart marks an unfinished job running as worker (its lease, or "")
+// picks it up. A terminal job, or one another live worker holds (a second
+// delivery), is returned unchanged with started=false.
 func (db *DB) JobStart(ctx context.Context, id, worker string) (job *Job, started bool, err error) {
 	var a args
 	now := db.nowUTC()
@@ -217,9 +213,8 @@ type JobSetStatusParams struct {
 	CountAttempt bool
 }
 
-// JobSetStatus moves the job to p.To if its status is one of p.From (never
-// terminal ones), and reports whether it did; either way it returns the job
-// as it now is.
+// JobSetStatus moves the job to p.To if its status is one of p.From, and
+// reports whether it did; either way it returns the job as it now is.
 func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job, applied bool, err error) {
 	if err := required("JobSetStatus", "ID", p.ID); err != nil {
 		return nil, false, err
@@ -276,11 +271,11 @@ type JobCompleteParams struct {
 	Cost              money.Micros
 	// UsageEstimated marks usage and cost as llmq's estimate (Job.UsageEstimated).
 	UsageEstimated bool
-	// Deployment answered, and ServedModel is the model it is of when not
-	// the job's own (a fallback): the ledger row charges that model.
+	// Deployment answered, of ServedModel when a fallback's, which the
+	// ledger row then charges.
 	Deployment, ServedModel string
-	// Failed, when set, makes the job failed with this error instead of
-	// succeeded, still charged: the provider bills an answer llmq cannot take.
+	// Failed makes the job failed, still charged: the provider bills an
+	// answer llmq cannot take.
 	Failed *JobError
 	// Batched marks the ledger row of a call run on the provider's Batch API.
 	Batched bool
@@ -290,16 +285,15 @@ type JobCompleteParams struct {
 type JobCompleteResult struct {
 	// Completed: this call moved the job to succeeded.
 	Completed bool
-	// Charged: this call inserted the job's ledger row (even for a job
-	// cancelled mid-call), so this caller, and only this one, settles the budget.
+	// Charged: this call inserted the job's ledger row (a job cancelled
+	// mid-call too), so this caller alone settles the budget.
 	Charged bool
 }
 
 // JobComplete stores a success and charges it, atomically: the job becomes
-// succeeded (or failed, with Failed) with its response, usage and cost, and
-// the ledger gets the job's row unless it has one; exactly one call reports
-// Charged. A job that ended meanwhile keeps its status, error and response,
-// and takes the usage and cost its ledger row charged.
+// succeeded (or failed, with Failed) and the ledger gets the job's row
+// unless it has one. A job that ended meanwhile keeps its status, error
+// and response, and takes the usage and cost its ledger row charged.
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	if db.d.groupWrites {
 		return db.groups.complete.Do(ctx, struct{}{}, p)
@@ -307,7 +301,6 @@ func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 	return db.jobComplete(ctx, p)
 }
 
-// jobComplete is JobComplete on its own.
 func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	a, err := db.completeArgs(p)
 	if err != nil {
@@ -317,8 +310,7 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 	if db.d.groupWrites {
 		res, err = scanComplete(db.rw.queryRow(ctx, sqlJobComplete, a...), p.ID)
 	} else {
-		// SQLite has one writer: what the job was when the transaction
-		// began is what it is when the UPDATE runs.
+		// SQLite has one writer: the job read is the job the UPDATE sees.
 		err = db.tx(ctx, func(tx querier) error {
 			var status JobStatus
 			if err := tx.queryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, p.ID).Scan(&status); errors.Is(err, sql.ErrNoRows) {
@@ -341,8 +333,6 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 	return res, nil
 }
 
-// scanComplete reads sqlJobComplete's answer; a job that does not exist is
-// ErrNotFound.
 func scanComplete(r row, id string) (*JobCompleteResult, error) {
 	res := &JobCompleteResult{}
 	var exists bool
@@ -353,7 +343,6 @@ func scanComplete(r row, id string) (*JobCompleteResult, error) {
 	return res, err
 }
 
-// completeArgs checks p and returns the JobComplete statements' arguments.
 func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 	if err := required("JobComplete", "ID", p.ID); err != nil {
 		return nil, err
@@ -380,10 +369,9 @@ func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
 		state, errorJSON(p.Failed), p.UsageEstimated, p.Deployment, p.ServedModel, chargeable, p.Batched}, nil
 }
 
-// jobCompleteUpdate is JobComplete's UPDATE of the job, run when the job
-// is unfinished (the SQL expression unfinished) or this call charged it
-// (charged). Only an unfinished job takes the call's status, error,
-// response and finished_at.
+// jobCompleteUpdate updates the job when it is unfinished or this call
+// charged it; only an unfinished one takes status, error, response and
+// finished_at.
 func jobCompleteUpdate(unfinished, charged string) string {
 	keep := func(col, value string) string {
 		return col + ` = CASE WHEN ` + unfinished + ` THEN ` + value + ` ELSE ` + col + ` END`
@@ -396,30 +384,24 @@ func jobCompleteUpdate(unfinished, charged string) string {
 		WHERE id = $1 AND (` + unfinished + ` OR ` + charged + `)`
 }
 
-const (
-	// The ledger row copies the job's tenant, batch and model (or the served
-	// model), which the UPDATE beside it does not change. A job that
-	// finished before $18 (LedgerDetailMinAge ago) is not charged again:
-	// retention may have rolled its row up.
-	sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
+// A job that finished before $18 (LedgerDetailMinAge ago) is not charged
+// again: retention may have rolled its row up.
+const sqlJobCompleteInsert = `INSERT INTO usage_ledger (job_id, tenant_id, batch_id, day, global_day, model,
 		prompt_tokens, completion_tokens, cached_tokens, cost_micros, created_at, deployment, batched)
 		SELECT id, tenant_id, batch_id, $11, $12, COALESCE(NULLIF($17, ''), model), $6, $7, $8, $10, $2, $16, $19 FROM jobs
 		WHERE id = $1 AND (finished_at IS NULL OR finished_at >= $18)
 		ON CONFLICT (job_id) DO NOTHING`
-)
 
 var (
-	// sqlJobComplete is all of it in one statement (Postgres): whether it
-	// completed the job, charged it, and whether the job exists. cur locks
-	// the job and reads it as it is now (FOR UPDATE), so the UPDATE and the
-	// answer agree on what the job was.
+	// sqlJobComplete is it all in one statement: whether it completed the
+	// job, charged it, and whether the job exists. cur locks the job (FOR
+	// UPDATE), so the UPDATE and the answer agree on what the job was.
 	sqlJobComplete = `WITH cur AS (SELECT ` + unfinishedSQL + ` AS unfinished FROM jobs WHERE id = $1 FOR UPDATE),
 		l AS (` + sqlJobCompleteInsert + ` RETURNING 1),
 		u AS (` + sqlJobCompleteUpdatePostgres + `)
 		SELECT COALESCE((SELECT unfinished FROM cur), false), EXISTS (SELECT 1 FROM l), EXISTS (SELECT 1 FROM cur)`
 	sqlJobCompleteUpdatePostgres = jobCompleteUpdate(`(SELECT unfinished FROM cur)`, `EXISTS (SELECT 1 FROM l)`)
-	// SQLite's transaction reads the job and inserts the ledger row first:
-	// $20 says the job is unfinished, $21 that the INSERT charged it.
+	// SQLite's: $20 says the job is unfinished, $21 that the INSERT charged it.
 	sqlJobCompleteUpdateSQLite = jobCompleteUpdate(`$20`, `$21`)
 )
 
@@ -428,9 +410,8 @@ type JobCompleteManyParams struct {
 	Jobs []*JobCompleteParams
 }
 
-// JobCompleteMany is JobComplete for many jobs in one transaction, one
-// round trip on Postgres: results[i] and errs[i] are JobComplete's of
-// p.Jobs[i]. When the transaction fails, each job is completed on its own.
+// JobCompleteMany is JobComplete for many jobs in one transaction on
+// Postgres; when it fails, each job is completed on its own.
 func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (results []*JobCompleteResult, errs []error) {
 	n := len(p.Jobs)
 	results, errs = make([]*JobCompleteResult, n), make([]error, n)
@@ -460,7 +441,6 @@ func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (re
 			return err
 		})
 	}
-	// A batch runs as one implicit transaction (groups.go).
 	if err := db.pool.SendBatch(ctx, b).Close(); err != nil {
 		return alone()
 	}
@@ -477,8 +457,7 @@ type JobFailParams struct {
 	CountAttempt   bool
 }
 
-// JobFail marks the job failed unless it is already terminal, and reports
-// whether it did; either way it returns the job as it now is.
+// JobFail marks the job failed unless it is terminal, as JobSetStatus.
 func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied bool, err error) {
 	if err := required("JobFail", "ID", p.ID, "Error.Message", p.Error.Message); err != nil {
 		return nil, false, err
@@ -496,8 +475,7 @@ func (db *DB) JobFail(ctx context.Context, p *JobFailParams) (job *Job, applied 
 	return db.transition(ctx, "", q, a, p.ID, "")
 }
 
-// JobCancel cancels the tenant's job, running ones too, unless it is
-// already terminal, and reports whether it did.
+// JobCancel cancels the tenant's job, running too, unless it is terminal.
 func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, changed bool, err error) {
 	if err := required("JobCancel", "tenantID", tenantID, "id", id); err != nil {
 		return nil, false, err
@@ -507,8 +485,8 @@ func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, cha
 	return db.transition(ctx, "", q, args{id, tenantID, db.d.ts(db.nowUTC())}, id, tenantID)
 }
 
-// JobCancelByBatch cancels every pending job of the batch not at the
-// provider's Batch API, and returns how many.
+// JobCancelByBatch cancels the batch's pending jobs not at the provider's
+// Batch API, and returns how many.
 func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, error) {
 	if err := required("JobCancelByBatch", "batchID", batchID); err != nil {
 		return 0, err

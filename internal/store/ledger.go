@@ -9,8 +9,7 @@ import (
 	"github.com/llmq/llmq/internal/money"
 )
 
-// UsageEntry is a job's row in the usage ledger: what it cost, written once
-// by JobComplete and never updated.
+// UsageEntry is a job's row in the usage ledger, written once by JobComplete.
 type UsageEntry struct {
 	JobID            string
 	TenantID         string
@@ -37,8 +36,8 @@ func (db *DB) UsageGetByJob(ctx context.Context, jobID string) (*UsageEntry, err
 		completion_tokens, cached_tokens, cost_micros, created_at, batched FROM usage_ledger WHERE job_id = $1`, jobID)
 }
 
-// The ledger sums read indexes of both tables alone (the budget is rebuilt
-// from them); each is one statement, so a row rolled up meanwhile counts once.
+// The ledger sums read indexes alone; each is one statement, so a row
+// rolled up meanwhile counts once.
 const (
 	sqlUsageSumByTenantDay = `SELECT CAST((SELECT COALESCE(SUM(cost_micros), 0) FROM usage_ledger WHERE tenant_id = $1 AND day = $2)
 		+ (SELECT COALESCE(SUM(cost_micros), 0) FROM usage_daily WHERE tenant_id = $1 AND day = $2) AS BIGINT)`
@@ -82,8 +81,7 @@ type UsageReportRow struct {
 	Cost             money.Micros
 }
 
-// UsageReport returns the day's usage grouped by tenant and model, ordered by
-// tenant id then model.
+// UsageReport returns the day's usage by tenant and model, in that order.
 func (db *DB) UsageReport(ctx context.Context, p *UsageReportParams) ([]*UsageReportRow, error) {
 	if err := validDay("UsageReport", p.Day); err != nil {
 		return nil, err
@@ -96,8 +94,6 @@ func (db *DB) UsageReport(ctx context.Context, p *UsageReportParams) ([]*UsageRe
 	}, q, a...)
 }
 
-// usageReportSQL reads the ledger's rows and the daily totals retention
-// rolled them into.
 func usageReportSQL(p *UsageReportParams) (string, args) {
 	var a args
 	where := `day = ` + a.add(p.Day)
@@ -117,8 +113,8 @@ func usageReportSQL(p *UsageReportParams) (string, args) {
 		) AS u GROUP BY tenant_id, model ORDER BY tenant_id, model`, a
 }
 
-// UsageDaySum is what the ledger holds of one tenant on one budget day
-// and one UTC day (a tenant's day outside UTC spans two UTC days).
+// UsageDaySum is a tenant's spend on one budget day and one UTC day (a
+// tenant's day outside UTC spans two UTC days).
 type UsageDaySum struct {
 	TenantID  string
 	Day       string // the tenant's budget day
@@ -126,8 +122,8 @@ type UsageDaySum struct {
 	Cost      money.Micros
 }
 
-// UsageSumsByDays returns the spend of every tenant on the budget days, by
-// tenant, budget day and UTC day, in no particular order.
+// UsageSumsByDays returns every tenant's spend on the budget days, in no
+// particular order.
 func (db *DB) UsageSumsByDays(ctx context.Context, days []string) ([]UsageDaySum, error) {
 	if len(days) == 0 {
 		return nil, nil
@@ -136,17 +132,11 @@ func (db *DB) UsageSumsByDays(ctx context.Context, days []string) ([]UsageDaySum
 	if err != nil {
 		return nil, err
 	}
-	var out []UsageDaySum
-	err = db.ro.query(ctx, q, a, func(r row) error {
-		var s UsageDaySum
-		err := r.Scan(&s.TenantID, dayCol{&s.Day}, dayCol{&s.GlobalDay}, &s.Cost)
-		out = append(out, s)
-		return err
-	})
-	if err != nil {
-		return nil, failed("UsageSumsByDays", db.d.wrap(err))
-	}
-	return out, nil
+	out, err := collect(ctx, db.ro, func(r row) (s UsageDaySum, err error) {
+		err = r.Scan(&s.TenantID, dayCol{&s.Day}, dayCol{&s.GlobalDay}, &s.Cost)
+		return s, err
+	}, q, a...)
+	return out, failed("UsageSumsByDays", db.d.wrap(err))
 }
 
 func usageSumsByDaysSQL(days []string) (string, args, error) {
@@ -164,9 +154,8 @@ func usageSumsByDaysSQL(days []string) (string, args, error) {
 		) AS u GROUP BY tenant_id, day, global_day`, a, nil
 }
 
-// UsageStreamByTenantDay calls fn with each ledger row of the tenant's
-// budget day written at or after since, oldest first (as stream). Rows
-// retention rolled up are not read.
+// UsageStreamByTenantDay calls fn with each ledger row (not rolled up) of
+// the tenant's budget day written at or after since, oldest first.
 func (db *DB) UsageStreamByTenantDay(ctx context.Context, tenantID, day string, since time.Time, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
 	return db.streamUsage(ctx, "UsageStreamByTenantDay", day, since, `day = $1 AND tenant_id = $2`, args{day, tenantID}, fn)
 }
@@ -177,14 +166,12 @@ func (db *DB) UsageStreamByDay(ctx context.Context, day string, since time.Time,
 	return db.streamUsage(ctx, "UsageStreamByDay", day, since, `global_day = $1`, args{day}, fn)
 }
 
-// usageRow is a ledger row as the streams read it.
 type usageRow struct {
 	tenantID, jobID string
 	cost            money.Micros
 	at              time.Time
 }
 
-// streamUsage streams the rows of day's where (with its arguments a) from since on.
 func (db *DB) streamUsage(ctx context.Context, method, day string, since time.Time, where string, a args, fn func(tenantID, jobID string, cost money.Micros, written time.Time) error) error {
 	if err := validDay(method, day); err != nil {
 		return err
@@ -202,22 +189,19 @@ func (db *DB) streamUsage(ctx context.Context, method, day string, since time.Ti
 	}, func(u *usageRow) error { return fn(u.tenantID, u.jobID, u.cost, u.at) })
 }
 
-// usageStreamSQL is one page of a day's rows after (at, after) in
-// (created_at, job_id) order, the order of both indexes' last columns.
+// usageStreamSQL pages in (created_at, job_id) order, both indexes' last columns.
 func usageStreamSQL(where string, a args, at any, after string, limit int) (string, args) {
 	return `SELECT tenant_id, job_id, cost_micros, created_at FROM usage_ledger WHERE ` + where +
 		` AND (created_at, job_id) > (` + a.add(at) + `, ` + a.add(after) + `) ORDER BY created_at, job_id LIMIT ` + a.add(limit), a
 }
 
-// LedgerDetailMinAge is the least age at which a ledger row may be rolled up
-// into usage_daily: everything that reads single rows reads far younger
-// ones. JobComplete never charges a job that finished longer ago than
-// this, so a job whose row was rolled up is never charged again.
+// LedgerDetailMinAge is the least age at which a ledger row may be rolled
+// up into usage_daily. JobComplete never charges a job that finished longer
+// ago, so a job whose row was rolled up is never charged again.
 const LedgerDetailMinAge = 72 * time.Hour
 
-// UsageRollUp folds up to limit ledger rows written before before (at least
-// LedgerDetailMinAge ago) into usage_daily's totals and deletes them, in one
-// transaction, and returns how many it folded.
+// UsageRollUp folds up to limit ledger rows written before before (at
+// least LedgerDetailMinAge ago) into usage_daily, and returns how many.
 func (db *DB) UsageRollUp(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if err := positive("UsageRollUp", limit); err != nil {
 		return 0, err
@@ -244,12 +228,12 @@ func (db *DB) UsageRollUp(ctx context.Context, before time.Time, limit int) (int
 	return n, nil
 }
 
-// sqlUsageRollable picks the ledger rows UsageRollUp takes, in an order
-// that picks the same rows twice in one SQLite transaction.
+// sqlUsageRollable is ordered, to pick the same rows twice in one SQLite
+// transaction.
 const sqlUsageRollable = `SELECT job_id FROM usage_ledger WHERE created_at < $1 ORDER BY created_at, job_id LIMIT $2`
 
-// sqlUsageRollUpSums adds the ledger rows from rows to usage_daily, in key
-// order, so two rollups lock the same totals in one order.
+// sqlUsageRollUpSums adds rows to usage_daily in key order, so two
+// rollups lock the same totals in one order.
 func sqlUsageRollUpSums(rows string) string {
 	return `INSERT INTO usage_daily AS d (tenant_id, day, global_day, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_micros)
 		SELECT tenant_id, day, global_day, model, count(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(cached_tokens), SUM(cost_micros)
@@ -261,8 +245,7 @@ func sqlUsageRollUpSums(rows string) string {
 			cached_tokens = d.cached_tokens + excluded.cached_tokens, cost_micros = d.cost_micros + excluded.cost_micros`
 }
 
-// sqlUsageRollUp is UsageRollUp on Postgres, one statement; SKIP LOCKED
-// keeps two dispatchers' rollups apart.
+// sqlUsageRollUp is Postgres's; SKIP LOCKED keeps two rollups apart.
 var sqlUsageRollUp = `WITH gone AS (
 		DELETE FROM usage_ledger WHERE job_id IN (` + sqlUsageRollable + ` FOR UPDATE SKIP LOCKED)
 		RETURNING tenant_id, day, global_day, model, prompt_tokens, completion_tokens, cached_tokens, cost_micros),

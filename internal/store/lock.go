@@ -3,19 +3,16 @@ package store
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"time"
 )
 
-// TryLock takes the lock called name if nobody holds it, for work that must
-// run one at a time across every process on this database (the reconciler).
-// ok is false when another holder has it. unlock releases it; calling unlock
-// more than once is harmless.
-//
-// On Postgres it is a session advisory lock held on a connection of a pool
-// of its own until unlock; if that connection dies the lock is released, so
-// the work it guards must be safe to run again. On SQLite (one process) it
-// is an in-process lock per database file.
+// TryLock takes the lock called name if nobody holds it, for work that
+// runs one at a time across every process on this database; unlock may be
+// called more than once. On Postgres a session advisory lock, released if
+// its connection dies, so the work it guards must be safe to run again; on
+// SQLite (one process) an in-process lock per database file.
 func (db *DB) TryLock(ctx context.Context, name string) (unlock func(), ok bool, err error) {
 	if err := required("TryLock", "name", name); err != nil {
 		return nil, false, err
@@ -23,8 +20,7 @@ func (db *DB) TryLock(ctx context.Context, name string) (unlock func(), ok bool,
 	return db.d.tryLock(ctx, db, name)
 }
 
-// waitLock takes the lock called name, trying again every 50ms until it is
-// free or ctx ends.
+// waitLock tries TryLock every 50ms until it is had or ctx ends.
 func (db *DB) waitLock(ctx context.Context, name string) (unlock func(), err error) {
 	for {
 		unlock, ok, err := db.TryLock(ctx, name)
@@ -45,7 +41,9 @@ func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
 	if err != nil {
 		return nil, false, failed(method, db.d.outage(err))
 	}
-	key := lockKey(db.lockScope, name)
+	h := fnv.New64a() // the lock's key: name within the database's scope
+	h.Write([]byte(db.lockScope + "\x00" + name))
+	key := int64(h.Sum64())
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil || !ok {
 		conn.Release()
@@ -60,16 +58,14 @@ func pgTryLock(ctx context.Context, db *DB, name string) (func(), bool, error) {
 			conn.Release()
 			return
 		}
-		// A connection that may still hold the lock must not go back
-		// to the pool: closing it releases the lock.
+		// Closing a connection that may still hold the lock releases it.
 		db.log.Warn("store: advisory unlock failed; closing the connection", "lock", name, "err", err)
 		_ = conn.Hijack().Close(uctx)
 	}), true, nil
 }
 
-// processLocks are the SQLite locks held in this process, keyed by database
-// file and name. It is process-wide on purpose: two DBs opened on one file
-// must exclude each other, as two Postgres sessions do.
+// processLocks are the SQLite locks of this process, process-wide so that
+// two DBs on one file exclude each other, as two Postgres sessions do.
 var processLocks = struct {
 	sync.Mutex
 	held map[string]bool

@@ -9,23 +9,19 @@ import (
 )
 
 // querier runs SQL on either driver: pgx's pool or transaction on Postgres,
-// database/sql's on SQLite. Every driver error that means the database
-// cannot serve now leaves it as ErrUnavailable (dialect.outage), where it
-// is known to be the database's: a broken connection's error is a bare
-// io.ErrUnexpectedEOF, as Redis's is.
+// database/sql's on SQLite. A driver error that means the database cannot
+// serve now leaves it as ErrUnavailable (dialect.outage): a broken
+// connection's error is a bare io.ErrUnexpectedEOF, as Redis's is.
 type querier interface {
-	// exec runs a statement and returns how many rows it changed.
+	// exec returns how many rows the statement changed.
 	exec(ctx context.Context, query string, args ...any) (int64, error)
-	// queryRow runs a query for one row; no row is sql.ErrNoRows when
-	// scanned (pgx.ErrNoRows wraps it).
+	// queryRow's no row is sql.ErrNoRows when scanned (pgx.ErrNoRows wraps it).
 	queryRow(ctx context.Context, query string, args ...any) row
-	// query runs a query and calls each with its rows in order; each's
-	// error stops it and is returned.
+	// query calls each with the rows in order; each's error stops it.
 	query(ctx context.Context, query string, args []any, each func(row) error) error
 }
 
-// row is one result row of either driver, so one scan function per row
-// type serves both.
+// row is one result row of either driver.
 type row interface{ Scan(dest ...any) error }
 
 // pgxQuerier is a querier on a *pgxpool.Pool or a pgx.Tx.
@@ -94,9 +90,8 @@ func (q sqlQuerier) query(ctx context.Context, query string, args []any, each fu
 	return eachRow(rows, each, sqliteDialect)
 }
 
-// eachRow calls each with every row of rows in order; each's error stops
-// it and is returned as it is (it may be the caller's own), the rows' own
-// through d's outage.
+// eachRow calls each with every row of rows; each's error is returned as
+// it is (it may be the caller's own), the rows' own through d's outage.
 func eachRow(rows interface {
 	row
 	Next() bool
@@ -110,9 +105,8 @@ func eachRow(rows interface {
 	return d.outage(rows.Err())
 }
 
-// collect runs query and scans every row with scan.
-func collect[T any](ctx context.Context, q querier, scan func(row) (*T, error), query string, args ...any) ([]*T, error) {
-	var out []*T
+func collect[T any](ctx context.Context, q querier, scan func(row) (T, error), query string, args ...any) ([]T, error) {
+	var out []T
 	err := q.query(ctx, query, args, func(r row) error {
 		v, err := scan(r)
 		out = append(out, v)
@@ -124,14 +118,14 @@ func collect[T any](ctx context.Context, q querier, scan func(row) (*T, error), 
 	return out, nil
 }
 
-// tx runs fn in a write transaction, committing if fn returns nil. Its
-// error is classified (Classify).
+// tx runs fn in a write transaction, committing if fn returns nil; its
+// error is classified.
 func (db *DB) tx(ctx context.Context, fn func(q querier) error) error {
 	return db.d.wrap(db.d.tx(ctx, db, fn))
 }
 
-// pgxTx and sqlTx classify the errors of their own calls; fn's are its
-// queries' (already classified) or its own.
+// pgxTx and sqlTx classify the errors of their own calls; fn's queries
+// classify theirs.
 func pgxTx(ctx context.Context, db *DB, fn func(querier) error) error {
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {

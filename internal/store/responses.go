@@ -9,28 +9,21 @@ import (
 )
 
 // StoredResponse is a response a provider stored for a tenant, or an item
-// of its output, as llmq relayed it: whose it is, the deployment whose
-// account holds it, and the tokens a request naming it brings into its
-// prompt at the provider.
+// of its output, as llmq relayed it.
 type StoredResponse struct {
-	// ID is the provider's id of the response or item.
-	ID string
-	// ResponseID is the response: ID itself for a response, the response
-	// whose output holds it for an item.
+	ID string // the provider's id of the response or item
+	// ResponseID is ID for a response, the response holding it for an item.
 	ResponseID string
 	TenantID   string
-	Deployment string // provider/upstream
-	// Tokens is what naming it adds to a prompt.
-	Tokens    int64
-	CreatedAt time.Time
+	Deployment string // provider/upstream, whose account holds it
+	Tokens     int64  // what naming it adds to a prompt
+	CreatedAt  time.Time
 }
 
-// StoredResponseRetention is how long a stored response is remembered: the
-// 30 days OpenAI keeps one.
+// StoredResponseRetention is the 30 days OpenAI keeps a stored response.
 const StoredResponseRetention = 30 * 24 * time.Hour
 
-// StoredResponseInsert records rs; an id recorded before keeps its first
-// owner, so no later answer can take another tenant's response.
+// StoredResponseInsert records rs; an id recorded keeps its first owner.
 func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) error {
 	now := db.nowUTC()
 	for chunk := range slices.Chunk(rs, 500) {
@@ -53,8 +46,7 @@ func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) err
 	return nil
 }
 
-// StoredResponseGet returns the rows of ids that are recorded, by id;
-// the others are missing from the map.
+// StoredResponseGet returns the rows of ids that are recorded, by id.
 func (db *DB) StoredResponseGet(ctx context.Context, ids []string) (map[string]*StoredResponse, error) {
 	out := make(map[string]*StoredResponse, len(ids))
 	if len(ids) == 0 {
@@ -75,7 +67,7 @@ func (db *DB) StoredResponseGet(ctx context.Context, ids []string) (map[string]*
 }
 
 // StoredResponsePurge deletes up to limit rows recorded before before,
-// oldest first, and returns how many it deleted.
+// oldest first, and returns how many.
 func (db *DB) StoredResponsePurge(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if err := positive("StoredResponsePurge", limit); err != nil {
 		return 0, err

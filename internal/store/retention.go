@@ -5,15 +5,10 @@ import (
 	"time"
 )
 
-// Retention purges a batch of rows per statement, each its own short
-// transaction that locks only the rows it changes and skips rows another
-// transaction holds, so requests never wait behind it.
-
-// finishedStatuses is the SQL list of the statuses a job ends in.
 const finishedStatuses = `('succeeded', 'failed', 'cancelled')`
 
 // JobPurgeBodies empties the request and response of up to limit jobs that
-// finished before before, oldest first, and returns how many it purged.
+// finished before before, oldest first, and returns how many.
 func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if err := positive("JobPurgeBodies", limit); err != nil {
 		return 0, err
@@ -40,20 +35,14 @@ type PurgeableFile struct {
 }
 
 // FileListPurgeable lists up to limit files created before before that no
-// running batch uses, oldest first.
+// unfinished batch uses, oldest first.
 func (db *DB) FileListPurgeable(ctx context.Context, before time.Time, limit int) ([]PurgeableFile, error) {
-	var out []PurgeableFile
-	err := db.ro.query(ctx, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1
+	out, err := collect(ctx, db.ro, func(r row) (f PurgeableFile, err error) {
+		err = r.Scan(&f.ID, &f.TenantID, &f.Bytes)
+		return f, err
+	}, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1
 		AND NOT EXISTS (SELECT 1 FROM batches b WHERE (b.input_file_id = f.id OR b.output_file_id = f.id OR b.error_file_id = f.id)
 			AND b.status NOT IN ('failed', 'completed', 'expired', 'cancelled'))
-		ORDER BY created_at, id LIMIT $2`, []any{db.d.ts(before), limit}, func(r row) error {
-		var f PurgeableFile
-		err := r.Scan(&f.ID, &f.TenantID, &f.Bytes)
-		out = append(out, f)
-		return err
-	})
-	if err != nil {
-		return nil, failed("FileListPurgeable", err)
-	}
-	return out, nil
+		ORDER BY created_at, id LIMIT $2`, db.d.ts(before), limit)
+	return out, failed("FileListPurgeable", err)
 }

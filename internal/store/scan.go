@@ -12,35 +12,15 @@ import (
 
 // The scan targets below read a column whichever driver hands it over: pgx
 // gives timestamptz and date as time.Time, SQLite's TEXT comes as a string.
-// JSON columns need none: both drivers scan jsonb and TEXT into a *[]byte.
 
 // timeCol scans a NOT NULL timestamp into t, in UTC.
 type timeCol struct{ t *time.Time }
 
 func (c timeCol) Scan(src any) error {
-	if src == nil {
-		return fmt.Errorf("store: NULL in a NOT NULL time column")
-	}
-	return parseTime(src, c.t)
-}
-
-// nullTimeCol scans a nullable timestamp into *t (nil for NULL).
-type nullTimeCol struct{ t **time.Time }
-
-func (c nullTimeCol) Scan(src any) error {
-	*c.t = nil
-	if src == nil {
-		return nil
-	}
-	*c.t = new(time.Time)
-	return parseTime(src, *c.t)
-}
-
-func parseTime(src any, t *time.Time) error {
 	var s string
 	switch v := src.(type) {
 	case time.Time:
-		*t = v.UTC()
+		*c.t = v.UTC()
 		return nil
 	case string:
 		s = v
@@ -53,8 +33,20 @@ func parseTime(src any, t *time.Time) error {
 	if err != nil {
 		return fmt.Errorf("store: time column: %w", err)
 	}
-	*t = parsed.UTC()
+	*c.t = parsed.UTC()
 	return nil
+}
+
+// nullTimeCol scans a nullable timestamp into *t (nil for NULL).
+type nullTimeCol struct{ t **time.Time }
+
+func (c nullTimeCol) Scan(src any) error {
+	*c.t = nil
+	if src == nil {
+		return nil
+	}
+	*c.t = new(time.Time)
+	return timeCol{*c.t}.Scan(src)
 }
 
 // orZero scans a nullable column into *p, the zero value for NULL.
@@ -84,8 +76,8 @@ func (c dayCol) Scan(src any) error {
 	return nil
 }
 
-// orNull is v, or NULL when v is the zero value: optional columns hold
-// NULL, never "" or 0, so partial indexes and foreign keys skip them.
+// orNull is v, or NULL for the zero value, which partial indexes and
+// foreign keys skip.
 func orNull[T comparable](v T) any {
 	var zero T
 	if v == zero {
@@ -103,9 +95,8 @@ func nullJSON(raw json.RawMessage) any {
 	return string(withoutNUL(raw))
 }
 
-// withoutNUL replaces the escape \u0000 in JSON strings with \ufffd:
-// Postgres jsonb cannot hold NUL and refuses the whole document. SQLite gets
-// the same text so both backends return the same JSON.
+// withoutNUL replaces the escape \u0000 in JSON strings with \ufffd, which
+// Postgres jsonb can hold; SQLite gets the same text.
 func withoutNUL(raw []byte) []byte {
 	if !bytes.Contains(raw, []byte(`\u0000`)) {
 		return raw
@@ -117,8 +108,7 @@ func withoutNUL(raw []byte) []byte {
 			out = append(out, c)
 			continue
 		}
-		// An escape: \u0000 is replaced, any other (\\ included) is kept whole,
-		// so an escaped backslash followed by "u0000" is left alone.
+		// Any other escape (\\ included) is kept whole.
 		if raw[i+1] == 'u' && i+6 <= len(raw) && string(raw[i+2:i+6]) == "0000" {
 			out = append(out, `\ufffd`...)
 			i += 5
@@ -130,7 +120,6 @@ func withoutNUL(raw []byte) []byte {
 	return out
 }
 
-// validDay checks a budget day "YYYY-MM-DD".
 func validDay(method, day string) error {
 	if _, err := time.Parse(time.DateOnly, day); err != nil || len(day) != len(time.DateOnly) {
 		return fmt.Errorf("store: %s: day %q is not YYYY-MM-DD", method, day)
@@ -151,7 +140,6 @@ func (c microsCol) Scan(src any) error {
 	return err
 }
 
-// nullMicros is *m, or NULL for nil.
 func nullMicros(m *money.Micros) any {
 	if m == nil {
 		return nil

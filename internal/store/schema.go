@@ -13,13 +13,11 @@ import (
 	"github.com/pressly/goose/v3/database"
 )
 
-// DefaultMigrateLockTimeout is how long a migration waits for a lock (another
-// migrating process's, or a table lock a long transaction holds) before it
-// gives up instead of hanging while every query of the table queues behind it.
+// DefaultMigrateLockTimeout is how long a migration waits for a lock
+// (another migrating process's, or a table's) before it gives up.
 const DefaultMigrateLockTimeout = 10 * time.Second
 
-// SchemaError says the database's schema is older or newer than the one
-// this binary was built for.
+// SchemaError says the database's schema is not this binary's.
 type SchemaError struct {
 	// Have is the database's schema version, Want this binary's.
 	Have, Want int64
@@ -35,8 +33,7 @@ func (e *SchemaError) Error() string {
 		e.Have, e.Want)
 }
 
-// MigrationState is one migration this binary knows, and whether the
-// database has it.
+// MigrationState is one migration this binary knows.
 type MigrationState struct {
 	Version   int64
 	Name      string // the file name, e.g. 012_worker_lease.sql
@@ -44,9 +41,8 @@ type MigrationState struct {
 	AppliedAt time.Time // zero when pending
 }
 
-// SchemaVersion returns the database's schema version and this binary's.
-// It only reads: a database never migrated is at version 0 and stays as it
-// was.
+// SchemaVersion returns the database's schema version (0 for none, left
+// as it was) and this binary's.
 func (db *DB) SchemaVersion(ctx context.Context) (have, want int64, err error) {
 	m, done, err := db.migrator()
 	if err != nil {
@@ -60,9 +56,7 @@ func (db *DB) SchemaVersion(ctx context.Context) (have, want int64, err error) {
 	return have, src[len(src)-1].Version, nil
 }
 
-// MigrateUp applies every pending migration and returns the versions
-// applied. Processes migrating one database take turns (the lock
-// "llmq.migrate"); one that waits longer than the lock timeout gives up.
+// MigrateUp applies every pending migration and returns their versions.
 func (db *DB) MigrateUp(ctx context.Context) ([]int64, error) {
 	var applied []int64
 	err := db.migrating(ctx, func(p *goose.Provider) error {
@@ -82,8 +76,8 @@ func (db *DB) MigrateUp(ctx context.Context) ([]int64, error) {
 	return applied, err
 }
 
-// MigrateDown reverts the latest applied migration (its Down section) and
-// returns its version, or 0 when none is applied.
+// MigrateDown reverts the latest applied migration and returns its
+// version, or 0 when none is applied.
 func (db *DB) MigrateDown(ctx context.Context) (int64, error) {
 	var version int64
 	err := db.migrating(ctx, func(p *goose.Provider) error {
@@ -99,8 +93,7 @@ func (db *DB) MigrateDown(ctx context.Context) (int64, error) {
 	return version, err
 }
 
-// MigrationStatus lists every migration this binary knows, oldest first,
-// and whether it is applied.
+// MigrationStatus lists every migration this binary knows, oldest first.
 func (db *DB) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
 	m, done, err := db.migrator()
 	if err != nil {
@@ -108,8 +101,7 @@ func (db *DB) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
 	}
 	defer func() { _ = done() }()
 	var out []MigrationState
-	// Status creates goose's table: a database never migrated has every
-	// migration pending, and is left as it was.
+	// goose's Status would create its table in a database never migrated.
 	_, migrated, err := m.applied(ctx)
 	if err == nil && !migrated {
 		for _, src := range m.ListSources() {
@@ -131,8 +123,8 @@ func (db *DB) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
 	return out, nil
 }
 
-// migrating runs fn with goose's provider under the migration lock, giving
-// up when the lock is not had within the migration lock timeout.
+// migrating runs fn under the migration lock, which processes migrating
+// one database take in turn, giving up after the lock timeout.
 func (db *DB) migrating(ctx context.Context, fn func(*goose.Provider) error) error {
 	wctx, cancel := context.WithTimeout(ctx, db.migrateLockTimeout)
 	unlock, err := db.waitLock(wctx, "llmq.migrate")
@@ -150,15 +142,15 @@ func (db *DB) migrating(ctx context.Context, fn func(*goose.Provider) error) err
 	}
 	defer func() { _ = done() }()
 	err = fn(p.Provider)
-	if err != nil && db.d.isLockTimeout(err) {
+	if err != nil && isLockTimeout(err) {
 		return fmt.Errorf("store: migrate: a table it changes stayed locked by another transaction for %v (lock_timeout), nothing of that migration was applied: "+
 			"end that transaction or try again when the database is quieter: %w", db.migrateLockTimeout, err)
 	}
 	return failed("migrate", err)
 }
 
-// migrator is goose's provider of the embedded migrations on a database/sql
-// handle of db, with the store of goose's version table it keeps.
+// migrator is goose's provider of the embedded migrations, and its store
+// of versions.
 type migrator struct {
 	*goose.Provider
 	versions database.Store
@@ -166,7 +158,6 @@ type migrator struct {
 	db       *DB
 }
 
-// migrator returns the migrator of db and what releases it.
 func (db *DB) migrator() (*migrator, func() error, error) {
 	sdb, done := db.d.gooseDB(db)
 	versions, err := database.NewStore(db.d.goose, goose.DefaultTablename)
@@ -182,8 +173,8 @@ func (db *DB) migrator() (*migrator, func() error, error) {
 	return &migrator{Provider: p, versions: versions, sdb: sdb, db: db}, done, nil
 }
 
-// applied is the highest migration version the database records (0 for
-// none) and whether goose's version table exists. It only reads.
+// applied is the latest version applied and whether goose's table exists.
+// It only reads.
 func (m *migrator) applied(ctx context.Context) (version int64, migrated bool, err error) {
 	err = m.db.ro.queryRow(ctx, m.db.d.tableExists, m.versions.Tablename()).Scan(&migrated)
 	if err != nil || !migrated {

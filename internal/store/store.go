@@ -1,19 +1,13 @@
-// Package store owns llmq's durable state: tenants, API keys, jobs, batches,
-// files and the usage ledger, on PostgreSQL (pgx, the system of record in
-// production) or SQLite (database/sql with modernc.org/sqlite, the embedded
-// default). Both run the same SQL through one querier and read each row type
-// with one scan function; the dialect holds what differs. asynq tasks carry
-// only a job id, so everything needed to run, recover or report a job is
-// here. The schema is migrated from the embedded migrations package.
+// Package store owns llmq's durable state on PostgreSQL (pgx) or SQLite
+// (database/sql with modernc.org/sqlite): asynq tasks carry only a job id,
+// so everything needed to run, recover or report a job is here.
 //
 // Conventions: methods are named NounVerb and take a *NounVerbParams when they
 // take more than identifiers. A missing row is ErrNotFound (another tenant's
 // row too, so existence never leaks), a unique key already taken is
 // ErrConflict. All times are UTC with microsecond precision. Lists shown to
-// tenants are newest first: ids are time-ordered, a page is the rows with
-// id < After in descending id order, and hasMore tells whether an older page
-// exists. Sweeps (JobListUnfinished, BatchListActive) go oldest first with
-// id > After.
+// tenants are newest first (ids are time-ordered), a page being the rows
+// with id < After; sweeps go oldest first with id > After.
 package store
 
 import (
@@ -42,13 +36,10 @@ var (
 	ErrInvalidValue = errors.New("store: invalid value")
 	// ErrUnavailable: the database cannot serve now (no answer, a broken
 	// connection, shutting down or starting, no connection free, SQLite's
-	// lock stayed busy); trying again once it is back succeeds. Driver
-	// errors are classified as they leave the driver (querier.go), so a
-	// caller that also talks to Redis never mistakes one for the other.
+	// lock stayed busy); trying again once it is back succeeds.
 	ErrUnavailable = errors.New("store: database unavailable")
 )
 
-// Default and largest page sizes of the list methods.
 const (
 	defaultListLimit = 20
 	maxListLimit     = 1000
@@ -56,25 +47,23 @@ const (
 
 // DB is llmq's database. It is safe for concurrent use.
 type DB struct {
-	// rw takes every write and ro the reads. On Postgres both are the
-	// pool. On SQLite rw is a single connection, so writers queue in Go
-	// instead of failing with SQLITE_BUSY, and ro a pool of read-only
-	// connections, which WAL lets read while the writer writes.
+	// rw takes every write and ro the reads: on Postgres both the pool; on
+	// SQLite one connection, so writers queue in Go instead of failing with
+	// SQLITE_BUSY, and a pool of read-only ones, which WAL lets read meanwhile.
 	rw, ro querier
-	// pool is Postgres's (rw and ro run on it; grouped writes and COPY use
-	// it directly); locks holds the connections of advisory locks.
+	// Postgres's pool and the pool of its advisory locks' connections.
 	pool, locks *pgxpool.Pool
-	// writer and readers are SQLite's rw and ro.
+	// SQLite's rw and ro.
 	writer, readers *sql.DB
 	d               *dialect
 	log             *slog.Logger
 	groups          groups
 
 	// lockScope keeps TryLock names of different databases apart: the
-	// Postgres schema (tests use a schema each) or the SQLite file's path.
+	// Postgres schema or the SQLite file's path.
 	lockScope string
 
-	// Tunables; tests shrink them to exercise paging with few rows.
+	// Tunables; tests shrink them.
 	chunkSize          int // bytes per file chunk
 	streamBatch        int // rows per query of a stream
 	migrateLockTimeout time.Duration
@@ -82,19 +71,15 @@ type DB struct {
 	now func() time.Time
 }
 
-// Open connects to the database at url and returns the DB, once it has
-// checked that the schema is the one this binary was built for: a
-// *SchemaError otherwise. The scheme picks the backend: postgres:// or
-// postgresql:// for PostgreSQL (search_path and pool_max_conns are
-// honoured); sqlite://path or file:path for SQLite (the file and its
-// directory are created; extra query parameters go to the driver). logger
-// may be nil.
+// Open connects to the database at url (postgres://, postgresql://,
+// sqlite://path or file:path) and checks that its schema is this binary's:
+// a *SchemaError otherwise. logger may be nil.
 func Open(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
 	return open(ctx, url, logger, false)
 }
 
-// OpenMigrated is Open after applying the pending migrations: for dev
-// mode, tests and benchmarks. Deployments migrate with `dispatcher migrate up`.
+// OpenMigrated is Open after applying the pending migrations (dev mode,
+// tests, benchmarks).
 func OpenMigrated(ctx context.Context, url string, logger *slog.Logger) (*DB, error) {
 	return open(ctx, url, logger, true)
 }
@@ -127,10 +112,8 @@ func Connect(ctx context.Context, url string, logger *slog.Logger) (*DB, error) 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	var (
-		db  *DB
-		err error
-	)
+	var db *DB
+	var err error
 	switch {
 	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
 		db, err = openPostgres(ctx, url)
@@ -147,7 +130,7 @@ func Connect(ctx context.Context, url string, logger *slog.Logger) (*DB, error) 
 	db.chunkSize = 1 << 20
 	db.streamBatch = 500
 	db.migrateLockTimeout = DefaultMigrateLockTimeout
-	db.now = func() time.Time { return time.Now() }
+	db.now = time.Now
 	db.initGroups()
 	return db, nil
 }
@@ -165,8 +148,7 @@ func (db *DB) Ping(ctx context.Context) error {
 	return err
 }
 
-// Close closes the connection pools. Locks taken with TryLock and not yet
-// released are released by the database when their connection closes.
+// Close closes the connection pools, which releases the locks held.
 func (db *DB) Close() error {
 	var err error
 	for _, p := range []*pgxpool.Pool{db.pool, db.locks} {
@@ -182,15 +164,12 @@ func (db *DB) Close() error {
 	return err
 }
 
-// nowUTC is the time written by a call, at the precision both backends
-// keep, so what a method returns equals what a later read returns.
+// nowUTC is the time a call writes, at the precision both backends keep.
 func (db *DB) nowUTC() time.Time { return normTime(db.now()) }
 
-// normTime brings a caller's time to the stored precision and zone.
 func normTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
 
-// args accumulates query arguments and hands out their $N placeholders, so
-// values never enter the SQL text.
+// args accumulates query arguments and hands out their $N placeholders.
 type args []any
 
 func (a *args) add(v any) string {
@@ -198,7 +177,6 @@ func (a *args) add(v any) string {
 	return "$" + strconv.Itoa(len(*a))
 }
 
-// list returns "$i, $j, ..." for vs.
 func (a *args) list(vs ...any) string {
 	ps := make([]string, len(vs))
 	for i, v := range vs {
@@ -207,7 +185,6 @@ func (a *args) list(vs ...any) string {
 	return strings.Join(ps, ", ")
 }
 
-// anys converts vs for args.list.
 func anys[T any](vs []T) []any {
 	out := make([]any, len(vs))
 	for i, v := range vs {
@@ -223,8 +200,7 @@ type status interface {
 	Terminal() bool
 }
 
-// unfinished checks that ss holds known statuses that are not terminal,
-// and returns them as strings.
+// unfinished checks that ss holds known statuses that are not terminal.
 func unfinished[S status](method, field string, ss []S) ([]any, error) {
 	if len(ss) == 0 {
 		return nil, fmt.Errorf("store: %s: %s is empty", method, field)
@@ -239,20 +215,15 @@ func unfinished[S status](method, field string, ss []S) ([]any, error) {
 	return out, nil
 }
 
-// pageLimit applies the default and the ceiling of a list's page size.
-func pageLimit(limit, def, max int) int {
-	switch {
-	case limit <= 0:
+func pageLimit(limit, def, most int) int {
+	if limit <= 0 {
 		return def
-	case limit > max:
-		return max
 	}
-	return limit
+	return min(limit, most)
 }
 
-// pageSQL ends q, a list's query and its conditions, with the page after
-// the id after: older rows newest first (newestFirst, a tenant's list) or
-// younger rows oldest first (a sweep), one more than limit (see page).
+// pageSQL ends q with the page after the id after, newest first (a
+// tenant's list) or oldest first (a sweep), one row more than limit.
 func pageSQL(q string, a args, after string, newestFirst bool, limit int) (string, args) {
 	op, order := ` > `, ``
 	if newestFirst {
@@ -265,7 +236,7 @@ func pageSQL(q string, a args, after string, newestFirst bool, limit int) (strin
 }
 
 // page runs query, which selects up to limit+1 rows, and returns the first
-// limit of them and whether there were more.
+// limit and whether there were more.
 func page[T any](ctx context.Context, q querier, scan func(row) (*T, error), limit int, query string, a ...any) ([]*T, bool, error) {
 	rows, err := collect(ctx, q, scan, query, a...)
 	if err != nil || len(rows) <= limit {
@@ -274,7 +245,7 @@ func page[T any](ctx context.Context, q querier, scan func(row) (*T, error), lim
 	return rows[:limit], true, nil
 }
 
-// getOne scans the one row of query, or returns ErrNotFound naming what and id.
+// getOne scans the one row of query, or returns ErrNotFound.
 func getOne[T any](ctx context.Context, q querier, scan func(row) (*T, error), what, id, query string, a ...any) (*T, error) {
 	v, err := scan(q.queryRow(ctx, query, a...))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -285,10 +256,8 @@ func getOne[T any](ctx context.Context, q querier, scan func(row) (*T, error), w
 	return v, nil
 }
 
-// notFound wraps ErrNotFound with what was missing.
 func notFound(what, id string) error { return fmt.Errorf("%w: %s %q", ErrNotFound, what, id) }
 
-// failed names method in its error; nil stays nil.
 func failed(method string, err error) error {
 	if err == nil {
 		return nil
@@ -296,7 +265,6 @@ func failed(method string, err error) error {
 	return fmt.Errorf("store: %s: %w", method, err)
 }
 
-// positive checks a limit of rows.
 func positive(method string, limit int) error {
 	if limit < 1 {
 		return fmt.Errorf("store: %s: limit %d, want at least 1", method, limit)

@@ -31,7 +31,7 @@ type Tenant struct {
 }
 
 // WebhookSecrets are the secrets the tenant's deliveries at now are signed
-// with: the current one, and the previous one during a rotation's overlap.
+// with: the previous one too during a rotation's overlap.
 func (t *Tenant) WebhookSecrets(now time.Time) []string {
 	if t.WebhookSecretPrevious != "" && t.PreviousUntil != nil && now.Before(*t.PreviousUntil) {
 		return []string{t.WebhookSecret, t.WebhookSecretPrevious}
@@ -44,14 +44,10 @@ const tenantColumns = `id, name, tier, budget_override_micros, api_exempt, webho
 
 func scanTenant(r row) (*Tenant, error) {
 	var t Tenant
-	if err := r.Scan(tenantDest(&t)...); err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return &t, r.Scan(tenantDest(&t)...)
 }
 
-// tenantDest returns scan destinations for tenantColumns into t, so a wider
-// row (a key joined to its tenant) can scan a tenant too.
+// tenantDest are tenantColumns' scan destinations, for wider rows too.
 func tenantDest(t *Tenant) []any {
 	return []any{&t.ID, &t.Name, &t.Tier, microsCol{&t.BudgetOverride}, &t.APIExempt, &t.WebhookSecret,
 		&t.WebhookSecretPrevious, nullTimeCol{&t.PreviousUntil}, timeCol{&t.CreatedAt}, timeCol{&t.UpdatedAt}}
@@ -80,8 +76,7 @@ func (db *DB) TenantInsert(ctx context.Context, p *TenantInsertParams) (*Tenant,
 	return t, db.d.wrap(err)
 }
 
-// newWebhookSecret is 32 random bytes, hex, with Stripe's "whsec_" prefix so
-// a leaked one is recognisable.
+// newWebhookSecret has Stripe's "whsec_" prefix, so a leaked one is recognisable.
 func newWebhookSecret() string {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
@@ -101,7 +96,7 @@ type TenantListParams struct {
 	APIExempt bool
 }
 
-// TenantList returns a page of tenants, newest first, and whether older ones remain.
+// TenantList returns a page of tenants.
 func (db *DB) TenantList(ctx context.Context, p *TenantListParams) ([]*Tenant, bool, error) {
 	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	var a args
@@ -155,8 +150,7 @@ func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant,
 }
 
 // TenantRotateWebhookSecret gives the tenant a new webhook secret; the one
-// it replaces still signs deliveries for overlap. Rotating again within the
-// overlap drops the oldest.
+// it replaces still signs deliveries for overlap.
 func (db *DB) TenantRotateWebhookSecret(ctx context.Context, id string, overlap time.Duration) (*Tenant, error) {
 	if err := required("TenantRotateWebhookSecret", "id", id); err != nil {
 		return nil, err

@@ -18,9 +18,8 @@ type WebhookRef struct {
 	ID   string
 }
 
-// webhookTable is where the objects of a webhook kind are: their table,
-// the predicate of its partial index *_webhook_pending (literally), and
-// when an object finished.
+// webhookTable is a webhook kind's table, its *_webhook_pending index's
+// predicate, and when an object finished.
 type webhookTable struct {
 	name, pending, finishedAt string
 }
@@ -32,7 +31,6 @@ var webhookTables = map[string]webhookTable{
 		"COALESCE(completed_at, failed_at, expired_at, cancelled_at)"},
 }
 
-// webhookTableOf is the table of a webhook kind.
 func webhookTableOf(method, kind string) (webhookTable, error) {
 	t, ok := webhookTables[kind]
 	if !ok {
@@ -41,8 +39,7 @@ func webhookTableOf(method, kind string) (webhookTable, error) {
 	return t, nil
 }
 
-// WebhookDone records, once, that the webhook of the job or batch needs no
-// further delivery.
+// WebhookDone records, once, that the object's webhook needs no more delivery.
 func (db *DB) WebhookDone(ctx context.Context, ref WebhookRef) error {
 	t, err := webhookTableOf("WebhookDone", ref.Kind)
 	if err != nil {
@@ -68,8 +65,8 @@ type WebhookListPendingParams struct {
 	Limit          int    // default 1000, at most 10000
 }
 
-// WebhookListPending returns a page of the finished jobs or batches whose
-// webhook delivery has not ended, oldest first, and whether more follow.
+// WebhookListPending returns a page of the finished objects whose webhook
+// delivery has not ended, oldest first.
 func (db *DB) WebhookListPending(ctx context.Context, p *WebhookListPendingParams) ([]*WebhookRef, bool, error) {
 	limit := pageLimit(p.Limit, 1000, 10000)
 	q, a, err := webhookListPendingSQL(db.d, p, limit)

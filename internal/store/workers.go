@@ -5,12 +5,9 @@ import (
 	"time"
 )
 
-// Worker processes hold their running jobs by a lease in the store: each
-// beats (WorkerBeat) every WorkerBeatInterval, and a job it starts names it
-// (jobs.worker_id). A worker not seen for WorkerDeadAfter is dead: its
-// running jobs are handed to others (JobHandOff), and only then may another
-// delivery of such a job start it. Times are each process's clock; hosts'
-// clocks must agree to well under WorkerDeadAfter.
+// A worker beats every WorkerBeatInterval and the jobs it starts name it; one
+// not seen for WorkerDeadAfter is dead, and its running jobs are handed on
+// (JobHandOff). Hosts' clocks must agree to well under WorkerDeadAfter.
 const (
 	WorkerBeatInterval = 2 * time.Second
 	WorkerDeadAfter    = 8 * time.Second
@@ -32,8 +29,7 @@ func (db *DB) WorkerGone(ctx context.Context, id string) error {
 	return failed("WorkerGone", db.d.wrap(err))
 }
 
-// JobRelease clears worker's hold on job id when a delivery ended without
-// moving the job: a job left running is queued again.
+// JobRelease clears worker's hold on job id, queueing it again if running.
 func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
 	if worker == "" {
 		return nil
@@ -47,9 +43,8 @@ func (db *DB) JobRelease(ctx context.Context, id, worker string) error {
 // that was seen at or after $dead.
 const heldByLiveSQL = `EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND w.seen_at >= `
 
-// JobHandOff takes up to limit running jobs (not synchronous ones) from
-// workers not seen since WorkerDeadAfter: each is queued again, held by
-// nobody, its lost delivery counted as an attempt, and returned once.
+// JobHandOff queues again up to limit running jobs (not synchronous ones)
+// of dead workers, counting the lost delivery as an attempt.
 func (db *DB) JobHandOff(ctx context.Context, limit int) ([]*Job, error) {
 	var a args
 	now := db.nowUTC()
