@@ -29,9 +29,8 @@ type SyncRunner interface {
 
 // SyncOptions configure the synchronous OpenAI endpoints.
 type SyncOptions struct {
-	// MaxWait is the longest a request waits for its budget and rate limit
-	// (LLMQ_SYNC_MAX_WAIT); the MaxWaitHeader of a request may lower it.
-	// Defaults to 60s.
+	// MaxWait (LLMQ_SYNC_MAX_WAIT, more than 0) is the longest a request
+	// waits for its budget and rate limit; its MaxWaitHeader may lower it.
 	MaxWait time.Duration
 }
 
@@ -55,9 +54,6 @@ type syncAPI struct {
 // /v1/models. Each request is a job of its tenant, admitted as POST
 // /v1/jobs admits one, run by runner.
 func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) {
-	if opts.MaxWait == 0 {
-		opts.MaxWait = 60 * time.Second
-	}
 	a := &syncAPI{Server: s, runner: runner, opts: opts}
 	t := s.tenantRoute
 	for _, endpoint := range []string{llm.EndpointChat, llm.EndpointEmbeddings, llm.EndpointResponses} {

@@ -86,7 +86,7 @@ type Options struct {
 	// AdminTokenPrevious is accepted too, during a rotation. Defaults to
 	// empty (none).
 	AdminTokenPrevious string
-	// MaxBodyBytes caps JSON request bodies. Defaults to 1 MiB.
+	// MaxBodyBytes caps JSON request bodies (LLMQ_MAX_BODY_BYTES, at least 1).
 	MaxBodyBytes int64
 	// WebhookAllowPrivate accepts webhook URLs whose host is an internal
 	// address (LLMQ_WEBHOOK_ALLOW_PRIVATE). Defaults to false.
@@ -115,9 +115,6 @@ type Server struct {
 func New(d Deps, opts Options) (*Server, error) {
 	if err := validateReadyChecks(d.ReadyChecks); err != nil {
 		return nil, err
-	}
-	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = 1 << 20
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
