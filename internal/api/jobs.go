@@ -79,7 +79,6 @@ func (s *Server) submitJob(r *http.Request, req *createJobRequest) (job *store.J
 	return job, false, nil
 }
 
-// idempotencyKey reads the Idempotency-Key header.
 func idempotencyKey(r *http.Request) (string, error) {
 	idemKey := r.Header.Get("Idempotency-Key")
 	if len(idemKey) > 255 {
@@ -318,12 +317,10 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	return writeList(w, jobs, more, wire.Job, func(j client.Job) string { return j.ID })
 }
 
-// validateWebhookURL refuses, naming webhook_url, a URL llmq could never
-// deliver to: not absolute http(s), too long, with credentials or a port
-// outside 1-65535, or whose host is an internal address written out
-// (netguard.Literal: 10.0.0.5, [::1], 2130706433) or localhost, unless LLMQ_WEBHOOK_ALLOW_PRIVATE. A
-// name is only resolved when the webhook is sent, and every address it
-// resolves to is checked then.
+// validateWebhookURL refuses a URL llmq could never deliver to, or whose
+// host is localhost or an internal address written out in any form
+// (netguard.Literal), unless WebhookAllowPrivate. A name is resolved, and
+// each of its addresses checked, only when the webhook is sent.
 func (s *Server) validateWebhookURL(raw string) error {
 	if raw == "" {
 		return nil

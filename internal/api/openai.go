@@ -23,7 +23,6 @@ import (
 
 // SyncRunner runs synchronous requests: the worker's handler.
 type SyncRunner interface {
-	// RunSync runs the job of a synchronous request (worker.Handler.RunSync).
 	RunSync(ctx context.Context, c worker.SyncCall) (*worker.SyncResult, error)
 }
 
@@ -420,35 +419,25 @@ func (s *sseRelay) fail(pe *llm.Error) {
 		s.write(append(append([]byte("data: "), wire.ErrorBody(e.Object())...), "\n\n"...))
 		return
 	}
-	o := e.Object()
+	var param *string // null when empty
+	if e.Param != "" {
+		param = &e.Param
+	}
 	data, _ := json.Marshal(struct {
 		Type    string      `json:"type"`
 		Code    client.Code `json:"code"`
 		Message string      `json:"message"`
-		Param   any         `json:"param"`
-	}{"error", o.Code, o.Message, nullable(o.Param)})
+		Param   *string     `json:"param"`
+	}{"error", e.Code, e.Message, param})
 	s.write(s.event(data))
 }
 
-// nullable is s, or nil (JSON null) when empty.
-func nullable(s string) any {
-	if s == "" {
-		return nil
-	}
-	return s
-}
-
-// The Responses API (POST /v1/responses): a synchronous call like chat
-// completions (streamed as the Responses API's typed events), or, with
-// "background": true, a job of llmq's whose id is the response's until it
-// ends: GET /v1/responses/{id} follows it and POST
-// /v1/responses/{id}/cancel cancels it. The provider is called without
-// background (llmq is the background), so its answer carries the usage
-// charged at once; the completed response is the provider's, with the
-// provider's id, which a follow-up's previous_response_id names.
-
-// createResponse serves POST /v1/responses, whose body was read: in the
-// background, or as any other synchronous request.
+// createResponse serves POST /v1/responses, whose body was read: a call
+// like any other synchronous request, or, with "background": true, a job of
+// llmq's whose id is the response's until it ends. The provider is called
+// without background (llmq is the background), so its answer carries the
+// usage charged at once; the completed response is the provider's, whose id
+// a follow-up's previous_response_id names.
 func (a *syncAPI) createResponse(w http.ResponseWriter, r *http.Request, body []byte) error {
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(body, &fields) != nil || fields == nil {
@@ -522,8 +511,7 @@ func (a *syncAPI) cancelResponse(w http.ResponseWriter, r *http.Request) error {
 var responseStatuses = map[store.JobStatus]string{store.JobSucceeded: "completed", store.JobFailed: "failed",
 	store.JobCancelled: "cancelled", store.JobRunning: "in_progress"}
 
-// responseUsage is a background response's usage, in the Responses API's
-// names.
+// responseUsage is a background response's usage, in the Responses API's names.
 type responseUsage struct {
 	InputTokens        int64 `json:"input_tokens"`
 	InputTokensDetails struct {
