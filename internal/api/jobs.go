@@ -47,36 +47,35 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
-	job, replayed, err := s.submitJob(r, &req)
+	job, err := s.submitJob(w, r, &req)
 	if err != nil {
 		return err
-	}
-	if replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	return writeJSON(w, http.StatusAccepted, wire.Job(job))
 }
 
 // submitJob admits a job of the caller (with the request's Idempotency-Key)
-// and enqueues it; replayed is set when the key named an earlier job.
-func (s *Server) submitJob(r *http.Request, req *createJobRequest) (job *store.Job, replayed bool, err error) {
+// and enqueues it; the answer says Idempotent-Replayed when the key named
+// an earlier job.
+func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, req *createJobRequest) (*store.Job, error) {
 	idemKey, err := idempotencyKey(r)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	job, admitted, err := s.admitJob(r.Context(), callerOf(r), req, idemKey, false)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	if admitted == nil {
-		return job, true, nil
+		w.Header().Set("Idempotent-Replayed", "true")
+		return job, nil
 	}
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
 	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(callerOf(r).policy, job, callerOf(r).tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
-	return job, false, nil
+	return job, nil
 }
 
 func idempotencyKey(r *http.Request) (string, error) {

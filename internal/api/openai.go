@@ -458,12 +458,9 @@ func (a *syncAPI) createResponse(w http.ResponseWriter, r *http.Request, body []
 		return wire.Invalid("stream", client.CodeInvalidValue, "'stream' cannot be combined with 'background' here: follow a background response with GET /v1/responses/{id}.")
 	}
 	body = without(fields, "background", "stream", "stream_options")
-	job, replayed, err := a.submitJob(r, &createJobRequest{Endpoint: llm.EndpointResponses, Body: body})
+	job, err := a.submitJob(w, r, &createJobRequest{Endpoint: llm.EndpointResponses, Body: body})
 	if err != nil {
 		return openAIError(err)
-	}
-	if replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	w.Header().Set(JobIDHeader, job.ID)
 	return writeResponseObject(w, job)
