@@ -164,14 +164,12 @@ const keyAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456
 
 // CreateKey makes a new key for tenant t and stores it hashed, returning
 // the plaintext, which is never stored and shown only once: "llmq_" and 40
-// random base62 characters (238 bits). The admin API and the embedded
-// default's first start both make keys this way.
+// random base62 characters (238 bits).
 func CreateKey(ctx context.Context, db *store.DB, tenantID string) (*store.APIKey, string, error) {
 	return createKey(ctx, db, &store.APIKeyInsertParams{TenantID: tenantID})
 }
 
-// createKey is CreateKey with p's other settings; p's Prefix and Hash are
-// set here.
+// createKey is CreateKey with p's other settings.
 func createKey(ctx context.Context, db *store.DB, p *store.APIKeyInsertParams) (*store.APIKey, string, error) {
 	b := make([]byte, 40)
 	_, _ = rand.Read(b)
@@ -219,17 +217,14 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 	return writeList(w, keys, false, wire.APIKey, func(k client.APIKey) string { return k.ID })
 }
 
-// keyOptions are the settings of a key the admin API may set: at creation
-// (POST /admin/v1/tenants/{id}/keys, body optional) and later (PATCH
-// /admin/v1/keys/{id}).
+// keyOptions are the settings of a key the admin API may set, at creation
+// (the body is optional) and later.
 type keyOptions struct {
-	// APIExempt frees the key from its tier's API rate limit (an internal
-	// service's key), whatever its tenant's setting.
+	// APIExempt frees the key from its tier's API rate limit, whatever its
+	// tenant's setting.
 	APIExempt *bool `json:"api_exempt"`
 }
 
-// updateKey changes a key's settings: PATCH /admin/v1/keys/{id}
-// {"api_exempt": true}.
 func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 	id, err := pathID(r, ids.Key, "api key")
 	if err != nil {
@@ -290,8 +285,7 @@ func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
 	return writeOK(w, wire.UsageReport(day, rows))
 }
 
-// adminRetention says what the policy's retention would purge now: GET
-// /admin/v1/retention (`llmq admin retention`).
+// adminRetention says what the policy's retention would purge now.
 func (s *Server) adminRetention(w http.ResponseWriter, r *http.Request) error {
 	ret := s.Policy.Current().Retention
 	p := &retention.Purger{Store: s.Store, Retention: func() config.Retention { return ret }}
@@ -312,14 +306,11 @@ func (s *Server) adminRetention(w http.ResponseWriter, r *http.Request) error {
 	return writeOK(w, out)
 }
 
-// maxWebhookOverlap bounds how long a rotated-out webhook secret keeps
-// signing.
+// maxWebhookOverlap bounds how long a rotated-out webhook secret keeps signing.
 const maxWebhookOverlap = 30 * 24 * time.Hour
 
 // rotateWebhookSecret gives the tenant a new webhook secret, the old one
-// signing beside it for the overlap (default 24h): POST
-// /admin/v1/tenants/{id}/webhook_secret/rotate {"overlap": "24h"}. The
-// answer is the tenant with its new secret.
+// signing beside it for the overlap (default 24h).
 func (s *Server) rotateWebhookSecret(w http.ResponseWriter, r *http.Request) error {
 	t, err := s.tenantByPath(r)
 	if err != nil {

@@ -25,9 +25,13 @@ func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 	}
 	addr := ap.Addr().Unmap()
 	if isTrusted(addr, trusted) {
-		hops := forwardedHops(r.Header.Values("X-Forwarded-For"))
+		hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
 		for i := len(hops) - 1; i >= 0; i-- {
-			h, ok := parseHop(hops[i])
+			hop := strings.TrimSpace(hops[i])
+			if hop == "" {
+				continue
+			}
+			h, ok := parseHop(hop)
 			if !ok {
 				break
 			}
@@ -46,19 +50,6 @@ func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 
 func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 	return slices.ContainsFunc(trusted, func(p netip.Prefix) bool { return p.Contains(a) })
-}
-
-// forwardedHops are the entries of every X-Forwarded-For header, in order.
-func forwardedHops(values []string) []string {
-	var hops []string
-	for _, v := range values {
-		for _, h := range strings.Split(v, ",") {
-			if h = strings.TrimSpace(h); h != "" {
-				hops = append(hops, h)
-			}
-		}
-	}
-	return hops
 }
 
 // parseHop reads one X-Forwarded-For entry: an address, bracketed or with a

@@ -5,7 +5,6 @@ import (
 	"net/http"
 
 	"github.com/llmq/llmq/client"
-	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/batch"
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/llm"
@@ -13,12 +12,11 @@ import (
 	"github.com/llmq/llmq/internal/wire"
 )
 
-// BatchOptions configure the Files and Batch APIs.
+// BatchOptions configure the Files and Batch APIs (LLMQ_MAX_FILE_BYTES and
+// LLMQ_MAX_FILE_LINES, each at least 1).
 type BatchOptions struct {
-	// MaxFileBytes caps an uploaded file. Defaults to 200 MiB.
-	MaxFileBytes int64
-	// MaxFileLines caps the lines of an uploaded file. Defaults to 50,000.
-	MaxFileLines int
+	MaxFileBytes int64 // caps an uploaded file
+	MaxFileLines int   // caps the lines of an uploaded file
 }
 
 // batchAPI serves the Files and Batch APIs.
@@ -31,12 +29,6 @@ type batchAPI struct {
 // EnableBatches serves OpenAI's Files and Batch APIs (/v1/files,
 // /v1/batches), validating and running batches with svc.
 func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) {
-	if opts.MaxFileBytes == 0 {
-		opts.MaxFileBytes = 200 << 20
-	}
-	if opts.MaxFileLines == 0 {
-		opts.MaxFileLines = 50_000
-	}
 	a := &batchAPI{Server: s, batches: svc, limits: opts}
 	t := s.tenantRoute
 	s.mux.Handle("POST /v1/files", t("files.create", a.uploadFile))
@@ -74,9 +66,6 @@ func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.validateWebhookURL(req.WebhookURL); err != nil {
-		return err
-	}
-	if _, _, err := admission.Account(c.policy, c.tenant); err != nil {
 		return err
 	}
 	f, err := callersByID(r, req.InputFileID, ids.File, "file", s.Store.FileGetForTenant)

@@ -19,14 +19,10 @@ import (
 )
 
 // decodeJSON reads a JSON object of at most limit bytes from r's body into
-// dst (whatever the Content-Type says: curl -d sends a form type), refusing
-// unknown fields, trailing data and wrong types with an error that names
-// the field. The raw body is returned for callers that keep it.
-//
-// It also refuses, naming the field, what jsontext finds that Postgres
-// cannot store or that two readers may read apart, and a member named as
-// one of dst's fields but for case (Go's decoder would take it for that
-// field).
+// dst (whatever the Content-Type says: curl -d sends a form type) and
+// returns the body. It refuses, naming the field, unknown fields, trailing
+// data, wrong types, what jsontext refuses, and a member named as one of
+// dst's fields but for case (Go's decoder would take it for that field).
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {

@@ -70,11 +70,10 @@ func (s *batchAPI) uploadFile(w http.ResponseWriter, r *http.Request) error {
 			}
 			limited := &uploadLimit{r: part, maxBytes: s.limits.MaxFileBytes, maxLines: int64(s.limits.MaxFileLines)}
 			if _, err := io.Copy(spool, limited); err != nil {
-				var re *uploadReadError
-				if errors.As(err, &re) {
-					return multipartError(re.err)
+				if limited.err != nil { // the upload's, not the disk's
+					return multipartError(limited.err)
 				}
-				return err // the disk's
+				return err
 			}
 		default:
 			if _, err := io.Copy(io.Discard, part); err != nil {
@@ -114,13 +113,6 @@ func uploadName(name string) string {
 	return name
 }
 
-// uploadReadError is a failure to read the upload itself: the client's
-// doing (a limit, a malformed or cut body), not the store's.
-type uploadReadError struct{ err error }
-
-func (e *uploadReadError) Error() string { return e.err.Error() }
-func (e *uploadReadError) Unwrap() error { return e.err }
-
 // multipartError names what went wrong reading an upload: a limit (413 or
 // 400), or a malformed or truncated body (400).
 func multipartError(err error) error {
@@ -143,7 +135,9 @@ type uploadLimit struct {
 	maxBytes, maxLines int64
 	n, newlines        int64
 	last               byte
-	err                error // sticky: a reader may drop an error that came with data
+	// err is the upload's own failure (a limit, a malformed or cut body),
+	// sticky: a reader may drop an error that came with data.
+	err error
 }
 
 func (u *uploadLimit) Read(p []byte) (int, error) {
@@ -152,8 +146,8 @@ func (u *uploadLimit) Read(p []byte) (int, error) {
 	}
 	n, err := u.r.Read(p)
 	if err != nil && !errors.Is(err, io.EOF) {
-		u.err = &uploadReadError{err}
-		return n, u.err
+		u.err = err
+		return n, err
 	}
 	if n > 0 {
 		u.n += int64(n)
@@ -166,10 +160,10 @@ func (u *uploadLimit) Read(p []byte) (int, error) {
 	}
 	switch {
 	case u.n > u.maxBytes:
-		u.err = &uploadReadError{wire.Errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, client.CodeFileTooLarge, "file",
-			"The file is larger than the limit of %d bytes.", u.maxBytes)}
+		u.err = wire.Errorf(http.StatusRequestEntityTooLarge, wire.TypeInvalidRequest, client.CodeFileTooLarge, "file",
+			"The file is larger than the limit of %d bytes.", u.maxBytes)
 	case lines > u.maxLines:
-		u.err = &uploadReadError{wire.Invalid("file", client.CodeTooManyLines, "The file has more than the limit of %d lines.", u.maxLines)}
+		u.err = wire.Invalid("file", client.CodeTooManyLines, "The file has more than the limit of %d lines.", u.maxLines)
 	default:
 		return n, err
 	}

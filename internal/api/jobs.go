@@ -47,39 +47,37 @@ func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
 		return err
 	}
-	job, replayed, err := s.submitJob(r, &req)
+	job, err := s.submitJob(w, r, &req)
 	if err != nil {
 		return err
-	}
-	if replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	return writeJSON(w, http.StatusAccepted, wire.Job(job))
 }
 
 // submitJob admits a job of the caller (with the request's Idempotency-Key)
-// and enqueues it; replayed is set when the key named an earlier job.
-func (s *Server) submitJob(r *http.Request, req *createJobRequest) (job *store.Job, replayed bool, err error) {
+// and enqueues it; the answer says Idempotent-Replayed when the key named
+// an earlier job.
+func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, req *createJobRequest) (*store.Job, error) {
 	idemKey, err := idempotencyKey(r)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	job, admitted, err := s.admitJob(r.Context(), callerOf(r), req, idemKey, false)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	if admitted == nil {
-		return job, true, nil
+		w.Header().Set("Idempotent-Replayed", "true")
+		return job, nil
 	}
 	// The row is committed: if Redis refuses the task now, the reconciler
 	// enqueues it later, so the client still gets its job.
 	if _, err := s.Queue.EnqueueJob(r.Context(), admission.JobRef(callerOf(r).policy, job, callerOf(r).tier.Share)); err != nil {
 		s.Logger.Warn("enqueue failed; the reconciler will retry", "job", job.ID, "err", err)
 	}
-	return job, false, nil
+	return job, nil
 }
 
-// idempotencyKey reads the Idempotency-Key header.
 func idempotencyKey(r *http.Request) (string, error) {
 	idemKey := r.Header.Get("Idempotency-Key")
 	if len(idemKey) > 255 {
@@ -318,12 +316,10 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	return writeList(w, jobs, more, wire.Job, func(j client.Job) string { return j.ID })
 }
 
-// validateWebhookURL refuses, naming webhook_url, a URL llmq could never
-// deliver to: not absolute http(s), too long, with credentials or a port
-// outside 1-65535, or whose host is an internal address written out
-// (netguard.Literal: 10.0.0.5, [::1], 2130706433) or localhost, unless LLMQ_WEBHOOK_ALLOW_PRIVATE. A
-// name is only resolved when the webhook is sent, and every address it
-// resolves to is checked then.
+// validateWebhookURL refuses a URL llmq could never deliver to, or whose
+// host is localhost or an internal address written out in any form
+// (netguard.Literal), unless WebhookAllowPrivate. A name is resolved, and
+// each of its addresses checked, only when the webhook is sent.
 func (s *Server) validateWebhookURL(raw string) error {
 	if raw == "" {
 		return nil

@@ -16,8 +16,9 @@ import (
 // their tenants. The admin API publishes every change to a key or tenant on
 // a Redis channel, and every dispatcher's cache empties itself on the
 // message. While the subscription is down the cache holds nothing (messages
-// sent meanwhile are lost); entries also expire after TTL, a backstop for a
-// change made without the admin API. Only keys found are cached.
+// sent meanwhile are lost); entries also expire after keyCacheTTL, a
+// backstop for a change made without the admin API. Only keys found are
+// cached.
 type KeyCache struct {
 	rdb     redis.UniversalClient
 	channel string
@@ -43,39 +44,29 @@ type keyEntry struct {
 	expires time.Time
 }
 
+// A full cache (keyCacheMax entries) is emptied.
+const (
+	keyCacheTTL = 5 * time.Second
+	keyCacheMax = 100_000
+)
+
 // KeyCacheOptions configure a KeyCache.
 type KeyCacheOptions struct {
-	// TTL is how long an entry is trusted without a message. Defaults to
-	// 5 s.
-	TTL time.Duration
-	// MaxEntries caps the cache; when full it is emptied. Defaults to
-	// 100,000.
-	MaxEntries int
 	// Now is the clock of the entries' expiry. Defaults to time.Now.
 	Now func() time.Time
 	// Logger is told when the subscription breaks. Defaults to none.
 	Logger *slog.Logger
 }
 
-func (o *KeyCacheOptions) withDefaults() {
-	if o.TTL == 0 {
-		o.TTL = 5 * time.Second
-	}
-	if o.MaxEntries == 0 {
-		o.MaxEntries = 100_000
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-}
-
 // NewKeyCache subscribes to channel (rkeys.Builder.KeyChanges) and returns
 // the cache once the subscription is confirmed. Close it when done.
 func NewKeyCache(ctx context.Context, rdb redis.UniversalClient, channel string, opts KeyCacheOptions) (*KeyCache, error) {
-	opts.withDefaults()
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
 	c := &KeyCache{rdb: rdb, channel: channel, opts: opts, quit: make(chan struct{}), done: make(chan struct{}), m: make(map[[32]byte]keyEntry)}
 	c.ps = rdb.Subscribe(ctx, channel)
 	// The first reply confirms the subscription; Receive reconnects and
@@ -171,10 +162,10 @@ func (c *KeyCache) put(hash [32]byte, k *store.APIKey, t *store.Tenant, gen uint
 	if gen != c.gen || !c.live {
 		return
 	}
-	if len(c.m) >= c.opts.MaxEntries {
+	if len(c.m) >= keyCacheMax {
 		clear(c.m)
 	}
-	c.m[hash] = keyEntry{key: k, tenant: t, expires: c.opts.Now().Add(c.opts.TTL)}
+	c.m[hash] = keyEntry{key: k, tenant: t, expires: c.opts.Now().Add(keyCacheTTL)}
 }
 
 // Changed empties this cache and tells every other dispatcher's to. Call it

@@ -23,15 +23,13 @@ import (
 
 // SyncRunner runs synchronous requests: the worker's handler.
 type SyncRunner interface {
-	// RunSync runs the job of a synchronous request (worker.Handler.RunSync).
 	RunSync(ctx context.Context, c worker.SyncCall) (*worker.SyncResult, error)
 }
 
 // SyncOptions configure the synchronous OpenAI endpoints.
 type SyncOptions struct {
-	// MaxWait is the longest a request waits for its budget and rate limit
-	// (LLMQ_SYNC_MAX_WAIT); the MaxWaitHeader of a request may lower it.
-	// Defaults to 60s.
+	// MaxWait (LLMQ_SYNC_MAX_WAIT, more than 0) is the longest a request
+	// waits for its budget and rate limit; its MaxWaitHeader may lower it.
 	MaxWait time.Duration
 }
 
@@ -55,9 +53,6 @@ type syncAPI struct {
 // /v1/models. Each request is a job of its tenant, admitted as POST
 // /v1/jobs admits one, run by runner.
 func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) {
-	if opts.MaxWait == 0 {
-		opts.MaxWait = 60 * time.Second
-	}
 	a := &syncAPI{Server: s, runner: runner, opts: opts}
 	t := s.tenantRoute
 	for _, endpoint := range []string{llm.EndpointChat, llm.EndpointEmbeddings, llm.EndpointResponses} {
@@ -424,35 +419,25 @@ func (s *sseRelay) fail(pe *llm.Error) {
 		s.write(append(append([]byte("data: "), wire.ErrorBody(e.Object())...), "\n\n"...))
 		return
 	}
-	o := e.Object()
+	var param *string // null when empty
+	if e.Param != "" {
+		param = &e.Param
+	}
 	data, _ := json.Marshal(struct {
 		Type    string      `json:"type"`
 		Code    client.Code `json:"code"`
 		Message string      `json:"message"`
-		Param   any         `json:"param"`
-	}{"error", o.Code, o.Message, nullable(o.Param)})
+		Param   *string     `json:"param"`
+	}{"error", e.Code, e.Message, param})
 	s.write(s.event(data))
 }
 
-// nullable is s, or nil (JSON null) when empty.
-func nullable(s string) any {
-	if s == "" {
-		return nil
-	}
-	return s
-}
-
-// The Responses API (POST /v1/responses): a synchronous call like chat
-// completions (streamed as the Responses API's typed events), or, with
-// "background": true, a job of llmq's whose id is the response's until it
-// ends: GET /v1/responses/{id} follows it and POST
-// /v1/responses/{id}/cancel cancels it. The provider is called without
-// background (llmq is the background), so its answer carries the usage
-// charged at once; the completed response is the provider's, with the
-// provider's id, which a follow-up's previous_response_id names.
-
-// createResponse serves POST /v1/responses, whose body was read: in the
-// background, or as any other synchronous request.
+// createResponse serves POST /v1/responses, whose body was read: a call
+// like any other synchronous request, or, with "background": true, a job of
+// llmq's whose id is the response's until it ends. The provider is called
+// without background (llmq is the background), so its answer carries the
+// usage charged at once; the completed response is the provider's, whose id
+// a follow-up's previous_response_id names.
 func (a *syncAPI) createResponse(w http.ResponseWriter, r *http.Request, body []byte) error {
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(body, &fields) != nil || fields == nil {
@@ -473,12 +458,9 @@ func (a *syncAPI) createResponse(w http.ResponseWriter, r *http.Request, body []
 		return wire.Invalid("stream", client.CodeInvalidValue, "'stream' cannot be combined with 'background' here: follow a background response with GET /v1/responses/{id}.")
 	}
 	body = without(fields, "background", "stream", "stream_options")
-	job, replayed, err := a.submitJob(r, &createJobRequest{Endpoint: llm.EndpointResponses, Body: body})
+	job, err := a.submitJob(w, r, &createJobRequest{Endpoint: llm.EndpointResponses, Body: body})
 	if err != nil {
 		return openAIError(err)
-	}
-	if replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	w.Header().Set(JobIDHeader, job.ID)
 	return writeResponseObject(w, job)
@@ -526,8 +508,7 @@ func (a *syncAPI) cancelResponse(w http.ResponseWriter, r *http.Request) error {
 var responseStatuses = map[store.JobStatus]string{store.JobSucceeded: "completed", store.JobFailed: "failed",
 	store.JobCancelled: "cancelled", store.JobRunning: "in_progress"}
 
-// responseUsage is a background response's usage, in the Responses API's
-// names.
+// responseUsage is a background response's usage, in the Responses API's names.
 type responseUsage struct {
 	InputTokens        int64 `json:"input_tokens"`
 	InputTokensDetails struct {

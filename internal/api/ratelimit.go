@@ -17,31 +17,24 @@ import (
 	"github.com/llmq/llmq/internal/wire"
 )
 
-// keyLimits is the set of windows one request of key counts in: the key's
-// own (the tier's api_limits) and, for an endpoint with its own limits,
-// that endpoint's, all in the key's scope so one script counts them
-// together. Both are read from the policy in force, so a reload applies to
-// the next request.
-func keyLimits(tier *config.Tier, keyID, endpoint string) (limiter.WindowSet, bool) {
-	set := limiter.WindowSet{Algorithm: tier.APIAlgorithm, Scope: "api:" + keyID, Windows: tier.APILimits.Windows("")}
-	el, ok := tier.APIEndpointLimits[endpoint]
-	if ok {
-		set.Windows = append(set.Windows, el.Windows(endpoint+":")...)
-	}
-	return set, ok
-}
-
 // rateLimit applies the API limits of the key's tier (unless the tier, the
 // tenant or the key is exempt) and sets X-RateLimit-* on the response: on
 // success those of the tightest window, on a 429 those of the window that
 // refused (the one that frees last), with X-RateLimit-Window naming it, and
-// X-RateLimit-Warning once a window passes the tier's api_soft_limit.
+// X-RateLimit-Warning once a window passes the tier's api_soft_limit. A
+// request counts in the key's own windows (the tier's api_limits) and, for
+// an endpoint with its own limits, that endpoint's too, all in the key's
+// scope so one script counts them together.
 func (s *Server) rateLimit(ctx context.Context, h http.Header, endpoint string, c *caller) error {
 	tier, key := c.tier, c.key
 	if tier == nil || tier.APIExempt || c.tenant.APIExempt || key.APIExempt || s.APILimiter == nil {
 		return nil
 	}
-	set, own := keyLimits(tier, key.ID, endpoint)
+	set := limiter.WindowSet{Algorithm: tier.APIAlgorithm, Scope: "api:" + key.ID, Windows: tier.APILimits.Windows("")}
+	el, own := tier.APIEndpointLimits[endpoint]
+	if own {
+		set.Windows = append(set.Windows, el.Windows(endpoint+":")...)
+	}
 	var res *limiter.Result
 	var err error
 	if tier.APILease > 0 && !own {

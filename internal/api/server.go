@@ -51,26 +51,19 @@ type Deps struct {
 	// limit of failed authentications. Nil turns both off.
 	APILimiter *limiter.Windows
 	Logger     *slog.Logger
-	// Ready reports whether the services the API needs answer (for
-	// /readyz), without saying which does not. ReadyChecks, when set, is
-	// asked instead.
+	// Ready is what /readyz asks, as "services", when ReadyChecks is empty.
 	Ready func(ctx context.Context) error
-	// ReadyChecks are the services /readyz asks, each named in its answer
-	// with "ok" or why it does not answer. Defaults to none: Ready is
-	// asked, and its failure named "services".
+	// ReadyChecks are the services /readyz asks, each named in its answer.
 	ReadyChecks []ReadyCheck
-	// Observer is told of jobs created and cancelled, for metrics.
-	// Defaults to none.
-	Observer Observer
+	Observer    Observer // nil: none
 	// KeyCache keeps authenticated keys, and is told of the admin API's
 	// changes to keys and tenants. Nil reads the store at every request.
 	KeyCache *KeyCache
 }
 
-// Observer is told what the API does to jobs, for metrics; labels are
-// low-cardinality (tier, model, status).
+// Observer is told of the jobs the API creates ("queued") and cancels
+// ("cancelled"), for metrics.
 type Observer interface {
-	// JobState reports a job created ("queued") or cancelled ("cancelled").
 	JobState(tier, model, status string)
 }
 
@@ -80,21 +73,18 @@ func (nopObserver) JobState(string, string, string) {}
 
 // Options configure the API.
 type Options struct {
-	// AdminToken guards /admin/. Defaults to empty, which disables the
-	// admin API.
+	// AdminToken guards /admin/; empty disables the admin API.
 	AdminToken string
-	// AdminTokenPrevious is accepted too, during a rotation. Defaults to
-	// empty (none).
+	// AdminTokenPrevious is accepted too, during a rotation.
 	AdminTokenPrevious string
-	// MaxBodyBytes caps JSON request bodies. Defaults to 1 MiB.
+	// MaxBodyBytes caps JSON request bodies (LLMQ_MAX_BODY_BYTES, at least 1).
 	MaxBodyBytes int64
 	// WebhookAllowPrivate accepts webhook URLs whose host is an internal
-	// address (LLMQ_WEBHOOK_ALLOW_PRIVATE). Defaults to false.
+	// address (LLMQ_WEBHOOK_ALLOW_PRIVATE).
 	WebhookAllowPrivate bool
-	// Now is the clock for timestamps computed here. Defaults to time.Now.
-	Now func() time.Time
+	Now                 func() time.Time // defaults to time.Now
 	// TrustedProxies are the proxies whose X-Forwarded-For names the client
-	// (LLMQ_TRUSTED_PROXIES). Defaults to none: the connection's address.
+	// (LLMQ_TRUSTED_PROXIES).
 	TrustedProxies []netip.Prefix
 }
 
@@ -104,8 +94,7 @@ type Server struct {
 	opts   Options
 	mux    *http.ServeMux
 	leases leases
-	// counts shares one count of a key's windows among its concurrent
-	// requests (rateLimit).
+	// counts is shared by a key's concurrent requests (rateLimit).
 	counts    coalesce.Group[windowKey, windowCount]
 	authFails authFailures
 }
@@ -116,17 +105,11 @@ func New(d Deps, opts Options) (*Server, error) {
 	if err := validateReadyChecks(d.ReadyChecks); err != nil {
 		return nil, err
 	}
-	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = 1 << 20
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
-	}
-	if d.Admission == nil {
-		d.Admission = admission.New(nil, d.Store)
 	}
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
@@ -143,8 +126,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // (dashboard, metrics, monitoring) beside the API.
 func (s *Server) Mux() *http.ServeMux { return s.mux }
 
-// handlerFunc is a handler that returns its error; errors are written in
-// the one error shape.
+// handlerFunc is a handler whose error plain writes.
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
 func (s *Server) routes() {
@@ -181,19 +163,15 @@ func (s *Server) routes() {
 	s.mux.Handle("/admin/", a(unknownURL))
 }
 
-// ReadyCheck is one service /readyz asks whether it answers.
+// ReadyCheck is one service /readyz asks whether it answers: Check returns
+// nil when it does, within readyTimeout; Name is its field in the answer.
 type ReadyCheck struct {
-	// Name is the service's field in /readyz's answer, such as "redis" or
-	// "database".
-	Name string
-	// Check returns nil when the service answers. It is given at most
-	// readyTimeout.
+	Name  string
 	Check func(ctx context.Context) error
 }
 
-// validateReadyChecks reports, naming the field, a check /readyz could not
-// answer with: one without a name or a function, or a name that another
-// check or a field of the answer ("status", "error") has.
+// validateReadyChecks refuses a check without a name or a function, or
+// whose name another check or a field of the answer has.
 func validateReadyChecks(checks []ReadyCheck) error {
 	seen := map[string]bool{"status": true, "error": true}
 	for i, c := range checks {
@@ -214,7 +192,7 @@ const readyTimeout = 2 * time.Second
 
 // readyz answers 200 when every service answers, else 503 with the error
 // and each service's state ("ok" or its NotReadyReason). The checks run at
-// once, so a service that hangs delays the answer by readyTimeout at most.
+// once: one that hangs delays the answer by readyTimeout at most.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	checks := s.ReadyChecks
 	if len(checks) == 0 && s.Ready != nil {
@@ -306,9 +284,7 @@ func (s *Server) plain(h handlerFunc) http.Handler {
 type caller struct {
 	key    *store.APIKey
 	tenant *store.Tenant
-	// policy is the snapshot the whole request is judged by: its tier,
-	// limits and admission (a reload in between cannot give one request two
-	// tiers).
+	// policy is the one snapshot the whole request is judged by.
 	policy *config.Policy
 	acct   budget.Account
 	tier   *config.Tier
@@ -424,14 +400,26 @@ func (s *Server) keysChanged(ctx context.Context) {
 }
 
 // adminRoute checks the admin token (counting failures per client address)
-// and refuses what a browser sends from another site, then runs h.
+// and refuses what a browser sends from another site and a write whose body
+// is not declared JSON (a bodiless POST or DELETE needs no type), then runs h.
+//
+// The admin token works as the password of basic auth, which a browser
+// sends by itself once the operator has logged in to the dashboard: any
+// page the operator opens could make the browser send requests with it. No
+// plain form or cross-site fetch can send JSON without a CORS preflight,
+// which llmq never grants.
 func (s *Server) adminRoute(h handlerFunc) http.Handler {
 	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
 		if !s.IsAdmin(r) {
 			return s.authFailed(w, r, errAdminUnauthorized)
 		}
-		if err := checkAdminRequest(r); err != nil {
-			return err
+		if IsCrossSite(r) {
+			return errCrossSite
+		}
+		ct, hasBody := r.Header.Get("Content-Type"), r.ContentLength != 0 || len(r.TransferEncoding) > 0
+		if mt, _, err := mime.ParseMediaType(ct); hasBody && !readOnly(r) && (err != nil || mt != "application/json") {
+			return wire.Errorf(http.StatusUnsupportedMediaType, wire.TypeInvalidRequest, client.CodeUnsupportedMediaType, "Content-Type",
+				"Admin requests with a body must be JSON: send 'Content-Type: application/json' (got '%.100s').", ct)
 		}
 		return h(w, r)
 	})
@@ -459,14 +447,6 @@ func (s *Server) IsAdmin(r *http.Request) bool {
 	return ok == 1
 }
 
-// The admin token works as the password of basic auth, which a browser
-// sends by itself once the operator has logged in to the dashboard: any
-// page the operator opens could then make the browser send requests with
-// it. A browser says where a request comes from (Sec-Fetch-Site, Origin);
-// what reaches the admin token from another site is refused, and admin
-// writes must be JSON, which no plain form or cross-site fetch can send
-// without a CORS preflight llmq never grants.
-
 var errCrossSite = wire.Errorf(http.StatusForbidden, wire.TypePermission, client.CodeCrossSiteRequest, "",
 	"Cross-site request refused: the admin API, the dashboard and the monitor answer requests from their own pages and from programs, not from other sites' pages.")
 
@@ -476,7 +456,6 @@ var errCrossSite = wire.Errorf(http.StatusForbidden, wire.TypePermission, client
 // that are not a browser's (curl, Prometheus, the Go client) carry neither
 // header and pass.
 func IsCrossSite(r *http.Request) bool {
-	safe := r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "same-origin", "none":
 		return false
@@ -485,7 +464,7 @@ func IsCrossSite(r *http.Request) bool {
 		// cross-origin writes.
 	default: // cross-site, same-site, or a value no browser sends
 		dest := r.Header.Get("Sec-Fetch-Dest")
-		return !(safe && r.Header.Get("Sec-Fetch-Mode") == "navigate" && (dest == "document" || dest == ""))
+		return !(readOnly(r) && r.Header.Get("Sec-Fetch-Mode") == "navigate" && (dest == "document" || dest == ""))
 	}
 	origin := r.Header.Get("Origin")
 	if origin == "" {
@@ -498,23 +477,6 @@ func IsCrossSite(r *http.Request) bool {
 	return !strings.EqualFold(u.Host, r.Host)
 }
 
-// checkAdminRequest refuses a cross-site request and an admin write whose
-// body is not declared JSON (a bodiless POST or DELETE needs no type).
-func checkAdminRequest(r *http.Request) error {
-	if IsCrossSite(r) {
-		return errCrossSite
-	}
-	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions:
-		return nil
-	}
-	if r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
-		return nil
-	}
-	ct := r.Header.Get("Content-Type")
-	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-		return wire.Errorf(http.StatusUnsupportedMediaType, wire.TypeInvalidRequest, client.CodeUnsupportedMediaType, "Content-Type",
-			"Admin requests with a body must be JSON: send 'Content-Type: application/json' (got '%.100s').", ct)
-	}
-	return nil
+func readOnly(r *http.Request) bool {
+	return r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions
 }

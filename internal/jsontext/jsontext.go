@@ -278,16 +278,6 @@ func walk(doc []byte, visit func(stack []frame, tok json.Token, start, end int, 
 // fold to it, so that two names are equal folded exactly when
 // strings.EqualFold says they are (Go's encoding/json's matching).
 func FoldName(name string) string {
-	ascii := true
-	for i := 0; i < len(name); i++ {
-		if name[i] >= utf8.RuneSelf {
-			ascii = false
-			break
-		}
-	}
-	if ascii {
-		return strings.ToUpper(name)
-	}
 	var b strings.Builder
 	for _, r := range name {
 		least := r

@@ -7,40 +7,34 @@ package netguard
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// blocked are the address ranges webhooks may not reach by default, with
-// the IPv6 ranges that translate to IPv4 addresses.
+// blocked are the IPv4 and public IPv6 ranges webhooks may not reach by
+// default; the rest of IPv6 (loopback, NAT64, unique and link local,
+// multicast…) is outside globalUnicast and blocked whole.
 var blocked = prefixes(
-	"0.0.0.0/8",          // "this network"
-	"10.0.0.0/8",         // private
-	"100.64.0.0/10",      // carrier-grade NAT
-	"127.0.0.0/8",        // loopback
-	"169.254.0.0/16",     // link-local, cloud metadata (169.254.169.254)
-	"172.16.0.0/12",      // private
-	"192.0.0.0/24",       // IETF protocol assignments
-	"192.0.2.0/24",       // documentation
-	"192.88.99.0/24",     // 6to4 relay anycast
-	"192.168.0.0/16",     // private
-	"198.18.0.0/15",      // benchmarking
-	"198.51.100.0/24",    // documentation
-	"203.0.113.0/24",     // documentation
-	"224.0.0.0/4",        // multicast
-	"240.0.0.0/4",        // reserved
-	"255.255.255.255/32", // limited broadcast
-	"64:ff9b::/96",       // NAT64
-	"64:ff9b:1::/48",     // local-use NAT64
-	"100::/64",           // discard
-	"2001::/23",          // IETF protocol assignments, Teredo among them
-	"2001:db8::/32",      // documentation
-	"2002::/16",          // 6to4
-	"3fff::/20",          // documentation
-	"fc00::/7",           // unique local
-	"fec0::/10",          // site-local (deprecated)
-	"fe80::/10",          // link-local
-	"ff00::/8",           // multicast
+	"0.0.0.0/8",       // "this network"
+	"10.0.0.0/8",      // private
+	"100.64.0.0/10",   // carrier-grade NAT
+	"127.0.0.0/8",     // loopback
+	"169.254.0.0/16",  // link-local, cloud metadata (169.254.169.254)
+	"172.16.0.0/12",   // private
+	"192.0.0.0/24",    // IETF protocol assignments
+	"192.0.2.0/24",    // documentation
+	"192.88.99.0/24",  // 6to4 relay anycast
+	"192.168.0.0/16",  // private
+	"198.18.0.0/15",   // benchmarking
+	"198.51.100.0/24", // documentation
+	"203.0.113.0/24",  // documentation
+	"224.0.0.0/4",     // multicast
+	"240.0.0.0/4",     // reserved, limited broadcast
+	"2001::/23",       // IETF protocol assignments, Teredo among them
+	"2001:db8::/32",   // documentation
+	"2002::/16",       // 6to4
+	"3fff::/20",       // documentation
 )
 
 // globalUnicast is where every public IPv6 address is.
@@ -58,19 +52,10 @@ func prefixes(ss ...string) []netip.Prefix {
 // the operator allows internal targets.
 func Blocked(ip netip.Addr) bool {
 	ip = ip.WithZone("").Unmap() // an IPv4-mapped IPv6 address is its IPv4 address
-	if !ip.IsValid() || ip.IsLoopback() || ip.IsPrivate() || ip.IsUnspecified() || ip.IsMulticast() ||
-		ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() {
+	if !ip.IsValid() || ip.Is6() && !globalUnicast.Contains(ip) {
 		return true
 	}
-	if ip.Is6() && !globalUnicast.Contains(ip) {
-		return true // IPv4-compatible, reserved and unassigned IPv6 space
-	}
-	for _, p := range blocked {
-		if p.Contains(ip) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(blocked, func(p netip.Prefix) bool { return p.Contains(ip) })
 }
 
 // Literal returns the address a URL host names without DNS: an IP address,
