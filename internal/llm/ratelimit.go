@@ -26,7 +26,7 @@ const (
 )
 
 // RateLimit is what a provider's response headers say about its rate-limit
-// buckets. A value is meaningful only when its bit is set in Has.
+// buckets. A value is 0 unless its bit is set in Has.
 type RateLimit struct {
 	LimitRequests     int64
 	LimitTokens       int64
@@ -53,12 +53,7 @@ func (r RateLimit) Delay() (d time.Duration, ok bool) {
 	if r.Known(HasRetryAfter) {
 		return r.RetryAfter, r.RetryAfter > 0
 	}
-	if r.Known(HasResetRequests) {
-		d = r.ResetRequests
-	}
-	if r.Known(HasResetTokens) {
-		d = max(d, r.ResetTokens)
-	}
+	d = max(r.ResetRequests, r.ResetTokens)
 	return d, d > 0
 }
 
