@@ -11,10 +11,8 @@ import (
 // ScopeLearning is a scope's buckets now and what they learned from the
 // provider's answers, for metrics and the dashboard.
 type ScopeLearning struct {
-	// Time is the Redis time (or the injected clock's) of the reading.
-	Time    time.Time
-	Buckets []BucketLearning
-	// Calibration is the scope's prompt-token correction.
+	Time        time.Time // Redis's (or the injected clock's)
+	Buckets     []BucketLearning
 	Calibration Calibration
 	// Distrusted is true while repeated unpredicted 429s keep the
 	// provider's counts from lowering the buckets, until DistrustedUntil.
@@ -52,8 +50,6 @@ type BucketLearning struct {
 	ProviderSeen      time.Time
 }
 
-// inspectScript reads a scope's buckets and what they learned, writing
-// nothing (inspect.lua).
 var inspectScript = bucketScript("inspect.lua")
 
 // minRefundEvidence is how many unused tokens, as a share of a bucket's
