@@ -221,7 +221,6 @@ func (p *openAIProvider) CreateBatch(ctx context.Context, fileID, endpoint strin
 	return p.batch(ctx, http.MethodPost, "/batches", in)
 }
 
-// batch makes a request whose answer is a batch object.
 func (p *openAIProvider) batch(ctx context.Context, method, path string, in any) (*ProviderBatch, error) {
 	var b ProviderBatch
 	if err := p.object(ctx, method, path, nil, in, &b); err != nil {

@@ -80,19 +80,16 @@ func NewOpenAI(cfg OpenAIConfig) Provider {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	var hc http.Client
+	var base http.RoundTripper = http.DefaultTransport
 	if cfg.HTTPClient != nil {
 		hc = *cfg.HTTPClient
-	}
-	base := hc.Transport
-	if base == nil {
-		if cfg.HTTPClient != nil {
-			base = http.DefaultTransport
-		} else {
-			t := http.DefaultTransport.(*http.Transport).Clone()
-			t.MaxIdleConns = 1024
-			t.MaxIdleConnsPerHost = 256
-			base = t
+		if hc.Transport != nil {
+			base = hc.Transport
 		}
+	} else {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+		base = t
 	}
 	hc.Transport = &captureTransport{base: base}
 	oc := openai.DefaultConfig(cfg.APIKey)
@@ -289,8 +286,7 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		if apiErr.Param != nil {
 			o.Param = *apiErr.Param
 		}
-		fill(e, o)
-		e.Message = answerMessage(e.StatusCode, e.Message, true, p.scrub)
+		p.fill(e, o)
 	case errors.As(err, &reqErr):
 		e.Message = answerMessage(e.StatusCode, "", false, p.scrub)
 	case c.status >= 200 && c.status < 300 && json.Valid(c.body):

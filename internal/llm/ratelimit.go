@@ -13,7 +13,6 @@ import (
 // told from a zero one.
 type RateLimitField uint8
 
-// The values a RateLimit may hold.
 const (
 	HasLimitRequests RateLimitField = 1 << iota
 	HasLimitTokens
@@ -32,23 +31,19 @@ type RateLimit struct {
 	LimitTokens       int64
 	RemainingRequests int64
 	RemainingTokens   int64
-	// ResetRequests and ResetTokens are how long until the bucket has
-	// refilled.
-	ResetRequests time.Duration
-	ResetTokens   time.Duration
-	RetryAfter    time.Duration
-	// Utilization is a provisioned Azure deployment's share of its capacity
-	// in use, in percent.
-	Utilization float64
-	Has         RateLimitField
+	ResetRequests     time.Duration // until the bucket has refilled
+	ResetTokens       time.Duration
+	RetryAfter        time.Duration
+	Utilization       float64 // a provisioned Azure deployment's capacity in use, in percent
+	Has               RateLimitField
 }
 
 // Known reports whether the headers gave field f.
 func (r RateLimit) Known(f RateLimitField) bool { return r.Has&f != 0 }
 
 // Delay is how long the headers ask a client to wait before the next request:
-// RetryAfter when given, else the longest reset (the exhausted bucket is one
-// of them). ok is false when they give no positive wait.
+// RetryAfter when given, else the longest reset (the exhausted bucket's is
+// one of them).
 func (r RateLimit) Delay() (d time.Duration, ok bool) {
 	if r.Known(HasRetryAfter) {
 		return r.RetryAfter, r.RetryAfter > 0

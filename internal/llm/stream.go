@@ -52,10 +52,9 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 	return nil
 }
 
-// fill sets e's provider error fields from o, bounded (the message by
-// answerMessage, which every caller applies).
-func fill(e *Error, o *client.ErrorObject) {
-	e.Message = o.Message
+// fill sets e's provider error fields from o, bounded.
+func (p *openAIProvider) fill(e *Error, o *client.ErrorObject) {
+	e.Message = answerMessage(e.StatusCode, o.Message, true, p.scrub)
 	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), client.Code(Truncate(string(o.Code), maxErrorField)), Truncate(o.Param, maxErrorField)
 }
 
@@ -70,11 +69,11 @@ func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 	var eb struct {
 		Error *client.ErrorObject `json:"error"`
 	}
-	isErrorObject := unmarshal(body, &eb) == nil && eb.Error != nil
-	if isErrorObject {
-		fill(e, eb.Error)
+	if unmarshal(body, &eb) == nil && eb.Error != nil {
+		p.fill(e, eb.Error)
+	} else {
+		e.Message = answerMessage(resp.StatusCode, "", false, p.scrub)
 	}
-	e.Message = answerMessage(resp.StatusCode, e.Message, isErrorObject, p.scrub)
 	classifyAnswer(e)
 	return e
 }
@@ -174,8 +173,8 @@ func (e *Error) cut(msg string, relayed int) *Error {
 }
 
 func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed int) *Error {
-	fill(e, o)
-	e.Message, e.Class, e.Relayed = answerMessage(e.StatusCode, e.Message, true, p.scrub), ClassRetryable, relayed
+	p.fill(e, o)
+	e.Class, e.Relayed = ClassRetryable, relayed
 	e.Code = cmp.Or(e.Code, client.CodeProviderStreamFailed)
 	return e
 }
