@@ -55,8 +55,8 @@ func (tb *TokenBucket) runReserves(ctx context.Context, name string, batch []*ca
 		size += 3 + len(c.scope.Buckets)
 	}
 	args := make([]any, 0, size)
-	args = append(args, redisclock.Arg(tb.opts.Clock), tb.opts.ProbeTimeout.Microseconds(), probeRetry.Microseconds(),
-		len(lists))
+	args = append(args, redisclock.Arg(tb.opts.Clock), tb.opts.ProbeTimeout.Microseconds(),
+		probeRetry.Microseconds(), len(lists))
 	for _, l := range lists {
 		args = append(args, len(l))
 		for _, b := range l {

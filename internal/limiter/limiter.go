@@ -212,7 +212,6 @@ const (
 	reconcileTTL = time.Hour
 )
 
-// withDefaults returns o with its zero fields set to their defaults.
 func (o Options) withDefaults() Options {
 	o.ProbeTimeout = cmp.Or(o.ProbeTimeout, 30*time.Second)
 	o.Jitter = cmp.Or(o.Jitter, 2*time.Millisecond)

@@ -118,7 +118,6 @@ var stateLua, bucketLua = lua("state.lua"), lua("bucket.lua")
 //go:embed *.lua
 var luaFiles embed.FS
 
-// lua returns the Lua of the package's file name.
 func lua(name string) string {
 	b, err := luaFiles.ReadFile(name)
 	if err != nil {

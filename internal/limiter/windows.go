@@ -260,7 +260,6 @@ func (w *Windows) giveBack(ctx context.Context, t *taken, spent int64) error {
 	return nil
 }
 
-// keys are the keys of set's state.
 func (w *Windows) keys(set WindowSet) []string {
 	switch set.Algorithm {
 	case AlgFixedWindow:
@@ -275,7 +274,6 @@ func (w *Windows) keys(set WindowSet) []string {
 	return keys
 }
 
-// bucketScope is set as a token-bucket scope.
 func bucketScope(set WindowSet) Scope {
 	s := Scope{Name: set.Scope, Buckets: make([]Bucket, len(set.Windows))}
 	for i, w := range set.Windows {

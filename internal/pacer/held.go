@@ -77,7 +77,6 @@ func (p *Pacer) Holding(ctx context.Context, scope string) (bool, error) {
 	return a.held, a.err
 }
 
-// holdingAnswer is one EXISTS of Holding.
 type holdingAnswer struct {
 	held bool
 	err  error

@@ -158,12 +158,10 @@ func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit)
 var recordLearnedLua string
 var recordLearnedScript = redis.NewScript(recordLearnedLua)
 
-// lowers reports whether an announced limit is below the policy's.
 func lowers(announced, policy int64) bool {
 	return announced > 0 && (policy == 0 || announced < policy)
 }
 
-// raises reports whether an announced limit is above the policy's.
 func raises(announced, policy int64) bool {
 	return announced > 0 && policy > 0 && announced > policy
 }

@@ -299,7 +299,6 @@ func (p *Pacer) PauseFault(ctx context.Context, c *Call) {
 	}
 }
 
-// penalize pauses c's scope after a 429 and returns the pause.
 func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int) time.Duration {
 	wait, ok := pe.RateLimit.Delay()
 	if !ok {
@@ -321,9 +320,9 @@ func observed(s limiter.Scope, rl llm.RateLimit) []limiter.Observed {
 	for _, b := range s.Buckets {
 		switch {
 		case b.Name == "rpm" && rl.Known(llm.HasRemainingRequests):
-			out = append(out, limiter.Observed{Bucket: b.Name, Remaining: rl.RemainingRequests, Limit: rl.LimitRequests})
+			out = append(out, limiter.Observed{Bucket: "rpm", Remaining: rl.RemainingRequests, Limit: rl.LimitRequests})
 		case b.Name == "tpm" && rl.Known(llm.HasRemainingTokens):
-			out = append(out, limiter.Observed{Bucket: b.Name, Remaining: rl.RemainingTokens, Limit: rl.LimitTokens})
+			out = append(out, limiter.Observed{Bucket: "tpm", Remaining: rl.RemainingTokens, Limit: rl.LimitTokens})
 		case b.Name == "tpm" && rl.Known(llm.HasUtilization):
 			out = append(out, limiter.Observed{Bucket: b.Name,
 				Remaining: int64(float64(b.Limit) * max(1-rl.Utilization/100, 0))})
