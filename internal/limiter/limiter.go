@@ -172,7 +172,7 @@ type Result struct {
 	probeWait bool // RetryAfter is a guess: a probe is in flight
 }
 
-// fill sets Limit, Remaining, RetryAfter and ResetAfter of r from r.Buckets.
+// fill sets Limit, Remaining and ResetAfter of r from r.Buckets.
 func (r *Result) fill() {
 	for _, b := range r.Buckets {
 		r.ResetAfter = max(r.ResetAfter, b.ResetAfter)

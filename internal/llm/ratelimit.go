@@ -56,13 +56,11 @@ func (r RateLimit) Delay() (d time.Duration, ok bool) {
 // timestamp) in a duration header.
 const maxHint = 7 * 24 * time.Hour
 
-// ParseRateLimit reads a provider's rate-limit headers into one RateLimit:
-// OpenAI's x-ratelimit-* (resets as Go durations or seconds), Azure's subset
-// of them and its deployment utilization, Anthropic's
-// anthropic-ratelimit-* where no x-ratelimit-* header gives the value, and
-// a 429's retry-after-ms, x-ms-retry-after-ms or retry-after. Nonsense
-// (limits that are not positive, remaining counts beside a nonsense limit
-// or above it, zero waits, waits beyond a week) is treated as absent.
+// ParseRateLimit reads a provider's rate-limit headers (OpenAI's, Azure's,
+// Anthropic's where OpenAI's give no value, a 429's retry-after in any form)
+// into one RateLimit. Nonsense (limits that are not positive, remaining
+// counts beside a nonsense limit or above it, zero waits, waits beyond a
+// week) is treated as absent.
 func ParseRateLimit(h http.Header) RateLimit {
 	return parseRateLimit(h, time.Now())
 }
