@@ -106,10 +106,7 @@ func NewWindows(rdb scripts.Client, opts Options) (*Windows, error) {
 	tbOpts := opts
 	tbOpts.HoldInFlight = false
 	tb, err := NewTokenBucket(rdb, tbOpts)
-	if err != nil {
-		return nil, err
-	}
-	return &Windows{rdb: rdb, opts: opts, tb: tb}, nil
+	return &Windows{rdb: rdb, opts: opts, tb: tb}, err
 }
 
 // Allow counts cost in every window of set, or in none. A cost above a

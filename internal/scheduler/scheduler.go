@@ -84,9 +84,6 @@ type Scheduler struct {
 // New returns a Scheduler.
 func New(d Deps, o Options) (*Scheduler, error) {
 	o.defaults()
-	if d.Queue == nil || d.Pacer == nil || d.Policy == nil || d.Redis == nil {
-		return nil, errors.New("scheduler: Deps.Queue, Pacer, Policy and Redis are required")
-	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
