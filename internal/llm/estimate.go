@@ -153,8 +153,8 @@ func (b *Body) CaseVariant() error {
 	return b.r.variant
 }
 
-// The body's parts that decide its bill beside the tokens, as request
-// holds them.
+// Endpoint and the accessors below read the body's parts that decide its
+// bill beside the tokens, as request's fields document them.
 func (b *Body) Endpoint() string         { return b.r.endpoint }
 func (b *Body) OutputParam() string      { return b.r.outputParam }
 func (b *Body) ServiceTier() string      { return b.r.serviceTier }

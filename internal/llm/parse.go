@@ -121,7 +121,7 @@ type request struct {
 	tokenIDs     int64           // embedding inputs given as token ids
 	nInputs      int64
 	prediction   []string // a chat body's predicted output
-	serviceTier  string   // "" for none
+	serviceTier  string   // "" for none or "auto"
 	builtinTools []string // each kind once (see BuiltinTool)
 	maxToolCalls int64    // 0 for none
 	// uncounted is the param of the first part of the prompt llmq cannot
