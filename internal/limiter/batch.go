@@ -23,11 +23,9 @@ type call struct {
 
 // reserve decides one reservation on scope. The reservations of one scope
 // that come while a script run of it is under way go together in the next
-// run (coalesce.Batch, at most maxBatch a run): a scope is one Redis key,
-// so its reservations run one after the other anyway, and a run for many
-// saves each its round trip. A lone reservation runs at once. A caller
-// whose context ends while it waits still gets its run's answer, which
-// comes within a Redis call's timeout.
+// run: a scope is one Redis key, so its reservations run one after the
+// other anyway, and a run for many saves each its round trip. A caller
+// whose context ends while it waits still gets its run's answer.
 func (tb *TokenBucket) reserve(ctx context.Context, mode string, scope Scope, cost Cost) (*Result, error) {
 	if err := scope.validate(cost); err != nil {
 		return nil, err
@@ -57,7 +55,8 @@ func (tb *TokenBucket) runReserves(ctx context.Context, name string, batch []*ca
 		size += 3 + len(c.scope.Buckets)
 	}
 	args := make([]any, 0, size)
-	args = append(args, redisclock.Arg(tb.opts.Clock), tb.probeTimeout, tb.probeRetry, len(lists))
+	args = append(args, redisclock.Arg(tb.opts.Clock), tb.opts.ProbeTimeout.Microseconds(),
+		probeRetry.Microseconds(), len(lists))
 	for _, l := range lists {
 		args = append(args, len(l))
 		for _, b := range l {

@@ -11,10 +11,8 @@ import (
 // ScopeLearning is a scope's buckets now and what they learned from the
 // provider's answers, for metrics and the dashboard.
 type ScopeLearning struct {
-	// Time is the Redis time (or the injected clock's) of the reading.
-	Time    time.Time
-	Buckets []BucketLearning
-	// Calibration is the scope's prompt-token correction.
+	Time        time.Time // Redis's (or the injected clock's)
+	Buckets     []BucketLearning
 	Calibration Calibration
 	// Distrusted is true while repeated unpredicted 429s keep the
 	// provider's counts from lowering the buckets, until DistrustedUntil.
@@ -28,20 +26,16 @@ type BucketLearning struct {
 	Limit int64
 	// Capacity is the limit times Factor; Remaining the room it holds now.
 	Capacity, Remaining int64
-	// Drain is the share of the refill others take; Factor the share of the
-	// limit it may use after unpredicted 429s.
-	Drain, Factor float64
+	// Drain, Factor and BurstFactor are as in BucketSettlement.
+	Drain, Factor, BurstFactor float64
 	// Burst is the most the bucket lets out at once now (-1: no bound but
 	// its capacity): its refill over BurstWindow, Bucket.Burst times
-	// BurstFactor, which 429s that showed a shorter window than the
-	// limit's period lowered (0: one call at a time).
+	// BurstFactor (0: one call at a time).
 	Burst       int64
 	BurstWindow time.Duration
-	BurstFactor float64
 	// PaceFactor is how much faster than its rate the bucket lets its
 	// refill out, grown while the provider's counts showed it more room
-	// than that (it refunds unused tokens), 1 again after a 429 the
-	// buckets did not predict.
+	// than that, 1 again after a 429 the buckets did not predict.
 	PaceFactor float64
 	// Refund is the share of their unused tokens the provider's counts
 	// showed it gives back to calls; -1 until enough was seen.
@@ -52,8 +46,6 @@ type BucketLearning struct {
 	ProviderSeen      time.Time
 }
 
-// inspectScript reads a scope's buckets and what they learned, writing
-// nothing (inspect.lua).
 var inspectScript = bucketScript("inspect.lua")
 
 // minRefundEvidence is how many unused tokens, as a share of a bucket's

@@ -1,12 +1,10 @@
 // Package limiter is the Redis mechanism of llmq's rate limits: the
 // multi-bucket weighted token bucket (reserve, settle with what a provider
 // answered, penalize with a single probe afterwards, wait), the window sets
-// of the API's per-key limits (Windows, by any of four algorithms, and
-// WindowPrefetch), and the Spacer of webhook deliveries. What a provider
-// call counts against is decided in pacer, the front. Every check-and-take
-// is one Lua script and one round trip on Redis TIME (or an injected clock
-// in tests), every key comes from rkeys.Builder with the scope's hash tag
-// and expires once idle, and any go-redis client fits.
+// of the API's per-key limits (Windows and WindowPrefetch), and the Spacer
+// of webhook deliveries; pacer is the front. Every check-and-take is one Lua
+// script and one round trip on Redis TIME (or an injected clock in tests),
+// and every key has the scope's hash tag and expires once idle.
 package limiter
 
 import (
@@ -47,27 +45,24 @@ func (u Unit) String() string {
 type Bucket struct {
 	Name   string // unique in its scope: "rps", "rpm", "tpm", "tpd"
 	Unit   Unit
-	Limit  int64         // the period's limit, and the capacity
-	Period time.Duration // from empty to full
+	Limit  int64
+	Period time.Duration
 	// Burst bounds what the bucket lets out at once to its refill over
-	// Burst (or one call's cost, when more), however much it holds, for a
-	// provider counting over a shorter window than the period. 0: no bound
-	// but the capacity. 429s that show a shorter window lower it (Settle).
+	// Burst (or one call's cost, when more), for a provider counting over a
+	// shorter window than the period; 0: no bound but the capacity.
 	Burst time.Duration
 }
 
-// Scope is a set of buckets taken from together, e.g. one model at one
-// provider. Its name becomes the hash tag of its keys.
+// Scope is a set of buckets taken from all at once, e.g. one model at one
+// provider; without buckets it only carries penalties. Its name becomes the
+// hash tag of its keys.
 type Scope struct {
-	Name string // e.g. "openai/gpt-4o-mini"
-	// Buckets are taken from all at once. A scope without buckets only
-	// carries penalties.
+	Name    string // e.g. "openai/gpt-4o-mini"
 	Buckets []Bucket
 }
 
 // modelBuckets are the buckets of a model's scope, one per kind of limit a
-// provider sets, in ModelScope's order. A new kind (input and output tokens
-// apart, a day that resets at the provider's midnight) is a new entry.
+// provider sets, in ModelScope's order.
 var modelBuckets = []struct {
 	name   string
 	unit   Unit
@@ -80,9 +75,8 @@ var modelBuckets = []struct {
 	{"tpd", UnitTokens, 24 * time.Hour, false},
 }
 
-// ModelScope returns the scope of one model with its limits, in
-// modelBuckets' order; 0 means no such bucket. burst bounds what the paced
-// buckets let out at once (see Bucket.Burst).
+// ModelScope returns the scope of one model with its limits; 0 means no such
+// bucket. burst is the paced buckets' Bucket.Burst.
 func ModelScope(name string, rps, rpm, tpm, tpd int64, burst time.Duration) Scope {
 	s := Scope{Name: name}
 	for i, limit := range []int64{rps, rpm, tpm, tpd} {
@@ -143,16 +137,13 @@ func (s Scope) validate(c Cost) error {
 
 // BucketState is one bucket's (or window's) level after a decision.
 type BucketState struct {
-	Name      string
-	Unit      Unit
-	Limit     int64
-	Remaining int64 // rounded down; negative while in debt
-	// RetryAfter is when this bucket alone covers the cost; 0 now.
-	RetryAfter time.Duration
+	Name       string
+	Unit       Unit
+	Limit      int64
+	Remaining  int64         // rounded down; negative while in debt
+	RetryAfter time.Duration // when this bucket alone covers the cost; 0 now
 	ResetAfter time.Duration // until full again
-	// Burst is what the bucket lets out at once now (see Bucket.Burst); -1
-	// when only its capacity bounds it.
-	Burst int64
+	Burst      int64         // what the bucket lets out at once now; -1: only its capacity bounds it
 }
 
 // Result is the decision of every limiter of this package.
@@ -166,15 +157,13 @@ type Result struct {
 	// reservations in flight hold it back, when to check again.
 	RetryAfter time.Duration
 	ResetAfter time.Duration // until every bucket is full again
-	// Buckets has one entry per bucket or window, in order.
-	Buckets []BucketState
+	Buckets    []BucketState // one per bucket or window, in order
 	// Penalized: denied by Penalize, or by the probe in flight after it.
 	Penalized bool
 	// HeldInFlight: denied by what reservations in flight hold back
 	// (Options.HoldInFlight); a Settle may free it at any moment.
 	HeldInFlight bool
-	// Reservation is what Settle, Reconcile and Release take; set when a
-	// token bucket allowed.
+	// Reservation is set when a token bucket allowed.
 	Reservation *Reservation
 	// Time is Redis's (or the injected clock's) time of the decision; zero
 	// for a prefetched window take.
@@ -183,7 +172,7 @@ type Result struct {
 	probeWait bool // RetryAfter is a guess: a probe is in flight
 }
 
-// fill sets Limit, Remaining, RetryAfter and ResetAfter of r from r.Buckets.
+// fill sets Limit, Remaining and ResetAfter of r from r.Buckets.
 func (r *Result) fill() {
 	for _, b := range r.Buckets {
 		r.ResetAfter = max(r.ResetAfter, b.ResetAfter)
@@ -197,45 +186,35 @@ func (r *Result) fill() {
 // Options configure every limiter of this package. The zero value is ready
 // to use.
 type Options struct {
-	// Keys builds every key. Defaults to rkeys.New("").
 	Keys rkeys.Builder
-	// Clock, when set (tests), is passed to the scripts instead of Redis
-	// TIME. Defaults to nil.
+	// Clock, when set (tests), is passed to the scripts instead of Redis TIME.
 	Clock func() time.Time
 	// ProbeTimeout is how long the probe after a penalty may stay unsettled
 	// before another caller becomes the probe. Defaults to 30s.
 	ProbeTimeout time.Duration
-	// ProbeRetry is the longest RetryAfter while a probe is in flight,
-	// jittered by ±25%. Defaults to 500ms.
-	ProbeRetry time.Duration
 	// HoldInFlight holds every reservation until it is settled or released
 	// (see inflightGen), so the bucket never runs ahead of the provider's:
 	// for reservations that are each one provider call (the workers'), not
-	// plain permits. Defaults to false.
+	// plain permits.
 	HoldInFlight bool
-	// HoldRetry is the longest RetryAfter of a denial by what reservations
-	// in flight hold back, jittered by ±25%. Defaults to 100ms.
-	HoldRetry time.Duration
-	// ReconcileTTL is how long a settled reservation is remembered, so that
-	// settling it again changes nothing. Defaults to 1h.
-	ReconcileTTL time.Duration
 	// Jitter bounds the random delay Wait adds to each RetryAfter. Defaults
 	// to 2ms.
 	Jitter time.Duration
-	// Rand returns a number in [0, 1), for jitter. Defaults to rand.Float64.
-	Rand func() float64
 }
 
-// withDefaults returns o with its zero fields set to their defaults.
+// The longest RetryAfter while a probe is in flight (probeRetry) or while
+// reservations in flight hold the room back (holdRetry), jittered by ±25%;
+// how long a settled reservation is remembered, so that settling it again
+// changes nothing (reconcileTTL).
+const (
+	probeRetry   = 500 * time.Millisecond
+	holdRetry    = 100 * time.Millisecond
+	reconcileTTL = time.Hour
+)
+
 func (o Options) withDefaults() Options {
 	o.ProbeTimeout = cmp.Or(o.ProbeTimeout, 30*time.Second)
-	o.ProbeRetry = cmp.Or(o.ProbeRetry, 500*time.Millisecond)
-	o.HoldRetry = cmp.Or(o.HoldRetry, 100*time.Millisecond)
-	o.ReconcileTTL = cmp.Or(o.ReconcileTTL, time.Hour)
 	o.Jitter = cmp.Or(o.Jitter, 2*time.Millisecond)
-	if o.Rand == nil {
-		o.Rand = rand.Float64
-	}
 	return o
 }
 

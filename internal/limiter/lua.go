@@ -12,39 +12,35 @@ import (
 	"github.com/llmq/llmq/internal/redisclock"
 )
 
-// lagDelay is how far back the total a bucket took is read for a
-// reservation (lag_of in bucket.lua): reservations made up to this long
-// before a call may reach the provider after it, and Settle counts them as
-// possibly missing from the provider's answer.
-const lagDelay = 50 * time.Millisecond
+const (
+	// lagDelay is how far back the total a bucket took is read for a
+	// reservation: reservations made up to this long before a call may
+	// reach the provider after it, so Settle counts them as possibly
+	// missing from the provider's answer.
+	lagDelay = 50 * time.Millisecond
+	// learnTTL is how long a scope's hash outlives its last use once it
+	// holds what the scope learned: a scope idle overnight starts the
+	// morning with what it knew.
+	learnTTL = 24 * time.Hour
+	// drainBelief is how long after the provider's last answer the drain
+	// it showed is assumed to go on.
+	drainBelief = 3 * time.Second
+	// How fast a limit factor lowered by unpredicted 429s, and a burst
+	// lowered by 429s that showed a shorter window, come back: a fraction
+	// of the limit (of the burst window) per minute.
+	factorRecovery = 0.05
+	burstRecovery  = 0.1
+)
 
-// learnTTL is how long a scope's hash outlives its last use once it holds
-// what the scope learned (drain, limit factor, calibration): a scope idle
-// overnight starts the morning with what it knew.
-const learnTTL = 24 * time.Hour
-
-// drainBelief is how long after the provider's last answer the drain it
-// showed is assumed to go on.
-const drainBelief = 3 * time.Second
-
-// factorRecovery is how fast a limit factor lowered by unpredicted 429s
-// comes back, as a fraction of the limit per minute.
-const factorRecovery = 0.05
-
-// burstRecovery is how fast a burst lowered by 429s that showed a shorter
-// window comes back, as a fraction of the burst window per minute.
-const burstRecovery = 0.1
-
-// The token bucket's scripts (reserve.lua, settle.lua, inspect.lua) are
-// their own Lua (file) after four preludes, in this order: luaConstants,
-// the clock (redisclock.Lua, which sets now), stateLua and bucketLua.
+// The token bucket's scripts are their own Lua file after four preludes, in
+// this order: luaConstants, the clock (redisclock.Lua), stateLua and
+// bucketLua.
 func bucketScript(file string) *redis.Script {
 	return redis.NewScript(luaConstants + redisclock.Lua + stateLua + bucketLua + lua(file))
 }
 
-// luaConstants defines, as Lua locals, the package's constants the
-// token bucket's scripts use, so that each is defined once, here in Go.
-// Times are in µs, and the rates per µs.
+// luaConstants defines, as Lua locals, the package's constants the token
+// bucket's scripts use, so that each is defined once, here in Go.
 var luaConstants = luaPrelude([]luaConstant{
 	{"INFLIGHT_GEN", inflightGen},
 	{"LAG_DELAY", lagDelay},
@@ -115,19 +111,13 @@ func luaPrelude(cs []luaConstant) string {
 }
 
 // stateLua reads and writes a scope's state, a table of named values in
-// one field of its hash (state.lua, which lists every value).
-var stateLua = lua("state.lua")
-
-// bucketLua holds the functions the token bucket's scripts share
-// (bucket.lua): a bucket's level, capacity and rate as learned
-// (load_bucket), its in-flight amounts, the totals it took a moment ago
-// (lag_of, put_lag) and the hash's expiry.
-var bucketLua = lua("bucket.lua")
+// one field of its hash; bucketLua holds the functions the token bucket's
+// scripts share.
+var stateLua, bucketLua = lua("state.lua"), lua("bucket.lua")
 
 //go:embed *.lua
 var luaFiles embed.FS
 
-// lua returns the Lua of the package's file name.
 func lua(name string) string {
 	b, err := luaFiles.ReadFile(name)
 	if err != nil {

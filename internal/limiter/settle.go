@@ -15,7 +15,7 @@ import (
 )
 
 // What Settle learns, and how fast (docs/ARCHITECTURE.md, "What the limiter
-// learns from the provider"; the script's use of each, settle.lua).
+// learns from the provider").
 const (
 	factorDecrease = 0.85 // a limit factor, on an unpredicted 429
 	factorCooldown = 5 * time.Second
@@ -59,19 +59,14 @@ type Feedback struct {
 	// Charged is what the provider most likely charged (its count of the
 	// prompt plus max_tokens); what it charged beyond the reservation is
 	// taken, nothing is given back. Zero fields mean the reservation's.
-	Charged Cost
-	// Unused is the part of max_tokens left unused, for the refund estimate.
-	Unused Cost
-	// Observed are the provider's views of buckets (x-ratelimit-*).
-	Observed []Observed
-	// Evidence names the buckets a 429 showed ahead of the provider's (its
-	// counts showed them without room, or it sent none).
-	Evidence []string
-	// ShortWindow names the buckets a 429 showed counted over a shorter
-	// window than their period (its counts showed room): their burst is
-	// lowered. BlockWindow names those whose window frees in a block (the
-	// wait is longer than the cost's refill): their pace is lowered too.
-	ShortWindow, BlockWindow []string
+	Charged  Cost
+	Unused   Cost       // the part of max_tokens left unused, for the refund estimate
+	Observed []Observed // the provider's views of buckets (x-ratelimit-*)
+	// Evidence names the buckets a 429 showed ahead of the provider's;
+	// ShortWindow those it showed counted over a shorter window than their
+	// period (their burst is lowered); BlockWindow those of them whose
+	// window frees in a block (their pace is lowered too).
+	Evidence, ShortWindow, BlockWindow []string
 	// PromptRatio is the provider's prompt count over llmq's estimate; 0
 	// when unknown.
 	PromptRatio float64
@@ -82,9 +77,8 @@ type Feedback struct {
 
 // Observed is the provider's view of one bucket when it answered.
 type Observed struct {
-	Bucket    string // "rpm", "tpm"
-	Remaining int64
-	Limit     int64 // 0 when it did not say
+	Bucket           string // "rpm", "tpm"
+	Remaining, Limit int64  // Limit is 0 when it did not say
 }
 
 // Settlement is what a Settle applied and what the scope has learned.
@@ -125,8 +119,7 @@ func (c Calibration) Apply(promptTokens int64) int64 {
 }
 
 // minCalibrationSamples is how many calls a correction needs before it
-// applies; calibrationBounds the correction applied; sampleBounds the
-// prompt ratios kept (an outlier beyond them counts as the bound).
+// applies; a prompt ratio beyond sampleBounds counts as the bound.
 const minCalibrationSamples = 3
 
 var (
@@ -142,21 +135,16 @@ func calibration(micros, n int64) Calibration {
 	return c
 }
 
-// settleScript settles a reservation once: what the call was charged, what
-// the provider's answer says of its buckets, what it teaches the scope
-// (settle.lua). What it learns is kept in the scope's state (see stateLua
-// for every field), since the next run must see it at once. It writes the
-// settled marker last: a run that fails leaves none, and its retry applies.
+// settleScript writes the settled marker last: a run that fails leaves
+// none, and its retry applies.
 var settleScript = bucketScript("settle.lua")
 
 // Settle settles a provider call's reservation with what the provider
-// answered (see Feedback): what it charged beyond the reservation is taken,
-// nothing is given back on llmq's own say; each bucket the provider
-// reported on then follows the provider's view, never holding more room
-// than it, and the scope learns from the difference (the drain others cause,
-// the refunds the provider makes, unpredicted 429s, the prompt calibration).
-// Settling the probe ends the probe phase. It is idempotent: a reservation
-// settled again within Options.ReconcileTTL changes nothing.
+// answered: what it charged beyond the reservation is taken, nothing is
+// given back on llmq's own say; each bucket the provider reported on then
+// follows the provider's view, never holding more room than it, and the
+// scope learns from the difference. Settling the probe ends the probe phase.
+// A reservation settled again within reconcileTTL changes nothing.
 func (tb *TokenBucket) Settle(ctx context.Context, r *Reservation, fb Feedback) (*Settlement, error) {
 	if r == nil {
 		return nil, errors.New("limiter: Settle of a nil reservation")
@@ -179,19 +167,15 @@ func (tb *TokenBucket) Settle(ctx context.Context, r *Reservation, fb Feedback) 
 }
 
 // Reconcile settles a reservation with the call's real cost: unused tokens
-// go back (a bucket never fills beyond its capacity), extra ones are taken
-// (a bucket may go into debt, which delays later callers). It is for
-// permits whose cost is known exactly (leases, plain permits); a provider
-// call is settled with Settle, which never assumes a refund. Reconciling the
-// probe ends the probe phase. It is idempotent: a reservation reconciled
-// again within Options.ReconcileTTL changes nothing. It uses the limits the
-// reservation was made with.
+// go back, extra ones are taken (a bucket may go into debt). It is for
+// permits whose cost is known exactly; a provider call is settled with
+// Settle, which never assumes a refund. It is idempotent as Settle is, and
+// uses the limits the reservation was made with.
 func (tb *TokenBucket) Reconcile(ctx context.Context, r *Reservation, actual Cost) error {
 	return tb.reconcile(ctx, r, actual, true)
 }
 
-// reconcile is Reconcile; without marker, the caller guarantees that r is
-// reconciled once.
+// reconcile is Reconcile; without marker, the caller reconciles r once.
 func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cost, marker bool) error {
 	if r == nil {
 		return errors.New("limiter: Reconcile of a nil reservation")
@@ -207,8 +191,8 @@ func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cos
 }
 
 // Release gives back everything a reservation took: the call never reached
-// the provider. It is Reconcile with a zero cost, and as idempotent. After a
-// 429, call Penalize before releasing the probe, so the scope stays blocked.
+// the provider. After a 429, call Penalize before releasing the probe, so
+// the scope stays blocked.
 func (tb *TokenBucket) Release(ctx context.Context, r *Reservation) error {
 	return tb.Reconcile(ctx, r, Cost{})
 }
@@ -222,7 +206,8 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 		refused = "1"
 	}
 	args := make([]any, 0, 9+12*len(r.Scope.Buckets))
-	args = append(args, redisclock.Arg(tb.opts.Clock), tb.reconcileTTL, r.ID, probe, tb.probeTimeout, r.gen, mode, sample, refused)
+	args = append(args, redisclock.Arg(tb.opts.Clock), reconcileTTL.Milliseconds(), r.ID, probe,
+		tb.opts.ProbeTimeout.Microseconds(), r.gen, mode, sample, refused)
 	for i, b := range r.Scope.Buckets {
 		var lag, pos int64
 		if i < len(r.lag) {

@@ -38,8 +38,6 @@ func NewSpacer(rdb SpacerClient, opts Options) (*Spacer, error) {
 // event to come back and take it (asynq may run a deferred task late).
 const slotHold = 10 * time.Minute
 
-// pacerSlotScript gives an event its slot: the one it holds, or the
-// scope's next free one, at least now (spacer_slot.lua).
 var pacerSlotScript = redis.NewScript(redisclock.Lua + lua("spacer_slot.lua"))
 
 // Slot returns how long event id of scope must wait for its slot (0 when it

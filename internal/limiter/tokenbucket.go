@@ -3,7 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"strconv"
+	"math/rand/v2"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,38 +14,25 @@ import (
 )
 
 // TokenBucket is the weighted token bucket over the buckets of a scope at
-// once, in one hash per scope (rkeys.LimiterScope; its state, lua.go). A
-// bucket refills continuously at Limit/Period; what it used may exceed
-// Limit (debt) after a Reconcile took more than was reserved. Limits are
-// passed on every call: raising one frees capacity at once, lowering it
-// below what was used puts the bucket in debt, as a provider counts what it
-// served whatever the limit. The hash expires once idle (every bucket full,
-// nothing in flight, no penalty or probe); a call only extends its expiry.
+// once, in one hash per scope. What a bucket used may exceed Limit (debt)
+// after a Reconcile took more than was reserved. Limits are passed on every
+// call: lowering one below what was used puts the bucket in debt, as a
+// provider counts what it served whatever the limit.
 type TokenBucket struct {
-	rdb                                    redis.Scripter
-	opts                                   Options
-	scripts                                *scripts.Runner // the settles, in shared pipelines
-	probeTimeout, probeRetry, reconcileTTL string          // script arguments
-	reserves                               coalesce.Batch[string, *call, *Result]
+	rdb      redis.Scripter
+	opts     Options
+	scripts  *scripts.Runner // the settles, in shared pipelines
+	reserves coalesce.Batch[string, *call, *Result]
 }
 
 // NewTokenBucket returns a TokenBucket over rdb.
 func NewTokenBucket(rdb scripts.Client, opts Options) (*TokenBucket, error) {
-	o := opts.withDefaults()
-	tb := &TokenBucket{
-		rdb:          rdb,
-		opts:         o,
-		scripts:      scripts.New(rdb),
-		probeTimeout: strconv.FormatInt(o.ProbeTimeout.Microseconds(), 10),
-		probeRetry:   strconv.FormatInt(o.ProbeRetry.Microseconds(), 10),
-		reconcileTTL: strconv.FormatInt(max(o.ReconcileTTL.Milliseconds(), 1), 10),
-	}
+	tb := &TokenBucket{rdb: rdb, opts: opts.withDefaults(), scripts: scripts.New(rdb)}
 	tb.reserves.Max, tb.reserves.Fn = maxBatch, tb.runReserves
 	return tb, nil
 }
 
-// Reservation is what an allowed Reserve took, for Settle, Reconcile or
-// Release.
+// Reservation is what an allowed Reserve took.
 type Reservation struct {
 	ID    string
 	Scope Scope
@@ -68,8 +55,7 @@ type Reservation struct {
 // held back, and a reservation never settled (a crashed worker) lapses.
 const inflightGen = 5 * time.Second
 
-// Reserve status codes and modes of reserveScript (STATUS_* and MODE_* in
-// its Lua, see luaConstants).
+// Reserve status codes and modes of reserveScript (see luaConstants).
 const (
 	statusDenied        = 0
 	statusAllowed       = 1
@@ -82,8 +68,6 @@ const (
 	modeState           = "s"
 )
 
-// reserveScript decides a batch of reservations of one scope in order,
-// each from all buckets or none (reserve.lua).
 var reserveScript = bucketScript("reserve.lua")
 
 // Reserve takes cost from every bucket of scope, or from none: allowed only
@@ -135,18 +119,17 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 	case status == statusProbeWait:
 		// Callers denied together while a probe is in flight spread out.
 		res.probeWait = true
-		res.RetryAfter = time.Duration(float64(res.RetryAfter) * (0.75 + 0.5*tb.opts.Rand()))
+		res.RetryAfter = time.Duration(float64(res.RetryAfter) * (0.75 + 0.5*rand.Float64()))
 	}
 	if !res.Allowed && a[2] == 1 {
 		// The holds lapse after seconds, but a reconcile may free them at
 		// any moment: check again soon, and not in lockstep.
 		res.HeldInFlight = true
-		res.RetryAfter = min(res.RetryAfter, time.Duration(float64(tb.opts.HoldRetry)*(0.75+0.5*tb.opts.Rand())))
+		res.RetryAfter = min(res.RetryAfter, time.Duration(float64(holdRetry)*(0.75+0.5*rand.Float64())))
 	}
 	return res
 }
 
-// penalizeScript blocks a scope until now + d (penalize.lua).
 var penalizeScript = redis.NewScript(redisclock.Lua + stateLua + lua("penalize.lua"))
 
 // Penalize blocks scope for every caller until Redis's now plus d (a
@@ -163,7 +146,7 @@ func (tb *TokenBucket) Penalize(ctx context.Context, scope Scope, d time.Duratio
 	if d < time.Microsecond {
 		return nil
 	}
-	args := []any{redisclock.Arg(tb.opts.Clock), d.Microseconds(), tb.probeTimeout}
+	args := []any{redisclock.Arg(tb.opts.Clock), d.Microseconds(), tb.opts.ProbeTimeout.Microseconds()}
 	if err := penalizeScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(scope.Name)}, args...).Err(); err != nil {
 		return fmt.Errorf("limiter: penalize scope %q: %w", scope.Name, err)
 	}
@@ -187,7 +170,7 @@ func (tb *TokenBucket) Wait(ctx context.Context, scope Scope, cost Cost) (*Resul
 		select {
 		case <-ctx.Done():
 			return res, ctx.Err()
-		case <-time.After(res.RetryAfter + time.Duration(tb.opts.Rand()*float64(tb.opts.Jitter))):
+		case <-time.After(res.RetryAfter + time.Duration(rand.Float64()*float64(tb.opts.Jitter))):
 		}
 	}
 }

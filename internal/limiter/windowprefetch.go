@@ -13,21 +13,18 @@ var ErrPrefetchClosed = errors.New("limiter: prefetch is closed")
 
 // PrefetchOptions configure a WindowPrefetch.
 type PrefetchOptions struct {
-	// Size is the slice counted at a time (a Take larger than Size counts
-	// what it needs), at most the set's smallest limit. Defaults to 1% of
-	// that limit (at least 1).
+	// Size is the slice counted at a time, at most the set's smallest
+	// limit. Defaults to 1% of that limit (at least 1).
 	Size int64
-	// MaxAge is how long a slice is spent from before its unspent part is
-	// given back and a fresh one counted, so a limit change reaches it
-	// within MaxAge. Defaults to 1s.
+	// MaxAge is how long a slice is spent from before a fresh one is
+	// counted, so a limit change reaches it within MaxAge. Defaults to 1s.
 	MaxAge time.Duration
 }
 
 // WindowPrefetch counts a window set ahead, for paths too hot for a round
-// trip per call (a dispatcher's busiest API keys): a slice of Size in every
-// window at once (one Allow), spent in process, its unspent part given back
-// when the slice is too small for a Take, older than MaxAge, or the
-// prefetch is closed. Its overshoot bound is in docs/ARCHITECTURE.md.
+// trip per call: a slice of Size in every window at once, spent in process,
+// its unspent part given back when the slice is too small for a Take, older
+// than MaxAge, or the prefetch is closed.
 type WindowPrefetch struct {
 	w      *Windows
 	set    WindowSet
@@ -61,8 +58,7 @@ func (w *Windows) Prefetch(set WindowSet, opts PrefetchOptions) *WindowPrefetch 
 // Set returns the set the prefetch takes from.
 func (l *WindowPrefetch) Set() WindowSet { return l.set }
 
-// Take spends cost from the local slice, counting a new one (one or two
-// round trips, and one to give back the old one's unspent part) when the
+// Take spends cost from the local slice, counting a new one when the
 // current one is too small or too old. It never waits: when Redis denies a
 // new slice, the Result says so. A local take's Buckets are the windows as
 // the last slice saw them plus what is left of it, and its Time is zero.

@@ -19,43 +19,36 @@ type Algorithm string
 
 // The algorithms of Windows.
 const (
-	// AlgSlidingWindow is the sliding window counter (SlidingCounter): no
-	// burst at window edges, three numbers per window, an estimate.
+	// AlgSlidingWindow is the sliding window counter: no burst at window
+	// edges, three numbers per window, an estimate.
 	AlgSlidingWindow Algorithm = "sliding_window"
-	// AlgFixedWindow is the fixed window counter (FixedWindow): the
-	// cheapest, with resets on the clock, and twice the limit possible
+	// AlgFixedWindow is the cheapest, and lets twice the limit through
 	// across a window boundary.
 	AlgFixedWindow Algorithm = "fixed_window"
-	// AlgSlidingLog is the sliding window log (SlidingLog): exact, one
-	// entry per admission for a whole window.
+	// AlgSlidingLog is exact, one entry per admission for a whole window.
 	AlgSlidingLog Algorithm = "sliding_log"
-	// AlgTokenBucket makes each window a token bucket (TokenBucket) of
-	// Limit, refilled continuously at Limit per Period: bursts of up to
-	// Limit after a quiet spell, then the steady rate.
+	// AlgTokenBucket makes each window a token bucket of Limit: bursts of up
+	// to Limit after a quiet spell, then the steady rate.
 	AlgTokenBucket Algorithm = "token_bucket"
 )
 
 // Algorithms lists every Algorithm, the default first.
 var Algorithms = []Algorithm{AlgSlidingWindow, AlgFixedWindow, AlgSlidingLog, AlgTokenBucket}
 
-// NamedWindow is one window of a WindowSet.
+// NamedWindow is one window of a WindowSet; its state in the scope is kept
+// by Name ("minute", "files.create:minute").
 type NamedWindow struct {
-	// Name tells the window apart in its scope and in Result.Buckets, e.g.
-	// "minute" or "files.create:minute". A scope's state is kept per name.
 	Name string
 	Window
 }
 
 // WindowSet is what one Windows.Allow checks and counts: every window, or
-// none.
+// none. Sets of one Scope ("api:key_…", the hash tag of their keys) may name
+// different windows.
 type WindowSet struct {
 	Algorithm Algorithm
-	// Scope names the state, e.g. "api:key_…"; its hash tag keeps every key
-	// of the set in one Redis Cluster slot. Sets of one scope may name
-	// different windows (a key's own, or its own and an endpoint's): each
-	// window's state is its own, by name.
-	Scope   string
-	Windows []NamedWindow
+	Scope     string
+	Windows   []NamedWindow
 }
 
 // Window is one window of a window limiter: at most Limit per Period.
@@ -97,11 +90,10 @@ func (s WindowSet) validate(cost int64) error {
 	return nil
 }
 
-// Windows checks WindowSets with any Algorithm: one script run (one round
-// trip) per Allow, every window of the set counted or none, so a denial by
-// one window never uses up the others. Limits are passed on every call, so
-// a policy change applies to the next one; a set's state is kept per
-// algorithm, so changing a scope's algorithm starts it afresh.
+// Windows checks WindowSets with any Algorithm, one script run per Allow.
+// Limits are passed on every call, so a policy change applies to the next
+// one; a set's state is kept per algorithm, so changing a scope's algorithm
+// starts it afresh.
 type Windows struct {
 	rdb  redis.Scripter
 	opts Options
@@ -114,15 +106,10 @@ func NewWindows(rdb scripts.Client, opts Options) (*Windows, error) {
 	tbOpts := opts
 	tbOpts.HoldInFlight = false
 	tb, err := NewTokenBucket(rdb, tbOpts)
-	if err != nil {
-		return nil, err
-	}
-	return &Windows{rdb: rdb, opts: opts, tb: tb}, nil
+	return &Windows{rdb: rdb, opts: opts, tb: tb}, err
 }
 
-// Allow counts cost in every window of set, or in none. Result.Buckets has
-// one entry per window, in order, named as the windows are; Limit and
-// Remaining are the tightest window's (see Result.Tightest). A cost above a
+// Allow counts cost in every window of set, or in none. A cost above a
 // window's limit fails at once with ErrCostExceedsCapacity.
 func (w *Windows) Allow(ctx context.Context, set WindowSet, cost int64) (*Result, error) {
 	res, _, err := w.take(ctx, set, cost, false)
@@ -141,7 +128,7 @@ type taken struct {
 
 // windowScripts are a window algorithm's scripts, and how to read one
 // window's part (stride integers) of the take's reply: its state, and its
-// start for the give-back of a fixed or sliding counter.
+// start for the give-back of a counter.
 type windowScripts struct {
 	take, giveBack *redis.Script
 	stride         int
@@ -155,9 +142,6 @@ type windowScripts struct {
 // windows need.
 var windowAlgorithms = map[Algorithm]windowScripts{
 	AlgFixedWindow: {
-		// Counts cost in the current window of every window, or in none;
-		// the give-back takes back what a lease did not spend from each
-		// window it was counted in that has not ended since.
 		redis.NewScript(redisclock.Lua + lua("window_extend.lua") + lua("fixed_window.lua")),
 		redis.NewScript(redisclock.Lua + lua("fixed_window_give_back.lua")),
 		3, func(w Window, x []int64, denied bool, cost int64) (BucketState, int64) {
@@ -182,9 +166,7 @@ var windowAlgorithms = map[Algorithm]windowScripts{
 		},
 	},
 	AlgSlidingLog: {
-		// Drops from each log the entries older than its window and adds
-		// one for cost to every log, or to none; the give-back replaces a
-		// lease's entry by one of what was spent of it.
+		// The give-back replaces a lease's entry by one of what was spent.
 		redis.NewScript(redisclock.Lua + lua("sliding_log.lua")),
 		redis.NewScript(redisclock.Lua + lua("sliding_log_give_back.lua")),
 		3, func(w Window, x []int64, _ bool, _ int64) (BucketState, int64) {
@@ -193,8 +175,8 @@ var windowAlgorithms = map[Algorithm]windowScripts{
 	},
 }
 
-// take runs one check of set; prefetch marks a take whose unspent part will be
-// given back (never the probe).
+// take runs one check of set; prefetch marks a take whose unspent part will
+// be given back (never the probe).
 func (w *Windows) take(ctx context.Context, set WindowSet, cost int64, prefetch bool) (*Result, *taken, error) {
 	if err := set.validate(cost); err != nil {
 		return nil, nil, err
@@ -275,8 +257,6 @@ func (w *Windows) giveBack(ctx context.Context, t *taken, spent int64) error {
 	return nil
 }
 
-// keys are the keys of set's state: the counters' hash, or the sliding
-// logs and totals of its windows, in order.
 func (w *Windows) keys(set WindowSet) []string {
 	switch set.Algorithm {
 	case AlgFixedWindow:
@@ -291,7 +271,6 @@ func (w *Windows) keys(set WindowSet) []string {
 	return keys
 }
 
-// bucketScope is set as a token-bucket scope: a request bucket per window.
 func bucketScope(set WindowSet) Scope {
 	s := Scope{Name: set.Scope, Buckets: make([]Bucket, len(set.Windows))}
 	for i, w := range set.Windows {
@@ -300,10 +279,9 @@ func bucketScope(set WindowSet) Scope {
 	return s
 }
 
-// Tightest returns the index in r.Buckets of the bucket (or window) that
-// Limit and Remaining describe: the one that makes the caller wait longest
-// (the one that frees last, when denied), or else the one with the smallest
-// fraction left; -1 when r has no buckets.
+// Tightest returns the index in r.Buckets of the bucket that Limit and
+// Remaining describe: the one that makes the caller wait longest, or else
+// the one with the smallest fraction left; -1 when r has no buckets.
 func (r *Result) Tightest() int {
 	tight := -1
 	for i, b := range r.Buckets {

@@ -20,24 +20,19 @@ import (
 // A Provider offers it when it implements this interface. Every method
 // answers an *Error on failure, classified like a call's.
 type BatchAPI interface {
-	// UploadBatchFile uploads content (JSONL) as a file of purpose "batch"
-	// named name, and returns the provider's file id.
+	// UploadBatchFile uploads content (JSONL) as a file of purpose "batch".
 	UploadBatchFile(ctx context.Context, name string, content io.Reader) (string, error)
 	// FindBatchFile returns the id of the newest file of purpose "batch"
 	// named name, so a crash after an upload does not upload again.
 	FindBatchFile(ctx context.Context, name string) (id string, found bool, err error)
-	// CreateBatch creates a provider batch of the uploaded file, for
-	// endpoint, with a 24h window and metadata.
+	// CreateBatch creates a provider batch with a 24h window.
 	CreateBatch(ctx context.Context, fileID, endpoint string, metadata map[string]string) (*ProviderBatch, error)
 	// FindBatch returns the newest provider batch whose metadata holds
 	// key=value among those created at or after since.
 	FindBatch(ctx context.Context, key, value string, since time.Time) (*ProviderBatch, bool, error)
-	// GetBatch returns the provider batch id as it is now.
 	GetBatch(ctx context.Context, id string) (*ProviderBatch, error)
-	// CancelBatch asks the provider to cancel batch id.
 	CancelBatch(ctx context.Context, id string) (*ProviderBatch, error)
-	// BatchFileContent streams the content of file id (an output or error
-	// file). The caller closes it.
+	// BatchFileContent streams the content of file id; the caller closes it.
 	BatchFileContent(ctx context.Context, id string) (io.ReadCloser, error)
 }
 
@@ -68,15 +63,10 @@ type ProviderBatch struct {
 		Failed    int64 `json:"failed"`
 	} `json:"request_counts"`
 	Errors *struct {
-		Data []ProviderBatchError `json:"data"`
+		Data []struct {
+			Code string `json:"code"`
+		} `json:"data"`
 	} `json:"errors"`
-}
-
-// ProviderBatchError is one of a provider batch's errors.
-type ProviderBatchError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Line    *int64 `json:"line"`
 }
 
 // Ended reports whether the batch will change no more.
@@ -96,12 +86,11 @@ func (b *ProviderBatch) ErrorCodes() []string {
 	return out
 }
 
-// maxObjectBytes bounds a file or batch object, or a page of them, read
-// from the provider.
+// maxObjectBytes bounds a file or batch object, or a page of them.
 const maxObjectBytes = 4 << 20
 
-// apiURL is the URL of path ("/files") on the provider; Azure's versioned
-// API puts it under /openai with the api-version.
+// apiURL is the URL of path ("/files"); Azure's versioned API puts it under
+// /openai with the api-version.
 func (p *openAIProvider) apiURL(path string, query url.Values) string {
 	if p.azure && p.apiVersion != "" {
 		if query == nil {
@@ -137,7 +126,6 @@ func (p *openAIProvider) send(ctx context.Context, method, path string, query ur
 	return resp, nil
 }
 
-// object makes a request whose answer is one JSON object, decoded into out.
 func (p *openAIProvider) object(ctx context.Context, method, path string, query url.Values, in any, out any) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
@@ -158,7 +146,6 @@ func (p *openAIProvider) object(ctx context.Context, method, path string, query 
 	return p.decodeObject(resp, out)
 }
 
-// decodeObject reads a 2xx answer's JSON object (at most maxObjectBytes).
 func (p *openAIProvider) decodeObject(resp *http.Response, out any) error {
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxObjectBytes+1))
 	if err == nil && len(b) > maxObjectBytes {
@@ -234,8 +221,6 @@ func (p *openAIProvider) CreateBatch(ctx context.Context, fileID, endpoint strin
 	return p.batch(ctx, http.MethodPost, "/batches", in)
 }
 
-// batch makes a request whose answer is a batch object, refused without an
-// id or status.
 func (p *openAIProvider) batch(ctx context.Context, method, path string, in any) (*ProviderBatch, error) {
 	var b ProviderBatch
 	if err := p.object(ctx, method, path, nil, in, &b); err != nil {
@@ -268,7 +253,7 @@ func (p *openAIProvider) FindBatch(ctx context.Context, key, value string, since
 				return b, true, nil
 			}
 		}
-		// Newest first.
+		// Newest first: a page ending before since ends the search.
 		if !page.HasMore || len(page.Data) == 0 || page.Data[len(page.Data)-1].CreatedAt < since.Unix() {
 			return nil, false, nil
 		}
@@ -307,7 +292,6 @@ type BatchLine struct {
 	} `json:"error"`
 }
 
-// String names the line for logs.
 func (l *BatchLine) String() string {
 	status := 0
 	if l.Response != nil {

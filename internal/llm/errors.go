@@ -16,14 +16,11 @@ import (
 type Class int
 
 const (
-	// ClassNone is Classify's answer for a status that is not an error.
-	ClassNone Class = iota
+	ClassNone Class = iota // a status that is not an error
 	// ClassRateLimited is a 429: every worker pauses until the provider's
 	// reset; the attempt is not a failure.
 	ClassRateLimited
-	// ClassRetryable may pass on another try: 5xx, 408, 409, timeouts and
-	// connection errors.
-	ClassRetryable
+	ClassRetryable // 5xx, 408, 409, timeouts and connection errors
 	// ClassPermanent no retry can fix: the other 4xx, a request refused
 	// before it was sent, an exhausted account quota.
 	ClassPermanent
@@ -60,15 +57,12 @@ type Error struct {
 	Provider string
 	// StatusCode is the provider's HTTP status; 0 when no answer came or
 	// the request was refused before sending.
-	StatusCode int
-	// Message, Type, Code and Param are the provider's error object.
-	Message, Type, Param string
+	StatusCode           int
+	Message, Type, Param string // the provider's error object, with Code
 	Code                 client.Code
 	RequestID            string // the provider's x-request-id
-	// RateLimit is what the answer's headers said; on a 429 its Delay is
-	// the provider's retry-after.
-	RateLimit RateLimit
-	Err       error // the underlying error (network, context, decoding)
+	RateLimit            RateLimit
+	Err                  error // the underlying error (network, context, decoding)
 	// Relayed is how many events a stream had relayed when it failed: a
 	// stream that relayed any cannot be sent again to the same client.
 	Relayed int
@@ -96,7 +90,6 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
-// serverError makes e llmq's refusal of an answer it cannot use.
 func (e *Error) serverError(class Class, code client.Code, msg string) *Error {
 	e.Class, e.Code, e.Type, e.Message = class, code, "server_error", msg
 	return e
@@ -121,8 +114,8 @@ func redact(s string) string {
 	return s
 }
 
-// maxErrorMessage bounds, in bytes, the provider's message an Error keeps;
-// maxErrorField its code, type and param, and a provider's request id.
+// The bytes an Error keeps of the provider's message, and of its code, type,
+// param and request id.
 const (
 	maxErrorMessage = 1000
 	maxErrorField   = 200
@@ -140,7 +133,6 @@ func Truncate(s string, n int) string {
 	return strings.ToValidUTF8(s[:n], "")
 }
 
-// requestID is the provider's x-request-id in h, bounded.
 func requestID(h http.Header) string {
 	return Truncate(h.Get("x-request-id"), maxErrorField)
 }
@@ -164,7 +156,6 @@ func answerMessage(status int, msg string, isErrorObject bool, scrub func(string
 	return msg
 }
 
-// traceMarks are what a stack trace or an HTML page holds.
 var traceMarks = []string{"Traceback (most recent call last)", "\tat ", "goroutine ", "<html", "<!DOCTYPE", "Exception in thread"}
 
 func looksLikeTrace(msg string) bool {

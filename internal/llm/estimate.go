@@ -10,9 +10,7 @@ import (
 	"github.com/tiktoken-go/tokenizer"
 )
 
-// Token accounting constants: the overheads of OpenAI's cookbook ("How to
-// count tokens with tiktoken", "Counting tokens for chat completions with
-// tool calls").
+// The overheads of OpenAI's cookbook ("How to count tokens with tiktoken").
 const (
 	tokensPerMessage = 3
 	tokensPerName    = 1
@@ -31,17 +29,15 @@ const (
 	ImageTokensLow = 85
 
 	// UnknownModelMarginPercent is added to the prompt estimate of a model no
-	// tokenizer is known for, counted with FallbackEncoding: small-vocabulary
-	// tokenizers produce up to a quarter more tokens, and an estimate too
-	// low costs 429s and under-reserved budgets.
+	// tokenizer is known for: small-vocabulary tokenizers produce up to a
+	// quarter more tokens, and an estimate too low costs 429s and
+	// under-reserved budgets.
 	UnknownModelMarginPercent = 25
-
-	// FallbackEncoding is the encoding of models no tokenizer is known for.
-	FallbackEncoding = "o200k_base"
+	FallbackEncoding          = "o200k_base" // of models no tokenizer is known for
 )
 
 // imageAllowance lists models that bill images above gpt-4o's rates, per
-// OpenAI's vision pricing. The first matching prefix wins.
+// OpenAI's vision pricing.
 var imageAllowance = []struct {
 	prefix    string
 	high, low int64
@@ -86,8 +82,7 @@ func EncodingForModel(model string) (encoding string, known bool) {
 	return FallbackEncoding, false
 }
 
-// codecs loads each encoding's codec (a vocabulary) once for the process;
-// codecs are safe for concurrent use.
+// codecs loads each encoding's codec (a vocabulary) once for the process.
 var codecs = map[string]func() (tokenizer.Codec, error){}
 
 func init() {
@@ -104,25 +99,17 @@ func codecFor(encoding string) (tokenizer.Codec, error) {
 	return load()
 }
 
-// Estimator counts the prompt tokens of request bodies; it is safe for
-// concurrent use.
-//
-// Chat is the cookbook's count: per message 3 tokens, its role, its text
-// parts, a flat allowance per image or other media part, the name's tokens
-// and 1; tool call ids, names and arguments as text; 3 tokens to prime the
-// reply; function definitions by the cookbook's formula, anything else
-// (nested schemas, a json_schema response format) as its JSON text.
-// Embeddings: the tokens of every input string, plus every token id given.
-// Models without a known encoding get UnknownModelMarginPercent more. The
-// simulator charges ContentTokens by the same rules.
+// Estimator counts the prompt tokens of request bodies by the cookbook's
+// count, with a flat allowance per image or other media part, and
+// function definitions by the cookbook's formula, anything else (nested
+// schemas, a json_schema response format) as its JSON text. The simulator
+// charges ContentTokens by the same rules. It is safe for concurrent use.
 type Estimator struct{}
 
 // NewEstimator returns an Estimator.
 func NewEstimator() *Estimator { return &Estimator{} }
 
-// PromptTokens estimates the prompt tokens of body for endpoint. model picks
-// the tokenizer ("" uses body.model); encoding, when set, overrides it (and
-// no margin is added). Invalid bodies return a *wire.Error.
+// PromptTokens estimates the prompt tokens of body for endpoint (see Parse).
 func (e *Estimator) PromptTokens(endpoint, model, encoding string, body []byte) (int64, error) {
 	p, err := e.Parse(endpoint, model, encoding, body)
 	if err != nil {
@@ -131,8 +118,8 @@ func (e *Estimator) PromptTokens(endpoint, model, encoding string, body []byte) 
 	return p.PromptTokens, nil
 }
 
-// Parse decodes body and counts it with the tokenizer of model ("" uses
-// body.model) or the given encoding.
+// Parse decodes body and counts it (see Count). Invalid bodies return a
+// *wire.Error.
 func (e *Estimator) Parse(endpoint, model, encoding string, body []byte) (*ParsedRequest, error) {
 	b, err := Decode(endpoint, body)
 	if err != nil {
@@ -145,8 +132,7 @@ func (e *Estimator) Parse(endpoint, model, encoding string, body []byte) (*Parse
 // learns the model from it, then counts it as the model's upstream does.
 type Body struct{ r *request }
 
-// Decode validates body for endpoint without counting it. Errors are
-// *InvalidRequestError.
+// Decode validates body for endpoint without counting it.
 func Decode(endpoint string, body []byte) (*Body, error) {
 	r, err := parseBody(endpoint, body)
 	if err != nil {
@@ -159,7 +145,7 @@ func Decode(endpoint string, body []byte) (*Body, error) {
 func (b *Body) Model() string { return b.r.model }
 
 // CaseVariant is the refusal of the first member whose name differs from one
-// llmq reads only in case; nil when there is none.
+// llmq reads only in case.
 func (b *Body) CaseVariant() error {
 	if b.r.variant == nil {
 		return nil
@@ -167,40 +153,17 @@ func (b *Body) CaseVariant() error {
 	return b.r.variant
 }
 
-// Endpoint is the endpoint the body was decoded for.
-func (b *Body) Endpoint() string { return b.r.endpoint }
-
-// OutputParam is the member stating the body's output limit; "" for none.
-func (b *Body) OutputParam() string { return b.r.outputParam }
-
-// ServiceTier is the service tier the body asks for; "" for none or "auto".
-func (b *Body) ServiceTier() string { return b.r.serviceTier }
-
-// BuiltinTools are the kinds of built-in tools the body names, each once; a
-// chat body's web_search_options is one web search.
-func (b *Body) BuiltinTools() []string { return b.r.builtinTools }
-
-// MaxToolCalls is the body's max_tool_calls; 0 when it states none.
-func (b *Body) MaxToolCalls() int64 { return b.r.maxToolCalls }
-
-// Uncounted is the param of the first prompt part llmq cannot count (a
-// file, an unknown type); "" for none.
-func (b *Body) Uncounted() string { return b.r.uncounted }
-
-// Audio is the param of the first audio the body sends or asks for; "" for
-// none.
-func (b *Body) Audio() string { return b.r.audio }
-
-// Unseen is the param of context the provider holds that llmq cannot know
-// (a conversation, a prompt template); "" for none.
-func (b *Body) Unseen() string { return b.r.unseen }
-
-// StoresResponse reports whether the provider stores the body's answer: a
-// Responses API body whose store is not false.
-func (b *Body) StoresResponse() bool { return b.r.stores }
-
-// ItemReferences are the ids of a Responses API body's item_reference
-// items, in order.
+// Endpoint and the accessors below read the body's parts that decide its
+// bill beside the tokens, as request's fields document them.
+func (b *Body) Endpoint() string         { return b.r.endpoint }
+func (b *Body) OutputParam() string      { return b.r.outputParam }
+func (b *Body) ServiceTier() string      { return b.r.serviceTier }
+func (b *Body) BuiltinTools() []string   { return b.r.builtinTools }
+func (b *Body) MaxToolCalls() int64      { return b.r.maxToolCalls }
+func (b *Body) Uncounted() string        { return b.r.uncounted }
+func (b *Body) Audio() string            { return b.r.audio }
+func (b *Body) Unseen() string           { return b.r.unseen }
+func (b *Body) StoresResponse() bool     { return b.r.stores }
 func (b *Body) ItemReferences() []string { return b.r.itemRefs }
 
 // Count counts b with the tokenizer of model ("" uses body.model) or the

@@ -14,8 +14,7 @@ import (
 )
 
 // unmarshal decodes a JSON text as a provider reads it: member names match
-// exactly, never by case, and a member named twice is an error. Every body
-// and answer this package reads goes through it. Invalid UTF-8 is replaced:
+// exactly, and a member named twice is an error. Invalid UTF-8 is replaced:
 // jsontext refused what cannot be stored before.
 func unmarshal(data []byte, v any) error {
 	return jsonv2.Unmarshal(data, v, jsontext.AllowInvalidUTF8(true))
@@ -25,10 +24,10 @@ func unmarshal(data []byte, v any) error {
 // not read (a raw type's field tagged `json:",unknown"`).
 type otherMembers map[string]jsontext.Value
 
-// checkCase notes, as Body.CaseVariant, the first member of the object v
-// at path that llmq did not read (other) whose name differs from one it reads only in
+// checkCase notes, as Body.CaseVariant, the first member of the object v at
+// path that llmq did not read whose name differs from one it reads only in
 // case: a provider matching names without case would bill what llmq never
-// counted, so admission refuses such a body.
+// counted.
 func (r *request) checkCase(v any, other otherMembers, path string) {
 	if len(other) == 0 || r.variant != nil {
 		return
@@ -48,8 +47,6 @@ func (r *request) checkCase(v any, other otherMembers, path string) {
 	}
 }
 
-// readNames maps the folded json names of the fields of v's type to the
-// names.
 func readNames(v any) map[string]string {
 	t := reflect.TypeOf(v)
 	if m, ok := namesByType.Load(t); ok {

@@ -1,9 +1,7 @@
 // Package llm owns llmq's one way of talking to an LLM provider: the Provider
-// interface and its OpenAI-compatible implementation (over go-openai), the
-// classification of provider errors into rate-limited, retryable and permanent,
-// the parsing of OpenAI's rate-limit headers, and the validation and token
-// estimation of client request bodies that the HTTP API, batch validation, the
-// limiter and the budget rely on. The simulated provider lives in llm/sim.
+// interface and its OpenAI-compatible implementation, the classification of
+// provider errors, the parsing of rate-limit headers, and the validation and
+// token estimation of client request bodies.
 package llm
 
 import (
@@ -18,7 +16,7 @@ const (
 	EndpointResponses  = "/v1/responses"
 )
 
-// EndpointList names the endpoints for messages: "'a', 'b' or 'c'".
+// EndpointList names the endpoints for messages.
 const EndpointList = "'" + EndpointChat + "', '" + EndpointResponses + "' or '" + EndpointEmbeddings + "'"
 
 // KnownEndpoint reports whether llmq dispatches endpoint.
@@ -29,17 +27,12 @@ func KnownEndpoint(endpoint string) bool {
 // Request is one provider call.
 type Request struct {
 	Endpoint string
-	// Upstream is the provider's model id; it replaces body.model. Empty keeps
-	// the body's model.
-	Upstream string
+	Upstream string          // the provider's model id, replacing body.model; "" keeps it
 	Body     json.RawMessage // the client's request body, as Decode validated it
-	// OutputLimit is written into a body that names no output limit (in
-	// OutputField's member): the output tokens per choice llmq reserved. 0
-	// writes none.
-	OutputLimit int64
-	// MaxToolCalls is written into a Responses API body that names no
-	// max_tool_calls. 0 writes none.
-	MaxToolCalls int64
+	// OutputLimit (the output tokens per choice llmq reserved) and
+	// MaxToolCalls are written into a body that states none (see wireBody);
+	// 0 writes none.
+	OutputLimit, MaxToolCalls int64
 	// Stream, when set, asks for the answer as Server-Sent Events, with the
 	// usage, and is given each event's data as it arrives, "[DONE]" not. An
 	// error from Stream ends the call with that error.
@@ -54,9 +47,7 @@ type Usage struct {
 	CachedTokens     int64 // of PromptTokens, served from the prompt cache
 	ReasoningTokens  int64 // of CompletionTokens
 	ServiceTier      string
-	// ToolCalls counts a Responses API answer's calls of built-in tools, by
-	// kind (see BuiltinTool).
-	ToolCalls map[string]int64
+	ToolCalls        map[string]int64 // a Responses API answer's built-in tool calls, by kind
 }
 
 // Response is a provider's successful answer.
@@ -74,7 +65,6 @@ type Provider interface {
 	// Name is the provider's name in the policy file.
 	Name() string
 	// Call sends one request and returns the provider's answer, or an *Error
-	// whose Class says whether and how to retry, within the provider's
-	// timeout.
+	// whose Class says whether and how to retry.
 	Call(ctx context.Context, req Request) (*Response, error)
 }

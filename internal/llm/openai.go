@@ -22,11 +22,8 @@ import (
 
 // OpenAIConfig configures a provider that speaks OpenAI's API.
 type OpenAIConfig struct {
-	// Name is the provider's name in the policy file. Defaults to "openai".
-	Name string
-	// BaseURL is the API root, ending in /v1. Defaults to
-	// "https://api.openai.com/v1".
-	BaseURL string
+	Name    string // the provider's name in the policy file; defaults to "openai"
+	BaseURL string // the API root, ending in /v1; defaults to OpenAI's
 	APIKey  string // never appears in errors
 	// Azure makes the provider Azure OpenAI: BaseURL is the resource's
 	// endpoint, the key goes in the api-key header, and a request's Upstream
@@ -37,9 +34,8 @@ type OpenAIConfig struct {
 	// Timeout bounds every call, whatever the caller's context allows.
 	// Defaults to 60s.
 	Timeout time.Duration
-	// MaxResponseBytes bounds an answer's body (a stream's, all its events):
-	// past it the call fails with client.CodeProviderResponseTooLarge. Defaults to
-	// DefaultMaxResponseBytes.
+	// MaxResponseBytes bounds an answer's body (a stream's, all its events).
+	// Defaults to DefaultMaxResponseBytes.
 	MaxResponseBytes int64
 	// HTTPClient sends the requests; it is copied, its Transport wrapped.
 	// Defaults to a client keeping 256 idle connections per host.
@@ -47,11 +43,9 @@ type OpenAIConfig struct {
 }
 
 const (
-	defaultOpenAIBaseURL = "https://api.openai.com/v1"
-	defaultTimeout       = 60 * time.Second
-	// DefaultMaxResponseBytes bounds a provider's answer when its
-	// configuration names no bound.
-	DefaultMaxResponseBytes = 16 << 20
+	defaultOpenAIBaseURL    = "https://api.openai.com/v1"
+	defaultTimeout          = 60 * time.Second
+	DefaultMaxResponseBytes = 16 << 20 // when the configuration names no bound
 )
 
 var errResponseTooLarge = errors.New("the provider's answer is larger than its max_response_bytes")
@@ -71,12 +65,11 @@ type openAIProvider struct {
 
 // NewOpenAI returns a Provider for OpenAI or any server compatible with its
 // API, built on go-openai for URLs, authentication and decoding answers.
-// go-openai's typed requests and responses drop what they do not model
-// (fields, zero values, content parts, base64 embeddings) and its errors
-// carry no headers, so a capturing transport sends the client's own body
-// (wireBody) and keeps each answer's bytes and headers. An embeddings body
-// go-openai cannot decode is refused: its decoding of the answer depends on
-// the request's encoding_format.
+// go-openai's typed requests and responses drop what they do not model and
+// its errors carry no headers, so a capturing transport sends the client's
+// own body (wireBody) and keeps each answer's bytes and headers. An
+// embeddings body go-openai cannot decode is refused: its decoding of the
+// answer depends on the request's encoding_format.
 func NewOpenAI(cfg OpenAIConfig) Provider {
 	cfg.Name = cmp.Or(cfg.Name, "openai")
 	cfg.BaseURL = cmp.Or(cfg.BaseURL, defaultOpenAIBaseURL)
@@ -87,19 +80,16 @@ func NewOpenAI(cfg OpenAIConfig) Provider {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	var hc http.Client
+	var base http.RoundTripper = http.DefaultTransport
 	if cfg.HTTPClient != nil {
 		hc = *cfg.HTTPClient
-	}
-	base := hc.Transport
-	if base == nil {
-		if cfg.HTTPClient != nil {
-			base = http.DefaultTransport
-		} else {
-			t := http.DefaultTransport.(*http.Transport).Clone()
-			t.MaxIdleConns = 1024
-			t.MaxIdleConnsPerHost = 256
-			base = t
+		if hc.Transport != nil {
+			base = hc.Transport
 		}
+	} else {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+		base = t
 	}
 	hc.Transport = &captureTransport{base: base}
 	oc := openai.DefaultConfig(cfg.APIKey)
@@ -122,9 +112,9 @@ func NewOpenAI(cfg OpenAIConfig) Provider {
 }
 
 // azureConfig is go-openai's configuration for Azure OpenAI: its Azure type
-// with an api-version (the deployment in the path); for Azure's v1 API
-// (OpenAI's paths under /openai/v1, the api-key header, no api-version) its
-// Cloudflare-Azure type, which sends exactly that.
+// with an api-version; for Azure's v1 API (OpenAI's paths under /openai/v1,
+// the api-key header, no api-version) its Cloudflare-Azure type, which sends
+// exactly that.
 func azureConfig(cfg OpenAIConfig) openai.ClientConfig {
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	oc := openai.DefaultAzureConfig(cfg.APIKey, base)
@@ -138,10 +128,8 @@ func azureConfig(cfg OpenAIConfig) openai.ClientConfig {
 	return oc
 }
 
-// jsonHeader is the header of a request whose body is JSON.
 func jsonHeader() http.Header { return http.Header{"Content-Type": {"application/json"}} }
 
-// authorize puts the API key on h as the provider takes it.
 func (p *openAIProvider) authorize(h http.Header) {
 	switch {
 	case p.apiKey == "":
@@ -196,15 +184,14 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 
 // wireBody is the client's body as llmq sends it, and its model: model set
 // to the upstream id; the output limit llmq reserved written in when the
-// body states none (req.OutputLimit, in OutputField's member), so the
-// provider's default (maybe the model's whole output window) never applies;
-// max_tool_calls written in when a Responses body names none; for
-// req.Stream, a stream asked for that ends with the usage. Nothing else
-// changes; a body that needs none of these is sent as it came.
+// body states none, so the provider's default (maybe the model's whole
+// output window) never applies; max_tool_calls written in when a Responses
+// body names none; for req.Stream, a stream that ends with the usage.
+// Nothing else changes.
 //
-// go-openai is handed a request holding only the model, never filled from
-// the body: a body its types cannot hold is sent as it is, and its
-// reasoning-model checks see no parameters, so the provider judges them.
+// go-openai is handed a request holding only the model: a body its types
+// cannot hold is sent as it is, and its reasoning-model checks see no
+// parameters, so the provider judges them.
 func wireBody(req Request) (wire []byte, model string, err error) {
 	if req.Stream != nil && req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
 		return nil, "", invalid("stream", "'stream' is only supported for %s and %s", EndpointChat, EndpointResponses)
@@ -255,9 +242,9 @@ func wireBody(req Request) (wire []byte, model string, err error) {
 var reasoningPrefixes = []string{"o1", "o3", "o4", "gpt-5"}
 
 // OutputField is the member that states an output limit in a body for
-// endpoint to model: max_output_tokens on the Responses API; on chat
-// completions max_completion_tokens for a reasoning model, which refuses
-// max_tokens, else max_tokens, which every server takes. "" for embeddings.
+// endpoint to model: on chat completions max_completion_tokens for a
+// reasoning model, which refuses max_tokens, else max_tokens, which every
+// server takes. "" for embeddings.
 func OutputField(endpoint, model string) string {
 	switch endpoint {
 	case EndpointResponses:
@@ -299,8 +286,7 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 		if apiErr.Param != nil {
 			o.Param = *apiErr.Param
 		}
-		fill(e, o)
-		e.Message = answerMessage(e.StatusCode, e.Message, true, p.scrub)
+		p.fill(e, o)
 	case errors.As(err, &reqErr):
 		e.Message = answerMessage(e.StatusCode, "", false, p.scrub)
 	case c.status >= 200 && c.status < 300 && json.Valid(c.body):
@@ -324,7 +310,6 @@ func (p *openAIProvider) failure(ctx context.Context, c *capture, err error) *Er
 	return e
 }
 
-// msgUnreadable is the message of a 2xx answer that does not decode.
 const msgUnreadable = "The provider's answer could not be read (truncated or not JSON)."
 
 // tooLarge makes e the refusal of an answer (what: "answer", "stream")
@@ -350,7 +335,7 @@ func classifyAnswer(e *Error) {
 	}
 }
 
-// scrub removes the configured API key from text that may echo it.
+// scrub removes the configured API key, and what redact masks, from s.
 func (p *openAIProvider) scrub(s string) string {
 	if p.apiKey != "" && strings.Contains(s, p.apiKey) {
 		s = strings.ReplaceAll(s, p.apiKey, "[redacted]")
@@ -384,8 +369,7 @@ type capture struct {
 	body   []byte // a 2xx answer's body
 }
 
-// captureTransport sends the call's own body, and keeps the status, headers
-// and a 2xx answer's body.
+// captureTransport sends the call's own body and fills its capture.
 type captureTransport struct {
 	base http.RoundTripper
 }

@@ -20,26 +20,23 @@ type ParsedRequest struct {
 	// MaxTokens is max_tokens or max_completion_tokens (the larger, if both are
 	// given); 0 when absent, and the caller substitutes the model's default.
 	MaxTokens int64
-	// N is the number of choices; 1 when absent. Each choice may use MaxTokens.
-	N int64
+	N         int64 // the number of choices, each of which may use MaxTokens
 	// PredictionTokens are the tokens of a chat body's predicted output:
 	// those the model does not use are billed as output beyond MaxTokens.
 	PredictionTokens int64
-	// PromptTokens is llmq's estimate of the prompt tokens the provider will
-	// count (see Estimator).
-	PromptTokens int64
+	PromptTokens     int64 // llmq's estimate of what the provider will count
 	// ContentTokens is the content alone (message text, image allowances,
-	// embedding inputs), with no overhead or margin. PromptTokens ≥ ContentTokens.
+	// embedding inputs), with no overhead or margin.
 	ContentTokens int64
 	Inputs        int64  // embedding inputs; 0 for chat
 	Encoding      string // the tokenizer encoding the counts used
-	// KnownModel is false when Model matched no known tokenizer, so the counts
-	// are of the fallback encoding and PromptTokens carries the safety margin.
+	// KnownModel is false when Model matched no known tokenizer, so
+	// PromptTokens carries the safety margin.
 	KnownModel bool
 }
 
-// invalid is a request body that can never be sent; its message names the
-// offending parameter, param the JSON path of its value ("messages[2].content").
+// invalid is a request body that can never be sent; param is the JSON path
+// of the offending value ("messages[2].content").
 func invalid(param, format string, args ...any) *wire.Error {
 	return wire.Invalid(param, client.CodeInvalidRequest, format, args...)
 }
@@ -54,8 +51,8 @@ var validRoles = map[string]bool{
 	"system": true, "user": true, "assistant": true, "tool": true, "developer": true, "function": true,
 }
 
-// rawChatBody holds the fields of a chat completions body llmq reads; each
-// raw type keeps the members it does not read in Other (see checkCase).
+// rawChatBody holds the members of a chat completions body llmq reads; each
+// raw type keeps the others in Other (see checkCase).
 type rawChatBody struct {
 	Model               json.RawMessage `json:"model"`
 	Messages            json.RawMessage `json:"messages"`
@@ -124,7 +121,7 @@ type request struct {
 	tokenIDs     int64           // embedding inputs given as token ids
 	nInputs      int64
 	prediction   []string // a chat body's predicted output
-	serviceTier  string   // "" for none
+	serviceTier  string   // "" for none or "auto"
 	builtinTools []string // each kind once (see BuiltinTool)
 	maxToolCalls int64    // 0 for none
 	// uncounted is the param of the first part of the prompt llmq cannot
@@ -155,8 +152,7 @@ func jsonString(raw json.RawMessage) (string, bool) {
 	return s, true
 }
 
-// jsonInt reads an integer parameter; integral numbers written as 1e3 or
-// 100.0 are accepted, fractions are not.
+// jsonInt reads an integer parameter, also written as 1e3 or 100.0.
 func jsonInt(raw json.RawMessage) (int64, bool) {
 	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
 		return 0, false
@@ -287,7 +283,6 @@ func (r *request) decodeHead(body []byte, rb any, other *otherMembers, modelFiel
 	return refuseTrue(streamRaw, "stream", "'stream' is not supported: llmq runs requests in the background and stores whole responses")
 }
 
-// refuseTrue refuses a boolean member param that is true, with refusal.
 func refuseTrue(raw json.RawMessage, param, refusal string) error {
 	switch string(raw) {
 	case "", "null", "false":
@@ -314,8 +309,6 @@ func parseServiceTier(r *request, raw json.RawMessage) error {
 	return nil
 }
 
-// parsePrediction reads a chat body's prediction, whose tokens the model
-// rejects are billed as output beyond max_tokens.
 func parsePrediction(r *request, raw json.RawMessage) error {
 	if isNull(raw) {
 		return nil
@@ -411,7 +404,6 @@ type functionCall struct {
 	Arguments string `json:"arguments"`
 }
 
-// parseContent reads a chat message's content at p into m.
 func (r *request) parseContent(m *message, raw json.RawMessage, p string) error {
 	if isNull(raw) {
 		// An assistant turn that only called tools has no content.
@@ -447,8 +439,8 @@ func (p *rawInputPart) common() (typ, text, refusal json.RawMessage, other other
 
 // parseParts reads content at p that is not null into m: a string, or an
 // array of parts of text (of textTypes), refusals, images (of imageType,
-// whose detail image reads, counted by their allowance), and the parts llmq
-// cannot count, which it notes (files, audio, unknown types).
+// whose detail image reads), and the parts llmq cannot count, which it
+// notes.
 func parseParts[V any, P interface {
 	*V
 	contentPart
@@ -503,9 +495,7 @@ func parseParts[V any, P interface {
 		case typ == "input_audio":
 			m.media = append(m.media, "")
 			r.audio = cmp.Or(r.audio, pp)
-		default:
-			// Files and whatever comes next: counted with the flat media
-			// allowance, though their size is not llmq's to know.
+		default: // files and whatever comes next, of a size not llmq's to know
 			m.media = append(m.media, "")
 			r.uncounted = cmp.Or(r.uncounted, pp)
 		}
@@ -571,7 +561,6 @@ func parseInput(r *request, raw json.RawMessage) error {
 	return nil
 }
 
-// tokenIDs refuses a negative token id in ids, the array at p.
 func tokenIDs(ids []int64, p string) error {
 	for j, id := range ids {
 		if id < 0 {

@@ -13,7 +13,6 @@ import (
 // told from a zero one.
 type RateLimitField uint8
 
-// The values a RateLimit may hold.
 const (
 	HasLimitRequests RateLimitField = 1 << iota
 	HasLimitTokens
@@ -26,39 +25,30 @@ const (
 )
 
 // RateLimit is what a provider's response headers say about its rate-limit
-// buckets. A value is meaningful only when its bit is set in Has.
+// buckets. A value is 0 unless its bit is set in Has.
 type RateLimit struct {
 	LimitRequests     int64
 	LimitTokens       int64
 	RemainingRequests int64
 	RemainingTokens   int64
-	// ResetRequests and ResetTokens are how long until the bucket has
-	// refilled.
-	ResetRequests time.Duration
-	ResetTokens   time.Duration
-	RetryAfter    time.Duration
-	// Utilization is a provisioned Azure deployment's share of its capacity
-	// in use, in percent.
-	Utilization float64
-	Has         RateLimitField
+	ResetRequests     time.Duration // until the bucket has refilled
+	ResetTokens       time.Duration
+	RetryAfter        time.Duration
+	Utilization       float64 // a provisioned Azure deployment's capacity in use, in percent
+	Has               RateLimitField
 }
 
 // Known reports whether the headers gave field f.
 func (r RateLimit) Known(f RateLimitField) bool { return r.Has&f != 0 }
 
 // Delay is how long the headers ask a client to wait before the next request:
-// RetryAfter when given, else the longest reset (the exhausted bucket is one
-// of them). ok is false when they give no positive wait.
+// RetryAfter when given, else the longest reset (the exhausted bucket's is
+// one of them).
 func (r RateLimit) Delay() (d time.Duration, ok bool) {
 	if r.Known(HasRetryAfter) {
 		return r.RetryAfter, r.RetryAfter > 0
 	}
-	if r.Known(HasResetRequests) {
-		d = r.ResetRequests
-	}
-	if r.Known(HasResetTokens) {
-		d = max(d, r.ResetTokens)
-	}
+	d = max(r.ResetRequests, r.ResetTokens)
 	return d, d > 0
 }
 
@@ -66,13 +56,11 @@ func (r RateLimit) Delay() (d time.Duration, ok bool) {
 // timestamp) in a duration header.
 const maxHint = 7 * 24 * time.Hour
 
-// ParseRateLimit reads a provider's rate-limit headers into one RateLimit:
-// OpenAI's x-ratelimit-* (resets as Go durations or seconds), Azure's subset
-// of them and its deployment utilization, Anthropic's
-// anthropic-ratelimit-* where no x-ratelimit-* header gives the value, and
-// a 429's retry-after-ms, x-ms-retry-after-ms or retry-after. Nonsense
-// (limits that are not positive, remaining counts beside a nonsense limit
-// or above it, zero waits, waits beyond a week) is treated as absent.
+// ParseRateLimit reads a provider's rate-limit headers (OpenAI's, Azure's,
+// Anthropic's where OpenAI's give no value, a 429's retry-after in any form)
+// into one RateLimit. Nonsense (limits that are not positive, remaining
+// counts beside a nonsense limit or above it, zero waits, waits beyond a
+// week) is treated as absent.
 func ParseRateLimit(h http.Header) RateLimit {
 	return parseRateLimit(h, time.Now())
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
-// rawResponsesBody holds the fields of a Responses API body llmq reads,
-// reduced to messages: instructions as a system message, then the input
-// (items llmq does not model counted as their JSON text).
+// rawResponsesBody holds the members of a Responses API body llmq reads;
+// parseResponses reduces it to messages: instructions as a system message,
+// then the input (items llmq does not model counted as their JSON text).
 type rawResponsesBody struct {
 	Model              json.RawMessage `json:"model"`
 	Input              json.RawMessage `json:"input"`
@@ -57,11 +57,9 @@ type rawInputPart struct {
 
 var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": true, "developer": true}
 
-// Bounds of the Responses API: input items, the bytes of a response id
-// llmq keeps or looks up, the least max_output_tokens.
 const (
 	maxResponsesItems  = 10000
-	maxResponseIDBytes = 256
+	maxResponseIDBytes = 256 // of a response id llmq keeps or looks up
 	minOutputTokens    = 16
 )
 
@@ -276,8 +274,7 @@ func responsesTools(raw json.RawMessage) json.RawMessage {
 	return b
 }
 
-// PreviousResponseID is a Responses API body's previous_response_id; "" when
-// it has none.
+// PreviousResponseID is a Responses API body's previous_response_id.
 func (b *Body) PreviousResponseID() string { return b.r.previousResponseID }
 
 // respond sends a Responses API request over plain HTTP (go-openai has no
@@ -315,8 +312,8 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 }
 
 // StoredIDs are the ids of a Responses API answer's body a follow-up may
-// name: the response's and its output items'. id is "" when the body is not
-// a response; ids a follow-up may not name are left out.
+// name: the response's ("" when the body is not a response) and its output
+// items'.
 func StoredIDs(body []byte) (id string, items []string) {
 	var b struct {
 		ID     string `json:"id"`

@@ -15,7 +15,6 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
-// maxEventBytes bounds one Server-Sent Event's line.
 const maxEventBytes = 4 << 20
 
 // streamChunk is what llmq reads of a chunk or a Responses API event.
@@ -53,31 +52,28 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 	return nil
 }
 
-// fill sets e's provider error fields from o, bounded (the message by
-// answerMessage, which every caller applies).
-func fill(e *Error, o *client.ErrorObject) {
-	e.Message = o.Message
+// fill sets e's provider error fields from o, bounded.
+func (p *openAIProvider) fill(e *Error, o *client.ErrorObject) {
+	e.Message = answerMessage(e.StatusCode, o.Message, true, p.scrub)
 	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), client.Code(Truncate(string(o.Code), maxErrorField)), Truncate(o.Param, maxErrorField)
 }
 
-// answered is the *Error of an answer resp, with its status and headers.
 func (p *openAIProvider) answered(resp *http.Response) *Error {
 	return &Error{Provider: p.name, StatusCode: resp.StatusCode, RateLimit: ParseRateLimit(resp.Header),
 		RequestID: requestID(resp.Header)}
 }
 
-// errorAnswer is the *Error of a non-2xx answer, classified by its status.
 func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 	e := p.answered(resp)
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	var eb struct {
 		Error *client.ErrorObject `json:"error"`
 	}
-	isErrorObject := unmarshal(body, &eb) == nil && eb.Error != nil
-	if isErrorObject {
-		fill(e, eb.Error)
+	if unmarshal(body, &eb) == nil && eb.Error != nil {
+		p.fill(e, eb.Error)
+	} else {
+		e.Message = answerMessage(resp.StatusCode, "", false, p.scrub)
 	}
-	e.Message = answerMessage(resp.StatusCode, e.Message, isErrorObject, p.scrub)
 	classifyAnswer(e)
 	return e
 }
@@ -171,16 +167,14 @@ func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, er
 	return out, nil
 }
 
-// cut makes e a stream that failed, retryable, after relayed events.
 func (e *Error) cut(msg string, relayed int) *Error {
 	e.Class, e.Message, e.Relayed = ClassRetryable, msg, relayed
 	return e
 }
 
-// streamFailed is e for a stream that ended with the provider's error o.
 func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed int) *Error {
-	fill(e, o)
-	e.Message, e.Class, e.Relayed = answerMessage(e.StatusCode, e.Message, true, p.scrub), ClassRetryable, relayed
+	p.fill(e, o)
+	e.Class, e.Relayed = ClassRetryable, relayed
 	e.Code = cmp.Or(e.Code, client.CodeProviderStreamFailed)
 	return e
 }

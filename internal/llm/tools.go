@@ -39,7 +39,6 @@ func BuiltinTool(typ string) (kind string, builtin bool) {
 	return datedSuffix.ReplaceAllString(typ, ""), true
 }
 
-// builtinTools are the kinds of built-in tools a body's tools name, each once.
 func builtinTools(raw json.RawMessage) ([]string, error) {
 	var specs []struct {
 		Type json.RawMessage `json:"type"`

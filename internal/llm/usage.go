@@ -35,51 +35,47 @@ func UnbelievableUsage(u Usage) string {
 // wireUsage is an answer's usage object: chat completions' and embeddings',
 // or the Responses API's (input_tokens, output_tokens).
 type wireUsage struct {
-	PromptTokens        int64 `json:"prompt_tokens"`
-	CompletionTokens    int64 `json:"completion_tokens"`
-	TotalTokens         int64 `json:"total_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-	CompletionTokensDetails *struct {
-		ReasoningTokens int64 `json:"reasoning_tokens"`
-	} `json:"completion_tokens_details"`
+	PromptTokens            int64             `json:"prompt_tokens"`
+	CompletionTokens        int64             `json:"completion_tokens"`
+	TotalTokens             int64             `json:"total_tokens"`
+	PromptTokensDetails     *cachedDetails    `json:"prompt_tokens_details"`
+	CompletionTokensDetails *reasoningDetails `json:"completion_tokens_details"`
 
-	InputTokens        *int64 `json:"input_tokens"`
-	OutputTokens       *int64 `json:"output_tokens"`
-	InputTokensDetails *struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"input_tokens_details"`
-	OutputTokensDetails *struct {
-		ReasoningTokens int64 `json:"reasoning_tokens"`
-	} `json:"output_tokens_details"`
+	InputTokens         *int64            `json:"input_tokens"`
+	OutputTokens        *int64            `json:"output_tokens"`
+	InputTokensDetails  *cachedDetails    `json:"input_tokens_details"`
+	OutputTokensDetails *reasoningDetails `json:"output_tokens_details"`
+}
+
+type cachedDetails struct {
+	CachedTokens int64 `json:"cached_tokens"`
+}
+
+type reasoningDetails struct {
+	ReasoningTokens int64 `json:"reasoning_tokens"`
 }
 
 func (w *wireUsage) usage() Usage {
-	if w.InputTokens != nil || w.OutputTokens != nil {
-		u := Usage{TotalTokens: w.TotalTokens}
-		if w.InputTokens != nil {
-			u.PromptTokens = *w.InputTokens
-		}
-		if w.OutputTokens != nil {
-			u.CompletionTokens = *w.OutputTokens
-		}
-		if w.InputTokensDetails != nil {
-			u.CachedTokens = w.InputTokensDetails.CachedTokens
-		}
-		if w.OutputTokensDetails != nil {
-			u.ReasoningTokens = w.OutputTokensDetails.ReasoningTokens
-		}
-		return u
-	}
 	u := Usage{PromptTokens: w.PromptTokens, CompletionTokens: w.CompletionTokens, TotalTokens: w.TotalTokens}
-	if w.PromptTokensDetails != nil {
-		u.CachedTokens = w.PromptTokensDetails.CachedTokens
+	cached, reasoning := w.PromptTokensDetails, w.CompletionTokensDetails
+	if w.InputTokens != nil || w.OutputTokens != nil {
+		u.PromptTokens, u.CompletionTokens = deref(w.InputTokens), deref(w.OutputTokens)
+		cached, reasoning = w.InputTokensDetails, w.OutputTokensDetails
 	}
-	if w.CompletionTokensDetails != nil {
-		u.ReasoningTokens = w.CompletionTokensDetails.ReasoningTokens
+	if cached != nil {
+		u.CachedTokens = cached.CachedTokens
+	}
+	if reasoning != nil {
+		u.ReasoningTokens = reasoning.ReasoningTokens
 	}
 	return u
+}
+
+func deref(n *int64) int64 {
+	if n == nil {
+		return 0
+	}
+	return *n
 }
 
 // UsageOf reads the usage of an answer's body or chunk, with its service

@@ -13,9 +13,8 @@ import (
 )
 
 // A synchronous request that finds its scope's buckets empty holds the room
-// it needs (rkeys.FairHeld): Room leaves it out of what the scheduler
-// releases to async jobs, so the request gets the next permit ahead of
-// them (docs/ARCHITECTURE.md, "Ahead of async jobs").
+// it needs: Room leaves it out of what the scheduler releases to async jobs,
+// so the request gets the next permit ahead of them.
 var (
 	//go:embed hold.lua
 	holdLua    string
@@ -64,10 +63,9 @@ func (p *Pacer) Held(ctx context.Context, scope string) (tokens, requests float6
 	return tokens, requests, nil
 }
 
-// Holding reports whether scope has holds (one EXISTS, which the workers
-// ask before every permit they keep, shared through coalesce.Group by the
-// callers of a process that ask while one is under way). A hold that
-// expired counts until the scheduler's next Room of the scope drops it.
+// Holding reports whether scope has holds: one EXISTS before every permit
+// a worker keeps, shared (coalesce.Group) by the callers of a process. A
+// hold that expired counts until the scheduler's next Room drops it.
 func (p *Pacer) Holding(ctx context.Context, scope string) (bool, error) {
 	a, _, err := p.holding.Do(ctx, scope, func(ctx context.Context, _ int) holdingAnswer {
 		n, err := p.rdb.Exists(ctx, p.keys.FairHeld(scope)).Result()
@@ -79,7 +77,6 @@ func (p *Pacer) Holding(ctx context.Context, scope string) (bool, error) {
 	return a.held, a.err
 }
 
-// holdingAnswer is one EXISTS of Holding.
 type holdingAnswer struct {
 	held bool
 	err  error

@@ -18,13 +18,11 @@ import (
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
-// Learned is the one store of the limits providers announce (their
-// x-ratelimit-limit-requests and -tokens, per minute: the rpm and tpm
-// buckets), shared by every worker through Redis. A route's buckets use the
-// lower of the policy's limit and the provider's, until LearnedTTL after the
-// provider last announced it. Where provider and policy disagree, a log
-// line and the observer say so, once per change. What the -remaining-*
-// headers teach is the limiter's (Settle).
+// Learned is the one store of the limits providers announce for the rpm and
+// tpm buckets, shared by every worker through Redis. A route's buckets use
+// the lower of the policy's limit and the provider's, until LearnedTTL after
+// the provider last announced it. A disagreement is logged and observed
+// once per change.
 type Learned struct {
 	rdb    redis.UniversalClient
 	keys   rkeys.Builder
@@ -36,11 +34,10 @@ type Learned struct {
 	cache map[string]learnedEntry // by scope name
 }
 
-// LearnedTTL is how long an announced limit applies after it was last seen.
-const LearnedTTL = 10 * time.Minute
-
-// learnedRefresh is how long a worker reuses what it read from Redis.
-const learnedRefresh = time.Second
+const (
+	LearnedTTL     = 10 * time.Minute // how long an announced limit applies after it was last seen
+	learnedRefresh = time.Second      // how long a worker reuses what it read from Redis
+)
 
 type learnedEntry struct {
 	rpm, tpm int64 // 0 = not learned
@@ -60,8 +57,8 @@ func NewLearned(rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logg
 }
 
 // Scope returns m's limiter scope (admission.Scope) with the policy's
-// limits lowered to what the provider announced. A failure to read Redis
-// keeps the policy's limits.
+// limits lowered to what the provider announced (the policy's when Redis
+// cannot be read).
 func (l *Learned) Scope(ctx context.Context, m config.Route) limiter.Scope {
 	e := l.entry(ctx, m.Deployment.Name())
 	if lowers(e.rpm, m.Limits.RPM) || lowers(e.tpm, m.Limits.TPM) {
@@ -102,24 +99,15 @@ func (l *Learned) entry(ctx context.Context, scope string) learnedEntry {
 
 func parseLimit(v any) int64 {
 	s, _ := v.(string) // nil: not learned
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0
-	}
+	n, _ := strconv.ParseInt(s, 10, 64)
 	return max(n, 0)
 }
 
 // Observe records the limits a provider announced in an answer for m,
-// writing Redis only when they changed or to keep them alive. A change is
-// reported (logged, the observer told) by the one caller whose write made it.
+// writing Redis only when they changed or to keep them alive; the one
+// caller whose write made a change reports it.
 func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit) {
-	rpm, tpm := int64(0), int64(0)
-	if rl.Known(llm.HasLimitRequests) {
-		rpm = rl.LimitRequests
-	}
-	if rl.Known(llm.HasLimitTokens) {
-		tpm = rl.LimitTokens
-	}
+	rpm, tpm := rl.LimitRequests, rl.LimitTokens
 	if rpm == 0 && tpm == 0 {
 		return
 	}
@@ -164,19 +152,16 @@ func (l *Learned) Observe(ctx context.Context, m config.Route, rl llm.RateLimit)
 }
 
 // recordLearnedScript stores a scope's announced limits and returns the
-// ones stored before (record_learned.lua).
+// ones stored before.
 //
 //go:embed record_learned.lua
 var recordLearnedLua string
 var recordLearnedScript = redis.NewScript(recordLearnedLua)
 
-// lowers reports whether an announced limit is below the policy's.
 func lowers(announced, policy int64) bool {
 	return announced > 0 && (policy == 0 || announced < policy)
 }
 
-// raises reports whether an announced limit is above the policy's (a policy
-// without the limit is never below an announced one).
 func raises(announced, policy int64) bool {
 	return announced > 0 && policy > 0 && announced > policy
 }

@@ -1,11 +1,8 @@
 // Package pacer is the one front of llmq's rate limiting against providers:
-// a route's scope (its buckets, Scope), the limits the provider announced
-// (learned.go, their one store), the permit of every provider call and its
-// settlement with the provider's answer (what the buckets learn from it is
-// limiter's settle), the pause after a 429 or a fault, the room the
-// scheduler releases into (Room) and the room synchronous requests hold
-// (held.go). limiter is the mechanism underneath; docs/ARCHITECTURE.md says
-// what is learned and how.
+// a route's scope with the limits the provider announced (learned.go), the
+// permit of every provider call and its settlement, the pause after a 429 or
+// a fault, the room the scheduler releases into (Room) and the room
+// synchronous requests hold (held.go). limiter is the mechanism underneath.
 package pacer
 
 import (
@@ -38,11 +35,9 @@ type Observer interface {
 	// LimitsLearned reports announced limits that differ from the policy's
 	// (0: not announced).
 	LimitsLearned(model string, rpm, tpm int64)
-	// UnpredictedRateLimit reports a 429 the buckets admitted, in the
-	// buckets it showed ahead of the provider's (limiter.Feedback.Evidence).
+	// UnpredictedRateLimit and ShortWindowRateLimit report a 429's
+	// limiter.Feedback.Evidence and ShortWindow.
 	UnpredictedRateLimit(model string, buckets []string)
-	// ShortWindowRateLimit reports a 429 that showed buckets counted over
-	// a shorter window (limiter.Feedback.ShortWindow).
 	ShortWindowRateLimit(model string, buckets []string)
 }
 
@@ -55,17 +50,16 @@ func (nopObserver) ShortWindowRateLimit(string, []string) {}
 
 // Options tune a Pacer. The zero value is ready to use.
 type Options struct {
-	// MaxRateLimitWait caps the pause after one 429, whatever the provider
-	// announces. Defaults to 120s.
-	MaxRateLimitWait time.Duration
-	// CalibrationRefresh is how long a process reuses a scope's prompt
-	// calibration before reading it again. Defaults to 1s.
-	CalibrationRefresh time.Duration
 	// FaultPause is how long PauseFault pauses a deployment. Defaults to 1s.
 	FaultPause time.Duration
 	// Now is the clock of what the pacer caches. Defaults to time.Now.
 	Now func() time.Time
 }
+
+const (
+	maxRateLimitWait   = 120 * time.Second // the longest pause after one 429, whatever the provider says
+	calibrationRefresh = time.Second       // how long a scope's prompt calibration is reused unread
+)
 
 // Pacer paces the provider calls of one process. It is safe for concurrent
 // use.
@@ -92,8 +86,6 @@ type cachedCalibration struct {
 // New returns a Pacer over tb, sharing what it learns through rdb. logger
 // and obs may be nil.
 func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer, opts Options) (*Pacer, error) {
-	opts.MaxRateLimitWait = cmp.Or(opts.MaxRateLimitWait, 120*time.Second)
-	opts.CalibrationRefresh = cmp.Or(opts.CalibrationRefresh, time.Second)
 	opts.FaultPause = cmp.Or(opts.FaultPause, time.Second)
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -115,9 +107,6 @@ type Call struct {
 	Cost                    limiter.Cost // the permit (admission.Charge)
 	WorstCase               money.Micros // the budget's reservation on this route
 	Shape                   *admission.Shape
-	// UnseenContext: the prompt includes what llmq did not count
-	// (admission.Shape.Unseen), so it does not teach the calibration.
-	UnseenContext bool
 }
 
 // Plan returns the call a request of model m of shape s with llmq's
@@ -125,7 +114,7 @@ type Call struct {
 func (p *Pacer) Plan(ctx context.Context, m config.Route, s *admission.Shape, promptTokens, maxTokens int64) *Call {
 	scope := p.learned.Scope(ctx, m)
 	c := &Call{Route: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens, Shape: s,
-		Calibration: p.Calibration(ctx, scope.Name), UnseenContext: s.Unseen()}
+		Calibration: p.Calibration(ctx, scope.Name)}
 	c.Cost, c.WorstCase = admission.Charge(m, s, c.Calibration, promptTokens, maxTokens)
 	return c
 }
@@ -139,14 +128,12 @@ func (p *Pacer) Scope(ctx context.Context, m config.Route) limiter.Scope {
 // scheduler may release to async jobs.
 type Room struct {
 	queue.Room
-	// Paused is set while a 429 or a fault pauses the route.
-	Paused bool
+	Paused bool // by a 429 or a fault
 }
 
-// Room is what r's buckets admit now and within lookahead: for tokens and
-// for requests, the least over the buckets of what each lets out now (what
-// it holds, bounded by its burst) plus its refill in lookahead; none while
-// the route is paused. Force is set when its token buckets are at least
+// Room is what r's buckets admit now and within lookahead: the least over
+// the buckets of what each lets out now (bounded by its burst) plus its
+// refill in lookahead. Force is set when its token buckets are at least
 // half full, so a job larger than they ever hold at once still goes, alone.
 // The room synchronous requests hold is left out, and then nothing is
 // forced.
@@ -190,14 +177,14 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 }
 
 // Calibration returns the prompt correction of scope, read at most every
-// Options.CalibrationRefresh. When Redis cannot be read it is the last one
+// calibrationRefresh. When Redis cannot be read it is the last one
 // read, or none.
 func (p *Pacer) Calibration(ctx context.Context, scope string) limiter.Calibration {
 	now := p.opts.Now()
 	p.mu.Lock()
 	e, ok := p.calib[scope]
 	p.mu.Unlock()
-	if ok && now.Sub(e.at) < p.opts.CalibrationRefresh {
+	if ok && now.Sub(e.at) < calibrationRefresh {
 		return e.c
 	}
 	c, err := p.limiter.Calibration(ctx, scope)
@@ -234,8 +221,7 @@ func (p *Pacer) Reserve(ctx context.Context, c *Call) (*limiter.Result, error) {
 type Outcome struct {
 	Response *llm.Response // when it succeeded
 	Err      error         // else: an *llm.Error, or a network failure
-	// RateLimitedBefore is the job's 429s before, for the backoff of a 429
-	// that names no wait.
+	// RateLimitedBefore (the job's 429s) backs off a 429 that names no wait.
 	RateLimitedBefore int
 }
 
@@ -246,10 +232,8 @@ type After struct {
 }
 
 // Done settles the permit of a call that reached the provider. After a 429
-// it first pauses the scope for every caller until the provider's reset
-// (at most Options.MaxRateLimitWait), or a full-jitter backoff when it named
-// no wait. The call's tokens stay charged whatever its end: the provider's
-// counts correct the buckets.
+// it first pauses the scope for every caller until the provider's reset (at
+// most maxRateLimitWait), or a full-jitter backoff when it named no wait.
 func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, o Outcome) After {
 	ctx = context.WithoutCancel(ctx)
 	var after After
@@ -261,10 +245,10 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 		rl = o.Response.RateLimit
 		u := o.Response.Usage
 		if u.PromptTokens > 0 {
-			// What the provider charged at admission, as OpenAI counts:
-			// its count of the prompt, and max_tokens.
+			// What OpenAI charges at admission: the prompt and max_tokens.
 			fb.Charged = limiter.Cost{Requests: 1, Tokens: u.PromptTokens + c.MaxTokens}
-			if c.PromptTokens > 0 && !c.UnseenContext {
+			// A prompt with what llmq did not count teaches no calibration.
+			if c.PromptTokens > 0 && !c.Shape.Unseen() {
 				fb.PromptRatio = float64(u.PromptTokens) / float64(c.PromptTokens)
 			}
 		}
@@ -308,21 +292,19 @@ func (p *Pacer) Release(ctx context.Context, permit *limiter.Reservation) error 
 }
 
 // PauseFault pauses c's scope for Options.FaultPause after the deployment
-// failed the call (a 5xx, a timeout): the next calls go to other
-// deployments, then one probe tries it again.
+// failed the call (a 5xx, a timeout); then one probe tries it again.
 func (p *Pacer) PauseFault(ctx context.Context, c *Call) {
 	if err := p.limiter.Penalize(context.WithoutCancel(ctx), c.Scope, p.opts.FaultPause); err != nil {
 		p.logger.Warn("pause a failing deployment", "scope", c.Scope.Name, "err", err)
 	}
 }
 
-// penalize pauses c's scope after a 429 and returns the pause.
 func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int) time.Duration {
 	wait, ok := pe.RateLimit.Delay()
 	if !ok {
 		wait = queue.FullJitter(before, 500*time.Millisecond, 8*time.Second)
 	}
-	wait = min(wait, p.opts.MaxRateLimitWait)
+	wait = min(wait, maxRateLimitWait)
 	if err := p.limiter.Penalize(ctx, c.Scope, wait); err != nil {
 		p.logger.Warn("penalize scope", "model", c.Route.Model.Name, "err", err)
 	}
@@ -331,24 +313,16 @@ func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int
 }
 
 // observed maps the provider's per-minute counts to the scope's rpm and tpm
-// buckets: x-ratelimit-remaining-* (or Anthropic's), and a provisioned Azure
-// deployment's utilization as the share of the tpm bucket in use.
+// buckets; a provisioned Azure deployment's utilization is the share of the
+// tpm bucket in use.
 func observed(s limiter.Scope, rl llm.RateLimit) []limiter.Observed {
 	var out []limiter.Observed
 	for _, b := range s.Buckets {
 		switch {
 		case b.Name == "rpm" && rl.Known(llm.HasRemainingRequests):
-			o := limiter.Observed{Bucket: b.Name, Remaining: rl.RemainingRequests}
-			if rl.Known(llm.HasLimitRequests) {
-				o.Limit = rl.LimitRequests
-			}
-			out = append(out, o)
+			out = append(out, limiter.Observed{Bucket: "rpm", Remaining: rl.RemainingRequests, Limit: rl.LimitRequests})
 		case b.Name == "tpm" && rl.Known(llm.HasRemainingTokens):
-			o := limiter.Observed{Bucket: b.Name, Remaining: rl.RemainingTokens}
-			if rl.Known(llm.HasLimitTokens) {
-				o.Limit = rl.LimitTokens
-			}
-			out = append(out, o)
+			out = append(out, limiter.Observed{Bucket: "tpm", Remaining: rl.RemainingTokens, Limit: rl.LimitTokens})
 		case b.Name == "tpm" && rl.Known(llm.HasUtilization):
 			out = append(out, limiter.Observed{Bucket: b.Name,
 				Remaining: int64(float64(b.Limit) * max(1-rl.Utilization/100, 0))})
@@ -358,14 +332,12 @@ func observed(s limiter.Scope, rl llm.RateLimit) []limiter.Observed {
 }
 
 // evidence reads what a 429 on c, which the scope's buckets admitted, shows
-// of them. rate names the buckets it shows ahead of the provider's over
-// their period: the provider's counts show no room for the call in them, or
-// it sent no counts at all, so any may be. short names the buckets the
-// provider counts over a shorter window than their period: its counts show
-// room for the call in every bucket it reports, and yet it refused (or it
-// sent no counts: then either may be true). A 429 that names its kind
-// ("requests" or "tokens", as OpenAI's error type does) concerns only the
-// buckets of that unit.
+// of them. rate names the buckets ahead of the provider's over their period
+// (its counts show no room for the call in them); short those it counts
+// over a shorter window (its counts show room in every bucket it reports,
+// and yet it refused). Without counts, either may be. A 429 that names its
+// kind ("requests" or "tokens", as OpenAI's error type does) concerns only
+// the buckets of that unit.
 func evidence(c *Call, pe *llm.Error, rl llm.RateLimit) (rate, short []string) {
 	counts := map[string]bool{} // bucket → the provider's count showed room
 	if rl.Known(llm.HasRemainingRequests) {
@@ -398,10 +370,8 @@ func evidence(c *Call, pe *llm.Error, rl llm.RateLimit) (rate, short []string) {
 }
 
 // blockWindows names the buckets of short whose window the 429's wait shows
-// to free in a block: the provider asks for a wait more than twice as long
-// as its limit takes to refill the call's cost (plus a second's rounding,
-// for a wait in whole seconds). A window refilled continuously asks for
-// about that refill; a fixed window, for the time to its end.
+// to free in a block (a fixed window): the wait is more than twice the
+// refill of the call's cost, plus a second's rounding for whole seconds.
 func blockWindows(c *Call, rl llm.RateLimit, short []string) []string {
 	wait, ok := rl.Delay()
 	if !ok {

@@ -1,11 +1,8 @@
-// Package scheduler releases the jobs waiting in the fair queue (see
-// internal/queue) into asynq's queues: fairly between tenants and
-// priorities, and per model only as fast as the room its routes have
-// (pacer.Room), so asynq's queues stay short and jobs for a model at its
-// limits neither hold up other models nor spin through the workers. One
-// process of the installation schedules at a time (its leadership, a Redis
-// key with a TTL); every dispatcher and worker runs a Scheduler, so one
-// takes over when the leader stops.
+// Package scheduler releases the jobs waiting in the fair queue into asynq's
+// queues, per model only as fast as the room its routes have (pacer.Room),
+// so jobs for a model at its limits neither hold up other models nor spin
+// through the workers. One process leads at a time; every dispatcher and
+// worker runs a Scheduler, so one takes over when the leader stops.
 package scheduler
 
 import (
@@ -49,8 +46,8 @@ type Options struct {
 	// MaxOutstanding bounds a scope's jobs released and not yet started.
 	// Defaults to 256.
 	MaxOutstanding int
-	// LeadershipTTL is how long the leadership lives unrenewed; another
-	// process takes over within it when the leader stops. Defaults to 5s.
+	// LeadershipTTL is how long the leadership lives unrenewed. Defaults to
+	// 5s.
 	LeadershipTTL time.Duration
 	// StaleAfter is how long a released job may stay unstarted before its
 	// task is enqueued again (the leader stopped between taking it and
@@ -66,15 +63,14 @@ func (o *Options) defaults() {
 	o.StaleAfter = cmp.Or(o.StaleAfter, 30*time.Second)
 }
 
-// Deps are what a Scheduler works with.
+// Deps are what a Scheduler works with; Logger and Observer may be nil.
 type Deps struct {
-	Queue  *queue.Client
-	Pacer  *pacer.Pacer
-	Policy *config.PolicyHolder
-	Redis  redis.UniversalClient
-	Keys   rkeys.Builder
-	Logger *slog.Logger
-	// Observer defaults to none.
+	Queue    *queue.Client
+	Pacer    *pacer.Pacer
+	Policy   *config.PolicyHolder
+	Redis    redis.UniversalClient
+	Keys     rkeys.Builder
+	Logger   *slog.Logger
 	Observer Observer
 }
 
@@ -88,9 +84,6 @@ type Scheduler struct {
 // New returns a Scheduler.
 func New(d Deps, o Options) (*Scheduler, error) {
 	o.defaults()
-	if d.Queue == nil || d.Pacer == nil || d.Policy == nil || d.Redis == nil {
-		return nil, errors.New("scheduler: Deps.Queue, Pacer, Policy and Redis are required")
-	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -100,19 +93,16 @@ func New(d Deps, o Options) (*Scheduler, error) {
 	return &Scheduler{d: d, o: o, id: strconv.FormatUint(rand.Uint64(), 36)}, nil
 }
 
-// renewScript renews this process's leadership, or takes it when nobody
-// leads (leadership_renew.lua).
-//
-//go:embed leadership_renew.lua
-var renewLua string
-var renewScript = redis.NewScript(renewLua)
-
-// resignScript gives the leadership up if this process leads
-// (leadership_release.lua).
-//
-//go:embed leadership_release.lua
-var resignLua string
-var resignScript = redis.NewScript(resignLua)
+// The leadership's scripts: renew it, or take it when nobody leads; give it
+// up if this process leads.
+var (
+	//go:embed leadership_renew.lua
+	renewLua    string
+	renewScript = redis.NewScript(renewLua)
+	//go:embed leadership_release.lua
+	resignLua    string
+	resignScript = redis.NewScript(resignLua)
+)
 
 // Run schedules until ctx ends: it takes the leadership when nobody leads
 // and, while it leads, releases jobs every Tick. It resigns on return.
@@ -158,7 +148,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 
 // Tick releases, for every scope with waiting jobs, those its limits have
 // room for; with stale, it first enqueues again the tasks of jobs released
-// long ago and never started. Run calls it; tests call it to step.
+// long ago and never started.
 func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 	scopes, err := s.d.Queue.Scopes(ctx)
 	if err != nil {
@@ -188,13 +178,19 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 }
 
 // room is what the routes of the fair queue scope's model admit now and
-// within Lookahead: the sum of each deployment's room (pacer.Room), or, when
-// every deployment is paused, the sum of its fallbacks' (where its jobs go
-// then). A queue no model of the policy names any more releases
-// everything: its workers fail the jobs, saying so.
+// within Lookahead: the sum of each deployment's room, or, when every
+// deployment is paused, the sum of its fallbacks' (where its jobs go then).
+// A queue no model of the policy names any more releases everything: its
+// workers fail the jobs, saying so.
 func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) {
 	p := s.d.Policy.Current()
-	m := modelOf(p, scope)
+	var m *config.Model
+	for i := range p.Models {
+		if p.Models[i].Queue() == scope {
+			m = &p.Models[i]
+			break
+		}
+	}
 	if m == nil {
 		return queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: s.o.MaxOutstanding}, nil
 	}
@@ -215,8 +211,7 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 	return room, err
 }
 
-// sumRoom is the room of routes together; paused is true when every one of
-// them is paused.
+// sumRoom is the room of routes together; paused when every one is.
 func (s *Scheduler) sumRoom(ctx context.Context, routes []config.Route) (room queue.Room, paused bool, err error) {
 	room, paused = queue.Room{MaxOutstanding: s.o.MaxOutstanding}, true
 	for i, r := range routes {
@@ -233,14 +228,4 @@ func (s *Scheduler) sumRoom(ctx context.Context, routes []config.Route) (room qu
 		paused = paused && rr.Paused
 	}
 	return room, paused, nil
-}
-
-// modelOf returns the first model of p whose fair queue is scope.
-func modelOf(p *config.Policy, scope string) *config.Model {
-	for i := range p.Models {
-		if p.Models[i].Queue() == scope {
-			return &p.Models[i]
-		}
-	}
-	return nil
 }
