@@ -206,14 +206,6 @@ func (m *Model) Queue() string {
 	return "model:" + m.Name
 }
 
-// withRoutes makes m's routes; m must not move after.
-func (m *Model) withRoutes() {
-	m.routes = make([]Route, len(m.Deployments))
-	for i := range m.Deployments {
-		m.routes[i] = Route{Model: m, Deployment: &m.Deployments[i]}
-	}
-}
-
 // Limits are the provider's rate limits of one model, each ≥ 0; 0 means no
 // such limit.
 type Limits struct {
@@ -353,7 +345,7 @@ type rawPolicy struct {
 	Models               []rawModel    `yaml:"models"`
 	Tiers                []rawTier     `yaml:"tiers"`
 	GlobalDailyBudgetUSD float64       `yaml:"global_daily_budget_usd"`
-	AuthFailureLimits    *rawAPILimits `yaml:"auth_failure_limits"`
+	AuthFailureLimits    *APILimits    `yaml:"auth_failure_limits"`
 	Retention            *rawRetention `yaml:"retention"`
 }
 
@@ -434,15 +426,15 @@ type rawTier struct {
 	APIExempt      bool     `yaml:"api_exempt"`
 	Timezone       string   `yaml:"timezone"`
 
-	APILimits         *rawAPILimits           `yaml:"api_limits"`
-	APIAlgorithm      string                  `yaml:"api_algorithm"`
-	APISoftLimit      *float64                `yaml:"api_soft_limit"`
-	APIEndpointLimits map[string]rawAPILimits `yaml:"api_endpoint_limits"`
-	APILease          int64                   `yaml:"api_lease"`
-	WebhookHostRPS    *float64                `yaml:"webhook_host_rps"`
-	Share             *float64                `yaml:"share"`
-	Fallbacks         []string                `yaml:"fallbacks"`
-	BatchOffload      string                  `yaml:"batch_offload"`
+	APILimits         *APILimits           `yaml:"api_limits"`
+	APIAlgorithm      string               `yaml:"api_algorithm"`
+	APISoftLimit      *float64             `yaml:"api_soft_limit"`
+	APIEndpointLimits map[string]APILimits `yaml:"api_endpoint_limits"`
+	APILease          int64                `yaml:"api_lease"`
+	WebhookHostRPS    *float64             `yaml:"webhook_host_rps"`
+	Share             *float64             `yaml:"share"`
+	Fallbacks         []string             `yaml:"fallbacks"`
+	BatchOffload      string               `yaml:"batch_offload"`
 
 	RequireOutputLimit    bool `yaml:"require_output_limit"`
 	AllowForeignResponses bool `yaml:"allow_foreign_responses"`
@@ -465,22 +457,22 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	upstreams := map[[2]string]sharedDeployment{}
+	lastModel, limits := map[[2]string]int{}, map[[2]string]Limits{} // by provider and upstream
 	buildModel := func(rm rawModel, src *source, path string) (Model, error) { return rm.build(src, path, p.providers) }
 	// Models sharing a deployment share its scope and its limits.
 	checkShared := func(i int, m *Model, path string) error {
 		for k, d := range m.Deployments {
 			key := [2]string{d.Provider, d.Upstream}
-			if prev, dup := upstreams[key]; dup && prev.Limits != d.Limits {
+			if l, dup := limits[key]; dup && l != d.Limits {
 				at := fmt.Sprintf("%s.deployments[%d].limits", path, k)
 				if len(raw.Models[i].Deployments) == 0 {
 					at = path + ".limits"
 				}
 				return src.errorAt(at,
 					"%q at provider %q is also a deployment of models[%d] with other limits; the provider has one limit for it, so give both the same",
-					d.Upstream, d.Provider, prev.model)
+					d.Upstream, d.Provider, lastModel[key])
 			}
-			upstreams[key] = sharedDeployment{model: i, Limits: d.Limits}
+			lastModel[key], limits[key] = i, d.Limits
 		}
 		return nil
 	}
@@ -489,7 +481,11 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		return nil, err
 	}
 	for i := range p.Models {
-		p.Models[i].withRoutes() // in place: routes point to the model
+		m := &p.Models[i] // in place: routes point to the model
+		m.routes = make([]Route, len(m.Deployments))
+		for k := range m.Deployments {
+			m.routes[k] = Route{Model: m, Deployment: &m.Deployments[k]}
+		}
 	}
 	if p.Tiers, p.tiers, err = buildList(src, "tiers", "tier", raw.Tiers, rawTier.build,
 		func(t *Tier) string { return t.Name }, nil); err != nil {
@@ -674,11 +670,6 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		m.Deployments = append(m.Deployments, d)
 	}
 	return m, nil
-}
-
-type sharedDeployment struct {
-	model  int
-	Limits Limits
 }
 
 // build checks one deployment of m, whose price defaults to price.
