@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -395,12 +396,12 @@ func validateName(field, s string, mayBeEmpty bool) error {
 	if len(s) > 64 {
 		return envErrorf(field, "must be at most 64 characters, got %d", len(s))
 	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return envErrorf(field, "may hold only letters, digits, '-', '_' and '.', got %q", s)
-		}
+	if !keyName.MatchString(s) {
+		return envErrorf(field, "may hold only letters, digits, '-', '_' and '.', got %q", s)
 	}
 	return nil
 }
+
+var keyName = regexp.MustCompile(`^[A-Za-z0-9._-]*$`)
 
 func isSpaceOrControl(r rune) bool { return r <= ' ' || r == 0x7f }

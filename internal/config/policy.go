@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -80,6 +81,8 @@ func DefaultContextWindow(name, upstream string) int64 {
 	}
 	return 0
 }
+
+var envVarName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 var encodings = []string{"cl100k_base", "gpt2", "o200k_base", "p50k_base", "p50k_edit", "r50k_base"}
 
@@ -584,7 +587,7 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 	if u.User != nil {
 		return pr, src.errorAt(path+".base_url", "must not hold credentials; name the key's variable in api_key_env")
 	}
-	if rp.APIKeyEnv != "" && !isEnvName(rp.APIKeyEnv) {
+	if rp.APIKeyEnv != "" && !envVarName.MatchString(rp.APIKeyEnv) {
 		return pr, src.errorAt(path+".api_key_env",
 			"must be the name of an environment variable (letters, digits and _, not starting with a digit), got %q", rp.APIKeyEnv)
 	}
@@ -996,15 +999,6 @@ func checkName(src *source, path, s string, most int, must string, refused func(
 		}
 	}
 	return nil
-}
-
-func isEnvName(s string) bool {
-	for i, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '_' || i > 0 && r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return s != ""
 }
 
 // readPolicyFile reads the file and its FileInfo from one open file, so a
