@@ -3,7 +3,9 @@ package budget
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	_ "embed" // the scripts' Lua
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -226,7 +228,9 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 	for range maxAttempts {
 		arg := redisclock.Arg(b.clock)
 		sp := b.spanAt(guess, loc)
-		token := newToken()
+		var tok [8]byte
+		_, _ = rand.Read(tok[:])
+		token := hex.EncodeToString(tok[:])
 		for i, d := range days {
 			ref, start, end := dayRef{acct.TenantID, sp.day}, sp.start, sp.end
 			if d.global {
@@ -339,13 +343,9 @@ func (b *Budgets) readStatus(ctx context.Context, acct Account) (*Decision, erro
 	}
 	t, g := n[0], n[1]
 	d := b.decision(acct, sp, time.UnixMicro(t[0]), money.Micros(t[1]), money.Micros(t[2]), money.Micros(g[1]), money.Micros(g[2]))
-	tfull := !acct.Unlimited && d.Spent+d.Reserved >= acct.Budget
-	gfull := acct.Global > 0 && d.GlobalSpent+d.GlobalReserved >= acct.Global
-	d.Allowed = !tfull && !gfull
-	if !d.Allowed {
-		tspent := !acct.Unlimited && d.Spent >= acct.Budget
-		gspent := acct.Global > 0 && d.GlobalSpent >= acct.Global
-		d.deny(tfull, gfull, 0, !tspent && !gspent)
+	if n := d.Check(1); n != nil { // full: not a micro-dollar more fits
+		d.DeniedBy, d.ResetsAt, d.RetryAfter, d.Held = n.By, n.ResetsAt, n.RetryAfter, n.Held
 	}
+	d.Allowed = d.DeniedBy == ""
 	return d, nil
 }
