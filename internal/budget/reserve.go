@@ -114,7 +114,8 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 				return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 			}
 		}
-		d.deny(!tallowed, !gallowed, amount, held)
+		n := d.refusal(!tallowed, !gallowed, amount, held)
+		d.DeniedBy, d.ResetsAt, d.RetryAfter, d.TooLarge, d.Held = n.By, n.ResetsAt, n.RetryAfter, n.TooLarge, n.Held
 		return nil, d, nil
 	}
 	return res, d, nil
@@ -160,12 +161,6 @@ func (b *Budgets) decision(acct Account, sp span, now time.Time, spent, reserved
 		d.SoftLimitReached = true
 	}
 	return d
-}
-
-// deny records a denial in d: which cap denied and when to come back.
-func (d *Decision) deny(tdeny, gdeny bool, amount money.Micros, held bool) {
-	n := d.refusal(tdeny, gdeny, amount, held)
-	d.DeniedBy, d.ResetsAt, d.RetryAfter, d.TooLarge, d.Held = n.By, n.ResetsAt, n.RetryAfter, n.TooLarge, n.Held
 }
 
 // refusal is the Denial of the caps that refuse amount: when both do, the
