@@ -234,8 +234,7 @@ func fitsRoute(m config.Route, est *Estimate, endpoint string) error {
 	return nil
 }
 
-// calibrationNote says when the prompt count is corrected as the provider
-// was seen to count.
+// calibrationNote says when the prompt count is the provider's, as calibrated.
 func calibrationNote(c limiter.Calibration) string {
 	if c.Factor == 1 {
 		return ""

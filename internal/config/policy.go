@@ -932,8 +932,7 @@ func oneOf(src *source, path, v, want, def string, others ...string) (string, er
 	return "", src.errorAt(path, "must be %s, got %q", want, v)
 }
 
-// bounded is *v, or def when v is nil, refusing one out of [lo, hi]: it
-// must be want.
+// bounded is *v, or def when v is nil, refusing one out of [lo, hi] (want).
 func bounded(src *source, path string, v *int64, def, lo, hi int64, want string) (int64, error) {
 	if v == nil {
 		return def, nil
@@ -944,8 +943,7 @@ func bounded(src *source, path string, v *int64, def, lo, hi int64, want string)
 	return *v, nil
 }
 
-// positive is *v, or def when v is nil, refusing one not more than 0 and at
-// most most (said as want).
+// positive is *v, or def when v is nil, refusing one out of (0, most] (want).
 func positive(src *source, path string, v *float64, def, most float64, want string) (float64, error) {
 	if v == nil {
 		return def, nil
