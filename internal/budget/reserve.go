@@ -17,10 +17,8 @@ import (
 	"github.com/llmq/llmq/internal/scripts"
 )
 
-// dayLua is the prelude of Reserve's and Status's scripts (day.lua): it
-// checks that now lies in the day, creates a day hash Redis lost and drops
-// expired reservations. Its header lists the keys and arguments the
-// scripts share, and the day hash's fields.
+// dayLua is the prelude of Reserve's and Status's scripts; its header lists
+// what it does, the keys and arguments they share and the day hash's fields.
 //
 //go:embed day.lua
 var dayLua string
