@@ -159,13 +159,10 @@ func translateEnvError(err error, vars map[string]string) error {
 	if f.Type == reflect.TypeFor[time.Duration]() {
 		return envErrorf(name, "must be a duration such as 30s or 2m, got %q", got)
 	}
-	switch f.Type.Kind() {
-	case reflect.Bool:
+	if f.Type.Kind() == reflect.Bool {
 		return envErrorf(name, "must be true or false, got %q", got)
-	case reflect.Int, reflect.Int64:
-		return envErrorf(name, "must be a whole number, got %q", got)
 	}
-	return envErrorf(name, "cannot be read as %s", f.Type)
+	return envErrorf(name, "must be a whole number, got %q", got)
 }
 
 // DefaultListenAddr is LLMQ_LISTEN_ADDR when unset: the worker's differs
