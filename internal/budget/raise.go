@@ -2,7 +2,6 @@ package budget
 
 import (
 	"context"
-	_ "embed" // the script's Lua
 	"errors"
 	"fmt"
 	"strconv"
@@ -49,10 +48,7 @@ const LedgerSlack = time.Minute
 const raiseBatch = 500
 
 // checkedScript records a check of a day against the ledger.
-//
-//go:embed checked.lua
-var checkedLua string
-var checkedScript = redis.NewScript(reservationsLua + checkedLua)
+var checkedScript = script("", "reservations", "checked")
 
 // dayRef names one day hash: a tenant's budget day, or the global (UTC) day
 // when tenantID is empty.

@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	_ "embed" // the scripts' Lua
+	"embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -17,20 +17,25 @@ import (
 	"github.com/llmq/llmq/internal/scripts"
 )
 
-// dayLua is the prelude of Reserve's and Status's scripts; its header lists
-// what it does, the keys and arguments they share and the day hash's fields.
-//
-//go:embed day.lua
-var dayLua string
+//go:embed *.lua
+var lua embed.FS
 
-// reservationsLua is the functions the scripts that touch a day share.
-//
-//go:embed reservations.lua
-var reservationsLua string
+// script is one script of prelude and the Lua files named, in order:
+// reservations.lua holds the functions of the scripts that touch a day, and
+// day.lua is the prelude of Reserve's and Status's (its header lists what it
+// does, the keys and arguments they share and the day hash's fields).
+func script(prelude string, files ...string) *redis.Script {
+	for _, f := range files {
+		src, err := lua.ReadFile(f + ".lua")
+		if err != nil {
+			panic(err) // a name without its file, which every test shows
+		}
+		prelude += string(src)
+	}
+	return redis.NewScript(prelude)
+}
 
-//go:embed reserve.lua
-var reserveLua string
-var reserveScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + reserveLua)
+var reserveScript = script(redisclock.Lua, "reservations", "day", "reserve")
 
 // Reserve holds amount (the job's worst-case cost) for reservation id (the
 // job id) against the tenant's budget and the global cap of today, one
@@ -119,12 +124,8 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	return res, d, nil
 }
 
-// unwaitScript takes a reservation out of its tenant day's waiters
-// (unwait.lua).
-//
-//go:embed unwait.lua
-var unwaitLua string
-var unwaitScript = redis.NewScript(unwaitLua)
+// unwaitScript takes a reservation out of its tenant day's waiters.
+var unwaitScript = script("", "unwait")
 
 // StopWaiting takes reservation id out of the waiters of the tenant's day
 // when its caller gives up on it, so those behind it need not wait WaitTTL
@@ -282,10 +283,7 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 }
 
 // statusScript reads a day without reserving.
-//
-//go:embed status.lua
-var statusLua string
-var statusScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + statusLua)
+var statusScript = script(redisclock.Lua, "reservations", "day", "status")
 
 // Status reports the tenant's day so far without reserving. Allowed says
 // whether both caps still have room; when not, DeniedBy and RetryAfter say

@@ -2,7 +2,6 @@ package budget
 
 import (
 	"context"
-	_ "embed" // the scripts' Lua
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -14,10 +13,7 @@ import (
 
 // settleScript turns one job's reservation in one day into its real cost,
 // or just releases it, charging each job once per day.
-//
-//go:embed settle.lua
-var settleLua string
-var settleScript = redis.NewScript(reservationsLua + settleLua)
+var settleScript = script("", "reservations", "settle")
 
 // Settle turns the job's reservation into the real cost: the hold is
 // dropped and actual is added to the tenant's and the global spent (one
@@ -106,10 +102,7 @@ func (b *Budgets) runInts(ctx context.Context, calls []scripts.Call) ([]int64, e
 
 // extendScript moves an open reservation's expiry in one day to now plus
 // the reservation TTL.
-//
-//go:embed extend.lua
-var extendLua string
-var extendScript = redis.NewScript(redisclock.Lua + extendLua)
+var extendScript = script(redisclock.Lua, "extend")
 
 // Extend keeps the reservation for another ReservationTTL from now, on its
 // tenant's day and, when it is held there, the global day: a worker calls it
