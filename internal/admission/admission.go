@@ -234,8 +234,7 @@ func fitsRoute(m config.Route, est *Estimate, endpoint string) error {
 	return nil
 }
 
-// calibrationNote says when the prompt count is corrected as the provider
-// was seen to count.
+// calibrationNote says when the prompt count is the provider's, as calibrated.
 func calibrationNote(c limiter.Calibration) string {
 	if c.Factor == 1 {
 		return ""
@@ -333,19 +332,15 @@ func Account(p *config.Policy, t *store.Tenant) (budget.Account, *config.Tier, e
 // CheckBudget refuses a worst case above the account's whole daily budget
 // or the global cap: no reset would ever let it run.
 func CheckBudget(acct budget.Account, worst money.Micros, endpoint string) error {
-	param := outputParam(endpoint)
-	for _, limit := range []struct {
-		over bool
-		what string
-		of   money.Micros
-	}{
-		{!acct.Unlimited && worst > acct.Budget, "the whole daily budget", acct.Budget},
-		{acct.Global > 0 && worst > acct.Global, "the global daily cap", acct.Global},
-	} {
-		if limit.over {
-			return wire.Invalid(param, client.CodeBudgetTooSmall,
-				"This request may cost up to $%s, more than %s of $%s; it could never run. Lower %s.", worst, limit.what, limit.of, param)
-		}
+	what, of := "the whole daily budget", acct.Budget
+	switch {
+	case !acct.Unlimited && worst > acct.Budget:
+	case acct.Global > 0 && worst > acct.Global:
+		what, of = "the global daily cap", acct.Global
+	default:
+		return nil
 	}
-	return nil
+	param := outputParam(endpoint)
+	return wire.Invalid(param, client.CodeBudgetTooSmall,
+		"This request may cost up to $%s, more than %s of $%s; it could never run. Lower %s.", worst, what, of, param)
 }

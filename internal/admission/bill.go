@@ -387,8 +387,7 @@ func addMicros(a, b money.Micros) money.Micros { return money.Micros(addTokens(i
 
 func mulMicros(n int64, v money.Micros) money.Micros { return money.Micros(mulTokens(n, int64(v))) }
 
-// outputParam is the body's field bounding the output of a request to
-// endpoint.
+// outputParam is the body's output limit at endpoint.
 func outputParam(endpoint string) string {
 	if endpoint == llm.EndpointResponses {
 		return "max_output_tokens"
@@ -396,8 +395,7 @@ func outputParam(endpoint string) string {
 	return "max_tokens"
 }
 
-// promptParam is the body's field holding the prompt of a request to
-// endpoint.
+// promptParam is the body's prompt at endpoint.
 func promptParam(endpoint string) string {
 	if endpoint == llm.EndpointChat {
 		return "messages"

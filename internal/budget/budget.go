@@ -17,8 +17,6 @@ package budget
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -99,19 +97,13 @@ func (a Account) location() *time.Location { return cmp.Or(a.Location, time.UTC)
 
 // Options configure Budgets.
 type Options struct {
-	// Keys builds every key. Defaults to the zero Builder (prefix "llmq").
-	Keys rkeys.Builder
-	// Clock replaces Redis TIME as the scripts' "now" (tests only).
-	// Defaults to nil (Redis TIME).
-	Clock func() time.Time
-	// ReservationTTL is how long a reservation keeps counting after it was
-	// made or last extended, so that one nobody settles expires. Defaults to 15m.
+	Keys  rkeys.Builder    // Defaults to the zero Builder (prefix "llmq").
+	Clock func() time.Time // replaces Redis TIME as the scripts' "now" (tests only)
+	// ReservationTTL is how long a reservation nobody extends keeps
+	// counting, so that one nobody settles expires. Defaults to 15m.
 	ReservationTTL time.Duration
-	// Logger receives the soft-limit crossings and the days raised to the
-	// ledger. Defaults to discarding.
-	Logger *slog.Logger
-	// Observer is told of the days raised to the ledger. Defaults to none.
-	Observer Observer
+	Logger         *slog.Logger // soft-limit crossings, days raised. Defaults to discarding.
+	Observer       Observer     // told of the days raised to the ledger. Defaults to none.
 }
 
 // DefaultReservationTTL is Options.ReservationTTL when unset.
@@ -136,8 +128,7 @@ const maxAttempts = 6
 // Budgets reserves and settles spend against daily budgets. It is safe for
 // concurrent use; any number of processes may share one Redis.
 type Budgets struct {
-	rdb redis.UniversalClient
-	// scripts runs the scripts of concurrent jobs in one pipeline.
+	rdb     redis.UniversalClient
 	scripts *scripts.Runner
 	ledger  Ledger
 	keys    rkeys.Builder
@@ -335,12 +326,6 @@ func (b *Budgets) guessNow() time.Time {
 		return b.clock()
 	}
 	return time.Now().Add(time.Duration(b.offset.Load()) * time.Microsecond)
-}
-
-func newToken() string {
-	var p [8]byte
-	_, _ = rand.Read(p[:])
-	return hex.EncodeToString(p[:])
 }
 
 // reply reads a script's array reply with checked assertions.

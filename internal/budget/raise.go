@@ -2,7 +2,6 @@ package budget
 
 import (
 	"context"
-	_ "embed" // the script's Lua
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,18 +13,10 @@ import (
 	"github.com/llmq/llmq/internal/scripts"
 )
 
-// A day's spend in Redis is never to be behind the ledger: the ledger row
-// of every charged job is written before its settlement, so Redis counts
-// less only when it lost settlements (a restart from an older snapshot, a
-// failover to a replica that lagged) or while a settlement is in flight. A
-// day behind is raised by settling, one by one, the ledger rows it does not
-// count (settle.lua marks a job charged, so a settlement in flight is
-// counted once), not by adding a difference of sums.
-//
-// Days are checked before a day of another Redis incarnation answers (the
-// day records the run id of the server it was last checked on, and the day
-// script answers "raise" on any other), and by the reconciler for every day
-// of today (Check).
+// A job's ledger row is written before its settlement, so a day counts less
+// than the ledger only when Redis lost settlements or one is in flight. A
+// day behind is raised by settling the rows it does not count, one by one
+// (settle.lua charges a job once), never by adding a difference of sums.
 
 // Reasons a day was raised to the ledger, as the Observer and the metric
 // llmq_budget_rebuilt_total name them.
@@ -57,10 +48,7 @@ const LedgerSlack = time.Minute
 const raiseBatch = 500
 
 // checkedScript records a check of a day against the ledger.
-//
-//go:embed checked.lua
-var checkedLua string
-var checkedScript = redis.NewScript(reservationsLua + checkedLua)
+var checkedScript = script("", "reservations", "checked")
 
 // dayRef names one day hash: a tenant's budget day, or the global (UTC) day
 // when tenantID is empty.
@@ -140,13 +128,10 @@ type raised struct {
 	added money.Micros
 }
 
-// raiseRows charges each ledger row of the day written from st.counted on
-// that the day does not count yet, in round trips of raiseBatch rows,
-// leaving the rows written after inFlight (unless zero) to their own
-// settlements. Then it records that every row before the check's time less
-// LedgerSlack is counted and, when run is set, that the day was checked on
-// that server; should spent still be below sum less the rows left in
-// flight (a hash edited by hand), it is raised to that.
+// raiseRows charges the day's ledger rows from st.counted on that it does
+// not count, leaving those written after inFlight (unless zero) to their own
+// settlements; then it marks the day checked (on run's server, when set)
+// and raises a spent still below sum less those rows (a hash edited by hand).
 func (b *Budgets) raiseRows(ctx context.Context, d dayRef, st dayState, sum money.Micros, inFlight time.Time, run string) (raised, error) {
 	var out raised
 	keys := b.dayKeys(d)

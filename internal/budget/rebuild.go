@@ -2,19 +2,13 @@ package budget
 
 import (
 	"context"
-	_ "embed" // the script's Lua
 	"fmt"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // finishRebuildScript adds the ledger's sum to a day hash that waits for
 // it, once per incarnation of the hash.
-//
-//go:embed finish_rebuild.lua
-var finishRebuildLua string
-var finishRebuildScript = redis.NewScript(finishRebuildLua)
+var finishRebuildScript = script("", "finish_rebuild")
 
 // rebuild fills the day hash the script found waiting (its token) with the
 // spend the ledger holds. The script created the hash before this read, so a

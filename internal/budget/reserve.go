@@ -3,7 +3,9 @@ package budget
 import (
 	"cmp"
 	"context"
-	_ "embed" // the scripts' Lua
+	"crypto/rand"
+	"embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -15,22 +17,25 @@ import (
 	"github.com/llmq/llmq/internal/scripts"
 )
 
-// dayLua is the prelude of Reserve's and Status's scripts (day.lua): it
-// checks that now lies in the day, creates a day hash Redis lost and drops
-// expired reservations. Its header lists the keys and arguments the
-// scripts share, and the day hash's fields.
-//
-//go:embed day.lua
-var dayLua string
+//go:embed *.lua
+var lua embed.FS
 
-// reservationsLua is the functions the scripts that touch a day share.
-//
-//go:embed reservations.lua
-var reservationsLua string
+// script is one script of prelude and the Lua files named, in order:
+// reservations.lua holds the functions of the scripts that touch a day, and
+// day.lua is the prelude of Reserve's and Status's (its header lists what it
+// does, the keys and arguments they share and the day hash's fields).
+func script(prelude string, files ...string) *redis.Script {
+	for _, f := range files {
+		src, err := lua.ReadFile(f + ".lua")
+		if err != nil {
+			panic(err) // a name without its file, which every test shows
+		}
+		prelude += string(src)
+	}
+	return redis.NewScript(prelude)
+}
 
-//go:embed reserve.lua
-var reserveLua string
-var reserveScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + reserveLua)
+var reserveScript = script(redisclock.Lua, "reservations", "day", "reserve")
 
 // Reserve holds amount (the job's worst-case cost) for reservation id (the
 // job id) against the tenant's budget and the global cap of today, one
@@ -112,18 +117,15 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 				return nil, nil, fmt.Errorf("budget: Reserve %s: %w", id, err)
 			}
 		}
-		d.deny(!tallowed, !gallowed, amount, held)
+		n := d.refusal(!tallowed, !gallowed, amount, held)
+		d.DeniedBy, d.ResetsAt, d.RetryAfter, d.TooLarge, d.Held = n.By, n.ResetsAt, n.RetryAfter, n.TooLarge, n.Held
 		return nil, d, nil
 	}
 	return res, d, nil
 }
 
-// unwaitScript takes a reservation out of its tenant day's waiters
-// (unwait.lua).
-//
-//go:embed unwait.lua
-var unwaitLua string
-var unwaitScript = redis.NewScript(unwaitLua)
+// unwaitScript takes a reservation out of its tenant day's waiters.
+var unwaitScript = script("", "unwait")
 
 // StopWaiting takes reservation id out of the waiters of the tenant's day
 // when its caller gives up on it, so those behind it need not wait WaitTTL
@@ -158,12 +160,6 @@ func (b *Budgets) decision(acct Account, sp span, now time.Time, spent, reserved
 		d.SoftLimitReached = true
 	}
 	return d
-}
-
-// deny records a denial in d: which cap denied and when to come back.
-func (d *Decision) deny(tdeny, gdeny bool, amount money.Micros, held bool) {
-	n := d.refusal(tdeny, gdeny, amount, held)
-	d.DeniedBy, d.ResetsAt, d.RetryAfter, d.TooLarge, d.Held = n.By, n.ResetsAt, n.RetryAfter, n.TooLarge, n.Held
 }
 
 // refusal is the Denial of the caps that refuse amount: when both do, the
@@ -226,7 +222,9 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 	for range maxAttempts {
 		arg := redisclock.Arg(b.clock)
 		sp := b.spanAt(guess, loc)
-		token := newToken()
+		var tok [8]byte
+		_, _ = rand.Read(tok[:])
+		token := hex.EncodeToString(tok[:])
 		for i, d := range days {
 			ref, start, end := dayRef{acct.TenantID, sp.day}, sp.start, sp.end
 			if d.global {
@@ -285,10 +283,7 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 }
 
 // statusScript reads a day without reserving.
-//
-//go:embed status.lua
-var statusLua string
-var statusScript = redis.NewScript(redisclock.Lua + reservationsLua + dayLua + statusLua)
+var statusScript = script(redisclock.Lua, "reservations", "day", "status")
 
 // Status reports the tenant's day so far without reserving. Allowed says
 // whether both caps still have room; when not, DeniedBy and RetryAfter say
@@ -339,13 +334,9 @@ func (b *Budgets) readStatus(ctx context.Context, acct Account) (*Decision, erro
 	}
 	t, g := n[0], n[1]
 	d := b.decision(acct, sp, time.UnixMicro(t[0]), money.Micros(t[1]), money.Micros(t[2]), money.Micros(g[1]), money.Micros(g[2]))
-	tfull := !acct.Unlimited && d.Spent+d.Reserved >= acct.Budget
-	gfull := acct.Global > 0 && d.GlobalSpent+d.GlobalReserved >= acct.Global
-	d.Allowed = !tfull && !gfull
-	if !d.Allowed {
-		tspent := !acct.Unlimited && d.Spent >= acct.Budget
-		gspent := acct.Global > 0 && d.GlobalSpent >= acct.Global
-		d.deny(tfull, gfull, 0, !tspent && !gspent)
+	if n := d.Check(1); n != nil { // full: not a micro-dollar more fits
+		d.DeniedBy, d.ResetsAt, d.RetryAfter, d.Held = n.By, n.ResetsAt, n.RetryAfter, n.Held
 	}
+	d.Allowed = d.DeniedBy == ""
 	return d, nil
 }

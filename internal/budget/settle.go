@@ -2,7 +2,6 @@ package budget
 
 import (
 	"context"
-	_ "embed" // the scripts' Lua
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -14,10 +13,7 @@ import (
 
 // settleScript turns one job's reservation in one day into its real cost,
 // or just releases it, charging each job once per day.
-//
-//go:embed settle.lua
-var settleLua string
-var settleScript = redis.NewScript(reservationsLua + settleLua)
+var settleScript = script("", "reservations", "settle")
 
 // Settle turns the job's reservation into the real cost: the hold is
 // dropped and actual is added to the tenant's and the global spent (one
@@ -66,9 +62,7 @@ func (b *Budgets) settle(ctx context.Context, op string, res *Reservation, actua
 	return nil
 }
 
-// settleDays runs the settle script on the reservation's tenant day and
-// global day (those asked for), in one round trip, and returns each day's
-// outcome (settle.lua), the tenant's first.
+// settleDays is onDays of the settle script (its outcomes in settle.lua).
 func (b *Budgets) settleDays(ctx context.Context, res *Reservation, cost money.Micros, charge bool, tenant, global bool) ([]int64, error) {
 	flag := "0"
 	if charge {
@@ -77,10 +71,8 @@ func (b *Budgets) settleDays(ctx context.Context, res *Reservation, cost money.M
 	return b.onDays(ctx, settleScript, res, tenant, global, func(member string) []any { return []any{member, int64(cost), flag} })
 }
 
-// onDays runs s on the reservation's tenant day and global day (those
-// asked for) in one round trip, with the arguments args gives the
-// reservation's member of each, and returns each day's integer reply, the
-// tenant's first.
+// onDays runs s on the reservation's tenant and global days (those asked
+// for) in one round trip, with args of its member there; the tenant's first.
 func (b *Budgets) onDays(ctx context.Context, s *redis.Script, res *Reservation, tenant, global bool, args func(member string) []any) ([]int64, error) {
 	var calls []scripts.Call
 	add := func(d dayRef) {
@@ -95,8 +87,7 @@ func (b *Budgets) onDays(ctx context.Context, s *redis.Script, res *Reservation,
 	return b.runInts(ctx, calls)
 }
 
-// runInts runs calls in one round trip and returns their integer replies,
-// up to the first error.
+// runInts runs calls in one round trip: their integer replies, up to the first error.
 func (b *Budgets) runInts(ctx context.Context, calls []scripts.Call) ([]int64, error) {
 	out := make([]int64, 0, len(calls))
 	for _, cmd := range b.scripts.RunAll(ctx, calls...) {
@@ -111,10 +102,7 @@ func (b *Budgets) runInts(ctx context.Context, calls []scripts.Call) ([]int64, e
 
 // extendScript moves an open reservation's expiry in one day to now plus
 // the reservation TTL.
-//
-//go:embed extend.lua
-var extendLua string
-var extendScript = redis.NewScript(redisclock.Lua + extendLua)
+var extendScript = script(redisclock.Lua, "extend")
 
 // Extend keeps the reservation for another ReservationTTL from now, on its
 // tenant's day and, when it is held there, the global day: a worker calls it

@@ -2,6 +2,7 @@ package coalesce
 
 import (
 	"context"
+	"slices"
 	"sync"
 )
 
@@ -70,8 +71,7 @@ func (b *Batch[K, P, R]) Do(ctx context.Context, key K, p P) (R, error) {
 	if b.Max > 0 {
 		n = min(n, b.Max)
 	}
-	group := make([]*entry[P, R], n)
-	copy(group, l.queue)
+	group := slices.Clone(l.queue[:n])
 	l.queue = l.queue[n:]
 	b.mu.Unlock()
 

@@ -32,7 +32,10 @@ var APIEndpoints = []string{
 
 // APILimits are request limits per window; 0 means no such window.
 type APILimits struct {
-	Second, Minute, Hour, Day int64
+	Second int64 `yaml:"second"`
+	Minute int64 `yaml:"minute"`
+	Hour   int64 `yaml:"hour"`
+	Day    int64 `yaml:"day"`
 }
 
 var apiWindowNames = [4]string{"second", "minute", "hour", "day"}
@@ -68,18 +71,12 @@ func (l APILimits) smallest() int64 {
 	return s
 }
 
-type rawAPILimits struct {
-	Second int64 `yaml:"second"`
-	Minute int64 `yaml:"minute"`
-	Hour   int64 `yaml:"hour"`
-	Day    int64 `yaml:"day"`
-}
-
-func (r *rawAPILimits) build(src *source, path string) (APILimits, error) {
+// build checks the limits read at path; nil is none.
+func (r *APILimits) build(src *source, path string) (APILimits, error) {
 	if r == nil {
 		return APILimits{}, nil
 	}
-	l := APILimits(*r)
+	l := *r
 	for i, v := range l.values() {
 		if v < 0 {
 			return l, src.errorAt(path+"."+apiWindowNames[i], "must be 0 or more (0 = no such window), got %d", v)

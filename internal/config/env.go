@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -158,13 +159,10 @@ func translateEnvError(err error, vars map[string]string) error {
 	if f.Type == reflect.TypeFor[time.Duration]() {
 		return envErrorf(name, "must be a duration such as 30s or 2m, got %q", got)
 	}
-	switch f.Type.Kind() {
-	case reflect.Bool:
+	if f.Type.Kind() == reflect.Bool {
 		return envErrorf(name, "must be true or false, got %q", got)
-	case reflect.Int, reflect.Int64:
-		return envErrorf(name, "must be a whole number, got %q", got)
 	}
-	return envErrorf(name, "cannot be read as %s", f.Type)
+	return envErrorf(name, "must be a whole number, got %q", got)
 }
 
 // DefaultListenAddr is LLMQ_LISTEN_ADDR when unset: the worker's differs
@@ -395,12 +393,12 @@ func validateName(field, s string, mayBeEmpty bool) error {
 	if len(s) > 64 {
 		return envErrorf(field, "must be at most 64 characters, got %d", len(s))
 	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return envErrorf(field, "may hold only letters, digits, '-', '_' and '.', got %q", s)
-		}
+	if !keyName.MatchString(s) {
+		return envErrorf(field, "may hold only letters, digits, '-', '_' and '.', got %q", s)
 	}
 	return nil
 }
+
+var keyName = regexp.MustCompile(`^[A-Za-z0-9._-]*$`)
 
 func isSpaceOrControl(r rune) bool { return r <= ' ' || r == 0x7f }

@@ -96,41 +96,33 @@ func (h *PolicyHolder) Reload() error {
 	return err
 }
 
-type reloadResult int
-
-const (
-	unchanged reloadResult = iota
-	applied
-	refused    // the file holds an invalid policy
-	unreadable // the file cannot be read
-)
-
 // reload applies the file if it differs from the policy in force (force)
-// or from the content last tried (a poll).
-func (h *PolicyHolder) reload(force bool) (reloadResult, *Policy, error) {
+// or from the content last tried (a poll): the policy applied, if any, or
+// why not, unreadable when the file could not be read.
+func (h *PolicyHolder) reload(force bool) (applied *Policy, unreadable bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	fi, data, err := readPolicyFile(h.path)
 	if err != nil {
-		return unreadable, nil, h.readError(err)
+		return nil, true, h.readError(err)
 	}
 	h.stat = fi
 	sum := sha256.Sum256(data)
 	same := sum == h.applied || (!force && sum == h.lastSeen)
 	h.lastSeen = sum
 	if same {
-		return unchanged, nil, nil
+		return nil, false, nil
 	}
 	p, err := ParsePolicy(data)
 	if pe := (*PolicyError)(nil); errors.As(err, &pe) {
 		pe.File = h.path
 	}
 	if err != nil {
-		return refused, nil, err
+		return nil, false, err
 	}
 	h.applied = sum
 	h.swap(p)
-	return applied, p, nil
+	return p, false, nil
 }
 
 func (h *PolicyHolder) readError(err error) error {
@@ -200,17 +192,17 @@ func (h *PolicyHolder) Watch(ctx context.Context, logger *slog.Logger) {
 }
 
 func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool) {
-	res, p, err := h.reload(force)
-	if res == unreadable {
+	p, unreadable, err := h.reload(force)
+	if unreadable {
 		h.logReadError(logger, err, force)
 		return
 	}
 	h.setReadErr("")
 	switch {
-	case res == applied:
+	case p != nil:
 		logger.Info("policy reloaded", "path", h.path, "trigger", trigger, "digest", p.Digest[:12],
 			"providers", len(p.Providers), "models", len(p.Models), "tiers", len(p.Tiers))
-	case res == refused:
+	case err != nil:
 		logger.Error("policy reload refused; the current policy stays in force", "path", h.path, "trigger", trigger, "err", err.Error())
 	case force:
 		logger.Info("policy unchanged", "path", h.path, "trigger", trigger)

@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -80,6 +81,8 @@ func DefaultContextWindow(name, upstream string) int64 {
 	}
 	return 0
 }
+
+var envVarName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 var encodings = []string{"cl100k_base", "gpt2", "o200k_base", "p50k_base", "p50k_edit", "r50k_base"}
 
@@ -204,14 +207,6 @@ func (m *Model) Queue() string {
 		return m.Deployments[0].Name()
 	}
 	return "model:" + m.Name
-}
-
-// withRoutes makes m's routes; m must not move after.
-func (m *Model) withRoutes() {
-	m.routes = make([]Route, len(m.Deployments))
-	for i := range m.Deployments {
-		m.routes[i] = Route{Model: m, Deployment: &m.Deployments[i]}
-	}
 }
 
 // Limits are the provider's rate limits of one model, each ≥ 0; 0 means no
@@ -353,7 +348,7 @@ type rawPolicy struct {
 	Models               []rawModel    `yaml:"models"`
 	Tiers                []rawTier     `yaml:"tiers"`
 	GlobalDailyBudgetUSD float64       `yaml:"global_daily_budget_usd"`
-	AuthFailureLimits    *rawAPILimits `yaml:"auth_failure_limits"`
+	AuthFailureLimits    *APILimits    `yaml:"auth_failure_limits"`
 	Retention            *rawRetention `yaml:"retention"`
 }
 
@@ -434,15 +429,15 @@ type rawTier struct {
 	APIExempt      bool     `yaml:"api_exempt"`
 	Timezone       string   `yaml:"timezone"`
 
-	APILimits         *rawAPILimits           `yaml:"api_limits"`
-	APIAlgorithm      string                  `yaml:"api_algorithm"`
-	APISoftLimit      *float64                `yaml:"api_soft_limit"`
-	APIEndpointLimits map[string]rawAPILimits `yaml:"api_endpoint_limits"`
-	APILease          int64                   `yaml:"api_lease"`
-	WebhookHostRPS    *float64                `yaml:"webhook_host_rps"`
-	Share             *float64                `yaml:"share"`
-	Fallbacks         []string                `yaml:"fallbacks"`
-	BatchOffload      string                  `yaml:"batch_offload"`
+	APILimits         *APILimits           `yaml:"api_limits"`
+	APIAlgorithm      string               `yaml:"api_algorithm"`
+	APISoftLimit      *float64             `yaml:"api_soft_limit"`
+	APIEndpointLimits map[string]APILimits `yaml:"api_endpoint_limits"`
+	APILease          int64                `yaml:"api_lease"`
+	WebhookHostRPS    *float64             `yaml:"webhook_host_rps"`
+	Share             *float64             `yaml:"share"`
+	Fallbacks         []string             `yaml:"fallbacks"`
+	BatchOffload      string               `yaml:"batch_offload"`
 
 	RequireOutputLimit    bool `yaml:"require_output_limit"`
 	AllowForeignResponses bool `yaml:"allow_foreign_responses"`
@@ -465,22 +460,22 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	upstreams := map[[2]string]sharedDeployment{}
+	lastModel, limits := map[[2]string]int{}, map[[2]string]Limits{} // by provider and upstream
 	buildModel := func(rm rawModel, src *source, path string) (Model, error) { return rm.build(src, path, p.providers) }
 	// Models sharing a deployment share its scope and its limits.
 	checkShared := func(i int, m *Model, path string) error {
 		for k, d := range m.Deployments {
 			key := [2]string{d.Provider, d.Upstream}
-			if prev, dup := upstreams[key]; dup && prev.Limits != d.Limits {
+			if l, dup := limits[key]; dup && l != d.Limits {
 				at := fmt.Sprintf("%s.deployments[%d].limits", path, k)
 				if len(raw.Models[i].Deployments) == 0 {
 					at = path + ".limits"
 				}
 				return src.errorAt(at,
 					"%q at provider %q is also a deployment of models[%d] with other limits; the provider has one limit for it, so give both the same",
-					d.Upstream, d.Provider, prev.model)
+					d.Upstream, d.Provider, lastModel[key])
 			}
-			upstreams[key] = sharedDeployment{model: i, Limits: d.Limits}
+			lastModel[key], limits[key] = i, d.Limits
 		}
 		return nil
 	}
@@ -489,7 +484,11 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		return nil, err
 	}
 	for i := range p.Models {
-		p.Models[i].withRoutes() // in place: routes point to the model
+		m := &p.Models[i] // in place: routes point to the model
+		m.routes = make([]Route, len(m.Deployments))
+		for k := range m.Deployments {
+			m.routes[k] = Route{Model: m, Deployment: &m.Deployments[k]}
+		}
 	}
 	if p.Tiers, p.tiers, err = buildList(src, "tiers", "tier", raw.Tiers, rawTier.build,
 		func(t *Tier) string { return t.Name }, nil); err != nil {
@@ -588,7 +587,7 @@ func (rp rawProvider) build(src *source, path string) (Provider, error) {
 	if u.User != nil {
 		return pr, src.errorAt(path+".base_url", "must not hold credentials; name the key's variable in api_key_env")
 	}
-	if rp.APIKeyEnv != "" && !isEnvName(rp.APIKeyEnv) {
+	if rp.APIKeyEnv != "" && !envVarName.MatchString(rp.APIKeyEnv) {
 		return pr, src.errorAt(path+".api_key_env",
 			"must be the name of an environment variable (letters, digits and _, not starting with a digit), got %q", rp.APIKeyEnv)
 	}
@@ -674,11 +673,6 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		m.Deployments = append(m.Deployments, d)
 	}
 	return m, nil
-}
-
-type sharedDeployment struct {
-	model  int
-	Limits Limits
 }
 
 // build checks one deployment of m, whose price defaults to price.
@@ -938,8 +932,7 @@ func oneOf(src *source, path, v, want, def string, others ...string) (string, er
 	return "", src.errorAt(path, "must be %s, got %q", want, v)
 }
 
-// bounded is *v, or def when v is nil, refusing one out of [lo, hi]: it
-// must be want.
+// bounded is *v, or def when v is nil, refusing one out of [lo, hi] (want).
 func bounded(src *source, path string, v *int64, def, lo, hi int64, want string) (int64, error) {
 	if v == nil {
 		return def, nil
@@ -950,8 +943,7 @@ func bounded(src *source, path string, v *int64, def, lo, hi int64, want string)
 	return *v, nil
 }
 
-// positive is *v, or def when v is nil, refusing one not more than 0 and at
-// most most (said as want).
+// positive is *v, or def when v is nil, refusing one out of (0, most] (want).
 func positive(src *source, path string, v *float64, def, most float64, want string) (float64, error) {
 	if v == nil {
 		return def, nil
@@ -1005,15 +997,6 @@ func checkName(src *source, path, s string, most int, must string, refused func(
 		}
 	}
 	return nil
-}
-
-func isEnvName(s string) bool {
-	for i, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '_' || i > 0 && r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return s != ""
 }
 
 // readPolicyFile reads the file and its FileInfo from one open file, so a

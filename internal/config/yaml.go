@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/goccy/go-yaml"
@@ -212,14 +213,15 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 				fail := func(format string, args ...any) error {
 					return &PolicyError{Field: child, Msg: fmt.Sprintf(format, args...), Line: kp.line, Column: kp.col}
 				}
-				f, ok := fieldByYAMLName(t, key)
-				if !ok {
-					return fail("unknown field%s", suggest(key, yamlNames(t), "fields"))
+				names := yamlNames(t)
+				i := slices.Index(names, key)
+				if i < 0 {
+					return fail("unknown field%s", suggest(key, names, "fields"))
 				}
 				if prev, dup := seen[key]; dup {
 					return fail("given twice (also at line %d:%d)", prev.line, prev.col)
 				}
-				seen[key], elem = kp, f.Type
+				seen[key], elem = kp, t.Field(i).Type
 			}
 			if err := s.checkKeys(mv.Value, elem, child); err != nil {
 				return err
@@ -248,26 +250,11 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 	return nil
 }
 
-func yamlName(f reflect.StructField) string {
-	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-	return name
-}
-
-func fieldByYAMLName(t reflect.Type, key string) (reflect.StructField, bool) {
-	for i := range t.NumField() {
-		if f := t.Field(i); yamlName(f) == key {
-			return f, true
-		}
-	}
-	return reflect.StructField{}, false
-}
-
+// yamlNames are the names of t's fields in the policy, by field.
 func yamlNames(t reflect.Type) []string {
-	names := make([]string, 0, t.NumField())
-	for i := range t.NumField() {
-		if n := yamlName(t.Field(i)); n != "" {
-			names = append(names, n)
-		}
+	names := make([]string, t.NumField())
+	for i := range names {
+		names[i], _, _ = strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
 	}
 	return names
 }
@@ -350,10 +337,9 @@ func describeType(t reflect.Type) string {
 		t = t.Elem()
 	}
 	switch t.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+	case reflect.Int, reflect.Int64: // the policy's only kinds of number
 		return "a whole number"
-	case reflect.Float32, reflect.Float64:
+	case reflect.Float64:
 		return "a number"
 	case reflect.Bool:
 		return "true or false"

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"strconv"
 )
 
 // Micros is an amount of US dollars in millionths of a dollar.
@@ -44,7 +43,7 @@ func (m Micros) String() string {
 	if v < 0 {
 		sign, v = "-", -v
 	}
-	return sign + strconv.FormatInt(v/1_000_000, 10) + "." + fmt.Sprintf("%06d", v%1_000_000)
+	return fmt.Sprintf("%s%d.%06d", sign, v/1_000_000, v%1_000_000)
 }
 
 // Price is what a model costs, in Micros per one million tokens.
