@@ -5,7 +5,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -188,13 +187,6 @@ func (a *App) Close() {
 	a.closers = nil
 }
 
-// Ready reports whether Redis and the store answer.
-func (a *App) Ready(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	return errors.Join(a.Redis.Ping(ctx).Err(), a.Store.Ping(ctx))
-}
-
 // Purger applies the current policy's retention to the store.
 func (a *App) Purger() *retention.Purger {
 	return &retention.Purger{Store: a.Store, Logger: a.Logger,
@@ -227,7 +219,7 @@ func (a *App) API() (*api.Server, error) {
 	proxies, _ := a.Env.TrustedProxyPrefixes()
 	srv, err := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
-		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, ReadyChecks: a.ReadyChecks(), Observer: a.APIObserver, KeyCache: a.keyCache,
+		APILimiter: a.APILimiter, Logger: a.Logger, ReadyChecks: a.ReadyChecks(), Observer: a.APIObserver, KeyCache: a.keyCache,
 	}, api.Options{AdminToken: a.Env.AdminToken, AdminTokenPrevious: a.Env.AdminTokenPrevious, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
 		Now: a.clock, TrustedProxies: proxies})
 	if err != nil {
