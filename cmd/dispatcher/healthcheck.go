@@ -20,8 +20,6 @@ const healthcheckUsage = `usage: dispatcher healthcheck [-worker]
   the dispatcher's default address (:8080), or with -worker the worker's
   (:8081).`
 
-const healthcheckTimeout = 3 * time.Second
-
 // healthcheck fails unless GET /readyz of the llmq process on
 // LLMQ_LISTEN_ADDR answers 200 (healthcheckUsage).
 func healthcheck(ctx context.Context, args, environ []string, stdout io.Writer) error {
@@ -46,7 +44,7 @@ func healthcheck(ctx context.Context, args, environ []string, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, healthcheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {

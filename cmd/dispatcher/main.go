@@ -137,8 +137,6 @@ type serveOptions struct {
 	mount func(mux *http.ServeMux)
 	// metrics, when set, serves /metrics without credentials.
 	metrics net.Listener
-	// http replaces the API server's connection limits (tests).
-	http api.ServerOptions
 }
 
 // serveApp serves a's API, /dashboard, /monitoring/ and /metrics on ln, and
@@ -168,7 +166,7 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	if o.mount != nil {
 		o.mount(srv.Mux())
 	}
-	hs := api.NewHTTPServer(srv, o.http)
+	hs := api.NewHTTPServer(srv, api.ServerOptions{})
 	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
 	if o.metrics != nil {
