@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/cmdline"
 )
 
 // command is a command of the CLI: a group of subcommands, or a leaf that
@@ -147,7 +148,7 @@ func (c *cli) tenantCommands() []command {
 			fs.BoolVar(&create.APIExempt, "api-exempt", false, "")
 		}, check: func(*flag.FlagSet) error {
 			if create.Name == "" || create.Tier == "" {
-				return usageErrorf("admin tenants create needs --name and --tier")
+				return cmdline.Usagef("admin tenants create needs --name and --tier")
 			}
 			if budget != "" {
 				v, err := parseUSD(budget)
@@ -199,7 +200,7 @@ func (c *cli) tenantCommands() []command {
 				}
 			})
 			if err == nil && update == (client.TenantUpdateParams{}) {
-				return usageErrorf("admin tenants update needs --name, --tier, --budget or --api-exempt")
+				return cmdline.Usagef("admin tenants update needs --name, --tier, --budget or --api-exempt")
 			}
 			return err
 		}, run: func(cl *client.Client, pos []string) error {
@@ -260,9 +261,9 @@ func (c *cli) runCommand(path string, cmd *command, args []string, admin bool) e
 		subs := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 		top, _, _ := strings.Cut(path, " ")
 		if sub == "" {
-			return usageErrorf("%s needs a subcommand: %s (llmq %s -h)", path, subs, top)
+			return cmdline.Usagef("%s needs a subcommand: %s (llmq %s -h)", path, subs, top)
 		}
-		return usageErrorf("unknown command \"%s %s\": use %s (llmq %s -h)", path, sub, subs, top)
+		return cmdline.Usagef("unknown command \"%s %s\": use %s (llmq %s -h)", path, sub, subs, top)
 	}
 	fs := c.flags(path)
 	if cmd.flags != nil {

@@ -15,6 +15,7 @@ import (
 	"unicode"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/cmdline"
 )
 
 // printJSON prints what a call returned, v as indented JSON or err.
@@ -109,7 +110,7 @@ func when(unix int64) string {
 func parseUSD(s string) (float64, error) {
 	v, err := strconv.ParseFloat(strings.TrimPrefix(s, "$"), 64)
 	if err != nil || v <= 0 || math.IsInf(v, 0) {
-		return 0, usageErrorf("--budget: %q is not a positive number of dollars", s)
+		return 0, cmdline.Usagef("--budget: %q is not a positive number of dollars", s)
 	}
 	return v, nil
 }

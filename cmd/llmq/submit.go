@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/cmdline"
 )
 
 // submitOptions are the flags of llmq submit.
@@ -55,10 +56,10 @@ func (c *cli) submitCommand() command {
 	}, check: func(*flag.FlagSet) error {
 		o.wait = o.wait || o.out != "" || o.errs != ""
 		if o.concurrency < 1 || o.concurrency > 256 {
-			return usageErrorf("--concurrency must be 1 to 256, got %d", o.concurrency)
+			return cmdline.Usagef("--concurrency must be 1 to 256, got %d", o.concurrency)
 		}
 		if o.poll < 10*time.Millisecond {
-			return usageErrorf("--poll must be at least 10ms, got %v", o.poll)
+			return cmdline.Usagef("--poll must be at least 10ms, got %v", o.poll)
 		}
 		// Refuse an output path that cannot be written before any work is
 		// sent, not after it is paid for.
@@ -67,11 +68,11 @@ func (c *cli) submitCommand() command {
 				continue
 			}
 			if st, err := os.Stat(filepath.Dir(p)); err != nil || !st.IsDir() {
-				return usageErrorf("cannot write %s: no directory %s", p, filepath.Dir(p))
+				return cmdline.Usagef("cannot write %s: no directory %s", p, filepath.Dir(p))
 			}
 		}
 		if o.out == "-" && o.errs == "-" {
-			return usageErrorf("--out and --errors cannot both be stdout")
+			return cmdline.Usagef("--out and --errors cannot both be stdout")
 		}
 		return nil
 	}, run: func(cl *client.Client, pos []string) error {
