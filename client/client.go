@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -219,9 +220,7 @@ func (c *Client) newRequest(ctx context.Context, req *request, payload []byte) (
 		}
 		return nil, false, fmt.Errorf("llmq: %s %s: %w", req.method, req.path, err)
 	}
-	for k, vs := range req.header {
-		hreq.Header[k] = vs
-	}
+	maps.Copy(hreq.Header, req.header)
 	if contentType != "" {
 		hreq.Header.Set("Content-Type", contentType)
 	}
