@@ -12,9 +12,7 @@ import (
 	"github.com/llmq/llmq/internal/cmdline"
 )
 
-// command is a command of the CLI: a group of subcommands, or a leaf that
-// parses its flags and positional arguments, checks them, makes its client
-// and runs.
+// command is a group of subcommands, or a leaf run with its flags and arguments.
 type command struct {
 	name string
 
@@ -296,9 +294,8 @@ func reply[T any](c *cli, line func(*T) string) func(*T, error) error {
 	}
 }
 
-// list is a list command: its own flags (extra), --limit, --after and
-// --all (every page, 100 a request), printed as a table of header and row,
-// or as JSON lines.
+// list is a list command: its own flags (extra), --limit, --after and --all
+// (every page, 100 a request).
 func list[T any](c *cli, limit *int, after *string, extra func(*flag.FlagSet),
 	page func(*client.Client) (*client.List[T], error), all func(*client.Client) iter.Seq2[*T, error],
 	header string, row func(*T) string) command {
@@ -322,8 +319,7 @@ func list[T any](c *cli, limit *int, after *string, extra func(*flag.FlagSet),
 	}}
 }
 
-// onePage is the sequence of one page's items; after the last it says on
-// stderr how to see more, when there is more.
+// onePage yields one page's items, then tells stderr how to see more.
 func onePage[T any](c *cli, page func() (*client.List[T], error)) iter.Seq2[*T, error] {
 	return func(yield func(*T, error) bool) {
 		l, err := page()

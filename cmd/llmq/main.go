@@ -150,8 +150,7 @@ func message(err error) string {
 	return strings.TrimPrefix(err.Error(), "llmq: ")
 }
 
-// cli is one run of the command: its environment, streams and the flags
-// every command takes.
+// cli is one run of the command, with the flags every command takes.
 type cli struct {
 	ctx    context.Context
 	env    map[string]string

@@ -115,8 +115,7 @@ func parseUSD(s string) (float64, error) {
 	return v, nil
 }
 
-// open opens a file to read, or stdin for "-", and returns the name to
-// upload it under.
+// open opens path, or stdin for "-", and returns the name to upload it under.
 func (c *cli) open(path string) (io.ReadCloser, string, error) {
 	if path == "-" {
 		return io.NopCloser(c.stdin), "stdin.jsonl", nil
@@ -140,8 +139,7 @@ func unwrapPath(err error) error {
 	return err
 }
 
-// download writes the content of file id to path ("-" is stdout) and
-// returns its size.
+// download writes the content of file id to path ("-" is stdout).
 func (c *cli) download(cl *client.Client, id, path string) (int64, error) {
 	body, err := cl.Files.Content(c.ctx, id)
 	if err != nil {

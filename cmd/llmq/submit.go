@@ -148,10 +148,8 @@ func lineURL(line []byte, n int) (string, error) {
 	return l.URL, nil
 }
 
-// submitJobs sends every line as a job (POST /v1/jobs), a few at a time;
-// with --wait it follows them to their end and writes output and error
-// files in the batch output format, in input order. Every line is checked
-// before any is sent.
+// submitJobs sends every line, all checked first, as a job; with --wait it
+// writes output and error files in the batch output format, in input order.
 func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	in, _, err := c.open(o.path)
 	if err != nil {
@@ -167,7 +165,7 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 
 	start := time.Now()
-	sendBar := c.newProgress(o.quiet, true)
+	sendBar := &progress{w: c.stderr, quiet: o.quiet, sending: true}
 	err = c.sendJobs(cl, lines, o.concurrency, func(sent, refused int64) { sendBar.update(sent-refused, refused, int64(len(lines))) })
 	sendBar.finish()
 	if err != nil {
@@ -210,7 +208,7 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 
 	waitStart := time.Now()
-	bar := c.newProgress(o.quiet, false)
+	bar := &progress{w: c.stderr, quiet: o.quiet}
 	err = c.waitJobs(cl, lines, o.poll, bar)
 	bar.finish()
 	if err != nil {
