@@ -248,8 +248,7 @@ func devSecret(path, prefix string, n int, keep bool) (string, error) {
 	return s, nil
 }
 
-// devTenant returns the default tenant and a key of it, creating both the
-// first time (or when the database was replaced).
+// devTenant returns the default tenant and a key of it, made when missing.
 func devTenant(ctx context.Context, a *app.App, dir string) (string, string, error) {
 	path := filepath.Join(dir, "tenant.json")
 	var f struct { // kept across restarts

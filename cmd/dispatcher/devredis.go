@@ -65,8 +65,7 @@ func startDevRedis(path string, logger *slog.Logger) (*devRedis, error) {
 	return d, nil
 }
 
-// run moves the TTLs every second and saves every snapshotEvery until ctx
-// ends.
+// run moves the TTLs every second and saves every snapshotEvery.
 func (d *devRedis) run(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -136,8 +135,7 @@ func (d *devRedis) save(now time.Time) error {
 	return err
 }
 
-// dumpKey reads one key; false when it is gone or of a type llmq never
-// writes.
+// dumpKey reads one key; false when it is gone or of a type llmq never writes.
 func (d *devRedis) dumpKey(k string, now time.Time) (snapshotKey, bool) {
 	sk := snapshotKey{Key: k, Type: d.Type(k)}
 	if ttl := d.TTL(k); ttl > 0 {

@@ -20,8 +20,7 @@ const healthcheckUsage = `usage: dispatcher healthcheck [-worker]
   the dispatcher's default address (:8080), or with -worker the worker's
   (:8081).`
 
-// healthcheck fails unless GET /readyz of the llmq process on
-// LLMQ_LISTEN_ADDR answers 200 (healthcheckUsage).
+// healthcheck fails unless GET /readyz on LLMQ_LISTEN_ADDR answers 200.
 func healthcheck(ctx context.Context, args, environ []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
 	worker := fs.Bool("worker", false, "")

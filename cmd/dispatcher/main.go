@@ -129,8 +129,7 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 	return serveApp(ctx, a, rec, ln, logger, serveOptions{metrics: mln})
 }
 
-// serveOptions are what the dispatcher and the embedded default serve
-// differently.
+// serveOptions are what the embedded default serves differently.
 type serveOptions struct {
 	reconciler recovery.Options
 	// mount adds handlers beside the API (the embedded simulator).

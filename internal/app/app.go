@@ -117,9 +117,8 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 		if err != nil {
 			return nil, fmt.Errorf("LLMQ_REDIS_URL: %w", err)
 		}
-		c := opt.NewClient()
-		a.closers = append(a.closers, c.Close)
-		a.Redis = c
+		a.Redis = opt.NewClient()
+		a.closers = append(a.closers, a.Redis.Close)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -234,8 +233,7 @@ func (a *App) API() (*api.Server, error) {
 	return srv, nil
 }
 
-// Reconciler returns the reconciler that re-enqueues jobs whose task Redis
-// lost.
+// Reconciler returns the reconciler of the app's parts.
 func (a *App) Reconciler(opts recovery.Options) *recovery.Reconciler {
 	return recovery.New(recovery.Reconciler{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
@@ -288,8 +286,7 @@ func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {
 	}, opts), nil
 }
 
-// Scheduler returns the scheduler that releases waiting jobs into asynq's
-// queues.
+// Scheduler returns the scheduler of the app's parts.
 func (a *App) Scheduler() *scheduler.Scheduler {
 	obs, _ := a.Observer.(scheduler.Observer) // the metrics recorder is one
 	s, err := scheduler.New(scheduler.Deps{Queue: a.Queue, Pacer: a.Pacer, Policy: a.Policy, Redis: a.Redis, Keys: a.Keys,
