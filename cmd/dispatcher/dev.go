@@ -203,23 +203,17 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 // variables where set, else SQLite under dir, text logs, and an admin token
 // kept in dir so it survives restarts.
 func devEnv(o *devOptions, environ []string, base string) (*config.Env, error) {
-	lookup := app.LookupIn(environ)
-	var extra []string
-	for _, kv := range []string{"LLMQ_DATABASE_URL=sqlite://" + filepath.Join(o.dir, "llmq.db"), "LLMQ_LOG_FORMAT=text", "LLMQ_LOG_LEVEL=warn"} {
-		k, _, _ := strings.Cut(kv, "=")
-		if _, ok := lookup(k); !ok {
-			extra = append(extra, kv)
-		}
-	}
-	if _, ok := lookup("LLMQ_ADMIN_TOKEN"); !ok {
+	defaults := []string{"LLMQ_DATABASE_URL=sqlite://" + filepath.Join(o.dir, "llmq.db"), "LLMQ_LOG_FORMAT=text", "LLMQ_LOG_LEVEL=warn"}
+	if _, ok := app.LookupIn(environ)("LLMQ_ADMIN_TOKEN"); !ok {
 		token, err := devSecret(filepath.Join(o.dir, "admin-token"), "dev-admin-", 12, true)
 		if err != nil {
 			return nil, err
 		}
-		extra = append(extra, "LLMQ_ADMIN_TOKEN="+token)
+		defaults = append(defaults, "LLMQ_ADMIN_TOKEN="+token)
 	}
-	extra = append(extra, "LLMQ_LISTEN_ADDR="+strings.TrimPrefix(base, "http://"))
-	env, err := config.LoadEnv(append(append([]string{}, environ...), extra...))
+	// The last of a variable counts: the caller's override the defaults.
+	listen := "LLMQ_LISTEN_ADDR=" + strings.TrimPrefix(base, "http://")
+	env, err := config.LoadEnv(slices.Concat(defaults, environ, []string{listen}))
 	if err != nil {
 		return nil, err
 	}
