@@ -50,7 +50,6 @@ type App struct {
 	Budgets    *budget.Budgets
 	Admission  *admission.Estimator
 
-	Asynq     *asynq.Client
 	Inspector *queue.Inspector
 	Queue     *queue.Client
 	Providers *worker.Providers
@@ -74,8 +73,6 @@ type Parts struct {
 	Redis redis.UniversalClient
 	// Policy replaces the holder made from Env.Policy.
 	Policy *config.PolicyHolder
-	// Providers replaces the providers made from the policy.
-	Providers *worker.Providers
 	// LookupEnv reads provider API keys. Defaults to os.LookupEnv.
 	LookupEnv func(string) (string, bool)
 	// Migrate applies the pending schema migrations before the store
@@ -153,20 +150,16 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	}
 	a.Admission = admission.New(a.Pacer, a.Store)
 
-	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
-	a.closers = append(a.closers, a.Asynq.Close)
+	ac := asynq.NewClientFromRedisClient(a.Redis)
+	a.closers = append(a.closers, ac.Close)
 	ns := queue.Namespace(env.QueueNamespace)
 	qo := queue.ClientOptions{Namespace: ns, Redis: a.Redis, Keys: a.Keys}
 	if parts.SingleQueue {
 		qo.Redis = nil
 	}
-	a.Queue = queue.NewClient(a.Asynq, qo)
-	in := asynq.NewInspectorFromRedisClient(a.Redis)
-	a.Inspector = queue.NewInspector(in, ns)
-	a.Providers = parts.Providers
-	if a.Providers == nil {
-		a.Providers = worker.NewProviders(a.Policy.Current(), parts.LookupEnv)
-	}
+	a.Queue = queue.NewClient(ac, qo)
+	a.Inspector = queue.NewInspector(asynq.NewInspectorFromRedisClient(a.Redis), ns)
+	a.Providers = worker.NewProviders(a.Policy.Current(), parts.LookupEnv)
 	stop := a.Policy.OnChange(func(_, p *config.Policy) { a.Providers.Update(p) })
 	a.closers = append(a.closers, func() error { stop(); return nil })
 
