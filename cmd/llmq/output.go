@@ -48,9 +48,7 @@ func printList[T any](c *cli, seq iter.Seq2[*T, error], header string, row func(
 	rows := 0
 	for item, err := range seq {
 		if err != nil {
-			if rows > 0 {
-				tw.Flush() // the rows of the pages that came are good
-			}
+			tw.Flush() // the rows of the pages that came are good
 			return err
 		}
 		if rows == 0 {

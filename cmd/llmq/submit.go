@@ -215,23 +215,19 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 		fmt.Fprintf(c.stderr, "stopped waiting; the jobs run on: llmq jobs list\n")
 		return err
 	}
-	var done, failed int
+	failed := 0
 	var out, errs bytes.Buffer
 	for _, l := range lines {
 		dst := &out
 		if l.failed {
 			failed++
 			dst = &errs
-		} else {
-			done++
 		}
-		line, err := json.Marshal(l.result)
-		if err != nil {
+		if err := json.NewEncoder(dst).Encode(l.result); err != nil {
 			return err
 		}
-		dst.Write(append(line, '\n'))
 	}
-	fmt.Fprintf(c.stderr, "%d jobs: %d done, %d failed in %v (%v sending, %v waiting)\n", len(lines), done, failed,
+	fmt.Fprintf(c.stderr, "%d jobs: %d done, %d failed in %v (%v sending, %v waiting)\n", len(lines), len(lines)-failed, failed,
 		roundDuration(time.Since(start)), roundDuration(waitStart.Sub(start)), roundDuration(time.Since(waitStart)))
 	for _, w := range []struct {
 		path, what string
