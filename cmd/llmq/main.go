@@ -23,7 +23,6 @@ import (
 	"syscall"
 
 	"github.com/llmq/llmq/client"
-	"github.com/llmq/llmq/internal/buildinfo"
 	"github.com/llmq/llmq/internal/cmdline"
 )
 
@@ -186,13 +185,13 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 	}
 	switch cmd, args := first(args), args[min(1, len(args)):]; {
 	case *version:
-		fmt.Fprintln(stdout, buildinfo.String("llmq"))
+		cmdline.PrintVersion(stdout, "llmq")
 	case wantsHelp(cmd, args):
 		fmt.Fprintln(stdout, helpFor(cmd))
 	case cmd == "help":
 		fmt.Fprintln(stdout, helpFor(first(args)))
 	case cmd == "version":
-		fmt.Fprintln(stdout, buildinfo.String("llmq"))
+		cmdline.PrintVersion(stdout, "llmq")
 	default:
 		for _, top := range c.commands() {
 			if top.name == cmd {
