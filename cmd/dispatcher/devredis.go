@@ -207,17 +207,15 @@ func (d *devRedis) load(now time.Time) error {
 			for f, v := range k.Hash {
 				d.HSet(k.Key, f, string(v))
 			}
-		case "list":
-			for _, v := range k.List {
-				if _, err = d.Push(k.Key, string(v)); err != nil {
-					break
-				}
+		case "list", "set":
+			items := make([]string, len(k.List))
+			for i, v := range k.List {
+				items[i] = string(v)
 			}
-		case "set":
-			for _, v := range k.List {
-				if _, err = d.SetAdd(k.Key, string(v)); err != nil {
-					break
-				}
+			if k.Type == "list" {
+				_, err = d.Push(k.Key, items...)
+			} else {
+				_, err = d.SetAdd(k.Key, items...)
 			}
 		case "zset":
 			for _, z := range k.ZSet {
