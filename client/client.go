@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -244,12 +245,9 @@ func readError(resp *http.Response) *Error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	e := &Error{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	if err := json.Unmarshal(data, e); err != nil || e.Message == "" {
-		msg := strings.TrimSpace(string(data))
+		msg := cmp.Or(strings.TrimSpace(string(data)), http.StatusText(resp.StatusCode))
 		if len(msg) > 200 {
 			msg = msg[:200] + "…"
-		}
-		if msg == "" {
-			msg = http.StatusText(resp.StatusCode)
 		}
 		e.ErrorObject = ErrorObject{Message: msg, Type: "http_error"}
 	}
