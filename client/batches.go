@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"iter"
 	"net/http"
@@ -29,9 +30,7 @@ type BatchCreateParams struct {
 // validating; lines are checked and enqueued as jobs.
 func (s *BatchesService) Create(ctx context.Context, p *BatchCreateParams) (*Batch, error) {
 	body := *p
-	if body.CompletionWindow == "" {
-		body.CompletionWindow = "24h"
-	}
+	body.CompletionWindow = cmp.Or(body.CompletionWindow, "24h")
 	return call[Batch](ctx, s.c, &request{method: http.MethodPost, path: "/v1/batches", json: &body})
 }
 

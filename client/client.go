@@ -2,11 +2,13 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -219,9 +221,7 @@ func (c *Client) newRequest(ctx context.Context, req *request, payload []byte) (
 		}
 		return nil, false, fmt.Errorf("llmq: %s %s: %w", req.method, req.path, err)
 	}
-	for k, vs := range req.header {
-		hreq.Header[k] = vs
-	}
+	maps.Copy(hreq.Header, req.header)
 	if contentType != "" {
 		hreq.Header.Set("Content-Type", contentType)
 	}
@@ -245,12 +245,9 @@ func readError(resp *http.Response) *Error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	e := &Error{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	if err := json.Unmarshal(data, e); err != nil || e.Message == "" {
-		msg := strings.TrimSpace(string(data))
+		msg := cmp.Or(strings.TrimSpace(string(data)), http.StatusText(resp.StatusCode))
 		if len(msg) > 200 {
 			msg = msg[:200] + "…"
-		}
-		if msg == "" {
-			msg = http.StatusText(resp.StatusCode)
 		}
 		e.ErrorObject = ErrorObject{Message: msg, Type: "http_error"}
 	}

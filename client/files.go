@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -18,13 +19,7 @@ type FilesService struct{ c *Client }
 // ("batch" when empty) named filename. A 429 is retried only when content
 // is an io.Seeker: a plain reader cannot be read twice.
 func (s *FilesService) Upload(ctx context.Context, filename string, content io.Reader, purpose string) (*File, error) {
-	if purpose == "" {
-		purpose = "batch"
-	}
-	if filename == "" {
-		filename = "input.jsonl"
-	}
-	filename = filepath.Base(filename)
+	purpose, filename = cmp.Or(purpose, "batch"), filepath.Base(cmp.Or(filename, "input.jsonl"))
 	seeker, canSeek := content.(io.Seeker)
 	var start int64
 	if canSeek {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -60,13 +61,10 @@ type devOptions struct {
 
 func parseDev(args, environ []string, stdout io.Writer) (*devOptions, error) {
 	o := &devOptions{}
-	addr := devAddr
-	if v, ok := app.LookupIn(environ)("LLMQ_LISTEN_ADDR"); ok && v != "" {
-		addr = v
-	}
+	addr, _ := app.LookupIn(environ)("LLMQ_LISTEN_ADDR")
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	fs.StringVar(&o.dir, "dir", "llmq-dev", "where the state lives (SQLite database, embedded Redis snapshot, tenant key, admin token)")
-	fs.StringVar(&o.addr, "addr", addr, "address of the API, dashboard and simulated provider (default: LLMQ_LISTEN_ADDR, else "+devAddr+")")
+	fs.StringVar(&o.addr, "addr", cmp.Or(addr, devAddr), "address of the API, dashboard and simulated provider (default: LLMQ_LISTEN_ADDR, else "+devAddr+")")
 	fs.IntVar(&o.demo, "demo", 0, "submit this many sample jobs and a small batch, so the dashboard moves")
 	fs.StringVar(&o.providerURL, "provider-url", "", "OpenAI-compatible base URL of a real provider (default: the simulator)")
 	fs.StringVar(&o.providerKey, "provider-key-env", "OPENAI_API_KEY", "environment variable holding the real provider's API key")
@@ -120,10 +118,7 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			return err
 		}
 		defer mr.stop() // last: after the worker and the server stopped
-		rctx, stopTicks := context.WithCancel(ctx)
-		ticking := make(chan struct{})
-		go func() { mr.run(rctx); close(ticking) }()
-		defer func() { stopTicks(); <-ticking }()
+		defer app.Background(ctx, mr.run)()
 		env.RedisURL = "redis://" + mr.Addr() + "/0"
 		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		defer c.Close()
@@ -141,9 +136,9 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	} else {
 		// The simulator shares the API's address: a key made at each start
 		// and random ids keep everyone but llmq out of it.
-		key, err := newSimKey(filepath.Join(o.dir, devSimKeyFile))
+		key, err := devSecret(filepath.Join(o.dir, devSimKeyFile), "sk-llmq-dev-", 24, false)
 		if err != nil {
-			return err
+			return fmt.Errorf("-dir: %w", err)
 		}
 		simulator := sim.New(sim.Config{Limits: sim.Limits{RPM: 500, TPM: 200000}, DefaultMaxTokens: 1024,
 			Latency: 300 * time.Millisecond, Jitter: 700 * time.Millisecond, APIKey: key, RandomIDs: true})
@@ -208,27 +203,17 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 // variables where set, else SQLite under dir, text logs, and an admin token
 // kept in dir so it survives restarts.
 func devEnv(o *devOptions, environ []string, base string) (*config.Env, error) {
-	lookup := app.LookupIn(environ)
-	var extra []string
-	for _, kv := range []string{"LLMQ_DATABASE_URL=sqlite://" + filepath.Join(o.dir, "llmq.db"), "LLMQ_LOG_FORMAT=text", "LLMQ_LOG_LEVEL=warn"} {
-		k, _, _ := strings.Cut(kv, "=")
-		if _, ok := lookup(k); !ok {
-			extra = append(extra, kv)
-		}
-	}
-	if _, ok := lookup("LLMQ_ADMIN_TOKEN"); !ok {
-		token, err := keptSecret(filepath.Join(o.dir, "admin-token"), func() string {
-			b := make([]byte, 12)
-			_, _ = rand.Read(b)
-			return "dev-admin-" + hex.EncodeToString(b)
-		})
+	defaults := []string{"LLMQ_DATABASE_URL=sqlite://" + filepath.Join(o.dir, "llmq.db"), "LLMQ_LOG_FORMAT=text", "LLMQ_LOG_LEVEL=warn"}
+	if _, ok := app.LookupIn(environ)("LLMQ_ADMIN_TOKEN"); !ok {
+		token, err := devSecret(filepath.Join(o.dir, "admin-token"), "dev-admin-", 12, true)
 		if err != nil {
 			return nil, err
 		}
-		extra = append(extra, "LLMQ_ADMIN_TOKEN="+token)
+		defaults = append(defaults, "LLMQ_ADMIN_TOKEN="+token)
 	}
-	extra = append(extra, "LLMQ_LISTEN_ADDR="+strings.TrimPrefix(base, "http://"))
-	env, err := config.LoadEnv(append(append([]string{}, environ...), extra...))
+	// The last of a variable counts: the caller's override the defaults.
+	listen := "LLMQ_LISTEN_ADDR=" + strings.TrimPrefix(base, "http://")
+	env, err := config.LoadEnv(slices.Concat(defaults, environ, []string{listen}))
 	if err != nil {
 		return nil, err
 	}
@@ -242,32 +227,22 @@ func devEnv(o *devOptions, environ []string, base string) (*config.Env, error) {
 // devSimKeyFile holds the simulator's key under dir.
 const devSimKeyFile = "sim-key"
 
-// newSimKey makes the simulator's key for this start and writes it to path.
-func newSimKey(path string) (string, error) {
-	b := make([]byte, 24)
-	_, _ = rand.Read(b) // never fails (crypto/rand)
-	key := "sk-llmq-dev-" + hex.EncodeToString(b)
-	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("-dir: %w", err)
-	}
-	return key, nil
-}
-
-// keptSecret returns the secret stored at path, making and storing one
-// with mk the first time.
-func keptSecret(path string, mk func() string) (string, error) {
-	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+// devSecret writes prefix and n random bytes in hex to path and returns
+// them; with keep, a secret path already holds is returned instead.
+func devSecret(path, prefix string, n int, keep bool) (string, error) {
+	if b, err := os.ReadFile(path); keep && err == nil && len(strings.TrimSpace(string(b))) > 0 {
 		return strings.TrimSpace(string(b)), nil
 	}
-	s := mk()
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	s := prefix + hex.EncodeToString(b)
 	if err := os.WriteFile(path, []byte(s+"\n"), 0o600); err != nil {
 		return "", err
 	}
 	return s, nil
 }
 
-// devTenant returns the default tenant and a key of it, creating both the
-// first time (or when the database was replaced).
+// devTenant returns the default tenant and a key of it, made when missing.
 func devTenant(ctx context.Context, a *app.App, dir string) (string, string, error) {
 	path := filepath.Join(dir, "tenant.json")
 	var f struct { // kept across restarts

@@ -65,8 +65,7 @@ func startDevRedis(path string, logger *slog.Logger) (*devRedis, error) {
 	return d, nil
 }
 
-// run moves the TTLs every second and saves every snapshotEvery until ctx
-// ends.
+// run moves the TTLs every second and saves every snapshotEvery.
 func (d *devRedis) run(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -136,8 +135,7 @@ func (d *devRedis) save(now time.Time) error {
 	return err
 }
 
-// dumpKey reads one key; false when it is gone or of a type llmq never
-// writes.
+// dumpKey reads one key; false when it is gone or of a type llmq never writes.
 func (d *devRedis) dumpKey(k string, now time.Time) (snapshotKey, bool) {
 	sk := snapshotKey{Key: k, Type: d.Type(k)}
 	if ttl := d.TTL(k); ttl > 0 {
@@ -209,17 +207,15 @@ func (d *devRedis) load(now time.Time) error {
 			for f, v := range k.Hash {
 				d.HSet(k.Key, f, string(v))
 			}
-		case "list":
-			for _, v := range k.List {
-				if _, err = d.Push(k.Key, string(v)); err != nil {
-					break
-				}
+		case "list", "set":
+			items := make([]string, len(k.List))
+			for i, v := range k.List {
+				items[i] = string(v)
 			}
-		case "set":
-			for _, v := range k.List {
-				if _, err = d.SetAdd(k.Key, string(v)); err != nil {
-					break
-				}
+			if k.Type == "list" {
+				_, err = d.Push(k.Key, items...)
+			} else {
+				_, err = d.SetAdd(k.Key, items...)
 			}
 		case "zset":
 			for _, z := range k.ZSet {

@@ -129,16 +129,13 @@ func serve(ctx context.Context, environ []string, stdout, stderr io.Writer) erro
 	return serveApp(ctx, a, rec, ln, logger, serveOptions{metrics: mln})
 }
 
-// serveOptions are what the dispatcher and the embedded default serve
-// differently.
+// serveOptions are what the embedded default serves differently.
 type serveOptions struct {
 	reconciler recovery.Options
 	// mount adds handlers beside the API (the embedded simulator).
 	mount func(mux *http.ServeMux)
 	// metrics, when set, serves /metrics without credentials.
 	metrics net.Listener
-	// http replaces the API server's connection limits (tests).
-	http api.ServerOptions
 }
 
 // serveApp serves a's API, /dashboard, /monitoring/ and /metrics on ln, and
@@ -168,7 +165,7 @@ func serveApp(ctx context.Context, a *app.App, rec *metrics.Recorder, ln net.Lis
 	if o.mount != nil {
 		o.mount(srv.Mux())
 	}
-	hs := api.NewHTTPServer(srv, o.http)
+	hs := api.NewHTTPServer(srv, api.ServerOptions{})
 	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
 	if o.metrics != nil {

@@ -34,10 +34,6 @@ func main() {
 
 // run serves the simulator until ctx ends. It prints the URL it listens on.
 func run(ctx context.Context, args []string, stdout io.Writer) error {
-	if len(args) > 0 && cmdline.IsVersion(args[0]) {
-		cmdline.PrintVersion(stdout, "llmq-sim")
-		return nil
-	}
 	fs := flag.NewFlagSet("llmq-sim", flag.ContinueOnError)
 	var cfg sim.Config
 	addr := fs.String("addr", "127.0.0.1:8089", "address to listen on (port 0 picks a free one)")
@@ -94,10 +90,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		"  /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/files and /v1/batches\n  (and Azure OpenAI's paths under /openai).\n\nFlags:\n")
 	fs.SetOutput(&help)
 	fs.PrintDefaults()
-	if err := cmdline.Parse(fs, args, stdout, help.String()); err != nil {
-		if errors.Is(err, cmdline.ErrHelpShown) {
-			return nil
-		}
+	if done, err := cmdline.ParseProgram(fs, args, stdout, help.String(), "llmq-sim"); done {
 		return err
 	}
 	var level slog.Level

@@ -9,11 +9,10 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/cmdline"
 )
 
-// command is a command of the CLI: a group of subcommands, or a leaf that
-// parses its flags and positional arguments, checks them, makes its client
-// and runs.
+// command is a group of subcommands, or a leaf run with its flags and arguments.
 type command struct {
 	name string
 
@@ -147,7 +146,7 @@ func (c *cli) tenantCommands() []command {
 			fs.BoolVar(&create.APIExempt, "api-exempt", false, "")
 		}, check: func(*flag.FlagSet) error {
 			if create.Name == "" || create.Tier == "" {
-				return usageErrorf("admin tenants create needs --name and --tier")
+				return cmdline.Usagef("admin tenants create needs --name and --tier")
 			}
 			if budget != "" {
 				v, err := parseUSD(budget)
@@ -199,7 +198,7 @@ func (c *cli) tenantCommands() []command {
 				}
 			})
 			if err == nil && update == (client.TenantUpdateParams{}) {
-				return usageErrorf("admin tenants update needs --name, --tier, --budget or --api-exempt")
+				return cmdline.Usagef("admin tenants update needs --name, --tier, --budget or --api-exempt")
 			}
 			return err
 		}, run: func(cl *client.Client, pos []string) error {
@@ -260,9 +259,9 @@ func (c *cli) runCommand(path string, cmd *command, args []string, admin bool) e
 		subs := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 		top, _, _ := strings.Cut(path, " ")
 		if sub == "" {
-			return usageErrorf("%s needs a subcommand: %s (llmq %s -h)", path, subs, top)
+			return cmdline.Usagef("%s needs a subcommand: %s (llmq %s -h)", path, subs, top)
 		}
-		return usageErrorf("unknown command \"%s %s\": use %s (llmq %s -h)", path, sub, subs, top)
+		return cmdline.Usagef("unknown command \"%s %s\": use %s (llmq %s -h)", path, sub, subs, top)
 	}
 	fs := c.flags(path)
 	if cmd.flags != nil {
@@ -295,9 +294,8 @@ func reply[T any](c *cli, line func(*T) string) func(*T, error) error {
 	}
 }
 
-// list is a list command: its own flags (extra), --limit, --after and
-// --all (every page, 100 a request), printed as a table of header and row,
-// or as JSON lines.
+// list is a list command: its own flags (extra), --limit, --after and --all
+// (every page, 100 a request).
 func list[T any](c *cli, limit *int, after *string, extra func(*flag.FlagSet),
 	page func(*client.Client) (*client.List[T], error), all func(*client.Client) iter.Seq2[*T, error],
 	header string, row func(*T) string) command {
@@ -321,8 +319,7 @@ func list[T any](c *cli, limit *int, after *string, extra func(*flag.FlagSet),
 	}}
 }
 
-// onePage is the sequence of one page's items; after the last it says on
-// stderr how to see more, when there is more.
+// onePage yields one page's items, then tells stderr how to see more.
 func onePage[T any](c *cli, page func() (*client.List[T], error)) iter.Seq2[*T, error] {
 	return func(yield func(*T, error) bool) {
 		l, err := page()

@@ -23,7 +23,7 @@ import (
 	"syscall"
 
 	"github.com/llmq/llmq/client"
-	"github.com/llmq/llmq/internal/buildinfo"
+	"github.com/llmq/llmq/internal/cmdline"
 )
 
 func main() {
@@ -98,22 +98,18 @@ failed requests in a batch); 130 interrupted.`
 
 const (
 	exitFailed      = 1
-	exitUsage       = 2
+	exitUsage       = cmdline.ExitUsage
 	exitIncomplete  = 3
 	exitInterrupted = 130
 )
 
-// exitError carries an exit code other than 1.
+// exitError carries an exit code other than 1 and 2.
 type exitError struct {
 	code int
 	msg  string
 }
 
 func (e *exitError) Error() string { return e.msg }
-
-func usageErrorf(format string, args ...any) error {
-	return &exitError{code: exitUsage, msg: fmt.Sprintf(format, args...)}
-}
 
 func incompletef(format string, args ...any) error {
 	return &exitError{code: exitIncomplete, msg: fmt.Sprintf(format, args...)}
@@ -127,7 +123,7 @@ func exitCode(err error) int {
 	case errors.Is(err, context.Canceled):
 		return exitInterrupted
 	}
-	return exitFailed
+	return cmdline.ExitCode(err)
 }
 
 // message is the one line printed for err: what the server said, or why it
@@ -153,8 +149,7 @@ func message(err error) string {
 	return strings.TrimPrefix(err.Error(), "llmq: ")
 }
 
-// cli is one run of the command: its environment, streams and the flags
-// every command takes.
+// cli is one run of the command, with the flags every command takes.
 type cli struct {
 	ctx    context.Context
 	env    map[string]string
@@ -182,37 +177,34 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 			fmt.Fprintln(stdout, usage)
 			return nil
 		}
-		return usageErrorf("%v (llmq help lists the commands and flags)", err)
+		return cmdline.Usagef("%v (llmq help lists the commands and flags)", err)
 	}
 	args = fs.Args()
 	if len(args) == 0 && !*version {
-		return usageErrorf("no command given (llmq help lists them)")
+		return cmdline.Usagef("no command given (llmq help lists them)")
 	}
 	switch cmd, args := first(args), args[min(1, len(args)):]; {
 	case *version:
-		fmt.Fprintln(stdout, buildinfo.String("llmq"))
+		cmdline.PrintVersion(stdout, "llmq")
 	case wantsHelp(cmd, args):
 		fmt.Fprintln(stdout, helpFor(cmd))
 	case cmd == "help":
 		fmt.Fprintln(stdout, helpFor(first(args)))
 	case cmd == "version":
-		fmt.Fprintln(stdout, buildinfo.String("llmq"))
+		cmdline.PrintVersion(stdout, "llmq")
 	default:
 		for _, top := range c.commands() {
 			if top.name == cmd {
-				if err := c.runCommand(cmd, &top, args, false); !errors.Is(err, errHelp) {
+				if err := c.runCommand(cmd, &top, args, false); !errors.Is(err, cmdline.ErrHelpShown) {
 					return err
 				}
 				return nil
 			}
 		}
-		return usageErrorf("unknown command %q (llmq help lists the commands)", cmd)
+		return cmdline.Usagef("unknown command %q (llmq help lists the commands)", cmd)
 	}
 	return nil
 }
-
-// errHelp ends a command whose help was asked for (and printed).
-var errHelp = errors.New("help shown")
 
 // wantsHelp reports whether args ask for cmd's help: -h or --help anywhere
 // before "--", or help where a subcommand goes (llmq jobs help, llmq admin
@@ -222,9 +214,7 @@ func wantsHelp(cmd string, args []string) bool {
 		switch {
 		case a == "--":
 			return false
-		case a == "-h" || a == "-help" || a == "--help":
-			return true
-		case a == "help" && (i == 0 || i == 1 && cmd == "admin"):
+		case cmdline.IsHelp(a) && (a != "help" || i == 0 || i == 1 && cmd == "admin"):
 			return true
 		}
 	}
@@ -281,9 +271,9 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, names ...string) ([]string,
 			if errors.Is(err, flag.ErrHelp) {
 				cmd, _, _ := strings.Cut(fs.Name(), " ")
 				fmt.Fprintln(c.stdout, helpFor(cmd))
-				return nil, errHelp
+				return nil, cmdline.ErrHelpShown
 			}
-			return nil, usageErrorf("%s: %v", fs.Name(), err)
+			return nil, cmdline.Usagef("%s: %v", fs.Name(), err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -298,7 +288,7 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, names ...string) ([]string,
 		if len(names) > 0 {
 			want = strings.Join(names, " ")
 		}
-		return nil, usageErrorf("%s takes %s, got %q (see llmq help)", fs.Name(), want, pos)
+		return nil, cmdline.Usagef("%s takes %s, got %q (see llmq help)", fs.Name(), want, pos)
 	}
 	return pos, nil
 }
@@ -309,16 +299,16 @@ func (c *cli) connect(admin bool) (*client.Client, error) {
 	if admin {
 		token := cmp.Or(c.adminToken, c.env["LLMQ_ADMIN_TOKEN"])
 		if token == "" {
-			return nil, usageErrorf("no admin token: set LLMQ_ADMIN_TOKEN or pass --admin-token")
+			return nil, cmdline.Usagef("no admin token: set LLMQ_ADMIN_TOKEN or pass --admin-token")
 		}
 		key, opts = "", append(opts, client.WithAdminToken(token))
 	} else if key == "" {
-		return nil, usageErrorf("no API key: set LLMQ_API_KEY or pass --api-key")
+		return nil, cmdline.Usagef("no API key: set LLMQ_API_KEY or pass --api-key")
 	}
 	u := cmp.Or(c.url, c.env["LLMQ_URL"], defaultURL)
 	cl, err := client.New(u, key, opts...)
 	if err != nil {
-		return nil, usageErrorf("LLMQ_URL or --url: %q is not an http(s) URL", u)
+		return nil, cmdline.Usagef("LLMQ_URL or --url: %q is not an http(s) URL", u)
 	}
 	return cl, nil
 }

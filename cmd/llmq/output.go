@@ -15,6 +15,7 @@ import (
 	"unicode"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/cmdline"
 )
 
 // printJSON prints what a call returned, v as indented JSON or err.
@@ -47,9 +48,7 @@ func printList[T any](c *cli, seq iter.Seq2[*T, error], header string, row func(
 	rows := 0
 	for item, err := range seq {
 		if err != nil {
-			if rows > 0 {
-				tw.Flush() // the rows of the pages that came are good
-			}
+			tw.Flush() // the rows of the pages that came are good
 			return err
 		}
 		if rows == 0 {
@@ -109,13 +108,12 @@ func when(unix int64) string {
 func parseUSD(s string) (float64, error) {
 	v, err := strconv.ParseFloat(strings.TrimPrefix(s, "$"), 64)
 	if err != nil || v <= 0 || math.IsInf(v, 0) {
-		return 0, usageErrorf("--budget: %q is not a positive number of dollars", s)
+		return 0, cmdline.Usagef("--budget: %q is not a positive number of dollars", s)
 	}
 	return v, nil
 }
 
-// open opens a file to read, or stdin for "-", and returns the name to
-// upload it under.
+// open opens path, or stdin for "-", and returns the name to upload it under.
 func (c *cli) open(path string) (io.ReadCloser, string, error) {
 	if path == "-" {
 		return io.NopCloser(c.stdin), "stdin.jsonl", nil
@@ -139,8 +137,7 @@ func unwrapPath(err error) error {
 	return err
 }
 
-// download writes the content of file id to path ("-" is stdout) and
-// returns its size.
+// download writes the content of file id to path ("-" is stdout).
 func (c *cli) download(cl *client.Client, id, path string) (int64, error) {
 	body, err := cl.Files.Content(c.ctx, id)
 	if err != nil {

@@ -31,10 +31,6 @@ type sample struct {
 
 const rateWindow = 30 * time.Second
 
-func (c *cli) newProgress(quiet, sending bool) *progress {
-	return &progress{w: c.stderr, quiet: quiet, sending: sending}
-}
-
 func (p *progress) update(done, failed, total int64) {
 	if p.quiet || total <= 0 {
 		return

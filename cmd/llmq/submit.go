@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/cmdline"
 )
 
 // submitOptions are the flags of llmq submit.
@@ -55,10 +56,10 @@ func (c *cli) submitCommand() command {
 	}, check: func(*flag.FlagSet) error {
 		o.wait = o.wait || o.out != "" || o.errs != ""
 		if o.concurrency < 1 || o.concurrency > 256 {
-			return usageErrorf("--concurrency must be 1 to 256, got %d", o.concurrency)
+			return cmdline.Usagef("--concurrency must be 1 to 256, got %d", o.concurrency)
 		}
 		if o.poll < 10*time.Millisecond {
-			return usageErrorf("--poll must be at least 10ms, got %v", o.poll)
+			return cmdline.Usagef("--poll must be at least 10ms, got %v", o.poll)
 		}
 		// Refuse an output path that cannot be written before any work is
 		// sent, not after it is paid for.
@@ -67,11 +68,11 @@ func (c *cli) submitCommand() command {
 				continue
 			}
 			if st, err := os.Stat(filepath.Dir(p)); err != nil || !st.IsDir() {
-				return usageErrorf("cannot write %s: no directory %s", p, filepath.Dir(p))
+				return cmdline.Usagef("cannot write %s: no directory %s", p, filepath.Dir(p))
 			}
 		}
 		if o.out == "-" && o.errs == "-" {
-			return usageErrorf("--out and --errors cannot both be stdout")
+			return cmdline.Usagef("--out and --errors cannot both be stdout")
 		}
 		return nil
 	}, run: func(cl *client.Client, pos []string) error {
@@ -147,10 +148,8 @@ func lineURL(line []byte, n int) (string, error) {
 	return l.URL, nil
 }
 
-// submitJobs sends every line as a job (POST /v1/jobs), a few at a time;
-// with --wait it follows them to their end and writes output and error
-// files in the batch output format, in input order. Every line is checked
-// before any is sent.
+// submitJobs sends every line, all checked first, as a job; with --wait it
+// writes output and error files in the batch output format, in input order.
 func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	in, _, err := c.open(o.path)
 	if err != nil {
@@ -166,7 +165,7 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 
 	start := time.Now()
-	sendBar := c.newProgress(o.quiet, true)
+	sendBar := &progress{w: c.stderr, quiet: o.quiet, sending: true}
 	err = c.sendJobs(cl, lines, o.concurrency, func(sent, refused int64) { sendBar.update(sent-refused, refused, int64(len(lines))) })
 	sendBar.finish()
 	if err != nil {
@@ -209,30 +208,26 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 
 	waitStart := time.Now()
-	bar := c.newProgress(o.quiet, false)
+	bar := &progress{w: c.stderr, quiet: o.quiet}
 	err = c.waitJobs(cl, lines, o.poll, bar)
 	bar.finish()
 	if err != nil {
 		fmt.Fprintf(c.stderr, "stopped waiting; the jobs run on: llmq jobs list\n")
 		return err
 	}
-	var done, failed int
+	failed := 0
 	var out, errs bytes.Buffer
 	for _, l := range lines {
 		dst := &out
 		if l.failed {
 			failed++
 			dst = &errs
-		} else {
-			done++
 		}
-		line, err := json.Marshal(l.result)
-		if err != nil {
+		if err := json.NewEncoder(dst).Encode(l.result); err != nil {
 			return err
 		}
-		dst.Write(append(line, '\n'))
 	}
-	fmt.Fprintf(c.stderr, "%d jobs: %d done, %d failed in %v (%v sending, %v waiting)\n", len(lines), done, failed,
+	fmt.Fprintf(c.stderr, "%d jobs: %d done, %d failed in %v (%v sending, %v waiting)\n", len(lines), len(lines)-failed, failed,
 		roundDuration(time.Since(start)), roundDuration(waitStart.Sub(start)), roundDuration(time.Since(waitStart)))
 	for _, w := range []struct {
 		path, what string

@@ -11,8 +11,7 @@ import (
 	"github.com/llmq/llmq/client"
 )
 
-// submitBatch uploads the file, creates a batch of it, and with --wait
-// follows it to its end and downloads its files.
+// submitBatch uploads the file and creates a batch of it, followed with --wait.
 func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 	in, name, err := c.open(o.path)
 	if err != nil {
@@ -66,7 +65,7 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 	}
 
 	start, id := time.Now(), b.ID
-	bar := c.newProgress(o.quiet, false)
+	bar := &progress{w: c.stderr, quiet: o.quiet}
 	b, err = cl.Batches.Wait(c.ctx, id, &client.BatchWaitOptions{
 		WaitOptions: client.WaitOptions{Interval: o.poll, MaxInterval: o.poll},
 		OnPoll: func(b *client.Batch) {

@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -52,14 +51,8 @@ Exit status: 0 stopped, 1 failed (one line on stderr says why), 2 bad usage.`
 // jobs get LLMQ_SHUTDOWN_TIMEOUT to finish; the rest go back to their queue
 // without counting as failures.
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && cmdline.IsVersion(args[0]) {
-		cmdline.PrintVersion(stdout, "llmq worker")
-		return nil
-	}
-	if err := cmdline.Parse(flag.NewFlagSet("worker", flag.ContinueOnError), args, stdout, usage()); err != nil {
-		if errors.Is(err, cmdline.ErrHelpShown) {
-			return nil
-		}
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	if done, err := cmdline.ParseProgram(fs, args, stdout, usage(), "llmq worker"); done {
 		return err
 	}
 	env, logger, err := app.LoadEnv(environ, config.RoleWorker, stderr)

@@ -5,7 +5,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -51,7 +50,6 @@ type App struct {
 	Budgets    *budget.Budgets
 	Admission  *admission.Estimator
 
-	Asynq     *asynq.Client
 	Inspector *queue.Inspector
 	Queue     *queue.Client
 	Providers *worker.Providers
@@ -75,8 +73,6 @@ type Parts struct {
 	Redis redis.UniversalClient
 	// Policy replaces the holder made from Env.Policy.
 	Policy *config.PolicyHolder
-	// Providers replaces the providers made from the policy.
-	Providers *worker.Providers
 	// LookupEnv reads provider API keys. Defaults to os.LookupEnv.
 	LookupEnv func(string) (string, bool)
 	// Migrate applies the pending schema migrations before the store
@@ -118,9 +114,8 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 		if err != nil {
 			return nil, fmt.Errorf("LLMQ_REDIS_URL: %w", err)
 		}
-		c := opt.NewClient()
-		a.closers = append(a.closers, c.Close)
-		a.Redis = c
+		a.Redis = opt.NewClient()
+		a.closers = append(a.closers, a.Redis.Close)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -155,20 +150,16 @@ func Open(ctx context.Context, env *config.Env, logger *slog.Logger, parts Parts
 	}
 	a.Admission = admission.New(a.Pacer, a.Store)
 
-	a.Asynq = asynq.NewClientFromRedisClient(a.Redis)
-	a.closers = append(a.closers, a.Asynq.Close)
+	ac := asynq.NewClientFromRedisClient(a.Redis)
+	a.closers = append(a.closers, ac.Close)
 	ns := queue.Namespace(env.QueueNamespace)
 	qo := queue.ClientOptions{Namespace: ns, Redis: a.Redis, Keys: a.Keys}
 	if parts.SingleQueue {
 		qo.Redis = nil
 	}
-	a.Queue = queue.NewClient(a.Asynq, qo)
-	in := asynq.NewInspectorFromRedisClient(a.Redis)
-	a.Inspector = queue.NewInspector(in, ns)
-	a.Providers = parts.Providers
-	if a.Providers == nil {
-		a.Providers = worker.NewProviders(a.Policy.Current(), parts.LookupEnv)
-	}
+	a.Queue = queue.NewClient(ac, qo)
+	a.Inspector = queue.NewInspector(asynq.NewInspectorFromRedisClient(a.Redis), ns)
+	a.Providers = worker.NewProviders(a.Policy.Current(), parts.LookupEnv)
 	stop := a.Policy.OnChange(func(_, p *config.Policy) { a.Providers.Update(p) })
 	a.closers = append(a.closers, func() error { stop(); return nil })
 
@@ -186,13 +177,6 @@ func (a *App) Close() {
 		_ = a.closers[i]()
 	}
 	a.closers = nil
-}
-
-// Ready reports whether Redis and the store answer.
-func (a *App) Ready(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	return errors.Join(a.Redis.Ping(ctx).Err(), a.Store.Ping(ctx))
 }
 
 // Purger applies the current policy's retention to the store.
@@ -227,7 +211,7 @@ func (a *App) API() (*api.Server, error) {
 	proxies, _ := a.Env.TrustedProxyPrefixes()
 	srv, err := api.New(api.Deps{
 		Store: a.Store, Policy: a.Policy, Admission: a.Admission, Budgets: a.Budgets, Queue: a.Queue,
-		APILimiter: a.APILimiter, Logger: a.Logger, Ready: a.Ready, ReadyChecks: a.ReadyChecks(), Observer: a.APIObserver, KeyCache: a.keyCache,
+		APILimiter: a.APILimiter, Logger: a.Logger, ReadyChecks: a.ReadyChecks(), Observer: a.APIObserver, KeyCache: a.keyCache,
 	}, api.Options{AdminToken: a.Env.AdminToken, AdminTokenPrevious: a.Env.AdminTokenPrevious, MaxBodyBytes: a.Env.MaxBodyBytes, WebhookAllowPrivate: a.Env.WebhookAllowPrivate,
 		Now: a.clock, TrustedProxies: proxies})
 	if err != nil {
@@ -242,8 +226,7 @@ func (a *App) API() (*api.Server, error) {
 	return srv, nil
 }
 
-// Reconciler returns the reconciler that re-enqueues jobs whose task Redis
-// lost.
+// Reconciler returns the reconciler of the app's parts.
 func (a *App) Reconciler(opts recovery.Options) *recovery.Reconciler {
 	return recovery.New(recovery.Reconciler{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Queue, Inspector: a.Inspector,
@@ -296,8 +279,7 @@ func (a *App) JobHandler(opts worker.Options) (*worker.Handler, error) {
 	}, opts), nil
 }
 
-// Scheduler returns the scheduler that releases waiting jobs into asynq's
-// queues.
+// Scheduler returns the scheduler of the app's parts.
 func (a *App) Scheduler() *scheduler.Scheduler {
 	obs, _ := a.Observer.(scheduler.Observer) // the metrics recorder is one
 	s, err := scheduler.New(scheduler.Deps{Queue: a.Queue, Pacer: a.Pacer, Policy: a.Policy, Redis: a.Redis, Keys: a.Keys,

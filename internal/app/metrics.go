@@ -32,8 +32,7 @@ func (a *App) StartRecorder(ctx context.Context) (rec *metrics.Recorder, stop fu
 	return rec, Background(ctx, rec.Run), nil
 }
 
-// Background runs run past ctx's end, and returns the function that stops
-// it and waits for it to return.
+// Background runs run past ctx's end, until the stop it returns is called.
 func Background(ctx context.Context, run func(context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})

@@ -4,6 +4,7 @@
 package buildinfo
 
 import (
+	"cmp"
 	"runtime/debug"
 	"strings"
 )
@@ -30,10 +31,7 @@ var Version, Commit string
 func format(program string, bi *debug.BuildInfo, stampVersion, stampCommit string) string {
 	version := bi.Main.Version
 	if version == "" || version == "(devel)" {
-		version = "(devel)"
-		if stampVersion != "" {
-			version = stampVersion
-		}
+		version = cmp.Or(stampVersion, "(devel)")
 	}
 	rev, at := stampCommit, ""
 	dirty := false

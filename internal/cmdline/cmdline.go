@@ -90,3 +90,17 @@ func Parse(fs *flag.FlagSet, args []string, stdout io.Writer, help string) error
 
 // ErrHelpShown ends a command whose help was printed: the program exits 0.
 var ErrHelpShown = errors.New("help shown")
+
+// ParseProgram is Parse of a program without commands, whose first
+// argument may ask for its version: done says the program is to return err
+// (nil once its help or version was printed).
+func ParseProgram(fs *flag.FlagSet, args []string, stdout io.Writer, help, program string) (done bool, err error) {
+	if len(args) > 0 && IsVersion(args[0]) {
+		PrintVersion(stdout, program)
+		return true, nil
+	}
+	if err := Parse(fs, args, stdout, help); !errors.Is(err, ErrHelpShown) {
+		return err != nil, err
+	}
+	return true, nil
+}
