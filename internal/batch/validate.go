@@ -110,7 +110,7 @@ func (v *validation) run(ctx context.Context) error {
 		return err
 	}
 	defer f.Close()
-	lr := &lineReader{br: bufio.NewReaderSize(f, 64<<10), max: v.s.opts.MaxLineBytes}
+	lr := &lineReader{br: bufio.NewReaderSize(f, 64<<10), max: maxLineBytes}
 	for !v.stopped {
 		no, line, tooLong, err := lr.next()
 		if errors.Is(err, io.EOF) {
@@ -137,7 +137,7 @@ func (v *validation) run(ctx context.Context) error {
 		}
 		v.group = append(v.group, job)
 		v.groupBytes += len(job.Request)
-		if len(v.group) >= v.s.opts.GroupLines || v.groupBytes >= v.s.opts.GroupBytes {
+		if len(v.group) >= v.s.opts.GroupLines || v.groupBytes >= groupBytes {
 			if err := v.flush(ctx); err != nil {
 				return err
 			}
@@ -426,7 +426,7 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 // custom_id, method and url.
 func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) *wire.Error {
 	if tooLong {
-		return wire.Invalid("", client.CodeLineTooLong, "the line is longer than %d bytes.", v.s.opts.MaxLineBytes)
+		return wire.Invalid("", client.CodeLineTooLong, "the line is longer than %d bytes.", maxLineBytes)
 	}
 	// Checked before decoding, which would replace bytes that are not
 	// UTF-8 and take what Postgres refuses.

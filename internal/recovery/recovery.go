@@ -39,9 +39,6 @@ type Options struct {
 	// CheckInterval is how often the reconciler looks for a Redis loss and
 	// for workers that stopped beating. Defaults to 2s.
 	CheckInterval time.Duration
-	// FullInterval is how often every unfinished job is checked even when
-	// Redis lost nothing. Defaults to 1m.
-	FullInterval time.Duration
 	// MinAge skips jobs changed more recently than this. Defaults to 10s.
 	MinAge time.Duration
 	// LossPause is how long every model is paused after a Redis loss with
@@ -67,14 +64,18 @@ type Reconciler struct {
 	recheckAt time.Time // when the pass after a failover runs once more
 }
 
-// failoverRecheck is how long after a failover its pass runs again.
-const failoverRecheck = 15 * time.Second
+const (
+	// failoverRecheck is how long after a failover its pass runs again.
+	failoverRecheck = 15 * time.Second
+	// fullInterval is how often every unfinished job is checked even when
+	// Redis lost nothing.
+	fullInterval = time.Minute
+)
 
 // New returns r with opts, zero options defaulted.
 func New(r Reconciler, opts Options) *Reconciler {
 	r.opts = Options{
 		CheckInterval: cmp.Or(opts.CheckInterval, 2*time.Second),
-		FullInterval:  cmp.Or(opts.FullInterval, time.Minute),
 		MinAge:        cmp.Or(opts.MinAge, 10*time.Second),
 		LossPause:     cmp.Or(opts.LossPause, time.Minute),
 		Now:           opts.Now,
@@ -104,7 +105,7 @@ type Report struct {
 }
 
 // Run reconciles until ctx ends: at once, then whenever Redis lost its data
-// and every FullInterval. Only one process reconciles at a time (a store
+// and every minute. Only one process reconciles at a time (a store
 // lock); the others wait their turn.
 func (r *Reconciler) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.CheckInterval)
@@ -132,7 +133,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			r.Logger.Warn("reconciler: cannot reach redis", "err", err)
 		}
-		if err == nil && (lost || failover || r.opts.Now().Sub(last) >= r.opts.FullInterval) {
+		if err == nil && (lost || failover || r.opts.Now().Sub(last) >= fullInterval) {
 			if rep, ran, err := r.locked(ctx, lost, failover); err != nil && ctx.Err() == nil {
 				r.Logger.Warn("reconciler pass failed", "err", err)
 			} else if ran {

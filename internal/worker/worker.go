@@ -47,8 +47,6 @@ type Options struct {
 	// failed waits for one to come back without counting a failure.
 	// Defaults to 15m.
 	OutageWait time.Duration
-	// TenantCacheTTL is how long a tenant row is reused. Defaults to 5s.
-	TenantCacheTTL time.Duration
 	// Breakers tune the per-deployment circuit breakers.
 	Breakers BreakerOptions
 	// Now is the clock of job timestamps. Defaults to time.Now.
@@ -62,7 +60,6 @@ func (o Options) withDefaults() Options {
 	o.MaxInlineWait = cmp.Or(o.MaxInlineWait, 10*time.Second)
 	o.OutageWait = cmp.Or(o.OutageWait, 15*time.Minute)
 	o.MaxRateLimited = cmp.Or(o.MaxRateLimited, 25)
-	o.TenantCacheTTL = cmp.Or(o.TenantCacheTTL, 5*time.Second)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -99,7 +96,7 @@ func NewHandler(d Deps, opts Options) *Handler {
 		d.Observer = nopObserver{}
 	}
 	o := opts.withDefaults()
-	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}},
+	return &Handler{Deps: d, opts: o, tenants: tenantCache{now: o.Now, m: map[string]cachedTenant{}},
 		breakers: NewBreakers(o.Breakers, d.Observer, o.Now)}
 }
 
@@ -814,13 +811,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// tenantCache keeps tenant rows for a few seconds.
+// tenantCache keeps tenant rows for tenantTTL.
 type tenantCache struct {
 	mu  sync.Mutex
-	ttl time.Duration
 	now func() time.Time
 	m   map[string]cachedTenant
 }
+
+const tenantTTL = 5 * time.Second
 
 type cachedTenant struct {
 	t  *store.Tenant
@@ -832,7 +830,7 @@ func (c *tenantCache) get(ctx context.Context, db *store.DB, id string) (*store.
 	c.mu.Lock()
 	e, ok := c.m[id]
 	c.mu.Unlock()
-	if ok && now.Sub(e.at) < c.ttl {
+	if ok && now.Sub(e.at) < tenantTTL {
 		return e.t, nil
 	}
 	t, err := db.TenantGetByID(ctx, id)
