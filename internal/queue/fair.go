@@ -327,11 +327,7 @@ func (f *fair) forgetAll(ctx context.Context, scope string, ids []string) error 
 	keys := []string{f.keys.FairState(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
 	for len(ids) > 0 {
 		n := min(len(ids), fairChunk)
-		args := make([]any, n)
-		for i, id := range ids[:n] {
-			args[i] = id
-		}
-		if err := fairForgetScript.Run(ctx, f.rdb, keys, args...).Err(); err != nil {
+		if err := fairForgetScript.Run(ctx, f.rdb, keys, ids[:n]).Err(); err != nil {
 			return err
 		}
 		ids = ids[n:]

@@ -206,10 +206,5 @@ const allQueuesKey = "asynq:queues"
 // queues, which an asynq client fills only at a queue's first enqueue: an
 // idle queue, or one after Redis lost its data, is listed too.
 func RegisterQueues(ctx context.Context, rdb redis.UniversalClient, ns Namespace) error {
-	qs := ns.Queues()
-	members := make([]any, len(qs))
-	for i, q := range qs {
-		members[i] = q
-	}
-	return rdb.SAdd(ctx, allQueuesKey, members...).Err()
+	return rdb.SAdd(ctx, allQueuesKey, ns.Queues()).Err()
 }
