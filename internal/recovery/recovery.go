@@ -309,10 +309,8 @@ func (r *Reconciler) requeueReleased(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	if r.Policy != nil {
-		for i := range r.Policy.Current().Models {
-			scopes = append(scopes, r.Policy.Current().Models[i].Queue())
-		}
+	for i := range r.Policy.Current().Models {
+		scopes = append(scopes, r.Policy.Current().Models[i].Queue())
 	}
 	slices.Sort(scopes)
 	for _, scope := range slices.Compact(scopes) {
@@ -374,7 +372,7 @@ func (r *Reconciler) CheckBudgets(ctx context.Context, reason string) (budget.Ch
 // pauseModels pauses every model of the policy after a loss of the
 // limiter's state, so it cannot burst past the provider's limits.
 func (r *Reconciler) pauseModels(ctx context.Context) {
-	if r.Limiter == nil || r.Policy == nil || r.opts.LossPause < 0 {
+	if r.opts.LossPause < 0 {
 		return
 	}
 	for i := range r.Policy.Current().Models {
@@ -520,11 +518,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 		}
 		return err
 	}
-	// The reference carries no share: the fair queue keeps the tenant's.
-	ref := queue.JobRef{ID: j.ID, Priority: j.Queue}
-	if r.Policy != nil {
-		ref = admission.JobRef(r.Policy.Current(), j, 0)
-	}
+	ref := admission.JobRef(r.Policy.Current(), j, 0) // no share: the fair queue keeps the tenant's
 	if j.NextRunAt != nil && j.NextRunAt.After(now) {
 		ref.In = j.NextRunAt.Sub(now)
 	}
