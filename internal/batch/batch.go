@@ -111,9 +111,6 @@ func (s *Service) Close() error {
 	return nil
 }
 
-// Now is the service's clock.
-func (s *Service) Now() time.Time { return s.opts.Now() }
-
 // lockName is the store lock of one batch: whoever validates, finalizes or
 // ends a batch holds it.
 func lockName(batchID string) string { return "batch:" + batchID }
