@@ -43,16 +43,16 @@ type SyncResult struct {
 	ProviderError *llm.Error
 }
 
-// syncRetryBase is a synchronous request's first backoff after a fault.
-const syncRetryBase = 200 * time.Millisecond
-
-// syncBudgetPoll is how often a synchronous request refused only by what
-// running jobs hold asks the budget again.
-const syncBudgetPoll = 200 * time.Millisecond
-
-// syncYield is how long a job whose permit went to a waiting synchronous
-// request waits before it asks again.
-const syncYield = 50 * time.Millisecond
+const (
+	// syncRetryBase is a synchronous request's first backoff after a fault.
+	syncRetryBase = 200 * time.Millisecond
+	// syncBudgetPoll is how often a synchronous request refused only by
+	// what running jobs hold asks the budget again.
+	syncBudgetPoll = 200 * time.Millisecond
+	// syncYield is how long a job whose permit went to a waiting
+	// synchronous request waits before it asks again.
+	syncYield = 50 * time.Millisecond
+)
 
 // RunSync runs a synchronous request: a *SyncRefusal when it cannot be
 // sent in time or within budget, ctx's error when the client left before

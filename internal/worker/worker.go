@@ -1,12 +1,9 @@
-// Package worker runs llmq's jobs: it reserves a job's worst-case cost
-// (decided at admission) from the tenant's budget, takes a permit from the
-// model's rate limiter, calls the provider, and settles all three with the
-// real usage, storing the result and the job's one ledger row. A job of
-// the queue and a synchronous request run the same steps (run.do) and
-// differ only in how they wait: a job goes back to its queue, a
-// synchronous request waits in place until its deadline. A task delivered
-// again after its job finished only makes sure the job's charge is in its
-// day's spend.
+// Package worker runs llmq's jobs: it reserves a job's worst-case cost from
+// the tenant's budget, takes a permit from the model's rate limiter, calls
+// the provider, and settles all three with the real usage, storing the
+// result and the job's one ledger row. A job of the queue and a synchronous
+// request run the same steps (run.do) and differ only in how they wait. A
+// task delivered again after its job finished only settles its charge.
 package worker
 
 import (
@@ -115,12 +112,10 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 
 // run is one delivery of one job.
 type run struct {
-	h   *Handler
-	job *store.Job
-	log *slog.Logger
-	// sync is the synchronous request the job answers; nil for a job of
-	// the queue.
-	sync   *SyncCall
+	h      *Handler
+	job    *store.Job
+	log    *slog.Logger
+	sync   *SyncCall   // the synchronous request the job answers; nil when queued
 	result *SyncResult // sync: how the provider answered
 	faults int         // sync: provider faults retried in place
 	held   string      // sync: the scope whose fair queue holds its room
@@ -131,11 +126,8 @@ type run struct {
 	stores bool
 	call   *pacer.Call // the call on the route the permit is for
 	routes *router
-	// worst is what the budget reserves: the worst case admission decided
-	// (the job's EstCost), raised when prices or the prompt's calibration
-	// rose since, so that the reservation still bounds the bill.
-	worst  money.Micros
-	scope  string // the model's fair queue
+	worst  money.Micros // what the budget reserves: EstCost, raised if prices rose since
+	scope  string       // the model's fair queue
 	acct   budget.Account
 	tier   string
 	reject bool // the tier rejects work once its budget is spent
@@ -151,9 +143,7 @@ type run struct {
 func (r *run) leave(ctx context.Context) {
 	if !r.left {
 		r.left = true
-		if r.scope != "" {
-			r.h.leftFairQueue(ctx, r.scope, r.job.ID)
-		}
+		r.h.leftFairQueue(ctx, r.scope, r.job.ID)
 	}
 }
 
@@ -229,7 +219,6 @@ func (h *Handler) settleFinished(ctx context.Context, job *store.Job) error {
 	return nil
 }
 
-// settleRetryDelay is how soon a job whose settlement failed comes back.
 const settleRetryDelay = 5 * time.Second
 
 // do is the run of a job, synchronous or not.
@@ -500,7 +489,6 @@ func (r *run) answered(ctx context.Context, resp *llm.Response, pe *llm.Error, o
 	return nil
 }
 
-// settlePermit settles the permit of the call that ended as o.
 func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
 	after := r.h.Pacer.Done(ctx, r.call, r.permit, o)
 	r.permit, r.wait = nil, after.Wait
