@@ -59,7 +59,6 @@ func (s *Service) Sweep(ctx context.Context) error {
 	}
 }
 
-// step moves one batch on, if it can.
 func (s *Service) step(ctx context.Context, b *store.Batch) error {
 	if b.Status == store.BatchValidating && !s.expired(b) {
 		s.Start(b.ID)
@@ -105,7 +104,6 @@ func (s *Service) step(ctx context.Context, b *store.Batch) error {
 	return nil
 }
 
-// expired reports whether the batch's completion window has ended.
 func (s *Service) expired(b *store.Batch) bool {
 	return b.ExpiresAt != nil && !s.opts.Now().Before(*b.ExpiresAt)
 }

@@ -146,7 +146,6 @@ type collection struct {
 	unknown  int
 }
 
-// readFile reads one output or error file.
 func (c *collection) readFile(ctx context.Context, fileID string) error {
 	body, err := c.api.BatchFileContent(ctx, fileID)
 	if err != nil {

@@ -239,7 +239,6 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 	return planned, nil
 }
 
-// addLine counts job j of shape s on route in part p.
 func addLine(p *store.BatchPart, route config.Route, s *admission.Shape, j *store.Job) {
 	p.Bytes += lineSize(j)
 	p.Tokens += j.EstPromptTokens

@@ -100,7 +100,6 @@ func sameErr(n int, err error) []error {
 	return errs
 }
 
-// fairRef reports whether ref goes to the fair queue.
 func (c *Client) fairRef(ref JobRef) bool {
 	return c.fair != nil && ref.In <= 0 && ref.Scope != ""
 }

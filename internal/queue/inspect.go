@@ -124,7 +124,6 @@ func (i *Inspector) JobTask(ctx context.Context, id string) (*Task, error) {
 	return i.task(Jobs, id)
 }
 
-// task returns task id of the llmq queue q.
 func (i *Inspector) task(q, id string) (*Task, error) {
 	info, err := i.in.GetTaskInfo(i.ns.Queue(q), id)
 	switch {

@@ -180,7 +180,6 @@ func (c *Client) EnqueueHandOff(ctx context.Context, ref JobRef, handOff string)
 	return c.enqueueTask(ctx, ref, ref.ID+"~"+handOff)
 }
 
-// enqueueTask enqueues the asynq task of a job under taskID.
 func (c *Client) enqueueTask(ctx context.Context, ref JobRef, taskID string) (enqueued bool, err error) {
 	if err := checkPriorities(ref); err != nil {
 		return false, err

@@ -188,7 +188,6 @@ func (r *Reconciler) HandOff(ctx context.Context) (int, error) {
 	}
 }
 
-// handOffPage bounds the jobs one store call hands off.
 const handOffPage = 500
 
 // lost reports whether Redis lost llmq's state since the last pass.
@@ -464,7 +463,6 @@ func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now tim
 	})
 }
 
-// reconcileJobs enqueues the unfinished jobs whose task is missing.
 func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge time.Duration, rep *Report) error {
 	// A validating batch's jobs are its validation's to enqueue; a job at a
 	// provider's Batch API is its part's.

@@ -779,7 +779,6 @@ func (r *run) releaseAll(ctx context.Context) {
 	r.releaseBudget(ctx)
 }
 
-// notify enqueues the job's webhook when it has one.
 func (r *run) notify(ctx context.Context) {
 	if r.job.WebhookURL == "" || r.h.Queue == nil {
 		return
