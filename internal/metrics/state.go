@@ -311,14 +311,10 @@ func (s *State) Workers(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("list worker servers: %w", err)
 		}
 		ours := s.d.Namespace.Queue(queue.Jobs)
-		type process struct {
-			host string
-			pid  int
-		}
-		alive := map[process]bool{}
+		alive := map[string]bool{} // host:pid
 		for _, srv := range servers {
 			if _, ok := srv.Queues[ours]; ok {
-				alive[process{srv.Host, srv.PID}] = true
+				alive[fmt.Sprintf("%s:%d", srv.Host, srv.PID)] = true
 			}
 		}
 		return len(alive), nil

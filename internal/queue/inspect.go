@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,17 +43,13 @@ func (i *Inspector) QueueStats(ctx context.Context) ([]QueueStat, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
-	known := make(map[string]bool, len(existing))
-	for _, q := range existing {
-		known[q] = true
-	}
 	var out []QueueStat
 	for _, name := range queueNames {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		q := i.ns.Queue(name)
-		if !known[q] {
+		if !slices.Contains(existing, q) {
 			out = append(out, QueueStat{Name: name})
 			continue
 		}
