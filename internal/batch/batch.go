@@ -91,9 +91,7 @@ type Service struct {
 
 // New returns a Service. Close it to stop its background work.
 func New(d Deps, opts Options) *Service {
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	if d.Admission == nil {
 		d.Admission = admission.New(nil, d.Store)
 	}

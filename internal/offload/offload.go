@@ -98,9 +98,7 @@ type Offloader struct {
 
 // New returns an Offloader.
 func New(d Deps, opts Options) *Offloader {
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	return &Offloader{Deps: d, opts: opts.withDefaults()}
 }
 

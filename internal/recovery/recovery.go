@@ -83,9 +83,7 @@ func New(r Reconciler, opts Options) *Reconciler {
 	if r.opts.Now == nil {
 		r.opts.Now = time.Now
 	}
-	if r.Logger == nil {
-		r.Logger = slog.New(slog.DiscardHandler)
-	}
+	r.Logger = cmp.Or(r.Logger, slog.New(slog.DiscardHandler))
 	return &r
 }
 

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -30,9 +31,7 @@ type Heartbeat struct {
 // pid and a random part (a restarted process is a new worker).
 func NewHeartbeat(db *store.DB, logger *slog.Logger) *Heartbeat {
 	host, _ := os.Hostname()
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	return &Heartbeat{id: fmt.Sprintf("%s:%d:%s", host, os.Getpid(), ids.New("w")), store: db, logger: logger}
 }
 

@@ -75,9 +75,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 	opts.WebhookConcurrency = cmp.Or(opts.WebhookConcurrency, 10)
 	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, 30*time.Second)
 	opts.PollInterval = cmp.Or(opts.PollInterval, 50*time.Millisecond)
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
+	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	s := &Server{jobs: opts.Dequeuers, heartbeat: opts.Heartbeat}
 	config := func(concurrency int, queues map[string]int, poll, delayed time.Duration) asynq.Config {
 		return asynq.Config{

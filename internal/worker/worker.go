@@ -86,9 +86,7 @@ type Handler struct {
 
 // NewHandler returns a Handler.
 func NewHandler(d Deps, opts Options) *Handler {
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
 	}
