@@ -72,12 +72,7 @@ func (p *Purger) now() time.Time {
 	return time.Now()
 }
 
-func (p *Purger) log() *slog.Logger {
-	if p.Logger != nil {
-		return p.Logger
-	}
-	return slog.New(slog.DiscardHandler)
-}
+func (p *Purger) log() *slog.Logger { return cmp.Or(p.Logger, slog.New(slog.DiscardHandler)) }
 
 // cutoffs is a report with the instants before which jobs, files and
 // ledger rows go; zero = keep.
