@@ -163,13 +163,11 @@ func (s *Server) Stop() {
 	}
 }
 
-// Mux routes llmq's task types to their handlers; webhooks may be nil.
+// Mux routes llmq's task types to their handlers.
 func Mux(jobs, webhooks asynq.Handler) *asynq.ServeMux {
 	mux := asynq.NewServeMux()
 	mux.Handle(queue.TypeJob, jobs)
-	if webhooks != nil {
-		mux.Handle(queue.TypeWebhook, webhooks)
-	}
+	mux.Handle(queue.TypeWebhook, webhooks)
 	return mux
 }
 
