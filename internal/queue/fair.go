@@ -16,11 +16,8 @@ import (
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
-// The fair queue holds the jobs waiting for a model (a limiter scope), one
-// FIFO list per priority and tenant, released by the scheduler as the
-// model's limits admit them. Between tenants, and between priorities by
-// their weights, it is start-time fair queuing counted in tokens
-// (docs/ARCHITECTURE.md).
+// The fair queue of a model (a limiter scope) is one FIFO list per priority
+// and tenant: start-time fair queuing counted in tokens (docs/ARCHITECTURE.md).
 
 // fairTTL is how long a scope's fair-queue state outlives its last job.
 const fairTTL = 7 * 24 * time.Hour

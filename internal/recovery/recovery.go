@@ -102,9 +102,8 @@ type Report struct {
 	LegacyQueues                int // per-priority asynq queues of older versions deleted with their tasks
 }
 
-// Run reconciles until ctx ends: at once, then whenever Redis lost its data
-// and every minute. Only one process reconciles at a time (a store
-// lock); the others wait their turn.
+// Run reconciles until ctx ends: at once, then after a Redis loss and every
+// minute, one process at a time (a store lock).
 func (r *Reconciler) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.CheckInterval)
 	defer t.Stop()
@@ -382,8 +381,7 @@ func (r *Reconciler) pauseModels(ctx context.Context) {
 }
 
 // RunOnce checks every unfinished job older than MinAge and enqueues the
-// ones whose task is missing. A job due later (waiting, deferred) is
-// enqueued to run when due.
+// ones whose task is missing, a job due later to run when due.
 func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
 	return r.reconcileAll(ctx, r.opts.MinAge)
 }
@@ -472,9 +470,8 @@ func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge ti
 	})
 }
 
-// eachPage calls fn on every item of every page list gives, from the first
-// page on, each page asked for with *after set to the last id of the one
-// before.
+// eachPage calls fn on every item of every page list gives, each page asked
+// for with *after set to the last id of the one before.
 func eachPage[T any](after *string, list func() ([]T, bool, error), id func(T) string, fn func(T) error) error {
 	for {
 		items, more, err := list()
@@ -494,8 +491,7 @@ func eachPage[T any](after *string, list func() ([]T, bool, error), id func(T) s
 }
 
 // syncAbandonedAfter is how long a synchronous job may go unchanged before
-// it is taken for one whose process stopped: far longer than a request's
-// wait and provider call.
+// its process is taken for stopped: far longer than a wait and a call.
 const syncAbandonedAfter = 15 * time.Minute
 
 func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time, rep *Report) error {
@@ -568,8 +564,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 }
 
 // failWorkerLost fails a job whose last delivery ended with its worker
-// gone, after deliveries of them, drops what is left of its task (drop,
-// when not nil), and sends the job's webhook.
+// gone, runs drop (when not nil), and sends the job's webhook.
 func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, deliveries int, drop func() error, rep *Report) error {
 	_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
 		Type: wire.TypeServer, Code: client.CodeWorkerLost,
