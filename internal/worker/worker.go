@@ -680,7 +680,7 @@ func (r *run) retry(ctx context.Context, pe *llm.Error) error {
 }
 
 // refuse ends the run before the provider answered: what it holds goes
-// back and the job fails with e; a synchronous request gets a *SyncRefusal.
+// back and the job fails with e; a synchronous request gets a *wire.Error.
 func (r *run) refuse(ctx context.Context, status int, e store.JobError, retryAfter time.Duration) error {
 	if r.sync != nil {
 		ctx = context.WithoutCancel(ctx)
@@ -693,7 +693,7 @@ func (r *run) refuse(ctx context.Context, status int, e store.JobError, retryAft
 	if err != nil {
 		r.log.Warn("record a synchronous refusal", "err", err)
 	}
-	return &SyncRefusal{Status: status, Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message, RetryAfter: retryAfter}
+	return &wire.Error{Status: status, Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message, RetryAfter: retryAfter}
 }
 
 // fail marks the job failed for good.
