@@ -69,9 +69,7 @@ type State struct {
 
 // NewState returns a State over d.
 func NewState(d StateDeps, o StateOptions) *State {
-	if o.MaxTenants == 0 {
-		o.MaxTenants = 1000
-	}
+	o.MaxTenants = cmp.Or(o.MaxTenants, 1000)
 	return &State{d: d, o: o}
 }
 

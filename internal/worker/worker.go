@@ -735,9 +735,7 @@ func providerError(pe *llm.Error) store.JobError {
 	if e.Code == "" && pe.StatusCode > 0 {
 		e.Code = client.Code(fmt.Sprintf("http_%d", pe.StatusCode))
 	}
-	if e.Message == "" {
-		e.Message = http.StatusText(pe.StatusCode)
-	}
+	e.Message = cmp.Or(e.Message, http.StatusText(pe.StatusCode))
 	return e
 }
 
