@@ -50,7 +50,7 @@ const (
 	maxValidations = 2
 	sweepInterval  = time.Second
 	// stopGrace is how long a cancelled or expired batch waits for its
-	// running jobs; after it they are cancelled too.
+	// running jobs; after it they are cancelled too, their results unkept.
 	stopGrace = 10 * time.Minute
 )
 
