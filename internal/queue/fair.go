@@ -5,6 +5,7 @@ import (
 	_ "embed" // the scripts' Lua
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -90,11 +91,7 @@ func sameErr(n int, err error) []error {
 	if err == nil {
 		return nil
 	}
-	errs := make([]error, n)
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
+	return slices.Repeat([]error{err}, n)
 }
 
 func (c *Client) fairRef(ref JobRef) bool {
