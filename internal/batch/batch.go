@@ -34,36 +34,28 @@ type Options struct {
 	// GroupLines is how many lines are inserted together (one COPY).
 	// Defaults to 5000.
 	GroupLines int
-	// GroupBytes flushes a group early once its request bodies reach this
-	// many bytes, so a file of large lines never sits in memory whole.
-	// Defaults to 8 MiB.
-	GroupBytes int
-	// MaxLineBytes is the longest line accepted; a longer one is refused
-	// (and skipped without being read into memory). Defaults to 1 MiB, the
-	// default request size of POST /v1/jobs.
-	MaxLineBytes int
-	// MaxValidations bounds the batches this process validates at once.
-	// Defaults to 2.
-	MaxValidations int
-	// SweepInterval is how often the sweeper looks at unfinished batches.
-	// Defaults to 1s.
-	SweepInterval time.Duration
-	// StopGrace is how long a cancelled or expired batch waits for its
-	// running jobs to finish; after it they are cancelled too (their results,
-	// if they come, are not kept). Defaults to 10m.
-	StopGrace time.Duration
 	// Now is the clock of expiry (a batch expires at created_at + 24h).
 	// Defaults to time.Now.
 	Now func() time.Time
 }
 
+const (
+	// groupBytes flushes a group early, so a file of large lines never
+	// sits in memory whole.
+	groupBytes = 8 << 20
+	// maxLineBytes is the longest line accepted (the default request size
+	// of POST /v1/jobs); a longer one is skipped without being read whole.
+	maxLineBytes = 1 << 20
+	// maxValidations bounds the batches this process validates at once.
+	maxValidations = 2
+	sweepInterval  = time.Second
+	// stopGrace is how long a cancelled or expired batch waits for its
+	// running jobs; after it they are cancelled too, their results unkept.
+	stopGrace = 10 * time.Minute
+)
+
 func (o Options) withDefaults() Options {
 	o.GroupLines = cmp.Or(o.GroupLines, 5000)
-	o.GroupBytes = cmp.Or(o.GroupBytes, 8<<20)
-	o.MaxLineBytes = cmp.Or(o.MaxLineBytes, 1<<20)
-	o.MaxValidations = cmp.Or(o.MaxValidations, 2)
-	o.SweepInterval = cmp.Or(o.SweepInterval, time.Second)
-	o.StopGrace = cmp.Or(o.StopGrace, 10*time.Minute)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -99,15 +91,13 @@ type Service struct {
 
 // New returns a Service. Close it to stop its background work.
 func New(d Deps, opts Options) *Service {
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	if d.Admission == nil {
 		d.Admission = admission.New(nil, d.Store)
 	}
 	o := opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Service{Deps: d, opts: o, ctx: ctx, cancel: cancel, sem: make(chan struct{}, o.MaxValidations),
+	return &Service{Deps: d, opts: o, ctx: ctx, cancel: cancel, sem: make(chan struct{}, maxValidations),
 		validating: map[string]bool{}}
 }
 
@@ -118,9 +108,6 @@ func (s *Service) Close() error {
 	s.wg.Wait()
 	return nil
 }
-
-// Now is the service's clock.
-func (s *Service) Now() time.Time { return s.opts.Now() }
 
 // lockName is the store lock of one batch: whoever validates, finalizes or
 // ends a batch holds it.

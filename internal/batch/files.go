@@ -47,10 +47,8 @@ func newLineEncoder(w io.Writer) *json.Encoder {
 	return enc
 }
 
-// size is the length of a generated file.
 type size struct{ bytes, lines int64 }
 
-// countingWriter counts what is written to it, and keeps nothing.
 type countingWriter struct{ n int64 }
 
 func (c *countingWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }

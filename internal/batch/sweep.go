@@ -13,10 +13,10 @@ import (
 // sweeperLock keeps to one the processes sweeping at a time.
 const sweeperLock = "batch-sweeper"
 
-// Run sweeps the unfinished batches every SweepInterval until ctx ends.
+// Run sweeps the unfinished batches every second until ctx ends.
 // Every dispatcher runs it; a store lock lets one sweep at a time.
 func (s *Service) Run(ctx context.Context) {
-	t := time.NewTicker(s.opts.SweepInterval)
+	t := time.NewTicker(sweepInterval)
 	defer t.Stop()
 	for {
 		if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
@@ -59,7 +59,6 @@ func (s *Service) Sweep(ctx context.Context) error {
 	}
 }
 
-// step moves one batch on, if it can.
 func (s *Service) step(ctx context.Context, b *store.Batch) error {
 	if b.Status == store.BatchValidating && !s.expired(b) {
 		s.Start(b.ID)
@@ -105,7 +104,6 @@ func (s *Service) step(ctx context.Context, b *store.Batch) error {
 	return nil
 }
 
-// expired reports whether the batch's completion window has ended.
 func (s *Service) expired(b *store.Batch) bool {
 	return b.ExpiresAt != nil && !s.opts.Now().Before(*b.ExpiresAt)
 }
@@ -124,7 +122,7 @@ func (s *Service) expireValidating(ctx context.Context, b *store.Batch) error {
 
 // stop ends a cancelled or expired batch: its pending jobs are cancelled at
 // once (again at every sweep: a running job may come back to waiting after
-// a 429); running ones may finish, for StopGrace after the stop, and are
+// a 429); running ones may finish, for stopGrace after the stop, and are
 // then cancelled too. Once none runs, the batch ends as final, with the
 // results of what finished.
 func (s *Service) stop(ctx context.Context, b *store.Batch, final store.BatchStatus, since time.Duration) error {
@@ -136,7 +134,7 @@ func (s *Service) stop(ctx context.Context, b *store.Batch, final store.BatchSta
 		return err
 	}
 	if c.Unfinished() > 0 {
-		if since < s.opts.StopGrace {
+		if since < stopGrace {
 			return nil
 		}
 		s.Logger.Warn("batch jobs still running after the grace period; cancelling them", "batch", b.ID, "running", c.Running)

@@ -110,7 +110,7 @@ func (v *validation) run(ctx context.Context) error {
 		return err
 	}
 	defer f.Close()
-	lr := &lineReader{br: bufio.NewReaderSize(f, 64<<10), max: v.s.opts.MaxLineBytes}
+	lr := &lineReader{br: bufio.NewReaderSize(f, 64<<10), max: maxLineBytes}
 	for !v.stopped {
 		no, line, tooLong, err := lr.next()
 		if errors.Is(err, io.EOF) {
@@ -137,7 +137,7 @@ func (v *validation) run(ctx context.Context) error {
 		}
 		v.group = append(v.group, job)
 		v.groupBytes += len(job.Request)
-		if len(v.group) >= v.s.opts.GroupLines || v.groupBytes >= v.s.opts.GroupBytes {
+		if len(v.group) >= v.s.opts.GroupLines || v.groupBytes >= groupBytes {
 			if err := v.flush(ctx); err != nil {
 				return err
 			}
@@ -321,10 +321,7 @@ func (v *validation) insertOneByOne(ctx context.Context) ([]string, error) {
 		failed := &store.JobInsertParams{TenantID: j.TenantID, BatchID: j.BatchID, LineNo: j.LineNo, CustomID: j.CustomID,
 			Endpoint: j.Endpoint, Model: j.Model, Queue: j.Queue, Status: store.JobFailed,
 			Error: &store.JobError{Message: msg, Type: wire.TypeInvalidRequest, Code: client.CodeLineUnstorable}}
-		if len(v.errs) < maxListedErrors {
-			line := j.LineNo
-			v.errs = append(v.errs, client.BatchError{Code: client.CodeLineUnstorable, Message: msg, Line: &line})
-		}
+		v.list(j.LineNo, client.CodeLineUnstorable, "", msg)
 		got, err = v.s.Store.JobInsertMany(ctx, &store.JobInsertManyParams{Jobs: []*store.JobInsertParams{failed}})
 		if err != nil && ctx.Err() == nil && v.s.Store.IsPermanent(err) {
 			// its custom_id may be what the store refuses
@@ -415,18 +412,26 @@ func (v *validation) check(ctx context.Context, no int, line []byte, tooLong boo
 	msg := fmt.Sprintf("Line %d: %s", no, le.Message)
 	job.Status = store.JobFailed
 	job.Error = &store.JobError{Message: msg, Type: wire.TypeInvalidRequest, Code: le.Code, Param: le.Param}
-	if len(v.errs) < maxListedErrors {
-		line := no
-		v.errs = append(v.errs, client.BatchError{Code: le.Code, Message: msg, Param: nullable(le.Param), Line: &line})
-	}
+	v.list(no, le.Code, le.Param, msg)
 	return job, nil
+}
+
+// list adds a refused line to the batch's "errors", up to maxListedErrors.
+func (v *validation) list(no int, code client.Code, param, msg string) {
+	if len(v.errs) < maxListedErrors {
+		e := client.BatchError{Code: code, Message: msg, Line: &no}
+		if param != "" {
+			e.Param = &param
+		}
+		v.errs = append(v.errs, e)
+	}
 }
 
 // parse reads the line's JSON and checks that the store can hold it, then
 // custom_id, method and url.
 func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) *wire.Error {
 	if tooLong {
-		return wire.Invalid("", client.CodeLineTooLong, "the line is longer than %d bytes.", v.s.opts.MaxLineBytes)
+		return wire.Invalid("", client.CodeLineTooLong, "the line is longer than %d bytes.", maxLineBytes)
 	}
 	// Checked before decoding, which would replace bytes that are not
 	// UTF-8 and take what Postgres refuses.
@@ -459,7 +464,9 @@ func (v *validation) parse(no int, line []byte, tooLong bool, req *requestLine) 
 	case len(*req.CustomID) > 512:
 		return wire.Invalid("custom_id", client.CodeInvalidCustomID, "custom_id must be at most 512 bytes.")
 	}
-	key := customIDKey(*req.CustomID)
+	// 128 bits of the id's hash: the check costs the same whatever the ids' length.
+	sum := sha256.Sum256([]byte(*req.CustomID))
+	key := [16]byte(sum[:16])
 	if first, dup := v.seen[key]; dup {
 		return wire.Invalid("custom_id", client.CodeDuplicateCustomID, "custom_id '%s' is already used on line %d; custom ids must be unique within a file.", *req.CustomID, first)
 	}
@@ -520,7 +527,11 @@ func decodeError(err error) *wire.Error {
 	case errors.As(err, &typ) && typ.Field == "":
 		return wire.Invalid("", client.CodeInvalidJSONLine, "the line must be a JSON object, got %s.", typ.Value)
 	case errors.As(err, &typ):
-		return wire.Invalid(typ.Field, client.CodeInvalidValue, "%s must be %s, got %s.", typ.Field, kind(typ.Field), typ.Value)
+		want := "a string"
+		if typ.Field == "body" {
+			want = "a JSON object"
+		}
+		return wire.Invalid(typ.Field, client.CodeInvalidValue, "%s must be %s, got %s.", typ.Field, want, typ.Value)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return wire.Invalid("", client.CodeInvalidJSONLine, "the line is truncated JSON.")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -528,27 +539,6 @@ func decodeError(err error) *wire.Error {
 		return wire.Invalid(name, client.CodeUnknownField, "unknown field '%.40s'; a line has custom_id, method, url and body.", name)
 	}
 	return wire.Invalid("", client.CodeInvalidJSONLine, "the line is not valid JSON: %v.", err)
-}
-
-func kind(field string) string {
-	if field == "body" {
-		return "a JSON object"
-	}
-	return "a string"
-}
-
-// customIDKey keeps 128 bits of a custom id's hash, so the duplicate check
-// holds the same whatever the ids' length.
-func customIDKey(id string) [16]byte {
-	sum := sha256.Sum256([]byte(id))
-	return [16]byte(sum[:16])
-}
-
-func nullable(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }
 
 // lineReader yields the lines of a file with their 1-based numbers. A line

@@ -28,7 +28,6 @@ type exemptRow struct {
 	ID, Name, Tenant, Tier string
 }
 
-// maxExempt caps the exempt tenants and keys shown.
 const maxExempt = 50
 
 // apiLimits reads the section: the tiers from the policy in force, the

@@ -165,9 +165,7 @@ func MountApp(srv *api.Server, a *app.App, rec *metrics.Recorder, o Options) (io
 	if err := queue.RegisterQueues(ctx, a.Redis, ns); err != nil {
 		return nil, fmt.Errorf("register queues: %w", err)
 	}
-	if o.RedisURL == "" {
-		o.RedisURL = a.Env.RedisURL
-	}
+	o.RedisURL = cmp.Or(o.RedisURL, a.Env.RedisURL)
 	o.MonitoringReadOnly = a.Env.MonitoringReadOnly
 	s, err := New(Deps{
 		State: st, Store: a.Store, Policy: a.Policy, Queues: a.Inspector, Redis: a.Redis, Keys: a.Keys,

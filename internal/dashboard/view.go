@@ -15,6 +15,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/money"
+	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -94,16 +95,14 @@ type batchRow struct {
 }
 
 type waitingRow struct {
-	TenantID, Priority, Model string
-	Jobs                      int64
-	Oldest                    string
+	metrics.Waiting
+	Oldest string
 }
 
 type queueRow struct {
-	Name                                              string
-	Size, Pending, Active, Scheduled, Retry, Archived int
-	Latency                                           string
-	Paused, Late                                      bool
+	queue.QueueStat
+	Latency string // shadows QueueStat's
+	Late    bool
 }
 
 func (s *Server) serveDashboard(w http.ResponseWriter, r *http.Request) {
@@ -162,16 +161,12 @@ func (s *Server) build(ctx context.Context) *view {
 	}
 	if ws, err := s.d.State.Waiting(ctx); fine("the fair queues", err) {
 		for _, w := range ws[:min(len(ws), 50)] {
-			v.Waiting = append(v.Waiting, waitingRow{TenantID: w.TenantID, Priority: w.Priority, Model: w.Model, Jobs: w.Jobs, Oldest: duration(w.OldestWait)})
+			v.Waiting = append(v.Waiting, waitingRow{Waiting: w, Oldest: duration(w.OldestWait)})
 		}
 	}
 	if qs, err := s.d.Queues.QueueStats(ctx); fine("queues", err) {
 		for _, q := range qs {
-			v.Queues = append(v.Queues, queueRow{
-				Name: q.Name, Size: q.Size, Pending: q.Pending, Active: q.Active, Scheduled: q.Scheduled,
-				Retry: q.Retry, Archived: q.Archived, Latency: duration(q.Latency), Paused: q.Paused,
-				Late: q.Latency > time.Minute,
-			})
+			v.Queues = append(v.Queues, queueRow{QueueStat: q, Latency: duration(q.Latency), Late: q.Latency > time.Minute})
 		}
 	}
 	return v

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// collectTimeout bounds the reads of one scrape.
 const collectTimeout = 10 * time.Second
 
 // stateCollector exports a State at scrape time. Register it in one process

@@ -34,6 +34,7 @@ import (
 // Namespace starts the name of every llmq family.
 const Namespace = "llmq"
 
+// breakerStates are the only states the worker's breakers report.
 var breakerStates = []string{"closed", "open", "half-open"}
 
 // Options configure a Recorder.
@@ -227,17 +228,8 @@ func (r *Recorder) Penalized(model string, d time.Duration) {
 // BreakerState implements worker.Observer: the gauge of the new state
 // becomes 1 and the others of the deployment 0.
 func (r *Recorder) BreakerState(deployment, state string) {
-	known := false
 	for _, s := range breakerStates {
-		v := 0.0
-		if s == state {
-			v, known = 1, true
-		}
-		r.breakerState.WithLabelValues(deployment, s).Set(v)
-	}
-	if !known {
-		state = "unknown"
-		r.breakerState.WithLabelValues(deployment, state).Set(1)
+		r.breakerState.WithLabelValues(deployment, s).Set(boolFloat(s == state))
 	}
 	r.breakerChanges.WithLabelValues(deployment, state).Inc()
 }

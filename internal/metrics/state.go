@@ -69,9 +69,7 @@ type State struct {
 
 // NewState returns a State over d.
 func NewState(d StateDeps, o StateOptions) *State {
-	if o.MaxTenants == 0 {
-		o.MaxTenants = 1000
-	}
+	o.MaxTenants = cmp.Or(o.MaxTenants, 1000)
 	return &State{d: d, o: o}
 }
 
@@ -100,10 +98,9 @@ func (c *cached[T]) get(read func() (T, error)) (T, error) {
 
 // ModelLevel is the state of one model's rate-limit buckets.
 type ModelLevel struct {
-	Model    string
-	Provider string
-	Scope    string // the limiter scope
-	Buckets  []limiter.BucketState
+	Model   string
+	Scope   string // the limiter scope
+	Buckets []limiter.BucketState
 	// Paused is set while a 429's penalty or a fault's pause holds the
 	// deployment; PausedFor is how long it still does.
 	Paused    bool
@@ -142,7 +139,7 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 				rd.learned, _ = s.d.Limiter.Inspect(ctx, sc)
 				byScope[sc.Name] = rd
 			}
-			ml := ModelLevel{Model: m.Model.Name, Provider: m.Provider, Scope: sc.Name, Buckets: rd.res.Buckets, Paused: rd.res.Penalized, Learned: rd.learned}
+			ml := ModelLevel{Model: m.Model.Name, Scope: sc.Name, Buckets: rd.res.Buckets, Paused: rd.res.Penalized, Learned: rd.learned}
 			if ml.Paused {
 				ml.PausedFor = rd.res.RetryAfter
 			}
@@ -152,18 +149,14 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 	})
 }
 
-// TenantBudget is one tenant's budget day so far.
+// TenantBudget is one tenant's budget day so far, as budget.Status read it.
 type TenantBudget struct {
 	ID, Name, Tier string
-	// Unlimited tenants have no Budget, Remaining or SoftMark.
-	Unlimited                          bool
-	Spent, Reserved, Budget, Remaining money.Micros
+	budget.Decision
 	// SoftMark is the soft limit in dollars (SoftLimit × Budget); 0 when off.
-	SoftMark         money.Micros
-	SoftLimitReached bool
+	SoftMark money.Micros
 	// Exhausted is set when the tenant's own cap denies new work.
 	Exhausted bool
-	ResetsAt  time.Time
 }
 
 // Used is the fraction of the budget spent or reserved; 0 when unlimited.
@@ -254,11 +247,7 @@ func (s *State) readBudget(ctx context.Context, p *config.Policy, t *store.Tenan
 	if err != nil {
 		return nil, err
 	}
-	tb := &TenantBudget{
-		ID: t.ID, Name: t.Name, Tier: t.Tier, Unlimited: d.Unlimited,
-		Spent: d.Spent, Reserved: d.Reserved, Budget: d.Budget, Remaining: d.Remaining,
-		SoftLimitReached: d.SoftLimitReached, Exhausted: !d.Allowed && d.DeniedBy == "tenant", ResetsAt: d.ResetsAt,
-	}
+	tb := &TenantBudget{ID: t.ID, Name: t.Name, Tier: t.Tier, Decision: *d, Exhausted: !d.Allowed && d.DeniedBy == "tenant"}
 	if !d.Unlimited && acct.SoftLimit > 0 {
 		tb.SoftMark = money.Micros(acct.SoftLimit * float64(d.Budget))
 	}
@@ -320,14 +309,10 @@ func (s *State) Workers(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("list worker servers: %w", err)
 		}
 		ours := s.d.Namespace.Queue(queue.Jobs)
-		type process struct {
-			host string
-			pid  int
-		}
-		alive := map[process]bool{}
+		alive := map[string]bool{} // host:pid
 		for _, srv := range servers {
 			if _, ok := srv.Queues[ours]; ok {
-				alive[process{srv.Host, srv.PID}] = true
+				alive[fmt.Sprintf("%s:%d", srv.Host, srv.PID)] = true
 			}
 		}
 		return len(alive), nil

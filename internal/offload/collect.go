@@ -27,7 +27,7 @@ func (r *run) input(ctx context.Context) io.ReadCloser {
 	go func() {
 		w := bufio.NewWriterSize(pw, 256<<10)
 		err := r.o.Store.JobStreamByPart(ctx, r.part.ID, func(j *store.Job) error {
-			s := r.shape(ctx, j)
+			s, _ := r.o.lineShape(ctx, r.policy, j)
 			line, err := llm.BatchInputLine(j.ID, s.Request(r.route, j.Request))
 			if err != nil {
 				return fmt.Errorf("job %s: %w", j.ID, err)
@@ -146,7 +146,6 @@ type collection struct {
 	unknown  int
 }
 
-// readFile reads one output or error file.
 func (c *collection) readFile(ctx context.Context, fileID string) error {
 	body, err := c.api.BatchFileContent(ctx, fileID)
 	if err != nil {
@@ -209,7 +208,8 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 // answer is the JobComplete of a line the provider answered, judged as
 // llmq's own path judges an answer, at the batch price.
 func (c *collection) answer(ctx context.Context, j *store.Job, l *llm.BatchLine) *store.JobCompleteParams {
-	route, s := batchRoute(c.route), c.shape(ctx, j)
+	route := batchRoute(c.route)
+	s, _ := c.o.lineShape(ctx, c.policy, j)
 	p := &store.JobCompleteParams{ID: j.ID, Day: c.part.BudgetDay, GlobalDay: c.part.BudgetGlobalDay, ResponseStatus: l.Response.StatusCode,
 		ResponseBody: l.Response.Body, ProviderRequestID: llm.Truncate(l.Response.RequestID, 200), Deployment: c.part.Deployment, Batched: true}
 	u, err := llm.UsageOf(l.Response.Body)

@@ -1,21 +1,15 @@
 // Package offload runs batch lines on a provider's Batch API, at its batch
-// price (half the normal one at OpenAI), for tiers whose batch_offload
-// allows it. Plan puts a validated batch's lines in parts (one model and
-// deployment each, within the provider's 50,000 lines, 200 MB and batch
-// queue limit); the offloader's sweep takes each part through its states
-// (store.PartPending → … → store.PartDone): it reserves the part's worst
-// case at the batch price, writes the provider's JSONL (llmq's job id as
-// custom_id, the deployment's upstream as model), uploads it, creates the
-// provider batch, polls it with backoff, and maps every line of the output
-// and error files back to its job by custom_id. A line the provider did
-// not run (expired, cancelled, a batch that failed) goes back to llmq's own
+// price, for tiers whose batch_offload allows it. Plan puts a validated
+// batch's lines in parts; the offloader's sweep takes each part through its
+// states (store.PartPending → … → store.PartDone), llmq's job id as each
+// line's custom_id. A line the provider did not run goes back to llmq's own
 // path while the batch's window allows, else ends cancelled: no line is
 // lost, none is charged twice.
 //
 // Each state is stored before the provider is asked for what follows, so a
-// restarted dispatcher resumes every part, looking for what a part found
-// uploading or creating made (its file by name, its batch by metadata)
-// before making it again. Each part is worked on under a store lock.
+// restarted dispatcher finds what a part found uploading or creating made
+// (its file by name, its batch by metadata) instead of making it again.
+// Each part is worked on under a store lock.
 package offload
 
 import (
@@ -104,9 +98,7 @@ type Offloader struct {
 
 // New returns an Offloader.
 func New(d Deps, opts Options) *Offloader {
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	return &Offloader{Deps: d, opts: opts.withDefaults()}
 }
 
@@ -134,7 +126,9 @@ func batchRoute(route config.Route) config.Route {
 }
 
 // lineShape reads job j's shape; ok is false when the line does not run
-// on the Batch API (Plain), or its model is gone.
+// on the Batch API (Plain), or its model is gone. A line planned and no
+// longer plain keeps what its body says of its output limit, which its
+// part was reserved for.
 func (o *Offloader) lineShape(ctx context.Context, p *config.Policy, j *store.Job) (s admission.Shape, ok bool) {
 	m, found := p.Model(j.Model)
 	b, err := llm.Decode(j.Endpoint, j.Request)
@@ -243,7 +237,6 @@ func (o *Offloader) Plan(ctx context.Context, b *store.Batch, p *config.Policy, 
 	return planned, nil
 }
 
-// addLine counts job j of shape s on route in part p.
 func addLine(p *store.BatchPart, route config.Route, s *admission.Shape, j *store.Job) {
 	p.Bytes += lineSize(j)
 	p.Tokens += j.EstPromptTokens
@@ -349,10 +342,7 @@ func (o *Offloader) newRun(ctx context.Context, part *store.BatchPart) (*run, er
 	if !ok {
 		return nil, fmt.Errorf("deployment %s of model %q is no longer in the policy", part.Deployment, part.Model)
 	}
-	pc, ok := p.Provider(route.Provider)
-	if !ok {
-		return nil, fmt.Errorf("provider %q is no longer in the policy", route.Provider)
-	}
+	pc, _ := p.Provider(route.Provider) // config refuses a deployment of an unknown provider
 	prov, ok := o.Providers.Get(route.Provider)
 	if !ok {
 		return nil, fmt.Errorf("provider %q is not configured", route.Provider)
@@ -583,13 +573,6 @@ func (r *run) refused(ctx context.Context, now time.Time) error {
 	return r.move(ctx, store.PartPending, now.Add(r.o.opts.RetryAfter))
 }
 
-// shape is job j's shape; a line no longer plain keeps what its body says
-// of its output limit, which the part was reserved for.
-func (r *run) shape(ctx context.Context, j *store.Job) admission.Shape {
-	s, _ := r.o.lineShape(ctx, r.policy, j)
-	return s
-}
-
 // split halves a pending part larger than its deployment's batch queue
 // limit: the later half of its jobs go to a new part, and the part gives
 // back its budget hold and its file. Cut short, the jobs in no part go
@@ -616,7 +599,7 @@ func (r *run) split(ctx context.Context, now time.Time) error {
 	half := func(p *store.BatchPart, js []*store.Job) {
 		p.Bytes, p.Tokens, p.Reserved, p.Lines = 0, 0, 0, int64(len(js))
 		for _, j := range js {
-			s := r.shape(ctx, j)
+			s, _ := r.o.lineShape(ctx, r.policy, j)
 			addLine(p, r.route, &s, j)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	_ "embed" // the scripts' Lua
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,11 +17,8 @@ import (
 	"github.com/llmq/llmq/internal/rkeys"
 )
 
-// The fair queue holds the jobs waiting for a model (a limiter scope), one
-// FIFO list per priority and tenant, released by the scheduler as the
-// model's limits admit them. Between tenants, and between priorities by
-// their weights, it is start-time fair queuing counted in tokens
-// (docs/ARCHITECTURE.md).
+// The fair queue of a model (a limiter scope) is one FIFO list per priority
+// and tenant: start-time fair queuing counted in tokens (docs/ARCHITECTURE.md).
 
 // fairTTL is how long a scope's fair-queue state outlives its last job.
 const fairTTL = 7 * 24 * time.Hour
@@ -93,14 +91,9 @@ func sameErr(n int, err error) []error {
 	if err == nil {
 		return nil
 	}
-	errs := make([]error, n)
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
+	return slices.Repeat([]error{err}, n)
 }
 
-// fairRef reports whether ref goes to the fair queue.
 func (c *Client) fairRef(ref JobRef) bool {
 	return c.fair != nil && ref.In <= 0 && ref.Scope != ""
 }
@@ -327,11 +320,7 @@ func (f *fair) forgetAll(ctx context.Context, scope string, ids []string) error 
 	keys := []string{f.keys.FairState(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
 	for len(ids) > 0 {
 		n := min(len(ids), fairChunk)
-		args := make([]any, n)
-		for i, id := range ids[:n] {
-			args[i] = id
-		}
-		if err := fairForgetScript.Run(ctx, f.rdb, keys, args...).Err(); err != nil {
+		if err := fairForgetScript.Run(ctx, f.rdb, keys, ids[:n]).Err(); err != nil {
 			return err
 		}
 		ids = ids[n:]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,17 +43,13 @@ func (i *Inspector) QueueStats(ctx context.Context) ([]QueueStat, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
-	known := make(map[string]bool, len(existing))
-	for _, q := range existing {
-		known[q] = true
-	}
 	var out []QueueStat
 	for _, name := range queueNames {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		q := i.ns.Queue(name)
-		if !known[q] {
+		if !slices.Contains(existing, q) {
 			out = append(out, QueueStat{Name: name})
 			continue
 		}
@@ -124,7 +121,6 @@ func (i *Inspector) JobTask(ctx context.Context, id string) (*Task, error) {
 	return i.task(Jobs, id)
 }
 
-// task returns task id of the llmq queue q.
 func (i *Inspector) task(q, id string) (*Task, error) {
 	info, err := i.in.GetTaskInfo(i.ns.Queue(q), id)
 	switch {
@@ -206,10 +202,5 @@ const allQueuesKey = "asynq:queues"
 // queues, which an asynq client fills only at a queue's first enqueue: an
 // idle queue, or one after Redis lost its data, is listed too.
 func RegisterQueues(ctx context.Context, rdb redis.UniversalClient, ns Namespace) error {
-	qs := ns.Queues()
-	members := make([]any, len(qs))
-	for i, q := range qs {
-		members[i] = q
-	}
-	return rdb.SAdd(ctx, allQueuesKey, members...).Err()
+	return rdb.SAdd(ctx, allQueuesKey, ns.Queues()).Err()
 }

@@ -1,8 +1,6 @@
-// Package queue owns llmq's use of asynq and the order jobs run in: the
-// task types and their payloads, the priorities, the fair queue (jobs
-// waiting for their model, released fairly between tenants), enqueueing
-// (idempotent by job id), the retry semantics of a task's handler, and the
-// inspection of queues for dashboards and for the reconciler.
+// Package queue owns llmq's use of asynq and the order jobs run in: task
+// types and payloads, priorities, the fair queue, enqueueing (idempotent by
+// job id), the retry semantics of a task's handler, and queue inspection.
 //
 // A job's task carries only the job id (the request lives in the store, so
 // a job survives the loss of Redis), and its task id is the job id. Every
@@ -180,7 +178,6 @@ func (c *Client) EnqueueHandOff(ctx context.Context, ref JobRef, handOff string)
 	return c.enqueueTask(ctx, ref, ref.ID+"~"+handOff)
 }
 
-// enqueueTask enqueues the asynq task of a job under taskID.
 func (c *Client) enqueueTask(ctx context.Context, ref JobRef, taskID string) (enqueued bool, err error) {
 	if err := checkPriorities(ref); err != nil {
 		return false, err

@@ -55,16 +55,10 @@ func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
 // FullJitter is exponential backoff with full jitter: a uniform random
 // delay in [0, min(limit, base·2ⁿ)], at least a tenth of base.
 func FullJitter(n int, base, limit time.Duration) time.Duration {
-	if n < 0 {
-		n = 0
-	}
+	n = max(n, 0)
 	ceil := limit
 	if n < 30 && base<<uint(n) < limit && base<<uint(n) > 0 {
 		ceil = base << uint(n)
 	}
-	d := time.Duration(rand.Int64N(int64(ceil) + 1))
-	if d < base/10 {
-		d = base / 10
-	}
-	return d
+	return max(time.Duration(rand.Int64N(int64(ceil)+1)), base/10)
 }

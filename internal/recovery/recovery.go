@@ -39,9 +39,6 @@ type Options struct {
 	// CheckInterval is how often the reconciler looks for a Redis loss and
 	// for workers that stopped beating. Defaults to 2s.
 	CheckInterval time.Duration
-	// FullInterval is how often every unfinished job is checked even when
-	// Redis lost nothing. Defaults to 1m.
-	FullInterval time.Duration
 	// MinAge skips jobs changed more recently than this. Defaults to 10s.
 	MinAge time.Duration
 	// LossPause is how long every model is paused after a Redis loss with
@@ -67,14 +64,18 @@ type Reconciler struct {
 	recheckAt time.Time // when the pass after a failover runs once more
 }
 
-// failoverRecheck is how long after a failover its pass runs again.
-const failoverRecheck = 15 * time.Second
+const (
+	// failoverRecheck is how long after a failover its pass runs again.
+	failoverRecheck = 15 * time.Second
+	// fullInterval is how often every unfinished job is checked even when
+	// Redis lost nothing.
+	fullInterval = time.Minute
+)
 
 // New returns r with opts, zero options defaulted.
 func New(r Reconciler, opts Options) *Reconciler {
 	r.opts = Options{
 		CheckInterval: cmp.Or(opts.CheckInterval, 2*time.Second),
-		FullInterval:  cmp.Or(opts.FullInterval, time.Minute),
 		MinAge:        cmp.Or(opts.MinAge, 10*time.Second),
 		LossPause:     cmp.Or(opts.LossPause, time.Minute),
 		Now:           opts.Now,
@@ -82,9 +83,7 @@ func New(r Reconciler, opts Options) *Reconciler {
 	if r.opts.Now == nil {
 		r.opts.Now = time.Now
 	}
-	if r.Logger == nil {
-		r.Logger = slog.New(slog.DiscardHandler)
-	}
+	r.Logger = cmp.Or(r.Logger, slog.New(slog.DiscardHandler))
 	return &r
 }
 
@@ -103,9 +102,8 @@ type Report struct {
 	LegacyQueues                int // per-priority asynq queues of older versions deleted with their tasks
 }
 
-// Run reconciles until ctx ends: at once, then whenever Redis lost its data
-// and every FullInterval. Only one process reconciles at a time (a store
-// lock); the others wait their turn.
+// Run reconciles until ctx ends: at once, then after a Redis loss and every
+// minute, one process at a time (a store lock).
 func (r *Reconciler) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.CheckInterval)
 	defer t.Stop()
@@ -132,7 +130,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			r.Logger.Warn("reconciler: cannot reach redis", "err", err)
 		}
-		if err == nil && (lost || failover || r.opts.Now().Sub(last) >= r.opts.FullInterval) {
+		if err == nil && (lost || failover || r.opts.Now().Sub(last) >= fullInterval) {
 			if rep, ran, err := r.locked(ctx, lost, failover); err != nil && ctx.Err() == nil {
 				r.Logger.Warn("reconciler pass failed", "err", err)
 			} else if ran {
@@ -187,7 +185,6 @@ func (r *Reconciler) HandOff(ctx context.Context) (int, error) {
 	}
 }
 
-// handOffPage bounds the jobs one store call hands off.
 const handOffPage = 500
 
 // lost reports whether Redis lost llmq's state since the last pass.
@@ -308,10 +305,8 @@ func (r *Reconciler) requeueReleased(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	if r.Policy != nil {
-		for i := range r.Policy.Current().Models {
-			scopes = append(scopes, r.Policy.Current().Models[i].Queue())
-		}
+	for i := range r.Policy.Current().Models {
+		scopes = append(scopes, r.Policy.Current().Models[i].Queue())
 	}
 	slices.Sort(scopes)
 	for _, scope := range slices.Compact(scopes) {
@@ -373,7 +368,7 @@ func (r *Reconciler) CheckBudgets(ctx context.Context, reason string) (budget.Ch
 // pauseModels pauses every model of the policy after a loss of the
 // limiter's state, so it cannot burst past the provider's limits.
 func (r *Reconciler) pauseModels(ctx context.Context) {
-	if r.Limiter == nil || r.Policy == nil || r.opts.LossPause < 0 {
+	if r.opts.LossPause < 0 {
 		return
 	}
 	for i := range r.Policy.Current().Models {
@@ -386,8 +381,7 @@ func (r *Reconciler) pauseModels(ctx context.Context) {
 }
 
 // RunOnce checks every unfinished job older than MinAge and enqueues the
-// ones whose task is missing. A job due later (waiting, deferred) is
-// enqueued to run when due.
+// ones whose task is missing, a job due later to run when due.
 func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
 	return r.reconcileAll(ctx, r.opts.MinAge)
 }
@@ -465,7 +459,6 @@ func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now tim
 	})
 }
 
-// reconcileJobs enqueues the unfinished jobs whose task is missing.
 func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge time.Duration, rep *Report) error {
 	// A validating batch's jobs are its validation's to enqueue; a job at a
 	// provider's Batch API is its part's.
@@ -477,9 +470,8 @@ func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge ti
 	})
 }
 
-// eachPage calls fn on every item of every page list gives, from the first
-// page on, each page asked for with *after set to the last id of the one
-// before.
+// eachPage calls fn on every item of every page list gives, each page asked
+// for with *after set to the last id of the one before.
 func eachPage[T any](after *string, list func() ([]T, bool, error), id func(T) string, fn func(T) error) error {
 	for {
 		items, more, err := list()
@@ -499,8 +491,7 @@ func eachPage[T any](after *string, list func() ([]T, bool, error), id func(T) s
 }
 
 // syncAbandonedAfter is how long a synchronous job may go unchanged before
-// it is taken for one whose process stopped: far longer than a request's
-// wait and provider call.
+// its process is taken for stopped: far longer than a wait and a call.
 const syncAbandonedAfter = 15 * time.Minute
 
 func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time, rep *Report) error {
@@ -519,11 +510,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 		}
 		return err
 	}
-	// The reference carries no share: the fair queue keeps the tenant's.
-	ref := queue.JobRef{ID: j.ID, Priority: j.Queue}
-	if r.Policy != nil {
-		ref = admission.JobRef(r.Policy.Current(), j, 0)
-	}
+	ref := admission.JobRef(r.Policy.Current(), j, 0) // no share: the fair queue keeps the tenant's
 	if j.NextRunAt != nil && j.NextRunAt.After(now) {
 		ref.In = j.NextRunAt.Sub(now)
 	}
@@ -577,8 +564,7 @@ func (r *Reconciler) reconcile(ctx context.Context, j *store.Job, now time.Time,
 }
 
 // failWorkerLost fails a job whose last delivery ended with its worker
-// gone, after deliveries of them, drops what is left of its task (drop,
-// when not nil), and sends the job's webhook.
+// gone, runs drop (when not nil), and sends the job's webhook.
 func (r *Reconciler) failWorkerLost(ctx context.Context, j *store.Job, deliveries int, drop func() error, rep *Report) error {
 	_, applied, err := r.Store.JobFail(ctx, &store.JobFailParams{ID: j.ID, Error: store.JobError{
 		Type: wire.TypeServer, Code: client.CodeWorkerLost,

@@ -65,15 +65,13 @@ func Parse(raw string) (Options, error) {
 		return Options{}, errorf("not a URL: want redis://host:port/db, redis+sentinel://host:port,host:port/master or redis+cluster://host:port,host:port")
 	}
 	base, topology, _ := strings.Cut(strings.ToLower(scheme), "+")
-	if base != "redis" && base != "rediss" {
-		return Options{}, errorf("scheme must be redis, rediss, redis+sentinel or redis+cluster, got %q", scheme)
-	}
-	switch topology {
-	case "":
+	switch {
+	case base != "redis" && base != "rediss":
+	case topology == "":
 		return parseSingle(raw)
-	case "sentinel":
+	case topology == "sentinel":
 		return parseSentinel(base, rest)
-	case "cluster":
+	case topology == "cluster":
 		return parseCluster(base, rest)
 	}
 	return Options{}, errorf("scheme must be redis, rediss, redis+sentinel or redis+cluster, got %q", scheme)

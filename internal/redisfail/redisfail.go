@@ -18,12 +18,9 @@ import (
 )
 
 // Unavailable reports whether err, from a go-redis call, means that Redis
-// cannot serve now: a network error (refused, reset, a dial or read timeout,
-// every sentinel unreachable), a connection closed under the command (EOF),
-// no connection free in the pool in time, a deadline that ran out while
-// waiting for Redis, or one of the replies Redis gives while it cannot take
-// commands (LOADING, READONLY from a replica after a failover, CLUSTERDOWN,
-// TRYAGAIN, MASTERDOWN, NOREPLICAS, max clients reached).
+// cannot serve now: a network error or a closed connection, no connection
+// free in the pool, a deadline that ran out while waiting for Redis, or one
+// of the replies Redis gives while it cannot take commands.
 //
 // A network error names no server: call Unavailable on the errors of Redis
 // calls, or rule out those of other services first (the API does so with

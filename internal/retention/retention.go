@@ -32,10 +32,11 @@ type Store interface {
 	StoredResponsePurge(ctx context.Context, before time.Time, limit int) (int64, error)
 }
 
-// Defaults of Purger's tunables, and how often the dispatcher purges.
+// The default of Purger.Batch, the wait between two statements, and how
+// often the dispatcher purges.
 const (
 	DefaultBatch = 500
-	DefaultPause = 20 * time.Millisecond
+	pause        = 20 * time.Millisecond
 	Interval     = 10 * time.Minute
 )
 
@@ -48,8 +49,6 @@ type Purger struct {
 	Now func() time.Time
 	// Batch is the rows of one statement. Defaults to DefaultBatch.
 	Batch int
-	// Pause is the wait between two statements. Defaults to DefaultPause.
-	Pause time.Duration
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -73,12 +72,7 @@ func (p *Purger) now() time.Time {
 	return time.Now()
 }
 
-func (p *Purger) log() *slog.Logger {
-	if p.Logger != nil {
-		return p.Logger
-	}
-	return slog.New(slog.DiscardHandler)
-}
+func (p *Purger) log() *slog.Logger { return cmp.Or(p.Logger, slog.New(slog.DiscardHandler)) }
 
 // cutoffs is a report with the instants before which jobs, files and
 // ledger rows go; zero = keep.
@@ -126,7 +120,7 @@ func (p *Purger) Preview(ctx context.Context) (Report, error) {
 // file past its age, a batch at a time, until none is left or ctx ends.
 func (p *Purger) Purge(ctx context.Context) (Report, error) {
 	rep := p.cutoffs()
-	batch, pause := cmp.Or(p.Batch, DefaultBatch), cmp.Or(p.Pause, DefaultPause)
+	batch := cmp.Or(p.Batch, DefaultBatch)
 	// inBatches runs step until it takes fewer than batch rows.
 	inBatches := func(step func() (taken int, err error)) error {
 		for {

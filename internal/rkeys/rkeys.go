@@ -4,7 +4,10 @@
 // limiter scope's, a tenant's (its budget days) or {budget} (the global day).
 package rkeys
 
-import "strings"
+import (
+	"cmp"
+	"strings"
+)
 
 // DefaultPrefix is the prefix of every key when none is configured.
 const DefaultPrefix = "llmq"
@@ -20,12 +23,7 @@ func New(prefix string) Builder {
 }
 
 // Prefix returns the prefix every key of b starts with (without the colon).
-func (b Builder) Prefix() string {
-	if b.prefix == "" {
-		return DefaultPrefix
-	}
-	return b.prefix
-}
+func (b Builder) Prefix() string { return cmp.Or(b.prefix, DefaultPrefix) }
 
 func (b Builder) key(parts ...string) string { return b.Prefix() + ":" + strings.Join(parts, ":") }
 

@@ -83,9 +83,7 @@ type Handler struct {
 // would dial the target itself, out of reach of the address check; no
 // redirects; the address check on every dial).
 func NewHandler(d Deps, opts Options) *Handler {
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
 	}

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,13 +13,11 @@ import (
 	"github.com/llmq/llmq/internal/store"
 )
 
-// Heartbeat is a worker process's presence in the store: it beats every
-// store.WorkerBeatInterval, and the jobs the process starts name it. When
-// the process dies, the dispatcher's reconciler hands its running jobs to
-// other workers once store.WorkerDeadAfter has passed without a beat
-// (seconds, where asynq's own recovery takes a minute or more). A process
-// whose beats fail starts no more provider calls once its last beat is
-// half that old, so the jobs handed off are not also still starting here.
+// Heartbeat is a worker process's presence in the store, which the jobs it
+// starts name: the reconciler hands a process's running jobs on once
+// store.WorkerDeadAfter passed without a beat (asynq's own recovery takes a
+// minute or more). A process whose beats fail starts no provider call once
+// its last beat is half that old, so no job handed off still starts here.
 type Heartbeat struct {
 	id     string
 	store  *store.DB
@@ -30,9 +29,7 @@ type Heartbeat struct {
 // pid and a random part (a restarted process is a new worker).
 func NewHeartbeat(db *store.DB, logger *slog.Logger) *Heartbeat {
 	host, _ := os.Hostname()
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	return &Heartbeat{id: fmt.Sprintf("%s:%d:%s", host, os.Getpid(), ids.New("w")), store: db, logger: logger}
 }
 

@@ -31,7 +31,6 @@ type Observer interface {
 	UsageUnbelieved(model, reason string)
 }
 
-// nopObserver observes nothing.
 type nopObserver struct{}
 
 func (nopObserver) ProviderCall(string, string, int, time.Duration)                 {}

@@ -153,13 +153,11 @@ func (r *run) reservePass(ctx context.Context) (granted bool, p pass, err error)
 	return false, p, nil
 }
 
-// failover decides, after a call on r.call ended with pe (its permit not
-// yet settled), whether the run tries another route now instead of
-// counting the failure: after a deployment's fault (a 5xx, a timeout, a
-// refused connection) or 429 when another is left, after a context-length
-// refusal (which a fallback with a longer context may serve) when the
-// model has fallbacks. A faulty deployment is paused for every worker
-// first.
+// failover decides, after a call on r.call ended with pe (its permit not yet
+// settled), whether the run tries another route now instead of counting the
+// failure: after a fault or 429 when another route is left, after a
+// context-length refusal when the model has fallbacks (a longer context may
+// serve it). A faulty deployment is paused for every worker first.
 func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
 	if ctx.Err() != nil {
 		return false

@@ -36,10 +36,8 @@ type ServerOptions struct {
 	// unfinished jobs then go back to their queue. Defaults to 30s.
 	ShutdownTimeout time.Duration
 	// PollInterval is how often the first job dequeuer looks for new tasks
-	// when idle (asynq's TaskCheckInterval, 1s by default, adds seconds of
-	// latency; a long one starts jobs in bursts that hold the CPU from the
-	// API). The other dequeuers are a backstop at asynq's defaults, so an
-	// idle worker costs Redis about what one server does. Defaults to 50ms.
+	// when idle (asynq's default, 1s, adds latency); the others poll at
+	// asynq's defaults, a backstop that costs Redis little. Defaults to 50ms.
 	PollInterval time.Duration
 	// Logger receives asynq's log lines (warn and above). Defaults to none.
 	Logger *slog.Logger
@@ -58,16 +56,15 @@ type Server struct {
 	stopHeartbeat func()
 }
 
-// How often a dequeuer other than the first looks for new tasks when idle
-// and moves due delayed tasks (asynq's defaults).
 const (
+	// How often a dequeuer other than the first looks for new tasks when
+	// idle and moves due delayed tasks (asynq's defaults).
 	backstopTaskCheck    = time.Second
 	backstopDelayedCheck = 5 * time.Second
+	// minDelayedCheck is the shortest interval at which the first dequeuer
+	// moves due delayed tasks, and the webhook server looks for deliveries.
+	minDelayedCheck = 200 * time.Millisecond
 )
-
-// minDelayedCheck is the shortest interval at which the first dequeuer
-// moves due delayed tasks, and the webhook server looks for deliveries.
-const minDelayedCheck = 200 * time.Millisecond
 
 // NewServer returns the asynq servers over rdb configured for llmq: the jobs
 // queue, a webhook server apart, 429s and waits that are not failures, short
@@ -78,9 +75,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 	opts.WebhookConcurrency = cmp.Or(opts.WebhookConcurrency, 10)
 	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, 30*time.Second)
 	opts.PollInterval = cmp.Or(opts.PollInterval, 50*time.Millisecond)
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
+	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	s := &Server{jobs: opts.Dequeuers, heartbeat: opts.Heartbeat}
 	config := func(concurrency int, queues map[string]int, poll, delayed time.Duration) asynq.Config {
 		return asynq.Config{
@@ -168,13 +163,11 @@ func (s *Server) Stop() {
 	}
 }
 
-// Mux routes llmq's task types to their handlers; webhooks may be nil.
+// Mux routes llmq's task types to their handlers.
 func Mux(jobs, webhooks asynq.Handler) *asynq.ServeMux {
 	mux := asynq.NewServeMux()
 	mux.Handle(queue.TypeJob, jobs)
-	if webhooks != nil {
-		mux.Handle(queue.TypeWebhook, webhooks)
-	}
+	mux.Handle(queue.TypeWebhook, webhooks)
 	return mux
 }
 

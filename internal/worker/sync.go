@@ -31,10 +31,6 @@ type SyncCall struct {
 	Answer func(*llm.Response)
 }
 
-// SyncRefusal is a synchronous request answered without the provider's
-// answer (nothing charged).
-type SyncRefusal = wire.Error
-
 // SyncResult is how a synchronous request reached the provider: its answer,
 // or the refusal that retrying could not help (ProviderError, with the
 // provider's status).
@@ -43,21 +39,21 @@ type SyncResult struct {
 	ProviderError *llm.Error
 }
 
-// syncRetryBase is a synchronous request's first backoff after a fault.
-const syncRetryBase = 200 * time.Millisecond
+const (
+	// syncRetryBase is a synchronous request's first backoff after a fault.
+	syncRetryBase = 200 * time.Millisecond
+	// syncBudgetPoll is how often a synchronous request refused only by
+	// what running jobs hold asks the budget again.
+	syncBudgetPoll = 200 * time.Millisecond
+	// syncYield is how long a job whose permit went to a waiting
+	// synchronous request waits before it asks again.
+	syncYield = 50 * time.Millisecond
+)
 
-// syncBudgetPoll is how often a synchronous request refused only by what
-// running jobs hold asks the budget again.
-const syncBudgetPoll = 200 * time.Millisecond
-
-// syncYield is how long a job whose permit went to a waiting synchronous
-// request waits before it asks again.
-const syncYield = 50 * time.Millisecond
-
-// RunSync runs a synchronous request: a *SyncRefusal when it cannot be
-// sent in time or within budget, ctx's error when the client left before
-// the call (the job is cancelled), else the provider's answer. Once the
-// call starts, ctx no longer cancels it.
+// RunSync runs a synchronous request: a *wire.Error (nothing charged) when
+// it cannot be sent in time or within budget, ctx's error when the client
+// left before the call (the job is cancelled), else the provider's answer.
+// Once the call starts, ctx no longer cancels it.
 func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) {
 	job, started, err := h.Store.JobStart(ctx, c.JobID, "")
 	if err != nil {
@@ -65,12 +61,12 @@ func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) 
 		return nil, fmt.Errorf("start job %s: %w", c.JobID, err)
 	}
 	if !started {
-		return nil, &SyncRefusal{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: client.CodeJobFinished,
+		return nil, &wire.Error{Status: http.StatusConflict, Type: wire.TypeInvalidRequest, Code: client.CodeJobFinished,
 			Message: fmt.Sprintf("Job %s already %s.", job.ID, job.Status)}
 	}
 	r := &run{h: h, job: job, log: h.Logger.With("job", job.ID, "model", job.Model, "sync", true), sync: &c, left: true}
 	if err := r.do(ctx); err != nil {
-		var refusal *SyncRefusal
+		var refusal *wire.Error
 		if !errors.As(err, &refusal) {
 			r.releaseAll(ctx)
 			h.endSync(ctx, job, r.tier, err)

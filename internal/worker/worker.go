@@ -1,12 +1,9 @@
-// Package worker runs llmq's jobs: it reserves a job's worst-case cost
-// (decided at admission) from the tenant's budget, takes a permit from the
-// model's rate limiter, calls the provider, and settles all three with the
-// real usage, storing the result and the job's one ledger row. A job of
-// the queue and a synchronous request run the same steps (run.do) and
-// differ only in how they wait: a job goes back to its queue, a
-// synchronous request waits in place until its deadline. A task delivered
-// again after its job finished only makes sure the job's charge is in its
-// day's spend.
+// Package worker runs llmq's jobs: it reserves a job's worst-case cost from
+// the tenant's budget, takes a permit from the model's rate limiter, calls
+// the provider, and settles all three with the real usage, storing the
+// result and the job's one ledger row. A job of the queue and a synchronous
+// request run the same steps (run.do) and differ only in how they wait. A
+// task delivered again after its job finished only settles its charge.
 package worker
 
 import (
@@ -47,8 +44,6 @@ type Options struct {
 	// failed waits for one to come back without counting a failure.
 	// Defaults to 15m.
 	OutageWait time.Duration
-	// TenantCacheTTL is how long a tenant row is reused. Defaults to 5s.
-	TenantCacheTTL time.Duration
 	// Breakers tune the per-deployment circuit breakers.
 	Breakers BreakerOptions
 	// Now is the clock of job timestamps. Defaults to time.Now.
@@ -62,7 +57,6 @@ func (o Options) withDefaults() Options {
 	o.MaxInlineWait = cmp.Or(o.MaxInlineWait, 10*time.Second)
 	o.OutageWait = cmp.Or(o.OutageWait, 15*time.Minute)
 	o.MaxRateLimited = cmp.Or(o.MaxRateLimited, 25)
-	o.TenantCacheTTL = cmp.Or(o.TenantCacheTTL, 5*time.Second)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -92,14 +86,12 @@ type Handler struct {
 
 // NewHandler returns a Handler.
 func NewHandler(d Deps, opts Options) *Handler {
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
 	}
 	o := opts.withDefaults()
-	return &Handler{Deps: d, opts: o, tenants: tenantCache{ttl: o.TenantCacheTTL, now: o.Now, m: map[string]cachedTenant{}},
+	return &Handler{Deps: d, opts: o, tenants: tenantCache{now: o.Now, m: map[string]cachedTenant{}},
 		breakers: NewBreakers(o.Breakers, d.Observer, o.Now)}
 }
 
@@ -118,12 +110,10 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 
 // run is one delivery of one job.
 type run struct {
-	h   *Handler
-	job *store.Job
-	log *slog.Logger
-	// sync is the synchronous request the job answers; nil for a job of
-	// the queue.
-	sync   *SyncCall
+	h      *Handler
+	job    *store.Job
+	log    *slog.Logger
+	sync   *SyncCall   // the synchronous request the job answers; nil when queued
 	result *SyncResult // sync: how the provider answered
 	faults int         // sync: provider faults retried in place
 	held   string      // sync: the scope whose fair queue holds its room
@@ -134,11 +124,8 @@ type run struct {
 	stores bool
 	call   *pacer.Call // the call on the route the permit is for
 	routes *router
-	// worst is what the budget reserves: the worst case admission decided
-	// (the job's EstCost), raised when prices or the prompt's calibration
-	// rose since, so that the reservation still bounds the bill.
-	worst  money.Micros
-	scope  string // the model's fair queue
+	worst  money.Micros // what the budget reserves: EstCost, raised if prices rose since
+	scope  string       // the model's fair queue
 	acct   budget.Account
 	tier   string
 	reject bool // the tier rejects work once its budget is spent
@@ -154,9 +141,7 @@ type run struct {
 func (r *run) leave(ctx context.Context) {
 	if !r.left {
 		r.left = true
-		if r.scope != "" {
-			r.h.leftFairQueue(ctx, r.scope, r.job.ID)
-		}
+		r.h.leftFairQueue(ctx, r.scope, r.job.ID)
 	}
 }
 
@@ -232,7 +217,6 @@ func (h *Handler) settleFinished(ctx context.Context, job *store.Job) error {
 	return nil
 }
 
-// settleRetryDelay is how soon a job whose settlement failed comes back.
 const settleRetryDelay = 5 * time.Second
 
 // do is the run of a job, synchronous or not.
@@ -503,7 +487,6 @@ func (r *run) answered(ctx context.Context, resp *llm.Response, pe *llm.Error, o
 	return nil
 }
 
-// settlePermit settles the permit of the call that ended as o.
 func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
 	after := r.h.Pacer.Done(ctx, r.call, r.permit, o)
 	r.permit, r.wait = nil, after.Wait
@@ -697,7 +680,7 @@ func (r *run) retry(ctx context.Context, pe *llm.Error) error {
 }
 
 // refuse ends the run before the provider answered: what it holds goes
-// back and the job fails with e; a synchronous request gets a *SyncRefusal.
+// back and the job fails with e; a synchronous request gets a *wire.Error.
 func (r *run) refuse(ctx context.Context, status int, e store.JobError, retryAfter time.Duration) error {
 	if r.sync != nil {
 		ctx = context.WithoutCancel(ctx)
@@ -710,7 +693,7 @@ func (r *run) refuse(ctx context.Context, status int, e store.JobError, retryAft
 	if err != nil {
 		r.log.Warn("record a synchronous refusal", "err", err)
 	}
-	return &SyncRefusal{Status: status, Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message, RetryAfter: retryAfter}
+	return &wire.Error{Status: status, Type: e.Type, Code: e.Code, Param: e.Param, Message: e.Message, RetryAfter: retryAfter}
 }
 
 // fail marks the job failed for good.
@@ -752,9 +735,7 @@ func providerError(pe *llm.Error) store.JobError {
 	if e.Code == "" && pe.StatusCode > 0 {
 		e.Code = client.Code(fmt.Sprintf("http_%d", pe.StatusCode))
 	}
-	if e.Message == "" {
-		e.Message = http.StatusText(pe.StatusCode)
-	}
+	e.Message = cmp.Or(e.Message, http.StatusText(pe.StatusCode))
 	return e
 }
 
@@ -794,7 +775,6 @@ func (r *run) releaseAll(ctx context.Context) {
 	r.releaseBudget(ctx)
 }
 
-// notify enqueues the job's webhook when it has one.
 func (r *run) notify(ctx context.Context) {
 	if r.job.WebhookURL == "" || r.h.Queue == nil {
 		return
@@ -814,13 +794,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// tenantCache keeps tenant rows for a few seconds.
+// tenantCache keeps tenant rows for tenantTTL.
 type tenantCache struct {
 	mu  sync.Mutex
-	ttl time.Duration
 	now func() time.Time
 	m   map[string]cachedTenant
 }
+
+const tenantTTL = 5 * time.Second
 
 type cachedTenant struct {
 	t  *store.Tenant
@@ -832,7 +813,7 @@ func (c *tenantCache) get(ctx context.Context, db *store.DB, id string) (*store.
 	c.mu.Lock()
 	e, ok := c.m[id]
 	c.mu.Unlock()
-	if ok && now.Sub(e.at) < c.ttl {
+	if ok && now.Sub(e.at) < tenantTTL {
 		return e.t, nil
 	}
 	t, err := db.TenantGetByID(ctx, id)
