@@ -143,7 +143,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	if err != nil {
 		return nil, err
 	}
-	own := serving(m.Routes(), &shape)
+	own := Serving(m.Routes(), &shape)
 	if len(own) == 0 {
 		return nil, Serves(m.Routes()[0], &shape) // why the first cannot
 	}
@@ -172,7 +172,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 // worstCase is WorstCase of the estimate with fallbacks: its own routes'
 // carried, and the serving routes of fallbacks.
 func (est *Estimate) worstCase(p *config.Policy, fallbacks []string) money.Micros {
-	routes := serving(fallbackRoutes(p, fallbacks), &est.Shape)
+	routes := Serving(fallbackRoutes(p, fallbacks), &est.Shape)
 	return max(est.own, worstOf(routes, &est.Shape, est.Calibration, est.PromptTokens, est.MaxTokens))
 }
 
@@ -188,7 +188,7 @@ func Fallbacks(m *config.Model, own []string) []string {
 // Candidates are the routes of m, then of fallbacks (see Fallbacks), that
 // can serve s.
 func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) []config.Route {
-	return serving(append(m.Routes(), fallbackRoutes(p, fallbacks)...), s)
+	return Serving(append(m.Routes(), fallbackRoutes(p, fallbacks)...), s)
 }
 
 // fallbackRoutes are the routes of the models fallbacks names.

@@ -203,8 +203,8 @@ func Routable(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) e
 	return Serves(m.Routes()[0], s) // none serves: the first's reason
 }
 
-// serving are the routes of candidates (reused) that can serve s.
-func serving(candidates []config.Route, s *Shape) []config.Route {
+// Serving are the routes of candidates (reused) that can serve s.
+func Serving(candidates []config.Route, s *Shape) []config.Route {
 	return slices.DeleteFunc(candidates, func(r config.Route) bool { return Serves(r, s) != nil })
 }
 
@@ -299,6 +299,60 @@ func Unbelievable(route config.Route, s *Shape, prompt, maxTokens int64, u llm.U
 type Bound struct {
 	PromptTokens int64
 	Cost         money.Micros
+}
+
+// Verdict is what llmq takes of a provider's 2xx answer: the usage and
+// cost it charges; Estimated when they are the call's worst case (the
+// answer said nothing believable of its usage); Failed when the provider
+// bills the call but its answer cannot be taken.
+type Verdict struct {
+	Usage     llm.Usage
+	Cost      money.Micros
+	Estimated bool
+	Failed    *store.JobError
+}
+
+// Judge charges the usage u a provider reported for a call of shape s on
+// route, on llmq's own path and the offloader's alike. worst is the call's
+// worst case (its usage and cost): an answer without usage is charged it
+// and succeeds; usage past what the request as sent could be billed
+// (Unbelievable) fails the job, charged the dearer of worst and that bound
+// (Disbelieved); the rest is billed at the route's price.
+func Judge(route config.Route, s *Shape, prompt, maxTokens int64, worst Verdict, u llm.Usage) Verdict {
+	worst.Estimated = true
+	worst.Usage.TotalTokens = worst.Usage.PromptTokens + worst.Usage.CompletionTokens
+	if u.PromptTokens == 0 && u.CompletionTokens == 0 && u.TotalTokens == 0 {
+		return worst
+	}
+	why := Unbelievable(route, s, prompt, maxTokens, u)
+	if why == "" {
+		return Verdict{Usage: u, Cost: Bill(route.Price, s, u)}
+	}
+	if bound := Disbelieved(route, s, route.Price, prompt, maxTokens); bound.Cost > worst.Cost {
+		worst.Cost, worst.Usage.PromptTokens = bound.Cost, bound.PromptTokens
+		worst.Usage.TotalTokens = worst.Usage.PromptTokens + worst.Usage.CompletionTokens
+	}
+	worst.Failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderUsageInvalid,
+		Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged the most the request as sent could be billed, $%s.", why, worst.Cost)}
+	return worst
+}
+
+// StoredRows are the records of a Responses answer the provider stores, as
+// the tenant's and held by deployment: the response, carrying the tokens a
+// follow-up naming it brings (its prompt and output), and each output
+// item, carrying its output; none when the answer names no stored id.
+func StoredRows(tenantID, deployment string, answer []byte, u llm.Usage) []store.StoredResponse {
+	id, items := llm.StoredIDs(answer)
+	if id == "" {
+		return nil
+	}
+	rows := []store.StoredResponse{{ID: id, ResponseID: id, TenantID: tenantID, Deployment: deployment,
+		Tokens: u.PromptTokens + u.CompletionTokens}}
+	for _, item := range items {
+		rows = append(rows, store.StoredResponse{ID: item, ResponseID: id, TenantID: tenantID, Deployment: deployment,
+			Tokens: u.CompletionTokens})
+	}
+	return rows
 }
 
 // Disbelieved is what a call of shape s on route is charged when its usage

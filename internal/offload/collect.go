@@ -206,57 +206,41 @@ func (c *collection) line(ctx context.Context, l *llm.BatchLine) error {
 }
 
 // answer is the JobComplete of a line the provider answered, judged as
-// llmq's own path judges an answer, at the batch price.
+// llmq's own path judges an answer (admission.Judge), at the batch price.
 func (c *collection) answer(ctx context.Context, j *store.Job, l *llm.BatchLine) *store.JobCompleteParams {
 	route := batchRoute(c.route)
 	s, _ := c.o.lineShape(ctx, c.policy, j)
 	p := &store.JobCompleteParams{ID: j.ID, Day: c.part.BudgetDay, GlobalDay: c.part.BudgetGlobalDay, ResponseStatus: l.Response.StatusCode,
 		ResponseBody: l.Response.Body, ProviderRequestID: llm.Truncate(l.Response.RequestID, 200), Deployment: c.part.Deployment, Batched: true}
+	worst := admission.Verdict{Usage: llm.Usage{PromptTokens: j.EstPromptTokens, CompletionTokens: j.EstMaxTokens},
+		Cost: lineWorst(c.route, &s, j)}
 	u, err := llm.UsageOf(l.Response.Body)
-	worst := func() {
-		p.PromptTokens, p.CompletionTokens = j.EstPromptTokens, j.EstMaxTokens
-		p.Cost, p.UsageEstimated = lineWorst(c.route, &s, j), true
-	}
-	switch {
-	case err != nil || !json.Valid(l.Response.Body):
-		worst()
+	var v admission.Verdict
+	if err != nil || !json.Valid(l.Response.Body) {
+		v = admission.Judge(route, &s, j.EstPromptTokens, j.EstMaxTokens, worst, llm.Usage{})
 		p.ResponseBody = nil
-		p.Failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderResponseInvalid,
-			Message: fmt.Sprintf("The provider's batch answer is not of the shape of an OpenAI answer; the job is charged its worst case, $%s.", p.Cost)}
-	case u.PromptTokens == 0 && u.CompletionTokens == 0 && u.TotalTokens == 0:
-		worst()
-	default:
-		if why := admission.Unbelievable(route, &s, j.EstPromptTokens, j.EstMaxTokens, u); why != "" {
-			worst()
-			if bound := admission.Disbelieved(route, &s, route.Price, j.EstPromptTokens, j.EstMaxTokens); bound.Cost > p.Cost {
-				p.Cost, p.PromptTokens = bound.Cost, bound.PromptTokens
-			}
-			p.Failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderUsageInvalid,
-				Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged the most the request as sent could be billed, $%s.", why, p.Cost)}
-			break
-		}
-		p.PromptTokens, p.CompletionTokens, p.CachedTokens, p.TotalTokens = u.PromptTokens, u.CompletionTokens, u.CachedTokens, u.TotalTokens
-		p.Cost = admission.Bill(route.Price, &s, u)
+		v.Failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderResponseInvalid,
+			Message: fmt.Sprintf("The provider's batch answer is not of the shape of an OpenAI answer; the job is charged its worst case, $%s.", v.Cost)}
+	} else {
+		v = admission.Judge(route, &s, j.EstPromptTokens, j.EstMaxTokens, worst, u)
 	}
+	p.PromptTokens, p.CompletionTokens, p.CachedTokens, p.TotalTokens = v.Usage.PromptTokens, v.Usage.CompletionTokens, v.Usage.CachedTokens, v.Usage.TotalTokens
+	p.Cost, p.UsageEstimated, p.Failed = v.Cost, v.Estimated, v.Failed
 	if p.Failed == nil && j.Endpoint == llm.EndpointResponses {
-		c.remember(ctx, j, l.Response.Body, p.PromptTokens, p.CompletionTokens)
+		c.remember(ctx, j, l.Response.Body, v.Usage)
 	}
 	return p
 }
 
 // remember records a stored response of a line's answer as the tenant's.
-func (c *collection) remember(ctx context.Context, j *store.Job, answer []byte, prompt, completion int64) {
+func (c *collection) remember(ctx context.Context, j *store.Job, answer []byte, u llm.Usage) {
 	b, err := llm.Decode(j.Endpoint, j.Request)
 	if err != nil || !b.StoresResponse() {
 		return
 	}
-	id, items := llm.StoredIDs(answer)
-	if id == "" {
+	rows := admission.StoredRows(j.TenantID, c.part.Deployment, answer, u)
+	if rows == nil {
 		return
-	}
-	rows := []store.StoredResponse{{ID: id, ResponseID: id, TenantID: j.TenantID, Deployment: c.part.Deployment, Tokens: prompt + completion}}
-	for _, item := range items {
-		rows = append(rows, store.StoredResponse{ID: item, ResponseID: id, TenantID: j.TenantID, Deployment: c.part.Deployment, Tokens: completion})
 	}
 	if err := c.o.Store.StoredResponseInsert(ctx, rows); err != nil {
 		c.o.Logger.Warn("record a stored response of a batch line; its follow-ups will be refused", "job", j.ID, "err", err)

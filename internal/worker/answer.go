@@ -2,48 +2,24 @@ package worker
 
 import (
 	"context"
-	"fmt"
 
-	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/llm"
-	"github.com/llmq/llmq/internal/money"
-	"github.com/llmq/llmq/internal/store"
-	"github.com/llmq/llmq/internal/wire"
 )
-
-// verdict is what llmq takes of a provider's 2xx answer: the usage and cost
-// it charges, and whether the job succeeds.
-type verdict struct {
-	usage llm.Usage
-	cost  money.Micros
-	// estimated: the usage and cost are the call's worst case, the answer
-	// having said nothing (believable) of its usage.
-	estimated bool
-	// failed fails the job, charged: the provider bills the call, but its
-	// answer cannot be taken.
-	failed *store.JobError
-}
 
 // accept judges a provider's 2xx answer and, when it is a response the
 // provider stores, records it (and its output items) as the tenant's
 // before the answer reaches anyone, since a client may send the follow-up
 // the moment it has it. A record that fails is logged: a follow-up of it
 // is then refused as unknown, never served as another's.
-func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) verdict {
+func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) admission.Verdict {
 	v := r.judge(resp, pe)
-	if v.failed != nil || !r.stores {
+	if v.Failed != nil || !r.stores {
 		return v
 	}
-	id, items := llm.StoredIDs(resp.Body)
-	if id == "" {
+	rows := admission.StoredRows(r.job.TenantID, r.call.Scope.Name, resp.Body, v.Usage)
+	if rows == nil {
 		return v
-	}
-	rows := []store.StoredResponse{{ID: id, ResponseID: id, TenantID: r.job.TenantID, Deployment: r.call.Scope.Name,
-		Tokens: v.usage.PromptTokens + v.usage.CompletionTokens}}
-	for _, item := range items {
-		rows = append(rows, store.StoredResponse{ID: item, ResponseID: id, TenantID: r.job.TenantID, Deployment: r.call.Scope.Name,
-			Tokens: v.usage.CompletionTokens})
 	}
 	if err := r.h.Store.StoredResponseInsert(context.WithoutCancel(ctx), rows); err != nil {
 		r.log.Warn("record a stored response; its follow-ups will be refused", "err", err)
@@ -52,41 +28,28 @@ func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) ver
 }
 
 // judge reads a provider's 2xx answer: resp, or pe for one llmq could not
-// take. An answer without usage is charged the call's worst case and
-// succeeds. Usage up to what the request as sent could be billed is
-// charged at the price it was served at; usage past that bound
-// (admission.Unbelievable) fails the job, charged the bound.
-func (r *run) judge(resp *llm.Response, pe *llm.Error) verdict {
-	route, s := r.call.Route, &r.shape
-	worst := verdict{
-		usage: llm.Usage{PromptTokens: max(r.call.Calibration.Apply(r.call.PromptTokens), r.call.PromptTokens),
+// take (failed, charged the call's worst case); resp by admission.Judge.
+func (r *run) judge(resp *llm.Response, pe *llm.Error) admission.Verdict {
+	worst := admission.Verdict{
+		Usage: llm.Usage{PromptTokens: max(r.call.Calibration.Apply(r.call.PromptTokens), r.call.PromptTokens),
 			CompletionTokens: r.call.MaxTokens},
-		cost:      r.call.WorstCase,
-		estimated: true,
+		Cost: r.call.WorstCase,
 	}
-	worst.usage.TotalTokens = worst.usage.PromptTokens + worst.usage.CompletionTokens
 	if pe != nil {
 		e := providerError(pe)
-		worst.failed = &e
+		worst.Failed = &e
+		worst.Estimated = true
+		worst.Usage.TotalTokens = worst.Usage.PromptTokens + worst.Usage.CompletionTokens
 		return worst
 	}
-	u := resp.Usage
-	if u.PromptTokens == 0 && u.CompletionTokens == 0 && u.TotalTokens == 0 {
-		r.h.Observer.UsageUnbelieved(r.job.Model, "missing")
-		return worst
-	}
-	if why := admission.Unbelievable(route, s, r.call.PromptTokens, r.call.MaxTokens, u); why != "" {
+	v := admission.Judge(r.call.Route, &r.shape, r.call.PromptTokens, r.call.MaxTokens, worst, resp.Usage)
+	switch {
+	case v.Failed != nil:
 		r.h.Observer.UsageUnbelieved(r.job.Model, "invalid")
-		bound := admission.Disbelieved(route, s, route.Price, r.call.PromptTokens, r.call.MaxTokens)
-		if bound.Cost > worst.cost {
-			worst.cost, worst.usage.PromptTokens = bound.Cost, bound.PromptTokens
-			worst.usage.TotalTokens = worst.usage.PromptTokens + worst.usage.CompletionTokens
-		}
-		worst.failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderUsageInvalid,
-			Message: fmt.Sprintf("The provider's answer reports usage llmq cannot believe (%s); the job is charged the most the request as sent could be billed, $%s.", why, worst.cost)}
-		return worst
+	case v.Estimated:
+		r.h.Observer.UsageUnbelieved(r.job.Model, "missing")
 	}
-	return verdict{usage: u, cost: admission.Bill(route.Price, s, u)}
+	return v
 }
 
 // relayed is how many events of a stream reached the client before its

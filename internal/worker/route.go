@@ -31,17 +31,13 @@ type router struct {
 // newRouter is the router of a job of m of shape s whose own fallbacks are
 // own (none: m's): the routes that can serve s.
 func newRouter(p *config.Policy, m *config.Model, own []string, s *admission.Shape) *router {
-	rt := &router{primary: ordered(servable(m.Routes(), s)), failed: map[string]bool{}}
+	rt := &router{primary: ordered(admission.Serving(m.Routes(), s)), failed: map[string]bool{}}
 	for _, name := range admission.Fallbacks(m, own) {
 		if f, ok := p.Model(name); ok {
-			rt.fallbacks = append(rt.fallbacks, ordered(servable(f.Routes(), s))...)
+			rt.fallbacks = append(rt.fallbacks, ordered(admission.Serving(f.Routes(), s))...)
 		}
 	}
 	return rt
-}
-
-func servable(routes []config.Route, s *admission.Shape) []config.Route {
-	return slices.DeleteFunc(routes, func(r config.Route) bool { return admission.Serves(r, s) != nil })
 }
 
 // ordered sorts routes by their deployment's order and, among equals, at

@@ -473,16 +473,16 @@ func (r *run) answered(ctx context.Context, resp *llm.Response, pe *llm.Error, o
 	if r.sync == nil {
 		return r.succeeded(ctx, resp, v, o)
 	}
-	if v.failed == nil && r.sync.Answer != nil {
+	if v.Failed == nil && r.sync.Answer != nil {
 		r.sync.Answer(resp)
 	}
 	if err := r.succeeded(ctx, resp, v, o); err != nil {
 		r.log.Warn("store a synchronous answer; the reconciler settles it", "err", err)
 	}
 	r.result = &SyncResult{Response: resp}
-	if v.failed != nil {
+	if v.Failed != nil {
 		r.result = &SyncResult{ProviderError: &llm.Error{Class: llm.ClassPermanent, Provider: r.call.Route.Provider, StatusCode: http.StatusBadGateway,
-			Type: v.failed.Type, Code: v.failed.Code, Message: v.failed.Message, Relayed: relayed(resp, pe)}}
+			Type: v.Failed.Type, Code: v.Failed.Code, Message: v.Failed.Message, Relayed: relayed(resp, pe)}}
 	}
 	return nil
 }
@@ -494,22 +494,22 @@ func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
 
 // succeeded stores the result of a 2xx answer as v judged it and its
 // ledger row, settles the permit and the budget, and sends the webhook.
-func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pacer.Outcome) error {
-	u, cost := v.usage, v.cost
+func (r *run) succeeded(ctx context.Context, resp *llm.Response, v admission.Verdict, o pacer.Outcome) error {
+	u, cost := v.Usage, v.Cost
 	p := &store.JobCompleteParams{
 		ID: r.job.ID, Day: r.bres.Day, GlobalDay: r.bres.GlobalDay,
 		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
-		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost, UsageEstimated: v.estimated, Failed: v.failed,
+		CachedTokens: u.CachedTokens, TotalTokens: u.TotalTokens, Cost: cost, UsageEstimated: v.Estimated, Failed: v.Failed,
 		Deployment: r.call.Scope.Name, ServedModel: r.call.Route.Model.Name,
 	}
 	if resp != nil {
 		p.ResponseStatus, p.ResponseBody, p.ProviderRequestID = resp.StatusCode, resp.Body, resp.RequestID
 	}
-	if v.failed != nil {
+	if v.Failed != nil {
 		// The answer is not the client's: it stays out of the job.
 		p.ResponseStatus, p.ResponseBody = http.StatusBadGateway, nil
 	}
-	if v.estimated && resp != nil {
+	if v.Estimated && resp != nil {
 		// Nothing the provider said of its usage teaches the pacer.
 		quiet := *resp
 		quiet.Usage = llm.Usage{}
@@ -529,12 +529,12 @@ func (r *run) succeeded(ctx context.Context, resp *llm.Response, v verdict, o pa
 	settleErr := r.settle(ctx, cost, res.Charged)
 	settled.Wait()
 	status := store.JobSucceeded
-	if v.failed != nil {
+	if v.Failed != nil {
 		status = store.JobFailed
-		r.log.Warn("job failed, charged", "code", v.failed.Code, "err", v.failed.Message)
+		r.log.Warn("job failed, charged", "code", v.Failed.Code, "err", v.Failed.Message)
 	}
 	r.log.Debug("job "+string(status), "prompt_tokens", u.PromptTokens, "completion_tokens", u.CompletionTokens, "cost", cost,
-		"usage_estimated", v.estimated)
+		"usage_estimated", v.Estimated)
 	if res.Completed {
 		r.h.Observer.JobFinished(r.acct.TenantID, r.tier, r.job.Model, string(status), u.PromptTokens, u.CompletionTokens, int64(cost))
 		r.notify(ctx)
