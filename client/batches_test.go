@@ -19,11 +19,14 @@ import (
 
 // sweep runs the app's batch sweeper, as a dispatcher does, until the test
 // ends.
-func sweep(t *testing.T, a *apptest.App) {
+// sweep runs the batch sweeper until the test ends or stop is called.
+func sweep(t *testing.T, a *apptest.App) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { a.Batches.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
+	t.Cleanup(stop)
+	return stop
 }
 
 // input is a batch input file of good chat lines, then lines asking for a
@@ -76,7 +79,7 @@ func results(t *testing.T, c *client.Client, fileID string) []client.BatchResult
 func TestFilesAndBatches(t *testing.T) {
 	t.Parallel()
 	a, c, _, _ := setup(t, 1)
-	sweep(t, a)
+	stopSweep := sweep(t, a)
 	ctx := ctxT(t)
 
 	content := input(4, 1)
@@ -151,7 +154,10 @@ func TestFilesAndBatches(t *testing.T) {
 		t.Fatalf("cancel of a completed batch: %v", err)
 	}
 
-	// Listing: a second batch, then both, newest first, one per page.
+	// Listing: a second batch, then both, newest first, one per page. The
+	// sweeper stops first, so that the second batch cannot end (and free
+	// the input file) however slowly the checks below run.
+	stopSweep()
 	b2, err := c.Batches.Create(ctx, &client.BatchCreateParams{InputFileID: f.ID, Endpoint: "/v1/chat/completions"})
 	if err != nil {
 		t.Fatal(err)
