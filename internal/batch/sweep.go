@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/loop"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
 )
@@ -16,18 +17,7 @@ const sweeperLock = "batch-sweeper"
 // Run sweeps the unfinished batches every second until ctx ends.
 // Every dispatcher runs it; a store lock lets one sweep at a time.
 func (s *Service) Run(ctx context.Context) {
-	t := time.NewTicker(sweepInterval)
-	defer t.Stop()
-	for {
-		if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-			s.Logger.Warn("batch sweep failed", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	loop.Every(ctx, sweepInterval, true, s.Sweep, s.Logger, "batch sweep failed")
 }
 
 // Sweep moves every unfinished batch on once (step), unless another process

@@ -32,6 +32,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/loop"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/rkeys"
@@ -249,18 +250,7 @@ func lineSize(j *store.Job) int64 { return int64(len(j.Request)) + int64(len(j.I
 
 // Run sweeps the parts due every SweepInterval until ctx ends.
 func (o *Offloader) Run(ctx context.Context) {
-	t := time.NewTicker(o.opts.SweepInterval)
-	defer t.Stop()
-	for {
-		if err := o.Sweep(ctx); err != nil && ctx.Err() == nil {
-			o.Logger.Warn("offload sweep", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	loop.Every(ctx, o.opts.SweepInterval, true, o.Sweep, o.Logger, "offload sweep")
 }
 
 // Sweep moves every part that is due on, as far as it can now.

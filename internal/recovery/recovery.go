@@ -27,6 +27,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/loop"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/rkeys"
@@ -105,10 +106,8 @@ type Report struct {
 // Run reconciles until ctx ends: at once, then after a Redis loss and every
 // minute, one process at a time (a store lock).
 func (r *Reconciler) Run(ctx context.Context) {
-	t := time.NewTicker(r.opts.CheckInterval)
-	defer t.Stop()
 	var last time.Time
-	for {
+	check := func(ctx context.Context) error {
 		if n, err := r.HandOff(ctx); err != nil && ctx.Err() == nil {
 			r.Logger.Warn("reconciler: hand off the jobs of stopped workers", "err", err)
 		} else if n > 0 {
@@ -130,27 +129,25 @@ func (r *Reconciler) Run(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			r.Logger.Warn("reconciler: cannot reach redis", "err", err)
 		}
-		if err == nil && (lost || failover || r.opts.Now().Sub(last) >= fullInterval) {
-			if rep, ran, err := r.locked(ctx, lost, failover); err != nil && ctx.Err() == nil {
-				r.Logger.Warn("reconciler pass failed", "err", err)
-			} else if ran {
-				last = r.opts.Now()
-				if rep.LegacyQueues > 0 {
-					r.Logger.Info("reconciler deleted the per-priority queues of an older version", "queues", rep.LegacyQueues)
-				}
-				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped+rep.Recharged > 0 {
-					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
-						"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped, "budget_days_raised", rep.BudgetDaysRaised, "recharged", rep.Recharged,
-						"scanned", rep.Scanned)
-				}
-			}
+		if err != nil || !lost && !failover && r.opts.Now().Sub(last) < fullInterval {
+			return nil
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		rep, ran, err := r.locked(ctx, lost, failover)
+		if err != nil && ctx.Err() == nil || !ran {
+			return err
 		}
+		last = r.opts.Now()
+		if rep.LegacyQueues > 0 {
+			r.Logger.Info("reconciler deleted the per-priority queues of an older version", "queues", rep.LegacyQueues)
+		}
+		if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped+rep.Recharged > 0 {
+			r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
+				"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped,
+				"budget_days_raised", rep.BudgetDaysRaised, "recharged", rep.Recharged, "scanned", rep.Scanned)
+		}
+		return nil
 	}
+	loop.Every(ctx, r.opts.CheckInterval, true, check, r.Logger, "reconciler pass failed")
 }
 
 // HandOff gives the running jobs of worker processes not seen for

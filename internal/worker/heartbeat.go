@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/ids"
+	"github.com/llmq/llmq/internal/loop"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -74,18 +75,7 @@ func (hb *Heartbeat) Start(ctx context.Context) (stop func(), err error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(store.WorkerBeatInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := hb.Beat(ctx); err != nil && ctx.Err() == nil {
-					hb.logger.Warn("worker heartbeat: beat failed", "err", err)
-				}
-			}
-		}
+		loop.Every(ctx, store.WorkerBeatInterval, false, hb.Beat, hb.logger, "worker heartbeat: beat failed")
 	}()
 	return func() {
 		cancel()
