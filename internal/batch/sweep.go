@@ -62,7 +62,6 @@ func (s *Service) step(ctx context.Context, b *store.Batch) error {
 	if b, err = s.Store.BatchGetByID(ctx, b.ID); err != nil { // as it is under the lock
 		return err
 	}
-	now := s.opts.Now()
 	switch b.Status {
 	case store.BatchValidating: // past its expiry, its validation not running
 		if s.expired(b) {
@@ -70,7 +69,7 @@ func (s *Service) step(ctx context.Context, b *store.Batch) error {
 		}
 	case store.BatchInProgress:
 		if s.expired(b) {
-			return s.stop(ctx, b, store.BatchExpired, now.Sub(*b.ExpiresAt))
+			return s.stop(ctx, b, store.BatchExpired, b.ExpiresAt)
 		}
 		c, err := s.Store.JobCountsByBatch(ctx, b.ID)
 		if err != nil || c.Unfinished() > 0 {
@@ -81,15 +80,11 @@ func (s *Service) step(ctx context.Context, b *store.Batch) error {
 		if err != nil || b.Status != store.BatchFinalizing {
 			return err
 		}
-		return s.finish(ctx, b, store.BatchCompleted, nil, nil)
-	case store.BatchFinalizing: // a finalization that stopped half way
+		fallthrough
+	case store.BatchFinalizing: // this finalization, or one that stopped half way
 		return s.finish(ctx, b, store.BatchCompleted, nil, nil)
 	case store.BatchCancelling:
-		since := time.Duration(0)
-		if b.CancellingAt != nil {
-			since = now.Sub(*b.CancellingAt)
-		}
-		return s.stop(ctx, b, store.BatchCancelled, since)
+		return s.stop(ctx, b, store.BatchCancelled, b.CancellingAt)
 	}
 	return nil
 }
@@ -112,10 +107,10 @@ func (s *Service) expireValidating(ctx context.Context, b *store.Batch) error {
 
 // stop ends a cancelled or expired batch: its pending jobs are cancelled at
 // once (again at every sweep: a running job may come back to waiting after
-// a 429); running ones may finish, for stopGrace after the stop, and are
-// then cancelled too. Once none runs, the batch ends as final, with the
+// a 429); running ones may finish, for stopGrace after the stop (at), and
+// are then cancelled too. Once none runs, the batch ends as final, with the
 // results of what finished.
-func (s *Service) stop(ctx context.Context, b *store.Batch, final store.BatchStatus, since time.Duration) error {
+func (s *Service) stop(ctx context.Context, b *store.Batch, final store.BatchStatus, at *time.Time) error {
 	if _, err := s.Store.JobCancelByBatch(ctx, b.ID); err != nil {
 		return err
 	}
@@ -124,7 +119,7 @@ func (s *Service) stop(ctx context.Context, b *store.Batch, final store.BatchSta
 		return err
 	}
 	if c.Unfinished() > 0 {
-		if since < stopGrace {
+		if at == nil || s.opts.Now().Sub(*at) < stopGrace {
 			return nil
 		}
 		s.Logger.Warn("batch jobs still running after the grace period; cancelling them", "batch", b.ID, "running", c.Running)
@@ -153,12 +148,9 @@ func (s *Service) finish(ctx context.Context, b *store.Batch, final store.BatchS
 			return err
 		}
 	}
-	p := &store.BatchSetStatusParams{ID: b.ID, From: []store.BatchStatus{b.Status}, To: final,
-		OutputFileID: outputID, ErrorFileID: errorID, Total: total}
-	if len(errs) > 0 {
-		p.Errors = errorsJSON(errs)
-	}
-	nb, applied, err := s.Store.BatchSetStatus(ctx, p)
+	nb, applied, err := s.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: b.ID,
+		From: []store.BatchStatus{b.Status}, To: final, OutputFileID: outputID, ErrorFileID: errorID,
+		Total: total, Errors: errorsJSON(errs)})
 	if err != nil {
 		return err
 	}
