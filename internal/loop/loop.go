@@ -11,7 +11,8 @@ import (
 // Every runs pass every interval until ctx ends, and once at the start too
 // when atOnce. A failed pass is logged as msg (not once ctx ended); the
 // next tick tries again.
-func Every(ctx context.Context, interval time.Duration, atOnce bool, pass func(context.Context) error, log *slog.Logger, msg string) {
+func Every(ctx context.Context, interval time.Duration, atOnce bool, pass func(context.Context) error,
+	log *slog.Logger, msg string) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for run := atOnce; ; run = true {

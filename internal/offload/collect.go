@@ -215,14 +215,15 @@ func (c *collection) answer(ctx context.Context, j *store.Job, l *llm.BatchLine)
 	worst := admission.Verdict{Usage: llm.Usage{PromptTokens: j.EstPromptTokens, CompletionTokens: j.EstMaxTokens},
 		Cost: lineWorst(c.route, &s, j)}
 	u, err := llm.UsageOf(l.Response.Body)
-	var v admission.Verdict
-	if err != nil || !json.Valid(l.Response.Body) {
-		v = admission.Judge(route, &s, j.EstPromptTokens, j.EstMaxTokens, worst, llm.Usage{})
+	invalid := err != nil || !json.Valid(l.Response.Body)
+	if invalid {
+		u = llm.Usage{}
+	}
+	v := admission.Judge(route, &s, j.EstPromptTokens, j.EstMaxTokens, worst, u)
+	if invalid {
 		p.ResponseBody = nil
 		v.Failed = &store.JobError{Type: wire.TypeServer, Code: client.CodeProviderResponseInvalid,
 			Message: fmt.Sprintf("The provider's batch answer is not of the shape of an OpenAI answer; the job is charged its worst case, $%s.", v.Cost)}
-	} else {
-		v = admission.Judge(route, &s, j.EstPromptTokens, j.EstMaxTokens, worst, u)
 	}
 	p.PromptTokens, p.CompletionTokens, p.CachedTokens, p.TotalTokens = v.Usage.PromptTokens, v.Usage.CompletionTokens, v.Usage.CachedTokens, v.Usage.TotalTokens
 	p.Cost, p.UsageEstimated, p.Failed = v.Cost, v.Estimated, v.Failed

@@ -138,12 +138,14 @@ func (r *Reconciler) Run(ctx context.Context) {
 		}
 		last = r.opts.Now()
 		if rep.LegacyQueues > 0 {
-			r.Logger.Info("reconciler deleted the per-priority queues of an older version", "queues", rep.LegacyQueues)
+			r.Logger.Info("reconciler deleted the per-priority queues of an older version",
+				"queues", rep.LegacyQueues)
 		}
 		if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped+rep.Recharged > 0 {
 			r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
 				"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped,
-				"budget_days_raised", rep.BudgetDaysRaised, "recharged", rep.Recharged, "scanned", rep.Scanned)
+				"budget_days_raised", rep.BudgetDaysRaised, "recharged", rep.Recharged,
+				"scanned", rep.Scanned)
 		}
 		return nil
 	}

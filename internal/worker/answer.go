@@ -7,29 +7,14 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 )
 
-// accept judges a provider's 2xx answer and, when it is a response the
-// provider stores, records it (and its output items) as the tenant's
-// before the answer reaches anyone, since a client may send the follow-up
-// the moment it has it. A record that fails is logged: a follow-up of it
-// is then refused as unknown, never served as another's.
+// accept judges a provider's 2xx answer: resp by admission.Judge, or pe
+// for one llmq could not take (failed, charged the call's worst case).
+// When it is a response the provider stores, it records it (and its output
+// items) as the tenant's before the answer reaches anyone, since a client
+// may send the follow-up the moment it has it. A record that fails is
+// logged: a follow-up of it is then refused as unknown, never served as
+// another's.
 func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) admission.Verdict {
-	v := r.judge(resp, pe)
-	if v.Failed != nil || !r.stores {
-		return v
-	}
-	rows := admission.StoredRows(r.job.TenantID, r.call.Scope.Name, resp.Body, v.Usage)
-	if rows == nil {
-		return v
-	}
-	if err := r.h.Store.StoredResponseInsert(context.WithoutCancel(ctx), rows); err != nil {
-		r.log.Warn("record a stored response; its follow-ups will be refused", "err", err)
-	}
-	return v
-}
-
-// judge reads a provider's 2xx answer: resp, or pe for one llmq could not
-// take (failed, charged the call's worst case); resp by admission.Judge.
-func (r *run) judge(resp *llm.Response, pe *llm.Error) admission.Verdict {
 	worst := admission.Verdict{
 		Usage: llm.Usage{PromptTokens: max(r.call.Calibration.Apply(r.call.PromptTokens), r.call.PromptTokens),
 			CompletionTokens: r.call.MaxTokens},
@@ -48,6 +33,14 @@ func (r *run) judge(resp *llm.Response, pe *llm.Error) admission.Verdict {
 		r.h.Observer.UsageUnbelieved(r.job.Model, "invalid")
 	case v.Estimated:
 		r.h.Observer.UsageUnbelieved(r.job.Model, "missing")
+	}
+	if v.Failed != nil || !r.stores {
+		return v
+	}
+	if rows := admission.StoredRows(r.job.TenantID, r.call.Scope.Name, resp.Body, v.Usage); rows != nil {
+		if err := r.h.Store.StoredResponseInsert(context.WithoutCancel(ctx), rows); err != nil {
+			r.log.Warn("record a stored response; its follow-ups will be refused", "err", err)
+		}
 	}
 	return v
 }

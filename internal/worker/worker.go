@@ -579,25 +579,21 @@ func (r *run) settle(ctx context.Context, cost money.Micros, charged bool) error
 
 // keepReservation extends the budget reservation every third of its TTL
 // while the run holds it. A timer, not a goroutine: most jobs end before
-// the first extension. stop waits for an extension under way.
+// the first extension. stop waits for an extension under way (it holds mu).
 func (r *run) keepReservation(ctx context.Context) (stop func()) {
 	res, every := r.bres, r.h.Budgets.ReservationTTL()/3
 	ctx = context.WithoutCancel(ctx)
 	var (
 		mu      sync.Mutex
 		stopped bool
-		busy    sync.WaitGroup
 		t       *time.Timer
 	)
 	extend := func() {
 		mu.Lock()
+		defer mu.Unlock()
 		if stopped {
-			mu.Unlock()
 			return
 		}
-		busy.Add(1)
-		mu.Unlock()
-		defer busy.Done()
 		held, err := r.h.Budgets.Extend(ctx, res)
 		switch {
 		case err != nil:
@@ -606,11 +602,7 @@ func (r *run) keepReservation(ctx context.Context) (stop func()) {
 			r.log.Warn("budget reservation lapsed while the job ran", "day", res.Day)
 			return
 		}
-		mu.Lock()
-		if !stopped {
-			t.Reset(every)
-		}
-		mu.Unlock()
+		t.Reset(every)
 	}
 	mu.Lock()
 	t = time.AfterFunc(every, extend)
@@ -620,7 +612,6 @@ func (r *run) keepReservation(ctx context.Context) (stop func()) {
 		stopped = true
 		t.Stop()
 		mu.Unlock()
-		busy.Wait()
 	})
 }
 
