@@ -172,24 +172,17 @@ func (s *Service) Sweep(ctx context.Context) error {
 	}
 	defer unlock()
 	p := &store.BatchListActiveParams{Limit: 1000}
-	for {
-		bs, more, err := s.Store.BatchListActive(ctx, p)
-		if err != nil {
-			return err
-		}
-		for _, b := range bs {
-			if err := s.step(ctx, b); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				s.Logger.Warn("batch step failed; the next sweep tries again", "batch", b.ID, "status", b.Status, "err", err)
+	list := func() ([]*store.Batch, bool, error) { return s.Store.BatchListActive(ctx, p) }
+	id := func(b *store.Batch) string { return b.ID }
+	return loop.Pages(&p.After, list, id, func(b *store.Batch) error {
+		if err := s.step(ctx, b); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
+			s.Logger.Warn("batch step failed; the next sweep tries again", "batch", b.ID, "status", b.Status, "err", err)
 		}
-		if !more || len(bs) == 0 {
-			return nil
-		}
-		p.After = bs[len(bs)-1].ID
-	}
+		return nil
+	})
 }
 
 func (s *Service) step(ctx context.Context, b *store.Batch) error {

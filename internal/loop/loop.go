@@ -1,5 +1,6 @@
-// Package loop runs a process's periodic passes: the sweeps, the purge,
-// the reconciler's checks and the worker's heartbeat.
+// Package loop runs the loops of background work: periodic passes (the
+// sweeps, the purge, the reconciler's checks, the worker's heartbeat) and
+// the walk over a listing's pages.
 package loop
 
 import (
@@ -26,5 +27,25 @@ func Every(ctx context.Context, interval time.Duration, atOnce bool, pass func(c
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// Pages calls fn on every item of every page list gives, each page asked
+// for with *after set to the last id of the one before.
+func Pages[T any](after *string, list func() ([]T, bool, error), id func(T) string, fn func(T) error) error {
+	for {
+		items, more, err := list()
+		if err != nil {
+			return err
+		}
+		for _, it := range items {
+			if err := fn(it); err != nil {
+				return err
+			}
+		}
+		if !more || len(items) == 0 {
+			return nil
+		}
+		*after = id(items[len(items)-1])
 	}
 }

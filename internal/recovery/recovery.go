@@ -448,7 +448,8 @@ func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
 func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now time.Time, minAge time.Duration, rep *Report) error {
 	p := &store.WebhookListPendingParams{Kind: kind, FinishedBefore: now.Add(-minAge), Limit: 1000}
 	list := func() ([]*store.WebhookRef, bool, error) { return r.Store.WebhookListPending(ctx, p) }
-	return eachPage(&p.After, list, func(ref *store.WebhookRef) string { return ref.ID }, func(ref *store.WebhookRef) error {
+	id := func(ref *store.WebhookRef) string { return ref.ID }
+	return loop.Pages(&p.After, list, id, func(ref *store.WebhookRef) error {
 		enqueued, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: ref.Kind, ID: ref.ID})
 		if enqueued {
 			rep.Webhooks++
@@ -463,30 +464,10 @@ func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge ti
 	// provider's Batch API is its part's.
 	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, SkipOffloaded: true, Limit: 1000}
 	list := func() ([]*store.Job, bool, error) { return r.Store.JobListUnfinished(ctx, p) }
-	return eachPage(&p.After, list, func(j *store.Job) string { return j.ID }, func(j *store.Job) error {
+	return loop.Pages(&p.After, list, func(j *store.Job) string { return j.ID }, func(j *store.Job) error {
 		rep.Scanned++
 		return r.reconcile(ctx, j, now, rep)
 	})
-}
-
-// eachPage calls fn on every item of every page list gives, each page asked
-// for with *after set to the last id of the one before.
-func eachPage[T any](after *string, list func() ([]T, bool, error), id func(T) string, fn func(T) error) error {
-	for {
-		items, more, err := list()
-		if err != nil {
-			return err
-		}
-		for _, it := range items {
-			if err := fn(it); err != nil {
-				return err
-			}
-		}
-		if !more || len(items) == 0 {
-			return nil
-		}
-		*after = id(items[len(items)-1])
-	}
 }
 
 // syncAbandonedAfter is how long a synchronous job may go unchanged before
