@@ -83,10 +83,10 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 	opts.PollInterval = cmp.Or(opts.PollInterval, 50*time.Millisecond)
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	s := &Server{jobs: opts.Dequeuers, heartbeat: opts.Heartbeat}
-	config := func(concurrency int, queues map[string]int, poll, delayed time.Duration) asynq.Config {
-		return asynq.Config{
+	add := func(concurrency int, q string, poll, delayed time.Duration) {
+		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, asynq.Config{
 			Concurrency:              concurrency,
-			Queues:                   queues,
+			Queues:                   map[string]int{opts.Namespace.Queue(q): 1},
 			IsFailure:                queue.IsFailure,
 			RetryDelayFunc:           queue.RetryDelay,
 			ShutdownTimeout:          opts.ShutdownTimeout,
@@ -94,7 +94,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 			DelayedTaskCheckInterval: delayed,
 			Logger:                   asynqLogger{opts.Logger},
 			LogLevel:                 asynq.WarnLevel,
-		}
+		}))
 	}
 	for i := range opts.Dequeuers {
 		// Concurrency spread as evenly as it divides: 50 over 3 is 17, 17, 16.
@@ -106,13 +106,12 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 		if i > 0 {
 			poll, delayed = max(poll, backstopTaskCheck), max(delayed, backstopDelayedCheck)
 		}
-		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb,
-			config(n, map[string]int{opts.Namespace.Queue(queue.Jobs): 1}, poll, delayed)))
+		add(n, queue.Jobs, poll, delayed)
 	}
 	// A delivery starts within minDelayedCheck of its task; its retries
 	// wait seconds anyway, so they are moved at the backstop's pace.
-	s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, config(opts.WebhookConcurrency,
-		map[string]int{opts.Namespace.Queue(queue.Webhooks): 1}, max(opts.PollInterval, minDelayedCheck), max(opts.PollInterval, backstopDelayedCheck))))
+	add(opts.WebhookConcurrency, queue.Webhooks, max(opts.PollInterval, minDelayedCheck),
+		max(opts.PollInterval, backstopDelayedCheck))
 	return s
 }
 
