@@ -217,11 +217,9 @@ func (v *validation) conclude(ctx context.Context) error {
 		}
 		v.offloaded = n
 	}
-	p := &store.BatchSetStatusParams{ID: b.ID, From: []store.BatchStatus{store.BatchValidating}, To: store.BatchInProgress, Total: &total}
-	if len(errs) > 0 {
-		p.Errors = errorsJSON(errs)
-	}
-	nb, applied, err := s.Store.BatchSetStatus(ctx, p)
+	nb, applied, err := s.Store.BatchSetStatus(ctx, &store.BatchSetStatusParams{ID: b.ID,
+		From: []store.BatchStatus{store.BatchValidating}, To: store.BatchInProgress,
+		Total: &total, Errors: errorsJSON(errs)})
 	if err != nil {
 		return err
 	}
@@ -372,7 +370,11 @@ func (v *validation) errorList() []client.BatchError {
 	return errs
 }
 
+// errorsJSON is a batch's "errors" as stored; none is nil.
 func errorsJSON(errs []client.BatchError) json.RawMessage {
+	if len(errs) == 0 {
+		return nil
+	}
 	b, _ := json.Marshal(client.BatchErrors{Object: "list", Data: errs}) // plain structs: cannot fail
 	return b
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/llmq/llmq/internal/budget"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/loop"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/rkeys"
@@ -105,10 +106,8 @@ type Report struct {
 // Run reconciles until ctx ends: at once, then after a Redis loss and every
 // minute, one process at a time (a store lock).
 func (r *Reconciler) Run(ctx context.Context) {
-	t := time.NewTicker(r.opts.CheckInterval)
-	defer t.Stop()
 	var last time.Time
-	for {
+	check := func(ctx context.Context) error {
 		if n, err := r.HandOff(ctx); err != nil && ctx.Err() == nil {
 			r.Logger.Warn("reconciler: hand off the jobs of stopped workers", "err", err)
 		} else if n > 0 {
@@ -130,27 +129,27 @@ func (r *Reconciler) Run(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			r.Logger.Warn("reconciler: cannot reach redis", "err", err)
 		}
-		if err == nil && (lost || failover || r.opts.Now().Sub(last) >= fullInterval) {
-			if rep, ran, err := r.locked(ctx, lost, failover); err != nil && ctx.Err() == nil {
-				r.Logger.Warn("reconciler pass failed", "err", err)
-			} else if ran {
-				last = r.opts.Now()
-				if rep.LegacyQueues > 0 {
-					r.Logger.Info("reconciler deleted the per-priority queues of an older version", "queues", rep.LegacyQueues)
-				}
-				if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped+rep.Recharged > 0 {
-					r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
-						"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped, "budget_days_raised", rep.BudgetDaysRaised, "recharged", rep.Recharged,
-						"scanned", rep.Scanned)
-				}
-			}
+		if err != nil || !lost && !failover && r.opts.Now().Sub(last) < fullInterval {
+			return nil
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		rep, ran, err := r.locked(ctx, lost, failover)
+		if err != nil && ctx.Err() == nil || !ran {
+			return err
 		}
+		last = r.opts.Now()
+		if rep.LegacyQueues > 0 {
+			r.Logger.Info("reconciler deleted the per-priority queues of an older version",
+				"queues", rep.LegacyQueues)
+		}
+		if rep.Requeued+rep.Revived+rep.Failed+rep.Webhooks+rep.Resent+rep.Dropped+rep.Recharged > 0 {
+			r.Logger.Info("reconciler re-enqueued jobs", "requeued", rep.Requeued, "revived", rep.Revived,
+				"failed", rep.Failed, "webhooks", rep.Webhooks, "resent", rep.Resent, "dropped", rep.Dropped,
+				"budget_days_raised", rep.BudgetDaysRaised, "recharged", rep.Recharged,
+				"scanned", rep.Scanned)
+		}
+		return nil
 	}
+	loop.Every(ctx, r.opts.CheckInterval, true, check, r.Logger, "reconciler pass failed")
 }
 
 // HandOff gives the running jobs of worker processes not seen for
@@ -449,7 +448,8 @@ func (r *Reconciler) reconcileArchive(ctx context.Context, rep *Report) error {
 func (r *Reconciler) reconcileWebhooks(ctx context.Context, kind string, now time.Time, minAge time.Duration, rep *Report) error {
 	p := &store.WebhookListPendingParams{Kind: kind, FinishedBefore: now.Add(-minAge), Limit: 1000}
 	list := func() ([]*store.WebhookRef, bool, error) { return r.Store.WebhookListPending(ctx, p) }
-	return eachPage(&p.After, list, func(ref *store.WebhookRef) string { return ref.ID }, func(ref *store.WebhookRef) error {
+	id := func(ref *store.WebhookRef) string { return ref.ID }
+	return loop.Pages(&p.After, list, id, func(ref *store.WebhookRef) error {
 		enqueued, err := r.Queue.EnqueueWebhook(ctx, queue.WebhookPayload{Kind: ref.Kind, ID: ref.ID})
 		if enqueued {
 			rep.Webhooks++
@@ -464,30 +464,10 @@ func (r *Reconciler) reconcileJobs(ctx context.Context, now time.Time, minAge ti
 	// provider's Batch API is its part's.
 	p := &store.JobListUnfinishedParams{UpdatedBefore: now.Add(-minAge), SkipValidating: true, SkipOffloaded: true, Limit: 1000}
 	list := func() ([]*store.Job, bool, error) { return r.Store.JobListUnfinished(ctx, p) }
-	return eachPage(&p.After, list, func(j *store.Job) string { return j.ID }, func(j *store.Job) error {
+	return loop.Pages(&p.After, list, func(j *store.Job) string { return j.ID }, func(j *store.Job) error {
 		rep.Scanned++
 		return r.reconcile(ctx, j, now, rep)
 	})
-}
-
-// eachPage calls fn on every item of every page list gives, each page asked
-// for with *after set to the last id of the one before.
-func eachPage[T any](after *string, list func() ([]T, bool, error), id func(T) string, fn func(T) error) error {
-	for {
-		items, more, err := list()
-		if err != nil {
-			return err
-		}
-		for _, it := range items {
-			if err := fn(it); err != nil {
-				return err
-			}
-		}
-		if !more || len(items) == 0 {
-			return nil
-		}
-		*after = id(items[len(items)-1])
-	}
 }
 
 // syncAbandonedAfter is how long a synchronous job may go unchanged before

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/loop"
 	"github.com/llmq/llmq/internal/store"
 )
 
@@ -189,16 +190,9 @@ func (p *Purger) Purge(ctx context.Context) (Report, error) {
 // Run purges every interval until ctx ends; a failed pass is logged and
 // tried again at the next.
 func (p *Purger) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := p.Purge(ctx); err != nil && ctx.Err() == nil {
-			p.log().Warn("retention: purge", "err", err)
-		}
+	purge := func(ctx context.Context) error {
+		_, err := p.Purge(ctx)
+		return err
 	}
+	loop.Every(ctx, interval, false, purge, p.log(), "retention: purge")
 }

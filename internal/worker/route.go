@@ -105,11 +105,10 @@ type pass struct {
 // given back (yield) sends the pass on to the next route.
 func (r *run) reservePass(ctx context.Context) (granted bool, p pass, err error) {
 	p = pass{wait: time.Duration(math.MaxInt64), unavailable: true}
-	asked, large := 0, 0
-	for _, route := range r.routes.candidates() {
+	routes, large := r.routes.candidates(), 0
+	for _, route := range routes {
 		call := r.h.Pacer.Plan(ctx, route, &r.shape, r.job.EstPromptTokens, r.job.EstMaxTokens)
 		res, err := r.h.Pacer.Reserve(ctx, call)
-		asked++
 		if errors.Is(err, limiter.ErrCostExceedsCapacity) {
 			large++
 			p.tooLarge = cmp.Or(p.tooLarge, err)
@@ -140,7 +139,7 @@ func (r *run) reservePass(ctx context.Context) (granted bool, p pass, err error)
 			p.wait, p.held = res.RetryAfter, call
 		}
 	}
-	if large < asked || asked == 0 {
+	if large < len(routes) {
 		p.tooLarge = nil
 	}
 	if p.held == nil {

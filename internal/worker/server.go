@@ -7,12 +7,18 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/ids"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/loop"
 	"github.com/llmq/llmq/internal/queue"
+	"github.com/llmq/llmq/internal/store"
 )
 
 // ServerOptions configure the asynq servers that run jobs and deliver
@@ -77,10 +83,10 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 	opts.PollInterval = cmp.Or(opts.PollInterval, 50*time.Millisecond)
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	s := &Server{jobs: opts.Dequeuers, heartbeat: opts.Heartbeat}
-	config := func(concurrency int, queues map[string]int, poll, delayed time.Duration) asynq.Config {
-		return asynq.Config{
+	add := func(concurrency int, q string, poll, delayed time.Duration) {
+		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, asynq.Config{
 			Concurrency:              concurrency,
-			Queues:                   queues,
+			Queues:                   map[string]int{opts.Namespace.Queue(q): 1},
 			IsFailure:                queue.IsFailure,
 			RetryDelayFunc:           queue.RetryDelay,
 			ShutdownTimeout:          opts.ShutdownTimeout,
@@ -88,7 +94,7 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 			DelayedTaskCheckInterval: delayed,
 			Logger:                   asynqLogger{opts.Logger},
 			LogLevel:                 asynq.WarnLevel,
-		}
+		}))
 	}
 	for i := range opts.Dequeuers {
 		// Concurrency spread as evenly as it divides: 50 over 3 is 17, 17, 16.
@@ -100,13 +106,12 @@ func NewServer(rdb redis.UniversalClient, opts ServerOptions) *Server {
 		if i > 0 {
 			poll, delayed = max(poll, backstopTaskCheck), max(delayed, backstopDelayedCheck)
 		}
-		s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb,
-			config(n, map[string]int{opts.Namespace.Queue(queue.Jobs): 1}, poll, delayed)))
+		add(n, queue.Jobs, poll, delayed)
 	}
 	// A delivery starts within minDelayedCheck of its task; its retries
 	// wait seconds anyway, so they are moved at the backstop's pace.
-	s.servers = append(s.servers, asynq.NewServerFromRedisClient(rdb, config(opts.WebhookConcurrency,
-		map[string]int{opts.Namespace.Queue(queue.Webhooks): 1}, max(opts.PollInterval, minDelayedCheck), max(opts.PollInterval, backstopDelayedCheck))))
+	add(opts.WebhookConcurrency, queue.Webhooks, max(opts.PollInterval, minDelayedCheck),
+		max(opts.PollInterval, backstopDelayedCheck))
 	return s
 }
 
@@ -185,4 +190,124 @@ func (a asynqLogger) Error(args ...any) { a.log(slog.LevelError, args) }
 func (a asynqLogger) Fatal(args ...any) {
 	a.log(slog.LevelError, args)
 	os.Exit(1)
+}
+
+// Heartbeat is a worker process's presence in the store, which the jobs it
+// starts name: the reconciler hands a process's running jobs on once
+// store.WorkerDeadAfter passed without a beat (asynq's own recovery takes a
+// minute or more). A process whose beats fail starts no provider call once
+// its last beat is half that old, so no job handed off still starts here.
+type Heartbeat struct {
+	id     string
+	store  *store.DB
+	logger *slog.Logger
+	last   atomic.Int64 // unix nanoseconds of the last beat the store took
+}
+
+// NewHeartbeat returns the heartbeat of this process, named after its host,
+// pid and a random part (a restarted process is a new worker).
+func NewHeartbeat(db *store.DB, logger *slog.Logger) *Heartbeat {
+	host, _ := os.Hostname()
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
+	return &Heartbeat{id: fmt.Sprintf("%s:%d:%s", host, os.Getpid(), ids.New("w")), store: db, logger: logger}
+}
+
+// ID is the worker's id in the store; "" for none.
+func (hb *Heartbeat) ID() string {
+	if hb == nil {
+		return ""
+	}
+	return hb.id
+}
+
+// Beat records one beat.
+func (hb *Heartbeat) Beat(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, store.WorkerBeatInterval)
+	defer cancel()
+	at := time.Now()
+	if err := hb.store.WorkerBeat(ctx, hb.id); err != nil {
+		return err
+	}
+	hb.last.Store(at.UnixNano())
+	return nil
+}
+
+// Fresh reports whether the store took a beat recently enough that no
+// reconciler can have taken this process for dead; none (nil) always is.
+func (hb *Heartbeat) Fresh() bool {
+	if hb == nil {
+		return true
+	}
+	return time.Since(time.Unix(0, hb.last.Load())) < store.WorkerDeadAfter/2
+}
+
+// Start beats once (so the process starts only with a heartbeat) and then
+// every store.WorkerBeatInterval until the returned stop is called, which
+// removes the worker from the store: its jobs, if any, are handed on at
+// once.
+func (hb *Heartbeat) Start(ctx context.Context) (stop func(), err error) {
+	if err := hb.Beat(ctx); err != nil {
+		return nil, fmt.Errorf("worker heartbeat: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		loop.Every(ctx, store.WorkerBeatInterval, false, hb.Beat, hb.logger, "worker heartbeat: beat failed")
+	}()
+	return func() {
+		cancel()
+		<-done
+		gctx, gcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer gcancel()
+		if err := hb.store.WorkerGone(gctx, hb.id); err != nil {
+			hb.logger.Warn("worker heartbeat: remove", "err", err)
+		}
+	}, nil
+}
+
+// Providers holds one llm.Provider per provider of the policy in force and
+// rebuilds them when the policy changes. Provider API keys are read from the
+// environment variable each provider names.
+type Providers struct {
+	mu        sync.RWMutex
+	byName    map[string]llm.Provider
+	digest    string
+	lookupEnv func(string) (string, bool)
+}
+
+// NewProviders returns the providers of p. lookupEnv reads API keys
+// (os.LookupEnv in production).
+func NewProviders(p *config.Policy, lookupEnv func(string) (string, bool)) *Providers {
+	ps := &Providers{lookupEnv: lookupEnv}
+	ps.Update(p)
+	return ps
+}
+
+// Update rebuilds the providers when p differs from the policy they were
+// built from.
+func (ps *Providers) Update(p *config.Policy) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.byName != nil && p.Digest != "" && p.Digest == ps.digest {
+		return
+	}
+	m := make(map[string]llm.Provider, len(p.Providers))
+	for _, cp := range p.Providers {
+		key := ""
+		if cp.APIKeyEnv != "" {
+			key, _ = ps.lookupEnv(cp.APIKeyEnv)
+		}
+		m[cp.Name] = llm.NewOpenAI(llm.OpenAIConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Timeout: cp.Timeout,
+			MaxResponseBytes: cp.MaxResponseBytes, Azure: cp.Kind == config.ProviderAzure, APIVersion: cp.APIVersion})
+	}
+	ps.byName, ps.digest = m, p.Digest
+}
+
+// Get returns the provider named name.
+func (ps *Providers) Get(name string) (llm.Provider, bool) {
+	ps.mu.RLock()
+	defer ps.mu.RUnlock()
+	p, ok := ps.byName[name]
+	return p, ok
 }

@@ -81,22 +81,18 @@ func (h *Handler) RunSync(ctx context.Context, c SyncCall) (*SyncResult, error) 
 func (h *Handler) endSync(ctx context.Context, job *store.Job, tier string, cause error) {
 	bg := context.WithoutCancel(ctx)
 	if ctx.Err() != nil {
-		tenant, err := job.TenantID, error(nil)
-		if tenant == "" { // not started: read the row for its tenant
-			var row *store.Job
-			if row, err = h.Store.JobGetByID(bg, job.ID); err == nil {
-				tenant = row.TenantID
-			}
+		id, err := job.ID, error(nil)
+		if job.TenantID == "" { // not started: read the row for its tenant
+			job, err = h.Store.JobGetByID(bg, id)
 		}
-		var j *store.Job
 		changed := false
 		if err == nil {
-			j, changed, err = h.Store.JobCancel(bg, tenant, job.ID)
+			job, changed, err = h.Store.JobCancel(bg, job.TenantID, id)
 		}
 		if err != nil {
-			h.Logger.Warn("cancel a synchronous job whose client left", "job", job.ID, "err", err)
+			h.Logger.Warn("cancel a synchronous job whose client left", "job", id, "err", err)
 		} else if changed {
-			h.Observer.JobFinished(j.TenantID, tier, j.Model, string(store.JobCancelled), 0, 0, 0)
+			h.Observer.JobFinished(job.TenantID, tier, job.Model, string(store.JobCancelled), 0, 0, 0)
 		}
 		return
 	}

@@ -76,6 +76,46 @@ type Deps struct {
 	Observer Observer
 }
 
+// Observer is told what the worker does, for metrics. Methods must be cheap
+// and safe for concurrent use; labels are never job ids.
+type Observer interface {
+	pacer.Observer
+	// ProviderCall reports one provider call on a deployment: its status
+	// (0 for a network error) and how long it took.
+	ProviderCall(deployment, model string, status int, d time.Duration)
+	// JobFinished reports a job reaching a terminal state with its real
+	// usage and cost in micro-dollars (zero when it failed).
+	JobFinished(tenantID, tier, model, status string, promptTokens, completionTokens int64, costMicros int64)
+	// JobState reports a non-terminal state change (waiting, deferred).
+	JobState(tier, model, status string)
+	// LimiterWait reports how long a job waited for its permit.
+	LimiterWait(model string, d time.Duration, requeued bool)
+	// BreakerState reports a deployment's circuit breaker changing state.
+	BreakerState(deployment, state string)
+	// Failover reports a job of model leaving deployment for another.
+	Failover(model, deployment string)
+	// SoftLimitCrossed reports a tenant crossing its budget's soft limit.
+	SoftLimitCrossed(tenantID, tier string)
+	// UsageUnbelieved reports an answer whose usage llmq did not take
+	// ("missing" or "invalid").
+	UsageUnbelieved(model, reason string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) ProviderCall(string, string, int, time.Duration)                 {}
+func (nopObserver) JobFinished(string, string, string, string, int64, int64, int64) {}
+func (nopObserver) JobState(string, string, string)                                 {}
+func (nopObserver) LimiterWait(string, time.Duration, bool)                         {}
+func (nopObserver) Failover(string, string)                                         {}
+func (nopObserver) Penalized(string, time.Duration)                                 {}
+func (nopObserver) BreakerState(string, string)                                     {}
+func (nopObserver) LimitsLearned(string, int64, int64)                              {}
+func (nopObserver) UnpredictedRateLimit(string, []string)                           {}
+func (nopObserver) ShortWindowRateLimit(string, []string)                           {}
+func (nopObserver) SoftLimitCrossed(string, string)                                 {}
+func (nopObserver) UsageUnbelieved(string, string)                                  {}
+
 // Handler processes TypeJob tasks and synchronous requests.
 type Handler struct {
 	Deps
@@ -487,6 +527,60 @@ func (r *run) answered(ctx context.Context, resp *llm.Response, pe *llm.Error, o
 	return nil
 }
 
+// accept judges a provider's 2xx answer: resp by admission.Judge, or pe
+// for one llmq could not take (failed, charged the call's worst case).
+// When it is a response the provider stores, it records it (and its output
+// items) as the tenant's before the answer reaches anyone, since a client
+// may send the follow-up the moment it has it. A record that fails is
+// logged: a follow-up of it is then refused as unknown, never served as
+// another's.
+func (r *run) accept(ctx context.Context, resp *llm.Response, pe *llm.Error) admission.Verdict {
+	worst := admission.Verdict{
+		Usage: llm.Usage{PromptTokens: max(r.call.Calibration.Apply(r.call.PromptTokens), r.call.PromptTokens),
+			CompletionTokens: r.call.MaxTokens},
+		Cost: r.call.WorstCase,
+	}
+	if pe != nil {
+		e := providerError(pe)
+		worst.Failed = &e
+		worst.Estimated = true
+		worst.Usage.TotalTokens = worst.Usage.PromptTokens + worst.Usage.CompletionTokens
+		return worst
+	}
+	v := admission.Judge(r.call.Route, &r.shape, r.call.PromptTokens, r.call.MaxTokens, worst, resp.Usage)
+	switch {
+	case v.Failed != nil:
+		r.h.Observer.UsageUnbelieved(r.job.Model, "invalid")
+	case v.Estimated:
+		r.h.Observer.UsageUnbelieved(r.job.Model, "missing")
+	}
+	if v.Failed != nil || !r.stores {
+		return v
+	}
+	if rows := admission.StoredRows(r.job.TenantID, r.call.Scope.Name, resp.Body, v.Usage); rows != nil {
+		if err := r.h.Store.StoredResponseInsert(context.WithoutCancel(ctx), rows); err != nil {
+			r.log.Warn("record a stored response; its follow-ups will be refused", "err", err)
+		}
+	}
+	return v
+}
+
+// relayed is how many events of a stream reached the client before its
+// answer was judged.
+func relayed(resp *llm.Response, pe *llm.Error) int {
+	if resp != nil {
+		return resp.Chunks
+	}
+	return pe.Relayed
+}
+
+// answered2xx reports whether pe is a 2xx answer llmq cannot take, or a
+// stream that failed after it relayed events: the provider bills it, so
+// the job is charged, and it is not retried.
+func answered2xx(pe *llm.Error) bool {
+	return pe != nil && (pe.Relayed > 0 || pe.Class == llm.ClassPermanent && pe.StatusCode >= 200 && pe.StatusCode < 300)
+}
+
 func (r *run) settlePermit(ctx context.Context, o pacer.Outcome) {
 	after := r.h.Pacer.Done(ctx, r.call, r.permit, o)
 	r.permit, r.wait = nil, after.Wait
@@ -579,25 +673,21 @@ func (r *run) settle(ctx context.Context, cost money.Micros, charged bool) error
 
 // keepReservation extends the budget reservation every third of its TTL
 // while the run holds it. A timer, not a goroutine: most jobs end before
-// the first extension. stop waits for an extension under way.
+// the first extension. stop waits for an extension under way (it holds mu).
 func (r *run) keepReservation(ctx context.Context) (stop func()) {
 	res, every := r.bres, r.h.Budgets.ReservationTTL()/3
 	ctx = context.WithoutCancel(ctx)
 	var (
 		mu      sync.Mutex
 		stopped bool
-		busy    sync.WaitGroup
 		t       *time.Timer
 	)
 	extend := func() {
 		mu.Lock()
+		defer mu.Unlock()
 		if stopped {
-			mu.Unlock()
 			return
 		}
-		busy.Add(1)
-		mu.Unlock()
-		defer busy.Done()
 		held, err := r.h.Budgets.Extend(ctx, res)
 		switch {
 		case err != nil:
@@ -606,11 +696,7 @@ func (r *run) keepReservation(ctx context.Context) (stop func()) {
 			r.log.Warn("budget reservation lapsed while the job ran", "day", res.Day)
 			return
 		}
-		mu.Lock()
-		if !stopped {
-			t.Reset(every)
-		}
-		mu.Unlock()
+		t.Reset(every)
 	}
 	mu.Lock()
 	t = time.AfterFunc(every, extend)
@@ -620,7 +706,6 @@ func (r *run) keepReservation(ctx context.Context) (stop func()) {
 		stopped = true
 		t.Stop()
 		mu.Unlock()
-		busy.Wait()
 	})
 }
 
