@@ -51,8 +51,6 @@ type Deps struct {
 	// limit of failed authentications. Nil turns both off.
 	APILimiter *limiter.Windows
 	Logger     *slog.Logger
-	// Ready is what /readyz asks, as "services", when ReadyChecks is empty.
-	Ready func(ctx context.Context) error
 	// ReadyChecks are the services /readyz asks, each named in its answer.
 	ReadyChecks []ReadyCheck
 	Observer    Observer // nil: none
@@ -195,9 +193,6 @@ const readyTimeout = 2 * time.Second
 // once: one that hangs delays the answer by readyTimeout at most.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	checks := s.ReadyChecks
-	if len(checks) == 0 && s.Ready != nil {
-		checks = []ReadyCheck{{Name: "services", Check: s.Ready}}
-	}
 	errs := make([]error, len(checks))
 	var wg sync.WaitGroup
 	for i, c := range checks {
