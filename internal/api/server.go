@@ -106,12 +106,8 @@ func New(d Deps, opts Options) (*Server, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
-	if d.Observer == nil {
-		d.Observer = nopObserver{}
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
+	d.Observer = cmp.Or[Observer](d.Observer, nopObserver{})
 	s := &Server{Deps: d, opts: opts, mux: http.NewServeMux()}
 	s.routes()
 	return s, nil
@@ -266,10 +262,7 @@ func NotReadyReason(err error) string {
 func (s *Server) plain(h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			if s.Store != nil {
-				err = s.Store.Classify(err)
-			}
-			writeError(w, r, s.Logger, err)
+			writeError(w, r, s.Logger, s.Store.Classify(err))
 		}
 	})
 }
@@ -347,14 +340,14 @@ func (s *Server) tenantRoute(endpoint string, h handlerFunc) http.Handler {
 		// The API limit and the budget's status are independent Redis
 		// reads: they go at once, each into headers of its own.
 		c := &caller{key: key, tenant: tenant, policy: s.Policy.Current()}
-		var budgetErr, limited error
-		c.acct, c.tier, budgetErr = admission.Account(c.policy, tenant)
+		if c.acct, c.tier, err = admission.Account(c.policy, tenant); err != nil {
+			return err
+		}
+		var limited error
 		limitHeaders, budgetHeaders := http.Header{}, http.Header{}
 		var steps sync.WaitGroup
 		steps.Go(func() { limited = s.rateLimit(r.Context(), limitHeaders, endpoint, c) })
-		if budgetErr == nil {
-			budgetErr = s.budgetHeaders(r.Context(), budgetHeaders, c)
-		}
+		budgetErr := s.budgetHeaders(r.Context(), budgetHeaders, c)
 		steps.Wait()
 		maps.Copy(w.Header(), limitHeaders)
 		maps.Copy(w.Header(), budgetHeaders)
