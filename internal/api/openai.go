@@ -105,7 +105,7 @@ func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
 func (a *syncAPI) call(endpoint string) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var raw json.RawMessage
-		body, err := decodeJSON(w, r, a.Server.opts.MaxBodyBytes, &raw)
+		body, err := decodeJSON(w, r, a.Server.opts.MaxBodyBytes, &raw, false)
 		if err != nil {
 			return err
 		}

@@ -188,10 +188,9 @@ const readyTimeout = 2 * time.Second
 // and each service's state ("ok" or its NotReadyReason). The checks run at
 // once: one that hangs delays the answer by readyTimeout at most.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
-	checks := s.ReadyChecks
-	errs := make([]error, len(checks))
+	errs := make([]error, len(s.ReadyChecks))
 	var wg sync.WaitGroup
-	for i, c := range checks {
+	for i, c := range s.ReadyChecks {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 			defer cancel()
@@ -201,7 +200,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	wg.Wait()
 	body := map[string]any{"status": "ready"}
 	var why []string
-	for i, c := range checks {
+	for i, c := range s.ReadyChecks {
 		body[c.Name] = "ok"
 		if errs[i] != nil {
 			reason := NotReadyReason(errs[i])
