@@ -251,11 +251,10 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	c := callerOf(r)
-	tier, d := c.tier, c.budget
-	if d == nil {
+	if c.budget == nil {
 		return wire.Errorf(http.StatusNotImplemented, wire.TypeServer, client.CodeBudgetsDisabled, "", "Budgets are not configured on this server.")
 	}
-	return writeOK(w, wire.Usage(c.tenant.ID, tier.Name, d))
+	return writeOK(w, wire.Usage(c.tenant.ID, c.tier.Name, c.budget))
 }
 
 func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
