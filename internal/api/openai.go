@@ -133,7 +133,8 @@ func (a *syncAPI) call(endpoint string) handlerFunc {
 }
 
 // run serves one synchronous request to endpoint with body.
-func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, body []byte, stream, includeUsage bool) error {
+func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, body []byte,
+	stream, includeUsage bool) error {
 	idemKey := ""
 	var err error
 	if !stream { // a stream is not replayed
@@ -449,7 +450,8 @@ func (s *sseRelay) fail(pe *llm.Error) {
 }
 
 // background submits a background response: a job of the Responses API.
-func (a *syncAPI) background(w http.ResponseWriter, r *http.Request, body []byte, fields map[string]json.RawMessage) error {
+func (a *syncAPI) background(w http.ResponseWriter, r *http.Request, body []byte,
+	fields map[string]json.RawMessage) error {
 	if s := strings.TrimSpace(string(fields["stream"])); s == "true" {
 		return wire.Invalid("stream", client.CodeInvalidValue,
 			"'stream' cannot be combined with 'background' here: follow a background response with GET /v1/responses/{id}.")
