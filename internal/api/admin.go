@@ -61,7 +61,7 @@ func tenantName(name string) (string, error) {
 
 func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 	var req client.TenantCreateParams
-	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req, false); err != nil {
 		return err
 	}
 	name, err := tenantName(req.Name)
@@ -125,7 +125,7 @@ func (s *Server) updateTenant(w http.ResponseWriter, r *http.Request) error {
 		DailyBudgetUSD json.RawMessage `json:"daily_budget_usd"` // a number sets, null clears
 		APIExempt      *bool           `json:"api_exempt"`
 	}
-	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req, false); err != nil {
 		return err
 	}
 	p := &store.TenantUpdateParams{ID: id, Name: req.Name, Tier: req.Tier, APIExempt: req.APIExempt}
@@ -191,8 +191,8 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var o keyOptions
-	if err := decodeOptionalJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
+	var o client.KeyUpdateParams // the settings of a key, here optional
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &o, true); err != nil {
 		return err
 	}
 	k, key, err := createKey(r.Context(), s.Store, &store.APIKeyInsertParams{TenantID: t.ID, APIExempt: o.APIExempt != nil && *o.APIExempt})
@@ -217,21 +217,13 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 	return writeList(w, keys, false, wire.APIKey, func(k client.APIKey) string { return k.ID })
 }
 
-// keyOptions are the settings of a key the admin API may set, at creation
-// (the body is optional) and later.
-type keyOptions struct {
-	// APIExempt frees the key from its tier's API rate limit, whatever its
-	// tenant's setting.
-	APIExempt *bool `json:"api_exempt"`
-}
-
 func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 	id, err := pathID(r, ids.Key, "api key")
 	if err != nil {
 		return err
 	}
-	var o keyOptions
-	if err := decodeOptionalJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
+	var o client.KeyUpdateParams
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &o, true); err != nil {
 		return err
 	}
 	k, err := s.Store.APIKeyUpdate(r.Context(), &store.APIKeyUpdateParams{ID: id, APIExempt: o.APIExempt})
@@ -259,11 +251,10 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	c := callerOf(r)
-	tier, d := c.tier, c.budget
-	if d == nil {
+	if c.budget == nil {
 		return wire.Errorf(http.StatusNotImplemented, wire.TypeServer, client.CodeBudgetsDisabled, "", "Budgets are not configured on this server.")
 	}
-	return writeOK(w, wire.Usage(c.tenant.ID, tier.Name, d))
+	return writeOK(w, wire.Usage(c.tenant.ID, c.tier.Name, c.budget))
 }
 
 func (s *Server) adminUsage(w http.ResponseWriter, r *http.Request) error {
@@ -319,7 +310,7 @@ func (s *Server) rotateWebhookSecret(w http.ResponseWriter, r *http.Request) err
 	var o struct {
 		Overlap *string `json:"overlap"`
 	}
-	if err := decodeOptionalJSON(w, r, s.opts.MaxBodyBytes, &o); err != nil {
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &o, true); err != nil {
 		return err
 	}
 	overlap := 24 * time.Hour

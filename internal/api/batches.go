@@ -48,7 +48,7 @@ func (s *Server) EnableBatches(svc *batch.Service, opts BatchOptions) {
 func (s *batchAPI) createBatch(w http.ResponseWriter, r *http.Request) error {
 	c := callerOf(r)
 	var req client.BatchCreateParams // OpenAI's fields, and webhook_url, called once when the batch ends
-	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req, false); err != nil {
 		return err
 	}
 	switch {

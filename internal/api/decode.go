@@ -20,46 +20,36 @@ import (
 
 // decodeJSON reads a JSON object of at most limit bytes from r's body into
 // dst (whatever the Content-Type says: curl -d sends a form type) and
-// returns the body. It refuses, naming the field, unknown fields, trailing
-// data, wrong types, what jsontext refuses, and a member named as one of
-// dst's fields but for case (Go's decoder would take it for that field).
-func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) ([]byte, error) {
+// returns the body; an optional body may be empty, which leaves dst as it
+// is. It refuses, naming the field, unknown fields, trailing data, wrong
+// types, what jsontext refuses, and a member named as one of dst's fields
+// but for case (Go's decoder would take it for that field).
+func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any, optional bool) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
+	empty := len(bytes.TrimSpace(body)) == 0
+	switch {
+	case err != nil:
 		return nil, err // MaxBytesError becomes a 413 in writeError
-	}
-	return body, parseJSON(body, dst)
-}
-
-// decodeOptionalJSON is decodeJSON of a body that may be empty, which
-// leaves dst as it is.
-func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil || len(bytes.TrimSpace(body)) == 0 {
-		return err
-	}
-	return parseJSON(body, dst)
-}
-
-func parseJSON(body []byte, dst any) error {
-	if len(bytes.TrimSpace(body)) == 0 {
-		return wire.Invalid("", client.CodeInvalidJSON, "Request body is empty; expected a JSON object.")
+	case empty && optional:
+		return body, nil
+	case empty:
+		return nil, wire.Invalid("", client.CodeInvalidJSON, "Request body is empty; expected a JSON object.")
 	}
 	if p := jsontext.Unstorable(body); p != nil {
-		return encodingError(body, p)
+		return nil, encodingError(body, p)
 	}
 	if p := jsontext.Structure(body, jsontext.Names(dst)...); p != nil {
-		return encodingError(body, p)
+		return nil, encodingError(body, p)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		return jsonError(err)
+		return nil, jsonError(err)
 	}
 	if dec.More() {
-		return wire.Invalid("", client.CodeInvalidJSON, "Request body has data after the JSON object.")
+		return nil, wire.Invalid("", client.CodeInvalidJSON, "Request body has data after the JSON object.")
 	}
-	return nil
+	return body, nil
 }
 
 // encodingError is the 400 of a body holding what the database cannot

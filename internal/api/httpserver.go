@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -38,19 +39,12 @@ type ServerOptions struct {
 }
 
 func (o *ServerOptions) withDefaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&o.ReadHeaderTimeout, 10*time.Second)
-	def(&o.IdleTimeout, 60*time.Second)
-	def(&o.WriteTimeout, 60*time.Second)
-	def(&o.BodyGrace, 10*time.Second)
-	def(&o.BodyStall, 30*time.Second)
-	if o.BodyMinRate == 0 {
-		o.BodyMinRate = 1024
-	}
+	o.ReadHeaderTimeout = cmp.Or(o.ReadHeaderTimeout, 10*time.Second)
+	o.IdleTimeout = cmp.Or(o.IdleTimeout, 60*time.Second)
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, 60*time.Second)
+	o.BodyMinRate = cmp.Or(o.BodyMinRate, 1024)
+	o.BodyGrace = cmp.Or(o.BodyGrace, 10*time.Second)
+	o.BodyStall = cmp.Or(o.BodyStall, 30*time.Second)
 }
 
 // NewHTTPServer returns the http.Server that serves h with o's limits

@@ -44,7 +44,7 @@ func serveLimited(t *testing.T, o ServerOptions, h http.Handler) string {
 // readsJSON answers a JSON body with its size, or its error as the API does.
 func readsJSON(w http.ResponseWriter, r *http.Request) {
 	var v map[string]any
-	body, err := decodeJSON(w, r, 1<<20, &v)
+	body, err := decodeJSON(w, r, 1<<20, &v, false)
 	if err != nil {
 		writeError(w, r, slog.New(slog.DiscardHandler), err)
 		return

@@ -44,7 +44,7 @@ type createJobRequest struct {
 
 func (s *Server) createJob(w http.ResponseWriter, r *http.Request) error {
 	var req createJobRequest
-	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	if _, err := decodeJSON(w, r, s.opts.MaxBodyBytes, &req, false); err != nil {
 		return err
 	}
 	job, err := s.submitJob(w, r, &req)
@@ -337,18 +337,16 @@ func (s *Server) validateWebhookURL(raw string) error {
 		}
 	}
 	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
-	if a, ok := netguard.Literal(host); ok {
-		if netguard.Blocked(a) && !s.opts.WebhookAllowPrivate {
-			return wire.Invalid("webhook_url", client.CodeWebhookURLInternal,
-				"webhook_url's host %s is a loopback, private, link-local or otherwise internal address; webhooks go to public addresses only.", a)
-		}
-		return nil
-	}
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
-		if !s.opts.WebhookAllowPrivate {
-			return wire.Invalid("webhook_url", client.CodeWebhookURLInternal,
-				"webhook_url's host %s is this machine; webhooks go to public addresses only.", host)
-		}
+	a, literal := netguard.Literal(host)
+	local := host == "localhost" || strings.HasSuffix(host, ".localhost")
+	switch {
+	case literal && netguard.Blocked(a) && !s.opts.WebhookAllowPrivate:
+		return wire.Invalid("webhook_url", client.CodeWebhookURLInternal,
+			"webhook_url's host %s is a loopback, private, link-local or otherwise internal address; webhooks go to public addresses only.", a)
+	case local && !literal && !s.opts.WebhookAllowPrivate:
+		return wire.Invalid("webhook_url", client.CodeWebhookURLInternal,
+			"webhook_url's host %s is this machine; webhooks go to public addresses only.", host)
+	case literal || local:
 		return nil
 	}
 	// A name whose last label is a number is no DNS name, and no

@@ -95,28 +95,48 @@ func (a *syncAPI) getModel(w http.ResponseWriter, r *http.Request) error {
 	return writeOK(w, model{ID: m.Name, Object: "model", OwnedBy: m.OwnedBy()})
 }
 
-// call serves the requests to endpoint.
+// call serves the requests to endpoint. A chat or Responses request that
+// streams is the job of the request unstreamed, as POST /v1/jobs stores it.
+// POST /v1/responses with "background": true is a job of llmq's whose id is
+// the response's until it ends. The provider is called without background
+// (llmq is the background), so its answer carries the usage charged at
+// once; the completed response is the provider's, whose id a follow-up's
+// previous_response_id names.
 func (a *syncAPI) call(endpoint string) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var raw json.RawMessage
-		body, err := decodeJSON(w, r, a.Server.opts.MaxBodyBytes, &raw)
-		switch {
-		case err != nil:
+		body, err := decodeJSON(w, r, a.Server.opts.MaxBodyBytes, &raw, false)
+		if err != nil {
 			return err
-		case endpoint == llm.EndpointResponses:
-			return a.createResponse(w, r, body)
 		}
-		return a.run(w, r, endpoint, body)
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(body, &fields) != nil || fields == nil {
+			return a.run(w, r, endpoint, body, false, false) // admission names what is wrong
+		}
+		strip := []string{"stream", "stream_options"}
+		if endpoint == llm.EndpointResponses {
+			switch strings.TrimSpace(string(fields["background"])) {
+			case "", "false", "null": // "" when absent
+			case "true":
+				return a.background(w, r, body, fields)
+			default:
+				return wire.Invalid("background", client.CodeInvalidValue, "'background' must be a boolean.")
+			}
+			strip = append(strip, "background")
+		}
+		stream, includeUsage, err := streamFields(endpoint, fields)
+		if err != nil {
+			return err
+		}
+		return a.run(w, r, endpoint, without(body, fields, strip...), stream, includeUsage)
 	}
 }
 
 // run serves one synchronous request to endpoint with body.
-func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, body []byte) error {
-	body, stream, includeUsage, err := streamFields(endpoint, body)
-	if err != nil {
-		return err
-	}
+func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, body []byte,
+	stream, includeUsage bool) error {
 	idemKey := ""
+	var err error
 	if !stream { // a stream is not replayed
 		if idemKey, err = idempotencyKey(r); err != nil {
 			return err
@@ -218,32 +238,23 @@ func (a *syncAPI) maxWait(r *http.Request) (time.Duration, error) {
 	return min(d, a.opts.MaxWait), nil
 }
 
-// streamFields reads a chat body's stream and stream_options and returns the
-// body without them: the job is the request unstreamed, as POST /v1/jobs
-// stores it.
-func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsage bool, err error) {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil || fields == nil {
-		return body, false, false, nil // admission names what is wrong
-	}
-	raw, has := fields["stream"]
-	opts, hasOpts := fields["stream_options"]
-	if !has && !hasOpts {
-		return body, false, false, nil
-	}
-	switch strings.TrimSpace(string(raw)) {
+// streamFields reads a body's stream and stream_options.
+func streamFields(endpoint string, fields map[string]json.RawMessage) (stream, includeUsage bool, err error) {
+	switch strings.TrimSpace(string(fields["stream"])) {
 	case "true":
 		stream = true
-	case "false", "null", "":
+	case "false", "null", "": // "" when absent
 	default:
-		return nil, false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' must be a boolean.")
+		return false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' must be a boolean.")
 	}
 	if stream && endpoint == llm.EndpointEmbeddings {
-		return nil, false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' is only supported on %s and %s.", llm.EndpointChat, llm.EndpointResponses)
+		return false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' is only supported on %s and %s.",
+			llm.EndpointChat, llm.EndpointResponses)
 	}
-	if hasOpts && strings.TrimSpace(string(opts)) != "null" {
+	if opts, has := fields["stream_options"]; has && strings.TrimSpace(string(opts)) != "null" {
 		if !stream {
-			return nil, false, false, wire.Invalid("stream_options", client.CodeInvalidValue, "'stream_options' is only allowed when 'stream' is true.")
+			return false, false, wire.Invalid("stream_options", client.CodeInvalidValue,
+				"'stream_options' is only allowed when 'stream' is true.")
 		}
 		// The Responses API's stream_options (include_obfuscation) shape
 		// only its events' padding: llmq asks for the provider's default.
@@ -252,21 +263,27 @@ func streamFields(endpoint string, body []byte) (rest []byte, stream, includeUsa
 				IncludeUsage *bool `json:"include_usage"`
 			}
 			if err := json.Unmarshal(opts, &o); err != nil {
-				return nil, false, false, wire.Invalid("stream_options", client.CodeInvalidValue, "'stream_options' must be an object with a boolean include_usage.")
+				return false, false, wire.Invalid("stream_options", client.CodeInvalidValue,
+					"'stream_options' must be an object with a boolean include_usage.")
 			}
 			includeUsage = o.IncludeUsage != nil && *o.IncludeUsage
 		}
 	}
-	return without(fields, "stream", "stream_options"), stream, includeUsage, nil
+	return stream, includeUsage, nil
 }
 
-// without is the body of fields without the members names. The fields were
-// read from a JSON text, so they marshal.
-func without(fields map[string]json.RawMessage, names ...string) []byte {
+// without is body without the members names of its fields: body itself
+// when it has none of them. The fields were read from a JSON text, so they
+// marshal.
+func without(body []byte, fields map[string]json.RawMessage, names ...string) []byte {
+	n := len(fields)
 	for _, name := range names {
 		delete(fields, name)
 	}
-	body, _ := json.Marshal(fields)
+	if len(fields) == n {
+		return body
+	}
+	body, _ = json.Marshal(fields)
 	return body
 }
 
@@ -432,32 +449,14 @@ func (s *sseRelay) fail(pe *llm.Error) {
 	s.write(s.event(data))
 }
 
-// createResponse serves POST /v1/responses, whose body was read: a call
-// like any other synchronous request, or, with "background": true, a job of
-// llmq's whose id is the response's until it ends. The provider is called
-// without background (llmq is the background), so its answer carries the
-// usage charged at once; the completed response is the provider's, whose id
-// a follow-up's previous_response_id names.
-func (a *syncAPI) createResponse(w http.ResponseWriter, r *http.Request, body []byte) error {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil || fields == nil {
-		return a.run(w, r, llm.EndpointResponses, body) // admission names what is wrong
-	}
-	bg, has := fields["background"]
-	switch strings.TrimSpace(string(bg)) {
-	case "", "false", "null": // "" when absent
-		if has {
-			body = without(fields, "background")
-		}
-		return a.run(w, r, llm.EndpointResponses, body)
-	case "true":
-	default:
-		return wire.Invalid("background", client.CodeInvalidValue, "'background' must be a boolean.")
-	}
+// background submits a background response: a job of the Responses API.
+func (a *syncAPI) background(w http.ResponseWriter, r *http.Request, body []byte,
+	fields map[string]json.RawMessage) error {
 	if s := strings.TrimSpace(string(fields["stream"])); s == "true" {
-		return wire.Invalid("stream", client.CodeInvalidValue, "'stream' cannot be combined with 'background' here: follow a background response with GET /v1/responses/{id}.")
+		return wire.Invalid("stream", client.CodeInvalidValue,
+			"'stream' cannot be combined with 'background' here: follow a background response with GET /v1/responses/{id}.")
 	}
-	body = without(fields, "background", "stream", "stream_options")
+	body = without(body, fields, "background", "stream", "stream_options")
 	job, err := a.submitJob(w, r, &createJobRequest{Endpoint: llm.EndpointResponses, Body: body})
 	if err != nil {
 		return openAIError(err)

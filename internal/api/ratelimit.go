@@ -27,7 +27,7 @@ import (
 // scope so one script counts them together.
 func (s *Server) rateLimit(ctx context.Context, h http.Header, endpoint string, c *caller) error {
 	tier, key := c.tier, c.key
-	if tier == nil || tier.APIExempt || c.tenant.APIExempt || key.APIExempt || s.APILimiter == nil {
+	if tier.APIExempt || c.tenant.APIExempt || key.APIExempt || s.APILimiter == nil {
 		return nil
 	}
 	set := limiter.WindowSet{Algorithm: tier.APIAlgorithm, Scope: "api:" + key.ID, Windows: tier.APILimits.Windows("")}

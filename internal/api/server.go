@@ -51,8 +51,6 @@ type Deps struct {
 	// limit of failed authentications. Nil turns both off.
 	APILimiter *limiter.Windows
 	Logger     *slog.Logger
-	// Ready is what /readyz asks, as "services", when ReadyChecks is empty.
-	Ready func(ctx context.Context) error
 	// ReadyChecks are the services /readyz asks, each named in its answer.
 	ReadyChecks []ReadyCheck
 	Observer    Observer // nil: none
@@ -108,12 +106,8 @@ func New(d Deps, opts Options) (*Server, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
-	if d.Observer == nil {
-		d.Observer = nopObserver{}
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
+	d.Observer = cmp.Or[Observer](d.Observer, nopObserver{})
 	s := &Server{Deps: d, opts: opts, mux: http.NewServeMux()}
 	s.routes()
 	return s, nil
@@ -194,13 +188,9 @@ const readyTimeout = 2 * time.Second
 // and each service's state ("ok" or its NotReadyReason). The checks run at
 // once: one that hangs delays the answer by readyTimeout at most.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
-	checks := s.ReadyChecks
-	if len(checks) == 0 && s.Ready != nil {
-		checks = []ReadyCheck{{Name: "services", Check: s.Ready}}
-	}
-	errs := make([]error, len(checks))
+	errs := make([]error, len(s.ReadyChecks))
 	var wg sync.WaitGroup
-	for i, c := range checks {
+	for i, c := range s.ReadyChecks {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 			defer cancel()
@@ -210,7 +200,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	wg.Wait()
 	body := map[string]any{"status": "ready"}
 	var why []string
-	for i, c := range checks {
+	for i, c := range s.ReadyChecks {
 		body[c.Name] = "ok"
 		if errs[i] != nil {
 			reason := NotReadyReason(errs[i])
@@ -271,10 +261,7 @@ func NotReadyReason(err error) string {
 func (s *Server) plain(h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			if s.Store != nil {
-				err = s.Store.Classify(err)
-			}
-			writeError(w, r, s.Logger, err)
+			writeError(w, r, s.Logger, s.Store.Classify(err))
 		}
 	})
 }
@@ -352,14 +339,14 @@ func (s *Server) tenantRoute(endpoint string, h handlerFunc) http.Handler {
 		// The API limit and the budget's status are independent Redis
 		// reads: they go at once, each into headers of its own.
 		c := &caller{key: key, tenant: tenant, policy: s.Policy.Current()}
-		var budgetErr, limited error
-		c.acct, c.tier, budgetErr = admission.Account(c.policy, tenant)
+		if c.acct, c.tier, err = admission.Account(c.policy, tenant); err != nil {
+			return err
+		}
+		var limited error
 		limitHeaders, budgetHeaders := http.Header{}, http.Header{}
 		var steps sync.WaitGroup
 		steps.Go(func() { limited = s.rateLimit(r.Context(), limitHeaders, endpoint, c) })
-		if budgetErr == nil {
-			budgetErr = s.budgetHeaders(r.Context(), budgetHeaders, c)
-		}
+		budgetErr := s.budgetHeaders(r.Context(), budgetHeaders, c)
 		steps.Wait()
 		maps.Copy(w.Header(), limitHeaders)
 		maps.Copy(w.Header(), budgetHeaders)

@@ -34,7 +34,7 @@ const maxExempt = 50
 // exempt tenants and keys from the store.
 func (s *Server) apiLimits(ctx context.Context) (apiLimitsView, error) {
 	var v apiLimitsView
-	for _, t := range s.d.Policy.Current().Tiers {
+	for _, t := range s.a.Policy.Current().Tiers {
 		row := apiTierRow{Name: t.Name, Exempt: t.APIExempt, Webhooks: fmt.Sprintf("%g/s per host", t.WebhookHostRPS)}
 		if !t.APIExempt {
 			row.Limits, row.Algorithm = t.APILimits.String(), string(t.APIAlgorithm)
@@ -50,7 +50,7 @@ func (s *Server) apiLimits(ctx context.Context) (apiLimitsView, error) {
 		}
 		v.Tiers = append(v.Tiers, row)
 	}
-	tenants, more, err := s.d.Store.TenantList(ctx, &store.TenantListParams{APIExempt: true, Limit: maxExempt})
+	tenants, more, err := s.a.Store.TenantList(ctx, &store.TenantListParams{APIExempt: true, Limit: maxExempt})
 	if err != nil {
 		return v, err
 	}
@@ -58,7 +58,7 @@ func (s *Server) apiLimits(ctx context.Context) (apiLimitsView, error) {
 	for _, t := range tenants {
 		v.Tenants = append(v.Tenants, exemptRow{ID: t.ID, Name: t.Name, Tier: t.Tier})
 	}
-	keys, more, err := s.d.Store.APIKeyListExempt(ctx, &store.APIKeyListExemptParams{Limit: maxExempt})
+	keys, more, err := s.a.Store.APIKeyListExempt(ctx, &store.APIKeyListExemptParams{Limit: maxExempt})
 	if err != nil {
 		return v, err
 	}

@@ -8,28 +8,22 @@ import (
 	"cmp"
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"html/template"
 	"io"
 	"io/fs"
-	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/hibiken/asynq"
 	asynqmetrics "github.com/hibiken/asynq/x/metrics"
 	"github.com/hibiken/asynqmon"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
-	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/metrics"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/redisconn"
-	"github.com/llmq/llmq/internal/rkeys"
-	"github.com/llmq/llmq/internal/store"
 )
 
 //go:embed templates/*.html
@@ -38,29 +32,8 @@ var templateFS embed.FS
 //go:embed assets
 var assetFS embed.FS
 
-// Deps are what the pages read.
-type Deps struct {
-	State  *metrics.State
-	Store  *store.DB
-	Policy *config.PolicyHolder
-	Queues *queue.Inspector
-	Redis  redis.UniversalClient
-	Keys   rkeys.Builder
-	// Metrics serves /metrics; nil leaves /metrics unmounted.
-	Metrics *metrics.Recorder
-	// IsAdmin reports whether a request carries the admin token.
-	IsAdmin func(*http.Request) bool
-	Logger  *slog.Logger
-}
-
 // Options configure the pages.
 type Options struct {
-	// RedisURL is where asynqmon connects (it opens its own connections).
-	// Empty leaves /monitoring/ unmounted.
-	RedisURL string
-	// MonitoringReadOnly refuses every asynqmon request but GET, so nobody
-	// deletes or reruns tasks behind the store's back.
-	MonitoringReadOnly bool
 	// Refresh is how often the dashboard reloads itself. Defaults to 10s.
 	Refresh time.Duration
 }
@@ -71,54 +44,13 @@ const (
 	maxBatchRows  = 20
 )
 
-// Server serves the dashboard.
+// Server serves the dashboard of a dispatcher's app.
 type Server struct {
-	d    Deps
-	o    Options
-	page *template.Template
-}
-
-// New returns the dashboard server.
-func New(d Deps, o Options) (*Server, error) {
-	if d.IsAdmin == nil {
-		return nil, errors.New("dashboard: Deps.IsAdmin is required: the pages are for admins only")
-	}
-	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
-	o.Refresh = cmp.Or(o.Refresh, 10*time.Second)
-	t, err := template.New("dashboard.html").Funcs(funcs).ParseFS(templateFS, "templates/dashboard.html")
-	if err != nil {
-		return nil, fmt.Errorf("dashboard: parse template: %w", err)
-	}
-	return &Server{d: d, o: o, page: t}, nil
-}
-
-// Mount adds /dashboard, /monitoring/ and /metrics to mux. The returned
-// Closer releases asynqmon's Redis connections.
-func (s *Server) Mount(mux *http.ServeMux) (io.Closer, error) {
-	assets, err := fs.Sub(assetFS, "assets")
-	if err != nil {
-		return nil, err
-	}
-	mux.Handle("GET /dashboard", s.admin(http.HandlerFunc(s.serveDashboard)))
-	mux.Handle("GET /dashboard/", s.admin(http.RedirectHandler("/dashboard", http.StatusFound)))
-	mux.Handle("GET /dashboard/assets/", s.admin(http.StripPrefix("/dashboard/assets/", http.FileServerFS(assets))))
-	if s.d.Metrics != nil {
-		// Every tenant's spend: admins only here; Prometheus scrapes
-		// LLMQ_METRICS_ADDR.
-		mux.Handle("GET /metrics", s.admin(s.d.Metrics.Handler()))
-	}
-	closer := io.Closer(nopCloser{})
-	if s.o.RedisURL != "" {
-		opt, err := redisconn.Parse(s.o.RedisURL)
-		if err != nil {
-			return nil, fmt.Errorf("LLMQ_REDIS_URL: %w", err)
-		}
-		mon := asynqmon.New(asynqmon.Options{RootPath: "/monitoring", RedisConnOpt: opt.AsynqConnOpt(), ReadOnly: s.o.MonitoringReadOnly})
-		mux.Handle("/monitoring/", s.admin(mon))
-		mux.Handle("GET /monitoring", s.admin(http.RedirectHandler("/monitoring/", http.StatusMovedPermanently)))
-		closer = mon
-	}
-	return closer, nil
+	a       *app.App
+	state   *metrics.State
+	refresh time.Duration
+	isAdmin func(*http.Request) bool
+	page    *template.Template
 }
 
 type nopCloser struct{}
@@ -130,7 +62,7 @@ func (nopCloser) Close() error { return nil }
 // requests, and forbids framing the pages.
 func (s *Server) admin(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.d.IsAdmin(r) {
+		if !s.isAdmin(r) {
 			w.Header().Set("WWW-Authenticate", `Basic realm="llmq", charset="UTF-8"`)
 			http.Error(w, "401 Unauthorized: log in with the admin token as the password (any user name).", http.StatusUnauthorized)
 			return
@@ -148,7 +80,9 @@ func (s *Server) admin(h http.Handler) http.Handler {
 
 // MountApp builds the dashboard, the monitor and /metrics of a dispatcher
 // over app a, registers the scrape-time collectors in rec, and mounts them
-// beside the API of srv.
+// beside the API of srv: /dashboard, /monitoring/ (unless LLMQ_REDIS_URL is
+// empty) and /metrics. The returned Closer releases asynqmon's Redis
+// connections.
 func MountApp(srv *api.Server, a *app.App, rec *metrics.Recorder, o Options) (io.Closer, error) {
 	// Never closed: the app closes the client it shares.
 	in := asynq.NewInspectorFromRedisClient(a.Redis)
@@ -165,14 +99,31 @@ func MountApp(srv *api.Server, a *app.App, rec *metrics.Recorder, o Options) (io
 	if err := queue.RegisterQueues(ctx, a.Redis, ns); err != nil {
 		return nil, fmt.Errorf("register queues: %w", err)
 	}
-	o.RedisURL = cmp.Or(o.RedisURL, a.Env.RedisURL)
-	o.MonitoringReadOnly = a.Env.MonitoringReadOnly
-	s, err := New(Deps{
-		State: st, Store: a.Store, Policy: a.Policy, Queues: a.Inspector, Redis: a.Redis, Keys: a.Keys,
-		Metrics: rec, IsAdmin: srv.IsAdmin, Logger: a.Logger,
-	}, o)
+	page, err := template.New("dashboard.html").Funcs(funcs).ParseFS(templateFS, "templates/dashboard.html")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dashboard: parse template: %w", err)
 	}
-	return s.Mount(srv.Mux())
+	s := &Server{a: a, state: st, refresh: cmp.Or(o.Refresh, 10*time.Second), isAdmin: srv.IsAdmin, page: page}
+	assets, _ := fs.Sub(assetFS, "assets") // a valid path: cannot fail
+	mux := srv.Mux()
+	mux.Handle("GET /dashboard", s.admin(http.HandlerFunc(s.serveDashboard)))
+	mux.Handle("GET /dashboard/", s.admin(http.RedirectHandler("/dashboard", http.StatusFound)))
+	mux.Handle("GET /dashboard/assets/", s.admin(http.StripPrefix("/dashboard/assets/", http.FileServerFS(assets))))
+	// Every tenant's spend: admins only here; Prometheus scrapes
+	// LLMQ_METRICS_ADDR.
+	mux.Handle("GET /metrics", s.admin(rec.Handler()))
+	if a.Env.RedisURL == "" {
+		return nopCloser{}, nil
+	}
+	opt, err := redisconn.Parse(a.Env.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("LLMQ_REDIS_URL: %w", err)
+	}
+	// ReadOnly refuses every request but GET, so nobody deletes or reruns
+	// tasks behind the store's back.
+	mon := asynqmon.New(asynqmon.Options{RootPath: "/monitoring", RedisConnOpt: opt.AsynqConnOpt(),
+		ReadOnly: a.Env.MonitoringReadOnly})
+	mux.Handle("/monitoring/", s.admin(mon))
+	mux.Handle("GET /monitoring", s.admin(http.RedirectHandler("/monitoring/", http.StatusMovedPermanently)))
+	return mon, nil
 }

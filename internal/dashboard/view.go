@@ -58,11 +58,10 @@ type modelRow struct {
 }
 
 type bucketRow struct {
-	Name, Unit       string
-	Limit, Remaining int64
-	UsedPct          float64
-	Text             string
-	Provider         string // what the provider last said the bucket holds
+	Name, Unit string
+	UsedPct    float64
+	Text       string
+	Provider   string // what the provider last said the bucket holds
 }
 
 type learnedLine struct{ Key, Text string }
@@ -111,7 +110,7 @@ func (s *Server) serveDashboard(w http.ResponseWriter, r *http.Request) {
 	v := s.build(ctx)
 	var buf bytes.Buffer
 	if err := s.page.Execute(&buf, v); err != nil {
-		s.d.Logger.Error("dashboard: render", "err", err)
+		s.a.Logger.Error("dashboard: render", "err", err)
 		http.Error(w, "500 Internal Server Error: the dashboard could not be rendered.", http.StatusInternalServerError)
 		return
 	}
@@ -123,18 +122,18 @@ func (s *Server) serveDashboard(w http.ResponseWriter, r *http.Request) {
 // the rest of the page still shows.
 func (s *Server) build(ctx context.Context) *view {
 	now := time.Now()
-	v := &view{Now: now.UTC(), Refresh: int(s.o.Refresh / time.Second), PolicyDigest: s.d.Policy.Current().Digest}
+	v := &view{Now: now.UTC(), Refresh: int(s.refresh / time.Second), PolicyDigest: s.a.Policy.Current().Digest}
 	v.PolicyDigest = v.PolicyDigest[:min(len(v.PolicyDigest), 12)]
 	// fine reports whether a section was read, naming it in Problems when not.
 	fine := func(section string, err error) bool {
 		if err != nil {
-			s.d.Logger.Warn("dashboard: read "+section, "err", err)
+			s.a.Logger.Warn("dashboard: read "+section, "err", err)
 			v.Problems = append(v.Problems, fmt.Sprintf("%s could not be read: %v", section, err))
 		}
 		return err == nil
 	}
 
-	minutes, err := metrics.ReadMinutes(ctx, s.d.Redis, s.d.Keys, now, chartMinutes)
+	minutes, err := metrics.ReadMinutes(ctx, s.a.Redis, s.a.Keys, now, chartMinutes)
 	fine("the charts", err)
 	v.Summary, v.Charts = summarize(minutes)
 	var added money.Micros
@@ -144,13 +143,13 @@ func (s *Server) build(ctx context.Context) *view {
 	}
 	v.Raised.Added = money2(added)
 
-	if n, err := s.d.State.Workers(ctx); err == nil {
+	if n, err := s.state.Workers(ctx); err == nil {
 		v.Workers, v.WorkersKnown = n, true
 	}
-	if models, err := s.d.State.Models(ctx); fine("rate-limit buckets", err) {
+	if models, err := s.state.Models(ctx); fine("rate-limit buckets", err) {
 		v.Models = modelRows(models, minutes, now)
 	}
-	if ts, err := s.d.State.Tenants(ctx); fine("budgets", err) {
+	if ts, err := s.state.Tenants(ctx); fine("budgets", err) {
 		v.Tenants = tenantRows(ts)
 	}
 	if rows, err := s.batchRows(ctx, now); fine("batches", err) {
@@ -159,12 +158,12 @@ func (s *Server) build(ctx context.Context) *view {
 	if api, err := s.apiLimits(ctx); fine("API exemptions", err) {
 		v.API = api
 	}
-	if ws, err := s.d.State.Waiting(ctx); fine("the fair queues", err) {
+	if ws, err := s.state.Waiting(ctx); fine("the fair queues", err) {
 		for _, w := range ws[:min(len(ws), 50)] {
 			v.Waiting = append(v.Waiting, waitingRow{Waiting: w, Oldest: duration(w.OldestWait)})
 		}
 	}
-	if qs, err := s.d.Queues.QueueStats(ctx); fine("queues", err) {
+	if qs, err := s.a.Inspector.QueueStats(ctx); fine("queues", err) {
 		for _, q := range qs {
 			v.Queues = append(v.Queues, queueRow{QueueStat: q, Latency: duration(q.Latency), Late: q.Latency > time.Minute})
 		}
@@ -233,11 +232,8 @@ func modelRows(models []metrics.ModelLevel, ms []metrics.Minute, now time.Time) 
 		row.Rate429 = percent(float64(row.Calls429), float64(row.Calls))
 		row.Hot = row.Calls > 0 && float64(row.Calls429)/float64(row.Calls) > 0.05
 		for _, b := range m.Buckets {
-			br := bucketRow{
-				Name: b.Name, Unit: unitName(b.Unit), Limit: b.Limit, Remaining: b.Remaining,
-				UsedPct: clampPct(float64(b.Limit-b.Remaining) / float64(b.Limit) * 100),
-				Text:    group(b.Remaining) + " / " + group(b.Limit),
-			}
+			br := bucketRow{Name: b.Name, Unit: unitName(b.Unit), Text: group(b.Remaining) + " / " + group(b.Limit),
+				UsedPct: clampPct(float64(b.Limit-b.Remaining) / float64(b.Limit) * 100)}
 			if l := learnedBucket(m.Learned, b.Name); l != nil && l.ProviderRemaining >= 0 {
 				br.Provider = group(l.ProviderRemaining) + " left, " + duration(m.Learned.Time.Sub(l.ProviderSeen)) + " ago"
 			}
@@ -354,13 +350,13 @@ func tenantRows(ts *metrics.Tenants) tenantsView {
 // batchRows reads the unfinished batches, oldest first, with their jobs
 // counted by status.
 func (s *Server) batchRows(ctx context.Context, now time.Time) ([]batchRow, error) {
-	bs, _, err := s.d.Store.BatchListActive(ctx, &store.BatchListActiveParams{Limit: maxBatchRows})
+	bs, _, err := s.a.Store.BatchListActive(ctx, &store.BatchListActiveParams{Limit: maxBatchRows})
 	if err != nil {
 		return nil, err
 	}
 	rows := make([]batchRow, 0, len(bs))
 	for _, b := range bs {
-		c, err := s.d.Store.JobCountsByBatch(ctx, b.ID)
+		c, err := s.a.Store.JobCountsByBatch(ctx, b.ID)
 		if err != nil {
 			return nil, fmt.Errorf("batch %s: %w", b.ID, err)
 		}

@@ -39,8 +39,6 @@ type Options struct {
 	// Timeout bounds one delivery attempt, connection to last byte.
 	// Defaults to 10s.
 	Timeout time.Duration
-	// Now is the clock of signatures. Defaults to time.Now.
-	Now func() time.Time
 	// MaxInlineWait is the longest wait for a delivery's slot at its host
 	// slept inside the handler; a longer one puts the task back in its
 	// queue until then. Defaults to 1s.
@@ -89,9 +87,6 @@ func NewHandler(d Deps, opts Options) *Handler {
 	}
 	opts.Timeout = cmp.Or(opts.Timeout, 10*time.Second)
 	opts.MaxInlineWait = cmp.Or(opts.MaxInlineWait, time.Second)
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
 	dialer := &net.Dialer{Timeout: opts.Timeout, KeepAlive: 30 * time.Second, Control: dialControl}
 	if opts.AllowPrivate {
 		dialer.Control = nil
@@ -142,7 +137,7 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return err
 	}
-	outcome, err := h.deliver(ctx, d, tenant.WebhookSecrets(h.opts.Now()))
+	outcome, err := h.deliver(ctx, d, tenant.WebhookSecrets(time.Now()))
 	h.done(ctx, scope, d)
 	ended := err == nil || errors.Is(err, asynq.SkipRetry)
 	if !ended {
@@ -209,22 +204,17 @@ func (h *Handler) load(ctx context.Context, p *queue.WebhookPayload) (*delivery,
 // task; an error wrapping asynq.SkipRetry ends it as failed; any other error
 // is retried.
 func (h *Handler) deliver(ctx context.Context, d *delivery, secrets []string) (string, error) {
-	u, err := url.Parse(d.url)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(d.body))
+	if err != nil || (req.URL.Scheme != "http" && req.URL.Scheme != "https") || req.URL.Host == "" {
 		h.Logger.Warn("webhook not sent: not an http(s) URL", "webhook", d.id)
 		return "invalid_url", fmt.Errorf("webhook %s: invalid URL: %w", d.id, asynq.SkipRetry)
 	}
-	log := h.Logger.With("webhook", d.id, "host", u.Hostname()) // the host only: a URL may carry a token
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(d.body))
-	if err != nil {
-		log.Warn("webhook not sent: its URL cannot be requested")
-		return "invalid_url", fmt.Errorf("webhook %s: invalid URL: %w", d.id, asynq.SkipRetry)
-	}
+	log := h.Logger.With("webhook", d.id, "host", req.URL.Hostname()) // the host only: a URL may carry a token
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "llmq-webhook/1")
 	req.Header.Set(client.WebhookEventHeader, d.event)
 	req.Header.Set(client.WebhookIDHeader, d.id)
-	req.Header.Set(client.WebhookSignatureHeader, client.SignWebhook(secrets, h.opts.Now(), d.body))
+	req.Header.Set(client.WebhookSignatureHeader, client.SignWebhook(secrets, time.Now(), d.body))
 	resp, err := h.client.Do(req)
 	if err != nil {
 		// net/http's error quotes the whole URL, whose path may hold the

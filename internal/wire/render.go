@@ -80,14 +80,11 @@ func Batch(b *store.Batch, c *store.JobCounts) client.Batch {
 	return out
 }
 
-// BatchRequestID is the id of a batch request in the output and error files
-// ("batch_req_…"), made from its job's id.
-func BatchRequestID(jobID string) string { return "batch_req_" + strings.TrimPrefix(jobID, ids.Job) }
-
 // BatchResult is the output or error file line of a job of a batch that
 // ended as final: OpenAI's {"id","custom_id","response","error"}.
 func BatchResult(j *store.Job, final store.BatchStatus) client.BatchResult {
-	r := client.BatchResult{ID: BatchRequestID(j.ID), CustomID: j.CustomID}
+	// The request's id ("batch_req_…") is made from its job's.
+	r := client.BatchResult{ID: "batch_req_" + strings.TrimPrefix(j.ID, ids.Job), CustomID: j.CustomID}
 	if j.ResponseStatus != 0 {
 		r.Response = &client.JobResponse{StatusCode: j.ResponseStatus, RequestID: j.ProviderRequestID, Body: j.ResponseBody}
 		if len(j.ResponseBody) == 0 && j.Error != nil {
