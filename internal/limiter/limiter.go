@@ -31,13 +31,10 @@ const (
 )
 
 func (u Unit) String() string {
-	switch u {
-	case UnitRequests:
-		return "requests"
-	case UnitTokens:
+	if u == UnitTokens {
 		return "tokens"
 	}
-	return "unit(" + strconv.Itoa(int(u)) + ")"
+	return "requests"
 }
 
 // Bucket is one token bucket of a scope. It holds Limit (its capacity) and
@@ -197,24 +194,22 @@ type Options struct {
 	// for reservations that are each one provider call (the workers'), not
 	// plain permits.
 	HoldInFlight bool
-	// Jitter bounds the random delay Wait adds to each RetryAfter. Defaults
-	// to 2ms.
-	Jitter time.Duration
 }
 
 // The longest RetryAfter while a probe is in flight (probeRetry) or while
 // reservations in flight hold the room back (holdRetry), jittered by ±25%;
 // how long a settled reservation is remembered, so that settling it again
-// changes nothing (reconcileTTL).
+// changes nothing (reconcileTTL); the most Wait adds at random to each
+// RetryAfter (waitJitter).
 const (
 	probeRetry   = 500 * time.Millisecond
 	holdRetry    = 100 * time.Millisecond
 	reconcileTTL = time.Hour
+	waitJitter   = 2 * time.Millisecond
 )
 
 func (o Options) withDefaults() Options {
 	o.ProbeTimeout = cmp.Or(o.ProbeTimeout, 30*time.Second)
-	o.Jitter = cmp.Or(o.Jitter, 2*time.Millisecond)
 	return o
 }
 

@@ -149,9 +149,6 @@ func (tb *TokenBucket) Settle(ctx context.Context, r *Reservation, fb Feedback) 
 	if r == nil {
 		return nil, errors.New("limiter: Settle of a nil reservation")
 	}
-	if err := r.Scope.validate(Cost{}); err != nil {
-		return nil, err
-	}
 	if fb.Charged.Requests < 0 || fb.Charged.Tokens < 0 || fb.Unused.Requests < 0 || fb.Unused.Tokens < 0 {
 		return nil, fmt.Errorf("limiter: scope %q: negative feedback %+v", r.Scope.Name, fb)
 	}
@@ -179,9 +176,6 @@ func (tb *TokenBucket) Reconcile(ctx context.Context, r *Reservation, actual Cos
 func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cost, marker bool) error {
 	if r == nil {
 		return errors.New("limiter: Reconcile of a nil reservation")
-	}
-	if err := r.Scope.validate(Cost{}); err != nil {
-		return err
 	}
 	if actual.Requests < 0 || actual.Tokens < 0 {
 		return fmt.Errorf("limiter: scope %q: negative actual cost %+v", r.Scope.Name, actual)
