@@ -137,7 +137,8 @@ func splitMultiHost(rest string) (multiHost, error) {
 	return m, nil
 }
 
-// optionsURL is a go-redis URL carrying m's options but drop.
+// optionsURL is a go-redis URL of every address of m carrying its options
+// but drop.
 func (m multiHost) optionsURL(base string, drop ...string) (string, url.Values, error) {
 	q, err := url.ParseQuery(m.rawQuery)
 	if err != nil {
@@ -147,6 +148,7 @@ func (m multiHost) optionsURL(base string, drop ...string) (string, url.Values, 
 	for _, d := range drop {
 		delete(kept, d)
 	}
+	kept["addr"] = append(kept["addr"], m.addrs[1:]...)
 	return base + "://" + m.addrs[0] + "?" + kept.Encode(), q, nil
 }
 
@@ -177,9 +179,6 @@ func parseSentinel(base, rest string) (Options, error) {
 		return Options{}, err
 	}
 	extra := url.Values{"master_name": {master}, "db": {strconv.Itoa(db)}}
-	for _, a := range m.addrs[1:] {
-		extra.Add("addr", a)
-	}
 	fo, err := redis.ParseFailoverURL(ou + "&" + extra.Encode())
 	if err != nil {
 		return Options{}, goRedisError(err)
@@ -203,9 +202,6 @@ func parseCluster(base, rest string) (Options, error) {
 	ou, _, err := m.optionsURL(base)
 	if err != nil {
 		return Options{}, err
-	}
-	for _, a := range m.addrs[1:] {
-		ou += "&addr=" + url.QueryEscape(a)
 	}
 	co, err := redis.ParseClusterURL(ou)
 	if err != nil {
@@ -241,31 +237,6 @@ func (o Options) NewClient() redis.UniversalClient {
 	default:
 		c := *o.single
 		return redis.NewClient(&c)
-	}
-}
-
-// Addrs returns the addresses the URL lists: the node, the sentinels or the
-// cluster's seeds.
-func (o Options) Addrs() []string {
-	switch o.Kind {
-	case Sentinel:
-		return append([]string(nil), o.failover.SentinelAddrs...)
-	case Cluster:
-		return append([]string(nil), o.cluster.Addrs...)
-	default:
-		return []string{o.single.Addr}
-	}
-}
-
-// DB returns the database number (always 0 on a cluster).
-func (o Options) DB() int {
-	switch o.Kind {
-	case Sentinel:
-		return o.failover.DB
-	case Cluster:
-		return 0
-	default:
-		return o.single.DB
 	}
 }
 
