@@ -79,7 +79,7 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	// and its refusal. Without a global cap the global day allows.
 	n, refusal := [2][]int64{nil, {1, 0, 0, 0, 0, 0}}, [2]string{}
 	for i, r := range rs {
-		if n[i], err = r.ints(1, 2, 3, 4, 5, 6); err == nil {
+		if n[i], err = r.ints(6); err == nil {
 			refusal[i], err = r.str(7)
 		}
 		if err != nil {
@@ -328,7 +328,7 @@ func (b *Budgets) readStatus(ctx context.Context, acct Account) (*Decision, erro
 	}
 	n := [2][]int64{nil, {0, 0, 0}} // each day's now, spent, reserved
 	for i, r := range rs {
-		if n[i], err = r.ints(1, 2, 3); err != nil {
+		if n[i], err = r.ints(3); err != nil {
 			return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
 		}
 	}
