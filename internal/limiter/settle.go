@@ -192,16 +192,10 @@ func (tb *TokenBucket) Release(ctx context.Context, r *Reservation) error {
 }
 
 func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, charged Cost, fb Feedback, sample string, marker bool) (*Settlement, error) {
-	probe, refused := "0", "0"
-	if r.Probe {
-		probe = "1"
-	}
-	if fb.Refused {
-		refused = "1"
-	}
+	// go-redis sends a bool as 1 or 0.
 	args := make([]any, 0, 9+12*len(r.Scope.Buckets))
-	args = append(args, redisclock.Arg(tb.opts.Clock), reconcileTTL.Milliseconds(), r.ID, probe,
-		tb.opts.ProbeTimeout.Microseconds(), r.gen, mode, sample, refused)
+	args = append(args, redisclock.Arg(tb.opts.Clock), reconcileTTL.Milliseconds(), r.ID, r.Probe,
+		tb.opts.ProbeTimeout.Microseconds(), r.gen, mode, sample, fb.Refused)
 	for i, b := range r.Scope.Buckets {
 		var lag, pos int64
 		if i < len(r.lag) {
@@ -211,10 +205,7 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 		if j := slices.IndexFunc(fb.Observed, func(o Observed) bool { return o.Bucket == b.Name }); j >= 0 {
 			o := fb.Observed[j]
 			oremain = strconv.FormatInt(max(o.Remaining, 0), 10)
-			olimit = strconv.FormatInt(b.Limit, 10)
-			if o.Limit > 0 {
-				olimit = strconv.FormatInt(o.Limit, 10)
-			}
+			olimit = strconv.FormatInt(cmp.Or(max(o.Limit, 0), b.Limit), 10)
 		}
 		evidence := ""
 		if slices.Contains(fb.Evidence, b.Name) {
