@@ -159,7 +159,7 @@ func (b *Budgets) raiseRows(ctx context.Context, d dayRef, st dayState, sum mone
 			return nil
 		}
 		calls = append(calls, scripts.Call{Script: settleScript, Keys: keys,
-			Args: []any{d.member(tenantID, jobID), int64(cost), "1", strconv.FormatInt(written.UnixMicro(), 10)}})
+			Args: []any{d.member(tenantID, jobID), int64(cost), true, strconv.FormatInt(written.UnixMicro(), 10)}})
 		costs = append(costs, cost)
 		if len(calls) == raiseBatch {
 			return flush()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -222,9 +221,7 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 	for range maxAttempts {
 		arg := redisclock.Arg(b.clock)
 		sp := b.spanAt(guess, loc)
-		var tok [8]byte
-		_, _ = rand.Read(tok[:])
-		token := hex.EncodeToString(tok[:])
+		token := rand.Text()
 		for i, d := range days {
 			ref, start, end := dayRef{acct.TenantID, sp.day}, sp.start, sp.end
 			if d.global {
