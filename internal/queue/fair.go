@@ -232,13 +232,11 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		}
 		return strconv.FormatFloat(v, 'f', 3, 64)
 	}
-	force := "0"
-	if room.Force {
-		force = "1"
-	}
 	keys := []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
+	// go-redis sends a bool as 1 or 0.
 	v, err := fairReleaseScript.Run(ctx, f.rdb, keys, redisclock.Arg(f.clock), f.keys.FairQueue(scope), fairTTL.Milliseconds(),
-		num(room.Tokens), num(room.Requests), max(room.MaxOutstanding, 1), strconv.FormatFloat(room.Factor, 'g', -1, 64), force, fairWeights).Slice()
+		num(room.Tokens), num(room.Requests), max(room.MaxOutstanding, 1),
+		strconv.FormatFloat(room.Factor, 'g', -1, 64), room.Force, fairWeights).Slice()
 	if err != nil {
 		return nil, false, fmt.Errorf("release the fair queue of %s: %w", scope, err)
 	}
