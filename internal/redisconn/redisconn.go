@@ -16,6 +16,7 @@
 package redisconn
 
 import (
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"maps"
@@ -213,10 +214,8 @@ func parseCluster(base, rest string) (Options, error) {
 		host, _, _ := net.SplitHostPort(m.addrs[0])
 		co.TLSConfig = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
 	}
-	if co.ClusterStateReloadInterval == 0 {
-		// A crashed master sends no MOVED: reload the slot map often.
-		co.ClusterStateReloadInterval = 2 * time.Second
-	}
+	// A crashed master sends no MOVED: reload the slot map often.
+	co.ClusterStateReloadInterval = cmp.Or(co.ClusterStateReloadInterval, 2*time.Second)
 	return Options{Kind: Cluster, cluster: co}, nil
 }
 
