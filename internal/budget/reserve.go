@@ -296,11 +296,8 @@ func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
 		d, err := b.readStatus(ctx, acct)
 		return statusRead{d, err}
 	})
-	if err != nil {
+	if err := cmp.Or(err, r.err); err != nil {
 		return nil, err
-	}
-	if r.err != nil {
-		return nil, r.err
 	}
 	d := *r.d // each caller its own copy
 	return &d, nil
