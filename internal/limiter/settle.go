@@ -224,11 +224,7 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 	if marker {
 		keys = append(keys, tb.opts.Keys.LimiterReconciled(r.Scope.Name, r.ID))
 	}
-	v, err := tb.scripts.Run(ctx, scripts.Call{Script: settleScript, Keys: keys, Args: args}).Result()
-	var a []int64
-	if err == nil {
-		a, err = ints(v, 1)
-	}
+	a, err := ints(tb.scripts.Run(ctx, scripts.Call{Script: settleScript, Keys: keys, Args: args}), 1)
 	if err != nil {
 		return nil, fmt.Errorf("limiter: settle on scope %q: %w", r.Scope.Name, err)
 	}

@@ -189,11 +189,7 @@ func (w *Windows) take(ctx context.Context, set WindowSet, cost int64, prefetch 
 		}
 		args = append(args, nw.Limit, nw.Period.Microseconds())
 	}
-	v, err := alg.take.Run(ctx, w.rdb, w.keys(set), args...).Result()
-	var a []int64
-	if err == nil {
-		a, err = ints(v, 2+alg.stride*len(set.Windows))
-	}
+	a, err := ints(alg.take.Run(ctx, w.rdb, w.keys(set), args...), 2+alg.stride*len(set.Windows))
 	if err != nil {
 		return nil, nil, fmt.Errorf("limiter: %s %q: %w", set.Algorithm, set.Scope, err)
 	}
