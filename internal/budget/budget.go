@@ -332,42 +332,36 @@ func (b *Budgets) guessNow() time.Time {
 type reply []any
 
 func (r reply) str(i int) (string, error) {
-	if i >= len(r) {
-		return "", fmt.Errorf("budget: script reply %v has no element %d", []any(r), i)
+	if i < len(r) {
+		if s, ok := r[i].(string); ok {
+			return s, nil
+		}
 	}
-	s, ok := r[i].(string)
-	if !ok {
-		return "", fmt.Errorf("budget: script reply element %d is %T, want a string", i, r[i])
-	}
-	return s, nil
+	return "", fmt.Errorf("budget: script reply %v has no string at %d", []any(r), i)
 }
 
 func (r reply) int(i int) (int64, error) {
-	if i >= len(r) {
-		return 0, fmt.Errorf("budget: script reply %v has no element %d", []any(r), i)
-	}
-	switch v := r[i].(type) {
-	case int64:
-		return v, nil
-	case string:
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("budget: script reply element %d: %w", i, err)
+	if i < len(r) {
+		switch v := r[i].(type) {
+		case int64:
+			return v, nil
+		case string:
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				return n, nil
+			}
 		}
-		return n, nil
 	}
-	return 0, fmt.Errorf("budget: script reply element %d is %T, want an integer", i, r[i])
+	return 0, fmt.Errorf("budget: script reply %v has no integer at %d", []any(r), i)
 }
 
-// ints reads the integers at the given indexes, stopping at the first error.
-func (r reply) ints(idx ...int) ([]int64, error) {
-	out := make([]int64, len(idx))
-	for j, i := range idx {
-		n, err := r.int(i)
-		if err != nil {
+// ints reads the integers at 1 to n, stopping at the first error.
+func (r reply) ints(n int) ([]int64, error) {
+	out := make([]int64, n)
+	for i := range out {
+		var err error
+		if out[i], err = r.int(i + 1); err != nil {
 			return nil, err
 		}
-		out[j] = n
 	}
 	return out, nil
 }

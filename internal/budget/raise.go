@@ -102,14 +102,14 @@ func (b *Budgets) readDayStates(ctx context.Context, keys []string) ([]dayState,
 		if err != nil { // nil: no hash
 			continue
 		}
-		st := dayState{exists: true, gen: gen, rebuilding: len(v) > 1 && v[1] != nil}
+		st := dayState{exists: true, gen: gen, rebuilding: v[1] != nil}
 		if !st.rebuilding {
 			n, err := v.int(2)
 			if err != nil {
 				return nil, fmt.Errorf("day %s: spent: %w", keys[i], err)
 			}
 			st.spent = money.Micros(n)
-			if len(v) > 3 && v[3] != nil {
+			if v[3] != nil {
 				t, err := v.int(3)
 				if err != nil {
 					return nil, fmt.Errorf("day %s: rbt: %w", keys[i], err)
@@ -159,7 +159,7 @@ func (b *Budgets) raiseRows(ctx context.Context, d dayRef, st dayState, sum mone
 			return nil
 		}
 		calls = append(calls, scripts.Call{Script: settleScript, Keys: keys,
-			Args: []any{d.member(tenantID, jobID), int64(cost), "1", strconv.FormatInt(written.UnixMicro(), 10)}})
+			Args: []any{d.member(tenantID, jobID), int64(cost), true, strconv.FormatInt(written.UnixMicro(), 10)}})
 		costs = append(costs, cost)
 		if len(calls) == raiseBatch {
 			return flush()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -79,7 +78,7 @@ func (b *Budgets) Reserve(ctx context.Context, acct Account, id string, amount m
 	// and its refusal. Without a global cap the global day allows.
 	n, refusal := [2][]int64{nil, {1, 0, 0, 0, 0, 0}}, [2]string{}
 	for i, r := range rs {
-		if n[i], err = r.ints(1, 2, 3, 4, 5, 6); err == nil {
+		if n[i], err = r.ints(6); err == nil {
 			refusal[i], err = r.str(7)
 		}
 		if err != nil {
@@ -222,9 +221,7 @@ func (b *Budgets) eval(ctx context.Context, s *redis.Script, acct Account, days 
 	for range maxAttempts {
 		arg := redisclock.Arg(b.clock)
 		sp := b.spanAt(guess, loc)
-		var tok [8]byte
-		_, _ = rand.Read(tok[:])
-		token := hex.EncodeToString(tok[:])
+		token := rand.Text()
 		for i, d := range days {
 			ref, start, end := dayRef{acct.TenantID, sp.day}, sp.start, sp.end
 			if d.global {
@@ -299,11 +296,8 @@ func (b *Budgets) Status(ctx context.Context, acct Account) (*Decision, error) {
 		d, err := b.readStatus(ctx, acct)
 		return statusRead{d, err}
 	})
-	if err != nil {
+	if err := cmp.Or(err, r.err); err != nil {
 		return nil, err
-	}
-	if r.err != nil {
-		return nil, r.err
 	}
 	d := *r.d // each caller its own copy
 	return &d, nil
@@ -328,7 +322,7 @@ func (b *Budgets) readStatus(ctx context.Context, acct Account) (*Decision, erro
 	}
 	n := [2][]int64{nil, {0, 0, 0}} // each day's now, spent, reserved
 	for i, r := range rs {
-		if n[i], err = r.ints(1, 2, 3); err != nil {
+		if n[i], err = r.ints(3); err != nil {
 			return nil, fmt.Errorf("budget: Status of tenant %s: %w", acct.TenantID, err)
 		}
 	}

@@ -64,11 +64,9 @@ func (b *Budgets) settle(ctx context.Context, op string, res *Reservation, actua
 
 // settleDays is onDays of the settle script (its outcomes in settle.lua).
 func (b *Budgets) settleDays(ctx context.Context, res *Reservation, cost money.Micros, charge bool, tenant, global bool) ([]int64, error) {
-	flag := "0"
-	if charge {
-		flag = "1"
-	}
-	return b.onDays(ctx, settleScript, res, tenant, global, func(member string) []any { return []any{member, int64(cost), flag} })
+	return b.onDays(ctx, settleScript, res, tenant, global, func(member string) []any {
+		return []any{member, int64(cost), charge} // go-redis sends a bool as 1 or 0
+	})
 }
 
 // onDays runs s on the reservation's tenant and global days (those asked

@@ -22,8 +22,6 @@ type Batch[K comparable, P, R any] struct {
 	mu    sync.Mutex
 	lanes map[K]*lane[P, R]
 	calls int // calls made; under mu
-
-	beforeCall func() // tests: called before a call takes its inputs
 }
 
 type lane[P, R any] struct {
@@ -61,9 +59,6 @@ func (b *Batch[K, P, R]) Do(ctx context.Context, key K, p P) (R, error) {
 		if e.done {
 			return e.res, e.err
 		}
-	}
-	if b.beforeCall != nil {
-		b.beforeCall()
 	}
 	b.mu.Lock()
 	b.calls++

@@ -69,11 +69,8 @@ func (tb *TokenBucket) runReserves(ctx context.Context, name string, batch []*ca
 			args = append(args, c.cost.Of(b.Unit))
 		}
 	}
-	v, err := reserveScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(name)}, args...).Result()
-	var a []int64
-	if err == nil {
-		a, err = ints(v, 1) // each call's part is checked below
-	}
+	// Each call's part of the reply is checked below.
+	a, err := ints(reserveScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(name)}, args...), 1)
 	if err != nil {
 		for i := range batch {
 			errs[i] = fmt.Errorf("limiter: reserve on scope %q: %w", name, err)

@@ -61,11 +61,8 @@ func (tb *TokenBucket) Inspect(ctx context.Context, scope Scope) (*ScopeLearning
 	for _, b := range scope.Buckets {
 		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), b.Burst.Microseconds())
 	}
-	v, err := inspectScript.Run(ctx, tb.rdb, []string{tb.opts.Keys.LimiterScope(scope.Name)}, args...).Result()
-	var a []int64
-	if err == nil {
-		a, err = ints(v, 4+11*len(scope.Buckets))
-	}
+	keys := []string{tb.opts.Keys.LimiterScope(scope.Name)}
+	a, err := ints(inspectScript.Run(ctx, tb.rdb, keys, args...), 4+11*len(scope.Buckets))
 	if err != nil {
 		return nil, fmt.Errorf("limiter: inspect scope %q: %w", scope.Name, err)
 	}

@@ -12,8 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/rkeys"
 )
@@ -31,13 +34,10 @@ const (
 )
 
 func (u Unit) String() string {
-	switch u {
-	case UnitRequests:
-		return "requests"
-	case UnitTokens:
+	if u == UnitTokens {
 		return "tokens"
 	}
-	return "unit(" + strconv.Itoa(int(u)) + ")"
+	return "requests"
 }
 
 // Bucket is one token bucket of a scope. It holds Limit (its capacity) and
@@ -121,15 +121,11 @@ func (s Scope) validate(c Cost) error {
 			return fmt.Errorf("limiter: scope %q bucket %q: Period %v must be at least 1µs", s.Name, b.Name, b.Period)
 		case b.Burst < 0:
 			return fmt.Errorf("limiter: scope %q bucket %q: Burst %v must not be negative", s.Name, b.Name, b.Burst)
-		}
-		for _, o := range s.Buckets[:i] {
-			if o.Name == b.Name {
-				return fmt.Errorf("limiter: scope %q: bucket name %q appears twice", s.Name, b.Name)
-			}
-		}
-		if n := c.Of(b.Unit); n > b.Limit {
+		case slices.ContainsFunc(s.Buckets[:i], func(o Bucket) bool { return o.Name == b.Name }):
+			return fmt.Errorf("limiter: scope %q: bucket name %q appears twice", s.Name, b.Name)
+		case c.Of(b.Unit) > b.Limit:
 			return fmt.Errorf("%w: scope %q bucket %q: cost %d %s > capacity %d",
-				ErrCostExceedsCapacity, s.Name, b.Name, n, b.Unit, b.Limit)
+				ErrCostExceedsCapacity, s.Name, b.Name, c.Of(b.Unit), b.Unit, b.Limit)
 		}
 	}
 	return nil
@@ -197,29 +193,31 @@ type Options struct {
 	// for reservations that are each one provider call (the workers'), not
 	// plain permits.
 	HoldInFlight bool
-	// Jitter bounds the random delay Wait adds to each RetryAfter. Defaults
-	// to 2ms.
-	Jitter time.Duration
 }
 
 // The longest RetryAfter while a probe is in flight (probeRetry) or while
 // reservations in flight hold the room back (holdRetry), jittered by ±25%;
 // how long a settled reservation is remembered, so that settling it again
-// changes nothing (reconcileTTL).
+// changes nothing (reconcileTTL); the most Wait adds at random to each
+// RetryAfter (waitJitter).
 const (
 	probeRetry   = 500 * time.Millisecond
 	holdRetry    = 100 * time.Millisecond
 	reconcileTTL = time.Hour
+	waitJitter   = 2 * time.Millisecond
 )
 
 func (o Options) withDefaults() Options {
 	o.ProbeTimeout = cmp.Or(o.ProbeTimeout, 30*time.Second)
-	o.Jitter = cmp.Or(o.Jitter, 2*time.Millisecond)
 	return o
 }
 
 // ints reads a script's reply of at least n integers.
-func ints(v any, n int) ([]int64, error) {
+func ints(cmd *redis.Cmd, n int) ([]int64, error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return nil, err
+	}
 	a, ok := v.([]any)
 	if !ok || len(a) < n {
 		return nil, fmt.Errorf("limiter: unexpected script reply %T %v", v, v)

@@ -149,9 +149,6 @@ func (tb *TokenBucket) Settle(ctx context.Context, r *Reservation, fb Feedback) 
 	if r == nil {
 		return nil, errors.New("limiter: Settle of a nil reservation")
 	}
-	if err := r.Scope.validate(Cost{}); err != nil {
-		return nil, err
-	}
 	if fb.Charged.Requests < 0 || fb.Charged.Tokens < 0 || fb.Unused.Requests < 0 || fb.Unused.Tokens < 0 {
 		return nil, fmt.Errorf("limiter: scope %q: negative feedback %+v", r.Scope.Name, fb)
 	}
@@ -180,9 +177,6 @@ func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cos
 	if r == nil {
 		return errors.New("limiter: Reconcile of a nil reservation")
 	}
-	if err := r.Scope.validate(Cost{}); err != nil {
-		return err
-	}
 	if actual.Requests < 0 || actual.Tokens < 0 {
 		return fmt.Errorf("limiter: scope %q: negative actual cost %+v", r.Scope.Name, actual)
 	}
@@ -198,16 +192,10 @@ func (tb *TokenBucket) Release(ctx context.Context, r *Reservation) error {
 }
 
 func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, charged Cost, fb Feedback, sample string, marker bool) (*Settlement, error) {
-	probe, refused := "0", "0"
-	if r.Probe {
-		probe = "1"
-	}
-	if fb.Refused {
-		refused = "1"
-	}
+	// go-redis sends a bool as 1 or 0.
 	args := make([]any, 0, 9+12*len(r.Scope.Buckets))
-	args = append(args, redisclock.Arg(tb.opts.Clock), reconcileTTL.Milliseconds(), r.ID, probe,
-		tb.opts.ProbeTimeout.Microseconds(), r.gen, mode, sample, refused)
+	args = append(args, redisclock.Arg(tb.opts.Clock), reconcileTTL.Milliseconds(), r.ID, r.Probe,
+		tb.opts.ProbeTimeout.Microseconds(), r.gen, mode, sample, fb.Refused)
 	for i, b := range r.Scope.Buckets {
 		var lag, pos int64
 		if i < len(r.lag) {
@@ -217,10 +205,7 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 		if j := slices.IndexFunc(fb.Observed, func(o Observed) bool { return o.Bucket == b.Name }); j >= 0 {
 			o := fb.Observed[j]
 			oremain = strconv.FormatInt(max(o.Remaining, 0), 10)
-			olimit = strconv.FormatInt(b.Limit, 10)
-			if o.Limit > 0 {
-				olimit = strconv.FormatInt(o.Limit, 10)
-			}
+			olimit = strconv.FormatInt(cmp.Or(max(o.Limit, 0), b.Limit), 10)
 		}
 		evidence := ""
 		if slices.Contains(fb.Evidence, b.Name) {
@@ -239,11 +224,7 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 	if marker {
 		keys = append(keys, tb.opts.Keys.LimiterReconciled(r.Scope.Name, r.ID))
 	}
-	v, err := tb.scripts.Run(ctx, scripts.Call{Script: settleScript, Keys: keys, Args: args}).Result()
-	var a []int64
-	if err == nil {
-		a, err = ints(v, 1)
-	}
+	a, err := ints(tb.scripts.Run(ctx, scripts.Call{Script: settleScript, Keys: keys, Args: args}), 1)
 	if err != nil {
 		return nil, fmt.Errorf("limiter: settle on scope %q: %w", r.Scope.Name, err)
 	}

@@ -52,13 +52,10 @@ func (p *Spacer) Slot(ctx context.Context, scope, id string, interval time.Durat
 		return 0, fmt.Errorf("limiter: pacer scope %q: interval %v must be at least 1µs", scope, interval)
 	}
 	keys := []string{p.opts.Keys.SpacerNext(scope), p.opts.Keys.SpacerSlot(scope, id)}
-	v, err := pacerSlotScript.Run(ctx, p.rdb, keys, redisclock.Arg(p.opts.Clock), interval.Microseconds(), slotHold.Milliseconds()).Result()
+	args := []any{redisclock.Arg(p.opts.Clock), interval.Microseconds(), slotHold.Milliseconds()}
+	a, err := ints(pacerSlotScript.Run(ctx, p.rdb, keys, args...), 2)
 	if err != nil {
 		return 0, fmt.Errorf("limiter: pacer scope %q: %w", scope, err)
-	}
-	a, err := ints(v, 2)
-	if err != nil {
-		return 0, err
 	}
 	return us(max(a[1]-a[0], 0)), nil
 }

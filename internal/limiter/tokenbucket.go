@@ -153,7 +153,7 @@ func (tb *TokenBucket) Penalize(ctx context.Context, scope Scope, d time.Duratio
 	return nil
 }
 
-// Wait reserves cost, sleeping each RetryAfter (plus up to Options.Jitter)
+// Wait reserves cost, sleeping each RetryAfter (plus up to waitJitter)
 // until admitted. When ctx's deadline comes before the admission RetryAfter
 // promises, it returns at once, with the last Result and an error wrapping
 // context.DeadlineExceeded.
@@ -170,7 +170,7 @@ func (tb *TokenBucket) Wait(ctx context.Context, scope Scope, cost Cost) (*Resul
 		select {
 		case <-ctx.Done():
 			return res, ctx.Err()
-		case <-time.After(res.RetryAfter + time.Duration(rand.Float64()*float64(tb.opts.Jitter))):
+		case <-time.After(res.RetryAfter + time.Duration(rand.Float64()*float64(waitJitter))):
 		}
 	}
 }

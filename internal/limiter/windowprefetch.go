@@ -13,8 +13,8 @@ var ErrPrefetchClosed = errors.New("limiter: prefetch is closed")
 
 // PrefetchOptions configure a WindowPrefetch.
 type PrefetchOptions struct {
-	// Size is the slice counted at a time, at most the set's smallest
-	// limit. Defaults to 1% of that limit (at least 1).
+	// Size is the slice counted at a time, within 1 and the set's smallest
+	// limit.
 	Size int64
 	// MaxAge is how long a slice is spent from before a fresh one is
 	// counted, so a limit change reaches it within MaxAge. Defaults to 1s.
@@ -43,15 +43,11 @@ type WindowPrefetch struct {
 
 // Prefetch returns a prefetch of set; an invalid set is reported by Take.
 func (w *Windows) Prefetch(set WindowSet, opts PrefetchOptions) *WindowPrefetch {
-	opts.MaxAge = cmp.Or(opts.MaxAge, time.Second)
-	var smallest int64
+	size := opts.Size
 	for _, nw := range set.Windows {
-		if nw.Limit > 0 && (smallest == 0 || nw.Limit < smallest) {
-			smallest = nw.Limit
-		}
+		size = min(size, nw.Limit)
 	}
-	opts.Size = cmp.Or(opts.Size, max(smallest/100, 1))
-	return &WindowPrefetch{w: w, set: set, size: max(min(opts.Size, smallest), 1), maxAge: opts.MaxAge,
+	return &WindowPrefetch{w: w, set: set, size: max(size, 1), maxAge: cmp.Or(opts.MaxAge, time.Second),
 		sem: make(chan struct{}, 1)}
 }
 

@@ -58,36 +58,21 @@ type Window struct {
 }
 
 func (s WindowSet) validate(cost int64) error {
-	if s.Scope == "" {
+	switch {
+	case s.Scope == "":
 		return errors.New("limiter: WindowSet.Scope is empty")
-	}
-	if !slices.Contains(Algorithms, s.Algorithm) {
+	case !slices.Contains(Algorithms, s.Algorithm):
 		return fmt.Errorf("limiter: scope %q: unknown Algorithm %q", s.Scope, s.Algorithm)
-	}
-	if len(s.Windows) == 0 {
+	case len(s.Windows) == 0:
 		return fmt.Errorf("limiter: scope %q: no windows", s.Scope)
 	}
-	for i, w := range s.Windows {
+	for _, w := range s.Windows {
 		if w.Name == "" || strings.ContainsAny(w.Name, "{} \t\n") {
 			return fmt.Errorf("limiter: scope %q: window name %q must be non-empty, without braces or spaces", s.Scope, w.Name)
 		}
-		for _, o := range s.Windows[:i] {
-			if o.Name == w.Name {
-				return fmt.Errorf("limiter: scope %q: window name %q appears twice", s.Scope, w.Name)
-			}
-		}
-		switch {
-		case w.Limit <= 0:
-			return fmt.Errorf("limiter: scope %q window %q: Limit %d must be positive", s.Scope, w.Name, w.Limit)
-		case w.Period < time.Microsecond:
-			return fmt.Errorf("limiter: scope %q window %q: Period %v must be at least 1µs", s.Scope, w.Name, w.Period)
-		case cost < 0:
-			return fmt.Errorf("limiter: scope %q: negative cost %d", s.Scope, cost)
-		case cost > w.Limit:
-			return fmt.Errorf("%w: scope %q window %q: cost %d > limit %d", ErrCostExceedsCapacity, s.Scope, w.Name, cost, w.Limit)
-		}
 	}
-	return nil
+	// The rest is checked as a token bucket's: each window is one of its buckets.
+	return bucketScope(s).validate(Cost{Requests: cost})
 }
 
 // Windows checks WindowSets with any Algorithm, one script run per Allow.
@@ -102,11 +87,9 @@ type Windows struct {
 
 // NewWindows returns Windows over rdb. Of opts, it uses Keys and Clock.
 func NewWindows(rdb scripts.Client, opts Options) (*Windows, error) {
-	opts = opts.withDefaults()
-	tbOpts := opts
-	tbOpts.HoldInFlight = false
-	tb, err := NewTokenBucket(rdb, tbOpts)
-	return &Windows{rdb: rdb, opts: opts, tb: tb}, err
+	opts.HoldInFlight = false
+	tb, err := NewTokenBucket(rdb, opts)
+	return &Windows{rdb: rdb, opts: tb.opts, tb: tb}, err
 }
 
 // Allow counts cost in every window of set, or in none. A cost above a
@@ -206,11 +189,7 @@ func (w *Windows) take(ctx context.Context, set WindowSet, cost int64, prefetch 
 		}
 		args = append(args, nw.Limit, nw.Period.Microseconds())
 	}
-	v, err := alg.take.Run(ctx, w.rdb, w.keys(set), args...).Result()
-	var a []int64
-	if err == nil {
-		a, err = ints(v, 2+alg.stride*len(set.Windows))
-	}
+	a, err := ints(alg.take.Run(ctx, w.rdb, w.keys(set), args...), 2+alg.stride*len(set.Windows))
 	if err != nil {
 		return nil, nil, fmt.Errorf("limiter: %s %q: %w", set.Algorithm, set.Scope, err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
@@ -87,20 +88,16 @@ func New(o Options) *Recorder {
 	if o.Redis != nil {
 		r.stats = &statsBuffer{rdb: o.Redis, keys: o.Keys, now: o.Now, log: o.Logger, pending: map[int64]map[string]int64{}}
 	}
+	registered := promauto.With(r.reg)
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
-		r.reg.MustRegister(c)
-		return c
+		return registered.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
 	}
 	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
-		g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
-		r.reg.MustRegister(g)
-		return g
+		return registered.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
 	}
 	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
-		h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: buckets}, labels)
-		r.reg.MustRegister(h)
-		return h
+		opts := prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: buckets}
+		return registered.NewHistogramVec(opts, labels)
 	}
 
 	r.jobs = counter("jobs_total", "Job state changes: queued (created), waiting, deferred, succeeded, failed, cancelled.", "tier", "model", "status")

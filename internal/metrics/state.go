@@ -121,29 +121,28 @@ func (s *State) Models(ctx context.Context) ([]ModelLevel, error) {
 		}
 		byScope := map[string]read{}
 		out := make([]ModelLevel, 0, len(p.Models))
-		var routes []config.Route // the deployments of every model
 		for i := range p.Models {
-			routes = append(routes, p.Models[i].Routes()...)
-		}
-		for _, m := range routes {
-			sc := admission.Scope(m)
-			if s.d.Scope != nil {
-				sc = s.d.Scope(ctx, m)
-			}
-			rd, ok := byScope[sc.Name]
-			if !ok {
-				var err error
-				if rd.res, err = s.d.Limiter.State(ctx, sc); err != nil {
-					return nil, fmt.Errorf("limiter state of model %s: %w", m.Model.Name, err)
+			for _, m := range p.Models[i].Routes() {
+				sc := admission.Scope(m)
+				if s.d.Scope != nil {
+					sc = s.d.Scope(ctx, m)
 				}
-				rd.learned, _ = s.d.Limiter.Inspect(ctx, sc)
-				byScope[sc.Name] = rd
+				rd, ok := byScope[sc.Name]
+				if !ok {
+					var err error
+					if rd.res, err = s.d.Limiter.State(ctx, sc); err != nil {
+						return nil, fmt.Errorf("limiter state of model %s: %w", m.Model.Name, err)
+					}
+					rd.learned, _ = s.d.Limiter.Inspect(ctx, sc)
+					byScope[sc.Name] = rd
+				}
+				ml := ModelLevel{Model: m.Model.Name, Scope: sc.Name, Buckets: rd.res.Buckets, Paused: rd.res.Penalized,
+					Learned: rd.learned}
+				if ml.Paused {
+					ml.PausedFor = rd.res.RetryAfter
+				}
+				out = append(out, ml)
 			}
-			ml := ModelLevel{Model: m.Model.Name, Scope: sc.Name, Buckets: rd.res.Buckets, Paused: rd.res.Penalized, Learned: rd.learned}
-			if ml.Paused {
-				ml.PausedFor = rd.res.RetryAfter
-			}
-			out = append(out, ml)
 		}
 		return out, nil
 	})

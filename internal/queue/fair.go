@@ -136,22 +136,23 @@ func (f *fair) pushAll(ctx context.Context, scope string, refs []JobRef) ([]bool
 			args = append(args, r.ID, r.Priority, r.TenantID, max(r.Cost, 1), share)
 		}
 		refs = refs[n:]
-		var (
-			v   []int64
-			err error
-		)
-		if len(refs) == 0 && !cluster {
+		listed := len(refs) == 0 && !cluster
+		var v []int64
+		var err error
+		if listed {
 			v, err = f.pushAndList(ctx, scope, keys, args)
-			if err == nil {
-				return appendAdded(added, v), nil
-			}
 		} else {
 			v, err = fairPushScript.Run(ctx, f.rdb, keys, args...).Int64Slice()
 		}
 		if err != nil {
 			return added, fmt.Errorf("fair queue of %s: %w", scope, err)
 		}
-		added = appendAdded(added, v)
+		for _, x := range v {
+			added = append(added, x == 1)
+		}
+		if listed {
+			return added, nil
+		}
 	}
 	if err := f.rdb.SAdd(ctx, f.keys.FairScopes(), scope).Err(); err != nil {
 		return added, fmt.Errorf("fair queue scopes: %w", err)
@@ -183,13 +184,6 @@ func (f *fair) pushAndList(ctx context.Context, scope string, keys []string, arg
 		return nil, err
 	}
 	return push.Int64Slice()
-}
-
-func appendAdded(added []bool, v []int64) []bool {
-	for _, x := range v {
-		added = append(added, x == 1)
-	}
-	return added
 }
 
 // Room is what a scope's limits admit now, for Release: tokens and requests
@@ -238,13 +232,11 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		}
 		return strconv.FormatFloat(v, 'f', 3, 64)
 	}
-	force := "0"
-	if room.Force {
-		force = "1"
-	}
 	keys := []string{f.keys.FairState(scope), f.keys.FairClasses(scope), f.keys.FairMembers(scope), f.keys.FairOut(scope)}
+	// go-redis sends a bool as 1 or 0.
 	v, err := fairReleaseScript.Run(ctx, f.rdb, keys, redisclock.Arg(f.clock), f.keys.FairQueue(scope), fairTTL.Milliseconds(),
-		num(room.Tokens), num(room.Requests), max(room.MaxOutstanding, 1), strconv.FormatFloat(room.Factor, 'g', -1, 64), force, fairWeights).Slice()
+		num(room.Tokens), num(room.Requests), max(room.MaxOutstanding, 1),
+		strconv.FormatFloat(room.Factor, 'g', -1, 64), room.Force, fairWeights).Slice()
 	if err != nil {
 		return nil, false, fmt.Errorf("release the fair queue of %s: %w", scope, err)
 	}
@@ -252,6 +244,7 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		return nil, false, fmt.Errorf("release the fair queue of %s: unexpected reply %v", scope, v)
 	}
 	empty = v[0] == int64(1)
+	var refs []JobRef
 	for i := 1; i+4 < len(v); i += 5 {
 		id, _ := v[i].(string)
 		q, _ := v[i+1].(string)
@@ -259,14 +252,11 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		cost, _ := v[i+3].(int64)
 		waited, _ := v[i+4].(int64)
 		released = append(released, Released{ID: id, Priority: q, TenantID: tenant, Cost: cost, Waited: time.Duration(waited) * time.Millisecond})
+		refs = append(refs, JobRef{ID: id, Priority: q})
 	}
 	// The script took these jobs: enqueue them even if the caller stops.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	refs := make([]JobRef, len(released))
-	for i, r := range released {
-		refs[i] = JobRef{ID: r.ID, Priority: r.Priority}
-	}
 	enqueued, err := c.enqueueTasks(ectx, refs)
 	if err != nil {
 		// Those left released are enqueued again by RequeueStale.
@@ -290,11 +280,7 @@ func (c *Client) Release(ctx context.Context, scope string, room Room) (released
 		}
 		// A job pushed meanwhile listed the scope before: look again.
 		if n, err := f.rdb.ZCard(ctx, f.keys.FairClasses(scope)).Result(); err == nil && n > 0 {
-			err = f.rdb.SAdd(ctx, f.keys.FairScopes(), scope).Err()
-			empty = false
-			if err != nil {
-				return released, empty, err
-			}
+			return released, false, f.rdb.SAdd(ctx, f.keys.FairScopes(), scope).Err()
 		}
 	}
 	return released, empty, nil

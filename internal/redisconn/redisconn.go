@@ -16,6 +16,7 @@
 package redisconn
 
 import (
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"maps"
@@ -137,7 +138,8 @@ func splitMultiHost(rest string) (multiHost, error) {
 	return m, nil
 }
 
-// optionsURL is a go-redis URL carrying m's options but drop.
+// optionsURL is a go-redis URL of every address of m carrying its options
+// but drop.
 func (m multiHost) optionsURL(base string, drop ...string) (string, url.Values, error) {
 	q, err := url.ParseQuery(m.rawQuery)
 	if err != nil {
@@ -147,6 +149,7 @@ func (m multiHost) optionsURL(base string, drop ...string) (string, url.Values, 
 	for _, d := range drop {
 		delete(kept, d)
 	}
+	kept["addr"] = append(kept["addr"], m.addrs[1:]...)
 	return base + "://" + m.addrs[0] + "?" + kept.Encode(), q, nil
 }
 
@@ -177,9 +180,6 @@ func parseSentinel(base, rest string) (Options, error) {
 		return Options{}, err
 	}
 	extra := url.Values{"master_name": {master}, "db": {strconv.Itoa(db)}}
-	for _, a := range m.addrs[1:] {
-		extra.Add("addr", a)
-	}
 	fo, err := redis.ParseFailoverURL(ou + "&" + extra.Encode())
 	if err != nil {
 		return Options{}, goRedisError(err)
@@ -204,9 +204,6 @@ func parseCluster(base, rest string) (Options, error) {
 	if err != nil {
 		return Options{}, err
 	}
-	for _, a := range m.addrs[1:] {
-		ou += "&addr=" + url.QueryEscape(a)
-	}
 	co, err := redis.ParseClusterURL(ou)
 	if err != nil {
 		return Options{}, goRedisError(err)
@@ -217,10 +214,8 @@ func parseCluster(base, rest string) (Options, error) {
 		host, _, _ := net.SplitHostPort(m.addrs[0])
 		co.TLSConfig = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
 	}
-	if co.ClusterStateReloadInterval == 0 {
-		// A crashed master sends no MOVED: reload the slot map often.
-		co.ClusterStateReloadInterval = 2 * time.Second
-	}
+	// A crashed master sends no MOVED: reload the slot map often.
+	co.ClusterStateReloadInterval = cmp.Or(co.ClusterStateReloadInterval, 2*time.Second)
 	return Options{Kind: Cluster, cluster: co}, nil
 }
 
@@ -241,31 +236,6 @@ func (o Options) NewClient() redis.UniversalClient {
 	default:
 		c := *o.single
 		return redis.NewClient(&c)
-	}
-}
-
-// Addrs returns the addresses the URL lists: the node, the sentinels or the
-// cluster's seeds.
-func (o Options) Addrs() []string {
-	switch o.Kind {
-	case Sentinel:
-		return append([]string(nil), o.failover.SentinelAddrs...)
-	case Cluster:
-		return append([]string(nil), o.cluster.Addrs...)
-	default:
-		return []string{o.single.Addr}
-	}
-}
-
-// DB returns the database number (always 0 on a cluster).
-func (o Options) DB() int {
-	switch o.Kind {
-	case Sentinel:
-		return o.failover.DB
-	case Cluster:
-		return 0
-	default:
-		return o.single.DB
 	}
 }
 

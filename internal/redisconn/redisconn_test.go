@@ -8,7 +8,7 @@ import (
 func TestParseForms(t *testing.T) {
 	t.Parallel()
 	o, err := Parse("redis://:pw@127.0.0.1:6380/4?pool_size=7")
-	if err != nil || o.Kind != Single || o.single.Addr != "127.0.0.1:6380" || o.DB() != 4 || o.single.Password != "pw" || o.single.PoolSize != 7 {
+	if err != nil || o.Kind != Single || o.single.Addr != "127.0.0.1:6380" || o.single.DB != 4 || o.single.Password != "pw" || o.single.PoolSize != 7 {
 		t.Fatalf("single: %+v %v", o.single, err)
 	}
 
@@ -21,7 +21,7 @@ func TestParseForms(t *testing.T) {
 		f.SentinelUsername != "su" || f.SentinelPassword != "sp" || f.ReadTimeout.String() != "2s" || f.PoolSize != 9 || f.TLSConfig != nil {
 		t.Fatalf("sentinel: %+v", f)
 	}
-	if got := strings.Join(o.Addrs(), ","); got != "10.0.0.1:26379,10.0.0.2:6379" {
+	if got := strings.Join(f.SentinelAddrs, ","); got != "10.0.0.1:26379,10.0.0.2:6379" {
 		t.Fatalf("sentinel addrs %s", got)
 	}
 
@@ -33,7 +33,7 @@ func TestParseForms(t *testing.T) {
 	if o.Kind != Cluster || c.Password != "pw" || c.TLSConfig == nil || c.TLSConfig.ServerName != "n1" || c.DialTimeout.String() != "3s" {
 		t.Fatalf("cluster: %+v", c)
 	}
-	if got := strings.Join(o.Addrs(), ","); got != "n1:7000,n2:7001,[::1]:7002" {
+	if got := strings.Join(c.Addrs, ","); got != "n1:7000,n2:7001,[::1]:7002" {
 		t.Fatalf("cluster addrs %s", got)
 	}
 	if _, ok := o.AsynqConnOpt().MakeRedisClient().(interface{ Close() error }); !ok {
