@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/llmq/llmq/internal/ids"
 	"github.com/llmq/llmq/internal/money"
 )
@@ -295,26 +293,19 @@ type JobCompleteResult struct {
 // unless it has one. A job that ended meanwhile keeps its status, error
 // and response, and takes the usage and cost its ledger row charged.
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
-	if db.d.groupWrites {
-		return db.groups.complete.Do(ctx, struct{}{}, p)
-	}
-	return db.jobComplete(ctx, p)
-}
-
-func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	a, err := db.completeArgs(p)
 	if err != nil {
 		return nil, err
 	}
 	var res *JobCompleteResult
 	if db.d.groupWrites {
-		res, err = scanComplete(db.rw.queryRow(ctx, sqlJobComplete, a...), p.ID)
+		res, err = db.groups.complete.Do(ctx, struct{}{}, statement{sqlJobComplete, a})
 	} else {
 		// SQLite has one writer: the job read is the job the UPDATE sees.
 		err = db.tx(ctx, func(tx querier) error {
 			var status JobStatus
 			if err := tx.queryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, p.ID).Scan(&status); errors.Is(err, sql.ErrNoRows) {
-				return notFound("job", p.ID)
+				return errNoJob
 			} else if err != nil {
 				return err
 			}
@@ -328,17 +319,26 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 		})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("store: JobComplete %s: %w", p.ID, db.d.wrap(err))
+		return nil, db.completeFailed(p.ID, err)
 	}
 	return res, nil
 }
 
-func scanComplete(r row, id string) (*JobCompleteResult, error) {
+var errNoJob = fmt.Errorf("%w: job", ErrNotFound)
+
+func (db *DB) completeFailed(id string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("store: JobComplete %s: %w", id, db.d.wrap(err))
+}
+
+func scanComplete(r row) (*JobCompleteResult, error) {
 	res := &JobCompleteResult{}
 	var exists bool
 	err := r.Scan(&res.Completed, &res.Charged, &exists)
 	if err == nil && !exists {
-		err = notFound("job", id)
+		err = errNoJob
 	}
 	return res, err
 }
@@ -413,36 +413,24 @@ type JobCompleteManyParams struct {
 // JobCompleteMany is JobComplete for many jobs in one transaction on
 // Postgres; when it fails, each job is completed on its own.
 func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (results []*JobCompleteResult, errs []error) {
-	n := len(p.Jobs)
-	results, errs = make([]*JobCompleteResult, n), make([]error, n)
-	alone := func() ([]*JobCompleteResult, []error) {
-		for i, jp := range p.Jobs {
-			results[i], errs[i] = db.jobComplete(ctx, jp)
-		}
-		return results, errs
-	}
-	if n == 1 || !db.d.groupWrites {
-		return alone()
-	}
-	b := &pgx.Batch{}
+	results, errs = make([]*JobCompleteResult, len(p.Jobs)), make([]error, len(p.Jobs))
+	var sts []statement
+	var grouped []int
 	for i, jp := range p.Jobs {
+		if !db.d.groupWrites {
+			results[i], errs[i] = db.JobComplete(ctx, jp)
+			continue
+		}
 		a, err := db.completeArgs(jp)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		b.Queue(sqlJobComplete, a...).QueryRow(func(r pgx.Row) error {
-			res, err := scanComplete(r, jp.ID)
-			if errors.Is(err, ErrNotFound) {
-				errs[i] = fmt.Errorf("store: JobComplete %s: %w", jp.ID, err)
-				return nil
-			}
-			results[i] = res
-			return err
-		})
+		sts, grouped = append(sts, statement{sqlJobComplete, a}), append(grouped, i)
 	}
-	if err := db.pool.SendBatch(ctx, b).Close(); err != nil {
-		return alone()
+	rs, es := runGroup(ctx, db, sts, scanComplete, true)
+	for k, i := range grouped {
+		results[i], errs[i] = rs[k], db.completeFailed(p.Jobs[i].ID, es[k])
 	}
 	return results, errs
 }
