@@ -124,8 +124,7 @@ type APIKeyListExemptParams struct {
 
 // APIKeyListExempt returns a page of the unrevoked exempt keys, newest first.
 func (db *DB) APIKeyListExempt(ctx context.Context, p *APIKeyListExemptParams) ([]*APIKey, bool, error) {
-	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	// The predicate is api_keys_exempt's, literally.
-	return page(ctx, db.ro, scanAPIKey, limit, `SELECT `+apiKeyColumns+` FROM api_keys
-		WHERE api_exempt = TRUE AND revoked_at IS NULL ORDER BY id DESC LIMIT $1`, limit+1)
+	return page(ctx, db.ro, scanAPIKey, pageSQL(`SELECT `+apiKeyColumns+` FROM api_keys
+		WHERE api_exempt = TRUE AND revoked_at IS NULL`, nil, "", true, p.Limit))
 }

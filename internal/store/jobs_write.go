@@ -103,7 +103,7 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 		return nil, false, err
 	}
 	var a args
-	vals := a.list(p.values(db.d, cmp.Or(p.ID, ids.New(ids.Job)), db.d.ts(db.nowUTC()))...)
+	vals := list(&a, p.values(db.d, cmp.Or(p.ID, ids.New(ids.Job)), db.d.ts(db.nowUTC())))
 	// The partial unique index as conflict target: only an idempotency key is absorbed.
 	j, err := db.queryJobGrouped(ctx, "insert", `
 		INSERT INTO jobs (`+strings.Join(jobInsertColumns, ", ")+`) VALUES (`+vals+`)
@@ -237,7 +237,7 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 	if p.To.Terminal() {
 		q += `, finished_at = ` + now
 	}
-	q += ` WHERE id = ` + a.add(p.ID) + ` AND status IN (` + a.list(from...) + `)`
+	q += ` WHERE id = ` + a.add(p.ID) + ` AND status IN (` + list(&a, from) + `)`
 	return db.transition(ctx, "", q, a, p.ID, "")
 }
 

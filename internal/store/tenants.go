@@ -98,14 +98,11 @@ type TenantListParams struct {
 
 // TenantList returns a page of tenants.
 func (db *DB) TenantList(ctx context.Context, p *TenantListParams) ([]*Tenant, bool, error) {
-	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
-	var a args
 	q := `SELECT ` + tenantColumns + ` FROM tenants WHERE TRUE`
 	if p.APIExempt {
 		q += ` AND api_exempt = TRUE`
 	}
-	q, a = pageSQL(q, a, p.After, true, limit)
-	return page(ctx, db.ro, scanTenant, limit, q, a...)
+	return page(ctx, db.ro, scanTenant, pageSQL(q, nil, p.After, true, p.Limit))
 }
 
 // TenantUpdateParams change a tenant; nil fields are left as they are.
