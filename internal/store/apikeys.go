@@ -51,9 +51,6 @@ func (db *DB) APIKeyInsert(ctx context.Context, p *APIKeyInsertParams) (*APIKey,
 	if err := required("APIKeyInsert", "TenantID", p.TenantID, "Prefix", p.Prefix); err != nil {
 		return nil, err
 	}
-	if len(p.Hash) != 32 {
-		return nil, fmt.Errorf("store: APIKeyInsert: Hash is %d bytes, want a 32-byte SHA-256", len(p.Hash))
-	}
 	k, err := scanAPIKey(db.rw.queryRow(ctx, `
 		INSERT INTO api_keys (id, tenant_id, prefix, hash, api_exempt, created_at) VALUES ($1, $2, $3, $4, $5, $6)
 		RETURNING `+apiKeyColumns,

@@ -24,11 +24,6 @@ const (
 	FilePurposeBatchError  FilePurpose = "batch_error"  // a batch's failed lines, written by llmq
 )
 
-// Valid reports whether p is a known purpose.
-func (p FilePurpose) Valid() bool {
-	return p == FilePurposeBatch || p == FilePurposeBatchOutput || p == FilePurposeBatchError
-}
-
 // File is a stored file's description; its content is read with FileOpen.
 type File struct {
 	ID        string
@@ -66,9 +61,6 @@ type FileInsertParams struct {
 func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error) {
 	if err := required("FileInsert", "TenantID", p.TenantID, "Filename", p.Filename); err != nil {
 		return nil, err
-	}
-	if !p.Purpose.Valid() {
-		return nil, fmt.Errorf("store: FileInsert: Purpose %q: want batch, batch_output or batch_error", p.Purpose)
 	}
 	id := cmp.Or(p.ID, ids.New(ids.File))
 	insert := func(q querier, size, lines int64) (*File, error) {

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -32,9 +31,6 @@ func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) err
 		for i, r := range chunk {
 			if err := required("StoredResponseInsert", "ID", r.ID, "ResponseID", r.ResponseID, "TenantID", r.TenantID); err != nil {
 				return err
-			}
-			if r.Tokens < 0 {
-				return fmt.Errorf("store: StoredResponseInsert %s: negative tokens %d", r.ID, r.Tokens)
 			}
 			row := []any{r.ID, r.ResponseID, r.TenantID, r.Deployment, r.Tokens, db.d.ts(now)}
 			values[i] = "(" + list(&a, row) + ")"
