@@ -102,9 +102,6 @@ type APIKeyUpdateParams struct {
 
 // APIKeyUpdate applies p and returns the key, revoked or not.
 func (db *DB) APIKeyUpdate(ctx context.Context, p *APIKeyUpdateParams) (*APIKey, error) {
-	if err := required("APIKeyUpdate", "ID", p.ID); err != nil {
-		return nil, err
-	}
 	if p.APIExempt == nil {
 		// Nothing to change: read it, so the answer is the same either way.
 		return getOne(ctx, db.ro, scanAPIKey, "api key", p.ID, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, p.ID)

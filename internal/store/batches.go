@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/llmq/llmq/internal/ids"
@@ -159,13 +158,7 @@ type BatchSetStatusParams struct {
 // BatchSetStatus moves the batch to p.To if its status is one of p.From,
 // stamping p.To's column once, as JobSetStatus.
 func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Batch, bool, error) {
-	if err := required("BatchSetStatus", "ID", p.ID); err != nil {
-		return nil, false, err
-	}
-	stamp, ok := batchStamps[p.To]
-	if !ok {
-		return nil, false, fmt.Errorf("store: BatchSetStatus: To %q is not a batch status", p.To)
-	}
+	stamp := batchStamps[p.To]
 	from, err := unfinished("BatchSetStatus", "From", p.From)
 	if err != nil {
 		return nil, false, err

@@ -238,9 +238,6 @@ var sqlFileUsedByBatches = `SELECT count(*) ` + batchesUsing("$1")
 // FileDelete deletes the tenant's file. One an unfinished batch uses is
 // ErrConflict.
 func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
-	if err := required("FileDelete", "tenantID", tenantID, "id", id); err != nil {
-		return err
-	}
 	return db.tx(ctx, func(tx querier) error {
 		var used int
 		if err := tx.queryRow(ctx, sqlFileUsedByBatches, id).Scan(&used); err != nil {

@@ -242,12 +242,6 @@ type JobSetStatusParams struct {
 // JobSetStatus moves the job to p.To if its status is one of p.From, and
 // reports whether it did; either way it returns the job as it now is.
 func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job, applied bool, err error) {
-	if err := required("JobSetStatus", "ID", p.ID); err != nil {
-		return nil, false, err
-	}
-	if !p.To.Valid() {
-		return nil, false, fmt.Errorf("store: JobSetStatus: To %q is not a job status", p.To)
-	}
 	from, err := unfinished("JobSetStatus", "From", p.From)
 	if err != nil {
 		return nil, false, err
@@ -372,9 +366,6 @@ func scanComplete(r row) (*JobCompleteResult, error) {
 }
 
 func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
-	if err := required("JobComplete", "ID", p.ID); err != nil {
-		return nil, err
-	}
 	if err := validDay("JobComplete", p.Day); err != nil {
 		return nil, err
 	}
@@ -504,9 +495,6 @@ func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, cha
 // JobCancelByBatch cancels the batch's pending jobs not at the provider's
 // Batch API, and returns how many.
 func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, error) {
-	if err := required("JobCancelByBatch", "batchID", batchID); err != nil {
-		return 0, err
-	}
 	n, err := db.rw.exec(ctx, sqlJobCancelByBatch, batchID, db.d.ts(db.nowUTC()))
 	return n, db.d.wrap(err)
 }

@@ -118,9 +118,6 @@ type TenantUpdateParams struct {
 
 // TenantUpdate applies p and returns the tenant, or ErrNotFound.
 func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant, error) {
-	if err := required("TenantUpdate", "ID", p.ID); err != nil {
-		return nil, err
-	}
 	var a args
 	q := `UPDATE tenants SET updated_at = ` + a.add(db.d.ts(db.nowUTC()))
 	if p.Name != nil {
@@ -149,9 +146,6 @@ func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant,
 // TenantRotateWebhookSecret gives the tenant a new webhook secret; the one
 // it replaces still signs deliveries for overlap.
 func (db *DB) TenantRotateWebhookSecret(ctx context.Context, id string, overlap time.Duration) (*Tenant, error) {
-	if err := required("TenantRotateWebhookSecret", "id", id); err != nil {
-		return nil, err
-	}
 	if overlap < 0 {
 		return nil, fmt.Errorf("store: TenantRotateWebhookSecret: negative overlap %v", overlap)
 	}
