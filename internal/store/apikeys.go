@@ -51,9 +51,6 @@ func (db *DB) APIKeyInsert(ctx context.Context, p *APIKeyInsertParams) (*APIKey,
 	if err := required("APIKeyInsert", "TenantID", p.TenantID, "Prefix", p.Prefix); err != nil {
 		return nil, err
 	}
-	if len(p.Hash) != 32 {
-		return nil, fmt.Errorf("store: APIKeyInsert: Hash is %d bytes, want a 32-byte SHA-256", len(p.Hash))
-	}
 	k, err := scanAPIKey(db.rw.queryRow(ctx, `
 		INSERT INTO api_keys (id, tenant_id, prefix, hash, api_exempt, created_at) VALUES ($1, $2, $3, $4, $5, $6)
 		RETURNING `+apiKeyColumns,
@@ -105,9 +102,6 @@ type APIKeyUpdateParams struct {
 
 // APIKeyUpdate applies p and returns the key, revoked or not.
 func (db *DB) APIKeyUpdate(ctx context.Context, p *APIKeyUpdateParams) (*APIKey, error) {
-	if err := required("APIKeyUpdate", "ID", p.ID); err != nil {
-		return nil, err
-	}
 	if p.APIExempt == nil {
 		// Nothing to change: read it, so the answer is the same either way.
 		return getOne(ctx, db.ro, scanAPIKey, "api key", p.ID, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, p.ID)
@@ -124,8 +118,7 @@ type APIKeyListExemptParams struct {
 
 // APIKeyListExempt returns a page of the unrevoked exempt keys, newest first.
 func (db *DB) APIKeyListExempt(ctx context.Context, p *APIKeyListExemptParams) ([]*APIKey, bool, error) {
-	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
 	// The predicate is api_keys_exempt's, literally.
-	return page(ctx, db.ro, scanAPIKey, limit, `SELECT `+apiKeyColumns+` FROM api_keys
-		WHERE api_exempt = TRUE AND revoked_at IS NULL ORDER BY id DESC LIMIT $1`, limit+1)
+	return page(ctx, db.ro, scanAPIKey, pageSQL(`SELECT `+apiKeyColumns+` FROM api_keys
+		WHERE api_exempt = TRUE AND revoked_at IS NULL`, nil, "", true, p.Limit))
 }

@@ -87,7 +87,7 @@ func (db *DB) BatchPartInsert(ctx context.Context, p *BatchPart, jobIDs []string
 		for chunk := range slices.Chunk(jobIDs, 1000) {
 			var a args
 			part, batch := a.add(p.ID), a.add(p.BatchID)
-			n, err := tx.exec(ctx, `UPDATE jobs SET batch_part_id = `+part+` WHERE batch_id = `+batch+` AND id IN (`+a.list(anys(chunk)...)+`)
+			n, err := tx.exec(ctx, `UPDATE jobs SET batch_part_id = `+part+` WHERE batch_id = `+batch+` AND id IN (`+list(&a, chunk)+`)
 				AND status = 'queued' AND batch_part_id IS NULL`, a...)
 			if err != nil {
 				return err
@@ -165,7 +165,7 @@ func (db *DB) JobLeavePart(ctx context.Context, partID string, jobIDs []string) 
 		var a args
 		part := a.add(partID)
 		q := `UPDATE jobs SET batch_part_id = NULL, updated_at = ` + a.add(db.d.ts(db.nowUTC())) + `
-			WHERE batch_part_id = ` + part + ` AND id IN (` + a.list(anys(chunk)...) + `) AND ` + pendingSQL + ` RETURNING id`
+			WHERE batch_part_id = ` + part + ` AND id IN (` + list(&a, chunk) + `) AND ` + pendingSQL + ` RETURNING id`
 		err := db.rw.query(ctx, q, a, func(r row) error {
 			var id string
 			err := r.Scan(&id)

@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/llmq/llmq/internal/ids"
@@ -104,15 +103,12 @@ func (db *DB) BatchInsert(ctx context.Context, p *BatchInsertParams) (*Batch, er
 	if err != nil {
 		return nil, err
 	}
-	b, err := scanBatch(db.rw.queryRow(ctx, `
+	b, err := getOne(ctx, db.rw, scanBatch, "file", p.InputFileID, `
 		INSERT INTO batches (id, tenant_id, input_file_id, endpoint, completion_window, status, metadata, total, created_at, expires_at, webhook_url)
 		SELECT $1, $2, id, $4, $5, 'validating', $6, $7, $8, $9, $10 FROM files WHERE id = $3
 		RETURNING `+batchColumns,
 		cmp.Or(p.ID, ids.New(ids.Batch)), p.TenantID, p.InputFileID, p.Endpoint, p.CompletionWindow, nullJSON(p.Metadata), p.Total,
-		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt), orNull(p.WebhookURL)))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("file", p.InputFileID)
-	}
+		db.d.ts(db.nowUTC()), db.d.tsOrNull(&p.ExpiresAt), orNull(p.WebhookURL))
 	return b, db.d.wrap(err)
 }
 
@@ -138,16 +134,12 @@ func (db *DB) BatchList(ctx context.Context, p *BatchListParams) ([]*Batch, bool
 	if err := required("BatchList", "TenantID", p.TenantID); err != nil {
 		return nil, false, err
 	}
-	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
-	q, a := batchListSQL(p, limit)
-	return page(ctx, db.ro, scanBatch, limit, q, a...)
+	return page(ctx, db.ro, scanBatch, batchListSQL(p))
 }
 
 // batchListSQL reads batches_tenant.
-func batchListSQL(p *BatchListParams, limit int) (string, args) {
-	var a args
-	q := `SELECT ` + batchColumns + ` FROM batches WHERE tenant_id = ` + a.add(p.TenantID)
-	return pageSQL(q, a, p.After, true, limit)
+func batchListSQL(p *BatchListParams) pageQuery {
+	return tenantPage(`SELECT `+batchColumns+` FROM batches`, p.After, p.Limit, "tenant_id", p.TenantID)
 }
 
 // BatchSetStatusParams describe a conditional batch status change.
@@ -166,13 +158,7 @@ type BatchSetStatusParams struct {
 // BatchSetStatus moves the batch to p.To if its status is one of p.From,
 // stamping p.To's column once, as JobSetStatus.
 func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Batch, bool, error) {
-	if err := required("BatchSetStatus", "ID", p.ID); err != nil {
-		return nil, false, err
-	}
-	stamp, ok := batchStamps[p.To]
-	if !ok {
-		return nil, false, fmt.Errorf("store: BatchSetStatus: To %q is not a batch status", p.To)
-	}
+	stamp := batchStamps[p.To]
 	from, err := unfinished("BatchSetStatus", "From", p.From)
 	if err != nil {
 		return nil, false, err
@@ -198,7 +184,7 @@ func (db *DB) BatchSetStatus(ctx context.Context, p *BatchSetStatusParams) (*Bat
 	if p.TenantID != "" {
 		where += ` AND tenant_id = ` + a.add(p.TenantID)
 	}
-	q += ` WHERE ` + where + ` AND status IN (` + a.list(from...) + `) RETURNING ` + batchColumns
+	q += ` WHERE ` + where + ` AND status IN (` + list(&a, from) + `) RETURNING ` + batchColumns
 	b, err := scanBatch(db.rw.queryRow(ctx, q, a...))
 	if err == nil {
 		return b, true, nil
@@ -222,12 +208,10 @@ type BatchListActiveParams struct {
 
 // BatchListActive returns a page of the unfinished batches, oldest first.
 func (db *DB) BatchListActive(ctx context.Context, p *BatchListActiveParams) ([]*Batch, bool, error) {
-	limit := pageLimit(p.Limit, 1000, 10000)
-	q, a := batchListActiveSQL(p, limit)
-	return page(ctx, db.ro, scanBatch, limit, q, a...)
+	return page(ctx, db.ro, scanBatch, batchListActiveSQL(p))
 }
 
 // batchListActiveSQL reads batches_active.
-func batchListActiveSQL(p *BatchListActiveParams, limit int) (string, args) {
-	return pageSQL(`SELECT `+batchColumns+` FROM batches WHERE `+activeBatchSQL, nil, p.After, false, limit)
+func batchListActiveSQL(p *BatchListActiveParams) pageQuery {
+	return pageSQL(`SELECT `+batchColumns+` FROM batches WHERE `+activeBatchSQL, nil, p.After, false, p.Limit)
 }

@@ -24,11 +24,6 @@ const (
 	FilePurposeBatchError  FilePurpose = "batch_error"  // a batch's failed lines, written by llmq
 )
 
-// Valid reports whether p is a known purpose.
-func (p FilePurpose) Valid() bool {
-	return p == FilePurposeBatch || p == FilePurposeBatchOutput || p == FilePurposeBatchError
-}
-
 // File is a stored file's description; its content is read with FileOpen.
 type File struct {
 	ID        string
@@ -66,9 +61,6 @@ type FileInsertParams struct {
 func (db *DB) FileInsert(ctx context.Context, p *FileInsertParams) (*File, error) {
 	if err := required("FileInsert", "TenantID", p.TenantID, "Filename", p.Filename); err != nil {
 		return nil, err
-	}
-	if !p.Purpose.Valid() {
-		return nil, fmt.Errorf("store: FileInsert: Purpose %q: want batch, batch_output or batch_error", p.Purpose)
 	}
 	id := cmp.Or(p.ID, ids.New(ids.File))
 	insert := func(q querier, size, lines int64) (*File, error) {
@@ -173,33 +165,24 @@ func (db *DB) FileGetForTenant(ctx context.Context, tenantID, id string) (*File,
 // FileOpen returns the file's content, read one chunk per query. Check the
 // tenant first.
 func (db *DB) FileOpen(ctx context.Context, id string) (io.ReadCloser, error) {
-	var one int
-	err := db.ro.queryRow(ctx, `SELECT 1 FROM files WHERE id = $1`, id).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("file", id)
-	}
-	if err != nil {
+	if _, err := db.FileGetByID(ctx, id); err != nil {
 		return nil, err
 	}
 	return &chunkReader{ctx: ctx, db: db, id: id, seq: -1}, nil
 }
 
 type chunkReader struct {
-	ctx    context.Context
-	db     *DB
-	id     string
-	seq    int // the last chunk fetched
-	buf    []byte
-	eof    bool
-	closed bool
+	ctx context.Context
+	db  *DB
+	id  string
+	seq int // the last chunk fetched
+	buf []byte
+	eof bool
 }
 
 // fill fetches chunks until r.buf holds data, and reports whether it does.
 func (r *chunkReader) fill() (bool, error) {
 	for len(r.buf) == 0 && !r.eof {
-		if r.closed {
-			return false, errors.New("store: read of a closed file")
-		}
 		err := r.db.ro.queryRow(r.ctx, `SELECT seq, data FROM file_chunks WHERE file_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`,
 			r.id, r.seq).Scan(&r.seq, &r.buf)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -240,20 +223,21 @@ func (r *chunkReader) WriteTo(w io.Writer) (int64, error) {
 }
 
 func (r *chunkReader) Close() error {
-	r.closed, r.buf = true, nil
+	r.buf = nil
 	return nil
 }
 
-// sqlFileUsedByBatches counts the unfinished batches that use file $1.
-const sqlFileUsedByBatches = `SELECT count(*) FROM batches WHERE (input_file_id = $1 OR output_file_id = $1 OR error_file_id = $1)
-	AND status NOT IN ('failed', 'completed', 'expired', 'cancelled')`
+// batchesUsing selects the unfinished batches that use file id.
+func batchesUsing(id string) string {
+	return `FROM batches WHERE (input_file_id = ` + id + ` OR output_file_id = ` + id +
+		` OR error_file_id = ` + id + `) AND status NOT IN ('failed', 'completed', 'expired', 'cancelled')`
+}
+
+var sqlFileUsedByBatches = `SELECT count(*) ` + batchesUsing("$1")
 
 // FileDelete deletes the tenant's file. One an unfinished batch uses is
 // ErrConflict.
 func (db *DB) FileDelete(ctx context.Context, tenantID, id string) error {
-	if err := required("FileDelete", "tenantID", tenantID, "id", id); err != nil {
-		return err
-	}
 	return db.tx(ctx, func(tx querier) error {
 		var used int
 		if err := tx.queryRow(ctx, sqlFileUsedByBatches, id).Scan(&used); err != nil {
@@ -286,17 +270,11 @@ func (db *DB) FileList(ctx context.Context, p *FileListParams) ([]*File, bool, e
 	if err := required("FileList", "TenantID", p.TenantID); err != nil {
 		return nil, false, err
 	}
-	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
-	q, a := fileListSQL(p, limit)
-	return page(ctx, db.ro, scanFile, limit, q, a...)
+	return page(ctx, db.ro, scanFile, fileListSQL(p))
 }
 
 // fileListSQL reads files_tenant or files_tenant_purpose.
-func fileListSQL(p *FileListParams, limit int) (string, args) {
-	var a args
-	q := `SELECT ` + fileColumns + ` FROM files WHERE tenant_id = ` + a.add(p.TenantID)
-	if p.Purpose != "" {
-		q += ` AND purpose = ` + a.add(string(p.Purpose))
-	}
-	return pageSQL(q, a, p.After, true, limit)
+func fileListSQL(p *FileListParams) pageQuery {
+	return tenantPage(`SELECT `+fileColumns+` FROM files`, p.After, p.Limit,
+		"tenant_id", p.TenantID, "purpose", string(p.Purpose))
 }

@@ -22,24 +22,29 @@ const maxGroup = 64
 // caller's context cancels it.
 const groupTimeout = 30 * time.Second
 
-// jobStatement returns one job row, or none.
-type jobStatement struct {
+// statement returns one row, or none.
+type statement struct {
 	query string
 	args  args
 }
 
 type groups struct {
-	jobRows  coalesce.Batch[string, jobStatement, *Job]
-	complete coalesce.Batch[struct{}, *JobCompleteParams, *JobCompleteResult]
+	jobRows  coalesce.Batch[string, statement, *Job]
+	complete coalesce.Batch[struct{}, statement, *JobCompleteResult]
 }
 
 func (db *DB) initGroups() {
-	db.groups.jobRows = coalesce.Batch[string, jobStatement, *Job]{Max: maxGroup, Fn: db.queryJobs}
-	db.groups.complete = coalesce.Batch[struct{}, *JobCompleteParams, *JobCompleteResult]{Max: maxGroup,
-		Fn: func(ctx context.Context, _ struct{}, ps []*JobCompleteParams) ([]*JobCompleteResult, []error) {
+	db.groups.jobRows = coalesce.Batch[string, statement, *Job]{Max: maxGroup,
+		Fn: func(ctx context.Context, _ string, sts []statement) ([]*Job, []error) {
 			ctx, cancel := context.WithTimeout(ctx, groupTimeout)
 			defer cancel()
-			return db.JobCompleteMany(ctx, &JobCompleteManyParams{Jobs: ps})
+			return runGroup(ctx, db, sts, scanJob, false)
+		}}
+	db.groups.complete = coalesce.Batch[struct{}, statement, *JobCompleteResult]{Max: maxGroup,
+		Fn: func(ctx context.Context, _ struct{}, sts []statement) ([]*JobCompleteResult, []error) {
+			ctx, cancel := context.WithTimeout(ctx, groupTimeout)
+			defer cancel()
+			return runGroup(ctx, db, sts, scanComplete, true)
 		}}
 }
 
@@ -49,27 +54,30 @@ func (db *DB) queryJobGrouped(ctx context.Context, kind, query string, a args) (
 	if !db.d.groupWrites || kind == "" {
 		return scanJob(db.rw.queryRow(ctx, query, a...))
 	}
-	return db.groups.jobRows.Do(ctx, kind, jobStatement{query: query, args: a})
+	return db.groups.jobRows.Do(ctx, kind, statement{query: query, args: a})
 }
 
-func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*Job, []error) {
-	ctx, cancel := context.WithTimeout(ctx, groupTimeout)
-	defer cancel()
-	jobs, errs := make([]*Job, len(sts)), make([]error, len(sts))
-	alone := func() ([]*Job, []error) {
+// runGroup runs sts in one pgx batch and scans each one's row; a statement
+// whose row is missing (sql.ErrNoRows, ErrNotFound) fails alone. When the
+// batch fails otherwise, whether it committed is not known: every caller
+// gets the error, as a lone statement's caller would, unless rerun says
+// the statements may run twice.
+func runGroup[R any](ctx context.Context, db *DB, sts []statement, scan func(row) (R, error), rerun bool) ([]R, []error) {
+	rs, errs := make([]R, len(sts)), make([]error, len(sts))
+	alone := func() ([]R, []error) {
 		for i, st := range sts {
-			jobs[i], errs[i] = scanJob(db.rw.queryRow(ctx, st.query, st.args...))
+			rs[i], errs[i] = scan(db.rw.queryRow(ctx, st.query, st.args...))
 		}
-		return jobs, errs
+		return rs, errs
 	}
-	if len(sts) == 1 {
+	if len(sts) <= 1 {
 		return alone()
 	}
 	b := &pgx.Batch{}
 	for i, st := range sts {
 		b.Queue(st.query, st.args...).QueryRow(func(r pgx.Row) error {
-			jobs[i], errs[i] = scanJob(r)
-			if errors.Is(errs[i], sql.ErrNoRows) {
+			rs[i], errs[i] = scan(r)
+			if errors.Is(errs[i], sql.ErrNoRows) || errors.Is(errs[i], ErrNotFound) {
 				return nil
 			}
 			return errs[i]
@@ -79,16 +87,15 @@ func (db *DB) queryJobs(ctx context.Context, _ string, sts []jobStatement) ([]*J
 	var refused *pgconn.PgError
 	switch {
 	case err == nil:
-	case errors.As(err, &refused):
-		// The server refused a statement, so it committed none: each
-		// runs again on its own, and the refused one fails alone.
+	case rerun || errors.As(err, &refused):
+		// A refused statement committed none: each runs again on its own,
+		// and the refused one fails alone.
 		return alone()
 	default:
-		// Whether the group committed is not known: every caller gets the
-		// error, as a lone statement's caller would.
 		for i := range sts {
-			jobs[i], errs[i] = nil, err
+			errs[i] = err
 		}
+		clear(rs)
 	}
-	return jobs, errs
+	return rs, errs
 }

@@ -36,25 +36,13 @@ func (db *DB) JobList(ctx context.Context, p *JobListParams) ([]*Job, bool, erro
 	if err := required("JobList", "TenantID", p.TenantID); err != nil {
 		return nil, false, err
 	}
-	if p.Status != "" && !p.Status.Valid() {
-		return nil, false, fmt.Errorf("store: JobList: Status %q is not a job status", p.Status)
-	}
-	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
-	q, a := jobListSQL(p, limit)
-	return page(ctx, db.ro, scanJob, limit, q, a...)
+	return page(ctx, db.ro, scanJob, jobListSQL(p))
 }
 
 // jobListSQL reads jobs_tenant, jobs_tenant_status, jobs_batch or jobs_batch_status.
-func jobListSQL(p *JobListParams, limit int) (string, args) {
-	var a args
-	q := `SELECT ` + jobViewColumns + ` FROM jobs WHERE tenant_id = ` + a.add(p.TenantID)
-	if p.Status != "" {
-		q += ` AND status = ` + a.add(string(p.Status))
-	}
-	if p.BatchID != "" {
-		q += ` AND batch_id = ` + a.add(p.BatchID)
-	}
-	return pageSQL(q, a, p.After, true, limit)
+func jobListSQL(p *JobListParams) pageQuery {
+	return tenantPage(`SELECT `+jobViewColumns+` FROM jobs`, p.After, p.Limit,
+		"tenant_id", p.TenantID, "status", string(p.Status), "batch_id", p.BatchID)
 }
 
 // JobListUnfinishedParams select a page of unfinished jobs.
@@ -71,13 +59,11 @@ type JobListUnfinishedParams struct {
 
 // JobListUnfinished returns a page of unfinished jobs, oldest first.
 func (db *DB) JobListUnfinished(ctx context.Context, p *JobListUnfinishedParams) ([]*Job, bool, error) {
-	limit := pageLimit(p.Limit, 1000, 10000)
-	q, a := jobListUnfinishedSQL(db.d, p, limit)
-	return page(ctx, db.ro, scanJob, limit, q, a...)
+	return page(ctx, db.ro, scanJob, jobListUnfinishedSQL(db.d, p))
 }
 
 // jobListUnfinishedSQL reads jobs_unfinished.
-func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (string, args) {
+func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams) pageQuery {
 	var a args
 	q := `SELECT ` + jobColumns + ` FROM jobs WHERE ` + unfinishedSQL
 	if !p.UpdatedBefore.IsZero() {
@@ -89,20 +75,14 @@ func jobListUnfinishedSQL(d *dialect, p *JobListUnfinishedParams, limit int) (st
 	if p.SkipOffloaded {
 		q += ` AND batch_part_id IS NULL`
 	}
-	return pageSQL(q, a, p.After, false, limit)
+	return pageSQL(q, a, p.After, false, p.Limit)
 }
 
 // JobStreamByBatch calls fn with each job of the batch whose status is one
 // of statuses (any when empty), in line order.
 func (db *DB) JobStreamByBatch(ctx context.Context, batchID string, statuses []JobStatus, fn func(*Job) error) error {
-	if err := required("JobStreamByBatch", "batchID", batchID); err != nil {
-		return err
-	}
 	st := make([]any, len(statuses))
 	for i, s := range statuses {
-		if !s.Valid() {
-			return fmt.Errorf("store: JobStreamByBatch: statuses[%d] %q is not a job status", i, s)
-		}
 		st[i] = string(s)
 	}
 	return stream(ctx, db, "JobStreamByBatch", scanJob, func(last *Job) (string, args) {
@@ -142,7 +122,7 @@ func jobStreamSQL(batchID string, after int, statuses []any, limit int) (string,
 	var a args
 	q := `SELECT ` + jobColumns + ` FROM jobs WHERE batch_id = ` + a.add(batchID) + ` AND line_no > ` + a.add(after)
 	if len(statuses) > 0 {
-		q += ` AND status IN (` + a.list(statuses...) + `)`
+		q += ` AND status IN (` + list(&a, statuses) + `)`
 	}
 	return q + ` ORDER BY line_no LIMIT ` + a.add(limit), a
 }

@@ -105,7 +105,7 @@ func (db *DB) JobInsert(ctx context.Context, p *JobInsertParams) (job *Job, crea
 		return nil, false, err
 	}
 	var a args
-	vals := a.list(p.values(db.d, cmp.Or(p.ID, ids.New(ids.Job)), db.d.ts(db.nowUTC()))...)
+	vals := list(&a, p.values(db.d, cmp.Or(p.ID, ids.New(ids.Job)), db.d.ts(db.nowUTC())))
 	// The partial unique index as conflict target: only an idempotency key is absorbed.
 	j, err := db.queryJobGrouped(ctx, "insert", `
 		INSERT INTO jobs (`+strings.Join(jobInsertColumns, ", ")+`) VALUES (`+vals+`)
@@ -170,6 +170,32 @@ func (db *DB) JobInsertMany(ctx context.Context, p *JobInsertManyParams) ([]stri
 	return out, nil
 }
 
+// copyJobs writes rows with COPY, one statement: all or nothing.
+func copyJobs(ctx context.Context, db *DB, rows [][]any) error {
+	_, err := db.pool.CopyFrom(ctx, pgx.Identifier{"jobs"}, jobInsertColumns, pgx.CopyFromRows(rows))
+	return db.d.outage(err)
+}
+
+// sqliteRowsPerInsert keeps a statement's parameters (one a column) well under
+// SQLite's limit of 32766.
+const sqliteRowsPerInsert = 500
+
+// multiRowInsertJobs uses ? placeholders, not $N: SQLite finds a named
+// parameter by a linear scan, quadratic over thousands.
+func multiRowInsertJobs(ctx context.Context, db *DB, rows [][]any) error {
+	row := "(" + strings.Repeat("?, ", len(jobInsertColumns)-1) + "?)"
+	insert := "INSERT INTO jobs (" + strings.Join(jobInsertColumns, ", ") + ") VALUES "
+	return db.tx(ctx, func(tx querier) error {
+		for chunk := range slices.Chunk(rows, sqliteRowsPerInsert) {
+			q := insert + strings.Repeat(row+", ", len(chunk)-1) + row
+			if _, err := tx.exec(ctx, q, slices.Concat(chunk...)...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // transition runs a conditional UPDATE of one job, grouped with those of
 // kind when set; when it matches no row it returns the job as it is.
 func (db *DB) transition(ctx context.Context, kind, update string, a args, id, tenantID string) (*Job, bool, error) {
@@ -216,12 +242,6 @@ type JobSetStatusParams struct {
 // JobSetStatus moves the job to p.To if its status is one of p.From, and
 // reports whether it did; either way it returns the job as it now is.
 func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job, applied bool, err error) {
-	if err := required("JobSetStatus", "ID", p.ID); err != nil {
-		return nil, false, err
-	}
-	if !p.To.Valid() {
-		return nil, false, fmt.Errorf("store: JobSetStatus: To %q is not a job status", p.To)
-	}
 	from, err := unfinished("JobSetStatus", "From", p.From)
 	if err != nil {
 		return nil, false, err
@@ -239,7 +259,7 @@ func (db *DB) JobSetStatus(ctx context.Context, p *JobSetStatusParams) (job *Job
 	if p.To.Terminal() {
 		q += `, finished_at = ` + now
 	}
-	q += ` WHERE id = ` + a.add(p.ID) + ` AND status IN (` + a.list(from...) + `)`
+	q += ` WHERE id = ` + a.add(p.ID) + ` AND status IN (` + list(&a, from) + `)`
 	return db.transition(ctx, "", q, a, p.ID, "")
 }
 
@@ -295,26 +315,19 @@ type JobCompleteResult struct {
 // unless it has one. A job that ended meanwhile keeps its status, error
 // and response, and takes the usage and cost its ledger row charged.
 func (db *DB) JobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
-	if db.d.groupWrites {
-		return db.groups.complete.Do(ctx, struct{}{}, p)
-	}
-	return db.jobComplete(ctx, p)
-}
-
-func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobCompleteResult, error) {
 	a, err := db.completeArgs(p)
 	if err != nil {
 		return nil, err
 	}
 	var res *JobCompleteResult
 	if db.d.groupWrites {
-		res, err = scanComplete(db.rw.queryRow(ctx, sqlJobComplete, a...), p.ID)
+		res, err = db.groups.complete.Do(ctx, struct{}{}, statement{sqlJobComplete, a})
 	} else {
 		// SQLite has one writer: the job read is the job the UPDATE sees.
 		err = db.tx(ctx, func(tx querier) error {
 			var status JobStatus
 			if err := tx.queryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, p.ID).Scan(&status); errors.Is(err, sql.ErrNoRows) {
-				return notFound("job", p.ID)
+				return errNoJob
 			} else if err != nil {
 				return err
 			}
@@ -328,25 +341,31 @@ func (db *DB) jobComplete(ctx context.Context, p *JobCompleteParams) (*JobComple
 		})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("store: JobComplete %s: %w", p.ID, db.d.wrap(err))
+		return nil, db.completeFailed(p.ID, err)
 	}
 	return res, nil
 }
 
-func scanComplete(r row, id string) (*JobCompleteResult, error) {
+var errNoJob = fmt.Errorf("%w: job", ErrNotFound)
+
+func (db *DB) completeFailed(id string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("store: JobComplete %s: %w", id, db.d.wrap(err))
+}
+
+func scanComplete(r row) (*JobCompleteResult, error) {
 	res := &JobCompleteResult{}
 	var exists bool
 	err := r.Scan(&res.Completed, &res.Charged, &exists)
 	if err == nil && !exists {
-		err = notFound("job", id)
+		err = errNoJob
 	}
 	return res, err
 }
 
 func (db *DB) completeArgs(p *JobCompleteParams) (args, error) {
-	if err := required("JobComplete", "ID", p.ID); err != nil {
-		return nil, err
-	}
 	if err := validDay("JobComplete", p.Day); err != nil {
 		return nil, err
 	}
@@ -413,36 +432,24 @@ type JobCompleteManyParams struct {
 // JobCompleteMany is JobComplete for many jobs in one transaction on
 // Postgres; when it fails, each job is completed on its own.
 func (db *DB) JobCompleteMany(ctx context.Context, p *JobCompleteManyParams) (results []*JobCompleteResult, errs []error) {
-	n := len(p.Jobs)
-	results, errs = make([]*JobCompleteResult, n), make([]error, n)
-	alone := func() ([]*JobCompleteResult, []error) {
-		for i, jp := range p.Jobs {
-			results[i], errs[i] = db.jobComplete(ctx, jp)
-		}
-		return results, errs
-	}
-	if n == 1 || !db.d.groupWrites {
-		return alone()
-	}
-	b := &pgx.Batch{}
+	results, errs = make([]*JobCompleteResult, len(p.Jobs)), make([]error, len(p.Jobs))
+	var sts []statement
+	var grouped []int
 	for i, jp := range p.Jobs {
+		if !db.d.groupWrites {
+			results[i], errs[i] = db.JobComplete(ctx, jp)
+			continue
+		}
 		a, err := db.completeArgs(jp)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		b.Queue(sqlJobComplete, a...).QueryRow(func(r pgx.Row) error {
-			res, err := scanComplete(r, jp.ID)
-			if errors.Is(err, ErrNotFound) {
-				errs[i] = fmt.Errorf("store: JobComplete %s: %w", jp.ID, err)
-				return nil
-			}
-			results[i] = res
-			return err
-		})
+		sts, grouped = append(sts, statement{sqlJobComplete, a}), append(grouped, i)
 	}
-	if err := db.pool.SendBatch(ctx, b).Close(); err != nil {
-		return alone()
+	rs, es := runGroup(ctx, db, sts, scanComplete, true)
+	for k, i := range grouped {
+		results[i], errs[i] = rs[k], db.completeFailed(p.Jobs[i].ID, es[k])
 	}
 	return results, errs
 }
@@ -488,9 +495,6 @@ func (db *DB) JobCancel(ctx context.Context, tenantID, id string) (job *Job, cha
 // JobCancelByBatch cancels the batch's pending jobs not at the provider's
 // Batch API, and returns how many.
 func (db *DB) JobCancelByBatch(ctx context.Context, batchID string) (int64, error) {
-	if err := required("JobCancelByBatch", "batchID", batchID); err != nil {
-		return 0, err
-	}
 	n, err := db.rw.exec(ctx, sqlJobCancelByBatch, batchID, db.d.ts(db.nowUTC()))
 	return n, db.d.wrap(err)
 }

@@ -146,7 +146,7 @@ func usageSumsByDaysSQL(days []string) (string, args, error) {
 		}
 	}
 	var a args
-	in := a.list(anys(days)...)
+	in := list(&a, days)
 	return `SELECT tenant_id, day, global_day, CAST(SUM(cost_micros) AS BIGINT) FROM (
 			SELECT tenant_id, day, global_day, cost_micros FROM usage_ledger WHERE day IN (` + in + `)
 			UNION ALL

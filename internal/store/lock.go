@@ -14,9 +14,6 @@ import (
 // its connection dies, so the work it guards must be safe to run again; on
 // SQLite (one process) an in-process lock per database file.
 func (db *DB) TryLock(ctx context.Context, name string) (unlock func(), ok bool, err error) {
-	if err := required("TryLock", "name", name); err != nil {
-		return nil, false, err
-	}
 	return db.d.tryLock(ctx, db, name)
 }
 

@@ -40,19 +40,16 @@ func checkPlans(t *testing.T, db *DB) {
 		{TenantID: "t", BatchID: "b", After: "job_x"},
 		{TenantID: "t", BatchID: "b", Status: JobFailed},
 	} {
-		q, a := jobListSQL(&p, 20)
-		add("JobList "+p.Status.str()+p.BatchID, true, q, a)
+		pq := jobListSQL(&p)
+		add("JobList "+p.Status.str()+p.BatchID, true, pq.sql, pq.args)
 	}
-	q, a := jobListUnfinishedSQL(db.d, &JobListUnfinishedParams{After: "job_x", UpdatedBefore: time.Now(), SkipValidating: true}, 1000)
-	add("JobListUnfinished", true, q, a)
+	pq := jobListUnfinishedSQL(db.d, &JobListUnfinishedParams{After: "job_x", UpdatedBefore: time.Now(), SkipValidating: true})
+	add("JobListUnfinished", true, pq.sql, pq.args)
 	for _, kind := range []string{WebhookJob, WebhookBatch} {
-		q, a, err := webhookListPendingSQL(db.d, &WebhookListPendingParams{Kind: kind, After: "x", FinishedBefore: time.Now()}, 1000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		add("WebhookListPending "+kind, true, q, a)
+		pq := webhookListPendingSQL(db.d, webhookTables[kind], &WebhookListPendingParams{Kind: kind, After: "x", FinishedBefore: time.Now()})
+		add("WebhookListPending "+kind, true, pq.sql, pq.args)
 	}
-	q, a = jobStreamSQL("b", 10, []any{"succeeded"}, 500)
+	q, a := jobStreamSQL("b", 10, []any{"succeeded"}, 500)
 	add("JobStreamByBatch", true, q, a)
 	add("JobCountsByBatch", false, sqlJobCountsByBatch, args{"b"})
 	add("JobCancelByBatch", false, sqlJobCancelByBatch, args{"b", db.d.ts(time.Now())})
@@ -76,14 +73,14 @@ func checkPlans(t *testing.T, db *DB) {
 	q, a = usageReportSQL(&UsageReportParams{Day: "2026-03-01", TenantID: "t"})
 	add("UsageReport tenant", false, q, a)
 	add("APIKeyGetByHash", false, sqlAPIKeyGetByHash, args{make([]byte, 32)})
-	q, a = batchListSQL(&BatchListParams{TenantID: "t", After: "batch_x"}, 20)
-	add("BatchList", true, q, a)
-	q, a = batchListActiveSQL(&BatchListActiveParams{After: "batch_x"}, 1000)
-	add("BatchListActive", true, q, a)
-	q, a = fileListSQL(&FileListParams{TenantID: "t", After: "file-x"}, 20)
-	add("FileList", true, q, a)
-	q, a = fileListSQL(&FileListParams{TenantID: "t", Purpose: FilePurposeBatch, After: "file-x"}, 20)
-	add("FileList purpose", true, q, a)
+	pq = batchListSQL(&BatchListParams{TenantID: "t", After: "batch_x"})
+	add("BatchList", true, pq.sql, pq.args)
+	pq = batchListActiveSQL(&BatchListActiveParams{After: "batch_x"})
+	add("BatchListActive", true, pq.sql, pq.args)
+	pq = fileListSQL(&FileListParams{TenantID: "t", After: "file-x"})
+	add("FileList", true, pq.sql, pq.args)
+	pq = fileListSQL(&FileListParams{TenantID: "t", Purpose: FilePurposeBatch, After: "file-x"})
+	add("FileList purpose", true, pq.sql, pq.args)
 	add("FileDelete used by batches", false, sqlFileUsedByBatches, args{"file-x"})
 
 	for _, q := range qs {

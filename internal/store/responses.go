@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -33,10 +32,8 @@ func (db *DB) StoredResponseInsert(ctx context.Context, rs []StoredResponse) err
 			if err := required("StoredResponseInsert", "ID", r.ID, "ResponseID", r.ResponseID, "TenantID", r.TenantID); err != nil {
 				return err
 			}
-			if r.Tokens < 0 {
-				return fmt.Errorf("store: StoredResponseInsert %s: negative tokens %d", r.ID, r.Tokens)
-			}
-			values[i] = "(" + a.list(r.ID, r.ResponseID, r.TenantID, r.Deployment, r.Tokens, db.d.ts(now)) + ")"
+			row := []any{r.ID, r.ResponseID, r.TenantID, r.Deployment, r.Tokens, db.d.ts(now)}
+			values[i] = "(" + list(&a, row) + ")"
 		}
 		if _, err := db.rw.exec(ctx, `INSERT INTO stored_responses (id, response_id, tenant_id, deployment, tokens, created_at)
 			VALUES `+strings.Join(values, ", ")+` ON CONFLICT (id) DO NOTHING`, a...); err != nil {
@@ -54,7 +51,7 @@ func (db *DB) StoredResponseGet(ctx context.Context, ids []string) (map[string]*
 	}
 	var a args
 	err := db.ro.query(ctx, `SELECT id, response_id, tenant_id, deployment, tokens, created_at FROM stored_responses
-		WHERE id IN (`+a.list(anys(ids)...)+`)`, a, func(r row) error {
+		WHERE id IN (`+list(&a, ids)+`)`, a, func(r row) error {
 		var s StoredResponse
 		err := r.Scan(&s.ID, &s.ResponseID, &s.TenantID, &s.Deployment, &s.Tokens, timeCol{&s.CreatedAt})
 		out[s.ID] = &s

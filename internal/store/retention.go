@@ -5,7 +5,9 @@ import (
 	"time"
 )
 
-const finishedStatuses = `('succeeded', 'failed', 'cancelled')`
+// jobsPurgeable are the jobs JobPurgeBodies purges: finished before $1.
+const jobsPurgeable = `purged_at IS NULL AND status IN ('succeeded', 'failed', 'cancelled')
+	AND finished_at < $1`
 
 // JobPurgeBodies empties the request and response of up to limit jobs that
 // finished before before, oldest first, and returns how many.
@@ -13,18 +15,16 @@ func (db *DB) JobPurgeBodies(ctx context.Context, before time.Time, limit int) (
 	if err := positive("JobPurgeBodies", limit); err != nil {
 		return 0, err
 	}
-	n, err := db.rw.exec(ctx, `UPDATE jobs SET request = '{}', response_body = NULL, purged_at = $1
-		WHERE id IN (SELECT id FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
-			AND finished_at < $2 ORDER BY finished_at LIMIT $3`+db.d.skipLocked+`)`,
-		db.d.ts(db.nowUTC()), db.d.ts(before), limit)
+	n, err := db.rw.exec(ctx, `UPDATE jobs SET request = '{}', response_body = NULL, purged_at = $3
+		WHERE id IN (SELECT id FROM jobs WHERE `+jobsPurgeable+` ORDER BY finished_at LIMIT $2`+db.d.skipLocked+`)`,
+		db.d.ts(before), limit, db.d.ts(db.nowUTC()))
 	return n, failed("JobPurgeBodies", err)
 }
 
 // JobCountPurgeable counts the jobs JobPurgeBodies would purge.
 func (db *DB) JobCountPurgeable(ctx context.Context, before time.Time) (int64, error) {
 	var n int64
-	err := db.ro.queryRow(ctx, `SELECT count(*) FROM jobs WHERE purged_at IS NULL AND status IN `+finishedStatuses+`
-		AND finished_at < $1`, db.d.ts(before)).Scan(&n)
+	err := db.ro.queryRow(ctx, `SELECT count(*) FROM jobs WHERE `+jobsPurgeable, db.d.ts(before)).Scan(&n)
 	return n, failed("JobCountPurgeable", err)
 }
 
@@ -40,9 +40,8 @@ func (db *DB) FileListPurgeable(ctx context.Context, before time.Time, limit int
 	out, err := collect(ctx, db.ro, func(r row) (f PurgeableFile, err error) {
 		err = r.Scan(&f.ID, &f.TenantID, &f.Bytes)
 		return f, err
-	}, `SELECT id, tenant_id, bytes FROM files f WHERE created_at < $1
-		AND NOT EXISTS (SELECT 1 FROM batches b WHERE (b.input_file_id = f.id OR b.output_file_id = f.id OR b.error_file_id = f.id)
-			AND b.status NOT IN ('failed', 'completed', 'expired', 'cancelled'))
+	}, `SELECT id, tenant_id, bytes FROM files f
+		WHERE created_at < $1 AND NOT EXISTS (SELECT 1 `+batchesUsing("f.id")+`)
 		ORDER BY created_at, id LIMIT $2`, db.d.ts(before), limit)
 	return out, failed("FileListPurgeable", err)
 }

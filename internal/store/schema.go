@@ -94,31 +94,30 @@ func (db *DB) MigrateDown(ctx context.Context) (int64, error) {
 }
 
 // MigrationStatus lists every migration this binary knows, oldest first.
+// It only reads (goose's Status would create its table in a database never
+// migrated).
 func (db *DB) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
 	m, done, err := db.migrator()
 	if err != nil {
 		return nil, failed("migration status", err)
 	}
 	defer func() { _ = done() }()
-	var out []MigrationState
-	// goose's Status would create its table in a database never migrated.
 	_, migrated, err := m.applied(ctx)
-	if err == nil && !migrated {
-		for _, src := range m.ListSources() {
-			out = append(out, MigrationState{Version: src.Version, Name: path.Base(src.Path)})
+	var out []MigrationState
+	for _, src := range m.ListSources() {
+		s := MigrationState{Version: src.Version, Name: path.Base(src.Path)}
+		if migrated && err == nil {
+			var r *database.GetMigrationResult
+			if r, err = m.versions.GetMigration(ctx, m.sdb, src.Version); err == nil {
+				s.Applied, s.AppliedAt = true, r.Timestamp
+			} else if errors.Is(err, database.ErrVersionNotFound) {
+				err = nil
+			}
 		}
-		return out, nil
-	}
-	var sts []*goose.MigrationStatus
-	if err == nil {
-		sts, err = m.Status(ctx)
+		out = append(out, s)
 	}
 	if err != nil {
 		return nil, failed("migration status", err)
-	}
-	for _, s := range sts {
-		out = append(out, MigrationState{Version: s.Source.Version, Name: path.Base(s.Source.Path),
-			Applied: s.State == goose.StateApplied, AppliedAt: s.AppliedAt})
 	}
 	return out, nil
 }

@@ -177,20 +177,13 @@ func (a *args) add(v any) string {
 	return "$" + strconv.Itoa(len(*a))
 }
 
-func (a *args) list(vs ...any) string {
+// list adds vs and returns their placeholders, comma-separated.
+func list[T any](a *args, vs []T) string {
 	ps := make([]string, len(vs))
 	for i, v := range vs {
 		ps[i] = a.add(v)
 	}
 	return strings.Join(ps, ", ")
-}
-
-func anys[T any](vs []T) []any {
-	out := make([]any, len(vs))
-	for i, v := range vs {
-		out[i] = v
-	}
-	return out
 }
 
 // status is a job's or a batch's status.
@@ -215,34 +208,51 @@ func unfinished[S status](method, field string, ss []S) ([]any, error) {
 	return out, nil
 }
 
-func pageLimit(limit, def, most int) int {
-	if limit <= 0 {
-		return def
-	}
-	return min(limit, most)
+// pageQuery selects a page of up to limit rows, and one more that tells
+// whether there are more.
+type pageQuery struct {
+	sql   string
+	args  args
+	limit int
 }
 
-// pageSQL ends q with the page after the id after, newest first (a
-// tenant's list) or oldest first (a sweep), one row more than limit.
-func pageSQL(q string, a args, after string, newestFirst bool, limit int) (string, args) {
-	op, order := ` > `, ``
+// pageSQL ends q with the page after the id after: a tenant's list goes
+// newest first, 20 rows unless asked and at most 1000; a sweep oldest
+// first, 1000 rows unless asked and at most 10000.
+func pageSQL(q string, a args, after string, newestFirst bool, asked int) pageQuery {
+	op, order, limit, most := ` > `, ``, 1000, 10000
 	if newestFirst {
-		op, order = ` < `, ` DESC`
+		op, order, limit, most = ` < `, ` DESC`, defaultListLimit, maxListLimit
 	}
 	if after != "" {
 		q += ` AND id` + op + a.add(after)
 	}
-	return q + ` ORDER BY id` + order + ` LIMIT ` + a.add(limit+1), a
+	if asked > 0 {
+		limit = min(asked, most)
+	}
+	return pageQuery{q + ` ORDER BY id` + order + ` LIMIT ` + a.add(limit+1), a, limit}
 }
 
-// page runs query, which selects up to limit+1 rows, and returns the first
-// limit and whether there were more.
-func page[T any](ctx context.Context, q querier, scan func(row) (*T, error), limit int, query string, a ...any) ([]*T, bool, error) {
-	rows, err := collect(ctx, q, scan, query, a...)
-	if err != nil || len(rows) <= limit {
+// tenantPage is a page of a tenant's list of the rows of from whose
+// columns equal their values (column, value pairs; "" filters nothing).
+func tenantPage(from, after string, asked int, filters ...string) pageQuery {
+	var a args
+	var where []string
+	for i := 0; i+1 < len(filters); i += 2 {
+		if filters[i+1] != "" {
+			where = append(where, filters[i]+` = `+a.add(filters[i+1]))
+		}
+	}
+	return pageSQL(from+` WHERE `+strings.Join(where, ` AND `), a, after, true, asked)
+}
+
+// page runs pq and returns its rows and whether there were more.
+func page[T any](ctx context.Context, q querier, scan func(row) (*T, error), pq pageQuery) ([]*T, bool, error) {
+	rows, err := collect(ctx, q, scan, pq.sql, pq.args...)
+	if err != nil || len(rows) <= pq.limit {
 		return rows, false, err
 	}
-	return rows[:limit], true, nil
+	return rows[:pq.limit], true, nil
 }
 
 // getOne scans the one row of query, or returns ErrNotFound.

@@ -98,14 +98,11 @@ type TenantListParams struct {
 
 // TenantList returns a page of tenants.
 func (db *DB) TenantList(ctx context.Context, p *TenantListParams) ([]*Tenant, bool, error) {
-	limit := pageLimit(p.Limit, defaultListLimit, maxListLimit)
-	var a args
 	q := `SELECT ` + tenantColumns + ` FROM tenants WHERE TRUE`
 	if p.APIExempt {
 		q += ` AND api_exempt = TRUE`
 	}
-	q, a = pageSQL(q, a, p.After, true, limit)
-	return page(ctx, db.ro, scanTenant, limit, q, a...)
+	return page(ctx, db.ro, scanTenant, pageSQL(q, nil, p.After, true, p.Limit))
 }
 
 // TenantUpdateParams change a tenant; nil fields are left as they are.
@@ -121,9 +118,6 @@ type TenantUpdateParams struct {
 
 // TenantUpdate applies p and returns the tenant, or ErrNotFound.
 func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant, error) {
-	if err := required("TenantUpdate", "ID", p.ID); err != nil {
-		return nil, err
-	}
 	var a args
 	q := `UPDATE tenants SET updated_at = ` + a.add(db.d.ts(db.nowUTC()))
 	if p.Name != nil {
@@ -152,9 +146,6 @@ func (db *DB) TenantUpdate(ctx context.Context, p *TenantUpdateParams) (*Tenant,
 // TenantRotateWebhookSecret gives the tenant a new webhook secret; the one
 // it replaces still signs deliveries for overlap.
 func (db *DB) TenantRotateWebhookSecret(ctx context.Context, id string, overlap time.Duration) (*Tenant, error) {
-	if err := required("TenantRotateWebhookSecret", "id", id); err != nil {
-		return nil, err
-	}
 	if overlap < 0 {
 		return nil, fmt.Errorf("store: TenantRotateWebhookSecret: negative overlap %v", overlap)
 	}

@@ -68,28 +68,22 @@ type WebhookListPendingParams struct {
 // WebhookListPending returns a page of the finished objects whose webhook
 // delivery has not ended, oldest first.
 func (db *DB) WebhookListPending(ctx context.Context, p *WebhookListPendingParams) ([]*WebhookRef, bool, error) {
-	limit := pageLimit(p.Limit, 1000, 10000)
-	q, a, err := webhookListPendingSQL(db.d, p, limit)
+	t, err := webhookTableOf("WebhookListPending", p.Kind)
 	if err != nil {
 		return nil, false, err
 	}
 	refs, more, err := page(ctx, db.ro, func(r row) (*WebhookRef, error) {
 		ref := &WebhookRef{Kind: p.Kind}
 		return ref, r.Scan(&ref.ID)
-	}, limit, q, a...)
+	}, webhookListPendingSQL(db.d, t, p))
 	return refs, more, db.d.wrap(err)
 }
 
-func webhookListPendingSQL(d *dialect, p *WebhookListPendingParams, limit int) (string, args, error) {
-	t, err := webhookTableOf("WebhookListPending", p.Kind)
-	if err != nil {
-		return "", nil, err
-	}
+func webhookListPendingSQL(d *dialect, t webhookTable, p *WebhookListPendingParams) pageQuery {
 	var a args
 	q := `SELECT id FROM ` + t.name + ` WHERE ` + t.pending
 	if !p.FinishedBefore.IsZero() {
 		q += ` AND ` + t.finishedAt + ` < ` + a.add(d.ts(p.FinishedBefore))
 	}
-	q, a = pageSQL(q, a, p.After, false, limit)
-	return q, a, nil
+	return pageSQL(q, a, p.After, false, p.Limit)
 }
