@@ -41,9 +41,6 @@ type Estimate struct {
 	// WorstCase is the budget reservation: the most the provider could
 	// bill for the request as sent, on the dearest route it may take.
 	WorstCase money.Micros
-	// own is WorstCase on the model's own routes, which every choice of
-	// fallbacks shares: priced once, at admission, and carried.
-	own money.Micros
 }
 
 // Calibrations gives a limiter scope's prompt correction (the pacer's).
@@ -83,7 +80,7 @@ func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget
 	if err := CheckJobFallbacks(p, tier, r.Model, fallbacks); err != nil {
 		return err
 	}
-	worst := r.worstCase(p, fallbacks)
+	worst := WorstCase(p, r.Model, fallbacks, &r.Shape, r.Calibration, r.PromptTokens, r.MaxTokens)
 	if err := CheckBudget(acct, worst, r.Endpoint); err != nil {
 		return err
 	}
@@ -157,8 +154,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 		est.Calibration = e.calib.Calibration(ctx, m.Routes()[0].Deployment.Name())
 	}
 	est.Cost = permit(est.Calibration, est.PromptTokens, est.MaxTokens)
-	est.own = worstOf(own, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
-	est.WorstCase = est.worstCase(p, m.Fallbacks)
+	est.WorstCase = WorstCase(p, m, m.Fallbacks, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
 	// A cost no deployment of the model can ever hold is refused: one whose
 	// buckets are all large enough may run it.
 	for _, r := range own {
@@ -167,13 +163,6 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 		}
 	}
 	return nil, fitsRoute(own[0], est, endpoint)
-}
-
-// worstCase is WorstCase of the estimate with fallbacks: its own routes'
-// carried, and the serving routes of fallbacks.
-func (est *Estimate) worstCase(p *config.Policy, fallbacks []string) money.Micros {
-	routes := Serving(fallbackRoutes(p, fallbacks), &est.Shape)
-	return max(est.own, worstOf(routes, &est.Shape, est.Calibration, est.PromptTokens, est.MaxTokens))
 }
 
 // Fallbacks are the models a job of m falls back to: its own, when it
@@ -188,11 +177,11 @@ func Fallbacks(m *config.Model, own []string) []string {
 // Candidates are the routes of m, then of fallbacks (see Fallbacks), that
 // can serve s.
 func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) []config.Route {
-	return Serving(append(m.Routes(), fallbackRoutes(p, fallbacks)...), s)
+	return Serving(append(m.Routes(), FallbackRoutes(p, fallbacks)...), s)
 }
 
-// fallbackRoutes are the routes of the models fallbacks names.
-func fallbackRoutes(p *config.Policy, fallbacks []string) []config.Route {
+// FallbackRoutes are the routes of the models fallbacks names.
+func FallbackRoutes(p *config.Policy, fallbacks []string) []config.Route {
 	var out []config.Route
 	for _, name := range fallbacks {
 		if f, ok := p.Model(name); ok {
@@ -205,13 +194,8 @@ func fallbackRoutes(p *config.Policy, fallbacks []string) []config.Route {
 // WorstCase is the most Charge asks on any of the candidates of a request
 // of m, since the budget is reserved before a route is chosen.
 func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
-	return worstOf(Candidates(p, m, fallbacks, s), s, c, promptTokens, maxTokens)
-}
-
-// worstOf is the most Charge asks on routes.
-func worstOf(routes []config.Route, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
-	for _, r := range routes {
+	for _, r := range Candidates(p, m, fallbacks, s) {
 		_, w := Charge(r, s, c, promptTokens, maxTokens)
 		worst = max(worst, w)
 	}

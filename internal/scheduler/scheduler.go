@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
@@ -198,12 +199,7 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 	if err != nil || !paused {
 		return room, err
 	}
-	var fallbacks []config.Route
-	for _, name := range m.Fallbacks {
-		if f, ok := p.Model(name); ok {
-			fallbacks = append(fallbacks, f.Routes()...)
-		}
-	}
+	fallbacks := admission.FallbackRoutes(p, m.Fallbacks)
 	if len(fallbacks) == 0 {
 		return room, nil
 	}
