@@ -7,6 +7,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -198,15 +199,11 @@ func (e *Env) Validate(role Role) error {
 	if err := validateDatabaseURL(e.DatabaseURL); err != nil {
 		return err
 	}
-	if e.ListenAddr == "" {
-		e.ListenAddr = DefaultListenAddr(role)
-	}
+	e.ListenAddr = cmp.Or(e.ListenAddr, DefaultListenAddr(role))
 	if err := validateAddr("LISTEN_ADDR", e.ListenAddr); err != nil {
 		return err
 	}
-	if e.MetricsAddr == "" {
-		e.MetricsAddr = DefaultMetricsAddr(role)
-	}
+	e.MetricsAddr = cmp.Or(e.MetricsAddr, DefaultMetricsAddr(role))
 	if e.MetricsAddr != "" {
 		if err := validateAddr("METRICS_ADDR", e.MetricsAddr); err != nil {
 			return err
@@ -232,45 +229,40 @@ func (e *Env) Validate(role Role) error {
 			return envErrorf("ADMIN_TOKEN_PREVIOUS", "is the same as LLMQ_ADMIN_TOKEN: it should be the token being replaced")
 		}
 	}
-	if e.WorkerConcurrency < 1 {
-		return envErrorf("WORKER_CONCURRENCY", "must be at least 1, got %d", e.WorkerConcurrency)
+	_, proxiesErr := e.TrustedProxyPrefixes()
+	return cmp.Or( // the first problem, in this order
+		aboveZero("WORKER_CONCURRENCY", e.WorkerConcurrency, "at least 1"),
+		aboveZero("WEBHOOK_CONCURRENCY", e.WebhookConcurrency, "at least 1"),
+		oneOfFolded("LOG_LEVEL", e.LogLevel, "debug, info, warn or error", "debug", "info", "warn", "error"),
+		oneOfFolded("LOG_FORMAT", e.LogFormat, "json or text", "json", "text"),
+		validateName("KEY_PREFIX", e.KeyPrefix, false),
+		aboveZero("SHUTDOWN_TIMEOUT", e.ShutdownTimeout, "more than 0"),
+		aboveZero("FAULT_PAUSE", e.FaultPause, "more than 0"),
+		aboveZero("SYNC_MAX_WAIT", e.SyncMaxWait, "more than 0"),
+		aboveZero("MAX_BODY_BYTES", e.MaxBodyBytes, "at least 1"),
+		aboveZero("MAX_FILE_BYTES", e.MaxFileBytes, "at least 1"),
+		aboveZero("MAX_FILE_LINES", e.MaxFileLines, "at least 1"),
+		proxiesErr,
+		validateName("QUEUE_NAMESPACE", e.QueueNamespace, true),
+	)
+}
+
+// aboveZero refuses a value of field that is 0 or less; must says what it
+// must be.
+func aboveZero[T int | int64 | time.Duration](field string, v T, must string) error {
+	if v > 0 {
+		return nil
 	}
-	if e.WebhookConcurrency < 1 {
-		return envErrorf("WEBHOOK_CONCURRENCY", "must be at least 1, got %d", e.WebhookConcurrency)
+	return envErrorf(field, "must be %s, got %v", must, v)
+}
+
+// oneOfFolded refuses a value of field that is none of values (want), in
+// any case.
+func oneOfFolded(field, v, want string, values ...string) error {
+	if slices.Contains(values, strings.ToLower(v)) {
+		return nil
 	}
-	if _, ok := logLevels[strings.ToLower(e.LogLevel)]; !ok {
-		return envErrorf("LOG_LEVEL", "must be debug, info, warn or error, got %q", e.LogLevel)
-	}
-	switch strings.ToLower(e.LogFormat) {
-	case "json", "text":
-	default:
-		return envErrorf("LOG_FORMAT", "must be json or text, got %q", e.LogFormat)
-	}
-	if err := validateName("KEY_PREFIX", e.KeyPrefix, false); err != nil {
-		return err
-	}
-	if e.ShutdownTimeout <= 0 {
-		return envErrorf("SHUTDOWN_TIMEOUT", "must be more than 0, got %s", e.ShutdownTimeout)
-	}
-	if e.FaultPause <= 0 {
-		return envErrorf("FAULT_PAUSE", "must be more than 0, got %s", e.FaultPause)
-	}
-	if e.SyncMaxWait <= 0 {
-		return envErrorf("SYNC_MAX_WAIT", "must be more than 0, got %s", e.SyncMaxWait)
-	}
-	if e.MaxBodyBytes < 1 {
-		return envErrorf("MAX_BODY_BYTES", "must be at least 1, got %d", e.MaxBodyBytes)
-	}
-	if e.MaxFileBytes < 1 {
-		return envErrorf("MAX_FILE_BYTES", "must be at least 1, got %d", e.MaxFileBytes)
-	}
-	if e.MaxFileLines < 1 {
-		return envErrorf("MAX_FILE_LINES", "must be at least 1, got %d", e.MaxFileLines)
-	}
-	if _, err := e.TrustedProxyPrefixes(); err != nil {
-		return err
-	}
-	return validateName("QUEUE_NAMESPACE", e.QueueNamespace, true)
+	return envErrorf(field, "must be %s, got %q", want, v)
 }
 
 // TrustedProxyPrefixes parses TrustedProxies: each entry an address (a

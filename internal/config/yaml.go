@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"reflect"
@@ -329,6 +330,26 @@ func yamlError(err error, s *source) error {
 	return e
 }
 
+// kindNames and nodeTypeNames say what a value of the policy must be, or
+// is, in its terms: whole numbers are its only ints.
+var kindNames = map[reflect.Kind]string{
+	reflect.Int: "a whole number", reflect.Int64: "a whole number",
+	reflect.Float64: "a number",
+	reflect.Bool:    "true or false",
+	reflect.String:  "a string",
+	reflect.Slice:   "a list",
+	reflect.Struct:  "a mapping", reflect.Map: "a mapping",
+}
+
+var nodeTypeNames = map[ast.NodeType]string{
+	ast.SequenceType: "a list",
+	ast.MappingType:  "a mapping", ast.MappingValueType: "a mapping",
+	ast.IntegerType: "a number", ast.FloatType: "a number", ast.InfinityType: "a number", ast.NanType: "a number",
+	ast.StringType: "a string", ast.LiteralType: "a string",
+	ast.BoolType: "true or false",
+	ast.NullType: "empty",
+}
+
 func describeType(t reflect.Type) string {
 	if t == nil {
 		return "another type"
@@ -336,37 +357,7 @@ func describeType(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	switch t.Kind() {
-	case reflect.Int, reflect.Int64: // the policy's only kinds of number
-		return "a whole number"
-	case reflect.Float64:
-		return "a number"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.String:
-		return "a string"
-	case reflect.Slice:
-		return "a list"
-	case reflect.Struct, reflect.Map:
-		return "a mapping"
-	}
-	return "a " + t.String()
+	return cmp.Or(kindNames[t.Kind()], "a "+t.String())
 }
 
-func nodeTypeName(t ast.NodeType) string {
-	switch t {
-	case ast.SequenceType:
-		return "a list"
-	case ast.MappingType, ast.MappingValueType:
-		return "a mapping"
-	case ast.IntegerType, ast.FloatType, ast.InfinityType, ast.NanType:
-		return "a number"
-	case ast.StringType, ast.LiteralType:
-		return "a string"
-	case ast.BoolType:
-		return "true or false"
-	case ast.NullType:
-		return "empty"
-	}
-	return t.YAMLName()
-}
+func nodeTypeName(t ast.NodeType) string { return cmp.Or(nodeTypeNames[t], t.YAMLName()) }
