@@ -50,6 +50,7 @@ type source struct {
 	body   ast.Node
 	byPath map[string]position
 	byPos  map[position]string
+	err    error // the first validation error (fail)
 }
 
 // parseSource parses data as exactly one YAML document.
@@ -187,6 +188,14 @@ func (s *source) errorAt(path, format string, args ...any) *PolicyError {
 			return e
 		}
 		p = p[:i]
+	}
+}
+
+// fail records a validation error at path unless one is recorded already:
+// building goes on past it, and the policy is refused with the first.
+func (s *source) fail(path, format string, args ...any) {
+	if s.err == nil {
+		s.err = s.errorAt(path, format, args...)
 	}
 }
 
