@@ -61,16 +61,14 @@ func NewLearned(rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logg
 // cannot be read).
 func (l *Learned) Scope(ctx context.Context, m config.Route) limiter.Scope {
 	e := l.entry(ctx, m.Deployment.Name())
-	if lowers(e.rpm, m.Limits.RPM) || lowers(e.tpm, m.Limits.TPM) {
-		d := *m.Deployment
-		if lowers(e.rpm, d.Limits.RPM) {
-			d.Limits.RPM = e.rpm
-		}
-		if lowers(e.tpm, d.Limits.TPM) {
-			d.Limits.TPM = e.tpm
-		}
-		m.Deployment = &d
+	d := *m.Deployment
+	if lowers(e.rpm, d.Limits.RPM) {
+		d.Limits.RPM = e.rpm
 	}
+	if lowers(e.tpm, d.Limits.TPM) {
+		d.Limits.TPM = e.tpm
+	}
+	m.Deployment = &d
 	return admission.Scope(m)
 }
 
