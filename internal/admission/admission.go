@@ -264,6 +264,10 @@ func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fal
 		return wire.Invalid("fallbacks", client.CodeInvalidValue,
 			"A job may name at most %d fallbacks, got %d.", MaxJobFallbacks, len(fallbacks))
 	}
+	allowed := "none"
+	if len(tier.Fallbacks) > 0 {
+		allowed = "'" + strings.Join(tier.Fallbacks, "', '") + "'"
+	}
 	for i, name := range fallbacks {
 		f, ok := p.Model(name)
 		switch {
@@ -271,7 +275,7 @@ func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fal
 			return wire.Invalid("fallbacks", client.CodeModelNotFound, "The fallback model '%s' does not exist or is not served here.", name)
 		case !slices.Contains(tier.Fallbacks, name):
 			return wire.Invalid("fallbacks", client.CodeFallbackNotAllowed,
-				"The %s tier does not allow '%s' as a fallback; it allows %s.", tier.Name, name, allowedList(tier.Fallbacks))
+				"The %s tier does not allow '%s' as a fallback; it allows %s.", tier.Name, name, allowed)
 		case name == m.Name:
 			return wire.Invalid("fallbacks", client.CodeInvalidValue, "The model '%s' cannot be its own fallback.", name)
 		case f.Kind != m.Kind:
@@ -282,14 +286,6 @@ func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fal
 		}
 	}
 	return nil
-}
-
-// allowedList names the allowed fallbacks, or says there are none.
-func allowedList(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	return "'" + strings.Join(names, "', '") + "'"
 }
 
 // Scope returns the limiter scope of route with the policy's limits.

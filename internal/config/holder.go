@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -102,7 +103,18 @@ func (h *PolicyHolder) Reload() error {
 func (h *PolicyHolder) reload(force bool) (applied *Policy, unreadable bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	fi, data, err := readPolicyFile(h.path)
+	// The file and its FileInfo from one open file, so a watcher compares
+	// against what was parsed.
+	f, err := os.Open(h.path)
+	if err != nil {
+		return nil, true, h.readError(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	var data []byte
+	if err == nil {
+		data, err = io.ReadAll(f)
+	}
 	if err != nil {
 		return nil, true, h.readError(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"net/url"
@@ -900,22 +899,6 @@ func checkName(src *source, path, s string, most int, ok bool, must string) {
 	case !ok:
 		src.fail(path, "%s, got %q", must, s)
 	}
-}
-
-// readPolicyFile reads the file and its FileInfo from one open file, so a
-// watcher compares against what was parsed.
-func readPolicyFile(path string) (os.FileInfo, []byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
-	data, err := io.ReadAll(f)
-	return fi, data, err
 }
 
 func unwrapPathError(err error) error {

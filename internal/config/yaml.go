@@ -223,7 +223,10 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 				fail := func(format string, args ...any) error {
 					return &PolicyError{Field: child, Msg: fmt.Sprintf(format, args...), Line: kp.line, Column: kp.col}
 				}
-				names := yamlNames(t)
+				names := make([]string, t.NumField()) // of t's fields in the policy
+				for i := range names {
+					names[i], _, _ = strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+				}
 				i := slices.Index(names, key)
 				if i < 0 {
 					return fail("unknown field%s", suggest(key, names, "fields"))
@@ -258,15 +261,6 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 		}
 	}
 	return nil
-}
-
-// yamlNames are the names of t's fields in the policy, by field.
-func yamlNames(t reflect.Type) []string {
-	names := make([]string, t.NumField())
-	for i := range names {
-		names[i], _, _ = strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
-	}
-	return names
 }
 
 // suggest names the known name (of noun) closest to key, or else lists them
