@@ -125,11 +125,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	if !ok {
 		return nil, wire.Invalid("model", client.CodeModelNotFound, "The model '%s' does not exist or is not served here.", decoded.Model())
 	}
-	wantKind := config.KindChat // chat completions and responses
-	if endpoint == llm.EndpointEmbeddings {
-		wantKind = config.KindEmbedding
-	}
-	if m.Kind != wantKind {
+	if (endpoint == llm.EndpointEmbeddings) != (m.Kind == config.KindEmbedding) { // chat: the rest
 		return nil, wire.Invalid("model", client.CodeModelNotSupported, "The model '%s' is a %s model and cannot serve %s.", m.Name, m.Kind, endpoint)
 	}
 	counted, err := e.tokens.Count(decoded, m.TokenizerModel(), m.Encoding)

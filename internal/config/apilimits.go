@@ -189,10 +189,8 @@ func (l APILimits) String() string {
 		return "none"
 	}
 	var parts []string
-	for i, v := range l.values() {
-		if v > 0 {
-			parts = append(parts, fmt.Sprintf("%d/%s", v, apiWindowNames[i]))
-		}
+	for _, w := range l.Windows("") {
+		parts = append(parts, fmt.Sprintf("%d/%s", w.Limit, w.Name))
 	}
 	return strings.Join(parts, ", ")
 }

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -185,16 +186,11 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 // workers fail the jobs, saying so.
 func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) {
 	p := s.d.Policy.Current()
-	var m *config.Model
-	for i := range p.Models {
-		if p.Models[i].Queue() == scope {
-			m = &p.Models[i]
-			break
-		}
-	}
-	if m == nil {
+	i := slices.IndexFunc(p.Models, func(m config.Model) bool { return m.Queue() == scope })
+	if i < 0 {
 		return queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: s.o.MaxOutstanding}, nil
 	}
+	m := &p.Models[i]
 	room, paused, err := s.sumRoom(ctx, m.Routes())
 	if err != nil || !paused {
 		return room, err
