@@ -6,7 +6,6 @@
 package scheduler
 
 import (
-	"cmp"
 	"context"
 	_ "embed" // the leadership's scripts
 	"errors"
@@ -36,34 +35,23 @@ type nopObserver struct{}
 
 func (nopObserver) Released(string, time.Duration) {}
 
-// Options tune a Scheduler. The zero value is ready to use.
-type Options struct {
-	// Tick is how often the leader looks at the scopes with waiting jobs.
-	// Defaults to 10ms.
-	Tick time.Duration
-	// Lookahead is how much of the limits' refill a release counts on: jobs
-	// are released this long before the limiter has room for them, so a
-	// worker has one in hand when it does. Defaults to 1s.
-	Lookahead time.Duration
-	// MaxOutstanding bounds a scope's jobs released and not yet started.
-	// Defaults to 256.
-	MaxOutstanding int
-	// LeadershipTTL is how long the leadership lives unrenewed. Defaults to
-	// 5s.
-	LeadershipTTL time.Duration
-	// StaleAfter is how long a released job may stay unstarted before its
-	// task is enqueued again (the leader stopped between taking it and
-	// enqueueing it). Defaults to 30s.
-	StaleAfter time.Duration
-}
+// Options tune a Scheduler: none is settable, its pace is the constants
+// below. The zero value is the one to pass.
+type Options struct{}
 
-func (o *Options) defaults() {
-	o.Tick = cmp.Or(o.Tick, 10*time.Millisecond)
-	o.Lookahead = cmp.Or(o.Lookahead, time.Second)
-	o.MaxOutstanding = cmp.Or(o.MaxOutstanding, 256)
-	o.LeadershipTTL = cmp.Or(o.LeadershipTTL, 5*time.Second)
-	o.StaleAfter = cmp.Or(o.StaleAfter, 30*time.Second)
-}
+const (
+	tick = 10 * time.Millisecond // how often the leader looks at the scopes with waiting jobs
+	// lookahead is how much of the limits' refill a release counts on: jobs
+	// are released this long before the limiter has room for them, so a
+	// worker has one in hand when it does.
+	lookahead      = time.Second
+	maxOutstanding = 256             // a scope's jobs released and not yet started
+	leadershipTTL  = 5 * time.Second // how long the leadership lives unrenewed
+	// staleAfter is how long a released job may stay unstarted before its
+	// task is enqueued again (the leader stopped between taking it and
+	// enqueueing it).
+	staleAfter = 30 * time.Second
+)
 
 // Deps are what a Scheduler works with; Logger and Observer may be nil.
 type Deps struct {
@@ -79,20 +67,18 @@ type Deps struct {
 // Scheduler releases waiting jobs while it leads the installation.
 type Scheduler struct {
 	d  Deps
-	o  Options
 	id string // this process's value of the leadership key
 }
 
 // New returns a Scheduler.
-func New(d Deps, o Options) (*Scheduler, error) {
-	o.defaults()
+func New(d Deps, _ Options) (*Scheduler, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
 	}
-	return &Scheduler{d: d, o: o, id: strconv.FormatUint(rand.Uint64(), 36)}, nil
+	return &Scheduler{d: d, id: strconv.FormatUint(rand.Uint64(), 36)}, nil
 }
 
 // The leadership's scripts: renew it, or take it when nobody leads; give it
@@ -107,7 +93,7 @@ var (
 )
 
 // Run schedules until ctx ends: it takes the leadership when nobody leads
-// and, while it leads, releases jobs every Tick. It resigns on return.
+// and, while it leads, releases jobs every tick. It resigns on return.
 func (s *Scheduler) Run(ctx context.Context) {
 	leadership := s.d.Keys.Lock("scheduler")
 	defer func() {
@@ -117,8 +103,8 @@ func (s *Scheduler) Run(ctx context.Context) {
 	leader := false
 	lastStale := time.Now()
 	for {
-		if time.Since(renewed) >= s.o.LeadershipTTL/5 || !leader {
-			ok, err := renewScript.Run(ctx, s.d.Redis, []string{leadership}, s.id, s.o.LeadershipTTL.Milliseconds()).Bool()
+		if time.Since(renewed) >= leadershipTTL/5 || !leader {
+			ok, err := renewScript.Run(ctx, s.d.Redis, []string{leadership}, s.id, leadershipTTL.Milliseconds()).Bool()
 			if err != nil && ctx.Err() == nil {
 				s.d.Logger.Warn("scheduler: leadership", "err", err)
 			}
@@ -128,7 +114,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 			leader, renewed = ok && err == nil, time.Now()
 		}
 		if leader {
-			stale := time.Since(lastStale) >= s.o.StaleAfter/3
+			stale := time.Since(lastStale) >= staleAfter/3
 			if stale {
 				lastStale = time.Now()
 			}
@@ -136,9 +122,9 @@ func (s *Scheduler) Run(ctx context.Context) {
 				s.d.Logger.Warn("scheduler: release", "err", err)
 			}
 		}
-		wait := s.o.Tick
+		wait := tick
 		if !leader {
-			wait = s.o.LeadershipTTL / 5
+			wait = leadershipTTL / 5
 		}
 		select {
 		case <-ctx.Done():
@@ -159,7 +145,7 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 	var errs []error
 	for _, scope := range scopes {
 		if stale {
-			if _, err := s.d.Queue.RequeueStale(ctx, scope, s.o.StaleAfter); err != nil {
+			if _, err := s.d.Queue.RequeueStale(ctx, scope, staleAfter); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -180,7 +166,7 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 }
 
 // room is what the routes of the fair queue scope's model admit now and
-// within Lookahead: the sum of each deployment's room, or, when every
+// within lookahead: the sum of each deployment's room, or, when every
 // deployment is paused, the sum of its fallbacks' (where its jobs go then).
 // A queue no model of the policy names any more releases everything: its
 // workers fail the jobs, saying so.
@@ -188,7 +174,7 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 	p := s.d.Policy.Current()
 	i := slices.IndexFunc(p.Models, func(m config.Model) bool { return m.Queue() == scope })
 	if i < 0 {
-		return queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: s.o.MaxOutstanding}, nil
+		return queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: maxOutstanding}, nil
 	}
 	m := &p.Models[i]
 	room, paused, err := s.sumRoom(ctx, m.Routes())
@@ -205,9 +191,9 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 
 // sumRoom is the room of routes together; paused when every one is.
 func (s *Scheduler) sumRoom(ctx context.Context, routes []config.Route) (room queue.Room, paused bool, err error) {
-	room, paused = queue.Room{MaxOutstanding: s.o.MaxOutstanding}, true
+	room, paused = queue.Room{MaxOutstanding: maxOutstanding}, true
 	for i, r := range routes {
-		rr, err := s.d.Pacer.Room(ctx, r, s.o.Lookahead)
+		rr, err := s.d.Pacer.Room(ctx, r, lookahead)
 		if err != nil {
 			return room, false, err
 		}
