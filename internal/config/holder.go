@@ -209,7 +209,7 @@ func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool
 		h.logReadError(logger, err, force)
 		return
 	}
-	h.setReadErr("")
+	h.logReadError(logger, nil, false)
 	switch {
 	case p != nil:
 		logger.Info("policy reloaded", "path", h.path, "trigger", trigger, "digest", p.Digest[:12],
@@ -222,19 +222,17 @@ func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool
 }
 
 // logReadError logs an unreadable file once per distinct error, and at
-// every signal.
+// every signal (force); nil records that the file was read.
 func (h *PolicyHolder) logReadError(logger *slog.Logger, err error, force bool) {
-	if !h.setReadErr(err.Error()) && !force {
-		return
+	msg := ""
+	if err != nil {
+		msg = err.Error()
 	}
-	logger.Error("policy file unreadable; the current policy stays in force", "path", h.path, "err", err.Error())
-}
-
-// setReadErr records the last read error and tells whether it is new.
-func (h *PolicyHolder) setReadErr(msg string) bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	isNew := h.lastReadErr != msg
 	h.lastReadErr = msg
-	return isNew
+	h.mu.Unlock()
+	if err != nil && (isNew || force) {
+		logger.Error("policy file unreadable; the current policy stays in force", "path", h.path, "err", msg)
+	}
 }

@@ -323,12 +323,9 @@ func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 
 // ParsePolicy parses and validates a policy document strictly.
 func ParsePolicy(data []byte) (*Policy, error) {
-	src, err := parseSource(data)
-	if err != nil {
-		return nil, err
-	}
 	var raw rawPolicy
-	if err := src.decode(&raw); err != nil {
+	src, err := parseSource(data, &raw)
+	if err != nil {
 		return nil, err
 	}
 	p, err := raw.build(src)

@@ -53,8 +53,9 @@ type source struct {
 	err    error // the first validation error (fail)
 }
 
-// parseSource parses data as exactly one YAML document.
-func parseSource(data []byte) (*source, error) {
+// parseSource parses data as exactly one YAML document and decodes it into
+// v: its keys checked against the shape of v, then strictly.
+func parseSource(data []byte, v any) (*source, error) {
 	// checkKeys refuses duplicate keys, naming the field path.
 	file, err := parser.ParseBytes(data, 0, parser.AllowDuplicateMapKey())
 	if err != nil {
@@ -74,19 +75,14 @@ func parseSource(data []byte) (*source, error) {
 	}
 	s := &source{body: docs[0], byPath: map[string]position{}, byPos: map[position]string{}}
 	s.walk(s.body, "")
-	return s, nil
-}
-
-// decode checks the keys against the shape of v, then decodes strictly into v.
-func (s *source) decode(v any) error {
 	if err := s.checkKeys(s.body, reflect.TypeOf(v), ""); err != nil {
-		return err
+		return nil, err
 	}
 	// Strict decoding also covers merge keys, which checkKeys cannot follow.
 	if err := yaml.NodeToValue(s.body, v, yaml.Strict()); err != nil {
-		return yamlError(err, s)
+		return nil, yamlError(err, s)
 	}
-	return nil
+	return s, nil
 }
 
 func unwrap(n ast.Node) ast.Node {
