@@ -206,24 +206,17 @@ func fitsRoute(m config.Route, est *Estimate, endpoint string) error {
 			if est.Cost.Tokens-est.MaxTokens > b.Limit || est.MaxTokens == 0 {
 				param = promptParam(endpoint)
 			}
+			note := "" // when the prompt count is the provider's, as calibrated
+			if f := est.Calibration.Factor; f != 1 {
+				note = fmt.Sprintf(", as the provider counts: %.2f× llmq's estimate", f)
+			}
+			period := cmp.Or(map[string]string{"tpd": "day", "tpm": "minute"}[b.Name], b.Name)
 			return wire.Invalid(param, client.CodeTokensExceedCapacity,
 				"This request needs up to %d tokens (%d prompt%s + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower %s or shorten the input.",
-				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Model.Name, outputParam(endpoint))
+				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, note, est.MaxTokens, b.Limit, period, m.Model.Name, outputParam(endpoint))
 		}
 	}
 	return nil
-}
-
-// calibrationNote says when the prompt count is the provider's, as calibrated.
-func calibrationNote(c limiter.Calibration) string {
-	if c.Factor == 1 {
-		return ""
-	}
-	return fmt.Sprintf(", as the provider counts: %.2f× llmq's estimate", c.Factor)
-}
-
-func periodName(bucket string) string {
-	return cmp.Or(map[string]string{"tpd": "day", "tpm": "minute"}[bucket], bucket)
 }
 
 func invalid(err error) error {

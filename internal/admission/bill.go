@@ -71,7 +71,7 @@ const maxToolCallsParam = 1000
 // (none known when convs is nil). It refuses, as a *wire.Error naming the
 // param, what llmq cannot bound or the tier does not allow.
 func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *config.Tier, tenantID string, m *config.Model, b *llm.Body) (Shape, int64, error) {
-	s := Shape{Endpoint: b.Endpoint()}
+	s := Shape{Endpoint: b.Endpoint(), ServiceTier: b.ServiceTier(), Tools: b.BuiltinTools()}
 	if a := b.Audio(); a != "" {
 		return s, 0, wire.Invalid(a, client.CodeUnsupportedValue,
 			"'%s': llmq does not serve audio: it has no price for audio tokens, so it cannot bound what the call would be billed.", a)
@@ -84,8 +84,6 @@ func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *c
 		}
 		s.OutputLimit = m.MaxOutputTokens
 	}
-	s.ServiceTier = b.ServiceTier()
-	s.Tools = b.BuiltinTools()
 	if len(s.Tools) > 0 {
 		switch k := b.MaxToolCalls(); {
 		case s.Endpoint == llm.EndpointChat:

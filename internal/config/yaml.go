@@ -24,21 +24,19 @@ type PolicyError struct {
 }
 
 func (e *PolicyError) Error() string {
-	var b strings.Builder
-	b.WriteString("policy: ")
+	msg := "policy: " + e.Msg
 	if e.Field != "" {
-		b.WriteString(e.Field + ": ")
+		msg = "policy: " + e.Field + ": " + e.Msg
 	}
-	b.WriteString(e.Msg)
 	switch {
 	case e.File != "" && e.Line > 0:
-		fmt.Fprintf(&b, " (%s:%d:%d)", e.File, e.Line, e.Column)
+		return fmt.Sprintf("%s (%s:%d:%d)", msg, e.File, e.Line, e.Column)
 	case e.File != "":
-		fmt.Fprintf(&b, " (%s)", e.File)
+		return fmt.Sprintf("%s (%s)", msg, e.File)
 	case e.Line > 0:
-		fmt.Fprintf(&b, " (line %d:%d)", e.Line, e.Column)
+		return fmt.Sprintf("%s (line %d:%d)", msg, e.Line, e.Column)
 	}
-	return b.String()
+	return msg
 }
 
 type position struct{ line, col int }

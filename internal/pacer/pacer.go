@@ -254,7 +254,15 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 	}
 	fb.Observed = observed(c.Scope, rl)
 	if pe != nil && pe.Class == llm.ClassRateLimited {
-		after.Wait = p.penalize(ctx, c, pe, o.RateLimitedBefore)
+		wait, ok := rl.Delay()
+		if !ok {
+			wait = queue.FullJitter(o.RateLimitedBefore, 500*time.Millisecond, 8*time.Second)
+		}
+		after.Wait = min(wait, maxRateLimitWait)
+		if err := p.limiter.Penalize(ctx, c.Scope, after.Wait); err != nil {
+			p.logger.Warn("penalize scope", "model", c.Route.Model.Name, "err", err)
+		}
+		p.obs.Penalized(c.Route.Model.Name, after.Wait)
 		fb.Refused = true
 		fb.Evidence, fb.ShortWindow = evidence(c, pe, rl)
 		fb.BlockWindow = blockWindows(c, rl, fb.ShortWindow)
@@ -288,19 +296,6 @@ func (p *Pacer) PauseFault(ctx context.Context, c *Call) {
 	if err := p.limiter.Penalize(context.WithoutCancel(ctx), c.Scope, p.faultPause); err != nil {
 		p.logger.Warn("pause a failing deployment", "scope", c.Scope.Name, "err", err)
 	}
-}
-
-func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int) time.Duration {
-	wait, ok := pe.RateLimit.Delay()
-	if !ok {
-		wait = queue.FullJitter(before, 500*time.Millisecond, 8*time.Second)
-	}
-	wait = min(wait, maxRateLimitWait)
-	if err := p.limiter.Penalize(ctx, c.Scope, wait); err != nil {
-		p.logger.Warn("penalize scope", "model", c.Route.Model.Name, "err", err)
-	}
-	p.obs.Penalized(c.Route.Model.Name, wait)
-	return wait
 }
 
 // observed maps the provider's per-minute counts to the scope's rpm and tpm
