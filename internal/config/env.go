@@ -43,7 +43,8 @@ const (
 const minAdminTokenLen = 16
 
 // Env is the process configuration read from LLMQ_* environment variables.
-// After Validate every field holds a valid value (stated at each field).
+// After Validate every field holds a valid value (stated at each field, or
+// by its help).
 type Env struct {
 	// RedisURL is as redisconn.Parse reads it.
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0" help:"Redis: queues, limiter buckets, live spend"`
@@ -62,28 +63,23 @@ type Env struct {
 	// WorkerConcurrency is ≥ 1.
 	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50" help:"jobs a worker runs at once" role:"worker"`
 	// WebhookConcurrency is ≥ 1.
-	WebhookConcurrency int `env:"WEBHOOK_CONCURRENCY" envDefault:"10" help:"webhook deliveries a worker makes at once, apart from its jobs" role:"worker"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
-	// LogFormat is json or text.
-	LogFormat string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
+	WebhookConcurrency int    `env:"WEBHOOK_CONCURRENCY" envDefault:"10" help:"webhook deliveries a worker makes at once, apart from its jobs" role:"worker"`
+	LogLevel           string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
+	LogFormat          string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
 	// KeyPrefix is 1 to 64 letters, digits, '-', '_' or '.'.
 	KeyPrefix string `env:"KEY_PREFIX" envDefault:"llmq" help:"start of every llmq Redis key (to share one Redis)"`
 	// ShutdownTimeout bounds a graceful shutdown, > 0.
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"grace period of in-flight requests and jobs on SIGTERM"`
-	// MonitoringReadOnly makes /monitoring/ read-only.
-	MonitoringReadOnly bool `env:"MONITORING_READONLY" envDefault:"true" help:"/monitoring/ refuses everything but GET" role:"dispatcher"`
-	// WebhookAllowPrivate lets webhooks reach private addresses.
-	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
+	ShutdownTimeout     time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"grace period of in-flight requests and jobs on SIGTERM"`
+	MonitoringReadOnly  bool          `env:"MONITORING_READONLY" envDefault:"true" help:"/monitoring/ refuses everything but GET" role:"dispatcher"`
+	WebhookAllowPrivate bool          `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
 	// SyncMaxWait is > 0.
 	SyncMaxWait time.Duration `env:"SYNC_MAX_WAIT" envDefault:"60s" help:"longest wait of a synchronous request before its 429" role:"dispatcher"`
 	// FaultPause is how long a failing deployment gets no calls, > 0.
 	FaultPause time.Duration `env:"FAULT_PAUSE" envDefault:"1s" help:"how long a failing deployment gets no calls before one probe"`
 	// MaxBodyBytes, MaxFileBytes and MaxFileLines are each ≥ 1.
-	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
-	MaxFileBytes int64 `env:"MAX_FILE_BYTES" envDefault:"209715200" help:"largest batch input file" role:"dispatcher"`
-	MaxFileLines int   `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
-	// TrustedProxies are addresses or CIDR ranges, comma-separated.
+	MaxBodyBytes   int64  `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
+	MaxFileBytes   int64  `env:"MAX_FILE_BYTES" envDefault:"209715200" help:"largest batch input file" role:"dispatcher"`
+	MaxFileLines   int    `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
 	TrustedProxies string `env:"TRUSTED_PROXIES" help:"reverse proxies (addresses or CIDR ranges, comma-separated) whose X-Forwarded-For names the client"`
 	// QueueNamespace starts every asynq queue name: empty, or as KeyPrefix.
 	QueueNamespace string `env:"QUEUE_NAMESPACE" help:"prefix of every asynq queue name (to share one Redis)"`
