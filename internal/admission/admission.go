@@ -143,7 +143,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	est := &Estimate{Model: m, PromptTokens: counted.PromptTokens + prior, Shape: shape}
 	if m.Kind == config.KindChat {
 		perChoice := cmp.Or(counted.MaxTokens, m.MaxOutputTokens)
-		est.MaxTokens = addTokens(mulTokens(perChoice, max(counted.N, 1)), counted.PredictionTokens)
+		est.MaxTokens = satAdd(satMul(perChoice, max(counted.N, 1)), counted.PredictionTokens)
 	}
 	est.Calibration = limiter.Calibration{Factor: 1}
 	if e.calib != nil {

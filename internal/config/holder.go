@@ -172,9 +172,7 @@ func (h *PolicyHolder) changed() (bool, error) {
 // Watch keeps the policy current until ctx ends: it reloads on SIGHUP and
 // when the file changes, and logs one line per reload. It blocks.
 func (h *PolicyHolder) Watch(ctx context.Context, logger *slog.Logger) {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	sigs := h.signals
 	if sigs == nil {
 		ch := make(chan os.Signal, 1)

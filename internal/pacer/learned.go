@@ -1,6 +1,7 @@
 package pacer
 
 import (
+	"cmp"
 	"context"
 	_ "embed" // the script's Lua
 	"fmt"
@@ -47,9 +48,7 @@ type learnedEntry struct {
 
 // NewLearned returns the learned limits kept in rdb.
 func NewLearned(rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer) *Learned {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	if obs == nil {
 		obs = nopObserver{}
 	}

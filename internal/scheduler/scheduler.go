@@ -6,6 +6,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	_ "embed" // the leadership's scripts
 	"errors"
@@ -72,9 +73,7 @@ type Scheduler struct {
 
 // New returns a Scheduler.
 func New(d Deps, _ Options) (*Scheduler, error) {
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
 	}
