@@ -174,13 +174,7 @@ func DefaultListenAddr(role Role) string {
 // DefaultMetricsAddr is LLMQ_METRICS_ADDR when unset: loopback; none in
 // dev mode, which serves /metrics behind the admin token.
 func DefaultMetricsAddr(role Role) string {
-	switch role {
-	case RoleDispatcher:
-		return "127.0.0.1:9464"
-	case RoleWorker:
-		return "127.0.0.1:9465"
-	}
-	return ""
+	return map[Role]string{RoleDispatcher: "127.0.0.1:9464", RoleWorker: "127.0.0.1:9465"}[role]
 }
 
 // Validate fills in the role's defaults, checks every variable and returns
