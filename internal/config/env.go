@@ -260,18 +260,17 @@ func oneOfFolded(field, v, want string, values ...string) error {
 func (e *Env) TrustedProxyPrefixes() ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for i, f := range strings.FieldsFunc(e.TrustedProxies, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' }) {
-		n := i + 1
 		if strings.Contains(f, "/") {
 			p, err := netip.ParsePrefix(f)
 			if err != nil {
-				return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not a CIDR range such as 10.0.0.0/8 or fd00::/8", n, f)
+				return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not a CIDR range such as 10.0.0.0/8 or fd00::/8", i+1, f)
 			}
 			out = append(out, p.Masked())
 			continue
 		}
 		a, err := netip.ParseAddr(f)
 		if err != nil || a.Zone() != "" {
-			return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not an IP address or CIDR range (such as 192.168.1.10 or 10.0.0.0/8)", n, f)
+			return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not an IP address or CIDR range (such as 192.168.1.10 or 10.0.0.0/8)", i+1, f)
 		}
 		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
 	}

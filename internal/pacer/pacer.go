@@ -140,7 +140,7 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 		room.Tokens, room.Requests, room.Paused = 0, 0, true
 		return room, nil
 	}
-	full := true
+	room.Force = true
 	for i, b := range st.Buckets {
 		limit := sc.Buckets[i]
 		now := b.Remaining
@@ -150,12 +150,11 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 		ahead := float64(now) + float64(limit.Limit)*float64(lookahead)/float64(limit.Period)
 		if b.Unit == limiter.UnitTokens {
 			room.Tokens = min(room.Tokens, ahead)
-			full = full && b.Remaining >= limit.Limit/2
+			room.Force = room.Force && b.Remaining >= limit.Limit/2
 		} else {
 			room.Requests = min(room.Requests, ahead)
 		}
 	}
-	room.Force = full
 	tokens, requests, err := p.Held(ctx, sc.Name)
 	if err != nil {
 		return room, err
