@@ -41,9 +41,6 @@ type Estimate struct {
 	// WorstCase is the budget reservation: the most the provider could
 	// bill for the request as sent, on the dearest route it may take.
 	WorstCase money.Micros
-	// own is WorstCase on the model's own routes, which every choice of
-	// fallbacks shares: priced once, at admission, and carried.
-	own money.Micros
 }
 
 // Calibrations gives a limiter scope's prompt correction (the pacer's).
@@ -83,7 +80,7 @@ func (r *Request) WithFallbacks(p *config.Policy, tier *config.Tier, acct budget
 	if err := CheckJobFallbacks(p, tier, r.Model, fallbacks); err != nil {
 		return err
 	}
-	worst := r.worstCase(p, fallbacks)
+	worst := WorstCase(p, r.Model, fallbacks, &r.Shape, r.Calibration, r.PromptTokens, r.MaxTokens)
 	if err := CheckBudget(acct, worst, r.Endpoint); err != nil {
 		return err
 	}
@@ -128,11 +125,7 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	if !ok {
 		return nil, wire.Invalid("model", client.CodeModelNotFound, "The model '%s' does not exist or is not served here.", decoded.Model())
 	}
-	wantKind := config.KindChat // chat completions and responses
-	if endpoint == llm.EndpointEmbeddings {
-		wantKind = config.KindEmbedding
-	}
-	if m.Kind != wantKind {
+	if (endpoint == llm.EndpointEmbeddings) != (m.Kind == config.KindEmbedding) { // chat: the rest
 		return nil, wire.Invalid("model", client.CodeModelNotSupported, "The model '%s' is a %s model and cannot serve %s.", m.Name, m.Kind, endpoint)
 	}
 	counted, err := e.tokens.Count(decoded, m.TokenizerModel(), m.Encoding)
@@ -150,15 +143,14 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	est := &Estimate{Model: m, PromptTokens: counted.PromptTokens + prior, Shape: shape}
 	if m.Kind == config.KindChat {
 		perChoice := cmp.Or(counted.MaxTokens, m.MaxOutputTokens)
-		est.MaxTokens = addTokens(mulTokens(perChoice, max(counted.N, 1)), counted.PredictionTokens)
+		est.MaxTokens = satAdd(satMul(perChoice, max(counted.N, 1)), counted.PredictionTokens)
 	}
 	est.Calibration = limiter.Calibration{Factor: 1}
 	if e.calib != nil {
 		est.Calibration = e.calib.Calibration(ctx, m.Routes()[0].Deployment.Name())
 	}
 	est.Cost = permit(est.Calibration, est.PromptTokens, est.MaxTokens)
-	est.own = worstOf(own, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
-	est.WorstCase = est.worstCase(p, m.Fallbacks)
+	est.WorstCase = WorstCase(p, m, m.Fallbacks, &shape, est.Calibration, est.PromptTokens, est.MaxTokens)
 	// A cost no deployment of the model can ever hold is refused: one whose
 	// buckets are all large enough may run it.
 	for _, r := range own {
@@ -167,13 +159,6 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 		}
 	}
 	return nil, fitsRoute(own[0], est, endpoint)
-}
-
-// worstCase is WorstCase of the estimate with fallbacks: its own routes'
-// carried, and the serving routes of fallbacks.
-func (est *Estimate) worstCase(p *config.Policy, fallbacks []string) money.Micros {
-	routes := Serving(fallbackRoutes(p, fallbacks), &est.Shape)
-	return max(est.own, worstOf(routes, &est.Shape, est.Calibration, est.PromptTokens, est.MaxTokens))
 }
 
 // Fallbacks are the models a job of m falls back to: its own, when it
@@ -188,11 +173,11 @@ func Fallbacks(m *config.Model, own []string) []string {
 // Candidates are the routes of m, then of fallbacks (see Fallbacks), that
 // can serve s.
 func Candidates(p *config.Policy, m *config.Model, fallbacks []string, s *Shape) []config.Route {
-	return Serving(append(m.Routes(), fallbackRoutes(p, fallbacks)...), s)
+	return Serving(append(m.Routes(), FallbackRoutes(p, fallbacks)...), s)
 }
 
-// fallbackRoutes are the routes of the models fallbacks names.
-func fallbackRoutes(p *config.Policy, fallbacks []string) []config.Route {
+// FallbackRoutes are the routes of the models fallbacks names.
+func FallbackRoutes(p *config.Policy, fallbacks []string) []config.Route {
 	var out []config.Route
 	for _, name := range fallbacks {
 		if f, ok := p.Model(name); ok {
@@ -205,13 +190,8 @@ func fallbackRoutes(p *config.Policy, fallbacks []string) []config.Route {
 // WorstCase is the most Charge asks on any of the candidates of a request
 // of m, since the budget is reserved before a route is chosen.
 func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
-	return worstOf(Candidates(p, m, fallbacks, s), s, c, promptTokens, maxTokens)
-}
-
-// worstOf is the most Charge asks on routes.
-func worstOf(routes []config.Route, s *Shape, c limiter.Calibration, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
-	for _, r := range routes {
+	for _, r := range Candidates(p, m, fallbacks, s) {
 		_, w := Charge(r, s, c, promptTokens, maxTokens)
 		worst = max(worst, w)
 	}
@@ -226,24 +206,17 @@ func fitsRoute(m config.Route, est *Estimate, endpoint string) error {
 			if est.Cost.Tokens-est.MaxTokens > b.Limit || est.MaxTokens == 0 {
 				param = promptParam(endpoint)
 			}
+			note := "" // when the prompt count is the provider's, as calibrated
+			if f := est.Calibration.Factor; f != 1 {
+				note = fmt.Sprintf(", as the provider counts: %.2f× llmq's estimate", f)
+			}
+			period := cmp.Or(map[string]string{"tpd": "day", "tpm": "minute"}[b.Name], b.Name)
 			return wire.Invalid(param, client.CodeTokensExceedCapacity,
 				"This request needs up to %d tokens (%d prompt%s + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower %s or shorten the input.",
-				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, calibrationNote(est.Calibration), est.MaxTokens, b.Limit, periodName(b.Name), m.Model.Name, outputParam(endpoint))
+				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, note, est.MaxTokens, b.Limit, period, m.Model.Name, outputParam(endpoint))
 		}
 	}
 	return nil
-}
-
-// calibrationNote says when the prompt count is the provider's, as calibrated.
-func calibrationNote(c limiter.Calibration) string {
-	if c.Factor == 1 {
-		return ""
-	}
-	return fmt.Sprintf(", as the provider counts: %.2f× llmq's estimate", c.Factor)
-}
-
-func periodName(bucket string) string {
-	return cmp.Or(map[string]string{"tpd": "day", "tpm": "minute"}[bucket], bucket)
 }
 
 func invalid(err error) error {
@@ -280,6 +253,10 @@ func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fal
 		return wire.Invalid("fallbacks", client.CodeInvalidValue,
 			"A job may name at most %d fallbacks, got %d.", MaxJobFallbacks, len(fallbacks))
 	}
+	allowed := "none"
+	if len(tier.Fallbacks) > 0 {
+		allowed = "'" + strings.Join(tier.Fallbacks, "', '") + "'"
+	}
 	for i, name := range fallbacks {
 		f, ok := p.Model(name)
 		switch {
@@ -287,7 +264,7 @@ func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fal
 			return wire.Invalid("fallbacks", client.CodeModelNotFound, "The fallback model '%s' does not exist or is not served here.", name)
 		case !slices.Contains(tier.Fallbacks, name):
 			return wire.Invalid("fallbacks", client.CodeFallbackNotAllowed,
-				"The %s tier does not allow '%s' as a fallback; it allows %s.", tier.Name, name, allowedList(tier.Fallbacks))
+				"The %s tier does not allow '%s' as a fallback; it allows %s.", tier.Name, name, allowed)
 		case name == m.Name:
 			return wire.Invalid("fallbacks", client.CodeInvalidValue, "The model '%s' cannot be its own fallback.", name)
 		case f.Kind != m.Kind:
@@ -298,14 +275,6 @@ func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fal
 		}
 	}
 	return nil
-}
-
-// allowedList names the allowed fallbacks, or says there are none.
-func allowedList(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	return "'" + strings.Join(names, "', '") + "'"
 }
 
 // Scope returns the limiter scope of route with the policy's limits.

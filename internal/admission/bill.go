@@ -71,7 +71,7 @@ const maxToolCallsParam = 1000
 // (none known when convs is nil). It refuses, as a *wire.Error naming the
 // param, what llmq cannot bound or the tier does not allow.
 func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *config.Tier, tenantID string, m *config.Model, b *llm.Body) (Shape, int64, error) {
-	s := Shape{Endpoint: b.Endpoint()}
+	s := Shape{Endpoint: b.Endpoint(), ServiceTier: b.ServiceTier(), Tools: b.BuiltinTools()}
 	if a := b.Audio(); a != "" {
 		return s, 0, wire.Invalid(a, client.CodeUnsupportedValue,
 			"'%s': llmq does not serve audio: it has no price for audio tokens, so it cannot bound what the call would be billed.", a)
@@ -84,8 +84,6 @@ func ShapeOf(ctx context.Context, convs Conversations, p *config.Policy, tier *c
 		}
 		s.OutputLimit = m.MaxOutputTokens
 	}
-	s.ServiceTier = b.ServiceTier()
-	s.Tools = b.BuiltinTools()
 	if len(s.Tools) > 0 {
 		switch k := b.MaxToolCalls(); {
 		case s.Endpoint == llm.EndpointChat:
@@ -221,8 +219,8 @@ func Charge(route config.Route, s *Shape, c limiter.Calibration, promptTokens, m
 func (s *Shape) dearest(price money.Price, promptTokens, maxTokens int64) money.Micros {
 	var worst money.Micros
 	for _, p := range prices(price, s.ServiceTier) {
-		fees := mulMicros(max(s.ToolCalls, 0), dearestTool(p, s.Tools).PerCall)
-		worst = max(worst, addMicros(p.WorstCase(promptTokens, maxTokens), fees))
+		fees := satMul(max(s.ToolCalls, 0), dearestTool(p, s.Tools).PerCall)
+		worst = max(worst, satAdd(p.WorstCase(promptTokens, maxTokens), fees))
 	}
 	return worst
 }
@@ -256,11 +254,11 @@ func (s *Shape) PromptBound(route config.Route, prompt, maxTokens int64) int64 {
 		}
 		result = max(result, r)
 	}
-	turn := addTokens(addTokens(b, mulTokens(s.ToolCalls, result)), maxTokens)
+	turn := satAdd(satAdd(b, satMul(s.ToolCalls, result)), maxTokens)
 	if route.ContextWindow > 0 {
 		turn = min(turn, max(route.ContextWindow, b))
 	}
-	return mulTokens(s.ToolCalls+1, turn)
+	return satMul(s.ToolCalls+1, turn)
 }
 
 // unknownWindow bounds a prompt of a model whose context window the policy
@@ -276,7 +274,7 @@ func Unbelievable(route config.Route, s *Shape, prompt, maxTokens int64, u llm.U
 	}
 	window := cmp.Or(route.ContextWindow, unknownWindow)
 	turns := s.ToolCalls + 1
-	if limit := mulTokens(turns, max(window, prompt)); u.PromptTokens > limit {
+	if limit := satMul(turns, max(window, prompt)); u.PromptTokens > limit {
 		return fmt.Sprintf("%d prompt tokens, more than %d turns of the model's %d-token context window", u.PromptTokens, turns, window)
 	}
 	if maxTokens > 0 && u.CompletionTokens > maxTokens+maxTokens/100+8 {
@@ -359,7 +357,7 @@ func StoredRows(tenantID, deployment string, answer []byte, u llm.Usage) []store
 // cannot be believed: every turn's context window read and all its output
 // produced, at the dearest price it may be served at.
 func Disbelieved(route config.Route, s *Shape, price money.Price, prompt, maxTokens int64) Bound {
-	bound := mulTokens(s.ToolCalls+1, max(cmp.Or(route.ContextWindow, unknownWindow), prompt))
+	bound := satMul(s.ToolCalls+1, max(cmp.Or(route.ContextWindow, unknownWindow), prompt))
 	return Bound{PromptTokens: bound, Cost: s.dearest(price, bound, maxTokens)}
 }
 
@@ -393,7 +391,7 @@ func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
 		if !ok {
 			fee = dearestTool(p, s.Tools)
 		}
-		cost = addMicros(cost, mulMicros(n, fee.PerCall))
+		cost = satAdd(cost, satMul(n, fee.PerCall))
 	}
 	return cost
 }
@@ -423,23 +421,19 @@ func dearestTool(p money.Price, tools []string) money.ToolPrice {
 
 // The arithmetic of bounds saturates: a bound past what an int64 holds is
 // the most it holds, which no budget or bucket admits.
-func addTokens(a, b int64) int64 {
+func satAdd[T ~int64](a, b T) T {
 	if a > math.MaxInt64-b {
 		return math.MaxInt64
 	}
 	return a + b
 }
 
-func mulTokens(n, v int64) int64 {
-	if n > 0 && v > math.MaxInt64/n {
+func satMul[T ~int64](n int64, v T) T {
+	if n > 0 && v > T(math.MaxInt64/n) {
 		return math.MaxInt64
 	}
-	return n * v
+	return T(n) * v
 }
-
-func addMicros(a, b money.Micros) money.Micros { return money.Micros(addTokens(int64(a), int64(b))) }
-
-func mulMicros(n int64, v money.Micros) money.Micros { return money.Micros(mulTokens(n, int64(v))) }
 
 // outputParam is the body's output limit at endpoint.
 func outputParam(endpoint string) string {

@@ -72,43 +72,35 @@ func (l APILimits) smallest() int64 {
 }
 
 // build checks the limits read at path; nil is none.
-func (r *APILimits) build(src *source, path string) (APILimits, error) {
+func (r *APILimits) build(src *source, path string) APILimits {
 	if r == nil {
-		return APILimits{}, nil
+		return APILimits{}
 	}
-	l := *r
-	for i, v := range l.values() {
+	for i, v := range r.values() {
 		if v < 0 {
-			return l, src.errorAt(path+"."+apiWindowNames[i], "must be 0 or more (0 = no such window), got %d", v)
+			src.fail(path+"."+apiWindowNames[i], "must be 0 or more (0 = no such window), got %d", v)
 		}
 	}
-	return l, nil
+	return *r
 }
 
 // checkLogCap refuses a sliding_log tier's windows above MaxSlidingLogLimit.
-func checkLogCap(src *source, path string, l APILimits, alg limiter.Algorithm) error {
-	if alg != limiter.AlgSlidingLog {
-		return nil
-	}
+func checkLogCap(src *source, path string, l APILimits, alg limiter.Algorithm) {
 	for i, v := range l.values() {
-		if v > MaxSlidingLogLimit {
-			return src.errorAt(path+"."+apiWindowNames[i],
+		if alg == limiter.AlgSlidingLog && v > MaxSlidingLogLimit {
+			src.fail(path+"."+apiWindowNames[i],
 				"%d is more than sliding_log allows (%d): it keeps an entry per request for the whole window; use sliding_window or token_bucket for larger limits",
 				v, MaxSlidingLogLimit)
 		}
 	}
-	return nil
 }
 
 // buildAPI reads the tier's API and webhook limits into t.
-func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
+func (rt rawTier) buildAPI(src *source, path string, t *Tier) {
 	t.APIAlgorithm = limiter.AlgSlidingWindow
 	t.APISoftLimit = DefaultAPISoftLimit
-	var err error
-	if t.WebhookHostRPS, err = positive(src, path+".webhook_host_rps", rt.WebhookHostRPS, DefaultWebhookHostRPS,
-		maxWebhookHostRPS, fmt.Sprintf("%d deliveries per second", maxWebhookHostRPS)); err != nil {
-		return err
-	}
+	t.WebhookHostRPS = positive(src, path+".webhook_host_rps", rt.WebhookHostRPS, DefaultWebhookHostRPS,
+		maxWebhookHostRPS, fmt.Sprintf("%d deliveries per second", maxWebhookHostRPS))
 	if rt.APIExempt {
 		for _, f := range []struct {
 			name string
@@ -120,10 +112,10 @@ func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 			{"api_endpoint_limits", rt.APIEndpointLimits != nil, "a mapping"}, {"api_lease", rt.APILease != 0, rt.APILease},
 		} {
 			if f.set {
-				return src.errorAt(path+"."+f.name, "must not be set together with api_exempt: true, got %v", f.got)
+				src.fail(path+"."+f.name, "must not be set together with api_exempt: true, got %v", f.got)
 			}
 		}
-		return nil
+		return
 	}
 
 	if rt.APIAlgorithm != "" {
@@ -137,40 +129,31 @@ func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 			if !strings.Contains(hint, "did you mean") {
 				hint = ""
 			}
-			return src.errorAt(path+".api_algorithm", "must be sliding_window, fixed_window, sliding_log or token_bucket, got %q%s", rt.APIAlgorithm, hint)
+			src.fail(path+".api_algorithm", "must be sliding_window, fixed_window, sliding_log or token_bucket, got %q%s", rt.APIAlgorithm, hint)
 		}
 	}
-	limits, err := rt.APILimits.build(src, path+".api_limits")
-	if err != nil {
-		return err
-	}
+	limits := rt.APILimits.build(src, path+".api_limits")
 	switch {
 	case rt.APIRPS < 0:
-		return src.errorAt(path+".api_rps", "must be at least 1, got %d", rt.APIRPS)
+		src.fail(path+".api_rps", "must be at least 1, got %d", rt.APIRPS)
 	case rt.APIRPS > 0 && limits.Second > 0:
-		return src.errorAt(path+".api_rps", "is short for api_limits.second, which is set too; give only one")
+		src.fail(path+".api_rps", "is short for api_limits.second, which is set too; give only one")
 	case rt.APIRPS > 0:
 		limits.Second = int64(rt.APIRPS)
 	}
 	if limits.IsZero() {
-		return src.errorAt(path+".api_limits",
+		src.fail(path+".api_limits",
 			"required: at least one window above 0, such as {second: 50, day: 100000} (api_rps: 50 is short for {second: 50}), or api_exempt: true")
 	}
 	lp := path + ".api_limits"
 	if rt.APILimits == nil {
 		lp = path + ".api_rps"
 	}
-	if err := checkLogCap(src, lp, limits, t.APIAlgorithm); err != nil {
-		return err
-	}
+	checkLogCap(src, lp, limits, t.APIAlgorithm)
 	t.APILimits = limits
-
-	if t.APISoftLimit, err = positive(src, path+".api_soft_limit", rt.APISoftLimit, DefaultAPISoftLimit, 1, "1"); err != nil {
-		return err
-	}
-
+	t.APISoftLimit = positive(src, path+".api_soft_limit", rt.APISoftLimit, DefaultAPISoftLimit, 1, "1")
 	if rt.APILease < 0 || rt.APILease > limits.smallest() {
-		return src.errorAt(path+".api_lease", "must be from 0 (no lease: a round trip per request) to the smallest api_limits window, %d, got %d",
+		src.fail(path+".api_lease", "must be from 0 (no lease: a round trip per request) to the smallest api_limits window, %d, got %d",
 			limits.smallest(), rt.APILease)
 	}
 	t.APILease = rt.APILease
@@ -178,32 +161,26 @@ func (rt rawTier) buildAPI(src *source, path string, t *Tier) error {
 	for _, name := range sortedKeys(rt.APIEndpointLimits) {
 		ep := path + ".api_endpoint_limits." + name
 		if !slices.Contains(APIEndpoints, name) {
-			return src.errorAt(ep, "unknown endpoint%s", suggest(name, APIEndpoints, "endpoints"))
+			src.fail(ep, "unknown endpoint%s", suggest(name, APIEndpoints, "endpoints"))
 		}
 		raw := rt.APIEndpointLimits[name]
-		el, err := raw.build(src, ep)
-		if err != nil {
-			return err
-		}
+		el := raw.build(src, ep)
 		if el.IsZero() {
-			return src.errorAt(ep, "must set at least one window above 0, such as {minute: 10}")
+			src.fail(ep, "must set at least one window above 0, such as {minute: 10}")
 		}
 		own := limits.values()
 		for i, v := range el.values() {
 			if v > 0 && own[i] > 0 && v > own[i] {
-				return src.errorAt(ep+"."+apiWindowNames[i],
+				src.fail(ep+"."+apiWindowNames[i],
 					"%d is more than api_limits.%s (%d): a request counts against both, so it would never bind", v, apiWindowNames[i], own[i])
 			}
 		}
-		if err := checkLogCap(src, ep, el, t.APIAlgorithm); err != nil {
-			return err
-		}
+		checkLogCap(src, ep, el, t.APIAlgorithm)
 		if t.APIEndpointLimits == nil {
 			t.APIEndpointLimits = map[string]APILimits{}
 		}
 		t.APIEndpointLimits[name] = el
 	}
-	return nil
 }
 
 // String renders limits as "50/second, 200000/day", or "none".
@@ -212,10 +189,8 @@ func (l APILimits) String() string {
 		return "none"
 	}
 	var parts []string
-	for i, v := range l.values() {
-		if v > 0 {
-			parts = append(parts, fmt.Sprintf("%d/%s", v, apiWindowNames[i]))
-		}
+	for _, w := range l.Windows("") {
+		parts = append(parts, fmt.Sprintf("%d/%s", w.Limit, w.Name))
 	}
 	return strings.Join(parts, ", ")
 }

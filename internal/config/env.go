@@ -7,6 +7,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -42,7 +43,8 @@ const (
 const minAdminTokenLen = 16
 
 // Env is the process configuration read from LLMQ_* environment variables.
-// After Validate every field holds a valid value (stated at each field).
+// After Validate every field holds a valid value (stated at each field, or
+// by its help).
 type Env struct {
 	// RedisURL is as redisconn.Parse reads it.
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0" help:"Redis: queues, limiter buckets, live spend"`
@@ -61,28 +63,23 @@ type Env struct {
 	// WorkerConcurrency is ≥ 1.
 	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"50" help:"jobs a worker runs at once" role:"worker"`
 	// WebhookConcurrency is ≥ 1.
-	WebhookConcurrency int `env:"WEBHOOK_CONCURRENCY" envDefault:"10" help:"webhook deliveries a worker makes at once, apart from its jobs" role:"worker"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
-	// LogFormat is json or text.
-	LogFormat string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
+	WebhookConcurrency int    `env:"WEBHOOK_CONCURRENCY" envDefault:"10" help:"webhook deliveries a worker makes at once, apart from its jobs" role:"worker"`
+	LogLevel           string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
+	LogFormat          string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
 	// KeyPrefix is 1 to 64 letters, digits, '-', '_' or '.'.
 	KeyPrefix string `env:"KEY_PREFIX" envDefault:"llmq" help:"start of every llmq Redis key (to share one Redis)"`
 	// ShutdownTimeout bounds a graceful shutdown, > 0.
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"grace period of in-flight requests and jobs on SIGTERM"`
-	// MonitoringReadOnly makes /monitoring/ read-only.
-	MonitoringReadOnly bool `env:"MONITORING_READONLY" envDefault:"true" help:"/monitoring/ refuses everything but GET" role:"dispatcher"`
-	// WebhookAllowPrivate lets webhooks reach private addresses.
-	WebhookAllowPrivate bool `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
+	ShutdownTimeout     time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"grace period of in-flight requests and jobs on SIGTERM"`
+	MonitoringReadOnly  bool          `env:"MONITORING_READONLY" envDefault:"true" help:"/monitoring/ refuses everything but GET" role:"dispatcher"`
+	WebhookAllowPrivate bool          `env:"WEBHOOK_ALLOW_PRIVATE" envDefault:"false" help:"allow webhooks to loopback, private and link-local addresses"`
 	// SyncMaxWait is > 0.
 	SyncMaxWait time.Duration `env:"SYNC_MAX_WAIT" envDefault:"60s" help:"longest wait of a synchronous request before its 429" role:"dispatcher"`
 	// FaultPause is how long a failing deployment gets no calls, > 0.
 	FaultPause time.Duration `env:"FAULT_PAUSE" envDefault:"1s" help:"how long a failing deployment gets no calls before one probe"`
 	// MaxBodyBytes, MaxFileBytes and MaxFileLines are each ≥ 1.
-	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
-	MaxFileBytes int64 `env:"MAX_FILE_BYTES" envDefault:"209715200" help:"largest batch input file" role:"dispatcher"`
-	MaxFileLines int   `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
-	// TrustedProxies are addresses or CIDR ranges, comma-separated.
+	MaxBodyBytes   int64  `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest JSON request body" role:"dispatcher"`
+	MaxFileBytes   int64  `env:"MAX_FILE_BYTES" envDefault:"209715200" help:"largest batch input file" role:"dispatcher"`
+	MaxFileLines   int    `env:"MAX_FILE_LINES" envDefault:"50000" help:"most requests in one batch input file" role:"dispatcher"`
 	TrustedProxies string `env:"TRUSTED_PROXIES" help:"reverse proxies (addresses or CIDR ranges, comma-separated) whose X-Forwarded-For names the client"`
 	// QueueNamespace starts every asynq queue name: empty, or as KeyPrefix.
 	QueueNamespace string `env:"QUEUE_NAMESPACE" help:"prefix of every asynq queue name (to share one Redis)"`
@@ -177,13 +174,7 @@ func DefaultListenAddr(role Role) string {
 // DefaultMetricsAddr is LLMQ_METRICS_ADDR when unset: loopback; none in
 // dev mode, which serves /metrics behind the admin token.
 func DefaultMetricsAddr(role Role) string {
-	switch role {
-	case RoleDispatcher:
-		return "127.0.0.1:9464"
-	case RoleWorker:
-		return "127.0.0.1:9465"
-	}
-	return ""
+	return map[Role]string{RoleDispatcher: "127.0.0.1:9464", RoleWorker: "127.0.0.1:9465"}[role]
 }
 
 // Validate fills in the role's defaults, checks every variable and returns
@@ -198,15 +189,11 @@ func (e *Env) Validate(role Role) error {
 	if err := validateDatabaseURL(e.DatabaseURL); err != nil {
 		return err
 	}
-	if e.ListenAddr == "" {
-		e.ListenAddr = DefaultListenAddr(role)
-	}
+	e.ListenAddr = cmp.Or(e.ListenAddr, DefaultListenAddr(role))
 	if err := validateAddr("LISTEN_ADDR", e.ListenAddr); err != nil {
 		return err
 	}
-	if e.MetricsAddr == "" {
-		e.MetricsAddr = DefaultMetricsAddr(role)
-	}
+	e.MetricsAddr = cmp.Or(e.MetricsAddr, DefaultMetricsAddr(role))
 	if e.MetricsAddr != "" {
 		if err := validateAddr("METRICS_ADDR", e.MetricsAddr); err != nil {
 			return err
@@ -232,45 +219,40 @@ func (e *Env) Validate(role Role) error {
 			return envErrorf("ADMIN_TOKEN_PREVIOUS", "is the same as LLMQ_ADMIN_TOKEN: it should be the token being replaced")
 		}
 	}
-	if e.WorkerConcurrency < 1 {
-		return envErrorf("WORKER_CONCURRENCY", "must be at least 1, got %d", e.WorkerConcurrency)
+	_, proxiesErr := e.TrustedProxyPrefixes()
+	return cmp.Or( // the first problem, in this order
+		aboveZero("WORKER_CONCURRENCY", e.WorkerConcurrency, "at least 1"),
+		aboveZero("WEBHOOK_CONCURRENCY", e.WebhookConcurrency, "at least 1"),
+		oneOfFolded("LOG_LEVEL", e.LogLevel, "debug, info, warn or error", "debug", "info", "warn", "error"),
+		oneOfFolded("LOG_FORMAT", e.LogFormat, "json or text", "json", "text"),
+		validateName("KEY_PREFIX", e.KeyPrefix, false),
+		aboveZero("SHUTDOWN_TIMEOUT", e.ShutdownTimeout, "more than 0"),
+		aboveZero("FAULT_PAUSE", e.FaultPause, "more than 0"),
+		aboveZero("SYNC_MAX_WAIT", e.SyncMaxWait, "more than 0"),
+		aboveZero("MAX_BODY_BYTES", e.MaxBodyBytes, "at least 1"),
+		aboveZero("MAX_FILE_BYTES", e.MaxFileBytes, "at least 1"),
+		aboveZero("MAX_FILE_LINES", e.MaxFileLines, "at least 1"),
+		proxiesErr,
+		validateName("QUEUE_NAMESPACE", e.QueueNamespace, true),
+	)
+}
+
+// aboveZero refuses a value of field that is 0 or less; must says what it
+// must be.
+func aboveZero[T int | int64 | time.Duration](field string, v T, must string) error {
+	if v > 0 {
+		return nil
 	}
-	if e.WebhookConcurrency < 1 {
-		return envErrorf("WEBHOOK_CONCURRENCY", "must be at least 1, got %d", e.WebhookConcurrency)
+	return envErrorf(field, "must be %s, got %v", must, v)
+}
+
+// oneOfFolded refuses a value of field that is none of values (want), in
+// any case.
+func oneOfFolded(field, v, want string, values ...string) error {
+	if slices.Contains(values, strings.ToLower(v)) {
+		return nil
 	}
-	if _, ok := logLevels[strings.ToLower(e.LogLevel)]; !ok {
-		return envErrorf("LOG_LEVEL", "must be debug, info, warn or error, got %q", e.LogLevel)
-	}
-	switch strings.ToLower(e.LogFormat) {
-	case "json", "text":
-	default:
-		return envErrorf("LOG_FORMAT", "must be json or text, got %q", e.LogFormat)
-	}
-	if err := validateName("KEY_PREFIX", e.KeyPrefix, false); err != nil {
-		return err
-	}
-	if e.ShutdownTimeout <= 0 {
-		return envErrorf("SHUTDOWN_TIMEOUT", "must be more than 0, got %s", e.ShutdownTimeout)
-	}
-	if e.FaultPause <= 0 {
-		return envErrorf("FAULT_PAUSE", "must be more than 0, got %s", e.FaultPause)
-	}
-	if e.SyncMaxWait <= 0 {
-		return envErrorf("SYNC_MAX_WAIT", "must be more than 0, got %s", e.SyncMaxWait)
-	}
-	if e.MaxBodyBytes < 1 {
-		return envErrorf("MAX_BODY_BYTES", "must be at least 1, got %d", e.MaxBodyBytes)
-	}
-	if e.MaxFileBytes < 1 {
-		return envErrorf("MAX_FILE_BYTES", "must be at least 1, got %d", e.MaxFileBytes)
-	}
-	if e.MaxFileLines < 1 {
-		return envErrorf("MAX_FILE_LINES", "must be at least 1, got %d", e.MaxFileLines)
-	}
-	if _, err := e.TrustedProxyPrefixes(); err != nil {
-		return err
-	}
-	return validateName("QUEUE_NAMESPACE", e.QueueNamespace, true)
+	return envErrorf(field, "must be %s, got %q", want, v)
 }
 
 // TrustedProxyPrefixes parses TrustedProxies: each entry an address (a
@@ -278,18 +260,17 @@ func (e *Env) Validate(role Role) error {
 func (e *Env) TrustedProxyPrefixes() ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for i, f := range strings.FieldsFunc(e.TrustedProxies, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' }) {
-		n := i + 1
 		if strings.Contains(f, "/") {
 			p, err := netip.ParsePrefix(f)
 			if err != nil {
-				return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not a CIDR range such as 10.0.0.0/8 or fd00::/8", n, f)
+				return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not a CIDR range such as 10.0.0.0/8 or fd00::/8", i+1, f)
 			}
 			out = append(out, p.Masked())
 			continue
 		}
 		a, err := netip.ParseAddr(f)
 		if err != nil || a.Zone() != "" {
-			return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not an IP address or CIDR range (such as 192.168.1.10 or 10.0.0.0/8)", n, f)
+			return nil, envErrorf("TRUSTED_PROXIES", "entry %d, %q, is not an IP address or CIDR range (such as 192.168.1.10 or 10.0.0.0/8)", i+1, f)
 		}
 		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
 	}

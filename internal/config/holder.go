@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -102,7 +103,18 @@ func (h *PolicyHolder) Reload() error {
 func (h *PolicyHolder) reload(force bool) (applied *Policy, unreadable bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	fi, data, err := readPolicyFile(h.path)
+	// The file and its FileInfo from one open file, so a watcher compares
+	// against what was parsed.
+	f, err := os.Open(h.path)
+	if err != nil {
+		return nil, true, h.readError(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	var data []byte
+	if err == nil {
+		data, err = io.ReadAll(f)
+	}
 	if err != nil {
 		return nil, true, h.readError(err)
 	}
@@ -160,9 +172,7 @@ func (h *PolicyHolder) changed() (bool, error) {
 // Watch keeps the policy current until ctx ends: it reloads on SIGHUP and
 // when the file changes, and logs one line per reload. It blocks.
 func (h *PolicyHolder) Watch(ctx context.Context, logger *slog.Logger) {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	sigs := h.signals
 	if sigs == nil {
 		ch := make(chan os.Signal, 1)
@@ -197,7 +207,7 @@ func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool
 		h.logReadError(logger, err, force)
 		return
 	}
-	h.setReadErr("")
+	h.logReadError(logger, nil, false)
 	switch {
 	case p != nil:
 		logger.Info("policy reloaded", "path", h.path, "trigger", trigger, "digest", p.Digest[:12],
@@ -210,19 +220,17 @@ func (h *PolicyHolder) logReload(logger *slog.Logger, trigger string, force bool
 }
 
 // logReadError logs an unreadable file once per distinct error, and at
-// every signal.
+// every signal (force); nil records that the file was read.
 func (h *PolicyHolder) logReadError(logger *slog.Logger, err error, force bool) {
-	if !h.setReadErr(err.Error()) && !force {
-		return
+	msg := ""
+	if err != nil {
+		msg = err.Error()
 	}
-	logger.Error("policy file unreadable; the current policy stays in force", "path", h.path, "err", err.Error())
-}
-
-// setReadErr records the last read error and tells whether it is new.
-func (h *PolicyHolder) setReadErr(msg string) bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	isNew := h.lastReadErr != msg
 	h.lastReadErr = msg
-	return isNew
+	h.mu.Unlock()
+	if err != nil && (isNew || force) {
+		logger.Error("policy file unreadable; the current policy stays in force", "path", h.path, "err", msg)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"net/url"
@@ -324,12 +323,9 @@ func (p *Policy) CheckAPIKeys(lookup func(string) (string, bool)) error {
 
 // ParsePolicy parses and validates a policy document strictly.
 func ParsePolicy(data []byte) (*Policy, error) {
-	src, err := parseSource(data)
-	if err != nil {
-		return nil, err
-	}
 	var raw rawPolicy
-	if err := src.decode(&raw); err != nil {
+	src, err := parseSource(data, &raw)
+	if err != nil {
 		return nil, err
 	}
 	p, err := raw.build(src)
@@ -454,16 +450,12 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 		}
 	}
 
-	var err error
-	p.Providers, p.providers, err = buildList(src, "providers", "provider", raw.Providers, rawProvider.build,
+	p.Providers, p.providers = buildList(src, "providers", "provider", raw.Providers, rawProvider.build,
 		func(pr *Provider) string { return pr.Name }, nil)
-	if err != nil {
-		return nil, err
-	}
 	lastModel, limits := map[[2]string]int{}, map[[2]string]Limits{} // by provider and upstream
-	buildModel := func(rm rawModel, src *source, path string) (Model, error) { return rm.build(src, path, p.providers) }
+	buildModel := func(rm rawModel, src *source, path string) Model { return rm.build(src, path, p.providers) }
 	// Models sharing a deployment share its scope and its limits.
-	checkShared := func(i int, m *Model, path string) error {
+	checkShared := func(i int, m *Model, path string) {
 		for k, d := range m.Deployments {
 			key := [2]string{d.Provider, d.Upstream}
 			if l, dup := limits[key]; dup && l != d.Limits {
@@ -471,18 +463,15 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 				if len(raw.Models[i].Deployments) == 0 {
 					at = path + ".limits"
 				}
-				return src.errorAt(at,
+				src.fail(at,
 					"%q at provider %q is also a deployment of models[%d] with other limits; the provider has one limit for it, so give both the same",
 					d.Upstream, d.Provider, lastModel[key])
 			}
 			lastModel[key], limits[key] = i, d.Limits
 		}
-		return nil
 	}
-	if p.Models, p.models, err = buildList(src, "models", "model", raw.Models, buildModel,
-		func(m *Model) string { return m.Name }, checkShared); err != nil {
-		return nil, err
-	}
+	p.Models, p.models = buildList(src, "models", "model", raw.Models, buildModel,
+		func(m *Model) string { return m.Name }, checkShared)
 	for i := range p.Models {
 		m := &p.Models[i] // in place: routes point to the model
 		m.routes = make([]Route, len(m.Deployments))
@@ -490,59 +479,42 @@ func (raw *rawPolicy) build(src *source) (*Policy, error) {
 			m.routes[k] = Route{Model: m, Deployment: &m.Deployments[k]}
 		}
 	}
-	if p.Tiers, p.tiers, err = buildList(src, "tiers", "tier", raw.Tiers, rawTier.build,
-		func(t *Tier) string { return t.Name }, nil); err != nil {
-		return nil, err
-	}
-	if err := p.checkFallbacks(src); err != nil {
-		return nil, err
-	}
+	p.Tiers, p.tiers = buildList(src, "tiers", "tier", raw.Tiers, rawTier.build,
+		func(t *Tier) string { return t.Name }, nil)
+	p.checkFallbacks(src)
 
-	if p.GlobalDailyBudget, err = usd(src, "global_daily_budget_usd", raw.GlobalDailyBudgetUSD); err != nil {
-		return nil, err
-	}
-	if raw.Retention != nil {
-		if p.Retention.FinishedJobs, err = retentionAge(src, "retention.finished_jobs", raw.Retention.FinishedJobs); err != nil {
-			return nil, err
-		}
-		if p.Retention.Files, err = retentionAge(src, "retention.files", raw.Retention.Files); err != nil {
-			return nil, err
-		}
-		if p.Retention.Ledger, err = retentionAge(src, "retention.ledger", raw.Retention.Ledger); err != nil {
-			return nil, err
-		}
+	p.GlobalDailyBudget = usd(src, "global_daily_budget_usd", raw.GlobalDailyBudgetUSD)
+	if r := raw.Retention; r != nil {
+		p.Retention.FinishedJobs = retentionAge(src, "retention.finished_jobs", r.FinishedJobs)
+		p.Retention.Files = retentionAge(src, "retention.files", r.Files)
+		p.Retention.Ledger = retentionAge(src, "retention.ledger", r.Ledger)
 		if l := p.Retention.Ledger; l != 0 && l < MinLedgerRetention {
-			return nil, src.errorAt("retention.ledger", "must be 0 (keep) or at least %s: a budget audit and a late delivery read recent rows, got %s",
-				MinLedgerRetention, *raw.Retention.Ledger)
+			src.fail("retention.ledger", "must be 0 (keep) or at least %s: a budget audit and a late delivery read recent rows, got %s",
+				MinLedgerRetention, *r.Ledger)
 		}
 	}
 	p.AuthFailureLimits = DefaultAuthFailureLimits
 	if raw.AuthFailureLimits != nil {
-		p.AuthFailureLimits, err = raw.AuthFailureLimits.build(src, "auth_failure_limits")
+		p.AuthFailureLimits = raw.AuthFailureLimits.build(src, "auth_failure_limits")
 	}
-	return p, err
+	return p, src.err
 }
 
 // buildList builds a list of the policy, refusing a name given twice, runs
 // check (if any) on each, and indexes them by name.
-func buildList[R, T any](src *source, list, noun string, raws []R, build func(R, *source, string) (T, error),
-	name func(*T) string, check func(int, *T, string) error) ([]T, map[string]*T, error) {
+func buildList[R, T any](src *source, list, noun string, raws []R, build func(R, *source, string) T,
+	name func(*T) string, check func(int, *T, string)) ([]T, map[string]*T) {
 	out := make([]T, len(raws))
 	seen := map[string]int{}
 	for i, r := range raws {
 		path := fmt.Sprintf("%s[%d]", list, i)
-		v, err := build(r, src, path)
-		if err != nil {
-			return nil, nil, err
-		}
+		v := build(r, src, path)
 		if j, dup := seen[name(&v)]; dup {
-			return nil, nil, src.errorAt(path+".name", "duplicate %s %q (also %s[%d])", noun, name(&v), list, j)
+			src.fail(path+".name", "duplicate %s %q (also %s[%d])", noun, name(&v), list, j)
 		}
 		seen[name(&v)] = i
 		if check != nil {
-			if err := check(i, &v, path); err != nil {
-				return nil, nil, err
-			}
+			check(i, &v, path)
 		}
 		out[i] = v
 	}
@@ -550,76 +522,67 @@ func buildList[R, T any](src *source, list, noun string, raws []R, build func(R,
 	for i := range out {
 		index[name(&out[i])] = &out[i]
 	}
-	return out, index, nil
+	return out, index
 }
 
-func (rp rawProvider) build(src *source, path string) (Provider, error) {
+func (rp rawProvider) build(src *source, path string) Provider {
 	pr := Provider{Name: rp.Name, Kind: rp.Kind, APIVersion: rp.APIVersion, BaseURL: rp.BaseURL, APIKeyEnv: rp.APIKeyEnv,
 		Timeout: DefaultProviderTimeout}
-	if err := checkIdent(src, path+".name", rp.Name); err != nil {
-		return pr, err
-	}
-	var err error
-	if pr.Kind, err = oneOf(src, path+".kind", rp.Kind, `"openai" or "azure"`, ProviderOpenAI, ProviderAzure); err != nil {
-		return pr, err
-	}
+	checkIdent(src, path+".name", rp.Name)
+	pr.Kind = oneOf(src, path+".kind", rp.Kind, `"openai" or "azure"`, ProviderOpenAI, ProviderAzure)
 	pr.BatchAPI = pr.Kind == ProviderOpenAI
 	if rp.BatchAPI != nil {
 		pr.BatchAPI = *rp.BatchAPI
 	}
 	if rp.APIVersion != "" && pr.Kind != ProviderAzure {
-		return pr, src.errorAt(path+".api_version", "is for kind: %s only", ProviderAzure)
+		src.fail(path+".api_version", "is for kind: %s only", ProviderAzure)
 	}
 	date, suffix, _ := strings.Cut(rp.APIVersion, "-preview") // a date, optionally with -preview
 	if _, err := time.Parse(time.DateOnly, date); rp.APIVersion != "" && (err != nil || suffix != "") {
-		return pr, src.errorAt(path+".api_version", "must be an Azure api-version such as 2024-10-21 or 2025-04-01-preview (leave it out for Azure's v1 API), got %q", rp.APIVersion)
+		src.fail(path+".api_version", "must be an Azure api-version such as 2024-10-21 or 2025-04-01-preview (leave it out for Azure's v1 API), got %q", rp.APIVersion)
 	}
 	if rp.BaseURL == "" && pr.Kind == ProviderAzure {
-		return pr, src.errorAt(path+".base_url", "required, the resource's endpoint, e.g. https://my-resource.openai.azure.com")
+		src.fail(path+".base_url", "required, the resource's endpoint, e.g. https://my-resource.openai.azure.com")
 	}
 	if rp.BaseURL == "" {
-		return pr, src.errorAt(path+".base_url", "required, e.g. https://api.openai.com/v1")
+		src.fail(path+".base_url", "required, e.g. https://api.openai.com/v1")
 	}
-	u, err := url.Parse(rp.BaseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return pr, src.errorAt(path+".base_url", "must be an http or https URL, got %q", rp.BaseURL)
-	}
-	if u.User != nil {
-		return pr, src.errorAt(path+".base_url", "must not hold credentials; name the key's variable in api_key_env")
+	if u, err := url.Parse(rp.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		src.fail(path+".base_url", "must be an http or https URL, got %q", rp.BaseURL)
+	} else if u.User != nil {
+		src.fail(path+".base_url", "must not hold credentials; name the key's variable in api_key_env")
 	}
 	if rp.APIKeyEnv != "" && !envVarName.MatchString(rp.APIKeyEnv) {
-		return pr, src.errorAt(path+".api_key_env",
+		src.fail(path+".api_key_env",
 			"must be the name of an environment variable (letters, digits and _, not starting with a digit), got %q", rp.APIKeyEnv)
 	}
 	if rp.Timeout != nil {
 		d, err := time.ParseDuration(*rp.Timeout)
 		if err != nil {
-			return pr, src.errorAt(path+".timeout", "must be a duration such as 60s or 2m, got %q", *rp.Timeout)
-		}
-		if d <= 0 {
-			return pr, src.errorAt(path+".timeout", "must be more than 0, got %s", *rp.Timeout)
+			src.fail(path+".timeout", "must be a duration such as 60s or 2m, got %q", *rp.Timeout)
+		} else if d <= 0 {
+			src.fail(path+".timeout", "must be more than 0, got %s", *rp.Timeout)
 		}
 		pr.Timeout = d
 	}
-	pr.MaxResponseBytes, err = bounded(src, path+".max_response_bytes", rp.MaxResponseBytes, DefaultMaxResponseBytes,
+	pr.MaxResponseBytes = bounded(src, path+".max_response_bytes", rp.MaxResponseBytes, DefaultMaxResponseBytes,
 		1<<10, 1<<30, "within 1024 (1 KiB) and 1073741824 (1 GiB)")
-	return pr, err
+	return pr
 }
 
-func (rm rawModel) build(src *source, path string, providers map[string]*Provider) (Model, error) {
+func (rm rawModel) build(src *source, path string, providers map[string]*Provider) Model {
 	m := Model{Name: rm.Name, Kind: rm.Kind, Encoding: rm.Encoding, Fallbacks: rm.Fallbacks}
-	if err := checkModelName(src, path+".name", rm.Name); err != nil {
-		return m, err
-	}
+	checkModelName(src, path+".name", rm.Name)
 	raws := rm.Deployments
 	if len(raws) == 0 {
 		if rm.Provider == "" {
-			return m, src.errorAt(path+".provider", "required (or a list of deployments)")
+			src.fail(path+".provider", "required (or a list of deployments)")
+			return m
 		}
 		// The short form: one deployment, the model's price.
 		raws = []rawDeployment{{Provider: rm.Provider, Upstream: rm.Upstream, Limits: rm.Limits}}
 	} else if rm.Provider != "" || rm.Upstream != "" || rm.Limits != (rawLimits{}) {
-		return m, src.errorAt(path+".deployments", "give either provider, upstream and limits or a list of deployments, not both")
+		src.fail(path+".deployments", "give either provider, upstream and limits or a list of deployments, not both")
 	}
 	first := cmp.Or(raws[0].Upstream, m.Name)
 
@@ -627,84 +590,57 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 	if strings.Contains(m.Name, "embedding") || strings.Contains(first, "embedding") {
 		kind = KindEmbedding
 	}
-	var err error
-	if m.Kind, err = oneOf(src, path+".kind", rm.Kind, "chat or embedding", kind, KindChat, KindEmbedding); err != nil {
-		return m, err
-	}
+	m.Kind = oneOf(src, path+".kind", rm.Kind, "chat or embedding", kind, KindChat, KindEmbedding)
 	if rm.Encoding != "" && !slices.Contains(encodings, rm.Encoding) {
-		return m, src.errorAt(path+".encoding", "must be one of %s, got %q", strings.Join(encodings, ", "), rm.Encoding)
+		src.fail(path+".encoding", "must be one of %s, got %q", strings.Join(encodings, ", "), rm.Encoding)
 	}
 
 	if m.Kind == KindEmbedding && rm.MaxOutputTokens != nil {
-		return m, src.errorAt(path+".max_output_tokens", "must not be set on an embedding model, which produces no output tokens")
+		src.fail(path+".max_output_tokens", "must not be set on an embedding model, which produces no output tokens")
 	}
 	if m.Kind == KindChat {
-		m.MaxOutputTokens, err = bounded(src, path+".max_output_tokens", rm.MaxOutputTokens, DefaultMaxOutputTokens, 1, math.MaxInt64, "at least 1")
-		if err != nil {
-			return m, err
-		}
+		m.MaxOutputTokens = bounded(src, path+".max_output_tokens", rm.MaxOutputTokens, DefaultMaxOutputTokens, 1, math.MaxInt64, "at least 1")
 	}
 	window := DefaultContextWindow(m.Name, first)
-	if m.ContextWindow, err = bounded(src, path+".context_window", rm.ContextWindow, window, 1, math.MaxInt64, "at least 1 (tokens)"); err != nil {
-		return m, err
-	}
-	m.MaxToolCalls, err = bounded(src, path+".max_tool_calls", rm.MaxToolCalls, DefaultMaxToolCalls, 1, maxToolCalls, fmt.Sprintf("within 1 and %d", maxToolCalls))
-	if err != nil {
-		return m, err
-	}
+	m.ContextWindow = bounded(src, path+".context_window", rm.ContextWindow, window, 1, math.MaxInt64, "at least 1 (tokens)")
+	m.MaxToolCalls = bounded(src, path+".max_tool_calls", rm.MaxToolCalls, DefaultMaxToolCalls, 1, maxToolCalls, fmt.Sprintf("within 1 and %d", maxToolCalls))
 
-	price, err := buildPrice(src, path+".price", rm.Price, m.Kind, first, m.Name)
-	if err != nil {
-		return m, err
-	}
-
+	price := buildPrice(src, path+".price", rm.Price, m.Kind, first, m.Name)
 	for i, rd := range raws {
 		dpath := fmt.Sprintf("%s.deployments[%d]", path, i)
 		if len(rm.Deployments) == 0 {
 			dpath = path // the short form's fields are the model's
 		}
-		d, err := rd.build(src, dpath, len(rm.Deployments) == 0, m, price, providers)
-		if err != nil {
-			return m, err
-		}
+		d := rd.build(src, dpath, len(rm.Deployments) == 0, m, price, providers)
 		if j := slices.IndexFunc(m.Deployments, func(o Deployment) bool { return o.Name() == d.Name() }); j >= 0 {
-			return m, src.errorAt(dpath+".upstream", "%q at provider %q is already deployments[%d] of this model", d.Upstream, d.Provider, j)
+			src.fail(dpath+".upstream", "%q at provider %q is already deployments[%d] of this model", d.Upstream, d.Provider, j)
 		}
 		m.Deployments = append(m.Deployments, d)
 	}
-	return m, nil
+	return m
 }
 
 // build checks one deployment of m, whose price defaults to price.
-func (rd rawDeployment) build(src *source, path string, short bool, m Model, price money.Price, providers map[string]*Provider) (Deployment, error) {
+func (rd rawDeployment) build(src *source, path string, short bool, m Model, price money.Price, providers map[string]*Provider) Deployment {
 	d := Deployment{Provider: rd.Provider, Upstream: rd.Upstream, Order: rd.Order, Price: price}
-	if rd.Provider == "" {
-		return d, src.errorAt(path+".provider", "required")
-	}
-	if _, ok := providers[rd.Provider]; !ok {
-		return d, src.errorAt(path+".provider", "unknown provider %q", rd.Provider)
+	if _, ok := providers[rd.Provider]; rd.Provider == "" {
+		src.fail(path+".provider", "required")
+	} else if !ok {
+		src.fail(path+".provider", "unknown provider %q", rd.Provider)
 	}
 	if d.Upstream == "" {
 		d.Upstream = m.Name
-	} else if err := checkModelName(src, path+".upstream", rd.Upstream); err != nil {
-		return d, err
+	} else {
+		checkModelName(src, path+".upstream", rd.Upstream)
 	}
 	if rd.Order < 0 {
-		return d, src.errorAt(path+".order", "must be 0 or more, got %d", rd.Order)
+		src.fail(path+".order", "must be 0 or more, got %d", rd.Order)
 	}
-	weight, err := bounded(src, path+".weight", rd.Weight, 1, 1, 1000, "within 1 and 1000")
-	if err != nil {
-		return d, err
-	}
-	d.Weight = int(weight)
+	d.Weight = int(bounded(src, path+".weight", rd.Weight, 1, 1, 1000, "within 1 and 1000"))
 	if rd.Price != nil {
-		if d.Price, err = buildPrice(src, path+".price", rd.Price, m.Kind, d.Upstream, m.Name); err != nil {
-			return d, err
-		}
+		d.Price = buildPrice(src, path+".price", rd.Price, m.Kind, d.Upstream, m.Name)
 	}
-	if d.Limits, err = rd.Limits.build(src, path+".limits"); err != nil {
-		return d, err
-	}
+	d.Limits = rd.Limits.build(src, path+".limits")
 	// A request that cannot fit in a bucket would wait forever.
 	for _, l := range []struct {
 		name string
@@ -715,80 +651,77 @@ func (rd rawDeployment) build(src *source, path string, short bool, m Model, pri
 			if short {
 				at = path + ".max_output_tokens"
 			}
-			return d, src.errorAt(at, "max_output_tokens %d is more than limits.%s (%d) of %s, so a request without max_tokens could never run there",
+			src.fail(at, "max_output_tokens %d is more than limits.%s (%d) of %s, so a request without max_tokens could never run there",
 				m.MaxOutputTokens, l.name, l.v, d.Name())
 		}
 	}
-	return d, nil
+	return d
 }
 
 // build checks a model's or a deployment's limits.
-func (rl rawLimits) build(src *source, path string) (Limits, error) {
+func (rl rawLimits) build(src *source, path string) Limits {
 	for _, l := range []struct {
 		name string
 		v    int64
 	}{{"rps", rl.RPS}, {"rpm", rl.RPM}, {"tpm", rl.TPM}, {"tpd", rl.TPD}, {"batch_queue_tokens", rl.BatchQueueTokens}} {
 		if l.v < 0 {
-			return Limits{}, src.errorAt(path+"."+l.name, "must be 0 or more, got %d", l.v)
+			src.fail(path+"."+l.name, "must be 0 or more, got %d", l.v)
 		}
 	}
 	out := Limits{RPS: rl.RPS, RPM: rl.RPM, TPM: rl.TPM, TPD: rl.TPD, BatchQueueTokens: rl.BatchQueueTokens, Burst: DefaultBurst}
 	if b := rl.Burst; b != nil {
 		d, err := time.ParseDuration(*b)
 		if err != nil {
-			return out, src.errorAt(path+".burst", "must be a duration such as 500ms or 10s, got %q", *b)
-		}
-		if d < time.Millisecond || d > time.Minute {
-			return out, src.errorAt(path+".burst", "must be within 1ms and 1m (a whole minute's limit at once), got %s", *b)
+			src.fail(path+".burst", "must be a duration such as 500ms or 10s, got %q", *b)
+		} else if d < time.Millisecond || d > time.Minute {
+			src.fail(path+".burst", "must be within 1ms and 1m (a whole minute's limit at once), got %s", *b)
 		}
 		out.Burst = d
 	}
-	return out, nil
+	return out
 }
 
 // checkFallbacks checks each model's and tier's fallbacks.
-func (p *Policy) checkFallbacks(src *source) error {
+func (p *Policy) checkFallbacks(src *source) {
 	for i, m := range p.Models {
 		for k, name := range m.Fallbacks {
 			path := fmt.Sprintf("models[%d].fallbacks[%d]", i, k)
 			f, ok := p.models[name]
 			switch {
 			case !ok:
-				return src.errorAt(path, "unknown model %q", name)
+				src.fail(path, "unknown model %q", name)
 			case name == m.Name:
-				return src.errorAt(path, "a model cannot be its own fallback")
+				src.fail(path, "a model cannot be its own fallback")
 			case slices.Contains(m.Fallbacks[:k], name):
-				return src.errorAt(path, "%q is named twice", name)
+				src.fail(path, "%q is named twice", name)
 			case f.Kind != m.Kind:
-				return src.errorAt(path, "%q is a %s model and %q a %s one", name, f.Kind, m.Name, m.Kind)
+				src.fail(path, "%q is a %s model and %q a %s one", name, f.Kind, m.Name, m.Kind)
 			}
 		}
 	}
 	for i := range p.Tiers {
 		for k, name := range p.Tiers[i].Fallbacks {
 			if _, ok := p.models[name]; !ok {
-				return src.errorAt(fmt.Sprintf("tiers[%d].fallbacks[%d]", i, k), "unknown model %q", name)
+				src.fail(fmt.Sprintf("tiers[%d].fallbacks[%d]", i, k), "unknown model %q", name)
 			}
 		}
 	}
-	return nil
 }
 
 // buildPrice checks a price at path; none is money.DefaultPrices of
 // upstream, else of name.
-func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name string) (money.Price, error) {
+func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name string) money.Price {
 	if rp == nil {
 		if p, ok := money.DefaultPrices[upstream]; ok {
-			return p, nil
+			return p
 		}
 		if p, ok := money.DefaultPrices[name]; ok {
-			return p, nil
+			return p
 		}
-		return money.Price{}, src.errorAt(path,
-			"required: llmq knows no default price for %q (give input_per_mtok and output_per_mtok in USD per 1M tokens)", upstream)
+		src.fail(path, "required: llmq knows no default price for %q (give input_per_mtok and output_per_mtok in USD per 1M tokens)", upstream)
+		return money.Price{}
 	}
 	var p money.Price
-	var err error
 	outputNeeded := "" // why an absent output price is refused
 	if kind == KindChat {
 		outputNeeded = "required for a chat model (USD per 1M output tokens)"
@@ -805,214 +738,164 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 		{"batch_output_per_mtok", "", rp.BatchOutputPerMTok, &p.BatchOutputPerMTok},
 	} {
 		if f.v == nil && f.needed != "" {
-			return p, src.errorAt(path+"."+f.name, "%s", f.needed)
+			src.fail(path+"."+f.name, "%s", f.needed)
 		}
 		if f.v != nil {
-			if *f.to, err = usd(src, path+"."+f.name, *f.v); err != nil {
-				return p, err
-			}
+			*f.to = usd(src, path+"."+f.name, *f.v)
 		}
 	}
 	for _, name := range sortedKeys(rp.ServiceTierPrices) {
 		at := path + ".service_tier_prices." + name
-		if err := checkIdent(src, at, name); err != nil {
-			return p, err
-		}
+		checkIdent(src, at, name)
 		if name == money.StandardTier || name == "auto" {
-			return p, src.errorAt(at, "the %s tier is the standard price (input_per_mtok, output_per_mtok); name the tiers sold beside it (flex, priority, scale)", name)
+			src.fail(at, "the %s tier is the standard price (input_per_mtok, output_per_mtok); name the tiers sold beside it (flex, priority, scale)", name)
 		}
 		raw := rp.ServiceTierPrices[name]
 		if raw == nil || raw.ServiceTierPrices != nil || raw.ToolPrices != nil || raw.AutoServiceTier != "" {
-			return p, src.errorAt(at, "must be a price of input_per_mtok and output_per_mtok (and cached_input_per_mtok)")
-		}
-		tp, err := buildPrice(src, at, raw, kind, upstream, name)
-		if err != nil {
-			return p, err
+			src.fail(at, "must be a price of input_per_mtok and output_per_mtok (and cached_input_per_mtok)")
+			continue
 		}
 		if p.ServiceTiers == nil {
 			p.ServiceTiers = map[string]money.Price{}
 		}
-		p.ServiceTiers[name] = tp
+		p.ServiceTiers[name] = buildPrice(src, at, raw, kind, upstream, name)
 	}
 	switch t := rp.AutoServiceTier; {
 	case t == "" || t == money.StandardTier:
 	case p.ServiceTiers[t].InputPerMTok == 0 && p.ServiceTiers[t].OutputPerMTok == 0:
-		return p, src.errorAt(path+".auto_service_tier", "must be default or a tier of service_tier_prices, got %q", t)
+		src.fail(path+".auto_service_tier", "must be default or a tier of service_tier_prices, got %q", t)
 	default:
 		p.AutoTier = t
 	}
 	for _, name := range sortedKeys(rp.ToolPrices) {
 		at := path + ".tool_prices." + name
-		if err := checkIdent(src, at, name); err != nil {
-			return p, err
-		}
+		checkIdent(src, at, name)
 		raw := rp.ToolPrices[name]
 		if raw.PerCallUSD == nil {
-			return p, src.errorAt(at+".per_call_usd", "required (USD per call of the tool; 0 for a tool billed in tokens only)")
+			src.fail(at+".per_call_usd", "required (USD per call of the tool; 0 for a tool billed in tokens only)")
+			continue
 		}
-		perCall, err := usd(src, at+".per_call_usd", *raw.PerCallUSD)
-		if err != nil {
-			return p, err
-		}
+		perCall := usd(src, at+".per_call_usd", *raw.PerCallUSD)
 		if raw.ResultTokens < 0 {
-			return p, src.errorAt(at+".result_tokens", "must be 0 or more, got %d", raw.ResultTokens)
+			src.fail(at+".result_tokens", "must be 0 or more, got %d", raw.ResultTokens)
 		}
 		if p.Tools == nil {
 			p.Tools = map[string]money.ToolPrice{}
 		}
 		p.Tools[name] = money.ToolPrice{PerCall: perCall, ResultTokens: raw.ResultTokens}
 	}
-	return p, nil
+	return p
 }
 
 // sortedKeys are m's keys in order, so errors are the same at every load.
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
-func (rt rawTier) build(src *source, path string) (Tier, error) {
+func (rt rawTier) build(src *source, path string) Tier {
 	t := Tier{Name: rt.Name, Unlimited: rt.Unlimited, APIExempt: rt.APIExempt, Fallbacks: rt.Fallbacks, Timezone: time.UTC,
 		RequireOutputLimit: rt.RequireOutputLimit, AllowForeignResponses: rt.AllowForeignResponses}
-	if err := checkIdent(src, path+".name", rt.Name); err != nil {
-		return t, err
-	}
+	checkIdent(src, path+".name", rt.Name)
 	switch {
 	case rt.Unlimited && rt.DailyBudgetUSD != nil:
-		return t, src.errorAt(path+".daily_budget_usd", "must not be set together with unlimited: true")
+		src.fail(path+".daily_budget_usd", "must not be set together with unlimited: true")
 	case rt.Unlimited:
 	case rt.DailyBudgetUSD == nil:
-		return t, src.errorAt(path+".daily_budget_usd", "required (or unlimited: true for a tier without a budget)")
+		src.fail(path+".daily_budget_usd", "required (or unlimited: true for a tier without a budget)")
 	default:
-		b, err := usd(src, path+".daily_budget_usd", *rt.DailyBudgetUSD)
-		if err != nil {
-			return t, err
+		if t.DailyBudget = usd(src, path+".daily_budget_usd", *rt.DailyBudgetUSD); t.DailyBudget == 0 {
+			src.fail(path+".daily_budget_usd", "must be more than 0, got %v (for no budget set unlimited: true)", *rt.DailyBudgetUSD)
 		}
-		if b == 0 {
-			return t, src.errorAt(path+".daily_budget_usd", "must be more than 0, got %v (for no budget set unlimited: true)", *rt.DailyBudgetUSD)
-		}
-		t.DailyBudget = b
 	}
 	if rt.SoftLimit != nil && rt.Unlimited {
-		return t, src.errorAt(path+".soft_limit", "has no effect on an unlimited tier; remove it")
+		src.fail(path+".soft_limit", "has no effect on an unlimited tier; remove it")
 	}
-	var err error
-	if t.SoftLimit, err = positive(src, path+".soft_limit", rt.SoftLimit, DefaultSoftLimit, 1, "1"); err != nil {
-		return t, err
-	}
-	if t.Priority, err = oneOf(src, path+".priority", rt.Priority, "critical, default or low", queue.Default, queue.Critical, queue.Low); err != nil {
-		return t, err
-	}
-	if t.OnExhausted, err = oneOf(src, path+".on_exhausted", rt.OnExhausted, "defer or reject", OnExhaustedDefer, OnExhaustedReject); err != nil {
-		return t, err
-	}
-	if t.BatchOffload, err = oneOf(src, path+".batch_offload", rt.BatchOffload, "never, auto or always", BatchOffloadNever, BatchOffloadAuto, BatchOffloadAlways); err != nil {
-		return t, err
-	}
-	if err := rt.buildAPI(src, path, &t); err != nil {
-		return t, err
-	}
-	t.Share, err = positive(src, path+".share", rt.Share, 1, MaxShare, fmt.Sprintf("%d (a weight against the other tiers' shares)", MaxShare))
-	if err != nil {
-		return t, err
-	}
+	t.SoftLimit = positive(src, path+".soft_limit", rt.SoftLimit, DefaultSoftLimit, 1, "1")
+	t.Priority = oneOf(src, path+".priority", rt.Priority, "critical, default or low", queue.Default, queue.Critical, queue.Low)
+	t.OnExhausted = oneOf(src, path+".on_exhausted", rt.OnExhausted, "defer or reject", OnExhaustedDefer, OnExhaustedReject)
+	t.BatchOffload = oneOf(src, path+".batch_offload", rt.BatchOffload, "never, auto or always", BatchOffloadNever, BatchOffloadAuto, BatchOffloadAlways)
+	rt.buildAPI(src, path, &t)
+	t.Share = positive(src, path+".share", rt.Share, 1, MaxShare, fmt.Sprintf("%d (a weight against the other tiers' shares)", MaxShare))
 	if rt.Timezone != "" {
 		loc, err := time.LoadLocation(rt.Timezone)
 		if err != nil || rt.Timezone == "Local" {
-			return t, src.errorAt(path+".timezone", "must be an IANA time zone such as UTC or Europe/Paris, got %q", rt.Timezone)
+			src.fail(path+".timezone", "must be an IANA time zone such as UTC or Europe/Paris, got %q", rt.Timezone)
+		} else {
+			t.Timezone = loc
 		}
-		t.Timezone = loc
 	}
-	return t, nil
+	return t
 }
 
 // oneOf returns v, or def when v is empty, refusing a value that is neither
 // def nor one of others; want lists the values for the error.
-func oneOf(src *source, path, v, want, def string, others ...string) (string, error) {
-	if v == "" || v == def || slices.Contains(others, v) {
-		return cmp.Or(v, def), nil
+func oneOf(src *source, path, v, want, def string, others ...string) string {
+	if v != "" && v != def && !slices.Contains(others, v) {
+		src.fail(path, "must be %s, got %q", want, v)
 	}
-	return "", src.errorAt(path, "must be %s, got %q", want, v)
+	return cmp.Or(v, def)
 }
 
 // bounded is *v, or def when v is nil, refusing one out of [lo, hi] (want).
-func bounded(src *source, path string, v *int64, def, lo, hi int64, want string) (int64, error) {
+func bounded(src *source, path string, v *int64, def, lo, hi int64, want string) int64 {
 	if v == nil {
-		return def, nil
+		return def
 	}
 	if *v < lo || *v > hi {
-		return 0, src.errorAt(path, "must be %s, got %d", want, *v)
+		src.fail(path, "must be %s, got %d", want, *v)
 	}
-	return *v, nil
+	return *v
 }
 
 // positive is *v, or def when v is nil, refusing one out of (0, most] (want).
-func positive(src *source, path string, v *float64, def, most float64, want string) (float64, error) {
+func positive(src *source, path string, v *float64, def, most float64, want string) float64 {
 	if v == nil {
-		return def, nil
+		return def
 	}
 	if math.IsNaN(*v) || *v <= 0 || *v > most {
-		return 0, src.errorAt(path, "must be more than 0 and at most %s, got %v", want, *v)
+		src.fail(path, "must be more than 0 and at most %s, got %v", want, *v)
 	}
-	return *v, nil
+	return *v
 }
 
 // usd converts a dollar amount of the policy to Micros.
-func usd(src *source, path string, v float64) (money.Micros, error) {
+func usd(src *source, path string, v float64) money.Micros {
 	if v < 0 {
-		return 0, src.errorAt(path, "must be 0 or more, got %v", v)
+		src.fail(path, "must be 0 or more, got %v", v)
+		return 0
 	}
 	m, err := money.FromUSD(v)
 	if err != nil {
-		return 0, src.errorAt(path, "must be an amount of US dollars: %v", err)
+		src.fail(path, "must be an amount of US dollars: %v", err)
 	}
-	return m, nil
+	return m
 }
 
 // checkIdent checks a provider or tier name, part of queue names, Redis
 // keys and metric labels.
-func checkIdent(src *source, path, s string) error {
-	return checkName(src, path, s, 64, "must be lower-case letters, digits, '-' and '_', starting with a letter or digit",
-		func(i int, r rune) bool {
-			return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || i > 0 && (r == '-' || r == '_'))
-		})
+func checkIdent(src *source, path, s string) {
+	checkName(src, path, s, 64, ident.MatchString(s),
+		"must be lower-case letters, digits, '-' and '_', starting with a letter or digit")
 }
+
+var ident = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
 
 // checkModelName checks a model name or upstream id: only what would break
 // a Redis hash tag or a log line is refused.
-func checkModelName(src *source, path, s string) error {
-	return checkName(src, path, s, 256, "must not contain spaces, control characters or braces",
-		func(_ int, r rune) bool { return isSpaceOrControl(r) || r == '{' || r == '}' })
+func checkModelName(src *source, path, s string) {
+	refused := func(r rune) bool { return isSpaceOrControl(r) || r == '{' || r == '}' }
+	checkName(src, path, s, 256, !strings.ContainsFunc(s, refused), "must not contain spaces, control characters or braces")
 }
 
-// checkName refuses s when empty, longer than most bytes, or holding a rune
-// refused (by its index and value): it must be as must says.
-func checkName(src *source, path, s string, most int, must string, refused func(int, rune) bool) error {
-	if s == "" {
-		return src.errorAt(path, "required")
+// checkName refuses s when empty, longer than most bytes, or not ok: it
+// must be as must says.
+func checkName(src *source, path, s string, most int, ok bool, must string) {
+	switch {
+	case s == "":
+		src.fail(path, "required")
+	case len(s) > most:
+		src.fail(path, "must be at most %d characters, got %d", most, len(s))
+	case !ok:
+		src.fail(path, "%s, got %q", must, s)
 	}
-	if len(s) > most {
-		return src.errorAt(path, "must be at most %d characters, got %d", most, len(s))
-	}
-	for i, r := range s {
-		if refused(i, r) {
-			return src.errorAt(path, "%s, got %q", must, s)
-		}
-	}
-	return nil
-}
-
-// readPolicyFile reads the file and its FileInfo from one open file, so a
-// watcher compares against what was parsed.
-func readPolicyFile(path string) (os.FileInfo, []byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
-	data, err := io.ReadAll(f)
-	return fi, data, err
 }
 
 func unwrapPathError(err error) error {
@@ -1041,16 +924,15 @@ const MinRetention = time.Hour
 // MinLedgerRetention is the shortest retention.ledger.
 const MinLedgerRetention = 72 * time.Hour
 
-func retentionAge(src *source, path string, v *string) (time.Duration, error) {
+func retentionAge(src *source, path string, v *string) time.Duration {
 	if v == nil {
-		return 0, nil
+		return 0
 	}
 	d, err := time.ParseDuration(*v)
 	if err != nil {
-		return 0, src.errorAt(path, "must be a duration such as 720h (30 days), or 0 to keep for ever, got %q", *v)
+		src.fail(path, "must be a duration such as 720h (30 days), or 0 to keep for ever, got %q", *v)
+	} else if d != 0 && d < MinRetention {
+		src.fail(path, "must be 0 (keep) or at least %s, got %s", MinRetention, *v)
 	}
-	if d != 0 && d < MinRetention {
-		return 0, src.errorAt(path, "must be 0 (keep) or at least %s, got %s", MinRetention, *v)
-	}
-	return d, nil
+	return d
 }

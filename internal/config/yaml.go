@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"reflect"
@@ -23,21 +24,19 @@ type PolicyError struct {
 }
 
 func (e *PolicyError) Error() string {
-	var b strings.Builder
-	b.WriteString("policy: ")
+	msg := "policy: " + e.Msg
 	if e.Field != "" {
-		b.WriteString(e.Field + ": ")
+		msg = "policy: " + e.Field + ": " + e.Msg
 	}
-	b.WriteString(e.Msg)
 	switch {
 	case e.File != "" && e.Line > 0:
-		fmt.Fprintf(&b, " (%s:%d:%d)", e.File, e.Line, e.Column)
+		return fmt.Sprintf("%s (%s:%d:%d)", msg, e.File, e.Line, e.Column)
 	case e.File != "":
-		fmt.Fprintf(&b, " (%s)", e.File)
+		return fmt.Sprintf("%s (%s)", msg, e.File)
 	case e.Line > 0:
-		fmt.Fprintf(&b, " (line %d:%d)", e.Line, e.Column)
+		return fmt.Sprintf("%s (line %d:%d)", msg, e.Line, e.Column)
 	}
-	return b.String()
+	return msg
 }
 
 type position struct{ line, col int }
@@ -49,10 +48,12 @@ type source struct {
 	body   ast.Node
 	byPath map[string]position
 	byPos  map[position]string
+	err    error // the first validation error (fail)
 }
 
-// parseSource parses data as exactly one YAML document.
-func parseSource(data []byte) (*source, error) {
+// parseSource parses data as exactly one YAML document and decodes it into
+// v: its keys checked against the shape of v, then strictly.
+func parseSource(data []byte, v any) (*source, error) {
 	// checkKeys refuses duplicate keys, naming the field path.
 	file, err := parser.ParseBytes(data, 0, parser.AllowDuplicateMapKey())
 	if err != nil {
@@ -72,19 +73,14 @@ func parseSource(data []byte) (*source, error) {
 	}
 	s := &source{body: docs[0], byPath: map[string]position{}, byPos: map[position]string{}}
 	s.walk(s.body, "")
-	return s, nil
-}
-
-// decode checks the keys against the shape of v, then decodes strictly into v.
-func (s *source) decode(v any) error {
 	if err := s.checkKeys(s.body, reflect.TypeOf(v), ""); err != nil {
-		return err
+		return nil, err
 	}
 	// Strict decoding also covers merge keys, which checkKeys cannot follow.
 	if err := yaml.NodeToValue(s.body, v, yaml.Strict()); err != nil {
-		return yamlError(err, s)
+		return nil, yamlError(err, s)
 	}
-	return nil
+	return s, nil
 }
 
 func unwrap(n ast.Node) ast.Node {
@@ -189,6 +185,14 @@ func (s *source) errorAt(path, format string, args ...any) *PolicyError {
 	}
 }
 
+// fail records a validation error at path unless one is recorded already:
+// building goes on past it, and the policy is refused with the first.
+func (s *source) fail(path, format string, args ...any) {
+	if s.err == nil {
+		s.err = s.errorAt(path, format, args...)
+	}
+}
+
 // checkKeys refuses mapping keys that are not fields of t, recursively, with
 // the path of the key and the nearest valid name.
 func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
@@ -213,7 +217,10 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 				fail := func(format string, args ...any) error {
 					return &PolicyError{Field: child, Msg: fmt.Sprintf(format, args...), Line: kp.line, Column: kp.col}
 				}
-				names := yamlNames(t)
+				names := make([]string, t.NumField()) // of t's fields in the policy
+				for i := range names {
+					names[i], _, _ = strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+				}
 				i := slices.Index(names, key)
 				if i < 0 {
 					return fail("unknown field%s", suggest(key, names, "fields"))
@@ -248,15 +255,6 @@ func (s *source) checkKeys(n ast.Node, t reflect.Type, path string) error {
 		}
 	}
 	return nil
-}
-
-// yamlNames are the names of t's fields in the policy, by field.
-func yamlNames(t reflect.Type) []string {
-	names := make([]string, t.NumField())
-	for i := range names {
-		names[i], _, _ = strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
-	}
-	return names
 }
 
 // suggest names the known name (of noun) closest to key, or else lists them
@@ -329,6 +327,26 @@ func yamlError(err error, s *source) error {
 	return e
 }
 
+// kindNames and nodeTypeNames say what a value of the policy must be, or
+// is, in its terms: whole numbers are its only ints.
+var kindNames = map[reflect.Kind]string{
+	reflect.Int: "a whole number", reflect.Int64: "a whole number",
+	reflect.Float64: "a number",
+	reflect.Bool:    "true or false",
+	reflect.String:  "a string",
+	reflect.Slice:   "a list",
+	reflect.Struct:  "a mapping", reflect.Map: "a mapping",
+}
+
+var nodeTypeNames = map[ast.NodeType]string{
+	ast.SequenceType: "a list",
+	ast.MappingType:  "a mapping", ast.MappingValueType: "a mapping",
+	ast.IntegerType: "a number", ast.FloatType: "a number", ast.InfinityType: "a number", ast.NanType: "a number",
+	ast.StringType: "a string", ast.LiteralType: "a string",
+	ast.BoolType: "true or false",
+	ast.NullType: "empty",
+}
+
 func describeType(t reflect.Type) string {
 	if t == nil {
 		return "another type"
@@ -336,37 +354,7 @@ func describeType(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	switch t.Kind() {
-	case reflect.Int, reflect.Int64: // the policy's only kinds of number
-		return "a whole number"
-	case reflect.Float64:
-		return "a number"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.String:
-		return "a string"
-	case reflect.Slice:
-		return "a list"
-	case reflect.Struct, reflect.Map:
-		return "a mapping"
-	}
-	return "a " + t.String()
+	return cmp.Or(kindNames[t.Kind()], "a "+t.String())
 }
 
-func nodeTypeName(t ast.NodeType) string {
-	switch t {
-	case ast.SequenceType:
-		return "a list"
-	case ast.MappingType, ast.MappingValueType:
-		return "a mapping"
-	case ast.IntegerType, ast.FloatType, ast.InfinityType, ast.NanType:
-		return "a number"
-	case ast.StringType, ast.LiteralType:
-		return "a string"
-	case ast.BoolType:
-		return "true or false"
-	case ast.NullType:
-		return "empty"
-	}
-	return t.YAMLName()
-}
+func nodeTypeName(t ast.NodeType) string { return cmp.Or(nodeTypeNames[t], t.YAMLName()) }

@@ -50,17 +50,14 @@ func (p *Pacer) Unhold(ctx context.Context, scope, id string) error {
 
 // Held returns the room scope's synchronous requests hold.
 func (p *Pacer) Held(ctx context.Context, scope string) (tokens, requests float64, err error) {
-	v, err := heldScript.Run(ctx, p.rdb, []string{p.keys.FairHeld(scope)}, redisclock.Arg(nil)).StringSlice()
+	v, err := heldScript.Run(ctx, p.rdb, []string{p.keys.FairHeld(scope)}, redisclock.Arg(nil)).Float64Slice()
+	if err == nil && len(v) != 2 {
+		err = fmt.Errorf("pacer: held room: %d values, want 2", len(v))
+	}
 	if err != nil {
 		return 0, 0, err
 	}
-	if len(v) != 2 {
-		return 0, 0, fmt.Errorf("pacer: held room: %d values, want 2", len(v))
-	}
-	if _, err := fmt.Sscan(v[0]+" "+v[1], &tokens, &requests); err != nil {
-		return 0, 0, fmt.Errorf("pacer: held room: %w", err)
-	}
-	return tokens, requests, nil
+	return v[0], v[1], nil
 }
 
 // Holding reports whether scope has holds: one EXISTS before every permit

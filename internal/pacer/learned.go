@@ -1,6 +1,7 @@
 package pacer
 
 import (
+	"cmp"
 	"context"
 	_ "embed" // the script's Lua
 	"fmt"
@@ -47,9 +48,7 @@ type learnedEntry struct {
 
 // NewLearned returns the learned limits kept in rdb.
 func NewLearned(rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer) *Learned {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	if obs == nil {
 		obs = nopObserver{}
 	}
@@ -61,16 +60,14 @@ func NewLearned(rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logg
 // cannot be read).
 func (l *Learned) Scope(ctx context.Context, m config.Route) limiter.Scope {
 	e := l.entry(ctx, m.Deployment.Name())
-	if lowers(e.rpm, m.Limits.RPM) || lowers(e.tpm, m.Limits.TPM) {
-		d := *m.Deployment
-		if lowers(e.rpm, d.Limits.RPM) {
-			d.Limits.RPM = e.rpm
-		}
-		if lowers(e.tpm, d.Limits.TPM) {
-			d.Limits.TPM = e.tpm
-		}
-		m.Deployment = &d
+	d := *m.Deployment
+	if lowers(e.rpm, d.Limits.RPM) {
+		d.Limits.RPM = e.rpm
 	}
+	if lowers(e.tpm, d.Limits.TPM) {
+		d.Limits.TPM = e.tpm
+	}
+	m.Deployment = &d
 	return admission.Scope(m)
 }
 

@@ -64,13 +64,11 @@ const (
 // Pacer paces the provider calls of one process. It is safe for concurrent
 // use.
 type Pacer struct {
-	limiter *limiter.TokenBucket
-	learned *Learned
-	rdb     redis.UniversalClient
-	keys    rkeys.Builder
-	obs     Observer
-	logger  *slog.Logger
-	opts    Options
+	// Learned keeps the limits providers announce; its Redis, keys, logger,
+	// observer and clock are the pacer's.
+	*Learned
+	limiter    *limiter.TokenBucket
+	faultPause time.Duration
 
 	mu    sync.Mutex
 	calib map[string]cachedCalibration // by scope
@@ -86,13 +84,11 @@ type cachedCalibration struct {
 // New returns a Pacer over tb, sharing what it learns through rdb. logger
 // and obs may be nil.
 func New(tb *limiter.TokenBucket, rdb redis.UniversalClient, keys rkeys.Builder, logger *slog.Logger, obs Observer, opts Options) (*Pacer, error) {
-	opts.FaultPause = cmp.Or(opts.FaultPause, time.Second)
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
 	learned := NewLearned(rdb, keys, logger, obs) // defaults logger and obs
-	learned.now = opts.Now
-	return &Pacer{limiter: tb, learned: learned, rdb: rdb, keys: keys, obs: learned.obs, logger: learned.logger, opts: opts,
+	if opts.Now != nil {
+		learned.now = opts.Now
+	}
+	return &Pacer{Learned: learned, limiter: tb, faultPause: cmp.Or(opts.FaultPause, time.Second),
 		calib: map[string]cachedCalibration{}}, nil
 }
 
@@ -112,16 +108,11 @@ type Call struct {
 // Plan returns the call a request of model m of shape s with llmq's
 // estimate of promptTokens and maxTokens makes now.
 func (p *Pacer) Plan(ctx context.Context, m config.Route, s *admission.Shape, promptTokens, maxTokens int64) *Call {
-	scope := p.learned.Scope(ctx, m)
+	scope := p.Scope(ctx, m)
 	c := &Call{Route: m, Scope: scope, PromptTokens: promptTokens, MaxTokens: maxTokens, Shape: s,
 		Calibration: p.Calibration(ctx, scope.Name)}
 	c.Cost, c.WorstCase = admission.Charge(m, s, c.Calibration, promptTokens, maxTokens)
 	return c
-}
-
-// Scope returns m's limiter scope with the limits the provider announced.
-func (p *Pacer) Scope(ctx context.Context, m config.Route) limiter.Scope {
-	return p.learned.Scope(ctx, m)
 }
 
 // Room is what one route admits now and within a lookahead: what the
@@ -149,7 +140,7 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 		room.Tokens, room.Requests, room.Paused = 0, 0, true
 		return room, nil
 	}
-	full := true
+	room.Force = true
 	for i, b := range st.Buckets {
 		limit := sc.Buckets[i]
 		now := b.Remaining
@@ -159,12 +150,11 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 		ahead := float64(now) + float64(limit.Limit)*float64(lookahead)/float64(limit.Period)
 		if b.Unit == limiter.UnitTokens {
 			room.Tokens = min(room.Tokens, ahead)
-			full = full && b.Remaining >= limit.Limit/2
+			room.Force = room.Force && b.Remaining >= limit.Limit/2
 		} else {
 			room.Requests = min(room.Requests, ahead)
 		}
 	}
-	room.Force = full
 	tokens, requests, err := p.Held(ctx, sc.Name)
 	if err != nil {
 		return room, err
@@ -180,7 +170,7 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 // calibrationRefresh. When Redis cannot be read it is the last one
 // read, or none.
 func (p *Pacer) Calibration(ctx context.Context, scope string) limiter.Calibration {
-	now := p.opts.Now()
+	now := p.now()
 	p.mu.Lock()
 	e, ok := p.calib[scope]
 	p.mu.Unlock()
@@ -206,14 +196,14 @@ func (p *Pacer) remember(scope string, c limiter.Calibration) {
 	if len(p.calib) > 10_000 {
 		clear(p.calib)
 	}
-	p.calib[scope] = cachedCalibration{c: c, at: p.opts.Now()}
+	p.calib[scope] = cachedCalibration{c: c, at: p.now()}
 	p.mu.Unlock()
 }
 
 // Reserve takes the call's permit, refreshing its scope first: limits
 // learned while it waited apply to this try.
 func (p *Pacer) Reserve(ctx context.Context, c *Call) (*limiter.Result, error) {
-	c.Scope = p.learned.Scope(ctx, c.Route)
+	c.Scope = p.Scope(ctx, c.Route)
 	return p.limiter.Reserve(ctx, c.Scope, c.Cost)
 }
 
@@ -259,11 +249,19 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 		rl = pe.RateLimit
 	}
 	if rl.Has != 0 {
-		p.learned.Observe(ctx, c.Route, rl)
+		p.Observe(ctx, c.Route, rl)
 	}
 	fb.Observed = observed(c.Scope, rl)
 	if pe != nil && pe.Class == llm.ClassRateLimited {
-		after.Wait = p.penalize(ctx, c, pe, o.RateLimitedBefore)
+		wait, ok := rl.Delay()
+		if !ok {
+			wait = queue.FullJitter(o.RateLimitedBefore, 500*time.Millisecond, 8*time.Second)
+		}
+		after.Wait = min(wait, maxRateLimitWait)
+		if err := p.limiter.Penalize(ctx, c.Scope, after.Wait); err != nil {
+			p.logger.Warn("penalize scope", "model", c.Route.Model.Name, "err", err)
+		}
+		p.obs.Penalized(c.Route.Model.Name, after.Wait)
 		fb.Refused = true
 		fb.Evidence, fb.ShortWindow = evidence(c, pe, rl)
 		fb.BlockWindow = blockWindows(c, rl, fb.ShortWindow)
@@ -294,22 +292,9 @@ func (p *Pacer) Release(ctx context.Context, permit *limiter.Reservation) error 
 // PauseFault pauses c's scope for Options.FaultPause after the deployment
 // failed the call (a 5xx, a timeout); then one probe tries it again.
 func (p *Pacer) PauseFault(ctx context.Context, c *Call) {
-	if err := p.limiter.Penalize(context.WithoutCancel(ctx), c.Scope, p.opts.FaultPause); err != nil {
+	if err := p.limiter.Penalize(context.WithoutCancel(ctx), c.Scope, p.faultPause); err != nil {
 		p.logger.Warn("pause a failing deployment", "scope", c.Scope.Name, "err", err)
 	}
-}
-
-func (p *Pacer) penalize(ctx context.Context, c *Call, pe *llm.Error, before int) time.Duration {
-	wait, ok := pe.RateLimit.Delay()
-	if !ok {
-		wait = queue.FullJitter(before, 500*time.Millisecond, 8*time.Second)
-	}
-	wait = min(wait, maxRateLimitWait)
-	if err := p.limiter.Penalize(ctx, c.Scope, wait); err != nil {
-		p.logger.Warn("penalize scope", "model", c.Route.Model.Name, "err", err)
-	}
-	p.obs.Penalized(c.Route.Model.Name, wait)
-	return wait
 }
 
 // observed maps the provider's per-minute counts to the scope's rpm and tpm

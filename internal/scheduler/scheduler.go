@@ -13,11 +13,13 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/pacer"
 	"github.com/llmq/llmq/internal/queue"
@@ -34,34 +36,23 @@ type nopObserver struct{}
 
 func (nopObserver) Released(string, time.Duration) {}
 
-// Options tune a Scheduler. The zero value is ready to use.
-type Options struct {
-	// Tick is how often the leader looks at the scopes with waiting jobs.
-	// Defaults to 10ms.
-	Tick time.Duration
-	// Lookahead is how much of the limits' refill a release counts on: jobs
-	// are released this long before the limiter has room for them, so a
-	// worker has one in hand when it does. Defaults to 1s.
-	Lookahead time.Duration
-	// MaxOutstanding bounds a scope's jobs released and not yet started.
-	// Defaults to 256.
-	MaxOutstanding int
-	// LeadershipTTL is how long the leadership lives unrenewed. Defaults to
-	// 5s.
-	LeadershipTTL time.Duration
-	// StaleAfter is how long a released job may stay unstarted before its
-	// task is enqueued again (the leader stopped between taking it and
-	// enqueueing it). Defaults to 30s.
-	StaleAfter time.Duration
-}
+// Options tune a Scheduler: none is settable, its pace is the constants
+// below. The zero value is the one to pass.
+type Options struct{}
 
-func (o *Options) defaults() {
-	o.Tick = cmp.Or(o.Tick, 10*time.Millisecond)
-	o.Lookahead = cmp.Or(o.Lookahead, time.Second)
-	o.MaxOutstanding = cmp.Or(o.MaxOutstanding, 256)
-	o.LeadershipTTL = cmp.Or(o.LeadershipTTL, 5*time.Second)
-	o.StaleAfter = cmp.Or(o.StaleAfter, 30*time.Second)
-}
+const (
+	tick = 10 * time.Millisecond // how often the leader looks at the scopes with waiting jobs
+	// lookahead is how much of the limits' refill a release counts on: jobs
+	// are released this long before the limiter has room for them, so a
+	// worker has one in hand when it does.
+	lookahead      = time.Second
+	maxOutstanding = 256             // a scope's jobs released and not yet started
+	leadershipTTL  = 5 * time.Second // how long the leadership lives unrenewed
+	// staleAfter is how long a released job may stay unstarted before its
+	// task is enqueued again (the leader stopped between taking it and
+	// enqueueing it).
+	staleAfter = 30 * time.Second
+)
 
 // Deps are what a Scheduler works with; Logger and Observer may be nil.
 type Deps struct {
@@ -77,20 +68,16 @@ type Deps struct {
 // Scheduler releases waiting jobs while it leads the installation.
 type Scheduler struct {
 	d  Deps
-	o  Options
 	id string // this process's value of the leadership key
 }
 
 // New returns a Scheduler.
-func New(d Deps, o Options) (*Scheduler, error) {
-	o.defaults()
-	if d.Logger == nil {
-		d.Logger = slog.New(slog.DiscardHandler)
-	}
+func New(d Deps, _ Options) (*Scheduler, error) {
+	d.Logger = cmp.Or(d.Logger, slog.New(slog.DiscardHandler))
 	if d.Observer == nil {
 		d.Observer = nopObserver{}
 	}
-	return &Scheduler{d: d, o: o, id: strconv.FormatUint(rand.Uint64(), 36)}, nil
+	return &Scheduler{d: d, id: strconv.FormatUint(rand.Uint64(), 36)}, nil
 }
 
 // The leadership's scripts: renew it, or take it when nobody leads; give it
@@ -105,7 +92,7 @@ var (
 )
 
 // Run schedules until ctx ends: it takes the leadership when nobody leads
-// and, while it leads, releases jobs every Tick. It resigns on return.
+// and, while it leads, releases jobs every tick. It resigns on return.
 func (s *Scheduler) Run(ctx context.Context) {
 	leadership := s.d.Keys.Lock("scheduler")
 	defer func() {
@@ -115,8 +102,8 @@ func (s *Scheduler) Run(ctx context.Context) {
 	leader := false
 	lastStale := time.Now()
 	for {
-		if time.Since(renewed) >= s.o.LeadershipTTL/5 || !leader {
-			ok, err := renewScript.Run(ctx, s.d.Redis, []string{leadership}, s.id, s.o.LeadershipTTL.Milliseconds()).Bool()
+		if time.Since(renewed) >= leadershipTTL/5 || !leader {
+			ok, err := renewScript.Run(ctx, s.d.Redis, []string{leadership}, s.id, leadershipTTL.Milliseconds()).Bool()
 			if err != nil && ctx.Err() == nil {
 				s.d.Logger.Warn("scheduler: leadership", "err", err)
 			}
@@ -126,7 +113,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 			leader, renewed = ok && err == nil, time.Now()
 		}
 		if leader {
-			stale := time.Since(lastStale) >= s.o.StaleAfter/3
+			stale := time.Since(lastStale) >= staleAfter/3
 			if stale {
 				lastStale = time.Now()
 			}
@@ -134,9 +121,9 @@ func (s *Scheduler) Run(ctx context.Context) {
 				s.d.Logger.Warn("scheduler: release", "err", err)
 			}
 		}
-		wait := s.o.Tick
+		wait := tick
 		if !leader {
-			wait = s.o.LeadershipTTL / 5
+			wait = leadershipTTL / 5
 		}
 		select {
 		case <-ctx.Done():
@@ -157,7 +144,7 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 	var errs []error
 	for _, scope := range scopes {
 		if stale {
-			if _, err := s.d.Queue.RequeueStale(ctx, scope, s.o.StaleAfter); err != nil {
+			if _, err := s.d.Queue.RequeueStale(ctx, scope, staleAfter); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -178,32 +165,22 @@ func (s *Scheduler) Tick(ctx context.Context, stale bool) error {
 }
 
 // room is what the routes of the fair queue scope's model admit now and
-// within Lookahead: the sum of each deployment's room, or, when every
+// within lookahead: the sum of each deployment's room, or, when every
 // deployment is paused, the sum of its fallbacks' (where its jobs go then).
 // A queue no model of the policy names any more releases everything: its
 // workers fail the jobs, saying so.
 func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) {
 	p := s.d.Policy.Current()
-	var m *config.Model
-	for i := range p.Models {
-		if p.Models[i].Queue() == scope {
-			m = &p.Models[i]
-			break
-		}
+	i := slices.IndexFunc(p.Models, func(m config.Model) bool { return m.Queue() == scope })
+	if i < 0 {
+		return queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: maxOutstanding}, nil
 	}
-	if m == nil {
-		return queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1), MaxOutstanding: s.o.MaxOutstanding}, nil
-	}
+	m := &p.Models[i]
 	room, paused, err := s.sumRoom(ctx, m.Routes())
 	if err != nil || !paused {
 		return room, err
 	}
-	var fallbacks []config.Route
-	for _, name := range m.Fallbacks {
-		if f, ok := p.Model(name); ok {
-			fallbacks = append(fallbacks, f.Routes()...)
-		}
-	}
+	fallbacks := admission.FallbackRoutes(p, m.Fallbacks)
 	if len(fallbacks) == 0 {
 		return room, nil
 	}
@@ -213,9 +190,9 @@ func (s *Scheduler) room(ctx context.Context, scope string) (queue.Room, error) 
 
 // sumRoom is the room of routes together; paused when every one is.
 func (s *Scheduler) sumRoom(ctx context.Context, routes []config.Route) (room queue.Room, paused bool, err error) {
-	room, paused = queue.Room{MaxOutstanding: s.o.MaxOutstanding}, true
+	room, paused = queue.Room{MaxOutstanding: maxOutstanding}, true
 	for i, r := range routes {
-		rr, err := s.d.Pacer.Room(ctx, r, s.o.Lookahead)
+		rr, err := s.d.Pacer.Room(ctx, r, lookahead)
 		if err != nil {
 			return room, false, err
 		}
