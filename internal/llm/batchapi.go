@@ -9,7 +9,6 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -50,19 +49,15 @@ const (
 
 // ProviderBatch is a provider's batch object, the fields llmq reads.
 type ProviderBatch struct {
-	ID            string            `json:"id"`
-	Status        string            `json:"status"`
-	InputFileID   string            `json:"input_file_id"`
-	OutputFileID  string            `json:"output_file_id"`
-	ErrorFileID   string            `json:"error_file_id"`
-	CreatedAt     int64             `json:"created_at"`
-	Metadata      map[string]string `json:"metadata"`
-	RequestCounts struct {
-		Total     int64 `json:"total"`
-		Completed int64 `json:"completed"`
-		Failed    int64 `json:"failed"`
-	} `json:"request_counts"`
-	Errors *struct {
+	ID            string                    `json:"id"`
+	Status        string                    `json:"status"`
+	InputFileID   string                    `json:"input_file_id"`
+	OutputFileID  string                    `json:"output_file_id"`
+	ErrorFileID   string                    `json:"error_file_id"`
+	CreatedAt     int64                     `json:"created_at"`
+	Metadata      map[string]string         `json:"metadata"`
+	RequestCounts client.BatchRequestCounts `json:"request_counts"`
+	Errors        *struct {
 		Data []struct {
 			Code string `json:"code"`
 		} `json:"data"`
@@ -277,28 +272,9 @@ func (p *openAIProvider) BatchFileContent(ctx context.Context, id string) (io.Re
 	return resp.Body, nil
 }
 
-// BatchLine is one line of a provider batch's output or error file.
-type BatchLine struct {
-	ID       string `json:"id"`
-	CustomID string `json:"custom_id"`
-	Response *struct {
-		StatusCode int             `json:"status_code"`
-		RequestID  string          `json:"request_id"`
-		Body       json.RawMessage `json:"body"`
-	} `json:"response"`
-	Error *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func (l *BatchLine) String() string {
-	status := 0
-	if l.Response != nil {
-		status = l.Response.StatusCode
-	}
-	return l.CustomID + " (" + strconv.Itoa(status) + ")"
-}
+// BatchLine is one line of a provider batch's output or error file: OpenAI's
+// shape, which llmq's own batches write too.
+type BatchLine = client.BatchResult
 
 // BatchInputLine is req as a line of a provider batch's input file (no
 // newline), under customID.
@@ -307,10 +283,5 @@ func BatchInputLine(customID string, req Request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(struct {
-		CustomID string          `json:"custom_id"`
-		Method   string          `json:"method"`
-		URL      string          `json:"url"`
-		Body     json.RawMessage `json:"body"`
-	}{customID, http.MethodPost, req.Endpoint, body})
+	return json.Marshal(client.BatchRequest{CustomID: customID, Method: http.MethodPost, URL: req.Endpoint, Body: body})
 }
