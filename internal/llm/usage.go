@@ -35,16 +35,16 @@ func UnbelievableUsage(u Usage) string {
 // wireUsage is an answer's usage object: chat completions' and embeddings',
 // or the Responses API's (input_tokens, output_tokens).
 type wireUsage struct {
-	PromptTokens            int64             `json:"prompt_tokens"`
-	CompletionTokens        int64             `json:"completion_tokens"`
-	TotalTokens             int64             `json:"total_tokens"`
-	PromptTokensDetails     *cachedDetails    `json:"prompt_tokens_details"`
-	CompletionTokensDetails *reasoningDetails `json:"completion_tokens_details"`
+	PromptTokens            int64            `json:"prompt_tokens"`
+	CompletionTokens        int64            `json:"completion_tokens"`
+	TotalTokens             int64            `json:"total_tokens"`
+	PromptTokensDetails     cachedDetails    `json:"prompt_tokens_details"`
+	CompletionTokensDetails reasoningDetails `json:"completion_tokens_details"`
 
-	InputTokens         *int64            `json:"input_tokens"`
-	OutputTokens        *int64            `json:"output_tokens"`
-	InputTokensDetails  *cachedDetails    `json:"input_tokens_details"`
-	OutputTokensDetails *reasoningDetails `json:"output_tokens_details"`
+	InputTokens         *int64           `json:"input_tokens"`
+	OutputTokens        *int64           `json:"output_tokens"`
+	InputTokensDetails  cachedDetails    `json:"input_tokens_details"`
+	OutputTokensDetails reasoningDetails `json:"output_tokens_details"`
 }
 
 type cachedDetails struct {
@@ -56,19 +56,12 @@ type reasoningDetails struct {
 }
 
 func (w *wireUsage) usage() Usage {
-	u := Usage{PromptTokens: w.PromptTokens, CompletionTokens: w.CompletionTokens, TotalTokens: w.TotalTokens}
-	cached, reasoning := w.PromptTokensDetails, w.CompletionTokensDetails
 	if w.InputTokens != nil || w.OutputTokens != nil {
-		u.PromptTokens, u.CompletionTokens = deref(w.InputTokens), deref(w.OutputTokens)
-		cached, reasoning = w.InputTokensDetails, w.OutputTokensDetails
+		return Usage{PromptTokens: deref(w.InputTokens), CompletionTokens: deref(w.OutputTokens), TotalTokens: w.TotalTokens,
+			CachedTokens: w.InputTokensDetails.CachedTokens, ReasoningTokens: w.OutputTokensDetails.ReasoningTokens}
 	}
-	if cached != nil {
-		u.CachedTokens = cached.CachedTokens
-	}
-	if reasoning != nil {
-		u.ReasoningTokens = reasoning.ReasoningTokens
-	}
-	return u
+	return Usage{PromptTokens: w.PromptTokens, CompletionTokens: w.CompletionTokens, TotalTokens: w.TotalTokens,
+		CachedTokens: w.PromptTokensDetails.CachedTokens, ReasoningTokens: w.CompletionTokensDetails.ReasoningTokens}
 }
 
 func deref(n *int64) int64 {
