@@ -35,7 +35,7 @@ func readJobLines(r io.Reader, o *submitOptions) ([]*jobLine, error) {
 		if len(raw) == 0 {
 			continue
 		}
-		var l batchLine
+		var l client.BatchRequest
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&l); err != nil {
