@@ -59,6 +59,8 @@ type RetryPolicy struct {
 	Backoff time.Duration
 }
 
+var defaultRetry = RetryPolicy{MaxRetries: 3, MaxWait: 30 * time.Second, Backoff: 500 * time.Millisecond}
+
 // Option configures a Client.
 type Option func(*Client)
 
@@ -79,14 +81,8 @@ func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua
 // their defaults, except MaxRetries, where 0 turns retrying off.
 func WithRetry(p RetryPolicy) Option {
 	return func(c *Client) {
-		if p.MaxWait <= 0 {
-			p.MaxWait = 30 * time.Second
-		}
-		if p.Backoff <= 0 {
-			p.Backoff = 500 * time.Millisecond
-		}
-		p.MaxRetries = max(p.MaxRetries, 0)
-		c.retry = p
+		c.retry = RetryPolicy{MaxRetries: max(p.MaxRetries, 0), MaxWait: cmp.Or(max(p.MaxWait, 0), defaultRetry.MaxWait),
+			Backoff: cmp.Or(max(p.Backoff, 0), defaultRetry.Backoff)}
 	}
 }
 
@@ -106,7 +102,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 		apiKey:    apiKey,
 		hc:        &http.Client{},
 		userAgent: DefaultUserAgent,
-		retry:     RetryPolicy{MaxRetries: 3, MaxWait: 30 * time.Second, Backoff: 500 * time.Millisecond},
+		retry:     defaultRetry,
 	}
 	for _, o := range opts {
 		o(c)
