@@ -105,8 +105,7 @@ func (c *cli) commands() []command {
 			}},
 			{name: "content", args: id, flags: func(fs *flag.FlagSet) { fs.StringVar(&out, "out", "-", "") },
 				run: func(cl *client.Client, pos []string) error {
-					_, err := c.download(cl, pos[0], out)
-					return err
+					return c.download(cl, pos[0], out, "")
 				}},
 			{name: "delete", args: id, run: func(cl *client.Client, pos []string) error {
 				return reply(c, func(d *client.FileDeleted) string { return d.ID + " deleted" })(cl.Files.Delete(c.ctx, pos[0]))

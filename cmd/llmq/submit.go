@@ -192,23 +192,11 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 	fmt.Fprintf(c.stderr, "%d jobs: %d done, %d failed in %v (%v sending, %v waiting)\n", len(lines), len(lines)-failed, failed,
 		roundDuration(time.Since(start)), roundDuration(waitStart.Sub(start)), roundDuration(time.Since(waitStart)))
-	for _, w := range []struct {
-		path, what string
-		data       *bytes.Buffer
-	}{{o.out, "results", &out}, {o.errs, "errors", &errs}} {
-		switch w.path {
-		case "":
-		case "-":
-			if _, err := c.stdout.Write(w.data.Bytes()); err != nil {
-				return err
-			}
-		default:
-			n, err := writeFile(w.path, w.data)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(c.stderr, "wrote %s to %s (%d bytes)\n", w.what, w.path, n)
-		}
+	if err := c.save(o.out, "results", &out); err != nil {
+		return err
+	}
+	if err := c.save(o.errs, "errors", &errs); err != nil {
+		return err
 	}
 	if failed > 0 {
 		return incompletef("%d of %d requests failed%s", failed, len(lines), errorsHint(o.errs))

@@ -123,25 +123,17 @@ func errorsHint(errs string) string {
 // without that file gives an empty one, so what follows in a pipeline finds
 // the file it expects.
 func (c *cli) saveResult(cl *client.Client, fileID *string, path, what string) error {
-	if path == "" {
+	switch {
+	case path == "":
+		return nil
+	case fileID != nil && *fileID != "":
+		return c.download(cl, *fileID, path, what)
+	case path == "-":
 		return nil
 	}
-	if fileID == nil || *fileID == "" {
-		if path == "-" {
-			return nil
-		}
-		if _, err := writeFile(path, strings.NewReader("")); err != nil {
-			return err
-		}
-		fmt.Fprintf(c.stderr, "no %s: wrote an empty %s\n", what, path)
-		return nil
-	}
-	n, err := c.download(cl, *fileID, path)
-	if err != nil {
+	if _, err := writeFile(path, strings.NewReader("")); err != nil {
 		return err
 	}
-	if path != "-" {
-		fmt.Fprintf(c.stderr, "wrote %s to %s (%d bytes)\n", what, path, n)
-	}
+	fmt.Fprintf(c.stderr, "no %s: wrote an empty %s\n", what, path)
 	return nil
 }
