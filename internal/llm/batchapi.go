@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	openai "github.com/sashabaranov/go-openai"
+
 	"github.com/llmq/llmq/client"
 )
 
@@ -109,7 +111,13 @@ func (p *openAIProvider) send(ctx context.Context, method, path string, query ur
 		return nil, p.refuse(err)
 	}
 	maps.Copy(hr.Header, header)
-	p.authorize(hr.Header)
+	switch {
+	case p.apiKey == "":
+	case p.azure:
+		hr.Header.Set(openai.AzureAPIKeyHeader, p.apiKey)
+	default:
+		hr.Header.Set("Authorization", "Bearer "+p.apiKey)
+	}
 	resp, err := p.http.Do(hr)
 	if err != nil {
 		return nil, p.noAnswer(ctx, err, 0)

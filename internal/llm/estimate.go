@@ -146,12 +146,7 @@ func (b *Body) Model() string { return b.r.model }
 
 // CaseVariant is the refusal of the first member whose name differs from one
 // llmq reads only in case.
-func (b *Body) CaseVariant() error {
-	if b.r.variant == nil {
-		return nil
-	}
-	return b.r.variant
-}
+func (b *Body) CaseVariant() error { return b.r.variant }
 
 // Endpoint and the accessors below read the body's parts that decide its
 // bill beside the tokens, as request's fields document them.

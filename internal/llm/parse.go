@@ -136,8 +136,8 @@ type request struct {
 	previousResponseID string
 	itemRefs           []string
 	unseen             string
-	stores             bool        // a Responses API body's store is not false
-	variant            *wire.Error // see checkCase
+	stores             bool  // a Responses API body's store is not false
+	variant            error // see checkCase
 }
 
 func isNull(raw json.RawMessage) bool {
