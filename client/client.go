@@ -192,9 +192,7 @@ func (c *Client) send(ctx context.Context, req *request) (*http.Response, error)
 func (c *Client) newRequest(ctx context.Context, req *request, payload []byte) (*http.Request, bool, error) {
 	u := *c.base
 	u.Path += req.path
-	if len(req.query) > 0 {
-		u.RawQuery = req.query.Encode()
-	}
+	u.RawQuery = req.query.Encode()
 	var (
 		body        io.Reader
 		contentType string
@@ -210,11 +208,9 @@ func (c *Client) newRequest(ctx context.Context, req *request, payload []byte) (
 	case req.json != nil:
 		body, contentType = bytes.NewReader(payload), "application/json"
 	}
+	// A streamed body's own caller closes it (see Upload).
 	hreq, err := http.NewRequestWithContext(ctx, req.method, u.String(), body)
 	if err != nil {
-		if rc, ok := body.(io.Closer); ok {
-			_ = rc.Close()
-		}
 		return nil, false, fmt.Errorf("llmq: %s %s: %w", req.method, req.path, err)
 	}
 	maps.Copy(hreq.Header, req.header)
