@@ -103,23 +103,18 @@ const (
 	exitInterrupted = 130
 )
 
-// exitError carries an exit code other than 1 and 2.
-type exitError struct {
-	code int
-	msg  string
-}
+// incomplete is work that ended but did not all succeed (exitIncomplete).
+type incomplete string
 
-func (e *exitError) Error() string { return e.msg }
+func (e incomplete) Error() string { return string(e) }
 
-func incompletef(format string, args ...any) error {
-	return &exitError{code: exitIncomplete, msg: fmt.Sprintf(format, args...)}
-}
+func incompletef(format string, args ...any) error { return incomplete(fmt.Sprintf(format, args...)) }
 
 func exitCode(err error) int {
-	var e *exitError
+	var inc incomplete
 	switch {
-	case errors.As(err, &e):
-		return e.code
+	case errors.As(err, &inc):
+		return exitIncomplete
 	case errors.Is(err, context.Canceled):
 		return exitInterrupted
 	}
@@ -284,10 +279,7 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, names ...string) ([]string,
 	}
 	pos = append(pos, rest...)
 	if len(pos) != len(names) {
-		want := "no arguments"
-		if len(names) > 0 {
-			want = strings.Join(names, " ")
-		}
+		want := cmp.Or(strings.Join(names, " "), "no arguments")
 		return nil, cmdline.Usagef("%s takes %s, got %q (see llmq help)", fs.Name(), want, pos)
 	}
 	return pos, nil
