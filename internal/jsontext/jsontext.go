@@ -299,8 +299,8 @@ func (p *Problem) Param(doc []byte) string {
 	return path + "." + p.Member
 }
 
-// Names are the json names of the fields of the struct v (or *v), for
-// Structure.
+// Names are the json names of the fields of the struct v (or *v), those of
+// an embedded struct without a name its own, for Structure.
 func Names(v any) []string {
 	t := reflect.TypeOf(v)
 	for t.Kind() == reflect.Pointer {
@@ -311,7 +311,11 @@ func Names(v any) []string {
 	}
 	var out []string
 	for i := range t.NumField() {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+		f := t.Field(i)
+		switch name, _, _ := strings.Cut(f.Tag.Get("json"), ","); {
+		case f.Anonymous && name == "":
+			out = append(out, Names(reflect.Zero(f.Type).Interface())...)
+		case name != "" && name != "-":
 			out = append(out, name)
 		}
 	}
