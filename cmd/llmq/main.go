@@ -121,6 +121,12 @@ func exitCode(err error) int {
 	return cmdline.ExitCode(err)
 }
 
+// credentialHints name the setting to check after a refused credential.
+var credentialHints = map[client.Code]string{
+	client.CodeInvalidAPIKey:     " (check LLMQ_API_KEY or --api-key)",
+	client.CodeInvalidAdminToken: " (check LLMQ_ADMIN_TOKEN or --admin-token)",
+}
+
 // message is the one line printed for err: what the server said, or why it
 // could not be reached, with a hint at the setting to check.
 func message(err error) string {
@@ -128,14 +134,7 @@ func message(err error) string {
 	var netErr *net.OpError
 	switch {
 	case errors.As(err, &apiErr):
-		msg := fmt.Sprintf("%d %s", apiErr.StatusCode, apiErr.Message)
-		switch apiErr.Code {
-		case "invalid_api_key":
-			msg += " (check LLMQ_API_KEY or --api-key)"
-		case "invalid_admin_token":
-			msg += " (check LLMQ_ADMIN_TOKEN or --admin-token)"
-		}
-		return msg
+		return fmt.Sprintf("%d %s", apiErr.StatusCode, apiErr.Message) + credentialHints[apiErr.Code]
 	case errors.Is(err, context.Canceled):
 		return "interrupted"
 	case errors.As(err, &netErr):

@@ -293,8 +293,7 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 		return nil, e.serverError(ClassRetryable, client.CodeProviderResponseUnreadable, msgUnreadable)
 	}
 	var shape struct {
-		Object string          `json:"object"`
-		Usage  json.RawMessage `json:"usage"`
+		Object string `json:"object"`
 	}
 	if err := unmarshal(body, &shape); err != nil || shape.Object != "response" {
 		return nil, e.serverError(ClassPermanent, client.CodeProviderResponseInvalid, "The provider's answer is not a response object.")
