@@ -174,10 +174,7 @@ func (c *Client) send(ctx context.Context, req *request) (*http.Response, error)
 		if resp.StatusCode != http.StatusTooManyRequests || !retryable || attempt >= c.retry.MaxRetries {
 			return nil, apiErr
 		}
-		wait := apiErr.RetryAfter
-		if wait <= 0 {
-			wait = backoff(c.retry.Backoff, attempt)
-		}
+		wait := cmp.Or(apiErr.RetryAfter, backoff(c.retry.Backoff, attempt))
 		if wait > c.retry.MaxWait {
 			return nil, apiErr
 		}

@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -165,9 +166,7 @@ func (b *Body) ItemReferences() []string { return b.r.itemRefs }
 // given encoding (which then adds no margin).
 func (e *Estimator) Count(b *Body, model, encoding string) (*ParsedRequest, error) {
 	r := b.r
-	if model == "" {
-		model = r.model
-	}
+	model = cmp.Or(model, r.model)
 	known := true
 	if encoding == "" {
 		encoding, known = EncodingForModel(model)

@@ -33,11 +33,9 @@ type streamChunk struct {
 func (c *streamChunk) responsesError() *client.ErrorObject {
 	switch c.Type {
 	case "error":
-		o := &client.ErrorObject{Message: c.Message, Type: "server_error", Param: c.Param}
+		o := &client.ErrorObject{Message: cmp.Or(c.Message, "the provider's stream ended with an error"), Type: "server_error",
+			Param: c.Param}
 		_ = unmarshal(c.Code, &o.Code)
-		if o.Message == "" {
-			o.Message = "the provider's stream ended with an error"
-		}
 		return o
 	case "response.failed":
 		o := &client.ErrorObject{Type: "server_error", Message: "the provider's response failed"}
