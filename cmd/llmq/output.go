@@ -105,12 +105,13 @@ func when(unix int64) string {
 	return time.Unix(unix, 0).Local().Format("2006-01-02 15:04:05")
 }
 
-func parseUSD(s string) (float64, error) {
+// parseUSD reads --budget, for a tenant's DailyBudgetUSD.
+func parseUSD(s string) (*float64, error) {
 	v, err := strconv.ParseFloat(strings.TrimPrefix(s, "$"), 64)
 	if err != nil || v <= 0 || math.IsInf(v, 0) {
-		return 0, cmdline.Usagef("--budget: %q is not a positive number of dollars", s)
+		return nil, cmdline.Usagef("--budget: %q is not a positive number of dollars", s)
 	}
-	return v, nil
+	return &v, nil
 }
 
 // open opens path, or stdin for "-", and returns the name to upload it under.
