@@ -129,14 +129,13 @@ func jsonHeader() http.Header { return http.Header{"Content-Type": {"application
 func (p *openAIProvider) Name() string { return p.name }
 
 func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, error) {
-	if req.Stream != nil {
-		return p.stream(ctx, req)
-	}
 	wire, model, err := wireBody(req)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, p.refuse(err)
-	}
-	if req.Endpoint == EndpointResponses {
+	case req.Stream != nil:
+		return p.stream(ctx, req, wire)
+	case req.Endpoint == EndpointResponses:
 		return p.respond(ctx, wire)
 	}
 	c := &capture{wire: wire, limit: p.maxResponse}

@@ -78,11 +78,7 @@ func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 
 // stream sends a streaming request over plain HTTP (go-openai's typed chunks
 // drop what they do not model) and relays the events to req.Stream.
-func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, error) {
-	wire, _, err := wireBody(req)
-	if err != nil {
-		return nil, p.refuse(err)
-	}
+func (p *openAIProvider) stream(ctx context.Context, req Request, wire []byte) (*Response, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
 	path := "/chat/completions"
