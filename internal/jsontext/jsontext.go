@@ -7,6 +7,7 @@ package jsontext
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -41,18 +42,15 @@ type Problem struct {
 	Raw bool
 }
 
-// Why says, for a message after What, why the problem refuses the text.
-func (p *Problem) Why() string {
-	switch p.Code {
-	case client.CodeDuplicateKey:
-		return "and a member may be named once, in one case: the provider could read the other one"
-	case client.CodeTooDeep:
-		return "which llmq does not take"
-	case client.CodeCaseVariant:
-		return "and member names are case-sensitive"
-	}
-	return "which cannot be stored"
+// whys say why a problem of a code refuses the text; any other cannot be stored.
+var whys = map[client.Code]string{
+	client.CodeDuplicateKey: "and a member may be named once, in one case: the provider could read the other one",
+	client.CodeTooDeep:      "which llmq does not take",
+	client.CodeCaseVariant:  "and member names are case-sensitive",
 }
+
+// Why says, for a message after What, why the problem refuses the text.
+func (p *Problem) Why() string { return cmp.Or(whys[p.Code], "which cannot be stored") }
 
 // Unstorable returns the first thing in the text doc that the database
 // cannot store, or nil. A text that is not JSON is checked as far as its
