@@ -81,8 +81,11 @@ func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua
 // their defaults, except MaxRetries, where 0 turns retrying off.
 func WithRetry(p RetryPolicy) Option {
 	return func(c *Client) {
-		c.retry = RetryPolicy{MaxRetries: max(p.MaxRetries, 0), MaxWait: cmp.Or(max(p.MaxWait, 0), defaultRetry.MaxWait),
-			Backoff: cmp.Or(max(p.Backoff, 0), defaultRetry.Backoff)}
+		c.retry = RetryPolicy{
+			MaxRetries: max(p.MaxRetries, 0),
+			MaxWait:    cmp.Or(max(p.MaxWait, 0), defaultRetry.MaxWait),
+			Backoff:    cmp.Or(max(p.Backoff, 0), defaultRetry.Backoff),
+		}
 	}
 }
 

@@ -44,9 +44,10 @@ type Problem struct {
 
 // whys say why a problem of a code refuses the text; any other cannot be stored.
 var whys = map[client.Code]string{
-	client.CodeDuplicateKey: "and a member may be named once, in one case: the provider could read the other one",
-	client.CodeTooDeep:      "which llmq does not take",
-	client.CodeCaseVariant:  "and member names are case-sensitive",
+	client.CodeDuplicateKey: "and a member may be named once, in one case: " +
+		"the provider could read the other one",
+	client.CodeTooDeep:     "which llmq does not take",
+	client.CodeCaseVariant: "and member names are case-sensitive",
 }
 
 // Why says, for a message after What, why the problem refuses the text.

@@ -291,5 +291,6 @@ func BatchInputLine(customID string, req Request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(client.BatchRequest{CustomID: customID, Method: http.MethodPost, URL: req.Endpoint, Body: body})
+	line := client.BatchRequest{CustomID: customID, Method: http.MethodPost, URL: req.Endpoint, Body: body}
+	return json.Marshal(line)
 }

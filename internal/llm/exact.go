@@ -40,8 +40,9 @@ func (r *request) checkCase(v any, other otherMembers, path string) {
 			if path != "" {
 				p = path + "." + name
 			}
-			r.variant = wire.Invalid(p, client.CodeCaseVariant, "'%s' differs from '%s' only in case: member names are case-sensitive, "+
-				"and a provider that matches them without case could read it as '%s'; name it '%s'", p, field, field, field)
+			r.variant = wire.Invalid(p, client.CodeCaseVariant, "'%s' differs from '%s' only in case: "+
+				"member names are case-sensitive, and a provider that matches them without case "+
+				"could read it as '%s'; name it '%s'", p, field, field, field)
 			return
 		}
 	}

@@ -33,8 +33,8 @@ type streamChunk struct {
 func (c *streamChunk) responsesError() *client.ErrorObject {
 	switch c.Type {
 	case "error":
-		o := &client.ErrorObject{Message: cmp.Or(c.Message, "the provider's stream ended with an error"), Type: "server_error",
-			Param: c.Param}
+		o := &client.ErrorObject{Type: "server_error", Param: c.Param,
+			Message: cmp.Or(c.Message, "the provider's stream ended with an error")}
 		_ = unmarshal(c.Code, &o.Code)
 		return o
 	case "response.failed":

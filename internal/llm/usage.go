@@ -56,12 +56,14 @@ type reasoningDetails struct {
 }
 
 func (w *wireUsage) usage() Usage {
+	u := Usage{PromptTokens: w.PromptTokens, CompletionTokens: w.CompletionTokens, TotalTokens: w.TotalTokens}
+	cached, reasoning := w.PromptTokensDetails, w.CompletionTokensDetails
 	if w.InputTokens != nil || w.OutputTokens != nil {
-		return Usage{PromptTokens: deref(w.InputTokens), CompletionTokens: deref(w.OutputTokens), TotalTokens: w.TotalTokens,
-			CachedTokens: w.InputTokensDetails.CachedTokens, ReasoningTokens: w.OutputTokensDetails.ReasoningTokens}
+		u.PromptTokens, u.CompletionTokens = deref(w.InputTokens), deref(w.OutputTokens)
+		cached, reasoning = w.InputTokensDetails, w.OutputTokensDetails
 	}
-	return Usage{PromptTokens: w.PromptTokens, CompletionTokens: w.CompletionTokens, TotalTokens: w.TotalTokens,
-		CachedTokens: w.PromptTokensDetails.CachedTokens, ReasoningTokens: w.CompletionTokensDetails.ReasoningTokens}
+	u.CachedTokens, u.ReasoningTokens = cached.CachedTokens, reasoning.ReasoningTokens
+	return u
 }
 
 func deref(n *int64) int64 {
