@@ -80,23 +80,19 @@ type TenantUpdateParams struct {
 // MarshalJSON writes the PATCH body: null for a cleared budget, absent for
 // an unchanged one.
 func (p TenantUpdateParams) MarshalJSON() ([]byte, error) {
-	m := map[string]any{}
-	if p.Name != nil {
-		m["name"] = *p.Name
-	}
-	if p.Tier != nil {
-		m["tier"] = *p.Tier
-	}
+	var budget any
 	switch {
 	case p.ClearDailyBudget:
-		m["daily_budget_usd"] = nil
+		budget = json.RawMessage("null")
 	case p.DailyBudgetUSD != nil:
-		m["daily_budget_usd"] = *p.DailyBudgetUSD
+		budget = *p.DailyBudgetUSD
 	}
-	if p.APIExempt != nil {
-		m["api_exempt"] = *p.APIExempt
-	}
-	return json.Marshal(m)
+	return json.Marshal(struct {
+		Name           *string `json:"name,omitempty"`
+		Tier           *string `json:"tier,omitempty"`
+		DailyBudgetUSD any     `json:"daily_budget_usd,omitempty"`
+		APIExempt      *bool   `json:"api_exempt,omitempty"`
+	}{p.Name, p.Tier, budget, p.APIExempt})
 }
 
 // UpdateTenant changes a tenant's name, tier, budget or API exemption.

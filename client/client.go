@@ -59,6 +59,8 @@ type RetryPolicy struct {
 	Backoff time.Duration
 }
 
+var defaultRetry = RetryPolicy{MaxRetries: 3, MaxWait: 30 * time.Second, Backoff: 500 * time.Millisecond}
+
 // Option configures a Client.
 type Option func(*Client)
 
@@ -79,14 +81,11 @@ func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua
 // their defaults, except MaxRetries, where 0 turns retrying off.
 func WithRetry(p RetryPolicy) Option {
 	return func(c *Client) {
-		if p.MaxWait <= 0 {
-			p.MaxWait = 30 * time.Second
+		c.retry = RetryPolicy{
+			MaxRetries: max(p.MaxRetries, 0),
+			MaxWait:    cmp.Or(max(p.MaxWait, 0), defaultRetry.MaxWait),
+			Backoff:    cmp.Or(max(p.Backoff, 0), defaultRetry.Backoff),
 		}
-		if p.Backoff <= 0 {
-			p.Backoff = 500 * time.Millisecond
-		}
-		p.MaxRetries = max(p.MaxRetries, 0)
-		c.retry = p
 	}
 }
 
@@ -106,7 +105,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 		apiKey:    apiKey,
 		hc:        &http.Client{},
 		userAgent: DefaultUserAgent,
-		retry:     RetryPolicy{MaxRetries: 3, MaxWait: 30 * time.Second, Backoff: 500 * time.Millisecond},
+		retry:     defaultRetry,
 	}
 	for _, o := range opts {
 		o(c)
@@ -178,10 +177,7 @@ func (c *Client) send(ctx context.Context, req *request) (*http.Response, error)
 		if resp.StatusCode != http.StatusTooManyRequests || !retryable || attempt >= c.retry.MaxRetries {
 			return nil, apiErr
 		}
-		wait := apiErr.RetryAfter
-		if wait <= 0 {
-			wait = backoff(c.retry.Backoff, attempt)
-		}
+		wait := cmp.Or(apiErr.RetryAfter, backoff(c.retry.Backoff, attempt))
 		if wait > c.retry.MaxWait {
 			return nil, apiErr
 		}
@@ -196,9 +192,7 @@ func (c *Client) send(ctx context.Context, req *request) (*http.Response, error)
 func (c *Client) newRequest(ctx context.Context, req *request, payload []byte) (*http.Request, bool, error) {
 	u := *c.base
 	u.Path += req.path
-	if len(req.query) > 0 {
-		u.RawQuery = req.query.Encode()
-	}
+	u.RawQuery = req.query.Encode()
 	var (
 		body        io.Reader
 		contentType string
@@ -214,11 +208,9 @@ func (c *Client) newRequest(ctx context.Context, req *request, payload []byte) (
 	case req.json != nil:
 		body, contentType = bytes.NewReader(payload), "application/json"
 	}
+	// A streamed body's own caller closes it (see Upload).
 	hreq, err := http.NewRequestWithContext(ctx, req.method, u.String(), body)
 	if err != nil {
-		if rc, ok := body.(io.Closer); ok {
-			_ = rc.Close()
-		}
 		return nil, false, fmt.Errorf("llmq: %s %s: %w", req.method, req.path, err)
 	}
 	maps.Copy(hreq.Header, req.header)

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"iter"
 	"net/http"
@@ -109,14 +110,9 @@ func (s *JobsService) Wait(ctx context.Context, id string, opts *WaitOptions) (*
 // wait gets an object until it is finished, polling as opts say; on ctx's
 // end it returns the last one seen with ctx's error.
 func wait[T any](ctx context.Context, opts *WaitOptions, get func() (*T, error), finished func(*T) bool) (*T, error) {
-	next, longest := 250*time.Millisecond, 5*time.Second
-	if opts != nil && opts.Interval > 0 {
-		next = opts.Interval
-	}
-	if opts != nil && opts.MaxInterval > 0 {
-		longest = opts.MaxInterval
-	}
-	next = min(next, longest)
+	o := deref(opts)
+	longest := cmp.Or(max(o.MaxInterval, 0), 5*time.Second)
+	next := min(cmp.Or(max(o.Interval, 0), 250*time.Millisecond), longest)
 	var last *T
 	for {
 		v, err := get()

@@ -221,19 +221,13 @@ func (e *ErrorObject) UnmarshalJSON(b []byte) error {
 // integer digits, anything else as fmt prints it.
 func codeText(raw json.RawMessage) string {
 	var code any
-	if json.Unmarshal(raw, &code) != nil {
+	if json.Unmarshal(raw, &code) != nil || code == nil {
 		return ""
 	}
-	switch c := code.(type) {
-	case nil:
-		return ""
-	case string:
-		return c
-	case float64:
-		return strconv.Itoa(int(c))
-	default:
-		return fmt.Sprint(c)
+	if n, ok := code.(float64); ok {
+		return strconv.Itoa(int(n))
 	}
+	return fmt.Sprint(code)
 }
 
 // Error is an error answer of the API: {"error":{"message","type","code","param"}}

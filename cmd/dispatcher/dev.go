@@ -19,8 +19,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/budget"
@@ -111,7 +109,6 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	logger := env.Logger(stderr)
 
-	var rdb redis.UniversalClient
 	if _, set := lookup("LLMQ_REDIS_URL"); !set {
 		mr, err := startDevRedis(filepath.Join(o.dir, "redis.json"), logger)
 		if err != nil {
@@ -120,9 +117,6 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		defer mr.stop() // last: after the worker and the server stopped
 		defer app.Background(ctx, mr.run)()
 		env.RedisURL = "redis://" + mr.Addr() + "/0"
-		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		defer c.Close()
-		rdb = c
 	}
 
 	providerKeyEnv := "LLMQ_DEV_SIM_KEY"
@@ -155,7 +149,7 @@ func dev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 	env.Policy = policyPath
 
-	a, err := app.Open(ctx, env, logger, app.Parts{Redis: rdb, LookupEnv: lookup, Migrate: true})
+	a, err := app.Open(ctx, env, logger, app.Parts{LookupEnv: lookup, Migrate: true})
 	if err != nil {
 		return err
 	}

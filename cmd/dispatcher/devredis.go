@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"sort"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -106,11 +104,8 @@ func (d *devRedis) stop() {
 // or not at all, which handlers and the reconciler absorb.
 func (d *devRedis) save(now time.Time) error {
 	s := snapshot{SavedAt: now.UTC()}
-	keys := d.Keys()
-	sort.Strings(keys)
-	for _, k := range keys {
-		sk, ok := d.dumpKey(k, now)
-		if ok {
+	for _, k := range d.Keys() { // sorted
+		if sk, ok := d.dumpKey(k, now); ok {
 			s.Keys = append(s.Keys, sk)
 		}
 	}
@@ -118,21 +113,11 @@ func (d *devRedis) save(now time.Time) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(d.path), ".redis-*.json")
-	if err != nil {
+	tmp := d.path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
-	_, err = tmp.Write(b)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), d.path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp.Name())
-	}
-	return err
+	return os.Rename(tmp, d.path)
 }
 
 // dumpKey reads one key; false when it is gone or of a type llmq never writes.

@@ -105,8 +105,7 @@ func (c *cli) commands() []command {
 			}},
 			{name: "content", args: id, flags: func(fs *flag.FlagSet) { fs.StringVar(&out, "out", "-", "") },
 				run: func(cl *client.Client, pos []string) error {
-					_, err := c.download(cl, pos[0], out)
-					return err
+					return c.download(cl, pos[0], out, "")
 				}},
 			{name: "delete", args: id, run: func(cl *client.Client, pos []string) error {
 				return reply(c, func(d *client.FileDeleted) string { return d.ID + " deleted" })(cl.Files.Delete(c.ctx, pos[0]))
@@ -144,18 +143,14 @@ func (c *cli) tenantCommands() []command {
 			fs.StringVar(&create.Tier, "tier", "", "")
 			fs.StringVar(&budget, "budget", "", "")
 			fs.BoolVar(&create.APIExempt, "api-exempt", false, "")
-		}, check: func(*flag.FlagSet) error {
+		}, check: func(*flag.FlagSet) (err error) {
 			if create.Name == "" || create.Tier == "" {
 				return cmdline.Usagef("admin tenants create needs --name and --tier")
 			}
 			if budget != "" {
-				v, err := parseUSD(budget)
-				if err != nil {
-					return err
-				}
-				create.DailyBudgetUSD = &v
+				create.DailyBudgetUSD, err = parseUSD(budget)
 			}
-			return nil
+			return err
 		}, run: func(cl *client.Client, _ []string) error {
 			return reply(c, func(t *client.Tenant) string { return t.ID })(cl.Admin.CreateTenant(c.ctx, &create))
 		}},
@@ -191,9 +186,7 @@ func (c *cli) tenantCommands() []command {
 				case "budget":
 					update.ClearDailyBudget = budget == "tier"
 					if !update.ClearDailyBudget {
-						var v float64
-						v, err = parseUSD(budget)
-						update.DailyBudgetUSD = &v
+						update.DailyBudgetUSD, err = parseUSD(budget)
 					}
 				}
 			})

@@ -103,27 +103,28 @@ const (
 	exitInterrupted = 130
 )
 
-// exitError carries an exit code other than 1 and 2.
-type exitError struct {
-	code int
-	msg  string
-}
+// incomplete is work that ended but did not all succeed (exitIncomplete).
+type incomplete string
 
-func (e *exitError) Error() string { return e.msg }
+func (e incomplete) Error() string { return string(e) }
 
-func incompletef(format string, args ...any) error {
-	return &exitError{code: exitIncomplete, msg: fmt.Sprintf(format, args...)}
-}
+func incompletef(format string, args ...any) error { return incomplete(fmt.Sprintf(format, args...)) }
 
 func exitCode(err error) int {
-	var e *exitError
+	var inc incomplete
 	switch {
-	case errors.As(err, &e):
-		return e.code
+	case errors.As(err, &inc):
+		return exitIncomplete
 	case errors.Is(err, context.Canceled):
 		return exitInterrupted
 	}
 	return cmdline.ExitCode(err)
+}
+
+// credentialHints name the setting to check after a refused credential.
+var credentialHints = map[client.Code]string{
+	client.CodeInvalidAPIKey:     " (check LLMQ_API_KEY or --api-key)",
+	client.CodeInvalidAdminToken: " (check LLMQ_ADMIN_TOKEN or --admin-token)",
 }
 
 // message is the one line printed for err: what the server said, or why it
@@ -133,14 +134,7 @@ func message(err error) string {
 	var netErr *net.OpError
 	switch {
 	case errors.As(err, &apiErr):
-		msg := fmt.Sprintf("%d %s", apiErr.StatusCode, apiErr.Message)
-		switch apiErr.Code {
-		case "invalid_api_key":
-			msg += " (check LLMQ_API_KEY or --api-key)"
-		case "invalid_admin_token":
-			msg += " (check LLMQ_ADMIN_TOKEN or --admin-token)"
-		}
-		return msg
+		return fmt.Sprintf("%d %s", apiErr.StatusCode, apiErr.Message) + credentialHints[apiErr.Code]
 	case errors.Is(err, context.Canceled):
 		return "interrupted"
 	case errors.As(err, &netErr):
@@ -284,10 +278,7 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, names ...string) ([]string,
 	}
 	pos = append(pos, rest...)
 	if len(pos) != len(names) {
-		want := "no arguments"
-		if len(names) > 0 {
-			want = strings.Join(names, " ")
-		}
+		want := cmp.Or(strings.Join(names, " "), "no arguments")
 		return nil, cmdline.Usagef("%s takes %s, got %q (see llmq help)", fs.Name(), want, pos)
 	}
 	return pos, nil

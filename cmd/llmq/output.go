@@ -105,12 +105,13 @@ func when(unix int64) string {
 	return time.Unix(unix, 0).Local().Format("2006-01-02 15:04:05")
 }
 
-func parseUSD(s string) (float64, error) {
+// parseUSD reads --budget, for a tenant's DailyBudgetUSD.
+func parseUSD(s string) (*float64, error) {
 	v, err := strconv.ParseFloat(strings.TrimPrefix(s, "$"), 64)
 	if err != nil || v <= 0 || math.IsInf(v, 0) {
-		return 0, cmdline.Usagef("--budget: %q is not a positive number of dollars", s)
+		return nil, cmdline.Usagef("--budget: %q is not a positive number of dollars", s)
 	}
-	return v, nil
+	return &v, nil
 }
 
 // open opens path, or stdin for "-", and returns the name to upload it under.
@@ -137,21 +138,35 @@ func unwrapPath(err error) error {
 	return err
 }
 
-// download writes the content of file id to path ("-" is stdout).
-func (c *cli) download(cl *client.Client, id, path string) (int64, error) {
+// download saves the content of file id to path (see save).
+func (c *cli) download(cl *client.Client, id, path, what string) error {
 	body, err := cl.Files.Content(c.ctx, id)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer body.Close()
-	if path == "-" {
-		n, err := io.Copy(c.stdout, body)
-		if err != nil {
-			return n, fmt.Errorf("reading file %s: %w", id, err)
-		}
-		return n, nil
+	err = c.save(path, what, body)
+	if err != nil && path == "-" {
+		return fmt.Errorf("reading file %s: %w", id, err)
 	}
-	return writeFile(path, body)
+	return err
+}
+
+// save writes r to path ("-" is stdout, "" nowhere) and tells stderr it
+// wrote what there ("" tells nothing).
+func (c *cli) save(path, what string, r io.Reader) error {
+	switch path {
+	case "":
+		return nil
+	case "-":
+		_, err := io.Copy(c.stdout, r)
+		return err
+	}
+	n, err := writeFile(path, r)
+	if err == nil && what != "" {
+		fmt.Fprintf(c.stderr, "wrote %s to %s (%d bytes)\n", what, path, n)
+	}
+	return err
 }
 
 // writeFile writes r to path through a temporary file beside it, renamed

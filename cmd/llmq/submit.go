@@ -84,14 +84,6 @@ func (c *cli) submitCommand() command {
 	}}
 }
 
-// batchLine is what llmq submit reads of an input line.
-type batchLine struct {
-	CustomID string          `json:"custom_id"`
-	Method   string          `json:"method"`
-	URL      string          `json:"url"`
-	Body     json.RawMessage `json:"body"`
-}
-
 // firstURL reads the url of the first non-blank line.
 func firstURL(r *bufio.Reader) (string, error) {
 	for n := 1; ; n++ {
@@ -100,7 +92,7 @@ func firstURL(r *bufio.Reader) (string, error) {
 			return lineURL(line, n)
 		}
 		if err == io.EOF {
-			return "", errors.New("the file is empty; it needs one request per line")
+			return "", errors.New("the input is empty; it needs one request per line")
 		}
 		if err != nil {
 			return "", err
@@ -108,37 +100,8 @@ func firstURL(r *bufio.Reader) (string, error) {
 	}
 }
 
-// peekURL finds the url of the first non-blank line without consuming it.
-func peekURL(br *bufio.Reader) (string, error) {
-	for size := 4096; ; size *= 2 {
-		size = min(size, br.Size())
-		data, err := br.Peek(size)
-		rest, n := data, 1
-		for {
-			i := bytes.IndexByte(rest, '\n')
-			if i < 0 {
-				break
-			}
-			if line := rest[:i]; len(bytes.TrimSpace(line)) > 0 {
-				return lineURL(line, n)
-			}
-			rest, n = rest[i+1:], n+1
-		}
-		switch {
-		case err == io.EOF && len(bytes.TrimSpace(rest)) > 0:
-			return lineURL(rest, n)
-		case err == io.EOF:
-			return "", errors.New("the input is empty; it needs one request per line")
-		case errors.Is(err, bufio.ErrBufferFull) || size == br.Size():
-			return "", errors.New("the first line is longer than 1 MiB; pass --endpoint")
-		case err != nil:
-			return "", err
-		}
-	}
-}
-
 func lineURL(line []byte, n int) (string, error) {
-	var l batchLine
+	var l client.BatchRequest
 	if err := json.Unmarshal(line, &l); err != nil {
 		return "", fmt.Errorf("line %d is not a JSON request line (custom_id, method, url, body): %v", n, err)
 	}
@@ -229,23 +192,11 @@ func (c *cli) submitJobs(cl *client.Client, o *submitOptions) error {
 	}
 	fmt.Fprintf(c.stderr, "%d jobs: %d done, %d failed in %v (%v sending, %v waiting)\n", len(lines), len(lines)-failed, failed,
 		roundDuration(time.Since(start)), roundDuration(waitStart.Sub(start)), roundDuration(time.Since(waitStart)))
-	for _, w := range []struct {
-		path, what string
-		data       *bytes.Buffer
-	}{{o.out, "results", &out}, {o.errs, "errors", &errs}} {
-		switch w.path {
-		case "":
-		case "-":
-			if _, err := c.stdout.Write(w.data.Bytes()); err != nil {
-				return err
-			}
-		default:
-			n, err := writeFile(w.path, w.data)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(c.stderr, "wrote %s to %s (%d bytes)\n", w.what, w.path, n)
-		}
+	if err := c.save(o.out, "results", &out); err != nil {
+		return err
+	}
+	if err := c.save(o.errs, "errors", &errs); err != nil {
+		return err
 	}
 	if failed > 0 {
 		return incompletef("%d of %d requests failed%s", failed, len(lines), errorsHint(o.errs))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -22,26 +23,18 @@ func (c *cli) submitBatch(cl *client.Client, o *submitOptions) error {
 	endpoint := o.endpoint
 	if endpoint == "" {
 		// The batch's endpoint is the url of its lines: read it from the
-		// first line. A file is read again from the start; a pipe is
-		// peeked, so what was looked at is still sent.
-		if f, ok := in.(*os.File); ok {
-			if _, err := f.Seek(0, io.SeekCurrent); err == nil {
-				endpoint, err = firstURL(bufio.NewReader(f))
-				if err != nil {
-					return fmt.Errorf("%s: %w", o.path, err)
-				}
-				if _, err := f.Seek(0, io.SeekStart); err != nil {
-					return fmt.Errorf("%s: %w", o.path, err)
-				}
-			}
+		// first line. A file is sent from its start again (a seekable
+		// content is retried after a 429); of a pipe, what was read is
+		// sent before the rest.
+		var read bytes.Buffer
+		if endpoint, err = firstURL(bufio.NewReader(io.TeeReader(in, &read))); err != nil {
+			return fmt.Errorf("%s: %w", o.path, err)
 		}
-		if endpoint == "" {
-			br := bufio.NewReaderSize(in, 1<<20)
-			endpoint, err = peekURL(br)
-			if err != nil {
-				return fmt.Errorf("%s: %w", o.path, err)
+		content = io.MultiReader(&read, in)
+		if f, ok := in.(*os.File); ok {
+			if _, err := f.Seek(0, io.SeekStart); err == nil {
+				content = f
 			}
-			content = br
 		}
 	}
 	file, err := cl.Files.Upload(c.ctx, name, content, "batch")
@@ -130,25 +123,17 @@ func errorsHint(errs string) string {
 // without that file gives an empty one, so what follows in a pipeline finds
 // the file it expects.
 func (c *cli) saveResult(cl *client.Client, fileID *string, path, what string) error {
-	if path == "" {
+	switch {
+	case path == "":
+		return nil
+	case fileID != nil && *fileID != "":
+		return c.download(cl, *fileID, path, what)
+	case path == "-":
 		return nil
 	}
-	if fileID == nil || *fileID == "" {
-		if path == "-" {
-			return nil
-		}
-		if _, err := writeFile(path, strings.NewReader("")); err != nil {
-			return err
-		}
-		fmt.Fprintf(c.stderr, "no %s: wrote an empty %s\n", what, path)
-		return nil
-	}
-	n, err := c.download(cl, *fileID, path)
-	if err != nil {
+	if _, err := writeFile(path, strings.NewReader("")); err != nil {
 		return err
 	}
-	if path != "-" {
-		fmt.Fprintf(c.stderr, "wrote %s to %s (%d bytes)\n", what, path, n)
-	}
+	fmt.Fprintf(c.stderr, "no %s: wrote an empty %s\n", what, path)
 	return nil
 }

@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/llmq/llmq/client"
 )
@@ -35,7 +38,7 @@ func readJobLines(r io.Reader, o *submitOptions) ([]*jobLine, error) {
 		if len(raw) == 0 {
 			continue
 		}
-		var l batchLine
+		var l client.BatchRequest
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&l); err != nil {
@@ -78,56 +81,42 @@ func readJobLines(r io.Reader, o *submitOptions) ([]*jobLine, error) {
 // as failed and the others go on; anything else (the server unreachable,
 // the key refused) stops the submission.
 func (c *cli) sendJobs(cl *client.Client, lines []*jobLine, n int, sent func(sent, refused int64)) error {
-	work := make(chan *jobLine)
 	var (
-		wg                 sync.WaitGroup
+		g                  errgroup.Group
+		stop               atomic.Bool
 		mu                 sync.Mutex
-		firstErr           error
 		answered, nRefused int64
 	)
-	stop := make(chan struct{})
-	for range n {
-		wg.Go(func() {
-			for l := range work {
-				j, err := cl.Jobs.Create(c.ctx, &l.params)
-				var apiErr *client.Error
-				switch {
-				case err == nil:
-					l.jobID, l.finished = j.ID, j.Finished()
-				case errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 &&
-					apiErr.StatusCode != 401 && apiErr.StatusCode != 403 && apiErr.StatusCode != 429:
-					l.failed = true
-					l.result = &client.BatchResult{CustomID: l.params.CustomID,
-						Error: &client.BatchLineError{Code: apiErr.Code, Message: apiErr.Message}}
-				default:
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = fmt.Errorf("line %d: %w", l.n, err)
-						close(stop)
-					}
-					mu.Unlock()
-					continue
-				}
-				mu.Lock()
-				answered++
-				if l.failed {
-					nRefused++
-				}
-				a, r := answered, nRefused
-				mu.Unlock()
-				sent(a, r)
+	g.SetLimit(n)
+	for _, l := range lines {
+		if stop.Load() {
+			break
+		}
+		g.Go(func() error {
+			j, err := cl.Jobs.Create(c.ctx, &l.params)
+			var apiErr *client.Error
+			switch {
+			case err == nil:
+				l.jobID, l.finished = j.ID, j.Finished()
+			case errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 &&
+				apiErr.StatusCode != 401 && apiErr.StatusCode != 403 && apiErr.StatusCode != 429:
+				l.failed = true
+				l.result = &client.BatchResult{CustomID: l.params.CustomID,
+					Error: &client.BatchLineError{Code: apiErr.Code, Message: apiErr.Message}}
+			default:
+				stop.Store(true)
+				return fmt.Errorf("line %d: %w", l.n, err)
 			}
+			mu.Lock()
+			answered++
+			if l.failed {
+				nRefused++
+			}
+			a, r := answered, nRefused
+			mu.Unlock()
+			sent(a, r)
+			return nil
 		})
 	}
-send:
-	for _, l := range lines {
-		select {
-		case work <- l:
-		case <-stop:
-			break send
-		}
-	}
-	close(work)
-	wg.Wait()
-	return firstErr
+	return g.Wait()
 }

@@ -7,6 +7,7 @@ package jsontext
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -41,18 +42,16 @@ type Problem struct {
 	Raw bool
 }
 
-// Why says, for a message after What, why the problem refuses the text.
-func (p *Problem) Why() string {
-	switch p.Code {
-	case client.CodeDuplicateKey:
-		return "and a member may be named once, in one case: the provider could read the other one"
-	case client.CodeTooDeep:
-		return "which llmq does not take"
-	case client.CodeCaseVariant:
-		return "and member names are case-sensitive"
-	}
-	return "which cannot be stored"
+// whys say why a problem of a code refuses the text; any other cannot be stored.
+var whys = map[client.Code]string{
+	client.CodeDuplicateKey: "and a member may be named once, in one case: " +
+		"the provider could read the other one",
+	client.CodeTooDeep:     "which llmq does not take",
+	client.CodeCaseVariant: "and member names are case-sensitive",
 }
+
+// Why says, for a message after What, why the problem refuses the text.
+func (p *Problem) Why() string { return cmp.Or(whys[p.Code], "which cannot be stored") }
 
 // Unstorable returns the first thing in the text doc that the database
 // cannot store, or nil. A text that is not JSON is checked as far as its
@@ -299,8 +298,8 @@ func (p *Problem) Param(doc []byte) string {
 	return path + "." + p.Member
 }
 
-// Names are the json names of the fields of the struct v (or *v), for
-// Structure.
+// Names are the json names of the fields of the struct v (or *v), those of
+// an embedded struct without a name its own, for Structure.
 func Names(v any) []string {
 	t := reflect.TypeOf(v)
 	for t.Kind() == reflect.Pointer {
@@ -311,7 +310,11 @@ func Names(v any) []string {
 	}
 	var out []string
 	for i := range t.NumField() {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+		f := t.Field(i)
+		switch name, _, _ := strings.Cut(f.Tag.Get("json"), ","); {
+		case f.Anonymous && name == "":
+			out = append(out, Names(reflect.Zero(f.Type).Interface())...)
+		case name != "" && name != "-":
 			out = append(out, name)
 		}
 	}

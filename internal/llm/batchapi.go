@@ -9,9 +9,10 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
+
+	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/llmq/llmq/client"
 )
@@ -50,19 +51,15 @@ const (
 
 // ProviderBatch is a provider's batch object, the fields llmq reads.
 type ProviderBatch struct {
-	ID            string            `json:"id"`
-	Status        string            `json:"status"`
-	InputFileID   string            `json:"input_file_id"`
-	OutputFileID  string            `json:"output_file_id"`
-	ErrorFileID   string            `json:"error_file_id"`
-	CreatedAt     int64             `json:"created_at"`
-	Metadata      map[string]string `json:"metadata"`
-	RequestCounts struct {
-		Total     int64 `json:"total"`
-		Completed int64 `json:"completed"`
-		Failed    int64 `json:"failed"`
-	} `json:"request_counts"`
-	Errors *struct {
+	ID            string                    `json:"id"`
+	Status        string                    `json:"status"`
+	InputFileID   string                    `json:"input_file_id"`
+	OutputFileID  string                    `json:"output_file_id"`
+	ErrorFileID   string                    `json:"error_file_id"`
+	CreatedAt     int64                     `json:"created_at"`
+	Metadata      map[string]string         `json:"metadata"`
+	RequestCounts client.BatchRequestCounts `json:"request_counts"`
+	Errors        *struct {
 		Data []struct {
 			Code string `json:"code"`
 		} `json:"data"`
@@ -114,7 +111,13 @@ func (p *openAIProvider) send(ctx context.Context, method, path string, query ur
 		return nil, p.refuse(err)
 	}
 	maps.Copy(hr.Header, header)
-	p.authorize(hr.Header)
+	switch {
+	case p.apiKey == "":
+	case p.azure:
+		hr.Header.Set(openai.AzureAPIKeyHeader, p.apiKey)
+	default:
+		hr.Header.Set("Authorization", "Bearer "+p.apiKey)
+	}
 	resp, err := p.http.Do(hr)
 	if err != nil {
 		return nil, p.noAnswer(ctx, err, 0)
@@ -277,28 +280,9 @@ func (p *openAIProvider) BatchFileContent(ctx context.Context, id string) (io.Re
 	return resp.Body, nil
 }
 
-// BatchLine is one line of a provider batch's output or error file.
-type BatchLine struct {
-	ID       string `json:"id"`
-	CustomID string `json:"custom_id"`
-	Response *struct {
-		StatusCode int             `json:"status_code"`
-		RequestID  string          `json:"request_id"`
-		Body       json.RawMessage `json:"body"`
-	} `json:"response"`
-	Error *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func (l *BatchLine) String() string {
-	status := 0
-	if l.Response != nil {
-		status = l.Response.StatusCode
-	}
-	return l.CustomID + " (" + strconv.Itoa(status) + ")"
-}
+// BatchLine is one line of a provider batch's output or error file: OpenAI's
+// shape, which llmq's own batches write too.
+type BatchLine = client.BatchResult
 
 // BatchInputLine is req as a line of a provider batch's input file (no
 // newline), under customID.
@@ -307,10 +291,6 @@ func BatchInputLine(customID string, req Request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(struct {
-		CustomID string          `json:"custom_id"`
-		Method   string          `json:"method"`
-		URL      string          `json:"url"`
-		Body     json.RawMessage `json:"body"`
-	}{customID, http.MethodPost, req.Endpoint, body})
+	line := client.BatchRequest{CustomID: customID, Method: http.MethodPost, URL: req.Endpoint, Body: body}
+	return json.Marshal(line)
 }

@@ -265,7 +265,7 @@ func TestBatchAPIFlow(t *testing.T) {
 	eachOnce(t, "job", n, out)
 	for _, l := range out {
 		if l.Response == nil || l.Response.StatusCode != http.StatusOK || l.Error != nil {
-			t.Errorf("line %s: %+v", l.String(), l)
+			t.Errorf("line %s: %+v", l.CustomID, l)
 			continue
 		}
 		u, err := llm.UsageOf(l.Response.Body)
@@ -410,12 +410,12 @@ func TestBatchAPICancel(t *testing.T) {
 	eachOnce(t, "c", n, append(slices.Clip(out), errs...))
 	for _, l := range out {
 		if l.Response == nil || l.Response.StatusCode != http.StatusOK {
-			t.Errorf("output line %s", l.String())
+			t.Errorf("output line %s", l.CustomID)
 		}
 	}
 	for _, l := range errs {
 		if l.Error == nil || l.Error.Code != "batch_cancelled" || l.Response != nil {
-			t.Errorf("error line %s: %+v", l.String(), l.Error)
+			t.Errorf("error line %s: %+v", l.CustomID, l.Error)
 		}
 	}
 }
@@ -443,7 +443,7 @@ func TestBatchAPIExpire(t *testing.T) {
 	eachOnce(t, "x", n, append(slices.Clip(out), errs...))
 	for _, l := range errs {
 		if l.Error == nil || l.Error.Code != "batch_expired" || l.Response != nil {
-			t.Errorf("error line %s: %+v", l.String(), l.Error)
+			t.Errorf("error line %s: %+v", l.CustomID, l.Error)
 		}
 	}
 }

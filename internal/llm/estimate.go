@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -146,12 +147,7 @@ func (b *Body) Model() string { return b.r.model }
 
 // CaseVariant is the refusal of the first member whose name differs from one
 // llmq reads only in case.
-func (b *Body) CaseVariant() error {
-	if b.r.variant == nil {
-		return nil
-	}
-	return b.r.variant
-}
+func (b *Body) CaseVariant() error { return b.r.variant }
 
 // Endpoint and the accessors below read the body's parts that decide its
 // bill beside the tokens, as request's fields document them.
@@ -170,9 +166,7 @@ func (b *Body) ItemReferences() []string { return b.r.itemRefs }
 // given encoding (which then adds no margin).
 func (e *Estimator) Count(b *Body, model, encoding string) (*ParsedRequest, error) {
 	r := b.r
-	if model == "" {
-		model = r.model
-	}
+	model = cmp.Or(model, r.model)
 	known := true
 	if encoding == "" {
 		encoding, known = EncodingForModel(model)

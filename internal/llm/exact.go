@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmq/llmq/client"
 	llmqjson "github.com/llmq/llmq/internal/jsontext"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // unmarshal decodes a JSON text as a provider reads it: member names match
@@ -39,9 +40,9 @@ func (r *request) checkCase(v any, other otherMembers, path string) {
 			if path != "" {
 				p = path + "." + name
 			}
-			r.variant = invalid(p, "'%s' differs from '%s' only in case: member names are case-sensitive, and a provider that matches them without case could read it as '%s'; name it '%s'",
-				p, field, field, field)
-			r.variant.Code = client.CodeCaseVariant
+			r.variant = wire.Invalid(p, client.CodeCaseVariant, "'%s' differs from '%s' only in case: "+
+				"member names are case-sensitive, and a provider that matches them without case "+
+				"could read it as '%s'; name it '%s'", p, field, field, field)
 			return
 		}
 	}

@@ -73,12 +73,8 @@ type openAIProvider struct {
 func NewOpenAI(cfg OpenAIConfig) Provider {
 	cfg.Name = cmp.Or(cfg.Name, "openai")
 	cfg.BaseURL = cmp.Or(cfg.BaseURL, defaultOpenAIBaseURL)
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = defaultTimeout
-	}
-	if cfg.MaxResponseBytes <= 0 {
-		cfg.MaxResponseBytes = DefaultMaxResponseBytes
-	}
+	cfg.Timeout = cmp.Or(max(cfg.Timeout, 0), defaultTimeout)
+	cfg.MaxResponseBytes = cmp.Or(max(cfg.MaxResponseBytes, 0), DefaultMaxResponseBytes)
 	var hc http.Client
 	var base http.RoundTripper = http.DefaultTransport
 	if cfg.HTTPClient != nil {
@@ -130,27 +126,16 @@ func azureConfig(cfg OpenAIConfig) openai.ClientConfig {
 
 func jsonHeader() http.Header { return http.Header{"Content-Type": {"application/json"}} }
 
-func (p *openAIProvider) authorize(h http.Header) {
-	switch {
-	case p.apiKey == "":
-	case p.azure:
-		h.Set(openai.AzureAPIKeyHeader, p.apiKey)
-	default:
-		h.Set("Authorization", "Bearer "+p.apiKey)
-	}
-}
-
 func (p *openAIProvider) Name() string { return p.name }
 
 func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, error) {
-	if req.Stream != nil {
-		return p.stream(ctx, req)
-	}
 	wire, model, err := wireBody(req)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, p.refuse(err)
-	}
-	if req.Endpoint == EndpointResponses {
+	case req.Stream != nil:
+		return p.stream(ctx, req, wire)
+	case req.Endpoint == EndpointResponses:
 		return p.respond(ctx, wire)
 	}
 	c := &capture{wire: wire, limit: p.maxResponse}

@@ -51,15 +51,21 @@ var validRoles = map[string]bool{
 	"system": true, "user": true, "assistant": true, "tool": true, "developer": true, "function": true,
 }
 
-// rawChatBody holds the members of a chat completions body llmq reads; each
-// raw type keeps the others in Other (see checkCase).
+// bodyHead holds the members every endpoint's body has; the raw types that
+// embed it keep the members llmq does not read in Other (see checkCase).
+type bodyHead struct {
+	Model  json.RawMessage `json:"model"`
+	Stream json.RawMessage `json:"stream"`
+	Other  otherMembers    `json:",unknown"`
+}
+
+// rawChatBody holds the members of a chat completions body llmq reads.
 type rawChatBody struct {
-	Model               json.RawMessage `json:"model"`
+	bodyHead
 	Messages            json.RawMessage `json:"messages"`
 	MaxTokens           json.RawMessage `json:"max_tokens"`
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	N                   json.RawMessage `json:"n"`
-	Stream              json.RawMessage `json:"stream"`
 	Tools               json.RawMessage `json:"tools"`
 	Functions           json.RawMessage `json:"functions"`
 	ResponseFormat      json.RawMessage `json:"response_format"`
@@ -68,14 +74,11 @@ type rawChatBody struct {
 	WebSearchOptions    json.RawMessage `json:"web_search_options"`
 	Modalities          json.RawMessage `json:"modalities"`
 	Audio               json.RawMessage `json:"audio"`
-	Other               otherMembers    `json:",unknown"`
 }
 
 type rawEmbeddingsBody struct {
-	Model  json.RawMessage `json:"model"`
-	Input  json.RawMessage `json:"input"`
-	Stream json.RawMessage `json:"stream"`
-	Other  otherMembers    `json:",unknown"`
+	bodyHead
+	Input json.RawMessage `json:"input"`
 }
 
 type rawMessage struct {
@@ -88,12 +91,20 @@ type rawMessage struct {
 	Other        otherMembers    `json:",unknown"`
 }
 
+// partHead holds the members of a content part of either API that
+// parseParts reads alike.
+type partHead struct {
+	Type    json.RawMessage `json:"type"`
+	Text    json.RawMessage `json:"text"`
+	Refusal json.RawMessage `json:"refusal"`
+	Other   otherMembers    `json:",unknown"`
+}
+
+func (h *partHead) head() *partHead { return h }
+
 type rawPart struct {
-	Type     json.RawMessage `json:"type"`
-	Text     json.RawMessage `json:"text"`
-	Refusal  json.RawMessage `json:"refusal"`
+	partHead
 	ImageURL json.RawMessage `json:"image_url"`
-	Other    otherMembers    `json:",unknown"`
 }
 
 // message is a chat message reduced to what is counted.
@@ -136,8 +147,8 @@ type request struct {
 	previousResponseID string
 	itemRefs           []string
 	unseen             string
-	stores             bool        // a Responses API body's store is not false
-	variant            *wire.Error // see checkCase
+	stores             bool  // a Responses API body's store is not false
+	variant            error // see checkCase
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -193,19 +204,19 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 	switch endpoint {
 	case EndpointEmbeddings:
 		var rb rawEmbeddingsBody
-		if err := r.decodeHead(body, &rb, &rb.Other, &rb.Model, &rb.Stream); err != nil {
+		if err := r.decodeHead(body, &rb, &rb.bodyHead); err != nil {
 			return nil, err
 		}
 		return r, parseInput(r, rb.Input)
 	case EndpointResponses:
 		var rb rawResponsesBody
-		if err := r.decodeHead(body, &rb, &rb.Other, &rb.Model, &rb.Stream); err != nil {
+		if err := r.decodeHead(body, &rb, &rb.bodyHead); err != nil {
 			return nil, err
 		}
 		return r, parseResponses(r, &rb)
 	}
 	var rb rawChatBody
-	if err := r.decodeHead(body, &rb, &rb.Other, &rb.Model, &rb.Stream); err != nil {
+	if err := r.decodeHead(body, &rb, &rb.bodyHead); err != nil {
 		return nil, err
 	}
 	mt, hasMT, err := intParam(rb.MaxTokens, "max_tokens", 1, maxTokensParam)
@@ -265,22 +276,21 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 }
 
 // decodeHead decodes body into rb, then reads the model and stream members
-// every endpoint has (fields of rb, as is other).
-func (r *request) decodeHead(body []byte, rb any, other *otherMembers, modelField, streamField *json.RawMessage) error {
+// every endpoint has (of head, rb's own).
+func (r *request) decodeHead(body []byte, rb any, head *bodyHead) error {
 	if err := unmarshal(body, rb); err != nil {
 		return invalid("body", "'body' is not valid JSON: %v", err)
 	}
-	r.checkCase(rb, *other, "")
-	modelRaw, streamRaw := *modelField, *streamField
-	if isNull(modelRaw) {
+	r.checkCase(rb, head.Other, "")
+	if isNull(head.Model) {
 		return invalid("model", "'model' is required")
 	}
-	model, ok := jsonString(modelRaw)
+	model, ok := jsonString(head.Model)
 	if !ok || model == "" {
 		return invalid("model", "'model' must be a non-empty string")
 	}
 	r.model = model
-	return refuseTrue(streamRaw, "stream", "'stream' is not supported: llmq runs requests in the background and stores whole responses")
+	return refuseTrue(head.Stream, "stream", "'stream' is not supported: llmq runs requests in the background and stores whole responses")
 }
 
 func refuseTrue(raw json.RawMessage, param, refusal string) error {
@@ -424,26 +434,13 @@ func (r *request) parseContent(m *message, raw json.RawMessage, p string) error 
 	})
 }
 
-// contentPart is a raw content part of either API.
-type contentPart interface {
-	common() (typ, text, refusal json.RawMessage, other otherMembers)
-}
-
-func (p *rawPart) common() (typ, text, refusal json.RawMessage, other otherMembers) {
-	return p.Type, p.Text, p.Refusal, p.Other
-}
-
-func (p *rawInputPart) common() (typ, text, refusal json.RawMessage, other otherMembers) {
-	return p.Type, p.Text, p.Refusal, p.Other
-}
-
 // parseParts reads content at p that is not null into m: a string, or an
 // array of parts of text (of textTypes), refusals, images (of imageType,
 // whose detail image reads), and the parts llmq cannot count, which it
 // notes.
 func parseParts[V any, P interface {
 	*V
-	contentPart
+	head() *partHead
 }](r *request, m *message, raw json.RawMessage, p string, textTypes []string, imageType string, image func(P, string) (string, error)) error {
 	switch {
 	case raw[0] == '"':
@@ -469,17 +466,17 @@ func parseParts[V any, P interface {
 		if len(praw) == 0 || praw[0] != '{' || unmarshal(praw, part) != nil {
 			return invalid(pp, "'%s' must be a content part object", pp)
 		}
-		typRaw, text, refusal, other := part.common()
-		r.checkCase(part, other, pp)
-		typ, ok := jsonString(typRaw)
+		h := part.head()
+		r.checkCase(part, h.Other, pp)
+		typ, ok := jsonString(h.Type)
 		if !ok || typ == "" {
 			return invalid(pp+".type", "'%s.type' must be a non-empty string", pp)
 		}
 		switch {
 		case slices.Contains(textTypes, typ) || typ == "refusal":
-			member, raw := "text", text
+			member, raw := "text", h.Text
 			if typ == "refusal" {
-				member, raw = "refusal", refusal
+				member, raw = "refusal", h.Refusal
 			}
 			s, ok := jsonString(raw)
 			if !ok {

@@ -15,11 +15,10 @@ import (
 // parseResponses reduces it to messages: instructions as a system message,
 // then the input (items llmq does not model counted as their JSON text).
 type rawResponsesBody struct {
-	Model              json.RawMessage `json:"model"`
+	bodyHead
 	Input              json.RawMessage `json:"input"`
 	Instructions       json.RawMessage `json:"instructions"`
 	MaxOutputTokens    json.RawMessage `json:"max_output_tokens"`
-	Stream             json.RawMessage `json:"stream"`
 	Background         json.RawMessage `json:"background"`
 	Tools              json.RawMessage `json:"tools"`
 	Text               json.RawMessage `json:"text"`
@@ -29,7 +28,6 @@ type rawResponsesBody struct {
 	Store              json.RawMessage `json:"store"`
 	ServiceTier        json.RawMessage `json:"service_tier"`
 	MaxToolCalls       json.RawMessage `json:"max_tool_calls"`
-	Other              otherMembers    `json:",unknown"`
 }
 
 type rawItem struct {
@@ -46,13 +44,10 @@ type rawItem struct {
 }
 
 type rawInputPart struct {
-	Type     json.RawMessage `json:"type"`
-	Text     json.RawMessage `json:"text"`
-	Refusal  json.RawMessage `json:"refusal"`
+	partHead
 	ImageURL json.RawMessage `json:"image_url"`
 	FileID   json.RawMessage `json:"file_id"`
 	Detail   json.RawMessage `json:"detail"`
-	Other    otherMembers    `json:",unknown"`
 }
 
 var responsesRoles = map[string]bool{"user": true, "assistant": true, "system": true, "developer": true}
@@ -298,8 +293,7 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 		return nil, e.serverError(ClassRetryable, client.CodeProviderResponseUnreadable, msgUnreadable)
 	}
 	var shape struct {
-		Object string          `json:"object"`
-		Usage  json.RawMessage `json:"usage"`
+		Object string `json:"object"`
 	}
 	if err := unmarshal(body, &shape); err != nil || shape.Object != "response" {
 		return nil, e.serverError(ClassPermanent, client.CodeProviderResponseInvalid, "The provider's answer is not a response object.")

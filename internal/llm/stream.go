@@ -33,11 +33,9 @@ type streamChunk struct {
 func (c *streamChunk) responsesError() *client.ErrorObject {
 	switch c.Type {
 	case "error":
-		o := &client.ErrorObject{Message: c.Message, Type: "server_error", Param: c.Param}
+		o := &client.ErrorObject{Type: "server_error", Param: c.Param,
+			Message: cmp.Or(c.Message, "the provider's stream ended with an error")}
 		_ = unmarshal(c.Code, &o.Code)
-		if o.Message == "" {
-			o.Message = "the provider's stream ended with an error"
-		}
 		return o
 	case "response.failed":
 		o := &client.ErrorObject{Type: "server_error", Message: "the provider's response failed"}
@@ -80,11 +78,7 @@ func (p *openAIProvider) errorAnswer(resp *http.Response) *Error {
 
 // stream sends a streaming request over plain HTTP (go-openai's typed chunks
 // drop what they do not model) and relays the events to req.Stream.
-func (p *openAIProvider) stream(ctx context.Context, req Request) (*Response, error) {
-	wire, _, err := wireBody(req)
-	if err != nil {
-		return nil, p.refuse(err)
-	}
+func (p *openAIProvider) stream(ctx context.Context, req Request, wire []byte) (*Response, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, errTimeout)
 	defer cancel()
 	path := "/chat/completions"

@@ -35,16 +35,16 @@ func UnbelievableUsage(u Usage) string {
 // wireUsage is an answer's usage object: chat completions' and embeddings',
 // or the Responses API's (input_tokens, output_tokens).
 type wireUsage struct {
-	PromptTokens            int64             `json:"prompt_tokens"`
-	CompletionTokens        int64             `json:"completion_tokens"`
-	TotalTokens             int64             `json:"total_tokens"`
-	PromptTokensDetails     *cachedDetails    `json:"prompt_tokens_details"`
-	CompletionTokensDetails *reasoningDetails `json:"completion_tokens_details"`
+	PromptTokens            int64            `json:"prompt_tokens"`
+	CompletionTokens        int64            `json:"completion_tokens"`
+	TotalTokens             int64            `json:"total_tokens"`
+	PromptTokensDetails     cachedDetails    `json:"prompt_tokens_details"`
+	CompletionTokensDetails reasoningDetails `json:"completion_tokens_details"`
 
-	InputTokens         *int64            `json:"input_tokens"`
-	OutputTokens        *int64            `json:"output_tokens"`
-	InputTokensDetails  *cachedDetails    `json:"input_tokens_details"`
-	OutputTokensDetails *reasoningDetails `json:"output_tokens_details"`
+	InputTokens         *int64           `json:"input_tokens"`
+	OutputTokens        *int64           `json:"output_tokens"`
+	InputTokensDetails  cachedDetails    `json:"input_tokens_details"`
+	OutputTokensDetails reasoningDetails `json:"output_tokens_details"`
 }
 
 type cachedDetails struct {
@@ -62,12 +62,7 @@ func (w *wireUsage) usage() Usage {
 		u.PromptTokens, u.CompletionTokens = deref(w.InputTokens), deref(w.OutputTokens)
 		cached, reasoning = w.InputTokensDetails, w.OutputTokensDetails
 	}
-	if cached != nil {
-		u.CachedTokens = cached.CachedTokens
-	}
-	if reasoning != nil {
-		u.ReasoningTokens = reasoning.ReasoningTokens
-	}
+	u.CachedTokens, u.ReasoningTokens = cached.CachedTokens, reasoning.ReasoningTokens
 	return u
 }
 
