@@ -1,7 +1,7 @@
-// Command llmq-sim serves the simulated OpenAI-compatible provider of
-// internal/llm/sim on a local address (chat completions, the Responses API,
-// embeddings, files and batches), for integration tests, benchmarks and
-// trying llmq without a provider account. Point a provider's base_url at the
+// Command llmq-sim serves the simulated provider of internal/llm/sim on a
+// local address (OpenAI's chat completions, Responses API, embeddings, files
+// and batches; Anthropic's Messages API), for integration tests, benchmarks
+// and trying llmq without a provider account. Point a provider's base_url at the
 // URL it prints; GET /sim/stats and GET /sim/admissions show what it
 // admitted, GET /sim/bills what it billed for each call.
 package main
@@ -41,6 +41,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Int64Var(&cfg.Limits.TPM, "tpm", 0, "tokens per minute per model, prompt + max_tokens at admission (0: no limit)")
 	fs.Int64Var(&cfg.Limits.RPD, "rpd", 0, "requests per day per model (0: no limit)")
 	fs.Int64Var(&cfg.Limits.TPD, "tpd", 0, "tokens per day per model (0: no limit)")
+	fs.Int64Var(&cfg.Limits.ITPM, "itpm", 0,
+		"Anthropic's input tokens per minute per model, on /v1/messages: uncached input and cache writes, not cache reads (0: no limit)")
+	fs.Int64Var(&cfg.Limits.OTPM, "otpm", 0,
+		"Anthropic's output tokens per minute per model, on /v1/messages: max_tokens at admission, corrected to the output at the end (0: no limit)")
+	fs.Int64Var(&cfg.CacheMinTokens, "cache-min-tokens", 1024, "shortest prompt prefix a cache_control breakpoint caches on /v1/messages")
 	fs.BoolVar(&cfg.SharedBuckets, "shared", false, "one set of buckets for all models instead of one per model")
 	fs.Int64Var(&cfg.DefaultMaxTokens, "default-max-tokens", 4096, "tokens charged per choice when a request has no max_tokens")
 	fs.BoolVar(&cfg.WorstCase, "worst-case", false,
@@ -59,12 +64,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&cfg.ShortWindow.Period, "window", 0, "also enforce the per-minute limits over windows this long, e.g. 1s or 10s (0: none)")
 	fs.StringVar(&cfg.ShortWindow.Kind, "window-kind", sim.WindowBucket, "how -window counts: bucket (refilled continuously), fixed or sliding")
 	fs.BoolVar(&cfg.ShortWindow.RequestsOnly, "window-requests-only", false, "with -window, limit only requests over it (as Azure documents its RPM)")
-	fs.Float64Var(&cfg.Ramp.Growth, "ramp", 0, "limit how fast usage grows: at most this many times the previous 10 s window's tokens (0: no limit)")
+	fs.Float64Var(&cfg.Ramp.Growth, "ramp", 0,
+		"limit how fast usage grows, as Anthropic's acceleration limits: at most this many times the previous 10 s window's tokens (0: no limit)")
 	fs.DurationVar(&cfg.Latency, "latency", 0, "base time to answer an admitted request")
 	fs.DurationVar(&cfg.Jitter, "jitter", 0, "uniform random time added to -latency")
 	fs.DurationVar(&cfg.LatencyPerToken, "latency-per-token", 0, "time added per completion token")
 	fs.Float64Var(&cfg.Faults.Rate429, "rate-429", 0, "fraction of requests answered 429 although under the limits")
 	fs.Float64Var(&cfg.Faults.Rate500, "rate-500", 0, "fraction of requests answered 500")
+	fs.Float64Var(&cfg.Faults.Rate529, "rate-529", 0, "fraction of requests answered as an overloaded platform: 529 overloaded_error on /v1/messages, 503 elsewhere")
 	fs.Float64Var(&cfg.Faults.RateHang, "rate-hang", 0, "fraction of requests that hang")
 	fs.Float64Var(&cfg.Faults.OmitUsage, "omit-usage", 0, "fraction of answers that carry no usage")
 	fs.Float64Var(&cfg.Faults.StreamError, "stream-error", 0, "fraction of streamed answers that fail after their first content")
@@ -86,8 +93,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Float64Var(&cfg.Batch.FailRate, "batch-fail-rate", 0, "share of batches that fail (server_error) after validation, answering no line")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	var help strings.Builder
-	help.WriteString("usage: llmq-sim [FLAGS]\n  Serves the simulated OpenAI-compatible provider until SIGINT or SIGTERM:\n" +
-		"  /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/files and /v1/batches\n  (and Azure OpenAI's paths under /openai).\n\nFlags:\n")
+	help.WriteString("usage: llmq-sim [FLAGS]\n  Serves the simulated provider until SIGINT or SIGTERM:\n" +
+		"  /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/files and /v1/batches\n  (and Azure OpenAI's paths under /openai),\n" +
+		"  and Anthropic's /v1/messages (x-api-key and anthropic-version required).\n" +
+		"  To play Anthropic, set its limits: -rpm, -itpm and -otpm (and -ramp, -rate-529);\n" +
+		"  /v1/messages always answers with Anthropic's headers and errors.\n\nFlags:\n")
 	fs.SetOutput(&help)
 	fs.PrintDefaults()
 	if done, err := cmdline.ParseProgram(fs, args, stdout, help.String(), "llmq-sim"); done {
@@ -111,7 +121,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	url := "http://" + ln.Addr().String()
 	fmt.Fprintf(stdout, "llmq-sim listening on %s (OpenAI base URL %s/v1)\n", url, url)
-	logger.Info("llmq-sim started", "addr", ln.Addr().String(), "rpm", cfg.Limits.RPM, "tpm", cfg.Limits.TPM)
+	logger.Info("llmq-sim started", "addr", ln.Addr().String(), "rpm", cfg.Limits.RPM, "tpm", cfg.Limits.TPM,
+		"itpm", cfg.Limits.ITPM, "otpm", cfg.Limits.OTPM)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

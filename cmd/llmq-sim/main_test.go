@@ -28,7 +28,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-rpm", "1", "-tpm", "10000", "-seed", "3", "-embedding-dim", "4", "-log-level", "warn"}, pw)
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-rpm", "1", "-tpm", "10000", "-itpm", "5000", "-otpm", "1000", "-seed", "3", "-embedding-dim", "4", "-log-level", "warn"}, pw)
 		pw.Close()
 	}()
 	line, err := bufio.NewReader(pr).ReadString('\n')
@@ -65,6 +65,18 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&emb); err != nil || len(emb.Data) != 1 || len(emb.Data[0].Embedding) != 4 {
 		t.Errorf("embeddings: %v %+v", err, emb)
+	}
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", strings.NewReader(`{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("x-api-key", "k")
+	req.Header.Set("anthropic-version", "2023-06-01")
+	anth, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anth.Body.Close()
+	if anth.StatusCode != 200 || anth.Header.Get("anthropic-ratelimit-input-tokens-limit") != "5000" ||
+		anth.Header.Get("anthropic-ratelimit-output-tokens-limit") != "1000" || anth.Header.Get("anthropic-ratelimit-requests-remaining") != "0" {
+		t.Errorf("messages: %d %v", anth.StatusCode, anth.Header)
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -287,7 +299,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	}
 	for _, h := range []string{"-h", "--help", "help"} {
 		var out strings.Builder
-		if err := run(context.Background(), []string{h}, &out); err != nil || !strings.HasPrefix(out.String(), "usage: llmq-sim") || !strings.Contains(out.String(), "-tpm") {
+		if err := run(context.Background(), []string{h}, &out); err != nil || !strings.HasPrefix(out.String(), "usage: llmq-sim") || !strings.Contains(out.String(), "-tpm") ||
+			!strings.Contains(out.String(), "/v1/messages") || !strings.Contains(out.String(), "-itpm") || !strings.Contains(out.String(), "-rate-529") {
 			t.Errorf("%s: %v %q", h, err, out.String())
 		}
 	}

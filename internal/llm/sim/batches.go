@@ -684,6 +684,7 @@ const (
 	identMessage
 	identChat
 	identToolCall
+	identAnthropicMessage
 )
 
 // ident is the n-th identifier of a kind: prefix and 24 hex digits, unique

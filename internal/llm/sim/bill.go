@@ -2,9 +2,12 @@ package sim
 
 import (
 	"maps"
+	"math"
+	"math/big"
 	"time"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
 )
 
 // Bill is what the simulator billed for one call: every admitted call,
@@ -24,10 +27,21 @@ type Bill struct {
 	Model string `json:"model"`
 	// ServiceTier is the tier the call was served in: the one asked for,
 	// "default" for "auto" or none.
-	ServiceTier  string `json:"service_tier"`
-	InputTokens  int64  `json:"input_tokens"`
-	CachedTokens int64  `json:"cached_tokens"`
-	OutputTokens int64  `json:"output_tokens"`
+	ServiceTier string `json:"service_tier"`
+	// InputTokens is the prompt as the answer's usage counts it: all of it
+	// on OpenAI's APIs (CachedTokens of it from the cache), the part
+	// neither read from the cache nor written to it on Anthropic's
+	// (input_tokens; CachedTokens is then cache_read_input_tokens).
+	InputTokens  int64 `json:"input_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
+	// CacheWrite5mTokens and CacheWrite1hTokens are an Anthropic call's
+	// prompt written to the cache for five minutes and for the hour.
+	CacheWrite5mTokens int64 `json:"cache_write_5m_tokens,omitempty"`
+	CacheWrite1hTokens int64 `json:"cache_write_1h_tokens,omitempty"`
+	OutputTokens       int64 `json:"output_tokens"`
+	// Cost is the call at its model's price (Model.Price), rounded up to
+	// the micro-dollar; 0 for a model without one.
+	Cost money.Micros `json:"cost_micros"`
 	// ToolCalls counts the built-in tool calls the answer made, by kind:
 	// "web_search", "file_search", "code_interpreter", "image_generation".
 	// Nil when it made none.
@@ -64,10 +78,11 @@ func (s *Server) Bills() []Bill {
 	return out
 }
 
-// record counts b in the stats and the bill log.
+// record prices b and counts it in the stats and the bill log.
 func (s *Server) record(b Bill) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	b.Cost = cost(s.models[b.Model].Price, &b)
 	s.stats.PromptTokens += b.InputTokens
 	s.stats.CompletionTokens += b.OutputTokens
 	s.bills.add(b)
@@ -115,4 +130,45 @@ func (s *Server) respond(c *call, n uint64, now time.Time) ([]byte, Bill) {
 		return s.responsesResponse(c, n, now, &b, calls), b
 	}
 	return s.chatResponse(c, n, now, &b, completions), b
+}
+
+// cost is bill b at price p, rounded up to the micro-dollar: a call to
+// OpenAI's APIs by money.Price.Cost; an Anthropic call's uncached input at
+// the input price, its cache writes at 1.25 times it (five minutes) or 2
+// times (the hour), its cache reads at CachedInputPerMTok, else a tenth of
+// the input price, as Anthropic prices prompt caching; a batch line at
+// p.Batch().
+func cost(p money.Price, b *Bill) money.Micros {
+	if b.Batch {
+		p = p.Batch()
+	}
+	if b.Endpoint != EndpointMessages {
+		return p.Cost(b.InputTokens, b.CachedTokens, b.OutputTokens)
+	}
+	// Twenty times micro-dollars per million tokens, so that every
+	// multiplier is whole: 1 = 20/20, 1.25 = 25/20, 2 = 40/20, 0.1 = 2/20.
+	in, out := big.NewInt(int64(p.InputPerMTok)), big.NewInt(int64(p.OutputPerMTok))
+	num := new(big.Int)
+	add := func(tokens int64, factor int64, price *big.Int) {
+		t := new(big.Int).Mul(big.NewInt(tokens*factor), price)
+		num.Add(num, t)
+	}
+	add(b.InputTokens, 20, in)
+	add(b.CacheWrite5mTokens, 25, in)
+	add(b.CacheWrite1hTokens, 40, in)
+	if p.CachedInputPerMTok > 0 {
+		add(b.CachedTokens, 20, big.NewInt(int64(p.CachedInputPerMTok)))
+	} else {
+		add(b.CachedTokens, 2, in)
+	}
+	add(b.OutputTokens, 20, out)
+	den := big.NewInt(20 * 1_000_000)
+	q, r := new(big.Int).QuoRem(num, den, new(big.Int))
+	if r.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() {
+		return math.MaxInt64
+	}
+	return money.Micros(q.Int64())
 }

@@ -130,6 +130,7 @@ func (s *Server) serveSetFaults(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Rate429       float64 `json:"rate_429"`
 		Rate500       float64 `json:"rate_500"`
+		Rate529       float64 `json:"rate_529"`
 		RateHang      float64 `json:"rate_hang"`
 		OmitUsage     float64 `json:"omit_usage"`
 		StreamError   float64 `json:"stream_error"`
@@ -137,10 +138,10 @@ func (s *Server) serveSetFaults(w http.ResponseWriter, r *http.Request) {
 		RetryAfter429 string  `json:"retry_after_429"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		apiError(w, http.StatusBadRequest, "the body must be {\"rate_429\", \"rate_500\", \"rate_hang\", \"omit_usage\", \"stream_error\", \"hang_for\", \"retry_after_429\"}: "+err.Error(), "invalid_request_error", "", "")
+		apiError(w, http.StatusBadRequest, "the body must be {\"rate_429\", \"rate_500\", \"rate_529\", \"rate_hang\", \"omit_usage\", \"stream_error\", \"hang_for\", \"retry_after_429\"}: "+err.Error(), "invalid_request_error", "", "")
 		return
 	}
-	f := Faults{Rate429: req.Rate429, Rate500: req.Rate500, RateHang: req.RateHang, OmitUsage: req.OmitUsage, StreamError: req.StreamError}
+	f := Faults{Rate429: req.Rate429, Rate500: req.Rate500, Rate529: req.Rate529, RateHang: req.RateHang, OmitUsage: req.OmitUsage, StreamError: req.StreamError}
 	for _, d := range []struct {
 		name string
 		s    string

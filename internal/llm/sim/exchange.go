@@ -34,8 +34,13 @@ type Exchange struct {
 	unused   int64 // what a refund gives back
 	// completion is the output tokens of an admitted request.
 	completion int64
-	n          uint64
-	finished   bool
+	// anthropic marks a call to Anthropic's Messages API: its headers are
+	// Anthropic's, and outputReturn (max_tokens less its output) goes back
+	// to the OTPM bucket when it ends.
+	anthropic    bool
+	outputReturn int64
+	n            uint64
+	finished     bool
 }
 
 // Latency is how long the call takes between Begin and Finish; 0 for a
@@ -47,8 +52,9 @@ func (x *Exchange) Admitted() bool { return x.admitted }
 
 // Finish completes the exchange at the simulator's now and returns the
 // answer: the refund of the unused tokens is due now (or RefundDelay after),
-// and with HeadersAtCompletion the rate-limit headers are computed now. A
-// second Finish returns the same answer and changes nothing.
+// an Anthropic call's OTPM charge is corrected to its real output, and with
+// HeadersAtCompletion the rate-limit headers are computed now. A second
+// Finish returns the same answer and changes nothing.
 func (x *Exchange) Finish() (status int, header http.Header, body []byte) {
 	if x.admitted && !x.finished {
 		s := x.s
@@ -59,10 +65,22 @@ func (x *Exchange) Finish() (status int, header http.Header, body []byte) {
 		if s.cfg.Refund && x.unused > 0 {
 			s.refundLocked(b, refund{at: now.Add(s.cfg.RefundDelay), tokens: x.unused, seq: x.seq}, now)
 		}
+		if x.outputReturn > 0 {
+			// As Anthropic documents OTPM: max_tokens at admission, the
+			// estimate corrected at the end of the request.
+			b.otpm.give(x.outputReturn, now)
+			if e := s.log.get(x.seq); e != nil {
+				e.OutputReturned = x.outputReturn
+			}
+		}
 		if s.cfg.HeadersAt == HeadersAtCompletion {
 			v := verdict{outcome: Admitted}
-			v.snapshot(b, 1, 0, now)
-			s.setRateHeaders(x.header, &v, x.n)
+			v.snapshot(b, charge{}, now)
+			if x.anthropic {
+				s.setAnthropicHeaders(x.header, &v, x.n)
+			} else {
+				s.setRateHeaders(x.header, &v, x.n)
+			}
 		}
 		s.mu.Unlock()
 	}
@@ -78,10 +96,10 @@ func (x *Exchange) answer(status int, message, typ, param, code string) *Exchang
 }
 
 // Begin decides a request to endpoint (llm.EndpointChat,
-// llm.EndpointResponses or llm.EndpointEmbeddings) with body at the
-// simulator's now: a 400 or 404 for a body it refuses, a fault, a 429, or
-// admission, which charges the buckets, draws the answer and the latency,
-// and bills the call.
+// llm.EndpointResponses, llm.EndpointEmbeddings or EndpointMessages) with
+// body at the simulator's now: a 400 or 404 for a body it refuses, a fault,
+// a 429, or admission, which charges the buckets, draws the answer and the
+// latency, and bills the call.
 func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 	return s.begin(endpoint, body, false)
 }
@@ -89,6 +107,9 @@ func (s *Server) Begin(endpoint string, body []byte) *Exchange {
 // begin is Begin for a call whose answer is streamed when stream is set
 // (the body without stream and stream_options): its bill says so.
 func (s *Server) begin(endpoint string, body []byte, stream bool) *Exchange {
+	if endpoint == EndpointMessages {
+		return s.beginMessages(body, stream)
+	}
 	x := &Exchange{s: s, header: http.Header{}}
 	c, bad := s.prepare(endpoint, body)
 	if bad != nil {
@@ -103,7 +124,7 @@ func (s *Server) begin(endpoint string, body []byte, stream bool) *Exchange {
 		return x.refuse(bad)
 	}
 	now := s.cfg.Now()
-	v := s.admit(c.p.Model, c.tokens, now, s.draw(n, drawFault))
+	v := s.admit(c.p.Model, charge{tokens: c.tokens}, now, s.draw(n, drawFault))
 	if endpoint == llm.EndpointResponses {
 		s.count(func(st *Stats) { st.Responses++ })
 	}
@@ -114,6 +135,8 @@ func (s *Server) begin(endpoint string, body []byte, stream bool) *Exchange {
 		return x.answer(http.StatusTooManyRequests, v.message, v.kind, "", "rate_limit_exceeded")
 	case Error500:
 		return x.answer(http.StatusInternalServerError, "The server had an error while processing your request. Sorry about that!", "server_error", "", "")
+	case Overloaded:
+		return x.answer(http.StatusServiceUnavailable, "The engine is currently overloaded, please try again later.", "server_error", "", "")
 	case Hung:
 		x.hang, x.hangFor = true, v.hangFor
 		return x
@@ -293,7 +316,7 @@ func (s *Server) advanceLocked(b *buckets, now time.Time) {
 		b.refunds = b.refunds[1:]
 		s.refundLocked(b, r, r.at)
 	}
-	for _, bk := range []*bucket{&b.rpm, &b.tpm, &b.rpd, &b.tpd} {
+	for _, bk := range []*bucket{&b.rpm, &b.tpm, &b.rpd, &b.tpd, &b.itpm, &b.otpm} {
 		bk.refill(now)
 	}
 	s.externalLocked(b, now)

@@ -14,7 +14,8 @@ import (
 )
 
 // Handler serves the OpenAI API (POST /v1/chat/completions, POST
-// /v1/responses, POST /v1/embeddings, GET /v1/models), the Responses API's
+// /v1/responses, POST /v1/embeddings, GET /v1/models), Anthropic's Messages
+// API (POST /v1/messages, with x-api-key and anthropic-version), the Responses API's
 // stored responses (GET and DELETE /v1/responses/{id}, POST
 // /v1/responses/{id}/cancel), the same calls as Azure OpenAI takes them (POST
 // /openai/deployments/{deployment}/chat/completions?api-version=…, the
@@ -34,8 +35,8 @@ import (
 //	                              answered
 //	GET  /sim/admissions[?after=N] the admission log after entry N
 //	GET  /sim/bills   the bill log (Server.Bills)
-//	POST /sim/limits  {"model"?, "rpm", "tpm", "rpd", "tpd"}
-//	POST /sim/faults  {"rate_429", "rate_500", "rate_hang", "omit_usage", "stream_error", "hang_for": "5s", "retry_after_429": "1s"}
+//	POST /sim/limits  {"model"?, "rpm", "tpm", "rpd", "tpd", "itpm", "otpm"}
+//	POST /sim/faults  {"rate_429", "rate_500", "rate_529", "rate_hang", "omit_usage", "stream_error", "hang_for": "5s", "retry_after_429": "1s"}
 //	POST /sim/mode    {"worst_case": true}
 //	POST /sim/reset   clears stats and logs, refills buckets
 //
@@ -47,6 +48,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST "+llm.EndpointResponses, s.serveCompletion)
 	mux.HandleFunc("POST "+llm.EndpointEmbeddings, s.serveCompletion)
 	mux.HandleFunc("GET /v1/models", s.serveModels)
+	mux.HandleFunc("POST "+EndpointMessages, s.serveMessages)
 	// Azure OpenAI: a deployment's paths, and the v1 API's.
 	mux.HandleFunc("POST /openai/deployments/{deployment}/chat/completions", s.serveAzureDeployment)
 	mux.HandleFunc("POST /openai/deployments/{deployment}/embeddings", s.serveAzureDeployment)
@@ -70,6 +72,16 @@ func (s *Server) Handler() http.Handler {
 	}
 	// One check before every path, so no route can be added without it.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, EndpointMessages) {
+			// Anthropic's key, in its header, refused in its shape.
+			if !s.keyMatches(r.Header.Get("x-api-key")) {
+				s.count(func(st *Stats) { st.Unauthorized++ })
+				anthropicError(w, http.StatusUnauthorized, "authentication_error", "invalid x-api-key", "")
+				return
+			}
+			mux.ServeHTTP(w, r)
+			return
+		}
 		if !s.authorized(r) {
 			s.count(func(st *Stats) { st.Unauthorized++ })
 			apiError(w, http.StatusUnauthorized, "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
@@ -159,7 +171,13 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "stream", "")
 		return
 	}
-	x := s.begin(r.URL.Path, body, stream)
+	s.deliver(w, r, s.begin(r.URL.Path, body, stream), stream, includeUsage)
+}
+
+// deliver answers exchange x: streamed when stream is set and it was
+// admitted, else whole after its latency, or not until the client gives up
+// for a hung one.
+func (s *Server) deliver(w http.ResponseWriter, r *http.Request, x *Exchange, stream, includeUsage bool) {
 	if stream && x.admitted {
 		s.serveStream(w, r, x, includeUsage)
 		return
@@ -225,7 +243,12 @@ func (s *Server) authorized(r *http.Request) bool {
 	if !ok {
 		got = r.Header.Get("api-key")
 	}
-	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.APIKey)) == 1
+	return s.keyMatches(got)
+}
+
+// keyMatches says whether key is Config.APIKey.
+func (s *Server) keyMatches(key string) bool {
+	return key != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1
 }
 
 func (s *Server) count(f func(*Stats)) {

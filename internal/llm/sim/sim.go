@@ -1,19 +1,29 @@
-// Package sim is a simulated OpenAI-compatible provider for tests, benchmarks
-// and llmq's embedded default. It serves chat completions, the Responses API
-// (plain and streamed, stored responses, previous_response_id), embeddings,
-// the model list, and the Files and Batches endpoints (BatchConfig) with
-// OpenAI's shapes, and enforces requests- and tokens-per-minute (and optionally
-// per-day) limits the way OpenAI does: continuously refilled token buckets
-// that charge prompt tokens plus max_tokens at admission and get the unused
-// part back when the call completes, 429s with OpenAI's error body and
-// rate-limit headers. Latency, spurious 429s, 500s and hung requests are
+// Package sim is a simulated provider for tests, benchmarks and llmq's
+// embedded default. It plays OpenAI (and Azure OpenAI): chat completions,
+// the Responses API (plain and streamed, stored responses,
+// previous_response_id), embeddings, the model list, and the Files and
+// Batches endpoints (BatchConfig) with OpenAI's shapes, and enforces
+// requests- and tokens-per-minute (and optionally per-day) limits the way
+// OpenAI does: continuously refilled token buckets that charge prompt tokens
+// plus max_tokens at admission and get the unused part back when the call
+// completes, 429s with OpenAI's error body and rate-limit headers. It plays
+// Anthropic too, on POST /v1/messages (EndpointMessages): the Messages API's
+// request and response shapes, whole and streamed as Anthropic's event
+// sequence, its errors, its limits per model (Limits.ITPM and OTPM: cache
+// reads free of ITPM, OTPM charged max_tokens and corrected when the call
+// ends), its anthropic-ratelimit-* headers on every answer, its prompt cache
+// (cache_control breakpoints, written and read on the simulator's clock),
+// its 529 overloaded_error (Faults.Rate529) and its acceleration limits
+// (Config.Ramp). Latency, spurious 429s, 500s, 529s and hung requests are
 // configurable and deterministic for a seed, and every request that reaches
 // the limiter is logged, so tests can check that a client never pushed the
 // provider past its limits and waited for the resets it was told. Every call
-// it serves is billed in a log of its own (Bill), and in worst-case mode
-// (Config.WorstCase) it bills each call the most a provider may, reading
-// what decides the bill from the body itself, as OpenAI does, so tests can
-// check llmq's reservations and charges against an independent reader.
+// it serves is billed in a log of its own (Bill; priced when its model has a
+// Model.Price, Anthropic's cache writes and reads at their own prices), and
+// in worst-case mode (Config.WorstCase) it bills each call the most a
+// provider may, reading what decides the bill from the body itself, as
+// OpenAI does, so tests can check llmq's reservations and charges against an
+// independent reader.
 package sim
 
 import (
@@ -31,6 +41,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
 )
 
 // Limits are one model's rate limits. 0 means no such limit.
@@ -39,9 +50,22 @@ type Limits struct {
 	TPM int64 `json:"tpm"`
 	RPD int64 `json:"rpd"`
 	TPD int64 `json:"tpd"`
+	// ITPM and OTPM are Anthropic's input and output tokens per minute,
+	// charged by its Messages API only: ITPM the uncached input and the
+	// cache writes (cache reads are free of it), OTPM max_tokens at
+	// admission, corrected to the real output when the call ends.
+	ITPM int64 `json:"itpm"`
+	OTPM int64 `json:"otpm"`
 }
 
 func (l Limits) isZero() bool { return l == Limits{} }
+
+func (l Limits) validate(name string) error {
+	if l.RPM < 0 || l.TPM < 0 || l.RPD < 0 || l.TPD < 0 || l.ITPM < 0 || l.OTPM < 0 {
+		return fmt.Errorf("sim: %s must not be negative, got %+v", name, l)
+	}
+	return nil
+}
 
 // External is an application outside the simulator's clients that uses the
 // same account: it sends calls of CallTokens tokens (one request each) at TPM
@@ -92,7 +116,9 @@ const (
 // Ramp limits how fast a provider lets usage grow (Anthropic's
 // "acceleration limits" on sharp increases): in each 10 s window of its
 // clock it admits at most Growth times the tokens it admitted in the window
-// before, and never less than Floor of the TPM's share of 10 s.
+// before, and never less than Floor of the TPM's share of 10 s (of ITPM +
+// OTPM for a model with no TPM: Anthropic's limits). A sharp ramp thus meets
+// 429s although under the per-minute limits.
 type Ramp struct {
 	// Growth is the most one window's tokens may be of the previous one's.
 	// 0 means no ramp limit.
@@ -116,6 +142,12 @@ type Model struct {
 	// exceed it is refused with OpenAI's 400 context_length_exceeded,
 	// before admission.
 	ContextWindow int64
+	// Price, when set, prices each of the model's calls in its bill
+	// (Bill.Cost): OpenAI's calls by money.Price.Cost, Anthropic's with
+	// cache writes at 1.25 times the input price (2 times for the hour's
+	// cache) and reads at a tenth (CachedInputPerMTok when set); batch
+	// lines at Price.Batch(). Defaults to no price: Bill.Cost is 0.
+	Price money.Price
 }
 
 // Faults are the failures the simulator injects, each decided per request
@@ -127,6 +159,11 @@ type Faults struct {
 	// Rate500 is the fraction answered with a 500 and OpenAI's error body.
 	// Defaults to 0.
 	Rate500 float64 `json:"rate_500"`
+	// Rate529 is the fraction answered as a platform too busy for anyone,
+	// not the account: Anthropic's 529 overloaded_error on its Messages
+	// API, OpenAI's 503 elsewhere. Like every fault it charges nothing.
+	// Defaults to 0.
+	Rate529 float64 `json:"rate_529"`
 	// RateHang is the fraction that get no answer until the client gives up
 	// or HangFor passes. Defaults to 0.
 	RateHang float64 `json:"rate_hang"`
@@ -151,13 +188,13 @@ func (f Faults) validate() error {
 	for _, r := range []struct {
 		name string
 		v    float64
-	}{{"Rate429", f.Rate429}, {"Rate500", f.Rate500}, {"RateHang", f.RateHang}, {"OmitUsage", f.OmitUsage}, {"StreamError", f.StreamError}} {
+	}{{"Rate429", f.Rate429}, {"Rate500", f.Rate500}, {"Rate529", f.Rate529}, {"RateHang", f.RateHang}, {"OmitUsage", f.OmitUsage}, {"StreamError", f.StreamError}} {
 		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
 			return fmt.Errorf("sim: Faults.%s must be within [0, 1], got %v", r.name, r.v)
 		}
 	}
-	if s := f.Rate429 + f.Rate500 + f.RateHang; s > 1+1e-9 {
-		return fmt.Errorf("sim: Faults.Rate429 + Rate500 + RateHang must be at most 1, got %v", s)
+	if s := f.Rate429 + f.Rate500 + f.Rate529 + f.RateHang; s > 1+1e-9 {
+		return fmt.Errorf("sim: Faults.Rate429 + Rate500 + Rate529 + RateHang must be at most 1, got %v", s)
 	}
 	if f.HangFor < 0 {
 		return fmt.Errorf("sim: Faults.HangFor must not be negative, got %v", f.HangFor)
@@ -285,6 +322,11 @@ type Config struct {
 	// /v1/responses/{id} and previous_response_id, the most recent ones.
 	// Defaults to 10000.
 	StoredResponses int
+	// CacheMinTokens is the shortest prompt prefix Anthropic's Messages API
+	// caches at a cache_control breakpoint; shorter prefixes are neither
+	// written nor read. Defaults to 1024, the minimum Anthropic documents
+	// for most of its models.
+	CacheMinTokens int64
 	// Batch configures the Files and Batches endpoints (OpenAI's Batch
 	// API): how fast batches run, their queue limits, and how they expire
 	// or fail. Its defaults complete a batch of a few thousand lines within
@@ -294,17 +336,11 @@ type Config struct {
 
 // Validate reports the first invalid field of c, by name.
 func (c Config) Validate() error {
-	checkLimits := func(name string, l Limits) error {
-		if l.RPM < 0 || l.TPM < 0 || l.RPD < 0 || l.TPD < 0 {
-			return fmt.Errorf("sim: %s must not be negative, got %+v", name, l)
-		}
-		return nil
-	}
-	if err := checkLimits("Config.Limits", c.Limits); err != nil {
+	if err := c.Limits.validate("Config.Limits"); err != nil {
 		return err
 	}
 	for name, m := range c.Models {
-		if err := checkLimits("Config.Models["+name+"].Limits", m.Limits); err != nil {
+		if err := m.Limits.validate("Config.Models[" + name + "].Limits"); err != nil {
 			return err
 		}
 		if m.DefaultMaxTokens < 0 {
@@ -328,6 +364,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: Config.CompletionMin and CompletionMax must satisfy 0 ≤ min ≤ max ≤ 1, got %v and %v", c.CompletionMin, c.CompletionMax)
 	case c.EmbeddingDim < 0 || c.EmbeddingDim > maxEmbeddingDim:
 		return fmt.Errorf("sim: Config.EmbeddingDim must be within [1, %d], got %d", maxEmbeddingDim, c.EmbeddingDim)
+	case c.CacheMinTokens < 0:
+		return fmt.Errorf("sim: Config.CacheMinTokens must not be negative, got %d", c.CacheMinTokens)
 	case c.LogSize < 0:
 		return fmt.Errorf("sim: Config.LogSize must not be negative, got %d", c.LogSize)
 	case c.StoredResponses < 0:
@@ -411,6 +449,9 @@ func (c *Config) setDefaults() {
 	if c.RetryAfter == "" {
 		c.RetryAfter = RetryAfterMS
 	}
+	if c.CacheMinTokens == 0 {
+		c.CacheMinTokens = 1024
+	}
 	if c.Ramp.Growth > 0 && c.Ramp.Floor == 0 {
 		c.Ramp.Floor = 0.25
 	}
@@ -440,12 +481,15 @@ type Server struct {
 
 	bat       *batchStore    // files and batches, under their own lock
 	responses *responseStore // stored responses, under their own lock
+	prompts   *promptCache   // Anthropic's cached prompt prefixes, under their own lock
 }
 
 // buckets are one model's (or, shared, every model's) limits, with the
 // refunds still to come and the external application's backlog.
 type buckets struct {
 	rpm, tpm, rpd, tpd bucket
+	// itpm and otpm are Anthropic's input and output token buckets.
+	itpm, otpm bucket
 	// shortReq and shortTok count the per-minute limits over
 	// Config.ShortWindow; nil when there is none.
 	shortReq, shortTok *window
@@ -486,6 +530,7 @@ func New(cfg Config) *Server {
 		bills:     newRing[Bill](cfg.LogSize),
 		bat:       newBatchStore(cfg.Batch),
 		responses: newResponseStore(cfg.StoredResponses),
+		prompts:   newPromptCache(),
 	}
 	s.worstCase.Store(cfg.WorstCase)
 	return s
@@ -511,8 +556,8 @@ func (s *Server) SetLimits(rpm, tpm int64) {
 // SetModelLimits sets the limits of one model ("" for the defaults of every
 // model without limits of its own).
 func (s *Server) SetModelLimits(model string, l Limits) error {
-	if l.RPM < 0 || l.TPM < 0 || l.RPD < 0 || l.TPD < 0 {
-		return fmt.Errorf("sim: limits must not be negative, got %+v", l)
+	if err := l.validate("limits"); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -551,6 +596,8 @@ func (s *Server) setLimitsLocked(model string, l Limits) {
 		b.tpm.setLimit(nl.TPM, now)
 		b.rpd.setLimit(nl.RPD, now)
 		b.tpd.setLimit(nl.TPD, now)
+		b.itpm.setLimit(nl.ITPM, now)
+		b.otpm.setLimit(nl.OTPM, now)
 		b.shortReq, b.shortTok = s.shortWindows(nl, now)
 	}
 }

@@ -21,6 +21,9 @@ const (
 	Spurious429 Outcome = "spurious_429"
 	// Error500: a configured fault; 500, nothing charged.
 	Error500 Outcome = "error_500"
+	// Overloaded: a configured fault; 529 (503 on OpenAI's paths), the
+	// platform busy, nothing charged.
+	Overloaded Outcome = "overloaded"
 	// Hung: a configured fault; no answer until the client gave up (or
 	// HangFor passed, then 504), nothing charged.
 	Hung Outcome = "hung"
@@ -37,9 +40,18 @@ type Admission struct {
 	// was admitted.
 	Requests int64 `json:"requests"`
 	// Tokens is what the request asked of the token buckets: prompt tokens
-	// plus max_tokens for every choice. Charged only when admitted.
-	Tokens  int64   `json:"tokens"`
-	Outcome Outcome `json:"outcome"`
+	// plus max_tokens for every choice (of an Anthropic call, its input but
+	// cache reads, plus max_tokens). Charged only when admitted.
+	Tokens int64 `json:"tokens"`
+	// InputTokens and OutputTokens are what an Anthropic call asked of the
+	// ITPM and OTPM buckets: its uncached input and cache writes, and
+	// max_tokens; 0 for OpenAI's calls.
+	InputTokens  int64 `json:"input_tokens,omitempty"`
+	OutputTokens int64 `json:"output_tokens,omitempty"`
+	// OutputReturned is what an Anthropic call gave back to the OTPM
+	// bucket when it ended: max_tokens less its output.
+	OutputReturned int64   `json:"output_returned,omitempty"`
+	Outcome        Outcome `json:"outcome"`
 	// RetryAfter is the wait a 429 announced (retry-after-ms); 0 otherwise,
 	// or when the request can never fit.
 	RetryAfter time.Duration `json:"retry_after_ns"`
@@ -55,7 +67,10 @@ type Stats struct {
 	// API and embeddings that reached the limiter.
 	Requests int64 `json:"requests"`
 	// Responses is the part of Requests that went to the Responses API.
-	Responses   int64 `json:"responses"`
+	Responses int64 `json:"responses"`
+	// Messages is the part of Requests that went to Anthropic's Messages
+	// API.
+	Messages    int64 `json:"messages"`
 	Admitted    int64 `json:"admitted"`
 	RateLimited int64 `json:"rate_limited"`
 	// RateLimitedShort is the part of RateLimited that the minute's
@@ -63,6 +78,7 @@ type Stats struct {
 	RateLimitedShort int64 `json:"rate_limited_short"`
 	Spurious429      int64 `json:"spurious_429"`
 	Errors500        int64 `json:"errors_500"`
+	Overloaded       int64 `json:"overloaded"`
 	Hung             int64 `json:"hung"`
 	// BadRequests were refused with 400 (invalid body) or 404 (unknown model).
 	BadRequests int64 `json:"bad_requests"`

@@ -138,9 +138,12 @@ func chatEvents(body []byte, includeUsage bool) (*events, error) {
 func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, x *Exchange, includeUsage bool) {
 	var ev *events
 	var err error
-	if x.endpoint == llm.EndpointResponses {
+	switch x.endpoint {
+	case EndpointMessages:
+		ev, err = messageEvents(x.body)
+	case llm.EndpointResponses:
 		ev, err = responsesEvents(x.body, s.draw(x.n, drawNoise+4) < 0.5)
-	} else {
+	default:
 		ev, err = chatEvents(x.body, includeUsage)
 	}
 	if err != nil {
