@@ -376,12 +376,12 @@ func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
 	if !ok {
 		var dearest money.Micros
 		for _, q := range prices(price, s.ServiceTier) {
-			if c := q.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens); c >= dearest {
+			if c := q.Cost(money.Tokens{Prompt: u.PromptTokens, Cached: u.CachedTokens, Completion: u.CompletionTokens}); c >= dearest {
 				dearest, p = c, q
 			}
 		}
 	}
-	cost := p.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
+	cost := p.Cost(money.Tokens{Prompt: u.PromptTokens, Cached: u.CachedTokens, Completion: u.CompletionTokens})
 	calls := u.ToolCalls
 	if s.Endpoint == llm.EndpointChat && len(s.Tools) > 0 {
 		calls = map[string]int64{s.Tools[0]: 1}
