@@ -14,14 +14,15 @@ const (
 	EndpointChat       = "/v1/chat/completions"
 	EndpointEmbeddings = "/v1/embeddings"
 	EndpointResponses  = "/v1/responses"
+	EndpointMessages   = "/v1/messages" // Anthropic's Messages API
 )
 
 // EndpointList names the endpoints for messages.
-const EndpointList = "'" + EndpointChat + "', '" + EndpointResponses + "' or '" + EndpointEmbeddings + "'"
+const EndpointList = "'" + EndpointChat + "', '" + EndpointResponses + "', '" + EndpointEmbeddings + "' or '" + EndpointMessages + "'"
 
 // KnownEndpoint reports whether llmq dispatches endpoint.
 func KnownEndpoint(endpoint string) bool {
-	return endpoint == EndpointChat || endpoint == EndpointEmbeddings || endpoint == EndpointResponses
+	return endpoint == EndpointChat || endpoint == EndpointEmbeddings || endpoint == EndpointResponses || endpoint == EndpointMessages
 }
 
 // Request is one provider call.
@@ -45,6 +46,9 @@ type Usage struct {
 	CompletionTokens int64
 	TotalTokens      int64
 	CachedTokens     int64 // of PromptTokens, served from the prompt cache
+	// CacheWrite5mTokens and CacheWrite1hTokens are of PromptTokens, written
+	// to the prompt cache for five minutes and for the hour (Anthropic's).
+	CacheWrite5mTokens, CacheWrite1hTokens int64
 	ReasoningTokens  int64 // of CompletionTokens
 	ServiceTier      string
 	ToolCalls        map[string]int64 // a Responses API answer's built-in tool calls, by kind
@@ -54,7 +58,7 @@ type Usage struct {
 type Response struct {
 	StatusCode int
 	Body       json.RawMessage // byte for byte as the provider sent it
-	RequestID  string          // the provider's x-request-id
+	RequestID  string          // the provider's x-request-id (Anthropic's request-id)
 	Usage      Usage
 	RateLimit  RateLimit
 	Chunks     int // the events a streamed answer relayed

@@ -190,8 +190,8 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 // cannot hold is sent as it is, and its reasoning-model checks see no
 // parameters, so the provider judges them.
 func wireBody(req Request) (wire []byte, model string, err error) {
-	if req.Stream != nil && req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
-		return nil, "", invalid("stream", "'stream' is only supported for %s and %s", EndpointChat, EndpointResponses)
+	if req.Stream != nil && req.Endpoint == EndpointEmbeddings {
+		return nil, "", invalid("stream", "'stream' is not supported for %s", EndpointEmbeddings)
 	}
 	var fields map[string]json.RawMessage
 	if err := unmarshal(req.Body, &fields); err != nil || fields == nil {
@@ -241,11 +241,13 @@ var reasoningPrefixes = []string{"o1", "o3", "o4", "gpt-5"}
 // OutputField is the member that states an output limit in a body for
 // endpoint to model: on chat completions max_completion_tokens for a
 // reasoning model, which refuses max_tokens, else max_tokens, which every
-// server takes. "" for embeddings.
+// server takes; the Messages API's max_tokens. "" for embeddings.
 func OutputField(endpoint, model string) string {
 	switch endpoint {
 	case EndpointResponses:
 		return "max_output_tokens"
+	case EndpointMessages:
+		return "max_tokens"
 	case EndpointChat:
 		m := normalizeModel(model)
 		if slices.ContainsFunc(reasoningPrefixes, func(p string) bool { return strings.HasPrefix(m, p) }) {
