@@ -117,8 +117,8 @@ type Provider struct {
 	// to DefaultAnthropicVersion for kind anthropic.
 	APIVersion string
 	// BaseURL is e.g. https://api.openai.com/v1, https://<resource>.openai.azure.com
-	// for Azure, or Anthropic's API root (its SDKs' base URL, without /v1).
-	// Defaults to DefaultAnthropicBaseURL for kind anthropic.
+	// for Azure, or Anthropic's API root (its SDKs' base URL; a trailing /v1
+	// is dropped). Defaults to DefaultAnthropicBaseURL for kind anthropic.
 	BaseURL          string
 	APIKeyEnv        string        // the environment variable holding the API key; empty for none
 	Timeout          time.Duration // of one call, > 0. Defaults to 60s.
@@ -413,11 +413,11 @@ type rawPrice struct {
 	CachedInputPerMTok  *float64                `yaml:"cached_input_per_mtok"`
 	CacheWrite5mPerMTok *float64                `yaml:"cache_write_5m_per_mtok"`
 	CacheWrite1hPerMTok *float64                `yaml:"cache_write_1h_per_mtok"`
-	BatchInputPerMTok  *float64                `yaml:"batch_input_per_mtok"`
-	BatchOutputPerMTok *float64                `yaml:"batch_output_per_mtok"`
-	ServiceTierPrices  map[string]*rawPrice    `yaml:"service_tier_prices"`
-	AutoServiceTier    string                  `yaml:"auto_service_tier"`
-	ToolPrices         map[string]rawToolPrice `yaml:"tool_prices"`
+	BatchInputPerMTok   *float64                `yaml:"batch_input_per_mtok"`
+	BatchOutputPerMTok  *float64                `yaml:"batch_output_per_mtok"`
+	ServiceTierPrices   map[string]*rawPrice    `yaml:"service_tier_prices"`
+	AutoServiceTier     string                  `yaml:"auto_service_tier"`
+	ToolPrices          map[string]rawToolPrice `yaml:"tool_prices"`
 }
 
 type rawToolPrice struct {

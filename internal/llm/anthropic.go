@@ -16,8 +16,10 @@ import (
 
 // AnthropicConfig configures a provider of Anthropic's Messages API.
 type AnthropicConfig struct {
-	Name    string // the provider's name in the policy file; defaults to "anthropic"
-	BaseURL string // the API root, without /v1 (as Anthropic's SDKs take it); defaults to Anthropic's
+	Name string // the provider's name in the policy file; defaults to "anthropic"
+	// BaseURL is the API root, as Anthropic's SDKs take it (a trailing /v1
+	// is dropped). Defaults to Anthropic's.
+	BaseURL string
 	APIKey  string // sent as x-api-key; never appears in errors
 	// Version is the anthropic-version header. Defaults to 2023-06-01.
 	Version string
@@ -52,7 +54,7 @@ type anthropicProvider struct {
 func NewAnthropic(cfg AnthropicConfig) Provider {
 	return &anthropicProvider{
 		conn:    newConn(cmp.Or(cfg.Name, "anthropic"), cfg.APIKey, cfg.Timeout, cfg.MaxResponseBytes, cfg.HTTPClient),
-		baseURL: strings.TrimRight(cmp.Or(cfg.BaseURL, defaultAnthropicBaseURL), "/"),
+		baseURL: strings.TrimSuffix(strings.TrimRight(cmp.Or(cfg.BaseURL, defaultAnthropicBaseURL), "/"), "/v1"),
 		version: cmp.Or(cfg.Version, defaultAnthropicVersion),
 	}
 }
@@ -176,7 +178,7 @@ func (p *anthropicProvider) stream(ctx context.Context, req Request, resp *http.
 		}
 		data = bytes.TrimSpace(data)
 		var ev struct {
-			Type    string          `json:"type"`
+			Type    string `json:"type"`
 			Message *struct {
 				Usage *anthropicUsage `json:"usage"`
 			} `json:"message"`

@@ -1,5 +1,6 @@
 // Package llm owns llmq's one way of talking to an LLM provider: the Provider
-// interface and its OpenAI-compatible implementation, the classification of
+// interface and its implementations (OpenAI's API and Azure's, Anthropic's
+// Messages API), the classification of
 // provider errors, the parsing of rate-limit headers, and the validation and
 // token estimation of client request bodies.
 package llm
@@ -49,9 +50,9 @@ type Usage struct {
 	// CacheWrite5mTokens and CacheWrite1hTokens are of PromptTokens, written
 	// to the prompt cache for five minutes and for the hour (Anthropic's).
 	CacheWrite5mTokens, CacheWrite1hTokens int64
-	ReasoningTokens  int64 // of CompletionTokens
-	ServiceTier      string
-	ToolCalls        map[string]int64 // a Responses API answer's built-in tool calls, by kind
+	ReasoningTokens                        int64 // of CompletionTokens
+	ServiceTier                            string
+	ToolCalls                              map[string]int64 // a Responses API answer's built-in tool calls, by kind
 }
 
 // Response is a provider's successful answer.

@@ -104,7 +104,7 @@ func (p Price) Batch() Price {
 	half := func(m Micros) Micros { return m/2 + m%2 }
 	input := cmp.Or(p.BatchInputPerMTok, half(p.InputPerMTok))
 	return Price{InputPerMTok: input, OutputPerMTok: cmp.Or(p.BatchOutputPerMTok, half(p.OutputPerMTok)),
-		CachedInputPerMTok: min(half(p.CachedInputPerMTok), input),
+		CachedInputPerMTok:  min(half(p.CachedInputPerMTok), input),
 		CacheWrite5mPerMTok: half(p.CacheWrite5mPerMTok), CacheWrite1hPerMTok: half(p.CacheWrite1hPerMTok), Tools: p.Tools}
 }
 
