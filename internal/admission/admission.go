@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/budget"
@@ -206,23 +207,37 @@ func WorstCase(p *config.Policy, m *config.Model, fallbacks []string, s *Shape, 
 	return worst
 }
 
-// fitsRoute refuses a cost a bucket of route r can never hold.
+// fitsRoute refuses a cost a bucket of route r can never hold, in each
+// dimension of its limits.
 func fitsRoute(m config.Route, est *Estimate, endpoint string) error {
 	for _, b := range Scope(m).Buckets {
-		if b.Unit == limiter.UnitTokens && est.Cost.Tokens > b.Limit {
-			param := outputParam(endpoint)
-			if est.Cost.Tokens-est.MaxTokens > b.Limit || est.MaxTokens == 0 {
-				param = promptParam(endpoint)
-			}
-			note := "" // when the prompt count is the provider's, as calibrated
-			if f := est.Calibration.Factor; f != 1 {
-				note = fmt.Sprintf(", as the provider counts: %.2f× llmq's estimate", f)
-			}
-			period := cmp.Or(map[string]string{"tpd": "day", "tpm": "minute"}[b.Name], b.Name)
-			return wire.Invalid(param, client.CodeTokensExceedCapacity,
-				"This request needs up to %d tokens (%d prompt%s + %d output), more than the %d tokens per %s the model '%s' allows; it could never run. Lower %s or shorten the input.",
-				est.Cost.Tokens, est.Cost.Tokens-est.MaxTokens, note, est.MaxTokens, b.Limit, period, m.Model.Name, outputParam(endpoint))
+		need := est.Cost.Of(b.Unit)
+		if b.Unit == limiter.UnitRequests || need <= b.Limit {
+			continue
 		}
+		prompt := est.Cost.Tokens - est.MaxTokens
+		param := outputParam(endpoint)
+		if b.Unit == limiter.UnitInputTokens || b.Unit == limiter.UnitTokens && (prompt > b.Limit || est.MaxTokens == 0) {
+			param = promptParam(endpoint)
+		}
+		note := "" // when the prompt count is the provider's, as calibrated
+		if f := est.Calibration.Factor; f != 1 {
+			note = fmt.Sprintf(", as the provider counts: %.2f× llmq's estimate", f)
+		}
+		period := "day"
+		if b.Period == time.Minute {
+			period = "minute"
+		}
+		what := fmt.Sprintf("%d tokens (%d prompt%s + %d output)", need, prompt, note, est.MaxTokens)
+		switch b.Unit {
+		case limiter.UnitInputTokens:
+			what = fmt.Sprintf("%d input tokens (its prompt%s)", need, note)
+		case limiter.UnitOutputTokens:
+			what = fmt.Sprintf("%d output tokens", need)
+		}
+		return wire.Invalid(param, client.CodeTokensExceedCapacity,
+			"This request needs up to %s, more than the %d %s per %s the model '%s' allows; it could never run. Lower %s or shorten the input.",
+			what, b.Limit, b.Unit, period, m.Model.Name, outputParam(endpoint))
 	}
 	return nil
 }
@@ -287,8 +302,7 @@ func CheckJobFallbacks(p *config.Policy, tier *config.Tier, m *config.Model, fal
 
 // Scope returns the limiter scope of route with the policy's limits.
 func Scope(route config.Route) limiter.Scope {
-	l := route.Limits
-	return limiter.ModelScope(route.Deployment.Name(), l.RPS, l.RPM, l.TPM, l.TPD, l.Burst)
+	return limiter.ModelScope(route.Deployment.Name(), route.Limits.ByName(), route.Limits.Burst)
 }
 
 // Account is the budget account of tenant t under policy p (the tenant's

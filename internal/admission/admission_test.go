@@ -157,3 +157,37 @@ func TestEstimateAppliesTheCalibration(t *testing.T) {
 		t.Errorf("err = %v, want tokens_exceed_capacity naming the calibration", err)
 	}
 }
+
+// A request is refused when one dimension of the limits can never hold it:
+// its prompt over the input tokens per minute, its output limit over the
+// output tokens per minute, each named with its parameter. The permit
+// counts each kind apart.
+func TestEstimateRefusesPerDimension(t *testing.T) {
+	t.Parallel()
+	p, err := config.ParsePolicy([]byte(strings.Replace(policyYAML, "limits: {rpm: 500, tpm: 10000, tpd: 20000}",
+		"limits: {rpm: 500, itpm: 3000, otpm: 2000}", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := New(nil, nil)
+	est, err := e.Estimate(context.Background(), p, nil, "", "/v1/chat/completions",
+		[]byte(`{"model":"gpt-4o-mini","max_tokens":1500,"messages":[{"role":"user","content":"Say hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := est.Cost; c.Input != est.PromptTokens || c.Output != 1500 || c.Tokens != c.Input+c.Output || c.Requests != 1 {
+		t.Fatalf("permit %+v of prompt %d", c, est.PromptTokens)
+	}
+	for _, c := range []struct{ name, body, param, msg string }{
+		{"output over otpm", `{"model":"gpt-4o-mini","max_tokens":2001,"messages":[{"role":"user","content":"x"}]}`, "max_tokens",
+			"up to 2001 output tokens, more than the 2000 output tokens per minute"},
+		{"prompt over itpm", `{"model":"gpt-4o-mini","max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 3500) + `"}]}`, "messages",
+			"input tokens (its prompt), more than the 3000 input tokens per minute"},
+	} {
+		_, err := e.Estimate(context.Background(), p, nil, "", "/v1/chat/completions", []byte(c.body))
+		var ae *wire.Error
+		if !errors.As(err, &ae) || ae.Code != client.CodeTokensExceedCapacity || ae.Param != c.param || !strings.Contains(ae.Message, c.msg) {
+			t.Errorf("%s: err = %v, want param %s and %q", c.name, err, c.param, c.msg)
+		}
+	}
+}

@@ -226,9 +226,11 @@ func (s *Shape) dearest(price money.Price, promptTokens, maxTokens int64) money.
 }
 
 // permit is what a request takes of the limiter: one request and every
-// token, the prompt calibrated.
+// token, the prompt calibrated: its input the prompt, its output the
+// output limit, its tokens both.
 func permit(c limiter.Calibration, promptTokens, maxTokens int64) limiter.Cost {
-	return limiter.Cost{Requests: 1, Tokens: c.Apply(promptTokens) + maxTokens}
+	input := c.Apply(promptTokens)
+	return limiter.Cost{Requests: 1, Tokens: input + maxTokens, Input: input, Output: maxTokens}
 }
 
 // PromptBound is the most input tokens the provider may bill for a call

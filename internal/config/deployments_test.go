@@ -139,6 +139,11 @@ func TestParsePolicyDeploymentErrors(t *testing.T) {
 		{"bad burst", "burst: 1s}", "burst: 2m}", "models[0].deployments[2].limits.burst", "within 1ms and 1m"},
 		{"output over tpm", "limits: {rpm: 120, tpm: 20000, burst: 1s}", "limits: {rpm: 120, tpm: 2000}", "models[0].deployments[2].limits.tpm",
 			"max_output_tokens 4096 is more than limits.tpm (2000) of azure-east/my-gpt4o-deployment"},
+		{"negative input limit", "limits: {rpm: 120, tpm: 20000, burst: 1s}", "limits: {rpm: 120, itpm: -5}", "models[0].deployments[2].limits.itpm", "must be 0 or more, got -5"},
+		{"output over otpm", "limits: {rpm: 120, tpm: 20000, burst: 1s}", "limits: {rpm: 120, otpm: 4000}", "models[0].deployments[2].limits.otpm",
+			"max_output_tokens 4096 is more than limits.otpm (4000) of azure-east/my-gpt4o-deployment"},
+		{"cache reads unknown", "limits: {rpm: 120, tpm: 20000, burst: 1s}", "limits: {rpm: 120, cache_reads: cheap}", "models[0].deployments[2].limits.cache_reads",
+			`must be "counted" or "free", got "cheap"`},
 		{"price without output", "price: {input_per_mtok: 2.75, output_per_mtok: 11.00}", "price: {input_per_mtok: 2.75}",
 			"models[0].deployments[2].price.output_per_mtok", "required for a chat model"},
 		{"unknown fallback", "fallbacks: [gpt-4o-mini]", "fallbacks: [gpt-5]", "models[0].fallbacks[0]", `unknown model "gpt-5"`},
@@ -163,5 +168,24 @@ func TestParsePolicyDeploymentErrors(t *testing.T) {
 				t.Errorf("error = %v; want field %q and %q", err, c.field, c.msg)
 			}
 		})
+	}
+}
+
+// A deployment's limits are named dimensions: requests per second, minute
+// and day, tokens all told, input and output tokens per minute and day,
+// each its bucket; cache reads count as the provider's kind documents
+// (OpenAI and Azure: counted) unless the deployment says otherwise.
+func TestParsePolicyLimitDimensions(t *testing.T) {
+	t.Parallel()
+	yml := strings.Replace(deploymentsPolicy, "limits: {rpm: 120, tpm: 20000, burst: 1s}",
+		"limits: {rpm: 120, rpd: 5000, itpm: 40000, itpd: 900000, otpm: 8000, otpd: 100000, cache_reads: free}", 1)
+	p := mustParse(t, yml)
+	m, _ := p.Model("gpt-4o")
+	want := Limits{RPM: 120, RPD: 5000, ITPM: 40000, ITPD: 900000, OTPM: 8000, OTPD: 100000, CacheReadsFree: true, Burst: DefaultBurst}
+	if got := m.Deployments[2].Limits; got != want {
+		t.Fatalf("limits = %+v, want %+v", got, want)
+	}
+	if m.Deployments[0].Limits.CacheReadsFree || m.Deployments[1].Limits.CacheReadsFree {
+		t.Fatalf("an openai deployment counts cache reads by default: %+v", m.Deployments[:2])
 	}
 }

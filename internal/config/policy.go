@@ -227,17 +227,41 @@ func (m *Model) Queue() string {
 }
 
 // Limits are the provider's rate limits of one model, each ≥ 0; 0 means no
-// such limit.
+// such limit. Each is a dimension: a unit (requests, tokens all told, input
+// or output tokens) over a window, one bucket of limiter.ModelBuckets.
 type Limits struct {
-	RPS, RPM, TPM, TPD int64 // requests per second and minute, tokens per minute and day
+	RPS, RPM, RPD int64 // requests per second, minute and day
+	TPM, TPD      int64 // tokens per minute and day, input and output together
+	ITPM, ITPD    int64 // input tokens per minute and day
+	OTPM, OTPD    int64 // output tokens per minute and day, settled to usage
+	// CacheReadsFree: input tokens read from the prompt cache count toward
+	// no limit. Defaults by the provider's kind (cacheReadsFree).
+	CacheReadsFree bool
 	// BatchQueueTokens is the prompt tokens of batches the Batch API holds
 	// at once; 0 when learned from its refusals.
 	BatchQueueTokens int64
 	Burst            time.Duration // the most sent at once, as a time of refill, within 1ms and 1m
 }
 
+// ByName returns each limit by its policy key, limiter.ModelBuckets' names.
+func (l Limits) ByName() map[string]int64 {
+	return map[string]int64{"rps": l.RPS, "rpm": l.RPM, "rpd": l.RPD, "tpm": l.TPM, "tpd": l.TPD,
+		"itpm": l.ITPM, "itpd": l.ITPD, "otpm": l.OTPM, "otpd": l.OTPD}
+}
+
 // DefaultBurst is half a second of refill, within any provider's window.
 const DefaultBurst = 500 * time.Millisecond
+
+// How a deployment's cache reads count (limits.cache_reads).
+const (
+	CacheReadsCounted = "counted"
+	CacheReadsFree    = "free"
+)
+
+// cacheReadsFree is how each kind of provider counts the input tokens read
+// from its prompt cache toward its limits, as it documents: OpenAI and
+// Azure count them; Anthropic counts none toward ITPM on current models.
+var cacheReadsFree = map[string]bool{ProviderOpenAI: false, ProviderAzure: false, ProviderAnthropic: true}
 
 // Tier is a class of tenants sharing a daily budget and a priority.
 type Tier struct {
@@ -428,8 +452,14 @@ type rawToolPrice struct {
 type rawLimits struct {
 	RPS              int64   `yaml:"rps"`
 	RPM              int64   `yaml:"rpm"`
+	RPD              int64   `yaml:"rpd"`
 	TPM              int64   `yaml:"tpm"`
 	TPD              int64   `yaml:"tpd"`
+	ITPM             int64   `yaml:"itpm"`
+	ITPD             int64   `yaml:"itpd"`
+	OTPM             int64   `yaml:"otpm"`
+	OTPD             int64   `yaml:"otpd"`
+	CacheReads       string  `yaml:"cache_reads"`
 	BatchQueueTokens int64   `yaml:"batch_queue_tokens"`
 	Burst            *string `yaml:"burst"`
 }
@@ -682,38 +712,47 @@ func (rd rawDeployment) build(src *source, path string, short bool, m Model, pri
 	if rd.Price != nil {
 		d.Price = buildPrice(src, path+".price", rd.Price, m.Kind, d.Upstream, m.Name)
 	}
-	if pr, ok := providers[rd.Provider]; ok && pr.Kind == ProviderAnthropic {
+	var kind string
+	if pr, ok := providers[rd.Provider]; ok {
+		kind = pr.Kind
+	}
+	if kind == ProviderAnthropic {
 		d.Price = d.Price.Anthropic() // its cache writes and reads where the price gives none
 	}
-	d.Limits = rd.Limits.build(src, path+".limits")
+	d.Limits = rd.Limits.build(src, path+".limits", kind)
 	// A request that cannot fit in a bucket would wait forever.
-	for _, l := range []struct {
-		name string
-		v    int64
-	}{{"tpm", d.Limits.TPM}, {"tpd", d.Limits.TPD}} {
-		if l.v > 0 && m.MaxOutputTokens > l.v {
-			at := path + ".limits." + l.name
+	byName := d.Limits.ByName()
+	for _, b := range limiter.ModelBuckets {
+		v := byName[b.Name]
+		if (b.Unit == limiter.UnitTokens || b.Unit == limiter.UnitOutputTokens) && v > 0 && m.MaxOutputTokens > v {
+			at := path + ".limits." + b.Name
 			if short {
 				at = path + ".max_output_tokens"
 			}
 			src.fail(at, "max_output_tokens %d is more than limits.%s (%d) of %s, so a request without max_tokens could never run there",
-				m.MaxOutputTokens, l.name, l.v, d.Name())
+				m.MaxOutputTokens, b.Name, v, d.Name())
 		}
 	}
 	return d
 }
 
-// build checks a model's or a deployment's limits.
-func (rl rawLimits) build(src *source, path string) Limits {
-	for _, l := range []struct {
-		name string
-		v    int64
-	}{{"rps", rl.RPS}, {"rpm", rl.RPM}, {"tpm", rl.TPM}, {"tpd", rl.TPD}, {"batch_queue_tokens", rl.BatchQueueTokens}} {
-		if l.v < 0 {
-			src.fail(path+"."+l.name, "must be 0 or more, got %d", l.v)
+// build checks a model's or a deployment's limits at a provider of kind.
+func (rl rawLimits) build(src *source, path, kind string) Limits {
+	out := Limits{RPS: rl.RPS, RPM: rl.RPM, RPD: rl.RPD, TPM: rl.TPM, TPD: rl.TPD, ITPM: rl.ITPM, ITPD: rl.ITPD,
+		OTPM: rl.OTPM, OTPD: rl.OTPD, BatchQueueTokens: rl.BatchQueueTokens, Burst: DefaultBurst}
+	byName := out.ByName()
+	for _, b := range limiter.ModelBuckets {
+		if v := byName[b.Name]; v < 0 {
+			src.fail(path+"."+b.Name, "must be 0 or more, got %d", v)
 		}
 	}
-	out := Limits{RPS: rl.RPS, RPM: rl.RPM, TPM: rl.TPM, TPD: rl.TPD, BatchQueueTokens: rl.BatchQueueTokens, Burst: DefaultBurst}
+	if rl.BatchQueueTokens < 0 {
+		src.fail(path+".batch_queue_tokens", "must be 0 or more, got %d", rl.BatchQueueTokens)
+	}
+	out.CacheReadsFree = cacheReadsFree[kind]
+	if rl.CacheReads != "" {
+		out.CacheReadsFree = oneOf(src, path+".cache_reads", rl.CacheReads, `"counted" or "free"`, CacheReadsCounted, CacheReadsFree) == CacheReadsFree
+	}
 	if b := rl.Burst; b != nil {
 		d, err := time.ParseDuration(*b)
 		if err != nil {

@@ -311,12 +311,7 @@ func learnedLines(l *limiter.ScopeLearning) []learnedLine {
 	return out
 }
 
-func unitName(u limiter.Unit) string {
-	if u == limiter.UnitTokens {
-		return "tokens"
-	}
-	return "requests"
-}
+func unitName(u limiter.Unit) string { return u.String() }
 
 func tenantRows(ts *metrics.Tenants) tenantsView {
 	tv := tenantsView{Read: len(ts.List), Failed: ts.Failed, Truncated: ts.Truncated, Empty: len(ts.List) == 0}

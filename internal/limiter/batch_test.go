@@ -70,7 +70,7 @@ func testBatchedReserves(t *testing.T, e *env) {
 	gate := newGateHook()
 	rdb.AddHook(gate)
 	tb := must(NewTokenBucket(rdb, e.opts()))
-	s := ModelScope("batched", 0, 100, 10, 0, 0)
+	s := modelScope("batched", 0, 100, 10, 0, 0)
 	ctx := context.Background()
 
 	a := goReserve(ctx, tb, s, Cost{Requests: 1, Tokens: 4})
@@ -115,7 +115,7 @@ func testBatchedReserveCancelled(t *testing.T, e *env) {
 	gate := newGateHook()
 	rdb.AddHook(gate)
 	tb := must(NewTokenBucket(rdb, e.opts()))
-	s := ModelScope("cancelled", 0, 100, 0, 0, 0)
+	s := modelScope("cancelled", 0, 100, 0, 0, 0)
 	one := Cost{Requests: 1}
 
 	a := goReserve(context.Background(), tb, s, one)

@@ -20,7 +20,7 @@ import (
 const benchCallers = 50
 
 // huge limits: the throughput benchmarks measure admissions, never denials.
-var benchScope = ModelScope("bench/model", 0, 1e12, 1e14, 0, 0)
+var benchScope = modelScope("bench/model", 0, 1e12, 1e14, 0, 0)
 
 // BenchmarkReserveVsRedisRate compares permits per second, with 50
 // concurrent callers on one Redis, of redis_rate's AllowN on one bucket,
@@ -244,7 +244,7 @@ func BenchmarkScriptTime(b *testing.B) {
 	rdb := testutil.Redis(b, 1)
 	ctx := context.Background()
 	tb := must(NewTokenBucket(rdb, Options{Keys: rkeys.New(testutil.Prefix(b))}))
-	scope := ModelScope("bench/script-time", 0, 1e6, 1e9, 0, 0)
+	scope := modelScope("bench/script-time", 0, 1e6, 1e9, 0, 0)
 	evalsha := func() (calls, usec int64) {
 		info := rdb.Info(ctx, "commandstats").Val()
 		for line := range strings.SplitSeq(info, "\n") {

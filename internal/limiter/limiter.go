@@ -29,21 +29,38 @@ var ErrCostExceedsCapacity = errors.New("limiter: cost exceeds capacity")
 type Unit int
 
 const (
-	UnitRequests Unit = iota // Cost.Requests
-	UnitTokens               // Cost.Tokens
+	UnitRequests     Unit = iota // Cost.Requests
+	UnitTokens                   // Cost.Tokens: input and output together
+	UnitInputTokens              // Cost.Input
+	UnitOutputTokens             // Cost.Output
 )
 
 func (u Unit) String() string {
-	if u == UnitTokens {
+	switch u {
+	case UnitTokens:
 		return "tokens"
+	case UnitInputTokens:
+		return "input tokens"
+	case UnitOutputTokens:
+		return "output tokens"
 	}
 	return "requests"
 }
 
+// Counts reports whether u counts tokens of any kind.
+func (u Unit) Counts() bool { return u != UnitRequests }
+
+// settlesToUsage: a bucket of input or output tokens is settled to the
+// call's real count of its kind, up or down, as the providers that limit
+// them apart count (an output limit charged max_tokens at admission and
+// corrected when the call ends); requests and total tokens take only what
+// the provider charged beyond the reservation.
+func (u Unit) settlesToUsage() bool { return u == UnitInputTokens || u == UnitOutputTokens }
+
 // Bucket is one token bucket of a scope. It holds Limit (its capacity) and
 // refills continuously at Limit per Period.
 type Bucket struct {
-	Name   string // unique in its scope: "rps", "rpm", "tpm", "tpd"
+	Name   string // unique in its scope: "rps", "rpm", "tpm", "itpm"…
 	Unit   Unit
 	Limit  int64
 	Period time.Duration
@@ -61,27 +78,37 @@ type Scope struct {
 	Buckets []Bucket
 }
 
-// modelBuckets are the buckets of a model's scope, one per kind of limit a
-// provider sets, in ModelScope's order.
-var modelBuckets = []struct {
-	name   string
-	unit   Unit
-	period time.Duration
-	paced  bool // a day's bucket is a quota, not a pace: no burst bound
-}{
+// ModelBuckets are the buckets a model's scope may have, one per dimension
+// of limit a provider sets (a unit over a window), in ModelScope's order;
+// each name is the policy's key of its limit.
+var ModelBuckets = []ModelBucket{
 	{"rps", UnitRequests, time.Second, true},
 	{"rpm", UnitRequests, time.Minute, true},
+	{"rpd", UnitRequests, 24 * time.Hour, false},
 	{"tpm", UnitTokens, time.Minute, true},
 	{"tpd", UnitTokens, 24 * time.Hour, false},
+	{"itpm", UnitInputTokens, time.Minute, true},
+	{"itpd", UnitInputTokens, 24 * time.Hour, false},
+	{"otpm", UnitOutputTokens, time.Minute, true},
+	{"otpd", UnitOutputTokens, 24 * time.Hour, false},
 }
 
-// ModelScope returns the scope of one model with its limits; 0 means no such
-// bucket. burst is the paced buckets' Bucket.Burst.
-func ModelScope(name string, rps, rpm, tpm, tpd int64, burst time.Duration) Scope {
+// ModelBucket is one dimension of a model's limits.
+type ModelBucket struct {
+	Name   string
+	Unit   Unit
+	Period time.Duration
+	paced  bool // a day's bucket is a quota, not a pace: no burst bound
+}
+
+// ModelScope returns the scope of one model with its limits by bucket name
+// (ModelBuckets); 0 or absent means no such bucket. burst is the paced
+// buckets' Bucket.Burst.
+func ModelScope(name string, limits map[string]int64, burst time.Duration) Scope {
 	s := Scope{Name: name}
-	for i, limit := range []int64{rps, rpm, tpm, tpd} {
-		if b := modelBuckets[i]; limit > 0 {
-			s.Buckets = append(s.Buckets, Bucket{Name: b.name, Unit: b.unit, Limit: limit, Period: b.period})
+	for _, b := range ModelBuckets {
+		if limit := limits[b.Name]; limit > 0 {
+			s.Buckets = append(s.Buckets, Bucket{Name: b.Name, Unit: b.Unit, Limit: limit, Period: b.Period})
 			if b.paced {
 				s.Buckets[len(s.Buckets)-1].Burst = burst
 			}
@@ -90,30 +117,38 @@ func ModelScope(name string, rps, rpm, tpm, tpd int64, burst time.Duration) Scop
 	return s
 }
 
-// Cost is what one call takes.
-type Cost struct{ Requests, Tokens int64 }
+// Cost is what one call takes: requests, and its tokens all told (Tokens)
+// and of each kind (Input, the prompt; Output, the most output).
+type Cost struct{ Requests, Tokens, Input, Output int64 }
 
 // Of returns the part of c that a bucket of unit u counts.
 func (c Cost) Of(u Unit) int64 {
-	if u == UnitTokens {
+	switch u {
+	case UnitTokens:
 		return c.Tokens
+	case UnitInputTokens:
+		return c.Input
+	case UnitOutputTokens:
+		return c.Output
 	}
 	return c.Requests
 }
+
+func (c Cost) negative() bool { return c.Requests < 0 || c.Tokens < 0 || c.Input < 0 || c.Output < 0 }
 
 // validate checks s, and c against every bucket's capacity.
 func (s Scope) validate(c Cost) error {
 	if s.Name == "" {
 		return errors.New("limiter: Scope.Name is empty")
 	}
-	if c.Requests < 0 || c.Tokens < 0 {
+	if c.negative() {
 		return fmt.Errorf("limiter: scope %q: negative cost %+v", s.Name, c)
 	}
 	for i, b := range s.Buckets {
 		switch {
 		case b.Name == "":
 			return fmt.Errorf("limiter: scope %q: Buckets[%d].Name is empty", s.Name, i)
-		case b.Unit != UnitRequests && b.Unit != UnitTokens:
+		case b.Unit < UnitRequests || b.Unit > UnitOutputTokens:
 			return fmt.Errorf("limiter: scope %q bucket %q: unknown Unit %d", s.Name, b.Name, b.Unit)
 		case b.Limit <= 0:
 			return fmt.Errorf("limiter: scope %q bucket %q: Limit %d must be positive", s.Name, b.Name, b.Limit)
@@ -140,6 +175,7 @@ type BucketState struct {
 	RetryAfter time.Duration // when this bucket alone covers the cost; 0 now
 	ResetAfter time.Duration // until full again
 	Burst      int64         // what the bucket lets out at once now; -1: only its capacity bounds it
+	Taken      int64         // all a token bucket ever took (reservations and charges beyond them)
 }
 
 // Result is the decision of every limiter of this package.

@@ -72,6 +72,7 @@ var suite = []struct {
 	{"BatchedReserveCancelled", testBatchedReserveCancelled},
 	{"AdmissionProperty", testAdmissionProperty},
 	{"SettleNeverRefunds", testSettleNeverRefunds},
+	{"SettleDimensions", testSettleDimensions},
 	{"SettleFollowsProvider", testSettleFollowsProvider},
 	{"SettleWithoutHeaders", testSettleWithoutHeaders},
 	{"SettleLearnsDrain", testSettleLearnsDrain},
@@ -197,4 +198,10 @@ func bucket(t *testing.T, r *Result, name string) BucketState {
 	}
 	t.Fatalf("no bucket %q in %+v", name, r.Buckets)
 	return BucketState{}
+}
+
+// modelScope is ModelScope with the limits llmq had before its dimensions
+// were named: requests per second and minute, tokens per minute and day.
+func modelScope(name string, rps, rpm, tpm, tpd int64, burst time.Duration) Scope {
+	return ModelScope(name, map[string]int64{"rps": rps, "rpm": rpm, "tpm": tpm, "tpd": tpd}, burst)
 }

@@ -13,7 +13,7 @@ import (
 func testPaceBoundsBursts(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	// 60,000 a minute: 1,000 a second, a burst of 500.
-	s := ModelScope("pace", 0, 0, 60_000, 0, 500*time.Millisecond)
+	s := modelScope("pace", 0, 0, 60_000, 0, 500*time.Millisecond)
 	taken := int64(0)
 	for {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100})
@@ -60,7 +60,7 @@ func testPaceBoundsBursts(t *testing.T, e *env) {
 // empties it, since the provider's window is empty then.
 func testPaceReleaseAndRefusal(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("pace-release", 0, 0, 60_000, 0, 500*time.Millisecond)
+	s := modelScope("pace-release", 0, 0, 60_000, 0, 500*time.Millisecond)
 	released := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500}).Reservation
 	if err := tb.Release(context.Background(), released); err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func testPaceReleaseAndRefusal(t *testing.T, e *env) {
 // so.
 func testPaceLearnsShortWindows(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("pace-learn", 0, 0, 60_000, 0, time.Second)
+	s := modelScope("pace-learn", 0, 0, 60_000, 0, time.Second)
 	short := func() *Settlement {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10})
 		if !r.Allowed {
@@ -121,7 +121,7 @@ func testPaceLearnsShortWindows(t *testing.T, e *env) {
 func testPaceRateEstimate(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	// The policy says 60,000; the provider's bucket refills 30,000 a minute.
-	s := ModelScope("estimate", 0, 0, 60_000, 0, 0)
+	s := modelScope("estimate", 0, 0, 60_000, 0, 0)
 	call := func(refused bool, tokens int64) {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: tokens})
 		if !r.Allowed {
@@ -154,7 +154,7 @@ func testPaceRateEstimate(t *testing.T, e *env) {
 // buckets did not predict brings it back and holds it.
 func testPaceGrowsWhileTheProviderShowsRoom(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("pace-grow", 0, 0, 60_000, 0, 500*time.Millisecond)
+	s := modelScope("pace-grow", 0, 0, 60_000, 0, 500*time.Millisecond)
 	answer := func(fb Feedback) {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10})
 		if !r.Allowed {

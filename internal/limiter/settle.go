@@ -59,7 +59,11 @@ type Feedback struct {
 	// Charged is what the provider most likely charged (its count of the
 	// prompt plus max_tokens); what it charged beyond the reservation is
 	// taken, nothing is given back. Zero fields mean the reservation's.
+	// Its Input and Output are the call's real counts of each kind when
+	// Usage is set: buckets of input or output tokens settle to them, up
+	// or down (Unit.settlesToUsage).
 	Charged  Cost
+	Usage    bool
 	Unused   Cost       // the part of max_tokens left unused, for the refund estimate
 	Observed []Observed // the provider's views of buckets (x-ratelimit-*)
 	// Evidence names the buckets a 429 showed ahead of the provider's;
@@ -149,13 +153,17 @@ func (tb *TokenBucket) Settle(ctx context.Context, r *Reservation, fb Feedback) 
 	if r == nil {
 		return nil, errors.New("limiter: Settle of a nil reservation")
 	}
-	if fb.Charged.Requests < 0 || fb.Charged.Tokens < 0 || fb.Unused.Requests < 0 || fb.Unused.Tokens < 0 {
+	if fb.Charged.negative() || fb.Unused.negative() {
 		return nil, fmt.Errorf("limiter: scope %q: negative feedback %+v", r.Scope.Name, fb)
 	}
 	if fb.PromptRatio < 0 || math.IsNaN(fb.PromptRatio) || math.IsInf(fb.PromptRatio, 0) {
 		return nil, fmt.Errorf("limiter: scope %q: invalid prompt ratio %v", r.Scope.Name, fb.PromptRatio)
 	}
-	charged := Cost{Requests: cmp.Or(fb.Charged.Requests, r.Cost.Requests), Tokens: cmp.Or(fb.Charged.Tokens, r.Cost.Tokens)}
+	charged := Cost{Requests: cmp.Or(fb.Charged.Requests, r.Cost.Requests), Tokens: cmp.Or(fb.Charged.Tokens, r.Cost.Tokens),
+		Input: r.Cost.Input, Output: r.Cost.Output}
+	if fb.Usage {
+		charged.Input, charged.Output = fb.Charged.Input, fb.Charged.Output
+	}
 	sample := ""
 	if fb.PromptRatio > 0 {
 		sample = strconv.FormatFloat(fb.PromptRatio, 'f', 6, 64)
@@ -177,7 +185,7 @@ func (tb *TokenBucket) reconcile(ctx context.Context, r *Reservation, actual Cos
 	if r == nil {
 		return errors.New("limiter: Reconcile of a nil reservation")
 	}
-	if actual.Requests < 0 || actual.Tokens < 0 {
+	if actual.negative() {
 		return fmt.Errorf("limiter: scope %q: negative actual cost %+v", r.Scope.Name, actual)
 	}
 	_, err := tb.settle(ctx, r, "r", actual, Feedback{}, "", marker)
@@ -193,7 +201,7 @@ func (tb *TokenBucket) Release(ctx context.Context, r *Reservation) error {
 
 func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, charged Cost, fb Feedback, sample string, marker bool) (*Settlement, error) {
 	// go-redis sends a bool as 1 or 0.
-	args := make([]any, 0, 9+12*len(r.Scope.Buckets))
+	args := make([]any, 0, 9+13*len(r.Scope.Buckets))
 	args = append(args, redisclock.Arg(tb.opts.Clock), reconcileTTL.Milliseconds(), r.ID, r.Probe,
 		tb.opts.ProbeTimeout.Microseconds(), r.gen, mode, sample, fb.Refused)
 	for i, b := range r.Scope.Buckets {
@@ -218,7 +226,7 @@ func (tb *TokenBucket) settle(ctx context.Context, r *Reservation, mode string, 
 			}
 		}
 		args = append(args, b.Name, b.Limit, b.Period.Microseconds(), b.Burst.Microseconds(), r.Cost.Of(b.Unit), charged.Of(b.Unit),
-			fb.Unused.Of(b.Unit), lag, pos, olimit, oremain, evidence)
+			fb.Unused.Of(b.Unit), lag, pos, olimit, oremain, evidence, b.Unit.settlesToUsage())
 	}
 	keys := []string{tb.opts.Keys.LimiterScope(r.Scope.Name)}
 	if marker {

@@ -14,13 +14,15 @@
 --   provider call (never refunds)
 -- ARGV[8] -> the prompt ratio for the calibration, or ""
 -- ARGV[9] -> "1" when the provider refused the call (a 429), else "0"
--- ARGV[10+12(i-1)] .. ARGV[21+12(i-1)] -> bucket i: name, limit, period in
+-- ARGV[10+13(i-1)] .. ARGV[22+13(i-1)] -> bucket i: name, limit, period in
 --   µs, burst window in µs (0: none), reserved, charged, unused, taken a
 --   moment before the reservation (its lag) and just before it (its
 --   place), the provider's limit and remaining (or ""), and what a 429
 --   showed of it: "" nothing, "r" its rate ahead of the provider's, "s" a
 --   shorter window than its period ("sb" one that frees in a block, as a
---   fixed window does), "rs" either
+--   fixed window does), "rs" either; then "1" when the bucket settles to
+--   the charge in both directions (input or output tokens, counted apart),
+--   else "0"
 -- Returns {1, calibration in millionths, its samples, then per bucket: the
 -- level as counted, the level after following the provider, the
 -- provider's bound (-1 when none), drain, factor and burst factor in
@@ -37,7 +39,7 @@ local reservation_gen = tonumber(ARGV[6])
 local refund = ARGV[7] == 'r'
 local sample = tonumber(ARGV[8])
 local refused = ARGV[9] == '1'
-local bucket_count = (#ARGV - 9) / 12
+local bucket_count = (#ARGV - 9) / 13
 
 local st, old_fields = load_state(key)
 local penalty_until, probe_id, probe_deadline = tonumber(st.pu), st.pid, tonumber(st.pt)
@@ -78,7 +80,7 @@ if sample then
 end
 
 for i = 1, bucket_count do
-  local at = 9 + 12 * (i - 1)
+  local at = 9 + 13 * (i - 1)
   local name, limit, period, burst_window = ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local reserved, charged, unused = tonumber(ARGV[at + 5]), tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
   -- lag: what the bucket had taken a moment before the reservation; place:
@@ -88,6 +90,8 @@ for i = 1, bucket_count do
   local provider_limit, provider_remaining = tonumber(ARGV[at + 10]), tonumber(ARGV[at + 11])
   local reported = provider_limit and provider_remaining
   local evidence = ARGV[at + 12]
+  -- this bucket gives back what the call did not cost
+  local refunds = refund or ARGV[at + 13] == '1'
   local rate_evidence = string.find(evidence, 'r', 1, true) ~= nil
   local short_window = string.find(evidence, 's', 1, true) ~= nil and burst_window > 0
   local block_window = string.find(evidence, 'b', 1, true) ~= nil
@@ -165,7 +169,7 @@ for i = 1, bucket_count do
   local held = inflight.current + inflight.previous
   -- what the call cost beyond its reservation (less, when negative)
   local beyond = charged - reserved
-  if refund then
+  if refunds then
     -- a refund never brings the level below what other calls hold in
     -- flight (see inflightGen)
     level = math.max(level + beyond, held, 0)
@@ -286,7 +290,7 @@ for i = 1, bucket_count do
   -- rate grows, up to PACE_MAX times the bucket's.
   if b.pace then
     local pace = b.pace
-    if refund or beyond > 0 then pace = pace - beyond end
+    if refunds or beyond > 0 then pace = pace - beyond end
     if rate_evidence or short_window then pace = math.min(pace, 0) end
     put(changes, 'pace:' .. name, math.min(pace, b.burst))
     put(changes, 'pace_t:' .. name, now)

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -34,7 +35,7 @@ func tpmOf(s *Settlement) BucketSettlement {
 // whose cost is exact, still refunds.
 func testSettleNeverRefunds(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("keep", 0, 100, 10_000, 0, 0)
+	s := modelScope("keep", 0, 100, 10_000, 0, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}) // 200 prompt + 800 max_tokens
 	st := mustSettle(t, tb, r.Reservation, Feedback{Unused: Cost{Tokens: 700}})
 	if !st.Applied || tpmOf(st).Level != 1000 {
@@ -64,7 +65,7 @@ func testSettleNeverRefunds(t *testing.T, e *env) {
 // call, which the provider's answer may not show yet.
 func testSettleFollowsProvider(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("follow", 0, 0, 10_000, 0, 0)
+	s := modelScope("follow", 0, 0, 10_000, 0, 0)
 	x := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}).Reservation
 	e.clock.Add(time.Second) // past the lag: what follows is after x
 	y := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500}).Reservation
@@ -95,7 +96,7 @@ func testSettleFollowsProvider(t *testing.T, e *env) {
 // bucket keeps its own count.
 func testSettleWithoutHeaders(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("noheaders", 0, 100, 10_000, 1_000_000, 0)
+	s := modelScope("noheaders", 0, 100, 10_000, 1_000_000, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 1000}).Reservation
 	st := mustSettle(t, tb, r, Feedback{Observed: []Observed{{Bucket: "tpm", Remaining: 9500}}})
 	for _, b := range st.Buckets {
@@ -118,7 +119,7 @@ func testSettleWithoutHeaders(t *testing.T, e *env) {
 func testSettleLearnsDrain(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
 	const limit = 60_000 // 1,000 tokens a second
-	s := ModelScope("drain", 0, 0, limit, 0, 0)
+	s := modelScope("drain", 0, 0, limit, 0, 0)
 	// The provider's bucket, with another application taking 300 tokens a
 	// second, and llmq calls of 500 tokens twice a second.
 	prov := float64(limit)
@@ -150,7 +151,7 @@ func testSettleLearnsDrain(t *testing.T, e *env) {
 // which comes back slowly.
 func testSettleEvidence(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("evidence", 0, 0, 10_000, 0, 0)
+	s := modelScope("evidence", 0, 0, 10_000, 0, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100}).Reservation
 	if f := tpmOf(mustSettle(t, tb, r, Feedback{Evidence: []string{"tpm"}})).Factor; math.Abs(f-factorDecrease) > 1e-6 {
 		t.Fatalf("factor %v after a 429, want %v", f, factorDecrease)
@@ -178,7 +179,7 @@ func testSettleEvidence(t *testing.T, e *env) {
 // they no longer lower the buckets, only raise them.
 func testSettleDistrust(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("distrust", 0, 0, 10_000, 0, 0)
+	s := modelScope("distrust", 0, 0, 10_000, 0, 0)
 	for range distrustAfter {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 100}).Reservation
 		mustSettle(t, tb, r, Feedback{Evidence: []string{"tpm"}})
@@ -198,7 +199,7 @@ func testSettleDistrust(t *testing.T, e *env) {
 // do not move it; it applies from three calls on, within its bounds.
 func testSettleCalibration(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("calib", 0, 0, 1_000_000, 0, 0)
+	s := modelScope("calib", 0, 0, 1_000_000, 0, 0)
 	settle := func(ratio float64) Calibration {
 		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
 		return mustSettle(t, tb, r, Feedback{PromptRatio: ratio}).Calibration
@@ -235,7 +236,7 @@ func testSettleCalibration(t *testing.T, e *env) {
 func testSettleCalibrationMedian(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("median", 0, 0, 1_000_000, 0, 0)
+	s := modelScope("median", 0, 0, 1_000_000, 0, 0)
 	key := e.keys.LimiterScope(s.Name)
 	// three samples in the older form: unpadded, unsorted, no qs
 	if err := e.rdb.HSet(ctx, key, "q", "1.2500,0.5000,3.0000", "qm", "1.25", "qn", "3").Err(); err != nil {
@@ -313,7 +314,7 @@ return out`, []string{key}).StringSlice()
 func testSettleCalibrationRecords(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("records", 0, 0, 1_000_000, 0, 0)
+	s := modelScope("records", 0, 0, 1_000_000, 0, 0)
 	key := e.keys.LimiterScope(s.Name)
 	q := "01.2500,00.5000,03.0000,02.0000"
 	err := e.rdb.Eval(ctx, `
@@ -346,7 +347,7 @@ return 1`, []string{key}, q, "00.5000,01.2500,02.0000,03.0000").Err()
 func testSettleLearnedTTL(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("ttl", 0, 0, 1000, 0, 0)
+	s := modelScope("ttl", 0, 0, 1000, 0, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 10}).Reservation
 	mustSettle(t, tb, r, Feedback{PromptRatio: 1.2})
 	ttl, err := e.rdb.PTTL(ctx, e.keys.LimiterScope(s.Name)).Result()
@@ -369,7 +370,7 @@ func mustInspect(t *testing.T, tb *TokenBucket, s Scope) *ScopeLearning {
 // past its limit; a provider that has used more still raises it.
 func testSettleBelowTheProvidersLimit(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("below", 0, 0, 10_000, 0, 0)
+	s := modelScope("below", 0, 0, 10_000, 0, 0)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 6000}).Reservation
 	b := tpmOf(mustSettle(t, tb, r, Feedback{Observed: []Observed{{Bucket: "tpm", Remaining: 50_000, Limit: 60_000}}}))
 	if b.Level != 6000 {
@@ -381,4 +382,60 @@ func testSettleBelowTheProvidersLimit(t *testing.T, e *env) {
 	if b.Level <= b.Model {
 		t.Fatalf("the provider used more than the bucket counts: %+v, want it raised", b)
 	}
+}
+
+// Buckets of input and output tokens settle to the call's real usage of
+// their kind, up or down (an output limit reserved at max_tokens gets its
+// unused part back); requests and total tokens keep today's rule: what the
+// provider charged beyond the reservation is taken, nothing is given back.
+// Over many generated calls on a stopped clock, each bucket's level is
+// exactly the sum its rule gives.
+func testSettleDimensions(t *testing.T, e *env) {
+	tb := must(NewTokenBucket(e.rdb, e.opts()))
+	s := ModelScope("dims", map[string]int64{"rpm": 1_000, "tpm": 10_000_000, "itpm": 1_000_000, "otpm": 100_000, "otpd": 1_000_000}, 0)
+	if got := bucketNames(s); !slices.Equal(got, []string{"rpm", "tpm", "itpm", "otpm", "otpd"}) {
+		t.Fatalf("buckets %v", got)
+	}
+	rng := rand.New(rand.NewPCG(48, 1))
+	var requests, total, input, output int64
+	for i := range 200 {
+		prompt, maxTokens := 1+rng.Int64N(2_000), 1+rng.Int64N(500)
+		r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: prompt + maxTokens, Input: prompt, Output: maxTokens})
+		if !r.Allowed {
+			t.Fatalf("call %d denied: %+v", i, r)
+		}
+		requests++
+		fb := Feedback{}
+		switch rng.IntN(4) {
+		case 0: // no usage: the reservation stands in every bucket
+			total, input, output = total+prompt+maxTokens, input+prompt, output+maxTokens
+		default: // the provider counted the prompt within ±50%, and some output (none too)
+			used, completion := max(prompt/2+rng.Int64N(prompt+1), 1), rng.Int64N(maxTokens+1)
+			fb = Feedback{Charged: Cost{Requests: 1, Tokens: used + maxTokens, Input: used, Output: completion}, Usage: true}
+			total += max(used+maxTokens, prompt+maxTokens)
+			input, output = input+used, output+completion
+		}
+		mustSettle(t, tb, r.Reservation, fb)
+	}
+	got := remaining(mustState(t, tb, s))
+	want := map[string]int64{"rpm": 1_000 - requests, "tpm": 10_000_000 - total, "itpm": 1_000_000 - input,
+		"otpm": 100_000 - output, "otpd": 1_000_000 - output}
+	for name, w := range want {
+		if got[name] != w {
+			t.Errorf("%s remaining %d, want %d", name, got[name], w)
+		}
+	}
+
+	// A cost one dimension can never hold is refused at once.
+	if _, err := tb.Reserve(context.Background(), s, Cost{Requests: 1, Tokens: 200_001, Input: 1, Output: 200_000}); !errors.Is(err, ErrCostExceedsCapacity) {
+		t.Fatalf("an output above otpm: %v", err)
+	}
+}
+
+func bucketNames(s Scope) []string {
+	var out []string
+	for _, b := range s.Buckets {
+		out = append(out, b.Name)
+	}
+	return out
 }

@@ -103,7 +103,7 @@ func (tb *TokenBucket) result(c *call, now time.Time, a []int64) *Result {
 		lag[i], pos[i] = x[3], x[4]
 		res.Buckets[i] = BucketState{
 			Name: b.Name, Unit: b.Unit, Limit: b.Limit,
-			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2]), Burst: x[5],
+			Remaining: x[0], RetryAfter: us(x[1]), ResetAfter: us(x[2]), Burst: x[5], Taken: x[4],
 		}
 	}
 	res.fill()

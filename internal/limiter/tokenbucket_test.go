@@ -17,7 +17,7 @@ import (
 // A denial by one bucket takes nothing from the others.
 func testAllOrNothing(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("openai/gpt-4o-mini", 0, 10, 1000, 0, 0)
+	s := modelScope("openai/gpt-4o-mini", 0, 10, 1000, 0, 0)
 
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 900})
 	if !r.Allowed || r.Reservation == nil || r.Reservation.Probe {
@@ -116,7 +116,7 @@ func testRetryAfterRedisTime(t *testing.T, e *env) {
 func testCostExceedsCapacity(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("big", 0, 10, 1000, 0, 0)
+	s := modelScope("big", 0, 10, 1000, 0, 0)
 
 	_, err := tb.Reserve(ctx, s, Cost{Requests: 1, Tokens: 1001})
 	if !errors.Is(err, ErrCostExceedsCapacity) {
@@ -146,7 +146,7 @@ func testCostExceedsCapacity(t *testing.T, e *env) {
 func testReconcileRefund(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("refund", 0, 100, 1000, 0, 0)
+	s := modelScope("refund", 0, 100, 1000, 0, 0)
 
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 800})
 	if err := tb.Reconcile(ctx, r.Reservation, Cost{Requests: 1, Tokens: 300}); err != nil {
@@ -190,7 +190,7 @@ func testReconcileRefund(t *testing.T, e *env) {
 func testReconcileDebt(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("debt", 0, 0, 1000, 0, 0)
+	s := modelScope("debt", 0, 0, 1000, 0, 0)
 
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 500})
 	for range 2 {
@@ -216,11 +216,11 @@ func testReconcileDebt(t *testing.T, e *env) {
 // Limits come with every call; the used amount is kept when they change.
 func testLimitChange(t *testing.T, e *env) {
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	mustReserve(t, tb, ModelScope("change", 0, 0, 1000, 0, 0), Cost{Tokens: 600})
-	if got := remaining(mustState(t, tb, ModelScope("change", 0, 0, 2000, 0, 0))); got["tpm"] != 1400 {
+	mustReserve(t, tb, modelScope("change", 0, 0, 1000, 0, 0), Cost{Tokens: 600})
+	if got := remaining(mustState(t, tb, modelScope("change", 0, 0, 2000, 0, 0))); got["tpm"] != 1400 {
 		t.Fatalf("limit raised to 2000 with 600 used: remaining %v, want 1400", got)
 	}
-	r := mustReserve(t, tb, ModelScope("change", 0, 0, 500, 0, 0), Cost{Tokens: 1})
+	r := mustReserve(t, tb, modelScope("change", 0, 0, 500, 0, 0), Cost{Tokens: 1})
 	// 600 used of 500: 101 over, repaid at 500 per minute: 12.12 s.
 	if r.Allowed || bucket(t, r, "tpm").Remaining != -100 || r.RetryAfter != 12120*time.Millisecond {
 		t.Fatalf("limit lowered to 500 with 600 used: %+v, want denied, -100, 12.12s", r)
@@ -233,7 +233,7 @@ func testPenalizeAcrossClients(t *testing.T, e *env) {
 	ctx := context.Background()
 	a := must(NewTokenBucket(e.rdb, e.opts()))
 	b := must(NewTokenBucket(e.newClient(), e.opts()))
-	s := ModelScope("penalized", 0, 100, 100000, 0, 0)
+	s := modelScope("penalized", 0, 100, 100000, 0, 0)
 	cost := Cost{Requests: 1, Tokens: 10}
 
 	if err := a.Penalize(ctx, s, 10*time.Second); err != nil {
@@ -284,7 +284,7 @@ func testPenalizeAcrossClients(t *testing.T, e *env) {
 func testProbeTimeoutAndRepenalize(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, Options{Keys: e.keys, Clock: e.clock.Now, ProbeTimeout: 5 * time.Second}))
-	s := ModelScope("probe", 0, 100, 0, 0, 0)
+	s := modelScope("probe", 0, 100, 0, 0, 0)
 	one := Cost{Requests: 1}
 
 	if err := tb.Penalize(ctx, s, time.Second); err != nil {
@@ -426,7 +426,7 @@ func nearTTL(t *testing.T, what string, got, want time.Duration) {
 func testKeyTTLs(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("ttl", 0, 10, 1000, 0, 0)
+	s := modelScope("ttl", 0, 10, 1000, 0, 0)
 	key := e.keys.LimiterScope(s.Name)
 	pttl := func(k string) time.Duration { return e.rdb.PTTL(ctx, k).Val() }
 
@@ -444,7 +444,7 @@ func testKeyTTLs(t *testing.T, e *env) {
 	// The penalty, then the probe timeout (30 s) for the probe phase.
 	nearTTL(t, "after a penalty", pttl(key), 151*time.Second)
 
-	p := ModelScope("ttl-probe", 0, 10, 1000, 0, 0)
+	p := modelScope("ttl-probe", 0, 10, 1000, 0, 0)
 	if err := tb.Penalize(ctx, p, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -488,13 +488,13 @@ func testInvalidInput(t *testing.T, e *env) {
 		{Scope{Name: "x", Buckets: []Bucket{{Name: "a", Limit: 0, Period: time.Second}}}, Cost{}, "Limit"},
 		{Scope{Name: "x", Buckets: []Bucket{{Name: "a", Limit: 1}}}, Cost{}, "Period"},
 		{Scope{Name: "x", Buckets: []Bucket{{Name: "a", Limit: 1, Period: time.Second}, {Name: "a", Limit: 1, Period: time.Second}}}, Cost{}, "twice"},
-		{ModelScope("x", 0, 1, 0, 0, 0), Cost{Requests: -1}, "negative"},
+		{modelScope("x", 0, 1, 0, 0, 0), Cost{Requests: -1}, "negative"},
 	} {
 		if _, err := tb.Reserve(ctx, c.s, c.cost); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Reserve(%+v, %+v) err = %v, want one naming %s", c.s, c.cost, err, c.want)
 		}
 	}
-	if err := tb.Penalize(ctx, ModelScope("x", 0, 1, 0, 0, 0), -time.Second); err == nil {
+	if err := tb.Penalize(ctx, modelScope("x", 0, 1, 0, 0, 0), -time.Second); err == nil {
 		t.Errorf("negative penalty accepted")
 	}
 }
@@ -503,13 +503,13 @@ func testInvalidInput(t *testing.T, e *env) {
 // zero limits.
 func TestModelScope(t *testing.T) {
 	t.Parallel()
-	s := ModelScope("m", 5, 0, 1000, 7, time.Second)
+	s := modelScope("m", 5, 0, 1000, 7, time.Second)
 	if len(s.Buckets) != 3 || s.Buckets[0] != (Bucket{"rps", UnitRequests, 5, time.Second, time.Second}) ||
 		s.Buckets[1] != (Bucket{"tpm", UnitTokens, 1000, time.Minute, time.Second}) ||
 		s.Buckets[2] != (Bucket{"tpd", UnitTokens, 7, 24 * time.Hour, 0}) {
 		t.Fatalf("ModelScope = %+v", s)
 	}
-	if s := ModelScope("m", 0, 0, 0, 0, 0); len(s.Buckets) != 0 || s.validate(Cost{Requests: 1, Tokens: 1}) != nil {
+	if s := modelScope("m", 0, 0, 0, 0, 0); len(s.Buckets) != 0 || s.validate(Cost{Requests: 1, Tokens: 1}) != nil {
 		t.Fatalf("ModelScope without limits = %+v", s)
 	}
 }
@@ -523,7 +523,7 @@ func testRefundKeepsOthersReserved(t *testing.T, e *env) {
 	o := e.opts()
 	o.HoldInFlight = true
 	tb := must(NewTokenBucket(e.rdb, o))
-	s := ModelScope("clip", 0, 0, 1200, 0, 0) // 20 tokens a second
+	s := modelScope("clip", 0, 0, 1200, 0, 0) // 20 tokens a second
 
 	a := mustReserve(t, tb, s, Cost{Tokens: 420}).Reservation
 	e.clock.Add(21 * time.Second) // 420 refilled: the bucket is full again
@@ -580,7 +580,7 @@ func testRefundKeepsOthersReserved(t *testing.T, e *env) {
 func testReconcileAfterScriptError(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("reconcile-error", 0, 0, 1000, 0, 0)
+	s := modelScope("reconcile-error", 0, 0, 1000, 0, 0)
 	key := e.keys.LimiterScope(s.Name)
 	r := mustReserve(t, tb, s, Cost{Requests: 1, Tokens: 800}).Reservation
 
@@ -616,8 +616,8 @@ func testReconcileAfterScriptError(t *testing.T, e *env) {
 func testKeyTTLCoversAllBuckets(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	withDay := ModelScope("learned", 0, 10, 0, 1_000_000, 0)
-	without := ModelScope("learned", 0, 10, 0, 0, 0)
+	withDay := modelScope("learned", 0, 10, 0, 1_000_000, 0)
+	without := modelScope("learned", 0, 10, 0, 0, 0)
 	key := e.keys.LimiterScope(withDay.Name)
 	pttl := func() time.Duration { return e.rdb.PTTL(ctx, key).Val() }
 
@@ -636,7 +636,7 @@ func testKeyTTLCoversAllBuckets(t *testing.T, e *env) {
 	o := e.opts()
 	o.HoldInFlight = true
 	hold := must(NewTokenBucket(e.rdb, o))
-	s := ModelScope("held-ttl", 0, 0, 1_000_000, 0, 0)
+	s := modelScope("held-ttl", 0, 0, 1_000_000, 0, 0)
 	// 2,000 tokens refill in 120 ms, but stay held until the end of the next
 	// in-flight generation: the clock starts at a generation's start.
 	if e.clock.Now().UnixMicro()%inflightGen.Microseconds() != 0 {
@@ -676,7 +676,7 @@ func testRetryAfterHeldInFlight(t *testing.T, e *env) {
 	// 999k of 1M TPM reserved and not reconciled; refill alone would admit
 	// 2,000 tokens in 60 ms and 1,001 in 60 µs, but the hold lasts until the
 	// end of the next generation, 10 s after the reservation.
-	s := ModelScope("held", 0, 0, 1_000_000, 0, 0)
+	s := modelScope("held", 0, 0, 1_000_000, 0, 0)
 	mustReserve(t, tb, s, Cost{Tokens: 999_000})
 	e.clock.Add(time.Second)
 	for _, c := range []int64{2000, 1001} {
@@ -690,7 +690,7 @@ func testRetryAfterHeldInFlight(t *testing.T, e *env) {
 	}
 
 	// A reconcile frees the hold sooner: that is why RetryAfter is short.
-	s = ModelScope("held-reconciled", 0, 0, 1_000_000, 0, 0)
+	s = modelScope("held-reconciled", 0, 0, 1_000_000, 0, 0)
 	a := mustReserve(t, tb, s, Cost{Tokens: 999_000}).Reservation
 	held("before the reconcile", mustReserve(t, tb, s, Cost{Tokens: 2000}), 10*time.Second)
 	if err := tb.Reconcile(ctx, a, Cost{Tokens: 500_000}); err != nil {
@@ -704,7 +704,7 @@ func testRetryAfterHeldInFlight(t *testing.T, e *env) {
 	// first hold lapses at T+10s, the second at T+15s; refill counts from
 	// the write at T+6s (900k) at 16,666.67 tokens a second.
 	e.clock.Set(time.Unix(1_900_000_100, 0))
-	one, two := ModelScope("held-one", 0, 0, 1_000_000, 0, 0), ModelScope("held-two", 0, 0, 1_000_000, 0, 0)
+	one, two := modelScope("held-one", 0, 0, 1_000_000, 0, 0), modelScope("held-two", 0, 0, 1_000_000, 0, 0)
 	for _, s := range []Scope{one, two} {
 		mustReserve(t, tb, s, Cost{Tokens: 600_000})
 	}
@@ -744,7 +744,7 @@ func testRetryAfterHeldInFlight(t *testing.T, e *env) {
 func testOlderFormState(t *testing.T, e *env) {
 	ctx := context.Background()
 	tb := must(NewTokenBucket(e.rdb, e.opts()))
-	s := ModelScope("older-form", 0, 0, 1000, 0, 0)
+	s := modelScope("older-form", 0, 0, 1000, 0, 0)
 	key := e.keys.LimiterScope(s.Name)
 	now := strconv.FormatInt(e.clock.Now().UnixMicro(), 10)
 	if err := e.rdb.HSet(ctx, key, "u:tpm", "600", "t:tpm", now, "c:tpm", "600").Err(); err != nil {

@@ -11,7 +11,7 @@ import (
 
 // RateLimitField names one value of a RateLimit, so that an absent header is
 // told from a zero one.
-type RateLimitField uint8
+type RateLimitField uint16
 
 const (
 	HasLimitRequests RateLimitField = 1 << iota
@@ -22,6 +22,12 @@ const (
 	HasResetTokens
 	HasRetryAfter
 	HasUtilization
+	HasLimitInputTokens
+	HasRemainingInputTokens
+	HasResetInputTokens
+	HasLimitOutputTokens
+	HasRemainingOutputTokens
+	HasResetOutputTokens
 )
 
 // RateLimit is what a provider's response headers say about its rate-limit
@@ -35,7 +41,12 @@ type RateLimit struct {
 	ResetTokens       time.Duration
 	RetryAfter        time.Duration
 	Utilization       float64 // a provisioned Azure deployment's capacity in use, in percent
-	Has               RateLimitField
+	// Input and output tokens counted apart (Anthropic's
+	// anthropic-ratelimit-input-tokens-* and -output-tokens-*).
+	LimitInputTokens, RemainingInputTokens   int64
+	LimitOutputTokens, RemainingOutputTokens int64
+	ResetInputTokens, ResetOutputTokens      time.Duration
+	Has                                      RateLimitField
 }
 
 // Known reports whether the headers gave field f.
@@ -48,7 +59,7 @@ func (r RateLimit) Delay() (d time.Duration, ok bool) {
 	if r.Known(HasRetryAfter) {
 		return r.RetryAfter, r.RetryAfter > 0
 	}
-	d = max(r.ResetRequests, r.ResetTokens)
+	d = max(r.ResetRequests, r.ResetTokens, r.ResetInputTokens, r.ResetOutputTokens)
 	return d, d > 0
 }
 
@@ -82,7 +93,7 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 		if limitOK || limitRaw == "" {
 			rem, ok := parseInt(h.Get("x-ratelimit-remaining-" + kind))
 			if !ok {
-				if rem, ok = parseInt(h.Get("anthropic-ratelimit-" + kind + "-remaining")); ok && kind == "tokens" {
+				if rem, ok = parseInt(h.Get("anthropic-ratelimit-" + kind + "-remaining")); ok && kind != "requests" {
 					rem = max(rem-500, 0) // rounded to the thousand
 				}
 			}
@@ -103,6 +114,10 @@ func parseRateLimit(h http.Header, now time.Time) RateLimit {
 	}
 	family("requests", &r.LimitRequests, &r.RemainingRequests, &r.ResetRequests, HasLimitRequests, HasRemainingRequests, HasResetRequests)
 	family("tokens", &r.LimitTokens, &r.RemainingTokens, &r.ResetTokens, HasLimitTokens, HasRemainingTokens, HasResetTokens)
+	family("input-tokens", &r.LimitInputTokens, &r.RemainingInputTokens, &r.ResetInputTokens,
+		HasLimitInputTokens, HasRemainingInputTokens, HasResetInputTokens)
+	family("output-tokens", &r.LimitOutputTokens, &r.RemainingOutputTokens, &r.ResetOutputTokens,
+		HasLimitOutputTokens, HasRemainingOutputTokens, HasResetOutputTokens)
 
 	if u, ok := parseFloat(strings.TrimSuffix(strings.TrimSpace(h.Get("azure-openai-deployment-utilization")), "%")); ok && u >= 0 && u <= 1000 {
 		r.Utilization = u

@@ -104,6 +104,16 @@ func TestParseRateLimit(t *testing.T) {
 		}, RateLimit{LimitRequests: 50, RemainingRequests: 49, ResetRequests: 2 * time.Second,
 			LimitTokens: 40000, RemainingTokens: 38500, ResetTokens: 90 * time.Second, RetryAfter: 3 * time.Second,
 			Has: HasLimitRequests | HasRemainingRequests | HasResetRequests | HasLimitTokens | HasRemainingTokens | HasResetTokens | HasRetryAfter}},
+		{"anthropic input and output tokens", map[string]string{
+			"anthropic-ratelimit-input-tokens-limit":      "400000",
+			"anthropic-ratelimit-input-tokens-remaining":  "399000",
+			"anthropic-ratelimit-input-tokens-reset":      now.Add(time.Second).Format(time.RFC3339),
+			"anthropic-ratelimit-output-tokens-limit":     "80000",
+			"anthropic-ratelimit-output-tokens-remaining": "0",
+			"anthropic-ratelimit-output-tokens-reset":     now.Add(30 * time.Second).Format(time.RFC3339),
+		}, RateLimit{LimitInputTokens: 400000, RemainingInputTokens: 398500, ResetInputTokens: time.Second,
+			LimitOutputTokens: 80000, RemainingOutputTokens: 0, ResetOutputTokens: 30 * time.Second,
+			Has: HasLimitInputTokens | HasRemainingInputTokens | HasResetInputTokens | HasLimitOutputTokens | HasRemainingOutputTokens | HasResetOutputTokens}},
 		{"anthropic reset in the past or unreadable", map[string]string{
 			"anthropic-ratelimit-requests-reset": now.Add(-time.Second).Format(time.RFC3339),
 			"anthropic-ratelimit-tokens-reset":   "tomorrow",

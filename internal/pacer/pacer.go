@@ -124,10 +124,13 @@ type Room struct {
 
 // Room is what r's buckets admit now and within lookahead: the least over
 // the buckets of what each lets out now (bounded by its burst) plus its
-// refill in lookahead. Force is set when its token buckets are at least
-// half full, so a job larger than they ever hold at once still goes, alone.
-// The room synchronous requests hold is left out, and then nothing is
-// forced.
+// refill in lookahead. The fair queue counts a job's tokens all told (its
+// prompt and output limit): a bucket of input or output tokens alone counts
+// as its room over the share of the tokens its kind took of the scope's
+// permits (tokenShares). Force is set when its token buckets are at least
+// half full, so a job larger than they ever hold at once still goes,
+// alone. The room synchronous requests hold is left out, and then nothing
+// is forced.
 func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duration) (Room, error) {
 	room := Room{Room: queue.Room{Tokens: math.Inf(1), Requests: math.Inf(1)}}
 	sc := p.Scope(ctx, r)
@@ -141,6 +144,7 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 		return room, nil
 	}
 	room.Force = true
+	share := tokenShares(st.Buckets)
 	for i, b := range st.Buckets {
 		limit := sc.Buckets[i]
 		now := b.Remaining
@@ -148,8 +152,8 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 			now = min(now, b.Burst)
 		}
 		ahead := float64(now) + float64(limit.Limit)*float64(lookahead)/float64(limit.Period)
-		if b.Unit == limiter.UnitTokens {
-			room.Tokens = min(room.Tokens, ahead)
+		if b.Unit.Counts() {
+			room.Tokens = min(room.Tokens, ahead/share[b.Unit])
 			room.Force = room.Force && b.Remaining >= limit.Limit/2
 		} else {
 			room.Requests = min(room.Requests, ahead)
@@ -164,6 +168,30 @@ func (p *Pacer) Room(ctx context.Context, r config.Route, lookahead time.Duratio
 		room.Force = false
 	}
 	return room, nil
+}
+
+// tokenShares is, per unit of token bucket, the share of a permit's tokens
+// all told that it counts: 1 for total tokens; for input and output, what
+// their buckets took over what all kinds took (a total bucket's, else input
+// and output together), so that their room counts in the fair queue's unit.
+// Without what to compare with, 1: the room counts as if every token were
+// of the kind, which releases less, never more.
+func tokenShares(bs []limiter.BucketState) map[limiter.Unit]float64 {
+	share := map[limiter.Unit]float64{limiter.UnitTokens: 1, limiter.UnitInputTokens: 1, limiter.UnitOutputTokens: 1}
+	taken := map[limiter.Unit]int64{} // the most a bucket of each unit took
+	for _, b := range bs {
+		taken[b.Unit] = max(taken[b.Unit], b.Taken)
+	}
+	in, out, all := taken[limiter.UnitInputTokens], taken[limiter.UnitOutputTokens], taken[limiter.UnitTokens]
+	if all == 0 && in > 0 && out > 0 {
+		all = in + out
+	}
+	for _, u := range []limiter.Unit{limiter.UnitInputTokens, limiter.UnitOutputTokens} {
+		if taken[u] > 0 && all > taken[u] {
+			share[u] = float64(taken[u]) / float64(all)
+		}
+	}
+	return share
 }
 
 // Calibration returns the prompt correction of scope, read at most every
@@ -235,8 +263,14 @@ func (p *Pacer) Done(ctx context.Context, c *Call, permit *limiter.Reservation, 
 		rl = o.Response.RateLimit
 		u := o.Response.Usage
 		if u.PromptTokens > 0 {
-			// What OpenAI charges at admission: the prompt and max_tokens.
-			fb.Charged = limiter.Cost{Requests: 1, Tokens: u.PromptTokens + c.MaxTokens}
+			// What OpenAI charges at admission: the prompt and max_tokens;
+			// input and output counted apart settle to the usage.
+			input := u.PromptTokens
+			if c.Route.Limits.CacheReadsFree {
+				input -= min(u.CachedTokens, input)
+			}
+			fb.Charged = limiter.Cost{Requests: 1, Tokens: input + c.MaxTokens, Input: input, Output: u.CompletionTokens}
+			fb.Usage = true
 			// A prompt with what llmq did not count teaches no calibration.
 			if c.PromptTokens > 0 && !c.Shape.Unseen() {
 				fb.PromptRatio = float64(u.PromptTokens) / float64(c.PromptTokens)
@@ -297,18 +331,38 @@ func (p *Pacer) PauseFault(ctx context.Context, c *Call) {
 	}
 }
 
-// observed maps the provider's per-minute counts to the scope's rpm and tpm
-// buckets; a provisioned Azure deployment's utilization is the share of the
-// tpm bucket in use.
+// announced are the provider's counts of each bucket its headers describe,
+// by the bucket's name: requests and tokens per minute (OpenAI's, Azure's,
+// Anthropic's), input and output tokens per minute (Anthropic's).
+func announced(rl llm.RateLimit) map[string]limiter.Observed {
+	out := map[string]limiter.Observed{}
+	for _, a := range []struct {
+		bucket           string
+		has              llm.RateLimitField
+		remaining, limit int64
+	}{
+		{"rpm", llm.HasRemainingRequests, rl.RemainingRequests, rl.LimitRequests},
+		{"tpm", llm.HasRemainingTokens, rl.RemainingTokens, rl.LimitTokens},
+		{"itpm", llm.HasRemainingInputTokens, rl.RemainingInputTokens, rl.LimitInputTokens},
+		{"otpm", llm.HasRemainingOutputTokens, rl.RemainingOutputTokens, rl.LimitOutputTokens},
+	} {
+		if rl.Known(a.has) {
+			out[a.bucket] = limiter.Observed{Bucket: a.bucket, Remaining: a.remaining, Limit: a.limit}
+		}
+	}
+	return out
+}
+
+// observed maps the provider's per-minute counts to the scope's buckets of
+// the dimension they describe; a provisioned Azure deployment's
+// utilization is the share of the tpm bucket in use.
 func observed(s limiter.Scope, rl llm.RateLimit) []limiter.Observed {
 	var out []limiter.Observed
+	counts := announced(rl)
 	for _, b := range s.Buckets {
-		switch {
-		case b.Name == "rpm" && rl.Known(llm.HasRemainingRequests):
-			out = append(out, limiter.Observed{Bucket: "rpm", Remaining: rl.RemainingRequests, Limit: rl.LimitRequests})
-		case b.Name == "tpm" && rl.Known(llm.HasRemainingTokens):
-			out = append(out, limiter.Observed{Bucket: "tpm", Remaining: rl.RemainingTokens, Limit: rl.LimitTokens})
-		case b.Name == "tpm" && rl.Known(llm.HasUtilization):
+		if o, ok := counts[b.Name]; ok {
+			out = append(out, o)
+		} else if b.Name == "tpm" && rl.Known(llm.HasUtilization) {
 			out = append(out, limiter.Observed{Bucket: b.Name,
 				Remaining: int64(float64(b.Limit) * max(1-rl.Utilization/100, 0))})
 		}
@@ -325,12 +379,11 @@ func observed(s limiter.Scope, rl llm.RateLimit) []limiter.Observed {
 // the buckets of that unit.
 func evidence(c *Call, pe *llm.Error, rl llm.RateLimit) (rate, short []string) {
 	counts := map[string]bool{} // bucket → the provider's count showed room
-	if rl.Known(llm.HasRemainingRequests) {
-		counts["rpm"] = rl.RemainingRequests >= c.Cost.Requests
+	for name, o := range announced(rl) {
+		i := slices.IndexFunc(limiter.ModelBuckets, func(b limiter.ModelBucket) bool { return b.Name == name })
+		counts[name] = o.Remaining >= c.Cost.Of(limiter.ModelBuckets[i].Unit)
 	}
-	if rl.Known(llm.HasRemainingTokens) {
-		counts["tpm"] = rl.RemainingTokens >= c.Cost.Tokens
-	} else if rl.Known(llm.HasUtilization) {
+	if _, ok := counts["tpm"]; !ok && rl.Known(llm.HasUtilization) {
 		counts["tpm"] = rl.Utilization < 100
 	}
 	room := len(counts) > 0
@@ -338,7 +391,7 @@ func evidence(c *Call, pe *llm.Error, rl llm.RateLimit) (rate, short []string) {
 		room = room && r
 	}
 	for _, b := range c.Scope.Buckets {
-		if pe.Type == "requests" && b.Unit != limiter.UnitRequests || pe.Type == "tokens" && b.Unit != limiter.UnitTokens {
+		if pe.Type == "requests" && b.Unit != limiter.UnitRequests || pe.Type == "tokens" && !b.Unit.Counts() {
 			continue
 		}
 		showed, reported := counts[b.Name]
