@@ -95,7 +95,7 @@ func priced(t *testing.T, p *config.Policy, b sim.Bill) money.Micros {
 		}
 		price = tier
 	}
-	cost := price.Cost(b.InputTokens, b.CachedTokens, b.OutputTokens)
+	cost := price.Cost(money.Tokens{Prompt: b.InputTokens, Cached: b.CachedTokens, Completion: b.OutputTokens})
 	for kind, n := range b.ToolCalls {
 		cost += money.Micros(n) * m.Deployments[0].Price.Tools[kind].PerCall
 	}

@@ -277,7 +277,7 @@ func budgetNeverOverspent(t *testing.T, omitUsage float64, worstCase bool) {
 		j, _ := a.Store.JobGetByID(ctx, id)
 		endpoints[j.Endpoint]++
 		e, err := a.Store.UsageGetByJob(ctx, id)
-		if want := m.Deployments[0].Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); err != nil || e.Cost != want || j.Cost != want {
+		if want := m.Deployments[0].Price.Cost(money.Tokens{Prompt: j.PromptTokens, Cached: j.CachedTokens, Completion: j.CompletionTokens}); err != nil || e.Cost != want || j.Cost != want {
 			t.Fatalf("job %s: ledger %+v (%v), job cost %d; want %d", id, e, err, j.Cost, want)
 		}
 		if j.UsageEstimated {
@@ -556,7 +556,7 @@ func TestInFlightJobsSurviveAPolicyReload(t *testing.T) {
 		if j.Status != store.JobSucceeded || j.Attempts != 1 {
 			t.Fatalf("job %s: %s after %d attempts (%+v)", j.ID, j.Status, j.Attempts, j.Error)
 		}
-		if want := old.Deployments[0].Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens); j.Cost != want {
+		if want := old.Deployments[0].Price.Cost(money.Tokens{Prompt: j.PromptTokens, Cached: j.CachedTokens, Completion: j.CompletionTokens}); j.Cost != want {
 			t.Fatalf("job %s cost %s, want %s at the price it started with", j.ID, j.Cost, want)
 		}
 		ledger += j.Cost
@@ -569,7 +569,7 @@ func TestInFlightJobsSurviveAPolicyReload(t *testing.T) {
 		t.Fatalf("spent $%s, ledger $%s", got, ledger)
 	}
 	after := allEnd(t, a, submitEach(t, a, key, 1, func(i int) map[string]any { return expensiveJob(100 + i) }), 30*time.Second)[0]
-	if want := m.Deployments[0].Price.Cost(after.PromptTokens, after.CachedTokens, after.CompletionTokens); after.Cost != want || after.TenantID != tenant {
+	if want := m.Deployments[0].Price.Cost(money.Tokens{Prompt: after.PromptTokens, Cached: after.CachedTokens, Completion: after.CompletionTokens}); after.Cost != want || after.TenantID != tenant {
 		t.Fatalf("job after the reload cost %s, want %s at the new price", after.Cost, want)
 	}
 }

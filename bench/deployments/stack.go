@@ -21,6 +21,7 @@ import (
 	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/app"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/queue"
 	"github.com/llmq/llmq/internal/store"
@@ -392,7 +393,7 @@ func (s *stack) countJobs(ctx context.Context) (*jobCounts, error) {
 		var want int64 = -1
 		if ok {
 			if r, ok := m.Route(dep); ok {
-				want = int64(r.Price.Cost(prompt, cached, completion))
+				want = int64(r.Price.Cost(money.Tokens{Prompt: prompt, Cached: cached, Completion: completion}))
 			}
 		}
 		if cost != want || jobCost != want {

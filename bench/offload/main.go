@@ -468,8 +468,8 @@ func (r *result) readLedger(ctx context.Context, s *stack, batchID string, runs 
 			r.batchedRows++
 			price = batched
 		}
-		r.normalOfOwn += normal.Cost(e.PromptTokens, e.CachedTokens, e.CompletionTokens)
-		want := price.Cost(e.PromptTokens, e.CachedTokens, e.CompletionTokens)
+		r.normalOfOwn += normal.Cost(money.Tokens{Prompt: e.PromptTokens, Cached: e.CachedTokens, Completion: e.CompletionTokens})
+		want := price.Cost(money.Tokens{Prompt: e.PromptTokens, Cached: e.CachedTokens, Completion: e.CompletionTokens})
 		switch {
 		case e.Cost != want:
 			bad("job %s (%s): charged %d µ$, its usage (%d + %d tokens) at its path's price is %d", j.ID, j.CustomID, e.Cost, e.PromptTokens,

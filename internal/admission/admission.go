@@ -129,6 +129,14 @@ func (e *Estimator) Estimate(ctx context.Context, p *config.Policy, tier *config
 	if (endpoint == llm.EndpointEmbeddings) != (m.Kind == config.KindEmbedding) { // chat: the rest
 		return nil, wire.Invalid("model", client.CodeModelNotSupported, "The model '%s' is a %s model and cannot serve %s.", m.Name, m.Kind, endpoint)
 	}
+	if m.Anthropic && endpoint != llm.EndpointMessages {
+		return nil, wire.Invalid("model", client.CodeModelNotSupported,
+			"The model '%s' is served by Anthropic's Messages API only: send it to %s, not %s.", m.Name, llm.EndpointMessages, endpoint)
+	}
+	if !m.Anthropic && endpoint == llm.EndpointMessages {
+		return nil, wire.Invalid("model", client.CodeModelNotSupported,
+			"The model '%s' is not served by Anthropic's Messages API: send it to %s or %s.", m.Name, llm.EndpointChat, llm.EndpointResponses)
+	}
 	counted, err := e.tokens.Count(decoded, m.TokenizerModel(), m.Encoding)
 	if err != nil {
 		return nil, invalid(err)

@@ -378,12 +378,12 @@ func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
 	if !ok {
 		var dearest money.Micros
 		for _, q := range prices(price, s.ServiceTier) {
-			if c := q.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens); c >= dearest {
+			if c := q.Cost(tokens(u)); c >= dearest {
 				dearest, p = c, q
 			}
 		}
 	}
-	cost := p.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens)
+	cost := p.Cost(tokens(u))
 	calls := u.ToolCalls
 	if s.Endpoint == llm.EndpointChat && len(s.Tools) > 0 {
 		calls = map[string]int64{s.Tools[0]: 1}
@@ -396,6 +396,12 @@ func Bill(price money.Price, s *Shape, u llm.Usage) money.Micros {
 		cost = satAdd(cost, satMul(n, fee.PerCall))
 	}
 	return cost
+}
+
+// tokens are what a call of usage u is billed for.
+func tokens(u llm.Usage) money.Tokens {
+	return money.Tokens{Prompt: u.PromptTokens, Cached: u.CachedTokens, Completion: u.CompletionTokens,
+		CacheWrite5m: u.CacheWrite5mTokens, CacheWrite1h: u.CacheWrite1hTokens}
 }
 
 // prices are the prices a call asking for service tier may be billed at:

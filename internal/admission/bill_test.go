@@ -10,6 +10,7 @@ import (
 	"github.com/llmq/llmq/client"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
 	"github.com/llmq/llmq/internal/testutil"
 	"github.com/llmq/llmq/internal/wire"
@@ -199,7 +200,7 @@ func TestServiceTiersArePriced(t *testing.T) {
 	if _, w := Charge(route, &auto.Shape, auto.Calibration, auto.PromptTokens, 100); w != prio.WorstCase {
 		t.Fatalf("auto on a priority project: %s, want %s", w, prio.WorstCase)
 	}
-	if got, want := Bill(route.Price, &auto.Shape, llm.Usage{PromptTokens: 10, CompletionTokens: 5}), priority.Cost(10, 0, 5); got != want {
+	if got, want := Bill(route.Price, &auto.Shape, llm.Usage{PromptTokens: 10, CompletionTokens: 5}), priority.Cost(money.Tokens{Prompt: 10, Completion: 5}); got != want {
 		t.Fatalf("auto on a priority project, the answer naming no tier: %s, want %s", got, want)
 	}
 	_, err := env.estimate(t, "standard", env.a, llm.EndpointChat, body(`"service_tier":"scale",`))
@@ -210,15 +211,15 @@ func TestServiceTiersArePriced(t *testing.T) {
 	// Charged at the tier the answer says served it.
 	s := &prio.Shape
 	u := llm.Usage{PromptTokens: 1000, CompletionTokens: 100, TotalTokens: 1100}
-	if got, want := Bill(m.Deployments[0].Price, s, u), priority.Cost(1000, 0, 100); got != want {
+	if got, want := Bill(m.Deployments[0].Price, s, u), priority.Cost(money.Tokens{Prompt: 1000, Completion: 100}); got != want {
 		t.Fatalf("served as asked: %s, want %s", got, want)
 	}
 	u.ServiceTier = "default"
-	if got, want := Bill(m.Deployments[0].Price, s, u), m.Deployments[0].Price.Cost(1000, 0, 100); got != want {
+	if got, want := Bill(m.Deployments[0].Price, s, u), m.Deployments[0].Price.Cost(money.Tokens{Prompt: 1000, Completion: 100}); got != want {
 		t.Fatalf("served at standard: %s, want %s", got, want)
 	}
 	u.ServiceTier = "scale" // a tier without a price: the dearest it could be
-	if got, want := Bill(m.Deployments[0].Price, s, u), priority.Cost(1000, 0, 100); got != want {
+	if got, want := Bill(m.Deployments[0].Price, s, u), priority.Cost(money.Tokens{Prompt: 1000, Completion: 100}); got != want {
 		t.Fatalf("served at an unpriced tier: %s, want %s", got, want)
 	}
 }
@@ -272,12 +273,12 @@ func TestBuiltinToolsArePriced(t *testing.T) {
 		t.Fatalf("chat web search: %+v", chat.Shape)
 	}
 	u := llm.Usage{PromptTokens: 500, CompletionTokens: 50, TotalTokens: 550}
-	if got, want := Bill(m.Deployments[0].Price, &chat.Shape, u), m.Deployments[0].Price.Cost(500, 0, 50)+10_000; got != want {
+	if got, want := Bill(m.Deployments[0].Price, &chat.Shape, u), m.Deployments[0].Price.Cost(money.Tokens{Prompt: 500, Completion: 50})+10_000; got != want {
 		t.Fatalf("chat web search billed %s, want %s", got, want)
 	}
 	// Tool calls as the answer reports them, each at its price.
 	u.ToolCalls = map[string]int64{llm.ToolWebSearch: 2}
-	if got, want := Bill(m.Deployments[0].Price, &s, u), m.Deployments[0].Price.Cost(500, 0, 50)+20_000; got != want {
+	if got, want := Bill(m.Deployments[0].Price, &s, u), m.Deployments[0].Price.Cost(money.Tokens{Prompt: 500, Completion: 50})+20_000; got != want {
 		t.Fatalf("two searches billed %s, want %s", got, want)
 	}
 	if why := Unbelievable(route, &s, est.PromptTokens, 100, llm.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15,
@@ -390,7 +391,7 @@ func TestUsageIsBelievedUpToTheBound(t *testing.T) {
 	if why := Unbelievable(route, s, est.PromptTokens, 50, eightfold); why != "" {
 		t.Fatalf("a prompt eight times llmq's count was not believed: %s", why)
 	}
-	if got, want := Bill(route.Price, s, eightfold), route.Price.Cost(eightfold.PromptTokens, 0, 50); got != want {
+	if got, want := Bill(route.Price, s, eightfold), route.Price.Cost(money.Tokens{Prompt: eightfold.PromptTokens, Completion: 50}); got != want {
 		t.Fatalf("charged %s, want the provider's count at the price, %s", got, want)
 	}
 	for _, u := range []llm.Usage{

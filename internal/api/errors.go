@@ -31,6 +31,8 @@ func missingAs(err error, what, id string) error {
 var (
 	errUnauthorized = wire.Errorf(http.StatusUnauthorized, wire.TypeAuthentication, client.CodeInvalidAPIKey, "",
 		"Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.")
+	errAnthropicUnauthorized = wire.Errorf(http.StatusUnauthorized, wire.TypeAuthentication, client.CodeInvalidAPIKey, "",
+		"Incorrect or missing API key. Send it as 'x-api-key: <key>' or 'Authorization: Bearer <key>'.")
 	errAdminUnauthorized = wire.Errorf(http.StatusUnauthorized, wire.TypeAuthentication, client.CodeInvalidAdminToken, "",
 		"Incorrect or missing admin token. Send it as 'Authorization: Bearer <token>'.")
 )
@@ -64,9 +66,10 @@ func queueStoreDown(err error) bool {
 	return !errors.As(err, &pgErr) && !errors.As(err, &connectErr) && !errors.As(err, &pgconnErr)
 }
 
-// writeError writes err to the client: a *wire.Error as it is, an outage as
-// its 503, any other error as a generic 500 that leaks nothing, logged.
-func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+// writeError writes err to the client by write (wire.WriteError, or
+// Anthropic's shape on its path): a *wire.Error as it is, an outage as its
+// 503, any other error as a generic 500 that leaks nothing, logged.
+func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error, write func(http.ResponseWriter, *wire.Error)) {
 	var e *wire.Error
 	var mbe *http.MaxBytesError
 	level, logged := slog.LevelWarn, ""
@@ -92,7 +95,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	if logged != "" {
 		logger.Log(r.Context(), level, logged, "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	wire.WriteError(w, e)
+	write(w, e)
 }
 
 // writeJSON answers v with status, ending a handler.

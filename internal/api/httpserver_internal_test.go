@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/client"
+	"github.com/llmq/llmq/internal/wire"
 )
 
 // shortLimits are connection limits small enough for a test to cross them
@@ -46,7 +47,7 @@ func readsJSON(w http.ResponseWriter, r *http.Request) {
 	var v map[string]any
 	body, err := decodeJSON(w, r, 1<<20, &v, false)
 	if err != nil {
-		writeError(w, r, slog.New(slog.DiscardHandler), err)
+		writeError(w, r, slog.New(slog.DiscardHandler), err, wire.WriteError)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"bytes": len(body)})

@@ -50,8 +50,9 @@ type syncAPI struct {
 // SDKs reach llmq with base_url <llmq>/v1: POST /v1/chat/completions and
 // POST /v1/responses (streamed too; responses also in the background, with
 // GET /v1/responses/{id} and its cancel), POST /v1/embeddings, GET
-// /v1/models. Each request is a job of its tenant, admitted as POST
-// /v1/jobs admits one, run by runner.
+// /v1/models; and Anthropic's POST /v1/messages (see messages). Each
+// request is a job of its tenant, admitted as POST /v1/jobs admits one,
+// run by runner.
 func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) {
 	a := &syncAPI{Server: s, runner: runner, opts: opts}
 	t := s.tenantRoute
@@ -62,6 +63,7 @@ func (s *Server) EnableSync(runner SyncRunner, opts SyncOptions) {
 	s.mux.Handle("POST "+llm.EndpointResponses+"/{id}/cancel", t("", a.cancelResponse))
 	s.mux.Handle("GET /v1/models", t("", a.listModels))
 	s.mux.Handle("GET /v1/models/{id}", t("", a.getModel))
+	s.mux.Handle("POST "+llm.EndpointMessages, s.tenantRouteAs(anthropicWay, "", a.messages))
 }
 
 // model is OpenAI's model object.
@@ -158,7 +160,7 @@ func (a *syncAPI) run(w http.ResponseWriter, r *http.Request, endpoint string, b
 	var relay *sseRelay
 	if stream {
 		relay = &sseRelay{w: w, out: streamTo(w, r), rc: http.NewResponseController(w), includeUsage: includeUsage,
-			typed: endpoint == llm.EndpointResponses}
+			typed: endpoint == llm.EndpointResponses || endpoint == llm.EndpointMessages, anthropic: endpoint == llm.EndpointMessages}
 		call.Stream = relay.send
 	}
 	answered := false
@@ -248,8 +250,8 @@ func streamFields(endpoint string, fields map[string]json.RawMessage) (stream, i
 		return false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' must be a boolean.")
 	}
 	if stream && endpoint == llm.EndpointEmbeddings {
-		return false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' is only supported on %s and %s.",
-			llm.EndpointChat, llm.EndpointResponses)
+		return false, false, wire.Invalid("stream", client.CodeInvalidValue, "'stream' is only supported on %s, %s and %s.",
+			llm.EndpointChat, llm.EndpointResponses, llm.EndpointMessages)
 	}
 	if opts, has := fields["stream_options"]; has && strings.TrimSpace(string(opts)) != "null" {
 		if !stream {
@@ -367,11 +369,13 @@ type sseRelay struct {
 	out          interface{ Write([]byte) (int, error) }
 	rc           *http.ResponseController
 	includeUsage bool
-	// typed: the Responses API's stream, whose events are named by their
-	// data's type and which ends with its last event, not [DONE].
-	typed   bool
-	started bool
-	gone    bool
+	// typed: the Responses API's or the Messages API's stream, whose events
+	// are named by their data's type and which ends with its last event,
+	// not [DONE]; anthropic: the Messages API's, whose error event is in
+	// Anthropic's shape.
+	typed, anthropic bool
+	started          bool
+	gone             bool
 }
 
 func (s *sseRelay) send(data []byte) error {
@@ -428,10 +432,14 @@ func (s *sseRelay) done() {
 	}
 }
 
-// fail ends a started stream with an error event: chat's {"error": …}, or
-// the Responses API's event of type error.
+// fail ends a started stream with an error event: chat's {"error": …},
+// the Responses API's event of type error, or Anthropic's.
 func (s *sseRelay) fail(pe *llm.Error) {
 	e := providerAnswer(pe)
+	if s.anthropic {
+		s.write(s.event(wire.AnthropicErrorBody(e)))
+		return
+	}
 	if !s.typed {
 		s.write(append(append([]byte("data: "), wire.ErrorBody(e.Object())...), "\n\n"...))
 		return

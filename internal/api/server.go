@@ -258,13 +258,33 @@ func NotReadyReason(err error) string {
 
 // plain adapts a handlerFunc without authentication. The store classifies
 // errors first, so a value the database refuses is a 400.
-func (s *Server) plain(h handlerFunc) http.Handler {
+func (s *Server) plain(h handlerFunc) http.Handler { return s.plainAs(openAIWay, h) }
+
+// plainAs is plain writing errors api's way.
+func (s *Server) plainAs(api tenantAPI, h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			writeError(w, r, s.Logger, s.Store.Classify(err))
+			writeError(w, r, s.Logger, s.Store.Classify(err), api.write)
 		}
 	})
 }
+
+// tenantAPI is the way of the API a tenant route serves: where it reads
+// the key and how it writes errors.
+type tenantAPI struct {
+	key          func(*http.Request) string
+	unauthorized *wire.Error
+	write        func(http.ResponseWriter, *wire.Error)
+}
+
+var (
+	// openAIWay is llmq's own and OpenAI's: a bearer token, OpenAI's errors.
+	openAIWay = tenantAPI{bearer, errUnauthorized, wire.WriteError}
+	// anthropicWay is Anthropic's, whose SDKs send the key as x-api-key or
+	// a bearer token and read errors in Anthropic's shape.
+	anthropicWay = tenantAPI{func(r *http.Request) string { return cmp.Or(strings.TrimSpace(r.Header.Get("x-api-key")), bearer(r)) },
+		errAnthropicUnauthorized, wire.WriteAnthropicError}
+)
 
 // caller is the authenticated tenant of a request, with its budget
 // account and today's spend as of the request.
@@ -321,17 +341,22 @@ func bearer(r *http.Request) string {
 // then runs h. endpoint is the route's name in a tier's api_endpoint_limits
 // (config.APIEndpoints); empty for a route no tier limits on its own.
 func (s *Server) tenantRoute(endpoint string, h handlerFunc) http.Handler {
-	return s.plain(func(w http.ResponseWriter, r *http.Request) error {
-		token := bearer(r)
+	return s.tenantRouteAs(openAIWay, endpoint, h)
+}
+
+// tenantRouteAs is tenantRoute serving api's way.
+func (s *Server) tenantRouteAs(api tenantAPI, endpoint string, h handlerFunc) http.Handler {
+	return s.plainAs(api, func(w http.ResponseWriter, r *http.Request) error {
+		token := api.key(r)
 		if token == "" || len(token) > 200 {
-			return s.authFailed(w, r, errUnauthorized)
+			return s.authFailed(w, r, api.unauthorized)
 		}
 		sum := sha256.Sum256([]byte(token))
 		// The lookup was by hash; compare again in constant time so no code
 		// path depends on how much of the hash matched.
 		key, tenant, err := s.authenticate(r.Context(), sum)
 		if errors.Is(err, store.ErrNotFound) || err == nil && subtle.ConstantTimeCompare(key.Hash, sum[:]) != 1 {
-			return s.authFailed(w, r, errUnauthorized)
+			return s.authFailed(w, r, api.unauthorized)
 		}
 		if err != nil {
 			return err

@@ -92,7 +92,7 @@ func TestThousandResponsesLines(t *testing.T) {
 		if err != nil || j == nil || u.PromptTokens == 0 || u.CompletionTokens == 0 || u.CompletionTokens > 20 {
 			t.Fatalf("line %s: usage %+v (%v), job %v", r.CustomID, u, err, j)
 		}
-		if j.PromptTokens != u.PromptTokens || j.CompletionTokens != u.CompletionTokens || j.Cost != price.Cost(u.PromptTokens, u.CachedTokens, u.CompletionTokens) {
+		if j.PromptTokens != u.PromptTokens || j.CompletionTokens != u.CompletionTokens || j.Cost != price.Cost(money.Tokens{Prompt: u.PromptTokens, Cached: u.CachedTokens, Completion: u.CompletionTokens}) {
 			t.Fatalf("line %s: job charged %d/%d $%s, answer says %+v", r.CustomID, j.PromptTokens, j.CompletionTokens, j.Cost, u)
 		}
 	}

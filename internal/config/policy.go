@@ -107,12 +107,19 @@ type Policy struct {
 	tiers     map[string]*Tier
 }
 
-// Provider is an OpenAI-compatible API that models are served by.
+// Provider is an API that models are served by: OpenAI's (or one
+// compatible with it), Azure OpenAI's or Anthropic's.
 type Provider struct {
-	Name             string
-	Kind             string        // openai or azure. Defaults to openai.
-	APIVersion       string        // an Azure provider's api-version; empty for Azure's v1 API
-	BaseURL          string        // e.g. https://api.openai.com/v1, or https://<resource>.openai.azure.com for Azure
+	Name string
+	Kind string // openai, azure or anthropic. Defaults to openai.
+	// APIVersion is an Azure provider's api-version (empty for Azure's v1
+	// API), or an Anthropic provider's anthropic-version header. Defaults
+	// to DefaultAnthropicVersion for kind anthropic.
+	APIVersion string
+	// BaseURL is e.g. https://api.openai.com/v1, https://<resource>.openai.azure.com
+	// for Azure, or Anthropic's API root (its SDKs' base URL; a trailing /v1
+	// is dropped). Defaults to DefaultAnthropicBaseURL for kind anthropic.
+	BaseURL          string
 	APIKeyEnv        string        // the environment variable holding the API key; empty for none
 	Timeout          time.Duration // of one call, > 0. Defaults to 60s.
 	MaxResponseBytes int64         // one answer's body, within 1 KiB and 1 GiB. Defaults to 16 MiB.
@@ -121,8 +128,15 @@ type Provider struct {
 
 // The kinds of provider.
 const (
-	ProviderOpenAI = "openai"
-	ProviderAzure  = "azure"
+	ProviderOpenAI    = "openai"
+	ProviderAzure     = "azure"
+	ProviderAnthropic = "anthropic" // Anthropic's Messages API
+)
+
+// The defaults of an anthropic provider.
+const (
+	DefaultAnthropicBaseURL = "https://api.anthropic.com"
+	DefaultAnthropicVersion = "2023-06-01"
 )
 
 // DefaultMaxResponseBytes is a provider's default MaxResponseBytes.
@@ -150,6 +164,10 @@ type Model struct {
 	// Fallbacks run a job none of the deployments can take, or whose
 	// context length the provider refuses. One level.
 	Fallbacks []string
+	// Anthropic is set when the model's deployments are on anthropic
+	// providers, which serve Anthropic's Messages API only; a model's
+	// deployments are all on such providers or none.
+	Anthropic bool
 
 	routes []Route // one per deployment
 }
@@ -242,8 +260,8 @@ const (
 
 // cacheReadsFree is how each kind of provider counts the input tokens read
 // from its prompt cache toward its limits, as it documents: OpenAI and
-// Azure count them.
-var cacheReadsFree = map[string]bool{ProviderOpenAI: false, ProviderAzure: false}
+// Azure count them; Anthropic counts none toward ITPM on current models.
+var cacheReadsFree = map[string]bool{ProviderOpenAI: false, ProviderAzure: false, ProviderAnthropic: true}
 
 // Tier is a class of tenants sharing a daily budget and a priority.
 type Tier struct {
@@ -414,14 +432,16 @@ type rawDeployment struct {
 }
 
 type rawPrice struct {
-	InputPerMTok       *float64                `yaml:"input_per_mtok"`
-	OutputPerMTok      *float64                `yaml:"output_per_mtok"`
-	CachedInputPerMTok *float64                `yaml:"cached_input_per_mtok"`
-	BatchInputPerMTok  *float64                `yaml:"batch_input_per_mtok"`
-	BatchOutputPerMTok *float64                `yaml:"batch_output_per_mtok"`
-	ServiceTierPrices  map[string]*rawPrice    `yaml:"service_tier_prices"`
-	AutoServiceTier    string                  `yaml:"auto_service_tier"`
-	ToolPrices         map[string]rawToolPrice `yaml:"tool_prices"`
+	InputPerMTok        *float64                `yaml:"input_per_mtok"`
+	OutputPerMTok       *float64                `yaml:"output_per_mtok"`
+	CachedInputPerMTok  *float64                `yaml:"cached_input_per_mtok"`
+	CacheWrite5mPerMTok *float64                `yaml:"cache_write_5m_per_mtok"`
+	CacheWrite1hPerMTok *float64                `yaml:"cache_write_1h_per_mtok"`
+	BatchInputPerMTok   *float64                `yaml:"batch_input_per_mtok"`
+	BatchOutputPerMTok  *float64                `yaml:"batch_output_per_mtok"`
+	ServiceTierPrices   map[string]*rawPrice    `yaml:"service_tier_prices"`
+	AutoServiceTier     string                  `yaml:"auto_service_tier"`
+	ToolPrices          map[string]rawToolPrice `yaml:"tool_prices"`
 }
 
 type rawToolPrice struct {
@@ -559,27 +579,38 @@ func (rp rawProvider) build(src *source, path string) Provider {
 	pr := Provider{Name: rp.Name, Kind: rp.Kind, APIVersion: rp.APIVersion, BaseURL: rp.BaseURL, APIKeyEnv: rp.APIKeyEnv,
 		Timeout: DefaultProviderTimeout}
 	checkIdent(src, path+".name", rp.Name)
-	pr.Kind = oneOf(src, path+".kind", rp.Kind, `"openai" or "azure"`, ProviderOpenAI, ProviderAzure)
+	pr.Kind = oneOf(src, path+".kind", rp.Kind, `"openai", "azure" or "anthropic"`, ProviderOpenAI, ProviderAzure, ProviderAnthropic)
 	pr.BatchAPI = pr.Kind == ProviderOpenAI
 	if rp.BatchAPI != nil {
 		pr.BatchAPI = *rp.BatchAPI
 	}
-	if rp.APIVersion != "" && pr.Kind != ProviderAzure {
-		src.fail(path+".api_version", "is for kind: %s only", ProviderAzure)
+	if pr.BatchAPI && pr.Kind == ProviderAnthropic {
+		src.fail(path+".batch_api", "is OpenAI's Batch API, which an anthropic provider does not offer")
 	}
-	date, suffix, _ := strings.Cut(rp.APIVersion, "-preview") // a date, optionally with -preview
-	if _, err := time.Parse(time.DateOnly, date); rp.APIVersion != "" && (err != nil || suffix != "") {
+	date, suffix, _ := strings.Cut(rp.APIVersion, "-preview") // Azure's: a date, optionally with -preview
+	_, azureErr := time.Parse(time.DateOnly, date)
+	_, anthropicErr := time.Parse(time.DateOnly, rp.APIVersion)
+	switch {
+	case rp.APIVersion == "":
+	case pr.Kind == ProviderOpenAI:
+		src.fail(path+".api_version", "is for kind: %s or %s only", ProviderAzure, ProviderAnthropic)
+	case pr.Kind == ProviderAnthropic && anthropicErr != nil:
+		src.fail(path+".api_version", "must be an anthropic-version such as %s, got %q", DefaultAnthropicVersion, rp.APIVersion)
+	case pr.Kind == ProviderAzure && (azureErr != nil || suffix != ""):
 		src.fail(path+".api_version", "must be an Azure api-version such as 2024-10-21 or 2025-04-01-preview (leave it out for Azure's v1 API), got %q", rp.APIVersion)
 	}
-	if rp.BaseURL == "" && pr.Kind == ProviderAzure {
+	if pr.Kind == ProviderAnthropic {
+		pr.APIVersion = cmp.Or(pr.APIVersion, DefaultAnthropicVersion)
+		pr.BaseURL = cmp.Or(pr.BaseURL, DefaultAnthropicBaseURL)
+	}
+	switch u, err := url.Parse(pr.BaseURL); {
+	case pr.BaseURL == "" && pr.Kind == ProviderAzure:
 		src.fail(path+".base_url", "required, the resource's endpoint, e.g. https://my-resource.openai.azure.com")
-	}
-	if rp.BaseURL == "" {
+	case pr.BaseURL == "":
 		src.fail(path+".base_url", "required, e.g. https://api.openai.com/v1")
-	}
-	if u, err := url.Parse(rp.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 		src.fail(path+".base_url", "must be an http or https URL, got %q", rp.BaseURL)
-	} else if u.User != nil {
+	case u.User != nil:
 		src.fail(path+".base_url", "must not hold credentials; name the key's variable in api_key_env")
 	}
 	if rp.APIKeyEnv != "" && !envVarName.MatchString(rp.APIKeyEnv) {
@@ -645,6 +676,17 @@ func (rm rawModel) build(src *source, path string, providers map[string]*Provide
 		if j := slices.IndexFunc(m.Deployments, func(o Deployment) bool { return o.Name() == d.Name() }); j >= 0 {
 			src.fail(dpath+".upstream", "%q at provider %q is already deployments[%d] of this model", d.Upstream, d.Provider, j)
 		}
+		anthropic := providers[d.Provider] != nil && providers[d.Provider].Kind == ProviderAnthropic
+		switch {
+		case i == 0:
+			m.Anthropic = anthropic
+		case anthropic != m.Anthropic:
+			src.fail(dpath+".provider", "%q speaks another API than the model's first deployment (%q): a model's deployments are all on anthropic providers or none",
+				d.Provider, m.Deployments[0].Provider)
+		}
+		if anthropic && m.Kind == KindEmbedding {
+			src.fail(dpath+".provider", "%q is an anthropic provider, which serves no embedding model", d.Provider)
+		}
 		m.Deployments = append(m.Deployments, d)
 	}
 	return m
@@ -673,6 +715,9 @@ func (rd rawDeployment) build(src *source, path string, short bool, m Model, pri
 	var kind string
 	if pr, ok := providers[rd.Provider]; ok {
 		kind = pr.Kind
+	}
+	if kind == ProviderAnthropic {
+		d.Price = d.Price.Anthropic() // its cache writes and reads where the price gives none
 	}
 	d.Limits = rd.Limits.build(src, path+".limits", kind)
 	// A request that cannot fit in a bucket would wait forever.
@@ -735,6 +780,8 @@ func (p *Policy) checkFallbacks(src *source) {
 				src.fail(path, "%q is named twice", name)
 			case f.Kind != m.Kind:
 				src.fail(path, "%q is a %s model and %q a %s one", name, f.Kind, m.Name, m.Kind)
+			case f.Anthropic != m.Anthropic:
+				src.fail(path, "%q and %q are served by different APIs (Anthropic's Messages API and OpenAI's); a job cannot move between them", name, m.Name)
 			}
 		}
 	}
@@ -773,6 +820,8 @@ func buildPrice(src *source, path string, rp *rawPrice, kind, upstream, name str
 		{"input_per_mtok", "required (USD per 1M input tokens)", rp.InputPerMTok, &p.InputPerMTok},
 		{"output_per_mtok", outputNeeded, rp.OutputPerMTok, &p.OutputPerMTok},
 		{"cached_input_per_mtok", "", rp.CachedInputPerMTok, &p.CachedInputPerMTok},
+		{"cache_write_5m_per_mtok", "", rp.CacheWrite5mPerMTok, &p.CacheWrite5mPerMTok},
+		{"cache_write_1h_per_mtok", "", rp.CacheWrite1hPerMTok, &p.CacheWrite1hPerMTok},
 		{"batch_input_per_mtok", "", rp.BatchInputPerMTok, &p.BatchInputPerMTok},
 		{"batch_output_per_mtok", "", rp.BatchOutputPerMTok, &p.BatchOutputPerMTok},
 	} {

@@ -60,7 +60,7 @@ type Error struct {
 	StatusCode           int
 	Message, Type, Param string // the provider's error object, with Code
 	Code                 client.Code
-	RequestID            string // the provider's x-request-id
+	RequestID            string // the provider's x-request-id (Anthropic's request-id)
 	RateLimit            RateLimit
 	Err                  error // the underlying error (network, context, decoding)
 	// Relayed is how many events a stream had relayed when it failed: a
@@ -133,8 +133,10 @@ func Truncate(s string, n int) string {
 	return strings.ToValidUTF8(s[:n], "")
 }
 
+// requestID is the provider's id of a call: OpenAI's x-request-id,
+// Anthropic's request-id.
 func requestID(h http.Header) string {
-	return Truncate(h.Get("x-request-id"), maxErrorField)
+	return Truncate(cmp.Or(h.Get("x-request-id"), h.Get("request-id")), maxErrorField)
 }
 
 // answerMessage is what llmq tells of a provider's error answer of status:

@@ -34,7 +34,11 @@ const (
 	// quarter more tokens, and an estimate too low costs 429s and
 	// under-reserved budgets.
 	UnknownModelMarginPercent = 25
-	FallbackEncoding          = "o200k_base" // of models no tokenizer is known for
+	// ClaudeMarginPercent is added instead to a Claude model's estimate:
+	// Anthropic publishes no tokenizer, and Claude's count of a text runs
+	// 20 to 35% above o200k_base's.
+	ClaudeMarginPercent = 50
+	FallbackEncoding    = "o200k_base" // of models no tokenizer is known for
 )
 
 // imageAllowance lists models that bill images above gpt-4o's rates, per
@@ -47,6 +51,7 @@ var imageAllowance = []struct {
 	{"gpt-4.1-nano", 3779, 3779},
 	{"gpt-4.1-mini", 2489, 2489},
 	{"o4-mini", 2642, 2642},
+	{"claude", 1600, 1600}, // Anthropic's: an image within 1.15 megapixels
 }
 
 // encodingPrefixes maps model-name prefixes to encodings, most specific first.
@@ -179,7 +184,11 @@ func (e *Estimator) Count(b *Body, model, encoding string) (*ParsedRequest, erro
 	content, overhead := c.request(r, normalizeModel(model))
 	prompt := content + overhead
 	if !known {
-		prompt += (prompt*UnknownModelMarginPercent + 99) / 100
+		margin := int64(UnknownModelMarginPercent)
+		if strings.HasPrefix(normalizeModel(model), "claude") {
+			margin = ClaudeMarginPercent
+		}
+		prompt += (prompt*margin + 99) / 100
 	}
 	return &ParsedRequest{
 		Model:            r.model,

@@ -1,5 +1,6 @@
 // Package llm owns llmq's one way of talking to an LLM provider: the Provider
-// interface and its OpenAI-compatible implementation, the classification of
+// interface and its implementations (OpenAI's API and Azure's, Anthropic's
+// Messages API), the classification of
 // provider errors, the parsing of rate-limit headers, and the validation and
 // token estimation of client request bodies.
 package llm
@@ -14,14 +15,15 @@ const (
 	EndpointChat       = "/v1/chat/completions"
 	EndpointEmbeddings = "/v1/embeddings"
 	EndpointResponses  = "/v1/responses"
+	EndpointMessages   = "/v1/messages" // Anthropic's Messages API
 )
 
 // EndpointList names the endpoints for messages.
-const EndpointList = "'" + EndpointChat + "', '" + EndpointResponses + "' or '" + EndpointEmbeddings + "'"
+const EndpointList = "'" + EndpointChat + "', '" + EndpointResponses + "', '" + EndpointEmbeddings + "' or '" + EndpointMessages + "'"
 
 // KnownEndpoint reports whether llmq dispatches endpoint.
 func KnownEndpoint(endpoint string) bool {
-	return endpoint == EndpointChat || endpoint == EndpointEmbeddings || endpoint == EndpointResponses
+	return endpoint == EndpointChat || endpoint == EndpointEmbeddings || endpoint == EndpointResponses || endpoint == EndpointMessages
 }
 
 // Request is one provider call.
@@ -45,16 +47,19 @@ type Usage struct {
 	CompletionTokens int64
 	TotalTokens      int64
 	CachedTokens     int64 // of PromptTokens, served from the prompt cache
-	ReasoningTokens  int64 // of CompletionTokens
-	ServiceTier      string
-	ToolCalls        map[string]int64 // a Responses API answer's built-in tool calls, by kind
+	// CacheWrite5mTokens and CacheWrite1hTokens are of PromptTokens, written
+	// to the prompt cache for five minutes and for the hour (Anthropic's).
+	CacheWrite5mTokens, CacheWrite1hTokens int64
+	ReasoningTokens                        int64 // of CompletionTokens
+	ServiceTier                            string
+	ToolCalls                              map[string]int64 // a Responses API answer's built-in tool calls, by kind
 }
 
 // Response is a provider's successful answer.
 type Response struct {
 	StatusCode int
 	Body       json.RawMessage // byte for byte as the provider sent it
-	RequestID  string          // the provider's x-request-id
+	RequestID  string          // the provider's x-request-id (Anthropic's request-id)
 	Usage      Usage
 	RateLimit  RateLimit
 	Chunks     int // the events a streamed answer relayed

@@ -50,17 +50,47 @@ const (
 
 var errResponseTooLarge = errors.New("the provider's answer is larger than its max_response_bytes")
 
-// openAIProvider implements Provider over go-openai; see NewOpenAI.
-type openAIProvider struct {
+// conn is what every Provider of this package holds alike: its name, its
+// key (never in errors), the bounds of a call and the HTTP client, and the
+// errors it makes of a call alike.
+type conn struct {
 	name        string
 	apiKey      string
-	baseURL     string
-	azure       bool
-	apiVersion  string // Azure's, or ""
 	timeout     time.Duration
 	maxResponse int64
-	client      *openai.Client
-	http        *http.Client // for streams, which go-openai's typed chunks would rewrite
+	http        *http.Client
+}
+
+// newConn is the conn of a provider: timeout and maxResponse defaulted,
+// hc copied with its Transport wrapped in a captureTransport (a client
+// keeping 256 idle connections per host when hc is nil).
+func newConn(name, apiKey string, timeout time.Duration, maxResponse int64, hc *http.Client) conn {
+	var c http.Client
+	var base http.RoundTripper = http.DefaultTransport
+	if hc != nil {
+		c = *hc
+		if c.Transport != nil {
+			base = c.Transport
+		}
+	} else {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+		base = t
+	}
+	c.Transport = &captureTransport{base: base}
+	return conn{name: name, apiKey: apiKey, timeout: cmp.Or(max(timeout, 0), defaultTimeout),
+		maxResponse: cmp.Or(max(maxResponse, 0), DefaultMaxResponseBytes), http: &c}
+}
+
+// openAIProvider implements Provider over go-openai; see NewOpenAI. Its
+// conn's client sends streams and the Responses API, which go-openai's
+// typed chunks would rewrite or lacks.
+type openAIProvider struct {
+	conn
+	baseURL    string
+	azure      bool
+	apiVersion string // Azure's, or ""
+	client     *openai.Client
 }
 
 // NewOpenAI returns a Provider for OpenAI or any server compatible with its
@@ -73,37 +103,19 @@ type openAIProvider struct {
 func NewOpenAI(cfg OpenAIConfig) Provider {
 	cfg.Name = cmp.Or(cfg.Name, "openai")
 	cfg.BaseURL = cmp.Or(cfg.BaseURL, defaultOpenAIBaseURL)
-	cfg.Timeout = cmp.Or(max(cfg.Timeout, 0), defaultTimeout)
-	cfg.MaxResponseBytes = cmp.Or(max(cfg.MaxResponseBytes, 0), DefaultMaxResponseBytes)
-	var hc http.Client
-	var base http.RoundTripper = http.DefaultTransport
-	if cfg.HTTPClient != nil {
-		hc = *cfg.HTTPClient
-		if hc.Transport != nil {
-			base = hc.Transport
-		}
-	} else {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
-		base = t
-	}
-	hc.Transport = &captureTransport{base: base}
+	c := newConn(cfg.Name, cfg.APIKey, cfg.Timeout, cfg.MaxResponseBytes, cfg.HTTPClient)
 	oc := openai.DefaultConfig(cfg.APIKey)
 	oc.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
 	if cfg.Azure {
 		oc = azureConfig(cfg)
 	}
-	oc.HTTPClient = &hc
+	oc.HTTPClient = c.http
 	return &openAIProvider{
-		name:        cfg.Name,
-		apiKey:      cfg.APIKey,
-		baseURL:     oc.BaseURL,
-		azure:       cfg.Azure,
-		apiVersion:  oc.APIVersion,
-		timeout:     cfg.Timeout,
-		maxResponse: cfg.MaxResponseBytes,
-		client:      openai.NewClientWithConfig(oc),
-		http:        &hc,
+		conn:       c,
+		baseURL:    oc.BaseURL,
+		azure:      cfg.Azure,
+		apiVersion: oc.APIVersion,
+		client:     openai.NewClientWithConfig(oc),
 	}
 }
 
@@ -126,7 +138,7 @@ func azureConfig(cfg OpenAIConfig) openai.ClientConfig {
 
 func jsonHeader() http.Header { return http.Header{"Content-Type": {"application/json"}} }
 
-func (p *openAIProvider) Name() string { return p.name }
+func (p *conn) Name() string { return p.name }
 
 func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, error) {
 	wire, model, err := wireBody(req)
@@ -178,8 +190,8 @@ func (p *openAIProvider) Call(ctx context.Context, req Request) (*Response, erro
 // cannot hold is sent as it is, and its reasoning-model checks see no
 // parameters, so the provider judges them.
 func wireBody(req Request) (wire []byte, model string, err error) {
-	if req.Stream != nil && req.Endpoint != EndpointChat && req.Endpoint != EndpointResponses {
-		return nil, "", invalid("stream", "'stream' is only supported for %s and %s", EndpointChat, EndpointResponses)
+	if req.Stream != nil && req.Endpoint == EndpointEmbeddings {
+		return nil, "", invalid("stream", "'stream' is not supported for %s", EndpointEmbeddings)
 	}
 	var fields map[string]json.RawMessage
 	if err := unmarshal(req.Body, &fields); err != nil || fields == nil {
@@ -229,11 +241,13 @@ var reasoningPrefixes = []string{"o1", "o3", "o4", "gpt-5"}
 // OutputField is the member that states an output limit in a body for
 // endpoint to model: on chat completions max_completion_tokens for a
 // reasoning model, which refuses max_tokens, else max_tokens, which every
-// server takes. "" for embeddings.
+// server takes; the Messages API's max_tokens. "" for embeddings.
 func OutputField(endpoint, model string) string {
 	switch endpoint {
 	case EndpointResponses:
 		return "max_output_tokens"
+	case EndpointMessages:
+		return "max_tokens"
 	case EndpointChat:
 		m := normalizeModel(model)
 		if slices.ContainsFunc(reasoningPrefixes, func(p string) bool { return strings.HasPrefix(m, p) }) {
@@ -245,7 +259,7 @@ func OutputField(endpoint, model string) string {
 }
 
 // refuse is a request that was never sent.
-func (p *openAIProvider) refuse(err error) *Error {
+func (p *conn) refuse(err error) *Error {
 	e := &Error{Class: ClassPermanent, Provider: p.name, Type: "invalid_request_error", Message: p.scrub(err.Error())}
 	var ir *wire.Error
 	if errors.As(err, &ir) {
@@ -299,7 +313,7 @@ const msgUnreadable = "The provider's answer could not be read (truncated or not
 
 // tooLarge makes e the refusal of an answer (what: "answer", "stream")
 // past max_response_bytes.
-func (p *openAIProvider) tooLarge(e *Error, what string) *Error {
+func (p *conn) tooLarge(e *Error, what string) *Error {
 	return e.serverError(ClassPermanent, client.CodeProviderResponseTooLarge,
 		fmt.Sprintf("The provider's %s is larger than its max_response_bytes (%d bytes).", what, p.maxResponse))
 }
@@ -321,7 +335,7 @@ func classifyAnswer(e *Error) {
 }
 
 // scrub removes the configured API key, and what redact masks, from s.
-func (p *openAIProvider) scrub(s string) string {
+func (p *conn) scrub(s string) string {
 	if p.apiKey != "" && strings.Contains(s, p.apiKey) {
 		s = strings.ReplaceAll(s, p.apiKey, "[redacted]")
 	}

@@ -214,6 +214,12 @@ func parseBody(endpoint string, body []byte) (*request, error) {
 			return nil, err
 		}
 		return r, parseResponses(r, &rb)
+	case EndpointMessages:
+		var rb rawMessagesBody
+		if err := r.decodeHead(body, &rb, &rb.bodyHead); err != nil {
+			return nil, err
+		}
+		return r, parseMessagesAPI(r, &rb)
 	}
 	var rb rawChatBody
 	if err := r.decodeHead(body, &rb, &rb.bodyHead); err != nil {

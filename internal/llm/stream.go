@@ -51,12 +51,12 @@ func (c *streamChunk) responsesError() *client.ErrorObject {
 }
 
 // fill sets e's provider error fields from o, bounded.
-func (p *openAIProvider) fill(e *Error, o *client.ErrorObject) {
+func (p *conn) fill(e *Error, o *client.ErrorObject) {
 	e.Message = answerMessage(e.StatusCode, o.Message, true, p.scrub)
 	e.Type, e.Code, e.Param = Truncate(o.Type, maxErrorField), client.Code(Truncate(string(o.Code), maxErrorField)), Truncate(o.Param, maxErrorField)
 }
 
-func (p *openAIProvider) answered(resp *http.Response) *Error {
+func (p *conn) answered(resp *http.Response) *Error {
 	return &Error{Provider: p.name, StatusCode: resp.StatusCode, RateLimit: ParseRateLimit(resp.Header),
 		RequestID: requestID(resp.Header)}
 }
@@ -166,7 +166,7 @@ func (e *Error) cut(msg string, relayed int) *Error {
 	return e
 }
 
-func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed int) *Error {
+func (p *conn) streamFailed(e *Error, o *client.ErrorObject, relayed int) *Error {
 	p.fill(e, o)
 	e.Class, e.Relayed = ClassRetryable, relayed
 	e.Code = cmp.Or(e.Code, client.CodeProviderStreamFailed)
@@ -175,7 +175,7 @@ func (p *openAIProvider) streamFailed(e *Error, o *client.ErrorObject, relayed i
 
 // noAnswer is a call that got no whole answer: a timeout, a cancellation or
 // a connection error.
-func (p *openAIProvider) noAnswer(ctx context.Context, err error, relayed int) *Error {
+func (p *conn) noAnswer(ctx context.Context, err error, relayed int) *Error {
 	e := &Error{Class: ClassRetryable, Provider: p.name, Relayed: relayed}
 	switch {
 	case errors.Is(context.Cause(ctx), errTimeout):

@@ -13,12 +13,16 @@ const absurdTokens = 1 << 24
 // "". What the request allows is admission's to judge.
 func UnbelievableUsage(u Usage) string {
 	switch {
-	case u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CachedTokens < 0 || u.TotalTokens < 0 || u.ReasoningTokens < 0:
+	case u.PromptTokens < 0 || u.CompletionTokens < 0 || u.CachedTokens < 0 || u.TotalTokens < 0 || u.ReasoningTokens < 0 ||
+		u.CacheWrite5mTokens < 0 || u.CacheWrite1hTokens < 0:
 		return "a negative count"
 	case u.PromptTokens > absurdTokens || u.CompletionTokens > absurdTokens || u.TotalTokens > 2*absurdTokens:
 		return fmt.Sprintf("%d prompt and %d completion tokens", u.PromptTokens, u.CompletionTokens)
 	case u.CachedTokens > u.PromptTokens:
 		return fmt.Sprintf("%d cached tokens of a %d-token prompt", u.CachedTokens, u.PromptTokens)
+	case u.CacheWrite5mTokens > absurdTokens || u.CacheWrite1hTokens > absurdTokens ||
+		u.CachedTokens+u.CacheWrite5mTokens+u.CacheWrite1hTokens > u.PromptTokens:
+		return fmt.Sprintf("%d cached and %d + %d written tokens of a %d-token prompt", u.CachedTokens, u.CacheWrite5mTokens, u.CacheWrite1hTokens, u.PromptTokens)
 	case u.TotalTokens != 0 && u.TotalTokens < u.PromptTokens+u.CompletionTokens:
 		return fmt.Sprintf("a total of %d tokens below %d prompt + %d completion", u.TotalTokens, u.PromptTokens, u.CompletionTokens)
 	case u.ReasoningTokens > u.CompletionTokens:

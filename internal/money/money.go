@@ -50,7 +50,12 @@ func (m Micros) String() string {
 type Price struct {
 	InputPerMTok       Micros
 	OutputPerMTok      Micros
-	CachedInputPerMTok Micros // 0 means the input price
+	CachedInputPerMTok Micros // prompt tokens read from the cache; 0 means the input price
+	// CacheWrite5mPerMTok and CacheWrite1hPerMTok are the prices of prompt
+	// tokens written to the provider's cache for five minutes and for the
+	// hour (Anthropic's); 0 means the input price (see Anthropic).
+	CacheWrite5mPerMTok Micros
+	CacheWrite1hPerMTok Micros
 	// BatchInputPerMTok and BatchOutputPerMTok are the prices on the
 	// provider's Batch API; 0 means half the normal price.
 	BatchInputPerMTok  Micros
@@ -93,24 +98,60 @@ func (p Price) Tier(name string) (Price, bool) {
 }
 
 // Batch is the price of a call run on the provider's Batch API: the batch
-// prices, else half the normal ones (rounded up), cached tokens at half.
+// prices, else half the normal ones (rounded up), cached tokens and cache
+// writes at half.
 func (p Price) Batch() Price {
 	half := func(m Micros) Micros { return m/2 + m%2 }
 	input := cmp.Or(p.BatchInputPerMTok, half(p.InputPerMTok))
 	return Price{InputPerMTok: input, OutputPerMTok: cmp.Or(p.BatchOutputPerMTok, half(p.OutputPerMTok)),
-		CachedInputPerMTok: min(half(p.CachedInputPerMTok), input), Tools: p.Tools}
+		CachedInputPerMTok:  min(half(p.CachedInputPerMTok), input),
+		CacheWrite5mPerMTok: half(p.CacheWrite5mPerMTok), CacheWrite1hPerMTok: half(p.CacheWrite1hPerMTok), Tools: p.Tools}
 }
 
-// Cost is the price of one call of prompt tokens (cached of them from the
-// provider's cache) and completion tokens, rounded up so a job is never
-// charged less than it cost.
-func (p Price) Cost(prompt, cached, completion int64) Micros {
-	cached = max(min(cached, prompt), 0)
+// Anthropic is p with Anthropic's prompt-caching prices where p gives
+// none, each rounded up to the micro-dollar per 1M tokens: cache writes at
+// 1.25 times the input price for five minutes and 2 times for the hour,
+// cache reads at 0.1 times. Its service tiers' prices alike.
+func (p Price) Anthropic() Price {
+	in := p.InputPerMTok
+	p.CacheWrite5mPerMTok = cmp.Or(p.CacheWrite5mPerMTok, (in*5+3)/4)
+	p.CacheWrite1hPerMTok = cmp.Or(p.CacheWrite1hPerMTok, 2*in)
+	p.CachedInputPerMTok = cmp.Or(p.CachedInputPerMTok, (in+9)/10)
+	if len(p.ServiceTiers) > 0 {
+		tiers := make(map[string]Price, len(p.ServiceTiers))
+		for name, t := range p.ServiceTiers {
+			tiers[name] = t.Anthropic()
+		}
+		p.ServiceTiers = tiers
+	}
+	return p
+}
+
+// Tokens are what one call is billed for: its prompt (Cached of it read
+// from the provider's cache, CacheWrite5m and CacheWrite1h of it written to
+// the cache for five minutes and for the hour, the rest plain input) and
+// its completion.
+type Tokens struct {
+	Prompt, Cached, Completion int64
+	CacheWrite5m, CacheWrite1h int64
+}
+
+// Cost is the price of one call of tokens t, rounded up so a job is never
+// charged less than it cost. The prompt's parts are taken within it, in
+// the order cached, written for five minutes, written for the hour.
+func (p Price) Cost(t Tokens) Micros {
+	prompt := max(t.Prompt, 0)
+	cached := min(max(t.Cached, 0), prompt)
+	w5 := min(max(t.CacheWrite5m, 0), prompt-cached)
+	w1 := min(max(t.CacheWrite1h, 0), prompt-cached-w5)
+	in := p.InputPerMTok
 	var num int64
 	for _, term := range [][2]int64{
-		{prompt - cached, int64(p.InputPerMTok)},
-		{cached, int64(cmp.Or(p.CachedInputPerMTok, p.InputPerMTok))},
-		{completion, int64(p.OutputPerMTok)},
+		{prompt - cached - w5 - w1, int64(in)},
+		{cached, int64(cmp.Or(p.CachedInputPerMTok, in))},
+		{w5, int64(cmp.Or(p.CacheWrite5mPerMTok, in))},
+		{w1, int64(cmp.Or(p.CacheWrite1hPerMTok, in))},
+		{t.Completion, int64(p.OutputPerMTok)},
 	} {
 		var ok bool
 		if num, ok = mulAdd(num, term[0], term[1]); !ok {
@@ -136,14 +177,31 @@ func mulAdd(acc, n, price int64) (int64, bool) {
 	return acc + int64(lo), true
 }
 
-// WorstCase is the most a call can cost: no prompt token cached, maxOutput
-// completion tokens.
-func (p Price) WorstCase(prompt, maxOutput int64) Micros { return p.Cost(prompt, 0, maxOutput) }
+// WorstCase is the most a call can cost: every prompt token at the
+// dearest price a prompt token has (plain input, read from the cache or
+// written to it) and maxOutput completion tokens.
+func (p Price) WorstCase(prompt, maxOutput int64) Micros {
+	t := Tokens{Prompt: prompt, Completion: maxOutput}
+	switch max(p.InputPerMTok, p.CachedInputPerMTok, p.CacheWrite5mPerMTok, p.CacheWrite1hPerMTok) {
+	case p.InputPerMTok:
+	case p.CacheWrite1hPerMTok:
+		t.CacheWrite1h = prompt
+	case p.CacheWrite5mPerMTok:
+		t.CacheWrite5m = prompt
+	default:
+		t.Cached = prompt
+	}
+	return p.Cost(t)
+}
 
 func usd(input, output, cached float64) Price {
 	m := func(f float64) Micros { v, _ := FromUSD(f); return v }
 	return Price{InputPerMTok: m(input), OutputPerMTok: m(output), CachedInputPerMTok: m(cached)}
 }
+
+// claude is an Anthropic model's list price: input and output, its cache
+// writes and reads at Anthropic's multiples of the input price.
+func claude(input, output float64) Price { return usd(input, output, 0).Anthropic() }
 
 // DefaultPrices are list prices (USD per 1M tokens) of common models, for a
 // model whose policy entry gives no price.
@@ -160,4 +218,10 @@ var DefaultPrices = map[string]Price{
 	"text-embedding-3-small": usd(0.02, 0, 0),
 	"text-embedding-3-large": usd(0.13, 0, 0),
 	"text-embedding-ada-002": usd(0.10, 0, 0),
+	"claude-opus-4-1":        claude(15, 75),
+	"claude-opus-4-5":        claude(5, 25),
+	"claude-sonnet-4-5":      claude(3, 15),
+	"claude-sonnet-4-0":      claude(3, 15),
+	"claude-haiku-4-5":       claude(1, 5),
+	"claude-3-5-haiku":       claude(0.80, 4),
 }

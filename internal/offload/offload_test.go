@@ -244,7 +244,7 @@ func TestOffloadedBatchRunsAtHalfPrice(t *testing.T) {
 		if j.Status != store.JobSucceeded || j.UsageEstimated {
 			t.Fatalf("job %s: %s, usage estimated %v", j.ID, j.Status, j.UsageEstimated)
 		}
-		normal += money.Price{InputPerMTok: 2_000_000, OutputPerMTok: 8_000_000}.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+		normal += money.Price{InputPerMTok: 2_000_000, OutputPerMTok: 8_000_000}.Cost(money.Tokens{Prompt: j.PromptTokens, Cached: j.CachedTokens, Completion: j.CompletionTokens})
 	}
 	if batched != n || total*2 != normal {
 		t.Fatalf("charged %s over %d batched rows; the normal price would be %s (want exactly half)", total, batched, normal)
@@ -291,7 +291,7 @@ func TestOffloadedResponsesBatch(t *testing.T) {
 			json.Unmarshal(j.ResponseBody, &resp) != nil || resp.Object != "response" {
 			t.Fatalf("job %s: %s, usage %d/%d (estimated %v), body %.200s", j.ID, j.Status, j.PromptTokens, j.CompletionTokens, j.UsageEstimated, j.ResponseBody)
 		}
-		normal += money.Price{InputPerMTok: 2_000_000, OutputPerMTok: 8_000_000}.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+		normal += money.Price{InputPerMTok: 2_000_000, OutputPerMTok: 8_000_000}.Cost(money.Tokens{Prompt: j.PromptTokens, Cached: j.CachedTokens, Completion: j.CompletionTokens})
 	}
 	if batched != n || total*2 != normal {
 		t.Fatalf("charged %s over %d batched rows; the normal price would be %s (want exactly half)", total, batched, normal)
@@ -333,9 +333,9 @@ func TestExpiredLinesRunThroughLlmq(t *testing.T) {
 	price := money.Price{InputPerMTok: 2_000_000, OutputPerMTok: 8_000_000}
 	for _, j := range jobs {
 		e, _ := h.Store.UsageGetByJob(t.Context(), j.ID)
-		want := price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+		want := price.Cost(money.Tokens{Prompt: j.PromptTokens, Cached: j.CachedTokens, Completion: j.CompletionTokens})
 		if e.Batched {
-			want = price.Batch().Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+			want = price.Batch().Cost(money.Tokens{Prompt: j.PromptTokens, Cached: j.CachedTokens, Completion: j.CompletionTokens})
 		}
 		if j.Status != store.JobSucceeded || e.Cost != want {
 			t.Fatalf("job %s: %s, charged %s batched=%v, want %s", j.ID, j.Status, e.Cost, e.Batched, want)

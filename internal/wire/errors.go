@@ -75,11 +75,56 @@ func ErrorBody(o ErrorObject) []byte {
 
 // WriteError writes e as the answer: Retry-After in whole seconds (rounded
 // up) when e.RetryAfter is positive, e.Status, and its body on one line.
-func WriteError(w http.ResponseWriter, e *Error) {
+func WriteError(w http.ResponseWriter, e *Error) { writeError(w, e, ErrorBody(e.Object())) }
+
+// writeError answers e with body.
+func writeError(w http.ResponseWriter, e *Error, body []byte) {
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
-	_, _ = w.Write(append(ErrorBody(e.Object()), '\n'))
+	_, _ = w.Write(append(body, '\n'))
 }
+
+// AnthropicType is the type of Anthropic's error of e's status, by which
+// Anthropic's SDKs pick their error classes.
+func (e *Error) AnthropicType() string {
+	switch e.Status {
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusPaymentRequired:
+		return "billing_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case 529:
+		return "overloaded_error"
+	}
+	if e.Status >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+// AnthropicErrorBody is e in Anthropic's error shape, {"type": "error",
+// "error": {"type", "message"}}: an answer's body, a stream's error event.
+func AnthropicErrorBody(e *Error) []byte {
+	type object struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	b, _ := json.Marshal(struct {
+		Type  string `json:"type"`
+		Error object `json:"error"`
+	}{"error", object{e.AnthropicType(), e.Message}}) // strings: cannot fail
+	return b
+}
+
+// WriteAnthropicError is WriteError in Anthropic's error shape.
+func WriteAnthropicError(w http.ResponseWriter, e *Error) { writeError(w, e, AnthropicErrorBody(e)) }

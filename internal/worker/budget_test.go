@@ -59,7 +59,7 @@ func TestRedeliveryAfterACrashBeforeSettleChargesOnce(t *testing.T) {
 		if err != nil || !d.Allowed {
 			t.Fatalf("reserve %s: %v %+v", id, err, d)
 		}
-		cost := m.Deployments[0].Price.Cost(prompt, 0, completion)
+		cost := m.Deployments[0].Price.Cost(money.Tokens{Prompt: prompt, Completion: completion})
 		if _, err := a.Store.JobComplete(ctx, &store.JobCompleteParams{ID: id, Day: res.Day, GlobalDay: res.GlobalDay,
 			PromptTokens: prompt, CompletionTokens: completion, Cost: cost}); err != nil {
 			t.Fatal(err)
@@ -296,7 +296,7 @@ func TestDeliveryThatLostTheRaceChargesTheLedgersDay(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.JobHandler(worker.Options{}).Run(ctx, id) }()
 	testutil.Eventually(t, 10*time.Second, func() bool { return a.Sim.Stats().Requests == 1 })
-	cost := m.Deployments[0].Price.Cost(10, 0, 20)
+	cost := m.Deployments[0].Price.Cost(money.Tokens{Prompt: 10, Completion: 20})
 	if _, err := a.Store.JobComplete(ctx, &store.JobCompleteParams{ID: id, Day: first.Day, GlobalDay: first.GlobalDay,
 		PromptTokens: 10, CompletionTokens: 20, Cost: cost}); err != nil {
 		t.Fatal(err)

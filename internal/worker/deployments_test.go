@@ -98,7 +98,7 @@ func checkServed(t *testing.T, d *deployments, j *store.Job, model, deployment s
 	if j.Deployment != deployment || j.ServedModel != model {
 		t.Fatalf("job %s served by %s of %s, want %s of %s", j.ID, j.Deployment, j.ServedModel, deployment, model)
 	}
-	want := price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+	want := price.Cost(money.Tokens{Prompt: j.PromptTokens, Cached: j.CachedTokens, Completion: j.CompletionTokens})
 	e, err := d.Store.UsageGetByJob(context.Background(), j.ID)
 	if err != nil {
 		t.Fatal(err)

@@ -152,7 +152,9 @@ func (r *run) reservePass(ctx context.Context) (granted bool, p pass, err error)
 // settled), whether the run tries another route now instead of counting the
 // failure: after a fault or 429 when another route is left, after a
 // context-length refusal when the model has fallbacks (a longer context may
-// serve it). A faulty deployment is paused for every worker first.
+// serve it). A faulty deployment is paused for every worker first; a
+// provider's overload (Anthropic's 529) is its platform's, not the
+// account's, and pauses nothing.
 func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
 	if ctx.Err() != nil {
 		return false
@@ -164,7 +166,7 @@ func (r *run) failover(ctx context.Context, pe *llm.Error) bool {
 	case pe.Class != llm.ClassRetryable && pe.Class != llm.ClassRateLimited || !r.routes.several():
 		return false
 	}
-	if pe.Class == llm.ClassRetryable {
+	if pe.Class == llm.ClassRetryable && !pe.Overloaded() {
 		r.h.Pacer.PauseFault(ctx, r.call)
 	}
 	if !r.routes.fail(route) {

@@ -298,6 +298,11 @@ func (ps *Providers) Update(p *config.Policy) {
 		if cp.APIKeyEnv != "" {
 			key, _ = ps.lookupEnv(cp.APIKeyEnv)
 		}
+		if cp.Kind == config.ProviderAnthropic {
+			m[cp.Name] = llm.NewAnthropic(llm.AnthropicConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Version: cp.APIVersion,
+				Timeout: cp.Timeout, MaxResponseBytes: cp.MaxResponseBytes})
+			continue
+		}
 		m[cp.Name] = llm.NewOpenAI(llm.OpenAIConfig{Name: cp.Name, BaseURL: cp.BaseURL, APIKey: key, Timeout: cp.Timeout,
 			MaxResponseBytes: cp.MaxResponseBytes, Azure: cp.Kind == config.ProviderAzure, APIVersion: cp.APIVersion})
 	}

@@ -468,7 +468,7 @@ func (r *run) callRoute(ctx context.Context) (again bool, err error) {
 	again = r.inTime(0) && r.failover(callCtx, pe)
 	r.settlePermit(callCtx, outcome)
 	switch {
-	case again || callCtx.Err() != nil || pe.Class == llm.ClassRateLimited:
+	case again || callCtx.Err() != nil || pe.Class == llm.ClassRateLimited || pe.Overloaded():
 		h.breakers.Done(name)
 	default:
 		h.breakers.Record(name, pe.Class == llm.ClassRetryable)

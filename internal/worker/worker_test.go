@@ -75,7 +75,7 @@ func TestChatAndEmbeddingJobsSucceedAndAreChargedExactly(t *testing.T) {
 			t.Fatalf("job %s: status %s attempts %d response %d", id, j.Status, j.Attempts, j.ResponseStatus)
 		}
 		m, _ := p.Model(j.Model)
-		want := m.Deployments[0].Price.Cost(j.PromptTokens, j.CachedTokens, j.CompletionTokens)
+		want := m.Deployments[0].Price.Cost(money.Tokens{Prompt: j.PromptTokens, Cached: j.CachedTokens, Completion: j.CompletionTokens})
 		if j.Cost != want || j.Cost <= 0 {
 			t.Fatalf("job %s cost %d, want %d (= usage × price)", id, j.Cost, want)
 		}

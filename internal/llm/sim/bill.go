@@ -2,8 +2,6 @@ package sim
 
 import (
 	"maps"
-	"math"
-	"math/big"
 	"time"
 
 	"github.com/llmq/llmq/internal/llm"
@@ -132,43 +130,22 @@ func (s *Server) respond(c *call, n uint64, now time.Time) ([]byte, Bill) {
 	return s.chatResponse(c, n, now, &b, completions), b
 }
 
-// cost is bill b at price p, rounded up to the micro-dollar: a call to
-// OpenAI's APIs by money.Price.Cost; an Anthropic call's uncached input at
-// the input price, its cache writes at 1.25 times it (five minutes) or 2
-// times (the hour), its cache reads at CachedInputPerMTok, else a tenth of
-// the input price, as Anthropic prices prompt caching; a batch line at
+// cost is bill b at price p by money.Price.Cost, rounded up to the
+// micro-dollar: an Anthropic call at p.Anthropic() (its uncached input at
+// the input price, its cache writes at 1.25 times it for five minutes or 2
+// times for the hour, its cache reads at CachedInputPerMTok, else a tenth
+// of the input price, as Anthropic prices prompt caching); a batch line at
 // p.Batch().
 func cost(p money.Price, b *Bill) money.Micros {
 	if b.Batch {
 		p = p.Batch()
 	}
-	if b.Endpoint != EndpointMessages {
-		return p.Cost(b.InputTokens, b.CachedTokens, b.OutputTokens)
+	t := money.Tokens{Prompt: b.InputTokens, Cached: b.CachedTokens, Completion: b.OutputTokens}
+	if b.Endpoint == EndpointMessages {
+		// Anthropic's input_tokens are the prompt neither read nor written.
+		p = p.Anthropic()
+		t.Prompt += b.CachedTokens + b.CacheWrite5mTokens + b.CacheWrite1hTokens
+		t.CacheWrite5m, t.CacheWrite1h = b.CacheWrite5mTokens, b.CacheWrite1hTokens
 	}
-	// Twenty times micro-dollars per million tokens, so that every
-	// multiplier is whole: 1 = 20/20, 1.25 = 25/20, 2 = 40/20, 0.1 = 2/20.
-	in, out := big.NewInt(int64(p.InputPerMTok)), big.NewInt(int64(p.OutputPerMTok))
-	num := new(big.Int)
-	add := func(tokens int64, factor int64, price *big.Int) {
-		t := new(big.Int).Mul(big.NewInt(tokens*factor), price)
-		num.Add(num, t)
-	}
-	add(b.InputTokens, 20, in)
-	add(b.CacheWrite5mTokens, 25, in)
-	add(b.CacheWrite1hTokens, 40, in)
-	if p.CachedInputPerMTok > 0 {
-		add(b.CachedTokens, 20, big.NewInt(int64(p.CachedInputPerMTok)))
-	} else {
-		add(b.CachedTokens, 2, in)
-	}
-	add(b.OutputTokens, 20, out)
-	den := big.NewInt(20 * 1_000_000)
-	q, r := new(big.Int).QuoRem(num, den, new(big.Int))
-	if r.Sign() > 0 {
-		q.Add(q, big.NewInt(1))
-	}
-	if !q.IsInt64() {
-		return math.MaxInt64
-	}
-	return money.Micros(q.Int64())
+	return p.Cost(t)
 }

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/subtle"
 	"encoding/json"
 	"io"
@@ -237,11 +238,12 @@ func (s *Server) serveAzureV1(w http.ResponseWriter, r *http.Request) {
 }
 
 // authorized says whether r carries Config.APIKey: as a bearer token
-// (OpenAI, Azure's v1 API) or in the api-key header (Azure).
+// (OpenAI, Azure's v1 API), in the api-key header (Azure) or in x-api-key
+// (Anthropic).
 func (s *Server) authorized(r *http.Request) bool {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
-		got = r.Header.Get("api-key")
+		got = cmp.Or(r.Header.Get("api-key"), r.Header.Get("x-api-key"))
 	}
 	return s.keyMatches(got)
 }
