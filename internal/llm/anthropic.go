@@ -1,11 +1,9 @@
 package llm
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -93,14 +91,9 @@ func (p *anthropicProvider) Call(ctx context.Context, req Request) (*Response, e
 	case req.Stream != nil:
 		return p.stream(ctx, req, resp, e)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse+1))
-	switch {
-	case err != nil:
-		return nil, p.noAnswer(ctx, err, 0)
-	case int64(len(body)) > p.maxResponse:
-		return nil, p.tooLarge(e, "answer")
-	case !json.Valid(body):
-		return nil, e.serverError(ClassRetryable, client.CodeProviderResponseUnreadable, msgUnreadable)
+	body, err := p.readAnswer(ctx, resp, e)
+	if err != nil {
+		return nil, err
 	}
 	var m struct {
 		Type  string          `json:"type"`
@@ -160,23 +153,10 @@ func (e *Error) Overloaded() bool {
 // blocks, pings, message_delta (the final usage), message_stop, which
 // ends it. An error event ends it with the provider's error.
 func (p *anthropicProvider) stream(ctx context.Context, req Request, resp *http.Response, e *Error) (*Response, error) {
-	out := &Response{StatusCode: resp.StatusCode, RequestID: e.RequestID, RateLimit: e.RateLimit}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), maxEventBytes)
 	var usage anthropicUsage
-	started, done := false, false
-	var read int64
-	for !done && sc.Scan() {
-		line := sc.Bytes()
-		if read += int64(len(line)) + 1; read > p.maxResponse {
-			e.Relayed = out.Chunks
-			return nil, p.tooLarge(e, "stream")
-		}
-		data, ok := bytes.CutPrefix(line, []byte("data:"))
-		if !ok {
-			continue // event names (each its data's type), blank separators
-		}
-		data = bytes.TrimSpace(data)
+	started := false
+	const unended = "the provider's stream ended before message_stop"
+	out, err := p.relay(ctx, req, resp, e, unended, func(data []byte, out *Response) (end, skip bool, err error) {
 		var ev struct {
 			Type    string `json:"type"`
 			Message *struct {
@@ -185,18 +165,18 @@ func (p *anthropicProvider) stream(ctx context.Context, req Request, resp *http.
 			Usage *anthropicUsage `json:"usage"`
 		}
 		if err := unmarshal(data, &ev); err != nil {
-			return nil, e.cut("the provider's stream sent an event that is not JSON", out.Chunks)
+			return false, false, e.cut("the provider's stream sent an event that is not JSON", out.Chunks)
 		}
 		switch ev.Type {
 		case "error":
 			var o anthropicErrorObject
 			if unmarshal(data, &o) != nil || o.Error == nil {
-				return nil, e.cut("the provider's stream ended with an error it does not explain", out.Chunks)
+				return false, false, e.cut("the provider's stream ended with an error it does not explain", out.Chunks)
 			}
-			return nil, p.streamFailed(e, o.object(), out.Chunks)
+			return false, false, p.streamFailed(e, o.object(), out.Chunks)
 		case "message_start":
 			if ev.Message == nil || ev.Message.Usage == nil {
-				return nil, e.cut("the provider's stream began with a message without its usage", out.Chunks)
+				return false, false, e.cut("the provider's stream began with a message without its usage", out.Chunks)
 			}
 			usage, started = *ev.Message.Usage, true
 		case "message_delta":
@@ -205,21 +185,15 @@ func (p *anthropicProvider) stream(ctx context.Context, req Request, resp *http.
 			}
 			out.Body = bytes.Clone(data)
 		case "message_stop":
-			done = true
+			return true, false, nil
 		}
-		if err := req.Stream(data); err != nil {
-			return nil, &Error{Class: ClassRetryable, Provider: p.name, StatusCode: resp.StatusCode, Message: "the stream's reader stopped",
-				Err: err, Relayed: out.Chunks}
-		}
-		out.Chunks++
+		return false, false, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	if !done || !started {
-		ne := p.noAnswer(ctx, sc.Err(), out.Chunks)
-		ne.Code = client.CodeProviderStreamFailed
-		if sc.Err() == nil {
-			ne.Message = "the provider's stream ended before message_stop"
-		}
-		return nil, ne
+	if !started {
+		return nil, p.unended(ctx, nil, out.Chunks, unended)
 	}
 	out.Usage = usage.usage()
 	return out, nil

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strconv"
 
@@ -283,14 +282,9 @@ func (p *openAIProvider) respond(ctx context.Context, wire []byte) (*Response, e
 	}
 	defer resp.Body.Close()
 	e := p.answered(resp)
-	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse+1))
-	switch {
-	case err != nil:
-		return nil, p.noAnswer(ctx, err, 0)
-	case int64(len(body)) > p.maxResponse:
-		return nil, p.tooLarge(e, "answer")
-	case !json.Valid(body):
-		return nil, e.serverError(ClassRetryable, client.CodeProviderResponseUnreadable, msgUnreadable)
+	body, err := p.readAnswer(ctx, resp, e)
+	if err != nil {
+		return nil, err
 	}
 	var shape struct {
 		Object string `json:"object"`

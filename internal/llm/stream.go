@@ -96,12 +96,54 @@ func (p *openAIProvider) stream(ctx context.Context, req Request, wire []byte) (
 	}
 	defer resp.Body.Close()
 	e := p.answered(resp)
+	unended := "the provider's stream ended before [DONE]"
+	if req.Endpoint == EndpointResponses {
+		unended = "the provider's stream ended before response.completed"
+	}
+	return p.relay(ctx, req, resp, e, unended, func(data []byte, out *Response) (end, skip bool, err error) {
+		if string(data) == "[DONE]" {
+			return true, true, nil
+		}
+		var c streamChunk
+		if err := unmarshal(data, &c); err != nil {
+			return false, false, e.cut("the provider's stream sent an event that is not JSON", out.Chunks)
+		}
+		if req.Endpoint == EndpointResponses {
+			if o := c.responsesError(); o != nil {
+				return false, false, p.streamFailed(e, o, out.Chunks)
+			}
+			// The events that end the stream with the answer.
+			if end = c.Type == "response.completed" || c.Type == "response.incomplete"; end {
+				u, err := UsageOf(c.Response)
+				if err != nil {
+					return false, false, e.cut("the provider's stream ended with a response whose usage cannot be read", out.Chunks)
+				}
+				out.Body, out.Usage = bytes.Clone(c.Response), u
+			}
+		} else if c.Error != nil {
+			return false, false, p.streamFailed(e, c.Error, out.Chunks)
+		}
+		if c.Usage != nil && req.Endpoint == EndpointChat {
+			if out.Usage, err = UsageOf(data); err != nil {
+				return false, false, e.cut("the provider's stream ended with a chunk whose usage cannot be read", out.Chunks)
+			}
+			out.Body = bytes.Clone(data)
+		}
+		return end, false, nil
+	})
+}
+
+// relay reads a streamed answer's server-sent events, bounded, and gives
+// each event's data to event, which says whether it ends the stream and
+// whether it is kept from req.Stream; the others are relayed as sent. A
+// stream that stops before its end fails with unended.
+func (p *conn) relay(ctx context.Context, req Request, resp *http.Response, e *Error, unended string,
+	event func(data []byte, out *Response) (end, skip bool, err error)) (*Response, error) {
 	out := &Response{StatusCode: resp.StatusCode, RequestID: e.RequestID, RateLimit: e.RateLimit}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), maxEventBytes)
-	done := false
 	var read int64
-	for !done && sc.Scan() {
+	for sc.Scan() {
 		line := sc.Bytes()
 		if read += int64(len(line)) + 1; read > p.maxResponse {
 			e.Relayed = out.Chunks
@@ -112,53 +154,47 @@ func (p *openAIProvider) stream(ctx context.Context, req Request, wire []byte) (
 			continue // comments, event names, blank separators
 		}
 		data = bytes.TrimSpace(data)
-		if string(data) == "[DONE]" {
-			done = true
-			break
+		end, skip, err := event(data, out)
+		if err != nil {
+			return nil, err
 		}
-		var c streamChunk
-		if err := unmarshal(data, &c); err != nil {
-			return nil, e.cut("the provider's stream sent an event that is not JSON", out.Chunks)
-		}
-		if req.Endpoint == EndpointResponses {
-			if o := c.responsesError(); o != nil {
-				return nil, p.streamFailed(e, o, out.Chunks)
+		if !skip {
+			if err := req.Stream(data); err != nil {
+				return nil, &Error{Class: ClassRetryable, Provider: p.name, StatusCode: resp.StatusCode, Message: "the stream's reader stopped",
+					Err: err, Relayed: out.Chunks}
 			}
-			// The events that end the stream with the answer.
-			if done = c.Type == "response.completed" || c.Type == "response.incomplete"; done {
-				u, err := UsageOf(c.Response)
-				if err != nil {
-					return nil, e.cut("the provider's stream ended with a response whose usage cannot be read", out.Chunks)
-				}
-				out.Body, out.Usage = bytes.Clone(c.Response), u
-			}
-		} else if c.Error != nil {
-			return nil, p.streamFailed(e, c.Error, out.Chunks)
+			out.Chunks++
 		}
-		if c.Usage != nil && req.Endpoint == EndpointChat {
-			if out.Usage, err = UsageOf(data); err != nil {
-				return nil, e.cut("the provider's stream ended with a chunk whose usage cannot be read", out.Chunks)
-			}
-			out.Body = bytes.Clone(data)
+		if end {
+			return out, nil
 		}
-		if err := req.Stream(data); err != nil {
-			return nil, &Error{Class: ClassRetryable, Provider: p.name, StatusCode: resp.StatusCode, Message: "the stream's reader stopped",
-				Err: err, Relayed: out.Chunks}
-		}
-		out.Chunks++
 	}
-	if !done {
-		ne := p.noAnswer(ctx, sc.Err(), out.Chunks)
-		ne.Code = client.CodeProviderStreamFailed
-		if sc.Err() == nil {
-			ne.Message = "the provider's stream ended before [DONE]"
-			if req.Endpoint == EndpointResponses {
-				ne.Message = "the provider's stream ended before response.completed"
-			}
-		}
-		return nil, ne
+	return nil, p.unended(ctx, sc.Err(), out.Chunks, unended)
+}
+
+// unended is a stream that stopped before its end: msg, unless reading it
+// failed.
+func (p *conn) unended(ctx context.Context, err error, relayed int, msg string) *Error {
+	ne := p.noAnswer(ctx, err, relayed)
+	ne.Code = client.CodeProviderStreamFailed
+	if err == nil {
+		ne.Message = msg
 	}
-	return out, nil
+	return ne
+}
+
+// readAnswer reads a whole answer's body, bounded, and checks it is JSON.
+func (p *conn) readAnswer(ctx context.Context, resp *http.Response, e *Error) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse+1))
+	switch {
+	case err != nil:
+		return nil, p.noAnswer(ctx, err, 0)
+	case int64(len(body)) > p.maxResponse:
+		return nil, p.tooLarge(e, "answer")
+	case !json.Valid(body):
+		return nil, e.serverError(ClassRetryable, client.CodeProviderResponseUnreadable, msgUnreadable)
+	}
+	return body, nil
 }
 
 func (e *Error) cut(msg string, relayed int) *Error {
