@@ -12,7 +12,9 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 
+	"github.com/llmq/llmq/internal/admission"
 	"github.com/llmq/llmq/internal/apptest"
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm/sim"
 	"github.com/llmq/llmq/internal/money"
 	"github.com/llmq/llmq/internal/store"
@@ -183,6 +185,17 @@ func TestAnthropicGoSDK(t *testing.T) {
 	}
 	soon := anthropic.NewClient(option.WithBaseURL(a.URL), option.WithAPIKey(key), option.WithMaxRetries(0), option.WithHeader("X-Llmq-Max-Wait", "2s"))
 	refused(soon, params, 529, "overloaded_error")
+	// The 529s were the platform's, not the account's: its limits are not
+	// paused (a 429 penalizes the scope; these must not).
+	before := a.Sim.Stats()
+	if before.Overloaded == 0 {
+		t.Fatalf("the simulator answered no 529: %+v", before)
+	}
+	m, _ := a.Policy.Current().Model("claude")
+	res, err := a.Limiter.Reserve(context.Background(), admission.Scope(m.Routes()[0]), limiter.Cost{Requests: 1, Tokens: 1})
+	if err != nil || !res.Allowed || res.Penalized {
+		t.Fatalf("reserve after the 529s = %+v, %v; want allowed, no penalty", res, err)
+	}
 }
 
 // A job of POST /v1/jobs on /v1/messages runs as every job does: its
